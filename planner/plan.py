@@ -1,0 +1,135 @@
+"""The Plan: how to cut a model into pipeline stages and run it, as plain data.
+
+Torch-free. Times are seconds, sizes bytes. ``Plan.save`` writes versioned JSON whose
+top-level keys are a stable interface (scripts read them): ``version``, ``num_stages``,
+``microbatches``, ``microbatch_size``, ``batch_size``, ``schedule``, ``iteration_time_s``,
+``bubble_fraction``, ``throughput``, ``stages``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+PLAN_VERSION = 1
+
+
+class PlanFormatError(ValueError):
+    """A plan file is not a valid autopipe plan."""
+
+
+@dataclass
+class StagePlan:
+    """One pipeline stage: a contiguous run of units placed on one device.
+
+    ``forward_s``/``backward_s``/``recompute_s``/``send_s`` are per micro-batch.
+    """
+
+    index: int
+    device: str
+    units: list[str]
+    first_module: str = ""
+    last_module: str = ""
+    forward_s: float = 0.0
+    backward_s: float = 0.0
+    recompute_s: float = 0.0
+    """Extra forward in backward when the stage is checkpointed, else 0."""
+    send_s: float = 0.0
+    """Time to send this stage's output cut to the next stage (0 for the last stage)."""
+    memory_bytes: int = 0
+    parameter_bytes: int = 0
+    optimizer_bytes: int = 0
+    """Gradients plus optimizer state."""
+    activation_bytes: int = 0
+    checkpoint: bool = False
+    reason: str = ""
+
+    @property
+    def time_s(self) -> float:
+        """Busy seconds per micro-batch: forward + backward + recompute + send."""
+        return self.forward_s + self.backward_s + self.recompute_s + self.send_s
+
+
+@dataclass
+class Plan:
+    """A complete pipeline configuration and its predicted performance."""
+
+    num_stages: int
+    microbatches: int
+    microbatch_size: int
+    batch_size: int
+    stages: list[StagePlan]
+    schedule: str = "gpipe"
+    iteration_time_s: float = 0.0
+    bubble_fraction: float = 0.0
+    throughput: float = 0.0
+    """Samples per second."""
+    speedup: float = 1.0
+    """Predicted single-device iteration time / this plan's iteration time."""
+    bottleneck_stage: int = 0
+    strategy: str = "dp"
+    memory_per_device: int | None = None
+    optimality_gap: float = 0.0
+    model: str = ""
+    profile_mode: str = "measured"
+    baselines: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Other strategies' figures on the same problem, e.g. ``{"uniform": {...}}``."""
+    notes: list[str] = field(default_factory=list)
+    """Why the plan is what it is, one sentence each."""
+    version: int = PLAN_VERSION
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def boundaries(self) -> list[int]:
+        """Index of the first unit of each stage, counted over the whole unit list."""
+        starts, pos = [], 0
+        for stage in self.stages:
+            starts.append(pos)
+            pos += len(stage.units)
+        return starts
+
+    @property
+    def balance(self) -> list[int]:
+        """Units per stage, torchgpipe's ``balance``."""
+        return [len(s.units) for s in self.stages]
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Plan:
+        if not isinstance(data, dict) or "stages" not in data:
+            raise PlanFormatError("not an autopipe plan: no 'stages' key")
+        if data.get("version") != PLAN_VERSION:
+            raise PlanFormatError(
+                f"plan schema version {data.get('version')!r} is not supported "
+                f"(expected {PLAN_VERSION}); re-run `autopipe plan` to regenerate it"
+            )
+        known = {f.name for f in dataclasses.fields(cls)}
+        stage_known = {f.name for f in dataclasses.fields(StagePlan)}
+        try:
+            stages = [StagePlan(**{k: v for k, v in s.items() if k in stage_known}) for s in data["stages"]]
+            return cls(stages=stages, **{k: v for k, v in data.items() if k in known and k != "stages"})
+        except (TypeError, AttributeError) as exc:
+            raise PlanFormatError(f"malformed autopipe plan: {exc}") from exc
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Write the plan as JSON atomically."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+        tmp.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+        os.replace(tmp, path)
+
+
+def load_plan(path: str | os.PathLike[str]) -> Plan:
+    """Read a plan written by ``Plan.save`` or ``autopipe plan --json``."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except json.JSONDecodeError as exc:
+        raise PlanFormatError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno})") from exc
+    return Plan.from_dict(data)

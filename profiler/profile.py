@@ -1,0 +1,154 @@
+"""The Profile: what each unit of a model costs, as plain data.
+
+This module must not import torch: the planner reads Profiles without a model.
+All times are seconds for one call at ``Profile.batch_size`` samples, all sizes
+are bytes at ``Profile.batch_size`` samples unless a field says otherwise.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+PROFILE_VERSION = 1
+
+
+class ProfileFormatError(ValueError):
+    """A profile file is not a valid autopipe profile (corrupt, foreign or too old)."""
+
+
+@dataclass
+class UnitProfile:
+    """Cost of one unit: a contiguous run of graph nodes, usually one module.
+
+    Times scale with micro-batch size ``b`` as ``t(b) = overhead + (t(B) - overhead) * b / B``
+    where ``B`` is the profile's batch size: ``forward_overhead_s`` is the fixed per-call
+    part (kernel launches, Python) that does not shrink with smaller micro-batches.
+    """
+
+    name: str
+    """Unit name, a module path such as ``blocks.3`` (or a node name for glue)."""
+    kind: str = ""
+    """Class name of the module, or ``"glue"`` for free functions between modules."""
+    forward_s: float = 0.0
+    backward_s: float = 0.0
+    parameter_count: int = 0
+    parameter_bytes: int = 0
+    activation_bytes: int = 0
+    """Bytes saved for backward during this unit's forward (deduplicated by storage)."""
+    output_bytes: int = 0
+    forward_overhead_s: float = 0.0
+    backward_overhead_s: float = 0.0
+    peak_bytes: int = 0
+    """Transient peak above the saved activations during forward+backward; 0 if unknown."""
+    forward_flops: float = 0.0
+    backward_flops: float = 0.0
+    shared_parameters: list[str] = field(default_factory=list)
+    """Names of parameters this unit shares with another unit (tied weights)."""
+
+    def forward_at(self, microbatch_size: float, batch_size: int) -> float:
+        """Forward seconds for one micro-batch of ``microbatch_size`` samples."""
+        return _scale(self.forward_s, self.forward_overhead_s, microbatch_size, batch_size)
+
+    def backward_at(self, microbatch_size: float, batch_size: int) -> float:
+        """Backward seconds for one micro-batch of ``microbatch_size`` samples."""
+        return _scale(self.backward_s, self.backward_overhead_s, microbatch_size, batch_size)
+
+
+def _scale(total_s: float, overhead_s: float, b: float, batch_size: int) -> float:
+    overhead_s = min(max(overhead_s, 0.0), total_s)
+    return overhead_s + (total_s - overhead_s) * b / batch_size
+
+
+@dataclass
+class Profile:
+    """Per-unit costs of one model at one batch size on one device, in topological order.
+
+    ``cut_bytes[i]`` is the size of every tensor live across the cut between
+    ``units[i]`` and ``units[i + 1]`` (skip connections count), so ``len(cut_bytes)
+    == len(units) - 1``.
+    """
+
+    units: list[UnitProfile]
+    cut_bytes: list[int]
+    batch_size: int
+    device: str = "cpu"
+    dtype: str = "float32"
+    model: str = ""
+    tracer: str = "fx"
+    mode: str = "measured"
+    """``"measured"`` (ran on the device) or ``"analytic"`` (counted from FLOPs and bytes)."""
+    torch_version: str = ""
+    autopipe_version: str = ""
+    input_bytes: int = 0
+    total_forward_s: float = 0.0
+    """Whole-model forward seconds measured in one piece (for checking the per-unit sum)."""
+    total_backward_s: float = 0.0
+    total_activation_bytes: int = 0
+    parameter_bytes_total: int = 0
+    """Parameter bytes of the whole model counting tied weights once."""
+    bytes_per_parameter: int = 4
+    version: int = PROFILE_VERSION
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if len(self.cut_bytes) != max(len(self.units) - 1, 0):
+            raise ValueError(
+                f"profile has {len(self.units)} units but {len(self.cut_bytes)} cut sizes; "
+                "expected one fewer cut than units"
+            )
+
+    @property
+    def unit_names(self) -> list[str]:
+        return [u.name for u in self.units]
+
+    def __len__(self) -> int:
+        return len(self.units)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Profile:
+        if not isinstance(data, dict) or "units" not in data:
+            raise ProfileFormatError("not an autopipe profile: no 'units' key")
+        version = data.get("version")
+        if version != PROFILE_VERSION:
+            raise ProfileFormatError(
+                f"profile schema version {version!r} is not supported (expected "
+                f"{PROFILE_VERSION}); re-run `autopipe profile` to regenerate it"
+            )
+        known = {f.name for f in dataclasses.fields(cls)}
+        unit_known = {f.name for f in dataclasses.fields(UnitProfile)}
+        try:
+            units = [
+                UnitProfile(**{k: v for k, v in u.items() if k in unit_known})
+                for u in data["units"]
+            ]
+            kwargs = {k: v for k, v in data.items() if k in known and k != "units"}
+            return cls(units=units, **kwargs)
+        except (TypeError, AttributeError) as exc:
+            raise ProfileFormatError(f"malformed autopipe profile: {exc}") from exc
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Write the profile as JSON atomically (a crash never leaves half a file)."""
+        _atomic_write_json(Path(path), self.to_dict())
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> Profile:
+        try:
+            data = json.loads(Path(path).read_text())
+        except json.JSONDecodeError as exc:
+            raise ProfileFormatError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno})") from exc
+        return cls.from_dict(data)
+
+
+def _atomic_write_json(path: Path, data: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    os.replace(tmp, path)

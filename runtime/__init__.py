@@ -1,0 +1,1 @@
+"""autopipe.runtime: model + Plan -> running pipeline."""
