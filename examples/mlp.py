@@ -1,6 +1,6 @@
 """A deep MLP as an nn.Sequential of Linear + ReLU layers with a wide middle.
 
-    autopipe plan examples/mlp.py --gpus 4
+autopipe plan examples/mlp.py --gpus 4
 """
 
 from __future__ import annotations

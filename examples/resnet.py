@@ -32,10 +32,14 @@ class BasicBlock(nn.Module):
         return F.relu(out + self.shortcut(x))
 
 
-def resnet(widths: tuple[int, ...] = (32, 64, 128, 256), blocks_per_stage: int = 2, num_classes: int = 100) -> nn.Sequential:
+def resnet(
+    widths: tuple[int, ...] = (32, 64, 128, 256), blocks_per_stage: int = 2, num_classes: int = 100
+) -> nn.Sequential:
     """An nn.Sequential ResNet (so it also runs under ``autopipe.GPipe`` with a balance)."""
     layers: list[nn.Module] = [
-        nn.Sequential(nn.Conv2d(3, widths[0], 3, 1, 1, bias=False), nn.BatchNorm2d(widths[0]), nn.ReLU())
+        nn.Sequential(
+            nn.Conv2d(3, widths[0], 3, 1, 1, bias=False), nn.BatchNorm2d(widths[0]), nn.ReLU()
+        )
     ]
     in_ch = widths[0]
     for i, width in enumerate(widths):

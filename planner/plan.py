@@ -112,8 +112,13 @@ class Plan:
         known = {f.name for f in dataclasses.fields(cls)}
         stage_known = {f.name for f in dataclasses.fields(StagePlan)}
         try:
-            stages = [StagePlan(**{k: v for k, v in s.items() if k in stage_known}) for s in data["stages"]]
-            return cls(stages=stages, **{k: v for k, v in data.items() if k in known and k != "stages"})
+            stages = [
+                StagePlan(**{k: v for k, v in s.items() if k in stage_known})
+                for s in data["stages"]
+            ]
+            return cls(
+                stages=stages, **{k: v for k, v in data.items() if k in known and k != "stages"}
+            )
         except (TypeError, AttributeError) as exc:
             raise PlanFormatError(f"malformed autopipe plan: {exc}") from exc
 

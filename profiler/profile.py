@@ -143,7 +143,9 @@ class Profile:
         try:
             data = json.loads(Path(path).read_text())
         except json.JSONDecodeError as exc:
-            raise ProfileFormatError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno})") from exc
+            raise ProfileFormatError(
+                f"{path}: not valid JSON ({exc.msg} at line {exc.lineno})"
+            ) from exc
         return cls.from_dict(data)
 
 

@@ -1,0 +1,429 @@
+"""The ``autopipe`` command line.
+
+Exit codes: 0 success, 1 failure (e.g. no plan fits memory), 2 bad usage or bad input.
+Errors are one line on stderr; ``-v`` adds the traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import traceback
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("autopipe")
+
+EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
+
+
+class UsageError(Exception):
+    """Bad input from the user: exit 2."""
+
+
+class Failure(Exception):
+    """The input was fine but the work could not be done: exit 1."""
+
+
+# -- argument types ---------------------------------------------------------------------------
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def _microbatches(text: str) -> int | str:
+    return "auto" if text == "auto" else _positive_int(text)
+
+
+def _memory(text: str) -> int:
+    from autopipe.units import parse_bytes
+
+    try:
+        return parse_bytes(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+# -- shared pieces ----------------------------------------------------------------------------
+
+
+def _emit_json(obj: Any, target: str | None) -> None:
+    """``--json`` alone writes to stdout; ``--json PATH`` writes a file atomically."""
+    if target is None:
+        return
+    text = json.dumps(obj, indent=2) + "\n"
+    if target == "-":
+        sys.stdout.write(text)
+        return
+    from autopipe.profiler.profile import _atomic_write_json
+
+    _atomic_write_json(Path(target), obj)
+
+
+def _say(args: argparse.Namespace, text: str) -> None:
+    """Human output: suppressed by -q and when --json goes to stdout."""
+    if args.quiet or getattr(args, "json", None) == "-":
+        return
+    print(text)
+
+
+def _load_profile_or_model(args: argparse.Namespace) -> Any:
+    """Profile from ``args.model``: a saved profile JSON, or a model file to profile now."""
+    from autopipe.profiler.profile import Profile, ProfileFormatError
+
+    if args.model.endswith(".json"):
+        if not Path(args.model).is_file():
+            raise UsageError(f"profile file not found: {args.model}")
+        try:
+            return Profile.load(args.model)
+        except ProfileFormatError as exc:
+            raise UsageError(str(exc)) from exc
+    return _profile_model_file(args)
+
+
+def _profile_model_file(args: argparse.Namespace) -> Any:
+    from autopipe.modelfile import ModelFileError, load_model_file
+
+    try:
+        mf = load_model_file(args.model)
+    except ModelFileError as exc:
+        raise UsageError(str(exc)) from exc
+    batch_size = args.batch_size or mf.default_batch_size()
+    progress = not args.quiet
+    device_spec = _device_spec(args)
+    try:
+        if device_spec is not None:
+            from autopipe.profiler.analytic import profile_analytic
+
+            model = mf.build(device="meta")
+            inputs = mf.inputs(batch_size)
+            profile = profile_analytic(
+                model,
+                inputs,
+                device_spec,
+                dtype=args.dtype or "bfloat16",
+                granularity=args.granularity,
+                loss_fn=mf.loss_fn,
+            )
+        else:
+            from autopipe.profiler.measure import profile as measure_profile
+
+            model = mf.build()
+            inputs = mf.inputs(batch_size)
+            profile = measure_profile(
+                model,
+                inputs,
+                device=args.device_measure,
+                granularity=args.granularity,
+                loss_fn=mf.loss_fn,
+                progress=progress,
+                cache=not args.no_cache,
+            )
+    except ModelFileError as exc:
+        raise UsageError(str(exc)) from exc
+    profile.model = mf.label
+    return profile
+
+
+def _device_spec(args: argparse.Namespace) -> Any:
+    """The analytic device from --device NAME / --device-spec FILE, or None to measure."""
+    name = getattr(args, "device", None)
+    spec_path = getattr(args, "device_spec", None)
+    args.device_measure = None
+    if spec_path:
+        from autopipe.profiler.catalog import load_device_spec
+
+        try:
+            return load_device_spec(spec_path)
+        except (OSError, ValueError) as exc:
+            raise UsageError(str(exc)) from exc
+    if name is None or name == "cpu" or name.startswith("cuda"):
+        args.device_measure = name
+        return None
+    from autopipe.profiler.catalog import get_device
+
+    try:
+        return get_device(name)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from exc
+
+
+# -- commands ---------------------------------------------------------------------------------
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    profile = _load_profile_or_model(args)
+    from autopipe.planner import PlanningError, plan
+
+    if args.gpus > len(profile.units):
+        raise UsageError(
+            f"--gpus {args.gpus} is more than the model's {len(profile.units)} units; use at most "
+            f"{len(profile.units)} or a finer --granularity (module or node)"
+        )
+    if args.save_profile:
+        profile.save(args.save_profile)
+    memory = args.memory
+    if memory is None:
+        # Analytic profiles carry their device's capacity: plan for that by default.
+        memory = profile.meta.get("device_memory_bytes")
+    cluster = None
+    try:
+        result = plan(
+            profile,
+            gpus=args.gpus,
+            batch_size=args.batch_size,
+            microbatches=args.microbatches,
+            memory_per_device=memory,
+            cluster=cluster,
+            schedule=args.schedule,
+            checkpoint=args.checkpoint,
+            strategy=args.strategy,
+        )
+    except PlanningError as exc:
+        raise Failure(str(exc)) from exc
+    except ValueError as exc:
+        raise UsageError(str(exc)) from exc
+    from autopipe.report import format_plan
+
+    _say(args, format_plan(result))
+    _emit_json(result.to_dict(), args.json)
+    if args.json and args.json != "-":
+        _say(args, f"plan written to {args.json}")
+    if args.plot:
+        from autopipe.viz import plot_all
+
+        paths = plot_all(result, args.plot, profile=profile)
+        _say(args, "plots: " + ", ".join(str(p) for p in paths))
+    return EXIT_OK
+
+
+def cmd_profile(args: argparse.Namespace) -> int:
+    profile = _profile_model_file(args)
+    from autopipe.report import format_profile
+
+    if args.out:
+        profile.save(args.out)
+    _say(args, format_profile(profile))
+    if args.out:
+        _say(args, f"profile written to {args.out}")
+    _emit_json(profile.to_dict(), args.json)
+    return EXIT_OK
+
+
+def cmd_devices(args: argparse.Namespace) -> int:
+    from autopipe.profiler.catalog import CATALOG
+
+    rows = []
+    for spec in CATALOG.values() if isinstance(CATALOG, dict) else CATALOG:
+        rows.append(spec)
+    if args.json:
+        import dataclasses
+
+        _emit_json([dataclasses.asdict(s) for s in rows], "-")
+        return EXIT_OK
+    from autopipe.profiler.catalog import format_catalog
+
+    _say(args, format_catalog(rows))
+    return EXIT_OK
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    from autopipe.planner.plan import PlanFormatError, load_plan
+
+    if not Path(args.plan).is_file():
+        raise UsageError(f"plan file not found: {args.plan}")
+    try:
+        p = load_plan(args.plan)
+    except PlanFormatError as exc:
+        raise UsageError(str(exc)) from exc
+    from autopipe.explain import explain
+
+    text = explain(p)
+    if args.json:
+        _emit_json({"explanation": text.splitlines(), "plan": p.to_dict()}, "-")
+    else:
+        _say(args, text)
+    return EXIT_OK
+
+
+# -- parser -----------------------------------------------------------------------------------
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-q", "--quiet", action="store_true", help="print only errors")
+    p.add_argument(
+        "-v", "--verbose", action="store_true", help="debug logging, tracebacks on errors"
+    )
+
+
+def _model_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--batch-size",
+        type=_positive_int,
+        help="mini-batch size B (default: example_inputs' default)",
+    )
+    p.add_argument(
+        "--device",
+        help="measure on 'cpu'/'cuda[:i]' (default: cpu), or plan for a catalog GPU analytically (see `autopipe devices`)",
+    )
+    p.add_argument(
+        "--device-spec",
+        metavar="FILE",
+        help="your own device spec (YAML or JSON) for analytic costs",
+    )
+    p.add_argument("--dtype", help="analytic dtype (default bfloat16)")
+    p.add_argument(
+        "--granularity",
+        choices=["block", "module", "node"],
+        default="block",
+        help="what a unit is (default: block)",
+    )
+    p.add_argument(
+        "--no-cache", action="store_true", help="re-measure even if a cached profile matches"
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="autopipe",
+        description="Automatic GPipe-style pipeline parallelism for PyTorch: profile, plan, run.",
+        epilog="example: autopipe plan examples/gpt.py --gpus 8",
+    )
+    from autopipe import __version__
+
+    parser.add_argument("--version", action="version", version=f"autopipe {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    fmt = argparse.RawDescriptionHelpFormatter
+    p = sub.add_parser(
+        "plan",
+        help="profile a model (or read a profile) and print the best pipeline plan",
+        formatter_class=fmt,
+        description="Cut a model into K pipeline stages, choose micro-batches and re-materialization.",
+        epilog="examples:\n  autopipe plan examples/gpt.py --gpus 8 --json plan.json\n"
+        "  autopipe plan examples/gpt.py:gpt_6b --gpus 8 --device a100-80gb\n"
+        "  autopipe plan profile.json --gpus 4 --memory 16GiB",
+    )
+    p.add_argument("model", help="MODEL.py[:FACTORY] or a saved PROFILE.json")
+    p.add_argument("--gpus", type=_positive_int, required=True, help="number of pipeline stages K")
+    p.add_argument(
+        "--microbatches", type=_microbatches, default="auto", help="M, or 'auto' (default)"
+    )
+    p.add_argument(
+        "--memory",
+        type=_memory,
+        help="memory per device, e.g. 80GiB (default: unlimited, or the catalog device's)",
+    )
+    p.add_argument(
+        "--checkpoint",
+        choices=["never", "auto", "always", "except_last"],
+        default="auto",
+        help="re-materialization (default: auto, only where memory needs it)",
+    )
+    p.add_argument("--schedule", choices=["gpipe", "1f1b", "auto"], default="gpipe")
+    p.add_argument(
+        "--strategy", choices=["dp", "ilp", "uniform", "parameters", "greedy-time"], default="dp"
+    )
+    p.add_argument(
+        "--json",
+        nargs="?",
+        const="-",
+        metavar="PATH",
+        help="write the plan as JSON to PATH (stdout if no PATH)",
+    )
+    p.add_argument(
+        "--plot", metavar="DIR", help="write the timeline, bubble, balance and scaling plots to DIR"
+    )
+    p.add_argument("--save-profile", metavar="PATH", help="also save the profile as JSON")
+    _model_options(p)
+    _common(p)
+    p.set_defaults(func=cmd_plan)
+
+    p = sub.add_parser(
+        "profile",
+        help="measure (or count) per-unit time and memory and save a profile",
+        formatter_class=fmt,
+        epilog="example:\n  autopipe profile examples/gpt.py --out profile.json",
+    )
+    p.add_argument("model", help="MODEL.py[:FACTORY]")
+    p.add_argument("--out", "-o", metavar="PATH", help="write the profile JSON here")
+    p.add_argument(
+        "--json",
+        nargs="?",
+        const="-",
+        metavar="PATH",
+        help="also write the profile JSON to PATH (stdout if no PATH)",
+    )
+    _model_options(p)
+    _common(p)
+    p.set_defaults(func=cmd_profile)
+
+    p = sub.add_parser(
+        "devices",
+        help="list the built-in device catalog",
+        epilog="example: autopipe devices --json",
+    )
+    p.add_argument("--json", action="store_true", help="machine-readable output on stdout")
+    _common(p)
+    p.set_defaults(func=cmd_devices)
+
+    p = sub.add_parser(
+        "explain", help="print a plan's reasoning", epilog="example: autopipe explain plan.json"
+    )
+    p.add_argument("plan", help="PLAN.json written by `autopipe plan --json`")
+    p.add_argument("--json", action="store_true", help="machine-readable output on stdout")
+    _common(p)
+    p.set_defaults(func=cmd_explain)
+
+    for extra in _EXTRA_COMMANDS:
+        extra(sub)
+    return parser
+
+
+# Commands contributed by other modules (plot, bench, run) register here.
+_EXTRA_COMMANDS: list[Callable[[Any], None]] = []
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return EXIT_USAGE
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.WARNING if args.quiet else logging.INFO,
+        format="%(message)s",
+    )
+    try:
+        return args.func(args)
+    except UsageError as exc:
+        return _fail(args, exc, EXIT_USAGE)
+    except (Failure, MemoryError) as exc:
+        return _fail(args, exc, EXIT_FAILURE)
+    except KeyboardInterrupt:
+        print("autopipe: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # anything else is still one line unless -v
+        return _fail(args, exc, EXIT_FAILURE, prefix=f"{type(exc).__name__}: ")
+
+
+def _fail(args: argparse.Namespace, exc: BaseException, code: int, prefix: str = "") -> int:
+    if args.verbose:
+        traceback.print_exc()
+    message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    print(f"autopipe {args.command}: error: {prefix}{message}", file=sys.stderr)
+    return code
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

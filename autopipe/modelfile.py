@@ -1,0 +1,130 @@
+"""Load a user's model file: ``MODEL.py[:FACTORY]``.
+
+The file defines ``build_model()`` (or the named FACTORY) returning an ``nn.Module`` and
+``example_inputs(batch_size)`` returning a tensor, a tuple of positional tensors or a dict
+of keyword tensors. For a named factory, ``example_inputs_FACTORY(batch_size)`` is used
+when the file defines it. An optional ``loss_fn(output, inputs)`` drives backward.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+
+class ModelFileError(ValueError):
+    """The model file or factory given on the command line cannot be used."""
+
+
+@dataclass
+class ModelFile:
+    path: Path
+    factory_name: str
+    factory: Callable[[], Any]
+    example_inputs: Callable[..., Any]
+    loss_fn: Callable[[Any, Any], Any] | None
+    module: ModuleType
+
+    @property
+    def label(self) -> str:
+        return f"{self.path.name}:{self.factory_name}"
+
+    def default_batch_size(self) -> int | None:
+        """The ``batch_size`` default of ``example_inputs``, if it declares one."""
+        try:
+            params = list(inspect.signature(self.example_inputs).parameters.values())
+        except (TypeError, ValueError):
+            return None
+        if params and isinstance(params[0].default, int):
+            return params[0].default
+        return None
+
+    def build(self, device: str | None = None) -> Any:
+        """Call the factory (under ``torch.device(device)`` when given, e.g. "meta")."""
+        import torch
+        from torch import nn
+
+        try:
+            if device is None:
+                model = self.factory()
+            else:
+                with torch.device(device):
+                    model = self.factory()
+        except Exception as exc:  # the user's code: report, don't crash
+            raise ModelFileError(
+                f"{self.label}: the factory raised {type(exc).__name__}: {exc}"
+            ) from exc
+        if not isinstance(model, nn.Module):
+            raise ModelFileError(
+                f"{self.label}: the factory returned {type(model).__name__}, not a torch.nn.Module"
+            )
+        return model
+
+    def inputs(self, batch_size: int | None) -> Any:
+        try:
+            if batch_size is None:
+                return self.example_inputs()
+            return self.example_inputs(batch_size)
+        except Exception as exc:
+            raise ModelFileError(
+                f"{self.path.name}: {self.example_inputs.__name__}({batch_size or ''}) raised "
+                f"{type(exc).__name__}: {exc}"
+            ) from exc
+
+
+def load_model_file(spec: str) -> ModelFile:
+    """Import ``MODEL.py[:FACTORY]`` and find its factory, inputs and optional loss."""
+    path_str, _, factory_name = spec.partition(":")
+    factory_name = factory_name or "build_model"
+    path = Path(path_str)
+    if not path.is_file():
+        raise ModelFileError(f"model file not found: {path_str} (give a path to a .py file)")
+    if path.suffix != ".py":
+        raise ModelFileError(f"{path_str}: expected a Python file (MODEL.py[:FACTORY])")
+    module = _import_path(path)
+    factory = getattr(module, factory_name, None)
+    if not callable(factory):
+        found = sorted(
+            n for n, v in vars(module).items() if inspect.isfunction(v) and not n.startswith("_")
+        )
+        raise ModelFileError(
+            f"{path.name} has no factory function {factory_name!r}; "
+            f"define it or name one with {path.name}:FACTORY (functions found: {', '.join(found) or 'none'})"
+        )
+    inputs_fn = getattr(module, f"example_inputs_{factory_name}", None) or getattr(
+        module, "example_inputs", None
+    )
+    if not callable(inputs_fn):
+        raise ModelFileError(
+            f"{path.name} has no example_inputs(batch_size) function; define one returning a "
+            "tensor, a tuple of tensors or a dict of keyword tensors"
+        )
+    loss_fn = getattr(module, "loss_fn", None)
+    return ModelFile(
+        path, factory_name, factory, inputs_fn, loss_fn if callable(loss_fn) else None, module
+    )
+
+
+def _import_path(path: Path) -> ModuleType:
+    name = f"autopipe_user_model_{abs(hash(str(path.resolve())))}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ModelFileError(f"cannot import {path}")
+    module = importlib.util.module_from_spec(spec)
+    # Model files often import siblings (e.g. a shared config module).
+    sys.path.insert(0, str(path.resolve().parent))
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:
+        sys.modules.pop(name, None)
+        raise ModelFileError(f"importing {path} failed: {type(exc).__name__}: {exc}") from exc
+    finally:
+        sys.path.pop(0)
+    return module

@@ -1,0 +1,108 @@
+"""Human-readable text for Plans and Profiles (the CLI's tables)."""
+
+from __future__ import annotations
+
+from autopipe.planner.plan import Plan
+from autopipe.profiler.profile import Profile
+from autopipe.units import format_bytes, format_seconds
+
+
+def _table(header: list[str], rows: list[list[str]], right: set[int]) -> str:
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+
+    def line(cells: list[str]) -> str:
+        return "  ".join(
+            c.rjust(widths[i]) if i in right else c.ljust(widths[i]) for i, c in enumerate(cells)
+        ).rstrip()
+
+    sep = "  ".join("-" * w for w in widths)
+    return "\n".join([line(header), sep, *(line(r) for r in rows)])
+
+
+def _ms(s: float) -> str:
+    return f"{s * 1e3:.2f}"
+
+
+def format_plan(plan: Plan) -> str:
+    """The plan as a table, one row per stage, then the pipeline-level figures."""
+    bottleneck_s = max((s.time_s for s in plan.stages), default=0.0) or 1.0
+    rows = []
+    for s in plan.stages:
+        span = (
+            s.first_module
+            if s.first_module == s.last_module
+            else f"{s.first_module} .. {s.last_module}"
+        )
+        rows.append(
+            [
+                str(s.index),
+                s.device,
+                f"{span} ({len(s.units)})",
+                _ms(s.forward_s),
+                _ms(s.backward_s + s.recompute_s),
+                _ms(s.send_s),
+                "yes" if s.checkpoint else "no",
+                format_bytes(s.memory_bytes),
+                f"{100 * s.time_s / bottleneck_s:.0f}%",
+            ]
+        )
+    header = [
+        "stage",
+        "device",
+        "modules (units)",
+        "fwd ms",
+        "bwd ms",
+        "send ms",
+        "ckpt",
+        "memory",
+        "load",
+    ]
+    lines = [
+        f"autopipe plan: {plan.model or 'model'} on {plan.num_stages} stages "
+        f"({plan.strategy}, {plan.profile_mode} costs)",
+        "",
+        _table(header, rows, right={0, 3, 4, 5, 7, 8}),
+        "",
+        "times are per micro-batch; load = stage time / bottleneck stage time",
+        f"micro-batches  M = {plan.microbatches} x {plan.microbatch_size} samples "
+        f"(batch {plan.batch_size}), schedule {plan.schedule}",
+        f"iteration      {format_seconds(plan.iteration_time_s)} predicted, "
+        f"{plan.throughput:.4g} samples/s, {plan.speedup:.2f}x over one device",
+        f"bubble         {100 * plan.bubble_fraction:.1f}% idle",
+    ]
+    if plan.memory_per_device:
+        lines.append(f"memory limit   {format_bytes(plan.memory_per_device)} per device")
+    if plan.baselines:
+        names = ["autopipe", *plan.baselines]
+        times = [plan.iteration_time_s]
+        for b in plan.baselines.values():
+            times.append(b.get("iteration_time_s") if b.get("feasible", True) else None)
+        ratio = " / ".join(
+            "infeasible" if t is None else f"{t / plan.iteration_time_s:.2f}" for t in times
+        )
+        lines.append(f"vs baselines   {' vs '.join(names)}: {ratio} x iteration time")
+    for note in plan.notes:
+        lines.append(f"note           {note}")
+    return "\n".join(lines)
+
+
+def format_profile(profile: Profile) -> str:
+    rows = [
+        [
+            str(i),
+            u.name,
+            u.kind,
+            _ms(u.forward_s),
+            _ms(u.backward_s),
+            format_bytes(u.parameter_bytes),
+            format_bytes(u.activation_bytes),
+            format_bytes(profile.cut_bytes[i]) if i < len(profile.cut_bytes) else "-",
+        ]
+        for i, u in enumerate(profile.units)
+    ]
+    header = ["#", "unit", "kind", "fwd ms", "bwd ms", "params", "saved act.", "cut after"]
+    head = (
+        f"autopipe profile: {profile.model} ({profile.mode}, {profile.tracer} trace) on "
+        f"{profile.device}, {profile.dtype}, batch {profile.batch_size}, {len(profile.units)} units"
+    )
+    return head + "\n\n" + _table(header, rows, right={0, 3, 4, 5, 6, 7})
