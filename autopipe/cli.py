@@ -103,10 +103,10 @@ def _profile_model_file(args: argparse.Namespace) -> Any:
     device_spec = _device_spec(args)
     try:
         if device_spec is not None:
-            from autopipe.profiler.analytic import profile_analytic
-
             model = mf.build(device="meta")
             inputs = mf.inputs(batch_size)
+            from autopipe.profiler.analytic import profile_analytic
+
             profile = profile_analytic(
                 model,
                 inputs,
@@ -116,10 +116,10 @@ def _profile_model_file(args: argparse.Namespace) -> Any:
                 loss_fn=mf.loss_fn,
             )
         else:
-            from autopipe.profiler.measure import profile as measure_profile
-
             model = mf.build()
             inputs = mf.inputs(batch_size)
+            from autopipe.profiler.measure import profile as measure_profile
+
             profile = measure_profile(
                 model,
                 inputs,

@@ -1,0 +1,76 @@
+"""Bad input gives one line on stderr, no traceback, and a non-zero exit."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from autopipe.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+GPT = str(ROOT / "examples" / "gpt.py")
+
+
+def _err_line(capsys: pytest.CaptureFixture[str]) -> str:
+    err = capsys.readouterr().err.strip()
+    assert "Traceback" not in err
+    assert len(err.splitlines()) == 1, err
+    return err
+
+
+def test_missing_file(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", "no/such/model.py", "--gpus", "2"]) == 2
+    assert "model file not found" in _err_line(capsys)
+
+
+def test_missing_factory(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", f"{GPT}:nope", "--gpus", "2"]) == 2
+    line = _err_line(capsys)
+    assert "no factory function 'nope'" in line and "build_model" in line
+
+
+def test_factory_not_a_module(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    f = tmp_path / "bad.py"
+    f.write_text("def build_model():\n    return 3\n\ndef example_inputs(b=2):\n    return None\n")
+    assert main(["plan", str(f), "--gpus", "2"]) == 2
+    assert "returned int, not a torch.nn.Module" in _err_line(capsys)
+
+
+def test_import_error_in_model_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    f = tmp_path / "broken.py"
+    f.write_text("import not_a_real_module_xyz\n")
+    assert main(["plan", str(f), "--gpus", "2"]) == 2
+    assert "ModuleNotFoundError" in _err_line(capsys)
+
+
+@pytest.mark.parametrize(
+    "flag",
+    [
+        ["--gpus", "0"],
+        ["--gpus", "-3"],
+        ["--gpus", "2", "--batch-size", "0"],
+        ["--gpus", "2", "--memory", "-5GB"],
+        ["--gpus", "2", "--microbatches", "0"],
+    ],
+)
+def test_non_positive_numbers(flag: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["plan", GPT, *flag])
+    assert exc.value.code == 2
+    assert "error:" in capsys.readouterr().err
+
+
+def test_bad_profile_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    f = tmp_path / "p.json"
+    f.write_text("{not json")
+    assert main(["plan", str(f), "--gpus", "2"]) == 2
+    assert "not valid JSON" in _err_line(capsys)
+    f.write_text('{"units": [], "cut_bytes": [], "batch_size": 1, "version": 99}')
+    assert main(["plan", str(f), "--gpus", "2"]) == 2
+    assert "schema version 99" in _err_line(capsys)
+
+
+def test_explain_missing_plan(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["explain", "nowhere.json"]) == 2
+    assert "plan file not found" in _err_line(capsys)

@@ -1,0 +1,54 @@
+"""The package installs one namespace, and the planner stays torch-free."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _run(code: str) -> subprocess.CompletedProcess[str]:
+    # Run outside the repo so the working directory cannot shadow the installed package.
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/")
+
+
+def test_planner_import_does_not_import_torch() -> None:
+    out = _run(
+        "import sys, autopipe, autopipe.planner, autopipe.profiler.profile, autopipe.planner.plan;"
+        "print('torch' in sys.modules)"
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"
+
+
+def test_layer_folders_are_not_top_level_imports() -> None:
+    out = _run(
+        "import importlib.util as u;"
+        "print([n for n in ('planner', 'profiler', 'runtime') if u.find_spec(n) is not None])"
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.slow
+def test_wheel_contains_only_the_autopipe_namespace(tmp_path: Path) -> None:
+    build = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path), str(ROOT)],
+        capture_output=True,
+        text=True,
+    )
+    if build.returncode != 0 and "No matching distribution" in build.stderr:
+        pytest.skip("cannot fetch the build backend here")
+    assert build.returncode == 0, build.stderr
+    (wheel,) = tmp_path.glob("autopipe-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    top = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
+    assert top == {"autopipe"}
+    for layer in ("profiler", "planner", "runtime"):
+        assert f"autopipe/{layer}/__init__.py" in names
+    assert "autopipe/planner/plan.py" in names
