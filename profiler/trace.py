@@ -1,0 +1,216 @@
+"""The tracer chain: turn an nn.Module into a torch.fx GraphModule.
+
+Order tried (the first that works wins, ``tracer`` names it):
+
+1. ``"fx"``: ``torch.fx.symbolic_trace`` (fast, keeps ``call_module`` nodes and
+   records ``nn_module_stack`` for nodes inside modules).
+2. ``"export"``: ``torch.export.export(model, args, kwargs, strict=False).module()``
+   (handles shape-dependent Python control flow, cache objects, ...; ATen-level nodes with
+   ``nn_module_stack`` metadata).
+3. ``"hooks"``: only for models whose ``forward`` is a plain chain of children
+   (each child called once, each fed the previous child's output): the chain is observed with
+   forward hooks on one real run and rebuilt as a graph of ``call_module`` nodes, so the
+   children are profiled as opaque units. A warning says so.
+
+If all fail, :class:`TraceError` names each cause in one line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import io
+import logging
+import warnings
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch import fx, nn
+
+
+class TraceError(RuntimeError):
+    """No tracer in the chain could turn the model into a graph."""
+
+
+def split_inputs(example_inputs: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """Normalise the example-inputs convention: tuple -> *args, dict -> **kwargs, else one arg."""
+    if isinstance(example_inputs, tuple):
+        return example_inputs, {}
+    if isinstance(example_inputs, dict):
+        return (), dict(example_inputs)
+    return (example_inputs,), {}
+
+
+def call_model(model: Any, example_inputs: Any) -> Any:
+    """Call ``model`` with the example inputs under the tuple/dict/single-value convention."""
+    args, kwargs = split_inputs(example_inputs)
+    return model(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def _quiet_logging() -> Iterator[None]:
+    """Silence torch's log records while a tracer that may fail runs: its failure is
+    reported in our one-line error, not as a page of graph dumps."""
+    previous = logging.root.manager.disable
+    logging.disable(logging.CRITICAL)
+    try:
+        # torch.export also prints the partial graph of a failed trace to stderr.
+        with contextlib.redirect_stderr(io.StringIO()):
+            yield
+    finally:
+        logging.disable(previous)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}".strip()
+
+
+def _unprovided_defaults(model: nn.Module, args: tuple, kwargs: dict) -> dict[str, Any]:
+    """Forward parameters the example inputs leave at their defaults (e.g. ``mask=None``).
+
+    fx would otherwise trace them as proxies and take the ``is not None`` branch.
+    """
+    try:
+        sig = inspect.signature(model.forward)
+        bound = sig.bind(*args, **kwargs)
+    except (TypeError, ValueError):
+        return {}
+    concrete: dict[str, Any] = {}
+    for name, param in sig.parameters.items():
+        if name in bound.arguments or param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+            continue
+        if param.default is not inspect.Parameter.empty:
+            concrete[name] = param.default
+    return concrete
+
+
+def trace_fx(model: nn.Module, args: tuple, kwargs: dict) -> fx.GraphModule:
+    """``torch.fx.symbolic_trace`` with unprovided defaulted parameters fixed to their defaults."""
+    concrete = _unprovided_defaults(model, args, kwargs)
+    return fx.symbolic_trace(model, concrete_args=concrete or None)
+
+
+def trace_export(model: nn.Module, args: tuple, kwargs: dict) -> fx.GraphModule:
+    """Non-strict ``torch.export`` flattened to one GraphModule (input guards removed)."""
+    exported = torch.export.export(model, args, kwargs, strict=False)
+    gm = exported.module()
+    # The input-shape guard module is a sanity check for the exported program, not part
+    # of the computation; it would also be an unknown target once the graph is split.
+    for node in list(gm.graph.nodes):
+        if (
+            node.op == "call_module"
+            and str(node.target).startswith("_guards_fn")
+            and not node.users
+        ):
+            gm.graph.erase_node(node)
+            if hasattr(gm, str(node.target)):
+                delattr(gm, str(node.target))
+    gm.graph.lint()
+    gm.recompile()
+    return gm
+
+
+def trace_sequential_hooks(model: nn.Module, args: tuple, kwargs: dict) -> fx.GraphModule:
+    """Rebuild a model whose forward is a plain chain of its children as a graph.
+
+    Runs the model once (no grad) with forward hooks on the direct children and checks that
+    the children form a chain: the first child gets exactly the model's positional inputs,
+    every later child gets exactly the previous child's output, each child runs once and the
+    model returns the last child's output. Raises ``TraceError`` otherwise.
+    """
+    if kwargs:
+        raise TraceError("hooks fallback needs positional inputs only")
+    calls: list[tuple[str, tuple[Any, ...], dict[str, Any], Any]] = []
+    handles = []
+    for name, child in model.named_children():
+
+        def hook(mod: nn.Module, a: tuple, kw: dict, out: Any, _name: str = name) -> None:
+            calls.append((_name, a, kw, out))
+
+        handles.append(child.register_forward_hook(hook, with_kwargs=True))
+    try:
+        with torch.no_grad():
+            out = model(*args)
+    finally:
+        for h in handles:
+            h.remove()
+    if not calls:
+        raise TraceError("forward calls no child module")
+    names = [c[0] for c in calls]
+    if len(set(names)) != len(names):
+        raise TraceError("forward calls a child more than once")
+    first_args = calls[0][1]
+    if (
+        calls[0][2]
+        or len(first_args) != len(args)
+        or any(a is not b for a, b in zip(first_args, args, strict=False))
+    ):
+        raise TraceError(f"child {names[0]!r} does not receive the model inputs unchanged")
+    for (_, _, _, prev_out), (name, a, kw, _) in zip(calls, calls[1:], strict=False):
+        if kw or len(a) != 1 or a[0] is not prev_out:
+            raise TraceError(f"child {name!r} does not take exactly the previous child's output")
+    if out is not calls[-1][3]:
+        raise TraceError("model output is not the last child's output")
+
+    graph = fx.Graph()
+    params = list(inspect.signature(model.forward).parameters)[: len(args)]
+    value: Any = tuple(graph.placeholder(p) for p in params)
+    for i, name in enumerate(names):
+        value = graph.call_module(name, value if i == 0 else (value,))
+        value.meta["nn_module_stack"] = {name: (name, type(model.get_submodule(name)))}
+    graph.output(value)
+    return fx.GraphModule(model, graph, class_name=type(model).__name__)
+
+
+TRACERS = ("fx", "export", "hooks")
+
+
+def trace_model(
+    model: nn.Module, example_inputs: Any, tracer: str | None = None
+) -> tuple[fx.GraphModule, str]:
+    """Trace ``model`` with the tracer chain; returns ``(graph_module, tracer_name)``.
+
+    ``tracer_name`` is ``"fx"``, ``"export"`` or ``"hooks"``; ``tracer`` forces one of them
+    (no fallback). Raises :class:`TraceError` with one line naming every tracer's failure.
+    """
+    args, kwargs = split_inputs(example_inputs)
+    if tracer is not None:
+        funcs = {"fx": trace_fx, "export": trace_export, "hooks": trace_sequential_hooks}
+        if tracer not in funcs:
+            raise ValueError(
+                f"tracer {tracer!r} is not one of {', '.join(TRACERS)}; pick one of those"
+            )
+        try:
+            return funcs[tracer](model, args, kwargs), tracer
+        except Exception as exc:
+            raise TraceError(
+                f"cannot trace {type(model).__name__} with {tracer}: {_first_line(exc)}"
+            ) from None
+    causes: list[str] = []
+    try:
+        return trace_fx(model, args, kwargs), "fx"
+    except Exception as exc:  # any failure moves on to the next tracer
+        causes.append(f"torch.fx.symbolic_trace failed ({_first_line(exc)})")
+    try:
+        with warnings.catch_warnings(), _quiet_logging():
+            warnings.simplefilter("ignore")
+            return trace_export(model, args, kwargs), "export"
+    except Exception as exc:
+        causes.append(f"torch.export(strict=False) failed ({_first_line(exc)})")
+    try:
+        gm = trace_sequential_hooks(model, args, kwargs)
+    except Exception as exc:
+        causes.append(f"not a plain chain of children for hook profiling ({_first_line(exc)})")
+        raise TraceError(
+            f"cannot trace {type(model).__name__}: "
+            + "; ".join(causes)
+            + "; make forward traceable (no data-dependent Python control flow) or a plain chain of child modules"
+        ) from None
+    warnings.warn(
+        f"{type(model).__name__}: fx and export tracing failed ({'; '.join(causes)}); "
+        "profiling at child-module granularity from forward hooks",
+        stacklevel=2,
+    )
+    return gm, "hooks"

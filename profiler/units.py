@@ -1,0 +1,317 @@
+"""Group the nodes of a traced model into units: the atoms a pipeline plan cuts between.
+
+Granularity (``trace_units(..., granularity=...)``):
+
+- ``"module"``: the children of the top module, recursing into containers
+  (``nn.Sequential`` / ``nn.ModuleList`` / ``nn.ModuleDict``), so a transformer's blocks
+  become units.
+- ``"block"`` (default): one unit per child of the container (ModuleList / Sequential /
+  ModuleDict) holding the most children of one class (the repeated blocks, e.g.
+  ``transformer.h.0``), plus every module beside the path to that container as its own unit
+  (embeddings before, final norm and head after). Without a repeated block it equals
+  ``"module"``.
+- ``"node"``: one unit per fx call node.
+
+Free functions between modules (e.g. the ``add`` of token and position embeddings) join the
+unit of the next module node (the previous one at the end). Unit indices never decrease along
+a data edge, so every contiguous split of ``unit_names`` is a valid cut of the graph.
+Cost: O(nodes x module depth) to label, O(edges) to enforce the order.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+import torch.fx._pytree as fx_pytree
+import torch.utils._pytree as pytree
+from autopipe.profiler.trace import TraceError, split_inputs, trace_model
+from torch import fx, nn
+
+__all__ = ["GRANULARITIES", "TraceError", "UnitGraph", "cut_tensors", "trace_units"]
+
+GRANULARITIES = ("block", "module", "node")
+_CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
+
+
+@dataclass
+class UnitGraph:
+    """A traced model with every node assigned to a unit (see module docstring)."""
+
+    graph_module: fx.GraphModule
+    unit_names: list[str]
+    """Units in topological order: module paths (``blocks.3``) or, at node granularity, node names."""
+    node_unit: dict[str, int]
+    """fx node name -> unit index, for every node but the output (placeholders -> 0,
+    get_attr -> unit of their first user)."""
+    tracer: str
+    """``"fx"``, ``"export"`` or ``"hooks"``."""
+    unit_kinds: list[str]
+    """Class name of each unit's module (function/method name at node granularity)."""
+    granularity: str = "block"
+    input_names: list[str] | None = None
+    """Forward parameter names in placeholder order (fx/hooks graphs); None for export graphs,
+    whose placeholders follow the pytree flattening of ``(args, kwargs)``."""
+
+    def flat_inputs(self, example_inputs: Any) -> list[Any]:
+        """Values for the graph's placeholders, in order, from the example-inputs convention.
+
+        ``split_module(graph_module, ...)`` results take exactly these positional values.
+        """
+        args, kwargs = split_inputs(example_inputs)
+        placeholders = [n for n in self.graph_module.graph.nodes if n.op == "placeholder"]
+        codegen = self.graph_module.graph._codegen
+        info = getattr(codegen, "pytree_info", None)
+        if info is not None and info.in_spec is not None:
+            return list(fx_pytree.tree_flatten_spec((args, kwargs), info.in_spec))
+        names = self.input_names or [str(p.target) for p in placeholders]
+        bound = dict(zip(names, args, strict=False))
+        bound.update(kwargs)
+        values: list[Any] = []
+        for name, node in zip(names, placeholders, strict=False):
+            if name in bound:
+                values.append(bound[name])
+            elif node.args:
+                values.append(node.args[0])  # a default the example inputs did not override
+            else:
+                raise TypeError(f"example inputs give no value for forward argument {name!r}")
+        return values
+
+    def unflatten_output(self, flat_output: Any) -> Any:
+        """Restore the model's output structure from the graph's output value (export graphs
+        return a flat tuple once split); identity for fx/hooks graphs."""
+        info = getattr(self.graph_module.graph._codegen, "pytree_info", None)
+        if info is None or info.out_spec is None:
+            return flat_output
+        return pytree.tree_unflatten(list(flat_output), info.out_spec)
+
+    @property
+    def num_units(self) -> int:
+        return len(self.unit_names)
+
+    def nodes_of(self, unit: int) -> list[fx.Node]:
+        """The call nodes (not placeholders/get_attr/output) of one unit, in graph order."""
+        return [
+            n
+            for n in self.graph_module.graph.nodes
+            if n.op not in ("placeholder", "get_attr", "output") and self.node_unit[n.name] == unit
+        ]
+
+
+def _is_container(module: nn.Module) -> bool:
+    return isinstance(module, _CONTAINERS)
+
+
+def _module_units(model: nn.Module, prefix: str = "") -> list[str]:
+    """Children of ``model``, recursing into containers (``"module"`` granularity)."""
+    paths: list[str] = []
+    for name, child in model.named_children():
+        path = f"{prefix}{name}"
+        if _is_container(child) and len(list(child.children())) > 0:
+            paths += _module_units(child, f"{path}.")
+        else:
+            paths.append(path)
+    return paths
+
+
+def _block_container(model: nn.Module) -> str | None:
+    """Path of the container with the most children of one class (>= 2), or None."""
+    best: tuple[int, str] | None = None
+    for path, module in model.named_modules():
+        if not _is_container(module):
+            continue
+        counts = Counter(type(c) for c in module.children())
+        if not counts:
+            continue
+        most = counts.most_common(1)[0][1]
+        if most >= 2 and (best is None or most > best[0]):
+            best = (most, path)
+    return None if best is None else best[1]
+
+
+def _block_units(model: nn.Module) -> list[str]:
+    """Children of the block container plus every module beside the path to it."""
+    container = _block_container(model)
+    if container is None:
+        return _module_units(model)
+    if container == "":
+        return [name for name, _ in model.named_children()]
+    parts = container.split(".")
+    paths: list[str] = []
+    module, prefix = model, ""
+    for depth in range(len(parts) + 1):
+        on_path = parts[depth] if depth < len(parts) else None
+        for name, _child in module.named_children():
+            path = f"{prefix}{name}"
+            if on_path is None or name != on_path:
+                paths.append(path)
+        if on_path is None:
+            break
+        module = getattr(module, on_path)
+        prefix = f"{prefix}{on_path}."
+    return paths
+
+
+def _module_path(node: fx.Node) -> str | None:
+    """Deepest module path of a node: its own target for ``call_module``, else the stack."""
+    if node.op == "call_module":
+        return str(node.target)
+    stack = node.meta.get("nn_module_stack")
+    if not stack:
+        return None
+    return list(stack.values())[-1][0]
+
+
+def _unit_of_path(path: str | None, units: set[str]) -> str | None:
+    """The unit path that is ``path`` or its closest ancestor, or None for glue."""
+    while path:
+        # export records paths like "blocks.0" but also "L__self___blocks_0"-free forms;
+        # fx and export both use dotted qualified names here.
+        if path in units:
+            return path
+        path = path.rpartition(".")[0] if "." in path else ""
+    return "" if "" in units else None
+
+
+def _node_kind(gm: fx.GraphModule, node: fx.Node) -> str:
+    if node.op == "call_module":
+        return type(gm.get_submodule(str(node.target))).__name__
+    target = node.target
+    return getattr(target, "__name__", None) or str(target)
+
+
+def _assign(gm: fx.GraphModule, labels: dict[str, str | None]) -> tuple[list[str], dict[str, int]]:
+    """Order units by first appearance, attach glue nodes, enforce producer <= consumer."""
+    nodes = list(gm.graph.nodes)
+    calls = [n for n in nodes if n.op not in ("placeholder", "get_attr", "output")]
+    order: list[str] = []
+    for n in calls:
+        label = labels[n.name]
+        if label is not None and label not in order:
+            order.append(label)
+    if not order:
+        order = [type(gm).__name__ if calls else "model"]
+        labels = {n.name: order[0] for n in calls}
+    index = {name: i for i, name in enumerate(order)}
+
+    # Glue: the unit of the next labelled node (the previous at the end).
+    unit: dict[str, int] = {}
+    pending: list[fx.Node] = []
+    last = 0
+    for n in calls:
+        label = labels[n.name]
+        if label is None:
+            pending.append(n)
+            continue
+        last = index[label]
+        for g in pending:
+            unit[g.name] = last
+        pending.clear()
+        unit[n.name] = last
+    for g in pending:
+        unit[g.name] = last
+
+    for n in nodes:
+        if n.op == "placeholder":
+            unit[n.name] = 0
+    # A node reached from a later unit (e.g. a module reused after other modules) moves into
+    # that later unit: indices must not decrease along data edges.
+    for n in calls:
+        producers = [unit[p.name] for p in n.all_input_nodes if p.op != "get_attr"]
+        if producers:
+            unit[n.name] = max(unit[n.name], *producers)
+    for n in nodes:
+        if n.op == "get_attr":
+            users = [unit[u.name] for u in n.users if u.op != "output"]
+            unit[n.name] = min(users) if users else 0
+    # Units emptied by the move above are dropped and indices renumbered.
+    used = sorted({unit[n.name] for n in calls}) or [0]
+    renumber = {old: new for new, old in enumerate(used)}
+    names = [order[i] for i in used]
+    return names, {k: renumber.get(v, 0) for k, v in unit.items()}
+
+
+def _forward_param_names(model: nn.Module) -> list[str] | None:
+    try:
+        params = inspect.signature(model.forward).parameters.values()
+    except (TypeError, ValueError):
+        return None
+    return [p.name for p in params if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+
+
+def unit_graph_from(
+    gm: fx.GraphModule, model: nn.Module, tracer: str, granularity: str = "block"
+) -> UnitGraph:
+    """Group the nodes of an already traced ``gm`` (of ``model``) into units."""
+    if granularity not in GRANULARITIES:
+        raise ValueError(
+            f"granularity {granularity!r} is not one of {', '.join(GRANULARITIES)}; pick one of those"
+        )
+    calls = [n for n in gm.graph.nodes if n.op not in ("placeholder", "get_attr", "output")]
+    if granularity == "node":
+        labels: dict[str, str | None] = {n.name: n.name for n in calls}
+    else:
+        paths = _block_units(model) if granularity == "block" else _module_units(model)
+        unit_set = set(paths) or {""}
+        labels = {n.name: _unit_of_path(_module_path(n), unit_set) for n in calls}
+    names, node_unit = _assign(gm, labels)
+    if granularity == "node":
+        by_name = {n.name: n for n in calls}
+        kinds = [_node_kind(gm, by_name[u]) if u in by_name else "" for u in names]
+    else:
+        kinds = []
+        for u in names:
+            try:
+                kinds.append(type(model.get_submodule(u)).__name__)
+            except AttributeError:
+                kinds.append(type(model).__name__)
+    return UnitGraph(
+        graph_module=gm,
+        unit_names=names,
+        node_unit=node_unit,
+        tracer=tracer,
+        unit_kinds=kinds,
+        granularity=granularity,
+        input_names=None if tracer == "export" else _forward_param_names(model),
+    )
+
+
+def trace_units(
+    model: nn.Module, example_inputs: Any, granularity: str = "block", tracer: str | None = None
+) -> UnitGraph:
+    """Trace ``model`` (fx, then export, then hooks) and group its nodes into units.
+
+    ``example_inputs``: a tensor (one argument), a tuple (positional arguments) or a dict
+    (keyword arguments). Nothing is executed except by the export/hooks fallbacks.
+    ``tracer`` forces ``"fx"``, ``"export"`` or ``"hooks"`` instead of the fallback chain.
+    Raises :class:`TraceError` if no tracer works, ``ValueError`` for a bad granularity.
+    """
+    if granularity not in GRANULARITIES:
+        raise ValueError(
+            f"granularity {granularity!r} is not one of {', '.join(GRANULARITIES)}; pick one of those"
+        )
+    gm, used = trace_model(model, example_inputs, tracer)
+    return unit_graph_from(gm, model, used, granularity)
+
+
+def cut_tensors(unit_graph: UnitGraph) -> list[list[str]]:
+    """For each cut ``i`` (between unit ``i`` and ``i + 1``), the names of the nodes produced at
+    units ``<= i`` and consumed at units ``> i`` (skip connections and graph outputs count;
+    parameters/buffers (get_attr) do not). O(edges x units) in the worst case.
+    """
+    n_units = unit_graph.num_units
+    node_unit = unit_graph.node_unit
+    cuts: list[list[str]] = [[] for _ in range(max(n_units - 1, 0))]
+    for node in unit_graph.graph_module.graph.nodes:
+        if node.op in ("get_attr", "output"):
+            continue
+        produced = node_unit[node.name]
+        consumed = [n_units - 1 if u.op == "output" else node_unit[u.name] for u in node.users]
+        if node.op == "placeholder" and not consumed:
+            continue
+        last = max(consumed, default=produced)
+        for i in range(produced, last):
+            cuts[i].append(node.name)
+    return cuts
