@@ -1,0 +1,525 @@
+"""Accelerator specs for analytic profiling: plan for GPUs you do not have.
+
+A :class:`DeviceSpec` holds the datasheet figures the analytic cost model needs
+(peak dense FLOP/s per dtype, memory bandwidth and capacity, device-to-device link
+bandwidth) plus the efficiency factors that turn peaks into realistic rates.
+This module is torch-free: the CLI lists and loads devices without importing torch.
+
+Conventions (all entries follow them):
+
+* FLOP/s are *dense* peaks (no 2:4 structured sparsity). ``"float32"`` is plain
+  (non-tensor-core) FP32; ``"tfloat32"`` is the TF32 tensor-core rate, used only when
+  the caller allows TF32. ``"bfloat16"``/``"float16"`` are tensor-core rates with FP32
+  accumulation (what mixed-precision training uses).
+* ``memory_bytes`` is the marketed capacity in decimal bytes (80 GB -> 80e9); the
+  usable amount differs slightly, so plans should keep some headroom anyway.
+* ``link_bandwidth_bytes_per_s`` is *per direction* between two adjacent pipeline
+  devices in the usual 8-GPU platform (datasheets quote NVLink bidirectional totals,
+  which are halved here).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from autopipe.planner.cluster import Cluster, Device
+
+TERA = 1e12
+GB = 1e9
+
+DEFAULT_COMPUTE_EFFICIENCY = 0.7
+"""Fraction of peak FLOP/s that large matmuls/convolutions reach (cuBLAS bf16 GEMMs on
+A100/H100 typically reach 60-80 % of the dense datasheet peak)."""
+DEFAULT_MEMORY_EFFICIENCY = 0.8
+"""Fraction of peak memory bandwidth that memory-bound kernels (elementwise, norms,
+softmax) reach; streaming kernels on HBM reach roughly 80-90 %."""
+DEFAULT_KERNEL_LAUNCH_OVERHEAD_S = 8e-6
+"""Fixed cost per kernel in PyTorch eager mode (CUDA launch plus dispatcher/Python),
+a few microseconds each; this is the part of a micro-batch that does not shrink with b."""
+
+DTYPE_ALIASES = {
+    "bf16": "bfloat16",
+    "bfloat16": "bfloat16",
+    "fp16": "float16",
+    "half": "float16",
+    "float16": "float16",
+    "fp32": "float32",
+    "float": "float32",
+    "float32": "float32",
+    "tf32": "tfloat32",
+    "tfloat32": "tfloat32",
+}
+
+
+class DeviceSpecError(ValueError):
+    """A device name or spec file is unknown or invalid."""
+
+
+@dataclass(frozen=True)
+class DeviceSpec:
+    """Datasheet figures of one accelerator plus cost-model efficiency factors.
+
+    Units are in the field names: FLOP/s, bytes/s, bytes, seconds.
+    """
+
+    name: str
+    peak_flops_per_s: dict[str, float]
+    """Dense peak FLOP/s by dtype name: ``bfloat16``, ``float16``, ``float32``, ``tfloat32``."""
+    memory_bandwidth_bytes_per_s: float
+    memory_bytes: int
+    link_bandwidth_bytes_per_s: float
+    """Per direction, device to the next device in pipeline order."""
+    link_name: str = ""
+    link_latency_s: float = 0.0
+    kernel_launch_overhead_s: float = DEFAULT_KERNEL_LAUNCH_OVERHEAD_S
+    compute_efficiency: float = DEFAULT_COMPUTE_EFFICIENCY
+    memory_efficiency: float = DEFAULT_MEMORY_EFFICIENCY
+    aliases: tuple[str, ...] = ()
+    vendor: str = ""
+    source: str = ""
+    """Where the figures come from (datasheet URL)."""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def peak_for(self, dtype: str, *, allow_tf32: bool = False) -> float:
+        """Dense peak FLOP/s for matmuls in ``dtype`` (``"bfloat16"``, ``"fp16"``, ...)."""
+        key = normalize_dtype(dtype)
+        if key == "float32" and allow_tf32 and "tfloat32" in self.peak_flops_per_s:
+            key = "tfloat32"
+        if key not in self.peak_flops_per_s:
+            have = ", ".join(sorted(self.peak_flops_per_s))
+            raise DeviceSpecError(
+                f"{self.name} has no {key} peak (it lists {have}); pick one of those dtypes"
+            )
+        return self.peak_flops_per_s[key]
+
+    def with_efficiency(
+        self,
+        compute: float | None = None,
+        memory: float | None = None,
+        kernel_launch_overhead_s: float | None = None,
+    ) -> DeviceSpec:
+        """A copy with some efficiency factors replaced (``None`` keeps the current one)."""
+        changes: dict[str, float] = {}
+        if compute is not None:
+            changes["compute_efficiency"] = compute
+        if memory is not None:
+            changes["memory_efficiency"] = memory
+        if kernel_launch_overhead_s is not None:
+            changes["kernel_launch_overhead_s"] = kernel_launch_overhead_s
+        spec = dataclasses.replace(self, **changes)
+        _validate(spec, origin=self.name)
+        return spec
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["aliases"] = list(self.aliases)
+        return data
+
+
+def normalize_dtype(dtype: Any) -> str:
+    """``torch.bfloat16``, ``"bf16"``, ``"bfloat16"`` -> ``"bfloat16"`` (no torch import)."""
+    text = str(dtype).removeprefix("torch.").lower()
+    try:
+        return DTYPE_ALIASES[text]
+    except KeyError:
+        raise DeviceSpecError(
+            f"unknown dtype {dtype!r}; use one of bfloat16, float16, float32 (or bf16/fp16/fp32)"
+        ) from None
+
+
+def _gpu(
+    name: str,
+    *,
+    bf16_tflops: float | None,
+    fp16_tflops: float,
+    fp32_tflops: float,
+    tf32_tflops: float | None,
+    bandwidth_gb_s: float,
+    memory_gb: float,
+    link_gb_s_per_direction: float,
+    link_name: str,
+    vendor: str,
+    source: str,
+    aliases: tuple[str, ...],
+) -> DeviceSpec:
+    peaks = {"float16": fp16_tflops * TERA, "float32": fp32_tflops * TERA}
+    if bf16_tflops is not None:
+        peaks["bfloat16"] = bf16_tflops * TERA
+    if tf32_tflops is not None:
+        peaks["tfloat32"] = tf32_tflops * TERA
+    return DeviceSpec(
+        name=name,
+        peak_flops_per_s=peaks,
+        memory_bandwidth_bytes_per_s=bandwidth_gb_s * GB,
+        memory_bytes=int(memory_gb * GB),
+        link_bandwidth_bytes_per_s=link_gb_s_per_direction * GB,
+        link_name=link_name,
+        vendor=vendor,
+        source=source,
+        aliases=aliases,
+    )
+
+
+_ENTRIES = [
+    # NVIDIA Tesla V100 SXM2 32GB datasheet: 125 TFLOPS tensor (FP16), 15.7 TFLOPS FP32,
+    # 900 GB/s HBM2, NVLink 300 GB/s total (150 per direction). No BF16 on Volta.
+    _gpu(
+        "V100-32GB",
+        bf16_tflops=None,
+        fp16_tflops=125,
+        fp32_tflops=15.7,
+        tf32_tflops=None,
+        bandwidth_gb_s=900,
+        memory_gb=32,
+        link_gb_s_per_direction=150,
+        link_name="NVLink 2 (300 GB/s bidirectional)",
+        vendor="NVIDIA",
+        source="https://images.nvidia.com/content/technologies/volta/pdf/volta-v100-datasheet-update-us-1165301-r5.pdf",
+        aliases=("v100", "v100-sxm2", "v100-32gb", "tesla-v100"),
+    ),
+    # NVIDIA A100 datasheet (nvidia-a100-datasheet-us-nvidia-1758950-r4): BF16/FP16 312 TFLOPS
+    # dense (624 sparse), TF32 156, FP32 19.5; 40GB HBM2 1,555 GB/s; NVLink 600 GB/s.
+    _gpu(
+        "A100-40GB",
+        bf16_tflops=312,
+        fp16_tflops=312,
+        fp32_tflops=19.5,
+        tf32_tflops=156,
+        bandwidth_gb_s=1555,
+        memory_gb=40,
+        link_gb_s_per_direction=300,
+        link_name="NVLink 3 (600 GB/s bidirectional)",
+        vendor="NVIDIA",
+        source="https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf",
+        aliases=("a100-40gb", "a100-sxm-40gb", "a100-sxm4-40gb"),
+    ),
+    # Same datasheet, 80GB SXM: HBM2e 2,039 GB/s; compute identical to the 40GB part.
+    _gpu(
+        "A100-80GB",
+        bf16_tflops=312,
+        fp16_tflops=312,
+        fp32_tflops=19.5,
+        tf32_tflops=156,
+        bandwidth_gb_s=2039,
+        memory_gb=80,
+        link_gb_s_per_direction=300,
+        link_name="NVLink 3 (600 GB/s bidirectional)",
+        vendor="NVIDIA",
+        source="https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf",
+        aliases=("a100", "a100-80gb", "a100-sxm", "a100-sxm-80gb", "a100-sxm4-80gb"),
+    ),
+    # NVIDIA H100 datasheet, SXM column: BF16/FP16 1,979 TFLOPS *with sparsity* -> 989.4 dense,
+    # TF32 989 sparse -> 494.7 dense, FP32 67; 80GB HBM3 3.35 TB/s; NVLink 900 GB/s.
+    _gpu(
+        "H100-SXM-80GB",
+        bf16_tflops=989.4,
+        fp16_tflops=989.4,
+        fp32_tflops=67,
+        tf32_tflops=494.7,
+        bandwidth_gb_s=3350,
+        memory_gb=80,
+        link_gb_s_per_direction=450,
+        link_name="NVLink 4 (900 GB/s bidirectional)",
+        vendor="NVIDIA",
+        source="https://resources.nvidia.com/en-us-tensor-core/nvidia-tensor-core-gpu-datasheet",
+        aliases=("h100", "h100-sxm", "h100-sxm5", "h100-80gb", "h100-sxm-80gb"),
+    ),
+    # Same datasheet, PCIe column: BF16/FP16 1,513 sparse -> 756 dense, TF32 756 sparse -> 378,
+    # FP32 51; 80GB HBM2e 2 TB/s; PCIe Gen5 128 GB/s bidirectional (the optional 2-GPU
+    # NVLink bridge is not assumed).
+    _gpu(
+        "H100-PCIe-80GB",
+        bf16_tflops=756,
+        fp16_tflops=756,
+        fp32_tflops=51,
+        tf32_tflops=378,
+        bandwidth_gb_s=2000,
+        memory_gb=80,
+        link_gb_s_per_direction=64,
+        link_name="PCIe Gen5 x16 (128 GB/s bidirectional)",
+        vendor="NVIDIA",
+        source="https://resources.nvidia.com/en-us-tensor-core/nvidia-tensor-core-gpu-datasheet",
+        aliases=("h100-pcie", "h100-pcie-80gb"),
+    ),
+    # NVIDIA H200 datasheet (SXM): same Hopper compute as H100 SXM (BF16 1,979 sparse -> 989.4
+    # dense, FP32 67), 141GB HBM3e at 4.8 TB/s, NVLink 900 GB/s.
+    _gpu(
+        "H200-141GB",
+        bf16_tflops=989.4,
+        fp16_tflops=989.4,
+        fp32_tflops=67,
+        tf32_tflops=494.7,
+        bandwidth_gb_s=4800,
+        memory_gb=141,
+        link_gb_s_per_direction=450,
+        link_name="NVLink 4 (900 GB/s bidirectional)",
+        vendor="NVIDIA",
+        source="https://www.nvidia.com/en-us/data-center/h200/",
+        aliases=("h200", "h200-sxm", "h200-141gb"),
+    ),
+    # NVIDIA L4 datasheet: BF16/FP16 242 TFLOPS sparse -> 121 dense, TF32 120 sparse -> 60,
+    # FP32 30.3; 24GB GDDR6 300 GB/s; PCIe Gen4 x16 64 GB/s bidirectional.
+    _gpu(
+        "L4-24GB",
+        bf16_tflops=121,
+        fp16_tflops=121,
+        fp32_tflops=30.3,
+        tf32_tflops=60,
+        bandwidth_gb_s=300,
+        memory_gb=24,
+        link_gb_s_per_direction=32,
+        link_name="PCIe Gen4 x16 (64 GB/s bidirectional)",
+        vendor="NVIDIA",
+        source="https://www.nvidia.com/en-us/data-center/l4/",
+        aliases=("l4", "l4-24gb"),
+    ),
+    # NVIDIA L40S datasheet: BF16/FP16 362.05 TFLOPS dense (733 sparse), TF32 183 dense,
+    # FP32 91.6; 48GB GDDR6 864 GB/s; PCIe Gen4 x16 64 GB/s bidirectional, no NVLink.
+    _gpu(
+        "L40S-48GB",
+        bf16_tflops=362.05,
+        fp16_tflops=362.05,
+        fp32_tflops=91.6,
+        tf32_tflops=183,
+        bandwidth_gb_s=864,
+        memory_gb=48,
+        link_gb_s_per_direction=32,
+        link_name="PCIe Gen4 x16 (64 GB/s bidirectional)",
+        vendor="NVIDIA",
+        source="https://www.nvidia.com/en-us/data-center/l40s/",
+        aliases=("l40s", "l40s-48gb"),
+    ),
+    # NVIDIA Ada GPU architecture whitepaper, GeForce RTX 4090: FP16/BF16 tensor with FP32
+    # accumulate 165.2 TFLOPS dense (330.3 with FP16 accumulate), TF32 82.6, FP32 82.6;
+    # 24GB GDDR6X 1,008 GB/s; PCIe Gen4 x16, no NVLink.
+    _gpu(
+        "RTX-4090-24GB",
+        bf16_tflops=165.2,
+        fp16_tflops=165.2,
+        fp32_tflops=82.6,
+        tf32_tflops=82.6,
+        bandwidth_gb_s=1008,
+        memory_gb=24,
+        link_gb_s_per_direction=32,
+        link_name="PCIe Gen4 x16 (64 GB/s bidirectional)",
+        vendor="NVIDIA",
+        source="https://images.nvidia.com/aem-dam/Solutions/geforce/ada/nvidia-ada-gpu-architecture.pdf",
+        aliases=("rtx4090", "rtx-4090", "4090", "rtx-4090-24gb"),
+    ),
+    # AMD Instinct MI300X data sheet: peak BF16/FP16 matrix 1,307.4 TFLOPS dense (2,614.9 with
+    # sparsity), FP32 163.4 TFLOPS (vector and matrix); 192GB HBM3 5.3 TB/s; 7 Infinity Fabric
+    # links of 128 GB/s (bidirectional) -> in the 8-GPU mesh one link (64 GB/s each way) per pair.
+    _gpu(
+        "MI300X-192GB",
+        bf16_tflops=1307.4,
+        fp16_tflops=1307.4,
+        fp32_tflops=163.4,
+        tf32_tflops=None,
+        bandwidth_gb_s=5300,
+        memory_gb=192,
+        link_gb_s_per_direction=64,
+        link_name="Infinity Fabric (128 GB/s bidirectional per link)",
+        vendor="AMD",
+        source="https://www.amd.com/content/dam/amd/en/documents/instinct-tech-docs/data-sheets/amd-instinct-mi300x-data-sheet.pdf",
+        aliases=("mi300x", "mi300x-192gb", "mi300"),
+    ),
+    # Not a datasheet: a nominal 2-vCPU x86 machine (like the one this project is developed
+    # on) so analytic and measured CPU profiles can be compared. 2 cores x 2.6 GHz x 32 FP32
+    # FLOP/cycle (two 8-wide AVX2 FMA pipes) = 166 GFLOP/s; ~20 GB/s DRAM per 2 cores;
+    # ~10 us per eager aten op (dispatcher + Python). Fit it to a real run with
+    # ``autopipe.profiler.analytic.calibrate``.
+    DeviceSpec(
+        name="cpu",
+        peak_flops_per_s={
+            "float32": 166e9,
+            "bfloat16": 166e9,
+            "float16": 166e9,
+        },
+        memory_bandwidth_bytes_per_s=20 * GB,
+        memory_bytes=16 * 10**9,
+        link_bandwidth_bytes_per_s=10 * GB,
+        link_name="shared memory (nominal)",
+        kernel_launch_overhead_s=10e-6,
+        compute_efficiency=0.5,
+        memory_efficiency=0.5,
+        vendor="generic",
+        source="nominal, not a datasheet (see comment in catalog.py)",
+        aliases=("cpu-nominal",),
+    ),
+]
+
+CATALOG: dict[str, DeviceSpec] = {spec.name: spec for spec in _ENTRIES}
+"""Built-in specs by canonical name."""
+
+
+def _key(name: str) -> str:
+    return name.strip().lower().replace("_", "-").replace(" ", "-")
+
+
+def _alias_table() -> dict[str, str]:
+    table: dict[str, str] = {}
+    for spec in CATALOG.values():
+        for alias in (spec.name, *spec.aliases):
+            table[_key(alias)] = spec.name
+    return table
+
+
+def device_names() -> list[str]:
+    """Canonical names of the built-in specs, in catalog order."""
+    return list(CATALOG)
+
+
+def get_device(name: str | DeviceSpec) -> DeviceSpec:
+    """Look up a built-in spec by name or alias, case-insensitively (``"h100-sxm"``, ``"A100"``).
+
+    A :class:`DeviceSpec` is returned unchanged. Raises :class:`DeviceSpecError` listing the
+    valid names for an unknown one.
+    """
+    if isinstance(name, DeviceSpec):
+        return name
+    canonical = _alias_table().get(_key(str(name)))
+    if canonical is None:
+        raise DeviceSpecError(
+            f"unknown device {name!r}; built-in devices: {', '.join(device_names())} "
+            "(or pass a spec file with --device-spec)"
+        )
+    return CATALOG[canonical]
+
+
+_REQUIRED = (
+    "name",
+    "peak_flops_per_s",
+    "memory_bandwidth_bytes_per_s",
+    "memory_bytes",
+    "link_bandwidth_bytes_per_s",
+)
+_FLOAT_FIELDS = (
+    "memory_bandwidth_bytes_per_s",
+    "link_bandwidth_bytes_per_s",
+    "link_latency_s",
+    "kernel_launch_overhead_s",
+    "compute_efficiency",
+    "memory_efficiency",
+)
+
+
+def device_spec_from_dict(data: Any, origin: str = "device spec") -> DeviceSpec:
+    """Build a spec from plain data; ``base: a100-80gb`` inherits missing fields from a built-in.
+
+    Numbers may be written as YAML/JSON numbers or strings like ``"312e12"``.
+    """
+    if not isinstance(data, dict):
+        raise DeviceSpecError(f"{origin}: expected a mapping of fields, got {type(data).__name__}")
+    data = dict(data)
+    base_name = data.pop("base", None)
+    merged: dict[str, Any] = get_device(base_name).to_dict() if base_name else {}
+    if base_name:
+        merged["aliases"] = []
+        merged["source"] = f"{origin} (based on {merged['name']})"
+    merged.update(data)
+    known = {f.name for f in dataclasses.fields(DeviceSpec)}
+    unknown = sorted(set(merged) - known)
+    if unknown:
+        raise DeviceSpecError(
+            f"{origin}: unknown field(s) {', '.join(unknown)}; valid fields: {', '.join(sorted(known))}"
+        )
+    missing = [f for f in _REQUIRED if f not in merged]
+    if missing:
+        raise DeviceSpecError(
+            f"{origin}: missing required field(s) {', '.join(missing)} "
+            f"(required: {', '.join(_REQUIRED)})"
+        )
+    peaks = merged["peak_flops_per_s"]
+    if not isinstance(peaks, dict) or not peaks:
+        raise DeviceSpecError(
+            f"{origin}: peak_flops_per_s must map dtypes to FLOP/s, e.g. {{bfloat16: 312e12, float32: 19.5e12}}"
+        )
+    merged["peak_flops_per_s"] = {
+        normalize_dtype(k): _number(v, f"peak_flops_per_s.{k}", origin) for k, v in peaks.items()
+    }
+    for name in _FLOAT_FIELDS:
+        if name in merged:
+            merged[name] = _number(merged[name], name, origin)
+    merged["memory_bytes"] = int(_number(merged["memory_bytes"], "memory_bytes", origin))
+    merged["aliases"] = tuple(str(a) for a in merged.get("aliases", ()))
+    merged["name"] = str(merged["name"])
+    spec = DeviceSpec(**merged)
+    _validate(spec, origin)
+    return spec
+
+
+def load_device_spec(path: str | Path) -> DeviceSpec:
+    """Read a spec from a ``.yaml``/``.yml`` or ``.json`` file (see :func:`device_spec_from_dict`)."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise DeviceSpecError(f"cannot read device spec {path}: {exc.strerror}") from exc
+    if path.suffix.lower() == ".json":
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise DeviceSpecError(
+                f"{path}: not valid JSON ({exc.msg} at line {exc.lineno})"
+            ) from exc
+    else:
+        import yaml  # pyyaml is a declared dependency; imported lazily to keep startup light
+
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise DeviceSpecError(f"{path}: not valid YAML ({exc})".replace("\n", " ")) from exc
+    return device_spec_from_dict(data, origin=str(path))
+
+
+def _number(value: Any, name: str, origin: str) -> float:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise DeviceSpecError(f"{origin}: {name} must be a number, got {value!r}") from None
+    return number
+
+
+def _validate(spec: DeviceSpec, origin: str) -> None:
+    positive = {
+        "memory_bandwidth_bytes_per_s": spec.memory_bandwidth_bytes_per_s,
+        "memory_bytes": spec.memory_bytes,
+        "link_bandwidth_bytes_per_s": spec.link_bandwidth_bytes_per_s,
+        **{f"peak_flops_per_s.{k}": v for k, v in spec.peak_flops_per_s.items()},
+    }
+    for name, value in positive.items():
+        if not (value > 0) or math.isnan(value):
+            raise DeviceSpecError(f"{origin}: {name} must be positive, got {value!r}")
+    for name in ("compute_efficiency", "memory_efficiency"):
+        value = getattr(spec, name)
+        if not 0 < value <= 1:
+            raise DeviceSpecError(f"{origin}: {name} must be in (0, 1], got {value!r}")
+    for name in ("kernel_launch_overhead_s", "link_latency_s"):
+        if getattr(spec, name) < 0:
+            raise DeviceSpecError(f"{origin}: {name} must be >= 0, got {getattr(spec, name)!r}")
+
+
+def to_planner_device(spec: str | DeviceSpec, memory_bytes: int | None = None) -> Device:
+    """The planner's view of one device: memory capacity and link to the next device."""
+    spec = get_device(spec)
+    return Device(
+        name=spec.name,
+        memory_bytes=spec.memory_bytes if memory_bytes is None else memory_bytes,
+        speed=1.0,
+        link_bandwidth_bytes_per_s=spec.link_bandwidth_bytes_per_s,
+        link_latency_s=spec.link_latency_s,
+    )
+
+
+def to_planner_cluster(
+    spec: str | DeviceSpec, count: int, memory_bytes: int | None = None
+) -> Cluster:
+    """``count`` identical devices of ``spec`` in pipeline order."""
+    if count < 1:
+        raise DeviceSpecError(f"device count must be >= 1, got {count}")
+    return Cluster([to_planner_device(spec, memory_bytes) for _ in range(count)])
