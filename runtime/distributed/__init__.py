@@ -1,0 +1,47 @@
+"""autopipe.runtime.distributed: run a Plan on torch.distributed (torchrun; gloo or NCCL).
+
+Each rank builds only its own stage and runs it with ``torch.distributed.pipelining``
+(``PipelineStage`` + ``ScheduleGPipe`` / ``Schedule1F1B``); ``W = K x D`` processes give D
+data-parallel replicas of every stage. Typical use, on every rank::
+
+    init_distributed()
+    pipe = DistributedPipeline(model, plan, example_inputs, loss_fn)
+    opt = torch.optim.AdamW(pipe.parameters())
+    loss = pipe.step(inputs, target)   # a tensor on last-stage ranks, None elsewhere
+    opt.step(); opt.zero_grad()
+
+Names resolve lazily: the torch-free parts (``layout``, ``pp_dp``) import without torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_LAZY = {
+    "DistributedPipeline": "autopipe.runtime.distributed.pipeline",
+    "PipelineRankError": "autopipe.runtime.distributed.pipeline",
+    "build_stage": "autopipe.runtime.distributed.pipeline",
+    "SCHEDULES": "autopipe.runtime.distributed.pipeline",
+    "init_distributed": "autopipe.runtime.distributed.process",
+    "shutdown": "autopipe.runtime.distributed.process",
+    "LaunchError": "autopipe.runtime.distributed.process",
+    "StageModule": "autopipe.runtime.distributed.stages",
+    "StageSplitError": "autopipe.runtime.distributed.stages",
+    "split_stages": "autopipe.runtime.distributed.stages",
+    "RankLayout": "autopipe.runtime.distributed.layout",
+    "PlanWorldSizeError": "autopipe.runtime.distributed.layout",
+    "rank_layout": "autopipe.runtime.distributed.layout",
+}
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str) -> Any:
+    try:
+        module = _LAZY[name]
+    except KeyError:
+        raise AttributeError(
+            f"module 'autopipe.runtime.distributed' has no attribute {name!r}"
+        ) from None
+    return getattr(importlib.import_module(module), name)

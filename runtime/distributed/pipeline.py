@@ -1,0 +1,350 @@
+"""Run a Plan on torch.distributed with PyTorch's own pipelining runtime.
+
+Every rank builds only its stage (:mod:`autopipe.runtime.distributed.stages`), wraps it in
+``torch.distributed.pipelining.PipelineStage`` and drives it with ``ScheduleGPipe`` or
+``Schedule1F1B`` at the plan's micro-batch count. With ``W = K x D`` processes each stage has
+``D`` replicas whose gradients are averaged with one flat all-reduce per step over the stage's
+replica group (see :mod:`autopipe.runtime.distributed.layout` for the rank grid).
+
+Loss convention: ``loss_fn(output, target)`` returns the *mean* over a micro-batch; the
+schedule divides gradients by M (``scale_grads=True``), so with equal micro-batches the
+gradients equal those of the mean loss over the whole batch, as in single-process training.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from autopipe.planner.plan import Plan
+from autopipe.profiler.trace import split_inputs
+from autopipe.profiler.units import GRANULARITIES, UnitGraph, trace_units
+from autopipe.runtime.distributed.layout import RankLayout, rank_layout
+from autopipe.runtime.distributed.stages import (
+    StageModule,
+    StageSplitError,
+    split_stages,
+    stage_of_unit,
+)
+from torch import nn
+from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+from torch.utils import _pytree as pytree
+
+SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
+
+LossFn = Callable[[Any, Any], torch.Tensor]
+
+
+class PipelineRankError(RuntimeError):
+    """A peer rank failed or stopped answering: this rank cannot continue."""
+
+
+def _trace_for_plan(model: nn.Module, example_inputs: Any, plan: Plan) -> UnitGraph:
+    """Trace at the granularity whose unit names are the plan's (the plan's meta, else the
+    first of block/module/node that matches). Tracing does not run the model (fx), so a model
+    on the meta device works."""
+    wanted = [u for s in plan.stages for u in s.units]
+    hint = plan.meta.get("granularity")
+    order = (
+        [hint] + [g for g in GRANULARITIES if g != hint] if hint in GRANULARITIES else GRANULARITIES
+    )
+    graph = None
+    for granularity in order:
+        graph = trace_units(model, example_inputs, granularity=granularity)
+        if graph.unit_names == wanted:
+            return graph
+    assert graph is not None
+    return graph  # stage_of_unit reports the mismatch
+
+
+def build_stage(
+    model: nn.Module,
+    plan: Plan,
+    example_inputs: Any,
+    stage: int,
+    *,
+    device: torch.device | str = "cpu",
+    state_dict: Mapping[str, torch.Tensor] | None = None,
+    init_seed: int = 0,
+) -> StageModule:
+    """This stage's module, materialised on ``device``, wrapped for re-materialization.
+
+    Weights, in order of preference:
+
+    - ``state_dict`` given: the stage's entries are loaded (``assign=True``, so a model built
+      on the meta device never allocates the other stages). Missing entries are an error.
+    - ``model`` has real parameters: the stage keeps them (build the model with the same seed
+      on every rank and the stages equal the single-process model's).
+    - ``model`` is on the meta device: the stage is allocated with ``to_empty`` and every
+      submodule's ``reset_parameters()`` is re-run under ``torch.manual_seed(init_seed +
+      stage)``. That is PyTorch's default init, not custom init code in the model's
+      ``__init__``; pass a ``state_dict`` when the exact weights matter.
+    """
+    graph = _trace_for_plan(model, example_inputs, plan)
+    unit_stage = stage_of_unit(graph.unit_names, [s.units for s in plan.stages])
+    stages = split_stages(graph, unit_stage)
+    module = StageModule(stages[stage], checkpoint=bool(plan.stages[stage].checkpoint))
+    del stages, graph
+    device = torch.device(device)
+    if state_dict is not None:
+        own = module.body.state_dict()
+        wanted = {k: state_dict[k] for k in own if k in state_dict}
+        missing = sorted(set(own) - set(wanted))
+        if missing:
+            raise StageSplitError(
+                f"the state_dict lacks {len(missing)} of stage {stage}'s entries (first: "
+                f"{missing[0]!r}); save it from the same model class with model.state_dict()"
+            )
+        if any(t.is_meta for t in own.values()):
+            module.body.to_empty(device=device)
+        module.body.load_state_dict(wanted, strict=True, assign=False)
+    elif any(t.is_meta for t in module.body.state_dict().values()):
+        module.body.to_empty(device=device)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(init_seed + stage)
+            for sub in module.body.modules():
+                reset = getattr(sub, "reset_parameters", None)
+                if callable(reset):
+                    with torch.no_grad():
+                        reset()
+    return module.to(device)
+
+
+def _flat_inputs(example_inputs: Any, placeholders: list[str]) -> tuple[Any, ...]:
+    """Model inputs (tensor / tuple / dict) as the positional tuple stage 0 takes."""
+    args, kwargs = split_inputs(example_inputs)
+    if not kwargs:
+        return tuple(args)
+    values = dict(zip(placeholders, args, strict=False))
+    values.update(kwargs)
+    try:
+        return tuple(values[name] for name in placeholders)
+    except KeyError as exc:
+        raise TypeError(f"the model input {exc.args[0]!r} is missing from the inputs") from None
+
+
+def _slice_batch(tree: Any, start: int, stop: int) -> Any:
+    return pytree.tree_map(
+        lambda t: t[start:stop] if isinstance(t, torch.Tensor) and t.dim() > 0 else t, tree
+    )
+
+
+def _batch_size(tree: Any) -> int:
+    for leaf in pytree.tree_leaves(tree):
+        if isinstance(leaf, torch.Tensor) and leaf.dim() > 0:
+            return int(leaf.shape[0])
+    raise TypeError("the inputs contain no tensor with a batch dimension")
+
+
+def _is_comm_failure(exc: BaseException) -> bool:
+    """Errors that mean a peer is gone or silent rather than a bug in this rank's compute."""
+    if isinstance(exc, dist.DistError):
+        return True
+    text = str(exc).lower()
+    return any(
+        key in text
+        for key in ("connection closed", "connection reset", "timed out", "timeout", "broken pipe")
+    )
+
+
+class DistributedPipeline:
+    """This rank's part of a K x D pipeline; call :meth:`step` once per training step on every rank.
+
+    ``model``: the whole model (real weights, identical on every rank, or on the meta device,
+    see :func:`build_stage`). ``example_inputs``: inputs in the model-file convention (tensor,
+    tuple or dict), only traced, never run. ``loss_fn(output, target)``: mean loss of a
+    micro-batch. The process group must be initialised (:func:`init_distributed`).
+
+    Attributes: ``layout`` (stage/replica of this rank), ``module`` (the stage, an ``nn.Module``
+    whose ``parameters()`` are what this rank's optimizer updates), ``schedule``, ``plan``.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        plan: Plan,
+        example_inputs: Any,
+        loss_fn: LossFn,
+        *,
+        device: torch.device | str | None = None,
+        state_dict: Mapping[str, torch.Tensor] | None = None,
+        init_seed: int = 0,
+    ) -> None:
+        if not dist.is_initialized():
+            raise RuntimeError(
+                "torch.distributed is not initialised; call "
+                "autopipe.runtime.distributed.init_distributed() first (under torchrun)"
+            )
+        if plan.schedule not in SCHEDULES:
+            raise ValueError(
+                f"plan schedule {plan.schedule!r} is not one of {', '.join(SCHEDULES)}; "
+                "re-plan with --schedule gpipe or --schedule 1f1b"
+            )
+        self.plan = plan
+        self.layout: RankLayout = rank_layout(
+            dist.get_rank(), dist.get_world_size(), plan.num_stages
+        )
+        if len(plan.stages) != plan.num_stages:
+            raise StageSplitError(
+                f"plan says num_stages={plan.num_stages} but lists {len(plan.stages)} stages"
+            )
+        self.device = torch.device(device) if device is not None else _default_device()
+        self.pipeline_group, self.replica_group = _make_groups(self.layout)
+        self.module = build_stage(
+            model,
+            plan,
+            example_inputs,
+            self.layout.stage,
+            device=self.device,
+            state_dict=state_dict,
+            init_seed=init_seed,
+        )
+        self._placeholders = self.module.input_names if self.layout.is_first_stage else []
+        self._user_loss = loss_fn
+        self._target: Any = None
+        self.stage = PipelineStage(
+            self.module,
+            self.layout.stage,
+            plan.num_stages,
+            self.device,
+            group=self.pipeline_group,
+        )
+        try:
+            self.schedule = SCHEDULES[plan.schedule](
+                self.stage, n_microbatches=plan.microbatches, loss_fn=self._loss, scale_grads=True
+            )
+        except ValueError as exc:
+            raise ValueError(
+                f"{plan.schedule} with {plan.microbatches} micro-batches on {plan.num_stages} "
+                f"stages is not possible ({exc}); re-plan with more micro-batches or --schedule gpipe"
+            ) from exc
+        self.steps = 0
+        self.last_step_s = 0.0
+
+    def _loss(self, output: Any, index: torch.Tensor) -> torch.Tensor:
+        # The schedule splits the arange index like a target; slice the real target with it so
+        # any pytree (tuple, dict of tensors, the model inputs themselves) can be the target.
+        start, stop = int(index[0]), int(index[-1]) + 1
+        return self._user_loss(output, _slice_batch(self._target, start, stop))
+
+    def parameters(self) -> Any:
+        return self.module.parameters()
+
+    def local_batch(self, batch: Any) -> Any:
+        """This replica's 1/D share (along dim 0) of a global batch given identically to all ranks."""
+        size = _batch_size(batch)
+        d = self.layout.replicas
+        if size % d:
+            raise ValueError(
+                f"batch size {size} is not divisible by the {d} data-parallel replicas"
+            )
+        share = size // d
+        return _slice_batch(batch, self.layout.replica * share, (self.layout.replica + 1) * share)
+
+    def step(self, inputs: Any = None, target: Any = None) -> torch.Tensor | None:
+        """One training step of this replica's pipeline on its local batch.
+
+        ``inputs`` (needed on the first stage) and ``target`` (needed on the last stage; default:
+        the inputs, as for language models) hold the local batch, dim 0 the batch. Gradients are
+        accumulated into the stage's parameters (zero them between steps), averaged over the D
+        replicas. Returns the mean loss over the global batch on last-stage ranks, else None.
+        """
+        layout = self.layout
+        t0 = time.perf_counter()
+        try:
+            loss = self._step(inputs, target)
+        except Exception as exc:
+            if _is_comm_failure(exc):
+                first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                raise PipelineRankError(
+                    f"rank {layout.rank} (stage {layout.stage}, replica {layout.replica}): the "
+                    f"pipeline broke in step {self.steps}: a peer rank failed or did not answer "
+                    f"within the process-group timeout ({first})"
+                ) from exc
+            raise
+        self.last_step_s = time.perf_counter() - t0
+        self.steps += 1
+        return loss
+
+    def _step(self, inputs: Any, target: Any) -> torch.Tensor | None:
+        layout = self.layout
+        M = self.plan.microbatches
+        args: tuple[Any, ...] = ()
+        if layout.is_first_stage:
+            if inputs is None:
+                raise TypeError("the first stage needs the inputs: step(inputs, target)")
+            args = tuple(
+                a.to(self.device) if isinstance(a, torch.Tensor) else a
+                for a in _flat_inputs(inputs, self._placeholders)
+            )
+        kwargs: dict[str, Any] = {}
+        losses: list[torch.Tensor] = []
+        if layout.is_last_stage:
+            self._target = target if target is not None else inputs
+            if self._target is None:
+                raise TypeError("the last stage needs the target: step(inputs, target)")
+            self._target = pytree.tree_map(
+                lambda t: t.to(self.device) if isinstance(t, torch.Tensor) else t, self._target
+            )
+            size = _batch_size(self._target)
+            if size % M:
+                raise ValueError(
+                    f"local batch size {size} is not divisible by the plan's {M} micro-batches"
+                )
+            index = torch.arange(size, device=self.device)
+            self.schedule.step(*args, target=index, losses=losses, return_outputs=False, **kwargs)
+        else:
+            self.schedule.step(*args, return_outputs=False, **kwargs)
+        if layout.replicas > 1:
+            _average_gradients(self.module, self.replica_group, layout.replicas)
+        self._target = None
+        if not layout.is_last_stage:
+            return None
+        loss = torch.stack([x.detach() for x in losses]).mean()
+        if layout.replicas > 1:
+            dist.all_reduce(loss, group=self.replica_group)
+            loss /= layout.replicas
+        return loss
+
+
+def _average_gradients(module: nn.Module, group: Any, replicas: int) -> None:
+    """Average this stage's gradients over its replicas: one flat all-reduce (one bucket)."""
+    grads = [p.grad for p in module.parameters() if p.grad is not None]
+    if not grads:
+        return
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat, group=group)
+    flat /= replicas
+    offset = 0
+    for g in grads:
+        n = g.numel()
+        g.copy_(flat[offset : offset + n].view_as(g))
+        offset += n
+
+
+def _make_groups(layout: RankLayout) -> tuple[Any, Any]:
+    """(this rank's pipeline group, this rank's replica group). Every rank creates every group
+    in the same order, as ``new_group`` requires; with D = 1 the pipeline is the whole world."""
+    if layout.replicas == 1:
+        return None, None
+    pipeline_group = replica_group = None
+    for replica in range(layout.replicas):
+        group = dist.new_group(layout.pipeline_ranks(replica))
+        if replica == layout.replica:
+            pipeline_group = group
+    for stage in range(layout.num_stages):
+        group = dist.new_group(layout.replica_ranks(stage))
+        if stage == layout.stage:
+            replica_group = group
+    return pipeline_group, replica_group
+
+
+def _default_device() -> torch.device:
+    if torch.cuda.is_available() and dist.get_backend() == "nccl":
+        import os
+
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    return torch.device("cpu")

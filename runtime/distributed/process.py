@@ -1,0 +1,50 @@
+"""Join the torchrun-launched process group, with a timeout so failures end instead of hanging."""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+DEFAULT_TIMEOUT_S = 300.0
+"""Process-group timeout: a peer silent for this long makes every collective/recv raise."""
+
+_LAUNCH_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+class LaunchError(RuntimeError):
+    """The process was not started by torchrun (or an equivalent launcher)."""
+
+
+def init_distributed(
+    timeout_s: float = DEFAULT_TIMEOUT_S, backend: str | None = None
+) -> tuple[int, int]:
+    """Initialise ``torch.distributed`` from torchrun's environment; returns ``(rank, world_size)``.
+
+    ``backend`` defaults to ``nccl`` when CUDA is available (each rank then uses
+    ``cuda:LOCAL_RANK``), else ``gloo``. ``timeout_s`` bounds the rendezvous and every later
+    collective and point-to-point operation, so a dead or stuck rank yields an error on the
+    others within that time rather than a hang. A no-op if already initialised.
+    """
+    if dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    missing = [v for v in _LAUNCH_VARS if v not in os.environ]
+    if missing:
+        raise LaunchError(
+            f"{', '.join(missing)} not set: start this under torchrun, e.g. "
+            "`torchrun --nproc-per-node K $(which autopipe) run MODEL.py --plan plan.json`"
+        )
+    if backend is None:
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if backend == "nccl":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group(backend=backend, timeout=timedelta(seconds=timeout_s))
+    return dist.get_rank(), dist.get_world_size()
+
+
+def shutdown() -> None:
+    """Leave the process group (after a successful run; on failure just exit)."""
+    if dist.is_initialized():
+        dist.destroy_process_group()

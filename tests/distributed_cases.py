@@ -1,0 +1,170 @@
+"""Models, plans and a rank entry point shared by the torch.distributed tests and benchmark.
+
+Not a test module itself (no ``test_`` prefix): the spawned ranks import it by name.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+from autopipe.planner.plan import Plan, StagePlan
+from torch import nn
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def rank_env(rank: int, world_size: int, port: int) -> dict[str, str]:
+    """The variables torchrun sets for one rank on one node."""
+    return {
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+        "RANK": str(rank),
+        "LOCAL_RANK": str(rank),
+        "WORLD_SIZE": str(world_size),
+        "LOCAL_WORLD_SIZE": str(world_size),
+    }
+
+
+class SkipNet(nn.Module):
+    """Four units; ``a`` skips from unit 0 to unit 3 and the second input ``scale`` is used only
+    by the last unit, so both must be relayed through the middle stages."""
+
+    def __init__(self, width: int = 16) -> None:
+        super().__init__()
+        self.f1 = nn.Linear(width, width)
+        self.f2 = nn.Linear(width, width)
+        self.f3 = nn.Linear(width, width)
+        self.f4 = nn.Linear(width, 4)
+
+    def forward(self, x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+        a = torch.tanh(self.f1(x))
+        b = torch.tanh(self.f2(a))
+        c = torch.tanh(self.f3(b))
+        return self.f4(c + a) * scale
+
+
+def skipnet_inputs(batch_size: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(1)
+    return torch.randn(batch_size, 16, generator=g), torch.rand(batch_size, 1, generator=g) + 0.5
+
+
+def skipnet_loss(output: torch.Tensor, inputs: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    return output.pow(2).mean() + 0.1 * (output * inputs[0][:, :4]).mean()
+
+
+def tiny_gpt() -> tuple[nn.Module, Any, Any]:
+    """(model, inputs, loss_fn): examples/gpt.py at test size, 4 blocks."""
+    sys.path.insert(0, str(EXAMPLES))
+    try:
+        import gpt
+    finally:
+        sys.path.remove(str(EXAMPLES))
+    cfg = gpt.GPTConfig(vocab_size=64, seq_len=8, d_model=16, n_layer=4, n_head=2)
+    model = gpt.build_model(vocab_size=64, seq_len=8, d_model=16, n_layer=4, n_head=2)
+    return model, gpt.example_inputs(8, cfg), gpt.loss_fn
+
+
+def make_plan(
+    stage_units: list[list[str]],
+    microbatches: int,
+    batch_size: int,
+    schedule: str = "gpipe",
+    checkpoint: list[bool] | None = None,
+) -> Plan:
+    checkpoint = checkpoint or [False] * len(stage_units)
+    stages = [
+        StagePlan(index=i, device="cpu", units=units, checkpoint=checkpoint[i])
+        for i, units in enumerate(stage_units)
+    ]
+    return Plan(
+        num_stages=len(stages),
+        microbatches=microbatches,
+        microbatch_size=batch_size // microbatches,
+        batch_size=batch_size,
+        stages=stages,
+        schedule=schedule,
+    )
+
+
+def case(name: str, num_stages: int) -> tuple[nn.Module, Any, Any, list[list[str]]]:
+    """(model, inputs, loss_fn, units per stage) for a named test case."""
+    if name == "gpt":
+        model, inputs, loss_fn = tiny_gpt()
+        units = ["tok_emb", "pos_emb", "drop", *(f"blocks.{i}" for i in range(4)), "ln_f", "head"]
+        splits = {2: [4, 9], 4: [2, 4, 6, 9]}[num_stages]
+    else:
+        torch.manual_seed(0)
+        model, inputs, loss_fn = SkipNet(), skipnet_inputs(8), skipnet_loss
+        units = ["f1", "f2", "f3", "f4"]
+        splits = {2: [2, 4], 4: [1, 2, 3, 4]}[num_stages]
+    starts = [0, *splits[:-1]]
+    return model, inputs, loss_fn, [units[a:b] for a, b in zip(starts, splits, strict=True)]
+
+
+def reference(model: nn.Module, inputs: Any, loss_fn: Any) -> tuple[float, dict[str, torch.Tensor]]:
+    """Single-process loss and gradients on the whole batch."""
+    model.zero_grad()
+    out = model(*inputs) if isinstance(inputs, tuple) else model(inputs)
+    loss = loss_fn(out, inputs)
+    loss.backward()
+    return float(loss.detach()), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+def run_correctness(rank: int, world_size: int, port: int, out_dir: str, jobs: list[dict]) -> None:
+    """Rank entry point: for each job build the pipeline, take 2 SGD steps, compare with the
+    single-process model and save ``{job: {loss_err, grad_err, loss2_err}}`` to out_dir."""
+    import copy
+
+    os.environ.update(rank_env(rank, world_size, port))
+    torch.set_num_threads(1)
+    from autopipe.runtime.distributed import DistributedPipeline, init_distributed, shutdown
+
+    init_distributed(timeout_s=60)
+    results: dict[str, dict[str, float]] = {}
+    for job in jobs:
+        replicas = world_size // job["stages"]
+        model, inputs, loss_fn, stage_units = case(job["model"], job["stages"])
+        batch = inputs if isinstance(inputs, tuple) else inputs
+        size = (batch[0] if isinstance(batch, tuple) else batch).shape[0]
+        ref_model = copy.deepcopy(model)
+        ref_loss, ref_grads = reference(ref_model, inputs, loss_fn)
+        plan = make_plan(
+            stage_units,
+            job["microbatches"],
+            size // replicas,
+            job["schedule"],
+            job.get("checkpoint"),
+        )
+        pipe = DistributedPipeline(model, plan, inputs, loss_fn)
+        local = pipe.local_batch(inputs)
+        loss = pipe.step(local)
+        grads = pipe.module.model_named_parameters()
+        grad_err = max(float((p.grad - ref_grads[n]).abs().max()) for n, p in grads.items())
+        # A second step after SGD on both sides: the training curves agree too.
+        opt = torch.optim.SGD(pipe.parameters(), lr=0.5)
+        ref_opt = torch.optim.SGD(ref_model.parameters(), lr=0.5)
+        opt.step()
+        ref_opt.step()
+        opt.zero_grad()
+        ref_loss2, _ = reference(ref_model, inputs, loss_fn)
+        loss2 = pipe.step(local)
+        key = f"{job['model']}-{job['schedule']}-K{job['stages']}xD{replicas}"
+        results[key] = {
+            "grad_err": grad_err,
+            "params": float(len(grads)),
+            "loss_err": abs(float(loss) - ref_loss) if loss is not None else -1.0,
+            "loss2_err": abs(float(loss2) - ref_loss2) if loss2 is not None else -1.0,
+        }
+    torch.save(results, Path(out_dir) / f"rank{rank}.pt")
+    shutdown()
