@@ -1,0 +1,109 @@
+"""Run K stages over M micro-batches in the GPipe fill-drain schedule.
+
+Each clock cycle's tasks (``schedule.clock_cycles``) are submitted to the workers of their
+stages' devices and the clock ends when all of them are done, so stages on different
+devices compute at the same time while a stage never runs ahead of its input. A task
+moves its inputs to the stage's device, draws randomness from its micro-batch's stream
+(``rng``), runs the stage (re-materialized when ``checkpoint(i, j)``) and records its
+interval in the timeline. With grad enabled each task is a ``StageFunction`` node, so the
+caller's ``backward()`` later runs the stages' backwards (see ``stage.py``).
+The first exception of a clock stops the run and is re-raised in the caller.
+Cost: M x K tasks, one thread hand-off each (tens of microseconds).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from concurrent.futures import FIRST_EXCEPTION, Future, wait
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+import torch
+from autopipe.runtime.checkpoint import checkpointed
+from autopipe.runtime.rng import MicrobatchRNG
+from autopipe.runtime.schedule import clock_cycles
+from autopipe.runtime.stage import StageFunction, phony
+from autopipe.runtime.timeline import Timeline
+from autopipe.runtime.worker import worker_for
+from torch import nn
+
+__all__ = ["Stage", "run_pipeline"]
+
+
+@dataclass
+class Stage:
+    """One partition on one device: ``fn(*values) -> tuple(values)`` on flat values."""
+
+    fn: Callable[..., tuple[Any, ...]]
+    device: torch.device
+    modules: list[nn.Module] = field(default_factory=list)
+    """The stage's modules (BatchNorm buffers are restored after a recomputation)."""
+
+
+def _to_device(value: Any, device: torch.device) -> Any:
+    if isinstance(value, torch.Tensor) and value.device != device:
+        return value.to(device, non_blocking=True)
+    return value
+
+
+def _run_task(
+    stage: Stage,
+    stage_index: int,
+    microbatch: int,
+    inputs: Sequence[Any],
+    use_checkpoint: bool,
+    timeline: Timeline,
+    rng: MicrobatchRNG | None,
+) -> tuple[Any, ...]:
+    device = stage.device
+
+    def run(*values: Any) -> tuple[Any, ...]:
+        moved = [_to_device(v, device) for v in values]
+        if use_checkpoint:
+            return tuple(
+                checkpointed(
+                    stage.fn,
+                    moved,
+                    stage.modules,
+                    on_recompute=lambda: timeline.record(
+                        stage_index, microbatch, "recompute", device
+                    ),
+                )
+            )
+        return tuple(stage.fn(*moved))
+
+    stream = rng.stream(microbatch, device) if rng is not None else nullcontext()
+    with stream, timeline.record(stage_index, microbatch, "forward", device):
+        if torch.is_grad_enabled():
+            on_backward = partial(timeline.record, stage_index, microbatch, "backward", device)
+            return StageFunction.apply(run, on_backward, phony(device), *inputs)
+        return run(*inputs)
+
+
+def run_pipeline(
+    stages: Sequence[Stage],
+    microbatches: Sequence[Sequence[Any]],
+    *,
+    checkpoint: Callable[[int, int], bool],
+    timeline: Timeline,
+    rng: MicrobatchRNG | None,
+) -> list[tuple[Any, ...]]:
+    """Forward every micro-batch through every stage; returns the last stage's outputs per
+    micro-batch. ``checkpoint(i, j)`` says whether task (micro-batch i, stage j) is
+    re-materialized."""
+    workers = [worker_for(stage.device) for stage in stages]
+    values: list[Sequence[Any]] = list(microbatches)
+    for clock in clock_cycles(len(values), len(stages)):
+        futures: dict[Future[Any], int] = {}
+        for i, j in clock:
+            task = partial(_run_task, stages[j], j, i, values[i], checkpoint(i, j), timeline, rng)
+            futures[workers[j].submit(task)] = i
+        done, _ = wait(futures, return_when=FIRST_EXCEPTION)
+        for future in done:
+            if future.exception() is not None:
+                raise future.exception()  # type: ignore[misc]
+        for future, i in futures.items():
+            values[i] = future.result()
+    return [tuple(v) for v in values]

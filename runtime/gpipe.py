@@ -1,0 +1,211 @@
+"""GPipe: torchgpipe's interface for an ``nn.Sequential``, on autopipe's executor.
+
+    model = GPipe(nn.Sequential(a, b, c, d), balance=[2, 2], devices=["cuda:0", "cuda:1"], chunks=8)
+    loss_fn(model(x), y).backward()
+
+``balance[j]`` consecutive layers form partition ``j`` on ``devices[j]``. A mini-batch is
+split into ``chunks`` micro-batches and run in the fill-drain schedule; gradients equal the
+unsplit model's (accumulated over micro-batches). Checkpoint modes: ``"always"`` (every
+micro-batch re-materialized), ``"except_last"`` (all but the last micro-batch, whose backward
+starts at once), ``"never"``; nothing is re-materialized in eval mode or under ``no_grad``.
+Inputs and each partition's outputs are a tensor or a tuple of tensors (a tuple is passed to
+the next layer as one argument, as ``nn.Sequential`` does). The module behaves like the
+``nn.Sequential`` it wraps (``len``, indexing, iteration, ``named_children``, ``state_dict``
+keys) but cannot be moved or cast: it is placed on its devices at construction.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterator, Sequence
+from typing import Any, NoReturn
+
+import torch
+from autopipe.runtime.batchnorm import begin_minibatch, convert_deferred_batch_norm
+from autopipe.runtime.executor import Stage, run_pipeline
+from autopipe.runtime.microbatch import gather, scatter
+from autopipe.runtime.rng import MicrobatchRNG, draw_base_seed
+from autopipe.runtime.timeline import Timeline
+from torch import nn
+
+__all__ = ["CHECKPOINT_MODES", "GPipe", "default_devices", "checkpoint_stop"]
+
+CHECKPOINT_MODES = ("always", "except_last", "never")
+
+
+def default_devices(count: int) -> list[torch.device]:
+    """All visible CUDA devices (first ``count``), else ``count`` copies of the CPU."""
+    if torch.cuda.is_available():
+        return [torch.device("cuda", i) for i in range(torch.cuda.device_count())]
+    return [torch.device("cpu")] * count
+
+
+def checkpoint_stop(mode: str, num_microbatches: int) -> int:
+    """Number of leading micro-batches re-materialized under checkpoint ``mode``."""
+    return {"always": num_microbatches, "except_last": num_microbatches - 1, "never": 0}[mode]
+
+
+def _check_tensors(value: Any, what: str) -> None:
+    ok = isinstance(value, torch.Tensor) or (
+        isinstance(value, tuple)
+        and len(value) > 0
+        and all(isinstance(v, torch.Tensor) for v in value)
+    )
+    if not ok:
+        raise TypeError(
+            f"{what} must be a Tensor or a tuple of Tensors, got {type(value).__name__}"
+        )
+
+
+def _split(module: nn.Sequential, balance: Sequence[int]) -> list[nn.Sequential]:
+    layers = list(module.named_children())
+    partitions, start = [], 0
+    for count in balance:
+        partitions.append(nn.Sequential(OrderedDict(layers[start : start + count])))
+        start += count
+    return partitions
+
+
+def _verify(module: nn.Sequential, partitions: list[nn.Sequential]) -> None:
+    children = list(module.children())
+    if len({id(c) for c in children}) != len(children):
+        raise ValueError(
+            "module with duplicate children is not supported; give each position its own module"
+        )
+    owner: dict[int, int] = {}
+    for j, part in enumerate(partitions):
+        for p in part.parameters():
+            if owner.setdefault(id(p), j) != j:
+                raise ValueError(
+                    f"a parameter is shared by partitions {owner[id(p)]} and {j}; "
+                    "put the layers that share it in one partition (change balance)"
+                )
+
+
+def _partition_fn(partition: nn.Sequential, last: bool):
+    def fn(single: bool, *tensors: torch.Tensor) -> tuple[Any, ...]:
+        out = partition(tensors[0] if single else tuple(tensors))
+        _check_tensors(out, "the output of the last partition" if last else "a partition output")
+        return (True, out) if isinstance(out, torch.Tensor) else (False, *out)
+
+    return fn
+
+
+class GPipe(nn.Module):
+    """Pipeline-parallel ``nn.Sequential`` (torchgpipe-compatible constructor and attributes)."""
+
+    def __init__(
+        self,
+        module: nn.Sequential,
+        balance: Sequence[int] | None = None,
+        devices: Sequence[torch.device | str | int] | None = None,
+        chunks: int = 1,
+        checkpoint: str = "except_last",
+        deferred_batch_norm: bool = False,
+    ) -> None:
+        super().__init__()
+        if not isinstance(chunks, int) or isinstance(chunks, bool) or chunks <= 0:
+            raise ValueError(f"number of chunks must be a positive integer, got {chunks!r}")
+        if checkpoint not in CHECKPOINT_MODES:
+            raise ValueError(
+                f"checkpoint is not one of {', '.join(map(repr, CHECKPOINT_MODES))}: got {checkpoint!r}"
+            )
+        if not isinstance(module, nn.Sequential):
+            raise TypeError(
+                f"module must be nn.Sequential to be partitioned, got {type(module).__name__}"
+            )
+        if balance is None:
+            raise ValueError(
+                "balance is required: the number of layers in each partition, e.g. balance=[2, 2]"
+            )
+        balance = [int(b) for b in balance]
+        if sum(balance) != len(module):
+            raise ValueError(
+                f"module and sum of balance have different length (module: {len(module)}, "
+                f"sum of balance: {sum(balance)}); balance must count every layer once"
+            )
+        if any(b <= 0 for b in balance):
+            raise ValueError(f"all balance numbers must be positive integers, got {balance}")
+        if devices is None:
+            devices = default_devices(len(balance))
+        devs = [_as_device(d) for d in devices]
+        if len(devs) < len(balance):
+            raise IndexError(
+                f"too few devices to hold given partitions (devices: {len(devs)}, partitions: {len(balance)})"
+            )
+        if deferred_batch_norm:
+            module = convert_deferred_batch_norm(module)  # type: ignore[assignment]
+        partitions = _split(module, balance)
+        _verify(module, partitions)
+
+        for name, layer in module.named_children():
+            self.add_module(name, layer)
+        for part, device in zip(partitions, devs, strict=False):
+            part.to(device)
+        # Not registered: the layers above are the children, so state_dict keys and
+        # named_children match the wrapped nn.Sequential.
+        object.__setattr__(self, "partitions", nn.ModuleList(partitions))
+        self.balance = balance
+        self.devices = devs[: len(balance)]
+        self.chunks = chunks
+        self.checkpoint = checkpoint
+        self.deferred_batch_norm = deferred_batch_norm
+        self.last_timeline: Timeline | None = None
+        self._stages = [
+            Stage(_partition_fn(part, j == len(partitions) - 1), dev, list(part.modules()))
+            for j, (part, dev) in enumerate(zip(partitions, self.devices, strict=True))
+        ]
+
+    # -- nn.Sequential behaviour -------------------------------------------------------
+    def __len__(self) -> int:
+        return sum(len(p) for p in self.partitions)
+
+    def __getitem__(self, index: int) -> nn.Module:
+        layers = list(self._modules.values())
+        if not isinstance(index, int):
+            raise TypeError(f"GPipe indices must be integers, got {type(index).__name__}")
+        if not -len(layers) <= index < len(layers):
+            raise IndexError(f"index {index} is out of range for a GPipe of {len(layers)} layers")
+        return layers[index]  # type: ignore[return-value]
+
+    def __iter__(self) -> Iterator[nn.Module]:
+        return iter(self._modules.values())  # type: ignore[arg-type]
+
+    # -- moving is refused ---------------------------------------------------------------
+    def _refuse(self, *args: Any, **kwargs: Any) -> NoReturn:
+        raise TypeError(
+            "a GPipe module cannot be moved or cast after construction; its partitions are "
+            "already on their devices: move/cast the nn.Sequential before wrapping it"
+        )
+
+    to = cuda = cpu = double = float = half = bfloat16 = type = _refuse  # type: ignore[assignment]
+
+    # -- forward ------------------------------------------------------------------------------
+    def forward(self, input: torch.Tensor | tuple[torch.Tensor, ...]) -> Any:
+        _check_tensors(input, "GPipe input")
+        single = isinstance(input, torch.Tensor)
+        flat = [input] if single else list(input)
+        microbatches = [[single, *mb] for mb in scatter(flat, self.chunks)]
+        num = len(microbatches)
+        if self.training:
+            begin_minibatch(list(self.partitions), num)
+        stop = checkpoint_stop(self.checkpoint, num)
+        if not (self.training and torch.is_grad_enabled()):
+            stop = 0
+        self.last_timeline = timeline = Timeline()
+        outputs = run_pipeline(
+            self._stages,
+            microbatches,
+            checkpoint=lambda i, j: i < stop,
+            timeline=timeline,
+            rng=MicrobatchRNG(draw_base_seed()),
+        )
+        single_out = outputs[0][0]
+        per_mb = [out[1] if single_out else tuple(out[1:]) for out in outputs]
+        return gather(per_mb)
+
+
+def _as_device(device: torch.device | str | int) -> torch.device:
+    if isinstance(device, int):
+        return torch.device("cuda", device)
+    return torch.device(device)

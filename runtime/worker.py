@@ -1,0 +1,83 @@
+"""One worker thread per device: runs a device's pipeline tasks in order.
+
+Tasks are closures submitted with ``Worker.submit`` and return a
+``concurrent.futures.Future``; an exception inside a task is stored in its future and
+re-raised in the caller by ``Future.result``, so a failing stage never hangs the pipeline.
+Workers are daemon threads shared by every pipeline in the process (``worker_for``), so a
+program never leaks one thread per pipeline and exits even if a task is stuck.
+Per-thread state that PyTorch keeps (grad mode, autocast) is copied from the submitting
+thread into each task.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any
+
+import torch
+
+__all__ = ["Worker", "worker_for"]
+
+_STOP = object()
+
+
+class Worker:
+    """A daemon thread that runs submitted callables one after another."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._thread = threading.Thread(
+            target=self._loop, name=f"autopipe-worker-{device}", daemon=True
+        )
+        self._thread.start()
+
+    def _loop(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+        while True:
+            item = self._queue.get()
+            if item is _STOP:
+                return
+            future, fn, grad_enabled = item
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                with torch.set_grad_enabled(grad_enabled):
+                    result = fn()
+            except BaseException as exc:  # noqa: BLE001 - every failure must reach the caller
+                future.set_exception(exc)
+            else:
+                future.set_result(result)
+
+    def submit(self, fn: Callable[[], Any]) -> Future[Any]:
+        """Queue ``fn`` to run on this worker with the caller's grad mode; returns its future."""
+        future: Future[Any] = Future()
+        self._queue.put((future, fn, torch.is_grad_enabled()))
+        return future
+
+    def stop(self) -> None:
+        """Ask the thread to finish after the tasks already queued."""
+        self._queue.put(_STOP)
+        self._thread.join(timeout=5.0)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+
+_WORKERS: dict[str, Worker] = {}
+_LOCK = threading.Lock()
+
+
+def worker_for(device: torch.device) -> Worker:
+    """The process-wide worker of ``device`` (created on first use)."""
+    key = str(device)
+    with _LOCK:
+        worker = _WORKERS.get(key)
+        if worker is None or not worker.alive:
+            worker = _WORKERS[key] = Worker(device)
+        return worker
