@@ -6,7 +6,7 @@ Granularity (``trace_units(..., granularity=...)``):
   (``nn.Sequential`` / ``nn.ModuleList`` / ``nn.ModuleDict``), so a transformer's blocks
   become units.
 - ``"block"`` (default): one unit per child of the container (ModuleList / Sequential /
-  ModuleDict) holding the most children of one class (the repeated blocks, e.g.
+  ModuleDict) of repeated same-class blocks holding the most parameters (e.g.
   ``transformer.h.0``), plus every module beside the path to that container as its own unit
   (embeddings before, final norm and head after). Without a repeated block it equals
   ``"module"``.
@@ -117,18 +117,30 @@ def _module_units(model: nn.Module, prefix: str = "") -> list[str]:
 
 
 def _block_container(model: nn.Module) -> str | None:
-    """Path of the container with the most children of one class (>= 2), or None."""
-    best: tuple[int, str] | None = None
+    """Path of the container of repeated blocks, or None.
+
+    Candidates: containers with >= 2 children of one class, and any non-empty ModuleList (a
+    one-block ModuleList is still the block list). The winner holds the most parameters in
+    its children of the most common class (blocks hold the weights; a block's inner
+    ``nn.Sequential`` of two Linears must not beat a one-block list), then the most such
+    children, then the shallowest path.
+    """
+    best: tuple[int, int, int] | None = None
+    best_path: str | None = None
     for path, module in model.named_modules():
         if not _is_container(module):
             continue
-        counts = Counter(type(c) for c in module.children())
-        if not counts:
+        children = list(module.children())
+        if not children:
             continue
-        most = counts.most_common(1)[0][1]
-        if most >= 2 and (best is None or most > best[0]):
-            best = (most, path)
-    return None if best is None else best[1]
+        cls, count = Counter(type(c) for c in children).most_common(1)[0]
+        if count < 2 and not isinstance(module, nn.ModuleList):
+            continue
+        params = sum(p.numel() for c in children if type(c) is cls for p in c.parameters())
+        key = (params, count, -path.count("."))
+        if best is None or key > best:
+            best, best_path = key, path
+    return best_path
 
 
 def _block_units(model: nn.Module) -> list[str]:

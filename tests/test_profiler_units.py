@@ -11,6 +11,7 @@ from autopipe.profiler.tree import leaves
 from autopipe.profiler.units import TraceError, UnitGraph, cut_tensors, trace_units
 from profiler_models import (
     DataBranch,
+    DecoderConfig,
     GatedChain,
     ShapeBranch,
     SkipCNN,
@@ -211,3 +212,15 @@ def test_export_flat_inputs_and_outputs_round_trip() -> None:
     ug = trace_units(model, inputs, tracer="export")
     assert ug.unit_names == ["wte", "wpe", "h.0", "h.1", "h.2", "ln_f", "lm_head"]
     _split_matches(model, inputs, ug, 4)
+
+
+def test_one_block_list_beats_inner_sequential() -> None:
+    """A ModuleList with one block is still the block list, not the block's inner Sequential."""
+    model = TiedDecoder(DecoderConfig(layers=1))
+    assert trace_units(model, decoder_inputs(2)).unit_names == [
+        "wte",
+        "wpe",
+        "h.0",
+        "ln_f",
+        "lm_head",
+    ]
