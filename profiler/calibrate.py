@@ -1,0 +1,172 @@
+"""Fit an analytic profile's efficiency factors to one measured run, and re-price profiles.
+
+An analytic unit time is a sum of three parts (see :mod:`autopipe.profiler.opcount`):
+``compute_s`` (ops bound by FLOP/s, scales as 1/compute_eff), ``memory_s`` (ops bound by
+bandwidth, 1/memory_eff) and ``kernels x launch_overhead``. :func:`calibrate` fits
+
+    measured_s(unit, phase) ~= a * compute_s + b * memory_s + c * kernels * launch_s
+
+by least squares with a, b, c >= 0 over all units and both phases (one sample each), and
+returns the spec with ``compute_eff / a``, ``memory_eff / b``, ``launch_s * c``. A factor
+that would exceed 1 is capped at 1 and the corresponding peak raised instead (the nominal
+"cpu" entry can be slower than a real machine). Torch-free; O(units) plus a 3x3 solve.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from typing import Any
+
+import numpy as np
+from autopipe.profiler.catalog import DeviceSpec, device_spec_from_dict
+from autopipe.profiler.profile import Profile
+
+
+class CalibrationError(ValueError):
+    """The analytic and measured profiles cannot be compared."""
+
+
+def _parts(profile: Profile) -> list[dict[str, Any]]:
+    details = profile.meta.get("analytic_units")
+    if profile.mode != "analytic" or not details or "device_spec" not in profile.meta:
+        raise CalibrationError(
+            "expected an analytic profile from profile_analytic (it carries per-unit cost parts)"
+        )
+    return details
+
+
+def spec_of(profile: Profile) -> DeviceSpec:
+    """The DeviceSpec an analytic profile was priced with."""
+    _parts(profile)
+    return device_spec_from_dict(profile.meta["device_spec"], origin="profile.meta.device_spec")
+
+
+def calibrate(analytic: Profile, measured: Profile) -> DeviceSpec:
+    """Scale the analytic spec's efficiency factors (and launch overhead) to fit ``measured``.
+
+    Both profiles must have the same unit names and batch size. Returns the fitted spec;
+    apply it with :func:`reprice`.
+    """
+    details = _parts(analytic)
+    if analytic.unit_names != measured.unit_names:
+        raise CalibrationError(
+            "analytic and measured profiles have different units; profile both with the same "
+            "granularity and model"
+        )
+    if analytic.batch_size != measured.batch_size:
+        raise CalibrationError(
+            f"batch sizes differ (analytic {analytic.batch_size}, measured {measured.batch_size}); "
+            "profile both at the same batch size"
+        )
+    spec = spec_of(analytic)
+    rows, targets = [], []
+    for detail, unit in zip(details, measured.units, strict=True):
+        for phase, seconds in (("forward", unit.forward_s), ("backward", unit.backward_s)):
+            part = detail[phase]
+            rows.append(
+                [
+                    part["compute_s"],
+                    part["memory_s"],
+                    part["kernels"] * spec.kernel_launch_overhead_s,
+                ]
+            )
+            targets.append(seconds)
+    coef = _nonnegative_least_squares(np.array(rows, dtype=float), np.array(targets, dtype=float))
+    return _scaled_spec(spec, coef)
+
+
+def _nonnegative_least_squares(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Exact NNLS for 3 unknowns: the best unconstrained fit over every support subset
+    whose coefficients are all positive (7 subsets, each one small lstsq)."""
+    best: tuple[float, np.ndarray] | None = None
+    columns = [j for j in range(x.shape[1]) if np.any(x[:, j] > 0)]
+    for size in range(1, len(columns) + 1):
+        for subset in itertools.combinations(columns, size):
+            sol, *_ = np.linalg.lstsq(x[:, subset], y, rcond=None)
+            if np.any(sol <= 0):
+                continue
+            coef = np.zeros(x.shape[1])
+            coef[list(subset)] = sol
+            residual = float(np.sum((x @ coef - y) ** 2))
+            if best is None or residual < best[0]:
+                best = (residual, coef)
+    if best is None:
+        raise CalibrationError(
+            "no positive fit: the measured times do not grow with the counted costs"
+        )
+    return best[1]
+
+
+def _scaled_spec(spec: DeviceSpec, coef: np.ndarray) -> DeviceSpec:
+    a, b, c = (float(v) for v in coef)
+    peaks = dict(spec.peak_flops_per_s)
+    bandwidth = spec.memory_bandwidth_bytes_per_s
+    compute_eff, memory_eff = spec.compute_efficiency, spec.memory_efficiency
+    if a > 0:
+        compute_eff = spec.compute_efficiency / a
+        if compute_eff > 1:
+            peaks = {k: v * compute_eff for k, v in peaks.items()}
+            compute_eff = 1.0
+    if b > 0:
+        memory_eff = spec.memory_efficiency / b
+        if memory_eff > 1:
+            bandwidth *= memory_eff
+            memory_eff = 1.0
+    launch = spec.kernel_launch_overhead_s * c if c > 0 else spec.kernel_launch_overhead_s
+    return dataclasses.replace(
+        spec,
+        name=spec.name if spec.name.endswith("(calibrated)") else f"{spec.name} (calibrated)",
+        peak_flops_per_s=peaks,
+        memory_bandwidth_bytes_per_s=bandwidth,
+        compute_efficiency=compute_eff,
+        memory_efficiency=memory_eff,
+        kernel_launch_overhead_s=launch,
+        aliases=(),
+        extra={**spec.extra, "calibration_coefficients": [a, b, c]},
+    )
+
+
+def reprice(profile: Profile, spec: DeviceSpec) -> Profile:
+    """The analytic ``profile`` with times re-priced for ``spec`` (same device, new
+    efficiencies/peaks from :func:`calibrate`), without re-counting the model."""
+    details = _parts(profile)
+    old = spec_of(profile)
+    if set(old.peak_flops_per_s) != set(spec.peak_flops_per_s):
+        raise CalibrationError(
+            f"{spec.name} lists other dtypes than {old.name}; re-run profile_analytic"
+        )
+    compute_scale = _rate(old) / _rate(spec)
+    memory_scale = (old.memory_bandwidth_bytes_per_s * old.memory_efficiency) / (
+        spec.memory_bandwidth_bytes_per_s * spec.memory_efficiency
+    )
+    units = []
+    new_details = []
+    for unit, detail in zip(profile.units, details, strict=True):
+        times: dict[str, float] = {}
+        detail = {**detail}
+        for phase in ("forward", "backward"):
+            part = dict(detail[phase])
+            part["compute_s"] *= compute_scale
+            part["memory_s"] *= memory_scale
+            overhead = part["kernels"] * spec.kernel_launch_overhead_s
+            times[f"{phase}_s"] = part["compute_s"] + part["memory_s"] + overhead
+            times[f"{phase}_overhead_s"] = overhead
+            detail[phase] = part
+        units.append(dataclasses.replace(unit, **times))
+        new_details.append(detail)
+    meta = {**profile.meta, "device_spec": spec.to_dict(), "analytic_units": new_details}
+    return dataclasses.replace(
+        profile,
+        units=units,
+        device=spec.name,
+        total_forward_s=sum(u.forward_s for u in units),
+        total_backward_s=sum(u.backward_s for u in units),
+        meta=meta,
+    )
+
+
+def _rate(spec: DeviceSpec) -> float:
+    # All peaks of one spec scale together in calibration, so any one dtype gives the ratio.
+    key = sorted(spec.peak_flops_per_s)[0]
+    return spec.peak_flops_per_s[key] * spec.compute_efficiency

@@ -1,0 +1,286 @@
+"""Counting what each aten op costs, without running it: FLOPs, bytes moved, kernels.
+
+:class:`OpCounter` is a ``TorchDispatchMode`` that sees every aten op a model runs on
+meta (or fake) tensors. For each op it takes
+
+* FLOPs from ``torch.utils.flop_counter``'s formula registry (matmul, conv, attention;
+  elementwise ops count as 0 FLOPs, as in FlopCounterMode),
+* bytes moved = bytes of the tensor inputs read + bytes of the outputs written
+  (view ops move nothing and launch nothing; allocation-only ops likewise),
+* one kernel launch per non-view op,
+
+and prices it with the roofline ``max(flops / (peak x compute_eff), bytes / (bw x mem_eff))``.
+The op's cost is booked to the *current unit* and *phase*, which the caller sets
+(module hooks in forward, autograd-node pre-hooks in backward). Cost per op is O(#args).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from autopipe.profiler.catalog import DeviceSpec, normalize_dtype
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+from torch.utils.flop_counter import flop_registry
+
+aten = torch.ops.aten
+
+# CPU flash attention has the same FLOP count as the CUDA flash kernel (q, k, v lead both
+# signatures; grad_out, q, k, v lead the backward ones).
+_EXTRA_FLOPS = {
+    aten._scaled_dot_product_flash_attention_for_cpu: flop_registry[
+        aten._scaled_dot_product_flash_attention
+    ],
+    aten._scaled_dot_product_flash_attention_for_cpu_backward: flop_registry[
+        aten._scaled_dot_product_flash_attention_backward
+    ],
+}
+
+# Ops that only allocate (no kernel touches the memory).
+_ALLOC_ONLY = {
+    aten.empty,
+    aten.empty_like,
+    aten.empty_strided,
+    aten.new_empty,
+    aten.new_empty_strided,
+}
+
+# Metadata queries that never launch a kernel.
+_METADATA = {
+    aten.sym_size,
+    aten.sym_stride,
+    aten.sym_numel,
+    aten.sym_storage_offset,
+    aten.is_contiguous,
+    aten.size,
+    aten.stride,
+    aten.dim,
+}
+
+
+def storage_key(t: torch.Tensor) -> int:
+    """Identity of a tensor's storage (views share it); stable while the storage lives."""
+    return t.untyped_storage()._cdata
+
+
+def _is_view(func: torch._ops.OpOverload) -> bool:
+    returns = func._schema.returns
+    if not returns:
+        return False
+    for ret in returns:
+        info = ret.alias_info
+        if info is None or info.is_write:
+            return False
+    return True
+
+
+def _tensor_bytes(t: torch.Tensor) -> int:
+    # An expanded (stride-0) tensor reads only its storage, not numel elements.
+    return (
+        min(t.numel(), t.untyped_storage().nbytes() // max(t.element_size(), 1)) * t.element_size()
+    )
+
+
+@dataclass
+class PhaseCost:
+    """Accumulated cost of one unit in one phase (forward or backward)."""
+
+    flops: float = 0.0
+    bytes_moved: float = 0.0
+    kernels: int = 0
+    compute_s: float = 0.0
+    """Sum of ``flops / (peak x eff)`` over ops whose compute term won the roofline max."""
+    memory_s: float = 0.0
+    """Sum of ``bytes / (bw x eff)`` over ops whose memory term won."""
+    working_set_bytes: int = 0
+    """Largest single-op working set (inputs + outputs) seen in this phase."""
+    ops: dict[str, int] = field(default_factory=dict)
+
+    def seconds(self, launch_overhead_s: float) -> float:
+        return self.compute_s + self.memory_s + self.kernels * launch_overhead_s
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "flops": self.flops,
+            "bytes_moved": self.bytes_moved,
+            "kernels": self.kernels,
+            "compute_s": self.compute_s,
+            "memory_s": self.memory_s,
+            "working_set_bytes": self.working_set_bytes,
+        }
+
+
+@dataclass
+class UnitCost:
+    """Everything counted for one unit."""
+
+    forward: PhaseCost = field(default_factory=PhaseCost)
+    backward: PhaseCost = field(default_factory=PhaseCost)
+    saved_bytes: int = 0
+    parameters: list[str] = field(default_factory=list)
+    """Names of parameters this unit uses first (it owns them)."""
+    shared_parameters: list[str] = field(default_factory=list)
+    """Names of parameters first used by an earlier unit (tied weights)."""
+
+
+class OpCounter(TorchDispatchMode):
+    """Books every aten op's roofline cost to ``self.unit`` / ``self.phase``.
+
+    Also tracks, in forward, which unit produced each storage and which unit used it
+    last, so cut bytes (tensors live across unit boundaries) fall out of the same pass.
+    """
+
+    def __init__(
+        self,
+        spec: DeviceSpec,
+        n_units: int,
+        parameter_storages: dict[int, tuple[str, int, int]],
+        *,
+        allow_tf32: bool = False,
+    ) -> None:
+        super().__init__()
+        self.spec = spec
+        self.allow_tf32 = allow_tf32
+        self.units = [UnitCost() for _ in range(n_units)]
+        self.unit = 0
+        self.phase = "forward"
+        self.track_liveness = True
+        self.parameter_storages = parameter_storages
+        """storage key -> (parameter name, numel, bytes)."""
+        self.parameter_owner: dict[int, int] = {}
+        self.producer: dict[int, int] = {}
+        self.last_use: dict[int, int] = {}
+        self.storage_bytes: dict[int, int] = {}
+        self._keep_alive: list[Any] = []
+        self._peaks: dict[torch.dtype, float] = {}
+
+    # -- bookkeeping helpers -------------------------------------------------------------
+
+    def mark_inputs(self, tensors: list[torch.Tensor]) -> None:
+        """Model inputs: produced "before" unit 0."""
+        for t in tensors:
+            key = storage_key(t)
+            self.producer.setdefault(key, -1)
+            self.storage_bytes[key] = t.untyped_storage().nbytes()
+            self._keep_alive.append(t)
+
+    def mark_outputs(self, tensors: list[torch.Tensor]) -> None:
+        """Model outputs are used after the last unit."""
+        for t in tensors:
+            key = storage_key(t)
+            if key in self.producer:
+                self.last_use[key] = len(self.units)
+
+    def _peak(self, dtype: torch.dtype) -> float:
+        if dtype not in self._peaks:
+            name = str(dtype).removeprefix("torch.")
+            try:
+                self._peaks[dtype] = self.spec.peak_for(
+                    normalize_dtype(name), allow_tf32=self.allow_tf32
+                )
+            except ValueError:
+                # Integer/float64 matmuls are rare; price them at the FP32 rate.
+                self._peaks[dtype] = self.spec.peak_for("float32")
+        return self._peaks[dtype]
+
+    # -- the dispatch hook ---------------------------------------------------------------
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        packet = func.overloadpacket
+        if packet in _METADATA or _is_view(func):
+            return out
+        in_tensors = [a for a in tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)]
+        out_tensors = [o for o in tree_leaves(out) if isinstance(o, torch.Tensor)]
+        self._book_parameters(in_tensors)
+        if self.track_liveness and self.phase == "forward":
+            self._book_liveness(in_tensors, out_tensors)
+        if packet in _ALLOC_ONLY:
+            return out
+        cost = (
+            self.units[self.unit].forward
+            if self.phase == "forward"
+            else self.units[self.unit].backward
+        )
+        read = sum(_tensor_bytes(t) for t in in_tensors)
+        written = sum(_tensor_bytes(t) for t in out_tensors)
+        moved = read + written
+        formula = flop_registry.get(packet) or _EXTRA_FLOPS.get(packet)
+        flops = float(formula(*args, **kwargs, out_val=out)) if formula is not None else 0.0
+        memory_s = moved / (self.spec.memory_bandwidth_bytes_per_s * self.spec.memory_efficiency)
+        compute_s = 0.0
+        if flops > 0:
+            dtype = next((t.dtype for t in in_tensors if t.is_floating_point()), torch.float32)
+            compute_s = flops / (self._peak(dtype) * self.spec.compute_efficiency)
+        if compute_s >= memory_s:
+            cost.compute_s += compute_s
+        else:
+            cost.memory_s += memory_s
+        cost.flops += flops
+        cost.bytes_moved += moved
+        cost.kernels += 1
+        cost.working_set_bytes = max(cost.working_set_bytes, moved)
+        name = str(packet).removeprefix("aten.")
+        cost.ops[name] = cost.ops.get(name, 0) + 1
+        return out
+
+    def _book_parameters(self, in_tensors: list[torch.Tensor]) -> None:
+        for t in in_tensors:
+            key = storage_key(t)
+            info = self.parameter_storages.get(key)
+            if info is None:
+                continue
+            owner = self.parameter_owner.setdefault(key, self.unit)
+            unit = self.units[self.unit]
+            if owner == self.unit:
+                if info[0] not in unit.parameters:
+                    unit.parameters.append(info[0])
+            elif info[0] not in unit.shared_parameters:
+                unit.shared_parameters.append(info[0])
+
+    def _book_liveness(
+        self, in_tensors: list[torch.Tensor], out_tensors: list[torch.Tensor]
+    ) -> None:
+        for t in in_tensors:
+            key = storage_key(t)
+            if key in self.producer and self.last_use.get(key, -2) < self.unit:
+                self.last_use[key] = self.unit
+        for t in out_tensors:
+            key = storage_key(t)
+            if key not in self.producer and key not in self.parameter_storages:
+                self.producer[key] = self.unit
+                self.storage_bytes[key] = t.untyped_storage().nbytes()
+                self._keep_alive.append(t.untyped_storage())
+
+    # -- results -------------------------------------------------------------------------
+
+    def cut_bytes(self) -> list[int]:
+        """Bytes live across each cut ``i | i+1``: produced at or before unit i, used after it."""
+        n = len(self.units)
+        diff = [0] * (n + 1)
+        for key, producer in self.producer.items():
+            last = self.last_use.get(key, producer)
+            first_cut = max(producer, 0) if producer >= 0 else 0
+            if last > producer and last - 1 >= first_cut:
+                # live across cuts producer .. last-1 (cut i sits between unit i and i+1)
+                lo = max(producer, 0)
+                hi = min(last - 1, n - 2)
+                if lo <= hi:
+                    diff[lo] += self.storage_bytes[key]
+                    diff[hi + 1] -= self.storage_bytes[key]
+        cuts, running = [], 0
+        for i in range(n - 1):
+            running += diff[i]
+            cuts.append(running)
+        return cuts
+
+    def output_bytes(self) -> list[int]:
+        """Per unit: bytes of the tensors it produces that a later unit (or the caller) uses."""
+        out = [0] * len(self.units)
+        for key, producer in self.producer.items():
+            if producer >= 0 and self.last_use.get(key, producer) > producer:
+                out[producer] += self.storage_bytes[key]
+        return out
