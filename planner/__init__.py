@@ -1,6 +1,30 @@
-"""autopipe.planner: Profile + cluster -> Plan. Never imports torch."""
+"""autopipe.planner: Profile + cluster -> Plan. Never imports torch.
+
+``plan`` picks stages, micro-batch count, schedule and checkpointing (exact DP by default);
+``simulate`` runs the discrete-event model of a schedule; ``scaling_report``/``min_gpus`` sweep
+the GPU count. PuLP is imported only when ``strategy="ilp"`` is asked for.
+"""
 
 from autopipe.planner.cluster import Cluster, Device
+from autopipe.planner.errors import PlanningError
 from autopipe.planner.plan import PLAN_VERSION, Plan, PlanFormatError, StagePlan, load_plan
+from autopipe.planner.search import STRATEGIES, min_gpus, plan, scaling_report
+from autopipe.planner.simulate import Simulation, Task, simulate
 
-__all__ = ["PLAN_VERSION", "Cluster", "Device", "Plan", "PlanFormatError", "StagePlan", "load_plan"]
+__all__ = [
+    "PLAN_VERSION",
+    "STRATEGIES",
+    "Cluster",
+    "Device",
+    "Plan",
+    "PlanFormatError",
+    "PlanningError",
+    "Simulation",
+    "StagePlan",
+    "Task",
+    "load_plan",
+    "min_gpus",
+    "plan",
+    "scaling_report",
+    "simulate",
+]

@@ -1,0 +1,284 @@
+"""The cost and memory model: what a contiguous segment of units costs on one stage.
+
+Torch-free. Every formula here is written out in docs/cost-model.md. Positions are unit
+boundaries ``0..N``: the segment ``[i, j)`` holds units ``i..j-1``; position ``p`` (``0 < p < N``)
+is the cut between unit ``p-1`` and unit ``p``; position 0 is the model input.
+
+Two memory/time options exist for a segment: ``A`` (keep activations) and ``B`` (checkpointed:
+keep only the stage input, recompute the forward in backward).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from autopipe.planner.cluster import Cluster
+from autopipe.planner.errors import PlanningError
+from autopipe.profiler.profile import Profile
+
+SCHEDULES = ("gpipe", "1f1b")
+CHECKPOINT_MODES = ("never", "always", "except_last", "auto")
+
+OPTIMIZERS: dict[str, str] = {
+    "sgd": "parameter + gradient: 2 x parameter bytes (8 B/param in fp32)",
+    "sgd-momentum": "parameter + gradient + momentum: 3 x parameter bytes (12 B/param in fp32)",
+    "adam": "parameter + gradient + two moments: 4 x parameter bytes (16 B/param in fp32)",
+    "mixed-adam": "fp16/bf16 parameter + gradient (2+2) + fp32 master, m, v (4+4+4): 16 B/param",
+}
+
+
+def bytes_per_parameter(optimizer: str, parameter_bytes: int) -> int:
+    """Bytes of training state per parameter: parameter + gradient + optimizer state.
+
+    ``parameter_bytes`` is the size of one parameter in the profiled dtype (4 for fp32).
+    """
+    if optimizer == "sgd":
+        return 2 * parameter_bytes
+    if optimizer == "sgd-momentum":
+        return 3 * parameter_bytes
+    if optimizer == "adam":
+        return 4 * parameter_bytes
+    if optimizer == "mixed-adam":
+        return 16
+    raise PlanningError(
+        f"unknown optimizer {optimizer!r}; use one of {', '.join(OPTIMIZERS)} "
+        "or pass bytes_per_parameter"
+    )
+
+
+@dataclass
+class SegmentCost:
+    """Per-micro-batch seconds and bytes of one segment on one stage (option already chosen)."""
+
+    forward_s: float
+    backward_s: float
+    recompute_s: float
+    send_s: float
+    parameter_bytes: int
+    optimizer_bytes: int
+    activation_bytes: int
+    checkpoint: bool
+    feasible: bool
+    memory_without_checkpoint_bytes: int
+    """Memory the segment would need without checkpointing (for the Plan's notes)."""
+
+    @property
+    def time_s(self) -> float:
+        return self.forward_s + self.backward_s + self.recompute_s + self.send_s
+
+    @property
+    def memory_bytes(self) -> int:
+        return self.parameter_bytes + self.optimizer_bytes + self.activation_bytes
+
+
+class CostModel:
+    """Segment costs for one (profile, cluster, batch, M, schedule, checkpoint mode).
+
+    Construction is O(N + K); ``segment`` is O(1); ``cost_matrix`` is O(N^2) numpy work.
+    """
+
+    def __init__(
+        self,
+        profile: Profile,
+        cluster: Cluster,
+        *,
+        batch_size: int,
+        microbatches: int,
+        schedule: str,
+        checkpoint: str,
+        state_bytes_per_parameter: float,
+        headroom: float,
+    ) -> None:
+        n = len(profile.units)
+        k = len(cluster)
+        self.profile = profile
+        self.cluster = cluster
+        self.n_units = n
+        self.num_stages = k
+        self.batch_size = batch_size
+        self.microbatches = microbatches
+        self.schedule = schedule
+        self.checkpoint_mode = checkpoint
+        self.headroom = headroom
+        b = batch_size / microbatches
+        self.microbatch_size = b
+        bp = profile.batch_size
+        # Activations and cut tensors scale linearly with the samples they hold.
+        self.ratio = b / bp
+
+        def scaled(total: np.ndarray, overhead: np.ndarray) -> np.ndarray:
+            overhead = np.clip(overhead, 0.0, total)
+            return overhead + (total - overhead) * (b / bp)
+
+        u = profile.units
+        fwd = scaled(
+            np.array([x.forward_s for x in u], float),
+            np.array([x.forward_overhead_s for x in u], float),
+        )
+        bwd = scaled(
+            np.array([x.backward_s for x in u], float),
+            np.array([x.backward_overhead_s for x in u], float),
+        )
+        pbytes = max(int(profile.bytes_per_parameter), 1)
+        param = np.array(
+            [x.parameter_bytes if x.parameter_bytes > 0 else x.parameter_count * pbytes for x in u],
+            float,
+        )
+        act = np.array([x.activation_bytes for x in u], float)
+        zero = np.zeros(1)
+        self.fwd_prefix = np.concatenate([zero, np.cumsum(fwd)])
+        self.bwd_prefix = np.concatenate([zero, np.cumsum(bwd)])
+        self.param_prefix = np.concatenate([zero, np.cumsum(param)])
+        self.act_prefix = np.concatenate([zero, np.cumsum(act)])
+        # Bytes crossing each boundary position at the profile batch size; nothing leaves position N.
+        self.cut_at = np.array([float(profile.input_bytes), *map(float, profile.cut_bytes), 0.0])
+        self.state_factor = state_bytes_per_parameter / pbytes
+        """Training-state bytes per parameter byte (4.0 for fp32 Adam)."""
+
+        devs = cluster.devices
+        self.speed = np.array([d.speed for d in devs], float)
+        self.capacity = np.array(
+            [math.inf if d.memory_bytes is None else float(d.memory_bytes) for d in devs]
+        )
+        self.bandwidth = np.array([d.link_bandwidth_bytes_per_s for d in devs], float)
+        self.latency = np.array([d.link_latency_s for d in devs], float)
+        if schedule == "gpipe":
+            self.inflight = np.full(k, microbatches, dtype=float)
+        else:  # 1F1B: stage s holds at most K - s micro-batches between its forward and backward
+            self.inflight = np.minimum(k - np.arange(k), microbatches).astype(float)
+        self.options = [self._options(s) for s in range(k)]
+
+    def _options(self, stage: int) -> str:
+        """Allowed options for a stage: 'A' (keep), 'B' (checkpoint), 'AB' (A if it fits, else B)."""
+        mode = self.checkpoint_mode
+        if mode == "never":
+            return "A"
+        if mode == "always":
+            return "B"
+        if mode == "except_last":
+            return "A" if stage == self.num_stages - 1 else "B"
+        return "AB"
+
+    # ----- per-position quantities (vectorised over positions) -----
+
+    def send_s(self, stage: int, j: np.ndarray | int) -> np.ndarray:
+        """Seconds to send the cut at position ``j`` from ``stage`` to the next; 0 at ``j == N``."""
+        j = np.asarray(j)
+        bw = self.bandwidth[stage]
+        data = 0.0 if math.isinf(bw) else self.cut_at[j] * self.ratio / bw
+        return np.where(j >= self.n_units, 0.0, data + self.latency[stage])
+
+    def limit_bytes(self, stage: int) -> float:
+        """Raw bytes a stage may use: device memory / (1 + headroom)."""
+        return self.capacity[stage] / (1.0 + self.headroom)
+
+    # ----- one segment -----
+
+    def segment(self, stage: int, i: int, j: int) -> SegmentCost:
+        """Cost of units ``i..j-1`` on ``stage`` with the option the checkpoint mode picks."""
+        v = self.speed[stage]
+        fwd = (self.fwd_prefix[j] - self.fwd_prefix[i]) / v
+        bwd = (self.bwd_prefix[j] - self.bwd_prefix[i]) / v
+        send = float(self.send_s(stage, j))
+        param = self.param_prefix[j] - self.param_prefix[i]
+        state = param * self.state_factor
+        opt = state - param
+        act_one = (self.act_prefix[j] - self.act_prefix[i]) * self.ratio
+        act_a = act_one * self.inflight[stage]
+        act_b = act_one + self.cut_at[i] * self.ratio * self.inflight[stage]
+        limit = self.limit_bytes(stage)
+        # Same expressions as cost_matrix so that the DP and this check agree exactly.
+        fits_a = state + act_a <= limit
+        fits_b = state + act_b <= limit
+        opts = self.options[stage]
+        if opts == "A" or (opts == "AB" and fits_a):
+            ckpt, act, ok = False, act_a, fits_a
+        elif opts == "B":
+            ckpt, act, ok = True, act_b, fits_b
+        else:  # auto and the kept activations do not fit
+            ckpt, act, ok = True, act_b, fits_b
+        return SegmentCost(
+            forward_s=float(fwd),
+            backward_s=float(bwd),
+            recompute_s=float(fwd) if ckpt else 0.0,
+            send_s=send,
+            parameter_bytes=int(round(param)),
+            optimizer_bytes=int(round(opt)),
+            activation_bytes=int(round(act)),
+            checkpoint=ckpt,
+            feasible=bool(ok),
+            memory_without_checkpoint_bytes=int(round(state + act_a)),
+        )
+
+    def segment_time(self, stage: int, i: int, j: int) -> float:
+        """Busy seconds per micro-batch of the segment, ``inf`` if it does not fit in memory."""
+        c = self.segment(stage, i, j)
+        return c.time_s if c.feasible else math.inf
+
+    def segment_memory_need(self, stage: int, i: int, j: int) -> float:
+        """Smallest device memory (with headroom) the segment fits in under this checkpoint mode."""
+        param = self.param_prefix[j] - self.param_prefix[i]
+        state = param * self.state_factor
+        act_one = (self.act_prefix[j] - self.act_prefix[i]) * self.ratio
+        act_a = act_one * self.inflight[stage]
+        act_b = act_one + self.cut_at[i] * self.ratio * self.inflight[stage]
+        opts = self.options[stage]
+        need = {"A": act_a, "B": act_b, "AB": min(act_a, act_b)}[opts]
+        return (state + need) * (1.0 + self.headroom)
+
+    # ----- all segments at once (for the vectorised DP) -----
+
+    def cost_matrix(self, stage: int) -> np.ndarray:
+        """``C[i, j]`` = seconds per micro-batch of segment ``[i, j)`` on ``stage``.
+
+        Shape ``(N+1, N+1)``; ``inf`` where ``j <= i`` or the segment does not fit.
+        O(N^2) time and memory.
+        """
+        n = self.n_units
+        v = self.speed[stage]
+        pos = np.arange(n + 1)
+        f = self.fwd_prefix
+        g = self.bwd_prefix
+        # Same operation order as SegmentCost.time_s so that values agree to the last bit.
+        fwd = (f[None, :] - f[:, None]) / v
+        base = fwd + (g[None, :] - g[:, None]) / v
+        send = self.send_s(stage, pos)[None, :]
+        state = (self.param_prefix[None, :] - self.param_prefix[:, None]) * self.state_factor
+        act_one = (self.act_prefix[None, :] - self.act_prefix[:, None]) * self.ratio
+        limit = self.limit_bytes(stage)
+        opts = self.options[stage]
+        invalid = pos[None, :] <= pos[:, None]
+        if "A" in opts:
+            fits_a = state + act_one * self.inflight[stage] <= limit
+        if "B" in opts:
+            fits_b = (
+                state + (act_one + (self.cut_at * self.ratio * self.inflight[stage])[:, None])
+                <= limit
+            )
+        if opts == "A":
+            out = np.where(fits_a, base + send, np.inf)
+        elif opts == "B":
+            out = np.where(fits_b, (base + fwd) + send, np.inf)
+        else:
+            out = np.where(fits_a, base + send, np.where(fits_b, (base + fwd) + send, np.inf))
+        out[invalid] = np.inf
+        return out
+
+    def memory_matrix(self, stage: int) -> np.ndarray:
+        """``R[i, j]`` = device memory (with headroom) segment ``[i, j)`` needs; ``inf`` if ``j <= i``."""
+        n = self.n_units
+        pos = np.arange(n + 1)
+        state = (self.param_prefix[None, :] - self.param_prefix[:, None]) * self.state_factor
+        act_one = (self.act_prefix[None, :] - self.act_prefix[:, None]) * self.ratio
+        act_a = act_one * self.inflight[stage]
+        act_b = act_one + (self.cut_at * self.ratio * self.inflight[stage])[:, None]
+        need = {"A": act_a, "B": act_b, "AB": np.minimum(act_a, act_b)}[self.options[stage]]
+        out = (state + need) * (1.0 + self.headroom)
+        out[pos[None, :] <= pos[:, None]] = np.inf
+        return out
+
+    def stage_costs(self, bounds: list[int]) -> list[SegmentCost]:
+        """Costs of the stages of a partition given as ``K + 1`` positions ``0 = p0 < ... < pK = N``."""
+        return [self.segment(s, bounds[s], bounds[s + 1]) for s in range(len(bounds) - 1)]

@@ -1,0 +1,115 @@
+"""The min-bottleneck partition as a mixed-integer linear program (PuLP + bundled CBC).
+
+Torch-free. Same problem as ``partition.dp_partition`` (used to cross-check it, and selectable
+as ``strategy="ilp"``):
+
+* ``d[s, p]`` binary: stage ``s`` (0..K-2) ends at position ``p``; one per stage; cut ``s+1``
+  lies strictly after cut ``s`` (cumulative form, tighter than comparing positions).
+* ``c[s]`` binary: stage ``s`` is checkpointed (fixed by the mode unless ``checkpoint="auto"``).
+* ``a[s, p] = c[s] d[s, p]`` and ``b[s, p] = c[s] d[s-1, p]`` (continuous; exact because each
+  stage has exactly one end and one start).
+* ``T >= time_s`` for every stage; memory of each stage ``<= limit_s``; minimise ``T``.
+
+Times are scaled to O(1) and memory rows divided by their limit so that CBC's absolute
+tolerances do not blur the optimum. Size: O(K N) variables and constraints.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import tempfile
+
+import pulp
+from autopipe.planner.costs import CostModel
+from autopipe.planner.partition import Partition, bottleneck
+
+
+def ilp_partition(cm: CostModel, *, time_limit_s: float = 30.0) -> Partition | None:
+    """Solve the min-bottleneck partition with CBC; None if infeasible (or no solution in time)."""
+    n, k = cm.n_units, cm.num_stages
+    x_fwd = cm.fwd_prefix
+    x_all = cm.fwd_prefix + cm.bwd_prefix
+    scale = 1.0 / max(float(x_all[-1]) / k, 1e-300)  # ~1 for a balanced stage
+    prob = pulp.LpProblem("autopipe_partition", pulp.LpMinimize)
+    t_var = pulp.LpVariable("T", lowBound=0)
+    prob += t_var
+
+    # Cut s may sit at positions s+1 .. N-(K-1-s) so that every stage keeps a unit.
+    cuts: list[dict[int, object]] = [{0: 1}]  # stage -1 "ends" at position 0
+    for s in range(k - 1):
+        dom = range(s + 1, n - (k - 1 - s) + 1)
+        d = {p: pulp.LpVariable(f"d_{s}_{p}", cat="Binary") for p in dom}
+        prob += pulp.lpSum(d.values()) == 1
+        cuts.append(d)
+    cuts.append({n: 1})
+    for s in range(1, k - 1):  # cut s strictly after cut s-1: sum_{q<=p} d[s] <= sum_{q<p} d[s-1]
+        prev, cur = cuts[s], cuts[s + 1]
+        for p in cur:
+            prob += pulp.lpSum(v for q, v in cur.items() if q <= p) <= pulp.lpSum(
+                v for q, v in prev.items() if q < p
+            )
+
+    def lin(d: dict[int, object], values) -> object:
+        return pulp.lpSum(float(values[p]) * v for p, v in d.items())
+
+    for s in range(k):
+        start, end = cuts[s], cuts[s + 1]
+        opts = cm.options[s]
+        if opts == "AB":
+            c = pulp.LpVariable(f"c_{s}", cat="Binary")
+        else:
+            c = 1 if opts == "B" else 0
+        v = float(cm.speed[s])
+        send = cm.send_s(s, list(range(n + 1)))
+        time = (lin(end, x_all) - lin(start, x_all)) * (scale / v) + lin(end, send * scale)
+        if isinstance(c, pulp.LpVariable):
+            a = {p: pulp.LpVariable(f"a_{s}_{p}", 0, 1) for p in end}
+            b = {p: pulp.LpVariable(f"b_{s}_{p}", 0, 1) for p in start}
+            for p in end:
+                prob += a[p] <= end[p]
+            for p in start:
+                prob += b[p] <= start[p]
+            prob += pulp.lpSum(a.values()) == c
+            prob += pulp.lpSum(b.values()) == c
+        else:
+            a = {p: c * end[p] for p in end}
+            b = {p: c * start[p] for p in start}
+        time += (lin(a, x_fwd) - lin(b, x_fwd)) * (scale / v)
+        prob += t_var >= time
+        limit = cm.capacity[s] / (1.0 + cm.headroom)
+        if math.isfinite(limit):
+            n_s = float(cm.inflight[s])
+            state = (lin(end, cm.param_prefix) - lin(start, cm.param_prefix)) * cm.state_factor
+            act = (lin(end, cm.act_prefix) - lin(start, cm.act_prefix)) * (cm.ratio * n_s)
+            # Checkpointed: keep one micro-batch's activations plus the stage input of every
+            # in-flight micro-batch instead of n_s micro-batches of activations.
+            saved = (lin(a, cm.act_prefix) - lin(b, cm.act_prefix)) * (cm.ratio * (n_s - 1.0))
+            inputs = lin(b, cm.cut_at) * (cm.ratio * n_s)
+            prob += (state + act - saved + inputs) * (1.0 / limit) <= 1.0
+
+    with tempfile.TemporaryDirectory() as tmp:
+        log = os.path.join(tmp, "cbc.log")
+        solver = pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit_s, gapRel=0.0, logPath=log)
+        prob.solve(solver)
+        text = open(log).read() if os.path.exists(log) else ""
+    if prob.sol_status not in (pulp.LpSolutionOptimal, pulp.LpSolutionIntegerFeasible):
+        return None
+    bounds = [0]
+    for s in range(1, k):
+        bounds.append(max(cuts[s].items(), key=lambda kv: _value(kv[1]))[0])
+    bounds.append(n)
+    value = bottleneck(cm, bounds)
+    if not math.isfinite(value):
+        return None
+    gap = 0.0
+    if prob.sol_status != pulp.LpSolutionOptimal:
+        found = re.search(r"Lower bound:\s*([-+0-9.eE]+)", text)
+        bound_s = float(found.group(1)) / scale if found else 0.0
+        gap = max(0.0, (value - bound_s) / value) if value > 0 else 0.0
+    return Partition(bounds, value, "ilp", optimality_gap=gap)
+
+
+def _value(x: object) -> float:
+    return float(x) if isinstance(x, int | float) else float(pulp.value(x) or 0.0)

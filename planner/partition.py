@@ -1,0 +1,340 @@
+"""Exact min-max contiguous partitioning of the unit chain into K stages (fixed M and schedule).
+
+Torch-free. Three exact algorithms over the same ``CostModel`` (so they agree to the bit):
+
+* ``dp_partition``: dynamic programming over cut positions. ``best[s][j]`` = smallest bottleneck
+  placing units ``0..j-1`` on stages ``0..s-1``; one numpy min-max over an ``(N+1) x (N+1)`` cost
+  matrix per stage: O(K N^2) time, O(N^2) memory. A second pass (same complexity) breaks ties:
+  among partitions with the optimal bottleneck it takes one with the least total stage time.
+* ``probe_partition``: parametric search. A probe decides in O(K N log N) numpy work whether every
+  stage can stay under a threshold ``T`` (reachability over positions; the checkpointed-memory
+  condition, which is not monotone because of the stage-input cut, is a range-maximum query on a
+  sparse table). Bisection on ``T``, where each feasible probe lowers the upper bound to the
+  found partition's exact bottleneck, ends when the float just below that bottleneck is infeasible.
+  Used for large N where the O(N^2) matrix does not fit.
+* ``brute_force_partition``: all C(N-1, K-1) cut sets, for tests.
+
+A partition is given as ``bounds``: K + 1 positions ``0 = p0 < p1 < ... < pK = N``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from autopipe.planner.costs import CostModel
+
+#: Above this many units the O(N^2) DP matrices are replaced by the probe search.
+DP_MAX_UNITS = 2500
+
+
+@dataclass
+class Partition:
+    bounds: list[int]
+    bottleneck_s: float
+    algorithm: str = "dp"
+    optimality_gap: float = 0.0
+    """Relative gap between the solution and the best proven lower bound (0 when proven optimal)."""
+
+
+def bottleneck(cm: CostModel, bounds: list[int]) -> float:
+    """Largest stage time of a partition; ``inf`` if a stage does not fit in memory."""
+    return max(cm.segment_time(s, bounds[s], bounds[s + 1]) for s in range(len(bounds) - 1))
+
+
+def _stage_key(cm: CostModel, s: int) -> tuple:
+    # Stages with equal devices, in-flight count and options share one cost matrix.
+    return (
+        cm.speed[s],
+        cm.capacity[s],
+        cm.bandwidth[s],
+        cm.latency[s],
+        cm.inflight[s],
+        cm.options[s],
+    )
+
+
+def _minmax_dp(matrices: list[np.ndarray], n: int) -> tuple[float, list[int]] | None:
+    """Min over partitions of the max over stages of ``matrices[s][i, j]``; None if all inf."""
+    k = len(matrices)
+    best = np.full(n + 1, np.inf)
+    best[0] = 0.0
+    preds = []
+    for s in range(k):
+        rows = np.flatnonzero(np.isfinite(best))
+        if rows.size == 0:
+            return None
+        cand = np.maximum(best[rows, None], matrices[s][rows])
+        arg = np.argmin(cand, axis=0)
+        best = cand[arg, np.arange(n + 1)]
+        preds.append(rows[arg])
+    if not math.isfinite(best[n]):
+        return None
+    return float(best[n]), _trace(preds, n)
+
+
+def _minsum_dp(matrices: list[np.ndarray], n: int, cap: float) -> list[int] | None:
+    """Least sum of ``matrices[s][i, j]`` over partitions whose every entry is ``<= cap``."""
+    best = np.full(n + 1, np.inf)
+    best[0] = 0.0
+    preds = []
+    for mat in matrices:
+        rows = np.flatnonzero(np.isfinite(best))
+        if rows.size == 0:
+            return None
+        sub = mat[rows]
+        cand = best[rows, None] + np.where(sub <= cap, sub, np.inf)
+        arg = np.argmin(cand, axis=0)
+        best = cand[arg, np.arange(n + 1)]
+        preds.append(rows[arg])
+    if not math.isfinite(best[n]):
+        return None
+    return _trace(preds, n)
+
+
+def _trace(preds: list[np.ndarray], n: int) -> list[int]:
+    bounds = [n]
+    for pred in reversed(preds):
+        bounds.append(int(pred[bounds[-1]]))
+    return bounds[::-1]
+
+
+def dp_partition(cm: CostModel, *, tie_break: bool = True) -> Partition | None:
+    """Exact min-bottleneck partition by DP; None if no partition fits in memory.
+
+    O(K N^2) time (distinct stage kinds only build one matrix each), O(N^2) memory.
+    """
+    n, k = cm.n_units, cm.num_stages
+    cache: dict[tuple, np.ndarray] = {}
+    matrices = []
+    for s in range(k):
+        key = _stage_key(cm, s)
+        if key not in cache:
+            cache[key] = cm.cost_matrix(s)
+        matrices.append(cache[key])
+    found = _minmax_dp(matrices, n)
+    if found is None:
+        return None
+    value, bounds = found
+    if tie_break:
+        better = _minsum_dp(matrices, n, value)
+        if better is not None:
+            bounds = better
+    return Partition(bounds, bottleneck(cm, bounds), "dp")
+
+
+def brute_force_partition(cm: CostModel) -> Partition | None:
+    """Try every cut set: O(C(N-1, K-1) K). For tests on small instances only."""
+    n, k = cm.n_units, cm.num_stages
+    best: tuple[float, list[int]] | None = None
+    for cuts in itertools.combinations(range(1, n), k - 1):
+        bounds = [0, *cuts, n]
+        value = bottleneck(cm, bounds)
+        if math.isfinite(value) and (best is None or value < best[0]):
+            best = (value, bounds)
+    if best is None:
+        return None
+    return Partition(best[1], best[0], "brute-force")
+
+
+# ----------------------------------------------------------------------------------------
+# Parametric (probe) search
+# ----------------------------------------------------------------------------------------
+
+
+class _Prober:
+    """Decides ``exists partition with every stage time <= T`` in O(K N log N) numpy work."""
+
+    def __init__(self, cm: CostModel, capacity: np.ndarray | None = None) -> None:
+        self.cm = cm
+        self.n = cm.n_units
+        self.capacity = cm.capacity if capacity is None else capacity
+        self.pos = np.arange(self.n + 1)
+        self._stage_cache: dict[tuple, dict[str, np.ndarray]] = {}
+
+    def _stage(self, s: int) -> dict[str, np.ndarray]:
+        cm = self.cm
+        key = (*_stage_key(cm, s), self.capacity[s])
+        got = self._stage_cache.get(key)
+        if got is not None:
+            return got
+        v = cm.speed[s]
+        f, g = cm.fwd_prefix / v, cm.bwd_prefix / v
+        limit = self.capacity[s] / (1.0 + cm.headroom)
+        n_s = cm.inflight[s]
+        state = cm.param_prefix * cm.state_factor
+        act = cm.act_prefix * cm.ratio
+        got = {
+            "send": cm.send_s(s, self.pos),
+            "x_a": f + g,  # time_A(i, j) ~ x_a[j] - x_a[i] + send[j], nondecreasing in j
+            "x_b": 2 * f + g,
+            # memory_B(i, j) = need_b[j] - y_b[i]; y_b is not monotone (stage-input cut term)
+            "y_b": state + act - cm.cut_at * cm.ratio * n_s,
+            "need_b": state + act - limit,
+        }
+        self._stage_cache[key] = got
+        return got
+
+    def _fits(self, s: int, i: np.ndarray, j: np.ndarray, ckpt: bool, t: float) -> np.ndarray:
+        """Exact check (same arithmetic as ``CostModel.segment``) of segments ``[i, j)``."""
+        cm = self.cm
+        v = cm.speed[s]
+        fwd = (cm.fwd_prefix[j] - cm.fwd_prefix[i]) / v
+        base = fwd + (cm.bwd_prefix[j] - cm.bwd_prefix[i]) / v
+        send = self._stage(s)["send"][j]
+        time = ((base + fwd) if ckpt else base) + send
+        state = (cm.param_prefix[j] - cm.param_prefix[i]) * cm.state_factor
+        act_one = (cm.act_prefix[j] - cm.act_prefix[i]) * cm.ratio
+        act = (
+            act_one + cm.cut_at[i] * cm.ratio * cm.inflight[s] if ckpt else act_one * cm.inflight[s]
+        )
+        limit = self.capacity[s] / (1.0 + cm.headroom)
+        return (time <= t) & (state + act <= limit) & (i < j)
+
+    def probe(self, t: float) -> list[int] | None:
+        """A partition with every stage time ``<= t`` and within memory, or None."""
+        cm, n, pos = self.cm, self.n, self.pos
+        reach = np.zeros(n + 1, bool)
+        reach[0] = True
+        preds = []
+        j = pos[1:]
+        for s in range(cm.num_stages):
+            st = self._stage(s)
+            opts = cm.options[s]
+            new_reach = np.zeros(n + 1, bool)
+            pred = np.full(n + 1, -1)
+            # Latest reachable position strictly before j.
+            last = np.maximum.accumulate(np.where(reach, pos, -1))[:-1]
+            if "A" in opts:
+                # Option A's time and memory only shrink as i grows: the latest reachable i is best.
+                ok = (last >= 0) & self._fits(s, np.maximum(last, 0), j, False, t)
+                new_reach[1:] |= ok
+                pred[1:] = np.where(ok, last, pred[1:])
+            if "B" in opts:
+                ok, wit = self._probe_b(s, st, reach, j, t)
+                take = ok & (pred[1:] < 0)
+                new_reach[1:] |= ok
+                pred[1:] = np.where(take, wit, pred[1:])
+            reach = new_reach
+            preds.append(pred)
+            if not reach.any():
+                return None
+        if not reach[n]:
+            return None
+        return _trace(preds, n)
+
+    def _probe_b(
+        self, s: int, st: dict[str, np.ndarray], reach: np.ndarray, j: np.ndarray, t: float
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Option B: some reachable i in [lo_j, j) with y_b[i] >= need_b[j] (range max query)."""
+        x = st["x_b"]
+        if math.isinf(t):
+            lo = np.zeros(j.size, dtype=np.int64)
+        else:
+            # Time condition x[j] - x[i] + send[j] <= t  <=>  x[i] >= x[j] + send[j] - t; the
+            # tiny slack only widens the range, the exact check below keeps it sound.
+            thr = x[j] + st["send"][j] - t
+            lo = np.searchsorted(x, thr - 1e-12 * (abs(thr) + abs(t)), side="left")
+        hi = j - 1
+        y = np.where(reach, st["y_b"], -np.inf)
+        val, wit = _range_argmax(y, lo, hi)
+        ok = (lo <= hi) & (val >= st["need_b"][j] - 1e-9 * np.abs(st["need_b"][j]))
+        wit = np.where(ok, wit, 0)
+        ok &= reach[wit] & self._fits(s, wit, j, True, t)
+        return ok, wit
+
+
+def _range_argmax(y: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Max and argmax of ``y[lo[q]..hi[q]]`` for every query q (sparse table, O(N log N))."""
+    n = y.size
+    vals = [y]
+    args = [np.arange(n)]
+    width = 1
+    while 2 * width <= n:
+        pv, pa = vals[-1], args[-1]
+        left, right = pv[: n - 2 * width + 1], pv[width : n - width + 1]
+        take_right = right > left
+        vals.append(np.where(take_right, right, left))
+        args.append(np.where(take_right, pa[width : n - width + 1], pa[: n - 2 * width + 1]))
+        width *= 2
+    length = np.maximum(hi - lo + 1, 1)
+    level = np.floor(np.log2(length)).astype(np.int64)
+    lo_c = np.clip(lo, 0, n - 1)
+    out_v = np.full(lo.size, -np.inf)
+    out_a = np.zeros(lo.size, dtype=np.int64)
+    for lv in np.unique(level):
+        q = np.flatnonzero(level == lv)
+        w = 1 << int(lv)
+        a = lo_c[q]
+        b = np.clip(hi[q] - w + 1, 0, None)
+        va, vb = vals[lv][a], vals[lv][b]
+        right = vb > va
+        out_v[q] = np.where(right, vb, va)
+        out_a[q] = np.where(right, args[lv][b], args[lv][a])
+    out_v[hi < lo] = -np.inf
+    return out_v, out_a
+
+
+def probe_partition(cm: CostModel) -> Partition | None:
+    """Exact min-bottleneck partition by parametric search; None if nothing fits in memory.
+
+    Each probe is O(K N log N); about 30-60 probes (bisection to a relative width of 1e-9,
+    then one probe just below the incumbent to prove it optimal).
+    """
+    prober = _Prober(cm)
+    first = prober.probe(math.inf)
+    if first is None:
+        return None
+    best = first
+    hi = bottleneck(cm, best)
+    # Lower bound: the stage time of the single most expensive unit on the fastest device.
+    v = float(np.max(cm.speed))
+    unit = np.diff(cm.fwd_prefix + cm.bwd_prefix) / v
+    total = float(cm.fwd_prefix[-1] + cm.bwd_prefix[-1]) / float(np.sum(cm.speed))
+    lo = max(float(unit.max(initial=0.0)), total) * (1.0 - 1e-9)
+    while True:
+        if hi - lo > 1e-9 * hi:
+            t = 0.5 * (lo + hi)
+        else:
+            t = float(np.nextafter(hi, -np.inf))
+        if t <= lo:
+            break
+        found = prober.probe(t)
+        if found is None:
+            lo = t
+        else:
+            best = found
+            hi = bottleneck(cm, best)
+    return Partition(best, hi, "probe")
+
+
+def min_memory_needed(cm: CostModel) -> float:
+    """Smallest equal memory per device (bytes, headroom included) for which some partition fits.
+
+    Bisection on the capacity with the probe at ``T = inf``: O(K N log N) per step, 60 steps.
+    """
+    k = cm.num_stages
+    hi = 1.0
+    while _Prober(cm, np.full(k, hi)).probe(math.inf) is None:
+        hi *= 2.0
+        if hi > 1e30:
+            return math.inf
+    lo = 0.0
+    for _ in range(60):
+        mid = 0.5 * (lo + hi)
+        if _Prober(cm, np.full(k, mid)).probe(math.inf) is None:
+            lo = mid
+        else:
+            hi = mid
+        if hi - lo <= 1e-6 * hi:
+            break
+    return hi
+
+
+def exact_partition(cm: CostModel) -> Partition | None:
+    """The ``dp`` strategy: the DP up to ``DP_MAX_UNITS`` units, the probe search above."""
+    if cm.n_units <= DP_MAX_UNITS:
+        return dp_partition(cm)
+    return probe_partition(cm)
