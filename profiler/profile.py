@@ -49,6 +49,12 @@ class UnitProfile:
     backward_flops: float = 0.0
     shared_parameters: list[str] = field(default_factory=list)
     """Names of parameters this unit shares with another unit (tied weights)."""
+    gradient_bytes: int = 0
+    """Bytes of this unit's parameter gradients (= parameter bytes of trainable parameters)."""
+    optimizer_bytes: int = 0
+    """Bytes of optimizer state for this unit's parameters (``Profile.optimizer``)."""
+    buffer_bytes: int = 0
+    """Bytes of non-parameter buffers (e.g. BatchNorm running statistics)."""
 
     def forward_at(self, microbatch_size: float, batch_size: int) -> float:
         """Forward seconds for one micro-batch of ``microbatch_size`` samples."""
@@ -92,6 +98,10 @@ class Profile:
     parameter_bytes_total: int = 0
     """Parameter bytes of the whole model counting tied weights once."""
     bytes_per_parameter: int = 4
+    optimizer: str = "adam"
+    """Optimizer whose state ``UnitProfile.optimizer_bytes`` counts."""
+    granularity: str = "block"
+    """How nodes were grouped into units: ``"block"``, ``"module"`` or ``"node"``."""
     version: int = PROFILE_VERSION
     meta: dict[str, Any] = field(default_factory=dict)
 
