@@ -168,3 +168,39 @@ def run_correctness(rank: int, world_size: int, port: int, out_dir: str, jobs: l
         }
     torch.save(results, Path(out_dir) / f"rank{rank}.pt")
     shutdown()
+
+
+def spawn_ranks(fn: Any, world_size: int, args: tuple, timeout_s: float = 120.0) -> None:
+    """Run ``fn(rank, *args)`` in ``world_size`` spawned processes; fail instead of hanging."""
+    import time
+
+    import torch.multiprocessing as mp
+
+    ctx = mp.start_processes(fn, args=args, nprocs=world_size, join=False, start_method="spawn")
+    deadline = time.monotonic() + timeout_s
+    while not ctx.join(timeout=1.0):
+        if time.monotonic() > deadline:
+            for p in ctx.processes:
+                if p.is_alive():
+                    p.kill()
+            raise TimeoutError(f"{world_size} ranks did not finish within {timeout_s:g} s")
+
+
+TINY_GPT_FILE = f"""\
+import sys
+sys.path.insert(0, {str(EXAMPLES)!r})
+from gpt import GPTConfig, build_model as _build, example_inputs as _inputs, loss_fn  # noqa: F401
+
+CFG = dict(vocab_size=64, seq_len=8, d_model=16, n_layer=4, n_head=2)
+
+
+def build_model():
+    return _build(**CFG)
+
+
+def example_inputs(batch_size=8):
+    return _inputs(batch_size, GPTConfig(**CFG))
+"""
+"""A model file for ``autopipe run`` tests: examples/gpt.py at test size (9 units)."""
+
+TINY_GPT_UNITS = ["tok_emb", "pos_emb", "drop", *(f"blocks.{i}" for i in range(4)), "ln_f", "head"]

@@ -13,6 +13,7 @@ gradients equal those of the mean loss over the whole batch, as in single-proces
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -139,6 +140,13 @@ def _batch_size(tree: Any) -> int:
     raise TypeError("the inputs contain no tensor with a batch dimension")
 
 
+def _short_cause(exc: BaseException) -> str:
+    """The gist of a backend error: first line, without gloo's source location and advice."""
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    text = re.sub(r"^\[[^\]]*\.(cc|cpp|h):\d+\]\s*", "", text)
+    return text.split(". This is typically")[0]
+
+
 def _is_comm_failure(exc: BaseException) -> bool:
     """Errors that mean a peer is gone or silent rather than a bug in this rank's compute."""
     if isinstance(exc, dist.DistError):
@@ -258,7 +266,7 @@ class DistributedPipeline:
             loss = self._step(inputs, target)
         except Exception as exc:
             if _is_comm_failure(exc):
-                first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                first = _short_cause(exc)
                 raise PipelineRankError(
                     f"rank {layout.rank} (stage {layout.stage}, replica {layout.replica}): the "
                     f"pipeline broke in step {self.steps}: a peer rank failed or did not answer "

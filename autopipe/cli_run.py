@@ -1,0 +1,209 @@
+"""``autopipe run``: train a few steps of a plan on torch.distributed, launched by torchrun.
+
+Every rank loads the model file and the plan, builds only its own stage and runs the plan's
+schedule; the last stage prints loss and step time. ``register_run(sub)`` adds the command to
+the CLI's subparsers; ``python -m autopipe.cli_run run ...`` works without that wiring.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from autopipe import cli
+
+EPILOG = """\
+examples (K = the plan's stages; K x D processes give D data-parallel replicas):
+  autopipe plan examples/gpt.py --gpus 2 --json plan.json
+  torchrun --nproc-per-node 2 -m autopipe.cli run examples/gpt.py --plan plan.json --steps 5
+  # two nodes, 4 GPUs each, a K = 8 plan; run on every node:
+  torchrun --nnodes 2 --nproc-per-node 4 --rdzv-backend c10d \\
+      --rdzv-endpoint HOST0:29500 --rdzv-id job1 \\
+      -m autopipe.cli run examples/gpt.py --plan plan.json --steps 100
+"""
+
+
+def register_run(sub: Any) -> None:
+    """Add the ``run`` subcommand to the ``autopipe`` argparse subparsers."""
+    p = sub.add_parser(
+        "run",
+        help="train a plan for a few steps on torch.distributed (launch under torchrun)",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=(
+            "Run a plan with torch.distributed.pipelining on K x D processes started by "
+            "torchrun (gloo on CPU, NCCL on GPUs): each rank builds only its stage."
+        ),
+        epilog=EPILOG,
+    )
+    p.add_argument("model", help="MODEL.py[:FACTORY] the plan was made for")
+    p.add_argument(
+        "--plan", required=True, metavar="PLAN.json", help="written by `autopipe plan --json`"
+    )
+    p.add_argument("--steps", type=cli._positive_int, default=5, help="training steps (default 5)")
+    p.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate (default 1e-3)")
+    p.add_argument(
+        "--init",
+        choices=["replicate", "meta"],
+        default="replicate",
+        help="replicate: every rank builds the whole model with the factory's seed and keeps "
+        "its stage (exact weights); meta: build on the meta device and initialise only this "
+        "stage with reset_parameters() (low memory, default init) (default: replicate)",
+    )
+    p.add_argument(
+        "--state-dict",
+        metavar="PATH",
+        help="load weights from a torch.save(model.state_dict()) file; implies a meta build",
+    )
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=300.0,
+        metavar="SECONDS",
+        help="process-group timeout: a dead or stuck rank ends the run with an error after "
+        "this long (default 300)",
+    )
+    p.add_argument("--threads", type=cli._positive_int, help="torch threads per process")
+    p.add_argument(
+        "--json", metavar="PATH", help="write per-step losses and times (last stage) to PATH"
+    )
+    cli._common(p)
+    p.set_defaults(func=cmd_run)
+
+
+def _default_loss(output: Any, inputs: Any) -> Any:
+    """Stand-in objective for model files without ``loss_fn``: mean square of the outputs."""
+    import torch
+    from torch.utils import _pytree as pytree
+
+    leaves = [t for t in pytree.tree_leaves(output) if isinstance(t, torch.Tensor)]
+    return sum(t.float().pow(2).mean() for t in leaves)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from autopipe.modelfile import ModelFileError, load_model_file
+    from autopipe.planner.plan import PlanFormatError, load_plan
+    from autopipe.runtime.distributed.process import LaunchError, init_distributed
+
+    if not Path(args.plan).is_file():
+        raise cli.UsageError(f"plan file not found: {args.plan}")
+    try:
+        plan = load_plan(args.plan)
+        mf = load_model_file(args.model)
+    except (PlanFormatError, ModelFileError) as exc:
+        raise cli.UsageError(str(exc)) from exc
+
+    import torch
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    try:
+        rank, world = init_distributed(timeout_s=args.timeout)
+    except LaunchError as exc:
+        raise cli.UsageError(str(exc)) from exc
+    except Exception as exc:  # rendezvous failure or timeout
+        raise cli.Failure(
+            f"could not join the process group within {args.timeout:g} s: {exc}"
+        ) from exc
+    from autopipe.runtime.distributed.layout import PlanWorldSizeError, rank_layout
+
+    try:
+        rank_layout(rank, world, plan.num_stages)
+    except PlanWorldSizeError as exc:
+        # Every rank finds the same mismatch: meet at a barrier so all of them report it
+        # before the first exit makes torchrun stop the others.
+        _barrier_quietly()
+        raise cli.UsageError(f"rank {rank}: {exc}") from exc
+    try:
+        return _train(args, plan, mf, rank, world)
+    except (cli.UsageError, cli.Failure) as exc:
+        text = str(exc)
+        raise type(exc)(text if text.startswith("rank ") else f"rank {rank}: {text}") from exc
+
+
+def _barrier_quietly() -> None:
+    import torch.distributed as dist
+
+    try:
+        dist.barrier()
+    except Exception:  # a peer is gone: report our own error anyway
+        pass
+
+
+def _train(args: argparse.Namespace, plan: Any, mf: Any, rank: int, world: int) -> int:
+    import torch
+    import torch.distributed as dist
+
+    from autopipe.modelfile import ModelFileError
+    from autopipe.runtime.distributed.layout import PlanWorldSizeError
+    from autopipe.runtime.distributed.pipeline import DistributedPipeline, PipelineRankError
+    from autopipe.runtime.distributed.process import shutdown
+    from autopipe.runtime.distributed.stages import StageSplitError
+
+    state_dict = None
+    if args.state_dict:
+        if not Path(args.state_dict).is_file():
+            raise cli.UsageError(f"state_dict file not found: {args.state_dict}")
+        state_dict = torch.load(args.state_dict, map_location="cpu", mmap=True, weights_only=True)
+    meta = args.init == "meta" or state_dict is not None
+    try:
+        model = mf.build(device="meta" if meta else None)
+        replicas = world // plan.num_stages if world % plan.num_stages == 0 else 1
+        inputs = mf.inputs(plan.batch_size * replicas)
+        pipe = DistributedPipeline(
+            model, plan, inputs, mf.loss_fn or _default_loss, state_dict=state_dict
+        )
+    except (ModelFileError, PlanWorldSizeError, StageSplitError, ValueError, TypeError) as exc:
+        raise cli.UsageError(str(exc)) from exc
+    del model
+    layout = pipe.layout
+    reporter = layout.is_last_stage and layout.replica == 0
+    if rank == 0:
+        cli._say(
+            args,
+            f"autopipe run: {plan.num_stages} stages x {layout.replicas} replicas on {world} "
+            f"processes ({dist.get_backend()}), schedule {plan.schedule}, "
+            f"{plan.microbatches} micro-batches of {plan.batch_size // plan.microbatches}, "
+            f"global batch {plan.batch_size * layout.replicas}",
+        )
+    optimizer = torch.optim.AdamW(pipe.parameters(), lr=args.lr)
+    local = pipe.local_batch(inputs)
+    records: list[dict[str, float]] = []
+    for step in range(args.steps):
+        optimizer.zero_grad(set_to_none=True)
+        try:
+            loss = pipe.step(local if layout.is_first_stage or layout.is_last_stage else None)
+        except PipelineRankError as exc:
+            raise cli.Failure(str(exc)) from exc
+        optimizer.step()
+        if reporter and loss is not None:
+            records.append({"step": step + 1, "loss": float(loss), "time_s": pipe.last_step_s})
+            cli._say(
+                args,
+                f"step {step + 1}/{args.steps}  loss {float(loss):.4f}  "
+                f"{pipe.last_step_s * 1e3:.1f} ms",
+            )
+            sys.stdout.flush()
+    if reporter and records:
+        # The first step also infers the stage shapes (one extra forward/backward): skip it.
+        steady = [r["time_s"] for r in records[1:]] or [records[0]["time_s"]]
+        cli._say(args, f"median step time {statistics.median(steady) * 1e3:.1f} ms (after step 1)")
+        if args.json:
+            Path(args.json).write_text(json.dumps({"steps": records}, indent=2) + "\n")
+    shutdown()
+    return cli.EXIT_OK
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``autopipe`` with the ``run`` command registered (for ``python -m autopipe.cli_run``)."""
+    if register_run not in cli._EXTRA_COMMANDS:
+        cli._EXTRA_COMMANDS.append(register_run)
+    return cli.main(argv)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

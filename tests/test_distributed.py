@@ -1,0 +1,182 @@
+"""autopipe.runtime.distributed: stage extraction, rank layout, and multi-process runs on gloo
+that match single-process training (loss and every gradient) for GPipe and 1F1B."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import torch
+from autopipe.profiler.units import trace_units
+from autopipe.runtime.distributed.layout import PlanWorldSizeError, rank_layout
+from autopipe.runtime.distributed.pipeline import build_stage
+from autopipe.runtime.distributed.stages import (
+    StageModule,
+    StageSplitError,
+    split_stages,
+    stage_of_unit,
+)
+from distributed_cases import (
+    SkipNet,
+    make_plan,
+    reference,
+    run_correctness,
+    skipnet_inputs,
+    skipnet_loss,
+    spawn_ranks,
+    tiny_gpt,
+)
+
+TOL = 1e-5
+
+
+def test_rank_layout_is_stage_major() -> None:
+    grid = [rank_layout(r, 6, 3) for r in range(6)]
+    assert [(g.stage, g.replica) for g in grid] == [(0, 0), (0, 1), (1, 0), (1, 1), (2, 0), (2, 1)]
+    assert grid[3].pipeline_ranks(1) == [1, 3, 5]
+    assert grid[3].replica_ranks(1) == [2, 3]
+    assert grid[0].is_first_stage and grid[5].is_last_stage
+
+
+def test_world_size_not_a_multiple_of_stages_is_refused() -> None:
+    with pytest.raises(PlanWorldSizeError, match="plan has 4 stages but 6 processes"):
+        rank_layout(0, 6, 4)
+
+
+def _chain(stages: list, inputs: tuple) -> torch.Tensor:
+    values = inputs
+    for stage in stages:
+        values = stage(*values)
+    return values
+
+
+def test_skip_connection_and_late_input_are_relayed() -> None:
+    torch.manual_seed(0)
+    model, inputs = SkipNet(), skipnet_inputs(4)
+    graph = trace_units(model, inputs)
+    assert graph.unit_names == ["f1", "f2", "f3", "f4"]
+    stages = split_stages(graph, [0, 1, 2, 3])
+    # The input `scale` is used only by stage 3 and the skip `tanh` (a = tanh(f1(x)), computed
+    # in stage 1 where the glue joins unit f2) only by stage 3: the stages between receive
+    # them and pass them on unchanged.
+    assert stages[0].output_names == ["scale", "f1"]
+    assert stages[1].output_names == ["scale", "tanh", "f2"]
+    assert stages[2].input_names == ["scale", "tanh", "f2"]
+    assert stages[2].output_names == ["scale", "tanh", "f3"]
+    modules = [StageModule(s, checkpoint=s.index % 2 == 0) for s in stages]
+    out = _chain(modules, inputs)
+    expected = model(*inputs)
+    torch.testing.assert_close(out, expected, rtol=0, atol=0)
+    # Backward through the chain (two stages re-materialized) equals the model's.
+    skipnet_loss(out, inputs).backward()
+    ref_model = copy.deepcopy(model)
+    ref_model.zero_grad()
+    _, ref_grads = reference(ref_model, inputs, skipnet_loss)
+    for m in modules:
+        for name, p in m.model_named_parameters().items():
+            torch.testing.assert_close(p.grad, ref_grads[name], rtol=TOL, atol=1e-6)
+
+
+def test_each_stage_holds_only_its_parameters() -> None:
+    model, inputs, _ = tiny_gpt()
+    graph = trace_units(model, inputs)
+    stages = split_stages(
+        graph, stage_of_unit(graph.unit_names, [graph.unit_names[:4], graph.unit_names[4:]])
+    )
+    names = [set(dict(s.module.named_parameters())) for s in stages]
+    assert names[0].isdisjoint(names[1])
+    assert names[0] | names[1] == set(dict(model.named_parameters()))
+    assert "head.weight" in names[1] and "tok_emb.weight" in names[0]
+
+
+def test_plan_for_another_model_is_refused() -> None:
+    with pytest.raises(StageSplitError, match="do not match the model's 4 traced units"):
+        stage_of_unit(["f1", "f2", "f3", "f4"], [["f1", "f2"], ["f3", "head"]])
+
+
+def test_tied_weights_across_stages_are_refused() -> None:
+    import sys
+
+    from distributed_cases import EXAMPLES
+
+    sys.path.insert(0, str(EXAMPLES))
+    import gpt
+
+    sys.path.remove(str(EXAMPLES))
+    model = gpt.build_model(
+        vocab_size=64, seq_len=8, d_model=16, n_layer=2, n_head=2, tie_weights=True
+    )
+    graph = trace_units(model, gpt.example_inputs(2, gpt.GPTConfig(vocab_size=64, seq_len=8)))
+    n = len(graph.unit_names)
+    with pytest.raises(StageSplitError, match="tied weights"):
+        split_stages(graph, [0] * (n // 2) + [1] * (n - n // 2))
+
+
+def test_meta_build_materialises_one_stage(tmp_path: Path) -> None:
+    model, inputs, _ = tiny_gpt()
+    units = [u for u in trace_units(model, inputs).unit_names]
+    plan = make_plan([units[:4], units[4:]], 2, 8, checkpoint=[False, True])
+    with torch.device("meta"):
+        meta_model = copy.deepcopy(model).to("meta")
+    # From a state_dict: exactly the real model's weights, and nothing of stage 0.
+    stage = build_stage(meta_model, plan, inputs, 1, state_dict=model.state_dict())
+    own = stage.model_named_parameters()
+    assert not any(p.is_meta for p in own.values())
+    assert "tok_emb.weight" not in own and stage.checkpoint
+    for name, p in own.items():
+        torch.testing.assert_close(p, dict(model.named_parameters())[name], rtol=0, atol=0)
+    # Without one: PyTorch's default init, seeded per stage, on real storage.
+    fresh = build_stage(copy.deepcopy(meta_model), plan, inputs, 1, init_seed=3)
+    again = build_stage(copy.deepcopy(meta_model), plan, inputs, 1, init_seed=3)
+    for (name, a), b in zip(
+        fresh.model_named_parameters().items(), again.parameters(), strict=True
+    ):
+        assert not a.is_meta and torch.isfinite(a).all(), name
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def _check(results: dict, world_size: int, jobs: list[dict]) -> None:
+    for job in jobs:
+        replicas = world_size // job["stages"]
+        key = f"{job['model']}-{job['schedule']}-K{job['stages']}xD{replicas}"
+        for rank in range(world_size):
+            r = results[rank][key]
+            assert r["grad_err"] < TOL, (key, rank, r)
+            last = rank // replicas == job["stages"] - 1
+            if last:
+                assert 0 <= r["loss_err"] < TOL and 0 <= r["loss2_err"] < TOL, (key, rank, r)
+            else:
+                assert r["loss_err"] == -1.0  # only the last stage sees the loss
+
+
+def _run(world_size: int, jobs: list[dict], tmp_path: Path) -> dict:
+    from distributed_cases import free_port
+
+    spawn_ranks(run_correctness, world_size, (world_size, free_port(), str(tmp_path), jobs), 150)
+    return {r: torch.load(tmp_path / f"rank{r}.pt") for r in range(world_size)}
+
+
+JOBS_2 = [
+    dict(model="skip", stages=2, microbatches=2, schedule="gpipe"),
+    dict(model="gpt", stages=2, microbatches=4, schedule="gpipe"),
+    dict(model="gpt", stages=2, microbatches=4, schedule="1f1b", checkpoint=[True, False]),
+    dict(model="skip", stages=2, microbatches=4, schedule="1f1b"),
+]
+
+
+def test_two_processes_match_single_process(tmp_path: Path) -> None:
+    _check(_run(2, JOBS_2, tmp_path), 2, JOBS_2)
+
+
+JOBS_4 = [
+    dict(model="gpt", stages=4, microbatches=4, schedule="1f1b"),
+    dict(model="skip", stages=4, microbatches=4, schedule="gpipe", checkpoint=[True] * 4),
+    dict(model="skip", stages=2, microbatches=2, schedule="1f1b", checkpoint=[True, True]),
+    dict(model="gpt", stages=2, microbatches=2, schedule="gpipe"),
+]
+
+
+@pytest.mark.slow
+def test_four_processes_and_2x2_pipeline_data_parallel_match(tmp_path: Path) -> None:
+    _check(_run(4, JOBS_4, tmp_path), 4, JOBS_4)
