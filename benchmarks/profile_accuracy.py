@@ -107,7 +107,7 @@ def measure(model: torch.nn.Module, inputs: Any, loss_fn: Any, repeats: int) -> 
 
 def measured_saved_bytes(model: torch.nn.Module, inputs: Any, loss_fn: Any) -> int:
     """Whole-model bytes saved for backward in one real step, deduplicated by storage."""
-    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    params = {p.untyped_storage().data_ptr() for p in [*model.parameters(), *model.buffers()]}
     seen: set[int] = set()
     total = 0
 

@@ -26,7 +26,6 @@ as the CPU and CUDA backends do, so attention memory is O(seq), not O(seq^2).
 from __future__ import annotations
 
 import copy
-import dataclasses
 import time
 from collections.abc import Callable
 from typing import Any
@@ -42,15 +41,28 @@ from torch import fx, nn
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_leaves, tree_map
 
-OPTIMIZER_STATE_BYTES_PER_PARAMETER = {
-    "adam": 8,
-    "adamw": 8,
-    "sgd": 0,
-    "sgd-momentum": 4,
-    "none": 0,
-}
-"""FP32 optimizer state per parameter (Adam: exp_avg + exp_avg_sq). With 16-bit parameters
-mixed-precision training also keeps an FP32 master copy: +4 bytes per parameter."""
+OPTIMIZERS = ("adam", "adamw", "sgd", "sgd-momentum", "mixed-adam", "none")
+"""Optimizer state per unit, as in ``autopipe.profiler.memory`` and the planner: ``adam``/
+``adamw`` two moments in the parameter dtype (2 x parameter bytes), ``sgd-momentum`` one
+(1 x), ``sgd``/``none`` nothing, ``mixed-adam`` an FP32 master copy plus two FP32 moments
+(12 bytes per parameter) next to 16-bit parameters."""
+
+
+def optimizer_state_bytes(optimizer: str, parameter_count: int, parameter_bytes: int) -> int:
+    """Optimizer-state bytes for parameters of the given count and bytes (see OPTIMIZERS)."""
+    key = optimizer.lower().replace("_", "-")
+    if key in ("adam", "adamw"):
+        return 2 * parameter_bytes
+    if key == "sgd-momentum":
+        return parameter_bytes
+    if key in ("sgd", "none"):
+        return 0
+    if key == "mixed-adam":
+        return 12 * parameter_count
+    raise AnalyticProfileError(
+        f"unknown optimizer {optimizer!r}; use one of {', '.join(OPTIMIZERS)}"
+    )
+
 
 _TORCH_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
@@ -243,10 +255,7 @@ def profile_analytic(
             f"dtype {dtype!r} is not supported; use bfloat16, float16 or float32"
         )
     spec.peak_for(dtype_name, allow_tf32=allow_tf32)  # fail early if the device lacks it
-    if optimizer not in OPTIMIZER_STATE_BYTES_PER_PARAMETER:
-        raise AnalyticProfileError(
-            f"unknown optimizer {optimizer!r}; use one of {', '.join(OPTIMIZER_STATE_BYTES_PER_PARAMETER)}"
-        )
+    optimizer_state_bytes(optimizer, 0, 0)  # fail early on an unknown optimizer
     torch_dtype = _TORCH_DTYPES[dtype_name]
     model = _meta_model(model_or_factory, torch_dtype)
     inputs = _meta_inputs(example_inputs, torch_dtype)
@@ -254,9 +263,11 @@ def profile_analytic(
     gm = units.graph_module
     unit_names = units.unit_names
 
-    params: dict[int, tuple[str, int, int]] = {}
+    params: dict[int, tuple[str, int, int, bool]] = {}
     for name, p in gm.named_parameters(remove_duplicate=False):
-        params.setdefault(storage_key(p), (name, p.numel(), p.numel() * p.element_size()))
+        params.setdefault(storage_key(p), (name, p.numel(), p.numel() * p.element_size(), False))
+    for name, b in gm.named_buffers(remove_duplicate=False):
+        params.setdefault(storage_key(b), (name, b.numel(), b.numel() * b.element_size(), True))
 
     counter = OpCounter(spec, len(unit_names), params, allow_tf32=allow_tf32)
     saved_seen: set[int] = set()
@@ -365,20 +376,12 @@ def _build_profile(
 ) -> Profile:
     unit_names = units_graph.unit_names
     param_by_name = {info[0]: info for info in counter.parameter_storages.values()}
-    master_bytes = 4 if torch_dtype in (torch.bfloat16, torch.float16) else 0
-    state_per_param = OPTIMIZER_STATE_BYTES_PER_PARAMETER[optimizer] + (
-        master_bytes if optimizer != "none" else 0
-    )
     outputs = counter.output_bytes()
     units: list[UnitProfile] = []
     details: list[dict[str, Any]] = []
     for index, (name, cost) in enumerate(zip(unit_names, counter.units, strict=True)):
         param_count = sum(param_by_name[p][1] for p in cost.parameters)
         param_bytes = sum(param_by_name[p][2] for p in cost.parameters)
-        memory = {
-            "gradient_bytes": param_bytes,
-            "optimizer_state_bytes": param_count * state_per_param,
-        }
         unit = UnitProfile(
             name=name or "model",
             kind=units_graph.unit_kinds[index],
@@ -390,22 +393,20 @@ def _build_profile(
             forward_flops=cost.forward.flops,
             backward_flops=cost.backward.flops,
             shared_parameters=list(cost.shared_parameters),
+            gradient_bytes=param_bytes,
+            optimizer_bytes=optimizer_state_bytes(optimizer, param_count, param_bytes),
+            buffer_bytes=sum(param_by_name[b][2] for b in cost.buffers),
         )
         _set_times(unit, cost, spec)
-        known = {f.name for f in dataclasses.fields(UnitProfile)}
-        for key, value in memory.items():
-            if key in known:
-                setattr(unit, key, value)
         units.append(unit)
         details.append(
             {
                 "name": unit.name,
-                **memory,
                 "forward": cost.forward.to_dict(),
                 "backward": cost.backward.to_dict(),
             }
         )
-    total_param_bytes = sum(info[2] for info in counter.parameter_storages.values())
+    total_param_bytes = sum(i[2] for i in counter.parameter_storages.values() if not i[3])
     return Profile(
         units=units,
         cut_bytes=counter.cut_bytes(),
@@ -423,10 +424,10 @@ def _build_profile(
         total_activation_bytes=sum(u.activation_bytes for u in units),
         parameter_bytes_total=total_param_bytes,
         bytes_per_parameter=torch.empty((), dtype=torch_dtype, device="meta").element_size(),
+        optimizer=optimizer,
+        granularity=units_graph.granularity,
         meta={
             "device_spec": spec.to_dict(),
-            "granularity": units_graph.granularity,
-            "optimizer": optimizer,
             "analytic_units": details,
         },
     )

@@ -123,6 +123,8 @@ class UnitCost:
     """Names of parameters this unit uses first (it owns them)."""
     shared_parameters: list[str] = field(default_factory=list)
     """Names of parameters first used by an earlier unit (tied weights)."""
+    buffers: list[str] = field(default_factory=list)
+    """Names of buffers (BatchNorm statistics, ...) this unit uses first."""
 
 
 class OpCounter(TorchDispatchMode):
@@ -136,7 +138,7 @@ class OpCounter(TorchDispatchMode):
         self,
         spec: DeviceSpec,
         n_units: int,
-        parameter_storages: dict[int, tuple[str, int, int]],
+        parameter_storages: dict[int, tuple[str, int, int, bool]],
         *,
         allow_tf32: bool = False,
     ) -> None:
@@ -148,7 +150,7 @@ class OpCounter(TorchDispatchMode):
         self.phase = "forward"
         self.track_liveness = True
         self.parameter_storages = parameter_storages
-        """storage key -> (parameter name, numel, bytes)."""
+        """storage key -> (name, numel, bytes, is_buffer) of every parameter and buffer."""
         self.parameter_owner: dict[int, int] = {}
         self.producer: dict[int, int] = {}
         self.last_use: dict[int, int] = {}
@@ -235,7 +237,10 @@ class OpCounter(TorchDispatchMode):
                 continue
             owner = self.parameter_owner.setdefault(key, self.unit)
             unit = self.units[self.unit]
-            if owner == self.unit:
+            if info[3]:
+                if owner == self.unit and info[0] not in unit.buffers:
+                    unit.buffers.append(info[0])
+            elif owner == self.unit:
                 if info[0] not in unit.parameters:
                     unit.parameters.append(info[0])
             elif info[0] not in unit.shared_parameters:

@@ -72,8 +72,9 @@ def test_gpt_bytes_and_shapes(gpt_profile: Profile) -> None:
     assert sum(u.parameter_count for u in p.units) == gpt.num_parameters(small_gpt()[0])
     assert p.parameter_bytes_total == 4 * gpt.num_parameters(small_gpt()[0])
     details = p.meta["analytic_units"][3]
-    assert details["gradient_bytes"] == 4 * per_block
-    assert details["optimizer_state_bytes"] == 8 * per_block  # Adam, fp32: no master copy
+    assert blocks[0].gradient_bytes == 4 * per_block
+    assert blocks[0].optimizer_bytes == 8 * per_block  # Adam: two fp32 moments
+    assert p.optimizer == "adam" and p.granularity == "block" and p.tracer == "fx"
     # identical blocks cost the same
     assert len({(u.forward_s, u.backward_s, u.activation_bytes) for u in blocks}) == 1
     # launch overhead is the fixed per-micro-batch part
@@ -84,16 +85,16 @@ def test_gpt_bytes_and_shapes(gpt_profile: Profile) -> None:
     assert 0 < blocks[0].forward_overhead_s < blocks[0].forward_s
 
 
-def test_bf16_halves_bytes_and_adds_master_weights() -> None:
+def test_bf16_halves_bytes() -> None:
     model, x = small_gpt()
     p16 = profile_analytic(model, x, "h100-sxm", loss_fn=gpt.loss_fn)
     p32 = profile_analytic(model, x, "h100-sxm", dtype="fp32", loss_fn=gpt.loss_fn)
     assert p16.dtype == "bfloat16" and p16.bytes_per_parameter == 2
     assert p16.units[3].parameter_bytes * 2 == p32.units[3].parameter_bytes
     assert p16.units[3].output_bytes * 2 == p32.units[3].output_bytes
-    assert (
-        p16.meta["analytic_units"][3]["optimizer_state_bytes"] == 12 * p16.units[3].parameter_count
-    )
+    assert p16.units[3].optimizer_bytes == 2 * p16.units[3].parameter_bytes  # moments in bf16
+    mixed = profile_analytic(model, x, "h100-sxm", loss_fn=gpt.loss_fn, optimizer="mixed-adam")
+    assert mixed.units[3].optimizer_bytes == 12 * p16.units[3].parameter_count
     assert p16.units[3].forward_flops == p32.units[3].forward_flops
     # bf16 tensor cores are 14.8x the H100's fp32 rate: compute-bound parts get much faster
     c16 = p16.meta["analytic_units"][-1]["forward"]["compute_s"]
@@ -128,11 +129,15 @@ def test_resnet_conv_flops_and_shapes() -> None:
     assert p.units[1].output_bytes == 4 * c * hw * 4
     assert p.units[3].output_bytes == 4 * 16 * hw2 * 4
     assert p.units[-1].output_bytes == 4 * 10 * 4
+    # BatchNorm running mean/var (fp32) + num_batches_tracked (int64) of the two BNs
+    assert p.units[1].buffer_bytes == 2 * (2 * c * 4 + 8)
+    assert p.units[1].parameter_count == 2 * c * c * 9 + 2 * 2 * c
 
 
 def _measured_saved_bytes(model: torch.nn.Module, x: torch.Tensor, loss_fn) -> int:
-    """Whole-model bytes saved for backward in a real fp32 CPU step (dedup by storage)."""
-    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    """Whole-model bytes saved for backward in a real fp32 CPU step (dedup by storage,
+    parameters and buffers left out)."""
+    params = {p.untyped_storage().data_ptr() for p in [*model.parameters(), *model.buffers()]}
     seen: set[int] = set()
     total = 0
 
