@@ -2,13 +2,17 @@
 
 from autopipe.runtime.batchnorm import DeferredBatchNorm
 from autopipe.runtime.gpipe import GPipe
+from autopipe.runtime.parallelize import parallelize
+from autopipe.runtime.pipeline import Pipeline
 from autopipe.runtime.timeline import TaskRecord, Timeline, save_chrome_trace, to_chrome_trace
 
 __all__ = [
     "DeferredBatchNorm",
     "GPipe",
+    "Pipeline",
     "TaskRecord",
     "Timeline",
+    "parallelize",
     "save_chrome_trace",
     "to_chrome_trace",
 ]

@@ -58,7 +58,7 @@ def _check_tensors(value: Any, what: str) -> None:
 
 
 def _split(module: nn.Sequential, balance: Sequence[int]) -> list[nn.Sequential]:
-    layers = list(module.named_children())
+    layers = list(module._modules.items())
     partitions, start = [], 0
     for count in balance:
         partitions.append(nn.Sequential(OrderedDict(layers[start : start + count])))
@@ -67,7 +67,7 @@ def _split(module: nn.Sequential, balance: Sequence[int]) -> list[nn.Sequential]
 
 
 def _verify(module: nn.Sequential, partitions: list[nn.Sequential]) -> None:
-    children = list(module.children())
+    children = list(module._modules.values())
     if len({id(c) for c in children}) != len(children):
         raise ValueError(
             "module with duplicate children is not supported; give each position its own module"

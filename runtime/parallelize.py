@@ -1,0 +1,157 @@
+"""``parallelize``: profile, plan and split a model into a running GPipe ``Pipeline``.
+
+    pipe = autopipe.parallelize(model, example_inputs, gpus=4)
+    loss_fn(pipe(x), y).backward(); optimizer.step()   # optimizer over pipe.parameters()
+
+Steps: trace the model into units (``autopipe.profiler.units.trace_units``); unless a
+``plan`` is given, measure a Profile (``autopipe.profiler.profile``) and plan K stages
+(``autopipe.planner.plan``); map each graph node to the stage of its unit; build a
+``Pipeline`` with ``plan.microbatches`` micro-batches and the plan's per-stage checkpoint
+flags. Stage ``i`` runs on ``devices[i]``.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from autopipe.runtime.pipeline import Pipeline
+from torch import nn
+
+__all__ = ["parallelize", "resolve_devices", "stage_flags"]
+
+
+def resolve_devices(
+    devices: Sequence[torch.device | str | int] | None, gpus: int | None, plan: Any
+) -> list[torch.device]:
+    """Explicit devices, else the first K CUDA devices, else K copies of the CPU.
+
+    K is ``gpus``, else the plan's stage count, else the number of CUDA devices (1 on CPU).
+    """
+    if gpus is not None and (not isinstance(gpus, int) or gpus < 1):
+        raise ValueError(f"gpus={gpus!r} must be a positive integer (the number of stages)")
+    if devices is not None:
+        devs = [torch.device("cuda", d) if isinstance(d, int) else torch.device(d) for d in devices]
+        if not devs:
+            raise ValueError("devices is empty; give one device per pipeline stage")
+        if gpus is not None and gpus != len(devs):
+            raise ValueError(
+                f"gpus={gpus} but {len(devs)} devices were given; give one device per stage"
+            )
+        return devs
+    count = gpus or (plan.num_stages if plan is not None else None)
+    if torch.cuda.is_available():
+        visible = torch.cuda.device_count()
+        count = count or visible
+        if count > visible:
+            raise ValueError(
+                f"{count} stages need {count} devices but only {visible} CUDA devices are visible; "
+                "pass devices=[...] explicitly (devices may repeat)"
+            )
+        return [torch.device("cuda", i) for i in range(count)]
+    return [torch.device("cpu")] * (count or 1)
+
+
+def stage_flags(plan: Any, checkpoint: str) -> list[bool]:
+    """Per-stage re-materialization: the plan's flags for ``"auto"``, else the mode's
+    (``"except_last"`` spares the last stage, as the planner models it)."""
+    k = plan.num_stages
+    if checkpoint == "auto":
+        return [bool(s.checkpoint) for s in plan.stages]
+    if checkpoint == "always":
+        return [True] * k
+    if checkpoint == "never":
+        return [False] * k
+    if checkpoint == "except_last":
+        return [True] * (k - 1) + [False]
+    raise ValueError(
+        f"checkpoint={checkpoint!r} is not one of 'auto', 'always', 'except_last', 'never'"
+    )
+
+
+def _measure(model: nn.Module, example_inputs: Any, granularity: str) -> Any:
+    from autopipe.profiler import profile
+
+    accepted = inspect.signature(profile).parameters
+    kwargs = {"granularity": granularity} if "granularity" in accepted else {}
+    return profile(model, example_inputs, **kwargs)
+
+
+def parallelize(
+    model: nn.Module,
+    example_inputs: Any,
+    devices: Sequence[torch.device | str | int] | None = None,
+    *,
+    gpus: int | None = None,
+    batch_size: int | None = None,
+    microbatches: int | str = "auto",
+    checkpoint: str = "auto",
+    plan: Any = None,
+    granularity: str = "block",
+    memory_per_device: int | None = None,
+) -> Pipeline:
+    """Cut ``model`` into a pipeline over ``devices`` following ``plan`` (made here if None).
+
+    ``example_inputs``: a tensor, a tuple of positional inputs or a dict of keyword inputs
+    (a representative mini-batch). ``batch_size`` defaults to the example's; ``microbatches``
+    and ``checkpoint`` are passed to the planner (``checkpoint`` also overrides a given plan's
+    per-stage flags unless ``"auto"``). Returns a ``Pipeline`` with ``pipeline.plan`` set.
+    """
+    from autopipe.profiler.units import trace_units
+
+    if checkpoint not in ("auto", "always", "except_last", "never"):
+        raise ValueError(
+            f"checkpoint={checkpoint!r} is not one of 'auto', 'always', 'except_last', 'never'"
+        )
+    unit_graph = trace_units(model, example_inputs, granularity=granularity)
+    devs = resolve_devices(devices, gpus, plan)
+    if plan is None:
+        from autopipe.planner import plan as make_plan
+
+        profile = _measure(model, example_inputs, granularity)
+        plan = make_plan(
+            profile,
+            gpus=len(devs),
+            batch_size=batch_size,
+            microbatches=microbatches,
+            memory_per_device=memory_per_device,
+            checkpoint=checkpoint,
+        )
+    if plan.num_stages != len(devs):
+        raise ValueError(
+            f"the plan has {plan.num_stages} stages but {len(devs)} devices were given; "
+            "give one device per stage"
+        )
+    planned = [name for stage in plan.stages for name in stage.units]
+    if planned != list(unit_graph.unit_names):
+        raise ValueError(
+            f"the plan's units ({len(planned)}: {planned[:3]}...) are not the model's units "
+            f"({unit_graph.num_units}: {unit_graph.unit_names[:3]}...); plan with a profile of "
+            f"this model at granularity {granularity!r}"
+        )
+    stage_of_unit = [j for j, stage in enumerate(plan.stages) for _ in stage.units]
+    node_stage = {name: stage_of_unit[unit] for name, unit in unit_graph.node_unit.items()}
+
+    def bind(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
+        if kwargs and args:
+            names = unit_graph.input_names
+            if names is None:
+                raise TypeError(
+                    "pass the inputs of this exported model either all positionally or all by keyword"
+                )
+            kwargs = {**dict(zip(names, args, strict=False)), **kwargs}
+            return unit_graph.flat_inputs(kwargs)
+        return unit_graph.flat_inputs(kwargs if kwargs else tuple(args))
+
+    return Pipeline(
+        unit_graph.graph_module,
+        node_stage,
+        devs,
+        chunks=plan.microbatches,
+        checkpoint=stage_flags(plan, checkpoint),
+        bind_inputs=bind,
+        unflatten_output=unit_graph.unflatten_output,
+        plan=plan,
+    )
