@@ -1,0 +1,77 @@
+"""`autopipe run` from the command line: torchrun launch, help, launch outside torchrun."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from distributed_cases import TINY_GPT_FILE, TINY_GPT_UNITS, free_port, make_plan
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture()
+def files(tmp_path: Path) -> tuple[Path, Path]:
+    model = tmp_path / "tiny_gpt.py"
+    model.write_text(TINY_GPT_FILE)
+    plan = tmp_path / "plan.json"
+    make_plan([TINY_GPT_UNITS[:5], TINY_GPT_UNITS[5:]], 2, 4, schedule="1f1b").save(plan)
+    return model, plan
+
+
+def test_torchrun_trains_and_reports_loss_and_step_time(
+    files: tuple[Path, Path], tmp_path: Path
+) -> None:
+    model, plan = files
+    log = tmp_path / "steps.json"
+    out = subprocess.run(
+        [
+            sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+            "--master-port", str(free_port()),
+            "-m", "autopipe.cli_run", "run", str(model), "--plan", str(plan),
+            "--steps", "4", "--lr", "3e-3", "--timeout", "60", "--json", str(log),
+        ],
+        capture_output=True, text=True, cwd=ROOT, timeout=120,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "2 stages x 1 replicas on 2 processes (gloo), schedule 1f1b" in out.stdout
+    assert "step 4/4  loss" in out.stdout and "median step time" in out.stdout
+    steps = json.loads(log.read_text())["steps"]
+    assert [s["step"] for s in steps] == [1, 2, 3, 4]
+    assert steps[-1]["loss"] < steps[0]["loss"]  # it trains
+    assert all(s["time_s"] > 0 for s in steps)
+
+
+def test_run_outside_torchrun_says_how_to_launch(files: tuple[Path, Path]) -> None:
+    model, plan = files
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+    }
+    out = subprocess.run(
+        [sys.executable, "-m", "autopipe.cli_run", "run", str(model), "--plan", str(plan)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=60,
+    )
+    assert out.returncode == 2
+    assert "start this under torchrun" in out.stderr
+
+
+def test_run_help_shows_torchrun_examples() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "autopipe.cli_run", "run", "--help"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
+    )
+    assert out.returncode == 0
+    assert "torchrun --nproc-per-node 2" in out.stdout and "--rdzv-endpoint" in out.stdout
