@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -29,3 +30,20 @@ def tensor_leaves(value: Any) -> list[torch.Tensor]:
 def float_tensor_leaves(value: Any) -> list[torch.Tensor]:
     """The floating-point (or complex) tensors among :func:`leaves`: those that carry gradients."""
     return [x for x in tensor_leaves(value) if x.is_floating_point() or x.is_complex()]
+
+
+def map_tensors(fn: Callable[[torch.Tensor], Any], value: Any) -> Any:
+    """Apply ``fn`` to every tensor in ``value``, keeping its structure (pytree containers and
+    dataclass instances, rebuilt with ``dataclasses.replace``)."""
+
+    def leaf(x: Any) -> Any:
+        if isinstance(x, torch.Tensor):
+            return fn(x)
+        if dataclasses.is_dataclass(x) and not isinstance(x, type):
+            changes = {
+                f.name: map_tensors(fn, getattr(x, f.name)) for f in dataclasses.fields(x) if f.init
+            }
+            return dataclasses.replace(x, **changes)
+        return x
+
+    return pytree.tree_map(leaf, value)

@@ -1,0 +1,114 @@
+"""Profile cache: measured profiles saved as JSON and reused for the same problem.
+
+A profile is reused when the model structure (module tree and parameter shapes/dtypes),
+the input shapes/dtypes, the device, dtype, granularity, measurement options and the
+autopipe version are all the same: they form the key, a SHA-256 hash. Files live in
+``$AUTOPIPE_CACHE_DIR`` or ``~/.cache/autopipe``, one ``<key>.json`` each. A corrupt, foreign
+or outdated file is reported with a warning and ignored (the caller re-measures).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+from autopipe.profiler.profile import Profile, ProfileFormatError
+from autopipe.profiler.tree import leaves
+from torch import nn
+
+
+def autopipe_version() -> str:
+    import autopipe
+
+    return str(autopipe.__version__)
+
+
+def default_cache_dir() -> Path:
+    """``$AUTOPIPE_CACHE_DIR`` if set, else ``~/.cache/autopipe``."""
+    env = os.environ.get("AUTOPIPE_CACHE_DIR")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "autopipe"
+
+
+def _describe_value(x: Any) -> Any:
+    if isinstance(x, torch.Tensor):
+        return ["tensor", list(x.shape), str(x.dtype)]
+    if isinstance(x, (int, float, bool, str, type(None))):
+        return x
+    return type(x).__qualname__
+
+
+def model_signature(model: nn.Module) -> dict[str, Any]:
+    """What identifies a model's structure: the module tree and every parameter/buffer's
+    name, shape and dtype (values are not hashed: profiles do not depend on them)."""
+    return {
+        "class": f"{type(model).__module__}.{type(model).__qualname__}",
+        "repr": repr(model),
+        "parameters": [
+            [n, list(p.shape), str(p.dtype), p.requires_grad]
+            for n, p in model.named_parameters(remove_duplicate=False)
+        ],
+        "buffers": [[n, list(b.shape), str(b.dtype)] for n, b in model.named_buffers()],
+    }
+
+
+def inputs_signature(example_inputs: Any) -> dict[str, Any]:
+    """Structure and tensor shapes/dtypes of the example inputs."""
+    _, spec = pytree.tree_flatten(example_inputs)
+    return {"spec": str(spec), "leaves": [_describe_value(x) for x in leaves(example_inputs)]}
+
+
+def cache_key(model: nn.Module, example_inputs: Any, **options: Any) -> str:
+    """SHA-256 over model and input signatures, the autopipe version and ``options``
+    (device, dtype, granularity, ...: anything that changes the measured profile)."""
+    payload = {
+        "model": model_signature(model),
+        "inputs": inputs_signature(example_inputs),
+        "autopipe_version": autopipe_version(),
+        "torch_version": torch.__version__,
+        "options": {k: str(v) for k, v in sorted(options.items())},
+    }
+    blob = json.dumps(payload, sort_keys=True, default=str).encode()
+    return hashlib.sha256(blob).hexdigest()
+
+
+def cache_path(key: str, cache_dir: str | os.PathLike[str] | None = None) -> Path:
+    """Where the profile for ``key`` lives: ``<cache_dir or default_cache_dir()>/<key>.json``."""
+    root = Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
+    return root / f"{key}.json"
+
+
+def load_cached(key: str, cache_dir: str | os.PathLike[str] | None = None) -> Profile | None:
+    """The cached profile for ``key``, or None when absent. A file that cannot be used
+    (corrupt JSON, unknown schema version, other autopipe version) gives a warning and None."""
+    path = cache_path(key, cache_dir)
+    if not path.exists():
+        return None
+    try:
+        profile = Profile.load(path)
+    except (ProfileFormatError, OSError, UnicodeDecodeError, ValueError, TypeError) as exc:
+        warnings.warn(f"ignoring unusable cached profile {path}: {exc}; re-measuring", stacklevel=2)
+        return None
+    if profile.autopipe_version != autopipe_version():
+        warnings.warn(
+            f"ignoring cached profile {path} from autopipe {profile.autopipe_version!r} "
+            f"(this is {autopipe_version()}); re-measuring",
+            stacklevel=2,
+        )
+        return None
+    return profile
+
+
+def save_cached(profile: Profile, key: str, cache_dir: str | os.PathLike[str] | None = None) -> Path:
+    """Write ``profile`` under ``key`` (atomically); a write failure only warns."""
+    path = cache_path(key, cache_dir)
+    try:
+        profile.save(path)
+    except OSError as exc:
+        warnings.warn(f"could not write profile cache {path}: {exc}", stacklevel=2)
+    return path

@@ -1,0 +1,105 @@
+"""Run a model unit by unit: split the traced graph into one submodule per unit and record
+each unit's real inputs and outputs from one full forward pass.
+
+Each unit becomes a standalone callable (``split_module`` partition ``submod_<unit>``) that
+can be timed in isolation on its captured inputs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from autopipe.profiler.units import UnitGraph
+from torch import fx, nn
+from torch.fx.passes.split_module import split_module
+
+
+@dataclass
+class UnitCall:
+    """One unit's callable with the argument values it received in the full forward pass.
+
+    ``activation_args[i]`` is True when ``args[i]`` is the output of an earlier unit (an
+    activation, to be detached and given ``requires_grad`` when the unit runs alone); False
+    for model inputs, parameters and buffers, which are passed unchanged.
+    """
+
+    index: int
+    module: fx.GraphModule
+    args: tuple[Any, ...]
+    activation_args: tuple[bool, ...]
+    outputs: Any
+
+
+def split_units(ug: UnitGraph, model: nn.Module) -> fx.GraphModule:
+    """``split_module`` with one partition per unit; partition ``i`` is ``submod_<i>``.
+
+    Submodules and ``get_attr`` targets are resolved on ``model``, so the partitions share
+    the model's parameters. O(nodes).
+    """
+    node_unit = ug.node_unit
+    return split_module(ug.graph_module, model, lambda node: node_unit[node.name])
+
+
+class _CaptureInterpreter(fx.Interpreter):
+    """Runs the split top-level graph and records each partition call."""
+
+    def __init__(self, split: fx.GraphModule, on_call: Callable[[int, Any], None] | None) -> None:
+        super().__init__(split)
+        self.calls: list[UnitCall] = []
+        self.on_call = on_call
+        # Which values of the top graph are unit outputs (a partition call or its getitem).
+        self._activation: set[str] = set()
+
+    def call_module(self, target: Any, args: tuple, kwargs: dict) -> Any:
+        name = str(target)
+        if not name.startswith("submod_"):
+            return super().call_module(target, args, kwargs)
+        index = int(name.removeprefix("submod_"))
+        module = self.fetch_attr(name)
+        if self.on_call is not None:
+            self.on_call(index, module)
+        out = module(*args, **kwargs)
+        node_args = self._current.args
+        flags = tuple(isinstance(a, fx.Node) and a.name in self._activation for a in node_args)
+        self.calls.append(UnitCall(index, module, tuple(args), flags, out))
+        return out
+
+    def run_node(self, n: fx.Node) -> Any:
+        self._current = n
+        out = super().run_node(n)
+        if n.op == "call_module" and str(n.target).startswith("submod_"):
+            self._activation.add(n.name)
+        elif n.op == "call_function" and any(a.name in self._activation for a in n.all_input_nodes):
+            self._activation.add(n.name)  # getitem of a partition's output tuple
+        return out
+
+
+def run_units(
+    split: fx.GraphModule,
+    flat_inputs: list[Any],
+    on_call: Callable[[int, Any], None] | None = None,
+) -> tuple[Any, list[UnitCall]]:
+    """Run the split model once on the flat placeholder values; return its output and the
+    unit calls in execution order. ``on_call(unit_index, module)`` runs before each unit
+    (e.g. to tag saved-tensor accounting)."""
+    interp = _CaptureInterpreter(split, on_call)
+    out = interp.run(*flat_inputs)
+    return out, interp.calls
+
+
+def detach_args(call: UnitCall) -> tuple[Any, ...]:
+    """The unit's arguments with activations detached into fresh leaves that require grad
+    when the original did, so backward stops at the unit boundary."""
+    out = []
+    for value, is_activation in zip(call.args, call.activation_args, strict=True):
+        if is_activation and isinstance(value, torch.Tensor):
+            leaf = value.detach()
+            if value.requires_grad:
+                leaf.requires_grad_(True)
+            out.append(leaf)
+        else:
+            out.append(value)
+    return tuple(out)

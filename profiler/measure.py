@@ -1,0 +1,623 @@
+"""Measured profiling: run the model unit by unit on a real device and time/count each unit.
+
+``profile(model, example_inputs)``:
+
+1. trace the model into units (:mod:`autopipe.profiler.units`);
+2. run one full forward through the per-unit split graph, recording every unit's real
+   inputs, and count the bytes each unit saves for backward (saved-tensor hooks, one count
+   per storage);
+3. time every unit alone on its recorded inputs: forward, then backward from ones-like
+   output gradients to its activation inputs and parameters (median after warm-up);
+4. time the loss (``loss_fn(output, inputs)``, or the sum of the floating-point outputs) and
+   add it to the last unit: the last pipeline stage computes it;
+5. time the whole model in one piece (forward + loss, backward) and count its saved bytes,
+   as the reference the per-unit figures must add up to;
+6. optionally repeat 2-3 at smaller micro-batch sizes and fit ``t(b) = a + c * b`` per unit.
+
+Cost: (warmup + repeat) forward+backward passes per unit per micro-batch size, plus as many
+whole-model passes.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from autopipe.profiler.cache import autopipe_version, cache_key, load_cached, save_cached
+from autopipe.profiler.execute import UnitCall, detach_args, run_units, split_units
+from autopipe.profiler.memory import (
+    SavedTensorCounter,
+    canonical_parameter_names,
+    optimizer_state_bytes,
+    parameter_storages,
+    storage_key,
+    tensor_bytes,
+    unit_tensors,
+)
+from autopipe.profiler.profile import Profile, UnitProfile
+from autopipe.profiler.timing import (
+    TimedStep,
+    fit_time_model,
+    num_threads,
+    synchronize,
+    time_steps_interleaved,
+)
+from autopipe.profiler.trace import call_model
+from autopipe.profiler.tree import float_tensor_leaves, map_tensors, tensor_leaves
+from autopipe.profiler.units import UnitGraph, cut_tensors, trace_units
+from torch import fx, nn
+
+LossFn = Callable[[Any, Any], torch.Tensor]
+
+
+class ProfilingError(RuntimeError):
+    """The model cannot be profiled as given (e.g. no output to drive backward)."""
+
+
+# ---------------------------------------------------------------------------------------
+# Inputs, devices, dtypes
+
+
+def resolve_device(model: nn.Module, device: str | torch.device | None) -> torch.device:
+    """The requested device, else the device of the model's first parameter, else CPU."""
+    if device is not None:
+        return torch.device(device)
+    for p in model.parameters():
+        return p.device
+    return torch.device("cpu")
+
+
+def resolve_dtype(model: nn.Module, dtype: str | torch.dtype | None) -> torch.dtype:
+    """The requested floating dtype (``"bfloat16"``, ``torch.float16``, ...) or the model's."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if isinstance(dtype, str):
+        value = getattr(torch, dtype.removeprefix("torch."), None)
+        if not isinstance(value, torch.dtype) or not value.is_floating_point:
+            raise ValueError(
+                f"dtype {dtype!r} is not a torch floating dtype; use e.g. 'float32' or 'bfloat16'"
+            )
+        return value
+    for p in model.parameters():
+        if p.is_floating_point():
+            return p.dtype
+    return torch.float32
+
+
+def move_inputs(example_inputs: Any, device: torch.device, dtype: torch.dtype) -> Any:
+    """Inputs on ``device``; floating tensors cast to ``dtype`` (integer ids stay integer)."""
+
+    def move(t: torch.Tensor) -> torch.Tensor:
+        t = t.to(device)
+        return t.to(dtype) if t.is_floating_point() else t
+
+    return map_tensors(move, example_inputs)
+
+
+def batch_size_of(example_inputs: Any) -> int:
+    """Size of dim 0 of the first tensor with at least one dimension."""
+    for t in tensor_leaves(example_inputs):
+        if t.dim() >= 1:
+            return int(t.shape[0])
+    raise ProfilingError("example inputs contain no tensor with a batch dimension; pass a batch")
+
+
+def slice_batch(example_inputs: Any, size: int, batch_size: int) -> Any:
+    """The first ``size`` samples: every tensor whose dim 0 is ``batch_size`` is cut to ``size``."""
+    return map_tensors(
+        lambda t: t[:size] if t.dim() >= 1 and t.shape[0] == batch_size else t, example_inputs
+    )
+
+
+def default_microbatch_sizes(batch_size: int) -> list[int]:
+    """The batch size and one smaller size dividing it (B/4, else B/2): enough for a line."""
+    for divisor in (4, 2):
+        if batch_size % divisor == 0 and batch_size // divisor >= 1:
+            return [batch_size, batch_size // divisor]
+    return [batch_size]
+
+
+def loss_of(output: Any, inputs: Any, loss_fn: LossFn | None) -> torch.Tensor:
+    """``loss_fn(output, inputs)``, or the sum of all floating-point outputs that need grad."""
+    if loss_fn is not None:
+        return loss_fn(output, inputs)
+    tensors = [t for t in float_tensor_leaves(output) if t.requires_grad]
+    if not tensors:
+        raise ProfilingError(
+            "the model output has no floating-point tensor that requires grad, so there is "
+            "nothing to drive backward; pass loss_fn(output, inputs)"
+        )
+    return torch.stack([t.float().sum() for t in tensors]).sum()
+
+
+# ---------------------------------------------------------------------------------------
+# Model state that profiling must leave as it found it
+
+
+@contextmanager
+def _preserved(model: nn.Module, device: torch.device) -> Iterator[None]:
+    """Train mode and a forked RNG during profiling; afterwards the modules' train/eval
+    flags, the buffers (BatchNorm statistics) and the parameters' ``.grad`` are restored."""
+    modes = [(m, m.training) for m in model.modules()]
+    buffers = [(b, b.detach().clone()) for b in model.buffers()]
+    grads = [(p, p.grad) for p in model.parameters()]
+    devices = [device] if device.type == "cuda" else []
+    try:
+        with torch.random.fork_rng(devices=devices):
+            model.train()
+            yield
+    finally:
+        for m, training in modes:
+            m.training = training
+        with torch.no_grad():
+            for b, saved in buffers:
+                b.copy_(saved)
+        for p, g in grads:
+            p.grad = g
+
+
+# ---------------------------------------------------------------------------------------
+# One micro-batch size
+
+
+@dataclass
+class _UnitMeasurement:
+    forward_s: float = 0.0
+    backward_s: float = 0.0
+    activation_bytes: int = 0
+    output_bytes: int = 0
+    peak_bytes: int = 0
+
+
+@dataclass
+class _SizeMeasurement:
+    units: list[_UnitMeasurement]
+    cut_bytes: list[int] = field(default_factory=list)
+    loss_forward_s: float = 0.0
+    loss_backward_s: float = 0.0
+    input_bytes: int = 0
+    unit_of_step: list[int] = field(default_factory=list)
+
+
+def _zero_grads(tensors: Sequence[torch.Tensor]) -> Callable[[], None]:
+    def reset() -> None:
+        for t in tensors:
+            t.grad = None
+
+    return reset
+
+
+def _backward_from_ones() -> Callable[[Any], None]:
+    """Backward of a unit's outputs with ones-like gradients, allocated once and reused
+    (in a pipeline the gradients arrive from the next stage: not this unit's cost)."""
+    cache: dict[int, list[torch.Tensor]] = {}
+
+    def backward(out: Any) -> None:
+        tensors = [t for t in float_tensor_leaves(out) if t.requires_grad]
+        if not tensors:
+            return
+        key = len(tensors)
+        grads = cache.get(key)
+        if grads is None or any(g.shape != t.shape for g, t in zip(grads, tensors, strict=True)):
+            grads = cache[key] = [torch.ones_like(t) for t in tensors]
+        torch.autograd.backward(tensors, grads)
+
+    return backward
+
+
+def _node_bytes(
+    ug: UnitGraph, flat_inputs: list[Any]
+) -> dict[str, list[tuple[tuple[str, int], int, int]]]:
+    """Per graph node, ``(storage key, offset, bytes)`` of each tensor in its value, from one
+    no-grad run of the unsplit graph. O(nodes)."""
+    info: dict[str, list[tuple[tuple[str, int], int, int]]] = {}
+
+    class Recorder(fx.Interpreter):
+        def run_node(self, n: fx.Node) -> Any:
+            out = super().run_node(n)
+            info[n.name] = [
+                (storage_key(t), t.storage_offset(), tensor_bytes(t)) for t in tensor_leaves(out)
+            ]
+            return out
+
+    with torch.no_grad():
+        Recorder(ug.graph_module).run(*flat_inputs, enable_io_processing=False)
+    return info
+
+
+def _sum_unique(
+    names: Sequence[str], info: dict[str, list[tuple[tuple[str, int], int, int]]]
+) -> int:
+    seen: set[tuple[tuple[str, int], int, int]] = set()
+    total = 0
+    for name in names:
+        for item in info.get(name, []):
+            if item not in seen:
+                seen.add(item)
+                total += item[2]
+    return total
+
+
+def _unit_outputs(ug: UnitGraph) -> list[list[str]]:
+    """Per unit, the nodes it produces that a later unit or the model output consumes."""
+    outs: list[list[str]] = [[] for _ in range(ug.num_units)]
+    for node in ug.graph_module.graph.nodes:
+        if node.op in ("output", "get_attr"):
+            continue
+        unit = ug.node_unit[node.name]
+        if node.op == "placeholder":
+            continue
+        if any(u.op == "output" or ug.node_unit[u.name] > unit for u in node.users):
+            outs[unit].append(node.name)
+    return outs
+
+
+def _cuda_peak(fn: Callable[[], None], device: torch.device) -> int:
+    """Bytes allocated at the peak of ``fn`` above what was allocated before it."""
+    synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    base = torch.cuda.memory_allocated(device)
+    fn()
+    synchronize(device)
+    return max(torch.cuda.max_memory_allocated(device) - base, 0)
+
+
+def _prepare_size(
+    model: nn.Module,
+    ug: UnitGraph,
+    inputs: Any,
+    device: torch.device,
+    loss_fn: LossFn | None,
+) -> tuple[_SizeMeasurement, list[TimedStep]]:
+    """Bytes per unit at the batch size of ``inputs`` and one timed step per unit (the loss
+    is the last step; its time is added to the last unit)."""
+    n = ug.num_units
+    flat = ug.flat_inputs(inputs)
+    split = split_units(ug, model)
+    counter = SavedTensorCounter(exclude=parameter_storages(model))
+
+    def tag(index: int, _module: Any) -> None:
+        counter.tag = index
+
+    # One real forward through the split graph: unit inputs, saved bytes per unit.
+    with counter.counting():
+        flat_out, calls = run_units(split, flat, on_call=tag)
+        output = ug.unflatten_output(flat_out)
+        counter.tag = n - 1  # the loss is computed by the last stage
+        loss_of(output, inputs, loss_fn)
+    units = [_UnitMeasurement(activation_bytes=counter.bytes_by_tag.get(i, 0)) for i in range(n)]
+    # Keep only detached inputs so the forward's autograd graph is freed.
+    isolated: list[tuple[UnitCall, tuple[Any, ...]]] = [(c, detach_args(c)) for c in calls]
+    detached_output = map_tensors(
+        lambda t: (
+            t.detach().requires_grad_(t.requires_grad) if t.is_floating_point() else t.detach()
+        ),
+        output,
+    )
+    del flat_out, output, calls
+
+    info = _node_bytes(ug, flat)
+    for i, names in enumerate(_unit_outputs(ug)):
+        units[i].output_bytes = _sum_unique(names, info)
+    cut_bytes = [_sum_unique(names, info) for names in cut_tensors(ug)]
+    input_names = [nd.name for nd in ug.graph_module.graph.nodes if nd.op == "placeholder"]
+
+    steps: list[TimedStep] = []
+    for call, args in isolated:
+        leaves_needing_grad = [a for a in args if isinstance(a, torch.Tensor) and a.requires_grad]
+        params = [p for p in call.module.parameters() if p.requires_grad]
+        params += [a for a in call.args if isinstance(a, nn.Parameter) and a.requires_grad]
+        reset = _zero_grads([*leaves_needing_grad, *params])
+        backward = _backward_from_ones()
+
+        def forward(module: fx.GraphModule = call.module, a: tuple[Any, ...] = args) -> Any:
+            return module(*a)
+
+        steps.append(TimedStep(forward, backward, reset))
+        unit = units[call.index]
+        if device.type == "cuda":
+            unit.peak_bytes = _cuda_peak(lambda f=forward, b=backward: b(f()), device)
+            reset()
+        else:
+            # No allocator statistics on CPU: saved tensors + outputs + input gradients.
+            grad_in = sum(tensor_bytes(a) for a in leaves_needing_grad)
+            unit.peak_bytes = unit.activation_bytes + unit.output_bytes + grad_in
+
+    # The loss, on the (detached) model output: forward and backward.
+    out_leaves = [t for t in tensor_leaves(detached_output) if t.requires_grad]
+    steps.append(
+        TimedStep(
+            lambda: loss_of(detached_output, inputs, loss_fn),
+            lambda loss: loss.backward(),
+            _zero_grads(out_leaves),
+        )
+    )
+    measurement = _SizeMeasurement(
+        units=units, cut_bytes=cut_bytes, input_bytes=_sum_unique(input_names, info)
+    )
+    measurement.unit_of_step = [c.index for c, _ in isolated]
+    return measurement, steps
+
+
+def _record_times(m: _SizeMeasurement, times: list[tuple[float, float]]) -> None:
+    """Add the timed steps (units, then the loss) into the per-unit figures."""
+    for unit_index, (fwd_s, bwd_s) in zip(m.unit_of_step, times, strict=False):
+        m.units[unit_index].forward_s += fwd_s
+        m.units[unit_index].backward_s += bwd_s
+    m.loss_forward_s, m.loss_backward_s = times[len(m.unit_of_step)]
+    m.units[-1].forward_s += m.loss_forward_s
+    m.units[-1].backward_s += m.loss_backward_s
+
+
+def whole_model_step(
+    model: nn.Module, inputs: Any, loss_fn: LossFn | None
+) -> tuple[TimedStep, int]:
+    """The whole model in one piece as a timed step (forward + loss, backward) and the bytes
+    it saves for backward (same storage-deduplicated count as the units)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    counter = SavedTensorCounter(exclude=parameter_storages(model))
+    with counter.counting():
+        loss_of(call_model(model, inputs), inputs, loss_fn)
+    step = TimedStep(
+        lambda: loss_of(call_model(model, inputs), inputs, loss_fn),
+        lambda loss: loss.backward(),
+        _zero_grads(params),
+    )
+    return step, counter.total_bytes
+
+
+# ---------------------------------------------------------------------------------------
+# Assembling the Profile
+
+
+def _parameter_accounting(
+    ug: UnitGraph, model: nn.Module, optimizer: str
+) -> tuple[list[dict[str, Any]], int]:
+    """Per-unit parameter figures and the whole-model parameter bytes (tied counted once)."""
+    per_unit = unit_tensors(ug, model)
+    names = canonical_parameter_names(model)
+    users: dict[int, int] = {}
+    for params, _ in per_unit:
+        for p in params:
+            users[id(p)] = users.get(id(p), 0) + 1
+    rows = []
+    for params, buffers in per_unit:
+        p_bytes = sum(tensor_bytes(p) for p in params)
+        trainable = sum(tensor_bytes(p) for p in params if p.requires_grad)
+        rows.append(
+            {
+                "parameter_count": sum(p.numel() for p in params),
+                "parameter_bytes": p_bytes,
+                "gradient_bytes": trainable,
+                "optimizer_bytes": optimizer_state_bytes(trainable, optimizer),
+                "buffer_bytes": sum(tensor_bytes(b) for b in buffers),
+                "shared_parameters": sorted(
+                    names.get(id(p), "") for p in params if users[id(p)] > 1
+                ),
+            }
+        )
+    unique = {id(p): p for p in model.parameters()}
+    total = sum(tensor_bytes(p) for p in unique.values())
+    return rows, total
+
+
+def _check_linear_bytes(
+    unit_names: list[str], sizes: list[int], measured: list[_SizeMeasurement]
+) -> None:
+    """Warn when saved-activation or output bytes are not proportional to micro-batch size."""
+    big_b = sizes[0]
+    base = measured[0]
+    total_b = sum(u.activation_bytes for u in base.units) or 1
+    offenders: list[str] = []
+    for size, m in zip(sizes[1:], measured[1:], strict=True):
+        scale = size / big_b
+        for name, ub, us in zip(unit_names, base.units, m.units, strict=True):
+            if ub.activation_bytes < 0.01 * total_b:
+                continue  # tiny units (position ids, masks) are allowed to be constant
+            expected = ub.activation_bytes * scale
+            if abs(us.activation_bytes - expected) > 0.1 * expected:
+                offenders.append(
+                    f"{name} ({us.activation_bytes} B at b={size} vs {expected:.0f} expected)"
+                )
+    if offenders:
+        warnings.warn(
+            "saved-activation bytes do not scale linearly with micro-batch size for "
+            + ", ".join(offenders[:5])
+            + "; memory at other micro-batch sizes is extrapolated linearly and may be off",
+            stacklevel=3,
+        )
+
+
+def profile(
+    model: nn.Module,
+    example_inputs: Any,
+    device: str | torch.device | None = None,
+    *,
+    granularity: str = "block",
+    loss_fn: LossFn | None = None,
+    warmup: int = 2,
+    repeat: int = 5,
+    microbatch_sizes: Sequence[int] | None = None,
+    progress: bool = True,
+    dtype: str | torch.dtype | None = None,
+    cache: bool = False,
+    cache_dir: str | os.PathLike[str] | None = None,
+    tracer: str | None = None,
+    optimizer: str = "adam",
+    threads: int | None = None,
+) -> Profile:
+    """Measure per-unit forward/backward seconds and memory of one training step.
+
+    ``example_inputs``: a tensor (one positional argument), a tuple (positional arguments)
+    or a dict (keyword arguments); dim 0 of the tensors is the batch (size ``B``).
+    ``device``/``dtype``: the model and floating inputs are moved/cast **in place** (default:
+    where the model is, in its dtype). ``loss_fn(output, inputs)`` drives backward (default:
+    sum of the floating-point outputs). ``microbatch_sizes``: batch sizes to time for the
+    ``t(b) = a + c * b`` fit; ``None`` = ``B`` and ``B/4`` (or ``B/2``); ``()`` = ``B`` only.
+    ``cache=True`` reuses a profile saved for the same model structure, inputs, device,
+    dtype and options (``cache_dir`` or ``$AUTOPIPE_CACHE_DIR`` or ``~/.cache/autopipe``).
+    ``threads`` sets torch's CPU thread count while measuring (``None``: unchanged).
+    Train/eval flags, buffers, ``.grad`` and the global RNG are restored afterwards.
+
+    Returns a :class:`Profile` whose times are seconds per call at batch ``B`` and sizes bytes
+    at batch ``B``. Raises ``TraceError`` if the model cannot be traced.
+    """
+    if warmup < 0 or repeat < 1:
+        raise ValueError(f"need warmup >= 0 and repeat >= 1, got warmup={warmup}, repeat={repeat}")
+    dev = resolve_device(model, device)
+    dt = resolve_dtype(model, dtype)
+    model.to(device=dev)
+    if dtype is not None:
+        model.to(dtype=dt)
+    inputs = move_inputs(example_inputs, dev, dt)
+    big_b = batch_size_of(inputs)
+    if microbatch_sizes is None:
+        sizes = default_microbatch_sizes(big_b)
+    else:
+        sizes = [
+            big_b,
+            *sorted({int(b) for b in microbatch_sizes if int(b) != big_b}, reverse=True),
+        ]
+    bad = [b for b in sizes if b < 1 or b > big_b]
+    if bad:
+        raise ValueError(
+            f"micro-batch sizes must be between 1 and the batch size {big_b}, got {bad}"
+        )
+
+    key = None
+    if cache:
+        key = cache_key(
+            model,
+            inputs,
+            device=dev,
+            dtype=dt,
+            granularity=granularity,
+            tracer=tracer,
+            sizes=sizes,
+            optimizer=optimizer,
+            loss_fn=getattr(loss_fn, "__qualname__", repr(loss_fn)),
+        )
+        cached = load_cached(key, cache_dir)
+        if cached is not None:
+            return cached
+
+    from tqdm.auto import tqdm
+
+    with _preserved(model, dev), num_threads(threads):
+        ug = trace_units(model, inputs, granularity, tracer)
+        n = ug.num_units
+        bar = tqdm(
+            total=(warmup + repeat) * len(sizes),
+            desc=f"profiling {type(model).__name__} ({n} units)",
+            unit="round",
+            disable=not progress,
+            leave=False,
+        )
+        measured: list[_SizeMeasurement] = []
+        used_sizes: list[int] = []
+        total_fwd_s = total_bwd_s = 0.0
+        total_saved = 0
+        for size in sizes:
+            size_inputs = inputs if size == big_b else slice_batch(inputs, size, big_b)
+            size_ug = ug
+            if size != big_b and ug.tracer == "export":
+                # export specialises shapes: trace again at this batch size.
+                size_ug = trace_units(model, size_inputs, granularity, "export")
+                if size_ug.unit_names != ug.unit_names:
+                    warnings.warn(
+                        f"units differ at micro-batch size {size}; size skipped", stacklevel=2
+                    )
+                    continue
+            bar.set_postfix_str(f"micro-batch {size}")
+            m, steps = _prepare_size(model, size_ug, size_inputs, dev, loss_fn)
+            if size == big_b:
+                # The whole model is timed in the same rounds as its units.
+                whole, total_saved = whole_model_step(model, inputs, loss_fn)
+                steps.append(whole)
+            times = time_steps_interleaved(
+                steps, dev, warmup=warmup, repeat=repeat, tick=lambda: bar.update()
+            )
+            if size == big_b:
+                total_fwd_s, total_bwd_s = times.pop()
+            _record_times(m, times)
+            measured.append(m)
+            used_sizes.append(size)
+        bar.close()
+        params, params_total = _parameter_accounting(ug, model, optimizer)
+
+    if len(measured) > 1:
+        _check_linear_bytes(ug.unit_names, used_sizes, measured)
+    base = measured[0]
+    units: list[UnitProfile] = []
+    for i, name in enumerate(ug.unit_names):
+        um = base.units[i]
+        fwd_a, _ = fit_time_model(used_sizes, [m.units[i].forward_s for m in measured])
+        bwd_a, _ = fit_time_model(used_sizes, [m.units[i].backward_s for m in measured])
+        units.append(
+            UnitProfile(
+                name=name,
+                kind=ug.unit_kinds[i],
+                forward_s=um.forward_s,
+                backward_s=um.backward_s,
+                forward_overhead_s=min(fwd_a, um.forward_s) if len(measured) > 1 else 0.0,
+                backward_overhead_s=min(bwd_a, um.backward_s) if len(measured) > 1 else 0.0,
+                activation_bytes=um.activation_bytes,
+                output_bytes=um.output_bytes,
+                peak_bytes=um.peak_bytes,
+                **params[i],
+            )
+        )
+    return _finish(
+        Profile(
+            units=units,
+            cut_bytes=base.cut_bytes,
+            batch_size=big_b,
+            device=str(dev),
+            dtype=str(dt).removeprefix("torch."),
+            model=type(model).__name__,
+            tracer=ug.tracer,
+            mode="measured",
+            torch_version=torch.__version__,
+            autopipe_version=autopipe_version(),
+            input_bytes=base.input_bytes,
+            total_forward_s=total_fwd_s,
+            total_backward_s=total_bwd_s,
+            total_activation_bytes=total_saved,
+            parameter_bytes_total=params_total,
+            bytes_per_parameter=torch.tensor([], dtype=dt).element_size(),
+            optimizer=optimizer,
+            granularity=granularity,
+            meta={
+                "microbatch_sizes": used_sizes,
+                "loss_forward_s": base.loss_forward_s,
+                "loss_backward_s": base.loss_backward_s,
+                "warmup": warmup,
+                "repeat": repeat,
+                "threads": torch.get_num_threads() if threads is None else threads,
+                "host": platform.node(),
+                "per_size": [
+                    {
+                        "microbatch_size": s,
+                        "forward_s": [u.forward_s for u in m.units],
+                        "backward_s": [u.backward_s for u in m.units],
+                        "activation_bytes": [u.activation_bytes for u in m.units],
+                    }
+                    for s, m in zip(used_sizes, measured, strict=True)
+                ],
+            },
+        ),
+        key,
+        cache_dir,
+    )
+
+
+def _finish(profile: Profile, key: str | None, cache_dir: str | os.PathLike[str] | None) -> Profile:
+    if key is not None:
+        save_cached(profile, key, cache_dir)
+    return profile

@@ -1,0 +1,154 @@
+"""Memory accounting: tensor sizes, saved-for-backward bytes, parameters per unit.
+
+Saved activations are counted with ``torch.autograd.graph.saved_tensors_hooks``: every
+tensor autograd packs for backward passes through the hook; it is counted once per
+storage (views such as the q/k/v splits of one projection share one storage) and
+parameters/buffers are left out (they are counted as parameter bytes).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from autopipe.profiler.units import UnitGraph
+from torch import fx, nn
+
+#: Optimizer state bytes per parameter byte (states are kept in the parameter's dtype).
+OPTIMIZER_STATE_FACTOR = {"adam": 2, "adamw": 2, "sgd_momentum": 1, "sgd": 0}
+
+
+def tensor_bytes(t: torch.Tensor) -> int:
+    """Bytes of the tensor's own elements (what a send of it would move)."""
+    return t.numel() * t.element_size()
+
+
+def storage_key(t: torch.Tensor) -> tuple[str, int]:
+    """Identity of the memory a tensor lives in: device and storage base address."""
+    try:
+        return str(t.device), t.untyped_storage().data_ptr()
+    except (RuntimeError, NotImplementedError):  # tensors without storage (e.g. some subclasses)
+        return str(t.device), id(t)
+
+
+def storage_bytes(t: torch.Tensor) -> int:
+    """Bytes of the whole storage behind ``t`` (a view keeps all of it alive)."""
+    try:
+        return t.untyped_storage().nbytes()
+    except (RuntimeError, NotImplementedError):
+        return tensor_bytes(t)
+
+
+def unique_tensor_bytes(tensors: Iterable[Any]) -> int:
+    """Sum of :func:`tensor_bytes` over tensors, counting a (storage, offset, size) once."""
+    seen: set[tuple[str, int, int, int]] = set()
+    total = 0
+    for t in tensors:
+        if not isinstance(t, torch.Tensor):
+            continue
+        key = (*storage_key(t), t.storage_offset(), t.numel())
+        if key not in seen:
+            seen.add(key)
+            total += tensor_bytes(t)
+    return total
+
+
+@dataclass
+class SavedTensorCounter:
+    """Counts bytes saved for backward, attributed to a current tag (a unit index).
+
+    Each storage counts once, for the first tag that saves it: a tensor saved both by the
+    ReLU that made it and by the Linear that reads it is one allocation. Storages listed in
+    ``exclude`` (parameters, buffers) are not activations and are skipped.
+    """
+
+    exclude: set[tuple[str, int]] = field(default_factory=set)
+    bytes_by_tag: dict[Any, int] = field(default_factory=dict)
+    tag: Any = None
+    _seen: set[tuple[str, int]] = field(default_factory=set)
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(self.bytes_by_tag.values())
+
+    def _pack(self, t: torch.Tensor) -> torch.Tensor:
+        key = storage_key(t)
+        if key not in self.exclude and key not in self._seen:
+            self._seen.add(key)
+            self.bytes_by_tag[self.tag] = self.bytes_by_tag.get(self.tag, 0) + storage_bytes(t)
+        return t
+
+    @contextmanager
+    def counting(self) -> Iterator[SavedTensorCounter]:
+        """Install the hooks; the packed tensors are kept as they are (no copies)."""
+        with torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t):
+            yield self
+
+
+def parameter_storages(model: nn.Module) -> set[tuple[str, int]]:
+    """Storage keys of every parameter and buffer of ``model``."""
+    keys = {storage_key(p) for p in model.parameters()}
+    keys |= {storage_key(b) for b in model.buffers()}
+    return keys
+
+
+def canonical_parameter_names(model: nn.Module) -> dict[int, str]:
+    """``id(parameter) -> first qualified name`` (tied parameters map to one name)."""
+    names: dict[int, str] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        names.setdefault(id(p), name)
+    return names
+
+
+def _resolve(model: nn.Module, target: str) -> Any:
+    obj: Any = model
+    for part in target.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def unit_tensors(ug: UnitGraph, model: nn.Module) -> list[tuple[list[nn.Parameter], list[torch.Tensor]]]:
+    """For each unit, ``(parameters, buffers)`` it uses, each listed once per unit.
+
+    Parameters come from the unit's ``call_module`` targets and from ``get_attr`` nodes
+    used by the unit's nodes (export graphs). A tied parameter appears in every unit that
+    uses it. Targets are resolved on ``model``. O(nodes + parameters).
+    """
+    per_unit: list[dict[int, torch.Tensor]] = [{} for _ in range(ug.num_units)]
+    graph: fx.Graph = ug.graph_module.graph
+    for node in graph.nodes:
+        if node.op == "call_module":
+            sub = model.get_submodule(str(node.target))
+            unit = ug.node_unit[node.name]
+            for t in [*sub.parameters(), *sub.buffers()]:
+                per_unit[unit].setdefault(id(t), t)
+        elif node.op == "get_attr":
+            try:
+                value = _resolve(model, str(node.target))
+            except AttributeError:
+                value = getattr(ug.graph_module, str(node.target), None)
+            if not isinstance(value, torch.Tensor):
+                continue
+            units = {ug.node_unit[u.name] for u in node.users if u.op != "output"}
+            for unit in units:
+                per_unit[unit].setdefault(id(value), value)
+    out = []
+    for tensors in per_unit:
+        params = [t for t in tensors.values() if isinstance(t, nn.Parameter)]
+        buffers = [t for t in tensors.values() if not isinstance(t, nn.Parameter)]
+        out.append((params, buffers))
+    return out
+
+
+def optimizer_state_bytes(parameter_bytes: int, optimizer: str = "adam") -> int:
+    """Optimizer state bytes for ``parameter_bytes`` of trainable parameters (Adam: exp_avg
+    and exp_avg_sq, two copies in the parameter dtype)."""
+    try:
+        return OPTIMIZER_STATE_FACTOR[optimizer.lower()] * parameter_bytes
+    except KeyError:
+        raise ValueError(
+            f"unknown optimizer {optimizer!r}; use one of {', '.join(OPTIMIZER_STATE_FACTOR)}"
+        ) from None

@@ -1,0 +1,147 @@
+"""Wall-clock timing of forward/backward pairs and the micro-batch-size time model.
+
+Times are medians over ``repeat`` runs after ``warmup`` runs; on CUDA the device is
+synchronised around each timed region so the clock measures the kernels, not the launch.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for queued kernels on ``device`` (no-op on CPU)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@contextmanager
+def num_threads(threads: int | None) -> Iterator[None]:
+    """Temporarily set torch's intra-op thread count (None leaves it alone)."""
+    if threads is None:
+        yield
+        return
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
+def time_forward_backward(
+    forward: Callable[[], Any],
+    backward: Callable[[Any], None],
+    device: torch.device,
+    *,
+    warmup: int = 2,
+    repeat: int = 5,
+    reset: Callable[[], None] | None = None,
+) -> tuple[float, float]:
+    """Median seconds of ``forward()`` and of ``backward(forward_result)``.
+
+    ``reset`` runs untimed after each backward (e.g. to drop ``.grad`` so every iteration
+    writes fresh gradients, as after ``optimizer.zero_grad(set_to_none=True)``).
+    """
+    if repeat < 1:
+        raise ValueError(f"repeat must be >= 1, got {repeat}")
+    forward_s: list[float] = []
+    backward_s: list[float] = []
+    for i in range(warmup + repeat):
+        synchronize(device)
+        t0 = time.perf_counter()
+        out = forward()
+        synchronize(device)
+        t1 = time.perf_counter()
+        backward(out)
+        synchronize(device)
+        t2 = time.perf_counter()
+        del out
+        if reset is not None:
+            reset()
+        if i >= warmup:
+            forward_s.append(t1 - t0)
+            backward_s.append(t2 - t1)
+    return statistics.median(forward_s), statistics.median(backward_s)
+
+
+@dataclass
+class TimedStep:
+    """A forward/backward pair to time: ``backward(forward())``, then untimed ``reset()``."""
+
+    forward: Callable[[], Any]
+    backward: Callable[[Any], None]
+    reset: Callable[[], None] | None = None
+
+
+def time_steps_interleaved(
+    steps: Sequence[TimedStep],
+    device: torch.device,
+    *,
+    warmup: int = 2,
+    repeat: int = 5,
+    tick: Callable[[], None] | None = None,
+) -> list[tuple[float, float]]:
+    """Median (forward, backward) seconds of each step, timed in interleaved rounds.
+
+    Round ``r`` runs every step once, in order; medians are taken over the rounds after
+    ``warmup``. Interleaving makes slow drifts of machine load (other processes on a shared
+    host) hit all steps alike, so per-unit times stay comparable with each other and with a
+    whole-model step timed in the same rounds. ``tick()`` runs after each round.
+    """
+    if repeat < 1:
+        raise ValueError(f"repeat must be >= 1, got {repeat}")
+    samples: list[tuple[list[float], list[float]]] = [([], []) for _ in steps]
+    for r in range(warmup + repeat):
+        for step, (fwd, bwd) in zip(steps, samples, strict=True):
+            synchronize(device)
+            t0 = time.perf_counter()
+            out = step.forward()
+            synchronize(device)
+            t1 = time.perf_counter()
+            step.backward(out)
+            synchronize(device)
+            t2 = time.perf_counter()
+            del out
+            if step.reset is not None:
+                step.reset()
+            if r >= warmup:
+                fwd.append(t1 - t0)
+                bwd.append(t2 - t1)
+        if tick is not None:
+            tick()
+    return [(statistics.median(f), statistics.median(b)) for f, b in samples]
+
+
+def fit_time_model(sizes: Sequence[float], times_s: Sequence[float]) -> tuple[float, float]:
+    """Least-squares fit ``t(b) = a + c * b`` with ``a, c >= 0``; returns ``(a, c)``.
+
+    With one size the whole time is per-sample (``a = 0``). When the unconstrained fit has a
+    negative coefficient, the best fit with that coefficient fixed at 0 is returned
+    (through the origin, or a constant), which is the constrained optimum for two unknowns.
+    """
+    b = np.asarray(sizes, dtype=float)
+    t = np.asarray(times_s, dtype=float)
+    if b.size != t.size or b.size == 0:
+        raise ValueError("need one time per size and at least one size")
+    if b.size == 1 or np.ptp(b) == 0:
+        return 0.0, float(t.mean() / b.mean()) if b.mean() > 0 else 0.0
+    design = np.stack([np.ones_like(b), b], axis=1)
+    (a, c), *_ = np.linalg.lstsq(design, t, rcond=None)
+    if a >= 0 and c >= 0:
+        return float(a), float(c)
+    through_origin = (0.0, max(float(b @ t / (b @ b)), 0.0))
+    constant = (max(float(t.mean()), 0.0), 0.0)
+
+    def sse(fit: tuple[float, float]) -> float:
+        return float(((fit[0] + fit[1] * b - t) ** 2).sum())
+
+    return min(through_origin, constant, key=sse)
