@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -17,11 +18,13 @@ RTOL, ATOL = 1e-5, 1e-6
 
 def load_example(name: str) -> ModuleType:
     """Import examples/<name>.py under a private module name."""
-    spec = importlib.util.spec_from_file_location(
-        f"_autopipe_example_{name}", EXAMPLES / f"{name}.py"
-    )
+    key = f"_autopipe_example_{name}"
+    if key in sys.modules:
+        return sys.modules[key]
+    spec = importlib.util.spec_from_file_location(key, EXAMPLES / f"{name}.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    sys.modules[key] = module  # dataclasses look their module up while the file executes
     spec.loader.exec_module(module)
     return module
 

@@ -1,0 +1,202 @@
+"""Pipeline / parallelize over split fx graphs: any traceable model, skips, tied weights."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from autopipe.planner.plan import Plan, StagePlan
+from autopipe.profiler.units import trace_units
+from autopipe.runtime import Pipeline, parallelize
+from runtime_helpers import assert_close, load_example, reference_forward
+from torch import nn
+
+gpt = load_example("gpt")
+CFG = {"vocab_size": 48, "seq_len": 8, "d_model": 16, "n_layer": 4, "n_head": 2}
+
+
+def tiny_gpt(dropout: float = 0.1) -> nn.Module:
+    return gpt.build_model(**CFG, dropout=dropout, tie_weights=True)
+
+
+def tokens(batch: int) -> torch.Tensor:
+    return gpt.example_inputs(batch, gpt.GPTConfig(**CFG))
+
+
+def hand_plan(
+    unit_names: list[str], balance: list[int], microbatches: int, checkpoint: list[bool]
+) -> Plan:
+    stages, start = [], 0
+    for j, (count, ckpt) in enumerate(zip(balance, checkpoint, strict=True)):
+        stages.append(
+            StagePlan(
+                index=j, device="cpu", units=unit_names[start : start + count], checkpoint=ckpt
+            )
+        )
+        start += count
+    return Plan(len(balance), microbatches, 0, 0, stages)
+
+
+def grads_of(model: nn.Module) -> dict[str, torch.Tensor]:
+    return {n: p.grad for n, p in model.named_parameters()}
+
+
+def assert_model_grads(model: nn.Module, reference: nn.Module) -> None:
+    got, want = grads_of(model), grads_of(reference)
+    assert got.keys() == want.keys()
+    for name, g in want.items():
+        assert got[name] is not None, f"{name}: no gradient through the pipeline"
+        assert_close(got[name], g, f"grad of {name}")
+
+
+@pytest.mark.parametrize("checkpoint", ["always", "except_last", "never"])
+@pytest.mark.parametrize("chunks", [1, 2, 4, 7])
+def test_gpt_with_dropout_and_tied_head_matches_unpipelined(checkpoint: str, chunks: int) -> None:
+    model, idx = tiny_gpt(), tokens(9)
+    assert model.head.weight is model.tok_emb.weight
+    reference = copy.deepcopy(model)
+    ug = trace_units(model, idx)
+    n = ug.num_units
+    plan = hand_plan(ug.unit_names, [2, 3, n - 7, 2], chunks, [False] * 4)
+    pipe = parallelize(model, idx, ["cpu"] * 4, plan=plan, checkpoint="auto")
+    pipe.checkpoint = checkpoint  # the torchgpipe-style mode, applied to every stage
+    assert pipe.plan is plan and pipe.chunks == chunks
+    # One tied parameter, used by stage 0 (embedding) and stage 3 (head), counted once.
+    assert sum(p.numel() for p in pipe.parameters()) == sum(p.numel() for p in model.parameters())
+    torch.manual_seed(4)
+    out = pipe(idx)
+    gpt.loss_fn(out, idx).backward()
+    expected = reference_forward(reference, (idx,), chunks, seed=4)
+    gpt.loss_fn(expected, idx).backward()
+    assert_close(out, expected, "logits")
+    assert_model_grads(model, reference)
+    if checkpoint != "never" and chunks > 1:
+        assert pipe.last_timeline.of("recompute")
+
+
+def test_gpt_training_loss_curve_matches_gradient_accumulation() -> None:
+    model, idx = tiny_gpt(), tokens(8)
+    reference = copy.deepcopy(model)
+    ug = trace_units(model, idx)
+    plan = hand_plan(ug.unit_names, [4, 2, ug.num_units - 6], 4, [True, False, True])
+    pipe = parallelize(model, idx, plan=plan)
+    assert pipe.devices == [torch.device("cpu")] * 3 and pipe.checkpoint == [True, False, True]
+    opt_pipe = torch.optim.AdamW(pipe.parameters(), lr=1e-2)
+    opt_ref = torch.optim.AdamW(reference.parameters(), lr=1e-2)
+    curves: tuple[list[float], list[float]] = ([], [])
+    for step in range(4):
+        for opt, curve, run in (
+            (opt_pipe, curves[0], lambda s=step: (torch.manual_seed(s), pipe(idx))[1]),
+            (opt_ref, curves[1], lambda s=step: reference_forward(reference, (idx,), 4, seed=s)),
+        ):
+            opt.zero_grad()
+            loss = gpt.loss_fn(run(), idx)
+            loss.backward()
+            opt.step()
+            curve.append(loss.item())
+    assert curves[0] == pytest.approx(curves[1], rel=1e-5)
+    assert curves[0][-1] < curves[0][0]
+
+
+class SkipNet(nn.Module):
+    """A mask and the input skip over several stages; kwargs input; dict output."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(6, 6) for _ in range(4))
+        self.out = nn.Linear(6, 3)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> dict[str, torch.Tensor]:
+        h = x
+        for layer in self.layers:
+            h = torch.tanh(layer(h)) * mask
+        return {"y": self.out(h + x), "h": h}
+
+
+@pytest.mark.parametrize("chunks", [1, 3])
+def test_skip_connections_and_masks_cross_stages(chunks: int) -> None:
+    torch.manual_seed(0)
+    model = SkipNet()
+    x, mask = torch.randn(6, 6, requires_grad=True), (torch.rand(6, 6) > 0.3).float()
+    reference = copy.deepcopy(model)
+    ug = trace_units(model, (x, mask))
+    plan = hand_plan(ug.unit_names, [1, 1, 1, ug.num_units - 3], chunks, [True, False, True, False])
+    pipe = parallelize(model, (x, mask), ["cpu"] * 4, plan=plan)
+    # x and mask are needed by later stages: they are carried through the stages between.
+    assert all(len(p.inputs) >= 2 for p in pipe._programs[1:])
+    out = pipe(x, mask=mask)
+    (out["y"].sum() + out["h"].square().sum()).backward()
+    x_grad = x.grad.clone()
+    x.grad = None
+    expected = reference(x, mask)
+    (expected["y"].sum() + expected["h"].square().sum()).backward()
+    assert_close(out["y"], expected["y"], "y")
+    assert_close(x_grad, x.grad, "input gradient")
+    assert_model_grads(model, reference)
+
+
+def test_resnet_pipeline_matches_microbatched_model() -> None:
+    resnet = load_example("resnet")
+    torch.manual_seed(0)
+    model, x = (
+        resnet.resnet(widths=(4, 8), blocks_per_stage=1, num_classes=5),
+        torch.randn(8, 3, 8, 8),
+    )
+    reference = copy.deepcopy(model)
+    ug = trace_units(model, x)
+    plan = hand_plan(ug.unit_names, [2, 1, ug.num_units - 3], 4, [True, True, False])
+    pipe = parallelize(model, x, ["cpu"] * 3, plan=plan)
+    torch.manual_seed(3)
+    out = pipe(x)
+    out.sum().backward()
+    expected = reference_forward(reference, (x,), 4, seed=3)
+    expected.sum().backward()
+    assert_close(out, expected, "output")
+    assert_model_grads(model, reference)
+    for (name, buf), ref in zip(model.named_buffers(), reference.buffers(), strict=True):
+        assert_close(buf, ref, name)
+
+
+def test_tied_weights_on_different_devices_are_refused() -> None:
+    model, idx = tiny_gpt(0.0), tokens(2)
+    ug = trace_units(model, idx)
+    with pytest.raises(ValueError, match="shared by stage 0"):
+        Pipeline(
+            ug.graph_module,
+            {k: (0 if u < 2 else 1) for k, u in ug.node_unit.items()},
+            ["cpu", "meta"],
+        )
+
+
+def test_plan_for_other_units_is_refused() -> None:
+    model, idx = tiny_gpt(0.0), tokens(2)
+    ug = trace_units(model, idx)
+    plan = hand_plan(
+        [f"u{i}" for i in range(ug.num_units)], [1, ug.num_units - 1], 1, [False, False]
+    )
+    with pytest.raises(ValueError, match="not the model's units"):
+        parallelize(model, idx, plan=plan)
+    good = hand_plan(ug.unit_names, [1, ug.num_units - 1], 1, [False, False])
+    with pytest.raises(ValueError, match="3 devices"):
+        parallelize(model, idx, ["cpu"] * 3, plan=good)
+
+
+def test_parallelize_with_the_planner() -> None:
+    """Profile (analytic, counted on meta) -> planner -> parallelize: the cuts line up."""
+    from autopipe.planner import plan as make_plan
+    from autopipe.profiler.analytic import profile_analytic
+
+    model, idx = tiny_gpt(0.0), tokens(8)
+    profile = profile_analytic(model, idx, "cpu", dtype="float32")
+    plan = make_plan(profile, gpus=3, batch_size=8, microbatches=4, checkpoint="always")
+    reference = copy.deepcopy(model)
+    pipe = parallelize(model, idx, plan=plan)
+    assert pipe.num_stages == 3 and pipe.chunks == 4 and pipe.checkpoint == [True] * 3
+    torch.manual_seed(0)
+    out = pipe(idx)
+    out.sum().backward()
+    expected = reference_forward(reference, (idx,), 4, seed=0)
+    expected.sum().backward()
+    assert_close(out, expected, "logits")
+    assert_model_grads(model, reference)
