@@ -4,4 +4,10 @@ from __future__ import annotations
 
 
 class PlanningError(ValueError):
-    """No plan can be made from these inputs; the message is one line saying why and what to try."""
+    """No plan can be made from these inputs; the message is one line saying why and what to try.
+
+    When memory is the reason, ``min_memory_bytes`` is the smallest equal memory per device
+    (bytes, headroom included) for which the same request has a plan; otherwise it is None.
+    """
+
+    min_memory_bytes: int | None = None

@@ -5,9 +5,10 @@ as ``strategy="ilp"``):
 
 * ``d[s, p]`` binary: stage ``s`` (0..K-2) ends at position ``p``; one per stage; cut ``s+1``
   lies strictly after cut ``s`` (cumulative form, tighter than comparing positions).
-* ``c[s]`` binary: stage ``s`` is checkpointed (fixed by the mode unless ``checkpoint="auto"``).
-* ``a[s, p] = c[s] d[s, p]`` and ``b[s, p] = c[s] d[s-1, p]`` (continuous; exact because each
-  stage has exactly one end and one start).
+* With ``checkpoint="auto"``: ``c[s]`` binary (stage ``s`` checkpointed) and ``r[s] >= 0`` its
+  recompute time, ``r[s] >= fwd_s - BigT (1 - c[s])``; the kept-activation memory row is
+  relaxed by ``BigM c[s]`` and the checkpointed one by ``BigM (1 - c[s])``. Other modes fix the
+  choice, so their rows are plain.
 * ``T >= time_s`` for every stage; memory of each stage ``<= limit_s``; minimise ``T``.
 
 Times are scaled to O(1) and memory rows divided by their limit so that CBC's absolute
@@ -20,6 +21,7 @@ import math
 import os
 import re
 import tempfile
+import warnings
 
 import pulp
 from autopipe.planner.costs import CostModel
@@ -28,6 +30,13 @@ from autopipe.planner.partition import Partition, bottleneck
 
 def ilp_partition(cm: CostModel, *, time_limit_s: float = 30.0) -> Partition | None:
     """Solve the min-bottleneck partition with CBC; None if infeasible (or no solution in time)."""
+    with warnings.catch_warnings():
+        # PuLP 3.x flags the 2.x API (LpVariable, PULP_CBC_CMD) that pyproject still allows.
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return _solve(cm, time_limit_s)
+
+
+def _solve(cm: CostModel, time_limit_s: float) -> Partition | None:
     n, k = cm.n_units, cm.num_stages
     x_fwd = cm.fwd_prefix
     x_all = cm.fwd_prefix + cm.bwd_prefix
@@ -57,37 +66,45 @@ def ilp_partition(cm: CostModel, *, time_limit_s: float = 30.0) -> Partition | N
     for s in range(k):
         start, end = cuts[s], cuts[s + 1]
         opts = cm.options[s]
-        if opts == "AB":
-            c = pulp.LpVariable(f"c_{s}", cat="Binary")
-        else:
-            c = 1 if opts == "B" else 0
         v = float(cm.speed[s])
         send = cm.send_s(s, list(range(n + 1)))
-        time = (lin(end, x_all) - lin(start, x_all)) * (scale / v) + lin(end, send * scale)
-        if isinstance(c, pulp.LpVariable):
-            a = {p: pulp.LpVariable(f"a_{s}_{p}", 0, 1) for p in end}
-            b = {p: pulp.LpVariable(f"b_{s}_{p}", 0, 1) for p in start}
-            for p in end:
-                prob += a[p] <= end[p]
-            for p in start:
-                prob += b[p] <= start[p]
-            prob += pulp.lpSum(a.values()) == c
-            prob += pulp.lpSum(b.values()) == c
-        else:
-            a = {p: c * end[p] for p in end}
-            b = {p: c * start[p] for p in start}
-        time += (lin(a, x_fwd) - lin(b, x_fwd)) * (scale / v)
-        prob += t_var >= time
+        base = (lin(end, x_all) - lin(start, x_all)) * (scale / v) + lin(end, send * scale)
+        fwd = (lin(end, x_fwd) - lin(start, x_fwd)) * (scale / v)
         limit = cm.capacity[s] / (1.0 + cm.headroom)
-        if math.isfinite(limit):
-            n_s = float(cm.inflight[s])
-            state = (lin(end, cm.param_prefix) - lin(start, cm.param_prefix)) * cm.state_factor
-            act = (lin(end, cm.act_prefix) - lin(start, cm.act_prefix)) * (cm.ratio * n_s)
-            # Checkpointed: keep one micro-batch's activations plus the stage input of every
-            # in-flight micro-batch instead of n_s micro-batches of activations.
-            saved = (lin(a, cm.act_prefix) - lin(b, cm.act_prefix)) * (cm.ratio * (n_s - 1.0))
-            inputs = lin(b, cm.cut_at) * (cm.ratio * n_s)
-            prob += (state + act - saved + inputs) * (1.0 / limit) <= 1.0
+        n_s = float(cm.inflight[s])
+        state = (lin(end, cm.param_prefix) - lin(start, cm.param_prefix)) * cm.state_factor
+        act_one = (lin(end, cm.act_prefix) - lin(start, cm.act_prefix)) * cm.ratio
+        mem_a = (state + act_one * n_s) * (1.0 / limit) if math.isfinite(limit) else None
+        # Checkpointed: one micro-batch's activations plus every in-flight stage input.
+        inputs = lin(start, cm.cut_at) * (cm.ratio * n_s)
+        mem_b = (state + act_one + inputs) * (1.0 / limit) if math.isfinite(limit) else None
+        if opts == "A":
+            prob += t_var >= base
+            if mem_a is not None:
+                prob += mem_a <= 1.0
+        elif opts == "B":
+            prob += t_var >= base + fwd
+            if mem_b is not None:
+                prob += mem_b <= 1.0
+        else:
+            # c = 1: checkpointed. Big-M rows switch the recompute time and the memory row;
+            # the recompute variable can never go negative in the LP relaxation.
+            c = pulp.LpVariable(f"c_{s}", cat="Binary")
+            rec = pulp.LpVariable(f"r_{s}", lowBound=0)
+            big_t = float(x_fwd[-1]) * scale / v
+            prob += rec >= fwd - big_t * (1 - c)
+            prob += t_var >= base + rec
+            if mem_a is not None:
+                big_m = (
+                    float(
+                        cm.param_prefix[-1] * cm.state_factor
+                        + cm.act_prefix[-1] * cm.ratio * n_s
+                        + cm.cut_at.max() * cm.ratio * n_s
+                    )
+                    / limit
+                )
+                prob += mem_a <= 1.0 + big_m * c
+                prob += mem_b <= 1.0 + big_m * (1 - c)
 
     with tempfile.TemporaryDirectory() as tmp:
         log = os.path.join(tmp, "cbc.log")

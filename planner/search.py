@@ -39,7 +39,10 @@ _BRUTE_FORCE_MAX = 2_000_000
 
 
 def _gib(nbytes: float) -> str:
-    return f"{nbytes / 2**30:.2f} GiB"
+    """Human-readable bytes: GiB with 2 decimals from 1 GiB up, else MiB with 1 decimal."""
+    if nbytes >= 2**30:
+        return f"{nbytes / 2**30:.2f} GiB"
+    return f"{nbytes / 2**20:.1f} MiB"
 
 
 def _divisors(n: int) -> list[int]:
@@ -253,10 +256,12 @@ def _infeasible_error(
         tries.append("more micro-batches")
     if strategy not in ("dp", "ilp", "brute-force"):
         tries.append("strategy='dp'")
-    return PlanningError(
+    exc = PlanningError(
         f"no {k}-stage plan fits in {have} per device: the smallest memory per device that fits "
         f"is {_gib(need)} (M={m}, schedule={sched}, headroom included); try {', '.join(tries)}"
     )
+    exc.min_memory_bytes = int(math.ceil(need))  # type: ignore[attr-defined]
+    return exc
 
 
 def _stage_names(profile: Profile, bounds: list[int]) -> list[list[str]]:

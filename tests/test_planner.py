@@ -1,0 +1,367 @@
+"""Planner properties: exactness against brute force, memory limits, checkpointing, errors."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+sys.path.insert(0, str(Path(__file__).parent))
+from autopipe.planner import (  # noqa: E402
+    Cluster,
+    Device,
+    PlanningError,
+    load_plan,
+    min_gpus,
+    plan,
+    scaling_report,
+)
+from autopipe.planner.costs import CostModel  # noqa: E402
+from autopipe.planner.partition import (  # noqa: E402
+    brute_force_partition,
+    dp_partition,
+    probe_partition,
+)
+from autopipe.planner.search import _gib  # noqa: E402
+from autopipe.profiler.profile import Profile, UnitProfile  # noqa: E402
+from planner_instances import random_cluster, random_profile  # noqa: E402
+
+SETTINGS = settings(
+    max_examples=120, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow]
+)
+
+
+def _model(profile: Profile, cluster: Cluster, m: int, schedule: str, checkpoint: str) -> CostModel:
+    return CostModel(
+        profile,
+        cluster,
+        batch_size=32,
+        microbatches=m,
+        schedule=schedule,
+        checkpoint=checkpoint,
+        state_bytes_per_parameter=16,
+        headroom=0.1,
+    )
+
+
+instances = st.tuples(
+    st.integers(1, 8),  # units
+    st.integers(0, 10_000),  # seed
+    st.sampled_from([None, 1e8, 2e8, 4e8, 1e9]),  # memory per device (bytes)
+    st.sampled_from([1, 2, 4, 8, 32]),  # micro-batches
+    st.sampled_from(["gpipe", "1f1b"]),
+    st.sampled_from(["never", "always", "except_last", "auto"]),
+    st.booleans(),  # heterogeneous cluster
+    st.data(),
+)
+
+
+@SETTINGS
+@given(instances)
+def test_dp_and_probe_equal_brute_force(inst) -> None:
+    n, seed, mem, m, schedule, checkpoint, hetero, data = inst
+    k = data.draw(st.integers(1, n))
+    profile = random_profile(n, seed, overhead=seed % 2 == 0)
+    if hetero:
+        cluster = random_cluster(k, seed, None if mem is None else int(mem))
+    else:
+        cluster = Cluster.homogeneous(k, memory_bytes=None if mem is None else int(mem))
+    cm = _model(profile, cluster, m, schedule, checkpoint)
+    brute = brute_force_partition(cm)
+    for found in (dp_partition(cm), probe_partition(cm)):
+        if brute is None:  # memory-infeasible: every exact algorithm must agree
+            assert found is None
+            continue
+        assert found is not None
+        assert found.bottleneck_s == pytest.approx(brute.bottleneck_s, rel=1e-12)
+        assert len(found.bounds) == k + 1 and found.bounds[0] == 0 and found.bounds[-1] == n
+        assert all(a < b for a, b in zip(found.bounds, found.bounds[1:], strict=False))
+        for c in cm.stage_costs(found.bounds):
+            assert c.feasible
+
+
+@settings(max_examples=40, deadline=None, derandomize=True)
+@given(st.integers(4, 30), st.integers(0, 10_000), st.sampled_from([3e8, 6e8, 2e9]))
+def test_plan_never_exceeds_memory(n: int, seed: int, mem: float) -> None:
+    profile = random_profile(n, seed)
+    k = 1 + seed % min(n, 6)
+    try:
+        p = plan(
+            profile,
+            k,
+            memory_per_device=int(mem),
+            checkpoint="auto",
+            schedule="auto",
+            baselines=False,
+        )
+    except PlanningError as exc:
+        assert exc.min_memory_bytes is not None and exc.min_memory_bytes > mem / 1.1 * 0.99
+        return
+    for stage in p.stages:
+        assert stage.memory_bytes * 1.1 <= mem
+        assert (
+            stage.memory_bytes
+            == stage.parameter_bytes + stage.optimizer_bytes + stage.activation_bytes
+        )
+
+
+def test_heterogeneous_devices_exact_and_faster_devices_get_more_work() -> None:
+    profile = random_profile(12, 7)
+    cluster = Cluster(
+        [
+            Device("a100", 10**10, speed=2.0, link_bandwidth_bytes_per_s=5e9),
+            Device("a100", 10**10, speed=2.0, link_bandwidth_bytes_per_s=1e9),
+            Device("v100", 3 * 10**9, speed=1.0, link_bandwidth_bytes_per_s=5e9),
+            Device("v100", 3 * 10**9, speed=1.0),
+        ]
+    )
+    cm = _model(profile, cluster, 4, "gpipe", "auto")
+    dp, brute = dp_partition(cm), brute_force_partition(cm)
+    assert dp is not None and brute is not None
+    assert dp.bottleneck_s == pytest.approx(brute.bottleneck_s, rel=1e-12)
+    p = plan(profile, cluster=cluster, microbatches=4, checkpoint="auto")
+    assert [s.device for s in p.stages] == ["a100", "a100", "v100", "v100"]
+    fast = sum(len(s.units) for s in p.stages[:2])
+    assert fast > 6  # twice the speed: the fast half takes more than half of the units
+    # Stage times are profile times divided by the device speed.
+    first = profile.units[: len(p.stages[0].units)]
+    assert p.stages[0].forward_s == pytest.approx(sum(u.forward_at(8, 32) for u in first) / 2.0)
+    # Send time: cut bytes scaled to the micro-batch, over the link, plus latency (0 here).
+    cut = profile.cut_bytes[len(p.stages[0].units) - 1]
+    assert p.stages[0].send_s == pytest.approx(cut * (8 / 32) / 5e9)
+    assert p.stages[-1].send_s == 0.0
+
+
+def test_auto_checkpoint_only_where_needed() -> None:
+    profile = random_profile(16, 11)
+    cluster = Cluster.homogeneous(4, memory_bytes=8 * 10**7)
+    p = plan(profile, cluster=cluster, microbatches=8, checkpoint="auto", baselines=False)
+    assert any(s.checkpoint for s in p.stages) and not all(s.checkpoint for s in p.stages)
+    cm = _model(profile, cluster, 8, "gpipe", "auto")
+    for stage, cost in zip(p.stages, cm.stage_costs(p.boundaries + [16]), strict=True):
+        without = cost.memory_without_checkpoint_bytes * 1.1
+        assert stage.checkpoint == (without > 8 * 10**7)
+        assert stage.recompute_s == (stage.forward_s if stage.checkpoint else 0.0)
+        if stage.checkpoint:
+            assert "checkpointed: without it" in stage.reason
+    # auto is never slower than forcing either mode, at the same M.
+    forced = [plan(profile, cluster=cluster, microbatches=8, checkpoint="always", baselines=False)]
+    assert p.meta["bottleneck_s"] <= forced[0].meta["bottleneck_s"] + 1e-15
+    with pytest.raises(PlanningError):  # without checkpointing it does not fit at all
+        plan(profile, cluster=cluster, microbatches=8, checkpoint="never")
+
+
+def test_except_last_checkpoints_all_but_last_stage() -> None:
+    p = plan(random_profile(10, 3), 4, microbatches=4, checkpoint="except_last", baselines=False)
+    assert [s.checkpoint for s in p.stages] == [True, True, True, False]
+
+
+def test_1f1b_memory_not_above_gpipe_at_equal_m() -> None:
+    profile = random_profile(20, 5)
+    cluster = Cluster.homogeneous(4)
+    for m in (1, 2, 4, 8, 16):
+        gp = _model(profile, cluster, m, "gpipe", "never")
+        fb = _model(profile, cluster, m, "1f1b", "never")
+        bounds = dp_partition(gp).bounds
+        for s, (a, b) in enumerate(
+            zip(gp.stage_costs(bounds), fb.stage_costs(bounds), strict=True)
+        ):
+            assert b.memory_bytes <= a.memory_bytes
+            if m > 4 - s:  # strictly less once more micro-batches than its in-flight bound
+                assert b.activation_bytes < a.activation_bytes or a.activation_bytes == 0
+
+
+def test_infeasible_names_minimal_memory_and_it_is_tight() -> None:
+    profile = random_profile(12, 2)
+    kw = dict(microbatches=[2, 4], checkpoint="never", baselines=False)
+    with pytest.raises(PlanningError) as info:
+        plan(profile, 3, memory_per_device=10**6, **kw)
+    msg = str(info.value)
+    need = info.value.min_memory_bytes
+    assert "smallest memory per device that fits is" in msg and "\n" not in msg
+    assert _gib(need) in msg and "more GPUs" in msg and "checkpoint=" in msg
+    plan(profile, 3, memory_per_device=need, **kw)  # fits at the named memory
+    with pytest.raises(PlanningError):
+        plan(profile, 3, memory_per_device=int(need * (1 - 1e-5)), **kw)
+
+
+def test_auto_m_picks_fastest_candidate_and_explains() -> None:
+    profile = random_profile(24, 9, overhead=True)
+    auto = plan(profile, 4, batch_size=64, microbatches="auto", schedule="auto")
+    fixed = [
+        plan(
+            profile, 4, batch_size=64, microbatches=m, schedule=s, baselines=False
+        ).iteration_time_s
+        for m in (1, 2, 4, 8, 16, 32, 64)
+        for s in ("gpipe", "1f1b")
+    ]
+    assert auto.iteration_time_s == pytest.approx(min(fixed), rel=1e-12)
+    assert auto.microbatch_size * auto.microbatches == 64
+    assert auto.throughput == pytest.approx(64 / auto.iteration_time_s)
+    assert any(n.startswith(f"M={auto.microbatches}, schedule=") for n in auto.notes)
+    assert any(n.startswith("bottleneck: stage") for n in auto.notes)
+    assert len(auto.meta["candidates"]) == 14
+    # Overheads make huge M pay per-call costs: the best M is interior here.
+    assert 1 < auto.microbatches < 64
+
+
+def test_baselines_recorded_and_not_better_than_dp() -> None:
+    profile = random_profile(30, 4)
+    p = plan(profile, 4, microbatches=8)
+    assert set(p.baselines) == {"uniform", "parameters", "greedy-time"}
+    for name, b in p.baselines.items():
+        assert set(b) >= {"iteration_time_s", "bottleneck_s", "balance", "feasible"}
+        assert sum(b["balance"]) == 30 and len(b["balance"]) == 4, name
+        assert b["bottleneck_s"] >= p.meta["bottleneck_s"] - 1e-15
+    for strategy in ("uniform", "parameters", "greedy-time"):
+        q = plan(profile, 4, microbatches=8, strategy=strategy)
+        assert q.balance == p.baselines[strategy]["balance"]
+        assert "dp" in q.baselines
+
+
+def test_plan_json_round_trip(tmp_path: Path) -> None:
+    p = plan(random_profile(10, 1), 3, microbatches="auto", schedule="auto", checkpoint="auto")
+    path = tmp_path / "plan.json"
+    p.save(path)
+    data = json.loads(path.read_text())
+    for key in (
+        "version num_stages microbatches microbatch_size batch_size schedule iteration_time_s "
+        "bubble_fraction throughput stages"
+    ).split():
+        assert key in data
+    for key in (
+        "index",
+        "device",
+        "units",
+        "forward_s",
+        "backward_s",
+        "memory_bytes",
+        "checkpoint",
+    ):
+        assert key in data["stages"][0]
+    assert load_plan(path) == p
+    assert p.speedup == pytest.approx(p.meta["single_device_time_s"] / p.iteration_time_s)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "needle"),
+    [
+        (dict(gpus=11), "at most 10 GPUs"),
+        (dict(gpus=0), "positive integer"),
+        (dict(gpus=2, cluster=Cluster.homogeneous(2)), "exactly one of"),
+        (dict(gpus=2, microbatches=5), "does not divide batch size 32"),
+        (dict(gpus=2, microbatches=0), "positive integer"),
+        (dict(gpus=2, strategy="magic"), "strategy='magic'"),
+        (dict(gpus=2, schedule="zb"), "schedule='zb'"),
+        (dict(gpus=2, checkpoint="sometimes"), "checkpoint='sometimes'"),
+        (dict(gpus=2, optimizer="lion"), "optimizer='lion'"),
+        (dict(gpus=2, memory_per_device=-1), "positive number of bytes"),
+        (dict(gpus=2, batch_size=0), "batch_size=0"),
+    ],
+)
+def test_bad_input_one_clear_line(kwargs, needle: str) -> None:
+    with pytest.raises(PlanningError) as info:
+        plan(random_profile(10, 0), **kwargs)
+    assert needle in str(info.value) and "\n" not in str(info.value)
+
+
+def test_optimizer_bytes_per_parameter() -> None:
+    profile = random_profile(4, 0)
+    params = sum(u.parameter_bytes for u in profile.units)
+    for optimizer, factor in (("sgd", 2), ("sgd-momentum", 3), ("adam", 4)):
+        p = plan(profile, 1, microbatches=1, optimizer=optimizer, baselines=False)
+        assert p.stages[0].parameter_bytes == params
+        assert p.stages[0].optimizer_bytes == (factor - 1) * params
+    p = plan(profile, 1, microbatches=1, bytes_per_parameter=20, baselines=False)
+    assert p.stages[0].optimizer_bytes == 4 * params
+
+
+def test_cost_model_by_hand() -> None:
+    """Two units, one stage each; every figure computed from the documented formulas."""
+    units = [
+        UnitProfile(
+            "a",
+            forward_s=0.4,
+            backward_s=0.8,
+            forward_overhead_s=0.1,
+            parameter_count=10,
+            parameter_bytes=40,
+            activation_bytes=1000,
+        ),
+        UnitProfile(
+            "b",
+            forward_s=0.2,
+            backward_s=0.4,
+            parameter_count=5,
+            parameter_bytes=20,
+            activation_bytes=3000,
+        ),
+    ]
+    profile = Profile(units=units, cut_bytes=[800], batch_size=8, input_bytes=400)
+    cluster = Cluster([Device("x", 10**9, 2.0, 100.0, 0.5), Device("y", 10**9, 1.0)])
+    cm = _model(profile, cluster, 4, "gpipe", "never")  # b = 32 / 4 = 8 = profile batch
+    cm = CostModel(
+        profile,
+        cluster,
+        batch_size=16,
+        microbatches=4,
+        schedule="1f1b",
+        checkpoint="always",
+        state_bytes_per_parameter=16,
+        headroom=0.1,
+    )  # b = 4: half the profiled batch
+    a, b = cm.stage_costs([0, 1, 2])
+    assert a.forward_s == pytest.approx((0.1 + 0.3 * 0.5) / 2.0)
+    assert a.backward_s == pytest.approx(0.4 / 2.0)
+    assert a.recompute_s == a.forward_s
+    assert a.send_s == pytest.approx(800 * 0.5 / 100.0 + 0.5)
+    assert b.send_s == 0.0
+    assert (a.parameter_bytes, a.optimizer_bytes) == (40, 120)
+    # 1F1B: stage 0 holds min(K - 0, M) = 2 inputs; checkpointed: inputs + one micro-batch's activations.
+    assert a.activation_bytes == 400 * 0.5 * 2 + 1000 * 0.5
+    assert b.activation_bytes == 800 * 0.5 * 1 + 3000 * 0.5
+
+
+def test_scaling_report_and_min_gpus() -> None:
+    profile = random_profile(16, 6)
+    mem = 6 * 10**8
+    k = min_gpus(profile, memory_per_device=mem, microbatches=4)
+    with pytest.raises(PlanningError):
+        plan(profile, k - 1, memory_per_device=mem, microbatches=4)
+    rows = scaling_report(profile, 6, memory_per_device=mem, microbatches=4)
+    assert [r["gpus"] for r in rows] == [1, 2, 3, 4, 5, 6]
+    assert [r["feasible"] for r in rows] == [g >= k for g in range(1, 7)]
+    ok = [r for r in rows if r["feasible"]]
+    assert all(r["throughput"] > 0 and r["max_memory_bytes"] * 1.1 <= mem for r in ok)
+
+
+def test_probe_handles_large_instance_like_dp() -> None:
+    profile = random_profile(600, 13)
+    cluster = Cluster.homogeneous(12, memory_bytes=4 * 10**9, link_bandwidth_bytes_per_s=1e10)
+    for checkpoint in ("never", "auto"):
+        cm = _model(profile, cluster, 16, "1f1b", checkpoint)
+        a, b = dp_partition(cm), probe_partition(cm)
+        assert (a is None) == (b is None)
+        if a is not None:
+            assert a.bottleneck_s == pytest.approx(b.bottleneck_s, rel=1e-12)
+
+
+def test_import_planner_does_not_import_torch() -> None:
+    code = (
+        "import sys, autopipe.planner, autopipe.planner.search, autopipe.planner.simulate; "
+        "import autopipe.planner.ilp; assert 'torch' not in sys.modules, 'torch imported'"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_single_unit_and_no_memory_limit_edge_cases() -> None:
+    profile = random_profile(1, 0)
+    p = plan(profile, 1, microbatches=1)
+    assert p.num_stages == 1 and p.stages[0].units == ["layer0"] and p.bubble_fraction == 0.0
+    assert math.isclose(p.speedup, 1.0)
