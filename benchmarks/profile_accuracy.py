@@ -70,7 +70,7 @@ def measure_by_ops(model: torch.nn.Module, inputs: Any, loss_fn: Any, repeats: i
         timer = _OpTimer(units.num_units)
         with _AutogradTagger(timer), timer:
             out = _UnitInterpreter(units.graph_module, units.node_unit, timer).run(
-                *units.flat_inputs(inputs)
+                *units.flat_inputs(inputs), enable_io_processing=False
             )
             out = units.unflatten_output(out)
             timer.unit = units.num_units - 1

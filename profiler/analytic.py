@@ -25,9 +25,10 @@ as the CPU and CUDA backends do, so attention memory is O(seq), not O(seq^2).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -36,7 +37,7 @@ from autopipe.profiler.catalog import DeviceSpec, get_device, normalize_dtype
 from autopipe.profiler.opcount import OpCounter, UnitCost, storage_key
 from autopipe.profiler.profile import Profile, UnitProfile
 from autopipe.profiler.tree import tensor_leaves
-from autopipe.profiler.units import UnitGraph, trace_units
+from autopipe.profiler.units import TraceError, UnitGraph, trace_units
 from torch import fx, nn
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_leaves, tree_map
@@ -144,7 +145,10 @@ def _batch_size(inputs: Any) -> int:
 # ---------------------------------------------------------------------------------------
 
 
-_ATEN_SDPA = torch.ops.aten.scaled_dot_product_attention.default
+_SDPA_FUNCTIONS = (
+    F.scaled_dot_product_attention,
+    torch.ops.aten.scaled_dot_product_attention.default,
+)
 
 
 class _AutogradTagger(TorchFunctionMode):
@@ -159,7 +163,7 @@ class _AutogradTagger(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
         kwargs = kwargs or {}
-        if func is F.scaled_dot_product_attention or func is _ATEN_SDPA:
+        if func in _SDPA_FUNCTIONS:
             out = _fused_attention(args, kwargs)
             if out is not None:
                 self._tag(out)
@@ -192,23 +196,55 @@ class _AutogradTagger(TorchFunctionMode):
 
 
 def _fused_attention(args: tuple, kwargs: dict) -> torch.Tensor | None:
-    """SDPA through the fused flash-attention op (what CPU and CUDA pick for this case)."""
+    """SDPA through the fused flash-attention op, as the CPU backend runs it (CUDA's flash /
+    memory-efficient kernels save the same O(seq) tensors). A boolean mask becomes the
+    additive float mask the backend builds. ``None`` (fall back to SDPA's decomposition)
+    for dropout, grouped-query attention or heads of different shapes."""
     names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal")
     bound = dict(zip(names, args, strict=False))
     bound.update(kwargs)
     q, k, v = bound.get("query"), bound.get("key"), bound.get("value")
+    mask = bound.get("attn_mask")
     if (
-        bound.get("attn_mask") is not None
-        or bound.get("dropout_p", 0.0)
+        bound.get("dropout_p", 0.0)
         or bound.get("enable_gqa", False)
         or not all(isinstance(t, torch.Tensor) and t.is_meta for t in (q, k, v))
         or q.shape[:-2] != k.shape[:-2]
+        or q.dim() != 4
     ):
         return None
+    if mask is not None and mask.dtype == torch.bool:
+        mask = torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill(
+            mask.logical_not(), float("-inf")
+        )
     out, _ = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-        q, k, v, 0.0, bool(bound.get("is_causal", False)), scale=bound.get("scale")
+        q,
+        k,
+        v,
+        0.0,
+        bool(bound.get("is_causal", False)),
+        attn_mask=mask,
+        scale=bound.get("scale"),
     )
     return out
+
+
+@contextlib.contextmanager
+def _fused_attention_everywhere() -> Iterator[None]:
+    """Also route SDPA calls made *inside* other torch functions (``nn.MultiheadAttention``
+    calls it from ``F.multi_head_attention_forward``, where a torch-function mode is not
+    active): the module attribute is swapped while profiling; only meta inputs are affected."""
+    original = F.scaled_dot_product_attention
+
+    def routed(*args: Any, **kwargs: Any) -> torch.Tensor:
+        out = _fused_attention(args, kwargs)
+        return original(*args, **kwargs) if out is None else out
+
+    F.scaled_dot_product_attention = routed
+    try:
+        yield
+    finally:
+        F.scaled_dot_product_attention = original
 
 
 # ---------------------------------------------------------------------------------------
@@ -259,7 +295,13 @@ def profile_analytic(
     torch_dtype = _TORCH_DTYPES[dtype_name]
     model = _meta_model(model_or_factory, torch_dtype)
     inputs = _meta_inputs(example_inputs, torch_dtype)
-    units = trace_units(model, inputs, granularity)
+    try:
+        units = trace_units(model, inputs, granularity)
+    except TraceError as exc:
+        raise AnalyticProfileError(
+            f"{exc} (analytic profiling runs on the meta device, where data-dependent control "
+            "flow cannot be followed: profile this model measured instead)"
+        ) from None
     gm = units.graph_module
     unit_names = units.unit_names
 
@@ -280,9 +322,16 @@ def profile_analytic(
         return t
 
     input_tensors = tensor_leaves(inputs)
-    with _AutogradTagger(counter), counter, torch.autograd.graph.saved_tensors_hooks(pack, _unpack):
+    with (
+        _fused_attention_everywhere(),
+        _AutogradTagger(counter),
+        counter,
+        torch.autograd.graph.saved_tensors_hooks(pack, _unpack),
+    ):
         counter.mark_inputs(input_tensors)
-        flat_output = _UnitInterpreter(gm, units.node_unit, counter).run(*units.flat_inputs(inputs))
+        interpreter = _UnitInterpreter(gm, units.node_unit, counter)
+        # flat placeholders in, flat graph outputs out; the UnitGraph restores the structure
+        flat_output = interpreter.run(*units.flat_inputs(inputs), enable_io_processing=False)
         output = units.unflatten_output(flat_output)
         counter.mark_outputs(tensor_leaves(output))
         # The loss belongs to the last stage; its inputs (targets) are not pipeline traffic.

@@ -11,7 +11,15 @@ from autopipe.profiler.analytic import AnalyticProfileError, profile_analytic
 from autopipe.profiler.calibrate import CalibrationError, calibrate, reprice, spec_of
 from autopipe.profiler.catalog import DeviceSpecError, get_device
 from autopipe.profiler.profile import Profile
-from profiler_models import load_example
+from autopipe.profiler.tree import float_tensor_leaves
+from profiler_models import (
+    DataBranch,
+    ShapeBranch,
+    SkipCNN,
+    TiedDecoder,
+    decoder_inputs,
+    load_example,
+)
 
 gpt = load_example("gpt")
 resnet = load_example("resnet")
@@ -150,16 +158,24 @@ def _measured_saved_bytes(model: torch.nn.Module, x: torch.Tensor, loss_fn) -> i
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        out = model(x)
-        loss = loss_fn(out, x) if loss_fn else out.sum()
+        out = model(**x) if isinstance(x, dict) else model(x)
+        loss = loss_fn(out, x) if loss_fn else sum(t.sum() for t in float_tensor_leaves(out))
     loss.backward()
     return total
 
 
-@pytest.mark.parametrize("example", ["gpt", "resnet", "mlp"])
+@pytest.mark.parametrize(
+    "example", ["gpt", "resnet", "mlp", "tied-decoder", "skip-cnn", "shape-branch"]
+)
 def test_saved_activation_bytes_match_a_real_cpu_run(example: str) -> None:
     torch.manual_seed(0)
-    if example == "gpt":
+    if example == "tied-decoder":  # kwargs, attention mask through nn.MultiheadAttention, dict out
+        model, x, loss_fn = TiedDecoder(), decoder_inputs(), None
+    elif example == "skip-cnn":  # BatchNorm, residuals, a long skip
+        model, x, loss_fn = SkipCNN(), torch.randn(2, 3, 16, 16), None
+    elif example == "shape-branch":  # traced by torch.export (fx fails)
+        model, x, loss_fn = ShapeBranch(), torch.randn(4, 8), None
+    elif example == "gpt":
         model, x = small_gpt()
         loss_fn = gpt.loss_fn
     elif example == "resnet":
@@ -255,6 +271,16 @@ def test_profile_round_trips_through_json(gpt_profile: Profile, tmp_path) -> Non
     assert loaded.unit_names == gpt_profile.unit_names
     assert loaded.units[3].forward_flops == gpt_profile.units[3].forward_flops
     assert spec_of(loaded).name == "A100-80GB"
+
+
+def test_tracers_and_data_dependent_control_flow() -> None:
+    p = profile_analytic(ShapeBranch(), torch.randn(4, 8), "a100", dtype="float32")
+    assert p.tracer == "export" and p.unit_names == ["a", "b"]
+    assert p.units[0].forward_flops == 2 * 4 * 8 * 8
+    decoder = profile_analytic(TiedDecoder(), decoder_inputs(), "a100", dtype="float32")
+    assert decoder.units[-1].shared_parameters == ["wte.weight"]
+    with pytest.raises(AnalyticProfileError, match="data-dependent control flow"):
+        profile_analytic(DataBranch(), torch.randn(4, 8), "a100")
 
 
 def test_bad_arguments() -> None:
