@@ -104,7 +104,9 @@ def load_cached(key: str, cache_dir: str | os.PathLike[str] | None = None) -> Pr
     return profile
 
 
-def save_cached(profile: Profile, key: str, cache_dir: str | os.PathLike[str] | None = None) -> Path:
+def save_cached(
+    profile: Profile, key: str, cache_dir: str | os.PathLike[str] | None = None
+) -> Path:
     """Write ``profile`` under ``key`` (atomically); a write failure only warns."""
     path = cache_path(key, cache_dir)
     try:

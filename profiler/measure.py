@@ -109,9 +109,11 @@ def batch_size_of(example_inputs: Any) -> int:
 
 
 def slice_batch(example_inputs: Any, size: int, batch_size: int) -> Any:
-    """The first ``size`` samples: every tensor whose dim 0 is ``batch_size`` is cut to ``size``."""
+    """The first ``size`` samples: every tensor whose dim 0 is ``batch_size`` is cut to ``size``
+    (copied, so storage-based byte counts see ``size`` samples, not the whole batch)."""
     return map_tensors(
-        lambda t: t[:size] if t.dim() >= 1 and t.shape[0] == batch_size else t, example_inputs
+        lambda t: t[:size].clone() if t.dim() >= 1 and t.shape[0] == batch_size else t,
+        example_inputs,
     )
 
 

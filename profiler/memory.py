@@ -110,7 +110,9 @@ def _resolve(model: nn.Module, target: str) -> Any:
     return obj
 
 
-def unit_tensors(ug: UnitGraph, model: nn.Module) -> list[tuple[list[nn.Parameter], list[torch.Tensor]]]:
+def unit_tensors(
+    ug: UnitGraph, model: nn.Module
+) -> list[tuple[list[nn.Parameter], list[torch.Tensor]]]:
     """For each unit, ``(parameters, buffers)`` it uses, each listed once per unit.
 
     Parameters come from the unit's ``call_module`` targets and from ``get_attr`` nodes

@@ -1,0 +1,98 @@
+"""Profile cache: reuse, invalidation by key, and recovery from bad files."""
+
+from __future__ import annotations
+
+import json
+
+import autopipe.profiler.measure as measure
+import pytest
+import torch
+from autopipe.profiler.cache import cache_key, default_cache_dir, load_cached
+from autopipe.profiler.measure import profile
+from autopipe.profiler.profile import Profile
+from torch import nn
+
+FAST = {"warmup": 0, "repeat": 1, "progress": False, "microbatch_sizes": ()}
+
+
+def model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+
+
+def forbid_measuring(monkeypatch: pytest.MonkeyPatch) -> None:
+    def fail(*args, **kwargs):
+        raise AssertionError("measured although a cached profile should have been used")
+
+    monkeypatch.setattr(measure, "_prepare_size", fail)
+
+
+def test_cache_reuses_same_problem(tmp_path, monkeypatch) -> None:
+    m, x = model(), torch.randn(8, 16)
+    first = profile(m, x, cache=True, cache_dir=tmp_path, **FAST)
+    files = list(tmp_path.glob("*.json"))
+    assert len(files) == 1 and Profile.load(files[0]) == first
+    forbid_measuring(monkeypatch)
+    # Same structure and shapes, other weights and other input values: reused.
+    again = profile(model(), torch.randn(8, 16), cache=True, cache_dir=tmp_path, **FAST)
+    assert again == first
+
+
+def test_cache_key_changes_with_what_matters() -> None:
+    m, x = model(), torch.randn(8, 16)
+    base = cache_key(m, x, device="cpu", granularity="block")
+    assert cache_key(model(), torch.randn(8, 16), device="cpu", granularity="block") == base
+    assert cache_key(m, torch.randn(4, 16), device="cpu", granularity="block") != base
+    assert cache_key(m, x.double(), device="cpu", granularity="block") != base
+    assert cache_key(m, x, device="cpu", granularity="node") != base
+    assert cache_key(m, x, device="cuda", granularity="block") != base
+    wider = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 4))
+    assert cache_key(wider, x, device="cpu", granularity="block") != base
+
+
+def test_other_shapes_are_measured_not_reused(tmp_path) -> None:
+    m = model()
+    profile(m, torch.randn(8, 16), cache=True, cache_dir=tmp_path, **FAST)
+    p = profile(m, torch.randn(4, 16), cache=True, cache_dir=tmp_path, **FAST)
+    assert p.batch_size == 4 and len(list(tmp_path.glob("*.json"))) == 2
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        lambda path: path.write_text("{ not json"),
+        lambda path: path.write_text(json.dumps({**json.loads(path.read_text()), "version": 0})),
+        lambda path: path.write_text(
+            json.dumps({**json.loads(path.read_text()), "autopipe_version": "0.0.1"})
+        ),
+        lambda path: path.write_text(json.dumps({"units": "nonsense", "version": 1})),
+        lambda path: path.write_bytes(b"\xff\xfe\x00garbage"),
+    ],
+    ids=["corrupt-json", "old-schema", "old-autopipe", "malformed", "binary"],
+)
+def test_bad_cache_file_warns_and_remeasures(tmp_path, damage) -> None:
+    m, x = model(), torch.randn(8, 16)
+    good = profile(m, x, cache=True, cache_dir=tmp_path, **FAST)
+    (path,) = tmp_path.glob("*.json")
+    damage(path)
+    with pytest.warns(UserWarning, match="re-measuring"):
+        again = profile(m, x, cache=True, cache_dir=tmp_path, **FAST)
+    assert again.unit_names == good.unit_names
+    assert Profile.load(path) == again  # the bad file was replaced by the new measurement
+
+
+def test_default_cache_dir_from_environment(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("AUTOPIPE_CACHE_DIR", str(tmp_path / "c"))
+    assert default_cache_dir() == tmp_path / "c"
+    m, x = model(), torch.randn(8, 16)
+    profile(m, x, cache=True, **FAST)
+    assert len(list((tmp_path / "c").glob("*.json"))) == 1
+    monkeypatch.delenv("AUTOPIPE_CACHE_DIR")
+    assert default_cache_dir().parts[-2:] == (".cache", "autopipe")
+
+
+def test_cache_off_by_default(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("AUTOPIPE_CACHE_DIR", str(tmp_path))
+    profile(model(), torch.randn(8, 16), **FAST)
+    assert not list(tmp_path.glob("*.json"))
+    assert load_cached("0" * 64, tmp_path) is None
