@@ -32,6 +32,9 @@ _LAZY = {
     "RankLayout": "autopipe.runtime.distributed.layout",
     "PlanWorldSizeError": "autopipe.runtime.distributed.layout",
     "rank_layout": "autopipe.runtime.distributed.layout",
+    "ParallelChoice": "autopipe.runtime.distributed.pp_dp",
+    "choose_pipeline_data_parallel": "autopipe.runtime.distributed.pp_dp",
+    "ring_allreduce_s": "autopipe.runtime.distributed.pp_dp",
 }
 
 __all__ = sorted(_LAZY)

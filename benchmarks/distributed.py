@@ -1,0 +1,155 @@
+"""autopipe's planned split vs torch.distributed.pipelining's even split, side by side.
+
+Same model (examples/gpt.py, default size), same batch, same micro-batch count M, same
+schedule (GPipe), 2 processes on gloo with one thread each. Both pipelines are built in the
+same two processes and their steps alternate, so background load hits both alike.
+
+- autopipe: profile on this CPU (1 thread), plan K = 2 (exact DP), run with
+  ``autopipe.runtime.distributed.DistributedPipeline``.
+- torch: ``torch.distributed.pipelining.pipeline(model, split_spec={"blocks.4": BEGINNING})``,
+  the even split at equal layer counts (4 + 4 blocks), ``ScheduleGPipe``.
+
+A step is timed on rank 0 between two barriers (both ranks done). Prints the median step time
+of each, their ratio and the load average. ``python benchmarks/distributed.py [--steps N] [--microbatches M|auto]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "examples"))
+sys.path.insert(0, str(ROOT / "tests"))
+
+import gpt  # noqa: E402
+
+
+def _plan(batch_size: int, microbatches: int | str, plan_path: Path) -> None:
+    from autopipe.planner import plan
+    from autopipe.profiler.measure import profile
+
+    torch.set_num_threads(1)
+    model = gpt.build_model()
+    prof = profile(
+        model, gpt.example_inputs(batch_size), loss_fn=gpt.loss_fn, progress=False, threads=1
+    )
+    result = plan(prof, gpus=2, microbatches=microbatches, schedule="gpipe")
+    result.meta["granularity"] = "block"
+    result.save(plan_path)
+
+
+def _rank(rank: int, port: int, plan_path: str, steps: int, out: str) -> None:
+    from distributed_cases import rank_env
+
+    os.environ.update(rank_env(rank, 2, port))
+    torch.set_num_threads(1)
+    import torch.distributed as dist
+    from autopipe.planner.plan import load_plan
+    from autopipe.runtime.distributed import DistributedPipeline, init_distributed
+    from torch.distributed.pipelining import ScheduleGPipe, SplitPoint, pipeline
+
+    init_distributed(timeout_s=600)
+    plan = load_plan(plan_path)
+    inputs = gpt.example_inputs(plan.batch_size)
+    M = plan.microbatches
+
+    ours = DistributedPipeline(gpt.build_model(), plan, inputs, gpt.loss_fn)
+    theirs_pipe = pipeline(
+        gpt.build_model(),
+        mb_args=(inputs[: plan.batch_size // M],),
+        split_spec={f"blocks.{gpt.GPTConfig().n_layer // 2}": SplitPoint.BEGINNING},
+    )
+    theirs_stage = theirs_pipe.build_stage(rank, torch.device("cpu"))
+    theirs = ScheduleGPipe(theirs_stage, n_microbatches=M, loss_fn=gpt.loss_fn)
+    del theirs_pipe
+
+    def step_ours() -> None:
+        ours.module.zero_grad(set_to_none=True)
+        ours.step(inputs)
+
+    def step_theirs() -> None:
+        theirs_stage.submod.zero_grad(set_to_none=True)
+        if rank == 0:
+            theirs.step(inputs)
+        else:
+            theirs.step(target=inputs, losses=[])
+
+    def timed(fn: object) -> float:
+        dist.barrier()
+        t0 = time.perf_counter()
+        fn()  # type: ignore[operator]
+        dist.barrier()
+        return time.perf_counter() - t0
+
+    times: dict[str, list[float]] = {"autopipe": [], "torch-even": []}
+    for fn in (step_ours, step_theirs):  # warm-up: shape inference, allocator
+        timed(fn)
+        timed(fn)
+    for _ in range(steps):  # alternate step by step: load changes hit both alike
+        times["autopipe"].append(timed(step_ours))
+        times["torch-even"].append(timed(step_theirs))
+    if rank == 0:
+        stage_units = [len(s.units) for s in plan.stages]
+        params = [sum(p.numel() for p in theirs_stage.submod.parameters())]
+        Path(out).write_text(
+            json.dumps({"times": times, "balance": stage_units, "torch_stage0_params": params})
+        )
+    dist.destroy_process_group()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--microbatches", default="4", help="M, or 'auto' (the planner's)")
+    parser.add_argument("--steps", type=int, default=20, help="timed steps of each pipeline")
+    parser.add_argument("--plan", help="reuse a saved plan instead of profiling now")
+    args = parser.parse_args()
+
+    from autopipe.planner.plan import load_plan
+    from distributed_cases import free_port, spawn_ranks
+
+    tmp = Path(tempfile.mkdtemp())
+    plan_path = Path(args.plan) if args.plan else tmp / "plan.json"
+    if not args.plan:
+        m = args.microbatches if args.microbatches == "auto" else int(args.microbatches)
+        t0 = time.perf_counter()
+        _plan(args.batch_size, m, plan_path)
+        print(f"profiled and planned in {time.perf_counter() - t0:.1f} s")
+    plan = load_plan(plan_path)
+    load_before = os.getloadavg()[0]
+    spawn_ranks(_rank, 2, (free_port(), str(plan_path), args.steps, str(tmp / "out.json")), 1800)
+    load_after = os.getloadavg()[0]
+    result = json.loads((tmp / "out.json").read_text())
+    med = {k: statistics.median(v) for k, v in result["times"].items()}
+    n_layer = gpt.GPTConfig().n_layer
+    print(
+        f"examples/gpt.py, batch {plan.batch_size}, M = {plan.microbatches}, GPipe, 2 ranks x 1 thread, gloo"
+    )
+    print(f"  autopipe plan: stages of {result['balance']} units: "
+          + " | ".join(f"{s.units[0]}..{s.units[-1]}" for s in plan.stages)
+          + f"  (predicted {plan.iteration_time_s * 1e3:.1f} ms)")  # fmt: skip
+    print(
+        f"  torch even split: blocks 0-{n_layer // 2 - 1} (+ embeddings) | blocks {n_layer // 2}-{n_layer - 1} + ln_f + head"
+    )
+    print(
+        f"  {'':12s} {'median step':>12s} {'min':>9s} {'max':>9s}  (n = {len(result['times']['autopipe'])})"
+    )
+    for k, v in result["times"].items():
+        print(f"  {k:12s} {med[k] * 1e3:9.1f} ms {min(v) * 1e3:6.1f} ms {max(v) * 1e3:6.1f} ms")
+    print(f"  ratio torch-even / autopipe = {med['torch-even'] / med['autopipe']:.2f}x")
+    print(
+        f"  load average (1 min) before/after: {load_before:.2f} / {load_after:.2f} on {os.cpu_count()} CPUs"
+    )
+
+
+if __name__ == "__main__":
+    main()

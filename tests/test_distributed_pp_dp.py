@@ -1,0 +1,55 @@
+"""Choosing pipeline depth K and data-parallel degree D for G devices (torch-free model)."""
+
+from __future__ import annotations
+
+import pytest
+from autopipe.planner.plan import Plan, StagePlan
+from autopipe.runtime.distributed.pp_dp import choose_pipeline_data_parallel, ring_allreduce_s
+
+PARAM_BYTES = 400e6  # the whole model's gradients
+SAMPLE_S = 0.01  # forward + backward seconds per sample on one device
+
+
+def gpipe_plan(stages: int, batch: int, microbatches: int = 8) -> Plan:
+    """A balanced K-stage GPipe plan: (M + K - 1) x per-micro-batch stage time."""
+    if stages > 4:
+        raise ValueError("needs more memory than a device has")  # an infeasible K
+    stage_s = SAMPLE_S * batch / microbatches / stages
+    return Plan(
+        num_stages=stages,
+        microbatches=microbatches,
+        microbatch_size=batch // microbatches,
+        batch_size=batch,
+        stages=[
+            StagePlan(
+                index=i, device="gpu", units=[f"u{i}"], parameter_bytes=int(PARAM_BYTES / stages)
+            )
+            for i in range(stages)
+        ],
+        iteration_time_s=(microbatches + stages - 1) * stage_s,
+    )
+
+
+def test_ring_allreduce_model() -> None:
+    assert ring_allreduce_s(1e9, 1, 1e9) == 0.0
+    assert ring_allreduce_s(1e9, 4, 1e9) == pytest.approx(2 * 3 / 4)
+    assert ring_allreduce_s(1e9, 4, 1e9, latency_s=1e-3) == pytest.approx(1.5 + 6e-3)
+
+
+def test_fast_links_favour_data_parallel_slow_links_favour_pipelines() -> None:
+    fast = choose_pipeline_data_parallel(gpipe_plan, 8, 256, allreduce_bandwidth_bytes_per_s=1e13)
+    assert (fast[0].stages, fast[0].replicas) == (1, 8)  # no bubble, all-reduce nearly free
+    slow = choose_pipeline_data_parallel(gpipe_plan, 8, 256, allreduce_bandwidth_bytes_per_s=1e9)
+    assert (slow[0].stages, slow[0].replicas) == (4, 2)  # the deepest feasible pipeline
+    by_k = {c.stages: c for c in slow}
+    # K = 2, D = 4: per-replica batch 64, pipeline (8 + 1) x 0.04 s, all-reduce of 200 MB.
+    assert by_k[2].pipeline_s == pytest.approx(9 * SAMPLE_S * 64 / 8 / 2)
+    assert by_k[2].allreduce_s == pytest.approx(2 * 3 / 4 * 200e6 / 1e9)
+    assert by_k[2].throughput == pytest.approx(256 / (by_k[2].pipeline_s + by_k[2].allreduce_s))
+    assert by_k[8].plan is None and "more memory" in by_k[8].reason
+    assert [c.throughput for c in slow] == sorted((c.throughput for c in slow), reverse=True)
+
+
+def test_no_feasible_split_is_an_error() -> None:
+    with pytest.raises(ValueError, match="no K x D split of 8 devices works"):
+        choose_pipeline_data_parallel(lambda k, b: gpipe_plan(8, b), 8, 6, 1e9)
