@@ -1,0 +1,347 @@
+"""``autopipe plot`` and ``autopipe bench``.
+
+``register_plot(sub)`` and ``register_bench(sub)`` add the commands to the CLI's argparse
+subparsers (``autopipe.cli._EXTRA_COMMANDS``). Conventions are the CLI's: ``--json`` prints
+machine-readable output on stdout, ``-q``/``-v``, ``cli.UsageError`` -> exit 2,
+``cli.Failure`` -> exit 1, one-line errors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from autopipe import cli
+
+PLOT_EPILOG = """\
+examples:
+  autopipe plan examples/gpt.py --gpus 8 --json plan.json --plot out/
+  autopipe plot plan.json --out out/                       # redraw from the plan alone
+  autopipe plot plan.json --profile profile.json --out out/ --format png,svg
+  autopipe plot plan.json --timeline bench-out/trace.json --compare --out out/
+"""
+
+BENCH_EPILOG = """\
+examples:
+  OMP_NUM_THREADS=1 autopipe plan examples/gpt.py --gpus 4 --json plan.json
+  OMP_NUM_THREADS=1 autopipe bench examples/gpt.py --plan plan.json --steps 10 --out bench-out/
+Profile and bench with the same thread count: on a shared CPU, one thread per process keeps
+timings stable. Stages on the same device (here all four are this CPU) are simulated as
+sharing it, so the prediction is of what really runs.
+"""
+
+
+def _formats(text: str) -> tuple[str, ...]:
+    formats = tuple(f.strip().lower() for f in text.split(",") if f.strip())
+    bad = [f for f in formats if f not in ("png", "svg")]
+    if bad or not formats:
+        raise argparse.ArgumentTypeError(f"formats must be png and/or svg, got {text!r}")
+    return formats
+
+
+def _nonnegative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
+    return value
+
+
+def _load_plan(path: str) -> Any:
+    from autopipe.planner.plan import PlanFormatError, load_plan
+
+    if not Path(path).is_file():
+        raise cli.UsageError(f"plan file not found: {path} (write one with `autopipe plan --json`)")
+    try:
+        return load_plan(path)
+    except PlanFormatError as exc:
+        raise cli.UsageError(str(exc)) from exc
+
+
+def _load_timeline(path: str, num_stages: int) -> Any:
+    from autopipe.viz.timeline import TimelineFormatError, timeline_from_chrome_trace
+
+    if not Path(path).is_file():
+        raise cli.UsageError(f"timeline file not found: {path} (a Chrome trace JSON)")
+    try:
+        return timeline_from_chrome_trace(path, num_stages=num_stages, label="measured")
+    except TimelineFormatError as exc:
+        raise cli.UsageError(str(exc)) from exc
+
+
+# -- plot ---------------------------------------------------------------------------------------
+
+
+def cmd_plot(args: argparse.Namespace) -> int:
+    plan = _load_plan(args.plan)
+    if args.compare and not args.timeline:
+        raise cli.UsageError("--compare needs --timeline TRACE.json (the measured run)")
+    timeline = _load_timeline(args.timeline, plan.num_stages) if args.timeline else None
+    profile = None
+    if args.profile:
+        from autopipe.profiler.profile import Profile, ProfileFormatError
+
+        if not Path(args.profile).is_file():
+            raise cli.UsageError(f"profile file not found: {args.profile}")
+        try:
+            profile = Profile.load(args.profile)
+        except ProfileFormatError as exc:
+            raise cli.UsageError(str(exc)) from exc
+        planned = [u for s in plan.stages for u in s.units]
+        if planned != profile.unit_names:
+            raise cli.UsageError(
+                f"{args.profile} does not match {args.plan}: the plan's units are not the "
+                "profile's; pass the profile the plan was made from"
+            )
+    from autopipe.viz import plot_all
+
+    paths = plot_all(
+        plan,
+        args.out,
+        profile=profile,
+        timeline=timeline,
+        formats=args.format,
+        compare=args.compare,
+        max_gpus=args.gpus,
+    )
+    if args.json:
+        cli._emit_json({"files": [str(p) for p in paths]}, "-")
+    else:
+        cli._say(args, "plots: " + ", ".join(str(p) for p in paths))
+    return cli.EXIT_OK
+
+
+def register_plot(sub: Any) -> None:
+    """Add ``autopipe plot PLAN.json --out DIR [--timeline TRACE.json] [--compare]``."""
+    p = sub.add_parser(
+        "plot",
+        help="draw a plan's timeline, bubble, balance and scaling plots (PNG/SVG)",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=(
+            "Redraw the plots of a saved plan: the simulated timeline, bubble overhead vs "
+            "micro-batches, stage balance vs the uniform/parameters baselines and scaling vs "
+            "devices; with --timeline also the measured run (a Chrome trace from `autopipe "
+            "bench`), with --compare both on one time axis."
+        ),
+        epilog=PLOT_EPILOG,
+    )
+    p.add_argument("plan", help="PLAN.json written by `autopipe plan --json`")
+    p.add_argument("--out", "-o", required=True, metavar="DIR", help="directory for the images")
+    p.add_argument("--timeline", metavar="TRACE.json", help="measured run as a Chrome trace JSON")
+    p.add_argument(
+        "--compare",
+        action="store_true",
+        help="also draw predicted over measured on one time axis (needs --timeline)",
+    )
+    p.add_argument(
+        "--profile",
+        metavar="PROFILE.json",
+        help="the plan's profile, to (re)compute the bubble/balance/scaling data",
+    )
+    p.add_argument(
+        "--gpus",
+        type=cli._positive_int,
+        metavar="N",
+        help="scaling plot up to N devices (default: the plan's stages; needs --profile)",
+    )
+    p.add_argument(
+        "--format",
+        type=_formats,
+        default=("png",),
+        metavar="png,svg",
+        help="image formats (default: png)",
+    )
+    p.add_argument("--json", action="store_true", help="print the written files as JSON")
+    cli._common(p)
+    p.set_defaults(func=cmd_plot)
+
+
+# -- bench --------------------------------------------------------------------------------------
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:+.1f}%"
+
+
+def format_bench(result: Any) -> str:
+    """The bench table: per stage predicted vs measured forward/backward, then the iteration."""
+    rows = []
+    for s in result.stages:
+        rows.append(
+            [
+                str(s.stage),
+                s.device,
+                f"{s.forward_predicted_s * 1e3:.2f}",
+                f"{s.forward_measured_s * 1e3:.2f}",
+                _pct(s.forward_error),
+                f"{s.backward_predicted_s * 1e3:.2f}",
+                f"{s.backward_measured_s * 1e3:.2f}",
+                _pct(s.backward_error),
+            ]
+        )
+    header = [
+        "stage",
+        "device",
+        "fwd pred ms",
+        "fwd meas ms",
+        "err",
+        "bwd pred ms",
+        "bwd meas ms",
+        "err",
+    ]
+    from autopipe.report import _table
+
+    groups = result.predicted.device_groups()
+    plan = result.plan
+    shared = [g for g in groups if len(g) > 1]
+    placement = (
+        f"{plan.num_stages} stages on {len(groups)} device(s); simulated as sharing: "
+        + ", ".join("stages " + "+".join(map(str, g)) for g in shared)
+        if shared
+        else f"{plan.num_stages} stages on {len(groups)} dedicated devices"
+    )
+    lines = [
+        f"autopipe bench: {plan.model or 'model'}, M = {plan.microbatches} x "
+        f"{plan.microbatch_size} samples, {plan.schedule}, {result.steps} measured steps",
+        placement,
+        "",
+        _table(header, rows, right={0, 2, 3, 4, 5, 6, 7}),
+        "",
+        "per micro-batch; medians over micro-batches and steps; err = (predicted - measured) / "
+        "measured; the last stage includes the loss (measured once per batch, divided by M)",
+        f"iteration      predicted {result.iteration_predicted_s * 1e3:.1f} ms, measured "
+        f"{result.iteration_measured_s * 1e3:.1f} ms ({_pct(result.iteration_error)}); "
+        f"whole step incl. optimizer {result.step_measured_s * 1e3:.1f} ms",
+        f"largest stage error {100 * result.max_stage_error:.1f}%",
+    ]
+    if shared:
+        lines.append(
+            f"the plan's own prediction (one dedicated device per stage) is "
+            f"{plan.iteration_time_s * 1e3:.1f} ms"
+        )
+    return "\n".join(lines)
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    plan = _load_plan(args.plan)
+    from autopipe.modelfile import ModelFileError, load_model_file
+
+    try:
+        mf = load_model_file(args.model)
+    except ModelFileError as exc:
+        raise cli.UsageError(str(exc)) from exc
+    devices = None
+    if args.devices:
+        devices = [d.strip() for d in args.devices.split(",") if d.strip()]
+        if len(devices) != plan.num_stages:
+            raise cli.UsageError(
+                f"--devices lists {len(devices)} devices but the plan has {plan.num_stages} "
+                "stages; give one per stage (devices may repeat)"
+            )
+    import torch
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+    cores = os.cpu_count() or 1
+    if load > cores:
+        cli.log.warning(
+            "load average %.1f on %d cores: other processes share the CPU, timings are noisy",
+            load,
+            cores,
+        )
+    try:
+        model = mf.build()
+        inputs = mf.inputs(plan.batch_size)
+    except ModelFileError as exc:
+        raise cli.UsageError(str(exc)) from exc
+    from autopipe.bench import run_bench
+
+    try:
+        result = run_bench(
+            model,
+            inputs,
+            plan,
+            devices=devices,
+            steps=args.steps,
+            warmup=args.warmup,
+            loss_fn=mf.loss_fn,
+            progress=not args.quiet and not args.json,
+        )
+    except ValueError as exc:
+        # parallelize's errors on a mismatched plan/model/devices are one clear line.
+        raise cli.UsageError(str(exc)) from exc
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    from autopipe.viz.gantt import plot_timeline
+    from autopipe.viz.timeline import timeline_to_chrome_trace
+
+    trace_path = out / "trace.json"
+    trace_path.write_text(json.dumps(timeline_to_chrome_trace(result.measured)))
+    predicted_trace = out / "trace_predicted.json"
+    predicted_trace.write_text(json.dumps(timeline_to_chrome_trace(result.predicted)))
+    files = [trace_path, predicted_trace]
+    files += plot_timeline(
+        result.predicted, out / "timeline_compare", compare=result.measured, formats=args.format
+    )
+    report = result.to_dict()
+    report["files"] = [str(p) for p in files]
+    (out / "bench.json").write_text(json.dumps(report, indent=2) + "\n")
+    files.append(out / "bench.json")
+    if args.json:
+        cli._emit_json(report, "-")
+    else:
+        cli._say(args, format_bench(result))
+        cli._say(args, "wrote " + ", ".join(str(p) for p in files))
+    return cli.EXIT_OK
+
+
+def register_bench(sub: Any) -> None:
+    """Add ``autopipe bench MODEL.py --plan PLAN.json [--steps N]``."""
+    p = sub.add_parser(
+        "bench",
+        help="run a plan with the executor and compare predicted vs measured times",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=(
+            "Train a few steps of a plan with the GPipe executor on the local devices, record "
+            "the measured timeline, write it as a Chrome trace with the predicted-vs-measured "
+            "plot, and print predicted vs measured per-stage and iteration times."
+        ),
+        epilog=BENCH_EPILOG,
+    )
+    p.add_argument("model", help="MODEL.py[:FACTORY] the plan was made for")
+    p.add_argument(
+        "--plan", required=True, metavar="PLAN.json", help="written by `autopipe plan --json`"
+    )
+    p.add_argument("--steps", type=cli._positive_int, default=5, help="measured steps (default 5)")
+    p.add_argument(
+        "--warmup",
+        type=_nonnegative_int,
+        default=1,
+        metavar="N",
+        help="unmeasured steps first (default 1)",
+    )
+    p.add_argument(
+        "--devices",
+        metavar="D0,D1,...",
+        help="one device per stage, may repeat (default: the K CUDA devices, else K x cpu)",
+    )
+    p.add_argument("--threads", type=cli._positive_int, help="torch CPU threads (default: torch's)")
+    p.add_argument(
+        "--out",
+        "-o",
+        default="bench-out",
+        metavar="DIR",
+        help="where trace.json, timeline_compare.png and bench.json go (default: bench-out)",
+    )
+    p.add_argument(
+        "--format", type=_formats, default=("png",), metavar="png,svg", help="plot formats"
+    )
+    p.add_argument("--json", action="store_true", help="print the comparison as JSON on stdout")
+    cli._common(p)
+    p.set_defaults(func=cmd_bench)

@@ -1,0 +1,149 @@
+"""autopipe.viz: pictures of a pipeline plan (matplotlib, Agg backend, PNG and SVG).
+
+``plot_all(plan, out_dir, profile=profile)`` writes the four figures ``autopipe plan --plot``
+promises: ``timeline`` (Gantt of the simulated iteration), ``bubble`` (idle fraction and
+throughput vs micro-batches), ``balance`` (per-stage time and memory beside the ``uniform`` and
+``parameters`` baselines) and ``scaling`` (throughput and memory vs number of devices).
+
+The data behind bubble/balance/scaling needs the profile (it re-plans the problem with one
+knob changed); ``plot_all`` stores it in ``plan.meta["viz"]`` so a plan saved afterwards can be
+redrawn by ``autopipe plot PLAN.json`` without the profile.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from autopipe.planner.plan import Plan
+from autopipe.profiler.profile import Profile
+from autopipe.viz.timeline import (
+    Task,
+    Timeline,
+    TimelineFormatError,
+    as_timeline,
+    timeline_from_chrome_trace,
+    timeline_to_chrome_trace,
+)
+
+__all__ = [
+    "PLOT_NAMES",
+    "Task",
+    "Timeline",
+    "TimelineFormatError",
+    "as_timeline",
+    "collect_plot_data",
+    "plot_all",
+    "plot_balance",
+    "plot_bubble",
+    "plot_scaling",
+    "plot_timeline",
+    "predicted_timeline",
+    "timeline_from_chrome_trace",
+    "timeline_to_chrome_trace",
+]
+
+log = logging.getLogger("autopipe")
+
+PLOT_NAMES = ("timeline", "bubble", "balance", "scaling")
+VIZ_META_KEY = "viz"
+
+
+def __getattr__(name: str) -> Any:
+    # Plot functions import matplotlib; load them only when asked for.
+    lazy = {
+        "plot_timeline": "autopipe.viz.gantt",
+        "plot_bubble": "autopipe.viz.bubble",
+        "plot_balance": "autopipe.viz.balance",
+        "plot_scaling": "autopipe.viz.scaling",
+        "predicted_timeline": "autopipe.viz.predict",
+    }
+    if name not in lazy:
+        raise AttributeError(f"module 'autopipe.viz' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(lazy[name]), name)
+
+
+def collect_plot_data(
+    plan: Plan,
+    profile: Profile,
+    *,
+    max_gpus: int | None = None,
+    bubble_ks: Sequence[int] | None = None,
+) -> dict[str, Any]:
+    """The bubble, balance and scaling data for ``plan`` (JSON-able; re-plans via the planner).
+
+    Cost: about |divisors(B)| x |K values| + K + 2 planner calls.
+    """
+    from autopipe.viz.data import balance_data, bubble_data, scaling_data
+
+    return {
+        "bubble": bubble_data(plan, profile, ks=bubble_ks),
+        "balance": balance_data(plan, profile),
+        "scaling": scaling_data(plan, profile, max_gpus=max_gpus),
+    }
+
+
+def plot_all(
+    plan: Plan,
+    out_dir: str | Path,
+    profile: Profile | None = None,
+    *,
+    timeline: Any = None,
+    formats: Sequence[str] = ("png",),
+    compare: bool = True,
+    max_gpus: int | None = None,
+) -> list[Path]:
+    """Write the plan's figures into ``out_dir``; returns the files written.
+
+    ``timeline.<fmt>``: the simulated (predicted) iteration. With ``timeline`` (the executor's
+    ``pipeline.last_timeline``, a Chrome trace path/dict or task records) also
+    ``timeline_measured.<fmt>`` and, with ``compare``, ``timeline_compare.<fmt>`` (predicted
+    over measured on one time axis). ``bubble``, ``balance`` and ``scaling`` need ``profile``
+    or data stored earlier in ``plan.meta["viz"]``; without either they are skipped with a
+    warning. The data used is (re)stored in ``plan.meta["viz"]``. ``max_gpus`` bounds the
+    scaling plot (default: the plan's K).
+    """
+    from autopipe.viz.balance import plot_balance
+    from autopipe.viz.bubble import plot_bubble
+    from autopipe.viz.gantt import plot_timeline
+    from autopipe.viz.predict import predicted_timeline
+    from autopipe.viz.scaling import plot_scaling
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths: list[Path] = []
+    predicted = predicted_timeline(plan)
+    paths += plot_timeline(predicted, out / "timeline", formats=formats)
+    if timeline is not None:
+        measured = as_timeline(timeline, num_stages=plan.num_stages, label="measured")
+        if not measured.label:
+            measured.label = "measured"
+        paths += plot_timeline(measured, out / "timeline_measured", formats=formats)
+        if compare:
+            paths += plot_timeline(
+                predicted, out / "timeline_compare", compare=measured, formats=formats
+            )
+    if profile is not None:
+        data = collect_plot_data(plan, profile, max_gpus=max_gpus)
+        plan.meta[VIZ_META_KEY] = data
+    else:
+        data = plan.meta.get(VIZ_META_KEY) or {}
+    if not data:
+        from autopipe.viz.data import balance_data
+
+        log.warning(
+            "no profile and no plot data stored in the plan: drawing the timeline and this "
+            "plan's balance only; for the bubble and scaling plots pass the profile "
+            "(`autopipe plot --profile PROFILE.json`) or plot a plan saved by "
+            "`autopipe plan --plot DIR --json PLAN.json`"
+        )
+        paths += plot_balance(balance_data(plan, None), out / "balance", formats=formats)
+        return paths
+    paths += plot_bubble(data["bubble"], out / "bubble", formats=formats)
+    paths += plot_balance(data["balance"], out / "balance", formats=formats)
+    paths += plot_scaling(data["scaling"], out / "scaling", formats=formats)
+    return paths

@@ -1,0 +1,139 @@
+"""Bubble overhead against the number of micro-batches M.
+
+Left: the idle fraction, GPipe's closed form ``(K-1)/(M+K-1)`` (dashed) and the simulated one
+(solid). Right: simulated throughput (samples/s). Both on a log-2 x axis, the plan's chosen M
+marked with a star, GPipe's rule of thumb ``M >= 4K`` shaded. Each K is one curve.
+
+The data is a JSON-able dict (see :func:`bubble_data`) so a plan file can carry it and
+``autopipe plot`` can redraw the figure without the profile.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from autopipe.viz.style import new_figure, save
+
+
+def closed_form_bubble(microbatches: int, num_stages: int) -> float:
+    """GPipe's idle fraction with equal stages: (K-1)/(M+K-1)."""
+    return (num_stages - 1) / (microbatches + num_stages - 1)
+
+
+def bubble_figure(data: dict[str, Any]) -> Any:
+    """The bubble-vs-M figure from :func:`bubble_data`'s dict."""
+    from matplotlib.ticker import FixedLocator, NullLocator
+
+    fig = new_figure(11.0, 4.2)
+    ax_bubble, ax_tput = fig.subplots(1, 2)
+    chosen_k = int(data["num_stages"])
+    chosen_m = int(data["chosen_microbatches"])
+    cmap = _colors(len(data["curves"]))
+    all_m: set[int] = set()
+    for color, curve in zip(cmap, data["curves"], strict=True):
+        k = int(curve["num_stages"])
+        pts = [p for p in curve["points"] if p.get("feasible", True)]
+        ms = [int(p["microbatches"]) for p in curve["points"]]
+        all_m.update(ms)
+        bold = k == chosen_k
+        lw = 2.2 if bold else 1.2
+        ax_bubble.plot(
+            ms,
+            [closed_form_bubble(m, k) for m in ms],
+            linestyle="--",
+            color=color,
+            linewidth=1.0,
+            alpha=0.8,
+        )
+        ax_bubble.plot(
+            [p["microbatches"] for p in pts],
+            [p["bubble_fraction"] for p in pts],
+            marker="o",
+            markersize=3.5,
+            color=color,
+            linewidth=lw,
+            label=f"K={k} simulated",
+        )
+        ax_tput.plot(
+            [p["microbatches"] for p in pts],
+            [p["throughput"] for p in pts],
+            marker="o",
+            markersize=3.5,
+            color=color,
+            linewidth=lw,
+            label=f"K={k}",
+        )
+        bad = [p for p in curve["points"] if not p.get("feasible", True)]
+        if bad:
+            ax_tput.plot(
+                [p["microbatches"] for p in bad],
+                [0.0] * len(bad),
+                linestyle="none",
+                marker="x",
+                color=color,
+                label=f"K={k}: does not fit memory",
+            )
+        if bold:
+            chosen = [p for p in pts if int(p["microbatches"]) == chosen_m]
+            if chosen:
+                p = chosen[0]
+                for ax, key in ((ax_bubble, "bubble_fraction"), (ax_tput, "throughput")):
+                    ax.plot(
+                        [chosen_m],
+                        [p[key]],
+                        marker="*",
+                        markersize=16,
+                        color="#C44E52",
+                        markeredgecolor="black",
+                        zorder=5,
+                        linestyle="none",
+                        label=f"chosen M={chosen_m}" if key == "throughput" else None,
+                    )
+    ax_bubble.plot([], [], linestyle="--", color="gray", label="(K-1)/(M+K-1)")
+    hi = max(all_m) if all_m else 4 * chosen_k
+    for ax in (ax_bubble, ax_tput):
+        ax.set_xscale("log", base=2)
+        ax.axvspan(4 * chosen_k, max(hi, 4 * chosen_k) * 1.5, color="#55A868", alpha=0.08)
+        ax.axvline(4 * chosen_k, color="#55A868", linewidth=1.0)
+        ax.xaxis.set_major_locator(FixedLocator(sorted(all_m)))
+        ax.xaxis.set_minor_locator(NullLocator())
+        ax.set_xticks(sorted(all_m), [str(m) for m in sorted(all_m)], fontsize=7)
+        ax.set_xlim(min(all_m, default=1) / 1.3, hi * 1.3)
+        ax.set_xlabel("micro-batches M (log scale)")
+        ax.grid(color="#EEEEEE", linewidth=0.5)
+    ax_bubble.text(
+        4 * chosen_k,
+        0.98,
+        f" M >= 4K = {4 * chosen_k}",
+        transform=ax_bubble.get_xaxis_transform(),
+        va="top",
+        fontsize=8,
+        color="#2F7A3F",
+    )
+    ax_bubble.set_ylim(0, 1)
+    ax_bubble.set_ylabel("idle (bubble) fraction")
+    ax_bubble.set_title("bubble vs micro-batches", fontsize=10)
+    ax_tput.set_ylabel("samples / s (simulated)")
+    ax_tput.set_ylim(bottom=0)
+    ax_tput.set_title(
+        f"throughput vs micro-batches (batch {data.get('batch_size', '?')})", fontsize=10
+    )
+    ax_bubble.legend(fontsize=7, loc="upper right")
+    ax_tput.legend(fontsize=7, loc="lower right")
+    return fig
+
+
+def _colors(n: int) -> list[Any]:
+    from matplotlib import colormaps
+
+    cmap = colormaps["viridis"]
+    return [cmap(0.15 + 0.7 * i / max(n - 1, 1)) for i in range(n)]
+
+
+def plot_bubble(
+    data: dict[str, Any], out: str | Path, formats: Sequence[str] = ("png",)
+) -> list[Path]:
+    """Write the bubble-vs-M figure to ``out.<fmt>``. Returns the paths."""
+    return save(bubble_figure(data), out, formats)

@@ -1,0 +1,224 @@
+"""The numbers behind the bubble, balance and scaling plots, as JSON-able dicts.
+
+Each function re-plans the same problem with one knob changed (M, strategy, K) through the
+real planner, so every point on a plot is what ``autopipe plan`` would predict for that
+choice. The dicts are stored in ``plan.meta["viz"]`` by :func:`autopipe.viz.plot_all`, so
+``autopipe plot PLAN.json`` can redraw the figures without the profile. Torch-free.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Sequence
+from typing import Any
+
+from autopipe.planner.plan import Plan
+from autopipe.profiler.profile import Profile
+
+_STAGE_KEYS = (
+    "forward_s",
+    "backward_s",
+    "recompute_s",
+    "send_s",
+    "parameter_bytes",
+    "optimizer_bytes",
+    "activation_bytes",
+    "memory_bytes",
+    "checkpoint",
+)
+
+
+def planning_options(plan: Plan) -> dict[str, Any]:
+    """Keyword arguments that reproduce ``plan`` with ``autopipe.planner.plan``.
+
+    Uses the options the planner recorded in ``plan.meta["options"]`` when present, then the
+    plan's own fields (batch size, schedule, strategy, memory limit).
+    """
+    opts: dict[str, Any] = dict(plan.meta.get("options", {}) or {})
+    meta = plan.meta
+    if "checkpoint_mode" in meta:
+        opts.setdefault("checkpoint", meta["checkpoint_mode"])
+    if "headroom" in meta:
+        opts.setdefault("headroom", meta["headroom"])
+    if meta.get("state_bytes_per_parameter"):
+        opts.setdefault("bytes_per_parameter", int(round(meta["state_bytes_per_parameter"])))
+    opts.setdefault("batch_size", plan.batch_size)
+    opts.setdefault("schedule", plan.schedule)
+    opts.setdefault("memory_per_device", plan.memory_per_device)
+    if plan.strategy in ("dp", "ilp", "uniform", "parameters", "greedy-time"):
+        opts.setdefault("strategy", plan.strategy)
+    return opts
+
+
+def replan(profile: Profile, plan: Plan, **overrides: Any) -> Plan | None:
+    """``plan``'s problem re-planned with ``overrides`` (e.g. ``microbatches=8``).
+
+    Returns None when the planner finds nothing that fits (``PlanningError``); other errors
+    propagate. Options the planner does not accept are dropped.
+    """
+    from autopipe.planner import PlanningError
+    from autopipe.planner import plan as make_plan
+
+    kwargs = planning_options(plan)
+    kwargs.update(overrides)
+    kwargs.setdefault("gpus", plan.num_stages)
+    kwargs.setdefault("baselines", False)
+    accepted = inspect.signature(make_plan).parameters
+    if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in accepted.values()):
+        kwargs = {k: v for k, v in kwargs.items() if k in accepted}
+    try:
+        return make_plan(profile, **kwargs)
+    except PlanningError:
+        return None
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def bubble_data(
+    plan: Plan,
+    profile: Profile,
+    ks: Sequence[int] | None = None,
+    microbatches: Sequence[int] | None = None,
+) -> dict[str, Any]:
+    """Simulated bubble fraction, iteration time and throughput for each M (and each K).
+
+    ``ks`` defaults to the plan's K plus K/2 and 2K where they are valid; ``microbatches``
+    to every divisor of the batch size. One planner call per (K, M).
+    """
+    k = plan.num_stages
+    n_units = len(profile.units)
+    if ks is None:
+        ks = sorted({x for x in (k // 2, k, 2 * k) if 1 < x <= n_units} | {k})
+    ms = list(microbatches) if microbatches is not None else _divisors(plan.batch_size)
+    curves = []
+    for kk in ks:
+        points = []
+        for m in ms:
+            p = (
+                plan
+                if (kk == k and m == plan.microbatches)
+                else replan(profile, plan, gpus=kk, microbatches=m)
+            )
+            if p is None:
+                points.append({"microbatches": m, "feasible": False})
+                continue
+            points.append(
+                {
+                    "microbatches": m,
+                    "feasible": True,
+                    "iteration_time_s": p.iteration_time_s,
+                    "throughput": p.throughput,
+                    "bubble_fraction": p.bubble_fraction,
+                }
+            )
+        curves.append({"num_stages": kk, "points": points})
+    return {
+        "num_stages": k,
+        "chosen_microbatches": plan.microbatches,
+        "batch_size": plan.batch_size,
+        "schedule": plan.schedule,
+        "curves": curves,
+    }
+
+
+def _stage_rows(plan: Plan) -> list[dict[str, Any]]:
+    return [{key: getattr(s, key) for key in _STAGE_KEYS} for s in plan.stages]
+
+
+def _strategy_entry(name: str, p: Plan | None) -> dict[str, Any]:
+    if p is None:
+        return {"name": name, "feasible": False, "stages": []}
+    return {
+        "name": name,
+        "feasible": True,
+        "iteration_time_s": p.iteration_time_s,
+        "microbatches": p.microbatches,
+        "bubble_fraction": p.bubble_fraction,
+        "stages": _stage_rows(p),
+    }
+
+
+def balance_data(
+    plan: Plan,
+    profile: Profile | None,
+    baselines: Sequence[str] = ("uniform", "parameters"),
+) -> dict[str, Any]:
+    """Per-stage time and memory parts for ``plan`` and each baseline strategy.
+
+    Baselines are re-planned at the plan's M, schedule and memory limit. A baseline that does
+    not fit memory is planned again without the limit, so its bars still show (over the red
+    line) and it is flagged ``feasible: False``. Without a profile, baselines come from
+    ``plan.baselines[name]["stages"]`` when the planner stored them.
+    """
+    label = "autopipe" if plan.strategy in ("dp", "ilp") else plan.strategy
+    entries = [_strategy_entry(label, plan)]
+    for name in baselines:
+        if name == plan.strategy:
+            continue
+        if profile is not None:
+            p = replan(profile, plan, strategy=name, microbatches=plan.microbatches)
+            entry = _strategy_entry(name, p)
+            if p is None:
+                p = replan(
+                    profile,
+                    plan,
+                    strategy=name,
+                    microbatches=plan.microbatches,
+                    memory_per_device=None,
+                )
+                entry = {**_strategy_entry(name, p), "feasible": False}
+        else:
+            stored = plan.baselines.get(name, {})
+            entry = {
+                "name": name,
+                "feasible": bool(stored.get("feasible", True)),
+                "iteration_time_s": stored.get("iteration_time_s"),
+                "microbatches": stored.get("microbatches"),
+                "stages": list(stored.get("stages", [])),
+            }
+        entries.append(entry)
+    return {"memory_limit_bytes": plan.memory_per_device, "strategies": entries}
+
+
+def scaling_data(plan: Plan, profile: Profile, max_gpus: int | None = None) -> dict[str, Any]:
+    """Throughput and fullest-device memory for K = 1..max_gpus (default: the plan's K).
+
+    From the planner's ``scaling_report`` with the plan's options (M chosen automatically
+    for each K). One planner call per K.
+    """
+    from autopipe.planner import scaling_report
+
+    max_gpus = min(max_gpus or plan.num_stages, len(profile.units))
+    opts = planning_options(plan)
+    opts["microbatches"] = "auto"
+    accepted = inspect.signature(_planner_plan()).parameters
+    opts = {k: v for k, v in opts.items() if k in accepted and k not in ("gpus", "cluster")}
+    rows = scaling_report(profile, max_gpus, **opts)
+    points = []
+    for row in rows:
+        if not row.get("feasible"):
+            points.append({"num_stages": row["gpus"], "feasible": False})
+            continue
+        points.append(
+            {
+                "num_stages": row["gpus"],
+                "feasible": True,
+                "throughput": row["throughput"],
+                "iteration_time_s": row["iteration_time_s"],
+                "microbatches": row["microbatches"],
+                "max_memory_bytes": row["max_memory_bytes"],
+            }
+        )
+    return {
+        "chosen_num_stages": plan.num_stages,
+        "memory_limit_bytes": plan.memory_per_device,
+        "points": points,
+    }
+
+
+def _planner_plan() -> Any:
+    from autopipe.planner import plan as make_plan
+
+    return make_plan

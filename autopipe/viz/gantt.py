@@ -1,0 +1,166 @@
+"""Timeline (Gantt) plot: one row per stage, a box per task, idle time shaded as bubble.
+
+Every task box is a ``Rectangle`` with ``gid`` ``"task:<phase>"`` and every idle span a
+``Rectangle`` with ``gid`` ``"bubble"``, so tests (and users) can recover exactly what was
+drawn from ``ax.patches``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from autopipe.viz.style import BUBBLE_COLOR, PHASE_COLORS, format_ms, new_figure, save
+from autopipe.viz.timeline import PHASES, Timeline
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+
+ROW_HEIGHT = 0.8
+"""Height of a stage's row in y units (rows are 1 apart)."""
+
+
+def idle_spans(timeline: Timeline, stages: list[int]) -> list[tuple[float, float]]:
+    """Idle ``(start_s, end_s)`` gaps of the device running ``stages`` within the iteration.
+
+    A gap is time when none of ``stages`` runs a task. O(n log n).
+    """
+    group = set(stages)
+    spans = sorted((t.start_s, t.end_s) for t in timeline.tasks if t.stage in group)
+    gaps, cursor = [], timeline.start_s
+    for start, end in spans:
+        if start > cursor:
+            gaps.append((cursor, start))
+        cursor = max(cursor, end)
+    if timeline.end_s > cursor:
+        gaps.append((cursor, timeline.end_s))
+    return gaps
+
+
+def timeline_title(timeline: Timeline) -> str:
+    """``"predicted (gpipe, K=4, M=8): iteration 12.3 ms, bubble 27.3%"``."""
+    what = timeline.label or "timeline"
+    groups = timeline.device_groups()
+    placement = (
+        f"K={timeline.num_stages} on {len(groups)} shared device{'s' if len(groups) > 1 else ''}"
+        if timeline.shared
+        else f"K={timeline.num_stages}"
+    )
+    detail = ", ".join(
+        x for x in (timeline.schedule, placement, f"M={timeline.num_microbatches}") if x
+    )
+    idle = "device idle" if timeline.shared else "bubble"
+    return (
+        f"{what} ({detail}): iteration {format_ms(timeline.iteration_s)}, "
+        f"{idle} {100 * timeline.bubble_fraction:.1f}%"
+    )
+
+
+def draw_timeline(ax: Axes, timeline: Timeline, *, width_px: float | None = None) -> None:
+    """Draw ``timeline`` on ``ax``: stage 0 on top, time in ms on x.
+
+    ``width_px`` is the axes' width in pixels, used to decide whether a micro-batch number
+    fits inside its box (estimated from the figure size if not given). O(n) in tasks.
+    """
+    from matplotlib.patches import Rectangle
+
+    t0 = timeline.start_s
+    span_s = max(timeline.iteration_s, 1e-12)
+    if width_px is None:
+        fig = ax.get_figure()
+        width_px = 0.85 * fig.get_figwidth() * fig.dpi
+    px_per_s = width_px / span_s
+    k = timeline.num_stages
+    many = len(timeline.tasks) > 400
+    for task in sorted(timeline.tasks, key=lambda t: (t.stage, t.start_s)):
+        x = (task.start_s - t0) * 1e3
+        w = task.duration_s * 1e3
+        ax.add_patch(
+            Rectangle(
+                (x, task.stage - ROW_HEIGHT / 2),
+                w,
+                ROW_HEIGHT,
+                facecolor=PHASE_COLORS[task.phase],
+                edgecolor="white" if not many else "none",
+                linewidth=0.5,
+                gid=f"task:{task.phase}",
+            )
+        )
+        label = str(task.microbatch)
+        # About 7 px per digit at fontsize 7, plus a little margin.
+        if task.phase != "send" and task.duration_s * px_per_s > 7 * len(label) + 4:
+            ax.text(
+                x + w / 2,
+                task.stage,
+                label,
+                ha="center",
+                va="center",
+                fontsize=7,
+                color="white",
+                clip_on=True,
+            )
+    # Shade the time each stage's *device* is idle: with dedicated devices that is the
+    # stage's bubble; stages sharing a device wait (unshaded) while it runs another stage.
+    for group in timeline.device_groups():
+        for stage, (start, end) in ((s, gap) for gap in idle_spans(timeline, group) for s in group):
+            ax.add_patch(
+                Rectangle(
+                    ((start - t0) * 1e3, stage - ROW_HEIGHT / 2),
+                    (end - start) * 1e3,
+                    ROW_HEIGHT,
+                    facecolor=BUBBLE_COLOR,
+                    edgecolor="#A0A0A0",
+                    hatch="///",
+                    linewidth=0.0,
+                    gid="bubble",
+                )
+            )
+    ax.set_xlim(0, span_s * 1e3)
+    ax.set_ylim(k - 0.5, -0.5)
+    ax.set_yticks(range(k), [f"stage {s}" for s in range(k)])
+    ax.set_xlabel("time (ms)")
+    ax.set_title(timeline_title(timeline), fontsize=10)
+    ax.grid(axis="x", color="#EEEEEE", linewidth=0.5)
+    ax.set_axisbelow(True)
+
+
+def _legend(fig: Figure, timeline_phases: set[str]) -> None:
+    from matplotlib.patches import Patch
+
+    handles = [Patch(facecolor=PHASE_COLORS[p], label=p) for p in PHASES if p in timeline_phases]
+    handles.append(Patch(facecolor=BUBBLE_COLOR, edgecolor="#A0A0A0", hatch="///", label="idle"))
+    fig.legend(handles=handles, loc="outside lower center", ncol=len(handles), fontsize=8)
+
+
+def timeline_figure(timeline: Timeline, compare: Timeline | None = None) -> Figure:
+    """The Gantt figure; with ``compare`` a second panel below sharing the time axis.
+
+    Use it for predicted (``timeline``) over measured (``compare``) so the cost model's error
+    is visible at a glance: both panels span the longer of the two iterations.
+    """
+    timelines = [timeline] if compare is None else [timeline, compare]
+    height = sum(1.0 + 0.38 * t.num_stages for t in timelines) + 0.6
+    fig = new_figure(11.0, height)
+    axes = fig.subplots(len(timelines), 1, sharex=True, squeeze=False)[:, 0]
+    longest_s = max(t.iteration_s for t in timelines)
+    for ax, tl in zip(axes, timelines, strict=True):
+        draw_timeline(ax, tl, width_px=0.85 * 11.0 * fig.dpi * tl.iteration_s / longest_s)
+        if tl is not timelines[-1]:
+            ax.set_xlabel("")
+    axes[0].set_xlim(0, longest_s * 1e3)
+    _legend(fig, {t.phase for tl in timelines for t in tl.tasks})
+    return fig
+
+
+def plot_timeline(
+    timeline: Timeline,
+    out: str | Path,
+    *,
+    compare: Timeline | None = None,
+    formats: Sequence[str] = ("png",),
+) -> list[Path]:
+    """Write the Gantt chart to ``out.<fmt>`` (``out`` without suffix). Returns the paths."""
+    fig = timeline_figure(timeline, compare)
+    return save(fig, out, formats)

@@ -1,0 +1,65 @@
+"""Predicted timelines: a Plan's per-stage costs run through the planner's schedule simulator.
+
+Torch-free. The simulator (``autopipe.planner.simulate``) places forward, send, recompute and
+backward tasks by the plan's schedule; ``shared_device_groups`` lists stages that share one
+physical device (e.g. four "devices" that are all this machine's CPU), which the simulator
+list-schedules one task at a time, so the prediction is of what really runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from autopipe.planner.plan import Plan
+from autopipe.viz.timeline import Task, Timeline
+
+
+def shared_groups(devices: Sequence[Any]) -> list[list[int]]:
+    """Stage indices grouped by equal device (``["cpu", "cpu", "cuda:1"]`` -> ``[[0, 1], [2]]``)."""
+    groups: dict[str, list[int]] = {}
+    for s, d in enumerate(devices):
+        groups.setdefault(str(d), []).append(s)
+    return list(groups.values())
+
+
+def predicted_timeline(
+    plan: Plan,
+    *,
+    devices: Sequence[Any] | None = None,
+    label: str = "predicted",
+) -> Timeline:
+    """Simulate one iteration of ``plan`` and return its tasks as a Timeline.
+
+    ``devices``: the physical device of each stage when stages share devices (stages with
+    equal devices are simulated on one device); ``None`` = one dedicated device per stage, as
+    the planner assumes. O(T log K) for T tasks.
+    """
+    from autopipe.planner.simulate import simulate
+
+    groups = shared_groups(devices) if devices is not None else None
+    if devices is not None and len(devices) != plan.num_stages:
+        raise ValueError(
+            f"got {len(devices)} devices for a {plan.num_stages}-stage plan; give one per stage"
+        )
+    sim = simulate(
+        [s.forward_s for s in plan.stages],
+        [s.backward_s for s in plan.stages],
+        plan.microbatches,
+        recompute_s=[s.recompute_s for s in plan.stages],
+        send_s=[s.send_s for s in plan.stages],
+        schedule=plan.schedule,
+        shared_device_groups=groups,
+    )
+    tasks = [Task(t.stage, t.microbatch, t.phase, t.start_s, t.end_s) for t in sim.tasks]
+    device_of = [0] * plan.num_stages
+    for t in sim.tasks:
+        device_of[t.stage] = t.device
+    return Timeline(
+        tasks,
+        plan.num_stages,
+        label=label,
+        schedule=plan.schedule,
+        meta={"iteration_time_s": sim.iteration_time_s, "bubble_fraction": sim.bubble_fraction},
+        devices=device_of,
+    )

@@ -1,0 +1,57 @@
+"""Shared look of autopipe's figures: colours per phase, headless backend, saving."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+PHASE_COLORS = {
+    "forward": "#4C72B0",
+    "recompute": "#55A868",
+    "backward": "#DD8452",
+    "send": "#8172B3",
+}
+MEMORY_COLORS = {
+    "parameters": "#4C72B0",
+    "gradients + optimizer": "#8172B3",
+    "activations": "#DD8452",
+}
+BUBBLE_COLOR = "#D9D9D9"
+FORMATS = ("png", "svg")
+
+
+def new_figure(width_in: float, height_in: float) -> Figure:
+    """A figure on the Agg canvas (never a GUI window, works without a display)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width_in, height_in), dpi=100, layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def save(fig: Figure, out: str | Path, formats: Sequence[str] = ("png",)) -> list[Path]:
+    """Write ``fig`` as ``out.<fmt>`` for each format; ``out`` has no suffix. Returns the paths."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for fmt in formats:
+        if fmt not in FORMATS:
+            raise ValueError(f"unsupported plot format {fmt!r}; use one of {', '.join(FORMATS)}")
+        path = out.with_name(f"{out.name}.{fmt}")
+        fig.savefig(path, format=fmt, dpi=120)
+        paths.append(path)
+    return paths
+
+
+def format_ms(seconds: float) -> str:
+    """Seconds as a short millisecond (or second) string for titles."""
+    if seconds >= 10:
+        return f"{seconds:.1f} s"
+    if seconds >= 1e-3:
+        return f"{seconds * 1e3:.3g} ms"
+    return f"{seconds * 1e6:.3g} us"

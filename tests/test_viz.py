@@ -1,0 +1,266 @@
+"""Plots render from small real plans, are valid images, and draw what the plan says."""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+import pytest
+from autopipe.planner import Cluster, plan
+from autopipe.planner.plan import Plan, load_plan
+from autopipe.profiler.profile import Profile, UnitProfile
+
+from autopipe.viz import plot_all
+from autopipe.viz.balance import balance_figure
+from autopipe.viz.bubble import closed_form_bubble
+from autopipe.viz.data import balance_data, bubble_data, scaling_data
+from autopipe.viz.gantt import plot_timeline, timeline_figure
+from autopipe.viz.predict import predicted_timeline
+from autopipe.viz.timeline import (
+    Task,
+    Timeline,
+    TimelineFormatError,
+    as_timeline,
+    timeline_from_chrome_trace,
+    timeline_to_chrome_trace,
+)
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def _profile(n: int = 12, batch: int = 32) -> Profile:
+    """A small hand-made profile: uneven units, a heavy last unit (like an LM head)."""
+    units = [
+        UnitProfile(
+            name=f"u{i}",
+            forward_s=1e-3 * (1 + i % 3) * (3 if i == n - 1 else 1),
+            backward_s=2e-3 * (1 + i % 3) * (3 if i == n - 1 else 1),
+            forward_overhead_s=1e-4,
+            backward_overhead_s=2e-4,
+            parameter_count=1_000_000 * (6 if i == n - 1 else 1),
+            parameter_bytes=4_000_000 * (6 if i == n - 1 else 1),
+            activation_bytes=8_000_000,
+            output_bytes=1_000_000,
+        )
+        for i in range(n)
+    ]
+    return Profile(units=units, cut_bytes=[1_000_000] * (n - 1), batch_size=batch, input_bytes=1000)
+
+
+@pytest.fixture(scope="module")
+def profile() -> Profile:
+    return _profile()
+
+
+@pytest.fixture(scope="module")
+def gpipe_plan(profile: Profile) -> Plan:
+    return plan(profile, gpus=4, batch_size=32, microbatches="auto", memory_per_device=2**30)
+
+
+@pytest.fixture(scope="module")
+def onefoneb_plan(profile: Profile) -> Plan:
+    # Finite links (sends on the timeline) and checkpointing (recompute boxes).
+    cluster = Cluster.homogeneous(4, link_bandwidth_bytes_per_s=2e9)
+    return plan(
+        profile,
+        cluster=cluster,
+        batch_size=32,
+        microbatches=8,
+        schedule="1f1b",
+        checkpoint="always",
+    )
+
+
+def _png_size(path: Path) -> tuple[int, int]:
+    data = path.read_bytes()
+    assert data[:8] == PNG_MAGIC, f"{path} is not a PNG"
+    assert data[12:16] == b"IHDR"
+    width, height = struct.unpack(">II", data[16:24])
+    return width, height
+
+
+def _check_png(path: Path, min_w: int = 600, min_h: int = 250) -> None:
+    width, height = _png_size(path)
+    assert min_w <= width <= 4000 and min_h <= height <= 4000, (width, height)
+    assert path.stat().st_size > 10_000  # a real drawing, not an empty canvas
+
+
+def _drawn_idle_fraction(ax) -> float:
+    """Idle share recovered from the drawn patches: row length x rows minus the task boxes."""
+    tasks = [p for p in ax.patches if str(p.get_gid()).startswith("task:")]
+    bubbles = [p for p in ax.patches if p.get_gid() == "bubble"]
+    rows = {round(p.get_y() + p.get_height() / 2) for p in tasks + bubbles}
+    x0, x1 = ax.get_xlim()
+    area = len(rows) * (x1 - x0)
+    # Task boxes of one row never overlap in a simulated timeline, so widths add up.
+    busy = sum(p.get_width() for p in tasks)
+    idle_drawn = sum(p.get_width() for p in bubbles)
+    assert abs((area - busy) - idle_drawn) <= 1e-6 * area  # shading = complement of the boxes
+    return (area - busy) / area
+
+
+@pytest.mark.parametrize("which", ["gpipe_plan", "onefoneb_plan"])
+def test_timeline_idle_area_matches_plan_bubble(which: str, request, tmp_path: Path) -> None:
+    p: Plan = request.getfixturevalue(which)
+    tl = predicted_timeline(p)
+    assert tl.iteration_s == pytest.approx(p.iteration_time_s, rel=1e-9)
+    fig = timeline_figure(tl)
+    ax = fig.axes[0]
+    assert abs(_drawn_idle_fraction(ax) - p.bubble_fraction) < 0.01
+    phases = {str(x.get_gid()) for x in ax.patches}
+    if p.schedule == "1f1b":
+        assert {"task:forward", "task:backward", "task:recompute", "task:send"} <= phases
+    # Micro-batch numbers are written in the boxes where they fit.
+    assert any(t.get_text() == "0" for t in ax.texts)
+    assert f"bubble {100 * p.bubble_fraction:.1f}%" in ax.get_title()
+    paths = plot_timeline(tl, tmp_path / "timeline", formats=("png", "svg"))
+    _check_png(paths[0])
+    assert paths[1].read_text().lstrip().startswith("<?xml")
+
+
+def test_gpipe_bubble_equals_closed_form_for_equal_stages(tmp_path: Path) -> None:
+    k, m = 4, 8
+    # Equal stages: the simulator's fill-drain bubble is exactly (K-1)/(M+K-1).
+    from autopipe.planner.simulate import simulate
+
+    sim = simulate([1.0] * k, [2.0] * k, m)
+    tl = as_timeline(sim, num_stages=k)
+    assert tl.bubble_fraction == pytest.approx(closed_form_bubble(m, k))
+    ax = timeline_figure(tl).axes[0]
+    assert _drawn_idle_fraction(ax) == pytest.approx(closed_form_bubble(m, k), abs=1e-9)
+
+
+def test_compare_shares_time_axis(gpipe_plan: Plan, tmp_path: Path) -> None:
+    predicted = predicted_timeline(gpipe_plan)
+    # A "measured" run 30% slower than predicted.
+    measured = Timeline(
+        [
+            Task(t.stage, t.microbatch, t.phase, 1.3 * t.start_s, 1.3 * t.end_s)
+            for t in predicted.tasks
+        ],
+        predicted.num_stages,
+        label="measured",
+    )
+    fig = timeline_figure(predicted, compare=measured)
+    top, bottom = fig.axes[:2]
+    assert top.get_shared_x_axes().joined(top, bottom)
+    assert top.get_xlim() == bottom.get_xlim()
+    assert top.get_xlim()[1] == pytest.approx(1.3 * predicted.iteration_s * 1e3)
+    assert "measured" in bottom.get_title()
+    _check_png(plot_timeline(predicted, tmp_path / "cmp", compare=measured)[0], min_h=400)
+
+
+def test_shared_device_timeline(gpipe_plan: Plan) -> None:
+    shared = predicted_timeline(gpipe_plan, devices=["cpu"] * gpipe_plan.num_stages)
+    # One device runs everything one task at a time: no overlap, no idle device time.
+    spans = sorted((t.start_s, t.end_s) for t in shared.tasks)
+    assert all(a[1] <= b[0] + 1e-12 for a, b in zip(spans, spans[1:], strict=False))
+    total = sum(s.time_s for s in gpipe_plan.stages) * gpipe_plan.microbatches
+    assert shared.iteration_s == pytest.approx(total)
+    assert shared.bubble_fraction == pytest.approx(0.0, abs=1e-9)
+    assert shared.iteration_s > gpipe_plan.iteration_time_s
+    assert "shared" in timeline_figure(shared).axes[0].get_title()
+
+
+def test_chrome_trace_round_trip(onefoneb_plan: Plan) -> None:
+    tl = predicted_timeline(onefoneb_plan)
+    back = timeline_from_chrome_trace(json.loads(json.dumps(timeline_to_chrome_trace(tl))))
+    assert back.num_stages == tl.num_stages
+    key = lambda t: (t.stage, t.microbatch, t.phase)  # noqa: E731
+    for a, b in zip(sorted(tl.tasks, key=key), sorted(back.tasks, key=key), strict=True):
+        assert key(a) == key(b)
+        assert a.start_s == pytest.approx(b.start_s, abs=1e-9)
+        assert a.end_s == pytest.approx(b.end_s, abs=1e-9)
+    assert back.bubble_fraction == pytest.approx(tl.bubble_fraction, abs=1e-9)
+
+
+def test_chrome_trace_from_names_and_errors(tmp_path: Path) -> None:
+    # Executor-style names ("F3", "B0") with tid as the stage and no args.
+    events = [
+        {"ph": "X", "name": "F0", "tid": 0, "pid": 0, "ts": 0, "dur": 10},
+        {"ph": "X", "name": "F0", "tid": 1, "pid": 0, "ts": 10, "dur": 10},
+        {"ph": "X", "name": "B0", "tid": 1, "pid": 0, "ts": 20, "dur": 20},
+        {"ph": "X", "name": "B0", "tid": 0, "pid": 0, "ts": 40, "dur": 20},
+        {"ph": "M", "name": "thread_name", "tid": 0, "pid": 0},
+    ]
+    tl = timeline_from_chrome_trace({"traceEvents": events})
+    assert tl.num_stages == 2 and tl.iteration_s == pytest.approx(60e-6)
+    assert tl.shared  # both stages in one trace process = one device
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(TimelineFormatError, match="not valid JSON"):
+        timeline_from_chrome_trace(bad)
+    with pytest.raises(TimelineFormatError, match="no pipeline tasks"):
+        timeline_from_chrome_trace({"traceEvents": [{"ph": "X", "name": "step", "ts": 0}]})
+
+
+def test_bubble_plot_data_and_image(gpipe_plan: Plan, profile: Profile, tmp_path: Path) -> None:
+    from autopipe.viz.bubble import bubble_figure, plot_bubble
+
+    data = bubble_data(gpipe_plan, profile, ks=[2, 4])
+    k4 = next(c for c in data["curves"] if c["num_stages"] == 4)
+    chosen = next(p for p in k4["points"] if p["microbatches"] == gpipe_plan.microbatches)
+    assert chosen["bubble_fraction"] == pytest.approx(gpipe_plan.bubble_fraction)
+    # M was chosen automatically, so no other M of the same K is faster.
+    best = max(p["throughput"] for p in k4["points"] if p["feasible"])
+    assert chosen["throughput"] == pytest.approx(best)
+    assert [p["microbatches"] for p in k4["points"]] == [1, 2, 4, 8, 16, 32]
+    fig = bubble_figure(data)
+    ax = fig.axes[0]
+    assert ax.get_xscale() == "log"
+    stars = [ln for ax_ in fig.axes for ln in ax_.get_lines() if ln.get_marker() == "*"]
+    assert stars and all(ln.get_xdata()[0] == gpipe_plan.microbatches for ln in stars)
+    rule = [ln for ln in ax.get_lines() if list(ln.get_xdata()) == [16, 16]]
+    assert rule, "GPipe's M >= 4K line is drawn at M = 16 for K = 4"
+    _check_png(plot_bubble(data, tmp_path / "bubble")[0])
+
+
+def test_balance_plot(gpipe_plan: Plan, profile: Profile, tmp_path: Path) -> None:
+    from autopipe.viz.balance import plot_balance
+
+    data = balance_data(gpipe_plan, profile)
+    names = [s["name"] for s in data["strategies"]]
+    assert names == ["autopipe", "uniform", "parameters"]
+    uniform = data["strategies"][1]
+    assert [len(s) for s in [uniform["stages"]]] == [4]
+    # autopipe's bottleneck is never worse than a baseline's at the same M.
+    bott = lambda e: max(
+        s["forward_s"] + s["backward_s"] + s["recompute_s"] + s["send_s"] for s in e["stages"]
+    )  # noqa: E731
+    assert all(bott(data["strategies"][0]) <= bott(e) + 1e-12 for e in data["strategies"][1:])
+    fig = balance_figure(data)
+    assert len(fig.axes) == 6
+    # The red device-limit line is on every memory panel.
+    limit_mib = gpipe_plan.memory_per_device / 2**20
+    for ax in fig.axes[3:]:
+        assert any(abs(ln.get_ydata()[0] - limit_mib) < 1e-6 for ln in ax.get_lines())
+    _check_png(plot_balance(data, tmp_path / "balance")[0])
+
+
+def test_scaling_plot(gpipe_plan: Plan, profile: Profile, tmp_path: Path) -> None:
+    from autopipe.viz.scaling import plot_scaling
+
+    data = scaling_data(gpipe_plan, profile, max_gpus=6)
+    ks = [p["num_stages"] for p in data["points"]]
+    assert ks == [1, 2, 3, 4, 5, 6]
+    one = plan(profile, gpus=1, batch_size=32, memory_per_device=2**30, baselines=False)
+    assert data["points"][0]["throughput"] == pytest.approx(one.throughput)
+    _check_png(plot_scaling(data, tmp_path / "scaling")[0])
+
+
+def test_plot_all_then_redraw_from_plan_alone(
+    profile: Profile, gpipe_plan: Plan, tmp_path: Path
+) -> None:
+    p = Plan.from_dict(json.loads(json.dumps(gpipe_plan.to_dict())))
+    paths = plot_all(p, tmp_path / "a", profile=profile)
+    assert [x.name for x in paths] == ["timeline.png", "bubble.png", "balance.png", "scaling.png"]
+    for path in paths:
+        _check_png(path)
+    # The data is stored in the plan: a saved plan redraws all four without the profile.
+    p.save(tmp_path / "plan.json")
+    again = plot_all(load_plan(tmp_path / "plan.json"), tmp_path / "b", formats=("svg",))
+    assert [x.name for x in again] == ["timeline.svg", "bubble.svg", "balance.svg", "scaling.svg"]
+    # A plan without stored data still gets its timeline and balance.
+    bare = plot_all(Plan.from_dict(gpipe_plan.to_dict()), tmp_path / "c")
+    assert [x.name for x in bare] == ["timeline.png", "balance.png"]
