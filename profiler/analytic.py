@@ -34,6 +34,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from autopipe.profiler.catalog import DeviceSpec, get_device, normalize_dtype
+from autopipe.profiler.memory import canonical_parameter_names, unit_tensors
 from autopipe.profiler.opcount import OpCounter, UnitCost, storage_key
 from autopipe.profiler.profile import Profile, UnitProfile
 from autopipe.profiler.tree import tensor_leaves
@@ -305,11 +306,7 @@ def profile_analytic(
     gm = units.graph_module
     unit_names = units.unit_names
 
-    params: dict[int, tuple[str, int, int, bool]] = {}
-    for name, p in gm.named_parameters(remove_duplicate=False):
-        params.setdefault(storage_key(p), (name, p.numel(), p.numel() * p.element_size(), False))
-    for name, b in gm.named_buffers(remove_duplicate=False):
-        params.setdefault(storage_key(b), (name, b.numel(), b.numel() * b.element_size(), True))
+    params = {storage_key(t) for t in [*gm.parameters(), *gm.buffers(), *model.parameters()]}
 
     counter = OpCounter(spec, len(unit_names), params, allow_tf32=allow_tf32)
     saved_seen: set[int] = set()
@@ -343,7 +340,9 @@ def profile_analytic(
 
     profile = _build_profile(
         counter,
+        interpreter.node_storages,
         units,
+        model,
         spec,
         dtype_name,
         torch_dtype,
@@ -367,11 +366,19 @@ class _UnitInterpreter(fx.Interpreter):
         super().__init__(gm)
         self.node_unit = node_unit
         self.counter = counter
+        self.node_storages: dict[str, dict[int, tuple[int, bool]]] = {}
+        """fx node name -> {storage key: (bytes, is floating)} of the tensors it produced."""
 
     def run_node(self, n: fx.Node) -> Any:
         if n.op != "output":
             self.counter.unit = self.node_unit.get(n.name, self.counter.unit)
-        return super().run_node(n)
+        result = super().run_node(n)
+        self.node_storages[n.name] = {
+            storage_key(t): (t.untyped_storage().nbytes(), t.is_floating_point())
+            for t in tensor_leaves(result)
+            if storage_key(t) not in self.counter.parameter_storages
+        }
+        return result
 
 
 def _loss(
@@ -414,7 +421,9 @@ def _apply_efficiency(spec: DeviceSpec, efficiency: float | dict[str, float] | N
 
 def _build_profile(
     counter: OpCounter,
+    node_storages: dict[str, dict[int, tuple[int, bool]]],
     units_graph: UnitGraph,
+    model: nn.Module,
     spec: DeviceSpec,
     dtype_name: str,
     torch_dtype: torch.dtype,
@@ -424,13 +433,14 @@ def _build_profile(
     model_name: str,
 ) -> Profile:
     unit_names = units_graph.unit_names
-    param_by_name = {info[0]: info for info in counter.parameter_storages.values()}
-    outputs = counter.output_bytes()
+    outputs, grad_inputs = _boundary_bytes(units_graph, node_storages)
+    accounting = _parameter_accounting(units_graph, model)
     units: list[UnitProfile] = []
     details: list[dict[str, Any]] = []
     for index, (name, cost) in enumerate(zip(unit_names, counter.units, strict=True)):
-        param_count = sum(param_by_name[p][1] for p in cost.parameters)
-        param_bytes = sum(param_by_name[p][2] for p in cost.parameters)
+        params, trainable_bytes, buffer_bytes, shared = accounting[index]
+        param_count = sum(p.numel() for p in params)
+        param_bytes = sum(p.numel() * p.element_size() for p in params)
         unit = UnitProfile(
             name=name or "model",
             kind=units_graph.unit_kinds[index],
@@ -438,13 +448,16 @@ def _build_profile(
             parameter_bytes=param_bytes,
             activation_bytes=cost.saved_bytes,
             output_bytes=outputs[index],
-            peak_bytes=max(cost.forward.working_set_bytes, cost.backward.working_set_bytes),
+            # as the measured CPU profile: saved + outputs + gradients of the unit's inputs
+            peak_bytes=cost.saved_bytes + outputs[index] + grad_inputs[index],
             forward_flops=cost.forward.flops,
             backward_flops=cost.backward.flops,
-            shared_parameters=list(cost.shared_parameters),
-            gradient_bytes=param_bytes,
-            optimizer_bytes=optimizer_state_bytes(optimizer, param_count, param_bytes),
-            buffer_bytes=sum(param_by_name[b][2] for b in cost.buffers),
+            shared_parameters=shared,
+            gradient_bytes=trainable_bytes,
+            optimizer_bytes=optimizer_state_bytes(
+                optimizer, sum(p.numel() for p in params if p.requires_grad), trainable_bytes
+            ),
+            buffer_bytes=buffer_bytes,
         )
         _set_times(unit, cost, spec)
         units.append(unit)
@@ -455,7 +468,8 @@ def _build_profile(
                 "backward": cost.backward.to_dict(),
             }
         )
-    total_param_bytes = sum(i[2] for i in counter.parameter_storages.values() if not i[3])
+    unique = {id(p): p for p in model.parameters()}
+    total_param_bytes = sum(p.numel() * p.element_size() for p in unique.values())
     return Profile(
         units=units,
         cut_bytes=counter.cut_bytes(),
@@ -480,6 +494,51 @@ def _build_profile(
             "analytic_units": details,
         },
     )
+
+
+def _boundary_bytes(
+    ug: UnitGraph, node_storages: dict[str, dict[int, tuple[int, bool]]]
+) -> tuple[list[int], list[int]]:
+    """Per unit, from the graph: bytes of the values it hands to later units (or returns),
+    and bytes of the floating values it receives from earlier units (their gradients are what
+    its backward produces for its inputs). Deduplicated by storage. O(edges)."""
+    n = ug.num_units
+    outputs: list[dict[int, int]] = [{} for _ in range(n)]
+    received: list[dict[int, int]] = [{} for _ in range(n)]
+    for node in ug.graph_module.graph.nodes:
+        if node.op in ("output", "get_attr", "placeholder") or node.name not in node_storages:
+            continue
+        unit = ug.node_unit[node.name]
+        consumers = {n if u.op == "output" else ug.node_unit[u.name] for u in node.users}
+        later = {c for c in consumers if c > unit}
+        for key, (nbytes, floating) in node_storages[node.name].items():
+            if later:
+                outputs[unit][key] = nbytes
+            for c in later:
+                if c < n and floating:
+                    received[c][key] = nbytes
+    return [sum(o.values()) for o in outputs], [sum(r.values()) for r in received]
+
+
+def _parameter_accounting(
+    ug: UnitGraph, model: nn.Module
+) -> list[tuple[list[torch.Tensor], int, int, list[str]]]:
+    """Per unit: parameters it uses, trainable (gradient) bytes, buffer bytes, and the
+    canonical names of parameters it shares with other units. A tied parameter counts in
+    every unit that uses it (the convention of the measured profiler)."""
+    per_unit = unit_tensors(ug, model)
+    names = canonical_parameter_names(model)
+    users: dict[int, int] = {}
+    for params, _ in per_unit:
+        for p in params:
+            users[id(p)] = users.get(id(p), 0) + 1
+    rows = []
+    for params, buffers in per_unit:
+        trainable = sum(p.numel() * p.element_size() for p in params if p.requires_grad)
+        buffer_bytes = sum(b.numel() * b.element_size() for b in buffers)
+        shared = sorted(names.get(id(p), "") for p in params if users[id(p)] > 1)
+        rows.append((params, trainable, buffer_bytes, shared))
+    return rows
 
 
 def _set_times(unit: UnitProfile, cost: UnitCost, spec: DeviceSpec) -> None:

@@ -114,17 +114,11 @@ class PhaseCost:
 
 @dataclass
 class UnitCost:
-    """Everything counted for one unit."""
+    """Everything counted for one unit: op costs per phase and bytes saved for backward."""
 
     forward: PhaseCost = field(default_factory=PhaseCost)
     backward: PhaseCost = field(default_factory=PhaseCost)
     saved_bytes: int = 0
-    parameters: list[str] = field(default_factory=list)
-    """Names of parameters this unit uses first (it owns them)."""
-    shared_parameters: list[str] = field(default_factory=list)
-    """Names of parameters first used by an earlier unit (tied weights)."""
-    buffers: list[str] = field(default_factory=list)
-    """Names of buffers (BatchNorm statistics, ...) this unit uses first."""
 
 
 class OpCounter(TorchDispatchMode):
@@ -138,7 +132,7 @@ class OpCounter(TorchDispatchMode):
         self,
         spec: DeviceSpec,
         n_units: int,
-        parameter_storages: dict[int, tuple[str, int, int, bool]],
+        parameter_storages: set[int],
         *,
         allow_tf32: bool = False,
     ) -> None:
@@ -150,8 +144,7 @@ class OpCounter(TorchDispatchMode):
         self.phase = "forward"
         self.track_liveness = True
         self.parameter_storages = parameter_storages
-        """storage key -> (name, numel, bytes, is_buffer) of every parameter and buffer."""
-        self.parameter_owner: dict[int, int] = {}
+        """Storage keys of every parameter and buffer (not activations)."""
         self.producer: dict[int, int] = {}
         self.last_use: dict[int, int] = {}
         self.storage_bytes: dict[int, int] = {}
@@ -197,7 +190,6 @@ class OpCounter(TorchDispatchMode):
             return out
         in_tensors = [a for a in tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)]
         out_tensors = [o for o in tree_leaves(out) if isinstance(o, torch.Tensor)]
-        self._book_parameters(in_tensors)
         if self.track_liveness and self.phase == "forward":
             self._book_liveness(in_tensors, out_tensors)
         if packet in _ALLOC_ONLY:
@@ -229,23 +221,6 @@ class OpCounter(TorchDispatchMode):
         cost.ops[name] = cost.ops.get(name, 0) + 1
         return out
 
-    def _book_parameters(self, in_tensors: list[torch.Tensor]) -> None:
-        for t in in_tensors:
-            key = storage_key(t)
-            info = self.parameter_storages.get(key)
-            if info is None:
-                continue
-            owner = self.parameter_owner.setdefault(key, self.unit)
-            unit = self.units[self.unit]
-            if info[3]:
-                if owner == self.unit and info[0] not in unit.buffers:
-                    unit.buffers.append(info[0])
-            elif owner == self.unit:
-                if info[0] not in unit.parameters:
-                    unit.parameters.append(info[0])
-            elif info[0] not in unit.shared_parameters:
-                unit.shared_parameters.append(info[0])
-
     def _book_liveness(
         self, in_tensors: list[torch.Tensor], out_tensors: list[torch.Tensor]
     ) -> None:
@@ -267,25 +242,15 @@ class OpCounter(TorchDispatchMode):
         n = len(self.units)
         diff = [0] * (n + 1)
         for key, producer in self.producer.items():
-            last = self.last_use.get(key, producer)
-            first_cut = max(producer, 0) if producer >= 0 else 0
-            if last > producer and last - 1 >= first_cut:
-                # live across cuts producer .. last-1 (cut i sits between unit i and i+1)
-                lo = max(producer, 0)
-                hi = min(last - 1, n - 2)
-                if lo <= hi:
-                    diff[lo] += self.storage_bytes[key]
-                    diff[hi + 1] -= self.storage_bytes[key]
+            # live across cuts producer .. last-1 (cut i sits between unit i and i+1);
+            # model inputs have producer -1
+            lo = max(producer, 0)
+            hi = min(self.last_use.get(key, producer) - 1, n - 2)
+            if lo <= hi:
+                diff[lo] += self.storage_bytes[key]
+                diff[hi + 1] -= self.storage_bytes[key]
         cuts, running = [], 0
         for i in range(n - 1):
             running += diff[i]
             cuts.append(running)
         return cuts
-
-    def output_bytes(self) -> list[int]:
-        """Per unit: bytes of the tensors it produces that a later unit (or the caller) uses."""
-        out = [0] * len(self.units)
-        for key, producer in self.producer.items():
-            if producer >= 0 and self.last_use.get(key, producer) > producer:
-                out[producer] += self.storage_bytes[key]
-        return out

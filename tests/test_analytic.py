@@ -113,12 +113,12 @@ def test_bf16_halves_bytes() -> None:
     assert c16 < c32
 
 
-def test_tied_weights_are_owned_once() -> None:
+def test_tied_weights_count_in_each_user_and_once_in_total() -> None:
     model, x = small_gpt(tie_weights=True)
     p = profile_analytic(model, x, "a100", dtype="float32", loss_fn=gpt.loss_fn)
-    assert p.units[0].parameter_count == V * D
-    assert p.units[-1].parameter_count == 0
-    assert p.units[-1].shared_parameters == ["tok_emb.weight"]
+    # the convention of the measured profiler: a stage holding either unit needs the weight
+    assert p.units[0].parameter_count == V * D == p.units[-1].parameter_count
+    assert p.units[0].shared_parameters == p.units[-1].shared_parameters == ["tok_emb.weight"]
     assert p.parameter_bytes_total == 4 * gpt.num_parameters(model)
 
 
@@ -297,3 +297,34 @@ def test_bad_arguments() -> None:
         profile_analytic(model, x, "cuda")
     # the caller's model keeps its real weights
     assert not next(model.parameters()).is_meta
+
+
+@pytest.mark.parametrize("example", ["gpt", "resnet", "tied-decoder"])
+def test_memory_fields_equal_the_measured_profiler(example: str) -> None:
+    measure = pytest.importorskip("autopipe.profiler.measure")
+    torch.manual_seed(0)
+    if example == "gpt":
+        model, x = small_gpt()
+        loss_fn = gpt.loss_fn
+    elif example == "resnet":
+        model, x, loss_fn = (
+            resnet.resnet(widths=(8, 16), blocks_per_stage=2),
+            resnet.example_inputs(4),
+            None,
+        )
+    else:
+        model, x, loss_fn = TiedDecoder(), decoder_inputs(), None
+    analytic = profile_analytic(model, x, "cpu", dtype="float32", loss_fn=loss_fn)
+    measured = measure.profile(
+        model, x, loss_fn=loss_fn, progress=False, microbatch_sizes=(), warmup=0, repeat=1
+    )
+    assert analytic.unit_names == measured.unit_names
+    assert analytic.cut_bytes == measured.cut_bytes
+    assert analytic.input_bytes == measured.input_bytes
+    assert analytic.parameter_bytes_total == measured.parameter_bytes_total
+    fields = [
+        "parameter_count", "parameter_bytes", "gradient_bytes", "optimizer_bytes", "buffer_bytes",
+        "activation_bytes", "output_bytes", "peak_bytes", "shared_parameters",
+    ]  # fmt: skip
+    for a, m in zip(analytic.units, measured.units, strict=True):
+        assert {f: getattr(a, f) for f in fields} == {f: getattr(m, f) for f in fields}, a.name
