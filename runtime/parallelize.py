@@ -72,7 +72,9 @@ def stage_flags(plan: Any, checkpoint: str) -> list[bool]:
 
 
 def _measure(model: nn.Module, example_inputs: Any, granularity: str) -> Any:
-    from autopipe.profiler import profile
+    # Imported from the module itself: ``autopipe.profiler.profile`` is also the name of the
+    # Profile data module.
+    from autopipe.profiler.measure import profile
 
     accepted = inspect.signature(profile).parameters
     kwargs = {"granularity": granularity} if "granularity" in accepted else {}

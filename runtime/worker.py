@@ -5,8 +5,8 @@ Tasks are closures submitted with ``Worker.submit`` and return a
 re-raised in the caller by ``Future.result``, so a failing stage never hangs the pipeline.
 Workers are daemon threads shared by every pipeline in the process (``worker_for``), so a
 program never leaks one thread per pipeline and exits even if a task is stuck.
-Per-thread state that PyTorch keeps (grad mode, autocast) is copied from the submitting
-thread into each task.
+Per-thread state that PyTorch keeps (grad mode, intra-op thread count) is copied from the
+submitting thread into each task; autocast state is not (enter autocast inside the model).
 """
 
 from __future__ import annotations
@@ -42,9 +42,13 @@ class Worker:
             item = self._queue.get()
             if item is _STOP:
                 return
-            future, fn, grad_enabled = item
+            future, fn, grad_enabled, threads = item
             if not future.set_running_or_notify_cancel():
                 continue
+            if torch.get_num_threads() != threads:
+                # OpenMP's thread count is per thread: without this a worker would use every
+                # core while the caller asked for fewer, oversubscribing the CPU.
+                torch.set_num_threads(threads)
             try:
                 with torch.set_grad_enabled(grad_enabled):
                     result = fn()
@@ -54,9 +58,10 @@ class Worker:
                 future.set_result(result)
 
     def submit(self, fn: Callable[[], Any]) -> Future[Any]:
-        """Queue ``fn`` to run on this worker with the caller's grad mode; returns its future."""
+        """Queue ``fn`` to run on this worker with the caller's grad mode and thread count;
+        returns its future."""
         future: Future[Any] = Future()
-        self._queue.put((future, fn, torch.is_grad_enabled()))
+        self._queue.put((future, fn, torch.is_grad_enabled(), torch.get_num_threads()))
         return future
 
     def stop(self) -> None:
