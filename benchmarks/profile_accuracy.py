@@ -102,7 +102,8 @@ def measure(model: torch.nn.Module, inputs: Any, loss_fn: Any, repeats: int) -> 
     except ImportError:
         return measure_by_ops(model, inputs, loss_fn, repeats), "per-op timing (benchmark fallback)"
     kwargs: dict[str, Any] = {"loss_fn": loss_fn} if loss_fn else {}
-    return measured_profile(model, inputs, **kwargs), "autopipe.profiler.measure.profile"
+    measured = measured_profile(model, inputs, progress=False, **kwargs)
+    return measured, "autopipe.profiler.measure.profile"
 
 
 def measured_saved_bytes(model: torch.nn.Module, inputs: Any, loss_fn: Any) -> int:
