@@ -102,7 +102,7 @@ def measure(model: torch.nn.Module, inputs: Any, loss_fn: Any, repeats: int) -> 
     except ImportError:
         return measure_by_ops(model, inputs, loss_fn, repeats), "per-op timing (benchmark fallback)"
     kwargs: dict[str, Any] = {"loss_fn": loss_fn} if loss_fn else {}
-    measured = measured_profile(model, inputs, progress=False, **kwargs)
+    measured = measured_profile(model, inputs, progress=False, repeat=repeats, **kwargs)
     return measured, "autopipe.profiler.measure.profile"
 
 

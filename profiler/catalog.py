@@ -374,6 +374,12 @@ def device_names() -> list[str]:
     return list(CATALOG)
 
 
+def is_catalog_device(name: str) -> bool:
+    """True if ``name`` is a built-in spec or alias (analytic), False otherwise (e.g. ``"cuda"``,
+    which the CLI measures on)."""
+    return _key(str(name)) in _alias_table()
+
+
 def get_device(name: str | DeviceSpec) -> DeviceSpec:
     """Look up a built-in spec by name or alias, case-insensitively (``"h100-sxm"``, ``"A100"``).
 

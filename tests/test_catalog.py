@@ -14,6 +14,7 @@ from autopipe.profiler.catalog import (
     DeviceSpecError,
     device_names,
     get_device,
+    is_catalog_device,
     load_device_spec,
     to_planner_cluster,
     to_planner_device,
@@ -63,6 +64,11 @@ def test_catalog_has_required_devices_with_sources() -> None:
 )
 def test_aliases_are_case_insensitive(alias: str, canonical: str) -> None:
     assert get_device(alias).name == canonical
+
+
+def test_is_catalog_device() -> None:
+    assert is_catalog_device("H100-sxm") and is_catalog_device("cpu")
+    assert not is_catalog_device("cuda") and not is_catalog_device("cuda:0")
 
 
 def test_unknown_device_lists_valid_names() -> None:
