@@ -453,6 +453,7 @@ def profile(
     tracer: str | None = None,
     optimizer: str = "adam",
     threads: int | None = None,
+    clock: str = "auto",
 ) -> Profile:
     """Measure per-unit forward/backward seconds and memory of one training step.
 
@@ -464,7 +465,11 @@ def profile(
     ``t(b) = a + c * b`` fit; ``None`` = ``B`` and ``B/4`` (or ``B/2``); ``()`` = ``B`` only.
     ``cache=True`` reuses a profile saved for the same model structure, inputs, device,
     dtype and options (``cache_dir`` or ``$AUTOPIPE_CACHE_DIR`` or ``~/.cache/autopipe``).
-    ``threads`` sets torch's CPU thread count while measuring (``None``: unchanged).
+    ``threads``: torch's intra-op thread count while measuring. ``None`` means 1 on CPU
+    (single-thread timings are stable on a loaded host and keep the units' shares right;
+    oversubscribed multi-thread kernels are not) and unchanged on GPUs. ``clock``:
+    ``"wall"``, ``"thread_cpu"`` (CPU time of the measuring thread, robust to other processes
+    on a shared host) or ``"auto"`` (``"thread_cpu"`` for single-threaded CPU runs, else wall).
     Train/eval flags, buffers, ``.grad`` and the global RNG are restored afterwards.
 
     Returns a :class:`Profile` whose times are seconds per call at batch ``B`` and sizes bytes
@@ -492,6 +497,12 @@ def profile(
             f"micro-batch sizes must be between 1 and the batch size {big_b}, got {bad}"
         )
 
+    if threads is None and dev.type == "cpu":
+        threads = 1
+    if clock == "auto":
+        single = (threads or torch.get_num_threads()) == 1
+        clock = "thread_cpu" if dev.type == "cpu" and single else "wall"
+
     key = None
     if cache:
         key = cache_key(
@@ -503,6 +514,8 @@ def profile(
             tracer=tracer,
             sizes=sizes,
             optimizer=optimizer,
+            threads=threads,
+            clock=clock,
             loss_fn=getattr(loss_fn, "__qualname__", repr(loss_fn)),
         )
         cached = load_cached(key, cache_dir)
@@ -543,7 +556,7 @@ def profile(
                 whole, total_saved = whole_model_step(model, inputs, loss_fn)
                 steps.append(whole)
             times = time_steps_interleaved(
-                steps, dev, warmup=warmup, repeat=repeat, tick=lambda: bar.update()
+                steps, dev, warmup=warmup, repeat=repeat, tick=lambda: bar.update(), clock=clock
             )
             if size == big_b:
                 total_fwd_s, total_bwd_s = times.pop()
@@ -602,6 +615,7 @@ def profile(
                 "warmup": warmup,
                 "repeat": repeat,
                 "threads": torch.get_num_threads() if threads is None else threads,
+                "clock": clock,
                 "host": platform.node(),
                 "per_size": [
                     {

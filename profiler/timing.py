@@ -82,6 +82,12 @@ class TimedStep:
     reset: Callable[[], None] | None = None
 
 
+CLOCKS: dict[str, Callable[[], float]] = {
+    "wall": time.perf_counter,
+    "thread_cpu": time.thread_time,
+}
+
+
 def time_steps_interleaved(
     steps: Sequence[TimedStep],
     device: torch.device,
@@ -89,6 +95,7 @@ def time_steps_interleaved(
     warmup: int = 2,
     repeat: int = 5,
     tick: Callable[[], None] | None = None,
+    clock: str = "wall",
 ) -> list[tuple[float, float]]:
     """Median (forward, backward) seconds of each step, timed in interleaved rounds.
 
@@ -96,20 +103,28 @@ def time_steps_interleaved(
     ``warmup``. Interleaving makes slow drifts of machine load (other processes on a shared
     host) hit all steps alike, so per-unit times stay comparable with each other and with a
     whole-model step timed in the same rounds. ``tick()`` runs after each round.
+
+    ``clock``: ``"wall"`` (``time.perf_counter``) or ``"thread_cpu"`` (``time.thread_time``:
+    CPU seconds of the calling thread, blind to time the thread waits while other processes
+    run; equal to wall time on an idle machine, and only meaningful for single-threaded
+    CPU kernels).
     """
     if repeat < 1:
         raise ValueError(f"repeat must be >= 1, got {repeat}")
+    if clock not in CLOCKS:
+        raise ValueError(f"clock {clock!r} is not one of {', '.join(CLOCKS)}")
+    now = CLOCKS[clock]
     samples: list[tuple[list[float], list[float]]] = [([], []) for _ in steps]
     for r in range(warmup + repeat):
         for step, (fwd, bwd) in zip(steps, samples, strict=True):
             synchronize(device)
-            t0 = time.perf_counter()
+            t0 = now()
             out = step.forward()
             synchronize(device)
-            t1 = time.perf_counter()
+            t1 = now()
             step.backward(out)
             synchronize(device)
-            t2 = time.perf_counter()
+            t2 = now()
             del out
             if step.reset is not None:
                 step.reset()
