@@ -46,6 +46,36 @@ def test_torchrun_trains_and_reports_loss_and_step_time(
     assert all(s["time_s"] > 0 for s in steps)
 
 
+def _torchrun(model: Path, plan: Path, log: Path, *extra: str) -> list[float]:
+    out = subprocess.run(
+        [
+            sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+            "--master-port", str(free_port()),
+            "-m", "autopipe.cli_run", "run", str(model), "--plan", str(plan),
+            "--steps", "3", "--timeout", "60", "--json", str(log), "-q", *extra,
+        ],
+        capture_output=True, text=True, cwd=ROOT, timeout=120,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    return [s["loss"] for s in json.loads(log.read_text())["steps"]]
+
+
+@pytest.mark.slow
+def test_meta_build_with_state_dict_trains_like_the_replicated_model(
+    files: tuple[Path, Path], tmp_path: Path
+) -> None:
+    import torch
+
+    from autopipe.modelfile import load_model_file
+
+    model, plan = files
+    weights = tmp_path / "weights.pt"
+    torch.save(load_model_file(str(model)).build().state_dict(), weights)
+    replicated = _torchrun(model, plan, tmp_path / "a.json")
+    from_file = _torchrun(model, plan, tmp_path / "b.json", "--state-dict", str(weights))
+    assert from_file == pytest.approx(replicated, rel=1e-6, abs=1e-6)
+
+
 def test_run_outside_torchrun_says_how_to_launch(files: tuple[Path, Path]) -> None:
     model, plan = files
     env = {
