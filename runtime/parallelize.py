@@ -12,7 +12,6 @@ flags. Stage ``i`` runs on ``devices[i]``.
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Sequence
 from typing import Any
 
@@ -71,14 +70,14 @@ def stage_flags(plan: Any, checkpoint: str) -> list[bool]:
     )
 
 
-def _measure(model: nn.Module, example_inputs: Any, granularity: str) -> Any:
+def _measure(
+    model: nn.Module, example_inputs: Any, granularity: str, options: dict[str, Any]
+) -> Any:
     # Imported from the module itself: ``autopipe.profiler.profile`` is also the name of the
     # Profile data module.
     from autopipe.profiler.measure import profile
 
-    accepted = inspect.signature(profile).parameters
-    kwargs = {"granularity": granularity} if "granularity" in accepted else {}
-    return profile(model, example_inputs, **kwargs)
+    return profile(model, example_inputs, granularity=granularity, **options)
 
 
 def parallelize(
@@ -93,13 +92,15 @@ def parallelize(
     plan: Any = None,
     granularity: str = "block",
     memory_per_device: int | None = None,
+    profile_options: dict[str, Any] | None = None,
 ) -> Pipeline:
     """Cut ``model`` into a pipeline over ``devices`` following ``plan`` (made here if None).
 
     ``example_inputs``: a tensor, a tuple of positional inputs or a dict of keyword inputs
     (a representative mini-batch). ``batch_size`` defaults to the example's; ``microbatches``
     and ``checkpoint`` are passed to the planner (``checkpoint`` also overrides a given plan's
-    per-stage flags unless ``"auto"``). Returns a ``Pipeline`` with ``pipeline.plan`` set.
+    per-stage flags unless ``"auto"``). ``profile_options`` go to
+    ``autopipe.profiler.measure.profile`` (e.g. ``loss_fn``, ``repeat``, ``progress``). Returns a ``Pipeline`` with ``pipeline.plan`` set.
     """
     from autopipe.profiler.units import trace_units
 
@@ -112,7 +113,7 @@ def parallelize(
     if plan is None:
         from autopipe.planner import plan as make_plan
 
-        profile = _measure(model, example_inputs, granularity)
+        profile = _measure(model, example_inputs, granularity, profile_options or {})
         plan = make_plan(
             profile,
             gpus=len(devs),

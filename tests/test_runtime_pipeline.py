@@ -182,17 +182,21 @@ def test_plan_for_other_units_is_refused() -> None:
         parallelize(model, idx, ["cpu"] * 3, plan=good)
 
 
-def test_parallelize_with_the_planner() -> None:
-    """Profile (analytic, counted on meta) -> planner -> parallelize: the cuts line up."""
-    from autopipe.planner import plan as make_plan
-    from autopipe.profiler.analytic import profile_analytic
-
+def test_parallelize_profiles_and_plans() -> None:
+    """No plan given: measure a Profile, plan 3 stages, run; the cuts line up with the units."""
     model, idx = tiny_gpt(0.0), tokens(8)
-    profile = profile_analytic(model, idx, "cpu", dtype="float32")
-    plan = make_plan(profile, gpus=3, batch_size=8, microbatches=4, checkpoint="always")
     reference = copy.deepcopy(model)
-    pipe = parallelize(model, idx, plan=plan)
-    assert pipe.num_stages == 3 and pipe.chunks == 4 and pipe.checkpoint == [True] * 3
+    pipe = parallelize(
+        model,
+        idx,
+        gpus=3,
+        microbatches=4,
+        checkpoint="always",
+        profile_options={"warmup": 1, "repeat": 1, "progress": False, "loss_fn": gpt.loss_fn},
+    )
+    assert pipe.plan.num_stages == pipe.num_stages == 3
+    assert pipe.chunks == pipe.plan.microbatches == 4 and pipe.checkpoint == [True] * 3
+    assert pipe.devices == [torch.device("cpu")] * 3
     torch.manual_seed(0)
     out = pipe(idx)
     out.sum().backward()
