@@ -224,17 +224,22 @@ def test_balance_plot(gpipe_plan: Plan, profile: Profile, tmp_path: Path) -> Non
     assert names == ["autopipe", "uniform", "parameters"]
     uniform = data["strategies"][1]
     assert [len(s) for s in [uniform["stages"]]] == [4]
+
     # autopipe's bottleneck is never worse than a baseline's at the same M.
-    bott = lambda e: max(
-        s["forward_s"] + s["backward_s"] + s["recompute_s"] + s["send_s"] for s in e["stages"]
-    )  # noqa: E731
+    def bott(entry: dict) -> float:
+        return max(
+            s["forward_s"] + s["backward_s"] + s["recompute_s"] + s["send_s"]
+            for s in entry["stages"]
+        )
+
     assert all(bott(data["strategies"][0]) <= bott(e) + 1e-12 for e in data["strategies"][1:])
     fig = balance_figure(data)
     assert len(fig.axes) == 6
     # The red device-limit line is on every memory panel.
-    limit_mib = gpipe_plan.memory_per_device / 2**20
+    assert fig.axes[3].get_ylabel() == "memory (GiB)"
+    limit = gpipe_plan.memory_per_device / 2**30
     for ax in fig.axes[3:]:
-        assert any(abs(ln.get_ydata()[0] - limit_mib) < 1e-6 for ln in ax.get_lines())
+        assert any(abs(ln.get_ydata()[0] - limit) < 1e-9 for ln in ax.get_lines())
     _check_png(plot_balance(data, tmp_path / "balance")[0])
 
 

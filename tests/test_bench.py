@@ -1,0 +1,168 @@
+"""`autopipe bench` and `autopipe plot` end to end on a tiny model (mechanics, not speed)."""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+import pytest
+
+from autopipe import cli
+from autopipe.cli_viz import register_bench, register_plot
+
+MODEL = """
+import torch
+from torch import nn
+
+
+def build_model():
+    torch.manual_seed(0)
+    return nn.Sequential(
+        nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 4)
+    )
+
+
+def example_inputs(batch_size=8):
+    return torch.randn(batch_size, 16, generator=torch.Generator().manual_seed(0))
+
+
+def loss_fn(output, inputs):
+    return output.square().mean()
+"""
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _commands() -> None:
+    # The lead wires these into cli._EXTRA_COMMANDS; make sure they are there for the tests.
+    for register in (register_plot, register_bench):
+        if register not in cli._EXTRA_COMMANDS:
+            cli._EXTRA_COMMANDS.append(register)
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
+    """A model file, its measured profile and a 2-stage plan with M = 4."""
+    import torch
+    from autopipe.planner import plan
+    from autopipe.profiler.measure import profile
+
+    from autopipe.modelfile import load_model_file
+
+    tmp = tmp_path_factory.mktemp("bench")
+    model_py = tmp / "tiny.py"
+    model_py.write_text(MODEL)
+    mf = load_model_file(str(model_py))
+    torch.set_num_threads(1)
+    prof = profile(mf.build(), mf.inputs(8), loss_fn=mf.loss_fn, progress=False, warmup=1, repeat=2)
+    prof_path = tmp / "profile.json"
+    prof.save(prof_path)
+    p = plan(prof, gpus=2, batch_size=8, microbatches=4)
+    plan_path = tmp / "plan.json"
+    p.save(plan_path)
+    return model_py, prof_path, plan_path
+
+
+def _png_ok(path: Path) -> None:
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    width, height = struct.unpack(">II", data[16:24])
+    assert width >= 600 and height >= 250
+
+
+@pytest.fixture(scope="module")
+def bench_run(setup, tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, Path]:
+    """One `autopipe bench --json` run: its report and output directory."""
+    model_py, _, plan_path = setup
+    out = tmp_path_factory.mktemp("bench-out")
+    argv = ["bench", str(model_py), "--plan", str(plan_path), "--steps", "2", "--out", str(out)]
+    import contextlib
+    import io
+
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        assert cli.main([*argv, "--json"]) == 0
+    return json.loads(buf.getvalue()), out
+
+
+def test_bench_json_and_files(setup, bench_run) -> None:
+    _, _, plan_path = setup
+    report, out = bench_run
+    assert report["num_stages"] == 2 and report["microbatches"] == 4
+    # Both stages run on this machine's CPU: simulated as one shared device.
+    assert report["devices"] == ["cpu", "cpu"]
+    assert report["shared_device_groups"] == [[0, 1]]
+    assert len(report["stages"]) == 2
+    for s in report["stages"]:
+        assert s["forward_measured_s"] > 0 and s["backward_measured_s"] > 0
+        assert s["forward_error"] == pytest.approx(
+            (s["forward_predicted_s"] - s["forward_measured_s"]) / s["forward_measured_s"]
+        )
+    # On one shared device the prediction is the sum of all tasks, not the pipelined time.
+    from autopipe.planner.plan import load_plan
+
+    p = load_plan(plan_path)
+    total = sum(s.time_s for s in p.stages) * p.microbatches
+    assert report["iteration_predicted_s"] == pytest.approx(total)
+    assert len(report["iteration_measured_samples_s"]) == 2
+    _png_ok(out / "timeline_compare.png")
+    from autopipe.viz.timeline import timeline_from_chrome_trace
+
+    measured = timeline_from_chrome_trace(out / "trace.json")
+    assert measured.num_stages == 2 and measured.num_microbatches == 4
+    assert len(measured.durations(0, "forward")) == 4
+    assert len(measured.durations(1, "backward")) == 4
+    assert measured.shared
+    assert (out / "bench.json").is_file()
+
+
+def test_bench_table(setup, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    model_py, _, plan_path = setup
+    rc = cli.main(
+        ["bench", str(model_py), "--plan", str(plan_path), "--steps", "1", "--warmup", "0",
+         "--out", str(tmp_path)]
+    )  # fmt: skip
+    text = capsys.readouterr().out
+    assert rc == 0
+    assert "fwd pred ms" in text and "iteration      predicted" in text
+    assert "simulated as sharing: stages 0+1" in text
+
+
+def test_bench_bad_input(setup, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    model_py, _, plan_path = setup
+    base = ["bench", str(model_py), "--out", str(tmp_path)]
+    assert cli.main([*base, "--plan", str(tmp_path / "none.json")]) == 2
+    assert "plan file not found" in capsys.readouterr().err
+    assert cli.main([*base, "--plan", str(plan_path), "--devices", "cpu"]) == 2
+    err = capsys.readouterr().err
+    assert "1 devices but the plan has 2 stages" in err and "Traceback" not in err
+    other = tmp_path / "other.py"
+    other.write_text(MODEL.replace("nn.Linear(64, 4)", "nn.ReLU(), nn.Linear(64, 4)"))
+    assert cli.main(["bench", str(other), "--plan", str(plan_path), "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "units" in err
+
+
+def test_plot_command(setup, bench_run, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    model_py, prof_path, plan_path = setup
+    out = tmp_path / "plots"
+    argv = ["plot", str(plan_path), "--profile", str(prof_path), "--out", str(out), "--json"]
+    assert cli.main(argv) == 0
+    files = [Path(f).name for f in json.loads(capsys.readouterr().out)["files"]]
+    assert files == ["timeline.png", "bubble.png", "balance.png", "scaling.png"]
+    for name in files:
+        _png_ok(out / name)
+    # The measured trace written by bench, drawn under the prediction.
+    trace = bench_run[1] / "trace.json"
+    rc = cli.main(
+        ["plot", str(plan_path), "--timeline", str(trace), "--compare",
+         "--out", str(out), "--format", "png,svg", "-q"]
+    )  # fmt: skip
+    assert rc == 0
+    assert (out / "timeline_compare.png").is_file() and (out / "timeline_compare.svg").is_file()
+    _png_ok(out / "timeline_measured.png")
+    assert cli.main(["plot", str(plan_path), "--compare", "--out", str(out)]) == 2
+    assert "--compare needs --timeline" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:  # argparse rejects the format: usage error
+        cli.main(["plot", str(plan_path), "--out", str(out), "--format", "gif"])
+    assert exc.value.code == 2
