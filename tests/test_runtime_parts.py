@@ -1,0 +1,83 @@
+"""Runtime building blocks: micro-batching, the clock schedule, workers, the timeline."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from autopipe.runtime.microbatch import gather, scatter
+from autopipe.runtime.schedule import bubble_fraction, clock_cycles
+from autopipe.runtime.timeline import Timeline
+from autopipe.runtime.worker import worker_for
+
+
+def test_scatter_uneven_small_and_broadcast() -> None:
+    x, mask = torch.arange(10).view(10, 1), torch.ones(3, 3)
+    pieces = scatter([x, mask, 7], 4)
+    assert [p[0].shape[0] for p in pieces] == [3, 3, 2, 2]
+    assert all(p[1] is mask and p[2] == 7 for p in pieces)  # other sizes / non-tensors broadcast
+    assert torch.equal(torch.cat([p[0] for p in pieces]), x)
+    assert len(scatter([torch.zeros(2, 5)], 7)) == 2  # fewer samples than chunks
+    with pytest.raises(ValueError):
+        scatter([x], 0)
+    with pytest.raises(TypeError):
+        scatter([3], 2)
+
+
+def test_gather_nested_outputs() -> None:
+    outs = [{"y": torch.full((2, 1), float(i)), "n": 5} for i in range(3)]
+    joined = gather(outs)
+    assert joined["n"] == 5 and joined["y"].flatten().tolist() == [0, 0, 1, 1, 2, 2]
+    with pytest.raises(TypeError, match="0-dim"):
+        gather([torch.tensor(1.0), torch.tensor(2.0)])
+
+
+@pytest.mark.parametrize(("m", "k"), [(1, 1), (4, 3), (3, 5), (7, 2)])
+def test_clock_cycles_respect_dependencies(m: int, k: int) -> None:
+    clocks = list(clock_cycles(m, k))
+    assert len(clocks) == m + k - 1
+    when = {task: c for c, tasks in enumerate(clocks) for task in tasks}
+    assert sorted(when) == [(i, j) for i in range(m) for j in range(k)]
+    for (i, j), c in when.items():
+        assert c == i + j
+        if j > 0:
+            assert when[(i, j - 1)] < c
+        if i > 0:
+            assert when[(i - 1, j)] < c  # a stage takes micro-batches in order
+    assert bubble_fraction(m, k) == pytest.approx((k - 1) / (m + k - 1))
+
+
+def test_worker_propagates_exceptions_and_grad_mode() -> None:
+    worker = worker_for(torch.device("cpu"))
+    with torch.no_grad():
+        assert worker.submit(torch.is_grad_enabled).result(timeout=5) is False
+    assert worker.submit(torch.is_grad_enabled).result(timeout=5) is True
+
+    def fail() -> None:
+        raise KeyError("from the worker")
+
+    with pytest.raises(KeyError, match="from the worker"):
+        worker.submit(fail).result(timeout=5)
+    assert worker.alive and worker.submit(lambda: 3).result(timeout=5) == 3
+
+
+def test_chrome_trace_format(tmp_path) -> None:
+    tl = Timeline()
+    cpu = torch.device("cpu")
+    with tl.record(0, 0, "forward", cpu):
+        pass
+    with tl.record(1, 0, "backward", cpu), tl.record(1, 0, "recompute", cpu):
+        pass
+    trace = tl.to_chrome_trace()
+    slices = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    assert {(e["tid"], e["cat"]) for e in slices} == {
+        (0, "forward"),
+        (1, "backward"),
+        (1, "recompute"),
+    }
+    assert all(e["dur"] >= 0 and e["ts"] >= 0 for e in slices)
+    path = tmp_path / "t.json"
+    tl.save_chrome_trace(path)
+    assert json.loads(path.read_text()) == json.loads(json.dumps(trace))
+    assert tl.makespan_s() >= 0 and tl.busy_s(1) >= 0
