@@ -32,15 +32,19 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
 import torch.nn.functional as F
+from autopipe.profiler.calibrate import apply_times as _apply_times
+from autopipe.profiler.calibrate import priced_times
 from autopipe.profiler.catalog import DeviceSpec, get_device, normalize_dtype
+from autopipe.profiler.measure import default_microbatch_sizes, slice_batch
 from autopipe.profiler.memory import canonical_parameter_names, unit_tensors
-from autopipe.profiler.opcount import OpCounter, UnitCost, storage_key
+from autopipe.profiler.opcount import OpCounter, storage_key
 from autopipe.profiler.profile import Profile, UnitProfile
 from autopipe.profiler.tree import tensor_leaves
 from autopipe.profiler.units import TraceError, UnitGraph, trace_units
@@ -268,6 +272,7 @@ def profile_analytic(
     loss_fn: Callable[[Any, Any], torch.Tensor] | None = None,
     efficiency: float | dict[str, float] | None = None,
     optimizer: str = "adam",
+    microbatch_sizes: Sequence[int] | None = None,
     allow_tf32: bool = False,
     model_name: str = "",
 ) -> Profile:
@@ -276,12 +281,18 @@ def profile_analytic(
     ``model_or_factory``: an ``nn.Module`` (copied to meta) or a zero-argument function
     building one (called under ``torch.device("meta")``: nothing is allocated).
     ``example_inputs``: a tensor, a tuple of positional tensors or a dict of keyword
-    tensors at the profile's batch size (shape ``(batch, ...)``); only shapes and dtypes
-    are used. Floating inputs and parameters are cast to ``dtype``.
+    tensors at the profile's batch size ``B`` (dim 0); only shapes and dtypes are used.
+    Floating inputs and parameters are cast to ``dtype``.
     ``device``: a catalog name (``"a100-80gb"``) or a :class:`DeviceSpec`.
     ``loss_fn(output, example_inputs)`` drives backward; default: sum of the floating outputs.
+    The loss's time is kept apart (``meta["loss_forward_s"]``/``["loss_backward_s"]``) and
+    its saved tensors count in the last unit, as in the measured profiler.
     ``efficiency``: a float sets the compute efficiency; a dict may set ``compute``,
     ``memory`` and ``kernel_launch_overhead_s``.
+    ``microbatch_sizes``: sizes also counted to fit ``t(b) = a + c * b`` per unit (``a`` =
+    ``forward_overhead_s``: launches and weight reads that small micro-batches do not
+    shrink); ``None`` = ``B`` and ``B/4`` (or ``B/2``); ``()`` = ``B`` only, overhead =
+    kernels x launch overhead.
     Returns a ``Profile`` with ``mode="analytic"``; seconds are for the whole batch.
     """
     started = time.perf_counter()
@@ -301,6 +312,63 @@ def profile_analytic(
     torch_dtype = _TORCH_DTYPES[dtype_name]
     model = _meta_model(model_or_factory, torch_dtype)
     inputs = _meta_inputs(example_inputs, torch_dtype)
+    big_b = _batch_size(inputs)
+    sizes = _sizes(big_b, microbatch_sizes)
+    counts = [
+        _count(model, slice_batch(inputs, b, big_b), spec, granularity, loss_fn, allow_tf32)
+        for b in sizes
+    ]
+    base = counts[0]
+    for other in counts[1:]:
+        if other.units.unit_names != base.units.unit_names:
+            raise AnalyticProfileError(
+                "the units differ between micro-batch sizes (shape-specialised tracing); "
+                "pass microbatch_sizes=() to count the full batch only"
+            )
+    profile = _build_profile(
+        base, model, spec, dtype_name, torch_dtype, optimizer, model_name or type(model).__name__
+    )
+    profile.meta["analytic_smaller_sizes"] = [
+        {"microbatch_size": b, "units": _cost_parts(c.counter)}
+        for b, c in zip(sizes[1:], counts[1:], strict=True)
+    ]
+    _apply_times(profile, priced_times(profile.meta, 1.0, 1.0, spec.kernel_launch_overhead_s))
+    profile.meta["analytic_seconds"] = time.perf_counter() - started
+    return profile
+
+
+def _sizes(big_b: int, microbatch_sizes: Sequence[int] | None) -> list[int]:
+    if microbatch_sizes is None:
+        return default_microbatch_sizes(big_b)
+    sizes = [big_b, *sorted({int(b) for b in microbatch_sizes if int(b) != big_b}, reverse=True)]
+    bad = [b for b in sizes if not 1 <= b <= big_b]
+    if bad:
+        raise AnalyticProfileError(
+            f"micro-batch sizes must be between 1 and the batch size {big_b}, got {bad}"
+        )
+    return sizes
+
+
+@dataclasses.dataclass
+class _Count:
+    """One counted forward+backward at one batch size."""
+
+    counter: OpCounter
+    node_storages: dict[str, dict[int, tuple[int, bool]]]
+    units: UnitGraph
+    input_bytes: int
+    batch_size: int
+
+
+def _count(
+    model: nn.Module,
+    inputs: Any,
+    spec: DeviceSpec,
+    granularity: str,
+    loss_fn: Callable[[Any, Any], torch.Tensor] | None,
+    allow_tf32: bool,
+) -> _Count:
+    """Trace, then run forward, loss and backward on meta with every op booked to a unit."""
     try:
         units = trace_units(model, inputs, granularity)
     except TraceError as exc:
@@ -309,18 +377,17 @@ def profile_analytic(
             "flow cannot be followed: profile this model measured instead)"
         ) from None
     gm = units.graph_module
-    unit_names = units.unit_names
-
+    n = units.num_units
     params = {storage_key(t) for t in [*gm.parameters(), *gm.buffers(), *model.parameters()]}
-
-    counter = OpCounter(spec, len(unit_names), params, allow_tf32=allow_tf32)
+    counter = OpCounter(spec, n, params, allow_tf32=allow_tf32)
     saved_seen: set[int] = set()
 
     def pack(t: torch.Tensor) -> torch.Tensor:
         key = storage_key(t)
         if key not in saved_seen and key not in params:
             saved_seen.add(key)
-            counter.units[counter.unit].saved_bytes += t.untyped_storage().nbytes()
+            # tensors the loss saves count in the last unit (the last stage holds them)
+            counter.units[min(counter.unit, n - 1)].saved_bytes += t.untyped_storage().nbytes()
         return t
 
     input_tensors = tensor_leaves(inputs)
@@ -336,28 +403,19 @@ def profile_analytic(
         flat_output = interpreter.run(*units.flat_inputs(inputs), enable_io_processing=False)
         output = units.unflatten_output(flat_output)
         counter.mark_outputs(tensor_leaves(output))
-        # The loss belongs to the last stage; its inputs (targets) are not pipeline traffic.
+        # The loss: booked apart; its inputs (targets) are not pipeline traffic.
         counter.track_liveness = False
-        counter.unit = len(unit_names) - 1
+        counter.unit = n
         loss = _loss(output, inputs, loss_fn)
         counter.phase = "backward"
         loss.backward()
-
-    profile = _build_profile(
-        counter,
-        interpreter.node_storages,
-        units,
-        model,
-        spec,
-        dtype_name,
-        torch_dtype,
-        optimizer,
-        _batch_size(inputs),
-        sum(t.untyped_storage().nbytes() for t in input_tensors),
-        model_name or type(model).__name__,
+    return _Count(
+        counter=counter,
+        node_storages=interpreter.node_storages,
+        units=units,
+        input_bytes=sum(t.untyped_storage().nbytes() for t in input_tensors),
+        batch_size=_batch_size(inputs),
     )
-    profile.meta["analytic_seconds"] = time.perf_counter() - started
-    return profile
 
 
 def _unpack(t: torch.Tensor) -> torch.Tensor:
@@ -424,79 +482,75 @@ def _apply_efficiency(spec: DeviceSpec, efficiency: float | dict[str, float] | N
     )
 
 
+def _cost_parts(counter: OpCounter) -> list[dict[str, Any]]:
+    """Per unit (and the loss last): the priced parts of forward and backward."""
+    return [
+        {"forward": c.forward.to_dict(), "backward": c.backward.to_dict()} for c in counter.units
+    ]
+
+
 def _build_profile(
-    counter: OpCounter,
-    node_storages: dict[str, dict[int, tuple[int, bool]]],
-    units_graph: UnitGraph,
+    count: _Count,
     model: nn.Module,
     spec: DeviceSpec,
     dtype_name: str,
     torch_dtype: torch.dtype,
     optimizer: str,
-    batch_size: int,
-    input_bytes: int,
     model_name: str,
 ) -> Profile:
-    unit_names = units_graph.unit_names
-    outputs, grad_inputs = _boundary_bytes(units_graph, node_storages)
-    accounting = _parameter_accounting(units_graph, model)
+    """The profile at the full batch; times are filled in by :func:`_apply_times`."""
+    ug = count.units
+    outputs, grad_inputs = _boundary_bytes(ug, count.node_storages)
+    accounting = _parameter_accounting(ug, model)
+    parts = _cost_parts(count.counter)
     units: list[UnitProfile] = []
-    details: list[dict[str, Any]] = []
-    for index, (name, cost) in enumerate(zip(unit_names, counter.units, strict=True)):
+    for index, name in enumerate(ug.unit_names):
+        cost = count.counter.units[index]
         params, trainable_bytes, buffer_bytes, shared = accounting[index]
-        param_count = sum(p.numel() for p in params)
-        param_bytes = sum(p.numel() * p.element_size() for p in params)
-        unit = UnitProfile(
-            name=name or "model",
-            kind=units_graph.unit_kinds[index],
-            parameter_count=param_count,
-            parameter_bytes=param_bytes,
-            activation_bytes=cost.saved_bytes,
-            output_bytes=outputs[index],
-            # as the measured CPU profile: saved + outputs + gradients of the unit's inputs
-            peak_bytes=cost.saved_bytes + outputs[index] + grad_inputs[index],
-            forward_flops=cost.forward.flops,
-            backward_flops=cost.backward.flops,
-            shared_parameters=shared,
-            gradient_bytes=trainable_bytes,
-            optimizer_bytes=optimizer_state_bytes(
-                optimizer, sum(p.numel() for p in params if p.requires_grad), trainable_bytes
-            ),
-            buffer_bytes=buffer_bytes,
-        )
-        _set_times(unit, cost, spec)
-        units.append(unit)
-        details.append(
-            {
-                "name": unit.name,
-                "forward": cost.forward.to_dict(),
-                "backward": cost.backward.to_dict(),
-            }
+        trainable_count = sum(p.numel() for p in params if p.requires_grad)
+        units.append(
+            UnitProfile(
+                name=name or "model",
+                kind=ug.unit_kinds[index],
+                parameter_count=sum(p.numel() for p in params),
+                parameter_bytes=sum(p.numel() * p.element_size() for p in params),
+                activation_bytes=cost.saved_bytes,
+                output_bytes=outputs[index],
+                # as the measured CPU profile: saved + outputs + gradients of the unit's inputs
+                peak_bytes=cost.saved_bytes + outputs[index] + grad_inputs[index],
+                forward_flops=cost.forward.flops,
+                backward_flops=cost.backward.flops,
+                shared_parameters=shared,
+                gradient_bytes=trainable_bytes,
+                optimizer_bytes=optimizer_state_bytes(optimizer, trainable_count, trainable_bytes),
+                buffer_bytes=buffer_bytes,
+            )
         )
     unique = {id(p): p for p in model.parameters()}
-    total_param_bytes = sum(p.numel() * p.element_size() for p in unique.values())
     return Profile(
         units=units,
-        cut_bytes=counter.cut_bytes(),
-        batch_size=batch_size,
+        cut_bytes=count.counter.cut_bytes(),
+        batch_size=count.batch_size,
         device=spec.name,
         dtype=dtype_name,
         model=model_name,
-        tracer=units_graph.tracer,
+        tracer=ug.tracer,
         mode="analytic",
         torch_version=torch.__version__,
         autopipe_version=_autopipe_version(),
-        input_bytes=input_bytes,
-        total_forward_s=sum(u.forward_s for u in units),
-        total_backward_s=sum(u.backward_s for u in units),
+        input_bytes=count.input_bytes,
         total_activation_bytes=sum(u.activation_bytes for u in units),
-        parameter_bytes_total=total_param_bytes,
+        parameter_bytes_total=sum(p.numel() * p.element_size() for p in unique.values()),
         bytes_per_parameter=torch.empty((), dtype=torch_dtype, device="meta").element_size(),
         optimizer=optimizer,
-        granularity=units_graph.granularity,
+        granularity=ug.granularity,
         meta={
             "device_spec": spec.to_dict(),
-            "analytic_units": details,
+            "analytic_batch_size": count.batch_size,
+            "analytic_units": [
+                {"name": u.name, **part} for u, part in zip(units, parts, strict=False)
+            ],
+            "analytic_loss": parts[-1],
         },
     )
 
@@ -544,14 +598,6 @@ def _parameter_accounting(
         shared = sorted(names.get(id(p), "") for p in params if users[id(p)] > 1)
         rows.append((params, trainable, buffer_bytes, shared))
     return rows
-
-
-def _set_times(unit: UnitProfile, cost: UnitCost, spec: DeviceSpec) -> None:
-    launch = spec.kernel_launch_overhead_s
-    unit.forward_s = cost.forward.seconds(launch)
-    unit.backward_s = cost.backward.seconds(launch)
-    unit.forward_overhead_s = cost.forward.kernels * launch
-    unit.backward_overhead_s = cost.backward.kernels * launch
 
 
 def _autopipe_version() -> str:

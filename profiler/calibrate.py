@@ -14,6 +14,7 @@ that would exceed 1 is capped at 1 and the corresponding peak raised instead (th
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import itertools
 from typing import Any
@@ -127,10 +128,89 @@ def _scaled_spec(spec: DeviceSpec, coef: np.ndarray) -> DeviceSpec:
     )
 
 
+def _price(
+    part: dict[str, Any], compute_scale: float, memory_scale: float, launch_s: float
+) -> float:
+    return (
+        part["compute_s"] * compute_scale
+        + part["memory_s"] * memory_scale
+        + part["kernels"] * launch_s
+    )
+
+
+def priced_times(
+    meta: dict[str, Any], compute_scale: float, memory_scale: float, launch_s: float
+) -> dict[str, Any]:
+    """Unit times from an analytic profile's stored cost parts.
+
+    ``compute_scale``/``memory_scale`` multiply the compute- and memory-bound parts (1.0 keeps
+    the spec they were priced with), ``launch_s`` is the launch overhead per kernel. With
+    parts at several micro-batch sizes, the per-unit overhead is the intercept ``a`` of the
+    fit ``t(b) = a + c * b`` (``a, c >= 0``, capped at ``t(B)``); with one size it is the
+    launch overheads. Returns lists ``forward_s``, ``backward_s``, ``forward_overhead_s``,
+    ``backward_overhead_s`` (one entry per unit) and the loss's ``loss_forward_s``/
+    ``loss_backward_s``.
+    """
+    base = meta["analytic_units"]
+    smaller = meta.get("analytic_smaller_sizes", [])
+    big_b = meta.get("analytic_batch_size")
+    sizes = [big_b] + [s["microbatch_size"] for s in smaller]
+    out: dict[str, Any] = {}
+    for phase in ("forward", "backward"):
+        totals, overheads = [], []
+        for i, unit in enumerate(base):
+            t_big = _price(unit[phase], compute_scale, memory_scale, launch_s)
+            if smaller and big_b:
+                times = [t_big] + [
+                    _price(s["units"][i][phase], compute_scale, memory_scale, launch_s)
+                    for s in smaller
+                ]
+                overhead = min(_fit_intercept(sizes, times), t_big)
+            else:
+                overhead = unit[phase]["kernels"] * launch_s
+            totals.append(t_big)
+            overheads.append(overhead)
+        out[f"{phase}_s"] = totals
+        out[f"{phase}_overhead_s"] = overheads
+        loss = meta.get("analytic_loss")
+        out[f"loss_{phase}_s"] = (
+            _price(loss[phase], compute_scale, memory_scale, launch_s) if loss else 0.0
+        )
+    return out
+
+
+def _fit_intercept(sizes: list[int], times: list[float]) -> float:
+    """Intercept of the least-squares line through (size, time) with a, c >= 0."""
+    b = np.asarray(sizes, dtype=float)
+    t = np.asarray(times, dtype=float)
+    design = np.stack([np.ones_like(b), b], axis=1)
+    (a, c), *_ = np.linalg.lstsq(design, t, rcond=None)
+    if a >= 0 and c >= 0:
+        return float(a)
+    through_origin = 0.0  # t = c * b: no fixed part
+    sse_origin = float(((max(float(b @ t / (b @ b)), 0.0) * b - t) ** 2).sum())
+    constant = max(float(t.mean()), 0.0)
+    sse_constant = float(((constant - t) ** 2).sum())
+    return through_origin if sse_origin <= sse_constant else constant
+
+
+def apply_times(profile: Profile, times: dict[str, Any]) -> None:
+    """Write :func:`priced_times` output into ``profile`` (in place)."""
+    for i, unit in enumerate(profile.units):
+        unit.forward_s = times["forward_s"][i]
+        unit.backward_s = times["backward_s"][i]
+        unit.forward_overhead_s = times["forward_overhead_s"][i]
+        unit.backward_overhead_s = times["backward_overhead_s"][i]
+    profile.total_forward_s = sum(times["forward_s"]) + times["loss_forward_s"]
+    profile.total_backward_s = sum(times["backward_s"]) + times["loss_backward_s"]
+    profile.meta["loss_forward_s"] = times["loss_forward_s"]
+    profile.meta["loss_backward_s"] = times["loss_backward_s"]
+
+
 def reprice(profile: Profile, spec: DeviceSpec) -> Profile:
     """The analytic ``profile`` with times re-priced for ``spec`` (same device, new
     efficiencies/peaks from :func:`calibrate`), without re-counting the model."""
-    details = _parts(profile)
+    _parts(profile)
     old = spec_of(profile)
     if set(old.peak_flops_per_s) != set(spec.peak_flops_per_s):
         raise CalibrationError(
@@ -140,30 +220,34 @@ def reprice(profile: Profile, spec: DeviceSpec) -> Profile:
     memory_scale = (old.memory_bandwidth_bytes_per_s * old.memory_efficiency) / (
         spec.memory_bandwidth_bytes_per_s * spec.memory_efficiency
     )
-    units = []
-    new_details = []
-    for unit, detail in zip(profile.units, details, strict=True):
-        times: dict[str, float] = {}
-        detail = {**detail}
-        for phase in ("forward", "backward"):
-            part = dict(detail[phase])
-            part["compute_s"] *= compute_scale
-            part["memory_s"] *= memory_scale
-            overhead = part["kernels"] * spec.kernel_launch_overhead_s
-            times[f"{phase}_s"] = part["compute_s"] + part["memory_s"] + overhead
-            times[f"{phase}_overhead_s"] = overhead
-            detail[phase] = part
-        units.append(dataclasses.replace(unit, **times))
-        new_details.append(detail)
-    meta = {**profile.meta, "device_spec": spec.to_dict(), "analytic_units": new_details}
-    return dataclasses.replace(
-        profile,
-        units=units,
-        device=spec.name,
-        total_forward_s=sum(u.forward_s for u in units),
-        total_backward_s=sum(u.backward_s for u in units),
-        meta=meta,
-    )
+    new = copy.deepcopy(profile)
+    new.meta = _rescaled_meta(profile.meta, compute_scale, memory_scale)
+    new.meta["device_spec"] = spec.to_dict()
+    new.device = spec.name
+    apply_times(new, priced_times(new.meta, 1.0, 1.0, spec.kernel_launch_overhead_s))
+    return new
+
+
+def _rescaled_meta(
+    meta: dict[str, Any], compute_scale: float, memory_scale: float
+) -> dict[str, Any]:
+    """Stored parts re-expressed at the new rates, so they stay consistent with the spec."""
+    meta = copy.deepcopy(meta)
+
+    def scale(part: dict[str, Any]) -> None:
+        part["compute_s"] *= compute_scale
+        part["memory_s"] *= memory_scale
+
+    entries = [
+        *meta["analytic_units"],
+        *(u for s in meta.get("analytic_smaller_sizes", []) for u in s["units"]),
+    ]
+    if meta.get("analytic_loss"):
+        entries.append(meta["analytic_loss"])
+    for entry in entries:
+        scale(entry["forward"])
+        scale(entry["backward"])
+    return meta
 
 
 def _rate(spec: DeviceSpec) -> float:

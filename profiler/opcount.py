@@ -124,6 +124,8 @@ class UnitCost:
 class OpCounter(TorchDispatchMode):
     """Books every aten op's roofline cost to ``self.unit`` / ``self.phase``.
 
+    ``units[n_units]`` (one past the last unit) is the loss.
+
     Also tracks, in forward, which unit produced each storage and which unit used it
     last, so cut bytes (tensors live across unit boundaries) fall out of the same pass.
     """
@@ -139,7 +141,9 @@ class OpCounter(TorchDispatchMode):
         super().__init__()
         self.spec = spec
         self.allow_tf32 = allow_tf32
-        self.units = [UnitCost() for _ in range(n_units)]
+        self.n_units = n_units
+        # one extra entry after the real units collects the loss (forward and backward)
+        self.units = [UnitCost() for _ in range(n_units + 1)]
         self.unit = 0
         self.phase = "forward"
         self.track_liveness = True
@@ -166,7 +170,7 @@ class OpCounter(TorchDispatchMode):
         for t in tensors:
             key = storage_key(t)
             if key in self.producer:
-                self.last_use[key] = len(self.units)
+                self.last_use[key] = self.n_units
 
     def _peak(self, dtype: torch.dtype) -> float:
         if dtype not in self._peaks:
@@ -239,7 +243,7 @@ class OpCounter(TorchDispatchMode):
 
     def cut_bytes(self) -> list[int]:
         """Bytes live across each cut ``i | i+1``: produced at or before unit i, used after it."""
-        n = len(self.units)
+        n = self.n_units
         diff = [0] * (n + 1)
         for key, producer in self.producer.items():
             # live across cuts producer .. last-1 (cut i sits between unit i and i+1);
