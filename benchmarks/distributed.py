@@ -8,20 +8,24 @@ same two processes and their steps alternate, so background load hits both alike
   ``autopipe.runtime.distributed.DistributedPipeline``.
 - torch: ``torch.distributed.pipelining.pipeline(model, split_spec={"blocks.4": BEGINNING})``,
   the even split at equal layer counts (4 + 4 blocks), ``ScheduleGPipe``.
+- control: autopipe's runtime on that even split, so a gap can be told apart into split
+  quality (autopipe vs autopipe-even) and runtime cost (autopipe-even vs torch-even).
 
 A step is timed on rank 0 between two barriers (both ranks done). Prints the median step time
-of each, their ratio and the load average. ``python benchmarks/distributed.py [--steps N] [--microbatches M|auto]``.
+of each, the ratios and the load average. ``python benchmarks/distributed.py [--steps N] [--microbatches M|auto]``.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -63,18 +67,25 @@ def _rank(rank: int, port: int, plan_path: str, steps: int, out: str) -> None:
     M = plan.microbatches
 
     ours = DistributedPipeline(gpt.build_model(), plan, inputs, gpt.loss_fn)
+    # Control: autopipe's runtime on the even split, to separate runtime cost from split quality.
+    n_layer = gpt.GPTConfig().n_layer
+    units = [u for s in plan.stages for u in s.units]
+    cut = units.index(f"blocks.{n_layer // 2}")
+    even_plan = copy.deepcopy(plan)
+    even_plan.stages[0].units, even_plan.stages[1].units = units[:cut], units[cut:]
+    ours_even = DistributedPipeline(gpt.build_model(), even_plan, inputs, gpt.loss_fn)
     theirs_pipe = pipeline(
         gpt.build_model(),
         mb_args=(inputs[: plan.batch_size // M],),
-        split_spec={f"blocks.{gpt.GPTConfig().n_layer // 2}": SplitPoint.BEGINNING},
+        split_spec={f"blocks.{n_layer // 2}": SplitPoint.BEGINNING},
     )
     theirs_stage = theirs_pipe.build_stage(rank, torch.device("cpu"))
     theirs = ScheduleGPipe(theirs_stage, n_microbatches=M, loss_fn=gpt.loss_fn)
     del theirs_pipe
 
-    def step_ours() -> None:
-        ours.module.zero_grad(set_to_none=True)
-        ours.step(inputs)
+    def step_ours(pipe: DistributedPipeline) -> None:
+        pipe.module.zero_grad(set_to_none=True)
+        pipe.step(inputs)
 
     def step_theirs() -> None:
         theirs_stage.submod.zero_grad(set_to_none=True)
@@ -83,26 +94,27 @@ def _rank(rank: int, port: int, plan_path: str, steps: int, out: str) -> None:
         else:
             theirs.step(target=inputs, losses=[])
 
-    def timed(fn: object) -> float:
+    def timed(fn: Callable[[], None]) -> float:
         dist.barrier()
         t0 = time.perf_counter()
-        fn()  # type: ignore[operator]
+        fn()
         dist.barrier()
         return time.perf_counter() - t0
 
-    times: dict[str, list[float]] = {"autopipe": [], "torch-even": []}
-    for fn in (step_ours, step_theirs):  # warm-up: shape inference, allocator
+    runs: dict[str, Callable[[], None]] = {
+        "autopipe": lambda: step_ours(ours),
+        "torch-even": step_theirs,
+        "autopipe-even": lambda: step_ours(ours_even),
+    }
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    for fn in runs.values():  # warm-up: shape inference, allocator
         timed(fn)
         timed(fn)
-    for _ in range(steps):  # alternate step by step: load changes hit both alike
-        times["autopipe"].append(timed(step_ours))
-        times["torch-even"].append(timed(step_theirs))
+    for _ in range(steps):  # alternate step by step: load changes hit all alike
+        for name, fn in runs.items():
+            times[name].append(timed(fn))
     if rank == 0:
-        stage_units = [len(s.units) for s in plan.stages]
-        params = [sum(p.numel() for p in theirs_stage.submod.parameters())]
-        Path(out).write_text(
-            json.dumps({"times": times, "balance": stage_units, "torch_stage0_params": params})
-        )
+        Path(out).write_text(json.dumps({"times": times}))
     dist.destroy_process_group()
 
 
@@ -134,21 +146,28 @@ def main() -> None:
     print(
         f"examples/gpt.py, batch {plan.batch_size}, M = {plan.microbatches}, GPipe, 2 ranks x 1 thread, gloo"
     )
-    print(f"  autopipe plan: stages of {result['balance']} units: "
-          + " | ".join(f"{s.units[0]}..{s.units[-1]}" for s in plan.stages)
-          + f"  (predicted {plan.iteration_time_s * 1e3:.1f} ms)")  # fmt: skip
     print(
-        f"  torch even split: blocks 0-{n_layer // 2 - 1} (+ embeddings) | blocks {n_layer // 2}-{n_layer - 1} + ln_f + head"
+        "  autopipe      planned split: "
+        + " | ".join(f"{s.units[0]}..{s.units[-1]}" for s in plan.stages)
+        + f"  (predicted {plan.iteration_time_s * 1e3:.1f} ms)"
     )
     print(
-        f"  {'':12s} {'median step':>12s} {'min':>9s} {'max':>9s}  (n = {len(result['times']['autopipe'])})"
+        f"  torch-even    pipeline(split_spec={{'blocks.{n_layer // 2}': BEGINNING}}): "
+        f"embeddings + blocks 0-{n_layer // 2 - 1} | blocks {n_layer // 2}-{n_layer - 1} + ln_f + head"
+    )
+    print("  autopipe-even autopipe's runtime on torch-even's split (control: runtime cost alone)")
+    print(
+        f"  {'':14s} {'median step':>12s} {'min':>9s} {'max':>9s}  (n = {len(result['times']['autopipe'])} each, interleaved)"
     )
     for k, v in result["times"].items():
-        print(f"  {k:12s} {med[k] * 1e3:9.1f} ms {min(v) * 1e3:6.1f} ms {max(v) * 1e3:6.1f} ms")
-    print(f"  ratio torch-even / autopipe = {med['torch-even'] / med['autopipe']:.2f}x")
+        print(f"  {k:14s} {med[k] * 1e3:9.1f} ms {min(v) * 1e3:6.1f} ms {max(v) * 1e3:6.1f} ms")
     print(
-        f"  load average (1 min) before/after: {load_before:.2f} / {load_after:.2f} on {os.cpu_count()} CPUs"
+        f"  ratio torch-even / autopipe      = {med['torch-even'] / med['autopipe']:.2f}x  (planned split speed-up)"
     )
+    print(
+        f"  ratio autopipe-even / torch-even = {med['autopipe-even'] / med['torch-even']:.2f}x  (runtime overhead, same split)"
+    )
+    print(f"  load average (1 min) before/after: {load_before:.2f} / {load_after:.2f} on {os.cpu_count()} CPUs")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -269,7 +269,7 @@ class DistributedPipeline:
                 first = _short_cause(exc)
                 raise PipelineRankError(
                     f"rank {layout.rank} (stage {layout.stage}, replica {layout.replica}): the "
-                    f"pipeline broke in step {self.steps}: a peer rank failed or did not answer "
+                    f"pipeline broke in step {self.steps + 1}: a peer rank failed or did not answer "
                     f"within the process-group timeout ({first})"
                 ) from exc
             raise
