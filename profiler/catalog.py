@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -508,6 +509,50 @@ def _validate(spec: DeviceSpec, origin: str) -> None:
     for name in ("kernel_launch_overhead_s", "link_latency_s"):
         if getattr(spec, name) < 0:
             raise DeviceSpecError(f"{origin}: {name} must be >= 0, got {getattr(spec, name)!r}")
+
+
+def format_catalog(specs: Iterable[DeviceSpec] | None = None) -> str:
+    """A plain-text table of device specs (default: the built-in catalog) for ``autopipe devices``."""
+    rows = [
+        [
+            "device",
+            "bf16 TFLOP/s",
+            "fp16 TFLOP/s",
+            "fp32 TFLOP/s",
+            "memory GB",
+            "mem GB/s",
+            "link GB/s/dir",
+            "link",
+            "aliases",
+        ]
+    ]
+    for spec in CATALOG.values() if specs is None else specs:
+        peaks = spec.peak_flops_per_s
+
+        def tflops(key: str, peaks: dict[str, float] = peaks) -> str:
+            return f"{peaks[key] / TERA:g}" if key in peaks else "-"
+
+        rows.append(
+            [
+                spec.name,
+                tflops("bfloat16"),
+                tflops("float16"),
+                tflops("float32"),
+                f"{spec.memory_bytes / GB:g}",
+                f"{spec.memory_bandwidth_bytes_per_s / GB:g}",
+                f"{spec.link_bandwidth_bytes_per_s / GB:g}",
+                spec.link_name,
+                ", ".join(spec.aliases),
+            ]
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = [
+        "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+        for row in rows
+    ]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    lines.append("dense peaks (no sparsity); link bandwidth per direction; sources in catalog.py")
+    return "\n".join(lines)
 
 
 def to_planner_device(spec: str | DeviceSpec, memory_bytes: int | None = None) -> Device:

@@ -13,6 +13,7 @@ from autopipe.profiler.catalog import (
     DeviceSpec,
     DeviceSpecError,
     device_names,
+    format_catalog,
     get_device,
     is_catalog_device,
     load_device_spec,
@@ -195,3 +196,15 @@ def test_with_efficiency_validates() -> None:
     assert get_device("l4").compute_efficiency != 0.5  # the catalog entry is untouched
     with pytest.raises(DeviceSpecError, match="memory_efficiency must be in"):
         get_device("l4").with_efficiency(memory=0)
+
+
+def test_format_catalog_lists_every_device() -> None:
+    text = format_catalog()
+    lines = text.splitlines()
+    assert lines[0].split()[0] == "device"
+    for name in REQUIRED:
+        assert any(line.startswith(name + " ") for line in lines), name
+    h100 = next(line for line in lines if line.startswith("H100-SXM-80GB "))
+    assert "989.4" in h100 and "3350" in h100 and "450" in h100
+    v100 = next(line for line in lines if line.startswith("V100-32GB "))
+    assert v100.split()[1] == "-"  # no bf16 on Volta
