@@ -180,3 +180,26 @@ JOBS_4 = [
 @pytest.mark.slow
 def test_four_processes_and_2x2_pipeline_data_parallel_match(tmp_path: Path) -> None:
     _check(_run(4, JOBS_4, tmp_path), 4, JOBS_4)
+
+
+class _SizeAcrossCut(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = torch.nn.Linear(4, 4)
+        self.b = torch.nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.a(x)
+        n = h.size(0)  # a Python int, not a tensor
+        return self.b(h).reshape(n, -1)
+
+
+def test_python_value_crossing_a_cut_is_named() -> None:
+    graph = trace_units(_SizeAcrossCut(), torch.randn(2, 4), granularity="node")
+    assert graph.unit_names == ["a", "size", "b", "reshape"]
+    stages = split_stages(graph, [0, 0, 1, 1])
+    assert stages[0].output_names == ["a", "size"]
+    with pytest.raises(
+        TypeError, match="value 'size' crossing the cut after stage 0 is a Python int"
+    ):
+        StageModule(stages[0])(torch.randn(2, 4))

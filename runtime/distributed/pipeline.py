@@ -272,6 +272,11 @@ class DistributedPipeline:
                     f"pipeline broke in step {self.steps + 1}: a peer rank failed or did not answer "
                     f"within the process-group timeout ({first})"
                 ) from exc
+            # PipelineStage wraps errors of the stage's forward in a RuntimeError whose text is
+            # only "[Stage k] failed to run forward: <args>": surface the real cause instead.
+            cause = exc.__cause__
+            if cause is not None and "failed to run forward" in str(exc):
+                raise cause from exc
             raise
         self.last_step_s = time.perf_counter() - t0
         self.steps += 1

@@ -197,7 +197,7 @@ class StageModule(nn.Module):
                 if not isinstance(value, torch.Tensor):
                     raise TypeError(
                         f"value {name!r} crossing the cut after stage {self.index} is a "
-                        f"{type(value).__name__}, not a tensor; torch.distributed.pipelining "
+                        f"Python {type(value).__name__}, not a tensor; torch.distributed.pipelining "
                         "sends only tensors between stages: plan a different cut"
                     )
         return out
