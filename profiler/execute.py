@@ -90,6 +90,20 @@ def run_units(
     return out, interp.calls
 
 
+def fresh_inputs(args: tuple[Any, ...], activation_args: tuple[bool, ...]) -> tuple[Any, ...]:
+    """Copies of the activation arguments that are safe to modify in place.
+
+    A unit may start with an in-place op on its input (``nn.ReLU(inplace=True)``), which
+    autograd forbids on a leaf that requires grad and which would also change the input of
+    the next timed run. Each activation ``a`` becomes ``a.clone()``: a non-leaf whose
+    gradient still reaches ``a``; the copy is made before the timed region.
+    """
+    return tuple(
+        a.clone() if flag and isinstance(a, torch.Tensor) else a
+        for a, flag in zip(args, activation_args, strict=True)
+    )
+
+
 def detach_args(call: UnitCall) -> tuple[Any, ...]:
     """The unit's arguments with activations detached into fresh leaves that require grad
     when the original did, so backward stops at the unit boundary."""

@@ -30,7 +30,13 @@ from typing import Any
 
 import torch
 from autopipe.profiler.cache import autopipe_version, cache_key, load_cached, save_cached
-from autopipe.profiler.execute import UnitCall, detach_args, run_units, split_units
+from autopipe.profiler.execute import (
+    UnitCall,
+    detach_args,
+    fresh_inputs,
+    run_units,
+    split_units,
+)
 from autopipe.profiler.memory import (
     SavedTensorCounter,
     canonical_parameter_names,
@@ -260,6 +266,24 @@ def _unit_outputs(ug: UnitGraph) -> list[list[str]]:
     return outs
 
 
+def _mutates_inputs(module: fx.GraphModule, args: tuple[Any, ...], flags: tuple[bool, ...]) -> bool:
+    """Whether the unit writes into one of its activation inputs (checked on one no-grad run
+    on copies, by the inputs' version counters)."""
+    copies = tuple(
+        a.detach().clone() if flag and isinstance(a, torch.Tensor) else a
+        for a, flag in zip(args, flags, strict=True)
+    )
+    watched = [
+        a for a, flag in zip(copies, flags, strict=True) if flag and isinstance(a, torch.Tensor)
+    ]
+    if not watched:
+        return False
+    before = [a._version for a in watched]
+    with torch.no_grad():
+        module(*copies)
+    return before != [a._version for a in watched]
+
+
 def _cuda_peak(fn: Callable[[], None], device: torch.device) -> int:
     """Bytes allocated at the peak of ``fn`` above what was allocated before it."""
     synchronize(device)
@@ -315,11 +339,25 @@ def _prepare_size(
         leaves_needing_grad = [a for a in args if isinstance(a, torch.Tensor) and a.requires_grad]
         params = [p for p in call.module.parameters() if p.requires_grad]
         params += [a for a in call.args if isinstance(a, nn.Parameter) and a.requires_grad]
-        reset = _zero_grads([*leaves_needing_grad, *params])
+        zero = _zero_grads([*leaves_needing_grad, *params])
         backward = _backward_from_ones()
+        # Units that modify an input in place get a fresh copy of their activations per run.
+        state = {"args": args, "copy": _mutates_inputs(call.module, args, call.activation_args)}
+        if state["copy"]:
+            state["args"] = fresh_inputs(args, call.activation_args)
 
-        def forward(module: fx.GraphModule = call.module, a: tuple[Any, ...] = args) -> Any:
-            return module(*a)
+        def forward(module: fx.GraphModule = call.module, st: dict[str, Any] = state) -> Any:
+            return module(*st["args"])
+
+        def reset(
+            zero: Callable[[], None] = zero,
+            st: dict[str, Any] = state,
+            a: tuple[Any, ...] = args,
+            flags: tuple[bool, ...] = call.activation_args,
+        ) -> None:
+            zero()
+            if st["copy"]:
+                st["args"] = fresh_inputs(a, flags)
 
         steps.append(TimedStep(forward, backward, reset))
         unit = units[call.index]

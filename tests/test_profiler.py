@@ -246,6 +246,19 @@ def test_cnn_batchnorm_residual_state_restored() -> None:
     assert torch.equal(torch.get_rng_state(), rng)
 
 
+def test_unit_starting_with_inplace_op() -> None:
+    """``nn.ReLU(inplace=True)`` as a unit writes into its input: each timed run gets a copy."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 32), nn.ReLU(inplace=True), nn.Linear(32, 32))
+    x = torch.randn(8, 32)
+    expected = model(x)
+    p = profile(model, x, warmup=1, repeat=3, progress=False, microbatch_sizes=())
+    assert p.unit_names == ["0", "1", "2"]
+    assert p.units[1].backward_s > 0
+    assert activation_ratio(p) == pytest.approx(1.0, abs=0.05)
+    torch.testing.assert_close(model(x), expected)
+
+
 def test_no_float_output_is_a_clear_error() -> None:
     class Argmax(nn.Module):
         def __init__(self) -> None:
