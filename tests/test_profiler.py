@@ -282,6 +282,14 @@ def test_wall_clock_and_clock_choice_recorded() -> None:
         profile(model, x, clock="sundial", **FAST)
 
 
+def test_progress_bar_on_stderr(capsys) -> None:
+    model, x, _ = small_mlp()
+    profile(model, x, warmup=0, repeat=2, progress=True, microbatch_sizes=())
+    assert "profiling Sequential (5 units)" in capsys.readouterr().err
+    profile(model, x, **FAST)
+    assert "profiling" not in capsys.readouterr().err
+
+
 def test_dtype_and_bad_arguments() -> None:
     model, x, _ = small_mlp()
     p = profile(model, x, dtype="float64", **FAST)
