@@ -8,7 +8,8 @@ moves its inputs to the stage's device, draws randomness from its micro-batch's 
 (``rng``), runs the stage (re-materialized when ``checkpoint(i, j)``) and records its
 interval in the timeline. With grad enabled each task is a ``StageFunction`` node, so the
 caller's ``backward()`` later runs the stages' backwards (see ``stage.py``).
-The first exception of a clock stops the run and is re-raised in the caller.
+The first exception of a clock stops the run and is re-raised in the caller. When every
+stage is on one device the tasks run in the caller's thread instead (nothing could overlap).
 Cost: M x K tasks, M + K - 1 thread hand-offs per device (tens of microseconds each).
 """
 
@@ -27,7 +28,7 @@ from autopipe.runtime.rng import MicrobatchRNG
 from autopipe.runtime.schedule import clock_cycles
 from autopipe.runtime.stage import StageFunction, phony
 from autopipe.runtime.timeline import Timeline
-from autopipe.runtime.worker import worker_for
+from autopipe.runtime.worker import InlineWorker, Worker, worker_for
 from torch import nn
 
 __all__ = ["Stage", "run_pipeline"]
@@ -94,7 +95,12 @@ def run_pipeline(
     """Forward every micro-batch through every stage; returns the last stage's outputs per
     micro-batch. ``checkpoint(i, j)`` says whether task (micro-batch i, stage j) is
     re-materialized."""
-    workers = [worker_for(stage.device) for stage in stages]
+    if len({str(stage.device) for stage in stages}) == 1:
+        # One device: nothing could overlap, so the caller's thread runs every task itself
+        # (same order, same results, no hand-offs).
+        workers: list[Worker | InlineWorker] = [InlineWorker()] * len(stages)
+    else:
+        workers = [worker_for(stage.device) for stage in stages]
     values: list[Sequence[Any]] = list(microbatches)
     for clock in clock_cycles(len(values), len(stages)):
         # One hand-off per device and clock: a device's tasks of one clock run in order in

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["Worker", "worker_for"]
+__all__ = ["InlineWorker", "Worker", "worker_for"]
 
 _STOP = object()
 
@@ -72,6 +72,19 @@ class Worker:
     @property
     def alive(self) -> bool:
         return self._thread.is_alive()
+
+
+class InlineWorker:
+    """Runs a submitted callable at once in the calling thread (a one-device pipeline)."""
+
+    def submit(self, fn: Callable[[], Any]) -> Future[Any]:
+        future: Future[Any] = Future()
+        future.set_running_or_notify_cancel()
+        try:
+            future.set_result(fn())
+        except BaseException as exc:  # noqa: BLE001 - re-raised by the caller via the future
+            future.set_exception(exc)
+        return future
 
 
 _WORKERS: dict[str, Worker] = {}

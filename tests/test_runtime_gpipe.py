@@ -16,6 +16,9 @@ from torch import nn
 
 MODES = ("always", "except_last", "never")
 CHUNKS = (1, 2, 4, 7)
+# "cpu" and "cpu:0" are different device keys, so this layout runs stages on worker threads
+# (one per device) as GPUs would; an all-"cpu" pipeline runs in the caller's thread.
+LAYOUTS = {"one-device": ["cpu"] * 4, "threaded": ["cpu", "cpu:0", "cpu", "cpu:0"]}
 
 
 def mlp() -> nn.Sequential:
@@ -35,12 +38,13 @@ def cnn() -> nn.Sequential:
     return load_example("resnet").resnet(widths=(4, 8), blocks_per_stage=1, num_classes=5)
 
 
+@pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("chunks", CHUNKS)
-def test_mlp_matches_unpipelined(mode: str, chunks: int) -> None:
+def test_mlp_matches_unpipelined(mode: str, chunks: int, layout: str) -> None:
     model, x = mlp(), torch.randn(11, 12)
     reference = copy.deepcopy(model)
-    pipe = GPipe(model, balance=[2, 1, 3], devices=["cpu"] * 3, chunks=chunks, checkpoint=mode)
+    pipe = GPipe(model, balance=[2, 1, 3], devices=LAYOUTS[layout], chunks=chunks, checkpoint=mode)
     torch.manual_seed(5)
     out = pipe(x)
     out.square().mean().backward()
@@ -155,9 +159,10 @@ class Boom(nn.Module):
         raise RuntimeError("boom in stage 2")
 
 
-def test_exception_in_stage_2_of_4_propagates_promptly() -> None:
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_exception_in_stage_2_of_4_propagates_promptly(layout: str) -> None:
     layers = [nn.Linear(4, 4), nn.Linear(4, 4), Boom(), nn.Linear(4, 4)]
-    pipe = GPipe(nn.Sequential(*layers), balance=[1, 1, 1, 1], devices=["cpu"] * 4, chunks=8)
+    pipe = GPipe(nn.Sequential(*layers), balance=[1, 1, 1, 1], devices=LAYOUTS[layout], chunks=8)
     threads_before = threading.active_count()
     start = time.perf_counter()
     with pytest.raises(RuntimeError, match="boom in stage 2"):
@@ -168,7 +173,7 @@ def test_exception_in_stage_2_of_4_propagates_promptly() -> None:
         nn.Sequential(nn.Linear(4, 4), nn.ReLU()), balance=[1, 1], devices=["cpu"] * 2, chunks=2
     )
     assert ok(torch.randn(4, 4)).shape == (4, 4)
-    assert threading.active_count() <= threads_before + 1
+    assert threading.active_count() <= threads_before + 2  # at most the two device workers
 
 
 def test_uneven_and_small_batches() -> None:
@@ -203,8 +208,11 @@ def test_tuple_inputs_and_outputs() -> None:
     assert a.grad is not None
 
 
-def test_timeline_records_every_task_and_exports_chrome_trace(tmp_path) -> None:
-    pipe = GPipe(mlp(), balance=[2, 2, 2], devices=["cpu"] * 3, chunks=4, checkpoint="except_last")
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_timeline_records_every_task_and_exports_chrome_trace(tmp_path, layout: str) -> None:
+    pipe = GPipe(
+        mlp(), balance=[2, 2, 2], devices=LAYOUTS[layout][:3], chunks=4, checkpoint="except_last"
+    )
     pipe(torch.randn(8, 12)).sum().backward()
     tl = pipe.last_timeline
     for phase, count in (("forward", 12), ("backward", 12), ("recompute", 9)):

@@ -114,15 +114,16 @@ class SkipNet(nn.Module):
         return {"y": self.out(h + x), "h": h}
 
 
+@pytest.mark.parametrize("devices", [["cpu"] * 4, ["cpu", "cpu:0", "cpu", "cpu:0"]])
 @pytest.mark.parametrize("chunks", [1, 3])
-def test_skip_connections_and_masks_cross_stages(chunks: int) -> None:
+def test_skip_connections_and_masks_cross_stages(chunks: int, devices: list[str]) -> None:
     torch.manual_seed(0)
     model = SkipNet()
     x, mask = torch.randn(6, 6, requires_grad=True), (torch.rand(6, 6) > 0.3).float()
     reference = copy.deepcopy(model)
     ug = trace_units(model, (x, mask))
     plan = hand_plan(ug.unit_names, [1, 1, 1, ug.num_units - 3], chunks, [True, False, True, False])
-    pipe = parallelize(model, (x, mask), ["cpu"] * 4, plan=plan)
+    pipe = parallelize(model, (x, mask), devices, plan=plan)
     # x and mask are needed by later stages: they are carried through the stages between.
     assert all(len(p.inputs) >= 2 for p in pipe._programs[1:])
     out = pipe(x, mask=mask)
