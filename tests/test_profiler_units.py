@@ -224,3 +224,31 @@ def test_one_block_list_beats_inner_sequential() -> None:
         "ln_f",
         "lm_head",
     ]
+
+
+class ReusedActivation(torch.nn.Module):
+    """One activation module called after two layers, and a weight used functionally."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = torch.nn.Linear(8, 8)
+        self.act = torch.nn.GELU()
+        self.fc2 = torch.nn.Linear(8, 8)
+        self.out = torch.nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.act(self.fc2(self.act(self.fc1(x))))
+        return self.out(h) + torch.nn.functional.linear(h, self.fc1.weight)
+
+
+def test_reused_module_keeps_units_contiguous() -> None:
+    model = ReusedActivation()
+    x = torch.randn(4, 8)
+    ug = trace_units(model, x)
+    assert ug.unit_names == ["fc1", "act", "fc2", "out"]
+    # The second call of `act` runs after fc2, so it belongs to fc2's unit, not to `act`.
+    second_act = [n for n in ug.graph_module.graph.nodes if n.target == "act"][1]
+    assert ug.node_unit[second_act.name] == ug.unit_names.index("fc2")
+    _assert_monotone(ug)
+    for stages in (2, 3, 4):
+        _split_matches(model, x, ug, stages)
