@@ -121,3 +121,39 @@ def test_stuck_rank_times_out_instead_of_hanging(files: tuple[Path, Path]) -> No
     assert "rank 1 (stage 1, replica 0): the pipeline broke" in err
     assert "timed out" in err.lower()
     assert timeout_s - 1 <= elapsed < timeout_s + 30
+
+
+FAILING_MODEL = """\
+import torch
+from torch import nn
+
+calls = [0]
+
+
+def build_model():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 4))
+
+
+def example_inputs(batch_size=4):
+    return torch.randn(batch_size, 4, generator=torch.Generator().manual_seed(0))
+
+
+def loss_fn(output, inputs):
+    calls[0] += 1
+    if calls[0] == 4:  # in step 2 (step 1 also runs the loss once to infer shapes)
+        raise ValueError("the loss broke on purpose")
+    return output.pow(2).mean()
+"""
+
+
+@pytest.mark.slow
+def test_error_in_a_stage_is_reported_by_that_rank_and_its_peer(tmp_path: Path) -> None:
+    model = tmp_path / "breaks.py"
+    model.write_text(FAILING_MODEL)
+    plan = tmp_path / "plan.json"
+    make_plan([["0", "1"], ["2"]], 1, 4).save(plan)
+    procs = _launch(2, [str(model), "--plan", str(plan), "--steps", "10", "--timeout", "30"])
+    (code0, _, err0), (code1, _, err1) = [_finish(p, 60) for p in procs]
+    assert code1 == 1 and "ValueError: the loss broke on purpose" in err1, err1
+    assert code0 == 1 and "rank 0 (stage 0, replica 0): the pipeline broke" in err0, err0
