@@ -137,6 +137,11 @@ def _profile_model_file(args: argparse.Namespace) -> Any:
 
 def _device_spec(args: argparse.Namespace) -> Any:
     """The analytic device from --device NAME / --device-spec FILE, or None to measure."""
+    args._spec = spec = _resolve_device_spec(args)
+    return spec
+
+
+def _resolve_device_spec(args: argparse.Namespace) -> Any:
     name = getattr(args, "device", None)
     spec_path = getattr(args, "device_spec", None)
     args.device_measure = None
@@ -147,7 +152,7 @@ def _device_spec(args: argparse.Namespace) -> Any:
             return load_device_spec(spec_path)
         except (OSError, ValueError) as exc:
             raise UsageError(str(exc)) from exc
-    if name is None or name == "cpu" or name.startswith("cuda"):
+    if name is None or name in ("cpu", "mps") or name.startswith("cuda"):
         args.device_measure = name
         return None
     from autopipe.profiler.catalog import get_device
@@ -172,15 +177,18 @@ def cmd_plan(args: argparse.Namespace) -> int:
         )
     if args.save_profile:
         profile.save(args.save_profile)
-    memory = args.memory
-    if memory is None:
-        # Analytic profiles carry their device's capacity: plan for that by default.
-        memory = profile.meta.get("device_memory_bytes")
-    cluster = None
+    gpus, memory, cluster = args.gpus, args.memory, None
+    spec = _analytic_spec_for(profile, args)
+    if spec is not None:
+        # Plan for the catalog device's capacity and links unless --memory overrides it.
+        from autopipe.profiler.catalog import to_planner_cluster
+
+        cluster = to_planner_cluster(spec, args.gpus, memory_bytes=args.memory)
+        gpus = memory = None
     try:
         result = plan(
             profile,
-            gpus=args.gpus,
+            gpus=gpus,
             batch_size=args.batch_size,
             microbatches=args.microbatches,
             memory_per_device=memory,
@@ -205,6 +213,16 @@ def cmd_plan(args: argparse.Namespace) -> int:
         paths = plot_all(result, args.plot, profile=profile)
         _say(args, "plots: " + ", ".join(str(p) for p in paths))
     return EXIT_OK
+
+
+def _analytic_spec_for(profile: Any, args: argparse.Namespace) -> Any:
+    """The device an analytic profile was counted for (from the flags, or the saved profile)."""
+    spec = getattr(args, "_spec", None)
+    if spec is not None or profile.mode != "analytic":
+        return spec
+    from autopipe.profiler.catalog import get_device, is_catalog_device
+
+    return get_device(profile.device) if is_catalog_device(profile.device) else None
 
 
 def cmd_profile(args: argparse.Namespace) -> int:

@@ -13,6 +13,8 @@ from autopipe.profiler.profile import PROFILE_VERSION, Profile, ProfileFormatErr
 
 _LAZY = {
     "profile": ("autopipe.profiler.measure", "profile"),
+    "profile_analytic": ("autopipe.profiler.analytic", "profile_analytic"),
+    "trace_units": ("autopipe.profiler.units", "trace_units"),
 }
 
 __all__ = ["PROFILE_VERSION", "Profile", "ProfileFormatError", "UnitProfile", "load_profile", *_LAZY]
