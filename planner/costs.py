@@ -149,6 +149,7 @@ class CostModel:
         else:  # 1F1B: stage s holds at most K - s micro-batches between its forward and backward
             self.inflight = np.minimum(k - np.arange(k), microbatches).astype(float)
         self.options = [self._options(s) for s in range(k)]
+        self._cache: dict = {}
 
     def _options(self, stage: int) -> str:
         """Allowed options for a stage: 'A' (keep), 'B' (checkpoint), 'AB' (A if it fits, else B)."""
@@ -217,67 +218,92 @@ class CostModel:
         c = self.segment(stage, i, j)
         return c.time_s if c.feasible else math.inf
 
-    def segment_memory_need(self, stage: int, i: int, j: int) -> float:
-        """Smallest device memory (with headroom) the segment fits in under this checkpoint mode."""
-        param = self.param_prefix[j] - self.param_prefix[i]
-        state = param * self.state_factor
-        act_one = (self.act_prefix[j] - self.act_prefix[i]) * self.ratio
-        act_a = act_one * self.inflight[stage]
-        act_b = act_one + self.cut_at[i] * self.ratio * self.inflight[stage]
-        opts = self.options[stage]
-        need = {"A": act_a, "B": act_b, "AB": min(act_a, act_b)}[opts]
-        return (state + need) * (1.0 + self.headroom)
-
     # ----- all segments at once (for the vectorised DP) -----
 
     def cost_matrix(self, stage: int) -> np.ndarray:
         """``C[i, j]`` = seconds per micro-batch of segment ``[i, j)`` on ``stage``.
 
         Shape ``(N+1, N+1)``; ``inf`` where ``j <= i`` or the segment does not fit.
-        O(N^2) time and memory.
+        O(N^2) time and memory; the time and memory parts are cached per device kind, and
+        the memory masks are skipped when even the whole chain fits on the stage.
         """
-        n = self.n_units
         v = self.speed[stage]
-        pos = np.arange(n + 1)
-        f = self.fwd_prefix
-        g = self.bwd_prefix
-        # Same operation order as SegmentCost.time_s so that values agree to the last bit.
-        fwd = (f[None, :] - f[:, None]) / v
-        base = fwd + (g[None, :] - g[:, None]) / v
-        send = self.send_s(stage, pos)[None, :]
-        state = (self.param_prefix[None, :] - self.param_prefix[:, None]) * self.state_factor
-        act_one = (self.act_prefix[None, :] - self.act_prefix[:, None]) * self.ratio
+        tkey = ("time", v, self.bandwidth[stage], self.latency[stage])
+        if tkey not in self._cache:
+            n = self.n_units
+            f, g = self.fwd_prefix, self.bwd_prefix
+            # Same operation order as SegmentCost.time_s so that values agree to the last bit.
+            fwd = (f[None, :] - f[:, None]) / v
+            base = fwd + (g[None, :] - g[:, None]) / v
+            send = self.send_s(stage, np.arange(n + 1))[None, :]
+            invalid = np.tri(n + 1, dtype=bool)  # [i, j] with j <= i
+            time_a = base + send
+            time_a[invalid] = np.inf
+            self._cache[tkey] = (fwd, base, send, time_a, invalid)
+        fwd, base, send, time_a, invalid = self._cache[tkey]
         limit = self.limit_bytes(stage)
+        n_s = self.inflight[stage]
         opts = self.options[stage]
-        invalid = pos[None, :] <= pos[:, None]
-        if "A" in opts:
-            fits_a = state + act_one * self.inflight[stage] <= limit
+        r = self.ratio
+        state_all = self.param_prefix[-1] * self.state_factor
+        act_all = self.act_prefix[-1] * r
+        all_fit_a = state_all + act_all * n_s <= limit
+        all_fit_b = state_all + (act_all + float(self.cut_at.max()) * r * n_s) <= limit
+        if "A" in opts and all_fit_a:
+            return time_a  # every segment keeps its activations and fits: no masks needed
         if "B" in opts:
-            fits_b = (
-                state + (act_one + (self.cut_at * self.ratio * self.inflight[stage])[:, None])
-                <= limit
-            )
+            time_b = (base + fwd) + send
+            time_b[invalid] = np.inf
+            if not all_fit_b:
+                state, act_one = self._memory_parts()
+                fits_b = state + (act_one + (self.cut_at * r * n_s)[:, None]) <= limit
+                time_b[~fits_b] = np.inf
+            if opts == "B":
+                return time_b
+        state, act_one = self._memory_parts()
+        fits_a = state + act_one * n_s <= limit
         if opts == "A":
-            out = np.where(fits_a, base + send, np.inf)
-        elif opts == "B":
-            out = np.where(fits_b, (base + fwd) + send, np.inf)
-        else:
-            out = np.where(fits_a, base + send, np.where(fits_b, (base + fwd) + send, np.inf))
-        out[invalid] = np.inf
-        return out
+            return np.where(fits_a, time_a, np.inf)
+        return np.where(fits_a, time_a, time_b)
 
-    def memory_matrix(self, stage: int) -> np.ndarray:
-        """``R[i, j]`` = device memory (with headroom) segment ``[i, j)`` needs; ``inf`` if ``j <= i``."""
-        n = self.n_units
-        pos = np.arange(n + 1)
-        state = (self.param_prefix[None, :] - self.param_prefix[:, None]) * self.state_factor
-        act_one = (self.act_prefix[None, :] - self.act_prefix[:, None]) * self.ratio
-        act_a = act_one * self.inflight[stage]
-        act_b = act_one + (self.cut_at * self.ratio * self.inflight[stage])[:, None]
-        need = {"A": act_a, "B": act_b, "AB": np.minimum(act_a, act_b)}[self.options[stage]]
-        out = (state + need) * (1.0 + self.headroom)
-        out[pos[None, :] <= pos[:, None]] = np.inf
-        return out
+    def segment_times(self, stage: int, i: np.ndarray, j: np.ndarray) -> np.ndarray:
+        """Seconds per micro-batch of segments ``[i, j)`` (broadcast arrays); ``inf`` if invalid.
+
+        The same expressions, in the same order, as ``cost_matrix`` and ``segment``.
+        """
+        v = self.speed[stage]
+        f, g = self.fwd_prefix, self.bwd_prefix
+        fwd = (f[j] - f[i]) / v
+        base = fwd + (g[j] - g[i]) / v
+        send = self.send_s(stage, j)
+        limit = self.limit_bytes(stage)
+        n_s = self.inflight[stage]
+        r = self.ratio
+        state = (self.param_prefix[j] - self.param_prefix[i]) * self.state_factor
+        act_one = (self.act_prefix[j] - self.act_prefix[i]) * r
+        opts = self.options[stage]
+        time_a = np.where(state + act_one * n_s <= limit, base + send, np.inf)
+        fits_b = state + (act_one + self.cut_at[i] * r * n_s) <= limit
+        time_b = np.where(fits_b, (base + fwd) + send, np.inf)
+        if opts == "A":
+            out = time_a
+        elif opts == "B":
+            out = time_b
+        else:
+            out = np.where(np.isfinite(time_a), time_a, time_b)
+        return np.where(j > i, out, np.inf)
+
+    def clear_cache(self) -> None:
+        """Drop the O(N^2) matrices kept between ``cost_matrix`` calls."""
+        self._cache.clear()
+
+    def _memory_parts(self) -> tuple[np.ndarray, np.ndarray]:
+        """Training-state bytes and one micro-batch's activation bytes of every segment."""
+        if "memory" not in self._cache:
+            state = (self.param_prefix[None, :] - self.param_prefix[:, None]) * self.state_factor
+            act_one = (self.act_prefix[None, :] - self.act_prefix[:, None]) * self.ratio
+            self._cache["memory"] = (state, act_one)
+        return self._cache["memory"]
 
     def stage_costs(self, bounds: list[int]) -> list[SegmentCost]:
         """Costs of the stages of a partition given as ``K + 1`` positions ``0 = p0 < ... < pK = N``."""

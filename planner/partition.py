@@ -26,6 +26,9 @@ from dataclasses import dataclass
 import numpy as np
 from autopipe.planner.costs import CostModel
 
+Caps = tuple[float, float, float]
+"""(stage time, forward + send, recompute + backward) upper bounds for a probe."""
+
 #: Above this many units the O(N^2) DP matrices are replaced by the probe search.
 DP_MAX_UNITS = 2500
 
@@ -170,6 +173,8 @@ class _Prober:
             "send": cm.send_s(s, self.pos),
             "x_a": f + g,  # time_A(i, j) ~ x_a[j] - x_a[i] + send[j], nondecreasing in j
             "x_b": 2 * f + g,
+            "x_f": f,  # forward part of a stage: x_f[j] - x_f[i] + send[j]
+            "x_q": f + g,  # checkpointed backward part: recompute + backward
             # memory_B(i, j) = need_b[j] - y_b[i]; y_b is not monotone (stage-input cut term)
             "y_b": state + act - cm.cut_at * cm.ratio * n_s,
             "need_b": state + act - limit,
@@ -177,24 +182,33 @@ class _Prober:
         self._stage_cache[key] = got
         return got
 
-    def _fits(self, s: int, i: np.ndarray, j: np.ndarray, ckpt: bool, t: float) -> np.ndarray:
+    def _fits(self, s: int, i: np.ndarray, j: np.ndarray, ckpt: bool, caps: Caps) -> np.ndarray:
         """Exact check (same arithmetic as ``CostModel.segment``) of segments ``[i, j)``."""
         cm = self.cm
         v = cm.speed[s]
         fwd = (cm.fwd_prefix[j] - cm.fwd_prefix[i]) / v
-        base = fwd + (cm.bwd_prefix[j] - cm.bwd_prefix[i]) / v
+        bwd = (cm.bwd_prefix[j] - cm.bwd_prefix[i]) / v
+        base = fwd + bwd
         send = self._stage(s)["send"][j]
         time = ((base + fwd) if ckpt else base) + send
+        t, f_cap, q_cap = caps
+        ok = time <= t
+        if math.isfinite(f_cap):  # forward part as the simulator sees it: forward + send
+            ok &= fwd + send <= f_cap
+        if math.isfinite(q_cap):  # backward part: recompute + backward
+            ok &= ((fwd + bwd) if ckpt else bwd) <= q_cap
         state = (cm.param_prefix[j] - cm.param_prefix[i]) * cm.state_factor
         act_one = (cm.act_prefix[j] - cm.act_prefix[i]) * cm.ratio
         act = (
             act_one + cm.cut_at[i] * cm.ratio * cm.inflight[s] if ckpt else act_one * cm.inflight[s]
         )
         limit = self.capacity[s] / (1.0 + cm.headroom)
-        return (time <= t) & (state + act <= limit) & (i < j)
+        return ok & (state + act <= limit) & (i < j)
 
-    def probe(self, t: float) -> list[int] | None:
-        """A partition with every stage time ``<= t`` and within memory, or None."""
+    def probe(self, t: float, f_cap: float = math.inf, q_cap: float = math.inf) -> list[int] | None:
+        """A partition within memory whose every stage has time ``<= t``, forward + send
+        ``<= f_cap`` and recompute + backward ``<= q_cap``; or None."""
+        caps = (t, f_cap, q_cap)
         cm, n, pos = self.cm, self.n, self.pos
         reach = np.zeros(n + 1, bool)
         reach[0] = True
@@ -209,11 +223,11 @@ class _Prober:
             last = np.maximum.accumulate(np.where(reach, pos, -1))[:-1]
             if "A" in opts:
                 # Option A's time and memory only shrink as i grows: the latest reachable i is best.
-                ok = (last >= 0) & self._fits(s, np.maximum(last, 0), j, False, t)
+                ok = (last >= 0) & self._fits(s, np.maximum(last, 0), j, False, caps)
                 new_reach[1:] |= ok
                 pred[1:] = np.where(ok, last, pred[1:])
             if "B" in opts:
-                ok, wit = self._probe_b(s, st, reach, j, t)
+                ok, wit = self._probe_b(s, st, reach, j, caps)
                 take = ok & (pred[1:] < 0)
                 new_reach[1:] |= ok
                 pred[1:] = np.where(take, wit, pred[1:])
@@ -226,23 +240,29 @@ class _Prober:
         return _trace(preds, n)
 
     def _probe_b(
-        self, s: int, st: dict[str, np.ndarray], reach: np.ndarray, j: np.ndarray, t: float
+        self, s: int, st: dict[str, np.ndarray], reach: np.ndarray, j: np.ndarray, caps: Caps
     ) -> tuple[np.ndarray, np.ndarray]:
         """Option B: some reachable i in [lo_j, j) with y_b[i] >= need_b[j] (range max query)."""
-        x = st["x_b"]
-        if math.isinf(t):
-            lo = np.zeros(j.size, dtype=np.int64)
-        else:
-            # Time condition x[j] - x[i] + send[j] <= t  <=>  x[i] >= x[j] + send[j] - t; the
-            # tiny slack only widens the range, the exact check below keeps it sound.
-            thr = x[j] + st["send"][j] - t
-            lo = np.searchsorted(x, thr - 1e-12 * (abs(thr) + abs(t)), side="left")
+        lo = np.zeros(j.size, dtype=np.int64)
+        send = st["send"][j]
+        # Each time condition reads x[j] - x[i] + extra[j] <= cap  <=>  x[i] >= x[j] + extra - cap
+        # with x nondecreasing; the tiny slack only widens the range, the exact check keeps it sound.
+        for x, extra, cap in (
+            (st["x_b"], send, caps[0]),
+            (st["x_f"], send, caps[1]),
+            (st["x_q"], 0.0, caps[2]),
+        ):
+            if math.isfinite(cap):
+                thr = x[j] + extra - cap
+                lo = np.maximum(
+                    lo, np.searchsorted(x, thr - 1e-12 * (np.abs(thr) + abs(cap)), side="left")
+                )
         hi = j - 1
         y = np.where(reach, st["y_b"], -np.inf)
         val, wit = _range_argmax(y, lo, hi)
         ok = (lo <= hi) & (val >= st["need_b"][j] - 1e-9 * np.abs(st["need_b"][j]))
         wit = np.where(ok, wit, 0)
-        ok &= reach[wit] & self._fits(s, wit, j, True, t)
+        ok &= reach[wit] & self._fits(s, wit, j, True, caps)
         return ok, wit
 
 
@@ -333,8 +353,115 @@ def min_memory_needed(cm: CostModel) -> float:
     return hi
 
 
+def banded_tie_break(cm: CostModel, cap_s: float, max_cells: int = 30_000_000) -> list[int] | None:
+    """Least total stage time among partitions whose every stage time is ``<= cap_s``.
+
+    A stage cannot be longer than the units whose forward+backward alone already exceed
+    ``cap_s``, so segment ``[i, i+1+d)`` is only needed for ``d < W`` (W = the widest such run):
+    a min-sum DP over an ``(N+1) x W`` band, O(K N W). Returns None if the band would exceed
+    ``max_cells`` cells (e.g. many zero-time units) or nothing fits under the cap.
+    """
+    n, k = cm.n_units, cm.num_stages
+    x = cm.fwd_prefix + cm.bwd_prefix
+    pos = np.arange(n + 1)
+    width = 1
+    for v in set(cm.speed.tolist()):
+        reach = np.searchsorted(x, x + v * cap_s * (1.0 + 1e-9), side="right") - 1
+        width = max(width, int(np.max(reach - pos)))
+    width = min(width, n)
+    if (n + 1) * width > max_cells:
+        return None
+    dd = np.arange(width)[None, :]
+    starts = pos[:, None] - 1 - dd  # segment start i for end j = row, length 1 + d
+    valid = starts >= 0
+    starts_c = np.maximum(starts, 0)
+    ends = np.broadcast_to(pos[:, None], starts.shape)
+    cache: dict[tuple, np.ndarray] = {}
+    best = np.full(n + 1, np.inf)
+    best[0] = 0.0
+    preds = []
+    rows = np.arange(n + 1)
+    for s in range(k):
+        key = _stage_key(cm, s)
+        if key not in cache:
+            cost = cm.segment_times(s, starts_c, ends)
+            cache[key] = np.where(valid & (cost <= cap_s), cost, np.inf)
+        cand = best[starts_c] + cache[key]
+        arg = np.argmin(cand, axis=1)
+        best = cand[rows, arg]
+        preds.append(starts_c[rows, arg])
+    if not math.isfinite(best[n]):
+        return None
+    return _trace(preds, n)
+
+
 def exact_partition(cm: CostModel) -> Partition | None:
-    """The ``dp`` strategy: the DP up to ``DP_MAX_UNITS`` units, the probe search above."""
-    if cm.n_units <= DP_MAX_UNITS:
-        return dp_partition(cm)
-    return probe_partition(cm)
+    """The ``dp`` strategy: exact bottleneck by the probe search, then the banded tie-break DP.
+
+    Falls back to the full O(K N^2) DP when the band is too wide and N <= ``DP_MAX_UNITS``.
+    """
+    probe = probe_partition(cm)
+    if probe is None:
+        return None
+    bounds = banded_tie_break(cm, probe.bottleneck_s)
+    if bounds is None:
+        if cm.n_units <= DP_MAX_UNITS:
+            return dp_partition(cm)
+        return probe
+    return Partition(bounds, bottleneck(cm, bounds), "probe+banded-dp")
+
+
+def _parametric(
+    prober: _Prober, measure, caps_of, max_probes: int = 200
+) -> tuple[float, list[int]] | None:
+    """Smallest ``v`` for which ``prober.probe(*caps_of(v))`` succeeds, and that partition.
+
+    ``measure(bounds)`` must return the exact capped quantity of a partition (so each feasible
+    probe lowers the upper bound to a value some partition attains). Bisection as in
+    ``probe_partition``; at most ``max_probes`` probes.
+    """
+    best = prober.probe(*caps_of(math.inf))
+    if best is None:
+        return None
+    hi, lo = measure(best), 0.0
+    for _ in range(max_probes):
+        t = 0.5 * (lo + hi) if hi - lo > 1e-9 * hi else float(np.nextafter(hi, -np.inf))
+        if t <= lo:
+            break
+        found = prober.probe(*caps_of(t))
+        if found is None:
+            lo = t
+        else:
+            best, hi = found, min(hi, measure(found))
+    return hi, best
+
+
+def pareto_partitions(cm: CostModel, max_points: int = 6) -> tuple[list[list[int]], bool]:
+    """Partitions on the Pareto frontier of (max forward part, max backward part).
+
+    GPipe's fill-drain time on dedicated devices is ``sum + (M-1) (max_s f_s + max_s q_s)``
+    (f = forward + send, q = recompute + backward), so when the stage with the largest f is not
+    the one with the largest q the min-bottleneck partition need not be the fastest. Walks the
+    frontier from the smallest max f: (min f s.t. q <= Q) then (min q s.t. f <= F), each by
+    parametric search. Returns the partitions and whether the walk reached the end of the
+    frontier (False if it stopped at ``max_points``). O(points x probes x K N log N).
+    """
+    prober = _Prober(cm)
+
+    def f_part(bounds: list[int]) -> float:
+        return max(c.forward_s + c.send_s for c in cm.stage_costs(bounds))
+
+    def q_part(bounds: list[int]) -> float:
+        return max(c.recompute_s + c.backward_s for c in cm.stage_costs(bounds))
+
+    out: list[list[int]] = []
+    q_limit = math.inf
+    for _ in range(max_points):
+        got = _parametric(prober, f_part, lambda v, q=q_limit: (math.inf, v, q))
+        if got is None:
+            return out, True
+        f_star = got[0]
+        q_star, bounds = _parametric(prober, q_part, lambda v, f=f_star: (math.inf, f, v))
+        out.append(bounds)
+        q_limit = float(np.nextafter(q_star, -np.inf))
+    return out, False

@@ -29,9 +29,10 @@ from autopipe.planner.partition import (
     brute_force_partition,
     exact_partition,
     min_memory_needed,
+    pareto_partitions,
 )
 from autopipe.planner.plan import Plan, StagePlan
-from autopipe.planner.simulate import simulate
+from autopipe.planner.simulate import Simulation, gpipe_exact, simulate
 from autopipe.profiler.profile import Profile
 
 STRATEGIES = ("dp", "ilp", "brute-force", *BASELINES)
@@ -137,7 +138,19 @@ def _partition(
     return Partition(bounds, value, strategy) if math.isfinite(value) else None
 
 
-def _simulate_costs(costs: list[SegmentCost], m: int, schedule: str):
+def _simulate_costs(costs: list[SegmentCost], m: int, schedule: str) -> Simulation:
+    """Iteration time and bubble of one plan on dedicated devices.
+
+    GPipe uses its exact fill-drain formula (two flow shops; tests check it equals the event
+    simulator), O(K); 1F1B runs the event simulator, O(K M log K).
+    """
+    if schedule == "gpipe":
+        fwd = [c.forward_s + c.send_s for c in costs]
+        bwd = [c.recompute_s + c.backward_s for c in costs]
+        total = gpipe_exact(fwd, bwd, m)
+        busy = [m * (f + b) for f, b in zip(fwd, bwd, strict=True)]
+        bubble = 1.0 - sum(busy) / (len(costs) * total) if total > 0 else 0.0
+        return Simulation(total, bubble, [], busy)
     return simulate(
         [c.forward_s for c in costs],
         [c.backward_s for c in costs],
@@ -217,6 +230,7 @@ def plan(
         for m in m_list:
             cm = model(m, sched)
             part = _partition(cm, strategy, profile, time_limit_s)
+            cm.clear_cache()
             if part is None:
                 results.append({"m": m, "schedule": sched, "cm": cm, "part": None})
                 continue
@@ -228,12 +242,64 @@ def plan(
     feasible = [r for r in results if r["part"] is not None]
     if not feasible:
         raise _infeasible_error(results, cluster, checkpoint, strategy)
-    # Fastest; ties go to fewer micro-batches (less per-call overhead) and then to GPipe.
-    best = min(
-        feasible,
-        key=lambda r: (r["sim"].iteration_time_s, r["m"], schedules.index(r["schedule"])),
-    )
-    return _build_plan(profile, cluster, best, results, strategy, baselines, batch, checkpoint)
+    for r in feasible:
+        r["min_bottleneck_s"] = r["part"].bottleneck_s
+        r["frontier"] = None
+
+    def rank(r: dict[str, Any]) -> tuple:
+        # Fastest; ties go to fewer micro-batches (less per-call overhead) and then to GPipe.
+        return (r["sim"].iteration_time_s, r["m"], schedules.index(r["schedule"]))
+
+    if strategy == "dp":
+        _refine_gpipe(feasible, rank)
+    best = min(feasible, key=rank)
+    out = _build_plan(profile, cluster, best, results, strategy, baselines, batch, checkpoint)
+    # The request, JSON-ready, so that plots and tools can re-plan the same problem.
+    out.meta["options"] = {
+        "batch_size": batch,
+        "microbatches": microbatches if isinstance(microbatches, int | str) else list(microbatches),
+        "schedule": schedule,
+        "checkpoint": checkpoint,
+        "strategy": strategy,
+        "optimizer": optimizer,
+        "bytes_per_parameter": bytes_per_parameter,
+        "headroom": headroom,
+        "memory_per_device": memory_per_device,
+        "time_limit_s": time_limit_s,
+    }
+    return out
+
+
+def _refine_gpipe(feasible: list[dict[str, Any]], rank, max_walks: int = 3) -> None:
+    """Walk the (max forward part, max backward part) frontier for the best GPipe candidates.
+
+    GPipe's time is ``sum + (M-1)(max f + max q)``; the min-bottleneck partition minimises
+    ``max (f + q)`` instead, which is the same only when one stage holds both maxima. Walks the
+    best candidate first, then any candidate still faster than the best so far, at most
+    ``max_walks`` walks; updates a candidate when a frontier partition simulates faster.
+    """
+    walked = 0
+    for r in sorted(feasible, key=rank):
+        if walked >= max_walks or r["schedule"] != "gpipe":
+            continue
+        best_now = min(feasible, key=rank)
+        if r is not best_now and rank(r) >= rank(best_now):
+            continue
+        costs = r["costs"]
+        f_max = max(c.forward_s + c.send_s for c in costs)
+        q_max = max(c.recompute_s + c.backward_s for c in costs)
+        if f_max + q_max <= max(c.time_s for c in costs) * (1 + 1e-12):
+            continue  # one stage holds both maxima: the min-bottleneck partition is already best
+        walked += 1
+        cm: CostModel = r["cm"]
+        points, complete = pareto_partitions(cm)
+        r["frontier"] = {"points": len(points), "complete": complete}
+        for bounds in points:
+            cand = cm.stage_costs(bounds)
+            sim = _simulate_costs(cand, r["m"], "gpipe")
+            if sim.iteration_time_s < r["sim"].iteration_time_s * (1 - 1e-12):
+                r["part"] = Partition(bounds, max(c.time_s for c in cand), "pareto")
+                r["costs"], r["sim"] = cand, sim
 
 
 def bytes_per_parameter_for(optimizer: str, profile: Profile) -> int:
@@ -333,6 +399,12 @@ def _build_plan(
     ]
     notes += [f"stage {st.index} {st.reason}" for st in stages if st.reason]
     notes.append(_why_m(best, results))
+    if part.algorithm == "pareto":
+        notes.append(
+            f"partition trades the bottleneck ({times[bott] * 1e3:.4g} ms vs the minimum "
+            f"{best['min_bottleneck_s'] * 1e3:.4g} ms) for a smaller max forward + max backward, "
+            "which is what GPipe's fill-drain time depends on"
+        )
     infeasible = sorted({r["m"] for r in results if r["part"] is None and r["schedule"] == sched})
     if infeasible:
         notes.append(f"M in {infeasible} does not fit in memory with schedule={sched}")
@@ -374,6 +446,8 @@ def _build_plan(
         meta={
             "algorithm": part.algorithm,
             "bottleneck_s": times[bott],
+            "min_bottleneck_s": best.get("min_bottleneck_s", times[bott]),
+            "frontier": best.get("frontier"),
             "single_device_time_s": single_s,
             "checkpoint_mode": checkpoint,
             "headroom": cm.headroom,
@@ -417,6 +491,7 @@ def _evaluate_baseline(
     """A strategy's figures at the plan's (M, schedule); infeasible ones carry their memory need."""
     if name == "dp":
         part = exact_partition(cm)
+        cm.clear_cache()
         bounds = part.bounds if part is not None else None
     else:
         bounds = baseline_bounds(name, profile, cm.num_stages)
@@ -432,6 +507,23 @@ def _evaluate_baseline(
         "feasible": all(c.feasible for c in costs),
         "bubble_fraction": sim.bubble_fraction,
         "max_memory_bytes": max(c.memory_bytes for c in costs),
+        "microbatches": m,
+        "schedule": sched,
+        "stages": [_stage_row(c) for c in costs],
+    }
+
+
+def _stage_row(c: SegmentCost) -> dict[str, Any]:
+    return {
+        "forward_s": c.forward_s,
+        "backward_s": c.backward_s,
+        "recompute_s": c.recompute_s,
+        "send_s": c.send_s,
+        "parameter_bytes": c.parameter_bytes,
+        "optimizer_bytes": c.optimizer_bytes,
+        "activation_bytes": c.activation_bytes,
+        "memory_bytes": c.memory_bytes,
+        "checkpoint": c.checkpoint,
     }
 
 

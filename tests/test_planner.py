@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import subprocess
@@ -29,6 +30,7 @@ from autopipe.planner.partition import (  # noqa: E402
     probe_partition,
 )
 from autopipe.planner.search import _gib  # noqa: E402
+from autopipe.planner.simulate import gpipe_exact  # noqa: E402
 from autopipe.profiler.profile import Profile, UnitProfile  # noqa: E402
 from planner_instances import random_cluster, random_profile  # noqa: E402
 
@@ -218,11 +220,37 @@ def test_baselines_recorded_and_not_better_than_dp() -> None:
     for name, b in p.baselines.items():
         assert set(b) >= {"iteration_time_s", "bottleneck_s", "balance", "feasible"}
         assert sum(b["balance"]) == 30 and len(b["balance"]) == 4, name
-        assert b["bottleneck_s"] >= p.meta["bottleneck_s"] - 1e-15
+        assert b["bottleneck_s"] >= p.meta["min_bottleneck_s"] - 1e-15
+        # No sends, no recompute, equal devices: the planned GPipe time is optimal, so no
+        # baseline partition is faster at the same M.
+        assert b["iteration_time_s"] >= p.iteration_time_s * (1 - 1e-12), name
     for strategy in ("uniform", "parameters", "greedy-time"):
         q = plan(profile, 4, microbatches=8, strategy=strategy)
         assert q.balance == p.baselines[strategy]["balance"]
         assert "dp" in q.baselines
+
+
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(st.integers(2, 8), st.integers(0, 10_000), st.sampled_from([1, 4, 16]))
+def test_gpipe_iteration_time_optimal_over_all_partitions(n: int, seed: int, m: int) -> None:
+    """Min-bottleneck partition + (max f, max q) frontier = the fastest GPipe partition."""
+    profile = random_profile(n, seed)
+    k = 1 + seed % n
+    p = plan(profile, k, microbatches=m, baselines=False)
+    cm = _model(profile, Cluster.homogeneous(k), m, "gpipe", "never")
+    best = min(
+        gpipe_exact(
+            [c.forward_s + c.send_s for c in costs],
+            [c.recompute_s + c.backward_s for c in costs],
+            m,
+        )
+        for cuts in itertools.combinations(range(1, n), k - 1)
+        for costs in [cm.stage_costs([0, *cuts, n])]
+    )
+    assert p.iteration_time_s == pytest.approx(best, rel=1e-12)
+    assert p.meta["min_bottleneck_s"] == pytest.approx(
+        brute_force_partition(cm).bottleneck_s, rel=1e-12
+    )
 
 
 def test_plan_json_round_trip(tmp_path: Path) -> None:

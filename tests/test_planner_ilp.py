@@ -56,5 +56,5 @@ def test_ilp_strategy_in_plan_records_gap() -> None:
     p = plan(profile, 3, microbatches=4, strategy="ilp")
     q = plan(profile, 3, microbatches=4, strategy="dp")
     assert p.strategy == "ilp" and p.optimality_gap == 0.0
-    assert p.meta["bottleneck_s"] == pytest.approx(q.meta["bottleneck_s"], rel=1e-6)
-    assert p.baselines["dp"]["bottleneck_s"] == pytest.approx(p.meta["bottleneck_s"], rel=1e-6)
+    assert p.meta["bottleneck_s"] == pytest.approx(q.meta["min_bottleneck_s"], rel=1e-6)
+    assert p.baselines["dp"]["bottleneck_s"] >= p.meta["bottleneck_s"] * (1 - 1e-6)
