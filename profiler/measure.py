@@ -447,31 +447,31 @@ def _parameter_accounting(
     return rows, total
 
 
-def _check_linear_bytes(
-    unit_names: list[str], sizes: list[int], measured: list[_SizeMeasurement]
-) -> None:
-    """Warn when saved-activation or output bytes are not proportional to micro-batch size."""
-    big_b = sizes[0]
-    base = measured[0]
-    total_b = sum(u.activation_bytes for u in base.units) or 1
+def nonlinear_bytes(
+    unit_names: list[str],
+    sizes: list[int],
+    measured: list[_SizeMeasurement],
+    tolerance: float = 0.1,
+) -> list[str]:
+    """Units whose saved-activation or output bytes at a smaller micro-batch size differ from
+    the proportional share of the full-batch bytes by more than ``tolerance``. Units under 1%
+    of the model's total of that kind (position ids, masks) may be constant and are skipped."""
+    big_b, base = sizes[0], measured[0]
     offenders: list[str] = []
-    for size, m in zip(sizes[1:], measured[1:], strict=True):
-        scale = size / big_b
-        for name, ub, us in zip(unit_names, base.units, m.units, strict=True):
-            if ub.activation_bytes < 0.01 * total_b:
-                continue  # tiny units (position ids, masks) are allowed to be constant
-            expected = ub.activation_bytes * scale
-            if abs(us.activation_bytes - expected) > 0.1 * expected:
-                offenders.append(
-                    f"{name} ({us.activation_bytes} B at b={size} vs {expected:.0f} expected)"
-                )
-    if offenders:
-        warnings.warn(
-            "saved-activation bytes do not scale linearly with micro-batch size for "
-            + ", ".join(offenders[:5])
-            + "; memory at other micro-batch sizes is extrapolated linearly and may be off",
-            stacklevel=3,
-        )
+    for kind in ("activation_bytes", "output_bytes"):
+        total = sum(getattr(u, kind) for u in base.units) or 1
+        for size, m in zip(sizes[1:], measured[1:], strict=True):
+            for name, ub, us in zip(unit_names, base.units, m.units, strict=True):
+                full = getattr(ub, kind)
+                if full < 0.01 * total:
+                    continue
+                expected = full * size / big_b
+                got = getattr(us, kind)
+                if abs(got - expected) > tolerance * expected:
+                    offenders.append(
+                        f"{name} {kind} {got} B at b={size}, {expected:.0f} B expected"
+                    )
+    return offenders
 
 
 def profile(
@@ -604,8 +604,14 @@ def profile(
         bar.close()
         params, params_total = _parameter_accounting(ug, model, optimizer)
 
-    if len(measured) > 1:
-        _check_linear_bytes(ug.unit_names, used_sizes, measured)
+    offenders = nonlinear_bytes(ug.unit_names, used_sizes, measured) if len(measured) > 1 else []
+    if offenders:
+        warnings.warn(
+            "bytes do not scale linearly with micro-batch size: "
+            + "; ".join(offenders[:4])
+            + "; memory at other micro-batch sizes is extrapolated linearly and may be off",
+            stacklevel=2,
+        )
     base = measured[0]
     units: list[UnitProfile] = []
     for i, name in enumerate(ug.unit_names):

@@ -165,6 +165,26 @@ def test_bytes_linear_in_batch_and_fit_of_overhead() -> None:
         profile(model, x, progress=False, microbatch_sizes=(32,))
 
 
+class ConstantMemory(nn.Module):
+    """Saves a batch-independent tensor as large as the batch-dependent ones at b = 16."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(64, 64)
+        self.table = nn.Parameter(torch.randn(16, 64))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x) + (self.table * self.table.sigmoid()).sum(0)
+
+
+def test_warning_when_bytes_do_not_scale_with_batch() -> None:
+    with pytest.warns(UserWarning, match="do not scale linearly.*activation_bytes"):
+        profile(ConstantMemory(), torch.randn(16, 64), **{**FAST, "microbatch_sizes": (4,)})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # proportional model: silent
+        profile(small_mlp()[0], torch.randn(16, 64), **{**FAST, "microbatch_sizes": (4,)})
+
+
 def test_fit_time_model_exact_and_clamped() -> None:
     assert fit_time_model([8, 2], [0.010, 0.004]) == pytest.approx((0.002, 0.001))
     assert fit_time_model([1, 2, 4], [0.003, 0.005, 0.009]) == pytest.approx((0.001, 0.002))
