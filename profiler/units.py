@@ -179,8 +179,7 @@ def _module_path(node: fx.Node) -> str | None:
 def _unit_of_path(path: str | None, units: set[str]) -> str | None:
     """The unit path that is ``path`` or its closest ancestor, or None for glue."""
     while path:
-        # export records paths like "blocks.0" but also "L__self___blocks_0"-free forms;
-        # fx and export both use dotted qualified names here.
+        # fx and export both record dotted qualified paths ("blocks.0.attn") here.
         if path in units:
             return path
         path = path.rpartition(".")[0] if "." in path else ""
