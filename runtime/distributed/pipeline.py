@@ -293,6 +293,7 @@ class DistributedPipeline:
                 a.to(self.device) if isinstance(a, torch.Tensor) else a
                 for a in _flat_inputs(inputs, self._placeholders)
             )
+            _check_divisible(_batch_size(args), M)
         kwargs: dict[str, Any] = {}
         losses: list[torch.Tensor] = []
         if layout.is_last_stage:
@@ -303,10 +304,7 @@ class DistributedPipeline:
                 lambda t: t.to(self.device) if isinstance(t, torch.Tensor) else t, self._target
             )
             size = _batch_size(self._target)
-            if size % M:
-                raise ValueError(
-                    f"local batch size {size} is not divisible by the plan's {M} micro-batches"
-                )
+            _check_divisible(size, M)
             index = torch.arange(size, device=self.device)
             self.schedule.step(*args, target=index, losses=losses, return_outputs=False, **kwargs)
         else:
@@ -321,6 +319,15 @@ class DistributedPipeline:
             dist.all_reduce(loss, group=self.replica_group)
             loss /= layout.replicas
         return loss
+
+
+def _check_divisible(batch_size: int, microbatches: int) -> None:
+    # Equal micro-batches make the mean of micro-batch losses the whole-batch mean.
+    if batch_size % microbatches:
+        raise ValueError(
+            f"local batch size {batch_size} is not divisible by the plan's {microbatches} "
+            "micro-batches; use a multiple of it"
+        )
 
 
 def _average_gradients(module: nn.Module, group: Any, replicas: int) -> None:
