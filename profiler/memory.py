@@ -8,7 +8,7 @@ parameters/buffers are left out (they are counted as parameter bytes).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,20 +40,6 @@ def storage_bytes(t: torch.Tensor) -> int:
         return t.untyped_storage().nbytes()
     except (RuntimeError, NotImplementedError):
         return tensor_bytes(t)
-
-
-def unique_tensor_bytes(tensors: Iterable[Any]) -> int:
-    """Sum of :func:`tensor_bytes` over tensors, counting a (storage, offset, size) once."""
-    seen: set[tuple[str, int, int, int]] = set()
-    total = 0
-    for t in tensors:
-        if not isinstance(t, torch.Tensor):
-            continue
-        key = (*storage_key(t), t.storage_offset(), t.numel())
-        if key not in seen:
-            seen.add(key)
-            total += tensor_bytes(t)
-    return total
 
 
 @dataclass

@@ -37,42 +37,6 @@ def num_threads(threads: int | None) -> Iterator[None]:
         torch.set_num_threads(previous)
 
 
-def time_forward_backward(
-    forward: Callable[[], Any],
-    backward: Callable[[Any], None],
-    device: torch.device,
-    *,
-    warmup: int = 2,
-    repeat: int = 5,
-    reset: Callable[[], None] | None = None,
-) -> tuple[float, float]:
-    """Median seconds of ``forward()`` and of ``backward(forward_result)``.
-
-    ``reset`` runs untimed after each backward (e.g. to drop ``.grad`` so every iteration
-    writes fresh gradients, as after ``optimizer.zero_grad(set_to_none=True)``).
-    """
-    if repeat < 1:
-        raise ValueError(f"repeat must be >= 1, got {repeat}")
-    forward_s: list[float] = []
-    backward_s: list[float] = []
-    for i in range(warmup + repeat):
-        synchronize(device)
-        t0 = time.perf_counter()
-        out = forward()
-        synchronize(device)
-        t1 = time.perf_counter()
-        backward(out)
-        synchronize(device)
-        t2 = time.perf_counter()
-        del out
-        if reset is not None:
-            reset()
-        if i >= warmup:
-            forward_s.append(t1 - t0)
-            backward_s.append(t2 - t1)
-    return statistics.median(forward_s), statistics.median(backward_s)
-
-
 @dataclass
 class TimedStep:
     """A forward/backward pair to time: ``backward(forward())``, then untimed ``reset()``."""
