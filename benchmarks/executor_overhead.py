@@ -5,6 +5,7 @@
 1. Time: median seconds per training iteration (forward + backward over one mini-batch) of
    - plain gradient accumulation: the unsplit model, micro-batch by micro-batch;
    - autopipe.GPipe with devices ["cpu"] x K, checkpoint="never" (same model, balance, chunks);
+   - the same with devices alternating "cpu"/"cpu:0", which runs stages on worker threads;
    - torchgpipe.GPipe with the same arguments, if torchgpipe is installed
      (``pip install --no-deps torchgpipe``; optional, never a dependency).
    All devices are the same CPU, so no stage overlap is possible: the difference to
@@ -28,7 +29,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "examples"))
@@ -60,21 +60,46 @@ def timing(iters: int, batch: int, chunks: int, balance: list[int]) -> None:
         for piece in torch.tensor_split(x, chunks):
             (plain(piece).square().sum() / batch).backward()
 
-    ours = GPipe(copy.deepcopy(model), balance=balance, devices=["cpu"] * k, chunks=chunks, checkpoint="never")
+    ours = GPipe(
+        copy.deepcopy(model),
+        balance=balance,
+        devices=["cpu"] * k,
+        chunks=chunks,
+        checkpoint="never",
+    )
 
     def autopipe_step() -> None:
         ours.zero_grad(set_to_none=True)
         (ours(x).square().sum() / batch).backward()
 
+    # "cpu" and "cpu:0" are distinct device keys: this layout runs its stages on two worker
+    # threads (the multi-device code path) while computing on the same CPU.
+    threaded = GPipe(
+        copy.deepcopy(model),
+        balance=balance,
+        devices=["cpu", "cpu:0"] * (k // 2) + ["cpu"] * (k % 2),
+        chunks=chunks,
+        checkpoint="never",
+    )
+
+    def threaded_step() -> None:
+        threaded.zero_grad(set_to_none=True)
+        (threaded(x).square().sum() / batch).backward()
+
     runners: dict[str, Callable[[], None]] = {
         "gradient accumulation": accumulate,
         "autopipe.GPipe": autopipe_step,
+        "autopipe.GPipe threads": threaded_step,
     }
     try:
         import torchgpipe
 
         theirs = torchgpipe.GPipe(
-            copy.deepcopy(model), balance=balance, devices=["cpu"] * k, chunks=chunks, checkpoint="never"
+            copy.deepcopy(model),
+            balance=balance,
+            devices=["cpu"] * k,
+            chunks=chunks,
+            checkpoint="never",
         )
 
         def torchgpipe_step() -> None:
@@ -93,11 +118,18 @@ def timing(iters: int, batch: int, chunks: int, balance: list[int]) -> None:
         for name, fn in runners.items():
             samples[name].append(median_s(fn, 1))
     base = statistics.median(samples["gradient accumulation"])
-    print(f"\n== Iteration time: examples/mlp.py, batch {batch}, K={k} x cpu, balance {balance}, chunks {chunks}, checkpoint=never ==")
-    print(f"{'runner':<24}{'median ms':>12}{'vs grad. accumulation':>24}")
+    print(
+        f"\n== Iteration time: examples/mlp.py, batch {batch}, K={k} x cpu, balance {balance}, chunks {chunks}, checkpoint=never =="
+    )
+    print(f"{'runner':<24}{'median ms':>12}{'ratio of medians':>18}{'median paired ratio':>21}")
     for name, values in samples.items():
         med = statistics.median(values)
-        print(f"{name:<24}{med * 1e3:>12.2f}{med / base:>23.3f}x")
+        # Each round runs every runner back to back: the per-round ratio cancels slow drift
+        # of a shared machine.
+        paired = statistics.median(
+            v / b for v, b in zip(values, samples["gradient accumulation"], strict=True)
+        )
+        print(f"{name:<24}{med * 1e3:>12.2f}{med / base:>17.3f}x{paired:>20.3f}x")
 
 
 def _storage_bytes(tensors: list[Any], exclude: set[int]) -> int:
@@ -145,13 +177,20 @@ def memory(batch: int, chunks: int, k: int) -> None:
     pipe(idx).sum().backward()
 
     # One micro-batch's saved activations, as its recomputation saves them.
-    print(f"\n== Saved activations with checkpoint='always': GPT d=128 x 8 blocks, batch {batch}, M={chunks}, K={k} ({source} profile) ==")
-    print(f"{'stage':<7}{'stash MiB':>11}{'recompute MiB':>15}{'measured MiB':>14}{'planned MiB':>13}{'ratio':>8}")
+    print(
+        f"\n== Saved activations with checkpoint='always': GPT d=128 x 8 blocks, batch {batch}, M={chunks}, K={k} ({source} profile) =="
+    )
+    print(
+        f"{'stage':<7}{'stash MiB':>11}{'recompute MiB':>15}{'measured MiB':>14}{'planned MiB':>13}{'ratio':>8}"
+    )
     for j, stage in enumerate(pipe._stages):
-        leaves = [v.detach().requires_grad_(v.is_floating_point()) if isinstance(v, torch.Tensor) else v for v in stashed[j][0]]
+        leaves = [
+            v.detach().requires_grad_(v.is_floating_point()) if isinstance(v, torch.Tensor) else v
+            for v in stashed[j][0]
+        ]
         saved: list[torch.Tensor] = []
 
-        def pack(t: torch.Tensor) -> torch.Tensor:
+        def pack(t: torch.Tensor, saved: list[torch.Tensor] = saved) -> torch.Tensor:
             saved.append(t)
             return t
 
