@@ -12,8 +12,14 @@ What is compared (medians over the measured steps; per step, medians over micro-
 - per stage, forward seconds per micro-batch: plan ``forward_s`` vs the executor's forward task;
 - per stage, backward seconds per micro-batch: plan ``backward_s + recompute_s`` vs the
   executor's backward task (its recomputation runs nested inside it);
-- iteration seconds: the simulated makespan vs the measured makespan (first forward start to
-  last backward end; the optimizer step is reported separately).
+- iteration seconds: the simulated makespan vs the measured one (first forward start to last
+  backward end; the optimizer step is reported separately).
+Clocks: on a CPU shared with other processes, wall times include their time, while the
+profiler (single-threaded on CPU by default) reads each thread's CPU time. ``clock="auto"``
+compares like with like: with every stage on the CPU and one torch thread, tasks are read on
+the thread-CPU clock and the iteration as the process's CPU seconds (on one shared CPU every
+task runs one after another, so that is the iteration's length on an otherwise idle host);
+otherwise everything is wall clock. The wall makespan is always reported too.
 The profiler charges the loss to the last unit, so the plan's last stage includes it; the
 executor computes the loss once on the gathered output, outside any stage task. The measured
 last stage therefore gets the measured loss forward and loss backward divided by M added, so
@@ -24,7 +30,8 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -64,6 +71,8 @@ class BenchResult:
     plan: Plan
     devices: list[str]
     steps: int
+    clock: str
+    """``"wall"`` or ``"thread_cpu"``: the clock the measured figures are read from."""
     predicted: Timeline
     """Simulated iteration of the plan on ``devices`` (shared devices list-scheduled)."""
     measured: Timeline
@@ -71,7 +80,11 @@ class BenchResult:
     stages: list[StageComparison]
     iteration_predicted_s: float
     iteration_measured_s: float
-    """Median over steps of the measured makespan (first forward start to last backward end)."""
+    """Median over steps of the measured iteration on ``clock``: the wall makespan (first
+    forward start to last backward end), or the process CPU seconds from the pipeline's
+    forward to the end of ``loss.backward()``."""
+    iteration_wall_s: float
+    """Median wall makespan, whatever the clock (on a loaded host it includes others' time)."""
     step_measured_s: float
     """Median wall seconds of a whole training step (forward, loss, backward, optimizer)."""
     loss_forward_s: float
@@ -101,10 +114,12 @@ class BenchResult:
             "devices": self.devices,
             "shared_device_groups": self.predicted.device_groups(),
             "steps": self.steps,
+            "clock": self.clock,
             "iteration_predicted_s": self.iteration_predicted_s,
             "iteration_measured_s": self.iteration_measured_s,
             "iteration_error": self.iteration_error,
             "iteration_measured_samples_s": self.iteration_samples_s,
+            "iteration_wall_s": self.iteration_wall_s,
             "step_measured_s": self.step_measured_s,
             "loss_forward_s": self.loss_forward_s,
             "loss_backward_s": self.loss_backward_s,
@@ -176,6 +191,65 @@ def _call(pipe: Any, inputs: Any) -> Any:
     return pipe(inputs)
 
 
+CLOCKS = ("auto", "wall", "thread_cpu")
+
+
+@contextmanager
+def _task_cpu_times() -> Iterator[dict[tuple[int, int, str], float]]:
+    """Thread CPU seconds of every executor task while active, keyed (stage, mb, phase).
+
+    The executor's timeline stamps tasks with the wall clock only; on a shared host that
+    counts time other processes take. Pipelines built inside this context get a timeline
+    whose ``record`` also reads ``time.thread_time`` on the thread that runs the task (on
+    CPU a task runs wholly on one thread: the device's worker in forward, the autograd
+    thread in backward; a recomputation nests in its backward, as in the wall times).
+    Restores the executor's timeline class on exit.
+    """
+    import autopipe.runtime.pipeline as runtime_pipeline
+
+    base = runtime_pipeline.Timeline
+    stamps: dict[tuple[int, int, str], float] = {}
+
+    class CpuStampedTimeline(base):  # type: ignore[misc, valid-type]
+        @contextmanager
+        def record(self, stage: int, microbatch: int, phase: str, device: Any) -> Iterator[None]:
+            start = time.thread_time()
+            try:
+                with super().record(stage, microbatch, phase, device):
+                    yield
+            finally:
+                stamps[(stage, microbatch, phase)] = time.thread_time() - start
+
+    runtime_pipeline.Timeline = CpuStampedTimeline
+    try:
+        yield stamps
+    finally:
+        runtime_pipeline.Timeline = base
+
+
+def _cpu_stage_times(
+    stamps: dict[tuple[int, int, str], float], num_stages: int
+) -> list[tuple[float, float]]:
+    """Per stage ``(forward_s, backward_s)`` medians over micro-batches of thread CPU time."""
+    out = []
+    for s in range(num_stages):
+        fwd = [v for (st, _, ph), v in stamps.items() if st == s and ph == "forward"]
+        bwd = [v for (st, _, ph), v in stamps.items() if st == s and ph == "backward"]
+        out.append((statistics.median(fwd) if fwd else 0.0, statistics.median(bwd) if bwd else 0.0))
+    return out
+
+
+def choose_clock(clock: str, devices: Sequence[str], threads: int) -> str:
+    """``auto`` -> ``thread_cpu`` when every stage is on the CPU and torch runs one thread
+    (what the profiler measures by default there), else ``wall``."""
+    if clock not in CLOCKS:
+        raise ValueError(f"clock {clock!r} is not one of {', '.join(CLOCKS)}")
+    if clock != "auto":
+        return clock
+    all_cpu = bool(devices) and all(str(d).startswith("cpu") for d in devices)
+    return "thread_cpu" if all_cpu and threads == 1 else "wall"
+
+
 def run_bench(
     model: Any,
     example_inputs: Any,
@@ -186,13 +260,18 @@ def run_bench(
     warmup: int = 1,
     loss_fn: Callable[[Any, Any], Any] | None = None,
     lr: float = 1e-3,
+    clock: str = "auto",
     progress: bool = False,
 ) -> BenchResult:
     """Train ``warmup + steps`` SGD steps of ``plan``; compare the last ``steps`` with the plan.
 
     ``example_inputs`` is one mini-batch of ``plan.batch_size`` samples; ``devices`` default
-    to the executor's choice (K CUDA devices, else K x "cpu"). Cost: ``warmup + steps``
-    training steps plus one simulation.
+    to the executor's choice (K CUDA devices, else K x "cpu"). ``clock``: what measured
+    times are read from: ``"wall"``, ``"thread_cpu"`` (CPU seconds of the thread running each
+    task, and of the whole process for the iteration: unaffected by other processes on a
+    shared host; use with one torch thread, as the profiler does by default on CPU) or
+    ``"auto"`` (see :func:`choose_clock`). Cost: ``warmup + steps`` training steps plus one
+    simulation.
     """
     import torch
 
@@ -201,52 +280,66 @@ def run_bench(
 
     if steps < 1 or warmup < 0:
         raise ValueError(f"steps={steps} must be >= 1 and warmup={warmup} >= 0")
-    pipe = autopipe.parallelize(model, example_inputs, devices=devices, plan=plan)
-    pipe.train()
-    stage_devices = [str(d) for d in getattr(pipe, "devices", devices or [])]
-    loss_fn = loss_fn or _default_loss
-    optimizer = torch.optim.SGD(pipe.parameters(), lr=lr)
-    timelines: list[Timeline] = []
-    walls, loss_fwd, loss_bwd = [], [], []
-    it: Any = range(warmup + steps)
-    if progress:
-        from tqdm import tqdm
+    with _task_cpu_times() as stamps:
+        pipe = autopipe.parallelize(model, example_inputs, devices=devices, plan=plan)
+        pipe.train()
+        stage_devices = [str(d) for d in getattr(pipe, "devices", devices or [])]
+        clock = choose_clock(clock, stage_devices, torch.get_num_threads())
+        # The iteration on the thread-CPU clock is the process's CPU time: every thread
+        # that works for the step (the stages' workers, the autograd thread) counts.
+        now = time.perf_counter if clock == "wall" else time.process_time
+        loss_now = time.perf_counter if clock == "wall" else time.thread_time
+        loss_fn = loss_fn or _default_loss
+        optimizer = torch.optim.SGD(pipe.parameters(), lr=lr)
+        timelines: list[Timeline] = []
+        per_step: list[list[tuple[float, float]]] = []
+        walls, iterations, loss_fwd, loss_bwd = [], [], [], []
+        it: Any = range(warmup + steps)
+        if progress:
+            from tqdm import tqdm
 
-        it = tqdm(it, desc=f"bench {plan.num_stages} stages x M={plan.microbatches}", unit="step")
-    for step in it:
-        optimizer.zero_grad(set_to_none=True)
-        t0 = time.perf_counter()
-        output = _call(pipe, example_inputs)
-        t1 = time.perf_counter()
-        loss = loss_fn(output, example_inputs)
-        t2 = time.perf_counter()
-        grad_of_output: list[float] = []
-        head = _first_tensor(output)
-        handle = None
-        if head is not None:
-            # Fires once the loss's backward has produced d loss / d output.
-            handle = head.register_hook(
-                lambda g, out=grad_of_output: out.append(time.perf_counter())
+            it = tqdm(
+                it, desc=f"bench {plan.num_stages} stages x M={plan.microbatches}", unit="step"
             )
-        t3 = time.perf_counter()
-        loss.backward()
-        if handle is not None:
-            handle.remove()
-        optimizer.step()
-        t4 = time.perf_counter()
-        if step < warmup:
-            continue
-        timelines.append(
-            as_timeline(pipe.last_timeline, num_stages=plan.num_stages, label="measured")
-        )
-        walls.append(t4 - t0)
-        loss_fwd.append(t2 - t1)
-        loss_bwd.append((grad_of_output[0] - t3) if grad_of_output else 0.0)
+        for step in it:
+            optimizer.zero_grad(set_to_none=True)
+            stamps.clear()
+            w0, c0 = time.perf_counter(), now()
+            output = _call(pipe, example_inputs)
+            l0 = loss_now()
+            loss = loss_fn(output, example_inputs)
+            l1 = loss_now()
+            grad_of_output: list[float] = []
+            head = _first_tensor(output)
+            handle = None
+            if head is not None:
+                # Fires (on the autograd thread) once d loss / d output exists.
+                handle = head.register_hook(lambda g, out=grad_of_output: out.append(loss_now()))
+            l2 = loss_now()
+            loss.backward()
+            c1 = now()
+            if handle is not None:
+                handle.remove()
+            optimizer.step()
+            w1 = time.perf_counter()
+            if step < warmup:
+                continue
+            tl = as_timeline(pipe.last_timeline, num_stages=plan.num_stages, label="measured")
+            timelines.append(tl)
+            per_step.append(
+                measured_stage_times(tl)
+                if clock == "wall"
+                else _cpu_stage_times(stamps, plan.num_stages)
+            )
+            walls.append(w1 - w0)
+            iterations.append(tl.iteration_s if clock == "wall" else c1 - c0)
+            loss_fwd.append(l1 - l0)
+            loss_bwd.append((grad_of_output[0] - l2) if grad_of_output else 0.0)
     measured = timelines[-1]
     measured.schedule = plan.schedule
+    measured.label = "measured (wall clock)"
     predicted = predicted_timeline(plan, devices=stage_devices or None)
     k, m = plan.num_stages, plan.microbatches
-    per_step = [measured_stage_times(tl) for tl in timelines]
     loss_f, loss_b = statistics.median(loss_fwd), statistics.median(loss_bwd)
     stages = []
     for s, st in enumerate(plan.stages):
@@ -265,18 +358,19 @@ def run_bench(
                 backward_measured_s=bwd,
             )
         )
-    spans = [tl.iteration_s for tl in timelines]
     return BenchResult(
         plan=plan,
         devices=stage_devices,
         steps=steps,
+        clock=clock,
         predicted=predicted,
         measured=measured,
         stages=stages,
         iteration_predicted_s=predicted.iteration_s,
-        iteration_measured_s=statistics.median(spans),
+        iteration_measured_s=statistics.median(iterations),
+        iteration_wall_s=statistics.median(tl.iteration_s for tl in timelines),
         step_measured_s=statistics.median(walls),
         loss_forward_s=loss_f,
         loss_backward_s=loss_b,
-        iteration_samples_s=spans,
+        iteration_samples_s=iterations,
     )

@@ -26,10 +26,10 @@ examples:
 
 BENCH_EPILOG = """\
 examples:
-  OMP_NUM_THREADS=1 autopipe plan examples/gpt.py --gpus 4 --json plan.json
-  OMP_NUM_THREADS=1 autopipe bench examples/gpt.py --plan plan.json --steps 10 --out bench-out/
-Profile and bench with the same thread count: on a shared CPU, one thread per process keeps
-timings stable. Stages on the same device (here all four are this CPU) are simulated as
+  autopipe plan examples/gpt.py --gpus 4 --json plan.json
+  autopipe bench examples/gpt.py --plan plan.json --steps 10 --out bench-out/
+On CPU the profiler measures single-threaded thread-CPU time by default and bench compares on
+the same clock (--clock auto), so other processes on the host do not skew the comparison. Stages on the same device (here all four are this CPU) are simulated as
 sharing it, so the prediction is of what really runs.
 """
 
@@ -198,6 +198,7 @@ def format_bench(result: Any) -> str:
 
     groups = result.predicted.device_groups()
     plan = result.plan
+    clock = "thread-CPU" if result.clock == "thread_cpu" else "wall"
     shared = [g for g in groups if len(g) > 1]
     placement = (
         f"{plan.num_stages} stages on {len(groups)} device(s); simulated as sharing: "
@@ -212,11 +213,13 @@ def format_bench(result: Any) -> str:
         "",
         _table(header, rows, right={0, 2, 3, 4, 5, 6, 7}),
         "",
-        "per micro-batch; medians over micro-batches and steps; err = (predicted - measured) / "
-        "measured; the last stage includes the loss (measured once per batch, divided by M)",
+        f"per micro-batch on the {clock} clock; medians over micro-batches and steps; err = "
+        "(predicted - measured) / measured; the last stage includes the loss (run once per "
+        "batch by the executor, divided by M)",
         f"iteration      predicted {result.iteration_predicted_s * 1e3:.1f} ms, measured "
-        f"{result.iteration_measured_s * 1e3:.1f} ms ({_pct(result.iteration_error)}); "
-        f"whole step incl. optimizer {result.step_measured_s * 1e3:.1f} ms",
+        f"{result.iteration_measured_s * 1e3:.1f} ms {clock} ({_pct(result.iteration_error)}); "
+        f"wall {result.iteration_wall_s * 1e3:.1f} ms, whole step incl. optimizer "
+        f"{result.step_measured_s * 1e3:.1f} ms wall",
         f"largest stage error {100 * result.max_stage_error:.1f}%",
     ]
     if shared:
@@ -245,8 +248,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
             )
     import torch
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    cpu_only = (
+        all(d.startswith("cpu") for d in devices) if devices else not torch.cuda.is_available()
+    )
+    # The profiler measures CPU units single-threaded by default; run the same way.
+    torch.set_num_threads(args.threads or (1 if cpu_only else torch.get_num_threads()))
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
     cores = os.cpu_count() or 1
     if load > cores:
@@ -271,6 +277,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             steps=args.steps,
             warmup=args.warmup,
             loss_fn=mf.loss_fn,
+            clock=args.clock,
             progress=not args.quiet and not args.json,
         )
     except ValueError as exc:
@@ -331,7 +338,18 @@ def register_bench(sub: Any) -> None:
         metavar="D0,D1,...",
         help="one device per stage, may repeat (default: the K CUDA devices, else K x cpu)",
     )
-    p.add_argument("--threads", type=cli._positive_int, help="torch CPU threads (default: torch's)")
+    p.add_argument(
+        "--threads",
+        type=cli._positive_int,
+        help="torch CPU threads (default: 1 when every stage is on the CPU, as the profiler)",
+    )
+    p.add_argument(
+        "--clock",
+        choices=["auto", "wall", "thread_cpu"],
+        default="auto",
+        help="measured times from the wall clock or thread CPU time (default auto: thread CPU "
+        "time for single-threaded CPU runs, which other processes on the host do not inflate)",
+    )
     p.add_argument(
         "--out",
         "-o",

@@ -92,6 +92,9 @@ def test_bench_json_and_files(setup, bench_run) -> None:
     # Both stages run on this machine's CPU: simulated as one shared device.
     assert report["devices"] == ["cpu", "cpu"]
     assert report["shared_device_groups"] == [[0, 1]]
+    # All-CPU, single-threaded: compared on the thread-CPU clock like the profiler's times.
+    assert report["clock"] == "thread_cpu"
+    assert report["iteration_wall_s"] > 0
     assert len(report["stages"]) == 2
     for s in report["stages"]:
         assert s["forward_measured_s"] > 0 and s["backward_measured_s"] > 0
@@ -126,6 +129,17 @@ def test_bench_table(setup, tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     assert rc == 0
     assert "fwd pred ms" in text and "iteration      predicted" in text
     assert "simulated as sharing: stages 0+1" in text
+
+
+def test_choose_clock() -> None:
+    from autopipe.bench import choose_clock
+
+    assert choose_clock("auto", ["cpu", "cpu"], threads=1) == "thread_cpu"
+    assert choose_clock("auto", ["cpu", "cpu"], threads=4) == "wall"
+    assert choose_clock("auto", ["cuda:0", "cuda:1"], threads=1) == "wall"
+    assert choose_clock("wall", ["cpu"], threads=1) == "wall"
+    with pytest.raises(ValueError, match="clock"):
+        choose_clock("tsc", ["cpu"], threads=1)
 
 
 def test_bench_bad_input(setup, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -103,11 +103,14 @@ def bubble_figure(data: dict[str, Any]) -> Any:
         ax.set_xlim(min(all_m, default=1) / 1.3, hi * 1.3)
         ax.set_xlabel("micro-batches M (log scale)")
         ax.grid(color="#EEEEEE", linewidth=0.5)
+    # Label the rule on the side of its line where there is room.
+    at_right = 4 * chosen_k >= hi
     ax_bubble.text(
         4 * chosen_k,
         0.98,
-        f" M >= 4K = {4 * chosen_k}",
+        f"M >= 4K = {4 * chosen_k} " if at_right else f" M >= 4K = {4 * chosen_k}",
         transform=ax_bubble.get_xaxis_transform(),
+        ha="right" if at_right else "left",
         va="top",
         fontsize=8,
         color="#2F7A3F",
@@ -120,7 +123,7 @@ def bubble_figure(data: dict[str, Any]) -> Any:
     ax_tput.set_title(
         f"throughput vs micro-batches (batch {data.get('batch_size', '?')})", fontsize=10
     )
-    ax_bubble.legend(fontsize=7, loc="upper right")
+    ax_bubble.legend(fontsize=7, loc="lower left")
     ax_tput.legend(fontsize=7, loc="lower right")
     return fig
 

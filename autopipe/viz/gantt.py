@@ -73,7 +73,8 @@ def draw_timeline(ax: Axes, timeline: Timeline, *, width_px: float | None = None
         width_px = 0.85 * fig.get_figwidth() * fig.dpi
     px_per_s = width_px / span_s
     k = timeline.num_stages
-    many = len(timeline.tasks) > 400
+    # Thin white edges separate back-to-back boxes; thinner when there are many.
+    edge_w = 0.5 if len(timeline.tasks) <= 400 else 0.3
     for task in sorted(timeline.tasks, key=lambda t: (t.stage, t.start_s)):
         x = (task.start_s - t0) * 1e3
         w = task.duration_s * 1e3
@@ -83,8 +84,8 @@ def draw_timeline(ax: Axes, timeline: Timeline, *, width_px: float | None = None
                 w,
                 ROW_HEIGHT,
                 facecolor=PHASE_COLORS[task.phase],
-                edgecolor="white" if not many else "none",
-                linewidth=0.5,
+                edgecolor="white",
+                linewidth=edge_w,
                 gid=f"task:{task.phase}",
             )
         )
