@@ -21,6 +21,7 @@ Cost: O(nodes x module depth) to label, O(edges) to enforce the order.
 from __future__ import annotations
 
 import inspect
+import operator
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any
@@ -267,6 +268,13 @@ def unit_graph_from(
         paths = _block_units(model) if granularity == "block" else _module_units(model)
         unit_set = set(paths) or {""}
         labels = {n.name: _unit_of_path(_module_path(n), unit_set) for n in calls}
+        for n in calls:
+            # Unpacking a unit's tuple output (``out, (h, c) = self.lstm(x)``) belongs to that
+            # unit: only the parts used later cross a cut, not the whole tuple.
+            if labels[n.name] is None and n.target is operator.getitem:
+                source = n.args[0]
+                if isinstance(source, fx.Node) and labels.get(source.name) is not None:
+                    labels[n.name] = labels[source.name]
     names, node_unit = _assign(gm, labels)
     if granularity == "node":
         by_name = {n.name: n for n in calls}

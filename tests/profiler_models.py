@@ -185,3 +185,18 @@ class SkipCNN(nn.Module):
         s = self.stem(x)
         y = self.body(s) + s  # long skip across every body block
         return self.fc(self.pool(y).flatten(1))
+
+
+class LSTMTagger(nn.Module):
+    """An LSTM whose tuple output is unpacked; only the last step's output is used later."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(50, 16)
+        self.lstm = nn.LSTM(16, 32, batch_first=True)
+        self.head = nn.Linear(32, 5)
+        self.register_buffer("scale", torch.tensor(2.0))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out, (h, c) = self.lstm(self.emb(x))
+        return self.head(out[:, -1] * self.scale)

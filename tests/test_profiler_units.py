@@ -13,6 +13,7 @@ from profiler_models import (
     DataBranch,
     DecoderConfig,
     GatedChain,
+    LSTMTagger,
     ShapeBranch,
     SkipCNN,
     TiedDecoder,
@@ -252,3 +253,14 @@ def test_reused_module_keeps_units_contiguous() -> None:
     _assert_monotone(ug)
     for stages in (2, 3, 4):
         _split_matches(model, x, ug, stages)
+
+
+def test_tuple_output_unpacking_stays_with_its_unit() -> None:
+    model = LSTMTagger()
+    x = torch.randint(0, 50, (4, 7))
+    ug = trace_units(model, x)
+    assert ug.unit_names == ["emb", "lstm", "head"]
+    lstm_cut = cut_tensors(ug)[1]
+    # Only the last step's output crosses, not the (out, (h, c)) tuple.
+    assert len(lstm_cut) == 1 and lstm_cut[0] != "lstm"
+    _split_matches(model.eval(), x, ug, 3)
