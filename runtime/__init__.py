@@ -4,7 +4,13 @@ from autopipe.runtime.batchnorm import DeferredBatchNorm
 from autopipe.runtime.gpipe import GPipe
 from autopipe.runtime.parallelize import parallelize
 from autopipe.runtime.pipeline import Pipeline
-from autopipe.runtime.timeline import TaskRecord, Timeline, save_chrome_trace, to_chrome_trace
+from autopipe.runtime.timeline import (
+    TaskRecord,
+    Timeline,
+    load_chrome_trace,
+    save_chrome_trace,
+    to_chrome_trace,
+)
 
 __all__ = [
     "DeferredBatchNorm",
@@ -12,6 +18,7 @@ __all__ = [
     "Pipeline",
     "TaskRecord",
     "Timeline",
+    "load_chrome_trace",
     "parallelize",
     "save_chrome_trace",
     "to_chrome_trace",

@@ -22,7 +22,14 @@ from typing import Any
 
 import torch
 
-__all__ = ["PHASES", "TaskRecord", "Timeline", "save_chrome_trace", "to_chrome_trace"]
+__all__ = [
+    "PHASES",
+    "TaskRecord",
+    "Timeline",
+    "load_chrome_trace",
+    "save_chrome_trace",
+    "to_chrome_trace",
+]
 
 PHASES = ("forward", "backward", "recompute")
 
@@ -187,3 +194,26 @@ def to_chrome_trace(records: list[TaskRecord]) -> dict[str, Any]:
 def save_chrome_trace(records: list[TaskRecord], path: str | os.PathLike[str]) -> None:
     """Write ``records`` as a Chrome trace JSON file."""
     Path(path).write_text(json.dumps(to_chrome_trace(records)))
+
+
+def load_chrome_trace(path: str | os.PathLike[str]) -> list[TaskRecord]:
+    """Read back the task records of a trace written by ``save_chrome_trace``."""
+    events = json.loads(Path(path).read_text())["traceEvents"]
+    devices = {
+        e["pid"]: e["args"]["name"]
+        for e in events
+        if e.get("ph") == "M" and e.get("name") == "process_name"
+    }
+    records = [
+        TaskRecord(
+            e["args"]["stage"],
+            e["args"]["microbatch"],
+            e["args"]["phase"],
+            devices.get(e["pid"], str(e["pid"])),
+            e["ts"] / 1e6,
+            (e["ts"] + e["dur"]) / 1e6,
+        )
+        for e in events
+        if e.get("ph") == "X"
+    ]
+    return sorted(records, key=lambda r: (r.start_s, r.stage, r.microbatch))

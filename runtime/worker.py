@@ -5,12 +5,13 @@ Tasks are closures submitted with ``Worker.submit`` and return a
 re-raised in the caller by ``Future.result``, so a failing stage never hangs the pipeline.
 Workers are daemon threads shared by every pipeline in the process (``worker_for``), so a
 program never leaks one thread per pipeline and exits even if a task is stuck.
-Per-thread state that PyTorch keeps (grad mode, intra-op thread count) is copied from the
-submitting thread into each task; autocast state is not (enter autocast inside the model).
+Per-thread state that PyTorch keeps (grad mode, intra-op thread count, autocast for CPU and
+CUDA) is copied from the submitting thread into each task.
 """
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 from collections.abc import Callable
@@ -22,6 +23,23 @@ import torch
 __all__ = ["InlineWorker", "Worker", "worker_for"]
 
 _STOP = object()
+_AUTOCAST_TYPES = ("cpu", "cuda")
+
+
+def _autocast_state() -> tuple[tuple[str, torch.dtype], ...]:
+    """The autocast regions active in this thread: (device type, dtype) pairs."""
+    return tuple(
+        (kind, torch.get_autocast_dtype(kind))
+        for kind in _AUTOCAST_TYPES
+        if torch.is_autocast_enabled(kind)
+    )
+
+
+def _autocast(state: tuple[tuple[str, torch.dtype], ...]) -> contextlib.ExitStack:
+    stack = contextlib.ExitStack()
+    for kind, dtype in state:
+        stack.enter_context(torch.autocast(kind, dtype=dtype))
+    return stack
 
 
 class Worker:
@@ -42,7 +60,7 @@ class Worker:
             item = self._queue.get()
             if item is _STOP:
                 return
-            future, fn, grad_enabled, threads = item
+            future, fn, grad_enabled, threads, autocast = item
             if not future.set_running_or_notify_cancel():
                 continue
             if torch.get_num_threads() != threads:
@@ -50,7 +68,7 @@ class Worker:
                 # core while the caller asked for fewer, oversubscribing the CPU.
                 torch.set_num_threads(threads)
             try:
-                with torch.set_grad_enabled(grad_enabled):
+                with torch.set_grad_enabled(grad_enabled), _autocast(autocast):
                     result = fn()
             except BaseException as exc:  # noqa: BLE001 - every failure must reach the caller
                 future.set_exception(exc)
@@ -58,10 +76,11 @@ class Worker:
                 future.set_result(result)
 
     def submit(self, fn: Callable[[], Any]) -> Future[Any]:
-        """Queue ``fn`` to run on this worker with the caller's grad mode and thread count;
-        returns its future."""
+        """Queue ``fn`` to run on this worker with the caller's grad mode, thread count and
+        autocast state; returns its future."""
         future: Future[Any] = Future()
-        self._queue.put((future, fn, torch.is_grad_enabled(), torch.get_num_threads()))
+        state = (future, fn, torch.is_grad_enabled(), torch.get_num_threads(), _autocast_state())
+        self._queue.put(state)
         return future
 
     def stop(self) -> None:

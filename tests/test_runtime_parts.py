@@ -8,7 +8,7 @@ import pytest
 import torch
 from autopipe.runtime.microbatch import gather, scatter
 from autopipe.runtime.schedule import bubble_fraction, clock_cycles
-from autopipe.runtime.timeline import Timeline
+from autopipe.runtime.timeline import Timeline, load_chrome_trace
 from autopipe.runtime.worker import worker_for
 
 
@@ -80,4 +80,20 @@ def test_chrome_trace_format(tmp_path) -> None:
     path = tmp_path / "t.json"
     tl.save_chrome_trace(path)
     assert json.loads(path.read_text()) == json.loads(json.dumps(trace))
+    back = load_chrome_trace(path)
+    assert [(r.stage, r.phase, r.device) for r in back] == [
+        (r.stage, r.phase, r.device) for r in tl.records
+    ]
+    assert all(abs(a.start_s - b.start_s) < 1e-9 for a, b in zip(back, tl.records, strict=True))
     assert tl.makespan_s() >= 0 and tl.busy_s(1) >= 0
+
+
+def test_worker_copies_autocast_state() -> None:
+    worker = worker_for(torch.device("cpu"))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        dtype = worker.submit(lambda: (torch.ones(2, 2) @ torch.ones(2, 2)).dtype).result(timeout=5)
+    assert dtype == torch.bfloat16
+    assert (
+        worker.submit(lambda: (torch.ones(2, 2) @ torch.ones(2, 2)).dtype).result(timeout=5)
+        == torch.float32
+    )
