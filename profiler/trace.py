@@ -157,11 +157,24 @@ def trace_sequential_hooks(model: nn.Module, args: tuple, kwargs: dict) -> fx.Gr
     graph = fx.Graph()
     params = list(inspect.signature(model.forward).parameters)[: len(args)]
     value: Any = tuple(graph.placeholder(p) for p in params)
-    for i, name in enumerate(names):
-        value = graph.call_module(name, value if i == 0 else (value,))
-        value.meta["nn_module_stack"] = {name: (name, type(model.get_submodule(name)))}
+    first = True
+    for name in names:
+        for path in _chain_paths(model, name):
+            value = graph.call_module(path, value if first else (value,))
+            stack = [".".join(path.split(".")[: i + 1]) for i in range(path.count(".") + 1)]
+            value.meta["nn_module_stack"] = {p: (p, type(model.get_submodule(p))) for p in stack}
+            first = False
     graph.output(value)
     return fx.GraphModule(model, graph, class_name=type(model).__name__)
+
+
+def _chain_paths(model: nn.Module, path: str) -> list[str]:
+    """``path``, or, for a plain ``nn.Sequential`` (whose forward is always a chain of its
+    children), the paths of its children, recursively: finer units for the hooks tracer."""
+    module = model.get_submodule(path)
+    if type(module) is not nn.Sequential or len(module) == 0:
+        return [path]
+    return [p for name, _ in module.named_children() for p in _chain_paths(model, f"{path}.{name}")]
 
 
 TRACERS = ("fx", "export", "hooks")

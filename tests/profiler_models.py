@@ -200,3 +200,16 @@ class LSTMTagger(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out, (h, c) = self.lstm(self.emb(x))
         return self.head(out[:, -1] * self.scale)
+
+
+class GatedStack(nn.Module):
+    """Untraceable children (a data-dependent gate) chained with a Sequential of blocks."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inp = nn.Linear(8, 8)
+        self.layers = nn.Sequential(Gate(), Gate(), Gate())
+        self.out = nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(self.layers(self.inp(x)))

@@ -13,6 +13,7 @@ from profiler_models import (
     DataBranch,
     DecoderConfig,
     GatedChain,
+    GatedStack,
     LSTMTagger,
     ShapeBranch,
     SkipCNN,
@@ -189,6 +190,20 @@ def test_hooks_graph_splits_exactly() -> None:
         warnings.simplefilter("ignore")
         ug = trace_units(model, x)
     _split_matches(model, x, ug, 2)
+
+
+def test_hooks_graph_expands_sequential_children_into_blocks() -> None:
+    model = GatedStack()
+    x = torch.randn(4, 8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ug = trace_units(model, x)
+        coarse = trace_units(model, x, granularity="node")
+    assert ug.tracer == "hooks"
+    assert ug.unit_names == ["inp", "layers.0", "layers.1", "layers.2", "out"]
+    assert ug.unit_kinds == ["Linear", "Gate", "Gate", "Gate", "Linear"]
+    assert len(coarse.unit_names) == 5
+    _split_matches(model, x, ug, 3)
 
 
 @pytest.mark.parametrize("output", ["dict", "tuple", "dataclass"])
