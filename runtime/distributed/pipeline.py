@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import re
 import time
+import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -75,14 +76,18 @@ def build_stage(
 
     Weights, in order of preference:
 
-    - ``state_dict`` given: the stage's entries are loaded (``assign=True``, so a model built
-      on the meta device never allocates the other stages). Missing entries are an error.
+    - ``state_dict`` given: a stage on the meta device is allocated on ``device`` with
+      ``to_empty`` and the stage's entries are copied in (the other stages are never
+      allocated). Missing entries are an error.
     - ``model`` has real parameters: the stage keeps them (build the model with the same seed
       on every rank and the stages equal the single-process model's).
     - ``model`` is on the meta device: the stage is allocated with ``to_empty`` and every
       submodule's ``reset_parameters()`` is re-run under ``torch.manual_seed(init_seed +
       stage)``. That is PyTorch's default init, not custom init code in the model's
       ``__init__``; pass a ``state_dict`` when the exact weights matter.
+
+    Non-persistent buffers (not in ``state_dict()``, e.g. cached masks) cannot be recovered
+    from a meta build: a warning names them; build the model with real weights instead.
     """
     graph = _trace_for_plan(model, example_inputs, plan)
     unit_stage = stage_of_unit(graph.unit_names, [s.units for s in plan.stages])
@@ -90,6 +95,14 @@ def build_stage(
     module = StageModule(stages[stage], checkpoint=bool(plan.stages[stage].checkpoint))
     del stages, graph
     device = torch.device(device)
+    persistent = set(module.body.state_dict())
+    lost = [n for n, b in module.body.named_buffers() if b.is_meta and n not in persistent]
+    if lost:
+        warnings.warn(
+            f"stage {stage}: non-persistent buffers {lost[:3]} were built on the meta device "
+            "and stay uninitialised; build the model with real weights (--init replicate)",
+            stacklevel=2,
+        )
     if state_dict is not None:
         own = module.body.state_dict()
         wanted = {k: state_dict[k] for k in own if k in state_dict}
