@@ -171,7 +171,7 @@ class _Prober:
         act = cm.act_prefix * cm.ratio
         got = {
             "send": cm.send_s(s, self.pos),
-            "x_a": f + g,  # time_A(i, j) ~ x_a[j] - x_a[i] + send[j], nondecreasing in j
+            "x_a": f + g,  # time_A(i, j) = x_a[j] - x_a[i] + send[j] (up to rounding)
             "x_b": 2 * f + g,
             "x_f": f,  # forward part of a stage: x_f[j] - x_f[i] + send[j]
             "x_q": f + g,  # checkpointed backward part: recompute + backward
@@ -197,40 +197,61 @@ class _Prober:
             ok &= fwd + send <= f_cap
         if math.isfinite(q_cap):  # backward part: recompute + backward
             ok &= ((fwd + bwd) if ckpt else bwd) <= q_cap
+        limit = self.capacity[s] / (1.0 + cm.headroom)
+        if math.isinf(limit):
+            return ok & (i < j)
         state = (cm.param_prefix[j] - cm.param_prefix[i]) * cm.state_factor
         act_one = (cm.act_prefix[j] - cm.act_prefix[i]) * cm.ratio
         act = (
             act_one + cm.cut_at[i] * cm.ratio * cm.inflight[s] if ckpt else act_one * cm.inflight[s]
         )
-        limit = self.capacity[s] / (1.0 + cm.headroom)
         return ok & (state + act <= limit) & (i < j)
 
     def probe(self, t: float, f_cap: float = math.inf, q_cap: float = math.inf) -> list[int] | None:
         """A partition within memory whose every stage has time ``<= t``, forward + send
-        ``<= f_cap`` and recompute + backward ``<= q_cap``; or None."""
+        ``<= f_cap`` and recompute + backward ``<= q_cap``; or None.
+
+        Each stage only looks at ends ``j`` in a window: after the first reachable start, and
+        no further than a stage of time ``t`` can stretch from the last reachable start.
+        """
         caps = (t, f_cap, q_cap)
+        span = min(t, f_cap + q_cap)  # a stage's time is at least its forward + backward
         cm, n, pos = self.cm, self.n, self.pos
         reach = np.zeros(n + 1, bool)
         reach[0] = True
         preds = []
-        j = pos[1:]
         for s in range(cm.num_stages):
             st = self._stage(s)
             opts = cm.options[s]
+            starts = np.flatnonzero(reach)
+            a = int(starts[0])
+            b = n
+            if math.isfinite(span):  # time >= x_a[j] - x_a[i]: ends beyond this cannot fit
+                x = st["x_a"]
+                top = x[starts[-1]] + span
+                b = min(
+                    n,
+                    int(np.searchsorted(x, top + 1e-9 * (abs(top) + abs(span)), side="right")) - 1,
+                )
+            if b <= a:
+                return None
+            j = pos[a + 1 : b + 1]
             new_reach = np.zeros(n + 1, bool)
             pred = np.full(n + 1, -1)
-            # Latest reachable position strictly before j.
-            last = np.maximum.accumulate(np.where(reach, pos, -1))[:-1]
+            local = reach[a:b]
+            # Latest reachable position strictly before j (positions a .. b-1).
+            last = np.maximum.accumulate(np.where(local, pos[a:b], -1))
             if "A" in opts:
                 # Option A's time and memory only shrink as i grows: the latest reachable i is best.
                 ok = (last >= 0) & self._fits(s, np.maximum(last, 0), j, False, caps)
-                new_reach[1:] |= ok
-                pred[1:] = np.where(ok, last, pred[1:])
+                new_reach[a + 1 : b + 1] = ok
+                pred[a + 1 : b + 1] = np.where(ok, last, -1)
             if "B" in opts:
-                ok, wit = self._probe_b(s, st, reach, j, caps)
-                take = ok & (pred[1:] < 0)
-                new_reach[1:] |= ok
-                pred[1:] = np.where(take, wit, pred[1:])
+                ok, wit = self._probe_b(s, st, local, a, j, caps)
+                window = pred[a + 1 : b + 1]
+                take = ok & (window < 0)
+                new_reach[a + 1 : b + 1] |= ok
+                pred[a + 1 : b + 1] = np.where(take, wit, window)
             reach = new_reach
             preds.append(pred)
             if not reach.any():
@@ -240,10 +261,19 @@ class _Prober:
         return _trace(preds, n)
 
     def _probe_b(
-        self, s: int, st: dict[str, np.ndarray], reach: np.ndarray, j: np.ndarray, caps: Caps
+        self,
+        s: int,
+        st: dict[str, np.ndarray],
+        local: np.ndarray,
+        a: int,
+        j: np.ndarray,
+        caps: Caps,
     ) -> tuple[np.ndarray, np.ndarray]:
-        """Option B: some reachable i in [lo_j, j) with y_b[i] >= need_b[j] (range max query)."""
-        lo = np.zeros(j.size, dtype=np.int64)
+        """Option B: some reachable i in [lo_j, j) with y_b[i] >= need_b[j] (range max query).
+
+        ``local`` is reachability of positions ``a .. a + len(local) - 1``.
+        """
+        lo = np.full(j.size, a, dtype=np.int64)
         send = st["send"][j]
         # Each time condition reads x[j] - x[i] + extra[j] <= cap  <=>  x[i] >= x[j] + extra - cap
         # with x nondecreasing; the tiny slack only widens the range, the exact check keeps it sound.
@@ -258,11 +288,12 @@ class _Prober:
                     lo, np.searchsorted(x, thr - 1e-12 * (np.abs(thr) + abs(cap)), side="left")
                 )
         hi = j - 1
-        y = np.where(reach, st["y_b"], -np.inf)
-        val, wit = _range_argmax(y, lo, hi)
+        y = np.where(local, st["y_b"][a : a + local.size], -np.inf)
+        val, wit = _range_argmax(y, lo - a, hi - a)
+        wit = wit + a
         ok = (lo <= hi) & (val >= st["need_b"][j] - 1e-9 * np.abs(st["need_b"][j]))
-        wit = np.where(ok, wit, 0)
-        ok &= reach[wit] & self._fits(s, wit, j, True, caps)
+        wit = np.where(ok, wit, a)
+        ok &= local[wit - a] & self._fits(s, wit, j, True, caps)
         return ok, wit
 
 
@@ -300,7 +331,7 @@ def _range_argmax(y: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> tuple[np.nda
 def probe_partition(cm: CostModel) -> Partition | None:
     """Exact min-bottleneck partition by parametric search; None if nothing fits in memory.
 
-    Each probe is O(K N log N); about 30-60 probes (bisection to a relative width of 1e-9,
+    Each probe is O(K N log N); about 20-40 probes (bisection to a relative width of 1e-6,
     then one probe just below the incumbent to prove it optimal).
     """
     prober = _Prober(cm)
@@ -315,7 +346,7 @@ def probe_partition(cm: CostModel) -> Partition | None:
     total = float(cm.fwd_prefix[-1] + cm.bwd_prefix[-1]) / float(np.sum(cm.speed))
     lo = max(float(unit.max(initial=0.0)), total) * (1.0 - 1e-9)
     while True:
-        if hi - lo > 1e-9 * hi:
+        if hi - lo > 1e-6 * hi:
             t = 0.5 * (lo + hi)
         else:
             t = float(np.nextafter(hi, -np.inf))
@@ -413,7 +444,7 @@ def exact_partition(cm: CostModel) -> Partition | None:
 
 def _parametric(
     prober: _Prober, measure, caps_of, max_probes: int = 200
-) -> tuple[float, list[int]] | None:
+) -> tuple[float, list[int], int] | None:
     """Smallest ``v`` for which ``prober.probe(*caps_of(v))`` succeeds, and that partition.
 
     ``measure(bounds)`` must return the exact capped quantity of a partition (so each feasible
@@ -424,19 +455,23 @@ def _parametric(
     if best is None:
         return None
     hi, lo = measure(best), 0.0
-    for _ in range(max_probes):
-        t = 0.5 * (lo + hi) if hi - lo > 1e-9 * hi else float(np.nextafter(hi, -np.inf))
+    probes = 1
+    while probes < max_probes:
+        t = 0.5 * (lo + hi) if hi - lo > 1e-6 * hi else float(np.nextafter(hi, -np.inf))
         if t <= lo:
             break
+        probes += 1
         found = prober.probe(*caps_of(t))
         if found is None:
             lo = t
         else:
             best, hi = found, min(hi, measure(found))
-    return hi, best
+    return hi, best, probes
 
 
-def pareto_partitions(cm: CostModel, max_points: int = 6) -> tuple[list[list[int]], bool]:
+def pareto_partitions(
+    cm: CostModel, max_points: int = 6, max_work: float = 3e7
+) -> tuple[list[list[int]], bool]:
     """Partitions on the Pareto frontier of (max forward part, max backward part).
 
     GPipe's fill-drain time on dedicated devices is ``sum + (M-1) (max_s f_s + max_s q_s)``
@@ -444,8 +479,10 @@ def pareto_partitions(cm: CostModel, max_points: int = 6) -> tuple[list[list[int
     the one with the largest q the min-bottleneck partition need not be the fastest. Walks the
     frontier from the smallest max f: (min f s.t. q <= Q) then (min q s.t. f <= F), each by
     parametric search. Returns the partitions and whether the walk reached the end of the
-    frontier (False if it stopped at ``max_points``). O(points x probes x K N log N).
+    frontier (False if it stopped at ``max_points`` or after ``max_work`` probe x K x N units
+    of work, a deterministic budget). O(points x probes x K N log N).
     """
+    budget = max(int(max_work / (cm.num_stages * cm.n_units)), 4)
     prober = _Prober(cm)
 
     def f_part(bounds: list[int]) -> float:
@@ -457,11 +494,17 @@ def pareto_partitions(cm: CostModel, max_points: int = 6) -> tuple[list[list[int
     out: list[list[int]] = []
     q_limit = math.inf
     for _ in range(max_points):
-        got = _parametric(prober, f_part, lambda v, q=q_limit: (math.inf, v, q))
+        if budget <= 0:
+            return out, False
+        got = _parametric(prober, f_part, lambda v, q=q_limit: (math.inf, v, q), budget)
         if got is None:
             return out, True
-        f_star = got[0]
-        q_star, bounds = _parametric(prober, q_part, lambda v, f=f_star: (math.inf, f, v))
+        f_star, _, used = got
+        budget -= used
+        q_star, bounds, used = _parametric(
+            prober, q_part, lambda v, f=f_star: (math.inf, f, v), max(budget, 1)
+        )
+        budget -= used
         out.append(bounds)
         q_limit = float(np.nextafter(q_star, -np.inf))
     return out, False
