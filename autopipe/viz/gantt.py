@@ -89,7 +89,7 @@ def draw_timeline(ax: Axes, timeline: Timeline, *, width_px: float | None = None
                 gid=f"task:{task.phase}",
             )
         )
-        label = str(task.microbatch)
+        label = "loss" if task.phase == "loss" else str(task.microbatch)
         # About 7 px per digit at fontsize 7, plus a little margin.
         if task.phase != "send" and task.duration_s * px_per_s > 7 * len(label) + 4:
             ax.text(

@@ -14,6 +14,7 @@ PHASE_COLORS = {
     "recompute": "#55A868",
     "backward": "#DD8452",
     "send": "#8172B3",
+    "loss": "#937860",
 }
 MEMORY_COLORS = {
     "parameters": "#4C72B0",

@@ -16,8 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-PHASES = ("forward", "recompute", "backward", "send")
-"""Phases a task can have; ``send`` is the transfer of a stage's output cut."""
+PHASES = ("forward", "recompute", "backward", "send", "loss")
+"""Phases a task can have; ``send`` is the transfer of a stage's output cut; ``loss`` is the
+loss forward or backward when the executor runs it outside the stages (micro-batch -1)."""
 
 _PHASE_ALIASES = {
     "f": "forward",
@@ -33,6 +34,7 @@ _PHASE_ALIASES = {
     "send": "send",
     "comm": "send",
     "copy": "send",
+    "loss": "loss",
 }
 
 
@@ -371,7 +373,7 @@ def timeline_to_chrome_trace(timeline: Timeline) -> dict[str, Any]:
         events.append(
             {
                 "ph": "X",
-                "name": f"{t.phase} {t.microbatch}",
+                "name": t.phase if t.microbatch < 0 else f"{t.phase} {t.microbatch}",
                 "cat": t.phase,
                 "pid": pid_of[t.stage],
                 "tid": t.stage,
