@@ -453,24 +453,23 @@ def nonlinear_bytes(
     measured: list[_SizeMeasurement],
     tolerance: float = 0.1,
 ) -> list[str]:
-    """Units whose saved-activation or output bytes at a smaller micro-batch size differ from
-    the proportional share of the full-batch bytes by more than ``tolerance``. Units under 1%
-    of the model's total of that kind (position ids, masks) may be constant and are skipped."""
+    """Where linear extrapolation of saved-activation or output bytes from the full batch
+    to a smaller micro-batch size is off by more than ``tolerance`` of the model's total of
+    that kind at that size; names the units that err most. Small batch-independent tensors
+    (position embeddings, masks) stay silent unless they add up to a material error."""
     big_b, base = sizes[0], measured[0]
     offenders: list[str] = []
     for kind in ("activation_bytes", "output_bytes"):
-        total = sum(getattr(u, kind) for u in base.units) or 1
         for size, m in zip(sizes[1:], measured[1:], strict=True):
+            rows = []
             for name, ub, us in zip(unit_names, base.units, m.units, strict=True):
-                full = getattr(ub, kind)
-                if full < 0.01 * total:
-                    continue
-                expected = full * size / big_b
-                got = getattr(us, kind)
-                if abs(got - expected) > tolerance * expected:
-                    offenders.append(
-                        f"{name} {kind} {got} B at b={size}, {expected:.0f} B expected"
-                    )
+                expected = getattr(ub, kind) * size / big_b
+                rows.append((abs(getattr(us, kind) - expected), name, getattr(us, kind), expected))
+            total_expected = sum(r[3] for r in rows)
+            if sum(r[0] for r in rows) <= tolerance * total_expected:
+                continue
+            for _, name, got, expected in sorted(rows, reverse=True)[:3]:
+                offenders.append(f"{name} {kind} {got} B at b={size}, {expected:.0f} B expected")
     return offenders
 
 
