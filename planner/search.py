@@ -9,6 +9,7 @@ fastest feasible candidate wins. Cost: (#M x #schedules) x (partition + O(K M lo
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Sequence
 from typing import Any
 
@@ -50,6 +51,17 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
+def _positive_int(name: str, value: object) -> int:
+    """``value`` as a Python int (numpy integers welcome); PlanningError unless it is >= 1."""
+    try:
+        out = operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        out = 0
+    if isinstance(value, bool) or out < 1:
+        raise PlanningError(f"{name}={value!r} must be a positive integer")
+    return out
+
+
 def _check_choice(name: str, value: str, allowed: Sequence[str]) -> None:
     if value not in allowed:
         raise PlanningError(
@@ -68,9 +80,9 @@ def _resolve_cluster(
         )
     if cluster is None:
         assert gpus is not None
-        if not isinstance(gpus, int) or gpus < 1:
-            raise PlanningError(f"gpus={gpus!r} must be a positive integer")
-        cluster = Cluster.homogeneous(gpus, profile.device, memory_per_device)
+        cluster = Cluster.homogeneous(
+            _positive_int("gpus", gpus), profile.device, memory_per_device
+        )
     elif memory_per_device is not None:
         # An explicit memory_per_device fills in devices whose memory is unknown.
         cluster = Cluster(
@@ -98,18 +110,29 @@ def _resolve_cluster(
 
 
 def _candidate_microbatches(batch_size: int, microbatches: int | str | Sequence[int]) -> list[int]:
+    if isinstance(microbatches, bool):
+        raise PlanningError(f"microbatches={microbatches!r} must be a positive integer")
+    if isinstance(microbatches, str) and microbatches.strip().isdigit():
+        microbatches = int(microbatches)
     if isinstance(microbatches, str):
         if microbatches != "auto":
             raise PlanningError(
                 f"microbatches={microbatches!r}: give 'auto', an integer or a list of integers"
             )
         return _divisors(batch_size)
-    values = [microbatches] if isinstance(microbatches, int) else list(microbatches)
+    try:
+        values = [operator.index(microbatches)]  # type: ignore[arg-type]
+    except TypeError:
+        try:
+            values = list(microbatches)
+        except TypeError:
+            raise PlanningError(
+                f"microbatches={microbatches!r}: give 'auto', an integer or a list of integers"
+            ) from None
     if not values:
         raise PlanningError("microbatches is an empty list; give at least one candidate or 'auto'")
+    values = [_positive_int("microbatches", m) for m in values]
     for m in values:
-        if not isinstance(m, int) or m < 1:
-            raise PlanningError(f"microbatches={m!r} must be a positive integer")
         if batch_size % m:
             near = ", ".join(str(d) for d in _divisors(batch_size) if d <= 4 * m)[-40:]
             raise PlanningError(
@@ -208,8 +231,7 @@ def plan(
         raise PlanningError(f"headroom={headroom} must be a fraction >= 0 (0.1 keeps 10% free)")
     cluster = _resolve_cluster(profile, gpus, cluster, memory_per_device)
     batch = profile.batch_size if batch_size is None else batch_size
-    if not isinstance(batch, int) or batch < 1:
-        raise PlanningError(f"batch_size={batch!r} must be a positive integer")
+    batch = _positive_int("batch_size", batch)
     m_list = _candidate_microbatches(batch, microbatches)
     schedules = list(SCHEDULES) if schedule == "auto" else [schedule]
 
@@ -257,7 +279,7 @@ def plan(
     # The request, JSON-ready, so that plots and tools can re-plan the same problem.
     out.meta["options"] = {
         "batch_size": batch,
-        "microbatches": microbatches if isinstance(microbatches, int | str) else list(microbatches),
+        "microbatches": microbatches if isinstance(microbatches, str) else m_list,
         "schedule": schedule,
         "checkpoint": checkpoint,
         "strategy": strategy,
