@@ -68,6 +68,7 @@ def balance_figure(data: dict[str, Any]) -> Any:
                 bottom = [b + v for b, v in zip(bottom, vals, strict=True)]
         if limit:
             ax_m.axhline(float(limit) / unit, color="#C44E52", linewidth=1.5, label="device limit")
+        ax_m.set_ylim(bottom=0)
         for ax in (ax_t, ax_m):
             ax.set_xticks(xs, [str(x) for x in xs], fontsize=8)
             ax.set_xlabel("stage")

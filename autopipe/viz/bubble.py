@@ -32,13 +32,25 @@ def bubble_figure(data: dict[str, Any]) -> Any:
     chosen_m = int(data["chosen_microbatches"])
     cmap = _colors(len(data["curves"]))
     all_m: set[int] = set()
-    for color, curve in zip(cmap, data["curves"], strict=True):
+    markers = ["s", "^", "D", "v", "P"]
+    for i, (color, curve) in enumerate(zip(cmap, data["curves"], strict=True)):
         k = int(curve["num_stages"])
         pts = [p for p in curve["points"] if p.get("feasible", True)]
         ms = [int(p["microbatches"]) for p in curve["points"]]
         all_m.update(ms)
         bold = k == chosen_k
         lw = 2.2 if bold else 1.2
+        # Other Ks: hollow, larger markers, so a curve lying under the plan's stays visible.
+        style = (
+            {"marker": "o", "markersize": 3.5, "zorder": 3}
+            if bold
+            else {
+                "marker": markers[i % len(markers)],
+                "markersize": 7,
+                "markerfacecolor": "none",
+                "zorder": 2,
+            }
+        )
         ax_bubble.plot(
             ms,
             [closed_form_bubble(m, k) for m in ms],
@@ -50,8 +62,7 @@ def bubble_figure(data: dict[str, Any]) -> Any:
         ax_bubble.plot(
             [p["microbatches"] for p in pts],
             [p["bubble_fraction"] for p in pts],
-            marker="o",
-            markersize=3.5,
+            **style,
             color=color,
             linewidth=lw,
             label=f"K={k} simulated",
@@ -59,8 +70,7 @@ def bubble_figure(data: dict[str, Any]) -> Any:
         ax_tput.plot(
             [p["microbatches"] for p in pts],
             [p["throughput"] for p in pts],
-            marker="o",
-            markersize=3.5,
+            **style,
             color=color,
             linewidth=lw,
             label=f"K={k}",
@@ -97,20 +107,21 @@ def bubble_figure(data: dict[str, Any]) -> Any:
         ax.set_xscale("log", base=2)
         ax.axvspan(4 * chosen_k, max(hi, 4 * chosen_k) * 1.5, color="#55A868", alpha=0.08)
         ax.axvline(4 * chosen_k, color="#55A868", linewidth=1.0)
-        ax.xaxis.set_major_locator(FixedLocator(sorted(all_m)))
+        ticks = sorted(all_m | {4 * chosen_k})
+        ax.xaxis.set_major_locator(FixedLocator(ticks))
         ax.xaxis.set_minor_locator(NullLocator())
-        ax.set_xticks(sorted(all_m), [str(m) for m in sorted(all_m)], fontsize=7)
-        ax.set_xlim(min(all_m, default=1) / 1.3, hi * 1.3)
+        ax.set_xticks(ticks, [str(m) for m in ticks], fontsize=7)
+        # Always show the rule-of-thumb line, even when the batch cannot reach M = 4K.
+        ax.set_xlim(min(all_m, default=1) / 1.3, max(hi, 4 * chosen_k) * 1.3)
         ax.set_xlabel("micro-batches M (log scale)")
         ax.grid(color="#EEEEEE", linewidth=0.5)
-    # Label the rule on the side of its line where there is room.
-    at_right = 4 * chosen_k >= hi
+    # Label the rule just left of its line, inside the axes whatever the range of M.
     ax_bubble.text(
         4 * chosen_k,
         0.98,
-        f"M >= 4K = {4 * chosen_k} " if at_right else f" M >= 4K = {4 * chosen_k}",
+        f"M >= 4K = {4 * chosen_k} ",
         transform=ax_bubble.get_xaxis_transform(),
-        ha="right" if at_right else "left",
+        ha="right",
         va="top",
         fontsize=8,
         color="#2F7A3F",

@@ -17,9 +17,10 @@ PHASE_COLORS = {
     "loss": "#937860",
 }
 MEMORY_COLORS = {
-    "parameters": "#4C72B0",
-    "gradients + optimizer": "#8172B3",
-    "activations": "#DD8452",
+    # A palette apart from the phases', so one legend can hold both.
+    "parameters": "#2A9D8F",
+    "gradients + optimizer": "#8D99AE",
+    "activations": "#E9C46A",
 }
 BUBBLE_COLOR = "#D9D9D9"
 FORMATS = ("png", "svg")
