@@ -218,6 +218,15 @@ class CostModel:
         c = self.segment(stage, i, j)
         return c.time_s if c.feasible else math.inf
 
+    def segment_memory_need(self, stage: int, i: int, j: int) -> float:
+        """Smallest device memory (bytes, headroom included) the segment fits in, in this mode."""
+        state = (self.param_prefix[j] - self.param_prefix[i]) * self.state_factor
+        act_one = (self.act_prefix[j] - self.act_prefix[i]) * self.ratio
+        act_a = act_one * self.inflight[stage]
+        act_b = act_one + self.cut_at[i] * self.ratio * self.inflight[stage]
+        need = {"A": act_a, "B": act_b, "AB": min(act_a, act_b)}[self.options[stage]]
+        return float((state + need) * (1.0 + self.headroom))
+
     # ----- all segments at once (for the vectorised DP) -----
 
     def cost_matrix(self, stage: int) -> np.ndarray:

@@ -333,7 +333,14 @@ def _infeasible_error(
     results: list[dict[str, Any]], cluster: Cluster, checkpoint: str, strategy: str
 ) -> PlanningError:
     k = len(cluster)
-    needs = [(min_memory_needed(r["cm"]), r["m"], r["schedule"]) for r in results]
+    if strategy in BASELINES:  # the baseline's own partition is fixed: its fullest stage decides
+
+        def need_of(cm: CostModel) -> float:
+            bounds = baseline_bounds(strategy, cm.profile, k)
+            return max(cm.segment_memory_need(s, bounds[s], bounds[s + 1]) for s in range(k))
+    else:
+        need_of = min_memory_needed
+    needs = [(need_of(r["cm"]), r["m"], r["schedule"]) for r in results]
     need, m, sched = min(needs)
     caps = [d.memory_bytes for d in cluster.devices if d.memory_bytes is not None]
     have = _gib(min(caps)) if caps else "unlimited"

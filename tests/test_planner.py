@@ -393,3 +393,20 @@ def test_single_unit_and_no_memory_limit_edge_cases() -> None:
     p = plan(profile, 1, microbatches=1)
     assert p.num_stages == 1 and p.stages[0].units == ["layer0"] and p.bubble_fraction == 0.0
     assert math.isclose(p.speedup, 1.0)
+
+
+def test_infeasible_baseline_names_its_own_memory_need() -> None:
+    profile = random_profile(12, 2)
+    with pytest.raises(PlanningError) as info:
+        plan(profile, 3, memory_per_device=10**6, strategy="uniform", microbatches=4)
+    need = info.value.min_memory_bytes
+    assert "strategy='dp'" in str(info.value)
+    assert plan(profile, 3, memory_per_device=need, strategy="uniform", microbatches=4).balance == [
+        4,
+        4,
+        4,
+    ]
+    with pytest.raises(PlanningError):
+        plan(
+            profile, 3, memory_per_device=int(need * (1 - 1e-6)), strategy="uniform", microbatches=4
+        )
