@@ -13,7 +13,7 @@ from typing import Any
 __version__ = "0.1.0"
 
 _LAZY = {
-    "profile": ("autopipe.profiler", "profile"),
+    "profile": ("autopipe.profiler.measure", "profile"),
     "Profile": ("autopipe.profiler.profile", "Profile"),
     "UnitProfile": ("autopipe.profiler.profile", "UnitProfile"),
     "load_profile": ("autopipe.profiler", "load_profile"),

@@ -11,8 +11,9 @@ from typing import Any
 
 from autopipe.profiler.profile import PROFILE_VERSION, Profile, ProfileFormatError, UnitProfile
 
+# ``autopipe.profiler.profile`` is the data module (Profile); the measuring function is
+# ``autopipe.profile`` / ``autopipe.profiler.measure.profile``.
 _LAZY = {
-    "profile": ("autopipe.profiler.measure", "profile"),
     "profile_analytic": ("autopipe.profiler.analytic", "profile_analytic"),
     "trace_units": ("autopipe.profiler.units", "trace_units"),
 }
