@@ -44,7 +44,9 @@ def planning_options(plan: Plan) -> dict[str, Any]:
         opts.setdefault("bytes_per_parameter", int(round(meta["state_bytes_per_parameter"])))
     opts.setdefault("batch_size", plan.batch_size)
     opts.setdefault("schedule", plan.schedule)
-    opts.setdefault("memory_per_device", plan.memory_per_device)
+    if opts.get("memory_per_device") is None:
+        # A plan made for an explicit cluster records its capacity only on the Plan.
+        opts["memory_per_device"] = plan.memory_per_device
     if plan.strategy in ("dp", "ilp", "uniform", "parameters", "greedy-time"):
         opts.setdefault("strategy", plan.strategy)
     return opts
@@ -99,7 +101,7 @@ def bubble_data(
             p = (
                 plan
                 if (kk == k and m == plan.microbatches)
-                else replan(profile, plan, gpus=kk, microbatches=m)
+                else replan(profile, plan, gpus=kk, microbatches=m, schedule=plan.schedule)
             )
             if p is None:
                 points.append({"microbatches": m, "feasible": False})
@@ -158,7 +160,9 @@ def balance_data(
         if name == plan.strategy:
             continue
         if profile is not None:
-            p = replan(profile, plan, strategy=name, microbatches=plan.microbatches)
+            p = replan(
+                profile, plan, strategy=name, microbatches=plan.microbatches, schedule=plan.schedule
+            )
             entry = _strategy_entry(name, p)
             if p is None:
                 p = replan(
@@ -166,6 +170,7 @@ def balance_data(
                     plan,
                     strategy=name,
                     microbatches=plan.microbatches,
+                    schedule=plan.schedule,
                     memory_per_device=None,
                 )
                 entry = {**_strategy_entry(name, p), "feasible": False}
