@@ -93,13 +93,15 @@ def parallelize(
     granularity: str = "block",
     memory_per_device: int | None = None,
     profile_options: dict[str, Any] | None = None,
+    deferred_batch_norm: bool = False,
 ) -> Pipeline:
     """Cut ``model`` into a pipeline over ``devices`` following ``plan`` (made here if None).
 
     ``example_inputs``: a tensor, a tuple of positional inputs or a dict of keyword inputs
     (a representative mini-batch). ``batch_size`` defaults to the example's; ``microbatches``
     and ``checkpoint`` are passed to the planner (``checkpoint`` also overrides a given plan's
-    per-stage flags unless ``"auto"``). ``profile_options`` go to
+    per-stage flags unless ``"auto"``). ``deferred_batch_norm`` moves BatchNorm running statistics once
+    per mini-batch. ``profile_options`` go to
     ``autopipe.profiler.measure.profile`` (e.g. ``loss_fn``, ``repeat``, ``progress``). Returns a ``Pipeline`` with ``pipeline.plan`` set.
     """
     from autopipe.profiler.units import trace_units
@@ -157,4 +159,5 @@ def parallelize(
         bind_inputs=bind,
         unflatten_output=unit_graph.unflatten_output,
         plan=plan,
+        deferred_batch_norm=deferred_batch_norm,
     )

@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+from autopipe.runtime.batchnorm import begin_minibatch, convert_deferred_batch_norm
 from autopipe.runtime.executor import Stage, run_pipeline
 from autopipe.runtime.gpipe import CHECKPOINT_MODES, checkpoint_stop
 from autopipe.runtime.microbatch import gather, scatter
@@ -139,6 +140,8 @@ class Pipeline(nn.Module):
     ``unflatten_output`` restores the output structure (identity for fx graphs).
     ``checkpoint``: one of ``"always"``, ``"except_last"``, ``"never"`` for every stage, or one
     bool per stage (True re-materializes every micro-batch of that stage).
+    ``deferred_batch_norm``: BatchNorm running statistics move once per mini-batch
+    (``batchnorm.DeferredBatchNorm``).
     """
 
     def __init__(
@@ -152,6 +155,7 @@ class Pipeline(nn.Module):
         bind_inputs: Callable[[tuple[Any, ...], dict[str, Any]], list[Any]] | None = None,
         unflatten_output: Callable[[Any], Any] | None = None,
         plan: Any = None,
+        deferred_batch_norm: bool = False,
     ) -> None:
         super().__init__()
         num_stages = len(devices)
@@ -169,6 +173,9 @@ class Pipeline(nn.Module):
         split, programs, placeholders, output = split_stages(graph_module, node_stage, num_stages)
         self.devices = [torch.device(d) for d in devices]
         submods = [split.get_submodule(f"submod_{j}") for j in range(num_stages)]
+        if deferred_batch_norm:
+            for mod in submods:  # parameters and buffers stay shared with the model's BatchNorms
+                convert_deferred_batch_norm(mod)
         _check_shared_parameters(submods, self.devices)
         for mod, dev in zip(submods, self.devices, strict=True):
             mod.to(dev)
@@ -206,6 +213,8 @@ class Pipeline(nn.Module):
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         flat = self._bind(args, kwargs)
         microbatches = scatter(flat, self.chunks)
+        if self.training:
+            begin_minibatch(list(self.stages), len(microbatches))
         # Stage 0's program reads its inputs by name; model inputs not needed by stage 0 are
         # still in its input list when a later stage needs them (they pass through).
         first = self._programs[0].inputs

@@ -159,6 +159,26 @@ def test_resnet_pipeline_matches_microbatched_model() -> None:
         assert_close(buf, ref, name)
 
 
+def test_resnet_pipeline_deferred_batch_norm() -> None:
+    """Running statistics move once per mini-batch; the stem's equal the unsplit model's."""
+    resnet = load_example("resnet")
+    torch.manual_seed(0)
+    model, x = (
+        resnet.resnet(widths=(4, 8), blocks_per_stage=1, num_classes=5),
+        torch.randn(8, 3, 8, 8),
+    )
+    unsplit = copy.deepcopy(model)
+    ug = trace_units(model, x)
+    plan = hand_plan(ug.unit_names, [2, 1, ug.num_units - 3], 4, [True, False, False])
+    pipe = parallelize(model, x, ["cpu"] * 3, plan=plan, deferred_batch_norm=True)
+    pipe(x).sum().backward()
+    unsplit(x)
+    norms = [m for m in model.modules() if isinstance(m, nn.BatchNorm2d)]
+    assert all(int(m.num_batches_tracked) == 1 for m in norms)
+    assert_close(norms[0].running_mean, unsplit[0][1].running_mean, "stem running mean")
+    assert_close(norms[0].running_var, unsplit[0][1].running_var, "stem running var")
+
+
 def test_tied_weights_on_different_devices_are_refused() -> None:
     model, idx = tiny_gpt(0.0), tokens(2)
     ug = trace_units(model, idx)
