@@ -482,7 +482,9 @@ def pareto_partitions(
     frontier (False if it stopped at ``max_points`` or after ``max_work`` probe x K x N units
     of work, a deterministic budget). O(points x probes x K N log N).
     """
-    budget = max(int(max_work / (cm.num_stages * cm.n_units)), 4)
+    budget = int(max_work / (cm.num_stages * cm.n_units))
+    if budget < 60:  # not even one frontier point (two parametric searches): do not start
+        return [], False
     prober = _Prober(cm)
 
     def f_part(bounds: list[int]) -> float:

@@ -296,16 +296,20 @@ def _refine_gpipe(feasible: list[dict[str, Any]], rank, max_walks: int = 3) -> N
     """Walk the (max forward part, max backward part) frontier for the best GPipe candidates.
 
     GPipe's time is ``sum + (M-1)(max f + max q)``; the min-bottleneck partition minimises
-    ``max (f + q)`` instead, which is the same only when one stage holds both maxima. Walks the
-    best candidate first, then any candidate still faster than the best so far, at most
-    ``max_walks`` walks; updates a candidate when a frontier partition simulates faster.
+    ``max (f + q)`` instead, which is the same only when one stage holds both maxima. Walks
+    GPipe candidates in order of their current time while a walk could still beat the best
+    plan so far (lower bound: ``(M-1) x min bottleneck + total work / fastest device``), at
+    most ``max_walks`` walks; a candidate takes a frontier partition that simulates faster.
     """
     walked = 0
     for r in sorted(feasible, key=rank):
         if walked >= max_walks or r["schedule"] != "gpipe":
             continue
         best_now = min(feasible, key=rank)
-        if r is not best_now and rank(r) >= rank(best_now):
+        cm0: CostModel = r["cm"]
+        work = float(cm0.fwd_prefix[-1] + cm0.bwd_prefix[-1]) / float(cm0.speed.max())
+        bound = (r["m"] - 1) * r["min_bottleneck_s"] + work
+        if r is not best_now and bound >= best_now["sim"].iteration_time_s:
             continue
         costs = r["costs"]
         f_max = max(c.forward_s + c.send_s for c in costs)
