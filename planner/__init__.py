@@ -9,7 +9,7 @@ from autopipe.planner.cluster import Cluster, Device
 from autopipe.planner.errors import PlanningError
 from autopipe.planner.plan import PLAN_VERSION, Plan, PlanFormatError, StagePlan, load_plan
 from autopipe.planner.search import STRATEGIES, min_gpus, plan, scaling_report
-from autopipe.planner.simulate import Simulation, Task, simulate
+from autopipe.planner.simulate import Simulation, Task, simulate, simulate_plan
 
 __all__ = [
     "PLAN_VERSION",
@@ -27,4 +27,5 @@ __all__ = [
     "plan",
     "scaling_report",
     "simulate",
+    "simulate_plan",
 ]

@@ -18,6 +18,8 @@ import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from autopipe.planner.plan import Plan
+
 PHASES = ("forward", "send", "recompute", "backward")
 _PRIORITY = {"backward": 0, "recompute": 1, "send": 2, "forward": 3}
 
@@ -216,4 +218,23 @@ def gpipe_exact(
         + m1 * float(max(forward_part_s))
         + float(sum(backward_part_s))
         + m1 * float(max(backward_part_s))
+    )
+
+
+def simulate_plan(
+    plan: Plan,
+    *,
+    shared_device_groups: Sequence[Sequence[int]] | None = None,
+    record_tasks: bool = True,
+) -> Simulation:
+    """Simulate one iteration of a ``Plan`` with its per-stage costs, M and schedule."""
+    return simulate(
+        [s.forward_s for s in plan.stages],
+        [s.backward_s for s in plan.stages],
+        plan.microbatches,
+        recompute_s=[s.recompute_s for s in plan.stages],
+        send_s=[s.send_s for s in plan.stages],
+        schedule=plan.schedule,
+        shared_device_groups=shared_device_groups,
+        record_tasks=record_tasks,
     )

@@ -102,3 +102,41 @@ def test_shared_device_runs_one_task_at_a_time() -> None:
     assert alone.iteration_time_s < part.iteration_time_s < sim.iteration_time_s
     with pytest.raises(ValueError):
         simulate(fwd, bwd, 2, shared_device_groups=[[0], [0]])
+
+
+def test_1f1b_tasks_keep_in_flight_bounded_with_send_and_recompute() -> None:
+    k, m = 4, 9
+    sim = simulate(
+        [1.0, 1.5, 0.5, 1.0],
+        [2.0, 2.5, 1.0, 2.5],
+        m,
+        send_s=[0.2, 0.1, 0.3, 0.0],
+        recompute_s=[1.0, 0.0, 0.5, 0.0],
+        schedule="1f1b",
+    )
+    for s in range(k):
+        events = sorted(
+            (t.end_s if t.phase == "forward" else t.start_s, 1 if t.phase == "forward" else -1)
+            for t in sim.tasks
+            if t.stage == s and t.phase in ("forward", "backward")
+        )
+        level = peak = 0
+        for _, step in events:
+            level += step
+            peak = max(peak, level)
+        assert peak <= min(k - s, m)
+
+
+def test_simulate_plan_matches_planner_prediction() -> None:
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from autopipe.planner import plan, simulate_plan
+    from planner_instances import random_profile
+
+    for schedule in ("gpipe", "1f1b"):
+        p = plan(random_profile(12, 3), 4, microbatches=8, schedule=schedule, checkpoint="always")
+        sim = simulate_plan(p)
+        assert sim.iteration_time_s == pytest.approx(p.iteration_time_s, rel=1e-12)
+        assert sim.bubble_fraction == pytest.approx(p.bubble_fraction, rel=1e-9)
