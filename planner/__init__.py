@@ -8,8 +8,9 @@ the GPU count. PuLP is imported only when ``strategy="ilp"`` is asked for.
 from autopipe.planner.cluster import Cluster, Device
 from autopipe.planner.errors import PlanningError
 from autopipe.planner.plan import PLAN_VERSION, Plan, PlanFormatError, StagePlan, load_plan
-from autopipe.planner.search import STRATEGIES, min_gpus, plan, scaling_report
+from autopipe.planner.search import STRATEGIES, plan
 from autopipe.planner.simulate import Simulation, Task, simulate, simulate_plan
+from autopipe.planner.sweep import min_gpus, scaling_report
 
 __all__ = [
     "PLAN_VERSION",

@@ -24,8 +24,8 @@ import tempfile
 import warnings
 
 import pulp
+from autopipe.planner.chain import Partition, bottleneck
 from autopipe.planner.costs import CostModel
-from autopipe.planner.partition import Partition, bottleneck
 
 
 def ilp_partition(cm: CostModel, *, time_limit_s: float = 30.0) -> Partition | None:

@@ -1,62 +1,30 @@
 """Exact min-max contiguous partitioning of the unit chain into K stages (fixed M and schedule).
 
-Torch-free. Three exact algorithms over the same ``CostModel`` (so they agree to the bit):
+Torch-free. Exact algorithms over the same ``CostModel`` (so they agree to the bit):
 
+* ``exact_partition`` (the ``dp`` strategy): the bottleneck by the probe search
+  (``planner/probe.py``), then ``banded_tie_break``: among partitions with that bottleneck,
+  one with the least total stage time, by a min-sum DP over the band of segment lengths that
+  can fit: O(K N W).
 * ``dp_partition``: dynamic programming over cut positions. ``best[s][j]`` = smallest bottleneck
   placing units ``0..j-1`` on stages ``0..s-1``; one numpy min-max over an ``(N+1) x (N+1)`` cost
-  matrix per stage: O(K N^2) time, O(N^2) memory. A second pass (same complexity) breaks ties:
-  among partitions with the optimal bottleneck it takes one with the least total stage time.
-* ``probe_partition``: parametric search. A probe decides in O(K N log N) numpy work whether every
-  stage can stay under a threshold ``T`` (reachability over positions; the checkpointed-memory
-  condition, which is not monotone because of the stage-input cut, is a range-maximum query on a
-  sparse table). Bisection on ``T``, where each feasible probe lowers the upper bound to the
-  found partition's exact bottleneck, ends when the float just below that bottleneck is infeasible.
-  Used for large N where the O(N^2) matrix does not fit.
+  matrix per stage: O(K N^2) time, O(N^2) memory, then the same tie-break. The reference (tests)
+  and the fallback when the band is too wide.
 * ``brute_force_partition``: all C(N-1, K-1) cut sets, for tests.
-
-A partition is given as ``bounds``: K + 1 positions ``0 = p0 < p1 < ... < pK = N``.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass
 
 import numpy as np
+from autopipe.planner.chain import Partition, bottleneck, stage_key, trace
 from autopipe.planner.costs import CostModel
+from autopipe.planner.probe import probe_partition
 
-Caps = tuple[float, float, float]
-"""(stage time, forward + send, recompute + backward) upper bounds for a probe."""
-
-#: Above this many units the O(N^2) DP matrices are replaced by the probe search.
+#: Above this many units the O(N^2) DP matrices are not used even as a fallback.
 DP_MAX_UNITS = 2500
-
-
-@dataclass
-class Partition:
-    bounds: list[int]
-    bottleneck_s: float
-    algorithm: str = "dp"
-    optimality_gap: float = 0.0
-    """Relative gap between the solution and the best proven lower bound (0 when proven optimal)."""
-
-
-def bottleneck(cm: CostModel, bounds: list[int]) -> float:
-    """Largest stage time of a partition; ``inf`` if a stage does not fit in memory."""
-    return max(cm.segment_time(s, bounds[s], bounds[s + 1]) for s in range(len(bounds) - 1))
-
-
-def _stage_key(cm: CostModel, s: int) -> tuple:
-    # Stages with equal devices, in-flight count and options share one cost matrix.
-    return (
-        cm.speed[s],
-        cm.capacity[s],
-        cm.bandwidth[s],
-        cm.latency[s],
-        cm.inflight[s],
-        cm.options[s],
-    )
 
 
 def _minmax_dp(matrices: list[np.ndarray], n: int) -> tuple[float, list[int]] | None:
@@ -75,7 +43,7 @@ def _minmax_dp(matrices: list[np.ndarray], n: int) -> tuple[float, list[int]] | 
         preds.append(rows[arg])
     if not math.isfinite(best[n]):
         return None
-    return float(best[n]), _trace(preds, n)
+    return float(best[n]), trace(preds, n)
 
 
 def _minsum_dp(matrices: list[np.ndarray], n: int, cap: float) -> list[int] | None:
@@ -94,14 +62,7 @@ def _minsum_dp(matrices: list[np.ndarray], n: int, cap: float) -> list[int] | No
         preds.append(rows[arg])
     if not math.isfinite(best[n]):
         return None
-    return _trace(preds, n)
-
-
-def _trace(preds: list[np.ndarray], n: int) -> list[int]:
-    bounds = [n]
-    for pred in reversed(preds):
-        bounds.append(int(pred[bounds[-1]]))
-    return bounds[::-1]
+    return trace(preds, n)
 
 
 def dp_partition(cm: CostModel, *, tie_break: bool = True) -> Partition | None:
@@ -113,7 +74,7 @@ def dp_partition(cm: CostModel, *, tie_break: bool = True) -> Partition | None:
     cache: dict[tuple, np.ndarray] = {}
     matrices = []
     for s in range(k):
-        key = _stage_key(cm, s)
+        key = stage_key(cm, s)
         if key not in cache:
             cache[key] = cm.cost_matrix(s)
         matrices.append(cache[key])
@@ -140,248 +101,6 @@ def brute_force_partition(cm: CostModel) -> Partition | None:
     if best is None:
         return None
     return Partition(best[1], best[0], "brute-force")
-
-
-# ----------------------------------------------------------------------------------------
-# Parametric (probe) search
-# ----------------------------------------------------------------------------------------
-
-
-class _Prober:
-    """Decides ``exists partition with every stage time <= T`` in O(K N log N) numpy work."""
-
-    def __init__(self, cm: CostModel, capacity: np.ndarray | None = None) -> None:
-        self.cm = cm
-        self.n = cm.n_units
-        self.capacity = cm.capacity if capacity is None else capacity
-        self.pos = np.arange(self.n + 1)
-        self._stage_cache: dict[tuple, dict[str, np.ndarray]] = {}
-
-    def _stage(self, s: int) -> dict[str, np.ndarray]:
-        cm = self.cm
-        key = (*_stage_key(cm, s), self.capacity[s])
-        got = self._stage_cache.get(key)
-        if got is not None:
-            return got
-        v = cm.speed[s]
-        f, g = cm.fwd_prefix / v, cm.bwd_prefix / v
-        limit = self.capacity[s] / (1.0 + cm.headroom)
-        n_s = cm.inflight[s]
-        state = cm.param_prefix * cm.state_factor
-        act = cm.act_prefix * cm.ratio
-        got = {
-            "send": cm.send_s(s, self.pos),
-            "x_a": f + g,  # time_A(i, j) = x_a[j] - x_a[i] + send[j] (up to rounding)
-            "x_b": 2 * f + g,
-            "x_f": f,  # forward part of a stage: x_f[j] - x_f[i] + send[j]
-            "x_q": f + g,  # checkpointed backward part: recompute + backward
-            # memory_B(i, j) = need_b[j] - y_b[i]; y_b is not monotone (stage-input cut term)
-            "y_b": state + act - cm.cut_at * cm.ratio * n_s,
-            "need_b": state + act - limit,
-        }
-        self._stage_cache[key] = got
-        return got
-
-    def _fits(self, s: int, i: np.ndarray, j: np.ndarray, ckpt: bool, caps: Caps) -> np.ndarray:
-        """Exact check (same arithmetic as ``CostModel.segment``) of segments ``[i, j)``."""
-        cm = self.cm
-        v = cm.speed[s]
-        fwd = (cm.fwd_prefix[j] - cm.fwd_prefix[i]) / v
-        bwd = (cm.bwd_prefix[j] - cm.bwd_prefix[i]) / v
-        base = fwd + bwd
-        send = self._stage(s)["send"][j]
-        time = ((base + fwd) if ckpt else base) + send
-        t, f_cap, q_cap = caps
-        ok = time <= t
-        if math.isfinite(f_cap):  # forward part as the simulator sees it: forward + send
-            ok &= fwd + send <= f_cap
-        if math.isfinite(q_cap):  # backward part: recompute + backward
-            ok &= ((fwd + bwd) if ckpt else bwd) <= q_cap
-        limit = self.capacity[s] / (1.0 + cm.headroom)
-        if math.isinf(limit):
-            return ok & (i < j)
-        state = (cm.param_prefix[j] - cm.param_prefix[i]) * cm.state_factor
-        act_one = (cm.act_prefix[j] - cm.act_prefix[i]) * cm.ratio
-        act = (
-            act_one + cm.cut_at[i] * cm.ratio * cm.inflight[s] if ckpt else act_one * cm.inflight[s]
-        )
-        return ok & (state + act <= limit) & (i < j)
-
-    def probe(self, t: float, f_cap: float = math.inf, q_cap: float = math.inf) -> list[int] | None:
-        """A partition within memory whose every stage has time ``<= t``, forward + send
-        ``<= f_cap`` and recompute + backward ``<= q_cap``; or None.
-
-        Each stage only looks at ends ``j`` in a window: after the first reachable start, and
-        no further than a stage of time ``t`` can stretch from the last reachable start.
-        """
-        caps = (t, f_cap, q_cap)
-        span = min(t, f_cap + q_cap)  # a stage's time is at least its forward + backward
-        cm, n, pos = self.cm, self.n, self.pos
-        reach = np.zeros(n + 1, bool)
-        reach[0] = True
-        preds = []
-        for s in range(cm.num_stages):
-            st = self._stage(s)
-            opts = cm.options[s]
-            starts = np.flatnonzero(reach)
-            a = int(starts[0])
-            b = n
-            if math.isfinite(span):  # time >= x_a[j] - x_a[i]: ends beyond this cannot fit
-                x = st["x_a"]
-                top = x[starts[-1]] + span
-                b = min(
-                    n,
-                    int(np.searchsorted(x, top + 1e-9 * (abs(top) + abs(span)), side="right")) - 1,
-                )
-            if b <= a:
-                return None
-            j = pos[a + 1 : b + 1]
-            new_reach = np.zeros(n + 1, bool)
-            pred = np.full(n + 1, -1)
-            local = reach[a:b]
-            # Latest reachable position strictly before j (positions a .. b-1).
-            last = np.maximum.accumulate(np.where(local, pos[a:b], -1))
-            if "A" in opts:
-                # Option A's time and memory only shrink as i grows: the latest reachable i is best.
-                ok = (last >= 0) & self._fits(s, np.maximum(last, 0), j, False, caps)
-                new_reach[a + 1 : b + 1] = ok
-                pred[a + 1 : b + 1] = np.where(ok, last, -1)
-            if "B" in opts:
-                ok, wit = self._probe_b(s, st, local, a, j, caps)
-                window = pred[a + 1 : b + 1]
-                take = ok & (window < 0)
-                new_reach[a + 1 : b + 1] |= ok
-                pred[a + 1 : b + 1] = np.where(take, wit, window)
-            reach = new_reach
-            preds.append(pred)
-            if not reach.any():
-                return None
-        if not reach[n]:
-            return None
-        return _trace(preds, n)
-
-    def _probe_b(
-        self,
-        s: int,
-        st: dict[str, np.ndarray],
-        local: np.ndarray,
-        a: int,
-        j: np.ndarray,
-        caps: Caps,
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """Option B: some reachable i in [lo_j, j) with y_b[i] >= need_b[j] (range max query).
-
-        ``local`` is reachability of positions ``a .. a + len(local) - 1``.
-        """
-        lo = np.full(j.size, a, dtype=np.int64)
-        send = st["send"][j]
-        # Each time condition reads x[j] - x[i] + extra[j] <= cap  <=>  x[i] >= x[j] + extra - cap
-        # with x nondecreasing; the tiny slack only widens the range, the exact check keeps it sound.
-        for x, extra, cap in (
-            (st["x_b"], send, caps[0]),
-            (st["x_f"], send, caps[1]),
-            (st["x_q"], 0.0, caps[2]),
-        ):
-            if math.isfinite(cap):
-                thr = x[j] + extra - cap
-                lo = np.maximum(
-                    lo, np.searchsorted(x, thr - 1e-12 * (np.abs(thr) + abs(cap)), side="left")
-                )
-        hi = j - 1
-        y = np.where(local, st["y_b"][a : a + local.size], -np.inf)
-        val, wit = _range_argmax(y, lo - a, hi - a)
-        wit = wit + a
-        ok = (lo <= hi) & (val >= st["need_b"][j] - 1e-9 * np.abs(st["need_b"][j]))
-        wit = np.where(ok, wit, a)
-        ok &= local[wit - a] & self._fits(s, wit, j, True, caps)
-        return ok, wit
-
-
-def _range_argmax(y: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Max and argmax of ``y[lo[q]..hi[q]]`` for every query q (sparse table, O(N log N))."""
-    n = y.size
-    vals = [y]
-    args = [np.arange(n)]
-    width = 1
-    while 2 * width <= n:
-        pv, pa = vals[-1], args[-1]
-        left, right = pv[: n - 2 * width + 1], pv[width : n - width + 1]
-        take_right = right > left
-        vals.append(np.where(take_right, right, left))
-        args.append(np.where(take_right, pa[width : n - width + 1], pa[: n - 2 * width + 1]))
-        width *= 2
-    length = np.maximum(hi - lo + 1, 1)
-    level = np.floor(np.log2(length)).astype(np.int64)
-    lo_c = np.clip(lo, 0, n - 1)
-    out_v = np.full(lo.size, -np.inf)
-    out_a = np.zeros(lo.size, dtype=np.int64)
-    for lv in np.unique(level):
-        q = np.flatnonzero(level == lv)
-        w = 1 << int(lv)
-        a = lo_c[q]
-        b = np.clip(hi[q] - w + 1, 0, None)
-        va, vb = vals[lv][a], vals[lv][b]
-        right = vb > va
-        out_v[q] = np.where(right, vb, va)
-        out_a[q] = np.where(right, args[lv][b], args[lv][a])
-    out_v[hi < lo] = -np.inf
-    return out_v, out_a
-
-
-def probe_partition(cm: CostModel) -> Partition | None:
-    """Exact min-bottleneck partition by parametric search; None if nothing fits in memory.
-
-    Each probe is O(K N log N); about 20-40 probes (bisection to a relative width of 1e-6,
-    then one probe just below the incumbent to prove it optimal).
-    """
-    prober = _Prober(cm)
-    first = prober.probe(math.inf)
-    if first is None:
-        return None
-    best = first
-    hi = bottleneck(cm, best)
-    # Lower bound: the stage time of the single most expensive unit on the fastest device.
-    v = float(np.max(cm.speed))
-    unit = np.diff(cm.fwd_prefix + cm.bwd_prefix) / v
-    total = float(cm.fwd_prefix[-1] + cm.bwd_prefix[-1]) / float(np.sum(cm.speed))
-    lo = max(float(unit.max(initial=0.0)), total) * (1.0 - 1e-9)
-    while True:
-        if hi - lo > 1e-6 * hi:
-            t = 0.5 * (lo + hi)
-        else:
-            t = float(np.nextafter(hi, -np.inf))
-        if t <= lo:
-            break
-        found = prober.probe(t)
-        if found is None:
-            lo = t
-        else:
-            best = found
-            hi = bottleneck(cm, best)
-    return Partition(best, hi, "probe")
-
-
-def min_memory_needed(cm: CostModel) -> float:
-    """Smallest equal memory per device (bytes, headroom included) for which some partition fits.
-
-    Bisection on the capacity with the probe at ``T = inf``: O(K N log N) per step, 60 steps.
-    """
-    k = cm.num_stages
-    hi = 1.0
-    while _Prober(cm, np.full(k, hi)).probe(math.inf) is None:
-        hi *= 2.0
-        if hi > 1e30:
-            return math.inf
-    lo = 0.0
-    for _ in range(60):
-        mid = 0.5 * (lo + hi)
-        if _Prober(cm, np.full(k, mid)).probe(math.inf) is None:
-            lo = mid
-        else:
-            hi = mid
-        if hi - lo <= 1e-6 * hi:
-            break
-    return hi
 
 
 def banded_tie_break(cm: CostModel, cap_s: float, max_cells: int = 30_000_000) -> list[int] | None:
@@ -413,7 +132,7 @@ def banded_tie_break(cm: CostModel, cap_s: float, max_cells: int = 30_000_000) -
     preds = []
     rows = np.arange(n + 1)
     for s in range(k):
-        key = _stage_key(cm, s)
+        key = stage_key(cm, s)
         if key not in cache:
             cost = cm.segment_times(s, starts_c, ends)
             cache[key] = np.where(valid & (cost <= cap_s), cost, np.inf)
@@ -423,7 +142,7 @@ def banded_tie_break(cm: CostModel, cap_s: float, max_cells: int = 30_000_000) -
         preds.append(starts_c[rows, arg])
     if not math.isfinite(best[n]):
         return None
-    return _trace(preds, n)
+    return trace(preds, n)
 
 
 def exact_partition(cm: CostModel) -> Partition | None:
@@ -440,73 +159,3 @@ def exact_partition(cm: CostModel) -> Partition | None:
             return dp_partition(cm)
         return probe
     return Partition(bounds, bottleneck(cm, bounds), "probe+banded-dp")
-
-
-def _parametric(
-    prober: _Prober, measure, caps_of, max_probes: int = 200
-) -> tuple[float, list[int], int] | None:
-    """Smallest ``v`` for which ``prober.probe(*caps_of(v))`` succeeds, and that partition.
-
-    ``measure(bounds)`` must return the exact capped quantity of a partition (so each feasible
-    probe lowers the upper bound to a value some partition attains). Bisection as in
-    ``probe_partition``; at most ``max_probes`` probes.
-    """
-    best = prober.probe(*caps_of(math.inf))
-    if best is None:
-        return None
-    hi, lo = measure(best), 0.0
-    probes = 1
-    while probes < max_probes:
-        t = 0.5 * (lo + hi) if hi - lo > 1e-6 * hi else float(np.nextafter(hi, -np.inf))
-        if t <= lo:
-            break
-        probes += 1
-        found = prober.probe(*caps_of(t))
-        if found is None:
-            lo = t
-        else:
-            best, hi = found, min(hi, measure(found))
-    return hi, best, probes
-
-
-def pareto_partitions(
-    cm: CostModel, max_points: int = 6, max_work: float = 3e7
-) -> tuple[list[list[int]], bool]:
-    """Partitions on the Pareto frontier of (max forward part, max backward part).
-
-    GPipe's fill-drain time on dedicated devices is ``sum + (M-1) (max_s f_s + max_s q_s)``
-    (f = forward + send, q = recompute + backward), so when the stage with the largest f is not
-    the one with the largest q the min-bottleneck partition need not be the fastest. Walks the
-    frontier from the smallest max f: (min f s.t. q <= Q) then (min q s.t. f <= F), each by
-    parametric search. Returns the partitions and whether the walk reached the end of the
-    frontier (False if it stopped at ``max_points`` or after ``max_work`` probe x K x N units
-    of work, a deterministic budget). O(points x probes x K N log N).
-    """
-    budget = int(max_work / (cm.num_stages * cm.n_units))
-    if budget < 60:  # not even one frontier point (two parametric searches): do not start
-        return [], False
-    prober = _Prober(cm)
-
-    def f_part(bounds: list[int]) -> float:
-        return max(c.forward_s + c.send_s for c in cm.stage_costs(bounds))
-
-    def q_part(bounds: list[int]) -> float:
-        return max(c.recompute_s + c.backward_s for c in cm.stage_costs(bounds))
-
-    out: list[list[int]] = []
-    q_limit = math.inf
-    for _ in range(max_points):
-        if budget <= 0:
-            return out, False
-        got = _parametric(prober, f_part, lambda v, q=q_limit: (math.inf, v, q), budget)
-        if got is None:
-            return out, True
-        f_star, _, used = got
-        budget -= used
-        q_star, bounds, used = _parametric(
-            prober, q_part, lambda v, f=f_star: (math.inf, f, v), max(budget, 1)
-        )
-        budget -= used
-        out.append(bounds)
-        q_limit = float(np.nextafter(q_star, -np.inf))
-    return out, False

@@ -13,38 +13,25 @@ import operator
 from collections.abc import Sequence
 from typing import Any
 
+from autopipe.planner.assemble import build_plan, gib, simulate_costs
 from autopipe.planner.baselines import BASELINES, baseline_bounds
+from autopipe.planner.chain import Partition, bottleneck
 from autopipe.planner.cluster import Cluster
 from autopipe.planner.costs import (
     CHECKPOINT_MODES,
     OPTIMIZERS,
     SCHEDULES,
     CostModel,
-    SegmentCost,
 )
 from autopipe.planner.costs import bytes_per_parameter as _state_bytes_per_parameter
 from autopipe.planner.errors import PlanningError
-from autopipe.planner.partition import (
-    Partition,
-    bottleneck,
-    brute_force_partition,
-    exact_partition,
-    min_memory_needed,
-    pareto_partitions,
-)
-from autopipe.planner.plan import Plan, StagePlan
-from autopipe.planner.simulate import Simulation, gpipe_exact, simulate
+from autopipe.planner.partition import brute_force_partition, exact_partition
+from autopipe.planner.plan import Plan
+from autopipe.planner.probe import min_memory_needed, pareto_partitions
 from autopipe.profiler.profile import Profile
 
 STRATEGIES = ("dp", "ilp", "brute-force", *BASELINES)
 _BRUTE_FORCE_MAX = 2_000_000
-
-
-def _gib(nbytes: float) -> str:
-    """Human-readable bytes: GiB with 2 decimals from 1 GiB up, else MiB with 1 decimal."""
-    if nbytes >= 2**30:
-        return f"{nbytes / 2**30:.2f} GiB"
-    return f"{nbytes / 2**20:.1f} MiB"
 
 
 def _divisors(n: int) -> list[int]:
@@ -161,30 +148,6 @@ def _partition(
     return Partition(bounds, value, strategy) if math.isfinite(value) else None
 
 
-def _simulate_costs(costs: list[SegmentCost], m: int, schedule: str) -> Simulation:
-    """Iteration time and bubble of one plan on dedicated devices.
-
-    GPipe uses its exact fill-drain formula (two flow shops; tests check it equals the event
-    simulator), O(K); 1F1B runs the event simulator, O(K M log K).
-    """
-    if schedule == "gpipe":
-        fwd = [c.forward_s + c.send_s for c in costs]
-        bwd = [c.recompute_s + c.backward_s for c in costs]
-        total = gpipe_exact(fwd, bwd, m)
-        busy = [m * (f + b) for f, b in zip(fwd, bwd, strict=True)]
-        bubble = 1.0 - sum(busy) / (len(costs) * total) if total > 0 else 0.0
-        return Simulation(total, bubble, [], busy)
-    return simulate(
-        [c.forward_s for c in costs],
-        [c.backward_s for c in costs],
-        m,
-        recompute_s=[c.recompute_s for c in costs],
-        send_s=[c.send_s for c in costs],
-        schedule=schedule,
-        record_tasks=False,
-    )
-
-
 def plan(
     profile: Profile,
     gpus: int | None = None,
@@ -257,7 +220,7 @@ def plan(
                 results.append({"m": m, "schedule": sched, "cm": cm, "part": None})
                 continue
             costs = cm.stage_costs(part.bounds)
-            sim = _simulate_costs(costs, m, sched)
+            sim = simulate_costs(costs, m, sched)
             results.append(
                 {"m": m, "schedule": sched, "cm": cm, "part": part, "costs": costs, "sim": sim}
             )
@@ -275,7 +238,7 @@ def plan(
     if strategy == "dp":
         _refine_gpipe(feasible, rank)
     best = min(feasible, key=rank)
-    out = _build_plan(profile, cluster, best, results, strategy, baselines, batch, checkpoint)
+    out = build_plan(profile, cluster, best, results, strategy, baselines, batch, checkpoint)
     # The request, JSON-ready, so that plots and tools can re-plan the same problem.
     out.meta["options"] = {
         "batch_size": batch,
@@ -322,7 +285,7 @@ def _refine_gpipe(feasible: list[dict[str, Any]], rank, max_walks: int = 3) -> N
         r["frontier"] = {"points": len(points), "complete": complete}
         for bounds in points:
             cand = cm.stage_costs(bounds)
-            sim = _simulate_costs(cand, r["m"], "gpipe")
+            sim = simulate_costs(cand, r["m"], "gpipe")
             if sim.iteration_time_s < r["sim"].iteration_time_s * (1 - 1e-12):
                 r["part"] = Partition(bounds, max(c.time_s for c in cand), "pareto")
                 r["costs"], r["sim"] = cand, sim
@@ -347,7 +310,7 @@ def _infeasible_error(
     needs = [(need_of(r["cm"]), r["m"], r["schedule"]) for r in results]
     need, m, sched = min(needs)
     caps = [d.memory_bytes for d in cluster.devices if d.memory_bytes is not None]
-    have = _gib(min(caps)) if caps else "unlimited"
+    have = gib(min(caps)) if caps else "unlimited"
     tries = ["more GPUs"]
     if checkpoint in ("never", "except_last"):
         tries.append("checkpoint='auto' or 'always'")
@@ -357,257 +320,7 @@ def _infeasible_error(
         tries.append("strategy='dp'")
     exc = PlanningError(
         f"no {k}-stage plan fits in {have} per device: the smallest memory per device that fits "
-        f"is {_gib(need)} (M={m}, schedule={sched}, headroom included); try {', '.join(tries)}"
+        f"is {gib(need)} (M={m}, schedule={sched}, headroom included); try {', '.join(tries)}"
     )
     exc.min_memory_bytes = int(math.ceil(need))  # type: ignore[attr-defined]
     return exc
-
-
-def _stage_names(profile: Profile, bounds: list[int]) -> list[list[str]]:
-    names = profile.unit_names
-    return [names[bounds[s] : bounds[s + 1]] for s in range(len(bounds) - 1)]
-
-
-def _build_plan(
-    profile: Profile,
-    cluster: Cluster,
-    best: dict[str, Any],
-    results: list[dict[str, Any]],
-    strategy: str,
-    with_baselines: bool,
-    batch: int,
-    checkpoint: str,
-) -> Plan:
-    cm: CostModel = best["cm"]
-    part: Partition = best["part"]
-    costs: list[SegmentCost] = best["costs"]
-    sim = best["sim"]
-    m, sched = best["m"], best["schedule"]
-    k = len(cluster)
-    times = [c.time_s for c in costs]
-    bott = max(range(k), key=lambda s: times[s])
-    stages: list[StagePlan] = []
-    for s, (units, c) in enumerate(zip(_stage_names(profile, part.bounds), costs, strict=True)):
-        reason = ""
-        if c.checkpoint:
-            cap = cm.capacity[s]
-            without = c.memory_without_checkpoint_bytes * (1.0 + cm.headroom)
-            if checkpoint == "auto":
-                reason = (
-                    f"checkpointed: without it {_gib(without)} > {_gib(cap)} (headroom included)"
-                )
-            else:
-                reason = f"checkpointed: checkpoint={checkpoint!r}"
-        stages.append(
-            StagePlan(
-                index=s,
-                device=cluster.devices[s].name,
-                units=units,
-                first_module=units[0],
-                last_module=units[-1],
-                forward_s=c.forward_s,
-                backward_s=c.backward_s,
-                recompute_s=c.recompute_s,
-                send_s=c.send_s,
-                memory_bytes=c.memory_bytes,
-                parameter_bytes=c.parameter_bytes,
-                optimizer_bytes=c.optimizer_bytes,
-                activation_bytes=c.activation_bytes,
-                checkpoint=c.checkpoint,
-                reason=reason,
-            )
-        )
-    v0 = cluster.devices[0].speed
-    single_s = (
-        sum(
-            u.forward_at(batch, profile.batch_size) + u.backward_at(batch, profile.batch_size)
-            for u in profile.units
-        )
-        / v0
-    )
-    it = sim.iteration_time_s
-    notes = [
-        f"bottleneck: stage {bott} ({stages[bott].first_module} .. {stages[bott].last_module}) "
-        f"at {times[bott] * 1e3:.4g} ms per micro-batch"
-    ]
-    notes += [f"stage {st.index} {st.reason}" for st in stages if st.reason]
-    notes.append(_why_m(best, results))
-    if part.algorithm == "pareto":
-        notes.append(
-            f"partition trades the bottleneck ({times[bott] * 1e3:.4g} ms vs the minimum "
-            f"{best['min_bottleneck_s'] * 1e3:.4g} ms) for a smaller max forward + max backward, "
-            "which is what GPipe's fill-drain time depends on"
-        )
-    infeasible = sorted({r["m"] for r in results if r["part"] is None and r["schedule"] == sched})
-    if infeasible:
-        notes.append(f"M in {infeasible} does not fit in memory with schedule={sched}")
-    baselines: dict[str, dict[str, Any]] = {}
-    if with_baselines:
-        others = [b for b in (*BASELINES, "dp") if b != strategy]
-        for name in others:
-            baselines[name] = _evaluate_baseline(name, cm, profile, m, sched)
-        summary = [
-            f"{name} {b['iteration_time_s'] / it:.2f}x"
-            for name, b in baselines.items()
-            if b["feasible"]
-        ]
-        if summary:
-            notes.append(
-                f"iteration time relative to this plan (M={m}, {sched}): " + ", ".join(summary)
-            )
-    return Plan(
-        num_stages=k,
-        microbatches=m,
-        microbatch_size=batch // m,
-        batch_size=batch,
-        stages=stages,
-        schedule=sched,
-        iteration_time_s=it,
-        bubble_fraction=sim.bubble_fraction,
-        throughput=batch / it if it > 0 else math.inf,
-        speedup=single_s / it if it > 0 else 1.0,
-        bottleneck_stage=bott,
-        strategy=strategy,
-        memory_per_device=min(
-            (d.memory_bytes for d in cluster.devices if d.memory_bytes is not None), default=None
-        ),
-        optimality_gap=part.optimality_gap,
-        model=profile.model,
-        profile_mode=profile.mode,
-        baselines=baselines,
-        notes=notes,
-        meta={
-            "algorithm": part.algorithm,
-            "bottleneck_s": times[bott],
-            "min_bottleneck_s": best.get("min_bottleneck_s", times[bott]),
-            "frontier": best.get("frontier"),
-            "single_device_time_s": single_s,
-            "checkpoint_mode": checkpoint,
-            "headroom": cm.headroom,
-            "state_bytes_per_parameter": cm.state_factor * max(int(profile.bytes_per_parameter), 1),
-            "candidates": [
-                {
-                    "microbatches": r["m"],
-                    "schedule": r["schedule"],
-                    "feasible": r["part"] is not None,
-                    "iteration_time_s": r["sim"].iteration_time_s
-                    if r["part"] is not None
-                    else None,
-                    "bottleneck_s": r["part"].bottleneck_s if r["part"] is not None else None,
-                }
-                for r in results
-            ],
-        },
-    )
-
-
-def _why_m(best: dict[str, Any], results: list[dict[str, Any]]) -> str:
-    m, sched, it = best["m"], best["schedule"], best["sim"].iteration_time_s
-    text = f"M={m}, schedule={sched}: iteration {it * 1e3:.4g} ms, bubble {best['sim'].bubble_fraction:.1%}"
-    rivals = [r for r in results if r["part"] is not None and r is not best]
-    if not rivals:
-        return text + " (the only feasible candidate)"
-    same = sorted((r for r in rivals if r["schedule"] == sched), key=lambda r: r["m"])
-    lower = [r for r in same if r["m"] < m][-1:]
-    higher = [r for r in same if r["m"] > m][:1]
-    parts = [f"M={r['m']} {r['sim'].iteration_time_s * 1e3:.4g} ms" for r in lower + higher]
-    other = [r for r in rivals if r["schedule"] != sched]
-    if other:
-        o = min(other, key=lambda r: r["sim"].iteration_time_s)
-        parts.append(f"best {o['schedule']} {o['sim'].iteration_time_s * 1e3:.4g} ms at M={o['m']}")
-    return text + (" (vs " + ", ".join(parts) + ")" if parts else "")
-
-
-def _evaluate_baseline(
-    name: str, cm: CostModel, profile: Profile, m: int, sched: str
-) -> dict[str, Any]:
-    """A strategy's figures at the plan's (M, schedule); infeasible ones carry their memory need."""
-    if name == "dp":
-        part = exact_partition(cm)
-        cm.clear_cache()
-        bounds = part.bounds if part is not None else None
-    else:
-        bounds = baseline_bounds(name, profile, cm.num_stages)
-    if bounds is None:
-        return {"iteration_time_s": None, "bottleneck_s": None, "balance": [], "feasible": False}
-    costs = cm.stage_costs(bounds)
-    balance = [bounds[s + 1] - bounds[s] for s in range(len(bounds) - 1)]
-    sim = _simulate_costs(costs, m, sched)
-    return {
-        "iteration_time_s": sim.iteration_time_s,
-        "bottleneck_s": max(c.time_s for c in costs),
-        "balance": balance,
-        "feasible": all(c.feasible for c in costs),
-        "bubble_fraction": sim.bubble_fraction,
-        "max_memory_bytes": max(c.memory_bytes for c in costs),
-        "microbatches": m,
-        "schedule": sched,
-        "stages": [_stage_row(c) for c in costs],
-    }
-
-
-def _stage_row(c: SegmentCost) -> dict[str, Any]:
-    return {
-        "forward_s": c.forward_s,
-        "backward_s": c.backward_s,
-        "recompute_s": c.recompute_s,
-        "send_s": c.send_s,
-        "parameter_bytes": c.parameter_bytes,
-        "optimizer_bytes": c.optimizer_bytes,
-        "activation_bytes": c.activation_bytes,
-        "memory_bytes": c.memory_bytes,
-        "checkpoint": c.checkpoint,
-    }
-
-
-def scaling_report(profile: Profile, max_gpus: int, **kw: Any) -> list[dict[str, Any]]:
-    """Plan for K = 1 .. min(max_gpus, units) equal devices; one row per K.
-
-    Rows: ``gpus``, ``feasible``, ``iteration_time_s``, ``throughput``, ``speedup``,
-    ``efficiency`` (speedup / K), ``microbatches``, ``schedule``, ``max_memory_bytes``, ``error``.
-    ``kw`` is passed to ``plan`` (``cluster`` is not allowed: K varies).
-    """
-    if "cluster" in kw:
-        raise PlanningError(
-            "scaling_report varies the GPU count; pass memory_per_device, not cluster"
-        )
-    kw.setdefault("baselines", False)
-    rows = []
-    for k in range(1, min(max_gpus, len(profile.units)) + 1):
-        try:
-            p = plan(profile, k, **kw)
-        except PlanningError as exc:
-            rows.append({"gpus": k, "feasible": False, "error": str(exc)})
-            continue
-        rows.append(
-            {
-                "gpus": k,
-                "feasible": True,
-                "iteration_time_s": p.iteration_time_s,
-                "throughput": p.throughput,
-                "speedup": p.speedup,
-                "efficiency": p.speedup / k,
-                "microbatches": p.microbatches,
-                "schedule": p.schedule,
-                "bubble_fraction": p.bubble_fraction,
-                "max_memory_bytes": max(s.memory_bytes for s in p.stages),
-                "error": "",
-            }
-        )
-    return rows
-
-
-def min_gpus(profile: Profile, max_gpus: int | None = None, **kw: Any) -> int:
-    """Smallest K (up to ``max_gpus``, default: the unit count) whose plan fits in memory."""
-    if "cluster" in kw:
-        raise PlanningError("min_gpus varies the GPU count; pass memory_per_device, not cluster")
-    kw.setdefault("baselines", False)
-    limit = len(profile.units) if max_gpus is None else min(max_gpus, len(profile.units))
-    last: PlanningError | None = None
-    for k in range(1, limit + 1):
-        try:
-            plan(profile, k, **kw)
-            return k
-        except PlanningError as exc:
-            last = exc
-    raise PlanningError(f"no GPU count up to {limit} fits; at {limit} GPUs: {last}")

@@ -23,13 +23,10 @@ from autopipe.planner import (  # noqa: E402
     plan,
     scaling_report,
 )
+from autopipe.planner.assemble import gib as _gib  # noqa: E402
 from autopipe.planner.costs import CostModel  # noqa: E402
-from autopipe.planner.partition import (  # noqa: E402
-    brute_force_partition,
-    dp_partition,
-    probe_partition,
-)
-from autopipe.planner.search import _gib  # noqa: E402
+from autopipe.planner.partition import brute_force_partition, dp_partition  # noqa: E402
+from autopipe.planner.probe import probe_partition  # noqa: E402
 from autopipe.planner.simulate import gpipe_exact  # noqa: E402
 from autopipe.profiler.profile import Profile, UnitProfile  # noqa: E402
 from planner_instances import random_cluster, random_profile  # noqa: E402

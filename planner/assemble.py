@@ -1,0 +1,244 @@
+"""Turn the chosen candidate into a ``Plan``: stages, figures, baselines and notes.
+
+Torch-free. O(K) per plan plus one simulation per baseline.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from autopipe.planner.baselines import BASELINES, baseline_bounds
+from autopipe.planner.chain import Partition
+from autopipe.planner.cluster import Cluster
+from autopipe.planner.costs import CostModel, SegmentCost
+from autopipe.planner.partition import exact_partition
+from autopipe.planner.plan import Plan, StagePlan
+from autopipe.planner.simulate import Simulation, gpipe_exact, simulate
+from autopipe.profiler.profile import Profile
+
+
+def gib(nbytes: float) -> str:
+    """Human-readable bytes: GiB with 2 decimals from 1 GiB up, else MiB with 1 decimal."""
+    if nbytes >= 2**30:
+        return f"{nbytes / 2**30:.2f} GiB"
+    return f"{nbytes / 2**20:.1f} MiB"
+
+
+def simulate_costs(costs: list[SegmentCost], m: int, schedule: str) -> Simulation:
+    """Iteration time and bubble of one plan on dedicated devices.
+
+    GPipe uses its exact fill-drain formula (two flow shops; tests check it equals the event
+    simulator), O(K); 1F1B runs the event simulator, O(K M log K).
+    """
+    if schedule == "gpipe":
+        fwd = [c.forward_s + c.send_s for c in costs]
+        bwd = [c.recompute_s + c.backward_s for c in costs]
+        total = gpipe_exact(fwd, bwd, m)
+        busy = [m * (f + b) for f, b in zip(fwd, bwd, strict=True)]
+        bubble = 1.0 - sum(busy) / (len(costs) * total) if total > 0 else 0.0
+        return Simulation(total, bubble, [], busy)
+    return simulate(
+        [c.forward_s for c in costs],
+        [c.backward_s for c in costs],
+        m,
+        recompute_s=[c.recompute_s for c in costs],
+        send_s=[c.send_s for c in costs],
+        schedule=schedule,
+        record_tasks=False,
+    )
+
+
+def _stage_names(profile: Profile, bounds: list[int]) -> list[list[str]]:
+    names = profile.unit_names
+    return [names[bounds[s] : bounds[s + 1]] for s in range(len(bounds) - 1)]
+
+
+def build_plan(
+    profile: Profile,
+    cluster: Cluster,
+    best: dict[str, Any],
+    results: list[dict[str, Any]],
+    strategy: str,
+    with_baselines: bool,
+    batch: int,
+    checkpoint: str,
+) -> Plan:
+    cm: CostModel = best["cm"]
+    part: Partition = best["part"]
+    costs: list[SegmentCost] = best["costs"]
+    sim = best["sim"]
+    m, sched = best["m"], best["schedule"]
+    k = len(cluster)
+    times = [c.time_s for c in costs]
+    bott = max(range(k), key=lambda s: times[s])
+    stages: list[StagePlan] = []
+    for s, (units, c) in enumerate(zip(_stage_names(profile, part.bounds), costs, strict=True)):
+        reason = ""
+        if c.checkpoint:
+            cap = cm.capacity[s]
+            without = c.memory_without_checkpoint_bytes * (1.0 + cm.headroom)
+            if checkpoint == "auto":
+                reason = f"checkpointed: without it {gib(without)} > {gib(cap)} (headroom included)"
+            else:
+                reason = f"checkpointed: checkpoint={checkpoint!r}"
+        stages.append(
+            StagePlan(
+                index=s,
+                device=cluster.devices[s].name,
+                units=units,
+                first_module=units[0],
+                last_module=units[-1],
+                forward_s=c.forward_s,
+                backward_s=c.backward_s,
+                recompute_s=c.recompute_s,
+                send_s=c.send_s,
+                memory_bytes=c.memory_bytes,
+                parameter_bytes=c.parameter_bytes,
+                optimizer_bytes=c.optimizer_bytes,
+                activation_bytes=c.activation_bytes,
+                checkpoint=c.checkpoint,
+                reason=reason,
+            )
+        )
+    v0 = cluster.devices[0].speed
+    single_s = (
+        sum(
+            u.forward_at(batch, profile.batch_size) + u.backward_at(batch, profile.batch_size)
+            for u in profile.units
+        )
+        / v0
+    )
+    it = sim.iteration_time_s
+    notes = [
+        f"bottleneck: stage {bott} ({stages[bott].first_module} .. {stages[bott].last_module}) "
+        f"at {times[bott] * 1e3:.4g} ms per micro-batch"
+    ]
+    notes += [f"stage {st.index} {st.reason}" for st in stages if st.reason]
+    notes.append(_why_m(best, results))
+    if part.algorithm == "pareto":
+        notes.append(
+            f"partition trades the bottleneck ({times[bott] * 1e3:.4g} ms vs the minimum "
+            f"{best['min_bottleneck_s'] * 1e3:.4g} ms) for a smaller max forward + max backward, "
+            "which is what GPipe's fill-drain time depends on"
+        )
+    infeasible = sorted({r["m"] for r in results if r["part"] is None and r["schedule"] == sched})
+    if infeasible:
+        notes.append(f"M in {infeasible} does not fit in memory with schedule={sched}")
+    baselines: dict[str, dict[str, Any]] = {}
+    if with_baselines:
+        others = [b for b in (*BASELINES, "dp") if b != strategy]
+        for name in others:
+            baselines[name] = _evaluate_baseline(name, cm, profile, m, sched)
+        summary = [
+            f"{name} {b['iteration_time_s'] / it:.2f}x"
+            for name, b in baselines.items()
+            if b["feasible"]
+        ]
+        if summary:
+            notes.append(
+                f"iteration time relative to this plan (M={m}, {sched}): " + ", ".join(summary)
+            )
+    return Plan(
+        num_stages=k,
+        microbatches=m,
+        microbatch_size=batch // m,
+        batch_size=batch,
+        stages=stages,
+        schedule=sched,
+        iteration_time_s=it,
+        bubble_fraction=sim.bubble_fraction,
+        throughput=batch / it if it > 0 else math.inf,
+        speedup=single_s / it if it > 0 else 1.0,
+        bottleneck_stage=bott,
+        strategy=strategy,
+        memory_per_device=min(
+            (d.memory_bytes for d in cluster.devices if d.memory_bytes is not None), default=None
+        ),
+        optimality_gap=part.optimality_gap,
+        model=profile.model,
+        profile_mode=profile.mode,
+        baselines=baselines,
+        notes=notes,
+        meta={
+            "algorithm": part.algorithm,
+            "bottleneck_s": times[bott],
+            "min_bottleneck_s": best.get("min_bottleneck_s", times[bott]),
+            "frontier": best.get("frontier"),
+            "single_device_time_s": single_s,
+            "checkpoint_mode": checkpoint,
+            "headroom": cm.headroom,
+            "state_bytes_per_parameter": cm.state_factor * max(int(profile.bytes_per_parameter), 1),
+            "candidates": [
+                {
+                    "microbatches": r["m"],
+                    "schedule": r["schedule"],
+                    "feasible": r["part"] is not None,
+                    "iteration_time_s": r["sim"].iteration_time_s
+                    if r["part"] is not None
+                    else None,
+                    "bottleneck_s": r["part"].bottleneck_s if r["part"] is not None else None,
+                }
+                for r in results
+            ],
+        },
+    )
+
+
+def _why_m(best: dict[str, Any], results: list[dict[str, Any]]) -> str:
+    m, sched, it = best["m"], best["schedule"], best["sim"].iteration_time_s
+    text = f"M={m}, schedule={sched}: iteration {it * 1e3:.4g} ms, bubble {best['sim'].bubble_fraction:.1%}"
+    rivals = [r for r in results if r["part"] is not None and r is not best]
+    if not rivals:
+        return text + " (the only feasible candidate)"
+    same = sorted((r for r in rivals if r["schedule"] == sched), key=lambda r: r["m"])
+    lower = [r for r in same if r["m"] < m][-1:]
+    higher = [r for r in same if r["m"] > m][:1]
+    parts = [f"M={r['m']} {r['sim'].iteration_time_s * 1e3:.4g} ms" for r in lower + higher]
+    other = [r for r in rivals if r["schedule"] != sched]
+    if other:
+        o = min(other, key=lambda r: r["sim"].iteration_time_s)
+        parts.append(f"best {o['schedule']} {o['sim'].iteration_time_s * 1e3:.4g} ms at M={o['m']}")
+    return text + (" (vs " + ", ".join(parts) + ")" if parts else "")
+
+
+def _evaluate_baseline(
+    name: str, cm: CostModel, profile: Profile, m: int, sched: str
+) -> dict[str, Any]:
+    """A strategy's figures at the plan's (M, schedule); infeasible ones carry their memory need."""
+    if name == "dp":
+        part = exact_partition(cm)
+        cm.clear_cache()
+        bounds = part.bounds if part is not None else None
+    else:
+        bounds = baseline_bounds(name, profile, cm.num_stages)
+    if bounds is None:
+        return {"iteration_time_s": None, "bottleneck_s": None, "balance": [], "feasible": False}
+    costs = cm.stage_costs(bounds)
+    balance = [bounds[s + 1] - bounds[s] for s in range(len(bounds) - 1)]
+    sim = simulate_costs(costs, m, sched)
+    return {
+        "iteration_time_s": sim.iteration_time_s,
+        "bottleneck_s": max(c.time_s for c in costs),
+        "balance": balance,
+        "feasible": all(c.feasible for c in costs),
+        "bubble_fraction": sim.bubble_fraction,
+        "max_memory_bytes": max(c.memory_bytes for c in costs),
+        "microbatches": m,
+        "schedule": sched,
+        "stages": [_stage_row(c) for c in costs],
+    }
+
+
+def _stage_row(c: SegmentCost) -> dict[str, Any]:
+    return {
+        "forward_s": c.forward_s,
+        "backward_s": c.backward_s,
+        "recompute_s": c.recompute_s,
+        "send_s": c.send_s,
+        "parameter_bytes": c.parameter_bytes,
+        "optimizer_bytes": c.optimizer_bytes,
+        "activation_bytes": c.activation_bytes,
+        "memory_bytes": c.memory_bytes,
+        "checkpoint": c.checkpoint,
+    }

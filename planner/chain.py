@@ -1,0 +1,45 @@
+"""A partition of the unit chain and the helpers every partitioner shares. Torch-free.
+
+A partition is given as ``bounds``: K + 1 positions ``0 = p0 < p1 < ... < pK = N``; stage
+``s`` holds units ``bounds[s] .. bounds[s+1] - 1``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from autopipe.planner.costs import CostModel
+
+
+@dataclass
+class Partition:
+    bounds: list[int]
+    bottleneck_s: float
+    algorithm: str = "dp"
+    optimality_gap: float = 0.0
+    """Relative gap between the solution and the best proven lower bound (0 when proven optimal)."""
+
+
+def bottleneck(cm: CostModel, bounds: list[int]) -> float:
+    """Largest stage time of a partition; ``inf`` if a stage does not fit in memory."""
+    return max(cm.segment_time(s, bounds[s], bounds[s + 1]) for s in range(len(bounds) - 1))
+
+
+def stage_key(cm: CostModel, s: int) -> tuple:
+    # Stages with equal devices, in-flight count and options share one cost matrix.
+    return (
+        cm.speed[s],
+        cm.capacity[s],
+        cm.bandwidth[s],
+        cm.latency[s],
+        cm.inflight[s],
+        cm.options[s],
+    )
+
+
+def trace(preds: list[np.ndarray], n: int) -> list[int]:
+    bounds = [n]
+    for pred in reversed(preds):
+        bounds.append(int(pred[bounds[-1]]))
+    return bounds[::-1]

@@ -1,0 +1,65 @@
+"""Sweeps over the GPU count: ``scaling_report`` and ``min_gpus``. Torch-free.
+
+Each K is one ``plan`` call, so the cost is ``max_gpus`` planner runs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from autopipe.planner.errors import PlanningError
+from autopipe.planner.search import plan
+from autopipe.profiler.profile import Profile
+
+
+def scaling_report(profile: Profile, max_gpus: int, **kw: Any) -> list[dict[str, Any]]:
+    """Plan for K = 1 .. min(max_gpus, units) equal devices; one row per K.
+
+    Rows: ``gpus``, ``feasible``, ``iteration_time_s``, ``throughput``, ``speedup``,
+    ``efficiency`` (speedup / K), ``microbatches``, ``schedule``, ``max_memory_bytes``, ``error``.
+    ``kw`` is passed to ``plan`` (``cluster`` is not allowed: K varies).
+    """
+    if "cluster" in kw:
+        raise PlanningError(
+            "scaling_report varies the GPU count; pass memory_per_device, not cluster"
+        )
+    kw.setdefault("baselines", False)
+    rows = []
+    for k in range(1, min(max_gpus, len(profile.units)) + 1):
+        try:
+            p = plan(profile, k, **kw)
+        except PlanningError as exc:
+            rows.append({"gpus": k, "feasible": False, "error": str(exc)})
+            continue
+        rows.append(
+            {
+                "gpus": k,
+                "feasible": True,
+                "iteration_time_s": p.iteration_time_s,
+                "throughput": p.throughput,
+                "speedup": p.speedup,
+                "efficiency": p.speedup / k,
+                "microbatches": p.microbatches,
+                "schedule": p.schedule,
+                "bubble_fraction": p.bubble_fraction,
+                "max_memory_bytes": max(s.memory_bytes for s in p.stages),
+                "error": "",
+            }
+        )
+    return rows
+
+
+def min_gpus(profile: Profile, max_gpus: int | None = None, **kw: Any) -> int:
+    """Smallest K (up to ``max_gpus``, default: the unit count) whose plan fits in memory."""
+    if "cluster" in kw:
+        raise PlanningError("min_gpus varies the GPU count; pass memory_per_device, not cluster")
+    kw.setdefault("baselines", False)
+    limit = len(profile.units) if max_gpus is None else min(max_gpus, len(profile.units))
+    last: PlanningError | None = None
+    for k in range(1, limit + 1):
+        try:
+            plan(profile, k, **kw)
+            return k
+        except PlanningError as exc:
+            last = exc
+    raise PlanningError(f"no GPU count up to {limit} fits; at {limit} GPUs: {last}")
