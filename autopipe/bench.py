@@ -20,6 +20,10 @@ compares like with like: with every stage on the CPU and one torch thread, tasks
 the thread-CPU clock and the iteration as the process's CPU seconds (on one shared CPU every
 task runs one after another, so that is the iteration's length on an otherwise idle host);
 otherwise everything is wall clock. The wall makespan is always reported too.
+The executor adds a fixed cost to every task (thread hand-off, autograd node, a separate
+``torch.autograd.backward`` per stage) that per-unit profiling does not see; on the thread-CPU
+clock it is calibrated on a pipeline of tiny stages (not on the run being judged) and added to
+each stage of the prediction. It matters only for stages of a few tenths of a millisecond.
 The profiler charges the loss to the last unit, so the plan's last stage includes it; the
 executor computes the loss once on the gathered output, outside any stage task. The measured
 last stage therefore gets the measured loss forward and loss backward divided by M added, so
@@ -91,6 +95,8 @@ class BenchResult:
     loss_backward_s: float
     """Median seconds of the loss forward and backward on the gathered mini-batch."""
     iteration_samples_s: list[float] = field(default_factory=list)
+    executor_overhead_s: tuple[float, float] = (0.0, 0.0)
+    """Executor cost per forward and per backward task added to the prediction (seconds)."""
 
     @property
     def iteration_error(self) -> float:
@@ -124,6 +130,8 @@ class BenchResult:
             "loss_forward_s": self.loss_forward_s,
             "loss_backward_s": self.loss_backward_s,
             "plan_iteration_time_s": self.plan.iteration_time_s,
+            "executor_overhead_forward_s": self.executor_overhead_s[0],
+            "executor_overhead_backward_s": self.executor_overhead_s[1],
             "max_stage_error": self.max_stage_error,
             "stages": [
                 {
@@ -264,6 +272,69 @@ def _cpu_stage_times(
     return out
 
 
+def calibrate_executor_overhead(
+    devices: Sequence[str], microbatches: int = 8, steps: int = 12
+) -> tuple[float, float]:
+    """Thread-CPU seconds the executor adds to each forward and each backward task.
+
+    The profiler times units on their own; the executor wraps every (stage, micro-batch)
+    task in a thread hand-off, an autograd node and, in backward, its own
+    ``torch.autograd.backward`` call. This runs a pipeline of ``len(devices)`` one-weight
+    ``Linear(1, 1)`` stages (whose own cost is profiled too) and returns the median task
+    time minus the profiled unit time, forward and backward, floored at 0. CPU only.
+    About a second.
+    """
+    import torch
+    from torch import nn
+
+    import autopipe
+    from autopipe.planner.plan import StagePlan
+    from autopipe.profiler.measure import profile
+    from autopipe.profiler.units import trace_units
+
+    k = len(devices)
+    torch.manual_seed(0)
+    model = nn.Sequential(*[nn.Linear(1, 1) for _ in range(k)])
+    x = torch.randn(microbatches, 1)
+    names = trace_units(model, x).unit_names
+    prof = profile(model, x, progress=False, microbatch_sizes=(1,))
+    unit_f = statistics.median(u.forward_at(1, microbatches) for u in prof.units)
+    unit_b = statistics.median(u.backward_at(1, microbatches) for u in prof.units)
+    tiny = Plan(
+        num_stages=k,
+        microbatches=microbatches,
+        microbatch_size=1,
+        batch_size=microbatches,
+        stages=[
+            StagePlan(index=i, device=str(d), units=[n])
+            for i, (d, n) in enumerate(zip(devices, names, strict=True))
+        ],
+    )
+    fwd: list[float] = []
+    bwd: list[float] = []
+    with _task_cpu_times() as stamps:
+        pipe = autopipe.parallelize(model, x, devices=list(devices), plan=tiny)
+        for step in range(steps):
+            stamps.clear()
+            pipe(x).sum().backward()
+            if step >= 2:  # warm-up
+                fwd += [v for (_, _, ph), v in stamps.items() if ph == "forward"]
+                bwd += [v for (_, _, ph), v in stamps.items() if ph == "backward"]
+    return (
+        max(statistics.median(fwd) - unit_f, 0.0),
+        max(statistics.median(bwd) - unit_b, 0.0),
+    )
+
+
+def with_overhead(plan: Plan, forward_s: float, backward_s: float) -> Plan:
+    """A copy of ``plan`` whose stages each take ``forward_s``/``backward_s`` longer per task."""
+    out = Plan.from_dict(plan.to_dict())
+    for st in out.stages:
+        st.forward_s += forward_s
+        st.backward_s += backward_s
+    return out
+
+
 def choose_clock(clock: str, devices: Sequence[str], threads: int) -> str:
     """``auto`` -> ``thread_cpu`` when every stage is on the CPU and torch runs one thread
     (what the profiler measures by default there), else ``wall``."""
@@ -286,6 +357,7 @@ def run_bench(
     loss_fn: Callable[[Any, Any], Any] | None = None,
     lr: float = 1e-3,
     clock: str = "auto",
+    executor_overhead: bool = True,
     progress: bool = False,
 ) -> BenchResult:
     """Train ``warmup + steps`` SGD steps of ``plan``; compare the last ``steps`` with the plan.
@@ -295,7 +367,9 @@ def run_bench(
     times are read from: ``"wall"``, ``"thread_cpu"`` (CPU seconds of the thread running each
     task, and of the whole process for the iteration: unaffected by other processes on a
     shared host; use with one torch thread, as the profiler does by default on CPU) or
-    ``"auto"`` (see :func:`choose_clock`). Cost: ``warmup + steps`` training steps plus one
+    ``"auto"`` (see :func:`choose_clock`). ``executor_overhead``: on the thread-CPU clock,
+    add the executor's per-task cost (:func:`calibrate_executor_overhead`, measured on tiny
+    stages, not on this run) to every stage of the prediction. Cost: ``warmup + steps`` training steps plus one
     simulation.
     """
     import torch
@@ -366,11 +440,15 @@ def run_bench(
     measured = timelines[-1]
     measured.schedule = plan.schedule
     measured.label = "measured (wall clock)"
-    predicted = predicted_timeline(plan, devices=stage_devices or None)
+    overhead = (0.0, 0.0)
+    if executor_overhead and clock == "thread_cpu":
+        overhead = calibrate_executor_overhead(stage_devices, microbatches=plan.microbatches)
+    predicted_plan = with_overhead(plan, *overhead)
+    predicted = predicted_timeline(predicted_plan, devices=stage_devices or None)
     k, m = plan.num_stages, plan.microbatches
     loss_f, loss_b = statistics.median(loss_fwd), statistics.median(loss_bwd)
     stages = []
-    for s, st in enumerate(plan.stages):
+    for s, st in enumerate(predicted_plan.stages):
         fwd = statistics.median(x[s][0] for x in per_step)
         bwd = statistics.median(x[s][1] for x in per_step)
         if s == k - 1:  # the plan's last stage includes the loss (see the module docstring)
@@ -401,4 +479,5 @@ def run_bench(
         loss_forward_s=loss_f,
         loss_backward_s=loss_b,
         iteration_samples_s=iterations,
+        executor_overhead_s=overhead,
     )

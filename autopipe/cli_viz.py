@@ -222,6 +222,13 @@ def format_bench(result: Any) -> str:
         f"{result.step_measured_s * 1e3:.1f} ms wall",
         f"largest stage error {100 * result.max_stage_error:.1f}%",
     ]
+    of, ob = result.executor_overhead_s
+    if of or ob:
+        lines.insert(
+            -2,
+            f"predictions include the executor's cost per task, calibrated on tiny stages: "
+            f"forward {of * 1e6:.0f} us, backward {ob * 1e6:.0f} us",
+        )
     if shared:
         lines.append(
             f"the plan's own prediction (one dedicated device per stage) is "
@@ -278,6 +285,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             warmup=args.warmup,
             loss_fn=mf.loss_fn,
             clock=args.clock,
+            executor_overhead=not args.no_executor_overhead,
             progress=not args.quiet and not args.json,
         )
     except ValueError as exc:
@@ -349,6 +357,11 @@ def register_bench(sub: Any) -> None:
         default="auto",
         help="measured times from the wall clock or thread CPU time (default auto: thread CPU "
         "time for single-threaded CPU runs, which other processes on the host do not inflate)",
+    )
+    p.add_argument(
+        "--no-executor-overhead",
+        action="store_true",
+        help="do not add the executor's calibrated per-task cost to the prediction",
     )
     p.add_argument(
         "--out",

@@ -7,6 +7,7 @@ import struct
 from pathlib import Path
 
 import pytest
+from autopipe.planner.plan import load_plan
 
 from autopipe import cli
 from autopipe.cli_viz import register_bench, register_plot
@@ -95,6 +96,11 @@ def test_bench_json_and_files(setup, bench_run) -> None:
     # All-CPU, single-threaded: compared on the thread-CPU clock like the profiler's times.
     assert report["clock"] == "thread_cpu"
     assert report["iteration_wall_s"] > 0
+    # The executor's per-task cost is calibrated (>= 0) and included in each prediction.
+    of, ob = report["executor_overhead_forward_s"], report["executor_overhead_backward_s"]
+    assert 0 <= of < 1e-3 and 0 <= ob < 1e-3
+    p0 = load_plan(plan_path).stages[0]
+    assert report["stages"][0]["forward_predicted_s"] == pytest.approx(p0.forward_s + of)
     assert len(report["stages"]) == 2
     for s in report["stages"]:
         assert s["forward_measured_s"] > 0 and s["backward_measured_s"] > 0
@@ -102,10 +108,8 @@ def test_bench_json_and_files(setup, bench_run) -> None:
             (s["forward_predicted_s"] - s["forward_measured_s"]) / s["forward_measured_s"]
         )
     # On one shared device the prediction is the sum of all tasks, not the pipelined time.
-    from autopipe.planner.plan import load_plan
-
     p = load_plan(plan_path)
-    total = sum(s.time_s for s in p.stages) * p.microbatches
+    total = (sum(s.time_s for s in p.stages) + p.num_stages * (of + ob)) * p.microbatches
     assert report["iteration_predicted_s"] == pytest.approx(total)
     assert len(report["iteration_measured_samples_s"]) == 2
     _png_ok(out / "timeline_compare.png")
@@ -123,7 +127,7 @@ def test_bench_table(setup, tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     model_py, _, plan_path = setup
     rc = cli.main(
         ["bench", str(model_py), "--plan", str(plan_path), "--steps", "1", "--warmup", "0",
-         "--out", str(tmp_path)]
+         "--out", str(tmp_path), "--no-executor-overhead"]
     )  # fmt: skip
     text = capsys.readouterr().out
     assert rc == 0
