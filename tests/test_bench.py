@@ -184,3 +184,24 @@ def test_plot_command(setup, bench_run, tmp_path: Path, capsys: pytest.CaptureFi
     with pytest.raises(SystemExit) as exc:  # argparse rejects the format: usage error
         cli.main(["plot", str(plan_path), "--out", str(out), "--format", "gif"])
     assert exc.value.code == 2
+
+
+def test_reads_the_executors_chrome_trace() -> None:
+    from autopipe.runtime.timeline import TaskRecord, to_chrome_trace
+
+    from autopipe.viz.timeline import as_timeline, timeline_from_chrome_trace
+
+    records = [
+        TaskRecord(0, 0, "forward", "cpu", 0.000, 0.010),
+        TaskRecord(1, 0, "forward", "cpu", 0.010, 0.020),
+        TaskRecord(1, 0, "backward", "cpu", 0.030, 0.050),
+        TaskRecord(1, 0, "recompute", "cpu", 0.031, 0.039),
+        TaskRecord(0, 0, "backward", "cpu", 0.050, 0.070),
+    ]
+    tl = timeline_from_chrome_trace(to_chrome_trace(records))
+    assert tl.num_stages == 2 and tl.shared  # both stages on the one CPU
+    assert tl.durations(1, "backward") == pytest.approx([0.020])
+    assert tl.durations(1, "recompute") == pytest.approx([0.008])
+    # The nested recompute is not counted twice; the 10 ms gap is the only idle time.
+    assert tl.bubble_fraction == pytest.approx(0.010 / 0.070)
+    assert as_timeline(records).iteration_s == pytest.approx(0.070)
