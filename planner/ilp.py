@@ -78,6 +78,9 @@ def _solve(cm: CostModel, time_limit_s: float) -> Partition | None:
         # Checkpointed: one micro-batch's activations plus every in-flight stage input.
         inputs = lin(start, cm.cut_at) * (cm.ratio * n_s)
         mem_b = (state + act_one + inputs) * (1.0 / limit) if math.isfinite(limit) else None
+        whole_a = cm.param_prefix[-1] * cm.state_factor + cm.act_prefix[-1] * cm.ratio * n_s
+        if opts == "AB" and whole_a <= limit:
+            opts = "A"  # even the whole chain keeps its activations here: auto never checkpoints
         if opts == "A":
             prob += t_var >= base
             if mem_a is not None:
