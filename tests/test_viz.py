@@ -269,3 +269,26 @@ def test_plot_all_then_redraw_from_plan_alone(
     # A plan without stored data still gets its timeline and balance.
     bare = plot_all(Plan.from_dict(gpipe_plan.to_dict()), tmp_path / "c")
     assert [x.name for x in bare] == ["timeline.png", "balance.png"]
+
+
+def test_plot_all_compares_on_the_placement_that_ran(
+    gpipe_plan: Plan, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import autopipe.viz.gantt as gantt
+
+    drawn: dict[str, tuple[Timeline, Timeline | None]] = {}
+
+    def fake_plot(tl: Timeline, out: Path, *, compare=None, formats=("png",)) -> list[Path]:
+        drawn[Path(out).name] = (tl, compare)
+        return [Path(out)]
+
+    monkeypatch.setattr(gantt, "plot_timeline", fake_plot)
+    # A measured run with all four stages on one CPU.
+    shared = predicted_timeline(gpipe_plan, devices=["cpu"] * 4)
+    measured = Timeline(shared.tasks, 4, label="measured", devices=["cpu"] * 4)
+    plot_all(Plan.from_dict(gpipe_plan.to_dict()), tmp_path, timeline=measured)
+    assert set(drawn) == {"timeline", "timeline_measured", "timeline_compare"}
+    assert not drawn["timeline"][0].shared  # the plan's own prediction: dedicated devices
+    predicted, compared = drawn["timeline_compare"]
+    assert predicted.shared and compared is measured
+    assert predicted.iteration_s == pytest.approx(shared.iteration_s)

@@ -102,7 +102,8 @@ def plot_all(
     ``timeline.<fmt>``: the simulated (predicted) iteration. With ``timeline`` (the executor's
     ``pipeline.last_timeline``, a Chrome trace path/dict or task records) also
     ``timeline_measured.<fmt>`` and, with ``compare``, ``timeline_compare.<fmt>`` (predicted
-    over measured on one time axis). ``bubble``, ``balance`` and ``scaling`` need ``profile``
+    over measured on one time axis; stages that shared a device in the measured run are
+    simulated as sharing it). ``bubble``, ``balance`` and ``scaling`` need ``profile``
     or data stored earlier in ``plan.meta["viz"]``; without either they are skipped with a
     warning. The data used is (re)stored in ``plan.meta["viz"]``. ``max_gpus`` bounds the
     scaling plot (default: the plan's K).
@@ -124,8 +125,12 @@ def plot_all(
             measured.label = "measured"
         paths += plot_timeline(measured, out / "timeline_measured", formats=formats)
         if compare:
+            # Predict the placement that ran: stages that shared a device are simulated so.
+            same_place = predicted
+            if measured.shared and measured.devices is not None:
+                same_place = predicted_timeline(plan, devices=measured.devices)
             paths += plot_timeline(
-                predicted, out / "timeline_compare", compare=measured, formats=formats
+                same_place, out / "timeline_compare", compare=measured, formats=formats
             )
     if profile is not None:
         data = collect_plot_data(plan, profile, max_gpus=max_gpus)
