@@ -10,6 +10,8 @@ same two processes and their steps alternate, so background load hits both alike
   the even split at equal layer counts (4 + 4 blocks), ``ScheduleGPipe``.
 - control: autopipe's runtime on that even split, so a gap can be told apart into split
   quality (autopipe vs autopipe-even) and runtime cost (autopipe-even vs torch-even).
+- reference: the whole model in one process (rank 0, one thread), gradient accumulation over
+  the same M micro-batches; on 2 vCPUs that share a core the pipeline speed-up is bounded.
 
 A step is timed on rank 0 between two barriers (both ranks done). Prints the median step time
 of each, the ratios and the load average. ``python benchmarks/distributed.py [--steps N] [--microbatches M|auto]``.
@@ -101,10 +103,22 @@ def _rank(rank: int, port: int, plan_path: str, steps: int, out: str) -> None:
         dist.barrier()
         return time.perf_counter() - t0
 
+    single = gpt.build_model()
+    chunks = inputs.chunk(M)
+
+    def step_single() -> None:
+        # Reference: the whole model on rank 0 alone (rank 1 idles), gradient accumulation
+        # over the same M micro-batches.
+        if rank == 0:
+            single.zero_grad(set_to_none=True)
+            for chunk in chunks:
+                (gpt.loss_fn(single(chunk), chunk) / M).backward()
+
     runs: dict[str, Callable[[], None]] = {
         "autopipe": lambda: step_ours(ours),
         "torch-even": step_theirs,
         "autopipe-even": lambda: step_ours(ours_even),
+        "1-process": step_single,
     }
     times: dict[str, list[float]] = {name: [] for name in runs}
     for fn in runs.values():  # warm-up: shape inference, allocator
@@ -156,6 +170,7 @@ def main() -> None:
         f"embeddings + blocks 0-{n_layer // 2 - 1} | blocks {n_layer // 2}-{n_layer - 1} + ln_f + head"
     )
     print("  autopipe-even autopipe's runtime on torch-even's split (control: runtime cost alone)")
+    print("  1-process     the whole model in one process, one thread, same M (no pipeline)")
     print(
         f"  {'':14s} {'median step':>12s} {'min':>9s} {'max':>9s}  (n = {len(result['times']['autopipe'])} each, interleaved)"
     )
@@ -163,6 +178,9 @@ def main() -> None:
         print(f"  {k:14s} {med[k] * 1e3:9.1f} ms {min(v) * 1e3:6.1f} ms {max(v) * 1e3:6.1f} ms")
     print(
         f"  ratio torch-even / autopipe      = {med['torch-even'] / med['autopipe']:.2f}x  (planned split speed-up)"
+    )
+    print(
+        f"  ratio 1-process / autopipe       = {med['1-process'] / med['autopipe']:.2f}x  (pipeline speed-up on 2 vCPUs)"
     )
     print(
         f"  ratio autopipe-even / torch-even = {med['autopipe-even'] / med['torch-even']:.2f}x  (runtime overhead, same split)"
