@@ -204,14 +204,15 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from autopipe.report import format_plan
 
     _say(args, format_plan(result))
-    _emit_json(result.to_dict(), args.json)
-    if args.json and args.json != "-":
-        _say(args, f"plan written to {args.json}")
     if args.plot:
+        # Before the JSON: plot_all stores what `autopipe plot` needs to redraw in plan.meta.
         from autopipe.viz import plot_all
 
         paths = plot_all(result, args.plot, profile=profile)
         _say(args, "plots: " + ", ".join(str(p) for p in paths))
+    _emit_json(result.to_dict(), args.json)
+    if args.json and args.json != "-":
+        _say(args, f"plan written to {args.json}")
     return EXIT_OK
 
 
@@ -403,12 +404,22 @@ def build_parser() -> argparse.ArgumentParser:
     _common(p)
     p.set_defaults(func=cmd_explain)
 
-    for extra in _EXTRA_COMMANDS:
-        extra(sub)
+    commands = _extra_commands()
+    commands += [c for c in _EXTRA_COMMANDS if c not in commands]
+    for register in commands:
+        register(sub)
     return parser
 
 
-# Commands contributed by other modules (plot, bench, run) register here.
+def _extra_commands() -> list[Callable[[Any], None]]:
+    """Commands that live beside the plotting and distributed code (imported lazily)."""
+    from autopipe.cli_run import register_run
+    from autopipe.cli_viz import register_bench, register_plot
+
+    return [register_plot, register_bench, register_run]
+
+
+# Further commands registered at run time (plugins, tests); duplicates of the above are ignored.
 _EXTRA_COMMANDS: list[Callable[[Any], None]] = []
 
 
