@@ -1,8 +1,9 @@
 """A GPT-style decoder: token + position embedding, N pre-norm transformer blocks,
 final LayerNorm and an LM head over a large vocabulary.
 
-The head (d_model x vocab) costs several blocks' worth of compute, so splitting by
-equal layer counts leaves the last stage the bottleneck: the case autopipe plans for.
+The head (d_model x vocab) costs about two blocks' worth of compute and the embeddings
+almost nothing, so splitting by equal layer counts (or by parameter counts: the token
+embedding is as big as the head) leaves some stage the bottleneck: the case autopipe plans for.
 
     autopipe plan examples/gpt.py --gpus 8
     autopipe plan examples/gpt.py:gpt_6b --gpus 8 --device a100-80gb   # analytic
@@ -20,10 +21,10 @@ from torch import nn
 
 @dataclass
 class GPTConfig:
-    vocab_size: int = 16384
+    vocab_size: int = 4096
     seq_len: int = 64
     d_model: int = 256
-    n_layer: int = 8
+    n_layer: int = 13
     n_head: int = 4
     dropout: float = 0.0
     tie_weights: bool = False
@@ -106,12 +107,12 @@ class GPT(nn.Module):
 
 
 def build_model(**overrides) -> GPT:
-    """The default example: 8 blocks, d_model 256, vocab 16384 (about 12 M parameters)."""
+    """The default example: 13 blocks, d_model 256, vocab 4096 (about 12 M parameters)."""
     torch.manual_seed(0)
     return GPT(GPTConfig(**overrides))
 
 
-def example_inputs(batch_size: int = 8, cfg: GPTConfig | None = None) -> torch.Tensor:
+def example_inputs(batch_size: int = 16, cfg: GPTConfig | None = None) -> torch.Tensor:
     cfg = cfg or GPTConfig()
     g = torch.Generator().manual_seed(0)
     return torch.randint(0, cfg.vocab_size, (batch_size, cfg.seq_len), generator=g)
