@@ -28,5 +28,14 @@ lint: install
 bench: install
 	for b in benchmarks/*.py; do $(BIN)/python $$b || exit 1; done
 
+# The README's figures: plan plots for examples/gpt.py on 8 stages, and a predicted-vs-measured
+# timeline from running a 4-stage plan on this machine's CPU.
+figures: install
+	$(BIN)/autopipe plan examples/gpt.py --gpus 8 --batch-size 32 --plot docs/images -q
+	mkdir -p build
+	$(BIN)/autopipe plan examples/gpt.py --gpus 4 --json build/plan4.json -q
+	$(BIN)/autopipe bench examples/gpt.py --plan build/plan4.json --steps 10 --out build/bench4
+	cp build/bench4/timeline_compare.png docs/images/bench_compare.png
+
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -157,8 +157,9 @@ def gpt_quality() -> None:
 
     torch.manual_seed(0)
     model = gpt.build_model()
-    batch = 8
-    profile = measure(model, gpt.example_inputs(batch), loss_fn=gpt.loss_fn, progress=False)
+    x = gpt.example_inputs()  # the example's default batch, as `autopipe plan examples/gpt.py` uses
+    batch = x.shape[0]
+    profile = measure(model, x, loss_fn=gpt.loss_fn, progress=False)
     print(f"\nexamples/gpt.py measured on this CPU: {len(profile.units)} units, batch {batch}")
     print(
         f"{'K':>2} {'strategy':<12} {'iteration ms':>13} {'vs autopipe':>12} {'bottleneck ms':>14}  balance"

@@ -237,6 +237,7 @@ def plan(
 
     if strategy == "dp":
         _refine_gpipe(feasible, rank)
+        _adopt_faster_heuristics(feasible, profile)
     best = min(feasible, key=rank)
     out = build_plan(profile, cluster, best, results, strategy, baselines, batch, checkpoint)
     # The request, JSON-ready, so that plots and tools can re-plan the same problem.
@@ -288,6 +289,28 @@ def _refine_gpipe(feasible: list[dict[str, Any]], rank, max_walks: int = 3) -> N
             sim = simulate_costs(cand, r["m"], "gpipe")
             if sim.iteration_time_s < r["sim"].iteration_time_s * (1 - 1e-12):
                 r["part"] = Partition(bounds, max(c.time_s for c in cand), "pareto")
+                r["costs"], r["sim"] = cand, sim
+
+
+def _adopt_faster_heuristics(feasible: list[dict[str, Any]], profile: Profile) -> None:
+    """Let a baseline's partition stand in where it simulates faster than the exact one.
+
+    The DP is exact for the bottleneck (and, via ``_refine_gpipe``, for GPipe's fill-drain
+    time on equal devices), but a 1F1B iteration also depends on how the other stages line
+    up, so a heuristic cut can occasionally simulate a little faster. The baselines are cheap
+    to evaluate (3 partitions per candidate, O(K M) simulation each), so taking the faster one
+    guarantees the plan is never slower than any baseline under the same cost model.
+    """
+    for r in feasible:
+        cm: CostModel = r["cm"]
+        for name in BASELINES:
+            bounds = baseline_bounds(name, profile, cm.num_stages)
+            cand = cm.stage_costs(bounds)
+            if not all(c.feasible for c in cand):
+                continue
+            sim = simulate_costs(cand, r["m"], r["schedule"])
+            if sim.iteration_time_s < r["sim"].iteration_time_s * (1 - 1e-12):
+                r["part"] = Partition(bounds, max(c.time_s for c in cand), f"dp+{name}")
                 r["costs"], r["sim"] = cand, sim
 
 

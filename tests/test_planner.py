@@ -407,3 +407,21 @@ def test_infeasible_baseline_names_its_own_memory_need() -> None:
         plan(
             profile, 3, memory_per_device=int(need * (1 - 1e-6)), strategy="uniform", microbatches=4
         )
+
+
+@SETTINGS
+@given(
+    n=st.integers(4, 12),
+    k=st.integers(2, 4),
+    seed=st.integers(0, 10_000),
+    schedule=st.sampled_from(["gpipe", "1f1b", "auto"]),
+)
+def test_plan_is_never_slower_than_a_baseline(n: int, k: int, seed: int, schedule: str) -> None:
+    """Under one cost model, the planned iteration time is <= every feasible baseline's."""
+    if k > n:
+        return
+    profile = random_profile(n, seed)
+    p = plan(profile, gpus=k, schedule=schedule)
+    for name, b in p.baselines.items():
+        if b["feasible"]:
+            assert p.iteration_time_s <= b["iteration_time_s"] * (1 + 1e-9), name
