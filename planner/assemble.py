@@ -116,12 +116,20 @@ def build_plan(
     ]
     notes += [f"stage {st.index} {st.reason}" for st in stages if st.reason]
     notes.append(_why_m(best, results))
-    if part.algorithm == "pareto":
-        notes.append(
-            f"partition trades the bottleneck ({times[bott] * 1e3:.4g} ms vs the minimum "
-            f"{best['min_bottleneck_s'] * 1e3:.4g} ms) for a smaller max forward + max backward, "
-            "which is what GPipe's fill-drain time depends on"
+    if part.algorithm == "pareto" or part.algorithm.startswith("dp+"):
+        traded = times[bott] > best["min_bottleneck_s"] * (1 + 1e-9)
+        what = (
+            f"trades the bottleneck ({times[bott] * 1e3:.4g} ms vs the minimum "
+            f"{best['min_bottleneck_s'] * 1e3:.4g} ms)"
+            if traded
+            else "keeps the minimum bottleneck"
         )
+        why = (
+            "a smaller max forward + max backward, which is what GPipe's fill-drain time depends on"
+            if part.algorithm == "pareto"
+            else f"a faster simulated {sched} iteration (the {part.algorithm[3:]} cut)"
+        )
+        notes.append(f"partition {what} for {why}")
     infeasible = sorted({r["m"] for r in results if r["part"] is None and r["schedule"] == sched})
     if infeasible:
         notes.append(f"M in {infeasible} does not fit in memory with schedule={sched}")
