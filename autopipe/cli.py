@@ -65,9 +65,9 @@ def _emit_json(obj: Any, target: str | None) -> None:
     if target == "-":
         sys.stdout.write(text)
         return
-    from autopipe.profiler.profile import _atomic_write_json
+    from autopipe.profiler.profile import atomic_write_json
 
-    _atomic_write_json(Path(target), obj)
+    atomic_write_json(Path(target), obj)
 
 
 def _say(args: argparse.Namespace, text: str) -> None:

@@ -11,7 +11,7 @@ from torch import nn
 
 def mlp(widths: tuple[int, ...] = (512, 1024, 2048, 2048, 1024, 512, 256, 10)) -> nn.Sequential:
     layers: list[nn.Module] = []
-    for i, (a, b) in enumerate(zip(widths[:-1], widths[1:])):
+    for i, (a, b) in enumerate(zip(widths[:-1], widths[1:], strict=True)):
         layers.append(nn.Linear(a, b))
         if i < len(widths) - 2:
             layers.append(nn.ReLU())

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from autopipe.profiler.profile import atomic_write_json
+
 PLAN_VERSION = 1
 
 
@@ -123,12 +125,8 @@ class Plan:
             raise PlanFormatError(f"malformed autopipe plan: {exc}") from exc
 
     def save(self, path: str | os.PathLike[str]) -> None:
-        """Write the plan as JSON atomically."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-        tmp.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
-        os.replace(tmp, path)
+        """Write the plan as JSON atomically (a crash never leaves half a file)."""
+        atomic_write_json(Path(path), self.to_dict())
 
 
 def load_plan(path: str | os.PathLike[str]) -> Plan:

@@ -18,7 +18,14 @@ _LAZY = {
     "trace_units": ("autopipe.profiler.units", "trace_units"),
 }
 
-__all__ = ["PROFILE_VERSION", "Profile", "ProfileFormatError", "UnitProfile", "load_profile", *_LAZY]
+__all__ = [
+    "PROFILE_VERSION",
+    "Profile",
+    "ProfileFormatError",
+    "UnitProfile",
+    "load_profile",
+    *_LAZY,
+]
 
 
 def load_profile(path: str) -> Profile:

@@ -146,7 +146,7 @@ class Profile:
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write the profile as JSON atomically (a crash never leaves half a file)."""
-        _atomic_write_json(Path(path), self.to_dict())
+        atomic_write_json(Path(path), self.to_dict())
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> Profile:
@@ -159,7 +159,7 @@ class Profile:
         return cls.from_dict(data)
 
 
-def _atomic_write_json(path: Path, data: Any) -> None:
+def atomic_write_json(path: Path, data: Any) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     tmp.write_text(json.dumps(data, indent=2) + "\n")

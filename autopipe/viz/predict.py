@@ -35,22 +35,14 @@ def predicted_timeline(
     equal devices are simulated on one device); ``None`` = one dedicated device per stage, as
     the planner assumes. O(T log K) for T tasks.
     """
-    from autopipe.planner.simulate import simulate
+    from autopipe.planner.simulate import simulate_plan
 
     groups = shared_groups(devices) if devices is not None else None
     if devices is not None and len(devices) != plan.num_stages:
         raise ValueError(
             f"got {len(devices)} devices for a {plan.num_stages}-stage plan; give one per stage"
         )
-    sim = simulate(
-        [s.forward_s for s in plan.stages],
-        [s.backward_s for s in plan.stages],
-        plan.microbatches,
-        recompute_s=[s.recompute_s for s in plan.stages],
-        send_s=[s.send_s for s in plan.stages],
-        schedule=plan.schedule,
-        shared_device_groups=groups,
-    )
+    sim = simulate_plan(plan, shared_device_groups=groups)
     tasks = [Task(t.stage, t.microbatch, t.phase, t.start_s, t.end_s) for t in sim.tasks]
     device_of = [0] * plan.num_stages
     for t in sim.tasks:
