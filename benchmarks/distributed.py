@@ -1,20 +1,22 @@
 """autopipe's planned split vs torch.distributed.pipelining's even split, side by side.
 
-Same model (examples/gpt.py, default size), same batch, same micro-batch count M, same
-schedule (GPipe), 2 processes on gloo with one thread each. Both pipelines are built in the
-same two processes and their steps alternate, so background load hits both alike.
+Same model (examples/gpt.py, default size and batch), same micro-batch count M, same schedule
+(GPipe), 2 processes on gloo with one thread each. Every pipeline is built in the same two
+processes and their steps alternate, so background load hits all of them alike.
 
-- autopipe: profile on this CPU (1 thread), plan K = 2 (exact DP), run with
+- autopipe: profile on this CPU (1 thread), plan K = 2 (exact DP) at M, run with
   ``autopipe.runtime.distributed.DistributedPipeline``.
-- torch: ``torch.distributed.pipelining.pipeline(model, split_spec={"blocks.4": BEGINNING})``,
-  the even split at equal layer counts (4 + 4 blocks), ``ScheduleGPipe``.
-- control: autopipe's runtime on that even split, so a gap can be told apart into split
-  quality (autopipe vs autopipe-even) and runtime cost (autopipe-even vs torch-even).
+- torch: ``torch.distributed.pipelining.pipeline(model, split_spec={"blocks.N": BEGINNING})``
+  at equal block counts, ``ScheduleGPipe``. With an odd block count there are two even splits
+  (the extra block before or after the cut); both are run.
+- control: autopipe's runtime on the first even split, so a gap can be told apart into split
+  quality (autopipe vs autopipe-even) and runtime cost (autopipe-even vs torch).
 - reference: the whole model in one process (rank 0, one thread), gradient accumulation over
-  the same M micro-batches; on 2 vCPUs that share a core the pipeline speed-up is bounded.
+  the same M micro-batches; 2 vCPUs sharing one core bound the pipeline's speed-up.
 
-A step is timed on rank 0 between two barriers (both ranks done). Prints the median step time
-of each, the ratios and the load average. ``python benchmarks/distributed.py [--steps N] [--microbatches M|auto]``.
+A step is timed on rank 0 between two barriers (both ranks done). Prints median, min and max
+step time of each, the ratios and the load average.
+``python benchmarks/distributed.py [--steps N] [--microbatches M|auto] [--batch-size B]``.
 """
 
 from __future__ import annotations
@@ -37,6 +39,14 @@ sys.path.insert(0, str(ROOT / "examples"))
 sys.path.insert(0, str(ROOT / "tests"))
 
 import gpt  # noqa: E402
+
+N_LAYER = gpt.GPTConfig().n_layer
+# Cut points at equal block counts: blocks.N starts stage 1.
+EVEN_CUTS = sorted({N_LAYER // 2, (N_LAYER + 1) // 2})
+
+
+def _even_name(cut: int) -> str:
+    return f"torch-{cut}|{N_LAYER - cut}"
 
 
 def _plan(batch_size: int, microbatches: int | str, plan_path: Path) -> None:
@@ -68,34 +78,6 @@ def _rank(rank: int, port: int, plan_path: str, steps: int, out: str) -> None:
     inputs = gpt.example_inputs(plan.batch_size)
     M = plan.microbatches
 
-    ours = DistributedPipeline(gpt.build_model(), plan, inputs, gpt.loss_fn)
-    # Control: autopipe's runtime on the even split, to separate runtime cost from split quality.
-    n_layer = gpt.GPTConfig().n_layer
-    units = [u for s in plan.stages for u in s.units]
-    cut = units.index(f"blocks.{n_layer // 2}")
-    even_plan = copy.deepcopy(plan)
-    even_plan.stages[0].units, even_plan.stages[1].units = units[:cut], units[cut:]
-    ours_even = DistributedPipeline(gpt.build_model(), even_plan, inputs, gpt.loss_fn)
-    theirs_pipe = pipeline(
-        gpt.build_model(),
-        mb_args=(inputs[: plan.batch_size // M],),
-        split_spec={f"blocks.{n_layer // 2}": SplitPoint.BEGINNING},
-    )
-    theirs_stage = theirs_pipe.build_stage(rank, torch.device("cpu"))
-    theirs = ScheduleGPipe(theirs_stage, n_microbatches=M, loss_fn=gpt.loss_fn)
-    del theirs_pipe
-
-    def step_ours(pipe: DistributedPipeline) -> None:
-        pipe.module.zero_grad(set_to_none=True)
-        pipe.step(inputs)
-
-    def step_theirs() -> None:
-        theirs_stage.submod.zero_grad(set_to_none=True)
-        if rank == 0:
-            theirs.step(inputs)
-        else:
-            theirs.step(target=inputs, losses=[])
-
     def timed(fn: Callable[[], None]) -> float:
         dist.barrier()
         t0 = time.perf_counter()
@@ -103,22 +85,51 @@ def _rank(rank: int, port: int, plan_path: str, steps: int, out: str) -> None:
         dist.barrier()
         return time.perf_counter() - t0
 
-    single = gpt.build_model()
-    chunks = inputs.chunk(M)
+    def ours_step(pipe: DistributedPipeline) -> Callable[[], None]:
+        def step() -> None:
+            pipe.module.zero_grad(set_to_none=True)
+            pipe.step(inputs)
 
-    def step_single() -> None:
-        # Reference: the whole model on rank 0 alone (rank 1 idles), gradient accumulation
-        # over the same M micro-batches.
-        if rank == 0:
+        return step
+
+    def torch_step(cut: int) -> Callable[[], None]:
+        pipe = pipeline(
+            gpt.build_model(),
+            mb_args=(inputs[: plan.batch_size // M],),
+            split_spec={f"blocks.{cut}": SplitPoint.BEGINNING},
+        )
+        stage = pipe.build_stage(rank, torch.device("cpu"))
+        schedule = ScheduleGPipe(stage, n_microbatches=M, loss_fn=gpt.loss_fn)
+
+        def step() -> None:
+            stage.submod.zero_grad(set_to_none=True)
+            if rank == 0:
+                schedule.step(inputs)
+            else:
+                schedule.step(target=inputs, losses=[])
+
+        return step
+
+    single = gpt.build_model()
+
+    def single_step() -> None:
+        if rank == 0:  # rank 1 idles at the barrier
             single.zero_grad(set_to_none=True)
-            for chunk in chunks:
+            for chunk in inputs.chunk(M):
                 (gpt.loss_fn(single(chunk), chunk) / M).backward()
 
+    units = [u for s in plan.stages for u in s.units]
+    cut = units.index(f"blocks.{EVEN_CUTS[0]}")
+    even_plan = copy.deepcopy(plan)
+    even_plan.stages[0].units, even_plan.stages[1].units = units[:cut], units[cut:]
+
     runs: dict[str, Callable[[], None]] = {
-        "autopipe": lambda: step_ours(ours),
-        "torch-even": step_theirs,
-        "autopipe-even": lambda: step_ours(ours_even),
-        "1-process": step_single,
+        "autopipe": ours_step(DistributedPipeline(gpt.build_model(), plan, inputs, gpt.loss_fn)),
+        **{_even_name(c): torch_step(c) for c in EVEN_CUTS},
+        "autopipe-even": ours_step(
+            DistributedPipeline(gpt.build_model(), even_plan, inputs, gpt.loss_fn)
+        ),
+        "1-process": single_step,
     }
     times: dict[str, list[float]] = {name: [] for name in runs}
     for fn in runs.values():  # warm-up: shape inference, allocator
@@ -134,7 +145,9 @@ def _rank(rank: int, port: int, plan_path: str, steps: int, out: str) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument(
+        "--batch-size", type=int, default=16, help="B (default: example_inputs' 16)"
+    )
     parser.add_argument("--microbatches", default="4", help="M, or 'auto' (the planner's)")
     parser.add_argument("--steps", type=int, default=20, help="timed steps of each pipeline")
     parser.add_argument("--plan", help="reuse a saved plan instead of profiling now")
@@ -154,38 +167,47 @@ def main() -> None:
     load_before = os.getloadavg()[0]
     spawn_ranks(_rank, 2, (free_port(), str(plan_path), args.steps, str(tmp / "out.json")), 1800)
     load_after = os.getloadavg()[0]
-    result = json.loads((tmp / "out.json").read_text())
-    med = {k: statistics.median(v) for k, v in result["times"].items()}
-    n_layer = gpt.GPTConfig().n_layer
+    times = json.loads((tmp / "out.json").read_text())["times"]
+    med = {k: statistics.median(v) for k, v in times.items()}
+
     print(
-        f"examples/gpt.py, batch {plan.batch_size}, M = {plan.microbatches}, GPipe, 2 ranks x 1 thread, gloo"
+        f"examples/gpt.py ({N_LAYER} blocks), batch {plan.batch_size}, M = {plan.microbatches}, "
+        "GPipe, 2 ranks x 1 thread, gloo"
     )
+    blocks = [sum(u.startswith("blocks.") for u in s.units) for s in plan.stages]
     print(
-        "  autopipe      planned split: "
+        "  autopipe       planned: "
         + " | ".join(f"{s.units[0]}..{s.units[-1]}" for s in plan.stages)
-        + f"  (predicted {plan.iteration_time_s * 1e3:.1f} ms)"
+        + f"  ({blocks[0]}|{blocks[1]} blocks; predicted {plan.iteration_time_s * 1e3:.1f} ms)"
     )
+    for c in EVEN_CUTS:
+        print(
+            f"  {_even_name(c):14s} pipeline(split_spec={{'blocks.{c}': BEGINNING}}): embeddings + "
+            f"blocks 0-{c - 1} | blocks {c}-{N_LAYER - 1} + ln_f + head"
+        )
     print(
-        f"  torch-even    pipeline(split_spec={{'blocks.{n_layer // 2}': BEGINNING}}): "
-        f"embeddings + blocks 0-{n_layer // 2 - 1} | blocks {n_layer // 2}-{n_layer - 1} + ln_f + head"
+        f"  autopipe-even  autopipe's runtime on the {_even_name(EVEN_CUTS[0])[6:]} split (control)"
     )
-    print("  autopipe-even autopipe's runtime on torch-even's split (control: runtime cost alone)")
-    print("  1-process     the whole model in one process, one thread, same M (no pipeline)")
-    print(
-        f"  {'':14s} {'median step':>12s} {'min':>9s} {'max':>9s}  (n = {len(result['times']['autopipe'])} each, interleaved)"
-    )
-    for k, v in result["times"].items():
+    print("  1-process      the whole model in one process, one thread, same M (no pipeline)")
+    n = len(times["autopipe"])
+    print(f"  {'':14s} {'median step':>12s} {'min':>9s} {'max':>9s}  (n = {n} each, interleaved)")
+    for k, v in times.items():
         print(f"  {k:14s} {med[k] * 1e3:9.1f} ms {min(v) * 1e3:6.1f} ms {max(v) * 1e3:6.1f} ms")
+    for c in EVEN_CUTS:
+        name = _even_name(c)
+        print(f"  ratio {name} / autopipe = {med[name] / med['autopipe']:.2f}x")
+    first = _even_name(EVEN_CUTS[0])
     print(
-        f"  ratio torch-even / autopipe      = {med['torch-even'] / med['autopipe']:.2f}x  (planned split speed-up)"
+        f"  ratio autopipe-even / {first} = {med['autopipe-even'] / med[first]:.2f}x "
+        "(runtime cost, same split)"
     )
     print(
-        f"  ratio 1-process / autopipe       = {med['1-process'] / med['autopipe']:.2f}x  (pipeline speed-up on 2 vCPUs)"
+        f"  ratio 1-process / autopipe = {med['1-process'] / med['autopipe']:.2f}x (pipeline speed-up)"
     )
     print(
-        f"  ratio autopipe-even / torch-even = {med['autopipe-even'] / med['torch-even']:.2f}x  (runtime overhead, same split)"
+        f"  load average (1 min) before/after: {load_before:.2f} / {load_after:.2f} "
+        f"on {os.cpu_count()} CPUs"
     )
-    print(f"  load average (1 min) before/after: {load_before:.2f} / {load_after:.2f} on {os.cpu_count()} CPUs")  # fmt: skip
 
 
 if __name__ == "__main__":
