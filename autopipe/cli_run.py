@@ -20,11 +20,12 @@ from autopipe import cli
 EPILOG = """\
 examples (K = the plan's stages; K x D processes give D data-parallel replicas):
   autopipe plan examples/gpt.py --gpus 2 --json plan.json
-  torchrun --nproc-per-node 2 -m autopipe.cli run examples/gpt.py --plan plan.json --steps 5
+  torchrun --nproc-per-node 2 $(which autopipe) run examples/gpt.py --plan plan.json --steps 5
   # two nodes, 4 GPUs each, a K = 8 plan; run on every node:
   torchrun --nnodes 2 --nproc-per-node 4 --rdzv-backend c10d \\
       --rdzv-endpoint HOST0:29500 --rdzv-id job1 \\
-      -m autopipe.cli run examples/gpt.py --plan plan.json --steps 100
+      $(which autopipe) run examples/gpt.py --plan plan.json --steps 100
+  (or: torchrun ... -m autopipe.cli_run run ...)
 """
 
 
@@ -200,8 +201,12 @@ def _train(args: argparse.Namespace, plan: Any, mf: Any, rank: int, world: int) 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``autopipe`` with the ``run`` command registered (for ``python -m autopipe.cli_run``)."""
-    if register_run not in cli._EXTRA_COMMANDS:
-        cli._EXTRA_COMMANDS.append(register_run)
+    # Register the function of the importable module, not of ``__main__``: the CLI registers
+    # that same object itself and drops duplicates.
+    from autopipe import cli_run
+
+    if cli_run.register_run not in cli._EXTRA_COMMANDS:
+        cli._EXTRA_COMMANDS.append(cli_run.register_run)
     return cli.main(argv)
 
 
