@@ -201,9 +201,24 @@ def cmd_plan(args: argparse.Namespace) -> int:
         raise Failure(str(exc)) from exc
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
-    from autopipe.report import format_plan
+    from autopipe.report import format_plan, format_scaling
 
     _say(args, format_plan(result))
+    if args.scaling:
+        from autopipe.planner import scaling_report
+
+        rows = scaling_report(
+            profile,
+            args.gpus,
+            device=cluster.devices[0] if cluster is not None else None,
+            memory_per_device=memory,
+            batch_size=args.batch_size,
+            microbatches=args.microbatches,
+            schedule=args.schedule,
+            checkpoint=args.checkpoint,
+        )
+        result.meta["scaling"] = rows
+        _say(args, "\n" + format_scaling(rows))
     if args.plot:
         # Before the JSON: plot_all stores what `autopipe plot` needs to redraw in plan.meta.
         from autopipe.viz import plot_all
@@ -364,6 +379,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--plot", metavar="DIR", help="write the timeline, bubble, balance and scaling plots to DIR"
     )
     p.add_argument("--save-profile", metavar="PATH", help="also save the profile as JSON")
+    p.add_argument(
+        "--scaling",
+        action="store_true",
+        help="also plan K = 1..--gpus and print throughput and memory per K (and the fewest GPUs that fit)",
+    )
     _model_options(p)
     _common(p)
     p.set_defaults(func=cmd_plan)
@@ -455,4 +475,8 @@ def _fail(args: argparse.Namespace, exc: BaseException, code: int, prefix: str =
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    # Run the package's copy of this module, not __main__'s: commands in other modules
+    # (cli_run, cli_viz) raise autopipe.cli's exception classes, which main() must catch.
+    from autopipe.cli import main as _main
+
+    raise SystemExit(_main())

@@ -20,12 +20,12 @@ from autopipe import cli
 EPILOG = """\
 examples (K = the plan's stages; K x D processes give D data-parallel replicas):
   autopipe plan examples/gpt.py --gpus 2 --json plan.json
-  torchrun --nproc-per-node 2 $(which autopipe) run examples/gpt.py --plan plan.json --steps 5
+  torchrun --nproc-per-node 2 -m autopipe run examples/gpt.py --plan plan.json --steps 5
   # two nodes, 4 GPUs each, a K = 8 plan; run on every node:
   torchrun --nnodes 2 --nproc-per-node 4 --rdzv-backend c10d \\
       --rdzv-endpoint HOST0:29500 --rdzv-id job1 \\
-      $(which autopipe) run examples/gpt.py --plan plan.json --steps 100
-  (or: torchrun ... -m autopipe.cli_run run ...)
+      -m autopipe run examples/gpt.py --plan plan.json --steps 100
+  (or: torchrun ... $(which autopipe) run ...)
 """
 
 

@@ -106,3 +106,32 @@ def format_profile(profile: Profile) -> str:
         f"{profile.device}, {profile.dtype}, batch {profile.batch_size}, {len(profile.units)} units"
     )
     return head + "\n\n" + _table(header, rows, right={0, 3, 4, 5, 6, 7})
+
+
+def format_scaling(rows: list[dict]) -> str:
+    """One row per GPU count from ``autopipe.planner.scaling_report``."""
+    table = []
+    for r in rows:
+        if not r["feasible"]:
+            table.append([str(r["gpus"]), "does not fit", "", "", "", "", ""])
+            continue
+        table.append(
+            [
+                str(r["gpus"]),
+                format_seconds(r["iteration_time_s"]),
+                f"{r['throughput']:.4g}",
+                f"{r['speedup']:.2f}x",
+                f"{100 * r['efficiency']:.0f}%",
+                str(r["microbatches"]),
+                format_bytes(r["max_memory_bytes"]),
+            ]
+        )
+    header = ["K", "iteration", "samples/s", "speedup", "efficiency", "M", "max memory"]
+    fits = [r["gpus"] for r in rows if r["feasible"]]
+    last = f"fewest GPUs that fit: {fits[0]}" if fits else "no GPU count in this range fits"
+    return (
+        "scaling with the number of stages\n\n"
+        + _table(header, table, right={0, 1, 2, 3, 4, 5, 6})
+        + "\n"
+        + last
+    )

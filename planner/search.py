@@ -240,6 +240,8 @@ def plan(
         _adopt_faster_heuristics(feasible, profile)
     best = min(feasible, key=rank)
     out = build_plan(profile, cluster, best, results, strategy, baselines, batch, checkpoint)
+    # The unit granularity lets the runtime re-trace the model into the plan's units.
+    out.meta["granularity"] = profile.granularity
     # The request, JSON-ready, so that plots and tools can re-plan the same problem.
     out.meta["options"] = {
         "batch_size": batch,

@@ -7,14 +7,25 @@ from __future__ import annotations
 
 from typing import Any
 
+from autopipe.planner.cluster import Cluster, Device
 from autopipe.planner.errors import PlanningError
 from autopipe.planner.search import plan
 from autopipe.profiler.profile import Profile
 
 
-def scaling_report(profile: Profile, max_gpus: int, **kw: Any) -> list[dict[str, Any]]:
+def _plan_k(profile: Profile, k: int, device: Device | None, kw: dict[str, Any]) -> Any:
+    if device is None:
+        return plan(profile, k, **kw)
+    return plan(profile, cluster=Cluster([device] * k), **kw)
+
+
+def scaling_report(
+    profile: Profile, max_gpus: int, *, device: Device | None = None, **kw: Any
+) -> list[dict[str, Any]]:
     """Plan for K = 1 .. min(max_gpus, units) equal devices; one row per K.
 
+    ``device``: the device to repeat K times (memory, link); default: the profile's device
+    with ``memory_per_device`` from ``kw``.
     Rows: ``gpus``, ``feasible``, ``iteration_time_s``, ``throughput``, ``speedup``,
     ``efficiency`` (speedup / K), ``microbatches``, ``schedule``, ``max_memory_bytes``, ``error``.
     ``kw`` is passed to ``plan`` (``cluster`` is not allowed: K varies).
@@ -27,7 +38,7 @@ def scaling_report(profile: Profile, max_gpus: int, **kw: Any) -> list[dict[str,
     rows = []
     for k in range(1, min(max_gpus, len(profile.units)) + 1):
         try:
-            p = plan(profile, k, **kw)
+            p = _plan_k(profile, k, device, kw)
         except PlanningError as exc:
             rows.append({"gpus": k, "feasible": False, "error": str(exc)})
             continue
@@ -49,7 +60,9 @@ def scaling_report(profile: Profile, max_gpus: int, **kw: Any) -> list[dict[str,
     return rows
 
 
-def min_gpus(profile: Profile, max_gpus: int | None = None, **kw: Any) -> int:
+def min_gpus(
+    profile: Profile, max_gpus: int | None = None, *, device: Device | None = None, **kw: Any
+) -> int:
     """Smallest K (up to ``max_gpus``, default: the unit count) whose plan fits in memory."""
     if "cluster" in kw:
         raise PlanningError("min_gpus varies the GPU count; pass memory_per_device, not cluster")
@@ -58,7 +71,7 @@ def min_gpus(profile: Profile, max_gpus: int | None = None, **kw: Any) -> int:
     last: PlanningError | None = None
     for k in range(1, limit + 1):
         try:
-            plan(profile, k, **kw)
+            _plan_k(profile, k, device, kw)
             return k
         except PlanningError as exc:
             last = exc
