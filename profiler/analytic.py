@@ -43,7 +43,7 @@ from autopipe.profiler.calibrate import apply_times as _apply_times
 from autopipe.profiler.calibrate import priced_times
 from autopipe.profiler.catalog import DeviceSpec, get_device, normalize_dtype
 from autopipe.profiler.measure import default_microbatch_sizes, slice_batch
-from autopipe.profiler.memory import canonical_parameter_names, unit_tensors
+from autopipe.profiler.memory import OPTIMIZERS, parameter_accounting
 from autopipe.profiler.opcount import OpCounter, storage_key
 from autopipe.profiler.profile import Profile, UnitProfile
 from autopipe.profiler.tree import tensor_leaves
@@ -51,29 +51,6 @@ from autopipe.profiler.units import TraceError, UnitGraph, trace_units
 from torch import fx, nn
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_leaves, tree_map
-
-OPTIMIZERS = ("adam", "adamw", "sgd", "sgd-momentum", "mixed-adam", "none")
-"""Optimizer state per unit, as in ``autopipe.profiler.memory`` and the planner: ``adam``/
-``adamw`` two moments in the parameter dtype (2 x parameter bytes), ``sgd-momentum`` one
-(1 x), ``sgd``/``none`` nothing, ``mixed-adam`` an FP32 master copy plus two FP32 moments
-(12 bytes per parameter) next to 16-bit parameters."""
-
-
-def optimizer_state_bytes(optimizer: str, parameter_count: int, parameter_bytes: int) -> int:
-    """Optimizer-state bytes for parameters of the given count and bytes (see OPTIMIZERS)."""
-    key = optimizer.lower().replace("_", "-")
-    if key in ("adam", "adamw"):
-        return 2 * parameter_bytes
-    if key == "sgd-momentum":
-        return parameter_bytes
-    if key in ("sgd", "none"):
-        return 0
-    if key == "mixed-adam":
-        return 12 * parameter_count
-    raise AnalyticProfileError(
-        f"unknown optimizer {optimizer!r}; use one of {', '.join(OPTIMIZERS)}"
-    )
-
 
 _TORCH_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
@@ -308,7 +285,10 @@ def profile_analytic(
             f"dtype {dtype!r} is not supported; use bfloat16, float16 or float32"
         )
     spec.peak_for(dtype_name, allow_tf32=allow_tf32)  # fail early if the device lacks it
-    optimizer_state_bytes(optimizer, 0, 0)  # fail early on an unknown optimizer
+    if optimizer.lower().replace("_", "-") not in OPTIMIZERS:
+        raise AnalyticProfileError(
+            f"unknown optimizer {optimizer!r}; use one of {', '.join(OPTIMIZERS)}"
+        )
     torch_dtype = _TORCH_DTYPES[dtype_name]
     model = _meta_model(model_or_factory, torch_dtype)
     inputs = _meta_inputs(example_inputs, torch_dtype)
@@ -501,32 +481,24 @@ def _build_profile(
     """The profile at the full batch; times are filled in by :func:`_apply_times`."""
     ug = count.units
     outputs, grad_inputs = _boundary_bytes(ug, count.node_storages)
-    accounting = _parameter_accounting(ug, model)
+    accounting, parameter_bytes_total = parameter_accounting(ug, model, optimizer)
     parts = _cost_parts(count.counter)
     units: list[UnitProfile] = []
     for index, name in enumerate(ug.unit_names):
         cost = count.counter.units[index]
-        params, trainable_bytes, buffer_bytes, shared = accounting[index]
-        trainable_count = sum(p.numel() for p in params if p.requires_grad)
         units.append(
             UnitProfile(
                 name=name or "model",
                 kind=ug.unit_kinds[index],
-                parameter_count=sum(p.numel() for p in params),
-                parameter_bytes=sum(p.numel() * p.element_size() for p in params),
+                **accounting[index],
                 activation_bytes=cost.saved_bytes,
                 output_bytes=outputs[index],
                 # as the measured CPU profile: saved + outputs + gradients of the unit's inputs
                 peak_bytes=cost.saved_bytes + outputs[index] + grad_inputs[index],
                 forward_flops=cost.forward.flops,
                 backward_flops=cost.backward.flops,
-                shared_parameters=shared,
-                gradient_bytes=trainable_bytes,
-                optimizer_bytes=optimizer_state_bytes(optimizer, trainable_count, trainable_bytes),
-                buffer_bytes=buffer_bytes,
             )
         )
-    unique = {id(p): p for p in model.parameters()}
     return Profile(
         units=units,
         cut_bytes=count.counter.cut_bytes(),
@@ -540,7 +512,7 @@ def _build_profile(
         autopipe_version=_autopipe_version(),
         input_bytes=count.input_bytes,
         total_activation_bytes=sum(u.activation_bytes for u in units),
-        parameter_bytes_total=sum(p.numel() * p.element_size() for p in unique.values()),
+        parameter_bytes_total=parameter_bytes_total,
         bytes_per_parameter=torch.empty((), dtype=torch_dtype, device="meta").element_size(),
         optimizer=optimizer,
         granularity=ug.granularity,
@@ -577,27 +549,6 @@ def _boundary_bytes(
                 if c < n and floating:
                     received[c][key] = nbytes
     return [sum(o.values()) for o in outputs], [sum(r.values()) for r in received]
-
-
-def _parameter_accounting(
-    ug: UnitGraph, model: nn.Module
-) -> list[tuple[list[torch.Tensor], int, int, list[str]]]:
-    """Per unit: parameters it uses, trainable (gradient) bytes, buffer bytes, and the
-    canonical names of parameters it shares with other units. A tied parameter counts in
-    every unit that uses it (the convention of the measured profiler)."""
-    per_unit = unit_tensors(ug, model)
-    names = canonical_parameter_names(model)
-    users: dict[int, int] = {}
-    for params, _ in per_unit:
-        for p in params:
-            users[id(p)] = users.get(id(p), 0) + 1
-    rows = []
-    for params, buffers in per_unit:
-        trainable = sum(p.numel() * p.element_size() for p in params if p.requires_grad)
-        buffer_bytes = sum(b.numel() * b.element_size() for b in buffers)
-        shared = sorted(names.get(id(p), "") for p in params if users[id(p)] > 1)
-        rows.append((params, trainable, buffer_bytes, shared))
-    return rows
 
 
 def _autopipe_version() -> str:

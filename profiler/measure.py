@@ -39,12 +39,10 @@ from autopipe.profiler.execute import (
 )
 from autopipe.profiler.memory import (
     SavedTensorCounter,
-    canonical_parameter_names,
-    optimizer_state_bytes,
+    parameter_accounting,
     parameter_storages,
     storage_key,
     tensor_bytes,
-    unit_tensors,
 )
 from autopipe.profiler.profile import Profile, UnitProfile
 from autopipe.profiler.timing import (
@@ -416,37 +414,6 @@ def whole_model_step(
 # Assembling the Profile
 
 
-def _parameter_accounting(
-    ug: UnitGraph, model: nn.Module, optimizer: str
-) -> tuple[list[dict[str, Any]], int]:
-    """Per-unit parameter figures and the whole-model parameter bytes (tied counted once)."""
-    per_unit = unit_tensors(ug, model)
-    names = canonical_parameter_names(model)
-    users: dict[int, int] = {}
-    for params, _ in per_unit:
-        for p in params:
-            users[id(p)] = users.get(id(p), 0) + 1
-    rows = []
-    for params, buffers in per_unit:
-        p_bytes = sum(tensor_bytes(p) for p in params)
-        trainable = sum(tensor_bytes(p) for p in params if p.requires_grad)
-        rows.append(
-            {
-                "parameter_count": sum(p.numel() for p in params),
-                "parameter_bytes": p_bytes,
-                "gradient_bytes": trainable,
-                "optimizer_bytes": optimizer_state_bytes(trainable, optimizer),
-                "buffer_bytes": sum(tensor_bytes(b) for b in buffers),
-                "shared_parameters": sorted(
-                    names.get(id(p), "") for p in params if users[id(p)] > 1
-                ),
-            }
-        )
-    unique = {id(p): p for p in model.parameters()}
-    total = sum(tensor_bytes(p) for p in unique.values())
-    return rows, total
-
-
 def nonlinear_bytes(
     unit_names: list[str],
     sizes: list[int],
@@ -601,7 +568,7 @@ def profile(
             measured.append(m)
             used_sizes.append(size)
         bar.close()
-        params, params_total = _parameter_accounting(ug, model, optimizer)
+        params, params_total = parameter_accounting(ug, model, optimizer)
 
     offenders = nonlinear_bytes(ug.unit_names, used_sizes, measured) if len(measured) > 1 else []
     if offenders:

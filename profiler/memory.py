@@ -18,7 +18,7 @@ from autopipe.profiler.units import UnitGraph
 from torch import fx, nn
 
 #: Optimizer state bytes per parameter byte (states are kept in the parameter's dtype).
-OPTIMIZER_STATE_FACTOR = {"adam": 2, "adamw": 2, "sgd_momentum": 1, "sgd": 0}
+OPTIMIZERS = ("adam", "adamw", "sgd", "sgd-momentum", "mixed-adam", "none")
 
 
 def tensor_bytes(t: torch.Tensor) -> int:
@@ -131,12 +131,57 @@ def unit_tensors(
     return out
 
 
-def optimizer_state_bytes(parameter_bytes: int, optimizer: str = "adam") -> int:
-    """Optimizer state bytes for ``parameter_bytes`` of trainable parameters (Adam: exp_avg
-    and exp_avg_sq, two copies in the parameter dtype)."""
-    try:
-        return OPTIMIZER_STATE_FACTOR[optimizer.lower()] * parameter_bytes
-    except KeyError:
-        raise ValueError(
-            f"unknown optimizer {optimizer!r}; use one of {', '.join(OPTIMIZER_STATE_FACTOR)}"
-        ) from None
+def optimizer_state_bytes(optimizer: str, parameter_count: int, parameter_bytes: int) -> int:
+    """Optimizer-state bytes for trainable parameters of the given count and bytes.
+
+    ``adam``/``adamw``: two moments in the parameter dtype (2 x parameter bytes);
+    ``sgd-momentum``: one (1 x); ``sgd``/``none``: nothing; ``mixed-adam``: an FP32 master
+    copy plus two FP32 moments (12 bytes per parameter) beside 16-bit parameters.
+    The planner uses the same conventions.
+    """
+    key = optimizer.lower().replace("_", "-")
+    if key in ("adam", "adamw"):
+        return 2 * parameter_bytes
+    if key == "sgd-momentum":
+        return parameter_bytes
+    if key in ("sgd", "none"):
+        return 0
+    if key == "mixed-adam":
+        return 12 * parameter_count
+    raise ValueError(f"unknown optimizer {optimizer!r}; use one of {', '.join(OPTIMIZERS)}")
+
+
+def parameter_accounting(
+    ug: UnitGraph, model: nn.Module, optimizer: str
+) -> tuple[list[dict[str, Any]], int]:
+    """Per-unit parameter figures and the whole-model parameter bytes (tied counted once).
+
+    A tied parameter counts in every unit that uses it and is named in each such unit's
+    ``shared_parameters``. O(parameters + graph nodes).
+    """
+    per_unit = unit_tensors(ug, model)
+    names = canonical_parameter_names(model)
+    users: dict[int, int] = {}
+    for params, _ in per_unit:
+        for p in params:
+            users[id(p)] = users.get(id(p), 0) + 1
+    rows = []
+    for params, buffers in per_unit:
+        trainable = [p for p in params if p.requires_grad]
+        trainable_bytes = sum(tensor_bytes(p) for p in trainable)
+        rows.append(
+            {
+                "parameter_count": sum(p.numel() for p in params),
+                "parameter_bytes": sum(tensor_bytes(p) for p in params),
+                "gradient_bytes": trainable_bytes,
+                "optimizer_bytes": optimizer_state_bytes(
+                    optimizer, sum(p.numel() for p in trainable), trainable_bytes
+                ),
+                "buffer_bytes": sum(tensor_bytes(b) for b in buffers),
+                "shared_parameters": sorted(
+                    names.get(id(p), "") for p in params if users[id(p)] > 1
+                ),
+            }
+        )
+    unique = {id(p): p for p in model.parameters()}
+    return rows, sum(tensor_bytes(p) for p in unique.values())
