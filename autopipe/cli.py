@@ -225,6 +225,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
         paths = plot_all(result, args.plot, profile=profile)
         _say(args, "plots: " + ", ".join(str(p) for p in paths))
+    # The profile travels with the plan: `autopipe plot` and tools can re-plan from it.
+    result.meta.setdefault("profile", profile.to_dict())
     _emit_json(result.to_dict(), args.json)
     if args.json and args.json != "-":
         _say(args, f"plan written to {args.json}")

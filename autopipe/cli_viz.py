@@ -98,6 +98,14 @@ def cmd_plot(args: argparse.Namespace) -> int:
                 f"{args.profile} does not match {args.plan}: the plan's units are not the "
                 "profile's; pass the profile the plan was made from"
             )
+    elif isinstance(plan.meta.get("profile"), dict):
+        # `autopipe plan --json` keeps the profile in the plan so plots can be redrawn later.
+        from autopipe.profiler.profile import Profile, ProfileFormatError
+
+        try:
+            profile = Profile.from_dict(plan.meta["profile"])
+        except ProfileFormatError as exc:
+            raise cli.UsageError(f"{args.plan}: the embedded profile is unusable: {exc}") from exc
     from autopipe.viz import plot_all
 
     paths = plot_all(

@@ -135,3 +135,13 @@ def test_devices_json(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["devices", "--json"]) == 0
     names = {d["name"] for d in json.loads(capsys.readouterr().out)}
     assert {"A100-80GB", "H100-SXM-80GB", "MI300X-192GB"} <= names
+
+
+def test_plot_redraws_all_four_from_the_plan_json_alone(
+    gpt_plan: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """`autopipe plan --json` embeds the profile, so `autopipe plot PLAN.json` needs nothing else."""
+    assert main(["plot", str(gpt_plan[0]), "--out", str(tmp_path), "-q"]) == 0
+    for name in ("timeline", "bubble", "balance", "scaling"):
+        png = (tmp_path / f"{name}.png").read_bytes()
+        assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000, name
