@@ -105,16 +105,20 @@ def _profile_model_file(args: argparse.Namespace) -> Any:
         if device_spec is not None:
             model = mf.build(device="meta")
             inputs = mf.inputs(batch_size)
-            from autopipe.profiler.analytic import profile_analytic
+            from autopipe.profiler.analytic import AnalyticProfileError, profile_analytic
+            from autopipe.profiler.catalog import DeviceSpecError
 
-            profile = profile_analytic(
-                model,
-                inputs,
-                device_spec,
-                dtype=args.dtype or "bfloat16",
-                granularity=args.granularity,
-                loss_fn=mf.loss_fn,
-            )
+            try:
+                profile = profile_analytic(
+                    model,
+                    inputs,
+                    device_spec,
+                    dtype=args.dtype or "bfloat16",
+                    granularity=args.granularity,
+                    loss_fn=mf.loss_fn,
+                )
+            except (AnalyticProfileError, DeviceSpecError) as exc:
+                raise UsageError(str(exc)) from exc
         else:
             model = mf.build()
             inputs = mf.inputs(batch_size)
@@ -141,8 +145,61 @@ def _device_spec(args: argparse.Namespace) -> Any:
     return spec
 
 
+def _device_list(text: str | None) -> list[tuple[str, int]] | None:
+    """``"a100-80gb:4,v100-32gb:4"`` -> ``[("a100-80gb", 4), ("v100-32gb", 4)]``: catalog
+    devices in pipeline order with counts; ``None`` for a single device name (or none)."""
+    if not text or text.startswith(("cuda", "cpu", "mps")) or ("," not in text and ":" not in text):
+        return None
+    out = []
+    for part in text.split(","):
+        name, _, count = part.strip().partition(":")
+        try:
+            n = int(count) if count else 1
+        except ValueError:
+            n = 0
+        if not name or n < 1:
+            raise UsageError(
+                f"--device {text!r}: expected NAME[:COUNT],... in pipeline order, e.g. a100-80gb:4,v100-32gb:4"
+            )
+        out.append((name, n))
+    return out
+
+
+def _heterogeneous_cluster(profile: Any, args: argparse.Namespace) -> Any:
+    """A Cluster for ``--device A:n,B:m``: each device's memory and link from the catalog, its
+    speed relative to the profiled device from re-pricing the analytic profile for it."""
+    from autopipe.planner.cluster import Cluster
+    from autopipe.profiler.calibrate import CalibrationError, reprice
+    from autopipe.profiler.catalog import get_device, to_planner_device
+
+    entries = _device_list(args.device) or []
+    if sum(n for _, n in entries) != args.gpus:
+        raise UsageError(
+            f"--device {args.device} lists {sum(n for _, n in entries)} devices but --gpus is {args.gpus}"
+        )
+    if profile.mode != "analytic":
+        raise UsageError(
+            "a device list needs analytic costs: profile with --device NAME (a catalog device)"
+        )
+    base_s = sum(u.forward_s + u.backward_s for u in profile.units)
+    devices = []
+    for name, count in entries:
+        try:
+            spec = get_device(name)
+            repriced = profile if spec.name == profile.device else reprice(profile, spec)
+        except (ValueError, CalibrationError) as exc:
+            raise UsageError(str(exc)) from exc
+        device = to_planner_device(spec, memory_bytes=args.memory)
+        device.speed = base_s / sum(u.forward_s + u.backward_s for u in repriced.units)
+        devices += [device] * count
+    return Cluster(devices)
+
+
 def _resolve_device_spec(args: argparse.Namespace) -> Any:
     name = getattr(args, "device", None)
+    entries = _device_list(name)
+    if entries:
+        name = entries[0][0]  # costs are counted on the first device, then re-priced per device
     spec_path = getattr(args, "device_spec", None)
     args.device_measure = None
     if spec_path:
@@ -179,7 +236,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
         profile.save(args.save_profile)
     gpus, memory, cluster = args.gpus, args.memory, None
     spec = _analytic_spec_for(profile, args)
-    if spec is not None:
+    if _device_list(args.device):
+        cluster = _heterogeneous_cluster(profile, args)
+        gpus = memory = None
+    elif spec is not None:
         # Plan for the catalog device's capacity and links unless --memory overrides it.
         from autopipe.profiler.catalog import to_planner_cluster
 
@@ -348,7 +408,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Cut a model into K pipeline stages, choose micro-batches and re-materialization.",
         epilog="examples:\n  autopipe plan examples/gpt.py --gpus 8 --json plan.json\n"
         "  autopipe plan examples/gpt.py:gpt_6b --gpus 8 --device a100-80gb\n"
-        "  autopipe plan profile.json --gpus 4 --memory 16GiB",
+        "  autopipe plan profile.json --gpus 4 --memory 16GiB\n"
+        "  autopipe plan examples/gpt.py:gpt_6b --gpus 8 --device a100-80gb:4,v100-32gb:4 --dtype float16",
     )
     p.add_argument("model", help="MODEL.py[:FACTORY] or a saved PROFILE.json")
     p.add_argument("--gpus", type=_positive_int, required=True, help="number of pipeline stages K")

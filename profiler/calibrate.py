@@ -20,7 +20,7 @@ import itertools
 from typing import Any
 
 import numpy as np
-from autopipe.profiler.catalog import DeviceSpec, device_spec_from_dict
+from autopipe.profiler.catalog import DeviceSpec, DeviceSpecError, device_spec_from_dict
 from autopipe.profiler.profile import Profile
 
 
@@ -208,15 +208,15 @@ def apply_times(profile: Profile, times: dict[str, Any]) -> None:
 
 
 def reprice(profile: Profile, spec: DeviceSpec) -> Profile:
-    """The analytic ``profile`` with times re-priced for ``spec`` (same device, new
-    efficiencies/peaks from :func:`calibrate`), without re-counting the model."""
+    """The analytic ``profile`` with times re-priced for ``spec`` without re-counting the
+    model: the same device with new efficiencies/peaks from :func:`calibrate`, or another
+    device that has a peak for the profile's dtype (e.g. the slower GPUs of a mixed cluster)."""
     _parts(profile)
     old = spec_of(profile)
-    if set(old.peak_flops_per_s) != set(spec.peak_flops_per_s):
-        raise CalibrationError(
-            f"{spec.name} lists other dtypes than {old.name}; re-run profile_analytic"
-        )
-    compute_scale = _rate(old) / _rate(spec)
+    try:
+        compute_scale = _rate(old, profile.dtype) / _rate(spec, profile.dtype)
+    except DeviceSpecError as exc:
+        raise CalibrationError(f"cannot re-price a {profile.dtype} profile: {exc}") from exc
     memory_scale = (old.memory_bandwidth_bytes_per_s * old.memory_efficiency) / (
         spec.memory_bandwidth_bytes_per_s * spec.memory_efficiency
     )
@@ -250,7 +250,6 @@ def _rescaled_meta(
     return meta
 
 
-def _rate(spec: DeviceSpec) -> float:
-    # All peaks of one spec scale together in calibration, so any one dtype gives the ratio.
-    key = sorted(spec.peak_flops_per_s)[0]
-    return spec.peak_flops_per_s[key] * spec.compute_efficiency
+def _rate(spec: DeviceSpec, dtype: str) -> float:
+    """Effective matmul FLOP/s for ``dtype`` (calibration scales all of a spec's peaks together)."""
+    return spec.peak_for(dtype) * spec.compute_efficiency
