@@ -15,37 +15,10 @@ from dataclasses import dataclass
 
 import numpy as np
 from autopipe.planner.cluster import Cluster
-from autopipe.planner.errors import PlanningError
 from autopipe.profiler.profile import Profile
 
 SCHEDULES = ("gpipe", "1f1b")
 CHECKPOINT_MODES = ("never", "always", "except_last", "auto")
-
-OPTIMIZERS: dict[str, str] = {
-    "sgd": "parameter + gradient: 2 x parameter bytes (8 B/param in fp32)",
-    "sgd-momentum": "parameter + gradient + momentum: 3 x parameter bytes (12 B/param in fp32)",
-    "adam": "parameter + gradient + two moments: 4 x parameter bytes (16 B/param in fp32)",
-    "mixed-adam": "fp16/bf16 parameter + gradient (2+2) + fp32 master, m, v (4+4+4): 16 B/param",
-}
-
-
-def bytes_per_parameter(optimizer: str, parameter_bytes: int) -> int:
-    """Bytes of training state per parameter: parameter + gradient + optimizer state.
-
-    ``parameter_bytes`` is the size of one parameter in the profiled dtype (4 for fp32).
-    """
-    if optimizer == "sgd":
-        return 2 * parameter_bytes
-    if optimizer == "sgd-momentum":
-        return 3 * parameter_bytes
-    if optimizer == "adam":
-        return 4 * parameter_bytes
-    if optimizer == "mixed-adam":
-        return 16
-    raise PlanningError(
-        f"unknown optimizer {optimizer!r}; use one of {', '.join(OPTIMIZERS)} "
-        "or pass bytes_per_parameter"
-    )
 
 
 @dataclass

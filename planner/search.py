@@ -17,17 +17,12 @@ from autopipe.planner.assemble import build_plan, gib, simulate_costs
 from autopipe.planner.baselines import BASELINES, baseline_bounds
 from autopipe.planner.chain import Partition, bottleneck
 from autopipe.planner.cluster import Cluster
-from autopipe.planner.costs import (
-    CHECKPOINT_MODES,
-    OPTIMIZERS,
-    SCHEDULES,
-    CostModel,
-)
-from autopipe.planner.costs import bytes_per_parameter as _state_bytes_per_parameter
+from autopipe.planner.costs import CHECKPOINT_MODES, SCHEDULES, CostModel
 from autopipe.planner.errors import PlanningError
 from autopipe.planner.partition import brute_force_partition, exact_partition
 from autopipe.planner.plan import Plan
 from autopipe.planner.probe import min_memory_needed, pareto_partitions
+from autopipe.profiler.optimizer_state import OPTIMIZERS, training_state_bytes_per_parameter
 from autopipe.profiler.profile import Profile
 
 STRATEGIES = ("dp", "ilp", "brute-force", *BASELINES)
@@ -175,8 +170,8 @@ def plan(
     where the activations would not fit). ``strategy``: ``"dp"`` (exact), ``"ilp"`` (exact, CBC,
     ``time_limit_s`` per solve), ``"brute-force"``, or a baseline ``"uniform"``,
     ``"parameters"``, ``"greedy-time"``. Memory per parameter: ``bytes_per_parameter`` or from
-    ``optimizer`` (``sgd``, ``sgd-momentum``, ``adam``, ``mixed-adam``); ``headroom`` is the
-    share of device memory kept free.
+    ``optimizer`` (``sgd``, ``sgd-momentum``, ``adam``, ``adamw``, ``mixed-adam``, ``none``);
+    ``headroom`` is the share of device memory kept free.
     """
     if not profile.units:
         raise PlanningError("the profile has no units; profile a model with at least one module")
@@ -184,8 +179,10 @@ def plan(
     _check_choice("checkpoint", checkpoint, CHECKPOINT_MODES)
     _check_choice("strategy", strategy, STRATEGIES)
     if bytes_per_parameter is None:
-        _check_choice("optimizer", optimizer, tuple(OPTIMIZERS))
-        state_bpp = float(bytes_per_parameter_for(optimizer, profile))
+        _check_choice("optimizer", optimizer, OPTIMIZERS)
+        # The profiler's convention (parameter + gradient + optimizer state; docs/cost-model.md).
+        parameter_size_bytes = max(int(profile.bytes_per_parameter), 1)
+        state_bpp = float(training_state_bytes_per_parameter(optimizer, parameter_size_bytes))
     elif bytes_per_parameter <= 0:
         raise PlanningError(f"bytes_per_parameter={bytes_per_parameter} must be positive")
     else:
@@ -314,11 +311,6 @@ def _adopt_faster_heuristics(feasible: list[dict[str, Any]], profile: Profile) -
             if sim.iteration_time_s < r["sim"].iteration_time_s * (1 - 1e-12):
                 r["part"] = Partition(bounds, max(c.time_s for c in cand), f"dp+{name}")
                 r["costs"], r["sim"] = cand, sim
-
-
-def bytes_per_parameter_for(optimizer: str, profile: Profile) -> int:
-    """Training-state bytes per parameter for ``optimizer`` at the profile's parameter size."""
-    return _state_bytes_per_parameter(optimizer, max(int(profile.bytes_per_parameter), 1))
 
 
 def _infeasible_error(

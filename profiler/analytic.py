@@ -43,8 +43,9 @@ from autopipe.profiler.calibrate import apply_times as _apply_times
 from autopipe.profiler.calibrate import priced_times
 from autopipe.profiler.catalog import DeviceSpec, get_device, normalize_dtype
 from autopipe.profiler.measure import default_microbatch_sizes, slice_batch
-from autopipe.profiler.memory import OPTIMIZERS, parameter_accounting
+from autopipe.profiler.memory import parameter_accounting
 from autopipe.profiler.opcount import OpCounter, storage_key
+from autopipe.profiler.optimizer_state import normalize_optimizer
 from autopipe.profiler.profile import Profile, UnitProfile
 from autopipe.profiler.tree import tensor_leaves
 from autopipe.profiler.units import TraceError, UnitGraph, trace_units
@@ -285,10 +286,10 @@ def profile_analytic(
             f"dtype {dtype!r} is not supported; use bfloat16, float16 or float32"
         )
     spec.peak_for(dtype_name, allow_tf32=allow_tf32)  # fail early if the device lacks it
-    if optimizer.lower().replace("_", "-") not in OPTIMIZERS:
-        raise AnalyticProfileError(
-            f"unknown optimizer {optimizer!r}; use one of {', '.join(OPTIMIZERS)}"
-        )
+    try:
+        normalize_optimizer(optimizer)
+    except ValueError as exc:
+        raise AnalyticProfileError(str(exc)) from None
     torch_dtype = _TORCH_DTYPES[dtype_name]
     model = _meta_model(model_or_factory, torch_dtype)
     inputs = _meta_inputs(example_inputs, torch_dtype)

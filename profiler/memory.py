@@ -14,11 +14,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from autopipe.profiler.optimizer_state import optimizer_state_bytes
 from autopipe.profiler.units import UnitGraph
 from torch import fx, nn
-
-#: Optimizer state bytes per parameter byte (states are kept in the parameter's dtype).
-OPTIMIZERS = ("adam", "adamw", "sgd", "sgd-momentum", "mixed-adam", "none")
 
 
 def tensor_bytes(t: torch.Tensor) -> int:
@@ -129,26 +127,6 @@ def unit_tensors(
         buffers = [t for t in tensors.values() if not isinstance(t, nn.Parameter)]
         out.append((params, buffers))
     return out
-
-
-def optimizer_state_bytes(optimizer: str, parameter_count: int, parameter_bytes: int) -> int:
-    """Optimizer-state bytes for trainable parameters of the given count and bytes.
-
-    ``adam``/``adamw``: two moments in the parameter dtype (2 x parameter bytes);
-    ``sgd-momentum``: one (1 x); ``sgd``/``none``: nothing; ``mixed-adam``: an FP32 master
-    copy plus two FP32 moments (12 bytes per parameter) beside 16-bit parameters.
-    The planner uses the same conventions.
-    """
-    key = optimizer.lower().replace("_", "-")
-    if key in ("adam", "adamw"):
-        return 2 * parameter_bytes
-    if key == "sgd-momentum":
-        return parameter_bytes
-    if key in ("sgd", "none"):
-        return 0
-    if key == "mixed-adam":
-        return 12 * parameter_count
-    raise ValueError(f"unknown optimizer {optimizer!r}; use one of {', '.join(OPTIMIZERS)}")
 
 
 def parameter_accounting(

@@ -28,6 +28,7 @@ from autopipe.planner.costs import CostModel  # noqa: E402
 from autopipe.planner.partition import brute_force_partition, dp_partition  # noqa: E402
 from autopipe.planner.probe import probe_partition  # noqa: E402
 from autopipe.planner.simulate import gpipe_exact  # noqa: E402
+from autopipe.profiler.optimizer_state import OPTIMIZERS, optimizer_state_bytes  # noqa: E402
 from autopipe.profiler.profile import Profile, UnitProfile  # noqa: E402
 from planner_instances import random_cluster, random_profile  # noqa: E402
 
@@ -305,6 +306,24 @@ def test_optimizer_bytes_per_parameter() -> None:
         assert p.stages[0].optimizer_bytes == (factor - 1) * params
     p = plan(profile, 1, microbatches=1, bytes_per_parameter=20, baselines=False)
     assert p.stages[0].optimizer_bytes == 4 * params
+
+
+@pytest.mark.parametrize("size_bytes", [2, 4])
+def test_planner_state_bytes_follow_the_profilers_convention(size_bytes: int) -> None:
+    """A plan's parameter + optimizer bytes = the profiler's parameter + gradient + state."""
+    profile = random_profile(4, 0)
+    profile.bytes_per_parameter = size_bytes
+    for u in profile.units:
+        u.parameter_bytes = size_bytes * u.parameter_count
+    count = sum(u.parameter_count for u in profile.units)
+    params = sum(u.parameter_bytes for u in profile.units)
+    for optimizer in OPTIMIZERS:
+        p = plan(profile, 1, microbatches=1, optimizer=optimizer, baselines=False)
+        profiler_bytes = 2 * params + optimizer_state_bytes(optimizer, count, params)
+        assert p.stages[0].parameter_bytes + p.stages[0].optimizer_bytes == profiler_bytes
+    # mixed precision Adam is 16 bytes per parameter whether parameters are 16-bit or fp32
+    p = plan(profile, 1, microbatches=1, optimizer="mixed-adam", baselines=False)
+    assert p.stages[0].parameter_bytes + p.stages[0].optimizer_bytes == 16 * count
 
 
 def test_cost_model_by_hand() -> None:
