@@ -31,14 +31,23 @@ class Failure(Exception):
 # -- argument types ---------------------------------------------------------------------------
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
+def _int_at_least(minimum: int, what: str) -> Callable[[str], int]:
+    """An argparse type: an integer >= ``minimum`` (``what`` names it in the error)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {value}")
+        return value
+
+    return parse
+
+
+_positive_int = _int_at_least(1, "a positive integer")
+_nonnegative_int = _int_at_least(0, "an integer >= 0")
 
 
 def _microbatches(text: str) -> int | str:
@@ -77,27 +86,51 @@ def _say(args: argparse.Namespace, text: str) -> None:
     print(text)
 
 
-def _load_profile_or_model(args: argparse.Namespace) -> Any:
-    """Profile from ``args.model``: a saved profile JSON, or a model file to profile now."""
+def load_plan_file(path: str) -> Any:
+    """The Plan saved at ``path``; a missing or malformed file is a UsageError."""
+    from autopipe.planner.plan import PlanFormatError, load_plan
+
+    if not Path(path).is_file():
+        raise UsageError(f"plan file not found: {path} (write one with `autopipe plan --json`)")
+    try:
+        return load_plan(path)
+    except PlanFormatError as exc:
+        raise UsageError(str(exc)) from exc
+
+
+def load_profile_file(path: str) -> Any:
+    """The Profile saved at ``path``; a missing or malformed file is a UsageError."""
     from autopipe.profiler.profile import Profile, ProfileFormatError
 
+    if not Path(path).is_file():
+        raise UsageError(f"profile file not found: {path}")
+    try:
+        return Profile.load(path)
+    except ProfileFormatError as exc:
+        raise UsageError(str(exc)) from exc
+
+
+def load_model_arg(spec: str) -> Any:
+    """The ``MODEL.py[:FACTORY]`` argument as a ModelFile; a bad one is a UsageError."""
+    from autopipe.modelfile import ModelFileError, load_model_file
+
+    try:
+        return load_model_file(spec)
+    except ModelFileError as exc:
+        raise UsageError(str(exc)) from exc
+
+
+def _load_profile_or_model(args: argparse.Namespace) -> Any:
+    """Profile from ``args.model``: a saved profile JSON, or a model file to profile now."""
     if args.model.endswith(".json"):
-        if not Path(args.model).is_file():
-            raise UsageError(f"profile file not found: {args.model}")
-        try:
-            return Profile.load(args.model)
-        except ProfileFormatError as exc:
-            raise UsageError(str(exc)) from exc
+        return load_profile_file(args.model)
     return _profile_model_file(args)
 
 
 def _profile_model_file(args: argparse.Namespace) -> Any:
-    from autopipe.modelfile import ModelFileError, load_model_file
+    from autopipe.modelfile import ModelFileError
 
-    try:
-        mf = load_model_file(args.model)
-    except ModelFileError as exc:
-        raise UsageError(str(exc)) from exc
+    mf = load_model_arg(args.model)
     batch_size = args.batch_size or mf.default_batch_size()
     progress = not args.quiet
     device_spec = _device_spec(args)
@@ -334,14 +367,7 @@ def cmd_devices(args: argparse.Namespace) -> int:
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
-    from autopipe.planner.plan import PlanFormatError, load_plan
-
-    if not Path(args.plan).is_file():
-        raise UsageError(f"plan file not found: {args.plan}")
-    try:
-        p = load_plan(args.plan)
-    except PlanFormatError as exc:
-        raise UsageError(str(exc)) from exc
+    p = load_plan_file(args.plan)
     from autopipe.explain import explain
 
     text = explain(p)
@@ -359,6 +385,18 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("-q", "--quiet", action="store_true", help="print only errors")
     p.add_argument(
         "-v", "--verbose", action="store_true", help="debug logging, tracebacks on errors"
+    )
+
+
+def json_option(p: argparse.ArgumentParser, help_text: str) -> None:
+    """``--json`` alone: JSON on stdout (human output off); ``--json PATH``: a file."""
+    p.add_argument("--json", nargs="?", const="-", metavar="PATH", help=help_text)
+
+
+def plan_option(p: argparse.ArgumentParser) -> None:
+    """The required ``--plan PLAN.json`` of the commands that run a plan."""
+    p.add_argument(
+        "--plan", required=True, metavar="PLAN.json", help="written by `autopipe plan --json`"
     )
 
 
@@ -431,13 +469,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--strategy", choices=["dp", "ilp", "uniform", "parameters", "greedy-time"], default="dp"
     )
-    p.add_argument(
-        "--json",
-        nargs="?",
-        const="-",
-        metavar="PATH",
-        help="write the plan as JSON to PATH (stdout if no PATH)",
-    )
+    json_option(p, "write the plan as JSON to PATH (stdout if no PATH)")
     p.add_argument(
         "--plot", metavar="DIR", help="write the timeline, bubble, balance and scaling plots to DIR"
     )
@@ -459,13 +491,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("model", help="MODEL.py[:FACTORY]")
     p.add_argument("--out", "-o", metavar="PATH", help="write the profile JSON here")
-    p.add_argument(
-        "--json",
-        nargs="?",
-        const="-",
-        metavar="PATH",
-        help="also write the profile JSON to PATH (stdout if no PATH)",
-    )
+    json_option(p, "also write the profile JSON to PATH (stdout if no PATH)")
     _model_options(p)
     _common(p)
     p.set_defaults(func=cmd_profile)

@@ -8,7 +8,6 @@ the CLI's subparsers; ``python -m autopipe.cli_run run ...`` works without that 
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 from collections.abc import Sequence
@@ -42,9 +41,7 @@ def register_run(sub: Any) -> None:
         epilog=EPILOG,
     )
     p.add_argument("model", help="MODEL.py[:FACTORY] the plan was made for")
-    p.add_argument(
-        "--plan", required=True, metavar="PLAN.json", help="written by `autopipe plan --json`"
-    )
+    cli.plan_option(p)
     p.add_argument("--steps", type=cli._positive_int, default=5, help="training steps (default 5)")
     p.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate (default 1e-3)")
     p.add_argument(
@@ -69,9 +66,7 @@ def register_run(sub: Any) -> None:
         "this long (default 300)",
     )
     p.add_argument("--threads", type=cli._positive_int, help="torch threads per process")
-    p.add_argument(
-        "--json", metavar="PATH", help="write per-step losses and times (last stage) to PATH"
-    )
+    cli.json_option(p, "write per-step losses and times (last stage) to PATH (stdout if no PATH)")
     cli._common(p)
     p.set_defaults(func=cmd_run)
 
@@ -86,17 +81,10 @@ def _default_loss(output: Any, inputs: Any) -> Any:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from autopipe.modelfile import ModelFileError, load_model_file
-    from autopipe.planner.plan import PlanFormatError, load_plan
     from autopipe.runtime.distributed.process import LaunchError, init_distributed
 
-    if not Path(args.plan).is_file():
-        raise cli.UsageError(f"plan file not found: {args.plan}")
-    try:
-        plan = load_plan(args.plan)
-        mf = load_model_file(args.model)
-    except (PlanFormatError, ModelFileError) as exc:
-        raise cli.UsageError(str(exc)) from exc
+    plan = cli.load_plan_file(args.plan)
+    mf = cli.load_model_arg(args.model)
 
     import torch
 
@@ -193,8 +181,7 @@ def _train(args: argparse.Namespace, plan: Any, mf: Any, rank: int, world: int) 
         # The first step also infers the stage shapes (one extra forward/backward): skip it.
         steady = [r["time_s"] for r in records[1:]] or [records[0]["time_s"]]
         cli._say(args, f"median step time {statistics.median(steady) * 1e3:.1f} ms (after step 1)")
-        if args.json:
-            Path(args.json).write_text(json.dumps({"steps": records}, indent=2) + "\n")
+        cli._emit_json({"steps": records}, args.json)
     shutdown()
     return cli.EXIT_OK
 

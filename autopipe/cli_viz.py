@@ -42,27 +42,6 @@ def _formats(text: str) -> tuple[str, ...]:
     return formats
 
 
-def _nonnegative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
-    return value
-
-
-def _load_plan(path: str) -> Any:
-    from autopipe.planner.plan import PlanFormatError, load_plan
-
-    if not Path(path).is_file():
-        raise cli.UsageError(f"plan file not found: {path} (write one with `autopipe plan --json`)")
-    try:
-        return load_plan(path)
-    except PlanFormatError as exc:
-        raise cli.UsageError(str(exc)) from exc
-
-
 def _load_timeline(path: str, num_stages: int) -> Any:
     from autopipe.viz.timeline import TimelineFormatError, timeline_from_chrome_trace
 
@@ -78,20 +57,13 @@ def _load_timeline(path: str, num_stages: int) -> Any:
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
-    plan = _load_plan(args.plan)
+    plan = cli.load_plan_file(args.plan)
     if args.compare and not args.timeline:
         raise cli.UsageError("--compare needs --timeline TRACE.json (the measured run)")
     timeline = _load_timeline(args.timeline, plan.num_stages) if args.timeline else None
     profile = None
     if args.profile:
-        from autopipe.profiler.profile import Profile, ProfileFormatError
-
-        if not Path(args.profile).is_file():
-            raise cli.UsageError(f"profile file not found: {args.profile}")
-        try:
-            profile = Profile.load(args.profile)
-        except ProfileFormatError as exc:
-            raise cli.UsageError(str(exc)) from exc
+        profile = cli.load_profile_file(args.profile)
         planned = [u for s in plan.stages for u in s.units]
         if planned != profile.unit_names:
             raise cli.UsageError(
@@ -155,7 +127,7 @@ def register_plot(sub: Any) -> None:
         "--gpus",
         type=cli._positive_int,
         metavar="N",
-        help="scaling plot up to N devices (default: the plan's stages; needs --profile)",
+        help="scaling plot up to N devices (default: the plan's stages; needs the profile)",
     )
     p.add_argument(
         "--format",
@@ -246,13 +218,10 @@ def format_bench(result: Any) -> str:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    plan = _load_plan(args.plan)
-    from autopipe.modelfile import ModelFileError, load_model_file
+    plan = cli.load_plan_file(args.plan)
+    from autopipe.modelfile import ModelFileError
 
-    try:
-        mf = load_model_file(args.model)
-    except ModelFileError as exc:
-        raise cli.UsageError(str(exc)) from exc
+    mf = cli.load_model_arg(args.model)
     devices = None
     if args.devices:
         devices = [d.strip() for d in args.devices.split(",") if d.strip()]
@@ -338,13 +307,11 @@ def register_bench(sub: Any) -> None:
         epilog=BENCH_EPILOG,
     )
     p.add_argument("model", help="MODEL.py[:FACTORY] the plan was made for")
-    p.add_argument(
-        "--plan", required=True, metavar="PLAN.json", help="written by `autopipe plan --json`"
-    )
+    cli.plan_option(p)
     p.add_argument("--steps", type=cli._positive_int, default=5, help="measured steps (default 5)")
     p.add_argument(
         "--warmup",
-        type=_nonnegative_int,
+        type=cli._nonnegative_int,
         default=1,
         metavar="N",
         help="unmeasured steps first (default 1)",
