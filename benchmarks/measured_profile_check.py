@@ -14,26 +14,20 @@ on a shared host include other processes' time.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import statistics
-import sys
 import time
 from pathlib import Path
-from typing import Any
 
 from autopipe.profiler.measure import profile
+
+from autopipe.modelfile import ModelFile, load_model_file
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
-def load_example(name: str) -> Any:
-    key = f"_bench_example_{name}"
-    spec = importlib.util.spec_from_file_location(key, EXAMPLES / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[key] = module
-    spec.loader.exec_module(module)
-    return module
+def load_example(name: str) -> ModelFile:
+    """examples/<name>.py as the CLI loads it (factory, inputs, optional loss)."""
+    return load_model_file(str(EXAMPLES / f"{name}.py"))
 
 
 def main() -> None:
@@ -51,9 +45,9 @@ def main() -> None:
     )
     for name in args.models.split(","):
         ex = load_example(name)
-        model = ex.build_model()
-        inputs = ex.example_inputs()
-        loss_fn = getattr(ex, "loss_fn", None)
+        model = ex.build()
+        inputs = ex.inputs(None)
+        loss_fn = ex.loss_fn
         units_s, whole_s, seconds = [], [], []
         for _ in range(args.trials):
             t0 = time.perf_counter()

@@ -393,21 +393,29 @@ def _record_times(m: _SizeMeasurement, times: list[tuple[float, float]]) -> None
     m.units[-1].backward_s += m.loss_backward_s
 
 
+def whole_model_saved_bytes(model: nn.Module, inputs: Any, loss_fn: LossFn | None) -> int:
+    """Bytes the whole model's forward + loss saves for backward, in one real run.
+
+    The same count as the units' (each storage once, parameters and buffers left out).
+    """
+    counter = SavedTensorCounter(exclude=parameter_storages(model))
+    with counter.counting():
+        loss_of(call_model(model, inputs), inputs, loss_fn)
+    return counter.total_bytes
+
+
 def whole_model_step(
     model: nn.Module, inputs: Any, loss_fn: LossFn | None
 ) -> tuple[TimedStep, int]:
     """The whole model in one piece as a timed step (forward + loss, backward) and the bytes
-    it saves for backward (same storage-deduplicated count as the units)."""
+    it saves for backward (``whole_model_saved_bytes``)."""
     params = [p for p in model.parameters() if p.requires_grad]
-    counter = SavedTensorCounter(exclude=parameter_storages(model))
-    with counter.counting():
-        loss_of(call_model(model, inputs), inputs, loss_fn)
     step = TimedStep(
         lambda: loss_of(call_model(model, inputs), inputs, loss_fn),
         lambda loss: loss.backward(),
         _zero_grads(params),
     )
-    return step, counter.total_bytes
+    return step, whole_model_saved_bytes(model, inputs, loss_fn)
 
 
 # ---------------------------------------------------------------------------------------

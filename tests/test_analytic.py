@@ -10,8 +10,8 @@ import torch
 from autopipe.profiler.analytic import AnalyticProfileError, profile_analytic
 from autopipe.profiler.calibrate import CalibrationError, calibrate, reprice, spec_of
 from autopipe.profiler.catalog import DeviceSpecError, get_device
+from autopipe.profiler.measure import whole_model_saved_bytes
 from autopipe.profiler.profile import Profile
-from autopipe.profiler.tree import float_tensor_leaves
 from profiler_models import (
     DataBranch,
     ShapeBranch,
@@ -156,28 +156,6 @@ def test_resnet_conv_flops_and_shapes() -> None:
     assert p.units[1].parameter_count == 2 * c * c * 9 + 2 * 2 * c
 
 
-def _measured_saved_bytes(model: torch.nn.Module, x: torch.Tensor, loss_fn) -> int:
-    """Whole-model bytes saved for backward in a real fp32 CPU step (dedup by storage,
-    parameters and buffers left out)."""
-    params = {p.untyped_storage().data_ptr() for p in [*model.parameters(), *model.buffers()]}
-    seen: set[int] = set()
-    total = 0
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        nonlocal total
-        storage = t.untyped_storage()
-        if storage.data_ptr() not in params and storage.data_ptr() not in seen:
-            seen.add(storage.data_ptr())
-            total += storage.nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        out = model(**x) if isinstance(x, dict) else model(x)
-        loss = loss_fn(out, x) if loss_fn else sum(t.sum() for t in float_tensor_leaves(out))
-    loss.backward()
-    return total
-
-
 @pytest.mark.parametrize(
     "example", ["gpt", "resnet", "mlp", "tied-decoder", "skip-cnn", "shape-branch"]
 )
@@ -200,7 +178,7 @@ def test_saved_activation_bytes_match_a_real_cpu_run(example: str) -> None:
         )
     else:
         model, x, loss_fn = mlp.build_model(), mlp.example_inputs(16), None
-    measured = _measured_saved_bytes(model, x, loss_fn)
+    measured = whole_model_saved_bytes(model, x, loss_fn)
     analytic = profile_analytic(model, x, "cpu", dtype="float32", loss_fn=loss_fn)
     assert analytic.total_activation_bytes == pytest.approx(measured, rel=0.10)
     assert analytic.total_activation_bytes == sum(u.activation_bytes for u in analytic.units)
