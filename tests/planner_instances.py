@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 
 from autopipe.planner.cluster import Cluster, Device
+from autopipe.planner.costs import CostModel
 from autopipe.profiler.profile import Profile, UnitProfile
 
 
@@ -50,4 +51,20 @@ def random_cluster(k: int, seed: int, memory_bytes: int | None) -> Cluster:
             )
             for s in range(k)
         ]
+    )
+
+
+def cost_model(
+    profile: Profile, cluster: Cluster, m: int, schedule: str, checkpoint: str
+) -> CostModel:
+    """The planner's cost model at batch 32, Adam in fp32 (16 B/param), 10% headroom."""
+    return CostModel(
+        profile,
+        cluster,
+        batch_size=32,
+        microbatches=m,
+        schedule=schedule,
+        checkpoint=checkpoint,
+        state_bytes_per_parameter=16,
+        headroom=0.1,
     )

@@ -30,24 +30,11 @@ from autopipe.planner.probe import probe_partition  # noqa: E402
 from autopipe.planner.simulate import gpipe_exact  # noqa: E402
 from autopipe.profiler.optimizer_state import OPTIMIZERS, optimizer_state_bytes  # noqa: E402
 from autopipe.profiler.profile import Profile, UnitProfile  # noqa: E402
-from planner_instances import random_cluster, random_profile  # noqa: E402
+from planner_instances import cost_model, random_cluster, random_profile  # noqa: E402
 
 SETTINGS = settings(
     max_examples=120, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow]
 )
-
-
-def _model(profile: Profile, cluster: Cluster, m: int, schedule: str, checkpoint: str) -> CostModel:
-    return CostModel(
-        profile,
-        cluster,
-        batch_size=32,
-        microbatches=m,
-        schedule=schedule,
-        checkpoint=checkpoint,
-        state_bytes_per_parameter=16,
-        headroom=0.1,
-    )
 
 
 instances = st.tuples(
@@ -72,7 +59,7 @@ def test_dp_and_probe_equal_brute_force(inst) -> None:
         cluster = random_cluster(k, seed, None if mem is None else int(mem))
     else:
         cluster = Cluster.homogeneous(k, memory_bytes=None if mem is None else int(mem))
-    cm = _model(profile, cluster, m, schedule, checkpoint)
+    cm = cost_model(profile, cluster, m, schedule, checkpoint)
     brute = brute_force_partition(cm)
     for found in (dp_partition(cm), probe_partition(cm)):
         if brute is None:  # memory-infeasible: every exact algorithm must agree
@@ -121,7 +108,7 @@ def test_heterogeneous_devices_exact_and_faster_devices_get_more_work() -> None:
             Device("v100", 3 * 10**9, speed=1.0),
         ]
     )
-    cm = _model(profile, cluster, 4, "gpipe", "auto")
+    cm = cost_model(profile, cluster, 4, "gpipe", "auto")
     dp, brute = dp_partition(cm), brute_force_partition(cm)
     assert dp is not None and brute is not None
     assert dp.bottleneck_s == pytest.approx(brute.bottleneck_s, rel=1e-12)
@@ -143,7 +130,7 @@ def test_auto_checkpoint_only_where_needed() -> None:
     cluster = Cluster.homogeneous(4, memory_bytes=8 * 10**7)
     p = plan(profile, cluster=cluster, microbatches=8, checkpoint="auto", baselines=False)
     assert any(s.checkpoint for s in p.stages) and not all(s.checkpoint for s in p.stages)
-    cm = _model(profile, cluster, 8, "gpipe", "auto")
+    cm = cost_model(profile, cluster, 8, "gpipe", "auto")
     for stage, cost in zip(p.stages, cm.stage_costs(p.boundaries + [16]), strict=True):
         without = cost.memory_without_checkpoint_bytes * 1.1
         assert stage.checkpoint == (without > 8 * 10**7)
@@ -166,8 +153,8 @@ def test_1f1b_memory_not_above_gpipe_at_equal_m() -> None:
     profile = random_profile(20, 5)
     cluster = Cluster.homogeneous(4)
     for m in (1, 2, 4, 8, 16):
-        gp = _model(profile, cluster, m, "gpipe", "never")
-        fb = _model(profile, cluster, m, "1f1b", "never")
+        gp = cost_model(profile, cluster, m, "gpipe", "never")
+        fb = cost_model(profile, cluster, m, "1f1b", "never")
         bounds = dp_partition(gp).bounds
         for s, (a, b) in enumerate(
             zip(gp.stage_costs(bounds), fb.stage_costs(bounds), strict=True)
@@ -235,7 +222,7 @@ def test_gpipe_iteration_time_optimal_over_all_partitions(n: int, seed: int, m: 
     profile = random_profile(n, seed)
     k = 1 + seed % n
     p = plan(profile, k, microbatches=m, baselines=False)
-    cm = _model(profile, Cluster.homogeneous(k), m, "gpipe", "never")
+    cm = cost_model(profile, Cluster.homogeneous(k), m, "gpipe", "never")
     best = min(
         gpipe_exact(
             [c.forward_s + c.send_s for c in costs],
@@ -349,7 +336,7 @@ def test_cost_model_by_hand() -> None:
     ]
     profile = Profile(units=units, cut_bytes=[800], batch_size=8, input_bytes=400)
     cluster = Cluster([Device("x", 10**9, 2.0, 100.0, 0.5), Device("y", 10**9, 1.0)])
-    cm = _model(profile, cluster, 4, "gpipe", "never")  # b = 32 / 4 = 8 = profile batch
+    cm = cost_model(profile, cluster, 4, "gpipe", "never")  # b = 32 / 4 = 8 = profile batch
     cm = CostModel(
         profile,
         cluster,
@@ -389,7 +376,7 @@ def test_probe_handles_large_instance_like_dp() -> None:
     profile = random_profile(600, 13)
     cluster = Cluster.homogeneous(12, memory_bytes=4 * 10**9, link_bandwidth_bytes_per_s=1e10)
     for checkpoint in ("never", "auto"):
-        cm = _model(profile, cluster, 16, "1f1b", checkpoint)
+        cm = cost_model(profile, cluster, 16, "1f1b", checkpoint)
         a, b = dp_partition(cm), probe_partition(cm)
         assert (a is None) == (b is None)
         if a is not None:

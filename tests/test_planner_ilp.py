@@ -9,10 +9,9 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 from autopipe.planner import Cluster, plan  # noqa: E402
-from autopipe.planner.costs import CostModel  # noqa: E402
 from autopipe.planner.ilp import ilp_partition  # noqa: E402
 from autopipe.planner.partition import brute_force_partition, dp_partition  # noqa: E402
-from planner_instances import random_cluster, random_profile  # noqa: E402
+from planner_instances import cost_model, random_cluster, random_profile  # noqa: E402
 
 CASES = [
     # (units, stages, seed, memory bytes, M, schedule, checkpoint, heterogeneous)
@@ -34,16 +33,7 @@ def test_ilp_equals_dp(case) -> None:
     cluster = (
         random_cluster(k, seed, mem_i) if hetero else Cluster.homogeneous(k, memory_bytes=mem_i)
     )
-    cm = CostModel(
-        profile,
-        cluster,
-        batch_size=32,
-        microbatches=m,
-        schedule=schedule,
-        checkpoint=checkpoint,
-        state_bytes_per_parameter=16,
-        headroom=0.1,
-    )
+    cm = cost_model(profile, cluster, m, schedule, checkpoint)
     dp, ilp = dp_partition(cm), ilp_partition(cm, time_limit_s=20)
     assert (dp is None) == (ilp is None) == (brute_force_partition(cm) is None)
     if dp is not None:
