@@ -120,6 +120,25 @@ def load_model_arg(spec: str) -> Any:
         raise UsageError(str(exc)) from exc
 
 
+def check_output_path(path: str | None, flag: str, *, directory: bool = False) -> None:
+    """Refuse an output path that cannot be written, before any work is done (exit 2).
+
+    ``directory``: ``path`` is a folder to write into; otherwise a file. Either way the
+    nearest existing ancestor must be a folder (missing folders are created on write).
+    """
+    if path is None or path == "-":
+        return
+    out = Path(path)
+    if out.exists() and out.is_dir() != directory:
+        kind = "a file" if directory else "a directory"
+        raise UsageError(f"{flag} {path} is {kind}; give a {'directory' if directory else 'file'}")
+    parent = out.parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise UsageError(f"{flag} {path}: {parent} is a file, not a directory")
+
+
 def _load_profile_or_model(args: argparse.Namespace) -> Any:
     """Profile from ``args.model``: a saved profile JSON, or a model file to profile now."""
     if args.model.endswith(".json"):
@@ -257,6 +276,9 @@ def _resolve_device_spec(args: argparse.Namespace) -> Any:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
+    check_output_path(args.json, "--json")
+    check_output_path(args.save_profile, "--save-profile")
+    check_output_path(args.plot, "--plot", directory=True)
     profile = _load_profile_or_model(args)
     from autopipe.planner import PlanningError, plan
 
@@ -337,6 +359,8 @@ def _analytic_spec_for(profile: Any, args: argparse.Namespace) -> Any:
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
+    check_output_path(args.out, "--out")
+    check_output_path(args.json, "--json")
     profile = _profile_model_file(args)
     from autopipe.report import format_profile
 

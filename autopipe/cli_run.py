@@ -83,6 +83,7 @@ def _default_loss(output: Any, inputs: Any) -> Any:
 def cmd_run(args: argparse.Namespace) -> int:
     from autopipe.runtime.distributed.process import LaunchError, init_distributed
 
+    cli.check_output_path(args.json, "--json")
     plan = cli.load_plan_file(args.plan)
     mf = cli.load_model_arg(args.model)
 

@@ -9,7 +9,6 @@ machine-readable output on stdout, ``-q``/``-v``, ``cli.UsageError`` -> exit 2,
 from __future__ import annotations
 
 import argparse
-import json
 import os
 from pathlib import Path
 from typing import Any
@@ -48,15 +47,22 @@ def _load_timeline(path: str, num_stages: int) -> Any:
     if not Path(path).is_file():
         raise cli.UsageError(f"timeline file not found: {path} (a Chrome trace JSON)")
     try:
-        return timeline_from_chrome_trace(path, num_stages=num_stages, label="measured")
+        timeline = timeline_from_chrome_trace(path, num_stages=num_stages, label="measured")
     except TimelineFormatError as exc:
         raise cli.UsageError(str(exc)) from exc
+    if timeline.num_stages != num_stages:
+        raise cli.UsageError(
+            f"{path} has {timeline.num_stages} stages but the plan has {num_stages}; pass the "
+            "trace of a run of this plan"
+        )
+    return timeline
 
 
 # -- plot ---------------------------------------------------------------------------------------
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
+    cli.check_output_path(args.out, "--out", directory=True)
     plan = cli.load_plan_file(args.plan)
     if args.compare and not args.timeline:
         raise cli.UsageError("--compare needs --timeline TRACE.json (the measured run)")
@@ -218,6 +224,7 @@ def format_bench(result: Any) -> str:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    cli.check_output_path(args.out, "--out", directory=True)
     plan = cli.load_plan_file(args.plan)
     from autopipe.modelfile import ModelFileError
 
@@ -232,6 +239,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
             )
     import torch
 
+    if devices:
+        _check_devices(devices)
     cpu_only = (
         all(d.startswith("cpu") for d in devices) if devices else not torch.cuda.is_available()
     )
@@ -270,20 +279,21 @@ def cmd_bench(args: argparse.Namespace) -> int:
         raise cli.UsageError(str(exc)) from exc
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    from autopipe.profiler.profile import atomic_write_json
     from autopipe.viz.gantt import plot_timeline
     from autopipe.viz.timeline import timeline_to_chrome_trace
 
     trace_path = out / "trace.json"
-    trace_path.write_text(json.dumps(timeline_to_chrome_trace(result.measured)))
+    atomic_write_json(trace_path, timeline_to_chrome_trace(result.measured))
     predicted_trace = out / "trace_predicted.json"
-    predicted_trace.write_text(json.dumps(timeline_to_chrome_trace(result.predicted)))
+    atomic_write_json(predicted_trace, timeline_to_chrome_trace(result.predicted))
     files = [trace_path, predicted_trace]
     files += plot_timeline(
         result.predicted, out / "timeline_compare", compare=result.measured, formats=args.format
     )
     report = result.to_dict()
     report["files"] = [str(p) for p in files]
-    (out / "bench.json").write_text(json.dumps(report, indent=2) + "\n")
+    atomic_write_json(out / "bench.json", report)
     files.append(out / "bench.json")
     if args.json:
         cli._emit_json(report, "-")
@@ -291,6 +301,26 @@ def cmd_bench(args: argparse.Namespace) -> int:
         cli._say(args, format_bench(result))
         cli._say(args, "wrote " + ", ".join(str(p) for p in files))
     return cli.EXIT_OK
+
+
+def _check_devices(devices: list[str]) -> None:
+    """Each ``--devices`` entry names a device this machine has (before any work)."""
+    import torch
+
+    for name in devices:
+        try:
+            device = torch.device(name)
+        except (RuntimeError, ValueError):
+            raise cli.UsageError(
+                f"--devices: {name!r} is not a torch device (e.g. cpu, cuda:0)"
+            ) from None
+        if device.type == "meta":
+            raise cli.UsageError("--devices: the meta device holds no data; bench runs the model")
+        if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
+            raise cli.UsageError(
+                f"--devices: {name} is not here: this machine has "
+                f"{torch.cuda.device_count()} CUDA device(s)"
+            )
 
 
 def register_bench(sub: Any) -> None:

@@ -154,11 +154,26 @@ def test_bench_bad_input(setup, tmp_path: Path, capsys: pytest.CaptureFixture[st
     assert cli.main([*base, "--plan", str(plan_path), "--devices", "cpu"]) == 2
     err = capsys.readouterr().err
     assert "1 devices but the plan has 2 stages" in err and "Traceback" not in err
+    assert cli.main([*base, "--plan", str(plan_path), "--devices", "cpu,meta"]) == 2
+    assert "meta device" in _err_line(capsys)
+    assert cli.main([*base, "--plan", str(plan_path), "--devices", "cpu,cuda:99"]) == 2
+    assert "CUDA device(s)" in _err_line(capsys)
+    # An --out that is a file is refused before any training step, and nothing is written.
+    assert (
+        cli.main(["bench", str(model_py), "--plan", str(plan_path), "--out", str(plan_path)]) == 2
+    )
+    assert "is a file; give a directory" in _err_line(capsys)
     other = tmp_path / "other.py"
     other.write_text(MODEL.replace("nn.Linear(64, 4)", "nn.ReLU(), nn.Linear(64, 4)"))
     assert cli.main(["bench", str(other), "--plan", str(plan_path), "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "units" in err
+
+
+def _err_line(capsys: pytest.CaptureFixture[str]) -> str:
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    return err
 
 
 def test_plot_command(setup, bench_run, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -179,6 +194,13 @@ def test_plot_command(setup, bench_run, tmp_path: Path, capsys: pytest.CaptureFi
     assert rc == 0
     assert (out / "timeline_compare.png").is_file() and (out / "timeline_compare.svg").is_file()
     _png_ok(out / "timeline_measured.png")
+    # A trace of another pipeline (stage 5 of a 2-stage plan) is refused, not drawn.
+    other = tmp_path / "other_trace.json"
+    other.write_text(json.dumps([{"ph": "X", "name": "F0", "tid": 5, "ts": 0, "dur": 1}]))
+    assert cli.main(["plot", str(plan_path), "--timeline", str(other), "--out", str(out)]) == 2
+    assert "has 6 stages but the plan has 2" in _err_line(capsys)
+    assert cli.main(["plot", str(plan_path), "--out", str(plan_path)]) == 2
+    assert "is a file; give a directory" in _err_line(capsys)
     assert cli.main(["plot", str(plan_path), "--compare", "--out", str(out)]) == 2
     assert "--compare needs --timeline" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exc:  # argparse rejects the format: usage error

@@ -74,3 +74,17 @@ def test_bad_profile_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
 def test_explain_missing_plan(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["explain", "nowhere.json"]) == 2
     assert "plan file not found" in _err_line(capsys)
+
+
+def test_output_paths_are_checked_before_any_work(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    a_file = tmp_path / "file.txt"
+    a_file.write_text("keep me")
+    assert main(["plan", GPT, "--gpus", "2", "--plot", str(a_file)]) == 2
+    assert "--plot" in _err_line(capsys)
+    assert main(["plan", GPT, "--gpus", "2", "--json", str(tmp_path)]) == 2
+    assert "is a directory; give a file" in _err_line(capsys)
+    assert main(["profile", GPT, "--out", str(a_file / "p.json")]) == 2
+    assert "is a file, not a directory" in _err_line(capsys)
+    assert a_file.read_text() == "keep me"
