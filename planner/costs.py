@@ -169,9 +169,7 @@ class CostModel:
         opts = self.options[stage]
         if opts == "A" or (opts == "AB" and fits_a):
             ckpt, act, ok = False, act_a, fits_a
-        elif opts == "B":
-            ckpt, act, ok = True, act_b, fits_b
-        else:  # auto and the kept activations do not fit
+        else:  # checkpointed: always, or auto where the kept activations do not fit
             ckpt, act, ok = True, act_b, fits_b
         return SegmentCost(
             forward_s=float(fwd),
