@@ -42,9 +42,14 @@ def format_bytes(n: float) -> str:
 
 
 def format_seconds(s: float) -> str:
-    """``0.0123 -> "12.3 ms"``; picks s / ms / us."""
+    """``0.0123 -> "12.3 ms"``, ``5.0 -> "5 s"``, ``1234.5 -> "1234 s"``; picks s / ms / us."""
     if s >= 1:
-        return f"{s:.3g} s"
+        return f"{_three_digits(s)} s"
     if s >= 1e-3:
-        return f"{s * 1e3:.3g} ms"
-    return f"{s * 1e6:.3g} us"
+        return f"{_three_digits(s * 1e3)} ms"
+    return f"{_three_digits(s * 1e6)} us"
+
+
+def _three_digits(x: float) -> str:
+    # .3g switches to an exponent (1e+03) once x rounds to 1000; whole numbers read better.
+    return f"{x:.0f}" if x >= 999.5 else f"{x:.3g}"

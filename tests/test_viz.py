@@ -292,3 +292,18 @@ def test_plot_all_compares_on_the_placement_that_ran(
     predicted, compared = drawn["timeline_compare"]
     assert predicted.shared and compared is measured
     assert predicted.iteration_s == pytest.approx(shared.iteration_s)
+
+
+def test_titles_print_seconds_without_exponents() -> None:
+    from autopipe.viz.gantt import timeline_title
+
+    tl = Timeline([Task(0, 0, "forward", 0.0, 2.0), Task(0, 0, "backward", 2.0, 5.0)], 1)
+    assert "iteration 5 s" in timeline_title(tl)  # was "5e+03 ms"
+    from autopipe.units import format_seconds
+
+    assert [format_seconds(x) for x in (5e-5, 0.0123, 12.34, 1234.5)] == [
+        "50 us",
+        "12.3 ms",
+        "12.3 s",
+        "1234 s",
+    ]

@@ -13,7 +13,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from autopipe.viz.style import MEMORY_COLORS, PHASE_COLORS, format_ms, new_figure, save
+from autopipe.units import format_seconds
+from autopipe.viz.style import MEMORY_COLORS, PHASE_COLORS, new_figure, save
 
 _TIME_PARTS = (
     ("forward", "forward_s"),
@@ -54,7 +55,7 @@ def balance_figure(data: dict[str, Any]) -> Any:
         ax_t.axhline(bottleneck, color="black", linestyle="--", linewidth=0.8)
         title = strat["name"]
         if strat.get("iteration_time_s"):
-            title += f": iteration {format_ms(float(strat['iteration_time_s']))}"
+            title += f": iteration {format_seconds(float(strat['iteration_time_s']))}"
         if strat.get("microbatches"):
             title += f", M={strat['microbatches']}"
         if not strat.get("feasible", True):

@@ -11,7 +11,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from autopipe.viz.style import BUBBLE_COLOR, PHASE_COLORS, format_ms, new_figure, save
+from autopipe.units import format_seconds
+from autopipe.viz.style import BUBBLE_COLOR, PHASE_COLORS, new_figure, save
 from autopipe.viz.timeline import PHASES, Timeline
 
 if TYPE_CHECKING:
@@ -53,7 +54,7 @@ def timeline_title(timeline: Timeline) -> str:
     )
     idle = "device idle" if timeline.shared else "bubble"
     return (
-        f"{what} ({detail}): iteration {format_ms(timeline.iteration_s)}, "
+        f"{what} ({detail}): iteration {format_seconds(timeline.iteration_s)}, "
         f"{idle} {100 * timeline.bubble_fraction:.1f}%"
     )
 

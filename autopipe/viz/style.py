@@ -48,12 +48,3 @@ def save(fig: Figure, out: str | Path, formats: Sequence[str] = ("png",)) -> lis
         fig.savefig(path, format=fmt, dpi=120)
         paths.append(path)
     return paths
-
-
-def format_ms(seconds: float) -> str:
-    """Seconds as a short millisecond (or second) string for titles."""
-    if seconds >= 10:
-        return f"{seconds:.1f} s"
-    if seconds >= 1e-3:
-        return f"{seconds * 1e3:.3g} ms"
-    return f"{seconds * 1e6:.3g} us"
