@@ -23,6 +23,7 @@ from functools import partial
 from typing import Any
 
 import torch
+import torch.utils._pytree as pytree
 from autopipe.runtime.checkpoint import checkpointed
 from autopipe.runtime.rng import MicrobatchRNG
 from autopipe.runtime.schedule import clock_cycles
@@ -60,28 +61,39 @@ def _run_task(
     rng: MicrobatchRNG | None,
 ) -> tuple[Any, ...]:
     device = stage.device
+    # StageFunction tracks only top-level tensors: a tensor inside a tuple/dict value (a
+    # ``chunk`` result crossing a cut, a tuple-valued model output) would keep its link to
+    # the private graph and its gradient would never reach the earlier stages. So the node
+    # sees the flat leaves of the inputs and outputs, and the structures are rebuilt around it.
+    in_leaves, in_spec = pytree.tree_flatten(list(inputs))
+    out_spec: pytree.TreeSpec | None = None
 
-    def run(*values: Any) -> tuple[Any, ...]:
-        moved = [_to_device(v, device) for v in values]
+    def call(*leaves: Any) -> list[Any]:
+        nonlocal out_spec
+        outputs = stage.fn(*pytree.tree_unflatten(list(leaves), in_spec))
+        flat, out_spec = pytree.tree_flatten(tuple(outputs))
+        return flat
+
+    def run(*leaves: Any) -> list[Any]:
+        moved = [_to_device(v, device) for v in leaves]
         if use_checkpoint:
-            return tuple(
-                checkpointed(
-                    stage.fn,
-                    moved,
-                    stage.modules,
-                    on_recompute=lambda: timeline.record(
-                        stage_index, microbatch, "recompute", device
-                    ),
-                )
+            return checkpointed(
+                call,
+                moved,
+                stage.modules,
+                on_recompute=lambda: timeline.record(stage_index, microbatch, "recompute", device),
             )
-        return tuple(stage.fn(*moved))
+        return call(*moved)
 
     stream = rng.stream(microbatch, device) if rng is not None else nullcontext()
     with stream, timeline.record(stage_index, microbatch, "forward", device):
         if torch.is_grad_enabled():
             on_backward = partial(timeline.record, stage_index, microbatch, "backward", device)
-            return StageFunction.apply(run, on_backward, phony(device), *inputs)
-        return run(*inputs)
+            out_leaves = StageFunction.apply(run, on_backward, phony(device), *in_leaves)
+        else:
+            out_leaves = run(*in_leaves)
+    assert out_spec is not None
+    return tuple(pytree.tree_unflatten(list(out_leaves), out_spec))
 
 
 def run_pipeline(

@@ -225,3 +225,36 @@ def test_parallelize_profiles_and_plans() -> None:
     expected.sum().backward()
     assert_close(out, expected, "logits")
     assert_model_grads(model, reference)
+
+
+class ChunkNet(nn.Module):
+    """A tuple (``chunk``) crosses a cut and the model returns a tuple-valued node."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(4, 4)
+        self.b = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        p, q = self.a(x).chunk(2, dim=1)
+        return self.b(torch.cat([q, p], 1)).chunk(2, dim=1)
+
+
+@pytest.mark.parametrize("checkpoint", ["always", "never"])
+def test_tensors_inside_tuples_get_gradients(checkpoint: str) -> None:
+    torch.manual_seed(0)
+    model, x = ChunkNet(), torch.randn(6, 4, requires_grad=True)
+    reference = copy.deepcopy(model)
+    ug = trace_units(model, x, granularity="node")
+    first = {"x", "a", "chunk"}  # the tuple `chunk` is unpacked by stage 1
+    node_stage = {name: 0 if name in first else 1 for name in ug.node_unit}
+    pipe = Pipeline(ug.graph_module, node_stage, ["cpu", "cpu:0"], chunks=3, checkpoint=checkpoint)
+    out = pipe(x)
+    sum(o.square().sum() for o in out).backward()
+    x_grad, x.grad = x.grad.clone(), None
+    expected = reference(x)
+    sum(o.square().sum() for o in expected).backward()
+    for got, want in zip(out, expected, strict=True):
+        assert_close(got, want, "output")
+    assert_close(x_grad, x.grad, "input gradient")
+    assert_model_grads(model, reference)
