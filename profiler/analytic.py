@@ -287,7 +287,7 @@ def profile_analytic(
         )
     spec.peak_for(dtype_name, allow_tf32=allow_tf32)  # fail early if the device lacks it
     try:
-        normalize_optimizer(optimizer)
+        optimizer = normalize_optimizer(optimizer)
     except ValueError as exc:
         raise AnalyticProfileError(str(exc)) from None
     torch_dtype = _TORCH_DTYPES[dtype_name]

@@ -44,6 +44,7 @@ from autopipe.profiler.memory import (
     storage_key,
     tensor_bytes,
 )
+from autopipe.profiler.optimizer_state import normalize_optimizer
 from autopipe.profiler.profile import Profile, UnitProfile
 from autopipe.profiler.timing import (
     TimedStep,
@@ -489,6 +490,7 @@ def profile(
     """
     if warmup < 0 or repeat < 1:
         raise ValueError(f"need warmup >= 0 and repeat >= 1, got warmup={warmup}, repeat={repeat}")
+    optimizer = normalize_optimizer(optimizer)  # a typo fails now, not after measuring
     dev = resolve_device(model, device)
     dt = resolve_dtype(model, dtype)
     model.to(device=dev)

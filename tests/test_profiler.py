@@ -319,6 +319,9 @@ def test_dtype_and_bad_arguments() -> None:
         profile(model, x, dtype="int8", **FAST)
     with pytest.raises(ValueError, match="granularity"):
         profile(model, x, granularity="layer", **FAST)
+    with pytest.raises(ValueError, match="unknown optimizer 'lion'"):
+        profile(model, x, optimizer="lion", **FAST)
+    assert profile(model, x, optimizer="SGD_Momentum", **FAST).optimizer == "sgd-momentum"
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # node granularity works silently
         assert len(profile(model, x, granularity="node", **FAST).units) == 5
