@@ -162,43 +162,6 @@ def measured_stage_times(timeline: Timeline) -> list[tuple[float, float]]:
     return out
 
 
-def _default_loss(output: Any, inputs: Any) -> Any:
-    """Mean of the floating-point outputs: drives backward for model files without a loss."""
-    import torch
-
-    tensors = [t for t in _flatten(output) if isinstance(t, torch.Tensor) and t.is_floating_point()]
-    if not tensors:
-        raise ValueError(
-            "the model returns no floating-point tensor; define loss_fn(output, inputs)"
-        )
-    return sum(t.float().mean() for t in tensors)
-
-
-def _flatten(value: Any) -> list[Any]:
-    if isinstance(value, dict):
-        return [x for v in value.values() for x in _flatten(v)]
-    if isinstance(value, (list, tuple)):
-        return [x for v in value for x in _flatten(v)]
-    return [value]
-
-
-def _first_tensor(value: Any) -> Any:
-    import torch
-
-    for t in _flatten(value):
-        if isinstance(t, torch.Tensor) and t.requires_grad:
-            return t
-    return None
-
-
-def _call(pipe: Any, inputs: Any) -> Any:
-    if isinstance(inputs, dict):
-        return pipe(**inputs)
-    if isinstance(inputs, tuple):
-        return pipe(*inputs)
-    return pipe(inputs)
-
-
 CLOCKS = ("auto", "wall", "thread_cpu")
 
 
@@ -375,6 +338,9 @@ def run_bench(
     import torch
 
     import autopipe
+    from autopipe.profiler.measure import loss_of
+    from autopipe.profiler.trace import call_model
+    from autopipe.profiler.tree import float_tensor_leaves
     from autopipe.viz.predict import predicted_timeline
 
     if steps < 1 or warmup < 0:
@@ -388,7 +354,6 @@ def run_bench(
         # that works for the step (the stages' workers, the autograd thread) counts.
         now = time.perf_counter if clock == "wall" else time.process_time
         loss_now = time.perf_counter if clock == "wall" else time.thread_time
-        loss_fn = loss_fn or _default_loss
         optimizer = torch.optim.SGD(pipe.parameters(), lr=lr)
         timelines: list[Timeline] = []
         per_step: list[list[tuple[float, float]]] = []
@@ -404,12 +369,13 @@ def run_bench(
             optimizer.zero_grad(set_to_none=True)
             stamps.clear()
             w0, c0 = time.perf_counter(), now()
-            output = _call(pipe, example_inputs)
+            output = call_model(pipe, example_inputs)
             l0, lw0 = loss_now(), time.perf_counter()
-            loss = loss_fn(output, example_inputs)
+            # The profiler's loss (its stand-in too): the plan's last stage includes it.
+            loss = loss_of(output, example_inputs, loss_fn)
             l1, lw1 = loss_now(), time.perf_counter()
             grad_of_output: list[tuple[float, float]] = []
-            head = _first_tensor(output)
+            head = next((t for t in float_tensor_leaves(output) if t.requires_grad), None)
             handle = None
             if head is not None:
                 # Fires (on the autograd thread) once d loss / d output exists.

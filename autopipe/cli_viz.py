@@ -260,6 +260,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     except ModelFileError as exc:
         raise cli.UsageError(str(exc)) from exc
     from autopipe.bench import run_bench
+    from autopipe.profiler.measure import ProfilingError
 
     try:
         result = run_bench(
@@ -274,8 +275,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
             executor_overhead=not args.no_executor_overhead,
             progress=not args.quiet and not args.json,
         )
-    except ValueError as exc:
-        # parallelize's errors on a mismatched plan/model/devices are one clear line.
+    except (ValueError, ProfilingError) as exc:
+        # parallelize's errors on a mismatched plan/model/devices are one clear line; so is
+        # a model without a loss_fn whose output cannot drive backward.
         raise cli.UsageError(str(exc)) from exc
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
