@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -500,14 +499,14 @@ def _validate(spec: DeviceSpec, origin: str) -> None:
         **{f"peak_flops_per_s.{k}": v for k, v in spec.peak_flops_per_s.items()},
     }
     for name, value in positive.items():
-        if not (value > 0) or math.isnan(value):
+        if not value > 0:  # also rejects NaN
             raise DeviceSpecError(f"{origin}: {name} must be positive, got {value!r}")
     for name in ("compute_efficiency", "memory_efficiency"):
         value = getattr(spec, name)
         if not 0 < value <= 1:
             raise DeviceSpecError(f"{origin}: {name} must be in (0, 1], got {value!r}")
     for name in ("kernel_launch_overhead_s", "link_latency_s"):
-        if getattr(spec, name) < 0:
+        if not getattr(spec, name) >= 0:  # also rejects NaN
             raise DeviceSpecError(f"{origin}: {name} must be >= 0, got {getattr(spec, name)!r}")
 
 

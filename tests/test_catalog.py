@@ -155,6 +155,7 @@ def test_load_json_spec_with_base(tmp_path) -> None:
             "base: a100\nname: X\ncompute_efficiency: 1.5\n",
             r"compute_efficiency must be in \(0, 1\]",
         ),
+        ("base: a100\nname: X\nlink_latency_s: nan\n", "link_latency_s must be >= 0"),
         ("base: a100\nname: X\nflops: 3\n", "unknown field.*flops"),
         ("base: a100\npeak_flops_per_s: {int3: 1}\n", "unknown dtype 'int3'"),
         ("- just\n- a list\n", "expected a mapping"),
