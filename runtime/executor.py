@@ -2,13 +2,13 @@
 
 Each clock cycle's tasks (``schedule.clock_cycles``) are submitted to the workers of their
 stages' devices (one submission per device and clock) and the clock ends when all of them
-are done, so stages on different
-devices compute at the same time while a stage never runs ahead of its input. A task
+are done, so stages on different devices compute at the same time while a stage never runs
+ahead of its input. A task
 moves its inputs to the stage's device, draws randomness from its micro-batch's stream
 (``rng``), runs the stage (re-materialized when ``checkpoint(i, j)``) and records its
 interval in the timeline. With grad enabled each task is a ``StageFunction`` node, so the
 caller's ``backward()`` later runs the stages' backwards (see ``stage.py``).
-The first exception of a clock stops the run and is re-raised in the caller. When every
+An exception stops the run after its clock and is re-raised in the caller. When every
 stage is on one device the tasks run in the caller's thread instead (nothing could overlap).
 Cost: M x K tasks, M + K - 1 thread hand-offs per device (tens of microseconds each).
 """
@@ -16,7 +16,7 @@ Cost: M x K tasks, M + K - 1 thread hand-offs per device (tens of microseconds e
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from concurrent.futures import FIRST_EXCEPTION, Future, wait
+from concurrent.futures import wait
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from functools import partial
@@ -47,7 +47,9 @@ class Stage:
 
 def _to_device(value: Any, device: torch.device) -> Any:
     if isinstance(value, torch.Tensor) and value.device != device:
-        return value.to(device, non_blocking=True)
+        # Asynchronous only towards a GPU: a non-blocking GPU -> CPU copy returns pinned
+        # memory before the copy is done, and the CPU stage would read it too early.
+        return value.to(device, non_blocking=device.type == "cuda")
     return value
 
 
@@ -117,18 +119,20 @@ def run_pipeline(
     for clock in clock_cycles(len(values), len(stages)):
         # One hand-off per device and clock: a device's tasks of one clock run in order in
         # one submission (stages sharing a device could not overlap anyway).
-        by_worker: dict[int, list[tuple[int, Callable[[], tuple[Any, ...]]]]] = {}
+        by_worker: dict[Worker | InlineWorker, list[tuple[int, Callable[[], tuple[Any, ...]]]]]
+        by_worker = {}
         for i, j in clock:
             task = partial(_run_task, stages[j], j, i, values[i], checkpoint(i, j), timeline, rng)
-            by_worker.setdefault(id(workers[j]), []).append((i, task))
-        futures: list[Future[list[tuple[int, tuple[Any, ...]]]]] = []
-        for j_worker, tasks in by_worker.items():
-            worker = next(w for w in workers if id(w) == j_worker)
-            futures.append(worker.submit(partial(_run_all, tasks)))
-        done, _ = wait(futures, return_when=FIRST_EXCEPTION)
-        for future in done:
-            if future.exception() is not None:
-                raise future.exception()  # type: ignore[misc]
+            by_worker.setdefault(workers[j], []).append((i, task))
+        futures = [worker.submit(partial(_run_all, tasks)) for worker, tasks in by_worker.items()]
+        # The clock's other tasks finish even when one fails (each is one stage on one
+        # micro-batch), so no task of a failed run still mutates modules, BatchNorm sums or
+        # generators after the caller has the exception; the lowest stage's error is raised.
+        wait(futures)
+        for future in futures:
+            error = future.exception()
+            if error is not None:
+                raise error
         for future in futures:
             for i, out in future.result():
                 values[i] = out

@@ -22,22 +22,16 @@ from typing import Any, NoReturn
 
 import torch
 from autopipe.runtime.batchnorm import begin_minibatch, convert_deferred_batch_norm
+from autopipe.runtime.devices import as_device, default_devices
 from autopipe.runtime.executor import Stage, run_pipeline
 from autopipe.runtime.microbatch import gather, scatter
 from autopipe.runtime.rng import MicrobatchRNG, draw_base_seed
 from autopipe.runtime.timeline import Timeline
 from torch import nn
 
-__all__ = ["CHECKPOINT_MODES", "GPipe", "default_devices", "checkpoint_stop"]
+__all__ = ["CHECKPOINT_MODES", "GPipe", "checkpoint_stop"]
 
 CHECKPOINT_MODES = ("always", "except_last", "never")
-
-
-def default_devices(count: int) -> list[torch.device]:
-    """All visible CUDA devices (first ``count``), else ``count`` copies of the CPU."""
-    if torch.cuda.is_available():
-        return [torch.device("cuda", i) for i in range(torch.cuda.device_count())]
-    return [torch.device("cpu")] * count
 
 
 def checkpoint_stop(mode: str, num_microbatches: int) -> int:
@@ -128,7 +122,7 @@ class GPipe(nn.Module):
             raise ValueError(f"all balance numbers must be positive integers, got {balance}")
         if devices is None:
             devices = default_devices(len(balance))
-        devs = [_as_device(d) for d in devices]
+        devs = [as_device(d) for d in devices]
         if len(devs) < len(balance):
             raise IndexError(
                 f"too few devices to hold given partitions (devices: {len(devs)}, partitions: {len(balance)})"
@@ -203,9 +197,3 @@ class GPipe(nn.Module):
         single_out = outputs[0][0]
         per_mb = [out[1] if single_out else tuple(out[1:]) for out in outputs]
         return gather(per_mb)
-
-
-def _as_device(device: torch.device | str | int) -> torch.device:
-    if isinstance(device, int):
-        return torch.device("cuda", device)
-    return torch.device(device)

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+from autopipe.runtime.devices import as_device
 from autopipe.runtime.pipeline import Pipeline
 from torch import nn
 
@@ -32,7 +33,7 @@ def resolve_devices(
     if gpus is not None and (not isinstance(gpus, int) or gpus < 1):
         raise ValueError(f"gpus={gpus!r} must be a positive integer (the number of stages)")
     if devices is not None:
-        devs = [torch.device("cuda", d) if isinstance(d, int) else torch.device(d) for d in devices]
+        devs = [as_device(d) for d in devices]
         if not devs:
             raise ValueError("devices is empty; give one device per pipeline stage")
         if gpus is not None and gpus != len(devs):

@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 from autopipe.runtime.batchnorm import begin_minibatch, convert_deferred_batch_norm
+from autopipe.runtime.devices import as_device
 from autopipe.runtime.executor import Stage, run_pipeline
 from autopipe.runtime.gpipe import CHECKPOINT_MODES, checkpoint_stop
 from autopipe.runtime.microbatch import gather, scatter
@@ -148,7 +149,7 @@ class Pipeline(nn.Module):
         self,
         graph_module: fx.GraphModule,
         node_stage: dict[str, int],
-        devices: Sequence[torch.device | str],
+        devices: Sequence[torch.device | str | int],
         *,
         chunks: int = 1,
         checkpoint: str | Sequence[bool] = "except_last",
@@ -171,7 +172,7 @@ class Pipeline(nn.Module):
                 f"got {len(checkpoint)} checkpoint flags for {num_stages} stages; give one per stage"
             )
         split, programs, placeholders, output = split_stages(graph_module, node_stage, num_stages)
-        self.devices = [torch.device(d) for d in devices]
+        self.devices = [as_device(d) for d in devices]
         submods = [split.get_submodule(f"submod_{j}") for j in range(num_stages)]
         if deferred_batch_norm:
             for mod in submods:  # parameters and buffers stay shared with the model's BatchNorms

@@ -22,7 +22,6 @@ import torch
 
 __all__ = ["InlineWorker", "Worker", "worker_for"]
 
-_STOP = object()
 _AUTOCAST_TYPES = ("cpu", "cuda")
 
 
@@ -54,20 +53,24 @@ class Worker:
         self._thread.start()
 
     def _loop(self) -> None:
+        failure: BaseException | None = None
         if self.device.type == "cuda":
-            torch.cuda.set_device(self.device)
+            try:
+                torch.cuda.set_device(self.device)
+            except BaseException as exc:  # noqa: BLE001 - reported through every future below
+                # A thread that died here would leave its futures pending forever (a hang).
+                failure = exc
         while True:
-            item = self._queue.get()
-            if item is _STOP:
-                return
-            future, fn, grad_enabled, threads, autocast = item
+            future, fn, grad_enabled, threads, autocast = self._queue.get()
             if not future.set_running_or_notify_cancel():
                 continue
-            if torch.get_num_threads() != threads:
-                # OpenMP's thread count is per thread: without this a worker would use every
-                # core while the caller asked for fewer, oversubscribing the CPU.
-                torch.set_num_threads(threads)
             try:
+                if failure is not None:
+                    raise failure
+                if torch.get_num_threads() != threads:
+                    # OpenMP's thread count is per thread: without this a worker would use
+                    # every core while the caller asked for fewer, oversubscribing the CPU.
+                    torch.set_num_threads(threads)
                 with torch.set_grad_enabled(grad_enabled), _autocast(autocast):
                     result = fn()
             except BaseException as exc:  # noqa: BLE001 - every failure must reach the caller
@@ -82,11 +85,6 @@ class Worker:
         state = (future, fn, torch.is_grad_enabled(), torch.get_num_threads(), _autocast_state())
         self._queue.put(state)
         return future
-
-    def stop(self) -> None:
-        """Ask the thread to finish after the tasks already queued."""
-        self._queue.put(_STOP)
-        self._thread.join(timeout=5.0)
 
     @property
     def alive(self) -> bool:

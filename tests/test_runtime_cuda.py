@@ -55,3 +55,23 @@ def test_dropout_on_one_gpu_matches_microbatched_model() -> None:
     expected.sum().backward()
     assert_close(out, expected, "output")
     assert_same_grads(pipe, reference)
+
+
+def test_unindexed_cuda_and_a_cpu_last_stage() -> None:
+    """ "cuda" names the same GPU as "cuda:0" (one worker); a GPU -> CPU hand-off is complete
+    before the CPU stage reads it."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 32), nn.Tanh(), nn.Linear(32, 32), nn.Linear(32, 3))
+    reference = copy.deepcopy(model)
+    x = torch.randn(64, 8)
+    torch.cuda.set_device(0)
+    pipe = GPipe(model, balance=[1, 2, 1], devices=["cuda", "cuda:0", "cpu"], chunks=4)
+    assert pipe.devices[:2] == [torch.device("cuda", 0)] * 2
+    out = pipe(x.to("cuda:0"))
+    out.sum().backward()
+    expected = reference_forward(reference, (x,), 4, seed=0)
+    expected.sum().backward()
+    assert out.device.type == "cpu"
+    assert_close(out, expected, "output")
+    for (name, p), q in zip(pipe.named_parameters(), reference.parameters(), strict=True):
+        assert_close(p.grad.cpu(), q.grad, name)

@@ -97,3 +97,22 @@ def test_worker_copies_autocast_state() -> None:
         worker.submit(lambda: (torch.ones(2, 2) @ torch.ones(2, 2)).dtype).result(timeout=5)
         == torch.float32
     )
+
+
+def test_worker_that_cannot_select_its_gpu_fails_its_tasks_instead_of_hanging() -> None:
+    from autopipe.runtime.worker import Worker
+
+    # No such GPU here (or no CUDA at all): torch.cuda.set_device fails in the thread.
+    future = Worker(torch.device("cuda", 4096)).submit(lambda: 1)
+    with pytest.raises(Exception) as info:  # noqa: PT011 - the CUDA error type varies by build
+        future.result(timeout=5)
+    assert not isinstance(info.value, TimeoutError)
+
+
+def test_devices_are_normalised() -> None:
+    from autopipe.runtime.devices import as_device
+
+    assert as_device(2) == torch.device("cuda", 2)
+    assert as_device("cpu") == torch.device("cpu") != as_device("cpu:0")
+    if torch.cuda.is_available():
+        assert as_device("cuda") == torch.device("cuda", torch.cuda.current_device())
