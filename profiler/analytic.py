@@ -42,7 +42,7 @@ import torch.nn.functional as F
 from autopipe.profiler.calibrate import apply_times as _apply_times
 from autopipe.profiler.calibrate import priced_times
 from autopipe.profiler.catalog import DeviceSpec, get_device, normalize_dtype
-from autopipe.profiler.measure import default_microbatch_sizes, slice_batch
+from autopipe.profiler.measure import microbatch_sizes_to_profile, slice_batch
 from autopipe.profiler.memory import parameter_accounting
 from autopipe.profiler.opcount import OpCounter, storage_key
 from autopipe.profiler.optimizer_state import normalize_optimizer
@@ -319,15 +319,10 @@ def profile_analytic(
 
 
 def _sizes(big_b: int, microbatch_sizes: Sequence[int] | None) -> list[int]:
-    if microbatch_sizes is None:
-        return default_microbatch_sizes(big_b)
-    sizes = [big_b, *sorted({int(b) for b in microbatch_sizes if int(b) != big_b}, reverse=True)]
-    bad = [b for b in sizes if not 1 <= b <= big_b]
-    if bad:
-        raise AnalyticProfileError(
-            f"micro-batch sizes must be between 1 and the batch size {big_b}, got {bad}"
-        )
-    return sizes
+    try:
+        return microbatch_sizes_to_profile(big_b, microbatch_sizes)
+    except ValueError as exc:
+        raise AnalyticProfileError(str(exc)) from None
 
 
 @dataclasses.dataclass

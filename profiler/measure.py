@@ -122,12 +122,29 @@ def slice_batch(example_inputs: Any, size: int, batch_size: int) -> Any:
     )
 
 
-def default_microbatch_sizes(batch_size: int) -> list[int]:
-    """The batch size and one smaller size dividing it (B/4, else B/2): enough for a line."""
-    for divisor in (4, 2):
-        if batch_size % divisor == 0 and batch_size // divisor >= 1:
-            return [batch_size, batch_size // divisor]
-    return [batch_size]
+def microbatch_sizes_to_profile(
+    batch_size: int, microbatch_sizes: Sequence[int] | None = None
+) -> list[int]:
+    """``[B, smaller sizes, descending]`` to count or time for the ``t(b) = a + c * b`` fit.
+
+    ``None``: ``B`` and one size dividing it (``B/4``, else ``B/2``), enough for a line;
+    ``()``: ``B`` only. ``ValueError`` for a size outside ``1..B``.
+    """
+    if microbatch_sizes is None:
+        for divisor in (4, 2):
+            if batch_size % divisor == 0:
+                return [batch_size, batch_size // divisor]
+        return [batch_size]
+    sizes = [
+        batch_size,
+        *sorted({int(b) for b in microbatch_sizes if int(b) != batch_size}, reverse=True),
+    ]
+    bad = [b for b in sizes if not 1 <= b <= batch_size]
+    if bad:
+        raise ValueError(
+            f"micro-batch sizes must be between 1 and the batch size {batch_size}, got {bad}"
+        )
+    return sizes
 
 
 def loss_of(output: Any, inputs: Any, loss_fn: LossFn | None) -> torch.Tensor:
@@ -498,18 +515,7 @@ def profile(
         model.to(dtype=dt)
     inputs = move_inputs(example_inputs, dev, dt)
     big_b = batch_size_of(inputs)
-    if microbatch_sizes is None:
-        sizes = default_microbatch_sizes(big_b)
-    else:
-        sizes = [
-            big_b,
-            *sorted({int(b) for b in microbatch_sizes if int(b) != big_b}, reverse=True),
-        ]
-    bad = [b for b in sizes if b < 1 or b > big_b]
-    if bad:
-        raise ValueError(
-            f"micro-batch sizes must be between 1 and the batch size {big_b}, got {bad}"
-        )
+    sizes = microbatch_sizes_to_profile(big_b, microbatch_sizes)
 
     if threads is None and dev.type == "cpu":
         threads = 1
