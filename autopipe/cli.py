@@ -141,9 +141,42 @@ def check_output_path(path: str | None, flag: str, *, directory: bool = False) -
 
 def _load_profile_or_model(args: argparse.Namespace) -> Any:
     """Profile from ``args.model``: a saved profile JSON, or a model file to profile now."""
-    if args.model.endswith(".json"):
-        return load_profile_file(args.model)
-    return _profile_model_file(args)
+    if not args.model.endswith(".json"):
+        return _profile_model_file(args)
+    profile = load_profile_file(args.model)
+    # Flags that shape profiling would be silently ignored for a saved profile: refuse them.
+    ignored = [
+        flag
+        for flag, value in (
+            ("--device-spec", args.device_spec),
+            ("--dtype", args.dtype),
+            ("--granularity", args.granularity),
+            ("--no-cache", args.no_cache),
+        )
+        if value
+    ]
+    single = args.device if args.device and not _device_list(args.device) else None
+    if single and not _profiled_on(profile, single):
+        ignored.insert(0, f"--device {single}")
+    if ignored:
+        raise UsageError(
+            f"{', '.join(ignored)} {'applies' if len(ignored) == 1 else 'apply'} only when "
+            f"profiling a model file; {args.model} was profiled on {profile.device} "
+            f"({profile.mode}): profile MODEL.py with {'it' if len(ignored) == 1 else 'them'}"
+        )
+    return profile
+
+
+def _profiled_on(profile: Any, device: str) -> bool:
+    """Whether ``--device device`` names the device ``profile`` was measured or counted on."""
+    if profile.mode != "analytic":
+        return device == profile.device
+    from autopipe.profiler.catalog import get_device
+
+    try:
+        return get_device(device).name == profile.device
+    except ValueError:
+        return False
 
 
 def _profile_model_file(args: argparse.Namespace) -> Any:
@@ -152,7 +185,8 @@ def _profile_model_file(args: argparse.Namespace) -> Any:
     mf = load_model_arg(args.model)
     batch_size = args.batch_size or mf.default_batch_size()
     progress = not args.quiet
-    device_spec = _device_spec(args)
+    # Kept on args: cmd_plan plans for this device's memory and links.
+    device_spec = args._spec = _resolve_device_spec(args)
     try:
         if device_spec is not None:
             model = mf.build(device="meta")
@@ -166,7 +200,7 @@ def _profile_model_file(args: argparse.Namespace) -> Any:
                     inputs,
                     device_spec,
                     dtype=args.dtype or "bfloat16",
-                    granularity=args.granularity,
+                    granularity=args.granularity or "block",
                     loss_fn=mf.loss_fn,
                 )
             except (AnalyticProfileError, DeviceSpecError) as exc:
@@ -180,7 +214,7 @@ def _profile_model_file(args: argparse.Namespace) -> Any:
                 model,
                 inputs,
                 device=args.device_measure,
-                granularity=args.granularity,
+                granularity=args.granularity or "block",
                 loss_fn=mf.loss_fn,
                 progress=progress,
                 cache=not args.no_cache,
@@ -189,12 +223,6 @@ def _profile_model_file(args: argparse.Namespace) -> Any:
         raise UsageError(str(exc)) from exc
     profile.model = mf.label
     return profile
-
-
-def _device_spec(args: argparse.Namespace) -> Any:
-    """The analytic device from --device NAME / --device-spec FILE, or None to measure."""
-    args._spec = spec = _resolve_device_spec(args)
-    return spec
 
 
 def _device_list(text: str | None) -> list[tuple[str, int]] | None:
@@ -248,6 +276,8 @@ def _heterogeneous_cluster(profile: Any, args: argparse.Namespace) -> Any:
 
 
 def _resolve_device_spec(args: argparse.Namespace) -> Any:
+    """The analytic device from --device NAME / --device-spec FILE, or None to measure (on
+    ``args.device_measure``: cpu, cuda[:i] or None for the default)."""
     name = getattr(args, "device", None)
     entries = _device_list(name)
     if entries:
@@ -376,9 +406,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
 def cmd_devices(args: argparse.Namespace) -> int:
     from autopipe.profiler.catalog import CATALOG
 
-    rows = []
-    for spec in CATALOG.values() if isinstance(CATALOG, dict) else CATALOG:
-        rows.append(spec)
+    rows = list(CATALOG.values())
     if args.json:
         import dataclasses
 
@@ -443,7 +471,6 @@ def _model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--granularity",
         choices=["block", "module", "node"],
-        default="block",
         help="what a unit is (default: block)",
     )
     p.add_argument(

@@ -88,3 +88,20 @@ def test_output_paths_are_checked_before_any_work(
     assert main(["profile", GPT, "--out", str(a_file / "p.json")]) == 2
     assert "is a file, not a directory" in _err_line(capsys)
     assert a_file.read_text() == "keep me"
+
+
+def test_profiling_flags_with_a_saved_profile_are_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """They would be silently ignored: `plan profile.json --device a100-80gb` is no A100 plan."""
+    from autopipe.profiler.profile import Profile, UnitProfile
+
+    units = [UnitProfile(name=f"u{i}", forward_s=1e-3, backward_s=2e-3) for i in range(4)]
+    saved = tmp_path / "profile.json"
+    Profile(units=units, cut_bytes=[1000] * 3, batch_size=8, device="cpu").save(saved)
+    assert main(["plan", str(saved), "--gpus", "2", "--device", "a100-80gb"]) == 2
+    assert "--device a100-80gb applies only when profiling a model file" in _err_line(capsys)
+    assert main(["plan", str(saved), "--gpus", "2", "--granularity", "node"]) == 2
+    assert "--granularity applies only" in _err_line(capsys)
+    # The device it was measured on is no contradiction.
+    assert main(["plan", str(saved), "--gpus", "2", "--device", "cpu", "-q"]) == 0
