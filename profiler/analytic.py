@@ -39,6 +39,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from autopipe.profiler.cache import autopipe_version
 from autopipe.profiler.calibrate import apply_times as _apply_times
 from autopipe.profiler.calibrate import priced_times
 from autopipe.profiler.catalog import DeviceSpec, get_device, normalize_dtype
@@ -505,7 +506,7 @@ def _build_profile(
         tracer=ug.tracer,
         mode="analytic",
         torch_version=torch.__version__,
-        autopipe_version=_autopipe_version(),
+        autopipe_version=autopipe_version(),
         input_bytes=count.input_bytes,
         total_activation_bytes=sum(u.activation_bytes for u in units),
         parameter_bytes_total=parameter_bytes_total,
@@ -545,12 +546,3 @@ def _boundary_bytes(
                 if c < n and floating:
                     received[c][key] = nbytes
     return [sum(o.values()) for o in outputs], [sum(r.values()) for r in received]
-
-
-def _autopipe_version() -> str:
-    try:
-        from autopipe import __version__
-
-        return __version__
-    except ImportError:  # pragma: no cover - the package is always importable in practice
-        return ""

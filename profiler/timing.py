@@ -1,7 +1,8 @@
-"""Wall-clock timing of forward/backward pairs and the micro-batch-size time model.
+"""Timing of forward/backward pairs and the micro-batch-size time model.
 
-Times are medians over ``repeat`` runs after ``warmup`` runs; on CUDA the device is
-synchronised around each timed region so the clock measures the kernels, not the launch.
+Times are medians over ``repeat`` runs after ``warmup`` runs, on the wall clock or the
+measuring thread's CPU clock; on CUDA the device is synchronised around each timed region so
+the clock measures the kernels, not the launch.
 """
 
 from __future__ import annotations
