@@ -272,11 +272,9 @@ def _unit_outputs(ug: UnitGraph) -> list[list[str]]:
     """Per unit, the nodes it produces that a later unit or the model output consumes."""
     outs: list[list[str]] = [[] for _ in range(ug.num_units)]
     for node in ug.graph_module.graph.nodes:
-        if node.op in ("output", "get_attr"):
+        if node.op in ("output", "get_attr", "placeholder"):
             continue
         unit = ug.node_unit[node.name]
-        if node.op == "placeholder":
-            continue
         if any(u.op == "output" or ug.node_unit[u.name] > unit for u in node.users):
             outs[unit].append(node.name)
     return outs
