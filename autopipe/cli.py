@@ -564,23 +564,13 @@ def build_parser() -> argparse.ArgumentParser:
     _common(p)
     p.set_defaults(func=cmd_explain)
 
-    commands = _extra_commands()
-    commands += [c for c in _EXTRA_COMMANDS if c not in commands]
-    for register in commands:
-        register(sub)
-    return parser
-
-
-def _extra_commands() -> list[Callable[[Any], None]]:
-    """Commands that live beside the plotting and distributed code (imported lazily)."""
+    # plot, bench and run live beside the plotting and distributed code.
     from autopipe.cli_run import register_run
     from autopipe.cli_viz import register_bench, register_plot
 
-    return [register_plot, register_bench, register_run]
-
-
-# Further commands registered at run time (plugins, tests); duplicates of the above are ignored.
-_EXTRA_COMMANDS: list[Callable[[Any], None]] = []
+    for register in (register_plot, register_bench, register_run):
+        register(sub)
+    return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:

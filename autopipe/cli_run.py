@@ -2,7 +2,7 @@
 
 Every rank loads the model file and the plan, builds only its own stage and runs the plan's
 schedule; the last stage prints loss and step time. ``register_run(sub)`` adds the command to
-the CLI's subparsers; ``python -m autopipe.cli_run run ...`` works without that wiring.
+the CLI's subparsers; ``python -m autopipe.cli_run run ...`` is ``autopipe run ...``.
 """
 
 from __future__ import annotations
@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -187,16 +186,5 @@ def _train(args: argparse.Namespace, plan: Any, mf: Any, rank: int, world: int) 
     return cli.EXIT_OK
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """``autopipe`` with the ``run`` command registered (for ``python -m autopipe.cli_run``)."""
-    # Register the function of the importable module, not of ``__main__``: the CLI registers
-    # that same object itself and drops duplicates.
-    from autopipe import cli_run
-
-    if cli_run.register_run not in cli._EXTRA_COMMANDS:
-        cli._EXTRA_COMMANDS.append(cli_run.register_run)
-    return cli.main(argv)
-
-
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(cli.main())

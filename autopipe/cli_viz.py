@@ -1,7 +1,7 @@
 """``autopipe plot`` and ``autopipe bench``.
 
 ``register_plot(sub)`` and ``register_bench(sub)`` add the commands to the CLI's argparse
-subparsers (``autopipe.cli._EXTRA_COMMANDS``). Conventions are the CLI's: ``--json`` prints
+subparsers (``autopipe.cli.build_parser``). Conventions are the CLI's: ``--json`` prints
 machine-readable output on stdout, ``-q``/``-v``, ``cli.UsageError`` -> exit 2,
 ``cli.Failure`` -> exit 1, one-line errors.
 """

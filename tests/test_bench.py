@@ -10,7 +10,6 @@ import pytest
 from autopipe.planner.plan import load_plan
 
 from autopipe import cli
-from autopipe.cli_viz import register_bench, register_plot
 
 MODEL = """
 import torch
@@ -31,14 +30,6 @@ def example_inputs(batch_size=8):
 def loss_fn(output, inputs):
     return output.square().mean()
 """
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _commands() -> None:
-    # The lead wires these into cli._EXTRA_COMMANDS; make sure they are there for the tests.
-    for register in (register_plot, register_bench):
-        if register not in cli._EXTRA_COMMANDS:
-            cli._EXTRA_COMMANDS.append(register)
 
 
 @pytest.fixture(scope="module")
