@@ -52,6 +52,15 @@ def planning_options(plan: Plan) -> dict[str, Any]:
     return opts
 
 
+def _planner_accepts(options: dict[str, Any]) -> dict[str, Any]:
+    """``options`` less any keyword ``autopipe.planner.plan`` does not take (a plan saved by
+    another version may record options this planner lacks)."""
+    from autopipe.planner import plan as make_plan
+
+    accepted = inspect.signature(make_plan).parameters
+    return {k: v for k, v in options.items() if k in accepted}
+
+
 def replan(profile: Profile, plan: Plan, **overrides: Any) -> Plan | None:
     """``plan``'s problem re-planned with ``overrides`` (e.g. ``microbatches=8``).
 
@@ -61,13 +70,9 @@ def replan(profile: Profile, plan: Plan, **overrides: Any) -> Plan | None:
     from autopipe.planner import PlanningError
     from autopipe.planner import plan as make_plan
 
-    kwargs = planning_options(plan)
-    kwargs.update(overrides)
-    kwargs.setdefault("gpus", plan.num_stages)
-    kwargs.setdefault("baselines", False)
-    accepted = inspect.signature(make_plan).parameters
-    if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in accepted.values()):
-        kwargs = {k: v for k, v in kwargs.items() if k in accepted}
+    kwargs = _planner_accepts(
+        {"gpus": plan.num_stages, "baselines": False, **planning_options(plan), **overrides}
+    )
     try:
         return make_plan(profile, **kwargs)
     except PlanningError:
@@ -196,10 +201,9 @@ def scaling_data(plan: Plan, profile: Profile, max_gpus: int | None = None) -> d
     from autopipe.planner import scaling_report
 
     max_gpus = min(max_gpus or plan.num_stages, len(profile.units))
-    opts = planning_options(plan)
-    opts["microbatches"] = "auto"
-    accepted = inspect.signature(_planner_plan()).parameters
-    opts = {k: v for k, v in opts.items() if k in accepted and k not in ("gpus", "cluster")}
+    opts = _planner_accepts({**planning_options(plan), "microbatches": "auto"})
+    for varied in ("gpus", "cluster"):  # scaling_report varies K itself
+        opts.pop(varied, None)
     rows = scaling_report(profile, max_gpus, **opts)
     points = []
     for row in rows:
@@ -221,9 +225,3 @@ def scaling_data(plan: Plan, profile: Profile, max_gpus: int | None = None) -> d
         "memory_limit_bytes": plan.memory_per_device,
         "points": points,
     }
-
-
-def _planner_plan() -> Any:
-    from autopipe.planner import plan as make_plan
-
-    return make_plan
