@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 from autopipe.profiler.catalog import DeviceSpec, DeviceSpecError, device_spec_from_dict
 from autopipe.profiler.profile import Profile
+from autopipe.profiler.time_model import fit_time_model
 
 
 class CalibrationError(ValueError):
@@ -165,7 +166,7 @@ def priced_times(
                     _price(s["units"][i][phase], compute_scale, memory_scale, launch_s)
                     for s in smaller
                 ]
-                overhead = min(_fit_intercept(sizes, times), t_big)
+                overhead = min(fit_time_model(sizes, times)[0], t_big)
             else:
                 overhead = unit[phase]["kernels"] * launch_s
             totals.append(t_big)
@@ -177,21 +178,6 @@ def priced_times(
             _price(loss[phase], compute_scale, memory_scale, launch_s) if loss else 0.0
         )
     return out
-
-
-def _fit_intercept(sizes: list[int], times: list[float]) -> float:
-    """Intercept of the least-squares line through (size, time) with a, c >= 0."""
-    b = np.asarray(sizes, dtype=float)
-    t = np.asarray(times, dtype=float)
-    design = np.stack([np.ones_like(b), b], axis=1)
-    (a, c), *_ = np.linalg.lstsq(design, t, rcond=None)
-    if a >= 0 and c >= 0:
-        return float(a)
-    through_origin = 0.0  # t = c * b: no fixed part
-    sse_origin = float(((max(float(b @ t / (b @ b)), 0.0) * b - t) ** 2).sum())
-    constant = max(float(t.mean()), 0.0)
-    sse_constant = float(((constant - t) ** 2).sum())
-    return through_origin if sse_origin <= sse_constant else constant
 
 
 def apply_times(profile: Profile, times: dict[str, Any]) -> None:

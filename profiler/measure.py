@@ -46,9 +46,9 @@ from autopipe.profiler.memory import (
 )
 from autopipe.profiler.optimizer_state import normalize_optimizer
 from autopipe.profiler.profile import Profile, UnitProfile
+from autopipe.profiler.time_model import fit_time_model
 from autopipe.profiler.timing import (
     TimedStep,
-    fit_time_model,
     num_threads,
     synchronize,
     time_steps_interleaved,
