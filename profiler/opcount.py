@@ -11,7 +11,8 @@ meta (or fake) tensors. For each op it takes
 
 and prices it with the roofline ``max(flops / (peak x compute_eff), bytes / (bw x mem_eff))``.
 The op's cost is booked to the *current unit* and *phase*, which the caller sets
-(module hooks in forward, autograd-node pre-hooks in backward). Cost per op is O(#args).
+(the unit graph's interpreter in forward, autograd-node pre-hooks in backward; see
+``analytic.py``). Cost per op is O(#args).
 """
 
 from __future__ import annotations
