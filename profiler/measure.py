@@ -534,6 +534,8 @@ def profile(
             optimizer=optimizer,
             threads=threads,
             clock=clock,
+            warmup=warmup,
+            repeat=repeat,
             loss_fn=getattr(loss_fn, "__qualname__", repr(loss_fn)),
         )
         cached = load_cached(key, cache_dir)

@@ -57,6 +57,13 @@ def test_other_shapes_are_measured_not_reused(tmp_path) -> None:
     assert p.batch_size == 4 and len(list(tmp_path.glob("*.json"))) == 2
 
 
+def test_more_repeats_are_measured_not_reused(tmp_path) -> None:
+    m, x = model(), torch.randn(8, 16)
+    profile(m, x, cache=True, cache_dir=tmp_path, **FAST)
+    p = profile(m, x, cache=True, cache_dir=tmp_path, **{**FAST, "repeat": 2})
+    assert p.meta["repeat"] == 2 and len(list(tmp_path.glob("*.json"))) == 2
+
+
 @pytest.mark.parametrize(
     "damage",
     [
