@@ -27,7 +27,8 @@ def scaling_report(
     ``device``: the device to repeat K times (memory, link); default: the profile's device
     with ``memory_per_device`` from ``kw``.
     Rows: ``gpus``, ``feasible``, ``iteration_time_s``, ``throughput``, ``speedup``,
-    ``efficiency`` (speedup / K), ``microbatches``, ``schedule``, ``max_memory_bytes``, ``error``.
+    ``efficiency`` (speedup / K), ``microbatches``, ``schedule``, ``bubble_fraction``,
+    ``max_memory_bytes``, ``error`` (infeasible rows carry only ``gpus``, ``feasible``, ``error``).
     ``kw`` is passed to ``plan`` (``cluster`` is not allowed: K varies).
     """
     if "cluster" in kw:
