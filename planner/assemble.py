@@ -76,7 +76,7 @@ def build_plan(
     for s, (units, c) in enumerate(zip(_stage_names(profile, part.bounds), costs, strict=True)):
         reason = ""
         if c.checkpoint:
-            cap = cm.capacity[s]
+            cap = cm.capacity_bytes[s]
             without = c.memory_without_checkpoint_bytes * (1.0 + cm.headroom)
             if checkpoint == "auto":
                 reason = f"checkpointed: without it {gib(without)} > {gib(cap)} (headroom included)"

@@ -30,9 +30,9 @@ def stage_key(cm: CostModel, s: int) -> tuple:
     # Stages with equal devices, in-flight count and options share one cost matrix.
     return (
         cm.speed[s],
-        cm.capacity[s],
-        cm.bandwidth[s],
-        cm.latency[s],
+        cm.capacity_bytes[s],
+        cm.bandwidth_bytes_per_s[s],
+        cm.latency_s[s],
         cm.inflight[s],
         cm.options[s],
     )

@@ -106,17 +106,19 @@ class CostModel:
         self.param_prefix = np.concatenate([zero, np.cumsum(param)])
         self.act_prefix = np.concatenate([zero, np.cumsum(act)])
         # Bytes crossing each boundary position at the profile batch size; nothing leaves position N.
-        self.cut_at = np.array([float(profile.input_bytes), *map(float, profile.cut_bytes), 0.0])
+        self.cut_bytes_at = np.array(
+            [float(profile.input_bytes), *map(float, profile.cut_bytes), 0.0]
+        )
         self.state_factor = state_bytes_per_parameter / pbytes
         """Training-state bytes per parameter byte (4.0 for fp32 Adam)."""
 
         devs = cluster.devices
         self.speed = np.array([d.speed for d in devs], float)
-        self.capacity = np.array(
+        self.capacity_bytes = np.array(
             [math.inf if d.memory_bytes is None else float(d.memory_bytes) for d in devs]
         )
-        self.bandwidth = np.array([d.link_bandwidth_bytes_per_s for d in devs], float)
-        self.latency = np.array([d.link_latency_s for d in devs], float)
+        self.bandwidth_bytes_per_s = np.array([d.link_bandwidth_bytes_per_s for d in devs], float)
+        self.latency_s = np.array([d.link_latency_s for d in devs], float)
         if schedule == "gpipe":
             self.inflight = np.full(k, microbatches, dtype=float)
         else:  # 1F1B: stage s holds at most K - s micro-batches between its forward and backward
@@ -140,13 +142,13 @@ class CostModel:
     def send_s(self, stage: int, j: np.ndarray | int) -> np.ndarray:
         """Seconds to send the cut at position ``j`` from ``stage`` to the next; 0 at ``j == N``."""
         j = np.asarray(j)
-        bw = self.bandwidth[stage]
-        data = 0.0 if math.isinf(bw) else self.cut_at[j] * self.ratio / bw
-        return np.where(j >= self.n_units, 0.0, data + self.latency[stage])
+        bw = self.bandwidth_bytes_per_s[stage]
+        data = 0.0 if math.isinf(bw) else self.cut_bytes_at[j] * self.ratio / bw
+        return np.where(j >= self.n_units, 0.0, data + self.latency_s[stage])
 
     def limit_bytes(self, stage: int) -> float:
         """Raw bytes a stage may use: device memory / (1 + headroom)."""
-        return self.capacity[stage] / (1.0 + self.headroom)
+        return self.capacity_bytes[stage] / (1.0 + self.headroom)
 
     # ----- one segment -----
 
@@ -161,7 +163,7 @@ class CostModel:
         opt = state - param
         act_one = (self.act_prefix[j] - self.act_prefix[i]) * self.ratio
         act_a = act_one * self.inflight[stage]
-        act_b = act_one + self.cut_at[i] * self.ratio * self.inflight[stage]
+        act_b = act_one + self.cut_bytes_at[i] * self.ratio * self.inflight[stage]
         limit = self.limit_bytes(stage)
         # Same expressions as cost_matrix so that the DP and this check agree exactly.
         fits_a = state + act_a <= limit
@@ -194,7 +196,7 @@ class CostModel:
         state = (self.param_prefix[j] - self.param_prefix[i]) * self.state_factor
         act_one = (self.act_prefix[j] - self.act_prefix[i]) * self.ratio
         act_a = act_one * self.inflight[stage]
-        act_b = act_one + self.cut_at[i] * self.ratio * self.inflight[stage]
+        act_b = act_one + self.cut_bytes_at[i] * self.ratio * self.inflight[stage]
         need = {"A": act_a, "B": act_b, "AB": min(act_a, act_b)}[self.options[stage]]
         return float((state + need) * (1.0 + self.headroom))
 
@@ -208,7 +210,7 @@ class CostModel:
         the memory masks are skipped when even the whole chain fits on the stage.
         """
         v = self.speed[stage]
-        tkey = ("time", v, self.bandwidth[stage], self.latency[stage])
+        tkey = ("time", v, self.bandwidth_bytes_per_s[stage], self.latency_s[stage])
         if tkey not in self._cache:
             n = self.n_units
             f, g = self.fwd_prefix, self.bwd_prefix
@@ -228,7 +230,7 @@ class CostModel:
         state_all = self.param_prefix[-1] * self.state_factor
         act_all = self.act_prefix[-1] * r
         all_fit_a = state_all + act_all * n_s <= limit
-        all_fit_b = state_all + (act_all + float(self.cut_at.max()) * r * n_s) <= limit
+        all_fit_b = state_all + (act_all + float(self.cut_bytes_at.max()) * r * n_s) <= limit
         if "A" in opts and all_fit_a:
             return time_a  # every segment keeps its activations and fits: no masks needed
         if "B" in opts:
@@ -236,7 +238,7 @@ class CostModel:
             time_b[invalid] = np.inf
             if not all_fit_b:
                 state, act_one = self._memory_parts()
-                fits_b = state + (act_one + (self.cut_at * r * n_s)[:, None]) <= limit
+                fits_b = state + (act_one + (self.cut_bytes_at * r * n_s)[:, None]) <= limit
                 time_b[~fits_b] = np.inf
             if opts == "B":
                 return time_b
@@ -263,7 +265,7 @@ class CostModel:
         act_one = (self.act_prefix[j] - self.act_prefix[i]) * r
         opts = self.options[stage]
         time_a = np.where(state + act_one * n_s <= limit, base + send, np.inf)
-        fits_b = state + (act_one + self.cut_at[i] * r * n_s) <= limit
+        fits_b = state + (act_one + self.cut_bytes_at[i] * r * n_s) <= limit
         time_b = np.where(fits_b, (base + fwd) + send, np.inf)
         if opts == "A":
             out = time_a

@@ -70,13 +70,13 @@ def _solve(cm: CostModel, time_limit_s: float) -> Partition | None:
         send = cm.send_s(s, list(range(n + 1)))
         base = (lin(end, x_all) - lin(start, x_all)) * (scale / v) + lin(end, send * scale)
         fwd = (lin(end, x_fwd) - lin(start, x_fwd)) * (scale / v)
-        limit = cm.capacity[s] / (1.0 + cm.headroom)
+        limit = cm.capacity_bytes[s] / (1.0 + cm.headroom)
         n_s = float(cm.inflight[s])
         state = (lin(end, cm.param_prefix) - lin(start, cm.param_prefix)) * cm.state_factor
         act_one = (lin(end, cm.act_prefix) - lin(start, cm.act_prefix)) * cm.ratio
         mem_a = (state + act_one * n_s) * (1.0 / limit) if math.isfinite(limit) else None
         # Checkpointed: one micro-batch's activations plus every in-flight stage input.
-        inputs = lin(start, cm.cut_at) * (cm.ratio * n_s)
+        inputs = lin(start, cm.cut_bytes_at) * (cm.ratio * n_s)
         mem_b = (state + act_one + inputs) * (1.0 / limit) if math.isfinite(limit) else None
         whole_a = cm.param_prefix[-1] * cm.state_factor + cm.act_prefix[-1] * cm.ratio * n_s
         if opts == "AB" and whole_a <= limit:
@@ -102,7 +102,7 @@ def _solve(cm: CostModel, time_limit_s: float) -> Partition | None:
                     float(
                         cm.param_prefix[-1] * cm.state_factor
                         + cm.act_prefix[-1] * cm.ratio * n_s
-                        + cm.cut_at.max() * cm.ratio * n_s
+                        + cm.cut_bytes_at.max() * cm.ratio * n_s
                     )
                     / limit
                 )

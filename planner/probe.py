@@ -22,22 +22,22 @@ Caps = tuple[float, float, float]
 class _Prober:
     """Decides ``exists partition with every stage time <= T`` in O(K N log N) numpy work."""
 
-    def __init__(self, cm: CostModel, capacity: np.ndarray | None = None) -> None:
+    def __init__(self, cm: CostModel, capacity_bytes: np.ndarray | None = None) -> None:
         self.cm = cm
         self.n = cm.n_units
-        self.capacity = cm.capacity if capacity is None else capacity
+        self.capacity_bytes = cm.capacity_bytes if capacity_bytes is None else capacity_bytes
         self.pos = np.arange(self.n + 1)
         self._stage_cache: dict[tuple, dict[str, np.ndarray]] = {}
 
     def _stage(self, s: int) -> dict[str, np.ndarray]:
         cm = self.cm
-        key = (*stage_key(cm, s), self.capacity[s])
+        key = (*stage_key(cm, s), self.capacity_bytes[s])
         got = self._stage_cache.get(key)
         if got is not None:
             return got
         v = cm.speed[s]
         f, g = cm.fwd_prefix / v, cm.bwd_prefix / v
-        limit = self.capacity[s] / (1.0 + cm.headroom)
+        limit = self.capacity_bytes[s] / (1.0 + cm.headroom)
         n_s = cm.inflight[s]
         state = cm.param_prefix * cm.state_factor
         act = cm.act_prefix * cm.ratio
@@ -48,7 +48,7 @@ class _Prober:
             "x_f": f,  # forward part of a stage: x_f[j] - x_f[i] + send[j]
             "x_q": f + g,  # checkpointed backward part: recompute + backward
             # memory_B(i, j) = need_b[j] - y_b[i]; y_b is not monotone (stage-input cut term)
-            "y_b": state + act - cm.cut_at * cm.ratio * n_s,
+            "y_b": state + act - cm.cut_bytes_at * cm.ratio * n_s,
             "need_b": state + act - limit,
         }
         self._stage_cache[key] = got
@@ -69,13 +69,15 @@ class _Prober:
             ok &= fwd + send <= f_cap
         if math.isfinite(q_cap):  # backward part: recompute + backward
             ok &= ((fwd + bwd) if ckpt else bwd) <= q_cap
-        limit = self.capacity[s] / (1.0 + cm.headroom)
+        limit = self.capacity_bytes[s] / (1.0 + cm.headroom)
         if math.isinf(limit):
             return ok & (i < j)
         state = (cm.param_prefix[j] - cm.param_prefix[i]) * cm.state_factor
         act_one = (cm.act_prefix[j] - cm.act_prefix[i]) * cm.ratio
         act = (
-            act_one + cm.cut_at[i] * cm.ratio * cm.inflight[s] if ckpt else act_one * cm.inflight[s]
+            act_one + cm.cut_bytes_at[i] * cm.ratio * cm.inflight[s]
+            if ckpt
+            else act_one * cm.inflight[s]
         )
         return ok & (state + act <= limit) & (i < j)
 
