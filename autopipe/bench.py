@@ -336,6 +336,7 @@ def run_bench(
     simulation.
     """
     import torch
+    from tqdm import tqdm
 
     import autopipe
     from autopipe.profiler.measure import loss_of
@@ -358,14 +359,14 @@ def run_bench(
         timelines: list[Timeline] = []
         per_step: list[list[tuple[float, float]]] = []
         walls, iterations, loss_fwd, loss_bwd = [], [], [], []
-        it: Any = range(warmup + steps)
-        if progress:
-            from tqdm import tqdm
-
-            it = tqdm(
-                it, desc=f"bench {plan.num_stages} stages x M={plan.microbatches}", unit="step"
-            )
-        for step in it:
+        # One step per training step, and a last one for calibration and the prediction.
+        bar = tqdm(
+            total=warmup + steps + 1,
+            desc=f"bench {plan.num_stages} stages x M={plan.microbatches}",
+            unit="step",
+            disable=not progress,
+        )
+        for step in range(warmup + steps):
             optimizer.zero_grad(set_to_none=True)
             stamps.clear()
             w0, c0 = time.perf_counter(), now()
@@ -389,6 +390,7 @@ def run_bench(
                 handle.remove()
             optimizer.step()
             w1 = time.perf_counter()
+            bar.update()
             if step < warmup:
                 continue
             loss_spans = [(lw0, lw1)] + ([(lw2, grad_of_output[0][1])] if grad_of_output else [])
@@ -411,6 +413,8 @@ def run_bench(
         overhead = calibrate_executor_overhead(stage_devices, microbatches=plan.microbatches)
     predicted_plan = with_overhead(plan, *overhead)
     predicted = predicted_timeline(predicted_plan, devices=stage_devices or None)
+    bar.update()
+    bar.close()
     k, m = plan.num_stages, plan.microbatches
     loss_f, loss_b = statistics.median(loss_fwd), statistics.median(loss_bwd)
     stages = []

@@ -368,7 +368,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         # Before the JSON: plot_all stores what `autopipe plot` needs to redraw in plan.meta.
         from autopipe.viz import plot_all
 
-        paths = plot_all(result, args.plot, profile=profile)
+        paths = plot_all(result, args.plot, profile=profile, progress=not args.quiet)
         _say(args, "plots: " + ", ".join(str(p) for p in paths))
     # The profile travels with the plan: `autopipe plot` and tools can re-plan from it.
     result.meta.setdefault("profile", profile.to_dict())

@@ -94,6 +94,7 @@ def cmd_plot(args: argparse.Namespace) -> int:
         formats=args.format,
         compare=args.compare,
         max_gpus=args.gpus,
+        progress=not args.quiet and not args.json,
     )
     if args.json:
         cli._emit_json({"files": [str(p) for p in paths]}, "-")

@@ -96,6 +96,7 @@ def plot_all(
     formats: Sequence[str] = ("png",),
     compare: bool = True,
     max_gpus: int | None = None,
+    progress: bool = False,
 ) -> list[Path]:
     """Write the plan's figures into ``out_dir``; returns the files written.
 
@@ -106,8 +107,11 @@ def plot_all(
     simulated as sharing it). ``bubble``, ``balance`` and ``scaling`` need ``profile``
     or data stored earlier in ``plan.meta["viz"]``; without either they are skipped with a
     warning. The data used is (re)stored in ``plan.meta["viz"]``. ``max_gpus`` bounds the
-    scaling plot (default: the plan's K).
+    scaling plot (default: the plan's K). ``progress``: a tqdm bar on stderr, one step per
+    figure and one for the re-planning behind bubble/balance/scaling (seconds on a real model).
     """
+    from tqdm import tqdm
+
     from autopipe.viz.balance import plot_balance
     from autopipe.viz.bubble import plot_bubble
     from autopipe.viz.gantt import plot_timeline
@@ -117,13 +121,17 @@ def plot_all(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths: list[Path] = []
+    steps = 5 + (0 if timeline is None else 1 + int(compare))
+    bar = tqdm(total=steps, desc="plots", unit="step", disable=not progress, leave=False)
     predicted = predicted_timeline(plan)
     paths += plot_timeline(predicted, out / "timeline", formats=formats)
+    bar.update()
     if timeline is not None:
         measured = as_timeline(timeline, num_stages=plan.num_stages, label="measured")
         if not measured.label:
             measured.label = "measured"
         paths += plot_timeline(measured, out / "timeline_measured", formats=formats)
+        bar.update()
         if compare:
             # Predict the placement that ran: stages that shared a device are simulated so.
             same_place = predicted
@@ -132,11 +140,13 @@ def plot_all(
             paths += plot_timeline(
                 same_place, out / "timeline_compare", compare=measured, formats=formats
             )
+            bar.update()
     if profile is not None:
         data = collect_plot_data(plan, profile, max_gpus=max_gpus)
         plan.meta[VIZ_META_KEY] = data
     else:
         data = plan.meta.get(VIZ_META_KEY) or {}
+    bar.update()
     if not data:
         from autopipe.viz.data import balance_data
 
@@ -147,8 +157,14 @@ def plot_all(
             "`autopipe plan --plot DIR --json PLAN.json`"
         )
         paths += plot_balance(balance_data(plan, None), out / "balance", formats=formats)
+        bar.close()
         return paths
-    paths += plot_bubble(data["bubble"], out / "bubble", formats=formats)
-    paths += plot_balance(data["balance"], out / "balance", formats=formats)
-    paths += plot_scaling(data["scaling"], out / "scaling", formats=formats)
+    for name, plot in (
+        ("bubble", plot_bubble),
+        ("balance", plot_balance),
+        ("scaling", plot_scaling),
+    ):
+        paths += plot(data[name], out / name, formats=formats)
+        bar.update()
+    bar.close()
     return paths
