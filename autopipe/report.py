@@ -1,10 +1,15 @@
-"""Human-readable text for Plans and Profiles (the CLI's tables)."""
+"""Human-readable text for Plans, Profiles and bench results (the CLI's tables)."""
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 from autopipe.planner.plan import Plan
 from autopipe.profiler.profile import Profile
 from autopipe.units import format_bytes, format_seconds
+
+if TYPE_CHECKING:
+    from autopipe.bench import BenchResult
 
 
 def _table(header: list[str], rows: list[list[str]], right: set[int]) -> str:
@@ -135,3 +140,74 @@ def format_scaling(rows: list[dict]) -> str:
         + "\n"
         + last
     )
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:+.1f}%"
+
+
+def format_bench(result: BenchResult) -> str:
+    """The bench table: per stage predicted vs measured forward/backward, then the iteration."""
+    rows = []
+    for s in result.stages:
+        rows.append(
+            [
+                str(s.stage),
+                s.device,
+                _ms(s.forward_predicted_s),
+                _ms(s.forward_measured_s),
+                _pct(s.forward_error),
+                _ms(s.backward_predicted_s),
+                _ms(s.backward_measured_s),
+                _pct(s.backward_error),
+            ]
+        )
+    header = [
+        "stage",
+        "device",
+        "fwd pred ms",
+        "fwd meas ms",
+        "err",
+        "bwd pred ms",
+        "bwd meas ms",
+        "err",
+    ]
+    groups = result.predicted.device_groups()
+    plan = result.plan
+    clock = "thread-CPU" if result.clock == "thread_cpu" else "wall"
+    shared = [g for g in groups if len(g) > 1]
+    placement = (
+        f"{plan.num_stages} stages on {len(groups)} device(s); simulated as sharing: "
+        + ", ".join("stages " + "+".join(map(str, g)) for g in shared)
+        if shared
+        else f"{plan.num_stages} stages on {len(groups)} dedicated devices"
+    )
+    lines = [
+        f"autopipe bench: {plan.model or 'model'}, M = {plan.microbatches} x "
+        f"{plan.microbatch_size} samples, {plan.schedule}, {result.steps} measured steps",
+        placement,
+        "",
+        _table(header, rows, right={0, 2, 3, 4, 5, 6, 7}),
+        "",
+        f"per micro-batch on the {clock} clock; medians over micro-batches and steps; err = "
+        "(predicted - measured) / measured; the last stage includes the loss (run once per "
+        "batch by the executor, divided by M)",
+        f"iteration      predicted {result.iteration_predicted_s * 1e3:.1f} ms, measured "
+        f"{result.iteration_measured_s * 1e3:.1f} ms {clock} ({_pct(result.iteration_error)}); "
+        f"wall {result.iteration_wall_s * 1e3:.1f} ms, whole step incl. optimizer "
+        f"{result.step_measured_s * 1e3:.1f} ms wall",
+        f"largest stage error {100 * result.max_stage_error:.1f}%",
+    ]
+    of, ob = result.executor_overhead_s
+    if of or ob:
+        lines.insert(
+            -2,
+            f"predictions include the executor's cost per task, calibrated on tiny stages: "
+            f"forward {of * 1e6:.0f} us, backward {ob * 1e6:.0f} us",
+        )
+    if shared:
+        lines.append(
+            f"the plan's own prediction (one dedicated device per stage) is "
+            f"{plan.iteration_time_s * 1e3:.1f} ms"
+        )
+    return "\n".join(lines)
