@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from typing import Any
 
 import pytest
 import torch
+from autopipe.planner import plan as plan_for
 from autopipe.profiler.analytic import AnalyticProfileError, profile_analytic
 from autopipe.profiler.calibrate import CalibrationError, calibrate, reprice, spec_of
 from autopipe.profiler.catalog import DeviceSpecError, get_device
+from autopipe.profiler.measure import profile as measured_profile
 from autopipe.profiler.measure import whole_model_saved_bytes
 from autopipe.profiler.profile import Profile
 from profiler_models import (
@@ -156,28 +159,29 @@ def test_resnet_conv_flops_and_shapes() -> None:
     assert p.units[1].parameter_count == 2 * c * c * 9 + 2 * 2 * c
 
 
+def _example(name: str) -> tuple[torch.nn.Module, Any, Any]:
+    """``(model, inputs, loss_fn)`` of a small model, seeded."""
+    torch.manual_seed(0)
+    if name == "tied-decoder":  # kwargs, attention mask through nn.MultiheadAttention, dict out
+        return TiedDecoder(), decoder_inputs(), None
+    if name == "skip-cnn":  # BatchNorm, residuals, a long skip
+        return SkipCNN(), torch.randn(2, 3, 16, 16), None
+    if name == "shape-branch":  # traced by torch.export (fx fails)
+        return ShapeBranch(), torch.randn(4, 8), None
+    if name == "gpt":
+        model, x = small_gpt()
+        return model, x, gpt.loss_fn
+    if name == "resnet":
+        return resnet.resnet(widths=(8, 16), blocks_per_stage=2), resnet.example_inputs(4), None
+    assert name == "mlp", name
+    return mlp.build_model(), mlp.example_inputs(16), None
+
+
 @pytest.mark.parametrize(
     "example", ["gpt", "resnet", "mlp", "tied-decoder", "skip-cnn", "shape-branch"]
 )
 def test_saved_activation_bytes_match_a_real_cpu_run(example: str) -> None:
-    torch.manual_seed(0)
-    if example == "tied-decoder":  # kwargs, attention mask through nn.MultiheadAttention, dict out
-        model, x, loss_fn = TiedDecoder(), decoder_inputs(), None
-    elif example == "skip-cnn":  # BatchNorm, residuals, a long skip
-        model, x, loss_fn = SkipCNN(), torch.randn(2, 3, 16, 16), None
-    elif example == "shape-branch":  # traced by torch.export (fx fails)
-        model, x, loss_fn = ShapeBranch(), torch.randn(4, 8), None
-    elif example == "gpt":
-        model, x = small_gpt()
-        loss_fn = gpt.loss_fn
-    elif example == "resnet":
-        model, x, loss_fn = (
-            resnet.resnet(widths=(8, 16), blocks_per_stage=2),
-            resnet.example_inputs(4),
-            None,
-        )
-    else:
-        model, x, loss_fn = mlp.build_model(), mlp.example_inputs(16), None
+    model, x, loss_fn = _example(example)
     measured = whole_model_saved_bytes(model, x, loss_fn)
     analytic = profile_analytic(model, x, "cpu", dtype="float32", loss_fn=loss_fn)
     assert analytic.total_activation_bytes == pytest.approx(measured, rel=0.10)
@@ -202,11 +206,7 @@ def test_gpt_6b_on_meta_is_fast_and_fits_8_a100() -> None:
     # weights + grads + Adam (with fp32 master) per GPU for an even 8-way split
     state = sum(u.parameter_count for u in p.units) * (2 + 2 + 12) / 8
     assert state < 80e9
-    planner = pytest.importorskip("autopipe.planner")
-    plan_fn = getattr(planner, "plan", None)
-    if not callable(plan_fn):
-        pytest.skip("autopipe.planner.plan is not available yet")
-    plan = plan_fn(p, gpus=8, memory_per_device=80e9, checkpoint="auto")
+    plan = plan_for(p, gpus=8, memory_per_device=80e9, checkpoint="auto")
     assert len(plan.stages) == 8
     assert all(s.memory_bytes <= 80e9 for s in plan.stages)
 
@@ -293,21 +293,9 @@ def test_bad_arguments() -> None:
 
 @pytest.mark.parametrize("example", ["gpt", "resnet", "tied-decoder"])
 def test_memory_fields_equal_the_measured_profiler(example: str) -> None:
-    measure = pytest.importorskip("autopipe.profiler.measure")
-    torch.manual_seed(0)
-    if example == "gpt":
-        model, x = small_gpt()
-        loss_fn = gpt.loss_fn
-    elif example == "resnet":
-        model, x, loss_fn = (
-            resnet.resnet(widths=(8, 16), blocks_per_stage=2),
-            resnet.example_inputs(4),
-            None,
-        )
-    else:
-        model, x, loss_fn = TiedDecoder(), decoder_inputs(), None
+    model, x, loss_fn = _example(example)
     analytic = profile_analytic(model, x, "cpu", dtype="float32", loss_fn=loss_fn)
-    measured = measure.profile(
+    measured = measured_profile(
         model, x, loss_fn=loss_fn, progress=False, microbatch_sizes=(), warmup=0, repeat=1
     )
     assert analytic.unit_names == measured.unit_names
