@@ -1,12 +1,12 @@
 """Pipeline: an ``nn.Module`` that runs a split fx graph as a GPipe pipeline.
 
-The traced graph is cut with ``torch.fx.passes.split_module`` into one submodule per stage
-(``node_stage`` maps every graph node to its stage; stages must be non-decreasing along
-data edges). The top-level graph of the split says which values each stage consumes; from
-it we derive, for every boundary, the values live across it: stage outputs the next stage
-needs, and also model inputs or earlier stage outputs needed further on (skip connections,
-attention masks), which are passed through the stages in between automatically. Stage
-``j`` runs on ``devices[j]`` in the executor (``executor.py``), micro-batch by micro-batch.
+The traced graph is cut into one ``GraphModule`` per stage by ``split.split_graph`` (the
+splitter the distributed runtime uses too; ``node_stage`` maps every graph node to its
+stage, non-decreasing along data edges). Each stage takes the values live across the cut
+before it and returns those live across the cut after it: the next stage's inputs, and also
+model inputs or earlier stage outputs needed further on (skip connections, attention masks),
+which are passed through the stages in between automatically. Stage ``j`` runs on
+``devices[j]`` in the executor (``executor.py``), micro-batch by micro-batch.
 
 Parameters shared by stages on the same device stay one ``Parameter`` (gradients from both
 uses sum in ``.grad``); sharing across different devices is refused. Cost of the set-up:
@@ -25,108 +25,11 @@ from autopipe.runtime.executor import Stage, run_pipeline
 from autopipe.runtime.gpipe import CHECKPOINT_MODES, checkpoint_stop
 from autopipe.runtime.microbatch import gather, scatter
 from autopipe.runtime.rng import MicrobatchRNG, draw_base_seed
+from autopipe.runtime.split import split_graph
 from autopipe.runtime.timeline import Timeline
 from torch import fx, nn
-from torch.fx.passes.split_module import split_module
 
-__all__ = ["Pipeline", "StageProgram", "split_stages"]
-
-
-class StageProgram:
-    """Stage ``j`` of a split graph as a function of the values live across its input cut.
-
-    ``inputs``/``outputs`` are node names of the split graph's top level; ``nodes`` are the
-    top-level nodes the stage evaluates (its ``submod_j`` call and the ``getitem``s on it).
-    """
-
-    def __init__(
-        self, split: fx.GraphModule, nodes: list[fx.Node], inputs: list[str], outputs: list[str]
-    ) -> None:
-        self.split = split
-        self.nodes = nodes
-        self.inputs = inputs
-        self.outputs = outputs
-
-    def __call__(self, *values: Any) -> tuple[Any, ...]:
-        env = dict(zip(self.inputs, values, strict=True))
-        for node in self.nodes:
-            args = fx.node.map_arg(node.args, lambda n: env[n.name])
-            kwargs = fx.node.map_arg(node.kwargs, lambda n: env[n.name])
-            if node.op == "call_module":
-                env[node.name] = self.split.get_submodule(str(node.target))(*args, **kwargs)
-            elif node.op == "call_function":
-                env[node.name] = node.target(*args, **kwargs)  # type: ignore[operator]
-            else:  # pragma: no cover - split_module emits only the ops above
-                raise RuntimeError(f"unexpected node {node.op} {node.name} in a split graph")
-        return tuple(env[name] for name in self.outputs)
-
-
-def split_stages(
-    graph_module: fx.GraphModule, node_stage: dict[str, int], num_stages: int
-) -> tuple[fx.GraphModule, list[StageProgram], list[str], fx.Node]:
-    """Split ``graph_module`` into ``num_stages`` stages.
-
-    Returns the split module, one program per stage, the placeholder names (stage 0's
-    inputs come first among them) and the output node of the split graph.
-    ``node_stage`` must give every call node a stage in ``[0, num_stages)``.
-    """
-    for node in graph_module.graph.nodes:
-        if node.op not in ("placeholder", "get_attr", "output") and node.name not in node_stage:
-            raise ValueError(
-                f"graph node {node.name!r} has no stage; node_stage must cover every call node"
-            )
-    used = {
-        node_stage[n.name]
-        for n in graph_module.graph.nodes
-        if n.op not in ("placeholder", "get_attr", "output")
-    }
-    if used != set(range(num_stages)):
-        missing = sorted(set(range(num_stages)) - used)
-        raise ValueError(
-            f"stages {missing} have no graph nodes; every stage needs at least one operation"
-        )
-    split = split_module(
-        graph_module, graph_module, lambda n: node_stage[n.name], keep_original_order=True
-    )
-
-    top = list(split.graph.nodes)
-    placeholders = [n.name for n in top if n.op == "placeholder"]
-    output = next(n for n in top if n.op == "output")
-    stage_of: dict[str, int] = {name: -1 for name in placeholders}
-    for node in top:
-        if node.op == "call_module" and str(node.target).startswith("submod_"):
-            stage_of[node.name] = int(str(node.target).split("_")[1])
-        elif node.op == "call_function":
-            deps = [stage_of[a.name] for a in node.all_input_nodes]
-            stage_of[node.name] = max(deps, default=0)
-        elif node.op not in ("placeholder", "output"):
-            raise RuntimeError(
-                f"unexpected top-level {node.op} node {node.name} in the split graph"
-            )
-    order = {n.name: k for k, n in enumerate(top)}
-    last_use: dict[str, int] = {}
-    for node in top:
-        consumer = num_stages if node.op == "output" else stage_of[node.name]
-        for arg in node.all_input_nodes:
-            last_use[arg.name] = max(last_use.get(arg.name, -1), consumer)
-
-    programs = []
-    for j in range(num_stages):
-        nodes = [
-            n for n in top if n.op != "placeholder" and n.op != "output" and stage_of[n.name] == j
-        ]
-        ins = [
-            name
-            for name in order
-            if stage_of.get(name, num_stages) < j and last_use.get(name, -1) >= j
-        ]
-        outs = [
-            name
-            for name in order
-            if stage_of.get(name, num_stages) <= j and last_use.get(name, -1) > j
-        ]
-        programs.append(StageProgram(split, nodes, ins, outs))
-    return split, programs, placeholders, output
+__all__ = ["Pipeline"]
 
 
 class Pipeline(nn.Module):
@@ -171,9 +74,9 @@ class Pipeline(nn.Module):
             raise ValueError(
                 f"got {len(checkpoint)} checkpoint flags for {num_stages} stages; give one per stage"
             )
-        split, programs, placeholders, output = split_stages(graph_module, node_stage, num_stages)
+        self._graphs = split_graph(graph_module, node_stage, num_stages)
         self.devices = [as_device(d) for d in devices]
-        submods = [split.get_submodule(f"submod_{j}") for j in range(num_stages)]
+        submods = [graph.module for graph in self._graphs]
         if deferred_batch_norm:
             for mod in submods:  # parameters and buffers stay shared with the model's BatchNorms
                 convert_deferred_batch_norm(mod)
@@ -187,15 +90,13 @@ class Pipeline(nn.Module):
         )
         self.plan = plan
         self.last_timeline: Timeline | None = None
-        self._split = split
-        self._programs = programs
-        self._placeholders = placeholders
-        self._output = output
-        self._bind = bind_inputs or _positional_binder(len(placeholders))
+        self._bind = bind_inputs or _positional_binder(len(self._graphs[0].input_names))
         self._unflatten = unflatten_output or (lambda value: value)
+        last = num_stages - 1
         self._stages = [
-            Stage(program, dev, list(mod.modules()))
-            for program, mod, dev in zip(programs, submods, self.devices, strict=True)
+            # The last stage returns the model's output structure: one value.
+            Stage(_single_output(mod) if j == last else mod, dev, list(mod.modules()))
+            for j, (mod, dev) in enumerate(zip(submods, self.devices, strict=True))
         ]
 
     @property
@@ -212,30 +113,25 @@ class Pipeline(nn.Module):
         return lambda i, j: flags[j]
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        flat = self._bind(args, kwargs)
-        microbatches = scatter(flat, self.chunks)
+        microbatches = scatter(self._bind(args, kwargs), self.chunks)
         if self.training:
             begin_minibatch(list(self.stages), len(microbatches))
-        # Stage 0's program reads its inputs by name; model inputs not needed by stage 0 are
-        # still in its input list when a later stage needs them (they pass through).
-        first = self._programs[0].inputs
-        index = {name: k for k, name in enumerate(self._placeholders)}
-        stage_inputs = [[mb[index[name]] for name in first] for mb in microbatches]
         self.last_timeline = timeline = Timeline()
         outputs = run_pipeline(
             self._stages,
-            stage_inputs,
+            microbatches,
             checkpoint=self._checkpoint_fn(len(microbatches)),
             timeline=timeline,
             rng=MicrobatchRNG(draw_base_seed()),
         )
-        last = self._programs[-1].outputs
-        per_mb = []
-        for values in outputs:
-            env = dict(zip(last, values, strict=True))
-            result = fx.node.map_arg(self._output.args[0], lambda n, env=env: env[n.name])
-            per_mb.append(self._unflatten(result))
-        return gather(per_mb)
+        return gather([self._unflatten(out) for (out,) in outputs])
+
+
+def _single_output(module: nn.Module) -> Callable[..., tuple[Any]]:
+    def run(*values: Any) -> tuple[Any]:
+        return (module(*values),)
+
+    return run
 
 
 def _positional_binder(count: int) -> Callable[[tuple[Any, ...], dict[str, Any]], list[Any]]:

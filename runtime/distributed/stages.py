@@ -1,47 +1,23 @@
-"""Cut a traced model into pipeline stages that talk only to their neighbours.
+"""A plan's stages of a traced model, one per rank, for ``torch.distributed.pipelining``.
 
-``torch.distributed.pipelining.PipelineStage`` receives every input of stage ``k`` from stage
-``k - 1`` and sends every output to stage ``k + 1``. A skip connection from stage 0 to stage 2
-(or a model input used by a late stage) must therefore be *relayed* through stage 1. That is
-why this module extracts each stage graph itself instead of using
-``torch.fx.passes.split_module`` (whose submodules read their inputs from any earlier
-submodule): stage ``k``'s graph takes exactly the values live across the cut before it, in
-graph order, and returns exactly the values live across the cut after it (values it does not
-touch are passed through unchanged). Stage 0 takes the model's inputs, in ``forward``'s order;
-the last stage returns the model's output.
-
-Cost: O(nodes + edges) per stage. Each stage's ``GraphModule`` holds only the submodules and
-attributes its nodes use, so dropping the full model afterwards frees the other stages'
-parameters.
+The graph is cut with :func:`autopipe.runtime.split.split_graph` (the splitter the
+single-process runtime uses too): ``PipelineStage`` receives every input of stage ``k`` from
+stage ``k - 1``, so values that skip a stage are relayed through it. Here: the plan's units
+mapped to stages, tied weights refused (each rank holds its own copy), and
+:class:`StageModule`, one stage as a module with optional re-materialization.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
 from autopipe.profiler.units import UnitGraph
-from torch import fx, nn
+from autopipe.runtime.split import StageGraph, StageSplitError, split_graph
+from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-
-class StageSplitError(ValueError):
-    """The plan cannot be applied to this model's traced graph."""
-
-
-@dataclass
-class StageGraph:
-    """One stage: ``module(*inputs) -> tuple(outputs)`` (the model's output on the last stage).
-
-    ``input_names``/``output_names`` are the fx node names of the values crossing the cut
-    before/after the stage, in the order they are passed.
-    """
-
-    index: int
-    module: fx.GraphModule
-    input_names: list[str]
-    output_names: list[str]
+__all__ = ["StageGraph", "StageModule", "StageSplitError", "split_stages", "stage_of_unit"]
 
 
 def stage_of_unit(unit_names: Sequence[str], stage_units: Sequence[Sequence[str]]) -> list[int]:
@@ -67,31 +43,6 @@ def stage_of_unit(unit_names: Sequence[str], stage_units: Sequence[Sequence[str]
     return stages
 
 
-def _node_stages(unit_graph: UnitGraph, unit_stage: Sequence[int]) -> dict[str, int]:
-    return {name: unit_stage[u] for name, u in unit_graph.node_unit.items()}
-
-
-def cut_values(unit_graph: UnitGraph, unit_stage: Sequence[int]) -> list[list[str]]:
-    """For each cut ``k`` (after stage ``k``), the node names live across it, in graph order.
-
-    A value is live across cut ``k`` if it is produced by stage ``<= k`` (placeholders count as
-    stage 0) and used by a stage ``> k`` or by the graph's output. Parameters (``get_attr``) are
-    never sent: each stage owns the attributes it uses.
-    """
-    num_stages = max(unit_stage) + 1
-    where = _node_stages(unit_graph, unit_stage)
-    cuts: list[list[str]] = [[] for _ in range(num_stages - 1)]
-    for node in unit_graph.graph_module.graph.nodes:
-        if node.op in ("get_attr", "output"):
-            continue
-        users = [num_stages - 1 if u.op == "output" else where[u.name] for u in node.users]
-        if not users:
-            continue
-        for k in range(where[node.name], max(users)):
-            cuts[k].append(node.name)
-    return cuts
-
-
 def _check_no_shared_parameters(stages: list[StageGraph]) -> None:
     """Tied weights used by two stages would be silently duplicated: refuse them."""
     owner: dict[int, tuple[int, str]] = {}
@@ -107,60 +58,18 @@ def _check_no_shared_parameters(stages: list[StageGraph]) -> None:
 
 
 def split_stages(unit_graph: UnitGraph, unit_stage: Sequence[int]) -> list[StageGraph]:
-    """Extract every stage graph (see the module docstring). ``unit_stage[u]`` is the stage of
-    unit ``u``; it must be non-decreasing, start at 0 and have no gaps.
+    """Every stage graph of the plan (see :func:`autopipe.runtime.split.split_graph`).
+
+    ``unit_stage[u]`` is the stage of unit ``u``; it must be non-decreasing, start at 0 and
+    have no gaps. Parameters used by two stages are refused (:class:`StageSplitError`).
     """
     if list(unit_stage) != sorted(unit_stage) or unit_stage[0] != 0:
         raise StageSplitError("stages must be contiguous runs of units starting at stage 0")
     num_stages = max(unit_stage) + 1
     if sorted(set(unit_stage)) != list(range(num_stages)):
         raise StageSplitError("every stage needs at least one unit")
-    gm = unit_graph.graph_module
-    where = _node_stages(unit_graph, unit_stage)
-    cuts = cut_values(unit_graph, unit_stage)
-    placeholders = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
-    output_node = next(n for n in gm.graph.nodes if n.op == "output")
-    by_name = {n.name: n for n in gm.graph.nodes}
-
-    stages: list[StageGraph] = []
-    for k in range(num_stages):
-        inputs = placeholders if k == 0 else cuts[k - 1]
-        graph = fx.Graph()
-        env: dict[fx.Node, fx.Node] = {}
-
-        def lookup(n: fx.Node, env: dict[fx.Node, fx.Node] = env) -> fx.Node:
-            return env[n]
-
-        for name in inputs:
-            source = by_name[name]
-            new = graph.placeholder(name)
-            new.meta = dict(source.meta)
-            env[source] = new
-        for node in gm.graph.nodes:
-            if node.op in ("placeholder", "output") or node in env:
-                continue
-            if node.op == "get_attr":
-                if any(u.op != "output" and where[u.name] == k for u in node.users):
-                    env[node] = graph.node_copy(node, lookup)
-                continue
-            if where[node.name] != k:
-                continue
-            try:
-                env[node] = graph.node_copy(node, lookup)
-            except KeyError as exc:
-                raise StageSplitError(
-                    f"node {node.name!r} in stage {k} reads {exc.args[0]} which is not "
-                    "available there; the unit order is not topological"
-                ) from None
-        if k == num_stages - 1:
-            graph.output(torch.fx.map_arg(output_node.args[0], lookup))
-            outputs: list[str] = []
-        else:
-            outputs = cuts[k]
-            graph.output(tuple(env[by_name[name]] for name in outputs))
-        graph.lint()
-        module = fx.GraphModule(gm, graph, class_name=f"Stage{k}")
-        stages.append(StageGraph(k, module, list(inputs), list(outputs)))
+    node_stage = {name: unit_stage[u] for name, u in unit_graph.node_unit.items()}
+    stages = split_graph(unit_graph.graph_module, node_stage, num_stages)
     _check_no_shared_parameters(stages)
     return stages
 

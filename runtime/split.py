@@ -1,0 +1,143 @@
+"""Cut a traced graph into pipeline stages that talk only to their neighbours.
+
+Both runtimes hand values from stage ``k`` to stage ``k + 1`` only: the single-process
+executor passes each stage's outputs to the next stage, and
+``torch.distributed.pipelining.PipelineStage`` receives every input from the previous rank.
+A skip connection from stage 0 to stage 2 (or a model input used by a late stage) is
+therefore *relayed* through stage 1: stage ``k``'s graph takes exactly the values live
+across the cut before it, in graph order, and returns exactly the values live across the
+cut after it (values it does not touch are passed through unchanged). Stage 0 takes the
+model's inputs (every placeholder, in order); the last stage returns the model's output
+(the original graph's output structure). ``torch.fx.passes.split_module`` is not used
+because its submodules read their inputs from any earlier submodule.
+
+Cost: O(nodes + edges x stages). Each stage's ``GraphModule`` holds only the submodules and
+attributes its nodes use (the same module objects as the model, not copies).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from torch import fx
+
+__all__ = ["StageGraph", "StageSplitError", "cut_values", "split_graph"]
+
+_NOT_CALLS = ("placeholder", "get_attr", "output")
+
+
+class StageSplitError(ValueError):
+    """The stage assignment cannot be applied to this traced graph."""
+
+
+@dataclass
+class StageGraph:
+    """One stage: ``module(*inputs) -> tuple(outputs)`` (the model's output on the last stage).
+
+    ``input_names``/``output_names`` are the fx node names of the values crossing the cut
+    before/after the stage, in the order they are passed (``output_names`` is empty on the
+    last stage).
+    """
+
+    index: int
+    module: fx.GraphModule
+    input_names: list[str]
+    output_names: list[str]
+
+
+def _stage_of(graph: fx.Graph, node_stage: Mapping[str, int], num_stages: int) -> dict[str, int]:
+    """Stage of every placeholder (0) and call node; checks coverage and that none is empty."""
+    where: dict[str, int] = {}
+    for node in graph.nodes:
+        if node.op == "placeholder":
+            where[node.name] = 0
+        elif node.op not in _NOT_CALLS:
+            if node.name not in node_stage:
+                raise StageSplitError(
+                    f"graph node {node.name!r} has no stage; node_stage must cover every call node"
+                )
+            where[node.name] = node_stage[node.name]
+    used = {where[n.name] for n in graph.nodes if n.op not in _NOT_CALLS}
+    missing = sorted(set(range(num_stages)) - used)
+    outside = sorted(used - set(range(num_stages)))
+    if missing or outside:
+        problems = [f"stages {missing} have no graph nodes"] if missing else []
+        problems += [f"stages {outside} are outside [0, {num_stages})"] if outside else []
+        raise StageSplitError("; ".join(problems) + "; every stage needs at least one operation")
+    return where
+
+
+def cut_values(graph: fx.Graph, where: Mapping[str, int], num_stages: int) -> list[list[str]]:
+    """For each cut ``k`` (after stage ``k``), the node names live across it, in graph order.
+
+    A value is live across cut ``k`` if it is produced by stage ``<= k`` (placeholders count as
+    stage 0) and used by a stage ``> k`` or by the graph's output. Parameters (``get_attr``) are
+    never passed: each stage owns the attributes it uses.
+    """
+    cuts: list[list[str]] = [[] for _ in range(num_stages - 1)]
+    for node in graph.nodes:
+        if node.op in ("get_attr", "output"):
+            continue
+        users = [num_stages - 1 if u.op == "output" else where[u.name] for u in node.users]
+        for k in range(where[node.name], max(users, default=0)):
+            cuts[k].append(node.name)
+    return cuts
+
+
+def split_graph(
+    graph_module: fx.GraphModule, node_stage: Mapping[str, int], num_stages: int
+) -> list[StageGraph]:
+    """Extract every stage graph (see the module docstring).
+
+    ``node_stage`` gives every call node a stage in ``[0, num_stages)`` (placeholders are
+    stage 0 and ``get_attr`` nodes go with their users whatever it says); stages must not
+    decrease along data edges. Raises :class:`StageSplitError` otherwise.
+    """
+    gm = graph_module
+    where = _stage_of(gm.graph, node_stage, num_stages)
+    cuts = cut_values(gm.graph, where, num_stages)
+    placeholders = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
+    output_node = next(n for n in gm.graph.nodes if n.op == "output")
+    by_name = {n.name: n for n in gm.graph.nodes}
+
+    stages: list[StageGraph] = []
+    for k in range(num_stages):
+        inputs = placeholders if k == 0 else cuts[k - 1]
+        graph = fx.Graph()
+        env: dict[fx.Node, fx.Node] = {}
+
+        def lookup(n: fx.Node, env: dict[fx.Node, fx.Node] = env) -> fx.Node:
+            return env[n]
+
+        for name in inputs:
+            source = by_name[name]
+            new = graph.placeholder(name)
+            new.meta = dict(source.meta)
+            env[source] = new
+        for node in gm.graph.nodes:
+            if node.op in ("placeholder", "output") or node in env:
+                continue
+            if node.op == "get_attr":
+                if any(u.op != "output" and where[u.name] == k for u in node.users):
+                    env[node] = graph.node_copy(node, lookup)
+                continue
+            if where[node.name] != k:
+                continue
+            try:
+                env[node] = graph.node_copy(node, lookup)
+            except KeyError as exc:
+                raise StageSplitError(
+                    f"node {node.name!r} in stage {k} reads {exc.args[0]} from a later stage; "
+                    "stages must not decrease along data edges (the unit order is not topological)"
+                ) from None
+        if k == num_stages - 1:
+            graph.output(fx.map_arg(output_node.args[0], lookup))
+            outputs: list[str] = []
+        else:
+            outputs = cuts[k]
+            graph.output(tuple(env[by_name[name]] for name in outputs))
+        graph.lint()
+        module = fx.GraphModule(gm, graph, class_name=f"Stage{k}")
+        stages.append(StageGraph(k, module, list(inputs), list(outputs)))
+    return stages
