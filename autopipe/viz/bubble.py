@@ -59,22 +59,18 @@ def bubble_figure(data: dict[str, Any]) -> Any:
             linewidth=1.0,
             alpha=0.8,
         )
-        ax_bubble.plot(
-            [p["microbatches"] for p in pts],
-            [p["bubble_fraction"] for p in pts],
-            **style,
-            color=color,
-            linewidth=lw,
-            label=f"K={k} simulated",
-        )
-        ax_tput.plot(
-            [p["microbatches"] for p in pts],
-            [p["throughput"] for p in pts],
-            **style,
-            color=color,
-            linewidth=lw,
-            label=f"K={k}",
-        )
+        for ax, key, label in (
+            (ax_bubble, "bubble_fraction", f"K={k} simulated"),
+            (ax_tput, "throughput", f"K={k}"),
+        ):
+            ax.plot(
+                [p["microbatches"] for p in pts],
+                [p[key] for p in pts],
+                **style,
+                color=color,
+                linewidth=lw,
+                label=label,
+            )
         bad = [p for p in curve["points"] if not p.get("feasible", True)]
         if bad:
             ax_tput.plot(
