@@ -116,7 +116,8 @@ def _candidate_microbatches(batch_size: int, microbatches: int | str | Sequence[
     values = [_positive_int("microbatches", m) for m in values]
     for m in values:
         if batch_size % m:
-            near = ", ".join(str(d) for d in _divisors(batch_size) if d <= 4 * m)[-40:]
+            nearest = sorted(sorted(_divisors(batch_size), key=lambda d: abs(d - m))[:6])
+            near = ", ".join(map(str, nearest))
             raise PlanningError(
                 f"microbatches={m} does not divide batch size {batch_size}; pick a divisor (e.g. {near})"
             )

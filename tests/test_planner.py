@@ -269,6 +269,7 @@ def test_plan_json_round_trip(tmp_path: Path) -> None:
         (dict(gpus=0), "positive integer"),
         (dict(gpus=2, cluster=Cluster.homogeneous(2)), "exactly one of"),
         (dict(gpus=2, microbatches=5), "does not divide batch size 32"),
+        (dict(gpus=2, batch_size=720, microbatches=100), "(e.g. 60, 72, 80, 90, 120, 144)"),
         (dict(gpus=2, microbatches=0), "positive integer"),
         (dict(gpus=2, strategy="magic"), "strategy='magic'"),
         (dict(gpus=2, schedule="zb"), "schedule='zb'"),
