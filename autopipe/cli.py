@@ -445,8 +445,9 @@ def json_option(p: argparse.ArgumentParser, help_text: str) -> None:
     p.add_argument("--json", nargs="?", const="-", metavar="PATH", help=help_text)
 
 
-def plan_option(p: argparse.ArgumentParser) -> None:
-    """The required ``--plan PLAN.json`` of the commands that run a plan."""
+def model_and_plan_args(p: argparse.ArgumentParser) -> None:
+    """``MODEL.py[:FACTORY] --plan PLAN.json``: what the commands that run a plan take."""
+    p.add_argument("model", help="MODEL.py[:FACTORY] the plan was made for")
     p.add_argument(
         "--plan", required=True, metavar="PLAN.json", help="written by `autopipe plan --json`"
     )

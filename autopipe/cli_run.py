@@ -39,8 +39,7 @@ def register_run(sub: Any) -> None:
         ),
         epilog=EPILOG,
     )
-    p.add_argument("model", help="MODEL.py[:FACTORY] the plan was made for")
-    cli.plan_option(p)
+    cli.model_and_plan_args(p)
     p.add_argument("--steps", type=cli._positive_int, default=5, help="training steps (default 5)")
     p.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate (default 1e-3)")
     p.add_argument(

@@ -268,8 +268,7 @@ def register_bench(sub: Any) -> None:
         ),
         epilog=BENCH_EPILOG,
     )
-    p.add_argument("model", help="MODEL.py[:FACTORY] the plan was made for")
-    cli.plan_option(p)
+    cli.model_and_plan_args(p)
     p.add_argument("--steps", type=cli._positive_int, default=5, help="measured steps (default 5)")
     p.add_argument(
         "--warmup",
