@@ -26,6 +26,7 @@ from autopipe.runtime.devices import as_device, default_devices
 from autopipe.runtime.executor import Stage, run_pipeline
 from autopipe.runtime.microbatch import gather, scatter
 from autopipe.runtime.rng import MicrobatchRNG, draw_base_seed
+from autopipe.runtime.split import shared_parameters
 from autopipe.runtime.timeline import Timeline
 from torch import nn
 
@@ -66,14 +67,11 @@ def _verify(module: nn.Sequential, partitions: list[nn.Sequential]) -> None:
         raise ValueError(
             "module with duplicate children is not supported; give each position its own module"
         )
-    owner: dict[int, int] = {}
-    for j, part in enumerate(partitions):
-        for p in part.parameters():
-            if owner.setdefault(id(p), j) != j:
-                raise ValueError(
-                    f"a parameter is shared by partitions {owner[id(p)]} and {j}; "
-                    "put the layers that share it in one partition (change balance)"
-                )
+    for first, _, j, _ in shared_parameters(partitions):
+        raise ValueError(
+            f"a parameter is shared by partitions {first} and {j}; "
+            "put the layers that share it in one partition (change balance)"
+        )
 
 
 def _partition_fn(partition: nn.Sequential, last: bool):
@@ -127,10 +125,10 @@ class GPipe(nn.Module):
             raise IndexError(
                 f"too few devices to hold given partitions (devices: {len(devs)}, partitions: {len(balance)})"
             )
+        _verify(module, _split(module, balance))  # before the BatchNorm swap mutates the module
         if deferred_batch_norm:
             module = convert_deferred_batch_norm(module)  # type: ignore[assignment]
         partitions = _split(module, balance)
-        _verify(module, partitions)
 
         for name, layer in module.named_children():
             self.add_module(name, layer)

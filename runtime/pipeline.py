@@ -25,7 +25,7 @@ from autopipe.runtime.executor import Stage, run_pipeline
 from autopipe.runtime.gpipe import CHECKPOINT_MODES, checkpoint_stop
 from autopipe.runtime.microbatch import gather, scatter
 from autopipe.runtime.rng import MicrobatchRNG, draw_base_seed
-from autopipe.runtime.split import split_graph
+from autopipe.runtime.split import shared_parameters, split_graph
 from autopipe.runtime.timeline import Timeline
 from torch import fx, nn
 
@@ -147,13 +147,10 @@ def _positional_binder(count: int) -> Callable[[tuple[Any, ...], dict[str, Any]]
 
 def _check_shared_parameters(stages: list[nn.Module], devices: list[torch.device]) -> None:
     """Refuse a parameter used by stages on different devices: it cannot live on both."""
-    owner: dict[int, tuple[int, str]] = {}
-    for j, mod in enumerate(stages):
-        for name, p in mod.named_parameters(remove_duplicate=False):
-            first = owner.setdefault(id(p), (j, name))
-            if devices[first[0]] != devices[j]:
-                raise ValueError(
-                    f"parameter {first[1]!r} is shared by stage {first[0]} ({devices[first[0]]}) and "
-                    f"stage {j} ({devices[j]}); tied weights must be on one device: place those "
-                    "stages on the same device or untie the weights"
-                )
+    for first, first_name, j, _ in shared_parameters(stages):
+        if devices[first] != devices[j]:
+            raise ValueError(
+                f"parameter {first_name!r} is shared by stage {first} ({devices[first]}) and "
+                f"stage {j} ({devices[j]}); tied weights must be on one device: place those "
+                "stages on the same device or untie the weights"
+            )

@@ -17,12 +17,12 @@ attributes its nodes use (the same module objects as the model, not copies).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
-from torch import fx
+from torch import fx, nn
 
-__all__ = ["StageGraph", "StageSplitError", "cut_values", "split_graph"]
+__all__ = ["StageGraph", "StageSplitError", "cut_values", "shared_parameters", "split_graph"]
 
 _NOT_CALLS = ("placeholder", "get_attr", "output")
 
@@ -141,3 +141,14 @@ def split_graph(
         module = fx.GraphModule(gm, graph, class_name=f"Stage{k}")
         stages.append(StageGraph(k, module, list(inputs), list(outputs)))
     return stages
+
+
+def shared_parameters(stages: Sequence[nn.Module]) -> Iterator[tuple[int, str, int, str]]:
+    """``(first_stage, first_name, stage, name)`` for every use of a parameter by a stage after
+    the first stage that uses it (tied weights split across stages). O(parameters)."""
+    owner: dict[int, tuple[int, str]] = {}
+    for j, module in enumerate(stages):
+        for name, param in module.named_parameters(remove_duplicate=False):
+            first = owner.setdefault(id(param), (j, name))
+            if first[0] != j:
+                yield first[0], first[1], j, name

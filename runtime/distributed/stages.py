@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import torch
 from autopipe.profiler.units import UnitGraph
-from autopipe.runtime.split import StageGraph, StageSplitError, split_graph
+from autopipe.runtime.split import StageGraph, StageSplitError, shared_parameters, split_graph
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
@@ -45,16 +45,12 @@ def stage_of_unit(unit_names: Sequence[str], stage_units: Sequence[Sequence[str]
 
 def _check_no_shared_parameters(stages: list[StageGraph]) -> None:
     """Tied weights used by two stages would be silently duplicated: refuse them."""
-    owner: dict[int, tuple[int, str]] = {}
-    for stage in stages:
-        for name, param in stage.module.named_parameters(remove_duplicate=False):
-            first = owner.setdefault(id(param), (stage.index, name))
-            if first[0] != stage.index:
-                raise StageSplitError(
-                    f"parameter {first[1]!r} is used by stage {first[0]} and as {name!r} by "
-                    f"stage {stage.index} (tied weights); the distributed runtime keeps one copy "
-                    "per stage, so plan with both users in one stage or untie the weights"
-                )
+    for first, first_name, stage, name in shared_parameters([s.module for s in stages]):
+        raise StageSplitError(
+            f"parameter {first_name!r} is used by stage {first} and as {name!r} by "
+            f"stage {stage} (tied weights); the distributed runtime keeps one copy "
+            "per stage, so plan with both users in one stage or untie the weights"
+        )
 
 
 def split_stages(unit_graph: UnitGraph, unit_stage: Sequence[int]) -> list[StageGraph]:
