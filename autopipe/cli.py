@@ -11,6 +11,7 @@ import json
 import logging
 import sys
 import traceback
+import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -137,6 +138,23 @@ def check_output_path(path: str | None, flag: str, *, directory: bool = False) -
         parent = parent.parent
     if not parent.is_dir():
         raise UsageError(f"{flag} {path}: {parent} is a file, not a directory")
+
+
+def check_local_device(name: str, flag: str) -> None:
+    """``name`` is a torch device this machine has (cpu, an existing cuda:i, ...): exit 2 if not."""
+    import torch
+
+    try:
+        device = torch.device(name)
+    except (RuntimeError, ValueError):
+        raise UsageError(f"{flag}: {name!r} is not a torch device (e.g. cpu, cuda:0)") from None
+    if device.type == "meta":
+        raise UsageError(f"{flag}: the meta device holds no data; nothing can run on it")
+    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
+        raise UsageError(
+            f"{flag}: {name} is not here: this machine has "
+            f"{torch.cuda.device_count()} CUDA device(s)"
+        )
 
 
 def _load_profile_or_model(args: argparse.Namespace) -> Any:
@@ -292,6 +310,8 @@ def _resolve_device_spec(args: argparse.Namespace) -> Any:
         except (OSError, ValueError) as exc:
             raise UsageError(str(exc)) from exc
     if name is None or name in ("cpu", "mps") or name.startswith("cuda"):
+        if name is not None:
+            check_local_device(name, "--device")
         args.device_measure = name
         return None
     from autopipe.profiler.catalog import get_device
@@ -316,6 +336,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
         raise UsageError(
             f"--gpus {args.gpus} is more than the model's {len(profile.units)} units; use at most "
             f"{len(profile.units)} or a finer --granularity (module or node)"
+        )
+    batch = args.batch_size or profile.batch_size
+    if isinstance(args.microbatches, int) and batch % args.microbatches:
+        raise UsageError(
+            f"--microbatches {args.microbatches} does not divide the batch size {batch}; pick a "
+            f"divisor (e.g. {', '.join(str(d) for d in range(1, batch + 1) if batch % d == 0)})"
         )
     if args.save_profile:
         profile.save(args.save_profile)
@@ -585,7 +611,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(message)s",
     )
     try:
-        return args.func(args)
+        with warnings.catch_warnings():
+            if not args.verbose:  # one line each, as errors are; -v keeps Python's format
+                warnings.showwarning = _warning_line
+            return args.func(args)
     except UsageError as exc:
         return _fail(args, exc, EXIT_USAGE)
     except (Failure, MemoryError) as exc:
@@ -595,6 +624,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except Exception as exc:  # anything else is still one line unless -v
         return _fail(args, exc, EXIT_FAILURE, prefix=f"{type(exc).__name__}: ")
+
+
+def _warning_line(message: Warning | str, *_: Any, **__: Any) -> None:
+    text = str(message).strip().splitlines()
+    print(f"autopipe: warning: {text[0] if text else type(message).__name__}", file=sys.stderr)
 
 
 def _fail(args: argparse.Namespace, exc: BaseException, code: int, prefix: str = "") -> int:

@@ -167,8 +167,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
             )
     import torch
 
-    if devices:
-        _check_devices(devices)
+    for device in devices or []:
+        cli.check_local_device(device, "--devices")
     cpu_only = (
         all(d.startswith("cpu") for d in devices) if devices else not torch.cuda.is_available()
     )
@@ -233,26 +233,6 @@ def cmd_bench(args: argparse.Namespace) -> int:
         cli._say(args, format_bench(result))
         cli._say(args, "wrote " + ", ".join(str(p) for p in files))
     return cli.EXIT_OK
-
-
-def _check_devices(devices: list[str]) -> None:
-    """Each ``--devices`` entry names a device this machine has (before any work)."""
-    import torch
-
-    for name in devices:
-        try:
-            device = torch.device(name)
-        except (RuntimeError, ValueError):
-            raise cli.UsageError(
-                f"--devices: {name!r} is not a torch device (e.g. cpu, cuda:0)"
-            ) from None
-        if device.type == "meta":
-            raise cli.UsageError("--devices: the meta device holds no data; bench runs the model")
-        if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
-            raise cli.UsageError(
-                f"--devices: {name} is not here: this machine has "
-                f"{torch.cuda.device_count()} CUDA device(s)"
-            )
 
 
 def register_bench(sub: Any) -> None:

@@ -90,18 +90,49 @@ def test_output_paths_are_checked_before_any_work(
     assert a_file.read_text() == "keep me"
 
 
-def test_profiling_flags_with_a_saved_profile_are_refused(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    """They would be silently ignored: `plan profile.json --device a100-80gb` is no A100 plan."""
+def _saved_profile(tmp_path: Path) -> Path:
+    """A hand-made 4-unit CPU profile at batch size 8."""
     from autopipe.profiler.profile import Profile, UnitProfile
 
     units = [UnitProfile(name=f"u{i}", forward_s=1e-3, backward_s=2e-3) for i in range(4)]
     saved = tmp_path / "profile.json"
     Profile(units=units, cut_bytes=[1000] * 3, batch_size=8, device="cpu").save(saved)
+    return saved
+
+
+def test_profiling_flags_with_a_saved_profile_are_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """They would be silently ignored: `plan profile.json --device a100-80gb` is no A100 plan."""
+    saved = _saved_profile(tmp_path)
     assert main(["plan", str(saved), "--gpus", "2", "--device", "a100-80gb"]) == 2
     assert "--device a100-80gb applies only when profiling a model file" in _err_line(capsys)
     assert main(["plan", str(saved), "--gpus", "2", "--granularity", "node"]) == 2
     assert "--granularity applies only" in _err_line(capsys)
     # The device it was measured on is no contradiction.
     assert main(["plan", str(saved), "--gpus", "2", "--device", "cpu", "-q"]) == 0
+
+
+def test_microbatches_must_divide_the_batch(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    saved = str(_saved_profile(tmp_path))
+    assert main(["plan", saved, "--gpus", "2", "--microbatches", "3"]) == 2
+    assert "does not divide the batch size 8" in _err_line(capsys)
+    assert main(["plan", saved, "--gpus", "2", "--microbatches", "4", "-q"]) == 0
+
+
+def test_missing_local_device_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", GPT, "--gpus", "2", "--device", "cuda:99"]) == 2
+    assert "CUDA device(s)" in _err_line(capsys)
+
+
+def test_warnings_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    f = tmp_path / "warns.py"
+    f.write_text(
+        "import warnings\n\ndef build_model():\n    warnings.warn('first line\\nsecond')\n"
+        "    return 3\n\ndef example_inputs(b=2):\n    return None\n"
+    )
+    assert main(["plan", str(f), "--gpus", "2"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[0] == "autopipe: warning: first line" and len(err) == 2, err
