@@ -28,8 +28,9 @@ examples:
   autopipe plan examples/gpt.py --gpus 4 --json plan.json
   autopipe bench examples/gpt.py --plan plan.json --steps 10 --out bench-out/
 On CPU the profiler measures single-threaded thread-CPU time by default and bench compares on
-the same clock (--clock auto), so other processes on the host do not skew the comparison. Stages on the same device (here all four are this CPU) are simulated as
-sharing it, so the prediction is of what really runs.
+the same clock (--clock auto), so other processes on the host do not skew the comparison.
+Stages on the same device (here all four are this CPU) are simulated as sharing it, so the
+prediction is of what really runs.
 """
 
 
