@@ -338,10 +338,13 @@ def cmd_plan(args: argparse.Namespace) -> int:
             f"{len(profile.units)} or a finer --granularity (module or node)"
         )
     batch = args.batch_size or profile.batch_size
-    if isinstance(args.microbatches, int) and batch % args.microbatches:
+    m = args.microbatches
+    if isinstance(m, int) and batch % m:  # bad input (the planner would call it a failure)
+        divisors = [d for d in range(1, batch + 1) if batch % d == 0]
+        nearest = sorted(sorted(divisors, key=lambda d: abs(d - m))[:6])
         raise UsageError(
-            f"--microbatches {args.microbatches} does not divide the batch size {batch}; pick a "
-            f"divisor (e.g. {', '.join(str(d) for d in range(1, batch + 1) if batch % d == 0)})"
+            f"--microbatches {m} does not divide the batch size {batch}; pick a divisor "
+            f"(e.g. {', '.join(map(str, nearest))})"
         )
     if args.save_profile:
         profile.save(args.save_profile)
