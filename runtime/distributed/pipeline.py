@@ -13,6 +13,7 @@ gradients equal those of the mean loss over the whole batch, as in single-proces
 
 from __future__ import annotations
 
+import os
 import re
 import time
 import warnings
@@ -31,6 +32,7 @@ from autopipe.runtime.distributed.stages import (
     split_stages,
     stage_of_unit,
 )
+from autopipe.runtime.microbatch import batch_size_of
 from torch import nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 from torch.utils import _pytree as pytree
@@ -146,13 +148,6 @@ def _slice_batch(tree: Any, start: int, stop: int) -> Any:
     )
 
 
-def _batch_size(tree: Any) -> int:
-    for leaf in pytree.tree_leaves(tree):
-        if isinstance(leaf, torch.Tensor) and leaf.dim() > 0:
-            return int(leaf.shape[0])
-    raise TypeError("the inputs contain no tensor with a batch dimension")
-
-
 def _short_cause(exc: BaseException) -> str:
     """The gist of a backend error: first line, without gloo's source location and advice."""
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
@@ -256,7 +251,7 @@ class DistributedPipeline:
 
     def local_batch(self, batch: Any) -> Any:
         """This replica's 1/D share (along dim 0) of a global batch given identically to all ranks."""
-        size = _batch_size(batch)
+        size = batch_size_of([batch])
         d = self.layout.replicas
         if size % d:
             raise ValueError(
@@ -306,25 +301,27 @@ class DistributedPipeline:
                 a.to(self.device) if isinstance(a, torch.Tensor) else a
                 for a in _flat_inputs(inputs, self._placeholders)
             )
-            _check_divisible(_batch_size(args), M)
-        kwargs: dict[str, Any] = {}
+            _check_divisible(batch_size_of(args), M)
         losses: list[torch.Tensor] = []
         if layout.is_last_stage:
-            self._target = target if target is not None else inputs
-            if self._target is None:
+            target = target if target is not None else inputs
+            if target is None:
                 raise TypeError("the last stage needs the target: step(inputs, target)")
             self._target = pytree.tree_map(
-                lambda t: t.to(self.device) if isinstance(t, torch.Tensor) else t, self._target
+                lambda t: t.to(self.device) if isinstance(t, torch.Tensor) else t, target
             )
-            size = _batch_size(self._target)
-            _check_divisible(size, M)
-            index = torch.arange(size, device=self.device)
-            self.schedule.step(*args, target=index, losses=losses, return_outputs=False, **kwargs)
+            try:
+                size = batch_size_of([self._target])
+                _check_divisible(size, M)
+                # On the CPU: _loss reads its ends with int(), which would sync a GPU.
+                index = torch.arange(size)
+                self.schedule.step(*args, target=index, losses=losses, return_outputs=False)
+            finally:
+                self._target = None  # a failed step must not keep the batch alive
         else:
-            self.schedule.step(*args, return_outputs=False, **kwargs)
+            self.schedule.step(*args, return_outputs=False)
         if layout.replicas > 1:
             _average_gradients(self.module, self.replica_group, layout.replicas)
-        self._target = None
         if not layout.is_last_stage:
             return None
         loss = torch.stack([x.detach() for x in losses]).mean()
@@ -376,8 +373,7 @@ def _make_groups(layout: RankLayout) -> tuple[Any, Any]:
 
 
 def _default_device() -> torch.device:
+    """``cuda:LOCAL_RANK`` under NCCL (as torchrun numbers a node's ranks), else the CPU."""
     if torch.cuda.is_available() and dist.get_backend() == "nccl":
-        import os
-
         return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
     return torch.device("cpu")
