@@ -97,6 +97,8 @@ def load_plan_file(path: str) -> Any:
         return load_plan(path)
     except PlanFormatError as exc:
         raise UsageError(str(exc)) from exc
+    except UnicodeDecodeError:
+        raise UsageError(f"{path}: not a JSON text file") from None
 
 
 def load_profile_file(path: str) -> Any:
@@ -109,6 +111,8 @@ def load_profile_file(path: str) -> Any:
         return Profile.load(path)
     except ProfileFormatError as exc:
         raise UsageError(str(exc)) from exc
+    except UnicodeDecodeError:
+        raise UsageError(f"{path}: not a JSON text file") from None
 
 
 def load_model_arg(spec: str) -> Any:

@@ -136,3 +136,14 @@ def test_warnings_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str
     assert main(["plan", str(f), "--gpus", "2"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[0] == "autopipe: warning: first line" and len(err) == 2, err
+
+
+def test_binary_plan_or_profile_is_a_usage_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    f = tmp_path / "plan.json"
+    f.write_bytes(b"\x7fELF\x02\x01\x01\x00\xd0\xff")
+    assert main(["explain", str(f)]) == 2
+    assert "not a JSON text file" in _err_line(capsys)
+    assert main(["plan", str(f), "--gpus", "2"]) == 2
+    assert "not a JSON text file" in _err_line(capsys)

@@ -307,3 +307,20 @@ def test_titles_print_seconds_without_exponents() -> None:
         "12.3 s",
         "1234 s",
     ]
+
+
+def test_malformed_chrome_traces_are_format_errors(tmp_path: Path) -> None:
+    binary = tmp_path / "binary.json"
+    binary.write_bytes(b"\x7fELF\x02\x01\x01\x00\xd0\xff")
+    with pytest.raises(TimelineFormatError, match="not a JSON text file"):
+        timeline_from_chrome_trace(binary)
+    with pytest.raises(TimelineFormatError, match="not a Chrome trace"):
+        timeline_from_chrome_trace({"traceEvents": 5})
+    # An end event without a time is skipped; the complete event still counts.
+    events = [
+        {"ph": "B", "name": "F0", "tid": 0, "ts": 0},
+        {"ph": "E", "tid": 0},
+        {"ph": "X", "name": "F1", "tid": 0, "ts": 0, "dur": 5},
+    ]
+    tl = timeline_from_chrome_trace({"traceEvents": events, "otherData": 3})
+    assert len(tl.tasks) == 1 and tl.iteration_s == pytest.approx(5e-6)

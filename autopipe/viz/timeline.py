@@ -285,10 +285,17 @@ def timeline_from_chrome_trace(
             raise TimelineFormatError(
                 f"{trace}: not valid JSON ({exc.msg} at line {exc.lineno})"
             ) from exc
+        except UnicodeDecodeError:
+            raise TimelineFormatError(f"{trace}: not a JSON text file") from None
     events = trace.get("traceEvents", []) if isinstance(trace, Mapping) else trace
+    if not isinstance(events, list):
+        raise TimelineFormatError(
+            'not a Chrome trace: expected {"traceEvents": [...]} or a list of events'
+        )
     schedule = ""
-    if isinstance(trace, Mapping):
-        schedule = str(trace.get("otherData", {}).get("schedule", "") or "")
+    other = trace.get("otherData") if isinstance(trace, Mapping) else None
+    if isinstance(other, Mapping):
+        schedule = str(other.get("schedule", "") or "")
     records: list[dict[str, Any]] = []
     open_events: dict[tuple[Any, Any], list[dict[str, Any]]] = {}
     for ev in events:
@@ -303,7 +310,10 @@ def timeline_from_chrome_trace(
             if not stack:
                 continue
             begin = stack.pop()
-            begin["dur"] = float(ev["ts"]) - float(begin["ts"])
+            try:
+                begin["dur"] = float(ev["ts"]) - float(begin["ts"])
+            except (KeyError, TypeError, ValueError):
+                continue  # a malformed pair is no task, like any other unreadable event
             ev = begin
         elif ph != "X":
             continue
