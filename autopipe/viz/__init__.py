@@ -112,17 +112,41 @@ def plot_all(
     """
     from tqdm import tqdm
 
-    from autopipe.viz.balance import plot_balance
-    from autopipe.viz.bubble import plot_bubble
+    from autopipe.viz.balance import balance_figure
+    from autopipe.viz.bubble import bubble_figure
     from autopipe.viz.gantt import plot_timeline
     from autopipe.viz.predict import predicted_timeline
-    from autopipe.viz.scaling import plot_scaling
+    from autopipe.viz.scaling import scaling_figure
+    from autopipe.viz.style import save
 
+    stored = plan.meta.get(VIZ_META_KEY) or {}
+    steps = (5 if profile is not None or stored else 3) + (
+        0 if timeline is None else 1 + int(compare)
+    )
+    bar = tqdm(total=steps, desc="plots", unit="step", disable=not progress, leave=False)
+    data = collect_plot_data(plan, profile, max_gpus=max_gpus) if profile is not None else stored
+    bar.update()
+    # The figures drawn from that data (possibly hand-edited in a plan file) are drawn before
+    # anything is written: bad data fails with no partial set of files.
+    if data:
+        figures = [
+            ("bubble", bubble_figure(data["bubble"])),
+            ("balance", balance_figure(data["balance"])),
+            ("scaling", scaling_figure(data["scaling"])),
+        ]
+    else:
+        from autopipe.viz.data import balance_data
+
+        log.warning(
+            "no profile and no plot data stored in the plan: drawing the timeline and this "
+            "plan's balance only; for the bubble and scaling plots pass the profile "
+            "(`autopipe plot --profile PROFILE.json`) or plot a plan saved by "
+            "`autopipe plan --plot DIR --json PLAN.json`"
+        )
+        figures = [("balance", balance_figure(balance_data(plan, None)))]
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths: list[Path] = []
-    steps = 5 + (0 if timeline is None else 1 + int(compare))
-    bar = tqdm(total=steps, desc="plots", unit="step", disable=not progress, leave=False)
     predicted = predicted_timeline(plan)
     paths += plot_timeline(predicted, out / "timeline", formats=formats)
     bar.update()
@@ -141,30 +165,10 @@ def plot_all(
                 same_place, out / "timeline_compare", compare=measured, formats=formats
             )
             bar.update()
-    if profile is not None:
-        data = collect_plot_data(plan, profile, max_gpus=max_gpus)
-        plan.meta[VIZ_META_KEY] = data
-    else:
-        data = plan.meta.get(VIZ_META_KEY) or {}
-    bar.update()
-    if not data:
-        from autopipe.viz.data import balance_data
-
-        log.warning(
-            "no profile and no plot data stored in the plan: drawing the timeline and this "
-            "plan's balance only; for the bubble and scaling plots pass the profile "
-            "(`autopipe plot --profile PROFILE.json`) or plot a plan saved by "
-            "`autopipe plan --plot DIR --json PLAN.json`"
-        )
-        paths += plot_balance(balance_data(plan, None), out / "balance", formats=formats)
-        bar.close()
-        return paths
-    for name, plot in (
-        ("bubble", plot_bubble),
-        ("balance", plot_balance),
-        ("scaling", plot_scaling),
-    ):
-        paths += plot(data[name], out / name, formats=formats)
+    for stem, figure in figures:
+        paths += save(figure, out / stem, formats)
         bar.update()
+    if data:
+        plan.meta[VIZ_META_KEY] = data
     bar.close()
     return paths
