@@ -203,3 +203,19 @@ def test_python_value_crossing_a_cut_is_named() -> None:
         TypeError, match="value 'size' crossing the cut after stage 0 is a Python int"
     ):
         StageModule(stages[0])(torch.randn(2, 4))
+
+
+def test_recomputed_stage_moves_batchnorm_statistics_once() -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(4, 6), torch.nn.BatchNorm1d(6), torch.nn.Linear(6, 2)
+    )
+    x = torch.randn(8, 4)
+    reference = copy.deepcopy(model)
+    graph = trace_units(model, x)
+    stages = [StageModule(s, checkpoint=True) for s in split_stages(graph, [0, 0, 1])]
+    _chain(stages, (x,)).sum().backward()
+    reference(x).sum().backward()
+    for name, buf in model[1].named_buffers():
+        torch.testing.assert_close(buf, dict(reference[1].named_buffers())[name], rtol=0, atol=0)
+    assert int(model[1].num_batches_tracked) == 1

@@ -13,9 +13,9 @@ from collections.abc import Sequence
 
 import torch
 from autopipe.profiler.units import UnitGraph
+from autopipe.runtime.checkpoint import checkpointed
 from autopipe.runtime.split import StageGraph, StageSplitError, shared_parameters, split_graph
 from torch import nn
-from torch.utils.checkpoint import checkpoint
 
 __all__ = ["StageGraph", "StageModule", "StageSplitError", "split_stages", "stage_of_unit"]
 
@@ -74,8 +74,9 @@ class StageModule(nn.Module):
     """One stage's graph, optionally re-materialized (activation checkpointing).
 
     With ``checkpoint=True`` the forward runs under ``torch.utils.checkpoint`` (non-reentrant,
-    RNG state preserved): only the stage's inputs are kept for backward and the stage's
-    forward is recomputed during its backward, GPipe's re-materialization. Parameter names
+    RNG state preserved, via :func:`autopipe.runtime.checkpoint.checkpointed`): only the
+    stage's inputs are kept for backward and the stage's forward is recomputed during its
+    backward, GPipe's re-materialization; BatchNorm statistics do not move in the recompute. Parameter names
     are the original model's, behind the ``body.`` prefix (see :meth:`model_named_parameters`).
     """
 
@@ -94,7 +95,9 @@ class StageModule(nn.Module):
                 f"({', '.join(self.input_names)}), got {len(args)}"
             )
         if self.checkpoint and torch.is_grad_enabled():
-            out = checkpoint(self.body, *args, use_reentrant=False)
+            # The runtime's re-materialization: BatchNorm statistics are put back after the
+            # recomputation, so they move once per micro-batch, not twice.
+            out = checkpointed(self.body, args, list(self.body.modules()))
         else:
             out = self.body(*args)
         if self.output_names:
