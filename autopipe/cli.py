@@ -275,10 +275,6 @@ def _heterogeneous_cluster(profile: Any, args: argparse.Namespace) -> Any:
     from autopipe.profiler.catalog import get_device, to_planner_device
 
     entries = _device_list(args.device) or []
-    if sum(n for _, n in entries) != args.gpus:
-        raise UsageError(
-            f"--device {args.device} lists {sum(n for _, n in entries)} devices but --gpus is {args.gpus}"
-        )
     if profile.mode != "analytic":
         raise UsageError(
             "a device list needs analytic costs: profile with --device NAME (a catalog device)"
@@ -333,6 +329,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
     check_output_path(args.json, "--json")
     check_output_path(args.save_profile, "--save-profile")
     check_output_path(args.plot, "--plot", directory=True)
+    listed = sum(n for _, n in _device_list(args.device) or [])
+    if listed and listed != args.gpus:
+        raise UsageError(f"--device {args.device} lists {listed} devices but --gpus is {args.gpus}")
     profile = _load_profile_or_model(args)
     from autopipe.planner import PlanningError, plan
 
