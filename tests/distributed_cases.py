@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import os
 import socket
-import sys
 from pathlib import Path
 from typing import Any
 
 import torch
 from autopipe.planner.plan import Plan, StagePlan
+from runtime_helpers import load_example
 from torch import nn
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
@@ -65,11 +65,7 @@ def skipnet_loss(output: torch.Tensor, inputs: tuple[torch.Tensor, torch.Tensor]
 
 def tiny_gpt() -> tuple[nn.Module, Any, Any]:
     """(model, inputs, loss_fn): examples/gpt.py at test size, 4 blocks."""
-    sys.path.insert(0, str(EXAMPLES))
-    try:
-        import gpt
-    finally:
-        sys.path.remove(str(EXAMPLES))
+    gpt = load_example("gpt")
     cfg = gpt.GPTConfig(vocab_size=64, seq_len=8, d_model=16, n_layer=4, n_head=2)
     model = gpt.build_model(vocab_size=64, seq_len=8, d_model=16, n_layer=4, n_head=2)
     return model, gpt.example_inputs(8, cfg), gpt.loss_fn

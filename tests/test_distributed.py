@@ -27,6 +27,7 @@ from distributed_cases import (
     spawn_ranks,
     tiny_gpt,
 )
+from runtime_helpers import load_example
 
 TOL = 1e-5
 
@@ -96,14 +97,7 @@ def test_plan_for_another_model_is_refused() -> None:
 
 
 def test_tied_weights_across_stages_are_refused() -> None:
-    import sys
-
-    from distributed_cases import EXAMPLES
-
-    sys.path.insert(0, str(EXAMPLES))
-    import gpt
-
-    sys.path.remove(str(EXAMPLES))
+    gpt = load_example("gpt")
     model = gpt.build_model(
         vocab_size=64, seq_len=8, d_model=16, n_layer=2, n_head=2, tie_weights=True
     )

@@ -137,13 +137,14 @@ def test_skip_connections_and_masks_cross_stages(chunks: int, devices: list[str]
     assert_model_grads(model, reference)
 
 
-def test_resnet_pipeline_matches_microbatched_model() -> None:
-    resnet = load_example("resnet")
+def small_resnet() -> tuple[nn.Module, torch.Tensor]:
     torch.manual_seed(0)
-    model, x = (
-        resnet.resnet(widths=(4, 8), blocks_per_stage=1, num_classes=5),
-        torch.randn(8, 3, 8, 8),
-    )
+    model = load_example("resnet").resnet(widths=(4, 8), blocks_per_stage=1, num_classes=5)
+    return model, torch.randn(8, 3, 8, 8)
+
+
+def test_resnet_pipeline_matches_microbatched_model() -> None:
+    model, x = small_resnet()
     reference = copy.deepcopy(model)
     ug = trace_units(model, x)
     plan = hand_plan(ug.unit_names, [2, 1, ug.num_units - 3], 4, [True, True, False])
@@ -161,12 +162,7 @@ def test_resnet_pipeline_matches_microbatched_model() -> None:
 
 def test_resnet_pipeline_deferred_batch_norm() -> None:
     """Running statistics move once per mini-batch; the stem's equal the unsplit model's."""
-    resnet = load_example("resnet")
-    torch.manual_seed(0)
-    model, x = (
-        resnet.resnet(widths=(4, 8), blocks_per_stage=1, num_classes=5),
-        torch.randn(8, 3, 8, 8),
-    )
+    model, x = small_resnet()
     unsplit = copy.deepcopy(model)
     ug = trace_units(model, x)
     plan = hand_plan(ug.unit_names, [2, 1, ug.num_units - 3], 4, [True, False, False])
