@@ -56,7 +56,8 @@ class StageFunction(torch.autograd.Function):
     ``run(*inputs)`` computes the stage on detached inputs and returns a tuple (tensors and
     any other values); ``on_backward()`` returns a context manager entered around the
     stage's backward (timeline record). Outputs that do not depend on anything requiring grad
-    are marked non-differentiable.
+    are marked non-differentiable. Only top-level tensors are tracked, so inputs and outputs
+    must be flat (the executor flattens tuples and dicts around the node).
     """
 
     @staticmethod
