@@ -200,3 +200,12 @@ def example_inputs(batch_size=8):
 """A model file for ``autopipe run`` tests: examples/gpt.py at test size (9 units)."""
 
 TINY_GPT_UNITS = ["tok_emb", "pos_emb", "drop", *(f"blocks.{i}" for i in range(4)), "ln_f", "head"]
+
+
+def tiny_gpt_files(directory: Path, schedule: str = "gpipe") -> tuple[Path, Path]:
+    """(model file, 2-stage plan JSON) written to ``directory`` for ``autopipe run`` tests."""
+    model = directory / "tiny_gpt.py"
+    model.write_text(TINY_GPT_FILE)
+    plan = directory / "plan.json"
+    make_plan([TINY_GPT_UNITS[:5], TINY_GPT_UNITS[5:]], 2, 4, schedule=schedule).save(plan)
+    return model, plan

@@ -10,18 +10,14 @@ import sys
 from pathlib import Path
 
 import pytest
-from distributed_cases import TINY_GPT_FILE, TINY_GPT_UNITS, free_port, make_plan
+from distributed_cases import free_port, tiny_gpt_files
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture()
 def files(tmp_path: Path) -> tuple[Path, Path]:
-    model = tmp_path / "tiny_gpt.py"
-    model.write_text(TINY_GPT_FILE)
-    plan = tmp_path / "plan.json"
-    make_plan([TINY_GPT_UNITS[:5], TINY_GPT_UNITS[5:]], 2, 4, schedule="1f1b").save(plan)
-    return model, plan
+    return tiny_gpt_files(tmp_path, "1f1b")
 
 
 def test_torchrun_trains_and_reports_loss_and_step_time(

@@ -15,18 +15,14 @@ import time
 from pathlib import Path
 
 import pytest
-from distributed_cases import TINY_GPT_FILE, TINY_GPT_UNITS, free_port, make_plan, rank_env
+from distributed_cases import free_port, make_plan, rank_env, tiny_gpt_files
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture()
 def files(tmp_path: Path) -> tuple[Path, Path]:
-    model = tmp_path / "tiny_gpt.py"
-    model.write_text(TINY_GPT_FILE)
-    plan = tmp_path / "plan.json"
-    make_plan([TINY_GPT_UNITS[:5], TINY_GPT_UNITS[5:]], 2, 4).save(plan)
-    return model, plan
+    return tiny_gpt_files(tmp_path)
 
 
 def _launch(
