@@ -30,9 +30,15 @@ from autopipe.runtime.split import shared_parameters
 from autopipe.runtime.timeline import Timeline
 from torch import nn
 
-__all__ = ["CHECKPOINT_MODES", "GPipe", "checkpoint_stop"]
+__all__ = ["CHECKPOINT_MODES", "GPipe", "check_checkpoint_mode", "checkpoint_stop"]
 
 CHECKPOINT_MODES = ("always", "except_last", "never")
+
+
+def check_checkpoint_mode(mode: str, modes: tuple[str, ...] = CHECKPOINT_MODES) -> None:
+    """Raise ``ValueError`` unless ``mode`` is one of ``modes``."""
+    if mode not in modes:
+        raise ValueError(f"checkpoint is not one of {', '.join(map(repr, modes))}: got {mode!r}")
 
 
 def checkpoint_stop(mode: str, num_microbatches: int) -> int:
@@ -98,10 +104,7 @@ class GPipe(nn.Module):
         super().__init__()
         if not isinstance(chunks, int) or isinstance(chunks, bool) or chunks <= 0:
             raise ValueError(f"number of chunks must be a positive integer, got {chunks!r}")
-        if checkpoint not in CHECKPOINT_MODES:
-            raise ValueError(
-                f"checkpoint is not one of {', '.join(map(repr, CHECKPOINT_MODES))}: got {checkpoint!r}"
-            )
+        check_checkpoint_mode(checkpoint)
         if not isinstance(module, nn.Sequential):
             raise TypeError(
                 f"module must be nn.Sequential to be partitioned, got {type(module).__name__}"

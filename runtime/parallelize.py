@@ -17,10 +17,13 @@ from typing import Any
 
 import torch
 from autopipe.runtime.devices import as_device
+from autopipe.runtime.gpipe import CHECKPOINT_MODES, check_checkpoint_mode
 from autopipe.runtime.pipeline import Pipeline
 from torch import nn
 
-__all__ = ["parallelize", "resolve_devices", "stage_flags"]
+__all__ = ["PLAN_CHECKPOINT_MODES", "parallelize", "resolve_devices", "stage_flags"]
+
+PLAN_CHECKPOINT_MODES = ("auto", *CHECKPOINT_MODES)
 
 
 def resolve_devices(
@@ -57,6 +60,7 @@ def resolve_devices(
 def stage_flags(plan: Any, checkpoint: str) -> list[bool]:
     """Per-stage re-materialization: the plan's flags for ``"auto"``, else the mode's
     (``"except_last"`` spares the last stage, as the planner models it)."""
+    check_checkpoint_mode(checkpoint, PLAN_CHECKPOINT_MODES)
     k = plan.num_stages
     if checkpoint == "auto":
         return [bool(s.checkpoint) for s in plan.stages]
@@ -64,11 +68,7 @@ def stage_flags(plan: Any, checkpoint: str) -> list[bool]:
         return [True] * k
     if checkpoint == "never":
         return [False] * k
-    if checkpoint == "except_last":
-        return [True] * (k - 1) + [False]
-    raise ValueError(
-        f"checkpoint={checkpoint!r} is not one of 'auto', 'always', 'except_last', 'never'"
-    )
+    return [True] * (k - 1) + [False]  # except_last
 
 
 def _measure(
@@ -107,10 +107,7 @@ def parallelize(
     """
     from autopipe.profiler.units import trace_units
 
-    if checkpoint not in ("auto", "always", "except_last", "never"):
-        raise ValueError(
-            f"checkpoint={checkpoint!r} is not one of 'auto', 'always', 'except_last', 'never'"
-        )
+    check_checkpoint_mode(checkpoint, PLAN_CHECKPOINT_MODES)  # before the costly profiling
     unit_graph = trace_units(model, example_inputs, granularity=granularity)
     devs = resolve_devices(devices, gpus, plan)
     if plan is None:

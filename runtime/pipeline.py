@@ -22,7 +22,7 @@ import torch
 from autopipe.runtime.batchnorm import begin_minibatch, convert_deferred_batch_norm
 from autopipe.runtime.devices import as_device
 from autopipe.runtime.executor import Stage, run_pipeline
-from autopipe.runtime.gpipe import CHECKPOINT_MODES, checkpoint_stop
+from autopipe.runtime.gpipe import check_checkpoint_mode, checkpoint_stop
 from autopipe.runtime.microbatch import gather, scatter
 from autopipe.runtime.rng import MicrobatchRNG, draw_base_seed
 from autopipe.runtime.split import shared_parameters, split_graph
@@ -66,10 +66,7 @@ class Pipeline(nn.Module):
         if chunks < 1:
             raise ValueError(f"chunks must be a positive integer, got {chunks}")
         if isinstance(checkpoint, str):
-            if checkpoint not in CHECKPOINT_MODES:
-                raise ValueError(
-                    f"checkpoint is not one of {', '.join(map(repr, CHECKPOINT_MODES))}: got {checkpoint!r}"
-                )
+            check_checkpoint_mode(checkpoint)
         elif len(checkpoint) != num_stages:
             raise ValueError(
                 f"got {len(checkpoint)} checkpoint flags for {num_stages} stages; give one per stage"
