@@ -119,7 +119,8 @@ def split_graph(
             if node.op in ("placeholder", "output") or node in env:
                 continue
             if node.op == "get_attr":
-                if any(u.op != "output" and where[u.name] == k for u in node.users):
+                last = num_stages - 1  # the output node belongs to the last stage
+                if any((last if u.op == "output" else where[u.name]) == k for u in node.users):
                     env[node] = graph.node_copy(node, lookup)
                 continue
             if where[node.name] != k:

@@ -254,3 +254,22 @@ def test_tensors_inside_tuples_get_gradients(checkpoint: str) -> None:
         assert_close(got, want, "output")
     assert_close(x_grad, x.grad, "input gradient")
     assert_model_grads(model, reference)
+
+
+def test_parameter_returned_by_the_model_reaches_the_output() -> None:
+    class ReturnsWeight(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b = nn.Linear(3, 3), nn.Linear(3, 3)
+
+        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            return self.b(self.a(x)), self.a.weight
+
+    model = ReturnsWeight()
+    gm = torch.fx.symbolic_trace(model)
+    calls = {n.name: int(n.name == "b") for n in gm.graph.nodes if n.op == "call_module"}
+    pipe = Pipeline(gm, calls, ["cpu", "cpu"])
+    x = torch.randn(2, 3)
+    out, weight = pipe(x)
+    assert torch.equal(weight, model.a.weight)
+    assert_close(out, model(x)[0], "output")
