@@ -112,8 +112,13 @@ def split_graph(
 
         for name in inputs:
             source = by_name[name]
-            new = graph.placeholder(name)
-            new.meta = dict(source.meta)
+            if k == 0:
+                # The model's own argument (its name, e.g. ``input`` where fx named the node
+                # ``input_1``, and its default value).
+                new = graph.node_copy(source)
+            else:
+                new = graph.placeholder(name)
+                new.meta = dict(source.meta)
             env[source] = new
         for node in gm.graph.nodes:
             if node.op in ("placeholder", "output") or node in env:

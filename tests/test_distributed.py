@@ -213,3 +213,27 @@ def test_recomputed_stage_moves_batchnorm_statistics_once() -> None:
     for name, buf in model[1].named_buffers():
         torch.testing.assert_close(buf, dict(reference[1].named_buffers())[name], rtol=0, atol=0)
     assert int(model[1].num_batches_tracked) == 1
+
+
+class _InputArg(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = torch.nn.Linear(3, 3)
+        self.b = torch.nn.Linear(3, 3)
+
+    def forward(self, input: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:  # noqa: A002
+        return self.b(self.a(input)) * mask
+
+
+def test_keyword_inputs_bind_by_argument_name_not_fx_node_name() -> None:
+    from autopipe.runtime.distributed.pipeline import _argument_names, _flat_inputs
+
+    x, mask = torch.randn(2, 3), torch.ones(2, 3)
+    stage0 = StageModule(split_stages(trace_units(_InputArg(), (x, mask)), [0, 1])[0])
+    assert stage0.input_names == ["input_1", "mask"]  # fx renamed the builtin-shadowing node
+    names = _argument_names(stage0)
+    assert names == ["input", "mask"]
+    args = _flat_inputs({"mask": mask, "input": x}, names)
+    assert args[0] is x and args[1] is mask
+    out = dict(zip(stage0.output_names, stage0(*args), strict=True))
+    torch.testing.assert_close(out["a"], stage0.body.a(x), rtol=0, atol=0)

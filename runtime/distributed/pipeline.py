@@ -129,8 +129,15 @@ def build_stage(
     return module.to(device)
 
 
+def _argument_names(stage: StageModule) -> list[str]:
+    """The model's forward arguments that stage 0 takes, in order (fx may have renamed their
+    nodes, e.g. ``input`` -> ``input_1``; the placeholder targets keep the real names)."""
+    return [str(n.target) for n in stage.body.graph.nodes if n.op == "placeholder"]
+
+
 def _flat_inputs(example_inputs: Any, placeholders: list[str]) -> tuple[Any, ...]:
-    """Model inputs (tensor / tuple / dict) as the positional tuple stage 0 takes."""
+    """Model inputs (tensor / tuple / dict) as the positional tuple stage 0 takes;
+    ``placeholders`` are the argument names (:func:`_argument_names`)."""
     args, kwargs = split_inputs(example_inputs)
     if not kwargs:
         return tuple(args)
@@ -218,7 +225,7 @@ class DistributedPipeline:
             state_dict=state_dict,
             init_seed=init_seed,
         )
-        self._placeholders = self.module.input_names if self.layout.is_first_stage else []
+        self._arguments = _argument_names(self.module) if self.layout.is_first_stage else []
         self._user_loss = loss_fn
         self._target: Any = None
         self.stage = PipelineStage(
@@ -299,7 +306,7 @@ class DistributedPipeline:
                 raise TypeError("the first stage needs the inputs: step(inputs, target)")
             args = tuple(
                 a.to(self.device) if isinstance(a, torch.Tensor) else a
-                for a in _flat_inputs(inputs, self._placeholders)
+                for a in _flat_inputs(inputs, self._arguments)
             )
             _check_divisible(batch_size_of(args), M)
         losses: list[torch.Tensor] = []
