@@ -17,7 +17,7 @@ keys) but cannot be moved or cast: it is placed on its devices at construction.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NoReturn
 
 import torch
@@ -80,11 +80,14 @@ def _verify(module: nn.Sequential, partitions: list[nn.Sequential]) -> None:
         )
 
 
-def _partition_fn(partition: nn.Sequential, last: bool):
-    def fn(single: bool, *tensors: torch.Tensor) -> tuple[Any, ...]:
-        out = partition(tensors[0] if single else tuple(tensors))
+def _partition_fn(partition: nn.Sequential, last: bool) -> Callable[[Any], tuple[Any]]:
+    """The stage function: one value (a tensor or a tuple of tensors) in, one out; the
+    executor flattens tuples around the autograd node."""
+
+    def fn(value: torch.Tensor | tuple[torch.Tensor, ...]) -> tuple[Any]:
+        out = partition(value)
         _check_tensors(out, "the output of the last partition" if last else "a partition output")
-        return (True, out) if isinstance(out, torch.Tensor) else (False, *out)
+        return (out,)
 
     return fn
 
@@ -178,9 +181,7 @@ class GPipe(nn.Module):
     # -- forward ------------------------------------------------------------------------------
     def forward(self, input: torch.Tensor | tuple[torch.Tensor, ...]) -> Any:
         _check_tensors(input, "GPipe input")
-        single = isinstance(input, torch.Tensor)
-        flat = [input] if single else list(input)
-        microbatches = [[single, *mb] for mb in scatter(flat, self.chunks)]
+        microbatches = scatter([input], self.chunks)
         num = len(microbatches)
         if self.training:
             begin_minibatch(list(self.partitions), num)
@@ -195,6 +196,4 @@ class GPipe(nn.Module):
             timeline=timeline,
             rng=MicrobatchRNG(draw_base_seed()),
         )
-        single_out = outputs[0][0]
-        per_mb = [out[1] if single_out else tuple(out[1:]) for out in outputs]
-        return gather(per_mb)
+        return gather([out for (out,) in outputs])
