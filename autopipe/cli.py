@@ -332,10 +332,16 @@ def cmd_plan(args: argparse.Namespace) -> int:
     listed = sum(n for _, n in _device_list(args.device) or [])
     if listed and listed != args.gpus:
         raise UsageError(f"--device {args.device} lists {listed} devices but --gpus is {args.gpus}")
+    if (
+        args.data_parallel
+        and args.allreduce_bandwidth is None
+        and not (args.device or args.device_spec or args.model.endswith(".json"))
+    ):
+        raise UsageError(_NEED_BANDWIDTH)  # say so before spending time profiling
     profile = _load_profile_or_model(args)
     from autopipe.planner import PlanningError, plan
 
-    if args.gpus > len(profile.units):
+    if args.gpus > len(profile.units) and not args.data_parallel:
         raise UsageError(
             f"--gpus {args.gpus} is more than the model's {len(profile.units)} units; use at most "
             f"{len(profile.units)} or a finer --granularity (module or node)"
@@ -362,18 +368,18 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
         cluster = to_planner_cluster(spec, args.gpus, memory_bytes=args.memory)
         gpus = memory = None
+    options = {
+        "batch_size": args.batch_size,
+        "microbatches": args.microbatches,
+        "schedule": args.schedule,
+        "checkpoint": args.checkpoint,
+        "strategy": args.strategy,
+    }
     try:
-        result = plan(
-            profile,
-            gpus=gpus,
-            batch_size=args.batch_size,
-            microbatches=args.microbatches,
-            memory_per_device=memory,
-            cluster=cluster,
-            schedule=args.schedule,
-            checkpoint=args.checkpoint,
-            strategy=args.strategy,
-        )
+        if args.data_parallel:
+            result = _plan_data_parallel(profile, args, cluster, memory, options)
+        else:
+            result = plan(profile, gpus=gpus, memory_per_device=memory, cluster=cluster, **options)
     except PlanningError as exc:
         raise Failure(str(exc)) from exc
     except ValueError as exc:
@@ -408,6 +414,41 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.json and args.json != "-":
         _say(args, f"plan written to {args.json}")
     return EXIT_OK
+
+
+_NEED_BANDWIDTH = (
+    "--data-parallel needs the gradient all-reduce bandwidth: pass --allreduce-bandwidth "
+    "(bytes/s, e.g. 100GB) or plan for a catalog --device"
+)
+
+
+def _plan_data_parallel(
+    profile: Any, args: argparse.Namespace, cluster: Any, memory: int | None, options: dict
+) -> Any:
+    """``--data-parallel auto|D``: ``--gpus`` devices as K stages x D replicas."""
+    from autopipe.planner import plan_data_parallel
+
+    if _device_list(args.device):
+        raise UsageError("--data-parallel needs one kind of device; drop the NAME:COUNT list")
+    device = cluster.devices[0] if cluster is not None else None
+    bandwidth = args.allreduce_bandwidth
+    if (
+        bandwidth is None
+        and device is not None
+        and device.link_bandwidth_bytes_per_s < float("inf")
+    ):
+        bandwidth = device.link_bandwidth_bytes_per_s
+    if bandwidth is None:
+        raise UsageError(_NEED_BANDWIDTH)
+    return plan_data_parallel(
+        profile,
+        args.gpus,
+        replicas=args.data_parallel,
+        allreduce_bandwidth_bytes_per_s=bandwidth,
+        device=device,
+        memory_per_device=memory,
+        **options,
+    )
 
 
 def _analytic_spec_for(profile: Any, args: argparse.Namespace) -> Any:
@@ -558,6 +599,19 @@ def build_parser() -> argparse.ArgumentParser:
         "--plot", metavar="DIR", help="write the timeline, bubble, balance and scaling plots to DIR"
     )
     p.add_argument("--save-profile", metavar="PATH", help="also save the profile as JSON")
+    p.add_argument(
+        "--data-parallel",
+        metavar="auto|D",
+        type=_microbatches,
+        help="use --gpus devices as K stages x D data-parallel replicas; 'auto' picks D",
+    )
+    p.add_argument(
+        "--allreduce-bandwidth",
+        type=_memory,
+        metavar="BYTES_PER_S",
+        help="gradient all-reduce bandwidth per device for --data-parallel, e.g. 100GB "
+        "(default: the catalog device's link)",
+    )
     p.add_argument(
         "--scaling",
         action="store_true",

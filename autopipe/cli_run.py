@@ -100,7 +100,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from autopipe.runtime.distributed.layout import PlanWorldSizeError, rank_layout
 
     try:
-        rank_layout(rank, world, plan.num_stages)
+        rank_layout(rank, world, plan.num_stages, plan.replicas)
     except PlanWorldSizeError as exc:
         # Every rank finds the same mismatch: meet at a barrier so all of them report it
         # before the first exit makes torchrun stop the others.

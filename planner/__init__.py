@@ -6,6 +6,11 @@ the GPU count. PuLP is imported only when ``strategy="ilp"`` is asked for.
 """
 
 from autopipe.planner.cluster import Cluster, Device
+from autopipe.planner.data_parallel import (
+    ParallelChoice,
+    choose_pipeline_data_parallel,
+    plan_data_parallel,
+)
 from autopipe.planner.errors import PlanningError
 from autopipe.planner.plan import PLAN_VERSION, Plan, PlanFormatError, StagePlan, load_plan
 from autopipe.planner.search import STRATEGIES, plan
@@ -17,6 +22,9 @@ __all__ = [
     "STRATEGIES",
     "Cluster",
     "Device",
+    "ParallelChoice",
+    "choose_pipeline_data_parallel",
+    "plan_data_parallel",
     "Plan",
     "PlanFormatError",
     "PlanningError",

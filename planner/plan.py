@@ -72,6 +72,9 @@ class Plan:
     """Samples per second."""
     speedup: float = 1.0
     """Predicted single-device iteration time / this plan's iteration time."""
+    replicas: int = 1
+    """D: data-parallel copies of the pipeline (``num_stages x replicas`` devices in all);
+    ``batch_size`` is per replica, and ``iteration_time_s`` includes the gradient all-reduce."""
     bottleneck_stage: int = 0
     strategy: str = "dp"
     memory_per_device: int | None = None

@@ -52,3 +52,18 @@ def test_bad_device_lists_are_usage_errors(
     assert main(["plan", GPT, *flags]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and message.lower() in err.lower(), err
+
+
+def test_data_parallel_layout_from_the_cli(capsys: pytest.CaptureFixture[str]) -> None:
+    data = _plan(capsys, "--gpus", "8", "--device", "a100-80gb", "--data-parallel", "2")
+    assert (data["num_stages"], data["replicas"], data["batch_size"]) == (4, 2, 8)
+    auto = _plan(capsys, "--gpus", "8", "--device", "a100-80gb", "--data-parallel", "auto")
+    assert auto["num_stages"] * auto["replicas"] == 8
+    best = max(r["throughput"] for r in auto["meta"]["data_parallel"])
+    assert auto["throughput"] == pytest.approx(best)
+
+
+def test_data_parallel_needs_a_bandwidth(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", GPT, "--gpus", "4", "--data-parallel", "auto", "--no-cache"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--allreduce-bandwidth" in err

@@ -10,7 +10,7 @@ data-parallel replicas of every stage. Typical use, on every rank::
     loss = pipe.step(inputs, target)   # a tensor on last-stage ranks, None elsewhere
     opt.step(); opt.zero_grad()
 
-Names resolve lazily: the torch-free parts (``layout``, ``pp_dp``) import without torch.
+Names resolve lazily: the torch-free parts (``layout``; ``choose_pipeline_data_parallel`` lives in the planner) import without torch.
 """
 
 from __future__ import annotations
@@ -32,9 +32,9 @@ _LAZY = {
     "RankLayout": "autopipe.runtime.distributed.layout",
     "PlanWorldSizeError": "autopipe.runtime.distributed.layout",
     "rank_layout": "autopipe.runtime.distributed.layout",
-    "ParallelChoice": "autopipe.runtime.distributed.pp_dp",
-    "choose_pipeline_data_parallel": "autopipe.runtime.distributed.pp_dp",
-    "ring_allreduce_s": "autopipe.runtime.distributed.pp_dp",
+    "ParallelChoice": "autopipe.planner.data_parallel",
+    "choose_pipeline_data_parallel": "autopipe.planner.data_parallel",
+    "ring_allreduce_s": "autopipe.planner.data_parallel",
 }
 
 __all__ = sorted(_LAZY)

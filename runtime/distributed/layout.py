@@ -54,7 +54,7 @@ class RankLayout:
         return self.stage == self.num_stages - 1
 
 
-def rank_layout(rank: int, world_size: int, num_stages: int) -> RankLayout:
+def rank_layout(rank: int, world_size: int, num_stages: int, replicas: int = 1) -> RankLayout:
     """The layout of ``rank``; raises :class:`PlanWorldSizeError` unless ``K`` divides ``W``."""
     if num_stages < 1:
         raise PlanWorldSizeError(f"the plan has {num_stages} stages; it needs at least one")
@@ -63,6 +63,12 @@ def rank_layout(rank: int, world_size: int, num_stages: int) -> RankLayout:
             f"the plan has {num_stages} stages but {world_size} processes were launched; "
             f"launch a multiple of {num_stages} (K x D, e.g. torchrun --nproc-per-node "
             f"{num_stages}) or re-plan with `autopipe plan ... --gpus {world_size}`"
+        )
+    if replicas > 1 and world_size != num_stages * replicas:
+        raise PlanWorldSizeError(
+            f"the plan is {num_stages} stages x {replicas} replicas = {num_stages * replicas} "
+            f"processes but {world_size} were launched; launch {num_stages * replicas} "
+            f"(torchrun --nproc-per-node ...) or re-plan for {world_size} GPUs"
         )
     if not 0 <= rank < world_size:
         raise PlanWorldSizeError(f"rank {rank} is outside the world of {world_size} processes")

@@ -208,7 +208,7 @@ class DistributedPipeline:
             )
         self.plan = plan
         self.layout: RankLayout = rank_layout(
-            dist.get_rank(), dist.get_world_size(), plan.num_stages
+            dist.get_rank(), dist.get_world_size(), plan.num_stages, plan.replicas
         )
         if len(plan.stages) != plan.num_stages:
             raise StageSplitError(

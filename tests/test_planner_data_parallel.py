@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from autopipe.planner.data_parallel import choose_pipeline_data_parallel, ring_allreduce_s
 from autopipe.planner.plan import Plan, StagePlan
-from autopipe.runtime.distributed.pp_dp import choose_pipeline_data_parallel, ring_allreduce_s
 
 PARAM_BYTES = 400e6  # the whole model's gradients
 SAMPLE_S = 0.01  # forward + backward seconds per sample on one device
@@ -53,3 +53,48 @@ def test_fast_links_favour_data_parallel_slow_links_favour_pipelines() -> None:
 def test_no_feasible_split_is_an_error() -> None:
     with pytest.raises(ValueError, match="no K x D split of 8 devices works"):
         choose_pipeline_data_parallel(lambda k, b: gpipe_plan(8, b), 8, 6, 1e9)
+
+
+def _profile(n_units: int = 8):
+    from planner_instances import random_profile
+
+    return random_profile(n_units, seed=3, batch_size=64)
+
+
+def test_plan_data_parallel_fixed_replicas() -> None:
+    from autopipe.planner import plan, plan_data_parallel
+
+    p = plan_data_parallel(_profile(), 8, replicas=2, allreduce_bandwidth_bytes_per_s=1e9)
+    assert (p.num_stages, p.replicas, p.batch_size) == (4, 2, 32)
+    pipeline_only = plan(_profile(), gpus=4, batch_size=32)
+    allreduce = max(ring_allreduce_s(s.parameter_bytes, 2, 1e9) for s in pipeline_only.stages)
+    assert p.iteration_time_s == pytest.approx(pipeline_only.iteration_time_s + allreduce)
+    assert p.throughput == pytest.approx(64 / p.iteration_time_s)
+
+
+def test_plan_data_parallel_auto_picks_the_fastest_layout() -> None:
+    from autopipe.planner import plan_data_parallel
+
+    for bandwidth in (1e7, 1e13):
+        p = plan_data_parallel(_profile(), 8, allreduce_bandwidth_bytes_per_s=bandwidth)
+        rows = [r for r in p.meta["data_parallel"] if r["step_s"] is not None]
+        assert p.throughput == pytest.approx(max(r["throughput"] for r in rows))
+        assert p.num_stages * p.replicas == 8
+    slow = plan_data_parallel(_profile(), 8, allreduce_bandwidth_bytes_per_s=1e7)
+    fast = plan_data_parallel(_profile(), 8, allreduce_bandwidth_bytes_per_s=1e13)
+    assert slow.replicas <= fast.replicas  # a slow all-reduce favours deeper pipelines
+
+
+def test_plan_data_parallel_rejects_a_non_divisor() -> None:
+    from autopipe.planner import PlanningError, plan_data_parallel
+
+    with pytest.raises(PlanningError, match="divisor"):
+        plan_data_parallel(_profile(), 8, replicas=3, allreduce_bandwidth_bytes_per_s=1e9)
+
+
+def test_rank_layout_checks_stages_times_replicas() -> None:
+    from autopipe.runtime.distributed.layout import PlanWorldSizeError, rank_layout
+
+    assert rank_layout(3, 4, 2, replicas=2).replicas == 2
+    with pytest.raises(PlanWorldSizeError, match="2 stages x 3 replicas = 6"):
+        rank_layout(0, 4, 2, replicas=3)

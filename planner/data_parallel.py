@@ -15,8 +15,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
+from autopipe.planner.cluster import Cluster, Device
+from autopipe.planner.errors import PlanningError
 from autopipe.planner.plan import Plan
+from autopipe.profiler.profile import Profile
 
 
 @dataclass
@@ -114,3 +118,91 @@ def choose_pipeline_data_parallel(
             + "; ".join(f"K={c.stages}: {c.reason}" for c in choices)
         )
     return sorted(choices, key=lambda c: (-c.throughput, c.stages))
+
+
+def plan_data_parallel(
+    profile: Profile,
+    total_gpus: int,
+    *,
+    replicas: int | str = "auto",
+    allreduce_bandwidth_bytes_per_s: float,
+    allreduce_latency_s: float = 0.0,
+    batch_size: int | None = None,
+    device: Device | None = None,
+    **plan_kw: Any,
+) -> Plan:
+    """The best ``K x D = total_gpus`` layout: a K-stage plan run by D data-parallel replicas.
+
+    ``replicas="auto"`` tries every divisor D of ``total_gpus`` (one planner call each) and
+    keeps the highest modelled throughput; an integer fixes D. ``batch_size`` is the global
+    batch (default: the profile's); each replica pipelines ``batch_size / D`` samples.
+    ``device`` is repeated K times (default: the profile's device with ``plan_kw``'s
+    ``memory_per_device``). The returned Plan has ``replicas = D``, its per-replica
+    ``batch_size``, ``iteration_time_s`` = pipeline + all-reduce, ``throughput`` over the global
+    batch, and every candidate in ``meta["data_parallel"]``. Raises ``PlanningError``.
+    """
+    from autopipe.planner.search import plan
+
+    if total_gpus < 1:
+        raise PlanningError(f"total_gpus={total_gpus} must be a positive integer")
+    if replicas != "auto" and (
+        not isinstance(replicas, int) or replicas < 1 or total_gpus % replicas
+    ):
+        raise PlanningError(
+            f"replicas={replicas!r} must be 'auto' or a divisor of the {total_gpus} GPUs"
+        )
+    batch = profile.batch_size if batch_size is None else batch_size
+
+    def make_plan(stages: int, per_replica_batch: int) -> Plan:
+        if replicas != "auto" and stages * replicas != total_gpus:
+            raise PlanningError(f"D is fixed at {replicas}")
+        if stages > len(profile.units):
+            raise PlanningError(f"{stages} stages need at least {stages} units")
+        where = {"gpus": stages} if device is None else {"cluster": Cluster([device] * stages)}
+        return plan(profile, batch_size=per_replica_batch, **where, **plan_kw)
+
+    try:
+        choices = choose_pipeline_data_parallel(
+            make_plan, total_gpus, batch, allreduce_bandwidth_bytes_per_s, allreduce_latency_s
+        )
+    except ValueError as exc:
+        raise PlanningError(str(exc)) from exc
+    best = choices[0]
+    assert best.plan is not None
+    out = best.plan
+    out.replicas = best.replicas
+    out.meta["pipeline_iteration_s"] = best.pipeline_s
+    out.meta["allreduce_s"] = best.allreduce_s
+    out.iteration_time_s = best.step_s
+    out.throughput = best.throughput
+    # One device would take D times the per-replica single-device time for the global batch.
+    out.speedup *= best.replicas * best.pipeline_s / best.step_s
+    # Baselines run with the same D, so they pay the all-reduce of their own largest stage.
+    for base in out.baselines.values():
+        if base.get("feasible") and base.get("stages"):
+            base["iteration_time_s"] += max(
+                ring_allreduce_s(
+                    s["parameter_bytes"],
+                    best.replicas,
+                    allreduce_bandwidth_bytes_per_s,
+                    allreduce_latency_s,
+                )
+                for s in base["stages"]
+            )
+    out.meta["data_parallel"] = [
+        {
+            "stages": c.stages,
+            "replicas": c.replicas,
+            "step_s": c.step_s if c.plan is not None else None,
+            "allreduce_s": c.allreduce_s if c.plan is not None else None,
+            "throughput": c.throughput,
+            "reason": c.reason,
+        }
+        for c in choices
+    ]
+    out.notes.append(
+        f"{best.stages} stages x {best.replicas} replicas of {total_gpus} GPUs: pipeline "
+        f"{best.pipeline_s * 1e3:.4g} ms + gradient all-reduce {best.allreduce_s * 1e3:.4g} ms "
+        f"per step, {best.throughput:.4g} samples/s over the global batch of {batch}"
+    )
+    return out
