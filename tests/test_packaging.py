@@ -61,3 +61,11 @@ def test_wheel_contains_only_the_autopipe_namespace(tmp_path: Path) -> None:
             rel = init.relative_to(ROOT / folder).as_posix()
             assert f"{installed}/{rel}" in names, f"{folder}/{rel} is missing from the wheel"
     assert "autopipe/planner/plan.py" in names
+
+
+def test_every_public_name_resolves() -> None:
+    import autopipe
+
+    for name in autopipe.__all__:
+        assert getattr(autopipe, name) is not None, name
+    assert callable(autopipe.profile) and callable(autopipe.plan) and callable(autopipe.parallelize)
