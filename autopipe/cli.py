@@ -224,6 +224,7 @@ def _profile_model_file(args: argparse.Namespace) -> Any:
                     dtype=args.dtype or "bfloat16",
                     granularity=args.granularity or "block",
                     loss_fn=mf.loss_fn,
+                    progress=not args.quiet,
                 )
             except (AnalyticProfileError, DeviceSpecError) as exc:
                 raise UsageError(str(exc)) from exc

@@ -53,6 +53,7 @@ from autopipe.profiler.units import TraceError, UnitGraph, trace_units
 from torch import fx, nn
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_leaves, tree_map
+from tqdm.auto import tqdm
 
 _TORCH_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
@@ -254,6 +255,7 @@ def profile_analytic(
     microbatch_sizes: Sequence[int] | None = None,
     allow_tf32: bool = False,
     model_name: str = "",
+    progress: bool = False,
 ) -> Profile:
     """Per-unit time and memory of one training step, counted on the meta device.
 
@@ -272,6 +274,7 @@ def profile_analytic(
     ``forward_overhead_s``: launches and weight reads that small micro-batches do not
     shrink); ``None`` = ``B`` and ``B/4`` (or ``B/2``); ``()`` = ``B`` only, overhead =
     kernels x launch overhead.
+    ``progress``: a tqdm bar over the counting passes (one per micro-batch size).
     Returns a ``Profile`` with ``mode="analytic"``; seconds are for the whole batch.
     """
     started = time.perf_counter()
@@ -296,10 +299,16 @@ def profile_analytic(
     inputs = _meta_inputs(example_inputs, torch_dtype)
     big_b = _batch_size(inputs)
     sizes = _sizes(big_b, microbatch_sizes)
-    counts = [
-        _count(model, slice_batch(inputs, b, big_b), spec, granularity, loss_fn, allow_tf32)
-        for b in sizes
-    ]
+    bar = tqdm(
+        sizes, desc=f"counting {type(model).__name__} on {spec.name}", unit="pass",
+        disable=not progress, leave=False,
+    )  # fmt: skip
+    counts = []
+    for b in bar:
+        bar.set_postfix_str(f"micro-batch {b}")
+        counts.append(
+            _count(model, slice_batch(inputs, b, big_b), spec, granularity, loss_fn, allow_tf32)
+        )
     base = counts[0]
     for other in counts[1:]:
         if other.units.unit_names != base.units.unit_names:
