@@ -23,6 +23,7 @@ from __future__ import annotations
 import inspect
 import operator
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,7 +32,14 @@ import torch.utils._pytree as pytree
 from autopipe.profiler.trace import TraceError, split_inputs, trace_model
 from torch import fx, nn
 
-__all__ = ["GRANULARITIES", "TraceError", "UnitGraph", "cut_tensors", "trace_units"]
+__all__ = [
+    "GRANULARITIES",
+    "TraceError",
+    "UnitGraph",
+    "cut_tensors",
+    "live_across_cuts",
+    "trace_units",
+]
 
 GRANULARITIES = ("block", "module", "node")
 _CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
@@ -317,20 +325,25 @@ def trace_units(
 
 def cut_tensors(unit_graph: UnitGraph) -> list[list[str]]:
     """For each cut ``i`` (between unit ``i`` and ``i + 1``), the names of the nodes produced at
-    units ``<= i`` and consumed at units ``> i`` (skip connections and graph outputs count;
-    parameters/buffers (get_attr) do not). O(edges x units) in the worst case.
+    units ``<= i`` and consumed at units ``> i`` (see :func:`live_across_cuts`)."""
+    return live_across_cuts(
+        unit_graph.graph_module.graph, unit_graph.node_unit, unit_graph.num_units
+    )
+
+
+def live_across_cuts(graph: fx.Graph, where: Mapping[str, int], num_parts: int) -> list[list[str]]:
+    """For each cut ``k`` (after part ``k`` of a contiguous split), the node names live across
+    it, in graph order: produced by part ``<= k`` and used by a part ``> k`` or by the graph's
+    output (skip connections count). Parameters and buffers (``get_attr``) never cross a cut:
+    each part owns what it uses. ``where`` maps every other node to its part. Shared by the
+    profiler (cut bytes between units) and the runtime (what each stage sends).
+    O(edges x parts) in the worst case.
     """
-    n_units = unit_graph.num_units
-    node_unit = unit_graph.node_unit
-    cuts: list[list[str]] = [[] for _ in range(max(n_units - 1, 0))]
-    for node in unit_graph.graph_module.graph.nodes:
+    cuts: list[list[str]] = [[] for _ in range(max(num_parts - 1, 0))]
+    for node in graph.nodes:
         if node.op in ("get_attr", "output"):
             continue
-        produced = node_unit[node.name]
-        consumed = [n_units - 1 if u.op == "output" else node_unit[u.name] for u in node.users]
-        if node.op == "placeholder" and not consumed:
-            continue
-        last = max(consumed, default=produced)
-        for i in range(produced, last):
-            cuts[i].append(node.name)
+        users = [num_parts - 1 if u.op == "output" else where[u.name] for u in node.users]
+        for k in range(where[node.name], max(users, default=0)):
+            cuts[k].append(node.name)
     return cuts

@@ -20,9 +20,10 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
+from autopipe.profiler.units import live_across_cuts
 from torch import fx, nn
 
-__all__ = ["StageGraph", "StageSplitError", "cut_values", "shared_parameters", "split_graph"]
+__all__ = ["StageGraph", "StageSplitError", "shared_parameters", "split_graph"]
 
 _NOT_CALLS = ("placeholder", "get_attr", "output")
 
@@ -68,23 +69,6 @@ def _stage_of(graph: fx.Graph, node_stage: Mapping[str, int], num_stages: int) -
     return where
 
 
-def cut_values(graph: fx.Graph, where: Mapping[str, int], num_stages: int) -> list[list[str]]:
-    """For each cut ``k`` (after stage ``k``), the node names live across it, in graph order.
-
-    A value is live across cut ``k`` if it is produced by stage ``<= k`` (placeholders count as
-    stage 0) and used by a stage ``> k`` or by the graph's output. Parameters (``get_attr``) are
-    never passed: each stage owns the attributes it uses.
-    """
-    cuts: list[list[str]] = [[] for _ in range(num_stages - 1)]
-    for node in graph.nodes:
-        if node.op in ("get_attr", "output"):
-            continue
-        users = [num_stages - 1 if u.op == "output" else where[u.name] for u in node.users]
-        for k in range(where[node.name], max(users, default=0)):
-            cuts[k].append(node.name)
-    return cuts
-
-
 def split_graph(
     graph_module: fx.GraphModule, node_stage: Mapping[str, int], num_stages: int
 ) -> list[StageGraph]:
@@ -96,7 +80,7 @@ def split_graph(
     """
     gm = graph_module
     where = _stage_of(gm.graph, node_stage, num_stages)
-    cuts = cut_values(gm.graph, where, num_stages)
+    cuts = live_across_cuts(gm.graph, where, num_stages)
     placeholders = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
     output_node = next(n for n in gm.graph.nodes if n.op == "output")
     by_name = {n.name: n for n in gm.graph.nodes}
