@@ -2,31 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import torch
 from autopipe.runtime.rng import draw_base_seed, microbatch_seed
+from profiler_models import load_example  # noqa: F401  (re-exported for the runtime tests)
 from torch import nn
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 RTOL, ATOL = 1e-5, 1e-6
-
-
-def load_example(name: str) -> ModuleType:
-    """Import examples/<name>.py under a private module name."""
-    key = f"_autopipe_example_{name}"
-    if key in sys.modules:
-        return sys.modules[key]
-    spec = importlib.util.spec_from_file_location(key, EXAMPLES / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[key] = module  # dataclasses look their module up while the file executes
-    spec.loader.exec_module(module)
-    return module
 
 
 def reference_forward(
