@@ -69,15 +69,6 @@ def register_run(sub: Any) -> None:
     p.set_defaults(func=cmd_run)
 
 
-def _default_loss(output: Any, inputs: Any) -> Any:
-    """Stand-in objective for model files without ``loss_fn``: mean square of the outputs."""
-    import torch
-    from torch.utils import _pytree as pytree
-
-    leaves = [t for t in pytree.tree_leaves(output) if isinstance(t, torch.Tensor)]
-    return sum(t.float().pow(2).mean() for t in leaves)
-
-
 def cmd_run(args: argparse.Namespace) -> int:
     from autopipe.runtime.distributed.process import LaunchError, init_distributed
 
@@ -142,9 +133,7 @@ def _train(args: argparse.Namespace, plan: Any, mf: Any, rank: int, world: int) 
         model = mf.build(device="meta" if meta else None)
         replicas = world // plan.num_stages if world % plan.num_stages == 0 else 1
         inputs = mf.inputs(plan.batch_size * replicas)
-        pipe = DistributedPipeline(
-            model, plan, inputs, mf.loss_fn or _default_loss, state_dict=state_dict
-        )
+        pipe = DistributedPipeline(model, plan, inputs, mf.loss_fn, state_dict=state_dict)
     except (ModelFileError, PlanWorldSizeError, StageSplitError, ValueError, TypeError) as exc:
         raise cli.UsageError(str(exc)) from exc
     del model

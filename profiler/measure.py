@@ -8,7 +8,8 @@
    per storage);
 3. time every unit alone on its recorded inputs: forward, then backward from ones-like
    output gradients to its activation inputs and parameters (median after warm-up);
-4. time the loss (``loss_fn(output, inputs)``, or the sum of the floating-point outputs) and
+4. time the loss (``loss_fn(output, inputs)``, or the default objective of
+   :mod:`autopipe.profiler.objective`) and
    add it to the last unit: the last pipeline stage computes it;
 5. time the whole model in one piece (forward + loss, backward) and count its saved bytes,
    as the reference the per-unit figures must add up to;
@@ -29,6 +30,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from autopipe.profiler import inputs as inputs_convention
+from autopipe.profiler import objective
 from autopipe.profiler.cache import autopipe_version, cache_key, load_cached, save_cached
 from autopipe.profiler.execute import (
     UnitCall,
@@ -58,7 +61,7 @@ from autopipe.profiler.tree import float_tensor_leaves, map_tensors, tensor_leav
 from autopipe.profiler.units import UnitGraph, cut_tensors, trace_units
 from torch import fx, nn
 
-LossFn = Callable[[Any, Any], torch.Tensor]
+LossFn = objective.LossFn
 
 
 class ProfilingError(RuntimeError):
@@ -107,19 +110,16 @@ def move_inputs(example_inputs: Any, device: torch.device, dtype: torch.dtype) -
 
 def batch_size_of(example_inputs: Any) -> int:
     """Size of dim 0 of the first tensor with at least one dimension."""
-    for t in tensor_leaves(example_inputs):
-        if t.dim() >= 1:
-            return int(t.shape[0])
-    raise ProfilingError("example inputs contain no tensor with a batch dimension; pass a batch")
+    try:
+        return inputs_convention.batch_size_of(example_inputs)
+    except TypeError as exc:
+        raise ProfilingError(str(exc)) from None
 
 
 def slice_batch(example_inputs: Any, size: int, batch_size: int) -> Any:
-    """The first ``size`` samples: every tensor whose dim 0 is ``batch_size`` is cut to ``size``
-    (copied, so storage-based byte counts see ``size`` samples, not the whole batch)."""
-    return map_tensors(
-        lambda t: t[:size].clone() if t.dim() >= 1 and t.shape[0] == batch_size else t,
-        example_inputs,
-    )
+    """The first ``size`` samples, copied (so storage-based byte counts see ``size``
+    samples, not the whole batch)."""
+    return inputs_convention.batch_rows(example_inputs, 0, size, batch_size, copy=True)
 
 
 def microbatch_sizes_to_profile(
@@ -148,16 +148,12 @@ def microbatch_sizes_to_profile(
 
 
 def loss_of(output: Any, inputs: Any, loss_fn: LossFn | None) -> torch.Tensor:
-    """``loss_fn(output, inputs)``, or the sum of all floating-point outputs that need grad."""
-    if loss_fn is not None:
-        return loss_fn(output, inputs)
-    tensors = [t for t in float_tensor_leaves(output) if t.requires_grad]
-    if not tensors:
-        raise ProfilingError(
-            "the model output has no floating-point tensor that requires grad, so there is "
-            "nothing to drive backward; pass loss_fn(output, inputs)"
-        )
-    return torch.stack([t.float().sum() for t in tensors]).sum()
+    """The objective (:func:`autopipe.profiler.objective.loss_of`: ``loss_fn`` or the
+    default shared with both runtimes) as a :class:`ProfilingError` when there is none."""
+    try:
+        return objective.loss_of(output, inputs, loss_fn)
+    except objective.ObjectiveError as exc:
+        raise ProfilingError(str(exc)) from None
 
 
 # ---------------------------------------------------------------------------------------
@@ -489,7 +485,7 @@ def profile(
     or a dict (keyword arguments); dim 0 of the tensors is the batch (size ``B``).
     ``device``/``dtype``: the model and floating inputs are moved/cast **in place** (default:
     where the model is, in its dtype). ``loss_fn(output, inputs)`` drives backward (default:
-    sum of the floating-point outputs). ``microbatch_sizes``: batch sizes to time for the
+    :func:`autopipe.profiler.objective.default_loss`). ``microbatch_sizes``: batch sizes to time for the
     ``t(b) = a + c * b`` fit; ``None`` = ``B`` and ``B/4`` (or ``B/2``); ``()`` = ``B`` only.
     ``cache=True`` reuses a profile saved for the same model structure, inputs, device,
     dtype and options (``cache_dir`` or ``$AUTOPIPE_CACHE_DIR`` or ``~/.cache/autopipe``).
@@ -561,8 +557,8 @@ def profile(
         for size in sizes:
             size_inputs = inputs if size == big_b else slice_batch(inputs, size, big_b)
             size_ug = ug
-            if size != big_b and ug.tracer == "export":
-                # export specialises shapes: trace again at this batch size.
+            if size != big_b and not ug.batch_dynamic:
+                # export specialised the batch dimension: trace again at this batch size.
                 size_ug = trace_units(model, size_inputs, granularity, "export")
                 if size_ug.unit_names != ug.unit_names:
                     warnings.warn(

@@ -6,7 +6,11 @@ Order tried (the first that works wins, ``tracer`` names it):
    records ``nn_module_stack`` for nodes inside modules).
 2. ``"export"``: ``torch.export.export(model, args, kwargs, strict=False).module()``
    (handles shape-dependent Python control flow, cache objects, ...; ATen-level nodes with
-   ``nn_module_stack`` metadata).
+   ``nn_module_stack`` metadata). The batch dimension (dim 0 of every input tensor of the
+   batch's size) is exported as dynamic (``Dim.AUTO``), so the graph runs at any
+   micro-batch size; where export has to specialise it (or fails with it dynamic), the
+   graph is static and :func:`batch_is_dynamic` says so, and the runtimes trace again at
+   the micro-batch size.
 3. ``"hooks"``: only for models whose ``forward`` is a plain chain of children
    (each child called once, each fed the previous child's output): the chain is observed with
    forward hooks on one real run and rebuilt as a graph of ``call_module`` nodes, so the
@@ -26,26 +30,39 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
+import torch.utils._pytree as pytree
+from autopipe.profiler.inputs import batch_size_of, call_model, split_inputs
 from torch import fx, nn
+
+__all__ = [
+    "TRACERS",
+    "TraceError",
+    "batch_is_dynamic",
+    "call_model",
+    "split_inputs",
+    "trace_model",
+    "training_config",
+]
 
 
 class TraceError(RuntimeError):
     """No tracer in the chain could turn the model into a graph."""
 
 
-def split_inputs(example_inputs: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    """Normalise the example-inputs convention: tuple -> *args, dict -> **kwargs, else one arg."""
-    if isinstance(example_inputs, tuple):
-        return example_inputs, {}
-    if isinstance(example_inputs, dict):
-        return (), dict(example_inputs)
-    return (example_inputs,), {}
+def training_config(model: nn.Module) -> list[str]:
+    """Switch off inference-only features a training trace cannot carry; returns what changed.
 
-
-def call_model(model: Any, example_inputs: Any) -> Any:
-    """Call ``model`` with the example inputs under the tuple/dict/single-value convention."""
-    args, kwargs = split_inputs(example_inputs)
-    return model(*args, **kwargs)
+    A Hugging Face config with ``use_cache=True`` makes the model build and return a
+    key/value cache object, which neither tracer turns into a graph of tensors and which
+    training never reads (transformers itself turns it off under gradient checkpointing).
+    """
+    changed: list[str] = []
+    for module in model.modules():
+        config = getattr(module, "config", None)
+        if config is not None and getattr(config, "use_cache", False) is True:
+            config.use_cache = False
+            changed.append(f"{type(module).__name__}.config.use_cache")
+    return changed
 
 
 @contextlib.contextmanager
@@ -92,9 +109,46 @@ def trace_fx(model: nn.Module, args: tuple, kwargs: dict) -> fx.GraphModule:
     return fx.symbolic_trace(model, concrete_args=concrete or None)
 
 
+def _batch_dims(args: tuple, kwargs: dict) -> Any:
+    """``dynamic_shapes`` marking dim 0 of every input tensor of the batch's size as
+    ``Dim.AUTO`` (export may still specialise it; others stay static)."""
+    from torch.export import Dim, ShapesCollection
+
+    try:
+        batch = batch_size_of((args, kwargs))
+    except TypeError:
+        return None
+    shapes = ShapesCollection()
+    marked = False
+    # Only pytree leaves: export sees tensors inside unregistered classes as constants.
+    for t in pytree.tree_leaves((args, kwargs)):
+        if isinstance(t, torch.Tensor) and t.dim() >= 1 and t.shape[0] == batch:
+            shapes[t] = {0: Dim.AUTO}  # the same tensor twice gets the same spec
+            marked = True
+    return shapes if marked else None
+
+
+def batch_is_dynamic(gm: fx.GraphModule) -> bool:
+    """Whether a traced graph runs at any batch size: fx and hooks graphs record no shapes;
+    an export graph does when every batch-sized input kept a symbolic dim 0."""
+    return bool(gm.meta.get("autopipe_batch_dynamic", True))
+
+
 def trace_export(model: nn.Module, args: tuple, kwargs: dict) -> fx.GraphModule:
-    """Non-strict ``torch.export`` flattened to one GraphModule (input guards removed)."""
-    exported = torch.export.export(model, args, kwargs, strict=False)
+    """Non-strict ``torch.export`` flattened to one GraphModule (input guards removed), with
+    a dynamic batch dimension where export allows it (static otherwise)."""
+    shapes = _batch_dims(args, kwargs)
+    dynamic = False
+    exported = None
+    if shapes is not None:
+        try:
+            exported = torch.export.export(model, args, kwargs, dynamic_shapes=shapes, strict=False)
+        except Exception:  # a model export cannot keep dynamic: trace it static below
+            exported = None
+    if exported is None:
+        exported = torch.export.export(model, args, kwargs, strict=False)
+    else:
+        dynamic = _kept_dynamic(exported, args, kwargs)
     gm = exported.module()
     # The input-shape guard module is a sanity check for the exported program, not part
     # of the computation; it would also be an unknown target once the graph is split.
@@ -109,7 +163,32 @@ def trace_export(model: nn.Module, args: tuple, kwargs: dict) -> fx.GraphModule:
                 delattr(gm, str(node.target))
     gm.graph.lint()
     gm.recompile()
+    gm.meta["autopipe_batch_dynamic"] = dynamic
     return gm
+
+
+def _kept_dynamic(exported: Any, args: tuple, kwargs: dict) -> bool:
+    """Whether every batch-sized user input of the exported program has a symbolic dim 0."""
+    from torch.export.graph_signature import InputKind
+
+    batch = batch_size_of((args, kwargs))
+    users = {
+        spec.arg.name
+        for spec in exported.graph_signature.input_specs
+        if spec.kind == InputKind.USER_INPUT and hasattr(spec.arg, "name")
+    }
+    found = False
+    for node in exported.graph_module.graph.nodes:
+        val = node.meta.get("val")
+        if node.op != "placeholder" or node.name not in users:
+            continue
+        if not isinstance(val, torch.Tensor) or val.dim() == 0:
+            continue
+        if isinstance(val.shape[0], torch.SymInt):
+            found = True
+        elif int(val.shape[0]) == batch:
+            return False  # specialised to the example's batch size
+    return found
 
 
 def trace_sequential_hooks(model: nn.Module, args: tuple, kwargs: dict) -> fx.GraphModule:
@@ -189,6 +268,13 @@ def trace_model(
     (no fallback). Raises :class:`TraceError` with one line naming every tracer's failure.
     """
     args, kwargs = split_inputs(example_inputs)
+    changed = training_config(model)
+    if changed:
+        warnings.warn(
+            f"set {', '.join(changed)} = False for training: a key/value cache is for "
+            "generation and cannot cross pipeline stages",
+            stacklevel=2,
+        )
     if tracer is not None:
         funcs = {"fx": trace_fx, "export": trace_export, "hooks": trace_sequential_hooks}
         if tracer not in funcs:

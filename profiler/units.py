@@ -5,12 +5,18 @@ Granularity (``trace_units(..., granularity=...)``):
 - ``"module"``: the children of the top module, recursing into containers
   (``nn.Sequential`` / ``nn.ModuleList`` / ``nn.ModuleDict``), so a transformer's blocks
   become units.
-- ``"block"`` (default): one unit per child of the container (ModuleList / Sequential /
-  ModuleDict) of repeated same-class blocks holding the most parameters (e.g.
-  ``transformer.h.0``), plus every module beside the path to that container as its own unit
+- ``"block"`` (default): one unit per child of each container (ModuleList / Sequential /
+  ModuleDict) of repeated blocks (e.g. ``transformer.h.0``; both stacks of an
+  encoder-decoder, ``encoder.block.0`` and ``decoder.block.0``; every ``layerN`` of a
+  ResNet), plus every module beside the paths to those containers as its own unit
   (embeddings before, final norm and head after). Without a repeated block it equals
   ``"module"``.
 - ``"node"``: one unit per fx call node.
+
+``units=["model.layers.*", ...]`` (fnmatch patterns over module paths) names the units
+instead: every matching module (the outermost of nested matches) is a unit, and so is every
+module beside the paths to them. The plan's unit names are module paths, so the runtime
+re-traces into exactly the plan's units by passing them as ``units``.
 
 Free functions between modules (e.g. the ``add`` of token and position embeddings) join the
 unit of the next module node (the previous one at the end). Unit indices never decrease along
@@ -20,16 +26,16 @@ Cost: O(nodes x module depth) to label, O(edges) to enforce the order.
 
 from __future__ import annotations
 
-import inspect
+import fnmatch
 import operator
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import torch.fx._pytree as fx_pytree
 import torch.utils._pytree as pytree
-from autopipe.profiler.trace import TraceError, split_inputs, trace_model
+from autopipe.profiler.inputs import InputBinder
+from autopipe.profiler.trace import TraceError, batch_is_dynamic, trace_model
 from torch import fx, nn
 
 __all__ = [
@@ -60,33 +66,21 @@ class UnitGraph:
     unit_kinds: list[str]
     """Class name of each unit's module (function/method name at node granularity)."""
     granularity: str = "block"
-    input_names: list[str] | None = None
-    """Forward parameter names in placeholder order (fx/hooks graphs); None for export graphs,
-    whose placeholders follow the pytree flattening of ``(args, kwargs)``."""
+    binder: InputBinder | None = None
+    """Binds a call's ``(args, kwargs)`` to the graph's placeholder values."""
+    batch_dynamic: bool = True
+    """Whether the graph runs at any batch size (False: an export graph whose batch
+    dimension export specialised; run it only at the traced batch size)."""
+    unit_patterns: list[str] | None = None
+    """The ``units`` patterns the units were chosen by, if any."""
 
     def flat_inputs(self, example_inputs: Any) -> list[Any]:
         """Values for the graph's placeholders, in order, from the example-inputs convention.
 
         ``split_module(graph_module, ...)`` results take exactly these positional values.
         """
-        args, kwargs = split_inputs(example_inputs)
-        placeholders = [n for n in self.graph_module.graph.nodes if n.op == "placeholder"]
-        codegen = self.graph_module.graph._codegen
-        info = getattr(codegen, "pytree_info", None)
-        if info is not None and info.in_spec is not None:
-            return list(fx_pytree.tree_flatten_spec((args, kwargs), info.in_spec))
-        names = self.input_names or [str(p.target) for p in placeholders]
-        bound = dict(zip(names, args, strict=False))
-        bound.update(kwargs)
-        values: list[Any] = []
-        for name, node in zip(names, placeholders, strict=False):
-            if name in bound:
-                values.append(bound[name])
-            elif node.args:
-                values.append(node.args[0])  # a default the example inputs did not override
-            else:
-                raise TypeError(f"example inputs give no value for forward argument {name!r}")
-        return values
+        assert self.binder is not None
+        return self.binder.flat(example_inputs)
 
     def unflatten_output(self, flat_output: Any) -> Any:
         """Restore the model's output structure from the graph's output value (export graphs
@@ -125,17 +119,16 @@ def _module_units(model: nn.Module, prefix: str = "") -> list[str]:
     return paths
 
 
-def _block_container(model: nn.Module) -> str | None:
-    """Path of the container of repeated blocks, or None.
+def _repeated_containers(model: nn.Module) -> list[tuple[tuple[int, int, int], str, type]]:
+    """Containers of repeated blocks: ``(key, path, block class)``, best first.
 
     Candidates: containers with >= 2 children of one class, and any non-empty ModuleList (a
-    one-block ModuleList is still the block list). The winner holds the most parameters in
-    its children of the most common class (blocks hold the weights; a block's inner
-    ``nn.Sequential`` of two Linears must not beat a one-block list), then the most such
+    one-block ModuleList is still the block list). The key ranks by the parameters in the
+    children of the most common class (blocks hold the weights; a block's inner
+    ``nn.Sequential`` of two Linears must not beat a one-block list), then the number of such
     children, then the shallowest path.
     """
-    best: tuple[int, int, int] | None = None
-    best_path: str | None = None
+    found: list[tuple[tuple[int, int, int], str, type]] = []
     for path, module in model.named_modules():
         if not _is_container(module):
             continue
@@ -146,33 +139,87 @@ def _block_container(model: nn.Module) -> str | None:
         if count < 2 and not isinstance(module, nn.ModuleList):
             continue
         params = sum(p.numel() for c in children if type(c) is cls for p in c.parameters())
-        key = (params, count, -path.count("."))
-        if best is None or key > best:
-            best, best_path = key, path
-    return best_path
+        found.append(((params, count, -path.count(".")), path, cls))
+    found.sort(key=lambda item: item[0], reverse=True)
+    return found
+
+
+def _inside(path: str, ancestor: str) -> bool:
+    return ancestor == "" or path == ancestor or path.startswith(f"{ancestor}.")
+
+
+def _block_containers(model: nn.Module, share: float = 0.1) -> list[str]:
+    """Paths of the containers whose children are the blocks, in module order.
+
+    The best container (see :func:`_repeated_containers`) sets the block class; every other
+    container not nested in (or around) a chosen one is chosen too when its blocks are of
+    that class (T5's encoder and decoder stacks, a ResNet's ``layer1``..``layer4``) or hold
+    at least ``share`` of the model's parameters (encoder and decoder layers of different
+    classes). O(modules x chosen).
+    """
+    ranked = _repeated_containers(model)
+    if not ranked:
+        return []
+    total = sum(p.numel() for p in model.parameters())
+    block_cls = ranked[0][2]
+    chosen: list[str] = []
+    for (params, _count, _depth), path, cls in ranked:
+        if any(_inside(path, c) or _inside(c, path) for c in chosen):
+            continue
+        if not chosen or cls is block_cls or (total and params >= share * total):
+            chosen.append(path)
+    order = {path: i for i, (path, _) in enumerate(model.named_modules())}
+    return sorted(chosen, key=order.__getitem__)
+
+
+def _units_around(module: nn.Module, units: set[str], prefix: str = "") -> list[str]:
+    """``units`` (module paths) plus every module beside the paths from the root to them,
+    in module order. O(modules x depth)."""
+    paths: list[str] = []
+    for name, child in module.named_children():
+        path = f"{prefix}{name}"
+        if path in units:
+            paths.append(path)
+        elif any(u.startswith(f"{path}.") for u in units):
+            paths += _units_around(child, units, f"{path}.")
+        else:
+            paths.append(path)
+    return paths
 
 
 def _block_units(model: nn.Module) -> list[str]:
-    """Children of the block container plus every module beside the path to it."""
-    container = _block_container(model)
-    if container is None:
+    """The children of every block container plus every module beside the paths to them."""
+    containers = _block_containers(model)
+    if not containers:
         return _module_units(model)
-    if container == "":
+    if containers == [""]:
         return [name for name, _ in model.named_children()]
-    parts = container.split(".")
-    paths: list[str] = []
-    module, prefix = model, ""
-    for depth in range(len(parts) + 1):
-        on_path = parts[depth] if depth < len(parts) else None
-        for name, _child in module.named_children():
-            path = f"{prefix}{name}"
-            if on_path is None or name != on_path:
-                paths.append(path)
-        if on_path is None:
-            break
-        module = getattr(module, on_path)
-        prefix = f"{prefix}{on_path}."
-    return paths
+    blocks = {
+        f"{path}.{name}"
+        for path in containers
+        for name, _ in model.get_submodule(path).named_children()
+    }
+    return _units_around(model, blocks)
+
+
+def _pattern_units(model: nn.Module, patterns: Sequence[str]) -> list[str]:
+    """Units named by fnmatch ``patterns`` over module paths (see the module docstring).
+
+    ``ValueError`` if a pattern matches no module, naming a few real paths.
+    """
+    paths = [path for path, _ in model.named_modules() if path]
+    matched: list[str] = []
+    for pattern in patterns:
+        hits = [p for p in paths if fnmatch.fnmatchcase(p, pattern)]
+        if not hits:
+            sample = ", ".join(paths[:4]) + (", ..." if len(paths) > 4 else "")
+            raise ValueError(
+                f"--units pattern {pattern!r} matches no module of {type(model).__name__}; "
+                f"module paths look like: {sample}"
+            )
+        matched += hits
+    outermost = {p for p in matched if not any(_inside(p, q) and p != q for q in matched)}
+    return _units_around(model, outermost)
 
 
 def _module_path(node: fx.Node) -> str | None:
@@ -253,27 +300,33 @@ def _assign(gm: fx.GraphModule, labels: dict[str, str | None]) -> tuple[list[str
     return names, {k: renumber.get(v, 0) for k, v in unit.items()}
 
 
-def _forward_param_names(model: nn.Module) -> list[str] | None:
-    try:
-        params = inspect.signature(model.forward).parameters.values()
-    except (TypeError, ValueError):
-        return None
-    return [p.name for p in params if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
-
-
-def unit_graph_from(
-    gm: fx.GraphModule, model: nn.Module, tracer: str, granularity: str = "block"
-) -> UnitGraph:
-    """Group the nodes of an already traced ``gm`` (of ``model``) into units."""
+def _check_granularity(granularity: str) -> None:
     if granularity not in GRANULARITIES:
         raise ValueError(
             f"granularity {granularity!r} is not one of {', '.join(GRANULARITIES)}; pick one of those"
         )
+
+
+def unit_graph_from(
+    gm: fx.GraphModule,
+    model: nn.Module,
+    tracer: str,
+    granularity: str = "block",
+    units: Sequence[str] | None = None,
+    example_inputs: Any = None,
+) -> UnitGraph:
+    """Group the nodes of an already traced ``gm`` (of ``model``) into units; ``units``
+    (fnmatch patterns over module paths) overrides the granularity's choice."""
+    _check_granularity(granularity)
     calls = [n for n in gm.graph.nodes if n.op not in ("placeholder", "get_attr", "output")]
-    if granularity == "node":
+    by_node = granularity == "node" and not units
+    if by_node:
         labels: dict[str, str | None] = {n.name: n.name for n in calls}
     else:
-        paths = _block_units(model) if granularity == "block" else _module_units(model)
+        if units:
+            paths = _pattern_units(model, units)
+        else:
+            paths = _block_units(model) if granularity == "block" else _module_units(model)
         unit_set = set(paths) or {""}
         labels = {n.name: _unit_of_path(_module_path(n), unit_set) for n in calls}
         for n in calls:
@@ -284,7 +337,7 @@ def unit_graph_from(
                 if isinstance(source, fx.Node) and labels.get(source.name) is not None:
                     labels[n.name] = labels[source.name]
     names, node_unit = _assign(gm, labels)
-    if granularity == "node":
+    if by_node:
         by_name = {n.name: n for n in calls}
         kinds = [_node_kind(gm, by_name[u]) if u in by_name else "" for u in names]
     else:
@@ -294,6 +347,9 @@ def unit_graph_from(
                 kinds.append(type(model.get_submodule(u)).__name__)
             except AttributeError:
                 kinds.append(type(model).__name__)
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    info = getattr(gm.graph._codegen, "pytree_info", None)
+    in_spec = info.in_spec if info is not None else None
     return UnitGraph(
         graph_module=gm,
         unit_names=names,
@@ -301,26 +357,33 @@ def unit_graph_from(
         tracer=tracer,
         unit_kinds=kinds,
         granularity=granularity,
-        input_names=None if tracer == "export" else _forward_param_names(model),
+        binder=InputBinder.for_trace(model, example_inputs, placeholders, in_spec),
+        batch_dynamic=batch_is_dynamic(gm),
+        unit_patterns=list(units) if units else None,
     )
 
 
 def trace_units(
-    model: nn.Module, example_inputs: Any, granularity: str = "block", tracer: str | None = None
+    model: nn.Module,
+    example_inputs: Any,
+    granularity: str = "block",
+    tracer: str | None = None,
+    units: Sequence[str] | None = None,
 ) -> UnitGraph:
     """Trace ``model`` (fx, then export, then hooks) and group its nodes into units.
 
     ``example_inputs``: a tensor (one argument), a tuple (positional arguments) or a dict
     (keyword arguments). Nothing is executed except by the export/hooks fallbacks.
-    ``tracer`` forces ``"fx"``, ``"export"`` or ``"hooks"`` instead of the fallback chain.
-    Raises :class:`TraceError` if no tracer works, ``ValueError`` for a bad granularity.
+    ``tracer`` forces ``"fx"``, ``"export"`` or ``"hooks"`` instead of the fallback chain;
+    ``units`` names the units by fnmatch patterns over module paths (``"model.layers.*"``).
+    Raises :class:`TraceError` if no tracer works, ``ValueError`` for a bad granularity or a
+    pattern that matches no module.
     """
-    if granularity not in GRANULARITIES:
-        raise ValueError(
-            f"granularity {granularity!r} is not one of {', '.join(GRANULARITIES)}; pick one of those"
-        )
+    _check_granularity(granularity)
+    if units:
+        _pattern_units(model, units)  # a bad pattern fails before the costly trace
     gm, used = trace_model(model, example_inputs, tracer)
-    return unit_graph_from(gm, model, used, granularity)
+    return unit_graph_from(gm, model, used, granularity, units, example_inputs)
 
 
 def cut_tensors(unit_graph: UnitGraph) -> list[list[str]]:

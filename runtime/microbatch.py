@@ -13,16 +13,9 @@ from typing import Any
 
 import torch
 import torch.utils._pytree as pytree
+from autopipe.profiler.inputs import batch_size_of
 
 __all__ = ["batch_size_of", "gather", "scatter"]
-
-
-def batch_size_of(values: Sequence[Any]) -> int:
-    """Size of dim 0 of the first tensor with at least one dimension in ``values``."""
-    for value in pytree.tree_leaves(list(values)):
-        if isinstance(value, torch.Tensor) and value.dim() > 0:
-            return int(value.shape[0])
-    raise TypeError("the pipeline needs at least one input tensor with a batch dimension (dim 0)")
 
 
 def scatter(values: Sequence[Any], chunks: int) -> list[list[Any]]:
@@ -49,15 +42,20 @@ def scatter(values: Sequence[Any], chunks: int) -> list[list[Any]]:
     return [pytree.tree_unflatten(piece, spec) for piece in pieces]
 
 
-def gather(outputs: Sequence[Any]) -> Any:
-    """Concatenate per-micro-batch outputs (same structure each) along dim 0.
+def gather(outputs: Sequence[Any], sizes: Sequence[int] | None = None) -> Any:
+    """Join per-micro-batch outputs (same structure each) into the mini-batch's output.
 
-    Tensor leaves are concatenated with ``torch.cat`` (autograd flows back to every
-    micro-batch); non-tensor leaves must be equal across micro-batches and are kept once.
-    A 0-dim tensor has no batch dimension to join, so it is refused.
+    Tensor leaves with a batch dimension are concatenated along dim 0 (``torch.cat``;
+    autograd flows back to every micro-batch). A 0-dim floating tensor (a loss the model
+    computes itself, e.g. a Hugging Face ``output.loss``) has no batch dimension: it becomes
+    the mean over micro-batches weighted by their ``sizes`` (samples each; equal weights if
+    not given), which is the mini-batch's loss when the loss is a mean over samples.
+    Non-tensor leaves must be equal across micro-batches and are kept once.
     """
     if len(outputs) == 1:
         return outputs[0]
+    weights = [1.0] * len(outputs) if sizes is None else [float(n) for n in sizes]
+    total = sum(weights)
     flat = [pytree.tree_flatten(out) for out in outputs]
     spec = flat[0][1]
     for _, other in flat[1:]:
@@ -67,12 +65,15 @@ def gather(outputs: Sequence[Any]) -> Any:
     for column in zip(*(leaves for leaves, _ in flat), strict=True):
         head = column[0]
         if isinstance(head, torch.Tensor):
-            if head.dim() == 0:
+            if head.dim() > 0:
+                joined.append(torch.cat(column, dim=0))
+            elif head.is_floating_point():
+                joined.append(sum(t * (w / total) for t, w in zip(column, weights, strict=True)))
+            else:
                 raise TypeError(
-                    "pipeline output is a 0-dim tensor (e.g. a loss); return per-sample outputs "
-                    "with a batch dimension and reduce them after the pipeline"
+                    f"the model returns a 0-dim {head.dtype} tensor, which has no batch "
+                    "dimension to join over micro-batches; return it per sample"
                 )
-            joined.append(torch.cat(column, dim=0))
         else:
             joined.append(head)
     return pytree.tree_unflatten(joined, spec)

@@ -3,11 +3,11 @@
     pipe = autopipe.parallelize(model, example_inputs, gpus=4)
     loss_fn(pipe(x), y).backward(); optimizer.step()   # optimizer over pipe.parameters()
 
-Steps: trace the model into units (``autopipe.profiler.units.trace_units``); unless a
-``plan`` is given, measure a Profile (``autopipe.profiler.profile``) and plan K stages
-(``autopipe.planner.plan``); map each graph node to the stage of its unit; build a
-``Pipeline`` with ``plan.microbatches`` micro-batches and the plan's per-stage checkpoint
-flags. Stage ``i`` runs on ``devices[i]``.
+Steps: unless a ``plan`` is given, measure a Profile (``autopipe.profiler.profile``) and plan
+K stages (``autopipe.planner.plan``); cut the model into the plan's stage graphs
+(``autopipe.runtime.partition.partition``, the route the distributed runtime takes too);
+build a ``Pipeline`` with ``plan.microbatches`` micro-batches and the plan's per-stage
+checkpoint flags. Stage ``i`` runs on ``devices[i]``.
 """
 
 from __future__ import annotations
@@ -105,10 +105,9 @@ def parallelize(
     per mini-batch. ``profile_options`` go to
     ``autopipe.profiler.measure.profile`` (e.g. ``loss_fn``, ``repeat``, ``progress``). Returns a ``Pipeline`` with ``pipeline.plan`` set.
     """
-    from autopipe.profiler.units import trace_units
+    from autopipe.runtime.partition import StageSplitError, partition
 
     check_checkpoint_mode(checkpoint, PLAN_CHECKPOINT_MODES)  # before the costly profiling
-    unit_graph = trace_units(model, example_inputs, granularity=granularity)
     devs = resolve_devices(devices, gpus, plan)
     if plan is None:
         from autopipe.planner import plan as make_plan
@@ -127,35 +126,16 @@ def parallelize(
             f"the plan has {plan.num_stages} stages but {len(devs)} devices were given; "
             "give one device per stage"
         )
-    planned = [name for stage in plan.stages for name in stage.units]
-    if planned != list(unit_graph.unit_names):
-        raise ValueError(
-            f"the plan's units ({len(planned)}: {planned[:3]}...) are not the model's units "
-            f"({unit_graph.num_units}: {unit_graph.unit_names[:3]}...); plan with a profile of "
-            f"this model at granularity {granularity!r}"
-        )
-    stage_of_unit = [j for j, stage in enumerate(plan.stages) for _ in stage.units]
-    node_stage = {name: stage_of_unit[unit] for name, unit in unit_graph.node_unit.items()}
-
-    def bind(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
-        if kwargs and args:
-            names = unit_graph.input_names
-            if names is None:
-                raise TypeError(
-                    "pass the inputs of this exported model either all positionally or all by keyword"
-                )
-            kwargs = {**dict(zip(names, args, strict=False)), **kwargs}
-            return unit_graph.flat_inputs(kwargs)
-        return unit_graph.flat_inputs(kwargs if kwargs else tuple(args))
-
-    return Pipeline(
-        unit_graph.graph_module,
-        node_stage,
+    try:
+        planned = partition(model, example_inputs, plan)
+    except StageSplitError as exc:
+        raise ValueError(str(exc)) from None
+    return Pipeline.from_partition(
+        planned,
         devs,
+        model,
         chunks=plan.microbatches,
         checkpoint=stage_flags(plan, checkpoint),
-        bind_inputs=bind,
-        unflatten_output=unit_graph.unflatten_output,
         plan=plan,
         deferred_batch_norm=deferred_batch_norm,
     )

@@ -9,8 +9,9 @@ which are passed through the stages in between automatically. Stage ``j`` runs o
 ``devices[j]`` in the executor (``executor.py``), micro-batch by micro-batch.
 
 Parameters shared by stages on the same device stay one ``Parameter`` (gradients from both
-uses sum in ``.grad``); sharing across different devices is refused. Cost of the set-up:
-O(nodes + edges x stages).
+uses sum in ``.grad``); a parameter shared by stages on different devices gets a replica per
+device whose gradient is added into the parameter's at the end of backward (``tied.py``).
+Cost of the set-up: O(nodes + edges x stages).
 """
 
 from __future__ import annotations
@@ -23,9 +24,11 @@ from autopipe.runtime.batchnorm import begin_minibatch, convert_deferred_batch_n
 from autopipe.runtime.devices import as_device
 from autopipe.runtime.executor import Stage, run_pipeline
 from autopipe.runtime.gpipe import check_checkpoint_mode, checkpoint_stop
-from autopipe.runtime.microbatch import gather, scatter
+from autopipe.runtime.microbatch import batch_size_of, gather, scatter
+from autopipe.runtime.partition import PlannedStages, TiedParameter, tied_parameters
 from autopipe.runtime.rng import MicrobatchRNG, draw_base_seed
-from autopipe.runtime.split import shared_parameters, split_graph
+from autopipe.runtime.split import StageGraph, split_graph
+from autopipe.runtime.tied import TiedReplicas
 from autopipe.runtime.timeline import Timeline
 from torch import fx, nn
 
@@ -60,8 +63,73 @@ class Pipeline(nn.Module):
         unflatten_output: Callable[[Any], Any] | None = None,
         plan: Any = None,
         deferred_batch_norm: bool = False,
+        static_microbatch_size: int | None = None,
     ) -> None:
         super().__init__()
+        graphs = split_graph(graph_module, node_stage, len(devices))
+        self._setup(
+            graphs,
+            devices,
+            tied_parameters([g.module for g in graphs], graph_module),
+            list(graph_module.modules()),
+            chunks=chunks,
+            checkpoint=checkpoint,
+            bind_inputs=bind_inputs,
+            unflatten_output=unflatten_output,
+            plan=plan,
+            deferred_batch_norm=deferred_batch_norm,
+            static_microbatch_size=static_microbatch_size,
+        )
+
+    @classmethod
+    def from_partition(
+        cls,
+        planned: PlannedStages,
+        devices: Sequence[torch.device | str | int],
+        model: nn.Module,
+        *,
+        chunks: int,
+        checkpoint: str | Sequence[bool],
+        plan: Any = None,
+        deferred_batch_norm: bool = False,
+    ) -> Pipeline:
+        """A pipeline over the stage graphs of :func:`autopipe.runtime.partition.partition`."""
+        if len(planned.stages) != len(devices):
+            raise ValueError(
+                f"{len(planned.stages)} stages but {len(devices)} devices; give one per stage"
+            )
+        pipe = cls.__new__(cls)
+        nn.Module.__init__(pipe)
+        pipe._setup(
+            planned.stages,
+            devices,
+            planned.tied,
+            list(model.modules()),
+            chunks=chunks,
+            checkpoint=checkpoint,
+            bind_inputs=planned.binder,
+            unflatten_output=planned.unflatten_output,
+            plan=plan,
+            deferred_batch_norm=deferred_batch_norm,
+            static_microbatch_size=planned.static_microbatch_size,
+        )
+        return pipe
+
+    def _setup(
+        self,
+        graphs: list[StageGraph],
+        devices: Sequence[torch.device | str | int],
+        tied: list[TiedParameter],
+        model_modules: list[nn.Module],
+        *,
+        chunks: int,
+        checkpoint: str | Sequence[bool],
+        bind_inputs: Callable[[tuple[Any, ...], dict[str, Any]], list[Any]] | None,
+        unflatten_output: Callable[[Any], Any] | None,
+        plan: Any,
+        deferred_batch_norm: bool,
+        static_microbatch_size: int | None,
+    ) -> None:
         num_stages = len(devices)
         if chunks < 1:
             raise ValueError(f"chunks must be a positive integer, got {chunks}")
@@ -71,13 +139,14 @@ class Pipeline(nn.Module):
             raise ValueError(
                 f"got {len(checkpoint)} checkpoint flags for {num_stages} stages; give one per stage"
             )
-        self._graphs = split_graph(graph_module, node_stage, num_stages)
+        self._graphs = graphs
         self.devices = [as_device(d) for d in devices]
         submods = [graph.module for graph in self._graphs]
         if deferred_batch_norm:
             for mod in submods:  # parameters and buffers stay shared with the model's BatchNorms
                 convert_deferred_batch_norm(mod)
-        _check_shared_parameters(submods, self.devices)
+        # A parameter used on several devices keeps one copy per device (tied.py).
+        self._tied = TiedReplicas(submods, self.devices, tied, model_modules)
         for mod, dev in zip(submods, self.devices, strict=True):
             mod.to(dev)
         self.stages = nn.ModuleList(submods)
@@ -86,6 +155,7 @@ class Pipeline(nn.Module):
             checkpoint if isinstance(checkpoint, str) else [bool(c) for c in checkpoint]
         )
         self.plan = plan
+        self.static_microbatch_size = static_microbatch_size
         self.last_timeline: Timeline | None = None
         self._bind = bind_inputs or _positional_binder(len(self._graphs[0].input_names))
         self._unflatten = unflatten_output or (lambda value: value)
@@ -111,6 +181,8 @@ class Pipeline(nn.Module):
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         microbatches = scatter(self._bind(args, kwargs), self.chunks)
+        self._check_static_size(microbatches)
+        self._tied.refresh()
         if self.training:
             begin_minibatch(list(self.stages), len(microbatches))
         self.last_timeline = timeline = Timeline()
@@ -121,7 +193,23 @@ class Pipeline(nn.Module):
             timeline=timeline,
             rng=MicrobatchRNG(draw_base_seed()),
         )
-        return gather([self._unflatten(out) for (out,) in outputs])
+        return gather(
+            [self._unflatten(out) for (out,) in outputs],
+            [batch_size_of(mb) for mb in microbatches],
+        )
+
+    def _check_static_size(self, microbatches: list[list[Any]]) -> None:
+        size = self.static_microbatch_size
+        if size is None:
+            return
+        sizes = sorted({batch_size_of(mb) for mb in microbatches})
+        if sizes != [size]:
+            raise ValueError(
+                f"this model's graph runs only at micro-batches of {size} samples "
+                "(torch.export specialised its batch dimension), but this batch splits into "
+                f"micro-batches of {', '.join(map(str, sizes))}; pass a batch of "
+                f"{size * self.chunks} samples"
+            )
 
 
 def _single_output(module: nn.Module) -> Callable[..., tuple[Any]]:
@@ -140,14 +228,3 @@ def _positional_binder(count: int) -> Callable[[tuple[Any, ...], dict[str, Any]]
         return list(args)
 
     return bind
-
-
-def _check_shared_parameters(stages: list[nn.Module], devices: list[torch.device]) -> None:
-    """Refuse a parameter used by stages on different devices: it cannot live on both."""
-    for first, first_name, j, _ in shared_parameters(stages):
-        if devices[first] != devices[j]:
-            raise ValueError(
-                f"parameter {first_name!r} is shared by stage {first} ({devices[first]}) and "
-                f"stage {j} ({devices[j]}); tied weights must be on one device: place those "
-                "stages on the same device or untie the weights"
-            )

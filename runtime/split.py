@@ -17,9 +17,13 @@ attributes its nodes use (the same module objects as the model, not copies).
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
+import torch
+import torch.utils._pytree as pytree
 from autopipe.profiler.units import live_across_cuts
 from torch import fx, nn
 
@@ -127,10 +131,112 @@ def split_graph(
         else:
             outputs = cuts[k]
             graph.output(tuple(env[by_name[name]] for name in outputs))
+        if k > 0:
+            _clone_written_inputs(graph, gm)
         graph.lint()
         module = fx.GraphModule(gm, graph, class_name=f"Stage{k}")
         stages.append(StageGraph(k, module, list(inputs), list(outputs)))
     return stages
+
+
+# Methods and functions whose result is a view of their first argument: writing into the
+# view writes into the argument.
+_VIEW_METHODS = frozenset(
+    "view view_as reshape reshape_as transpose permute t narrow select squeeze unsqueeze "
+    "expand expand_as flatten unflatten unbind split chunk movedim swapaxes diagonal "
+    "as_strided detach contiguous __getitem__".split()
+)
+_VIEW_FUNCTIONS = frozenset(
+    [operator.getitem, torch.flatten, torch.transpose, torch.reshape, torch.narrow]
+    + [torch.squeeze, torch.unsqueeze, torch.chunk, torch.split, torch.unbind, torch.permute]
+)
+_INPLACE_OPERATORS = frozenset(
+    [operator.iadd, operator.isub, operator.imul, operator.itruediv, operator.ifloordiv]
+    + [operator.ipow, operator.imod, operator.iand, operator.ior, operator.ixor]
+)
+
+
+def _is_view(node: fx.Node) -> bool:
+    """Whether ``node``'s value may alias its first argument."""
+    if node.op == "call_method":
+        return str(node.target) in _VIEW_METHODS
+    if node.op != "call_function":
+        return False
+    if node.target in _VIEW_FUNCTIONS:
+        return True
+    schema = getattr(node.target, "_schema", None)
+    if schema is None or not schema.returns:
+        return False
+    alias = schema.returns[0].alias_info
+    return alias is not None and not alias.is_write
+
+
+def _written_args(node: fx.Node, root: fx.GraphModule | None) -> list[fx.Node]:
+    """The nodes whose value ``node`` writes into in place."""
+    first = node.args[0] if node.args and isinstance(node.args[0], fx.Node) else None
+    if node.kwargs.get("inplace") is True and first is not None:
+        return [first]  # F.relu(x, inplace=True) and friends
+    if node.op == "call_method":
+        name = str(node.target)
+        writes = name.endswith("_") and not name.endswith("__")
+        return [first] if writes and first is not None else []
+    if node.op == "call_module" and root is not None and first is not None:
+        module = root.get_submodule(str(node.target))
+        return [first] if getattr(module, "inplace", False) is True else []
+    if node.op != "call_function":
+        return []
+    if node.target in _INPLACE_OPERATORS:
+        return [first] if first is not None else []
+    schema = getattr(node.target, "_schema", None)
+    if schema is not None:
+        written = []
+        for position, argument in enumerate(schema.arguments):
+            alias = argument.alias_info
+            if alias is None or not alias.is_write:
+                continue
+            value = (
+                node.args[position] if position < len(node.args) else node.kwargs.get(argument.name)
+            )
+            if isinstance(value, fx.Node):
+                written.append(value)
+        return written
+    name = getattr(node.target, "__name__", "")
+    if name.endswith("_") and not name.endswith("__") and first is not None:
+        return [first]  # torch.relu_(x), torch.sigmoid_(x), ...
+    return []
+
+
+def _clone_written_inputs(graph: fx.Graph, root: fx.GraphModule | None = None) -> list[str]:
+    """Give a stage its own copy of every input it writes into in place (directly or through
+    a view), inserted after the placeholder (or the ``getitem`` taking it out of a tuple).
+
+    Both runtimes hand a stage its inputs as autograd leaves, and autograd refuses an
+    in-place write into a leaf that requires grad (the unsplit model writes into a non-leaf
+    there and trains fine); the copy is a non-leaf whose gradient still reaches the leaf.
+    Returns the names of the copied values. O(nodes).
+    """
+    root_of: dict[fx.Node, fx.Node] = {}
+    for node in graph.nodes:
+        if node.op == "placeholder":
+            root_of[node] = node
+        elif _is_view(node) and node.args and node.args[0] in root_of:
+            root_of[node] = root_of[node.args[0]]
+    written: list[fx.Node] = []
+    for node in graph.nodes:
+        for target in _written_args(node, root):
+            origin = root_of.get(target)
+            if origin is not None and origin not in written:
+                written.append(origin)
+    for origin in written:
+        with graph.inserting_after(origin):
+            copy = graph.call_function(own_copy, (origin,))
+        origin.replace_all_uses_with(copy, delete_user_cb=lambda user, c=copy: user is not c)
+    return [n.name for n in written]
+
+
+def own_copy(value: Any) -> Any:
+    """``value`` with every tensor in it cloned (a tensor, or a tuple/list of them)."""
+    return pytree.tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t, value)
 
 
 def shared_parameters(stages: Sequence[nn.Module]) -> Iterator[tuple[int, str, int, str]]:

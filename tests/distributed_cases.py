@@ -63,11 +63,14 @@ def skipnet_loss(output: torch.Tensor, inputs: tuple[torch.Tensor, torch.Tensor]
     return output.pow(2).mean() + 0.1 * (output * inputs[0][:, :4]).mean()
 
 
-def tiny_gpt() -> tuple[nn.Module, Any, Any]:
-    """(model, inputs, loss_fn): examples/gpt.py at test size, 4 blocks."""
+def tiny_gpt(tie_weights: bool = False) -> tuple[nn.Module, Any, Any]:
+    """(model, inputs, loss_fn): examples/gpt.py at test size, 4 blocks (``tie_weights``: the
+    head shares the token embedding, so the first and last stage hold one parameter)."""
     gpt = load_example("gpt")
     cfg = gpt.GPTConfig(vocab_size=64, seq_len=8, d_model=16, n_layer=4, n_head=2)
-    model = gpt.build_model(vocab_size=64, seq_len=8, d_model=16, n_layer=4, n_head=2)
+    model = gpt.build_model(
+        vocab_size=64, seq_len=8, d_model=16, n_layer=4, n_head=2, tie_weights=tie_weights
+    )
     return model, gpt.example_inputs(8, cfg), gpt.loss_fn
 
 
@@ -95,8 +98,8 @@ def make_plan(
 
 def case(name: str, num_stages: int) -> tuple[nn.Module, Any, Any, list[list[str]]]:
     """(model, inputs, loss_fn, units per stage) for a named test case."""
-    if name == "gpt":
-        model, inputs, loss_fn = tiny_gpt()
+    if name in ("gpt", "gpt_tied"):
+        model, inputs, loss_fn = tiny_gpt(tie_weights=name == "gpt_tied")
         units = ["tok_emb", "pos_emb", "drop", *(f"blocks.{i}" for i in range(4)), "ln_f", "head"]
         splits = {2: [4, 9], 4: [2, 4, 6, 9]}[num_stages]
     else:
@@ -114,7 +117,9 @@ def reference(model: nn.Module, inputs: Any, loss_fn: Any) -> tuple[float, dict[
     out = model(*inputs) if isinstance(inputs, tuple) else model(inputs)
     loss = loss_fn(out, inputs)
     loss.backward()
-    return float(loss.detach()), {n: p.grad.clone() for n, p in model.named_parameters()}
+    # Every name of a tied parameter maps to its one gradient.
+    grads = {n: p.grad.clone() for n, p in model.named_parameters(remove_duplicate=False)}
+    return float(loss.detach()), grads
 
 
 def run_correctness(rank: int, world_size: int, port: int, out_dir: str, jobs: list[dict]) -> None:

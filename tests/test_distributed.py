@@ -96,15 +96,16 @@ def test_plan_for_another_model_is_refused() -> None:
         stage_of_unit(["f1", "f2", "f3", "f4"], [["f1", "f2"], ["f3", "head"]])
 
 
-def test_tied_weights_across_stages_are_refused() -> None:
-    gpt = load_example("gpt")
-    model = gpt.build_model(
-        vocab_size=64, seq_len=8, d_model=16, n_layer=2, n_head=2, tie_weights=True
-    )
-    graph = trace_units(model, gpt.example_inputs(2, gpt.GPTConfig(vocab_size=64, seq_len=8)))
+def test_tied_weights_across_stages_are_found_with_every_name() -> None:
+    from autopipe.runtime.partition import tied_parameters
+
+    model, inputs, _ = tiny_gpt(tie_weights=True)
+    graph = trace_units(model, inputs)
     n = len(graph.unit_names)
-    with pytest.raises(StageSplitError, match="tied weights"):
-        split_stages(graph, [0] * (n // 2) + [1] * (n - n // 2))
+    stages = split_stages(graph, [0] * (n // 2) + [1] * (n - n // 2))
+    (tied,) = tied_parameters([s.module for s in stages], model)
+    assert tied.name == "tok_emb.weight" and tied.stages == [0, 1]
+    assert tied.names == {0: ["tok_emb.weight"], 1: ["head.weight"]}
 
 
 def test_meta_build_materialises_one_stage(tmp_path: Path) -> None:
@@ -153,6 +154,7 @@ def _run(world_size: int, jobs: list[dict], tmp_path: Path) -> dict:
 
 JOBS_2 = [
     dict(model="skip", stages=2, microbatches=2, schedule="gpipe"),
+    dict(model="gpt_tied", stages=2, microbatches=4, schedule="1f1b"),
     dict(model="gpt", stages=2, microbatches=4, schedule="gpipe"),
     dict(model="gpt", stages=2, microbatches=4, schedule="1f1b", checkpoint=[True, False]),
     dict(model="skip", stages=2, microbatches=4, schedule="1f1b"),
@@ -168,6 +170,7 @@ JOBS_4 = [
     dict(model="skip", stages=4, microbatches=4, schedule="gpipe", checkpoint=[True] * 4),
     dict(model="skip", stages=2, microbatches=2, schedule="1f1b", checkpoint=[True, True]),
     dict(model="gpt", stages=2, microbatches=2, schedule="gpipe"),
+    dict(model="gpt_tied", stages=2, microbatches=2, schedule="gpipe"),
 ]
 
 
@@ -188,15 +191,29 @@ class _SizeAcrossCut(torch.nn.Module):
         return self.b(h).reshape(n, -1)
 
 
-def test_python_value_crossing_a_cut_is_named() -> None:
-    graph = trace_units(_SizeAcrossCut(), torch.randn(2, 4), granularity="node")
+def test_python_number_crossing_a_cut_travels_as_a_tensor() -> None:
+    model, x = _SizeAcrossCut(), torch.randn(2, 4)
+    graph = trace_units(model, x, granularity="node")
     assert graph.unit_names == ["a", "size", "b", "reshape"]
-    stages = split_stages(graph, [0, 0, 1, 1])
+    stages = [StageModule(s) for s in split_stages(graph, [0, 0, 1, 1])]
+    sent = stages[0](x)
     assert stages[0].output_names == ["a", "size"]
-    with pytest.raises(
-        TypeError, match="value 'size' crossing the cut after stage 0 is a Python int"
-    ):
-        StageModule(stages[0])(torch.randn(2, 4))
+    assert isinstance(sent[1], torch.Tensor) and int(sent[1]) == 2
+    torch.testing.assert_close(stages[1](*sent), model(x), rtol=0, atol=0)
+
+
+def test_symbolic_batch_size_crossing_a_cut_comes_back_as_an_int() -> None:
+    # torch.export with a dynamic batch: the batch size is a SymInt node of the first stage
+    # that later stages reshape with; it crosses the cut as a 0-dim tensor.
+    model, x = _SizeAcrossCut(), torch.randn(4, 4)
+    graph = trace_units(model, x, tracer="export")
+    assert graph.batch_dynamic
+    first, last = split_stages(graph, [0, 1])
+    stages = [StageModule(first), StageModule(last, unflatten=graph.unflatten_output)]
+    sent = stages[0](x[:3])
+    size = sent[first.output_names.index("sym_size_int_1")]
+    assert isinstance(size, torch.Tensor) and int(size) == 3
+    torch.testing.assert_close(stages[1](*sent), model(x[:3]), rtol=0, atol=0)
 
 
 def test_recomputed_stage_moves_batchnorm_statistics_once() -> None:
@@ -226,14 +243,14 @@ class _InputArg(torch.nn.Module):
 
 
 def test_keyword_inputs_bind_by_argument_name_not_fx_node_name() -> None:
-    from autopipe.runtime.distributed.pipeline import _argument_names, _flat_inputs
-
     x, mask = torch.randn(2, 3), torch.ones(2, 3)
-    stage0 = StageModule(split_stages(trace_units(_InputArg(), (x, mask)), [0, 1])[0])
+    graph = trace_units(_InputArg(), (x, mask))
+    stage0 = StageModule(split_stages(graph, [0, 1])[0])
     assert stage0.input_names == ["input_1", "mask"]  # fx renamed the builtin-shadowing node
-    names = _argument_names(stage0)
-    assert names == ["input", "mask"]
-    args = _flat_inputs({"mask": mask, "input": x}, names)
+    args = graph.binder((), {"mask": mask, "input": x})
     assert args[0] is x and args[1] is mask
+    assert graph.binder((x,), {"mask": mask}) == args
+    with pytest.raises(TypeError, match="no argument 'masks'"):
+        graph.binder((x,), {"masks": mask})
     out = dict(zip(stage0.output_names, stage0(*args), strict=True))
     torch.testing.assert_close(out["a"], stage0.body.a(x), rtol=0, atol=0)

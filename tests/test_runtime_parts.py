@@ -29,8 +29,11 @@ def test_gather_nested_outputs() -> None:
     outs = [{"y": torch.full((2, 1), float(i)), "n": 5} for i in range(3)]
     joined = gather(outs)
     assert joined["n"] == 5 and joined["y"].flatten().tolist() == [0, 0, 1, 1, 2, 2]
-    with pytest.raises(TypeError, match="0-dim"):
-        gather([torch.tensor(1.0), torch.tensor(2.0)])
+    # A 0-dim loss per micro-batch: the mean weighted by the micro-batch sizes.
+    loss = gather([torch.tensor(1.0), torch.tensor(4.0)], [3, 1])
+    assert float(loss) == pytest.approx(1.75)
+    with pytest.raises(TypeError, match="0-dim torch.int64"):
+        gather([torch.tensor(1), torch.tensor(2)])
 
 
 @pytest.mark.parametrize(("m", "k"), [(1, 1), (4, 3), (3, 5), (7, 2)])

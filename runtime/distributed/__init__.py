@@ -22,6 +22,8 @@ _LAZY = {
     "DistributedPipeline": "autopipe.runtime.distributed.pipeline",
     "PipelineRankError": "autopipe.runtime.distributed.pipeline",
     "build_stage": "autopipe.runtime.distributed.pipeline",
+    "materialize_stage": "autopipe.runtime.distributed.pipeline",
+    "TiedGradients": "autopipe.runtime.distributed.tied",
     "SCHEDULES": "autopipe.runtime.distributed.pipeline",
     "init_distributed": "autopipe.runtime.distributed.process",
     "shutdown": "autopipe.runtime.distributed.process",

@@ -23,16 +23,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from autopipe.planner.plan import Plan
-from autopipe.profiler.trace import split_inputs
-from autopipe.profiler.units import GRANULARITIES, UnitGraph, trace_units
+from autopipe.profiler.inputs import InputBinder, batch_rows, batch_size_of, split_inputs
+from autopipe.profiler.objective import default_loss
 from autopipe.runtime.distributed.layout import RankLayout, rank_layout
-from autopipe.runtime.distributed.stages import (
-    StageModule,
-    StageSplitError,
-    split_stages,
-    stage_of_unit,
-)
-from autopipe.runtime.microbatch import batch_size_of
+from autopipe.runtime.distributed.stages import StageModule, StageSplitError
+from autopipe.runtime.distributed.tied import TiedGradients
+from autopipe.runtime.partition import PlannedStages, partition
 from torch import nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 from torch.utils import _pytree as pytree
@@ -44,24 +40,6 @@ LossFn = Callable[[Any, Any], torch.Tensor]
 
 class PipelineRankError(RuntimeError):
     """A peer rank failed or stopped answering: this rank cannot continue."""
-
-
-def _trace_for_plan(model: nn.Module, example_inputs: Any, plan: Plan) -> UnitGraph:
-    """Trace at the granularity whose unit names are the plan's (the plan's meta, else the
-    first of block/module/node that matches). Tracing does not run the model (fx), so a model
-    on the meta device works."""
-    wanted = [u for s in plan.stages for u in s.units]
-    hint = plan.meta.get("granularity")
-    order = (
-        [hint] + [g for g in GRANULARITIES if g != hint] if hint in GRANULARITIES else GRANULARITIES
-    )
-    graph = None
-    for granularity in order:
-        graph = trace_units(model, example_inputs, granularity=granularity)
-        if graph.unit_names == wanted:
-            return graph
-    assert graph is not None
-    return graph  # stage_of_unit reports the mismatch
 
 
 def build_stage(
@@ -91,11 +69,29 @@ def build_stage(
     Non-persistent buffers (not in ``state_dict()``, e.g. cached masks) cannot be recovered
     from a meta build: a warning names them; build the model with real weights instead.
     """
-    graph = _trace_for_plan(model, example_inputs, plan)
-    unit_stage = stage_of_unit(graph.unit_names, [s.units for s in plan.stages])
-    stages = split_stages(graph, unit_stage)
-    module = StageModule(stages[stage], checkpoint=bool(plan.stages[stage].checkpoint))
-    del stages, graph
+    planned = partition(model, example_inputs, plan)
+    return materialize_stage(
+        planned, plan, stage, device=device, state_dict=state_dict, init_seed=init_seed
+    )
+
+
+def materialize_stage(
+    planned: PlannedStages,
+    plan: Plan,
+    stage: int,
+    *,
+    device: torch.device | str = "cpu",
+    state_dict: Mapping[str, torch.Tensor] | None = None,
+    init_seed: int = 0,
+) -> StageModule:
+    """Stage ``stage`` of ``planned`` as a :class:`StageModule` with real weights on
+    ``device`` (the rules of :func:`build_stage`)."""
+    last = stage == plan.num_stages - 1
+    module = StageModule(
+        planned.stages[stage],
+        checkpoint=bool(plan.stages[stage].checkpoint),
+        unflatten=planned.unflatten_output if last else None,
+    )
     device = torch.device(device)
     persistent = set(module.body.state_dict())
     lost = [n for n, b in module.body.named_buffers() if b.is_meta and n not in persistent]
@@ -129,30 +125,8 @@ def build_stage(
     return module.to(device)
 
 
-def _argument_names(stage: StageModule) -> list[str]:
-    """The model's forward arguments that stage 0 takes, in order (fx may have renamed their
-    nodes, e.g. ``input`` -> ``input_1``; the placeholder targets keep the real names)."""
-    return [str(n.target) for n in stage.body.graph.nodes if n.op == "placeholder"]
-
-
-def _flat_inputs(example_inputs: Any, placeholders: list[str]) -> tuple[Any, ...]:
-    """Model inputs (tensor / tuple / dict) as the positional tuple stage 0 takes;
-    ``placeholders`` are the argument names (:func:`_argument_names`)."""
-    args, kwargs = split_inputs(example_inputs)
-    if not kwargs:
-        return tuple(args)
-    values = dict(zip(placeholders, args, strict=False))
-    values.update(kwargs)
-    try:
-        return tuple(values[name] for name in placeholders)
-    except KeyError as exc:
-        raise TypeError(f"the model input {exc.args[0]!r} is missing from the inputs") from None
-
-
 def _slice_batch(tree: Any, start: int, stop: int) -> Any:
-    return pytree.tree_map(
-        lambda t: t[start:stop] if isinstance(t, torch.Tensor) and t.dim() > 0 else t, tree
-    )
+    return batch_rows(tree, start, stop)
 
 
 def _short_cause(exc: BaseException) -> str:
@@ -179,7 +153,8 @@ class DistributedPipeline:
     ``model``: the whole model (real weights, identical on every rank, or on the meta device,
     see :func:`build_stage`). ``example_inputs``: inputs in the model-file convention (tensor,
     tuple or dict), only traced, never run. ``loss_fn(output, target)``: mean loss of a
-    micro-batch. The process group must be initialised (:func:`init_distributed`).
+    micro-batch, on the model's own output structure (default:
+    :func:`autopipe.profiler.objective.default_loss`). The process group must be initialised (:func:`init_distributed`).
 
     Attributes: ``layout`` (stage/replica of this rank), ``module`` (the stage, an ``nn.Module``
     whose ``parameters()`` are what this rank's optimizer updates), ``schedule``, ``plan``.
@@ -190,7 +165,7 @@ class DistributedPipeline:
         model: nn.Module,
         plan: Plan,
         example_inputs: Any,
-        loss_fn: LossFn,
+        loss_fn: LossFn | None = None,
         *,
         device: torch.device | str | None = None,
         state_dict: Mapping[str, torch.Tensor] | None = None,
@@ -216,17 +191,21 @@ class DistributedPipeline:
             )
         self.device = torch.device(device) if device is not None else _default_device()
         self.pipeline_group, self.replica_group = _make_groups(self.layout)
-        self.module = build_stage(
-            model,
+        planned = partition(model, example_inputs, plan)
+        self.module = materialize_stage(
+            planned,
             plan,
-            example_inputs,
             self.layout.stage,
             device=self.device,
             state_dict=state_dict,
             init_seed=init_seed,
         )
-        self._arguments = _argument_names(self.module) if self.layout.is_first_stage else []
-        self._user_loss = loss_fn
+        self._binder: InputBinder = planned.binder
+        # Every rank creates every tie group, in the same order (new_group's rule).
+        self.tied = TiedGradients(planned.tied, self.layout, self.module)
+        del planned
+        self.tied.synchronize()
+        self._user_loss = loss_fn or default_loss
         self._target: Any = None
         self.stage = PipelineStage(
             self.module,
@@ -306,7 +285,7 @@ class DistributedPipeline:
                 raise TypeError("the first stage needs the inputs: step(inputs, target)")
             args = tuple(
                 a.to(self.device) if isinstance(a, torch.Tensor) else a
-                for a in _flat_inputs(inputs, self._arguments)
+                for a in self._binder(*split_inputs(inputs))
             )
             _check_divisible(batch_size_of(args), M)
         losses: list[torch.Tensor] = []
@@ -327,6 +306,9 @@ class DistributedPipeline:
                 self._target = None  # a failed step must not keep the batch alive
         else:
             self.schedule.step(*args, return_outputs=False)
+        # A tied parameter's gradient is the sum over the stages holding it, then the mean
+        # over replicas, as in the unsplit model trained data-parallel.
+        self.tied.reduce_gradients()
         if layout.replicas > 1:
             _average_gradients(self.module, self.replica_group, layout.replicas)
         if not layout.is_last_stage:

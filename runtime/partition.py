@@ -1,0 +1,166 @@
+"""From (model, plan) to stage graphs: the one route both runtimes take.
+
+``parallelize`` (one process) and ``DistributedPipeline`` (one stage per rank) both call
+:func:`partition`:
+
+1. trace the model into exactly the plan's units (:func:`trace_for_plan`): the plan's unit
+   names are module paths, so they are passed as the units to trace into; a graph whose
+   batch dimension torch.export had to specialise is traced again at the plan's micro-batch
+   size;
+2. map each unit to its stage (:func:`stage_of_unit`, which also checks the plan fits);
+3. cut the graph into stage graphs (:func:`autopipe.runtime.split.split_graph`);
+4. find the parameters several stages use (tied weights, :class:`TiedParameter`): each
+   runtime keeps one logical parameter whose gradient is summed over the stages holding it.
+
+Cost: one trace (two for a static export graph) plus O(nodes + edges x stages).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from autopipe.profiler.inputs import InputBinder, batch_rows, batch_size_of
+from autopipe.profiler.units import GRANULARITIES, UnitGraph, trace_units
+from autopipe.runtime.split import StageGraph, StageSplitError, split_graph
+from torch import nn
+
+__all__ = [
+    "PlannedStages",
+    "StageSplitError",
+    "TiedParameter",
+    "partition",
+    "stage_of_unit",
+    "tied_parameters",
+    "trace_for_plan",
+]
+
+
+@dataclass
+class TiedParameter:
+    """One parameter used by more than one stage (e.g. GPT-2's embedding and LM head).
+
+    ``stages`` ascending; ``names[stage]`` lists the qualified names under which that
+    stage's module reaches it (one per module that holds it there).
+    """
+
+    name: str
+    """Its first name in the model (``model.named_parameters()``)."""
+    stages: list[int]
+    names: dict[int, list[str]] = field(default_factory=dict)
+
+
+@dataclass
+class PlannedStages:
+    """A plan applied to a traced model: what a runtime builds its stages from."""
+
+    stages: list[StageGraph]
+    binder: InputBinder
+    """Model inputs ``(args, kwargs)`` -> stage 0's positional values."""
+    unflatten_output: Callable[[Any], Any]
+    """The last stage's value -> the model's own output structure (e.g. a ModelOutput)."""
+    tied: list[TiedParameter]
+    static_microbatch_size: int | None = None
+    """Set when the graph only runs at this micro-batch size (export had to specialise the
+    batch dimension); None when it runs at any."""
+
+
+def stage_of_unit(unit_names: Sequence[str], stage_units: Sequence[Sequence[str]]) -> list[int]:
+    """Map each unit index to its stage from the plan's per-stage unit lists.
+
+    Raises :class:`StageSplitError` if the plan's units are not exactly ``unit_names`` cut
+    into contiguous runs (the plan was made for another model or unit granularity).
+    """
+    flat = [u for units in stage_units for u in units]
+    if list(flat) != list(unit_names):
+        missing = [u for u in unit_names if u not in set(flat)][:3]
+        extra = [u for u in flat if u not in set(unit_names)][:3]
+        raise StageSplitError(
+            f"the plan's units do not match the model's {len(unit_names)} traced units "
+            f"(plan has {len(flat)}; not in plan: {missing}, unknown to the model: {extra}); "
+            "re-run `autopipe plan` on this model with the same --granularity/--units"
+        )
+    stages: list[int] = []
+    for index, units in enumerate(stage_units):
+        if not units:
+            raise StageSplitError(f"stage {index} of the plan has no units; re-run `autopipe plan`")
+        stages += [index] * len(units)
+    return stages
+
+
+def _plan_units(plan: Any) -> list[str]:
+    return [u for stage in plan.stages for u in stage.units]
+
+
+def _trace_units_of(model: nn.Module, example_inputs: Any, plan: Any) -> UnitGraph:
+    wanted = _plan_units(plan)
+    granularity = plan.meta.get("granularity", "block")
+    if granularity not in GRANULARITIES:
+        granularity = "block"
+    paths = {path for path, _ in model.named_modules() if path}
+    if granularity != "node" and wanted and all(u in paths for u in wanted):
+        # Module paths contain no glob characters: each name matches only itself.
+        return trace_units(model, example_inputs, granularity, units=wanted)
+    return trace_units(model, example_inputs, granularity)
+
+
+def trace_for_plan(model: nn.Module, example_inputs: Any, plan: Any) -> UnitGraph:
+    """Trace ``model`` into the plan's units at a batch size the plan's micro-batches run at.
+
+    ``example_inputs`` hold a (local) mini-batch; the graph is batch-polymorphic when the
+    tracer allows, else it is traced again on the first ``plan.microbatch_size`` rows.
+    Tracing does not run the model with fx, so a model on the meta device works there.
+    """
+    graph = _trace_units_of(model, example_inputs, plan)
+    size = int(plan.microbatch_size)
+    if not graph.batch_dynamic and size >= 1 and batch_size_of(example_inputs) != size:
+        rows = batch_rows(example_inputs, 0, size)
+        graph = _trace_units_of(model, rows, plan)
+    return graph
+
+
+def tied_parameters(
+    modules: Sequence[nn.Module], model: nn.Module | None = None
+) -> list[TiedParameter]:
+    """The parameters that more than one of ``modules`` (the stages, in order) hold.
+    O(parameters)."""
+    first_name: dict[int, str] = {}
+    if model is not None:
+        for name, p in model.named_parameters():
+            first_name.setdefault(id(p), name)
+    found: dict[int, TiedParameter] = {}
+    users: dict[int, dict[int, list[str]]] = {}
+    for stage, module in enumerate(modules):
+        for name, p in module.named_parameters(remove_duplicate=False):
+            users.setdefault(id(p), {}).setdefault(stage, []).append(name)
+    for key, by_stage in users.items():
+        if len(by_stage) < 2:
+            continue
+        stages = sorted(by_stage)
+        name = first_name.get(key, by_stage[stages[0]][0])
+        found[key] = TiedParameter(name, stages, {s: by_stage[s] for s in stages})
+    return sorted(found.values(), key=lambda t: (t.stages, t.name))
+
+
+def partition(model: nn.Module, example_inputs: Any, plan: Any) -> PlannedStages:
+    """The plan's stage graphs of ``model`` (see the module docstring).
+
+    Raises :class:`StageSplitError` when the plan does not fit the model.
+    """
+    graph = trace_for_plan(model, example_inputs, plan)
+    unit_stage = stage_of_unit(graph.unit_names, [s.units for s in plan.stages])
+    if len(plan.stages) != plan.num_stages:
+        raise StageSplitError(
+            f"plan says num_stages={plan.num_stages} but lists {len(plan.stages)} stages"
+        )
+    node_stage = {name: unit_stage[u] for name, u in graph.node_unit.items()}
+    stages = split_graph(graph.graph_module, node_stage, plan.num_stages)
+    assert graph.binder is not None
+    return PlannedStages(
+        stages=stages,
+        binder=graph.binder,
+        unflatten_output=graph.unflatten_output,
+        tied=tied_parameters([s.module for s in stages], model),
+        static_microbatch_size=None if graph.batch_dynamic else int(plan.microbatch_size),
+    )

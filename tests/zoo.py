@@ -1,0 +1,269 @@
+"""The model zoo: third-party models built from tiny configs (random weights, no download).
+
+A model file in autopipe's convention, one factory per family: ``autopipe plan
+tests/zoo.py:llama --gpus 2`` or ``torchrun ... -m autopipe run tests/zoo.py:t5 ...``.
+Each ``FAMILY()`` builds the model seeded (the same weights in every process) with dropout
+off, and ``example_inputs_FAMILY(batch_size)`` gives seeded inputs. Hugging Face families need
+``transformers``, the torchvision ones ``torchvision``; :data:`FAMILIES` lists what this
+machine can build. Not a test module (no ``test_`` prefix).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from typing import Any
+
+import torch
+from torch import nn
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # configs only: never reach for a hub
+
+SEQ = 8
+VOCAB = 64
+
+
+def _has(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def _torchvision_works() -> bool:
+    """torchvision from PyPI can fail to load its operators beside a local torch build."""
+    if not _has("torchvision"):
+        return False
+    try:
+        import torchvision  # noqa: F401
+    except Exception:
+        return False
+    return True
+
+
+HF_FAMILIES = [
+    "llama",
+    "qwen2",
+    "mistral",
+    "mixtral",
+    "gpt2",
+    "t5",
+    "vit",
+    "llama_labels",
+]
+TORCHVISION_FAMILIES = ["resnet50", "vit_b_16"]
+FAMILIES = (HF_FAMILIES if _has("transformers") else []) + (
+    TORCHVISION_FAMILIES if _torchvision_works() else []
+)
+
+
+def _ids(batch_size: int, seed: int = 1) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, VOCAB, (batch_size, SEQ), generator=g)
+
+
+def _padding_mask(batch_size: int) -> torch.Tensor:
+    """Left padding of a different length per row (0 = padding), as a batched tokenizer makes."""
+    mask = torch.ones(batch_size, SEQ, dtype=torch.long)
+    for row in range(batch_size):
+        mask[row, : row % 3] = 0
+    return mask
+
+
+def _decoder_config(cls_name: str, **extra: Any) -> Any:
+    import transformers
+
+    cls = getattr(transformers, cls_name)
+    return cls(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=4 * SEQ,
+        use_cache=False,
+        attention_dropout=0.0,
+        **extra,
+    )
+
+
+def _seeded(build: Any) -> nn.Module:
+    torch.manual_seed(0)
+    return build()
+
+
+# -- decoder LMs ---------------------------------------------------------------------------
+
+
+def llama() -> nn.Module:
+    import transformers
+
+    return _seeded(lambda: transformers.LlamaForCausalLM(_decoder_config("LlamaConfig")))
+
+
+def example_inputs_llama(batch_size: int = 8) -> dict[str, torch.Tensor]:
+    return {"input_ids": _ids(batch_size)}
+
+
+def qwen2() -> nn.Module:
+    import transformers
+
+    return _seeded(lambda: transformers.Qwen2ForCausalLM(_decoder_config("Qwen2Config")))
+
+
+def example_inputs_qwen2(batch_size: int = 8) -> dict[str, torch.Tensor]:
+    return {"input_ids": _ids(batch_size), "attention_mask": _padding_mask(batch_size)}
+
+
+def mistral() -> nn.Module:
+    import transformers
+
+    return _seeded(lambda: transformers.MistralForCausalLM(_decoder_config("MistralConfig")))
+
+
+def example_inputs_mistral(batch_size: int = 8) -> dict[str, torch.Tensor]:
+    return {"input_ids": _ids(batch_size), "attention_mask": _padding_mask(batch_size)}
+
+
+def mixtral() -> nn.Module:
+    import transformers
+
+    cfg = _decoder_config(
+        "MixtralConfig", num_local_experts=4, num_experts_per_tok=2, router_jitter_noise=0.0
+    )
+    return _seeded(lambda: transformers.MixtralForCausalLM(cfg))
+
+
+def example_inputs_mixtral(batch_size: int = 8) -> dict[str, torch.Tensor]:
+    return {"input_ids": _ids(batch_size)}
+
+
+def gpt2() -> nn.Module:
+    """GPT-2: the token embedding is tied to the LM head (first and last stage)."""
+    import transformers
+
+    cfg = transformers.GPT2Config(
+        vocab_size=VOCAB,
+        n_positions=4 * SEQ,
+        n_embd=32,
+        n_layer=4,
+        n_head=4,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        use_cache=False,
+    )
+    return _seeded(lambda: transformers.GPT2LMHeadModel(cfg))
+
+
+def example_inputs_gpt2(batch_size: int = 8) -> dict[str, torch.Tensor]:
+    return {"input_ids": _ids(batch_size)}
+
+
+def llama_labels() -> nn.Module:
+    """A causal LM called with ``labels=``: its output carries ``.loss``."""
+    return llama()
+
+
+def example_inputs_llama_labels(batch_size: int = 8) -> dict[str, torch.Tensor]:
+    ids = _ids(batch_size)
+    return {"input_ids": ids, "labels": ids}
+
+
+# -- encoder-decoder -----------------------------------------------------------------------
+
+
+def t5() -> nn.Module:
+    """T5: one shared embedding tied across the encoder, the decoder and the LM head."""
+    import transformers
+
+    cfg = transformers.T5Config(
+        vocab_size=VOCAB,
+        d_model=32,
+        d_kv=8,
+        d_ff=64,
+        num_layers=3,
+        num_decoder_layers=3,
+        num_heads=4,
+        dropout_rate=0.0,
+        use_cache=False,
+        tie_word_embeddings=True,
+        decoder_start_token_id=0,
+    )
+    return _seeded(lambda: transformers.T5ForConditionalGeneration(cfg))
+
+
+def example_inputs_t5(batch_size: int = 8) -> dict[str, torch.Tensor]:
+    return {"input_ids": _ids(batch_size), "decoder_input_ids": _ids(batch_size, seed=2)}
+
+
+# -- vision --------------------------------------------------------------------------------
+
+
+def vit() -> nn.Module:
+    import transformers
+
+    cfg = transformers.ViTConfig(
+        hidden_size=32,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        intermediate_size=64,
+        image_size=16,
+        patch_size=4,
+        num_labels=10,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
+    return _seeded(lambda: transformers.ViTForImageClassification(cfg))
+
+
+def example_inputs_vit(batch_size: int = 8) -> torch.Tensor:
+    g = torch.Generator().manual_seed(1)
+    return torch.randn(batch_size, 3, 16, 16, generator=g)
+
+
+def resnet50() -> nn.Module:
+    import torchvision
+
+    return _seeded(lambda: torchvision.models.resnet50(num_classes=10))
+
+
+def example_inputs_resnet50(batch_size: int = 8) -> torch.Tensor:
+    g = torch.Generator().manual_seed(1)
+    return torch.randn(batch_size, 3, 32, 32, generator=g)
+
+
+def vit_b_16() -> nn.Module:
+    import torchvision
+
+    # vit_b_16's architecture (VisionTransformer, patch 16) at test size.
+    return _seeded(
+        lambda: torchvision.models.VisionTransformer(
+            image_size=32,
+            patch_size=16,
+            num_layers=2,
+            num_heads=4,
+            hidden_dim=32,
+            mlp_dim=64,
+            num_classes=10,
+        )
+    )
+
+
+def example_inputs_vit_b_16(batch_size: int = 8) -> torch.Tensor:
+    g = torch.Generator().manual_seed(1)
+    return torch.randn(batch_size, 3, 32, 32, generator=g)
+
+
+def build_model() -> nn.Module:
+    return llama()
+
+
+def example_inputs(batch_size: int = 8) -> dict[str, torch.Tensor]:
+    return example_inputs_llama(batch_size)
+
+
+def build(family: str) -> tuple[nn.Module, Any]:
+    """(model, example inputs at batch 8) of one family."""
+    return globals()[family](), globals()[f"example_inputs_{family}"](8)
