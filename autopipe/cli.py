@@ -55,6 +55,13 @@ def _microbatches(text: str) -> int | str:
     return "auto" if text == "auto" else _positive_int(text)
 
 
+def _unit_patterns(text: str) -> list[str]:
+    patterns = [p.strip() for p in text.split(",") if p.strip()]
+    if not patterns:
+        raise argparse.ArgumentTypeError("expected module-path patterns, e.g. 'model.layers.*'")
+    return patterns
+
+
 def _memory(text: str) -> int:
     from autopipe.units import parse_bytes
 
@@ -173,6 +180,7 @@ def _load_profile_or_model(args: argparse.Namespace) -> Any:
             ("--device-spec", args.device_spec),
             ("--dtype", args.dtype),
             ("--granularity", args.granularity),
+            ("--units", args.units),
             ("--no-cache", args.no_cache),
         )
         if value
@@ -203,6 +211,7 @@ def _profiled_on(profile: Any, device: str) -> bool:
 
 def _profile_model_file(args: argparse.Namespace) -> Any:
     from autopipe.modelfile import ModelFileError
+    from autopipe.profiler.units import UnitPatternError
 
     mf = load_model_arg(args.model)
     batch_size = args.batch_size or mf.default_batch_size()
@@ -225,6 +234,7 @@ def _profile_model_file(args: argparse.Namespace) -> Any:
                     granularity=args.granularity or "block",
                     loss_fn=mf.loss_fn,
                     progress=not args.quiet,
+                    units=args.units,
                 )
             except (AnalyticProfileError, DeviceSpecError) as exc:
                 raise UsageError(str(exc)) from exc
@@ -241,8 +251,9 @@ def _profile_model_file(args: argparse.Namespace) -> Any:
                 loss_fn=mf.loss_fn,
                 progress=progress,
                 cache=not args.no_cache,
+                units=args.units,
             )
-    except ModelFileError as exc:
+    except (ModelFileError, UnitPatternError) as exc:
         raise UsageError(str(exc)) from exc
     profile.model = mf.label
     return profile
@@ -547,6 +558,13 @@ def _model_options(p: argparse.ArgumentParser) -> None:
         "--granularity",
         choices=["block", "module", "node"],
         help="what a unit is (default: block)",
+    )
+    p.add_argument(
+        "--units",
+        type=_unit_patterns,
+        metavar="PATTERNS",
+        help="name the units yourself: comma-separated fnmatch patterns over module paths, "
+        "e.g. 'model.layers.*' (every match is a unit, and so is every module beside them)",
     )
     p.add_argument(
         "--no-cache", action="store_true", help="re-measure even if a cached profile matches"

@@ -41,7 +41,19 @@ def register_run(sub: Any) -> None:
     )
     cli.model_and_plan_args(p)
     p.add_argument("--steps", type=cli._positive_int, default=5, help="training steps (default 5)")
-    p.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate (default 1e-3)")
+    p.add_argument(
+        "--lr",
+        type=float,
+        default=1e-3,
+        help="learning rate of the optimizer the plan was made for (the plan's optimizer: "
+        "sgd, sgd-momentum, or AdamW for the adam family) (default 1e-3)",
+    )
+    p.add_argument(
+        "--save",
+        metavar="DIR",
+        help="after training, save the weights as a torch.distributed.checkpoint in DIR "
+        "(every rank writes its stage under the model's own parameter names)",
+    )
     p.add_argument(
         "--init",
         choices=["replicate", "meta"],
@@ -73,6 +85,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from autopipe.runtime.distributed.process import LaunchError, init_distributed
 
     cli.check_output_path(args.json, "--json")
+    cli.check_output_path(args.save, "--save", directory=True)
     plan = cli.load_plan_file(args.plan)
     mf = cli.load_model_arg(args.model)
 
@@ -147,7 +160,7 @@ def _train(args: argparse.Namespace, plan: Any, mf: Any, rank: int, world: int) 
             f"{plan.microbatches} micro-batches of {plan.batch_size // plan.microbatches}, "
             f"global batch {plan.batch_size * layout.replicas}",
         )
-    optimizer = torch.optim.AdamW(pipe.parameters(), lr=args.lr)
+    optimizer = make_optimizer(plan, pipe.parameters(), args.lr)
     local = pipe.local_batch(inputs)
     records: list[dict[str, float]] = []
     for step in range(args.steps):
@@ -170,8 +183,36 @@ def _train(args: argparse.Namespace, plan: Any, mf: Any, rank: int, world: int) 
         steady = [r["time_s"] for r in records[1:]] or [records[0]["time_s"]]
         cli._say(args, f"median step time {statistics.median(steady) * 1e3:.1f} ms (after step 1)")
         cli._emit_json({"steps": records}, args.json)
+    if args.save:
+        save_checkpoint(pipe, args.save)
+        if rank == 0:
+            cli._say(
+                args, f"saved the trained weights to {args.save} (torch.distributed.checkpoint)"
+            )
     shutdown()
     return cli.EXIT_OK
+
+
+def make_optimizer(plan: Any, parameters: Any, lr: float) -> Any:
+    """The optimizer whose state the plan's memory figures assume (``plan.meta["optimizer"]``):
+    SGD, SGD with momentum 0.9, else AdamW."""
+    import torch
+
+    name = str(plan.meta.get("optimizer", "adam"))
+    if name == "sgd":
+        return torch.optim.SGD(parameters, lr=lr)
+    if name == "sgd-momentum":
+        return torch.optim.SGD(parameters, lr=lr, momentum=0.9)
+    return torch.optim.AdamW(parameters, lr=lr)
+
+
+def save_checkpoint(pipe: Any, directory: str) -> None:
+    """Every rank's stage weights, under the model's own names, as one distributed checkpoint
+    (replicated entries, e.g. data-parallel copies, are written once)."""
+    import torch.distributed.checkpoint as dcp
+
+    state = {name: t.detach() for name, t in pipe.module.body.state_dict().items()}
+    dcp.save(state, checkpoint_id=directory)
 
 
 if __name__ == "__main__":

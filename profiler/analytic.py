@@ -256,6 +256,7 @@ def profile_analytic(
     allow_tf32: bool = False,
     model_name: str = "",
     progress: bool = False,
+    units: Sequence[str] | None = None,
 ) -> Profile:
     """Per-unit time and memory of one training step, counted on the meta device.
 
@@ -307,7 +308,9 @@ def profile_analytic(
     for b in bar:
         bar.set_postfix_str(f"micro-batch {b}")
         counts.append(
-            _count(model, slice_batch(inputs, b, big_b), spec, granularity, loss_fn, allow_tf32)
+            _count(
+                model, slice_batch(inputs, b, big_b), spec, granularity, loss_fn, allow_tf32, units
+            )
         )
     base = counts[0]
     for other in counts[1:]:
@@ -353,10 +356,11 @@ def _count(
     granularity: str,
     loss_fn: Callable[[Any, Any], torch.Tensor] | None,
     allow_tf32: bool,
+    unit_patterns: Sequence[str] | None = None,
 ) -> _Count:
     """Trace, then run forward, loss and backward on meta with every op booked to a unit."""
     try:
-        units = trace_units(model, inputs, granularity)
+        units = trace_units(model, inputs, granularity, units=unit_patterns)
     except TraceError as exc:
         raise AnalyticProfileError(
             f"{exc} (analytic profiling runs on the meta device, where data-dependent control "
@@ -522,6 +526,7 @@ def _build_profile(
         bytes_per_parameter=torch.empty((), dtype=torch_dtype, device="meta").element_size(),
         optimizer=optimizer,
         granularity=ug.granularity,
+        unit_patterns=list(ug.unit_patterns or []),
         meta={
             "device_spec": spec.to_dict(),
             "analytic_batch_size": count.batch_size,

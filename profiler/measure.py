@@ -478,6 +478,7 @@ def profile(
     optimizer: str = "adam",
     threads: int | None = None,
     clock: str = "auto",
+    units: Sequence[str] | None = None,
 ) -> Profile:
     """Measure per-unit forward/backward seconds and memory of one training step.
 
@@ -494,6 +495,8 @@ def profile(
     oversubscribed multi-thread kernels are not) and unchanged on GPUs. ``clock``:
     ``"wall"``, ``"thread_cpu"`` (CPU time of the measuring thread, robust to other processes
     on a shared host) or ``"auto"`` (``"thread_cpu"`` for single-threaded CPU runs, else wall).
+    ``units``: fnmatch patterns over module paths naming the units (``"model.layers.*"``)
+    instead of ``granularity``'s choice.
     Train/eval flags, buffers, ``.grad`` and the global RNG are restored afterwards.
 
     Returns a :class:`Profile` whose times are seconds per call at batch ``B`` and sizes bytes
@@ -525,6 +528,7 @@ def profile(
             device=dev,
             dtype=dt,
             granularity=granularity,
+            units=list(units or []),
             tracer=tracer,
             sizes=sizes,
             optimizer=optimizer,
@@ -541,7 +545,7 @@ def profile(
     from tqdm.auto import tqdm
 
     with _preserved(model, dev), num_threads(threads):
-        ug = trace_units(model, inputs, granularity, tracer)
+        ug = trace_units(model, inputs, granularity, tracer, units)
         n = ug.num_units
         bar = tqdm(
             total=(warmup + repeat) * len(sizes),
@@ -559,7 +563,7 @@ def profile(
             size_ug = ug
             if size != big_b and not ug.batch_dynamic:
                 # export specialised the batch dimension: trace again at this batch size.
-                size_ug = trace_units(model, size_inputs, granularity, "export")
+                size_ug = trace_units(model, size_inputs, granularity, "export", units)
                 if size_ug.unit_names != ug.unit_names:
                     warnings.warn(
                         f"units differ at micro-batch size {size}; size skipped", stacklevel=2
@@ -630,6 +634,7 @@ def profile(
             bytes_per_parameter=torch.tensor([], dtype=dt).element_size(),
             optimizer=optimizer,
             granularity=granularity,
+            unit_patterns=list(units or []),
             meta={
                 "microbatch_sizes": used_sizes,
                 "loss_forward_s": base.loss_forward_s,

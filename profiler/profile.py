@@ -102,6 +102,8 @@ class Profile:
     """Optimizer whose state ``UnitProfile.optimizer_bytes`` counts."""
     granularity: str = "block"
     """How nodes were grouped into units: ``"block"``, ``"module"`` or ``"node"``."""
+    unit_patterns: list[str] = field(default_factory=list)
+    """The ``--units`` patterns (fnmatch over module paths) that named the units, if any."""
     version: int = PROFILE_VERSION
     meta: dict[str, Any] = field(default_factory=dict)
 

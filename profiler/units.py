@@ -42,12 +42,19 @@ __all__ = [
     "GRANULARITIES",
     "TraceError",
     "UnitGraph",
+    "UnitPatternError",
     "cut_tensors",
     "live_across_cuts",
     "trace_units",
 ]
 
 GRANULARITIES = ("block", "module", "node")
+
+
+class UnitPatternError(ValueError):
+    """A ``units`` pattern matches no module of the model."""
+
+
 _CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
 
 
@@ -205,7 +212,7 @@ def _block_units(model: nn.Module) -> list[str]:
 def _pattern_units(model: nn.Module, patterns: Sequence[str]) -> list[str]:
     """Units named by fnmatch ``patterns`` over module paths (see the module docstring).
 
-    ``ValueError`` if a pattern matches no module, naming a few real paths.
+    ``UnitPatternError`` if a pattern matches no module, naming a few real paths.
     """
     paths = [path for path, _ in model.named_modules() if path]
     matched: list[str] = []
@@ -213,7 +220,7 @@ def _pattern_units(model: nn.Module, patterns: Sequence[str]) -> list[str]:
         hits = [p for p in paths if fnmatch.fnmatchcase(p, pattern)]
         if not hits:
             sample = ", ".join(paths[:4]) + (", ..." if len(paths) > 4 else "")
-            raise ValueError(
+            raise UnitPatternError(
                 f"--units pattern {pattern!r} matches no module of {type(model).__name__}; "
                 f"module paths look like: {sample}"
             )

@@ -27,7 +27,6 @@ from distributed_cases import (
     spawn_ranks,
     tiny_gpt,
 )
-from runtime_helpers import load_example
 
 TOL = 1e-5
 
