@@ -194,11 +194,11 @@ def _train(args: argparse.Namespace, plan: Any, mf: Any, rank: int, world: int) 
 
 
 def make_optimizer(plan: Any, parameters: Any, lr: float) -> Any:
-    """The optimizer whose state the plan's memory figures assume (``plan.meta["optimizer"]``):
-    SGD, SGD with momentum 0.9, else AdamW."""
+    """The optimizer whose state the plan's memory figures assume (the planning request's
+    ``optimizer``): SGD, SGD with momentum 0.9, else AdamW."""
     import torch
 
-    name = str(plan.meta.get("optimizer", "adam"))
+    name = str(plan.meta.get("options", {}).get("optimizer", "adam"))
     if name == "sgd":
         return torch.optim.SGD(parameters, lr=lr)
     if name == "sgd-momentum":
@@ -211,8 +211,7 @@ def save_checkpoint(pipe: Any, directory: str) -> None:
     (replicated entries, e.g. data-parallel copies, are written once)."""
     import torch.distributed.checkpoint as dcp
 
-    state = {name: t.detach() for name, t in pipe.module.body.state_dict().items()}
-    dcp.save(state, checkpoint_id=directory)
+    dcp.save(pipe.state_dict(), checkpoint_id=directory)
 
 
 if __name__ == "__main__":

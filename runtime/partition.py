@@ -21,13 +21,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
 from autopipe.profiler.inputs import InputBinder, batch_rows, batch_size_of
 from autopipe.profiler.units import GRANULARITIES, UnitGraph, trace_units
 from autopipe.runtime.split import StageGraph, StageSplitError, split_graph
-from torch import nn
+from torch import fx, nn
 
 __all__ = [
     "PlannedStages",
+    "cut_values",
     "StageSplitError",
     "TiedParameter",
     "partition",
@@ -61,6 +63,8 @@ class PlannedStages:
     unflatten_output: Callable[[Any], Any]
     """The last stage's value -> the model's own output structure (e.g. a ModelOutput)."""
     tied: list[TiedParameter]
+    graph_module: fx.GraphModule
+    """The whole traced graph the stages were cut from (for :func:`cut_values`)."""
     static_microbatch_size: int | None = None
     """Set when the graph only runs at this micro-batch size (export had to specialise the
     batch dimension); None when it runs at any."""
@@ -162,5 +166,45 @@ def partition(model: nn.Module, example_inputs: Any, plan: Any) -> PlannedStages
         binder=graph.binder,
         unflatten_output=graph.unflatten_output,
         tied=tied_parameters([s.module for s in stages], model),
+        graph_module=graph.graph_module,
         static_microbatch_size=None if graph.batch_dynamic else int(plan.microbatch_size),
     )
+
+
+def cut_values(
+    graph_module: fx.GraphModule, flat_inputs: Sequence[Any], names: set[str]
+) -> dict[str, Any]:
+    """The values of the nodes ``names`` (and the graph's output, under :data:`OUTPUT`)
+    for one call on ``flat_inputs``, computed with fake
+    tensors (``FakeTensorMode``: shapes, dtypes and ``requires_grad`` as in a real training
+    forward, no data and no compute). Inputs are taken to the device of the graph's first
+    parameter, so a model on the meta device works. Raises whatever the graph raises on fake
+    tensors (data-dependent shapes).
+    """
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    device = next((p.device for p in graph_module.parameters()), None)
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    found: dict[str, Any] = {}
+
+    class Recorder(fx.Interpreter):
+        def run_node(self, n: fx.Node) -> Any:
+            value = super().run_node(n)
+            if n.name in names:
+                found[n.name] = value
+            return value
+
+    def fake(value: Any) -> Any:
+        if not isinstance(value, torch.Tensor):
+            return value
+        moved = value.to(device) if device is not None and value.device != device else value
+        return mode.from_tensor(moved)
+
+    fakes = [fake(v) for v in flat_inputs]
+    with mode, torch.enable_grad():
+        found[OUTPUT] = Recorder(graph_module).run(*fakes, enable_io_processing=False)
+    return found
+
+
+OUTPUT = "<output>"
+"""The key of the graph's output value in :func:`cut_values`' result."""

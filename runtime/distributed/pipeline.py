@@ -28,7 +28,7 @@ from autopipe.profiler.objective import default_loss
 from autopipe.runtime.distributed.layout import RankLayout, rank_layout
 from autopipe.runtime.distributed.stages import StageModule, StageSplitError
 from autopipe.runtime.distributed.tied import TiedGradients
-from autopipe.runtime.partition import PlannedStages, partition
+from autopipe.runtime.partition import OUTPUT, PlannedStages, cut_values, partition
 from torch import nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 from torch.utils import _pytree as pytree
@@ -201,17 +201,33 @@ class DistributedPipeline:
             init_seed=init_seed,
         )
         self._binder: InputBinder = planned.binder
+        self._model_keys = set(model.state_dict())
+        # A tied parameter is saved under every name the model gives it (the graph may
+        # reach it by only one of them).
+        names: dict[int, list[str]] = {}
+        for name, p in model.named_parameters(remove_duplicate=False):
+            names.setdefault(id(p), []).append(name)
+        self._aliases = {n[0]: n for n in names.values() if len(n) > 1}
+        for group in list(self._aliases.values()):
+            for name in group:
+                self._aliases[name] = group
+        examples = _stage_examples(planned, self.layout.stage, example_inputs, plan, self.device)
         # Every rank creates every tie group, in the same order (new_group's rule).
         self.tied = TiedGradients(planned.tied, self.layout, self.module)
         del planned
         self.tied.synchronize()
         self._user_loss = loss_fn or default_loss
         self._target: Any = None
+        # Shapes given up front: torch's own inference would run each stage on
+        # uninitialised buffers, and a stage that indexes with a relayed integer tensor
+        # (labels, positions) or reads a relayed size would see garbage.
         self.stage = PipelineStage(
             self.module,
             self.layout.stage,
             plan.num_stages,
             self.device,
+            input_args=examples[0] if examples else None,
+            output_args=examples[1] if examples else None,
             group=self.pipeline_group,
         )
         try:
@@ -230,10 +246,21 @@ class DistributedPipeline:
         # The schedule splits the arange index like a target; slice the real target with it so
         # any pytree (tuple, dict of tensors, the model inputs themselves) can be the target.
         start, stop = int(index[0]), int(index[-1]) + 1
-        return self._user_loss(output, _slice_batch(self._target, start, stop))
+        target = _slice_batch(self._target, start, stop)
+        return self._user_loss(self.module.model_output(output), target)
 
     def parameters(self) -> Any:
         return self.module.parameters()
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """This stage's entries of the model's ``state_dict()``, under the model's names
+        (buffers the model does not persist are left out)."""
+        out: dict[str, torch.Tensor] = {}
+        for key, value in self.module.body.state_dict().items():
+            for name in self._aliases.get(key, [key]):
+                if name in self._model_keys:
+                    out[name] = value.detach()
+        return out
 
     def local_batch(self, batch: Any) -> Any:
         """This replica's 1/D share (along dim 0) of a global batch given identically to all ranks."""
@@ -318,6 +345,44 @@ class DistributedPipeline:
             dist.all_reduce(loss, group=self.replica_group)
             loss /= layout.replicas
         return loss
+
+
+def _stage_examples(
+    planned: PlannedStages, stage: int, example_inputs: Any, plan: Plan, device: torch.device
+) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]] | None:
+    """Example inputs and outputs of one micro-batch of ``stage`` (shapes, dtypes and
+    ``requires_grad`` from a fake-tensor run of the whole graph; values are irrelevant).
+    None, with a warning, when the graph cannot run on fake tensors."""
+    graph = planned.stages[stage]
+    rows = batch_rows(example_inputs, 0, int(plan.microbatch_size))
+    try:
+        values = cut_values(
+            planned.graph_module,
+            planned.binder.flat(rows),
+            set(graph.input_names) | set(graph.output_names),
+        )
+    except Exception as exc:  # data-dependent shapes: let torch infer them at run time
+        warnings.warn(
+            f"stage {stage}: shapes of the values between stages could not be worked out "
+            f"ahead ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); "
+            "torch.distributed.pipelining infers them on its first step",
+            stacklevel=3,
+        )
+        return None
+
+    def example(value: Any) -> torch.Tensor:
+        if isinstance(value, torch.Tensor):
+            empty = torch.empty(value.shape, dtype=value.dtype, device=device)
+            return empty.requires_grad_(bool(value.requires_grad))
+        return torch.tensor(value, device=device)  # a number, sent as StageModule sends it
+
+    inputs = tuple(example(values[name]) for name in graph.input_names)
+    if graph.output_names:
+        outputs = tuple(example(values[name]) for name in graph.output_names)
+    else:
+        leaves = pytree.tree_leaves(values[OUTPUT])
+        outputs = tuple(example(v) for v in leaves if isinstance(v, torch.Tensor))
+    return inputs, outputs
 
 
 def _check_divisible(batch_size: int, microbatches: int) -> None:

@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+import torch.utils._pytree as pytree
 from autopipe.profiler.units import UnitGraph
 from autopipe.runtime.checkpoint import checkpointed
 from autopipe.runtime.partition import stage_of_unit
@@ -58,8 +59,9 @@ class StageModule(nn.Module):
     stage's inputs are kept for backward and the stage's forward is recomputed during its
     backward, GPipe's re-materialization; BatchNorm statistics do not move in the recompute.
     Parameter names are the original model's, behind the ``body.`` prefix (see
-    :meth:`model_named_parameters`). ``unflatten`` (last stage) restores the model's own
-    output structure from the graph's flat output, so the loss sees e.g. a ModelOutput.
+    :meth:`model_named_parameters`). The last stage returns the tensors of the model's
+    output, flat, as torch wants; ``unflatten`` restores the model's own structure from the
+    graph's output, and :meth:`model_output` does so for the loss (e.g. a ModelOutput).
     """
 
     def __init__(
@@ -95,11 +97,13 @@ class StageModule(nn.Module):
         else:
             out = self.body(*args)
         if not self.output_names:
-            return self._unflatten(out) if self._unflatten is not None else out
+            return self._flat_output(out)
         sent = []
         for name, value in zip(self.output_names, out, strict=True):
             if isinstance(value, _NUMBERS):
                 value = torch.tensor(value)  # numbers travel as 0-dim tensors
+            elif isinstance(value, torch.Tensor):
+                value = value.contiguous()  # gloo and NCCL send dense tensors only
             elif not isinstance(value, torch.Tensor):
                 raise TypeError(
                     f"value {name!r} crossing the cut after stage {self.index} is a "
@@ -109,6 +113,27 @@ class StageModule(nn.Module):
                 )
             sent.append(value)
         return tuple(sent)
+
+    def _flat_output(self, out: Any) -> Any:
+        """The last stage's output as torch.distributed.pipelining wants it (a tensor or a
+        tuple of tensors); :meth:`model_output` rebuilds the model's own structure."""
+        value = self._unflatten(out) if self._unflatten is not None else out
+        if isinstance(value, torch.Tensor):
+            self._output_spec = None
+            return value
+        leaves, spec = pytree.tree_flatten(value)
+        self._output_spec = spec
+        self._output_constants = [None if isinstance(v, torch.Tensor) else v for v in leaves]
+        return tuple(v for v in leaves if isinstance(v, torch.Tensor))
+
+    def model_output(self, flat: Any) -> Any:
+        """The model's own output (e.g. a ModelOutput) from the last stage's flat output."""
+        spec = getattr(self, "_output_spec", None)
+        if spec is None:
+            return flat
+        tensors = iter(flat if isinstance(flat, (tuple, list)) else (flat,))
+        leaves = [next(tensors) if c is None else c for c in self._output_constants]
+        return pytree.tree_unflatten(leaves, spec)
 
     def model_named_parameters(self) -> dict[str, nn.Parameter]:
         """This stage's parameters under their names in the original model."""
