@@ -94,6 +94,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     try:
+        import torch.distributed as dist
+
+        # A process group the caller made (a script running several plans) stays theirs.
+        args._owns_group = not dist.is_initialized()
         rank, world = init_distributed(timeout_s=args.timeout)
     except LaunchError as exc:
         raise cli.UsageError(str(exc)) from exc
@@ -189,7 +193,8 @@ def _train(args: argparse.Namespace, plan: Any, mf: Any, rank: int, world: int) 
             cli._say(
                 args, f"saved the trained weights to {args.save} (torch.distributed.checkpoint)"
             )
-    shutdown()
+    if args._owns_group:
+        shutdown()
     return cli.EXIT_OK
 
 

@@ -39,6 +39,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from autopipe.profiler import objective
 from autopipe.profiler.cache import autopipe_version
 from autopipe.profiler.calibrate import apply_times as _apply_times
 from autopipe.profiler.calibrate import priced_times
@@ -266,7 +267,8 @@ def profile_analytic(
     tensors at the profile's batch size ``B`` (dim 0); only shapes and dtypes are used.
     Floating inputs and parameters are cast to ``dtype``.
     ``device``: a catalog name (``"a100-80gb"``) or a :class:`DeviceSpec`.
-    ``loss_fn(output, example_inputs)`` drives backward; default: sum of the floating outputs.
+    ``loss_fn(output, example_inputs)`` drives backward; default: the shared objective
+    (:func:`autopipe.profiler.objective.default_loss`).
     The loss's time is kept apart (``meta["loss_forward_s"]``/``["loss_backward_s"]``) and
     its saved tensors count in the last unit, as in the measured profiler.
     ``efficiency``: a float sets the compute efficiency; a dict may set ``compute``,
@@ -437,17 +439,10 @@ class _UnitInterpreter(fx.Interpreter):
 def _loss(
     output: Any, inputs: Any, loss_fn: Callable[[Any, Any], torch.Tensor] | None
 ) -> torch.Tensor:
-    if loss_fn is not None:
-        loss = loss_fn(output, inputs)
-    else:
-        floats = [
-            t for t in tree_leaves(output) if isinstance(t, torch.Tensor) and t.is_floating_point()
-        ]
-        if not floats:
-            raise AnalyticProfileError(
-                "the model returned no floating-point tensor to drive backward"
-            )
-        loss = sum(t.float().sum() for t in floats)
+    try:
+        loss = objective.loss_of(output, inputs, loss_fn)
+    except objective.ObjectiveError as exc:
+        raise AnalyticProfileError(str(exc)) from None
     if not isinstance(loss, torch.Tensor) or not loss.requires_grad:
         raise AnalyticProfileError(
             "the loss does not require grad; does the model have trainable parameters?"

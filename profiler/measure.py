@@ -505,6 +505,7 @@ def profile(
     if warmup < 0 or repeat < 1:
         raise ValueError(f"need warmup >= 0 and repeat >= 1, got warmup={warmup}, repeat={repeat}")
     optimizer = normalize_optimizer(optimizer)  # a typo fails now, not after measuring
+    unit_patterns = list(units or [])
     dev = resolve_device(model, device)
     dt = resolve_dtype(model, dtype)
     model.to(device=dev)
@@ -528,7 +529,7 @@ def profile(
             device=dev,
             dtype=dt,
             granularity=granularity,
-            units=list(units or []),
+            units=unit_patterns,
             tracer=tracer,
             sizes=sizes,
             optimizer=optimizer,
@@ -545,7 +546,7 @@ def profile(
     from tqdm.auto import tqdm
 
     with _preserved(model, dev), num_threads(threads):
-        ug = trace_units(model, inputs, granularity, tracer, units)
+        ug = trace_units(model, inputs, granularity, tracer, unit_patterns)
         n = ug.num_units
         bar = tqdm(
             total=(warmup + repeat) * len(sizes),
@@ -563,7 +564,7 @@ def profile(
             size_ug = ug
             if size != big_b and not ug.batch_dynamic:
                 # export specialised the batch dimension: trace again at this batch size.
-                size_ug = trace_units(model, size_inputs, granularity, "export", units)
+                size_ug = trace_units(model, size_inputs, granularity, "export", unit_patterns)
                 if size_ug.unit_names != ug.unit_names:
                     warnings.warn(
                         f"units differ at micro-batch size {size}; size skipped", stacklevel=2
@@ -634,7 +635,7 @@ def profile(
             bytes_per_parameter=torch.tensor([], dtype=dt).element_size(),
             optimizer=optimizer,
             granularity=granularity,
-            unit_patterns=list(units or []),
+            unit_patterns=unit_patterns,
             meta={
                 "microbatch_sizes": used_sizes,
                 "loss_forward_s": base.loss_forward_s,

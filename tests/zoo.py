@@ -153,6 +153,8 @@ def gpt2() -> nn.Module:
         embd_pdrop=0.0,
         attn_pdrop=0.0,
         use_cache=False,
+        bos_token_id=0,
+        eos_token_id=0,
     )
     return _seeded(lambda: transformers.GPT2LMHeadModel(cfg))
 

@@ -1,0 +1,212 @@
+"""The model zoo from plan to training: third-party models built from tiny configs.
+
+For every family of ``tests/zoo.py`` (Hugging Face Llama, Qwen2 and Mistral with a padding
+mask, Mixtral, GPT-2 with its tied head, T5 with its shared embedding, ViT, a causal LM
+called with ``labels=``; torchvision resnet50 and vit_b_16 where torchvision works):
+
+1. ``autopipe plan`` succeeds measured and analytic (``--device a100-80gb``);
+2. ``autopipe.parallelize(model, inputs, devices=["cpu"] * 4, microbatches=4)``: outputs and
+   every parameter's gradient equal the plain model's (rtol 1e-4, atol 1e-5);
+3. a 2-stage plan at M = 4 trained 2 steps under torchrun with ``autopipe run``: the losses
+   and the trained weights equal one process training the plain model (SGD, so the weights
+   after 2 steps differ by lr x the summed gradient difference).
+
+Step 3 runs every family in one torchrun launch (``tests/zoo_run.py``, the CLI's own entry
+point per family), plus one plain ``torchrun -m autopipe run`` command for GPT-2.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+import zoo  # noqa: E402
+from autopipe.planner import plan as make_plan  # noqa: E402
+from autopipe.planner.plan import load_plan  # noqa: E402
+from autopipe.profiler.inputs import call_model  # noqa: E402
+from autopipe.profiler.measure import profile  # noqa: E402
+from autopipe.profiler.objective import default_loss  # noqa: E402
+from distributed_cases import free_port  # noqa: E402
+from torch.utils import _pytree as pytree  # noqa: E402
+
+from autopipe import cli  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+ZOO = Path(zoo.__file__).resolve()
+RTOL, ATOL = 1e-4, 1e-5
+LR = 0.1
+
+FAMILIES = [
+    pytest.param(
+        f, marks=pytest.mark.skipif(f not in zoo.FAMILIES, reason=f"{f}: its library is missing")
+    )
+    for f in zoo.HF_FAMILIES + zoo.TORCHVISION_FAMILIES
+]
+
+
+@pytest.fixture(autouse=True)
+def _private_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: Any) -> None:
+    monkeypatch.setenv("AUTOPIPE_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
+
+
+def _quick_profile(family: str) -> Any:
+    model, inputs = zoo.build(family)
+    return profile(model, inputs, warmup=0, repeat=1, progress=False)
+
+
+# -- 1. plan, measured and analytic ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_plan_measured_and_analytic(family: str, tmp_path: Path) -> None:
+    model, _ = zoo.build(family)
+    for extra in ([], ["--device", "a100-80gb"]):
+        out = tmp_path / "plan.json"
+        code = cli.main(
+            ["plan", f"{ZOO}:{family}", "--gpus", "2", "--batch-size", "8", "--json", str(out)]
+            + ["-q", "--no-cache", *extra]
+        )
+        assert code == 0, (family, extra)
+        plan = load_plan(out)
+        assert plan.num_stages == 2 and 1 <= plan.microbatches <= 8
+        assert plan.profile_mode == ("analytic" if extra else "measured")
+        units = [u for s in plan.stages for u in s.units]
+        names = {n for n, _ in model.named_modules()}
+        assert units and all(u in names for u in units), units
+
+
+# -- 2. parallelize: outputs and every gradient ----------------------------------------------
+
+
+def _grad_error(pipelined: torch.nn.Module, reference: torch.nn.Module) -> float:
+    got = dict(pipelined.named_parameters(remove_duplicate=False))
+    worst = 0.0
+    for name, p in reference.named_parameters(remove_duplicate=False):
+        assert got[name].grad is not None, f"{name}: no gradient through the pipeline"
+        torch.testing.assert_close(
+            got[name].grad, p.grad, rtol=RTOL, atol=ATOL, msg=lambda m, n=name: f"{n}: {m}"
+        )
+        worst = max(worst, float((got[name].grad - p.grad).abs().max()))
+    return worst
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_parallelize_equals_the_plain_model(family: str) -> None:
+    import autopipe
+
+    model, inputs = zoo.build(family)
+    reference = copy.deepcopy(model)
+    pipe = autopipe.parallelize(
+        model,
+        inputs,
+        devices=["cpu"] * 4,
+        microbatches=4,
+        profile_options={"warmup": 0, "repeat": 1, "progress": False},
+    )
+    assert pipe.plan.microbatches == 4 and pipe.num_stages == 4
+    out = call_model(pipe, inputs)
+    expected = call_model(reference, inputs)
+    assert type(out) is type(expected)  # the model's own output class (a ModelOutput)
+    for got, want in zip(pytree.tree_leaves(out), pytree.tree_leaves(expected), strict=True):
+        if isinstance(want, torch.Tensor):
+            torch.testing.assert_close(got, want, rtol=RTOL, atol=ATOL)
+    default_loss(out, inputs).backward()
+    default_loss(expected, inputs).backward()
+    _grad_error(model, reference)
+
+
+# -- 3. torchrun: losses and trained weights --------------------------------------------------
+
+
+def _reference_training(family: str) -> tuple[list[float], dict[str, torch.Tensor]]:
+    """The plain model trained 2 SGD steps on the whole batch with the default objective."""
+    model, inputs = zoo.build(family)
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+    losses = []
+    for _ in range(2):
+        optimizer.zero_grad()
+        loss = default_loss(call_model(model, inputs), inputs)
+        loss.backward()
+        optimizer.step()
+        losses.append(float(loss))
+    return losses, model.state_dict()
+
+
+def _load_checkpoint(directory: Path, tmp: Path) -> dict[str, torch.Tensor]:
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    dcp_to_torch_save(directory, tmp / "weights.pt")
+    return torch.load(tmp / "weights.pt", weights_only=True)
+
+
+def _write_plans(out: Path, families: list[str]) -> None:
+    for family in families:
+        plan = make_plan(_quick_profile(family), gpus=2, microbatches=4, optimizer="sgd")
+        plan.save(out / f"{family}.plan.json")
+
+
+@pytest.fixture(scope="module")
+def zoo_runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Every family's 2-stage plan trained under one torchrun launch."""
+    out = tmp_path_factory.mktemp("zoo_runs")
+    families = list(zoo.FAMILIES)
+    _write_plans(out, families)
+    result = subprocess.run(
+        [
+            sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+            "--master-port", str(free_port()), str(ROOT / "tests" / "zoo_run.py"),
+            str(out), *families,
+        ],
+        capture_output=True, text=True, cwd=ROOT, timeout=600,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-4000:]
+    return out
+
+
+def _check_run(out: Path, family: str, tmp: Path) -> tuple[float, float]:
+    """(largest loss difference, largest weight difference / lr) against one process."""
+    ref_losses, ref_weights = _reference_training(family)
+    losses = [step["loss"] for step in json.loads((out / f"{family}.json").read_text())["steps"]]
+    assert losses == pytest.approx(ref_losses, rel=RTOL, abs=ATOL)
+    weights = _load_checkpoint(out / f"{family}.ckpt", tmp)
+    assert set(weights) == set(ref_weights)
+    worst = 0.0
+    for name, want in ref_weights.items():
+        torch.testing.assert_close(weights[name], want, rtol=RTOL * LR, atol=ATOL * LR)
+        worst = max(worst, float((weights[name].float() - want.float()).abs().max()))
+    return max(abs(a - b) for a, b in zip(losses, ref_losses, strict=True)), worst / LR
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_torchrun_trains_like_one_process(family: str, zoo_runs: Path, tmp_path: Path) -> None:
+    for rank in (0, 1):
+        assert (zoo_runs / f"{family}.rank{rank}.rc").read_text() == "0"
+    _check_run(zoo_runs, family, tmp_path)
+
+
+def test_autopipe_run_command_on_gpt2(tmp_path: Path) -> None:
+    """The documented command itself, on the model with a tied embedding and head."""
+    _write_plans(tmp_path, ["gpt2"])
+    result = subprocess.run(
+        [
+            sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+            "--master-port", str(free_port()), "-m", "autopipe", "run", f"{ZOO}:gpt2",
+            "--plan", str(tmp_path / "gpt2.plan.json"), "--steps", "2", "--lr", str(LR),
+            "--threads", "1", "--timeout", "60", "--save", str(tmp_path / "gpt2.ckpt"),
+            "--json", str(tmp_path / "gpt2.json"),
+        ],
+        capture_output=True, text=True, cwd=ROOT, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert "4 micro-batches of 2" in result.stdout
+    assert "saved the trained weights" in result.stdout
+    _check_run(tmp_path, "gpt2", tmp_path)
