@@ -65,6 +65,7 @@ def _load_timeline(path: str, num_stages: int) -> Any:
 def cmd_plot(args: argparse.Namespace) -> int:
     cli.check_output_path(args.out, "--out", directory=True)
     plan = cli.load_plan_file(args.plan)
+    _refuse_too_many_tasks(plan)
     if args.compare and not args.timeline:
         raise cli.UsageError("--compare needs --timeline TRACE.json (the measured run)")
     timeline = _load_timeline(args.timeline, plan.num_stages) if args.timeline else None
@@ -152,9 +153,18 @@ def register_plot(sub: Any) -> None:
 # -- bench --------------------------------------------------------------------------------------
 
 
+def _refuse_too_many_tasks(plan: Any) -> None:
+    from autopipe.viz import too_many_tasks
+
+    reason = too_many_tasks(plan)
+    if reason is not None:
+        raise cli.UsageError(reason)
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     cli.check_output_path(args.out, "--out", directory=True)
     plan = cli.load_plan_file(args.plan)
+    _refuse_too_many_tasks(plan)
     from autopipe.modelfile import ModelFileError
 
     mf = cli.load_model_arg(args.model)
