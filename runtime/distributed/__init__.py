@@ -23,6 +23,8 @@ _LAZY = {
     "PipelineRankError": "autopipe.runtime.distributed.pipeline",
     "build_stage": "autopipe.runtime.distributed.pipeline",
     "SCHEDULES": "autopipe.runtime.distributed.pipeline",
+    "PlanMismatchError": "autopipe.runtime.distributed.agree",
+    "check_same_plan": "autopipe.runtime.distributed.agree",
     "init_distributed": "autopipe.runtime.distributed.process",
     "shutdown": "autopipe.runtime.distributed.process",
     "LaunchError": "autopipe.runtime.distributed.process",
