@@ -234,7 +234,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     )
     report = result.to_dict()
     report["files"] = [str(p) for p in files]
-    atomic_write_json(out / "bench.json", report)
+    # Strict JSON: an error against a measured 0 s is infinite, and bare Infinity is no JSON.
+    atomic_write_json(out / "bench.json", cli._strict_json(report), strict=True)
     files.append(out / "bench.json")
     if args.json:
         cli._emit_json(report, "-")

@@ -414,6 +414,19 @@ def test_plot_and_bench_refuse_a_million_micro_batches_at_once(tmp_path: Path) -
         assert "--microbatches 5000 or fewer" in out.stderr and len(out.stderr.splitlines()) == 1
 
 
+def test_plan_keeps_the_plan_but_skips_plots_it_cannot_draw(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    saved = _write(tmp_path / "profile.json", _profile_dict())
+    argv = ["plan", str(saved), "--gpus", "2", "--batch-size", str(10**6), "--microbatches"]
+    out = tmp_path / "plan.json"
+    assert main([*argv, "10000", "--plot", str(tmp_path / "plots"), "--json", str(out), "-q"]) == 0
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("autopipe: warning: --plot skipped: the plan's 2 stages x 10000"), err
+    assert json.loads(out.read_text())["microbatches"] == 10000
+    assert not (tmp_path / "plots").exists()
+
+
 @pytest.mark.parametrize(
     ("change", "field"),
     [
