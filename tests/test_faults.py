@@ -557,3 +557,50 @@ def test_json_output_is_strict(tmp_path: Path) -> None:
     text = target.read_text()
     assert "NaN" not in text and "Infinity" not in text
     assert json.loads(text) == {"steps": [{"loss": None}, {"loss": None}, {"loss": 1.5}]}
+
+
+# -- item 1, the mechanism (the drills check the behaviour) ---------------------------------
+
+
+def test_sub_groups_get_the_world_timeout() -> None:
+    """``new_group`` without ``timeout=`` waits torch's 30-minute default; the runtime passes
+    the world's, read back even when the world was not made by init_distributed."""
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+    from autopipe.runtime.distributed.process import group_timeout
+
+    dist.init_process_group(
+        "gloo", store=dist.HashStore(), rank=0, world_size=1, timeout=timedelta(seconds=7)
+    )
+    try:
+        assert group_timeout() == timedelta(seconds=7)
+        group = dist.new_group([0], timeout=group_timeout())
+        assert group._get_backend(torch.device("cpu")).options._timeout == timedelta(seconds=7)
+    finally:
+        dist.destroy_process_group()
+
+
+# -- item 3, the comparison (the drill checks the behaviour) ---------------------------------
+
+
+def test_fingerprints_name_what_differs(tmp_path: Path) -> None:
+    from autopipe.runtime.distributed.agree import mismatch, model_fingerprint, plan_fingerprint
+    from torch import nn
+
+    plan = Plan.from_dict(_plan_dict(tmp_path))
+    other = Plan.from_dict(_plan_dict(tmp_path))
+    other.stages[0].checkpoint = True
+    small, wide = nn.Sequential(nn.Linear(4, 4)), nn.Sequential(nn.Linear(4, 8))
+    same = {"plan": plan_fingerprint(plan), "model": model_fingerprint(small)}
+    assert mismatch([same, copy.deepcopy(same)]) is None
+    assert mismatch([same, {**same, "plan": plan_fingerprint(other)}]) == (
+        "the ranks loaded different plans: stages[0].checkpoint is True on rank 1 but False "
+        "on rank 0; give every rank the same --plan file"
+    )
+    line = mismatch([same, same, {**same, "model": model_fingerprint(wide)}])
+    assert line is not None and line.startswith(
+        "the ranks built different models: Sequential with 2 tensors, 40 elements (#"
+    )
+    assert "on rank 2 but Sequential with 2 tensors, 20 elements" in line

@@ -115,8 +115,17 @@ def check_same_plan(plan: Plan, model: nn.Module) -> None:
     everyone: list[Any] = [None] * dist.get_world_size()
     with _collective("compare plans with the other ranks"):
         dist.all_gather_object(everyone, mine)  # the world group: its timeout bounds the wait
-    reference = everyone[0]
-    for rank, theirs in enumerate(everyone):
+    problem = mismatch(everyone)
+    if problem is not None:
+        raise PlanMismatchError(problem)
+
+
+def mismatch(fingerprints: list[dict[str, Any]]) -> str | None:
+    """What differs between rank 0's fingerprint and the first rank whose differs (one
+    line), or None when all agree. ``fingerprints[r]`` is rank r's ``{"plan": ..., "model":
+    ...}``; every rank computes the same answer from the same list."""
+    reference = fingerprints[0]
+    for rank, theirs in enumerate(fingerprints):
         if theirs["plan"] != reference["plan"]:
             ours, other = reference["plan"], theirs["plan"]
             fields = sorted(
@@ -124,18 +133,19 @@ def check_same_plan(plan: Plan, model: nn.Module) -> None:
             )
             first = fields[0]
             more = f" (and {len(fields) - 1} more field(s): {', '.join(fields[1:4])})"
-            raise PlanMismatchError(
+            return (
                 f"the ranks loaded different plans: {first} is {other.get(first)!r} on rank "
                 f"{rank} but {ours.get(first)!r} on rank 0{more if len(fields) > 1 else ''}; "
                 "give every rank the same --plan file"
             )
         if theirs["model"]["digest"] != reference["model"]["digest"]:
-            raise PlanMismatchError(
+            return (
                 f"the ranks built different models: {theirs['model']['summary']} "
                 f"(#{theirs['model']['digest']}) on rank {rank} but "
                 f"{reference['model']['summary']} (#{reference['model']['digest']}) on rank 0; "
                 "run every rank with the same MODEL.py[:FACTORY]"
             )
+    return None
 
 
 _NONFINITE = {1.0: "-inf", 2.0: "inf", 3.0: "nan"}
