@@ -347,19 +347,28 @@ def _profile_model_file(args: argparse.Namespace) -> Any:
         ProfilingError,
     ) as exc:
         raise UsageError(str(exc)) from exc
-    except (RuntimeError, ValueError, TypeError, IndexError, KeyError) as exc:
-        import torch
-
-        if isinstance(exc, torch.OutOfMemoryError):
-            raise
-        # The model's own code failed on its example inputs (wrong shapes or dtypes): bad
-        # input, whichever profiler ran it, not an autopipe failure.
-        raise UsageError(
-            f"{mf.label}: the model failed on example_inputs({batch_size or ''}): "
-            f"{type(exc).__name__}: {exc}"
-        ) from exc
+    except MODEL_ERRORS as exc:
+        raise model_failed(mf, batch_size, exc) from exc
     profile.model = mf.label
     return profile
+
+
+MODEL_ERRORS = (RuntimeError, ValueError, TypeError, IndexError, KeyError)
+"""What a model's own code raises on inputs it cannot take (wrong shapes or dtypes)."""
+
+
+def model_failed(mf: Any, batch_size: int | None, exc: BaseException) -> UsageError:
+    """The UsageError for a model that failed on its example inputs: bad input, whichever
+    command ran it (profile, plan, bench), not an autopipe failure. Out of memory is no bad
+    input: it is re-raised (exit 1)."""
+    import torch
+
+    if isinstance(exc, torch.OutOfMemoryError):
+        raise exc
+    return UsageError(
+        f"{mf.label}: the model failed on example_inputs({batch_size or ''}): "
+        f"{type(exc).__name__}: {exc}"
+    )
 
 
 def _device_list(text: str | None) -> list[tuple[str, int]] | None:

@@ -218,6 +218,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         # parallelize's errors on a mismatched plan/model/devices are one clear line; so is
         # a model without a loss_fn whose output cannot drive backward.
         raise cli.UsageError(str(exc)) from exc
+    except cli.MODEL_ERRORS as exc:
+        raise cli.model_failed(mf, plan.batch_size, exc) from exc
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     from autopipe.profiler.profile import atomic_write_json

@@ -504,6 +504,18 @@ def test_bad_input_is_exit_2_everywhere(
     assert message in _error(capsys)
 
 
+def test_wrong_shapes_are_exit_2_in_bench_too(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from distributed_cases import make_plan
+
+    plan = tmp_path / "plan.json"
+    make_plan([["0", "1", "2"], ["3", "4"]], 2, 8).save(plan)  # the model's 5 units
+    model = _model_file(tmp_path, WRONG_SHAPES)
+    assert main(["bench", str(model), "--plan", str(plan), "--out", str(tmp_path / "b"), "-q"]) == 2
+    assert "the model failed on example_inputs(8): RuntimeError: mat1 and mat2" in _error(capsys)
+
+
 FAILS_WHILE_TIMED = SMALL_MODEL.replace(
     "def build_model():",
     """calls = [0]
