@@ -9,7 +9,10 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
+import os
 import sys
+import tempfile
 import traceback
 import warnings
 from collections.abc import Callable, Sequence
@@ -51,6 +54,22 @@ _positive_int = _int_at_least(1, "a positive integer")
 _nonnegative_int = _int_at_least(0, "an integer >= 0")
 
 
+def positive_float(what: str) -> Callable[[str], float]:
+    """An argparse type: a finite number > 0 (``what`` names it, with its unit, in the error):
+    0, negatives, ``nan`` and ``inf`` are refused with one line, not a traceback later."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+        if not (math.isfinite(value) and value > 0):
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
+        return value
+
+    return parse
+
+
 def _microbatches(text: str) -> int | str:
     return "auto" if text == "auto" else _positive_int(text)
 
@@ -74,24 +93,54 @@ def _memory(text: str) -> int:
 # -- shared pieces ----------------------------------------------------------------------------
 
 
+def _strict_json(obj: Any) -> Any:
+    """``obj`` with NaN and infinities as null: bare ``NaN`` is not JSON (jq, JavaScript and
+    most parsers reject it)."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: _strict_json(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_strict_json(v) for v in obj]
+    return obj
+
+
 def _emit_json(obj: Any, target: str | None) -> None:
-    """``--json`` alone writes to stdout; ``--json PATH`` writes a file atomically."""
+    """``--json`` alone writes to stdout; ``--json PATH`` writes a file atomically. Either
+    way strict JSON: non-finite numbers become null."""
     if target is None:
         return
-    text = json.dumps(obj, indent=2) + "\n"
+    obj = _strict_json(obj)
     if target == "-":
-        sys.stdout.write(text)
+        sys.stdout.write(json.dumps(obj, indent=2, allow_nan=False) + "\n")
         return
     from autopipe.profiler.profile import atomic_write_json
 
-    atomic_write_json(Path(target), obj)
+    atomic_write_json(Path(target), obj, strict=True)
+
+
+_line_prefix = ""
+"""Put before every line the CLI prints (``autopipe run`` sets ``[rank N] ``)."""
+
+
+def set_line_prefix(prefix: str) -> None:
+    """Start every line of output, warning, log record and error with ``prefix`` from now on
+    (each rank of ``autopipe run`` names itself, so interleaved output stays readable)."""
+    global _line_prefix
+    _line_prefix = prefix
+    for handler in logging.getLogger().handlers:
+        handler.setFormatter(logging.Formatter(prefix.replace("%", "%%") + "%(message)s"))
+
+
+def _prefixed(text: str) -> str:
+    return "\n".join(_line_prefix + line for line in text.split("\n")) if _line_prefix else text
 
 
 def _say(args: argparse.Namespace, text: str) -> None:
     """Human output: suppressed by -q and when --json goes to stdout."""
     if args.quiet or getattr(args, "json", None) == "-":
         return
-    print(text)
+    print(_prefixed(text))
 
 
 def load_plan_file(path: str) -> Any:
@@ -132,11 +181,20 @@ def load_model_arg(spec: str) -> Any:
         raise UsageError(str(exc)) from exc
 
 
-def check_output_path(path: str | None, flag: str, *, directory: bool = False) -> None:
+def check_output_path(
+    path: str | None,
+    flag: str,
+    *,
+    directory: bool = False,
+    inputs: Sequence[str | None] = (),
+) -> None:
     """Refuse an output path that cannot be written, before any work is done (exit 2).
 
     ``directory``: ``path`` is a folder to write into; otherwise a file. Either way the
-    nearest existing ancestor must be a folder (missing folders are created on write).
+    nearest existing folder must take a new file (tried, not guessed from permission bits:
+    root, read-only mounts and ACLs all decide), and missing folders are created on write.
+    ``inputs``: files the command reads (a ``MODEL.py:FACTORY`` spec counts as its file);
+    writing over one of them would destroy it.
     """
     if path is None or path == "-":
         return
@@ -144,11 +202,50 @@ def check_output_path(path: str | None, flag: str, *, directory: bool = False) -
     if out.exists() and out.is_dir() != directory:
         kind = "a file" if directory else "a directory"
         raise UsageError(f"{flag} {path} is {kind}; give a {'directory' if directory else 'file'}")
-    parent = out.parent
-    while not parent.exists():
-        parent = parent.parent
-    if not parent.is_dir():
-        raise UsageError(f"{flag} {path}: {parent} is a file, not a directory")
+    if not directory and out.exists():
+        for given in inputs:
+            source = _input_file(given)
+            if source is not None and os.path.samefile(source, out):
+                raise UsageError(
+                    f"{flag} {path} is the input {given}; writing there would destroy it: "
+                    "give another path"
+                )
+    folder = out if directory and out.exists() else out.parent
+    while not folder.exists():
+        folder = folder.parent
+    if not folder.is_dir():
+        raise UsageError(f"{flag} {path}: {folder} is a file, not a directory")
+    try:
+        fd, probe = tempfile.mkstemp(dir=folder, prefix=".autopipe-write-check-")
+    except OSError as exc:
+        raise UsageError(
+            f"{flag} {path}: cannot write in {folder} ({exc.strerror or exc}); give a writable path"
+        ) from None
+    os.close(fd)
+    os.unlink(probe)
+
+
+def _input_file(given: str | None) -> Path | None:
+    """The file behind an input argument (``MODEL.py[:FACTORY]`` or a path), if it exists."""
+    if not given:
+        return None
+    for candidate in (given, given.rpartition(":")[0]):
+        if candidate and Path(candidate).is_file():
+            return Path(candidate)
+    return None
+
+
+def check_distinct_outputs(*outputs: tuple[str | None, str]) -> None:
+    """Refuse two output flags naming one file (``(path, flag)`` pairs): the second write
+    would silently replace the first."""
+    seen: dict[str, str] = {}
+    for path, flag in outputs:
+        if path is None or path == "-":
+            continue
+        key = os.path.realpath(path)
+        if key in seen:
+            raise UsageError(f"{seen[key]} and {flag} both write {path}; give two paths")
+        seen[key] = flag
 
 
 def check_local_device(name: str, flag: str) -> None:
@@ -211,6 +308,10 @@ def _profiled_on(profile: Any, device: str) -> bool:
 
 def _profile_model_file(args: argparse.Namespace) -> Any:
     from autopipe.modelfile import ModelFileError
+    from autopipe.profiler.analytic import AnalyticProfileError
+    from autopipe.profiler.catalog import DeviceSpecError
+    from autopipe.profiler.measure import ProfilingError
+    from autopipe.profiler.trace import TraceError
     from autopipe.profiler.units import UnitPatternError
 
     mf = load_model_arg(args.model)
@@ -222,22 +323,18 @@ def _profile_model_file(args: argparse.Namespace) -> Any:
         if device_spec is not None:
             model = mf.build(device="meta")
             inputs = mf.inputs(batch_size)
-            from autopipe.profiler.analytic import AnalyticProfileError, profile_analytic
-            from autopipe.profiler.catalog import DeviceSpecError
+            from autopipe.profiler.analytic import profile_analytic
 
-            try:
-                profile = profile_analytic(
-                    model,
-                    inputs,
-                    device_spec,
-                    dtype=args.dtype or "bfloat16",
-                    granularity=args.granularity or "block",
-                    loss_fn=mf.loss_fn,
-                    progress=not args.quiet,
-                    units=args.units,
-                )
-            except (AnalyticProfileError, DeviceSpecError) as exc:
-                raise UsageError(str(exc)) from exc
+            profile = profile_analytic(
+                model,
+                inputs,
+                device_spec,
+                dtype=args.dtype or "bfloat16",
+                granularity=args.granularity or "block",
+                loss_fn=mf.loss_fn,
+                progress=progress,
+                units=args.units,
+            )
         else:
             model = mf.build()
             inputs = mf.inputs(batch_size)
@@ -253,10 +350,37 @@ def _profile_model_file(args: argparse.Namespace) -> Any:
                 cache=not args.no_cache,
                 units=args.units,
             )
-    except (ModelFileError, UnitPatternError) as exc:
+    except (
+        ModelFileError,
+        AnalyticProfileError,
+        DeviceSpecError,
+        TraceError,
+        ProfilingError,
+        UnitPatternError,
+    ) as exc:
         raise UsageError(str(exc)) from exc
+    except MODEL_ERRORS as exc:
+        raise model_failed(mf, batch_size, exc) from exc
     profile.model = mf.label
     return profile
+
+
+MODEL_ERRORS = (RuntimeError, ValueError, TypeError, IndexError, KeyError)
+"""What a model's own code raises on inputs it cannot take (wrong shapes or dtypes)."""
+
+
+def model_failed(mf: Any, batch_size: int | None, exc: BaseException) -> UsageError:
+    """The UsageError for a model that failed on its example inputs: bad input, whichever
+    command ran it (profile, plan, bench), not an autopipe failure. Out of memory is no bad
+    input: it is re-raised (exit 1)."""
+    import torch
+
+    if isinstance(exc, torch.OutOfMemoryError):
+        raise exc
+    return UsageError(
+        f"{mf.label}: the model failed on example_inputs({batch_size or ''}): "
+        f"{type(exc).__name__}: {exc}"
+    )
 
 
 def _device_list(text: str | None) -> list[tuple[str, int]] | None:
@@ -338,9 +462,10 @@ def _resolve_device_spec(args: argparse.Namespace) -> Any:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    check_output_path(args.json, "--json")
-    check_output_path(args.save_profile, "--save-profile")
+    check_output_path(args.json, "--json", inputs=[args.model])
+    check_output_path(args.save_profile, "--save-profile", inputs=[args.model])
     check_output_path(args.plot, "--plot", directory=True)
+    check_distinct_outputs((args.json, "--json"), (args.save_profile, "--save-profile"))
     listed = sum(n for _, n in _device_list(args.device) or [])
     if listed and listed != args.gpus:
         raise UsageError(f"--device {args.device} lists {listed} devices but --gpus is {args.gpus}")
@@ -350,6 +475,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
         and not (args.device or args.device_spec or args.model.endswith(".json"))
     ):
         raise UsageError(_NEED_BANDWIDTH)  # say so before spending time profiling
+    if isinstance(args.data_parallel, int) and args.gpus % args.data_parallel:
+        raise UsageError(
+            f"--data-parallel {args.data_parallel} does not divide --gpus {args.gpus}: the "
+            "GPUs are K stages x D replicas; give a divisor of --gpus or auto"
+        )
     profile = _load_profile_or_model(args)
     from autopipe.planner import PlanningError, plan
 
@@ -361,8 +491,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
     batch = args.batch_size or profile.batch_size
     m = args.microbatches
     if isinstance(m, int) and batch % m:  # bad input (the planner would call it a failure)
-        divisors = [d for d in range(1, batch + 1) if batch % d == 0]
-        nearest = sorted(sorted(divisors, key=lambda d: abs(d - m))[:6])
+        from autopipe.planner.search import divisors
+
+        nearest = sorted(sorted(divisors(batch), key=lambda d: abs(d - m))[:6])
         raise UsageError(
             f"--microbatches {m} does not divide the batch size {batch}; pick a divisor "
             f"(e.g. {', '.join(map(str, nearest))})"
@@ -416,10 +547,14 @@ def cmd_plan(args: argparse.Namespace) -> int:
         _say(args, "\n" + format_scaling(rows))
     if args.plot:
         # Before the JSON: plot_all stores what `autopipe plot` needs to redraw in plan.meta.
-        from autopipe.viz import plot_all
+        from autopipe.viz import plot_all, too_many_tasks
 
-        paths = plot_all(result, args.plot, profile=profile, progress=not args.quiet)
-        _say(args, "plots: " + ", ".join(str(p) for p in paths))
+        too_many = too_many_tasks(result)
+        if too_many is not None:  # the plan itself is fine: keep it, skip only the plots
+            warnings.warn(f"--plot skipped: {too_many}", stacklevel=1)
+        else:
+            paths = plot_all(result, args.plot, profile=profile, progress=not args.quiet)
+            _say(args, "plots: " + ", ".join(str(p) for p in paths))
     # The profile travels with the plan: `autopipe plot` and tools can re-plan from it.
     result.meta.setdefault("profile", profile.to_dict())
     _emit_json(result.to_dict(), args.json)
@@ -474,8 +609,9 @@ def _analytic_spec_for(profile: Any, args: argparse.Namespace) -> Any:
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
-    check_output_path(args.out, "--out")
-    check_output_path(args.json, "--json")
+    check_output_path(args.out, "--out", inputs=[args.model])
+    check_output_path(args.json, "--json", inputs=[args.model])
+    check_distinct_outputs((args.out, "--out"), (args.json, "--json"))
     profile = _profile_model_file(args)
     from autopipe.report import format_profile
 
@@ -699,7 +835,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (Failure, MemoryError) as exc:
         return _fail(args, exc, EXIT_FAILURE)
     except KeyboardInterrupt:
-        print("autopipe: interrupted", file=sys.stderr)
+        _end_progress_bars()
+        print(f"{_line_prefix}autopipe: interrupted", file=sys.stderr)
         return 130
     except Exception as exc:  # anything else is still one line unless -v
         return _fail(args, exc, EXIT_FAILURE, prefix=f"{type(exc).__name__}: ")
@@ -707,14 +844,36 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _warning_line(message: Warning | str, *_: Any, **__: Any) -> None:
     text = str(message).strip().splitlines()
-    print(f"autopipe: warning: {text[0] if text else type(message).__name__}", file=sys.stderr)
+    _end_progress_bars()
+    print(
+        f"{_line_prefix}autopipe: warning: {text[0] if text else type(message).__name__}",
+        file=sys.stderr,
+    )
+
+
+def _end_progress_bars() -> None:
+    """Close progress bars an error interrupted, so the message starts its own line.
+
+    A bar left open holds a half-written line on stderr (tqdm redraws it with carriage
+    returns, never a newline): closing it clears it on a terminal; in a log, where the
+    clearing shows as spaces, a newline ends it."""
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return
+    bars = list(getattr(tqdm, "_instances", ()))
+    for bar in bars:
+        bar.close()
+    if bars and not sys.stderr.isatty():
+        sys.stderr.write("\n")
 
 
 def _fail(args: argparse.Namespace, exc: BaseException, code: int, prefix: str = "") -> int:
+    _end_progress_bars()
     if args.verbose:
         traceback.print_exc()
     message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    print(f"autopipe {args.command}: error: {prefix}{message}", file=sys.stderr)
+    print(f"{_line_prefix}autopipe {args.command}: error: {prefix}{message}", file=sys.stderr)
     return code
 
 

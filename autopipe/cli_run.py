@@ -8,6 +8,7 @@ the CLI's subparsers; ``python -m autopipe.cli_run run ...`` is ``autopipe run .
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 from pathlib import Path
@@ -43,7 +44,7 @@ def register_run(sub: Any) -> None:
     p.add_argument("--steps", type=cli._positive_int, default=5, help="training steps (default 5)")
     p.add_argument(
         "--lr",
-        type=float,
+        type=cli.positive_float("a learning rate > 0"),
         default=1e-3,
         help="learning rate of the optimizer the plan was made for (the plan's optimizer: "
         "sgd, sgd-momentum, or AdamW for the adam family) (default 1e-3)",
@@ -69,13 +70,19 @@ def register_run(sub: Any) -> None:
     )
     p.add_argument(
         "--timeout",
-        type=float,
+        type=cli.positive_float("a timeout in seconds > 0"),
         default=300.0,
         metavar="SECONDS",
         help="process-group timeout: a dead or stuck rank ends the run with an error after "
         "this long (default 300)",
     )
     p.add_argument("--threads", type=cli._positive_int, help="torch threads per process")
+    p.add_argument(
+        "--allow-nonfinite",
+        action="store_true",
+        help="keep training when the loss is NaN or infinite (default: every rank stops with "
+        "an error naming the step, before the optimizer step)",
+    )
     cli.json_option(p, "write per-step losses and times (last stage) to PATH (stdout if no PATH)")
     cli._common(p)
     p.set_defaults(func=cmd_run)
@@ -84,8 +91,13 @@ def register_run(sub: Any) -> None:
 def cmd_run(args: argparse.Namespace) -> int:
     from autopipe.runtime.distributed.process import LaunchError, init_distributed
 
-    cli.check_output_path(args.json, "--json")
-    cli.check_output_path(args.save, "--save", directory=True)
+    if os.environ.get("RANK", "").isdigit():
+        # torchrun interleaves every rank's output: each line says whose it is.
+        cli.set_line_prefix(f"[rank {os.environ['RANK']}] ")
+    cli.check_output_path(args.json, "--json", inputs=[args.model, args.plan, args.state_dict])
+    cli.check_output_path(
+        args.save, "--save", directory=True, inputs=[args.model, args.plan, args.state_dict]
+    )
     plan = cli.load_plan_file(args.plan)
     mf = cli.load_model_arg(args.model)
 
@@ -113,12 +125,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         # Every rank finds the same mismatch: meet at a barrier so all of them report it
         # before the first exit makes torchrun stop the others.
         _barrier_quietly()
-        raise cli.UsageError(f"rank {rank}: {exc}") from exc
-    try:
-        return _train(args, plan, mf, rank, world)
-    except (cli.UsageError, cli.Failure) as exc:
-        text = str(exc)
-        raise type(exc)(text if text.startswith("rank ") else f"rank {rank}: {text}") from exc
+        raise cli.UsageError(str(exc)) from exc
+    return _train(args, plan, mf, rank, world)
 
 
 def _barrier_quietly() -> None:
@@ -135,6 +143,7 @@ def _train(args: argparse.Namespace, plan: Any, mf: Any, rank: int, world: int) 
     import torch.distributed as dist
 
     from autopipe.modelfile import ModelFileError
+    from autopipe.runtime.distributed.agree import nonfinite_loss
     from autopipe.runtime.distributed.layout import PlanWorldSizeError
     from autopipe.runtime.distributed.pipeline import DistributedPipeline, PipelineRankError
     from autopipe.runtime.distributed.process import shutdown
@@ -153,6 +162,8 @@ def _train(args: argparse.Namespace, plan: Any, mf: Any, rank: int, world: int) 
         pipe = DistributedPipeline(model, plan, inputs, mf.loss_fn, state_dict=state_dict)
     except (ModelFileError, PlanWorldSizeError, StageSplitError, ValueError, TypeError) as exc:
         raise cli.UsageError(str(exc)) from exc
+    except PipelineRankError as exc:
+        raise cli.Failure(str(exc)) from exc
     del model
     layout = pipe.layout
     reporter = layout.is_last_stage and layout.replica == 0
@@ -173,6 +184,16 @@ def _train(args: argparse.Namespace, plan: Any, mf: Any, rank: int, world: int) 
             loss = pipe.step(local if layout.is_first_stage or layout.is_last_stage else None)
         except PipelineRankError as exc:
             raise cli.Failure(str(exc)) from exc
+        if not args.allow_nonfinite:
+            try:
+                bad = nonfinite_loss(loss, pipe.device)
+            except PipelineRankError as exc:
+                raise cli.Failure(str(exc)) from exc
+            if bad is not None:  # before optimizer.step(): the weights stay as they were
+                raise cli.Failure(
+                    f"the loss is {bad} in step {step + 1}; stopped before the optimizer step "
+                    "(lower --lr, check the data, or pass --allow-nonfinite to keep going)"
+                )
         optimizer.step()
         if reporter and loss is not None:
             records.append({"step": step + 1, "loss": float(loss), "time_s": pipe.last_step_s})

@@ -65,6 +65,7 @@ def _load_timeline(path: str, num_stages: int) -> Any:
 def cmd_plot(args: argparse.Namespace) -> int:
     cli.check_output_path(args.out, "--out", directory=True)
     plan = cli.load_plan_file(args.plan)
+    _refuse_too_many_tasks(plan)
     if args.compare and not args.timeline:
         raise cli.UsageError("--compare needs --timeline TRACE.json (the measured run)")
     timeline = _load_timeline(args.timeline, plan.num_stages) if args.timeline else None
@@ -152,9 +153,18 @@ def register_plot(sub: Any) -> None:
 # -- bench --------------------------------------------------------------------------------------
 
 
+def _refuse_too_many_tasks(plan: Any) -> None:
+    from autopipe.viz import too_many_tasks
+
+    reason = too_many_tasks(plan)
+    if reason is not None:
+        raise cli.UsageError(reason)
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     cli.check_output_path(args.out, "--out", directory=True)
     plan = cli.load_plan_file(args.plan)
+    _refuse_too_many_tasks(plan)
     from autopipe.modelfile import ModelFileError
 
     mf = cli.load_model_arg(args.model)
@@ -208,6 +218,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         # parallelize's errors on a mismatched plan/model/devices are one clear line; so is
         # a model without a loss_fn whose output cannot drive backward.
         raise cli.UsageError(str(exc)) from exc
+    except cli.MODEL_ERRORS as exc:
+        raise cli.model_failed(mf, plan.batch_size, exc) from exc
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     from autopipe.profiler.profile import atomic_write_json
@@ -224,7 +236,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     )
     report = result.to_dict()
     report["files"] = [str(p) for p in files]
-    atomic_write_json(out / "bench.json", report)
+    # Strict JSON: an error against a measured 0 s is infinite, and bare Infinity is no JSON.
+    atomic_write_json(out / "bench.json", cli._strict_json(report), strict=True)
     files.append(out / "bench.json")
     if args.json:
         cli._emit_json(report, "-")

@@ -56,6 +56,8 @@ class ModelFile:
             else:
                 with torch.device(device):
                     model = self.factory()
+        except SystemExit as exc:
+            raise ModelFileError(f"{self.label}: the factory {_exit_text(exc)}") from exc
         except Exception as exc:  # the user's code: report, don't crash
             raise ModelFileError(
                 f"{self.label}: the factory raised {type(exc).__name__}: {exc}"
@@ -67,15 +69,37 @@ class ModelFile:
         return model
 
     def inputs(self, batch_size: int | None) -> Any:
+        """``example_inputs(batch_size)`` (its default when None). The batch (dim 0 of the
+        first tensor with a dimension, as the profiler and runtimes read it) must have
+        ``batch_size`` rows: a file that ignores the argument would otherwise be planned and
+        trained at another batch size than the one reported."""
+        call = f"{self.path.name}: {self.example_inputs.__name__}({batch_size or ''})"
         try:
-            if batch_size is None:
-                return self.example_inputs()
-            return self.example_inputs(batch_size)
+            inputs = (
+                self.example_inputs() if batch_size is None else self.example_inputs(batch_size)
+            )
+        except SystemExit as exc:
+            raise ModelFileError(f"{call} {_exit_text(exc)}") from exc
         except Exception as exc:
+            raise ModelFileError(f"{call} raised {type(exc).__name__}: {exc}") from exc
+        rows = _batch_rows(inputs)
+        if batch_size is not None and rows is not None and rows != batch_size:
             raise ModelFileError(
-                f"{self.path.name}: {self.example_inputs.__name__}({batch_size or ''}) raised "
-                f"{type(exc).__name__}: {exc}"
-            ) from exc
+                f"{call} returned a batch of {rows} (dim 0), not {batch_size}; make "
+                "example_inputs build batch_size samples"
+            )
+        return inputs
+
+
+def _batch_rows(inputs: Any) -> int | None:
+    """Dim 0 of the first input tensor with a dimension, or None when there is none."""
+    from autopipe.profiler.tree import tensor_leaves
+
+    return next((int(t.shape[0]) for t in tensor_leaves(inputs) if t.dim() >= 1), None)
+
+
+def _exit_text(exc: SystemExit) -> str:
+    return f"called sys.exit({exc.code!r}); a model file must define functions, not exit"
 
 
 def load_model_file(spec: str) -> ModelFile:
@@ -122,6 +146,9 @@ def _import_path(path: Path) -> ModuleType:
     sys.modules[name] = module
     try:
         spec.loader.exec_module(module)
+    except SystemExit as exc:
+        sys.modules.pop(name, None)
+        raise ModelFileError(f"importing {path} {_exit_text(exc)}") from exc
     except Exception as exc:
         sys.modules.pop(name, None)
         raise ModelFileError(f"importing {path} failed: {type(exc).__name__}: {exc}") from exc

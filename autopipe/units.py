@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 
 _BYTE_UNITS = {
@@ -9,12 +10,15 @@ _BYTE_UNITS = {
     "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9, "t": 10**12, "tb": 10**12,
     "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
 }  # fmt: skip
+MAX_BYTES = 2**60
+"""The largest size a flag takes (1 EiB, far beyond any device); more is a typo."""
 
 
 def parse_bytes(text: str) -> int:
     """``"80GiB"`` -> 85899345920, ``"80GB"``/``"80G"`` -> 80e9, ``"1.5e9"`` -> 1500000000.
 
-    Raises ValueError with the accepted forms on anything else (including non-positive sizes).
+    Raises ValueError with the accepted forms on anything else: sizes under one byte
+    (``0.5`` would silently become 0), and sizes too large to be finite (``1e400``).
     """
     match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([a-z]*)\s*", text.lower())
     if not match or match.group(2) not in _BYTE_UNITS:
@@ -22,6 +26,10 @@ def parse_bytes(text: str) -> int:
     value = float(match.group(1)) * _BYTE_UNITS[match.group(2)]
     if value <= 0:
         raise ValueError(f"memory size must be positive, got {text!r}")
+    if not math.isfinite(value) or value > MAX_BYTES:
+        raise ValueError(f"memory size {text!r} is too large; give at most 1 EiB (e.g. 80GiB)")
+    if value < 1:
+        raise ValueError(f"memory size {text!r} is less than one byte; give e.g. 512MiB")
     return int(value)
 
 

@@ -19,10 +19,15 @@ from autopipe.profiler.profile import Profile
 
 
 def gib(nbytes: float) -> str:
-    """Human-readable bytes: GiB with 2 decimals from 1 GiB up, else MiB with 1 decimal."""
+    """Human-readable bytes: GiB with 2 decimals from 1 GiB up, MiB or KiB with 1 decimal
+    below that, whole bytes under 1 KiB (a small model's need is never "0.0 MiB")."""
     if nbytes >= 2**30:
         return f"{nbytes / 2**30:.2f} GiB"
-    return f"{nbytes / 2**20:.1f} MiB"
+    if nbytes >= 2**20:
+        return f"{nbytes / 2**20:.1f} MiB"
+    if nbytes >= 2**10:
+        return f"{nbytes / 2**10:.1f} KiB"
+    return f"{nbytes:.0f} B"
 
 
 def simulate_costs(costs: list[SegmentCost], m: int, schedule: str) -> Simulation:

@@ -10,14 +10,17 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from autopipe.profiler.fields import FieldError, check_dataclass
 from autopipe.profiler.profile import atomic_write_json
 
 PLAN_VERSION = 1
+PLAN_SCHEDULES = ("gpipe", "1f1b")
 
 
 class PlanFormatError(ValueError):
@@ -105,8 +108,58 @@ class Plan:
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
+    def validate(self) -> None:
+        """Raise :class:`PlanFormatError` naming the first field that cannot be right: a
+        negative, NaN or infinite time or size, fewer than one stage, micro-batch or sample,
+        M x micro-batch size != batch size, a stage count or unit list that does not add up."""
+        one = (1, math.inf)
+        try:
+            check_dataclass(
+                self,
+                bounds={
+                    "num_stages": one,
+                    "microbatches": one,
+                    "microbatch_size": one,
+                    "batch_size": one,
+                    "replicas": one,
+                    "memory_per_device": one,
+                    "bubble_fraction": (0, 1),
+                },
+            )
+            if self.schedule not in PLAN_SCHEDULES:
+                raise FieldError(
+                    "schedule", f"is {self.schedule!r}; expected one of {', '.join(PLAN_SCHEDULES)}"
+                )
+            if self.microbatches * self.microbatch_size != self.batch_size:
+                raise FieldError(
+                    "batch_size",
+                    f"is {self.batch_size} but microbatches x microbatch_size is "
+                    f"{self.microbatches} x {self.microbatch_size}",
+                )
+            if len(self.stages) != self.num_stages:
+                raise FieldError(
+                    "stages", f"lists {len(self.stages)} stages but num_stages is {self.num_stages}"
+                )
+            owner: dict[str, int] = {}
+            for i, stage in enumerate(self.stages):
+                check_dataclass(stage, prefix=f"stages[{i}].")
+                if stage.index != i:
+                    raise FieldError(f"stages[{i}].index", f"is {stage.index}; expected {i}")
+                if not stage.units:
+                    raise FieldError(f"stages[{i}].units", "is empty; every stage needs a unit")
+                for name in stage.units:
+                    if name in owner:
+                        raise FieldError(
+                            f"stages[{i}].units",
+                            f"repeats {name!r} (already in stages[{owner[name]}])",
+                        )
+                    owner[name] = i
+        except FieldError as exc:
+            raise PlanFormatError(str(exc)) from exc
+
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Plan:
+        """The plan in ``data`` (a loaded JSON object), checked by :meth:`validate`."""
         if not isinstance(data, dict) or "stages" not in data:
             raise PlanFormatError("not an autopipe plan: no 'stages' key")
         if data.get("version") != PLAN_VERSION:
@@ -121,11 +174,13 @@ class Plan:
                 StagePlan(**{k: v for k, v in s.items() if k in stage_known})
                 for s in data["stages"]
             ]
-            return cls(
+            plan = cls(
                 stages=stages, **{k: v for k, v in data.items() if k in known and k != "stages"}
             )
         except (TypeError, AttributeError) as exc:
             raise PlanFormatError(f"malformed autopipe plan: {exc}") from exc
+        plan.validate()
+        return plan
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write the plan as JSON atomically (a crash never leaves half a file)."""
@@ -138,4 +193,7 @@ def load_plan(path: str | os.PathLike[str]) -> Plan:
         data = json.loads(Path(path).read_text())
     except json.JSONDecodeError as exc:
         raise PlanFormatError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno})") from exc
-    return Plan.from_dict(data)
+    try:
+        return Plan.from_dict(data)
+    except PlanFormatError as exc:
+        raise PlanFormatError(f"{path}: {exc}") from exc

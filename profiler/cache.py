@@ -92,7 +92,12 @@ def load_cached(key: str, cache_dir: str | os.PathLike[str] | None = None) -> Pr
     try:
         profile = Profile.load(path)
     except (ProfileFormatError, OSError, UnicodeDecodeError, ValueError, TypeError) as exc:
-        warnings.warn(f"ignoring unusable cached profile {path}: {exc}; re-measuring", stacklevel=2)
+        # A well-formed entry with a bad value (a negative time, say) is as unusable as a
+        # corrupt one: name it and measure again rather than fail every later run.
+        detail = str(exc).removeprefix(f"{path}: ")
+        warnings.warn(
+            f"ignoring unusable cached profile {path}: {detail}; re-measuring", stacklevel=2
+        )
         return None
     if profile.autopipe_version != autopipe_version():
         warnings.warn(

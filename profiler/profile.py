@@ -7,12 +7,17 @@ are bytes at ``Profile.batch_size`` samples unless a field says otherwise.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
+import math
 import os
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from autopipe.profiler.fields import FieldError, check_dataclass
 
 PROFILE_VERSION = 1
 
@@ -124,8 +129,41 @@ class Profile:
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
+    def validate(self) -> None:
+        """Raise :class:`ProfileFormatError` naming the first field whose value cannot be
+        right: a negative, NaN or infinite time or size, a non-positive batch size or
+        ``bytes_per_parameter``, duplicate unit names, or no time measured at all."""
+        try:
+            at_least_one = (1, math.inf)
+            check_dataclass(
+                self, bounds={"batch_size": at_least_one, "bytes_per_parameter": at_least_one}
+            )
+            if not self.units:
+                raise FieldError("units", "is empty; a profile needs at least one unit")
+            seen: dict[str, int] = {}
+            for i, unit in enumerate(self.units):
+                if not isinstance(unit, UnitProfile):
+                    raise FieldError(f"units[{i}]", "is not a unit record")
+                check_dataclass(unit, prefix=f"units[{i}].")
+                if not unit.name:
+                    raise FieldError(f"units[{i}].name", "is empty; every unit needs a name")
+                if unit.name in seen:
+                    raise FieldError(
+                        f"units[{i}].name",
+                        f"{unit.name!r} repeats units[{seen[unit.name]}].name; unit names must be unique",
+                    )
+                seen[unit.name] = i
+            if not any(u.forward_s + u.backward_s > 0 for u in self.units):
+                raise FieldError(
+                    "units[*].forward_s",
+                    "and backward_s are 0 for every unit; nothing was measured",
+                )
+        except FieldError as exc:
+            raise ProfileFormatError(str(exc)) from exc
+
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Profile:
+        """The profile in ``data`` (a loaded JSON object), checked by :meth:`validate`."""
         if not isinstance(data, dict) or "units" not in data:
             raise ProfileFormatError("not an autopipe profile: no 'units' key")
         version = data.get("version")
@@ -142,9 +180,11 @@ class Profile:
                 for u in data["units"]
             ]
             kwargs = {k: v for k, v in data.items() if k in known and k != "units"}
-            return cls(units=units, **kwargs)
-        except (TypeError, AttributeError) as exc:
+            profile = cls(units=units, **kwargs)
+        except (TypeError, AttributeError, ValueError) as exc:
             raise ProfileFormatError(f"malformed autopipe profile: {exc}") from exc
+        profile.validate()
+        return profile
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write the profile as JSON atomically (a crash never leaves half a file)."""
@@ -158,11 +198,36 @@ class Profile:
             raise ProfileFormatError(
                 f"{path}: not valid JSON ({exc.msg} at line {exc.lineno})"
             ) from exc
-        return cls.from_dict(data)
+        try:
+            return cls.from_dict(data)
+        except ProfileFormatError as exc:
+            raise ProfileFormatError(f"{path}: {exc}") from exc
 
 
-def atomic_write_json(path: Path, data: Any) -> None:
+# mkstemp creates files 0600; a profile or plan is no secret, so it gets the mode open()
+# would give it. The umask can only be read by setting it: do it once, at import.
+_UMASK = os.umask(0o022)
+os.umask(_UMASK)
+
+
+def atomic_write_json(path: str | os.PathLike[str], data: Any, *, strict: bool = False) -> None:
+    """Write ``data`` as JSON to ``path`` so that readers see the old file or the whole new one.
+
+    The text goes to a temp file created exclusively (``O_EXCL``, a fresh random name: a
+    planted symlink cannot redirect it, concurrent writers cannot collide) in the target's
+    directory, then replaces ``path``; on any failure the temp file is removed. ``strict``:
+    refuse NaN and infinities (``ValueError``), which are not JSON.
+    """
+    text = json.dumps(data, indent=2, allow_nan=not strict) + "\n"  # fails before any file
+    path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
-    os.replace(tmp, path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            os.fchmod(f.fileno(), 0o666 & ~_UMASK)
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise

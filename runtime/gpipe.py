@@ -11,11 +11,14 @@ starts at once), ``"never"``; nothing is re-materialized in eval mode or under `
 Inputs and each partition's outputs are a tensor or a tuple of tensors (a tuple is passed to
 the next layer as one argument, as ``nn.Sequential`` does). The module behaves like the
 ``nn.Sequential`` it wraps (``len``, indexing, iteration, ``named_children``, ``state_dict``
-keys) but cannot be moved or cast: it is placed on its devices at construction.
+keys; ``load_state_dict`` also takes torchgpipe's ``partitions.N.``-prefixed keys, so its
+checkpoints migrate). It can be cast (``.half()``, ``.to(torch.double)``, ``.to(dtype=...)``)
+but not moved: it is placed on its devices at construction.
 """
 
 from __future__ import annotations
 
+import re
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NoReturn
@@ -105,6 +108,8 @@ class GPipe(nn.Module):
         deferred_batch_norm: bool = False,
     ) -> None:
         super().__init__()
+        if isinstance(chunks, float) and chunks.is_integer():
+            chunks = int(chunks)  # torchgpipe takes chunks=42.0 as 42
         if not isinstance(chunks, int) or isinstance(chunks, bool) or chunks <= 0:
             raise ValueError(f"number of chunks must be a positive integer, got {chunks!r}")
         check_checkpoint_mode(checkpoint)
@@ -153,6 +158,7 @@ class GPipe(nn.Module):
             Stage(_partition_fn(part, j == len(partitions) - 1), dev, list(part.modules()))
             for j, (part, dev) in enumerate(zip(partitions, self.devices, strict=True))
         ]
+        self.register_load_state_dict_pre_hook(_torchgpipe_keys)
 
     # -- nn.Sequential behaviour -------------------------------------------------------
     def __len__(self) -> int:
@@ -169,18 +175,37 @@ class GPipe(nn.Module):
     def __iter__(self) -> Iterator[nn.Module]:
         return iter(self._modules.values())  # type: ignore[arg-type]
 
-    # -- moving is refused ---------------------------------------------------------------
+    # -- moving is refused, casting is not ---------------------------------------------
     def _refuse(self, *args: Any, **kwargs: Any) -> NoReturn:
         raise TypeError(
-            "a GPipe module cannot be moved or cast after construction; its partitions are "
-            "already on their devices: move/cast the nn.Sequential before wrapping it"
+            "a GPipe module cannot be moved after construction; its partitions are already "
+            "on their devices: move the nn.Sequential before wrapping it (casting, e.g. "
+            ".half() or .to(torch.double), is fine)"
         )
 
-    to = cuda = cpu = double = float = half = bfloat16 = type = _refuse  # type: ignore[assignment]
+    cuda = cpu = _refuse  # type: ignore[assignment]
+
+    def to(self, *args: Any, **kwargs: Any) -> GPipe:  # type: ignore[override]
+        """Cast (``to(dtype)``, ``to(dtype=...)``); any device, or a tensor (whose device
+        would be taken), is refused: the partitions stay on their devices."""
+        tensor_given = any(isinstance(a, torch.Tensor) for a in args) or "tensor" in kwargs
+        device, _, _, _ = torch._C._nn._parse_to(*args, **kwargs)
+        if device is not None or tensor_given:
+            self._refuse()
+        return super().to(*args, **kwargs)
+
+    def type(self, dst_type: torch.dtype | str) -> GPipe:  # type: ignore[override]
+        """Cast to a dtype; a tensor type name (e.g. ``torch.cuda.HalfTensor``) would also
+        move the weights and is refused."""
+        if not isinstance(dst_type, torch.dtype):
+            self._refuse()
+        return super().type(dst_type)
 
     # -- forward ------------------------------------------------------------------------------
     def forward(self, input: torch.Tensor | tuple[torch.Tensor, ...]) -> Any:
         _check_tensors(input, "GPipe input")
+        if not self._stages:  # an empty nn.Sequential is the identity, as in torchgpipe
+            return input
         microbatches = scatter([input], self.chunks)
         num = len(microbatches)
         if self.training:
@@ -197,3 +222,21 @@ class GPipe(nn.Module):
             rng=MicrobatchRNG(draw_base_seed()),
         )
         return gather([out for (out,) in outputs])
+
+
+_TORCHGPIPE_KEY = re.compile(r"partitions\.\d+\.")
+
+
+def _torchgpipe_keys(
+    module: nn.Module, state_dict: dict[str, Any], prefix: str, *_: Any, **__: Any
+) -> None:
+    """Rename torchgpipe's ``partitions.N.LAYER...`` keys to this module's ``LAYER...``.
+
+    torchgpipe registers its partitions as children, so its checkpoints carry that prefix;
+    each partition keeps the wrapped Sequential's layer names, so dropping it is the whole
+    translation. Keys already in this module's form are left as they are.
+    """
+    for key in [k for k in state_dict if k.startswith(prefix)]:
+        match = _TORCHGPIPE_KEY.match(key, len(prefix))
+        if match is not None:
+            state_dict[prefix + key[match.end() :]] = state_dict.pop(key)

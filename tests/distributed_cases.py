@@ -214,3 +214,209 @@ def tiny_gpt_files(directory: Path, schedule: str = "gpipe") -> tuple[Path, Path
     plan = directory / "plan.json"
     make_plan([TINY_GPT_UNITS[:5], TINY_GPT_UNITS[5:]], 2, 4, schedule=schedule).save(plan)
     return model, plan
+
+
+# -- launching ranks for fault tests ----------------------------------------------------------
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def launch_ranks(
+    world_size: int, argv: list[str], env_extra: dict[str, str] | None = None
+) -> list[Any]:
+    """``autopipe run ARGV`` in ``world_size`` processes started directly with torchrun's
+    variables: no torchrun agent kills the survivors, so they show the runtime's own
+    behaviour. Returns the ``subprocess.Popen`` objects (stdout and stderr piped, text)."""
+    import subprocess
+    import sys
+
+    port = free_port()
+    procs = []
+    for rank in range(world_size):
+        env = dict(os.environ, **rank_env(rank, world_size, port), OMP_NUM_THREADS="1")
+        env.update(env_extra or {})
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-m", "autopipe.cli_run", "run", *argv],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                cwd=ROOT,
+            )
+        )
+    return procs
+
+
+def finish(proc: Any, timeout_s: float) -> tuple[int, str, str]:
+    """(exit code, stdout, stderr) of ``proc``; an AssertionError if it outlives ``timeout_s``."""
+    import subprocess
+
+    try:
+        out, err = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        raise AssertionError(f"rank did not exit within {timeout_s} s (hang)") from None
+    return proc.returncode, out, err
+
+
+def wait_for_step(proc: Any, step: int, timeout_s: float = 90) -> None:
+    """Read ``proc``'s stdout until the last stage reports ``step`` (lines carry a rank prefix)."""
+    import re
+    import time
+
+    pattern = re.compile(rf"^(\[rank \d+\] )?step {step}/")
+    deadline = time.monotonic() + timeout_s
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if pattern.match(line):
+            return
+        if time.monotonic() > deadline:
+            break
+    raise AssertionError(f"the last stage never printed step {step}")
+
+
+FAULT_MARK = "FAULT INJECTED"
+
+FAULT_MODEL = f"""\
+import os
+import signal
+import time
+
+import torch
+from torch import nn
+
+# AUTOPIPE_FAULT=KIND@RANK: on that rank, after AUTOPIPE_FAULT_AFTER forward calls of its
+# Linear layers (step 1 makes 3 on each stage: shape inference and 2 micro-batches), hang,
+# raise, die (SIGKILL) or turn the activations into NaN.
+KIND, _, RANK = os.environ.get("AUTOPIPE_FAULT", "").partition("@")
+AFTER = int(os.environ.get("AUTOPIPE_FAULT_AFTER", "3"))
+calls = [0]
+
+
+def _fault(module, args, output):
+    calls[0] += 1
+    if calls[0] <= AFTER:
+        return None
+    if calls[0] == AFTER + 1:
+        print("{FAULT_MARK}:", KIND, "on rank", RANK, flush=True)
+    if KIND == "hang":
+        time.sleep(3600)
+    if KIND == "raise":
+        raise ValueError("injected fault")
+    if KIND == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    if KIND == "nan":
+        return output * float("nan")
+    return None
+
+
+def build_model():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 4))
+    if KIND and os.environ.get("RANK") == RANK:
+        for layer in model.modules():
+            if isinstance(layer, nn.Linear):
+                layer.register_forward_hook(_fault)
+    return model
+
+
+def example_inputs(batch_size=4):
+    return torch.randn(batch_size, 4, generator=torch.Generator().manual_seed(0))
+
+
+def loss_fn(output, inputs):
+    return output.pow(2).mean()
+"""
+"""A 3-unit model file (units ``0``, ``1``, ``2``) whose fault is chosen by environment."""
+
+
+def fault_files(
+    directory: Path, replicas: int = 1, stage_units: list[list[str]] | None = None, m: int = 2
+) -> tuple[Path, Path]:
+    """(FAULT_MODEL file, plan JSON: 2 stages by default, batch 4 per replica in M
+    micro-batches)."""
+    model = directory / "faulty.py"
+    model.write_text(FAULT_MODEL)
+    units = stage_units or [["0", "1"], ["2"]]
+    plan = make_plan(units, m, 4)
+    plan.replicas = replicas
+    path = directory / f"plan_{'_'.join(''.join(s) for s in units)}_m{m}_d{replicas}.json"
+    plan.save(path)
+    return model, path
+
+
+class Drill:
+    """One torchrun launch of a fault: exit code, merged output, and timings in seconds."""
+
+    def __init__(self, code: int, output: str, total_s: float, after_fault_s: float | None):
+        self.code, self.output = code, output
+        self.total_s = total_s
+        self.after_fault_s = after_fault_s
+        """From the first FAULT_MARK line to torchrun's exit; None if no fault fired."""
+
+    def lines(self, needle: str) -> list[str]:
+        return [line for line in self.output.splitlines() if needle in line]
+
+
+def torchrun_drill(
+    nproc: int,
+    command: list[str],
+    env_extra: dict[str, str] | None = None,
+    deadline_s: float = 60.0,
+    shell: bool = False,
+) -> Drill:
+    """Run ``torchrun --nproc-per-node NPROC -m autopipe.cli_run run COMMAND`` (or, with
+    ``shell``, ``COMMAND`` as one ``sh -c`` line per rank, so it can name ``$RANK``), with
+    stdout and stderr merged. Past ``deadline_s`` the whole process group is killed and the
+    drill fails as a hang."""
+    import signal
+    import subprocess
+    import sys
+    import threading
+    import time
+
+    launcher = [
+        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
+        "--master-port", str(free_port()), "--monitor-interval", "0.2",
+    ]  # fmt: skip
+    if shell:
+        launcher += ["--no-python", "sh", "-c", " ".join(command)]
+    else:
+        launcher += ["-m", "autopipe.cli_run", "run", *command]
+    env = dict(os.environ, OMP_NUM_THREADS="1", **(env_extra or {}))
+    start = time.monotonic()
+    proc = subprocess.Popen(
+        launcher,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=ROOT,
+        start_new_session=True,  # so a hang can be ended with every rank
+    )
+    lines: list[str] = []
+    fault_at: list[float] = []
+
+    def read() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if FAULT_MARK in line and not fault_at:
+                fault_at.append(time.monotonic())
+            lines.append(line)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        code = proc.wait(timeout=deadline_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        reader.join(5)
+        raise AssertionError(
+            f"torchrun did not exit within {deadline_s:g} s (hang); output:\n" + "".join(lines)
+        ) from None
+    end = time.monotonic()
+    reader.join(5)
+    return Drill(code, "".join(lines), end - start, end - fault_at[0] if fault_at else None)

@@ -29,6 +29,7 @@ from autopipe.viz.timeline import (
 )
 
 __all__ = [
+    "MAX_TIMELINE_TASKS",
     "PLOT_NAMES",
     "Task",
     "Timeline",
@@ -43,12 +44,30 @@ __all__ = [
     "predicted_timeline",
     "timeline_from_chrome_trace",
     "timeline_to_chrome_trace",
+    "too_many_tasks",
 ]
 
 log = logging.getLogger("autopipe")
 
 PLOT_NAMES = ("timeline", "bubble", "balance", "scaling")
 VIZ_META_KEY = "viz"
+
+MAX_TIMELINE_TASKS = 20_000
+"""Most forward and backward tasks (2 x K x M) a timeline is drawn (or benchmarked) with:
+each is a box, about 1 ms of matplotlib time apiece, so M = 10^6 would take hours."""
+
+
+def too_many_tasks(plan: Plan) -> str | None:
+    """Why ``plan`` has too many tasks to draw or benchmark (one line), or None."""
+    tasks = 2 * plan.num_stages * plan.microbatches
+    if tasks <= MAX_TIMELINE_TASKS:
+        return None
+    fewer = max(MAX_TIMELINE_TASKS // (2 * plan.num_stages), 1)
+    return (
+        f"the plan's {plan.num_stages} stages x {plan.microbatches} micro-batches make "
+        f"{tasks:,} tasks, more than the {MAX_TIMELINE_TASKS:,} a timeline can show; re-plan "
+        f"with --microbatches {fewer} or fewer"
+    )
 
 
 def __getattr__(name: str) -> Any:
@@ -109,7 +128,11 @@ def plot_all(
     warning. The data used is (re)stored in ``plan.meta["viz"]``. ``max_gpus`` bounds the
     scaling plot (default: the plan's K). ``progress``: a tqdm bar on stderr, one step per
     figure and one for the re-planning behind bubble/balance/scaling (seconds on a real model).
+    Raises ValueError, before any work, for more than ``MAX_TIMELINE_TASKS`` tasks.
     """
+    too_many = too_many_tasks(plan)
+    if too_many is not None:
+        raise ValueError(too_many)
     from tqdm import tqdm
 
     from autopipe.viz.balance import balance_figure

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from autopipe.planner.plan import Plan
+from autopipe.planner.search import MAX_AUTO_MICROBATCHES, divisors
 from autopipe.profiler.profile import Profile
 
 _STAGE_KEYS = (
@@ -79,10 +80,6 @@ def replan(profile: Profile, plan: Plan, **overrides: Any) -> Plan | None:
         return None
 
 
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
-
-
 def bubble_data(
     plan: Plan,
     profile: Profile,
@@ -92,13 +89,16 @@ def bubble_data(
     """Simulated bubble fraction, iteration time and throughput for each M (and each K).
 
     ``ks`` defaults to the plan's K plus K/2 and 2K where they are valid; ``microbatches``
-    to every divisor of the batch size. One planner call per (K, M).
+    to every divisor of the batch size up to ``MAX_AUTO_MICROBATCHES``. One planner call
+    per (K, M).
     """
     k = plan.num_stages
     n_units = len(profile.units)
     if ks is None:
         ks = sorted({x for x in (k // 2, k, 2 * k) if 1 < x <= n_units} | {k})
-    ms = list(microbatches) if microbatches is not None else _divisors(plan.batch_size)
+    if microbatches is None:
+        microbatches = [m for m in divisors(plan.batch_size) if m <= MAX_AUTO_MICROBATCHES]
+    ms = list(microbatches)
     curves = []
     for kk in ks:
         points = []

@@ -25,6 +25,8 @@ _LAZY = {
     "materialize_stage": "autopipe.runtime.distributed.pipeline",
     "TiedGradients": "autopipe.runtime.distributed.tied",
     "SCHEDULES": "autopipe.runtime.distributed.pipeline",
+    "PlanMismatchError": "autopipe.runtime.distributed.agree",
+    "check_same_plan": "autopipe.runtime.distributed.agree",
     "init_distributed": "autopipe.runtime.distributed.process",
     "shutdown": "autopipe.runtime.distributed.process",
     "LaunchError": "autopipe.runtime.distributed.process",

@@ -25,7 +25,9 @@ import torch.distributed as dist
 from autopipe.planner.plan import Plan
 from autopipe.profiler.inputs import InputBinder, batch_rows, batch_size_of, split_inputs
 from autopipe.profiler.objective import default_loss
+from autopipe.runtime.distributed.agree import check_same_plan
 from autopipe.runtime.distributed.layout import RankLayout, rank_layout
+from autopipe.runtime.distributed.process import group_timeout
 from autopipe.runtime.distributed.stages import StageModule, StageSplitError
 from autopipe.runtime.distributed.tied import TiedGradients
 from autopipe.runtime.partition import OUTPUT, PlannedStages, cut_values, partition
@@ -181,6 +183,9 @@ class DistributedPipeline:
                 f"plan schedule {plan.schedule!r} is not one of {', '.join(SCHEDULES)}; "
                 "re-plan with --schedule gpipe or --schedule 1f1b"
             )
+        # Before anything else talks to a peer: a rank with another plan or model fails
+        # here, within seconds and naming the difference, on every rank.
+        check_same_plan(plan, model)
         self.plan = plan
         self.layout: RankLayout = rank_layout(
             dist.get_rank(), dist.get_world_size(), plan.num_stages, plan.replicas
@@ -411,16 +416,18 @@ def _average_gradients(module: nn.Module, group: Any, replicas: int) -> None:
 
 def _make_groups(layout: RankLayout) -> tuple[Any, Any]:
     """(this rank's pipeline group, this rank's replica group). Every rank creates every group
-    in the same order, as ``new_group`` requires; with D = 1 the pipeline is the whole world."""
+    in the same order, as ``new_group`` requires; with D = 1 the pipeline is the whole world.
+    Each group gets the world's timeout (``new_group`` would otherwise wait 30 minutes)."""
     if layout.replicas == 1:
         return None, None
     pipeline_group = replica_group = None
+    timeout = group_timeout()
     for replica in range(layout.replicas):
-        group = dist.new_group(layout.pipeline_ranks(replica))
+        group = dist.new_group(layout.pipeline_ranks(replica), timeout=timeout)
         if replica == layout.replica:
             pipeline_group = group
     for stage in range(layout.num_stages):
-        group = dist.new_group(layout.replica_ranks(stage))
+        group = dist.new_group(layout.replica_ranks(stage), timeout=timeout)
         if stage == layout.stage:
             replica_group = group
     return pipeline_group, replica_group

@@ -13,6 +13,8 @@ DEFAULT_TIMEOUT_S = 300.0
 
 _LAUNCH_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
+_world_timeout: timedelta | None = None
+
 
 class LaunchError(RuntimeError):
     """The process was not started by torchrun (or an equivalent launcher)."""
@@ -40,11 +42,34 @@ def init_distributed(
         backend = "nccl" if torch.cuda.is_available() else "gloo"
     if backend == "nccl":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    dist.init_process_group(backend=backend, timeout=timedelta(seconds=timeout_s))
+    global _world_timeout
+    _world_timeout = timedelta(seconds=timeout_s)
+    dist.init_process_group(backend=backend, timeout=_world_timeout)
     return dist.get_rank(), dist.get_world_size()
+
+
+def group_timeout() -> timedelta | None:
+    """The timeout to give every ``new_group``: the world's.
+
+    ``new_group`` does not inherit it: without ``timeout=`` a sub-group waits torch's
+    default (30 minutes for gloo), so one stuck rank would hang a data-parallel job far past
+    ``--timeout``. From :func:`init_distributed`, else read from the default group (private
+    torch API, so best effort); None (torch's default) when neither is known.
+    """
+    if _world_timeout is not None:
+        return _world_timeout
+    try:
+        world = dist.distributed_c10d._get_default_group()
+        device = torch.device("cuda" if dist.get_backend() == "nccl" else "cpu")
+        timeout = world._get_backend(device).options._timeout
+    except Exception:  # another torch version or backend: fall back to torch's default
+        return None
+    return timeout if isinstance(timeout, timedelta) else None
 
 
 def shutdown() -> None:
     """Leave the process group (after a successful run; on failure just exit)."""
+    global _world_timeout
     if dist.is_initialized():
         dist.destroy_process_group()
+    _world_timeout = None

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 from autopipe.runtime.distributed.layout import RankLayout
+from autopipe.runtime.distributed.process import group_timeout
 from autopipe.runtime.partition import TiedParameter
 from torch import nn
 
@@ -53,7 +54,7 @@ class TiedGradients:
             mine = [t for t in tied if tuple(t.stages) == stage_set]
             for replica in range(layout.replicas):
                 ranks = [stage * layout.replicas + replica for stage in stage_set]
-                group = dist.new_group(ranks)
+                group = dist.new_group(ranks, timeout=group_timeout())
                 if layout.stage not in stage_set or replica != layout.replica:
                     continue
                 params = [body.get_parameter(t.names[layout.stage][0]) for t in mine]

@@ -1,0 +1,618 @@
+"""Bad values and hostile conditions across the CLI and the JSON files (issue 11): nothing
+hangs, nothing is lost, nothing wrong is accepted. One case (or a few) per item; the
+torchrun fault drills are in test_faults_drills.py, GPipe's torchgpipe behaviour in
+test_faults_gpipe.py.
+"""
+
+from __future__ import annotations
+
+import copy
+import errno
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+from autopipe.planner.plan import Plan, PlanFormatError
+from autopipe.profiler.profile import Profile, ProfileFormatError, UnitProfile, atomic_write_json
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from autopipe.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+
+SMALL_MODEL = """\
+import torch
+from torch import nn
+
+
+def build_model():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 4))
+
+
+def example_inputs(batch_size=8):
+    return torch.randn(batch_size, 4, generator=torch.Generator().manual_seed(0))
+"""
+
+
+def _error(capsys: pytest.CaptureFixture[str]) -> str:
+    """The one error line on stderr (no traceback)."""
+    err = capsys.readouterr().err.strip()
+    assert "Traceback" not in err
+    assert len(err.splitlines()) == 1, err
+    return err
+
+
+def _model_file(tmp_path: Path, text: str = SMALL_MODEL, name: str = "m.py") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def _profile_dict() -> dict[str, Any]:
+    units = [
+        UnitProfile(
+            name=f"u{i}",
+            forward_s=1e-3,
+            backward_s=2e-3,
+            parameter_bytes=4000,
+            activation_bytes=800,
+            output_bytes=400,
+        )
+        for i in range(4)
+    ]
+    return Profile(units=units, cut_bytes=[400] * 3, batch_size=8, device="cpu").to_dict()
+
+
+def _write(path: Path, data: dict[str, Any]) -> Path:
+    path.write_text(json.dumps(data))  # NaN stays NaN: json writes it, as a broken tool would
+    return path
+
+
+def _plan_dict(tmp_path: Path) -> dict[str, Any]:
+    from autopipe.planner import plan
+
+    return plan(Profile.from_dict(_profile_dict()), gpus=2, microbatches=4).to_dict()
+
+
+# -- item 4: temp files --------------------------------------------------------------------
+
+
+def test_a_planted_symlink_does_not_redirect_the_write(tmp_path: Path) -> None:
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep me")
+    target = tmp_path / "plan.json"
+    # The old temp name was predictable: .NAME.tmp<PID>.
+    (tmp_path / f".plan.json.tmp{os.getpid()}").symlink_to(victim)
+    atomic_write_json(target, {"ok": 1})
+    assert victim.read_text() == "keep me"
+    assert json.loads(target.read_text()) == {"ok": 1} and not target.is_symlink()
+
+
+def test_a_failed_write_leaves_no_temp_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    target = tmp_path / "plan.json"
+    atomic_write_json(target, {"version": 1})
+
+    def disk_full(*_: Any) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", disk_full)
+    for _ in range(3):  # one more leftover per retry, before
+        with pytest.raises(OSError, match="No space"):
+            atomic_write_json(target, {"version": 2})
+    monkeypatch.undo()
+    with pytest.raises(TypeError):
+        atomic_write_json(target, {"not json": object()})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["plan.json"]
+    assert json.loads(target.read_text()) == {"version": 1}
+
+
+def test_concurrent_writers_never_collide(tmp_path: Path) -> None:
+    target = tmp_path / "cache.json"
+    errors: list[BaseException] = []
+
+    def writer(i: int) -> None:
+        for j in range(50):
+            try:
+                atomic_write_json(target, {"writer": i, "write": j})
+            except BaseException as exc:  # noqa: BLE001 - collected and asserted below
+                errors.append(exc)
+
+    threads = [threading.Thread(target=writer, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert set(json.loads(target.read_text())) == {"writer", "write"}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cache.json"]
+    umask = os.umask(0)
+    os.umask(umask)
+    assert target.stat().st_mode & 0o777 == 0o666 & ~umask  # mkstemp's 0600 is not kept
+
+
+# -- item 5: values in profiles, plans and the cache -----------------------------------------
+
+_UNIT_NUMBERS = [
+    f.name for f in __import__("dataclasses").fields(UnitProfile) if f.type in ("int", "float")
+]
+_BAD = [-1, -1e-9, math.nan, math.inf, -math.inf, "1", True, None]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    unit=st.integers(0, 3),
+    field=st.sampled_from(_UNIT_NUMBERS),
+    bad=st.sampled_from(_BAD),
+)
+def test_every_bad_unit_number_is_refused_naming_the_field(unit: int, field: str, bad: Any) -> None:
+    data = _profile_dict()
+    data["units"][unit][field] = bad
+    with pytest.raises(ProfileFormatError, match=rf"units\[{unit}\]\.{field} is "):
+        Profile.from_dict(data)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    field=st.sampled_from(
+        ["batch_size", "bytes_per_parameter", "input_bytes", "total_forward_s", "cut_bytes.1"]
+    ),
+    bad=st.sampled_from([0, -3, math.nan, math.inf, 2.5, "8", False]),
+)
+def test_every_bad_profile_number_is_refused(field: str, bad: Any) -> None:
+    data = _profile_dict()
+    name, _, index = field.partition(".")
+    if index:
+        data[name][int(index)] = bad
+    else:
+        data[name] = bad
+    zero_ok = field in ("input_bytes", "total_forward_s", "cut_bytes.1")
+    fractional_ok = field == "total_forward_s"
+    if (bad == 0 and not isinstance(bad, bool) and zero_ok) or (bad == 2.5 and fractional_ok):
+        Profile.from_dict(data)  # these are legitimate values of those fields
+        return
+    with pytest.raises(ProfileFormatError, match=rf"{name}(\[{index}\])? is "):
+        Profile.from_dict(data)
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    field=st.sampled_from(
+        [
+            "num_stages",
+            "microbatches",
+            "batch_size",
+            "iteration_time_s",
+            "throughput",
+            "stages.0.forward_s",
+            "stages.1.memory_bytes",
+            "stages.1.send_s",
+        ]
+    ),
+    bad=st.sampled_from([-1, math.nan, math.inf, "2", None]),
+)
+def test_every_bad_plan_number_is_refused(tmp_path: Path, field: str, bad: Any) -> None:
+    data = _plan_dict(tmp_path)
+    parts = field.split(".")
+    if len(parts) == 3:
+        data["stages"][int(parts[1])][parts[2]] = bad
+    else:
+        data[field] = bad
+    with pytest.raises(PlanFormatError, match=r" is "):
+        Plan.from_dict(data)
+
+
+def _mutations() -> list[tuple[str, Any, str]]:
+    def set_unit(i: int, key: str, value: Any) -> Any:
+        return lambda d: d["units"][i].__setitem__(key, value)
+
+    def zero_times(d: dict) -> None:
+        for u in d["units"]:
+            u["forward_s"] = u["backward_s"] = 0.0
+
+    return [
+        ("negative-size", set_unit(1, "parameter_bytes", -10 * 2**30), "units[1].parameter_bytes"),
+        ("negative-time", set_unit(0, "forward_s", -1.0), "units[0].forward_s"),
+        ("nan-time", set_unit(2, "backward_s", math.nan), "units[2].backward_s"),
+        ("all-zero-times", zero_times, "are 0 for every unit"),
+        ("nan-cut", lambda d: d["cut_bytes"].__setitem__(1, math.nan), "cut_bytes[1]"),
+        ("negative-cut", lambda d: d["cut_bytes"].__setitem__(0, -5), "cut_bytes[0]"),
+        ("duplicate-name", set_unit(3, "name", "u1"), "units[3].name 'u1' repeats units[1]"),
+        ("bytes-per-parameter-0", lambda d: d.__setitem__("bytes_per_parameter", 0), "bytes_per_parameter"),
+        ("batch-size-0", lambda d: d.__setitem__("batch_size", 0), "batch_size is 0"),
+        ("batch-size-text", lambda d: d.__setitem__("batch_size", "8"), "batch_size is '8'"),
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("mutate", "field"), [m[1:] for m in _mutations()], ids=[m[0] for m in _mutations()]
+)
+def test_bad_profile_values_exit_2_naming_file_and_field(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], mutate: Any, field: str
+) -> None:
+    """Before: -10 GiB 'fit' in 1 KiB, a negative time planned 'inf samples/s' (both exit 0),
+    NaN ended in an OverflowError (exit 1)."""
+    data = _profile_dict()
+    mutate(data)
+    path = _write(tmp_path / "profile.json", data)
+    assert main(["plan", str(path), "--gpus", "2", "--memory", "1KiB"]) == 2
+    line = _error(capsys)
+    assert line.startswith(f"autopipe plan: error: {path}: ") and field in line, line
+
+
+def test_a_bad_cache_entry_is_re_measured_with_a_warning(tmp_path: Path) -> None:
+    import torch
+    from autopipe.profiler.measure import profile
+    from torch import nn
+
+    torch.manual_seed(0)
+    model, inputs = nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 2)), torch.randn(4, 4)
+    options = dict(cache=True, cache_dir=tmp_path, progress=False, warmup=0, repeat=1)
+    profile(model, inputs, **options)
+    (entry,) = tmp_path.glob("*.json")
+    data = json.loads(entry.read_text())
+    data["units"][0]["forward_s"] = -1.0  # well-formed JSON, impossible value
+    entry.write_text(json.dumps(data))
+    with pytest.warns(
+        UserWarning, match=r"ignoring unusable cached profile .*units\[0\]\.forward_s"
+    ):
+        again = profile(model, inputs, **options)
+    assert again.units[0].forward_s >= 0
+    assert json.loads(entry.read_text())["units"][0]["forward_s"] >= 0  # the entry is rewritten
+
+
+# -- item 6: an output path must not destroy an input -------------------------------------
+
+
+def test_outputs_naming_an_input_are_refused_before_any_work(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model = _model_file(tmp_path)
+    saved = _write(tmp_path / "profile.json", _profile_dict())
+    source, profile_text = model.read_text(), saved.read_text()
+    cases = [
+        (["profile", str(model), "--out", str(model)], "--out"),
+        (["profile", str(model), "--json", str(model)], "--json"),
+        (["plan", f"{model}:build_model", "--gpus", "2", "--json", str(model)], "--json"),
+        (["plan", str(saved), "--gpus", "2", "--json", str(saved)], "--json"),
+        (["plan", str(model), "--gpus", "2", "--save-profile", str(model)], "--save-profile"),
+    ]
+    for argv, flag in cases:
+        assert main(argv) == 2, argv
+        line = _error(capsys)
+        assert f"{flag} " in line and "is the input" in line and "would destroy it" in line, line
+    assert (
+        main(["plan", str(saved), "--gpus", "2", "--json", "a.json", "--save-profile", "./a.json"])
+        == 2
+    )
+    assert "--json and --save-profile both write" in _error(capsys)
+    assert model.read_text() == source and saved.read_text() == profile_text
+
+
+def test_unwritable_output_is_refused_before_profiling(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # build_model would fail: the refusal must come first.
+    model = _model_file(tmp_path, "def build_model():\n    raise RuntimeError('built')\n\n"
+                        "def example_inputs(batch_size=8):\n    return None\n")  # fmt: skip
+    assert main(["plan", str(model), "--gpus", "2", "--json", "/sys/plan.json"]) == 2
+    assert "--json /sys/plan.json: cannot write in /sys" in _error(capsys)
+    assert main(["profile", str(model), "--out", "/sys/no/such/p.json"]) == 2
+    assert "cannot write in /sys" in _error(capsys)
+
+
+# -- item 7: the data's batch size against the plan ------------------------------------------
+
+IGNORES_BATCH = SMALL_MODEL.replace("torch.randn(batch_size, 4,", "torch.randn(8, 4,")
+
+
+def test_inputs_that_ignore_batch_size_are_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model = _model_file(tmp_path, IGNORES_BATCH)
+    assert main(["plan", str(model), "--gpus", "2", "--batch-size", "64", "-q"]) == 2
+    assert "example_inputs(64) returned a batch of 8 (dim 0), not 64" in _error(capsys)
+    plan = tmp_path / "plan.json"
+    data = _plan_dict(tmp_path)
+    data.update(batch_size=64, microbatch_size=16)
+    _write(plan, data)
+    assert main(["bench", str(model), "--plan", str(plan), "--out", str(tmp_path / "b")]) == 2
+    assert "returned a batch of 8 (dim 0), not 64" in _error(capsys)
+
+
+def test_plan_with_batch_size_0_is_not_benchmarked(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = _plan_dict(tmp_path)
+    data["batch_size"] = 0
+    plan = _write(tmp_path / "plan.json", data)
+    model = _model_file(tmp_path)
+    assert main(["bench", str(model), "--plan", str(plan), "--out", str(tmp_path / "b")]) == 2
+    assert f"{plan}: batch_size is 0" in _error(capsys)
+    assert not (tmp_path / "b").exists()
+
+
+# -- item 8: numeric flags ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["plan", "M", "--gpus", "2", "--memory", "1e400"], "too large"),
+        (["plan", "M", "--gpus", "2", "--memory", "0.5"], "less than one byte"),
+        (["plan", "M", "--gpus", "2", "--allreduce-bandwidth", "inf", "--data-parallel", "2"], "not a memory size"),
+        (["run", "M", "--plan", "P", "--timeout", "0"], "expected a timeout in seconds > 0"),
+        (["run", "M", "--plan", "P", "--timeout", "nan"], "expected a timeout in seconds > 0"),
+        (["run", "M", "--plan", "P", "--lr", "-1"], "expected a learning rate > 0"),
+    ],
+    ids=["memory-1e400", "memory-0.5", "bandwidth-inf", "timeout-0", "timeout-nan", "lr-negative"],
+)  # fmt: skip
+def test_out_of_range_flags_are_one_line_usage_errors(
+    capsys: pytest.CaptureFixture[str], argv: list[str], message: str
+) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and message in err.strip().splitlines()[-1], err
+
+
+def _cli(*argv: str, timeout_s: float = 60) -> subprocess.CompletedProcess[str]:
+    """The CLI in a subprocess, so that a hang fails the test instead of stalling the suite."""
+    return subprocess.run(
+        [sys.executable, "-m", "autopipe.cli", *argv],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=timeout_s,
+    )
+
+
+def test_a_huge_batch_size_plans_in_seconds(tmp_path: Path) -> None:
+    """Before: divisors were found by scanning 1..B, so B = 10^12 never finished."""
+    saved = _write(tmp_path / "profile.json", _profile_dict())
+    out = _cli(
+        "plan", str(saved), "--gpus", "2", "--batch-size", str(10**12), "--json", timeout_s=30
+    )
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["batch_size"] == 10**12
+
+
+def test_infeasible_memory_names_a_real_size(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    saved = _write(tmp_path / "profile.json", _profile_dict())
+    assert main(["plan", str(saved), "--gpus", "2", "--memory", "1KiB"]) == 1
+    line = _error(capsys)
+    assert "fits in 1.0 KiB per device" in line and "0.0 MiB" not in line
+    assert re.search(r"the smallest memory per device that fits is \d+\.\d KiB", line), line
+
+
+def test_plot_and_bench_refuse_a_million_micro_batches_at_once(tmp_path: Path) -> None:
+    data = _plan_dict(tmp_path)
+    data.update(batch_size=10**6, microbatches=10**6, microbatch_size=1)
+    plan = _write(tmp_path / "plan.json", data)
+    for argv in (
+        ["plot", str(plan), "--out", str(tmp_path / "plots")],
+        ["bench", str(_model_file(tmp_path)), "--plan", str(plan), "--out", str(tmp_path / "b")],
+    ):
+        out = _cli(*argv, timeout_s=30)
+        assert out.returncode == 2, out.stderr
+        assert "4,000,000 tasks, more than the 20,000 a timeline can show" in out.stderr
+        assert "--microbatches 5000 or fewer" in out.stderr and len(out.stderr.splitlines()) == 1
+
+
+def test_plan_keeps_the_plan_but_skips_plots_it_cannot_draw(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    saved = _write(tmp_path / "profile.json", _profile_dict())
+    argv = ["plan", str(saved), "--gpus", "2", "--batch-size", str(10**6), "--microbatches"]
+    out = tmp_path / "plan.json"
+    assert main([*argv, "10000", "--plot", str(tmp_path / "plots"), "--json", str(out), "-q"]) == 0
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("autopipe: warning: --plot skipped: the plan's 2 stages x 10000"), err
+    assert json.loads(out.read_text())["microbatches"] == 10000
+    assert not (tmp_path / "plots").exists()
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"num_stages": 0, "stages": []}, "num_stages is 0"),
+        ({"microbatches": 0}, "microbatches is 0"),
+        ({"iteration_time_s": math.nan}, "iteration_time_s is nan"),
+    ],
+    ids=["0-stages", "M-0", "nan-time"],
+)
+def test_plot_and_bench_refuse_impossible_plans_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], change: dict, field: str
+) -> None:
+    data = _plan_dict(tmp_path)
+    data.update(copy.deepcopy(change))
+    plan = _write(tmp_path / "plan.json", data)
+    assert main(["plot", str(plan), "--out", str(tmp_path / "plots")]) == 2
+    assert f"{plan}: {field}" in _error(capsys)
+    assert main(["bench", str(_model_file(tmp_path)), "--plan", str(plan)]) == 2
+    assert f"{plan}: {field}" in _error(capsys)
+    assert not (tmp_path / "plots").exists()
+
+
+# -- also: exit codes, progress bars, sys.exit, strict JSON ---------------------------------
+
+WRONG_SHAPES = SMALL_MODEL.replace("torch.randn(batch_size, 4,", "torch.randn(batch_size, 5,")
+
+DATA_DEPENDENT = """\
+import torch
+from torch import nn
+
+
+class Branchy(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(4, 4)
+        self.b = nn.Linear(4, 4)
+
+    def forward(self, x):
+        h = self.a(x)
+        if h.sum() > 0:  # data-dependent: neither fx nor export follows it
+            return self.b(h) + h
+        return h
+
+
+def build_model():
+    return Branchy()
+
+
+def example_inputs(batch_size=8):
+    return torch.randn(batch_size, 4)
+"""
+
+
+@pytest.mark.parametrize(
+    ("text", "extra", "message"),
+    [
+        (WRONG_SHAPES, [], "the model failed on example_inputs(8): RuntimeError: mat1 and mat2"),
+        (WRONG_SHAPES, ["--device", "a100-80gb"], "the model failed on example_inputs(8)"),
+        (DATA_DEPENDENT, [], "cannot trace Branchy"),
+        (DATA_DEPENDENT, ["--device", "a100-80gb"], "cannot trace Branchy"),
+        (SMALL_MODEL, ["--gpus", "4", "--data-parallel", "3", "--allreduce-bandwidth", "1GB"], "--data-parallel 3 does not divide --gpus 4"),
+    ],
+    ids=["shapes-measured", "shapes-analytic", "control-flow-measured", "control-flow-analytic", "data-parallel-3"],
+)  # fmt: skip
+def test_bad_input_is_exit_2_everywhere(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    text: str,
+    extra: list[str],
+    message: str,
+) -> None:
+    model = _model_file(tmp_path, text)
+    argv = ["plan", str(model), "--gpus", "2", *extra, "-q", "--no-cache"]
+    assert main(argv) == 2
+    assert message in _error(capsys)
+
+
+def test_wrong_shapes_are_exit_2_in_bench_too(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from distributed_cases import make_plan
+
+    plan = tmp_path / "plan.json"
+    make_plan([["0", "1", "2"], ["3", "4"]], 2, 8).save(plan)  # the model's 5 units
+    model = _model_file(tmp_path, WRONG_SHAPES)
+    assert main(["bench", str(model), "--plan", str(plan), "--out", str(tmp_path / "b"), "-q"]) == 2
+    assert "the model failed on example_inputs(8): RuntimeError: mat1 and mat2" in _error(capsys)
+
+
+FAILS_WHILE_TIMED = SMALL_MODEL.replace(
+    "def build_model():",
+    """calls = [0]
+
+
+class Flaky(nn.Module):
+    def forward(self, x):
+        calls[0] += 1
+        if calls[0] > 6:  # after tracing and a few timing rounds: mid progress bar
+            raise RuntimeError("flaky layer")
+        return x
+
+
+def build_model():""",
+).replace("nn.Linear(8, 4))", "nn.Linear(8, 4), Flaky())")
+
+
+def test_an_error_starts_its_own_line_after_a_progress_bar(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model = _model_file(tmp_path, FAILS_WHILE_TIMED)
+    assert main(["plan", str(model), "--gpus", "2", "--no-cache"]) == 2
+    err = capsys.readouterr().err
+    assert "profiling" in err  # the bar was drawn
+    assert any(line.startswith("autopipe plan: error: ") for line in err.split("\n")), repr(err)
+    assert "RuntimeError: flaky layer" in err
+
+
+@pytest.mark.parametrize(
+    ("text", "where"),
+    [
+        ("import sys\nsys.exit(3)\n", "importing"),
+        ("import sys\n\ndef build_model():\n    sys.exit('bye')\n\ndef example_inputs(b=2):\n    return None\n", "the factory"),
+    ],
+    ids=["at-import", "in-factory"],
+)  # fmt: skip
+def test_sys_exit_in_a_model_file_is_reported(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str, where: str
+) -> None:
+    model = _model_file(tmp_path, text)
+    assert main(["plan", str(model), "--gpus", "2"]) == 2  # before: exit 3, no message
+    line = _error(capsys)
+    assert where in line and "called sys.exit(" in line and "must define functions" in line
+
+
+def test_json_output_is_strict(tmp_path: Path) -> None:
+    from autopipe.cli import _emit_json
+
+    target = tmp_path / "steps.json"
+    _emit_json({"steps": [{"loss": math.nan}, {"loss": math.inf}, {"loss": 1.5}]}, str(target))
+    text = target.read_text()
+    assert "NaN" not in text and "Infinity" not in text
+    assert json.loads(text) == {"steps": [{"loss": None}, {"loss": None}, {"loss": 1.5}]}
+
+
+# -- item 1, the mechanism (the drills check the behaviour) ---------------------------------
+
+
+def test_sub_groups_get_the_world_timeout() -> None:
+    """``new_group`` without ``timeout=`` waits torch's 30-minute default; the runtime passes
+    the world's, read back even when the world was not made by init_distributed."""
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+    from autopipe.runtime.distributed.process import group_timeout
+
+    dist.init_process_group(
+        "gloo", store=dist.HashStore(), rank=0, world_size=1, timeout=timedelta(seconds=7)
+    )
+    try:
+        assert group_timeout() == timedelta(seconds=7)
+        group = dist.new_group([0], timeout=group_timeout())
+        assert group._get_backend(torch.device("cpu")).options._timeout == timedelta(seconds=7)
+    finally:
+        dist.destroy_process_group()
+
+
+# -- item 3, the comparison (the drill checks the behaviour) ---------------------------------
+
+
+def test_fingerprints_name_what_differs(tmp_path: Path) -> None:
+    from autopipe.runtime.distributed.agree import mismatch, model_fingerprint, plan_fingerprint
+    from torch import nn
+
+    plan = Plan.from_dict(_plan_dict(tmp_path))
+    other = Plan.from_dict(_plan_dict(tmp_path))
+    other.stages[0].checkpoint = True
+    small, wide = nn.Sequential(nn.Linear(4, 4)), nn.Sequential(nn.Linear(4, 8))
+    same = {"plan": plan_fingerprint(plan), "model": model_fingerprint(small)}
+    assert mismatch([same, copy.deepcopy(same)]) is None
+    assert mismatch([same, {**same, "plan": plan_fingerprint(other)}]) == (
+        "the ranks loaded different plans: stages[0].checkpoint is True on rank 1 but False "
+        "on rank 0; give every rank the same --plan file"
+    )
+    line = mismatch([same, same, {**same, "model": model_fingerprint(wide)}])
+    assert line is not None and line.startswith(
+        "the ranks built different models: Sequential with 2 tensors, 40 elements (#"
+    )
+    assert "on rank 2 but Sequential with 2 tensors, 20 elements" in line

@@ -1,0 +1,138 @@
+"""Fault drills under torchrun: a rank hangs (with and without data parallelism), dies,
+raises, produces NaN, or loads another plan. Each drill asserts torchrun's exit code, the
+one-line message of the rank that reports it (every line carries its rank) and the time to
+exit, with short timeouts so the suite stays fast.
+
+torchrun ends the other ranks once one exits, but it cannot see a hang: the hang drills
+pass only if the runtime's own timeouts end the job (issue 11, item 1: the data-parallel
+groups used to wait torch's 30-minute default). The fault is injected by FAULT_MODEL
+(tests/distributed_cases.py), which prints FAULT_MARK when it fires; times to exit are
+measured from that line.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import sys
+from pathlib import Path
+
+import pytest
+from distributed_cases import fault_files, torchrun_drill
+
+TIMEOUT_S = 3.0
+"""--timeout of every drill: a silent peer is an error after this long."""
+
+SLACK_S = 12.0
+"""Time to exit beyond the timeout: detecting the error, printing it, torchrun stopping the
+others (seconds; generous, the suite shares 2 cores)."""
+
+
+def _run_args(model: Path, plan: Path, *extra: str) -> list[str]:
+    return [
+        str(model), "--plan", str(plan), "--steps", "50", "--threads", "1",
+        "--timeout", str(TIMEOUT_S), *extra,
+    ]  # fmt: skip
+
+
+def _error_lines(drill_output: str) -> list[str]:
+    """The ranks' own error lines (torchrun's summary below them is its own)."""
+    return re.findall(r"^\[rank \d+\] autopipe run: error: .*$", drill_output, re.M)
+
+
+@pytest.mark.parametrize(
+    ("replicas", "fault"),
+    [(1, "hang@1"), (2, "hang@3")],
+    ids=["K2", "K2xD2"],
+)
+def test_hung_rank_ends_the_job_within_the_timeout(
+    tmp_path: Path, replicas: int, fault: str
+) -> None:
+    model, plan = fault_files(tmp_path, replicas=replicas)
+    drill = torchrun_drill(
+        2 * replicas,
+        _run_args(model, plan),
+        {"AUTOPIPE_FAULT": fault},
+        deadline_s=TIMEOUT_S + SLACK_S + 45,
+    )
+    assert drill.code == 1, drill.output
+    errors = _error_lines(drill.output)
+    assert errors, drill.output
+    assert any(
+        "the pipeline broke in step 2" in e and "within the process-group timeout" in e
+        for e in errors
+    ), errors
+    assert drill.after_fault_s is not None
+    assert TIMEOUT_S * 0.8 <= drill.after_fault_s <= TIMEOUT_S + SLACK_S, drill.after_fault_s
+
+
+def test_killed_rank_ends_the_job_at_once(tmp_path: Path) -> None:
+    model, plan = fault_files(tmp_path)
+    drill = torchrun_drill(
+        2, _run_args(model, plan, "--timeout", "60"), {"AUTOPIPE_FAULT": "kill@0"}
+    )
+    assert drill.code == 1, drill.output
+    assert re.search(r"exitcode\s*:\s*-9", drill.output), drill.output
+    assert drill.after_fault_s is not None and drill.after_fault_s < SLACK_S
+
+
+def test_raising_rank_reports_its_error(tmp_path: Path) -> None:
+    model, plan = fault_files(tmp_path)
+    drill = torchrun_drill(2, _run_args(model, plan), {"AUTOPIPE_FAULT": "raise@0"})
+    assert drill.code == 1, drill.output
+    assert "[rank 0] autopipe run: error: ValueError: injected fault" in _error_lines(drill.output)
+    assert "Traceback" not in "".join(drill.lines("[rank 0]"))
+    assert drill.after_fault_s is not None and drill.after_fault_s < SLACK_S
+
+
+def test_rank_with_another_plan_fails_every_rank_at_once(tmp_path: Path) -> None:
+    """Rank 1 reads a plan with another cut and another M. Before, another cut alone trained
+    another model and exited 0, another M waited out the timeout and blamed a peer; now
+    every rank names the difference at start-up, in seconds."""
+    model, plan0 = fault_files(tmp_path)
+    _, plan1 = fault_files(tmp_path, stage_units=[["0"], ["1", "2"]], m=1)
+    # One plan file per rank, as on nodes with their own copies: rank r reads plan_r.json.
+    (tmp_path / "plan_0.json").write_text(plan0.read_text())
+    (tmp_path / "plan_1.json").write_text(plan1.read_text())
+    command = [
+        "exec", shlex.quote(sys.executable), "-m", "autopipe.cli_run", "run", str(model),
+        "--plan", f"{tmp_path}/plan_$RANK.json", "--steps", "3", "--timeout", "30",
+    ]  # fmt: skip
+    drill = torchrun_drill(2, command, shell=True)
+    assert drill.code == 1, drill.output  # torchrun's code; each rank exits 2 (bad input)
+    errors = _error_lines(drill.output)
+    assert errors, drill.output
+    for line in errors:
+        assert (
+            "the ranks loaded different plans: microbatches is 1 on rank 1 but 2 on rank 0" in line
+        ), line
+        assert "stages[0].units" in line and "give every rank the same --plan file" in line
+    assert drill.total_s < 25  # seconds after start-up, not the 30 s timeout
+
+
+def test_nan_loss_stops_every_rank_naming_the_step(tmp_path: Path) -> None:
+    model, plan = fault_files(tmp_path)
+    drill = torchrun_drill(2, _run_args(model, plan), {"AUTOPIPE_FAULT": "nan@0"})
+    assert drill.code == 1, drill.output
+    errors = _error_lines(drill.output)
+    assert errors, drill.output
+    assert all("the loss is nan in step 2; stopped before the optimizer step" in e for e in errors)
+    assert "--allow-nonfinite" in errors[0]
+    assert drill.after_fault_s is not None and drill.after_fault_s < SLACK_S
+
+
+def test_allow_nonfinite_keeps_going_and_writes_strict_json(tmp_path: Path) -> None:
+    model, plan = fault_files(tmp_path)
+    log = tmp_path / "steps.json"
+    drill = torchrun_drill(
+        2,
+        [*_run_args(model, plan), "--steps", "3", "--allow-nonfinite", "--json", str(log)],
+        {"AUTOPIPE_FAULT": "nan@0"},
+    )
+    assert drill.code == 0, drill.output
+    assert re.search(r"^\[rank 1\] step 3/3  loss nan", drill.output, re.M), drill.output
+    text = log.read_text()
+    assert "NaN" not in text
+    steps = json.loads(text)["steps"]
+    assert [s["loss"] is None for s in steps] == [False, True, True]
