@@ -11,8 +11,11 @@ called with ``labels=``; torchvision resnet50 and vit_b_16 where torchvision wor
    and the trained weights equal one process training the plain model (SGD, so the weights
    after 2 steps differ by lr x the summed gradient difference).
 
-Step 3 runs every family in one torchrun launch (``tests/zoo_run.py``, the CLI's own entry
-point per family), plus one plain ``torchrun -m autopipe run`` command for GPT-2.
+Step 3 runs every family in one torchrun launch: ``tests/zoo_run.py`` calls the CLI's own
+entry point, ``autopipe run``, once per family in the same processes, so torch and
+transformers are imported once (the plain ``torchrun -m autopipe run`` command line is
+tested in test_distributed_cli.py). The plans of step 3 come from step 1's measured
+profiles.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from autopipe.planner.plan import load_plan  # noqa: E402
 from autopipe.profiler.inputs import call_model  # noqa: E402
 from autopipe.profiler.measure import profile  # noqa: E402
 from autopipe.profiler.objective import default_loss  # noqa: E402
+from autopipe.profiler.profile import Profile  # noqa: E402
 from distributed_cases import free_port  # noqa: E402
 from torch.utils import _pytree as pytree  # noqa: E402
 
@@ -65,23 +69,28 @@ def _quick_profile(family: str) -> Any:
 
 # -- 1. plan, measured and analytic ---------------------------------------------------------
 
+PROFILES: dict[str, Path] = {}
+"""Measured profiles saved by step 1, which step 3 plans from (not measured again)."""
+
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_plan_measured_and_analytic(family: str, tmp_path: Path) -> None:
+def test_plan_measured_and_analytic(family: str, tmp_path_factory: pytest.TempPathFactory) -> None:
     model, _ = zoo.build(family)
-    for extra in ([], ["--device", "a100-80gb"]):
-        out = tmp_path / "plan.json"
+    out = tmp_path_factory.mktemp(family)
+    saved = out / "profile.json"
+    for extra in (["--save-profile", str(saved)], ["--device", "a100-80gb"]):
         code = cli.main(
-            ["plan", f"{ZOO}:{family}", "--gpus", "2", "--batch-size", "8", "--json", str(out)]
-            + ["-q", "--no-cache", *extra]
+            ["plan", f"{ZOO}:{family}", "--gpus", "2", "--batch-size", "8", "--microbatches"]
+            + ["4", "--json", str(out / "plan.json"), "-q", "--no-cache", *extra]
         )
         assert code == 0, (family, extra)
-        plan = load_plan(out)
-        assert plan.num_stages == 2 and 1 <= plan.microbatches <= 8
-        assert plan.profile_mode == ("analytic" if extra else "measured")
+        plan = load_plan(out / "plan.json")
+        assert plan.num_stages == 2 and plan.microbatches == 4
+        assert plan.profile_mode == ("analytic" if "--device" in extra else "measured")
         units = [u for s in plan.stages for u in s.units]
         names = {n for n, _ in model.named_modules()}
         assert units and all(u in names for u in units), units
+    PROFILES[family] = saved
 
 
 # -- 2. parallelize: outputs and every gradient ----------------------------------------------
@@ -150,7 +159,9 @@ def _load_checkpoint(directory: Path, tmp: Path) -> dict[str, torch.Tensor]:
 
 def _write_plans(out: Path, families: list[str]) -> None:
     for family in families:
-        plan = make_plan(_quick_profile(family), gpus=2, microbatches=4, optimizer="sgd")
+        saved = PROFILES.get(family)
+        measured = Profile.load(saved) if saved is not None else _quick_profile(family)
+        plan = make_plan(measured, gpus=2, microbatches=4, optimizer="sgd")
         plan.save(out / f"{family}.plan.json")
 
 
@@ -191,22 +202,3 @@ def test_torchrun_trains_like_one_process(family: str, zoo_runs: Path, tmp_path:
     for rank in (0, 1):
         assert (zoo_runs / f"{family}.rank{rank}.rc").read_text() == "0"
     _check_run(zoo_runs, family, tmp_path)
-
-
-def test_autopipe_run_command_on_gpt2(tmp_path: Path) -> None:
-    """The documented command itself, on the model with a tied embedding and head."""
-    _write_plans(tmp_path, ["gpt2"])
-    result = subprocess.run(
-        [
-            sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-            "--master-port", str(free_port()), "-m", "autopipe", "run", f"{ZOO}:gpt2",
-            "--plan", str(tmp_path / "gpt2.plan.json"), "--steps", "2", "--lr", str(LR),
-            "--threads", "1", "--timeout", "60", "--save", str(tmp_path / "gpt2.ckpt"),
-            "--json", str(tmp_path / "gpt2.json"),
-        ],
-        capture_output=True, text=True, cwd=ROOT, timeout=300,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr[-4000:]
-    assert "4 micro-batches of 2" in result.stdout
-    assert "saved the trained weights" in result.stdout
-    _check_run(tmp_path, "gpt2", tmp_path)
