@@ -93,9 +93,12 @@ class ModelFile:
 
 def _batch_rows(inputs: Any) -> int | None:
     """Dim 0 of the first input tensor with a dimension, or None when there is none."""
-    from autopipe.profiler.tree import tensor_leaves
+    from autopipe.profiler.inputs import batch_size_of
 
-    return next((int(t.shape[0]) for t in tensor_leaves(inputs) if t.dim() >= 1), None)
+    try:
+        return batch_size_of(inputs)
+    except TypeError:
+        return None
 
 
 def _exit_text(exc: SystemExit) -> str:

@@ -44,6 +44,7 @@ from autopipe.profiler.cache import autopipe_version
 from autopipe.profiler.calibrate import apply_times as _apply_times
 from autopipe.profiler.calibrate import priced_times
 from autopipe.profiler.catalog import DeviceSpec, get_device, normalize_dtype
+from autopipe.profiler.inputs import batch_size_of
 from autopipe.profiler.measure import microbatch_sizes_to_profile, slice_batch
 from autopipe.profiler.memory import parameter_accounting
 from autopipe.profiler.opcount import OpCounter, storage_key
@@ -125,10 +126,10 @@ def _meta_inputs(example_inputs: Any, dtype: torch.dtype) -> Any:
 
 
 def _batch_size(inputs: Any) -> int:
-    for leaf in tree_leaves(inputs):
-        if isinstance(leaf, torch.Tensor) and leaf.dim() > 0:
-            return int(leaf.shape[0])
-    raise AnalyticProfileError("example inputs contain no tensor with a batch dimension")
+    try:
+        return batch_size_of(inputs)
+    except TypeError as exc:
+        raise AnalyticProfileError(str(exc)) from None
 
 
 # ---------------------------------------------------------------------------------------

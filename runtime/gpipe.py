@@ -29,7 +29,7 @@ from autopipe.runtime.devices import as_device, default_devices
 from autopipe.runtime.executor import Stage, run_pipeline
 from autopipe.runtime.microbatch import gather, scatter
 from autopipe.runtime.rng import MicrobatchRNG, draw_base_seed
-from autopipe.runtime.split import shared_parameters
+from autopipe.runtime.split import own_copy, shared_parameters
 from autopipe.runtime.timeline import Timeline
 from torch import nn
 
@@ -83,12 +83,21 @@ def _verify(module: nn.Sequential, partitions: list[nn.Sequential]) -> None:
         )
 
 
-def _partition_fn(partition: nn.Sequential, last: bool) -> Callable[[Any], tuple[Any]]:
+def _partition_fn(
+    partition: nn.Sequential, last: bool, first: bool = False
+) -> Callable[[Any], tuple[Any]]:
     """The stage function: one value (a tensor or a tuple of tensors) in, one out; the
-    executor flattens tuples around the autograd node."""
+    executor flattens tuples around the autograd node.
+
+    A later partition that starts with an in-place layer (``nn.ReLU(inplace=True)``) gets a
+    copy of its input: the executor hands it an autograd leaf, which autograd does not let
+    a layer overwrite (see ``split._clone_written_inputs`` for traced stages).
+    """
+    head = next(iter(partition.children()), None)
+    copy_input = not first and getattr(head, "inplace", False) is True
 
     def fn(value: torch.Tensor | tuple[torch.Tensor, ...]) -> tuple[Any]:
-        out = partition(value)
+        out = partition(own_copy(value) if copy_input else value)
         _check_tensors(out, "the output of the last partition" if last else "a partition output")
         return (out,)
 
@@ -155,7 +164,11 @@ class GPipe(nn.Module):
         self.deferred_batch_norm = deferred_batch_norm
         self.last_timeline: Timeline | None = None
         self._stages = [
-            Stage(_partition_fn(part, j == len(partitions) - 1), dev, list(part.modules()))
+            Stage(
+                _partition_fn(part, j == len(partitions) - 1, first=j == 0),
+                dev,
+                list(part.modules()),
+            )
             for j, (part, dev) in enumerate(zip(partitions, self.devices, strict=True))
         ]
         self.register_load_state_dict_pre_hook(_torchgpipe_keys)

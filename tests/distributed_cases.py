@@ -54,6 +54,24 @@ class SkipNet(nn.Module):
         return self.f4(c + a) * scale
 
 
+class InPlaceNet(nn.Module):
+    """Units that start by writing into their input: ``act`` is ``nn.ReLU(inplace=True)`` and
+    ``f3``'s unit begins with ``h.add_(1)`` (the glue joins the next module's unit), so a cut
+    before either hands a stage an input it modifies in place."""
+
+    def __init__(self, width: int = 16) -> None:
+        super().__init__()
+        self.f1 = nn.Linear(width, width)
+        self.act = nn.ReLU(inplace=True)
+        self.f2 = nn.Linear(width, width)
+        self.f3 = nn.Linear(width, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.f2(self.act(self.f1(x)))
+        h.add_(1.0)
+        return self.f3(h)
+
+
 def skipnet_inputs(batch_size: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(1)
     return torch.randn(batch_size, 16, generator=g), torch.rand(batch_size, 1, generator=g) + 0.5
@@ -61,6 +79,10 @@ def skipnet_inputs(batch_size: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
 
 def skipnet_loss(output: torch.Tensor, inputs: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
     return output.pow(2).mean() + 0.1 * (output * inputs[0][:, :4]).mean()
+
+
+def skipnet_loss_one(output: torch.Tensor, inputs: torch.Tensor) -> torch.Tensor:
+    return output.pow(2).mean() + 0.1 * (output * inputs[:, :4]).mean()
 
 
 def tiny_gpt(tie_weights: bool = False) -> tuple[nn.Module, Any, Any]:
@@ -102,6 +124,11 @@ def case(name: str, num_stages: int) -> tuple[nn.Module, Any, Any, list[list[str
         model, inputs, loss_fn = tiny_gpt(tie_weights=name == "gpt_tied")
         units = ["tok_emb", "pos_emb", "drop", *(f"blocks.{i}" for i in range(4)), "ln_f", "head"]
         splits = {2: [4, 9], 4: [2, 4, 6, 9]}[num_stages]
+    elif name == "inplace":
+        torch.manual_seed(0)
+        model, inputs, loss_fn = InPlaceNet(), skipnet_inputs(8)[0], skipnet_loss_one
+        units = ["f1", "act", "f2", "f3"]
+        splits = {2: [1, 4], 4: [1, 2, 3, 4]}[num_stages]
     else:
         torch.manual_seed(0)
         model, inputs, loss_fn = SkipNet(), skipnet_inputs(8), skipnet_loss
@@ -151,7 +178,9 @@ def run_correctness(rank: int, world_size: int, port: int, out_dir: str, jobs: l
         local = pipe.local_batch(inputs)
         loss = pipe.step(local)
         grads = pipe.module.model_named_parameters()
-        grad_err = max(float((p.grad - ref_grads[n]).abs().max()) for n, p in grads.items())
+        grad_err = max(
+            (float((p.grad - ref_grads[n]).abs().max()) for n, p in grads.items()), default=0.0
+        )
         # A second step after SGD on both sides: the training curves agree too.
         opt = torch.optim.SGD(pipe.parameters(), lr=0.5)
         ref_opt = torch.optim.SGD(ref_model.parameters(), lr=0.5)

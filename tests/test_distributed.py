@@ -154,6 +154,7 @@ def _run(world_size: int, jobs: list[dict], tmp_path: Path) -> dict:
 JOBS_2 = [
     dict(model="skip", stages=2, microbatches=2, schedule="gpipe"),
     dict(model="gpt_tied", stages=2, microbatches=4, schedule="1f1b"),
+    dict(model="inplace", stages=2, microbatches=2, schedule="gpipe"),
     dict(model="gpt", stages=2, microbatches=4, schedule="gpipe"),
     dict(model="gpt", stages=2, microbatches=4, schedule="1f1b", checkpoint=[True, False]),
     dict(model="skip", stages=2, microbatches=4, schedule="1f1b"),
@@ -170,6 +171,7 @@ JOBS_4 = [
     dict(model="skip", stages=2, microbatches=2, schedule="1f1b", checkpoint=[True, True]),
     dict(model="gpt", stages=2, microbatches=2, schedule="gpipe"),
     dict(model="gpt_tied", stages=2, microbatches=2, schedule="gpipe"),
+    dict(model="inplace", stages=4, microbatches=4, schedule="1f1b", checkpoint=[True] * 4),
 ]
 
 
