@@ -225,11 +225,25 @@ def make_optimizer(plan: Any, parameters: Any, lr: float) -> Any:
     import torch
 
     name = str(plan.meta.get("options", {}).get("optimizer", "adam"))
+    parameters = list(parameters)
+    if not parameters:
+        # A stage of parameter-free layers (an activation, rotary embeddings) still runs.
+        return _NothingToOptimize()
     if name == "sgd":
         return torch.optim.SGD(parameters, lr=lr)
     if name == "sgd-momentum":
         return torch.optim.SGD(parameters, lr=lr, momentum=0.9)
     return torch.optim.AdamW(parameters, lr=lr)
+
+
+class _NothingToOptimize:
+    """The optimizer of a stage without parameters."""
+
+    def step(self) -> None:
+        pass
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        pass
 
 
 def save_checkpoint(pipe: Any, directory: str) -> None:

@@ -182,7 +182,8 @@ def run_correctness(rank: int, world_size: int, port: int, out_dir: str, jobs: l
             (float((p.grad - ref_grads[n]).abs().max()) for n, p in grads.items()), default=0.0
         )
         # A second step after SGD on both sides: the training curves agree too.
-        opt = torch.optim.SGD(pipe.parameters(), lr=0.5)
+        own = list(pipe.parameters())
+        opt = torch.optim.SGD(own or [torch.zeros(1, requires_grad=True)], lr=0.5)
         ref_opt = torch.optim.SGD(ref_model.parameters(), lr=0.5)
         opt.step()
         ref_opt.step()
