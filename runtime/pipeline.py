@@ -143,6 +143,7 @@ class Pipeline(nn.Module):
         self.devices = [as_device(d) for d in devices]
         submods = [graph.module for graph in self._graphs]
         if deferred_batch_norm:
+            _check_batch_norm_modules(submods)
             for mod in submods:  # parameters and buffers stay shared with the model's BatchNorms
                 convert_deferred_batch_norm(mod)
         # A parameter used on several devices keeps one copy per device (tied.py).
@@ -228,3 +229,18 @@ def _positional_binder(count: int) -> Callable[[tuple[Any, ...], dict[str, Any]]
         return list(args)
 
     return bind
+
+
+def _check_batch_norm_modules(stages: list[nn.Module]) -> None:
+    """Deferred statistics replace BatchNorm *modules*; a torch.export graph holds BatchNorm
+    as an operation on buffers, which would keep moving per micro-batch: refuse it."""
+    for mod in stages:
+        for node in getattr(mod, "graph", fx.Graph()).nodes:
+            name = str(getattr(node.target, "__name__", node.target))
+            if node.op == "call_function" and "batch_norm" in name:
+                raise ValueError(
+                    "deferred_batch_norm=True needs BatchNorm modules in the traced graph, but "
+                    "this model was traced by torch.export, which turns them into operations; "
+                    "make the model torch.fx-traceable or leave deferred_batch_norm off "
+                    "(statistics then move once per micro-batch)"
+                )

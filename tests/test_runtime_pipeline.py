@@ -8,7 +8,7 @@ import pytest
 import torch
 from autopipe.planner.plan import Plan, StagePlan
 from autopipe.profiler.units import trace_units
-from autopipe.runtime import Pipeline, parallelize
+from autopipe.runtime import DeferredBatchNorm, Pipeline, parallelize
 from runtime_helpers import assert_close, load_example, reference_forward
 from torch import nn
 
@@ -299,3 +299,58 @@ def test_parameter_returned_by_the_model_reaches_the_output() -> None:
     out, weight = pipe(x)
     assert torch.equal(weight, model.a.weight)
     assert_close(out, model(x)[0], "output")
+
+
+def test_deferred_batch_norm_tracks_each_layers_whole_minibatch() -> None:
+    """Every BatchNorm, in every stage, moves its running statistics once per step with the
+    mean and (unbiased) variance of all the inputs it saw in that step, as the unsplit model
+    does on a batch; without deferral they move once per micro-batch."""
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Linear(6, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 8), nn.BatchNorm1d(8)
+    )
+    x = torch.randn(12, 6)
+    norms = [model[1], model[4]]
+    before = [(bn.running_mean.clone(), bn.running_var.clone()) for bn in norms]
+    ug = trace_units(model, x, granularity="module")
+    plan = hand_plan(ug.unit_names, [2, 3], 3, [False, False])
+    pipe = parallelize(model, x, ["cpu", "cpu"], plan=plan, deferred_batch_norm=True)
+    deferred = [m for m in pipe.stages.modules() if isinstance(m, DeferredBatchNorm)]
+    assert len(deferred) == 2  # one per stage, sharing the model's buffers
+    seen: dict[int, list[torch.Tensor]] = {0: [], 1: []}
+    for i, bn in enumerate(deferred):
+        bn.register_forward_pre_hook(lambda _m, args, i=i: seen[i].append(args[0].detach()))
+    pipe(x).sum().backward()
+    for i, bn in enumerate(norms):
+        assert len(seen[i]) == 3  # three micro-batches went through
+        batch = torch.cat(seen[i])
+        mean, var = before[i]
+        assert int(bn.num_batches_tracked) == 1
+        assert_close(bn.running_mean, 0.9 * mean + 0.1 * batch.mean(0), f"mean {i}")
+        assert_close(bn.running_var, 0.9 * var + 0.1 * batch.var(0, unbiased=True), f"var {i}")
+
+
+class _ExportedNorm(nn.Module):
+    """fx cannot trace the rank test, so torch.export does: BatchNorm becomes an operation."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(4, 4)
+        self.bn = nn.BatchNorm1d(4)
+        self.b = nn.Linear(4, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.a(x)
+        if x.dim() == 2:
+            x = self.bn(x)
+        return self.b(x)
+
+
+def test_deferred_batch_norm_on_an_exported_graph_is_refused() -> None:
+    model, x = _ExportedNorm(), torch.randn(4, 4)
+    ug = trace_units(model, x)
+    assert ug.tracer == "export"
+    plan = hand_plan(ug.unit_names, [2, 1], 2, [False, False])
+    with pytest.raises(ValueError, match="needs BatchNorm modules"):
+        parallelize(model, x, ["cpu", "cpu"], plan=plan, deferred_batch_norm=True)
+    parallelize(model, x, ["cpu", "cpu"], plan=plan)(x).sum().backward()  # without: it runs
