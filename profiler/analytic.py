@@ -44,7 +44,7 @@ from autopipe.profiler.cache import autopipe_version
 from autopipe.profiler.calibrate import apply_times as _apply_times
 from autopipe.profiler.calibrate import priced_times
 from autopipe.profiler.catalog import DeviceSpec, get_device, normalize_dtype
-from autopipe.profiler.inputs import batch_size_of
+from autopipe.profiler.inputs import OutputError, batch_size_of, check_joinable_output
 from autopipe.profiler.measure import microbatch_sizes_to_profile, slice_batch
 from autopipe.profiler.memory import parameter_accounting
 from autopipe.profiler.opcount import OpCounter, storage_key
@@ -395,6 +395,10 @@ def _count(
         # flat placeholders in, flat graph outputs out; the UnitGraph restores the structure
         flat_output = interpreter.run(*units.flat_inputs(inputs), enable_io_processing=False)
         output = units.unflatten_output(flat_output)
+        try:  # refused here, at plan time, rather than by the runtime
+            check_joinable_output(output, _batch_size(inputs))
+        except OutputError as exc:
+            raise AnalyticProfileError(str(exc)) from None
         counter.mark_outputs(tensor_leaves(output))
         # The loss: booked apart; its inputs (targets) are not pipeline traffic.
         counter.track_liveness = False

@@ -17,10 +17,13 @@ from typing import Any
 
 import torch
 import torch.fx._pytree as fx_pytree
+import torch.utils._pytree as pytree
 from autopipe.profiler.tree import map_tensors, tensor_leaves
 
 __all__ = [
     "InputBinder",
+    "OutputError",
+    "check_joinable_output",
     "batch_rows",
     "batch_size_of",
     "call_model",
@@ -70,6 +73,33 @@ def batch_rows(
         return t
 
     return map_tensors(cut, value)
+
+
+class OutputError(ValueError):
+    """The model's output cannot be joined over micro-batches."""
+
+
+def check_joinable_output(output: Any, batch_size: int) -> None:
+    """Refuse an output the pipelines cannot join over micro-batches, before any run.
+
+    Every tensor in the output must have the batch as dim 0 (joined with ``torch.cat``) or
+    be a 0-dim floating tensor (a loss: averaged over the micro-batches). O(outputs).
+    """
+    flat, _ = pytree.tree_flatten_with_path(output)
+    for path, leaf in flat:
+        if not isinstance(leaf, torch.Tensor):
+            continue
+        if leaf.dim() == 0 and leaf.is_floating_point():
+            continue
+        if leaf.dim() >= 1 and leaf.shape[0] == batch_size:
+            continue
+        where = pytree.keystr(path) or "the output"
+        raise OutputError(
+            f"the model's output {where} has shape {tuple(leaf.shape)} ({leaf.dtype}), without "
+            f"the batch ({batch_size}) as dim 0: a pipeline joins micro-batch outputs along "
+            "dim 0 (and averages a 0-dim float loss); return it per sample, or compute it "
+            "from the outputs after the pipeline"
+        )
 
 
 def _forward_parameters(model: Any) -> list[inspect.Parameter]:

@@ -325,6 +325,10 @@ def _prepare_size(
     with counter.counting():
         flat_out, calls = run_units(split, flat, on_call=tag)
         output = ug.unflatten_output(flat_out)
+        try:  # refused here, at plan time, rather than by the runtime
+            inputs_convention.check_joinable_output(output, batch_size_of(inputs))
+        except inputs_convention.OutputError as exc:
+            raise ProfilingError(str(exc)) from None
         counter.tag = n - 1  # the loss is computed by the last stage
         loss_of(output, inputs, loss_fn)
     units = [_UnitMeasurement(activation_bytes=counter.bytes_by_tag.get(i, 0)) for i in range(n)]

@@ -147,3 +147,39 @@ def test_binary_plan_or_profile_is_a_usage_error(
     assert "not a JSON text file" in _err_line(capsys)
     assert main(["plan", str(f), "--gpus", "2"]) == 2
     assert "not a JSON text file" in _err_line(capsys)
+
+
+OUTPUT_WITHOUT_BATCH = """\
+import torch
+from torch import nn
+
+
+class M(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(4, 4)
+        self.b = nn.Linear(4, 4)
+
+    def forward(self, x):
+        h = self.b(self.a(x))
+        return {"y": h, "gram": h.T @ h}  # (4, 4): no batch dimension to join
+
+
+def build_model():
+    return M()
+
+
+def example_inputs(batch_size=8):
+    return torch.randn(batch_size, 4)
+"""
+
+
+@pytest.mark.parametrize("extra", [[], ["--device", "a100-80gb"]], ids=["measured", "analytic"])
+def test_output_a_pipeline_cannot_join_is_refused_at_plan_time(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], extra: list[str]
+) -> None:
+    f = tmp_path / "gram.py"
+    f.write_text(OUTPUT_WITHOUT_BATCH)
+    assert main(["plan", str(f), "--gpus", "2", "-q", "--no-cache", *extra]) == 2
+    line = _err_line(capsys)
+    assert "output ['gram'] has shape (4, 4)" in line and "batch (8) as dim 0" in line

@@ -255,3 +255,45 @@ def test_keyword_inputs_bind_by_argument_name_not_fx_node_name() -> None:
         graph.binder((x,), {"masks": mask})
     out = dict(zip(stage0.output_names, stage0(*args), strict=True))
     torch.testing.assert_close(out["a"], stage0.body.a(x), rtol=0, atol=0)
+
+
+class _PairAcrossCut(torch.nn.Module):
+    """Unit ``a`` returns ``chunk``'s tuple and unit ``b`` takes it apart: the tuple itself
+    crosses the cut."""
+
+    class Split(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            return torch.tanh(x).chunk(2, dim=1)
+
+    class Join(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = torch.nn.Linear(2, 4)
+
+        def forward(self, pair: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+            return self.w(pair[0] * pair[1])
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = self.Split()
+        self.b = self.Join()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(self.a(x))
+
+
+def test_a_tuple_crossing_a_cut_travels_leaf_by_leaf() -> None:
+    from autopipe.runtime.distributed.stages import wire_of
+    from autopipe.runtime.partition import cut_values
+
+    model, x = _PairAcrossCut(), torch.randn(3, 4)
+    graph = trace_units(model, x)
+    first, last = split_stages(graph, [0, 1])
+    assert first.output_names == ["chunk"]  # the tuple itself crosses
+    values = cut_values(graph.graph_module, [x], set(last.input_names))
+    sender, receiver = StageModule(first), StageModule(last)
+    receiver.set_wires([wire_of(values[name]) for name in last.input_names])
+    sent = sender(x)
+    assert len(sent) == 2 and all(isinstance(t, torch.Tensor) for t in sent)
+    out = receiver(*(t.detach().requires_grad_(True) for t in sent))
+    torch.testing.assert_close(out, model(x), rtol=0, atol=0)

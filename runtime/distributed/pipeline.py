@@ -28,7 +28,7 @@ from autopipe.profiler.objective import default_loss
 from autopipe.runtime.distributed.agree import check_same_plan
 from autopipe.runtime.distributed.layout import RankLayout, rank_layout
 from autopipe.runtime.distributed.process import group_timeout
-from autopipe.runtime.distributed.stages import StageModule, StageSplitError
+from autopipe.runtime.distributed.stages import StageModule, StageSplitError, wire_of
 from autopipe.runtime.distributed.tied import TiedGradients
 from autopipe.runtime.partition import OUTPUT, PlannedStages, cut_values, partition
 from torch import nn
@@ -216,8 +216,10 @@ class DistributedPipeline:
         for group in list(self._aliases.values()):
             for name in group:
                 self._aliases[name] = group
-        examples = _stage_examples(planned, self.layout.stage, example_inputs, plan, self.device)
         # Every rank creates every tie group, in the same order (new_group's rule).
+        examples = _stage_examples(
+            planned, self.layout.stage, example_inputs, plan, self.device, self.module
+        )
         self.tied = TiedGradients(planned.tied, self.layout, self.module)
         del planned
         self.tied.synchronize()
@@ -353,11 +355,17 @@ class DistributedPipeline:
 
 
 def _stage_examples(
-    planned: PlannedStages, stage: int, example_inputs: Any, plan: Plan, device: torch.device
+    planned: PlannedStages,
+    stage: int,
+    example_inputs: Any,
+    plan: Plan,
+    device: torch.device,
+    module: StageModule,
 ) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]] | None:
     """Example inputs and outputs of one micro-batch of ``stage`` (shapes, dtypes and
-    ``requires_grad`` from a fake-tensor run of the whole graph; values are irrelevant).
-    None, with a warning, when the graph cannot run on fake tensors."""
+    ``requires_grad`` from a fake-tensor run of the whole graph; values are irrelevant), as
+    they travel (``module``'s wire formats are set from the same run). None, with a
+    warning, when the graph cannot run on fake tensors."""
     graph = planned.stages[stage]
     rows = batch_rows(example_inputs, 0, int(plan.microbatch_size))
     try:
@@ -381,9 +389,29 @@ def _stage_examples(
             return empty.requires_grad_(bool(value.requires_grad))
         return torch.tensor(value, device=device)  # a number, sent as StageModule sends it
 
-    inputs = tuple(example(values[name]) for name in graph.input_names)
+    def examples(names: list[str]) -> tuple[torch.Tensor, ...]:
+        # What StageModule sends: every tensor or number leaf of each value, in order.
+        return tuple(example(leaf) for name in names for leaf in pytree.tree_leaves(values[name]))
+
+    if stage > 0:
+        wires = []
+        for name in graph.input_names:
+            try:
+                wires.append(wire_of(values[name]))
+            except TypeError as exc:
+                raise StageSplitError(
+                    f"value {name!r} crossing the cut before stage {stage} holds {exc}, not "
+                    "tensors or numbers; torch.distributed.pipelining sends only tensors "
+                    "between ranks: plan a different cut (e.g. --units)"
+                ) from None
+        module.set_wires(wires)
+    inputs = (
+        examples(graph.input_names)
+        if stage > 0
+        else tuple(example(values[name]) for name in graph.input_names)
+    )
     if graph.output_names:
-        outputs = tuple(example(values[name]) for name in graph.output_names)
+        outputs = examples(graph.output_names)
     else:
         leaves = pytree.tree_leaves(values[OUTPUT])
         outputs = tuple(example(v) for v in leaves if isinstance(v, torch.Tensor))

@@ -11,6 +11,7 @@ tensors, since only tensors travel between ranks.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -41,14 +42,64 @@ def split_stages(unit_graph: UnitGraph, unit_stage: Sequence[int]) -> list[Stage
     return split_graph(unit_graph.graph_module, node_stage, num_stages)
 
 
-def _number_inputs(graph: fx.GraphModule) -> list[bool]:
-    """Per placeholder: whether it carries a Python number (traced as a SymInt/int), which
-    arrives as a 0-dim tensor and is turned back into a number."""
-    flags = []
+@dataclass
+class Wire:
+    """How one value crossing a cut travels: its pytree leaves, in order, each a tensor or a
+    number sent as a 0-dim tensor (``numbers[i]``), rebuilt with ``spec``."""
+
+    spec: pytree.TreeSpec
+    numbers: list[bool]
+
+    @property
+    def width(self) -> int:
+        return len(self.numbers)
+
+
+def wire_of(value: Any) -> Wire:
+    """The wire format of an example of a value (a tensor, a number, or tuples/lists/dicts
+    of them); ``TypeError`` naming the leaf torch.distributed.pipelining cannot send."""
+    leaves, spec = pytree.tree_flatten(value)
+    for leaf in leaves:
+        if not isinstance(leaf, (torch.Tensor, *_NUMBERS)):
+            raise TypeError(f"a Python {type(leaf).__name__}")
+    return Wire(spec, [isinstance(leaf, _NUMBERS) for leaf in leaves])
+
+
+def _meta_wires(graph: fx.GraphModule) -> list[Wire]:
+    """Wire formats read off the placeholders' traced values (export graphs record them;
+    otherwise each input is taken to be one tensor)."""
+    wires = []
     for node in graph.graph.nodes:
         if node.op == "placeholder":
-            flags.append(isinstance(node.meta.get("val"), _NUMBERS))
-    return flags
+            val = node.meta.get("val")
+            try:
+                wires.append(wire_of(val) if val is not None else wire_of(torch.empty(0)))
+            except TypeError:
+                wires.append(wire_of(torch.empty(0)))
+    return wires
+
+
+def to_wire(value: Any) -> list[torch.Tensor]:
+    """The tensors that carry ``value`` between ranks (contiguous; numbers as 0-dim)."""
+    leaves = pytree.tree_leaves(value)
+    return [
+        torch.tensor(v) if isinstance(v, _NUMBERS) else v.contiguous()
+        for v in leaves  # wire_of checked the kinds
+    ]
+
+
+def from_wire(tensors: Sequence[Any], wires: Sequence[Wire]) -> list[Any]:
+    """The values ``to_wire`` sent, rebuilt with their wire formats."""
+    values, at = [], 0
+    for wire in wires:
+        leaves = list(tensors[at : at + wire.width])
+        at += wire.width
+        leaves = [
+            t.item() if number and isinstance(t, torch.Tensor) else t
+            for t, number in zip(leaves, wire.numbers, strict=True)
+        ]
+        values.append(pytree.tree_unflatten(leaves, wire.spec))
+    return values
 
 
 class StageModule(nn.Module):
@@ -77,18 +128,27 @@ class StageModule(nn.Module):
         self.output_names = stage.output_names
         self.checkpoint = checkpoint
         self._unflatten = unflatten
-        self._number_inputs = _number_inputs(stage.module) if stage.index > 0 else []
+        self._wires_in = _meta_wires(stage.module) if stage.index > 0 else []
+
+    def set_wires(self, inputs: Sequence[Wire]) -> None:
+        """The wire formats of this stage's inputs (from example values of one micro-batch);
+        without them each input is one tensor, or a number where the trace says so."""
+        if self.index > 0:
+            self._wires_in = list(inputs)
 
     def forward(self, *args: Any) -> Any:
-        if len(args) != len(self.input_names):
+        if self._wires_in:
+            wanted = sum(w.width for w in self._wires_in)
+            if len(args) != wanted:
+                raise TypeError(
+                    f"stage {self.index} takes {wanted} tensors for its inputs "
+                    f"({', '.join(self.input_names)}), got {len(args)}"
+                )
+            args = tuple(from_wire(args, self._wires_in))
+        elif len(args) != len(self.input_names):
             raise TypeError(
                 f"stage {self.index} takes {len(self.input_names)} values "
                 f"({', '.join(self.input_names)}), got {len(args)}"
-            )
-        if self._number_inputs:
-            args = tuple(
-                a.item() if number and isinstance(a, torch.Tensor) else a
-                for a, number in zip(args, self._number_inputs, strict=True)
             )
         if self.checkpoint and torch.is_grad_enabled():
             # The runtime's re-materialization: BatchNorm statistics are put back after the
@@ -98,20 +158,17 @@ class StageModule(nn.Module):
             out = self.body(*args)
         if not self.output_names:
             return self._flat_output(out)
-        sent = []
+        sent: list[torch.Tensor] = []
         for name, value in zip(self.output_names, out, strict=True):
-            if isinstance(value, _NUMBERS):
-                value = torch.tensor(value)  # numbers travel as 0-dim tensors
-            elif isinstance(value, torch.Tensor):
-                value = value.contiguous()  # gloo and NCCL send dense tensors only
-            elif not isinstance(value, torch.Tensor):
+            try:
+                wire_of(value)
+            except TypeError as exc:
                 raise TypeError(
-                    f"value {name!r} crossing the cut after stage {self.index} is a "
-                    f"Python {type(value).__name__}, not a tensor or number; "
-                    "torch.distributed.pipelining sends only tensors between stages: plan a "
-                    "different cut"
-                )
-            sent.append(value)
+                    f"value {name!r} crossing the cut after stage {self.index} holds {exc}, "
+                    "not a tensor or number; torch.distributed.pipelining sends only tensors "
+                    "between stages: plan a different cut"
+                ) from None
+            sent += to_wire(value)
         return tuple(sent)
 
     def _flat_output(self, out: Any) -> Any:
