@@ -202,3 +202,31 @@ def test_torchrun_trains_like_one_process(family: str, zoo_runs: Path, tmp_path:
     for rank in (0, 1):
         assert (zoo_runs / f"{family}.rank{rank}.rc").read_text() == "0"
     _check_run(zoo_runs, family, tmp_path)
+
+
+def test_use_cache_config_is_turned_off_for_training() -> None:
+    import transformers
+    from autopipe.profiler.units import trace_units
+
+    cfg = zoo._decoder_config("LlamaConfig")
+    cfg.use_cache = True
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(cfg)
+    with pytest.warns(UserWarning, match=r"use_cache = False for training"):
+        graph = trace_units(model, zoo.example_inputs_llama(4))
+    assert model.config.use_cache is False
+    assert graph.unit_names[-1] == "lm_head"
+
+
+def test_tied_embedding_is_charged_to_every_stage_that_holds_it() -> None:
+    """GPT-2's embedding and head are one parameter on the first and last stage: each of the
+    two stages pays for its copy (parameters, gradients and optimizer state)."""
+    measured = _quick_profile("gpt2")
+    wte = next(u for u in measured.units if u.name == "transformer.wte")
+    head = next(u for u in measured.units if u.name == "lm_head")
+    assert wte.shared_parameters == head.shared_parameters == ["transformer.wte.weight"]
+    plan = make_plan(measured, gpus=2, microbatches=2)
+    first, last = plan.stages
+    assert "transformer.wte" in first.units and "lm_head" in last.units
+    assert first.parameter_bytes >= wte.parameter_bytes
+    assert last.parameter_bytes >= head.parameter_bytes == wte.parameter_bytes
