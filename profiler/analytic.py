@@ -46,8 +46,16 @@ from autopipe.profiler.catalog import DeviceSpec, get_device, normalize_dtype
 from autopipe.profiler.measure import microbatch_sizes_to_profile, slice_batch
 from autopipe.profiler.memory import parameter_accounting
 from autopipe.profiler.opcount import OpCounter, storage_key
-from autopipe.profiler.optimizer_state import normalize_optimizer
+from autopipe.profiler.optimizer_state import normalize_optimizer, resolve_optimizer
 from autopipe.profiler.profile import Profile, UnitProfile
+from autopipe.profiler.reduce import (
+    block_units,
+    expand_profile,
+    find_block_reduction,
+    periods_match,
+    shortened,
+    still_the_blocks,
+)
 from autopipe.profiler.tree import tensor_leaves
 from autopipe.profiler.units import TraceError, UnitGraph, trace_units
 from torch import fx, nn
@@ -251,11 +259,13 @@ def profile_analytic(
     granularity: str = "block",
     loss_fn: Callable[[Any, Any], torch.Tensor] | None = None,
     efficiency: float | dict[str, float] | None = None,
-    optimizer: str = "adam",
+    optimizer: str = "auto",
+    bytes_per_parameter: float | None = None,
     microbatch_sizes: Sequence[int] | None = None,
     allow_tf32: bool = False,
     model_name: str = "",
     progress: bool = False,
+    share: bool = True,
 ) -> Profile:
     """Per-unit time and memory of one training step, counted on the meta device.
 
@@ -275,6 +285,11 @@ def profile_analytic(
     shrink); ``None`` = ``B`` and ``B/4`` (or ``B/2``); ``()`` = ``B`` only, overhead =
     kernels x launch overhead.
     ``progress``: a tqdm bar over the counting passes (one per micro-batch size).
+    ``optimizer`` / ``bytes_per_parameter``: training state per parameter (``auto``: mixed-
+    precision Adam for 16-bit parameters, Adam for fp32; ``profiler/optimizer_state.py``).
+    ``share=True``: a stack of repeated blocks is traced and counted as its first few blocks
+    and the counts repeated (:mod:`autopipe.profiler.reduce`; the same figures, in the time
+    of a few blocks); ``False`` counts every block.
     Returns a ``Profile`` with ``mode="analytic"``; seconds are for the whole batch.
     """
     started = time.perf_counter()
@@ -290,25 +305,48 @@ def profile_analytic(
             f"dtype {dtype!r} is not supported; use bfloat16, float16 or float32"
         )
     spec.peak_for(dtype_name, allow_tf32=allow_tf32)  # fail early if the device lacks it
+    torch_dtype = _TORCH_DTYPES[dtype_name]
     try:
-        optimizer = normalize_optimizer(optimizer)
+        optimizer_chosen = normalize_optimizer(optimizer) != "auto"
+        optimizer = resolve_optimizer(optimizer, torch.empty((), dtype=torch_dtype).element_size())
     except ValueError as exc:
         raise AnalyticProfileError(str(exc)) from None
-    torch_dtype = _TORCH_DTYPES[dtype_name]
+    if bytes_per_parameter is not None and not bytes_per_parameter > 0:
+        raise AnalyticProfileError(f"bytes_per_parameter={bytes_per_parameter} must be positive")
     model = _meta_model(model_or_factory, torch_dtype)
     inputs = _meta_inputs(example_inputs, torch_dtype)
     big_b = _batch_size(inputs)
     sizes = _sizes(big_b, microbatch_sizes)
+    reduction = find_block_reduction(model) if share else None
     bar = tqdm(
         sizes, desc=f"counting {type(model).__name__} on {spec.name}", unit="pass",
         disable=not progress, leave=False,
     )  # fmt: skip
-    counts = []
+    counts: list[_Count] = []
+    first: int | None = None
     for b in bar:
         bar.set_postfix_str(f"micro-batch {b}")
-        counts.append(
-            _count(model, slice_batch(inputs, b, big_b), spec, granularity, loss_fn, allow_tf32)
-        )
+        size_inputs = slice_batch(inputs, b, big_b)
+        if reduction is not None:
+            try:
+                with shortened(model, reduction):
+                    if not still_the_blocks(model, reduction):
+                        raise AnalyticProfileError("another block container")
+                    count = _count(model, size_inputs, spec, granularity, loss_fn, allow_tf32)
+                first = block_units(count.units, reduction)
+            except AnalyticProfileError:
+                first = None  # the shortened model does not run: count the whole one
+            if first is not None and periods_match(count.units, reduction, first):
+                counts.append(count)
+                continue
+            if counts:  # the earlier sizes were counted shortened: count them again in full
+                counts = [
+                    _count(model, slice_batch(inputs, c.batch_size, big_b), spec, granularity,
+                           loss_fn, allow_tf32)
+                    for c in counts
+                ]  # fmt: skip
+            reduction = None
+        counts.append(_count(model, size_inputs, spec, granularity, loss_fn, allow_tf32))
     base = counts[0]
     for other in counts[1:]:
         if other.units.unit_names != base.units.unit_names:
@@ -316,13 +354,23 @@ def profile_analytic(
                 "the units differ between micro-batch sizes (shape-specialised tracing); "
                 "pass microbatch_sizes=() to count the full batch only"
             )
-    profile = _build_profile(
-        base, model, spec, dtype_name, torch_dtype, optimizer, model_name or type(model).__name__
-    )
+    name = model_name or type(model).__name__
+    with shortened(model, reduction) if reduction is not None else contextlib.nullcontext():
+        profile = _build_profile(
+            base, model, spec, dtype_name, torch_dtype, optimizer, name, bytes_per_parameter
+        )
     profile.meta["analytic_smaller_sizes"] = [
         {"microbatch_size": b, "units": _cost_parts(c.counter)}
         for b, c in zip(sizes[1:], counts[1:], strict=True)
     ]
+    profile.meta["optimizer_chosen"] = optimizer_chosen or bytes_per_parameter is not None
+    if bytes_per_parameter is not None:
+        profile.meta["state_bytes_per_parameter"] = bytes_per_parameter
+    if reduction is not None and first is not None:
+        total = sum(
+            p.numel() * p.element_size() for p in {id(q): q for q in model.parameters()}.values()
+        )
+        profile = expand_profile(profile, reduction, first, total)
     _apply_times(profile, priced_times(profile.meta, 1.0, 1.0, spec.kernel_launch_overhead_s))
     profile.meta["analytic_seconds"] = time.perf_counter() - started
     return profile
@@ -377,24 +425,42 @@ def _count(
         return t
 
     input_tensors = tensor_leaves(inputs)
-    with (
-        _fused_attention_everywhere(),
-        _AutogradTagger(counter),
-        counter,
-        torch.autograd.graph.saved_tensors_hooks(pack, _unpack),
-    ):
-        counter.mark_inputs(input_tensors)
-        interpreter = _UnitInterpreter(gm, units.node_unit, counter)
-        # flat placeholders in, flat graph outputs out; the UnitGraph restores the structure
-        flat_output = interpreter.run(*units.flat_inputs(inputs), enable_io_processing=False)
-        output = units.unflatten_output(flat_output)
-        counter.mark_outputs(tensor_leaves(output))
-        # The loss: booked apart; its inputs (targets) are not pipeline traffic.
-        counter.track_liveness = False
-        counter.unit = n
-        loss = _loss(output, inputs, loss_fn)
-        counter.phase = "backward"
-        loss.backward()
+    interpreter = _UnitInterpreter(gm, units.node_unit, counter)
+    # Gradients left by an earlier count would turn this backward's gradient writes into
+    # accumulations (extra add_ kernels); each count starts from none, as measuring does.
+    trainable = [p for p in {id(q): q for q in [*model.parameters(), *gm.parameters()]}.values()]
+    for p in trainable:
+        p.grad = None
+    try:
+        with (
+            _fused_attention_everywhere(),
+            _AutogradTagger(counter),
+            counter,
+            torch.autograd.graph.saved_tensors_hooks(pack, _unpack),
+        ):
+            counter.mark_inputs(input_tensors)
+            # flat placeholders in, flat graph outputs out; the UnitGraph restores the structure
+            flat_output = interpreter.run(*units.flat_inputs(inputs), enable_io_processing=False)
+            output = units.unflatten_output(flat_output)
+            counter.mark_outputs(tensor_leaves(output))
+            # The loss: booked apart; its inputs (targets) are not pipeline traffic.
+            counter.track_liveness = False
+            counter.unit = n
+            loss = _loss(output, inputs, loss_fn)
+            counter.phase = "backward"
+            loss.backward()
+    except AnalyticProfileError:
+        raise
+    except Exception as exc:
+        where = units.unit_names[counter.unit] if counter.unit < n else "the loss"
+        raise AnalyticProfileError(
+            f"analytic mode runs the model on the meta device, and {where} failed there in "
+            f"{counter.phase}: {_first_line(exc)} (profile it measured, without --device, "
+            "or make that op meta-friendly)"
+        ) from exc
+    finally:
+        for p in trainable:
+            p.grad = None
     return _Count(
         counter=counter,
         node_storages=interpreter.node_storages,
@@ -402,6 +468,11 @@ def _count(
         input_bytes=sum(t.untyped_storage().nbytes() for t in input_tensors),
         batch_size=_batch_size(inputs),
     )
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}".strip()
 
 
 def _unpack(t: torch.Tensor) -> torch.Tensor:
@@ -483,11 +554,14 @@ def _build_profile(
     torch_dtype: torch.dtype,
     optimizer: str,
     model_name: str,
+    bytes_per_parameter: float | None = None,
 ) -> Profile:
     """The profile at the full batch; times are filled in by :func:`_apply_times`."""
     ug = count.units
     outputs, grad_inputs = _boundary_bytes(ug, count.node_storages)
-    accounting, parameter_bytes_total = parameter_accounting(ug, model, optimizer)
+    accounting, parameter_bytes_total = parameter_accounting(
+        ug, model, optimizer, bytes_per_parameter
+    )
     parts = _cost_parts(count.counter)
     units: list[UnitProfile] = []
     for index, name in enumerate(ug.unit_names):
