@@ -24,8 +24,12 @@ constants: the 5.75 B-parameter GPT (48 blocks, seq 2048) profiles in 1-3 s here
 block counted (no shortcut through repeated blocks).
 
 ``F.scaled_dot_product_attention`` is routed to the fused (flash) attention op on meta,
-as the CPU and CUDA backends do, so attention memory is O(seq), not O(seq^2). Models with
-data-dependent control flow cannot run on meta and are rejected with a clear error.
+as the CPU and CUDA backends do, so attention memory is O(seq), not O(seq^2); where the
+fused op does not apply (dropout, grouped-query heads, a value head size unlike the query's)
+torch's dispatch is used, and where that cannot run on meta, the math decomposition
+(``softmax(q k^T) v``). Models with data-dependent control flow cannot run on meta and are
+rejected with a clear error; an op that fails on meta is one ``AnalyticProfileError``
+naming analytic mode, the unit and the phase.
 """
 
 from __future__ import annotations
@@ -151,7 +155,8 @@ _SDPA_FUNCTIONS = (
 
 class _AutogradTagger(TorchFunctionMode):
     """Tags each new autograd node with the unit current when it was created, so that
-    backward ops are booked to the same unit; routes SDPA to the fused attention op."""
+    backward ops are booked to the same unit; routes SDPA to the fused attention op, or to
+    its math decomposition where the fused op does not apply."""
 
     def __init__(self, counter: OpCounter) -> None:
         super().__init__()
@@ -162,10 +167,9 @@ class _AutogradTagger(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
         kwargs = kwargs or {}
         if func in _SDPA_FUNCTIONS:
-            out = _fused_attention(args, kwargs)
-            if out is not None:
-                self._tag(out)
-                return out
+            out = _attention_on_meta(func, args, kwargs)
+            self._tag(out)
+            return out
         out = func(*args, **kwargs)
         self._tag(out)
         return out
@@ -209,6 +213,8 @@ def _fused_attention(args: tuple, kwargs: dict) -> torch.Tensor | None:
         or not all(isinstance(t, torch.Tensor) and t.is_meta for t in (q, k, v))
         or q.shape[:-2] != k.shape[:-2]
         or q.dim() != 4
+        # the fused kernels (and their FLOP formulas) need one head size for q, k and v
+        or not q.shape[-1] == k.shape[-1] == v.shape[-1]
     ):
         return None
     if mask is not None and mask.dtype == torch.bool:
@@ -227,6 +233,56 @@ def _fused_attention(args: tuple, kwargs: dict) -> torch.Tensor | None:
     return out
 
 
+def _math_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attn_mask: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+) -> torch.Tensor:
+    """SDPA written out as the math backend computes it: ``softmax(q k^T * scale + mask) v``
+    (matmuls the FLOP counter knows, O(seq^2) saved scores). For shapes the fused kernels do
+    not take and kernels that do not run on meta."""
+    if enable_gqa and key.shape[-3] != query.shape[-3]:
+        repeat = query.shape[-3] // key.shape[-3]
+        key = key.repeat_interleave(repeat, dim=-3)
+        value = value.repeat_interleave(repeat, dim=-3)
+    scale = query.shape[-1] ** -0.5 if scale is None else scale
+    scores = torch.matmul(query, key.transpose(-2, -1)) * scale
+    if is_causal:
+        keep = torch.ones(
+            query.shape[-2], key.shape[-2], dtype=torch.bool, device=query.device
+        ).tril()
+        scores = scores.masked_fill(keep.logical_not(), float("-inf"))
+    if attn_mask is not None:
+        if attn_mask.dtype == torch.bool:
+            scores = scores.masked_fill(attn_mask.logical_not(), float("-inf"))
+        else:
+            scores = scores + attn_mask
+    weights = torch.softmax(scores, dim=-1)
+    if dropout_p:
+        weights = F.dropout(weights, dropout_p)
+    return torch.matmul(weights, value)
+
+
+def _attention_on_meta(func: Callable[..., Any], args: tuple, kwargs: dict) -> torch.Tensor:
+    """SDPA on meta: the fused op where it applies, else torch's own dispatch, else (a
+    kernel that cannot run on meta) the math decomposition."""
+    out = _fused_attention(args, kwargs)
+    if out is not None:
+        return out
+    try:
+        return func(*args, **kwargs)
+    except (RuntimeError, NotImplementedError, AssertionError):
+        names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale")
+        bound = dict(zip(names, args, strict=False))
+        bound.update(kwargs)
+        return _math_attention(**bound)
+
+
 @contextlib.contextmanager
 def _fused_attention_everywhere() -> Iterator[None]:
     """Also route SDPA calls made *inside* other torch functions (``nn.MultiheadAttention``
@@ -235,8 +291,7 @@ def _fused_attention_everywhere() -> Iterator[None]:
     original = F.scaled_dot_product_attention
 
     def routed(*args: Any, **kwargs: Any) -> torch.Tensor:
-        out = _fused_attention(args, kwargs)
-        return original(*args, **kwargs) if out is None else out
+        return _attention_on_meta(original, args, kwargs)
 
     F.scaled_dot_product_attention = routed
     try:

@@ -230,6 +230,8 @@ class _SizeMeasurement:
     timed: dict[int, tuple[float, float]] = field(default_factory=dict)
     """Units already timed while capturing (one unit at a time, from the meta device)."""
     loss_activation_bytes: int = 0
+    materialized_peak_bytes: int = 0
+    """Most parameter and buffer bytes materialized at once (models on the meta device)."""
     peak_estimated: bool = True
     """``peak_bytes`` are saved + output + input-gradient bytes (no allocator statistics)."""
 
@@ -518,6 +520,8 @@ def _prepare_size(
     measurement.timed = timed
     measurement.loss_activation_bytes = counter.bytes_by_tag.get("loss", 0)
     measurement.peak_estimated = device.type != "cuda"
+    if materializer is not None:
+        measurement.materialized_peak_bytes = materializer.peak_bytes
     return measurement, steps
 
 
@@ -853,6 +857,7 @@ def profile(
         "reference": timed_reference,
         "shared_samples_cap": SHARED_SAMPLES_CAP if share else 1,
         "meta_init": meta_init,
+        "materialized_peak_bytes": max(m.materialized_peak_bytes for m in measured),
         "optimizer_chosen": optimizer_chosen or bytes_per_parameter is not None,
         "per_size": [
             {
