@@ -186,6 +186,7 @@ def _load_profile_or_model(args: argparse.Namespace) -> Any:
             ("--granularity", args.granularity),
             ("--no-cache", args.no_cache),
             ("--meta-init", args.meta_init),
+            ("--no-share", args.no_share),
         )
         if value
     ]
@@ -244,6 +245,7 @@ def _profile_model_file(args: argparse.Namespace) -> Any:
                     progress=not args.quiet,
                     optimizer=args.optimizer or "auto",
                     bytes_per_parameter=args.bytes_per_parameter,
+                    share=not args.no_share,
                 )
             except (AnalyticProfileError, DeviceSpecError) as exc:
                 raise UsageError(str(exc)) from exc
@@ -264,6 +266,7 @@ def _profile_model_file(args: argparse.Namespace) -> Any:
                 optimizer=args.optimizer or "auto",
                 bytes_per_parameter=args.bytes_per_parameter,
                 meta_init=meta_init,
+                share=not args.no_share,
             )
     except ModelFileError as exc:
         raise UsageError(str(exc)) from exc
@@ -637,6 +640,12 @@ def _model_options(p: argparse.ArgumentParser) -> None:
         metavar="BYTES",
         help="training-state bytes per parameter (weights + gradients + optimizer state), "
         "overriding --optimizer",
+    )
+    p.add_argument(
+        "--no-share",
+        action="store_true",
+        help="measure (or count) every unit, even identical ones (slower and, measured, "
+        "noisier: for comparison)",
     )
     p.add_argument(
         "--meta-init",

@@ -60,6 +60,7 @@ from autopipe.profiler.profile import Profile, UnitProfile
 from autopipe.profiler.sharing import UnitSharing
 from autopipe.profiler.time_model import fit_time_model
 from autopipe.profiler.timing import (
+    CUDA_EVENTS,
     TimedStep,
     num_threads,
     synchronize,
@@ -637,8 +638,9 @@ def profile(
     (single-thread timings are stable on a loaded host and keep the units' shares right;
     oversubscribed multi-thread kernels are not) and unchanged on GPUs. ``clock``:
     ``"wall"``, ``"thread_cpu"`` (CPU time of the measuring thread, robust to other processes
-    on a shared host), ``"auto"`` (``"thread_cpu"`` for single-threaded CPU runs, else wall)
-    or a function returning seconds (a fake clock for tests).
+    on a shared host), ``"cuda_events"`` (CUDA events: device time), ``"auto"``
+    (``"thread_cpu"`` for single-threaded CPU runs, CUDA events on CUDA, else wall) or a
+    function returning seconds (a fake clock for tests).
     ``optimizer`` / ``bytes_per_parameter``: the training state per parameter that the units'
     ``gradient_bytes`` and ``optimizer_bytes`` count (``auto``: mixed-precision Adam for
     16-bit parameters, Adam for fp32; see ``profiler/optimizer_state.py``).
@@ -697,6 +699,8 @@ def profile(
     if clock == "auto":
         single = (threads or torch.get_num_threads()) == 1
         clock = "thread_cpu" if dev.type == "cpu" and single else "wall"
+        if dev.type == "cuda":
+            clock = CUDA_EVENTS
     clock_name = clock if isinstance(clock, str) else getattr(clock, "__name__", "custom")
 
     key = None

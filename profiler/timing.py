@@ -1,8 +1,9 @@
 """Timing of forward/backward pairs (the time model they feed: ``time_model.py``).
 
-Times are medians over ``repeat`` runs after ``warmup`` runs, on the wall clock or the
-measuring thread's CPU clock; on CUDA the device is synchronised around each timed region so
-the clock measures the kernels, not the launch.
+Times are medians over ``repeat`` runs after ``warmup`` runs, on the wall clock, the
+measuring thread's CPU clock or (CUDA, the default there) CUDA events recorded around each
+timed region; with a host clock on CUDA the device is synchronised around each timed region
+so the clock measures the kernels, not the launch.
 """
 
 from __future__ import annotations
@@ -55,6 +56,9 @@ CLOCKS: dict[str, Callable[[], float]] = {
     "wall": time.perf_counter,
     "thread_cpu": time.thread_time,
 }
+CUDA_EVENTS = "cuda_events"
+"""Clock name: CUDA events recorded on the current stream around forward and backward (the
+kernels' own time on the device, without host launch gaps between timed regions)."""
 
 
 def resolve_clock(clock: str | Callable[[], float]) -> Callable[[], float]:
@@ -63,8 +67,23 @@ def resolve_clock(clock: str | Callable[[], float]) -> Callable[[], float]:
     if callable(clock):
         return clock
     if clock not in CLOCKS:
-        raise ValueError(f"clock {clock!r} is not one of {', '.join(CLOCKS)}")
+        raise ValueError(f"clock {clock!r} is not one of {', '.join((*CLOCKS, CUDA_EVENTS))}")
     return CLOCKS[clock]
+
+
+def _time_with_events(
+    step: TimedStep, device: torch.device
+) -> tuple[float, float]:  # pragma: no cover - needs a GPU (benchmarks/gpu_check.py runs it)
+    stream = torch.cuda.current_stream(device)
+    start, middle, end = (torch.cuda.Event(enable_timing=True) for _ in range(3))
+    start.record(stream)
+    out = step.forward()
+    middle.record(stream)
+    step.backward(out)
+    end.record(stream)
+    del out
+    end.synchronize()
+    return start.elapsed_time(middle) / 1e3, middle.elapsed_time(end) / 1e3
 
 
 def time_steps_interleaved(
@@ -86,15 +105,27 @@ def time_steps_interleaved(
     ``clock``: ``"wall"`` (``time.perf_counter``) or ``"thread_cpu"`` (``time.thread_time``:
     CPU seconds of the calling thread, blind to time the thread waits while other processes
     run; equal to wall time on an idle machine, and only meaningful for single-threaded
-    CPU kernels); a callable is used as the clock.
+    CPU kernels), ``"cuda_events"`` (CUDA events on the current stream: device time of
+    the kernels) or a callable, used as the clock.
     """
     if repeat < 1:
         raise ValueError(f"repeat must be >= 1, got {repeat}")
-    now = resolve_clock(clock)
+    events = clock == CUDA_EVENTS
+    if events and device.type != "cuda":
+        raise ValueError(f"clock {CUDA_EVENTS!r} needs a CUDA device, got {device}")
+    now = time.perf_counter if events else resolve_clock(clock)
     samples: list[tuple[list[float], list[float]]] = [([], []) for _ in steps]
     for r in range(warmup + repeat):
         for step, (fwd, bwd) in zip(steps, samples, strict=True):
             for _ in range(max(step.samples_per_round, 1) if r >= warmup else 1):
+                if events:
+                    f_s, b_s = _time_with_events(step, device)
+                    if step.reset is not None:
+                        step.reset()
+                    if r >= warmup:
+                        fwd.append(f_s)
+                        bwd.append(b_s)
+                    continue
                 synchronize(device)
                 t0 = now()
                 out = step.forward()
