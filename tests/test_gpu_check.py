@@ -44,3 +44,38 @@ def test_gpu_check_dry_run_produces_every_row(tmp_path: Path, capsys) -> None:  
     assert rows["copy-stream overlap"]["note"] == "skipped: needs two GPUs"
     assert code == (0 if all(r["status"] in ("pass", "skip") for r in rows.values()) else 1)
     assert "autopipe GPU check on CPU dry run" in table and "PASS" in table
+
+
+def test_gpu_check_finds_the_catalog_entry_by_device_name(monkeypatch) -> None:  # noqa: ANN001
+    import torch
+
+    spec = importlib.util.spec_from_file_location("_gpu_check_names", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    gpu_check = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = gpu_check
+    spec.loader.exec_module(gpu_check)
+    cuda = torch.device("cuda", 0)
+    expected = {
+        "NVIDIA H200": "H200-141GB",
+        "NVIDIA H100 80GB HBM3": "H100-SXM-80GB",
+        "NVIDIA H100 PCIe": "H100-PCIe-80GB",
+        "NVIDIA A100-SXM4-40GB": "A100-40GB",
+        "NVIDIA A100 80GB PCIe": "A100-80GB",
+        "Tesla V100-SXM2-32GB": "V100-32GB",
+        "NVIDIA GeForce RTX 4090": "RTX-4090-24GB",
+        "NVIDIA L40S": "L40S-48GB",
+        "NVIDIA L4": "L4-24GB",
+    }
+    for name, entry in expected.items():
+        monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None, n=name: n)
+        found, how = gpu_check.catalog_entry(cuda)
+        assert found.name.lower() == entry.lower(), (name, found.name)
+        assert "matched" in how
+
+    class Props:
+        total_memory = 24 * 10**9
+
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA RTX A5000")
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device=None: Props())
+    found, how = gpu_check.catalog_entry(cuda)
+    assert "nearest in memory" in how and found.memory_bytes == 24 * 10**9

@@ -9,6 +9,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # configs only, nothing downloads
 
 import random
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -181,3 +182,27 @@ def test_meta_model_traced_by_export_measured_unit_by_unit() -> None:
     assert meta.cut_bytes == real.cut_bytes
     assert [u.measured_as for u in meta.units] == [u.measured_as for u in real.units]
     assert meta.units[3].measured_as == "model.layers.0"
+
+
+def test_cli_lists_shared_units_and_measures_from_meta_when_too_big(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """``autopipe profile -v`` names the shared measurements; a model whose parameters and
+    gradients exceed the free memory is built on meta and measured unit by unit."""
+    import autopipe.cli as cli
+
+    gpt = str(load_example("gpt").__file__)
+    out = tmp_path / "p.json"
+    monkeypatch.setattr(cli, "available_memory_bytes", lambda device: 2**20)  # 1 MiB free
+    with caplog.at_level("INFO", logger="autopipe"):
+        assert cli.main(["profile", gpt, "-v", "--no-cache", "-o", str(out)]) == 0
+    text = capsys.readouterr()
+    assert "measured one unit at a time (--meta-init)" in caplog.text
+    assert "shared         13 units share 1 measurement" in text.out
+    assert "blocks.0: measured once for blocks.0, blocks.1 .. blocks.12 (13 units)" in text.out
+    assert "meta-init      built on meta, measured one unit at a time" in text.out
+    p = Profile.load(out)
+    assert p.meta["meta_init"] is True and p.units[5].measured_as == "blocks.0"
