@@ -10,7 +10,7 @@ benchmarks/models/encoder_stack.py) at 4, 16 and 48 layers:
    planned on 7 stages (48 = 6 x 7 + 6: which stage gets 6 layers is decided by the costs),
    distinct plans counted, and the spread of the 48 copies' measured times.
 
-    .venv/bin/python benchmarks/profile_depth.py [--repeats 3] [--reprofiles 5]
+    .venv/bin/python benchmarks/profile_depth.py [--repeats 3] [--reprofiles 5] [--only cost|stability]
 """
 
 from __future__ import annotations
@@ -68,26 +68,52 @@ def stability(reprofiles: int, layers: int = 48, stages: int = 7) -> None:
     model, x = encoder_stack.build_model(layers), encoder_stack.example_inputs(8)
     print(f"\nplan stability: {layers} layers on {stages} stages, {reprofiles} re-profiles each")
     for share, label in ((False, "every block measured"), (True, "identical measured once")):
-        plans, spreads = [], []
+        plans, spreads, gaps = [], [], []
+        profiles = []
         for _ in range(reprofiles):
             p = profile(model, x, progress=False, share=share)
             blocks = [u.forward_s + u.backward_s for u in p.units[1:-1]]
             spreads.append(max(blocks) / min(blocks) - 1)
-            plans.append(tuple(plan(p, stages, baselines=False).balance))
+            plans.append(plan(p, stages, baselines=False))
+            profiles.append(p)
+        distinct = sorted({tuple(q.balance) for q in plans})
+        # How far apart the distinct plans are, judged by each profile's own costs.
+        for p, q in zip(profiles, plans, strict=True):
+            times = [iteration_s(p, b, q.microbatches) for b in distinct]
+            gaps.append(max(times) / min(times) - 1)
         print(
-            f"  {label:<24} {len(set(plans))} distinct plan(s) in {reprofiles}; "
+            f"  {label:<24} {len(distinct)} distinct plan(s) in {reprofiles}; "
             f"copies' fwd+bwd spread {100 * statistics.median(spreads):.1f}% (median); "
-            f"balances: {sorted(set(plans))}"
+            f"the plans' predicted iterations differ by {100 * max(gaps):.2f}% at most; "
+            f"balances: {distinct}"
         )
+
+
+def iteration_s(profile: object, balance: tuple[int, ...], microbatches: int) -> float:
+    """Predicted GPipe iteration of the partition ``balance`` under ``profile``'s costs."""
+    from autopipe.planner import Cluster, Device
+    from autopipe.planner.assemble import simulate_costs
+    from autopipe.planner.costs import CostModel
+
+    cluster = Cluster([Device(name="cpu")] * len(balance))
+    cm = CostModel(
+        profile, cluster, batch_size=profile.batch_size, microbatches=microbatches,
+        schedule="gpipe", checkpoint="never", state_bytes_per_parameter=16.0, headroom=0.1,
+    )  # fmt: skip
+    bounds = [sum(balance[:i]) for i in range(len(balance) + 1)]
+    return simulate_costs(cm.stage_costs(bounds), microbatches, "gpipe").iteration_time_s
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--reprofiles", type=int, default=5)
+    parser.add_argument("--only", choices=["cost", "stability"], help="run one part")
     args = parser.parse_args()
-    cost_and_ratio(args.repeats)
-    stability(args.reprofiles)
+    if args.only != "stability":
+        cost_and_ratio(args.repeats)
+    if args.only != "cost":
+        stability(args.reprofiles)
 
 
 if __name__ == "__main__":
