@@ -42,6 +42,9 @@ ShareFn = Callable[[int, fx.GraphModule, tuple[Any, ...], tuple[bool, ...]], int
 is the same computation (its outputs stand in), or None to run this unit."""
 AfterFn = Callable[[UnitCall], Any]
 """``after(call)`` runs after each unit that ran; a non-None result replaces its outputs."""
+InputsFn = Callable[[int, fx.GraphModule, tuple[Any, ...], tuple[bool, ...]], tuple[Any, ...]]
+"""``inputs(index, module, args, activation_args)``: the arguments to run the unit on (e.g.
+copies a unit may write into); the call records the original ``args``."""
 
 
 def split_units(ug: UnitGraph, model: nn.Module) -> fx.GraphModule:
@@ -63,12 +66,14 @@ class _CaptureInterpreter(fx.Interpreter):
         on_call: Callable[[int, Any], None] | None,
         share: ShareFn | None = None,
         after: AfterFn | None = None,
+        inputs: InputsFn | None = None,
     ) -> None:
         super().__init__(split)
         self.calls: list[UnitCall] = []
         self.on_call = on_call
         self.share = share
         self.after = after
+        self.inputs = inputs
         self._ran: dict[int, UnitCall] = {}
         # Which values of the top graph are unit outputs (a partition call or its getitem).
         self._activation: set[str] = set()
@@ -88,7 +93,10 @@ class _CaptureInterpreter(fx.Interpreter):
             return out
         if self.on_call is not None:
             self.on_call(index, module)
-        call = UnitCall(index, module, tuple(args), flags, module(*args, **kwargs))
+        run_args = (
+            tuple(args) if self.inputs is None else self.inputs(index, module, tuple(args), flags)
+        )
+        call = UnitCall(index, module, tuple(args), flags, module(*run_args, **kwargs))
         if self.after is not None:
             # ``call`` holds the only reference to the outputs, so ``after`` may free their
             # autograd graph (and with it the unit's weights) by replacing them.
@@ -116,12 +124,14 @@ def run_units(
     *,
     share: ShareFn | None = None,
     after: AfterFn | None = None,
+    inputs: InputsFn | None = None,
 ) -> tuple[Any, list[UnitCall]]:
     """Run the split model once on the flat placeholder values; return its output and the
     unit calls in execution order. ``on_call(unit_index, module)`` runs before each unit
     that runs (e.g. to tag saved-tensor accounting); ``share`` and ``after``: see
-    :data:`ShareFn` and :data:`AfterFn`. Stand-in calls (``same_as`` set) are listed too."""
-    interp = _CaptureInterpreter(split, on_call, share, after)
+    :data:`ShareFn`, :data:`AfterFn` and :data:`InputsFn`. Stand-in calls (``same_as`` set)
+    are listed too."""
+    interp = _CaptureInterpreter(split, on_call, share, after, inputs)
     out = interp.run(*flat_inputs)
     return out, interp.calls
 

@@ -347,7 +347,11 @@ def _cuda_peak(fn: Callable[[], None], device: torch.device) -> int:
 
 
 def _unit_step(
-    call: UnitCall, args: tuple[Any, ...], unit: _UnitMeasurement, device: torch.device
+    call: UnitCall,
+    args: tuple[Any, ...],
+    unit: _UnitMeasurement,
+    device: torch.device,
+    mutates: bool | None = None,
 ) -> TimedStep:
     """The timed step of one unit on its detached inputs ``args``; fills ``unit.peak_bytes``
     (``max_memory_allocated`` on CUDA, else saved + output + input-gradient bytes, so
@@ -358,7 +362,9 @@ def _unit_step(
     zero = _zero_grads([*leaves_needing_grad, *params])
     backward = _backward_from_ones()
     # Units that modify an input in place get a fresh copy of their activations per run.
-    state = {"args": args, "copy": _mutates_inputs(call.module, args, call.activation_args)}
+    if mutates is None:
+        mutates = _mutates_inputs(call.module, args, call.activation_args)
+    state = {"args": args, "copy": mutates}
     if state["copy"]:
         state["args"] = fresh_inputs(args, call.activation_args)
 
@@ -444,6 +450,17 @@ def _prepare_size(
         if materializer is not None and state is not None:
             materializer.materialize(state[index])
 
+    mutates: dict[int, bool] = {}
+
+    def writable(
+        index: int, module: fx.GraphModule, args: tuple[Any, ...], flags: tuple[bool, ...]
+    ) -> tuple[Any, ...]:
+        # Units from meta get detached leaves as inputs; one that writes into its input
+        # (ReLU(inplace=True)) needs copies, as autograd forbids writing into such leaves.
+        with torch.autograd.graph.saved_tensors_hooks(_same, _same):
+            mutates[index] = _mutates_inputs(module, args, flags)
+        return fresh_inputs(args, flags) if mutates[index] else args
+
     def measure_now(call: UnitCall) -> Any:
         # Meta model: time this unit alone while its weights exist, then free them.
         assert materializer is not None and state is not None and one_at_a_time is not None
@@ -453,7 +470,7 @@ def _prepare_size(
         unit.activation_bytes = counter.bytes_by_tag.get(call.index, 0)
         # Timed runs must not count as the capture's saved tensors.
         with torch.autograd.graph.saved_tensors_hooks(_same, _same):
-            step = _unit_step(call, detach_args(call), unit, device)
+            step = _unit_step(call, detach_args(call), unit, device, mutates.get(call.index))
             step.samples_per_round = min(sharing.copies(call.index), SHARED_SAMPLES_CAP)
             timed[call.index] = time_steps_interleaved(
                 [step],
@@ -476,6 +493,7 @@ def _prepare_size(
             on_call=before,
             share=sharing,
             after=measure_now if one_at_a_time is not None else None,
+            inputs=writable if one_at_a_time is not None else None,
         )
         output = ug.unflatten_output(flat_out)
         counter.tag = "loss"  # the loss is computed by the last stage

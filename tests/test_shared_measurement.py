@@ -161,6 +161,18 @@ def test_meta_model_measured_one_unit_at_a_time() -> None:
     with pytest.raises(ValueError, match="reference=True needs the whole model"):
         profile(model, x, reference=True, **FAST)
 
+    # A unit that writes into its input (its input arrives as a detached leaf from meta).
+    def relu_chain() -> nn.Sequential:
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Linear(32, 32), nn.ReLU(inplace=True), nn.Linear(32, 32))
+
+    x = torch.randn(8, 32)
+    real = profile(relu_chain(), x, warmup=0, repeat=1, **FAST)
+    with torch.device("meta"):
+        model = relu_chain()
+    meta = profile(model, x, warmup=0, repeat=1, **FAST)
+    assert [u.activation_bytes for u in meta.units] == [u.activation_bytes for u in real.units]
+
 
 def test_meta_model_traced_by_export_measured_unit_by_unit() -> None:
     """The export path (a Hugging Face Llama): tensors the tracer has seen are replaced by
