@@ -279,6 +279,8 @@ def _load_profile_or_model(args: argparse.Namespace) -> Any:
             ("--granularity", args.granularity),
             ("--units", args.units),
             ("--no-cache", args.no_cache),
+            ("--meta-init", args.meta_init),
+            ("--no-share", args.no_share),
         )
         if value
     ]
@@ -325,18 +327,30 @@ def _profile_model_file(args: argparse.Namespace) -> Any:
             inputs = mf.inputs(batch_size)
             from autopipe.profiler.analytic import profile_analytic
 
-            profile = profile_analytic(
-                model,
-                inputs,
-                device_spec,
-                dtype=args.dtype or "bfloat16",
-                granularity=args.granularity or "block",
-                loss_fn=mf.loss_fn,
-                progress=progress,
-                units=args.units,
-            )
+            if args.meta_init:
+                raise UsageError(
+                    "--meta-init measures unit by unit; with --device NAME nothing is measured "
+                    "(the model is counted on meta anyway): drop one of them"
+                )
+            try:
+                profile = profile_analytic(
+                    model,
+                    inputs,
+                    device_spec,
+                    dtype=args.dtype or "bfloat16",
+                    granularity=args.granularity or "block",
+                    loss_fn=mf.loss_fn,
+                    progress=not args.quiet,
+                    optimizer=args.optimizer or "auto",
+                    bytes_per_parameter=args.bytes_per_parameter,
+                    share=not args.no_share,
+                    units=args.units,
+                )
+            except (AnalyticProfileError, DeviceSpecError) as exc:
+                raise UsageError(str(exc)) from exc
         else:
-            model = mf.build()
+            meta_init = args.meta_init or _too_big_to_build(mf, args.device_measure)
+            model = mf.build(device="meta" if meta_init else None)
             inputs = mf.inputs(batch_size)
             from autopipe.profiler.measure import profile as measure_profile
 
@@ -347,7 +361,11 @@ def _profile_model_file(args: argparse.Namespace) -> Any:
                 granularity=args.granularity or "block",
                 loss_fn=mf.loss_fn,
                 progress=progress,
-                cache=not args.no_cache,
+                cache=not args.no_cache and not meta_init,
+                optimizer=args.optimizer or "auto",
+                bytes_per_parameter=args.bytes_per_parameter,
+                meta_init=meta_init,
+                share=not args.no_share,
                 units=args.units,
             )
     except (
@@ -381,6 +399,51 @@ def model_failed(mf: Any, batch_size: int | None, exc: BaseException) -> UsageEr
         f"{mf.label}: the model failed on example_inputs({batch_size or ''}): "
         f"{type(exc).__name__}: {exc}"
     )
+
+
+def available_memory_bytes(device: str | None) -> int | None:
+    """Free memory of the profiling device: ``torch.cuda.mem_get_info`` on CUDA, else the
+    host's ``MemAvailable`` (Linux); None when unknown."""
+    import torch
+
+    dev = torch.device(device or "cpu")
+    if dev.type == "cuda":
+        return int(torch.cuda.mem_get_info(dev)[0])
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _too_big_to_build(mf: Any, device: str | None) -> bool:
+    """Whether the model's parameters and their gradients would not fit in the profiling
+    device's free memory, so it must be measured unit by unit from the meta device (what
+    ``--meta-init`` asks for). Builds the model on meta to count its bytes: O(parameters)."""
+    try:
+        model = mf.build(device="meta")
+    except Exception:  # a factory that cannot run on meta is built for real
+        return False
+    state = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
+    free = available_memory_bytes(device)
+    if free is None or 2 * state <= free:
+        return False
+    from autopipe.units import format_bytes
+
+    log.info(
+        "%s holds %s of parameters and buffers; with gradients that is more than the %s free "
+        "on %s, so it is built on meta and measured one unit at a time (--meta-init)",
+        mf.label,
+        format_bytes(state),
+        format_bytes(free),
+        device or "cpu",
+    )
+    return True
 
 
 def _device_list(text: str | None) -> list[tuple[str, int]] | None:
@@ -517,6 +580,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
         "schedule": args.schedule,
         "checkpoint": args.checkpoint,
         "strategy": args.strategy,
+        "optimizer": args.optimizer or "auto",
+        "bytes_per_parameter": args.bytes_per_parameter,
     }
     try:
         if args.data_parallel:
@@ -542,6 +607,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
             microbatches=args.microbatches,
             schedule=args.schedule,
             checkpoint=args.checkpoint,
+            optimizer=args.optimizer or "auto",
+            bytes_per_parameter=args.bytes_per_parameter,
         )
         result.meta["scaling"] = rows
         _say(args, "\n" + format_scaling(rows))
@@ -617,7 +684,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
     if args.out:
         profile.save(args.out)
-    _say(args, format_profile(profile))
+    _say(args, format_profile(profile, verbose=args.verbose))
     if args.out:
         _say(args, f"profile written to {args.out}")
     _emit_json(profile.to_dict(), args.json)
@@ -704,6 +771,34 @@ def _model_options(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--no-cache", action="store_true", help="re-measure even if a cached profile matches"
+    )
+    from autopipe.profiler.optimizer_state import CLI_OPTIMIZERS
+
+    p.add_argument(
+        "--optimizer",
+        choices=CLI_OPTIMIZERS,
+        help="training state per parameter: weights, gradients and this optimizer's state "
+        "(default: mixed-adam for 16-bit parameters, 16 B; adam for fp32, 16 B)",
+    )
+    p.add_argument(
+        "--bytes-per-parameter",
+        type=positive_float("a positive number of bytes"),
+        metavar="BYTES",
+        help="training-state bytes per parameter (weights + gradients + optimizer state), "
+        "overriding --optimizer",
+    )
+    p.add_argument(
+        "--no-share",
+        action="store_true",
+        help="measure (or count) every unit, even identical ones (slower and, measured, "
+        "noisier: for comparison)",
+    )
+    p.add_argument(
+        "--meta-init",
+        action="store_true",
+        help="build the model on the meta device and measure it one unit at a time, "
+        "materializing only that unit's weights (for models larger than the device; "
+        "automatic when parameters and gradients would not fit)",
     )
 
 

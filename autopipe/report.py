@@ -77,6 +77,8 @@ def format_plan(plan: Plan) -> str:
     ]
     if plan.memory_per_device:
         lines.append(f"memory limit   {format_bytes(plan.memory_per_device)} per device")
+    if plan.state_bytes_per_parameter:
+        lines.append(f"training state {_training_state(plan)}")
     if plan.baselines:
         names = ["autopipe", *plan.baselines]
         times = [plan.iteration_time_s]
@@ -91,7 +93,23 @@ def format_plan(plan: Plan) -> str:
     return "\n".join(lines)
 
 
-def format_profile(profile: Profile) -> str:
+def _training_state(plan: Plan) -> str:
+    """``16 B/parameter (mixed-adam: 2 weight + 2 gradient + 12 fp32 master, m, v)``."""
+    bpp = plan.state_bytes_per_parameter
+    text = f"{bpp:g} B/parameter"
+    if plan.optimizer and plan.optimizer != "custom":
+        from autopipe.profiler.optimizer_state import describe_training_state
+
+        size = round(plan.meta.get("parameter_size_bytes", 0)) or None
+        if size:
+            return f"{text} ({describe_training_state(plan.optimizer, size)})"
+        return f"{text} ({plan.optimizer})"
+    return f"{text} (--bytes-per-parameter)" if plan.optimizer == "custom" else text
+
+
+def format_profile(profile: Profile, verbose: bool = False) -> str:
+    """The profile as a table, one row per unit; which units share a measurement (one line,
+    or one line per shared measurement with ``verbose``)."""
     rows = [
         [
             str(i),
@@ -110,7 +128,31 @@ def format_profile(profile: Profile) -> str:
         f"autopipe profile: {profile.model} ({profile.mode}, {profile.tracer} trace) on "
         f"{profile.device}, {profile.dtype}, batch {profile.batch_size}, {len(profile.units)} units"
     )
-    return head + "\n\n" + _table(header, rows, right={0, 3, 4, 5, 6, 7})
+    text = head + "\n\n" + _table(header, rows, right={0, 3, 4, 5, 6, 7})
+    groups = profile.shared_groups()
+    if groups:
+        verb = "counted" if profile.mode == "analytic" else "measured"
+        sharing = sum(len(g) for g in groups.values())
+        plural = "s" if len(groups) > 1 else ""
+        text += (
+            f"\n\nshared         {sharing} units share {len(groups)} measurement{plural} "
+            f"(identical computations, {verb} once)"
+        )
+        if verbose:
+            for rep, members in groups.items():
+                text += f"\n  {rep}: {verb} once for {_span(members)} ({len(members)} units)"
+        else:
+            text += "; -v lists them"
+    if profile.meta.get("meta_init"):
+        text += "\n\nmeta-init      built on meta, measured one unit at a time"
+    return text
+
+
+def _span(names: list[str]) -> str:
+    """``blocks.1 .. blocks.12`` for a run of numbered names, else the names listed."""
+    if len(names) <= 3:
+        return ", ".join(names)
+    return f"{names[0]}, {names[1]} .. {names[-1]}"
 
 
 def format_scaling(rows: list[dict]) -> str:

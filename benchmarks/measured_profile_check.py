@@ -59,6 +59,7 @@ def main() -> None:
                 progress=False,
                 microbatch_sizes=(),
                 clock=args.clock,
+                reference=True,  # the whole model in one piece: what the units must add up to
             )
             seconds.append(time.perf_counter() - t0)
             units_s.append(sum(u.forward_s + u.backward_s for u in p.units))

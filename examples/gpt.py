@@ -136,6 +136,24 @@ def example_inputs_gpt_6b(batch_size: int = 8) -> torch.Tensor:
     return example_inputs(batch_size, GPT_6B)
 
 
+# 32 blocks x d_model 4096: 6.86 B parameters, 25.6 GiB in fp32 (more than this CPU machine
+# holds): `autopipe plan examples/gpt.py:gpt_7b --gpus 8` builds it on meta and measures it
+# one unit at a time (--meta-init, automatic when it does not fit).
+GPT_7B = GPTConfig(vocab_size=50304, seq_len=2048, d_model=4096, n_layer=32, n_head=32)
+
+
+def gpt_7b() -> GPT:
+    """A 6.9 B-parameter decoder (32 blocks, d_model 4096), 25.6 GiB of fp32 weights."""
+    return GPT(GPT_7B)
+
+
+def example_inputs_gpt_7b(batch_size: int = 1, seq_len: int = 128) -> torch.Tensor:
+    """(batch, seq_len) token ids; 128 tokens by default, so a CPU measures a block in seconds
+    (positions up to 2048 are valid)."""
+    g = torch.Generator().manual_seed(0)
+    return torch.randint(0, GPT_7B.vocab_size, (batch_size, seq_len), generator=g)
+
+
 def num_parameters(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 

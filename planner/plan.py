@@ -88,6 +88,12 @@ class Plan:
     """Other strategies' figures on the same problem, e.g. ``{"uniform": {...}}``."""
     notes: list[str] = field(default_factory=list)
     """Why the plan is what it is, one sentence each."""
+    optimizer: str = ""
+    """The training state charged per parameter: ``sgd``, ``sgd-momentum``, ``adam``,
+    ``mixed-adam`` ... or ``custom`` (an explicit ``bytes_per_parameter``); ``""`` in plans
+    written before it was recorded (schema v1 either way)."""
+    state_bytes_per_parameter: float = 0.0
+    """Parameter + gradient + optimizer-state bytes charged per parameter (0: not recorded)."""
     version: int = PLAN_VERSION
     meta: dict[str, Any] = field(default_factory=dict)
 

@@ -22,7 +22,12 @@ from autopipe.planner.errors import PlanningError
 from autopipe.planner.partition import brute_force_partition, exact_partition
 from autopipe.planner.plan import Plan
 from autopipe.planner.probe import min_memory_needed, pareto_partitions
-from autopipe.profiler.optimizer_state import OPTIMIZERS, training_state_bytes_per_parameter
+from autopipe.profiler.optimizer_state import (
+    AUTO,
+    OPTIMIZERS,
+    default_optimizer,
+    training_state_bytes_per_parameter,
+)
 from autopipe.profiler.profile import Profile
 
 STRATEGIES = ("dp", "ilp", "brute-force", *BASELINES)
@@ -51,6 +56,35 @@ def _positive_int(name: str, value: object) -> int:
     if isinstance(value, bool) or out < 1:
         raise PlanningError(f"{name}={value!r} must be a positive integer")
     return out
+
+
+def training_state(
+    profile: Profile, optimizer: str = "auto", bytes_per_parameter: float | None = None
+) -> tuple[str, float]:
+    """``(optimizer, bytes per parameter)`` the plan charges for parameters, gradients and
+    optimizer state (docs/cost-model.md).
+
+    ``bytes_per_parameter`` wins (the optimizer is then reported as ``"custom"``). ``"auto"``
+    takes the profile's choice when it was made explicitly (``autopipe profile --optimizer``
+    / ``--bytes-per-parameter``), else the default for the profile's parameter size:
+    mixed-precision Adam (16 bytes) for 16-bit parameters, Adam (16) for fp32. O(1).
+    """
+    if bytes_per_parameter is not None:
+        if not bytes_per_parameter > 0:
+            raise PlanningError(f"bytes_per_parameter={bytes_per_parameter} must be positive")
+        return "custom", float(bytes_per_parameter)
+    key = optimizer.lower().replace("_", "-") if isinstance(optimizer, str) else optimizer
+    _check_choice("optimizer", key, (AUTO, *OPTIMIZERS))
+    parameter_size_bytes = max(int(profile.bytes_per_parameter), 1)
+    if key == AUTO:
+        if profile.meta.get("optimizer_chosen"):
+            recorded = profile.meta.get("state_bytes_per_parameter")
+            if recorded:
+                return "custom", float(recorded)
+            key = profile.optimizer
+        else:
+            key = default_optimizer(parameter_size_bytes)
+    return key, float(training_state_bytes_per_parameter(key, parameter_size_bytes))
 
 
 def _check_choice(name: str, value: str, allowed: Sequence[str]) -> None:
@@ -164,8 +198,8 @@ def plan(
     schedule: str = "gpipe",
     checkpoint: str = "never",
     strategy: str = "dp",
-    optimizer: str = "adam",
-    bytes_per_parameter: int | None = None,
+    optimizer: str = "auto",
+    bytes_per_parameter: float | None = None,
     headroom: float = 0.10,
     baselines: bool = True,
     time_limit_s: float = 30.0,
@@ -180,23 +214,16 @@ def plan(
     where the activations would not fit). ``strategy``: ``"dp"`` (exact), ``"ilp"`` (exact, CBC,
     ``time_limit_s`` per solve), ``"brute-force"``, or a baseline ``"uniform"``,
     ``"parameters"``, ``"greedy-time"``. Memory per parameter: ``bytes_per_parameter`` or from
-    ``optimizer`` (``sgd``, ``sgd-momentum``, ``adam``, ``adamw``, ``mixed-adam``, ``none``);
-    ``headroom`` is the share of device memory kept free.
+    ``optimizer`` (``auto``, ``sgd``, ``sgd-momentum``, ``adam``, ``adamw``, ``mixed-adam``,
+    ``none``; see :func:`training_state`); the choice is recorded in ``Plan.optimizer`` and
+    ``Plan.state_bytes_per_parameter``. ``headroom`` is the share of device memory kept free.
     """
     if not profile.units:
         raise PlanningError("the profile has no units; profile a model with at least one module")
     _check_choice("schedule", schedule, (*SCHEDULES, "auto"))
     _check_choice("checkpoint", checkpoint, CHECKPOINT_MODES)
     _check_choice("strategy", strategy, STRATEGIES)
-    if bytes_per_parameter is None:
-        _check_choice("optimizer", optimizer, OPTIMIZERS)
-        # The profiler's convention (parameter + gradient + optimizer state; docs/cost-model.md).
-        parameter_size_bytes = max(int(profile.bytes_per_parameter), 1)
-        state_bpp = float(training_state_bytes_per_parameter(optimizer, parameter_size_bytes))
-    elif bytes_per_parameter <= 0:
-        raise PlanningError(f"bytes_per_parameter={bytes_per_parameter} must be positive")
-    else:
-        state_bpp = float(bytes_per_parameter)
+    chosen_optimizer, state_bpp = training_state(profile, optimizer, bytes_per_parameter)
     if not headroom >= 0 or not math.isfinite(headroom):
         raise PlanningError(f"headroom={headroom} must be a fraction >= 0 (0.1 keeps 10% free)")
     cluster = _resolve_cluster(profile, gpus, cluster, memory_per_device)
@@ -247,6 +274,9 @@ def plan(
         _adopt_faster_heuristics(feasible, profile)
     best = min(feasible, key=rank)
     out = build_plan(profile, cluster, best, results, strategy, baselines, batch, checkpoint)
+    out.optimizer = chosen_optimizer
+    out.state_bytes_per_parameter = state_bpp
+    out.meta["parameter_size_bytes"] = max(int(profile.bytes_per_parameter), 1)
     # The unit granularity lets the runtime re-trace the model into the plan's units.
     out.meta["granularity"] = profile.granularity
     # The request, JSON-ready, so that plots and tools can re-plan the same problem.

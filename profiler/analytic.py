@@ -24,8 +24,12 @@ constants: the 5.75 B-parameter GPT (48 blocks, seq 2048) profiles in 1-3 s here
 block counted (no shortcut through repeated blocks).
 
 ``F.scaled_dot_product_attention`` is routed to the fused (flash) attention op on meta,
-as the CPU and CUDA backends do, so attention memory is O(seq), not O(seq^2). Models with
-data-dependent control flow cannot run on meta and are rejected with a clear error.
+as the CPU and CUDA backends do, so attention memory is O(seq), not O(seq^2); where the
+fused op does not apply (dropout, grouped-query heads, a value head size unlike the query's)
+torch's dispatch is used, and where that cannot run on meta, the math decomposition
+(``softmax(q k^T) v``). Models with data-dependent control flow cannot run on meta and are
+rejected with a clear error; an op that fails on meta is one ``AnalyticProfileError``
+naming analytic mode, the unit and the phase.
 """
 
 from __future__ import annotations
@@ -48,8 +52,16 @@ from autopipe.profiler.inputs import OutputError, batch_size_of, check_joinable_
 from autopipe.profiler.measure import microbatch_sizes_to_profile, slice_batch
 from autopipe.profiler.memory import parameter_accounting
 from autopipe.profiler.opcount import OpCounter, storage_key
-from autopipe.profiler.optimizer_state import normalize_optimizer
+from autopipe.profiler.optimizer_state import normalize_optimizer, resolve_optimizer
 from autopipe.profiler.profile import Profile, UnitProfile
+from autopipe.profiler.reduce import (
+    block_units,
+    expand_profile,
+    find_block_reduction,
+    periods_match,
+    shortened,
+    still_the_blocks,
+)
 from autopipe.profiler.tree import tensor_leaves
 from autopipe.profiler.units import TraceError, UnitGraph, trace_units
 from torch import fx, nn
@@ -145,7 +157,8 @@ _SDPA_FUNCTIONS = (
 
 class _AutogradTagger(TorchFunctionMode):
     """Tags each new autograd node with the unit current when it was created, so that
-    backward ops are booked to the same unit; routes SDPA to the fused attention op."""
+    backward ops are booked to the same unit; routes SDPA to the fused attention op, or to
+    its math decomposition where the fused op does not apply."""
 
     def __init__(self, counter: OpCounter) -> None:
         super().__init__()
@@ -156,10 +169,9 @@ class _AutogradTagger(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
         kwargs = kwargs or {}
         if func in _SDPA_FUNCTIONS:
-            out = _fused_attention(args, kwargs)
-            if out is not None:
-                self._tag(out)
-                return out
+            out = _attention_on_meta(func, args, kwargs)
+            self._tag(out)
+            return out
         out = func(*args, **kwargs)
         self._tag(out)
         return out
@@ -203,6 +215,8 @@ def _fused_attention(args: tuple, kwargs: dict) -> torch.Tensor | None:
         or not all(isinstance(t, torch.Tensor) and t.is_meta for t in (q, k, v))
         or q.shape[:-2] != k.shape[:-2]
         or q.dim() != 4
+        # the fused kernels (and their FLOP formulas) need one head size for q, k and v
+        or not q.shape[-1] == k.shape[-1] == v.shape[-1]
     ):
         return None
     if mask is not None and mask.dtype == torch.bool:
@@ -221,6 +235,56 @@ def _fused_attention(args: tuple, kwargs: dict) -> torch.Tensor | None:
     return out
 
 
+def _math_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attn_mask: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+) -> torch.Tensor:
+    """SDPA written out as the math backend computes it: ``softmax(q k^T * scale + mask) v``
+    (matmuls the FLOP counter knows, O(seq^2) saved scores). For shapes the fused kernels do
+    not take and kernels that do not run on meta."""
+    if enable_gqa and key.shape[-3] != query.shape[-3]:
+        repeat = query.shape[-3] // key.shape[-3]
+        key = key.repeat_interleave(repeat, dim=-3)
+        value = value.repeat_interleave(repeat, dim=-3)
+    scale = query.shape[-1] ** -0.5 if scale is None else scale
+    scores = torch.matmul(query, key.transpose(-2, -1)) * scale
+    if is_causal:
+        keep = torch.ones(
+            query.shape[-2], key.shape[-2], dtype=torch.bool, device=query.device
+        ).tril()
+        scores = scores.masked_fill(keep.logical_not(), float("-inf"))
+    if attn_mask is not None:
+        if attn_mask.dtype == torch.bool:
+            scores = scores.masked_fill(attn_mask.logical_not(), float("-inf"))
+        else:
+            scores = scores + attn_mask
+    weights = torch.softmax(scores, dim=-1)
+    if dropout_p:
+        weights = F.dropout(weights, dropout_p)
+    return torch.matmul(weights, value)
+
+
+def _attention_on_meta(func: Callable[..., Any], args: tuple, kwargs: dict) -> torch.Tensor:
+    """SDPA on meta: the fused op where it applies, else torch's own dispatch, else (a
+    kernel that cannot run on meta) the math decomposition."""
+    out = _fused_attention(args, kwargs)
+    if out is not None:
+        return out
+    try:
+        return func(*args, **kwargs)
+    except (RuntimeError, NotImplementedError, AssertionError):
+        names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale")
+        bound = dict(zip(names, args, strict=False))
+        bound.update(kwargs)
+        return _math_attention(**bound)
+
+
 @contextlib.contextmanager
 def _fused_attention_everywhere() -> Iterator[None]:
     """Also route SDPA calls made *inside* other torch functions (``nn.MultiheadAttention``
@@ -229,8 +293,7 @@ def _fused_attention_everywhere() -> Iterator[None]:
     original = F.scaled_dot_product_attention
 
     def routed(*args: Any, **kwargs: Any) -> torch.Tensor:
-        out = _fused_attention(args, kwargs)
-        return original(*args, **kwargs) if out is None else out
+        return _attention_on_meta(original, args, kwargs)
 
     F.scaled_dot_product_attention = routed
     try:
@@ -253,12 +316,14 @@ def profile_analytic(
     granularity: str = "block",
     loss_fn: Callable[[Any, Any], torch.Tensor] | None = None,
     efficiency: float | dict[str, float] | None = None,
-    optimizer: str = "adam",
+    optimizer: str = "auto",
+    bytes_per_parameter: float | None = None,
     microbatch_sizes: Sequence[int] | None = None,
     allow_tf32: bool = False,
     model_name: str = "",
     progress: bool = False,
     units: Sequence[str] | None = None,
+    share: bool = True,
 ) -> Profile:
     """Per-unit time and memory of one training step, counted on the meta device.
 
@@ -279,6 +344,11 @@ def profile_analytic(
     shrink); ``None`` = ``B`` and ``B/4`` (or ``B/2``); ``()`` = ``B`` only, overhead =
     kernels x launch overhead.
     ``progress``: a tqdm bar over the counting passes (one per micro-batch size).
+    ``optimizer`` / ``bytes_per_parameter``: training state per parameter (``auto``: mixed-
+    precision Adam for 16-bit parameters, Adam for fp32; ``profiler/optimizer_state.py``).
+    ``share=True``: a stack of repeated blocks is traced and counted as its first few blocks
+    and the counts repeated (:mod:`autopipe.profiler.reduce`; the same figures, in the time
+    of a few blocks); ``False`` counts every block.
     Returns a ``Profile`` with ``mode="analytic"``; seconds are for the whole batch.
     """
     started = time.perf_counter()
@@ -294,27 +364,51 @@ def profile_analytic(
             f"dtype {dtype!r} is not supported; use bfloat16, float16 or float32"
         )
     spec.peak_for(dtype_name, allow_tf32=allow_tf32)  # fail early if the device lacks it
+    torch_dtype = _TORCH_DTYPES[dtype_name]
     try:
-        optimizer = normalize_optimizer(optimizer)
+        optimizer_chosen = normalize_optimizer(optimizer) != "auto"
+        optimizer = resolve_optimizer(optimizer, torch.empty((), dtype=torch_dtype).element_size())
     except ValueError as exc:
         raise AnalyticProfileError(str(exc)) from None
-    torch_dtype = _TORCH_DTYPES[dtype_name]
+    if bytes_per_parameter is not None and not bytes_per_parameter > 0:
+        raise AnalyticProfileError(f"bytes_per_parameter={bytes_per_parameter} must be positive")
     model = _meta_model(model_or_factory, torch_dtype)
     inputs = _meta_inputs(example_inputs, torch_dtype)
     big_b = _batch_size(inputs)
     sizes = _sizes(big_b, microbatch_sizes)
+    # Named units may be blocks the shortened model drops: count those in full.
+    reduction = find_block_reduction(model) if share and not units else None
     bar = tqdm(
         sizes, desc=f"counting {type(model).__name__} on {spec.name}", unit="pass",
         disable=not progress, leave=False,
     )  # fmt: skip
-    counts = []
+    counts: list[_Count] = []
+    first: int | None = None
     for b in bar:
         bar.set_postfix_str(f"micro-batch {b}")
-        counts.append(
-            _count(
-                model, slice_batch(inputs, b, big_b), spec, granularity, loss_fn, allow_tf32, units
-            )
-        )
+        size_inputs = slice_batch(inputs, b, big_b)
+        if reduction is not None:
+            try:
+                with shortened(model, reduction):
+                    if not still_the_blocks(model, reduction):
+                        raise AnalyticProfileError("another block container")
+                    count = _count(
+                        model, size_inputs, spec, granularity, loss_fn, allow_tf32, units
+                    )
+                first = block_units(count.units, reduction)
+            except AnalyticProfileError:
+                first = None  # the shortened model does not run: count the whole one
+            if first is not None and periods_match(count.units, reduction, first):
+                counts.append(count)
+                continue
+            if counts:  # the earlier sizes were counted shortened: count them again in full
+                counts = [
+                    _count(model, slice_batch(inputs, c.batch_size, big_b), spec, granularity,
+                           loss_fn, allow_tf32, units)
+                    for c in counts
+                ]  # fmt: skip
+            reduction = None
+        counts.append(_count(model, size_inputs, spec, granularity, loss_fn, allow_tf32, units))
     base = counts[0]
     for other in counts[1:]:
         if other.units.unit_names != base.units.unit_names:
@@ -322,13 +416,23 @@ def profile_analytic(
                 "the units differ between micro-batch sizes (shape-specialised tracing); "
                 "pass microbatch_sizes=() to count the full batch only"
             )
-    profile = _build_profile(
-        base, model, spec, dtype_name, torch_dtype, optimizer, model_name or type(model).__name__
-    )
+    name = model_name or type(model).__name__
+    with shortened(model, reduction) if reduction is not None else contextlib.nullcontext():
+        profile = _build_profile(
+            base, model, spec, dtype_name, torch_dtype, optimizer, name, bytes_per_parameter
+        )
     profile.meta["analytic_smaller_sizes"] = [
         {"microbatch_size": b, "units": _cost_parts(c.counter)}
         for b, c in zip(sizes[1:], counts[1:], strict=True)
     ]
+    profile.meta["optimizer_chosen"] = optimizer_chosen or bytes_per_parameter is not None
+    if bytes_per_parameter is not None:
+        profile.meta["state_bytes_per_parameter"] = bytes_per_parameter
+    if reduction is not None and first is not None:
+        total = sum(
+            p.numel() * p.element_size() for p in {id(q): q for q in model.parameters()}.values()
+        )
+        profile = expand_profile(profile, reduction, first, total)
     _apply_times(profile, priced_times(profile.meta, 1.0, 1.0, spec.kernel_launch_overhead_s))
     profile.meta["analytic_seconds"] = time.perf_counter() - started
     return profile
@@ -384,28 +488,46 @@ def _count(
         return t
 
     input_tensors = tensor_leaves(inputs)
-    with (
-        _fused_attention_everywhere(),
-        _AutogradTagger(counter),
-        counter,
-        torch.autograd.graph.saved_tensors_hooks(pack, _unpack),
-    ):
-        counter.mark_inputs(input_tensors)
-        interpreter = _UnitInterpreter(gm, units.node_unit, counter)
-        # flat placeholders in, flat graph outputs out; the UnitGraph restores the structure
-        flat_output = interpreter.run(*units.flat_inputs(inputs), enable_io_processing=False)
-        output = units.unflatten_output(flat_output)
-        try:  # refused here, at plan time, rather than by the runtime
-            check_joinable_output(output, _batch_size(inputs))
-        except OutputError as exc:
-            raise AnalyticProfileError(str(exc)) from None
-        counter.mark_outputs(tensor_leaves(output))
-        # The loss: booked apart; its inputs (targets) are not pipeline traffic.
-        counter.track_liveness = False
-        counter.unit = n
-        loss = _loss(output, inputs, loss_fn)
-        counter.phase = "backward"
-        loss.backward()
+    interpreter = _UnitInterpreter(gm, units.node_unit, counter)
+    # Gradients left by an earlier count would turn this backward's gradient writes into
+    # accumulations (extra add_ kernels); each count starts from none, as measuring does.
+    trainable = [p for p in {id(q): q for q in [*model.parameters(), *gm.parameters()]}.values()]
+    for p in trainable:
+        p.grad = None
+    try:
+        with (
+            _fused_attention_everywhere(),
+            _AutogradTagger(counter),
+            counter,
+            torch.autograd.graph.saved_tensors_hooks(pack, _unpack),
+        ):
+            counter.mark_inputs(input_tensors)
+            # flat placeholders in, flat graph outputs out; the UnitGraph restores the structure
+            flat_output = interpreter.run(*units.flat_inputs(inputs), enable_io_processing=False)
+            output = units.unflatten_output(flat_output)
+            try:  # refused here, at plan time, rather than by the runtime
+                check_joinable_output(output, _batch_size(inputs))
+            except OutputError as exc:
+                raise AnalyticProfileError(str(exc)) from None
+            counter.mark_outputs(tensor_leaves(output))
+            # The loss: booked apart; its inputs (targets) are not pipeline traffic.
+            counter.track_liveness = False
+            counter.unit = n
+            loss = _loss(output, inputs, loss_fn)
+            counter.phase = "backward"
+            loss.backward()
+    except AnalyticProfileError:
+        raise
+    except Exception as exc:
+        where = units.unit_names[counter.unit] if counter.unit < n else "the loss"
+        raise AnalyticProfileError(
+            f"analytic mode runs the model on the meta device, and {where} failed there in "
+            f"{counter.phase}: {_first_line(exc)} (profile it measured, without --device, "
+            "or make that op meta-friendly)"
+        ) from exc
+    finally:
+        for p in trainable:
+            p.grad = None
     return _Count(
         counter=counter,
         node_storages=interpreter.node_storages,
@@ -413,6 +535,11 @@ def _count(
         input_bytes=sum(t.untyped_storage().nbytes() for t in input_tensors),
         batch_size=_batch_size(inputs),
     )
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}".strip()
 
 
 def _unpack(t: torch.Tensor) -> torch.Tensor:
@@ -487,11 +614,14 @@ def _build_profile(
     torch_dtype: torch.dtype,
     optimizer: str,
     model_name: str,
+    bytes_per_parameter: float | None = None,
 ) -> Profile:
     """The profile at the full batch; times are filled in by :func:`_apply_times`."""
     ug = count.units
     outputs, grad_inputs = _boundary_bytes(ug, count.node_storages)
-    accounting, parameter_bytes_total = parameter_accounting(ug, model, optimizer)
+    accounting, parameter_bytes_total = parameter_accounting(
+        ug, model, optimizer, bytes_per_parameter
+    )
     parts = _cost_parts(count.counter)
     units: list[UnitProfile] = []
     for index, name in enumerate(ug.unit_names):

@@ -2,7 +2,9 @@
 each unit's real inputs and outputs from one full forward pass.
 
 Each unit becomes a standalone callable (``split_module`` partition ``submod_<unit>``) that
-can be timed in isolation on its captured inputs.
+can be timed in isolation on its captured inputs. Units that are the same computation as an
+earlier one (``share``, see :mod:`autopipe.profiler.signature`) need not run: the earlier
+unit's outputs stand in for theirs, so a forward through 48 identical blocks runs one.
 """
 
 from __future__ import annotations
@@ -31,6 +33,18 @@ class UnitCall:
     args: tuple[Any, ...]
     activation_args: tuple[bool, ...]
     outputs: Any
+    same_as: int | None = None
+    """Index of the earlier unit whose outputs stood in for this unit's (it did not run)."""
+
+
+ShareFn = Callable[[int, fx.GraphModule, tuple[Any, ...], tuple[bool, ...]], int | None]
+"""``share(index, module, args, activation_args)``: the index of an earlier unit that ran and
+is the same computation (its outputs stand in), or None to run this unit."""
+AfterFn = Callable[[UnitCall], Any]
+"""``after(call)`` runs after each unit that ran; a non-None result replaces its outputs."""
+InputsFn = Callable[[int, fx.GraphModule, tuple[Any, ...], tuple[bool, ...]], tuple[Any, ...]]
+"""``inputs(index, module, args, activation_args)``: the arguments to run the unit on (e.g.
+copies a unit may write into); the call records the original ``args``."""
 
 
 def split_units(ug: UnitGraph, model: nn.Module) -> fx.GraphModule:
@@ -46,10 +60,21 @@ def split_units(ug: UnitGraph, model: nn.Module) -> fx.GraphModule:
 class _CaptureInterpreter(fx.Interpreter):
     """Runs the split top-level graph and records each partition call."""
 
-    def __init__(self, split: fx.GraphModule, on_call: Callable[[int, Any], None] | None) -> None:
+    def __init__(
+        self,
+        split: fx.GraphModule,
+        on_call: Callable[[int, Any], None] | None,
+        share: ShareFn | None = None,
+        after: AfterFn | None = None,
+        inputs: InputsFn | None = None,
+    ) -> None:
         super().__init__(split)
         self.calls: list[UnitCall] = []
         self.on_call = on_call
+        self.share = share
+        self.after = after
+        self.inputs = inputs
+        self._ran: dict[int, UnitCall] = {}
         # Which values of the top graph are unit outputs (a partition call or its getitem).
         self._activation: set[str] = set()
 
@@ -59,13 +84,28 @@ class _CaptureInterpreter(fx.Interpreter):
             return super().call_module(target, args, kwargs)
         index = int(name.removeprefix("submod_"))
         module = self.fetch_attr(name)
-        if self.on_call is not None:
-            self.on_call(index, module)
-        out = module(*args, **kwargs)
         node_args = self._current.args
         flags = tuple(isinstance(a, fx.Node) and a.name in self._activation for a in node_args)
-        self.calls.append(UnitCall(index, module, tuple(args), flags, out))
-        return out
+        same = None if self.share is None or kwargs else self.share(index, module, args, flags)
+        if same is not None:
+            out = self._ran[same].outputs
+            self.calls.append(UnitCall(index, module, tuple(args), flags, out, same_as=same))
+            return out
+        if self.on_call is not None:
+            self.on_call(index, module)
+        run_args = (
+            tuple(args) if self.inputs is None else self.inputs(index, module, tuple(args), flags)
+        )
+        call = UnitCall(index, module, tuple(args), flags, module(*run_args, **kwargs))
+        if self.after is not None:
+            # ``call`` holds the only reference to the outputs, so ``after`` may free their
+            # autograd graph (and with it the unit's weights) by replacing them.
+            replaced = self.after(call)
+            if replaced is not None:
+                call.outputs = replaced
+        self.calls.append(call)
+        self._ran[index] = call
+        return call.outputs
 
     def run_node(self, n: fx.Node) -> Any:
         self._current = n
@@ -81,11 +121,17 @@ def run_units(
     split: fx.GraphModule,
     flat_inputs: list[Any],
     on_call: Callable[[int, Any], None] | None = None,
+    *,
+    share: ShareFn | None = None,
+    after: AfterFn | None = None,
+    inputs: InputsFn | None = None,
 ) -> tuple[Any, list[UnitCall]]:
     """Run the split model once on the flat placeholder values; return its output and the
     unit calls in execution order. ``on_call(unit_index, module)`` runs before each unit
-    (e.g. to tag saved-tensor accounting)."""
-    interp = _CaptureInterpreter(split, on_call)
+    that runs (e.g. to tag saved-tensor accounting); ``share`` and ``after``: see
+    :data:`ShareFn`, :data:`AfterFn` and :data:`InputsFn`. Stand-in calls (``same_as`` set)
+    are listed too."""
+    interp = _CaptureInterpreter(split, on_call, share, after, inputs)
     out = interp.run(*flat_inputs)
     return out, interp.calls
 

@@ -21,9 +21,11 @@ whole-model passes.
 
 from __future__ import annotations
 
+import copy
 import os
 import platform
 import warnings
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -40,6 +42,15 @@ from autopipe.profiler.execute import (
     run_units,
     split_units,
 )
+from autopipe.profiler.materialize import (
+    Materializer,
+    meta_node_bytes,
+    on_meta,
+    own_meta_state,
+    retarget_devices,
+    to_meta,
+    unit_state,
+)
 from autopipe.profiler.memory import (
     SavedTensorCounter,
     parameter_accounting,
@@ -47,10 +58,12 @@ from autopipe.profiler.memory import (
     storage_key,
     tensor_bytes,
 )
-from autopipe.profiler.optimizer_state import normalize_optimizer
+from autopipe.profiler.optimizer_state import normalize_optimizer, resolve_optimizer
 from autopipe.profiler.profile import Profile, UnitProfile
+from autopipe.profiler.sharing import UnitSharing
 from autopipe.profiler.time_model import fit_time_model
 from autopipe.profiler.timing import (
+    CUDA_EVENTS,
     TimedStep,
     num_threads,
     synchronize,
@@ -186,6 +199,11 @@ def _preserved(model: nn.Module, device: torch.device) -> Iterator[None]:
 # One micro-batch size
 
 
+SHARED_SAMPLES_CAP = 4
+"""A measurement that ``k`` identical units share is timed ``min(k, SHARED_SAMPLES_CAP)``
+times per round: part of the time the copies would have cost buys a steadier median."""
+
+
 @dataclass
 class _UnitMeasurement:
     forward_s: float = 0.0
@@ -203,6 +221,26 @@ class _SizeMeasurement:
     loss_backward_s: float = 0.0
     input_bytes: int = 0
     unit_of_step: list[int] = field(default_factory=list)
+    """Unit index of each timed step returned with this measurement (the loss comes after)."""
+    same_as: list[int] = field(default_factory=list)
+    """Per unit, the unit whose measurement it shares (itself when measured on its own)."""
+    timed: dict[int, tuple[float, float]] = field(default_factory=dict)
+    """Units already timed while capturing (one unit at a time, from the meta device)."""
+    loss_activation_bytes: int = 0
+    materialized_peak_bytes: int = 0
+    """Most parameter and buffer bytes materialized at once (models on the meta device)."""
+    peak_estimated: bool = True
+    """``peak_bytes`` are saved + output + input-gradient bytes (no allocator statistics)."""
+
+
+@dataclass
+class _Timing:
+    """How to time: what ``time_steps_interleaved`` needs, for units timed one at a time."""
+
+    warmup: int
+    repeat: int
+    clock: str | Callable[[], float]
+    tick: Callable[[], None] | None = None
 
 
 def _zero_grads(tensors: Sequence[torch.Tensor]) -> Callable[[], None]:
@@ -304,84 +342,185 @@ def _cuda_peak(fn: Callable[[], None], device: torch.device) -> int:
     return max(torch.cuda.max_memory_allocated(device) - base, 0)
 
 
+def _unit_step(
+    call: UnitCall,
+    args: tuple[Any, ...],
+    unit: _UnitMeasurement,
+    device: torch.device,
+    mutates: bool | None = None,
+) -> TimedStep:
+    """The timed step of one unit on its detached inputs ``args``; fills ``unit.peak_bytes``
+    (``max_memory_allocated`` on CUDA, else saved + output + input-gradient bytes, so
+    ``unit.activation_bytes`` and ``output_bytes`` must be set before on CPU)."""
+    leaves_needing_grad = [a for a in args if isinstance(a, torch.Tensor) and a.requires_grad]
+    params = [p for p in call.module.parameters() if p.requires_grad]
+    params += [a for a in call.args if isinstance(a, nn.Parameter) and a.requires_grad]
+    zero = _zero_grads([*leaves_needing_grad, *params])
+    backward = _backward_from_ones()
+    # Units that modify an input in place get a fresh copy of their activations per run.
+    if mutates is None:
+        mutates = _mutates_inputs(call.module, args, call.activation_args)
+    state = {"args": args, "copy": mutates}
+    if state["copy"]:
+        state["args"] = fresh_inputs(args, call.activation_args)
+
+    def forward(module: fx.GraphModule = call.module, st: dict[str, Any] = state) -> Any:
+        return module(*st["args"])
+
+    def reset(
+        zero: Callable[[], None] = zero,
+        st: dict[str, Any] = state,
+        a: tuple[Any, ...] = args,
+        flags: tuple[bool, ...] = call.activation_args,
+    ) -> None:
+        zero()
+        if st["copy"]:
+            st["args"] = fresh_inputs(a, flags)
+
+    if device.type == "cuda":
+        unit.peak_bytes = _cuda_peak(lambda f=forward, b=backward: b(f()), device)
+        reset()
+    else:
+        # No allocator statistics on CPU: saved tensors + outputs + input gradients.
+        grad_in = sum(tensor_bytes(a) for a in leaves_needing_grad)
+        unit.peak_bytes = unit.activation_bytes + unit.output_bytes + grad_in
+    return TimedStep(forward, backward, reset)
+
+
+def _detached(value: Any) -> Any:
+    """Tensors of ``value`` detached into leaves (floating ones keep ``requires_grad``)."""
+    return map_tensors(
+        lambda t: (
+            t.detach().requires_grad_(t.requires_grad) if t.is_floating_point() else t.detach()
+        ),
+        value,
+    )
+
+
+def _same(t: torch.Tensor) -> torch.Tensor:
+    return t
+
+
 def _prepare_size(
     model: nn.Module,
     ug: UnitGraph,
     inputs: Any,
     device: torch.device,
     loss_fn: LossFn | None,
+    *,
+    share: bool = True,
+    info: dict[str, list[tuple[tuple[str, int], int, int]]] | None = None,
+    one_at_a_time: _Timing | None = None,
 ) -> tuple[_SizeMeasurement, list[TimedStep]]:
-    """Bytes per unit at the batch size of ``inputs`` and one timed step per unit (the loss
-    is the last step; its time is added to the last unit)."""
+    """Bytes per unit at the batch size of ``inputs`` and one timed step per measured unit
+    (the loss is the last step; its time is added to the last unit).
+
+    ``share``: units that are the same computation as an earlier one do not run; they share
+    its measurement (:class:`~autopipe.profiler.sharing.UnitSharing`). ``info``: per-node
+    bytes when already counted (on meta); else one no-grad run counts them.
+    ``one_at_a_time``: the model is on the meta device; each measured unit's weights are
+    materialized, the unit is timed at once (alone) and its weights freed before the next
+    unit runs, so only the loss step is returned.
+    """
     n = ug.num_units
     flat = ug.flat_inputs(inputs)
     split = split_units(ug, model)
     counter = SavedTensorCounter(exclude=parameter_storages(model))
+    sharing = UnitSharing(split, enabled=share)
+    units = [_UnitMeasurement() for _ in range(n)]
+    timed: dict[int, tuple[float, float]] = {}
+    if info is None:
+        info = _node_bytes(ug, flat)
+    output_names = _unit_outputs(ug)
+    for i, names in enumerate(output_names):
+        units[i].output_bytes = _sum_unique(names, info)
 
-    def tag(index: int, _module: Any) -> None:
+    materializer = state = None
+    if one_at_a_time is not None:
+        # The split partitions run the traced graph module's tensors (see own_meta_state).
+        materializer = Materializer(ug.graph_module, device, counter.exclude)
+        state = unit_state(ug, ug.graph_module)
+
+    def before(index: int, _module: Any) -> None:
         counter.tag = index
+        if materializer is not None and state is not None:
+            materializer.materialize(state[index])
+
+    mutates: dict[int, bool] = {}
+
+    def writable(
+        index: int, module: fx.GraphModule, args: tuple[Any, ...], flags: tuple[bool, ...]
+    ) -> tuple[Any, ...]:
+        # Units from meta get detached leaves as inputs; one that writes into its input
+        # (ReLU(inplace=True)) needs copies, as autograd forbids writing into such leaves.
+        with torch.autograd.graph.saved_tensors_hooks(_same, _same):
+            mutates[index] = _mutates_inputs(module, args, flags)
+        return fresh_inputs(args, flags) if mutates[index] else args
+
+    def measure_now(call: UnitCall) -> Any:
+        # Meta model: time this unit alone while its weights exist, then free them.
+        assert materializer is not None and state is not None and one_at_a_time is not None
+        outputs = _detached(call.outputs)
+        call.outputs = outputs
+        unit = units[call.index]
+        unit.activation_bytes = counter.bytes_by_tag.get(call.index, 0)
+        # Timed runs must not count as the capture's saved tensors.
+        with torch.autograd.graph.saved_tensors_hooks(_same, _same):
+            step = _unit_step(call, detach_args(call), unit, device, mutates.get(call.index))
+            step.samples_per_round = min(sharing.copies(call.index), SHARED_SAMPLES_CAP)
+            timed[call.index] = time_steps_interleaved(
+                [step],
+                device,
+                warmup=one_at_a_time.warmup,
+                repeat=one_at_a_time.repeat,
+                clock=one_at_a_time.clock,
+            )[0]
+        del step
+        materializer.release(state[call.index])
+        if one_at_a_time.tick is not None:
+            one_at_a_time.tick()
+        return outputs
 
     # One real forward through the split graph: unit inputs, saved bytes per unit.
     with counter.counting():
-        flat_out, calls = run_units(split, flat, on_call=tag)
+        flat_out, calls = run_units(
+            split,
+            flat,
+            on_call=before,
+            share=sharing,
+            after=measure_now if one_at_a_time is not None else None,
+            inputs=writable if one_at_a_time is not None else None,
+        )
         output = ug.unflatten_output(flat_out)
         try:  # refused here, at plan time, rather than by the runtime
             inputs_convention.check_joinable_output(output, batch_size_of(inputs))
         except inputs_convention.OutputError as exc:
             raise ProfilingError(str(exc)) from None
-        counter.tag = n - 1  # the loss is computed by the last stage
+        counter.tag = "loss"  # the loss is computed by the last stage
         loss_of(output, inputs, loss_fn)
-    units = [_UnitMeasurement(activation_bytes=counter.bytes_by_tag.get(i, 0)) for i in range(n)]
+    same_as = list(range(n))
+    for c in calls:
+        if c.same_as is not None:
+            same_as[c.index] = c.same_as
+    ran = [c for c in calls if c.same_as is None]
+    for c in ran:
+        units[c.index].activation_bytes = counter.bytes_by_tag.get(c.index, 0)
     # Keep only detached inputs so the forward's autograd graph is freed.
-    isolated: list[tuple[UnitCall, tuple[Any, ...]]] = [(c, detach_args(c)) for c in calls]
-    detached_output = map_tensors(
-        lambda t: (
-            t.detach().requires_grad_(t.requires_grad) if t.is_floating_point() else t.detach()
-        ),
-        output,
+    isolated: list[tuple[UnitCall, tuple[Any, ...]]] = (
+        [] if one_at_a_time is not None else [(c, detach_args(c)) for c in ran]
     )
-    del flat_out, output, calls
+    detached_output = _detached(output)
+    del flat_out, output, calls, ran
 
-    info = _node_bytes(ug, flat)
-    for i, names in enumerate(_unit_outputs(ug)):
-        units[i].output_bytes = _sum_unique(names, info)
     cut_bytes = [_sum_unique(names, info) for names in cut_tensors(ug)]
     input_names = [nd.name for nd in ug.graph_module.graph.nodes if nd.op == "placeholder"]
 
+    copies = Counter(same_as)
     steps: list[TimedStep] = []
     for call, args in isolated:
-        leaves_needing_grad = [a for a in args if isinstance(a, torch.Tensor) and a.requires_grad]
-        params = [p for p in call.module.parameters() if p.requires_grad]
-        params += [a for a in call.args if isinstance(a, nn.Parameter) and a.requires_grad]
-        zero = _zero_grads([*leaves_needing_grad, *params])
-        backward = _backward_from_ones()
-        # Units that modify an input in place get a fresh copy of their activations per run.
-        state = {"args": args, "copy": _mutates_inputs(call.module, args, call.activation_args)}
-        if state["copy"]:
-            state["args"] = fresh_inputs(args, call.activation_args)
-
-        def forward(module: fx.GraphModule = call.module, st: dict[str, Any] = state) -> Any:
-            return module(*st["args"])
-
-        def reset(
-            zero: Callable[[], None] = zero,
-            st: dict[str, Any] = state,
-            a: tuple[Any, ...] = args,
-            flags: tuple[bool, ...] = call.activation_args,
-        ) -> None:
-            zero()
-            if st["copy"]:
-                st["args"] = fresh_inputs(a, flags)
-
-        steps.append(TimedStep(forward, backward, reset))
-        unit = units[call.index]
-        if device.type == "cuda":
-            unit.peak_bytes = _cuda_peak(lambda f=forward, b=backward: b(f()), device)
-            reset()
-        else:
-            # No allocator statistics on CPU: saved tensors + outputs + input gradients.
-            grad_in = sum(tensor_bytes(a) for a in leaves_needing_grad)
-            unit.peak_bytes = unit.activation_bytes + unit.output_bytes + grad_in
+        step = _unit_step(call, args, units[call.index], device)
+        step.samples_per_round = min(copies[call.index], SHARED_SAMPLES_CAP)
+        steps.append(step)
 
     # The loss, on the (detached) model output: forward and backward.
     out_leaves = [t for t in tensor_leaves(detached_output) if t.requires_grad]
@@ -396,17 +535,33 @@ def _prepare_size(
         units=units, cut_bytes=cut_bytes, input_bytes=_sum_unique(input_names, info)
     )
     measurement.unit_of_step = [c.index for c, _ in isolated]
+    measurement.same_as = same_as
+    measurement.timed = timed
+    measurement.loss_activation_bytes = counter.bytes_by_tag.get("loss", 0)
+    measurement.peak_estimated = device.type != "cuda"
+    if materializer is not None:
+        measurement.materialized_peak_bytes = materializer.peak_bytes
     return measurement, steps
 
 
 def _record_times(m: _SizeMeasurement, times: list[tuple[float, float]]) -> None:
-    """Add the timed steps (units, then the loss) into the per-unit figures."""
-    for unit_index, (fwd_s, bwd_s) in zip(m.unit_of_step, times, strict=False):
-        m.units[unit_index].forward_s += fwd_s
-        m.units[unit_index].backward_s += bwd_s
+    """Put the timed steps (units, then the loss) into the per-unit figures: a unit sharing
+    another's measurement gets its times and saved bytes; the loss's time and saved bytes
+    go to the last unit, where a pipeline computes the loss."""
+    timed = dict(m.timed)
+    timed.update(zip(m.unit_of_step, times, strict=False))
+    for i, unit in enumerate(m.units):
+        rep = m.units[m.same_as[i]]
+        unit.forward_s, unit.backward_s = timed[m.same_as[i]]
+        if m.same_as[i] != i:
+            unit.activation_bytes = rep.activation_bytes
+            unit.peak_bytes = rep.peak_bytes
     m.loss_forward_s, m.loss_backward_s = times[len(m.unit_of_step)]
     m.units[-1].forward_s += m.loss_forward_s
     m.units[-1].backward_s += m.loss_backward_s
+    m.units[-1].activation_bytes += m.loss_activation_bytes
+    if m.peak_estimated:
+        m.units[-1].peak_bytes += m.loss_activation_bytes
 
 
 def whole_model_saved_bytes(model: nn.Module, inputs: Any, loss_fn: LossFn | None) -> int:
@@ -479,9 +634,13 @@ def profile(
     cache: bool = False,
     cache_dir: str | os.PathLike[str] | None = None,
     tracer: str | None = None,
-    optimizer: str = "adam",
+    optimizer: str = "auto",
+    bytes_per_parameter: float | None = None,
     threads: int | None = None,
-    clock: str = "auto",
+    clock: str | Callable[[], float] = "auto",
+    share: bool = True,
+    reference: bool | None = None,
+    meta_init: bool | None = None,
     units: Sequence[str] | None = None,
 ) -> Profile:
     """Measure per-unit forward/backward seconds and memory of one training step.
@@ -498,7 +657,23 @@ def profile(
     (single-thread timings are stable on a loaded host and keep the units' shares right;
     oversubscribed multi-thread kernels are not) and unchanged on GPUs. ``clock``:
     ``"wall"``, ``"thread_cpu"`` (CPU time of the measuring thread, robust to other processes
-    on a shared host) or ``"auto"`` (``"thread_cpu"`` for single-threaded CPU runs, else wall).
+    on a shared host), ``"cuda_events"`` (CUDA events: device time), ``"auto"``
+    (``"thread_cpu"`` for single-threaded CPU runs, CUDA events on CUDA, else wall) or a
+    function returning seconds (a fake clock for tests).
+    ``optimizer`` / ``bytes_per_parameter``: the training state per parameter that the units'
+    ``gradient_bytes`` and ``optimizer_bytes`` count (``auto``: mixed-precision Adam for
+    16-bit parameters, Adam for fp32; see ``profiler/optimizer_state.py``).
+
+    ``share=True``: units that are the same computation (same graph, parameter shapes and
+    input shapes: :mod:`autopipe.profiler.signature`) are measured once, on the first of them,
+    and share its figures (``UnitProfile.measured_as`` names it); that unit is timed up to
+    ``SHARED_SAMPLES_CAP`` times per round. ``reference``: also time the whole model in one
+    piece (``total_forward_s`` ...), the check the units must add up to; ``None`` does so
+    only when no unit shares a measurement (otherwise the reference would cost more than all
+    the units together). ``meta_init``: the model is on the meta device (``None``: detected)
+    and larger than the device may hold: each measured unit's weights are materialized on
+    ``device`` (default CPU) just for its measurement (``profiler/materialize.py``), so peak
+    memory is one unit plus activations; no reference is timed.
     ``units``: fnmatch patterns over module paths naming the units (``"model.layers.*"``)
     instead of ``granularity``'s choice.
     Train/eval flags, buffers, ``.grad`` and the global RNG are restored afterwards.
@@ -510,11 +685,33 @@ def profile(
         raise ValueError(f"need warmup >= 0 and repeat >= 1, got warmup={warmup}, repeat={repeat}")
     optimizer = normalize_optimizer(optimizer)  # a typo fails now, not after measuring
     unit_patterns = list(units or [])
-    dev = resolve_device(model, device)
+    if bytes_per_parameter is not None and not bytes_per_parameter > 0:
+        raise ValueError(f"bytes_per_parameter={bytes_per_parameter} must be positive")
+    is_meta = on_meta(model)
+    if meta_init is None:
+        meta_init = is_meta
+    elif meta_init and not is_meta:
+        raise ValueError(
+            "meta_init=True needs the model built on the meta device: "
+            "with torch.device('meta'): model = build()"
+        )
+    elif is_meta and not meta_init:
+        raise ValueError("the model is on the meta device: pass meta_init=True (or None)")
+    if meta_init and reference:
+        raise ValueError("reference=True needs the whole model in memory; not with meta_init")
+    dev = torch.device(device) if device is not None else None
+    if dev is None:
+        dev = torch.device("cpu") if meta_init else resolve_device(model, None)
+    if dev.type == "meta":
+        raise ValueError("device='meta' holds no data: measure on 'cpu' or 'cuda'")
     dt = resolve_dtype(model, dtype)
-    model.to(device=dev)
+    if not meta_init:
+        model.to(device=dev)
     if dtype is not None:
         model.to(dtype=dt)
+    element_bytes = torch.tensor([], dtype=dt).element_size()
+    optimizer_chosen = optimizer != "auto"
+    optimizer = resolve_optimizer(optimizer, element_bytes)
     inputs = move_inputs(example_inputs, dev, dt)
     big_b = batch_size_of(inputs)
     sizes = microbatch_sizes_to_profile(big_b, microbatch_sizes)
@@ -524,6 +721,9 @@ def profile(
     if clock == "auto":
         single = (threads or torch.get_num_threads()) == 1
         clock = "thread_cpu" if dev.type == "cpu" and single else "wall"
+        if dev.type == "cuda":
+            clock = CUDA_EVENTS
+    clock_name = clock if isinstance(clock, str) else getattr(clock, "__name__", "custom")
 
     key = None
     if cache:
@@ -537,10 +737,14 @@ def profile(
             tracer=tracer,
             sizes=sizes,
             optimizer=optimizer,
+            bytes_per_parameter=bytes_per_parameter,
             threads=threads,
-            clock=clock,
+            clock=clock_name,
             warmup=warmup,
             repeat=repeat,
+            share=share,
+            reference=reference,
+            meta_init=meta_init,
             loss_fn=getattr(loss_fn, "__qualname__", repr(loss_fn)),
         )
         cached = load_cached(key, cache_dir)
@@ -550,46 +754,87 @@ def profile(
     from tqdm.auto import tqdm
 
     with _preserved(model, dev), num_threads(threads):
-        ug = trace_units(model, inputs, granularity, tracer, unit_patterns)
+        # On meta, trace a copy (no data to copy): tracers may keep weak references to the
+        # tensors they saw, and those tensors could then not be materialized in place.
+        traced_model = copy.deepcopy(model) if meta_init else model
+        trace_inputs = to_meta(inputs) if meta_init else inputs
+        ug = trace_units(traced_model, trace_inputs, granularity, tracer, unit_patterns)
         n = ug.num_units
         bar = tqdm(
-            total=(warmup + repeat) * len(sizes),
-            desc=f"profiling {type(model).__name__} ({n} units)",
-            unit="round",
+            total=(warmup + repeat) * len(sizes) if not meta_init else None,
+            desc=f"profiling {type(model).__name__} ({n} units"
+            + (", one at a time from meta)" if meta_init else ")"),
+            unit="round" if not meta_init else "unit",
             disable=not progress,
             leave=False,
         )
-        measured: list[_SizeMeasurement] = []
-        used_sizes: list[int] = []
-        total_fwd_s = total_bwd_s = 0.0
-        total_saved = 0
+        plans: list[tuple[int, Any, UnitGraph]] = []
         for size in sizes:
             size_inputs = inputs if size == big_b else slice_batch(inputs, size, big_b)
             size_ug = ug
             if size != big_b and not ug.batch_dynamic:
                 # export specialised the batch dimension: trace again at this batch size.
-                size_ug = trace_units(model, size_inputs, granularity, "export", unit_patterns)
+                traced = to_meta(size_inputs) if meta_init else size_inputs
+                size_ug = trace_units(traced_model, traced, granularity, "export", unit_patterns)
                 if size_ug.unit_names != ug.unit_names:
                     warnings.warn(
                         f"units differ at micro-batch size {size}; size skipped", stacklevel=2
                     )
                     continue
+            plans.append((size, size_inputs, size_ug))
+        infos: list[Any] = [None] * len(plans)
+        if meta_init:
+            for _, _, size_ug in plans:
+                own_meta_state(size_ug.graph_module)
+            # Bytes of every graph value from a run on meta, before the graphs are pointed
+            # at the real device (export bakes the tracing device into some ops).
+            for k, (_, size_inputs, size_ug) in enumerate(plans):
+                infos[k] = meta_node_bytes(size_ug, size_ug.flat_inputs(to_meta(size_inputs)))
+            for _, _, size_ug in plans:
+                retarget_devices([size_ug.graph_module], dev)
+        one_at_a_time = (
+            _Timing(warmup, repeat, clock, tick=lambda: bar.update()) if meta_init else None
+        )
+        measured: list[_SizeMeasurement] = []
+        used_sizes: list[int] = []
+        total_fwd_s = total_bwd_s = 0.0
+        total_saved = 0
+        timed_reference = False
+        for (size, size_inputs, size_ug), info in zip(plans, infos, strict=True):
             bar.set_postfix_str(f"micro-batch {size}")
-            m, steps = _prepare_size(model, size_ug, size_inputs, dev, loss_fn)
-            if size == big_b:
+            m, steps = _prepare_size(
+                model,
+                size_ug,
+                size_inputs,
+                dev,
+                loss_fn,
+                share=share,
+                info=info,
+                one_at_a_time=one_at_a_time,
+            )
+            shared = any(rep != i for i, rep in enumerate(m.same_as))
+            if size == big_b and (
+                reference or (reference is None and not shared and not meta_init)
+            ):
                 # The whole model is timed in the same rounds as its units.
                 whole, total_saved = whole_model_step(model, inputs, loss_fn)
                 steps.append(whole)
+                timed_reference = True
             times = time_steps_interleaved(
-                steps, dev, warmup=warmup, repeat=repeat, tick=lambda: bar.update(), clock=clock
+                steps,
+                dev,
+                warmup=warmup,
+                repeat=repeat,
+                tick=None if meta_init else lambda: bar.update(),
+                clock=clock,
             )
-            if size == big_b:
+            if size == big_b and timed_reference:
                 total_fwd_s, total_bwd_s = times.pop()
             _record_times(m, times)
             measured.append(m)
             used_sizes.append(size)
         bar.close()
-        params, params_total = parameter_accounting(ug, model, optimizer)
+        params, params_total = parameter_accounting(ug, model, optimizer, bytes_per_parameter)
 
     offenders = nonlinear_bytes(ug.unit_names, used_sizes, measured) if len(measured) > 1 else []
     if offenders:
@@ -600,6 +845,13 @@ def profile(
             stacklevel=2,
         )
     base = measured[0]
+    # A unit shares a measurement when it did at every micro-batch size.
+    measured_as = [
+        ug.unit_names[base.same_as[i]]
+        if base.same_as[i] != i and all(m.same_as[i] == base.same_as[i] for m in measured)
+        else ""
+        for i in range(n)
+    ]
     units: list[UnitProfile] = []
     for i, name in enumerate(ug.unit_names):
         um = base.units[i]
@@ -616,9 +868,36 @@ def profile(
                 activation_bytes=um.activation_bytes,
                 output_bytes=um.output_bytes,
                 peak_bytes=um.peak_bytes,
+                measured_as=measured_as[i],
                 **params[i],
             )
         )
+    meta: dict[str, Any] = {
+        "microbatch_sizes": used_sizes,
+        "loss_forward_s": base.loss_forward_s,
+        "loss_backward_s": base.loss_backward_s,
+        "warmup": warmup,
+        "repeat": repeat,
+        "threads": torch.get_num_threads() if threads is None else threads,
+        "clock": clock_name,
+        "host": platform.node(),
+        "reference": timed_reference,
+        "shared_samples_cap": SHARED_SAMPLES_CAP if share else 1,
+        "meta_init": meta_init,
+        "materialized_peak_bytes": max(m.materialized_peak_bytes for m in measured),
+        "optimizer_chosen": optimizer_chosen or bytes_per_parameter is not None,
+        "per_size": [
+            {
+                "microbatch_size": s,
+                "forward_s": [u.forward_s for u in m.units],
+                "backward_s": [u.backward_s for u in m.units],
+                "activation_bytes": [u.activation_bytes for u in m.units],
+            }
+            for s, m in zip(used_sizes, measured, strict=True)
+        ],
+    }
+    if bytes_per_parameter is not None:
+        meta["state_bytes_per_parameter"] = bytes_per_parameter
     return _finish(
         Profile(
             units=units,
@@ -636,29 +915,11 @@ def profile(
             total_backward_s=total_bwd_s,
             total_activation_bytes=total_saved,
             parameter_bytes_total=params_total,
-            bytes_per_parameter=torch.tensor([], dtype=dt).element_size(),
+            bytes_per_parameter=element_bytes,
             optimizer=optimizer,
             granularity=granularity,
             unit_patterns=unit_patterns,
-            meta={
-                "microbatch_sizes": used_sizes,
-                "loss_forward_s": base.loss_forward_s,
-                "loss_backward_s": base.loss_backward_s,
-                "warmup": warmup,
-                "repeat": repeat,
-                "threads": torch.get_num_threads() if threads is None else threads,
-                "clock": clock,
-                "host": platform.node(),
-                "per_size": [
-                    {
-                        "microbatch_size": s,
-                        "forward_s": [u.forward_s for u in m.units],
-                        "backward_s": [u.backward_s for u in m.units],
-                        "activation_bytes": [u.activation_bytes for u in m.units],
-                    }
-                    for s, m in zip(used_sizes, measured, strict=True)
-                ],
-            },
+            meta=meta,
         ),
         key,
         cache_dir,

@@ -40,6 +40,13 @@ def storage_bytes(t: torch.Tensor) -> int:
         return tensor_bytes(t)
 
 
+def _storage_of(t: torch.Tensor) -> Any:
+    try:
+        return t.untyped_storage()
+    except (RuntimeError, NotImplementedError):
+        return t
+
+
 @dataclass
 class SavedTensorCounter:
     """Counts bytes saved for backward, attributed to a current tag (a unit index).
@@ -53,6 +60,9 @@ class SavedTensorCounter:
     bytes_by_tag: dict[Any, int] = field(default_factory=dict)
     tag: Any = None
     _seen: set[tuple[str, int]] = field(default_factory=set)
+    _alive: list[Any] = field(default_factory=list)
+    """The storages counted, kept alive while counting: a freed one's address could be
+    reused by a later tensor, which would then pass for already counted."""
 
     @property
     def total_bytes(self) -> int:
@@ -62,14 +72,20 @@ class SavedTensorCounter:
         key = storage_key(t)
         if key not in self.exclude and key not in self._seen:
             self._seen.add(key)
+            self._alive.append(_storage_of(t))
             self.bytes_by_tag[self.tag] = self.bytes_by_tag.get(self.tag, 0) + storage_bytes(t)
-        return t
+        # Not ``t`` itself: a saved output would then hold its own grad_fn, a reference
+        # cycle that keeps the whole forward graph (and its weights) alive after use.
+        return t.detach()
 
     @contextmanager
     def counting(self) -> Iterator[SavedTensorCounter]:
-        """Install the hooks; the packed tensors are kept as they are (no copies)."""
-        with torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t):
-            yield self
+        """Install the hooks; the packed tensors are kept as detached aliases (no copies)."""
+        try:
+            with torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t):
+                yield self
+        finally:
+            self._alive.clear()
 
 
 def parameter_storages(model: nn.Module) -> set[tuple[str, int]]:
@@ -129,13 +145,30 @@ def unit_tensors(
     return out
 
 
+def _optimizer_bytes(
+    optimizer: str,
+    state_bytes_per_parameter: float | None,
+    trainable: list[nn.Parameter],
+    trainable_bytes: int,
+) -> int:
+    count = sum(p.numel() for p in trainable)
+    if state_bytes_per_parameter is None:
+        return optimizer_state_bytes(optimizer, count, trainable_bytes)
+    return max(int(round(state_bytes_per_parameter * count)) - 2 * trainable_bytes, 0)
+
+
 def parameter_accounting(
-    ug: UnitGraph, model: nn.Module, optimizer: str
+    ug: UnitGraph,
+    model: nn.Module,
+    optimizer: str,
+    state_bytes_per_parameter: float | None = None,
 ) -> tuple[list[dict[str, Any]], int]:
     """Per-unit parameter figures and the whole-model parameter bytes (tied counted once).
 
     A tied parameter counts in every unit that uses it and is named in each such unit's
-    ``shared_parameters``. O(parameters + graph nodes).
+    ``shared_parameters``. ``state_bytes_per_parameter`` (parameter + gradient + optimizer
+    state, e.g. 16) overrides ``optimizer``: the optimizer bytes are what is left after the
+    parameter and its gradient. O(parameters + graph nodes).
     """
     per_unit = unit_tensors(ug, model)
     names = canonical_parameter_names(model)
@@ -152,8 +185,8 @@ def parameter_accounting(
                 "parameter_count": sum(p.numel() for p in params),
                 "parameter_bytes": sum(tensor_bytes(p) for p in params),
                 "gradient_bytes": trainable_bytes,
-                "optimizer_bytes": optimizer_state_bytes(
-                    optimizer, sum(p.numel() for p in trainable), trainable_bytes
+                "optimizer_bytes": _optimizer_bytes(
+                    optimizer, state_bytes_per_parameter, trainable, trainable_bytes
                 ),
                 "buffer_bytes": sum(tensor_bytes(b) for b in buffers),
                 "shared_parameters": sorted(

@@ -4,7 +4,8 @@
 meta (or fake) tensors. For each op it takes
 
 * FLOPs from ``torch.utils.flop_counter``'s formula registry (matmul, conv, attention;
-  elementwise ops count as 0 FLOPs, as in FlopCounterMode),
+  elementwise ops count as 0 FLOPs, as in FlopCounterMode), plus grouped matmuls
+  (mixture-of-experts experts: ``aten._grouped_mm`` and Hugging Face's fallback op),
 * bytes moved = bytes of the tensor inputs read + bytes of the outputs written
   (view ops move nothing and launch nothing; allocation-only ops likewise),
 * one kernel launch per non-view op,
@@ -37,6 +38,39 @@ _EXTRA_FLOPS = {
     aten._scaled_dot_product_flash_attention_for_cpu_backward: flop_registry[
         aten._scaled_dot_product_flash_attention_backward
     ],
+}
+
+
+def _shape(t: Any) -> tuple[int, ...]:
+    return tuple(t.shape)
+
+
+def grouped_mm_flops(a: Any, b: Any, *args: Any, out_val: Any = None, **kwargs: Any) -> int:
+    """FLOPs of a grouped matmul (mixture-of-experts experts): ``(S, K) x (E, K, N)`` with
+    ``offs`` splitting the S routed token slots among the E experts, ``(E, M, K) x (E, K, N)``,
+    or ``(M, K) x (K, N)`` grouped along K (the weight gradient). Every routed slot meets one
+    expert's matrix, so the count is ``2 x S x K x N`` however the tokens are split; under
+    balanced top-k routing each expert gets ``tokens x k / E`` of them and all E expert
+    matrices are read once (the op's bytes)."""
+    sa, sb = _shape(a), _shape(b)
+    if len(sa) == 2 and len(sb) == 2:
+        return 2 * sa[0] * sa[1] * sb[1]
+    return 2 * int(out_val.numel()) * sa[-1]
+
+
+def _grouped_mm_backward_flops(
+    a: Any, b: Any, offs: Any, grad: Any, *args: Any, out_val: Any = None, **kwargs: Any
+) -> int:
+    # grad_input = grad x W^T and grad_weight = input^T x grad: two grouped matmuls
+    return 2 * 2 * _shape(a)[0] * _shape(a)[-1] * _shape(grad)[-1]
+
+
+# FLOP formulas by op name, for ops that torch.utils.flop_counter does not know and whose
+# namespace may not be loaded (Hugging Face's grouped-matmul fallback for MoE experts).
+_NAMED_FLOPS = {
+    "aten._grouped_mm": grouped_mm_flops,
+    "transformers.grouped_mm_fallback": grouped_mm_flops,
+    "transformers.grouped_mm_fallback_backward": _grouped_mm_backward_flops,
 }
 
 # Ops that only allocate (no kernel touches the memory).
@@ -207,7 +241,9 @@ class OpCounter(TorchDispatchMode):
         read = sum(_tensor_bytes(t) for t in in_tensors)
         written = sum(_tensor_bytes(t) for t in out_tensors)
         moved = read + written
-        formula = flop_registry.get(packet) or _EXTRA_FLOPS.get(packet)
+        formula = (
+            flop_registry.get(packet) or _EXTRA_FLOPS.get(packet) or _NAMED_FLOPS.get(str(packet))
+        )
         flops = float(formula(*args, **kwargs, out_val=out)) if formula is not None else 0.0
         memory_s = moved / (self.spec.memory_bandwidth_bytes_per_s * self.spec.memory_efficiency)
         compute_s = 0.0

@@ -60,6 +60,10 @@ class UnitProfile:
     """Bytes of optimizer state for this unit's parameters (``Profile.optimizer``)."""
     buffer_bytes: int = 0
     """Bytes of non-parameter buffers (e.g. BatchNorm running statistics)."""
+    measured_as: str = ""
+    """Name of the unit whose measurement (or count) this unit shares because it is the same
+    computation (same graph, parameter and input shapes); ``""``: its own. Optional in
+    schema v1: files without it load with ``""``."""
 
     def forward_at(self, microbatch_size: float, batch_size: int) -> float:
         """Forward seconds for one micro-batch of ``microbatch_size`` samples."""
@@ -122,6 +126,16 @@ class Profile:
     @property
     def unit_names(self) -> list[str]:
         return [u.name for u in self.units]
+
+    def shared_groups(self) -> dict[str, list[str]]:
+        """``{unit measured: [every unit using that measurement, itself first]}`` for the
+        measurements shared by more than one unit, in unit order."""
+        groups: dict[str, list[str]] = {}
+        for u in self.units:
+            if u.measured_as:
+                groups.setdefault(u.measured_as, [u.measured_as]).append(u.name)
+        order = {name: i for i, name in enumerate(self.unit_names)}
+        return dict(sorted(groups.items(), key=lambda item: order.get(item[0], len(order))))
 
     def __len__(self) -> int:
         return len(self.units)

@@ -151,6 +151,13 @@ def _repeated_containers(model: nn.Module) -> list[tuple[tuple[int, int, int], s
     return found
 
 
+def _block_container(model: nn.Module) -> str | None:
+    """Path of the main container of repeated blocks (the one holding the most block
+    parameters), or None. See :func:`_block_containers` for all of them."""
+    ranked = _repeated_containers(model)
+    return ranked[0][1] if ranked else None
+
+
 def _inside(path: str, ancestor: str) -> bool:
     return ancestor == "" or path == ancestor or path.startswith(f"{ancestor}.")
 

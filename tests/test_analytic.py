@@ -101,9 +101,13 @@ def test_bf16_halves_bytes() -> None:
     assert p16.dtype == "bfloat16" and p16.bytes_per_parameter == 2
     assert p16.units[3].parameter_bytes * 2 == p32.units[3].parameter_bytes
     assert p16.units[3].output_bytes * 2 == p32.units[3].output_bytes
-    assert p16.units[3].optimizer_bytes == 2 * p16.units[3].parameter_bytes  # moments in bf16
-    mixed = profile_analytic(model, x, "h100-sxm", loss_fn=gpt.loss_fn, optimizer="mixed-adam")
-    assert mixed.units[3].optimizer_bytes == 12 * p16.units[3].parameter_count
+    # 16-bit training defaults to mixed-precision Adam: fp32 master, m and v (12 bytes)
+    assert p16.optimizer == "mixed-adam"
+    assert p16.units[3].optimizer_bytes == 12 * p16.units[3].parameter_count
+    plain = profile_analytic(model, x, "h100-sxm", loss_fn=gpt.loss_fn, optimizer="adam")
+    assert plain.units[3].optimizer_bytes == 2 * p16.units[3].parameter_bytes  # moments in bf16
+    assert p32.optimizer == "adam"
+    assert p32.units[3].optimizer_bytes == 2 * p32.units[3].parameter_bytes
     assert p16.units[3].forward_flops == p32.units[3].forward_flops
     # bf16 tensor cores are 14.8x the H100's fp32 rate: compute-bound parts get much faster
     c16 = p16.meta["analytic_units"][-1]["forward"]["compute_s"]

@@ -22,7 +22,8 @@ from profiler_models import (
 )
 from torch import nn
 
-FAST = {"warmup": 0, "repeat": 1, "progress": False, "microbatch_sizes": ()}
+# reference=True: the whole model is also measured in one piece, the check these tests make.
+FAST = {"warmup": 0, "repeat": 1, "progress": False, "microbatch_sizes": (), "reference": True}
 
 
 def unique_parameter_bytes(model: nn.Module) -> int:
@@ -53,7 +54,9 @@ def test_unit_times_add_up_to_whole_model_mlp() -> None:
     x = torch.randn(64, 1024)
     ratios = []
     for _ in range(3):
-        p = profile(model, x, warmup=2, repeat=5, progress=False, microbatch_sizes=())
+        p = profile(
+            model, x, warmup=2, repeat=5, progress=False, microbatch_sizes=(), reference=True
+        )
         ratios.append(unit_time_ratio(p))
         if abs(ratios[-1] - 1) < 0.15:
             break
@@ -75,6 +78,7 @@ def test_unit_times_add_up_to_whole_model_gpt() -> None:
             repeat=5,
             progress=False,
             microbatch_sizes=(),
+            reference=True,
             threads=1,
         )
         ratios.append(unit_time_ratio(p))
@@ -252,7 +256,7 @@ def test_cnn_batchnorm_residual_state_restored() -> None:
     before = {k: v.clone() for k, v in model.state_dict().items()}
     x = torch.randn(4, 3, 8, 8)
     rng = torch.get_rng_state()
-    p = profile(model, x, warmup=1, repeat=2, progress=False, microbatch_sizes=())
+    p = profile(model, x, warmup=1, repeat=2, progress=False, microbatch_sizes=(), reference=True)
     assert p.unit_names == ["stem", "body.0", "body.1", "body.2", "pool", "fc"]
     assert p.units[0].buffer_bytes == sum(
         b.numel() * b.element_size() for b in model.stem.buffers()
@@ -273,7 +277,7 @@ def test_unit_starting_with_inplace_op() -> None:
     model = nn.Sequential(nn.Linear(32, 32), nn.ReLU(inplace=True), nn.Linear(32, 32))
     x = torch.randn(8, 32)
     expected = model(x)
-    p = profile(model, x, warmup=1, repeat=3, progress=False, microbatch_sizes=())
+    p = profile(model, x, warmup=1, repeat=3, progress=False, microbatch_sizes=(), reference=True)
     assert p.unit_names == ["0", "1", "2"]
     assert p.units[1].backward_s > 0
     assert activation_ratio(p) == pytest.approx(1.0, abs=0.05)

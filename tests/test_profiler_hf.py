@@ -29,7 +29,9 @@ def test_gpt2_export_units_tied_head_and_bytes() -> None:
     model = transformers.GPT2LMHeadModel(cfg)
     ids = torch.randint(0, 256, (2, 16))
     inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
-    p = profile(model, inputs, warmup=0, repeat=1, progress=False, microbatch_sizes=())
+    p = profile(
+        model, inputs, warmup=0, repeat=1, progress=False, microbatch_sizes=(), reference=True
+    )
     assert p.tracer == "export"
     assert p.unit_names == [
         "transformer.wte",

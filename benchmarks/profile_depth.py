@@ -1,0 +1,120 @@
+"""Measured profiling cost and plan stability against depth: identical blocks measured once.
+
+A stack of ``nn.TransformerEncoderLayer`` blocks (d_model 256, batch 8, seq 64;
+benchmarks/models/encoder_stack.py) at 4, 16 and 48 layers:
+
+1. ``autopipe profile`` wall time (the whole command, imports included), with identical
+   blocks measured once (default) and every block measured (``--no-share``, as before),
+   interleaved runs, medians; target: 48 blocks within 1.5x of 4 blocks;
+2. plan stability: the 48-layer stack re-profiled ``--reprofiles`` times each way and
+   planned on 7 stages (48 = 6 x 7 + 6: which stage gets 6 layers is decided by the costs),
+   distinct plans counted, and the spread of the 48 copies' measured times.
+
+    .venv/bin/python benchmarks/profile_depth.py [--repeats 3] [--reprofiles 5] [--only cost|stability]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+MODELS = ROOT / "benchmarks" / "models"
+AUTOPIPE = Path(sys.executable).parent / "autopipe"
+DEPTHS = (4, 16, 48)
+
+
+def profile_command_s(layers: int, share: bool) -> float:
+    command = [
+        str(AUTOPIPE), "profile", f"{MODELS / 'encoder_stack.py'}:layers_{layers}",
+        "--no-cache", "-q", *([] if share else ["--no-share"]),
+    ]  # fmt: skip
+    started = time.perf_counter()
+    subprocess.run(command, check=True)
+    return time.perf_counter() - started
+
+
+def cost_and_ratio(repeats: int) -> None:
+    times: dict[tuple[int, bool], list[float]] = {(d, s): [] for d in DEPTHS for s in (True, False)}
+    for _ in range(repeats):
+        for share in (True, False):
+            for depth in DEPTHS:
+                times[depth, share].append(profile_command_s(depth, share))
+    print("autopipe profile wall time, medians of", repeats, "interleaved runs")
+    print(f"{'layers':>6}  {'every block measured':>20}  {'identical measured once':>23}")
+    med = {k: statistics.median(v) for k, v in times.items()}
+    for depth in DEPTHS:
+        print(f"{depth:>6}  {med[depth, False]:>18.1f} s  {med[depth, True]:>21.1f} s")
+    for share, label in ((False, "every block measured"), (True, "identical measured once")):
+        ratio = med[48, share] / med[4, share]
+        verdict = (
+            ""
+            if not share
+            else ("  (target <= 1.5: pass)" if ratio <= 1.5 else "  (target <= 1.5: FAIL)")
+        )
+        print(f"48 / 4 blocks, {label}: {ratio:.2f}x{verdict}")
+
+
+def stability(reprofiles: int, layers: int = 48, stages: int = 7) -> None:
+    sys.path.insert(0, str(MODELS))
+    import encoder_stack
+    from autopipe.planner import plan
+    from autopipe.profiler.measure import profile
+
+    model, x = encoder_stack.build_model(layers), encoder_stack.example_inputs(8)
+    print(f"\nplan stability: {layers} layers on {stages} stages, {reprofiles} re-profiles each")
+    for share, label in ((False, "every block measured"), (True, "identical measured once")):
+        plans, spreads, gaps = [], [], []
+        profiles = []
+        for _ in range(reprofiles):
+            p = profile(model, x, progress=False, share=share)
+            blocks = [u.forward_s + u.backward_s for u in p.units[1:-1]]
+            spreads.append(max(blocks) / min(blocks) - 1)
+            plans.append(plan(p, stages, baselines=False))
+            profiles.append(p)
+        distinct = sorted({tuple(q.balance) for q in plans})
+        # How far apart the distinct plans are, judged by each profile's own costs.
+        for p, q in zip(profiles, plans, strict=True):
+            times = [iteration_s(p, b, q.microbatches) for b in distinct]
+            gaps.append(max(times) / min(times) - 1)
+        print(
+            f"  {label:<24} {len(distinct)} distinct plan(s) in {reprofiles}; "
+            f"copies' fwd+bwd spread {100 * statistics.median(spreads):.1f}% (median); "
+            f"the plans' predicted iterations differ by {100 * max(gaps):.2f}% at most; "
+            f"balances: {distinct}"
+        )
+
+
+def iteration_s(profile: object, balance: tuple[int, ...], microbatches: int) -> float:
+    """Predicted GPipe iteration of the partition ``balance`` under ``profile``'s costs."""
+    from autopipe.planner import Cluster, Device
+    from autopipe.planner.assemble import simulate_costs
+    from autopipe.planner.costs import CostModel
+
+    cluster = Cluster([Device(name="cpu")] * len(balance))
+    cm = CostModel(
+        profile, cluster, batch_size=profile.batch_size, microbatches=microbatches,
+        schedule="gpipe", checkpoint="never", state_bytes_per_parameter=16.0, headroom=0.1,
+    )  # fmt: skip
+    bounds = [sum(balance[:i]) for i in range(len(balance) + 1)]
+    return simulate_costs(cm.stage_costs(bounds), microbatches, "gpipe").iteration_time_s
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--reprofiles", type=int, default=5)
+    parser.add_argument("--only", choices=["cost", "stability"], help="run one part")
+    args = parser.parse_args()
+    if args.only != "stability":
+        cost_and_ratio(args.repeats)
+    if args.only != "cost":
+        stability(args.reprofiles)
+
+
+if __name__ == "__main__":
+    main()
