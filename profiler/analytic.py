@@ -217,6 +217,9 @@ def _fused_attention(args: tuple, kwargs: dict) -> torch.Tensor | None:
         or q.dim() != 4
         # the fused kernels (and their FLOP formulas) need one head size for q, k and v
         or not q.shape[-1] == k.shape[-1] == v.shape[-1]
+        # a learned mask (T5's relative position bias) needs its gradient: the fused CPU
+        # kernel has none for it
+        or (isinstance(mask, torch.Tensor) and mask.requires_grad)
     ):
         return None
     if mask is not None and mask.dtype == torch.bool:

@@ -140,7 +140,10 @@ def graph_signature(
     tracer kept one in ``node.meta["val"]``), unless it is a ``get_attr`` node, which is
     described by the tensor it fetches. O(nodes + arguments).
     """
-    nodes = list(nodes)
+    # Arithmetic on symbolic sizes (a dynamic batch times the heads) is no computation worth
+    # a cost, and the first block of a stack often does it for all: it is left out, and
+    # values it makes are inputs like any other.
+    nodes = [n for n in nodes if not _is_size_arithmetic(n)]
     position = {n: i for i, n in enumerate(nodes)}
     external: dict[fx.Node, int] = {}
 
@@ -172,6 +175,14 @@ def graph_signature(
             target = _target_name(n.target)
         rows.append((n.op, target, arg(tuple(n.args)), arg(dict(n.kwargs))))
     return _digest(rows)
+
+
+_SYMBOLIC = (torch.SymInt, torch.SymFloat, torch.SymBool)
+
+
+def _is_size_arithmetic(node: fx.Node) -> bool:
+    """A node computing a Python number from symbolic sizes (``sym_size``, ``mul``, ...)."""
+    return node.op == "call_function" and isinstance(node.meta.get("val"), _SYMBOLIC)
 
 
 def _attr_signature(root: nn.Module, target: Any) -> Any:

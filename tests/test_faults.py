@@ -484,7 +484,7 @@ def example_inputs(batch_size=8):
     ("text", "extra", "message"),
     [
         (WRONG_SHAPES, [], "the model failed on example_inputs(8): RuntimeError: mat1 and mat2"),
-        (WRONG_SHAPES, ["--device", "a100-80gb"], "the model failed on example_inputs(8)"),
+        (WRONG_SHAPES, ["--device", "a100-80gb"], "analytic mode runs the model on the meta device, and 0 failed there in forward"),
         (DATA_DEPENDENT, [], "cannot trace Branchy"),
         (DATA_DEPENDENT, ["--device", "a100-80gb"], "cannot trace Branchy"),
         (SMALL_MODEL, ["--gpus", "4", "--data-parallel", "3", "--allreduce-bandwidth", "1GB"], "--data-parallel 3 does not divide --gpus 4"),
@@ -537,7 +537,9 @@ def test_an_error_starts_its_own_line_after_a_progress_bar(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     model = _model_file(tmp_path, FAILS_WHILE_TIMED)
-    assert main(["plan", str(model), "--gpus", "2", "--no-cache"]) == 2
+    # --no-share: the whole model is then also timed in one piece, eagerly, which is where
+    # the flaky layer runs (the traced units hold none of its Python).
+    assert main(["plan", str(model), "--gpus", "2", "--no-cache", "--no-share"]) == 2
     err = capsys.readouterr().err
     assert "profiling" in err  # the bar was drawn
     assert any(line.startswith("autopipe plan: error: ") for line in err.split("\n")), repr(err)
