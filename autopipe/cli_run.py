@@ -224,7 +224,7 @@ def make_optimizer(plan: Any, parameters: Any, lr: float) -> Any:
     ``optimizer``): SGD, SGD with momentum 0.9, else AdamW."""
     import torch
 
-    name = str(plan.meta.get("options", {}).get("optimizer", "adam"))
+    name = plan.optimizer or "adam"
     parameters = list(parameters)
     if not parameters:
         # A stage of parameter-free layers (an activation, rotary embeddings) still runs.

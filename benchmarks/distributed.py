@@ -59,7 +59,7 @@ def _plan(batch_size: int, microbatches: int | str, plan_path: Path) -> None:
         model, gpt.example_inputs(batch_size), loss_fn=gpt.loss_fn, progress=False, threads=1
     )
     result = plan(prof, gpus=2, microbatches=microbatches, schedule="gpipe")
-    result.meta["granularity"] = "block"
+    result.granularity = "block"
     result.save(plan_path)
 
 

@@ -9,7 +9,7 @@ import math
 from typing import Any
 
 from autopipe.planner.baselines import BASELINES, baseline_bounds
-from autopipe.planner.chain import Partition
+from autopipe.planner.candidate import Candidate
 from autopipe.planner.cluster import Cluster
 from autopipe.planner.costs import CostModel, SegmentCost
 from autopipe.planner.partition import exact_partition
@@ -62,18 +62,21 @@ def _stage_names(profile: Profile, bounds: list[int]) -> list[list[str]]:
 def build_plan(
     profile: Profile,
     cluster: Cluster,
-    best: dict[str, Any],
-    results: list[dict[str, Any]],
+    best: Candidate,
+    candidates: list[Candidate],
     strategy: str,
     with_baselines: bool,
     batch: int,
     checkpoint: str,
 ) -> Plan:
-    cm: CostModel = best["cm"]
-    part: Partition = best["part"]
-    costs: list[SegmentCost] = best["costs"]
-    sim = best["sim"]
-    m, sched = best["m"], best["schedule"]
+    """The Plan of the chosen candidate ``best`` (feasible), with notes on why it beat the
+    other ``candidates`` and, ``with_baselines``, the baselines' figures at its (M, schedule)."""
+    cm = best.cost_model
+    part = best.partition
+    sim = best.simulation
+    assert part is not None and sim is not None
+    costs = best.costs
+    m, sched = best.microbatches, best.schedule
     k = len(cluster)
     times = [c.time_s for c in costs]
     bott = max(range(k), key=lambda s: times[s])
@@ -120,12 +123,12 @@ def build_plan(
         f"at {times[bott] * 1e3:.4g} ms per micro-batch"
     ]
     notes += [f"stage {st.index} {st.reason}" for st in stages if st.reason]
-    notes.append(_why_m(best, results))
+    notes.append(_why_m(best, candidates))
     if part.algorithm == "pareto" or part.algorithm.startswith("dp+"):
-        traded = times[bott] > best["min_bottleneck_s"] * (1 + 1e-9)
+        traded = times[bott] > best.min_bottleneck_s * (1 + 1e-9)
         what = (
             f"trades the bottleneck ({times[bott] * 1e3:.4g} ms vs the minimum "
-            f"{best['min_bottleneck_s'] * 1e3:.4g} ms)"
+            f"{best.min_bottleneck_s * 1e3:.4g} ms)"
             if traded
             else "keeps the minimum bottleneck"
         )
@@ -135,7 +138,9 @@ def build_plan(
             else f"a faster simulated {sched} iteration (the {part.algorithm[3:]} cut)"
         )
         notes.append(f"partition {what} for {why}")
-    infeasible = sorted({r["m"] for r in results if r["part"] is None and r["schedule"] == sched})
+    infeasible = sorted(
+        {c.microbatches for c in candidates if not c.feasible and c.schedule == sched}
+    )
     if infeasible:
         notes.append(f"M in {infeasible} does not fit in memory with schedule={sched}")
     baselines: dict[str, dict[str, Any]] = {}
@@ -176,42 +181,32 @@ def build_plan(
         meta={
             "algorithm": part.algorithm,
             "bottleneck_s": times[bott],
-            "min_bottleneck_s": best.get("min_bottleneck_s", times[bott]),
-            "frontier": best.get("frontier"),
+            "min_bottleneck_s": min(best.min_bottleneck_s, times[bott]),
+            "frontier": best.frontier,
             "single_device_time_s": single_s,
             "checkpoint_mode": checkpoint,
             "headroom": cm.headroom,
             "state_bytes_per_parameter": cm.state_factor * max(int(profile.bytes_per_parameter), 1),
-            "candidates": [
-                {
-                    "microbatches": r["m"],
-                    "schedule": r["schedule"],
-                    "feasible": r["part"] is not None,
-                    "iteration_time_s": r["sim"].iteration_time_s
-                    if r["part"] is not None
-                    else None,
-                    "bottleneck_s": r["part"].bottleneck_s if r["part"] is not None else None,
-                }
-                for r in results
-            ],
+            "candidates": [c.summary() for c in candidates],
         },
     )
 
 
-def _why_m(best: dict[str, Any], results: list[dict[str, Any]]) -> str:
-    m, sched, it = best["m"], best["schedule"], best["sim"].iteration_time_s
-    text = f"M={m}, schedule={sched}: iteration {it * 1e3:.4g} ms, bubble {best['sim'].bubble_fraction:.1%}"
-    rivals = [r for r in results if r["part"] is not None and r is not best]
+def _why_m(best: Candidate, candidates: list[Candidate]) -> str:
+    m, sched, it = best.microbatches, best.schedule, best.iteration_time_s
+    assert best.simulation is not None
+    text = f"M={m}, schedule={sched}: iteration {it * 1e3:.4g} ms, bubble {best.simulation.bubble_fraction:.1%}"
+    rivals = [c for c in candidates if c.feasible and c is not best]
     if not rivals:
         return text + " (the only feasible candidate)"
-    same = sorted((r for r in rivals if r["schedule"] == sched), key=lambda r: r["m"])
-    lower = [r for r in same if r["m"] < m][-1:]
-    higher = [r for r in same if r["m"] > m][:1]
-    parts = [f"M={r['m']} {r['sim'].iteration_time_s * 1e3:.4g} ms" for r in lower + higher]
-    other = [r for r in rivals if r["schedule"] != sched]
+    same = sorted((c for c in rivals if c.schedule == sched), key=lambda c: c.microbatches)
+    lower = [c for c in same if c.microbatches < m][-1:]
+    higher = [c for c in same if c.microbatches > m][:1]
+    parts = [f"M={c.microbatches} {c.iteration_time_s * 1e3:.4g} ms" for c in lower + higher]
+    other = [c for c in rivals if c.schedule != sched]
     if other:
-        o = min(other, key=lambda r: r["sim"].iteration_time_s)
-        parts.append(f"best {o['schedule']} {o['sim'].iteration_time_s * 1e3:.4g} ms at M={o['m']}")
+        o = min(other, key=lambda c: c.iteration_time_s)
+        parts.append(f"best {o.schedule} {o.iteration_time_s * 1e3:.4g} ms at M={o.microbatches}")
     return text + (" (vs " + ", ".join(parts) + ")" if parts else "")
 
 

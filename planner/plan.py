@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from autopipe.profiler.fields import FieldError, check_dataclass
+from autopipe.planner.request import PlanRequest
+from autopipe.profiler.fields import FieldError, check_dataclass, check_number
 from autopipe.profiler.profile import atomic_write_json
 
 PLAN_VERSION = 1
@@ -94,6 +95,12 @@ class Plan:
     written before it was recorded (schema v1 either way)."""
     state_bytes_per_parameter: float = 0.0
     """Parameter + gradient + optimizer-state bytes charged per parameter (0: not recorded)."""
+    granularity: str = "block"
+    """How the profile grouped the model into units (``block``, ``module``, ``node``): the
+    runtime traces the model into the same units."""
+    request: PlanRequest | None = None
+    """What the plan was asked for; ``plan(profile, dataclasses.replace(p.request, ...))``
+    plans it again with one thing changed. None in plans written before it was recorded."""
     version: int = PLAN_VERSION
     meta: dict[str, Any] = field(default_factory=dict)
 
@@ -112,7 +119,9 @@ class Plan:
         return [len(s.units) for s in self.stages]
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        data = dataclasses.asdict(self)
+        data["request"] = self.request.to_dict() if self.request is not None else None
+        return data
 
     def validate(self) -> None:
         """Raise :class:`PlanFormatError` naming the first field that cannot be right: a
@@ -132,6 +141,8 @@ class Plan:
                     "bubble_fraction": (0, 1),
                 },
             )
+            if self.request is not None:
+                _check_request(self.request)
             if self.schedule not in PLAN_SCHEDULES:
                 raise FieldError(
                     "schedule", f"is {self.schedule!r}; expected one of {', '.join(PLAN_SCHEDULES)}"
@@ -180,10 +191,15 @@ class Plan:
                 StagePlan(**{k: v for k, v in s.items() if k in stage_known})
                 for s in data["stages"]
             ]
-            plan = cls(
-                stages=stages, **{k: v for k, v in data.items() if k in known and k != "stages"}
-            )
-        except (TypeError, AttributeError) as exc:
+            fields = {k: v for k, v in data.items() if k in known and k != "stages"}
+            if isinstance(fields.get("request"), dict):
+                fields["request"] = PlanRequest.from_dict(fields["request"])
+            elif fields.get("request") is not None:
+                raise FieldError("request", "is not an object")
+            if "granularity" not in data:  # written before it was a field
+                fields["granularity"] = str(data.get("meta", {}).get("granularity", "block"))
+            plan = cls(stages=stages, **fields)
+        except (TypeError, AttributeError, ValueError) as exc:
             raise PlanFormatError(f"malformed autopipe plan: {exc}") from exc
         plan.validate()
         return plan
@@ -203,3 +219,16 @@ def load_plan(path: str | os.PathLike[str]) -> Plan:
         return Plan.from_dict(data)
     except PlanFormatError as exc:
         raise PlanFormatError(f"{path}: {exc}") from exc
+
+
+def _check_request(request: PlanRequest) -> None:
+    """The request's numbers: what a hand-edited file could break (FieldError)."""
+    positive = {"gpus": request.gpus, "batch_size": request.batch_size}
+    positive["memory_per_device"] = request.memory_per_device
+    for name, value in positive.items():
+        if value is not None:
+            check_number(f"request.{name}", value, integer=True, minimum=1)
+    check_number("request.headroom", request.headroom)
+    check_number("request.time_limit_s", request.time_limit_s)
+    if request.bytes_per_parameter is not None:
+        check_number("request.bytes_per_parameter", request.bytes_per_parameter, minimum=1e-9)

@@ -8,13 +8,15 @@ fastest feasible candidate wins. Cost: (#M x #schedules) x (partition + O(K M lo
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import operator
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from autopipe.planner.assemble import build_plan, gib, simulate_costs
 from autopipe.planner.baselines import BASELINES, baseline_bounds
+from autopipe.planner.candidate import Candidate
 from autopipe.planner.chain import Partition, bottleneck
 from autopipe.planner.cluster import Cluster
 from autopipe.planner.costs import CHECKPOINT_MODES, SCHEDULES, CostModel
@@ -22,6 +24,7 @@ from autopipe.planner.errors import PlanningError
 from autopipe.planner.partition import brute_force_partition, exact_partition
 from autopipe.planner.plan import Plan
 from autopipe.planner.probe import min_memory_needed, pareto_partitions
+from autopipe.planner.request import PlanRequest
 from autopipe.profiler.optimizer_state import (
     AUTO,
     OPTIMIZERS,
@@ -187,115 +190,112 @@ def _partition(
     return Partition(bounds, value, strategy) if math.isfinite(value) else None
 
 
+_REQUEST_FIELDS = {f.name for f in dataclasses.fields(PlanRequest)}
+
+
 def plan(
     profile: Profile,
-    gpus: int | None = None,
-    *,
-    batch_size: int | None = None,
-    microbatches: int | str | Sequence[int] = "auto",
-    memory_per_device: int | None = None,
-    cluster: Cluster | None = None,
-    schedule: str = "gpipe",
-    checkpoint: str = "never",
-    strategy: str = "dp",
-    optimizer: str = "auto",
-    bytes_per_parameter: float | None = None,
-    headroom: float = 0.10,
-    baselines: bool = True,
-    time_limit_s: float = 30.0,
+    request: PlanRequest | int | None = None,
+    **fields: Any,
 ) -> Plan:
     """Plan a K-stage pipeline for ``profile``; raises ``PlanningError`` if nothing fits.
 
-    ``gpus=K`` (K equal devices named after the profile's device, ``memory_per_device`` bytes
-    each, ``None`` = unlimited) or ``cluster`` (devices in pipeline order). ``microbatches``:
-    an integer, a list of candidates, or ``"auto"`` (every divisor of the batch size).
-    ``schedule``: ``"gpipe"``, ``"1f1b"`` or ``"auto"`` (the faster feasible one).
-    ``checkpoint``: ``"never"``, ``"always"``, ``"except_last"`` or ``"auto"`` (per stage, only
-    where the activations would not fit). ``strategy``: ``"dp"`` (exact), ``"ilp"`` (exact, CBC,
-    ``time_limit_s`` per solve), ``"brute-force"``, or a baseline ``"uniform"``,
-    ``"parameters"``, ``"greedy-time"``. Memory per parameter: ``bytes_per_parameter`` or from
-    ``optimizer`` (``auto``, ``sgd``, ``sgd-momentum``, ``adam``, ``adamw``, ``mixed-adam``,
-    ``none``; see :func:`training_state`); the choice is recorded in ``Plan.optimizer`` and
-    ``Plan.state_bytes_per_parameter``. ``headroom`` is the share of device memory kept free.
+    ``request`` says what to plan for (:class:`autopipe.planner.request.PlanRequest`);
+    keyword ``fields`` build one or change a given one (``plan(profile, gpus=4,
+    microbatches=8)``, ``plan(profile, old.request, microbatches=8)``); an integer in its
+    place is ``gpus``. The request's fields: ``gpus=K`` (K equal devices named after the
+    profile's device, ``memory_per_device`` bytes each, ``None`` = unlimited) or ``cluster``
+    (devices in pipeline order); ``microbatches``: an integer, a list of candidates, or
+    ``"auto"`` (every divisor of the batch size); ``schedule``: ``"gpipe"``, ``"1f1b"`` or
+    ``"auto"`` (the faster feasible one); ``checkpoint``: ``"never"``, ``"always"``,
+    ``"except_last"`` or ``"auto"`` (per stage, only where the activations would not fit);
+    ``strategy``: ``"dp"`` (exact), ``"ilp"`` (exact, CBC, ``time_limit_s`` per solve),
+    ``"brute-force"``, or a baseline ``"uniform"``, ``"parameters"``, ``"greedy-time"``.
+    Memory per parameter: ``bytes_per_parameter`` or from ``optimizer`` (``auto``, ``sgd``,
+    ``sgd-momentum``, ``adam``, ``adamw``, ``mixed-adam``, ``none``; see
+    :func:`training_state`). ``headroom`` is the share of device memory kept free.
+    The plan records the request (``Plan.request``), the training state it charged
+    (``Plan.optimizer``, ``Plan.state_bytes_per_parameter``) and the profile's unit
+    granularity (``Plan.granularity``).
     """
+    req = _request(request, fields)
     if not profile.units:
         raise PlanningError("the profile has no units; profile a model with at least one module")
-    _check_choice("schedule", schedule, (*SCHEDULES, "auto"))
-    _check_choice("checkpoint", checkpoint, CHECKPOINT_MODES)
-    _check_choice("strategy", strategy, STRATEGIES)
-    chosen_optimizer, state_bpp = training_state(profile, optimizer, bytes_per_parameter)
-    if not headroom >= 0 or not math.isfinite(headroom):
-        raise PlanningError(f"headroom={headroom} must be a fraction >= 0 (0.1 keeps 10% free)")
-    cluster = _resolve_cluster(profile, gpus, cluster, memory_per_device)
-    batch = profile.batch_size if batch_size is None else batch_size
+    _check_choice("schedule", req.schedule, (*SCHEDULES, "auto"))
+    _check_choice("checkpoint", req.checkpoint, CHECKPOINT_MODES)
+    _check_choice("strategy", req.strategy, STRATEGIES)
+    chosen_optimizer, state_bpp = training_state(profile, req.optimizer, req.bytes_per_parameter)
+    if not req.headroom >= 0 or not math.isfinite(req.headroom):
+        raise PlanningError(f"headroom={req.headroom} must be a fraction >= 0 (0.1 keeps 10% free)")
+    cluster = _resolve_cluster(profile, req.gpus, req.cluster, req.memory_per_device)
+    batch = profile.batch_size if req.batch_size is None else req.batch_size
     batch = _positive_int("batch_size", batch)
-    m_list = _candidate_microbatches(batch, microbatches)
-    schedules = list(SCHEDULES) if schedule == "auto" else [schedule]
+    m_list = _candidate_microbatches(batch, req.microbatches)
+    schedules = list(SCHEDULES) if req.schedule == "auto" else [req.schedule]
 
-    def model(m: int, sched: str) -> CostModel:
-        return CostModel(
-            profile,
-            cluster,
-            batch_size=batch,
-            microbatches=m,
-            schedule=sched,
-            checkpoint=checkpoint,
-            state_bytes_per_parameter=state_bpp,
-            headroom=headroom,
-        )
-
-    results: list[dict[str, Any]] = []
+    candidates: list[Candidate] = []
     for sched in schedules:
         for m in m_list:
-            cm = model(m, sched)
-            part = _partition(cm, strategy, profile, time_limit_s)
-            cm.clear_cache()
-            if part is None:
-                results.append({"m": m, "schedule": sched, "cm": cm, "part": None})
-                continue
-            costs = cm.stage_costs(part.bounds)
-            sim = simulate_costs(costs, m, sched)
-            results.append(
-                {"m": m, "schedule": sched, "cm": cm, "part": part, "costs": costs, "sim": sim}
+            cm = CostModel(
+                profile,
+                cluster,
+                batch_size=batch,
+                microbatches=m,
+                schedule=sched,
+                checkpoint=req.checkpoint,
+                state_bytes_per_parameter=state_bpp,
+                headroom=req.headroom,
             )
-    feasible = [r for r in results if r["part"] is not None]
+            cand = Candidate(m, sched, cm)
+            part = _partition(cm, req.strategy, profile, req.time_limit_s)
+            cm.clear_cache()
+            if part is not None:
+                costs = cm.stage_costs(part.bounds)
+                cand.adopt(part, costs, simulate_costs(costs, m, sched))
+                cand.min_bottleneck_s = part.bottleneck_s
+            candidates.append(cand)
+    feasible = [c for c in candidates if c.feasible]
     if not feasible:
-        raise _infeasible_error(results, cluster, checkpoint, strategy)
-    for r in feasible:
-        r["min_bottleneck_s"] = r["part"].bottleneck_s
-        r["frontier"] = None
+        raise _infeasible_error(candidates, cluster, req.checkpoint, req.strategy)
 
-    def rank(r: dict[str, Any]) -> tuple:
+    def rank(c: Candidate) -> tuple[float, int, int]:
         # Fastest; ties go to fewer micro-batches (less per-call overhead) and then to GPipe.
-        return (r["sim"].iteration_time_s, r["m"], schedules.index(r["schedule"]))
+        return (c.iteration_time_s, c.microbatches, schedules.index(c.schedule))
 
-    if strategy == "dp":
+    if req.strategy == "dp":
         _refine_gpipe(feasible, rank)
         _adopt_faster_heuristics(feasible, profile)
     best = min(feasible, key=rank)
-    out = build_plan(profile, cluster, best, results, strategy, baselines, batch, checkpoint)
+    out = build_plan(
+        profile, cluster, best, candidates, req.strategy, req.baselines, batch, req.checkpoint
+    )
     out.optimizer = chosen_optimizer
     out.state_bytes_per_parameter = state_bpp
     out.meta["parameter_size_bytes"] = max(int(profile.bytes_per_parameter), 1)
-    # The unit granularity lets the runtime re-trace the model into the plan's units.
-    out.meta["granularity"] = profile.granularity
-    # The request, JSON-ready, so that plots and tools can re-plan the same problem.
-    out.meta["options"] = {
-        "batch_size": batch,
-        "microbatches": microbatches if isinstance(microbatches, str) else m_list,
-        "schedule": schedule,
-        "checkpoint": checkpoint,
-        "strategy": strategy,
-        "optimizer": optimizer,
-        "bytes_per_parameter": bytes_per_parameter,
-        "headroom": headroom,
-        "memory_per_device": memory_per_device,
-        "time_limit_s": time_limit_s,
-    }
+    # The runtime re-traces the model into the plan's units at this granularity.
+    out.granularity = profile.granularity
+    out.request = req
     return out
 
 
-def _refine_gpipe(feasible: list[dict[str, Any]], rank, max_walks: int = 3) -> None:
+def _request(request: PlanRequest | int | None, fields: dict[str, Any]) -> PlanRequest:
+    """The request from ``plan``'s arguments (an int is ``gpus``, keywords change fields)."""
+    unknown = sorted(set(fields) - _REQUEST_FIELDS)
+    if unknown:
+        raise TypeError(
+            f"plan() got an unexpected keyword argument {unknown[0]!r}; the request's "
+            f"fields are {', '.join(sorted(_REQUEST_FIELDS))}"
+        )
+    if isinstance(request, PlanRequest):
+        return dataclasses.replace(request, **fields) if fields else request
+    if request is not None:
+        fields = {"gpus": request, **fields}
+    return PlanRequest(**fields)
+
+
+def _refine_gpipe(
+    feasible: list[Candidate], rank: Callable[[Candidate], Any], max_walks: int = 3
+) -> None:
     """Walk the (max forward part, max backward part) frontier for the best GPipe candidates.
 
     GPipe's time is ``sum + (M-1)(max f + max q)``; the min-bottleneck partition minimises
@@ -305,33 +305,30 @@ def _refine_gpipe(feasible: list[dict[str, Any]], rank, max_walks: int = 3) -> N
     most ``max_walks`` walks; a candidate takes a frontier partition that simulates faster.
     """
     walked = 0
-    for r in sorted(feasible, key=rank):
-        if walked >= max_walks or r["schedule"] != "gpipe":
+    for c in sorted(feasible, key=rank):
+        if walked >= max_walks or c.schedule != "gpipe":
             continue
         best_now = min(feasible, key=rank)
-        cm0: CostModel = r["cm"]
-        work = float(cm0.fwd_prefix[-1] + cm0.bwd_prefix[-1]) / float(cm0.speed.max())
-        bound = (r["m"] - 1) * r["min_bottleneck_s"] + work
-        if r is not best_now and bound >= best_now["sim"].iteration_time_s:
+        cm = c.cost_model
+        work = float(cm.fwd_prefix[-1] + cm.bwd_prefix[-1]) / float(cm.speed.max())
+        bound = (c.microbatches - 1) * c.min_bottleneck_s + work
+        if c is not best_now and bound >= best_now.iteration_time_s:
             continue
-        costs = r["costs"]
-        f_max = max(c.forward_s + c.send_s for c in costs)
-        q_max = max(c.recompute_s + c.backward_s for c in costs)
-        if f_max + q_max <= max(c.time_s for c in costs) * (1 + 1e-12):
+        f_max = max(x.forward_s + x.send_s for x in c.costs)
+        q_max = max(x.recompute_s + x.backward_s for x in c.costs)
+        if f_max + q_max <= max(x.time_s for x in c.costs) * (1 + 1e-12):
             continue  # one stage holds both maxima: the min-bottleneck partition is already best
         walked += 1
-        cm: CostModel = r["cm"]
         points, complete = pareto_partitions(cm)
-        r["frontier"] = {"points": len(points), "complete": complete}
+        c.frontier = {"points": len(points), "complete": complete}
         for bounds in points:
-            cand = cm.stage_costs(bounds)
-            sim = simulate_costs(cand, r["m"], "gpipe")
-            if sim.iteration_time_s < r["sim"].iteration_time_s * (1 - 1e-12):
-                r["part"] = Partition(bounds, max(c.time_s for c in cand), "pareto")
-                r["costs"], r["sim"] = cand, sim
+            costs = cm.stage_costs(bounds)
+            sim = simulate_costs(costs, c.microbatches, "gpipe")
+            if sim.iteration_time_s < c.iteration_time_s * (1 - 1e-12):
+                c.adopt(Partition(bounds, max(x.time_s for x in costs), "pareto"), costs, sim)
 
 
-def _adopt_faster_heuristics(feasible: list[dict[str, Any]], profile: Profile) -> None:
+def _adopt_faster_heuristics(feasible: list[Candidate], profile: Profile) -> None:
     """Let a baseline's partition stand in where it simulates faster than the exact one.
 
     The DP is exact for the bottleneck (and, via ``_refine_gpipe``, for GPipe's fill-drain
@@ -340,21 +337,20 @@ def _adopt_faster_heuristics(feasible: list[dict[str, Any]], profile: Profile) -
     to evaluate (3 partitions per candidate, O(K M) simulation each), so taking the faster one
     guarantees the plan is never slower than any baseline under the same cost model.
     """
-    for r in feasible:
-        cm: CostModel = r["cm"]
+    for c in feasible:
+        cm = c.cost_model
         for name in BASELINES:
             bounds = baseline_bounds(name, profile, cm.num_stages)
-            cand = cm.stage_costs(bounds)
-            if not all(c.feasible for c in cand):
+            costs = cm.stage_costs(bounds)
+            if not all(x.feasible for x in costs):
                 continue
-            sim = simulate_costs(cand, r["m"], r["schedule"])
-            if sim.iteration_time_s < r["sim"].iteration_time_s * (1 - 1e-12):
-                r["part"] = Partition(bounds, max(c.time_s for c in cand), f"dp+{name}")
-                r["costs"], r["sim"] = cand, sim
+            sim = simulate_costs(costs, c.microbatches, c.schedule)
+            if sim.iteration_time_s < c.iteration_time_s * (1 - 1e-12):
+                c.adopt(Partition(bounds, max(x.time_s for x in costs), f"dp+{name}"), costs, sim)
 
 
 def _infeasible_error(
-    results: list[dict[str, Any]], cluster: Cluster, checkpoint: str, strategy: str
+    candidates: list[Candidate], cluster: Cluster, checkpoint: str, strategy: str
 ) -> PlanningError:
     k = len(cluster)
     if strategy in BASELINES:  # the baseline's own partition is fixed: its fullest stage decides
@@ -364,14 +360,14 @@ def _infeasible_error(
             return max(cm.segment_memory_need(s, bounds[s], bounds[s + 1]) for s in range(k))
     else:
         need_of = min_memory_needed
-    needs = [(need_of(r["cm"]), r["m"], r["schedule"]) for r in results]
+    needs = [(need_of(c.cost_model), c.microbatches, c.schedule) for c in candidates]
     need, m, sched = min(needs)
     caps = [d.memory_bytes for d in cluster.devices if d.memory_bytes is not None]
     have = gib(min(caps)) if caps else "unlimited"
     tries = ["more GPUs"]
     if checkpoint in ("never", "except_last"):
         tries.append("checkpoint='auto' or 'always'")
-    if len(results) == 1 or m == max(r["m"] for r in results):
+    if len(candidates) == 1 or m == max(c.microbatches for c in candidates):
         tries.append("more micro-batches")
     if strategy not in ("dp", "ilp", "brute-force"):
         tries.append("strategy='dp'")

@@ -99,7 +99,7 @@ def _plan_units(plan: Any) -> list[str]:
 
 def _trace_units_of(model: nn.Module, example_inputs: Any, plan: Any) -> UnitGraph:
     wanted = _plan_units(plan)
-    granularity = plan.meta.get("granularity", "block")
+    granularity = plan.granularity
     if granularity not in GRANULARITIES:
         granularity = "block"
     paths = {path for path, _ in model.named_modules() if path}

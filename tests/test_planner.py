@@ -432,3 +432,34 @@ def test_plan_is_never_slower_than_a_baseline(n: int, k: int, seed: int, schedul
     for name, b in p.baselines.items():
         if b["feasible"]:
             assert p.iteration_time_s <= b["iteration_time_s"] * (1 + 1e-9), name
+
+
+def test_replanning_is_the_recorded_request_with_one_field_replaced(tmp_path: Path) -> None:
+    """A plan records its request; ``plan(profile, replace(p.request, microbatches=8))`` plans
+    the same problem at M = 8, exactly as asking for M = 8 from the start does."""
+    import dataclasses
+
+    from autopipe.planner.request import PlanRequest
+
+    profile = random_profile(12, seed=7)
+    first = plan(profile, 4, microbatches="auto", schedule="auto", checkpoint="auto")
+    assert isinstance(first.request, PlanRequest)
+    assert first.request.gpus == 4 and first.request.schedule == "auto"
+    assert first.granularity == profile.granularity
+    again = plan(profile, dataclasses.replace(first.request, microbatches=8))
+    direct = plan(profile, 4, microbatches=8, schedule="auto", checkpoint="auto")
+    assert again.microbatches == direct.microbatches == 8
+    assert again.to_dict() == direct.to_dict()
+    # The request survives the JSON round trip, and older files without it still load.
+    path = tmp_path / "plan.json"
+    first.save(path)
+    loaded = load_plan(path)
+    assert loaded.request == first.request and loaded.granularity == first.granularity
+    old = json.loads(path.read_text())
+    del old["request"], old["granularity"]
+    old["meta"]["granularity"] = "module"
+    path.write_text(json.dumps(old))
+    legacy = load_plan(path)
+    assert legacy.request is None and legacy.granularity == "module"
+    with pytest.raises(TypeError, match="unexpected keyword argument 'microbatch'"):
+        plan(profile, 4, microbatch=8)

@@ -8,7 +8,7 @@ choice. The dicts are stored in ``plan.meta["viz"]`` by :func:`autopipe.viz.plot
 
 from __future__ import annotations
 
-import inspect
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
@@ -32,10 +32,15 @@ _STAGE_KEYS = (
 def planning_options(plan: Plan) -> dict[str, Any]:
     """Keyword arguments that reproduce ``plan`` with ``autopipe.planner.plan``.
 
-    Uses the options the planner recorded in ``plan.meta["options"]`` when present, then the
-    plan's own fields (batch size, schedule, strategy, memory limit).
+    Uses the plan's request (``Plan.request``, or ``meta["options"]`` in older plans) when
+    present, then the plan's own fields (batch size, schedule, strategy, memory limit).
     """
-    opts: dict[str, Any] = dict(plan.meta.get("options", {}) or {})
+    opts: dict[str, Any] = {}
+    if plan.request is not None:
+        # The devices are the caller's to choose (a scaling sweep varies them).
+        opts = {k: v for k, v in plan.request.to_dict().items() if k not in ("gpus", "cluster")}
+    else:  # a plan written before the request was recorded: what its meta kept
+        opts = dict(plan.meta.get("options", {}) or {})
     meta = plan.meta
     if "checkpoint_mode" in meta:
         opts.setdefault("checkpoint", meta["checkpoint_mode"])
@@ -56,9 +61,9 @@ def planning_options(plan: Plan) -> dict[str, Any]:
 def _planner_accepts(options: dict[str, Any]) -> dict[str, Any]:
     """``options`` less any keyword ``autopipe.planner.plan`` does not take (a plan saved by
     another version may record options this planner lacks)."""
-    from autopipe.planner import plan as make_plan
+    from autopipe.planner.request import PlanRequest
 
-    accepted = inspect.signature(make_plan).parameters
+    accepted = {f.name for f in dataclasses.fields(PlanRequest)}
     return {k: v for k, v in options.items() if k in accepted}
 
 

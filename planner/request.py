@@ -1,0 +1,92 @@
+"""The planning request: everything ``plan`` is asked besides the profile, as one typed value.
+
+Torch-free. A :class:`PlanRequest` is what the CLI's flags, ``autopipe.plan(...)``'s keywords
+and ``parallelize`` all build, what the planner reads, and what a Plan records in
+``Plan.request``, so a plan can be made again with one thing changed::
+
+    again = plan(profile, dataclasses.replace(old.request, microbatches=8))
+
+It is frozen: a request is a value, not a bag of options that steps rewrite.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from autopipe.planner.cluster import Cluster, Device
+
+__all__ = ["PlanRequest"]
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    """What to plan for. Units: bytes, seconds; ``None`` means "not limited" or "derive it".
+
+    Devices: ``gpus`` equal devices named after the profile's device, each with
+    ``memory_per_device`` bytes, or ``cluster`` (devices in pipeline order; then ``gpus``
+    is ``None`` and ``memory_per_device`` fills in devices whose memory is unknown).
+    """
+
+    gpus: int | None = None
+    """K, the number of pipeline stages on equal devices."""
+    cluster: Cluster | None = None
+    batch_size: int | None = None
+    """The mini-batch B; ``None``: the profile's batch size."""
+    microbatches: int | str | tuple[int, ...] = "auto"
+    """M, a tuple of candidates, or ``"auto"`` (every divisor of B up to a bound)."""
+    schedule: str = "gpipe"
+    """``"gpipe"``, ``"1f1b"`` or ``"auto"``."""
+    checkpoint: str = "never"
+    """Re-materialization: ``"never"``, ``"always"``, ``"except_last"`` or ``"auto"``."""
+    strategy: str = "dp"
+    """How stages are cut: ``"dp"``, ``"ilp"``, ``"brute-force"`` or a baseline's name."""
+    optimizer: str = "auto"
+    """Whose training state each parameter carries (``profiler/optimizer_state.py``)."""
+    bytes_per_parameter: float | None = None
+    """Training-state bytes per parameter; overrides ``optimizer``."""
+    memory_per_device: int | None = None
+    headroom: float = 0.10
+    """Share of device memory kept free."""
+    baselines: bool = True
+    """Also evaluate the baseline partitions for comparison."""
+    time_limit_s: float = 30.0
+    """Per-solve limit of the ILP strategy."""
+
+    def __post_init__(self) -> None:
+        # A list given for the candidates is kept as a tuple: requests are hashable values.
+        if isinstance(self.microbatches, list):
+            object.__setattr__(self, "microbatches", tuple(self.microbatches))
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: the cluster as its devices' fields, candidates as a list."""
+        data = dataclasses.asdict(self)
+        if isinstance(self.microbatches, tuple):
+            data["microbatches"] = list(self.microbatches)
+        if self.cluster is not None:
+            # strict JSON has no Infinity: an unlimited link is written as null
+            for device in data["cluster"]["devices"]:
+                if device["link_bandwidth_bytes_per_s"] == float("inf"):
+                    device["link_bandwidth_bytes_per_s"] = None
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> PlanRequest:
+        """The inverse of :meth:`to_dict`; unknown keys (a newer writer) are ignored."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        values = {k: v for k, v in data.items() if k in known}
+        cluster = values.get("cluster")
+        if isinstance(cluster, Mapping):
+            devices = []
+            for d in cluster.get("devices", []):
+                fields = dict(d)
+                if fields.get("link_bandwidth_bytes_per_s") is None:
+                    fields["link_bandwidth_bytes_per_s"] = float("inf")
+                devices.append(Device(**fields))
+            values["cluster"] = Cluster(devices)
+        microbatches = values.get("microbatches")
+        if isinstance(microbatches, Sequence) and not isinstance(microbatches, str):
+            values["microbatches"] = tuple(microbatches)
+        return cls(**values)
