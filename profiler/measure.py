@@ -22,6 +22,7 @@ whole-model passes.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import os
 import platform
 import warnings
@@ -59,6 +60,7 @@ from autopipe.profiler.memory import (
     tensor_bytes,
 )
 from autopipe.profiler.optimizer_state import normalize_optimizer, resolve_optimizer
+from autopipe.profiler.options import MeasureOptions
 from autopipe.profiler.profile import Profile, UnitProfile
 from autopipe.profiler.sharing import UnitSharing
 from autopipe.profiler.time_model import fit_time_model
@@ -622,26 +624,13 @@ def nonlinear_bytes(
 def profile(
     model: nn.Module,
     example_inputs: Any,
-    device: str | torch.device | None = None,
+    options: MeasureOptions | str | torch.device | None = None,
     *,
-    granularity: str = "block",
     loss_fn: LossFn | None = None,
-    warmup: int = 2,
-    repeat: int = 5,
-    microbatch_sizes: Sequence[int] | None = None,
     progress: bool = True,
-    dtype: str | torch.dtype | None = None,
     cache: bool = False,
     cache_dir: str | os.PathLike[str] | None = None,
-    tracer: str | None = None,
-    optimizer: str = "auto",
-    bytes_per_parameter: float | None = None,
-    threads: int | None = None,
-    clock: str | Callable[[], float] = "auto",
-    share: bool = True,
-    reference: bool | None = None,
-    meta_init: bool | None = None,
-    units: Sequence[str] | None = None,
+    **fields: Any,
 ) -> Profile:
     """Measure per-unit forward/backward seconds and memory of one training step.
 
@@ -678,15 +667,23 @@ def profile(
     instead of ``granularity``'s choice.
     Train/eval flags, buffers, ``.grad`` and the global RNG are restored afterwards.
 
+    ``options`` (:class:`autopipe.profiler.options.MeasureOptions`; keyword ``fields`` build
+    one or change a given one; a device in its place is ``device``) carry every setting
+    above; the resolved options are the cache key.
+
     Returns a :class:`Profile` whose times are seconds per call at batch ``B`` and sizes bytes
     at batch ``B``. Raises ``TraceError`` if the model cannot be traced.
     """
-    if warmup < 0 or repeat < 1:
-        raise ValueError(f"need warmup >= 0 and repeat >= 1, got warmup={warmup}, repeat={repeat}")
-    optimizer = normalize_optimizer(optimizer)  # a typo fails now, not after measuring
-    unit_patterns = list(units or [])
-    if bytes_per_parameter is not None and not bytes_per_parameter > 0:
-        raise ValueError(f"bytes_per_parameter={bytes_per_parameter} must be positive")
+    if isinstance(options, (str, torch.device)):
+        fields = {"device": str(options), **fields}
+        options = None
+    opts = MeasureOptions.build(options, fields)
+    device, dtype, granularity, tracer = opts.device, opts.dtype, opts.granularity, opts.tracer
+    warmup, repeat, microbatch_sizes = opts.warmup, opts.repeat, opts.microbatch_sizes
+    bytes_per_parameter, threads, clock = opts.bytes_per_parameter, opts.threads, opts.clock
+    share, reference, meta_init = opts.share, opts.reference, opts.meta_init
+    optimizer = normalize_optimizer(opts.optimizer)  # a typo fails now, not after measuring
+    unit_patterns = list(opts.units)
     is_meta = on_meta(model)
     if meta_init is None:
         meta_init = is_meta
@@ -727,24 +724,21 @@ def profile(
 
     key = None
     if cache:
+        # The options as resolved on this machine are the key: the same measurement asked
+        # twice, or asked with a device/clock "auto" resolves to, finds one entry.
+        resolved = dataclasses.replace(
+            opts,
+            device=str(dev),
+            dtype=str(dt).removeprefix("torch."),
+            microbatch_sizes=tuple(sizes),
+            threads=threads,
+            clock=clock_name,
+            meta_init=meta_init,
+        )
         key = cache_key(
             model,
             inputs,
-            device=dev,
-            dtype=dt,
-            granularity=granularity,
-            units=unit_patterns,
-            tracer=tracer,
-            sizes=sizes,
-            optimizer=optimizer,
-            bytes_per_parameter=bytes_per_parameter,
-            threads=threads,
-            clock=clock_name,
-            warmup=warmup,
-            repeat=repeat,
-            share=share,
-            reference=reference,
-            meta_init=meta_init,
+            **resolved.key(),
             loss_fn=getattr(loss_fn, "__qualname__", repr(loss_fn)),
         )
         cached = load_cached(key, cache_dir)

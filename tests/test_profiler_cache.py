@@ -103,3 +103,29 @@ def test_cache_off_by_default(tmp_path, monkeypatch) -> None:
     profile(model(), torch.randn(8, 16), **FAST)
     assert not list(tmp_path.glob("*.json"))
     assert load_cached("0" * 64, tmp_path) is None
+
+
+def test_measure_options_are_the_cache_key(tmp_path, monkeypatch) -> None:
+    """The same MeasureOptions (or the keywords that build them, or options that resolve to
+    the same values: ``device=None`` is where the model is) find one entry; any option that
+    changes the measurement is another entry."""
+    from autopipe.profiler.options import MeasureOptions
+
+    m, x = model(), torch.randn(8, 16)
+    options = MeasureOptions(warmup=0, repeat=1, microbatch_sizes=())
+    first = profile(m, x, options, cache=True, cache_dir=tmp_path, progress=False)
+    forbid_measuring(monkeypatch)
+    assert profile(m, x, cache=True, cache_dir=tmp_path, progress=False, **FAST_OPTIONS) == first
+    assert (
+        profile(m, x, options, device="cpu", cache=True, cache_dir=tmp_path, progress=False)
+        == first
+    )
+    monkeypatch.undo()
+    profile(m, x, options, repeat=2, cache=True, cache_dir=tmp_path, progress=False)
+    profile(m, x, options, granularity="node", cache=True, cache_dir=tmp_path, progress=False)
+    assert len(list(tmp_path.glob("*.json"))) == 3
+    with pytest.raises(TypeError, match="unexpected measuring option 'repeats'"):
+        profile(m, x, options, repeats=2)
+
+
+FAST_OPTIONS = {"warmup": 0, "repeat": 1, "microbatch_sizes": ()}

@@ -1,0 +1,87 @@
+"""What a measured profile is asked for, as one typed value: :class:`MeasureOptions`.
+
+Torch-free. ``autopipe.profiler.measure.profile(model, inputs, MeasureOptions(...))`` takes it
+(keyword arguments build one), and the same options, resolved for the machine (the device,
+dtype, thread count and clock actually used), are the profile cache's key: two runs that
+would measure the same thing find the same cached profile, and nothing else does.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["MeasureOptions"]
+
+
+@dataclass(frozen=True)
+class MeasureOptions:
+    """How to measure. ``None`` means "derive it" (from the model, the device, the host)."""
+
+    device: str | None = None
+    """Where to measure (``"cpu"``, ``"cuda:1"``); default: where the model is."""
+    dtype: str | None = None
+    """Cast the model and floating inputs (``"bfloat16"``); default: the model's dtype."""
+    granularity: str = "block"
+    """What a unit is: ``"block"``, ``"module"`` or ``"node"``."""
+    units: tuple[str, ...] = ()
+    """fnmatch patterns over module paths naming the units instead (``"model.layers.*"``)."""
+    tracer: str | None = None
+    """Force ``"fx"``, ``"export"`` or ``"hooks"`` instead of the fallback chain."""
+    warmup: int = 2
+    repeat: int = 5
+    microbatch_sizes: tuple[int, ...] | None = None
+    """Smaller batch sizes also timed for the ``t(b) = a + c b`` fit (``()``: none)."""
+    optimizer: str = "auto"
+    bytes_per_parameter: float | None = None
+    threads: int | None = None
+    """torch's intra-op threads while measuring (``None``: 1 on CPU)."""
+    clock: str | Callable[[], float] = "auto"
+    """``"wall"``, ``"thread_cpu"``, ``"cuda_events"``, ``"auto"`` or a function (tests)."""
+    share: bool = True
+    """Measure identical units once."""
+    reference: bool | None = None
+    """Also time the whole model in one piece (``None``: when nothing is shared)."""
+    meta_init: bool | None = None
+    """Measure a meta-device model unit by unit (``None``: when the model is on meta)."""
+
+    def __post_init__(self) -> None:
+        # torch.device / torch.dtype arguments, lists for tuples: kept as plain values.
+        for name in ("device", "dtype"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, str):
+                text = str(value).removeprefix("torch.")
+                object.__setattr__(self, name, text)
+        object.__setattr__(self, "units", tuple(self.units or ()))
+        if self.microbatch_sizes is not None:
+            object.__setattr__(self, "microbatch_sizes", tuple(self.microbatch_sizes))
+        if self.warmup < 0 or self.repeat < 1:
+            raise ValueError(
+                f"need warmup >= 0 and repeat >= 1, got warmup={self.warmup}, repeat={self.repeat}"
+            )
+        if self.bytes_per_parameter is not None and not self.bytes_per_parameter > 0:
+            raise ValueError(f"bytes_per_parameter={self.bytes_per_parameter} must be positive")
+
+    @classmethod
+    def build(cls, options: MeasureOptions | None, fields: dict[str, Any]) -> MeasureOptions:
+        """``options`` with ``fields`` replaced, or new options from ``fields``;
+        ``TypeError`` names a field that does not exist."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(fields) - known)
+        if unknown:
+            raise TypeError(
+                f"unexpected measuring option {unknown[0]!r}; the options are "
+                f"{', '.join(sorted(known))}"
+            )
+        if options is None:
+            return cls(**fields)
+        return dataclasses.replace(options, **fields) if fields else options
+
+    def key(self) -> dict[str, Any]:
+        """The options as the cache key's plain values (a clock function by its name)."""
+        data = dataclasses.asdict(self)
+        if callable(self.clock):
+            data["clock"] = getattr(self.clock, "__qualname__", "custom")
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in data.items()}
