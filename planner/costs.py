@@ -18,7 +18,6 @@ from autopipe.planner.cluster import Cluster
 from autopipe.profiler.profile import Profile
 
 SCHEDULES = ("gpipe", "1f1b")
-CHECKPOINT_MODES = ("never", "always", "except_last", "auto")
 
 
 @dataclass

@@ -18,8 +18,9 @@ from autopipe.planner.assemble import build_plan, gib, simulate_costs
 from autopipe.planner.baselines import BASELINES, baseline_bounds
 from autopipe.planner.candidate import Candidate
 from autopipe.planner.chain import Partition, bottleneck
+from autopipe.planner.checkpointing import CHECKPOINT_MODES
 from autopipe.planner.cluster import Cluster
-from autopipe.planner.costs import CHECKPOINT_MODES, SCHEDULES, CostModel
+from autopipe.planner.costs import SCHEDULES, CostModel
 from autopipe.planner.errors import PlanningError
 from autopipe.planner.partition import brute_force_partition, exact_partition
 from autopipe.planner.plan import Plan

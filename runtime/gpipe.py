@@ -33,19 +33,24 @@ from autopipe.runtime.split import own_copy, shared_parameters
 from autopipe.runtime.timeline import Timeline
 from torch import nn
 
-__all__ = ["CHECKPOINT_MODES", "GPipe", "check_checkpoint_mode", "checkpoint_stop"]
+__all__ = ["TORCHGPIPE_CHECKPOINT_MODES", "GPipe", "checkpoint_stop"]
 
-CHECKPOINT_MODES = ("always", "except_last", "never")
+TORCHGPIPE_CHECKPOINT_MODES = ("always", "except_last", "never")
+"""torchgpipe's words, per *micro-batch*: ``except_last`` re-materializes every micro-batch
+but the last (whose backward follows at once). The planner's words are per stage
+(``autopipe.planner.checkpointing``); this module is the only place that speaks these."""
 
 
-def check_checkpoint_mode(mode: str, modes: tuple[str, ...] = CHECKPOINT_MODES) -> None:
-    """Raise ``ValueError`` unless ``mode`` is one of ``modes``."""
-    if mode not in modes:
-        raise ValueError(f"checkpoint is not one of {', '.join(map(repr, modes))}: got {mode!r}")
+def _check_torchgpipe_mode(mode: str) -> None:
+    if mode not in TORCHGPIPE_CHECKPOINT_MODES:
+        raise ValueError(
+            "checkpoint is not one of "
+            f"{', '.join(map(repr, TORCHGPIPE_CHECKPOINT_MODES))}: got {mode!r}"
+        )
 
 
 def checkpoint_stop(mode: str, num_microbatches: int) -> int:
-    """Number of leading micro-batches re-materialized under checkpoint ``mode``."""
+    """Number of leading micro-batches re-materialized under torchgpipe's ``mode``."""
     return {"always": num_microbatches, "except_last": num_microbatches - 1, "never": 0}[mode]
 
 
@@ -121,7 +126,7 @@ class GPipe(nn.Module):
             chunks = int(chunks)  # torchgpipe takes chunks=42.0 as 42
         if not isinstance(chunks, int) or isinstance(chunks, bool) or chunks <= 0:
             raise ValueError(f"number of chunks must be a positive integer, got {chunks!r}")
-        check_checkpoint_mode(checkpoint)
+        _check_torchgpipe_mode(checkpoint)
         if not isinstance(module, nn.Sequential):
             raise TypeError(
                 f"module must be nn.Sequential to be partitioned, got {type(module).__name__}"

@@ -16,14 +16,19 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+from autopipe.planner.checkpointing import (
+    CHECKPOINT_MODES,
+    check_checkpoint_mode,
+    stage_checkpoints,
+)
 from autopipe.runtime.devices import as_device
-from autopipe.runtime.gpipe import CHECKPOINT_MODES, check_checkpoint_mode
 from autopipe.runtime.pipeline import Pipeline
 from torch import nn
 
 __all__ = ["PLAN_CHECKPOINT_MODES", "parallelize", "resolve_devices", "stage_flags"]
 
-PLAN_CHECKPOINT_MODES = ("auto", *CHECKPOINT_MODES)
+PLAN_CHECKPOINT_MODES = CHECKPOINT_MODES
+"""The planner's modes (``autopipe.planner.checkpointing``), the only ones parallelize takes."""
 
 
 def resolve_devices(
@@ -60,15 +65,7 @@ def resolve_devices(
 def stage_flags(plan: Any, checkpoint: str) -> list[bool]:
     """Per-stage re-materialization: the plan's flags for ``"auto"``, else the mode's
     (``"except_last"`` spares the last stage, as the planner models it)."""
-    check_checkpoint_mode(checkpoint, PLAN_CHECKPOINT_MODES)
-    k = plan.num_stages
-    if checkpoint == "auto":
-        return [bool(s.checkpoint) for s in plan.stages]
-    if checkpoint == "always":
-        return [True] * k
-    if checkpoint == "never":
-        return [False] * k
-    return [True] * (k - 1) + [False]  # except_last
+    return stage_checkpoints(checkpoint, [bool(s.checkpoint) for s in plan.stages])
 
 
 def _measure(
@@ -107,7 +104,7 @@ def parallelize(
     """
     from autopipe.runtime.partition import StageSplitError, partition
 
-    check_checkpoint_mode(checkpoint, PLAN_CHECKPOINT_MODES)  # before the costly profiling
+    check_checkpoint_mode(checkpoint)  # before the costly profiling
     devs = resolve_devices(devices, gpus, plan)
     if plan is None:
         from autopipe.planner import plan as make_plan

@@ -23,7 +23,6 @@ import torch
 from autopipe.runtime.batchnorm import begin_minibatch, convert_deferred_batch_norm
 from autopipe.runtime.devices import as_device
 from autopipe.runtime.executor import Stage, run_pipeline
-from autopipe.runtime.gpipe import check_checkpoint_mode, checkpoint_stop
 from autopipe.runtime.microbatch import batch_size_of, gather, scatter
 from autopipe.runtime.partition import PlannedStages, TiedParameter, tied_parameters
 from autopipe.runtime.rng import MicrobatchRNG, draw_base_seed
@@ -45,8 +44,9 @@ class Pipeline(nn.Module):
 
     ``bind_inputs(args, kwargs) -> list`` gives the placeholder values in order;
     ``unflatten_output`` restores the output structure (identity for fx graphs).
-    ``checkpoint``: one of ``"always"``, ``"except_last"``, ``"never"`` for every stage, or one
-    bool per stage (True re-materializes every micro-batch of that stage).
+    ``checkpoint``: one bool per stage (True re-materializes every micro-batch of that stage;
+    ``autopipe.planner.checkpointing.stage_checkpoints`` turns a planner mode into these);
+    ``None``: no stage.
     ``deferred_batch_norm``: BatchNorm running statistics move once per mini-batch
     (``batchnorm.DeferredBatchNorm``).
     """
@@ -58,7 +58,7 @@ class Pipeline(nn.Module):
         devices: Sequence[torch.device | str | int],
         *,
         chunks: int = 1,
-        checkpoint: str | Sequence[bool] = "except_last",
+        checkpoint: Sequence[bool] | None = None,
         bind_inputs: Callable[[tuple[Any, ...], dict[str, Any]], list[Any]] | None = None,
         unflatten_output: Callable[[Any], Any] | None = None,
         plan: Any = None,
@@ -89,7 +89,7 @@ class Pipeline(nn.Module):
         model: nn.Module,
         *,
         chunks: int,
-        checkpoint: str | Sequence[bool],
+        checkpoint: Sequence[bool] | None,
         plan: Any = None,
         deferred_batch_norm: bool = False,
     ) -> Pipeline:
@@ -123,7 +123,7 @@ class Pipeline(nn.Module):
         model_modules: list[nn.Module],
         *,
         chunks: int,
-        checkpoint: str | Sequence[bool],
+        checkpoint: Sequence[bool] | None,
         bind_inputs: Callable[[tuple[Any, ...], dict[str, Any]], list[Any]] | None,
         unflatten_output: Callable[[Any], Any] | None,
         plan: Any,
@@ -133,9 +133,15 @@ class Pipeline(nn.Module):
         num_stages = len(devices)
         if chunks < 1:
             raise ValueError(f"chunks must be a positive integer, got {chunks}")
-        if isinstance(checkpoint, str):
-            check_checkpoint_mode(checkpoint)
-        elif len(checkpoint) != num_stages:
+        if checkpoint is None:
+            checkpoint = [False] * num_stages
+        elif isinstance(checkpoint, str):
+            raise TypeError(
+                f"checkpoint={checkpoint!r}: give one bool per stage (e.g. "
+                "autopipe.planner.checkpointing.stage_checkpoints(mode, plan flags)); "
+                "torchgpipe's per-micro-batch modes are autopipe.GPipe's"
+            )
+        if len(checkpoint) != num_stages:
             raise ValueError(
                 f"got {len(checkpoint)} checkpoint flags for {num_stages} stages; give one per stage"
             )
@@ -152,9 +158,7 @@ class Pipeline(nn.Module):
             mod.to(dev)
         self.stages = nn.ModuleList(submods)
         self.chunks = chunks
-        self.checkpoint = (
-            checkpoint if isinstance(checkpoint, str) else [bool(c) for c in checkpoint]
-        )
+        self.checkpoint = [bool(c) for c in checkpoint]
         self.plan = plan
         self.static_microbatch_size = static_microbatch_size
         self.last_timeline: Timeline | None = None
@@ -174,9 +178,6 @@ class Pipeline(nn.Module):
     def _checkpoint_fn(self, num_microbatches: int) -> Callable[[int, int], bool]:
         if not (self.training and torch.is_grad_enabled()):
             return lambda i, j: False
-        if isinstance(self.checkpoint, str):
-            stop = checkpoint_stop(self.checkpoint, num_microbatches)
-            return lambda i, j: i < stop
         flags = self.checkpoint
         return lambda i, j: flags[j]
 

@@ -192,7 +192,7 @@ def test_tied_weights_on_different_devices_train_as_one_parameter() -> None:
         {k: (0 if u < 2 else 1) for k, u in ug.node_unit.items()},
         ["cpu", "cpu:0"],
         chunks=2,
-        checkpoint="never",
+        checkpoint=[False, False],
     )
     assert len(pipe._tied) == 1
     names = [n for n, _ in pipe.named_parameters()]
@@ -270,7 +270,8 @@ def test_tensors_inside_tuples_get_gradients(checkpoint: str) -> None:
     ug = trace_units(model, x, granularity="node")
     first = {"x", "a", "chunk"}  # the tuple `chunk` is unpacked by stage 1
     node_stage = {name: 0 if name in first else 1 for name in ug.node_unit}
-    pipe = Pipeline(ug.graph_module, node_stage, ["cpu", "cpu:0"], chunks=3, checkpoint=checkpoint)
+    flags = [checkpoint == "always"] * 2
+    pipe = Pipeline(ug.graph_module, node_stage, ["cpu", "cpu:0"], chunks=3, checkpoint=flags)
     out = pipe(x)
     sum(o.square().sum() for o in out).backward()
     x_grad, x.grad = x.grad.clone(), None
@@ -354,3 +355,20 @@ def test_deferred_batch_norm_on_an_exported_graph_is_refused() -> None:
     with pytest.raises(ValueError, match="needs BatchNorm modules"):
         parallelize(model, x, ["cpu", "cpu"], plan=plan, deferred_batch_norm=True)
     parallelize(model, x, ["cpu", "cpu"], plan=plan)(x).sum().backward()  # without: it runs
+
+
+def test_checkpoint_words_have_one_meaning_each() -> None:
+    """The planner's modes are per stage and become one flag per stage; Pipeline takes only
+    those flags (a torchgpipe word there used to switch to per-micro-batch meaning)."""
+    from autopipe.planner.checkpointing import stage_checkpoints
+
+    assert stage_checkpoints("except_last", [False] * 3) == [True, True, False]
+    assert stage_checkpoints("auto", [False, True, False]) == [False, True, False]
+    assert stage_checkpoints("always", [False] * 2) == [True, True]
+    with pytest.raises(ValueError, match="checkpoint is not one of"):
+        stage_checkpoints("sometimes", [False])
+    model, idx = tiny_gpt(0.0), tokens(2)
+    ug = trace_units(model, idx)
+    node_stage = {k: (0 if u < 2 else 1) for k, u in ug.node_unit.items()}
+    with pytest.raises(TypeError, match="one bool per stage"):
+        Pipeline(ug.graph_module, node_stage, ["cpu", "cpu"], checkpoint="except_last")  # type: ignore[arg-type]
