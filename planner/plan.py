@@ -9,7 +9,6 @@ top-level keys are a stable interface (scripts read them): ``version``, ``num_st
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import os
 from dataclasses import dataclass, field
@@ -18,7 +17,8 @@ from typing import Any
 
 from autopipe.planner.request import PlanRequest
 from autopipe.profiler.fields import FieldError, check_dataclass, check_number
-from autopipe.profiler.profile import atomic_write_json
+
+from autopipe.datafile import atomic_write_json, check_version, load_json_file
 
 PLAN_VERSION = 1
 PLAN_SCHEDULES = ("gpipe", "1f1b")
@@ -177,13 +177,10 @@ class Plan:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Plan:
         """The plan in ``data`` (a loaded JSON object), checked by :meth:`validate`."""
-        if not isinstance(data, dict) or "stages" not in data:
-            raise PlanFormatError("not an autopipe plan: no 'stages' key")
-        if data.get("version") != PLAN_VERSION:
-            raise PlanFormatError(
-                f"plan schema version {data.get('version')!r} is not supported "
-                f"(expected {PLAN_VERSION}); re-run `autopipe plan` to regenerate it"
-            )
+        check_version(
+            data, "stages", PLAN_VERSION, "plan", PlanFormatError,
+            "re-run `autopipe plan` to regenerate it",
+        )  # fmt: skip
         known = {f.name for f in dataclasses.fields(cls)}
         stage_known = {f.name for f in dataclasses.fields(StagePlan)}
         try:
@@ -210,15 +207,9 @@ class Plan:
 
 
 def load_plan(path: str | os.PathLike[str]) -> Plan:
-    """Read a plan written by ``Plan.save`` or ``autopipe plan --json``."""
-    try:
-        data = json.loads(Path(path).read_text())
-    except json.JSONDecodeError as exc:
-        raise PlanFormatError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno})") from exc
-    try:
-        return Plan.from_dict(data)
-    except PlanFormatError as exc:
-        raise PlanFormatError(f"{path}: {exc}") from exc
+    """Read a plan written by ``Plan.save`` or ``autopipe plan --json`` (``PlanFormatError``
+    naming the file)."""
+    return load_json_file(path, Plan.from_dict, PlanFormatError)
 
 
 def _check_request(request: PlanRequest) -> None:

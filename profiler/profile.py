@@ -7,17 +7,24 @@ are bytes at ``Profile.batch_size`` samples unless a field says otherwise.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import json
 import math
 import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from autopipe.profiler.fields import FieldError, check_dataclass
+
+from autopipe.datafile import atomic_write_json, check_version, load_json_file
+
+__all__ = [
+    "PROFILE_VERSION",
+    "Profile",
+    "ProfileFormatError",
+    "UnitProfile",
+    "atomic_write_json",  # kept here too: older code imports it from this module
+]
 
 PROFILE_VERSION = 1
 
@@ -178,14 +185,10 @@ class Profile:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Profile:
         """The profile in ``data`` (a loaded JSON object), checked by :meth:`validate`."""
-        if not isinstance(data, dict) or "units" not in data:
-            raise ProfileFormatError("not an autopipe profile: no 'units' key")
-        version = data.get("version")
-        if version != PROFILE_VERSION:
-            raise ProfileFormatError(
-                f"profile schema version {version!r} is not supported (expected "
-                f"{PROFILE_VERSION}); re-run `autopipe profile` to regenerate it"
-            )
+        check_version(
+            data, "units", PROFILE_VERSION, "profile", ProfileFormatError,
+            "re-run `autopipe profile` to regenerate it",
+        )  # fmt: skip
         known = {f.name for f in dataclasses.fields(cls)}
         unit_known = {f.name for f in dataclasses.fields(UnitProfile)}
         try:
@@ -206,42 +209,5 @@ class Profile:
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> Profile:
-        try:
-            data = json.loads(Path(path).read_text())
-        except json.JSONDecodeError as exc:
-            raise ProfileFormatError(
-                f"{path}: not valid JSON ({exc.msg} at line {exc.lineno})"
-            ) from exc
-        try:
-            return cls.from_dict(data)
-        except ProfileFormatError as exc:
-            raise ProfileFormatError(f"{path}: {exc}") from exc
-
-
-# mkstemp creates files 0600; a profile or plan is no secret, so it gets the mode open()
-# would give it. The umask can only be read by setting it: do it once, at import.
-_UMASK = os.umask(0o022)
-os.umask(_UMASK)
-
-
-def atomic_write_json(path: str | os.PathLike[str], data: Any, *, strict: bool = False) -> None:
-    """Write ``data`` as JSON to ``path`` so that readers see the old file or the whole new one.
-
-    The text goes to a temp file created exclusively (``O_EXCL``, a fresh random name: a
-    planted symlink cannot redirect it, concurrent writers cannot collide) in the target's
-    directory, then replaces ``path``; on any failure the temp file is removed. ``strict``:
-    refuse NaN and infinities (``ValueError``), which are not JSON.
-    """
-    text = json.dumps(data, indent=2, allow_nan=not strict) + "\n"  # fails before any file
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            os.fchmod(f.fileno(), 0o666 & ~_UMASK)
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+        """Read a profile written by :meth:`save` (``ProfileFormatError`` naming the file)."""
+        return load_json_file(path, cls.from_dict, ProfileFormatError)

@@ -1,0 +1,86 @@
+"""Versioned JSON files, written and read one way: atomically, and with one-line errors.
+
+Torch-free and imports nothing of autopipe's layers, so the profiler (Profile), the planner
+(Plan) and the tools (traces, reports) share it without pointing at each other.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+__all__ = ["atomic_write_json", "check_version", "load_json_file", "read_json"]
+
+T = TypeVar("T")
+
+# mkstemp creates files 0600; a profile or plan is no secret, so it gets the mode open()
+# would give it. The umask can only be read by setting it: do it once, at import.
+_UMASK = os.umask(0o022)
+os.umask(_UMASK)
+
+
+def atomic_write_json(path: str | os.PathLike[str], data: Any, *, strict: bool = False) -> None:
+    """Write ``data`` as JSON to ``path`` so that readers see the old file or the whole new one.
+
+    The text goes to a temp file created exclusively (``O_EXCL``, a fresh random name: a
+    planted symlink cannot redirect it, concurrent writers cannot collide) in the target's
+    directory, then replaces ``path``; on any failure the temp file is removed. ``strict``:
+    refuse NaN and infinities (``ValueError``), which are not JSON.
+    """
+    text = json.dumps(data, indent=2, allow_nan=not strict) + "\n"  # fails before any file
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            os.fchmod(f.fileno(), 0o666 & ~_UMASK)
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def read_json(path: str | os.PathLike[str], error: type[Exception]) -> Any:
+    """The JSON value in ``path``; ``error`` (one line naming the file) for a file that is
+    not UTF-8 text or not JSON. OS errors (missing, unreadable) propagate."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise error(f"{path}: not a JSON text file (not UTF-8)") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise error(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
+
+
+def check_version(
+    data: Any, key: str, version: int, kind: str, error: type[Exception], remake: str
+) -> None:
+    """``error`` unless ``data`` is an object with ``key`` and schema ``version``: a file of
+    another kind or another schema says what it is not and how to make a good one."""
+    if not isinstance(data, dict) or key not in data:
+        raise error(f"not an autopipe {kind}: no {key!r} key")
+    if data.get("version") != version:
+        raise error(
+            f"{kind} schema version {data.get('version')!r} is not supported (expected "
+            f"{version}); {remake}"
+        )
+
+
+def load_json_file(
+    path: str | os.PathLike[str], parse: Callable[[Any], T], error: type[Exception]
+) -> T:
+    """``parse(read_json(path))``, with the file's name put in front of ``parse``'s
+    ``error``."""
+    data = read_json(path, error)
+    try:
+        return parse(data)
+    except error as exc:
+        raise error(f"{path}: {exc}") from exc
