@@ -44,10 +44,10 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from autopipe.profiler import objective
-from autopipe.profiler.cache import autopipe_version
 from autopipe.profiler.calibrate import apply_times as _apply_times
 from autopipe.profiler.calibrate import priced_times
 from autopipe.profiler.catalog import DeviceSpec, get_device, normalize_dtype
+from autopipe.profiler.header import profile_header
 from autopipe.profiler.inputs import OutputError, batch_size_of, check_joinable_output
 from autopipe.profiler.measure import microbatch_sizes_to_profile, slice_batch
 from autopipe.profiler.memory import parameter_accounting
@@ -643,23 +643,16 @@ def _build_profile(
             )
         )
     return Profile(
+        **profile_header(ug, torch_dtype, model_name),
         units=units,
         cut_bytes=count.counter.cut_bytes(),
         batch_size=count.batch_size,
         device=spec.name,
-        dtype=dtype_name,
-        model=model_name,
-        tracer=ug.tracer,
         mode="analytic",
-        torch_version=torch.__version__,
-        autopipe_version=autopipe_version(),
         input_bytes=count.input_bytes,
         total_activation_bytes=sum(u.activation_bytes for u in units),
         parameter_bytes_total=parameter_bytes_total,
-        bytes_per_parameter=torch.empty((), dtype=torch_dtype, device="meta").element_size(),
         optimizer=optimizer,
-        granularity=ug.granularity,
-        unit_patterns=list(ug.unit_patterns or []),
         meta={
             "device_spec": spec.to_dict(),
             "analytic_batch_size": count.batch_size,

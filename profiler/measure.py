@@ -35,7 +35,7 @@ from typing import Any
 import torch
 from autopipe.profiler import inputs as inputs_convention
 from autopipe.profiler import objective
-from autopipe.profiler.cache import autopipe_version, cache_key, load_cached, save_cached
+from autopipe.profiler.cache import cache_key, load_cached, save_cached
 from autopipe.profiler.execute import (
     UnitCall,
     detach_args,
@@ -43,6 +43,7 @@ from autopipe.profiler.execute import (
     run_units,
     split_units,
 )
+from autopipe.profiler.header import profile_header
 from autopipe.profiler.materialize import (
     Materializer,
     meta_node_bytes,
@@ -894,25 +895,18 @@ def profile(
         meta["state_bytes_per_parameter"] = bytes_per_parameter
     return _finish(
         Profile(
+            **profile_header(ug, dt, type(model).__name__),
             units=units,
             cut_bytes=base.cut_bytes,
             batch_size=big_b,
             device=str(dev),
-            dtype=str(dt).removeprefix("torch."),
-            model=type(model).__name__,
-            tracer=ug.tracer,
             mode="measured",
-            torch_version=torch.__version__,
-            autopipe_version=autopipe_version(),
             input_bytes=base.input_bytes,
             total_forward_s=total_fwd_s,
             total_backward_s=total_bwd_s,
             total_activation_bytes=total_saved,
             parameter_bytes_total=params_total,
-            bytes_per_parameter=element_bytes,
             optimizer=optimizer,
-            granularity=granularity,
-            unit_patterns=unit_patterns,
             meta=meta,
         ),
         key,
