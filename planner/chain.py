@@ -38,7 +38,7 @@ def stage_key(cm: CostModel, s: int) -> tuple:
     )
 
 
-def trace(preds: list[np.ndarray], n: int) -> list[int]:
+def backtrack(preds: list[np.ndarray], n: int) -> list[int]:
     bounds = [n]
     for pred in reversed(preds):
         bounds.append(int(pred[bounds[-1]]))

@@ -19,7 +19,7 @@ import itertools
 import math
 
 import numpy as np
-from autopipe.planner.chain import Partition, bottleneck, stage_key, trace
+from autopipe.planner.chain import Partition, backtrack, bottleneck, stage_key
 from autopipe.planner.costs import CostModel
 from autopipe.planner.probe import probe_partition
 
@@ -43,7 +43,7 @@ def _minmax_dp(matrices: list[np.ndarray], n: int) -> tuple[float, list[int]] | 
         preds.append(rows[arg])
     if not math.isfinite(best[n]):
         return None
-    return float(best[n]), trace(preds, n)
+    return float(best[n]), backtrack(preds, n)
 
 
 def _minsum_dp(matrices: list[np.ndarray], n: int, cap: float) -> list[int] | None:
@@ -62,7 +62,7 @@ def _minsum_dp(matrices: list[np.ndarray], n: int, cap: float) -> list[int] | No
         preds.append(rows[arg])
     if not math.isfinite(best[n]):
         return None
-    return trace(preds, n)
+    return backtrack(preds, n)
 
 
 def dp_partition(cm: CostModel, *, tie_break: bool = True) -> Partition | None:
@@ -142,7 +142,7 @@ def banded_tie_break(cm: CostModel, cap_s: float, max_cells: int = 30_000_000) -
         preds.append(starts_c[rows, arg])
     if not math.isfinite(best[n]):
         return None
-    return trace(preds, n)
+    return backtrack(preds, n)
 
 
 def exact_partition(cm: CostModel) -> Partition | None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from autopipe.planner.chain import Partition, bottleneck, stage_key, trace
+from autopipe.planner.chain import Partition, backtrack, bottleneck, stage_key
 from autopipe.planner.costs import CostModel
 
 Caps = tuple[float, float, float]
@@ -132,7 +132,7 @@ class _Prober:
                 return None
         if not reach[n]:
             return None
-        return trace(preds, n)
+        return backtrack(preds, n)
 
     def _probe_b(
         self,

@@ -1,8 +1,8 @@
 """Split a mini-batch into micro-batches along dim 0 and join the outputs back.
 
-A mini-batch of ``N`` samples becomes ``min(chunks, N)`` micro-batches whose sizes differ by
-at most one (``torch.tensor_split``), so a batch not divisible by ``chunks`` splits unevenly
-and a batch smaller than ``chunks`` gives fewer micro-batches. Cost: O(number of values);
+A mini-batch of ``N`` samples becomes ``min(microbatches, N)`` micro-batches whose sizes differ by
+at most one (``torch.tensor_split``), so a batch not divisible by ``microbatches`` splits unevenly
+and a batch smaller than ``microbatches`` gives fewer micro-batches. Cost: O(number of values);
 slicing makes views, no copies.
 """
 
@@ -18,18 +18,18 @@ from autopipe.profiler.inputs import batch_size_of
 __all__ = ["batch_size_of", "gather", "scatter"]
 
 
-def scatter(values: Sequence[Any], chunks: int) -> list[list[Any]]:
+def scatter(values: Sequence[Any], microbatches: int) -> list[list[Any]]:
     """Split every tensor leaf of ``values`` whose dim 0 equals the batch size into micro-batches.
 
     ``values`` is a flat sequence of inputs (tensors, or nested lists/tuples/dicts of them).
     Tensor leaves of another leading size (a shared ``(T, T)`` mask) and non-tensors are
-    passed unchanged to every micro-batch. Returns ``M = min(chunks, N)`` lists shaped like
+    passed unchanged to every micro-batch. Returns ``M = min(microbatches, N)`` lists shaped like
     ``values``; micro-batch ``i`` holds samples ``[start_i, end_i)`` of the mini-batch.
     """
-    if chunks < 1:
-        raise ValueError(f"chunks must be a positive integer, got {chunks}")
+    if microbatches < 1:
+        raise ValueError(f"microbatches must be a positive integer, got {microbatches}")
     batch = batch_size_of(values)
-    num = max(1, min(chunks, batch))
+    num = max(1, min(microbatches, batch))
     leaves, spec = pytree.tree_flatten(list(values))
     pieces: list[list[Any]] = [[] for _ in range(num)]
     for leaf in leaves:

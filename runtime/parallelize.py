@@ -131,7 +131,7 @@ def parallelize(
         planned,
         devs,
         model,
-        chunks=plan.microbatches,
+        microbatches=plan.microbatches,
         checkpoint=stage_flags(plan, checkpoint),
         plan=plan,
         deferred_batch_norm=deferred_batch_norm,

@@ -57,7 +57,7 @@ class Pipeline(nn.Module):
         node_stage: dict[str, int],
         devices: Sequence[torch.device | str | int],
         *,
-        chunks: int = 1,
+        microbatches: int = 1,
         checkpoint: Sequence[bool] | None = None,
         bind_inputs: Callable[[tuple[Any, ...], dict[str, Any]], list[Any]] | None = None,
         unflatten_output: Callable[[Any], Any] | None = None,
@@ -72,7 +72,7 @@ class Pipeline(nn.Module):
             devices,
             tied_parameters([g.module for g in graphs], graph_module),
             list(graph_module.modules()),
-            chunks=chunks,
+            microbatches=microbatches,
             checkpoint=checkpoint,
             bind_inputs=bind_inputs,
             unflatten_output=unflatten_output,
@@ -88,7 +88,7 @@ class Pipeline(nn.Module):
         devices: Sequence[torch.device | str | int],
         model: nn.Module,
         *,
-        chunks: int,
+        microbatches: int,
         checkpoint: Sequence[bool] | None,
         plan: Any = None,
         deferred_batch_norm: bool = False,
@@ -105,7 +105,7 @@ class Pipeline(nn.Module):
             devices,
             planned.tied,
             list(model.modules()),
-            chunks=chunks,
+            microbatches=microbatches,
             checkpoint=checkpoint,
             bind_inputs=planned.binder,
             unflatten_output=planned.unflatten_output,
@@ -122,7 +122,7 @@ class Pipeline(nn.Module):
         tied: list[TiedParameter],
         model_modules: list[nn.Module],
         *,
-        chunks: int,
+        microbatches: int,
         checkpoint: Sequence[bool] | None,
         bind_inputs: Callable[[tuple[Any, ...], dict[str, Any]], list[Any]] | None,
         unflatten_output: Callable[[Any], Any] | None,
@@ -131,8 +131,8 @@ class Pipeline(nn.Module):
         static_microbatch_size: int | None,
     ) -> None:
         num_stages = len(devices)
-        if chunks < 1:
-            raise ValueError(f"chunks must be a positive integer, got {chunks}")
+        if microbatches < 1:
+            raise ValueError(f"microbatches must be a positive integer, got {microbatches}")
         if checkpoint is None:
             checkpoint = [False] * num_stages
         elif isinstance(checkpoint, str):
@@ -157,7 +157,7 @@ class Pipeline(nn.Module):
         for mod, dev in zip(submods, self.devices, strict=True):
             mod.to(dev)
         self.stages = nn.ModuleList(submods)
-        self.chunks = chunks
+        self.microbatches = microbatches
         self.checkpoint = [bool(c) for c in checkpoint]
         self.plan = plan
         self.static_microbatch_size = static_microbatch_size
@@ -182,7 +182,7 @@ class Pipeline(nn.Module):
         return lambda i, j: flags[j]
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        microbatches = scatter(self._bind(args, kwargs), self.chunks)
+        microbatches = scatter(self._bind(args, kwargs), self.microbatches)
         self._check_static_size(microbatches)
         self._tied.refresh()
         if self.training:
@@ -210,7 +210,7 @@ class Pipeline(nn.Module):
                 f"this model's graph runs only at micro-batches of {size} samples "
                 "(torch.export specialised its batch dimension), but this batch splits into "
                 f"micro-batches of {', '.join(map(str, sizes))}; pass a batch of "
-                f"{size * self.chunks} samples"
+                f"{size * self.microbatches} samples"
             )
 
 

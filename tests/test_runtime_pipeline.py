@@ -61,7 +61,7 @@ def test_gpt_with_dropout_and_tied_head_matches_unpipelined(checkpoint: str, chu
     plan = hand_plan(ug.unit_names, [2, 3, n - 7, 2], chunks, [False] * 4)
     pipe = parallelize(model, idx, ["cpu"] * 4, plan=plan, checkpoint="auto")
     pipe.checkpoint = checkpoint  # the torchgpipe-style mode, applied to every stage
-    assert pipe.plan is plan and pipe.chunks == chunks
+    assert pipe.plan is plan and pipe.microbatches == chunks
     # One tied parameter, used by stage 0 (embedding) and stage 3 (head), counted once.
     assert sum(p.numel() for p in pipe.parameters()) == sum(p.numel() for p in model.parameters())
     torch.manual_seed(4)
@@ -191,7 +191,7 @@ def test_tied_weights_on_different_devices_train_as_one_parameter() -> None:
         ug.graph_module,
         {k: (0 if u < 2 else 1) for k, u in ug.node_unit.items()},
         ["cpu", "cpu:0"],
-        chunks=2,
+        microbatches=2,
         checkpoint=[False, False],
     )
     assert len(pipe._tied) == 1
@@ -238,7 +238,7 @@ def test_parallelize_profiles_and_plans() -> None:
         profile_options={"warmup": 1, "repeat": 1, "progress": False, "loss_fn": gpt.loss_fn},
     )
     assert pipe.plan.num_stages == pipe.num_stages == 3
-    assert pipe.chunks == pipe.plan.microbatches == 4 and pipe.checkpoint == [True] * 3
+    assert pipe.microbatches == pipe.plan.microbatches == 4 and pipe.checkpoint == [True] * 3
     assert pipe.devices == [torch.device("cpu")] * 3
     torch.manual_seed(0)
     out = pipe(idx)
@@ -271,7 +271,7 @@ def test_tensors_inside_tuples_get_gradients(checkpoint: str) -> None:
     first = {"x", "a", "chunk"}  # the tuple `chunk` is unpacked by stage 1
     node_stage = {name: 0 if name in first else 1 for name in ug.node_unit}
     flags = [checkpoint == "always"] * 2
-    pipe = Pipeline(ug.graph_module, node_stage, ["cpu", "cpu:0"], chunks=3, checkpoint=flags)
+    pipe = Pipeline(ug.graph_module, node_stage, ["cpu", "cpu:0"], microbatches=3, checkpoint=flags)
     out = pipe(x)
     sum(o.square().sum() for o in out).backward()
     x_grad, x.grad = x.grad.clone(), None
