@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from autopipe.planner.baselines import FRAMEWORK_DEFAULTS
 from autopipe.planner.plan import Plan
 from autopipe.units import format_bytes, format_seconds
 
@@ -49,12 +50,56 @@ def explain(plan: Plan) -> str:
         f"samples/s, {plan.speedup:.2f}x over one device ({plan.schedule} schedule)."
     )
     for name, b in plan.baselines.items():
+        if name in FRAMEWORK_DEFAULTS:
+            continue  # in the table below
         if not b.get("feasible", True):
-            lines.append(f"Baseline {name}: does not fit memory.")
+            lines.append(f"Baseline {name}: {b.get('reason') or 'does not fit memory'}.")
         elif b.get("iteration_time_s"):
             lines.append(
                 f"Baseline {name}: {format_seconds(b['iteration_time_s'])} per iteration, "
                 f"{b['iteration_time_s'] / plan.iteration_time_s:.2f}x autopipe's."
             )
+    table = framework_table(plan)
+    if table:
+        lines += ["", "What each framework's default split would cost here (same profile):"]
+        lines += table
+        lines.append("")
     lines.extend(plan.notes)
     return "\n".join(lines)
+
+
+_FRAMEWORK_LABELS = {
+    "torchtitan-even": "torchtitan (even, first/last stage one layer fewer)",
+    "megatron-uniform": "Megatron-Core (uniform layers per stage)",
+    "deepspeed-parameters": 'DeepSpeed (partition_method="parameters")',
+    "torch-even": "torch.distributed.pipelining (manual even split)",
+}
+
+
+def framework_table(plan: Plan) -> list[str]:
+    """Rows comparing the plan with the split each framework makes by default, each
+    evaluated by the planner with the plan's profile, M and schedule (``Plan.baselines``);
+    empty when the plan was made without baselines. See docs/frameworks.md."""
+    rows = [
+        f"{'split':52} {'units per stage':>22} {'iteration':>11} {'vs plan':>8}  memory",
+        f"{'autopipe (this plan)':52} {'/'.join(map(str, plan.balance)):>22} "
+        f"{format_seconds(plan.iteration_time_s):>11} {'1.00x':>8}  fits",
+    ]
+    found = False
+    for name in FRAMEWORK_DEFAULTS:
+        b = plan.baselines.get(name)
+        if b is None:
+            continue
+        found = True
+        label = _FRAMEWORK_LABELS[name]
+        if b.get("iteration_time_s") is None:
+            rows.append(f"{label:52} {'-':>22} {'-':>11} {'-':>8}  n/a: {b.get('reason', '')}")
+            continue
+        ratio = b["iteration_time_s"] / plan.iteration_time_s
+        balance = "/".join(map(str, b.get("balance", [])))
+        fits = "fits" if b.get("feasible", True) else "does not fit"
+        rows.append(
+            f"{label:52} {balance:>22} {format_seconds(b['iteration_time_s']):>11} "
+            f"{ratio:>7.2f}x  {fits}"
+        )
+    return rows if found else []

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from autopipe.explain import framework_table
+from autopipe.planner.baselines import FRAMEWORK_DEFAULTS
 from autopipe.planner.plan import Plan
 from autopipe.profiler.profile import Profile
 from autopipe.units import format_bytes, format_seconds
@@ -79,15 +81,19 @@ def format_plan(plan: Plan) -> str:
         lines.append(f"memory limit   {format_bytes(plan.memory_per_device)} per device")
     if plan.state_bytes_per_parameter:
         lines.append(f"training state {_training_state(plan)}")
-    if plan.baselines:
-        names = ["autopipe", *plan.baselines]
+    own = {k: v for k, v in plan.baselines.items() if k not in FRAMEWORK_DEFAULTS}
+    if own:
+        names = ["autopipe", *own]
         times = [plan.iteration_time_s]
-        for b in plan.baselines.values():
+        for b in own.values():
             times.append(b.get("iteration_time_s") if b.get("feasible", True) else None)
         ratio = " / ".join(
             "infeasible" if t is None else f"{t / plan.iteration_time_s:.2f}" for t in times
         )
         lines.append(f"vs baselines   {' vs '.join(names)}: {ratio} x iteration time")
+    table = framework_table(plan)
+    if table:
+        lines += ["", "framework defaults on the same devices (predicted):", *table, ""]
     for note in plan.notes:
         lines.append(f"note           {note}")
     return "\n".join(lines)

@@ -8,7 +8,12 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from autopipe.planner.baselines import BASELINES, baseline_bounds
+from autopipe.planner.baselines import (
+    BASELINES,
+    FRAMEWORK_DEFAULTS,
+    baseline_bounds,
+    framework_default_bounds,
+)
 from autopipe.planner.candidate import Candidate
 from autopipe.planner.cluster import Cluster
 from autopipe.planner.costs import CostModel, SegmentCost
@@ -145,13 +150,13 @@ def build_plan(
         notes.append(f"M in {infeasible} does not fit in memory with schedule={sched}")
     baselines: dict[str, dict[str, Any]] = {}
     if with_baselines:
-        others = [b for b in (*BASELINES, "dp") if b != strategy]
+        others = [b for b in (*BASELINES, "dp", *FRAMEWORK_DEFAULTS) if b != strategy]
         for name in others:
             baselines[name] = _evaluate_baseline(name, cm, profile, m, sched)
         summary = [
             f"{name} {b['iteration_time_s'] / it:.2f}x"
             for name, b in baselines.items()
-            if b["feasible"]
+            if b["feasible"] and name not in FRAMEWORK_DEFAULTS  # those get their own table
         ]
         if summary:
             notes.append(
@@ -214,14 +219,23 @@ def _evaluate_baseline(
     name: str, cm: CostModel, profile: Profile, m: int, sched: str
 ) -> dict[str, Any]:
     """A strategy's figures at the plan's (M, schedule); infeasible ones carry their memory need."""
+    reason = ""
     if name == "dp":
         part = exact_partition(cm)
         cm.clear_cache()
         bounds = part.bounds if part is not None else None
+    elif name in FRAMEWORK_DEFAULTS:
+        bounds, reason = framework_default_bounds(name, profile, cm.num_stages)
     else:
         bounds = baseline_bounds(name, profile, cm.num_stages)
     if bounds is None:
-        return {"iteration_time_s": None, "bottleneck_s": None, "balance": [], "feasible": False}
+        return {
+            "iteration_time_s": None,
+            "bottleneck_s": None,
+            "balance": [],
+            "feasible": False,
+            "reason": reason,
+        }
     costs = cm.stage_costs(bounds)
     balance = [bounds[s + 1] - bounds[s] for s in range(len(bounds) - 1)]
     sim = simulate_costs(costs, m, sched)

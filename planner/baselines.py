@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+from autopipe.planner.layers import LayerStack, layer_stack
 from autopipe.profiler.profile import Profile
 
 
@@ -104,3 +105,69 @@ def baseline_bounds(name: str, profile: Profile, num_stages: int) -> list[int]:
 
 
 BASELINES = ("uniform", "parameters", "greedy-time")
+
+
+# The split each framework makes when the user gives it no split (docs/frameworks.md). They
+# count layers of the model's one stack (planner/layers.py); the embedding goes with the
+# first stage and the head with the last, as all of them place those.
+FRAMEWORK_DEFAULTS = ("torchtitan-even", "megatron-uniform", "deepspeed-parameters", "torch-even")
+
+
+def _layer_bounds(stack: LayerStack, layers: Sequence[int]) -> list[int] | None:
+    """Bounds from per-stage layer counts (the first stage also holds the units before the
+    stack, the last those after); None if a stage would hold nothing."""
+    bounds = [0]
+    at = stack.start
+    for count in layers[:-1]:
+        at += count
+        bounds.append(at)
+    bounds.append(stack.num_units)
+    return bounds if all(b < c for b, c in zip(bounds, bounds[1:], strict=False)) else None
+
+
+def framework_default_bounds(
+    name: str, profile: Profile, num_stages: int
+) -> tuple[list[int] | None, str]:
+    """``(bounds, "")`` of the split framework ``name`` makes by default, or ``(None, why)``
+    where it makes none for this model (no single layer stack, too few layers, ...).
+
+    - ``torchtitan-even``: torchtitan's ``generate_llm_fqn_per_model_part`` with its default
+      ``pipeline_parallel_first/last_stage_less_layers = 1``: the embedding and the output
+      count as one layer each, the L + 2 "layers" are spread evenly (the first stages take
+      the remainder), and the first and last stage hold one transformer layer fewer.
+    - ``megatron-uniform``: Megatron-Core's default, ``num_layers / pipeline size`` decoder
+      layers per stage; it refuses a layer count the stage count does not divide.
+    - ``deepspeed-parameters``: DeepSpeed ``PipelineModule(partition_method="parameters")``,
+      contiguous parts with balanced parameter counts (the ``parameters`` baseline).
+    - ``torch-even``: the manual even split of the torch.distributed.pipelining examples,
+      ``ceil``-balanced layer counts with a ``SplitPoint.BEGINNING`` at each stage's first
+      layer.
+    O(units).
+    """
+    if name == "deepspeed-parameters":
+        return baseline_bounds("parameters", profile, num_stages), ""
+    if name not in FRAMEWORK_DEFAULTS:
+        raise ValueError(f"unknown framework default {name!r}")
+    stack = layer_stack(profile.unit_names)
+    if stack is None:
+        return None, "splits the layers of one stack, and this model has no single one"
+    n, k = stack.num_layers, num_stages
+    if name == "megatron-uniform":
+        if n % k:
+            return None, f"needs the {n} layers divisible by {k} stages"
+        layers = [n // k] * k
+    elif name == "torch-even":
+        layers = [n // k + (1 if s < n % k else 0) for s in range(k)]
+    else:  # torchtitan-even
+        effective = n + 2
+        layers = [effective // k + (1 if s < effective % k else 0) for s in range(k)]
+        layers[0] -= 1
+        layers[-1] -= 1
+        if k == 1:
+            layers = [n]
+        if min(layers) < 0:
+            return None, f"has too few layers ({n}) for {k} stages"
+    bounds = _layer_bounds(stack, layers)
+    if bounds is None:
+        return None, f"leaves a stage empty ({n} layers over {k} stages)"
+    return bounds, ""

@@ -118,6 +118,24 @@ class Plan:
         """Units per stage, torchgpipe's ``balance``."""
         return [len(s.units) for s in self.stages]
 
+    def to_torch(self) -> dict[str, Any]:
+        """The split for ``torch.distributed.pipelining`` (:func:`autopipe.planner.emit.to_torch`)."""
+        from autopipe.planner.emit import to_torch
+
+        return to_torch(self)
+
+    def to_torchtitan(self) -> str:
+        """torchtitan's ``[parallelism]`` TOML (:func:`autopipe.planner.emit.to_torchtitan`)."""
+        from autopipe.planner.emit import to_torchtitan
+
+        return to_torchtitan(self)
+
+    def to_megatron(self) -> dict[str, Any]:
+        """Megatron-Core's layout and flags (:func:`autopipe.planner.emit.to_megatron`)."""
+        from autopipe.planner.emit import to_megatron
+
+        return to_megatron(self)
+
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
         data["request"] = self.request.to_dict() if self.request is not None else None

@@ -1,0 +1,158 @@
+"""Plans handed to other frameworks (issue 15): torch split points, torchtitan TOML, a
+Megatron-Core layout, and the refusals where a target cannot say what the plan does.
+
+Emitters are tried on examples/gpt.py, a Hugging Face Llama (when transformers is
+installed) and a model with a skip connection across stages.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+import tomllib
+import torch
+from autopipe.planner import plan as make_plan
+from autopipe.planner.emit import (
+    EmitError,
+    emit,
+    megatron_stage_layers,
+    parse_megatron_layout,
+    to_megatron,
+    to_torch,
+    to_torchtitan,
+)
+from autopipe.planner.plan import Plan
+from autopipe.profiler.measure import profile
+from distributed_cases import SkipNet, skipnet_inputs, tiny_gpt
+from torch.distributed.pipelining import SplitPoint, pipeline
+
+FAST = {"warmup": 0, "repeat": 1, "progress": False, "microbatch_sizes": ()}
+
+
+def _gpt_plan(stages: int = 4, **request: Any) -> tuple[torch.nn.Module, Any, Plan]:
+    model, inputs, loss_fn = tiny_gpt()
+    measured = profile(model, inputs, loss_fn=loss_fn, **FAST)
+    return model, inputs, make_plan(measured, stages, microbatches=2, **request)
+
+
+def _stage_owners(stage: torch.nn.Module, units: list[str]) -> set[str]:
+    """The plan units that own the parameters of a split stage module."""
+    owners = set()
+    for name, _ in stage.named_parameters():
+        owner = [u for u in units if name == u or name.startswith(f"{u}.")]
+        assert owner, f"{name} belongs to no unit"
+        owners.add(owner[0])
+    return owners
+
+
+def _check_torch_split(
+    model: torch.nn.Module,
+    mb_args: tuple[Any, ...],
+    plan: Plan,
+    mb_kwargs: dict[str, Any] | None = None,
+) -> None:
+    """Fed to torch's own pipeline(), the split gives stages holding the plan's modules."""
+    spec = to_torch(plan)
+    split = {fqn: SplitPoint.BEGINNING for fqn, where in spec["split_spec"].items()}
+    assert set(spec["split_spec"].values()) == {"BEGINNING"}
+    pipe = pipeline(model, mb_args=mb_args, mb_kwargs=mb_kwargs, split_spec=split)
+    assert pipe.num_stages == plan.num_stages == len(spec["stage_to_rank"])
+    units = [u for s in plan.stages for u in s.units]
+    for i, stage in enumerate(plan.stages):
+        with_params = {u for u in stage.units if any(True for _ in _params_of(model, u))}
+        assert _stage_owners(pipe.get_stage_module(i), units) == with_params
+
+
+def _params_of(model: torch.nn.Module, unit: str) -> Any:
+    try:
+        return model.get_submodule(unit).parameters()
+    except AttributeError:
+        return iter(())
+
+
+def test_gpt_emits_torch_torchtitan_and_megatron() -> None:
+    model, inputs, plan = _gpt_plan()
+    spec = to_torch(plan)
+    assert spec["schedule"] == "ScheduleGPipe" and spec["n_microbatches"] == 2
+    assert spec["stages_per_rank"] == 1 and spec["stage_to_rank"] == [0, 1, 2, 3]
+    assert list(spec["split_spec"]) == [s.units[0] for s in plan.stages[1:]]
+    _check_torch_split(model, (inputs[:1],), plan)
+
+    toml = tomllib.loads(to_torchtitan(plan))["parallelism"]
+    assert toml["pipeline_parallel_degree"] == 4
+    assert toml["pipeline_parallel_schedule"] == "GPipe"
+    assert toml["pipeline_parallel_microbatch_size"] == plan.microbatch_size
+    parts = toml["module_fqns_per_model_part"]
+    assert [u for part in parts for u in part] == [n for n, _ in model.named_children()][:3] + [
+        f"blocks.{i}" for i in range(4)
+    ] + ["ln_f", "head"]  # every top-level module (blocks by block), once, in order
+
+    out = to_megatron(plan)
+    stages = parse_megatron_layout(out["layout"])
+    assert stages[0].startswith("E") and stages[-1].endswith("L")
+    layers = [sum(u.startswith("blocks.") for u in s.units) for s in plan.stages]
+    assert megatron_stage_layers(out["layout"]) == layers  # the round trip
+    assert out["args"][out["args"].index("--pipeline-model-parallel-size") + 1] == "4"
+    assert out["args"][out["args"].index("--num-layers") + 1] == "4"
+    assert "--recompute-granularity" not in out["args"]
+
+
+def test_layout_grammar_from_the_documentation() -> None:
+    assert parse_megatron_layout("Et*3|(tt|)*2,L") == ["Ettt", "tt", "tt", "L"]
+    assert parse_megatron_layout("E||t|L") == ["E", "", "t", "L"]
+    assert megatron_stage_layers("Et*3|(tt|)*29,m|L") == [3] + [2] * 29 + [0, 0]
+    with pytest.raises(ValueError, match="symbols other than"):
+        parse_megatron_layout("Ex|L")
+
+
+def test_what_a_target_cannot_express_is_refused_in_one_line() -> None:
+    model, inputs, plan = _gpt_plan(checkpoint="except_last")
+    for emitter in (to_torch, to_torchtitan, to_megatron):
+        with pytest.raises(EmitError, match="re-materializes") as info:
+            emitter(plan)
+        assert "\n" not in str(info.value)
+    all_stages = _gpt_plan(checkpoint="always")[2]
+    assert tomllib.loads(to_torchtitan(all_stages))["activation_checkpoint"]["mode"] == "full"
+    assert "--recompute-granularity" in to_megatron(all_stages)["args"]
+    node = dataclasses.replace(plan, granularity="node")
+    with pytest.raises(EmitError, match="graph nodes, not modules"):
+        emit(dataclasses.replace(node, stages=_gpt_plan()[2].stages), "torch")
+    odd = dataclasses.replace(_gpt_plan()[2], schedule="zigzag")
+    with pytest.raises(EmitError, match="no schedule for autopipe's 'zigzag'"):
+        to_torch(odd)
+
+
+def test_skip_connection_across_stages() -> None:
+    """SkipNet relays a skip and an input through its middle stages; torch's split still
+    holds exactly the plan's modules, and Megatron's layout refuses (no layer stack)."""
+    torch.manual_seed(0)
+    model, inputs = SkipNet(), skipnet_inputs(4)
+    measured = profile(model, inputs, **FAST)
+    plan = make_plan(measured, 3, microbatches=2)
+    _check_torch_split(model, tuple(t[:2] for t in inputs), plan)
+    toml = tomllib.loads(to_torchtitan(plan))["parallelism"]
+    assert [u for part in toml["module_fqns_per_model_part"] for u in part] == [
+        "f1", "f2", "f3", "f4",
+    ]  # fmt: skip
+    with pytest.raises(EmitError, match="one stack of decoder layers"):
+        to_megatron(plan)
+
+
+def test_hugging_face_llama() -> None:
+    pytest.importorskip("transformers")
+    import zoo
+
+    model, inputs = zoo.build("llama")
+    measured = profile(model, inputs, **FAST)
+    plan = make_plan(measured, 2, microbatches=2)
+    spec = to_torch(plan)
+    assert list(spec["split_spec"]) == [plan.stages[1].units[0]]
+    _check_torch_split(model, (), plan, {k: v[:4] for k, v in inputs.items()})
+    parts = tomllib.loads(to_torchtitan(plan))["parallelism"]["module_fqns_per_model_part"]
+    assert parts[0][0] == "model.embed_tokens" and parts[-1][-1] == "lm_head"
+    layout = to_megatron(plan)["layout"]
+    assert megatron_stage_layers(layout) == [
+        sum(u.startswith("model.layers.") for u in s.units) for s in plan.stages
+    ]
