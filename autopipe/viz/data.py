@@ -2,12 +2,14 @@
 
 Each function re-plans the same problem with one knob changed (M, strategy, K) through the
 real planner, so every point on a plot is what ``autopipe plan`` would predict for that
-choice. The dicts are stored in ``plan.meta["viz"]`` by :func:`autopipe.viz.plot_all`, so
-``autopipe plot PLAN.json`` can redraw the figures without the profile. Torch-free.
+choice. Nothing here changes the plan it is given. ``autopipe plan --plot`` stores the dicts
+in ``plan.meta["viz"]`` of the plan it writes, so ``autopipe plot PLAN.json`` can redraw the
+figures without the profile. Torch-free.
 """
 
 from __future__ import annotations
 
+import copy
 import inspect
 from collections.abc import Sequence
 from typing import Any
@@ -35,7 +37,8 @@ def planning_options(plan: Plan) -> dict[str, Any]:
     Uses the options the planner recorded in ``plan.meta["options"]`` when present, then the
     plan's own fields (batch size, schedule, strategy, memory limit).
     """
-    opts: dict[str, Any] = dict(plan.meta.get("options", {}) or {})
+    # A deep copy: the planner is handed these values, and the plan's meta must stay as it is.
+    opts: dict[str, Any] = copy.deepcopy(dict(plan.meta.get("options", {}) or {}))
     meta = plan.meta
     if "checkpoint_mode" in meta:
         opts.setdefault("checkpoint", meta["checkpoint_mode"])
