@@ -613,14 +613,16 @@ def cmd_plan(args: argparse.Namespace) -> int:
         result.meta["scaling"] = rows
         _say(args, "\n" + format_scaling(rows))
     if args.plot:
-        # Before the JSON: plot_all stores what `autopipe plot` needs to redraw in plan.meta.
-        from autopipe.viz import plot_all, too_many_tasks
+        from autopipe.viz import VIZ_META_KEY, collect_plot_data, plot_all, too_many_tasks
 
         too_many = too_many_tasks(result)
         if too_many is not None:  # the plan itself is fine: keep it, skip only the plots
             warnings.warn(f"--plot skipped: {too_many}", stacklevel=1)
         else:
-            paths = plot_all(result, args.plot, profile=profile, progress=not args.quiet)
+            data = collect_plot_data(result, profile)
+            paths = plot_all(result, args.plot, plot_data=data, progress=not args.quiet)
+            # Kept in the plan written below, so `autopipe plot PLAN.json` redraws all four.
+            result.meta[VIZ_META_KEY] = data
             _say(args, "plots: " + ", ".join(str(p) for p in paths))
     # The profile travels with the plan: `autopipe plot` and tools can re-plan from it.
     result.meta.setdefault("profile", profile.to_dict())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from autopipe.planner.baselines import FRAMEWORK_DEFAULTS
 from autopipe.planner.plan import Plan
+from autopipe.planner.simulate import fill_drain_bubble
 from autopipe.units import format_bytes, format_seconds
 
 
@@ -21,7 +22,7 @@ def explain(plan: Plan) -> str:
         f"{format_seconds(mean_s)}, so balance is {100 * mean_s / bottleneck.time_s:.0f}% "
         "(100% = perfectly even)."
     )
-    ideal_bubble = (k - 1) / (m + k - 1)
+    ideal_bubble = fill_drain_bubble(m, k)
     lines.append(
         f"Micro-batches: M = {m} of {plan.microbatch_size} samples; the fill-drain bubble is "
         f"(K-1)/(M+K-1) = {100 * ideal_bubble:.1f}% for equal stages, {100 * plan.bubble_fraction:.1f}% "

@@ -1,8 +1,9 @@
 """autopipe.planner: Profile + cluster -> Plan. Never imports torch.
 
 ``plan`` picks stages, micro-batch count, schedule and checkpointing (exact DP by default);
-``simulate`` runs the discrete-event model of a schedule; ``scaling_report``/``min_gpus`` sweep
-the GPU count. PuLP is imported only when ``strategy="ilp"`` is asked for.
+``simulate`` runs the discrete-event model of a schedule and returns its ``Timeline`` (the one
+timeline type, which the runtime also records and the plots draw: ``timeline.py``);
+``scaling_report``/``min_gpus`` sweep the GPU count. PuLP is imported only when ``strategy="ilp"`` is asked for.
 """
 
 from autopipe.planner.cluster import Cluster, Device
@@ -14,8 +15,9 @@ from autopipe.planner.data_parallel import (
 from autopipe.planner.errors import PlanningError
 from autopipe.planner.plan import PLAN_VERSION, Plan, PlanFormatError, StagePlan, load_plan
 from autopipe.planner.search import STRATEGIES, plan
-from autopipe.planner.simulate import Simulation, Task, simulate, simulate_plan
+from autopipe.planner.simulate import Simulation, simulate, simulate_plan
 from autopipe.planner.sweep import min_gpus, scaling_report
+from autopipe.planner.timeline import Task, Timeline
 
 __all__ = [
     "PLAN_VERSION",
@@ -31,6 +33,7 @@ __all__ = [
     "Simulation",
     "StagePlan",
     "Task",
+    "Timeline",
     "load_plan",
     "min_gpus",
     "plan",

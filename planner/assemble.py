@@ -47,7 +47,7 @@ def simulate_costs(costs: list[SegmentCost], m: int, schedule: str) -> Simulatio
         total = gpipe_exact(fwd, bwd, m)
         busy = [m * (f + b) for f, b in zip(fwd, bwd, strict=True)]
         bubble = 1.0 - sum(busy) / (len(costs) * total) if total > 0 else 0.0
-        return Simulation(total, bubble, [], busy)
+        return Simulation(total, bubble, busy_s=busy)
     return simulate(
         [c.forward_s for c in costs],
         [c.backward_s for c in costs],

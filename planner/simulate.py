@@ -19,22 +19,23 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from autopipe.planner.plan import Plan
+from autopipe.planner.timeline import PHASES, Action, Task, Timeline
 
-PHASES = ("forward", "send", "recompute", "backward")
+__all__ = [
+    "PHASES",
+    "Simulation",
+    "Task",
+    "fill_drain_bubble",
+    "gpipe_closed_form",
+    "gpipe_exact",
+    "simulate",
+    "simulate_plan",
+    "stage_program",
+]
+
+# Among tasks ready at the same time on a shared device: backward work first (it frees
+# activation memory and unblocks the previous stage), forward last.
 _PRIORITY = {"backward": 0, "recompute": 1, "send": 2, "forward": 3}
-
-
-@dataclass
-class Task:
-    """One scheduled piece of work, in seconds from the start of the iteration."""
-
-    stage: int
-    microbatch: int
-    phase: str
-    start_s: float
-    end_s: float
-    device: int
-    """Physical device index (equals ``stage`` unless devices are shared)."""
 
 
 @dataclass
@@ -42,29 +43,46 @@ class Simulation:
     iteration_time_s: float
     bubble_fraction: float
     """Idle share of the physical devices over the iteration: 1 - busy / (devices x time)."""
-    tasks: list[Task] = field(default_factory=list)
+    timeline: Timeline | None = None
+    """The simulated tasks (devices are indices; stage s is on device s unless shared), or
+    None when ``simulate`` was asked not to record them."""
     busy_s: list[float] = field(default_factory=list)
     """Busy seconds per physical device."""
 
+    @property
+    def tasks(self) -> list[Task]:
+        """The timeline's tasks ([] when none were recorded)."""
+        return [] if self.timeline is None else self.timeline.tasks
 
-def stage_program(
-    stage: int, num_stages: int, microbatches: int, schedule: str
-) -> list[tuple[str, int]]:
-    """Order of ``("F"|"B", m)`` steps a stage executes in one iteration.
+
+def fill_drain_bubble(microbatches: int, num_stages: int) -> float:
+    """GPipe's idle fraction with equal stages: (K-1)/(M+K-1) (the fill and the drain)."""
+    return (num_stages - 1) / (microbatches + num_stages - 1)
+
+
+def stage_program(stage: int, num_stages: int, microbatches: int, schedule: str) -> list[Action]:
+    """The ``forward``/``backward`` actions stage ``stage`` executes in one iteration, in order.
 
     GPipe: all M forwards, then all M backwards (m = 0..M-1). 1F1B (PipeDream-flush):
     ``min(K - s - 1, M)`` warm-up forwards, then alternate one forward / one backward, then drain.
     """
+
+    def fwd(m: int) -> Action:
+        return Action(stage, m, "forward")
+
+    def bwd(m: int) -> Action:
+        return Action(stage, m, "backward")
+
     m_all = range(microbatches)
     if schedule == "gpipe":
-        return [("F", m) for m in m_all] + [("B", m) for m in m_all]
+        return [fwd(m) for m in m_all] + [bwd(m) for m in m_all]
     if schedule != "1f1b":
         raise ValueError(f"unknown schedule {schedule!r}; use 'gpipe' or '1f1b'")
     warm = min(num_stages - stage - 1, microbatches)
-    prog = [("F", m) for m in range(warm)]
+    prog = [fwd(m) for m in range(warm)]
     for i in range(microbatches - warm):
-        prog += [("F", warm + i), ("B", i)]
-    prog += [("B", m) for m in range(microbatches - warm, microbatches)]
+        prog += [fwd(warm + i), bwd(i)]
+    prog += [bwd(m) for m in range(microbatches - warm, microbatches)]
     return prog
 
 
@@ -83,6 +101,8 @@ def simulate(
 
     ``send_s[s]`` is the time to send stage s's output to stage s + 1 (ignored for the last
     stage). ``shared_device_groups`` lists groups of stage indices placed on one physical device.
+    ``record_tasks=False`` skips building the timeline (the planner's search needs only the
+    figures).
     """
     k = len(forward_s)
     if k == 0 or microbatches < 1:
@@ -111,8 +131,9 @@ def simulate(
     programs: list[list[tuple[str, int, float]]] = []
     for s in range(k):
         prog: list[tuple[str, int, float]] = []
-        for step, m in stage_program(s, k, microbatches, schedule):
-            if step == "F":
+        for action in stage_program(s, k, microbatches, schedule):
+            m = action.microbatch
+            if action.phase == "forward":
                 prog.append(("forward", m, float(forward_s[s])))
                 if s < k - 1 and snd[s] > 0:
                     prog.append(("send", m, float(snd[s])))
@@ -195,7 +216,8 @@ def simulate(
     if any(ptr[s] < len(programs[s]) for s in range(k)):
         raise RuntimeError("pipeline simulation deadlocked; the schedule's program is inconsistent")
     bubble = 1.0 - sum(busy) / (num_devices * end_time) if end_time > 0 else 0.0
-    return Simulation(end_time, bubble, tasks, busy)
+    timeline = Timeline(tasks, k, label="simulated", schedule=schedule) if record_tasks else None
+    return Simulation(end_time, bubble, timeline, busy)
 
 
 def gpipe_closed_form(stage_times_s: Sequence[float], microbatches: int) -> float:

@@ -7,6 +7,7 @@ from autopipe.runtime.pipeline import Pipeline
 from autopipe.runtime.timeline import (
     TaskRecord,
     Timeline,
+    TimelineRecorder,
     load_chrome_trace,
     save_chrome_trace,
     to_chrome_trace,
@@ -18,6 +19,7 @@ __all__ = [
     "Pipeline",
     "TaskRecord",
     "Timeline",
+    "TimelineRecorder",
     "load_chrome_trace",
     "parallelize",
     "save_chrome_trace",

@@ -6,7 +6,7 @@ are done, so stages on different devices compute at the same time while a stage 
 ahead of its input. A task
 moves its inputs to the stage's device, draws randomness from its micro-batch's stream
 (``rng``), runs the stage (re-materialized when ``checkpoint(i, j)``) and records its
-interval in the timeline. With grad enabled each task is a ``StageFunction`` node, so the
+interval with the ``TimelineRecorder``. With grad enabled each task is a ``StageFunction`` node, so the
 caller's ``backward()`` later runs the stages' backwards (see ``stage.py``).
 An exception stops the run after its clock and is re-raised in the caller. When every
 stage is on one device the tasks run in the caller's thread instead (nothing could overlap).
@@ -28,7 +28,7 @@ from autopipe.runtime.checkpoint import checkpointed
 from autopipe.runtime.rng import MicrobatchRNG
 from autopipe.runtime.schedule import clock_cycles
 from autopipe.runtime.stage import StageFunction, phony
-from autopipe.runtime.timeline import Timeline
+from autopipe.runtime.timeline import TimelineRecorder
 from autopipe.runtime.worker import InlineWorker, Worker, worker_for
 from torch import nn
 
@@ -59,7 +59,7 @@ def _run_task(
     microbatch: int,
     inputs: Sequence[Any],
     use_checkpoint: bool,
-    timeline: Timeline,
+    recorder: TimelineRecorder,
     rng: MicrobatchRNG | None,
 ) -> tuple[Any, ...]:
     device = stage.device
@@ -83,14 +83,14 @@ def _run_task(
                 call,
                 moved,
                 stage.modules,
-                on_recompute=lambda: timeline.record(stage_index, microbatch, "recompute", device),
+                on_recompute=lambda: recorder.record(stage_index, microbatch, "recompute", device),
             )
         return call(*moved)
 
     stream = rng.stream(microbatch, device) if rng is not None else nullcontext()
-    with stream, timeline.record(stage_index, microbatch, "forward", device):
+    with stream, recorder.record(stage_index, microbatch, "forward", device):
         if torch.is_grad_enabled():
-            on_backward = partial(timeline.record, stage_index, microbatch, "backward", device)
+            on_backward = partial(recorder.record, stage_index, microbatch, "backward", device)
             out_leaves = StageFunction.apply(run, on_backward, phony(device), *in_leaves)
         else:
             out_leaves = run(*in_leaves)
@@ -103,7 +103,7 @@ def run_pipeline(
     microbatches: Sequence[Sequence[Any]],
     *,
     checkpoint: Callable[[int, int], bool],
-    timeline: Timeline,
+    recorder: TimelineRecorder,
     rng: MicrobatchRNG | None,
 ) -> list[tuple[Any, ...]]:
     """Forward every micro-batch through every stage; returns the last stage's outputs per
@@ -122,7 +122,7 @@ def run_pipeline(
         by_worker: dict[Worker | InlineWorker, list[tuple[int, Callable[[], tuple[Any, ...]]]]]
         by_worker = {}
         for i, j in clock:
-            task = partial(_run_task, stages[j], j, i, values[i], checkpoint(i, j), timeline, rng)
+            task = partial(_run_task, stages[j], j, i, values[i], checkpoint(i, j), recorder, rng)
             by_worker.setdefault(workers[j], []).append((i, task))
         futures = [worker.submit(partial(_run_all, tasks)) for worker, tasks in by_worker.items()]
         # The clock's other tasks finish even when one fails (each is one stage on one

@@ -30,7 +30,7 @@ from autopipe.runtime.executor import Stage, run_pipeline
 from autopipe.runtime.microbatch import gather, scatter
 from autopipe.runtime.rng import MicrobatchRNG, draw_base_seed
 from autopipe.runtime.split import own_copy, shared_parameters
-from autopipe.runtime.timeline import Timeline
+from autopipe.runtime.timeline import Clock, Timeline, TimelineRecorder
 from torch import nn
 
 __all__ = ["TORCHGPIPE_CHECKPOINT_MODES", "GPipe", "checkpoint_stop"]
@@ -167,7 +167,9 @@ class GPipe(nn.Module):
         self.chunks = chunks
         self.checkpoint = checkpoint
         self.deferred_batch_norm = deferred_batch_norm
-        self.last_timeline: Timeline | None = None
+        # The clocks each forward's timeline is read on (see runtime/timeline.py).
+        self.timeline_clocks: dict[str, Clock | None] | None = None
+        self.last_recorder: TimelineRecorder | None = None
         self._stages = [
             Stage(
                 _partition_fn(part, j == len(partitions) - 1, first=j == 0),
@@ -177,6 +179,12 @@ class GPipe(nn.Module):
             for j, (part, dev) in enumerate(zip(partitions, self.devices, strict=True))
         ]
         self.register_load_state_dict_pre_hook(_torchgpipe_keys)
+
+    @property
+    def last_timeline(self) -> Timeline | None:
+        """The last forward's tasks, and its backward's once run, as a ``Timeline`` (None
+        before the first forward). Built on each access: read it after ``backward()``."""
+        return None if self.last_recorder is None else self.last_recorder.timeline()
 
     # -- nn.Sequential behaviour -------------------------------------------------------
     def __len__(self) -> int:
@@ -231,12 +239,14 @@ class GPipe(nn.Module):
         stop = checkpoint_stop(self.checkpoint, num)
         if not (self.training and torch.is_grad_enabled()):
             stop = 0
-        self.last_timeline = timeline = Timeline()
+        self.last_recorder = recorder = TimelineRecorder(
+            self.devices, num_stages=len(self._stages), clocks=self.timeline_clocks
+        )
         outputs = run_pipeline(
             self._stages,
             microbatches,
             checkpoint=lambda i, j: i < stop,
-            timeline=timeline,
+            recorder=recorder,
             rng=MicrobatchRNG(draw_base_seed()),
         )
         return gather([out for (out,) in outputs])

@@ -28,7 +28,7 @@ from autopipe.runtime.partition import PlannedStages, TiedParameter, tied_parame
 from autopipe.runtime.rng import MicrobatchRNG, draw_base_seed
 from autopipe.runtime.split import StageGraph, split_graph
 from autopipe.runtime.tied import TiedReplicas
-from autopipe.runtime.timeline import Timeline
+from autopipe.runtime.timeline import Clock, Timeline, TimelineRecorder
 from torch import fx, nn
 
 __all__ = ["Pipeline"]
@@ -161,7 +161,10 @@ class Pipeline(nn.Module):
         self.checkpoint = [bool(c) for c in checkpoint]
         self.plan = plan
         self.static_microbatch_size = static_microbatch_size
-        self.last_timeline: Timeline | None = None
+        # The clocks the timeline of each forward is read on (None: CUDA events on a GPU,
+        # perf_counter elsewhere); see runtime/timeline.py. The last forward's recorder.
+        self.timeline_clocks: dict[str, Clock | None] | None = None
+        self.last_recorder: TimelineRecorder | None = None
         self._bind = bind_inputs or _positional_binder(len(self._graphs[0].input_names))
         self._unflatten = unflatten_output or (lambda value: value)
         last = num_stages - 1
@@ -175,6 +178,12 @@ class Pipeline(nn.Module):
     def num_stages(self) -> int:
         return len(self._stages)
 
+    @property
+    def last_timeline(self) -> Timeline | None:
+        """The last forward's tasks, and its backward's once run, as a ``Timeline`` (None
+        before the first forward). Built on each access: read it after ``backward()``."""
+        return None if self.last_recorder is None else self.last_recorder.timeline()
+
     def _checkpoint_fn(self, num_microbatches: int) -> Callable[[int, int], bool]:
         if not (self.training and torch.is_grad_enabled()):
             return lambda i, j: False
@@ -187,12 +196,14 @@ class Pipeline(nn.Module):
         self._tied.refresh()
         if self.training:
             begin_minibatch(list(self.stages), len(microbatches))
-        self.last_timeline = timeline = Timeline()
+        self.last_recorder = recorder = TimelineRecorder(
+            self.devices, num_stages=self.num_stages, clocks=self.timeline_clocks
+        )
         outputs = run_pipeline(
             self._stages,
             microbatches,
             checkpoint=self._checkpoint_fn(len(microbatches)),
-            timeline=timeline,
+            recorder=recorder,
             rng=MicrobatchRNG(draw_base_seed()),
         )
         return gather(

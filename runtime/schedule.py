@@ -4,12 +4,15 @@ With ``M`` micro-batches and ``K`` stages, forward task ``(i, j)`` (micro-batch 
 stage ``j``) runs at clock ``i + j``; all tasks of one clock are independent (each needs
 only ``(i, j - 1)`` from the previous clock), so stages on different devices run them at
 the same time. There are ``M + K - 1`` clocks; the idle ("bubble") fraction of an ideal run
-is ``(K - 1) / (M + K - 1)``. Backward runs the same clocks in reverse. Cost: O(M K).
+is ``(K - 1) / (M + K - 1)`` (``bubble_fraction``, the planner's ``fill_drain_bubble``).
+Backward runs the same clocks in reverse. Cost: O(M K).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+
+from autopipe.planner.simulate import fill_drain_bubble as bubble_fraction
 
 __all__ = ["bubble_fraction", "clock_cycles"]
 
@@ -24,8 +27,3 @@ def clock_cycles(num_microbatches: int, num_stages: int) -> Iterator[list[tuple[
         first_stage = max(0, clock - num_microbatches + 1)
         last_stage = min(clock, num_stages - 1)
         yield [(clock - j, j) for j in range(first_stage, last_stage + 1)]
-
-
-def bubble_fraction(num_microbatches: int, num_stages: int) -> float:
-    """Idle fraction of the ideal fill-drain schedule with equal stage times."""
-    return (num_stages - 1) / (num_microbatches + num_stages - 1)

@@ -1,75 +1,122 @@
-"""Timeline of a pipeline run: when each (stage, micro-batch, phase) started and ended.
+"""The runtime's recorder: times every (stage, micro-batch, phase) of a run into a Timeline.
 
-Phases are ``"forward"``, ``"backward"`` and ``"recompute"`` (the re-materialising forward
-that runs inside a checkpointed backward, so its interval nests inside that backward's).
-On CPU times come from ``time.perf_counter``; on CUDA from CUDA events, which are turned
-into seconds on the same clock when the timeline is read (``records`` synchronises once).
-Times are seconds since the timeline began. ``to_chrome_trace`` gives the Chrome trace JSON
-format that Perfetto and chrome://tracing open: one process per device, one thread per stage.
+The executor wraps each task in ``recorder.record(stage, microbatch, phase, device)``:
+``forward`` and ``backward`` per (stage, micro-batch), and ``recompute`` for the
+re-materialising forward inside a checkpointed backward (its interval nests in that
+backward's). ``recorder.timeline()`` gives the one torch-free
+:class:`autopipe.planner.timeline.Timeline` that the simulator returns and the plots draw;
+Chrome traces are its ``save_chrome_trace``.
+
+Clocks: by default a task is timed with CUDA events on a CUDA device (turned into seconds on
+``time.perf_counter``'s clock when the timeline is built, which synchronises each device once)
+and with ``time.perf_counter`` elsewhere. ``clocks`` replaces that with named callables
+returning seconds (a value of None is the default device clock), all read around every task;
+``timeline(name)`` gives the tasks on one of them. A per-thread clock such as
+``time.thread_time`` gives task durations in CPU seconds; its start times are only
+comparable within one thread. Times are seconds since the recorder was created.
 """
 
 from __future__ import annotations
 
-import json
-import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
+from autopipe.planner.timeline import (
+    PHASES,
+    Task,
+    Timeline,
+    load_chrome_trace,
+    save_chrome_trace,
+    to_chrome_trace,
+)
 
 __all__ = [
+    "DEFAULT_CLOCKS",
     "PHASES",
+    "Clock",
+    "Span",
     "TaskRecord",
     "Timeline",
+    "TimelineRecorder",
     "load_chrome_trace",
     "save_chrome_trace",
     "to_chrome_trace",
 ]
 
-PHASES = ("forward", "backward", "recompute")
+TaskRecord = Task
+"""The recorder's task type under its earlier name (now the one ``Task``; note its field
+order: stage, microbatch, phase, start_s, end_s, device index)."""
 
+Clock = Callable[[], float]
+"""A clock: a callable returning seconds."""
 
-@dataclass(frozen=True)
-class TaskRecord:
-    """One task of the run. ``start_s``/``end_s`` are seconds since the timeline began."""
-
-    stage: int
-    microbatch: int
-    phase: str
-    device: str
-    start_s: float
-    end_s: float
-
-    @property
-    def duration_s(self) -> float:
-        return self.end_s - self.start_s
+DEFAULT_CLOCKS: Mapping[str, Clock | None] = {"wall": None}
+"""One clock, ``"wall"``: CUDA events on CUDA devices, ``time.perf_counter`` elsewhere."""
 
 
 @dataclass
-class _Pending:
+class Span:
+    """A task being timed: its identity and the stamps read at its start and end.
+
+    A stamp is seconds from a clock, or a CUDA event for the default clock on a GPU.
+    """
+
     stage: int
     microbatch: int
     phase: str
-    device: str
-    start: Any
-    """perf_counter seconds, or a CUDA event."""
-    end: Any
+    device: int
+    """The device's index in the timeline."""
+    on: torch.device
+    start: dict[str, Any]
+    end: dict[str, Any] | None = None
 
 
-class Timeline:
-    """Collects task intervals of one pipeline iteration (forward and its backward)."""
+class TimelineRecorder:
+    """Collects the task intervals of one pipeline iteration (a forward and its backward).
 
-    def __init__(self) -> None:
-        self.origin_s = time.perf_counter()
-        self._pending: list[_Pending] = []
+    ``devices``: the stages' devices, which fix the device indices (in order of first
+    appearance; a device first seen in ``record`` is added). Thread-safe: the workers and the
+    autograd threads record concurrently. Cost per task: two reads of each clock (or two
+    CUDA event records) and a lock.
+    """
+
+    def __init__(
+        self,
+        devices: Sequence[torch.device | str] = (),
+        *,
+        num_stages: int = 0,
+        clocks: Mapping[str, Clock | None] | None = None,
+        schedule: str = "gpipe",
+        label: str = "measured",
+    ) -> None:
+        self.clocks: dict[str, Clock | None] = dict(clocks or DEFAULT_CLOCKS)
+        if not self.clocks:
+            raise ValueError("a timeline recorder needs at least one clock")
+        self.num_stages = num_stages
+        self.schedule = schedule
+        self.label = label
         self._lock = threading.Lock()
+        self._device_index: dict[str, int] = {}
+        for device in devices:
+            self._index_of(str(device))
+        self._spans: list[Span] = []
         # Per CUDA device: (reference event, perf_counter seconds at that event).
         self._cuda_refs: dict[str, tuple[Any, float]] = {}
+        self.origin = {name: float(_host_clock(clock)()) for name, clock in self.clocks.items()}
+        """Each clock's reading when the recorder was created: time 0 of its timeline."""
+
+    @property
+    def origin_s(self) -> float:
+        """The first clock's time 0."""
+        return self.origin[next(iter(self.clocks))]
+
+    def _index_of(self, name: str) -> int:
+        return self._device_index.setdefault(name, len(self._device_index))
 
     def _cuda_ref(self, device: torch.device) -> tuple[Any, float]:
         key = str(device)
@@ -82,138 +129,87 @@ class Timeline:
                 self._cuda_refs[key] = (event, time.perf_counter())
             return self._cuda_refs[key]
 
+    def _stamps(self, device: torch.device) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for name, clock in self.clocks.items():
+            if clock is None and device.type == "cuda":
+                self._cuda_ref(device)
+                event = torch.cuda.Event(enable_timing=True)
+                event.record(torch.cuda.current_stream(device))
+                out[name] = event
+            else:
+                out[name] = float(_host_clock(clock)())
+        return out
+
+    def begin(self, stage: int, microbatch: int, phase: str, device: torch.device) -> Span:
+        """Start timing task ``(stage, microbatch, phase)`` on ``device``; :meth:`end` ends it
+        (from any thread: a loss backward ends in an autograd hook)."""
+        if phase not in PHASES:
+            raise ValueError(f"unknown task phase {phase!r}; use one of {', '.join(PHASES)}")
+        with self._lock:
+            index = self._index_of(str(device))
+        return Span(stage, microbatch, phase, index, device, self._stamps(device))
+
+    def end(self, span: Span) -> None:
+        """Finish ``span`` and keep it."""
+        span.end = self._stamps(span.on)
+        with self._lock:
+            self._spans.append(span)
+
     @contextmanager
     def record(
         self, stage: int, microbatch: int, phase: str, device: torch.device
     ) -> Iterator[None]:
         """Time the body as task ``(stage, microbatch, phase)`` on ``device``."""
-        if device.type == "cuda":
-            self._cuda_ref(device)
-            stream = torch.cuda.current_stream(device)
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record(stream)
-            try:
-                yield
-            finally:
-                end.record(stream)
-                self._append(_Pending(stage, microbatch, phase, str(device), start, end))
-            return
-        start_s = time.perf_counter()
+        span = self.begin(stage, microbatch, phase, device)
         try:
             yield
         finally:
-            self._append(
-                _Pending(stage, microbatch, phase, str(device), start_s, time.perf_counter())
-            )
+            self.end(span)
 
-    def _append(self, pending: _Pending) -> None:
-        with self._lock:
-            self._pending.append(pending)
-
-    def _seconds(self, device: str, stamp: Any) -> float:
+    def _seconds(self, clock: str, device: str, stamp: Any) -> float:
         if isinstance(stamp, float):
-            return stamp - self.origin_s
+            return stamp - self.origin[clock]
         ref_event, ref_s = self._cuda_refs[device]
-        return ref_s + ref_event.elapsed_time(stamp) / 1e3 - self.origin_s
+        return ref_s + ref_event.elapsed_time(stamp) / 1e3 - self.origin[clock]
 
-    @property
-    def records(self) -> list[TaskRecord]:
-        """All tasks recorded so far, sorted by start time (synchronises CUDA devices once)."""
+    def timeline(self, clock: str | None = None) -> Timeline:
+        """The tasks recorded so far on ``clock`` (default: the first), sorted by start.
+
+        Synchronises each CUDA device with pending events once. O(n log n).
+        """
+        name = next(iter(self.clocks)) if clock is None else clock
+        if name not in self.clocks:
+            raise KeyError(f"no clock {name!r} in this recorder; it has {', '.join(self.clocks)}")
         with self._lock:
-            pending = list(self._pending)
-        for device in {p.device for p in pending if not isinstance(p.start, float)}:
-            torch.cuda.synchronize(torch.device(device))
-        out = [
-            TaskRecord(
-                p.stage,
-                p.microbatch,
-                p.phase,
-                p.device,
-                self._seconds(p.device, p.start),
-                self._seconds(p.device, p.end),
+            spans = list(self._spans)
+            names = sorted(self._device_index, key=self._device_index.__getitem__)
+        for device in names:
+            if device in self._cuda_refs:
+                torch.cuda.synchronize(torch.device(device))
+        tasks = []
+        for span in spans:
+            assert span.end is not None
+            device = names[span.device]
+            tasks.append(
+                Task(
+                    span.stage,
+                    span.microbatch,
+                    span.phase,
+                    self._seconds(name, device, span.start[name]),
+                    self._seconds(name, device, span.end[name]),
+                    span.device,
+                )
             )
-            for p in pending
-        ]
-        return sorted(out, key=lambda r: (r.start_s, r.stage, r.microbatch))
-
-    def of(self, phase: str) -> list[TaskRecord]:
-        """Records of one phase."""
-        return [r for r in self.records if r.phase == phase]
-
-    def makespan_s(self) -> float:
-        """Seconds from the first task's start to the last task's end (0 when empty)."""
-        recs = self.records
-        return max(r.end_s for r in recs) - min(r.start_s for r in recs) if recs else 0.0
-
-    def busy_s(self, stage: int) -> float:
-        """Seconds stage ``stage`` spent in forward and backward (recompute nests in backward)."""
-        return sum(
-            r.duration_s for r in self.records if r.stage == stage and r.phase != "recompute"
+        tasks.sort(key=lambda t: (t.start_s, t.stage, t.microbatch))
+        return Timeline(
+            tasks,
+            max(self.num_stages, 1 + max((t.stage for t in tasks), default=-1)),
+            label=self.label,
+            schedule=self.schedule,
+            device_names=names,
         )
 
-    def to_chrome_trace(self) -> dict[str, Any]:
-        return to_chrome_trace(self.records)
 
-    def save_chrome_trace(self, path: str | os.PathLike[str]) -> None:
-        save_chrome_trace(self.records, path)
-
-
-def to_chrome_trace(records: list[TaskRecord]) -> dict[str, Any]:
-    """Chrome trace JSON object (``traceEvents``, microsecond ``ts``/``dur``) for Perfetto."""
-    devices = sorted({r.device for r in records})
-    pid_of = {d: i for i, d in enumerate(devices)}
-    events: list[dict[str, Any]] = []
-    for device, pid in pid_of.items():
-        events.append({"name": "process_name", "ph": "M", "pid": pid, "args": {"name": device}})
-    for stage in sorted({(r.device, r.stage) for r in records}):
-        events.append(
-            {
-                "name": "thread_name",
-                "ph": "M",
-                "pid": pid_of[stage[0]],
-                "tid": stage[1],
-                "args": {"name": f"stage {stage[1]}"},
-            }
-        )
-    for r in records:
-        events.append(
-            {
-                "name": f"{r.phase[0].upper()}{r.microbatch}",
-                "cat": r.phase,
-                "ph": "X",
-                "pid": pid_of[r.device],
-                "tid": r.stage,
-                "ts": r.start_s * 1e6,
-                "dur": max(r.duration_s, 0.0) * 1e6,
-                "args": {"stage": r.stage, "microbatch": r.microbatch, "phase": r.phase},
-            }
-        )
-    return {"traceEvents": events, "displayTimeUnit": "ms"}
-
-
-def save_chrome_trace(records: list[TaskRecord], path: str | os.PathLike[str]) -> None:
-    """Write ``records`` as a Chrome trace JSON file."""
-    Path(path).write_text(json.dumps(to_chrome_trace(records)))
-
-
-def load_chrome_trace(path: str | os.PathLike[str]) -> list[TaskRecord]:
-    """Read back the task records of a trace written by ``save_chrome_trace``."""
-    events = json.loads(Path(path).read_text())["traceEvents"]
-    devices = {
-        e["pid"]: e["args"]["name"]
-        for e in events
-        if e.get("ph") == "M" and e.get("name") == "process_name"
-    }
-    records = [
-        TaskRecord(
-            e["args"]["stage"],
-            e["args"]["microbatch"],
-            e["args"]["phase"],
-            devices.get(e["pid"], str(e["pid"])),
-            e["ts"] / 1e6,
-            (e["ts"] + e["dur"]) / 1e6,
-        )
-        for e in events
-        if e.get("ph") == "X"
-    ]
-    return sorted(records, key=lambda r: (r.start_s, r.stage, r.microbatch))
+def _host_clock(clock: Clock | None) -> Clock:
+    return time.perf_counter if clock is None else clock

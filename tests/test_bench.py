@@ -200,21 +200,22 @@ def test_plot_command(setup, bench_run, tmp_path: Path, capsys: pytest.CaptureFi
 
 
 def test_reads_the_executors_chrome_trace() -> None:
-    from autopipe.runtime.timeline import TaskRecord, to_chrome_trace
+    from autopipe.runtime.timeline import TaskRecord, Timeline, to_chrome_trace
 
-    from autopipe.viz.timeline import as_timeline, timeline_from_chrome_trace
+    from autopipe.viz.timeline import timeline_from_chrome_trace
 
-    records = [
-        TaskRecord(0, 0, "forward", "cpu", 0.000, 0.010),
-        TaskRecord(1, 0, "forward", "cpu", 0.010, 0.020),
-        TaskRecord(1, 0, "backward", "cpu", 0.030, 0.050),
-        TaskRecord(1, 0, "recompute", "cpu", 0.031, 0.039),
-        TaskRecord(0, 0, "backward", "cpu", 0.050, 0.070),
+    records = [  # the one Task: stage, micro-batch, phase, start_s, end_s, device index
+        TaskRecord(0, 0, "forward", 0.000, 0.010, 0),
+        TaskRecord(1, 0, "forward", 0.010, 0.020, 0),
+        TaskRecord(1, 0, "backward", 0.030, 0.050, 0),
+        TaskRecord(1, 0, "recompute", 0.031, 0.039, 0),
+        TaskRecord(0, 0, "backward", 0.050, 0.070, 0),
     ]
-    tl = timeline_from_chrome_trace(to_chrome_trace(records))
+    run = Timeline(records, 2, device_names=["cpu"])
+    tl = timeline_from_chrome_trace(to_chrome_trace(run))
     assert tl.num_stages == 2 and tl.shared  # both stages on the one CPU
     assert tl.durations(1, "backward") == pytest.approx([0.020])
     assert tl.durations(1, "recompute") == pytest.approx([0.008])
     # The nested recompute is not counted twice; the 10 ms gap is the only idle time.
     assert tl.bubble_fraction == pytest.approx(0.010 / 0.070)
-    assert as_timeline(records).iteration_s == pytest.approx(0.070)
+    assert run.iteration_s == pytest.approx(0.070)

@@ -62,8 +62,9 @@ def test_1f1b_program_bounds_in_flight() -> None:
         prog = stage_program(s, k, m, "1f1b")
         assert sorted(prog) == sorted(stage_program(s, k, m, "gpipe"))
         in_flight = peak = 0
-        for step, _ in prog:
-            in_flight += 1 if step == "F" else -1
+        for action in prog:
+            assert action.stage == s
+            in_flight += 1 if action.phase == "forward" else -1
             peak = max(peak, in_flight)
         assert peak == min(k - s, m)
 

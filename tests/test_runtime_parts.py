@@ -8,7 +8,7 @@ import pytest
 import torch
 from autopipe.runtime.microbatch import gather, scatter
 from autopipe.runtime.schedule import bubble_fraction, clock_cycles
-from autopipe.runtime.timeline import Timeline, load_chrome_trace
+from autopipe.runtime.timeline import TimelineRecorder, load_chrome_trace
 from autopipe.runtime.worker import worker_for
 
 
@@ -66,12 +66,13 @@ def test_worker_propagates_exceptions_and_grad_mode() -> None:
 
 
 def test_chrome_trace_format(tmp_path) -> None:
-    tl = Timeline()
+    recorder = TimelineRecorder()
     cpu = torch.device("cpu")
-    with tl.record(0, 0, "forward", cpu):
+    with recorder.record(0, 0, "forward", cpu):
         pass
-    with tl.record(1, 0, "backward", cpu), tl.record(1, 0, "recompute", cpu):
+    with recorder.record(1, 0, "backward", cpu), recorder.record(1, 0, "recompute", cpu):
         pass
+    tl = recorder.timeline()
     trace = tl.to_chrome_trace()
     slices = [e for e in trace["traceEvents"] if e["ph"] == "X"]
     assert {(e["tid"], e["cat"]) for e in slices} == {
@@ -83,7 +84,7 @@ def test_chrome_trace_format(tmp_path) -> None:
     path = tmp_path / "t.json"
     tl.save_chrome_trace(path)
     assert json.loads(path.read_text()) == json.loads(json.dumps(trace))
-    back = load_chrome_trace(path)
+    back = load_chrome_trace(path).tasks
     assert [(r.stage, r.phase, r.device) for r in back] == [
         (r.stage, r.phase, r.device) for r in tl.records
     ]

@@ -21,7 +21,6 @@ from autopipe.viz.timeline import (
     Task,
     Timeline,
     TimelineFormatError,
-    as_timeline,
     timeline_from_chrome_trace,
     timeline_to_chrome_trace,
 )
@@ -125,7 +124,8 @@ def test_gpipe_bubble_equals_closed_form_for_equal_stages(tmp_path: Path) -> Non
     from autopipe.planner.simulate import simulate
 
     sim = simulate([1.0] * k, [2.0] * k, m)
-    tl = as_timeline(sim, num_stages=k)
+    tl = sim.timeline
+    assert isinstance(tl, Timeline) and tl.num_stages == k
     assert tl.bubble_fraction == pytest.approx(closed_form_bubble(m, k))
     ax = timeline_figure(tl).axes[0]
     assert _drawn_idle_fraction(ax) == pytest.approx(closed_form_bubble(m, k), abs=1e-9)
@@ -136,7 +136,7 @@ def test_compare_shares_time_axis(gpipe_plan: Plan, tmp_path: Path) -> None:
     # A "measured" run 30% slower than predicted.
     measured = Timeline(
         [
-            Task(t.stage, t.microbatch, t.phase, 1.3 * t.start_s, 1.3 * t.end_s)
+            Task(t.stage, t.microbatch, t.phase, 1.3 * t.start_s, 1.3 * t.end_s, t.device)
             for t in predicted.tasks
         ],
         predicted.num_stages,
@@ -257,12 +257,23 @@ def test_scaling_plot(gpipe_plan: Plan, profile: Profile, tmp_path: Path) -> Non
 def test_plot_all_then_redraw_from_plan_alone(
     profile: Profile, gpipe_plan: Plan, tmp_path: Path
 ) -> None:
+    from autopipe.viz import VIZ_META_KEY, collect_plot_data
+
     p = Plan.from_dict(json.loads(json.dumps(gpipe_plan.to_dict())))
+    before = json.dumps(p.to_dict(), sort_keys=True)
     paths = plot_all(p, tmp_path / "a", profile=profile)
     assert [x.name for x in paths] == ["timeline.png", "bubble.png", "balance.png", "scaling.png"]
     for path in paths:
         _check_png(path)
-    # The data is stored in the plan: a saved plan redraws all four without the profile.
+    # Plotting never writes into the plan it draws.
+    assert json.dumps(p.to_dict(), sort_keys=True) == before
+    # The data stored in the plan by its owner (as `autopipe plan --plot` does): a saved plan
+    # redraws all four without the profile.
+    data = collect_plot_data(p, profile)
+    again_from_data = plot_all(p, tmp_path / "d", plot_data=data)
+    assert [x.name for x in again_from_data] == [x.name for x in paths]
+    assert json.dumps(p.to_dict(), sort_keys=True) == before
+    p.meta[VIZ_META_KEY] = data
     p.save(tmp_path / "plan.json")
     again = plot_all(load_plan(tmp_path / "plan.json"), tmp_path / "b", formats=("svg",))
     assert [x.name for x in again] == ["timeline.svg", "bubble.svg", "balance.svg", "scaling.svg"]
@@ -285,7 +296,7 @@ def test_plot_all_compares_on_the_placement_that_ran(
     monkeypatch.setattr(gantt, "plot_timeline", fake_plot)
     # A measured run with all four stages on one CPU.
     shared = predicted_timeline(gpipe_plan, devices=["cpu"] * 4)
-    measured = Timeline(shared.tasks, 4, label="measured", devices=["cpu"] * 4)
+    measured = Timeline(shared.tasks, 4, label="measured", device_names=["cpu"])
     plot_all(Plan.from_dict(gpipe_plan.to_dict()), tmp_path, timeline=measured)
     assert set(drawn) == {"timeline", "timeline_measured", "timeline_compare"}
     assert not drawn["timeline"][0].shared  # the plan's own prediction: dedicated devices
@@ -297,7 +308,7 @@ def test_plot_all_compares_on_the_placement_that_ran(
 def test_titles_print_seconds_without_exponents() -> None:
     from autopipe.viz.gantt import timeline_title
 
-    tl = Timeline([Task(0, 0, "forward", 0.0, 2.0), Task(0, 0, "backward", 2.0, 5.0)], 1)
+    tl = Timeline([Task(0, 0, "forward", 0.0, 2.0, 0), Task(0, 0, "backward", 2.0, 5.0, 0)], 1)
     assert "iteration 5 s" in timeline_title(tl)  # was "5e+03 ms"
     from autopipe.units import format_seconds
 

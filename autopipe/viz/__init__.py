@@ -6,36 +6,36 @@ throughput vs micro-batches), ``balance`` (per-stage time and memory beside the 
 ``parameters`` baselines) and ``scaling`` (throughput and memory vs number of devices).
 
 The data behind bubble/balance/scaling needs the profile (it re-plans the problem with one
-knob changed); ``plot_all`` stores it in ``plan.meta["viz"]`` so a plan saved afterwards can be
-redrawn by ``autopipe plot PLAN.json`` without the profile.
+knob changed): ``collect_plot_data(plan, profile)``. Plotting never changes the plan it draws;
+a caller that wants a saved plan redrawn by ``autopipe plot PLAN.json`` without the profile
+stores that data in ``plan.meta["viz"]`` itself (``autopipe plan --plot`` does).
+
+Timelines are the planner's one ``Timeline`` (``autopipe.planner.timeline``): the simulator's,
+the runtime's ``pipeline.last_timeline``, or a Chrome trace read by ``load_chrome_trace``.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from autopipe.planner.plan import Plan
+from autopipe.planner.timeline import Task, Timeline, TimelineFormatError, load_chrome_trace
 from autopipe.profiler.profile import Profile
-from autopipe.viz.timeline import (
-    Task,
-    Timeline,
-    TimelineFormatError,
-    as_timeline,
-    timeline_from_chrome_trace,
-    timeline_to_chrome_trace,
-)
+from autopipe.viz.timeline import timeline_from_chrome_trace, timeline_to_chrome_trace
 
 __all__ = [
     "MAX_TIMELINE_TASKS",
     "PLOT_NAMES",
+    "VIZ_META_KEY",
     "Task",
     "Timeline",
     "TimelineFormatError",
-    "as_timeline",
     "collect_plot_data",
+    "load_chrome_trace",
     "plot_all",
     "plot_balance",
     "plot_bubble",
@@ -51,6 +51,8 @@ log = logging.getLogger("autopipe")
 
 PLOT_NAMES = ("timeline", "bubble", "balance", "scaling")
 VIZ_META_KEY = "viz"
+"""The ``Plan.meta`` key under which a saved plan carries its plot data (written by the
+caller, e.g. ``autopipe plan --plot``; read by :func:`plot_all`)."""
 
 MAX_TIMELINE_TASKS = 20_000
 """Most forward and backward tasks (2 x K x M) a timeline is drawn (or benchmarked) with:
@@ -111,7 +113,8 @@ def plot_all(
     out_dir: str | Path,
     profile: Profile | None = None,
     *,
-    timeline: Any = None,
+    timeline: Timeline | None = None,
+    plot_data: dict[str, Any] | None = None,
     formats: Sequence[str] = ("png",),
     compare: bool = True,
     max_gpus: int | None = None,
@@ -119,13 +122,14 @@ def plot_all(
 ) -> list[Path]:
     """Write the plan's figures into ``out_dir``; returns the files written.
 
-    ``timeline.<fmt>``: the simulated (predicted) iteration. With ``timeline`` (the executor's
-    ``pipeline.last_timeline``, a Chrome trace path/dict or task records) also
-    ``timeline_measured.<fmt>`` and, with ``compare``, ``timeline_compare.<fmt>`` (predicted
-    over measured on one time axis; stages that shared a device in the measured run are
-    simulated as sharing it). ``bubble``, ``balance`` and ``scaling`` need ``profile``
-    or data stored earlier in ``plan.meta["viz"]``; without either they are skipped with a
-    warning. The data used is (re)stored in ``plan.meta["viz"]``. ``max_gpus`` bounds the
+    ``timeline.<fmt>``: the simulated (predicted) iteration. With ``timeline`` (a measured
+    ``Timeline``: the executor's ``pipeline.last_timeline``, or a Chrome trace read with
+    ``load_chrome_trace``) also ``timeline_measured.<fmt>`` and, with ``compare``,
+    ``timeline_compare.<fmt>`` (predicted over measured on one time axis; stages that shared
+    a device in the measured run are simulated as sharing it). ``bubble``, ``balance`` and
+    ``scaling`` are drawn from ``plot_data`` (:func:`collect_plot_data`'s dict), else from
+    ``profile``, else from data stored in ``plan.meta["viz"]``; without any they are skipped
+    with a warning. ``plan`` and ``timeline`` are not modified. ``max_gpus`` bounds the
     scaling plot (default: the plan's K). ``progress``: a tqdm bar on stderr, one step per
     figure and one for the re-planning behind bubble/balance/scaling (seconds on a real model).
     Raises ValueError, before any work, for more than ``MAX_TIMELINE_TASKS`` tasks.
@@ -133,6 +137,11 @@ def plot_all(
     too_many = too_many_tasks(plan)
     if too_many is not None:
         raise ValueError(too_many)
+    if timeline is not None and not isinstance(timeline, Timeline):
+        raise TypeError(
+            f"timeline must be a Timeline, not {type(timeline).__name__}; read a Chrome trace "
+            "with autopipe.viz.load_chrome_trace(path)"
+        )
     from tqdm import tqdm
 
     from autopipe.viz.balance import balance_figure
@@ -143,11 +152,15 @@ def plot_all(
     from autopipe.viz.style import save
 
     stored = plan.meta.get(VIZ_META_KEY) or {}
-    steps = (5 if profile is not None or stored else 3) + (
-        0 if timeline is None else 1 + int(compare)
-    )
+    have_data = bool(plot_data) or profile is not None or bool(stored)
+    steps = (5 if have_data else 3) + (0 if timeline is None else 1 + int(compare))
     bar = tqdm(total=steps, desc="plots", unit="step", disable=not progress, leave=False)
-    data = collect_plot_data(plan, profile, max_gpus=max_gpus) if profile is not None else stored
+    if plot_data:
+        data = plot_data
+    elif profile is not None:
+        data = collect_plot_data(plan, profile, max_gpus=max_gpus)
+    else:
+        data = stored
     bar.update()
     # The figures drawn from that data (possibly hand-edited in a plan file) are drawn before
     # anything is written: bad data fails with no partial set of files.
@@ -174,16 +187,25 @@ def plot_all(
     paths += plot_timeline(predicted, out / "timeline", formats=formats)
     bar.update()
     if timeline is not None:
-        measured = as_timeline(timeline, num_stages=plan.num_stages, label="measured")
-        if not measured.label:
-            measured.label = "measured"
+        measured = timeline
+        if timeline.num_stages < plan.num_stages or not timeline.label:
+            # A row per planned stage and a title, on a copy: the caller's stays as it is.
+            measured = replace(
+                timeline,
+                num_stages=max(timeline.num_stages, plan.num_stages),
+                label=timeline.label or "measured",
+            )
         paths += plot_timeline(measured, out / "timeline_measured", formats=formats)
         bar.update()
         if compare:
             # Predict the placement that ran: stages that shared a device are simulated so.
             same_place = predicted
-            if measured.shared and measured.devices is not None:
-                same_place = predicted_timeline(plan, devices=measured.devices)
+            if measured.shared:
+                placement = [
+                    f"stage {s} alone" if d is None else measured.device_name(d)
+                    for s, d in enumerate(measured.stage_devices())
+                ]
+                same_place = predicted_timeline(plan, devices=placement)
             paths += plot_timeline(
                 same_place, out / "timeline_compare", compare=measured, formats=formats
             )
@@ -191,7 +213,5 @@ def plot_all(
     for stem, figure in figures:
         paths += save(figure, out / stem, formats)
         bar.update()
-    if data:
-        plan.meta[VIZ_META_KEY] = data
     bar.close()
     return paths

@@ -14,12 +14,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from autopipe.planner.simulate import fill_drain_bubble as closed_form_bubble
 from autopipe.viz.style import new_figure, save
 
-
-def closed_form_bubble(microbatches: int, num_stages: int) -> float:
-    """GPipe's idle fraction with equal stages: (K-1)/(M+K-1)."""
-    return (num_stages - 1) / (microbatches + num_stages - 1)
+__all__ = ["bubble_figure", "closed_form_bubble", "plot_bubble"]
 
 
 def bubble_figure(data: dict[str, Any]) -> Any:

@@ -2,12 +2,14 @@
 
 Each function re-plans the same problem with one knob changed (M, strategy, K) through the
 real planner, so every point on a plot is what ``autopipe plan`` would predict for that
-choice. The dicts are stored in ``plan.meta["viz"]`` by :func:`autopipe.viz.plot_all`, so
-``autopipe plot PLAN.json`` can redraw the figures without the profile. Torch-free.
+choice. Nothing here changes the plan it is given. ``autopipe plan --plot`` stores the dicts
+in ``plan.meta["viz"]`` of the plan it writes, so ``autopipe plot PLAN.json`` can redraw the
+figures without the profile. Torch-free.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from collections.abc import Sequence
 from typing import Any
@@ -37,10 +39,12 @@ def planning_options(plan: Plan) -> dict[str, Any]:
     """
     opts: dict[str, Any] = {}
     if plan.request is not None:
-        # The devices are the caller's to choose (a scaling sweep varies them).
+        # The devices are the caller's to choose (a scaling sweep varies them); to_dict
+        # makes fresh values, so the plan's request stays as it is.
         opts = {k: v for k, v in plan.request.to_dict().items() if k not in ("gpus", "cluster")}
     else:  # a plan written before the request was recorded: what its meta kept
-        opts = dict(plan.meta.get("options", {}) or {})
+        # A deep copy: the planner is handed these values, and the plan's meta must stay.
+        opts = copy.deepcopy(dict(plan.meta.get("options", {}) or {}))
     meta = plan.meta
     if "checkpoint_mode" in meta:
         opts.setdefault("checkpoint", meta["checkpoint_mode"])

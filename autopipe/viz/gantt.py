@@ -11,9 +11,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from autopipe.planner.timeline import PHASES, Timeline
 from autopipe.units import format_seconds
 from autopipe.viz.style import BUBBLE_COLOR, PHASE_COLORS, new_figure, save
-from autopipe.viz.timeline import PHASES, Timeline
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes

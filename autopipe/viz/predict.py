@@ -9,10 +9,11 @@ list-schedules one task at a time, so the prediction is of what really runs.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from autopipe.planner.plan import Plan
-from autopipe.viz.timeline import Task, Timeline
+from autopipe.planner.timeline import Timeline
 
 
 def shared_groups(devices: Sequence[Any]) -> list[list[int]]:
@@ -29,11 +30,11 @@ def predicted_timeline(
     devices: Sequence[Any] | None = None,
     label: str = "predicted",
 ) -> Timeline:
-    """Simulate one iteration of ``plan`` and return its tasks as a Timeline.
+    """Simulate one iteration of ``plan``: the simulator's Timeline, labelled ``label``.
 
     ``devices``: the physical device of each stage when stages share devices (stages with
-    equal devices are simulated on one device); ``None`` = one dedicated device per stage, as
-    the planner assumes. O(T log K) for T tasks.
+    equal devices are simulated on one device, named after it); ``None`` = one dedicated
+    device per stage, as the planner assumes. O(T log K) for T tasks.
     """
     from autopipe.planner.simulate import simulate_plan
 
@@ -43,15 +44,7 @@ def predicted_timeline(
             f"got {len(devices)} devices for a {plan.num_stages}-stage plan; give one per stage"
         )
     sim = simulate_plan(plan, shared_device_groups=groups)
-    tasks = [Task(t.stage, t.microbatch, t.phase, t.start_s, t.end_s) for t in sim.tasks]
-    device_of = [0] * plan.num_stages
-    for t in sim.tasks:
-        device_of[t.stage] = t.device
-    return Timeline(
-        tasks,
-        plan.num_stages,
-        label=label,
-        schedule=plan.schedule,
-        meta={"iteration_time_s": sim.iteration_time_s, "bubble_fraction": sim.bubble_fraction},
-        devices=device_of,
-    )
+    assert sim.timeline is not None  # simulate_plan records the tasks by default
+    # The simulator numbers the groups' devices in group order.
+    names = [str(devices[group[0]]) for group in groups] if devices is not None and groups else []
+    return replace(sim.timeline, label=label, schedule=plan.schedule, device_names=names)

@@ -13,9 +13,13 @@ PHASE_COLORS = {
     "forward": "#4C72B0",
     "recompute": "#55A868",
     "backward": "#DD8452",
+    # A split backward in two shades of the whole one's orange: inputs' gradient, weights'.
+    "backward_input": "#C44E52",
+    "backward_weight": "#E8A87C",
     "send": "#8172B3",
     "loss": "#937860",
 }
+"""A colour for each of ``autopipe.planner.timeline.PHASES``."""
 MEMORY_COLORS = {
     # A palette apart from the phases', so one legend can hold both.
     "parameters": "#2A9D8F",
