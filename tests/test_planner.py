@@ -201,9 +201,14 @@ def test_auto_m_picks_fastest_candidate_and_explains() -> None:
 def test_baselines_recorded_and_not_better_than_dp() -> None:
     profile = random_profile(30, 4)
     p = plan(profile, 4, microbatches=8)
-    assert set(p.baselines) == {"uniform", "parameters", "greedy-time"}
+    from autopipe.planner.baselines import FRAMEWORK_DEFAULTS
+
+    assert set(p.baselines) == {"uniform", "parameters", "greedy-time", *FRAMEWORK_DEFAULTS}
     for name, b in p.baselines.items():
         assert set(b) >= {"iteration_time_s", "bottleneck_s", "balance", "feasible"}
+        if b["iteration_time_s"] is None:  # a layer-counting rule; these units have no stack
+            assert name in FRAMEWORK_DEFAULTS and "no single one" in b["reason"], name
+            continue
         assert sum(b["balance"]) == 30 and len(b["balance"]) == 4, name
         assert b["bottleneck_s"] >= p.meta["min_bottleneck_s"] - 1e-15
         # No sends, no recompute, equal devices: the planned GPipe time is optimal, so no
