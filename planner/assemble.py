@@ -112,6 +112,7 @@ def build_plan(
                 activation_bytes=c.activation_bytes,
                 checkpoint=c.checkpoint,
                 reason=reason,
+                rank=s,
             )
         )
     v0 = cluster.devices[0].speed

@@ -21,7 +21,18 @@ from autopipe.profiler.fields import FieldError, check_dataclass, check_number
 from autopipe.datafile import atomic_write_json, check_version, load_json_file
 
 PLAN_VERSION = 1
-PLAN_SCHEDULES = ("gpipe", "1f1b")
+PLAN_SCHEDULES = (
+    "gpipe",
+    "1f1b",
+    "interleaved-1f1b",
+    "looped-bfs",
+    "interleaved-zb",
+    "zbv",
+    "dualpipev",
+)
+"""The schedules a plan may name: torch.distributed.pipelining's ScheduleGPipe,
+Schedule1F1B, ScheduleInterleaved1F1B, ScheduleLoopedBFS, ScheduleInterleavedZeroBubble,
+ScheduleZBVZeroBubble and ScheduleDualPipeV."""
 
 
 class PlanFormatError(ValueError):
@@ -53,6 +64,14 @@ class StagePlan:
     activation_bytes: int = 0
     checkpoint: bool = False
     reason: str = ""
+    rank: int = -1
+    """The pipeline rank that runs this stage (model chunk); ``-1`` in plans written before
+    stages were placed: the stage's own index (one stage per rank)."""
+    backward_input_s: float = 0.0
+    """The part of ``backward_s`` that computes the input gradient (zero-bubble "B"); with
+    ``backward_weight_s`` both 0 when the plan does not split backward."""
+    backward_weight_s: float = 0.0
+    """The part of ``backward_s`` that computes the weight gradients (zero-bubble "W")."""
 
     @property
     def time_s(self) -> float:
@@ -95,6 +114,9 @@ class Plan:
     written before it was recorded (schema v1 either way)."""
     state_bytes_per_parameter: float = 0.0
     """Parameter + gradient + optimizer-state bytes charged per parameter (0: not recorded)."""
+    virtual_stages: int = 1
+    """V, model chunks per rank: ``stages`` lists ``num_stages x virtual_stages`` chunks in
+    model order, each with the ``rank`` that runs it (loop or V-shape placement)."""
     granularity: str = "block"
     """How the profile grouped the model into units (``block``, ``module``, ``node``): the
     runtime traces the model into the same units."""
@@ -171,12 +193,25 @@ class Plan:
                     f"is {self.batch_size} but microbatches x microbatch_size is "
                     f"{self.microbatches} x {self.microbatch_size}",
                 )
-            if len(self.stages) != self.num_stages:
+            if self.virtual_stages < 1:
+                raise FieldError("virtual_stages", f"is {self.virtual_stages}; expected >= 1")
+            chunks = self.num_stages * self.virtual_stages
+            if len(self.stages) != chunks:
                 raise FieldError(
-                    "stages", f"lists {len(self.stages)} stages but num_stages is {self.num_stages}"
+                    "stages",
+                    f"lists {len(self.stages)} stages but num_stages x virtual_stages is "
+                    f"{self.num_stages} x {self.virtual_stages}",
                 )
             owner: dict[str, int] = {}
+            per_rank = [0] * self.num_stages
             for i, stage in enumerate(self.stages):
+                if stage.rank == -1:  # written before stages were placed: one per rank
+                    stage.rank = i if self.virtual_stages == 1 else -1
+                if not 0 <= stage.rank < self.num_stages:
+                    raise FieldError(
+                        f"stages[{i}].rank", f"is {stage.rank}; expected 0..{self.num_stages - 1}"
+                    )
+                per_rank[stage.rank] += 1
                 check_dataclass(stage, prefix=f"stages[{i}].")
                 if stage.index != i:
                     raise FieldError(f"stages[{i}].index", f"is {stage.index}; expected {i}")
@@ -189,6 +224,11 @@ class Plan:
                             f"repeats {name!r} (already in stages[{owner[name]}])",
                         )
                     owner[name] = i
+            if any(count != self.virtual_stages for count in per_rank):
+                raise FieldError(
+                    "stages[*].rank",
+                    f"gives the ranks {per_rank} stages; each needs {self.virtual_stages}",
+                )
         except FieldError as exc:
             raise PlanFormatError(str(exc)) from exc
 

@@ -67,6 +67,12 @@ class UnitProfile:
     """Bytes of optimizer state for this unit's parameters (``Profile.optimizer``)."""
     buffer_bytes: int = 0
     """Bytes of non-parameter buffers (e.g. BatchNorm running statistics)."""
+    backward_input_s: float = 0.0
+    """The part of ``backward_s`` computing the gradient of the unit's inputs (the
+    zero-bubble schedules' "B"); with ``backward_weight_s`` both 0 in profiles that did not
+    split backward."""
+    backward_weight_s: float = 0.0
+    """The part of ``backward_s`` computing the gradients of its parameters ("W")."""
     measured_as: str = ""
     """Name of the unit whose measurement (or count) this unit shares because it is the same
     computation (same graph, parameter and input shapes); ``""``: its own. Optional in
