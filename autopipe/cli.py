@@ -82,7 +82,7 @@ def _unit_patterns(text: str) -> list[str]:
 
 
 def _memory(text: str) -> int:
-    from autopipe.units import parse_bytes
+    from autopipe.humanize import parse_bytes
 
     try:
         return parse_bytes(text)
@@ -433,7 +433,7 @@ def _too_big_to_build(mf: Any, device: str | None) -> bool:
     free = available_memory_bytes(device)
     if free is None or 2 * state <= free:
         return False
-    from autopipe.units import format_bytes
+    from autopipe.humanize import format_bytes
 
     log.info(
         "%s holds %s of parameters and buffers; with gradients that is more than the %s free "
@@ -554,12 +554,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
     batch = args.batch_size or profile.batch_size
     m = args.microbatches
     if isinstance(m, int) and batch % m:  # bad input (the planner would call it a failure)
-        from autopipe.planner.search import divisors
+        from autopipe.planner.search import divisor_hint
 
-        nearest = sorted(sorted(divisors(batch), key=lambda d: abs(d - m))[:6])
         raise UsageError(
-            f"--microbatches {m} does not divide the batch size {batch}; pick a divisor "
-            f"(e.g. {', '.join(map(str, nearest))})"
+            f"--microbatches {m} does not divide the batch size {batch}; " + divisor_hint(batch, m)
         )
     if args.save_profile:
         profile.save(args.save_profile)

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from autopipe.humanize import format_bytes, format_seconds
 from autopipe.planner.plan import Plan
-from autopipe.units import format_bytes, format_seconds
 
 
 def explain(plan: Plan) -> str:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from autopipe.humanize import format_bytes, format_seconds
 from autopipe.planner.plan import Plan
 from autopipe.profiler.profile import Profile
-from autopipe.units import format_bytes, format_seconds
 
 if TYPE_CHECKING:
     from autopipe.bench import BenchResult

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from autopipe.units import format_seconds
+from autopipe.humanize import format_seconds
 from autopipe.viz.style import BUBBLE_COLOR, PHASE_COLORS, new_figure, save
 from autopipe.viz.timeline import PHASES, Timeline
 
