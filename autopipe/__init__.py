@@ -7,8 +7,7 @@
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from autopipe.lazy import lazy_attributes
 
 __version__ = "0.1.0"
 
@@ -32,15 +31,4 @@ _LAZY = {
 __all__ = ["__version__", *_LAZY]
 
 
-def __getattr__(name: str) -> Any:
-    try:
-        module_name, attr = _LAZY[name]
-    except KeyError:
-        raise AttributeError(f"module 'autopipe' has no attribute {name!r}") from None
-    value = getattr(importlib.import_module(module_name), attr)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
+__getattr__, __dir__ = lazy_attributes(__name__, _LAZY, globals())

@@ -5,10 +5,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from autopipe.explain import framework_table
+from autopipe.humanize import format_bytes, format_seconds
 from autopipe.planner.baselines import FRAMEWORK_DEFAULTS
 from autopipe.planner.plan import Plan
 from autopipe.profiler.profile import Profile
-from autopipe.units import format_bytes, format_seconds
 
 if TYPE_CHECKING:
     from autopipe.bench import BenchResult

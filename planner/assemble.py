@@ -22,17 +22,7 @@ from autopipe.planner.plan import Plan, StagePlan
 from autopipe.planner.simulate import Simulation, gpipe_exact, simulate
 from autopipe.profiler.profile import Profile
 
-
-def gib(nbytes: float) -> str:
-    """Human-readable bytes: GiB with 2 decimals from 1 GiB up, MiB or KiB with 1 decimal
-    below that, whole bytes under 1 KiB (a small model's need is never "0.0 MiB")."""
-    if nbytes >= 2**30:
-        return f"{nbytes / 2**30:.2f} GiB"
-    if nbytes >= 2**20:
-        return f"{nbytes / 2**20:.1f} MiB"
-    if nbytes >= 2**10:
-        return f"{nbytes / 2**10:.1f} KiB"
-    return f"{nbytes:.0f} B"
+from autopipe.humanize import format_bytes
 
 
 def simulate_costs(costs: list[SegmentCost], m: int, schedule: str) -> Simulation:
@@ -92,7 +82,10 @@ def build_plan(
             cap = cm.capacity_bytes[s]
             without = c.memory_without_checkpoint_bytes * (1.0 + cm.headroom)
             if checkpoint == "auto":
-                reason = f"checkpointed: without it {gib(without)} > {gib(cap)} (headroom included)"
+                reason = (
+                    f"checkpointed: without it {format_bytes(without, fixed=True)} > "
+                    f"{format_bytes(cap, fixed=True)} (headroom included)"
+                )
             else:
                 reason = f"checkpointed: checkpoint={checkpoint!r}"
         stages.append(

@@ -1,8 +1,18 @@
-"""Devices and links a plan is made for. Torch-free."""
+"""Devices and links a plan is made for. Torch-free.
+
+``Cluster.from_catalog`` builds one from the device catalog's datasheet figures
+(``autopipe.profiler.catalog``, plain torch-free data): the planner reads the specs, the
+catalog knows nothing of plans.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, cast
+
+if TYPE_CHECKING:
+    from autopipe.profiler.catalog import DeviceSpec
 
 
 @dataclass
@@ -20,6 +30,24 @@ class Device:
     speed: float = 1.0
     link_bandwidth_bytes_per_s: float = float("inf")
     link_latency_s: float = 0.0
+
+    @classmethod
+    def from_spec(
+        cls, spec: str | DeviceSpec, *, memory_bytes: int | None = None, speed: float = 1.0
+    ) -> Device:
+        """The planner's view of a catalog device (a name or alias, or a ``DeviceSpec``): its
+        memory capacity in bytes (``memory_bytes`` overrides it, e.g. to keep headroom) and its
+        link to the next device. ``speed``: relative to the profiled device (see the class)."""
+        from autopipe.profiler.catalog import get_device
+
+        spec = get_device(spec)
+        return cls(
+            name=spec.name,
+            memory_bytes=spec.memory_bytes if memory_bytes is None else memory_bytes,
+            speed=speed,
+            link_bandwidth_bytes_per_s=spec.link_bandwidth_bytes_per_s,
+            link_latency_s=spec.link_latency_s,
+        )
 
 
 @dataclass
@@ -43,6 +71,52 @@ class Cluster:
                 for _ in range(count)
             ]
         )
+
+    @classmethod
+    def from_catalog(
+        cls,
+        devices: str | DeviceSpec | Sequence[tuple[str | DeviceSpec, int]],
+        count: int | None = None,
+        *,
+        memory_bytes: int | None = None,
+        speeds: Mapping[str, float] | None = None,
+    ) -> Cluster:
+        """Catalog devices in pipeline order, with their datasheet memory and links.
+
+        ``devices``: one device (a catalog name or alias, or a ``DeviceSpec``) repeated
+        ``count`` times (default 1), e.g. ``from_catalog("h100-sxm", 8)``; or a mixed cluster
+        as ``(device, count)`` pairs or the CLI's ``"a100-80gb:4,v100-32gb:4"`` (then no
+        ``count``). ``memory_bytes`` replaces every device's capacity (``--memory``).
+        ``speeds``: per canonical device name (``"V100-32GB"``), how many times faster than
+        the profiled device it runs the profile's units (default 1.0; a mixed cluster's
+        speeds come from re-pricing the profile, ``autopipe.devices.cluster_for``).
+        Raises ``DeviceSpecError`` for an unknown device or a count below 1.
+        """
+        from autopipe.profiler.catalog import DeviceSpecError, get_device, parse_device_list
+
+        entries: Sequence[tuple[str | DeviceSpec, int]]
+        if isinstance(devices, str):
+            listed = ":" in devices or "," in devices
+            entries = (
+                parse_device_list(devices) if listed else [(devices, 1 if count is None else count)]
+            )
+        elif isinstance(devices, Sequence):
+            listed, entries = True, cast("Sequence[tuple[str | DeviceSpec, int]]", devices)
+        else:
+            listed, entries = False, [(devices, 1 if count is None else count)]
+        if listed and count is not None:
+            raise DeviceSpecError("a device list carries its counts: drop count=")
+        out: list[Device] = []
+        for device, n in entries:
+            if n < 1:
+                raise DeviceSpecError(f"device count must be >= 1, got {n}")
+            spec = get_device(device)
+            speed = (speeds or {}).get(spec.name, 1.0)
+            # One Device per stage, not one shared object: a caller may adjust one stage's.
+            out += [
+                Device.from_spec(spec, memory_bytes=memory_bytes, speed=speed) for _ in range(n)
+            ]
+        return cls(out)
 
     def __len__(self) -> int:
         return len(self.devices)

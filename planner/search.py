@@ -14,7 +14,7 @@ import operator
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from autopipe.planner.assemble import build_plan, gib, simulate_costs
+from autopipe.planner.assemble import build_plan, simulate_costs
 from autopipe.planner.baselines import BASELINES, baseline_bounds
 from autopipe.planner.candidate import Candidate
 from autopipe.planner.chain import Partition, bottleneck
@@ -34,6 +34,8 @@ from autopipe.profiler.optimizer_state import (
 )
 from autopipe.profiler.profile import Profile
 
+from autopipe.humanize import format_bytes
+
 STRATEGIES = ("dp", "ilp", "brute-force", *BASELINES)
 _BRUTE_FORCE_MAX = 2_000_000
 
@@ -49,6 +51,14 @@ def divisors(n: int) -> list[int]:
     small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
     large = [n // d for d in reversed(small) if d * d != n]
     return small + large
+
+
+def divisor_hint(n: int, near: int, count: int = 6) -> str:
+    """``"pick a divisor (e.g. 4, 8, 16)"``: the ``count`` divisors of ``n`` closest to
+    ``near``, in increasing order, for the errors about a micro-batch count that does not
+    divide the batch size (the planner's and the CLI's)."""
+    nearest = sorted(sorted(divisors(n), key=lambda d: abs(d - near))[:count])
+    return f"pick a divisor (e.g. {', '.join(map(str, nearest))})"
 
 
 def _positive_int(name: str, value: object) -> int:
@@ -163,10 +173,9 @@ def _candidate_microbatches(batch_size: int, microbatches: int | str | Sequence[
     values = [_positive_int("microbatches", m) for m in values]
     for m in values:
         if batch_size % m:
-            nearest = sorted(sorted(divisors(batch_size), key=lambda d: abs(d - m))[:6])
-            near = ", ".join(map(str, nearest))
             raise PlanningError(
-                f"microbatches={m} does not divide batch size {batch_size}; pick a divisor (e.g. {near})"
+                f"microbatches={m} does not divide batch size {batch_size}; "
+                + divisor_hint(batch_size, m)
             )
     return sorted(set(values))
 
@@ -364,7 +373,7 @@ def _infeasible_error(
     needs = [(need_of(c.cost_model), c.microbatches, c.schedule) for c in candidates]
     need, m, sched = min(needs)
     caps = [d.memory_bytes for d in cluster.devices if d.memory_bytes is not None]
-    have = gib(min(caps)) if caps else "unlimited"
+    have = format_bytes(min(caps), fixed=True) if caps else "unlimited"
     tries = ["more GPUs"]
     if checkpoint in ("never", "except_last"):
         tries.append("checkpoint='auto' or 'always'")
@@ -374,7 +383,8 @@ def _infeasible_error(
         tries.append("strategy='dp'")
     exc = PlanningError(
         f"no {k}-stage plan fits in {have} per device: the smallest memory per device that fits "
-        f"is {gib(need)} (M={m}, schedule={sched}, headroom included); try {', '.join(tries)}"
+        f"is {format_bytes(need, fixed=True)} (M={m}, schedule={sched}, headroom included); "
+        f"try {', '.join(tries)}"
     )
     exc.min_memory_bytes = int(math.ceil(need))  # type: ignore[attr-defined]
     return exc

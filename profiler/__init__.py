@@ -6,10 +6,9 @@ Imports torch only when a profiling function is used, so the torch-free
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
-
 from autopipe.profiler.profile import PROFILE_VERSION, Profile, ProfileFormatError, UnitProfile
+
+from autopipe.lazy import lazy_attributes
 
 # ``autopipe.profiler.profile`` is the data module (Profile); the measuring function is
 # ``autopipe.profile`` / ``autopipe.profiler.measure.profile``.
@@ -32,9 +31,4 @@ def load_profile(path: str) -> Profile:
     return Profile.load(path)
 
 
-def __getattr__(name: str) -> Any:
-    try:
-        module_name, attr = _LAZY[name]
-    except KeyError:
-        raise AttributeError(f"module 'autopipe.profiler' has no attribute {name!r}") from None
-    return getattr(importlib.import_module(module_name), attr)
+__getattr__, __dir__ = lazy_attributes(__name__, _LAZY, globals())

@@ -3,7 +3,9 @@
 A :class:`DeviceSpec` holds the datasheet figures the analytic cost model needs
 (peak dense FLOP/s per dtype, memory bandwidth and capacity, device-to-device link
 bandwidth) plus the efficiency factors that turn peaks into realistic rates.
-This module is torch-free: the CLI lists and loads devices without importing torch.
+This module is torch-free and holds device specs only: the CLI lists and loads devices
+without importing torch, and the planner reads these specs (``Cluster.from_catalog``) without
+this module knowing about plans.
 
 Conventions (all entries follow them):
 
@@ -26,8 +28,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-from autopipe.planner.cluster import Cluster, Device
 
 TERA = 1e12
 GB = 1e9
@@ -58,6 +58,11 @@ DTYPE_ALIASES = {
 
 class DeviceSpecError(ValueError):
     """A device name or spec file is unknown or invalid."""
+
+
+class DeviceListError(DeviceSpecError):
+    """A ``NAME[:COUNT],...`` device list is malformed (the message starts with the list, so a
+    caller can put the flag that gave it in front)."""
 
 
 @dataclass(frozen=True)
@@ -397,6 +402,38 @@ def get_device(name: str | DeviceSpec) -> DeviceSpec:
     return CATALOG[canonical]
 
 
+def parse_device_counts(text: str) -> list[tuple[str, int]]:
+    """``"a100-80gb:4,v100-32gb:4"`` -> ``[("a100-80gb", 4), ("v100-32gb", 4)]``: device names in
+    pipeline order with their counts (a missing count is 1), not yet looked up.
+
+    Raises :class:`DeviceListError` on an empty name or a count that is not an integer >= 1.
+    """
+    out = []
+    for part in text.split(","):
+        name, _, count = part.strip().partition(":")
+        try:
+            n = int(count) if count else 1
+        except ValueError:
+            n = 0
+        if not name or n < 1:
+            raise DeviceListError(
+                f"{text!r}: expected NAME[:COUNT],... in pipeline order, e.g. "
+                "a100-80gb:4,v100-32gb:4"
+            )
+        out.append((name, n))
+    return out
+
+
+def parse_device_list(text: str) -> list[tuple[DeviceSpec, int]]:
+    """``"a100-80gb:4,v100-32gb:4"`` -> the built-in specs with their counts, in pipeline order.
+
+    The whole list is checked for form before any name is looked up, so a malformed list is
+    reported as such (:class:`DeviceListError`); an unknown name raises
+    :class:`DeviceSpecError` listing the valid ones.
+    """
+    return [(get_device(name), count) for name, count in parse_device_counts(text)]
+
+
 _REQUIRED = (
     "name",
     "peak_flops_per_s",
@@ -552,24 +589,3 @@ def format_catalog(specs: Iterable[DeviceSpec] | None = None) -> str:
     lines.insert(1, "  ".join("-" * w for w in widths))
     lines.append("dense peaks (no sparsity); link bandwidth per direction; sources in catalog.py")
     return "\n".join(lines)
-
-
-def to_planner_device(spec: str | DeviceSpec, memory_bytes: int | None = None) -> Device:
-    """The planner's view of one device: memory capacity and link to the next device."""
-    spec = get_device(spec)
-    return Device(
-        name=spec.name,
-        memory_bytes=spec.memory_bytes if memory_bytes is None else memory_bytes,
-        speed=1.0,
-        link_bandwidth_bytes_per_s=spec.link_bandwidth_bytes_per_s,
-        link_latency_s=spec.link_latency_s,
-    )
-
-
-def to_planner_cluster(
-    spec: str | DeviceSpec, count: int, memory_bytes: int | None = None
-) -> Cluster:
-    """``count`` identical devices of ``spec`` in pipeline order."""
-    if count < 1:
-        raise DeviceSpecError(f"device count must be >= 1, got {count}")
-    return Cluster([to_planner_device(spec, memory_bytes) for _ in range(count)])

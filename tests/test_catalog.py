@@ -17,8 +17,6 @@ from autopipe.profiler.catalog import (
     get_device,
     is_catalog_device,
     load_device_spec,
-    to_planner_cluster,
-    to_planner_device,
 )
 
 REQUIRED = [
@@ -180,15 +178,15 @@ def test_spec_file_missing_and_bad_json(tmp_path) -> None:
 
 
 def test_planner_device_and_cluster() -> None:
-    device = to_planner_device("a100-80gb")
+    device = Device.from_spec("a100-80gb")
     assert isinstance(device, Device)
     assert device.memory_bytes == 80 * 10**9
     assert device.link_bandwidth_bytes_per_s == 300e9
-    cluster = to_planner_cluster("h100-sxm", 8, memory_bytes=70 * 10**9)
+    cluster = Cluster.from_catalog("h100-sxm", 8, memory_bytes=70 * 10**9)
     assert isinstance(cluster, Cluster) and len(cluster) == 8
     assert all(d.memory_bytes == 70 * 10**9 for d in cluster.devices)
     with pytest.raises(DeviceSpecError, match="count must be >= 1"):
-        to_planner_cluster("a100", 0)
+        Cluster.from_catalog("a100", 0)
 
 
 def test_with_efficiency_validates() -> None:

@@ -564,10 +564,10 @@ def test_sys_exit_in_a_model_file_is_reported(
 
 
 def test_json_output_is_strict(tmp_path: Path) -> None:
-    from autopipe.cli import _emit_json
+    from autopipe.cli.common import emit_json
 
     target = tmp_path / "steps.json"
-    _emit_json({"steps": [{"loss": math.nan}, {"loss": math.inf}, {"loss": 1.5}]}, str(target))
+    emit_json({"steps": [{"loss": math.nan}, {"loss": math.inf}, {"loss": 1.5}]}, str(target))
     text = target.read_text()
     assert "NaN" not in text and "Infinity" not in text
     assert json.loads(text) == {"steps": [{"loss": None}, {"loss": None}, {"loss": 1.5}]}

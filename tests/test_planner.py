@@ -23,7 +23,6 @@ from autopipe.planner import (  # noqa: E402
     plan,
     scaling_report,
 )
-from autopipe.planner.assemble import gib as _gib  # noqa: E402
 from autopipe.planner.costs import CostModel  # noqa: E402
 from autopipe.planner.partition import brute_force_partition, dp_partition  # noqa: E402
 from autopipe.planner.probe import probe_partition  # noqa: E402
@@ -31,6 +30,8 @@ from autopipe.planner.simulate import gpipe_exact  # noqa: E402
 from autopipe.profiler.optimizer_state import OPTIMIZERS, optimizer_state_bytes  # noqa: E402
 from autopipe.profiler.profile import Profile, UnitProfile  # noqa: E402
 from planner_instances import cost_model, random_cluster, random_profile  # noqa: E402
+
+from autopipe.humanize import format_bytes  # noqa: E402
 
 SETTINGS = settings(
     max_examples=120, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow]
@@ -172,7 +173,7 @@ def test_infeasible_names_minimal_memory_and_it_is_tight() -> None:
     msg = str(info.value)
     need = info.value.min_memory_bytes
     assert "smallest memory per device that fits is" in msg and "\n" not in msg
-    assert _gib(need) in msg and "more GPUs" in msg and "checkpoint=" in msg
+    assert format_bytes(need, fixed=True) in msg and "more GPUs" in msg and "checkpoint=" in msg
     plan(profile, 3, memory_per_device=need, **kw)  # fits at the named memory
     with pytest.raises(PlanningError):
         plan(profile, 3, memory_per_device=int(need * (1 - 1e-5)), **kw)

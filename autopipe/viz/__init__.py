@@ -22,6 +22,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from autopipe.lazy import lazy_attributes
 from autopipe.planner.plan import Plan
 from autopipe.planner.timeline import Task, Timeline, TimelineFormatError, load_chrome_trace
 from autopipe.profiler.profile import Profile
@@ -72,20 +73,15 @@ def too_many_tasks(plan: Plan) -> str | None:
     )
 
 
-def __getattr__(name: str) -> Any:
-    # Plot functions import matplotlib; load them only when asked for.
-    lazy = {
-        "plot_timeline": "autopipe.viz.gantt",
-        "plot_bubble": "autopipe.viz.bubble",
-        "plot_balance": "autopipe.viz.balance",
-        "plot_scaling": "autopipe.viz.scaling",
-        "predicted_timeline": "autopipe.viz.predict",
-    }
-    if name not in lazy:
-        raise AttributeError(f"module 'autopipe.viz' has no attribute {name!r}")
-    import importlib
-
-    return getattr(importlib.import_module(lazy[name]), name)
+# Plot functions import matplotlib; load them only when asked for.
+_LAZY = {
+    "plot_timeline": "autopipe.viz.gantt",
+    "plot_bubble": "autopipe.viz.bubble",
+    "plot_balance": "autopipe.viz.balance",
+    "plot_scaling": "autopipe.viz.scaling",
+    "predicted_timeline": "autopipe.viz.predict",
+}
+__getattr__, __dir__ = lazy_attributes(__name__, _LAZY, globals())
 
 
 def collect_plot_data(

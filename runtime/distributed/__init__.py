@@ -15,8 +15,7 @@ Names resolve lazily: the torch-free parts (``layout``; ``choose_pipeline_data_p
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from autopipe.lazy import lazy_attributes
 
 _LAZY = {
     "DistributedPipeline": "autopipe.runtime.distributed.pipeline",
@@ -44,11 +43,4 @@ _LAZY = {
 __all__ = sorted(_LAZY)
 
 
-def __getattr__(name: str) -> Any:
-    try:
-        module = _LAZY[name]
-    except KeyError:
-        raise AttributeError(
-            f"module 'autopipe.runtime.distributed' has no attribute {name!r}"
-        ) from None
-    return getattr(importlib.import_module(module), name)
+__getattr__, __dir__ = lazy_attributes(__name__, _LAZY, globals())

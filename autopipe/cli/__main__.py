@@ -1,0 +1,5 @@
+"""``python -m autopipe.cli ...`` is the ``autopipe`` command."""
+
+from autopipe.cli import main
+
+raise SystemExit(main())

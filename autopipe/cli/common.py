@@ -1,0 +1,614 @@
+"""What every ``autopipe`` command shares: errors and exit codes, argument types, output,
+loaders for model files, profiles and plans, output-path checks and the shared flags.
+
+Command modules (``autopipe/cli/plan.py``, ``run.py``, ...) import this module and the library,
+never each other or the package's ``__init__`` (which dispatches to them): imports point one
+way. Exit codes: 0 success, 1 failure (e.g. no plan fits memory), 2 bad usage or bad input;
+``UsageError`` and ``Failure`` carry the one-line message ``main`` prints.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import os
+import sys
+import tempfile
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from autopipe.devices import DeviceTarget
+    from autopipe.modelfile import ModelFile
+    from autopipe.planner.plan import Plan
+    from autopipe.profiler.profile import Profile
+
+    Subparsers = argparse._SubParsersAction[argparse.ArgumentParser]
+    """What ``add_subparsers`` returns: each command module's ``register`` adds itself to it."""
+
+log = logging.getLogger("autopipe")
+
+EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
+
+
+class UsageError(Exception):
+    """Bad input from the user: exit 2."""
+
+
+class Failure(Exception):
+    """The input was fine but the work could not be done: exit 1."""
+
+
+# -- argument types ---------------------------------------------------------------------------
+
+
+def int_at_least(minimum: int, what: str) -> Callable[[str], int]:
+    """An argparse type: an integer >= ``minimum`` (``what`` names it in the error)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {value}")
+        return value
+
+    return parse
+
+
+positive_int = int_at_least(1, "a positive integer")
+nonnegative_int = int_at_least(0, "an integer >= 0")
+
+
+def positive_float(what: str) -> Callable[[str], float]:
+    """An argparse type: a finite number > 0 (``what`` names it, with its unit, in the error):
+    0, negatives, ``nan`` and ``inf`` are refused with one line, not a traceback later."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+        if not (math.isfinite(value) and value > 0):
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
+        return value
+
+    return parse
+
+
+def microbatches(text: str) -> int | str:
+    """An argparse type: ``auto`` or a positive integer (``--microbatches``, ``--data-parallel``)."""
+    return "auto" if text == "auto" else positive_int(text)
+
+
+def unit_patterns(text: str) -> list[str]:
+    """An argparse type: comma-separated fnmatch patterns over module paths (``--units``)."""
+    patterns = [p.strip() for p in text.split(",") if p.strip()]
+    if not patterns:
+        raise argparse.ArgumentTypeError("expected module-path patterns, e.g. 'model.layers.*'")
+    return patterns
+
+
+def byte_size(text: str) -> int:
+    """An argparse type: a size in bytes, ``80GiB``, ``40GB``, ``16e9`` (``--memory``; also
+    bytes per second for ``--allreduce-bandwidth``)."""
+    from autopipe.humanize import parse_bytes
+
+    try:
+        return parse_bytes(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def image_formats(text: str) -> tuple[str, ...]:
+    """An argparse type: ``png``, ``svg`` or ``png,svg`` (``--format`` of plot and bench)."""
+    formats = tuple(f.strip().lower() for f in text.split(",") if f.strip())
+    bad = [f for f in formats if f not in ("png", "svg")]
+    if bad or not formats:
+        raise argparse.ArgumentTypeError(f"formats must be png and/or svg, got {text!r}")
+    return formats
+
+
+# -- output -----------------------------------------------------------------------------------
+
+
+def strict_json(obj: Any) -> Any:
+    """``obj`` with NaN and infinities as null: bare ``NaN`` is not JSON (jq, JavaScript and
+    most parsers reject it)."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: strict_json(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [strict_json(v) for v in obj]
+    return obj
+
+
+def emit_json(obj: Any, target: str | None) -> None:
+    """``--json`` alone writes to stdout; ``--json PATH`` writes a file atomically. Either
+    way strict JSON: non-finite numbers become null."""
+    if target is None:
+        return
+    obj = strict_json(obj)
+    if target == "-":
+        sys.stdout.write(json.dumps(obj, indent=2, allow_nan=False) + "\n")
+        return
+    from autopipe.profiler.profile import atomic_write_json
+
+    atomic_write_json(Path(target), obj, strict=True)
+
+
+_line_prefix = ""
+"""Put before every line the CLI prints (``autopipe run`` sets ``[rank N] ``)."""
+
+
+def set_line_prefix(prefix: str) -> None:
+    """Start every line of output, warning, log record and error with ``prefix`` from now on
+    (each rank of ``autopipe run`` names itself, so interleaved output stays readable)."""
+    global _line_prefix
+    _line_prefix = prefix
+    for handler in logging.getLogger().handlers:
+        handler.setFormatter(logging.Formatter(prefix.replace("%", "%%") + "%(message)s"))
+
+
+def line_prefix() -> str:
+    """What every line the CLI prints starts with now (empty unless ``set_line_prefix``)."""
+    return _line_prefix
+
+
+def prefixed(text: str) -> str:
+    """``text`` with the line prefix before each of its lines."""
+    return "\n".join(_line_prefix + line for line in text.split("\n")) if _line_prefix else text
+
+
+def say(args: argparse.Namespace, text: str) -> None:
+    """Human output: suppressed by -q and when --json goes to stdout."""
+    if args.quiet or getattr(args, "json", None) == "-":
+        return
+    print(prefixed(text))
+
+
+# -- loaders ----------------------------------------------------------------------------------
+
+
+def load_plan_file(path: str) -> Plan:
+    """The Plan saved at ``path``; a missing or malformed file is a UsageError."""
+    from autopipe.planner.plan import PlanFormatError, load_plan
+
+    if not Path(path).is_file():
+        raise UsageError(f"plan file not found: {path} (write one with `autopipe plan --json`)")
+    try:
+        return load_plan(path)
+    except PlanFormatError as exc:
+        raise UsageError(str(exc)) from exc
+    except UnicodeDecodeError:
+        raise UsageError(f"{path}: not a JSON text file") from None
+
+
+def load_profile_file(path: str) -> Profile:
+    """The Profile saved at ``path``; a missing or malformed file is a UsageError."""
+    from autopipe.profiler.profile import Profile, ProfileFormatError
+
+    if not Path(path).is_file():
+        raise UsageError(f"profile file not found: {path}")
+    try:
+        return Profile.load(path)
+    except ProfileFormatError as exc:
+        raise UsageError(str(exc)) from exc
+    except UnicodeDecodeError:
+        raise UsageError(f"{path}: not a JSON text file") from None
+
+
+def load_model_arg(spec: str) -> ModelFile:
+    """The ``MODEL.py[:FACTORY]`` argument as a ModelFile; a bad one is a UsageError."""
+    from autopipe.modelfile import ModelFileError, load_model_file
+
+    try:
+        return load_model_file(spec)
+    except ModelFileError as exc:
+        raise UsageError(str(exc)) from exc
+
+
+# -- checks before any work -------------------------------------------------------------------
+
+
+def check_output_path(
+    path: str | None,
+    flag: str,
+    *,
+    directory: bool = False,
+    inputs: Sequence[str | None] = (),
+) -> None:
+    """Refuse an output path that cannot be written, before any work is done (exit 2).
+
+    ``directory``: ``path`` is a folder to write into; otherwise a file. Either way the
+    nearest existing folder must take a new file (tried, not guessed from permission bits:
+    root, read-only mounts and ACLs all decide), and missing folders are created on write.
+    ``inputs``: files the command reads (a ``MODEL.py:FACTORY`` spec counts as its file);
+    writing over one of them would destroy it.
+    """
+    if path is None or path == "-":
+        return
+    out = Path(path)
+    if out.exists() and out.is_dir() != directory:
+        kind = "a file" if directory else "a directory"
+        raise UsageError(f"{flag} {path} is {kind}; give a {'directory' if directory else 'file'}")
+    if not directory and out.exists():
+        for given in inputs:
+            source = _input_file(given)
+            if source is not None and os.path.samefile(source, out):
+                raise UsageError(
+                    f"{flag} {path} is the input {given}; writing there would destroy it: "
+                    "give another path"
+                )
+    folder = out if directory and out.exists() else out.parent
+    while not folder.exists():
+        folder = folder.parent
+    if not folder.is_dir():
+        raise UsageError(f"{flag} {path}: {folder} is a file, not a directory")
+    try:
+        fd, probe = tempfile.mkstemp(dir=folder, prefix=".autopipe-write-check-")
+    except OSError as exc:
+        raise UsageError(
+            f"{flag} {path}: cannot write in {folder} ({exc.strerror or exc}); give a writable path"
+        ) from None
+    os.close(fd)
+    os.unlink(probe)
+
+
+def _input_file(given: str | None) -> Path | None:
+    """The file behind an input argument (``MODEL.py[:FACTORY]`` or a path), if it exists."""
+    if not given:
+        return None
+    for candidate in (given, given.rpartition(":")[0]):
+        if candidate and Path(candidate).is_file():
+            return Path(candidate)
+    return None
+
+
+def check_distinct_outputs(*outputs: tuple[str | None, str]) -> None:
+    """Refuse two output flags naming one file (``(path, flag)`` pairs): the second write
+    would silently replace the first."""
+    seen: dict[str, str] = {}
+    for path, flag in outputs:
+        if path is None or path == "-":
+            continue
+        key = os.path.realpath(path)
+        if key in seen:
+            raise UsageError(f"{seen[key]} and {flag} both write {path}; give two paths")
+        seen[key] = flag
+
+
+def check_local_device(name: str, flag: str) -> None:
+    """``name`` is a torch device this machine has (cpu, an existing cuda:i, ...): exit 2 if not."""
+    import torch
+
+    try:
+        device = torch.device(name)
+    except (RuntimeError, ValueError):
+        raise UsageError(f"{flag}: {name!r} is not a torch device (e.g. cpu, cuda:0)") from None
+    if device.type == "meta":
+        raise UsageError(f"{flag}: the meta device holds no data; nothing can run on it")
+    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
+        raise UsageError(
+            f"{flag}: {name} is not here: this machine has "
+            f"{torch.cuda.device_count()} CUDA device(s)"
+        )
+
+
+def refuse_too_many_tasks(plan: Plan) -> None:
+    """A plan with more tasks than a timeline can show is refused by plot and bench (exit 2)."""
+    from autopipe.viz import too_many_tasks
+
+    reason = too_many_tasks(plan)
+    if reason is not None:
+        raise UsageError(reason)
+
+
+# -- devices and profiles from the flags ------------------------------------------------------
+
+
+def device_list_counts(device: str | None) -> list[tuple[str, int]] | None:
+    """``--device``'s ``NAME:COUNT,...`` entries (None for one device or none), checked for
+    form only: cheap enough to run before any profiling. A malformed list is a UsageError."""
+    from autopipe.devices import device_counts
+    from autopipe.profiler.catalog import DeviceListError
+
+    try:
+        return device_counts(device)
+    except DeviceListError as exc:
+        raise UsageError(f"--device {exc}") from exc
+
+
+def resolve_device_flags(args: argparse.Namespace) -> DeviceTarget:
+    """What ``--device`` / ``--device-spec`` ask for (``autopipe.devices.resolve_devices``); a
+    local device must exist here. Unknown names and bad spec files are UsageErrors."""
+    from autopipe.devices import resolve_devices
+    from autopipe.profiler.catalog import DeviceListError
+
+    device = getattr(args, "device", None)
+    try:
+        target = resolve_devices(device, getattr(args, "device_spec", None))
+    except DeviceListError as exc:
+        raise UsageError(f"--device {exc}") from exc
+    except (OSError, ValueError) as exc:
+        raise UsageError(str(exc)) from exc
+    if target.measure_on is not None:
+        check_local_device(target.measure_on, "--device")
+    return target
+
+
+def load_profile_or_model(args: argparse.Namespace) -> tuple[Profile, DeviceTarget | None]:
+    """The Profile ``args.model`` names: a saved profile JSON, or a model file profiled now;
+    with the devices the flags asked for when profiling now (None for a saved profile, which
+    says itself what it was measured or counted on)."""
+    if not args.model.endswith(".json"):
+        return profile_model_file(args)
+    profile = load_profile_file(args.model)
+    # Flags that shape profiling would be silently ignored for a saved profile: refuse them.
+    ignored = [
+        flag
+        for flag, value in (
+            ("--device-spec", args.device_spec),
+            ("--dtype", args.dtype),
+            ("--granularity", args.granularity),
+            ("--units", args.units),
+            ("--no-cache", args.no_cache),
+            ("--meta-init", args.meta_init),
+            ("--no-share", args.no_share),
+        )
+        if value
+    ]
+    single = args.device if args.device and not device_list_counts(args.device) else None
+    if single and not _profiled_on(profile, single):
+        ignored.insert(0, f"--device {single}")
+    if ignored:
+        raise UsageError(
+            f"{', '.join(ignored)} {'applies' if len(ignored) == 1 else 'apply'} only when "
+            f"profiling a model file; {args.model} was profiled on {profile.device} "
+            f"({profile.mode}): profile MODEL.py with {'it' if len(ignored) == 1 else 'them'}"
+        )
+    return profile, None
+
+
+def _profiled_on(profile: Profile, device: str) -> bool:
+    """Whether ``--device device`` names the device ``profile`` was measured or counted on."""
+    if profile.mode != "analytic":
+        return device == profile.device
+    from autopipe.profiler.catalog import get_device
+
+    try:
+        return get_device(device).name == profile.device
+    except ValueError:
+        return False
+
+
+MODEL_ERRORS = (RuntimeError, ValueError, TypeError, IndexError, KeyError)
+"""What a model's own code raises on inputs it cannot take (wrong shapes or dtypes)."""
+
+
+def profile_model_file(args: argparse.Namespace) -> tuple[Profile, DeviceTarget]:
+    """Profile the model file ``args.model`` as the flags say: counted for a catalog device
+    or spec (``--device NAME``, ``--device-spec FILE``), else measured on a local device
+    (unit by unit from meta with ``--meta-init`` or when it would not fit). Returns the
+    profile and the devices the flags resolved to."""
+    from autopipe.modelfile import ModelFileError
+    from autopipe.profiler.analytic import AnalyticProfileError
+    from autopipe.profiler.catalog import DeviceSpecError
+    from autopipe.profiler.measure import ProfilingError
+    from autopipe.profiler.trace import TraceError
+    from autopipe.profiler.units import UnitPatternError
+
+    mf = load_model_arg(args.model)
+    batch_size = args.batch_size or mf.default_batch_size()
+    progress = not args.quiet
+    target = resolve_device_flags(args)
+    try:
+        if target.counted_on is not None:
+            model = mf.build(device="meta")
+            inputs = mf.inputs(batch_size)
+            from autopipe.profiler.analytic import profile_analytic
+
+            if args.meta_init:
+                raise UsageError(
+                    "--meta-init measures unit by unit; with --device NAME nothing is measured "
+                    "(the model is counted on meta anyway): drop one of them"
+                )
+            try:
+                profile = profile_analytic(
+                    model,
+                    inputs,
+                    target.counted_on,
+                    dtype=args.dtype or "bfloat16",
+                    granularity=args.granularity or "block",
+                    loss_fn=mf.loss_fn,
+                    progress=not args.quiet,
+                    optimizer=args.optimizer or "auto",
+                    bytes_per_parameter=args.bytes_per_parameter,
+                    share=not args.no_share,
+                    units=args.units,
+                )
+            except (AnalyticProfileError, DeviceSpecError) as exc:
+                raise UsageError(str(exc)) from exc
+        else:
+            meta_init = args.meta_init or too_big_to_build(mf, target.measure_on)
+            model = mf.build(device="meta" if meta_init else None)
+            inputs = mf.inputs(batch_size)
+            from autopipe.profiler.measure import profile as measure_profile
+
+            profile = measure_profile(
+                model,
+                inputs,
+                device=target.measure_on,
+                granularity=args.granularity or "block",
+                loss_fn=mf.loss_fn,
+                progress=progress,
+                cache=not args.no_cache and not meta_init,
+                optimizer=args.optimizer or "auto",
+                bytes_per_parameter=args.bytes_per_parameter,
+                meta_init=meta_init,
+                share=not args.no_share,
+                units=args.units,
+            )
+    except (
+        ModelFileError,
+        AnalyticProfileError,
+        DeviceSpecError,
+        TraceError,
+        ProfilingError,
+        UnitPatternError,
+    ) as exc:
+        raise UsageError(str(exc)) from exc
+    except MODEL_ERRORS as exc:
+        raise model_failed(mf, batch_size, exc) from exc
+    profile.model = mf.label
+    return profile, target
+
+
+def model_failed(mf: ModelFile, batch_size: int | None, exc: BaseException) -> UsageError:
+    """The UsageError for a model that failed on its example inputs: bad input, whichever
+    command ran it (profile, plan, bench), not an autopipe failure. Out of memory is no bad
+    input: it is re-raised (exit 1)."""
+    import torch
+
+    if isinstance(exc, torch.OutOfMemoryError):
+        raise exc
+    return UsageError(
+        f"{mf.label}: the model failed on example_inputs({batch_size or ''}): "
+        f"{type(exc).__name__}: {exc}"
+    )
+
+
+def available_memory_bytes(device: str | None) -> int | None:
+    """Free memory of the profiling device in bytes: ``torch.cuda.mem_get_info`` on CUDA,
+    else the host's ``MemAvailable`` (Linux); None when unknown."""
+    import torch
+
+    dev = torch.device(device or "cpu")
+    if dev.type == "cuda":
+        return int(torch.cuda.mem_get_info(dev)[0])
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def too_big_to_build(mf: ModelFile, device: str | None) -> bool:
+    """Whether the model's parameters and their gradients would not fit in the profiling
+    device's free memory, so it must be measured unit by unit from the meta device (what
+    ``--meta-init`` asks for). Builds the model on meta to count its bytes: O(parameters)."""
+    try:
+        model = mf.build(device="meta")
+    except Exception:  # a factory that cannot run on meta is built for real
+        return False
+    state = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
+    free = available_memory_bytes(device)
+    if free is None or 2 * state <= free:
+        return False
+    from autopipe.humanize import format_bytes
+
+    log.info(
+        "%s holds %s of parameters and buffers; with gradients that is more than the %s free "
+        "on %s, so it is built on meta and measured one unit at a time (--meta-init)",
+        mf.label,
+        format_bytes(state),
+        format_bytes(free),
+        device or "cpu",
+    )
+    return True
+
+
+# -- flags several commands take --------------------------------------------------------------
+
+
+def add_common_flags(p: argparse.ArgumentParser) -> None:
+    """``-q``/``--quiet`` and ``-v``/``--verbose``, which every command takes."""
+    p.add_argument("-q", "--quiet", action="store_true", help="print only errors")
+    p.add_argument(
+        "-v", "--verbose", action="store_true", help="debug logging, tracebacks on errors"
+    )
+
+
+def json_option(p: argparse.ArgumentParser, help_text: str) -> None:
+    """``--json`` alone: JSON on stdout (human output off); ``--json PATH``: a file."""
+    p.add_argument("--json", nargs="?", const="-", metavar="PATH", help=help_text)
+
+
+def model_and_plan_args(p: argparse.ArgumentParser) -> None:
+    """``MODEL.py[:FACTORY] --plan PLAN.json``: what the commands that run a plan take."""
+    p.add_argument("model", help="MODEL.py[:FACTORY] the plan was made for")
+    p.add_argument(
+        "--plan", required=True, metavar="PLAN.json", help="written by `autopipe plan --json`"
+    )
+
+
+def model_options(p: argparse.ArgumentParser) -> None:
+    """The flags that say how to profile a model file (``plan`` and ``profile``)."""
+    p.add_argument(
+        "--batch-size",
+        type=positive_int,
+        help="mini-batch size B (default: example_inputs' default)",
+    )
+    p.add_argument(
+        "--device",
+        help="measure on 'cpu'/'cuda[:i]' (default: cpu), or plan for a catalog GPU analytically (see `autopipe devices`)",
+    )
+    p.add_argument(
+        "--device-spec",
+        metavar="FILE",
+        help="your own device spec (YAML or JSON) for analytic costs",
+    )
+    p.add_argument("--dtype", help="analytic dtype (default bfloat16)")
+    p.add_argument(
+        "--granularity",
+        choices=["block", "module", "node"],
+        help="what a unit is (default: block)",
+    )
+    p.add_argument(
+        "--units",
+        type=unit_patterns,
+        metavar="PATTERNS",
+        help="name the units yourself: comma-separated fnmatch patterns over module paths, "
+        "e.g. 'model.layers.*' (every match is a unit, and so is every module beside them)",
+    )
+    p.add_argument(
+        "--no-cache", action="store_true", help="re-measure even if a cached profile matches"
+    )
+    from autopipe.profiler.optimizer_state import CLI_OPTIMIZERS
+
+    p.add_argument(
+        "--optimizer",
+        choices=CLI_OPTIMIZERS,
+        help="training state per parameter: weights, gradients and this optimizer's state "
+        "(default: mixed-adam for 16-bit parameters, 16 B; adam for fp32, 16 B)",
+    )
+    p.add_argument(
+        "--bytes-per-parameter",
+        type=positive_float("a positive number of bytes"),
+        metavar="BYTES",
+        help="training-state bytes per parameter (weights + gradients + optimizer state), "
+        "overriding --optimizer",
+    )
+    p.add_argument(
+        "--no-share",
+        action="store_true",
+        help="measure (or count) every unit, even identical ones (slower and, measured, "
+        "noisier: for comparison)",
+    )
+    p.add_argument(
+        "--meta-init",
+        action="store_true",
+        help="build the model on the meta device and measure it one unit at a time, "
+        "materializing only that unit's weights (for models larger than the device; "
+        "automatic when parameters and gradients would not fit)",
+    )

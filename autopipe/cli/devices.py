@@ -1,0 +1,34 @@
+"""``autopipe devices``: the built-in device catalog for analytic planning."""
+
+from __future__ import annotations
+
+import argparse
+
+from autopipe.cli import common
+
+
+def register(sub: common.Subparsers) -> None:
+    """Add ``autopipe devices [--json]`` to the CLI's subparsers."""
+    p = sub.add_parser(
+        "devices",
+        help="list the built-in device catalog",
+        epilog="example: autopipe devices --json",
+    )
+    p.add_argument("--json", action="store_true", help="machine-readable output on stdout")
+    common.add_common_flags(p)
+    p.set_defaults(func=cmd_devices)
+
+
+def cmd_devices(args: argparse.Namespace) -> int:
+    from autopipe.profiler.catalog import CATALOG
+
+    rows = list(CATALOG.values())
+    if args.json:
+        import dataclasses
+
+        common.emit_json([dataclasses.asdict(s) for s in rows], "-")
+        return common.EXIT_OK
+    from autopipe.profiler.catalog import format_catalog
+
+    common.say(args, format_catalog(rows))
+    return common.EXIT_OK

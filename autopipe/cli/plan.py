@@ -1,0 +1,236 @@
+"""``autopipe plan``: profile a model (or read a profile) and print the best pipeline plan."""
+
+from __future__ import annotations
+
+import argparse
+import warnings
+from typing import TYPE_CHECKING, Any
+
+from autopipe.cli import common
+
+if TYPE_CHECKING:
+    from autopipe.devices import DeviceTarget
+    from autopipe.planner.cluster import Cluster
+    from autopipe.planner.plan import Plan
+    from autopipe.profiler.profile import Profile
+
+EPILOG = (
+    "examples:\n  autopipe plan examples/gpt.py --gpus 8 --json plan.json\n"
+    "  autopipe plan examples/gpt.py:gpt_6b --gpus 8 --device a100-80gb\n"
+    "  autopipe plan profile.json --gpus 4 --memory 16GiB\n"
+    "  autopipe plan examples/gpt.py:gpt_6b --gpus 8 --device a100-80gb:4,v100-32gb:4 --dtype float16"
+)
+
+NEED_BANDWIDTH = (
+    "--data-parallel needs the gradient all-reduce bandwidth: pass --allreduce-bandwidth "
+    "(bytes/s, e.g. 100GB) or plan for a catalog --device"
+)
+
+
+def register(sub: common.Subparsers) -> None:
+    """Add ``autopipe plan MODEL.py|PROFILE.json --gpus K ...`` to the CLI's subparsers."""
+    p = sub.add_parser(
+        "plan",
+        help="profile a model (or read a profile) and print the best pipeline plan",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Cut a model into K pipeline stages, choose micro-batches and re-materialization.",
+        epilog=EPILOG,
+    )
+    p.add_argument("model", help="MODEL.py[:FACTORY] or a saved PROFILE.json")
+    p.add_argument(
+        "--gpus", type=common.positive_int, required=True, help="number of pipeline stages K"
+    )
+    p.add_argument(
+        "--microbatches", type=common.microbatches, default="auto", help="M, or 'auto' (default)"
+    )
+    p.add_argument(
+        "--memory",
+        type=common.byte_size,
+        help="memory per device, e.g. 80GiB (default: unlimited, or the catalog device's)",
+    )
+    p.add_argument(
+        "--checkpoint",
+        choices=["never", "auto", "always", "except_last"],
+        default="auto",
+        help="re-materialization (default: auto, only where memory needs it)",
+    )
+    p.add_argument("--schedule", choices=["gpipe", "1f1b", "auto"], default="gpipe")
+    p.add_argument(
+        "--strategy", choices=["dp", "ilp", "uniform", "parameters", "greedy-time"], default="dp"
+    )
+    common.json_option(p, "write the plan as JSON to PATH (stdout if no PATH)")
+    p.add_argument(
+        "--plot", metavar="DIR", help="write the timeline, bubble, balance and scaling plots to DIR"
+    )
+    p.add_argument("--save-profile", metavar="PATH", help="also save the profile as JSON")
+    p.add_argument(
+        "--data-parallel",
+        metavar="auto|D",
+        type=common.microbatches,
+        help="use --gpus devices as K stages x D data-parallel replicas; 'auto' picks D",
+    )
+    p.add_argument(
+        "--allreduce-bandwidth",
+        type=common.byte_size,
+        metavar="BYTES_PER_S",
+        help="gradient all-reduce bandwidth per device for --data-parallel, e.g. 100GB "
+        "(default: the catalog device's link)",
+    )
+    p.add_argument(
+        "--scaling",
+        action="store_true",
+        help="also plan K = 1..--gpus and print throughput and memory per K (and the fewest GPUs that fit)",
+    )
+    common.model_options(p)
+    common.add_common_flags(p)
+    p.set_defaults(func=cmd_plan)
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    common.check_output_path(args.json, "--json", inputs=[args.model])
+    common.check_output_path(args.save_profile, "--save-profile", inputs=[args.model])
+    common.check_output_path(args.plot, "--plot", directory=True)
+    common.check_distinct_outputs((args.json, "--json"), (args.save_profile, "--save-profile"))
+    listed = sum(n for _, n in common.device_list_counts(args.device) or [])
+    if listed and listed != args.gpus:
+        raise common.UsageError(
+            f"--device {args.device} lists {listed} devices but --gpus is {args.gpus}"
+        )
+    if (
+        args.data_parallel
+        and args.allreduce_bandwidth is None
+        and not (args.device or args.device_spec or args.model.endswith(".json"))
+    ):
+        raise common.UsageError(NEED_BANDWIDTH)  # say so before spending time profiling
+    if isinstance(args.data_parallel, int) and args.gpus % args.data_parallel:
+        raise common.UsageError(
+            f"--data-parallel {args.data_parallel} does not divide --gpus {args.gpus}: the "
+            "GPUs are K stages x D replicas; give a divisor of --gpus or auto"
+        )
+    profile, target = common.load_profile_or_model(args)
+    from autopipe.planner import PlanningError, plan
+
+    if args.gpus > len(profile.units) and not args.data_parallel:
+        raise common.UsageError(
+            f"--gpus {args.gpus} is more than the model's {len(profile.units)} units; use at most "
+            f"{len(profile.units)} or a finer --granularity (module or node)"
+        )
+    batch = args.batch_size or profile.batch_size
+    m = args.microbatches
+    if isinstance(m, int) and batch % m:  # bad input (the planner would call it a failure)
+        from autopipe.planner.search import divisor_hint
+
+        raise common.UsageError(
+            f"--microbatches {m} does not divide the batch size {batch}; " + divisor_hint(batch, m)
+        )
+    if args.save_profile:
+        profile.save(args.save_profile)
+    cluster = _cluster(profile, args, target)
+    # With a cluster, its devices give K and the memory (--memory already folded in).
+    gpus, memory = (None, None) if cluster is not None else (args.gpus, args.memory)
+    options = {
+        "batch_size": args.batch_size,
+        "microbatches": args.microbatches,
+        "schedule": args.schedule,
+        "checkpoint": args.checkpoint,
+        "strategy": args.strategy,
+        "optimizer": args.optimizer or "auto",
+        "bytes_per_parameter": args.bytes_per_parameter,
+    }
+    try:
+        if args.data_parallel:
+            result = _plan_data_parallel(profile, args, cluster, memory, options)
+        else:
+            result = plan(profile, gpus=gpus, memory_per_device=memory, cluster=cluster, **options)
+    except PlanningError as exc:
+        raise common.Failure(str(exc)) from exc
+    except ValueError as exc:
+        raise common.UsageError(str(exc)) from exc
+    from autopipe.report import format_plan, format_scaling
+
+    common.say(args, format_plan(result))
+    if args.scaling:
+        from autopipe.planner import scaling_report
+
+        rows = scaling_report(
+            profile,
+            args.gpus,
+            device=cluster.devices[0] if cluster is not None else None,
+            memory_per_device=memory,
+            batch_size=args.batch_size,
+            microbatches=args.microbatches,
+            schedule=args.schedule,
+            checkpoint=args.checkpoint,
+            optimizer=args.optimizer or "auto",
+            bytes_per_parameter=args.bytes_per_parameter,
+        )
+        result.meta["scaling"] = rows
+        common.say(args, "\n" + format_scaling(rows))
+    if args.plot:
+        from autopipe.viz import VIZ_META_KEY, collect_plot_data, plot_all, too_many_tasks
+
+        too_many = too_many_tasks(result)
+        if too_many is not None:  # the plan itself is fine: keep it, skip only the plots
+            warnings.warn(f"--plot skipped: {too_many}", stacklevel=1)
+        else:
+            data = collect_plot_data(result, profile)
+            paths = plot_all(result, args.plot, plot_data=data, progress=not args.quiet)
+            # Kept in the plan written below, so `autopipe plot PLAN.json` redraws all four.
+            result.meta[VIZ_META_KEY] = data
+            common.say(args, "plots: " + ", ".join(str(p) for p in paths))
+    # The profile travels with the plan: `autopipe plot` and tools can re-plan from it.
+    result.meta.setdefault("profile", profile.to_dict())
+    common.emit_json(result.to_dict(), args.json)
+    if args.json and args.json != "-":
+        common.say(args, f"plan written to {args.json}")
+    return common.EXIT_OK
+
+
+def _cluster(
+    profile: Profile, args: argparse.Namespace, target: DeviceTarget | None
+) -> Cluster | None:
+    """The devices to plan for (``autopipe.devices.cluster_for``): a ``--device`` list, the
+    catalog device an analytic profile was counted on, or None for a measured profile."""
+    from autopipe.devices import cluster_for
+
+    if target is None and common.device_list_counts(args.device):
+        target = common.resolve_device_flags(args)  # a saved profile planned for a list
+    try:
+        return cluster_for(profile, args.gpus, target, memory_bytes=args.memory)
+    except ValueError as exc:  # a list the profile cannot be priced for
+        raise common.UsageError(str(exc)) from exc
+
+
+def _plan_data_parallel(
+    profile: Profile,
+    args: argparse.Namespace,
+    cluster: Cluster | None,
+    memory: int | None,
+    options: dict[str, Any],
+) -> Plan:
+    """``--data-parallel auto|D``: ``--gpus`` devices as K stages x D replicas."""
+    from autopipe.planner import plan_data_parallel
+
+    if common.device_list_counts(args.device):
+        raise common.UsageError(
+            "--data-parallel needs one kind of device; drop the NAME:COUNT list"
+        )
+    device = cluster.devices[0] if cluster is not None else None
+    bandwidth = args.allreduce_bandwidth
+    if (
+        bandwidth is None
+        and device is not None
+        and device.link_bandwidth_bytes_per_s < float("inf")
+    ):
+        bandwidth = device.link_bandwidth_bytes_per_s
+    if bandwidth is None:
+        raise common.UsageError(NEED_BANDWIDTH)
+    return plan_data_parallel(
+        profile,
+        args.gpus,
+        replicas=args.data_parallel,
+        allreduce_bandwidth_bytes_per_s=bandwidth,
+        device=device,
+        memory_per_device=memory,
+        **options,
+    )

@@ -1,0 +1,264 @@
+"""``autopipe run``: train a few steps of a plan on torch.distributed, launched by torchrun.
+
+Every rank loads the model file and the plan, builds only its own stage and runs the plan's
+schedule; the last stage prints loss and step time. ``python -m autopipe run ...`` and the
+older ``python -m autopipe.cli_run run ...`` are ``autopipe run ...``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from autopipe.cli import common
+
+if TYPE_CHECKING:
+    from autopipe.modelfile import ModelFile
+    from autopipe.planner.plan import Plan
+
+EPILOG = """\
+examples (K = the plan's stages; K x D processes give D data-parallel replicas):
+  autopipe plan examples/gpt.py --gpus 2 --json plan.json
+  torchrun --nproc-per-node 2 -m autopipe run examples/gpt.py --plan plan.json --steps 5
+  # two nodes, 4 GPUs each, a K = 8 plan; run on every node:
+  torchrun --nnodes 2 --nproc-per-node 4 --rdzv-backend c10d \\
+      --rdzv-endpoint HOST0:29500 --rdzv-id job1 \\
+      -m autopipe run examples/gpt.py --plan plan.json --steps 100
+  (or: torchrun ... $(which autopipe) run ...)
+"""
+
+
+def register(sub: common.Subparsers) -> None:
+    """Add ``autopipe run MODEL.py --plan PLAN.json [--steps N]`` to the CLI's subparsers."""
+    p = sub.add_parser(
+        "run",
+        help="train a plan for a few steps on torch.distributed (launch under torchrun)",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=(
+            "Run a plan with torch.distributed.pipelining on K x D processes started by "
+            "torchrun (gloo on CPU, NCCL on GPUs): each rank builds only its stage."
+        ),
+        epilog=EPILOG,
+    )
+    common.model_and_plan_args(p)
+    p.add_argument(
+        "--steps", type=common.positive_int, default=5, help="training steps (default 5)"
+    )
+    p.add_argument(
+        "--lr",
+        type=common.positive_float("a learning rate > 0"),
+        default=1e-3,
+        help="learning rate of the optimizer the plan was made for (the plan's optimizer: "
+        "sgd, sgd-momentum, or AdamW for the adam family) (default 1e-3)",
+    )
+    p.add_argument(
+        "--save",
+        metavar="DIR",
+        help="after training, save the weights as a torch.distributed.checkpoint in DIR "
+        "(every rank writes its stage under the model's own parameter names)",
+    )
+    p.add_argument(
+        "--init",
+        choices=["replicate", "meta"],
+        default="replicate",
+        help="replicate: every rank builds the whole model with the factory's seed and keeps "
+        "its stage (exact weights); meta: build on the meta device and initialise only this "
+        "stage with reset_parameters() (low memory, default init) (default: replicate)",
+    )
+    p.add_argument(
+        "--state-dict",
+        metavar="PATH",
+        help="load weights from a torch.save(model.state_dict()) file; implies a meta build",
+    )
+    p.add_argument(
+        "--timeout",
+        type=common.positive_float("a timeout in seconds > 0"),
+        default=300.0,
+        metavar="SECONDS",
+        help="process-group timeout: a dead or stuck rank ends the run with an error after "
+        "this long (default 300)",
+    )
+    p.add_argument("--threads", type=common.positive_int, help="torch threads per process")
+    p.add_argument(
+        "--allow-nonfinite",
+        action="store_true",
+        help="keep training when the loss is NaN or infinite (default: every rank stops with "
+        "an error naming the step, before the optimizer step)",
+    )
+    common.json_option(
+        p, "write per-step losses and times (last stage) to PATH (stdout if no PATH)"
+    )
+    common.add_common_flags(p)
+    p.set_defaults(func=cmd_run)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from autopipe.runtime.distributed.process import LaunchError, init_distributed
+
+    if os.environ.get("RANK", "").isdigit():
+        # torchrun interleaves every rank's output: each line says whose it is.
+        common.set_line_prefix(f"[rank {os.environ['RANK']}] ")
+    common.check_output_path(args.json, "--json", inputs=[args.model, args.plan, args.state_dict])
+    common.check_output_path(
+        args.save, "--save", directory=True, inputs=[args.model, args.plan, args.state_dict]
+    )
+    plan = common.load_plan_file(args.plan)
+    mf = common.load_model_arg(args.model)
+
+    import torch
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    try:
+        import torch.distributed as dist
+
+        # A process group the caller made (a script running several plans) stays theirs.
+        args._owns_group = not dist.is_initialized()
+        rank, world = init_distributed(timeout_s=args.timeout)
+    except LaunchError as exc:
+        raise common.UsageError(str(exc)) from exc
+    except Exception as exc:  # rendezvous failure or timeout
+        raise common.Failure(
+            f"could not join the process group within {args.timeout:g} s: {exc}"
+        ) from exc
+    from autopipe.runtime.distributed.layout import PlanWorldSizeError, rank_layout
+
+    try:
+        rank_layout(rank, world, plan.num_stages, plan.replicas)
+    except PlanWorldSizeError as exc:
+        # Every rank finds the same mismatch: meet at a barrier so all of them report it
+        # before the first exit makes torchrun stop the others.
+        _barrier_quietly()
+        raise common.UsageError(str(exc)) from exc
+    return _train(args, plan, mf, rank, world)
+
+
+def _barrier_quietly() -> None:
+    import torch.distributed as dist
+
+    try:
+        dist.barrier()
+    except Exception:  # a peer is gone: report our own error anyway
+        pass
+
+
+def _train(args: argparse.Namespace, plan: Plan, mf: ModelFile, rank: int, world: int) -> int:
+    import torch
+    import torch.distributed as dist
+
+    from autopipe.modelfile import ModelFileError
+    from autopipe.runtime.distributed.agree import nonfinite_loss
+    from autopipe.runtime.distributed.layout import PlanWorldSizeError
+    from autopipe.runtime.distributed.pipeline import DistributedPipeline, PipelineRankError
+    from autopipe.runtime.distributed.process import shutdown
+    from autopipe.runtime.distributed.stages import StageSplitError
+
+    state_dict = None
+    if args.state_dict:
+        if not Path(args.state_dict).is_file():
+            raise common.UsageError(f"state_dict file not found: {args.state_dict}")
+        state_dict = torch.load(args.state_dict, map_location="cpu", mmap=True, weights_only=True)
+    meta = args.init == "meta" or state_dict is not None
+    try:
+        model = mf.build(device="meta" if meta else None)
+        replicas = world // plan.num_stages if world % plan.num_stages == 0 else 1
+        inputs = mf.inputs(plan.batch_size * replicas)
+        pipe = DistributedPipeline(model, plan, inputs, mf.loss_fn, state_dict=state_dict)
+    except (ModelFileError, PlanWorldSizeError, StageSplitError, ValueError, TypeError) as exc:
+        raise common.UsageError(str(exc)) from exc
+    except PipelineRankError as exc:
+        raise common.Failure(str(exc)) from exc
+    del model
+    layout = pipe.layout
+    reporter = layout.is_last_stage and layout.replica == 0
+    if rank == 0:
+        common.say(
+            args,
+            f"autopipe run: {plan.num_stages} stages x {layout.replicas} replicas on {world} "
+            f"processes ({dist.get_backend()}), schedule {plan.schedule}, "
+            f"{plan.microbatches} micro-batches of {plan.batch_size // plan.microbatches}, "
+            f"global batch {plan.batch_size * layout.replicas}",
+        )
+    optimizer = make_optimizer(plan, pipe.parameters(), args.lr)
+    local = pipe.local_batch(inputs)
+    records: list[dict[str, float]] = []
+    for step in range(args.steps):
+        optimizer.zero_grad(set_to_none=True)
+        try:
+            loss = pipe.step(local if layout.is_first_stage or layout.is_last_stage else None)
+        except PipelineRankError as exc:
+            raise common.Failure(str(exc)) from exc
+        if not args.allow_nonfinite:
+            try:
+                bad = nonfinite_loss(loss, pipe.device)
+            except PipelineRankError as exc:
+                raise common.Failure(str(exc)) from exc
+            if bad is not None:  # before optimizer.step(): the weights stay as they were
+                raise common.Failure(
+                    f"the loss is {bad} in step {step + 1}; stopped before the optimizer step "
+                    "(lower --lr, check the data, or pass --allow-nonfinite to keep going)"
+                )
+        optimizer.step()
+        if reporter and loss is not None:
+            records.append({"step": step + 1, "loss": float(loss), "time_s": pipe.last_step_s})
+            common.say(
+                args,
+                f"step {step + 1}/{args.steps}  loss {float(loss):.4f}  "
+                f"{pipe.last_step_s * 1e3:.1f} ms",
+            )
+            sys.stdout.flush()
+    if reporter and records:
+        # The first step also infers the stage shapes (one extra forward/backward): skip it.
+        steady = [r["time_s"] for r in records[1:]] or [records[0]["time_s"]]
+        common.say(
+            args, f"median step time {statistics.median(steady) * 1e3:.1f} ms (after step 1)"
+        )
+        common.emit_json({"steps": records}, args.json)
+    if args.save:
+        save_checkpoint(pipe, args.save)
+        if rank == 0:
+            common.say(
+                args, f"saved the trained weights to {args.save} (torch.distributed.checkpoint)"
+            )
+    if args._owns_group:
+        shutdown()
+    return common.EXIT_OK
+
+
+def make_optimizer(plan: Plan, parameters: Any, lr: float) -> Any:
+    """The optimizer whose state the plan's memory figures assume (the planning request's
+    ``optimizer``): SGD, SGD with momentum 0.9, else AdamW."""
+    import torch
+
+    name = plan.optimizer or "adam"
+    parameters = list(parameters)
+    if not parameters:
+        # A stage of parameter-free layers (an activation, rotary embeddings) still runs.
+        return _NothingToOptimize()
+    if name == "sgd":
+        return torch.optim.SGD(parameters, lr=lr)
+    if name == "sgd-momentum":
+        return torch.optim.SGD(parameters, lr=lr, momentum=0.9)
+    return torch.optim.AdamW(parameters, lr=lr)
+
+
+class _NothingToOptimize:
+    """The optimizer of a stage without parameters."""
+
+    def step(self) -> None:
+        pass
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        pass
+
+
+def save_checkpoint(pipe: Any, directory: str) -> None:
+    """Every rank's stage weights, under the model's own names, as one distributed checkpoint
+    (replicated entries, e.g. data-parallel copies, are written once)."""
+    import torch.distributed.checkpoint as dcp
+
+    dcp.save(pipe.state_dict(), checkpoint_id=directory)

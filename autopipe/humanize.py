@@ -1,0 +1,77 @@
+"""Quantities for humans: parsing sizes from flags, printing bytes and seconds.
+
+The one owner of byte and time formatting for every layer (tables, explanations, the
+planner's error messages, plot titles). Imports nothing from autopipe and no torch, so the
+torch-free planner may use it.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+_BYTE_UNITS = {
+    "": 1, "b": 1,
+    "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9, "t": 10**12, "tb": 10**12,
+    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
+}  # fmt: skip
+MAX_BYTES = 2**60
+"""The largest size a flag takes (1 EiB, far beyond any device); more is a typo."""
+
+
+def parse_bytes(text: str) -> int:
+    """``"80GiB"`` -> 85899345920, ``"80GB"``/``"80G"`` -> 80e9, ``"1.5e9"`` -> 1500000000.
+
+    Raises ValueError with the accepted forms on anything else: sizes under one byte
+    (``0.5`` would silently become 0), and sizes too large to be finite (``1e400``).
+    """
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([a-z]*)\s*", text.lower())
+    if not match or match.group(2) not in _BYTE_UNITS:
+        raise ValueError(f"not a memory size: {text!r} (examples: 80GiB, 40GB, 16e9)")
+    value = float(match.group(1)) * _BYTE_UNITS[match.group(2)]
+    if value <= 0:
+        raise ValueError(f"memory size must be positive, got {text!r}")
+    if not math.isfinite(value) or value > MAX_BYTES:
+        raise ValueError(f"memory size {text!r} is too large; give at most 1 EiB (e.g. 80GiB)")
+    if value < 1:
+        raise ValueError(f"memory size {text!r} is less than one byte; give e.g. 512MiB")
+    return int(value)
+
+
+_BINARY_UNITS = ("B", "KiB", "MiB", "GiB", "TiB")
+
+
+def format_bytes(n: float, *, fixed: bool = False) -> str:
+    """``n`` bytes in the largest binary unit (B ... TiB) that keeps the number under 1024;
+    whole bytes under 1 KiB, so a small size never reads "0.0 MiB".
+
+    Default (tables): three significant digits, ``format_bytes(3 * 2**30) == "3.00 GiB"``,
+    ``"12.3 MiB"``, ``"512 MiB"``. ``fixed`` (messages that compare sizes): two decimals from
+    1 GiB up and one below, ``"79.95 GiB"``, ``"1.0 KiB"``, so that a need and a capacity a
+    few MiB apart print differently.
+    """
+    value = float(n)
+    exponent = 0
+    while abs(value) >= 1024 and exponent < len(_BINARY_UNITS) - 1:
+        value /= 1024
+        exponent += 1
+    unit = _BINARY_UNITS[exponent]
+    if exponent == 0:
+        return f"{value:.0f} {unit}"
+    if fixed:
+        return f"{value:.{2 if exponent >= 3 else 1}f} {unit}"
+    return f"{value:.3g} {unit}" if value >= 100 else f"{value:.2f} {unit}"
+
+
+def format_seconds(s: float) -> str:
+    """``0.0123 -> "12.3 ms"``, ``5.0 -> "5 s"``, ``1234.5 -> "1234 s"``; picks s / ms / us."""
+    if s >= 1:
+        return f"{_three_digits(s)} s"
+    if s >= 1e-3:
+        return f"{_three_digits(s * 1e3)} ms"
+    return f"{_three_digits(s * 1e6)} us"
+
+
+def _three_digits(x: float) -> str:
+    # .3g switches to an exponent (1e+03) once x rounds to 1000; whole numbers read better.
+    return f"{x:.0f}" if x >= 999.5 else f"{x:.3g}"
