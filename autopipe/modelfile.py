@@ -8,6 +8,7 @@ when the file defines it. An optional ``loss_fn(output, inputs)`` drives backwar
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import inspect
 import sys
@@ -139,7 +140,10 @@ def load_model_file(spec: str) -> ModelFile:
 
 
 def _import_path(path: Path) -> ModuleType:
-    name = f"autopipe_user_model_{abs(hash(str(path.resolve())))}"
+    # The same name in every process (str hashes are salted per process): the model's class
+    # then has one qualified name on all ranks, which the ranks compare at start-up.
+    digest = hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:16]
+    name = f"autopipe_user_model_{digest}"
     spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:
         raise ModelFileError(f"cannot import {path}")

@@ -106,3 +106,22 @@ def test_run_help_shows_torchrun_examples() -> None:
     )
     assert out.returncode == 0
     assert "torchrun --nproc-per-node 2" in out.stdout and "--rdzv-endpoint" in out.stdout
+
+
+def test_a_model_file_class_has_one_name_in_every_process() -> None:
+    """Ranks compare the class of the model they built; a class defined in the model file
+    itself must get the same qualified name in every process (str hashes are salted per
+    process, so a hash-named module made examples/gpt.py 'different models' on two ranks)."""
+    code = (
+        "from autopipe.modelfile import load_model_file; "
+        "print(type(load_model_file('examples/gpt.py').build()).__module__)"
+    )
+    names = {
+        subprocess.run(
+            [sys.executable, "-c", code],
+            capture_output=True, text=True, cwd=ROOT, check=True,
+            env={**os.environ, "PYTHONHASHSEED": seed},
+        ).stdout.strip()
+        for seed in ("1", "2")
+    }  # fmt: skip
+    assert len(names) == 1, names
