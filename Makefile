@@ -20,7 +20,7 @@ demo: install
 	$(BIN)/autopipe plan examples/gpt.py --gpus 8
 
 test: install
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n 2
 
 lint: install
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .

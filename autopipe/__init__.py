@@ -13,13 +13,13 @@ __version__ = "0.1.0"
 
 _LAZY = {
     "profile": ("autopipe.profiler.measure", "profile"),
-    "Profile": ("autopipe.profiler.profile", "Profile"),
-    "UnitProfile": ("autopipe.profiler.profile", "UnitProfile"),
+    "Profile": ("autopipe.profiler.profile_data", "Profile"),
+    "UnitProfile": ("autopipe.profiler.profile_data", "UnitProfile"),
     "load_profile": ("autopipe.profiler", "load_profile"),
     "plan": ("autopipe.planner", "plan"),
-    "Plan": ("autopipe.planner.plan", "Plan"),
-    "StagePlan": ("autopipe.planner.plan", "StagePlan"),
-    "load_plan": ("autopipe.planner.plan", "load_plan"),
+    "Plan": ("autopipe.planner.plan_data", "Plan"),
+    "StagePlan": ("autopipe.planner.plan_data", "StagePlan"),
+    "load_plan": ("autopipe.planner.plan_data", "load_plan"),
     "Cluster": ("autopipe.planner.cluster", "Cluster"),
     "Device": ("autopipe.planner.cluster", "Device"),
     "PlanningError": ("autopipe.planner", "PlanningError"),

@@ -39,7 +39,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from autopipe.planner.plan import Plan
+from autopipe.planner.plan_data import Plan
 from autopipe.planner.timeline import Timeline
 
 if TYPE_CHECKING:

@@ -35,7 +35,7 @@ from autopipe.profiler.catalog import (
     parse_device_counts,
     parse_device_list,
 )
-from autopipe.profiler.profile import Profile
+from autopipe.profiler.profile_data import Profile
 
 LOCAL_DEVICES = ("cpu", "mps")
 """Names that mean "measure on this machine", besides ``cuda`` and ``cuda:i`` (the nominal

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from autopipe.humanize import format_bytes, format_seconds
 from autopipe.planner.baselines import FRAMEWORK_DEFAULTS
-from autopipe.planner.plan import Plan
+from autopipe.planner.plan_data import Plan
 from autopipe.planner.simulate import fill_drain_bubble
 
 

@@ -7,8 +7,8 @@ from typing import TYPE_CHECKING
 from autopipe.explain import framework_table
 from autopipe.humanize import format_bytes, format_seconds
 from autopipe.planner.baselines import FRAMEWORK_DEFAULTS
-from autopipe.planner.plan import Plan
-from autopipe.profiler.profile import Profile
+from autopipe.planner.plan_data import Plan
+from autopipe.profiler.profile_data import Profile
 
 if TYPE_CHECKING:
     from autopipe.bench import BenchResult

@@ -69,7 +69,7 @@ def _rank(rank: int, port: int, plan_path: str, steps: int, out: str) -> None:
     os.environ.update(rank_env(rank, 2, port))
     torch.set_num_threads(1)
     import torch.distributed as dist
-    from autopipe.planner.plan import load_plan
+    from autopipe.planner.plan_data import load_plan
     from autopipe.runtime.distributed import DistributedPipeline, init_distributed
     from torch.distributed.pipelining import ScheduleGPipe, SplitPoint, pipeline
 
@@ -153,7 +153,7 @@ def main() -> None:
     parser.add_argument("--plan", help="reuse a saved plan instead of profiling now")
     args = parser.parse_args()
 
-    from autopipe.planner.plan import load_plan
+    from autopipe.planner.plan_data import load_plan
     from distributed_cases import free_port, spawn_ranks
 
     tmp = Path(tempfile.mkdtemp())

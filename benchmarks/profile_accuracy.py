@@ -25,7 +25,7 @@ from autopipe.profiler.analytic import profile_analytic
 from autopipe.profiler.calibrate import calibrate, reprice
 from autopipe.profiler.measure import profile as measured_profile
 from autopipe.profiler.measure import whole_model_saved_bytes
-from autopipe.profiler.profile import Profile
+from autopipe.profiler.profile_data import Profile
 
 from autopipe.modelfile import ModelFile, load_model_file
 

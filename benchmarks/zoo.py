@@ -33,7 +33,7 @@ import zoo  # noqa: E402
 from autopipe.planner import plan as make_plan  # noqa: E402
 from autopipe.profiler.inputs import call_model  # noqa: E402
 from autopipe.profiler.objective import default_loss  # noqa: E402
-from autopipe.profiler.profile import Profile  # noqa: E402
+from autopipe.profiler.profile_data import Profile  # noqa: E402
 
 from autopipe import cli  # noqa: E402
 

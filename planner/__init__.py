@@ -6,6 +6,9 @@ timeline type, which the runtime also records and the plots draw: ``timeline.py`
 ``scaling_report``/``min_gpus`` sweep the GPU count. PuLP is imported only when ``strategy="ilp"`` is asked for.
 """
 
+import sys
+
+from autopipe.planner import plan_data as _plan_data
 from autopipe.planner.cluster import Cluster, Device
 from autopipe.planner.data_parallel import (
     ParallelChoice,
@@ -13,11 +16,16 @@ from autopipe.planner.data_parallel import (
     plan_data_parallel,
 )
 from autopipe.planner.errors import PlanningError
-from autopipe.planner.plan import PLAN_VERSION, Plan, PlanFormatError, StagePlan, load_plan
+from autopipe.planner.plan_data import PLAN_VERSION, Plan, PlanFormatError, StagePlan, load_plan
 from autopipe.planner.search import STRATEGIES, plan
 from autopipe.planner.simulate import Simulation, simulate, simulate_plan
 from autopipe.planner.sweep import min_gpus, scaling_report
 from autopipe.planner.timeline import Task, Timeline
+
+# The data module was ``plan.py``, which collided with the ``plan`` function: ``import
+# autopipe.planner.plan`` still finds the data module, and ``autopipe.planner.plan`` is the
+# function.
+sys.modules.setdefault(f"{__name__}.plan", _plan_data)
 
 __all__ = [
     "PLAN_VERSION",

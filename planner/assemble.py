@@ -18,9 +18,9 @@ from autopipe.planner.candidate import Candidate
 from autopipe.planner.cluster import Cluster
 from autopipe.planner.costs import CostModel, SegmentCost
 from autopipe.planner.partition import exact_partition
-from autopipe.planner.plan import Plan, StagePlan
+from autopipe.planner.plan_data import Plan, StagePlan
 from autopipe.planner.simulate import Simulation, gpipe_exact, simulate
-from autopipe.profiler.profile import Profile
+from autopipe.profiler.profile_data import Profile
 
 from autopipe.humanize import format_bytes
 

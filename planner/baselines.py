@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 import numpy as np
 from autopipe.planner.layers import LayerStack, layer_stack
-from autopipe.profiler.profile import Profile
+from autopipe.profiler.profile_data import Profile
 
 
 def uniform_bounds(n_units: int, num_stages: int) -> list[int]:

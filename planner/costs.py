@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from autopipe.planner.cluster import Cluster
-from autopipe.profiler.profile import Profile
+from autopipe.profiler.profile_data import Profile
 
 SCHEDULES = ("gpipe", "1f1b")
 

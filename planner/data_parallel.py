@@ -19,8 +19,8 @@ from typing import Any
 
 from autopipe.planner.cluster import Cluster, Device
 from autopipe.planner.errors import PlanningError
-from autopipe.planner.plan import Plan
-from autopipe.profiler.profile import Profile
+from autopipe.planner.plan_data import Plan
+from autopipe.profiler.profile_data import Profile
 
 
 @dataclass

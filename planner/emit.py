@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from autopipe.planner.layers import layer_stack
-from autopipe.planner.plan import Plan
+from autopipe.planner.plan_data import Plan
 
 __all__ = [
     "EMIT_FORMATS",

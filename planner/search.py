@@ -23,7 +23,7 @@ from autopipe.planner.cluster import Cluster
 from autopipe.planner.costs import SCHEDULES, CostModel
 from autopipe.planner.errors import PlanningError
 from autopipe.planner.partition import brute_force_partition, exact_partition
-from autopipe.planner.plan import Plan
+from autopipe.planner.plan_data import Plan
 from autopipe.planner.probe import min_memory_needed, pareto_partitions
 from autopipe.planner.request import PlanRequest
 from autopipe.profiler.optimizer_state import (
@@ -32,7 +32,7 @@ from autopipe.profiler.optimizer_state import (
     default_optimizer,
     training_state_bytes_per_parameter,
 )
-from autopipe.profiler.profile import Profile
+from autopipe.profiler.profile_data import Profile
 
 from autopipe.humanize import format_bytes
 

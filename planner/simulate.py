@@ -18,7 +18,7 @@ import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from autopipe.planner.plan import Plan
+from autopipe.planner.plan_data import Plan
 from autopipe.planner.timeline import PHASES, Action, Task, Timeline
 
 __all__ = [

@@ -10,7 +10,7 @@ from typing import Any
 from autopipe.planner.cluster import Cluster, Device
 from autopipe.planner.errors import PlanningError
 from autopipe.planner.search import plan
-from autopipe.profiler.profile import Profile
+from autopipe.profiler.profile_data import Profile
 
 
 def _plan_k(profile: Profile, k: int, device: Device | None, kw: dict[str, Any]) -> Any:

@@ -53,7 +53,7 @@ from autopipe.profiler.measure import microbatch_sizes_to_profile, slice_batch
 from autopipe.profiler.memory import parameter_accounting
 from autopipe.profiler.opcount import OpCounter, storage_key
 from autopipe.profiler.optimizer_state import normalize_optimizer, resolve_optimizer
-from autopipe.profiler.profile import Profile, UnitProfile
+from autopipe.profiler.profile_data import Profile, UnitProfile
 from autopipe.profiler.reduce import (
     block_units,
     expand_profile,

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 import torch.utils._pytree as pytree
-from autopipe.profiler.profile import Profile, ProfileFormatError
+from autopipe.profiler.profile_data import Profile, ProfileFormatError
 from autopipe.profiler.tree import leaves
 from torch import nn
 

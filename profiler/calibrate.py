@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 from autopipe.profiler.catalog import DeviceSpec, DeviceSpecError, device_spec_from_dict
-from autopipe.profiler.profile import Profile
+from autopipe.profiler.profile_data import Profile
 from autopipe.profiler.time_model import fit_time_model
 
 

@@ -62,7 +62,7 @@ from autopipe.profiler.memory import (
 )
 from autopipe.profiler.optimizer_state import normalize_optimizer, resolve_optimizer
 from autopipe.profiler.options import MeasureOptions
-from autopipe.profiler.profile import Profile, UnitProfile
+from autopipe.profiler.profile_data import Profile, UnitProfile
 from autopipe.profiler.sharing import UnitSharing
 from autopipe.profiler.time_model import fit_time_model
 from autopipe.profiler.timing import (

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from autopipe.planner.plan import Plan, StagePlan
+from autopipe.planner.plan_data import Plan, StagePlan
 from autopipe.planner.timeline import Timeline
 from autopipe.runtime.timeline import Clock
 

@@ -3,7 +3,7 @@
     pipe = autopipe.parallelize(model, example_inputs, gpus=4)
     loss_fn(pipe(x), y).backward(); optimizer.step()   # optimizer over pipe.parameters()
 
-Steps: unless a ``plan`` is given, measure a Profile (``autopipe.profiler.profile``) and plan
+Steps: unless a ``plan`` is given, measure a Profile (``autopipe.profiler.measure.profile``) and plan
 K stages (``autopipe.planner.plan``); cut the model into the plan's stage graphs
 (``autopipe.runtime.partition.partition``, the route the distributed runtime takes too);
 build a ``Pipeline`` with ``plan.microbatches`` micro-batches and the plan's per-stage
@@ -71,8 +71,6 @@ def stage_flags(plan: Any, checkpoint: str) -> list[bool]:
 def _measure(
     model: nn.Module, example_inputs: Any, granularity: str, options: dict[str, Any]
 ) -> Any:
-    # Imported from the module itself: ``autopipe.profiler.profile`` is also the name of the
-    # Profile data module.
     from autopipe.profiler.measure import profile
 
     return profile(model, example_inputs, granularity=granularity, **options)

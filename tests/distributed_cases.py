@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from autopipe.planner.plan import Plan, StagePlan
+from autopipe.planner.plan_data import Plan, StagePlan
 from runtime_helpers import load_example
 from torch import nn
 

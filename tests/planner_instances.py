@@ -6,7 +6,7 @@ import random
 
 from autopipe.planner.cluster import Cluster, Device
 from autopipe.planner.costs import CostModel
-from autopipe.profiler.profile import Profile, UnitProfile
+from autopipe.profiler.profile_data import Profile, UnitProfile
 
 
 def random_profile(

@@ -14,7 +14,7 @@ from autopipe.profiler.calibrate import CalibrationError, calibrate, reprice, sp
 from autopipe.profiler.catalog import DeviceSpecError, get_device
 from autopipe.profiler.measure import profile as measured_profile
 from autopipe.profiler.measure import whole_model_saved_bytes
-from autopipe.profiler.profile import Profile
+from autopipe.profiler.profile_data import Profile
 from profiler_models import (
     DataBranch,
     ShapeBranch,

@@ -16,7 +16,7 @@ import torch
 from autopipe.profiler.analytic import AnalyticProfileError, profile_analytic
 from autopipe.profiler.calibrate import reprice
 from autopipe.profiler.catalog import get_device
-from autopipe.profiler.profile import Profile
+from autopipe.profiler.profile_data import Profile
 from profiler_models import load_example
 from torch import nn
 

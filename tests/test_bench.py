@@ -7,7 +7,7 @@ import struct
 from pathlib import Path
 
 import pytest
-from autopipe.planner.plan import load_plan
+from autopipe.planner.plan_data import load_plan
 
 from autopipe import cli
 

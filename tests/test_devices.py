@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from autopipe.planner.cluster import Cluster, Device
 from autopipe.profiler.catalog import DeviceListError, DeviceSpecError, get_device
-from autopipe.profiler.profile import Profile
+from autopipe.profiler.profile_data import Profile
 
 from autopipe.devices import (
     DeviceTarget,

@@ -23,7 +23,7 @@ from autopipe.planner.emit import (
     to_torch,
     to_torchtitan,
 )
-from autopipe.planner.plan import Plan
+from autopipe.planner.plan_data import Plan
 from autopipe.profiler.measure import profile
 from distributed_cases import SkipNet, skipnet_inputs, tiny_gpt
 from torch.distributed.pipelining import SplitPoint, pipeline

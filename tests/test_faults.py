@@ -19,8 +19,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from autopipe.planner.plan import Plan, PlanFormatError
-from autopipe.profiler.profile import Profile, ProfileFormatError, UnitProfile, atomic_write_json
+from autopipe.planner.plan_data import Plan, PlanFormatError
+from autopipe.profiler.profile_data import (
+    Profile,
+    ProfileFormatError,
+    UnitProfile,
+    atomic_write_json,
+)
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 

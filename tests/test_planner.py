@@ -28,7 +28,7 @@ from autopipe.planner.partition import brute_force_partition, dp_partition  # no
 from autopipe.planner.probe import probe_partition  # noqa: E402
 from autopipe.planner.simulate import gpipe_exact  # noqa: E402
 from autopipe.profiler.optimizer_state import OPTIMIZERS, optimizer_state_bytes  # noqa: E402
-from autopipe.profiler.profile import Profile, UnitProfile  # noqa: E402
+from autopipe.profiler.profile_data import Profile, UnitProfile  # noqa: E402
 from planner_instances import cost_model, random_cluster, random_profile  # noqa: E402
 
 from autopipe.humanize import format_bytes  # noqa: E402

@@ -8,7 +8,7 @@ import warnings
 import pytest
 import torch
 from autopipe.profiler.measure import ProfilingError, profile
-from autopipe.profiler.profile import Profile
+from autopipe.profiler.profile_data import Profile
 from autopipe.profiler.time_model import fit_time_model
 from autopipe.profiler.units import TraceError
 from profiler_models import (

@@ -6,7 +6,7 @@ import copy
 
 import pytest
 import torch
-from autopipe.planner.plan import Plan, StagePlan
+from autopipe.planner.plan_data import Plan, StagePlan
 from autopipe.profiler.units import trace_units
 from autopipe.runtime import DeferredBatchNorm, Pipeline, parallelize
 from runtime_helpers import assert_close, load_example, reference_forward

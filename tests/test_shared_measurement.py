@@ -16,7 +16,7 @@ import pytest
 import torch
 from autopipe.planner import plan
 from autopipe.profiler.measure import SHARED_SAMPLES_CAP, profile
-from autopipe.profiler.profile import Profile
+from autopipe.profiler.profile_data import Profile
 from profiler_models import load_example
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode

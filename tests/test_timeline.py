@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from autopipe.planner.plan import Plan, StagePlan
+from autopipe.planner.plan_data import Plan, StagePlan
 from autopipe.planner.simulate import fill_drain_bubble, simulate
 from autopipe.planner.timeline import (
     PHASES,

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 from autopipe.planner import Cluster, plan
-from autopipe.planner.plan import Plan, load_plan
-from autopipe.profiler.profile import Profile, UnitProfile
+from autopipe.planner.plan_data import Plan, load_plan
+from autopipe.profiler.profile_data import Profile, UnitProfile
 
 from autopipe.viz import plot_all
 from autopipe.viz.balance import balance_figure

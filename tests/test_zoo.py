@@ -34,11 +34,11 @@ pytest.importorskip("transformers")
 
 import zoo  # noqa: E402
 from autopipe.planner import plan as make_plan  # noqa: E402
-from autopipe.planner.plan import load_plan  # noqa: E402
+from autopipe.planner.plan_data import load_plan  # noqa: E402
 from autopipe.profiler.inputs import call_model  # noqa: E402
 from autopipe.profiler.measure import profile  # noqa: E402
 from autopipe.profiler.objective import default_loss  # noqa: E402
-from autopipe.profiler.profile import Profile  # noqa: E402
+from autopipe.profiler.profile_data import Profile  # noqa: E402
 from distributed_cases import free_port  # noqa: E402
 from torch.utils import _pytree as pytree  # noqa: E402
 

@@ -146,7 +146,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         raise common.model_failed(mf, plan.batch_size, exc) from exc
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    from autopipe.profiler.profile import atomic_write_json
+    from autopipe.profiler.profile_data import atomic_write_json
     from autopipe.viz.gantt import plot_timeline
     from autopipe.viz.timeline import timeline_to_chrome_trace
 

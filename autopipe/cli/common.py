@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from autopipe.devices import DeviceTarget
     from autopipe.modelfile import ModelFile
-    from autopipe.planner.plan import Plan
-    from autopipe.profiler.profile import Profile
+    from autopipe.planner.plan_data import Plan
+    from autopipe.profiler.profile_data import Profile
 
     Subparsers = argparse._SubParsersAction[argparse.ArgumentParser]
     """What ``add_subparsers`` returns: each command module's ``register`` adds itself to it."""
@@ -137,7 +137,7 @@ def emit_json(obj: Any, target: str | None) -> None:
     if target == "-":
         sys.stdout.write(json.dumps(obj, indent=2, allow_nan=False) + "\n")
         return
-    from autopipe.profiler.profile import atomic_write_json
+    from autopipe.profiler.profile_data import atomic_write_json
 
     atomic_write_json(Path(target), obj, strict=True)
 
@@ -177,7 +177,7 @@ def say(args: argparse.Namespace, text: str) -> None:
 
 def load_plan_file(path: str) -> Plan:
     """The Plan saved at ``path``; a missing or malformed file is a UsageError."""
-    from autopipe.planner.plan import PlanFormatError, load_plan
+    from autopipe.planner.plan_data import PlanFormatError, load_plan
 
     if not Path(path).is_file():
         raise UsageError(f"plan file not found: {path} (write one with `autopipe plan --json`)")
@@ -191,7 +191,7 @@ def load_plan_file(path: str) -> Plan:
 
 def load_profile_file(path: str) -> Profile:
     """The Profile saved at ``path``; a missing or malformed file is a UsageError."""
-    from autopipe.profiler.profile import Profile, ProfileFormatError
+    from autopipe.profiler.profile_data import Profile, ProfileFormatError
 
     if not Path(path).is_file():
         raise UsageError(f"profile file not found: {path}")

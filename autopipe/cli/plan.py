@@ -11,8 +11,8 @@ from autopipe.cli import common
 if TYPE_CHECKING:
     from autopipe.devices import DeviceTarget
     from autopipe.planner.cluster import Cluster
-    from autopipe.planner.plan import Plan
-    from autopipe.profiler.profile import Profile
+    from autopipe.planner.plan_data import Plan
+    from autopipe.profiler.profile_data import Profile
 
 EPILOG = (
     "examples:\n  autopipe plan examples/gpt.py --gpus 8 --json plan.json\n"

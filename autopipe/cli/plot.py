@@ -84,7 +84,7 @@ def cmd_plot(args: argparse.Namespace) -> int:
             )
     elif isinstance(plan.meta.get("profile"), dict):
         # `autopipe plan --json` keeps the profile in the plan so plots can be redrawn later.
-        from autopipe.profiler.profile import Profile, ProfileFormatError
+        from autopipe.profiler.profile_data import Profile, ProfileFormatError
 
         try:
             profile = Profile.from_dict(plan.meta["profile"])

@@ -18,7 +18,7 @@ from autopipe.cli import common
 
 if TYPE_CHECKING:
     from autopipe.modelfile import ModelFile
-    from autopipe.planner.plan import Plan
+    from autopipe.planner.plan_data import Plan
 
 EPILOG = """\
 examples (K = the plan's stages; K x D processes give D data-parallel replicas):

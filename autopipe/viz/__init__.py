@@ -23,9 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from autopipe.lazy import lazy_attributes
-from autopipe.planner.plan import Plan
+from autopipe.planner.plan_data import Plan
 from autopipe.planner.timeline import Task, Timeline, TimelineFormatError, load_chrome_trace
-from autopipe.profiler.profile import Profile
+from autopipe.profiler.profile_data import Profile
 from autopipe.viz.timeline import timeline_from_chrome_trace, timeline_to_chrome_trace
 
 __all__ = [

@@ -14,9 +14,9 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-from autopipe.planner.plan import Plan
+from autopipe.planner.plan_data import Plan
 from autopipe.planner.search import MAX_AUTO_MICROBATCHES, divisors
-from autopipe.profiler.profile import Profile
+from autopipe.profiler.profile_data import Profile
 
 _STAGE_KEYS = (
     "forward_s",

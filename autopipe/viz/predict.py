@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from autopipe.planner.plan import Plan
+from autopipe.planner.plan_data import Plan
 from autopipe.planner.timeline import Timeline
 
 

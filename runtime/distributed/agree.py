@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from autopipe.planner.plan import Plan
+from autopipe.planner.plan_data import Plan
 from torch import nn
 
 

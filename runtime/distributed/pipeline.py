@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from autopipe.planner.plan import Plan
+from autopipe.planner.plan_data import Plan
 from autopipe.profiler.inputs import InputBinder, batch_rows, batch_size_of, split_inputs
 from autopipe.profiler.objective import default_loss
 from autopipe.runtime.distributed.agree import check_same_plan
