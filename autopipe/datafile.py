@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-__all__ = ["atomic_write_json", "check_version", "load_json_file", "read_json"]
+__all__ = ["atomic_write_json", "atomic_write_text", "check_version", "load_json_file", "read_json"]
 
 T = TypeVar("T")
 
@@ -33,6 +33,11 @@ def atomic_write_json(path: str | os.PathLike[str], data: Any, *, strict: bool =
     refuse NaN and infinities (``ValueError``), which are not JSON.
     """
     text = json.dumps(data, indent=2, allow_nan=not strict) + "\n"  # fails before any file
+    atomic_write_text(path, text)
+
+
+def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
+    """Write ``text`` to ``path`` atomically, as :func:`atomic_write_json` does."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")

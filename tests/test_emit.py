@@ -156,3 +156,29 @@ def test_hugging_face_llama() -> None:
     assert megatron_stage_layers(layout) == [
         sum(u.startswith("model.layers.") for u in s.units) for s in plan.stages
     ]
+
+
+def test_cli_emit_and_plan_emit(tmp_path, capsys) -> None:
+    from pathlib import Path
+
+    from autopipe.cli import main
+
+    gpt = str(Path(__file__).resolve().parents[1] / "examples" / "gpt.py")
+    plan_file, toml_file = tmp_path / "plan.json", tmp_path / "pp.toml"
+    assert main(["plan", gpt, "--gpus", "2", "-q", "--json", str(plan_file)]) == 0
+    assert main(["emit", str(plan_file), "torchtitan", "-o", str(toml_file), "-q"]) == 0
+    parts = tomllib.loads(toml_file.read_text())["parallelism"]["module_fqns_per_model_part"]
+    assert len(parts) == 2 and parts[0][0] == "tok_emb"
+    capsys.readouterr()
+    assert main(["emit", str(plan_file), "megatron"]) == 0
+    assert '"layout": "E' in capsys.readouterr().out
+    # A format that cannot say the plan: one line, exit 2, and nothing written.
+    json_out, emit_out = tmp_path / "p2.json", tmp_path / "split.json"
+    code = main(
+        ["plan", gpt, "--gpus", "2", "-q", "--checkpoint", "always", "--json", str(json_out)]
+        + ["--emit", "torch", "--emit-out", str(emit_out)]
+    )
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and "--emit torch:" in err
+    assert not json_out.exists() and not emit_out.exists()
+    assert main(["plan", gpt, "--gpus", "2", "-q", "--emit-out", str(emit_out)]) == 2

@@ -128,6 +128,16 @@ def strict_json(obj: Any) -> Any:
     return obj
 
 
+def emit_text(text: str, target: str | None) -> None:
+    """``text`` to stdout (``target`` None or ``-``) or, atomically, to the file ``target``."""
+    if target is None or target == "-":
+        sys.stdout.write(text)
+        return
+    from autopipe.datafile import atomic_write_text
+
+    atomic_write_text(target, text)
+
+
 def emit_json(obj: Any, target: str | None) -> None:
     """``--json`` alone writes to stdout; ``--json PATH`` writes a file atomically. Either
     way strict JSON: non-finite numbers become null."""

@@ -7,6 +7,7 @@ import warnings
 from typing import TYPE_CHECKING, Any
 
 from autopipe.cli import common
+from autopipe.planner.emit import EMIT_FORMATS, EmitError, emit
 
 if TYPE_CHECKING:
     from autopipe.devices import DeviceTarget
@@ -64,6 +65,16 @@ def register(sub: common.Subparsers) -> None:
     )
     p.add_argument("--save-profile", metavar="PATH", help="also save the profile as JSON")
     p.add_argument(
+        "--emit",
+        choices=EMIT_FORMATS,
+        metavar="FORMAT",
+        help="also hand the plan to another framework in its own words: torch (split_spec "
+        "JSON), torchtitan ([parallelism] TOML) or megatron (layout and flags)",
+    )
+    p.add_argument(
+        "--emit-out", metavar="PATH", help="write --emit's output to PATH (default: stdout)"
+    )
+    p.add_argument(
         "--data-parallel",
         metavar="auto|D",
         type=common.microbatches,
@@ -90,7 +101,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
     common.check_output_path(args.json, "--json", inputs=[args.model])
     common.check_output_path(args.save_profile, "--save-profile", inputs=[args.model])
     common.check_output_path(args.plot, "--plot", directory=True)
-    common.check_distinct_outputs((args.json, "--json"), (args.save_profile, "--save-profile"))
+    common.check_output_path(args.emit_out, "--emit-out", inputs=[args.model])
+    if args.emit_out and not args.emit:
+        raise common.UsageError("--emit-out names where --emit FORMAT goes: give --emit too")
+    common.check_distinct_outputs(
+        (args.json, "--json"), (args.save_profile, "--save-profile"), (args.emit_out, "--emit-out")
+    )
     listed = sum(n for _, n in common.device_list_counts(args.device) or [])
     if listed and listed != args.gpus:
         raise common.UsageError(
@@ -166,6 +182,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
         )
         result.meta["scaling"] = rows
         common.say(args, "\n" + format_scaling(rows))
+    emitted = None
+    if args.emit:
+        try:  # before any file is written: a format that cannot say the plan writes nothing
+            emitted = emit(result, args.emit)
+        except EmitError as exc:
+            raise common.UsageError(f"--emit {args.emit}: {exc}") from exc
     if args.plot:
         from autopipe.viz import VIZ_META_KEY, collect_plot_data, plot_all, too_many_tasks
 
@@ -181,6 +203,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
     # The profile travels with the plan: `autopipe plot` and tools can re-plan from it.
     result.meta.setdefault("profile", profile.to_dict())
     common.emit_json(result.to_dict(), args.json)
+    if emitted is not None:
+        common.emit_text(emitted, args.emit_out)
+        if args.emit_out:
+            common.say(args, f"{args.emit} config written to {args.emit_out}")
     if args.json and args.json != "-":
         common.say(args, f"plan written to {args.json}")
     return common.EXIT_OK

@@ -1,0 +1,43 @@
+"""``autopipe emit``: a saved plan in the words of another framework."""
+
+from __future__ import annotations
+
+import argparse
+
+from autopipe.cli import common
+from autopipe.planner.emit import EMIT_FORMATS, EmitError, emit
+
+EPILOG = """\
+examples:
+  autopipe emit plan.json torch                 # split_spec for torch.distributed.pipelining
+  autopipe emit plan.json torchtitan -o pp.toml # torchtitan's [parallelism] keys
+  autopipe emit plan.json megatron              # --pipeline-model-parallel-layout and flags
+"""
+
+
+def register(sub: common.Subparsers) -> None:
+    """Add ``autopipe emit PLAN.json FORMAT [--out PATH]`` to the CLI's subparsers."""
+    p = sub.add_parser(
+        "emit",
+        help="hand a saved plan to torch, torchtitan or Megatron-Core in their own words",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=EPILOG,
+    )
+    p.add_argument("plan", help="PLAN.json written by `autopipe plan --json`")
+    p.add_argument("format", choices=EMIT_FORMATS, help="the framework to emit for")
+    p.add_argument("--out", "-o", metavar="PATH", help="write to PATH (default: stdout)")
+    common.add_common_flags(p)
+    p.set_defaults(func=cmd_emit)
+
+
+def cmd_emit(args: argparse.Namespace) -> int:
+    common.check_output_path(args.out, "--out", inputs=[args.plan])
+    plan = common.load_plan_file(args.plan)
+    try:
+        text = emit(plan, args.format)
+    except EmitError as exc:
+        raise common.UsageError(f"{args.plan}: {exc}") from exc
+    common.emit_text(text, args.out)
+    if args.out:
+        common.say(args, f"{args.format} config written to {args.out}")
+    return common.EXIT_OK
