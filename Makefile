@@ -22,8 +22,14 @@ demo: install
 test: install
 	$(BIN)/python -m pytest -n 2
 
+# mypy sees the package as it installs: the layer folders under the autopipe namespace, laid
+# out as links in build/typecheck (setuptools' editable finder is invisible to mypy).
 lint: install
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .
+	rm -rf build/typecheck && mkdir -p build/typecheck/autopipe
+	for f in autopipe/*; do ln -s "$$PWD/$$f" build/typecheck/autopipe/; done
+	for d in profiler planner runtime; do ln -s "$$PWD/$$d" build/typecheck/autopipe/$$d; done
+	$(BIN)/mypy build/typecheck/autopipe
 
 bench: install
 	for b in benchmarks/*.py; do $(BIN)/python $$b || exit 1; done

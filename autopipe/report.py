@@ -84,7 +84,7 @@ def format_plan(plan: Plan) -> str:
     own = {k: v for k, v in plan.baselines.items() if k not in FRAMEWORK_DEFAULTS}
     if own:
         names = ["autopipe", *own]
-        times = [plan.iteration_time_s]
+        times: list[float | None] = [plan.iteration_time_s]
         for b in own.values():
             times.append(b.get("iteration_time_s") if b.get("feasible", True) else None)
         ratio = " / ".join(

@@ -155,7 +155,7 @@ def priced_times(
     base = meta["analytic_units"]
     smaller = meta.get("analytic_smaller_sizes", [])
     big_b = meta.get("analytic_batch_size")
-    sizes = [big_b] + [s["microbatch_size"] for s in smaller]
+    sizes: list[float] = [float(big_b or 0)] + [float(s["microbatch_size"]) for s in smaller]
     out: dict[str, Any] = {}
     for phase in ("forward", "backward"):
         totals, overheads = [], []

@@ -109,7 +109,7 @@ class DeviceSpec:
         kernel_launch_overhead_s: float | None = None,
     ) -> DeviceSpec:
         """A copy with some efficiency factors replaced (``None`` keeps the current one)."""
-        changes: dict[str, float] = {}
+        changes: dict[str, Any] = {}
         if compute is not None:
             changes["compute_efficiency"] = compute
         if memory is not None:

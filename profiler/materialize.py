@@ -245,7 +245,7 @@ def meta_node_bytes(
             leaves = tensor_leaves(out)
             keep.append(leaves)
             info[n.name] = [
-                (meta_storage_key(t), t.storage_offset(), t.numel() * t.element_size())
+                (meta_storage_key(t), int(t.storage_offset()), t.numel() * t.element_size())
                 for t in leaves
             ]
             return out

@@ -221,7 +221,13 @@ class OpCounter(TorchDispatchMode):
 
     # -- the dispatch hook ---------------------------------------------------------------
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+    def __torch_dispatch__(
+        self,
+        func: Any,
+        types: Any,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         packet = func.overloadpacket

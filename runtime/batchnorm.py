@@ -75,6 +75,9 @@ class DeferredBatchNorm(_BatchNorm):
     @torch.no_grad()
     def _commit(self) -> None:
         assert self._sum is not None and self._sum_sq is not None
+        # track_running_stats is checked at construction: the buffers exist here
+        assert self.num_batches_tracked is not None
+        assert self.running_mean is not None and self.running_var is not None
         count = self._count
         mean = self._sum / count
         var = (self._sum_sq / count - mean * mean).clamp_min(0.0)
@@ -97,7 +100,9 @@ class DeferredBatchNorm(_BatchNorm):
         if bn.track_running_stats:
             new.running_mean, new.running_var = bn.running_mean, bn.running_var
             new.num_batches_tracked = bn.num_batches_tracked
-        new.to(device=bn.weight.device if bn.affine else bn.running_mean.device)
+        source = bn.weight if bn.affine else bn.running_mean
+        assert source is not None
+        new.to(device=source.device)
         new.train(bn.training)
         return new
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 import re
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, NoReturn
+from typing import Any, NoReturn, cast
 
 import torch
 from autopipe.runtime.batchnorm import begin_minibatch, convert_deferred_batch_norm
@@ -117,7 +117,7 @@ class GPipe(nn.Module):
         module: nn.Sequential,
         balance: Sequence[int] | None = None,
         devices: Sequence[torch.device | str | int] | None = None,
-        chunks: int = 1,
+        chunks: int | float = 1,
         checkpoint: str = "except_last",
         deferred_batch_norm: bool = False,
     ) -> None:
@@ -188,7 +188,8 @@ class GPipe(nn.Module):
 
     # -- nn.Sequential behaviour -------------------------------------------------------
     def __len__(self) -> int:
-        return sum(len(p) for p in self.partitions)
+        partitions = cast(nn.ModuleList, self.partitions)
+        return sum(len(cast(nn.Sequential, p)) for p in partitions)
 
     def __getitem__(self, index: int) -> nn.Module:
         layers = list(self._modules.values())
@@ -209,9 +210,9 @@ class GPipe(nn.Module):
             ".half() or .to(torch.double), is fine)"
         )
 
-    cuda = cpu = _refuse  # type: ignore[assignment]
+    cuda = cpu = _refuse
 
-    def to(self, *args: Any, **kwargs: Any) -> GPipe:  # type: ignore[override]
+    def to(self, *args: Any, **kwargs: Any) -> GPipe:
         """Cast (``to(dtype)``, ``to(dtype=...)``); any device, or a tensor (whose device
         would be taken), is refused: the partitions stay on their devices."""
         tensor_given = any(isinstance(a, torch.Tensor) for a in args) or "tensor" in kwargs
@@ -220,7 +221,7 @@ class GPipe(nn.Module):
             self._refuse()
         return super().to(*args, **kwargs)
 
-    def type(self, dst_type: torch.dtype | str) -> GPipe:  # type: ignore[override]
+    def type(self, dst_type: torch.dtype | str) -> GPipe:
         """Cast to a dtype; a tensor type name (e.g. ``torch.cuda.HalfTensor``) would also
         move the weights and is refused."""
         if not isinstance(dst_type, torch.dtype):
@@ -235,7 +236,7 @@ class GPipe(nn.Module):
         microbatches = scatter([input], self.chunks)
         num = len(microbatches)
         if self.training:
-            begin_minibatch(list(self.partitions), num)
+            begin_minibatch(list(cast(nn.ModuleList, self.partitions)), num)
         stop = checkpoint_stop(self.checkpoint, num)
         if not (self.training and torch.is_grad_enabled()):
             stop = 0

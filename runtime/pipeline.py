@@ -243,7 +243,7 @@ def _positional_binder(count: int) -> Callable[[tuple[Any, ...], dict[str, Any]]
     return bind
 
 
-def _check_batch_norm_modules(stages: list[nn.Module]) -> None:
+def _check_batch_norm_modules(stages: Sequence[nn.Module]) -> None:
     """Deferred statistics replace BatchNorm *modules*; a torch.export graph holds BatchNorm
     as an operation on buffers, which would keep moving per micro-batch: refuse it."""
     for mod in stages:

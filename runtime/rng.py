@@ -60,7 +60,7 @@ class MicrobatchRNG:
 
     def __init__(self, base_seed: int) -> None:
         self.base_seed = base_seed
-        self._states: dict[tuple[int, str], Any] = {}
+        self._states: dict[tuple[int, int], Any] = {}
 
     @contextmanager
     def stream(self, microbatch: int, device: torch.device) -> Iterator[None]:

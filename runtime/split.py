@@ -230,7 +230,11 @@ def _clone_written_inputs(graph: fx.Graph, root: fx.GraphModule | None = None) -
     for origin in written:
         with graph.inserting_after(origin):
             copy = graph.call_function(own_copy, (origin,))
-        origin.replace_all_uses_with(copy, delete_user_cb=lambda user, c=copy: user is not c)
+
+        def not_the_copy(user: fx.Node, c: fx.Node = copy) -> bool:
+            return user is not c
+
+        origin.replace_all_uses_with(copy, delete_user_cb=not_the_copy)
     return [n.name for n in written]
 
 

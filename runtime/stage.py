@@ -61,7 +61,7 @@ class StageFunction(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(  # type: ignore[override]
+    def forward(
         ctx: Any,
         run: Callable[..., Sequence[Any]],
         on_backward: Callable[[], Any],

@@ -110,7 +110,7 @@ def bubble_data(
     ms = list(microbatches)
     curves = []
     for kk in ks:
-        points = []
+        points: list[dict[str, Any]] = []
         for m in ms:
             p = (
                 plan

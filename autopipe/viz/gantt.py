@@ -70,7 +70,8 @@ def draw_timeline(ax: Axes, timeline: Timeline, *, width_px: float | None = None
     t0 = timeline.start_s
     span_s = max(timeline.iteration_s, 1e-12)
     if width_px is None:
-        fig = ax.get_figure()
+        fig = ax.get_figure(root=True)
+        assert fig is not None
         width_px = 0.85 * fig.get_figwidth() * fig.dpi
     px_per_s = width_px / span_s
     k = timeline.num_stages

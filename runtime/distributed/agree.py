@@ -62,8 +62,8 @@ def plan_fingerprint(plan: Plan) -> dict[str, Any]:
 def model_fingerprint(model: nn.Module) -> dict[str, Any]:
     """The model's class and every parameter's and buffer's name, shape and dtype (values are
     left out: a meta-device build has none, and ranks may initialise differently on purpose)."""
-    tensors = [
-        [name, list(t.shape), str(t.dtype)]
+    tensors: list[tuple[str, list[int], str]] = [
+        (name, list(t.shape), str(t.dtype))
         for named in (model.named_parameters(), model.named_buffers())
         for name, t in named
     ]
