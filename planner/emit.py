@@ -34,9 +34,28 @@ __all__ = [
 EMIT_FORMATS = ("torch", "torchtitan", "megatron")
 
 # torch.distributed.pipelining's class for each schedule autopipe plans.
-TORCH_SCHEDULES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B"}
+TORCH_SCHEDULES = {
+    "gpipe": "ScheduleGPipe",
+    "1f1b": "Schedule1F1B",
+    "interleaved-1f1b": "ScheduleInterleaved1F1B",
+    "looped-bfs": "ScheduleLoopedBFS",
+    "interleaved-zb": "ScheduleInterleavedZeroBubble",
+    "zbv": "ScheduleZBVZeroBubble",
+    "dualpipev": "ScheduleDualPipeV",
+}
 # The names torchtitan's pipeline_parallel_schedule takes (torch's get_schedule_class).
-TORCHTITAN_SCHEDULES = {"gpipe": "GPipe", "1f1b": "1F1B"}
+TORCHTITAN_SCHEDULES = {
+    "gpipe": "GPipe",
+    "1f1b": "1F1B",
+    "interleaved-1f1b": "Interleaved1F1B",
+    "looped-bfs": "LoopedBFS",
+    "interleaved-zb": "InterleavedZeroBubble",
+    "zbv": "ZBVZeroBubble",
+    "dualpipev": "DualPipeV",
+}
+# Megatron-Core runs 1F1B, interleaved when there are virtual stages; it has none of the
+# others (its schedule follows --num-virtual-stages-per-pipeline-rank, not a name).
+MEGATRON_SCHEDULES = {"1f1b": "1F1B", "interleaved-1f1b": "interleaved 1F1B"}
 
 
 class EmitError(ValueError):
@@ -44,8 +63,9 @@ class EmitError(ValueError):
 
 
 def _stage_to_rank(plan: Plan) -> list[int]:
-    """Stage s on rank s: one stage per rank (the schedules autopipe plans today)."""
-    return list(range(plan.num_stages))
+    """The rank of each of the plan's ``K x V`` chunks (loop or V-shape placement, as the
+    plan's schedule places them)."""
+    return [s.rank if s.rank >= 0 else i for i, s in enumerate(plan.stages)]
 
 
 def _require(plan: Plan, table: dict[str, str], target: str) -> str:
@@ -82,7 +102,7 @@ def to_torch(plan: Plan) -> dict[str, Any]:
         "split_spec": {stage.units[0]: "BEGINNING" for stage in plan.stages[1:]},
         "schedule": schedule,
         "n_microbatches": plan.microbatches,
-        "stages_per_rank": 1,
+        "stages_per_rank": plan.virtual_stages,
         "stage_to_rank": _stage_to_rank(plan),
     }
 
@@ -117,7 +137,7 @@ def to_torchtitan(plan: Plan) -> str:
             "module_fqns_per_model_part names modules: re-plan with --granularity block"
         )
     checkpointed = _checkpointed(plan)
-    if checkpointed and len(checkpointed) != plan.num_stages:
+    if checkpointed and len(checkpointed) != len(plan.stages):
         raise EmitError(
             f"the plan re-materializes only stages {checkpointed}; torchtitan's "
             "[activation_checkpoint] mode applies to every stage: re-plan with "
@@ -125,8 +145,9 @@ def to_torchtitan(plan: Plan) -> str:
         )
     parts = [list(stage.units) for stage in plan.stages]
     lines = [
-        f"# autopipe plan: {plan.num_stages} stages x {plan.microbatches} micro-batches of "
-        f"{plan.microbatch_size} ({plan.schedule}), predicted {plan.iteration_time_s * 1e3:.4g} ms",
+        f"# autopipe plan: {plan.num_stages} ranks x {plan.virtual_stages} chunks, "
+        f"{plan.microbatches} micro-batches of {plan.microbatch_size} ({plan.schedule}), "
+        f"predicted {plan.iteration_time_s * 1e3:.4g} ms",
         "# keys of torchtitan's [parallelism] section as of torchtitan 0.2",
         "[parallelism]",
         f"pipeline_parallel_degree = {plan.num_stages}",
@@ -191,11 +212,19 @@ def to_megatron(plan: Plan) -> dict[str, Any]:
     """Megatron-Core's arguments for the plan's split: ``--pipeline-model-parallel-layout``
     (``E`` embedding, ``t`` decoder layer, ``L`` loss/head, ``|`` between stages, ``x*N``
     repeats), ``--pipeline-model-parallel-size``, ``--num-virtual-stages-per-pipeline-rank``
-    and the recompute flags. Only for GPT-like models (one layer stack); Megatron recomputes
-    the same number of layers on every stage, so per-stage re-materialization is refused."""
+    and the recompute flags. Only for GPT-like models (one layer stack), and only the
+    schedules Megatron-Core runs (1F1B; interleaved 1F1B, whose layout lists the ``K x V``
+    chunks in model order and places chunk ``c`` on rank ``c mod K``, as the plan does).
+    Megatron recomputes the same number of layers on every stage, so per-stage
+    re-materialization is refused."""
+    if plan.schedule not in MEGATRON_SCHEDULES:
+        raise EmitError(
+            f"Megatron-Core has no {plan.schedule!r} schedule (it runs 1F1B, interleaved with "
+            "virtual stages): re-plan with --schedule 1f1b or interleaved-1f1b"
+        )
     layout = "|".join(_compress(s) for s in _layout_symbols(plan))
     checkpointed = _checkpointed(plan)
-    if checkpointed and len(checkpointed) != plan.num_stages:
+    if checkpointed and len(checkpointed) != len(plan.stages):
         raise EmitError(
             f"the plan re-materializes only stages {checkpointed}; Megatron's recompute "
             "flags apply to every stage: re-plan with --checkpoint never or --checkpoint always"
@@ -203,7 +232,7 @@ def to_megatron(plan: Plan) -> dict[str, Any]:
     args = [
         "--num-layers", str(_layer_count(plan)),
         "--pipeline-model-parallel-size", str(plan.num_stages),
-        "--num-virtual-stages-per-pipeline-rank", "1",
+        "--num-virtual-stages-per-pipeline-rank", str(plan.virtual_stages),
         "--pipeline-model-parallel-layout", layout,
         "--micro-batch-size", str(plan.microbatch_size),
     ]  # fmt: skip

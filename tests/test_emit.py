@@ -58,7 +58,7 @@ def _check_torch_split(
     split = {fqn: SplitPoint.BEGINNING for fqn, where in spec["split_spec"].items()}
     assert set(spec["split_spec"].values()) == {"BEGINNING"}
     pipe = pipeline(model, mb_args=mb_args, mb_kwargs=mb_kwargs, split_spec=split)
-    assert pipe.num_stages == plan.num_stages == len(spec["stage_to_rank"])
+    assert pipe.num_stages == len(plan.stages) == len(spec["stage_to_rank"])
     units = [u for s in plan.stages for u in s.units]
     for i, stage in enumerate(plan.stages):
         with_params = {u for u in stage.units if any(True for _ in _params_of(model, u))}
@@ -89,7 +89,9 @@ def test_gpt_emits_torch_torchtitan_and_megatron() -> None:
         f"blocks.{i}" for i in range(4)
     ] + ["ln_f", "head"]  # every top-level module (blocks by block), once, in order
 
-    out = to_megatron(plan)
+    with pytest.raises(EmitError, match="Megatron-Core has no 'gpipe' schedule"):
+        to_megatron(plan)
+    out = to_megatron(dataclasses.replace(plan, schedule="1f1b"))  # the same split, 1F1B
     stages = parse_megatron_layout(out["layout"])
     assert stages[0].startswith("E") and stages[-1].endswith("L")
     layers = [sum(u.startswith("blocks.") for u in s.units) for s in plan.stages]
@@ -97,6 +99,35 @@ def test_gpt_emits_torch_torchtitan_and_megatron() -> None:
     assert out["args"][out["args"].index("--pipeline-model-parallel-size") + 1] == "4"
     assert out["args"][out["args"].index("--num-layers") + 1] == "4"
     assert "--recompute-granularity" not in out["args"]
+
+
+def _interleaved(plan: Plan) -> Plan:
+    """The 4-chunk plan as 2 ranks x 2 virtual stages, chunk c on rank c mod 2."""
+    stages = [dataclasses.replace(s, rank=s.index % 2) for s in plan.stages]
+    return dataclasses.replace(
+        plan, num_stages=2, virtual_stages=2, schedule="interleaved-1f1b", stages=stages
+    )
+
+
+def test_virtual_stages_in_every_format() -> None:
+    model, inputs, plan = _gpt_plan()
+    v2 = _interleaved(plan)
+    spec = to_torch(v2)
+    assert spec["schedule"] == "ScheduleInterleaved1F1B"
+    assert spec["stages_per_rank"] == 2 and spec["stage_to_rank"] == [0, 1, 0, 1]
+    _check_torch_split(model, (inputs[:1],), v2)  # pipeline() cuts all K x V chunks
+    toml = tomllib.loads(to_torchtitan(v2))["parallelism"]
+    assert toml["pipeline_parallel_degree"] == 2
+    assert toml["pipeline_parallel_schedule"] == "Interleaved1F1B"
+    assert len(toml["module_fqns_per_model_part"]) == 4
+    out = to_megatron(v2)
+    assert len(parse_megatron_layout(out["layout"])) == 4
+    assert out["args"][out["args"].index("--num-virtual-stages-per-pipeline-rank") + 1] == "2"
+    assert out["args"][out["args"].index("--pipeline-model-parallel-size") + 1] == "2"
+    zb = dataclasses.replace(v2, schedule="interleaved-zb")
+    assert to_torch(zb)["schedule"] == "ScheduleInterleavedZeroBubble"
+    with pytest.raises(EmitError, match="Megatron-Core has no 'interleaved-zb'"):
+        to_megatron(zb)
 
 
 def test_layout_grammar_from_the_documentation() -> None:
@@ -108,12 +139,12 @@ def test_layout_grammar_from_the_documentation() -> None:
 
 
 def test_what_a_target_cannot_express_is_refused_in_one_line() -> None:
-    model, inputs, plan = _gpt_plan(checkpoint="except_last")
+    model, inputs, plan = _gpt_plan(checkpoint="except_last", schedule="1f1b")
     for emitter in (to_torch, to_torchtitan, to_megatron):
         with pytest.raises(EmitError, match="re-materializes") as info:
             emitter(plan)
         assert "\n" not in str(info.value)
-    all_stages = _gpt_plan(checkpoint="always")[2]
+    all_stages = _gpt_plan(checkpoint="always", schedule="1f1b")[2]
     assert tomllib.loads(to_torchtitan(all_stages))["activation_checkpoint"]["mode"] == "full"
     assert "--recompute-granularity" in to_megatron(all_stages)["args"]
     node = dataclasses.replace(plan, granularity="node")
@@ -130,7 +161,7 @@ def test_skip_connection_across_stages() -> None:
     torch.manual_seed(0)
     model, inputs = SkipNet(), skipnet_inputs(4)
     measured = profile(model, inputs, **FAST)
-    plan = make_plan(measured, 3, microbatches=2)
+    plan = make_plan(measured, 3, microbatches=2, schedule="1f1b")
     _check_torch_split(model, tuple(t[:2] for t in inputs), plan)
     toml = tomllib.loads(to_torchtitan(plan))["parallelism"]
     assert [u for part in toml["module_fqns_per_model_part"] for u in part] == [
@@ -152,10 +183,13 @@ def test_hugging_face_llama() -> None:
     _check_torch_split(model, (), plan, {k: v[:4] for k, v in inputs.items()})
     parts = tomllib.loads(to_torchtitan(plan))["parallelism"]["module_fqns_per_model_part"]
     assert parts[0][0] == "model.embed_tokens" and parts[-1][-1] == "lm_head"
-    layout = to_megatron(plan)["layout"]
+    layout = to_megatron(dataclasses.replace(plan, schedule="1f1b"))["layout"]
     assert megatron_stage_layers(layout) == [
         sum(u.startswith("model.layers.") for u in s.units) for s in plan.stages
     ]
+
+
+SCHEDULE = ["--schedule", "1f1b"]
 
 
 def test_cli_emit_and_plan_emit(tmp_path, capsys) -> None:
@@ -165,7 +199,7 @@ def test_cli_emit_and_plan_emit(tmp_path, capsys) -> None:
 
     gpt = str(Path(__file__).resolve().parents[1] / "examples" / "gpt.py")
     plan_file, toml_file = tmp_path / "plan.json", tmp_path / "pp.toml"
-    assert main(["plan", gpt, "--gpus", "2", "-q", "--json", str(plan_file)]) == 0
+    assert main(["plan", gpt, "--gpus", "2", "-q", "--json", str(plan_file)] + SCHEDULE) == 0
     assert main(["emit", str(plan_file), "torchtitan", "-o", str(toml_file), "-q"]) == 0
     parts = tomllib.loads(toml_file.read_text())["parallelism"]["module_fqns_per_model_part"]
     assert len(parts) == 2 and parts[0][0] == "tok_emb"
