@@ -111,6 +111,8 @@ def build_plan(
                 rank=ranks[s],
                 backward_input_s=works[s].backward_input_s if works else 0.0,
                 backward_weight_s=works[s].backward_weight_s if works else 0.0,
+                microbatch_activation_bytes=int(works[s].activation_bytes) if works else 0,
+                microbatch_input_bytes=int(works[s].input_bytes) if works else 0,
             )
         )
     v0 = cluster.devices[0].speed

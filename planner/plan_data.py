@@ -72,6 +72,13 @@ class StagePlan:
     ``backward_weight_s`` both 0 when the plan does not split backward."""
     backward_weight_s: float = 0.0
     """The part of ``backward_s`` that computes the weight gradients (zero-bubble "W")."""
+    microbatch_activation_bytes: int = 0
+    """What one micro-batch's forward saves for backward (bytes; re-computed when
+    checkpointed); with ``microbatch_input_bytes`` what the memory replay over time uses. 0 in
+    plans written before it was recorded (then estimated from ``activation_bytes``)."""
+    microbatch_input_bytes: int = 0
+    """One micro-batch's stage input (bytes), all a checkpointed stage keeps per micro-batch
+    until it re-computes."""
 
     @property
     def time_s(self) -> float:

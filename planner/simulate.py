@@ -46,6 +46,7 @@ __all__ = [
     "gpipe_exact",
     "simulate",
     "simulate_plan",
+    "plan_chunk_works",
     "stage_program",
 ]
 
@@ -257,17 +258,78 @@ def simulate_plan(
     shared_device_groups: Sequence[Sequence[int]] | None = None,
     record_tasks: bool = True,
 ) -> Simulation:
-    """Simulate one iteration of a ``Plan`` with its per-stage costs, M and schedule."""
-    return simulate(
-        [s.forward_s for s in plan.stages],
-        [s.backward_s for s in plan.stages],
-        plan.microbatches,
-        recompute_s=[s.recompute_s for s in plan.stages],
-        send_s=[s.send_s for s in plan.stages],
-        schedule=plan.schedule,
-        shared_device_groups=shared_device_groups,
+    """Simulate one iteration of a ``Plan`` with its per-stage costs, M and schedule.
+
+    GPipe and 1F1B with one stage per rank use :func:`simulate` (which can also share
+    devices); every other schedule, or V > 1, :func:`simulate_schedule` over
+    :func:`plan_chunk_works` (dedicated ranks only), which also replays memory. O(T log K).
+    """
+    if plan.schedule in ("gpipe", "1f1b") and plan.virtual_stages == 1:
+        sim = simulate(
+            [s.forward_s for s in plan.stages],
+            [s.backward_s for s in plan.stages],
+            plan.microbatches,
+            recompute_s=[s.recompute_s for s in plan.stages],
+            send_s=[s.send_s for s in plan.stages],
+            schedule=plan.schedule,
+            shared_device_groups=shared_device_groups,
+            record_tasks=record_tasks,
+        )
+        if shared_device_groups:
+            return sim
+        works = plan_chunk_works(plan)
+        orders = rank_orders(plan.schedule, plan.num_stages, 1, plan.microbatches)
+        sim.peak_bytes = replay_memory(orders, works, list(range(plan.num_stages)))
+        if record_tasks:
+            sim.memory = simulate_schedule(
+                works, plan.schedule, plan.num_stages, plan.microbatches, orders=orders
+            ).memory
+        return sim
+    if shared_device_groups:
+        raise ValueError(
+            f"{plan.schedule} with {plan.virtual_stages} virtual stages is simulated on "
+            "dedicated ranks only (shared_device_groups is for GPipe and 1F1B)"
+        )
+    return simulate_schedule(
+        plan_chunk_works(plan), plan.schedule, plan.num_stages, plan.microbatches,
         record_tasks=record_tasks,
-    )
+    )  # fmt: skip
+
+
+def plan_chunk_works(plan: Plan) -> list[ChunkWork]:
+    """Each of the plan's chunks as the simulator's :class:`ChunkWork`. O(K V M).
+
+    Bytes per micro-batch come from ``StagePlan.microbatch_activation_bytes`` /
+    ``microbatch_input_bytes``; plans written before those were recorded estimate them from
+    ``activation_bytes`` and the schedule's in-flight count (checkpointed stages: all of it
+    charged as re-computed activations)."""
+    held: list[int] | None = None
+    works = []
+    for c, s in enumerate(plan.stages):
+        act, inp = float(s.microbatch_activation_bytes), float(s.microbatch_input_bytes)
+        if act == 0 and inp == 0 and s.activation_bytes > 0:
+            if held is None:
+                orders = rank_orders(
+                    plan.schedule, plan.num_stages, plan.virtual_stages, plan.microbatches
+                )
+                held = inflight_counts(orders, len(plan.stages))[0]
+            act = s.activation_bytes / (1 if s.checkpoint else max(held[c], 1))
+        split = s.backward_input_s + s.backward_weight_s > 0
+        works.append(
+            ChunkWork(
+                forward_s=s.forward_s,
+                backward_s=s.backward_s,
+                backward_input_s=s.backward_input_s if split else s.backward_s,
+                backward_weight_s=s.backward_weight_s if split else 0.0,
+                recompute_s=s.recompute_s,
+                send_s=s.send_s,
+                activation_bytes=act,
+                input_bytes=inp,
+                checkpoint=s.checkpoint,
+                state_bytes=float(s.parameter_bytes + s.optimizer_bytes),
+            )
+        )
+    return works
 
 
 # -- every schedule: a plan's chunks on dedicated ranks ------------------------------------
