@@ -19,6 +19,7 @@ from typing import Any
 
 from autopipe.planner.layers import layer_stack
 from autopipe.planner.plan_data import Plan
+from autopipe.planner.schedules import TORCH_CLASSES
 
 __all__ = [
     "EMIT_FORMATS",
@@ -34,9 +35,19 @@ __all__ = [
 EMIT_FORMATS = ("torch", "torchtitan", "megatron")
 
 # torch.distributed.pipelining's class for each schedule autopipe plans.
-TORCH_SCHEDULES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B"}
+TORCH_SCHEDULES = dict(TORCH_CLASSES)
 # The names torchtitan's pipeline_parallel_schedule takes (torch's get_schedule_class).
-TORCHTITAN_SCHEDULES = {"gpipe": "GPipe", "1f1b": "1F1B"}
+TORCHTITAN_SCHEDULES = {
+    "gpipe": "GPipe",
+    "1f1b": "1F1B",
+    "interleaved-1f1b": "Interleaved1F1B",
+    "looped-bfs": "LoopedBFS",
+    "interleaved-zb": "InterleavedZeroBubble",
+    "zbv": "ZBVZeroBubble",
+    "dualpipev": "DualPipeV",
+}
+# Megatron-Core runs 1F1B, interleaved over virtual stages with loop placement.
+MEGATRON_SCHEDULES = {"gpipe": "1f1b", "1f1b": "1f1b", "interleaved-1f1b": "interleaved"}
 
 
 class EmitError(ValueError):
@@ -44,8 +55,9 @@ class EmitError(ValueError):
 
 
 def _stage_to_rank(plan: Plan) -> list[int]:
-    """Stage s on rank s: one stage per rank (the schedules autopipe plans today)."""
-    return list(range(plan.num_stages))
+    """The rank of each stage (model chunk): ``StagePlan.rank``, loop or V-shape placement
+    (stage s on rank s in plans written before stages were placed)."""
+    return [s.rank if s.rank >= 0 else s.index for s in plan.stages]
 
 
 def _require(plan: Plan, table: dict[str, str], target: str) -> str:
@@ -82,7 +94,7 @@ def to_torch(plan: Plan) -> dict[str, Any]:
         "split_spec": {stage.units[0]: "BEGINNING" for stage in plan.stages[1:]},
         "schedule": schedule,
         "n_microbatches": plan.microbatches,
-        "stages_per_rank": 1,
+        "stages_per_rank": plan.virtual_stages,
         "stage_to_rank": _stage_to_rank(plan),
     }
 
@@ -117,7 +129,7 @@ def to_torchtitan(plan: Plan) -> str:
             "module_fqns_per_model_part names modules: re-plan with --granularity block"
         )
     checkpointed = _checkpointed(plan)
-    if checkpointed and len(checkpointed) != plan.num_stages:
+    if checkpointed and len(checkpointed) != len(plan.stages):
         raise EmitError(
             f"the plan re-materializes only stages {checkpointed}; torchtitan's "
             "[activation_checkpoint] mode applies to every stage: re-plan with "
@@ -193,9 +205,10 @@ def to_megatron(plan: Plan) -> dict[str, Any]:
     repeats), ``--pipeline-model-parallel-size``, ``--num-virtual-stages-per-pipeline-rank``
     and the recompute flags. Only for GPT-like models (one layer stack); Megatron recomputes
     the same number of layers on every stage, so per-stage re-materialization is refused."""
+    _require(plan, MEGATRON_SCHEDULES, "Megatron-Core")
     layout = "|".join(_compress(s) for s in _layout_symbols(plan))
     checkpointed = _checkpointed(plan)
-    if checkpointed and len(checkpointed) != plan.num_stages:
+    if checkpointed and len(checkpointed) != len(plan.stages):
         raise EmitError(
             f"the plan re-materializes only stages {checkpointed}; Megatron's recompute "
             "flags apply to every stage: re-plan with --checkpoint never or --checkpoint always"
@@ -203,7 +216,7 @@ def to_megatron(plan: Plan) -> dict[str, Any]:
     args = [
         "--num-layers", str(_layer_count(plan)),
         "--pipeline-model-parallel-size", str(plan.num_stages),
-        "--num-virtual-stages-per-pipeline-rank", "1",
+        "--num-virtual-stages-per-pipeline-rank", str(plan.virtual_stages),
         "--pipeline-model-parallel-layout", layout,
         "--micro-batch-size", str(plan.microbatch_size),
     ]  # fmt: skip
