@@ -8,6 +8,7 @@ runs on a mocked stage. Nothing distributed runs: the stages are autospec mocks.
 
 from __future__ import annotations
 
+import functools
 from unittest import mock
 
 import pytest
@@ -26,7 +27,10 @@ from torch.distributed.pipelining.stage import PipelineStage  # noqa: E402
 _PHASE = {"F": "forward", "B": "backward", "I": "backward_input", "W": "backward_weight"}
 
 
+@functools.cache
 def _stage(rank: int, k: int, v: int) -> mock.MagicMock:
+    """A mocked stage of rank ``rank`` (autospec is slow: one per (rank, K, V), reused; each
+    use sets the side effects it needs)."""
     st = mock.create_autospec(PipelineStage, instance=True)
     st.group_rank, st.group_size, st.num_stages = rank, k, k * v
     st.submod = None
