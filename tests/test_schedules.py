@@ -96,7 +96,7 @@ def _cases() -> list[tuple[str, int, int, int]]:
             vs = (1, 2, 4)
         for k in (2, 4, 8):
             for v in vs:
-                for m in sorted({2, 3, k, k + 2, 2 * k}):
+                for m in sorted({2, 3, k, k + 2, 2 * k, 2 * k + 3, 3 * k}):
                     if not violations(name, k, v, m, batch_size=m):
                         cases.append((name, k, v, m))
     return cases
