@@ -405,13 +405,10 @@ def _prepare(
     )
     cand = Candidate(m, sched, cm, shape=shape, cluster=cluster)
     cand.lower_bound_s = lower_bound_s(cm, shape, cluster)
-    exact = req.strategy in ("dp", "ilp", "brute-force")
-    if v == 1:
-        cand.method = (
-            f"exact min-bottleneck partition ({req.strategy})"
-            if exact
-            else f"the {req.strategy} baseline's cut"
-        )
+    if req.strategy not in ("dp", "ilp", "brute-force"):
+        cand.method = f"the {req.strategy} baseline's cut into {k}x{v} chunks"
+    elif v == 1:
+        cand.method = f"exact min-bottleneck partition ({req.strategy})"
     else:
         cand.method = f"min-bottleneck partition of the {k}x{v} chunks ({req.strategy})"
     return cand
