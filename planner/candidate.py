@@ -70,7 +70,8 @@ class Candidate:
     refinement: dict[str, Any] | None = None
     """What the chunk-move refinement of V > 1 looked at, when it ran."""
     pruned: bool = False
-    """Not partitioned: its proven lower bound was no faster than a plan already found."""
+    """Not partitioned: its proven lower bound (or one probe: no cut keeps every chunk within
+    the best time so far / M) showed it cannot beat a plan already found."""
 
     @property
     def virtual_stages(self) -> int:

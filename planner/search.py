@@ -42,7 +42,7 @@ from autopipe.planner.errors import PlanningError, RuleViolation
 from autopipe.planner.partition import brute_force_partition, exact_partition
 from autopipe.planner.plan_data import Plan
 from autopipe.planner.preflight import preflight, violations
-from autopipe.planner.probe import min_memory_needed, pareto_partitions
+from autopipe.planner.probe import _Prober, min_memory_needed, pareto_partitions
 from autopipe.planner.request import PlanRequest
 from autopipe.planner.schedules import check_virtual_stages, virtual_stage_choices
 from autopipe.profiler.optimizer_state import (
@@ -56,6 +56,8 @@ from autopipe.profiler.profile_data import Profile
 from autopipe.humanize import format_bytes
 
 STRATEGIES = ("dp", "ilp", "brute-force", *BASELINES)
+EXACT_STRATEGIES = ("dp", "ilp", "brute-force")
+"""The strategies whose partition has the smallest bottleneck (ILP: when it closed its gap)."""
 _BRUTE_FORCE_MAX = 2_000_000
 
 
@@ -273,7 +275,7 @@ def plan(
         if cand.lower_bound_s >= best_s:
             cand.pruned = True
             continue
-        _partition_candidate(cand, profile, req, batch=batch, state_bpp=state_bpp)
+        _partition_candidate(cand, profile, req, batch=batch, state_bpp=state_bpp, best_s=best_s)
         if cand.feasible:
             best_s = min(best_s, cand.iteration_time_s)
     candidates = prepared
@@ -415,7 +417,13 @@ def _prepare(
 
 
 def _partition_candidate(
-    cand: Candidate, profile: Profile, req: PlanRequest, *, batch: int, state_bpp: float
+    cand: Candidate,
+    profile: Profile,
+    req: PlanRequest,
+    *,
+    batch: int,
+    state_bpp: float,
+    best_s: float = math.inf,
 ) -> None:
     """Partition and price ``cand`` in place (it stays infeasible when nothing fits). With
     V > 1 a cut whose ranks overflow when every chunk may use its whole rank is retried with
@@ -423,6 +431,8 @@ def _partition_candidate(
     assert cand.shape is not None and cand.cluster is not None
     v = cand.virtual_stages
     for share in [1.0] if v == 1 else [1.0, 1.0 / v]:
+        if share != 1.0 and cand.lower_bound_s >= best_s:
+            return  # even the relaxed cut's bound cannot beat the plan already found
         if share != 1.0:
             cand.cost_model = cost_model_for(
                 profile,
@@ -435,12 +445,24 @@ def _partition_candidate(
                 memory_share=share,
             )
         cm = cand.cost_model
+        if share == 1.0 and req.strategy == "dp" and math.isfinite(best_s):
+            # One probe: if no cut keeps every chunk within best_s / M, every cut's
+            # bottleneck rank is busy longer than the plan already found. O(K V N log N).
+            if _Prober(cm).probe(best_s / cand.microbatches) is None:
+                cand.pruned = True
+                cm.clear_cache()
+                return
         part = _partition(cm, req.strategy, profile, req.time_limit_s)
         cm.clear_cache()
         if part is None:
             continue
         ev = cand.evaluate(part.bounds)
         cand.min_bottleneck_s = part.bottleneck_s
+        if share == 1.0 and part.optimality_gap == 0 and req.strategy in EXACT_STRATEGIES:
+            # Every chunk may use its whole rank here, a relaxation of the rank's shared
+            # memory, so no cut of this candidate has a smaller bottleneck; the rank holding
+            # the bottleneck chunk runs it M times: M x bottleneck is a proven bound too.
+            cand.lower_bound_s = max(cand.lower_bound_s, cand.microbatches * part.bottleneck_s)
         if ev.fits:
             cand.adopt(part, ev.costs, ev.simulation, ev.works, ev.peaks)
             return
@@ -451,6 +473,7 @@ def _refine_chunks(
     rank: Callable[[Candidate], Any],
     max_walks: int = 3,
     max_rounds: int = 4,
+    max_evaluations: int = 160,
 ) -> None:
     """Simulated local search for the candidates not covered by an exact method (V > 1 and
     the looped / zero-bubble schedules): move one chunk boundary by one unit at a time and
@@ -458,7 +481,8 @@ def _refine_chunks(
 
     Walks candidates in order of their time while their proven lower bound is below the
     best time so far, at most ``max_walks`` of them, each for at most ``max_rounds`` passes
-    over the ``K V - 1`` boundaries: O(max_walks x max_rounds x K V x T).
+    over the ``K V - 1`` boundaries and ``max_evaluations`` simulations:
+    O(max_walks x min(max_rounds x K V, max_evaluations) x T).
     """
     walked = 0
     for c in sorted(feasible, key=rank):
@@ -477,6 +501,8 @@ def _refine_chunks(
             improved = False
             for b in range(1, len(bounds) - 1):
                 for step in (-1, 1):
+                    if tried >= max_evaluations:
+                        break
                     pos = bounds[b] + step
                     if not bounds[b - 1] < pos < bounds[b + 1] or not 0 < pos < n:
                         continue
