@@ -50,7 +50,9 @@ class ScheduleShape:
     """Per chunk: most micro-batches holding re-computed activations when checkpointed."""
 
     @classmethod
-    def of(cls, schedule: str, num_ranks: int, virtual_stages: int, microbatches: int):
+    def of(
+        cls, schedule: str, num_ranks: int, virtual_stages: int, microbatches: int
+    ) -> ScheduleShape:
         """O(K V M): the orders are generated once here and reused by every simulation."""
         ranks = chunk_ranks(schedule, num_ranks, virtual_stages)
         orders = rank_orders(schedule, num_ranks, virtual_stages, microbatches)

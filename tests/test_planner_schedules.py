@@ -16,7 +16,7 @@ from autopipe.planner.cluster import Cluster
 from autopipe.planner.errors import PlanningError
 from autopipe.planner.partition import brute_force_partition
 from autopipe.planner.plan_data import PLAN_SCHEDULES
-from autopipe.planner.schedules import chunk_ranks, rank_orders
+from autopipe.planner.schedules import SPLIT_BACKWARD_SCHEDULES, chunk_ranks, rank_orders
 from autopipe.planner.simulate import (
     ChunkWork,
     replay_memory,
@@ -186,7 +186,7 @@ def test_old_plan_files_load_without_the_new_fields(tmp_path: Path) -> None:
 
 
 @settings(
-    max_examples=12,
+    max_examples=16,
     deadline=None,
     derandomize=True,
     suppress_health_check=[HealthCheck.too_slow],
@@ -198,9 +198,10 @@ def test_old_plan_files_load_without_the_new_fields(tmp_path: Path) -> None:
     st.sampled_from([8, 12, 16]),
     st.sampled_from([None, 2e8, 6e8]),
     st.sampled_from(["never", "auto"]),
+    st.booleans(),
 )
 def test_auto_never_returns_a_rule_breaking_plan(
-    n: int, seed: int, k: int, batch: int, mem: float | None, checkpoint: str
+    n: int, seed: int, k: int, batch: int, mem: float | None, checkpoint: str, compile: bool
 ) -> None:
     k = min(k, n)
     profile = random_profile(n, seed, batch_size=batch)
@@ -214,12 +215,15 @@ def test_auto_never_returns_a_rule_breaking_plan(
             checkpoint=checkpoint,
             memory_per_device=None if mem is None else int(mem),
             baselines=False,
+            compile=compile,
         )
     except PlanningError as exc:
         assert not isinstance(exc, RuleViolation)  # auto skips, never refuses
         assert mem is not None
         return
     assert preflight(p) == []
+    if compile:  # torch.compile'd stages: never a schedule that splits backward
+        assert p.schedule not in SPLIT_BACKWARD_SCHEDULES
     assert p.lower_bound_s <= p.iteration_time_s * (1 + 1e-12)
     if mem is not None:
         assert all(b * 1.1 <= mem * (1 + 1e-9) for b in p.rank_peak_bytes)
