@@ -372,3 +372,24 @@ def test_plots_every_schedule_and_memory(tmp_path: Path) -> None:
             assert {"task:backward_input", "task:backward_weight"} <= phases
     for path in paths:
         assert path.stat().st_size > 1000 and path.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_cli_plot_draws_every_schedule_side_by_side(
+    profile_json: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "plan.json"
+    assert main(["plan", str(profile_json), "--gpus", "3", "--microbatches", "8",
+                 "--json", str(out), "-q"]) == 0  # fmt: skip
+    plots = tmp_path / "plots"
+    assert main(["plot", str(out), "--schedules", "--out", str(plots), "-q"]) == 0
+    for name in ("timeline", "memory", "schedules", "schedules_memory"):
+        path = plots / f"{name}.png"
+        assert path.stat().st_size > 1000, name
+    # Without a profile there is nothing to re-plan: one line, exit 2.
+    bare = json.loads(out.read_text())
+    del bare["meta"]["profile"]
+    out.write_text(json.dumps(bare))
+    capsys.readouterr()
+    assert main(["plot", str(out), "--schedules", "--out", str(tmp_path / "p2")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--schedules" in err[0]

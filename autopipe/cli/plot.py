@@ -99,6 +99,11 @@ def cmd_plot(args: argparse.Namespace) -> int:
             raise common.UsageError(
                 f"{args.plan}: the embedded profile is unusable: {exc}"
             ) from exc
+    if args.schedules and profile is None:  # refused before any drawing
+        raise common.UsageError(
+            "--schedules re-plans the plan's profile: pass --profile PROFILE.json (plans "
+            "written by `autopipe plan --json` carry it)"
+        )
     from autopipe.viz import plot_all
 
     paths = plot_all(
@@ -122,11 +127,6 @@ def cmd_plot(args: argparse.Namespace) -> int:
 
 def _plot_schedules(plan: Any, profile: Any, args: argparse.Namespace) -> list[Path]:
     """``--schedules``: the plan's request planned once per schedule, drawn side by side."""
-    if profile is None:
-        raise common.UsageError(
-            "--schedules re-plans the plan's profile: pass --profile PROFILE.json (plans "
-            "written by `autopipe plan --json` carry it)"
-        )
     import dataclasses
 
     from autopipe.planner.request import PlanRequest
