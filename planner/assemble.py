@@ -221,18 +221,26 @@ def build_plan(
 def _why_m(best: Candidate, candidates: list[Candidate]) -> str:
     m, sched, it = best.microbatches, best.schedule, best.iteration_time_s
     assert best.simulation is not None
+    v = best.virtual_stages
+    sched = sched if v == 1 else f"{sched} (V={v})"
     text = f"M={m}, schedule={sched}: iteration {it * 1e3:.4g} ms, bubble {best.simulation.bubble_fraction:.1%}"
     rivals = [c for c in candidates if c.feasible and c is not best]
     if not rivals:
         return text + " (the only feasible candidate)"
-    same = sorted((c for c in rivals if c.schedule == sched), key=lambda c: c.microbatches)
+    same = sorted(
+        (c for c in rivals if c.schedule == best.schedule and c.virtual_stages == v),
+        key=lambda c: c.microbatches,
+    )
     lower = [c for c in same if c.microbatches < m][-1:]
     higher = [c for c in same if c.microbatches > m][:1]
     parts = [f"M={c.microbatches} {c.iteration_time_s * 1e3:.4g} ms" for c in lower + higher]
-    other = [c for c in rivals if c.schedule != sched]
+    other = [c for c in rivals if c.schedule != best.schedule]
     if other:
         o = min(other, key=lambda c: c.iteration_time_s)
-        parts.append(f"best {o.schedule} {o.iteration_time_s * 1e3:.4g} ms at M={o.microbatches}")
+        parts.append(
+            f"best {o.schedule} {o.iteration_time_s * 1e3:.4g} ms at M={o.microbatches}, "
+            f"V={o.virtual_stages}"
+        )
     return text + (" (vs " + ", ".join(parts) + ")" if parts else "")
 
 
