@@ -131,8 +131,9 @@ def build_plan(
     ]
     notes += [f"stage {st.index} {st.reason}" for st in stages if st.reason]
     notes.append(_why_m(best, candidates))
-    lower = best.lower_bound_s
-    gap = it / lower - 1.0 if lower > 0 else 0.0
+    # Proven <= it; min/max only absorb floating-point rounding (e.g. K = 1, where they meet).
+    lower = min(best.lower_bound_s, it)
+    gap = max(it / lower - 1.0, 0.0) if lower > 0 else 0.0
     if v > 1:
         notes.append(
             f"{k} ranks x {v} virtual stages ({sched}); chunks by {best.method}: not proven "

@@ -237,8 +237,11 @@ def plan(
     place is ``gpus``. The request's fields: ``gpus=K`` (K equal devices named after the
     profile's device, ``memory_per_device`` bytes each, ``None`` = unlimited) or ``cluster``
     (devices in pipeline order); ``microbatches``: an integer, a list of candidates, or
-    ``"auto"`` (every divisor of the batch size); ``schedule``: ``"gpipe"``, ``"1f1b"`` or
-    ``"auto"`` (the faster feasible one); ``checkpoint``: ``"never"``, ``"always"``,
+    ``"auto"`` (every divisor of the batch size); ``schedule``: one of ``PLAN_SCHEDULES``
+    (``gpipe``, ``1f1b``, ``interleaved-1f1b``, ``looped-bfs``, ``interleaved-zb``, ``zbv``,
+    ``dualpipev``) or ``"auto"`` (the fastest feasible schedule, V and M); ``virtual_stages``:
+    V chunks per rank or ``"auto"``; ``compile``: the stages will be ``torch.compile``'d (no
+    split-backward schedule); a request torch would refuse raises ``RuleViolation``; ``checkpoint``: ``"never"``, ``"always"``,
     ``"except_last"`` or ``"auto"`` (per stage, only where the activations would not fit);
     ``strategy``: ``"dp"`` (exact), ``"ilp"`` (exact, CBC, ``time_limit_s`` per solve),
     ``"brute-force"``, or a baseline ``"uniform"``, ``"parameters"``, ``"greedy-time"``.
