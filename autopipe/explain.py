@@ -15,10 +15,12 @@ def explain(plan: Plan) -> str:
     if not plan.stages:
         return "empty plan"
     bottleneck = max(plan.stages, key=lambda s: s.time_s)
-    mean_s = sum(s.time_s for s in plan.stages) / k
+    mean_s = sum(s.time_s for s in plan.stages) / len(plan.stages)
+    v = plan.virtual_stages
+    what = "chunk" if v > 1 else "stage"
     lines.append(
-        f"Bottleneck: stage {bottleneck.index} ({bottleneck.first_module} .. {bottleneck.last_module}) "
-        f"takes {format_seconds(bottleneck.time_s)} per micro-batch; the mean stage takes "
+        f"Bottleneck: {what} {bottleneck.index} ({bottleneck.first_module} .. {bottleneck.last_module}) "
+        f"takes {format_seconds(bottleneck.time_s)} per micro-batch; the mean {what} takes "
         f"{format_seconds(mean_s)}, so balance is {100 * mean_s / bottleneck.time_s:.0f}% "
         "(100% = perfectly even)."
     )
@@ -29,7 +31,33 @@ def explain(plan: Plan) -> str:
         f"as simulated. GPipe's rule of thumb M >= 4K = {4 * k} is "
         f"{'met' if m >= 4 * k else 'not met'}."
     )
-    if plan.memory_per_device:
+    if v > 1 or plan.schedule not in ("gpipe", "1f1b"):
+        placement = "V-shape" if plan.schedule in ("zbv", "dualpipev") else "loop"
+        lines.append(
+            f"Schedule: {plan.schedule} with V = {v} virtual stages per rank ({k} x {v} = "
+            f"{len(plan.stages)} chunks, {placement} placement); interleaving cuts the "
+            f"bubble to about (K-1)/(V M) = {100 * (k - 1) / (v * m):.1f}%"
+            + (", and the split backward (B, W) fills most of it." if _splits(plan) else ".")
+        )
+    if plan.lower_bound_s > 0:
+        how = f" Method: {plan.method}." if plan.method else ""
+        lines.append(
+            f"Lower bound: no cut of this model into {k} x {v} chunks with {plan.schedule} at "
+            f"M = {m} is faster than {format_seconds(plan.lower_bound_s)} (proven: the work, "
+            "heaviest-unit and critical-path bounds); this plan is "
+            f"{format_seconds(plan.iteration_time_s)}, a gap of at most "
+            f"{100 * plan.lower_bound_gap:.1f}%.{how}"
+        )
+    if plan.memory_per_device and plan.rank_peak_bytes:
+        r = max(range(len(plan.rank_peak_bytes)), key=lambda i: plan.rank_peak_bytes[i])
+        peak = plan.rank_peak_bytes[r]
+        share = peak / plan.memory_per_device
+        lines.append(
+            f"Memory: the fullest rank is {r} with a replayed peak of {format_bytes(peak)} of "
+            f"{format_bytes(plan.memory_per_device)} ({100 * share:.0f}%, headroom not "
+            f"included); memory {'binds' if share > 0.9 else 'does not bind'} this plan."
+        )
+    elif plan.memory_per_device:
         fullest = max(plan.stages, key=lambda s: s.memory_bytes)
         share = fullest.memory_bytes / plan.memory_per_device
         lines.append(
@@ -67,6 +95,10 @@ def explain(plan: Plan) -> str:
         lines.append("")
     lines.extend(plan.notes)
     return "\n".join(lines)
+
+
+def _splits(plan: Plan) -> bool:
+    return any(s.backward_weight_s > 0 for s in plan.stages)
 
 
 _FRAMEWORK_LABELS = {

@@ -42,7 +42,7 @@ def format_plan(plan: Plan) -> str:
         )
         rows.append(
             [
-                str(s.index),
+                str(s.index) if plan.virtual_stages == 1 else f"{s.index} (rank {s.rank})",
                 s.device,
                 f"{span} ({len(s.units)})",
                 _ms(s.forward_s),
@@ -64,8 +64,13 @@ def format_plan(plan: Plan) -> str:
         "memory",
         "load",
     ]
+    where = (
+        f"{plan.num_stages} stages"
+        if plan.virtual_stages == 1
+        else f"{plan.num_stages} ranks x {plan.virtual_stages} virtual stages"
+    )
     lines = [
-        f"autopipe plan: {plan.model or 'model'} on {plan.num_stages} stages "
+        f"autopipe plan: {plan.model or 'model'} on {where} "
         f"({plan.strategy}, {plan.profile_mode} costs)",
         "",
         _table(header, rows, right={0, 3, 4, 5, 7, 8}),
@@ -77,6 +82,11 @@ def format_plan(plan: Plan) -> str:
         f"{plan.throughput:.4g} samples/s, {plan.speedup:.2f}x over one device",
         f"bubble         {100 * plan.bubble_fraction:.1f}% idle",
     ]
+    if plan.lower_bound_s > 0:
+        lines.append(
+            f"lower bound    {format_seconds(plan.lower_bound_s)} (proven, any cut at this "
+            f"schedule, V and M); gap at most {100 * plan.lower_bound_gap:.1f}%"
+        )
     if plan.memory_per_device:
         lines.append(f"memory limit   {format_bytes(plan.memory_per_device)} per device")
     if plan.state_bytes_per_parameter:

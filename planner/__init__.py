@@ -1,6 +1,7 @@
 """autopipe.planner: Profile + cluster -> Plan. Never imports torch.
 
-``plan`` picks stages, micro-batch count, schedule and checkpointing (exact DP by default);
+``plan`` picks the schedule, virtual stages, chunks, micro-batch count and checkpointing (exact
+DP by default; ``preflight`` checks a plan against torch's rules);
 ``simulate`` runs the discrete-event model of a schedule and returns its ``Timeline`` (the one
 timeline type, which the runtime also records and the plots draw: ``timeline.py``);
 ``scaling_report``/``min_gpus`` sweep the GPU count. PuLP is imported only when ``strategy="ilp"`` is asked for.
@@ -15,11 +16,12 @@ from autopipe.planner.data_parallel import (
     choose_pipeline_data_parallel,
     plan_data_parallel,
 )
-from autopipe.planner.errors import PlanningError
+from autopipe.planner.errors import PlanningError, RuleViolation
 from autopipe.planner.plan_data import PLAN_VERSION, Plan, PlanFormatError, StagePlan, load_plan
+from autopipe.planner.preflight import check_plan, preflight
 from autopipe.planner.search import STRATEGIES, plan
 from autopipe.planner.simulate import Simulation, simulate, simulate_plan
-from autopipe.planner.sweep import min_gpus, scaling_report
+from autopipe.planner.sweep import min_gpus, plan_each_schedule, scaling_report
 from autopipe.planner.timeline import Task, Timeline
 
 # The data module was ``plan.py``, which collided with the ``plan`` function: ``import
@@ -38,13 +40,17 @@ __all__ = [
     "Plan",
     "PlanFormatError",
     "PlanningError",
+    "RuleViolation",
     "Simulation",
     "StagePlan",
     "Task",
     "Timeline",
+    "check_plan",
     "load_plan",
     "min_gpus",
     "plan",
+    "plan_each_schedule",
+    "preflight",
     "scaling_report",
     "simulate",
     "simulate_plan",

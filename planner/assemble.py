@@ -16,7 +16,7 @@ from autopipe.planner.baselines import (
 )
 from autopipe.planner.candidate import Candidate
 from autopipe.planner.cluster import Cluster
-from autopipe.planner.costs import CostModel, SegmentCost
+from autopipe.planner.costs import SegmentCost
 from autopipe.planner.partition import exact_partition
 from autopipe.planner.plan_data import Plan, StagePlan
 from autopipe.planner.simulate import Simulation, gpipe_exact, simulate
@@ -73,8 +73,11 @@ def build_plan(
     costs = best.costs
     m, sched = best.microbatches, best.schedule
     k = len(cluster)
+    v = best.virtual_stages
+    ranks = best.shape.ranks if best.shape is not None else list(range(k))
+    works = best.works
     times = [c.time_s for c in costs]
-    bott = max(range(k), key=lambda s: times[s])
+    bott = max(range(len(costs)), key=lambda s: times[s])
     stages: list[StagePlan] = []
     for s, (units, c) in enumerate(zip(_stage_names(profile, part.bounds), costs, strict=True)):
         reason = ""
@@ -91,7 +94,7 @@ def build_plan(
         stages.append(
             StagePlan(
                 index=s,
-                device=cluster.devices[s].name,
+                device=cluster.devices[ranks[s]].name,
                 units=units,
                 first_module=units[0],
                 last_module=units[-1],
@@ -105,7 +108,11 @@ def build_plan(
                 activation_bytes=c.activation_bytes,
                 checkpoint=c.checkpoint,
                 reason=reason,
-                rank=s,
+                rank=ranks[s],
+                backward_input_s=works[s].backward_input_s if works else 0.0,
+                backward_weight_s=works[s].backward_weight_s if works else 0.0,
+                microbatch_activation_bytes=int(works[s].activation_bytes) if works else 0,
+                microbatch_input_bytes=int(works[s].input_bytes) if works else 0,
             )
         )
     v0 = cluster.devices[0].speed
@@ -117,13 +124,24 @@ def build_plan(
         / v0
     )
     it = sim.iteration_time_s
+    what = "chunk" if v > 1 else "stage"
     notes = [
-        f"bottleneck: stage {bott} ({stages[bott].first_module} .. {stages[bott].last_module}) "
+        f"bottleneck: {what} {bott} ({stages[bott].first_module} .. {stages[bott].last_module}) "
         f"at {times[bott] * 1e3:.4g} ms per micro-batch"
     ]
     notes += [f"stage {st.index} {st.reason}" for st in stages if st.reason]
     notes.append(_why_m(best, candidates))
-    if part.algorithm == "pareto" or part.algorithm.startswith("dp+"):
+    # Proven <= it; min/max only absorb floating-point rounding (e.g. K = 1, where they meet).
+    lower = min(best.lower_bound_s, it)
+    gap = max(it / lower - 1.0, 0.0) if lower > 0 else 0.0
+    if v > 1:
+        notes.append(
+            f"{k} ranks x {v} virtual stages ({sched}); chunks by {best.method}: not proven "
+            f"optimal, at most {gap:.1%} above the proven lower bound {lower * 1e3:.4g} ms"
+        )
+    if part.algorithm == "pareto" or (
+        part.algorithm.startswith("dp+") and part.algorithm != "dp+moves"
+    ):
         traded = times[bott] > best.min_bottleneck_s * (1 + 1e-9)
         what = (
             f"trades the bottleneck ({times[bott] * 1e3:.4g} ms vs the minimum "
@@ -138,7 +156,11 @@ def build_plan(
         )
         notes.append(f"partition {what} for {why}")
     infeasible = sorted(
-        {c.microbatches for c in candidates if not c.feasible and c.schedule == sched}
+        {
+            c.microbatches
+            for c in candidates
+            if not c.feasible and not c.pruned and c.schedule == sched
+        }
     )
     if infeasible:
         notes.append(f"M in {infeasible} does not fit in memory with schedule={sched}")
@@ -146,7 +168,7 @@ def build_plan(
     if with_baselines:
         others = [b for b in (*BASELINES, "dp", *FRAMEWORK_DEFAULTS) if b != strategy]
         for name in others:
-            baselines[name] = _evaluate_baseline(name, cm, profile, m, sched)
+            baselines[name] = _evaluate_baseline(name, best, profile)
         summary = [
             f"{name} {b['iteration_time_s'] / it:.2f}x"
             for name, b in baselines.items()
@@ -158,6 +180,11 @@ def build_plan(
             )
     return Plan(
         num_stages=k,
+        virtual_stages=v,
+        lower_bound_s=lower,
+        lower_bound_gap=gap,
+        method=best.method,
+        rank_peak_bytes=[int(math.ceil(p)) for p in best.peaks],
         microbatches=m,
         microbatch_size=batch // m,
         batch_size=batch,
@@ -182,6 +209,7 @@ def build_plan(
             "bottleneck_s": times[bott],
             "min_bottleneck_s": min(best.min_bottleneck_s, times[bott]),
             "frontier": best.frontier,
+            "refinement": best.refinement,
             "single_device_time_s": single_s,
             "checkpoint_mode": checkpoint,
             "headroom": cm.headroom,
@@ -194,25 +222,33 @@ def build_plan(
 def _why_m(best: Candidate, candidates: list[Candidate]) -> str:
     m, sched, it = best.microbatches, best.schedule, best.iteration_time_s
     assert best.simulation is not None
+    v = best.virtual_stages
+    sched = sched if v == 1 else f"{sched} (V={v})"
     text = f"M={m}, schedule={sched}: iteration {it * 1e3:.4g} ms, bubble {best.simulation.bubble_fraction:.1%}"
     rivals = [c for c in candidates if c.feasible and c is not best]
     if not rivals:
         return text + " (the only feasible candidate)"
-    same = sorted((c for c in rivals if c.schedule == sched), key=lambda c: c.microbatches)
+    same = sorted(
+        (c for c in rivals if c.schedule == best.schedule and c.virtual_stages == v),
+        key=lambda c: c.microbatches,
+    )
     lower = [c for c in same if c.microbatches < m][-1:]
     higher = [c for c in same if c.microbatches > m][:1]
     parts = [f"M={c.microbatches} {c.iteration_time_s * 1e3:.4g} ms" for c in lower + higher]
-    other = [c for c in rivals if c.schedule != sched]
+    other = [c for c in rivals if c.schedule != best.schedule]
     if other:
         o = min(other, key=lambda c: c.iteration_time_s)
-        parts.append(f"best {o.schedule} {o.iteration_time_s * 1e3:.4g} ms at M={o.microbatches}")
+        parts.append(
+            f"best {o.schedule} {o.iteration_time_s * 1e3:.4g} ms at M={o.microbatches}, "
+            f"V={o.virtual_stages}"
+        )
     return text + (" (vs " + ", ".join(parts) + ")" if parts else "")
 
 
-def _evaluate_baseline(
-    name: str, cm: CostModel, profile: Profile, m: int, sched: str
-) -> dict[str, Any]:
-    """A strategy's figures at the plan's (M, schedule); infeasible ones carry their memory need."""
+def _evaluate_baseline(name: str, best: Candidate, profile: Profile) -> dict[str, Any]:
+    """A strategy's figures at the plan's (schedule, V, M), priced like the plan (chunk
+    costs, simulation, replayed memory); infeasible ones carry their memory need."""
+    cm, m, sched = best.cost_model, best.microbatches, best.schedule
     reason = ""
     if name == "dp":
         part = exact_partition(cm)
@@ -230,14 +266,15 @@ def _evaluate_baseline(
             "feasible": False,
             "reason": reason,
         }
-    costs = cm.stage_costs(bounds)
+    ev = best.evaluate(bounds)
+    costs = ev.costs
     balance = [bounds[s + 1] - bounds[s] for s in range(len(bounds) - 1)]
-    sim = simulate_costs(costs, m, sched)
+    sim = ev.simulation
     return {
         "iteration_time_s": sim.iteration_time_s,
         "bottleneck_s": max(c.time_s for c in costs),
         "balance": balance,
-        "feasible": all(c.feasible for c in costs),
+        "feasible": ev.fits,
         "bubble_fraction": sim.bubble_fraction,
         "max_memory_bytes": max(c.memory_bytes for c in costs),
         "microbatches": m,

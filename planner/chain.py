@@ -34,6 +34,7 @@ def stage_key(cm: CostModel, s: int) -> tuple:
         cm.bandwidth_bytes_per_s[s],
         cm.latency_s[s],
         cm.inflight[s],
+        cm.full_inflight[s],
         cm.options[s],
     )
 

@@ -11,13 +11,34 @@ keep only the stage input, recompute the forward in backward).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 from autopipe.planner.cluster import Cluster
-from autopipe.profiler.profile_data import Profile
+from autopipe.planner.plan_data import PLAN_SCHEDULES
+from autopipe.profiler.profile_data import Profile, UnitProfile
 
-SCHEDULES = ("gpipe", "1f1b")
+SCHEDULES = PLAN_SCHEDULES
+
+
+def backward_input_share(unit: UnitProfile) -> float:
+    """The share of ``unit``'s backward that computes its input gradient (the zero-bubble
+    schedules' B; the rest, ``1 - share``, is the weight gradient W). O(1).
+
+    The profile's split where it has one (``backward_input_s`` / ``backward_weight_s``,
+    measured or counted); else the stated default (docs/cost-model.md): a unit without
+    parameters has no weight gradient (share 1), and a unit with parameters splits half and
+    half, which is Qi et al.'s assumption for transformer layers (each parameter matmul
+    ``Y = X W`` costs one matmul for ``dX`` and one for ``dW``). Applied to the whole backward
+    (its per-call overhead too), so B + W is always the unit's backward.
+    """
+    measured = unit.backward_input_s + unit.backward_weight_s
+    if measured > 0:
+        return unit.backward_input_s / measured
+    if unit.parameter_count <= 0 and unit.parameter_bytes <= 0:
+        return 1.0
+    return 0.5
 
 
 @dataclass
@@ -62,6 +83,8 @@ class CostModel:
         checkpoint: str,
         state_bytes_per_parameter: float,
         headroom: float,
+        inflight: Sequence[float] | None = None,
+        full_inflight: Sequence[float] | None = None,
     ) -> None:
         n = len(profile.units)
         k = len(cluster)
@@ -102,6 +125,9 @@ class CostModel:
         zero = np.zeros(1)
         self.fwd_prefix = np.concatenate([zero, np.cumsum(fwd)])
         self.bwd_prefix = np.concatenate([zero, np.cumsum(bwd)])
+        share = np.array([backward_input_share(x) for x in u], float)
+        self.bwd_input_prefix = np.concatenate([zero, np.cumsum(bwd * share)])
+        """Prefix sums of the input-gradient part of backward (``backward_input_share``)."""
         self.param_prefix = np.concatenate([zero, np.cumsum(param)])
         self.act_prefix = np.concatenate([zero, np.cumsum(act)])
         # Bytes crossing each boundary position at the profile batch size; nothing leaves position N.
@@ -118,10 +144,19 @@ class CostModel:
         )
         self.bandwidth_bytes_per_s = np.array([d.link_bandwidth_bytes_per_s for d in devs], float)
         self.latency_s = np.array([d.link_latency_s for d in devs], float)
-        if schedule == "gpipe":
+        if inflight is not None:  # from the schedule's own order (planner/schedules.py)
+            self.inflight = np.asarray(inflight, dtype=float)
+        elif schedule == "gpipe":
             self.inflight = np.full(k, microbatches, dtype=float)
         else:  # 1F1B: stage s holds at most K - s micro-batches between its forward and backward
             self.inflight = np.minimum(k - np.arange(k), microbatches).astype(float)
+        self.full_inflight = (
+            np.ones(k) if full_inflight is None else np.asarray(full_inflight, dtype=float)
+        )
+        """Checkpointed stages: the most micro-batches holding re-computed (full)
+        activations at once: 1 with a whole backward, more when weight gradients wait."""
+        if self.inflight.shape != (k,) or self.full_inflight.shape != (k,):
+            raise ValueError(f"inflight counts need one value per stage ({k})")
         self.options = [self._options(s) for s in range(k)]
         self._cache: dict = {}
 
@@ -151,8 +186,9 @@ class CostModel:
 
     # ----- one segment -----
 
-    def segment(self, stage: int, i: int, j: int) -> SegmentCost:
-        """Cost of units ``i..j-1`` on ``stage`` with the option the checkpoint mode picks."""
+    def segment(self, stage: int, i: int, j: int, checkpoint: bool | None = None) -> SegmentCost:
+        """Cost of units ``i..j-1`` on ``stage`` with the option the checkpoint mode picks
+        (``checkpoint`` True/False: that option, whatever the mode)."""
         v = self.speed[stage]
         fwd = (self.fwd_prefix[j] - self.fwd_prefix[i]) / v
         bwd = (self.bwd_prefix[j] - self.bwd_prefix[i]) / v
@@ -162,12 +198,17 @@ class CostModel:
         opt = state - param
         act_one = (self.act_prefix[j] - self.act_prefix[i]) * self.ratio
         act_a = act_one * self.inflight[stage]
-        act_b = act_one + self.cut_bytes_at[i] * self.ratio * self.inflight[stage]
+        act_b = (
+            act_one * self.full_inflight[stage]
+            + self.cut_bytes_at[i] * self.ratio * self.inflight[stage]
+        )
         limit = self.limit_bytes(stage)
         # Same expressions as cost_matrix so that the DP and this check agree exactly.
         fits_a = state + act_a <= limit
         fits_b = state + act_b <= limit
         opts = self.options[stage]
+        if checkpoint is not None:
+            opts = "B" if checkpoint else "A"
         if opts == "A" or (opts == "AB" and fits_a):
             ckpt, act, ok = False, act_a, fits_a
         else:  # checkpointed: always, or auto where the kept activations do not fit
@@ -195,7 +236,10 @@ class CostModel:
         state = (self.param_prefix[j] - self.param_prefix[i]) * self.state_factor
         act_one = (self.act_prefix[j] - self.act_prefix[i]) * self.ratio
         act_a = act_one * self.inflight[stage]
-        act_b = act_one + self.cut_bytes_at[i] * self.ratio * self.inflight[stage]
+        act_b = (
+            act_one * self.full_inflight[stage]
+            + self.cut_bytes_at[i] * self.ratio * self.inflight[stage]
+        )
         need = {"A": act_a, "B": act_b, "AB": min(act_a, act_b)}[self.options[stage]]
         return float((state + need) * (1.0 + self.headroom))
 
@@ -224,12 +268,15 @@ class CostModel:
         fwd, base, send, time_a, invalid = self._cache[tkey]
         limit = self.limit_bytes(stage)
         n_s = self.inflight[stage]
+        n_full = self.full_inflight[stage]
         opts = self.options[stage]
         r = self.ratio
         state_all = self.param_prefix[-1] * self.state_factor
         act_all = self.act_prefix[-1] * r
         all_fit_a = state_all + act_all * n_s <= limit
-        all_fit_b = state_all + (act_all + float(self.cut_bytes_at.max()) * r * n_s) <= limit
+        all_fit_b = (
+            state_all + (act_all * n_full + float(self.cut_bytes_at.max()) * r * n_s) <= limit
+        )
         if "A" in opts and all_fit_a:
             return time_a  # every segment keeps its activations and fits: no masks needed
         if "B" in opts:
@@ -237,7 +284,9 @@ class CostModel:
             time_b[invalid] = np.inf
             if not all_fit_b:
                 state, act_one = self._memory_parts()
-                fits_b = state + (act_one + (self.cut_bytes_at * r * n_s)[:, None]) <= limit
+                fits_b = (
+                    state + (act_one * n_full + (self.cut_bytes_at * r * n_s)[:, None]) <= limit
+                )
                 time_b[~fits_b] = np.inf
             if opts == "B":
                 return time_b
@@ -264,7 +313,9 @@ class CostModel:
         act_one = (self.act_prefix[j] - self.act_prefix[i]) * r
         opts = self.options[stage]
         time_a = np.where(state + act_one * n_s <= limit, base + send, np.inf)
-        fits_b = state + (act_one + self.cut_bytes_at[i] * r * n_s) <= limit
+        fits_b = (
+            state + (act_one * self.full_inflight[stage] + self.cut_bytes_at[i] * r * n_s) <= limit
+        )
         time_b = np.where(fits_b, (base + fwd) + send, np.inf)
         if opts == "A":
             out = time_a

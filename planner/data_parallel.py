@@ -93,11 +93,13 @@ def choose_pipeline_data_parallel(
         except Exception as exc:  # the planner says this K cannot work
             choices.append(ParallelChoice(stages, replicas, None, reason=str(exc).splitlines()[0]))
             continue
+        # A rank all-reduces the gradients of all its chunks (V of them with virtual stages).
+        per_rank = [0] * plan.num_stages
+        for i, s in enumerate(plan.stages):
+            per_rank[s.rank if s.rank >= 0 else i] += s.parameter_bytes
         allreduce_s = max(
-            ring_allreduce_s(
-                s.parameter_bytes, replicas, allreduce_bandwidth_bytes_per_s, allreduce_latency_s
-            )
-            for s in plan.stages
+            ring_allreduce_s(b, replicas, allreduce_bandwidth_bytes_per_s, allreduce_latency_s)
+            for b in per_rank
         )
         step_s = plan.iteration_time_s + allreduce_s
         choices.append(

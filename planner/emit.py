@@ -19,6 +19,7 @@ from typing import Any
 
 from autopipe.planner.layers import layer_stack
 from autopipe.planner.plan_data import Plan
+from autopipe.planner.schedules import TORCH_CLASSES
 
 __all__ = [
     "EMIT_FORMATS",
@@ -34,15 +35,7 @@ __all__ = [
 EMIT_FORMATS = ("torch", "torchtitan", "megatron")
 
 # torch.distributed.pipelining's class for each schedule autopipe plans.
-TORCH_SCHEDULES = {
-    "gpipe": "ScheduleGPipe",
-    "1f1b": "Schedule1F1B",
-    "interleaved-1f1b": "ScheduleInterleaved1F1B",
-    "looped-bfs": "ScheduleLoopedBFS",
-    "interleaved-zb": "ScheduleInterleavedZeroBubble",
-    "zbv": "ScheduleZBVZeroBubble",
-    "dualpipev": "ScheduleDualPipeV",
-}
+TORCH_SCHEDULES = dict(TORCH_CLASSES)
 # The names torchtitan's pipeline_parallel_schedule takes (torch's get_schedule_class).
 TORCHTITAN_SCHEDULES = {
     "gpipe": "GPipe",

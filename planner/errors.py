@@ -1,4 +1,4 @@
-"""The planner's one exception type. Torch-free."""
+"""The planner's exception types. Torch-free."""
 
 from __future__ import annotations
 
@@ -11,3 +11,9 @@ class PlanningError(ValueError):
     """
 
     min_memory_bytes: int | None = None
+
+
+class RuleViolation(PlanningError):
+    """The request forces a plan that torch.distributed.pipelining would refuse to run (a
+    rule of :mod:`autopipe.planner.preflight`, named at the start of the message): bad
+    input rather than a planning failure, so the CLI exits 2."""

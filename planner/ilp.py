@@ -77,7 +77,11 @@ def _solve(cm: CostModel, time_limit_s: float) -> Partition | None:
         mem_a = (state + act_one * n_s) * (1.0 / limit) if math.isfinite(limit) else None
         # Checkpointed: one micro-batch's activations plus every in-flight stage input.
         inputs = lin(start, cm.cut_bytes_at) * (cm.ratio * n_s)
-        mem_b = (state + act_one + inputs) * (1.0 / limit) if math.isfinite(limit) else None
+        mem_b = (
+            (state + act_one * float(cm.full_inflight[s]) + inputs) * (1.0 / limit)
+            if math.isfinite(limit)
+            else None
+        )
         whole_a = cm.param_prefix[-1] * cm.state_factor + cm.act_prefix[-1] * cm.ratio * n_s
         if opts == "AB" and whole_a <= limit:
             opts = "A"  # even the whole chain keeps its activations here: auto never checkpoints
@@ -103,6 +107,7 @@ def _solve(cm: CostModel, time_limit_s: float) -> Partition | None:
                         cm.param_prefix[-1] * cm.state_factor
                         + cm.act_prefix[-1] * cm.ratio * n_s
                         + cm.cut_bytes_at.max() * cm.ratio * n_s
+                        + cm.act_prefix[-1] * cm.ratio * float(cm.full_inflight[s])
                     )
                     / limit
                 )

@@ -72,6 +72,13 @@ class StagePlan:
     ``backward_weight_s`` both 0 when the plan does not split backward."""
     backward_weight_s: float = 0.0
     """The part of ``backward_s`` that computes the weight gradients (zero-bubble "W")."""
+    microbatch_activation_bytes: int = 0
+    """What one micro-batch's forward saves for backward (bytes; re-computed when
+    checkpointed); with ``microbatch_input_bytes`` what the memory replay over time uses. 0 in
+    plans written before it was recorded (then estimated from ``activation_bytes``)."""
+    microbatch_input_bytes: int = 0
+    """One micro-batch's stage input (bytes), all a checkpointed stage keeps per micro-batch
+    until it re-computes."""
 
     @property
     def time_s(self) -> float:
@@ -117,6 +124,19 @@ class Plan:
     virtual_stages: int = 1
     """V, model chunks per rank: ``stages`` lists ``num_stages x virtual_stages`` chunks in
     model order, each with the ``rank`` that runs it (loop or V-shape placement)."""
+    lower_bound_s: float = 0.0
+    """A proven lower bound on the iteration time of any cut of the model into
+    ``num_stages x virtual_stages`` chunks with this schedule, M and micro-batch size
+    (docs/cost-model.md); 0 in plans written before it was recorded."""
+    lower_bound_gap: float = 0.0
+    """``iteration_time_s / lower_bound_s - 1``: at most how much slower this plan is than the
+    best plan of its schedule, V and M (the schedule's own bubble included)."""
+    method: str = ""
+    """How the stage (chunk) boundaries were found, in words: the exact min-bottleneck search
+    for V = 1, that search over the ``K x V`` chunks then simulated refinement for V > 1."""
+    rank_peak_bytes: list[int] = field(default_factory=list)
+    """Each rank's peak memory (bytes, headroom not included) replayed over the simulated
+    iteration: what the memory limit was checked against."""
     granularity: str = "block"
     """How the profile grouped the model into units (``block``, ``module``, ``node``): the
     runtime traces the model into the same units."""
@@ -281,3 +301,5 @@ def _check_request(request: PlanRequest) -> None:
     check_number("request.time_limit_s", request.time_limit_s)
     if request.bytes_per_parameter is not None:
         check_number("request.bytes_per_parameter", request.bytes_per_parameter, minimum=1e-9)
+    if request.virtual_stages != "auto":
+        check_number("request.virtual_stages", request.virtual_stages, integer=True, minimum=1)

@@ -40,7 +40,7 @@ class _Prober:
         limit = self.capacity_bytes[s] / (1.0 + cm.headroom)
         n_s = cm.inflight[s]
         state = cm.param_prefix * cm.state_factor
-        act = cm.act_prefix * cm.ratio
+        act = cm.act_prefix * cm.ratio * cm.full_inflight[s]  # checkpointed: re-computed ones
         got = {
             "send": cm.send_s(s, self.pos),
             "x_a": f + g,  # time_A(i, j) = x_a[j] - x_a[i] + send[j] (up to rounding)
@@ -75,7 +75,7 @@ class _Prober:
         state = (cm.param_prefix[j] - cm.param_prefix[i]) * cm.state_factor
         act_one = (cm.act_prefix[j] - cm.act_prefix[i]) * cm.ratio
         act = (
-            act_one + cm.cut_bytes_at[i] * cm.ratio * cm.inflight[s]
+            act_one * cm.full_inflight[s] + cm.cut_bytes_at[i] * cm.ratio * cm.inflight[s]
             if ckpt
             else act_one * cm.inflight[s]
         )

@@ -38,7 +38,15 @@ class PlanRequest:
     microbatches: int | str | tuple[int, ...] = "auto"
     """M, a tuple of candidates, or ``"auto"`` (every divisor of B up to a bound)."""
     schedule: str = "gpipe"
-    """``"gpipe"``, ``"1f1b"`` or ``"auto"``."""
+    """One of ``PLAN_SCHEDULES`` (``gpipe``, ``1f1b``, ``interleaved-1f1b``, ``looped-bfs``,
+    ``interleaved-zb``, ``zbv``, ``dualpipev``) or ``"auto"`` (schedule, V, chunks, M and
+    re-materialization chosen together)."""
+    virtual_stages: int | str = "auto"
+    """V, model chunks per rank, or ``"auto"``: 1 for GPipe and 1F1B, 2 for ZBV and
+    DualPipeV, 1 to 4 for the looped schedules (``planner/schedules.py``)."""
+    compile: bool = False
+    """The stages will be ``torch.compile``'d: rules out the schedules that split backward
+    (torch refuses compiled stages there)."""
     checkpoint: str = "never"
     """Re-materialization: ``"never"``, ``"always"``, ``"except_last"`` or ``"auto"``."""
     strategy: str = "dp"

@@ -1,9 +1,25 @@
-"""``plan``: choose stages, micro-batch count, schedule and checkpointing together.
+"""``plan``: choose schedule, virtual stages, chunks, micro-batch count and checkpointing
+together.
 
-Torch-free. For every candidate (M, schedule) the chosen strategy finds the partition with the
-smallest bottleneck stage time under the memory limits (exact for ``dp``, ``ilp`` and
-``brute-force``); the discrete-event simulator then gives that plan's iteration time, and the
-fastest feasible candidate wins. Cost: (#M x #schedules) x (partition + O(K M log K) simulation).
+Torch-free. Every (schedule, V, M) that breaks none of torch's rules
+(:mod:`autopipe.planner.preflight`) is a candidate; one that does is skipped, and a request
+that leaves only such candidates is refused with the rule's one-line message
+(:class:`~autopipe.planner.errors.RuleViolation`). For each candidate the chosen strategy cuts
+the model into ``K x V`` chunks with the smallest bottleneck chunk time under the memory
+limits (exact for ``dp``, ``ilp`` and ``brute-force``, each chunk priced on its rank's device
+with the schedule's own in-flight counts); the simulator (:mod:`autopipe.planner.simulate`)
+then gives the iteration time and replays every rank's memory, and the fastest candidate
+whose ranks all fit wins.
+
+- V = 1 (GPipe, 1F1B and the looped schedules with one chunk per rank): the min-bottleneck
+  partition is exact, and GPipe's fill-drain time is made exact by the frontier walk.
+- V > 1: the method is "exact min-bottleneck over the ``K x V`` chunks, then simulated
+  local search" (:func:`_refine_chunks`): not proven optimal, so every plan records
+  :func:`autopipe.planner.chunks.lower_bound_s` (a proven bound on any cut of that schedule,
+  V and M) and the gap to it (``Plan.lower_bound_s``, ``Plan.lower_bound_gap``).
+
+Cost: #candidates x (partition + O(T) simulation, T = tasks ~ 3 K V M), plus the
+refinements' simulations for the few candidates that could still win.
 """
 
 from __future__ import annotations
@@ -14,18 +30,21 @@ import operator
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from autopipe.planner.assemble import build_plan, simulate_costs
+from autopipe.planner.assemble import build_plan
 from autopipe.planner.baselines import BASELINES, baseline_bounds
 from autopipe.planner.candidate import Candidate
 from autopipe.planner.chain import Partition, bottleneck
 from autopipe.planner.checkpointing import CHECKPOINT_MODES
+from autopipe.planner.chunks import ScheduleShape, cost_model_for, lower_bound_s
 from autopipe.planner.cluster import Cluster
 from autopipe.planner.costs import SCHEDULES, CostModel
-from autopipe.planner.errors import PlanningError
+from autopipe.planner.errors import PlanningError, RuleViolation
 from autopipe.planner.partition import brute_force_partition, exact_partition
 from autopipe.planner.plan_data import Plan
-from autopipe.planner.probe import min_memory_needed, pareto_partitions
+from autopipe.planner.preflight import preflight, violations
+from autopipe.planner.probe import _Prober, min_memory_needed, pareto_partitions
 from autopipe.planner.request import PlanRequest
+from autopipe.planner.schedules import check_virtual_stages, virtual_stage_choices
 from autopipe.profiler.optimizer_state import (
     AUTO,
     OPTIMIZERS,
@@ -37,6 +56,8 @@ from autopipe.profiler.profile_data import Profile
 from autopipe.humanize import format_bytes
 
 STRATEGIES = ("dp", "ilp", "brute-force", *BASELINES)
+EXACT_STRATEGIES = ("dp", "ilp", "brute-force")
+"""The strategies whose partition has the smallest bottleneck (ILP: when it closed its gap)."""
 _BRUTE_FORCE_MAX = 2_000_000
 
 
@@ -216,8 +237,11 @@ def plan(
     place is ``gpus``. The request's fields: ``gpus=K`` (K equal devices named after the
     profile's device, ``memory_per_device`` bytes each, ``None`` = unlimited) or ``cluster``
     (devices in pipeline order); ``microbatches``: an integer, a list of candidates, or
-    ``"auto"`` (every divisor of the batch size); ``schedule``: ``"gpipe"``, ``"1f1b"`` or
-    ``"auto"`` (the faster feasible one); ``checkpoint``: ``"never"``, ``"always"``,
+    ``"auto"`` (every divisor of the batch size); ``schedule``: one of ``PLAN_SCHEDULES``
+    (``gpipe``, ``1f1b``, ``interleaved-1f1b``, ``looped-bfs``, ``interleaved-zb``, ``zbv``,
+    ``dualpipev``) or ``"auto"`` (the fastest feasible schedule, V and M); ``virtual_stages``:
+    V chunks per rank or ``"auto"``; ``compile``: the stages will be ``torch.compile``'d (no
+    split-backward schedule); a request torch would refuse raises ``RuleViolation``; ``checkpoint``: ``"never"``, ``"always"``,
     ``"except_last"`` or ``"auto"`` (per stage, only where the activations would not fit);
     ``strategy``: ``"dp"`` (exact), ``"ilp"`` (exact, CBC, ``time_limit_s`` per solve),
     ``"brute-force"``, or a baseline ``"uniform"``, ``"parameters"``, ``"greedy-time"``.
@@ -241,40 +265,37 @@ def plan(
     batch = profile.batch_size if req.batch_size is None else req.batch_size
     batch = _positive_int("batch_size", batch)
     m_list = _candidate_microbatches(batch, req.microbatches)
-    schedules = list(SCHEDULES) if req.schedule == "auto" else [req.schedule]
+    combos = _candidate_shapes(req, len(cluster), len(profile.units), m_list, batch)
 
-    candidates: list[Candidate] = []
-    for sched in schedules:
-        for m in m_list:
-            cm = CostModel(
-                profile,
-                cluster,
-                batch_size=batch,
-                microbatches=m,
-                schedule=sched,
-                checkpoint=req.checkpoint,
-                state_bytes_per_parameter=state_bpp,
-                headroom=req.headroom,
-            )
-            cand = Candidate(m, sched, cm)
-            part = _partition(cm, req.strategy, profile, req.time_limit_s)
-            cm.clear_cache()
-            if part is not None:
-                costs = cm.stage_costs(part.bounds)
-                cand.adopt(part, costs, simulate_costs(costs, m, sched))
-                cand.min_bottleneck_s = part.bottleneck_s
-            candidates.append(cand)
+    # Cheapest first: each candidate's proven lower bound (O(N + K V M)) orders them, and
+    # one that cannot beat the best time found so far is not partitioned at all.
+    prepared = [
+        _prepare(profile, cluster, req, sched, v, m, batch=batch, state_bpp=state_bpp)
+        for sched, v, m in combos
+    ]
+    best_s = math.inf
+    for cand in sorted(prepared, key=lambda c: c.lower_bound_s):
+        if cand.lower_bound_s >= best_s:
+            cand.pruned = True
+            continue
+        _partition_candidate(cand, profile, req, batch=batch, state_bpp=state_bpp, best_s=best_s)
+        if cand.feasible:
+            best_s = min(best_s, cand.iteration_time_s)
+    candidates = prepared
     feasible = [c for c in candidates if c.feasible]
     if not feasible:
         raise _infeasible_error(candidates, cluster, req.checkpoint, req.strategy)
+    order = list(dict.fromkeys(s for s, _, _ in combos))
 
-    def rank(c: Candidate) -> tuple[float, int, int]:
-        # Fastest; ties go to fewer micro-batches (less per-call overhead) and then to GPipe.
-        return (c.iteration_time_s, c.microbatches, schedules.index(c.schedule))
+    def rank(c: Candidate) -> tuple[float, int, int, int]:
+        # Fastest; ties go to fewer micro-batches (less per-call overhead), then to the
+        # simpler schedule (PLAN_SCHEDULES order: GPipe first) and fewer chunks.
+        return (c.iteration_time_s, c.microbatches, order.index(c.schedule), c.virtual_stages)
 
     if req.strategy == "dp":
         _refine_gpipe(feasible, rank)
         _adopt_faster_heuristics(feasible, profile)
+        _refine_chunks(feasible, rank)
     best = min(feasible, key=rank)
     out = build_plan(
         profile, cluster, best, candidates, req.strategy, req.baselines, batch, req.checkpoint
@@ -285,6 +306,9 @@ def plan(
     # The runtime re-traces the model into the plan's units at this granularity.
     out.granularity = profile.granularity
     out.request = req
+    problems = preflight(out)
+    if problems:  # cannot happen: every candidate passed the same rules
+        raise RuleViolation(problems[0])
     return out
 
 
@@ -301,6 +325,202 @@ def _request(request: PlanRequest | int | None, fields: dict[str, Any]) -> PlanR
     if request is not None:
         fields = {"gpus": request, **fields}
     return PlanRequest(**fields)
+
+
+MAX_AUTO_CHUNK_MICROBATCHES = 256
+"""With ``schedule="auto"`` the schedules other than GPipe and 1F1B are tried only up to this
+M: their simulation is O(K V M) Python steps, and beyond it the bubble they save is < 1%."""
+
+
+def _candidate_shapes(
+    req: PlanRequest, k: int, n_units: int, m_list: list[int], batch: int
+) -> list[tuple[str, int, int]]:
+    """Every (schedule, V, M) to try. A request that forces a schedule (and V, and M) which
+    torch refuses raises :class:`RuleViolation` naming the rule; with ``schedule="auto"``
+    rule-breaking combinations are just skipped. O(#schedules x #V x #M)."""
+    forced_v = req.virtual_stages != "auto"
+    if forced_v:
+        v_req = _positive_int("virtual_stages", req.virtual_stages)
+    schedules = list(SCHEDULES) if req.schedule == "auto" else [req.schedule]
+    combos: list[tuple[str, int, int]] = []
+    refused: list[str] = []
+    for sched in schedules:
+        if forced_v:
+            why = check_virtual_stages(sched, v_req)
+            if why is not None:
+                refused.append(f"stages-per-rank: {why}")
+                continue
+            if k * v_req > n_units:
+                raise PlanningError(
+                    f"{k} ranks x {v_req} virtual stages need at least {k * v_req} units but "
+                    f"the profile has {n_units}; use fewer virtual stages or finer units"
+                )
+            vs = [v_req]
+        else:
+            vs = virtual_stage_choices(sched, k, n_units)
+            if not vs:
+                refused.append(
+                    f"stages-per-rank: {sched} needs {2 * k} chunks on {k} ranks but the "
+                    f"profile has {n_units} units"
+                )
+        for v in vs:
+            for m in m_list:
+                if (
+                    req.schedule == "auto"
+                    and sched not in ("gpipe", "1f1b")
+                    and m > MAX_AUTO_CHUNK_MICROBATCHES
+                ):
+                    continue
+                bad = violations(sched, k, v, m, batch, compile=req.compile)
+                if bad:
+                    refused.append(bad[0])
+                else:
+                    combos.append((sched, v, m))
+    if not combos:
+        if not refused:
+            raise PlanningError("no (schedule, virtual stages, micro-batches) to try")
+        more = f" (and {len(refused) - 1} more refused)" if len(refused) > 1 else ""
+        raise RuleViolation(refused[0] + more)
+    return combos
+
+
+def _prepare(
+    profile: Profile,
+    cluster: Cluster,
+    req: PlanRequest,
+    sched: str,
+    v: int,
+    m: int,
+    *,
+    batch: int,
+    state_bpp: float,
+) -> Candidate:
+    """One (schedule, V, M) with its orders, chunk cost model and proven lower bound, not yet
+    partitioned. O(N + K V M)."""
+    k = len(cluster)
+    shape = ScheduleShape.of(sched, k, v, m)
+    cm = cost_model_for(
+        profile,
+        cluster,
+        shape,
+        batch_size=batch,
+        checkpoint=req.checkpoint,
+        state_bytes_per_parameter=state_bpp,
+        headroom=req.headroom,
+    )
+    cand = Candidate(m, sched, cm, shape=shape, cluster=cluster)
+    cand.lower_bound_s = lower_bound_s(cm, shape, cluster)
+    if req.strategy not in ("dp", "ilp", "brute-force"):
+        cand.method = f"the {req.strategy} baseline's cut into {k}x{v} chunks"
+    elif v == 1:
+        cand.method = f"exact min-bottleneck partition ({req.strategy})"
+    else:
+        cand.method = f"min-bottleneck partition of the {k}x{v} chunks ({req.strategy})"
+    return cand
+
+
+def _partition_candidate(
+    cand: Candidate,
+    profile: Profile,
+    req: PlanRequest,
+    *,
+    batch: int,
+    state_bpp: float,
+    best_s: float = math.inf,
+) -> None:
+    """Partition and price ``cand`` in place (it stays infeasible when nothing fits). With
+    V > 1 a cut whose ranks overflow when every chunk may use its whole rank is retried with
+    each chunk limited to ``1 / V`` of it, which always fit together. O(partition + T)."""
+    assert cand.shape is not None and cand.cluster is not None
+    v = cand.virtual_stages
+    for share in [1.0] if v == 1 else [1.0, 1.0 / v]:
+        if share != 1.0 and cand.lower_bound_s >= best_s:
+            return  # even the relaxed cut's bound cannot beat the plan already found
+        if share != 1.0:
+            cand.cost_model = cost_model_for(
+                profile,
+                cand.cluster,
+                cand.shape,
+                batch_size=batch,
+                checkpoint=req.checkpoint,
+                state_bytes_per_parameter=state_bpp,
+                headroom=req.headroom,
+                memory_share=share,
+            )
+        cm = cand.cost_model
+        if share == 1.0 and req.strategy == "dp" and math.isfinite(best_s):
+            # One probe: if no cut keeps every chunk within best_s / M, every cut's
+            # bottleneck rank is busy longer than the plan already found. O(K V N log N).
+            if _Prober(cm).probe(best_s / cand.microbatches) is None:
+                cand.pruned = True
+                cm.clear_cache()
+                return
+        part = _partition(cm, req.strategy, profile, req.time_limit_s)
+        cm.clear_cache()
+        if part is None:
+            continue
+        ev = cand.evaluate(part.bounds)
+        cand.min_bottleneck_s = part.bottleneck_s
+        if share == 1.0 and part.optimality_gap == 0 and req.strategy in EXACT_STRATEGIES:
+            # Every chunk may use its whole rank here, a relaxation of the rank's shared
+            # memory, so no cut of this candidate has a smaller bottleneck; the rank holding
+            # the bottleneck chunk runs it M times: M x bottleneck is a proven bound too.
+            cand.lower_bound_s = max(cand.lower_bound_s, cand.microbatches * part.bottleneck_s)
+        if ev.fits:
+            cand.adopt(part, ev.costs, ev.simulation, ev.works, ev.peaks)
+            return
+
+
+def _refine_chunks(
+    feasible: list[Candidate],
+    rank: Callable[[Candidate], Any],
+    max_walks: int = 3,
+    max_rounds: int = 4,
+    max_evaluations: int = 160,
+) -> None:
+    """Simulated local search for the candidates not covered by an exact method (V > 1 and
+    the looped / zero-bubble schedules): move one chunk boundary by one unit at a time and
+    keep a move when the simulated iteration gets faster and every rank still fits.
+
+    Walks candidates in order of their time while their proven lower bound is below the
+    best time so far, at most ``max_walks`` of them, each for at most ``max_rounds`` passes
+    over the ``K V - 1`` boundaries and ``max_evaluations`` simulations:
+    O(max_walks x min(max_rounds x K V, max_evaluations) x T).
+    """
+    walked = 0
+    for c in sorted(feasible, key=rank):
+        if walked >= max_walks:
+            break
+        if c.schedule in ("gpipe", "1f1b") or c.partition is None:
+            continue
+        best_now = min(feasible, key=rank)
+        if c is not best_now and c.lower_bound_s >= best_now.iteration_time_s:
+            continue
+        walked += 1
+        bounds = list(c.partition.bounds)
+        n = bounds[-1]
+        tried = moved = 0
+        for _ in range(max_rounds):
+            improved = False
+            for b in range(1, len(bounds) - 1):
+                for step in (-1, 1):
+                    if tried >= max_evaluations:
+                        break
+                    pos = bounds[b] + step
+                    if not bounds[b - 1] < pos < bounds[b + 1] or not 0 < pos < n:
+                        continue
+                    trial = bounds[:b] + [pos] + bounds[b + 1 :]
+                    ev = c.evaluate(trial)
+                    tried += 1
+                    if ev.fits and ev.iteration_time_s < c.iteration_time_s * (1 - 1e-12):
+                        c.adopt_evaluation(ev, "dp+moves")
+                        bounds = trial
+                        improved = True
+                        moved += 1
+            if not improved:
+                break
+        c.refinement = {"evaluated": tried, "moves": moved}
+        c.method += f", then simulated local search over chunk boundaries ({moved} moves kept)"
 
 
 def _refine_gpipe(
@@ -332,10 +552,9 @@ def _refine_gpipe(
         points, complete = pareto_partitions(cm)
         c.frontier = {"points": len(points), "complete": complete}
         for bounds in points:
-            costs = cm.stage_costs(bounds)
-            sim = simulate_costs(costs, c.microbatches, "gpipe")
-            if sim.iteration_time_s < c.iteration_time_s * (1 - 1e-12):
-                c.adopt(Partition(bounds, max(x.time_s for x in costs), "pareto"), costs, sim)
+            ev = c.evaluate(bounds)
+            if ev.fits and ev.iteration_time_s < c.iteration_time_s * (1 - 1e-12):
+                c.adopt_evaluation(ev, "pareto")
 
 
 def _adopt_faster_heuristics(feasible: list[Candidate], profile: Profile) -> None:
@@ -351,12 +570,9 @@ def _adopt_faster_heuristics(feasible: list[Candidate], profile: Profile) -> Non
         cm = c.cost_model
         for name in BASELINES:
             bounds = baseline_bounds(name, profile, cm.num_stages)
-            costs = cm.stage_costs(bounds)
-            if not all(x.feasible for x in costs):
-                continue
-            sim = simulate_costs(costs, c.microbatches, c.schedule)
-            if sim.iteration_time_s < c.iteration_time_s * (1 - 1e-12):
-                c.adopt(Partition(bounds, max(x.time_s for x in costs), f"dp+{name}"), costs, sim)
+            ev = c.evaluate(bounds)
+            if ev.fits and ev.iteration_time_s < c.iteration_time_s * (1 - 1e-12):
+                c.adopt_evaluation(ev, f"dp+{name}")
 
 
 def _infeasible_error(
@@ -370,7 +586,10 @@ def _infeasible_error(
             return max(cm.segment_memory_need(s, bounds[s], bounds[s + 1]) for s in range(k))
     else:
         need_of = min_memory_needed
-    needs = [(need_of(c.cost_model), c.microbatches, c.schedule) for c in candidates]
+    # V = 1: the cost model's stage is the rank, so its need is exact. V > 1: each chunk's
+    # need bounds one chunk only; V of them always fit together (a sufficient figure).
+    single = [c for c in candidates if c.virtual_stages == 1] or candidates
+    needs = [(need_of(c.cost_model) * c.virtual_stages, c.microbatches, c.schedule) for c in single]
     need, m, sched = min(needs)
     caps = [d.memory_bytes for d in cluster.devices if d.memory_bytes is not None]
     have = format_bytes(min(caps), fixed=True) if caps else "unlimited"

@@ -1,15 +1,26 @@
-"""A small discrete-event simulator of pipeline schedules (GPipe fill-drain and 1F1B).
+"""The schedule simulator: every schedule's per-rank order, timed with the profile's costs,
+and each rank's memory replayed over the iteration.
 
-Torch-free. Each stage runs a fixed program of tasks, one at a time, per micro-batch m:
-``forward`` -> ``send`` (the output cut, blocking the sender, before the next stage may start
-m) ... later ``recompute`` (checkpointed stages) -> ``backward``. Cross-stage dependencies:
-forward(s, m) waits for send(s-1, m) (or forward(s-1, m) when there is no send time);
-recompute(s, m) and backward(s, m) wait for backward(s+1, m) (the gradient of the stage output).
-Stages listed together in ``shared_device_groups`` share one physical device: at most one of
-their tasks runs at a time, chosen by a list scheduler (earliest possible start first, then
-backward work before forward work, then lower stage).
+Torch-free. Two engines:
 
-Cost: O(T log K) for T = K x M x (2 to 4) tasks.
+* :func:`simulate_schedule` (the planner's): a plan's ``K x V`` chunks on ``K`` dedicated
+  ranks. Each rank runs its actions in the order torch's schedule class runs them
+  (:func:`autopipe.planner.schedules.rank_orders`), one task at a time, each as soon as the
+  rank is free and its input is there: ``forward(c, m)`` waits for chunk ``c - 1``'s output
+  of micro-batch ``m`` (its forward, plus the blocking ``send`` when chunk ``c - 1`` is on
+  another rank); the whole ``backward`` or the input gradient ``backward_input`` of ``(c, m)``
+  waits for the input gradient of ``(c + 1, m)`` (the last chunk: for its own forward; a
+  checkpointed chunk re-computes its forward just before); ``backward_weight`` follows its
+  ``backward_input`` on the same rank. Memory per rank is replayed over the same tasks (see
+  :func:`replay_memory`). Cost: O(T) for T = tasks (about 2-3 per chunk and micro-batch).
+* :func:`simulate` (GPipe fill-drain and 1F1B, one stage per device, optionally several
+  stages list-scheduled on one shared device, which is how ``autopipe bench`` predicts a
+  single-process run): each stage runs a fixed program of tasks, one at a time, per
+  micro-batch m: ``forward`` -> ``send`` ... later ``recompute`` -> ``backward``, with the same
+  dependencies; stages listed together in ``shared_device_groups`` share one physical
+  device and at most one of their tasks runs at a time (earliest possible start first, then
+  backward work before forward work, then lower stage). O(T log K). On dedicated devices it
+  gives the same times as :func:`simulate_schedule` (tested).
 """
 
 from __future__ import annotations
@@ -19,17 +30,23 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from autopipe.planner.plan_data import Plan
+from autopipe.planner.schedules import chunk_ranks, rank_order, rank_orders
 from autopipe.planner.timeline import PHASES, Action, Task, Timeline
 
 __all__ = [
     "PHASES",
+    "ChunkWork",
     "Simulation",
     "Task",
+    "inflight_counts",
+    "replay_memory",
+    "simulate_schedule",
     "fill_drain_bubble",
     "gpipe_closed_form",
     "gpipe_exact",
     "simulate",
     "simulate_plan",
+    "plan_chunk_works",
     "stage_program",
 ]
 
@@ -48,6 +65,11 @@ class Simulation:
     None when ``simulate`` was asked not to record them."""
     busy_s: list[float] = field(default_factory=list)
     """Busy seconds per physical device."""
+    peak_bytes: list[float] = field(default_factory=list)
+    """Each rank's replayed peak memory (:func:`simulate_schedule`; [] from :func:`simulate`)."""
+    memory: list[list[tuple[float, float]]] = field(default_factory=list)
+    """Each rank's memory over the iteration as ``(time_s, bytes)`` steps (the bytes hold
+    from that time to the next step), when recorded."""
 
     @property
     def tasks(self) -> list[Task]:
@@ -61,29 +83,16 @@ def fill_drain_bubble(microbatches: int, num_stages: int) -> float:
 
 
 def stage_program(stage: int, num_stages: int, microbatches: int, schedule: str) -> list[Action]:
-    """The ``forward``/``backward`` actions stage ``stage`` executes in one iteration, in order.
+    """The ``forward``/``backward`` actions stage ``stage`` executes in one iteration, in order
+    (one stage per device: GPipe or 1F1B; the orders are
+    :func:`autopipe.planner.schedules.rank_orders`').
 
     GPipe: all M forwards, then all M backwards (m = 0..M-1). 1F1B (PipeDream-flush):
     ``min(K - s - 1, M)`` warm-up forwards, then alternate one forward / one backward, then drain.
     """
-
-    def fwd(m: int) -> Action:
-        return Action(stage, m, "forward")
-
-    def bwd(m: int) -> Action:
-        return Action(stage, m, "backward")
-
-    m_all = range(microbatches)
-    if schedule == "gpipe":
-        return [fwd(m) for m in m_all] + [bwd(m) for m in m_all]
-    if schedule != "1f1b":
+    if schedule not in ("gpipe", "1f1b"):
         raise ValueError(f"unknown schedule {schedule!r}; use 'gpipe' or '1f1b'")
-    warm = min(num_stages - stage - 1, microbatches)
-    prog = [fwd(m) for m in range(warm)]
-    for i in range(microbatches - warm):
-        prog += [fwd(warm + i), bwd(i)]
-    prog += [bwd(m) for m in range(microbatches - warm, microbatches)]
-    return prog
+    return rank_order(schedule, num_stages, 1, microbatches, stage)
 
 
 def simulate(
@@ -249,14 +258,324 @@ def simulate_plan(
     shared_device_groups: Sequence[Sequence[int]] | None = None,
     record_tasks: bool = True,
 ) -> Simulation:
-    """Simulate one iteration of a ``Plan`` with its per-stage costs, M and schedule."""
-    return simulate(
-        [s.forward_s for s in plan.stages],
-        [s.backward_s for s in plan.stages],
-        plan.microbatches,
-        recompute_s=[s.recompute_s for s in plan.stages],
-        send_s=[s.send_s for s in plan.stages],
-        schedule=plan.schedule,
-        shared_device_groups=shared_device_groups,
+    """Simulate one iteration of a ``Plan`` with its per-stage costs, M and schedule.
+
+    GPipe and 1F1B with one stage per rank use :func:`simulate` (which can also share
+    devices); every other schedule, or V > 1, :func:`simulate_schedule` over
+    :func:`plan_chunk_works` (dedicated ranks only), which also replays memory. O(T log K).
+    """
+    if plan.schedule in ("gpipe", "1f1b") and plan.virtual_stages == 1:
+        sim = simulate(
+            [s.forward_s for s in plan.stages],
+            [s.backward_s for s in plan.stages],
+            plan.microbatches,
+            recompute_s=[s.recompute_s for s in plan.stages],
+            send_s=[s.send_s for s in plan.stages],
+            schedule=plan.schedule,
+            shared_device_groups=shared_device_groups,
+            record_tasks=record_tasks,
+        )
+        if shared_device_groups:
+            return sim
+        works = plan_chunk_works(plan)
+        orders = rank_orders(plan.schedule, plan.num_stages, 1, plan.microbatches)
+        sim.peak_bytes = replay_memory(orders, works, list(range(plan.num_stages)))
+        if record_tasks:
+            sim.memory = simulate_schedule(
+                works, plan.schedule, plan.num_stages, plan.microbatches, orders=orders
+            ).memory
+        return sim
+    if shared_device_groups:
+        raise ValueError(
+            f"{plan.schedule} with {plan.virtual_stages} virtual stages is simulated on "
+            "dedicated ranks only (shared_device_groups is for GPipe and 1F1B)"
+        )
+    return simulate_schedule(
+        plan_chunk_works(plan), plan.schedule, plan.num_stages, plan.microbatches,
         record_tasks=record_tasks,
-    )
+    )  # fmt: skip
+
+
+def plan_chunk_works(plan: Plan) -> list[ChunkWork]:
+    """Each of the plan's chunks as the simulator's :class:`ChunkWork`. O(K V M).
+
+    Bytes per micro-batch come from ``StagePlan.microbatch_activation_bytes`` /
+    ``microbatch_input_bytes``; plans written before those were recorded estimate them from
+    ``activation_bytes`` and the schedule's in-flight count (checkpointed stages: all of it
+    charged as re-computed activations)."""
+    held: list[int] | None = None
+    works = []
+    for c, s in enumerate(plan.stages):
+        act, inp = float(s.microbatch_activation_bytes), float(s.microbatch_input_bytes)
+        if act == 0 and inp == 0 and s.activation_bytes > 0:
+            if held is None:
+                orders = rank_orders(
+                    plan.schedule, plan.num_stages, plan.virtual_stages, plan.microbatches
+                )
+                held = inflight_counts(orders, len(plan.stages))[0]
+            act = s.activation_bytes / (1 if s.checkpoint else max(held[c], 1))
+        split = s.backward_input_s + s.backward_weight_s > 0
+        works.append(
+            ChunkWork(
+                forward_s=s.forward_s,
+                backward_s=s.backward_s,
+                backward_input_s=s.backward_input_s if split else s.backward_s,
+                backward_weight_s=s.backward_weight_s if split else 0.0,
+                recompute_s=s.recompute_s,
+                send_s=s.send_s,
+                activation_bytes=act,
+                input_bytes=inp,
+                checkpoint=s.checkpoint,
+                state_bytes=float(s.parameter_bytes + s.optimizer_bytes),
+            )
+        )
+    return works
+
+
+# -- every schedule: a plan's chunks on dedicated ranks ------------------------------------
+
+
+@dataclass(frozen=True)
+class ChunkWork:
+    """One model chunk's work per micro-batch on its rank (seconds) and its bytes.
+
+    ``backward_s`` is the whole backward; ``backward_input_s`` + ``backward_weight_s`` its
+    split (used by the zero-bubble schedules' split actions). ``send_s``: the forward send of
+    the chunk's output to the next chunk, charged to this rank when the next chunk runs on
+    another one. ``activation_bytes``: what one micro-batch's forward saves for backward;
+    ``input_bytes``: the chunk's input of one micro-batch, all a checkpointed chunk keeps
+    until it re-computes. ``state_bytes``: parameters, gradients and optimizer state, held
+    all the time.
+    """
+
+    forward_s: float
+    backward_s: float
+    backward_input_s: float = 0.0
+    backward_weight_s: float = 0.0
+    recompute_s: float = 0.0
+    send_s: float = 0.0
+    activation_bytes: float = 0.0
+    input_bytes: float = 0.0
+    checkpoint: bool = False
+    state_bytes: float = 0.0
+
+    @property
+    def kept_bytes(self) -> float:
+        """Held from the forward's start to the end of the backward (or weight gradient)."""
+        return self.input_bytes if self.checkpoint else self.activation_bytes
+
+
+# What each action allocates when it starts and frees when it ends, as a chunk's bytes:
+# the forward keeps the chunk's saved activations (or, checkpointed, its input); a
+# checkpointed backward re-computes the activations first; the whole backward frees all of
+# it, and so does the weight gradient: torch's input-gradient pass keeps the autograd graph
+# (retain_graph=True in stage_backward_input), so the activations the weight gradient reads
+# are held until it has run.
+def _allocates(work: ChunkWork, phase: str) -> float:
+    if phase == "forward":
+        return work.kept_bytes
+    if phase in ("backward", "backward_input") and work.checkpoint:
+        return work.activation_bytes
+    return 0.0
+
+
+def _frees(work: ChunkWork, phase: str) -> float:
+    if phase in ("backward", "backward_weight"):
+        return work.kept_bytes + (work.activation_bytes if work.checkpoint else 0.0)
+    return 0.0
+
+
+def replay_memory(
+    orders: Sequence[Sequence[Action]], chunks: Sequence[ChunkWork], ranks: Sequence[int]
+) -> list[float]:
+    """Each rank's peak bytes over its actions in order: training state of its chunks, plus
+    what each action allocates at its start, less what it frees at its end.
+
+    A rank runs its actions one at a time, so the peak depends on the order alone, not on
+    the durations: this is the peak :func:`simulate_schedule` replays over time. O(T).
+    """
+    peaks = []
+    for r, order in enumerate(orders):
+        now = sum(w.state_bytes for c, w in enumerate(chunks) if ranks[c] == r)
+        peak = now
+        for a in order:
+            work = chunks[a.stage]
+            now += _allocates(work, a.phase)
+            peak = max(peak, now)
+            now -= _frees(work, a.phase)
+        peaks.append(peak)
+    return peaks
+
+
+def inflight_counts(
+    orders: Sequence[Sequence[Action]], num_chunks: int
+) -> tuple[list[int], list[int]]:
+    """Per chunk, the most micro-batches at once that hold its activations (``held``: from
+    the forward's start to the end of the whole backward or of the weight gradient) and
+    that hold re-computed activations when it is checkpointed (``full``: from the backward's
+    or input gradient's start to that end). From the order alone; O(T).
+
+    GPipe: ``held = M``; 1F1B: ``K - s`` (at most M); ``full`` is 1 unless weight gradients
+    wait (zero bubble).
+    """
+    held = [0] * num_chunks
+    full = [0] * num_chunks
+    now_held = [0] * num_chunks
+    now_full = [0] * num_chunks
+    for order in orders:
+        for a in order:
+            c = a.stage
+            if a.phase == "forward":
+                now_held[c] += 1
+                held[c] = max(held[c], now_held[c])
+            elif a.phase in ("backward", "backward_input"):
+                now_full[c] += 1
+                full[c] = max(full[c], now_full[c])
+            if a.phase in ("backward", "backward_weight"):
+                now_held[c] -= 1
+                now_full[c] -= 1
+    return held, full
+
+
+def simulate_schedule(
+    chunks: Sequence[ChunkWork],
+    schedule: str,
+    num_ranks: int,
+    microbatches: int,
+    *,
+    orders: Sequence[Sequence[Action]] | None = None,
+    record_tasks: bool = True,
+) -> Simulation:
+    """Simulate one iteration of ``schedule`` with ``chunks`` (``K x V`` of them, in model
+    order, placed by :func:`autopipe.planner.schedules.chunk_ranks`) on ``num_ranks``
+    dedicated ranks; M = ``microbatches``.
+
+    ``orders`` (each rank's actions) default to
+    :func:`autopipe.planner.schedules.rank_orders`; pass them to reuse them across
+    simulations. Returns the iteration time, the bubble (idle share of the ranks), busy
+    seconds and replayed peak bytes per rank, and with ``record_tasks`` the timeline (stage
+    = chunk, device = rank) and each rank's memory over time. Raises RuntimeError if the
+    orders deadlock (they never do for the schedules' own orders). O(T).
+    """
+    k = num_ranks
+    n_chunks = len(chunks)
+    if k < 1 or microbatches < 1 or n_chunks % k:
+        raise ValueError(
+            f"simulate_schedule needs ranks >= 1, micro-batches >= 1 and a multiple of "
+            f"{k} chunks, got {n_chunks}"
+        )
+    v = n_chunks // k
+    ranks = chunk_ranks(schedule, k, v)
+    if orders is None:
+        orders = rank_orders(schedule, k, v, microbatches)
+    m = microbatches
+    last = n_chunks - 1
+    # Keys of the values tasks wait for, as flat indices: the input of (c, mb) at
+    # c * m + mb, the gradient of its output at (n_chunks + c) * m + mb.
+    grad0 = n_chunks * m
+    ready = [-1.0] * (2 * n_chunks * m)
+    for mb in range(m):
+        ready[mb] = 0.0  # chunk 0's inputs are there from the start
+    # Each rank's tasks: (phase, chunk, mb, seconds, waits-for key or -1, produces key or -1).
+    programs: list[list[tuple[str, int, int, float, int, int]]] = []
+    for r in range(k):
+        prog: list[tuple[str, int, int, float, int, int]] = []
+        for a in orders[r]:
+            c, mb, phase = a.stage, a.microbatch, a.phase
+            w = chunks[c]
+            if phase == "forward":
+                if c == last:  # the loss: the last chunk's backward may start after it
+                    prog.append(("forward", c, mb, w.forward_s, c * m + mb, grad0 + c * m + mb))
+                elif ranks[c + 1] != r and w.send_s > 0:
+                    prog.append(("forward", c, mb, w.forward_s, c * m + mb, -1))
+                    prog.append(("send", c, mb, w.send_s, -1, (c + 1) * m + mb))
+                else:
+                    prog.append(("forward", c, mb, w.forward_s, c * m + mb, (c + 1) * m + mb))
+            elif phase in ("backward", "backward_input"):
+                if phase == "backward":
+                    seconds = w.backward_s
+                elif w.backward_input_s + w.backward_weight_s > 0:
+                    seconds = w.backward_input_s
+                else:
+                    raise ValueError(
+                        f"chunk {c} has no backward_input_s/backward_weight_s split, which "
+                        f"{schedule} needs"
+                    )
+                wait = grad0 + c * m + mb
+                out = grad0 + (c - 1) * m + mb if c > 0 else -1
+                if w.checkpoint and w.recompute_s > 0:
+                    prog.append(("recompute", c, mb, w.recompute_s, wait, -1))
+                    wait = -1
+                prog.append((phase, c, mb, seconds, wait, out))
+            elif phase == "backward_weight":
+                prog.append((phase, c, mb, w.backward_weight_s, -1, -1))
+            else:
+                raise ValueError(f"unknown action phase {phase!r} in the order of rank {r}")
+        programs.append(prog)
+
+    ptr = [0] * k
+    free = [0.0] * k
+    busy = [0.0] * k
+    starts: list[list[float]] = [[0.0] * len(p) for p in programs]
+    waiting: dict[int, int] = {}
+    todo = list(range(k))
+    while todo:
+        r = todo.pop()
+        prog = programs[r]
+        i = ptr[r]
+        t_free = free[r]
+        while i < len(prog):
+            _, _, _, seconds, wait, out = prog[i]
+            t = t_free
+            if wait >= 0:
+                got = ready[wait]
+                if got < 0:
+                    waiting[wait] = r
+                    break
+                if got > t:
+                    t = got
+            starts[r][i] = t
+            t_free = t + seconds
+            busy[r] += seconds
+            if out >= 0:
+                ready[out] = t_free
+                other = waiting.pop(out, None)
+                if other is not None:
+                    todo.append(other)
+            i += 1
+        ptr[r] = i
+        free[r] = t_free
+    if any(ptr[r] < len(programs[r]) for r in range(k)):
+        raise RuntimeError("pipeline simulation deadlocked; the schedule's order is inconsistent")
+    end_time = max(free, default=0.0)
+    bubble = 1.0 - sum(busy) / (k * end_time) if end_time > 0 else 0.0
+    peaks = replay_memory(orders, chunks, ranks)
+    if not record_tasks:
+        return Simulation(end_time, bubble, None, busy, peaks)
+    tasks = []
+    memory = []
+    for r in range(k):
+        now = sum(w.state_bytes for c, w in enumerate(chunks) if ranks[c] == r)
+        steps = [(0.0, now)]
+        for (phase, c, mb, seconds, _, _), start in zip(programs[r], starts[r], strict=True):
+            tasks.append(Task(c, mb, phase, start, start + seconds, r))
+            work = chunks[c]
+            # A checkpointed backward's re-computed activations appear when its recompute
+            # task starts (the same bytes replay_memory charges to the backward's start).
+            if phase == "recompute":
+                alloc = work.activation_bytes
+            elif phase != "forward" and work.checkpoint and work.recompute_s > 0:
+                alloc = 0.0
+            else:
+                alloc = _allocates(work, phase)
+            if alloc:
+                now += alloc
+                steps.append((start, now))
+            freed = _frees(work, phase)
+            if freed:
+                now -= freed
+                steps.append((start + seconds, now))
+        memory.append(steps)
+    tasks.sort(key=lambda t: (t.start_s, t.device))
+    timeline = Timeline(tasks, n_chunks, label="simulated", schedule=schedule)
+    return Simulation(end_time, bubble, timeline, busy, peaks, memory)

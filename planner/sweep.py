@@ -1,14 +1,18 @@
-"""Sweeps over the GPU count: ``scaling_report`` and ``min_gpus``. Torch-free.
-
-Each K is one ``plan`` call, so the cost is ``max_gpus`` planner runs.
+"""Sweeps: over the GPU count (``scaling_report``, ``min_gpus``; each K is one ``plan``
+call, so the cost is ``max_gpus`` planner runs) and over the schedules
+(``plan_each_schedule``, one ``plan`` call per schedule). Torch-free.
 """
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Sequence
 from typing import Any
 
 from autopipe.planner.cluster import Cluster, Device
 from autopipe.planner.errors import PlanningError
+from autopipe.planner.plan_data import PLAN_SCHEDULES, Plan
+from autopipe.planner.request import PlanRequest
 from autopipe.planner.search import plan
 from autopipe.profiler.profile_data import Profile
 
@@ -77,3 +81,19 @@ def min_gpus(
         except PlanningError as exc:
             last = exc
     raise PlanningError(f"no GPU count up to {limit} fits; at {limit} GPUs: {last}")
+
+
+def plan_each_schedule(
+    profile: Profile, request: PlanRequest, schedules: Sequence[str] | None = None
+) -> dict[str, Plan | str]:
+    """The best plan of each schedule for ``request`` (its ``schedule`` and, unless the
+    request fixes V, ``virtual_stages`` replaced per schedule), or the one-line reason there
+    is none (a pre-flight rule, or nothing fits memory): what ``autopipe plot --schedules``
+    draws side by side. One ``plan`` call per schedule."""
+    out: dict[str, Plan | str] = {}
+    for name in schedules or PLAN_SCHEDULES:
+        try:
+            out[name] = plan(profile, dataclasses.replace(request, schedule=name, baselines=False))
+        except PlanningError as exc:
+            out[name] = str(exc)
+    return out

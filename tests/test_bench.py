@@ -173,7 +173,7 @@ def test_plot_command(setup, bench_run, tmp_path: Path, capsys: pytest.CaptureFi
     argv = ["plot", str(plan_path), "--profile", str(prof_path), "--out", str(out), "--json"]
     assert cli.main(argv) == 0
     files = [Path(f).name for f in json.loads(capsys.readouterr().out)["files"]]
-    assert files == ["timeline.png", "bubble.png", "balance.png", "scaling.png"]
+    assert files == ["timeline.png", "memory.png", "bubble.png", "balance.png", "scaling.png"]
     for name in files:
         _png_ok(out / name)
     # The measured trace written by bench, drawn under the prediction.

@@ -245,7 +245,12 @@ def test_simulator_recorder_and_plots_exchange_one_timeline(tmp_path: Path) -> N
         boxes = [p for p in ax.patches if str(p.get_gid()).startswith("task:")]
         assert len(boxes) == len(tl.tasks)
     paths = autopipe.viz.plot_all(_tiny_plan(2, 4), tmp_path, timeline=executed, compare=False)
-    assert [p.name for p in paths] == ["timeline.png", "timeline_measured.png", "balance.png"]
+    assert [p.name for p in paths] == [
+        "timeline.png",
+        "memory.png",
+        "timeline_measured.png",
+        "balance.png",
+    ]
     with pytest.raises(TypeError, match="must be a Timeline"):
         autopipe.viz.plot_all(_tiny_plan(2, 4), tmp_path, timeline=executed.tasks)
 

@@ -262,7 +262,13 @@ def test_plot_all_then_redraw_from_plan_alone(
     p = Plan.from_dict(json.loads(json.dumps(gpipe_plan.to_dict())))
     before = json.dumps(p.to_dict(), sort_keys=True)
     paths = plot_all(p, tmp_path / "a", profile=profile)
-    assert [x.name for x in paths] == ["timeline.png", "bubble.png", "balance.png", "scaling.png"]
+    assert [x.name for x in paths] == [
+        "timeline.png",
+        "memory.png",
+        "bubble.png",
+        "balance.png",
+        "scaling.png",
+    ]
     for path in paths:
         _check_png(path)
     # Plotting never writes into the plan it draws.
@@ -276,10 +282,16 @@ def test_plot_all_then_redraw_from_plan_alone(
     p.meta[VIZ_META_KEY] = data
     p.save(tmp_path / "plan.json")
     again = plot_all(load_plan(tmp_path / "plan.json"), tmp_path / "b", formats=("svg",))
-    assert [x.name for x in again] == ["timeline.svg", "bubble.svg", "balance.svg", "scaling.svg"]
+    assert [x.name for x in again] == [
+        "timeline.svg",
+        "memory.svg",
+        "bubble.svg",
+        "balance.svg",
+        "scaling.svg",
+    ]
     # A plan without stored data still gets its timeline and balance.
     bare = plot_all(Plan.from_dict(gpipe_plan.to_dict()), tmp_path / "c")
-    assert [x.name for x in bare] == ["timeline.png", "balance.png"]
+    assert [x.name for x in bare] == ["timeline.png", "memory.png", "balance.png"]
 
 
 def test_plot_all_compares_on_the_placement_that_ran(

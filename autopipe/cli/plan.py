@@ -28,6 +28,19 @@ NEED_BANDWIDTH = (
 )
 
 
+SCHEDULE_CHOICES = (
+    "gpipe",
+    "1f1b",
+    "interleaved-1f1b",
+    "looped-bfs",
+    "interleaved-zb",
+    "zbv",
+    "dualpipev",
+)
+"""``--schedule``'s names: ``autopipe.planner.plan_data.PLAN_SCHEDULES``, spelled out so that
+building the parser imports no planner (tests/test_planner_schedules.py checks they agree)."""
+
+
 def register(sub: common.Subparsers) -> None:
     """Add ``autopipe plan MODEL.py|PROFILE.json --gpus K ...`` to the CLI's subparsers."""
     p = sub.add_parser(
@@ -55,7 +68,21 @@ def register(sub: common.Subparsers) -> None:
         default="auto",
         help="re-materialization (default: auto, only where memory needs it)",
     )
-    p.add_argument("--schedule", choices=["gpipe", "1f1b", "auto"], default="gpipe")
+    p.add_argument(
+        "--schedule",
+        choices=[*SCHEDULE_CHOICES, "auto"],
+        default="gpipe",
+        help="pipeline schedule (torch.distributed.pipelining's); auto chooses the schedule, "
+        "virtual stages, M and checkpointing together (default: gpipe)",
+    )
+    p.add_argument(
+        "--virtual-stages",
+        type=common.microbatches,
+        default="auto",
+        metavar="V|auto",
+        help="model chunks per GPU: 1 for gpipe/1f1b, 2 for zbv/dualpipev, 1-4 for the looped "
+        "schedules (default: auto)",
+    )
     p.add_argument(
         "--strategy", choices=["dp", "ilp", "uniform", "parameters", "greedy-time"], default="dp"
     )
@@ -124,7 +151,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
             "GPUs are K stages x D replicas; give a divisor of --gpus or auto"
         )
     profile, target = common.load_profile_or_model(args)
-    from autopipe.planner import PlanningError, plan
+    from autopipe.planner import PlanningError, RuleViolation, plan
 
     if args.gpus > len(profile.units) and not args.data_parallel:
         raise common.UsageError(
@@ -148,6 +175,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         "batch_size": args.batch_size,
         "microbatches": args.microbatches,
         "schedule": args.schedule,
+        "virtual_stages": args.virtual_stages,
         "checkpoint": args.checkpoint,
         "strategy": args.strategy,
         "optimizer": args.optimizer or "auto",
@@ -158,6 +186,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
             result = _plan_data_parallel(profile, args, cluster, memory, options)
         else:
             result = plan(profile, gpus=gpus, memory_per_device=memory, cluster=cluster, **options)
+    except RuleViolation as exc:  # a schedule, V or M torch would refuse: bad input
+        raise common.UsageError(str(exc)) from exc
     except PlanningError as exc:
         raise common.Failure(str(exc)) from exc
     except ValueError as exc:
@@ -176,6 +206,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
             batch_size=args.batch_size,
             microbatches=args.microbatches,
             schedule=args.schedule,
+            virtual_stages=args.virtual_stages,
             checkpoint=args.checkpoint,
             optimizer=args.optimizer or "auto",
             bytes_per_parameter=args.bytes_per_parameter,

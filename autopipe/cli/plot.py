@@ -18,6 +18,7 @@ examples:
   autopipe plot plan.json --out out/                       # redraw from the plan alone
   autopipe plot plan.json --profile profile.json --out out/ --format png,svg
   autopipe plot plan.json --timeline bench-out/trace.json --compare --out out/
+  autopipe plot plan.json --schedules --out out/           # every schedule, side by side
 """
 
 
@@ -42,6 +43,12 @@ def register(sub: common.Subparsers) -> None:
         "--compare",
         action="store_true",
         help="also draw predicted over measured on one time axis (needs --timeline)",
+    )
+    p.add_argument(
+        "--schedules",
+        action="store_true",
+        help="also plan the plan's profile with every schedule and draw their timelines and "
+        "memory side by side (schedules.png, schedules_memory.png; needs the profile)",
     )
     p.add_argument(
         "--profile",
@@ -92,6 +99,11 @@ def cmd_plot(args: argparse.Namespace) -> int:
             raise common.UsageError(
                 f"{args.plan}: the embedded profile is unusable: {exc}"
             ) from exc
+    if args.schedules and profile is None:  # refused before any drawing
+        raise common.UsageError(
+            "--schedules re-plans the plan's profile: pass --profile PROFILE.json (plans "
+            "written by `autopipe plan --json` carry it)"
+        )
     from autopipe.viz import plot_all
 
     paths = plot_all(
@@ -104,11 +116,34 @@ def cmd_plot(args: argparse.Namespace) -> int:
         max_gpus=args.gpus,
         progress=not args.quiet and not args.json,
     )
+    if args.schedules:
+        paths += _plot_schedules(plan, profile, args)
     if args.json:
         common.emit_json({"files": [str(p) for p in paths]}, "-")
     else:
         common.say(args, "plots: " + ", ".join(str(p) for p in paths))
     return common.EXIT_OK
+
+
+def _plot_schedules(plan: Any, profile: Any, args: argparse.Namespace) -> list[Path]:
+    """``--schedules``: the plan's request planned once per schedule, drawn side by side."""
+    import dataclasses
+
+    from autopipe.planner.request import PlanRequest
+    from autopipe.planner.sweep import plan_each_schedule
+    from autopipe.viz.memory import plot_schedules
+
+    request = plan.request or PlanRequest(
+        gpus=plan.num_stages,
+        batch_size=plan.batch_size,
+        memory_per_device=plan.memory_per_device,
+    )
+    # Each schedule picks its own V (and M, when the request let the planner choose it).
+    request = dataclasses.replace(request, virtual_stages="auto")
+    plans = plan_each_schedule(profile, request)
+    if not any(not isinstance(p, str) for p in plans.values()):
+        raise common.Failure("no schedule has a plan: " + "; ".join(map(str, plans.values())))
+    return plot_schedules(plans, args.out, formats=args.format)
 
 
 def _load_timeline(path: str, num_stages: int) -> Any:

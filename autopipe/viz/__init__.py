@@ -1,7 +1,9 @@
 """autopipe.viz: pictures of a pipeline plan (matplotlib, Agg backend, PNG and SVG).
 
-``plot_all(plan, out_dir, profile=profile)`` writes the four figures ``autopipe plan --plot``
-promises: ``timeline`` (Gantt of the simulated iteration), ``bubble`` (idle fraction and
+``plot_all(plan, out_dir, profile=profile)`` writes the figures ``autopipe plan --plot``
+promises: ``timeline`` (Gantt of the simulated iteration; one row per rank with its virtual
+stages labelled when a rank runs several chunks, split backwards drawn as B and W), ``memory``
+(each rank's replayed memory over the iteration), ``bubble`` (idle fraction and
 throughput vs micro-batches), ``balance`` (per-stage time and memory beside the ``uniform`` and
 ``parameters`` baselines) and ``scaling`` (throughput and memory vs number of devices).
 
@@ -40,7 +42,9 @@ __all__ = [
     "plot_all",
     "plot_balance",
     "plot_bubble",
+    "plot_memory",
     "plot_scaling",
+    "plot_schedules",
     "plot_timeline",
     "predicted_timeline",
     "timeline_from_chrome_trace",
@@ -50,7 +54,7 @@ __all__ = [
 
 log = logging.getLogger("autopipe")
 
-PLOT_NAMES = ("timeline", "bubble", "balance", "scaling")
+PLOT_NAMES = ("timeline", "memory", "bubble", "balance", "scaling")
 VIZ_META_KEY = "viz"
 """The ``Plan.meta`` key under which a saved plan carries its plot data (written by the
 caller, e.g. ``autopipe plan --plot``; read by :func:`plot_all`)."""
@@ -79,6 +83,8 @@ _LAZY = {
     "plot_bubble": "autopipe.viz.bubble",
     "plot_balance": "autopipe.viz.balance",
     "plot_scaling": "autopipe.viz.scaling",
+    "plot_memory": "autopipe.viz.memory",
+    "plot_schedules": "autopipe.viz.memory",
     "predicted_timeline": "autopipe.viz.predict",
 }
 __getattr__, __dir__ = lazy_attributes(__name__, _LAZY, globals())
@@ -143,6 +149,7 @@ def plot_all(
     from autopipe.viz.balance import balance_figure
     from autopipe.viz.bubble import bubble_figure
     from autopipe.viz.gantt import plot_timeline
+    from autopipe.viz.memory import plan_memory_figure
     from autopipe.viz.predict import predicted_timeline
     from autopipe.viz.scaling import scaling_figure
     from autopipe.viz.style import save
@@ -181,6 +188,7 @@ def plot_all(
     paths: list[Path] = []
     predicted = predicted_timeline(plan)
     paths += plot_timeline(predicted, out / "timeline", formats=formats)
+    paths += save(plan_memory_figure(plan), out / "memory", formats)
     bar.update()
     if timeline is not None:
         measured = timeline

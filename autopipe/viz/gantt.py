@@ -21,6 +21,8 @@ if TYPE_CHECKING:
 
 ROW_HEIGHT = 0.8
 """Height of a stage's row in y units (rows are 1 apart)."""
+VIRTUAL_HATCHES = ("", "..", "xx", "oo")
+"""Rows per rank: the hatch of a rank's first, second, ... virtual stage's boxes (white)."""
 
 
 def idle_spans(timeline: Timeline, stages: list[int]) -> list[tuple[float, float]]:
@@ -44,11 +46,14 @@ def timeline_title(timeline: Timeline) -> str:
     """``"predicted (gpipe, K=4, M=8): iteration 12.3 ms, bubble 27.3%"``."""
     what = timeline.label or "timeline"
     groups = timeline.device_groups()
-    placement = (
-        f"K={timeline.num_stages} on {len(groups)} shared device{'s' if len(groups) > 1 else ''}"
-        if timeline.shared
-        else f"K={timeline.num_stages}"
-    )
+    if rows_by_device(timeline):
+        v = timeline.num_stages // max(len(groups), 1)
+        placement = f"K={len(groups)} ranks x V={v} virtual stages"
+    elif timeline.shared:
+        many = "s" if len(groups) > 1 else ""
+        placement = f"K={timeline.num_stages} on {len(groups)} shared device{many}"
+    else:
+        placement = f"K={timeline.num_stages}"
     detail = ", ".join(
         x for x in (timeline.schedule, placement, f"M={timeline.num_microbatches}") if x
     )
@@ -59,11 +64,32 @@ def timeline_title(timeline: Timeline) -> str:
     )
 
 
-def draw_timeline(ax: Axes, timeline: Timeline, *, width_px: float | None = None) -> None:
-    """Draw ``timeline`` on ``ax``: stage 0 on top, time in ms on x.
+def timeline_rows(timeline: Timeline) -> int:
+    """Rows the chart of ``timeline`` has (devices or stages, see :func:`rows_by_device`)."""
+    return len(timeline.device_groups()) if rows_by_device(timeline) else timeline.num_stages
+
+
+def rows_by_device(timeline: Timeline) -> bool:
+    """Whether the chart has one row per device (rank) rather than one per stage: a
+    schedule that places several model chunks (virtual stages) on each rank. O(n)."""
+    return timeline.shared and timeline.schedule not in ("", "gpipe", "1f1b")
+
+
+def draw_timeline(
+    ax: Axes,
+    timeline: Timeline,
+    *,
+    width_px: float | None = None,
+    by_device: bool | None = None,
+) -> None:
+    """Draw ``timeline`` on ``ax``: stage 0 (or rank 0) on top, time in ms on x.
 
     ``width_px`` is the axes' width in pixels, used to decide whether a micro-batch number
-    fits inside its box (estimated from the figure size if not given). O(n) in tasks.
+    fits inside its box (estimated from the figure size if not given). ``by_device``: one row
+    per device, each box labelled ``c<chunk>:<micro-batch>`` and hatched for each later
+    virtual stage of its rank (:data:`VIRTUAL_HATCHES`) (default :func:`rows_by_device`); else one row per stage.
+    Split backwards are drawn apart: ``backward_input`` and ``backward_weight`` have their own
+    colours. O(n) in tasks.
     """
     from matplotlib.patches import Rectangle
 
@@ -74,29 +100,43 @@ def draw_timeline(ax: Axes, timeline: Timeline, *, width_px: float | None = None
         assert fig is not None
         width_px = 0.85 * fig.get_figwidth() * fig.dpi
     px_per_s = width_px / span_s
-    k = timeline.num_stages
+    if by_device is None:
+        by_device = rows_by_device(timeline)
+    groups = timeline.device_groups()
+    if by_device:
+        row_of = {s: r for r, g in enumerate(groups) for s in g}
+        local = {s: j for g in groups for j, s in enumerate(sorted(g))}
+        rows = len(groups)
+    else:
+        row_of = {s: s for s in range(timeline.num_stages)}
+        local = dict.fromkeys(range(timeline.num_stages), 0)
+        rows = timeline.num_stages
     # Thin white edges separate back-to-back boxes; thinner when there are many.
     edge_w = 0.5 if len(timeline.tasks) <= 400 else 0.3
     for task in sorted(timeline.tasks, key=lambda t: (t.stage, t.start_s)):
         x = (task.start_s - t0) * 1e3
         w = task.duration_s * 1e3
+        row = row_of[task.stage]
         ax.add_patch(
             Rectangle(
-                (x, task.stage - ROW_HEIGHT / 2),
+                (x, row - ROW_HEIGHT / 2),
                 w,
                 ROW_HEIGHT,
                 facecolor=PHASE_COLORS[task.phase],
+                hatch=VIRTUAL_HATCHES[min(local[task.stage], len(VIRTUAL_HATCHES) - 1)],
                 edgecolor="white",
                 linewidth=edge_w,
                 gid=f"task:{task.phase}",
             )
         )
         label = "loss" if task.phase == "loss" else str(task.microbatch)
+        if by_device and task.phase != "loss":
+            label = f"c{task.stage}:{task.microbatch}"
         # About 7 px per digit at fontsize 7, plus a little margin.
         if task.phase != "send" and task.duration_s * px_per_s > 7 * len(label) + 4:
             ax.text(
                 x + w / 2,
-                task.stage,
+                row,
                 label,
                 ha="center",
                 va="center",
@@ -106,11 +146,12 @@ def draw_timeline(ax: Axes, timeline: Timeline, *, width_px: float | None = None
             )
     # Shade the time each stage's *device* is idle: with dedicated devices that is the
     # stage's bubble; stages sharing a device wait (unshaded) while it runs another stage.
-    for group in timeline.device_groups():
-        for stage, (start, end) in ((s, gap) for gap in idle_spans(timeline, group) for s in group):
+    for group in groups:
+        targets = [row_of[group[0]]] if by_device else [row_of[s] for s in group]
+        for row, (start, end) in ((r, gap) for gap in idle_spans(timeline, group) for r in targets):
             ax.add_patch(
                 Rectangle(
-                    ((start - t0) * 1e3, stage - ROW_HEIGHT / 2),
+                    ((start - t0) * 1e3, row - ROW_HEIGHT / 2),
                     (end - start) * 1e3,
                     ROW_HEIGHT,
                     facecolor=BUBBLE_COLOR,
@@ -121,8 +162,12 @@ def draw_timeline(ax: Axes, timeline: Timeline, *, width_px: float | None = None
                 )
             )
     ax.set_xlim(0, span_s * 1e3)
-    ax.set_ylim(k - 0.5, -0.5)
-    ax.set_yticks(range(k), [f"stage {s}" for s in range(k)])
+    ax.set_ylim(rows - 0.5, -0.5)
+    if by_device:
+        names = [f"rank {r} (c{', c'.join(map(str, sorted(g)))})" for r, g in enumerate(groups)]
+    else:
+        names = [f"stage {s}" for s in range(rows)]
+    ax.set_yticks(range(rows), names)
     ax.set_xlabel("time (ms)")
     ax.set_title(timeline_title(timeline), fontsize=10)
     ax.grid(axis="x", color="#EEEEEE", linewidth=0.5)
@@ -144,7 +189,7 @@ def timeline_figure(timeline: Timeline, compare: Timeline | None = None) -> Figu
     is visible at a glance: both panels span the longer of the two iterations.
     """
     timelines = [timeline] if compare is None else [timeline, compare]
-    height = sum(1.0 + 0.38 * t.num_stages for t in timelines) + 0.6
+    height = sum(1.0 + 0.38 * timeline_rows(t) for t in timelines) + 0.6
     fig = new_figure(11.0, height)
     axes = fig.subplots(len(timelines), 1, sharex=True, squeeze=False)[:, 0]
     longest_s = max(t.iteration_s for t in timelines)

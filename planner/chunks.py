@@ -1,0 +1,205 @@
+"""A candidate's model chunks: the cost model over ``K x V`` chunks on their ranks, the work
+each chunk gives the simulator, and a proven lower bound on the iteration time. Torch-free.
+
+The planner cuts the model into ``K x V`` contiguous chunks placed as torch places them
+(:func:`autopipe.planner.schedules.chunk_ranks`). For the partitioners, chunk ``c`` is a
+"stage" on its rank's device (speed, memory, link), so the exact min-bottleneck search of
+``planner/probe.py`` and ``planner/partition.py`` works over chunks unchanged:
+
+- a chunk's micro-batches in flight (and, checkpointed, those holding re-computed
+  activations) are the schedule's own, replayed from its order
+  (:func:`autopipe.planner.simulate.inflight_counts`);
+- a chunk whose successor runs on the same rank (the V-shape's turn at the last rank) sends
+  nothing; a chunk sending to another rank uses that pair's link (the sender's link to the
+  next device; going back up the V, the receiver's);
+- with V > 1 the ranks' memory is shared by their chunks: the per-chunk limit is the rank's
+  whole memory (then the rank's replayed peak decides), or ``1 / V`` of it (a separable
+  bound: chunks that fit it always fit together).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+import numpy as np
+from autopipe.planner.cluster import Cluster, Device
+from autopipe.planner.costs import CostModel, SegmentCost
+from autopipe.planner.schedules import SPLIT_BACKWARD_SCHEDULES, chunk_ranks, rank_orders
+from autopipe.planner.simulate import ChunkWork, inflight_counts, replay_memory
+from autopipe.planner.timeline import Action
+from autopipe.profiler.profile_data import Profile
+
+__all__ = ["ScheduleShape", "chunk_cluster", "chunk_works", "lower_bound_s", "rank_fits"]
+
+
+@dataclass
+class ScheduleShape:
+    """What a (schedule, K, V, M) fixes before any partition: where chunks run, each rank's
+    order, and each chunk's micro-batches in flight."""
+
+    schedule: str
+    num_ranks: int
+    virtual_stages: int
+    microbatches: int
+    ranks: list[int]
+    orders: list[list[Action]]
+    held: list[int]
+    """Per chunk: most micro-batches holding its activations (or checkpointed inputs)."""
+    full: list[int]
+    """Per chunk: most micro-batches holding re-computed activations when checkpointed."""
+
+    @classmethod
+    def of(
+        cls, schedule: str, num_ranks: int, virtual_stages: int, microbatches: int
+    ) -> ScheduleShape:
+        """O(K V M): the orders are generated once here and reused by every simulation."""
+        ranks = chunk_ranks(schedule, num_ranks, virtual_stages)
+        orders = rank_orders(schedule, num_ranks, virtual_stages, microbatches)
+        held, full = inflight_counts(orders, len(ranks))
+        return cls(
+            schedule, num_ranks, virtual_stages, microbatches, ranks, orders, held,
+            [max(f, 1) for f in full],
+        )  # fmt: skip
+
+    @property
+    def num_chunks(self) -> int:
+        return len(self.ranks)
+
+    @property
+    def split_backward(self) -> bool:
+        return self.schedule in SPLIT_BACKWARD_SCHEDULES
+
+
+def chunk_cluster(cluster: Cluster, shape: ScheduleShape, memory_share: float = 1.0) -> Cluster:
+    """One "device" per chunk for the partitioners: its rank's device with ``memory_share``
+    of its memory and the link its output crosses (none when the next chunk is on the same
+    rank). O(K V)."""
+    devices: list[Device] = []
+    ranks = shape.ranks
+    for c, r in enumerate(ranks):
+        d = cluster.devices[r]
+        memory = d.memory_bytes
+        if memory is not None and memory_share != 1.0:
+            memory = int(memory * memory_share)
+        bandwidth, latency = d.link_bandwidth_bytes_per_s, d.link_latency_s
+        if c + 1 < len(ranks):
+            nxt = ranks[c + 1]
+            if nxt == r:
+                bandwidth, latency = math.inf, 0.0
+            elif nxt == r - 1:  # going back up the V: the link between r - 1 and r
+                back = cluster.devices[nxt]
+                bandwidth, latency = back.link_bandwidth_bytes_per_s, back.link_latency_s
+        devices.append(
+            Device(
+                name=d.name,
+                memory_bytes=memory,
+                speed=d.speed,
+                link_bandwidth_bytes_per_s=bandwidth,
+                link_latency_s=latency,
+            )
+        )
+    return Cluster(devices)
+
+
+def chunk_works(
+    cm: CostModel, bounds: list[int], costs: list[SegmentCost], split: bool
+) -> list[ChunkWork]:
+    """What each chunk of ``bounds`` (with its ``costs``) gives the simulator; the
+    backward split (``backward_input_share``) where ``split``. O(K V)."""
+    works = []
+    for c, cost in enumerate(costs):
+        i, j = bounds[c], bounds[c + 1]
+        inp = wgt = 0.0
+        if split:
+            inp = float(cm.bwd_input_prefix[j] - cm.bwd_input_prefix[i]) / float(cm.speed[c])
+            wgt = max(cost.backward_s - inp, 0.0)
+            inp = cost.backward_s - wgt
+        works.append(
+            ChunkWork(
+                forward_s=cost.forward_s,
+                backward_s=cost.backward_s,
+                backward_input_s=inp,
+                backward_weight_s=wgt,
+                recompute_s=cost.recompute_s,
+                send_s=cost.send_s,
+                activation_bytes=float(cm.act_prefix[j] - cm.act_prefix[i]) * cm.ratio,
+                input_bytes=float(cm.cut_bytes_at[i]) * cm.ratio,
+                checkpoint=cost.checkpoint,
+                state_bytes=float(cost.parameter_bytes + cost.optimizer_bytes),
+            )
+        )
+    return works
+
+
+def rank_fits(
+    works: list[ChunkWork], shape: ScheduleShape, cluster: Cluster, headroom: float
+) -> tuple[bool, list[float]]:
+    """Whether every rank's replayed peak (headroom included) fits its memory, and the
+    peaks (bytes, headroom not included). O(T)."""
+    peaks = replay_memory(shape.orders, works, shape.ranks)
+    ok = all(
+        d.memory_bytes is None or p * (1.0 + headroom) <= d.memory_bytes
+        for p, d in zip(peaks, cluster.devices, strict=True)
+    )
+    return ok, peaks
+
+
+def lower_bound_s(cm: CostModel, shape: ScheduleShape, cluster: Cluster) -> float:
+    """A proven lower bound on the iteration time of *any* cut of the model into
+    ``K x V`` chunks under this schedule, M and micro-batch size (docs/cost-model.md):
+
+    - work: every rank runs all its chunks' forwards and backwards for M micro-batches, and
+      the ranks share the whole model's work, so some rank is busy at least
+      ``M x sum_u (F_u + G_u) / sum_r v_r``;
+    - the heaviest unit: its rank runs it M times, ``M x max_u (F_u + G_u) / v_max``;
+    - one micro-batch's critical path: micro-batch 0 goes forward through every unit and
+      its input gradient back through every unit, one after the other,
+      ``sum_u (F_u + B_u) / v_max`` (B_u = the input-gradient part with a split backward,
+      else the whole backward).
+
+    Re-computation and sends only add time, so leaving them out keeps it a bound. O(N + K).
+    """
+    m = shape.microbatches
+    speeds = np.array([d.speed for d in cluster.devices], float)
+    unit = np.diff(cm.fwd_prefix + cm.bwd_prefix)
+    work = float(cm.fwd_prefix[-1] + cm.bwd_prefix[-1])
+    back = cm.bwd_input_prefix if shape.split_backward else cm.bwd_prefix
+    path = float(cm.fwd_prefix[-1] + back[-1])
+    v_max = float(speeds.max())
+    return max(
+        m * work / float(speeds.sum()),
+        m * float(unit.max(initial=0.0)) / v_max,
+        path / v_max,
+    )
+
+
+def cost_model_for(
+    profile: Profile,
+    cluster: Cluster,
+    shape: ScheduleShape,
+    *,
+    batch_size: int,
+    checkpoint: str,
+    state_bytes_per_parameter: float,
+    headroom: float,
+    memory_share: float = 1.0,
+) -> CostModel:
+    """The cost model over the shape's chunks (see the module docstring). O(N + K V)."""
+    return CostModel(
+        profile,
+        chunk_cluster(cluster, shape, memory_share) if shape.virtual_stages > 1 else cluster,
+        batch_size=batch_size,
+        microbatches=shape.microbatches,
+        schedule=shape.schedule,
+        checkpoint=checkpoint,
+        state_bytes_per_parameter=state_bytes_per_parameter,
+        headroom=headroom,
+        inflight=shape.held,
+        full_inflight=shape.full,
+    )
+
+
+def checkpointed(cost: SegmentCost) -> SegmentCost:
+    """``cost`` with re-materialization switched on (the recompute is one more forward)."""
+    return replace(cost, checkpoint=True, recompute_s=cost.forward_s)
