@@ -34,7 +34,8 @@ FAST = {"warmup": 0, "repeat": 1, "progress": False, "microbatch_sizes": ()}
 def _gpt_plan(stages: int = 4, **request: Any) -> tuple[torch.nn.Module, Any, Plan]:
     model, inputs, loss_fn = tiny_gpt()
     measured = profile(model, inputs, loss_fn=loss_fn, **FAST)
-    return model, inputs, make_plan(measured, stages, microbatches=2, **request)
+    request.setdefault("microbatches", 4 if request.get("schedule") == "1f1b" else 2)
+    return model, inputs, make_plan(measured, stages, **request)
 
 
 def _stage_owners(stage: torch.nn.Module, units: list[str]) -> set[str]:
@@ -161,7 +162,7 @@ def test_skip_connection_across_stages() -> None:
     torch.manual_seed(0)
     model, inputs = SkipNet(), skipnet_inputs(4)
     measured = profile(model, inputs, **FAST)
-    plan = make_plan(measured, 3, microbatches=2, schedule="1f1b")
+    plan = make_plan(measured, 3, microbatches=4, schedule="1f1b")
     _check_torch_split(model, tuple(t[:2] for t in inputs), plan)
     toml = tomllib.loads(to_torchtitan(plan))["parallelism"]
     assert [u for part in toml["module_fqns_per_model_part"] for u in part] == [
