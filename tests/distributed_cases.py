@@ -211,7 +211,12 @@ def run_correctness(rank: int, world_size: int, port: int, out_dir: str, jobs: l
 
     os.environ.update(rank_env(rank, world_size, port))
     torch.set_num_threads(1)
-    from autopipe.runtime.distributed import DistributedPipeline, init_distributed, shutdown
+    from autopipe.runtime.distributed import (
+        DistributedPipeline,
+        ScheduleRuleError,
+        init_distributed,
+        shutdown,
+    )
 
     init_distributed(timeout_s=60)
     results: dict[str, dict[str, Any]] = {}
@@ -231,6 +236,19 @@ def run_correctness(rank: int, world_size: int, port: int, out_dir: str, jobs: l
             job.get("checkpoint"),
             virtual,
         )
+        key = job_key(job, world_size)
+        if "ranks" in job:  # a placement other than the schedule's own
+            for stage, r in zip(plan.stages, job["ranks"], strict=True):
+                stage.rank = r
+        if job.get("refused"):
+            # A plan the schedule cannot run: every rank refuses it before talking to a peer.
+            try:
+                DistributedPipeline(model, plan, inputs, loss_fn)
+            except ScheduleRuleError as exc:
+                results[key] = {"refused": str(exc)}
+            else:
+                results[key] = {"refused": ""}
+            continue
         pipe = DistributedPipeline(model, plan, inputs, loss_fn)
         local = pipe.local_batch(inputs)
         loss = pipe.step(local)
@@ -252,7 +270,6 @@ def run_correctness(rank: int, world_size: int, port: int, out_dir: str, jobs: l
         opt.zero_grad()
         ref_loss2, _ = reference(ref_model, inputs, loss_fn)
         loss2 = pipe.step(local)
-        key = job_key(job, world_size)
         results[key] = {
             "grad_err": grad_err,
             "params": float(len(grads)),
@@ -272,7 +289,7 @@ def job_key(job: dict, world_size: int) -> str:
     cp = "-ckpt" if any(job.get("checkpoint") or []) else ""
     return (
         f"{job['model']}-{job['schedule']}-K{job['stages']}xV{job.get('virtual', 1)}"
-        f"xD{replicas}{cp}"
+        f"xD{replicas}-M{job['microbatches']}{cp}{'-refused' if job.get('refused') else ''}"
     )
 
 
