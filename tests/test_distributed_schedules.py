@@ -98,15 +98,15 @@ def _check(results: dict[int, dict], world_size: int, jobs: list[dict[str, Any]]
                 assert 0 <= r["loss_err"] < TOL and 0 <= r["loss2_err"] < TOL, (key, rank, r)
             else:
                 assert r["loss_err"] == -1.0, (key, rank, r)  # only the loss rank has it
-        # Every parameter of the model got a gradient on some rank, and exactly one rank
-        # computes the loss.
+        # Every parameter of the model got a gradient on some rank, and one rank per
+        # replica computes the loss.
         covered = set().union(*(r["names"] for r in per_rank))
         names: dict[int, set[str]] = {}
         for name, p in model.named_parameters(remove_duplicate=False):
             names.setdefault(id(p), set()).add(name)
         assert covered <= set().union(*names.values()), key
         assert all(covered & aliases for aliases in names.values()), key
-        assert sum(r["holds_last"] for r in per_rank) == 1, key
+        assert sum(r["holds_last"] for r in per_rank) == world_size // job["stages"], key
         worst[key] = (
             max(r["grad_err"] for r in per_rank),
             max(max(r["loss_err"], r["loss2_err"]) for r in per_rank),
@@ -148,7 +148,9 @@ JOBS_4: list[dict[str, Any]] = [
 @pytest.mark.slow
 def test_every_schedule_on_four_ranks_matches_one_process(tmp_path: Path) -> None:
     """K = 4 (V = 2: 8 chunks), and K = 2 x D = 2 data-parallel replicas."""
-    _check(_run(4, JOBS_4, tmp_path), 4, JOBS_4)
+    worst = _check(_run(4, JOBS_4, tmp_path), 4, JOBS_4)
+    for key, (grad, loss) in worst.items():
+        print(f"{key}: max |grad diff| {grad:.1e}, max |loss diff| {loss:.1e}")
 
 
 # -- the rules, torch-free, and against torch's own constructors ------------------------------
