@@ -182,6 +182,14 @@ def test_a_broken_rule_is_named_in_one_line(
     assert rule in str(info.value) and "\n" not in str(info.value)
 
 
+def test_a_batch_smaller_than_m_and_a_foreign_placement_are_named() -> None:
+    with pytest.raises(ScheduleRuleError, match=r"rule: batch >= M"):
+        check_schedule("gpipe", 2, 1, 8, batch_size=4)
+    with pytest.raises(ScheduleRuleError, match=r"rule: chunk c on rank c mod K"):
+        check_schedule("looped-bfs", 2, 2, 4, ranks=[0, 1, 1, 0])
+    check_schedule("looped-bfs", 2, 2, 4, ranks=[0, 1, 0, 1], batch_size=4)
+
+
 def _torch_accepts(schedule: str, K: int, V: int, M: int) -> bool:
     """Whether torch's schedule class accepts rank 0's stages (a fake process group of K)."""
     from torch.distributed import pipelining

@@ -281,7 +281,12 @@ class DistributedPipeline:
         chunk_rank = [s.rank if s.rank >= 0 else s.index for s in plan.stages]
         try:
             check_schedule(
-                plan.schedule, plan.num_stages, plan.virtual_stages, plan.microbatches, chunk_rank
+                plan.schedule,
+                plan.num_stages,
+                plan.virtual_stages,
+                plan.microbatches,
+                chunk_rank,
+                plan.batch_size,
             )
         except ScheduleRuleError as exc:
             raise ScheduleRuleError(f"the plan cannot run: {exc}; re-plan") from None

@@ -78,10 +78,12 @@ def check_schedule(
     virtual_stages: int,
     microbatches: int,
     ranks: Sequence[int] | None = None,
+    batch_size: int | None = None,
 ) -> None:
     """Raise :class:`ScheduleRuleError` unless torch 2.13 runs ``schedule`` with K =
     ``num_ranks`` ranks, V = ``virtual_stages`` chunks per rank and M = ``microbatches``,
-    and ``ranks`` (each chunk's rank, model order; None: not checked) is torch's placement.
+    ``ranks`` (each chunk's rank, model order; None: not checked) is torch's placement and
+    the batch of ``batch_size`` samples (None: not checked) has at least M.
 
     The rules, as the schedule classes enforce them:
 
@@ -91,7 +93,11 @@ def check_schedule(
     - chunk ``c`` is on rank ``c mod K`` (loop), or on the V-shape's rank for ``zbv`` and
       ``dualpipev``;
     - ``1f1b``: M >= K; ``dualpipev``: M >= K x V (its stage count is the chunk count);
-    - ``interleaved-1f1b`` and ``interleaved-zb``: M divisible by its rounds ``max(1, M // K)``.
+    - ``interleaved-1f1b`` and ``interleaved-zb``: M divisible by its rounds ``max(1, M // K)``;
+    - batch >= M (each micro-batch holds a sample).
+
+    The runtime never compiles a stage (``torch.compile``), so the zero-bubble schedules'
+    "no compiled stages" rule holds by construction. O(K x V).
     """
     K, V, M = num_ranks, virtual_stages, microbatches
     if schedule not in SCHEDULE_CLASSES:
@@ -136,6 +142,10 @@ def check_schedule(
         raise ScheduleRuleError(
             f"dualpipev needs at least as many micro-batches as chunks, got M={M} for "
             f"K x V = {K * V} (rule: M >= 2K)"
+        )
+    if batch_size is not None and batch_size < M:
+        raise ScheduleRuleError(
+            f"a batch of {batch_size} samples cannot make M={M} micro-batches (rule: batch >= M)"
         )
     if schedule in ROUNDS_RULE:
         rounds = max(1, M // K)
