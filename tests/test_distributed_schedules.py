@@ -238,3 +238,28 @@ def test_the_rules_are_what_torch_enforces() -> None:
         finally:
             dist.destroy_process_group()
     assert not disagree, disagree
+
+
+def test_a_tied_parameter_two_chunks_of_a_rank_share_keeps_the_first_chunks_init() -> None:
+    """From a meta model without a state_dict, the V-shape's rank 0 holds the tied embedding
+    and head (chunks 0 and 3) as one parameter initialised as chunk 0 alone would be (as
+    the copy on another rank would be), not overwritten by the head's init."""
+    import copy
+
+    from autopipe.runtime.distributed.pipeline import materialize_chunks
+    from autopipe.runtime.partition import partition
+    from distributed_cases import case, make_plan
+
+    model, inputs, _, units = case("gpt_tied", 4)
+    plan = make_plan(units, 4, 8, "zbv", None, 2)
+
+    def meta_model() -> torch.nn.Module:
+        meta = copy.deepcopy(model).to("meta")
+        meta.head.weight = meta.tok_emb.weight  # .to() unties; a meta build keeps the tie
+        return meta
+
+    both = materialize_chunks(partition(meta_model(), inputs, plan), plan, [0, 3], init_seed=5)
+    alone = materialize_chunks(partition(meta_model(), inputs, plan), plan, [0], init_seed=5)
+    tied = both[0].body.get_parameter("tok_emb.weight")
+    assert tied is both[1].body.get_parameter("head.weight")
+    torch.testing.assert_close(tied, alone[0].body.get_parameter("tok_emb.weight"), rtol=0, atol=0)

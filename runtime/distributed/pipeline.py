@@ -166,7 +166,17 @@ def materialize_chunks(
             module.body.load_state_dict(wanted, strict=True, assign=False)
     elif on_meta:
         _to_empty_keeping_ties([m.body for m in modules], device)
-        for c, module in zip(chunks, modules, strict=True):
+        # A parameter two of the chunks share (a tied embedding and head in a V) keeps the
+        # init of the first chunk using it, as the copies on other ranks do (synchronize).
+        seen: dict[int, int] = {}
+        shared: set[int] = set()
+        for k, module in enumerate(modules):
+            for q in module.body.parameters():
+                if id(q) in seen:
+                    shared.add(id(q))
+                seen.setdefault(id(q), k)
+        first: dict[int, torch.Tensor] = {}
+        for k, (c, module) in enumerate(zip(chunks, modules, strict=True)):
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(init_seed + c)
                 for sub in module.body.modules():
@@ -174,6 +184,12 @@ def materialize_chunks(
                     if callable(reset):
                         with torch.no_grad():
                             reset()
+            for q in module.body.parameters():
+                if seen[id(q)] < k:
+                    with torch.no_grad():
+                        q.copy_(first[id(q)])
+                elif id(q) in shared and id(q) not in first:
+                    first[id(q)] = q.detach().clone()
     return [m.to(device) for m in modules]
 
 
