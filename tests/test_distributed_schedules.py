@@ -120,11 +120,16 @@ def test_every_schedule_on_two_ranks_matches_one_process(tmp_path: Path) -> None
     worst = _check(results, 2, JOBS_2)
     for key, (grad, loss) in worst.items():
         print(f"{key}: max |grad diff| {grad:.1e}, max |loss diff| {loss:.1e}")
-    # The safeguards were used where expected (and only there).
+    # Unsplit backwards where expected (and only there): a parameter the weight pass would
+    # miss, and re-materialized chunks (one each) under the zero-bubble schedules.
     unsplit = {k: sum(results[r][k]["unsplit"] for r in range(2)) for k in worst}
-    assert {k for k, n in unsplit.items() if n} == {
-        job_key(j, 2) for j in JOBS_2 if j["model"] == "gpt_leak"
+    zero_bubble = ("interleaved-zb", "zbv", "dualpipev")
+    expected = {
+        job_key(j, 2): 1.0
+        for j in JOBS_2
+        if j["model"] == "gpt_leak" or (j.get("checkpoint") and j["schedule"] in zero_bubble)
     }
+    assert {k: n for k, n in unsplit.items() if n} == expected
     # A plan torch would refuse: refused on every rank, one line naming the rule.
     for job, rule in REFUSED_2:
         key = job_key(dict(job, refused=True), 2)

@@ -352,24 +352,32 @@ class DistributedPipeline:
         self.tied.synchronize()
         self._user_loss = loss_fn or default_loss
         self._target: Any = None
-        self.unsplit_chunks: dict[int, list[str]] = {}
-        """Zero-bubble schedules: chunks whose backward runs unsplit in B, with the
-        parameters torch's split weight pass would have missed (see :mod:`zero_bubble`)."""
-        if plan.schedule in ZERO_BUBBLE and examples is not None:
-            for c, module, (inputs, _) in zip(
-                self.chunk_indices, self.chunks, examples, strict=True
-            ):
-                if c > 0:
-                    missed = _weight_pass_misses(module, inputs, c == num_chunks - 1)
-                    if missed:
-                        self.unsplit_chunks[c] = missed
-                        warnings.warn(
-                            f"chunk {c}: {plan.schedule}'s weight pass would miss the gradient "
-                            f"of {missed[0]!r}{f' (and {len(missed) - 1} more)' if len(missed) > 1 else ''}, "
-                            "which reaches the chunk's outputs without meeting an input that "
-                            "needs a gradient; this chunk runs its whole backward in B",
-                            stacklevel=2,
-                        )
+        self.unsplit_chunks: dict[int, str] = {}
+        """Zero-bubble schedules: chunks whose backward runs unsplit in B (their W does
+        nothing), with the reason: re-materialized (torch's weight pass would recompute the
+        chunk's forward once per parameter group), or a parameter torch's split weight pass
+        would miss (see :mod:`zero_bubble`)."""
+        if plan.schedule in ZERO_BUBBLE:
+            for k, (c, module) in enumerate(zip(self.chunk_indices, self.chunks, strict=True)):
+                if c == 0:
+                    continue  # torch runs the first chunk's whole backward in W
+                if module.checkpoint:
+                    self.unsplit_chunks[c] = "re-materialized"
+                    continue
+                if examples is None:  # no fake-tensor run: cannot check, so do not split
+                    self.unsplit_chunks[c] = "its shapes could not be worked out ahead"
+                    continue
+                missed = _weight_pass_misses(module, examples[k][0], c == num_chunks - 1)
+                if missed:
+                    more = f" (and {len(missed) - 1} more)" if len(missed) > 1 else ""
+                    self.unsplit_chunks[c] = f"the weight pass would miss {missed[0]!r}{more}"
+                    warnings.warn(
+                        f"chunk {c}: {plan.schedule}'s weight pass would miss the gradient "
+                        f"of {missed[0]!r}{more}, which reaches the chunk's outputs without "
+                        "meeting an input that needs a gradient; this chunk runs its whole "
+                        "backward in B",
+                        stacklevel=2,
+                    )
         # Shapes given up front: torch's own inference would run each stage on
         # uninitialised buffers, and a stage that indexes with a relayed integer tensor
         # (labels, positions) or reads a relayed size would see garbage.
