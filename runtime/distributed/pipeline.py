@@ -271,7 +271,13 @@ class DistributedPipeline:
     s), ``module`` (all of them as one ``nn.Module``, :class:`RankChunks`, whose
     ``parameters()`` are what this rank's optimizer updates), ``stages`` (their
     ``PipelineStage`` s), ``holds_first`` / ``holds_last`` (this rank runs chunk 0 / the
-    last chunk: it takes the inputs / computes the loss), ``schedule``, ``plan``.
+    last chunk: it takes the inputs / computes the loss), ``unsplit_chunks`` (zero-bubble
+    schedules: this rank's chunks whose backward runs whole in B, with the reason),
+    ``schedule``, ``plan``.
+
+    A plan breaking a rule of its schedule (``schedule_rules.check_schedule``) raises
+    :class:`ScheduleRuleError` on every rank, before any stage is built, with the same
+    one-line message naming the rule.
     """
 
     def __init__(
