@@ -145,7 +145,14 @@ JOBS_4: list[dict[str, Any]] = [
         dict(model="gpt", stages=4, virtual=v, microbatches=8, schedule=s, checkpoint=None)
         for s, v in SCHEDULE_V.items()
     ),
-    dict(model="gpt_tied", stages=4, virtual=2, microbatches=8, schedule="zbv"),
+    dict(
+        model="gpt_tied",
+        stages=4,
+        virtual=2,
+        microbatches=8,
+        schedule="zbv",
+        checkpoint=[c in (1, 6) for c in range(8)],
+    ),
     dict(model="gpt_tied", stages=2, virtual=2, microbatches=4, schedule="interleaved-zb"),
 ]
 
