@@ -180,13 +180,30 @@ def priced_times(
     return out
 
 
+def weight_flops_share(part: dict[str, Any]) -> float:
+    """The share of a unit's backward that is its weight gradient (W), by FLOPs, from its
+    counted parts (``{"forward": ..., "backward": ...}``): W redoes each parameter operand's
+    forward FLOPs once (``dW = X^T dY`` for ``Y = X W``), B is the rest of the backward. In
+    [0, 1]; 0 without backward FLOPs (memory-bound work counts as B)."""
+    backward = float(part["backward"].get("flops", 0.0))
+    weight = float(part["forward"].get("parameter_flops", 0.0))
+    if backward <= 0:
+        return 0.0
+    return min(max(weight / backward, 0.0), 1.0)
+
+
 def apply_times(profile: Profile, times: dict[str, Any]) -> None:
-    """Write :func:`priced_times` output into ``profile`` (in place)."""
+    """Write :func:`priced_times` output into ``profile`` (in place); each unit's backward
+    is split into B and W by :func:`weight_flops_share` (so B + W = backward)."""
+    parts = profile.meta.get("analytic_units") or []
     for i, unit in enumerate(profile.units):
         unit.forward_s = times["forward_s"][i]
         unit.backward_s = times["backward_s"][i]
         unit.forward_overhead_s = times["forward_overhead_s"][i]
         unit.backward_overhead_s = times["backward_overhead_s"][i]
+        if i < len(parts):
+            unit.backward_weight_s = unit.backward_s * weight_flops_share(parts[i])
+            unit.backward_input_s = unit.backward_s - unit.backward_weight_s
     profile.total_forward_s = sum(times["forward_s"]) + times["loss_forward_s"]
     profile.total_backward_s = sum(times["backward_s"]) + times["loss_backward_s"]
     profile.meta["loss_forward_s"] = times["loss_forward_s"]

@@ -25,6 +25,8 @@ import copy
 import dataclasses
 import os
 import platform
+import statistics
+import time
 import warnings
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
@@ -69,6 +71,7 @@ from autopipe.profiler.timing import (
     CUDA_EVENTS,
     TimedStep,
     num_threads,
+    resolve_clock,
     synchronize,
     time_steps_interleaved,
 )
@@ -214,6 +217,10 @@ class _UnitMeasurement:
     activation_bytes: int = 0
     output_bytes: int = 0
     peak_bytes: int = 0
+    backward_input_s: float = 0.0
+    backward_weight_s: float = 0.0
+    split_samples: list[tuple[float, float]] = field(default_factory=list)
+    """(B, W) seconds of each run of the unit's split-backward step (warm-up runs first)."""
 
 
 @dataclass
@@ -229,6 +236,8 @@ class _SizeMeasurement:
     """Per unit, the unit whose measurement it shares (itself when measured on its own)."""
     timed: dict[int, tuple[float, float]] = field(default_factory=dict)
     """Units already timed while capturing (one unit at a time, from the meta device)."""
+    split_of_step: list[int] = field(default_factory=list)
+    """Unit index of each split-backward step, returned after the loss step."""
     loss_activation_bytes: int = 0
     materialized_peak_bytes: int = 0
     """Most parameter and buffer bytes materialized at once (models on the meta device)."""
@@ -390,6 +399,84 @@ def _unit_step(
     return TimedStep(forward, backward, reset)
 
 
+def _split_backward_step(
+    call: UnitCall,
+    args: tuple[Any, ...],
+    unit: _UnitMeasurement,
+    device: torch.device,
+    clock: str | Callable[[], float],
+) -> TimedStep | None:
+    """A timed step whose backward runs the unit's backward as the zero-bubble schedules
+    do, in two timed parts appended to ``unit.split_samples`` (seconds): B, the gradient of
+    the unit's inputs (``autograd.grad`` with respect to them, keeping the graph), then W,
+    the gradients of its parameters from where their paths meet the inputs' paths (torch's
+    ``stage_backward_input`` / ``stage_backward_weight``, which the runtime runs). A unit
+    whose inputs need no gradient is all W, one without parameters all B. None without
+    ``torch.distributed`` (no split)."""
+    try:
+        from torch.distributed.pipelining._backward import (
+            stage_backward_input,
+            stage_backward_weight,
+        )
+    except ImportError:
+        return None
+    # Export graphs pass the unit's parameters as arguments: those are W's, not inputs.
+    inputs = [
+        a
+        for a in args
+        if isinstance(a, torch.Tensor) and a.requires_grad and not isinstance(a, nn.Parameter)
+    ]
+    params = [p for p in call.module.parameters() if p.requires_grad]
+    params += [a for a in call.args if isinstance(a, nn.Parameter) and a.requires_grad]
+    mutates = _mutates_inputs(call.module, args, call.activation_args)
+    state = {"args": fresh_inputs(args, call.activation_args) if mutates else args}
+    now = time.perf_counter if clock == CUDA_EVENTS else resolve_clock(clock)
+    ones: dict[int, list[torch.Tensor]] = {}
+
+    def forward(module: fx.GraphModule = call.module) -> list[torch.Tensor]:
+        out = module(*state["args"])
+        # Copies: B detaches what it differentiates in place, which a view (or a tensor the
+        # unit saved for backward) must not see. Not timed: only B and W are kept.
+        return [t.clone() for t in float_tensor_leaves(out) if t.requires_grad]
+
+    def backward(outs: list[torch.Tensor]) -> None:
+        if not outs:
+            return
+        grads = ones.get(len(outs))
+        if grads is None or any(g.shape != t.shape for g, t in zip(grads, outs, strict=True)):
+            grads = ones[len(outs)] = [torch.ones_like(t) for t in outs]
+        synchronize(device)
+        t0 = now()
+        groups = None
+        if inputs:
+            _, groups = stage_backward_input(outs, grads, inputs, iter(params))
+        synchronize(device)
+        t1 = now()
+        if groups is not None and params:
+            stage_backward_weight(iter(params), groups)
+        elif not inputs:
+            torch.autograd.backward(outs, grads)  # no input gradient: all of it is W
+        synchronize(device)
+        unit.split_samples.append((t1 - t0, now() - t1))
+
+    zero = _zero_grads([*inputs, *params])
+
+    def reset() -> None:
+        zero()
+        if mutates:
+            state["args"] = fresh_inputs(args, call.activation_args)
+
+    return TimedStep(forward, backward, reset)
+
+
+def _split_medians(unit: _UnitMeasurement, warmup: int) -> None:
+    """``unit``'s B and W: medians of its split samples after the warm-up runs."""
+    kept = unit.split_samples[warmup:] or unit.split_samples
+    if kept:
+        unit.backward_input_s = statistics.median(b for b, _ in kept)
+        unit.backward_weight_s = statistics.median(w for _, w in kept)
+
+
 def _detached(value: Any) -> Any:
     """Tensors of ``value`` detached into leaves (floating ones keep ``requires_grad``)."""
     return map_tensors(
@@ -414,6 +501,7 @@ def _prepare_size(
     share: bool = True,
     info: dict[str, list[tuple[tuple[str, int], int, int]]] | None = None,
     one_at_a_time: _Timing | None = None,
+    split_clock: str | Callable[[], float] | None = None,
 ) -> tuple[_SizeMeasurement, list[TimedStep]]:
     """Bytes per unit at the batch size of ``inputs`` and one timed step per measured unit
     (the loss is the last step; its time is added to the last unit).
@@ -423,7 +511,9 @@ def _prepare_size(
     bytes when already counted (on meta); else one no-grad run counts them.
     ``one_at_a_time``: the model is on the meta device; each measured unit's weights are
     materialized, the unit is timed at once (alone) and its weights freed before the next
-    unit runs, so only the loss step is returned.
+    unit runs, so only the loss step is returned. ``split_clock``: also time each measured
+    unit's backward split into B and W (:func:`_split_backward_step`) on this clock; those
+    steps come after the loss step (``split_of_step``).
     """
     n = ug.num_units
     flat = ug.flat_inputs(inputs)
@@ -469,16 +559,26 @@ def _prepare_size(
         unit.activation_bytes = counter.bytes_by_tag.get(call.index, 0)
         # Timed runs must not count as the capture's saved tensors.
         with torch.autograd.graph.saved_tensors_hooks(_same, _same):
-            step = _unit_step(call, detach_args(call), unit, device, mutates.get(call.index))
+            args = detach_args(call)
+            step = _unit_step(call, args, unit, device, mutates.get(call.index))
             step.samples_per_round = min(sharing.copies(call.index), SHARED_SAMPLES_CAP)
+            steps = [step]
+            split = None
+            if split_clock is not None:
+                split = _split_backward_step(call, args, unit, device, split_clock)
+                if split is not None:
+                    split.samples_per_round = step.samples_per_round
+                    steps.append(split)
             timed[call.index] = time_steps_interleaved(
-                [step],
+                steps,
                 device,
                 warmup=one_at_a_time.warmup,
                 repeat=one_at_a_time.repeat,
                 clock=one_at_a_time.clock,
             )[0]
-        del step
+            _split_medians(unit, one_at_a_time.warmup)
+        # The steps hold the unit's parameters: drop them before the weights are freed.
+        del step, steps, split, args
         materializer.release(state[call.index])
         if one_at_a_time.tick is not None:
             one_at_a_time.tick()
@@ -534,9 +634,18 @@ def _prepare_size(
             _zero_grads(out_leaves),
         )
     )
+    split_of_step: list[int] = []
+    if split_clock is not None:
+        for call, args in isolated:
+            split = _split_backward_step(call, args, units[call.index], device, split_clock)
+            if split is not None:
+                split.samples_per_round = min(copies[call.index], SHARED_SAMPLES_CAP)
+                steps.append(split)
+                split_of_step.append(call.index)
     measurement = _SizeMeasurement(
         units=units, cut_bytes=cut_bytes, input_bytes=_sum_unique(input_names, info)
     )
+    measurement.split_of_step = split_of_step
     measurement.unit_of_step = [c.index for c, _ in isolated]
     measurement.same_as = same_as
     measurement.timed = timed
@@ -547,21 +656,28 @@ def _prepare_size(
     return measurement, steps
 
 
-def _record_times(m: _SizeMeasurement, times: list[tuple[float, float]]) -> None:
-    """Put the timed steps (units, then the loss) into the per-unit figures: a unit sharing
-    another's measurement gets its times and saved bytes; the loss's time and saved bytes
-    go to the last unit, where a pipeline computes the loss."""
+def _record_times(m: _SizeMeasurement, times: list[tuple[float, float]], warmup: int) -> None:
+    """Put the timed steps (units, then the loss, then the split backwards) into the per-unit
+    figures: a unit sharing another's measurement gets its times and saved bytes; the loss's
+    time and saved bytes go to the last unit, where a pipeline computes the loss (its
+    backward is part of that unit's B, the pass that starts from the loss)."""
     timed = dict(m.timed)
     timed.update(zip(m.unit_of_step, times, strict=False))
+    for i in m.split_of_step:
+        _split_medians(m.units[i], warmup)
     for i, unit in enumerate(m.units):
         rep = m.units[m.same_as[i]]
         unit.forward_s, unit.backward_s = timed[m.same_as[i]]
         if m.same_as[i] != i:
             unit.activation_bytes = rep.activation_bytes
             unit.peak_bytes = rep.peak_bytes
+            unit.backward_input_s = rep.backward_input_s
+            unit.backward_weight_s = rep.backward_weight_s
     m.loss_forward_s, m.loss_backward_s = times[len(m.unit_of_step)]
     m.units[-1].forward_s += m.loss_forward_s
     m.units[-1].backward_s += m.loss_backward_s
+    if m.units[-1].backward_input_s + m.units[-1].backward_weight_s > 0:
+        m.units[-1].backward_input_s += m.loss_backward_s
     m.units[-1].activation_bytes += m.loss_activation_bytes
     if m.peak_estimated:
         m.units[-1].peak_bytes += m.loss_activation_bytes
@@ -806,6 +922,8 @@ def profile(
                 share=share,
                 info=info,
                 one_at_a_time=one_at_a_time,
+                # B and W at the profile's batch size: the planner uses their shares.
+                split_clock=clock if opts.split_backward and size == big_b else None,
             )
             shared = any(rep != i for i, rep in enumerate(m.same_as))
             if size == big_b and (
@@ -825,7 +943,7 @@ def profile(
             )
             if size == big_b and timed_reference:
                 total_fwd_s, total_bwd_s = times.pop()
-            _record_times(m, times)
+            _record_times(m, times, warmup)
             measured.append(m)
             used_sizes.append(size)
         bar.close()
@@ -860,6 +978,8 @@ def profile(
                 backward_s=um.backward_s,
                 forward_overhead_s=min(fwd_a, um.forward_s) if len(measured) > 1 else 0.0,
                 backward_overhead_s=min(bwd_a, um.backward_s) if len(measured) > 1 else 0.0,
+                backward_input_s=um.backward_input_s,
+                backward_weight_s=um.backward_weight_s,
                 activation_bytes=um.activation_bytes,
                 output_bytes=um.output_bytes,
                 peak_bytes=um.peak_bytes,

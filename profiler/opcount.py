@@ -131,6 +131,9 @@ class PhaseCost:
     """Sum of ``bytes / (bw x eff)`` over ops whose memory term won."""
     working_set_bytes: int = 0
     """Largest single-op working set (inputs + outputs) seen in this phase."""
+    parameter_flops: float = 0.0
+    """FLOPs of the ops taking a parameter as an operand (``Y = X W``): in forward, what the
+    weight gradient costs again in backward (``dW = X^T dY``), the analytic W."""
     ops: dict[str, int] = field(default_factory=dict)
 
     def seconds(self, launch_overhead_s: float) -> float:
@@ -144,6 +147,7 @@ class PhaseCost:
             "compute_s": self.compute_s,
             "memory_s": self.memory_s,
             "working_set_bytes": self.working_set_bytes,
+            "parameter_flops": self.parameter_flops,
         }
 
 
@@ -261,6 +265,8 @@ class OpCounter(TorchDispatchMode):
         else:
             cost.memory_s += memory_s
         cost.flops += flops
+        if flops > 0 and any(storage_key(t) in self.parameter_storages for t in in_tensors):
+            cost.parameter_flops += flops
         cost.bytes_moved += moved
         cost.kernels += 1
         cost.working_set_bytes = max(cost.working_set_bytes, moved)

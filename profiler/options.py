@@ -46,6 +46,10 @@ class MeasureOptions:
     """Also time the whole model in one piece (``None``: when nothing is shared)."""
     meta_init: bool | None = None
     """Measure a meta-device model unit by unit (``None``: when the model is on meta)."""
+    split_backward: bool = True
+    """Also time each unit's backward split into its input gradient (B) and its weight
+    gradient (W), as the zero-bubble schedules run them, at the profile's batch size (one
+    more forward + backward per unit per round)."""
 
     def __post_init__(self) -> None:
         # torch.device / torch.dtype arguments, lists for tuples: kept as plain values.

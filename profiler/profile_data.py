@@ -68,11 +68,20 @@ class UnitProfile:
     buffer_bytes: int = 0
     """Bytes of non-parameter buffers (e.g. BatchNorm running statistics)."""
     backward_input_s: float = 0.0
-    """The part of ``backward_s`` computing the gradient of the unit's inputs (the
-    zero-bubble schedules' "B"); with ``backward_weight_s`` both 0 in profiles that did not
-    split backward."""
+    """Seconds of the unit's backward computing the gradient of its inputs (the zero-bubble
+    schedules' "B"), at ``Profile.batch_size``. Measured: ``autograd.grad`` with respect to
+    the unit's inputs, keeping the graph (the last unit's includes the loss's backward);
+    analytic: ``backward_s`` less W's FLOP share. Default 0 with ``backward_weight_s`` 0:
+    "not split" (profiles written before the split, or measured with
+    ``split_backward=False``), and such files load so; the planner then assumes a unit with
+    parameters splits half and half and one without is all B."""
     backward_weight_s: float = 0.0
-    """The part of ``backward_s`` computing the gradients of its parameters ("W")."""
+    """Seconds of the unit's backward computing the gradients of its parameters ("W"), at
+    ``Profile.batch_size``. Measured: the gradients of the parameters from where their paths
+    meet the inputs' (as the runtime's weight pass runs them; B + W is about ``backward_s``,
+    a little more for small units, whose split pays Python overhead twice); analytic:
+    ``backward_s`` times the forward FLOPs of the ops taking a parameter over the backward
+    FLOPs (``dW = X^T dY`` redoes ``Y = X W``), so B + W = ``backward_s``."""
     measured_as: str = ""
     """Name of the unit whose measurement (or count) this unit shares because it is the same
     computation (same graph, parameter and input shapes); ``""``: its own. Optional in

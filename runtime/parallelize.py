@@ -116,6 +116,13 @@ def parallelize(
             memory_per_device=memory_per_device,
             checkpoint=checkpoint,
         )
+    if plan.virtual_stages > 1:
+        # The single-process executor runs one stage per device, fill-drain.
+        raise ValueError(
+            f"the plan puts {plan.virtual_stages} chunks on each device ({plan.schedule}); "
+            "parallelize() runs one stage per device: run it with `autopipe run` "
+            "(torch.distributed) or re-plan with --schedule gpipe"
+        )
     if plan.num_stages != len(devs):
         raise ValueError(
             f"the plan has {plan.num_stages} stages but {len(devs)} devices were given; "

@@ -1,7 +1,8 @@
 """From (model, plan) to stage graphs: the one route both runtimes take.
 
-``parallelize`` (one process) and ``DistributedPipeline`` (one stage per rank) both call
-:func:`partition`:
+``parallelize`` (one process, one stage per device) and ``DistributedPipeline`` (the V
+chunks of each rank) both call :func:`partition`, which gives every one of the plan's
+``K x V`` stage graphs (chunks), in model order:
 
 1. trace the model into exactly the plan's units (:func:`trace_for_plan`): the plan's unit
    names are module paths, so they are passed as the units to trace into; a graph whose
@@ -152,14 +153,15 @@ def partition(model: nn.Module, example_inputs: Any, plan: Any) -> PlannedStages
 
     Raises :class:`StageSplitError` when the plan does not fit the model.
     """
+    chunks = plan.num_stages * int(getattr(plan, "virtual_stages", 1) or 1)
+    if len(plan.stages) != chunks:
+        raise StageSplitError(
+            f"plan says num_stages x virtual_stages = {chunks} but lists {len(plan.stages)} stages"
+        )
     graph = trace_for_plan(model, example_inputs, plan)
     unit_stage = stage_of_unit(graph.unit_names, [s.units for s in plan.stages])
-    if len(plan.stages) != plan.num_stages:
-        raise StageSplitError(
-            f"plan says num_stages={plan.num_stages} but lists {len(plan.stages)} stages"
-        )
     node_stage = {name: unit_stage[u] for name, u in graph.node_unit.items()}
-    stages = split_graph(graph.graph_module, node_stage, plan.num_stages)
+    stages = split_graph(graph.graph_module, node_stage, chunks)
     assert graph.binder is not None
     return PlannedStages(
         stages=stages,

@@ -102,38 +102,93 @@ def make_plan(
     batch_size: int,
     schedule: str = "gpipe",
     checkpoint: list[bool] | None = None,
+    virtual_stages: int = 1,
 ) -> Plan:
+    """A hand-made plan: ``stage_units`` are the K x V chunks in model order, placed on the
+    ranks as ``schedule`` places them (loop or V-shape)."""
+    from autopipe.runtime.distributed.schedule_rules import chunk_ranks
+
     checkpoint = checkpoint or [False] * len(stage_units)
+    ranks = chunk_ranks(schedule, len(stage_units) // virtual_stages, virtual_stages)
     stages = [
-        StagePlan(index=i, device="cpu", units=units, checkpoint=checkpoint[i])
+        StagePlan(index=i, device="cpu", units=units, checkpoint=checkpoint[i], rank=ranks[i])
         for i, units in enumerate(stage_units)
     ]
     return Plan(
-        num_stages=len(stages),
+        num_stages=len(stages) // virtual_stages,
         microbatches=microbatches,
         microbatch_size=batch_size // microbatches,
         batch_size=batch_size,
         stages=stages,
         schedule=schedule,
+        virtual_stages=virtual_stages,
     )
 
 
+class ViewNet(nn.Module):
+    """Four units; ``split`` sends on a contiguous view (``unflatten``), and a tensor ``y``
+    that its own ``y * gate`` saved for the weight gradient: the zero-bubble input pass
+    detaches what a chunk sends in place, which autograd refuses for the view, and which
+    breaks the saved ``y`` for the weight pass. ``join`` sums after the cut (an expanded,
+    non-contiguous input gradient); ``f1``'s output skips to the last unit."""
+
+    class Split(nn.Module):
+        def __init__(self, width: int) -> None:
+            super().__init__()
+            self.lin = nn.Linear(width, width)
+            self.gate = nn.Parameter(torch.linspace(0.5, 1.5, width))
+
+        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            y = torch.tanh(self.lin(x))
+            return (y * self.gate).unflatten(1, (2, -1)), y
+
+    def __init__(self, width: int = 16) -> None:
+        super().__init__()
+        self.f1 = nn.Linear(width, width)
+        self.split = self.Split(width)
+        self.join = nn.Linear(width // 2, width)
+        self.f4 = nn.Linear(width, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.f1(x)
+        a, y = self.split(h)
+        return self.f4(self.join(a).sum(1) + h + y)
+
+
+GPT_UNITS = ["tok_emb", "pos_emb", "drop", *(f"blocks.{i}" for i in range(4)), "ln_f", "head"]
+
+SPLITS = {
+    # units per chunk -> chunk ends, for each chunk count
+    "gpt": {2: [4, 9], 4: [2, 4, 6, 9], 8: [2, 3, 4, 5, 6, 7, 8, 9]},
+    # pos_emb alone: its output reaches the chunk's output without meeting an input that
+    # needs a gradient (the zero-bubble weight pass would miss it)
+    "gpt_leak": {4: [1, 2, 5, 9]},
+    "four": {2: [2, 4], 4: [1, 2, 3, 4]},
+}
+
+
 def case(name: str, num_stages: int) -> tuple[nn.Module, Any, Any, list[list[str]]]:
-    """(model, inputs, loss_fn, units per stage) for a named test case."""
-    if name in ("gpt", "gpt_tied"):
+    """(model, inputs, loss_fn, units per chunk) for a named test case cut into
+    ``num_stages`` chunks."""
+    if name in ("gpt", "gpt_tied", "gpt_leak"):
         model, inputs, loss_fn = tiny_gpt(tie_weights=name == "gpt_tied")
-        units = ["tok_emb", "pos_emb", "drop", *(f"blocks.{i}" for i in range(4)), "ln_f", "head"]
-        splits = {2: [4, 9], 4: [2, 4, 6, 9]}[num_stages]
+        units = GPT_UNITS
+        splits = SPLITS["gpt_leak" if name == "gpt_leak" else "gpt"][num_stages]
     elif name == "inplace":
         torch.manual_seed(0)
         model, inputs, loss_fn = InPlaceNet(), skipnet_inputs(8)[0], skipnet_loss_one
         units = ["f1", "act", "f2", "f3"]
         splits = {2: [1, 4], 4: [1, 2, 3, 4]}[num_stages]
+    elif name == "views":
+        torch.manual_seed(0)
+        model, inputs, loss_fn = ViewNet(), skipnet_inputs(8)[0], skipnet_loss_one
+        units = ["f1", "split", "join", "f4"]
+        splits = SPLITS["four"][num_stages]
     else:
         torch.manual_seed(0)
         model, inputs, loss_fn = SkipNet(), skipnet_inputs(8), skipnet_loss
         units = ["f1", "f2", "f3", "f4"]
-        splits = {2: [2, 4], 4: [1, 2, 3, 4]}[num_stages]
+        splits = SPLITS["four"][num_stages]
     starts = [0, *splits[:-1]]
     return model, inputs, loss_fn, [units[a:b] for a, b in zip(starts, splits, strict=True)]
 
@@ -156,13 +211,19 @@ def run_correctness(rank: int, world_size: int, port: int, out_dir: str, jobs: l
 
     os.environ.update(rank_env(rank, world_size, port))
     torch.set_num_threads(1)
-    from autopipe.runtime.distributed import DistributedPipeline, init_distributed, shutdown
+    from autopipe.runtime.distributed import (
+        DistributedPipeline,
+        ScheduleRuleError,
+        init_distributed,
+        shutdown,
+    )
 
     init_distributed(timeout_s=60)
-    results: dict[str, dict[str, float]] = {}
+    results: dict[str, dict[str, Any]] = {}
     for job in jobs:
         replicas = world_size // job["stages"]
-        model, inputs, loss_fn, stage_units = case(job["model"], job["stages"])
+        virtual = job.get("virtual", 1)
+        model, inputs, loss_fn, stage_units = case(job["model"], job["stages"] * virtual)
         batch = inputs if isinstance(inputs, tuple) else inputs
         size = (batch[0] if isinstance(batch, tuple) else batch).shape[0]
         ref_model = copy.deepcopy(model)
@@ -173,13 +234,32 @@ def run_correctness(rank: int, world_size: int, port: int, out_dir: str, jobs: l
             size // replicas,
             job["schedule"],
             job.get("checkpoint"),
+            virtual,
         )
+        key = job_key(job, world_size)
+        if "ranks" in job:  # a placement other than the schedule's own
+            for stage, r in zip(plan.stages, job["ranks"], strict=True):
+                stage.rank = r
+        if job.get("refused"):
+            # A plan the schedule cannot run: every rank refuses it before talking to a peer.
+            try:
+                DistributedPipeline(model, plan, inputs, loss_fn)
+            except ScheduleRuleError as exc:
+                results[key] = {"refused": str(exc)}
+            else:
+                results[key] = {"refused": ""}
+            continue
         pipe = DistributedPipeline(model, plan, inputs, loss_fn)
         local = pipe.local_batch(inputs)
         loss = pipe.step(local)
         grads = pipe.module.model_named_parameters()
+        # A parameter left without a gradient is an infinite error, not a crash.
         grad_err = max(
-            (float((p.grad - ref_grads[n]).abs().max()) for n, p in grads.items()), default=0.0
+            (
+                float((p.grad - ref_grads[n]).abs().max()) if p.grad is not None else float("inf")
+                for n, p in grads.items()
+            ),
+            default=0.0,
         )
         # A second step after SGD on both sides: the training curves agree too.
         own = list(pipe.parameters())
@@ -190,15 +270,27 @@ def run_correctness(rank: int, world_size: int, port: int, out_dir: str, jobs: l
         opt.zero_grad()
         ref_loss2, _ = reference(ref_model, inputs, loss_fn)
         loss2 = pipe.step(local)
-        key = f"{job['model']}-{job['schedule']}-K{job['stages']}xD{replicas}"
         results[key] = {
             "grad_err": grad_err,
             "params": float(len(grads)),
             "loss_err": abs(float(loss) - ref_loss) if loss is not None else -1.0,
             "loss2_err": abs(float(loss2) - ref_loss2) if loss2 is not None else -1.0,
+            "holds_last": float(pipe.holds_last),
+            "unsplit": float(len(pipe.unsplit_chunks)),
+            "names": sorted(grads),
         }
     torch.save(results, Path(out_dir) / f"rank{rank}.pt")
     shutdown()
+
+
+def job_key(job: dict, world_size: int) -> str:
+    """The name of a correctness job's results: model, schedule, K, V and D."""
+    replicas = world_size // job["stages"]
+    cp = "-ckpt" if any(job.get("checkpoint") or []) else ""
+    return (
+        f"{job['model']}-{job['schedule']}-K{job['stages']}xV{job.get('virtual', 1)}"
+        f"xD{replicas}-M{job['microbatches']}{cp}{'-refused' if job.get('refused') else ''}"
+    )
 
 
 def spawn_ranks(fn: Any, world_size: int, args: tuple, timeout_s: float = 120.0) -> None:
@@ -237,12 +329,22 @@ def example_inputs(batch_size=8):
 TINY_GPT_UNITS = ["tok_emb", "pos_emb", "drop", *(f"blocks.{i}" for i in range(4)), "ln_f", "head"]
 
 
-def tiny_gpt_files(directory: Path, schedule: str = "gpipe") -> tuple[Path, Path]:
-    """(model file, 2-stage plan JSON) written to ``directory`` for ``autopipe run`` tests."""
+def tiny_gpt_files(
+    directory: Path, schedule: str = "gpipe", virtual_stages: int = 1
+) -> tuple[Path, Path]:
+    """(model file, plan JSON for 2 ranks: 2 stages, or 4 chunks with ``virtual_stages=2``)
+    written to ``directory`` for ``autopipe run`` tests."""
     model = directory / "tiny_gpt.py"
     model.write_text(TINY_GPT_FILE)
     plan = directory / "plan.json"
-    make_plan([TINY_GPT_UNITS[:5], TINY_GPT_UNITS[5:]], 2, 4, schedule=schedule).save(plan)
+    units = TINY_GPT_UNITS
+    chunks = (
+        [units[:5], units[5:]]
+        if virtual_stages == 1
+        else [units[:2], units[2:4], units[4:6], units[6:]]
+    )
+    m = 4 if schedule == "dualpipev" else 2
+    make_plan(chunks, m, 4, schedule=schedule, virtual_stages=virtual_stages).save(plan)
     return model, plan
 
 

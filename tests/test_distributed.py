@@ -19,6 +19,7 @@ from autopipe.runtime.distributed.stages import (
 )
 from distributed_cases import (
     SkipNet,
+    job_key,
     make_plan,
     reference,
     run_correctness,
@@ -132,13 +133,11 @@ def test_meta_build_materialises_one_stage(tmp_path: Path) -> None:
 
 def _check(results: dict, world_size: int, jobs: list[dict]) -> None:
     for job in jobs:
-        replicas = world_size // job["stages"]
-        key = f"{job['model']}-{job['schedule']}-K{job['stages']}xD{replicas}"
+        key = job_key(job, world_size)
         for rank in range(world_size):
             r = results[rank][key]
             assert r["grad_err"] < TOL, (key, rank, r)
-            last = rank // replicas == job["stages"] - 1
-            if last:
+            if r["holds_last"]:
                 assert 0 <= r["loss_err"] < TOL and 0 <= r["loss2_err"] < TOL, (key, rank, r)
             else:
                 assert r["loss_err"] == -1.0  # only the last stage sees the loss

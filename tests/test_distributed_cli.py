@@ -125,3 +125,15 @@ def test_a_model_file_class_has_one_name_in_every_process() -> None:
         for seed in ("1", "2")
     }  # fmt: skip
     assert len(names) == 1, names
+
+
+def test_torchrun_runs_two_chunks_per_rank_and_trains_as_one_stage_per_rank(
+    tmp_path: Path,
+) -> None:
+    """`autopipe run` with a ZBV plan (V = 2 chunks per rank in a V: rank 0 computes the
+    loss) trains exactly as the 2-stage GPipe plan of the same model."""
+    model, plan = tiny_gpt_files(tmp_path, "zbv", virtual_stages=2)
+    zbv = _torchrun(model, plan, tmp_path / "zbv.json")
+    model, plan = tiny_gpt_files(tmp_path, "gpipe")
+    gpipe = _torchrun(model, plan, tmp_path / "gpipe.json")
+    assert len(zbv) == 3 and zbv == pytest.approx(gpipe, rel=1e-5, abs=1e-6)

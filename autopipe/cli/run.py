@@ -174,13 +174,15 @@ def _train(args: argparse.Namespace, plan: Plan, mf: ModelFile, rank: int, world
         raise common.Failure(str(exc)) from exc
     del model
     layout = pipe.layout
-    reporter = layout.is_last_stage and layout.replica == 0
+    # The rank running the last chunk computes the loss (rank 0 in a V-shape).
+    reporter = pipe.holds_last and layout.replica == 0
     if rank == 0:
         common.say(
             args,
             f"autopipe run: {plan.num_stages} stages x {layout.replicas} replicas on {world} "
             f"processes ({dist.get_backend()}), schedule {plan.schedule}, "
-            f"{plan.microbatches} micro-batches of {plan.batch_size // plan.microbatches}, "
+            + (f"{plan.virtual_stages} chunks per rank, " if plan.virtual_stages > 1 else "")
+            + f"{plan.microbatches} micro-batches of {plan.batch_size // plan.microbatches}, "
             f"global batch {plan.batch_size * layout.replicas}",
         )
     optimizer = make_optimizer(plan, pipe.parameters(), args.lr)
@@ -189,7 +191,7 @@ def _train(args: argparse.Namespace, plan: Plan, mf: ModelFile, rank: int, world
     for step in range(args.steps):
         optimizer.zero_grad(set_to_none=True)
         try:
-            loss = pipe.step(local if layout.is_first_stage or layout.is_last_stage else None)
+            loss = pipe.step(local if pipe.holds_first or pipe.holds_last else None)
         except PipelineRankError as exc:
             raise common.Failure(str(exc)) from exc
         if not args.allow_nonfinite:

@@ -1,8 +1,10 @@
 """autopipe.runtime.distributed: run a Plan on torch.distributed (torchrun; gloo or NCCL).
 
-Each rank builds only its own stage and runs it with ``torch.distributed.pipelining``
-(``PipelineStage`` + ``ScheduleGPipe`` / ``Schedule1F1B``); ``W = K x D`` processes give D
-data-parallel replicas of every stage. Typical use, on every rank::
+Each rank builds only its own chunks (V per rank: the plan's ``K x V`` stages placed as the
+schedule places them) and runs them with ``torch.distributed.pipelining`` (one
+``PipelineStage`` per chunk and the plan's schedule class: GPipe, 1F1B, interleaved 1F1B,
+looped BFS, interleaved zero-bubble, ZBV or DualPipeV); ``W = K x D`` processes give D
+data-parallel replicas of every rank. Typical use, on every rank::
 
     init_distributed()
     pipe = DistributedPipeline(model, plan, example_inputs, loss_fn)
@@ -22,6 +24,12 @@ _LAZY = {
     "PipelineRankError": "autopipe.runtime.distributed.pipeline",
     "build_stage": "autopipe.runtime.distributed.pipeline",
     "materialize_stage": "autopipe.runtime.distributed.pipeline",
+    "materialize_chunks": "autopipe.runtime.distributed.pipeline",
+    "RankChunks": "autopipe.runtime.distributed.pipeline",
+    "ScheduleRuleError": "autopipe.runtime.distributed.schedule_rules",
+    "check_schedule": "autopipe.runtime.distributed.schedule_rules",
+    "chunk_ranks": "autopipe.runtime.distributed.schedule_rules",
+    "weight_pass_misses": "autopipe.runtime.distributed.zero_bubble",
     "TiedGradients": "autopipe.runtime.distributed.tied",
     "SCHEDULES": "autopipe.runtime.distributed.pipeline",
     "PlanMismatchError": "autopipe.runtime.distributed.agree",

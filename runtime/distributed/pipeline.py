@@ -1,14 +1,19 @@
 """Run a Plan on torch.distributed with PyTorch's own pipelining runtime.
 
-Every rank builds only its stage (:mod:`autopipe.runtime.distributed.stages`), wraps it in
-``torch.distributed.pipelining.PipelineStage`` and drives it with ``ScheduleGPipe`` or
-``Schedule1F1B`` at the plan's micro-batch count. With ``W = K x D`` processes each stage has
-``D`` replicas whose gradients are averaged with one flat all-reduce per step over the stage's
-replica group (see :mod:`autopipe.runtime.distributed.layout` for the rank grid).
+Every rank builds only its chunks (:mod:`autopipe.runtime.distributed.stages`): the plan's
+``K x V`` stages in model order, chunk ``c`` on the rank ``plan.stages[c].rank`` (loop or
+V-shape placement, :mod:`autopipe.runtime.distributed.schedule_rules`). Each chunk becomes a
+``torch.distributed.pipelining.PipelineStage`` with its global index, and the plan's schedule
+class runs them: ``ScheduleGPipe`` / ``Schedule1F1B`` take the rank's one stage, the
+multi-stage classes (interleaved 1F1B, looped BFS, interleaved zero-bubble, ZBV, DualPipeV)
+take the list, at the plan's micro-batch count. With ``W = K x D`` processes each rank has
+``D`` replicas whose gradients are averaged with one flat all-reduce per step over the
+rank's replica group (see :mod:`autopipe.runtime.distributed.layout` for the rank grid).
 
-Loss convention: ``loss_fn(output, target)`` returns the *mean* over a micro-batch; the
-schedule divides gradients by M (``scale_grads=True``), so with equal micro-batches the
-gradients equal those of the mean loss over the whole batch, as in single-process training.
+Loss convention: ``loss_fn(output, target)`` returns the *mean* over a micro-batch; after the
+schedule the gradients are divided by M (once per parameter, even when two chunks of a rank
+share one), so with equal micro-batches they equal those of the mean loss over the whole
+batch, as in single-process training.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ import os
 import re
 import time
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -28,14 +33,26 @@ from autopipe.profiler.objective import default_loss
 from autopipe.runtime.distributed.agree import check_same_plan
 from autopipe.runtime.distributed.layout import RankLayout, rank_layout
 from autopipe.runtime.distributed.process import group_timeout
+from autopipe.runtime.distributed.schedule_rules import (
+    MULTI_STAGE,
+    SCHEDULE_CLASSES,
+    ZERO_BUBBLE,
+    ScheduleRuleError,
+    check_schedule,
+)
 from autopipe.runtime.distributed.stages import StageModule, StageSplitError, wire_of
 from autopipe.runtime.distributed.tied import TiedGradients
+from autopipe.runtime.distributed.zero_bubble import weight_pass_misses
 from autopipe.runtime.partition import OUTPUT, PlannedStages, cut_values, partition
 from torch import nn
-from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+from torch.distributed import pipelining
+from torch.distributed.pipelining import PipelineStage
 from torch.utils import _pytree as pytree
 
-SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
+SCHEDULES: dict[str, type] = {
+    name: getattr(pipelining, cls) for name, cls in SCHEDULE_CLASSES.items()
+}
+"""Plan schedule name -> the torch.distributed.pipelining schedule class that runs it."""
 
 LossFn = Callable[[Any, Any], torch.Tensor]
 
@@ -54,19 +71,20 @@ def build_stage(
     state_dict: Mapping[str, torch.Tensor] | None = None,
     init_seed: int = 0,
 ) -> StageModule:
-    """This stage's module, materialised on ``device``, wrapped for re-materialization.
+    """Stage (chunk) ``stage`` of the plan, materialised on ``device``, wrapped for
+    re-materialization.
 
     Weights, in order of preference:
 
-    - ``state_dict`` given: a stage on the meta device is allocated on ``device`` with
-      ``to_empty`` and the stage's entries are copied in (the other stages are never
-      allocated). Missing entries are an error.
+    - ``state_dict`` given: a stage on the meta device is allocated on ``device`` and the
+      stage's entries are copied in (the other stages are never allocated). Missing entries
+      are an error.
     - ``model`` has real parameters: the stage keeps them (build the model with the same seed
       on every rank and the stages equal the single-process model's).
-    - ``model`` is on the meta device: the stage is allocated with ``to_empty`` and every
-      submodule's ``reset_parameters()`` is re-run under ``torch.manual_seed(init_seed +
-      stage)``. That is PyTorch's default init, not custom init code in the model's
-      ``__init__``; pass a ``state_dict`` when the exact weights matter.
+    - ``model`` is on the meta device: the stage is allocated and every submodule's
+      ``reset_parameters()`` is re-run under ``torch.manual_seed(init_seed + stage)``. That
+      is PyTorch's default init, not custom init code in the model's ``__init__``; pass a
+      ``state_dict`` when the exact weights matter.
 
     Non-persistent buffers (not in ``state_dict()``, e.g. cached masks) cannot be recovered
     from a meta build: a warning names them; build the model with real weights instead.
@@ -88,43 +106,116 @@ def materialize_stage(
 ) -> StageModule:
     """Stage ``stage`` of ``planned`` as a :class:`StageModule` with real weights on
     ``device`` (the rules of :func:`build_stage`)."""
-    last = stage == plan.num_stages - 1
-    module = StageModule(
-        planned.stages[stage],
-        checkpoint=bool(plan.stages[stage].checkpoint),
-        unflatten=planned.unflatten_output if last else None,
-    )
-    device = torch.device(device)
-    persistent = set(module.body.state_dict())
-    lost = [n for n, b in module.body.named_buffers() if b.is_meta and n not in persistent]
-    if lost:
-        warnings.warn(
-            f"stage {stage}: non-persistent buffers {lost[:3]} were built on the meta device "
-            "and stay uninitialised; build the model with real weights (--init replicate)",
-            stacklevel=2,
+    return materialize_chunks(
+        planned, plan, [stage], device=device, state_dict=state_dict, init_seed=init_seed
+    )[0]
+
+
+def materialize_chunks(
+    planned: PlannedStages,
+    plan: Plan,
+    chunks: Sequence[int],
+    *,
+    device: torch.device | str = "cpu",
+    state_dict: Mapping[str, torch.Tensor] | None = None,
+    init_seed: int = 0,
+) -> list[StageModule]:
+    """The chunks ``chunks`` of ``planned`` (one rank's, ascending) as :class:`StageModule`
+    s with real weights on ``device`` (the rules of :func:`build_stage`, chunk ``c`` seeded
+    with ``init_seed + c``). A parameter two of the chunks share (a tied embedding and head
+    on one rank) stays one parameter."""
+    last = len(plan.stages) - 1
+    zero_bubble = plan.schedule in ZERO_BUBBLE
+    modules = [
+        StageModule(
+            planned.stages[c],
+            checkpoint=bool(plan.stages[c].checkpoint),
+            unflatten=planned.unflatten_output if c == last else None,
+            # B detaches what a chunk sends on in place (not on the first or last chunk:
+            # the first has no B, the last sends nothing).
+            own_outputs=zero_bubble and 0 < c < last,
         )
-    if state_dict is not None:
-        own = module.body.state_dict()
-        wanted = {k: state_dict[k] for k in own if k in state_dict}
-        missing = sorted(set(own) - set(wanted))
-        if missing:
-            raise StageSplitError(
-                f"the state_dict lacks {len(missing)} of stage {stage}'s entries (first: "
-                f"{missing[0]!r}); save it from the same model class with model.state_dict()"
+        for c in chunks
+    ]
+    device = torch.device(device)
+    for c, module in zip(chunks, modules, strict=True):
+        persistent = set(module.body.state_dict())
+        lost = [n for n, b in module.body.named_buffers() if b.is_meta and n not in persistent]
+        if lost:
+            warnings.warn(
+                f"stage {c}: non-persistent buffers {lost[:3]} were built on the meta device "
+                "and stay uninitialised; build the model with real weights (--init replicate)",
+                stacklevel=3,
             )
-        if any(t.is_meta for t in own.values()):
-            module.body.to_empty(device=device)
-        module.body.load_state_dict(wanted, strict=True, assign=False)
-    elif any(t.is_meta for t in module.body.state_dict().values()):
-        module.body.to_empty(device=device)
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(init_seed + stage)
-            for sub in module.body.modules():
-                reset = getattr(sub, "reset_parameters", None)
-                if callable(reset):
+    on_meta = any(t.is_meta for m in modules for t in m.body.state_dict().values())
+    if state_dict is not None:
+        wanted_by_chunk = []
+        for c, module in zip(chunks, modules, strict=True):
+            own = module.body.state_dict()
+            wanted = {k: state_dict[k] for k in own if k in state_dict}
+            missing = sorted(set(own) - set(wanted))
+            if missing:
+                raise StageSplitError(
+                    f"the state_dict lacks {len(missing)} of stage {c}'s entries (first: "
+                    f"{missing[0]!r}); save it from the same model class with model.state_dict()"
+                )
+            wanted_by_chunk.append(wanted)
+        if on_meta:
+            _to_empty_keeping_ties([m.body for m in modules], device)
+        for module, wanted in zip(modules, wanted_by_chunk, strict=True):
+            module.body.load_state_dict(wanted, strict=True, assign=False)
+    elif on_meta:
+        _to_empty_keeping_ties([m.body for m in modules], device)
+        # A parameter two of the chunks share (a tied embedding and head in a V) keeps the
+        # init of the first chunk using it, as the copies on other ranks do (synchronize).
+        seen: dict[int, int] = {}
+        shared: set[int] = set()
+        for k, module in enumerate(modules):
+            for q in module.body.parameters():
+                if id(q) in seen:
+                    shared.add(id(q))
+                seen.setdefault(id(q), k)
+        first: dict[int, torch.Tensor] = {}
+        for k, (c, module) in enumerate(zip(chunks, modules, strict=True)):
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(init_seed + c)
+                for sub in module.body.modules():
+                    reset = getattr(sub, "reset_parameters", None)
+                    if callable(reset):
+                        with torch.no_grad():
+                            reset()
+            for q in module.body.parameters():
+                if seen[id(q)] < k:
                     with torch.no_grad():
-                        reset()
-    return module.to(device)
+                        q.copy_(first[id(q)])
+                elif id(q) in shared and id(q) not in first:
+                    first[id(q)] = q.detach().clone()
+    return [m.to(device) for m in modules]
+
+
+def _to_empty_keeping_ties(modules: Sequence[nn.Module], device: torch.device) -> None:
+    """Allocate every meta parameter and buffer of ``modules`` on ``device`` (uninitialised),
+    once per tensor: ``nn.Module.to_empty`` gives each module its own new tensor, which would
+    untie a parameter that several modules (or chunks) share."""
+    owners: dict[int, list[tuple[dict[str, Any], str]]] = {}
+    tensors: dict[int, torch.Tensor] = {}
+    for root in modules:
+        for sub in root.modules():
+            for table in (sub._parameters, sub._buffers):
+                for key, t in table.items():
+                    if t is not None and t.is_meta:
+                        owners.setdefault(id(t), []).append((table, key))
+                        tensors[id(t)] = t
+    for key, t in tensors.items():
+        empty = torch.empty_like(t, device=device)
+        new: torch.Tensor = (
+            nn.Parameter(empty, requires_grad=t.requires_grad)
+            if isinstance(t, nn.Parameter)
+            else empty
+        )
+        for table, name in owners[key]:
+            if table.get(name) is t:
+                table[name] = new
 
 
 def _slice_batch(tree: Any, start: int, stop: int) -> Any:
@@ -149,6 +240,23 @@ def _is_comm_failure(exc: BaseException) -> bool:
     )
 
 
+class RankChunks(nn.Module):
+    """This rank's chunks (:class:`StageModule`, model order) as one module: ``parameters()``
+    lists a parameter two chunks share once, so one optimizer (and one replica average)
+    sees each parameter once."""
+
+    def __init__(self, chunks: Sequence[StageModule]) -> None:
+        super().__init__()
+        self.chunks = nn.ModuleList(chunks)
+
+    def model_named_parameters(self) -> dict[str, nn.Parameter]:
+        """Every chunk's parameters under their names in the original model."""
+        out: dict[str, nn.Parameter] = {}
+        for chunk in self.chunks:
+            out.update(chunk.model_named_parameters())
+        return out
+
+
 class DistributedPipeline:
     """This rank's part of a K x D pipeline; call :meth:`step` once per training step on every rank.
 
@@ -158,8 +266,18 @@ class DistributedPipeline:
     micro-batch, on the model's own output structure (default:
     :func:`autopipe.profiler.objective.default_loss`). The process group must be initialised (:func:`init_distributed`).
 
-    Attributes: ``layout`` (stage/replica of this rank), ``module`` (the stage, an ``nn.Module``
-    whose ``parameters()`` are what this rank's optimizer updates), ``schedule``, ``plan``.
+    Attributes: ``layout`` (pipeline rank and replica of this rank), ``chunk_indices`` (the
+    global indices of this rank's chunks, ascending), ``chunks`` (their :class:`StageModule`
+    s), ``module`` (all of them as one ``nn.Module``, :class:`RankChunks`, whose
+    ``parameters()`` are what this rank's optimizer updates), ``stages`` (their
+    ``PipelineStage`` s), ``holds_first`` / ``holds_last`` (this rank runs chunk 0 / the
+    last chunk: it takes the inputs / computes the loss), ``unsplit_chunks`` (zero-bubble
+    schedules: this rank's chunks whose backward runs whole in B, with the reason),
+    ``schedule``, ``plan``.
+
+    A plan breaking a rule of its schedule (``schedule_rules.check_schedule``) raises
+    :class:`ScheduleRuleError` on every rank, before any stage is built, with the same
+    one-line message naming the rule.
     """
 
     def __init__(
@@ -178,33 +296,43 @@ class DistributedPipeline:
                 "torch.distributed is not initialised; call "
                 "autopipe.runtime.distributed.init_distributed() first (under torchrun)"
             )
-        if plan.schedule not in SCHEDULES:
-            raise ValueError(
-                f"plan schedule {plan.schedule!r} is not one of {', '.join(SCHEDULES)}; "
-                "re-plan with --schedule gpipe or --schedule 1f1b"
-            )
         # Before anything else talks to a peer: a rank with another plan or model fails
         # here, within seconds and naming the difference, on every rank.
         check_same_plan(plan, model)
+        # Then the schedule's rules, the same on every rank: all of them refuse at once.
+        chunk_rank = [s.rank if s.rank >= 0 else s.index for s in plan.stages]
+        try:
+            check_schedule(
+                plan.schedule,
+                plan.num_stages,
+                plan.virtual_stages,
+                plan.microbatches,
+                chunk_rank,
+                plan.batch_size,
+            )
+        except ScheduleRuleError as exc:
+            raise ScheduleRuleError(f"the plan cannot run: {exc}; re-plan") from None
         self.plan = plan
         self.layout: RankLayout = rank_layout(
             dist.get_rank(), dist.get_world_size(), plan.num_stages, plan.replicas
         )
-        if len(plan.stages) != plan.num_stages:
-            raise StageSplitError(
-                f"plan says num_stages={plan.num_stages} but lists {len(plan.stages)} stages"
-            )
+        self.chunk_indices = [c for c, r in enumerate(chunk_rank) if r == self.layout.stage]
+        num_chunks = len(plan.stages)
+        self.holds_first = 0 in self.chunk_indices
+        self.holds_last = num_chunks - 1 in self.chunk_indices
         self.device = torch.device(device) if device is not None else _default_device()
         self.pipeline_group, self.replica_group = _make_groups(self.layout)
         planned = partition(model, example_inputs, plan)
-        self.module = materialize_stage(
+        self.chunks = materialize_chunks(
             planned,
             plan,
-            self.layout.stage,
+            self.chunk_indices,
             device=self.device,
             state_dict=state_dict,
             init_seed=init_seed,
         )
+        self.module = RankChunks(self.chunks)
+        self._last_chunk = self.chunks[-1] if self.holds_last else None
         self._binder: InputBinder = planned.binder
         self._model_keys = set(model.state_dict())
         # A tied parameter is saved under every name the model gives it (the graph may
@@ -216,35 +344,78 @@ class DistributedPipeline:
         for group in list(self._aliases.values()):
             for name in group:
                 self._aliases[name] = group
-        # Every rank creates every tie group, in the same order (new_group's rule).
         examples = _stage_examples(
-            planned, self.layout.stage, example_inputs, plan, self.device, self.module
+            planned, self.chunk_indices, example_inputs, plan, self.device, self.chunks
         )
-        self.tied = TiedGradients(planned.tied, self.layout, self.module)
+        # Every rank creates every tie group, in the same order (new_group's rule).
+        self.tied = TiedGradients(
+            planned.tied,
+            self.layout,
+            dict(zip(self.chunk_indices, self.chunks, strict=True)),
+            chunk_rank,
+        )
         del planned
         self.tied.synchronize()
         self._user_loss = loss_fn or default_loss
         self._target: Any = None
+        self.unsplit_chunks: dict[int, str] = {}
+        """Zero-bubble schedules: chunks whose backward runs unsplit in B (their W does
+        nothing), with the reason: re-materialized (torch's weight pass would recompute the
+        chunk's forward once per parameter group), or a parameter torch's split weight pass
+        would miss (see :mod:`zero_bubble`)."""
+        if plan.schedule in ZERO_BUBBLE:
+            for k, (c, module) in enumerate(zip(self.chunk_indices, self.chunks, strict=True)):
+                if c == 0:
+                    continue  # torch runs the first chunk's whole backward in W
+                if module.checkpoint:
+                    self.unsplit_chunks[c] = "re-materialized"
+                    continue
+                if examples is None:  # no fake-tensor run: cannot check, so do not split
+                    self.unsplit_chunks[c] = "its shapes could not be worked out ahead"
+                    continue
+                missed = _weight_pass_misses(module, examples[k][0], c == num_chunks - 1)
+                if missed:
+                    more = f" (and {len(missed) - 1} more)" if len(missed) > 1 else ""
+                    self.unsplit_chunks[c] = f"the weight pass would miss {missed[0]!r}{more}"
+                    warnings.warn(
+                        f"chunk {c}: {plan.schedule}'s weight pass would miss the gradient "
+                        f"of {missed[0]!r}{more}, which reaches the chunk's outputs without "
+                        "meeting an input that needs a gradient; this chunk runs its whole "
+                        "backward in B",
+                        stacklevel=2,
+                    )
         # Shapes given up front: torch's own inference would run each stage on
         # uninitialised buffers, and a stage that indexes with a relayed integer tensor
         # (labels, positions) or reads a relayed size would see garbage.
-        self.stage = PipelineStage(
-            self.module,
-            self.layout.stage,
-            plan.num_stages,
-            self.device,
-            input_args=examples[0] if examples else None,
-            output_args=examples[1] if examples else None,
-            group=self.pipeline_group,
-        )
-        try:
-            self.schedule = SCHEDULES[plan.schedule](
-                self.stage, n_microbatches=plan.microbatches, loss_fn=self._loss, scale_grads=True
+        self.stages = [
+            PipelineStage(
+                module,
+                c,
+                num_chunks,
+                self.device,
+                input_args=examples[k][0] if examples else None,
+                output_args=examples[k][1] if examples else None,
+                group=self.pipeline_group,
+                # A builder makes torch run the chunk's whole backward in B, then call the
+                # (empty) runner it returns in W.
+                dw_builder=_no_weight_pass if c in self.unsplit_chunks else None,
             )
-        except ValueError as exc:
-            raise ValueError(
-                f"{plan.schedule} with {plan.microbatches} micro-batches on {plan.num_stages} "
-                f"stages is not possible ({exc}); re-plan with more micro-batches or --schedule gpipe"
+            for k, (c, module) in enumerate(zip(self.chunk_indices, self.chunks, strict=True))
+        ]
+        schedule_class = SCHEDULES[plan.schedule]
+        # Gradients are divided by M after the schedule, once per parameter: torch's own
+        # scaling divides per stage, twice for a parameter two chunks of a rank share.
+        options = dict(n_microbatches=plan.microbatches, loss_fn=self._loss, scale_grads=False)
+        try:
+            if plan.schedule in MULTI_STAGE:
+                self.schedule = schedule_class(self.stages, **options)
+            else:
+                self.schedule = schedule_class(self.stages[0], **options)
+        except (ValueError, RuntimeError) as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise ScheduleRuleError(
+                f"torch refuses {plan.schedule} with {plan.microbatches} micro-batches on "
+                f"{plan.num_stages} ranks x {plan.virtual_stages} chunks: {first}; re-plan"
             ) from exc
         self.steps = 0
         self.last_step_s = 0.0
@@ -252,21 +423,26 @@ class DistributedPipeline:
     def _loss(self, output: Any, index: torch.Tensor) -> torch.Tensor:
         # The schedule splits the arange index like a target; slice the real target with it so
         # any pytree (tuple, dict of tensors, the model inputs themselves) can be the target.
+        assert self._last_chunk is not None
         start, stop = int(index[0]), int(index[-1]) + 1
         target = _slice_batch(self._target, start, stop)
-        return self._user_loss(self.module.model_output(output), target)
+        loss = self._user_loss(self._last_chunk.model_output(output), target)
+        # The zero-bubble input pass detaches the loss in place, which a view refuses.
+        return loss.clone() if isinstance(loss, torch.Tensor) and loss._is_view() else loss
 
     def parameters(self) -> Any:
+        """This rank's parameters, each once (the chunks may share one)."""
         return self.module.parameters()
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        """This stage's entries of the model's ``state_dict()``, under the model's names
+        """This rank's entries of the model's ``state_dict()``, under the model's names
         (buffers the model does not persist are left out)."""
         out: dict[str, torch.Tensor] = {}
-        for key, value in self.module.body.state_dict().items():
-            for name in self._aliases.get(key, [key]):
-                if name in self._model_keys:
-                    out[name] = value.detach()
+        for chunk in self.chunks:
+            for key, value in chunk.body.state_dict().items():
+                for name in self._aliases.get(key, [key]):
+                    if name in self._model_keys:
+                        out[name] = value.detach()
         return out
 
     def local_batch(self, batch: Any) -> Any:
@@ -314,7 +490,7 @@ class DistributedPipeline:
         layout = self.layout
         M = self.plan.microbatches
         args: tuple[Any, ...] = ()
-        if layout.is_first_stage:
+        if self.holds_first:
             if inputs is None:
                 raise TypeError("the first stage needs the inputs: step(inputs, target)")
             args = tuple(
@@ -323,7 +499,7 @@ class DistributedPipeline:
             )
             _check_divisible(batch_size_of(args), M)
         losses: list[torch.Tensor] = []
-        if layout.is_last_stage:
+        if self.holds_last:
             target = target if target is not None else inputs
             if target is None:
                 raise TypeError("the last stage needs the target: step(inputs, target)")
@@ -340,12 +516,14 @@ class DistributedPipeline:
                 self._target = None  # a failed step must not keep the batch alive
         else:
             self.schedule.step(*args, return_outputs=False)
-        # A tied parameter's gradient is the sum over the stages holding it, then the mean
-        # over replicas, as in the unsplit model trained data-parallel.
+        # Mean over micro-batches (each loss is a micro-batch mean), then a tied
+        # parameter's gradient is the sum over the ranks holding it, then the mean over
+        # replicas, as in the unsplit model trained data-parallel.
+        _scale_gradients(self.module, 1.0 / M)
         self.tied.reduce_gradients()
         if layout.replicas > 1:
             _average_gradients(self.module, self.replica_group, layout.replicas)
-        if not layout.is_last_stage:
+        if not self.holds_last:
             return None
         loss = torch.stack([x.detach() for x in losses]).mean()
         if layout.replicas > 1:
@@ -354,30 +532,55 @@ class DistributedPipeline:
         return loss
 
 
+def _no_weight_pass() -> Callable[[], None]:
+    """``dw_builder`` of a chunk whose backward runs whole in B: its W does nothing."""
+    return _nothing
+
+
+def _nothing() -> None:
+    return None
+
+
+def _weight_pass_misses(module: StageModule, inputs: Sequence[Any], last: bool) -> list[str]:
+    """:func:`~autopipe.runtime.distributed.zero_bubble.weight_pass_misses` of one chunk
+    (its forward on fake tensors, without re-materialization: the autograd graph is the
+    same); a chunk that cannot run on fake tensors runs unsplit, to be safe."""
+    checkpoint, module.checkpoint = module.checkpoint, False
+    try:
+        return weight_pass_misses(module, inputs, last)
+    except Exception as exc:  # data-dependent shapes: cannot tell, so do not split
+        return [f"<unknown: {type(exc).__name__}>"]
+    finally:
+        module.checkpoint = checkpoint
+
+
+ChunkExamples = tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]
+
+
 def _stage_examples(
     planned: PlannedStages,
-    stage: int,
+    chunks: Sequence[int],
     example_inputs: Any,
     plan: Plan,
     device: torch.device,
-    module: StageModule,
-) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]] | None:
-    """Example inputs and outputs of one micro-batch of ``stage`` (shapes, dtypes and
-    ``requires_grad`` from a fake-tensor run of the whole graph; values are irrelevant), as
-    they travel (``module``'s wire formats are set from the same run). None, with a
-    warning, when the graph cannot run on fake tensors."""
-    graph = planned.stages[stage]
+    modules: Sequence[StageModule],
+) -> list[ChunkExamples] | None:
+    """Per chunk of ``chunks``, example inputs and outputs of one micro-batch (shapes,
+    dtypes and ``requires_grad`` from one fake-tensor run of the whole graph; values are
+    irrelevant), as they travel (the ``modules``' wire formats are set from the same run).
+    None, with a warning, when the graph cannot run on fake tensors."""
+    graphs = [planned.stages[c] for c in chunks]
     rows = batch_rows(example_inputs, 0, int(plan.microbatch_size))
     try:
         values = cut_values(
             planned.graph_module,
             planned.binder.flat(rows),
-            set(graph.input_names) | set(graph.output_names),
+            {n for g in graphs for n in (*g.input_names, *g.output_names)},
         )
     except Exception as exc:  # data-dependent shapes: let torch infer them at run time
         warnings.warn(
-            f"stage {stage}: shapes of the values between stages could not be worked out "
-            f"ahead ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); "
+            f"stages {list(chunks)}: shapes of the values between stages could not be worked "
+            f"out ahead ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); "
             "torch.distributed.pipelining infers them on its first step",
             stacklevel=3,
         )
@@ -393,29 +596,32 @@ def _stage_examples(
         # What StageModule sends: every tensor or number leaf of each value, in order.
         return tuple(example(leaf) for name in names for leaf in pytree.tree_leaves(values[name]))
 
-    if stage > 0:
-        wires = []
-        for name in graph.input_names:
-            try:
-                wires.append(wire_of(values[name]))
-            except TypeError as exc:
-                raise StageSplitError(
-                    f"value {name!r} crossing the cut before stage {stage} holds {exc}, not "
-                    "tensors or numbers; torch.distributed.pipelining sends only tensors "
-                    "between ranks: plan a different cut (e.g. --units)"
-                ) from None
-        module.set_wires(wires)
-    inputs = (
-        examples(graph.input_names)
-        if stage > 0
-        else tuple(example(values[name]) for name in graph.input_names)
-    )
-    if graph.output_names:
-        outputs = examples(graph.output_names)
-    else:
-        leaves = pytree.tree_leaves(values[OUTPUT])
-        outputs = tuple(example(v) for v in leaves if isinstance(v, torch.Tensor))
-    return inputs, outputs
+    found: list[ChunkExamples] = []
+    for stage, graph, module in zip(chunks, graphs, modules, strict=True):
+        if stage > 0:
+            wires = []
+            for name in graph.input_names:
+                try:
+                    wires.append(wire_of(values[name]))
+                except TypeError as exc:
+                    raise StageSplitError(
+                        f"value {name!r} crossing the cut before stage {stage} holds {exc}, "
+                        "not tensors or numbers; torch.distributed.pipelining sends only "
+                        "tensors between ranks: plan a different cut (e.g. --units)"
+                    ) from None
+            module.set_wires(wires)
+        inputs = (
+            examples(graph.input_names)
+            if stage > 0
+            else tuple(example(values[name]) for name in graph.input_names)
+        )
+        if graph.output_names:
+            outputs = examples(graph.output_names)
+        else:
+            leaves = pytree.tree_leaves(values[OUTPUT])
+            outputs = tuple(example(v) for v in leaves if isinstance(v, torch.Tensor))
+        found.append((inputs, outputs))
+    return found
 
 
 def _check_divisible(batch_size: int, microbatches: int) -> None:
@@ -425,6 +631,14 @@ def _check_divisible(batch_size: int, microbatches: int) -> None:
             f"local batch size {batch_size} is not divisible by the plan's {microbatches} "
             "micro-batches; use a multiple of it"
         )
+
+
+def _scale_gradients(module: nn.Module, factor: float) -> None:
+    """Multiply every gradient of ``module``'s parameters (each parameter once) by ``factor``."""
+    if factor != 1.0:
+        for p in module.parameters():
+            if p.grad is not None:
+                p.grad.mul_(factor)
 
 
 def _average_gradients(module: nn.Module, group: Any, replicas: int) -> None:

@@ -102,6 +102,25 @@ def from_wire(tensors: Sequence[Any], wires: Sequence[Wire]) -> list[Any]:
     return values
 
 
+def _contiguous(grad: torch.Tensor) -> torch.Tensor:
+    return grad.contiguous()
+
+
+def _contiguous_gradient(t: Any) -> None:
+    """Make the gradient of received input ``t`` contiguous, once per tensor (torch reuses
+    a stage's receive buffers from step to step): it is sent back upstream, and gloo and
+    NCCL send only contiguous tensors, while e.g. a ``sum`` right after a cut gives an
+    expanded gradient. A no-op for gradients that already are contiguous."""
+    if (
+        isinstance(t, torch.Tensor)
+        and t.requires_grad
+        and t.is_leaf
+        and not getattr(t, "_autopipe_contiguous_grad", False)
+    ):
+        t.register_hook(_contiguous)
+        t._autopipe_contiguous_grad = True  # type: ignore[attr-defined]
+
+
 class StageModule(nn.Module):
     """One stage's graph, optionally re-materialized (activation checkpointing).
 
@@ -113,6 +132,12 @@ class StageModule(nn.Module):
     :meth:`model_named_parameters`). The last stage returns the tensors of the model's
     output, flat, as torch wants; ``unflatten`` restores the model's own structure from the
     graph's output, and :meth:`model_output` does so for the loss (e.g. a ModelOutput).
+
+    ``own_outputs``: a tensor sent on gets its own copy when it is a view, or when an
+    operation inside the stage also uses it (and may have saved it for backward). The
+    zero-bubble schedules need it: their input-gradient pass detaches a stage's outputs in
+    place, which autograd refuses for views, and the weight pass then fails on a saved tensor
+    detached that way. Costs one copy of each such output per micro-batch.
     """
 
     def __init__(
@@ -120,6 +145,7 @@ class StageModule(nn.Module):
         stage: StageGraph,
         checkpoint: bool = False,
         unflatten: Callable[[Any], Any] | None = None,
+        own_outputs: bool = False,
     ) -> None:
         super().__init__()
         self.body = stage.module
@@ -127,6 +153,13 @@ class StageModule(nn.Module):
         self.input_names = stage.input_names
         self.output_names = stage.output_names
         self.checkpoint = checkpoint
+        self.own_outputs = own_outputs
+        nodes = {n.name: n for n in stage.module.graph.nodes}
+        self._used_inside = {
+            name
+            for name in stage.output_names
+            if name in nodes and any(u.op != "output" for u in nodes[name].users)
+        }
         self._unflatten = unflatten
         self._wires_in = _meta_wires(stage.module) if stage.index > 0 else []
 
@@ -137,6 +170,9 @@ class StageModule(nn.Module):
             self._wires_in = list(inputs)
 
     def forward(self, *args: Any) -> Any:
+        if self.index > 0 and torch.is_grad_enabled():
+            for t in args:
+                _contiguous_gradient(t)
         if self._wires_in:
             wanted = sum(w.width for w in self._wires_in)
             if len(args) != wanted:
@@ -168,7 +204,11 @@ class StageModule(nn.Module):
                     "not a tensor or number; torch.distributed.pipelining sends only tensors "
                     "between stages: plan a different cut"
                 ) from None
-            sent += to_wire(value)
+            tensors = to_wire(value)
+            if self.own_outputs:
+                used = name in self._used_inside
+                tensors = [t.clone() if used or t._is_view() else t for t in tensors]
+            sent += tensors
         return tuple(sent)
 
     def _flat_output(self, out: Any) -> Any:

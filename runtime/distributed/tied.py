@@ -1,20 +1,25 @@
-"""Tied parameters across ranks: one logical parameter, a copy on every stage that uses it.
+"""Tied parameters across ranks: one logical parameter, a copy on every rank that uses it.
 
 GPT-2's token embedding is also its LM head, T5's shared embedding serves the encoder, the
-decoder and the head: in a pipeline those stages sit on different ranks. Each such rank
-keeps its own copy; the copies start equal (broadcast from the first stage that holds the
-parameter) and stay equal because after every backward their gradients are summed over the
-holding stages (one flat all-reduce per group of stages, as Megatron-LM does for its word
-embeddings) and every copy then takes the same optimizer step. The gradient is then that of
-the unsplit model, where both uses accumulate into one ``.grad``.
+decoder and the head: in a pipeline the chunks using it may sit on different ranks. Each
+such rank keeps its own copy; the copies start equal (broadcast from the rank of the first
+chunk that holds the parameter) and stay equal because after every backward their gradients
+are summed over the holding ranks (one flat all-reduce per group of ranks, as Megatron-LM
+does for its word embeddings) and every copy then takes the same optimizer step. The
+gradient is then that of the unsplit model, where both uses accumulate into one ``.grad``.
 
-With D data-parallel replicas there is one group per replica (the holding stages of that
+Chunks on the same rank (V > 1 virtual stages, e.g. the V-shape's chunks 0 and 2K-1 on
+rank 0) are cut from one model, so they already hold the *same* parameter object: its
+``.grad`` sums both uses, and it takes part in the all-reduce once. A parameter whose
+chunks all sit on one rank needs no group at all.
+
+With D data-parallel replicas there is one group per replica (the holding ranks of that
 replica's pipeline); the replica average of every gradient follows as usual.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -31,48 +36,65 @@ __all__ = ["TiedGradients"]
 class _Group:
     group: object
     source_rank: int
-    """Global rank of the first holding stage (the copy the others start from)."""
+    """Global rank holding the first chunk that uses any of the group's parameters (the
+    copies the others start from)."""
     parameters: list[nn.Parameter]
 
 
 class TiedGradients:
     """This rank's tied parameters and the process groups that keep their copies equal.
 
-    Creates a process group per set of holding stages and replica on every rank (as
-    ``new_group`` requires, even on ranks outside it). ``module``: this rank's stage module
-    (a ``StageModule``); ``tied``: every tied parameter of the plan, from
-    :func:`autopipe.runtime.partition.partition`.
+    Creates a process group per set of holding pipeline ranks and replica on every rank (as
+    ``new_group`` requires, even on ranks outside it). ``tied``: every tied parameter of the
+    plan, from :func:`autopipe.runtime.partition.partition` (its ``stages`` are chunk
+    indices); ``chunk_rank[c]``: the pipeline rank running chunk ``c``; ``modules``: this
+    rank's chunk modules by chunk index (``StageModule``).
     """
 
     def __init__(
-        self, tied: Sequence[TiedParameter], layout: RankLayout, module: nn.Module
+        self,
+        tied: Sequence[TiedParameter],
+        layout: RankLayout,
+        modules: Mapping[int, nn.Module],
+        chunk_rank: Sequence[int],
     ) -> None:
         self.layout = layout
         self._groups: list[_Group] = []
-        body = getattr(module, "body", module)
-        for stage_set in sorted({tuple(t.stages) for t in tied}):
-            mine = [t for t in tied if tuple(t.stages) == stage_set]
+        holders: dict[tuple[int, ...], list[TiedParameter]] = {}
+        for t in tied:
+            ranks = tuple(sorted({chunk_rank[c] for c in t.stages}))
+            if len(ranks) > 1:  # on one rank the chunks already share one parameter
+                holders.setdefault(ranks, []).append(t)
+        for rank_set in sorted(holders):
+            mine = holders[rank_set]
             for replica in range(layout.replicas):
-                ranks = [stage * layout.replicas + replica for stage in stage_set]
+                ranks = [r * layout.replicas + replica for r in rank_set]
                 group = dist.new_group(ranks, timeout=group_timeout())
-                if layout.stage not in stage_set or replica != layout.replica:
+                if layout.stage not in rank_set or replica != layout.replica:
                     continue
-                params = [body.get_parameter(t.names[layout.stage][0]) for t in mine]
-                self._groups.append(_Group(group, ranks[0], params))
+                params: list[nn.Parameter] = []
+                for t in mine:
+                    chunk = next(c for c in t.stages if chunk_rank[c] == layout.stage)
+                    body = getattr(modules[chunk], "body", modules[chunk])
+                    p = body.get_parameter(t.names[chunk][0])
+                    if all(p is not q for q in params):
+                        params.append(p)
+                source = chunk_rank[min(c for t in mine for c in t.stages)]
+                self._groups.append(_Group(group, source * layout.replicas + replica, params))
 
     def __len__(self) -> int:
         """How many tied parameters this rank holds."""
         return sum(len(g.parameters) for g in self._groups)
 
     def synchronize(self) -> None:
-        """Make every copy equal to the first holding stage's (once, at start-up)."""
+        """Make every copy equal to the source rank's (once, at start-up)."""
         with torch.no_grad():
             for g in self._groups:
                 for p in g.parameters:
                     dist.broadcast(p.data, src=g.source_rank, group=g.group)
 
     def reduce_gradients(self) -> None:
-        """Sum each tied parameter's gradient over the stages holding it (after backward)."""
+        """Sum each tied parameter's gradient over the ranks holding it (after backward)."""
         for g in self._groups:
             grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in g.parameters]
             flat = torch.cat([x.reshape(-1) for x in grads])

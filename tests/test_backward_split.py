@@ -1,0 +1,112 @@
+"""The profile's backward split into B (input gradient) and W (weight gradient), measured and
+analytic, and old profiles without it."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from autopipe.profiler.analytic import profile_analytic
+from autopipe.profiler.calibrate import reprice, spec_of
+from autopipe.profiler.measure import profile
+from autopipe.profiler.profile_data import Profile, UnitProfile
+from runtime_helpers import load_example
+
+
+def _mlp() -> tuple[torch.nn.Module, torch.Tensor]:
+    """Linear / ReLU units wide enough (milliseconds each) that timer overheads are small."""
+    torch.manual_seed(0)
+    return load_example("mlp").mlp((512, 1024, 1024, 512, 128)), torch.randn(64, 512)
+
+
+def test_measured_b_plus_w_is_the_whole_backward_on_an_mlp() -> None:
+    """For the wide Linear units, B + W is within 35% of the backward timed whole, and over
+    the model within 25% (the split walks the graph twice and pays Python overhead twice);
+    up to three attempts on a shared host."""
+    model, x = _mlp()
+    ratios = []
+    for _ in range(3):
+        p = profile(model, x, warmup=2, repeat=5, progress=False, microbatch_sizes=())
+        linear = [u for u in p.units if u.kind == "Linear"]
+        total = sum(u.backward_input_s + u.backward_weight_s for u in p.units)
+        ratios.append(total / sum(u.backward_s for u in p.units))
+        # The wide middle layers (the small last one pays the split's Python overhead).
+        wide = sorted(linear[1:], key=lambda u: u.parameter_count)[-2:]
+        per_unit = [(u.backward_input_s + u.backward_weight_s) / u.backward_s for u in wide]
+        if abs(ratios[-1] - 1) < 0.25 and all(abs(r - 1) < 0.35 for r in per_unit):
+            break
+    assert min(abs(r - 1) for r in ratios) < 0.25, ratios
+    assert all(abs(r - 1) < 0.35 for r in per_unit), per_unit
+    first, *rest = linear
+    # The first unit's input needs no gradient: its backward is all W.
+    assert first.backward_input_s < 0.05 * first.backward_weight_s
+    for u in rest:  # dX and dW: one matmul each
+        assert u.backward_input_s > 0 and u.backward_weight_s > 0, u
+    for u in p.units:
+        if u.kind == "ReLU":  # no parameters: all B
+            assert u.backward_weight_s < 0.1 * u.backward_input_s, u
+
+
+def test_shared_units_share_the_split_and_it_can_be_switched_off() -> None:
+    gpt = load_example("gpt")
+    cfg = gpt.GPTConfig(vocab_size=128, n_layer=2, d_model=32, seq_len=8)
+    model = gpt.build_model(**vars(cfg))
+    idx = gpt.example_inputs(4, cfg)
+    fast = dict(warmup=0, repeat=1, progress=False, microbatch_sizes=(), loss_fn=gpt.loss_fn)
+    p = profile(model, idx, **fast)
+    blocks = {u.name: u for u in p.units}
+    assert blocks["blocks.1"].measured_as == "blocks.0"
+    assert blocks["blocks.1"].backward_input_s == blocks["blocks.0"].backward_input_s > 0
+    assert blocks["blocks.1"].backward_weight_s == blocks["blocks.0"].backward_weight_s > 0
+    off = profile(model, idx, split_backward=False, **fast)
+    assert all(u.backward_input_s == u.backward_weight_s == 0.0 for u in off.units)
+
+
+def test_analytic_split_sums_to_the_analytic_backward() -> None:
+    model, x = _mlp()
+    p = profile_analytic(model, x, device="a100", progress=False)
+    for u in p.units:
+        assert u.backward_input_s + u.backward_weight_s == pytest.approx(u.backward_s, rel=1e-12)
+    linear = [u for u in p.units if u.kind == "Linear"]
+    # dW redoes the forward matmul; dX is the other one (none for the first unit).
+    assert linear[0].backward_input_s == 0 and linear[0].backward_weight_s > 0
+    for u in linear[1:]:
+        assert u.backward_weight_s == pytest.approx(u.backward_input_s, rel=0.05)
+    assert all(u.backward_weight_s == 0 for u in p.units if u.kind == "ReLU")
+    # Re-pricing for another device keeps the split consistent.
+    spec = spec_of(p)
+    slower = reprice(
+        p,
+        dataclasses.replace(
+            spec,
+            peak_flops_per_s={k: v / 2 for k, v in spec.peak_flops_per_s.items()},
+            memory_bandwidth_bytes_per_s=spec.memory_bandwidth_bytes_per_s / 2,
+        ),
+    )
+    assert slower.units[2].backward_s > p.units[2].backward_s
+    for u in slower.units:
+        assert u.backward_input_s + u.backward_weight_s == pytest.approx(u.backward_s, rel=1e-12)
+
+
+def test_a_profile_without_the_split_loads_as_not_split(tmp_path: Path) -> None:
+    """Profiles written before the split have neither field: they load with both 0, which
+    means "not split" (the planner's stated default applies)."""
+    p = Profile(
+        units=[
+            UnitProfile(name="a", forward_s=1e-3, backward_s=2e-3, backward_input_s=1e-3),
+            UnitProfile(name="b", forward_s=1e-3, backward_s=2e-3),
+        ],
+        cut_bytes=[64],
+        batch_size=8,
+    )
+    data = p.to_dict()
+    for unit in data["units"]:
+        del unit["backward_input_s"], unit["backward_weight_s"]
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(data))
+    old = Profile.load(path)
+    assert [(u.backward_input_s, u.backward_weight_s) for u in old.units] == [(0.0, 0.0)] * 2
+    assert old.units[0].backward_s == 2e-3
