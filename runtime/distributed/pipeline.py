@@ -2,7 +2,7 @@
 
 Every rank builds only its chunks (:mod:`autopipe.runtime.distributed.stages`): the plan's
 ``K x V`` stages in model order, chunk ``c`` on the rank ``plan.stages[c].rank`` (loop or
-V-shape placement, :mod:`autopipe.runtime.distributed.schedule_rules`). Each chunk becomes a
+V-shape placement, :func:`autopipe.planner.schedules.chunk_ranks`). Each chunk becomes a
 ``torch.distributed.pipelining.PipelineStage`` with its global index, and the plan's schedule
 class runs them: ``ScheduleGPipe`` / ``Schedule1F1B`` take the rank's one stage, the
 multi-stage classes (interleaved 1F1B, looped BFS, interleaved zero-bubble, ZBV, DualPipeV)
@@ -28,18 +28,18 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from autopipe.planner.plan_data import Plan
+from autopipe.planner.preflight import preflight
+from autopipe.planner.schedules import (
+    LOOP_SCHEDULES,
+    SPLIT_BACKWARD_SCHEDULES,
+    TORCH_CLASSES,
+    V_SHAPE_SCHEDULES,
+)
 from autopipe.profiler.inputs import InputBinder, batch_rows, batch_size_of, split_inputs
 from autopipe.profiler.objective import default_loss
 from autopipe.runtime.distributed.agree import check_same_plan
 from autopipe.runtime.distributed.layout import RankLayout, rank_layout
 from autopipe.runtime.distributed.process import group_timeout
-from autopipe.runtime.distributed.schedule_rules import (
-    MULTI_STAGE,
-    SCHEDULE_CLASSES,
-    ZERO_BUBBLE,
-    ScheduleRuleError,
-    check_schedule,
-)
 from autopipe.runtime.distributed.stages import StageModule, StageSplitError, wire_of
 from autopipe.runtime.distributed.tied import TiedGradients
 from autopipe.runtime.distributed.zero_bubble import weight_pass_misses
@@ -49,10 +49,20 @@ from torch.distributed import pipelining
 from torch.distributed.pipelining import PipelineStage
 from torch.utils import _pytree as pytree
 
-SCHEDULES: dict[str, type] = {
-    name: getattr(pipelining, cls) for name, cls in SCHEDULE_CLASSES.items()
-}
+SCHEDULES: dict[str, type] = {name: getattr(pipelining, cls) for name, cls in TORCH_CLASSES.items()}
 """Plan schedule name -> the torch.distributed.pipelining schedule class that runs it."""
+
+MULTI_STAGE = frozenset(LOOP_SCHEDULES + V_SHAPE_SCHEDULES)
+"""Schedules whose class takes the list of a rank's chunks (``PipelineScheduleMulti``)."""
+
+ZERO_BUBBLE = frozenset(SPLIT_BACKWARD_SCHEDULES)
+"""Schedules that split each chunk's backward into input (B) and weight (W) actions."""
+
+
+class ScheduleRuleError(ValueError):
+    """The plan breaks a rule of its schedule (one line naming the rule, the planner's
+    pre-flight: :mod:`autopipe.planner.preflight`), or torch's constructor refused it."""
+
 
 LossFn = Callable[[Any, Any], torch.Tensor]
 
@@ -275,7 +285,7 @@ class DistributedPipeline:
     schedules: this rank's chunks whose backward runs whole in B, with the reason),
     ``schedule``, ``plan``.
 
-    A plan breaking a rule of its schedule (``schedule_rules.check_schedule``) raises
+    A plan breaking a rule of its schedule (``autopipe.planner.preflight``) raises
     :class:`ScheduleRuleError` on every rank, before any stage is built, with the same
     one-line message naming the rule.
     """
@@ -300,18 +310,12 @@ class DistributedPipeline:
         # here, within seconds and naming the difference, on every rank.
         check_same_plan(plan, model)
         # Then the schedule's rules, the same on every rank: all of them refuse at once.
+        # The planner's pre-flight is the one statement of the rules torch enforces.
+        problems = preflight(plan)
+        if problems:
+            more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+            raise ScheduleRuleError(f"the plan cannot run: {problems[0]}{more}; re-plan")
         chunk_rank = [s.rank if s.rank >= 0 else s.index for s in plan.stages]
-        try:
-            check_schedule(
-                plan.schedule,
-                plan.num_stages,
-                plan.virtual_stages,
-                plan.microbatches,
-                chunk_rank,
-                plan.batch_size,
-            )
-        except ScheduleRuleError as exc:
-            raise ScheduleRuleError(f"the plan cannot run: {exc}; re-plan") from None
         self.plan = plan
         self.layout: RankLayout = rank_layout(
             dist.get_rank(), dist.get_world_size(), plan.num_stages, plan.replicas

@@ -1,0 +1,306 @@
+"""Every pipeline schedule, predicted vs measured, and autopipe's ``--schedule auto`` plan vs
+torch's usual default, side by side on 2 ranks.
+
+Model: examples/gpt.py (13 blocks, LM-head heavy: the head is the most expensive unit), batch
+B (default 16). 2 processes on gloo, one thread each. Every pipeline is built in the same two
+processes and their steps alternate step by step, so background load hits all alike.
+
+- One profile, measured on this CPU with one thread, backward split into input- and
+  weight-gradient time.
+- For each schedule (V = 1 for gpipe and 1f1b, V = 2 for the others) a plan for K = 2 at one
+  M (default 8, which every schedule's rules accept at K = 2), forced schedule and V, chunk
+  boundaries by the planner; run with ``autopipe.runtime.distributed.DistributedPipeline``.
+- auto: ``schedule="auto"`` (schedule, V, chunks and M chosen by the planner).
+- torch-default: what a torch user writes by hand: ``pipeline(split_spec=...)`` at an even
+  split by block count and ``Schedule1F1B``, M = auto's M (same batch).
+
+A step is timed on rank 0 between two barriers. A rank's busy time is the time spent inside
+its stages' ``forward_one_chunk`` / ``backward_one_chunk`` / ``backward_weight_one_chunk``
+(wrapped on the instances); the measured bubble is ``1 - mean_rank(busy) / step``. The
+closed forms are the papers' for equal stages (``F``, ``B``, ``W``: one chunk's forward,
+input-gradient and weight-gradient seconds per micro-batch, from the profile):
+
+- gpipe, 1f1b: ``(K-1) / (M+K-1)``;
+- interleaved-1f1b, looped-bfs: ``(K-1) / (V M + K-1)`` (Narayanan et al. 2021);
+- interleaved-zb (ZB-H1 per chunk): idle ``(K-1)(F+B-W)`` over ``V M (F+B+W)`` of work
+  (Qi et al. 2024);
+- zbv: idle ``(K-1)(F+B-2W)`` (clamped at 0) per chunk (Qi et al. 2024, ZB-V);
+- dualpipev: none stated (the DeepSeek-V3 report's ``(K/2-1)(F&B+B-3W)`` is for the
+  two-direction DualPipe, not the V variant torch runs).
+
+``python benchmarks/schedules.py [--steps N] [--batch-size B] [--microbatches M]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "examples"))
+sys.path.insert(0, str(ROOT / "tests"))
+
+import gpt  # noqa: E402
+
+K = 2
+N_LAYER = gpt.GPTConfig().n_layer
+FORCED = [
+    ("gpipe", 1),
+    ("1f1b", 1),
+    ("interleaved-1f1b", 2),
+    ("looped-bfs", 2),
+    ("interleaved-zb", 2),
+    ("zbv", 2),
+    ("dualpipev", 2),
+]
+TORCH_DEFAULT = "torch-default"
+
+
+def _plans(prof: Any, m: int, schedules: list[str], tmp: Path) -> dict[str, str]:
+    from autopipe.planner import plan
+
+    paths = {}
+    for schedule, v in FORCED:
+        if schedule not in schedules:
+            continue
+        extra = {"virtual_stages": v} if v != 1 else {}
+        p = plan(prof, gpus=K, microbatches=m, schedule=schedule, **extra)
+        p.granularity = "block"
+        paths[schedule] = str(tmp / f"{schedule}.json")
+        p.save(paths[schedule])
+    p = plan(prof, gpus=K, microbatches="auto", schedule="auto")
+    p.granularity = "block"
+    paths["auto"] = str(tmp / "auto.json")
+    p.save(paths["auto"])
+    return paths
+
+
+class Busy:
+    """Seconds spent inside a PipelineStage's compute methods since the last ``reset``."""
+
+    METHODS = ("forward_one_chunk", "backward_one_chunk", "backward_weight_one_chunk")
+
+    def __init__(self, stages: list[Any]) -> None:
+        self.seconds = 0.0
+        for stage in stages:
+            for name in self.METHODS:
+                setattr(stage, name, self._timed(getattr(stage, name)))
+
+    def _timed(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def run(*args: Any, **kwargs: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.seconds += time.perf_counter() - t0
+
+        return run
+
+    def reset(self) -> None:
+        self.seconds = 0.0
+
+
+def _rank(rank: int, port: int, paths: dict[str, str], steps: int, out: str) -> None:
+    from distributed_cases import rank_env
+
+    os.environ.update(rank_env(rank, 2, port))
+    torch.set_num_threads(1)
+    import torch.distributed as dist
+    from autopipe.planner.plan_data import load_plan
+    from autopipe.runtime.distributed import DistributedPipeline, init_distributed
+    from torch.distributed.pipelining import Schedule1F1B, SplitPoint, pipeline
+
+    init_distributed(timeout_s=900)
+    plans = {name: load_plan(path) for name, path in paths.items()}
+    batch_size = plans["auto"].batch_size
+    inputs = gpt.example_inputs(batch_size)
+
+    runs: dict[str, tuple[Callable[[], None], Busy]] = {}
+    for name, p in plans.items():
+        pipe = DistributedPipeline(gpt.build_model(), p, inputs, gpt.loss_fn)
+
+        def ours(pipe: DistributedPipeline = pipe) -> None:
+            pipe.module.zero_grad(set_to_none=True)
+            pipe.step(inputs)
+
+        runs[name] = (ours, Busy(getattr(pipe, "stages", None) or [pipe.stage]))
+
+    m_auto = plans["auto"].microbatches
+    cut = N_LAYER // 2
+    split = pipeline(
+        gpt.build_model(),
+        mb_args=(inputs[: batch_size // m_auto],),
+        split_spec={f"blocks.{cut}": SplitPoint.BEGINNING},
+    )
+    stage = split.build_stage(rank, torch.device("cpu"))
+    schedule = Schedule1F1B(stage, n_microbatches=m_auto, loss_fn=gpt.loss_fn)
+
+    def torch_default() -> None:
+        stage.submod.zero_grad(set_to_none=True)
+        if rank == 0:
+            schedule.step(inputs)
+        else:
+            schedule.step(target=inputs, losses=[])
+
+    runs[TORCH_DEFAULT] = (torch_default, Busy([stage]))
+
+    def timed(fn: Callable[[], None], busy: Busy) -> tuple[float, float]:
+        dist.barrier()
+        busy.reset()
+        t0 = time.perf_counter()
+        fn()
+        dist.barrier()
+        return time.perf_counter() - t0, busy.seconds
+
+    for fn, busy in runs.values():  # warm-up: shape inference, allocator
+        timed(fn, busy)
+        timed(fn, busy)
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    busy_s: dict[str, list[float]] = {name: [] for name in runs}
+    for _ in range(steps):
+        for name, (fn, busy) in runs.items():
+            t, b = timed(fn, busy)
+            times[name].append(t)
+            busy_s[name].append(b)
+    gathered: list[Any] = [None, None]
+    dist.all_gather_object(gathered, busy_s)
+    if rank == 0:
+        Path(out).write_text(json.dumps({"times": times, "busy": gathered}))
+    dist.destroy_process_group()
+
+
+def closed_form(
+    schedule: str, k: int, v: int, m: int, f: float, b: float, w: float
+) -> float | None:
+    """The bubble fraction of a schedule with equal chunks (see the module docstring)."""
+    if schedule in ("gpipe", "1f1b", TORCH_DEFAULT):
+        return (k - 1) / (m + k - 1)
+    if schedule in ("interleaved-1f1b", "looped-bfs"):
+        return (k - 1) / (v * m + k - 1)
+    work = v * m * (f + b + w)
+    if schedule == "interleaved-zb":
+        idle = (k - 1) * max(f + b - w, 0.0)
+    elif schedule == "zbv":
+        idle = (k - 1) * max(f + b - 2 * w, 0.0)
+    else:
+        return None
+    return idle / (idle + work)
+
+
+def _chunk_fbw(p: Any) -> tuple[float, float, float]:
+    """Mean per-chunk forward, input-gradient and weight-gradient seconds per micro-batch."""
+    n = len(p.stages)
+    f = sum(s.forward_s for s in p.stages) / n
+    bi = sum(getattr(s, "backward_input_s", 0.0) or 0.0 for s in p.stages) / n
+    bw = sum(getattr(s, "backward_weight_s", 0.0) or 0.0 for s in p.stages) / n
+    if bi + bw == 0.0:
+        full = sum(s.backward_s for s in p.stages) / n
+        bi = bw = full / 2
+    return f, bi, bw
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batch-size", type=int, default=16, help="B (default 16)")
+    parser.add_argument("--microbatches", type=int, default=8, help="M of the forced plans")
+    parser.add_argument("--steps", type=int, default=10, help="timed steps of each pipeline")
+    parser.add_argument(
+        "--schedules",
+        default=",".join(s for s, _ in FORCED),
+        help="comma-separated schedules to run (default: all seven)",
+    )
+    args = parser.parse_args()
+    schedules = args.schedules.split(",")
+
+    from autopipe.planner.plan_data import load_plan
+    from autopipe.profiler.measure import profile
+    from distributed_cases import free_port, spawn_ranks
+
+    tmp = Path(tempfile.mkdtemp())
+    t0 = time.perf_counter()
+    torch.set_num_threads(1)
+    prof = profile(
+        gpt.build_model(),
+        gpt.example_inputs(args.batch_size),
+        loss_fn=gpt.loss_fn,
+        progress=False,
+        threads=1,
+    )
+    paths = _plans(prof, args.microbatches, schedules, tmp)
+    print(f"profiled and planned in {time.perf_counter() - t0:.1f} s")
+    plans = {name: load_plan(path) for name, path in paths.items()}
+
+    load_before = os.getloadavg()[0]
+    spawn_ranks(_rank, 2, (free_port(), paths, args.steps, str(tmp / "out.json")), 3600)
+    load_after = os.getloadavg()[0]
+    result = json.loads((tmp / "out.json").read_text())
+    times, busy = result["times"], result["busy"]
+    med = {k: statistics.median(v) for k, v in times.items()}
+
+    print(
+        f"examples/gpt.py ({N_LAYER} blocks), batch {args.batch_size}, K = {K} ranks x 1 thread, "
+        f"gloo; n = {args.steps} steps each, interleaved"
+    )
+    header = (
+        f"{'schedule':17s} {'V':>2s} {'M':>3s} {'chunks (units)':>18s} {'predicted':>10s} "
+        f"{'measured':>10s} {'error':>7s} {'bubble: predicted':>18s} {'measured':>9s} "
+        f"{'closed form':>11s}"
+    )
+    print(header)
+    errors = {}
+    for name in [*[s for s, _ in FORCED if s in schedules], "auto", TORCH_DEFAULT]:
+        t = med[name]
+        rank_busy = [statistics.median(b[name]) for b in busy]
+        measured_bubble = 1.0 - statistics.fmean(rank_busy) / t
+        if name == TORCH_DEFAULT:
+            p = plans["auto"]
+            v, m, sched = 1, p.microbatches, "1f1b"
+            chunks = f"{N_LAYER // 2} | {N_LAYER - N_LAYER // 2} blocks"
+            predicted = pred_bubble = None
+        else:
+            p = plans[name]
+            v, m, sched = p.virtual_stages, p.microbatches, p.schedule
+            chunks = "/".join(str(len(s.units)) for s in p.stages)
+            predicted, pred_bubble = p.iteration_time_s, p.bubble_fraction
+        f, bi, bw = _chunk_fbw(p)
+        closed = closed_form(sched if name != TORCH_DEFAULT else TORCH_DEFAULT, K, v, m, f, bi, bw)
+        label = name if name != "auto" else f"auto ({p.schedule})"
+        err = "" if predicted is None else f"{(t - predicted) / predicted * 100:+6.1f}%"
+        if predicted is not None:
+            errors[name] = abs(t - predicted) / predicted
+        print(
+            f"{label:17s} {v:2d} {m:3d} {chunks:>18s} "
+            f"{'-' if predicted is None else f'{predicted * 1e3:7.1f} ms':>10s} "
+            f"{t * 1e3:7.1f} ms {err:>7s} "
+            f"{'-' if pred_bubble is None else f'{pred_bubble * 100:5.1f}%':>18s} "
+            f"{measured_bubble * 100:8.1f}% "
+            f"{'-' if closed is None else f'{closed * 100:5.1f}%':>11s}"
+        )
+    within = sum(e <= 0.15 for e in errors.values())
+    print(
+        f"predicted within 15% of measured: {within} of {len(errors)} "
+        f"(worst {max(errors.values()) * 100:.1f}%)"
+    )
+    print(
+        f"ratio {TORCH_DEFAULT} (Schedule1F1B, even split, M = {plans['auto'].microbatches}) / "
+        f"auto ({plans['auto'].schedule}, V = {plans['auto'].virtual_stages}) = "
+        f"{med[TORCH_DEFAULT] / med['auto']:.2f}x (target >= 1.10x)"
+    )
+    print(
+        f"load average (1 min) before/after: {load_before:.2f} / {load_after:.2f} "
+        f"on {os.cpu_count()} CPUs"
+    )
+
+
+if __name__ == "__main__":
+    main()
