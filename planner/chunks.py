@@ -106,12 +106,22 @@ def chunk_works(
     cm: CostModel, bounds: list[int], costs: list[SegmentCost], split: bool
 ) -> list[ChunkWork]:
     """What each chunk of ``bounds`` (with its ``costs``) gives the simulator; the
-    backward split (``backward_input_share``) where ``split``. O(K V)."""
+    backward split (``backward_input_share``) where ``split``. O(K V).
+
+    As the runtime runs them (``runtime/distributed/zero_bubble.py``): a re-materialized
+    chunk runs its whole backward in B (one recomputation; torch's split weight pass would
+    recompute once per parameter group), so its W is empty; torch runs the first chunk's
+    whole backward in W (it has no input gradient to send, ``PipelineStage.is_first``), so
+    its B is empty."""
     works = []
     for c, cost in enumerate(costs):
         i, j = bounds[c], bounds[c + 1]
         inp = wgt = 0.0
-        if split:
+        if split and cost.checkpoint:
+            inp = cost.backward_s
+        elif split and c == 0:
+            wgt = cost.backward_s
+        elif split:
             inp = float(cm.bwd_input_prefix[j] - cm.bwd_input_prefix[i]) / float(cm.speed[c])
             wgt = max(cost.backward_s - inp, 0.0)
             inp = cost.backward_s - wgt
