@@ -66,6 +66,30 @@ FORCED = [
 TORCH_DEFAULT = "torch-default"
 
 
+def _profile_rank(rank: int, port: int, batch_size: int, out: str) -> None:
+    """Both processes profile the model at once; rank 0's profile is kept."""
+    from distributed_cases import rank_env
+
+    os.environ.update(rank_env(rank, 2, port))
+    import torch.distributed as dist
+    from autopipe.profiler.measure import profile
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    dist.barrier()
+    prof = profile(
+        gpt.build_model(),
+        gpt.example_inputs(batch_size),
+        loss_fn=gpt.loss_fn,
+        progress=False,
+        threads=1,
+    )
+    if rank == 0:
+        prof.save(out)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
 def _plans(prof: Any, m: int, schedules: list[str], tmp: Path) -> dict[str, str]:
     from autopipe.planner import plan
 
@@ -73,8 +97,7 @@ def _plans(prof: Any, m: int, schedules: list[str], tmp: Path) -> dict[str, str]
     for schedule, v in FORCED:
         if schedule not in schedules:
             continue
-        extra = {"virtual_stages": v} if v != 1 else {}
-        p = plan(prof, gpus=K, microbatches=m, schedule=schedule, **extra)
+        p = plan(prof, gpus=K, microbatches=m, schedule=schedule, virtual_stages=v)
         p.granularity = "block"
         paths[schedule] = str(tmp / f"{schedule}.json")
         p.save(paths[schedule])
@@ -133,7 +156,7 @@ def _rank(rank: int, port: int, paths: dict[str, str], steps: int, out: str) -> 
             pipe.module.zero_grad(set_to_none=True)
             pipe.step(inputs)
 
-        runs[name] = (ours, Busy(getattr(pipe, "stages", None) or [pipe.stage]))
+        runs[name] = (ours, Busy(pipe.stages))
 
     m_auto = plans["auto"].microbatches
     cut = N_LAYER // 2
@@ -219,25 +242,38 @@ def main() -> None:
         default=",".join(s for s, _ in FORCED),
         help="comma-separated schedules to run (default: all seven)",
     )
+    parser.add_argument(
+        "--profile",
+        choices=["contended", "alone"],
+        default="contended",
+        help="measure the profile with both processes profiling at once (the default: both "
+        "cores busy, as in the pipeline's steady state), or with one process alone",
+    )
     args = parser.parse_args()
     schedules = args.schedules.split(",")
 
     from autopipe.planner.plan_data import load_plan
     from autopipe.profiler.measure import profile
+    from autopipe.profiler.profile_data import Profile
     from distributed_cases import free_port, spawn_ranks
 
     tmp = Path(tempfile.mkdtemp())
     t0 = time.perf_counter()
-    torch.set_num_threads(1)
-    prof = profile(
-        gpt.build_model(),
-        gpt.example_inputs(args.batch_size),
-        loss_fn=gpt.loss_fn,
-        progress=False,
-        threads=1,
-    )
+    if args.profile == "contended":
+        prof_path = tmp / "profile.json"
+        spawn_ranks(_profile_rank, 2, (free_port(), args.batch_size, str(prof_path)), 900)
+        prof = Profile.load(prof_path)
+    else:
+        torch.set_num_threads(1)
+        prof = profile(
+            gpt.build_model(),
+            gpt.example_inputs(args.batch_size),
+            loss_fn=gpt.loss_fn,
+            progress=False,
+            threads=1,
+        )
     paths = _plans(prof, args.microbatches, schedules, tmp)
-    print(f"profiled and planned in {time.perf_counter() - t0:.1f} s")
+    print(f"profiled ({args.profile}) and planned in {time.perf_counter() - t0:.1f} s")
     plans = {name: load_plan(path) for name, path in paths.items()}
 
     load_before = os.getloadavg()[0]
