@@ -5,8 +5,15 @@ Model: examples/gpt.py (13 blocks, LM-head heavy: the head is the most expensive
 B (default 16). 2 processes on gloo, one thread each. Every pipeline is built in the same two
 processes and their steps alternate step by step, so background load hits all alike.
 
-- One profile, measured on this CPU with one thread, backward split into input- and
-  weight-gradient time.
+- One profile (backward split into input- and weight-gradient time), measured on this CPU
+  as the pipeline runs: both processes profile at once (rank 0's profile is kept) on the wall
+  clock, one thread each, so a unit's time includes the other core being busy (on this
+  machine two busy vCPUs give about 1.2x one core's throughput, and a thread's CPU clock does
+  not see it), at the batch and at 8, 4, 2 and 1 samples for the per-micro-batch fit.
+  ``--profile alone`` measures in one process on the thread CPU clock instead.
+- The link between the ranks: gloo's point-to-point latency and bandwidth, measured by a
+  ping-pong between the two processes and given to the planner (its CPU "devices" otherwise
+  have free links).
 - For each schedule (V = 1 for gpipe and 1f1b, V = 2 for the others) a plan for K = 2 at one
   M (default 8, which every schedule's rules accept at K = 2), forced schedule and V, chunk
   boundaries by the planner; run with ``autopipe.runtime.distributed.DistributedPipeline``.
@@ -83,25 +90,67 @@ def _profile_rank(rank: int, port: int, batch_size: int, out: str) -> None:
         loss_fn=gpt.loss_fn,
         progress=False,
         threads=1,
+        clock="wall",
+        microbatch_sizes=(8, 4, 2, 1),
     )
+    link = _measure_link(rank)
     if rank == 0:
         prof.save(out)
+        Path(out).with_suffix(".link.json").write_text(json.dumps(link))
     dist.barrier()
     dist.destroy_process_group()
 
 
-def _plans(prof: Any, m: int, schedules: list[str], tmp: Path) -> dict[str, str]:
-    from autopipe.planner import plan
+def _measure_link(rank: int, sizes_bytes: tuple[int, ...] = (4096, 1 << 22)) -> dict[str, float]:
+    """gloo's point-to-point cost between the two processes, ``latency_s + bytes /
+    bandwidth_bytes_per_s``, fitted to the median one-way time (half a ping-pong) of two
+    message sizes. The planner's cluster otherwise has free links between CPU "devices"."""
+    import torch.distributed as dist
 
+    one_way = []
+    for size in sizes_bytes:
+        buf = torch.zeros(size // 4)
+        times = []
+        for _ in range(21):
+            dist.barrier()
+            t0 = time.perf_counter()
+            if rank == 0:
+                dist.send(buf, 1)
+                dist.recv(buf, 1)
+            else:
+                dist.recv(buf, 0)
+                dist.send(buf, 0)
+            times.append((time.perf_counter() - t0) / 2)
+        one_way.append(statistics.median(times))
+    (small, big), (t_small, t_big) = sizes_bytes, one_way
+    bandwidth = (big - small) / max(t_big - t_small, 1e-9)
+    return {
+        "latency_s": max(t_small - small / bandwidth, 0.0),
+        "bandwidth_bytes_per_s": bandwidth,
+    }
+
+
+def _plans(
+    prof: Any, m: int, schedules: list[str], link: dict[str, float], tmp: Path
+) -> dict[str, str]:
+    from autopipe.planner import plan
+    from autopipe.planner.cluster import Cluster
+
+    cluster = Cluster.homogeneous(
+        K,
+        name=prof.device,
+        link_bandwidth_bytes_per_s=link.get("bandwidth_bytes_per_s", float("inf")),
+        link_latency_s=link.get("latency_s", 0.0),
+    )
     paths = {}
     for schedule, v in FORCED:
         if schedule not in schedules:
             continue
-        p = plan(prof, gpus=K, microbatches=m, schedule=schedule, virtual_stages=v)
+        p = plan(prof, cluster=cluster, microbatches=m, schedule=schedule, virtual_stages=v)
         p.granularity = "block"
         paths[schedule] = str(tmp / f"{schedule}.json")
         p.save(paths[schedule])
-    p = plan(prof, gpus=K, microbatches="auto", schedule="auto")
+    p = plan(prof, cluster=cluster, microbatches="auto", schedule="auto")
     p.granularity = "block"
     paths["auto"] = str(tmp / "auto.json")
     p.save(paths["auto"])
@@ -263,7 +312,9 @@ def main() -> None:
         prof_path = tmp / "profile.json"
         spawn_ranks(_profile_rank, 2, (free_port(), args.batch_size, str(prof_path)), 900)
         prof = Profile.load(prof_path)
+        link = json.loads(prof_path.with_suffix(".link.json").read_text())
     else:
+        link = {}
         torch.set_num_threads(1)
         prof = profile(
             gpt.build_model(),
@@ -271,9 +322,15 @@ def main() -> None:
             loss_fn=gpt.loss_fn,
             progress=False,
             threads=1,
+            microbatch_sizes=(8, 4, 2, 1),
         )
-    paths = _plans(prof, args.microbatches, schedules, tmp)
+    paths = _plans(prof, args.microbatches, schedules, link, tmp)
     print(f"profiled ({args.profile}) and planned in {time.perf_counter() - t0:.1f} s")
+    if link:
+        print(
+            f"gloo link: {link['latency_s'] * 1e6:.0f} us + bytes / "
+            f"{link['bandwidth_bytes_per_s'] / 1e9:.2f} GB/s"
+        )
     plans = {name: load_plan(path) for name, path in paths.items()}
 
     load_before = os.getloadavg()[0]

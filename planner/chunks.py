@@ -122,9 +122,15 @@ def chunk_works(
         elif split and c == 0:
             wgt = cost.backward_s
         elif split:
-            inp = float(cm.bwd_input_prefix[j] - cm.bwd_input_prefix[i]) / float(cm.speed[c])
-            wgt = max(cost.backward_s - inp, 0.0)
-            inp = cost.backward_s - wgt
+            # B + W of the chunk run split, over the whole backward's cost (its per-call
+            # overhead and the micro-batch scaling included).
+            whole = float(cm.bwd_prefix[j] - cm.bwd_prefix[i])
+            ratio = float(cm.bwd_split_prefix[j] - cm.bwd_split_prefix[i]) / whole if whole else 1
+            share = float(cm.bwd_input_prefix[j] - cm.bwd_input_prefix[i]) / (
+                float(cm.bwd_split_prefix[j] - cm.bwd_split_prefix[i]) or 1.0
+            )
+            inp = cost.backward_s * ratio * share
+            wgt = cost.backward_s * ratio - inp
         works.append(
             ChunkWork(
                 forward_s=cost.forward_s,

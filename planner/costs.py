@@ -41,6 +41,20 @@ def backward_input_share(unit: UnitProfile) -> float:
     return 0.5
 
 
+def backward_split_factor(unit: UnitProfile) -> float:
+    """How much longer ``unit``'s backward takes split into B and W than whole: the measured
+    ``(backward_input_s + backward_weight_s) / backward_s`` (at least 1), else 1. O(1).
+
+    Run split, B keeps the graph and W walks it again from where the parameters' paths meet
+    the inputs' (``torch.distributed.pipelining``'s ``stage_backward_input`` and
+    ``stage_backward_weight``), so the two passes cost more than one; counted profiles split
+    the FLOPs exactly (factor 1)."""
+    measured = unit.backward_input_s + unit.backward_weight_s
+    if measured <= 0 or unit.backward_s <= 0:
+        return 1.0
+    return max(measured / unit.backward_s, 1.0)
+
+
 @dataclass
 class SegmentCost:
     """Per-micro-batch seconds and bytes of one segment on one stage (option already chosen)."""
@@ -126,8 +140,12 @@ class CostModel:
         self.fwd_prefix = np.concatenate([zero, np.cumsum(fwd)])
         self.bwd_prefix = np.concatenate([zero, np.cumsum(bwd)])
         share = np.array([backward_input_share(x) for x in u], float)
-        self.bwd_input_prefix = np.concatenate([zero, np.cumsum(bwd * share)])
-        """Prefix sums of the input-gradient part of backward (``backward_input_share``)."""
+        split = bwd * np.array([backward_split_factor(x) for x in u], float)
+        self.bwd_input_prefix = np.concatenate([zero, np.cumsum(split * share)])
+        """Prefix sums of the input-gradient part (B) of the backward run split
+        (``backward_input_share`` of ``backward_split_factor`` times the backward)."""
+        self.bwd_split_prefix = np.concatenate([zero, np.cumsum(split)])
+        """Prefix sums of the backward run split, B + W (``backward_split_factor``)."""
         self.param_prefix = np.concatenate([zero, np.cumsum(param)])
         self.act_prefix = np.concatenate([zero, np.cumsum(act)])
         # Bytes crossing each boundary position at the profile batch size; nothing leaves position N.

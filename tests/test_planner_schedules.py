@@ -393,3 +393,36 @@ def test_cli_plot_draws_every_schedule_side_by_side(
     assert main(["plot", str(out), "--schedules", "--out", str(tmp_path / "p2")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--schedules" in err[0]
+
+
+# -- the zero-bubble chunks as the runtime runs them ----------------------------------------
+
+
+def test_split_backward_is_priced_as_run() -> None:
+    """A measured B + W above the whole backward (two autograd passes) is what a split chunk
+    costs; the first chunk runs all of its backward in W (torch's is_first) and a
+    re-materialized chunk all of it in B (the runtime runs it unsplit)."""
+    prof = random_profile(8, seed=3)
+    for u in prof.units:
+        u.backward_input_s, u.backward_weight_s = 0.7 * u.backward_s, 0.5 * u.backward_s
+    p = plan(prof, gpus=2, microbatches=4, schedule="interleaved-zb", virtual_stages=2)
+    first, *rest = p.stages
+    assert first.backward_input_s == 0 and first.backward_weight_s == pytest.approx(
+        first.backward_s
+    )
+    for s in rest:
+        assert s.backward_input_s + s.backward_weight_s == pytest.approx(1.2 * s.backward_s)
+        assert s.backward_input_s == pytest.approx(0.7 * s.backward_s)
+    ckpt = plan(
+        prof, gpus=2, microbatches=4, schedule="interleaved-zb", virtual_stages=2,
+        checkpoint="always",
+    )  # fmt: skip
+    for s in ckpt.stages:
+        assert s.checkpoint
+        assert (s.backward_input_s, s.backward_weight_s) == (pytest.approx(s.backward_s), 0.0)
+    # Counted (or unsplit) profiles: B + W is the backward exactly.
+    for u in prof.units:
+        u.backward_input_s, u.backward_weight_s = 0.5 * u.backward_s, 0.5 * u.backward_s
+    even = plan(prof, gpus=2, microbatches=4, schedule="interleaved-zb", virtual_stages=2)
+    for s in even.stages[1:]:
+        assert s.backward_input_s + s.backward_weight_s == pytest.approx(s.backward_s)
