@@ -22,7 +22,9 @@ import os
 import re
 import tempfile
 import warnings
+from typing import Any
 
+import numpy as np
 import pulp
 from autopipe.planner.chain import Partition, bottleneck
 from autopipe.planner.costs import CostModel
@@ -60,14 +62,14 @@ def _solve(cm: CostModel, time_limit_s: float) -> Partition | None:
                 v for q, v in prev.items() if q < p
             )
 
-    def lin(d: dict[int, object], values) -> object:
+    def lin(d: dict[int, Any], values: Any) -> Any:  # PuLP expressions are untyped
         return pulp.lpSum(float(values[p]) * v for p, v in d.items())
 
     for s in range(k):
         start, end = cuts[s], cuts[s + 1]
         opts = cm.options[s]
         v = float(cm.speed[s])
-        send = cm.send_s(s, list(range(n + 1)))
+        send = cm.send_s(s, np.arange(n + 1))
         base = (lin(end, x_all) - lin(start, x_all)) * (scale / v) + lin(end, send * scale)
         fwd = (lin(end, x_fwd) - lin(start, x_fwd)) * (scale / v)
         limit = cm.capacity_bytes[s] / (1.0 + cm.headroom)

@@ -10,6 +10,7 @@ exact bottleneck, ends when the float just below that bottleneck is infeasible: 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 from autopipe.planner.chain import Partition, backtrack, bottleneck, stage_key
@@ -259,7 +260,10 @@ def min_memory_needed(cm: CostModel) -> float:
 
 
 def _parametric(
-    prober: _Prober, measure, caps_of, max_probes: int = 200
+    prober: _Prober,
+    measure: Callable[[list[int]], float],
+    caps_of: Callable[[float], Caps],
+    max_probes: int = 200,
 ) -> tuple[float, list[int], int] | None:
     """Smallest ``v`` for which ``prober.probe(*caps_of(v))`` succeeds, and that partition.
 
@@ -314,14 +318,22 @@ def pareto_partitions(
     for _ in range(max_points):
         if budget <= 0:
             return out, False
-        got = _parametric(prober, f_part, lambda v, q=q_limit: (math.inf, v, q), budget)
+
+        def forward_caps(v: float, q: float = q_limit) -> Caps:
+            return (math.inf, v, q)
+
+        got = _parametric(prober, f_part, forward_caps, budget)
         if got is None:
             return out, True
         f_star, _, used = got
         budget -= used
-        q_star, bounds, used = _parametric(
-            prober, q_part, lambda v, f=f_star: (math.inf, f, v), max(budget, 1)
-        )
+
+        def backward_caps(v: float, f: float = f_star) -> Caps:
+            return (math.inf, f, v)
+
+        second = _parametric(prober, q_part, backward_caps, max(budget, 1))
+        assert second is not None  # f_star is attained, so the uncapped probe succeeds
+        q_star, bounds, used = second
         budget -= used
         out.append(bounds)
         q_limit = float(np.nextafter(q_star, -np.inf))

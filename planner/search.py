@@ -184,7 +184,7 @@ def _candidate_microbatches(batch_size: int, microbatches: int | str | Sequence[
         values = [operator.index(microbatches)]  # type: ignore[arg-type]
     except TypeError:
         try:
-            values = list(microbatches)
+            values = list(microbatches)  # type: ignore[arg-type]
         except TypeError:
             raise PlanningError(
                 f"microbatches={microbatches!r}: give 'auto', an integer or a list of integers"
@@ -605,5 +605,5 @@ def _infeasible_error(
         f"is {format_bytes(need, fixed=True)} (M={m}, schedule={sched}, headroom included); "
         f"try {', '.join(tries)}"
     )
-    exc.min_memory_bytes = int(math.ceil(need))  # type: ignore[attr-defined]
+    exc.min_memory_bytes = int(math.ceil(need))
     return exc

@@ -166,7 +166,13 @@ class _AutogradTagger(TorchFunctionMode):
         self.tagged: set[Any] = set()
         self._keep: list[Any] = []
 
-    def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+    def __torch_function__(
+        self,
+        func: Any,
+        types: Any,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
         kwargs = kwargs or {}
         if func in _SDPA_FUNCTIONS:
             out = _attention_on_meta(func, args, kwargs)
@@ -179,7 +185,9 @@ class _AutogradTagger(TorchFunctionMode):
     def _tag(self, out: Any) -> None:
         if not torch.is_grad_enabled():
             return
-        stack = [t.grad_fn for t in tree_leaves(out) if isinstance(t, torch.Tensor) and t.grad_fn]
+        stack: list[Any] = [
+            t.grad_fn for t in tree_leaves(out) if isinstance(t, torch.Tensor) and t.grad_fn
+        ]
         unit = self.counter.unit
         while stack:
             node = stack.pop()
@@ -209,10 +217,14 @@ def _fused_attention(args: tuple, kwargs: dict) -> torch.Tensor | None:
     bound.update(kwargs)
     q, k, v = bound.get("query"), bound.get("key"), bound.get("value")
     mask = bound.get("attn_mask")
+    if not (
+        isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor)
+    ):
+        return None
     if (
         bound.get("dropout_p", 0.0)
         or bound.get("enable_gqa", False)
-        or not all(isinstance(t, torch.Tensor) and t.is_meta for t in (q, k, v))
+        or not all(t.is_meta for t in (q, k, v))
         or q.shape[:-2] != k.shape[:-2]
         or q.dim() != 4
         # the fused kernels (and their FLOP formulas) need one head size for q, k and v

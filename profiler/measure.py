@@ -292,7 +292,8 @@ def _node_bytes(
         def run_node(self, n: fx.Node) -> Any:
             out = super().run_node(n)
             info[n.name] = [
-                (storage_key(t), t.storage_offset(), tensor_bytes(t)) for t in tensor_leaves(out)
+                (storage_key(t), int(t.storage_offset()), tensor_bytes(t))
+                for t in tensor_leaves(out)
             ]
             return out
 
@@ -390,7 +391,11 @@ def _unit_step(
             st["args"] = fresh_inputs(a, flags)
 
     if device.type == "cuda":
-        unit.peak_bytes = _cuda_peak(lambda f=forward, b=backward: b(f()), device)
+
+        def forward_backward(f: Callable[[], Any] = forward, b: Any = backward) -> Any:
+            return b(f())
+
+        unit.peak_bytes = _cuda_peak(forward_backward, device)
         reset()
     else:
         # No allocator statistics on CPU: saved tensors + outputs + input gradients.
@@ -637,10 +642,10 @@ def _prepare_size(
     split_of_step: list[int] = []
     if split_clock is not None:
         for call, args in isolated:
-            split = _split_backward_step(call, args, units[call.index], device, split_clock)
-            if split is not None:
-                split.samples_per_round = min(copies[call.index], SHARED_SAMPLES_CAP)
-                steps.append(split)
+            split_step = _split_backward_step(call, args, units[call.index], device, split_clock)
+            if split_step is not None:
+                split_step.samples_per_round = min(copies[call.index], SHARED_SAMPLES_CAP)
+                steps.append(split_step)
                 split_of_step.append(call.index)
     measurement = _SizeMeasurement(
         units=units, cut_bytes=cut_bytes, input_bytes=_sum_unique(input_names, info)

@@ -207,7 +207,7 @@ def _to_empty_keeping_ties(modules: Sequence[nn.Module], device: torch.device) -
     """Allocate every meta parameter and buffer of ``modules`` on ``device`` (uninitialised),
     once per tensor: ``nn.Module.to_empty`` gives each module its own new tensor, which would
     untie a parameter that several modules (or chunks) share."""
-    owners: dict[int, list[tuple[dict[str, Any], str]]] = {}
+    owners: dict[int, list[tuple[dict[str, Any], str]]] = {}  # _parameters / _buffers
     tensors: dict[int, torch.Tensor] = {}
     for root in modules:
         for sub in root.modules():
@@ -216,16 +216,16 @@ def _to_empty_keeping_ties(modules: Sequence[nn.Module], device: torch.device) -
                     if t is not None and t.is_meta:
                         owners.setdefault(id(t), []).append((table, key))
                         tensors[id(t)] = t
-    for key, t in tensors.items():
+    for tensor_id, t in tensors.items():
         empty = torch.empty_like(t, device=device)
         new: torch.Tensor = (
             nn.Parameter(empty, requires_grad=t.requires_grad)
             if isinstance(t, nn.Parameter)
             else empty
         )
-        for table, name in owners[key]:
-            if table.get(name) is t:
-                table[name] = new
+        for slots, name in owners[tensor_id]:
+            if slots.get(name) is t:
+                slots[name] = new  # a Parameter's slot gets a Parameter (above)
 
 
 def _slice_batch(tree: Any, start: int, stop: int) -> Any:
@@ -263,6 +263,7 @@ class RankChunks(nn.Module):
         """Every chunk's parameters under their names in the original model."""
         out: dict[str, nn.Parameter] = {}
         for chunk in self.chunks:
+            assert isinstance(chunk, StageModule)
             out.update(chunk.model_named_parameters())
         return out
 

@@ -34,7 +34,7 @@ __all__ = ["TiedGradients"]
 
 @dataclass
 class _Group:
-    group: object
+    group: dist.ProcessGroup | None
     source_rank: int
     """Global rank holding the first chunk that uses any of the group's parameters (the
     copies the others start from)."""
@@ -68,8 +68,8 @@ class TiedGradients:
         for rank_set in sorted(holders):
             mine = holders[rank_set]
             for replica in range(layout.replicas):
-                ranks = [r * layout.replicas + replica for r in rank_set]
-                group = dist.new_group(ranks, timeout=group_timeout())
+                members = [r * layout.replicas + replica for r in rank_set]
+                group = dist.new_group(members, timeout=group_timeout())
                 if layout.stage not in rank_set or replica != layout.replica:
                     continue
                 params: list[nn.Parameter] = []
