@@ -7,9 +7,12 @@ called with ``labels=``; torchvision resnet50 and vit_b_16 where torchvision wor
 1. ``autopipe plan`` succeeds measured and analytic (``--device a100-80gb``);
 2. ``autopipe.parallelize(model, inputs, devices=["cpu"] * 4, microbatches=4)``: outputs and
    every parameter's gradient equal the plain model's (rtol 1e-4, atol 1e-5);
-3. a 2-stage plan at M = 4 trained 2 steps under torchrun with ``autopipe run``: the losses
+3. a 2-rank plan at M = 4 trained 2 steps under torchrun with ``autopipe run``: the losses
    and the trained weights equal one process training the plain model (SGD, so the weights
-   after 2 steps differ by lr x the summed gradient difference).
+   after 2 steps differ by lr x the summed gradient difference). Each family runs another
+   of torch.distributed.pipelining's seven schedules (``SCHEDULE_OF``), so all of them,
+   interleaved, looped, zero-bubble and V-shaped with 2 chunks per rank, train third-party
+   models.
 
 Step 3 runs every family in one torchrun launch: ``tests/zoo_run.py`` calls the CLI's own
 entry point, ``autopipe run``, once per family in the same processes, so torch and
@@ -157,11 +160,31 @@ def _load_checkpoint(directory: Path, tmp: Path) -> dict[str, torch.Tensor]:
     return torch.load(tmp / "weights.pt", weights_only=True)
 
 
+# Each family trains under its own schedule, so every schedule runs on a model this project
+# did not write (one launch for all): (schedule, V chunks per rank).
+SCHEDULE_OF = {
+    "llama": ("gpipe", 1),
+    "qwen2": ("1f1b", 1),
+    "mistral": ("interleaved-1f1b", 2),
+    "mixtral": ("interleaved-zb", 2),
+    "gpt2": ("zbv", 2),  # the tied embedding and head both on rank 0 (the V's two ends)
+    "t5": ("dualpipev", 2),
+    "vit": ("looped-bfs", 2),
+    "llama_labels": ("zbv", 2),
+    "resnet50": ("1f1b", 1),
+    "vit_b_16": ("interleaved-zb", 2),
+}
+
+
 def _write_plans(out: Path, families: list[str]) -> None:
     for family in families:
         saved = PROFILES.get(family)
         measured = Profile.load(saved) if saved is not None else _quick_profile(family)
-        plan = make_plan(measured, gpus=2, microbatches=4, optimizer="sgd")
+        schedule, v = SCHEDULE_OF[family]
+        plan = make_plan(
+            measured, gpus=2, microbatches=4, optimizer="sgd", schedule=schedule, virtual_stages=v
+        )
+        assert (plan.schedule, plan.virtual_stages) == (schedule, v)
         plan.save(out / f"{family}.plan.json")
 
 
