@@ -47,6 +47,12 @@ def explain(plan: Plan) -> str:
             "heaviest-unit and critical-path bounds); this plan is "
             f"{format_seconds(plan.iteration_time_s)}, a gap of at most "
             f"{100 * plan.lower_bound_gap:.1f}%.{how}"
+            + (
+                " With one chunk per rank the cut itself is exact; the gap is the bubble, "
+                "which the bound leaves out."
+                if v == 1
+                else ""
+            )
         )
     if plan.memory_per_device and plan.rank_peak_bytes:
         r = max(range(len(plan.rank_peak_bytes)), key=lambda i: plan.rank_peak_bytes[i])

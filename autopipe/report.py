@@ -86,6 +86,11 @@ def format_plan(plan: Plan) -> str:
         lines.append(
             f"lower bound    {format_seconds(plan.lower_bound_s)} (proven, any cut at this "
             f"schedule, V and M); gap at most {100 * plan.lower_bound_gap:.1f}%"
+            + (
+                " (the cut is exact at V = 1: the bound leaves out the bubble)"
+                if plan.virtual_stages == 1
+                else ""
+            )
         )
     if plan.memory_per_device:
         lines.append(f"memory limit   {format_bytes(plan.memory_per_device)} per device")
