@@ -110,3 +110,21 @@ def test_a_profile_without_the_split_loads_as_not_split(tmp_path: Path) -> None:
     old = Profile.load(path)
     assert [(u.backward_input_s, u.backward_weight_s) for u in old.units] == [(0.0, 0.0)] * 2
     assert old.units[0].backward_s == 2e-3
+
+
+def test_cli_profile_no_split_backward(tmp_path: Path) -> None:
+    """``autopipe profile --no-split-backward`` leaves the split out (both 0: the planner's
+    stated default applies); by default the measured profile carries it; a saved profile
+    refuses the flag (exit 2) instead of ignoring it."""
+    from autopipe.cli import main
+
+    mlp = str(Path(__file__).resolve().parents[1] / "examples" / "mlp.py")
+    split, whole = tmp_path / "split.json", tmp_path / "whole.json"
+    assert main(["profile", mlp, "--out", str(split), "-q", "--no-cache"]) == 0
+    assert (
+        main(["profile", mlp, "--out", str(whole), "-q", "--no-cache", "--no-split-backward"]) == 0
+    )
+    with_params = [u for u in Profile.load(split).units if u.parameter_count > 0]
+    assert with_params and all(u.backward_input_s + u.backward_weight_s > 0 for u in with_params)
+    assert all(u.backward_input_s == u.backward_weight_s == 0 for u in Profile.load(whole).units)
+    assert main(["plan", str(whole), "--gpus", "2", "-q", "--no-split-backward"]) == 2

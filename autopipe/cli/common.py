@@ -370,6 +370,7 @@ def load_profile_or_model(args: argparse.Namespace) -> tuple[Profile, DeviceTarg
             ("--no-cache", args.no_cache),
             ("--meta-init", args.meta_init),
             ("--no-share", args.no_share),
+            ("--no-split-backward", args.no_split_backward),
         )
         if value
     ]
@@ -462,6 +463,7 @@ def profile_model_file(args: argparse.Namespace) -> tuple[Profile, DeviceTarget]
                 bytes_per_parameter=args.bytes_per_parameter,
                 meta_init=meta_init,
                 share=not args.no_share,
+                split_backward=not args.no_split_backward,
                 units=args.units,
             )
     except (
@@ -614,6 +616,13 @@ def model_options(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="measure (or count) every unit, even identical ones (slower and, measured, "
         "noisier: for comparison)",
+    )
+    p.add_argument(
+        "--no-split-backward",
+        action="store_true",
+        help="measured: do not time each unit's backward split into input and weight "
+        "gradients (one forward and backward less per unit and round; the zero-bubble "
+        "schedules are then planned with the stated default split, docs/cost-model.md)",
     )
     p.add_argument(
         "--meta-init",
