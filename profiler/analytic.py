@@ -398,6 +398,7 @@ def profile_analytic(
         disable=not progress, leave=False,
     )  # fmt: skip
     counts: list[_Count] = []
+    traced: dict[str, UnitGraph] = {}
     first: int | None = None
     for b in bar:
         bar.set_postfix_str(f"micro-batch {b}")
@@ -408,8 +409,9 @@ def profile_analytic(
                     if not still_the_blocks(model, reduction):
                         raise AnalyticProfileError("another block container")
                     count = _count(
-                        model, size_inputs, spec, granularity, loss_fn, allow_tf32, units
-                    )
+                        model, size_inputs, spec, granularity, loss_fn, allow_tf32, units,
+                        traced, "shortened",
+                    )  # fmt: skip
                 first = block_units(count.units, reduction)
             except AnalyticProfileError:
                 first = None  # the shortened model does not run: count the whole one
@@ -419,11 +421,13 @@ def profile_analytic(
             if counts:  # the earlier sizes were counted shortened: count them again in full
                 counts = [
                     _count(model, slice_batch(inputs, c.batch_size, big_b), spec, granularity,
-                           loss_fn, allow_tf32, units)
+                           loss_fn, allow_tf32, units, traced)
                     for c in counts
                 ]  # fmt: skip
             reduction = None
-        counts.append(_count(model, size_inputs, spec, granularity, loss_fn, allow_tf32, units))
+        counts.append(
+            _count(model, size_inputs, spec, granularity, loss_fn, allow_tf32, units, traced)
+        )
     base = counts[0]
     for other in counts[1:]:
         if other.units.unit_names != base.units.unit_names:
@@ -479,15 +483,25 @@ def _count(
     loss_fn: Callable[[Any, Any], torch.Tensor] | None,
     allow_tf32: bool,
     unit_patterns: Sequence[str] | None = None,
+    traced: dict[str, UnitGraph] | None = None,
+    mode: str = "full",
 ) -> _Count:
-    """Trace, then run forward, loss and backward on meta with every op booked to a unit."""
-    try:
-        units = trace_units(model, inputs, granularity, units=unit_patterns)
-    except TraceError as exc:
-        raise AnalyticProfileError(
-            f"{exc} (analytic profiling runs on the meta device, where data-dependent control "
-            "flow cannot be followed: profile this model measured instead)"
-        ) from None
+    """Trace, then run forward, loss and backward on meta with every op booked to a unit.
+
+    ``traced`` keeps the trace of each ``mode`` (the whole model, or shortened to its first
+    blocks) across batch sizes: a graph that is not specialised to the batch size (fx, or
+    torch.export with a dynamic batch dimension) is traced once and run at every size."""
+    units = traced.get(mode) if traced is not None else None
+    if units is None or not (units.batch_dynamic and units.tracer in ("fx", "export")):
+        try:
+            units = trace_units(model, inputs, granularity, units=unit_patterns)
+        except TraceError as exc:
+            raise AnalyticProfileError(
+                f"{exc} (analytic profiling runs on the meta device, where data-dependent "
+                "control flow cannot be followed: profile this model measured instead)"
+            ) from None
+        if traced is not None:
+            traced[mode] = units
     gm = units.graph_module
     n = units.num_units
     params = {storage_key(t) for t in [*gm.parameters(), *gm.buffers(), *model.parameters()]}
