@@ -24,8 +24,6 @@ import sys
 import tempfile
 from pathlib import Path
 
-import torch
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
@@ -88,27 +86,16 @@ def torchrun_cells(families: list[str], out: Path) -> dict[str, str]:
          str(ROOT / "tests" / "zoo_run.py"), str(out), *runnable],
         capture_output=True, text=True, cwd=ROOT, timeout=900,
     )  # fmt: skip
-    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
-
     cells = {}
     for family in families:
         steps = out / f"{family}.json"
         if not steps.exists():
             cells[family] = "did not run"
             continue
-        model, inputs = zoo.build(family)
-        optimizer = torch.optim.SGD(model.parameters(), lr=LR)
-        losses = []
-        for _ in range(2):
-            optimizer.zero_grad()
-            loss = default_loss(call_model(model, inputs), inputs)
-            loss.backward()
-            optimizer.step()
-            losses.append(float(loss.detach()))
+        losses, want = zoo.reference_training(family, LR)
         ran = [s["loss"] for s in json.loads(steps.read_text())["steps"]]
-        dcp_to_torch_save(out / f"{family}.ckpt", out / "w.pt")
-        weights = torch.load(out / "w.pt", weights_only=True)
-        dw = max(float((weights[k] - v).abs().max()) for k, v in model.state_dict().items())
+        weights = zoo.load_checkpoint(out / f"{family}.ckpt", out)
+        dw = max(float((weights[k] - v).abs().max()) for k, v in want.items())
         dl = max(abs(a - b) for a, b in zip(ran, losses, strict=True))
         cells[family] = f"loss {dl:.1e}, grad {dw / LR:.1e}"
     return cells

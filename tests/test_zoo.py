@@ -139,27 +139,6 @@ def test_parallelize_equals_the_plain_model(family: str) -> None:
 # -- 3. torchrun: losses and trained weights --------------------------------------------------
 
 
-def _reference_training(family: str) -> tuple[list[float], dict[str, torch.Tensor]]:
-    """The plain model trained 2 SGD steps on the whole batch with the default objective."""
-    model, inputs = zoo.build(family)
-    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
-    losses = []
-    for _ in range(2):
-        optimizer.zero_grad()
-        loss = default_loss(call_model(model, inputs), inputs)
-        loss.backward()
-        optimizer.step()
-        losses.append(float(loss))
-    return losses, model.state_dict()
-
-
-def _load_checkpoint(directory: Path, tmp: Path) -> dict[str, torch.Tensor]:
-    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
-
-    dcp_to_torch_save(directory, tmp / "weights.pt")
-    return torch.load(tmp / "weights.pt", weights_only=True)
-
-
 # Each family trains under its own schedule, so every schedule runs on a model this project
 # did not write (one launch for all): (schedule, V chunks per rank).
 SCHEDULE_OF = {
@@ -208,10 +187,10 @@ def zoo_runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _check_run(out: Path, family: str, tmp: Path) -> tuple[float, float]:
     """(largest loss difference, largest weight difference / lr) against one process."""
-    ref_losses, ref_weights = _reference_training(family)
+    ref_losses, ref_weights = zoo.reference_training(family, LR)
     losses = [step["loss"] for step in json.loads((out / f"{family}.json").read_text())["steps"]]
     assert losses == pytest.approx(ref_losses, rel=RTOL, abs=ATOL)
-    weights = _load_checkpoint(out / f"{family}.ckpt", tmp)
+    weights = zoo.load_checkpoint(out / f"{family}.ckpt", tmp)
     assert set(weights) == set(ref_weights)
     worst = 0.0
     for name, want in ref_weights.items():

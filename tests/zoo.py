@@ -269,3 +269,30 @@ def example_inputs(batch_size: int = 8) -> dict[str, torch.Tensor]:
 def build(family: str) -> tuple[nn.Module, Any]:
     """(model, example inputs at batch 8) of one family."""
     return globals()[family](), globals()[f"example_inputs_{family}"](8)
+
+
+def reference_training(family: str, lr: float) -> tuple[list[float], dict[str, torch.Tensor]]:
+    """The plain model of ``family`` trained 2 SGD steps (``lr``) on the whole batch with the
+    default objective: its losses and its weights after."""
+    from autopipe.profiler.inputs import call_model
+    from autopipe.profiler.objective import default_loss
+
+    model, inputs = build(family)
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    losses = []
+    for _ in range(2):
+        optimizer.zero_grad()
+        loss = default_loss(call_model(model, inputs), inputs)
+        loss.backward()
+        optimizer.step()
+        losses.append(float(loss.detach()))
+    return losses, model.state_dict()
+
+
+def load_checkpoint(directory: Any, tmp: Any) -> dict[str, torch.Tensor]:
+    """The weights of a ``torch.distributed.checkpoint`` directory (``autopipe run --save``),
+    converted through ``tmp``."""
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    dcp_to_torch_save(directory, tmp / "weights.pt")
+    return torch.load(tmp / "weights.pt", weights_only=True)
