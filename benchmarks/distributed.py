@@ -37,8 +37,10 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "examples"))
 sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import gpt  # noqa: E402
+from torch_split import torch_split_step  # noqa: E402
 
 N_LAYER = gpt.GPTConfig().n_layer
 # Cut points at equal block counts: blocks.N starts stage 1.
@@ -71,7 +73,7 @@ def _rank(rank: int, port: int, plan_path: str, steps: int, out: str) -> None:
     import torch.distributed as dist
     from autopipe.planner.plan_data import load_plan
     from autopipe.runtime.distributed import DistributedPipeline, init_distributed
-    from torch.distributed.pipelining import ScheduleGPipe, SplitPoint, pipeline
+    from torch.distributed.pipelining import ScheduleGPipe
 
     init_distributed(timeout_s=600)
     plan = load_plan(plan_path)
@@ -93,21 +95,9 @@ def _rank(rank: int, port: int, plan_path: str, steps: int, out: str) -> None:
         return step
 
     def torch_step(cut: int) -> Callable[[], None]:
-        pipe = pipeline(
-            gpt.build_model(),
-            mb_args=(inputs[: plan.batch_size // M],),
-            split_spec={f"blocks.{cut}": SplitPoint.BEGINNING},
+        step, _ = torch_split_step(
+            rank, gpt.build_model(), inputs, cut, M, ScheduleGPipe, gpt.loss_fn
         )
-        stage = pipe.build_stage(rank, torch.device("cpu"))
-        schedule = ScheduleGPipe(stage, n_microbatches=M, loss_fn=gpt.loss_fn)
-
-        def step() -> None:
-            stage.submod.zero_grad(set_to_none=True)
-            if rank == 0:
-                schedule.step(inputs)
-            else:
-                schedule.step(target=inputs, losses=[])
-
         return step
 
     single = gpt.build_model()

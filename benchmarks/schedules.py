@@ -56,8 +56,10 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "examples"))
 sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import gpt  # noqa: E402
+from torch_split import torch_split_step  # noqa: E402
 
 K = 2
 N_LAYER = gpt.GPTConfig().n_layer
@@ -190,7 +192,7 @@ def _rank(rank: int, port: int, paths: dict[str, str], steps: int, out: str) -> 
     import torch.distributed as dist
     from autopipe.planner.plan_data import load_plan
     from autopipe.runtime.distributed import DistributedPipeline, init_distributed
-    from torch.distributed.pipelining import Schedule1F1B, SplitPoint, pipeline
+    from torch.distributed.pipelining import Schedule1F1B
 
     init_distributed(timeout_s=900)
     plans = {name: load_plan(path) for name, path in paths.items()}
@@ -207,23 +209,10 @@ def _rank(rank: int, port: int, paths: dict[str, str], steps: int, out: str) -> 
 
         runs[name] = (ours, Busy(pipe.stages))
 
-    m_auto = plans["auto"].microbatches
-    cut = N_LAYER // 2
-    split = pipeline(
-        gpt.build_model(),
-        mb_args=(inputs[: batch_size // m_auto],),
-        split_spec={f"blocks.{cut}": SplitPoint.BEGINNING},
-    )
-    stage = split.build_stage(rank, torch.device("cpu"))
-    schedule = Schedule1F1B(stage, n_microbatches=m_auto, loss_fn=gpt.loss_fn)
-
-    def torch_default() -> None:
-        stage.submod.zero_grad(set_to_none=True)
-        if rank == 0:
-            schedule.step(inputs)
-        else:
-            schedule.step(target=inputs, losses=[])
-
+    torch_default, stage = torch_split_step(
+        rank, gpt.build_model(), inputs, N_LAYER // 2, plans["auto"].microbatches,
+        Schedule1F1B, gpt.loss_fn,
+    )  # fmt: skip
     runs[TORCH_DEFAULT] = (torch_default, Busy([stage]))
 
     def timed(fn: Callable[[], None], busy: Busy) -> tuple[float, float]:
