@@ -36,16 +36,9 @@ EMIT_FORMATS = ("torch", "torchtitan", "megatron")
 
 # torch.distributed.pipelining's class for each schedule autopipe plans.
 TORCH_SCHEDULES = dict(TORCH_CLASSES)
-# The names torchtitan's pipeline_parallel_schedule takes (torch's get_schedule_class).
-TORCHTITAN_SCHEDULES = {
-    "gpipe": "GPipe",
-    "1f1b": "1F1B",
-    "interleaved-1f1b": "Interleaved1F1B",
-    "looped-bfs": "LoopedBFS",
-    "interleaved-zb": "InterleavedZeroBubble",
-    "zbv": "ZBVZeroBubble",
-    "dualpipev": "DualPipeV",
-}
+# The names torchtitan's pipeline_parallel_schedule takes: torch's get_schedule_class keys,
+# which are the class names without "Schedule".
+TORCHTITAN_SCHEDULES = {k: v.removeprefix("Schedule") for k, v in TORCH_CLASSES.items()}
 # Megatron-Core runs 1F1B, interleaved when there are virtual stages; it has none of the
 # others (its schedule follows --num-virtual-stages-per-pipeline-rank, not a name).
 MEGATRON_SCHEDULES = {"1f1b": "1F1B", "interleaved-1f1b": "interleaved 1F1B"}

@@ -217,3 +217,13 @@ def test_cli_emit_and_plan_emit(tmp_path, capsys) -> None:
     assert code == 2 and len(err.splitlines()) == 1 and "--emit torch:" in err
     assert not json_out.exists() and not emit_out.exists()
     assert main(["plan", gpt, "--gpus", "2", "-q", "--emit-out", str(emit_out)]) == 2
+
+
+def test_every_torchtitan_schedule_name_is_one_torch_resolves() -> None:
+    from autopipe.planner.emit import TORCHTITAN_SCHEDULES
+    from autopipe.planner.schedules import TORCH_CLASSES
+    from torch.distributed import pipelining
+    from torch.distributed.pipelining.schedules import get_schedule_class
+
+    for name, titan in TORCHTITAN_SCHEDULES.items():
+        assert get_schedule_class(titan) is getattr(pipelining, TORCH_CLASSES[name])
