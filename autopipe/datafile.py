@@ -7,6 +7,7 @@ Torch-free and imports nothing of autopipe's layers, so the profiler (Profile), 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import tempfile
@@ -14,7 +15,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-__all__ = ["atomic_write_json", "atomic_write_text", "check_version", "load_json_file", "read_json"]
+__all__ = [
+    "atomic_write_json",
+    "atomic_write_text",
+    "check_version",
+    "known_fields",
+    "load_json_file",
+    "read_json",
+]
 
 T = TypeVar("T")
 
@@ -89,3 +97,11 @@ def load_json_file(
         return parse(data)
     except error as exc:
         raise error(f"{path}: {exc}") from exc
+
+
+def known_fields(cls: type, data: Any, *, without: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The items of the JSON object ``data`` that are fields of the dataclass ``cls`` (but not
+    ``without``): keys a newer writer added are left out, so files stay readable across
+    additive schema changes. O(len(data))."""
+    names = {f.name for f in dataclasses.fields(cls)} - set(without)
+    return {k: v for k, v in data.items() if k in names}

@@ -18,7 +18,7 @@ from typing import Any
 from autopipe.planner.request import PlanRequest
 from autopipe.profiler.fields import FieldError, check_dataclass, check_number
 
-from autopipe.datafile import atomic_write_json, check_version, load_json_file
+from autopipe.datafile import atomic_write_json, check_version, known_fields, load_json_file
 
 PLAN_VERSION = 1
 PLAN_SCHEDULES = (
@@ -259,14 +259,9 @@ class Plan:
             data, "stages", PLAN_VERSION, "plan", PlanFormatError,
             "re-run `autopipe plan` to regenerate it",
         )  # fmt: skip
-        known = {f.name for f in dataclasses.fields(cls)}
-        stage_known = {f.name for f in dataclasses.fields(StagePlan)}
         try:
-            stages = [
-                StagePlan(**{k: v for k, v in s.items() if k in stage_known})
-                for s in data["stages"]
-            ]
-            fields = {k: v for k, v in data.items() if k in known and k != "stages"}
+            stages = [StagePlan(**known_fields(StagePlan, s)) for s in data["stages"]]
+            fields = known_fields(cls, data, without=("stages",))
             if isinstance(fields.get("request"), dict):
                 fields["request"] = PlanRequest.from_dict(fields["request"])
             elif fields.get("request") is not None:

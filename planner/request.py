@@ -18,6 +18,8 @@ from typing import Any
 
 from autopipe.planner.cluster import Cluster, Device
 
+from autopipe.datafile import known_fields
+
 __all__ = ["PlanRequest"]
 
 
@@ -83,8 +85,7 @@ class PlanRequest:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> PlanRequest:
         """The inverse of :meth:`to_dict`; unknown keys (a newer writer) are ignored."""
-        known = {f.name for f in dataclasses.fields(cls)}
-        values = {k: v for k, v in data.items() if k in known}
+        values = known_fields(cls, data)
         cluster = values.get("cluster")
         if isinstance(cluster, Mapping):
             devices = []

@@ -16,7 +16,7 @@ from typing import Any
 
 from autopipe.profiler.fields import FieldError, check_dataclass
 
-from autopipe.datafile import atomic_write_json, check_version, load_json_file
+from autopipe.datafile import atomic_write_json, check_version, known_fields, load_json_file
 
 __all__ = [
     "PROFILE_VERSION",
@@ -204,14 +204,9 @@ class Profile:
             data, "units", PROFILE_VERSION, "profile", ProfileFormatError,
             "re-run `autopipe profile` to regenerate it",
         )  # fmt: skip
-        known = {f.name for f in dataclasses.fields(cls)}
-        unit_known = {f.name for f in dataclasses.fields(UnitProfile)}
         try:
-            units = [
-                UnitProfile(**{k: v for k, v in u.items() if k in unit_known})
-                for u in data["units"]
-            ]
-            kwargs = {k: v for k, v in data.items() if k in known and k != "units"}
+            units = [UnitProfile(**known_fields(UnitProfile, u)) for u in data["units"]]
+            kwargs = known_fields(cls, data, without=("units",))
             profile = cls(units=units, **kwargs)
         except (TypeError, AttributeError, ValueError) as exc:
             raise ProfileFormatError(f"malformed autopipe profile: {exc}") from exc
