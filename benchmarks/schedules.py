@@ -244,7 +244,7 @@ def closed_form(
     schedule: str, k: int, v: int, m: int, f: float, b: float, w: float
 ) -> float | None:
     """The bubble fraction of a schedule with equal chunks (see the module docstring)."""
-    if schedule in ("gpipe", "1f1b", TORCH_DEFAULT):
+    if schedule in ("gpipe", "1f1b"):
         return (k - 1) / (m + k - 1)
     if schedule in ("interleaved-1f1b", "looped-bfs"):
         return (k - 1) / (v * m + k - 1)
@@ -262,8 +262,8 @@ def _chunk_fbw(p: Any) -> tuple[float, float, float]:
     """Mean per-chunk forward, input-gradient and weight-gradient seconds per micro-batch."""
     n = len(p.stages)
     f = sum(s.forward_s for s in p.stages) / n
-    bi = sum(getattr(s, "backward_input_s", 0.0) or 0.0 for s in p.stages) / n
-    bw = sum(getattr(s, "backward_weight_s", 0.0) or 0.0 for s in p.stages) / n
+    bi = sum(s.backward_input_s for s in p.stages) / n
+    bw = sum(s.backward_weight_s for s in p.stages) / n
     if bi + bw == 0.0:
         full = sum(s.backward_s for s in p.stages) / n
         bi = bw = full / 2
@@ -355,7 +355,7 @@ def main() -> None:
             chunks = "/".join(str(len(s.units)) for s in p.stages)
             predicted, pred_bubble = p.iteration_time_s, p.bubble_fraction
         f, bi, bw = _chunk_fbw(p)
-        closed = closed_form(sched if name != TORCH_DEFAULT else TORCH_DEFAULT, K, v, m, f, bi, bw)
+        closed = closed_form(sched, K, v, m, f, bi, bw)
         label = name if name != "auto" else f"auto ({p.schedule})"
         err = "" if predicted is None else f"{(t - predicted) / predicted * 100:+6.1f}%"
         if predicted is not None:
