@@ -5,15 +5,19 @@ Model: examples/gpt.py (13 blocks, LM-head heavy: the head is the most expensive
 B (default 16). 2 processes on gloo, one thread each. Every pipeline is built in the same two
 processes and their steps alternate step by step, so background load hits all alike.
 
-- One profile (backward split into input- and weight-gradient time), measured on this CPU
-  as the pipeline runs: both processes profile at once (rank 0's profile is kept) on the wall
-  clock, one thread each, so a unit's time includes the other core being busy (on this
-  machine two busy vCPUs give about 1.2x one core's throughput, and a thread's CPU clock does
-  not see it), at the batch and at 8, 4, 2 and 1 samples for the per-micro-batch fit.
-  ``--profile alone`` measures in one process on the thread CPU clock instead.
+- One profile, measured by rank 0 alone while rank 1 waits (one thread, the thread CPU
+  clock), at the batch and at 8, 4, 2 and 1 samples for the per-micro-batch fits (forward,
+  backward, and its split into input- and weight-gradient time each get ``a + c b``), with
+  ``scale_to_reference=True``: the whole model is timed too and the units are scaled to add
+  up to it (units timed alone run hot in cache, 15-18% faster than in the chain here).
 - The link between the ranks: gloo's point-to-point latency and bandwidth, measured by a
   ping-pong between the two processes and given to the planner (its CPU "devices" otherwise
   have free links).
+- The host: the two ranks are processes on one machine, so they share its compute. Its
+  throughput (``Cluster.host_throughput``, in ranks' worth: 2.0 on two free cores) is ``2 x``
+  one forward and backward of the model at one micro-batch alone over its time while both
+  ranks run it at once; the planner prices every schedule with it (``--host dedicated``
+  plans as if the ranks were dedicated devices, for comparison).
 - For each schedule (V = 1 for gpipe and 1f1b, V = 2 for the others) a plan for K = 2 at one
   M (default 8, which every schedule's rules accept at K = 2), forced schedule and V, chunk
   boundaries by the planner; run with ``autopipe.runtime.distributed.DistributedPipeline``.
@@ -75,8 +79,9 @@ FORCED = [
 TORCH_DEFAULT = "torch-default"
 
 
-def _profile_rank(rank: int, port: int, batch_size: int, out: str) -> None:
-    """Both processes profile the model at once; rank 0's profile is kept."""
+def _profile_rank(rank: int, port: int, batch_size: int, microbatch_size: int, out: str) -> None:
+    """Rank 0 profiles the model alone (rank 1 waits), then both measure the link between
+    them and how much of the host's compute two busy ranks share."""
     from distributed_cases import rank_env
 
     os.environ.update(rank_env(rank, 2, port))
@@ -85,22 +90,53 @@ def _profile_rank(rank: int, port: int, batch_size: int, out: str) -> None:
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
-    dist.barrier()
-    prof = profile(
-        gpt.build_model(),
-        gpt.example_inputs(batch_size),
-        loss_fn=gpt.loss_fn,
-        progress=False,
-        threads=1,
-        clock="wall",
-        microbatch_sizes=(8, 4, 2, 1),
-    )
-    link = _measure_link(rank)
     if rank == 0:
+        prof = profile(
+            gpt.build_model(),
+            gpt.example_inputs(batch_size),
+            loss_fn=gpt.loss_fn,
+            progress=False,
+            threads=1,
+            microbatch_sizes=(8, 4, 2, 1),
+            scale_to_reference=True,
+        )
         prof.save(out)
-        Path(out).with_suffix(".link.json").write_text(json.dumps(link))
+    dist.barrier()
+    measured = {**_measure_link(rank), "host_throughput": _measure_host(rank, microbatch_size)}
+    if rank == 0:
+        Path(out).with_suffix(".host.json").write_text(json.dumps(measured))
     dist.barrier()
     dist.destroy_process_group()
+
+
+def _measure_host(rank: int, microbatch_size: int, repeats: int = 7) -> float:
+    """How many ranks' worth of compute this host runs at once: ``2 x`` rank 0's time for
+    one forward and backward of the model at one micro-batch alone, over the slower rank's
+    time when both run it at once (medians of ``repeats``). 2.0 on two free cores; about 1.2
+    on this machine's two vCPUs."""
+    import torch.distributed as dist
+
+    model = gpt.build_model()
+    inputs = gpt.example_inputs(microbatch_size)
+
+    def work() -> float:
+        t0 = time.perf_counter()
+        gpt.loss_fn(model(inputs), inputs).backward()
+        return time.perf_counter() - t0
+
+    work()  # warm-up: allocator, first-call costs
+    alone, both = [], []
+    for _ in range(repeats):
+        dist.barrier()
+        if rank == 0:
+            alone.append(work())
+        dist.barrier()
+        t = torch.tensor([work()])
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        both.append(float(t))
+    if rank != 0:
+        return 0.0
+    return 2.0 * statistics.median(alone) / statistics.median(both)
 
 
 def _measure_link(rank: int, sizes_bytes: tuple[int, ...] = (4096, 1 << 22)) -> dict[str, float]:
@@ -143,6 +179,7 @@ def _plans(
         name=prof.device,
         link_bandwidth_bytes_per_s=link.get("bandwidth_bytes_per_s", float("inf")),
         link_latency_s=link.get("latency_s", 0.0),
+        host_throughput=link.get("host_throughput"),
     )
     paths = {}
     for schedule, v in FORCED:
@@ -281,45 +318,43 @@ def main() -> None:
         help="comma-separated schedules to run (default: all seven)",
     )
     parser.add_argument(
-        "--profile",
-        choices=["contended", "alone"],
-        default="contended",
-        help="measure the profile with both processes profiling at once (the default: both "
-        "cores busy, as in the pipeline's steady state), or with one process alone",
+        "--host",
+        choices=["shared", "dedicated"],
+        default="shared",
+        help="plan the ranks as sharing this host's measured compute (the default) or as "
+        "dedicated devices (what a GPU cluster has)",
     )
     args = parser.parse_args()
     schedules = args.schedules.split(",")
 
     from autopipe.planner.plan_data import load_plan
-    from autopipe.profiler.measure import profile
     from autopipe.profiler.profile_data import Profile
     from distributed_cases import free_port, spawn_ranks
 
     tmp = Path(tempfile.mkdtemp())
     t0 = time.perf_counter()
-    if args.profile == "contended":
-        prof_path = tmp / "profile.json"
-        spawn_ranks(_profile_rank, 2, (free_port(), args.batch_size, str(prof_path)), 900)
-        prof = Profile.load(prof_path)
-        link = json.loads(prof_path.with_suffix(".link.json").read_text())
-    else:
-        link = {}
-        torch.set_num_threads(1)
-        prof = profile(
-            gpt.build_model(),
-            gpt.example_inputs(args.batch_size),
-            loss_fn=gpt.loss_fn,
-            progress=False,
-            threads=1,
-            microbatch_sizes=(8, 4, 2, 1),
+    prof_path = tmp / "profile.json"
+    spawn_ranks(
+        _profile_rank,
+        2,
+        (free_port(), args.batch_size, args.batch_size // args.microbatches, str(prof_path)),
+        900,
+    )
+    prof = Profile.load(prof_path)
+    host = json.loads(prof_path.with_suffix(".host.json").read_text())
+    if args.host == "dedicated":
+        host["host_throughput"] = None
+    paths = _plans(prof, args.microbatches, schedules, host, tmp)
+    print(f"profiled (rank 0 alone) and planned in {time.perf_counter() - t0:.1f} s")
+    print(
+        f"gloo link: {host['latency_s'] * 1e6:.0f} us + bytes / "
+        f"{host['bandwidth_bytes_per_s'] / 1e9:.2f} GB/s; host: "
+        + (
+            "ranks planned as dedicated (--host dedicated)"
+            if host["host_throughput"] is None
+            else f"two busy ranks run {host['host_throughput']:.2f} ranks' worth of compute"
         )
-    paths = _plans(prof, args.microbatches, schedules, link, tmp)
-    print(f"profiled ({args.profile}) and planned in {time.perf_counter() - t0:.1f} s")
-    if link:
-        print(
-            f"gloo link: {link['latency_s'] * 1e6:.0f} us + bytes / "
-            f"{link['bandwidth_bytes_per_s'] / 1e9:.2f} GB/s"
-        )
+    )
     plans = {name: load_plan(path) for name, path in paths.items()}
 
     load_before = os.getloadavg()[0]

@@ -88,7 +88,8 @@ class Candidate:
     def evaluate(self, bounds: list[int], costs: list[SegmentCost] | None = None) -> Evaluation:
         """Price the partition ``bounds`` (with ``costs`` if given, else the cost model's
         option per chunk). O(T) for T simulated tasks; GPipe on one stage per rank uses its
-        exact fill-drain formula, O(K)."""
+        exact fill-drain formula, O(K), unless the ranks share a host
+        (``Cluster.host_throughput``): then every schedule is simulated, O(T K)."""
         assert self.shape is not None and self.cluster is not None
         cm, shape = self.cost_model, self.shape
         if costs is None:
@@ -96,7 +97,10 @@ class Candidate:
         works = chunk_works(cm, bounds, costs, shape.split_backward)
         fits, peaks = rank_fits(works, shape, self.cluster, cm.headroom)
         fits = fits and all(c.feasible for c in costs)
-        if shape.schedule == "gpipe":
+        shared = self.cluster.host_throughput
+        if shared is not None and shared >= shape.num_ranks:
+            shared = None  # enough for every rank: as good as dedicated
+        if shape.schedule == "gpipe" and shared is None:
             fwd = [w.forward_s + w.send_s for w in works]
             bwd = [w.recompute_s + w.backward_s for w in works]
             total = gpipe_exact(fwd, bwd, self.microbatches)
@@ -106,7 +110,7 @@ class Candidate:
         else:
             sim = simulate_schedule(
                 works, shape.schedule, shape.num_ranks, self.microbatches,
-                orders=shape.orders, record_tasks=False,
+                orders=shape.orders, record_tasks=False, host_throughput=shared,
             )  # fmt: skip
         return Evaluation(list(bounds), costs, works, sim, peaks, fits)
 

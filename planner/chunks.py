@@ -99,7 +99,7 @@ def chunk_cluster(cluster: Cluster, shape: ScheduleShape, memory_share: float = 
                 link_latency_s=latency,
             )
         )
-    return Cluster(devices)
+    return Cluster(devices, cluster.host_throughput)
 
 
 def chunk_works(

@@ -55,6 +55,12 @@ class Cluster:
     """Devices in pipeline order; stage ``i`` runs on ``devices[i]``."""
 
     devices: list[Device] = field(default_factory=list)
+    host_throughput: float | None = None
+    """The devices share one host that runs at most this many of them at full speed at once,
+    in units of one device: while ``n`` of them compute, each runs at
+    ``min(1, host_throughput / n)`` of its speed. For ranks that are processes on one
+    machine's CPU cores (measure it: ``n x`` one process's time alone over its time while
+    ``n`` run the same work). None (the default): every device is dedicated, as GPUs are."""
 
     @classmethod
     def homogeneous(
@@ -64,12 +70,14 @@ class Cluster:
         memory_bytes: int | None = None,
         link_bandwidth_bytes_per_s: float = float("inf"),
         link_latency_s: float = 0.0,
+        host_throughput: float | None = None,
     ) -> Cluster:
         return cls(
             [
                 Device(name, memory_bytes, 1.0, link_bandwidth_bytes_per_s, link_latency_s)
                 for _ in range(count)
-            ]
+            ],
+            host_throughput,
         )
 
     @classmethod

@@ -141,6 +141,22 @@ class CostModel:
         self.bwd_prefix = np.concatenate([zero, np.cumsum(bwd)])
         share = np.array([backward_input_share(x) for x in u], float)
         split = bwd * np.array([backward_split_factor(x) for x in u], float)
+        # A split measured at several sizes scales B and W each by its own fit.
+        fitted = np.array([x.split_fitted for x in u], bool)
+        if fitted.any():
+            b_in = scaled(
+                np.array([x.backward_input_s for x in u], float),
+                np.array([x.backward_input_overhead_s for x in u], float),
+            )
+            b_wt = scaled(
+                np.array([x.backward_weight_s for x in u], float),
+                np.array([x.backward_weight_overhead_s for x in u], float),
+            )
+            both = b_in + b_wt
+            safe = np.where(both > 0, both, 1.0)
+            # Never below the whole backward: B + W cannot beat the one pass.
+            split = np.where(fitted, np.maximum(both, bwd), split)
+            share = np.where(fitted, b_in / safe, share)
         self.bwd_input_prefix = np.concatenate([zero, np.cumsum(split * share)])
         """Prefix sums of the input-gradient part (B) of the backward run split
         (``backward_input_share`` of ``backward_split_factor`` times the backward)."""

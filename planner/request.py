@@ -94,7 +94,7 @@ class PlanRequest:
                 if fields.get("link_bandwidth_bytes_per_s") is None:
                     fields["link_bandwidth_bytes_per_s"] = float("inf")
                 devices.append(Device(**fields))
-            values["cluster"] = Cluster(devices)
+            values["cluster"] = Cluster(devices, cluster.get("host_throughput"))
         microbatches = values.get("microbatches")
         if isinstance(microbatches, Sequence) and not isinstance(microbatches, str):
             values["microbatches"] = tuple(microbatches)

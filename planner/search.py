@@ -151,7 +151,8 @@ def _resolve_cluster(
                 if d.memory_bytes is not None
                 else type(d)(**{**vars(d), "memory_bytes": memory_per_device})
                 for d in cluster.devices
-            ]
+            ],
+            cluster.host_throughput,
         )
     k = len(cluster)
     if k < 1:
@@ -160,6 +161,11 @@ def _resolve_cluster(
         raise PlanningError(
             f"{k} stages need at least {k} units but the profile has {len(profile.units)}; "
             f"use at most {len(profile.units)} GPUs or profile with finer units"
+        )
+    if cluster.host_throughput is not None and not cluster.host_throughput > 0:
+        raise PlanningError(
+            f"host_throughput={cluster.host_throughput} must be > 0 devices' worth of compute "
+            "(or None for dedicated devices)"
         )
     for d in cluster.devices:
         if d.speed <= 0 or d.link_bandwidth_bytes_per_s <= 0 or d.link_latency_s < 0:

@@ -262,8 +262,17 @@ def simulate_plan(
 
     GPipe and 1F1B with one stage per rank use :func:`simulate` (which can also share
     devices); every other schedule, or V > 1, :func:`simulate_schedule` over
-    :func:`plan_chunk_works` (dedicated ranks only), which also replays memory. O(T log K).
+    :func:`plan_chunk_works`, which also replays memory. A plan made for ranks on one shared
+    host (its request's ``Cluster.host_throughput``) is simulated so, with every schedule.
+    O(T log K); O(T K) on a shared host.
     """
+    cluster = plan.request.cluster if plan.request is not None else None
+    host = cluster.host_throughput if cluster is not None else None
+    if host is not None and host < plan.num_stages and not shared_device_groups:
+        return simulate_schedule(
+            plan_chunk_works(plan), plan.schedule, plan.num_stages, plan.microbatches,
+            record_tasks=record_tasks, host_throughput=host,
+        )  # fmt: skip
     if plan.schedule in ("gpipe", "1f1b") and plan.virtual_stages == 1:
         sim = simulate(
             [s.forward_s for s in plan.stages],
@@ -333,6 +342,11 @@ def plan_chunk_works(plan: Plan) -> list[ChunkWork]:
 
 
 # -- every schedule: a plan's chunks on dedicated ranks ------------------------------------
+
+
+# One rank's simulated tasks: (phase, chunk, mb, seconds, waits-for key or -1, produces key
+# or -1); a key indexes ``ready``, the time its value is there (-1.0: not yet).
+_Program = list[tuple[str, int, int, float, int, int]]
 
 
 @dataclass(frozen=True)
@@ -445,17 +459,22 @@ def simulate_schedule(
     *,
     orders: Sequence[Sequence[Action]] | None = None,
     record_tasks: bool = True,
+    host_throughput: float | None = None,
 ) -> Simulation:
     """Simulate one iteration of ``schedule`` with ``chunks`` (``K x V`` of them, in model
     order, placed by :func:`autopipe.planner.schedules.chunk_ranks`) on ``num_ranks``
-    dedicated ranks; M = ``microbatches``.
+    ranks; M = ``microbatches``.
 
     ``orders`` (each rank's actions) default to
     :func:`autopipe.planner.schedules.rank_orders`; pass them to reuse them across
-    simulations. Returns the iteration time, the bubble (idle share of the ranks), busy
-    seconds and replayed peak bytes per rank, and with ``record_tasks`` the timeline (stage
-    = chunk, device = rank) and each rank's memory over time. Raises RuntimeError if the
-    orders deadlock (they never do for the schedules' own orders). O(T).
+    simulations. ``host_throughput`` (see :attr:`autopipe.planner.cluster.Cluster.host_throughput`):
+    the ranks share one host that runs at most this many ranks' work at full speed, so while
+    ``n`` ranks compute at once each progresses at ``min(1, host_throughput / n)`` of its
+    profiled speed (sends are link time and share nothing); None: dedicated ranks. Returns
+    the iteration time, the bubble (idle share of the ranks), busy seconds and replayed peak
+    bytes per rank, and with ``record_tasks`` the timeline (stage = chunk, device = rank) and
+    each rank's memory over time. Raises RuntimeError if the orders deadlock (they never do
+    for the schedules' own orders). O(T) on dedicated ranks, O(T K) on a shared host.
     """
     k = num_ranks
     n_chunks = len(chunks)
@@ -476,10 +495,9 @@ def simulate_schedule(
     ready = [-1.0] * (2 * n_chunks * m)
     for mb in range(m):
         ready[mb] = 0.0  # chunk 0's inputs are there from the start
-    # Each rank's tasks: (phase, chunk, mb, seconds, waits-for key or -1, produces key or -1).
-    programs: list[list[tuple[str, int, int, float, int, int]]] = []
+    programs: list[_Program] = []
     for r in range(k):
-        prog: list[tuple[str, int, int, float, int, int]] = []
+        prog: _Program = []
         for a in orders[r]:
             c, mb, phase = a.stage, a.microbatch, a.phase
             w = chunks[c]
@@ -513,6 +531,52 @@ def simulate_schedule(
                 raise ValueError(f"unknown action phase {phase!r} in the order of rank {r}")
         programs.append(prog)
 
+    if host_throughput is not None and host_throughput < k:
+        starts, ends, busy = _run_shared_host(programs, ready, host_throughput)
+    else:
+        starts, ends, busy = _run_dedicated(programs, ready)
+    end_time = max((e[-1] for e in ends if e), default=0.0)
+    bubble = 1.0 - sum(busy) / (k * end_time) if end_time > 0 else 0.0
+    peaks = replay_memory(orders, chunks, ranks)
+    if not record_tasks:
+        return Simulation(end_time, bubble, None, busy, peaks)
+    tasks = []
+    memory = []
+    for r in range(k):
+        now = sum(w.state_bytes for c, w in enumerate(chunks) if ranks[c] == r)
+        steps = [(0.0, now)]
+        for (phase, c, mb, _, _, _), start, end in zip(
+            programs[r], starts[r], ends[r], strict=True
+        ):
+            tasks.append(Task(c, mb, phase, start, end, r))
+            work = chunks[c]
+            # A checkpointed backward's re-computed activations appear when its recompute
+            # task starts (the same bytes replay_memory charges to the backward's start).
+            if phase == "recompute":
+                alloc = work.activation_bytes
+            elif phase != "forward" and work.checkpoint and work.recompute_s > 0:
+                alloc = 0.0
+            else:
+                alloc = _allocates(work, phase)
+            if alloc:
+                now += alloc
+                steps.append((start, now))
+            freed = _frees(work, phase)
+            if freed:
+                now -= freed
+                steps.append((end, now))
+        memory.append(steps)
+    tasks.sort(key=lambda t: (t.start_s, t.device))
+    timeline = Timeline(tasks, n_chunks, label="simulated", schedule=schedule)
+    return Simulation(end_time, bubble, timeline, busy, peaks, memory)
+
+
+def _run_dedicated(
+    programs: list[_Program], ready: list[float]
+) -> tuple[list[list[float]], list[list[float]], list[float]]:
+    """Each rank runs its program in order, each task as soon as the rank is free and its
+    input is there; returns per-rank task starts, ends, and busy seconds. O(T)."""
+    k = len(programs)
     ptr = [0] * k
     free = [0.0] * k
     busy = [0.0] * k
@@ -547,35 +611,65 @@ def simulate_schedule(
         free[r] = t_free
     if any(ptr[r] < len(programs[r]) for r in range(k)):
         raise RuntimeError("pipeline simulation deadlocked; the schedule's order is inconsistent")
-    end_time = max(free, default=0.0)
-    bubble = 1.0 - sum(busy) / (k * end_time) if end_time > 0 else 0.0
-    peaks = replay_memory(orders, chunks, ranks)
-    if not record_tasks:
-        return Simulation(end_time, bubble, None, busy, peaks)
-    tasks = []
-    memory = []
-    for r in range(k):
-        now = sum(w.state_bytes for c, w in enumerate(chunks) if ranks[c] == r)
-        steps = [(0.0, now)]
-        for (phase, c, mb, seconds, _, _), start in zip(programs[r], starts[r], strict=True):
-            tasks.append(Task(c, mb, phase, start, start + seconds, r))
-            work = chunks[c]
-            # A checkpointed backward's re-computed activations appear when its recompute
-            # task starts (the same bytes replay_memory charges to the backward's start).
-            if phase == "recompute":
-                alloc = work.activation_bytes
-            elif phase != "forward" and work.checkpoint and work.recompute_s > 0:
-                alloc = 0.0
-            else:
-                alloc = _allocates(work, phase)
-            if alloc:
-                now += alloc
-                steps.append((start, now))
-            freed = _frees(work, phase)
-            if freed:
-                now -= freed
-                steps.append((start + seconds, now))
-        memory.append(steps)
-    tasks.sort(key=lambda t: (t.start_s, t.device))
-    timeline = Timeline(tasks, n_chunks, label="simulated", schedule=schedule)
-    return Simulation(end_time, bubble, timeline, busy, peaks, memory)
+    ends = [
+        [t + task[3] for t, task in zip(st, prog, strict=True)]
+        for st, prog in zip(starts, programs, strict=True)
+    ]
+    return starts, ends, busy
+
+
+def _run_shared_host(
+    programs: list[_Program], ready: list[float], host_throughput: float
+) -> tuple[list[list[float]], list[list[float]], list[float]]:
+    """As :func:`_run_dedicated`, with the ranks' compute sharing one host (processor
+    sharing): while ``n`` ranks compute, each task's remaining seconds shrink at
+    ``min(1, host_throughput / n)`` per second; a ``send`` runs at full speed.
+
+    An event loop over task starts and ends: O(T K).
+    """
+    if not host_throughput > 0:
+        raise ValueError(f"host_throughput must be > 0, got {host_throughput}")
+    k = len(programs)
+    ptr = [0] * k
+    left = [0.0] * k  # the running task's remaining seconds at full speed
+    running = [False] * k
+    busy = [0.0] * k
+    starts: list[list[float]] = [[0.0] * len(p) for p in programs]
+    ends: list[list[float]] = [[0.0] * len(p) for p in programs]
+    now = 0.0
+    while True:
+        for r in range(k):  # start every task whose rank is free and whose input is there
+            if running[r] or ptr[r] >= len(programs[r]):
+                continue
+            wait = programs[r][ptr[r]][4]
+            if wait < 0 or ready[wait] >= 0:
+                running[r] = True
+                left[r] = programs[r][ptr[r]][3]
+                starts[r][ptr[r]] = now
+        active = [r for r in range(k) if running[r]]
+        if not active:
+            break
+        computing = sum(programs[r][ptr[r]][0] != "send" for r in active)
+        share = min(1.0, host_throughput / computing) if computing else 1.0
+        rate = [1.0] * k
+        for r in active:
+            if programs[r][ptr[r]][0] != "send":
+                rate[r] = share
+        step = min(left[r] / rate[r] for r in active)
+        now += step
+        for r in active:
+            left[r] -= step * rate[r]
+            busy[r] += step
+        for r in active:
+            # A relative tolerance: rates are not exact binary fractions.
+            if left[r] <= 1e-12 * max(1.0, now):
+                i = ptr[r]
+                ends[r][i] = now
+                out = programs[r][i][5]
+                if out >= 0:
+                    ready[out] = now
+                running[r] = False
+                ptr[r] += 1
+    if any(ptr[r] < len(programs[r]) for r in range(k)):
+        raise RuntimeError("pipeline simulation deadlocked; the schedule's order is inconsistent")
+    return starts, ends, busy

@@ -785,6 +785,8 @@ def profile(
     and larger than the device may hold: each measured unit's weights are materialized on
     ``device`` (default CPU) just for its measurement (``profiler/materialize.py``), so peak
     memory is one unit plus activations; no reference is timed.
+    ``scale_to_reference``: time the whole model too (``reference``) and scale every unit's times so
+    they add up to it (factors in ``meta["reference_scale"]``).
     ``units``: fnmatch patterns over module paths naming the units (``"model.layers.*"``)
     instead of ``granularity``'s choice.
     Train/eval flags, buffers, ``.grad`` and the global RNG are restored afterwards.
@@ -816,8 +818,17 @@ def profile(
         )
     elif is_meta and not meta_init:
         raise ValueError("the model is on the meta device: pass meta_init=True (or None)")
+    if opts.scale_to_reference:
+        if reference is False:
+            raise ValueError(
+                "scale_to_reference=True times the whole model: it needs reference=True"
+            )
+        reference = True
     if meta_init and reference:
-        raise ValueError("reference=True needs the whole model in memory; not with meta_init")
+        raise ValueError(
+            "reference=True needs the whole model in memory (so does scale_to_reference=True); "
+            "not with meta_init"
+        )
     dev = torch.device(device) if device is not None else None
     if dev is None:
         dev = torch.device("cpu") if meta_init else resolve_device(model, None)
@@ -927,8 +938,9 @@ def profile(
                 share=share,
                 info=info,
                 one_at_a_time=one_at_a_time,
-                # B and W at the profile's batch size: the planner uses their shares.
-                split_clock=clock if opts.split_backward and size == big_b else None,
+                # B and W at every size: W's per-call part (one autograd call per
+                # parameter group) is larger than the whole backward's.
+                split_clock=clock if opts.split_backward else None,
             )
             shared = any(rep != i for i, rep in enumerate(m.same_as))
             if size == big_b and (
@@ -975,6 +987,9 @@ def profile(
         um = base.units[i]
         fwd_a, _ = fit_time_model(used_sizes, [m.units[i].forward_s for m in measured])
         bwd_a, _ = fit_time_model(used_sizes, [m.units[i].backward_s for m in measured])
+        bi_a, _ = fit_time_model(used_sizes, [m.units[i].backward_input_s for m in measured])
+        bw_a, _ = fit_time_model(used_sizes, [m.units[i].backward_weight_s for m in measured])
+        split_fit = len(measured) > 1 and um.backward_input_s + um.backward_weight_s > 0
         units.append(
             UnitProfile(
                 name=name,
@@ -985,6 +1000,8 @@ def profile(
                 backward_overhead_s=min(bwd_a, um.backward_s) if len(measured) > 1 else 0.0,
                 backward_input_s=um.backward_input_s,
                 backward_weight_s=um.backward_weight_s,
+                backward_input_overhead_s=min(bi_a, um.backward_input_s) if split_fit else 0.0,
+                backward_weight_overhead_s=min(bw_a, um.backward_weight_s) if split_fit else 0.0,
                 activation_bytes=um.activation_bytes,
                 output_bytes=um.output_bytes,
                 peak_bytes=um.peak_bytes,
@@ -992,6 +1009,9 @@ def profile(
                 **params[i],
             )
         )
+    scale = (
+        _scale_to_reference(units, total_fwd_s, total_bwd_s) if opts.scale_to_reference else None
+    )
     meta: dict[str, Any] = {
         "microbatch_sizes": used_sizes,
         "loss_forward_s": base.loss_forward_s,
@@ -1018,6 +1038,8 @@ def profile(
     }
     if bytes_per_parameter is not None:
         meta["state_bytes_per_parameter"] = bytes_per_parameter
+    if scale is not None:
+        meta["reference_scale"] = scale
     return _finish(
         Profile(
             **profile_header(ug, dt, type(model).__name__),
@@ -1037,6 +1059,28 @@ def profile(
         key,
         cache_dir,
     )
+
+
+def _scale_to_reference(
+    units: list[UnitProfile], total_forward_s: float, total_backward_s: float
+) -> dict[str, float]:
+    """Scale the units' forward times (per-call parts included) by the whole model's forward
+    over their sum, and their backward times (B, W and per-call parts included) likewise, in
+    place; returns the two factors. O(N)."""
+    fwd = sum(u.forward_s for u in units)
+    bwd = sum(u.backward_s for u in units)
+    f = total_forward_s / fwd if fwd > 0 and total_forward_s > 0 else 1.0
+    b = total_backward_s / bwd if bwd > 0 and total_backward_s > 0 else 1.0
+    for u in units:
+        u.forward_s *= f
+        u.forward_overhead_s *= f
+        u.backward_s *= b
+        u.backward_overhead_s *= b
+        u.backward_input_s *= b
+        u.backward_weight_s *= b
+        u.backward_input_overhead_s *= b
+        u.backward_weight_overhead_s *= b
+    return {"forward": f, "backward": b}
 
 
 def _finish(profile: Profile, key: str | None, cache_dir: str | os.PathLike[str] | None) -> Profile:

@@ -48,8 +48,13 @@ class MeasureOptions:
     """Measure a meta-device model unit by unit (``None``: when the model is on meta)."""
     split_backward: bool = True
     """Also time each unit's backward split into its input gradient (B) and its weight
-    gradient (W), as the zero-bubble schedules run them, at the profile's batch size (one
-    more forward + backward per unit per round)."""
+    gradient (W), as the zero-bubble schedules run them, at every micro-batch size timed
+    (one more forward + backward per unit per round)."""
+    scale_to_reference: bool = False
+    """Scale the units' times so they add up to the whole model timed in one piece (implies
+    ``reference``): a unit timed alone, on its own inputs again and again, runs with its
+    weights and inputs hot in cache, faster than in the model's chain. The factors are kept
+    in ``Profile.meta["reference_scale"]``."""
 
     def __post_init__(self) -> None:
         # torch.device / torch.dtype arguments, lists for tuples: kept as plain values.

@@ -82,6 +82,14 @@ class UnitProfile:
     a little more for small units, whose split pays Python overhead twice); analytic:
     ``backward_s`` times the forward FLOPs of the ops taking a parameter over the backward
     FLOPs (``dW = X^T dY`` redoes ``Y = X W``), so B + W = ``backward_s``."""
+    backward_input_overhead_s: float = 0.0
+    """The per-call part of ``backward_input_s`` (the ``a`` of ``t(b) = a + c b``, as
+    ``forward_overhead_s``), fitted when the split was measured at several micro-batch sizes;
+    0 (and ``backward_weight_overhead_s`` 0): B and W scale as the whole backward does."""
+    backward_weight_overhead_s: float = 0.0
+    """The per-call part of ``backward_weight_s`` (see ``backward_input_overhead_s``). The
+    runtime's weight pass asks autograd once per parameter group, so this share is larger
+    than the whole backward's at small micro-batches."""
     measured_as: str = ""
     """Name of the unit whose measurement (or count) this unit shares because it is the same
     computation (same graph, parameter and input shapes); ``""``: its own. Optional in
@@ -94,6 +102,11 @@ class UnitProfile:
     def backward_at(self, microbatch_size: float, batch_size: int) -> float:
         """Backward seconds for one micro-batch of ``microbatch_size`` samples."""
         return _scale(self.backward_s, self.backward_overhead_s, microbatch_size, batch_size)
+
+    @property
+    def split_fitted(self) -> bool:
+        """B and W each have their own per-call part (measured at several sizes)."""
+        return self.backward_input_overhead_s + self.backward_weight_overhead_s > 0
 
 
 def _scale(total_s: float, overhead_s: float, b: float, batch_size: int) -> float:

@@ -128,3 +128,69 @@ def test_cli_profile_no_split_backward(tmp_path: Path) -> None:
     assert with_params and all(u.backward_input_s + u.backward_weight_s > 0 for u in with_params)
     assert all(u.backward_input_s == u.backward_weight_s == 0 for u in Profile.load(whole).units)
     assert main(["plan", str(whole), "--gpus", "2", "-q", "--no-split-backward"]) == 2
+
+
+def test_split_measured_at_every_size_gets_its_own_per_call_part() -> None:
+    """B and W are timed at each micro-batch size and fitted ``a + c b`` each: the per-call
+    parts are never above the totals, and the Linear units' W pays one (its autograd call
+    per parameter group)."""
+    model, x = _mlp()
+    p = profile(model, x, warmup=1, repeat=3, progress=False, microbatch_sizes=(16, 4))
+    for u in p.units:
+        assert 0.0 <= u.backward_input_overhead_s <= u.backward_input_s, u
+        assert 0.0 <= u.backward_weight_overhead_s <= u.backward_weight_s, u
+    assert any(u.split_fitted for u in p.units if u.kind == "Linear")
+    # One size: nothing to fit, so B and W scale as the whole backward.
+    one = profile(model, x, warmup=0, repeat=1, progress=False, microbatch_sizes=())
+    assert not any(u.split_fitted for u in one.units)
+
+
+def test_cost_model_scales_b_and_w_by_their_own_fits() -> None:
+    """Batch 16, a unit with B = 4 s (1 s per call) and W = 4 s (3 s per call), whole
+    backward 8 s (1 s per call). At micro-batch 4: B = 1 + 3/4, W = 3 + 1/4: 5 s run split
+    (the whole backward at 4 is 2.75 s), of which B is 35%. Before the fit both scaled as
+    the whole backward: 2.75 s split half and half."""
+    from autopipe.planner.cluster import Cluster
+    from autopipe.planner.costs import CostModel
+
+    unit = UnitProfile(
+        name="u", kind="Linear", forward_s=1.0, backward_s=8.0, backward_overhead_s=1.0,
+        backward_input_s=4.0, backward_weight_s=4.0, backward_input_overhead_s=1.0,
+        backward_weight_overhead_s=3.0, parameter_count=10,
+    )  # fmt: skip
+    prof = Profile(units=[unit], cut_bytes=[], batch_size=16, input_bytes=0)
+
+    cm = CostModel(
+        prof, Cluster.homogeneous(1), batch_size=16, microbatches=4, schedule="zbv",
+        checkpoint="never", state_bytes_per_parameter=16.0, headroom=0.0,
+    )  # fmt: skip
+    assert cm.bwd_prefix[-1] == pytest.approx(2.75)
+    assert cm.bwd_split_prefix[-1] == pytest.approx(5.0)
+    assert cm.bwd_input_prefix[-1] == pytest.approx(1.75)
+
+
+def test_scale_to_reference_makes_the_units_add_up_to_the_whole_model() -> None:
+    model, x = _mlp()
+    p = profile(
+        model, x, warmup=1, repeat=3, progress=False, microbatch_sizes=(64, 16),
+        scale_to_reference=True,
+    )  # fmt: skip
+    scale = p.meta["reference_scale"]
+    assert p.total_forward_s > 0 and p.total_backward_s > 0
+    assert sum(u.forward_s for u in p.units) == pytest.approx(p.total_forward_s, rel=1e-9)
+    assert sum(u.backward_s for u in p.units) == pytest.approx(p.total_backward_s, rel=1e-9)
+    assert scale["forward"] > 0 and scale["backward"] > 0
+    for u in p.units:  # every part is scaled alike, so none exceeds its total
+        assert u.forward_overhead_s <= u.forward_s and u.backward_overhead_s <= u.backward_s
+        assert u.backward_weight_overhead_s <= u.backward_weight_s
+    with pytest.raises(ValueError, match="reference=True"):
+        profile(model, x, progress=False, scale_to_reference=True, reference=False)
+
+
+def test_cli_scale_to_reference_is_refused_for_a_saved_profile(tmp_path: Path) -> None:
+    from autopipe.cli import main
+
+    saved = tmp_path / "p.json"
+    model, x = _mlp()
+    profile(model, x, warmup=0, repeat=1, progress=False, microbatch_sizes=()).save(saved)
+    assert main(["plan", str(saved), "--gpus", "2", "-q", "--scale-to-reference"]) == 2

@@ -371,6 +371,7 @@ def load_profile_or_model(args: argparse.Namespace) -> tuple[Profile, DeviceTarg
             ("--meta-init", args.meta_init),
             ("--no-share", args.no_share),
             ("--no-split-backward", args.no_split_backward),
+            ("--scale-to-reference", args.scale_to_reference),
         )
         if value
     ]
@@ -464,6 +465,7 @@ def profile_model_file(args: argparse.Namespace) -> tuple[Profile, DeviceTarget]
                 meta_init=meta_init,
                 share=not args.no_share,
                 split_backward=not args.no_split_backward,
+                scale_to_reference=args.scale_to_reference,
                 units=args.units,
             )
     except (
@@ -623,6 +625,12 @@ def model_options(p: argparse.ArgumentParser) -> None:
         help="measured: do not time each unit's backward split into input and weight "
         "gradients (one forward and backward less per unit and round; the zero-bubble "
         "schedules are then planned with the stated default split, docs/cost-model.md)",
+    )
+    p.add_argument(
+        "--scale-to-reference",
+        action="store_true",
+        help="measured: also time the whole model in one piece and scale the units' times "
+        "to add up to it (units timed alone run with hot caches, faster than in the chain)",
     )
     p.add_argument(
         "--meta-init",
