@@ -13,7 +13,8 @@
    add it to the last unit: the last pipeline stage computes it;
 5. time the whole model in one piece (forward + loss, backward) and count its saved bytes,
    as the reference the per-unit figures must add up to;
-6. optionally repeat 2-3 at smaller micro-batch sizes and fit ``t(b) = a + c * b`` per unit.
+6. optionally repeat 2-3 at smaller micro-batch sizes, in the same rounds, and fit
+   ``t(b) = a + c * b`` per unit.
 
 Cost: (warmup + repeat) forward+backward passes per unit per micro-batch size, plus as many
 whole-model passes.
@@ -888,7 +889,7 @@ def profile(
         ug = trace_units(traced_model, trace_inputs, granularity, tracer, unit_patterns)
         n = ug.num_units
         bar = tqdm(
-            total=(warmup + repeat) * len(sizes) if not meta_init else None,
+            total=warmup + repeat if not meta_init else None,
             desc=f"profiling {type(model).__name__} ({n} units"
             + (", one at a time from meta)" if meta_init else ")"),
             unit="round" if not meta_init else "unit",
@@ -927,6 +928,7 @@ def profile(
         total_fwd_s = total_bwd_s = 0.0
         total_saved = 0
         timed_reference = False
+        prepared: list[tuple[int, _SizeMeasurement, list[Any], bool]] = []
         for (size, size_inputs, size_ug), info in zip(plans, infos, strict=True):
             bar.set_postfix_str(f"micro-batch {size}")
             m, steps = _prepare_size(
@@ -943,22 +945,38 @@ def profile(
                 split_clock=clock if opts.split_backward else None,
             )
             shared = any(rep != i for i, rep in enumerate(m.same_as))
-            if size == big_b and (
+            with_whole = size == big_b and (
                 reference or (reference is None and not shared and not meta_init)
-            ):
+            )
+            if with_whole:
                 # The whole model is timed in the same rounds as its units.
                 whole, total_saved = whole_model_step(model, inputs, loss_fn)
                 steps.append(whole)
                 timed_reference = True
-            times = time_steps_interleaved(
-                steps,
+            prepared.append((size, m, steps, with_whole))
+        if meta_init:  # one size after another: each holds only its own materialized units
+            size_times = [
+                time_steps_interleaved(steps, dev, warmup=warmup, repeat=repeat, clock=clock)
+                for _, _, steps, _ in prepared
+            ]
+        else:
+            # Every size in the same rounds: a drift of the machine's speed then hits all
+            # sizes alike, and the per-call parts fitted across sizes do not take it for a
+            # difference between sizes.
+            flat = time_steps_interleaved(
+                [step for _, _, steps, _ in prepared for step in steps],
                 dev,
                 warmup=warmup,
                 repeat=repeat,
-                tick=None if meta_init else lambda: bar.update(),
+                tick=lambda: bar.update(),
                 clock=clock,
             )
-            if size == big_b and timed_reference:
+            size_times, start = [], 0
+            for _, _, steps, _ in prepared:
+                size_times.append(flat[start : start + len(steps)])
+                start += len(steps)
+        for (size, m, _, with_whole), times in zip(prepared, size_times, strict=True):
+            if with_whole:
                 total_fwd_s, total_bwd_s = times.pop()
             _record_times(m, times, warmup)
             measured.append(m)
