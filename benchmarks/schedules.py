@@ -77,6 +77,12 @@ FORCED = [
     ("dualpipev", 2),
 ]
 TORCH_DEFAULT = "torch-default"
+# Rounds of the profile (every unit, size and the whole model once per round): this VM's
+# speed drifts by tens of percent over seconds to minutes (one thread alone, the whole model's
+# step varies 670-1080 ms within 40 s), so the rounds are spread over about a minute, as long
+# as the runs they predict take.
+PROFILE_WARMUP = int(os.environ.get("AUTOPIPE_BENCH_PROFILE_WARMUP", "3"))
+PROFILE_REPEAT = int(os.environ.get("AUTOPIPE_BENCH_PROFILE_REPEAT", "15"))
 
 
 def _profile_rank(rank: int, port: int, batch_size: int, microbatch_size: int, out: str) -> None:
@@ -99,6 +105,8 @@ def _profile_rank(rank: int, port: int, batch_size: int, microbatch_size: int, o
             threads=1,
             microbatch_sizes=(8, 4, 2, 1),
             scale_to_reference=True,
+            warmup=PROFILE_WARMUP,
+            repeat=PROFILE_REPEAT,
         )
         prof.save(out)
     dist.barrier()
