@@ -1,5 +1,23 @@
 """``python -m autopipe`` (and ``torchrun ... -m autopipe run ...``) is the ``autopipe`` command."""
 
+import os
+import sys
+
 from autopipe.cli import main
 
-raise SystemExit(main())
+
+def _exit(code: int) -> None:
+    dist = sys.modules.get("torch.distributed")
+    if code and dist is not None and dist.is_available() and dist.is_initialized():
+        # A failed distributed run leaves the process group's threads running (it is not
+        # destroyed after a failure: that could wait on the dead peer). Python's teardown
+        # then destroys them while they are still joinable, and C++ aborts the process
+        # (SIGABRT, "terminate called without an active exception") instead of exiting with
+        # the code. The message is out already: leave without the teardown.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    raise SystemExit(code)
+
+
+_exit(main())
