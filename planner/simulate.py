@@ -533,13 +533,20 @@ def simulate_schedule(
 
     if host_throughput is not None and host_throughput < k:
         starts, ends, busy = _run_shared_host(programs, ready, host_throughput)
+        end_time = max((e[-1] for e in ends if e), default=0.0)
     else:
-        starts, ends, busy = _run_dedicated(programs, ready)
-    end_time = max((e[-1] for e in ends if e), default=0.0)
+        starts, busy, free = _run_dedicated(programs, ready)
+        end_time = max(free, default=0.0)
+        ends = None
     bubble = 1.0 - sum(busy) / (k * end_time) if end_time > 0 else 0.0
     peaks = replay_memory(orders, chunks, ranks)
     if not record_tasks:
         return Simulation(end_time, bubble, None, busy, peaks)
+    if ends is None:  # only when recorded: the search's many simulations skip it
+        ends = [
+            [t + task[3] for t, task in zip(st, prog, strict=True)]
+            for st, prog in zip(starts, programs, strict=True)
+        ]
     tasks = []
     memory = []
     for r in range(k):
@@ -573,9 +580,10 @@ def simulate_schedule(
 
 def _run_dedicated(
     programs: list[_Program], ready: list[float]
-) -> tuple[list[list[float]], list[list[float]], list[float]]:
+) -> tuple[list[list[float]], list[float], list[float]]:
     """Each rank runs its program in order, each task as soon as the rank is free and its
-    input is there; returns per-rank task starts, ends, and busy seconds. O(T)."""
+    input is there; returns per-rank task starts, busy seconds and end time (a task ends
+    its seconds after its start). O(T)."""
     k = len(programs)
     ptr = [0] * k
     free = [0.0] * k
@@ -611,11 +619,7 @@ def _run_dedicated(
         free[r] = t_free
     if any(ptr[r] < len(programs[r]) for r in range(k)):
         raise RuntimeError("pipeline simulation deadlocked; the schedule's order is inconsistent")
-    ends = [
-        [t + task[3] for t, task in zip(st, prog, strict=True)]
-        for st, prog in zip(starts, programs, strict=True)
-    ]
-    return starts, ends, busy
+    return starts, busy, free
 
 
 def _run_shared_host(
