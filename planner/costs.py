@@ -117,19 +117,17 @@ class CostModel:
         # Activations and cut tensors scale linearly with the samples they hold.
         self.ratio = b / bp
 
-        def scaled(total: np.ndarray, overhead: np.ndarray) -> np.ndarray:
-            overhead = np.clip(overhead, 0.0, total)
-            return overhead + (total - overhead) * (b / bp)
-
         u = profile.units
-        fwd = scaled(
-            np.array([x.forward_s for x in u], float),
-            np.array([x.forward_overhead_s for x in u], float),
-        )
-        bwd = scaled(
-            np.array([x.backward_s for x in u], float),
-            np.array([x.backward_overhead_s for x in u], float),
-        )
+
+        def scaled(total: str, overhead: str) -> np.ndarray:
+            """Each unit's ``total`` seconds (at ``bp``) at micro-batch ``b``, its
+            ``overhead`` seconds per call."""
+            t = np.array([getattr(x, total) for x in u], float)
+            a = np.clip(np.array([getattr(x, overhead) for x in u], float), 0.0, t)
+            return a + (t - a) * (b / bp)
+
+        fwd = scaled("forward_s", "forward_overhead_s")
+        bwd = scaled("backward_s", "backward_overhead_s")
         pbytes = max(int(profile.bytes_per_parameter), 1)
         param = np.array(
             [x.parameter_bytes if x.parameter_bytes > 0 else x.parameter_count * pbytes for x in u],
@@ -144,14 +142,8 @@ class CostModel:
         # A split measured at several sizes scales B and W each by its own fit.
         fitted = np.array([x.split_fitted for x in u], bool)
         if fitted.any():
-            b_in = scaled(
-                np.array([x.backward_input_s for x in u], float),
-                np.array([x.backward_input_overhead_s for x in u], float),
-            )
-            b_wt = scaled(
-                np.array([x.backward_weight_s for x in u], float),
-                np.array([x.backward_weight_overhead_s for x in u], float),
-            )
+            b_in = scaled("backward_input_s", "backward_input_overhead_s")
+            b_wt = scaled("backward_weight_s", "backward_weight_overhead_s")
             both = b_in + b_wt
             safe = np.where(both > 0, both, 1.0)
             # Never below the whole backward: B + W cannot beat the one pass.
