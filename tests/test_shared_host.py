@@ -10,22 +10,15 @@ import pytest
 from autopipe.planner import plan
 from autopipe.planner.cluster import Cluster
 from autopipe.planner.errors import PlanningError
-from autopipe.planner.plan_data import load_plan
+from autopipe.planner.plan_data import PLAN_SCHEDULES, load_plan
 from autopipe.planner.schedules import chunk_ranks
 from autopipe.planner.simulate import ChunkWork, simulate_plan, simulate_schedule
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from planner_instances import random_profile
 
-SCHEDULES_V = [
-    ("gpipe", 1),
-    ("1f1b", 1),
-    ("interleaved-1f1b", 2),
-    ("looped-bfs", 2),
-    ("interleaved-zb", 2),
-    ("zbv", 2),
-    ("dualpipev", 2),
-]
+# Every schedule a plan may name, at the fewest chunks per rank beyond one that all accept.
+SCHEDULES_V = [(s, 1 if s in ("gpipe", "1f1b") else 2) for s in PLAN_SCHEDULES]
 
 
 def _works(times: list[tuple[float, float, float]], send_s: float = 0.0) -> list[ChunkWork]:
