@@ -94,6 +94,13 @@ def format_plan(plan: Plan) -> str:
         )
     if plan.memory_per_device:
         lines.append(f"memory limit   {format_bytes(plan.memory_per_device)} per device")
+    cluster = plan.request.cluster if plan.request is not None else None
+    shared = cluster.host_throughput if cluster is not None else None
+    if shared is not None:
+        lines.append(
+            f"host           the {plan.num_stages} ranks share one host that runs {shared:g} "
+            "of them at full speed (simulated as processor sharing)"
+        )
     if plan.state_bytes_per_parameter:
         lines.append(f"training state {_training_state(plan)}")
     own = {k: v for k, v in plan.baselines.items() if k not in FRAMEWORK_DEFAULTS}

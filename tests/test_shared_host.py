@@ -124,3 +124,36 @@ def test_host_throughput_must_be_positive(bad: float) -> None:
     prof = random_profile(8, 5, batch_size=8)
     with pytest.raises(PlanningError, match="host_throughput"):
         plan(prof, cluster=dataclasses.replace(_cluster(None), host_throughput=bad))
+
+
+def test_cli_host_throughput_prices_the_plan_as_the_python_api_does(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``autopipe plan --host-throughput N`` plans as ``Cluster(host_throughput=N)`` does,
+    keeps N in the plan's request and says it in the report; a bad N, or N with the flags
+    that plan other layouts, is refused with exit 2 and writes nothing."""
+    from autopipe.cli import main
+
+    prof = random_profile(12, 6, batch_size=8)
+    saved = tmp_path / "profile.json"
+    prof.save(saved)
+    out = tmp_path / "plan.json"
+    args = [str(saved), "--gpus", "2", "--microbatches", "4", "--schedule", "1f1b"]
+    assert main(["plan", *args, "--host-throughput", "1.2", "--json", str(out)]) == 0
+    assert "share one host that runs 1.2 of them" in capsys.readouterr().out
+    got = load_plan(out)
+    assert got.request is not None and got.request.cluster is not None
+    assert got.request.cluster.host_throughput == pytest.approx(1.2)
+    cluster = Cluster.homogeneous(2, name=prof.device, host_throughput=1.2)
+    expected = plan(prof, cluster=cluster, microbatches=4, schedule="1f1b")
+    assert got.iteration_time_s == pytest.approx(expected.iteration_time_s)
+    dedicated = plan(prof, gpus=2, microbatches=4, schedule="1f1b")
+    assert got.iteration_time_s > dedicated.iteration_time_s
+    refused = tmp_path / "refused.json"
+    with pytest.raises(SystemExit) as exc:  # argparse refuses the value: a usage error
+        main(["plan", *args, "--host-throughput", "0", "--json", str(refused)])
+    assert exc.value.code == 2
+    for other in ("--scaling", "--data-parallel=1"):
+        assert main(["plan", *args, "--host-throughput", "1.2", other, "--json", str(refused)]) == 2
+        assert "--host-throughput cannot be combined" in capsys.readouterr().err
+    assert not refused.exists()

@@ -108,6 +108,14 @@ def register(sub: common.Subparsers) -> None:
         help="use --gpus devices as K stages x D data-parallel replicas; 'auto' picks D",
     )
     p.add_argument(
+        "--host-throughput",
+        type=common.positive_float("a number of devices' worth of compute > 0, e.g. 1.8"),
+        metavar="N",
+        help="the K ranks share one host that runs at most N of them at full speed at once "
+        "(ranks that are processes on one machine's CPU cores; measure it as K x one "
+        "process's step alone over its step while all K run it). Default: dedicated devices",
+    )
+    p.add_argument(
         "--allreduce-bandwidth",
         type=common.byte_size,
         metavar="BYTES_PER_S",
@@ -134,6 +142,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
     common.check_distinct_outputs(
         (args.json, "--json"), (args.save_profile, "--save-profile"), (args.emit_out, "--emit-out")
     )
+    for flag in ("data_parallel", "scaling"):  # before spending time profiling
+        if args.host_throughput is not None and getattr(args, flag):
+            raise common.UsageError(
+                f"--host-throughput cannot be combined with --{flag.replace('_', '-')}: it "
+                "prices one pipeline's K ranks on one host; drop one of the two"
+            )
     listed = sum(n for _, n in common.device_list_counts(args.device) or [])
     if listed and listed != args.gpus:
         raise common.UsageError(
@@ -253,9 +267,17 @@ def _cluster(
     if target is None and common.device_list_counts(args.device):
         target = common.resolve_device_flags(args)  # a saved profile planned for a list
     try:
-        return cluster_for(profile, args.gpus, target, memory_bytes=args.memory)
+        cluster = cluster_for(profile, args.gpus, target, memory_bytes=args.memory)
     except ValueError as exc:  # a list the profile cannot be priced for
         raise common.UsageError(str(exc)) from exc
+    shared = args.host_throughput
+    if shared is None:
+        return cluster
+    from autopipe.planner.cluster import Cluster
+
+    if cluster is None:
+        return Cluster.homogeneous(args.gpus, profile.device, args.memory, host_throughput=shared)
+    return Cluster(cluster.devices, shared)
 
 
 def _plan_data_parallel(
