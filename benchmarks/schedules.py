@@ -9,7 +9,8 @@ processes and their steps alternate step by step, so background load hits all al
   clock), at the batch and at 8, 4, 2 and 1 samples for the per-micro-batch fits (forward,
   backward, and its split into input- and weight-gradient time each get ``a + c b``), with
   ``scale_to_reference=True``: the whole model is timed too and the units are scaled to add
-  up to it (units timed alone run hot in cache, 15-18% faster than in the chain here).
+  up to it (units timed alone add up to 15-18% less than the whole model in the
+  profile's rounds here; see docs/profiler.md, step 4).
 - The link between the ranks: gloo's point-to-point latency and bandwidth, measured by a
   ping-pong between the two processes and given to the planner (its CPU "devices" otherwise
   have free links).
@@ -18,11 +19,6 @@ processes and their steps alternate step by step, so background load hits all al
   one forward and backward of the model at one micro-batch alone over its time while both
   ranks run it at once; the planner prices every schedule with it (``--host dedicated``
   plans as if the ranks were dedicated devices, for comparison).
-- Re-priced (same window): this VM's speed drifts by tens of percent over minutes, so rank 0
-  also takes one round of the same profile between every round of the runs (rank 1 waits);
-  each plan's own chunks are priced and simulated again, as the planner does, with the median
-  of those rounds. Its error against the measured step is the cost model's error; the
-  predicted column's also holds the drift between the profile's minute and the runs'.
 - For each schedule (V = 1 for gpipe and 1f1b, V = 2 for the others) a plan for K = 2 at one
   M (default 8, which every schedule's rules accept at K = 2), forced schedule and V, chunk
   boundaries by the planner; run with ``autopipe.runtime.distributed.DistributedPipeline``.
@@ -234,24 +230,6 @@ class Busy:
         self.seconds = 0.0
 
 
-def _profile_round(model: Any, inputs: Any) -> Any:
-    """One round of the profile (every unit, size and the whole model once), as the first
-    profile was taken: rank 0 alone, one thread, the thread CPU clock."""
-    from autopipe.profiler.measure import profile
-
-    return profile(
-        model,
-        inputs,
-        loss_fn=gpt.loss_fn,
-        progress=False,
-        threads=1,
-        microbatch_sizes=(8, 4, 2, 1),
-        scale_to_reference=True,
-        warmup=0,
-        repeat=1,
-    )
-
-
 def _rank(rank: int, port: int, paths: dict[str, str], steps: int, out: str) -> None:
     from distributed_cases import rank_env
 
@@ -291,33 +269,20 @@ def _rank(rank: int, port: int, paths: dict[str, str], steps: int, out: str) -> 
         dist.barrier()
         return time.perf_counter() - t0, busy.seconds
 
-    profiled = gpt.build_model()
-
-    def profile_round() -> Any:
-        dist.barrier()
-        got = _profile_round(profiled, inputs) if rank == 0 else None
-        dist.barrier()
-        return got
-
     for fn, busy in runs.values():  # warm-up: shape inference, allocator
         timed(fn, busy)
         timed(fn, busy)
-    profile_round()  # warm-up
     times: dict[str, list[float]] = {name: [] for name in runs}
     busy_s: dict[str, list[float]] = {name: [] for name in runs}
-    rounds = []
     for _ in range(steps):
         for name, (fn, busy) in runs.items():
             t, b = timed(fn, busy)
             times[name].append(t)
             busy_s[name].append(b)
-        rounds.append(profile_round())
     gathered: list[Any] = [None, None]
     dist.all_gather_object(gathered, busy_s)
     if rank == 0:
-        for i, one in enumerate(rounds):
-            one.save(f"{out}.round{i}.json")
-        Path(out).write_text(json.dumps({"times": times, "busy": gathered, "rounds": len(rounds)}))
+        Path(out).write_text(json.dumps({"times": times, "busy": gathered}))
     dist.destroy_process_group()
 
 
@@ -349,46 +314,6 @@ def _chunk_fbw(p: Any) -> tuple[float, float, float]:
         full = sum(s.backward_s for s in p.stages) / n
         bi = bw = full / 2
     return f, bi, bw
-
-
-def median_profile(profiles: list[Any]) -> Any:
-    """One profile whose every per-unit time (and whole-model total) is the median over
-    ``profiles`` (rounds of the same measurement). O(rounds x units)."""
-    import dataclasses
-
-    from autopipe.profiler.profile_data import UnitProfile
-
-    times = [f.name for f in dataclasses.fields(UnitProfile) if f.name.endswith("_s")]
-    first = profiles[0]
-    units = [
-        dataclasses.replace(
-            u, **{k: statistics.median(getattr(p.units[i], k) for p in profiles) for k in times}
-        )
-        for i, u in enumerate(first.units)
-    ]
-    return dataclasses.replace(
-        first,
-        units=units,
-        total_forward_s=statistics.median(p.total_forward_s for p in profiles),
-        total_backward_s=statistics.median(p.total_backward_s for p in profiles),
-    )
-
-
-def reprice(p: Any, prof: Any) -> float:
-    """The iteration time of plan ``p``'s own chunks, priced and simulated as the planner
-    does (same request: cluster, schedule, V, M), with profile ``prof``."""
-    from autopipe.planner.search import _prepare, _resolve_cluster
-
-    req = p.request
-    cluster = _resolve_cluster(prof, req.gpus, req.cluster, req.memory_per_device)
-    cand = _prepare(
-        prof, cluster, req, p.schedule, p.virtual_stages, p.microbatches,
-        batch=p.batch_size, state_bpp=p.state_bytes_per_parameter,
-    )  # fmt: skip
-    bounds = [0]
-    for stage in p.stages:
-        bounds.append(bounds[-1] + len(stage.units))
-    return cand.evaluate(bounds).iteration_time_s
 
 
 def main() -> None:
@@ -447,12 +372,6 @@ def main() -> None:
     result = json.loads((tmp / "out.json").read_text())
     times, busy = result["times"], result["busy"]
     med = {k: statistics.median(v) for k, v in times.items()}
-    # This VM's speed drifts by tens of percent over minutes, so the profile rounds taken
-    # between the runs' rounds (rank 0 alone, as before) re-price each plan's own chunks in
-    # the same minutes as its steps: what is left is the cost model's error.
-    same_window = median_profile(
-        [Profile.load(f"{tmp / 'out.json'}.round{i}.json") for i in range(result["rounds"])]
-    )
 
     print(
         f"examples/gpt.py ({N_LAYER} blocks), batch {args.batch_size}, K = {K} ranks x 1 thread, "
@@ -460,12 +379,11 @@ def main() -> None:
     )
     header = (
         f"{'schedule':17s} {'V':>2s} {'M':>3s} {'chunks (units)':>18s} {'predicted':>10s} "
-        f"{'measured':>10s} {'error':>7s} {'re-priced':>10s} {'error':>7s} "
+        f"{'measured':>10s} {'error':>7s} "
         f"{'bubble: predicted':>18s} {'measured':>9s} {'closed form':>11s}"
     )
     print(header)
     errors: dict[str, float] = {}
-    repriced_errors: dict[str, float] = {}
     for name in [*[s for s, _ in FORCED if s in schedules], "auto", TORCH_DEFAULT]:
         t = med[name]
         rank_busy = [statistics.median(b[name]) for b in busy]
@@ -474,14 +392,12 @@ def main() -> None:
             p = plans["auto"]
             v, m, sched = 1, p.microbatches, "1f1b"
             chunks = f"{N_LAYER // 2} | {N_LAYER - N_LAYER // 2} blocks"
-            predicted = repriced = pred_bubble = None
+            predicted = pred_bubble = None
         else:
             p = plans[name]
             v, m, sched = p.virtual_stages, p.microbatches, p.schedule
             chunks = "/".join(str(len(s.units)) for s in p.stages)
             predicted, pred_bubble = p.iteration_time_s, p.bubble_fraction
-            repriced = reprice(p, same_window)
-            repriced_errors[name] = abs(t - repriced) / repriced
         f, bi, bw = _chunk_fbw(p)
         closed = closed_form(sched, K, v, m, f, bi, bw)
         label = name if name != "auto" else f"auto ({p.schedule})"
@@ -492,17 +408,14 @@ def main() -> None:
             f"{label:17s} {v:2d} {m:3d} {chunks:>18s} "
             f"{'-' if predicted is None else f'{predicted * 1e3:7.1f} ms':>10s} "
             f"{t * 1e3:7.1f} ms {err:>7s} "
-            f"{'-' if repriced is None else f'{repriced * 1e3:7.1f} ms':>10s} "
-            f"{'' if repriced is None else f'{(t - repriced) / repriced * 100:+6.1f}%':>7s} "
             f"{'-' if pred_bubble is None else f'{pred_bubble * 100:5.1f}%':>18s} "
             f"{measured_bubble * 100:8.1f}% "
             f"{'-' if closed is None else f'{closed * 100:5.1f}%':>11s}"
         )
-    for what, errs in (("predicted", errors), ("re-priced (same window)", repriced_errors)):
-        print(
-            f"{what} within 15% of measured: {sum(e <= 0.15 for e in errs.values())} of "
-            f"{len(errs)} (worst {max(errs.values()) * 100:.1f}%)"
-        )
+    print(
+        f"predicted within 15% of measured: {sum(e <= 0.15 for e in errors.values())} of "
+        f"{len(errors)} (worst {max(errors.values()) * 100:.1f}%)"
+    )
     print(
         f"ratio {TORCH_DEFAULT} (Schedule1F1B, even split, M = {plans['auto'].microbatches}) / "
         f"auto ({plans['auto'].schedule}, V = {plans['auto'].virtual_stages}) = "
