@@ -273,11 +273,13 @@ def _cluster(
     shared = args.host_throughput
     if shared is None:
         return cluster
+    import dataclasses
+
     from autopipe.planner.cluster import Cluster
 
     if cluster is None:
         return Cluster.homogeneous(args.gpus, profile.device, args.memory, host_throughput=shared)
-    return Cluster(cluster.devices, shared)
+    return dataclasses.replace(cluster, host_throughput=shared)
 
 
 def _plan_data_parallel(
