@@ -94,8 +94,7 @@ def format_plan(plan: Plan) -> str:
         )
     if plan.memory_per_device:
         lines.append(f"memory limit   {format_bytes(plan.memory_per_device)} per device")
-    cluster = plan.request.cluster if plan.request is not None else None
-    shared = cluster.host_throughput if cluster is not None else None
+    shared = plan.host_throughput
     if shared is not None:
         lines.append(
             f"host           the {plan.num_stages} ranks share one host that runs {shared:g} "

@@ -97,9 +97,7 @@ class Candidate:
         works = chunk_works(cm, bounds, costs, shape.split_backward)
         fits, peaks = rank_fits(works, shape, self.cluster, cm.headroom)
         fits = fits and all(c.feasible for c in costs)
-        shared = self.cluster.host_throughput
-        if shared is not None and shared >= shape.num_ranks:
-            shared = None  # enough for every rank: as good as dedicated
+        shared = self.cluster.sharing(shape.num_ranks)
         if shape.schedule == "gpipe" and shared is None:
             fwd = [w.forward_s + w.send_s for w in works]
             bwd = [w.recompute_s + w.backward_s for w in works]

@@ -128,3 +128,9 @@ class Cluster:
 
     def __len__(self) -> int:
         return len(self.devices)
+
+    def sharing(self, num_ranks: int) -> float | None:
+        """``host_throughput`` when it slows ``num_ranks`` busy ranks down (below
+        ``num_ranks``), else None: a host with room for every rank is as good as dedicated."""
+        h = self.host_throughput
+        return h if h is not None and h < num_ranks else None

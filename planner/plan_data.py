@@ -147,6 +147,13 @@ class Plan:
     meta: dict[str, Any] = field(default_factory=dict)
 
     @property
+    def host_throughput(self) -> float | None:
+        """The request's ``Cluster.host_throughput`` (ranks sharing one host), None when the
+        ranks are dedicated or the plan predates the request."""
+        cluster = self.request.cluster if self.request is not None else None
+        return cluster.host_throughput if cluster is not None else None
+
+    @property
     def boundaries(self) -> list[int]:
         """Index of the first unit of each stage, counted over the whole unit list."""
         starts, pos = [], 0

@@ -266,8 +266,7 @@ def simulate_plan(
     host (its request's ``Cluster.host_throughput``) is simulated so, with every schedule.
     O(T log K); O(T K) on a shared host.
     """
-    cluster = plan.request.cluster if plan.request is not None else None
-    host = cluster.host_throughput if cluster is not None else None
+    host = plan.host_throughput
     if host is not None and host < plan.num_stages and not shared_device_groups:
         return simulate_schedule(
             plan_chunk_works(plan), plan.schedule, plan.num_stages, plan.microbatches,
