@@ -113,8 +113,6 @@ def measure_steps(
     to the executor's choice (K CUDA devices, else K x "cpu"); ``clock`` as in
     :func:`choose_clock`. Cost: ``warmup + steps`` training steps.
     """
-    from autopipe.profiler.measure import loss_of
-    from autopipe.profiler.trace import call_model
     from autopipe.profiler.tree import float_tensor_leaves
     from tqdm import tqdm
 
@@ -142,12 +140,12 @@ def measure_steps(
     for step in range(warmup + steps):
         optimizer.zero_grad(set_to_none=True)
         w0, c0 = time.perf_counter(), iteration_clock()
-        output = call_model(pipe, example_inputs)
+        outputs = pipe.run_microbatches(example_inputs)
         recorder = pipe.last_recorder
-        # The profiler's loss (its stand-in too): the plan's last stage includes it.
-        with recorder.record(last, -1, "loss", loss_device):
-            loss = loss_of(output, example_inputs, loss_fn)
-        head = next((t for t in float_tensor_leaves(output) if t.requires_grad), None)
+        # The objective micro-batch by micro-batch, as torchrun computes it; the plan's
+        # last stage includes its time.
+        loss = pipe.microbatch_loss(outputs, example_inputs, loss_fn=loss_fn)
+        head = next((t for t in float_tensor_leaves(outputs[-1]) if t.requires_grad), None)
         loss_backward = recorder.begin(last, -1, "loss", loss_device)
         handle = None
         if head is not None:

@@ -42,19 +42,23 @@ def scatter(values: Sequence[Any], microbatches: int) -> list[list[Any]]:
     return [pytree.tree_unflatten(piece, spec) for piece in pieces]
 
 
-def gather(outputs: Sequence[Any], sizes: Sequence[int] | None = None) -> Any:
+def gather(outputs: Sequence[Any], sizes: Sequence[float] | None = None) -> Any:
     """Join per-micro-batch outputs (same structure each) into the mini-batch's output.
 
     Tensor leaves with a batch dimension are concatenated along dim 0 (``torch.cat``;
     autograd flows back to every micro-batch). A 0-dim floating tensor (a loss the model
     computes itself, e.g. a Hugging Face ``output.loss``) has no batch dimension: it becomes
-    the mean over micro-batches weighted by their ``sizes`` (samples each; equal weights if
-    not given), which is the mini-batch's loss when the loss is a mean over samples.
+    the mean over micro-batches weighted by ``sizes``: the items each micro-batch's loss
+    averages over (its samples, or its labelled tokens:
+    :class:`autopipe.profiler.objective.LabelItems`; equal weights if not given), which is
+    the mini-batch's loss when the loss is a mean over those items.
     Non-tensor leaves must be equal across micro-batches and are kept once.
     """
     if len(outputs) == 1:
         return outputs[0]
     weights = [1.0] * len(outputs) if sizes is None else [float(n) for n in sizes]
+    if sum(weights) == 0:  # nothing counted anywhere: the plain model's loss is NaN too
+        weights = [1.0] * len(outputs)
     total = sum(weights)
     flat = [pytree.tree_flatten(out) for out in outputs]
     spec = flat[0][1]
@@ -68,7 +72,9 @@ def gather(outputs: Sequence[Any], sizes: Sequence[int] | None = None) -> Any:
             if head.dim() > 0:
                 joined.append(torch.cat(column, dim=0))
             elif head.is_floating_point():
-                joined.append(sum(t * (w / total) for t, w in zip(column, weights, strict=True)))
+                # A micro-batch that counts nothing (all labels ignored) has a NaN mean.
+                terms = [t * (w / total) for t, w in zip(column, weights, strict=True) if w]
+                joined.append(torch.stack(terms).sum())
             else:
                 raise TypeError(
                     f"the model returns a 0-dim {head.dtype} tensor, which has no batch "

@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 from autopipe.profiler.inputs import InputBinder, batch_rows, batch_size_of
+from autopipe.profiler.objective import LabelItems
 from autopipe.profiler.units import GRANULARITIES, UnitGraph, trace_units
 from autopipe.runtime.split import StageGraph, StageSplitError, split_graph
 from torch import fx, nn
@@ -69,6 +70,9 @@ class PlannedStages:
     static_microbatch_size: int | None = None
     """Set when the graph only runs at this micro-batch size (export had to specialise the
     batch dimension); None when it runs at any."""
+    label_items: LabelItems = field(default_factory=LabelItems)
+    """How the model's own loss counts its items, which weight the micro-batches' losses
+    (:mod:`autopipe.profiler.objective`)."""
 
 
 def stage_of_unit(unit_names: Sequence[str], stage_units: Sequence[Sequence[str]]) -> list[int]:
@@ -170,6 +174,7 @@ def partition(model: nn.Module, example_inputs: Any, plan: Any) -> PlannedStages
         tied=tied_parameters([s.module for s in stages], model),
         graph_module=graph.graph_module,
         static_microbatch_size=None if graph.batch_dynamic else int(plan.microbatch_size),
+        label_items=LabelItems.of(model),
     )
 
 

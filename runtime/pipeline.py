@@ -20,6 +20,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+from autopipe.profiler.inputs import split_inputs
+from autopipe.profiler.objective import LabelItems, LossFn, combine, loss_term
 from autopipe.runtime.batchnorm import begin_minibatch, convert_deferred_batch_norm
 from autopipe.runtime.devices import as_device
 from autopipe.runtime.executor import Stage, run_pipeline
@@ -38,9 +40,12 @@ class Pipeline(nn.Module):
     """A model cut into stages on devices, trained with GPipe micro-batching.
 
     ``forward(*args, **kwargs)`` takes the model's original inputs and returns its original
-    outputs (gathered over micro-batches along dim 0); ``loss.backward()`` fills the model's
-    parameter gradients exactly as the unsplit model would with the same micro-batches
-    (micro-batch ``i`` draws randomness from seed ``base + i``, see ``rng.py``).
+    outputs (gathered over micro-batches along dim 0; a loss the model computes itself is
+    the mean over micro-batches weighted by the items each averages over, ``label_items``);
+    ``loss.backward()`` fills the model's parameter gradients exactly as the unsplit model
+    would with the same micro-batches (micro-batch ``i`` draws randomness from seed
+    ``base + i``, see ``rng.py``). :meth:`loss` computes the objective micro-batch by
+    micro-batch instead, as ``autopipe run`` does (:mod:`autopipe.profiler.objective`).
 
     ``bind_inputs(args, kwargs) -> list`` gives the placeholder values in order;
     ``unflatten_output`` restores the output structure (identity for fx graphs).
@@ -64,6 +69,7 @@ class Pipeline(nn.Module):
         plan: Any = None,
         deferred_batch_norm: bool = False,
         static_microbatch_size: int | None = None,
+        label_items: LabelItems | None = None,
     ) -> None:
         super().__init__()
         graphs = split_graph(graph_module, node_stage, len(devices))
@@ -79,6 +85,7 @@ class Pipeline(nn.Module):
             plan=plan,
             deferred_batch_norm=deferred_batch_norm,
             static_microbatch_size=static_microbatch_size,
+            label_items=label_items or LabelItems(),
         )
 
     @classmethod
@@ -112,6 +119,7 @@ class Pipeline(nn.Module):
             plan=plan,
             deferred_batch_norm=deferred_batch_norm,
             static_microbatch_size=planned.static_microbatch_size,
+            label_items=planned.label_items,
         )
         return pipe
 
@@ -129,6 +137,7 @@ class Pipeline(nn.Module):
         plan: Any,
         deferred_batch_norm: bool,
         static_microbatch_size: int | None,
+        label_items: LabelItems,
     ) -> None:
         num_stages = len(devices)
         if microbatches < 1:
@@ -161,6 +170,7 @@ class Pipeline(nn.Module):
         self.checkpoint = [bool(c) for c in checkpoint]
         self.plan = plan
         self.static_microbatch_size = static_microbatch_size
+        self.label_items = label_items
         # The clocks the timeline of each forward is read on (None: CUDA events on a GPU,
         # perf_counter elsewhere); see runtime/timeline.py. The last forward's recorder.
         self.timeline_clocks: dict[str, Clock | None] | None = None
@@ -191,6 +201,48 @@ class Pipeline(nn.Module):
         return lambda i, j: flags[j]
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
+        outputs, pieces = self._run(args, kwargs)
+        return gather(outputs, [self.label_items.count(_inputs_of(p)) for p in pieces])
+
+    def loss(self, inputs: Any, target: Any = None, loss_fn: LossFn | None = None) -> Any:
+        """Run ``inputs`` (one mini-batch in the example-inputs convention) and return the
+        mini-batch loss, computed micro-batch by micro-batch as ``autopipe run`` computes it
+        (:meth:`microbatch_loss`). A scalar with its autograd graph: call ``backward()``."""
+        return self.microbatch_loss(self.run_microbatches(inputs), inputs, target, loss_fn)
+
+    def run_microbatches(self, inputs: Any) -> list[Any]:
+        """Run ``inputs`` (one mini-batch in the example-inputs convention): each
+        micro-batch's output in the model's structure, not gathered."""
+        args, kwargs = split_inputs(inputs)
+        return self._run(args, kwargs)[0]
+
+    def microbatch_loss(
+        self,
+        outputs: Sequence[Any],
+        inputs: Any,
+        target: Any = None,
+        loss_fn: LossFn | None = None,
+    ) -> Any:
+        """The mini-batch loss of :meth:`run_microbatches`' ``outputs``:
+        ``loss_fn(output_i, target_i)`` (default: the objective of
+        :mod:`autopipe.profiler.objective`) on each micro-batch's output and its rows of
+        ``target`` (default: ``inputs``), combined as the sum of the sums over the sum of the
+        counts. Recorded as the last stage's ``loss`` task of the timeline."""
+        targets = scatter([inputs if target is None else target], len(outputs))
+        last = self.num_stages - 1
+        recorder = self.last_recorder
+        assert recorder is not None, "run_microbatches first"
+        with recorder.record(last, -1, "loss", self.devices[last]):
+            return combine(
+                [
+                    loss_term(out, piece, loss_fn, self.label_items)
+                    for out, (piece,) in zip(outputs, targets, strict=True)
+                ]
+            )
+
+    def _run(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[list[Any], list[Any]]:
+        """(each micro-batch's output in the model's structure, each micro-batch's
+        ``[args, kwargs]``)."""
         microbatches = scatter(self._bind(args, kwargs), self.microbatches)
         self._check_static_size(microbatches)
         self._tied.refresh()
@@ -206,10 +258,8 @@ class Pipeline(nn.Module):
             recorder=recorder,
             rng=MicrobatchRNG(draw_base_seed()),
         )
-        return gather(
-            [self._unflatten(out) for (out,) in outputs],
-            [batch_size_of(mb) for mb in microbatches],
-        )
+        pieces = scatter([args, kwargs], len(microbatches))
+        return [self._unflatten(out) for (out,) in outputs], pieces
 
     def _check_static_size(self, microbatches: list[list[Any]]) -> None:
         size = self.static_microbatch_size
@@ -223,6 +273,13 @@ class Pipeline(nn.Module):
                 f"micro-batches of {', '.join(map(str, sizes))}; pass a batch of "
                 f"{size * self.microbatches} samples"
             )
+
+
+def _inputs_of(piece: list[Any]) -> Any:
+    """A micro-batch's ``[args, kwargs]`` as the objective reads inputs (the keywords, where
+    the labels are, when there are any)."""
+    args, kwargs = piece
+    return kwargs if kwargs else args
 
 
 def _single_output(module: nn.Module) -> Callable[..., tuple[Any]]:

@@ -10,10 +10,13 @@ take the list, at the plan's micro-batch count. With ``W = K x D`` processes eac
 ``D`` replicas whose gradients are averaged with one flat all-reduce per step over the
 rank's replica group (see :mod:`autopipe.runtime.distributed.layout` for the rank grid).
 
-Loss convention: ``loss_fn(output, target)`` returns the *mean* over a micro-batch; after the
-schedule the gradients are divided by M (once per parameter, even when two chunks of a rank
-share one), so with equal micro-batches they equal those of the mean loss over the whole
-batch, as in single-process training.
+Loss convention (:mod:`autopipe.profiler.objective`): ``loss_fn(output, target)`` sees one
+micro-batch and returns its mean over rows or ``(sum, count)``; the default objective weights
+a model's own loss by the labelled items it averages over. Torch's schedule runs backward
+on each micro-batch's sum; after it the gradients are divided, once per parameter (even when
+two chunks of a rank share one), by the count summed over every micro-batch of every
+replica, so they are those of the mean over the global batch's items, as in single-process
+training.
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ from autopipe.planner.schedules import (
     V_SHAPE_SCHEDULES,
 )
 from autopipe.profiler.inputs import InputBinder, batch_rows, batch_size_of, split_inputs
-from autopipe.profiler.objective import default_loss
+from autopipe.profiler.objective import LossFn, loss_term
 from autopipe.runtime.distributed.agree import check_same_plan
 from autopipe.runtime.distributed.layout import RankLayout, rank_layout
 from autopipe.runtime.distributed.process import group_timeout
@@ -62,9 +65,6 @@ ZERO_BUBBLE = frozenset(SPLIT_BACKWARD_SCHEDULES)
 class ScheduleRuleError(ValueError):
     """The plan breaks a rule of its schedule (one line naming the rule, the planner's
     pre-flight: :mod:`autopipe.planner.preflight`), or torch's constructor refused it."""
-
-
-LossFn = Callable[[Any, Any], torch.Tensor]
 
 
 class PipelineRankError(RuntimeError):
@@ -273,9 +273,11 @@ class DistributedPipeline:
 
     ``model``: the whole model (real weights, identical on every rank, or on the meta device,
     see :func:`build_stage`). ``example_inputs``: inputs in the model-file convention (tensor,
-    tuple or dict), only traced, never run. ``loss_fn(output, target)``: mean loss of a
-    micro-batch, on the model's own output structure (default:
-    :func:`autopipe.profiler.objective.default_loss`). The process group must be initialised (:func:`init_distributed`).
+    tuple or dict), only traced, never run. ``loss_fn(output, target)``: the loss of one
+    micro-batch, on the model's own output structure and the micro-batch's rows of the target,
+    a mean over rows or ``(sum, count)`` (default: the objective of
+    :mod:`autopipe.profiler.objective`). The process group must be initialised
+    (:func:`init_distributed`).
 
     Attributes: ``layout`` (pipeline rank and replica of this rank), ``chunk_indices`` (the
     global indices of this rank's chunks, ascending), ``chunks`` (their :class:`StageModule`
@@ -339,6 +341,7 @@ class DistributedPipeline:
         self.module = RankChunks(self.chunks)
         self._last_chunk = self.chunks[-1] if self.holds_last else None
         self._binder: InputBinder = planned.binder
+        self._label_items = planned.label_items
         self._model_keys = set(model.state_dict())
         # A tied parameter is saved under every name the model gives it (the graph may
         # reach it by only one of them).
@@ -361,8 +364,10 @@ class DistributedPipeline:
         )
         del planned
         self.tied.synchronize()
-        self._user_loss = loss_fn or default_loss
+        self._user_loss = loss_fn
         self._target: Any = None
+        self._items: list[float] = []
+        """The counts of the micro-batches whose loss this step computed (last stage)."""
         self.unsplit_chunks: dict[int, str] = {}
         """Zero-bubble schedules: chunks whose backward runs unsplit in B (their W does
         nothing), with the reason: re-materialized (torch's weight pass would recompute the
@@ -431,9 +436,14 @@ class DistributedPipeline:
         assert self._last_chunk is not None
         start, stop = int(index[0]), int(index[-1]) + 1
         target = _slice_batch(self._target, start, stop)
-        loss = self._user_loss(self._last_chunk.model_output(output), target)
+        term = loss_term(
+            self._last_chunk.model_output(output), target, self._user_loss, self._label_items
+        )
+        self._items.append(term.items)
+        # Backward runs on the micro-batch's sum; _step divides by the global count after.
+        loss = term.total
         # The zero-bubble input pass detaches the loss in place, which a view refuses.
-        return loss.clone() if isinstance(loss, torch.Tensor) and loss._is_view() else loss
+        return loss.clone() if loss._is_view() else loss
 
     def parameters(self) -> Any:
         """This rank's parameters, each once (the chunks may share one)."""
@@ -504,6 +514,7 @@ class DistributedPipeline:
             )
             _check_divisible(batch_size_of(args), M)
         losses: list[torch.Tensor] = []
+        self._items = []
         if self.holds_last:
             target = target if target is not None else inputs
             if target is None:
@@ -521,20 +532,25 @@ class DistributedPipeline:
                 self._target = None  # a failed step must not keep the batch alive
         else:
             self.schedule.step(*args, return_outputs=False)
-        # Mean over micro-batches (each loss is a micro-batch mean), then a tied
-        # parameter's gradient is the sum over the ranks holding it, then the mean over
+        # The global batch's loss sum and item count: only the last stage of each replica
+        # has them, and every rank needs the count to scale its gradients.
+        totals = torch.zeros(2, dtype=torch.float64, device=self.device)
+        if self.holds_last:
+            totals[0] = float(torch.stack([x.detach().double() for x in losses]).sum())
+            totals[1] = sum(self._items)
+        dist.all_reduce(totals)
+        loss_sum, items = float(totals[0]), float(totals[1])
+        # d(sum)/d(w) over the micro-batches, divided by the global count; then a tied
+        # parameter's gradient is the sum over the ranks holding it, and the sum over
         # replicas, as in the unsplit model trained data-parallel.
-        _scale_gradients(self.module, 1.0 / M)
+        _scale_gradients(self.module, 1.0 / items if items > 0 else 0.0)
         self.tied.reduce_gradients()
         if layout.replicas > 1:
-            _average_gradients(self.module, self.replica_group, layout.replicas)
+            _sum_gradients(self.module, self.replica_group)
         if not self.holds_last:
             return None
-        loss = torch.stack([x.detach() for x in losses]).mean()
-        if layout.replicas > 1:
-            dist.all_reduce(loss, group=self.replica_group)
-            loss /= layout.replicas
-        return loss
+        mean = loss_sum / items if items > 0 else 0.0
+        return torch.tensor(mean, dtype=losses[0].dtype, device=self.device)
 
 
 def _no_weight_pass() -> Callable[[], None]:
@@ -646,14 +662,13 @@ def _scale_gradients(module: nn.Module, factor: float) -> None:
                 p.grad.mul_(factor)
 
 
-def _average_gradients(module: nn.Module, group: Any, replicas: int) -> None:
-    """Average this stage's gradients over its replicas: one flat all-reduce (one bucket)."""
+def _sum_gradients(module: nn.Module, group: Any) -> None:
+    """Sum this stage's gradients over its replicas: one flat all-reduce (one bucket)."""
     grads = [p.grad for p in module.parameters() if p.grad is not None]
     if not grads:
         return
     flat = torch.cat([g.reshape(-1) for g in grads])
     dist.all_reduce(flat, group=group)
-    flat /= replicas
     offset = 0
     for g in grads:
         n = g.numel()
