@@ -50,6 +50,11 @@ HF_FAMILIES = [
     "t5",
     "vit",
     "llama_labels",
+    "bert",
+    "gemma3",
+    "swin",
+    "qwen2_moe",
+    "wav2vec2",
 ]
 TORCHVISION_FAMILIES = ["resnet50", "vit_b_16"]
 FAMILIES = (HF_FAMILIES if _has("transformers") else []) + (
@@ -169,8 +174,89 @@ def llama_labels() -> nn.Module:
 
 
 def example_inputs_llama_labels(batch_size: int = 8) -> dict[str, torch.Tensor]:
+    """Fine-tuning's common case: left padding, labelled ``-100`` where padded, so the rows
+    hold different numbers of labelled tokens (the loss is a mean over those)."""
     ids = _ids(batch_size)
-    return {"input_ids": ids, "labels": ids}
+    mask = _padding_mask(batch_size)
+    return {"input_ids": ids, "attention_mask": mask, "labels": ids.masked_fill(mask == 0, -100)}
+
+
+def gemma3() -> nn.Module:
+    """Gemma-3: sliding-window and global layers; its forward iterates a ``set`` of layer
+    types, whose order follows the process's hash seed."""
+    import transformers
+
+    cfg = transformers.Gemma3TextConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        max_position_embeddings=4 * SEQ,
+        sliding_window=4,
+        use_cache=False,
+        attention_dropout=0.0,
+    )
+    return _seeded(lambda: transformers.Gemma3ForCausalLM(cfg))
+
+
+def example_inputs_gemma3(batch_size: int = 8) -> dict[str, torch.Tensor]:
+    return {"input_ids": _ids(batch_size)}
+
+
+def qwen2_moe() -> nn.Module:
+    """Qwen2-MoE: routed experts beside a gated shared expert in every layer."""
+    import transformers
+
+    cfg = transformers.Qwen2MoeConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        moe_intermediate_size=16,
+        shared_expert_intermediate_size=32,
+        num_experts=4,
+        num_experts_per_tok=2,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=4 * SEQ,
+        use_cache=False,
+    )
+    return _seeded(lambda: transformers.Qwen2MoeForCausalLM(cfg))
+
+
+def example_inputs_qwen2_moe(batch_size: int = 8) -> dict[str, torch.Tensor]:
+    return {"input_ids": _ids(batch_size)}
+
+
+# -- encoders ------------------------------------------------------------------------------
+
+
+def bert() -> nn.Module:
+    """BERT masked LM: the word embedding tied to the MLM decoder."""
+    import transformers
+
+    cfg = transformers.BertConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=4 * SEQ,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
+    return _seeded(lambda: transformers.BertForMaskedLM(cfg))
+
+
+def example_inputs_bert(batch_size: int = 8) -> dict[str, torch.Tensor]:
+    """About 40% of the tokens labelled, a different number per row (the rest ``-100``)."""
+    ids = _ids(batch_size)
+    g = torch.Generator().manual_seed(3)
+    masked = torch.rand(batch_size, SEQ, generator=g) < 0.4
+    return {"input_ids": ids, "labels": ids.masked_fill(~masked, -100)}
 
 
 # -- encoder-decoder -----------------------------------------------------------------------
@@ -225,6 +311,67 @@ def example_inputs_vit(batch_size: int = 8) -> torch.Tensor:
     return torch.randn(batch_size, 3, 16, 16, generator=g)
 
 
+def swin() -> nn.Module:
+    """Swin: shifted windows, relative position bias tables and index buffers."""
+    import transformers
+
+    cfg = transformers.SwinConfig(
+        image_size=16,
+        patch_size=2,
+        embed_dim=16,
+        depths=[2, 2],
+        num_heads=[2, 4],
+        window_size=2,
+        num_labels=10,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+        drop_path_rate=0.0,
+    )
+    return _seeded(lambda: transformers.SwinForImageClassification(cfg))
+
+
+def example_inputs_swin(batch_size: int = 8) -> torch.Tensor:
+    g = torch.Generator().manual_seed(1)
+    return torch.randn(batch_size, 3, 16, 16, generator=g)
+
+
+# -- audio ---------------------------------------------------------------------------------
+
+
+def wav2vec2() -> nn.Module:
+    """wav2vec2 with a CTC head: a convolutional feature encoder over raw audio, then a
+    Transformer. SpecAugment's time masking is off (``mask_time_prob=0``): its mask is
+    drawn from the data inside ``forward``, which no tracer can keep."""
+    import transformers
+
+    cfg = transformers.Wav2Vec2Config(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        conv_dim=(16, 16),
+        conv_stride=(5, 4),
+        conv_kernel=(10, 8),
+        num_conv_pos_embeddings=8,
+        num_conv_pos_embedding_groups=4,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        activation_dropout=0.0,
+        feat_proj_dropout=0.0,
+        layerdrop=0.0,
+        final_dropout=0.0,
+        mask_time_prob=0.0,
+    )
+    return _seeded(lambda: transformers.Wav2Vec2ForCTC(cfg))
+
+
+def example_inputs_wav2vec2(batch_size: int = 8) -> torch.Tensor:
+    """Raw audio: 400 samples a row."""
+    g = torch.Generator().manual_seed(1)
+    return torch.randn(batch_size, 400, generator=g)
+
+
 def resnet50() -> nn.Module:
     import torchvision
 
@@ -271,13 +418,17 @@ def build(family: str) -> tuple[nn.Module, Any]:
     return globals()[family](), globals()[f"example_inputs_{family}"](8)
 
 
-def reference_training(family: str, lr: float) -> tuple[list[float], dict[str, torch.Tensor]]:
-    """The plain model of ``family`` trained 2 SGD steps (``lr``) on the whole batch with the
-    default objective: its losses and its weights after."""
+def reference_training(
+    family: str, lr: float, model: nn.Module | None = None
+) -> tuple[list[float], dict[str, torch.Tensor]]:
+    """The plain model of ``family`` (built here, or ``model``, trained in place) trained 2
+    SGD steps (``lr``) on the whole batch with the default objective: its losses and its
+    state after (parameters and persistent buffers)."""
     from autopipe.profiler.inputs import call_model
     from autopipe.profiler.objective import default_loss
 
-    model, inputs = build(family)
+    built, inputs = build(family)
+    model = built if model is None else model
     optimizer = torch.optim.SGD(model.parameters(), lr=lr)
     losses = []
     for _ in range(2):

@@ -1,11 +1,12 @@
 """torchrun entry point: ``autopipe run`` on several zoo plans in one process group.
 
-    torchrun --nproc-per-node 2 tests/zoo_run.py OUT_DIR FAMILY [FAMILY ...]
+    torchrun --nproc-per-node 2 tests/zoo_run.py OUT_DIR FAMILY.CUT [FAMILY.CUT ...]
 
-For each family, runs ``autopipe run tests/zoo.py:FAMILY --plan OUT_DIR/FAMILY.plan.json
---steps 2`` through the CLI's own entry point (the plan's optimizer, SGD in the tests),
-saving the trained weights to ``OUT_DIR/FAMILY.ckpt`` and the losses to
-``OUT_DIR/FAMILY.json``; the exit code goes to ``OUT_DIR/FAMILY.rank<R>.rc``. One launch
+For each run ``FAMILY.CUT``, runs ``autopipe run tests/zoo.py:FAMILY --plan
+OUT_DIR/FAMILY.CUT.plan.json --steps 2`` through the CLI's own entry point (the plan's
+optimizer, SGD in the tests), saving the trained weights to ``OUT_DIR/FAMILY.CUT.ckpt`` and
+the losses to ``OUT_DIR/FAMILY.CUT.json``; the exit code goes to
+``OUT_DIR/FAMILY.CUT.rank<R>.rc``. One launch
 for the whole zoo: every process imports torch and transformers once, not once per model.
 Not a test module (no ``test_`` prefix).
 """
@@ -19,7 +20,7 @@ from pathlib import Path
 ZOO = Path(__file__).resolve().with_name("zoo.py")
 
 
-def main(out_dir: str, families: list[str]) -> None:
+def main(out_dir: str, runs: list[str]) -> None:
     import torch
     from autopipe.runtime.distributed import init_distributed, shutdown
 
@@ -29,15 +30,16 @@ def main(out_dir: str, families: list[str]) -> None:
     init_distributed(timeout_s=60)
     rank = int(os.environ["RANK"])
     out = Path(out_dir)
-    for family in families:
+    for run in runs:
+        family = run.split(".")[0]
         code = cli.main(
             [
-                "run", f"{ZOO}:{family}", "--plan", str(out / f"{family}.plan.json"),
+                "run", f"{ZOO}:{family}", "--plan", str(out / f"{run}.plan.json"),
                 "--steps", "2", "--lr", "0.1", "--timeout", "60", "-q",
-                "--save", str(out / f"{family}.ckpt"), "--json", str(out / f"{family}.json"),
+                "--save", str(out / f"{run}.ckpt"), "--json", str(out / f"{run}.json"),
             ]
         )  # fmt: skip
-        (out / f"{family}.rank{rank}.rc").write_text(str(code))
+        (out / f"{run}.rank{rank}.rc").write_text(str(code))
     shutdown()
 
 
