@@ -3,7 +3,9 @@
 The file defines ``build_model()`` (or the named FACTORY) returning an ``nn.Module`` and
 ``example_inputs(batch_size)`` returning a tensor, a tuple of positional tensors or a dict
 of keyword tensors. For a named factory, ``example_inputs_FACTORY(batch_size)`` is used
-when the file defines it. An optional ``loss_fn(output, inputs)`` drives backward.
+when the file defines it. An optional ``loss_fn(output, inputs)`` drives backward: it is
+called on one micro-batch (its output and its rows of the inputs) and returns the mean over
+those rows or ``(sum, count)`` (:mod:`autopipe.profiler.objective`).
 """
 
 from __future__ import annotations

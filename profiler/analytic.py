@@ -65,6 +65,7 @@ from autopipe.profiler.reduce import (
 from autopipe.profiler.tree import tensor_leaves
 from autopipe.profiler.units import TraceError, UnitGraph, trace_units
 from torch import fx, nn
+from torch.fx.experimental import _config as fx_config
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_leaves, tree_map
 from tqdm.auto import tqdm
@@ -526,6 +527,10 @@ def _count(
     try:
         with (
             _fused_attention_everywhere(),
+            # A boolean mask given as an input (wav2vec2's mask_time_indices) indexes
+            # through nonzero, which has no data on meta: count every element as selected,
+            # an upper bound on that op's work.
+            fx_config.patch(meta_nonzero_assume_all_nonzero=True),
             _AutogradTagger(counter),
             counter,
             torch.autograd.graph.saved_tensors_hooks(pack, _unpack),

@@ -65,6 +65,46 @@ def training_config(model: nn.Module) -> list[str]:
     return changed
 
 
+def _generates(model: nn.Module) -> bool:
+    """A model that generates text reads a key/value cache (an encoder such as BERT has the
+    flag in its config but never uses it: turning it off needs no word)."""
+    can_generate = getattr(model, "can_generate", None)
+    return bool(can_generate()) if callable(can_generate) else True
+
+
+SPEC_AUGMENT = (("mask_time_prob", "mask_time_indices"), ("mask_feature_prob", None))
+"""Hugging Face audio configs whose masks forward draws with numpy in training (SpecAugment),
+and the input that can carry the mask instead."""
+
+
+def check_drawn_masks(model: nn.Module, kwargs: dict[str, Any]) -> None:
+    """Refuse a model whose ``forward`` draws a random mask from numpy (SpecAugment in
+    wav2vec2, HuBERT, WavLM): no tracer sees the draw, so the graph would keep the one mask
+    of the tracing call and replay it every step (or fail at another micro-batch size).
+    :class:`TraceError` names the config switch and, where ``forward`` takes one, the input
+    that carries a mask computed outside the model (as transformers' pretraining collator
+    computes ``mask_time_indices``)."""
+    config = getattr(model, "config", None)
+    if config is None or not getattr(config, "apply_spec_augment", False):
+        return
+    accepted = set(inspect.signature(model.forward).parameters)
+    for prob, carrier in SPEC_AUGMENT:
+        value = float(getattr(config, prob, 0.0) or 0.0)
+        if value <= 0 or (carrier is not None and carrier in kwargs):
+            continue
+        way = (
+            f"pass {carrier} (a bool tensor, batch x frames, drawn per batch with "
+            "transformers' _compute_mask_indices) with the inputs, or set "
+            if carrier is not None and carrier in accepted
+            else "set "
+        )
+        raise TraceError(
+            f"{type(model).__name__} draws SpecAugment's mask inside forward with numpy "
+            f"(config.{prob} = {value:g}), which a traced graph would replay as one fixed "
+            f"mask every step; {way}config.{prob} = 0 (or apply_spec_augment = False)"
+        )
+
+
 @contextlib.contextmanager
 def _quiet_logging() -> Iterator[None]:
     """Silence torch's log records while a tracer that may fail runs: its failure is
@@ -268,8 +308,9 @@ def trace_model(
     (no fallback). Raises :class:`TraceError` with one line naming every tracer's failure.
     """
     args, kwargs = split_inputs(example_inputs)
+    check_drawn_masks(model, kwargs)
     changed = training_config(model)
-    if changed:
+    if changed and _generates(model):
         warnings.warn(
             f"set {', '.join(changed)} = False for training: a key/value cache is for "
             "generation and cannot cross pipeline stages",

@@ -29,6 +29,7 @@ import json
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +45,8 @@ from autopipe.profiler.inputs import call_model  # noqa: E402
 from autopipe.profiler.measure import profile  # noqa: E402
 from autopipe.profiler.objective import default_loss  # noqa: E402
 from autopipe.profiler.profile_data import Profile  # noqa: E402
+from autopipe.profiler.trace import TraceError  # noqa: E402
+from autopipe.profiler.units import trace_units  # noqa: E402
 from distributed_cases import free_port  # noqa: E402
 from torch.utils import _pytree as pytree  # noqa: E402
 
@@ -205,6 +208,7 @@ SCHEDULE_OF = {
     "swin": ("gpipe", 1),
     "qwen2_moe": ("zbv", 2),
     "wav2vec2": ("looped-bfs", 2),
+    "wav2vec2_masked": ("1f1b", 1),
 }
 CUTS = ("planned", "other")
 """Every family trains twice under torchrun: the planner's cut and :func:`second_cut`."""
@@ -273,7 +277,6 @@ def test_torchrun_trains_like_one_process(
 
 def test_use_cache_config_is_turned_off_for_training() -> None:
     import transformers
-    from autopipe.profiler.units import trace_units
 
     cfg = zoo._decoder_config("LlamaConfig")
     cfg.use_cache = True
@@ -283,6 +286,32 @@ def test_use_cache_config_is_turned_off_for_training() -> None:
         graph = trace_units(model, zoo.example_inputs_llama(4))
     assert model.config.use_cache is False
     assert graph.unit_names[-1] == "lm_head"
+    # An encoder never reads the cache its config names: nothing to warn about.
+    bert = zoo.bert()
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        trace_units(bert, zoo.example_inputs_bert(4))
+    assert bert.config.use_cache is False
+    assert not [w for w in seen if "use_cache" in str(w.message)]
+
+
+def test_a_mask_drawn_inside_forward_is_refused_naming_the_switch(capsys: Any) -> None:
+    """SpecAugment's numpy mask would be replayed as a constant of the traced graph: one
+    line naming the config switch (and the input that can carry the mask, where forward
+    takes one), exit 2."""
+    import transformers
+
+    for cls, carrier in (
+        (transformers.Wav2Vec2ForCTC, None),
+        (transformers.Wav2Vec2Model, "mask_time_indices"),
+    ):
+        model = cls(zoo._wav2vec2_config(mask_time_prob=0.05))
+        with pytest.raises(TraceError, match=r"config.mask_time_prob = 0\b") as info:
+            trace_units(model, zoo.example_inputs_wav2vec2(4))
+        assert (carrier is not None) == (f"pass {carrier}" in str(info.value))
+    code = cli.main(["plan", f"{ZOO}:wav2vec2_masked", "--gpus", "2", "--batch-size", "8", "-q"])
+    assert code == 0  # the mask given as an input: plans as configured
+    capsys.readouterr()
 
 
 def test_tied_embedding_is_charged_to_every_stage_that_holds_it() -> None:

@@ -55,6 +55,7 @@ HF_FAMILIES = [
     "swin",
     "qwen2_moe",
     "wav2vec2",
+    "wav2vec2_masked",
 ]
 TORCHVISION_FAMILIES = ["resnet50", "vit_b_16"]
 FAMILIES = (HF_FAMILIES if _has("transformers") else []) + (
@@ -338,13 +339,10 @@ def example_inputs_swin(batch_size: int = 8) -> torch.Tensor:
 # -- audio ---------------------------------------------------------------------------------
 
 
-def wav2vec2() -> nn.Module:
-    """wav2vec2 with a CTC head: a convolutional feature encoder over raw audio, then a
-    Transformer. SpecAugment's time masking is off (``mask_time_prob=0``): its mask is
-    drawn from the data inside ``forward``, which no tracer can keep."""
+def _wav2vec2_config(**extra: Any) -> Any:
     import transformers
 
-    cfg = transformers.Wav2Vec2Config(
+    return transformers.Wav2Vec2Config(
         vocab_size=VOCAB,
         hidden_size=32,
         num_hidden_layers=2,
@@ -361,15 +359,56 @@ def wav2vec2() -> nn.Module:
         feat_proj_dropout=0.0,
         layerdrop=0.0,
         final_dropout=0.0,
-        mask_time_prob=0.0,
+        **extra,
     )
-    return _seeded(lambda: transformers.Wav2Vec2ForCTC(cfg))
+
+
+AUDIO_SAMPLES = 400
+"""Raw audio samples per row (18 frames after the feature encoder)."""
+
+
+def wav2vec2() -> nn.Module:
+    """wav2vec2 with a CTC head: a convolutional feature encoder over raw audio, then a
+    Transformer. Its forward takes no mask, so SpecAugment is off (``mask_time_prob=0``):
+    the mask forward would draw with numpy is refused (autopipe.profiler.trace)."""
+    import transformers
+
+    return _seeded(lambda: transformers.Wav2Vec2ForCTC(_wav2vec2_config(mask_time_prob=0.0)))
 
 
 def example_inputs_wav2vec2(batch_size: int = 8) -> torch.Tensor:
-    """Raw audio: 400 samples a row."""
     g = torch.Generator().manual_seed(1)
-    return torch.randn(batch_size, 400, generator=g)
+    return torch.randn(batch_size, AUDIO_SAMPLES, generator=g)
+
+
+def wav2vec2_masked() -> nn.Module:
+    """The wav2vec2 encoder trained with SpecAugment as configured (``mask_time_prob``
+    0.3): the mask is drawn outside the model, per batch, and passed in as
+    ``mask_time_indices``, as transformers' pretraining collator does."""
+    import transformers
+
+    cfg = _wav2vec2_config(mask_time_prob=0.3, mask_time_length=2)
+    return _seeded(lambda: transformers.Wav2Vec2Model(cfg))
+
+
+def example_inputs_wav2vec2_masked(batch_size: int = 8) -> dict[str, torch.Tensor]:
+    import numpy as np
+    from transformers.models.wav2vec2.modeling_wav2vec2 import _compute_mask_indices
+
+    cfg = _wav2vec2_config()
+    frames = AUDIO_SAMPLES
+    for kernel, stride in zip(cfg.conv_kernel, cfg.conv_stride, strict=True):
+        frames = (frames - kernel) // stride + 1
+    state = np.random.get_state()  # transformers draws from numpy's global generator
+    np.random.seed(1)
+    try:
+        mask = _compute_mask_indices((batch_size, frames), 0.3, 2, min_masks=2)
+    finally:
+        np.random.set_state(state)
+    return {
+        "input_values": example_inputs_wav2vec2(batch_size),
+        "mask_time_indices": torch.from_numpy(mask),
+    }
 
 
 def resnet50() -> nn.Module:
