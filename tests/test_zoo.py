@@ -10,7 +10,7 @@ called with ``labels=``; torchvision resnet50 and vit_b_16 where torchvision wor
 3. a 2-rank plan at M = 4 trained 2 steps under torchrun with ``autopipe run``: the losses
    and the trained weights equal one process training the plain model (SGD, so the weights
    after 2 steps differ by lr x the summed gradient difference). Each family runs another
-   of torch.distributed.pipelining's seven schedules (``SCHEDULE_OF``), so all of them,
+   of torch.distributed.pipelining's seven schedules (``zoo.SCHEDULE_OF``), so all of them,
    interleaved, looped, zero-bubble and V-shaped with 2 chunks per rank, train third-party
    models.
 
@@ -24,7 +24,6 @@ profiles.
 from __future__ import annotations
 
 import copy
-import dataclasses
 import json
 import os
 import subprocess
@@ -44,7 +43,6 @@ from autopipe.planner.plan_data import load_plan  # noqa: E402
 from autopipe.profiler.inputs import call_model  # noqa: E402
 from autopipe.profiler.measure import profile  # noqa: E402
 from autopipe.profiler.objective import default_loss  # noqa: E402
-from autopipe.profiler.profile_data import Profile  # noqa: E402
 from autopipe.profiler.trace import TraceError  # noqa: E402
 from autopipe.profiler.units import trace_units  # noqa: E402
 from distributed_cases import free_port  # noqa: E402
@@ -116,25 +114,6 @@ def _grad_error(pipelined: torch.nn.Module, reference: torch.nn.Module) -> float
     return worst
 
 
-def second_cut(measured: Profile, planned: Any) -> Any:
-    """Another cut of the same request than the planner's: equal unit counts (torch's and
-    Megatron's rule), balanced parameter counts (DeepSpeed's) or torchgpipe's time
-    balance, whichever differs first; else the plan with its first cut moved by one unit."""
-    for strategy in ("uniform", "parameters", "greedy-time"):
-        other = make_plan(measured, planned.request, strategy=strategy)
-        if other.balance != planned.balance:
-            return other
-    first, second = planned.stages[0], planned.stages[1]
-    units = first.units + second.units
-    at = len(first.units) - 1 if len(first.units) > 1 else len(first.units) + 1
-    stages = [
-        dataclasses.replace(first, units=units[:at]),
-        dataclasses.replace(second, units=units[at:]),
-        *planned.stages[2:],
-    ]
-    return dataclasses.replace(planned, stages=stages)
-
-
 def _state_error(model: torch.nn.Module, reference: torch.nn.Module) -> float:
     """Largest difference of any parameter or buffer (persistent or not) between the two."""
     worst = 0.0
@@ -160,7 +139,7 @@ def test_parallelize_equals_the_plain_model(family: str) -> None:
     model, inputs = zoo.build(family)
     measured = _quick_profile(family)
     planned = make_plan(measured, gpus=4, microbatches=4, optimizer="sgd")
-    for plan in (planned, second_cut(measured, planned)):
+    for plan in (planned, zoo.second_cut(measured, planned)):
         model, inputs = zoo.build(family)
         reference = copy.deepcopy(model)
         pipe = autopipe.parallelize(model, inputs, devices=["cpu"] * 4, plan=plan)
@@ -190,54 +169,17 @@ def test_parallelize_equals_the_plain_model(family: str) -> None:
 # -- 3. torchrun: losses and trained weights --------------------------------------------------
 
 
-# Each family trains under its own schedule, so every schedule runs on a model this project
-# did not write (one launch for all): (schedule, V chunks per rank).
-SCHEDULE_OF = {
-    "llama": ("gpipe", 1),
-    "qwen2": ("1f1b", 1),
-    "mistral": ("interleaved-1f1b", 2),
-    "mixtral": ("interleaved-zb", 2),
-    "gpt2": ("zbv", 2),  # the tied embedding and head both on rank 0 (the V's two ends)
-    "t5": ("dualpipev", 2),
-    "vit": ("looped-bfs", 2),
-    "llama_labels": ("zbv", 2),
-    "resnet50": ("1f1b", 1),
-    "vit_b_16": ("interleaved-zb", 2),
-    "bert": ("1f1b", 1),
-    "gemma3": ("interleaved-1f1b", 2),
-    "swin": ("gpipe", 1),
-    "qwen2_moe": ("zbv", 2),
-    "wav2vec2": ("looped-bfs", 2),
-    "wav2vec2_masked": ("1f1b", 1),
-}
-CUTS = ("planned", "other")
-"""Every family trains twice under torchrun: the planner's cut and :func:`second_cut`."""
-
-
-def _write_plans(out: Path, families: list[str]) -> None:
-    for family in families:
-        saved = PROFILES.get(family)
-        measured = Profile.load(saved) if saved is not None else _quick_profile(family)
-        schedule, v = SCHEDULE_OF[family]
-        plan = make_plan(
-            measured, gpus=2, microbatches=4, optimizer="sgd", schedule=schedule, virtual_stages=v
-        )
-        assert (plan.schedule, plan.virtual_stages) == (schedule, v)
-        plan.save(out / f"{family}.planned.plan.json")
-        second_cut(measured, plan).save(out / f"{family}.other.plan.json")
-
-
 @pytest.fixture(scope="module")
 def zoo_runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Every family's 2-stage plan trained under one torchrun launch."""
     out = tmp_path_factory.mktemp("zoo_runs")
     families = list(zoo.FAMILIES)
-    _write_plans(out, families)
+    zoo.write_plans(out, families, PROFILES)
     result = subprocess.run(
         [
             sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
             "--master-port", str(free_port()), str(ROOT / "tests" / "zoo_run.py"),
-            str(out), *[f"{family}.{cut}" for family in families for cut in CUTS],
+            str(out), *[f"{family}.{cut}" for family in families for cut in zoo.CUTS],
         ],
         capture_output=True, text=True, cwd=ROOT, timeout=900,
         # Every rank traces with one hash seed (Gemma-3 iterates a set in forward), as
@@ -263,7 +205,7 @@ def _check_run(out: Path, family: str, run: str, tmp: Path) -> tuple[float, floa
     return max(abs(a - b) for a, b in zip(losses, ref_losses, strict=True)), worst / LR
 
 
-@pytest.mark.parametrize("cut", CUTS)
+@pytest.mark.parametrize("cut", zoo.CUTS)
 @pytest.mark.parametrize("family", FAMILIES)
 def test_torchrun_trains_like_one_process(
     family: str, cut: str, zoo_runs: Path, tmp_path: Path

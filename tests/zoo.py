@@ -10,6 +10,7 @@ machine can build. Not a test module (no ``test_`` prefix).
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import os
 from typing import Any
@@ -450,6 +451,77 @@ def build_model() -> nn.Module:
 
 def example_inputs(batch_size: int = 8) -> dict[str, torch.Tensor]:
     return example_inputs_llama(batch_size)
+
+
+# -- the zoo's training runs: plans for 2 ranks ----------------------------------------------
+
+# Each family trains under its own schedule, so every schedule runs on a model this project
+# did not write (one launch for all): (schedule, V chunks per rank).
+SCHEDULE_OF = {
+    "llama": ("gpipe", 1),
+    "qwen2": ("1f1b", 1),
+    "mistral": ("interleaved-1f1b", 2),
+    "mixtral": ("interleaved-zb", 2),
+    "gpt2": ("zbv", 2),  # the tied embedding and head both on rank 0 (the V's two ends)
+    "t5": ("dualpipev", 2),
+    "vit": ("looped-bfs", 2),
+    "llama_labels": ("zbv", 2),
+    "resnet50": ("1f1b", 1),
+    "vit_b_16": ("interleaved-zb", 2),
+    "bert": ("1f1b", 1),
+    "gemma3": ("interleaved-1f1b", 2),
+    "swin": ("gpipe", 1),
+    "qwen2_moe": ("zbv", 2),
+    "wav2vec2": ("looped-bfs", 2),
+    "wav2vec2_masked": ("1f1b", 1),
+}
+CUTS = ("planned", "other")
+"""Every family trains twice: the planner's cut and :func:`second_cut`."""
+
+
+def second_cut(measured: Any, planned: Any) -> Any:
+    """Another cut of the same request than the planner's: equal unit counts (torch's and
+    Megatron's rule), balanced parameter counts (DeepSpeed's) or torchgpipe's time
+    balance, whichever differs first; else the plan with its first cut moved by one unit."""
+    from autopipe.planner import plan as make_plan
+
+    for strategy in ("uniform", "parameters", "greedy-time"):
+        other = make_plan(measured, planned.request, strategy=strategy)
+        if other.balance != planned.balance:
+            return other
+    first, second = planned.stages[0], planned.stages[1]
+    units = first.units + second.units
+    at = len(first.units) - 1 if len(first.units) > 1 else len(first.units) + 1
+    stages = [
+        dataclasses.replace(first, units=units[:at]),
+        dataclasses.replace(second, units=units[at:]),
+        *planned.stages[2:],
+    ]
+    return dataclasses.replace(planned, stages=stages)
+
+
+def write_plans(out: Any, families: list[str], profiles: dict[str, Any] | None = None) -> None:
+    """``OUT/FAMILY.CUT.plan.json`` for every family and cut: 2 ranks, M = 4, SGD, the
+    family's schedule, from its saved measured profile (``profiles[family]``, a path) or
+    one measured here."""
+    from autopipe.planner import plan as make_plan
+    from autopipe.profiler.measure import profile
+    from autopipe.profiler.profile_data import Profile
+
+    for family in families:
+        saved = (profiles or {}).get(family)
+        if saved is not None:
+            measured = Profile.load(saved)
+        else:
+            model, inputs = build(family)
+            measured = profile(model, inputs, warmup=0, repeat=1, progress=False)
+        schedule, v = SCHEDULE_OF[family]
+        plan = make_plan(
+            measured, gpus=2, microbatches=4, optimizer="sgd", schedule=schedule, virtual_stages=v
+        )
+        assert (plan.schedule, plan.virtual_stages) == (schedule, v)
+        plan.save(out / f"{family}.planned.plan.json")
+        second_cut(measured, plan).save(out / f"{family}.other.plan.json")
 
 
 def build(family: str) -> tuple[nn.Module, Any]:
