@@ -366,8 +366,10 @@ class DistributedPipeline:
         self.tied.synchronize()
         self._user_loss = loss_fn
         self._target: Any = None
-        self._items: list[float] = []
-        """The counts of the micro-batches whose loss this step computed (last stage)."""
+        self._items: dict[int, float] = {}
+        """The count of each micro-batch (by its first row) whose loss this step computed
+        (last stage); keyed, as torch may compute a micro-batch's loss more than once (its
+        first step on a stage whose shapes it infers)."""
         self.unsplit_chunks: dict[int, str] = {}
         """Zero-bubble schedules: chunks whose backward runs unsplit in B (their W does
         nothing), with the reason: re-materialized (torch's weight pass would recompute the
@@ -439,7 +441,7 @@ class DistributedPipeline:
         term = loss_term(
             self._last_chunk.model_output(output), target, self._user_loss, self._label_items
         )
-        self._items.append(term.items)
+        self._items[start] = term.items
         # Backward runs on the micro-batch's sum; _step divides by the global count after.
         loss = term.total
         # The zero-bubble input pass detaches the loss in place, which a view refuses.
@@ -514,7 +516,7 @@ class DistributedPipeline:
             )
             _check_divisible(batch_size_of(args), M)
         losses: list[torch.Tensor] = []
-        self._items = []
+        self._items = {}
         if self.holds_last:
             target = target if target is not None else inputs
             if target is None:
@@ -537,7 +539,7 @@ class DistributedPipeline:
         totals = torch.zeros(2, dtype=torch.float64, device=self.device)
         if self.holds_last:
             totals[0] = float(torch.stack([x.detach().double() for x in losses]).sum())
-            totals[1] = sum(self._items)
+            totals[1] = sum(self._items.values())
         dist.all_reduce(totals)
         loss_sum, items = float(totals[0]), float(totals[1])
         # d(sum)/d(w) over the micro-batches, divided by the global count; then a tied
