@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -179,7 +180,10 @@ def zoo_runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
             "--master-port", str(free_port()), str(ROOT / "tests" / "zoo_run.py"),
             str(out), *families,
         ],
+        # zoo_run.py calls cli.main([...]) in-process, which cannot re-execute with a fixed
+        # hash seed as `python -m autopipe run` does: give every rank the same one here.
         capture_output=True, text=True, cwd=ROOT, timeout=600,
+        env={**os.environ, "PYTHONHASHSEED": "0"},
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-4000:]
     return out

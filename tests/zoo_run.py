@@ -7,7 +7,9 @@ For each family, runs ``autopipe run tests/zoo.py:FAMILY --plan OUT_DIR/FAMILY.p
 saving the trained weights to ``OUT_DIR/FAMILY.ckpt`` and the losses to
 ``OUT_DIR/FAMILY.json``; the exit code goes to ``OUT_DIR/FAMILY.rank<R>.rc``. One launch
 for the whole zoo: every process imports torch and transformers once, not once per model.
-Not a test module (no ``test_`` prefix).
+Not a test module (no ``test_`` prefix). ``cli.main([...])`` in-process cannot re-execute
+with a fixed ``PYTHONHASHSEED`` as ``python -m autopipe run`` does: the launcher sets one
+(test_zoo.py), and ranks that trace different graphs are refused at start-up anyway.
 """
 
 from __future__ import annotations
