@@ -54,6 +54,15 @@ def _stage_names(profile: Profile, bounds: list[int]) -> list[list[str]]:
     return [names[bounds[s] : bounds[s + 1]] for s in range(len(bounds) - 1)]
 
 
+def _unit_parameters(profile: Profile) -> dict[str, int] | None:
+    """Each unit's parameter elements (``UnitProfile.parameter_count``), or None when the
+    profile has no counts: a unit with parameter bytes but a count of 0 (a hand-written
+    profile), whose plan then records none (``StagePlan.unit_parameters`` empty)."""
+    if any(u.parameter_count <= 0 < u.parameter_bytes for u in profile.units):
+        return None
+    return {u.name: u.parameter_count for u in profile.units}
+
+
 def build_plan(
     profile: Profile,
     cluster: Cluster,
@@ -79,6 +88,7 @@ def build_plan(
     times = [c.time_s for c in costs]
     bott = max(range(len(costs)), key=lambda s: times[s])
     stages: list[StagePlan] = []
+    counts = _unit_parameters(profile)
     for s, (units, c) in enumerate(zip(_stage_names(profile, part.bounds), costs, strict=True)):
         reason = ""
         if c.checkpoint:
@@ -113,6 +123,7 @@ def build_plan(
                 backward_weight_s=works[s].backward_weight_s if works else 0.0,
                 microbatch_activation_bytes=int(works[s].activation_bytes) if works else 0,
                 microbatch_input_bytes=int(works[s].input_bytes) if works else 0,
+                unit_parameters=[counts[u] for u in units] if counts is not None else [],
             )
         )
     v0 = cluster.devices[0].speed

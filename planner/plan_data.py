@@ -79,6 +79,11 @@ class StagePlan:
     microbatch_input_bytes: int = 0
     """One micro-batch's stage input (bytes), all a checkpointed stage keeps per micro-batch
     until it re-computes."""
+    unit_parameters: list[int] = field(default_factory=list)
+    """Parameter elements of each of ``units``, in order, as the profile counted them (a tied
+    parameter counts in every unit using it): what the runtimes check the model against
+    before building a stage, so a plan made for another model is refused. Empty in plans
+    written before it was recorded (then the runtimes compare ``parameter_bytes``)."""
 
     @property
     def time_s(self) -> float:
@@ -244,6 +249,11 @@ class Plan:
                     raise FieldError(f"stages[{i}].index", f"is {stage.index}; expected {i}")
                 if not stage.units:
                     raise FieldError(f"stages[{i}].units", "is empty; every stage needs a unit")
+                if stage.unit_parameters and len(stage.unit_parameters) != len(stage.units):
+                    raise FieldError(
+                        f"stages[{i}].unit_parameters",
+                        f"lists {len(stage.unit_parameters)} counts for {len(stage.units)} units",
+                    )
                 for name in stage.units:
                     if name in owner:
                         raise FieldError(

@@ -8,7 +8,10 @@ chunks of each rank) both call :func:`partition`, which gives every one of the p
    names are module paths, so they are passed as the units to trace into; a graph whose
    batch dimension torch.export had to specialise is traced again at the plan's micro-batch
    size;
-2. map each unit to its stage (:func:`stage_of_unit`, which also checks the plan fits);
+2. map each unit to its stage (:func:`stage_of_unit`, which also checks the plan's unit
+   names fit), and check the model's parameters against the plan's record of them
+   (:func:`check_plan_parameters`): a plan made for another model with the same unit names
+   is refused before anything is built;
 3. cut the graph into stage graphs (:func:`autopipe.runtime.split.split_graph`);
 4. find the parameters several stages use (tied weights, :class:`TiedParameter`): each
    runtime keeps one logical parameter whose gradient is summed over the stages holding it.
@@ -30,7 +33,9 @@ from autopipe.runtime.split import StageGraph, StageSplitError, split_graph
 from torch import fx, nn
 
 __all__ = [
+    "PlanModelMismatchError",
     "PlannedStages",
+    "check_plan_parameters",
     "cut_values",
     "StageSplitError",
     "TiedParameter",
@@ -98,6 +103,63 @@ def stage_of_unit(unit_names: Sequence[str], stage_units: Sequence[Sequence[str]
     return stages
 
 
+class PlanModelMismatchError(StageSplitError):
+    """The model's parameters are not those the plan was made for (same unit names, another
+    model: other widths, other layers)."""
+
+
+def check_plan_parameters(graph: UnitGraph, model: nn.Module, plan: Any) -> None:
+    """Raise :class:`PlanModelMismatchError`, one line naming the first unit (or stage) that
+    differs, unless ``model``'s parameters, counted per unit of ``graph`` (traced into the
+    plan's units; :func:`stage_of_unit` has checked the names), are what the plan records.
+
+    Counted as the profiler counts them (:func:`autopipe.profiler.memory.unit_tensors`): a
+    tied parameter (GPT-2's embedding and head) in every unit that uses it. Shapes only, so
+    a model on the meta device is checked too. Plans record each unit's parameter elements
+    (``StagePlan.unit_parameters``); a stage without that record is checked by its
+    ``parameter_bytes``, which must equal the model's bytes or its element count times the
+    plan's ``meta["parameter_size_bytes"]`` (an analytic profile counts at its own dtype);
+    plans that record neither (hand-made, all ``parameter_bytes`` 0) are not checked.
+    O(nodes + parameters).
+    """
+    from autopipe.profiler.memory import tensor_bytes, unit_tensors
+
+    per_unit = unit_tensors(graph, model)
+    counts = [sum(p.numel() for p in params) for params, _ in per_unit]
+    sizes_bytes = [sum(tensor_bytes(p) for p in params) for params, _ in per_unit]
+    where = {name: i for i, name in enumerate(graph.unit_names)}
+    made_for = f" (made for {plan.model})" if getattr(plan, "model", "") else ""
+    advice = "re-run `autopipe plan` on this model"
+    recorded_bytes = any(s.parameter_bytes > 0 for s in plan.stages)
+    element_bytes = int((getattr(plan, "meta", None) or {}).get("parameter_size_bytes", 0) or 0)
+    for index, stage in enumerate(plan.stages):
+        recorded = list(getattr(stage, "unit_parameters", None) or [])
+        if recorded:
+            for unit, want in zip(stage.units, recorded, strict=True):
+                have = counts[where[unit]]
+                if have != want:
+                    raise PlanModelMismatchError(
+                        f"the plan{made_for} is not for this model: unit {unit!r} has "
+                        f"{want:,} parameters in the plan but {have:,} in this model "
+                        f"({type(model).__name__}); {advice}"
+                    )
+        elif recorded_bytes:
+            units = [where[u] for u in stage.units]
+            real_bytes = sum(sizes_bytes[u] for u in units)
+            at_plan_size = sum(counts[u] for u in units) * element_bytes
+            if stage.parameter_bytes not in (real_bytes, at_plan_size or real_bytes):
+                span = (
+                    stage.units[0]
+                    if len(stage.units) == 1
+                    else (f"{stage.units[0]}..{stage.units[-1]}")
+                )
+                raise PlanModelMismatchError(
+                    f"the plan{made_for} is not for this model: stage {index} ({span}) holds "
+                    f"{stage.parameter_bytes:,} bytes of parameters in the plan but "
+                    f"{real_bytes:,} in this model ({type(model).__name__}); {advice}"
+                )
+
+
 def _plan_units(plan: Any) -> list[str]:
     return [u for stage in plan.stages for u in stage.units]
 
@@ -155,7 +217,8 @@ def tied_parameters(
 def partition(model: nn.Module, example_inputs: Any, plan: Any) -> PlannedStages:
     """The plan's stage graphs of ``model`` (see the module docstring).
 
-    Raises :class:`StageSplitError` when the plan does not fit the model.
+    Raises :class:`StageSplitError` when the plan does not fit the model
+    (:class:`PlanModelMismatchError` when it was made for another one).
     """
     chunks = plan.num_stages * int(getattr(plan, "virtual_stages", 1) or 1)
     if len(plan.stages) != chunks:
@@ -164,6 +227,7 @@ def partition(model: nn.Module, example_inputs: Any, plan: Any) -> PlannedStages
         )
     graph = trace_for_plan(model, example_inputs, plan)
     unit_stage = stage_of_unit(graph.unit_names, [s.units for s in plan.stages])
+    check_plan_parameters(graph, model, plan)
     node_stage = {name: unit_stage[u] for name, u in graph.node_unit.items()}
     stages = split_graph(graph.graph_module, node_stage, chunks)
     assert graph.binder is not None

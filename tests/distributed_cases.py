@@ -556,3 +556,80 @@ def torchrun_drill(
     end = time.monotonic()
     reader.join(5)
     return Drill(code, "".join(lines), end - start, end - fault_at[0] if fault_at else None)
+
+
+# -- a model whose traced graph depends on the process's string hash seed ----------------------
+
+SET_ORDER_NAMES = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta"]
+
+SET_ORDER_MODEL = f"""\
+import torch
+from torch import nn
+
+NAMES = {SET_ORDER_NAMES!r}
+SCALE = {{name: 0.5 + 0.25 * i for i, name in enumerate(NAMES)}}
+
+
+class SetOrderNet(nn.Module):
+    \"\"\"Units inp, mid, out. The forward iterates a set of strings, in the order of this
+    process's hash seed, to make one product per name: the products are traced in that
+    order, so their fx names (mul, mul_1, ...) name other products in another process. The
+    products are computed with mid's unit and cross a cut after mid: two ranks with other
+    seeds would hand each other the products in other places (and train something else).\"\"\"
+
+    def __init__(self, width=8):
+        super().__init__()
+        self.inp = nn.Linear(width, width)
+        self.mid = nn.Linear(width, width)
+        self.out = nn.Linear(width * (len(NAMES) + 1), 4)
+
+    def forward(self, x):
+        h = torch.tanh(self.inp(x))
+        parts = {{}}
+        for name in set(NAMES):
+            parts[name] = h * SCALE[name]
+        return self.out(torch.cat([self.mid(h), *(parts[n] for n in NAMES)], -1))
+
+
+def build_model():
+    torch.manual_seed(0)
+    return SetOrderNet()
+
+
+def example_inputs(batch_size=8):
+    return torch.randn(batch_size, 8, generator=torch.Generator().manual_seed(0))
+
+
+def loss_fn(output, inputs):
+    return output.pow(2).mean()
+"""
+"""A model file (units ``inp``, ``mid``, ``out``) whose traced graph follows PYTHONHASHSEED."""
+
+
+def set_order_files(directory: Path) -> tuple[Path, Path]:
+    """(SET_ORDER_MODEL file, a 2-stage plan ``[inp, mid] | [out]`` at batch 8, M = 2)."""
+    model = directory / "set_order.py"
+    model.write_text(SET_ORDER_MODEL)
+    plan = directory / "set_order_plan.json"
+    make_plan([["inp", "mid"], ["out"]], 2, 8).save(plan)
+    return model, plan
+
+
+def hash_seeds_with_other_set_orders() -> tuple[str, str]:
+    """Two PYTHONHASHSEED values under which ``set(SET_ORDER_NAMES)`` iterates in different
+    orders (checked in child processes, so a test using them can fail)."""
+    import subprocess
+    import sys
+
+    code = f"print(list(set({SET_ORDER_NAMES!r})))"
+    orders: dict[str, str] = {}
+    for seed in map(str, range(1, 20)):
+        env = dict(os.environ, PYTHONHASHSEED=seed)
+        order = subprocess.run(
+            [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+        ).stdout
+        for other, seen in orders.items():
+            if seen != order:
+                return other, seed
+        orders[seed] = order
+    raise AssertionError("19 hash seeds gave one set order")

@@ -4,10 +4,12 @@ that match single-process training (loss and every gradient) for GPipe and 1F1B.
 from __future__ import annotations
 
 import copy
+import os
 from pathlib import Path
 
 import pytest
 import torch
+from autopipe.planner.plan_data import Plan
 from autopipe.profiler.units import trace_units
 from autopipe.runtime.distributed.layout import PlanWorldSizeError, rank_layout
 from autopipe.runtime.distributed.pipeline import build_stage
@@ -94,6 +96,136 @@ def test_each_stage_holds_only_its_parameters() -> None:
 def test_plan_for_another_model_is_refused() -> None:
     with pytest.raises(StageSplitError, match="do not match the model's 4 traced units"):
         stage_of_unit(["f1", "f2", "f3", "f4"], [["f1", "f2"], ["f3", "head"]])
+
+
+def _six_linear(width: int) -> tuple[torch.nn.Module, torch.Tensor]:
+    """Six Linear(width, width) units ``0`` .. ``5`` and a batch of 8."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*(torch.nn.Linear(width, width) for _ in range(6)))
+    return model, torch.randn(8, width, generator=torch.Generator().manual_seed(0))
+
+
+def _measured_plan(model: torch.nn.Module, inputs: object) -> Plan:
+    from autopipe.planner import plan
+    from autopipe.profiler.measure import profile
+
+    measured = profile(model, inputs, warmup=0, repeat=1, progress=False)
+    return plan(measured, gpus=2, microbatches=2, baselines=False)
+
+
+def test_plan_made_for_a_model_with_the_same_units_and_other_widths_is_refused() -> None:
+    """The plan of six Linear(8, 8) on six Linear(32, 32): the same unit names, 16x the
+    parameters. Before, only the names were compared and it was built (and trained, exit
+    0); now the first unit whose parameters differ is named, before any stage is built,
+    for a real and a meta-device model, and by stage bytes for plans without the per-unit
+    record."""
+    from autopipe.runtime.partition import PlanModelMismatchError, partition
+
+    small, inputs = _six_linear(8)
+    plan = _measured_plan(small, inputs)
+    assert [s.unit_parameters for s in plan.stages] == [[72] * len(s.units) for s in plan.stages]
+    wide, wide_inputs = _six_linear(32)
+    for model in (wide, copy.deepcopy(wide).to("meta")):
+        with pytest.raises(PlanModelMismatchError) as caught:
+            partition(model, wide_inputs, plan)
+        assert str(caught.value) == (
+            "the plan (made for Sequential) is not for this model: unit '0' has 72 "
+            "parameters in the plan but 1,056 in this model (Sequential); re-run "
+            "`autopipe plan` on this model"
+        )
+    old = Plan.from_dict(plan.to_dict())
+    for stage in old.stages:
+        stage.unit_parameters = []  # a plan written before the record
+    first = old.stages[0]
+    with pytest.raises(PlanModelMismatchError, match=(
+        rf"stage 0 \(0\.\.{first.units[-1]}\) holds {first.parameter_bytes:,} bytes of "
+        rf"parameters in the plan but {(32 * 32 + 32) * 4 * len(first.units):,} in this model"
+    )):  # fmt: skip
+        partition(wide, wide_inputs, old)
+    partition(small, inputs, plan)  # the model it was made for
+    partition(copy.deepcopy(small).to("meta"), inputs, plan)
+    partition(small, inputs, old)
+
+
+def test_a_tied_weight_is_checked_in_every_unit_that_holds_it() -> None:
+    """GPT's tied embedding and head: the profile charges the one parameter to both units
+    (and both stages); the runtime counts it the same way, so the plan fits its model, real
+    or on the meta device (counted once, the second unit would differ)."""
+    from autopipe.runtime.partition import partition
+
+    tied, inputs, _ = tiny_gpt(tie_weights=True)
+    plan = _measured_plan(tied, inputs)
+    units = {u: n for s in plan.stages for u, n in zip(s.units, s.unit_parameters, strict=True)}
+    assert units["tok_emb"] == units["head"] == 64 * 16
+    assert "tok_emb" in plan.stages[0].units and "head" in plan.stages[-1].units
+    partition(tied, inputs, plan)
+    partition(copy.deepcopy(tied).to("meta"), inputs, plan)
+
+
+GRAPH_DIGESTS = """\
+import sys
+sys.path.insert(0, {tests!r})
+from autopipe.modelfile import load_model_file
+from autopipe.runtime.distributed.agree import graph_fingerprint
+from autopipe.runtime.partition import partition
+from distributed_cases import make_plan, tiny_gpt
+
+model, inputs, _ = tiny_gpt(tie_weights=True)
+units = ["tok_emb", "pos_emb", "drop", "blocks.0", "blocks.1", "blocks.2", "blocks.3"]
+plan = make_plan([units[:4], units[4:] + ["ln_f", "head"]], 2, 8)
+print(graph_fingerprint(partition(model, inputs, plan))["digest"])
+mf = load_model_file({set_order!r})
+plan = make_plan([["inp", "mid"], ["out"]], 2, 8)
+print(graph_fingerprint(partition(mf.build(), mf.inputs(8), plan))["digest"])
+"""
+
+
+def test_graph_fingerprint_differs_between_processes_only_where_the_graph_does(
+    tmp_path: Path,
+) -> None:
+    """Traced in processes with other hash seeds, GPT (tied head) cut for a plan has one
+    fingerprint (no object id, node name or hash order in it), the model iterating a set
+    of strings has two: what the ranks' start-up agreement compares."""
+    import subprocess
+    import sys
+
+    from distributed_cases import hash_seeds_with_other_set_orders, set_order_files
+
+    set_order, _ = set_order_files(tmp_path)
+    code = GRAPH_DIGESTS.format(tests=str(Path(__file__).parent), set_order=str(set_order))
+    digests = [
+        subprocess.run(
+            [sys.executable, "-c", code],
+            env={**os.environ, "PYTHONHASHSEED": seed},
+            capture_output=True, text=True, check=True, timeout=120,
+        ).stdout.split()
+        for seed in hash_seeds_with_other_set_orders()
+    ]  # fmt: skip
+    (gpt_a, set_a), (gpt_b, set_b) = digests
+    assert gpt_a == gpt_b
+    assert set_a != set_b
+
+
+def test_graph_and_cut_differences_are_named_in_one_line() -> None:
+    from autopipe.runtime.distributed.agree import mismatch
+
+    base = {"plan": {"num_stages": 2}, "model": {"digest": "m", "summary": "M"}}
+    graph = {"digest": "g", "stages": ["s0", "s1"], "nodes": [5, 7]}
+    other = {"digest": "h", "stages": ["s0", "t1"], "nodes": [5, 8]}
+    same = {**base, "graph": graph, "failure": None}
+    assert mismatch([same, dict(same)]) is None
+    assert mismatch([same, {**same, "graph": other}]) == (
+        "rank 1 traced a different graph of the model than rank 0 (stage 1: #t1, 8 nodes on "
+        "rank 1; #s1, 7 nodes on rank 0), e.g. a forward that iterates a set; set the same "
+        "PYTHONHASHSEED on every rank"
+    )
+    failed = {**base, "graph": None, "failure": "StageSplitError: no"}
+    line = mismatch([same, same, failed])
+    assert line is not None and line.startswith(
+        "rank 2 could not cut the model into the plan's stages (StageSplitError: no) but rank "
+        "0 could;"
+    )
+    assert mismatch([failed, dict(failed)]) is None  # alike: each rank raises its own
 
 
 def test_tied_weights_across_stages_are_found_with_every_name() -> None:

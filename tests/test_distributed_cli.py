@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from distributed_cases import free_port, tiny_gpt_files
+from distributed_cases import free_port, set_order_files, tiny_gpt_files
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -137,3 +137,43 @@ def test_torchrun_runs_two_chunks_per_rank_and_trains_as_one_stage_per_rank(
     model, plan = tiny_gpt_files(tmp_path, "gpipe")
     gpipe = _torchrun(model, plan, tmp_path / "gpipe.json")
     assert len(zbv) == 3 and zbv == pytest.approx(gpipe, rel=1e-5, abs=1e-6)
+
+
+def test_python_m_autopipe_run_without_a_hash_seed_trains_like_one_process(
+    tmp_path: Path,
+) -> None:
+    """A model whose forward iterates a set of strings, under torchrun with PYTHONHASHSEED
+    unset: every rank would hash with its own seed and trace another graph (before: the
+    products crossing the cut arrived in other places, and the losses were not one
+    process's). `python -m autopipe run` re-executes itself with one seed, so the ranks
+    trace one graph and train exactly as one process (AdamW at the default --lr)."""
+    import torch
+
+    from autopipe.modelfile import load_model_file
+
+    model_file, plan = set_order_files(tmp_path)
+    log = tmp_path / "steps.json"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONHASHSEED"}
+    out = subprocess.run(
+        [
+            sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+            "--master-port", str(free_port()),
+            "-m", "autopipe", "run", str(model_file), "--plan", str(plan),
+            "--steps", "3", "--timeout", "60", "--json", str(log), "-q",
+        ],
+        capture_output=True, text=True, cwd=ROOT, timeout=120, env=env,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    losses = [s["loss"] for s in json.loads(log.read_text())["steps"]]
+
+    mf = load_model_file(str(model_file))
+    model, inputs = mf.build(), mf.inputs(8)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    expected = []
+    for _ in range(3):
+        optimizer.zero_grad()
+        loss = mf.loss_fn(model(inputs), inputs)
+        loss.backward()
+        optimizer.step()
+        expected.append(float(loss.detach()))
+    assert losses == pytest.approx(expected, rel=1e-5, abs=1e-7)

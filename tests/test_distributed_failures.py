@@ -1,5 +1,5 @@
 """`autopipe run` ends with a clear error on every rank, never a hang: plan/world-size mismatch,
-a killed rank, an error in a stage. (Stuck ranks, with and without data parallelism, are
+a plan made for another model, a killed rank, an error in a stage. (Stuck ranks, with and without data parallelism, are
 drilled under torchrun in test_faults_drills.py: torchrun cannot end a hang, so those drills
 check the runtime's own timeouts.)
 
@@ -32,6 +32,50 @@ def test_plan_world_size_mismatch_fails_on_every_rank(files: tuple[Path, Path]) 
             "launched" in err
         )
         assert "Traceback" not in err
+
+
+SIX_LINEAR = """\
+import torch
+from torch import nn
+
+WIDTH = {width}
+
+
+def build_model():
+    torch.manual_seed(0)
+    return nn.Sequential(*(nn.Linear(WIDTH, WIDTH) for _ in range(6)))
+
+
+def example_inputs(batch_size=8):
+    return torch.randn(batch_size, WIDTH, generator=torch.Generator().manual_seed(0))
+"""
+
+
+def test_plan_of_another_model_with_the_same_units_fails_on_every_rank(tmp_path: Path) -> None:
+    """`autopipe run six_wide.py --plan <plan of six.py>`: the same unit names, 16x the
+    parameters. Before, it trained (exit 0); now every rank refuses before building a
+    stage, in one line naming the first unit whose parameters differ (exit 2)."""
+    from autopipe import cli
+
+    six, wide = tmp_path / "six.py", tmp_path / "six_wide.py"
+    six.write_text(SIX_LINEAR.format(width=8))
+    wide.write_text(SIX_LINEAR.format(width=32))
+    plan = tmp_path / "six.plan.json"
+    code = cli.main(
+        ["plan", str(six), "--gpus", "2", "--batch-size", "8", "--microbatches", "2"]
+        + ["--json", str(plan), "-q", "--no-cache"]
+    )
+    assert code == 0
+    procs = launch_ranks(2, [str(wide), "--plan", str(plan), "--timeout", "30", "-q"])
+    for rank, proc in enumerate(procs):
+        code, out, err = finish(proc, 60)
+        assert code == 2, err
+        assert err == (
+            f"[rank {rank}] autopipe run: error: the plan (made for six.py:build_model) is "
+            "not for this model: unit '0' has 72 parameters in the plan but 1,056 in this "
+            "model (Sequential); re-run `autopipe plan` on this model\n"
+        )
+        assert "step" not in out
 
 
 def test_killed_rank_ends_the_survivor_with_a_clear_error(files: tuple[Path, Path]) -> None:

@@ -1,5 +1,5 @@
 """Fault drills under torchrun: a rank hangs (with and without data parallelism), dies,
-raises, produces NaN, or loads another plan. Each drill asserts torchrun's exit code, the
+raises, produces NaN, loads another plan, or traces another graph. Each drill asserts torchrun's exit code, the
 one-line message of the rank that reports it (every line carries its rank) and the time to
 exit, with short timeouts so the suite stays fast.
 
@@ -19,7 +19,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from distributed_cases import fault_files, torchrun_drill
+from distributed_cases import (
+    fault_files,
+    hash_seeds_with_other_set_orders,
+    set_order_files,
+    torchrun_drill,
+)
 
 TIMEOUT_S = 3.0
 """--timeout of every drill: a silent peer is an error after this long."""
@@ -109,6 +114,31 @@ def test_rank_with_another_plan_fails_every_rank_at_once(tmp_path: Path) -> None
         ), line
         assert "stages[0].units" in line and "give every rank the same --plan file" in line
     assert drill.total_s < 25  # seconds after start-up, not the 30 s timeout
+
+
+def test_ranks_that_trace_different_graphs_fail_every_rank_at_once(tmp_path: Path) -> None:
+    """The same model file and plan on both ranks, but another PYTHONHASHSEED on each (a
+    value the user set, which `python -m autopipe run` keeps): the model's forward iterates a
+    set of strings, so the ranks trace different graphs. Before, plan and model fingerprints
+    agreed and the run trained with the products swapped across the cut (exit 0, other
+    losses than one process); now every rank refuses at start-up, well within --timeout."""
+    timeout_s = 60.0
+    model, plan = set_order_files(tmp_path)
+    seed0, seed1 = hash_seeds_with_other_set_orders()
+    command = [
+        f'[ "$RANK" = 0 ] && export PYTHONHASHSEED={seed0} || export PYTHONHASHSEED={seed1};',
+        "exec", shlex.quote(sys.executable), "-m", "autopipe", "run", str(model),
+        "--plan", str(plan), "--steps", "3", "--timeout", f"{timeout_s:g}",
+    ]  # fmt: skip
+    drill = torchrun_drill(2, command, shell=True, deadline_s=timeout_s + 30)
+    assert drill.code == 1, drill.output  # torchrun's code; each rank exits 2 (bad input)
+    errors = _error_lines(drill.output)
+    assert sorted(e[:8] for e in errors) == ["[rank 0]", "[rank 1]"], drill.output
+    for line in errors:
+        assert "rank 1 traced a different graph of the model than rank 0 (stage " in line, line
+        assert line.endswith("set the same PYTHONHASHSEED on every rank"), line
+    assert "step 1/" not in drill.output
+    assert drill.total_s < timeout_s / 2, drill.total_s  # start-up, not the timeout
 
 
 def test_nan_loss_stops_every_rank_naming_the_step(tmp_path: Path) -> None:

@@ -181,9 +181,9 @@ def zoo_runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
             "--master-port", str(free_port()), str(ROOT / "tests" / "zoo_run.py"),
             str(out), *[f"{family}.{cut}" for family in families for cut in zoo.CUTS],
         ],
+        # zoo_run.py calls cli.main([...]) in-process, which cannot re-execute with a fixed
+        # hash seed as `python -m autopipe run` does: give every rank the same one here.
         capture_output=True, text=True, cwd=ROOT, timeout=900,
-        # Every rank traces with one hash seed (Gemma-3 iterates a set in forward), as
-        # `python -m autopipe run` arranges for itself; zoo_run calls the CLI in-process.
         env={**os.environ, "PYTHONHASHSEED": "0"},
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-4000:]

@@ -8,7 +8,9 @@ optimizer, SGD in the tests), saving the trained weights to ``OUT_DIR/FAMILY.CUT
 the losses to ``OUT_DIR/FAMILY.CUT.json``; the exit code goes to
 ``OUT_DIR/FAMILY.CUT.rank<R>.rc``. One launch
 for the whole zoo: every process imports torch and transformers once, not once per model.
-Not a test module (no ``test_`` prefix).
+Not a test module (no ``test_`` prefix). ``cli.main([...])`` in-process cannot re-execute
+with a fixed ``PYTHONHASHSEED`` as ``python -m autopipe run`` does: the launcher sets one
+(test_zoo.py), and ranks that trace different graphs are refused at start-up anyway.
 """
 
 from __future__ import annotations

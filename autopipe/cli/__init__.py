@@ -53,7 +53,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``autopipe`` command line on ``argv`` (default: ``sys.argv[1:]``); returns the
-    exit code."""
+    exit code.
+
+    With ``argv`` None (the console script, ``python -m autopipe``: this process's own
+    command line), ``autopipe run`` first re-executes the process with a fixed
+    ``PYTHONHASHSEED`` when none is set (:func:`autopipe.cli.run.fix_hash_seed`)."""
+    if argv is None:
+        from autopipe.cli.run import fix_hash_seed
+
+        fix_hash_seed(sys.argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:
@@ -111,5 +119,8 @@ def _fail(args: argparse.Namespace, exc: BaseException, code: int, prefix: str =
     if args.verbose:
         traceback.print_exc()
     message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    print(f"{line_prefix()}autopipe {args.command}: error: {prefix}{message}", file=sys.stderr)
+    # One write: ranks under torchrun share stderr, and a line written in two parts (text,
+    # then print's newline) can be split by another rank's line.
+    sys.stderr.write(f"{line_prefix()}autopipe {args.command}: error: {prefix}{message}\n")
+    sys.stderr.flush()
     return code

@@ -3,6 +3,11 @@
 Every rank loads the model file and the plan, builds only its own stage and runs the plan's
 schedule; the last stage prints loss and step time. ``python -m autopipe run ...`` and the
 older ``python -m autopipe.cli_run run ...`` are ``autopipe run ...``.
+
+Started as a program (not ``main([...])`` from Python), ``autopipe run`` first fixes
+Python's string hash seed (:func:`fix_hash_seed`): with ``PYTHONHASHSEED`` unset every
+process gets its own, and a model whose ``forward`` iterates a set of strings (Hugging Face
+Gemma-3's ``set(config.layer_types)``) traces into another graph on each rank.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ import argparse
 import os
 import statistics
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -29,7 +35,39 @@ examples (K = the plan's stages; K x D processes give D data-parallel replicas):
       --rdzv-endpoint HOST0:29500 --rdzv-id job1 \\
       -m autopipe run examples/gpt.py --plan plan.json --steps 100
   (or: torchrun ... $(which autopipe) run ...)
+Every rank traces the model itself; so that all trace the same graph (a forward that
+iterates a set of strings depends on Python's hash seed), autopipe run re-executes itself
+with PYTHONHASHSEED=0 when PYTHONHASHSEED is unset. A value you set is kept: set the same
+one on every rank (ranks that trace different graphs are refused at start-up).
 """
+
+
+HASH_SEED = "0"
+"""The ``PYTHONHASHSEED`` that ``autopipe run`` sets when it is unset (0: no randomisation)."""
+
+
+def fix_hash_seed(argv: Sequence[str]) -> None:
+    """Re-execute this process with ``PYTHONHASHSEED`` = :data:`HASH_SEED` when ``argv`` (this
+    process's own arguments, without the program) is an ``autopipe run`` and the variable is
+    unset, so every rank that torchrun starts hashes strings, and so iterates sets, alike.
+
+    ``os.execve`` replaces the program in the same process (torchrun keeps watching its
+    pid), with the same command line (``sys.orig_argv``), before any process group exists.
+    A value the user set is kept, even one that differs between ranks: the start-up
+    agreement (:func:`autopipe.runtime.distributed.agree.check_same_plan`) then refuses
+    graphs that differ. Nothing happens where the variable would not take effect or the
+    process cannot be replaced alike: outside POSIX, under ``python -E``/``-I``, or once
+    torch.distributed is initialised."""
+    if not argv or argv[0] != "run" or "PYTHONHASHSEED" in os.environ:
+        return
+    if os.name != "posix" or sys.flags.ignore_environment or not sys.executable:
+        return
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(sys.executable, sys.orig_argv, {**os.environ, "PYTHONHASHSEED": HASH_SEED})
 
 
 def register(sub: common.Subparsers) -> None:

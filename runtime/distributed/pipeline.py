@@ -239,6 +239,12 @@ def _short_cause(exc: BaseException) -> str:
     return text.split(". This is typically")[0]
 
 
+def _one_line(exc: BaseException) -> str:
+    """``Type: first line of the message``, as ranks compare and report an error."""
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
 def _is_comm_failure(exc: BaseException) -> bool:
     """Errors that mean a peer is gone or silent rather than a bug in this rank's compute."""
     if isinstance(exc, dist.DistError):
@@ -309,15 +315,25 @@ class DistributedPipeline:
                 "torch.distributed is not initialised; call "
                 "autopipe.runtime.distributed.init_distributed() first (under torchrun)"
             )
-        # Before anything else talks to a peer: a rank with another plan or model fails
-        # here, within seconds and naming the difference, on every rank.
-        check_same_plan(plan, model)
+        # Trace and cut first (no peer is involved), then agree before anything else talks
+        # to a peer: a rank with another plan, model or traced graph, or one that could
+        # not cut the model as the plan says, fails here, within seconds and naming the
+        # difference, on every rank.
+        cut_error: Exception | None = None
+        try:
+            planned: PlannedStages | None = partition(model, example_inputs, plan)
+        except Exception as exc:  # every rank hears of it before any raises
+            planned, cut_error = None, exc
+        check_same_plan(plan, model, planned, _one_line(cut_error) if cut_error else None)
         # Then the schedule's rules, the same on every rank: all of them refuse at once.
         # The planner's pre-flight is the one statement of the rules torch enforces.
         problems = preflight(plan)
         if problems:
             more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
             raise ScheduleRuleError(f"the plan cannot run: {problems[0]}{more}; re-plan")
+        if cut_error is not None:  # every rank failed alike: each raises its own
+            raise cut_error
+        assert planned is not None
         chunk_rank = [s.rank if s.rank >= 0 else s.index for s in plan.stages]
         self.plan = plan
         self.layout: RankLayout = rank_layout(
@@ -329,7 +345,6 @@ class DistributedPipeline:
         self.holds_last = num_chunks - 1 in self.chunk_indices
         self.device = torch.device(device) if device is not None else _default_device()
         self.pipeline_group, self.replica_group = _make_groups(self.layout)
-        planned = partition(model, example_inputs, plan)
         self.chunks = materialize_chunks(
             planned,
             plan,
