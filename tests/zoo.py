@@ -491,10 +491,11 @@ def second_cut(measured: Any, planned: Any) -> Any:
             return other
     first, second = planned.stages[0], planned.stages[1]
     units = first.units + second.units
+    counts = first.unit_parameters + second.unit_parameters  # one per unit, or none
     at = len(first.units) - 1 if len(first.units) > 1 else len(first.units) + 1
     stages = [
-        dataclasses.replace(first, units=units[:at]),
-        dataclasses.replace(second, units=units[at:]),
+        dataclasses.replace(first, units=units[:at], unit_parameters=counts[:at]),
+        dataclasses.replace(second, units=units[at:], unit_parameters=counts[at:]),
         *planned.stages[2:],
     ]
     return dataclasses.replace(planned, stages=stages)
