@@ -189,7 +189,7 @@ def _train(args: argparse.Namespace, plan: Plan, mf: ModelFile, rank: int, world
     import torch.distributed as dist
 
     from autopipe.modelfile import ModelFileError
-    from autopipe.runtime.distributed.agree import nonfinite_loss
+    from autopipe.runtime.distributed.agree import nonfinite
     from autopipe.runtime.distributed.layout import PlanWorldSizeError
     from autopipe.runtime.distributed.pipeline import DistributedPipeline, PipelineRankError
     from autopipe.runtime.distributed.process import shutdown
@@ -233,10 +233,7 @@ def _train(args: argparse.Namespace, plan: Plan, mf: ModelFile, rank: int, world
         except PipelineRankError as exc:
             raise common.Failure(str(exc)) from exc
         if not args.allow_nonfinite:
-            try:
-                bad = nonfinite_loss(loss, pipe.device)
-            except PipelineRankError as exc:
-                raise common.Failure(str(exc)) from exc
+            bad = nonfinite(pipe.last_loss)
             if bad is not None:  # before optimizer.step(): the weights stay as they were
                 raise common.Failure(
                     f"the loss is {bad} in step {step + 1}; stopped before the optimizer step "

@@ -283,20 +283,13 @@ def mismatch(fingerprints: list[dict[str, Any]]) -> str | None:
     return None
 
 
-_NONFINITE = {1.0: "-inf", 2.0: "inf", 3.0: "nan"}
-
-
-def nonfinite_loss(loss: torch.Tensor | None, device: torch.device) -> str | None:
-    """``"nan"``, ``"inf"`` or ``"-inf"`` on every rank when the loss (known on the last
-    stage, None elsewhere) is not finite, else None: one one-element all-reduce over the
-    world, so the ranks that never see the loss stop at the same step."""
-    code = 0.0
-    if loss is not None:
-        value = float(loss)
-        code = (
-            3.0 if math.isnan(value) else 0.0 if math.isfinite(value) else 2.0 if value > 0 else 1.0
-        )
-    flag = torch.tensor([code], device=device)
-    with _collective("share the loss check"):
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-    return _NONFINITE.get(float(flag.item()))
+def nonfinite(loss: float) -> str | None:
+    """``"nan"``, ``"inf"`` or ``"-inf"`` when the step's global loss is not finite, else
+    None. Every rank has that loss (``DistributedPipeline.last_loss``: the step's one
+    all-reduce of the loss sum and item count), so the ranks that never compute the loss
+    stop at the same step without a collective of their own."""
+    if math.isnan(loss):
+        return "nan"
+    if math.isinf(loss):
+        return "inf" if loss > 0 else "-inf"
+    return None

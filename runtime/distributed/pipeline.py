@@ -446,6 +446,9 @@ class DistributedPipeline:
             ) from exc
         self.steps = 0
         self.last_step_s = 0.0
+        self.last_loss = 0.0
+        """The last step's loss over the global batch, on every rank (NaN or infinite when
+        any micro-batch's was)."""
 
     def _loss(self, output: Any, index: torch.Tensor) -> torch.Tensor:
         # The schedule splits the arange index like a target; slice the real target with it so
@@ -557,6 +560,7 @@ class DistributedPipeline:
             totals[1] = sum(self._items.values())
         dist.all_reduce(totals)
         loss_sum, items = float(totals[0]), float(totals[1])
+        self.last_loss = loss_sum / items if items > 0 else 0.0
         # d(sum)/d(w) over the micro-batches, divided by the global count; then a tied
         # parameter's gradient is the sum over the ranks holding it, and the sum over
         # replicas, as in the unsplit model trained data-parallel.
@@ -566,8 +570,7 @@ class DistributedPipeline:
             _sum_gradients(self.module, self.replica_group)
         if not self.holds_last:
             return None
-        mean = loss_sum / items if items > 0 else 0.0
-        return torch.tensor(mean, dtype=losses[0].dtype, device=self.device)
+        return torch.tensor(self.last_loss, dtype=losses[0].dtype, device=self.device)
 
 
 def _no_weight_pass() -> Callable[[], None]:
