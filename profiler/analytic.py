@@ -530,7 +530,7 @@ def _count(
             # A boolean mask given as an input (wav2vec2's mask_time_indices) indexes
             # through nonzero, which has no data on meta: count every element as selected,
             # an upper bound on that op's work.
-            fx_config.patch(meta_nonzero_assume_all_nonzero=True),
+            fx_config.patch(meta_nonzero_assume_all_nonzero=True),  # type: ignore[attr-defined]
             _AutogradTagger(counter),
             counter,
             torch.autograd.graph.saved_tensors_hooks(pack, _unpack),

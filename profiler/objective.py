@@ -94,7 +94,7 @@ class LabelItems:
         except ImportError:  # an HF-like model without transformers: nothing shifts
             return cls(shifted=False)
         loss_type = getattr(model, "loss_type", None) or getattr(config, "loss_type", None)
-        loss = LOSS_MAPPING.get(loss_type, ForCausalLMLoss)
+        loss = LOSS_MAPPING.get(str(loss_type), ForCausalLMLoss)
         shifted = loss is ForCausalLMLoss and not getattr(config, "is_encoder_decoder", False)
         return cls(shifted=bool(shifted))
 
