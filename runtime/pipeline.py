@@ -201,7 +201,8 @@ class Pipeline(nn.Module):
         return lambda i, j: flags[j]
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        outputs, pieces = self._run(args, kwargs)
+        outputs = self._run(args, kwargs)
+        pieces = scatter([args, kwargs], len(outputs))  # split as the graph's inputs were
         return gather(outputs, [self.label_items.count(_inputs_of(p)) for p in pieces])
 
     def loss(self, inputs: Any, target: Any = None, loss_fn: LossFn | None = None) -> Any:
@@ -214,7 +215,7 @@ class Pipeline(nn.Module):
         """Run ``inputs`` (one mini-batch in the example-inputs convention): each
         micro-batch's output in the model's structure, not gathered."""
         args, kwargs = split_inputs(inputs)
-        return self._run(args, kwargs)[0]
+        return self._run(args, kwargs)
 
     def microbatch_loss(
         self,
@@ -240,9 +241,8 @@ class Pipeline(nn.Module):
                 ]
             )
 
-    def _run(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[list[Any], list[Any]]:
-        """(each micro-batch's output in the model's structure, each micro-batch's
-        ``[args, kwargs]``)."""
+    def _run(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
+        """Each micro-batch's output in the model's structure."""
         microbatches = scatter(self._bind(args, kwargs), self.microbatches)
         self._check_static_size(microbatches)
         self._tied.refresh()
@@ -258,8 +258,7 @@ class Pipeline(nn.Module):
             recorder=recorder,
             rng=MicrobatchRNG(draw_base_seed()),
         )
-        pieces = scatter([args, kwargs], len(microbatches))
-        return [self._unflatten(out) for (out,) in outputs], pieces
+        return [self._unflatten(out) for (out,) in outputs]
 
     def _check_static_size(self, microbatches: list[list[Any]]) -> None:
         size = self.static_microbatch_size
