@@ -3,7 +3,7 @@
 A model file in autopipe's convention: ``autopipe plan tests/shared_layers_models.py:albert
 --gpus 2`` or ``torchrun ... -m autopipe run tests/shared_layers_models.py:looped ...``.
 ``albert()``: Hugging Face ALBERT (one ``AlbertLayer`` called ``num_hidden_layers`` times);
-``looped()``: plain torch, one ``nn.Linear`` block called 3 times. Each factory builds the
+``looped()``: plain torch, one block of two ``nn.Linear`` called 3 times. Each factory builds the
 model seeded with dropout off; ``example_inputs_NAME(batch_size)`` gives seeded inputs, with
 ``labels = input_ids`` for ALBERT, so every row has the same number of labelled tokens. Not a
 test module (no ``test_`` prefix).
@@ -51,20 +51,34 @@ def example_inputs_albert(batch_size: int = 8) -> dict[str, torch.Tensor]:
     return {"input_ids": ids, "labels": ids}
 
 
+class Block(nn.Module):
+    """``Linear -> tanh -> Linear -> tanh``: ``(batch, FEATURES) -> (batch, FEATURES)``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(FEATURES, FEATURES)
+        self.fc2 = nn.Linear(FEATURES, FEATURES)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.fc2(torch.tanh(self.fc1(x))))
+
+
 class Looped(nn.Module):
-    """An input projection, one ``Linear`` + ``tanh`` block applied ``LOOPS`` times, a head:
-    ``(batch, FEATURES) -> (batch, 4)``."""
+    """An input projection, one :class:`Block` (two ``nn.Linear``) applied ``LOOPS`` times, a
+    head: ``(batch, FEATURES) -> (batch, 4)``. Two calls of the block in one piece of the
+    pipeline make torch's split weight pass fail (its two Linears are two parameter groups
+    whose passes overlap)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.inp = nn.Linear(FEATURES, FEATURES)
-        self.block = nn.Linear(FEATURES, FEATURES)
+        self.block = Block()
         self.head = nn.Linear(FEATURES, 4)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.inp(x)
         for _ in range(LOOPS):
-            x = torch.tanh(self.block(x))
+            x = self.block(x)
         return self.head(x)
 
 

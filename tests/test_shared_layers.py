@@ -30,13 +30,12 @@ import pytest
 import shared_layers_models as models
 import torch
 from autopipe.planner import plan as make_plan
-from autopipe.planner.chunks import runs_unsplit
 from autopipe.planner.plan_data import Plan, load_plan
 from autopipe.profiler.inputs import call_model
 from autopipe.profiler.measure import profile
 from autopipe.profiler.objective import default_loss
 from autopipe.profiler.profile_data import Profile
-from autopipe.profiler.units import trace_units, unit_module
+from autopipe.profiler.units import trace_units
 from distributed_cases import free_port
 from torch.utils import _pytree as pytree
 
@@ -63,6 +62,20 @@ NAMES = [pytest.param("albert", marks=NEEDS_HF), "looped"]
 @pytest.fixture(autouse=True)
 def _private_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: Any) -> None:
     monkeypatch.setenv("AUTOPIPE_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
+
+
+def unit_module(name: str) -> str:
+    """The module of a unit (autopipe.profiler.units.unit_module, imported when called so
+    that the other tests run, and fail, against code without it)."""
+    from autopipe.profiler.units import unit_module as module_of
+
+    return module_of(name)
+
+
+def runs_unsplit(measured: Profile, i: int, j: int) -> bool:
+    from autopipe.planner.chunks import runs_unsplit as unsplit
+
+    return unsplit(measured, i, j)
 
 
 def _quick_profile(name: str, **options: Any) -> Profile:
