@@ -18,9 +18,11 @@ instead: every matching module (the outermost of nested matches) is a unit, and 
 module beside the paths to them. The plan's unit names are module paths, so the runtime
 re-traces into exactly the plan's units by passing them (:func:`unit_module`) as ``units``.
 
-**Call sites.** A unit is one *call* of its module. A module the model calls several times
-(parameters shared across depth: ALBERT's one layer applied ``num_hidden_layers`` times, a
-block in a Python loop) is one unit per call: the first call is named by the module path,
+**Call sites.** A unit is one *call* of its module. A module with parameters that the model
+calls several times (parameters shared across depth: ALBERT's one layer applied
+``num_hidden_layers`` times, a block in a Python loop) is one unit per call (a
+parameter-free one, e.g. a dropout called twice, stays one unit whose later calls join the
+unit they run in): the first call is named by the module path,
 the ``k``-th further call ``path#k`` (``albert.encoder.albert_layer_groups.0#3``), ``k`` being
 torch's own call count (the ``@k`` of the tracer's ``nn_module_stack``). Those units hold
 the same parameters: each names them in ``shared_parameters`` (a tied parameter, counted
@@ -379,10 +381,20 @@ def unit_graph_from(
         else:
             paths = _block_units(model) if granularity == "block" else _module_units(model)
         unit_set = set(paths) or {""}
+        modules = dict(model.named_modules())
+        # Only a module with parameters is cut per call: a parameter-free one (a dropout or
+        # an activation called twice) has nothing to share, and its later calls stay glue
+        # of the unit they run in.
+        per_call = {
+            path
+            for path in unit_set
+            if path in modules and next(modules[path].parameters(), None) is not None
+        }
         labels = {}
         for n in calls:
             path = _unit_of_path(_module_path(n), unit_set)
-            labels[n.name] = path if not path else _call_name(path, _call_of(n, path))
+            per = path in per_call and path is not None
+            labels[n.name] = _call_name(path, _call_of(n, path)) if per else path
         for n in calls:
             # Unpacking a unit's tuple output (``out, (h, c) = self.lstm(x)``) belongs to that
             # unit: only the parts used later cross a cut, not the whole tuple.
