@@ -393,8 +393,9 @@ def unit_graph_from(
         labels = {}
         for n in calls:
             path = _unit_of_path(_module_path(n), unit_set)
-            per = path in per_call and path is not None
-            labels[n.name] = _call_name(path, _call_of(n, path)) if per else path
+            if path is not None and path in per_call:
+                path = _call_name(path, _call_of(n, path))
+            labels[n.name] = path
         for n in calls:
             # Unpacking a unit's tuple output (``out, (h, c) = self.lstm(x)``) belongs to that
             # unit: only the parts used later cross a cut, not the whole tuple.
