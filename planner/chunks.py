@@ -102,6 +102,23 @@ def chunk_cluster(cluster: Cluster, shape: ScheduleShape, memory_share: float = 
     return Cluster(devices, cluster.host_throughput)
 
 
+def runs_unsplit(profile: Profile, i: int, j: int) -> bool:
+    """Whether the chunk of units ``i..j-1`` runs its backward unsplit under a zero-bubble
+    schedule: one of its units could not be split (``UnitProfile.backward_unsplit``), or two
+    of its units hold one parameter (``shared_parameters``: calls of one shared layer, a tied
+    weight), which torch's split weight pass cannot take (``autopipe.profiler.weight_pass``).
+    O(units of the chunk x their shared parameters)."""
+    seen: set[str] = set()
+    for unit in profile.units[i:j]:
+        if unit.backward_unsplit:
+            return True
+        names = set(unit.shared_parameters)
+        if names & seen:
+            return True
+        seen |= names
+    return False
+
+
 def chunk_works(
     cm: CostModel, bounds: list[int], costs: list[SegmentCost], split: bool
 ) -> list[ChunkWork]:
@@ -112,7 +129,8 @@ def chunk_works(
     chunk runs its whole backward in B (one recomputation; torch's split weight pass would
     recompute once per parameter group), so its W is empty; torch runs the first chunk's
     whole backward in W (it has no input gradient to send, ``PipelineStage.is_first``), so
-    its B is empty."""
+    its B is empty. A chunk that uses a parameter more than once (:func:`runs_unsplit`)
+    runs its whole backward in B too, as the runtime runs it."""
     works = []
     for c, cost in enumerate(costs):
         i, j = bounds[c], bounds[c + 1]
@@ -121,6 +139,8 @@ def chunk_works(
             inp = cost.backward_s
         elif split and c == 0:
             wgt = cost.backward_s
+        elif split and runs_unsplit(cm.profile, i, j):
+            inp = cost.backward_s
         elif split:
             # B + W of the chunk run split, over the whole backward's cost (its per-call
             # overhead and the micro-batch scaling included).

@@ -30,7 +30,7 @@ import statistics
 import time
 import warnings
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -58,6 +58,7 @@ from autopipe.profiler.materialize import (
 )
 from autopipe.profiler.memory import (
     SavedTensorCounter,
+    canonical_parameter_names,
     parameter_accounting,
     parameter_storages,
     storage_key,
@@ -79,6 +80,7 @@ from autopipe.profiler.timing import (
 from autopipe.profiler.trace import call_model
 from autopipe.profiler.tree import float_tensor_leaves, map_tensors, tensor_leaves
 from autopipe.profiler.units import UnitGraph, cut_tensors, trace_units
+from autopipe.profiler.weight_pass import reuse_reason, reused_parameters
 from torch import fx, nn
 
 LossFn = objective.LossFn
@@ -222,6 +224,9 @@ class _UnitMeasurement:
     backward_weight_s: float = 0.0
     split_samples: list[tuple[float, float]] = field(default_factory=list)
     """(B, W) seconds of each run of the unit's split-backward step (warm-up runs first)."""
+    unsplit_reason: str = ""
+    """Why the unit's backward cannot be split into B and W (``UnitProfile.backward_unsplit``);
+    "" when it can (or was not tried)."""
 
 
 @dataclass
@@ -411,13 +416,18 @@ def _split_backward_step(
     unit: _UnitMeasurement,
     device: torch.device,
     clock: str | Callable[[], float],
+    names: Mapping[int, str] | None = None,
 ) -> TimedStep | None:
     """A timed step whose backward runs the unit's backward as the zero-bubble schedules
     do, in two timed parts appended to ``unit.split_samples`` (seconds): B, the gradient of
     the unit's inputs (``autograd.grad`` with respect to them, keeping the graph), then W,
     the gradients of its parameters from where their paths meet the inputs' paths (torch's
     ``stage_backward_input`` / ``stage_backward_weight``, which the runtime runs). A unit
-    whose inputs need no gradient is all W, one without parameters all B. None without
+    whose inputs need no gradient is all W, one without parameters all B. A unit that uses
+    a parameter more than once (one layer called several times), which torch's weight pass
+    cannot take (:mod:`autopipe.profiler.weight_pass`), is not split: its first run sets
+    ``unit.unsplit_reason`` and no sample is taken (its backward is then priced whole, as B).
+    ``names``: ``id(parameter) -> name`` for that reason. None without
     ``torch.distributed`` (no split)."""
     try:
         from torch.distributed.pipelining._backward import (
@@ -434,10 +444,12 @@ def _split_backward_step(
     ]
     params = [p for p in call.module.parameters() if p.requires_grad]
     params += [a for a in call.args if isinstance(a, nn.Parameter) and a.requires_grad]
+    named = {(names or {}).get(id(p), f"{call.index}:{k}"): p for k, p in enumerate(params)}
     mutates = _mutates_inputs(call.module, args, call.activation_args)
     state = {"args": fresh_inputs(args, call.activation_args) if mutates else args}
     now = time.perf_counter if clock == CUDA_EVENTS else resolve_clock(clock)
     ones: dict[int, list[torch.Tensor]] = {}
+    checked: list[bool] = []
 
     def forward(module: fx.GraphModule = call.module) -> list[torch.Tensor]:
         out = module(*state["args"])
@@ -451,6 +463,11 @@ def _split_backward_step(
         grads = ones.get(len(outs))
         if grads is None or any(g.shape != t.shape for g, t in zip(grads, outs, strict=True)):
             grads = ones[len(outs)] = [torch.ones_like(t) for t in outs]
+        if not checked:
+            checked.append(True)
+            unit.unsplit_reason = reuse_reason(reused_parameters(outs, inputs, named))
+        if unit.unsplit_reason:
+            return  # torch's weight pass would fail: priced unsplit, nothing to time
         synchronize(device)
         t0 = now()
         groups = None
@@ -524,6 +541,7 @@ def _prepare_size(
     n = ug.num_units
     flat = ug.flat_inputs(inputs)
     split = split_units(ug, model)
+    param_names = canonical_parameter_names(model)
     counter = SavedTensorCounter(exclude=parameter_storages(model))
     sharing = UnitSharing(split, enabled=share)
     units = [_UnitMeasurement() for _ in range(n)]
@@ -571,7 +589,7 @@ def _prepare_size(
             steps = [step]
             split = None
             if split_clock is not None:
-                split = _split_backward_step(call, args, unit, device, split_clock)
+                split = _split_backward_step(call, args, unit, device, split_clock, param_names)
                 if split is not None:
                     split.samples_per_round = step.samples_per_round
                     steps.append(split)
@@ -643,7 +661,9 @@ def _prepare_size(
     split_of_step: list[int] = []
     if split_clock is not None:
         for call, args in isolated:
-            split_step = _split_backward_step(call, args, units[call.index], device, split_clock)
+            split_step = _split_backward_step(
+                call, args, units[call.index], device, split_clock, param_names
+            )
             if split_step is not None:
                 split_step.samples_per_round = min(copies[call.index], SHARED_SAMPLES_CAP)
                 steps.append(split_step)
@@ -679,6 +699,10 @@ def _record_times(m: _SizeMeasurement, times: list[tuple[float, float]], warmup:
             unit.peak_bytes = rep.peak_bytes
             unit.backward_input_s = rep.backward_input_s
             unit.backward_weight_s = rep.backward_weight_s
+            unit.unsplit_reason = rep.unsplit_reason
+        if unit.unsplit_reason:
+            # Run unsplit, B does the whole backward and W nothing (W folded into B).
+            unit.backward_input_s, unit.backward_weight_s = unit.backward_s, 0.0
     m.loss_forward_s, m.loss_backward_s = times[len(m.unit_of_step)]
     m.units[-1].forward_s += m.loss_forward_s
     m.units[-1].backward_s += m.loss_backward_s
@@ -1024,6 +1048,7 @@ def profile(
                 output_bytes=um.output_bytes,
                 peak_bytes=um.peak_bytes,
                 measured_as=measured_as[i],
+                backward_unsplit=um.unsplit_reason,
                 **params[i],
             )
         )

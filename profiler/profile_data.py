@@ -43,7 +43,9 @@ class UnitProfile:
     """
 
     name: str
-    """Unit name, a module path such as ``blocks.3`` (or a node name for glue)."""
+    """Unit name, a module path such as ``blocks.3`` (or a node name for glue); a module
+    called several times is one unit per call, ``blocks.3#k`` for its ``k``-th further call
+    (``autopipe.profiler.units``)."""
     kind: str = ""
     """Class name of the module, or ``"glue"`` for free functions between modules."""
     forward_s: float = 0.0
@@ -94,6 +96,12 @@ class UnitProfile:
     """Name of the unit whose measurement (or count) this unit shares because it is the same
     computation (same graph, parameter and input shapes); ``""``: its own. Optional in
     schema v1: files without it load with ``""``."""
+    backward_unsplit: str = ""
+    """Why this unit's backward cannot run split into B and W, e.g. a parameter it uses more
+    than once, which torch's split weight pass cannot take (``autopipe.profiler.weight_pass``);
+    ``""``: it can (or the split was not tried). Such a unit has ``backward_input_s`` = its
+    ``backward_s`` and ``backward_weight_s`` 0 (W folded into B), and the planner prices a
+    chunk holding it unsplit, as the runtime runs it. Optional in schema v1."""
 
     def forward_at(self, microbatch_size: float, batch_size: int) -> float:
         """Forward seconds for one micro-batch of ``microbatch_size`` samples."""

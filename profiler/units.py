@@ -16,7 +16,17 @@ Granularity (``trace_units(..., granularity=...)``):
 ``units=["model.layers.*", ...]`` (fnmatch patterns over module paths) names the units
 instead: every matching module (the outermost of nested matches) is a unit, and so is every
 module beside the paths to them. The plan's unit names are module paths, so the runtime
-re-traces into exactly the plan's units by passing them as ``units``.
+re-traces into exactly the plan's units by passing them (:func:`unit_module`) as ``units``.
+
+**Call sites.** A unit is one *call* of its module. A module with parameters that the model
+calls several times (parameters shared across depth: ALBERT's one layer applied
+``num_hidden_layers`` times, a block in a Python loop) is one unit per call (a
+parameter-free one, e.g. a dropout called twice, stays one unit whose later calls join the
+unit they run in): the first call is named by the module path,
+the ``k``-th further call ``path#k`` (``albert.encoder.albert_layer_groups.0#3``), ``k`` being
+torch's own call count (the ``@k`` of the tracer's ``nn_module_stack``). Those units hold
+the same parameters: each names them in ``shared_parameters`` (a tied parameter, counted
+once in the model's totals), and a cut between two calls ties them across stages.
 
 Free functions between modules (e.g. the ``add`` of token and position embeddings) join the
 unit of the next module node (the previous one at the end). Unit indices never decrease along
@@ -39,6 +49,7 @@ from autopipe.profiler.trace import TraceError, batch_is_dynamic, trace_model
 from torch import fx, nn
 
 __all__ = [
+    "CALL_SEPARATOR",
     "GRANULARITIES",
     "TraceError",
     "UnitGraph",
@@ -46,9 +57,25 @@ __all__ = [
     "cut_tensors",
     "live_across_cuts",
     "trace_units",
+    "unit_module",
 ]
 
 GRANULARITIES = ("block", "module", "node")
+
+CALL_SEPARATOR = "#"
+"""Between a module path and its call count in the name of a further call's unit
+(``blocks.0#2``: the third call of ``blocks.0``). Module paths never contain it."""
+
+
+def unit_module(name: str) -> str:
+    """The module path of a unit name: ``name`` without its call count (``blocks.0#2`` ->
+    ``blocks.0``); a module's first call, glue and node units unchanged. O(len(name))."""
+    path, sep, count = name.rpartition(CALL_SEPARATOR)
+    return path if sep and count.isdigit() else name
+
+
+def _call_name(path: str, call: int) -> str:
+    return path if call == 0 else f"{path}{CALL_SEPARATOR}{call}"
 
 
 class UnitPatternError(ValueError):
@@ -64,7 +91,8 @@ class UnitGraph:
 
     graph_module: fx.GraphModule
     unit_names: list[str]
-    """Units in topological order: module paths (``blocks.3``) or, at node granularity, node names."""
+    """Units in topological order: module paths (``blocks.3``; ``path#k`` for the ``k``-th
+    further call of a module called several times) or, at node granularity, node names."""
     node_unit: dict[str, int]
     """fx node name -> unit index, for every node but the output (placeholders -> 0,
     get_attr -> unit of their first user)."""
@@ -246,6 +274,17 @@ def _module_path(node: fx.Node) -> str | None:
     return list(stack.values())[-1][0]
 
 
+def _call_of(node: fx.Node, path: str) -> int:
+    """Which call of the module at ``path`` ``node`` belongs to (0: the first), from the
+    ``@k`` torch's tracers append to the ``nn_module_stack`` key of a module's further calls
+    (``blocks.0@2`` under fx, ``L__self__blocks.0@2`` under export). O(module depth)."""
+    for key, value in (node.meta.get("nn_module_stack") or {}).items():
+        if isinstance(value, tuple) and value and value[0] == path:
+            count = str(key).rpartition("@")[2] if "@" in str(key) else ""
+            return int(count) if count.isdigit() else 0
+    return 0
+
+
 def _unit_of_path(path: str | None, units: set[str]) -> str | None:
     """The unit path that is ``path`` or its closest ancestor, or None for glue."""
     while path:
@@ -342,7 +381,21 @@ def unit_graph_from(
         else:
             paths = _block_units(model) if granularity == "block" else _module_units(model)
         unit_set = set(paths) or {""}
-        labels = {n.name: _unit_of_path(_module_path(n), unit_set) for n in calls}
+        modules = dict(model.named_modules())
+        # Only a module with parameters is cut per call: a parameter-free one (a dropout or
+        # an activation called twice) has nothing to share, and its later calls stay glue
+        # of the unit they run in.
+        per_call = {
+            path
+            for path in unit_set
+            if path in modules and next(modules[path].parameters(), None) is not None
+        }
+        labels = {}
+        for n in calls:
+            path = _unit_of_path(_module_path(n), unit_set)
+            if path is not None and path in per_call:
+                path = _call_name(path, _call_of(n, path))
+            labels[n.name] = path
         for n in calls:
             # Unpacking a unit's tuple output (``out, (h, c) = self.lstm(x)``) belongs to that
             # unit: only the parts used later cross a cut, not the whole tuple.
@@ -358,7 +411,7 @@ def unit_graph_from(
         kinds = []
         for u in names:
             try:
-                kinds.append(type(model.get_submodule(u)).__name__)
+                kinds.append(type(model.get_submodule(unit_module(u))).__name__)
             except AttributeError:
                 kinds.append(type(model).__name__)
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]

@@ -5,7 +5,9 @@ chunks of each rank) both call :func:`partition`, which gives every one of the p
 ``K x V`` stage graphs (chunks), in model order:
 
 1. trace the model into exactly the plan's units (:func:`trace_for_plan`): the plan's unit
-   names are module paths, so they are passed as the units to trace into; a graph whose
+   names are module paths (``path#k`` for a further call of a module called several times,
+   ``autopipe.profiler.units``), so their modules are passed as the units to trace into;
+   a graph whose
    batch dimension torch.export had to specialise is traced again at the plan's micro-batch
    size;
 2. map each unit to its stage (:func:`stage_of_unit`, which also checks the plan's unit
@@ -28,7 +30,7 @@ from typing import Any
 import torch
 from autopipe.profiler.inputs import InputBinder, batch_rows, batch_size_of
 from autopipe.profiler.objective import LabelItems
-from autopipe.profiler.units import GRANULARITIES, UnitGraph, trace_units
+from autopipe.profiler.units import GRANULARITIES, UnitGraph, trace_units, unit_module
 from autopipe.runtime.split import StageGraph, StageSplitError, split_graph
 from torch import fx, nn
 
@@ -170,9 +172,12 @@ def _trace_units_of(model: nn.Module, example_inputs: Any, plan: Any) -> UnitGra
     if granularity not in GRANULARITIES:
         granularity = "block"
     paths = {path for path, _ in model.named_modules() if path}
-    if granularity != "node" and wanted and all(u in paths for u in wanted):
+    # A module called several times is one unit per call (``blocks.0``, ``blocks.0#1``, ...):
+    # tracing into the module gives back every call's unit.
+    modules = list(dict.fromkeys(unit_module(u) for u in wanted))
+    if granularity != "node" and modules and all(u in paths for u in modules):
         # Module paths contain no glob characters: each name matches only itself.
-        return trace_units(model, example_inputs, granularity, units=wanted)
+        return trace_units(model, example_inputs, granularity, units=modules)
     return trace_units(model, example_inputs, granularity)
 
 

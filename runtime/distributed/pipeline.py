@@ -40,12 +40,13 @@ from autopipe.planner.schedules import (
 )
 from autopipe.profiler.inputs import InputBinder, batch_rows, batch_size_of, split_inputs
 from autopipe.profiler.objective import LossFn, loss_term
+from autopipe.profiler.weight_pass import reuse_reason
 from autopipe.runtime.distributed.agree import check_same_plan
 from autopipe.runtime.distributed.layout import RankLayout, rank_layout
 from autopipe.runtime.distributed.process import group_timeout
 from autopipe.runtime.distributed.stages import StageModule, StageSplitError, wire_of
 from autopipe.runtime.distributed.tied import TiedGradients
-from autopipe.runtime.distributed.zero_bubble import weight_pass_misses
+from autopipe.runtime.distributed.zero_bubble import weight_pass_misses, weight_pass_reuses
 from autopipe.runtime.partition import OUTPUT, PlannedStages, cut_values, partition
 from torch import nn
 from torch.distributed import pipelining
@@ -388,8 +389,9 @@ class DistributedPipeline:
         self.unsplit_chunks: dict[int, str] = {}
         """Zero-bubble schedules: chunks whose backward runs unsplit in B (their W does
         nothing), with the reason: re-materialized (torch's weight pass would recompute the
-        chunk's forward once per parameter group), or a parameter torch's split weight pass
-        would miss (see :mod:`zero_bubble`)."""
+        chunk's forward once per parameter group), a parameter the chunk uses more than once
+        (a layer called several times: torch's weight pass fails on it), or a parameter
+        torch's split weight pass would miss (see :mod:`zero_bubble`)."""
         if plan.schedule in ZERO_BUBBLE:
             for k, (c, module) in enumerate(zip(self.chunk_indices, self.chunks, strict=True)):
                 if c == 0:
@@ -399,6 +401,10 @@ class DistributedPipeline:
                     continue
                 if examples is None:  # no fake-tensor run: cannot check, so do not split
                     self.unsplit_chunks[c] = "its shapes could not be worked out ahead"
+                    continue
+                reused = _weight_pass_reuses(module, examples[k][0])
+                if reused:
+                    self.unsplit_chunks[c] = reuse_reason(reused, "chunk")
                     continue
                 missed = _weight_pass_misses(module, examples[k][0], c == num_chunks - 1)
                 if missed:
@@ -591,6 +597,19 @@ def _weight_pass_misses(module: StageModule, inputs: Sequence[Any], last: bool) 
         return weight_pass_misses(module, inputs, last)
     except Exception as exc:  # data-dependent shapes: cannot tell, so do not split
         return [f"<unknown: {type(exc).__name__}>"]
+    finally:
+        module.checkpoint = checkpoint
+
+
+def _weight_pass_reuses(module: StageModule, inputs: Sequence[Any]) -> dict[str, int]:
+    """:func:`~autopipe.runtime.distributed.zero_bubble.weight_pass_reuses` of one chunk
+    (without re-materialization, as :func:`_weight_pass_misses`); a chunk that cannot run on
+    fake tensors is left to :func:`_weight_pass_misses`, which runs it unsplit."""
+    checkpoint, module.checkpoint = module.checkpoint, False
+    try:
+        return weight_pass_reuses(module, inputs)
+    except Exception:  # data-dependent shapes: _weight_pass_misses says unknown
+        return {}
     finally:
         module.checkpoint = checkpoint
 

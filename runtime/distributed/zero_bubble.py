@@ -20,6 +20,12 @@ Two things this does not cover, both handled here:
   ("Can't detach views in-place"): :class:`~autopipe.runtime.distributed.stages.StageModule`
   copies output views for these schedules (``own_outputs``).
 
+A chunk that uses a parameter more than once (a layer applied several times, e.g. two calls
+of ALBERT's shared layer in one chunk) makes torch's weight pass fail ("Trying to backward
+through the graph a second time"): :func:`weight_pass_reuses` finds such parameters
+(:func:`autopipe.profiler.weight_pass.reused_parameters`, on a fake-tensor forward) and the
+chunk runs unsplit as well.
+
 Re-materialized chunks run unsplit too: ``torch.utils.checkpoint`` (non-reentrant)
 recomputes per autograd pass, and torch's weight pass makes one pass per parameter group,
 so a split checkpointed chunk would recompute (parts of) its forward in B and then again
@@ -34,22 +40,44 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 import torch
+from autopipe.profiler.weight_pass import accumulator as _accumulator
+from autopipe.profiler.weight_pass import reused_parameters
 from torch import nn
 from torch.autograd.graph import Node
 
-__all__ = ["weight_pass_misses"]
+__all__ = ["weight_pass_misses", "weight_pass_reuses"]
 
 
-def _accumulator(t: torch.Tensor) -> Node | None:
-    """The autograd node gradients of leaf ``t`` flow into (its ``AccumulateGrad``)."""
-    if t.grad_fn is not None:
-        return t.grad_fn
-    if not t.requires_grad:
-        return None
-    # A leaf's accumulator is created lazily: a view's backward edge points at it.
-    view = t.view_as(t)
-    assert view.grad_fn is not None
-    return view.grad_fn.next_functions[0][0]
+def _fake_forward(
+    module: nn.Module, example_inputs: Sequence[torch.Tensor]
+) -> tuple[list[Any], list[Any]]:
+    """``module``'s forward on fake copies of ``example_inputs`` (``requires_grad`` kept):
+    ``(fake inputs, output leaves)``, with their autograd graph. No compute."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    with mode, torch.enable_grad():
+        fakes = [
+            mode.from_tensor(t.detach()).requires_grad_(t.requires_grad)
+            if isinstance(t, torch.Tensor)
+            else t
+            for t in example_inputs
+        ]
+        out = module(*fakes)
+    return fakes, list(torch.utils._pytree.tree_leaves(out))
+
+
+def weight_pass_reuses(module: nn.Module, example_inputs: Sequence[torch.Tensor]) -> dict[str, int]:
+    """``{name: uses}`` of ``module``'s trainable parameters used more than once along the
+    path from its inputs, which torch's split weight pass cannot take (see the module
+    docstring); ``example_inputs`` as in :func:`weight_pass_misses`. Runs the forward once on
+    fake tensors. Raises what the forward raises on fake tensors."""
+    params = {name: p for name, p in module.named_parameters() if p.requires_grad}
+    if not params:
+        return {}
+    fakes, leaves = _fake_forward(module, example_inputs)
+    outputs = [t for t in leaves if isinstance(t, torch.Tensor)]
+    return reused_parameters(outputs, [t for t in fakes if isinstance(t, torch.Tensor)], params)
 
 
 def _depends_on(roots: Iterable[Node], targets: set[Node]) -> set[Node]:
@@ -98,24 +126,13 @@ def weight_pass_misses(
     input that needs a gradient" can miss. Runs the chunk's forward once on fake tensors
     (``FakeTensorMode``: no compute). Raises what the forward raises on fake tensors.
     """
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
     params = {_accumulator(p): name for name, p in module.named_parameters() if p.requires_grad}
     params.pop(None, None)
     if not params:
         return []
-    mode = FakeTensorMode(allow_non_fake_inputs=True)
-    with mode, torch.enable_grad():
-        fakes = [
-            mode.from_tensor(t.detach()).requires_grad_(t.requires_grad)
-            if isinstance(t, torch.Tensor)
-            else t
-            for t in example_inputs
-        ]
-        out = module(*fakes)
-        leaves: list[Any] = list(torch.utils._pytree.tree_leaves(out))
-        roots = [t.grad_fn for t in leaves if isinstance(t, torch.Tensor) and t.grad_fn]
-        inputs = {_accumulator(t) for t in fakes if isinstance(t, torch.Tensor)}
+    fakes, leaves = _fake_forward(module, example_inputs)
+    roots = [t.grad_fn for t in leaves if isinstance(t, torch.Tensor) and t.grad_fn]
+    inputs = {_accumulator(t) for t in fakes if isinstance(t, torch.Tensor)}
     inputs.discard(None)
     joined = _depends_on(roots, {n for n in inputs if n is not None})
     if last:
