@@ -15,6 +15,7 @@ import importlib.util
 import os
 from typing import Any
 
+import shared_layers_models  # the model file's folder is on sys.path while it loads
 import torch
 from torch import nn
 
@@ -52,6 +53,7 @@ HF_FAMILIES = [
     "vit",
     "llama_labels",
     "bert",
+    "albert",
     "gemma3",
     "swin",
     "qwen2_moe",
@@ -251,6 +253,16 @@ def bert() -> nn.Module:
         attention_probs_dropout_prob=0.0,
     )
     return _seeded(lambda: transformers.BertForMaskedLM(cfg))
+
+
+def albert() -> nn.Module:
+    """ALBERT masked LM: one layer applied at all 4 depths (parameter sharing), so one unit
+    per call (``...albert_layer_groups.0#k``) and a tied parameter across every cut."""
+    return shared_layers_models.albert()
+
+
+def example_inputs_albert(batch_size: int = 8) -> dict[str, torch.Tensor]:
+    return example_inputs_bert(batch_size)
 
 
 def example_inputs_bert(batch_size: int = 8) -> dict[str, torch.Tensor]:
@@ -469,6 +481,7 @@ SCHEDULE_OF = {
     "resnet50": ("1f1b", 1),
     "vit_b_16": ("interleaved-zb", 2),
     "bert": ("1f1b", 1),
+    "albert": ("interleaved-zb", 2),
     "gemma3": ("interleaved-1f1b", 2),
     "swin": ("gpipe", 1),
     "qwen2_moe": ("zbv", 2),
