@@ -19,7 +19,6 @@ Hugging Face ALBERT (one ``AlbertLayer`` called 4 times) and a plain-torch loop 
 from __future__ import annotations
 
 import copy
-import dataclasses
 import json
 import subprocess
 import sys
@@ -29,6 +28,7 @@ from typing import Any
 import pytest
 import shared_layers_models as models
 import torch
+import zoo
 from autopipe.planner import plan as make_plan
 from autopipe.planner.plan_data import Plan, load_plan
 from autopipe.profiler.inputs import call_model
@@ -167,8 +167,7 @@ def _cut_between_calls(plan: Plan, name: str) -> Plan:
     else:
         cut = [["inp", "block"], ["block#1"], ["block#2"], ["head"]]
     assert [u for s in plan.stages for u in s.units] == [u for s in cut for u in s]
-    stages = [dataclasses.replace(s, units=u) for s, u in zip(plan.stages, cut, strict=True)]
-    return dataclasses.replace(plan, stages=stages)
+    return zoo.recut(plan, cut)
 
 
 def _check_parallelized(name: str, plan: Plan | None) -> Any:
@@ -243,10 +242,7 @@ def torchrun_runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
             virtual_stages=v,
         )  # fmt: skip
         if cut is not None:
-            stages = [
-                dataclasses.replace(s, units=u) for s, u in zip(plan.stages, cut, strict=True)
-            ]
-            plan = dataclasses.replace(plan, stages=stages)
+            plan = zoo.recut(plan, cut)
         plan.save(out / f"{case}.plan.json")
     result = subprocess.run(
         [

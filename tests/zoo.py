@@ -502,16 +502,31 @@ def second_cut(measured: Any, planned: Any) -> Any:
         other = make_plan(measured, planned.request, strategy=strategy)
         if other.balance != planned.balance:
             return other
-    first, second = planned.stages[0], planned.stages[1]
-    units = first.units + second.units
-    counts = first.unit_parameters + second.unit_parameters  # one per unit, or none
-    at = len(first.units) - 1 if len(first.units) > 1 else len(first.units) + 1
+    cut = [list(s.units) for s in planned.stages]
+    if len(cut[0]) > 1:
+        cut[1].insert(0, cut[0].pop())  # the first cut one unit earlier
+    else:
+        cut[0].append(cut[1].pop(0))  # or one unit later
+    return recut(planned, cut)
+
+
+def recut(plan: Any, cut: list[list[str]]) -> Any:
+    """``plan`` with its units cut into ``cut`` by hand (the same units in order, one list
+    per chunk), each unit's parameter record moving with it."""
+    counts = dict(
+        zip(
+            (u for s in plan.stages for u in s.units),
+            (n for s in plan.stages for n in s.unit_parameters),
+            strict=False,
+        )
+    )
     stages = [
-        dataclasses.replace(first, units=units[:at], unit_parameters=counts[:at]),
-        dataclasses.replace(second, units=units[at:], unit_parameters=counts[at:]),
-        *planned.stages[2:],
+        dataclasses.replace(
+            s, units=units, unit_parameters=[counts[u] for u in units] if counts else []
+        )
+        for s, units in zip(plan.stages, cut, strict=True)
     ]
-    return dataclasses.replace(planned, stages=stages)
+    return dataclasses.replace(plan, stages=stages)
 
 
 def write_plans(out: Any, families: list[str], profiles: dict[str, Any] | None = None) -> None:
