@@ -19,6 +19,7 @@ __all__ = [
     "atomic_write_json",
     "atomic_write_text",
     "check_version",
+    "created_mode",
     "known_fields",
     "load_json_file",
     "read_json",
@@ -30,6 +31,12 @@ T = TypeVar("T")
 # would give it. The umask can only be read by setting it: do it once, at import.
 _UMASK = os.umask(0o022)
 os.umask(_UMASK)
+
+
+def created_mode(mode: int) -> int:
+    """The permission bits ``mode`` gives a new file or folder under this process's umask
+    (``0o777`` for a folder, ``0o666`` for a file, as ``mkdir`` and ``open`` would)."""
+    return mode & ~_UMASK
 
 
 def atomic_write_json(path: str | os.PathLike[str], data: Any, *, strict: bool = False) -> None:
@@ -51,7 +58,7 @@ def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
-            os.fchmod(f.fileno(), 0o666 & ~_UMASK)
+            os.fchmod(f.fileno(), created_mode(0o666))
             f.write(text)
         os.replace(tmp, path)
     except BaseException:

@@ -623,3 +623,34 @@ def test_fingerprints_name_what_differs(tmp_path: Path) -> None:
         "the ranks built different models: Sequential with 2 tensors, 40 elements (#"
     )
     assert "on rank 2 but Sequential with 2 tensors, 20 elements" in line
+
+
+# -- autopipe run --save DIR: refused before any work ---------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("save", "message"),
+    [
+        ("", "--save needs a directory name, got ''"),
+        (".", "--save .: name the directory to create or replace"),
+    ],
+    ids=["empty", "dot"],
+)
+def test_save_without_a_directory_name_is_refused(
+    capsys: pytest.CaptureFixture[str], save: str, message: str
+) -> None:
+    """Before, ``--save ''`` trained and saved nothing, exit 0."""
+    assert main(["run", "M.py", "--plan", "P.json", "--save", save]) == 2
+    assert f"autopipe run: error: {message}" in _error(capsys)
+
+
+def test_save_refuses_a_folder_of_other_files(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The new checkpoint replaces DIR whole: a folder holding the model file is refused."""
+    model = _model_file(tmp_path)
+    argv = ["run", str(model), "--plan", "P.json", "--save", str(tmp_path)]
+    assert main(argv) == 2
+    line = _error(capsys)
+    assert f"--save {tmp_path}: holds 'm.py', no part of a checkpoint" in line, line
+    assert model.read_text() == SMALL_MODEL
