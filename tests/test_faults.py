@@ -654,3 +654,21 @@ def test_save_refuses_a_folder_of_other_files(
     line = _error(capsys)
     assert f"--save {tmp_path}: holds 'm.py', no part of a checkpoint" in line, line
     assert model.read_text() == SMALL_MODEL
+
+
+def test_save_refuses_a_symlink_or_someone_elses_folder(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / ".metadata").write_text("victim's")
+    link = tmp_path / "ckpt"
+    link.symlink_to(victim)
+    assert main(["run", "M.py", "--plan", "P.json", "--save", str(link)]) == 2
+    assert f"--save {link}: is a symbolic link" in _error(capsys)
+    monkeypatch.setattr(os, "geteuid", lambda: os.stat(victim).st_uid + 1)
+    assert main(["run", "M.py", "--plan", "P.json", "--save", str(victim)]) == 2
+    assert f"--save {victim}: belongs to uid {os.stat(victim).st_uid}, not to this user" in (
+        _error(capsys)
+    )
+    assert (victim / ".metadata").read_text() == "victim's"

@@ -192,3 +192,22 @@ def test_save_replaces_an_earlier_checkpoint_whole(tmp_path: Path) -> None:
     assert sorted(new) == sorted(old)
     assert all(not torch.equal(new[name], old[name]) for name in old)  # every tensor trained
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".ckpt")) == []
+
+
+def test_save_never_writes_through_planted_symlinks(tmp_path: Path) -> None:
+    """Links planted in DIR under the names torch.distributed.checkpoint writes. Before, the
+    save wrote through them into the files they point at."""
+    model, plan = fault_files(tmp_path)
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    victims = {
+        name: tmp_path / f"victim{i}" for i, name in enumerate(("__1_0.distcp", ".metadata.tmp"))
+    }
+    for name, victim in victims.items():
+        victim.write_text("precious")
+        (ckpt / name).symlink_to(victim)
+    drill = torchrun_drill(2, [*_run_args(model, plan, "--steps", "1"), "--save", str(ckpt)])
+    assert drill.code == 0, drill.output
+    assert all(v.read_text() == "precious" for v in victims.values())
+    assert not any(p.is_symlink() for p in ckpt.iterdir())
+    assert len(_checkpoint(ckpt, tmp_path)) == 4

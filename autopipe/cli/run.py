@@ -12,6 +12,7 @@ import contextlib
 import os
 import re
 import shutil
+import stat
 import statistics
 import sys
 import tempfile
@@ -289,10 +290,24 @@ checkpoint folder."""
 def _replace_problem(target: Path) -> str | None:
     """Why ``--save target`` must not be replaced by a new checkpoint, or None (``target`` is
     absent, or a folder of nothing but checkpoint files, which the swap deletes)."""
-    if not os.path.lexists(target):
+    try:
+        st = os.lstat(target)
+    except FileNotFoundError:
         return None
-    if not target.is_dir():
+    except OSError as exc:
+        return f"cannot look at it ({exc.strerror or exc})"
+    if stat.S_ISLNK(st.st_mode):
+        return (
+            "is a symbolic link; give the directory itself (a link is never followed: "
+            "someone else may have planted it)"
+        )
+    if not stat.S_ISDIR(st.st_mode):
         return "is a file; give a directory"
+    if st.st_uid != os.geteuid():
+        return (
+            f"belongs to uid {st.st_uid}, not to this user (uid {os.geteuid()}): it cannot be "
+            "replaced safely; give a directory of your own or a new name"
+        )
     try:
         foreign = sorted(e for e in os.listdir(target) if not _CHECKPOINT_ENTRY.fullmatch(e))
     except OSError as exc:
