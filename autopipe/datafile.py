@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import json
 import os
+import stat
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -52,8 +54,27 @@ def atomic_write_json(path: str | os.PathLike[str], data: Any, *, strict: bool =
 
 
 def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
-    """Write ``text`` to ``path`` atomically, as :func:`atomic_write_json` does."""
+    """Write ``text`` to ``path`` atomically, as :func:`atomic_write_json` does.
+
+    What ``path`` names decides how: a regular file (or none) is replaced atomically; a
+    symbolic link keeps being one: the file it points at is replaced; a character device or
+    FIFO (``/dev/null``, ``/dev/stdout``, a named pipe), or a link to one, is opened and
+    written to, never replaced. Any other kind (a block device, a socket) is an ``OSError``.
+    """
     path = Path(path)
+    try:
+        st = os.stat(path)  # follows links: what a write would reach
+    except FileNotFoundError:
+        st = None
+    if st is not None and (stat.S_ISCHR(st.st_mode) or stat.S_ISFIFO(st.st_mode)):
+        _write_through(path, text)
+        return
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        raise OSError(
+            errno.EINVAL, f"{path} is neither a regular file, a character device nor a FIFO"
+        )
+    if path.is_symlink():
+        path = Path(os.path.realpath(path))  # replace the file the link points at
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
@@ -65,6 +86,14 @@ def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+def _write_through(path: Path, text: str) -> None:
+    """``text`` written into the character device or FIFO ``path`` (opened, never created or
+    replaced; a FIFO waits for its reader)."""
+    fd = os.open(path, os.O_WRONLY | os.O_NOCTTY)
+    with os.fdopen(fd, "wb") as f:
+        f.write(text.encode("utf-8"))
 
 
 def read_json(path: str | os.PathLike[str], error: type[Exception]) -> Any:

@@ -12,6 +12,7 @@ import json
 import math
 import os
 import re
+import stat
 import subprocess
 import sys
 import threading
@@ -672,3 +673,51 @@ def test_save_refuses_a_symlink_or_someone_elses_folder(
         _error(capsys)
     )
     assert (victim / ".metadata").read_text() == "victim's"
+
+
+# -- special files: written through, never replaced -------------------------------------------
+
+
+def test_a_fifo_is_written_through_not_replaced(tmp_path: Path) -> None:
+    """Before, ``emit -o FIFO`` replaced the FIFO with a regular file."""
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    received: list[bytes] = []
+    reader = threading.Thread(target=lambda: received.append(fifo.read_bytes()), daemon=True)
+    reader.start()
+    atomic_write_json(fifo, {"ok": 1})
+    reader.join(10)
+    assert json.loads(b"".join(received)) == {"ok": 1}
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pipe"]
+
+
+def test_a_character_device_is_written_through_not_replaced(tmp_path: Path) -> None:
+    """``--json /dev/null`` as root used to replace /dev/null with a regular file; here a
+    copy of the null device (made with mknod, where allowed) takes the old behaviour's
+    damage, and /dev/null itself is written to after it."""
+    null = tmp_path / "null"
+    try:
+        os.mknod(null, stat.S_IFCHR | 0o666, os.makedev(1, 3))
+    except PermissionError:
+        pytest.skip("mknod is not allowed here")
+    atomic_write_json(null, {"ok": 1})
+    assert stat.S_ISCHR(os.lstat(null).st_mode)
+    link = tmp_path / "out.json"  # a link to the device: both stay
+    link.symlink_to(null)
+    atomic_write_json(link, {"ok": 2})
+    assert link.is_symlink() and stat.S_ISCHR(os.lstat(null).st_mode)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["null", "out.json"]
+    atomic_write_json("/dev/null", {"ok": 3})
+    assert stat.S_ISCHR(os.lstat("/dev/null").st_mode)
+
+
+def test_a_symlink_to_a_file_stays_a_link(tmp_path: Path) -> None:
+    real = tmp_path / "real.json"
+    real.write_text("{}")
+    link = tmp_path / "link.json"
+    link.symlink_to(real.name)
+    atomic_write_json(link, {"ok": 1})
+    assert link.is_symlink() and os.readlink(link) == real.name
+    assert json.loads(real.read_text()) == {"ok": 1}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link.json", "real.json"]

@@ -255,6 +255,12 @@ def check_output_path(
                     f"{flag} {path} is the input {given}; writing there would destroy it: "
                     "give another path"
                 )
+    if not directory and out.exists() and _is_stream(out):
+        # /dev/null, /dev/stdout, a named pipe: written through, never replaced, so the
+        # folder holding it needs no room for a new file.
+        if not os.access(out, os.W_OK):
+            raise UsageError(f"{flag} {path}: cannot write to it (permission denied)")
+        return
     folder = out if directory and out.exists() else out.parent
     while not folder.exists():
         folder = folder.parent
@@ -268,6 +274,14 @@ def check_output_path(
         ) from None
     os.close(fd)
     os.unlink(probe)
+
+
+def _is_stream(path: Path) -> bool:
+    """Whether ``path`` is (or links to) a character device or a FIFO."""
+    import stat
+
+    mode = path.stat().st_mode
+    return stat.S_ISCHR(mode) or stat.S_ISFIFO(mode)
 
 
 def _input_file(given: str | None) -> Path | None:
