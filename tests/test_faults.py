@@ -721,3 +721,40 @@ def test_a_symlink_to_a_file_stays_a_link(tmp_path: Path) -> None:
     assert link.is_symlink() and os.readlink(link) == real.name
     assert json.loads(real.read_text()) == {"ok": 1}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["link.json", "real.json"]
+
+
+# -- huge batch sizes: divisor search bounded by what is kept ---------------------------------
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(n=st.integers(1, 5000), up_to=st.one_of(st.none(), st.integers(1, 6000)))
+def test_divisors_match_brute_force(n: int, up_to: int | None) -> None:
+    from autopipe.planner.search import divisors
+
+    expected = [d for d in range(1, n + 1) if n % d == 0 and (up_to is None or d <= up_to)]
+    assert divisors(n, up_to=up_to) == expected
+
+
+def test_divisors_of_a_huge_batch_size_are_bounded_by_what_is_kept() -> None:
+    """Before, every caller found all divisors of B by trial division up to sqrt(B):
+    10^12 steps for B = 10^24, though only those up to 4096 were kept."""
+    from autopipe.planner.search import MAX_AUTO_MICROBATCHES, divisor_hint, divisors
+
+    n = 10**24
+    kept = divisors(n, up_to=MAX_AUTO_MICROBATCHES)
+    assert kept == [d for d in range(1, MAX_AUTO_MICROBATCHES + 1) if n % d == 0]
+    assert divisor_hint(n, 3) == "pick a divisor (e.g. 1, 2, 4, 5, 8, 10)"
+
+
+def test_a_batch_size_of_10_to_the_24_plans(tmp_path: Path) -> None:
+    saved = _write(tmp_path / "profile.json", _profile_dict())
+    out = _cli(
+        "plan", str(saved), "--gpus", "2", "--batch-size", str(10**24), "--json", timeout_s=60
+    )
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["batch_size"] == 10**24
+    data = _profile_dict()
+    data["batch_size"] = 10**18  # the profile's own batch size, no --batch-size
+    out = _cli("plan", str(_write(saved, data)), "--gpus", "2", "--json", timeout_s=60)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["batch_size"] == 10**18
