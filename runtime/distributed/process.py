@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import socket
+import time
 from datetime import timedelta
 
 import torch
@@ -43,9 +45,35 @@ def init_distributed(
     if backend == "nccl":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     global _world_timeout
+    deadline = time.monotonic() + timeout_s
+    if os.environ["RANK"] != "0" or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        # A client of the store: c10d's TCPStore client retries a master that does not
+        # answer for up to about twice the timeout, printing C++ frames as it goes. Wait
+        # for the master's port to accept within the timeout first, then let c10d connect.
+        _wait_for_master(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), deadline)
     _world_timeout = timedelta(seconds=timeout_s)
     dist.init_process_group(backend=backend, timeout=_world_timeout)
     return dist.get_rank(), dist.get_world_size()
+
+
+def _wait_for_master(host: str, port: int, deadline: float) -> None:
+    """Return once ``host:port`` (the c10d store of rank 0 or of torchrun's agent) accepts a
+    TCP connection; ``TimeoutError`` (one line) if it has not by ``deadline``
+    (``time.monotonic()`` seconds). The probe connection is closed at once, unused."""
+    last = "no answer"
+    while True:
+        left_s = deadline - time.monotonic()
+        if left_s <= 0:
+            raise TimeoutError(
+                f"the master {host}:{port} (MASTER_ADDR:MASTER_PORT) does not answer ({last}): "
+                "is rank 0 running, and are the address and port right?"
+            )
+        try:
+            with socket.create_connection((host, port), timeout=min(left_s, 1.0)):
+                return
+        except OSError as exc:
+            last = exc.strerror or str(exc) or type(exc).__name__
+        time.sleep(min(0.1, max(deadline - time.monotonic(), 0.0)))
 
 
 def group_timeout() -> timedelta | None:
