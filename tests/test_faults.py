@@ -362,8 +362,13 @@ def test_plan_with_batch_size_0_is_not_benchmarked(
         (["run", "M", "--plan", "P", "--timeout", "0"], "expected a timeout in seconds > 0"),
         (["run", "M", "--plan", "P", "--timeout", "nan"], "expected a timeout in seconds > 0"),
         (["run", "M", "--plan", "P", "--lr", "-1"], "expected a learning rate > 0"),
+        (["run", "M", "--plan", "P", "--timeout", "1e10"], "the maximum is 604800"),
+        (["run", "M", "--plan", "P", "--timeout", "1e15"], "the maximum is 604800"),
+        (["plan", "M", "--gpus", "2", "--bytes-per-parameter", "1e300", "--memory", "1GiB"], "the maximum is 1e+06"),
+        (["plan", "M", "--gpus", "2", "--host-throughput", "1e-300"], "the minimum is 0.001"),
     ],
-    ids=["memory-1e400", "memory-0.5", "bandwidth-inf", "timeout-0", "timeout-nan", "lr-negative"],
+    ids=["memory-1e400", "memory-0.5", "bandwidth-inf", "timeout-0", "timeout-nan", "lr-negative",
+         "timeout-1e10", "timeout-1e15", "bytes-per-parameter-1e300", "host-throughput-1e-300"],
 )  # fmt: skip
 def test_out_of_range_flags_are_one_line_usage_errors(
     capsys: pytest.CaptureFixture[str], argv: list[str], message: str
@@ -758,3 +763,35 @@ def test_a_batch_size_of_10_to_the_24_plans(tmp_path: Path) -> None:
     out = _cli("plan", str(_write(saved, data)), "--gpus", "2", "--json", timeout_s=60)
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["batch_size"] == 10**18
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"MASTER_PORT": "99999"}, "[rank 1] autopipe run: error: MASTER_PORT=99999 is not a TCP port (1 to 65535)"),
+        ({"WORLD_SIZE": "abc"}, "[rank 1] autopipe run: error: WORLD_SIZE='abc' is not an integer"),
+        ({"RANK": "5"}, "[rank 5] autopipe run: error: RANK=5 is not a rank of a world of 2 (0 to 1)"),
+    ],
+    ids=["port-99999", "world-abc", "rank-5-of-2"],
+)  # fmt: skip
+def test_bad_launch_variables_are_usage_errors_at_once(
+    tmp_path: Path, env: dict[str, str], message: str
+) -> None:
+    """Before, each waited out --timeout at connect time (or raised inside c10d)."""
+    import time
+
+    sys.path.insert(0, str(ROOT / "tests"))
+    from distributed_cases import fault_files, free_port, rank_env
+
+    model, plan = fault_files(tmp_path)
+    launch = dict(os.environ, **rank_env(1, 2, free_port()), OMP_NUM_THREADS="1")
+    launch.update(env)
+    start = time.monotonic()
+    out = subprocess.run(
+        [sys.executable, "-m", "autopipe.cli_run", "run", str(model), "--plan", str(plan),
+         "--timeout", "60"],
+        env=launch, capture_output=True, text=True, cwd=ROOT, timeout=120,
+    )  # fmt: skip
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.strip() == message
+    assert time.monotonic() - start < 60  # not the --timeout

@@ -36,6 +36,10 @@ examples (K = the plan's stages; K x D processes give D data-parallel replicas):
   (or: torchrun ... $(which autopipe) run ...)
 """
 
+MAX_TIMEOUT_S = 7 * 24 * 3600.0
+"""The longest ``--timeout``: a week (c10d keeps timeouts as integer milliseconds, and a
+process group silent for longer is stuck, not slow)."""
+
 
 def register(sub: common.Subparsers) -> None:
     """Add ``autopipe run MODEL.py --plan PLAN.json [--steps N]`` to the CLI's subparsers."""
@@ -81,7 +85,7 @@ def register(sub: common.Subparsers) -> None:
     )
     p.add_argument(
         "--timeout",
-        type=common.positive_float("a timeout in seconds > 0"),
+        type=common.positive_float("a timeout in seconds > 0", at_most=MAX_TIMEOUT_S),
         default=300.0,
         metavar="SECONDS",
         help="process-group timeout: a dead or stuck rank ends the run with an error after "

@@ -40,6 +40,7 @@ def init_distributed(
             f"{', '.join(missing)} not set: start this under torchrun, e.g. "
             "`torchrun --nproc-per-node K $(which autopipe) run MODEL.py --plan plan.json`"
         )
+    check_launch_env()
     if backend is None:
         backend = "nccl" if torch.cuda.is_available() else "gloo"
     if backend == "nccl":
@@ -54,6 +55,28 @@ def init_distributed(
     _world_timeout = timedelta(seconds=timeout_s)
     dist.init_process_group(backend=backend, timeout=_world_timeout)
     return dist.get_rank(), dist.get_world_size()
+
+
+def check_launch_env() -> None:
+    """``LaunchError`` (one line) unless torchrun's variables make sense: ``WORLD_SIZE`` an
+    integer >= 1, ``RANK`` one in ``[0, WORLD_SIZE)``, ``MASTER_PORT`` one in 1..65535
+    (else c10d would only fail at connect time, after the timeout)."""
+    values: dict[str, int] = {}
+    for name in ("WORLD_SIZE", "RANK", "MASTER_PORT"):
+        text = os.environ[name]
+        try:
+            values[name] = int(text)
+        except ValueError:
+            raise LaunchError(f"{name}={text!r} is not an integer") from None
+    world, rank, port = values["WORLD_SIZE"], values["RANK"], values["MASTER_PORT"]
+    if world < 1:
+        raise LaunchError(f"WORLD_SIZE={world}: there must be at least one process")
+    if not 0 <= rank < world:
+        raise LaunchError(f"RANK={rank} is not a rank of a world of {world} (0 to {world - 1})")
+    if not 1 <= port <= 65535:
+        raise LaunchError(f"MASTER_PORT={port} is not a TCP port (1 to 65535)")
+    if not os.environ["MASTER_ADDR"].strip():
+        raise LaunchError("MASTER_ADDR is empty: give the host of rank 0")
 
 
 def _wait_for_master(host: str, port: int, deadline: float) -> None:
