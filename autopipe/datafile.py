@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import json
 import os
+import stat
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -19,6 +21,7 @@ __all__ = [
     "atomic_write_json",
     "atomic_write_text",
     "check_version",
+    "created_mode",
     "known_fields",
     "load_json_file",
     "read_json",
@@ -30,6 +33,12 @@ T = TypeVar("T")
 # would give it. The umask can only be read by setting it: do it once, at import.
 _UMASK = os.umask(0o022)
 os.umask(_UMASK)
+
+
+def created_mode(mode: int) -> int:
+    """The permission bits ``mode`` gives a new file or folder under this process's umask
+    (``0o777`` for a folder, ``0o666`` for a file, as ``mkdir`` and ``open`` would)."""
+    return mode & ~_UMASK
 
 
 def atomic_write_json(path: str | os.PathLike[str], data: Any, *, strict: bool = False) -> None:
@@ -45,19 +54,46 @@ def atomic_write_json(path: str | os.PathLike[str], data: Any, *, strict: bool =
 
 
 def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
-    """Write ``text`` to ``path`` atomically, as :func:`atomic_write_json` does."""
+    """Write ``text`` to ``path`` atomically, as :func:`atomic_write_json` does.
+
+    What ``path`` names decides how: a regular file (or none) is replaced atomically; a
+    symbolic link keeps being one: the file it points at is replaced; a character device or
+    FIFO (``/dev/null``, ``/dev/stdout``, a named pipe), or a link to one, is opened and
+    written to, never replaced. Any other kind (a block device, a socket) is an ``OSError``.
+    """
     path = Path(path)
+    try:
+        st = os.stat(path)  # follows links: what a write would reach
+    except FileNotFoundError:
+        st = None
+    if st is not None and (stat.S_ISCHR(st.st_mode) or stat.S_ISFIFO(st.st_mode)):
+        _write_through(path, text)
+        return
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        raise OSError(
+            errno.EINVAL, f"{path} is neither a regular file, a character device nor a FIFO"
+        )
+    if path.is_symlink():
+        path = Path(os.path.realpath(path))  # replace the file the link points at
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
-            os.fchmod(f.fileno(), 0o666 & ~_UMASK)
+            os.fchmod(f.fileno(), created_mode(0o666))
             f.write(text)
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+def _write_through(path: Path, text: str) -> None:
+    """``text`` written into the character device or FIFO ``path`` (opened, never created or
+    replaced; a FIFO waits for its reader)."""
+    fd = os.open(path, os.O_WRONLY | os.O_NOCTTY)
+    with os.fdopen(fd, "wb") as f:
+        f.write(text.encode("utf-8"))
 
 
 def read_json(path: str | os.PathLike[str], error: type[Exception]) -> Any:

@@ -66,19 +66,37 @@ MAX_AUTO_MICROBATCHES = 4096
 per-call overhead dominates any bubble saved, and 1F1B's simulation is O(K M log K)."""
 
 
-def divisors(n: int) -> list[int]:
-    """The positive divisors of ``n >= 1`` in increasing order, in O(sqrt(n)) steps (a
-    batch size of 10^12 has 169 of them, found in a million steps, not 10^12)."""
-    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
-    large = [n // d for d in reversed(small) if d * d != n]
+def divisors(n: int, up_to: int | None = None) -> list[int]:
+    """The positive divisors of ``n >= 1`` that are at most ``up_to`` (default: all), in
+    increasing order, in O(min(up_to, sqrt(n))) steps: a batch size of 10^24 with
+    ``up_to=4096`` takes 4096 trial divisions, not 10^12."""
+    limit = n if up_to is None else min(up_to, n)
+    root = math.isqrt(n)
+    small = [d for d in range(1, min(root, limit) + 1) if n % d == 0]
+    if limit <= root:  # every divisor <= limit was tried directly
+        return small
+    large = [n // d for d in reversed(small) if d * d != n and n // d <= limit]
     return small + large
+
+
+_HINT_SEARCH_LIMIT = 1 << 20
+"""The largest divisor :func:`divisor_hint` looks for (bounded work for any batch size)."""
 
 
 def divisor_hint(n: int, near: int, count: int = 6) -> str:
     """``"pick a divisor (e.g. 4, 8, 16)"``: the ``count`` divisors of ``n`` closest to
     ``near``, in increasing order, for the errors about a micro-batch count that does not
-    divide the batch size (the planner's and the CLI's)."""
-    nearest = sorted(sorted(divisors(n), key=lambda d: abs(d - near))[:count])
+    divide the batch size (the planner's and the CLI's).
+
+    Looks up to ``2 * near + count``, then 4 times as far while fewer than ``count`` turn up
+    (exact: any divisor further out is further from ``near`` than all found), but never
+    past ``_HINT_SEARCH_LIMIT``: a huge prime batch size gets the divisors found by then."""
+    up_to = 2 * near + count
+    found = divisors(n, up_to=up_to)
+    while len(found) < count and up_to < min(n, _HINT_SEARCH_LIMIT):
+        up_to = min(4 * up_to, _HINT_SEARCH_LIMIT)
+        found = divisors(n, up_to=up_to)
+    nearest = sorted(sorted(found, key=lambda d: abs(d - near))[:count])
     return f"pick a divisor (e.g. {', '.join(map(str, nearest))})"
 
 
@@ -185,7 +203,7 @@ def _candidate_microbatches(batch_size: int, microbatches: int | str | Sequence[
             raise PlanningError(
                 f"microbatches={microbatches!r}: give 'auto', an integer or a list of integers"
             )
-        return [m for m in divisors(batch_size) if m <= MAX_AUTO_MICROBATCHES]
+        return divisors(batch_size, up_to=MAX_AUTO_MICROBATCHES)
     try:
         values = [operator.index(microbatches)]  # type: ignore[arg-type]
     except TypeError:

@@ -1,7 +1,8 @@
 """Profile cache: measured profiles saved as JSON and reused for the same problem.
 
 A profile is reused when the model structure (module tree and parameter shapes/dtypes),
-the input shapes/dtypes, the device, dtype, granularity, measurement options and the
+the model's code (the bytes of every file defining one of its module classes, and each
+class's ``forward`` bytecode), the input shapes/dtypes, the device, dtype, granularity, measurement options and the
 autopipe version are all the same: they form the key, a SHA-256 hash. Files live in
 ``$AUTOPIPE_CACHE_DIR`` or ``~/.cache/autopipe``, one ``<key>.json`` each. A corrupt, foreign
 or outdated file is reported with a warning and ignored (the caller re-measures).
@@ -10,8 +11,10 @@ or outdated file is reported with a warning and ignored (the caller re-measures)
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 import os
+import types
 import warnings
 from pathlib import Path
 from typing import Any
@@ -43,12 +46,60 @@ def _describe_value(x: Any) -> Any:
     return type(x).__qualname__
 
 
+def _sha256_of_file(path: str) -> str | None:
+    try:
+        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    except OSError:
+        return None
+
+
+def _code_digest(code: types.CodeType) -> str:
+    """SHA-256 of a code object's bytecode, names and constants (nested code included)."""
+    h = hashlib.sha256(code.co_code)
+    h.update(repr(code.co_names).encode())
+    for const in code.co_consts:
+        h.update(
+            _code_digest(const).encode()
+            if isinstance(const, types.CodeType)
+            else repr(const).encode()
+        )
+    return h.hexdigest()
+
+
+def code_signature(model: nn.Module) -> dict[str, Any]:
+    """What identifies the code a model runs: for every class among its modules, the
+    SHA-256 of the file defining it (module-level helpers its ``forward`` calls live there
+    too) and of its ``forward``'s bytecode (which also covers classes without a file, e.g.
+    defined by ``exec``). Editing ``forward`` changes it; weights do not."""
+    classes = sorted(
+        {type(m) for m in model.modules()}, key=lambda c: f"{c.__module__}.{c.__qualname__}"
+    )
+    files: dict[str, str | None] = {}
+    out: dict[str, Any] = {}
+    for cls in classes:
+        try:
+            path = inspect.getsourcefile(cls)
+        except (TypeError, OSError):
+            path = None
+        if path is not None and path not in files:
+            files[path] = _sha256_of_file(path)
+        forward = getattr(cls, "forward", None)
+        code = getattr(forward, "__code__", None)
+        out[f"{cls.__module__}.{cls.__qualname__}"] = {
+            "file": files.get(path) if path else None,
+            "forward": _code_digest(code) if isinstance(code, types.CodeType) else None,
+        }
+    return out
+
+
 def model_signature(model: nn.Module) -> dict[str, Any]:
-    """What identifies a model's structure: the module tree and every parameter/buffer's
-    name, shape and dtype (values are not hashed: profiles do not depend on them)."""
+    """What identifies a model's structure and code: the module tree, every parameter/buffer's
+    name, shape and dtype (values are not hashed: profiles do not depend on them) and
+    :func:`code_signature`."""
     return {
         "class": f"{type(model).__module__}.{type(model).__qualname__}",
         "repr": repr(model),
+        "code": code_signature(model),
         "parameters": [
             [n, list(p.shape), str(p.dtype), p.requires_grad]
             for n, p in model.named_parameters(remove_duplicate=False)

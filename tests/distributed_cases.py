@@ -423,7 +423,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 # AUTOPIPE_FAULT=KIND@RANK: on that rank, after AUTOPIPE_FAULT_AFTER forward calls of its
 # Linear layers (step 1 makes 2 on each stage, one per micro-batch; the fake-tensor run that
 # works out the stage shapes at start-up does not count), hang, raise, die (SIGKILL) or
-# turn the activations into NaN.
+# turn the activations into NaN; kill-save@RANK and hang-save@RANK do so in `autopipe run --save`.
 KIND, _, RANK = os.environ.get("AUTOPIPE_FAULT", "").partition("@")
 AFTER = int(os.environ.get("AUTOPIPE_FAULT_AFTER", "3"))
 calls = [0]
@@ -448,10 +448,25 @@ def _fault(module, args, output):
     return None
 
 
+def _fault_in_save(self, plan, planner):
+    # KIND kill-save / hang-save: torch.distributed.checkpoint asks this rank to write its
+    # files; it dies (SIGKILL) or hangs before writing any, as a crash mid-save would.
+    print("{FAULT_MARK}:", KIND, "on rank", RANK, flush=True)
+    if KIND == "kill-save":
+        os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(3600)
+
+
+if KIND in ("kill-save", "hang-save") and os.environ.get("RANK") == RANK:
+    from torch.distributed.checkpoint import FileSystemWriter
+
+    FileSystemWriter.write_data = _fault_in_save
+
+
 def build_model():
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 4))
-    if KIND and os.environ.get("RANK") == RANK:
+    if KIND in ("hang", "raise", "kill", "nan") and os.environ.get("RANK") == RANK:
         for layer in model.modules():
             if isinstance(layer, nn.Linear):
                 layer.register_forward_hook(_fault)

@@ -133,3 +133,33 @@ def test_error_in_a_stage_is_reported_by_that_rank_and_its_peer(tmp_path: Path) 
     (code0, _, err0), (code1, _, err1) = [finish(p, 60) for p in procs]
     assert code1 == 1 and "ValueError: the loss broke on purpose" in err1, err1
     assert code0 == 1 and "rank 0 (stage 0, replica 0): the pipeline broke" in err0, err0
+
+
+def test_unreachable_master_ends_within_the_timeout_in_one_line(files: tuple[Path, Path]) -> None:
+    """Rank 1 of 2 and nobody on the master's port. Before, c10d's TCPStore client retried
+    for 1.6-2.3 x --timeout and printed 30-38 lines of C++ frames."""
+    import os
+    import subprocess
+    import sys
+
+    from distributed_cases import ROOT, free_port, rank_env
+
+    timeout_s, startup_s = 3.0, 10.0  # startup: imports on a shared machine (generous)
+    model, plan = files
+    env = dict(os.environ, **rank_env(1, 2, free_port()), OMP_NUM_THREADS="1")
+    start = time.monotonic()
+    out = subprocess.run(
+        [sys.executable, "-m", "autopipe.cli_run", "run", str(model), "--plan", str(plan),
+         "--timeout", str(timeout_s)],
+        env=env, capture_output=True, text=True, cwd=ROOT, timeout=60,
+    )  # fmt: skip
+    elapsed_s = time.monotonic() - start
+    assert out.returncode == 1, out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1, out.stderr
+    assert lines[0].startswith(
+        "[rank 1] autopipe run: error: could not join the process group within 3 s: the master "
+        "127.0.0.1:"
+    ), lines
+    assert "is rank 0 running" in lines[0]
+    assert timeout_s <= elapsed_s <= 1.5 * timeout_s + startup_s, elapsed_s

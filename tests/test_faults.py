@@ -12,6 +12,7 @@ import json
 import math
 import os
 import re
+import stat
 import subprocess
 import sys
 import threading
@@ -361,8 +362,13 @@ def test_plan_with_batch_size_0_is_not_benchmarked(
         (["run", "M", "--plan", "P", "--timeout", "0"], "expected a timeout in seconds > 0"),
         (["run", "M", "--plan", "P", "--timeout", "nan"], "expected a timeout in seconds > 0"),
         (["run", "M", "--plan", "P", "--lr", "-1"], "expected a learning rate > 0"),
+        (["run", "M", "--plan", "P", "--timeout", "1e10"], "the maximum is 604800"),
+        (["run", "M", "--plan", "P", "--timeout", "1e15"], "the maximum is 604800"),
+        (["plan", "M", "--gpus", "2", "--bytes-per-parameter", "1e300", "--memory", "1GiB"], "the maximum is 1e+06"),
+        (["plan", "M", "--gpus", "2", "--host-throughput", "1e-300"], "the minimum is 0.001"),
     ],
-    ids=["memory-1e400", "memory-0.5", "bandwidth-inf", "timeout-0", "timeout-nan", "lr-negative"],
+    ids=["memory-1e400", "memory-0.5", "bandwidth-inf", "timeout-0", "timeout-nan", "lr-negative",
+         "timeout-1e10", "timeout-1e15", "bytes-per-parameter-1e300", "host-throughput-1e-300"],
 )  # fmt: skip
 def test_out_of_range_flags_are_one_line_usage_errors(
     capsys: pytest.CaptureFixture[str], argv: list[str], message: str
@@ -623,3 +629,169 @@ def test_fingerprints_name_what_differs(tmp_path: Path) -> None:
         "the ranks built different models: Sequential with 2 tensors, 40 elements (#"
     )
     assert "on rank 2 but Sequential with 2 tensors, 20 elements" in line
+
+
+# -- autopipe run --save DIR: refused before any work ---------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("save", "message"),
+    [
+        ("", "--save needs a directory name, got ''"),
+        (".", "--save .: name the directory to create or replace"),
+    ],
+    ids=["empty", "dot"],
+)
+def test_save_without_a_directory_name_is_refused(
+    capsys: pytest.CaptureFixture[str], save: str, message: str
+) -> None:
+    """Before, ``--save ''`` trained and saved nothing, exit 0."""
+    assert main(["run", "M.py", "--plan", "P.json", "--save", save]) == 2
+    assert f"autopipe run: error: {message}" in _error(capsys)
+
+
+def test_save_refuses_a_folder_of_other_files(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The new checkpoint replaces DIR whole: a folder holding the model file is refused."""
+    model = _model_file(tmp_path)
+    argv = ["run", str(model), "--plan", "P.json", "--save", str(tmp_path)]
+    assert main(argv) == 2
+    line = _error(capsys)
+    assert f"--save {tmp_path}: holds 'm.py', no part of a checkpoint" in line, line
+    assert model.read_text() == SMALL_MODEL
+
+
+def test_save_refuses_a_symlink_or_someone_elses_folder(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / ".metadata").write_text("victim's")
+    link = tmp_path / "ckpt"
+    link.symlink_to(victim)
+    assert main(["run", "M.py", "--plan", "P.json", "--save", str(link)]) == 2
+    assert f"--save {link}: is a symbolic link" in _error(capsys)
+    monkeypatch.setattr(os, "geteuid", lambda: os.stat(victim).st_uid + 1)
+    assert main(["run", "M.py", "--plan", "P.json", "--save", str(victim)]) == 2
+    assert f"--save {victim}: belongs to uid {os.stat(victim).st_uid}, not to this user" in (
+        _error(capsys)
+    )
+    assert (victim / ".metadata").read_text() == "victim's"
+
+
+# -- special files: written through, never replaced -------------------------------------------
+
+
+def test_a_fifo_is_written_through_not_replaced(tmp_path: Path) -> None:
+    """Before, ``emit -o FIFO`` replaced the FIFO with a regular file."""
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    received: list[bytes] = []
+    reader = threading.Thread(target=lambda: received.append(fifo.read_bytes()), daemon=True)
+    reader.start()
+    atomic_write_json(fifo, {"ok": 1})
+    reader.join(10)
+    assert json.loads(b"".join(received)) == {"ok": 1}
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pipe"]
+
+
+def test_a_character_device_is_written_through_not_replaced(tmp_path: Path) -> None:
+    """``--json /dev/null`` as root used to replace /dev/null with a regular file; here a
+    copy of the null device (made with mknod, where allowed) takes the old behaviour's
+    damage, and /dev/null itself is written to after it."""
+    null = tmp_path / "null"
+    try:
+        os.mknod(null, stat.S_IFCHR | 0o666, os.makedev(1, 3))
+    except PermissionError:
+        pytest.skip("mknod is not allowed here")
+    atomic_write_json(null, {"ok": 1})
+    assert stat.S_ISCHR(os.lstat(null).st_mode)
+    link = tmp_path / "out.json"  # a link to the device: both stay
+    link.symlink_to(null)
+    atomic_write_json(link, {"ok": 2})
+    assert link.is_symlink() and stat.S_ISCHR(os.lstat(null).st_mode)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["null", "out.json"]
+    atomic_write_json("/dev/null", {"ok": 3})
+    assert stat.S_ISCHR(os.lstat("/dev/null").st_mode)
+
+
+def test_a_symlink_to_a_file_stays_a_link(tmp_path: Path) -> None:
+    real = tmp_path / "real.json"
+    real.write_text("{}")
+    link = tmp_path / "link.json"
+    link.symlink_to(real.name)
+    atomic_write_json(link, {"ok": 1})
+    assert link.is_symlink() and os.readlink(link) == real.name
+    assert json.loads(real.read_text()) == {"ok": 1}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link.json", "real.json"]
+
+
+# -- huge batch sizes: divisor search bounded by what is kept ---------------------------------
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(n=st.integers(1, 5000), up_to=st.one_of(st.none(), st.integers(1, 6000)))
+def test_divisors_match_brute_force(n: int, up_to: int | None) -> None:
+    from autopipe.planner.search import divisors
+
+    expected = [d for d in range(1, n + 1) if n % d == 0 and (up_to is None or d <= up_to)]
+    assert divisors(n, up_to=up_to) == expected
+
+
+def test_divisors_of_a_huge_batch_size_are_bounded_by_what_is_kept() -> None:
+    """Before, every caller found all divisors of B by trial division up to sqrt(B):
+    10^12 steps for B = 10^24, though only those up to 4096 were kept."""
+    from autopipe.planner.search import MAX_AUTO_MICROBATCHES, divisor_hint, divisors
+
+    n = 10**24
+    kept = divisors(n, up_to=MAX_AUTO_MICROBATCHES)
+    assert kept == [d for d in range(1, MAX_AUTO_MICROBATCHES + 1) if n % d == 0]
+    assert divisor_hint(n, 3) == "pick a divisor (e.g. 1, 2, 4, 5, 8, 10)"
+
+
+def test_a_batch_size_of_10_to_the_24_plans(tmp_path: Path) -> None:
+    saved = _write(tmp_path / "profile.json", _profile_dict())
+    out = _cli(
+        "plan", str(saved), "--gpus", "2", "--batch-size", str(10**24), "--json", timeout_s=60
+    )
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["batch_size"] == 10**24
+    data = _profile_dict()
+    data["batch_size"] = 10**18  # the profile's own batch size, no --batch-size
+    out = _cli("plan", str(_write(saved, data)), "--gpus", "2", "--json", timeout_s=60)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["batch_size"] == 10**18
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"MASTER_PORT": "99999"}, "[rank 1] autopipe run: error: MASTER_PORT=99999 is not a TCP port (1 to 65535)"),
+        ({"WORLD_SIZE": "abc"}, "[rank 1] autopipe run: error: WORLD_SIZE='abc' is not an integer"),
+        ({"RANK": "5"}, "[rank 5] autopipe run: error: RANK=5 is not a rank of a world of 2 (0 to 1)"),
+    ],
+    ids=["port-99999", "world-abc", "rank-5-of-2"],
+)  # fmt: skip
+def test_bad_launch_variables_are_usage_errors_at_once(
+    tmp_path: Path, env: dict[str, str], message: str
+) -> None:
+    """Before, each waited out --timeout at connect time (or raised inside c10d)."""
+    import time
+
+    sys.path.insert(0, str(ROOT / "tests"))
+    from distributed_cases import fault_files, free_port, rank_env
+
+    model, plan = fault_files(tmp_path)
+    launch = dict(os.environ, **rank_env(1, 2, free_port()), OMP_NUM_THREADS="1")
+    launch.update(env)
+    start = time.monotonic()
+    out = subprocess.run(
+        [sys.executable, "-m", "autopipe.cli_run", "run", str(model), "--plan", str(plan),
+         "--timeout", "60"],
+        env=launch, capture_output=True, text=True, cwd=ROOT, timeout=120,
+    )  # fmt: skip
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.strip() == message
+    assert time.monotonic() - start < 60  # not the --timeout

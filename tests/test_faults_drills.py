@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from distributed_cases import (
     fault_files,
     hash_seeds_with_other_set_orders,
@@ -166,3 +167,77 @@ def test_allow_nonfinite_keeps_going_and_writes_strict_json(tmp_path: Path) -> N
     assert "NaN" not in text
     steps = json.loads(text)["steps"]
     assert [s["loss"] is None for s in steps] == [False, True, True]
+
+
+def _checkpoint(directory: Path, tmp: Path) -> dict[str, torch.Tensor]:
+    """The weights saved in a torch.distributed.checkpoint folder."""
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    dcp_to_torch_save(directory, tmp / "weights.pt")
+    return torch.load(tmp / "weights.pt", weights_only=True)
+
+
+@pytest.mark.parametrize("fault", ["kill-save@1", "hang-save@1"])
+def test_rank_lost_mid_save_leaves_the_earlier_checkpoint_whole(tmp_path: Path, fault: str) -> None:
+    """Rank 1 dies (or hangs) when torch.distributed.checkpoint asks it to write its files,
+    over an earlier checkpoint in DIR. Before, rank 0 had already written its file in place
+    and DIR loaded without error as a mix: rank 0's tensors new, rank 1's old."""
+    model, plan = fault_files(tmp_path)
+    ckpt = tmp_path / "ckpt"
+    first = torchrun_drill(2, [*_run_args(model, plan, "--steps", "1"), "--save", str(ckpt)])
+    assert first.code == 0, first.output
+    old = _checkpoint(ckpt, tmp_path)
+    assert len(old) == 4  # two Linear layers, one on each stage
+    drill = torchrun_drill(
+        2,
+        [*_run_args(model, plan, "--steps", "3"), "--save", str(ckpt)],
+        {"AUTOPIPE_FAULT": fault},
+        deadline_s=TIMEOUT_S + SLACK_S + 45,
+    )
+    assert drill.code == 1, drill.output
+    assert drill.after_fault_s is not None and drill.after_fault_s <= TIMEOUT_S + SLACK_S
+    if fault.startswith("hang"):  # rank 0 waits out the timeout and says so itself
+        assert any(
+            e.startswith("[rank 0] autopipe run: error: the checkpoint was not saved (")
+            and e.endswith(f"{ckpt} is as it was")
+            for e in _error_lines(drill.output)
+        ), drill.output
+    after = _checkpoint(ckpt, tmp_path)
+    assert sorted(after) == sorted(old)
+    assert all(torch.equal(after[name], old[name]) for name in old)
+    leftovers = sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".ckpt."))
+    # Only a killed rank 0 could leave its (hidden) staging folder behind; rank 0 lived.
+    assert leftovers == [], leftovers
+
+
+def test_save_replaces_an_earlier_checkpoint_whole(tmp_path: Path) -> None:
+    model, plan = fault_files(tmp_path)
+    ckpt = tmp_path / "ckpt"
+    for steps in ("1", "3"):
+        drill = torchrun_drill(2, [*_run_args(model, plan, "--steps", steps), "--save", str(ckpt)])
+        assert drill.code == 0, drill.output
+        if steps == "1":
+            old = _checkpoint(ckpt, tmp_path)
+    new = _checkpoint(ckpt, tmp_path)
+    assert sorted(new) == sorted(old)
+    assert all(not torch.equal(new[name], old[name]) for name in old)  # every tensor trained
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".ckpt")) == []
+
+
+def test_save_never_writes_through_planted_symlinks(tmp_path: Path) -> None:
+    """Links planted in DIR under the names torch.distributed.checkpoint writes. Before, the
+    save wrote through them into the files they point at."""
+    model, plan = fault_files(tmp_path)
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    victims = {
+        name: tmp_path / f"victim{i}" for i, name in enumerate(("__1_0.distcp", ".metadata.tmp"))
+    }
+    for name, victim in victims.items():
+        victim.write_text("precious")
+        (ckpt / name).symlink_to(victim)
+    drill = torchrun_drill(2, [*_run_args(model, plan, "--steps", "1"), "--save", str(ckpt)])
+    assert drill.code == 0, drill.output
+    assert all(v.read_text() == "precious" for v in victims.values())
+    assert not any(p.is_symlink() for p in ckpt.iterdir())
+    assert len(_checkpoint(ckpt, tmp_path)) == 4

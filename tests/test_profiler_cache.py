@@ -129,3 +129,69 @@ def test_measure_options_are_the_cache_key(tmp_path, monkeypatch) -> None:
 
 
 FAST_OPTIONS = {"warmup": 0, "repeat": 1, "microbatch_sizes": ()}
+
+
+MODEL_FILE = """\
+import torch
+from torch import nn
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(16, 32)
+        self.b = nn.Linear(32, 4)
+
+    def forward(self, x):
+        return self.b(torch.relu(self.a(x)))
+
+
+def build_model():
+    torch.manual_seed(0)
+    return Net()
+
+
+def example_inputs(batch_size=8):
+    return torch.randn(batch_size, 16)
+"""
+
+
+def test_editing_forward_measures_again(tmp_path, monkeypatch) -> None:
+    """Before, the key held the module tree and parameter shapes only: a new forward (same
+    modules) got the old forward's profile back."""
+    from autopipe.modelfile import load_model_file
+
+    path = tmp_path / "net.py"
+    path.write_text(MODEL_FILE)
+    mf = load_model_file(str(path))
+    first = profile(mf.build(), mf.inputs(8), cache=True, cache_dir=tmp_path / "c", **FAST)
+    path.write_text(MODEL_FILE.replace("torch.relu(self.a(x))", "torch.tanh(self.a(x)) * 2"))
+    mf = load_model_file(str(path))
+    measured = []
+    original = measure._prepare_size
+
+    def count(*args, **kwargs):
+        measured.append(1)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(measure, "_prepare_size", count)
+    second = profile(mf.build(), mf.inputs(8), cache=True, cache_dir=tmp_path / "c", **FAST)
+    assert measured, "the edited model got the cached profile of the old forward"
+    assert len(list((tmp_path / "c").glob("*.json"))) == 2
+    assert [u.name for u in second.units] == [u.name for u in first.units]
+
+
+def test_the_key_follows_forward_code_without_a_file() -> None:
+    def net(body: str) -> nn.Module:
+        scope: dict = {"nn": nn, "torch": torch}
+        exec(
+            "class Net(nn.Module):\n"
+            "    def __init__(self):\n        super().__init__()\n        self.a = nn.Linear(4, 4)\n"
+            f"    def forward(self, x):\n        return {body}\n",
+            scope,
+        )
+        return scope["Net"]()
+
+    x = torch.randn(2, 4)
+    assert cache_key(net("self.a(x)"), x) == cache_key(net("self.a(x)"), x)
+    assert cache_key(net("self.a(x)"), x) != cache_key(net("self.a(x) * 2"), x)

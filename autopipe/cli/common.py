@@ -64,9 +64,13 @@ positive_int = int_at_least(1, "a positive integer")
 nonnegative_int = int_at_least(0, "an integer >= 0")
 
 
-def positive_float(what: str) -> Callable[[str], float]:
+def positive_float(
+    what: str, *, at_least: float | None = None, at_most: float | None = None
+) -> Callable[[str], float]:
     """An argparse type: a finite number > 0 (``what`` names it, with its unit, in the error):
-    0, negatives, ``nan`` and ``inf`` are refused with one line, not a traceback later."""
+    0, negatives, ``nan`` and ``inf`` are refused with one line, not a traceback later.
+    ``at_least`` / ``at_most``: bounds past which the value cannot be honoured (an overflow
+    or a timeout no clock takes), stated in the error."""
 
     def parse(text: str) -> float:
         try:
@@ -75,6 +79,14 @@ def positive_float(what: str) -> Callable[[str], float]:
             raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
         if not (math.isfinite(value) and value > 0):
             raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
+        if at_least is not None and value < at_least:
+            raise argparse.ArgumentTypeError(
+                f"expected {what}, got {text!r}: the minimum is {at_least:g}"
+            )
+        if at_most is not None and value > at_most:
+            raise argparse.ArgumentTypeError(
+                f"expected {what}, got {text!r}: the maximum is {at_most:g}"
+            )
         return value
 
     return parse
@@ -255,6 +267,12 @@ def check_output_path(
                     f"{flag} {path} is the input {given}; writing there would destroy it: "
                     "give another path"
                 )
+    if not directory and out.exists() and _is_stream(out):
+        # /dev/null, /dev/stdout, a named pipe: written through, never replaced, so the
+        # folder holding it needs no room for a new file.
+        if not os.access(out, os.W_OK):
+            raise UsageError(f"{flag} {path}: cannot write to it (permission denied)")
+        return
     folder = out if directory and out.exists() else out.parent
     while not folder.exists():
         folder = folder.parent
@@ -268,6 +286,14 @@ def check_output_path(
         ) from None
     os.close(fd)
     os.unlink(probe)
+
+
+def _is_stream(path: Path) -> bool:
+    """Whether ``path`` is (or links to) a character device or a FIFO."""
+    import stat
+
+    mode = path.stat().st_mode
+    return stat.S_ISCHR(mode) or stat.S_ISFIFO(mode)
 
 
 def _input_file(given: str | None) -> Path | None:
@@ -608,7 +634,8 @@ def model_options(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--bytes-per-parameter",
-        type=positive_float("a positive number of bytes"),
+        # 10^6 B/parameter keeps a 10^12-parameter model's bytes well inside 64-bit integers.
+        type=positive_float("a positive number of bytes", at_most=1e6),
         metavar="BYTES",
         help="training-state bytes per parameter (weights + gradients + optimizer state), "
         "overriding --optimizer",

@@ -109,7 +109,10 @@ def register(sub: common.Subparsers) -> None:
     )
     p.add_argument(
         "--host-throughput",
-        type=common.positive_float("a number of devices' worth of compute > 0, e.g. 1.8"),
+        # Below 1/1000 of one device a step would take 1000 x its measured time per rank.
+        type=common.positive_float(
+            "a number of devices' worth of compute > 0, e.g. 1.8", at_least=1e-3
+        ),
         metavar="N",
         help="the K ranks share one host that runs at most N of them at full speed at once "
         "(ranks that are processes on one machine's CPU cores; measure it as K x one "

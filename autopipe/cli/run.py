@@ -13,9 +13,14 @@ Gemma-3's ``set(config.layer_types)``) traces into another graph on each rank.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import re
+import shutil
+import stat
 import statistics
 import sys
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -40,6 +45,10 @@ iterates a set of strings depends on Python's hash seed), autopipe run re-execut
 with PYTHONHASHSEED=0 when PYTHONHASHSEED is unset. A value you set is kept: set the same
 one on every rank (ranks that trace different graphs are refused at start-up).
 """
+
+MAX_TIMEOUT_S = 7 * 24 * 3600.0
+"""The longest ``--timeout``: a week (c10d keeps timeouts as integer milliseconds, and a
+process group silent for longer is stuck, not slow)."""
 
 
 HASH_SEED = "0"
@@ -114,7 +123,7 @@ def register(sub: common.Subparsers) -> None:
     )
     p.add_argument(
         "--timeout",
-        type=common.positive_float("a timeout in seconds > 0"),
+        type=common.positive_float("a timeout in seconds > 0", at_most=MAX_TIMEOUT_S),
         default=300.0,
         metavar="SECONDS",
         help="process-group timeout: a dead or stuck rank ends the run with an error after "
@@ -141,9 +150,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         # torchrun interleaves every rank's output: each line says whose it is.
         common.set_line_prefix(f"[rank {os.environ['RANK']}] ")
     common.check_output_path(args.json, "--json", inputs=[args.model, args.plan, args.state_dict])
-    common.check_output_path(
-        args.save, "--save", directory=True, inputs=[args.model, args.plan, args.state_dict]
-    )
+    if args.save is not None:
+        check_save_dir(args.save)
     plan = common.load_plan_file(args.plan)
     mf = common.load_model_arg(args.model)
 
@@ -255,7 +263,7 @@ def _train(args: argparse.Namespace, plan: Plan, mf: ModelFile, rank: int, world
             args, f"median step time {statistics.median(steady) * 1e3:.1f} ms (after step 1)"
         )
         common.emit_json({"steps": records}, args.json)
-    if args.save:
+    if args.save is not None:
         save_checkpoint(pipe, args.save)
         if rank == 0:
             common.say(
@@ -293,9 +301,143 @@ class _NothingToOptimize:
         pass
 
 
+def check_save_dir(path: str) -> None:
+    """Refuse a ``--save DIR`` that cannot be written or replaced, before any work (exit 2).
+
+    The checkpoint is written into a fresh sibling of DIR and renamed to DIR at the end
+    (:func:`save_checkpoint`), so DIR must name a directory entry (not ``''``, ``.``, ``..``)
+    in a folder that takes new entries."""
+    if not path.strip():
+        raise common.UsageError("--save needs a directory name, got ''")
+    target = Path(path)
+    if target.name in ("", ".", ".."):
+        raise common.UsageError(
+            f"--save {path}: name the directory to create or replace (the checkpoint is written "
+            "beside it and renamed to it), not the current or a parent folder"
+        )
+    problem = _replace_problem(target)
+    if problem is not None:
+        raise common.UsageError(f"--save {path}: {problem}")
+    common.check_output_path(str(target.parent), "--save", directory=True)
+
+
+_CHECKPOINT_ENTRY = re.compile(r"(__\d+)?\.metadata(\.tmp)?|__\d+_\d+\.distcp")
+"""The names torch.distributed.checkpoint's FileSystemWriter gives the entries of a
+checkpoint folder."""
+
+
+def _replace_problem(target: Path) -> str | None:
+    """Why ``--save target`` must not be replaced by a new checkpoint, or None (``target`` is
+    absent, or a folder of nothing but checkpoint files, which the swap deletes)."""
+    try:
+        st = os.lstat(target)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        return f"cannot look at it ({exc.strerror or exc})"
+    if stat.S_ISLNK(st.st_mode):
+        return (
+            "is a symbolic link; give the directory itself (a link is never followed: "
+            "someone else may have planted it)"
+        )
+    if not stat.S_ISDIR(st.st_mode):
+        return "is a file; give a directory"
+    if st.st_uid != os.geteuid():
+        return (
+            f"belongs to uid {st.st_uid}, not to this user (uid {os.geteuid()}): it cannot be "
+            "replaced safely; give a directory of your own or a new name"
+        )
+    try:
+        foreign = sorted(e for e in os.listdir(target) if not _CHECKPOINT_ENTRY.fullmatch(e))
+    except OSError as exc:
+        return f"cannot list it ({exc.strerror or exc})"
+    if foreign:
+        return (
+            f"holds {foreign[0]!r}, no part of a checkpoint, and the new checkpoint replaces "
+            "the whole folder: give a new or empty directory, or an earlier --save DIR"
+        )
+    return None
+
+
 def save_checkpoint(pipe: Any, directory: str) -> None:
     """Every rank's stage weights, under the model's own names, as one distributed checkpoint
-    (replicated entries, e.g. data-parallel copies, are written once)."""
+    in ``directory`` (replicated entries, e.g. data-parallel copies, are written once).
+
+    All or nothing: rank 0 creates a fresh sibling folder (``mkdtemp``: a new random name,
+    mode 0700), every rank writes its part there, and after a barrier rank 0 renames it to
+    ``directory`` (an earlier checkpoint there is moved aside first and deleted after). A
+    rank that dies or hangs mid-save leaves the earlier checkpoint whole (or none), never a
+    mix of old and new files; the others end with :class:`common.Failure` within the
+    process-group timeout. Needs a folder every rank sees (as torch.distributed.checkpoint
+    does)."""
+    import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
 
-    dcp.save(pipe.state_dict(), checkpoint_id=directory)
+    from autopipe.runtime.distributed.pipeline import _short_cause as short_cause
+
+    target = Path(directory)
+    rank = dist.get_rank()
+    staging: Path | None = None
+    message: list[str | None] = [None, None]  # [staging folder name, error]
+    if rank == 0:
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.saving-"))
+            message[0] = staging.name
+        except OSError as exc:
+            message[1] = f"--save {directory}: cannot create a folder beside it ({exc})"
+    try:
+        dist.broadcast_object_list(message, src=0)
+        if message[1] is not None:
+            raise common.Failure(message[1])
+        assert message[0] is not None
+        staging = target.parent / message[0]
+        dcp.save(pipe.state_dict(), checkpoint_id=staging)
+        dist.barrier()  # every rank has written its part
+    except common.Failure:
+        raise
+    except Exception as exc:
+        if rank == 0 and staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)
+        raise common.Failure(
+            f"the checkpoint was not saved ({short_cause(exc)}); {directory} is as it was"
+        ) from exc
+    outcome: list[str | None] = [_swap_in(staging, target) if rank == 0 else None]
+    try:
+        dist.broadcast_object_list(outcome, src=0)
+    except Exception as exc:
+        raise common.Failure(
+            f"rank 0 did not say whether it moved the checkpoint to {directory} "
+            f"({short_cause(exc)})"
+        ) from exc
+    if outcome[0] is not None:
+        raise common.Failure(outcome[0])
+
+
+def _swap_in(staging: Path, target: Path) -> str | None:
+    """Rename the complete checkpoint ``staging`` to ``target`` (rank 0, after every rank
+    has written); an earlier ``target`` is first moved into a fresh folder of its own and
+    deleted after the swap. Returns None, or the one-line error (``staging`` then stays)."""
+    from autopipe.datafile import created_mode
+
+    problem = _replace_problem(target)  # again: the folder may have changed since start-up
+    if problem is not None:
+        return f"--save {target}: {problem}; the new checkpoint is in {staging}"
+    aside: Path | None = None
+    try:
+        os.chmod(staging, created_mode(0o777))  # what a plain mkdir would have given
+        if os.path.lexists(target):
+            aside = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.old-"))
+            os.rename(target, aside / "checkpoint")
+        os.rename(staging, target)
+    except OSError as exc:
+        if aside is not None and not os.path.lexists(target):
+            with contextlib.suppress(OSError):
+                os.rename(aside / "checkpoint", target)
+        return (
+            f"could not move the new checkpoint to {target} ({exc.strerror or exc}); "
+            f"it is in {staging}"
+        )
+    if aside is not None:
+        shutil.rmtree(aside, ignore_errors=True)
+    return None

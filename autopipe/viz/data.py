@@ -106,7 +106,7 @@ def bubble_data(
     if ks is None:
         ks = sorted({x for x in (k // 2, k, 2 * k) if 1 < x <= n_units} | {k})
     if microbatches is None:
-        microbatches = [m for m in divisors(plan.batch_size) if m <= MAX_AUTO_MICROBATCHES]
+        microbatches = divisors(plan.batch_size, up_to=MAX_AUTO_MICROBATCHES)
     ms = list(microbatches)
     curves = []
     for kk in ks:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import socket
+import time
 from datetime import timedelta
 
 import torch
@@ -38,14 +40,63 @@ def init_distributed(
             f"{', '.join(missing)} not set: start this under torchrun, e.g. "
             "`torchrun --nproc-per-node K $(which autopipe) run MODEL.py --plan plan.json`"
         )
+    check_launch_env()
     if backend is None:
         backend = "nccl" if torch.cuda.is_available() else "gloo"
     if backend == "nccl":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     global _world_timeout
+    deadline = time.monotonic() + timeout_s
+    if os.environ["RANK"] != "0" or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        # A client of the store: c10d's TCPStore client retries a master that does not
+        # answer for up to about twice the timeout, printing C++ frames as it goes. Wait
+        # for the master's port to accept within the timeout first, then let c10d connect.
+        _wait_for_master(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), deadline)
     _world_timeout = timedelta(seconds=timeout_s)
     dist.init_process_group(backend=backend, timeout=_world_timeout)
     return dist.get_rank(), dist.get_world_size()
+
+
+def check_launch_env() -> None:
+    """``LaunchError`` (one line) unless torchrun's variables make sense: ``WORLD_SIZE`` an
+    integer >= 1, ``RANK`` one in ``[0, WORLD_SIZE)``, ``MASTER_PORT`` one in 1..65535
+    (else c10d would only fail at connect time, after the timeout)."""
+    values: dict[str, int] = {}
+    for name in ("WORLD_SIZE", "RANK", "MASTER_PORT"):
+        text = os.environ[name]
+        try:
+            values[name] = int(text)
+        except ValueError:
+            raise LaunchError(f"{name}={text!r} is not an integer") from None
+    world, rank, port = values["WORLD_SIZE"], values["RANK"], values["MASTER_PORT"]
+    if world < 1:
+        raise LaunchError(f"WORLD_SIZE={world}: there must be at least one process")
+    if not 0 <= rank < world:
+        raise LaunchError(f"RANK={rank} is not a rank of a world of {world} (0 to {world - 1})")
+    if not 1 <= port <= 65535:
+        raise LaunchError(f"MASTER_PORT={port} is not a TCP port (1 to 65535)")
+    if not os.environ["MASTER_ADDR"].strip():
+        raise LaunchError("MASTER_ADDR is empty: give the host of rank 0")
+
+
+def _wait_for_master(host: str, port: int, deadline: float) -> None:
+    """Return once ``host:port`` (the c10d store of rank 0 or of torchrun's agent) accepts a
+    TCP connection; ``TimeoutError`` (one line) if it has not by ``deadline``
+    (``time.monotonic()`` seconds). The probe connection is closed at once, unused."""
+    last = "no answer"
+    while True:
+        left_s = deadline - time.monotonic()
+        if left_s <= 0:
+            raise TimeoutError(
+                f"the master {host}:{port} (MASTER_ADDR:MASTER_PORT) does not answer ({last}): "
+                "is rank 0 running, and are the address and port right?"
+            )
+        try:
+            with socket.create_connection((host, port), timeout=min(left_s, 1.0)):
+                return
+        except OSError as exc:
+            last = exc.strerror or str(exc) or type(exc).__name__
+        time.sleep(min(0.1, max(deadline - time.monotonic(), 0.0)))
 
 
 def group_timeout() -> timedelta | None:
