@@ -311,3 +311,45 @@ def test_deepspeed_rule_is_deepspeeds_partition_balanced() -> None:
         weights = [rng.choice([0, 1, 5, 100, rng.randint(0, 1000)]) for _ in range(n)]
         ours = deepspeed_partition_balanced(weights, parts)
         assert ours == [int(b) for b in partition_balanced(weights, parts)], (weights, parts)
+
+
+# ---------------------------------------------------------------- framework rows
+
+
+def _row(plan: Plan, name: str) -> dict[str, Any]:
+    return plan.baselines[name]
+
+
+def test_framework_rows_run_each_frameworks_own_schedule() -> None:
+    """torchtitan's row: torchtitan's stages per rank (2 for a multi-stage schedule, not the
+    plan's V = 3), its split the one generate_llm_fqn_per_model_part makes; Megatron's row at
+    the plan's V, n/a under a schedule Megatron lacks; DeepSpeed's row one stage per rank
+    under its 1F1B, split by partition_balanced over the parameter counts; no torch row."""
+    from autopipe.planner.baselines import FRAMEWORK_DEFAULTS, deepspeed_partition_balanced
+
+    from autopipe.explain import framework_table
+
+    _, measured = _model("gpt")
+    looped = make_plan(measured, 2, schedule="interleaved-1f1b", virtual_stages=3,
+                       microbatches=4, batch_size=4)  # fmt: skip
+    assert set(FRAMEWORK_DEFAULTS) <= set(looped.baselines) and "torch-even" not in looped.baselines
+    titan = _row(looped, "torchtitan-even")
+    assert titan["schedule"] == "interleaved-1f1b" and titan["virtual_stages"] == 2
+    assert len(titan["balance"]) == 4 and sum(titan["balance"]) == len(measured.units)
+    if importlib.util.find_spec("torchtitan") is not None:
+        own = _torchtitan().pp.generate_llm_fqn_per_model_part(4, 4)
+        assert [sum(n.startswith("layers.") for n in part) for part in own] == [
+            b - extra for b, extra in zip(titan["balance"], [3, 0, 0, 2], strict=True)
+        ]  # examples/gpt.py: 3 units before its blocks, 2 after
+    megatron = _row(looped, "megatron-uniform")
+    assert megatron["iteration_time_s"] is None and "divisible by 6" in megatron["reason"]
+
+    gpipe = make_plan(measured, 2, schedule="gpipe", microbatches=4, batch_size=4)
+    assert "no gpipe schedule" in _row(gpipe, "megatron-uniform")["reason"]
+    assert _row(gpipe, "torchtitan-even")["virtual_stages"] == 1
+    deepspeed = _row(gpipe, "deepspeed-parameters")
+    assert (deepspeed["schedule"], deepspeed["virtual_stages"]) == ("1f1b", 1)
+    bounds = deepspeed_partition_balanced([u.parameter_count for u in measured.units], 2)
+    assert deepspeed["balance"] == [b - a for a, b in zip(bounds, bounds[1:], strict=False)]
+    table = "\n".join(framework_table(gpipe))
+    assert "torch.distributed.pipelining" not in table and "[1f1b, V=1]" in table
