@@ -108,9 +108,9 @@ def _splits(plan: Plan) -> bool:
 
 
 _FRAMEWORK_LABELS = {
-    "torchtitan-even": "torchtitan 0.2.2 (even, first/last one layer fewer)",
-    "megatron-uniform": "Megatron-Core 0.16 (uniform layers per stage)",
-    "deepspeed-parameters": 'DeepSpeed 0.19 (partition_method="parameters")',
+    "torchtitan-even": "torchtitan 0.2.2 (even split)",
+    "megatron-uniform": "Megatron-Core 0.16 (uniform layers)",
+    "deepspeed-parameters": 'DeepSpeed 0.19 ("parameters")',
 }
 
 
@@ -132,7 +132,7 @@ def framework_table(plan: Plan) -> list[str]:
         found = True
         label = _FRAMEWORK_LABELS[name]
         if b.get("schedule"):  # the schedule and stages per rank the framework runs
-            label = f"{label[:36]} [{b['schedule']}, V={b.get('virtual_stages', 1)}]"
+            label = f"{label} [{b['schedule']}, V={b.get('virtual_stages', 1)}]"
         if b.get("iteration_time_s") is None:
             rows.append(f"{label:52} {'-':>22} {'-':>11} {'-':>8}  n/a: {b.get('reason', '')}")
             continue

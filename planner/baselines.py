@@ -236,7 +236,7 @@ def framework_default_bounds(
         layers[-1] -= 1
         if k == 1:
             layers = [n]
-    bounds = _layer_bounds(stack, layers)
-    if bounds is None:
+    layer_bounds = _layer_bounds(stack, layers)
+    if layer_bounds is None:
         return None, f"leaves a stage empty ({n} layers over {k} stages)"
-    return bounds, ""
+    return layer_bounds, ""
