@@ -442,13 +442,16 @@ def test_infeasible_baseline_names_its_own_memory_need() -> None:
     schedule=st.sampled_from(["gpipe", "1f1b", "auto"]),
 )
 def test_plan_is_never_slower_than_a_baseline(n: int, k: int, seed: int, schedule: str) -> None:
-    """Under one cost model, the planned iteration time is <= every feasible baseline's."""
+    """Under one cost model, the planned iteration time is <= every feasible baseline's at
+    the plan's (schedule, V); a framework row priced under the schedule that framework runs
+    (DeepSpeed's 1F1B, torchtitan's stages per rank) is another problem."""
     if k > n:
         return
     profile = random_profile(n, seed)
     p = plan(profile, gpus=k, schedule=schedule)
     for name, b in p.baselines.items():
-        if b["feasible"]:
+        own = (b.get("schedule", p.schedule), b.get("virtual_stages", p.virtual_stages))
+        if b["feasible"] and own == (p.schedule, p.virtual_stages):
             assert p.iteration_time_s <= b["iteration_time_s"] * (1 + 1e-9), name
 
 
