@@ -108,16 +108,16 @@ def _splits(plan: Plan) -> bool:
 
 
 _FRAMEWORK_LABELS = {
-    "torchtitan-even": "torchtitan (even, first/last stage one layer fewer)",
-    "megatron-uniform": "Megatron-Core (uniform layers per stage)",
-    "deepspeed-parameters": 'DeepSpeed (partition_method="parameters")',
-    "torch-even": "torch.distributed.pipelining (manual even split)",
+    "torchtitan-even": "torchtitan 0.2.2 (even split)",
+    "megatron-uniform": "Megatron-Core 0.16 (uniform layers)",
+    "deepspeed-parameters": 'DeepSpeed 0.19 ("parameters")',
 }
 
 
 def framework_table(plan: Plan) -> list[str]:
     """Rows comparing the plan with the split each framework makes by default, each
-    evaluated by the planner with the plan's profile, M and schedule (``Plan.baselines``);
+    evaluated by the planner with the plan's profile and M under the schedule and stages
+    per rank that framework runs, shown as ``[schedule, V]`` (``Plan.baselines``);
     empty when the plan was made without baselines. See docs/frameworks.md."""
     rows = [
         f"{'split':52} {'units per stage':>22} {'iteration':>11} {'vs plan':>8}  memory",
@@ -131,6 +131,8 @@ def framework_table(plan: Plan) -> list[str]:
             continue
         found = True
         label = _FRAMEWORK_LABELS[name]
+        if b.get("schedule"):  # the schedule and stages per rank the framework runs
+            label = f"{label} [{b['schedule']}, V={b.get('virtual_stages', 1)}]"
         if b.get("iteration_time_s") is None:
             rows.append(f"{label:52} {'-':>22} {'-':>11} {'-':>8}  n/a: {b.get('reason', '')}")
             continue

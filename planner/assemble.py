@@ -13,8 +13,10 @@ from autopipe.planner.baselines import (
     FRAMEWORK_DEFAULTS,
     baseline_bounds,
     framework_default_bounds,
+    framework_shape,
 )
 from autopipe.planner.candidate import Candidate
+from autopipe.planner.chunks import ScheduleShape, cost_model_for
 from autopipe.planner.cluster import Cluster
 from autopipe.planner.costs import SegmentCost
 from autopipe.planner.partition import exact_partition
@@ -256,17 +258,52 @@ def _why_m(best: Candidate, candidates: list[Candidate]) -> str:
     return text + (" (vs " + ", ".join(parts) + ")" if parts else "")
 
 
+def _framework_candidate(best: Candidate, profile: Profile, schedule: str, v: int) -> Candidate:
+    """``best``'s problem (profile, devices, M, batch, memory rules) under another
+    (schedule, V): the one a framework would run. O(N + K V M)."""
+    if schedule == best.schedule and v == best.virtual_stages:
+        return best
+    assert best.shape is not None and best.cluster is not None
+    cm = best.cost_model
+    shape = ScheduleShape.of(schedule, best.shape.num_ranks, v, best.microbatches)
+    other = cost_model_for(
+        profile,
+        best.cluster,
+        shape,
+        batch_size=cm.batch_size,
+        checkpoint=cm.checkpoint_mode,
+        state_bytes_per_parameter=cm.state_factor * max(int(profile.bytes_per_parameter), 1),
+        headroom=cm.headroom,
+    )
+    return Candidate(best.microbatches, schedule, other, shape=shape, cluster=best.cluster)
+
+
 def _evaluate_baseline(name: str, best: Candidate, profile: Profile) -> dict[str, Any]:
-    """A strategy's figures at the plan's (schedule, V, M), priced like the plan (chunk
-    costs, simulation, replayed memory); infeasible ones carry their memory need."""
+    """A strategy's figures at the plan's M, priced like the plan (chunk costs, simulation,
+    replayed memory); infeasible ones carry their memory need. The partitioning baselines
+    run at the plan's (schedule, V); a framework's default split at the schedule and stages
+    per rank that framework runs (:func:`framework_shape`): torchtitan 1 or 2 stages per
+    rank, DeepSpeed its 1F1B on one stage per rank, Megatron only 1F1B / interleaved."""
     cm, m, sched = best.cost_model, best.microbatches, best.schedule
     reason = ""
+    cand = best
     if name == "dp":
         part = exact_partition(cm)
         cm.clear_cache()
         bounds = part.bounds if part is not None else None
     elif name in FRAMEWORK_DEFAULTS:
-        bounds, reason = framework_default_bounds(name, profile, cm.num_stages)
+        shape = framework_shape(name, sched, best.virtual_stages)
+        if isinstance(shape, str):
+            bounds, reason = None, shape
+        else:
+            sched, v = shape
+            assert best.shape is not None
+            if best.shape.num_ranks * v > len(profile.units):
+                bounds = None
+                reason = f"needs {best.shape.num_ranks * v} stages, the model has fewer units"
+            else:
+                cand = _framework_candidate(best, profile, sched, v)
+                bounds, reason = framework_default_bounds(name, profile, cand.shape.num_chunks)
     else:
         bounds = baseline_bounds(name, profile, cm.num_stages)
     if bounds is None:
@@ -277,7 +314,7 @@ def _evaluate_baseline(name: str, best: Candidate, profile: Profile) -> dict[str
             "feasible": False,
             "reason": reason,
         }
-    ev = best.evaluate(bounds)
+    ev = cand.evaluate(bounds)
     costs = ev.costs
     balance = [bounds[s + 1] - bounds[s] for s in range(len(bounds) - 1)]
     sim = ev.simulation
@@ -290,6 +327,7 @@ def _evaluate_baseline(name: str, best: Candidate, profile: Profile) -> dict[str
         "max_memory_bytes": max(c.memory_bytes for c in costs),
         "microbatches": m,
         "schedule": sched,
+        "virtual_stages": cand.virtual_stages,
         "stages": [_stage_row(c) for c in costs],
     }
 

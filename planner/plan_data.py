@@ -179,13 +179,13 @@ class Plan:
         return to_torch(self)
 
     def to_torchtitan(self) -> str:
-        """torchtitan's ``[parallelism]`` TOML (:func:`autopipe.planner.emit.to_torchtitan`)."""
+        """torchtitan 0.2.2's job-config TOML (:func:`autopipe.planner.emit.to_torchtitan`)."""
         from autopipe.planner.emit import to_torchtitan
 
         return to_torchtitan(self)
 
     def to_megatron(self) -> dict[str, Any]:
-        """Megatron-Core's layout and flags (:func:`autopipe.planner.emit.to_megatron`)."""
+        """Megatron-LM's layout, batch and recompute flags (:func:`autopipe.planner.emit.to_megatron`)."""
         from autopipe.planner.emit import to_megatron
 
         return to_megatron(self)

@@ -24,6 +24,7 @@ from autopipe.planner.emit import (
     to_torchtitan,
 )
 from autopipe.planner.plan_data import Plan
+from autopipe.profiler.analytic import profile_analytic
 from autopipe.profiler.measure import profile
 from distributed_cases import SkipNet, skipnet_inputs, tiny_gpt
 from torch.distributed.pipelining import SplitPoint, pipeline
@@ -33,7 +34,9 @@ FAST = {"warmup": 0, "repeat": 1, "progress": False, "microbatch_sizes": ()}
 
 def _gpt_plan(stages: int = 4, **request: Any) -> tuple[torch.nn.Module, Any, Plan]:
     model, inputs, loss_fn = tiny_gpt()
-    measured = profile(model, inputs, loss_fn=loss_fn, **FAST)
+    # Counted, not timed: the cut is the same on every run (a timed one may cut the
+    # embedding units apart, which Megatron's layout refuses).
+    measured = profile_analytic(model, inputs, "a100", loss_fn=loss_fn)
     request.setdefault("microbatches", 4 if request.get("schedule") == "1f1b" else 2)
     return model, inputs, make_plan(measured, stages, **request)
 
@@ -123,8 +126,11 @@ def test_virtual_stages_in_every_format() -> None:
     assert len(toml["module_fqns_per_model_part"]) == 4
     out = to_megatron(v2)
     assert len(parse_megatron_layout(out["layout"])) == 4
-    assert out["args"][out["args"].index("--num-virtual-stages-per-pipeline-rank") + 1] == "2"
+    # The layout's 4 stages on 2 ranks are V = 2; Megatron-LM's validate_args refuses
+    # --num-virtual-stages-per-pipeline-rank next to a layout.
+    assert "--num-virtual-stages-per-pipeline-rank" not in out["args"]
     assert out["args"][out["args"].index("--pipeline-model-parallel-size") + 1] == "2"
+    assert out["args"][out["args"].index("--global-batch-size") + 1] == str(v2.batch_size)
     zb = dataclasses.replace(v2, schedule="interleaved-zb")
     assert to_torch(zb)["schedule"] == "ScheduleInterleavedZeroBubble"
     with pytest.raises(EmitError, match="Megatron-Core has no 'interleaved-zb'"):
@@ -182,12 +188,85 @@ def test_hugging_face_llama() -> None:
     spec = to_torch(plan)
     assert list(spec["split_spec"]) == [plan.stages[1].units[0]]
     _check_torch_split(model, (), plan, {k: v[:4] for k, v in inputs.items()})
+    # torchtitan's split keeps top-level modules only: the names are its Llama's.
     parts = tomllib.loads(to_torchtitan(plan))["parallelism"]["module_fqns_per_model_part"]
-    assert parts[0][0] == "model.embed_tokens" and parts[-1][-1] == "lm_head"
+    assert parts[0][0] == "tok_embeddings" and parts[-1][-2:] == ["norm", "output"]
+    assert [n for p in parts for n in p if n.startswith("layers.")] == [
+        f"layers.{i}" for i in range(sum(u.startswith("model.layers.") for u in spec_units(plan)))
+    ]
     layout = to_megatron(dataclasses.replace(plan, schedule="1f1b"))["layout"]
     assert megatron_stage_layers(layout) == [
         sum(u.startswith("model.layers.") for u in s.units) for s in plan.stages
     ]
+
+
+def spec_units(plan: Plan) -> list[str]:
+    return [u for s in plan.stages for u in s.units]
+
+
+def test_torchtitan_runs_the_plans_microbatches() -> None:
+    """torchtitan's M is training.local_batch_size // pipeline_parallel_microbatch_size
+    (local_batch_size defaults to 8): the TOML sets the batch so that M is the plan's."""
+    for m in (2, 4, 8):  # M = 4, 8, 16 on 4 stages
+        plan = _gpt_plan(schedule="1f1b", microbatches=m * 2, batch_size=32)[2]
+        m *= 2
+        toml = tomllib.loads(to_torchtitan(plan))
+        local = toml.get("training", {}).get("local_batch_size", 8)
+        assert local // toml["parallelism"]["pipeline_parallel_microbatch_size"] == m
+        assert "global_batch_size" not in toml["training"]  # one replica: the default
+    replicated = dataclasses.replace(plan, replicas=2)
+    toml = tomllib.loads(to_torchtitan(replicated))
+    assert toml["training"]["global_batch_size"] == 2 * plan.batch_size
+    assert toml["parallelism"]["data_parallel_replicate_degree"] == 2
+
+
+def test_megatron_flags_validate_args_accepts() -> None:
+    """Megatron-LM's validate_args: no more than one of --num-layers-per-virtual-pipeline-stage,
+    --num-virtual-stages-per-pipeline-rank, --pipeline-model-parallel-layout; its M is
+    global batch / (micro batch x data-parallel size), 1 when --global-batch-size is missing."""
+    plan = _gpt_plan(stages=2, schedule="1f1b")[2]
+    args = to_megatron(plan)["args"]
+    exclusive = ["--num-layers-per-virtual-pipeline-stage",
+                 "--num-virtual-stages-per-pipeline-rank", "--pipeline-model-parallel-layout"]  # fmt: skip
+    assert sum(a in args for a in exclusive) == 1
+    flag = dict(zip(args[::2], args[1::2], strict=True))
+    global_batch = int(flag.get("--global-batch-size", flag["--micro-batch-size"]))
+    assert global_batch // int(flag["--micro-batch-size"]) == plan.microbatches == 4
+
+
+@pytest.mark.parametrize(
+    "edit, rule",
+    [
+        ({"schedule": "zbv"}, "stages-per-rank"),  # zbv with V = 1
+        ({"microbatches": 2, "schedule": "1f1b"}, "microbatches-vs-stages"),  # M < K
+        ({"stages_rank": [0, 1, 1, 0]}, "placement"),  # a V-shape for a single-stage plan
+    ],
+)
+def test_emit_refuses_what_preflight_refuses(edit: dict[str, Any], rule: str, tmp_path) -> None:
+    import json
+
+    from autopipe.cli import main
+
+    plan = _gpt_plan(schedule="1f1b")[2]  # K = 4, M = 4
+    ranks = edit.pop("stages_rank", None)
+    if ranks is not None:
+        edit["stages"] = [
+            dataclasses.replace(s, rank=r) for s, r in zip(plan.stages, ranks, strict=True)
+        ]
+    bad = dataclasses.replace(plan, **edit)
+    for fmt in ("torch", "torchtitan", "megatron"):
+        with pytest.raises(EmitError, match=f"pre-flight: {rule}"):
+            emit(bad, fmt)
+    path, out = tmp_path / "plan.json", tmp_path / "out.txt"
+    path.write_text(json.dumps(bad.to_dict()))
+    assert main(["emit", str(path), "torch", "-o", str(out), "-q"]) == 2
+    assert not out.exists()
+
+
+def test_emit_refuses_gpipe_with_two_stages_per_rank() -> None:
+    v2 = _interleaved(_gpt_plan()[2])
+    with pytest.raises(EmitError, match="pre-flight: stages-per-rank"):
+        emit(dataclasses.replace(v2, schedule="gpipe"), "torch")
 
 
 SCHEDULE = ["--schedule", "1f1b"]

@@ -1,4 +1,5 @@
-"""``autopipe emit``: a saved plan in the words of another framework."""
+"""``autopipe emit``: a saved plan in the words of another framework, after the same
+pre-flight as ``plan`` and ``run`` (:func:`autopipe.planner.emit.emit`)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,11 @@ from autopipe.planner.emit import EMIT_FORMATS, EmitError, emit
 EPILOG = """\
 examples:
   autopipe emit plan.json torch                 # split_spec for torch.distributed.pipelining
-  autopipe emit plan.json torchtitan -o pp.toml # torchtitan's [parallelism] keys
-  autopipe emit plan.json megatron              # --pipeline-model-parallel-layout and flags
+  autopipe emit plan.json torchtitan -o pp.toml # torchtitan 0.2.2 job config (TOML)
+  autopipe emit plan.json megatron              # Megatron-LM layout, batch, recompute flags
+
+A plan torch would refuse (a hand-edited schedule, V, M or placement) is refused first,
+naming the pre-flight rule (exit 2, nothing written).
 """
 
 
