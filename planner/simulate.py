@@ -511,7 +511,9 @@ def simulate_schedule(
             elif phase in ("backward", "backward_input"):
                 if phase == "backward":
                     seconds = w.backward_s
-                elif w.backward_input_s + w.backward_weight_s > 0:
+                elif w.backward_input_s + w.backward_weight_s > 0 or w.backward_s <= 0:
+                    # (a chunk with no backward at all, e.g. only rotary embeddings, splits
+                    # into nothing)
                     seconds = w.backward_input_s
                 else:
                     raise ValueError(

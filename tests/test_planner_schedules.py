@@ -426,3 +426,17 @@ def test_split_backward_is_priced_as_run() -> None:
     even = plan(prof, gpus=2, microbatches=4, schedule="interleaved-zb", virtual_stages=2)
     for s in even.stages[1:]:
         assert s.backward_input_s + s.backward_weight_s == pytest.approx(s.backward_s)
+
+
+@pytest.mark.parametrize("schedule", ["interleaved-zb", "zbv", "dualpipev"])
+def test_a_chunk_without_backward_splits_into_nothing(schedule: str) -> None:
+    """A unit with no backward at all (a Llama's parameter-free rotary embedding, cut into a
+    chunk of its own) is a chunk whose B and W are both 0, not a missing split."""
+    prof = random_profile(8, seed=5)
+    for u in prof.units:
+        u.backward_input_s, u.backward_weight_s = 0.6 * u.backward_s, 0.4 * u.backward_s
+    idle = prof.units[1]
+    idle.backward_s = idle.backward_input_s = idle.backward_weight_s = 0.0
+    p = plan(prof, gpus=4, microbatches=8, schedule=schedule, virtual_stages=2)
+    assert p.balance == [1] * 8
+    assert p.stages[1].backward_s == 0 and p.iteration_time_s > 0
