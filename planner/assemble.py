@@ -303,6 +303,7 @@ def _evaluate_baseline(name: str, best: Candidate, profile: Profile) -> dict[str
                 reason = f"needs {best.shape.num_ranks * v} stages, the model has fewer units"
             else:
                 cand = _framework_candidate(best, profile, sched, v)
+                assert cand.shape is not None
                 bounds, reason = framework_default_bounds(name, profile, cand.shape.num_chunks)
     else:
         bounds = baseline_bounds(name, profile, cm.num_stages)
