@@ -167,6 +167,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
             f"--data-parallel {args.data_parallel} does not divide --gpus {args.gpus}: the "
             "GPUs are K stages x D replicas; give a divisor of --gpus or auto"
         )
+    _check_schedule_rules(args)  # before spending time profiling
     profile, target = common.load_profile_or_model(args)
     from autopipe.planner import PlanningError, RuleViolation, plan
 
@@ -258,6 +259,32 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.json and args.json != "-":
         common.say(args, f"plan written to {args.json}")
     return common.EXIT_OK
+
+
+def _check_schedule_rules(args: argparse.Namespace) -> None:
+    """Refuse a forced ``--schedule`` (with ``--virtual-stages`` / ``--microbatches``) that
+    torch would refuse, on the request alone: the pre-flight rules that need no profile
+    (``autopipe.planner.preflight.violations``). The batch rules wait for the profile. O(1)."""
+    if args.schedule == "auto":
+        return
+    from autopipe.planner.preflight import violations
+    from autopipe.planner.schedules import V_SHAPE_SCHEDULES, check_virtual_stages
+
+    v = args.virtual_stages
+    if isinstance(v, int):
+        why = check_virtual_stages(args.schedule, v)
+        if why is not None:
+            raise common.UsageError(f"stages-per-rank: {why}")
+    else:
+        v = 2 if args.schedule in V_SHAPE_SCHEDULES else 1
+    m = args.microbatches
+    if not isinstance(m, int) or args.data_parallel:
+        return  # M is chosen later; with --data-parallel K is too
+    # batch = M passes the batch rules: they wait for the profile's batch (and its hint).
+    problems = violations(args.schedule, args.gpus, v, m, m)
+    if problems:
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise common.UsageError(problems[0] + more)
 
 
 def _cluster(

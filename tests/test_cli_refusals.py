@@ -1,0 +1,49 @@
+"""Bad requests are refused in one line (exit 2) before any work, and leave nothing written."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from autopipe.cli import common, main
+
+ROOT = Path(__file__).resolve().parents[1]
+GPT = str(ROOT / "examples" / "gpt.py")
+
+
+def _err_line(capsys: pytest.CaptureFixture[str]) -> str:
+    err = capsys.readouterr().err.strip()
+    assert "Traceback" not in err
+    assert len(err.splitlines()) == 1, err
+    return err
+
+
+def _saved_profile(tmp_path: Path, units: int = 4) -> Path:
+    """A hand-made ``units``-unit CPU profile at batch size 8."""
+    from autopipe.profiler.profile_data import Profile, UnitProfile
+
+    rows = [UnitProfile(name=f"u{i}", forward_s=1e-3, backward_s=2e-3) for i in range(units)]
+    saved = tmp_path / "profile.json"
+    Profile(units=rows, cut_bytes=[1000] * (units - 1), batch_size=8, device="cpu").save(saved)
+    return saved
+
+
+@pytest.mark.parametrize(
+    ("flags", "rule"),
+    [
+        (["--schedule", "zbv", "--virtual-stages", "3", "--gpus", "2"], "stages-per-rank"),
+        (["--schedule", "gpipe", "--virtual-stages", "2", "--gpus", "2"], "stages-per-rank"),
+        (["--schedule", "1f1b", "--microbatches", "1", "--gpus", "2"], "microbatches-vs-stages"),
+    ],
+)
+def test_schedule_rules_are_refused_before_profiling(
+    flags: list[str], rule: str, capsys: pytest.CaptureFixture[str], monkeypatch: Any
+) -> None:
+    def no_profiling(_args: Any) -> Any:
+        raise AssertionError("profiled a request the schedule rules refuse")
+
+    monkeypatch.setattr(common, "load_profile_or_model", no_profiling)
+    assert main(["plan", GPT, *flags]) == 2
+    assert _err_line(capsys).startswith(f"autopipe plan: error: {rule}")
