@@ -47,3 +47,17 @@ def test_schedule_rules_are_refused_before_profiling(
     monkeypatch.setattr(common, "load_profile_or_model", no_profiling)
     assert main(["plan", GPT, *flags]) == 2
     assert _err_line(capsys).startswith(f"autopipe plan: error: {rule}")
+
+
+def test_a_refused_plan_saves_no_profile(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    saved = _saved_profile(tmp_path)
+    out = tmp_path / "again.json"
+    # 3 ranks x 2 zbv chunks need 6 units; the profile has 4: refused after reading it.
+    argv = ["plan", str(saved), "--gpus", "3", "--schedule", "zbv", "--save-profile", str(out)]
+    assert main(argv) == 2
+    assert "stages-per-rank" in _err_line(capsys)
+    assert not out.exists()
+    assert main(["plan", str(saved), "--gpus", "2", "-q", "--save-profile", str(out)]) == 0
+    assert out.exists()

@@ -184,8 +184,6 @@ def cmd_plan(args: argparse.Namespace) -> int:
         raise common.UsageError(
             f"--microbatches {m} does not divide the batch size {batch}; " + divisor_hint(batch, m)
         )
-    if args.save_profile:
-        profile.save(args.save_profile)
     cluster = _cluster(profile, args, target)
     # With a cluster, its devices give K and the memory (--memory already folded in).
     gpus, memory = (None, None) if cluster is not None else (args.gpus, args.memory)
@@ -237,6 +235,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
             emitted = emit(result, args.emit)
         except EmitError as exc:
             raise common.UsageError(f"--emit {args.emit}: {exc}") from exc
+    if args.save_profile:  # only once the request is accepted: a refusal writes nothing
+        profile.save(args.save_profile)
     if args.plot:
         from autopipe.viz import VIZ_META_KEY, collect_plot_data, plot_all, too_many_tasks
 
