@@ -61,3 +61,16 @@ def test_a_refused_plan_saves_no_profile(
     assert not out.exists()
     assert main(["plan", str(saved), "--gpus", "2", "-q", "--save-profile", str(out)]) == 0
     assert out.exists()
+
+
+@pytest.mark.parametrize("flag", ["--json", "--emit-out"])
+def test_plot_folder_naming_another_output_is_refused_up_front(
+    flag: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    saved = _saved_profile(tmp_path)
+    same = tmp_path / "out.json"
+    argv = ["plan", str(saved), "--gpus", "2", "--emit", "torch", "-q"]
+    assert main([*argv, flag, str(same), "--plot", str(same)]) == 2
+    line = _err_line(capsys)
+    assert flag in line and "--plot" in line
+    assert not same.exists()

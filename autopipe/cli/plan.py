@@ -143,7 +143,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.emit_out and not args.emit:
         raise common.UsageError("--emit-out names where --emit FORMAT goes: give --emit too")
     common.check_distinct_outputs(
-        (args.json, "--json"), (args.save_profile, "--save-profile"), (args.emit_out, "--emit-out")
+        (args.json, "--json"),
+        (args.save_profile, "--save-profile"),
+        (args.emit_out, "--emit-out"),
+        (args.plot, "--plot"),  # a folder named like a file would block that file's write
     )
     for flag in ("data_parallel", "scaling"):  # before spending time profiling
         if args.host_throughput is not None and getattr(args, flag):
