@@ -74,3 +74,23 @@ def test_plot_folder_naming_another_output_is_refused_up_front(
     line = _err_line(capsys)
     assert flag in line and "--plot" in line
     assert not same.exists()
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["--schedule", "interleaved-1f1b", "--virtual-stages", "3"],
+        ["--schedule", "looped-bfs", "--virtual-stages", "3"],
+        ["--schedule", "interleaved-zb", "--virtual-stages", "4"],
+        ["--schedule", "zbv", "--virtual-stages", "2"],
+        ["--schedule", "zbv"],
+        ["--schedule", "dualpipev"],
+    ],
+)
+def test_more_chunks_than_units_is_exit_2_for_every_schedule(
+    flags: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    saved = _saved_profile(tmp_path)  # 4 units; 3 ranks x V >= 2 chunks need at least 6
+    assert main(["plan", str(saved), "--gpus", "3", *flags]) == 2
+    line = _err_line(capsys)
+    assert "stages-per-rank" in line and "has 4" in line
