@@ -94,3 +94,28 @@ def test_more_chunks_than_units_is_exit_2_for_every_schedule(
     assert main(["plan", str(saved), "--gpus", "3", *flags]) == 2
     line = _err_line(capsys)
     assert "stages-per-rank" in line and "has 4" in line
+
+
+def _zbv_v1_plan(tmp_path: Path) -> Path:
+    """A plan file whose schedule was edited to zbv while it keeps V = 1 (zbv needs 2)."""
+    import json
+
+    plan = tmp_path / "plan.json"
+    profile = str(_saved_profile(tmp_path))
+    assert main(["plan", profile, "--gpus", "2", "-q", "--json", str(plan)]) == 0
+    data = json.loads(plan.read_text())
+    data["schedule"] = "zbv"
+    plan.write_text(json.dumps(data))
+    return plan
+
+
+def test_plot_refuses_a_plan_that_breaks_a_rule_and_makes_no_folder(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    plan = _zbv_v1_plan(tmp_path)
+    capsys.readouterr()
+    out = tmp_path / "plots"
+    assert main(["plot", str(plan), "--out", str(out)]) == 2
+    line = _err_line(capsys)
+    assert str(plan) in line and "stages-per-rank" in line
+    assert not out.exists()

@@ -336,6 +336,17 @@ def check_local_device(name: str, flag: str) -> None:
         )
 
 
+def refuse_broken_rules(plan: Plan, path: str) -> None:
+    """A plan the pre-flight refuses (``autopipe.planner.preflight``: one torch would not
+    build a schedule for) cannot run: exit 2 in one line naming ``path`` and the first rule."""
+    from autopipe.planner.preflight import preflight
+
+    problems = preflight(plan)
+    if problems:
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise UsageError(f"{path}: the plan cannot run: {problems[0]}{more}")
+
+
 def refuse_too_many_tasks(plan: Plan) -> None:
     """A plan with more tasks than a timeline can show is refused by plot and bench (exit 2)."""
     from autopipe.viz import too_many_tasks
