@@ -119,3 +119,13 @@ def test_plot_refuses_a_plan_that_breaks_a_rule_and_makes_no_folder(
     line = _err_line(capsys)
     assert str(plan) in line and "stages-per-rank" in line
     assert not out.exists()
+
+
+def test_explain_says_a_plan_that_breaks_a_rule_cannot_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    plan = _zbv_v1_plan(tmp_path)
+    capsys.readouterr()
+    assert main(["explain", str(plan)]) == 2
+    line = _err_line(capsys)
+    assert "cannot run" in line and "stages-per-rank" in line and str(plan) in line
