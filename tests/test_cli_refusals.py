@@ -129,3 +129,23 @@ def test_explain_says_a_plan_that_breaks_a_rule_cannot_run(
     assert main(["explain", str(plan)]) == 2
     line = _err_line(capsys)
     assert "cannot run" in line and "stages-per-rank" in line and str(plan) in line
+
+
+def test_emit_out_empty_is_refused_and_dash_is_stdout(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: Any
+) -> None:
+    import json
+
+    plan = tmp_path / "plan.json"
+    assert (
+        main(["plan", str(_saved_profile(tmp_path)), "--gpus", "2", "-q", "--json", str(plan)]) == 0
+    )
+    capsys.readouterr()
+    assert main(["emit", str(plan), "torch", "-o", ""]) == 2
+    line = _err_line(capsys)
+    assert "--out is empty" in line and "directory" not in line
+    monkeypatch.chdir(tmp_path)
+    assert main(["emit", str(plan), "torch", "-o", "-"]) == 0
+    out = capsys.readouterr().out
+    json.loads(out)  # the config alone: no "written to -" after it
+    assert not (tmp_path / "-").exists()

@@ -253,6 +253,10 @@ def check_output_path(
     ``inputs``: files the command reads (a ``MODEL.py:FACTORY`` spec counts as its file);
     writing over one of them would destroy it.
     """
+    if path == "":  # Path("") is the current folder: never what an empty argument meant
+        raise UsageError(
+            f"{flag} is empty; give a path" + ("" if directory else " (or - for stdout)")
+        )
     if path is None or path == "-":
         return
     out = Path(path)

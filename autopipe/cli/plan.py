@@ -257,7 +257,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     common.emit_json(result.to_dict(), args.json)
     if emitted is not None:
         common.emit_text(emitted, args.emit_out)
-        if args.emit_out:
+        if args.emit_out and args.emit_out != "-":  # `-` is stdout
             common.say(args, f"{args.emit} config written to {args.emit_out}")
     if args.json and args.json != "-":
         common.say(args, f"plan written to {args.json}")
