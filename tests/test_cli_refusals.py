@@ -149,3 +149,23 @@ def test_emit_out_empty_is_refused_and_dash_is_stdout(
     out = capsys.readouterr().out
     json.loads(out)  # the config alone: no "written to -" after it
     assert not (tmp_path / "-").exists()
+
+
+@pytest.mark.parametrize("where", ["optimizer", "request.optimizer"])
+def test_a_plan_naming_an_unknown_optimizer_is_refused_on_load(
+    where: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    plan = _zbv_v1_plan(tmp_path)
+    data = json.loads(plan.read_text())
+    data["schedule"] = "gpipe"  # consistent again
+    if where == "optimizer":
+        data["optimizer"] = "lion"
+    else:
+        data["request"]["optimizer"] = "lion"
+    plan.write_text(json.dumps(data))
+    capsys.readouterr()
+    assert main(["explain", str(plan)]) == 2
+    line = _err_line(capsys)
+    assert where in line and "'lion'" in line and "adam" in line and "sgd" in line
