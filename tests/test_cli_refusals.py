@@ -169,3 +169,16 @@ def test_a_plan_naming_an_unknown_optimizer_is_refused_on_load(
     assert main(["explain", str(plan)]) == 2
     line = _err_line(capsys)
     assert where in line and "'lion'" in line and "adam" in line and "sgd" in line
+
+
+@pytest.mark.parametrize("command", ["explain", "plan"])
+def test_deeply_nested_json_is_one_line_naming_the_file(
+    command: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    f = tmp_path / "deep.json"
+    nested = "[" * 200_000 + "]" * 200_000
+    f.write_text('{"stages": ' + nested + ', "units": ' + nested + ', "version": 1}')
+    argv = ["explain", str(f)] if command == "explain" else ["plan", str(f), "--gpus", "2"]
+    assert main(argv) == 2
+    line = _err_line(capsys)
+    assert str(f) in line and "nested too deeply" in line
