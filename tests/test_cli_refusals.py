@@ -20,11 +20,13 @@ def _err_line(capsys: pytest.CaptureFixture[str]) -> str:
     return err
 
 
-def _saved_profile(tmp_path: Path, units: int = 4) -> Path:
-    """A hand-made ``units``-unit CPU profile at batch size 8."""
+def _saved_profile(tmp_path: Path, units: int = 4, names: list[str] | None = None) -> Path:
+    """A hand-made CPU profile at batch size 8: ``names`` (default ``u0``...) or ``units``."""
     from autopipe.profiler.profile_data import Profile, UnitProfile
 
-    rows = [UnitProfile(name=f"u{i}", forward_s=1e-3, backward_s=2e-3) for i in range(units)]
+    names = names or [f"u{i}" for i in range(units)]
+    units = len(names)
+    rows = [UnitProfile(name=n, forward_s=1e-3, backward_s=2e-3) for n in names]
     saved = tmp_path / "profile.json"
     Profile(units=rows, cut_bytes=[1000] * (units - 1), batch_size=8, device="cpu").save(saved)
     return saved
@@ -182,3 +184,18 @@ def test_deeply_nested_json_is_one_line_naming_the_file(
     assert main(argv) == 2
     line = _err_line(capsys)
     assert str(f) in line and "nested too deeply" in line
+
+
+ODD_NAMES = ["emb\U0001f600", "a\x1b[31mred", "b\nc", 'q"\\x', "tab\there", "del\x7f"]
+
+
+def test_torchtitan_toml_of_odd_unit_names_reads_back_with_tomllib(tmp_path: Path) -> None:
+    import tomllib
+    from autopipe.planner import plan
+    from autopipe.planner.emit import to_torchtitan
+    from autopipe.profiler.profile_data import Profile
+
+    profile = Profile.load(_saved_profile(tmp_path, names=ODD_NAMES))
+    result = plan(profile, gpus=2, checkpoint="never")
+    parts = tomllib.loads(to_torchtitan(result))["parallelism"]["module_fqns_per_model_part"]
+    assert [n for part in parts for n in part] == ODD_NAMES
