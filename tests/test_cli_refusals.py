@@ -199,3 +199,20 @@ def test_torchtitan_toml_of_odd_unit_names_reads_back_with_tomllib(tmp_path: Pat
     result = plan(profile, gpus=2, checkpoint="never")
     parts = tomllib.loads(to_torchtitan(result))["parallelism"]["module_fqns_per_model_part"]
     assert [n for part in parts for n in part] == ODD_NAMES
+
+
+def test_control_characters_in_unit_names_are_escaped_in_reports(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    saved = str(_saved_profile(tmp_path, names=ODD_NAMES))
+    plan = tmp_path / "plan.json"
+    argv = ["plan", saved, "--gpus", "2", "--checkpoint", "never", "--json", str(plan)]
+    assert main(argv) == 0
+    assert main(["explain", str(plan)]) == 0
+    from autopipe.profiler.profile_data import Profile
+
+    from autopipe.report import format_profile
+
+    out = capsys.readouterr().out + format_profile(Profile.load(saved))
+    assert "\x1b" not in out and "\x7f" not in out and "b\nc" not in out
+    assert "a\\x1b[31mred" in out and "b\\nc" in out and "emb\U0001f600" in out
