@@ -107,6 +107,8 @@ def read_json(path: str | os.PathLike[str], error: type[Exception]) -> Any:
         return json.loads(text)
     except json.JSONDecodeError as exc:
         raise error(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
+    except RecursionError:  # e.g. [[[[...]]]] 200k deep: no autopipe file nests like that
+        raise error(f"{path}: JSON nested too deeply to read") from None
 
 
 def check_version(

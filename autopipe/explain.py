@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from autopipe.humanize import format_bytes, format_seconds
+from autopipe.humanize import format_bytes, format_seconds, printable
 from autopipe.planner.baselines import FRAMEWORK_DEFAULTS
 from autopipe.planner.plan_data import Plan
 from autopipe.planner.simulate import fill_drain_bubble
@@ -19,7 +19,7 @@ def explain(plan: Plan) -> str:
     v = plan.virtual_stages
     what = "chunk" if v > 1 else "stage"
     lines.append(
-        f"Bottleneck: {what} {bottleneck.index} ({bottleneck.first_module} .. {bottleneck.last_module}) "
+        f"Bottleneck: {what} {bottleneck.index} ({printable(bottleneck.first_module)} .. {printable(bottleneck.last_module)}) "
         f"takes {format_seconds(bottleneck.time_s)} per micro-batch; the mean {what} takes "
         f"{format_seconds(mean_s)}, so balance is {100 * mean_s / bottleneck.time_s:.0f}% "
         "(100% = perfectly even)."
@@ -99,7 +99,7 @@ def explain(plan: Plan) -> str:
         lines += ["", "What each framework's default split would cost here (same profile):"]
         lines += table
         lines.append("")
-    lines.extend(plan.notes)
+    lines.extend(printable(note) for note in plan.notes)  # they quote unit names
     return "\n".join(lines)
 
 

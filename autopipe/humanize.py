@@ -75,3 +75,13 @@ def format_seconds(s: float) -> str:
 def _three_digits(x: float) -> str:
     # .3g switches to an exponent (1e+03) once x rounds to 1000; whole numbers read better.
     return f"{x:.0f}" if x >= 999.5 else f"{x:.3g}"
+
+
+def printable(name: str) -> str:
+    """``name`` (a unit or module name from a model or a file) safe to print on a terminal:
+    every non-printable character (control codes such as ESC or a newline, other invisible
+    separators) as its ``repr`` escape (``\\x1b``, ``\\n``), all else as itself, no quotes
+    added. ``printable("a\\x1b[31mb") == "a\\\\x1b[31mb"``. O(len(name))."""
+    if name.isprintable():
+        return name
+    return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in name)

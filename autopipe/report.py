@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from autopipe.explain import framework_table
-from autopipe.humanize import format_bytes, format_seconds
+from autopipe.humanize import format_bytes, format_seconds, printable
 from autopipe.planner.baselines import FRAMEWORK_DEFAULTS
 from autopipe.planner.plan_data import Plan
 from autopipe.profiler.profile_data import Profile
@@ -35,11 +35,8 @@ def format_plan(plan: Plan) -> str:
     bottleneck_s = max((s.time_s for s in plan.stages), default=0.0) or 1.0
     rows = []
     for s in plan.stages:
-        span = (
-            s.first_module
-            if s.first_module == s.last_module
-            else f"{s.first_module} .. {s.last_module}"
-        )
+        first, last = printable(s.first_module), printable(s.last_module)
+        span = first if s.first_module == s.last_module else f"{first} .. {last}"
         rows.append(
             [
                 str(s.index) if plan.virtual_stages == 1 else f"{s.index} (rank {s.rank})",
@@ -116,7 +113,7 @@ def format_plan(plan: Plan) -> str:
     if table:
         lines += ["", "framework defaults on the same devices (predicted):", *table, ""]
     for note in plan.notes:
-        lines.append(f"note           {note}")
+        lines.append(f"note           {printable(note)}")  # notes quote unit names
     return "\n".join(lines)
 
 
@@ -140,7 +137,7 @@ def format_profile(profile: Profile, verbose: bool = False) -> str:
     rows = [
         [
             str(i),
-            u.name,
+            printable(u.name),
             u.kind,
             _ms(u.forward_s),
             _ms(u.backward_s),
@@ -167,7 +164,9 @@ def format_profile(profile: Profile, verbose: bool = False) -> str:
         )
         if verbose:
             for rep, members in groups.items():
-                text += f"\n  {rep}: {verb} once for {_span(members)} ({len(members)} units)"
+                text += (
+                    f"\n  {printable(rep)}: {verb} once for {_span(members)} ({len(members)} units)"
+                )
         else:
             text += "; -v lists them"
     if profile.meta.get("meta_init"):
@@ -177,6 +176,7 @@ def format_profile(profile: Profile, verbose: bool = False) -> str:
 
 def _span(names: list[str]) -> str:
     """``blocks.1 .. blocks.12`` for a run of numbered names, else the names listed."""
+    names = [printable(n) for n in names]
     if len(names) <= 3:
         return ", ".join(names)
     return f"{names[0]}, {names[1]} .. {names[-1]}"

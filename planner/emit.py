@@ -95,13 +95,34 @@ def to_torch(plan: Plan) -> dict[str, Any]:
     }
 
 
+_TOML_SHORT_ESCAPES = {'"': '\\"', "\\": "\\\\", "\b": "\\b", "\t": "\\t", "\n": "\\n",
+                       "\f": "\\f", "\r": "\\r"}  # fmt: skip
+
+
+def _toml_string(text: str) -> str:
+    """``text`` as a TOML basic string: quote and backslash escaped, control characters as
+    ``\\uXXXX``, everything else (astral characters too) as itself. JSON's escaping would
+    not do: it writes an astral character as a surrogate pair, which TOML refuses."""
+    out = []
+    for ch in text:
+        if ch in _TOML_SHORT_ESCAPES:
+            out.append(_TOML_SHORT_ESCAPES[ch])
+        elif ord(ch) < 0x20 or ord(ch) == 0x7F:
+            out.append(f"\\u{ord(ch):04X}")
+        elif 0xD800 <= ord(ch) <= 0xDFFF:  # a lone surrogate has no UTF-8 form at all
+            raise EmitError(f"no TOML form for {text!r} (a lone surrogate)")
+        else:
+            out.append(ch)
+    return '"' + "".join(out) + '"'
+
+
 def _toml_value(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, (int, float)):
         return repr(value)
     if isinstance(value, str):
-        return json.dumps(value)  # a TOML basic string is a JSON string for these names
+        return _toml_string(value)
     if isinstance(value, list):
         return "[" + ", ".join(_toml_value(v) for v in value) + "]"
     raise TypeError(f"no TOML form for {type(value).__name__}")

@@ -17,6 +17,7 @@ from typing import Any
 
 from autopipe.planner.request import PlanRequest
 from autopipe.profiler.fields import FieldError, check_dataclass, check_number
+from autopipe.profiler.optimizer_state import AUTO, OPTIMIZERS, normalize_optimizer
 
 from autopipe.datafile import atomic_write_json, check_version, known_fields, load_json_file
 
@@ -37,6 +38,10 @@ ScheduleZBVZeroBubble and ScheduleDualPipeV."""
 
 class PlanFormatError(ValueError):
     """A plan file is not a valid autopipe plan."""
+
+
+CUSTOM_OPTIMIZER = "custom"
+"""``Plan.optimizer`` for a plan priced with an explicit ``bytes_per_parameter``."""
 
 
 @dataclass
@@ -215,6 +220,12 @@ class Plan:
             )
             if self.request is not None:
                 _check_request(self.request)
+            known = ("", CUSTOM_OPTIMIZER, *OPTIMIZERS)  # "": written before it was recorded
+            if self.optimizer not in known:
+                raise FieldError(
+                    "optimizer",
+                    f"is {self.optimizer!r}; expected one of {', '.join(known[1:])} (or absent)",
+                )
             if self.schedule not in PLAN_SCHEDULES:
                 raise FieldError(
                     "schedule", f"is {self.schedule!r}; expected one of {', '.join(PLAN_SCHEDULES)}"
@@ -309,6 +320,13 @@ def _check_request(request: PlanRequest) -> None:
     for name, value in positive.items():
         if value is not None:
             check_number(f"request.{name}", value, integer=True, minimum=1)
+    try:  # the request keeps the spelling it was given ("SGD_Momentum" is sgd-momentum)
+        normalize_optimizer(str(request.optimizer))
+    except ValueError:
+        raise FieldError(
+            "request.optimizer",
+            f"is {request.optimizer!r}; expected one of {', '.join((AUTO, *OPTIMIZERS))}",
+        ) from None
     check_number("request.headroom", request.headroom)
     check_number("request.time_limit_s", request.time_limit_s)
     if request.bytes_per_parameter is not None:

@@ -375,9 +375,11 @@ def _candidate_shapes(
                 refused.append(f"stages-per-rank: {why}")
                 continue
             if k * v_req > n_units:
-                raise PlanningError(
-                    f"{k} ranks x {v_req} virtual stages need at least {k * v_req} units but "
-                    f"the profile has {n_units}; use fewer virtual stages or finer units"
+                # Bad input like the rules above (the CLI's exit 2), not a search failure.
+                raise RuleViolation(
+                    f"stages-per-rank: {k} ranks x {v_req} virtual stages need at least "
+                    f"{k * v_req} units but the profile has {n_units}; use fewer virtual "
+                    "stages or finer units"
                 )
             vs = [v_req]
         else:

@@ -253,6 +253,10 @@ def check_output_path(
     ``inputs``: files the command reads (a ``MODEL.py:FACTORY`` spec counts as its file);
     writing over one of them would destroy it.
     """
+    if path == "":  # Path("") is the current folder: never what an empty argument meant
+        raise UsageError(
+            f"{flag} is empty; give a path" + ("" if directory else " (or - for stdout)")
+        )
     if path is None or path == "-":
         return
     out = Path(path)
@@ -334,6 +338,17 @@ def check_local_device(name: str, flag: str) -> None:
             f"{flag}: {name} is not here: this machine has "
             f"{torch.cuda.device_count()} CUDA device(s)"
         )
+
+
+def refuse_broken_rules(plan: Plan, path: str) -> None:
+    """A plan the pre-flight refuses (``autopipe.planner.preflight``: one torch would not
+    build a schedule for) cannot run: exit 2 in one line naming ``path`` and the first rule."""
+    from autopipe.planner.preflight import preflight
+
+    problems = preflight(plan)
+    if problems:
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise UsageError(f"{path}: the plan cannot run: {problems[0]}{more}")
 
 
 def refuse_too_many_tasks(plan: Plan) -> None:

@@ -42,6 +42,6 @@ def cmd_emit(args: argparse.Namespace) -> int:
     except EmitError as exc:
         raise common.UsageError(f"{args.plan}: {exc}") from exc
     common.emit_text(text, args.out)
-    if args.out:
+    if args.out and args.out != "-":  # `-o -` is stdout, as in Unix tools
         common.say(args, f"{args.format} config written to {args.out}")
     return common.EXIT_OK

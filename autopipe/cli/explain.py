@@ -20,6 +20,7 @@ def register(sub: common.Subparsers) -> None:
 
 def cmd_explain(args: argparse.Namespace) -> int:
     p = common.load_plan_file(args.plan)
+    common.refuse_broken_rules(p, args.plan)  # explaining it would pass it as runnable
     from autopipe.explain import explain
 
     text = explain(p)

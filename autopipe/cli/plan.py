@@ -143,7 +143,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.emit_out and not args.emit:
         raise common.UsageError("--emit-out names where --emit FORMAT goes: give --emit too")
     common.check_distinct_outputs(
-        (args.json, "--json"), (args.save_profile, "--save-profile"), (args.emit_out, "--emit-out")
+        (args.json, "--json"),
+        (args.save_profile, "--save-profile"),
+        (args.emit_out, "--emit-out"),
+        (args.plot, "--plot"),  # a folder named like a file would block that file's write
     )
     for flag in ("data_parallel", "scaling"):  # before spending time profiling
         if args.host_throughput is not None and getattr(args, flag):
@@ -167,6 +170,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
             f"--data-parallel {args.data_parallel} does not divide --gpus {args.gpus}: the "
             "GPUs are K stages x D replicas; give a divisor of --gpus or auto"
         )
+    _check_schedule_rules(args)  # before spending time profiling
     profile, target = common.load_profile_or_model(args)
     from autopipe.planner import PlanningError, RuleViolation, plan
 
@@ -183,8 +187,6 @@ def cmd_plan(args: argparse.Namespace) -> int:
         raise common.UsageError(
             f"--microbatches {m} does not divide the batch size {batch}; " + divisor_hint(batch, m)
         )
-    if args.save_profile:
-        profile.save(args.save_profile)
     cluster = _cluster(profile, args, target)
     # With a cluster, its devices give K and the memory (--memory already folded in).
     gpus, memory = (None, None) if cluster is not None else (args.gpus, args.memory)
@@ -236,6 +238,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
             emitted = emit(result, args.emit)
         except EmitError as exc:
             raise common.UsageError(f"--emit {args.emit}: {exc}") from exc
+    if args.save_profile:  # only once the request is accepted: a refusal writes nothing
+        profile.save(args.save_profile)
     if args.plot:
         from autopipe.viz import VIZ_META_KEY, collect_plot_data, plot_all, too_many_tasks
 
@@ -253,11 +257,37 @@ def cmd_plan(args: argparse.Namespace) -> int:
     common.emit_json(result.to_dict(), args.json)
     if emitted is not None:
         common.emit_text(emitted, args.emit_out)
-        if args.emit_out:
+        if args.emit_out and args.emit_out != "-":  # `-` is stdout
             common.say(args, f"{args.emit} config written to {args.emit_out}")
     if args.json and args.json != "-":
         common.say(args, f"plan written to {args.json}")
     return common.EXIT_OK
+
+
+def _check_schedule_rules(args: argparse.Namespace) -> None:
+    """Refuse a forced ``--schedule`` (with ``--virtual-stages`` / ``--microbatches``) that
+    torch would refuse, on the request alone: the pre-flight rules that need no profile
+    (``autopipe.planner.preflight.violations``). The batch rules wait for the profile. O(1)."""
+    if args.schedule == "auto":
+        return
+    from autopipe.planner.preflight import violations
+    from autopipe.planner.schedules import V_SHAPE_SCHEDULES, check_virtual_stages
+
+    v = args.virtual_stages
+    if isinstance(v, int):
+        why = check_virtual_stages(args.schedule, v)
+        if why is not None:
+            raise common.UsageError(f"stages-per-rank: {why}")
+    else:
+        v = 2 if args.schedule in V_SHAPE_SCHEDULES else 1
+    m = args.microbatches
+    if not isinstance(m, int) or args.data_parallel:
+        return  # M is chosen later; with --data-parallel K is too
+    # batch = M passes the batch rules: they wait for the profile's batch (and its hint).
+    problems = violations(args.schedule, args.gpus, v, m, m)
+    if problems:
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise common.UsageError(problems[0] + more)
 
 
 def _cluster(

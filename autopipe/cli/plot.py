@@ -76,6 +76,7 @@ def register(sub: common.Subparsers) -> None:
 def cmd_plot(args: argparse.Namespace) -> int:
     common.check_output_path(args.out, "--out", directory=True)
     plan = common.load_plan_file(args.plan)
+    common.refuse_broken_rules(plan, args.plan)  # before any folder is made
     common.refuse_too_many_tasks(plan)
     if args.compare and not args.timeline:
         raise common.UsageError("--compare needs --timeline TRACE.json (the measured run)")
