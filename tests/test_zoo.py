@@ -125,7 +125,7 @@ def _state_error(model: torch.nn.Module, reference: torch.nn.Module) -> float:
                 got[name], want, rtol=RTOL, atol=ATOL, msg=lambda m, n=name: f"{n}: {m}"
             )
             if want.is_floating_point():
-                worst = max(worst, float((got[name].detach() - want).abs().max()))
+                worst = max(worst, float((got[name].detach() - want.detach()).abs().max()))
     return worst
 
 
