@@ -61,7 +61,11 @@ def plan_cells(family: str, out: Path) -> list[str]:
 
 def _largest(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
     return max(
-        (float((a[k].detach().float() - v.float()).abs().max()) for k, v in b.items() if v.numel()),
+        (
+            float((a[k].detach().float() - v.detach().float()).abs().max())
+            for k, v in b.items()
+            if v.numel()
+        ),
         default=0.0,
     )
 
