@@ -247,8 +247,8 @@ def torchrun_runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     result = subprocess.run(
         [
             sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-            "--master-port", str(free_port()), str(ROOT / "tests" / "shared_layers_run.py"),
-            str(out), *(r[0] for r in _runs()),
+            "--master-port", str(free_port()), str(ROOT / "tests" / "zoo_run.py"),
+            "--models", str(ROOT / "tests" / "shared_layers_models.py"), str(out), *(r[0] for r in _runs()),
         ],
         capture_output=True, text=True, cwd=ROOT, timeout=600,
     )  # fmt: skip
@@ -257,16 +257,7 @@ def torchrun_runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _reference_training(name: str) -> tuple[list[float], dict[str, torch.Tensor]]:
-    model, inputs = models.build(name)
-    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
-    losses = []
-    for _ in range(2):
-        optimizer.zero_grad()
-        loss = default_loss(call_model(model, inputs), inputs)
-        loss.backward()
-        optimizer.step()
-        losses.append(float(loss.detach()))
-    return losses, model.state_dict()
+    return zoo.train_plain(*models.build(name), LR)
 
 
 @pytest.mark.parametrize("case", [pytest.param(r[0], id=r[0]) for r in RUNS])

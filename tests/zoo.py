@@ -564,14 +564,21 @@ def reference_training(
     """The plain model of ``family`` (built here, or ``model``, trained in place) trained 2
     SGD steps (``lr``) on the whole batch with the default objective: its losses and its
     state after (parameters and persistent buffers)."""
+    built, inputs = build(family)
+    return train_plain(built if model is None else model, inputs, lr)
+
+
+def train_plain(
+    model: nn.Module, inputs: Any, lr: float, steps: int = 2
+) -> tuple[list[float], dict[str, torch.Tensor]]:
+    """``model`` trained in place ``steps`` SGD steps (``lr``) on the whole batch ``inputs``
+    with the default objective: its losses and its ``state_dict()`` after."""
     from autopipe.profiler.inputs import call_model
     from autopipe.profiler.objective import default_loss
 
-    built, inputs = build(family)
-    model = built if model is None else model
     optimizer = torch.optim.SGD(model.parameters(), lr=lr)
     losses = []
-    for _ in range(2):
+    for _ in range(steps):
         optimizer.zero_grad()
         loss = default_loss(call_model(model, inputs), inputs)
         loss.backward()

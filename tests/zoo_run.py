@@ -1,12 +1,13 @@
 """torchrun entry point: ``autopipe run`` on several zoo plans in one process group.
 
-    torchrun --nproc-per-node 2 tests/zoo_run.py OUT_DIR FAMILY.CUT [FAMILY.CUT ...]
+    torchrun --nproc-per-node 2 tests/zoo_run.py [--models FILE] OUT_DIR FAMILY.CUT [...]
 
 For each run ``FAMILY.CUT``, runs ``autopipe run tests/zoo.py:FAMILY --plan
 OUT_DIR/FAMILY.CUT.plan.json --steps 2`` through the CLI's own entry point (the plan's
 optimizer, SGD in the tests), saving the trained weights to ``OUT_DIR/FAMILY.CUT.ckpt`` and
 the losses to ``OUT_DIR/FAMILY.CUT.json``; the exit code goes to
-``OUT_DIR/FAMILY.CUT.rank<R>.rc``. One launch
+``OUT_DIR/FAMILY.CUT.rank<R>.rc``. ``--models FILE`` takes the factories from another model
+file (tests/shared_layers_models.py), a run then named ``FACTORY-TAG``. One launch
 for the whole zoo: every process imports torch and transformers once, not once per model.
 Not a test module (no ``test_`` prefix). ``cli.main([...])`` in-process cannot re-execute
 with a fixed ``PYTHONHASHSEED`` as ``python -m autopipe run`` does: the launcher sets one
@@ -22,7 +23,7 @@ from pathlib import Path
 ZOO = Path(__file__).resolve().with_name("zoo.py")
 
 
-def main(out_dir: str, runs: list[str]) -> None:
+def main(out_dir: str, runs: list[str], models: Path = ZOO) -> None:
     import torch
     from autopipe.runtime.distributed import init_distributed, shutdown
 
@@ -33,10 +34,10 @@ def main(out_dir: str, runs: list[str]) -> None:
     rank = int(os.environ["RANK"])
     out = Path(out_dir)
     for run in runs:
-        family = run.split(".")[0]
+        family = run.replace("-", ".").split(".")[0]
         code = cli.main(
             [
-                "run", f"{ZOO}:{family}", "--plan", str(out / f"{run}.plan.json"),
+                "run", f"{models}:{family}", "--plan", str(out / f"{run}.plan.json"),
                 "--steps", "2", "--lr", "0.1", "--timeout", "60", "-q",
                 "--save", str(out / f"{run}.ckpt"), "--json", str(out / f"{run}.json"),
             ]
@@ -46,4 +47,8 @@ def main(out_dir: str, runs: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2:])
+    args = sys.argv[1:]
+    if args[0] == "--models":
+        main(args[2], args[3:], Path(args[1]))
+    else:
+        main(args[0], args[1:])
