@@ -6,18 +6,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from test_cli_errors import GPT, _err_line
 
 from autopipe.cli import common, main
-
-ROOT = Path(__file__).resolve().parents[1]
-GPT = str(ROOT / "examples" / "gpt.py")
-
-
-def _err_line(capsys: pytest.CaptureFixture[str]) -> str:
-    err = capsys.readouterr().err.strip()
-    assert "Traceback" not in err
-    assert len(err.splitlines()) == 1, err
-    return err
 
 
 def _saved_profile(tmp_path: Path, units: int = 4, names: list[str] | None = None) -> Path:
