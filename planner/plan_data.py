@@ -40,6 +40,16 @@ class PlanFormatError(ValueError):
     """A plan file is not a valid autopipe plan."""
 
 
+SHARD_MODES = ("none", "optimizer", "gradients", "parameters")
+"""How the training state is sharded over the D data-parallel replicas: ``none`` (each
+replica holds everything; gradients all-reduced), ``optimizer`` (ZeRO-1), ``gradients``
+(ZeRO-2) or ``parameters`` (ZeRO-3, FSDP2's ``fully_shard``)."""
+
+MESH_DIM_NAMES = ("pp", "dp", "tp")
+"""The device mesh's dimensions, outermost first, as torchtitan lays them out: ranks of one
+tensor-parallel group are adjacent (inside a node), then the data-parallel dimension, then
+the pipeline."""
+
 CUSTOM_OPTIMIZER = "custom"
 """``Plan.optimizer`` for a plan priced with an explicit ``bytes_per_parameter``."""
 
@@ -153,8 +163,29 @@ class Plan:
     request: PlanRequest | None = None
     """What the plan was asked for; ``plan(profile, dataclasses.replace(p.request, ...))``
     plans it again with one thing changed. None in plans written before it was recorded."""
+    tensor_parallel: int = 1
+    """T: every stage's modules are split over T devices by ``tp_plan`` (Megatron-style, with
+    sequence parallelism); 1 in plans written before the mesh was planned."""
+    shard: str = "none"
+    """How the training state is sharded over the ``replicas`` (one of ``SHARD_MODES``);
+    ``none`` in plans written before the mesh was planned."""
+    tp_plan: dict[str, str] = field(default_factory=dict)
+    """The tensor-parallel plan the stages are split by: module path pattern (fnmatch, as
+    Hugging Face's ``base_model_tp_plan``, e.g. ``layers.*.self_attn.q_proj``) to style
+    (``colwise``, ``rowwise``, ...); empty when ``tensor_parallel`` is 1."""
     version: int = PLAN_VERSION
     meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def mesh_shape(self) -> tuple[int, int, int]:
+        """The device mesh ``(pp, dp, tp)`` (``MESH_DIM_NAMES``): ``num_stages`` x
+        ``replicas`` x ``tensor_parallel`` devices in all."""
+        return (self.num_stages, self.replicas, self.tensor_parallel)
+
+    @property
+    def world_size(self) -> int:
+        """Devices the plan runs on: the product of :attr:`mesh_shape`."""
+        return self.num_stages * self.replicas * self.tensor_parallel
 
     @property
     def host_throughput(self) -> float | None:
@@ -214,6 +245,7 @@ class Plan:
                     "microbatch_size": one,
                     "batch_size": one,
                     "replicas": one,
+                    "tensor_parallel": one,
                     "memory_per_device": one,
                     "bubble_fraction": (0, 1),
                 },
@@ -235,6 +267,14 @@ class Plan:
                     "batch_size",
                     f"is {self.batch_size} but microbatches x microbatch_size is "
                     f"{self.microbatches} x {self.microbatch_size}",
+                )
+            if self.shard not in SHARD_MODES:
+                raise FieldError(
+                    "shard", f"is {self.shard!r}; expected one of {', '.join(SHARD_MODES)}"
+                )
+            if self.tensor_parallel > 1 and not self.tp_plan:
+                raise FieldError(
+                    "tp_plan", f"is empty but tensor_parallel is {self.tensor_parallel}"
                 )
             if self.virtual_stages < 1:
                 raise FieldError("virtual_stages", f"is {self.virtual_stages}; expected >= 1")

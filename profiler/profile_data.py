@@ -103,6 +103,19 @@ class UnitProfile:
     ``backward_s`` and ``backward_weight_s`` 0 (W folded into B), and the planner prices a
     chunk holding it unsplit, as the runtime runs it. Optional in schema v1."""
 
+    tp_parameter_count: int = 0
+    """Parameter elements of this unit that ``Profile.tp_plan`` splits over the
+    tensor-parallel group (divided by T on each device); the rest are replicated. 0 when the
+    profile has no TP plan. Optional in schema v1."""
+    tp_compute_fraction: float = 0.0
+    """Share (0..1) of this unit's forward and backward time spent in the ops the TP plan
+    splits (their FLOP share): that part runs T times faster on T devices. Optional in v1."""
+    tp_collective_bytes: int = 0
+    """Bytes, at ``Profile.batch_size``, of the activations entering this unit's
+    tensor-parallel regions (one per colwise ... rowwise run, e.g. attention and MLP of a
+    transformer block): with sequence parallelism the forward all-gathers and
+    reduce-scatters each over the T group, and so does the backward. Optional in v1."""
+
     def forward_at(self, microbatch_size: float, batch_size: int) -> float:
         """Forward seconds for one micro-batch of ``microbatch_size`` samples."""
         return _scale(self.forward_s, self.forward_overhead_s, microbatch_size, batch_size)
@@ -156,6 +169,16 @@ class Profile:
     """How nodes were grouped into units: ``"block"``, ``"module"`` or ``"node"``."""
     unit_patterns: list[str] = field(default_factory=list)
     """The ``--units`` patterns (fnmatch over module paths) that named the units, if any."""
+    tp_plan: dict[str, str] = field(default_factory=dict)
+    """The model's tensor-parallel plan, module path pattern (fnmatch) to style
+    (``colwise``, ``rowwise``, ...): Hugging Face's ``base_model_tp_plan`` (patterns under
+    the base model, prefixed with its path) or the model file's ``tp_plan()``. Empty: the
+    model cannot be tensor-parallel (``tp_note`` says why). Optional in schema v1."""
+    tp_degrees: list[int] = field(default_factory=list)
+    """The tensor-parallel degrees T > 1 the model allows (T divides every split dimension,
+    e.g. the attention and key/value heads); empty without a TP plan."""
+    tp_note: str = ""
+    """Why the profile has no TP plan (one sentence), or ``""``."""
     version: int = PROFILE_VERSION
     meta: dict[str, Any] = field(default_factory=dict)
 
