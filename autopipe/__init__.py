@@ -7,21 +7,21 @@
 
 from __future__ import annotations
 
-from autopipe.lazy import lazy_attributes
+from autopipe.core.lazy import lazy_attributes
 
 __version__ = "0.1.0"
 
 _LAZY = {
     "profile": ("autopipe.profiler.measure", "profile"),
-    "Profile": ("autopipe.profiler.profile_data", "Profile"),
-    "UnitProfile": ("autopipe.profiler.profile_data", "UnitProfile"),
+    "Profile": ("autopipe.core.profile", "Profile"),
+    "UnitProfile": ("autopipe.core.profile", "UnitProfile"),
     "load_profile": ("autopipe.profiler", "load_profile"),
     "plan": ("autopipe.planner", "plan"),
-    "Plan": ("autopipe.planner.plan_data", "Plan"),
-    "StagePlan": ("autopipe.planner.plan_data", "StagePlan"),
-    "load_plan": ("autopipe.planner.plan_data", "load_plan"),
-    "Cluster": ("autopipe.planner.cluster", "Cluster"),
-    "Device": ("autopipe.planner.cluster", "Device"),
+    "Plan": ("autopipe.core.plan", "Plan"),
+    "StagePlan": ("autopipe.core.plan", "StagePlan"),
+    "load_plan": ("autopipe.core.plan", "load_plan"),
+    "Cluster": ("autopipe.core.cluster", "Cluster"),
+    "Device": ("autopipe.core.cluster", "Device"),
     "PlanningError": ("autopipe.planner", "PlanningError"),
     "parallelize": ("autopipe.runtime", "parallelize"),
     "Pipeline": ("autopipe.runtime", "Pipeline"),

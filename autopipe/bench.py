@@ -39,8 +39,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from autopipe.planner.plan_data import Plan
-from autopipe.planner.timeline import Timeline
+from autopipe.core.plan import Plan
+from autopipe.core.timeline import Timeline
 
 if TYPE_CHECKING:
     from autopipe.runtime.bench import Measurement

@@ -25,8 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from autopipe.planner.cluster import Cluster
-from autopipe.profiler.catalog import (
+from autopipe.core.catalog import (
     DeviceSpec,
     DeviceSpecError,
     get_device,
@@ -35,7 +34,8 @@ from autopipe.profiler.catalog import (
     parse_device_counts,
     parse_device_list,
 )
-from autopipe.profiler.profile_data import Profile
+from autopipe.core.cluster import Cluster
+from autopipe.core.profile import Profile
 
 LOCAL_DEVICES = ("cpu", "mps")
 """Names that mean "measure on this machine", besides ``cuda`` and ``cuda:i`` (the nominal

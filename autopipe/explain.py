@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from autopipe.humanize import format_bytes, format_seconds, printable
+from autopipe.core.humanize import format_bytes, format_seconds, printable
+from autopipe.core.plan import Plan
+from autopipe.core.vocabulary import SINGLE_SCHEDULES, V_SHAPE_SCHEDULES
 from autopipe.planner.baselines import FRAMEWORK_DEFAULTS
-from autopipe.planner.plan_data import Plan
 from autopipe.planner.simulate import fill_drain_bubble
 
 
@@ -31,8 +32,8 @@ def explain(plan: Plan) -> str:
         f"as simulated. GPipe's rule of thumb M >= 4K = {4 * k} is "
         f"{'met' if m >= 4 * k else 'not met'}."
     )
-    if v > 1 or plan.schedule not in ("gpipe", "1f1b"):
-        placement = "V-shape" if plan.schedule in ("zbv", "dualpipev") else "loop"
+    if v > 1 or plan.schedule not in SINGLE_SCHEDULES:
+        placement = "V-shape" if plan.schedule in V_SHAPE_SCHEDULES else "loop"
         lines.append(
             f"Schedule: {plan.schedule} with V = {v} virtual stages per rank ({k} x {v} = "
             f"{len(plan.stages)} chunks, {placement} placement); interleaving cuts the "

@@ -20,8 +20,10 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from autopipe.core.errors import AutopipeError
 
-class ModelFileError(ValueError):
+
+class ModelFileError(AutopipeError, ValueError):
     """The model file or factory given on the command line cannot be used."""
 
 

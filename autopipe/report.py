@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from autopipe.core.humanize import format_bytes, format_seconds, printable
+from autopipe.core.plan import Plan
+from autopipe.core.profile import Profile
 from autopipe.explain import framework_table
-from autopipe.humanize import format_bytes, format_seconds, printable
 from autopipe.planner.baselines import FRAMEWORK_DEFAULTS
-from autopipe.planner.plan_data import Plan
-from autopipe.profiler.profile_data import Profile
 
 if TYPE_CHECKING:
     from autopipe.bench import BenchResult
@@ -122,7 +122,7 @@ def _training_state(plan: Plan) -> str:
     bpp = plan.state_bytes_per_parameter
     text = f"{bpp:g} B/parameter"
     if plan.optimizer and plan.optimizer != "custom":
-        from autopipe.profiler.optimizer_state import describe_training_state
+        from autopipe.core.optimizer import describe_training_state
 
         size = round(plan.meta.get("parameter_size_bytes", 0)) or None
         if size:

@@ -71,9 +71,10 @@ def _rank(rank: int, port: int, plan_path: str, steps: int, out: str) -> None:
     os.environ.update(rank_env(rank, 2, port))
     torch.set_num_threads(1)
     import torch.distributed as dist
-    from autopipe.planner.plan_data import load_plan
     from autopipe.runtime.distributed import DistributedPipeline, init_distributed
     from torch.distributed.pipelining import ScheduleGPipe
+
+    from autopipe.core.plan import load_plan
 
     init_distributed(timeout_s=600)
     plan = load_plan(plan_path)
@@ -143,8 +144,9 @@ def main() -> None:
     parser.add_argument("--plan", help="reuse a saved plan instead of profiling now")
     args = parser.parse_args()
 
-    from autopipe.planner.plan_data import load_plan
     from distributed_cases import free_port, spawn_ranks
+
+    from autopipe.core.plan import load_plan
 
     tmp = Path(tempfile.mkdtemp())
     plan_path = Path(args.plan) if args.plan else tmp / "plan.json"

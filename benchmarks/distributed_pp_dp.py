@@ -19,7 +19,8 @@ import gpt  # noqa: E402
 from autopipe.planner import plan  # noqa: E402
 from autopipe.planner.data_parallel import choose_pipeline_data_parallel  # noqa: E402
 from autopipe.profiler.analytic import profile_analytic  # noqa: E402
-from autopipe.profiler.catalog import get_device  # noqa: E402
+
+from autopipe.core.catalog import get_device  # noqa: E402
 
 DEVICES = 16
 BATCH = 64

@@ -143,7 +143,7 @@ def analytic_profile(s: Setup) -> Any:
 def catalog_entry(device: torch.device) -> tuple[Any, str]:
     """The catalog spec for this device: by name (longest alias found in the CUDA device
     name), else the GPU entry nearest in memory; ``"cpu"`` on the CPU."""
-    from autopipe.profiler.catalog import CATALOG, get_device
+    from autopipe.core.catalog import CATALOG, get_device
 
     if device.type != "cuda":
         return get_device("cpu"), "cpu (nominal)"

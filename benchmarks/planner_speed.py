@@ -26,7 +26,8 @@ from autopipe.planner import Cluster, plan
 from autopipe.planner.costs import CostModel
 from autopipe.planner.ilp import ilp_partition
 from autopipe.planner.partition import dp_partition
-from autopipe.profiler.profile_data import Profile, UnitProfile
+
+from autopipe.core.profile import Profile, UnitProfile
 
 
 def synthetic_profile(n_units: int, seed: int, batch_size: int = 1024) -> Profile:

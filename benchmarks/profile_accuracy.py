@@ -25,8 +25,8 @@ from autopipe.profiler.analytic import profile_analytic
 from autopipe.profiler.calibrate import calibrate, reprice
 from autopipe.profiler.measure import profile as measured_profile
 from autopipe.profiler.measure import whole_model_saved_bytes
-from autopipe.profiler.profile_data import Profile
 
+from autopipe.core.profile import Profile
 from autopipe.modelfile import ModelFile, load_model_file
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"

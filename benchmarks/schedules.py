@@ -181,7 +181,8 @@ def _plans(
     prof: Any, m: int, schedules: list[str], link: dict[str, float], tmp: Path
 ) -> dict[str, str]:
     from autopipe.planner import plan
-    from autopipe.planner.cluster import Cluster
+
+    from autopipe.core.cluster import Cluster
 
     cluster = Cluster.homogeneous(
         K,
@@ -236,9 +237,10 @@ def _rank(rank: int, port: int, paths: dict[str, str], steps: int, out: str) -> 
     os.environ.update(rank_env(rank, 2, port))
     torch.set_num_threads(1)
     import torch.distributed as dist
-    from autopipe.planner.plan_data import load_plan
     from autopipe.runtime.distributed import DistributedPipeline, init_distributed
     from torch.distributed.pipelining import Schedule1F1B
+
+    from autopipe.core.plan import load_plan
 
     init_distributed(timeout_s=900)
     plans = {name: load_plan(path) for name, path in paths.items()}
@@ -336,9 +338,10 @@ def main() -> None:
     args = parser.parse_args()
     schedules = args.schedules.split(",")
 
-    from autopipe.planner.plan_data import load_plan
-    from autopipe.profiler.profile_data import Profile
     from distributed_cases import free_port, spawn_ranks
+
+    from autopipe.core.plan import load_plan
+    from autopipe.core.profile import Profile
 
     tmp = Path(tempfile.mkdtemp())
     t0 = time.perf_counter()

@@ -7,27 +7,20 @@ timeline type, which the runtime also records and the plots draw: ``timeline.py`
 ``scaling_report``/``min_gpus`` sweep the GPU count. PuLP is imported only when ``strategy="ilp"`` is asked for.
 """
 
-import sys
-
-from autopipe.planner import plan_data as _plan_data
-from autopipe.planner.cluster import Cluster, Device
 from autopipe.planner.data_parallel import (
     ParallelChoice,
     choose_pipeline_data_parallel,
     plan_data_parallel,
 )
 from autopipe.planner.errors import PlanningError, RuleViolation
-from autopipe.planner.plan_data import PLAN_VERSION, Plan, PlanFormatError, StagePlan, load_plan
 from autopipe.planner.preflight import check_plan, preflight
 from autopipe.planner.search import STRATEGIES, plan
 from autopipe.planner.simulate import Simulation, simulate, simulate_plan
 from autopipe.planner.sweep import min_gpus, plan_each_schedule, scaling_report
-from autopipe.planner.timeline import Task, Timeline
 
-# The data module was ``plan.py``, which collided with the ``plan`` function: ``import
-# autopipe.planner.plan`` still finds the data module, and ``autopipe.planner.plan`` is the
-# function.
-sys.modules.setdefault(f"{__name__}.plan", _plan_data)
+from autopipe.core.cluster import Cluster, Device
+from autopipe.core.plan import PLAN_VERSION, Plan, PlanFormatError, StagePlan, load_plan
+from autopipe.core.timeline import Task, Timeline
 
 __all__ = [
     "PLAN_VERSION",

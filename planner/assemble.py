@@ -17,14 +17,14 @@ from autopipe.planner.baselines import (
 )
 from autopipe.planner.candidate import Candidate
 from autopipe.planner.chunks import ScheduleShape, cost_model_for
-from autopipe.planner.cluster import Cluster
 from autopipe.planner.costs import SegmentCost
 from autopipe.planner.partition import exact_partition
-from autopipe.planner.plan_data import Plan, StagePlan
 from autopipe.planner.simulate import Simulation, gpipe_exact, simulate
-from autopipe.profiler.profile_data import Profile
 
-from autopipe.humanize import format_bytes
+from autopipe.core.cluster import Cluster
+from autopipe.core.humanize import format_bytes
+from autopipe.core.plan import Plan, StagePlan
+from autopipe.core.profile import Profile
 
 
 def simulate_costs(costs: list[SegmentCost], m: int, schedule: str) -> Simulation:

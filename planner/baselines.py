@@ -18,7 +18,8 @@ from collections.abc import Sequence
 import numpy as np
 from autopipe.planner.layers import LayerStack, layer_stack
 from autopipe.planner.schedules import SINGLE_SCHEDULES
-from autopipe.profiler.profile_data import Profile
+
+from autopipe.core.profile import Profile
 
 
 def uniform_bounds(n_units: int, num_stages: int) -> list[int]:

@@ -16,9 +16,10 @@ from typing import Any
 
 from autopipe.planner.chain import Partition
 from autopipe.planner.chunks import ScheduleShape, chunk_works, rank_fits
-from autopipe.planner.cluster import Cluster
 from autopipe.planner.costs import CostModel, SegmentCost
 from autopipe.planner.simulate import ChunkWork, Simulation, gpipe_exact, simulate_schedule
+
+from autopipe.core.cluster import Cluster
 
 __all__ = ["Candidate", "Evaluation"]
 

@@ -16,9 +16,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-__all__ = ["CHECKPOINT_MODES", "check_checkpoint_mode", "stage_checkpoints"]
+from autopipe.core.vocabulary import CHECKPOINT_MODES
 
-CHECKPOINT_MODES = ("never", "always", "except_last", "auto")
+__all__ = ["CHECKPOINT_MODES", "check_checkpoint_mode", "stage_checkpoints"]
 
 
 def check_checkpoint_mode(mode: str) -> None:

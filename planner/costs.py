@@ -15,11 +15,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from autopipe.planner.cluster import Cluster
-from autopipe.planner.plan_data import PLAN_SCHEDULES
-from autopipe.profiler.profile_data import Profile, UnitProfile
 
-SCHEDULES = PLAN_SCHEDULES
+from autopipe.core.cluster import Cluster
+from autopipe.core.profile import Profile, UnitProfile
 
 
 def backward_input_share(unit: UnitProfile) -> float:

@@ -17,10 +17,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from autopipe.planner.cluster import Cluster, Device
 from autopipe.planner.errors import PlanningError
-from autopipe.planner.plan_data import Plan
-from autopipe.profiler.profile_data import Profile
+
+from autopipe.core.cluster import Cluster, Device
+from autopipe.core.plan import Plan
+from autopipe.core.profile import Profile
 
 
 @dataclass

@@ -20,8 +20,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from autopipe.planner.layers import layer_stack
-from autopipe.planner.plan_data import Plan
 from autopipe.planner.schedules import TORCH_CLASSES
+
+from autopipe.core.errors import AutopipeError
+from autopipe.core.plan import Plan
 
 __all__ = [
     "EMIT_FORMATS",
@@ -46,7 +48,7 @@ TORCHTITAN_SCHEDULES = {k: v.removeprefix("Schedule") for k, v in TORCH_CLASSES.
 MEGATRON_SCHEDULES = {"1f1b": "1F1B", "interleaved-1f1b": "interleaved 1F1B"}
 
 
-class EmitError(ValueError):
+class EmitError(AutopipeError, ValueError):
     """The plan uses something the target framework cannot express."""
 
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from autopipe.core.errors import AutopipeError
 
-class PlanningError(ValueError):
+
+class PlanningError(AutopipeError, ValueError):
     """No plan can be made from these inputs; the message is one line saying why and what to try.
 
     When memory is the reason, ``min_memory_bytes`` is the smallest equal memory per device

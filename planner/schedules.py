@@ -32,11 +32,18 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 
-from autopipe.planner.plan_data import PLAN_SCHEDULES
-from autopipe.planner.timeline import Action
+from autopipe.core.timeline import Action
+from autopipe.core.vocabulary import (
+    LOOP_SCHEDULES,
+    SINGLE_SCHEDULES,
+    SPLIT_BACKWARD_SCHEDULES,
+    TORCH_CLASSES,
+    V_SHAPE_SCHEDULES,
+)
 
 __all__ = [
     "LOOP_SCHEDULES",
+    "SINGLE_SCHEDULES",
     "SPLIT_BACKWARD_SCHEDULES",
     "TORCH_CLASSES",
     "V_SHAPE_SCHEDULES",
@@ -46,29 +53,6 @@ __all__ = [
     "rank_orders",
     "virtual_stage_choices",
 ]
-
-TORCH_CLASSES = {
-    "gpipe": "ScheduleGPipe",
-    "1f1b": "Schedule1F1B",
-    "interleaved-1f1b": "ScheduleInterleaved1F1B",
-    "looped-bfs": "ScheduleLoopedBFS",
-    "interleaved-zb": "ScheduleInterleavedZeroBubble",
-    "zbv": "ScheduleZBVZeroBubble",
-    "dualpipev": "ScheduleDualPipeV",
-}
-"""torch.distributed.pipelining's class for each schedule name."""
-
-SINGLE_SCHEDULES = ("gpipe", "1f1b")
-"""One stage per rank (torch's ``PipelineScheduleSingle``)."""
-LOOP_SCHEDULES = ("interleaved-1f1b", "looped-bfs", "interleaved-zb")
-"""Chunk ``c`` on rank ``c mod K``, any number of chunks per rank."""
-V_SHAPE_SCHEDULES = ("zbv", "dualpipev")
-"""Exactly two chunks per rank, ``r`` and ``2K - 1 - r``."""
-SPLIT_BACKWARD_SCHEDULES = ("interleaved-zb", "zbv", "dualpipev")
-"""Schedules that run backward as separate input-gradient and weight-gradient actions (all
-of them for the first two; DualPipeV mixes full backwards and split ones)."""
-
-assert set(TORCH_CLASSES) == set(PLAN_SCHEDULES)
 
 
 def check_virtual_stages(schedule: str, virtual_stages: int) -> str | None:

@@ -36,24 +36,25 @@ from autopipe.planner.candidate import Candidate
 from autopipe.planner.chain import Partition, bottleneck
 from autopipe.planner.checkpointing import CHECKPOINT_MODES
 from autopipe.planner.chunks import ScheduleShape, cost_model_for, lower_bound_s
-from autopipe.planner.cluster import Cluster
-from autopipe.planner.costs import SCHEDULES, CostModel
+from autopipe.planner.costs import CostModel
 from autopipe.planner.errors import PlanningError, RuleViolation
 from autopipe.planner.partition import brute_force_partition, exact_partition
-from autopipe.planner.plan_data import Plan
 from autopipe.planner.preflight import preflight, violations
 from autopipe.planner.probe import _Prober, min_memory_needed, pareto_partitions
-from autopipe.planner.request import PlanRequest
 from autopipe.planner.schedules import check_virtual_stages, virtual_stage_choices
-from autopipe.profiler.optimizer_state import (
+
+from autopipe.core.cluster import Cluster
+from autopipe.core.humanize import format_bytes
+from autopipe.core.optimizer import (
     AUTO,
     OPTIMIZERS,
     default_optimizer,
     training_state_bytes_per_parameter,
 )
-from autopipe.profiler.profile_data import Profile
-
-from autopipe.humanize import format_bytes
+from autopipe.core.plan import Plan
+from autopipe.core.profile import Profile
+from autopipe.core.request import PlanRequest
+from autopipe.core.vocabulary import PLAN_SCHEDULES
 
 STRATEGIES = ("dp", "ilp", "brute-force", *BASELINES)
 EXACT_STRATEGIES = ("dp", "ilp", "brute-force")
@@ -255,7 +256,7 @@ def plan(
 ) -> Plan:
     """Plan a K-stage pipeline for ``profile``; raises ``PlanningError`` if nothing fits.
 
-    ``request`` says what to plan for (:class:`autopipe.planner.request.PlanRequest`);
+    ``request`` says what to plan for (:class:`autopipe.core.request.PlanRequest`);
     keyword ``fields`` build one or change a given one (``plan(profile, gpus=4,
     microbatches=8)``, ``plan(profile, old.request, microbatches=8)``); an integer in its
     place is ``gpus``. The request's fields: ``gpus=K`` (K equal devices named after the
@@ -279,7 +280,7 @@ def plan(
     req = _request(request, fields)
     if not profile.units:
         raise PlanningError("the profile has no units; profile a model with at least one module")
-    _check_choice("schedule", req.schedule, (*SCHEDULES, "auto"))
+    _check_choice("schedule", req.schedule, (*PLAN_SCHEDULES, "auto"))
     _check_choice("checkpoint", req.checkpoint, CHECKPOINT_MODES)
     _check_choice("strategy", req.strategy, STRATEGIES)
     chosen_optimizer, state_bpp = training_state(profile, req.optimizer, req.bytes_per_parameter)
@@ -365,7 +366,7 @@ def _candidate_shapes(
     forced_v = req.virtual_stages != "auto"
     if forced_v:
         v_req = _positive_int("virtual_stages", req.virtual_stages)
-    schedules = list(SCHEDULES) if req.schedule == "auto" else [req.schedule]
+    schedules = list(PLAN_SCHEDULES) if req.schedule == "auto" else [req.schedule]
     combos: list[tuple[str, int, int]] = []
     refused: list[str] = []
     for sched in schedules:

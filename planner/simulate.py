@@ -29,9 +29,10 @@ import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from autopipe.planner.plan_data import Plan
 from autopipe.planner.schedules import chunk_ranks, rank_order, rank_orders
-from autopipe.planner.timeline import PHASES, Action, Task, Timeline
+
+from autopipe.core.plan import Plan
+from autopipe.core.timeline import PHASES, Action, Task, Timeline
 
 __all__ = [
     "PHASES",
@@ -466,7 +467,7 @@ def simulate_schedule(
 
     ``orders`` (each rank's actions) default to
     :func:`autopipe.planner.schedules.rank_orders`; pass them to reuse them across
-    simulations. ``host_throughput`` (see :attr:`autopipe.planner.cluster.Cluster.host_throughput`):
+    simulations. ``host_throughput`` (see :attr:`autopipe.core.cluster.Cluster.host_throughput`):
     the ranks share one host that runs at most this many ranks' work at full speed, so while
     ``n`` ranks compute at once each progresses at ``min(1, host_throughput / n)`` of its
     profiled speed (sends are link time and share nothing); None: dedicated ranks. Returns

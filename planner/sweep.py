@@ -9,12 +9,13 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-from autopipe.planner.cluster import Cluster, Device
 from autopipe.planner.errors import PlanningError
-from autopipe.planner.plan_data import PLAN_SCHEDULES, Plan
-from autopipe.planner.request import PlanRequest
 from autopipe.planner.search import plan
-from autopipe.profiler.profile_data import Profile
+
+from autopipe.core.cluster import Cluster, Device
+from autopipe.core.plan import PLAN_SCHEDULES, Plan
+from autopipe.core.profile import Profile
+from autopipe.core.request import PlanRequest
 
 
 def _plan_k(profile: Profile, k: int, device: Device | None, kw: dict[str, Any]) -> Any:

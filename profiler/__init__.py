@@ -1,22 +1,13 @@
 """autopipe.profiler: model -> Profile (per-unit time and memory).
 
 Imports torch only when a profiling function is used, so the torch-free
-``autopipe.profiler.profile_data`` data module stays importable by the planner.
+``autopipe.core.profile`` data module stays importable by the planner.
 """
 
 from __future__ import annotations
 
-import sys
-
-from autopipe.profiler import profile_data as _profile_data
-from autopipe.profiler.profile_data import PROFILE_VERSION, Profile, ProfileFormatError, UnitProfile
-
-from autopipe.lazy import lazy_attributes
-
-# The data module was ``profile.py``, which collided with the measuring function's name:
-# ``import autopipe.profiler.profile`` still finds the data module, while the package's
-# ``profile`` attribute is the function (``autopipe.profiler.measure.profile``).
-sys.modules.setdefault(f"{__name__}.profile", _profile_data)
+from autopipe.core.lazy import lazy_attributes
+from autopipe.core.profile import PROFILE_VERSION, Profile, ProfileFormatError, UnitProfile
 
 _LAZY = {
     "profile": ("autopipe.profiler.measure", "profile"),

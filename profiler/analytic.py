@@ -46,14 +46,11 @@ import torch.nn.functional as F
 from autopipe.profiler import objective
 from autopipe.profiler.calibrate import apply_times as _apply_times
 from autopipe.profiler.calibrate import priced_times
-from autopipe.profiler.catalog import DeviceSpec, get_device, normalize_dtype
 from autopipe.profiler.header import profile_header
 from autopipe.profiler.inputs import OutputError, batch_size_of, check_joinable_output
 from autopipe.profiler.measure import microbatch_sizes_to_profile, slice_batch
 from autopipe.profiler.memory import parameter_accounting
 from autopipe.profiler.opcount import OpCounter, storage_key
-from autopipe.profiler.optimizer_state import normalize_optimizer, resolve_optimizer
-from autopipe.profiler.profile_data import Profile, UnitProfile
 from autopipe.profiler.reduce import (
     block_units,
     expand_profile,
@@ -70,10 +67,15 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_leaves, tree_map
 from tqdm.auto import tqdm
 
+from autopipe.core.catalog import DeviceSpec, get_device, normalize_dtype
+from autopipe.core.errors import AutopipeError
+from autopipe.core.optimizer import normalize_optimizer, resolve_optimizer
+from autopipe.core.profile import Profile, UnitProfile
+
 _TORCH_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
-class AnalyticProfileError(ValueError):
+class AnalyticProfileError(AutopipeError, ValueError):
     """The model or its inputs cannot be profiled analytically."""
 
 
@@ -361,7 +363,7 @@ def profile_analytic(
     kernels x launch overhead.
     ``progress``: a tqdm bar over the counting passes (one per micro-batch size).
     ``optimizer`` / ``bytes_per_parameter``: training state per parameter (``auto``: mixed-
-    precision Adam for 16-bit parameters, Adam for fp32; ``profiler/optimizer_state.py``).
+    precision Adam for 16-bit parameters, Adam for fp32; ``autopipe/core/optimizer.py``).
     ``share=True``: a stack of repeated blocks is traced and counted as its first few blocks
     and the counts repeated (:mod:`autopipe.profiler.reduce`; the same figures, in the time
     of a few blocks); ``False`` counts every block.

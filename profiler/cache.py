@@ -21,9 +21,10 @@ from typing import Any
 
 import torch
 import torch.utils._pytree as pytree
-from autopipe.profiler.profile_data import Profile, ProfileFormatError
 from autopipe.profiler.tree import leaves
 from torch import nn
+
+from autopipe.core.profile import Profile, ProfileFormatError
 
 
 def autopipe_version() -> str:

@@ -20,12 +20,14 @@ import itertools
 from typing import Any
 
 import numpy as np
-from autopipe.profiler.catalog import DeviceSpec, DeviceSpecError, device_spec_from_dict
-from autopipe.profiler.profile_data import Profile
 from autopipe.profiler.time_model import fit_time_model
 
+from autopipe.core.catalog import DeviceSpec, DeviceSpecError, device_spec_from_dict
+from autopipe.core.errors import AutopipeError
+from autopipe.core.profile import Profile
 
-class CalibrationError(ValueError):
+
+class CalibrationError(AutopipeError, ValueError):
     """The analytic and measured profiles cannot be compared."""
 
 

@@ -20,6 +20,8 @@ import torch.fx._pytree as fx_pytree
 import torch.utils._pytree as pytree
 from autopipe.profiler.tree import map_tensors, tensor_leaves
 
+from autopipe.core.errors import AutopipeError
+
 __all__ = [
     "InputBinder",
     "OutputError",
@@ -75,7 +77,7 @@ def batch_rows(
     return map_tensors(cut, value)
 
 
-class OutputError(ValueError):
+class OutputError(AutopipeError, ValueError):
     """The model's output cannot be joined over micro-batches."""
 
 

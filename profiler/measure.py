@@ -64,9 +64,7 @@ from autopipe.profiler.memory import (
     storage_key,
     tensor_bytes,
 )
-from autopipe.profiler.optimizer_state import normalize_optimizer, resolve_optimizer
 from autopipe.profiler.options import MeasureOptions
-from autopipe.profiler.profile_data import Profile, UnitProfile
 from autopipe.profiler.sharing import UnitSharing
 from autopipe.profiler.time_model import fit_time_model
 from autopipe.profiler.timing import (
@@ -83,10 +81,14 @@ from autopipe.profiler.units import UnitGraph, cut_tensors, trace_units
 from autopipe.profiler.weight_pass import reuse_reason, reused_parameters
 from torch import fx, nn
 
+from autopipe.core.errors import AutopipeError
+from autopipe.core.optimizer import normalize_optimizer, resolve_optimizer
+from autopipe.core.profile import Profile, UnitProfile
+
 LossFn = objective.LossFn
 
 
-class ProfilingError(RuntimeError):
+class ProfilingError(AutopipeError, RuntimeError):
     """The model cannot be profiled as given (e.g. no output to drive backward)."""
 
 
@@ -798,7 +800,7 @@ def profile(
     function returning seconds (a fake clock for tests).
     ``optimizer`` / ``bytes_per_parameter``: the training state per parameter that the units'
     ``gradient_bytes`` and ``optimizer_bytes`` count (``auto``: mixed-precision Adam for
-    16-bit parameters, Adam for fp32; see ``profiler/optimizer_state.py``).
+    16-bit parameters, Adam for fp32; see ``autopipe/core/optimizer.py``).
 
     ``share=True``: units that are the same computation (same graph, parameter shapes and
     input shapes: :mod:`autopipe.profiler.signature`) are measured once, on the first of them,

@@ -14,9 +14,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from autopipe.profiler.optimizer_state import optimizer_state_bytes
 from autopipe.profiler.units import UnitGraph
 from torch import fx, nn
+
+from autopipe.core.optimizer import optimizer_state_bytes
 
 
 def tensor_bytes(t: torch.Tensor) -> int:

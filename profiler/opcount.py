@@ -22,10 +22,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from autopipe.profiler.catalog import DeviceSpec, normalize_dtype
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import flop_registry
+
+from autopipe.core.catalog import DeviceSpec, normalize_dtype
 
 aten = torch.ops.aten
 

@@ -36,10 +36,11 @@ import dataclasses
 from collections.abc import Iterator
 from typing import Any
 
-from autopipe.profiler.profile_data import Profile
 from autopipe.profiler.signature import ModuleSignatures, graph_signature
 from autopipe.profiler.units import UnitGraph, _block_container
 from torch import nn
+
+from autopipe.core.profile import Profile
 
 
 class _StructureSignatures(ModuleSignatures):

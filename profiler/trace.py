@@ -34,6 +34,8 @@ import torch.utils._pytree as pytree
 from autopipe.profiler.inputs import batch_size_of, call_model, split_inputs
 from torch import fx, nn
 
+from autopipe.core.errors import AutopipeError
+
 __all__ = [
     "TRACERS",
     "TraceError",
@@ -45,7 +47,7 @@ __all__ = [
 ]
 
 
-class TraceError(RuntimeError):
+class TraceError(AutopipeError, RuntimeError):
     """No tracer in the chain could turn the model into a graph."""
 
 

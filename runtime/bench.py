@@ -23,9 +23,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from autopipe.planner.plan_data import Plan, StagePlan
-from autopipe.planner.timeline import Timeline
 from autopipe.runtime.timeline import Clock
+
+from autopipe.core.plan import Plan, StagePlan
+from autopipe.core.timeline import Timeline
 
 __all__ = [
     "CLOCKS",

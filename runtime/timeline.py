@@ -4,7 +4,7 @@ The executor wraps each task in ``recorder.record(stage, microbatch, phase, devi
 ``forward`` and ``backward`` per (stage, micro-batch), and ``recompute`` for the
 re-materialising forward inside a checkpointed backward (its interval nests in that
 backward's). ``recorder.timeline()`` gives the one torch-free
-:class:`autopipe.planner.timeline.Timeline` that the simulator returns and the plots draw;
+:class:`autopipe.core.timeline.Timeline` that the simulator returns and the plots draw;
 Chrome traces are its ``save_chrome_trace``.
 
 Clocks: by default a task is timed with CUDA events on a CUDA device (turned into seconds on
@@ -26,7 +26,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from autopipe.planner.timeline import (
+
+from autopipe.core.timeline import (
     PHASES,
     Task,
     Timeline,

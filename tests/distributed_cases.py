@@ -11,9 +11,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from autopipe.planner.plan_data import Plan, StagePlan
 from runtime_helpers import load_example
 from torch import nn
+
+from autopipe.core.plan import Plan, StagePlan
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
@@ -369,7 +370,7 @@ def launch_ranks(
         env.update(env_extra or {})
         procs.append(
             subprocess.Popen(
-                [sys.executable, "-m", "autopipe.cli_run", "run", *argv],
+                [sys.executable, "-m", "autopipe", "run", *argv],
                 env=env,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
@@ -518,7 +519,7 @@ def torchrun_drill(
     deadline_s: float = 60.0,
     shell: bool = False,
 ) -> Drill:
-    """Run ``torchrun --nproc-per-node NPROC -m autopipe.cli_run run COMMAND`` (or, with
+    """Run ``torchrun --nproc-per-node NPROC -m autopipe run COMMAND`` (or, with
     ``shell``, ``COMMAND`` as one ``sh -c`` line per rank, so it can name ``$RANK``), with
     stdout and stderr merged. Past ``deadline_s`` the whole process group is killed and the
     drill fails as a hang."""
@@ -535,7 +536,7 @@ def torchrun_drill(
     if shell:
         launcher += ["--no-python", "sh", "-c", " ".join(command)]
     else:
-        launcher += ["-m", "autopipe.cli_run", "run", *command]
+        launcher += ["-m", "autopipe", "run", *command]
     env = dict(os.environ, OMP_NUM_THREADS="1", **(env_extra or {}))
     start = time.monotonic()
     proc = subprocess.Popen(

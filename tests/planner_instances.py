@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import random
 
-from autopipe.planner.cluster import Cluster, Device
 from autopipe.planner.costs import CostModel
-from autopipe.profiler.profile_data import Profile, UnitProfile
+
+from autopipe.core.cluster import Cluster, Device
+from autopipe.core.profile import Profile, UnitProfile
 
 
 def random_profile(

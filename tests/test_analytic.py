@@ -11,10 +11,8 @@ import torch
 from autopipe.planner import plan as plan_for
 from autopipe.profiler.analytic import AnalyticProfileError, profile_analytic
 from autopipe.profiler.calibrate import CalibrationError, calibrate, reprice, spec_of
-from autopipe.profiler.catalog import DeviceSpecError, get_device
 from autopipe.profiler.measure import profile as measured_profile
 from autopipe.profiler.measure import whole_model_saved_bytes
-from autopipe.profiler.profile_data import Profile
 from profiler_models import (
     DataBranch,
     ShapeBranch,
@@ -23,6 +21,9 @@ from profiler_models import (
     decoder_inputs,
     load_example,
 )
+
+from autopipe.core.catalog import DeviceSpecError, get_device
+from autopipe.core.profile import Profile
 
 gpt = load_example("gpt")
 resnet = load_example("resnet")

@@ -15,12 +15,12 @@ import pytest
 import torch
 from autopipe.profiler.analytic import AnalyticProfileError, profile_analytic
 from autopipe.profiler.calibrate import reprice
-from autopipe.profiler.catalog import get_device
-from autopipe.profiler.profile_data import Profile
 from profiler_models import load_example
 from torch import nn
 
 from autopipe.cli import main
+from autopipe.core.catalog import get_device
+from autopipe.core.profile import Profile
 
 FIELDS = (
     "name", "kind", "forward_s", "backward_s", "forward_overhead_s", "backward_overhead_s",

@@ -12,8 +12,9 @@ import torch
 from autopipe.profiler.analytic import profile_analytic
 from autopipe.profiler.calibrate import reprice, spec_of
 from autopipe.profiler.measure import profile
-from autopipe.profiler.profile_data import Profile, UnitProfile
 from runtime_helpers import load_example
+
+from autopipe.core.profile import Profile, UnitProfile
 
 
 def _mlp() -> tuple[torch.nn.Module, torch.Tensor]:
@@ -150,8 +151,9 @@ def test_cost_model_scales_b_and_w_by_their_own_fits() -> None:
     backward 8 s (1 s per call). At micro-batch 4: B = 1 + 3/4, W = 3 + 1/4: 5 s run split
     (the whole backward at 4 is 2.75 s), of which B is 35%. Before the fit both scaled as
     the whole backward: 2.75 s split half and half."""
-    from autopipe.planner.cluster import Cluster
     from autopipe.planner.costs import CostModel
+
+    from autopipe.core.cluster import Cluster
 
     unit = UnitProfile(
         name="u", kind="Linear", forward_s=1.0, backward_s=8.0, backward_overhead_s=1.0,

@@ -7,9 +7,9 @@ import struct
 from pathlib import Path
 
 import pytest
-from autopipe.planner.plan_data import load_plan
 
 from autopipe import cli
+from autopipe.core.plan import load_plan
 
 MODEL = """
 import torch
@@ -104,9 +104,9 @@ def test_bench_json_and_files(setup, bench_run) -> None:
     assert report["iteration_predicted_s"] == pytest.approx(total)
     assert len(report["iteration_measured_samples_s"]) == 2
     _png_ok(out / "timeline_compare.png")
-    from autopipe.viz.timeline import timeline_from_chrome_trace
+    from autopipe.core.timeline import load_chrome_trace
 
-    measured = timeline_from_chrome_trace(out / "trace.json")
+    measured = load_chrome_trace(out / "trace.json")
     assert measured.num_stages == 2 and measured.num_microbatches == 4
     assert len(measured.durations(0, "forward")) == 4
     assert len(measured.durations(1, "backward")) == 4
@@ -202,7 +202,7 @@ def test_plot_command(setup, bench_run, tmp_path: Path, capsys: pytest.CaptureFi
 def test_reads_the_executors_chrome_trace() -> None:
     from autopipe.runtime.timeline import TaskRecord, Timeline, to_chrome_trace
 
-    from autopipe.viz.timeline import timeline_from_chrome_trace
+    from autopipe.core.timeline import load_chrome_trace
 
     records = [  # the one Task: stage, micro-batch, phase, start_s, end_s, device index
         TaskRecord(0, 0, "forward", 0.000, 0.010, 0),
@@ -212,7 +212,7 @@ def test_reads_the_executors_chrome_trace() -> None:
         TaskRecord(0, 0, "backward", 0.050, 0.070, 0),
     ]
     run = Timeline(records, 2, device_names=["cpu"])
-    tl = timeline_from_chrome_trace(to_chrome_trace(run))
+    tl = load_chrome_trace(to_chrome_trace(run))
     assert tl.num_stages == 2 and tl.shared  # both stages on the one CPU
     assert tl.durations(1, "backward") == pytest.approx([0.020])
     assert tl.durations(1, "recompute") == pytest.approx([0.008])

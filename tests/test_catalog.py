@@ -7,8 +7,8 @@ import subprocess
 import sys
 
 import pytest
-from autopipe.planner.cluster import Cluster, Device
-from autopipe.profiler.catalog import (
+
+from autopipe.core.catalog import (
     CATALOG,
     DeviceSpec,
     DeviceSpecError,
@@ -18,6 +18,7 @@ from autopipe.profiler.catalog import (
     is_catalog_device,
     load_device_spec,
 )
+from autopipe.core.cluster import Cluster, Device
 
 REQUIRED = [
     "V100-32GB",
@@ -99,7 +100,7 @@ def test_v100_has_no_bfloat16() -> None:
 
 def test_catalog_import_is_torch_free() -> None:
     code = (
-        "import sys; import autopipe.profiler.catalog as c; c.get_device('a100'); "
+        "import sys; import autopipe.core.catalog as c; c.get_device('a100'); "
         "assert 'torch' not in sys.modules, 'torch imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

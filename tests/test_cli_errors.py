@@ -92,7 +92,7 @@ def test_output_paths_are_checked_before_any_work(
 
 def _saved_profile(tmp_path: Path) -> Path:
     """A hand-made 4-unit CPU profile at batch size 8."""
-    from autopipe.profiler.profile_data import Profile, UnitProfile
+    from autopipe.core.profile import Profile, UnitProfile
 
     units = [UnitProfile(name=f"u{i}", forward_s=1e-3, backward_s=2e-3) for i in range(4)]
     saved = tmp_path / "profile.json"

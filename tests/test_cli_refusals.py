@@ -13,7 +13,7 @@ from autopipe.cli import common, main
 
 def _saved_profile(tmp_path: Path, units: int = 4, names: list[str] | None = None) -> Path:
     """A hand-made CPU profile at batch size 8: ``names`` (default ``u0``...) or ``units``."""
-    from autopipe.profiler.profile_data import Profile, UnitProfile
+    from autopipe.core.profile import Profile, UnitProfile
 
     names = names or [f"u{i}" for i in range(units)]
     units = len(names)
@@ -184,7 +184,8 @@ def test_torchtitan_toml_of_odd_unit_names_reads_back_with_tomllib(tmp_path: Pat
     import tomllib
     from autopipe.planner import plan
     from autopipe.planner.emit import to_torchtitan
-    from autopipe.profiler.profile_data import Profile
+
+    from autopipe.core.profile import Profile
 
     profile = Profile.load(_saved_profile(tmp_path, names=ODD_NAMES))
     result = plan(profile, gpus=2, checkpoint="never")
@@ -200,8 +201,7 @@ def test_control_characters_in_unit_names_are_escaped_in_reports(
     argv = ["plan", saved, "--gpus", "2", "--checkpoint", "never", "--json", str(plan)]
     assert main(argv) == 0
     assert main(["explain", str(plan)]) == 0
-    from autopipe.profiler.profile_data import Profile
-
+    from autopipe.core.profile import Profile
     from autopipe.report import format_profile
 
     out = capsys.readouterr().out + format_profile(Profile.load(saved))

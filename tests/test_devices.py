@@ -10,10 +10,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from autopipe.planner.cluster import Cluster, Device
-from autopipe.profiler.catalog import DeviceListError, DeviceSpecError, get_device
-from autopipe.profiler.profile_data import Profile
 
+from autopipe.core.catalog import DeviceListError, DeviceSpecError, get_device
+from autopipe.core.cluster import Cluster, Device
+from autopipe.core.profile import Profile
 from autopipe.devices import (
     DeviceTarget,
     cluster_for,
@@ -130,7 +130,7 @@ def test_layers_point_one_way() -> None:
     """The catalog holds specs only (it does not import the planner); autopipe.devices and
     the planner stay torch-free."""
     code = (
-        "import sys; import autopipe.profiler.catalog;"
+        "import sys; import autopipe.core.catalog;"
         "assert 'autopipe.planner' not in sys.modules, 'catalog imported the planner';"
         "import autopipe.devices, autopipe.planner; autopipe.planner.Cluster.from_catalog('a100', 2);"
         "assert 'torch' not in sys.modules, 'torch imported'"

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from autopipe.planner.plan_data import Plan
 from autopipe.profiler.units import trace_units
 from autopipe.runtime.distributed.layout import PlanWorldSizeError, rank_layout
 from autopipe.runtime.distributed.pipeline import build_stage
@@ -30,6 +29,8 @@ from distributed_cases import (
     spawn_ranks,
     tiny_gpt,
 )
+
+from autopipe.core.plan import Plan
 
 TOL = 1e-5
 

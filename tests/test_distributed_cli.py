@@ -52,7 +52,7 @@ def _torchrun(model: Path, plan: Path, log: Path, *extra: str) -> list[float]:
         [
             sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
             "--master-port", str(free_port()),
-            "-m", "autopipe.cli_run", "run", str(model), "--plan", str(plan),
+            "-m", "autopipe", "run", str(model), "--plan", str(plan),
             "--steps", "3", "--timeout", "60", "--json", str(log), "-q", *extra,
         ],
         capture_output=True, text=True, cwd=ROOT, timeout=120,
@@ -85,7 +85,7 @@ def test_run_outside_torchrun_says_how_to_launch(files: tuple[Path, Path]) -> No
         if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
     }
     out = subprocess.run(
-        [sys.executable, "-m", "autopipe.cli_run", "run", str(model), "--plan", str(plan)],
+        [sys.executable, "-m", "autopipe", "run", str(model), "--plan", str(plan)],
         capture_output=True,
         text=True,
         env=env,
@@ -98,7 +98,7 @@ def test_run_outside_torchrun_says_how_to_launch(files: tuple[Path, Path]) -> No
 
 def test_run_help_shows_torchrun_examples() -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "autopipe.cli_run", "run", "--help"],
+        [sys.executable, "-m", "autopipe", "run", "--help"],
         capture_output=True,
         text=True,
         cwd=ROOT,

@@ -149,7 +149,7 @@ def test_unreachable_master_ends_within_the_timeout_in_one_line(files: tuple[Pat
     env = dict(os.environ, **rank_env(1, 2, free_port()), OMP_NUM_THREADS="1")
     start = time.monotonic()
     out = subprocess.run(
-        [sys.executable, "-m", "autopipe.cli_run", "run", str(model), "--plan", str(plan),
+        [sys.executable, "-m", "autopipe", "run", str(model), "--plan", str(plan),
          "--timeout", str(timeout_s)],
         env=env, capture_output=True, text=True, cwd=ROOT, timeout=60,
     )  # fmt: skip

@@ -23,11 +23,12 @@ from autopipe.planner.emit import (
     to_torch,
     to_torchtitan,
 )
-from autopipe.planner.plan_data import Plan
 from autopipe.profiler.analytic import profile_analytic
 from autopipe.profiler.measure import profile
 from distributed_cases import SkipNet, skipnet_inputs, tiny_gpt
 from torch.distributed.pipelining import SplitPoint, pipeline
+
+from autopipe.core.plan import Plan
 
 FAST = {"warmup": 0, "repeat": 1, "progress": False, "microbatch_sizes": ()}
 

@@ -42,9 +42,10 @@ import torch
 from autopipe.planner import plan as make_plan
 from autopipe.planner.emit import EmitError, to_megatron, to_torchtitan
 from autopipe.planner.layers import layer_stack
-from autopipe.planner.plan_data import Plan
 from autopipe.profiler.measure import profile
 from distributed_cases import tiny_gpt
+
+from autopipe.core.plan import Plan
 
 TORCH_SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "looped-bfs", "interleaved-zb", "zbv")
 TORCH_SCHEDULES += ("dualpipev",)

@@ -20,17 +20,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from autopipe.planner.plan_data import Plan, PlanFormatError
-from autopipe.profiler.profile_data import (
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from autopipe.cli import main
+from autopipe.core.plan import Plan, PlanFormatError
+from autopipe.core.profile import (
     Profile,
     ProfileFormatError,
     UnitProfile,
     atomic_write_json,
 )
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-
-from autopipe.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -788,7 +788,7 @@ def test_bad_launch_variables_are_usage_errors_at_once(
     launch.update(env)
     start = time.monotonic()
     out = subprocess.run(
-        [sys.executable, "-m", "autopipe.cli_run", "run", str(model), "--plan", str(plan),
+        [sys.executable, "-m", "autopipe", "run", str(model), "--plan", str(plan),
          "--timeout", "60"],
         env=launch, capture_output=True, text=True, cwd=ROOT, timeout=120,
     )  # fmt: skip

@@ -102,7 +102,7 @@ def test_rank_with_another_plan_fails_every_rank_at_once(tmp_path: Path) -> None
     (tmp_path / "plan_0.json").write_text(plan0.read_text())
     (tmp_path / "plan_1.json").write_text(plan1.read_text())
     command = [
-        "exec", shlex.quote(sys.executable), "-m", "autopipe.cli_run", "run", str(model),
+        "exec", shlex.quote(sys.executable), "-m", "autopipe", "run", str(model),
         "--plan", f"{tmp_path}/plan_$RANK.json", "--steps", "3", "--timeout", "30",
     ]  # fmt: skip
     drill = torchrun_drill(2, command, shell=True)

@@ -8,8 +8,8 @@ import types
 import pytest
 from autopipe.planner.search import divisor_hint
 
-from autopipe.humanize import format_bytes, format_seconds, parse_bytes
-from autopipe.lazy import lazy_attributes
+from autopipe.core.humanize import format_bytes, format_seconds, parse_bytes
+from autopipe.core.lazy import lazy_attributes
 
 
 def test_format_bytes_for_tables_and_for_messages() -> None:
@@ -30,7 +30,7 @@ def test_format_bytes_for_tables_and_for_messages() -> None:
 
 
 def test_units_is_an_alias_of_humanize() -> None:
-    import autopipe.units as units
+    import autopipe.core.humanize as units
 
     assert units.format_bytes is format_bytes and units.format_seconds is format_seconds
     assert units.parse_bytes is parse_bytes

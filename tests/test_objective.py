@@ -140,7 +140,7 @@ def _plan(model_file: Path, directory: Path) -> Path:
 
 def _one_process(model_file: Path, plan_path: Path) -> tuple[list[float], dict[str, Any]]:
     """The one-process GPipe pipeline trained with ``Pipeline.loss`` (SGD)."""
-    from autopipe.planner.plan_data import load_plan
+    from autopipe.core.plan import load_plan
 
     mf = load_model_file(str(model_file))
     model, inputs = mf.build(), mf.inputs(8)

@@ -19,7 +19,7 @@ def _run(code: str) -> subprocess.CompletedProcess[str]:
 
 def test_planner_import_does_not_import_torch() -> None:
     out = _run(
-        "import sys, autopipe, autopipe.planner, autopipe.profiler.profile_data, autopipe.planner.plan_data;"
+        "import sys, autopipe, autopipe.planner, autopipe.core.profile, autopipe.core.plan;"
         "print('torch' in sys.modules)"
     )
     assert out.returncode == 0, out.stderr
@@ -62,7 +62,7 @@ def test_wheel_contains_only_the_autopipe_namespace(tmp_path: Path) -> None:
         for module in (ROOT / folder).rglob("*.py"):
             rel = module.relative_to(ROOT / folder).as_posix()
             assert f"{installed}/{rel}" in names, f"{folder}/{rel} is missing from the wheel"
-    assert "autopipe/planner/plan_data.py" in names
+    assert "autopipe/core/plan.py" in names
 
 
 def test_every_public_name_resolves() -> None:

@@ -23,15 +23,16 @@ from autopipe.planner import (  # noqa: E402
     plan,
     scaling_report,
 )
-from autopipe.planner.costs import SCHEDULES, CostModel  # noqa: E402
+from autopipe.planner.costs import CostModel  # noqa: E402
 from autopipe.planner.partition import brute_force_partition, dp_partition  # noqa: E402
 from autopipe.planner.probe import probe_partition  # noqa: E402
 from autopipe.planner.simulate import gpipe_exact  # noqa: E402
-from autopipe.profiler.optimizer_state import OPTIMIZERS, optimizer_state_bytes  # noqa: E402
-from autopipe.profiler.profile_data import Profile, UnitProfile  # noqa: E402
 from planner_instances import cost_model, random_cluster, random_profile  # noqa: E402
 
-from autopipe.humanize import format_bytes  # noqa: E402
+from autopipe.core.humanize import format_bytes  # noqa: E402
+from autopipe.core.optimizer import OPTIMIZERS, optimizer_state_bytes  # noqa: E402
+from autopipe.core.profile import Profile, UnitProfile  # noqa: E402
+from autopipe.core.vocabulary import PLAN_SCHEDULES as SCHEDULES  # noqa: E402
 
 SETTINGS = settings(
     max_examples=120, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow]
@@ -460,7 +461,7 @@ def test_replanning_is_the_recorded_request_with_one_field_replaced(tmp_path: Pa
     the same problem at M = 8, exactly as asking for M = 8 from the start does."""
     import dataclasses
 
-    from autopipe.planner.request import PlanRequest
+    from autopipe.core.request import PlanRequest
 
     profile = random_profile(12, seed=7)
     first = plan(profile, 4, microbatches="auto", schedule="auto", checkpoint="auto")

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 from autopipe.planner.data_parallel import choose_pipeline_data_parallel, ring_allreduce_s
-from autopipe.planner.plan_data import Plan, StagePlan
+
+from autopipe.core.plan import Plan, StagePlan
 
 PARAM_BYTES = 400e6  # the whole model's gradients
 SAMPLE_S = 0.01  # forward + backward seconds per sample on one device

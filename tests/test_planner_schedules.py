@@ -12,10 +12,8 @@ import pytest
 from autopipe.planner import RuleViolation, load_plan, plan, plan_each_schedule, preflight
 from autopipe.planner.candidate import Candidate
 from autopipe.planner.chunks import ScheduleShape, cost_model_for
-from autopipe.planner.cluster import Cluster
 from autopipe.planner.errors import PlanningError
 from autopipe.planner.partition import brute_force_partition
-from autopipe.planner.plan_data import PLAN_SCHEDULES
 from autopipe.planner.schedules import SPLIT_BACKWARD_SCHEDULES, chunk_ranks, rank_orders
 from autopipe.planner.simulate import (
     ChunkWork,
@@ -29,7 +27,8 @@ from hypothesis import strategies as st
 from planner_instances import random_profile
 
 from autopipe.cli import main
-from autopipe.cli.plan import SCHEDULE_CHOICES
+from autopipe.core.cluster import Cluster
+from autopipe.core.plan import PLAN_SCHEDULES
 
 # -- memory replay -------------------------------------------------------------------------
 
@@ -299,7 +298,11 @@ def test_lower_bound_holds_for_every_cut(name: str) -> None:
 
 
 def test_cli_schedule_names_are_the_plans() -> None:
-    assert SCHEDULE_CHOICES == PLAN_SCHEDULES
+    from autopipe.cli import build_parser
+
+    plan_parser = build_parser()._subparsers._group_actions[0].choices["plan"]  # type: ignore[union-attr]
+    choices = next(a.choices for a in plan_parser._actions if a.dest == "schedule")
+    assert tuple(c for c in choices if c != "auto") == PLAN_SCHEDULES
 
 
 @pytest.fixture
@@ -346,8 +349,7 @@ def test_cli_bad_schedule_or_v_value_exits_2(profile_json: Path) -> None:
 
 
 def test_plots_every_schedule_and_memory(tmp_path: Path) -> None:
-    from autopipe.planner.request import PlanRequest
-
+    from autopipe.core.request import PlanRequest
     from autopipe.viz.gantt import timeline_figure
     from autopipe.viz.memory import plot_memory, plot_schedules
 

@@ -8,7 +8,6 @@ import warnings
 import pytest
 import torch
 from autopipe.profiler.measure import ProfilingError, profile
-from autopipe.profiler.profile_data import Profile
 from autopipe.profiler.time_model import fit_time_model
 from autopipe.profiler.units import TraceError
 from profiler_models import (
@@ -21,6 +20,8 @@ from profiler_models import (
     load_example,
 )
 from torch import nn
+
+from autopipe.core.profile import Profile
 
 # reference=True: the whole model is also measured in one piece, the check these tests make.
 FAST = {"warmup": 0, "repeat": 1, "progress": False, "microbatch_sizes": (), "reference": True}

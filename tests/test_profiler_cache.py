@@ -9,8 +9,9 @@ import pytest
 import torch
 from autopipe.profiler.cache import cache_key, default_cache_dir, load_cached
 from autopipe.profiler.measure import profile
-from autopipe.profiler.profile_data import Profile
 from torch import nn
+
+from autopipe.core.profile import Profile
 
 FAST = {"warmup": 0, "repeat": 1, "progress": False, "microbatch_sizes": ()}
 

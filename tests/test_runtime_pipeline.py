@@ -6,11 +6,12 @@ import copy
 
 import pytest
 import torch
-from autopipe.planner.plan_data import Plan, StagePlan
 from autopipe.profiler.units import trace_units
 from autopipe.runtime import DeferredBatchNorm, Pipeline, parallelize
 from runtime_helpers import assert_close, load_example, reference_forward
 from torch import nn
+
+from autopipe.core.plan import Plan, StagePlan
 
 gpt = load_example("gpt")
 CFG = {"vocab_size": 48, "seq_len": 8, "d_model": 16, "n_layer": 4, "n_head": 2}

@@ -8,14 +8,15 @@ from pathlib import Path
 
 import pytest
 from autopipe.planner import plan
-from autopipe.planner.cluster import Cluster
 from autopipe.planner.errors import PlanningError
-from autopipe.planner.plan_data import PLAN_SCHEDULES, load_plan
 from autopipe.planner.schedules import chunk_ranks
 from autopipe.planner.simulate import ChunkWork, simulate_plan, simulate_schedule
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from planner_instances import random_profile
+
+from autopipe.core.cluster import Cluster
+from autopipe.core.plan import PLAN_SCHEDULES, load_plan
 
 # Every schedule a plan may name, at the fewest chunks per rank beyond one that all accept.
 SCHEDULES_V = [(s, 1 if s in ("gpipe", "1f1b") else 2) for s in PLAN_SCHEDULES]

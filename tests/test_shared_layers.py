@@ -30,16 +30,16 @@ import shared_layers_models as models
 import torch
 import zoo
 from autopipe.planner import plan as make_plan
-from autopipe.planner.plan_data import Plan, load_plan
 from autopipe.profiler.inputs import call_model
 from autopipe.profiler.measure import profile
 from autopipe.profiler.objective import default_loss
-from autopipe.profiler.profile_data import Profile
 from autopipe.profiler.units import trace_units
 from distributed_cases import free_port
 from torch.utils import _pytree as pytree
 
 from autopipe import cli
+from autopipe.core.plan import Plan, load_plan
+from autopipe.core.profile import Profile
 
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = Path(models.__file__).resolve()

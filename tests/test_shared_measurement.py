@@ -16,11 +16,12 @@ import pytest
 import torch
 from autopipe.planner import plan
 from autopipe.profiler.measure import SHARED_SAMPLES_CAP, profile
-from autopipe.profiler.profile_data import Profile
 from profiler_models import load_example
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import flop_registry
+
+from autopipe.core.profile import Profile
 
 FAST = {"progress": False, "microbatch_sizes": ()}
 

@@ -12,9 +12,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from autopipe.planner.plan_data import Plan, StagePlan
 from autopipe.planner.simulate import fill_drain_bubble, simulate
-from autopipe.planner.timeline import (
+from autopipe.runtime import GPipe
+from autopipe.runtime.timeline import TimelineRecorder
+from torch import nn
+
+from autopipe.core.plan import Plan, StagePlan
+from autopipe.core.timeline import (
     PHASES,
     Action,
     Task,
@@ -23,9 +27,6 @@ from autopipe.planner.timeline import (
     load_chrome_trace,
     to_chrome_trace,
 )
-from autopipe.runtime import GPipe
-from autopipe.runtime.timeline import TimelineRecorder
-from torch import nn
 
 DATA = Path(__file__).parent / "data"
 
@@ -68,7 +69,7 @@ def test_reader_opens_the_runtimes_old_F3_traces() -> None:
 
 def test_reader_opens_the_plots_old_forward_3_traces() -> None:
     """``trace_viz_forward3.json`` was written by ``autopipe.viz``'s
-    ``timeline_to_chrome_trace``: "forward 3" names, a process per device group (unnamed),
+    ``to_chrome_trace``: "forward 3" names, a process per device group (unnamed),
     label and schedule in ``otherData``; a 1F1B simulation plus a loss task."""
     tl = load_chrome_trace(DATA / "trace_viz_forward3.json")
     assert (tl.label, tl.schedule, tl.num_stages, tl.num_microbatches) == ("measured", "1f1b", 3, 3)
@@ -340,7 +341,7 @@ def test_bench_compare_is_pure_arithmetic_on_timelines() -> None:
 
 def test_timeline_and_compare_modules_import_without_torch() -> None:
     code = (
-        "import sys, autopipe.bench, autopipe.planner.timeline, autopipe.viz.timeline; "
+        "import sys, autopipe.bench, autopipe.core.timeline; "
         "assert 'torch' not in sys.modules, 'torch was imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -8,22 +8,22 @@ from pathlib import Path
 
 import pytest
 from autopipe.planner import Cluster, plan
-from autopipe.planner.plan_data import Plan, load_plan
-from autopipe.profiler.profile_data import Profile, UnitProfile
 
+from autopipe.core.plan import Plan, load_plan
+from autopipe.core.profile import Profile, UnitProfile
+from autopipe.core.timeline import (
+    Task,
+    Timeline,
+    TimelineFormatError,
+    load_chrome_trace,
+    to_chrome_trace,
+)
 from autopipe.viz import plot_all
 from autopipe.viz.balance import balance_figure
 from autopipe.viz.bubble import closed_form_bubble
 from autopipe.viz.data import balance_data, bubble_data, scaling_data
 from autopipe.viz.gantt import plot_timeline, timeline_figure
 from autopipe.viz.predict import predicted_timeline
-from autopipe.viz.timeline import (
-    Task,
-    Timeline,
-    TimelineFormatError,
-    timeline_from_chrome_trace,
-    timeline_to_chrome_trace,
-)
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -165,7 +165,7 @@ def test_shared_device_timeline(gpipe_plan: Plan) -> None:
 
 def test_chrome_trace_round_trip(onefoneb_plan: Plan) -> None:
     tl = predicted_timeline(onefoneb_plan)
-    back = timeline_from_chrome_trace(json.loads(json.dumps(timeline_to_chrome_trace(tl))))
+    back = load_chrome_trace(json.loads(json.dumps(to_chrome_trace(tl))))
     assert back.num_stages == tl.num_stages
     key = lambda t: (t.stage, t.microbatch, t.phase)  # noqa: E731
     for a, b in zip(sorted(tl.tasks, key=key), sorted(back.tasks, key=key), strict=True):
@@ -184,15 +184,15 @@ def test_chrome_trace_from_names_and_errors(tmp_path: Path) -> None:
         {"ph": "X", "name": "B0", "tid": 0, "pid": 0, "ts": 40, "dur": 20},
         {"ph": "M", "name": "thread_name", "tid": 0, "pid": 0},
     ]
-    tl = timeline_from_chrome_trace({"traceEvents": events})
+    tl = load_chrome_trace({"traceEvents": events})
     assert tl.num_stages == 2 and tl.iteration_s == pytest.approx(60e-6)
     assert tl.shared  # both stages in one trace process = one device
     bad = tmp_path / "bad.json"
     bad.write_text("{not json")
     with pytest.raises(TimelineFormatError, match="not valid JSON"):
-        timeline_from_chrome_trace(bad)
+        load_chrome_trace(bad)
     with pytest.raises(TimelineFormatError, match="no pipeline tasks"):
-        timeline_from_chrome_trace({"traceEvents": [{"ph": "X", "name": "step", "ts": 0}]})
+        load_chrome_trace({"traceEvents": [{"ph": "X", "name": "step", "ts": 0}]})
 
 
 def test_bubble_plot_data_and_image(gpipe_plan: Plan, profile: Profile, tmp_path: Path) -> None:
@@ -322,7 +322,7 @@ def test_titles_print_seconds_without_exponents() -> None:
 
     tl = Timeline([Task(0, 0, "forward", 0.0, 2.0, 0), Task(0, 0, "backward", 2.0, 5.0, 0)], 1)
     assert "iteration 5 s" in timeline_title(tl)  # was "5e+03 ms"
-    from autopipe.units import format_seconds
+    from autopipe.core.humanize import format_seconds
 
     assert [format_seconds(x) for x in (5e-5, 0.0123, 12.34, 1234.5)] == [
         "50 us",
@@ -336,14 +336,14 @@ def test_malformed_chrome_traces_are_format_errors(tmp_path: Path) -> None:
     binary = tmp_path / "binary.json"
     binary.write_bytes(b"\x7fELF\x02\x01\x01\x00\xd0\xff")
     with pytest.raises(TimelineFormatError, match="not a JSON text file"):
-        timeline_from_chrome_trace(binary)
+        load_chrome_trace(binary)
     with pytest.raises(TimelineFormatError, match="not a Chrome trace"):
-        timeline_from_chrome_trace({"traceEvents": 5})
+        load_chrome_trace({"traceEvents": 5})
     # An end event without a time is skipped; the complete event still counts.
     events = [
         {"ph": "B", "name": "F0", "tid": 0, "ts": 0},
         {"ph": "E", "tid": 0},
         {"ph": "X", "name": "F1", "tid": 0, "ts": 0, "dur": 5},
     ]
-    tl = timeline_from_chrome_trace({"traceEvents": events, "otherData": 3})
+    tl = load_chrome_trace({"traceEvents": events, "otherData": 3})
     assert len(tl.tasks) == 1 and tl.iteration_s == pytest.approx(5e-6)

@@ -39,7 +39,6 @@ pytest.importorskip("transformers")
 
 import zoo  # noqa: E402
 from autopipe.planner import plan as make_plan  # noqa: E402
-from autopipe.planner.plan_data import load_plan  # noqa: E402
 from autopipe.profiler.inputs import call_model  # noqa: E402
 from autopipe.profiler.measure import profile  # noqa: E402
 from autopipe.profiler.objective import default_loss  # noqa: E402
@@ -49,6 +48,7 @@ from distributed_cases import free_port  # noqa: E402
 from torch.utils import _pytree as pytree  # noqa: E402
 
 from autopipe import cli  # noqa: E402
+from autopipe.core.plan import load_plan  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 ZOO = Path(zoo.__file__).resolve()

@@ -535,7 +535,8 @@ def write_plans(out: Any, families: list[str], profiles: dict[str, Any] | None =
     one measured here."""
     from autopipe.planner import plan as make_plan
     from autopipe.profiler.measure import profile
-    from autopipe.profiler.profile_data import Profile
+
+    from autopipe.core.profile import Profile
 
     for family in families:
         saved = (profiles or {}).get(family)

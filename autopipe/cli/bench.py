@@ -146,14 +146,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
         raise common.model_failed(mf, plan.batch_size, exc) from exc
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    from autopipe.profiler.profile_data import atomic_write_json
+    from autopipe.core.datafile import atomic_write_json
+    from autopipe.core.timeline import to_chrome_trace
     from autopipe.viz.gantt import plot_timeline
-    from autopipe.viz.timeline import timeline_to_chrome_trace
 
     trace_path = out / "trace.json"
-    atomic_write_json(trace_path, timeline_to_chrome_trace(result.measured))
+    atomic_write_json(trace_path, to_chrome_trace(result.measured))
     predicted_trace = out / "trace_predicted.json"
-    atomic_write_json(predicted_trace, timeline_to_chrome_trace(result.predicted))
+    atomic_write_json(predicted_trace, to_chrome_trace(result.predicted))
     files = [trace_path, predicted_trace]
     files += plot_timeline(
         result.predicted, out / "timeline_compare", compare=result.measured, formats=args.format

@@ -20,11 +20,15 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from autopipe.core.errors import Failure, UsageError
+
+__all__ = ["EXIT_FAILURE", "EXIT_OK", "EXIT_USAGE", "Failure", "UsageError"]
+
 if TYPE_CHECKING:
+    from autopipe.core.plan import Plan
+    from autopipe.core.profile import Profile
     from autopipe.devices import DeviceTarget
     from autopipe.modelfile import ModelFile
-    from autopipe.planner.plan_data import Plan
-    from autopipe.profiler.profile_data import Profile
 
     Subparsers = argparse._SubParsersAction[argparse.ArgumentParser]
     """What ``add_subparsers`` returns: each command module's ``register`` adds itself to it."""
@@ -32,15 +36,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("autopipe")
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
-
-
-class UsageError(Exception):
-    """Bad input from the user: exit 2."""
-
-
-class Failure(Exception):
-    """The input was fine but the work could not be done: exit 1."""
-
 
 # -- argument types ---------------------------------------------------------------------------
 
@@ -108,7 +103,7 @@ def unit_patterns(text: str) -> list[str]:
 def byte_size(text: str) -> int:
     """An argparse type: a size in bytes, ``80GiB``, ``40GB``, ``16e9`` (``--memory``; also
     bytes per second for ``--allreduce-bandwidth``)."""
-    from autopipe.humanize import parse_bytes
+    from autopipe.core.humanize import parse_bytes
 
     try:
         return parse_bytes(text)
@@ -145,7 +140,7 @@ def emit_text(text: str, target: str | None) -> None:
     if target is None or target == "-":
         sys.stdout.write(text)
         return
-    from autopipe.datafile import atomic_write_text
+    from autopipe.core.datafile import atomic_write_text
 
     atomic_write_text(target, text)
 
@@ -159,7 +154,7 @@ def emit_json(obj: Any, target: str | None) -> None:
     if target == "-":
         sys.stdout.write(json.dumps(obj, indent=2, allow_nan=False) + "\n")
         return
-    from autopipe.profiler.profile_data import atomic_write_json
+    from autopipe.core.datafile import atomic_write_json
 
     atomic_write_json(Path(target), obj, strict=True)
 
@@ -199,7 +194,7 @@ def say(args: argparse.Namespace, text: str) -> None:
 
 def load_plan_file(path: str) -> Plan:
     """The Plan saved at ``path``; a missing or malformed file is a UsageError."""
-    from autopipe.planner.plan_data import PlanFormatError, load_plan
+    from autopipe.core.plan import PlanFormatError, load_plan
 
     if not Path(path).is_file():
         raise UsageError(f"plan file not found: {path} (write one with `autopipe plan --json`)")
@@ -213,7 +208,7 @@ def load_plan_file(path: str) -> Plan:
 
 def load_profile_file(path: str) -> Profile:
     """The Profile saved at ``path``; a missing or malformed file is a UsageError."""
-    from autopipe.profiler.profile_data import Profile, ProfileFormatError
+    from autopipe.core.profile import Profile, ProfileFormatError
 
     if not Path(path).is_file():
         raise UsageError(f"profile file not found: {path}")
@@ -366,8 +361,8 @@ def refuse_too_many_tasks(plan: Plan) -> None:
 def device_list_counts(device: str | None) -> list[tuple[str, int]] | None:
     """``--device``'s ``NAME:COUNT,...`` entries (None for one device or none), checked for
     form only: cheap enough to run before any profiling. A malformed list is a UsageError."""
+    from autopipe.core.catalog import DeviceListError
     from autopipe.devices import device_counts
-    from autopipe.profiler.catalog import DeviceListError
 
     try:
         return device_counts(device)
@@ -378,8 +373,8 @@ def device_list_counts(device: str | None) -> list[tuple[str, int]] | None:
 def resolve_device_flags(args: argparse.Namespace) -> DeviceTarget:
     """What ``--device`` / ``--device-spec`` ask for (``autopipe.devices.resolve_devices``); a
     local device must exist here. Unknown names and bad spec files are UsageErrors."""
+    from autopipe.core.catalog import DeviceListError
     from autopipe.devices import resolve_devices
-    from autopipe.profiler.catalog import DeviceListError
 
     device = getattr(args, "device", None)
     try:
@@ -432,7 +427,7 @@ def _profiled_on(profile: Profile, device: str) -> bool:
     """Whether ``--device device`` names the device ``profile`` was measured or counted on."""
     if profile.mode != "analytic":
         return device == profile.device
-    from autopipe.profiler.catalog import get_device
+    from autopipe.core.catalog import get_device
 
     try:
         return get_device(device).name == profile.device
@@ -449,9 +444,9 @@ def profile_model_file(args: argparse.Namespace) -> tuple[Profile, DeviceTarget]
     or spec (``--device NAME``, ``--device-spec FILE``), else measured on a local device
     (unit by unit from meta with ``--meta-init`` or when it would not fit). Returns the
     profile and the devices the flags resolved to."""
+    from autopipe.core.catalog import DeviceSpecError
     from autopipe.modelfile import ModelFileError
     from autopipe.profiler.analytic import AnalyticProfileError
-    from autopipe.profiler.catalog import DeviceSpecError
     from autopipe.profiler.measure import ProfilingError
     from autopipe.profiler.trace import TraceError
     from autopipe.profiler.units import UnitPatternError
@@ -570,7 +565,7 @@ def too_big_to_build(mf: ModelFile, device: str | None) -> bool:
     free = available_memory_bytes(device)
     if free is None or 2 * state <= free:
         return False
-    from autopipe.humanize import format_bytes
+    from autopipe.core.humanize import format_bytes
 
     log.info(
         "%s holds %s of parameters and buffers; with gradients that is more than the %s free "
@@ -639,7 +634,7 @@ def model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--no-cache", action="store_true", help="re-measure even if a cached profile matches"
     )
-    from autopipe.profiler.optimizer_state import CLI_OPTIMIZERS
+    from autopipe.core.optimizer import CLI_OPTIMIZERS
 
     p.add_argument(
         "--optimizer",

@@ -20,7 +20,7 @@ def register(sub: common.Subparsers) -> None:
 
 
 def cmd_devices(args: argparse.Namespace) -> int:
-    from autopipe.profiler.catalog import CATALOG
+    from autopipe.core.catalog import CATALOG
 
     rows = list(CATALOG.values())
     if args.json:
@@ -28,7 +28,7 @@ def cmd_devices(args: argparse.Namespace) -> int:
 
         common.emit_json([dataclasses.asdict(s) for s in rows], "-")
         return common.EXIT_OK
-    from autopipe.profiler.catalog import format_catalog
+    from autopipe.core.catalog import format_catalog
 
     common.say(args, format_catalog(rows))
     return common.EXIT_OK

@@ -7,13 +7,14 @@ import warnings
 from typing import TYPE_CHECKING, Any
 
 from autopipe.cli import common
+from autopipe.core.vocabulary import PLAN_SCHEDULES
 from autopipe.planner.emit import EMIT_FORMATS, EmitError, emit
 
 if TYPE_CHECKING:
+    from autopipe.core.cluster import Cluster
+    from autopipe.core.plan import Plan
+    from autopipe.core.profile import Profile
     from autopipe.devices import DeviceTarget
-    from autopipe.planner.cluster import Cluster
-    from autopipe.planner.plan_data import Plan
-    from autopipe.profiler.profile_data import Profile
 
 EPILOG = (
     "examples:\n  autopipe plan examples/gpt.py --gpus 8 --json plan.json\n"
@@ -26,19 +27,6 @@ NEED_BANDWIDTH = (
     "--data-parallel needs the gradient all-reduce bandwidth: pass --allreduce-bandwidth "
     "(bytes/s, e.g. 100GB) or plan for a catalog --device"
 )
-
-
-SCHEDULE_CHOICES = (
-    "gpipe",
-    "1f1b",
-    "interleaved-1f1b",
-    "looped-bfs",
-    "interleaved-zb",
-    "zbv",
-    "dualpipev",
-)
-"""``--schedule``'s names: ``autopipe.planner.plan_data.PLAN_SCHEDULES``, spelled out so that
-building the parser imports no planner (tests/test_planner_schedules.py checks they agree)."""
 
 
 def register(sub: common.Subparsers) -> None:
@@ -70,7 +58,7 @@ def register(sub: common.Subparsers) -> None:
     )
     p.add_argument(
         "--schedule",
-        choices=[*SCHEDULE_CHOICES, "auto"],
+        choices=[*PLAN_SCHEDULES, "auto"],
         default="gpipe",
         help="pipeline schedule (torch.distributed.pipelining's); auto chooses the schedule, "
         "virtual stages, M and checkpointing together (default: gpipe)",
@@ -308,7 +296,7 @@ def _cluster(
         return cluster
     import dataclasses
 
-    from autopipe.planner.cluster import Cluster
+    from autopipe.core.cluster import Cluster
 
     if cluster is None:
         return Cluster.homogeneous(args.gpus, profile.device, args.memory, host_throughput=shared)

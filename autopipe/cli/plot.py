@@ -92,7 +92,7 @@ def cmd_plot(args: argparse.Namespace) -> int:
             )
     elif isinstance(plan.meta.get("profile"), dict):
         # `autopipe plan --json` keeps the profile in the plan so plots can be redrawn later.
-        from autopipe.profiler.profile_data import Profile, ProfileFormatError
+        from autopipe.core.profile import Profile, ProfileFormatError
 
         try:
             profile = Profile.from_dict(plan.meta["profile"])
@@ -130,7 +130,7 @@ def _plot_schedules(plan: Any, profile: Any, args: argparse.Namespace) -> list[P
     """``--schedules``: the plan's request planned once per schedule, drawn side by side."""
     import dataclasses
 
-    from autopipe.planner.request import PlanRequest
+    from autopipe.core.request import PlanRequest
     from autopipe.planner.sweep import plan_each_schedule
     from autopipe.viz.memory import plot_schedules
 
@@ -148,12 +148,12 @@ def _plot_schedules(plan: Any, profile: Any, args: argparse.Namespace) -> list[P
 
 
 def _load_timeline(path: str, num_stages: int) -> Any:
-    from autopipe.viz.timeline import TimelineFormatError, timeline_from_chrome_trace
+    from autopipe.core.timeline import TimelineFormatError, load_chrome_trace
 
     if not Path(path).is_file():
         raise common.UsageError(f"timeline file not found: {path} (a Chrome trace JSON)")
     try:
-        timeline = timeline_from_chrome_trace(path, num_stages=num_stages, label="measured")
+        timeline = load_chrome_trace(path, num_stages=num_stages, label="measured")
     except TimelineFormatError as exc:
         raise common.UsageError(str(exc)) from exc
     if timeline.num_stages != num_stages:

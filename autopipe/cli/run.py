@@ -2,7 +2,7 @@
 
 Every rank loads the model file and the plan, builds only its own stage and runs the plan's
 schedule; the last stage prints loss and step time. ``python -m autopipe run ...`` and the
-older ``python -m autopipe.cli_run run ...`` are ``autopipe run ...``.
+older ``python -m autopipe run ...`` are ``autopipe run ...``.
 
 Started as a program (not ``main([...])`` from Python), ``autopipe run`` first fixes
 Python's string hash seed (:func:`fix_hash_seed`): with ``PYTHONHASHSEED`` unset every
@@ -28,8 +28,8 @@ from typing import TYPE_CHECKING, Any
 from autopipe.cli import common
 
 if TYPE_CHECKING:
+    from autopipe.core.plan import Plan
     from autopipe.modelfile import ModelFile
-    from autopipe.planner.plan_data import Plan
 
 EPILOG = """\
 examples (K = the plan's stages; K x D processes give D data-parallel replicas):
@@ -418,7 +418,7 @@ def _swap_in(staging: Path, target: Path) -> str | None:
     """Rename the complete checkpoint ``staging`` to ``target`` (rank 0, after every rank
     has written); an earlier ``target`` is first moved into a fresh folder of its own and
     deleted after the swap. Returns None, or the one-line error (``staging`` then stays)."""
-    from autopipe.datafile import created_mode
+    from autopipe.core.datafile import created_mode
 
     problem = _replace_problem(target)  # again: the folder may have changed since start-up
     if problem is not None:

@@ -12,7 +12,7 @@ knob changed): ``collect_plot_data(plan, profile)``. Plotting never changes the 
 a caller that wants a saved plan redrawn by ``autopipe plot PLAN.json`` without the profile
 stores that data in ``plan.meta["viz"]`` itself (``autopipe plan --plot`` does).
 
-Timelines are the planner's one ``Timeline`` (``autopipe.planner.timeline``): the simulator's,
+Timelines are the planner's one ``Timeline`` (``autopipe.core.timeline``): the simulator's,
 the runtime's ``pipeline.last_timeline``, or a Chrome trace read by ``load_chrome_trace``.
 """
 
@@ -24,11 +24,16 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from autopipe.lazy import lazy_attributes
-from autopipe.planner.plan_data import Plan
-from autopipe.planner.timeline import Task, Timeline, TimelineFormatError, load_chrome_trace
-from autopipe.profiler.profile_data import Profile
-from autopipe.viz.timeline import timeline_from_chrome_trace, timeline_to_chrome_trace
+from autopipe.core.lazy import lazy_attributes
+from autopipe.core.plan import Plan
+from autopipe.core.profile import Profile
+from autopipe.core.timeline import (
+    Task,
+    Timeline,
+    TimelineFormatError,
+    load_chrome_trace,
+    to_chrome_trace,
+)
 
 __all__ = [
     "MAX_TIMELINE_TASKS",
@@ -47,8 +52,8 @@ __all__ = [
     "plot_schedules",
     "plot_timeline",
     "predicted_timeline",
-    "timeline_from_chrome_trace",
-    "timeline_to_chrome_trace",
+    "load_chrome_trace",
+    "to_chrome_trace",
     "too_many_tasks",
 ]
 

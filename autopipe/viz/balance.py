@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from autopipe.humanize import format_seconds
+from autopipe.core.humanize import format_seconds
 from autopipe.viz.style import MEMORY_COLORS, PHASE_COLORS, new_figure, save
 
 _TIME_PARTS = (

@@ -14,9 +14,9 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-from autopipe.planner.plan_data import Plan
+from autopipe.core.plan import Plan
+from autopipe.core.profile import Profile
 from autopipe.planner.search import MAX_AUTO_MICROBATCHES, divisors
-from autopipe.profiler.profile_data import Profile
 
 _STAGE_KEYS = (
     "forward_s",
@@ -65,7 +65,7 @@ def planning_options(plan: Plan) -> dict[str, Any]:
 def _planner_accepts(options: dict[str, Any]) -> dict[str, Any]:
     """``options`` less any keyword ``autopipe.planner.plan`` does not take (a plan saved by
     another version may record options this planner lacks)."""
-    from autopipe.planner.request import PlanRequest
+    from autopipe.core.request import PlanRequest
 
     accepted = {f.name for f in dataclasses.fields(PlanRequest)}
     return {k: v for k, v in options.items() if k in accepted}

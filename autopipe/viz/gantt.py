@@ -11,8 +11,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from autopipe.humanize import format_seconds
-from autopipe.planner.timeline import PHASES, Timeline
+from autopipe.core.humanize import format_seconds
+from autopipe.core.timeline import PHASES, Timeline
 from autopipe.viz.style import BUBBLE_COLOR, PHASE_COLORS, new_figure, save
 
 if TYPE_CHECKING:

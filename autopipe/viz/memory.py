@@ -14,8 +14,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from autopipe.humanize import format_bytes, format_seconds
-from autopipe.planner.plan_data import Plan
+from autopipe.core.humanize import format_bytes, format_seconds
+from autopipe.core.plan import Plan
 from autopipe.planner.simulate import Simulation
 from autopipe.viz.style import PHASE_COLORS, new_figure, save
 

@@ -12,8 +12,8 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from autopipe.planner.plan_data import Plan
-from autopipe.planner.timeline import Timeline
+from autopipe.core.plan import Plan
+from autopipe.core.timeline import Timeline
 
 
 def shared_groups(devices: Sequence[Any]) -> list[list[int]]:

@@ -19,7 +19,7 @@ PHASE_COLORS = {
     "send": "#8172B3",
     "loss": "#937860",
 }
-"""A colour for each of ``autopipe.planner.timeline.PHASES``."""
+"""A colour for each of ``autopipe.core.timeline.PHASES``."""
 MEMORY_COLORS = {
     # A palette apart from the phases', so one legend can hold both.
     "parameters": "#2A9D8F",

@@ -17,7 +17,7 @@ Names resolve lazily: the torch-free parts (``layout``; ``choose_pipeline_data_p
 
 from __future__ import annotations
 
-from autopipe.lazy import lazy_attributes
+from autopipe.core.lazy import lazy_attributes
 
 _LAZY = {
     "DistributedPipeline": "autopipe.runtime.distributed.pipeline",

@@ -27,12 +27,14 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from autopipe.planner.plan_data import Plan
 from autopipe.runtime.partition import PlannedStages
 from torch import fx, nn
 
+from autopipe.core.errors import AutopipeError
+from autopipe.core.plan import Plan
 
-class PlanMismatchError(ValueError):
+
+class PlanMismatchError(AutopipeError, ValueError):
     """The ranks loaded different plans or built different models."""
 
 

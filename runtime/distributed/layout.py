@@ -11,8 +11,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from autopipe.core.errors import AutopipeError
 
-class PlanWorldSizeError(ValueError):
+
+class PlanWorldSizeError(AutopipeError, ValueError):
     """The number of launched processes does not fit the plan."""
 
 

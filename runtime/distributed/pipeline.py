@@ -30,7 +30,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from autopipe.planner.plan_data import Plan
 from autopipe.planner.preflight import preflight
 from autopipe.planner.schedules import (
     LOOP_SCHEDULES,
@@ -53,6 +52,9 @@ from torch.distributed import pipelining
 from torch.distributed.pipelining import PipelineStage
 from torch.utils import _pytree as pytree
 
+from autopipe.core.errors import AutopipeError
+from autopipe.core.plan import Plan
+
 SCHEDULES: dict[str, type] = {name: getattr(pipelining, cls) for name, cls in TORCH_CLASSES.items()}
 """Plan schedule name -> the torch.distributed.pipelining schedule class that runs it."""
 
@@ -63,12 +65,12 @@ ZERO_BUBBLE = frozenset(SPLIT_BACKWARD_SCHEDULES)
 """Schedules that split each chunk's backward into input (B) and weight (W) actions."""
 
 
-class ScheduleRuleError(ValueError):
+class ScheduleRuleError(AutopipeError, ValueError):
     """The plan breaks a rule of its schedule (one line naming the rule, the planner's
     pre-flight: :mod:`autopipe.planner.preflight`), or torch's constructor refused it."""
 
 
-class PipelineRankError(RuntimeError):
+class PipelineRankError(AutopipeError, RuntimeError):
     """A peer rank failed or stopped answering: this rank cannot continue."""
 
 

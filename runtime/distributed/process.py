@@ -10,6 +10,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from autopipe.core.errors import AutopipeError
+
 DEFAULT_TIMEOUT_S = 300.0
 """Process-group timeout: a peer silent for this long makes every collective/recv raise."""
 
@@ -18,7 +20,7 @@ _LAUNCH_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 _world_timeout: timedelta | None = None
 
 
-class LaunchError(RuntimeError):
+class LaunchError(AutopipeError, RuntimeError):
     """The process was not started by torchrun (or an equivalent launcher)."""
 
 

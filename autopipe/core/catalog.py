@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from autopipe.core.errors import AutopipeError
+
 TERA = 1e12
 GB = 1e9
 
@@ -56,7 +58,7 @@ DTYPE_ALIASES = {
 }
 
 
-class DeviceSpecError(ValueError):
+class DeviceSpecError(AutopipeError, ValueError):
     """A device name or spec file is unknown or invalid."""
 
 

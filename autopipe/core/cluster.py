@@ -1,7 +1,7 @@
 """Devices and links a plan is made for. Torch-free.
 
 ``Cluster.from_catalog`` builds one from the device catalog's datasheet figures
-(``autopipe.profiler.catalog``, plain torch-free data): the planner reads the specs, the
+(``autopipe.core.catalog``, plain torch-free data): the planner reads the specs, the
 catalog knows nothing of plans.
 """
 
@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, cast
 
 if TYPE_CHECKING:
-    from autopipe.profiler.catalog import DeviceSpec
+    from autopipe.core.catalog import DeviceSpec
 
 
 @dataclass
@@ -38,7 +38,7 @@ class Device:
         """The planner's view of a catalog device (a name or alias, or a ``DeviceSpec``): its
         memory capacity in bytes (``memory_bytes`` overrides it, e.g. to keep headroom) and its
         link to the next device. ``speed``: relative to the profiled device (see the class)."""
-        from autopipe.profiler.catalog import get_device
+        from autopipe.core.catalog import get_device
 
         spec = get_device(spec)
         return cls(
@@ -100,7 +100,7 @@ class Cluster:
         speeds come from re-pricing the profile, ``autopipe.devices.cluster_for``).
         Raises ``DeviceSpecError`` for an unknown device or a count below 1.
         """
-        from autopipe.profiler.catalog import DeviceSpecError, get_device, parse_device_list
+        from autopipe.core.catalog import DeviceSpecError, get_device, parse_device_list
 
         entries: Sequence[tuple[str | DeviceSpec, int]]
         if isinstance(devices, str):

@@ -15,40 +15,30 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from autopipe.planner.request import PlanRequest
-from autopipe.profiler.fields import FieldError, check_dataclass, check_number
-from autopipe.profiler.optimizer_state import AUTO, OPTIMIZERS, normalize_optimizer
-
-from autopipe.datafile import atomic_write_json, check_version, known_fields, load_json_file
+from autopipe.core.datafile import atomic_write_json, check_version, known_fields, load_json_file
+from autopipe.core.errors import AutopipeError
+from autopipe.core.fields import FieldError, check_dataclass, check_number
+from autopipe.core.optimizer import AUTO, OPTIMIZERS, normalize_optimizer
+from autopipe.core.request import PlanRequest
+from autopipe.core.vocabulary import MESH_DIM_NAMES, PLAN_SCHEDULES, SHARD_MODES
 
 PLAN_VERSION = 1
-PLAN_SCHEDULES = (
-    "gpipe",
-    "1f1b",
-    "interleaved-1f1b",
-    "looped-bfs",
-    "interleaved-zb",
-    "zbv",
-    "dualpipev",
-)
-"""The schedules a plan may name: torch.distributed.pipelining's ScheduleGPipe,
-Schedule1F1B, ScheduleInterleaved1F1B, ScheduleLoopedBFS, ScheduleInterleavedZeroBubble,
-ScheduleZBVZeroBubble and ScheduleDualPipeV."""
+__all__ = [
+    "CUSTOM_OPTIMIZER",
+    "MESH_DIM_NAMES",
+    "PLAN_SCHEDULES",
+    "PLAN_VERSION",
+    "SHARD_MODES",
+    "Plan",
+    "PlanFormatError",
+    "StagePlan",
+    "load_plan",
+]
 
 
-class PlanFormatError(ValueError):
+class PlanFormatError(AutopipeError, ValueError):
     """A plan file is not a valid autopipe plan."""
 
-
-SHARD_MODES = ("none", "optimizer", "gradients", "parameters")
-"""How the training state is sharded over the D data-parallel replicas: ``none`` (each
-replica holds everything; gradients all-reduced), ``optimizer`` (ZeRO-1), ``gradients``
-(ZeRO-2) or ``parameters`` (ZeRO-3, FSDP2's ``fully_shard``)."""
-
-MESH_DIM_NAMES = ("pp", "dp", "tp")
-"""The device mesh's dimensions, outermost first, as torchtitan lays them out: ranks of one
-tensor-parallel group are adjacent (inside a node), then the data-parallel dimension, then
-the pipeline."""
 
 CUSTOM_OPTIMIZER = "custom"
 """``Plan.optimizer`` for a plan priced with an explicit ``bytes_per_parameter``."""
@@ -207,24 +197,6 @@ class Plan:
     def balance(self) -> list[int]:
         """Units per stage, torchgpipe's ``balance``."""
         return [len(s.units) for s in self.stages]
-
-    def to_torch(self) -> dict[str, Any]:
-        """The split for ``torch.distributed.pipelining`` (:func:`autopipe.planner.emit.to_torch`)."""
-        from autopipe.planner.emit import to_torch
-
-        return to_torch(self)
-
-    def to_torchtitan(self) -> str:
-        """torchtitan 0.2.2's job-config TOML (:func:`autopipe.planner.emit.to_torchtitan`)."""
-        from autopipe.planner.emit import to_torchtitan
-
-        return to_torchtitan(self)
-
-    def to_megatron(self) -> dict[str, Any]:
-        """Megatron-LM's layout, batch and recompute flags (:func:`autopipe.planner.emit.to_megatron`)."""
-        from autopipe.planner.emit import to_megatron
-
-        return to_megatron(self)
 
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)

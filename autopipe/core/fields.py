@@ -14,8 +14,10 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from autopipe.core.errors import AutopipeError
 
-class FieldError(ValueError):
+
+class FieldError(AutopipeError, ValueError):
     """One field of a loaded profile or plan has a value it must not have.
 
     ``field`` is the field's path inside the file, e.g. ``units[3].forward_s``.

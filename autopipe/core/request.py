@@ -16,9 +16,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from autopipe.planner.cluster import Cluster, Device
-
-from autopipe.datafile import known_fields
+from autopipe.core.cluster import Cluster, Device
+from autopipe.core.datafile import known_fields
 
 __all__ = ["PlanRequest"]
 
@@ -54,7 +53,7 @@ class PlanRequest:
     strategy: str = "dp"
     """How stages are cut: ``"dp"``, ``"ilp"``, ``"brute-force"`` or a baseline's name."""
     optimizer: str = "auto"
-    """Whose training state each parameter carries (``profiler/optimizer_state.py``)."""
+    """Whose training state each parameter carries (``autopipe/core/optimizer.py``)."""
     bytes_per_parameter: float | None = None
     """Training-state bytes per parameter; overrides ``optimizer``."""
     memory_per_device: int | None = None

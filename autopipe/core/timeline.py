@@ -37,6 +37,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from autopipe.core.errors import AutopipeError
+
 __all__ = [
     "PHASES",
     "PHASE_LETTERS",
@@ -95,7 +97,7 @@ _PHASE_ALIASES = {
 }
 
 
-class TimelineFormatError(ValueError):
+class TimelineFormatError(AutopipeError, ValueError):
     """A timeline (a Chrome trace, or its tasks) cannot be read."""
 
 

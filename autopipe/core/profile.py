@@ -14,22 +14,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from autopipe.profiler.fields import FieldError, check_dataclass
-
-from autopipe.datafile import atomic_write_json, check_version, known_fields, load_json_file
+from autopipe.core.datafile import atomic_write_json, check_version, known_fields, load_json_file
+from autopipe.core.errors import AutopipeError
+from autopipe.core.fields import FieldError, check_dataclass
 
 __all__ = [
     "PROFILE_VERSION",
     "Profile",
     "ProfileFormatError",
     "UnitProfile",
-    "atomic_write_json",  # kept here too: older code imports it from this module
 ]
 
 PROFILE_VERSION = 1
 
 
-class ProfileFormatError(ValueError):
+class ProfileFormatError(AutopipeError, ValueError):
     """A profile file is not a valid autopipe profile (corrupt, foreign or too old)."""
 
 

@@ -1,0 +1,17 @@
+"""autopipe.core: the plain data every layer shares. Torch-free, and imports nothing else
+from autopipe.
+
+- ``profile``: the Profile (what each unit of a model costs) and its JSON;
+- ``plan``: the Plan (stages, schedule, mesh, predictions) and its JSON;
+- ``request``: the PlanRequest (what to plan for);
+- ``cluster``, ``catalog``: devices, links and the datasheet catalog;
+- ``timeline``: the one Timeline of what runs where and when (simulated or recorded);
+- ``vocabulary``: the names of schedules, checkpoint modes and torch's schedule classes;
+- ``optimizer``: training-state bytes per parameter by optimizer;
+- ``fields``, ``datafile``: checks of loaded values, versioned atomic JSON files;
+- ``humanize``: quantities for humans (bytes, seconds);
+- ``errors``: ``AutopipeError``, with ``UsageError`` (bad input, exit 2) and ``Failure``
+  (the work failed, exit 1) under it.
+
+The profiler and the runtime import it, the planner imports only it (and itself).
+"""

@@ -1,0 +1,55 @@
+"""The names every layer agrees on: schedules, torch's schedule classes, re-materialization
+modes, training-state sharding and the device mesh's dimensions. Torch-free; the one place
+each list is spelled out (the CLI's choices, the planner's checks and the emitters read it).
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "CHECKPOINT_MODES",
+    "LOOP_SCHEDULES",
+    "MESH_DIM_NAMES",
+    "PLAN_SCHEDULES",
+    "SHARD_MODES",
+    "SINGLE_SCHEDULES",
+    "SPLIT_BACKWARD_SCHEDULES",
+    "TORCH_CLASSES",
+    "V_SHAPE_SCHEDULES",
+]
+
+TORCH_CLASSES = {
+    "gpipe": "ScheduleGPipe",
+    "1f1b": "Schedule1F1B",
+    "interleaved-1f1b": "ScheduleInterleaved1F1B",
+    "looped-bfs": "ScheduleLoopedBFS",
+    "interleaved-zb": "ScheduleInterleavedZeroBubble",
+    "zbv": "ScheduleZBVZeroBubble",
+    "dualpipev": "ScheduleDualPipeV",
+}
+"""torch.distributed.pipelining's class for each schedule name."""
+
+PLAN_SCHEDULES = tuple(TORCH_CLASSES)
+"""The schedules a plan may name, simplest first (the planner breaks ties in this order)."""
+
+SINGLE_SCHEDULES = ("gpipe", "1f1b")
+"""One stage per rank (torch's ``PipelineScheduleSingle``)."""
+LOOP_SCHEDULES = ("interleaved-1f1b", "looped-bfs", "interleaved-zb")
+"""Chunk ``c`` on rank ``c mod K``, any number of chunks per rank."""
+V_SHAPE_SCHEDULES = ("zbv", "dualpipev")
+"""Exactly two chunks per rank, ``r`` and ``2K - 1 - r``."""
+SPLIT_BACKWARD_SCHEDULES = ("interleaved-zb", "zbv", "dualpipev")
+"""Schedules that run backward as separate input-gradient and weight-gradient actions (all
+of them for the first two; DualPipeV mixes full backwards and split ones)."""
+
+CHECKPOINT_MODES = ("never", "always", "except_last", "auto")
+"""Re-materialization: no stage, every stage, every stage but the last, or chosen per stage."""
+
+SHARD_MODES = ("none", "optimizer", "gradients", "parameters")
+"""How the training state is sharded over the D data-parallel replicas: ``none`` (each
+replica holds everything; gradients all-reduced), ``optimizer`` (ZeRO-1), ``gradients``
+(ZeRO-2) or ``parameters`` (ZeRO-3, FSDP2's ``fully_shard``)."""
+
+MESH_DIM_NAMES = ("pp", "dp", "tp")
+"""The device mesh's dimensions, outermost first, as torchtitan lays them out: ranks of one
+tensor-parallel group are adjacent (inside a node), then the data-parallel dimension, then
+the pipeline."""
