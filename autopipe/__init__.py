@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from autopipe.core.lazy import lazy_attributes
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
+"""The one version of the package (pyproject.toml reads it from here; CHANGELOG.md)."""
 
 _LAZY = {
     "profile": ("autopipe.profiler.measure", "profile"),
