@@ -121,6 +121,11 @@ def _fail(args: argparse.Namespace, exc: BaseException, code: int, prefix: str =
     message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     # One write: ranks under torchrun share stderr, and a line written in two parts (text,
     # then print's newline) can be split by another rank's line.
-    sys.stderr.write(f"{line_prefix()}autopipe {args.command}: error: {prefix}{message}\n")
+    line = f"autopipe {args.command}: error: {prefix}{message}"
+    sys.stderr.write(f"{line_prefix()}{line}\n")
     sys.stderr.flush()
+    if args.command == "run":  # under torchrun, the line also ends its failure summary
+        from autopipe.cli.run import record_error_for_torchrun
+
+        record_error_for_torchrun(line)
     return code

@@ -79,6 +79,29 @@ def fix_hash_seed(argv: Sequence[str]) -> None:
     os.execve(sys.executable, sys.orig_argv, {**os.environ, "PYTHONHASHSEED": HASH_SEED})
 
 
+def record_error_for_torchrun(line: str) -> None:
+    """Hand this rank's one-line error to torchrun's failure summary.
+
+    torchrun's agent sets ``TORCHELASTIC_ERROR_FILE`` for every worker and, after the workers
+    exit, prints a summary whose root cause shows that file's ``message`` as ``traceback :``
+    (``torch.distributed.elastic.multiprocessing.errors``; without a file it says "To enable
+    traceback see: ..."). The summary comes from the agent after every worker has exited, so
+    no worker can print below it: writing the file puts the line at its end instead. The
+    record has the layout torch's own ``ErrorHandler.record_exception`` writes, without the
+    Python call stack (the line is the whole error; ``-v`` prints the traceback to stderr)."""
+    import json
+    import time
+
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path:
+        return
+    record = {"message": {"message": line, "extraInfo": {"timestamp": str(int(time.time()))}}}
+    try:
+        Path(path).write_text(json.dumps(record))
+    except OSError:
+        pass  # the line is on stderr already; the summary then shows torch's own hint
+
+
 def register(sub: common.Subparsers) -> None:
     """Add ``autopipe run MODEL.py --plan PLAN.json [--steps N]`` to the CLI's subparsers."""
     p = sub.add_parser(
