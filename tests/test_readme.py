@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -134,6 +135,26 @@ def _environment(tmp_path: Path) -> dict[str, str]:
     return env
 
 
+def _run(
+    argv: list[str], cwd: Path, env: dict[str, str], line: int
+) -> subprocess.CompletedProcess[str]:
+    """Run ``argv`` in its own session; past :data:`BLOCK_TIMEOUT_S` the whole session (a
+    torchrun agent and its workers too) is killed and the test fails as a hang."""
+    proc = subprocess.Popen(
+        argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        stdout, stderr = proc.communicate(timeout=BLOCK_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise AssertionError(
+            f"README line {line}: still running after {BLOCK_TIMEOUT_S:g} s"
+        ) from None
+    return subprocess.CompletedProcess(argv, proc.returncode, stdout, stderr)
+
+
 @pytest.mark.parametrize("block", RUN_BLOCKS, ids=[b.id for b in RUN_BLOCKS])
 def test_readme_block_runs_as_written(block: Block, fresh_copy: Path, tmp_path: Path) -> None:
     env = _environment(tmp_path)
@@ -147,13 +168,10 @@ def test_readme_block_runs_as_written(block: Block, fresh_copy: Path, tmp_path: 
             if re.sub(r"\s+#.*$", "", line).strip() not in NOT_RUN
         ]
         argv = ["bash", "-euo", "pipefail", "-c", "\n".join(kept) + "\n"]
-    try:
-        out = subprocess.run(
-            argv, cwd=fresh_copy, env=env, capture_output=True, text=True, timeout=BLOCK_TIMEOUT_S
-        )
-    except subprocess.TimeoutExpired as exc:
-        raise AssertionError(f"README line {block.line}: still running after {exc.timeout} s")
-    report = f"README line {block.line}:\n{block.text}\nstdout:\n{out.stdout}\nstderr:\n{out.stderr}"
+    out = _run(argv, fresh_copy, env, block.line)
+    report = (
+        f"README line {block.line}:\n{block.text}\nstdout:\n{out.stdout}\nstderr:\n{out.stderr}"
+    )
     assert out.returncode == 0, report
     assert "Traceback" not in out.stderr, report
     assert " error: " not in out.stderr, report
@@ -164,14 +182,8 @@ def test_the_quickstart_trains_the_plan_it_made(fresh_copy: Path, tmp_path: Path
     (quick,) = [b for b in BLOCKS if b.heading == "Quickstart"]
     plan_cmd, run_cmd = shell_commands(quick)
     assert "--gpus 2" in plan_cmd and "--nproc-per-node 2" in run_cmd
-    out = subprocess.run(
-        ["bash", "-euo", "pipefail", "-c", quick.text],
-        cwd=fresh_copy,
-        env=_environment(tmp_path),
-        capture_output=True,
-        text=True,
-        timeout=BLOCK_TIMEOUT_S,
-    )
+    argv = ["bash", "-euo", "pipefail", "-c", quick.text]
+    out = _run(argv, fresh_copy, _environment(tmp_path), quick.line)
     assert out.returncode == 0, out.stderr
     steps = re.findall(r"step (\d+)/3  loss (\S+)", out.stdout)
     assert [s for s, _ in steps] == ["1", "2", "3"], out.stdout
