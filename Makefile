@@ -13,6 +13,8 @@ install: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q "$(TORCH_SPEC)"
+	# Until 0.1 the distribution was named autopipe: drop it from an older .venv (same import).
+	$(BIN)/python -m pip uninstall -q -y autopipe 2>/dev/null || true
 	$(BIN)/python -m pip install -q -e '.[dev]'
 	touch $@
 
