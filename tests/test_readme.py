@@ -122,13 +122,20 @@ def fresh_copy(tmp_path: Path) -> Path:
     return copy
 
 
-def _environment(tmp_path: Path) -> dict[str, str]:
+@pytest.fixture(scope="module")
+def profile_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One profile cache for the README's commands, empty at first (never the user's): as a
+    user's, it is warm for the commands after the first that profiles a model."""
+    return tmp_path_factory.mktemp("profile-cache")
+
+
+def _environment(cache: Path) -> dict[str, str]:
     env = dict(os.environ)
     # The commands as a user runs them once the environment is active: `autopipe`, `python`
-    # and `torchrun` from it; an empty profile cache (never the user's); torchrun's master
-    # port (PET_MASTER_PORT is its --master-port) free, so parallel tests do not collide.
+    # and `torchrun` from it; torchrun's master port (PET_MASTER_PORT is its --master-port)
+    # free, so parallel tests do not collide.
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
-    env["AUTOPIPE_CACHE_DIR"] = str(tmp_path / "cache")
+    env["AUTOPIPE_CACHE_DIR"] = str(cache)
     env["PET_MASTER_PORT"] = str(free_port())
     env["HF_HUB_OFFLINE"] = "1"
     env.pop("PYTHONPATH", None)
@@ -156,8 +163,8 @@ def _run(
 
 
 @pytest.mark.parametrize("block", RUN_BLOCKS, ids=[b.id for b in RUN_BLOCKS])
-def test_readme_block_runs_as_written(block: Block, fresh_copy: Path, tmp_path: Path) -> None:
-    env = _environment(tmp_path)
+def test_readme_block_runs_as_written(block: Block, fresh_copy: Path, profile_cache: Path) -> None:
+    env = _environment(profile_cache)
     if block.language == "python":
         argv = [sys.executable, "-c", block.text]
     else:
@@ -177,13 +184,13 @@ def test_readme_block_runs_as_written(block: Block, fresh_copy: Path, tmp_path: 
     assert " error: " not in out.stderr, report
 
 
-def test_the_quickstart_trains_the_plan_it_made(fresh_copy: Path, tmp_path: Path) -> None:
+def test_the_quickstart_trains_the_plan_it_made(fresh_copy: Path, profile_cache: Path) -> None:
     """The Quickstart's two commands: a plan for 2 ranks, then those 2 ranks train it."""
     (quick,) = [b for b in BLOCKS if b.heading == "Quickstart"]
     plan_cmd, run_cmd = shell_commands(quick)
     assert "--gpus 2" in plan_cmd and "--nproc-per-node 2" in run_cmd
     argv = ["bash", "-euo", "pipefail", "-c", quick.text]
-    out = _run(argv, fresh_copy, _environment(tmp_path), quick.line)
+    out = _run(argv, fresh_copy, _environment(profile_cache), quick.line)
     assert out.returncode == 0, out.stderr
     steps = re.findall(r"step (\d+)/3  loss (\S+)", out.stdout)
     assert [s for s, _ in steps] == ["1", "2", "3"], out.stdout
