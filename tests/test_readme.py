@@ -117,8 +117,24 @@ def test_the_commands_not_run_are_shown_and_the_ci_runs_make_test() -> None:
 
 @pytest.fixture()
 def fresh_copy(tmp_path: Path) -> Path:
+    """The repository's files as a clone has them: git's tracked and not-ignored files (a
+    plan.json left in the work tree by hand stays out), or, outside git, the tree without
+    what a clone lacks."""
     copy = tmp_path / "autopipe"
-    shutil.copytree(ROOT, copy, ignore=IGNORED, symlinks=True)
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    if listed.returncode != 0:
+        shutil.copytree(ROOT, copy, ignore=IGNORED, symlinks=True)
+        return copy
+    for name in filter(None, listed.stdout.split("\0")):
+        source = ROOT / name
+        if source.is_file():  # a file deleted but not yet staged is still listed
+            (copy / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, copy / name, follow_symlinks=False)
     return copy
 
 
