@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import logging
 import os
 import platform
 import statistics
@@ -38,7 +39,7 @@ from typing import Any
 import torch
 from autopipe.profiler import inputs as inputs_convention
 from autopipe.profiler import objective
-from autopipe.profiler.cache import cache_key, load_cached, save_cached
+from autopipe.profiler.cache import cache_key, cache_path, load_cached, save_cached
 from autopipe.profiler.execute import (
     UnitCall,
     detach_args,
@@ -86,6 +87,8 @@ from autopipe.core.optimizer import normalize_optimizer, resolve_optimizer
 from autopipe.core.profile import Profile, UnitProfile
 
 LossFn = objective.LossFn
+
+log = logging.getLogger("autopipe")
 
 
 class ProfilingError(AutopipeError, RuntimeError):
@@ -790,7 +793,9 @@ def profile(
     :func:`autopipe.profiler.objective.default_loss`). ``microbatch_sizes``: batch sizes to time for the
     ``t(b) = a + c * b`` fit; ``None`` = ``B`` and ``B/4`` (or ``B/2``); ``()`` = ``B`` only.
     ``cache=True`` reuses a profile saved for the same model structure, inputs, device,
-    dtype and options (``cache_dir`` or ``$AUTOPIPE_CACHE_DIR`` or ``~/.cache/autopipe``).
+    dtype and options (``cache_dir`` or ``$AUTOPIPE_CACHE_DIR`` or ``~/.cache/autopipe``),
+    and says so on the ``autopipe`` logger (INFO: "profile read from cache (PATH)");
+    ``cache=False`` (the CLI's ``--no-cache``) measures again.
     ``threads``: torch's intra-op thread count while measuring. ``None`` means 1 on CPU
     (single-thread timings are stable on a loaded host and keep the units' shares right;
     oversubscribed multi-thread kernels are not) and unchanged on GPUs. ``clock``:
@@ -903,6 +908,12 @@ def profile(
         )
         cached = load_cached(key, cache_dir)
         if cached is not None:
+            # Said, not silent: a user who changed something the key does not see (the
+            # machine's load, a driver) must know nothing was measured, and how to measure.
+            log.info(
+                "profile read from cache (%s); --no-cache re-measures",
+                cache_path(key, cache_dir),
+            )
             return cached
 
     from tqdm.auto import tqdm
