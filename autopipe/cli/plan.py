@@ -72,7 +72,13 @@ def register(sub: common.Subparsers) -> None:
         "schedules (default: auto)",
     )
     p.add_argument(
-        "--strategy", choices=["dp", "ilp", "uniform", "parameters", "greedy-time"], default="dp"
+        "--strategy",
+        choices=["dp", "ilp", "uniform", "parameters", "greedy-time"],
+        default="dp",
+        help="how the cut is chosen: dp (default: the exact dynamic program), ilp (the same "
+        "optimum from an integer program, a cross-check), or a baseline to compare "
+        "with: uniform (equal unit counts, torch pipelining / Megatron), parameters (balanced "
+        "parameter counts, DeepSpeed), greedy-time (balanced measured time, torchgpipe)",
     )
     common.json_option(p, "write the plan as JSON to PATH (stdout if no PATH)")
     p.add_argument(
