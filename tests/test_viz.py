@@ -381,13 +381,16 @@ def test_every_microbatch_is_labelled_on_the_timeline() -> None:
     assert {t.get_fontsize() for t in ax.texts} == {7.0}
 
 
-def test_labels_shrink_before_they_go(gpipe_plan: Plan) -> None:
-    from autopipe.viz.gantt import LABEL_SIZES_PT, label_size, label_width_px
+def test_labels_shrink_before_they_go() -> None:
+    from autopipe.viz.gantt import LABEL_SIZES_PT, box_label_size, label_size, label_width_px
 
     assert label_size([(20.0, "15")], 100.0) == LABEL_SIZES_PT[0]
     narrow = label_width_px("15", LABEL_SIZES_PT[-1], 100.0)
+    # One size for the chart while one fits every box; else each box its own.
     assert label_size([(20.0, "15"), (narrow, "15")], 100.0) == LABEL_SIZES_PT[-1]
-    assert label_size([(narrow - 1, "15")], 100.0) == LABEL_SIZES_PT[-1]  # then unlabelled
+    assert label_size([(20.0, "15"), (narrow - 1, "15")], 100.0) is None
+    assert box_label_size(20.0, "15", 100.0) == LABEL_SIZES_PT[0]
+    assert box_label_size(narrow - 1, "15", 100.0) is None  # unlabelled
 
 
 def test_memory_axes_read_in_the_titles_unit() -> None:

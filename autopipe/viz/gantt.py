@@ -98,7 +98,8 @@ def draw_timeline(
 
     ``width_px`` is the axes' width in pixels, used to decide whether a micro-batch number
     fits inside its box (estimated from the figure size if not given); the labels (``gid``
-    ``"label"``) take the largest of :data:`LABEL_SIZES_PT` at which all of them fit. ``by_device``: one row
+    ``"label"``) take the largest of :data:`LABEL_SIZES_PT` at which all of them fit, else
+    each the largest at which it fits its box. ``by_device``: one row
     per device, each box labelled ``c<chunk>:<micro-batch>`` and hatched for each later
     virtual stage of its rank (:data:`VIRTUAL_HATCHES`) (default :func:`rows_by_device`); else one row per stage.
     Split backwards are drawn apart: ``backward_input`` and ``backward_weight`` have their own
@@ -153,14 +154,19 @@ def draw_timeline(
                 gid=f"task:{task.phase}",
             )
         )
-        if label and task.duration_s * px_per_s >= label_width_px(label, size, dpi):
+        fits = size if size is not None else box_label_size(task.duration_s * px_per_s, label, dpi)
+        if (
+            label
+            and fits is not None
+            and task.duration_s * px_per_s >= label_width_px(label, fits, dpi)
+        ):
             ax.text(
                 x + w / 2,
                 row,
                 label,
                 ha="center",
                 va="center",
-                fontsize=size,
+                fontsize=fits,
                 color="white",
                 clip_on=True,
                 gid="label",
@@ -210,13 +216,20 @@ def label_width_px(label: str, size_pt: float, dpi: float) -> float:
     return len(label) * DIGIT_EM * size_pt * dpi / 72 + 2
 
 
-def label_size(boxes: Sequence[tuple[float, str]], dpi: float) -> float:
+def label_size(boxes: Sequence[tuple[float, str]], dpi: float) -> float | None:
     """The largest of :data:`LABEL_SIZES_PT` at which every ``(width_px, label)`` box holds
-    its label (the smallest when none does: then the boxes too narrow go unlabelled)."""
+    its label, so that one chart reads in one size; None when no size fits them all (then
+    each box takes its own, :func:`box_label_size`)."""
     for size in LABEL_SIZES_PT:
         if all(w >= label_width_px(lab, size, dpi) for w, lab in boxes):
             return size
-    return LABEL_SIZES_PT[-1]
+    return None
+
+
+def box_label_size(width_px: float, label: str, dpi: float) -> float | None:
+    """The largest of :data:`LABEL_SIZES_PT` at which ``label`` fits a box ``width_px``
+    wide; None when even the smallest does not (the box goes unlabelled)."""
+    return label_size([(width_px, label)], dpi)
 
 
 def timeline_width_in(timelines: Sequence[Timeline]) -> float:
