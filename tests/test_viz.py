@@ -365,7 +365,7 @@ def _gpt_like_plan(microbatches: int = 16) -> Plan:
         )
         for n in names
     ]
-    profile = Profile(units=units, cut_bytes=[100_000] * (len(units) - 1), batch_size=16)
+    profile = Profile(units=units, cut_bytes=[100_000] * (len(units) - 1), batch_size=32)
     return plan(profile, gpus=8, microbatches=microbatches, baselines=False)
 
 
@@ -379,6 +379,23 @@ def test_every_microbatch_is_labelled_on_the_timeline() -> None:
     assert len(labels) == len(timeline.tasks) == 2 * 8 * 16
     assert sorted(set(labels), key=int) == [str(m) for m in range(16)]
     assert {t.get_fontsize() for t in ax.texts} == {7.0}
+
+
+def test_narrow_boxes_get_a_wider_figure_and_smaller_labels() -> None:
+    """At M=32 the first stage's forwards are too narrow for two digits at 7 pt even 16 in
+    wide: the figure takes the widest, and every box that holds two digits at 5 pt is
+    labelled, in one size per row and phase where one fits them all."""
+    from autopipe.viz.gantt import LABEL_SIZES_PT, WIDTH_IN, label_width_px
+
+    timeline = predicted_timeline(_gpt_like_plan(32))
+    fig = timeline_figure(timeline)
+    ax = fig.axes[0]
+    assert fig.get_figwidth() == WIDTH_IN[1]
+    px_per_s = 0.85 * WIDTH_IN[1] * fig.dpi / timeline.iteration_s
+    wide = [t for t in timeline.tasks if t.duration_s * px_per_s >= label_width_px("00", 5, 100)]
+    labels = [t for t in ax.texts if t.get_gid() == "label"]
+    assert len(labels) >= len(wide) > len(timeline.tasks) // 2
+    assert {t.get_fontsize() for t in labels} <= set(LABEL_SIZES_PT)
 
 
 def test_labels_shrink_before_they_go() -> None:

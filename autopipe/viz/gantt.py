@@ -25,7 +25,7 @@ VIRTUAL_HATCHES = ("", "..", "xx", "oo")
 """Rows per rank: the hatch of a rank's first, second, ... virtual stage's boxes (white)."""
 LABEL_SIZES_PT = (7.0, 6.0, 5.0)
 """Font sizes tried for the boxes' labels, largest first: the largest at which every label
-fits its box is used for the whole chart."""
+of a row's phase fits its box is used for them all (:func:`draw_timeline`)."""
 DIGIT_EM = 0.64
 """Width of a digit in ems (DejaVu Sans, matplotlib's default: 0.636)."""
 WIDTH_IN = (11.0, 16.0)
@@ -98,8 +98,8 @@ def draw_timeline(
 
     ``width_px`` is the axes' width in pixels, used to decide whether a micro-batch number
     fits inside its box (estimated from the figure size if not given); the labels (``gid``
-    ``"label"``) take the largest of :data:`LABEL_SIZES_PT` at which all of them fit, else
-    each the largest at which it fits its box. ``by_device``: one row
+    ``"label"``) of one row and phase take the largest of :data:`LABEL_SIZES_PT` at which
+    all of them fit, else each the largest at which it fits its box. ``by_device``: one row
     per device, each box labelled ``c<chunk>:<micro-batch>`` and hatched for each later
     virtual stage of its rank (:data:`VIRTUAL_HATCHES`) (default :func:`rows_by_device`); else one row per stage.
     Split backwards are drawn apart: ``backward_input`` and ``backward_weight`` have their own
@@ -130,14 +130,13 @@ def draw_timeline(
     tasks = sorted(timeline.tasks, key=lambda t: (t.stage, t.start_s))
     labels = [task_label(task, by_device) for task in tasks]
     dpi = float(ax.get_figure(root=True).dpi)  # type: ignore[union-attr]
-    size = label_size(
-        [
-            (t.duration_s * px_per_s, lab)
-            for t, lab in zip(tasks, labels, strict=True)
-            if lab and t.phase != "loss"  # the loss box is labelled where it fits
-        ],
-        dpi,
-    )
+    # One size per row and phase (a row's forwards read alike), the largest at which all of
+    # them fit; where none does, each box its own.
+    boxes: dict[tuple[int, str], list[tuple[float, str]]] = {}
+    for t, lab in zip(tasks, labels, strict=True):
+        if lab and t.phase != "loss":  # the loss box is labelled where it fits
+            boxes.setdefault((row_of[t.stage], t.phase), []).append((t.duration_s * px_per_s, lab))
+    sizes = {key: label_size(group, dpi) for key, group in boxes.items()}
     for task, label in zip(tasks, labels, strict=True):
         x = (task.start_s - t0) * 1e3
         w = task.duration_s * 1e3
@@ -154,7 +153,9 @@ def draw_timeline(
                 gid=f"task:{task.phase}",
             )
         )
-        fits = size if size is not None else box_label_size(task.duration_s * px_per_s, label, dpi)
+        fits = sizes.get((row, task.phase)) or box_label_size(
+            task.duration_s * px_per_s, label, dpi
+        )
         if (
             label
             and fits is not None
@@ -218,8 +219,8 @@ def label_width_px(label: str, size_pt: float, dpi: float) -> float:
 
 def label_size(boxes: Sequence[tuple[float, str]], dpi: float) -> float | None:
     """The largest of :data:`LABEL_SIZES_PT` at which every ``(width_px, label)`` box holds
-    its label, so that one chart reads in one size; None when no size fits them all (then
-    each box takes its own, :func:`box_label_size`)."""
+    its label, so that boxes of a kind read in one size; None when no size fits them all
+    (then each box takes its own, :func:`box_label_size`)."""
     for size in LABEL_SIZES_PT:
         if all(w >= label_width_px(lab, size, dpi) for w, lab in boxes):
             return size
@@ -235,7 +236,7 @@ def box_label_size(width_px: float, label: str, dpi: float) -> float | None:
 def timeline_width_in(timelines: Sequence[Timeline]) -> float:
     """Inches wide a figure of ``timelines`` (one time axis) is drawn: wide enough that its
     shortest labelled box holds two digits at the largest label size, within
-    :data:`WIDTH_IN` (the narrowest when even the widest would not do). Before, labels stopped at micro-batch 9 on an 8-stage GPT at M=16."""
+    :data:`WIDTH_IN` (past the widest, smaller labels fit more boxes). Before, labels stopped at micro-batch 9 on an 8-stage GPT at M=16."""
     longest_s = max((t.iteration_s for t in timelines), default=0.0)
     shortest_s = min(
         (t.duration_s for tl in timelines for t in tl.tasks if t.phase not in ("send", "loss")),
@@ -245,9 +246,7 @@ def timeline_width_in(timelines: Sequence[Timeline]) -> float:
         return WIDTH_IN[0]
     need_px = label_width_px("00", LABEL_SIZES_PT[0], 100.0)
     width = need_px * longest_s / shortest_s / (0.85 * 100.0)
-    # Wider only where that labels every box: past the widest, the narrow boxes stay
-    # unlabelled anyway.
-    return max(width, WIDTH_IN[0]) if width <= WIDTH_IN[1] else WIDTH_IN[0]
+    return min(max(width, WIDTH_IN[0]), WIDTH_IN[1])
 
 
 def _legend(fig: Figure, timeline_phases: set[str]) -> None:
