@@ -105,6 +105,27 @@ class BenchResult:
     def iteration_error(self) -> float:
         return _error(self.iteration_predicted_s, self.iteration_measured_s)
 
+    def compare_titles(self) -> tuple[str, str]:
+        """Titles of the predicted-over-measured figure that compare like with like: the
+        measured panel states the iteration on the clock the prediction is judged on
+        (:attr:`clock`: process CPU time, or wall), as a median over the steps with its
+        error, and then the wall time of the step it draws. Before, it showed only the
+        drawn step's wall time (4.95 s) against a 2.2 s prediction that the text, on
+        thread-CPU time, found 0.4% off."""
+        from autopipe.core.humanize import format_seconds
+        from autopipe.viz.gantt import timeline_detail, timeline_title
+
+        clock = "CPU time" if self.clock == "thread_cpu" else "wall clock"
+        err = 100 * self.iteration_error
+        measured = (
+            f"measured ({timeline_detail(self.measured)}): iteration "
+            f"{format_seconds(self.iteration_measured_s)} {clock} (median of {self.steps} "
+            f"steps; predicted {err:+.1f}%)"
+        )
+        if self.clock == "thread_cpu":
+            measured += f"; drawn on the wall clock: {format_seconds(self.measured.iteration_s)}"
+        return timeline_title(self.predicted), measured
+
     @property
     def max_stage_error(self) -> float:
         """Largest |error| over every stage's forward and backward."""

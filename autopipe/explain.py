@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from autopipe.core.humanize import format_bytes, format_seconds, printable
 from autopipe.core.plan import Plan
-from autopipe.core.vocabulary import SINGLE_SCHEDULES, V_SHAPE_SCHEDULES
-from autopipe.planner.baselines import FRAMEWORK_DEFAULTS
+from autopipe.core.plantext import framework_table
+from autopipe.core.vocabulary import FRAMEWORK_DEFAULTS, SINGLE_SCHEDULES, V_SHAPE_SCHEDULES
 from autopipe.planner.simulate import fill_drain_bubble
 
 
@@ -106,42 +106,3 @@ def explain(plan: Plan) -> str:
 
 def _splits(plan: Plan) -> bool:
     return any(s.backward_weight_s > 0 for s in plan.stages)
-
-
-_FRAMEWORK_LABELS = {
-    "torchtitan-even": "torchtitan 0.2.2 (even split)",
-    "megatron-uniform": "Megatron-Core 0.16 (uniform layers)",
-    "deepspeed-parameters": 'DeepSpeed 0.19 ("parameters")',
-}
-
-
-def framework_table(plan: Plan) -> list[str]:
-    """Rows comparing the plan with the split each framework makes by default, each
-    evaluated by the planner with the plan's profile and M under the schedule and stages
-    per rank that framework runs, shown as ``[schedule, V]`` (``Plan.baselines``);
-    empty when the plan was made without baselines. See docs/frameworks.md."""
-    rows = [
-        f"{'split':52} {'units per stage':>22} {'iteration':>11} {'vs plan':>8}  memory",
-        f"{'autopipe (this plan)':52} {'/'.join(map(str, plan.balance)):>22} "
-        f"{format_seconds(plan.iteration_time_s):>11} {'1.00x':>8}  fits",
-    ]
-    found = False
-    for name in FRAMEWORK_DEFAULTS:
-        b = plan.baselines.get(name)
-        if b is None:
-            continue
-        found = True
-        label = _FRAMEWORK_LABELS[name]
-        if b.get("schedule"):  # the schedule and stages per rank the framework runs
-            label = f"{label} [{b['schedule']}, V={b.get('virtual_stages', 1)}]"
-        if b.get("iteration_time_s") is None:
-            rows.append(f"{label:52} {'-':>22} {'-':>11} {'-':>8}  n/a: {b.get('reason', '')}")
-            continue
-        ratio = b["iteration_time_s"] / plan.iteration_time_s
-        balance = "/".join(map(str, b.get("balance", [])))
-        fits = "fits" if b.get("feasible", True) else "does not fit"
-        rows.append(
-            f"{label:52} {balance:>22} {format_seconds(b['iteration_time_s']):>11} "
-            f"{ratio:>7.2f}x  {fits}"
-        )
-    return rows if found else []

@@ -122,12 +122,10 @@ def load_model_file(spec: str) -> ModelFile:
     module = _import_path(path)
     factory = getattr(module, factory_name, None)
     if not callable(factory):
-        found = sorted(
-            n for n, v in vars(module).items() if inspect.isfunction(v) and not n.startswith("_")
-        )
+        found = factory_candidates(module)
         raise ModelFileError(
-            f"{path.name} has no factory function {factory_name!r}; "
-            f"define it or name one with {path.name}:FACTORY (functions found: {', '.join(found) or 'none'})"
+            f"{path.name} has no factory function {factory_name!r}; define it or name one "
+            f"with {path.name}:FACTORY (factories in {path.name}: {', '.join(found) or 'none'})"
         )
     inputs_fn = getattr(module, f"example_inputs_{factory_name}", None) or getattr(
         module, "example_inputs", None
@@ -141,6 +139,29 @@ def load_model_file(spec: str) -> ModelFile:
     return ModelFile(
         path, factory_name, factory, inputs_fn, loss_fn if callable(loss_fn) else None, module
     )
+
+
+NOT_FACTORIES = ("example_inputs", "loss_fn")
+"""Names a model file defines for other roles (``example_inputs_FACTORY`` included)."""
+
+
+def factory_candidates(module: ModuleType) -> list[str]:
+    """The functions of a model file that could be its FACTORY, sorted: defined in the file
+    itself (not imported, as ``dataclass`` or ``torch.randn`` are), public, not one of the
+    other roles (``example_inputs*``, ``loss_fn``), and callable with no arguments, as a
+    factory is called. O(names in the file)."""
+    found = []
+    for name, value in vars(module).items():
+        if name.startswith("_") or name.startswith(NOT_FACTORIES):
+            continue
+        if not inspect.isfunction(value) or value.__module__ != module.__name__:
+            continue
+        try:
+            inspect.signature(value).bind()
+        except TypeError:  # a required argument: the CLI could not call it
+            continue
+        found.append(name)
+    return sorted(found)
 
 
 def _import_path(path: Path) -> ModuleType:

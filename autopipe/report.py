@@ -1,134 +1,20 @@
-"""Human-readable text for Plans, Profiles and bench results (the CLI's tables)."""
+"""Human-readable text for Plans, Profiles and bench results (the CLI's tables); the
+plan's own table is ``autopipe.core.plantext.format_plan`` (``Plan.summary()`` prints it)."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
 from autopipe.core.humanize import format_bytes, format_seconds, printable
-from autopipe.core.plan import Plan
+from autopipe.core.plantext import format_plan
+from autopipe.core.plantext import ms as _ms
+from autopipe.core.plantext import table as _table
 from autopipe.core.profile import Profile
-from autopipe.explain import framework_table
-from autopipe.planner.baselines import FRAMEWORK_DEFAULTS
+
+__all__ = ["format_bench", "format_plan", "format_profile", "format_scaling"]
 
 if TYPE_CHECKING:
     from autopipe.bench import BenchResult
-
-
-def _table(header: list[str], rows: list[list[str]], right: set[int]) -> str:
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-
-    def line(cells: list[str]) -> str:
-        return "  ".join(
-            c.rjust(widths[i]) if i in right else c.ljust(widths[i]) for i, c in enumerate(cells)
-        ).rstrip()
-
-    sep = "  ".join("-" * w for w in widths)
-    return "\n".join([line(header), sep, *(line(r) for r in rows)])
-
-
-def _ms(s: float) -> str:
-    return f"{s * 1e3:.2f}"
-
-
-def format_plan(plan: Plan) -> str:
-    """The plan as a table, one row per stage, then the pipeline-level figures."""
-    bottleneck_s = max((s.time_s for s in plan.stages), default=0.0) or 1.0
-    rows = []
-    for s in plan.stages:
-        first, last = printable(s.first_module), printable(s.last_module)
-        span = first if s.first_module == s.last_module else f"{first} .. {last}"
-        rows.append(
-            [
-                str(s.index) if plan.virtual_stages == 1 else f"{s.index} (rank {s.rank})",
-                s.device,
-                f"{span} ({len(s.units)})",
-                _ms(s.forward_s),
-                _ms(s.backward_s + s.recompute_s),
-                _ms(s.send_s),
-                "yes" if s.checkpoint else "no",
-                format_bytes(s.memory_bytes),
-                f"{100 * s.time_s / bottleneck_s:.0f}%",
-            ]
-        )
-    header = [
-        "stage",
-        "device",
-        "modules (units)",
-        "fwd ms",
-        "bwd ms",
-        "send ms",
-        "ckpt",
-        "memory",
-        "load",
-    ]
-    where = (
-        f"{plan.num_stages} stages"
-        if plan.virtual_stages == 1
-        else f"{plan.num_stages} ranks x {plan.virtual_stages} virtual stages"
-    )
-    lines = [
-        f"autopipe plan: {plan.model or 'model'} on {where} "
-        f"({plan.strategy}, {plan.profile_mode} costs)",
-        "",
-        _table(header, rows, right={0, 3, 4, 5, 7, 8}),
-        "",
-        "times are per micro-batch; load = stage time / bottleneck stage time",
-        f"micro-batches  M = {plan.microbatches} x {plan.microbatch_size} samples "
-        f"(batch {plan.batch_size}), schedule {plan.schedule}",
-        f"iteration      {format_seconds(plan.iteration_time_s)} predicted, "
-        f"{plan.throughput:.4g} samples/s, {plan.speedup:.2f}x over one device",
-        f"bubble         {100 * plan.bubble_fraction:.1f}% idle",
-    ]
-    if plan.lower_bound_s > 0:
-        lines.append(
-            f"lower bound    {format_seconds(plan.lower_bound_s)} (proven, any cut at this "
-            f"schedule, V and M); gap at most {100 * plan.lower_bound_gap:.1f}%"
-            + (
-                " (the cut is exact at V = 1: the bound leaves out the bubble)"
-                if plan.virtual_stages == 1
-                else ""
-            )
-        )
-    if plan.memory_per_device:
-        lines.append(f"memory limit   {format_bytes(plan.memory_per_device)} per device")
-    shared = plan.host_throughput
-    if shared is not None:
-        lines.append(
-            f"host           the {plan.num_stages} ranks share one host that runs {shared:g} "
-            "of them at full speed (simulated as processor sharing)"
-        )
-    if plan.state_bytes_per_parameter:
-        lines.append(f"training state {_training_state(plan)}")
-    own = {k: v for k, v in plan.baselines.items() if k not in FRAMEWORK_DEFAULTS}
-    if own:
-        names = ["autopipe", *own]
-        times: list[float | None] = [plan.iteration_time_s]
-        for b in own.values():
-            times.append(b.get("iteration_time_s") if b.get("feasible", True) else None)
-        ratio = " / ".join(
-            "infeasible" if t is None else f"{t / plan.iteration_time_s:.2f}" for t in times
-        )
-        lines.append(f"vs baselines   {' vs '.join(names)}: {ratio} x iteration time")
-    table = framework_table(plan)
-    if table:
-        lines += ["", "framework defaults on the same devices (predicted):", *table, ""]
-    for note in plan.notes:
-        lines.append(f"note           {printable(note)}")  # notes quote unit names
-    return "\n".join(lines)
-
-
-def _training_state(plan: Plan) -> str:
-    """``16 B/parameter (mixed-adam: 2 weight + 2 gradient + 12 fp32 master, m, v)``."""
-    bpp = plan.state_bytes_per_parameter
-    text = f"{bpp:g} B/parameter"
-    if plan.optimizer and plan.optimizer != "custom":
-        from autopipe.core.optimizer import describe_training_state
-
-        size = round(plan.meta.get("parameter_size_bytes", 0)) or None
-        if size:
-            return f"{text} ({describe_training_state(plan.optimizer, size)})"
-        return f"{text} ({plan.optimizer})"
-    return f"{text} (--bytes-per-parameter)" if plan.optimizer == "custom" else text
 
 
 def format_profile(profile: Profile, verbose: bool = False) -> str:

@@ -20,6 +20,7 @@ from autopipe.planner.layers import LayerStack, layer_stack
 from autopipe.planner.schedules import SINGLE_SCHEDULES
 
 from autopipe.core.profile import Profile
+from autopipe.core.vocabulary import FRAMEWORK_DEFAULTS
 
 
 def uniform_bounds(n_units: int, num_stages: int) -> list[int]:
@@ -114,8 +115,7 @@ BASELINES = ("uniform", "parameters", "greedy-time")
 # The layer-counting rules count layers of the model's one stack (planner/layers.py); the
 # embedding goes with the first stage and the head with the last, as all of them place those.
 # (torch.distributed.pipelining has no default split: pipeline() without split points gives
-# one stage, so there is no torch row.)
-FRAMEWORK_DEFAULTS = ("torchtitan-even", "megatron-uniform", "deepspeed-parameters")
+# one stage, so there is no torch row.) The names: autopipe.core.vocabulary.FRAMEWORK_DEFAULTS.
 
 # Megatron-Core runs 1F1B, interleaved with virtual stages; nothing else.
 MEGATRON_SCHEDULES = ("1f1b", "interleaved-1f1b")

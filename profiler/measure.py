@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import logging
 import os
 import platform
 import statistics
@@ -38,7 +39,7 @@ from typing import Any
 import torch
 from autopipe.profiler import inputs as inputs_convention
 from autopipe.profiler import objective
-from autopipe.profiler.cache import cache_key, load_cached, save_cached
+from autopipe.profiler.cache import cache_key, cache_path, load_cached, save_cached
 from autopipe.profiler.execute import (
     UnitCall,
     detach_args,
@@ -86,6 +87,8 @@ from autopipe.core.optimizer import normalize_optimizer, resolve_optimizer
 from autopipe.core.profile import Profile, UnitProfile
 
 LossFn = objective.LossFn
+
+log = logging.getLogger("autopipe")
 
 
 class ProfilingError(AutopipeError, RuntimeError):
@@ -261,6 +264,38 @@ class _Timing:
     repeat: int
     clock: str | Callable[[], float]
     tick: Callable[[], None] | None = None
+    """Called after each unit is timed."""
+    expect: Callable[[int], None] | None = None
+    """Called once per micro-batch size, before its units run, with how many will be timed
+    (``UnitSharing.expected_runs``): the progress bar's total."""
+
+
+class _UnitsProgress:
+    """The bar of a model timed one unit at a time from meta. Its total is the units to time
+    at every micro-batch size, not the model's unit count (units that share a measurement
+    are not timed): tqdm then shows how many are left and an ETA."""
+
+    def __init__(self, bar: Any, sizes: int, label: str) -> None:
+        self.bar = bar
+        self.sizes = self.sizes_left = sizes
+        self.label = label
+
+    def expect(self, runs: int) -> None:
+        """A micro-batch size starts with ``runs`` units to time: as many are expected at
+        each later size until it starts."""
+        self.bar.total = self.bar.n + runs * self.sizes_left
+        self.sizes_left -= 1
+        at = f" at each of {self.sizes} micro-batch sizes" if self.sizes > 1 else ""
+        self.bar.set_description(
+            f"{self.label}, {runs} to time{at}, one at a time from meta)", refresh=False
+        )
+        self.bar.refresh()
+
+    def tick(self) -> None:
+        """One more unit timed (past the expected count, the total follows)."""
+        if self.bar.total is not None and self.bar.n >= self.bar.total:
+            self.bar.total = self.bar.n + 1
+        self.bar.update()
 
 
 def _zero_grads(tensors: Sequence[torch.Tensor]) -> Callable[[], None]:
@@ -556,6 +591,8 @@ def _prepare_size(
 
     materializer = state = None
     if one_at_a_time is not None:
+        if one_at_a_time.expect is not None:
+            one_at_a_time.expect(sharing.expected_runs(n))
         # The split partitions run the traced graph module's tensors (see own_meta_state).
         materializer = Materializer(ug.graph_module, device, counter.exclude)
         state = unit_state(ug, ug.graph_module)
@@ -790,7 +827,9 @@ def profile(
     :func:`autopipe.profiler.objective.default_loss`). ``microbatch_sizes``: batch sizes to time for the
     ``t(b) = a + c * b`` fit; ``None`` = ``B`` and ``B/4`` (or ``B/2``); ``()`` = ``B`` only.
     ``cache=True`` reuses a profile saved for the same model structure, inputs, device,
-    dtype and options (``cache_dir`` or ``$AUTOPIPE_CACHE_DIR`` or ``~/.cache/autopipe``).
+    dtype and options (``cache_dir`` or ``$AUTOPIPE_CACHE_DIR`` or ``~/.cache/autopipe``),
+    and says so on the ``autopipe`` logger (INFO: "profile read from cache (PATH)");
+    ``cache=False`` (the CLI's ``--no-cache``) measures again.
     ``threads``: torch's intra-op thread count while measuring. ``None`` means 1 on CPU
     (single-thread timings are stable on a loaded host and keep the units' shares right;
     oversubscribed multi-thread kernels are not) and unchanged on GPUs. ``clock``:
@@ -903,6 +942,12 @@ def profile(
         )
         cached = load_cached(key, cache_dir)
         if cached is not None:
+            # Said, not silent: a user who changed something the key does not see (the
+            # machine's load, a driver) must know nothing was measured, and how to measure.
+            log.info(
+                "profile read from cache (%s); --no-cache re-measures",
+                cache_path(key, cache_dir),
+            )
             return cached
 
     from tqdm.auto import tqdm
@@ -946,8 +991,11 @@ def profile(
                 infos[k] = meta_node_bytes(size_ug, size_ug.flat_inputs(to_meta(size_inputs)))
             for _, _, size_ug in plans:
                 retarget_devices([size_ug.graph_module], dev)
+        units_bar = _UnitsProgress(bar, len(plans), f"profiling {type(model).__name__} ({n} units")
         one_at_a_time = (
-            _Timing(warmup, repeat, clock, tick=lambda: bar.update()) if meta_init else None
+            _Timing(warmup, repeat, clock, tick=units_bar.tick, expect=units_bar.expect)
+            if meta_init
+            else None
         )
         measured: list[_SizeMeasurement] = []
         used_sizes: list[int] = []

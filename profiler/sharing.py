@@ -40,6 +40,14 @@ class UnitSharing:
         will share its measurement, known before any unit runs)."""
         return self._kinds[self.static.get(index, "")] or 1
 
+    def expected_runs(self, num_units: int) -> int:
+        """How many of the ``num_units`` units will run, as known before any runs: one per
+        distinct graph when sharing (a lower bound: calls of one graph on inputs of other
+        shapes run apart), every unit when not. O(units)."""
+        if not self.enabled:
+            return num_units
+        return len(self._kinds) + max(num_units - len(self.static), 0)
+
     def __call__(
         self, index: int, module: fx.GraphModule, args: tuple[Any, ...], flags: tuple[bool, ...]
     ) -> int | None:

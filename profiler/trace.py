@@ -58,20 +58,32 @@ def training_config(model: nn.Module) -> list[str]:
     key/value cache object, which neither tracer turns into a graph of tensors and which
     training never reads (transformers itself turns it off under gradient checkpointing).
     """
-    changed: list[str] = []
+    return [f"{type(m).__name__}.config.use_cache" for m in _switch_off_cache(model)]
+
+
+def _switch_off_cache(model: nn.Module) -> list[nn.Module]:
+    """The modules whose config had ``use_cache=True``, now False (a config shared by
+    nested modules counts for the outermost one)."""
+    changed: list[nn.Module] = []
     for module in model.modules():
         config = getattr(module, "config", None)
         if config is not None and getattr(config, "use_cache", False) is True:
             config.use_cache = False
-            changed.append(f"{type(module).__name__}.config.use_cache")
+            changed.append(module)
     return changed
 
 
-def _generates(model: nn.Module) -> bool:
-    """A model that generates text reads a key/value cache (an encoder such as BERT has the
-    flag in its config but never uses it: turning it off needs no word)."""
-    can_generate = getattr(model, "can_generate", None)
-    return bool(can_generate()) if callable(can_generate) else True
+def _generates(modules: list[nn.Module]) -> bool:
+    """Whether any of ``modules`` (those whose cache was switched off) generates text and so
+    reads a key/value cache. An encoder such as BERT has the flag in its config but never
+    uses it (``can_generate()`` is False): turning it off needs no word, even when the
+    encoder sits inside the user's own wrapper module. A module without ``can_generate``
+    (not a Hugging Face model) may use its cache: it counts as generating."""
+    for module in modules:
+        can_generate = getattr(module, "can_generate", None)
+        if not callable(can_generate) or can_generate():
+            return True
+    return False
 
 
 SPEC_AUGMENT = (("mask_time_prob", "mask_time_indices"), ("mask_feature_prob", None))
@@ -311,8 +323,9 @@ def trace_model(
     """
     args, kwargs = split_inputs(example_inputs)
     check_drawn_masks(model, kwargs)
-    changed = training_config(model)
-    if changed and _generates(model):
+    switched = _switch_off_cache(model)
+    if switched and _generates(switched):
+        changed = [f"{type(m).__name__}.config.use_cache" for m in switched]
         warnings.warn(
             f"set {', '.join(changed)} = False for training: a key/value cache is for "
             "generation and cannot cross pipeline stages",

@@ -208,3 +208,25 @@ def test_format_catalog_lists_every_device() -> None:
     assert "989.4" in h100 and "3350" in h100 and "450" in h100
     v100 = next(line for line in lines if line.startswith("V100-32GB "))
     assert v100.split()[1] == "-"  # no bf16 on Volta
+
+
+def test_spec_quantities_are_written_as_the_flags_take_them(tmp_path) -> None:
+    """Before, ``memory_bytes: 48GiB`` was refused although ``--memory 48GiB`` is taken."""
+    path = tmp_path / "gpu.yaml"
+    path.write_text(
+        "base: a100-80gb\nname: X\nmemory_bytes: 48GiB\n"
+        "memory_bandwidth_bytes_per_s: 2TB/s\nlink_bandwidth_bytes_per_s: '25e9'\n"
+        "peak_flops_per_s: {bf16: '100e12'}\n"
+    )
+    spec = load_device_spec(path)
+    assert spec.memory_bytes == 48 * 2**30 and isinstance(spec.memory_bytes, int)
+    assert spec.memory_bandwidth_bytes_per_s == 2e12
+    assert spec.link_bandwidth_bytes_per_s == 25e9
+    assert spec.peak_flops_per_s == {"bfloat16": 100e12}
+    path.write_text("base: a100-80gb\nname: X\nmemory_bytes: 48GiB/s\ncompute_efficiency: 70%\n")
+    with pytest.raises(DeviceSpecError) as info:
+        load_device_spec(path)
+    assert str(info.value) == (
+        f"{path}: 2 problems: (1) compute_efficiency must be a number, e.g. 0.7, got '70%'; "
+        "(2) memory_bytes must be a size, e.g. 48GiB, 80GB or 48e9, got '48GiB/s'"
+    )

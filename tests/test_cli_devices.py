@@ -67,3 +67,56 @@ def test_data_parallel_needs_a_bandwidth(capsys: pytest.CaptureFixture[str]) -> 
     assert main(["plan", GPT, "--gpus", "4", "--data-parallel", "auto", "--no-cache"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "--allreduce-bandwidth" in err
+
+
+BAD_SPEC = (
+    "name: mygpu\n"
+    "memory_bytes: lots\n"
+    "peak_flops_per_s: {bf16: fast}\n"
+    "memory_bandwidth_bytes_per_s: -1\n"
+    "link_bandwidth_bytes_per_s: 900GB/s\n"
+    "compute_efficiency: 1.5\n"
+    "flops: 3\n"
+)
+
+
+def test_a_bad_spec_file_is_refused_at_once_before_any_work(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before, each bad field was refused in turn, and a spec without the dtype's peak only
+    after the model was imported, built and traced (10-14 s for a large model)."""
+    marker = tmp_path / "imported"
+    model = tmp_path / "model.py"
+    model.write_text(f"open({str(marker)!r}, 'w').close()\n" + Path(GPT).read_text())
+    spec = tmp_path / "bad.yaml"
+    spec.write_text(BAD_SPEC)
+    assert main(["plan", str(model), "--gpus", "2", "--device-spec", str(spec)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert f"{spec}: 5 problems: (1) unknown field(s) flops" in err
+    for problem in (
+        "memory_bytes must be a size, e.g. 48GiB, 80GB or 48e9, got 'lots'",
+        "peak_flops_per_s.bf16 must be a number, e.g. 312e12, got 'fast'",
+        "memory_bandwidth_bytes_per_s must be positive, got -1.0",
+        "compute_efficiency must be in (0, 1], got 1.5",
+    ):
+        assert problem in err
+    assert not marker.exists()
+    # A valid spec without a peak for the dtype: refused before the model file too.
+    spec.write_text(
+        "name: fp32-only\nmemory_bytes: 48GiB\npeak_flops_per_s: {float32: 20e12}\n"
+        "memory_bandwidth_bytes_per_s: 1TB/s\nlink_bandwidth_bytes_per_s: 100GB/s\n"
+    )
+    assert main(["plan", str(model), "--gpus", "2", "--device-spec", str(spec)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "the default --dtype bfloat16: fp32-only has no bfloat16 peak" in err
+    assert not marker.exists()
+
+
+def test_the_example_spec_file_plans(capsys: pytest.CaptureFixture[str]) -> None:
+    """examples/device-spec.yaml, which docs/devices.md shows, is a working spec."""
+    example = Path(GPT).parent / "device-spec.yaml"
+    data = _plan(capsys, "--gpus", "2", "--device-spec", str(example))
+    assert data["profile_mode"] == "analytic"
+    assert [s["device"] for s in data["stages"]] == ["my-48gb-gpu"] * 2
+    assert data["memory_per_device"] == 48 * 2**30  # written 48GiB, as --memory takes it

@@ -27,7 +27,10 @@ def test_missing_file(capsys: pytest.CaptureFixture[str]) -> None:
 def test_missing_factory(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["plan", f"{GPT}:nope", "--gpus", "2"]) == 2
     line = _err_line(capsys)
-    assert "no factory function 'nope'" in line and "build_model" in line
+    assert "no factory function 'nope'" in line
+    # Before, every function in the file's namespace was offered, imported ones too
+    # (dataclass), and helpers that need an argument (num_parameters(model)).
+    assert line.endswith("(factories in gpt.py: build_model, gpt_6b, gpt_7b)")
 
 
 def test_factory_not_a_module(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -183,3 +186,22 @@ def test_output_a_pipeline_cannot_join_is_refused_at_plan_time(
     assert main(["plan", str(f), "--gpus", "2", "-q", "--no-cache", *extra]) == 2
     line = _err_line(capsys)
     assert "output ['gram'] has shape (4, 4)" in line and "batch (8) as dim 0" in line
+
+
+def test_every_option_of_every_command_says_what_it_does() -> None:
+    """Before, ``plan --strategy`` showed only its choices in ``--help``."""
+    import argparse
+
+    from autopipe.cli import build_parser
+
+    parser = build_parser()
+    (sub,) = (a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    silent = [
+        f"{name} {action.option_strings[-1]}"
+        for name, command in sub.choices.items()
+        for action in command._actions
+        if action.option_strings and not action.help
+    ]
+    assert silent == []
+    strategy = next(a for a in sub.choices["plan"]._actions if "--strategy" in a.option_strings)
+    assert all(choice in (strategy.help or "") for choice in strategy.choices or ())

@@ -196,3 +196,33 @@ def test_the_key_follows_forward_code_without_a_file() -> None:
     x = torch.randn(2, 4)
     assert cache_key(net("self.a(x)"), x) == cache_key(net("self.a(x)"), x)
     assert cache_key(net("self.a(x)"), x) != cache_key(net("self.a(x) * 2"), x)
+
+
+def test_a_cached_profile_is_said(tmp_path, caplog: pytest.LogCaptureFixture) -> None:
+    """Before, a cached profile came back in silence, even with -v: a user could not tell
+    that nothing was measured, nor where the file was."""
+    m, x = model(), torch.randn(8, 16)
+    with caplog.at_level("INFO", logger="autopipe"):
+        profile(m, x, cache=True, cache_dir=tmp_path, **FAST)
+        assert "from cache" not in caplog.text  # measured, then written
+        (path,) = tmp_path.glob("*.json")
+        profile(m, x, cache=True, cache_dir=tmp_path, **FAST)
+    assert f"profile read from cache ({path}); --no-cache re-measures" in caplog.text
+
+
+def test_the_cli_says_the_cache_was_used(
+    tmp_path, monkeypatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from autopipe.cli import main
+
+    monkeypatch.setenv("AUTOPIPE_CACHE_DIR", str(tmp_path / "c"))
+    path = tmp_path / "net.py"
+    path.write_text(MODEL_FILE)
+    with caplog.at_level("INFO", logger="autopipe"):
+        assert main(["profile", str(path), "-q"]) == 0
+        assert "from cache" not in caplog.text
+        assert main(["profile", str(path)]) == 0
+        assert "profile read from cache (" in caplog.text
+        caplog.clear()
+        assert main(["profile", str(path), "--no-cache"]) == 0
+    assert "from cache" not in caplog.text

@@ -176,6 +176,34 @@ def test_meta_model_measured_one_unit_at_a_time() -> None:
     assert [u.activation_bytes for u in meta.units] == [u.activation_bytes for u in real.units]
 
 
+def test_progress_from_meta_counts_the_units_to_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before, the bar of a model timed unit by unit from meta had no total
+    (``4unit [09:13, 166.92s/unit]`` while 6 of 37 units were to be timed): no ETA. Its
+    total is now the units timed at every micro-batch size, known before the first."""
+    import tqdm.auto
+
+    seen: list[tuple[int, int | None]] = []
+
+    class Recording(tqdm.auto.tqdm):  # type: ignore[misc,valid-type]
+        def update(self, n: float | None = 1) -> bool | None:
+            out = super().update(n)
+            seen.append((self.n, self.total))
+            return out
+
+    monkeypatch.setattr(tqdm.auto, "tqdm", Recording)
+    gpt = load_example("gpt")
+    cfg = gpt.GPTConfig(vocab_size=512, n_layer=6, d_model=64, seq_len=16)
+    with torch.device("meta"):
+        model = gpt.build_model(**vars(cfg))
+    p = profile(
+        model, gpt.example_inputs(4, cfg), loss_fn=gpt.loss_fn, warmup=0, repeat=1,
+        microbatch_sizes=(4, 2), progress=True,
+    )  # fmt: skip
+    timed = sum(1 for u in p.units if not u.measured_as)
+    assert len(p.units) == 11 and timed == 6  # tok_emb, pos_emb, drop, blocks.0, ln_f, head
+    assert seen == [(k, 2 * timed) for k in range(1, 2 * timed + 1)]
+
+
 def test_meta_model_traced_by_export_measured_unit_by_unit() -> None:
     """The export path (a Hugging Face Llama): tensors the tracer has seen are replaced by
     the graph's own before materializing, and devices baked in as meta are retargeted."""

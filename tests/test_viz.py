@@ -347,3 +347,170 @@ def test_malformed_chrome_traces_are_format_errors(tmp_path: Path) -> None:
     ]
     tl = load_chrome_trace({"traceEvents": events, "otherData": 3})
     assert len(tl.tasks) == 1 and tl.iteration_s == pytest.approx(5e-6)
+
+
+# -- what the figures say: units, labels, limits ---------------------------------------------
+
+
+def _gpt_like_plan(microbatches: int = 16) -> Plan:
+    """examples/gpt.py's shape on 8 stages: a light embedding, 24 equal blocks, a head."""
+    names = ["tok_emb", *(f"blocks.{i}" for i in range(24)), "head"]
+    units = [
+        UnitProfile(
+            name=n,
+            forward_s=(0.3 if n == "tok_emb" else 1.0) * 1e-3,
+            backward_s=(0.3 if n == "tok_emb" else 1.0) * 2e-3,
+            parameter_bytes=2_000_000,
+            activation_bytes=3_000_000,
+        )
+        for n in names
+    ]
+    profile = Profile(units=units, cut_bytes=[100_000] * (len(units) - 1), batch_size=32)
+    return plan(profile, gpus=8, microbatches=microbatches, baselines=False)
+
+
+def test_every_microbatch_is_labelled_on_the_timeline() -> None:
+    """Before, the labels of an 8-stage plan at M=16 stopped at micro-batch 9: two digits
+    were taken to need 18 px, and the boxes had 16."""
+    p = _gpt_like_plan(16)
+    timeline = predicted_timeline(p)
+    ax = timeline_figure(timeline).axes[0]
+    labels = [t.get_text() for t in ax.texts if t.get_gid() == "label"]
+    assert len(labels) == len(timeline.tasks) == 2 * 8 * 16
+    assert sorted(set(labels), key=int) == [str(m) for m in range(16)]
+    assert {t.get_fontsize() for t in ax.texts} == {7.0}
+
+
+def test_narrow_boxes_get_a_wider_figure_and_smaller_labels() -> None:
+    """At M=32 the first stage's forwards are too narrow for two digits at 7 pt even 16 in
+    wide: the figure takes the widest, and every box that holds two digits at 5 pt is
+    labelled, in one size per row and phase where one fits them all."""
+    from autopipe.viz.gantt import LABEL_SIZES_PT, WIDTH_IN, label_width_px
+
+    timeline = predicted_timeline(_gpt_like_plan(32))
+    fig = timeline_figure(timeline)
+    ax = fig.axes[0]
+    assert fig.get_figwidth() == WIDTH_IN[1]
+    px_per_s = 0.85 * WIDTH_IN[1] * fig.dpi / timeline.iteration_s
+    wide = [t for t in timeline.tasks if t.duration_s * px_per_s >= label_width_px("00", 5, 100)]
+    labels = [t for t in ax.texts if t.get_gid() == "label"]
+    assert len(labels) >= len(wide) > len(timeline.tasks) // 2
+    assert {t.get_fontsize() for t in labels} <= set(LABEL_SIZES_PT)
+
+
+def test_labels_shrink_before_they_go() -> None:
+    from autopipe.viz.gantt import LABEL_SIZES_PT, box_label_size, label_size, label_width_px
+
+    assert label_size([(20.0, "15")], 100.0) == LABEL_SIZES_PT[0]
+    narrow = label_width_px("15", LABEL_SIZES_PT[-1], 100.0)
+    # One size for the chart while one fits every box; else each box its own.
+    assert label_size([(20.0, "15"), (narrow, "15")], 100.0) == LABEL_SIZES_PT[-1]
+    assert label_size([(20.0, "15"), (narrow - 1, "15")], 100.0) is None
+    assert box_label_size(20.0, "15", 100.0) == LABEL_SIZES_PT[0]
+    assert box_label_size(narrow - 1, "15", 100.0) is None  # unlabelled
+
+
+def test_memory_axes_read_in_the_titles_unit() -> None:
+    """Before, the memory of a plan of a few MiB per rank was drawn on a "GiB" axis with
+    ticks at 0.025 under titles in MiB."""
+    from autopipe.viz.memory import plan_memory_figure
+
+    p = _gpt_like_plan(16)
+    fig = plan_memory_figure(p)
+    for ax in fig.axes:
+        unit = ax.get_title(loc="left").split()[-1]  # "rank 0: peak 44.3 MiB"
+        assert unit == "MiB" and ax.get_ylabel() == "MiB"
+        peak = float(ax.get_title(loc="left").split()[-2])
+        low, high = ax.get_ylim()
+        assert low == 0 and 1.05 * peak <= high <= 1.1 * peak  # the peak clears the frame
+        (line,) = [ln for ln in ax.get_lines() if ln.get_gid() == "memory"]
+        assert max(line.get_ydata()) == pytest.approx(peak, rel=1e-3)
+
+
+def test_byte_units_follow_the_data() -> None:
+    from autopipe.viz.style import byte_unit
+
+    assert byte_unit(44.3 * 2**20) == ("MiB", 2**20)
+    assert byte_unit(80e9) == ("GiB", 2**30)
+    assert byte_unit(512) == ("B", 1) and byte_unit(3 * 2**10) == ("KiB", 2**10)
+
+
+def test_schedules_memory_legend_sits_below_the_panels() -> None:
+    """Before, the rank legend sat inside the first panel, over its lines (zbv's, there)."""
+    from autopipe.planner import plan_each_schedule
+
+    from autopipe.core.request import PlanRequest
+    from autopipe.viz.memory import schedules_figure
+
+    plans = plan_each_schedule(_profile(), PlanRequest(gpus=4, microbatches=8))
+    _, mem = schedules_figure(plans)
+    assert all(ax.get_legend() is None for ax in mem.axes)
+    (legend,) = mem.legends
+    assert [t.get_text() for t in legend.get_texts()] == [f"rank {r}" for r in range(4)]
+    for ax in mem.axes:
+        unit = ax.get_title(loc="left").split()[-1]  # "... peak 67.5 MiB"
+        assert ax.get_ylabel() == unit == "MiB"
+        drawn = max(max(ln.get_ydata()) for ln in ax.get_lines() if ln.get_gid() == "memory")
+        assert ax.get_ylim()[1] >= 1.05 * drawn
+
+
+def test_the_tallest_bars_clear_the_frame(gpipe_plan: Plan, profile: Profile) -> None:
+    """Before, the first column fixed each row's shared y axis: a taller bar in a later
+    column (uniform's first stage on examples/gpt.py) was cut off by the frame."""
+    import copy
+
+    data = copy.deepcopy(balance_data(gpipe_plan, profile))
+    data["memory_limit_bytes"] = None  # no limit line above the bars
+    for stage in data["strategies"][1]["stages"]:  # uniform: twice as tall as the rest
+        for key in ("forward_s", "backward_s", "parameter_bytes", "activation_bytes"):
+            stage[key] *= 2
+    fig = balance_figure(data)
+    for row in (fig.axes[:3], fig.axes[3:]):
+        tallest = max(b.get_y() + b.get_height() for ax in row for b in ax.patches)
+        lines = [ln.get_ydata()[0] for ax in row for ln in ax.get_lines()]
+        assert row[0].get_ylim()[1] >= 1.05 * max([tallest, *lines])
+
+
+def test_bench_titles_compare_like_with_like(gpipe_plan: Plan) -> None:
+    """Before, the measured panel gave the drawn step's wall time (4.95 s) beside a 2.2 s
+    prediction that the text, on thread-CPU time, found 0.4% off."""
+    from dataclasses import replace
+
+    from autopipe.bench import BenchResult
+    from autopipe.core.humanize import format_seconds
+
+    predicted = predicted_timeline(gpipe_plan, devices=["cpu"] * gpipe_plan.num_stages)
+    wall = Timeline(
+        [
+            Task(t.stage, t.microbatch, t.phase, 2.25 * t.start_s, 2.25 * t.end_s, t.device)
+            for t in predicted.tasks
+        ],
+        predicted.num_stages,
+        label="measured (wall clock)",
+        schedule=predicted.schedule,
+        device_names=predicted.device_names,
+    )
+    result = BenchResult(
+        plan=gpipe_plan,
+        devices=["cpu"] * gpipe_plan.num_stages,
+        steps=10,
+        clock="thread_cpu",
+        predicted=predicted,
+        measured=wall,
+        stages=[],
+        iteration_predicted_s=predicted.iteration_s,
+        iteration_measured_s=predicted.iteration_s / 0.996,
+        iteration_wall_s=wall.iteration_s,
+        step_measured_s=wall.iteration_s,
+        loss_forward_s=0.0,
+        loss_backward_s=0.0,
+    )
+    top, bottom = result.compare_titles()
+    assert top == timeline_figure(predicted).axes[0].get_title()
+    cpu = format_seconds(result.iteration_measured_s)
+    assert f"iteration {cpu} CPU time (median of 10 steps; predicted -0.4%)" in bottom
+    assert bottom.endswith(f"drawn on the wall clock: {format_seconds(wall.iteration_s)}")
+    fig = timeline_figure(predicted, compare=wall, titles=(top, bottom))
+    assert [ax.get_title() for ax in fig.axes[:2]] == [top, bottom]
+    on_wall = replace(result, clock="wall", iteration_measured_s=wall.iteration_s)
+    assert "wall clock (median of 10 steps; predicted -55.6%)" in on_wall.compare_titles()[1]

@@ -45,6 +45,7 @@ from autopipe.profiler.objective import default_loss  # noqa: E402
 from autopipe.profiler.trace import TraceError  # noqa: E402
 from autopipe.profiler.units import trace_units, unit_module  # noqa: E402
 from distributed_cases import free_port  # noqa: E402
+from torch import nn  # noqa: E402
 from torch.utils import _pytree as pytree  # noqa: E402
 
 from autopipe import cli  # noqa: E402
@@ -235,6 +236,49 @@ def test_use_cache_config_is_turned_off_for_training() -> None:
         trace_units(bert, zoo.example_inputs_bert(4))
     assert bert.config.use_cache is False
     assert not [w for w in seen if "use_cache" in str(w.message)]
+
+
+def test_an_encoder_inside_a_wrapper_gets_no_cache_warning() -> None:
+    """Before, only the top module was asked whether it generates: a user's own module
+    holding a BERT encoder (a classifier head on top) was told "a key/value cache is for
+    generation". The modules whose cache was switched off are asked instead."""
+    import transformers
+
+    class Classifier(nn.Module):
+        def __init__(self, encoder: nn.Module) -> None:
+            super().__init__()
+            self.encoder = encoder
+            self.head = nn.Linear(32, 2)
+
+        def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+            return self.head(self.encoder(input_ids=input_ids).last_hidden_state[:, 0])
+
+    torch.manual_seed(0)
+    bert = Classifier(transformers.BertModel(zoo.bert().config))
+    assert bert.encoder.config.use_cache is True
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        trace_units(bert, zoo.example_inputs_bert(4)["input_ids"])
+    assert bert.encoder.config.use_cache is False
+    assert not [w for w in seen if "use_cache" in str(w.message)]
+    # A decoder in the same wrapper still reads its cache when generating: said.
+    cfg = zoo._decoder_config("LlamaConfig")
+    cfg.use_cache = True
+    torch.manual_seed(0)
+    llama = _LogitsOf(transformers.LlamaForCausalLM(cfg))
+    with pytest.warns(UserWarning, match=r"LlamaForCausalLM.config.use_cache = False"):
+        trace_units(llama, zoo.example_inputs_llama(4)["input_ids"])
+
+
+class _LogitsOf(nn.Module):
+    """A user's wrapper returning a causal LM's logits."""
+
+    def __init__(self, lm: nn.Module) -> None:
+        super().__init__()
+        self.lm = lm
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.lm(input_ids=input_ids).logits
 
 
 def test_a_mask_drawn_inside_forward_is_refused_naming_the_switch(capsys: Any) -> None:

@@ -156,7 +156,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
     atomic_write_json(predicted_trace, to_chrome_trace(result.predicted))
     files = [trace_path, predicted_trace]
     files += plot_timeline(
-        result.predicted, out / "timeline_compare", compare=result.measured, formats=args.format
+        result.predicted,
+        out / "timeline_compare",
+        compare=result.measured,
+        formats=args.format,
+        titles=result.compare_titles(),
     )
     report = result.to_dict()
     report["files"] = [str(p) for p in files]

@@ -451,21 +451,20 @@ def profile_model_file(args: argparse.Namespace) -> tuple[Profile, DeviceTarget]
     from autopipe.profiler.trace import TraceError
     from autopipe.profiler.units import UnitPatternError
 
+    # The device flags first: a bad --device-spec is refused before the model file is
+    # imported (importing torch and the model's own imports takes seconds).
+    target = resolve_device_flags(args)
+    if target.counted_on is not None:
+        check_counting_flags(args, target)
     mf = load_model_arg(args.model)
     batch_size = args.batch_size or mf.default_batch_size()
     progress = not args.quiet
-    target = resolve_device_flags(args)
     try:
         if target.counted_on is not None:
             model = mf.build(device="meta")
             inputs = mf.inputs(batch_size)
             from autopipe.profiler.analytic import profile_analytic
 
-            if args.meta_init:
-                raise UsageError(
-                    "--meta-init measures unit by unit; with --device NAME nothing is measured "
-                    "(the model is counted on meta anyway): drop one of them"
-                )
             try:
                 profile = profile_analytic(
                     model,
@@ -517,6 +516,27 @@ def profile_model_file(args: argparse.Namespace) -> tuple[Profile, DeviceTarget]
         raise model_failed(mf, batch_size, exc) from exc
     profile.model = mf.label
     return profile, target
+
+
+def check_counting_flags(args: argparse.Namespace, target: DeviceTarget) -> None:
+    """Refuse, before any model is built, what counting for ``target`` cannot do: measuring
+    from meta (``--meta-init``), and a ``--dtype`` (default bfloat16) that a device of the
+    spec or the list has no peak for."""
+    from autopipe.core.catalog import DeviceSpecError
+
+    if args.meta_init:
+        raise UsageError(
+            "--meta-init measures unit by unit; with --device NAME nothing is measured "
+            "(the model is counted on meta anyway): drop one of them"
+        )
+    dtype = args.dtype or "bfloat16"
+    specs = [s for s in (target.counted_on, *(s for s, _ in target.pipeline)) if s is not None]
+    for spec in specs:
+        try:
+            spec.peak_for(dtype)
+        except DeviceSpecError as exc:
+            flag = "--dtype" if args.dtype else "the default --dtype bfloat16"
+            raise UsageError(f"{flag}: {exc}") from exc
 
 
 def model_failed(mf: ModelFile, batch_size: int | None, exc: BaseException) -> UsageError:

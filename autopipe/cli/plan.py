@@ -72,11 +72,20 @@ def register(sub: common.Subparsers) -> None:
         "schedules (default: auto)",
     )
     p.add_argument(
-        "--strategy", choices=["dp", "ilp", "uniform", "parameters", "greedy-time"], default="dp"
+        "--strategy",
+        choices=["dp", "ilp", "uniform", "parameters", "greedy-time"],
+        default="dp",
+        help="how the cut is chosen: dp (default: the exact dynamic program), ilp (the same "
+        "optimum from an integer program, a cross-check), or a baseline to compare "
+        "with: uniform (equal unit counts, torch pipelining / Megatron), parameters (balanced "
+        "parameter counts, DeepSpeed), greedy-time (balanced measured time, torchgpipe)",
     )
     common.json_option(p, "write the plan as JSON to PATH (stdout if no PATH)")
     p.add_argument(
-        "--plot", metavar="DIR", help="write the timeline, bubble, balance and scaling plots to DIR"
+        "--plot",
+        metavar="DIR",
+        help="write five figures to DIR: timeline.png, memory.png, bubble.png, balance.png, "
+        "scaling.png",
     )
     p.add_argument("--save-profile", metavar="PATH", help="also save the profile as JSON")
     p.add_argument(
@@ -237,7 +246,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         else:
             data = collect_plot_data(result, profile)
             paths = plot_all(result, args.plot, plot_data=data, progress=not args.quiet)
-            # Kept in the plan written below, so `autopipe plot PLAN.json` redraws all four.
+            # Kept in the plan written below, so `autopipe plot PLAN.json` redraws all five.
             result.meta[VIZ_META_KEY] = data
             common.say(args, "plots: " + ", ".join(str(p) for p in paths))
     # The profile travels with the plan: `autopipe plot` and tools can re-plan from it.

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from autopipe.core.errors import AutopipeError
+from autopipe.core.humanize import parse_bytes
 
 TERA = 1e12
 GB = 1e9
@@ -456,46 +457,80 @@ _FLOAT_FIELDS = (
 def device_spec_from_dict(data: Any, origin: str = "device spec") -> DeviceSpec:
     """Build a spec from plain data; ``base: a100-80gb`` inherits missing fields from a built-in.
 
-    Numbers may be written as YAML/JSON numbers or strings like ``"312e12"``.
+    The format is docs/devices.md's (an example: examples/device-spec.yaml). Quantities are
+    written as the CLI's flags take them: sizes as YAML/JSON numbers or strings with a unit
+    (``memory_bytes: 48GiB`` as ``--memory 48GiB``; ``80GB``, ``48e9``), bandwidths likewise
+    with an optional ``/s`` (``link_bandwidth_bytes_per_s: 900GB/s``), other numbers plain
+    or as strings (``"312e12"``). Every bad field is reported at once: one
+    :class:`DeviceSpecError` naming each, not one per try.
     """
     if not isinstance(data, dict):
         raise DeviceSpecError(f"{origin}: expected a mapping of fields, got {type(data).__name__}")
+    problems: list[str] = []
     data = dict(data)
     base_name = data.pop("base", None)
-    merged: dict[str, Any] = get_device(base_name).to_dict() if base_name else {}
+    merged: dict[str, Any] = {}
     if base_name:
-        merged["aliases"] = []
-        merged["source"] = f"{origin} (based on {merged['name']})"
+        try:
+            merged = get_device(str(base_name)).to_dict()
+        except DeviceSpecError as exc:
+            problems.append(f"base: {exc}")
+        else:
+            merged["aliases"] = []
+            merged["source"] = f"{origin} (based on {merged['name']})"
     merged.update(data)
     known = {f.name for f in dataclasses.fields(DeviceSpec)}
-    unknown = sorted(set(merged) - known)
+    unknown = sorted(map(str, set(merged) - known))
     if unknown:
-        raise DeviceSpecError(
-            f"{origin}: unknown field(s) {', '.join(unknown)}; valid fields: {', '.join(sorted(known))}"
+        problems.append(
+            f"unknown field(s) {', '.join(unknown)} (valid fields: base, {', '.join(sorted(known))})"
         )
+        for name in set(merged) - known:
+            del merged[name]
     missing = [f for f in _REQUIRED if f not in merged]
     if missing:
-        raise DeviceSpecError(
-            f"{origin}: missing required field(s) {', '.join(missing)} "
-            f"(required: {', '.join(_REQUIRED)})"
+        problems.append(
+            f"missing required field(s) {', '.join(missing)} (required: {', '.join(_REQUIRED)}, "
+            "or base: a catalog device to start from)"
         )
-    peaks = merged["peak_flops_per_s"]
-    if not isinstance(peaks, dict) or not peaks:
-        raise DeviceSpecError(
-            f"{origin}: peak_flops_per_s must map dtypes to FLOP/s, e.g. {{bfloat16: 312e12, float32: 19.5e12}}"
-        )
-    merged["peak_flops_per_s"] = {
-        normalize_dtype(k): _number(v, f"peak_flops_per_s.{k}", origin) for k, v in peaks.items()
-    }
+    peaks = merged.get("peak_flops_per_s")
+    if "peak_flops_per_s" in merged:
+        if not isinstance(peaks, dict) or not peaks:
+            problems.append(
+                "peak_flops_per_s must map dtypes to FLOP/s, e.g. {bfloat16: 312e12, float32: 19.5e12}"
+            )
+        else:
+            merged["peak_flops_per_s"] = {}
+            for key, value in peaks.items():
+                try:
+                    dtype = normalize_dtype(key)
+                except DeviceSpecError as exc:
+                    problems.append(f"peak_flops_per_s: {exc}")
+                    continue
+                merged["peak_flops_per_s"][dtype] = _quantity(
+                    value, f"peak_flops_per_s.{key}", problems
+                )
     for name in _FLOAT_FIELDS:
         if name in merged:
-            merged[name] = _number(merged[name], name, origin)
-    merged["memory_bytes"] = int(_number(merged["memory_bytes"], "memory_bytes", origin))
+            merged[name] = _quantity(merged[name], name, problems)
+    if "memory_bytes" in merged:
+        merged["memory_bytes"] = _quantity(merged["memory_bytes"], "memory_bytes", problems)
     merged["aliases"] = tuple(str(a) for a in merged.get("aliases", ()))
-    merged["name"] = str(merged["name"])
-    spec = DeviceSpec(**merged)
-    _validate(spec, origin)
-    return spec
+    if "name" in merged:
+        merged["name"] = str(merged["name"])
+    problems += _range_problems(merged)
+    if problems:
+        raise _spec_error(origin, problems)
+    merged["memory_bytes"] = int(merged["memory_bytes"])
+    return DeviceSpec(**merged)
+
+
+def _spec_error(origin: str, problems: list[str]) -> DeviceSpecError:
+    """One error naming every problem of a spec, on one line."""
+    if len(problems) == 1:
+        return DeviceSpecError(f"{origin}: {problems[0]}")
+    listed = "; ".join(f"({i}) {p}" for i, p in enumerate(problems, 1))
+    return DeviceSpecError(f"{origin}: {len(problems)} problems: {listed}")
 
 
 def load_device_spec(path: str | Path) -> DeviceSpec:
@@ -505,6 +540,8 @@ def load_device_spec(path: str | Path) -> DeviceSpec:
         text = path.read_text()
     except OSError as exc:
         raise DeviceSpecError(f"cannot read device spec {path}: {exc.strerror}") from exc
+    except UnicodeDecodeError as exc:
+        raise DeviceSpecError(f"{path}: not a text file ({exc.reason}); give YAML or JSON") from exc
     if path.suffix.lower() == ".json":
         try:
             data = json.loads(text)
@@ -522,31 +559,73 @@ def load_device_spec(path: str | Path) -> DeviceSpec:
     return device_spec_from_dict(data, origin=str(path))
 
 
-def _number(value: Any, name: str, origin: str) -> float:
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise DeviceSpecError(f"{origin}: {name} must be a number, got {value!r}") from None
-    return number
+def _quantity(value: Any, name: str, problems: list[str]) -> float | None:
+    """``value`` of field ``name`` as a number: plain, a numeric string, or, for a size
+    (``*_bytes``) or a bandwidth (``*_bytes_per_s``), a string with a unit as the flags take
+    it (``parse_bytes``: ``48GiB``, ``80GB``; a bandwidth may end in ``/s``). A bad value
+    is appended to ``problems`` and None returned."""
+    if isinstance(value, bool):  # YAML's yes/no: a number by accident
+        problems.append(f"{name} must be a number, got {value!r}")
+        return None
+    if isinstance(value, (int, float)):
+        return float(value)
+    sized = name.endswith(("_bytes", "_bytes_per_s"))
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            pass
+        if sized:
+            text = value.strip()
+            per_s = name.endswith("_per_s") and text.lower().endswith("/s")
+            try:
+                return float(parse_bytes(text[:-2] if per_s else text))
+            except ValueError:
+                pass
+    example = (
+        "900GB/s or 9e11"
+        if name.endswith("_bytes_per_s")
+        else "48GiB, 80GB or 48e9"
+        if sized
+        else "312e12"
+        if name.startswith("peak_flops_per_s")
+        else "0.7"
+    )
+    kind = "a size" if sized else "a number"
+    problems.append(f"{name} must be {kind}, e.g. {example}, got {value!r}")
+    return None
 
 
 def _validate(spec: DeviceSpec, origin: str) -> None:
+    problems = _range_problems(dataclasses.asdict(spec))
+    if problems:
+        raise _spec_error(origin, problems)
+
+
+def _range_problems(fields: dict[str, Any]) -> list[str]:
+    """What is out of range among a spec's ``fields`` (values that failed to parse are None
+    and skipped: they are reported already)."""
+    peaks = fields.get("peak_flops_per_s")
     positive = {
-        "memory_bandwidth_bytes_per_s": spec.memory_bandwidth_bytes_per_s,
-        "memory_bytes": spec.memory_bytes,
-        "link_bandwidth_bytes_per_s": spec.link_bandwidth_bytes_per_s,
-        **{f"peak_flops_per_s.{k}": v for k, v in spec.peak_flops_per_s.items()},
+        name: fields.get(name)
+        for name in ("memory_bandwidth_bytes_per_s", "memory_bytes", "link_bandwidth_bytes_per_s")
     }
-    for name, value in positive.items():
-        if not value > 0:  # also rejects NaN
-            raise DeviceSpecError(f"{origin}: {name} must be positive, got {value!r}")
+    if isinstance(peaks, dict):
+        positive.update({f"peak_flops_per_s.{k}": v for k, v in peaks.items()})
+    problems = [
+        f"{name} must be positive, got {value!r}"
+        for name, value in positive.items()
+        if value is not None and not value > 0  # also rejects NaN
+    ]
     for name in ("compute_efficiency", "memory_efficiency"):
-        value = getattr(spec, name)
-        if not 0 < value <= 1:
-            raise DeviceSpecError(f"{origin}: {name} must be in (0, 1], got {value!r}")
+        value = fields.get(name, 1.0)
+        if value is not None and not 0 < value <= 1:
+            problems.append(f"{name} must be in (0, 1], got {value!r}")
     for name in ("kernel_launch_overhead_s", "link_latency_s"):
-        if not getattr(spec, name) >= 0:  # also rejects NaN
-            raise DeviceSpecError(f"{origin}: {name} must be >= 0, got {getattr(spec, name)!r}")
+        value = fields.get(name, 0.0)
+        if value is not None and not value >= 0:  # also rejects NaN
+            problems.append(f"{name} must be >= 0, got {value!r}")
+    return problems
 
 
 def format_catalog(specs: Iterable[DeviceSpec] | None = None) -> str:

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 __all__ = [
     "CHECKPOINT_MODES",
+    "FRAMEWORK_DEFAULTS",
+    "FRAMEWORK_LABELS",
     "LOOP_SCHEDULES",
     "MESH_DIM_NAMES",
     "PLAN_SCHEDULES",
@@ -53,3 +55,16 @@ MESH_DIM_NAMES = ("pp", "dp", "tp")
 """The device mesh's dimensions, outermost first, as torchtitan lays them out: ranks of one
 tensor-parallel group are adjacent (inside a node), then the data-parallel dimension, then
 the pipeline."""
+
+FRAMEWORK_DEFAULTS = ("torchtitan-even", "megatron-uniform", "deepspeed-parameters")
+"""The split each framework makes when the user gives it none (``planner/baselines.py``
+computes them, docs/frameworks.md says with which version each rule was read), as
+``Plan.baselines`` names them. torch.distributed.pipelining has no default split (pipeline()
+without split points gives one stage), so there is no torch entry."""
+
+FRAMEWORK_LABELS = {
+    "torchtitan-even": "torchtitan 0.2.2 (even split)",
+    "megatron-uniform": "Megatron-Core 0.16 (uniform layers)",
+    "deepspeed-parameters": 'DeepSpeed 0.19 ("parameters")',
+}
+"""Each of ``FRAMEWORK_DEFAULTS`` in the tables' words, with the version read."""

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from autopipe.core.humanize import format_seconds
-from autopipe.viz.style import MEMORY_COLORS, PHASE_COLORS, new_figure, save
+from autopipe.viz.style import HEADROOM, MEMORY_COLORS, PHASE_COLORS, byte_unit, new_figure, save
 
 _TIME_PARTS = (
     ("forward", "forward_s"),
@@ -40,7 +40,8 @@ def balance_figure(data: dict[str, Any]) -> Any:
         [float(st.get("memory_bytes", 0)) for s in strategies for st in s["stages"]]
         + [float(limit or 0)]
     )
-    unit_name, unit = ("GiB", 2**30) if biggest >= 2**30 else ("MiB", 2**20)
+    unit_name, unit = byte_unit(biggest)
+    tallest_ms, tallest_mem = 0.0, biggest / unit
     for col, strat in enumerate(strategies):
         ax_t, ax_m = axes[0, col], axes[1, col]
         stages = strat["stages"]
@@ -52,6 +53,7 @@ def balance_figure(data: dict[str, Any]) -> Any:
                 ax_t.bar(xs, vals, bottom=bottom, color=PHASE_COLORS[name], label=name, width=0.75)
                 bottom = [b + v for b, v in zip(bottom, vals, strict=True)]
         bottleneck = max(bottom, default=0.0)
+        tallest_ms = max(tallest_ms, bottleneck)
         ax_t.axhline(bottleneck, color="black", linestyle="--", linewidth=0.8)
         title = strat["name"]
         if strat.get("iteration_time_s"):
@@ -67,9 +69,9 @@ def balance_figure(data: dict[str, Any]) -> Any:
             if any(vals):
                 ax_m.bar(xs, vals, bottom=bottom, color=MEMORY_COLORS[name], label=name, width=0.75)
                 bottom = [b + v for b, v in zip(bottom, vals, strict=True)]
+        tallest_mem = max([tallest_mem, *bottom])
         if limit:
             ax_m.axhline(float(limit) / unit, color="#C44E52", linewidth=1.5, label="device limit")
-        ax_m.set_ylim(bottom=0)
         for ax in (ax_t, ax_m):
             ax.set_xticks(xs, [str(x) for x in xs], fontsize=8)
             ax.set_xlabel("stage")
@@ -78,6 +80,10 @@ def balance_figure(data: dict[str, Any]) -> Any:
         if col == 0:
             ax_t.set_ylabel("ms per micro-batch")
             ax_m.set_ylabel(f"memory ({unit_name})")
+    # The rows share their y axes: room above the tallest bar of each, so none touches the
+    # frame.
+    axes[0, 0].set_ylim(0, max(tallest_ms, 1e-9) * HEADROOM)
+    axes[1, 0].set_ylim(0, max(tallest_mem, 1e-9) * HEADROOM)
     handles_t, labels_t = _merged_legend(axes[0])
     handles_m, labels_m = _merged_legend(axes[1])
     fig.legend(

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from autopipe.core.humanize import format_seconds
-from autopipe.core.timeline import PHASES, Timeline
+from autopipe.core.timeline import PHASES, Task, Timeline
 from autopipe.viz.style import BUBBLE_COLOR, PHASE_COLORS, new_figure, save
 
 if TYPE_CHECKING:
@@ -23,6 +23,14 @@ ROW_HEIGHT = 0.8
 """Height of a stage's row in y units (rows are 1 apart)."""
 VIRTUAL_HATCHES = ("", "..", "xx", "oo")
 """Rows per rank: the hatch of a rank's first, second, ... virtual stage's boxes (white)."""
+LABEL_SIZES_PT = (7.0, 6.0, 5.0)
+"""Font sizes tried for the boxes' labels, largest first: the largest at which every label
+of a row's phase fits its box is used for them all (:func:`draw_timeline`)."""
+DIGIT_EM = 0.64
+"""Width of a digit in ems (DejaVu Sans, matplotlib's default: 0.636)."""
+WIDTH_IN = (11.0, 16.0)
+"""A timeline figure's narrowest and widest width in inches: wider than the narrowest when
+its shortest box needs it to hold a two-digit label."""
 
 
 def idle_spans(timeline: Timeline, stages: list[int]) -> list[tuple[float, float]]:
@@ -42,9 +50,8 @@ def idle_spans(timeline: Timeline, stages: list[int]) -> list[tuple[float, float
     return gaps
 
 
-def timeline_title(timeline: Timeline) -> str:
-    """``"predicted (gpipe, K=4, M=8): iteration 12.3 ms, bubble 27.3%"``."""
-    what = timeline.label or "timeline"
+def timeline_detail(timeline: Timeline) -> str:
+    """``"gpipe, K=4, M=8"``: the schedule, the placement and M, as titles show them."""
     groups = timeline.device_groups()
     if rows_by_device(timeline):
         v = timeline.num_stages // max(len(groups), 1)
@@ -54,13 +61,18 @@ def timeline_title(timeline: Timeline) -> str:
         placement = f"K={timeline.num_stages} on {len(groups)} shared device{many}"
     else:
         placement = f"K={timeline.num_stages}"
-    detail = ", ".join(
+    return ", ".join(
         x for x in (timeline.schedule, placement, f"M={timeline.num_microbatches}") if x
     )
+
+
+def timeline_title(timeline: Timeline) -> str:
+    """``"predicted (gpipe, K=4, M=8): iteration 12.3 ms, bubble 27.3%"``."""
+    what = timeline.label or "timeline"
     idle = "device idle" if timeline.shared else "bubble"
     return (
-        f"{what} ({detail}): iteration {format_seconds(timeline.iteration_s)}, "
-        f"{idle} {100 * timeline.bubble_fraction:.1f}%"
+        f"{what} ({timeline_detail(timeline)}): iteration "
+        f"{format_seconds(timeline.iteration_s)}, {idle} {100 * timeline.bubble_fraction:.1f}%"
     )
 
 
@@ -85,7 +97,9 @@ def draw_timeline(
     """Draw ``timeline`` on ``ax``: stage 0 (or rank 0) on top, time in ms on x.
 
     ``width_px`` is the axes' width in pixels, used to decide whether a micro-batch number
-    fits inside its box (estimated from the figure size if not given). ``by_device``: one row
+    fits inside its box (estimated from the figure size if not given); the labels (``gid``
+    ``"label"``) of one row and phase take the largest of :data:`LABEL_SIZES_PT` at which
+    all of them fit, else each the largest at which it fits its box. ``by_device``: one row
     per device, each box labelled ``c<chunk>:<micro-batch>`` and hatched for each later
     virtual stage of its rank (:data:`VIRTUAL_HATCHES`) (default :func:`rows_by_device`); else one row per stage.
     Split backwards are drawn apart: ``backward_input`` and ``backward_weight`` have their own
@@ -113,7 +127,17 @@ def draw_timeline(
         rows = timeline.num_stages
     # Thin white edges separate back-to-back boxes; thinner when there are many.
     edge_w = 0.5 if len(timeline.tasks) <= 400 else 0.3
-    for task in sorted(timeline.tasks, key=lambda t: (t.stage, t.start_s)):
+    tasks = sorted(timeline.tasks, key=lambda t: (t.stage, t.start_s))
+    labels = [task_label(task, by_device) for task in tasks]
+    dpi = float(ax.get_figure(root=True).dpi)  # type: ignore[union-attr]
+    # One size per row and phase (a row's forwards read alike), the largest at which all of
+    # them fit; where none does, each box its own.
+    boxes: dict[tuple[int, str], list[tuple[float, str]]] = {}
+    for t, lab in zip(tasks, labels, strict=True):
+        if lab and t.phase != "loss":  # the loss box is labelled where it fits
+            boxes.setdefault((row_of[t.stage], t.phase), []).append((t.duration_s * px_per_s, lab))
+    sizes = {key: label_size(group, dpi) for key, group in boxes.items()}
+    for task, label in zip(tasks, labels, strict=True):
         x = (task.start_s - t0) * 1e3
         w = task.duration_s * 1e3
         row = row_of[task.stage]
@@ -129,20 +153,24 @@ def draw_timeline(
                 gid=f"task:{task.phase}",
             )
         )
-        label = "loss" if task.phase == "loss" else str(task.microbatch)
-        if by_device and task.phase != "loss":
-            label = f"c{task.stage}:{task.microbatch}"
-        # About 7 px per digit at fontsize 7, plus a little margin.
-        if task.phase != "send" and task.duration_s * px_per_s > 7 * len(label) + 4:
+        fits = sizes.get((row, task.phase)) or box_label_size(
+            task.duration_s * px_per_s, label, dpi
+        )
+        if (
+            label
+            and fits is not None
+            and task.duration_s * px_per_s >= label_width_px(label, fits, dpi)
+        ):
             ax.text(
                 x + w / 2,
                 row,
                 label,
                 ha="center",
                 va="center",
-                fontsize=7,
+                fontsize=fits,
                 color="white",
                 clip_on=True,
+                gid="label",
             )
     # Shade the time each stage's *device* is idle: with dedicated devices that is the
     # stage's bubble; stages sharing a device wait (unshaded) while it runs another stage.
@@ -174,6 +202,53 @@ def draw_timeline(
     ax.set_axisbelow(True)
 
 
+def task_label(task: Task, by_device: bool) -> str:
+    """What a task's box says: its micro-batch (``c<chunk>:<micro-batch>`` on a row per
+    rank), ``loss``; nothing for a transfer."""
+    if task.phase == "send":
+        return ""
+    if task.phase == "loss":
+        return "loss"
+    return f"c{task.stage}:{task.microbatch}" if by_device else str(task.microbatch)
+
+
+def label_width_px(label: str, size_pt: float, dpi: float) -> float:
+    """Pixels ``label`` needs inside a box at ``size_pt``, with a pixel of margin each side."""
+    return len(label) * DIGIT_EM * size_pt * dpi / 72 + 2
+
+
+def label_size(boxes: Sequence[tuple[float, str]], dpi: float) -> float | None:
+    """The largest of :data:`LABEL_SIZES_PT` at which every ``(width_px, label)`` box holds
+    its label, so that boxes of a kind read in one size; None when no size fits them all
+    (then each box takes its own, :func:`box_label_size`)."""
+    for size in LABEL_SIZES_PT:
+        if all(w >= label_width_px(lab, size, dpi) for w, lab in boxes):
+            return size
+    return None
+
+
+def box_label_size(width_px: float, label: str, dpi: float) -> float | None:
+    """The largest of :data:`LABEL_SIZES_PT` at which ``label`` fits a box ``width_px``
+    wide; None when even the smallest does not (the box goes unlabelled)."""
+    return label_size([(width_px, label)], dpi)
+
+
+def timeline_width_in(timelines: Sequence[Timeline]) -> float:
+    """Inches wide a figure of ``timelines`` (one time axis) is drawn: wide enough that its
+    shortest labelled box holds two digits at the largest label size, within
+    :data:`WIDTH_IN` (past the widest, smaller labels fit more boxes). Before, labels stopped at micro-batch 9 on an 8-stage GPT at M=16."""
+    longest_s = max((t.iteration_s for t in timelines), default=0.0)
+    shortest_s = min(
+        (t.duration_s for tl in timelines for t in tl.tasks if t.phase not in ("send", "loss")),
+        default=0.0,
+    )
+    if longest_s <= 0 or shortest_s <= 0:
+        return WIDTH_IN[0]
+    need_px = label_width_px("00", LABEL_SIZES_PT[0], 100.0)
+    width = need_px * longest_s / shortest_s / (0.85 * 100.0)
+    return min(max(width, WIDTH_IN[0]), WIDTH_IN[1])
+
+
 def _legend(fig: Figure, timeline_phases: set[str]) -> None:
     from matplotlib.patches import Patch
 
@@ -182,21 +257,31 @@ def _legend(fig: Figure, timeline_phases: set[str]) -> None:
     fig.legend(handles=handles, loc="outside lower center", ncol=len(handles), fontsize=8)
 
 
-def timeline_figure(timeline: Timeline, compare: Timeline | None = None) -> Figure:
+def timeline_figure(
+    timeline: Timeline,
+    compare: Timeline | None = None,
+    *,
+    titles: Sequence[str] | None = None,
+) -> Figure:
     """The Gantt figure; with ``compare`` a second panel below sharing the time axis.
 
     Use it for predicted (``timeline``) over measured (``compare``) so the cost model's error
-    is visible at a glance: both panels span the longer of the two iterations.
+    is visible at a glance: both panels span the longer of the two iterations. ``titles``:
+    one per panel instead of :func:`timeline_title` (``BenchResult.compare_titles`` names
+    the clock each figure was read on).
     """
     timelines = [timeline] if compare is None else [timeline, compare]
     height = sum(1.0 + 0.38 * timeline_rows(t) for t in timelines) + 0.6
-    fig = new_figure(11.0, height)
+    width = timeline_width_in(timelines)
+    fig = new_figure(width, height)
     axes = fig.subplots(len(timelines), 1, sharex=True, squeeze=False)[:, 0]
     longest_s = max(t.iteration_s for t in timelines)
     for ax, tl in zip(axes, timelines, strict=True):
-        draw_timeline(ax, tl, width_px=0.85 * 11.0 * fig.dpi * tl.iteration_s / longest_s)
+        draw_timeline(ax, tl, width_px=0.85 * width * fig.dpi * tl.iteration_s / longest_s)
         if tl is not timelines[-1]:
             ax.set_xlabel("")
+    for ax, title in zip(axes, titles or (), strict=False):
+        ax.set_title(title, fontsize=10)
     axes[0].set_xlim(0, longest_s * 1e3)
     _legend(fig, {t.phase for tl in timelines for t in tl.tasks})
     return fig
@@ -208,7 +293,8 @@ def plot_timeline(
     *,
     compare: Timeline | None = None,
     formats: Sequence[str] = ("png",),
+    titles: Sequence[str] | None = None,
 ) -> list[Path]:
     """Write the Gantt chart to ``out.<fmt>`` (``out`` without suffix). Returns the paths."""
-    fig = timeline_figure(timeline, compare)
+    fig = timeline_figure(timeline, compare, titles=titles)
     return save(fig, out, formats)

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from autopipe.core.humanize import format_bytes, format_seconds
 from autopipe.core.plan import Plan
 from autopipe.planner.simulate import Simulation
-from autopipe.viz.style import PHASE_COLORS, new_figure, save
+from autopipe.viz.style import HEADROOM, PHASE_COLORS, byte_unit, new_figure, save
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -27,6 +27,12 @@ MemorySteps = Sequence[Sequence[tuple[float, float]]]
 """Per rank, ``(time_s, bytes)`` steps: the bytes hold from that time to the next step."""
 
 
+def largest_bytes(steps: MemorySteps, limits: Sequence[float | None] = ()) -> float:
+    """The most bytes any rank holds (or may hold: ``limits``), to pick the axes' unit."""
+    held = [b for rank in steps for _, b in rank]
+    return max([*held, *(x for x in limits if x is not None), 0.0])
+
+
 def draw_memory(
     ax: Axes,
     steps: Sequence[tuple[float, float]],
@@ -34,24 +40,30 @@ def draw_memory(
     *,
     limit_bytes: float | None = None,
     label: str = "",
+    unit: tuple[str, int] | None = None,
 ) -> None:
-    """One rank's memory over time on ``ax`` (time in ms, bytes in GiB). O(steps)."""
+    """One rank's memory over time on ``ax`` (time in ms; bytes in ``unit``, a
+    ``(name, bytes)`` pair, default the one :func:`~autopipe.viz.style.byte_unit` picks
+    for this rank). O(steps)."""
     if not steps:
         return
+    unit_name, unit_bytes = unit or byte_unit(largest_bytes([steps], [limit_bytes]))
     xs = [t * 1e3 for t, _ in steps] + [end_s * 1e3]
-    ys = [b / 2**30 for _, b in steps]
+    ys = [b / unit_bytes for _, b in steps]
     ys.append(ys[-1])
     ax.step(xs, ys, where="post", color=PHASE_COLORS["forward"], linewidth=1.2, gid="memory")
     peak = max(b for _, b in steps)
-    ax.axhline(peak / 2**30, color=PHASE_COLORS["backward"], linewidth=0.8, linestyle="--")
+    ax.axhline(peak / unit_bytes, color=PHASE_COLORS["backward"], linewidth=0.8, linestyle="--")
     text = f"{label}peak {format_bytes(peak)}"
+    top = peak
     if limit_bytes is not None:
-        ax.axhline(limit_bytes / 2**30, color="#C44E52", linewidth=1.0, gid="limit")
+        ax.axhline(limit_bytes / unit_bytes, color="#C44E52", linewidth=1.0, gid="limit")
         text += f" of {format_bytes(limit_bytes)}"
-    ax.set_ylabel("GiB", fontsize=8)
+        top = max(top, limit_bytes)
+    ax.set_ylabel(unit_name, fontsize=8)
     ax.set_title(text, fontsize=8, loc="left")
     ax.set_xlim(0, max(end_s, 1e-12) * 1e3)
-    ax.set_ylim(bottom=0)
+    ax.set_ylim(0, max(top, 1.0) * HEADROOM / unit_bytes)
     ax.grid(color="#EEEEEE", linewidth=0.5)
 
 
@@ -70,9 +82,12 @@ def memory_figure(
     k = len(sim.memory)
     fig = new_figure(9.0, 0.6 + 1.1 * k)
     axes = fig.subplots(k, 1, sharex=True, squeeze=False)[:, 0]
+    unit = byte_unit(largest_bytes(sim.memory, limits_bytes or ()))  # one unit for all ranks
     for r, (ax, steps) in enumerate(zip(axes, sim.memory, strict=True)):
         limit = limits_bytes[r] if limits_bytes is not None else None
-        draw_memory(ax, steps, sim.iteration_time_s, limit_bytes=limit, label=f"rank {r}: ")
+        draw_memory(
+            ax, steps, sim.iteration_time_s, limit_bytes=limit, label=f"rank {r}: ", unit=unit
+        )
     axes[-1].set_xlabel("time (ms)")
     fig.suptitle(title or "memory per rank over one iteration", fontsize=10)
     return fig
@@ -141,23 +156,44 @@ def schedules_figure(plans: Mapping[str, Plan | str]) -> tuple[Figure, Figure]:
     fig.suptitle(head + ("" if not skipped else f" ({len(skipped)} without a plan)"), fontsize=10)
     _legend(fig, phases)
 
-    mem = new_figure(9.0, 0.8 + 1.3 * len(ok))
+    mem = new_figure(9.0, 1.0 + 1.3 * len(ok))
     maxes = mem.subplots(len(ok), 1, sharex=True, squeeze=False)[:, 0]
+    unit_name, unit_bytes = byte_unit(
+        max(largest_bytes(sims[n].memory, [p.memory_per_device]) for n, p in ok)
+    )
     for ax, (name, p) in zip(maxes, ok, strict=True):
         sim = sims[name]
         for r, steps in enumerate(sim.memory):
             xs = [t * 1e3 for t, _ in steps] + [sim.iteration_time_s * 1e3]
-            ys = [b / 2**30 for _, b in steps]
+            ys = [b / unit_bytes for _, b in steps]
             ys.append(ys[-1] if ys else 0.0)
             ax.step(xs, ys, where="post", linewidth=1.0, label=f"rank {r}", gid="memory")
+        top = largest_bytes(sim.memory, [p.memory_per_device])
         if p.memory_per_device:
-            ax.axhline(p.memory_per_device / 2**30, color="#C44E52", linewidth=1.0, gid="limit")
+            ax.axhline(
+                p.memory_per_device / unit_bytes,
+                color="#C44E52",
+                linewidth=1.0,
+                gid="limit",
+                label="memory limit",
+            )
         ax.set_title(_summary(name, p, max(sim.peak_bytes, default=0.0)), fontsize=8, loc="left")
-        ax.set_ylabel("GiB", fontsize=8)
-        ax.set_ylim(bottom=0)
+        ax.set_ylabel(unit_name, fontsize=8)
+        ax.set_ylim(0, max(top, 1.0) * HEADROOM / unit_bytes)
         ax.grid(color="#EEEEEE", linewidth=0.5)
-    maxes[0].legend(fontsize=7, ncol=min(len(ok[0][1].rank_peak_bytes) or 1, 8), loc="upper right")
     maxes[-1].set_xlabel("time (ms)")
+    # Below the panels, not on one: inside, it covered the first schedule's lines.
+    handles: dict[str, Any] = {}
+    for ax in maxes:
+        for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
+            handles.setdefault(label, handle)
+    mem.legend(
+        list(handles.values()),
+        list(handles),
+        loc="outside lower center",
+        ncol=min(len(handles), 8),
+        fontsize=7,
+    )
     mem.suptitle("memory per rank over one iteration, each schedule", fontsize=10)
     return fig, mem
 

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from autopipe.viz.style import new_figure, save
+from autopipe.viz.style import byte_unit, new_figure, save
 
 
 def scaling_figure(data: dict[str, Any]) -> Any:
@@ -47,7 +47,7 @@ def scaling_figure(data: dict[str, Any]) -> Any:
             )
     limit = data.get("memory_limit_bytes")
     biggest = max([float(p.get("max_memory_bytes", 0)) for p in ok] + [float(limit or 0)])
-    unit_name, unit = ("GiB", 2**30) if biggest >= 2**30 else ("MiB", 2**20)
+    unit_name, unit = byte_unit(biggest)
     ax_m.plot(
         [p["num_stages"] for p in ok],
         [float(p["max_memory_bytes"]) / unit for p in ok],

@@ -28,6 +28,22 @@ MEMORY_COLORS = {
 }
 BUBBLE_COLOR = "#D9D9D9"
 FORMATS = ("png", "svg")
+HEADROOM = 1.08
+"""Top of a bar or line chart's y axis over its tallest value: the tallest bar clears the
+frame."""
+
+_BYTE_UNITS = (("B", 1), ("KiB", 2**10), ("MiB", 2**20), ("GiB", 2**30), ("TiB", 2**40))
+
+
+def byte_unit(largest_bytes: float) -> tuple[str, int]:
+    """The binary unit (name, bytes) to draw sizes up to ``largest_bytes`` in: the largest
+    unit in which that size is at least 1, as ``format_bytes`` prints it in titles, so an
+    axis reads "MiB" where the title says "44.3 MiB" (not "GiB" ticks at 0.025)."""
+    name, size = _BYTE_UNITS[0]
+    for unit_name, unit in _BYTE_UNITS:
+        if largest_bytes >= unit:
+            name, size = unit_name, unit
+    return name, size
 
 
 def new_figure(width_in: float, height_in: float) -> Figure:
