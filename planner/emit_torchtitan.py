@@ -194,6 +194,9 @@ def torchtitan_fields(plan: Plan, version: str = TORCHTITAN_VERSION) -> Torchtit
     training: dict[str, Any] = {"local_batch_size": plan.batch_size}
     if plan.replicas > 1:
         training["global_batch_size"] = plan.batch_size * plan.replicas
+    if version != TORCHTITAN_VERSION and plan.num_stages > 1:
+        # 0.3.0's Trainer.Config refuses pipeline parallelism with CUDA graphs, its default.
+        training["disable_cuda_graphs"] = True
     return TorchtitanFields(parallelism, training, bool(stages_checkpointed), note)
 
 
