@@ -4,7 +4,8 @@ code ("yes", or the framework's error), on 2 and 4 pipeline ranks.
 "Accepted" means the framework built exactly the plan's chunks (the modules torchtitan kept,
 the decoder layers Megatron-Core's layout gives each rank and virtual stage) with the plan's
 micro-batch count, from the emitted text alone (tests/framework_checks.py says how each
-framework's code is reached). A format autopipe refuses to emit shows its one-line refusal
+framework's code is reached). Plans come from profiles counted for an A100 (not timed), so
+the table is the same on every run. A format autopipe refuses to emit shows its one-line refusal
 ("refused: ..."); a framework that is not installed shows "not installed".
 
     python benchmarks/emit_frameworks.py                      # the emit extra (torchtitan 0.2.2)
@@ -42,7 +43,7 @@ def _cell(fmt: str, name: str, ranks: int, schedule: str) -> str:
     import framework_checks as fc
     from autopipe.planner.emit import EmitError, emit
 
-    plan = fc.make(name, ranks, schedule)
+    plan = fc.make(name, ranks, schedule, count=True)
     try:
         emit(plan, fmt)
     except EmitError as exc:
@@ -81,7 +82,7 @@ def _torch_accepts(plan: object, name: str) -> bool:
 
     spec = to_torch(plan)  # type: ignore[arg-type]
     get_schedule_class(spec["schedule"].removeprefix("Schedule"))
-    model = fc.model(name)[0]
+    model = fc.fresh(name)
     split = {fqn: SplitPoint.BEGINNING for fqn in spec["split_spec"]}
     if name == "gpt":
         from distributed_cases import tiny_gpt
@@ -90,7 +91,25 @@ def _torch_accepts(plan: object, name: str) -> bool:
     else:
         ids = torch.randint(0, 64, (1, 16))
         pipe = pipeline(model, mb_args=(), mb_kwargs={"input_ids": ids}, split_spec=split)
-    return pipe.num_stages == len(spec["stage_to_rank"])
+    if pipe.num_stages != len(plan.stages):  # type: ignore[attr-defined]
+        return False
+    for i, stage in enumerate(plan.stages):  # type: ignore[attr-defined]
+        # Each stage module holds the parameters of exactly the plan's units of that chunk.
+        names = [n for n, _ in pipe.get_stage_module(i).named_parameters()]
+        expected = [n for u in stage.units for n, _ in _parameters(model, u)]
+        if sorted(names) != sorted(expected):
+            return False
+    return True
+
+
+def _parameters(model: object, unit: str) -> list[tuple[str, object]]:
+    """``unit``'s parameters under their names in the whole model (none for a unit that is
+    not a module, e.g. a function node)."""
+    try:
+        sub = model.get_submodule(unit)  # type: ignore[attr-defined]
+    except AttributeError:
+        return []
+    return [(f"{unit}.{n}", p) for n, p in sub.named_parameters()]
 
 
 def _schedules(fmt: str) -> tuple[str, ...]:

@@ -79,24 +79,39 @@ def model(name: str) -> tuple[torch.nn.Module, Any]:
     return llama, profile(llama, {"input_ids": ids, "labels": ids}, **FAST)
 
 
-def make(name: str, ranks: int, schedule: str, **request: Any) -> Plan:
+def make(name: str, ranks: int, schedule: str, *, count: bool = False, **request: Any) -> Plan:
     """The plan of ``name`` on ``ranks`` pipeline ranks under ``schedule``: V = 2 for the
     multi-stage schedules, M = 2 x stages (enough for 1F1B and DualPipeV, a multiple of K
-    for the rounds rule)."""
+    for the rounds rule); from the counted profile with ``count``, else the timed one."""
     v = 1 if schedule in ("gpipe", "1f1b") else 2
     m = 2 * ranks * v
-    return make_plan(model(name)[1], ranks, schedule=schedule, microbatches=m,
+    return make_plan(counted(name) if count else model(name)[1], ranks, schedule=schedule, microbatches=m,
                      batch_size=m, virtual_stages=v, **request)  # fmt: skip
 
 
 @cache
-def counted_gpt() -> Any:
-    """examples/gpt.py's profile counted for an A100, not timed: the same cut on every run,
-    one that keeps the embedding units together (Megatron's layout needs that)."""
+def counted(name: str) -> Any:
+    """The profile of ``name`` counted for an A100, not timed: the same cut on every run
+    (for examples/gpt.py one that keeps the embedding units together, which Megatron's
+    layout needs)."""
     from autopipe.profiler.analytic import profile_analytic
 
-    gpt, inputs, loss_fn = tiny_gpt()
-    return profile_analytic(gpt, inputs, "a100", loss_fn=loss_fn)
+    torch.manual_seed(0)
+    if name == "gpt":
+        gpt, inputs, loss_fn = tiny_gpt()
+        return profile_analytic(gpt, inputs, "a100", loss_fn=loss_fn)
+    ids = torch.randint(0, 64, (8, 16))
+    return profile_analytic(fresh(name), {"input_ids": ids, "labels": ids}, "a100")
+
+
+def fresh(name: str) -> torch.nn.Module:
+    """A new ``name`` model (torch's pipeline() annotates the one it splits in place)."""
+    torch.manual_seed(0)
+    if name == "gpt":
+        return tiny_gpt()[0]
+    import transformers
+
+    return transformers.LlamaForCausalLM(transformers.LlamaConfig(**LLAMA))
 
 
 def version(package: str) -> str | None:

@@ -62,7 +62,7 @@ def _mesh(schedule: str, replicas: int, tp: int, shard: str) -> Plan:
     """examples/gpt.py's plan on 2 pipeline ranks, then on a 2 x dp x tp mesh (the planner
     does not choose meshes yet: issue 20)."""
     v = 1 if schedule in ("gpipe", "1f1b") else 2
-    plan = make_plan(fc.counted_gpt(), 2, schedule=schedule, virtual_stages=v,
+    plan = make_plan(fc.counted("gpt"), 2, schedule=schedule, virtual_stages=v,
                      microbatches=4 * v, batch_size=4 * v)  # fmt: skip
     tp_plan = {"*.attn.*": "colwise"} if tp > 1 else {}
     return dataclasses.replace(plan, replicas=replicas, tensor_parallel=tp, shard=shard,
