@@ -417,7 +417,10 @@ def run_megatron(plan: Plan) -> list[tuple[int, int, int]]:
             flag[arg] = args[i + 1] if has_value else None
     assert sum(f in flag for f in MEGATRON_ONE_OF) <= 1, args
     tp, pp = int(flag["--tensor-model-parallel-size"] or 0), int(flag["--pipeline-model-parallel-size"] or 0)  # fmt: skip
-    # validate_args: world size divisible by TP x PP (x CP); the rest is data parallel.
+    # Megatron-LM's validate_args (documented, not a registry package): the world size is
+    # divisible by TP x PP (x CP) and the rest is the data-parallel size; without
+    # --global-batch-size it takes micro x data-parallel size (M = 1); sequence parallelism
+    # is dropped with TP = 1 (TransformerConfig below refuses it outright).
     world = out["world_size"]
     assert world % (tp * pp) == 0
     dp = world // (tp * pp)
