@@ -41,6 +41,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+import tomllib
 import torch
 from autopipe.planner import plan as make_plan
 from autopipe.planner.emit import to_megatron, to_torchtitan, to_torchtitan_python
@@ -229,6 +230,11 @@ def run_torchtitan_toml(plan: Plan, name: str, tmp_path: Path) -> list[tuple[int
     path = tmp_path / "pp.toml"
     path.write_text(to_torchtitan(plan))
     job = tt.ConfigManager().parse_args(["--job.config_file", str(path)])
+    # Every emitted key is a JobConfig field holding the emitted value (a TOML key torchtitan
+    # does not know would otherwise pass unnoticed).
+    for section, values in tomllib.loads(path.read_text()).items():
+        for key, value in values.items():
+            assert getattr(getattr(job, section), key) == value, (section, key)
     p = job.parallelism
     dims = tt.ParallelDims(
         dp_replicate=p.data_parallel_replicate_degree, dp_shard=p.data_parallel_shard_degree,
