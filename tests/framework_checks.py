@@ -225,7 +225,8 @@ def torchtitan_022_default_split(stages: int, layers: int) -> list[list[str]]:
 
 def run_torchtitan_toml(plan: Plan, name: str, tmp_path: Path) -> list[tuple[int, list[str], int]]:
     """Per chunk torchtitan 0.2.2 builds from the emitted TOML: (stage index, modules kept,
-    its schedule's M); its ParallelDims validates the mesh degrees on the plan's world size."""
+    its schedule's M). On every rank of the world its ParallelDims builds torchtitan's mesh,
+    whose pp/batch/tp coordinates must be the plan's (pp outermost, tp innermost)."""
     tt = _torchtitan_022()
     path = tmp_path / "pp.toml"
     path.write_text(to_torchtitan(plan))
@@ -236,14 +237,6 @@ def run_torchtitan_toml(plan: Plan, name: str, tmp_path: Path) -> list[tuple[int
         for key, value in values.items():
             assert getattr(getattr(job, section), key) == value, (section, key)
     p = job.parallelism
-    dims = tt.ParallelDims(
-        dp_replicate=p.data_parallel_replicate_degree, dp_shard=p.data_parallel_shard_degree,
-        cp=p.context_parallel_degree, tp=p.tensor_parallel_degree,
-        pp=p.pipeline_parallel_degree, ep=p.expert_parallel_degree,
-        etp=getattr(p, "expert_tensor_parallel_degree", 1),
-        world_size=plan.world_size,
-    )  # fmt: skip
-    assert (dims.pp, dims.dp_replicate * dims.dp_shard, dims.tp) == plan.mesh_shape
     with torch.device("meta"):
         if name == "gpt":
             whole = tiny_gpt()[0]
@@ -252,18 +245,34 @@ def run_torchtitan_toml(plan: Plan, name: str, tmp_path: Path) -> list[tuple[int
                                            vocab_size=64, max_seq_len=32)  # fmt: skip
             whole = tt.Transformer(args)
     _tag(whole)
-    k = plan.num_stages
+    _, d, t = plan.mesh_shape
     built = []
-    for _ in _fake_ranks(k):
-        mesh = torch.distributed.device_mesh.init_device_mesh("cpu", (k,), mesh_dim_names=("pp",))
+    for rank in _fake_ranks(plan.world_size):
+        dims = tt.ParallelDims(
+            dp_replicate=p.data_parallel_replicate_degree, dp_shard=p.data_parallel_shard_degree,
+            cp=p.context_parallel_degree, tp=p.tensor_parallel_degree,
+            pp=p.pipeline_parallel_degree, ep=p.expert_parallel_degree,
+            etp=getattr(p, "expert_tensor_parallel_degree", 1), world_size=plan.world_size,
+        )  # fmt: skip
+        dims.build_mesh()
+        coords = tuple(_local_rank(dims, axis) for axis in ("pp", "batch", "tp"))
+        assert coords == (rank // (d * t), rank // t % d, rank % t), (rank, coords)
+        if coords[1:] != (0, 0):
+            continue  # the split depends on the pipeline rank only
         stages, chunks = tt.pp.pipeline_module_split(
-            whole, mesh, p.pipeline_parallel_schedule, torch.device("cpu"),
-            p.module_fqns_per_model_part,
+            whole, dims.get_mesh("pp"), p.pipeline_parallel_schedule, torch.device("cpu"), p.module_fqns_per_model_part,
         )  # fmt: skip
         schedule = tt.pp.build_pipeline_schedule(job, stages, lambda out, target: out.sum())
         built += [(s.stage_index, _kept(c), schedule._n_microbatches)
                   for s, c in zip(stages, chunks, strict=True)]  # fmt: skip
     return sorted(built)
+
+
+def _local_rank(dims: Any, axis: str) -> int:
+    """This rank's coordinate on torchtitan's ``axis`` (0 where the axis has size 1, which
+    torchtitan does not build)."""
+    mesh = dims.get_optional_mesh(axis)
+    return 0 if mesh is None else int(mesh.get_local_rank())
 
 
 # ---------------------------------------------------------------- torchtitan 0.3.0
@@ -348,13 +357,6 @@ def load_torchtitan_python(plan: Plan, tmp_path: Path) -> tuple[Any, Any, str]:
         )
     finally:
         sys.path.remove(str(tmp_path))
-
-
-def _local_rank(dims: Any, axis: str) -> int:
-    """This rank's coordinate on torchtitan's ``axis`` (0 where the axis has size 1, which
-    torchtitan does not build)."""
-    mesh = dims.get_optional_mesh(axis)
-    return 0 if mesh is None else int(mesh.get_local_rank())
 
 
 def run_torchtitan_python(
