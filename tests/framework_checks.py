@@ -260,7 +260,8 @@ def run_torchtitan_toml(plan: Plan, name: str, tmp_path: Path) -> list[tuple[int
         if coords[1:] != (0, 0):
             continue  # the split depends on the pipeline rank only
         stages, chunks = tt.pp.pipeline_module_split(
-            whole, dims.get_mesh("pp"), p.pipeline_parallel_schedule, torch.device("cpu"), p.module_fqns_per_model_part,
+            whole, dims.get_mesh("pp"), p.pipeline_parallel_schedule, torch.device("cpu"),
+            p.module_fqns_per_model_part,
         )  # fmt: skip
         schedule = tt.pp.build_pipeline_schedule(job, stages, lambda out, target: out.sum())
         built += [(s.stage_index, _kept(c), schedule._n_microbatches)
