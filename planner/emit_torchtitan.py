@@ -206,7 +206,7 @@ def _header(plan: Plan) -> list[str]:
         f"{plan.world_size} ranks" + (f", {plan.shard} sharded" if plan.replicas > 1 else "")
     )
     return [
-        f"autopipe plan: {plan.num_stages} ranks x {plan.virtual_stages} chunks, "
+        f"autopipe plan: {plan.num_stages} pipeline ranks x {plan.virtual_stages} chunks, "
         f"{plan.microbatches} micro-batches of {plan.microbatch_size} ({plan.schedule}), "
         f"predicted {plan.iteration_time_s * 1e3:.4g} ms",
         mesh + (
@@ -305,8 +305,8 @@ def to_torchtitan_python(plan: Plan, base: str = "") -> str:
         "",
         "Run: torchrun --nproc-per-node N -m torchtitan.train --module THIS_MODULE "
         "--config autopipe_config",
-        f"(N x nodes = {plan.world_size}), with BASE the config function of the model the "
-        "plan was made for;",
+        f"(N processes per node, {plan.world_size} in all), with BASE the config function of "
+        "the model the plan was made for;",
         "or, in your own config_registry: return apply_plan(your_config()).",
         '"""',
         "",
