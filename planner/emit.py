@@ -1,15 +1,17 @@
 """Hand a plan to the trainer you already use, in its own words. Torch-free.
 
 - :func:`to_torch`: ``torch.distributed.pipelining`` (``pipeline(model, mb_args,
-  split_spec=...)`` and a schedule class);
-- :func:`to_torchtitan`: a torchtitan 0.2.2 job config (TOML: ``[training]`` batch,
-  ``[parallelism]`` keys);
-- :func:`to_megatron`: Megatron-LM's ``--pipeline-model-parallel-layout`` and batch and
-  recompute flags (Megatron-Core 0.16).
+  split_spec=...)``, a schedule class) and the ``DeviceMesh`` shape and dim names;
+- :func:`to_torchtitan`: a torchtitan 0.2.2 job config (TOML), and
+  :func:`to_torchtitan_python`: a torchtitan 0.3.0 config module
+  (:mod:`autopipe.planner.emit_torchtitan`);
+- :func:`to_megatron`: Megatron-LM's ``--pipeline-model-parallel-layout``, its tensor- and
+  data-parallel flags, and batch and recompute flags (Megatron-Core 0.16).
 
 Each refuses, with one line saying why (:class:`EmitError`), what its target cannot express
 (per-stage re-materialization where the framework has one global switch, a unit that is
-not a module, a schedule it lacks), rather than emitting something else. O(units).
+not a module, a schedule or a sharding it lacks), rather than emitting something else.
+O(units).
 """
 
 from __future__ import annotations
@@ -19,14 +21,22 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
+from autopipe.planner.emit_common import EmitError, checkpointed, require_schedule
+from autopipe.planner.emit_torchtitan import (
+    STATELESS,
+    TORCHTITAN_SCHEDULES,
+    to_torchtitan,
+    to_torchtitan_python,
+    torchtitan_names,
+)
 from autopipe.planner.layers import layer_stack
 from autopipe.planner.schedules import TORCH_CLASSES
 
-from autopipe.core.errors import AutopipeError
-from autopipe.core.plan import Plan
+from autopipe.core.plan import MESH_DIM_NAMES, Plan
 
 __all__ = [
     "EMIT_FORMATS",
+    "TORCHTITAN_SCHEDULES",
     "EmitError",
     "emit",
     "megatron_stage_layers",
@@ -34,22 +44,19 @@ __all__ = [
     "to_megatron",
     "to_torch",
     "to_torchtitan",
+    "to_torchtitan_python",
+    "torchtitan_names",
 ]
 
-EMIT_FORMATS = ("torch", "torchtitan", "megatron")
+EMIT_FORMATS = ("torch", "torchtitan", "torchtitan-python", "megatron")
+"""``torchtitan`` is torchtitan 0.2.2's TOML, ``torchtitan-python`` torchtitan 0.3.0's
+Python config."""
 
 # torch.distributed.pipelining's class for each schedule autopipe plans.
 TORCH_SCHEDULES = dict(TORCH_CLASSES)
-# The names torchtitan's pipeline_parallel_schedule takes: torch's get_schedule_class keys,
-# which are the class names without "Schedule".
-TORCHTITAN_SCHEDULES = {k: v.removeprefix("Schedule") for k, v in TORCH_CLASSES.items()}
 # Megatron-Core runs 1F1B, interleaved when there are virtual stages; it has none of the
 # others (its schedule follows the layout's stages per rank, not a name).
 MEGATRON_SCHEDULES = {"1f1b": "1F1B", "interleaved-1f1b": "interleaved 1F1B"}
-
-
-class EmitError(AutopipeError, ValueError):
-    """The plan uses something the target framework cannot express."""
 
 
 def _stage_to_rank(plan: Plan) -> list[int]:
@@ -58,28 +65,21 @@ def _stage_to_rank(plan: Plan) -> list[int]:
     return [s.rank if s.rank >= 0 else i for i, s in enumerate(plan.stages)]
 
 
-def _require(plan: Plan, table: dict[str, str], target: str) -> str:
-    name = table.get(plan.schedule)
-    if name is None:
-        raise EmitError(f"{target} has no schedule for autopipe's {plan.schedule!r}")
-    return name
-
-
-def _checkpointed(plan: Plan) -> list[int]:
-    return [s.index for s in plan.stages if s.checkpoint]
-
-
 def to_torch(plan: Plan) -> dict[str, Any]:
     """``split_spec`` (module path -> ``"BEGINNING"``, one per stage boundary), ``schedule``
     (the torch class name), ``n_microbatches``, ``stages_per_rank`` and ``stage_to_rank``,
-    for ``pipeline(model, mb_args, split_spec={fqn: SplitPoint.BEGINNING ...})``.
+    for ``pipeline(model, mb_args, split_spec={fqn: SplitPoint.BEGINNING ...})``; beside
+    them the mesh: ``mesh_shape`` ``[pp, dp, tp]`` and ``mesh_dim_names`` for
+    ``init_device_mesh(device, mesh_shape, mesh_dim_names=...)``, ``shard`` (how the
+    training state is sharded over ``dp``) and, with ``tp`` > 1, ``tp_plan`` (module
+    pattern -> ``parallelize_module`` style).
 
     ``pipeline()`` has no per-stage re-materialization: a plan that checkpoints a stage is
     refused (re-plan with ``--checkpoint never``, or wrap those modules yourself)."""
-    schedule = _require(plan, TORCH_SCHEDULES, "torch.distributed.pipelining")
-    if _checkpointed(plan):
+    schedule = require_schedule(plan, TORCH_SCHEDULES, "torch.distributed.pipelining")
+    if checkpointed(plan):
         raise EmitError(
-            f"the plan re-materializes stages {_checkpointed(plan)} and torch's pipeline() "
+            f"the plan re-materializes stages {checkpointed(plan)} and torch's pipeline() "
             "split_spec cannot say so; re-plan with --checkpoint never or wrap those stages "
             "in torch.utils.checkpoint yourself"
         )
@@ -94,168 +94,11 @@ def to_torch(plan: Plan) -> dict[str, Any]:
         "n_microbatches": plan.microbatches,
         "stages_per_rank": plan.virtual_stages,
         "stage_to_rank": _stage_to_rank(plan),
+        "mesh_shape": list(plan.mesh_shape),
+        "mesh_dim_names": list(MESH_DIM_NAMES),
+        "shard": plan.shard,
+        **({"tp_plan": dict(plan.tp_plan)} if plan.tensor_parallel > 1 else {}),
     }
-
-
-_TOML_SHORT_ESCAPES = {'"': '\\"', "\\": "\\\\", "\b": "\\b", "\t": "\\t", "\n": "\\n",
-                       "\f": "\\f", "\r": "\\r"}  # fmt: skip
-
-
-def _toml_string(text: str) -> str:
-    """``text`` as a TOML basic string: quote and backslash escaped, control characters as
-    ``\\uXXXX``, everything else (astral characters too) as itself. JSON's escaping would
-    not do: it writes an astral character as a surrogate pair, which TOML refuses."""
-    out = []
-    for ch in text:
-        if ch in _TOML_SHORT_ESCAPES:
-            out.append(_TOML_SHORT_ESCAPES[ch])
-        elif ord(ch) < 0x20 or ord(ch) == 0x7F:
-            out.append(f"\\u{ord(ch):04X}")
-        elif 0xD800 <= ord(ch) <= 0xDFFF:  # a lone surrogate has no UTF-8 form at all
-            raise EmitError(f"no TOML form for {text!r} (a lone surrogate)")
-        else:
-            out.append(ch)
-    return '"' + "".join(out) + '"'
-
-
-def _toml_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (int, float)):
-        return repr(value)
-    if isinstance(value, str):
-        return _toml_string(value)
-    if isinstance(value, list):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
-    raise TypeError(f"no TOML form for {type(value).__name__}")
-
-
-# torchtitan's own Llama-like models (llama3, qwen3, ...) name their modules
-# tok_embeddings, layers.N, norm, output; a Hugging Face LlamaForCausalLM-like model names
-# them model.embed_tokens, model.layers.N, model.norm, lm_head (model.rotary_emb holds no
-# parameters: torchtitan keeps RoPE in its root's freqs_cis buffer, which every stage keeps).
-_HF_LLAMA_TO_TORCHTITAN = (
-    (re.compile(r"model\.embed_tokens"), "tok_embeddings"),
-    (re.compile(r"model\.layers\.(\d+)"), r"layers.\1"),
-    (re.compile(r"model\.norm"), "norm"),
-    (re.compile(r"lm_head"), "output"),
-)
-_STATELESS = ("model.rotary_emb",)
-
-TORCHTITAN_VERSION = "0.2.2"
-
-
-def torchtitan_names(units: Sequence[str]) -> tuple[list[str | None], str]:
-    """Each unit's name in torchtitan's terms (None: dropped because it holds nothing a
-    torchtitan stage needs) and what was done (``""`` or one phrase), or :class:`EmitError`.
-
-    torchtitan's ``pipeline_module_split`` (0.2.2) keeps, per stage, the top-level modules
-    named in its part and the named entries of top-level ``ModuleList``/``ModuleDict``
-    (``layers.3``); it sets every other top-level module to None. A unit path deeper than
-    that would be dropped without a word, so: a Hugging Face Llama-like model's names are
-    mapped to torchtitan's own model's (``model.embed_tokens`` -> ``tok_embeddings``,
-    ``model.layers.N`` -> ``layers.N``, ``model.norm`` -> ``norm``, ``lm_head`` ->
-    ``output``), and any other nested name is refused. O(units)."""
-    mapped: list[str | None] = []
-    if any(u.startswith("model.layers.") for u in units):
-        for unit in units:
-            if unit in _STATELESS:
-                mapped.append(None)
-                continue
-            for pattern, target in _HF_LLAMA_TO_TORCHTITAN:
-                if pattern.fullmatch(unit):
-                    mapped.append(pattern.sub(target, unit))
-                    break
-            else:
-                raise EmitError(
-                    f"unit {unit!r} has no counterpart in torchtitan's Llama-like models "
-                    "(tok_embeddings, layers.N, norm, output); torchtitan's "
-                    "pipeline_module_split would drop it"
-                )
-        needed = {"tok_embeddings", "norm", "output"}
-        if not needed <= set(mapped):
-            raise EmitError(
-                "the model's units lack "
-                + ", ".join(sorted(needed - {m for m in mapped if m}))
-                + " of torchtitan's Llama-like models; torchtitan could not build it"
-            )
-        return mapped, (
-            "Hugging Face Llama names mapped to torchtitan's Llama model (tok_embeddings, "
-            "layers.N, norm, output); a chunk that held only model.rotary_emb is empty, which "
-            "torchtitan's Llama runs as identity (RoPE is its root's freqs_cis buffer)"
-        )
-    for unit in units:
-        parts = unit.split(".")
-        if len(parts) > 2 or (len(parts) == 2 and not parts[1].isdigit()):
-            raise EmitError(
-                f"unit {unit!r} is not a top-level module or an entry of a top-level "
-                "ModuleList; torchtitan's pipeline_module_split only keeps those and would "
-                "drop it: re-plan with --granularity module, or use a model torchtitan names"
-            )
-        mapped.append(unit)
-    return mapped, ""
-
-
-def to_torchtitan(plan: Plan) -> str:
-    """A TOML snippet for torchtitan 0.2.2's job config (``--job.config_file``), the 0.2
-    line's format: ``[parallelism]`` ``pipeline_parallel_degree``,
-    ``pipeline_parallel_schedule``, ``pipeline_parallel_microbatch_size`` and
-    ``module_fqns_per_model_part`` (one list of module paths per model chunk, in order, in
-    torchtitan's names: :func:`torchtitan_names`), and ``[training] local_batch_size`` (the
-    plan's per-replica batch, so that torchtitan's ``local_batch_size //
-    pipeline_parallel_microbatch_size`` is the plan's M), with ``global_batch_size`` when
-    the plan has data-parallel replicas. torchtitan 0.3 no longer reads TOML (its config is
-    Python) and is not emitted. torchtitan's activation checkpointing is one setting for the
-    whole model, so per-stage re-materialization is refused; all or none is emitted as
-    ``[activation_checkpoint] mode``."""
-    schedule = _require(plan, TORCHTITAN_SCHEDULES, "torchtitan")
-    if plan.granularity == "node":
-        raise EmitError(
-            "the plan's units are graph nodes, not modules; torchtitan's "
-            "module_fqns_per_model_part names modules: re-plan with --granularity block"
-        )
-    checkpointed = _checkpointed(plan)
-    if checkpointed and len(checkpointed) != len(plan.stages):
-        raise EmitError(
-            f"the plan re-materializes only stages {checkpointed}; torchtitan's "
-            "[activation_checkpoint] mode applies to every stage: re-plan with "
-            "--checkpoint never or --checkpoint always"
-        )
-    if plan.microbatch_size * plan.microbatches != plan.batch_size:
-        raise EmitError(
-            f"the batch of {plan.batch_size} is not M={plan.microbatches} micro-batches of "
-            f"{plan.microbatch_size}; torchtitan would run a different M"
-        )
-    units = [u for stage in plan.stages for u in stage.units]
-    names, how = torchtitan_names(units)
-    rename = dict(zip(units, names, strict=True))
-    parts = [[n for u in stage.units if (n := rename[u]) is not None] for stage in plan.stages]
-    if not how and not all(parts):  # cannot happen: every unit keeps its name
-        raise EmitError("a chunk holds no module torchtitan would keep")
-    lines = [
-        f"# autopipe plan: {plan.num_stages} ranks x {plan.virtual_stages} chunks, "
-        f"{plan.microbatches} micro-batches of {plan.microbatch_size} ({plan.schedule}), "
-        f"predicted {plan.iteration_time_s * 1e3:.4g} ms",
-        f"# torchtitan {TORCHTITAN_VERSION} job config (the 0.2 line's TOML; torchtitan 0.3 "
-        "reads Python configs, not this)",
-        *([f"# {how}"] if how else []),
-        "[training]",
-        f"local_batch_size = {plan.batch_size}",
-        *([f"global_batch_size = {plan.batch_size * plan.replicas}"] if plan.replicas > 1 else []),
-        "",
-        "[parallelism]",
-        f"pipeline_parallel_degree = {plan.num_stages}",
-        *([f"data_parallel_replicate_degree = {plan.replicas}"] if plan.replicas > 1 else []),
-        f"pipeline_parallel_schedule = {_toml_value(schedule)}",
-        f"pipeline_parallel_microbatch_size = {plan.microbatch_size}",
-        "module_fqns_per_model_part = [",
-        *(f"    {_toml_value(part)}," for part in parts),
-        "]",
-        "",
-        "[activation_checkpoint]",
-        f"mode = {_toml_value('full' if checkpointed else 'none')}",
-    ]
-    return "\n".join(lines) + "\n"
 
 
 def _layer_count(plan: Plan) -> int:
@@ -277,7 +120,7 @@ def _layout_symbols(plan: Plan) -> list[str]:
         )
     stage_of = [s.index for s in plan.stages for _ in s.units]
     # Megatron computes rotary embeddings on every stage: a unit holding only them is no E.
-    head_stages = {stage_of[i] for i in range(stack.start) if units[i] not in _STATELESS}
+    head_stages = {stage_of[i] for i in range(stack.start) if units[i] not in STATELESS}
     tail_stages = {stage_of[i] for i in range(stack.end, len(units))}
     if len(head_stages) > 1 or len(tail_stages) > 1:
         raise EmitError(
@@ -289,7 +132,7 @@ def _layout_symbols(plan: Plan) -> list[str]:
         text = ""
         for name in stage.units:
             i = units.index(name)
-            if name in _STATELESS:
+            if name in STATELESS:
                 continue
             if i < stack.start:
                 text += "" if "E" in text else "E"
@@ -320,7 +163,15 @@ def to_megatron(plan: Plan) -> dict[str, Any]:
     does). A plan that re-materializes every chunk is ``--recompute-granularity full
     --recompute-method uniform --recompute-num-layers N`` with N the layers of each chunk
     (one checkpoint per chunk, as the plan does), so the chunks with layers must hold equal
-    layer counts; per-stage re-materialization is refused."""
+    layer counts; per-stage re-materialization is refused.
+
+    The mesh: ``--tensor-model-parallel-size T`` (with ``--sequence-parallel`` when T > 1:
+    the plan's TP is Megatron-style with sequence parallelism) and, for a plan whose
+    replicas shard the optimizer state (ZeRO-1), ``--use-distributed-optimizer``. Megatron
+    has no data-parallel flag: its data-parallel size is ``world size / (T x K)``, so the
+    output's ``world_size`` (``K x D x T``, torchrun's process count) fixes D. Megatron-LM's
+    distributed optimizer keeps a full gradient buffer on every rank, so a plan sharding
+    gradients or parameters (ZeRO-2/3) is refused."""
     if plan.schedule not in MEGATRON_SCHEDULES:
         raise EmitError(
             f"Megatron-Core has no {plan.schedule!r} schedule (it runs 1F1B, interleaved with "
@@ -328,10 +179,10 @@ def to_megatron(plan: Plan) -> dict[str, Any]:
         )
     symbols = _layout_symbols(plan)
     layout = "|".join(_compress(s) for s in symbols)
-    checkpointed = _checkpointed(plan)
-    if checkpointed and len(checkpointed) != len(plan.stages):
+    recomputed = checkpointed(plan)
+    if recomputed and len(recomputed) != len(plan.stages):
         raise EmitError(
-            f"the plan re-materializes only stages {checkpointed}; Megatron's recompute "
+            f"the plan re-materializes only stages {recomputed}; Megatron's recompute "
             "flags apply to every stage: re-plan with --checkpoint never or --checkpoint always"
         )
     args = [
@@ -340,8 +191,19 @@ def to_megatron(plan: Plan) -> dict[str, Any]:
         "--pipeline-model-parallel-layout", layout,
         "--micro-batch-size", str(plan.microbatch_size),
         "--global-batch-size", str(plan.microbatches * plan.microbatch_size * plan.replicas),
+        "--tensor-model-parallel-size", str(plan.tensor_parallel),
     ]  # fmt: skip
-    if checkpointed:
+    if plan.tensor_parallel > 1:
+        args.append("--sequence-parallel")
+    if plan.replicas > 1 and plan.shard == "optimizer":
+        args.append("--use-distributed-optimizer")
+    elif plan.replicas > 1 and plan.shard != "none":
+        raise EmitError(
+            f"the plan shards the {plan.shard} over its {plan.replicas} replicas; "
+            "Megatron-LM's --use-distributed-optimizer shards the optimizer state only "
+            "(ZeRO-1): re-plan with --shard optimizer or none"
+        )
+    if recomputed:
         # A chunk without layers (only E or L) recomputes nothing whatever the count.
         layers = sorted({s.count("t") for s in symbols} - {0})
         if len(layers) != 1:
@@ -352,7 +214,7 @@ def to_megatron(plan: Plan) -> dict[str, Any]:
             )
         args += ["--recompute-granularity", "full", "--recompute-method", "uniform"]
         args += ["--recompute-num-layers", str(layers[0])]
-    return {"layout": layout, "args": args}
+    return {"layout": layout, "args": args, "world_size": plan.world_size}
 
 
 def parse_megatron_layout(layout: str) -> list[str]:
@@ -380,9 +242,10 @@ def megatron_stage_layers(layout: str) -> list[int]:
     return [stage.count("t") for stage in parse_megatron_layout(layout)]
 
 
-def emit(plan: Plan, fmt: str) -> str:
+def emit(plan: Plan, fmt: str, base: str = "") -> str:
     """The plan in ``fmt`` (one of :data:`EMIT_FORMATS`) as text: JSON for torch and
-    Megatron (its ``args`` also as one shell line), TOML for torchtitan. A plan that breaks
+    Megatron (its ``args`` also as one shell line), TOML for torchtitan, a Python module for
+    torchtitan-python (``base``: its ``BASE``, :func:`to_torchtitan_python`). A plan that breaks
     a pre-flight rule (:mod:`autopipe.planner.preflight`: a hand-edited schedule, V, M or
     placement torch would refuse) is refused first, naming the rule."""
     from autopipe.planner.preflight import preflight
@@ -394,6 +257,8 @@ def emit(plan: Plan, fmt: str) -> str:
         return json.dumps(to_torch(plan), indent=2) + "\n"
     if fmt == "torchtitan":
         return to_torchtitan(plan)
+    if fmt == "torchtitan-python":
+        return to_torchtitan_python(plan, base)
     if fmt == "megatron":
         out = to_megatron(plan)
         return json.dumps({**out, "command_line": _shell(out["args"])}, indent=2) + "\n"

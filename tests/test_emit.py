@@ -307,3 +307,31 @@ def test_every_torchtitan_schedule_name_is_one_torch_resolves() -> None:
 
     for name, titan in TORCHTITAN_SCHEDULES.items():
         assert get_schedule_class(titan) is getattr(pipelining, TORCH_CLASSES[name])
+
+
+def test_cli_emit_torchtitan_python(tmp_path, capsys) -> None:
+    """The torchtitan 0.3.0 module names its version and BASE; --base is refused elsewhere."""
+    import ast
+    import json
+
+    from autopipe.cli import main
+
+    plan = _gpt_plan(stages=2, schedule="1f1b")[2]
+    path, out = tmp_path / "plan.json", tmp_path / "autopipe_pp.py"
+    path.write_text(json.dumps(plan.to_dict()))
+    base = "torchtitan.models.llama3.config_registry:llama3_8b"
+    assert main(["emit", str(path), "torchtitan-python", "-o", str(out), "-q", "--base", base]) == 0
+    module = ast.parse(out.read_text())
+    assert "torchtitan 0.3.0" in (ast.get_docstring(module) or "")
+    values = {
+        node.targets[0].id: ast.literal_eval(node.value)
+        for node in module.body
+        if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name)
+    }
+    assert values["BASE"] == base
+    assert values["TRAINING"]["local_batch_size"] == plan.batch_size
+    assert values["TRAINING"]["disable_cuda_graphs"] is True
+    assert values["PARALLELISM"]["pipeline_parallel_degree"] == 2
+    capsys.readouterr()
+    assert main(["emit", str(path), "torch", "--base", base]) == 2
+    assert "--base" in capsys.readouterr().err

@@ -1,26 +1,14 @@
 """The emitted configs fed to the frameworks' own code (the ``emit`` extra: torchtitan
-0.2.2, megatron-core 0.16.1, deepspeed; each test skips with the reason where its package
-is not installed).
+0.2.2, megatron-core 0.16.1, deepspeed; torchtitan 0.3.0 when it is first on PYTHONPATH;
+each test skips with the reason where its package is not installed). How each framework's
+code is reached, and what is not a registry package (Megatron-LM's ``validate_args``,
+whose documented rules are checked on the flags), is in tests/framework_checks.py.
 
 For examples/gpt.py and a tiny Hugging Face Llama, on 2 and 4 ranks, under every schedule
-each framework has, the framework builds exactly the plan's stages with the plan's M:
+each framework has, the framework builds exactly the plan's stages with the plan's M; with
+a mesh (pp x dp x tp, sharded or not) its own code accepts the degrees and lays the ranks
+out as the plan does.
 
-- torchtitan: the TOML is parsed by torchtitan's own ``ConfigManager`` into its
-  ``JobConfig``; its ``pipeline_module_split`` cuts a meta model (examples/gpt.py itself, or
-  torchtitan's own Llama3 ``Transformer`` for the Hugging Face Llama, whose names the TOML
-  maps) on every pipeline rank of torch's in-process ``fake`` process group, and its
-  ``build_pipeline_schedule`` builds the schedule from those stages and the ``JobConfig``.
-  torchtitan's package ``__init__`` files import triton kernels, tensorboard and datasets
-  (CUDA-only or heavy, none of them on this path): the test registers torchtitan's packages
-  without running those ``__init__`` files, and a stand-in for the one triton kernel
-  module and for ``protocols.train_spec`` (a registry of trainers), so only the config,
-  model and pipeline modules run, unchanged.
-- Megatron-Core: ``TransformerConfig`` validates the layout and recompute flags and
-  ``PipelineParallelLayerLayout`` says which layers each (rank, virtual stage) builds;
-  Megatron-Core's ``ConstantNumMicroBatchesCalculator`` turns the batch flags into M.
-  Megatron-LM's ``validate_args`` is not a registry package: its rule that at most one of
-  ``--num-layers-per-virtual-pipeline-stage``, ``--num-virtual-stages-per-pipeline-rank``,
-  ``--pipeline-model-parallel-layout`` is given is checked on the flags as documented.
 - DeepSpeed: :func:`deepspeed_partition_balanced` equals DeepSpeed's own
   ``partition_balanced`` (``DS_BUILD_OPS=0``; importing ``deepspeed.runtime.utils`` picks
   the CPU accelerator and builds no op).
@@ -28,247 +16,165 @@ each framework has, the framework builds exactly the plan's stages with the plan
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import os
 import random
-import sys
-import types
-from functools import cache
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import framework_checks as fc
 import pytest
-import torch
 from autopipe.planner import plan as make_plan
-from autopipe.planner.emit import EmitError, to_megatron, to_torchtitan
+from autopipe.planner.emit import (
+    EmitError,
+    emit,
+    to_megatron,
+    to_torch,
+    to_torchtitan,
+    to_torchtitan_python,
+)
 from autopipe.planner.layers import layer_stack
-from autopipe.profiler.measure import profile
-from distributed_cases import tiny_gpt
 
 from autopipe.core.plan import Plan
 
-TORCH_SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "looped-bfs", "interleaved-zb", "zbv")
-TORCH_SCHEDULES += ("dualpipev",)
-FAST = {"warmup": 0, "repeat": 1, "progress": False, "microbatch_sizes": ()}
-LLAMA = {
-    "vocab_size": 64, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 4,
-    "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 32,
-    "use_cache": False,
-}  # fmt: skip
+
+def _or_skip(check: Callable[..., Any], *args: Any) -> Any:
+    try:
+        return check(*args)
+    except fc.Unavailable as exc:
+        pytest.skip(str(exc))
 
 
-@cache
-def _model(name: str) -> tuple[torch.nn.Module, Any]:
-    """(model, profile) of examples/gpt.py (4 blocks) or the tiny Hugging Face Llama,
-    timed (the cut may differ between runs; every test here holds for any cut)."""
-    torch.manual_seed(0)
-    if name == "gpt":
-        model, inputs, loss_fn = tiny_gpt()
-        return model, profile(model, inputs, loss_fn=loss_fn, **FAST)
-    transformers = pytest.importorskip("transformers")
-    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**LLAMA))
-    ids = torch.randint(0, 64, (8, 16))
-    return model, profile(model, {"input_ids": ids, "labels": ids}, **FAST)
+def _model(name: str) -> Any:
+    if name == "llama":
+        pytest.importorskip("transformers")
+    return fc.model(name)
 
 
 def _plan(name: str, ranks: int, schedule: str, **request: Any) -> Plan:
+    _model(name)
+    return fc.make(name, ranks, schedule, **request)
+
+
+def _mesh(schedule: str, replicas: int, tp: int, shard: str) -> Plan:
+    """examples/gpt.py's plan on 2 pipeline ranks, then on a 2 x dp x tp mesh (the planner
+    does not choose meshes yet: issue 20)."""
     v = 1 if schedule in ("gpipe", "1f1b") else 2
-    m = 2 * ranks * v  # enough for 1F1B and DualPipeV, a multiple of K for the rounds rule
-    return make_plan(_model(name)[1], ranks, schedule=schedule, microbatches=m,
-                     batch_size=m, virtual_stages=v, **request)  # fmt: skip
+    plan = make_plan(fc.counted("gpt"), 2, schedule=schedule, virtual_stages=v,
+                     microbatches=4 * v, batch_size=4 * v)  # fmt: skip
+    tp_plan = {"*.attn.*": "colwise"} if tp > 1 else {}
+    return dataclasses.replace(plan, replicas=replicas, tensor_parallel=tp, shard=shard,
+                               tp_plan=tp_plan)  # fmt: skip
 
 
-# ---------------------------------------------------------------- torchtitan 0.2.2
+MESHES = [(1, 1, "none"), (2, 1, "none"), (1, 2, "none"), (2, 2, "parameters"),
+          (2, 1, "gradients")]  # fmt: skip
 
 
-@cache
-def _torchtitan() -> types.SimpleNamespace:
-    """torchtitan's config, pipeline and Llama3 modules, imported without the package
-    ``__init__`` files that pull triton/tensorboard/datasets (see the module docstring)."""
-    spec = importlib.util.find_spec("torchtitan")
-    if spec is None or not spec.submodule_search_locations:
-        pytest.skip("torchtitan is not installed (pip install -e '.[emit]')")
-    root = list(spec.submodule_search_locations)[0]
-    for name in ("torchtitan", "torchtitan.protocols", "torchtitan.models",
-                 "torchtitan.models.llama3"):  # fmt: skip
-        if name not in sys.modules:
-            package = types.ModuleType(name)
-            package.__path__ = [os.path.join(root, *name.split(".")[1:])]
-            sys.modules[name] = package
-    kernels = types.ModuleType("torchtitan.models.moe.kernels")
-
-    def generate_permute_indices(*args: Any, **kwargs: Any) -> Any:
-        raise RuntimeError("the triton MoE kernel is not loaded in this test")
-
-    kernels.generate_permute_indices = generate_permute_indices  # type: ignore[attr-defined]
-    sys.modules.setdefault(kernels.__name__, kernels)
-    import torchtitan.protocols.model as protocol_model
-
-    train_spec = types.ModuleType("torchtitan.protocols.train_spec")
-    train_spec.BaseModelArgs = protocol_model.BaseModelArgs  # type: ignore[attr-defined]
-    train_spec.ModelProtocol = protocol_model.ModelProtocol  # type: ignore[attr-defined]
-    train_spec.ParallelizeFunction = object  # type: ignore[attr-defined]
-    sys.modules.setdefault(train_spec.__name__, train_spec)
-    import torchtitan.distributed.pipeline_parallel as pipeline_parallel
-    from torchtitan.config import ConfigManager
-    from torchtitan.models.llama3.model.args import TransformerModelArgs
-    from torchtitan.models.llama3.model.model import Transformer
-
-    return types.SimpleNamespace(
-        pp=pipeline_parallel, ConfigManager=ConfigManager,
-        Transformer=Transformer, TransformerModelArgs=TransformerModelArgs,
-    )  # fmt: skip
-
-
-def _torchtitan_model(name: str, tt: types.SimpleNamespace) -> torch.nn.Module:
-    """The model torchtitan would train, on the meta device: examples/gpt.py itself, or
-    torchtitan's own Llama3 at the tiny Llama's sizes."""
-    with torch.device("meta"):
-        if name == "gpt":
-            return tiny_gpt()[0]
-        args = tt.TransformerModelArgs(dim=32, n_layers=4, n_heads=4, n_kv_heads=2,
-                                       vocab_size=64, max_seq_len=32)  # fmt: skip
-        return tt.Transformer(args)
-
-
-def _tag(model: torch.nn.Module) -> torch.nn.Module:
-    """Name every top-level module and entry of a top-level ModuleList/ModuleDict in an
-    attribute (torchtitan renumbers the ModuleList it keeps; deepcopy keeps the tag)."""
-    for child_name, child in model.named_children():
-        if isinstance(child, (torch.nn.ModuleList, torch.nn.ModuleDict)):
-            for key, entry in child.named_children():
-                entry.autopipe_fqn = f"{child_name}.{key}"
-        else:
-            child.autopipe_fqn = child_name
-    return model
-
-
-def _kept(chunk: torch.nn.Module) -> list[str]:
-    """The modules a torchtitan stage kept (their names in the whole model): top-level ones
-    that are not None, and the entries of its top-level ModuleList/ModuleDict."""
-    out = []
-    for child in chunk.children():
-        if isinstance(child, (torch.nn.ModuleList, torch.nn.ModuleDict)):
-            out += [entry.autopipe_fqn for entry in child.children()]
-        elif child is not None:
-            out.append(child.autopipe_fqn)
-    return out
-
-
-def _run_torchtitan(plan: Plan, name: str, tmp_path: Path) -> list[tuple[int, list[str], int]]:
-    """Per (rank, chunk) torchtitan builds: (stage index, modules kept, its schedule's M),
-    from the emitted TOML read by torchtitan's ConfigManager."""
-    import torch.distributed as dist
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-
-    tt = _torchtitan()
-    path = tmp_path / "pp.toml"
-    path.write_text(to_torchtitan(plan))
-    job = tt.ConfigManager().parse_args(["--job.config_file", str(path)])
-    parts = job.parallelism.module_fqns_per_model_part
-    model = _tag(_torchtitan_model(name, tt))
-    k = plan.num_stages
-    built = []
-    for rank in range(k):
-        dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=k)
-        try:
-            mesh = dist.device_mesh.init_device_mesh("cpu", (k,), mesh_dim_names=("pp",))
-            stages, chunks = tt.pp.pipeline_module_split(
-                model, mesh, job.parallelism.pipeline_parallel_schedule, torch.device("cpu"),
-                parts,
-            )  # fmt: skip
-            schedule = tt.pp.build_pipeline_schedule(job, stages, lambda out, target: out.sum())
-            built += [(s.stage_index, _kept(c), schedule._n_microbatches)
-                      for s, c in zip(stages, chunks, strict=True)]  # fmt: skip
-        finally:
-            dist.destroy_process_group()
-    return sorted(built)
-
-
-TORCHTITAN_NAMES = {"model.embed_tokens": "tok_embeddings", "model.norm": "norm",
-                    "lm_head": "output"}  # fmt: skip
-
-
-def _in_torchtitan(unit: str) -> str | None:
-    if unit.startswith("model.layers."):
-        return unit.removeprefix("model.")
-    return TORCHTITAN_NAMES.get(unit, None if unit == "model.rotary_emb" else unit)
+# ---------------------------------------------------------------- torchtitan 0.2.2 (TOML)
 
 
 @pytest.mark.parametrize("name", ["gpt", "llama"])
 @pytest.mark.parametrize("ranks", [2, 4])
-@pytest.mark.parametrize("schedule", TORCH_SCHEDULES)
+@pytest.mark.parametrize("schedule", fc.TORCH_SCHEDULES)
 def test_torchtitan_builds_the_plans_stages_with_its_m(
     name: str, ranks: int, schedule: str, tmp_path: Path
 ) -> None:
     plan = _plan(name, ranks, schedule)
-    built = _run_torchtitan(plan, name, tmp_path)
-    expected = [
-        (i, [n for u in stage.units if (n := _in_torchtitan(u)) is not None], plan.microbatches)
-        for i, stage in enumerate(plan.stages)
-    ]
-    assert built == expected
+    assert _or_skip(fc.run_torchtitan_toml, plan, name, tmp_path) == fc.expected_stages(
+        plan, "output"
+    )
+
+
+@pytest.mark.parametrize("replicas, tp, shard", MESHES)
+def test_torchtitan_toml_mesh(replicas: int, tp: int, shard: str, tmp_path: Path) -> None:
+    """The mesh degrees pass torchtitan 0.2.2's ParallelDims on the plan's world size (in
+    the run); the stages and M stay the plan's."""
+    plan = _mesh("interleaved-1f1b", replicas, tp, shard)
+    assert _or_skip(fc.run_torchtitan_toml, plan, "gpt", tmp_path) == fc.expected_stages(
+        plan, "output"
+    )
 
 
 def test_torchtitan_refuses_names_its_split_would_drop() -> None:
-    import dataclasses
-
     plan = _plan("gpt", 2, "1f1b")
     nested = [dataclasses.replace(s, units=[f"body.{u}" for u in s.units]) for s in plan.stages]
-    with pytest.raises(EmitError, match="pipeline_module_split only keeps") as info:
-        to_torchtitan(dataclasses.replace(plan, stages=nested))
-    assert "\n" not in str(info.value)
+    for emitter in (to_torchtitan, to_torchtitan_python):
+        with pytest.raises(EmitError, match="pipeline_module_split only keeps") as info:
+            emitter(dataclasses.replace(plan, stages=nested))
+        assert "\n" not in str(info.value)
+
+
+def test_torchtitan_refuses_zero_1() -> None:
+    plan = _mesh("1f1b", 2, 1, "optimizer")
+    for emitter in (to_torchtitan, to_torchtitan_python):
+        with pytest.raises(EmitError, match="no ZeRO-1|ZeRO-1"):
+            emitter(plan)
+
+
+# ---------------------------------------------------------------- torchtitan 0.3.0 (Python)
+
+
+@pytest.mark.parametrize("name", ["gpt", "llama"])
+@pytest.mark.parametrize("ranks", [2, 4])
+@pytest.mark.parametrize("schedule", fc.TORCH_SCHEDULES)
+def test_torchtitan_python_builds_the_plans_stages_with_its_m(
+    name: str, ranks: int, schedule: str, tmp_path: Path
+) -> None:
+    plan = _plan(name, ranks, schedule)
+    assert _or_skip(fc.run_torchtitan_python, plan, name, tmp_path) == fc.expected_stages(
+        plan, "lm_head"
+    )
+
+
+@pytest.mark.parametrize("replicas, tp, shard", MESHES)
+def test_torchtitan_python_mesh(replicas: int, tp: int, shard: str, tmp_path: Path) -> None:
+    """torchtitan 0.3.0's config system takes the module, its ParallelDims builds the mesh
+    on every rank of the world with the plan's coordinates, and the fields are the plan's."""
+    plan = _mesh("interleaved-1f1b", replicas, tp, shard)
+    assert _or_skip(fc.run_torchtitan_python, plan, "gpt", tmp_path) == fc.expected_stages(
+        plan, "lm_head"
+    )
+    parallelism, training, _ = fc.load_torchtitan_python(plan, tmp_path)
+    assert training.local_batch_size // parallelism.pipeline_parallel_microbatch_size == (
+        plan.microbatches
+    )
+    assert training.global_batch_size == (plan.batch_size * replicas if replicas > 1 else -1)
+    assert parallelism.tensor_parallel_degree == tp
+    assert parallelism.data_parallel_shard_degree == (replicas if shard != "none" else 1)
+    if shard != "none":
+        policy = {"parameters": "always", "gradients": "never"}[shard]
+        assert parallelism.fsdp_reshard_after_forward == policy
+
+
+def test_torchtitan_python_checkpointing_and_base(tmp_path: Path) -> None:
+    text = to_torchtitan_python(_plan("gpt", 2, "1f1b", checkpoint="always"))
+    assert "FULL_ACTIVATION_CHECKPOINT = True" in text and "BASE = ''" in text
+    namespace: dict[str, Any] = {}
+    pytest.importorskip("torchtitan")
+    try:
+        exec(compile(text, "autopipe_pp.py", "exec"), namespace)
+    except ImportError as exc:
+        pytest.skip(f"torchtitan 0.3's activation_checkpoint does not import: {exc}")
+    with pytest.raises(ValueError, match="set BASE"):
+        namespace["autopipe_config"]()
+    with pytest.raises(EmitError, match="not MODULE:FUNCTION"):
+        to_torchtitan_python(_plan("gpt", 2, "1f1b"), base="no function")
 
 
 # ---------------------------------------------------------------- Megatron-Core 0.16
 
 
-MEGATRON_ONE_OF = (
-    "--num-layers-per-virtual-pipeline-stage",
-    "--num-virtual-stages-per-pipeline-rank",
-    "--pipeline-model-parallel-layout",
-)
-
-
-def _megatron_check(plan: Plan) -> None:
-    pytest.importorskip("megatron.core")
-    from megatron.core.num_microbatches_calculator import ConstantNumMicroBatchesCalculator
-    from megatron.core.transformer.enums import LayerType
-    from megatron.core.transformer.transformer_config import TransformerConfig
-
-    args = to_megatron(plan)["args"]
-    flag = {args[i]: args[i + 1] for i in range(0, len(args), 2)}
-    # Megatron-LM's validate_args (arguments.py): "No more than one of" these three.
-    assert sum(f in flag for f in MEGATRON_ONE_OF) <= 1, args
-    config = TransformerConfig(
-        num_layers=int(flag["--num-layers"]), hidden_size=32, num_attention_heads=4,
-        pipeline_model_parallel_size=int(flag["--pipeline-model-parallel-size"]),
-        pipeline_model_parallel_layout=flag["--pipeline-model-parallel-layout"],
-        pipeline_dtype=torch.float32,
-        recompute_granularity=flag.get("--recompute-granularity"),
-        recompute_method=flag.get("--recompute-method"),
-        recompute_num_layers=int(flag["--recompute-num-layers"])
-        if "--recompute-num-layers" in flag else None,
-    )  # fmt: skip
-    layout = config.pipeline_model_parallel_layout
-    k, v = plan.num_stages, plan.virtual_stages
-    assert layout.virtual_pipeline_model_parallel_size == v
-    layers = [sum(u.startswith(("model.layers.", "blocks.")) for u in s.units)
-              for s in plan.stages]  # fmt: skip
-    built = [layout.layout[c % k][c // k].count(LayerType.decoder) for c in range(k * v)]
-    assert built == layers
-    calc = ConstantNumMicroBatchesCalculator(
-        int(flag["--global-batch-size"]), int(flag["--micro-batch-size"]), plan.replicas,
-        None, 0,
-    )  # fmt: skip
-    assert calc.get() == plan.microbatches
-
-
 @pytest.mark.parametrize("name", ["gpt", "llama"])
 @pytest.mark.parametrize("ranks", [2, 4])
-@pytest.mark.parametrize("schedule", ["1f1b", "interleaved-1f1b"])
+@pytest.mark.parametrize("schedule", fc.MEGATRON_SCHEDULES)
 def test_megatron_builds_the_plans_stages_with_its_m(name: str, ranks: int, schedule: str) -> None:
-    plan = _plan(name, ranks, schedule)
+    """Counted profiles (the same cut every run): 8 chunks of a 4-layer model must cut the
+    embedding or head units apart, which Megatron's layout cannot say (refused)."""
+    _model(name)
+    plan = fc.make(name, ranks, schedule, count=True)
     units = [u for s in plan.stages for u in s.units]
     stack = layer_stack(units)
     assert stack is not None
@@ -278,20 +184,80 @@ def test_megatron_builds_the_plans_stages_with_its_m(name: str, ranks: int, sche
     if len(head) > 1 or len(tail) > 1:
         # The planner cut the embedding (or the norm and head) apart; Megatron's E and L are
         # one stage's each: refused in one line.
-        with pytest.raises(EmitError, match="Megatron keeps the embedding"):
+        assert len(plan.stages) == 8
+        with pytest.raises(EmitError, match="Megatron keeps the embedding") as info:
             to_megatron(plan)
-        pytest.skip(f"refused: the plan splits {'E' if len(head) > 1 else 'L'} over stages")
-    _megatron_check(plan)
+        assert "\n" not in str(info.value)
+        return
+    built = _or_skip(fc.run_megatron, plan)
+    assert built == [(c, n, plan.microbatches) for c, n in enumerate(fc.plan_layers(plan))]
+
+
+@pytest.mark.parametrize("replicas, tp, shard", [(1, 1, "none"), (2, 1, "none"),
+                                                 (1, 2, "none"), (2, 2, "optimizer")])  # fmt: skip
+def test_megatron_mesh(replicas: int, tp: int, shard: str) -> None:
+    """TransformerConfig takes TP and sequence parallelism, Megatron-Core's rank arithmetic
+    lays the world size out as the plan's mesh (in the run), and M is the plan's."""
+    plan = _mesh("interleaved-1f1b", replicas, tp, shard)
+    try:
+        to_megatron(plan)
+    except EmitError as exc:
+        pytest.skip(f"refused: {exc}")
+    built = _or_skip(fc.run_megatron, plan)
+    assert [m for _, _, m in built] == [plan.microbatches] * len(plan.stages)
+    args = to_megatron(plan)["args"]
+    assert ("--sequence-parallel" in args) == (tp > 1)
+    assert ("--use-distributed-optimizer" in args) == (shard == "optimizer")
+    assert to_megatron(plan)["world_size"] == 2 * replicas * tp
+
+
+def test_megatron_sequence_parallel_needs_tp() -> None:
+    """The rule the flags keep: Megatron-Core refuses sequence parallelism without TP."""
+    pytest.importorskip("megatron.core")
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    with pytest.raises(ValueError, match="sequence parallelism without tensor parallelism"):
+        TransformerConfig(num_layers=4, hidden_size=32, num_attention_heads=4,
+                          sequence_parallel=True, tensor_model_parallel_size=1)  # fmt: skip
+    assert "--sequence-parallel" not in to_megatron(_plan("gpt", 2, "1f1b"))["args"]
+
+
+def test_megatron_refuses_zero_2_and_3() -> None:
+    for shard in ("gradients", "parameters"):
+        plan = _mesh("1f1b", 2, 1, shard)
+        with pytest.raises(EmitError, match="optimizer state only"):
+            to_megatron(plan)
 
 
 def test_megatron_recompute_flags() -> None:
     plan = _plan("gpt", 2, "1f1b", checkpoint="always")
     args = to_megatron(plan)["args"]
-    if len({sum(u.startswith("blocks.") for u in s.units) for s in plan.stages}) == 1:
-        _megatron_check(plan)
+    if len(set(fc.plan_layers(plan))) == 1:
+        _or_skip(fc.run_megatron, plan)
         assert args[args.index("--recompute-method") + 1] == "uniform"
     else:
         pytest.fail(f"expected an even 4-block split on 2 ranks, got {args}")
+
+
+# ---------------------------------------------------------------- torch
+
+
+@pytest.mark.parametrize("replicas, tp, shard", MESHES)
+def test_torch_mesh_shape_builds_a_device_mesh(replicas: int, tp: int, shard: str) -> None:
+    """init_device_mesh takes the emitted shape and names on every rank of the world."""
+    import torch
+
+    plan = _mesh("1f1b", replicas, tp, shard)
+    spec = to_torch(plan)
+    assert spec["mesh_dim_names"] == ["pp", "dp", "tp"] and spec["shard"] == shard
+    assert ("tp_plan" in spec) == (tp > 1)
+    for rank in fc._fake_ranks(plan.world_size):
+        mesh = torch.distributed.device_mesh.init_device_mesh(
+            "cpu", tuple(spec["mesh_shape"]), mesh_dim_names=tuple(spec["mesh_dim_names"])
+        )
+        assert mesh["pp"].size() == 2 and mesh["dp"].size() == replicas
+        assert mesh["tp"].size() == tp and mesh.get_coordinate()[0] == rank // (replicas * tp)
+    assert "mesh_shape" in emit(plan, "torch")
 
 
 # ---------------------------------------------------------------- DeepSpeed
@@ -338,8 +304,8 @@ def test_framework_rows_run_each_frameworks_own_schedule() -> None:
     titan = _row(looped, "torchtitan-even")
     assert titan["schedule"] == "interleaved-1f1b" and titan["virtual_stages"] == 2
     assert len(titan["balance"]) == 4 and sum(titan["balance"]) == len(measured.units)
-    if "torchtitan" in sys.modules or importlib.util.find_spec("torchtitan") is not None:
-        own = _torchtitan().pp.generate_llm_fqn_per_model_part(4, 4)
+    if fc.version("torchtitan") == "0.2.2":
+        own = fc.torchtitan_022_default_split(4, 4)
         assert [sum(n.startswith("layers.") for n in part) for part in own] == [
             b - extra for b, extra in zip(titan["balance"], [3, 0, 0, 2], strict=True)
         ]  # examples/gpt.py: 3 units before its blocks, 2 after

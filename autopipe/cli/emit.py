@@ -12,6 +12,10 @@ EPILOG = """\
 examples:
   autopipe emit plan.json torch                 # split_spec for torch.distributed.pipelining
   autopipe emit plan.json torchtitan -o pp.toml # torchtitan 0.2.2 job config (TOML)
+  autopipe emit plan.json torchtitan-python -o autopipe_pp.py \
+      --base torchtitan.models.llama3.config_registry:llama3_8b
+                                                # torchtitan 0.3.0 config module: run
+                                                # --module autopipe_pp --config autopipe_config
   autopipe emit plan.json megatron              # Megatron-LM layout, batch, recompute flags
 
 A plan torch would refuse (a hand-edited schedule, V, M or placement) is refused first,
@@ -30,15 +34,24 @@ def register(sub: common.Subparsers) -> None:
     p.add_argument("plan", help="PLAN.json written by `autopipe plan --json`")
     p.add_argument("format", choices=EMIT_FORMATS, help="the framework to emit for")
     p.add_argument("--out", "-o", metavar="PATH", help="write to PATH (default: stdout)")
+    p.add_argument(
+        "--base",
+        metavar="MODULE:FUNCTION",
+        default="",
+        help="torchtitan-python only: the config function of the model the plan was made "
+        "for, which autopipe_config() applies the plan to",
+    )
     common.add_common_flags(p)
     p.set_defaults(func=cmd_emit)
 
 
 def cmd_emit(args: argparse.Namespace) -> int:
     common.check_output_path(args.out, "--out", inputs=[args.plan])
+    if args.base and args.format != "torchtitan-python":
+        raise common.UsageError("--base is the torchtitan-python config's base: drop it")
     plan = common.load_plan_file(args.plan)
     try:
-        text = emit(plan, args.format)
+        text = emit(plan, args.format, args.base)
     except EmitError as exc:
         raise common.UsageError(f"{args.plan}: {exc}") from exc
     common.emit_text(text, args.out)

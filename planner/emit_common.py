@@ -1,0 +1,25 @@
+"""What every emitter shares: its one error and the plan facts each reads. Torch-free."""
+
+from __future__ import annotations
+
+from autopipe.core.errors import AutopipeError
+from autopipe.core.plan import Plan
+
+__all__ = ["EmitError", "checkpointed", "require_schedule"]
+
+
+class EmitError(AutopipeError, ValueError):
+    """The plan uses something the target framework cannot express."""
+
+
+def require_schedule(plan: Plan, table: dict[str, str], target: str) -> str:
+    """``target``'s name for the plan's schedule, or :class:`EmitError` when it has none."""
+    name = table.get(plan.schedule)
+    if name is None:
+        raise EmitError(f"{target} has no schedule for autopipe's {plan.schedule!r}")
+    return name
+
+
+def checkpointed(plan: Plan) -> list[int]:
+    """The indices of the chunks the plan re-materializes."""
+    return [s.index for s in plan.stages if s.checkpoint]
