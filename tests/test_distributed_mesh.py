@@ -96,6 +96,21 @@ def reference(
     return losses, built.state_dict()
 
 
+SPLIT_AND_REPLICATED = {
+    "llama": ("model.layers.0.self_attn.q_proj.weight", "model.layers.0.input_layernorm.weight"),
+    "gpt": ("blocks.0.attn.qkv.weight", "blocks.0.ln_1.weight"),
+}
+"""Per model: a weight its TP plan splits, and one it leaves whole."""
+
+
+def saved_pieces(directory: Path, name: str) -> int:
+    """How many pieces the ranks wrote of entry ``name`` of a DCP checkpoint."""
+    import torch.distributed.checkpoint as dcp
+
+    entry = dcp.FileSystemReader(str(directory)).read_metadata().state_dict_metadata[name]
+    return len(entry.chunks)  # type: ignore[union-attr]
+
+
 def load_plain(model: str, directory: Path) -> nn.Module:
     """The plain model (its own class, unsharded) with the weights of a ``--save``
     checkpoint, read by ``torch.distributed.checkpoint.load`` in this one process; the
@@ -144,6 +159,15 @@ def test_mesh_trains_like_one_process(mesh: str, model: str, mesh_runs: Path) ->
     ref_losses, ref_state = reference(model, replicas, OPTIMIZER.get(mesh, "sgd"))
     losses = [s["loss"] for s in json.loads((mesh_runs / f"{run}.json").read_text())["steps"]]
     assert losses == pytest.approx(ref_losses, rel=RTOL, abs=ATOL)
+    # What ran: the checkpoint holds each rank's pieces (a TP-split weight in T pieces, an
+    # FSDP-sharded parameter in D), and the JSON names the optimizer.
+    tp, dp = MESHES[mesh].get("tensor_parallel", 1), replicas
+    fsdp = dp if MESHES[mesh].get("shard") == "parameters" else 1
+    split, norm = SPLIT_AND_REPLICATED[model]
+    assert saved_pieces(mesh_runs / f"{run}.ckpt", split) == tp * fsdp
+    assert saved_pieces(mesh_runs / f"{run}.ckpt", norm) == fsdp
+    ran = json.loads((mesh_runs / f"{run}.json").read_text())["optimizer"]
+    assert ran == ("ZeroRedundancyOptimizer" if mesh == "pp2d2zero1" else "SGD")
     trained = load_plain(model, mesh_runs / f"{run}.ckpt").state_dict()
     worst = 0.0
     for name, want in ref_state.items():

@@ -277,7 +277,8 @@ def _train(args: argparse.Namespace, plan: Plan, mf: ModelFile, rank: int, world
         common.say(
             args, f"median step time {statistics.median(steady) * 1e3:.1f} ms (after step 1)"
         )
-        common.emit_json({"steps": records}, args.json)
+        # The optimizer's class says what ran: ZeroRedundancyOptimizer for shard optimizer.
+        common.emit_json({"steps": records, "optimizer": type(optimizer).__name__}, args.json)
     if args.save is not None:
         save_checkpoint(pipe, args.save)
         if rank == 0:

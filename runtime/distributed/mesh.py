@@ -249,8 +249,9 @@ def call_planned_modules(body: fx.GraphModule, paths: Mapping[str, str]) -> None
     for node in list(graph.nodes):
         if node.op != "call_function" or node.target not in linear:
             continue
-        x, weight, *rest = [*node.args, *node.kwargs.values()]
-        bias = rest[0] if rest else None
+        operands: list[Any] = [*node.args, *node.kwargs.values()]
+        x, weight = operands[0], operands[1]
+        bias = operands[2] if len(operands) > 2 else None
         target = gets.get(weight) if isinstance(weight, fx.Node) else None
         if not isinstance(target, str) or not target.endswith(".weight"):
             continue

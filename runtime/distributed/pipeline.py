@@ -9,6 +9,8 @@ multi-stage classes (interleaved 1F1B, looped BFS, interleaved zero-bubble, ZBV,
 take the list, at the plan's micro-batch count. With ``W = K x D`` processes each rank has
 ``D`` replicas whose gradients are averaged with one flat all-reduce per step over the
 rank's replica group (see :mod:`autopipe.runtime.distributed.layout` for the rank grid).
+Plans with tensor parallelism or sharded training state run on a (pp, dp, tp) DeviceMesh
+(:mod:`autopipe.runtime.distributed.mesh`).
 
 Loss convention (:mod:`autopipe.profiler.objective`): ``loss_fn(output, target)`` sees one
 micro-batch and returns its mean over rows or ``(sum, count)``; the default objective weights
