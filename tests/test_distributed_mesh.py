@@ -1,13 +1,14 @@
 """``autopipe run`` on a (pp, dp, tp) device mesh.
 
 The slow tests run 4 gloo processes on the CPU: PP 2 x TP 2, PP 2 x FSDP2 2 (shard
-parameters), TP 2 x FSDP2 2 and PP 2 x D 2 with ZeRO-1 (shard optimizer, SGD with
-momentum so that there is optimizer state to shard), each on a tiny Hugging Face Llama
+parameters), TP 2 x FSDP2 2, PP 2 x D 2 with ZeRO-1 (shard optimizer, SGD with
+momentum so that there is optimizer state to shard) and PP 2 x D 2 with shard gradients
+(FSDP2 without resharding after forward), each on a tiny Hugging Face Llama
 (its own ``base_model_tp_plan``) and on examples/gpt.py (its ``tp_plan()``)
 (tests/mesh_models.py). Every run trains 3 steps; its losses, and every parameter of its
 ``--save`` checkpoint loaded into the plain (unsharded) model with
 ``torch.distributed.checkpoint.load``, equal one process training the plain model on the
-global batch (rtol 1e-4, atol 1e-5). All eight runs share one torchrun launch
+global batch (rtol 1e-4, atol 1e-5). All ten runs share one torchrun launch
 (tests/zoo_run.py: each process imports torch and transformers once). ``pytest -s`` prints
 the largest differences.
 
@@ -47,6 +48,7 @@ MESHES: dict[str, dict[str, Any]] = {
     "pp2fsdp2": {"stages": 2, "replicas": 2, "shard": "parameters"},
     "tp2fsdp2": {"stages": 1, "tensor_parallel": 2, "replicas": 2, "shard": "parameters"},
     "pp2d2zero1": {"stages": 2, "replicas": 2, "shard": "optimizer"},
+    "pp2d2zero2": {"stages": 2, "replicas": 2, "shard": "gradients"},
 }
 OPTIMIZER = {"pp2d2zero1": "sgd-momentum"}
 """The plan's optimizer where it is not plain SGD."""
@@ -162,7 +164,7 @@ def test_mesh_trains_like_one_process(mesh: str, model: str, mesh_runs: Path) ->
     # What ran: the checkpoint holds each rank's pieces (a TP-split weight in T pieces, an
     # FSDP-sharded parameter in D), and the JSON names the optimizer.
     tp, dp = MESHES[mesh].get("tensor_parallel", 1), replicas
-    fsdp = dp if MESHES[mesh].get("shard") == "parameters" else 1
+    fsdp = dp if MESHES[mesh].get("shard") in ("parameters", "gradients") else 1
     split, norm = SPLIT_AND_REPLICATED[model]
     assert saved_pieces(mesh_runs / f"{run}.ckpt", split) == tp * fsdp
     assert saved_pieces(mesh_runs / f"{run}.ckpt", norm) == fsdp
