@@ -257,3 +257,20 @@ def test_wrong_world_size_is_one_line_on_every_rank(tmp_path: Path) -> None:
     lines = [line for line in result.stderr.splitlines() if "pp 2 x dp 1 x tp 2" in line]
     assert sorted(line.split("]")[0] for line in lines) == ["[rank 0", "[rank 1"], result.stderr
     assert all("launch 4" in line for line in lines)
+
+
+def test_mesh_plans_this_runtime_does_not_run_are_refused_in_one_line() -> None:
+    from autopipe.runtime.distributed.mesh import MeshPlanError, check_mesh_plan
+    from autopipe.runtime.partition import TiedParameter
+
+    tp = mesh_plan("gpt", "pp2tp2")
+    check_mesh_plan(tp)  # runs
+    refused = [
+        (dataclasses.replace(tp, shard="optimizer", replicas=2), (), "ZeroRedundancyOptimizer"),
+        (dataclasses.replace(tp, schedule="zbv"), (), "splits the weight pass"),
+        (tp, [TiedParameter("tok_emb.weight", [0, 1], {})], "tied across chunks"),
+    ]
+    for plan, tied, words in refused:
+        with pytest.raises(MeshPlanError, match=words) as exc:
+            check_mesh_plan(plan, tied)
+        assert "\n" not in str(exc.value)

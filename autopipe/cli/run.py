@@ -40,6 +40,9 @@ examples (K = the plan's stages; K x D processes give D data-parallel replicas):
       --rdzv-endpoint HOST0:29500 --rdzv-id job1 \\
       -m autopipe run examples/gpt.py --plan plan.json --steps 100
   (or: torchrun ... $(which autopipe) run ...)
+A plan with tensor parallelism T or sharded training state (fields tensor_parallel, shard)
+runs on a (pp, dp, tp) DeviceMesh of K x D x T processes: TP by parallelize_module, FSDP2,
+or ZeRO-1 (docs/distributed.md).
 Every rank traces the model itself; so that all trace the same graph (a forward that
 iterates a set of strings depends on Python's hash seed), autopipe run re-executes itself
 with PYTHONHASHSEED=0 when PYTHONHASHSEED is unset. A value you set is kept: set the same

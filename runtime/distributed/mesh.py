@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import contextlib
 import re
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -51,7 +51,7 @@ from torch import fx, nn
 
 from autopipe.core.errors import AutopipeError
 from autopipe.core.plan import Plan
-from autopipe.core.vocabulary import MESH_DIM_NAMES
+from autopipe.core.vocabulary import MESH_DIM_NAMES, SPLIT_BACKWARD_SCHEDULES
 
 __all__ = [
     "MeshPlanError",
@@ -60,6 +60,7 @@ __all__ = [
     "apply_tensor_parallel",
     "build_mesh",
     "call_planned_modules",
+    "check_mesh_plan",
     "local_shapes",
     "make_zero_optimizer",
     "planned_modules",
@@ -76,6 +77,35 @@ def uses_mesh(plan: Plan) -> bool:
     """Whether ``plan`` runs on the (pp, dp, tp) mesh (T > 1 or sharded state); plans with
     T = 1 and ``shard = none`` keep the plain K x D path."""
     return plan.tensor_parallel > 1 or plan.shard != "none"
+
+
+def check_mesh_plan(plan: Plan, tied: Sequence[Any] = ()) -> None:
+    """Refuse, in one line (:class:`MeshPlanError`), a mesh plan this runtime does not run;
+    ``tied``: the model's parameters tied across chunks (``PlannedStages.tied``)."""
+    if plan.tensor_parallel > 1 and not plan.tp_plan:
+        raise MeshPlanError(
+            f"the plan has tensor_parallel {plan.tensor_parallel} but no tp_plan; re-plan "
+            "with a model that has a TP plan, or with --tensor-parallel 1"
+        )
+    if plan.shard == "optimizer" and plan.tensor_parallel > 1:
+        raise MeshPlanError(
+            "shard optimizer (ZeRO-1, torch's ZeroRedundancyOptimizer) does not take "
+            "tensor-parallel (DTensor) parameters; re-plan with --shard parameters or "
+            "--tensor-parallel 1"
+        )
+    if plan.schedule in SPLIT_BACKWARD_SCHEDULES:
+        raise MeshPlanError(
+            f"schedule {plan.schedule} splits the weight pass, which autopipe run does not "
+            "combine with TP or sharded state; re-plan with --schedule 1f1b (or gpipe, "
+            "interleaved-1f1b)"
+        )
+    for parameter in tied:
+        if len(parameter.stages) > 1:
+            raise MeshPlanError(
+                f"parameter {parameter.name!r} is tied across chunks {parameter.stages}; "
+                "autopipe run keeps tied copies equal only without TP or sharded state: "
+                "untie it, or re-plan with --tensor-parallel 1 --shard none"
+            )
 
 
 def mesh_size_problem(plan: Plan, world_size: int) -> str | None:

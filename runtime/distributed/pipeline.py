@@ -46,11 +46,11 @@ from autopipe.profiler.weight_pass import reuse_reason
 from autopipe.runtime.distributed.agree import check_same_plan
 from autopipe.runtime.distributed.layout import RankLayout, rank_layout
 from autopipe.runtime.distributed.mesh import (
-    MeshPlanError,
     adopt_modules,
     apply_sharding,
     apply_tensor_parallel,
     build_mesh,
+    check_mesh_plan,
     local_shapes,
     planned_modules,
     uses_mesh,
@@ -358,7 +358,7 @@ class DistributedPipeline:
         tp_modules: dict[str, str] = {}
         """Module path -> TP style of the modules this plan splits (T > 1)."""
         if uses_mesh(plan):
-            _check_mesh_plan(plan, planned)
+            check_mesh_plan(plan, planned.tied)
             if plan.tensor_parallel > 1:
                 # Traced again with one TP rank's shapes (see mesh.py: torch.export writes
                 # sizes as numbers); the stages then hold the model's own modules again.
@@ -790,35 +790,6 @@ def _local(t: torch.Tensor) -> torch.Tensor:
     from torch.distributed.tensor import DTensor
 
     return t.to_local() if isinstance(t, DTensor) else t
-
-
-def _check_mesh_plan(plan: Plan, planned: PlannedStages) -> None:
-    """Refuse, in one line, the mesh plans this runtime does not run."""
-    if plan.tensor_parallel > 1 and not plan.tp_plan:
-        raise MeshPlanError(
-            f"the plan has tensor_parallel {plan.tensor_parallel} but no tp_plan; re-plan "
-            "with a model that has a TP plan, or with --tensor-parallel 1"
-        )
-    if plan.shard == "optimizer" and plan.tensor_parallel > 1:
-        raise MeshPlanError(
-            "shard optimizer (ZeRO-1, torch's ZeroRedundancyOptimizer) does not take "
-            "tensor-parallel (DTensor) parameters; re-plan with --shard parameters or "
-            "--tensor-parallel 1"
-        )
-    if plan.schedule in ZERO_BUBBLE:
-        raise MeshPlanError(
-            f"schedule {plan.schedule} splits the weight pass, which autopipe run does not "
-            "combine with TP or sharded state; re-plan with --schedule 1f1b (or gpipe, "
-            "interleaved-1f1b)"
-        )
-    chunk_rank = [s.rank if s.rank >= 0 else s.index for s in plan.stages]
-    for tied in planned.tied:
-        if len({chunk_rank[c] for c in tied.stages}) > 1 or len(tied.stages) > 1:
-            raise MeshPlanError(
-                f"parameter {tied.name!r} is tied across chunks {tied.stages}; autopipe run "
-                "keeps tied copies equal only without TP or sharded state: untie it, or "
-                "re-plan with --tensor-parallel 1 --shard none"
-            )
 
 
 def _make_groups(layout: RankLayout) -> tuple[Any, Any]:
