@@ -1,16 +1,16 @@
 """``autopipe run`` on a (pp, dp, tp) device mesh.
 
 The slow tests run 4 gloo processes on the CPU: PP 2 x TP 2, PP 2 x FSDP2 2 (shard
-parameters), TP 2 x FSDP2 2, PP 2 x D 2 with ZeRO-1 (shard optimizer, SGD with
-momentum so that there is optimizer state to shard) and PP 2 x D 2 with shard gradients
-(FSDP2 without resharding after forward), each on a tiny Hugging Face Llama
-(its own ``base_model_tp_plan``) and on examples/gpt.py (its ``tp_plan()``)
-(tests/mesh_models.py). Every run trains 3 steps; its losses, and every parameter of its
-``--save`` checkpoint loaded into the plain (unsharded) model with
-``torch.distributed.checkpoint.load``, equal one process training the plain model on the
-global batch (rtol 1e-4, atol 1e-5). All ten runs share one torchrun launch
-(tests/zoo_run.py: each process imports torch and transformers once). ``pytest -s`` prints
-the largest differences.
+parameters), TP 2 x FSDP2 2, PP 2 x D 2 with ZeRO-1 (shard optimizer, SGD with momentum so
+that there is optimizer state to shard), PP 2 x D 2 with shard gradients (FSDP2 without
+resharding after forward) and PP 2 x FSDP2 2 under interleaved 1F1B (two chunks per
+rank), each on a tiny Hugging Face Llama (its own ``base_model_tp_plan``) and on
+examples/gpt.py (its ``tp_plan()``) (tests/mesh_models.py). Every run trains 3 steps;
+its losses, and every parameter of its ``--save`` checkpoint loaded into the plain
+(unsharded) model with ``torch.distributed.checkpoint.load``, equal one process training
+the plain model on the global batch (rtol 1e-4, atol 1e-5). All twelve runs share one
+torchrun launch (tests/zoo_run.py: each process imports torch and transformers once).
+``pytest -s`` prints the largest differences.
 
 The fast tests check the pieces without a process group: the TP plan's modules, the local
 shapes a TP rank is traced with, and the refusals (``parallelize`` with T > 1 or sharded
@@ -49,28 +49,36 @@ MESHES: dict[str, dict[str, Any]] = {
     "tp2fsdp2": {"stages": 1, "tensor_parallel": 2, "replicas": 2, "shard": "parameters"},
     "pp2d2zero1": {"stages": 2, "replicas": 2, "shard": "optimizer"},
     "pp2d2zero2": {"stages": 2, "replicas": 2, "shard": "gradients"},
+    # torchtitan's pairing: interleaved 1F1B, two chunks per rank, each chunk fully_shard-ed.
+    "pp2v2fsdp2": {"stages": 2, "replicas": 2, "shard": "parameters", "virtual_stages": 2},
 }
 OPTIMIZER = {"pp2d2zero1": "sgd-momentum"}
 """The plan's optimizer where it is not plain SGD."""
 
 
-def base_plan(model: str, stages: int, optimizer: str = "sgd") -> Any:
-    """The planner's K-stage plan for ``model`` (1F1B, 2 micro-batches of 2)."""
+def base_plan(model: str, stages: int, optimizer: str = "sgd", virtual_stages: int = 1) -> Any:
+    """The planner's K-stage plan for ``model`` (1F1B, or interleaved 1F1B with
+    ``virtual_stages`` chunks per rank; 2 micro-batches of 2)."""
     from autopipe.planner import plan as make_plan
     from autopipe.profiler.measure import profile
 
     built = getattr(mesh_models, model)()
     inputs = getattr(mesh_models, f"example_inputs_{model}")(BATCH)
     measured = profile(built, inputs, warmup=0, repeat=1, progress=False)
-    plan = make_plan(measured, gpus=stages, microbatches=2, optimizer=optimizer, schedule="1f1b")
-    assert plan.num_stages == stages
+    schedule = "1f1b" if virtual_stages == 1 else "interleaved-1f1b"
+    plan = make_plan(
+        measured, gpus=stages, microbatches=2, optimizer=optimizer, schedule=schedule,
+        virtual_stages=virtual_stages,
+    )  # fmt: skip
+    assert (plan.num_stages, plan.virtual_stages) == (stages, virtual_stages)
     return plan
 
 
 def mesh_plan(model: str, mesh: str) -> Any:
     """:func:`base_plan` with the mesh fields set (the planner does not choose meshes yet)."""
     spec = dict(MESHES[mesh])
-    plan = base_plan(model, spec.pop("stages"), OPTIMIZER.get(mesh, "sgd"))
+    stages, chunks = spec.pop("stages"), spec.pop("virtual_stages", 1)
+    plan = base_plan(model, stages, OPTIMIZER.get(mesh, "sgd"), chunks)
     if spec.get("tensor_parallel", 1) > 1:
         spec["tp_plan"] = mesh_models.tp_plan_of(model)
     return dataclasses.replace(plan, **spec)
