@@ -41,12 +41,14 @@ class CausalSelfAttention(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: (batch, seq, d_model)
         b, t, c = x.shape
-        q, k, v = self.qkv(x).split(c, dim=2)
-        q = q.view(b, t, self.n_head, c // self.n_head).transpose(1, 2)
-        k = k.view(b, t, self.n_head, c // self.n_head).transpose(1, 2)
-        v = v.view(b, t, self.n_head, c // self.n_head).transpose(1, 2)
+        head_dim = c // self.n_head
+        # qkv's outputs are laid out head by head ([q k v] of head 0, then head 1, ...) and
+        # the head count is read off the tensor (-1), so a column-wise split of qkv over T
+        # ranks (tensor parallelism) gives each rank whole heads and it runs n_head / T.
+        qkv = self.qkv(x).view(b, t, -1, 3 * head_dim).transpose(1, 2)
+        q, k, v = qkv.split(head_dim, dim=3)
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        y = y.transpose(1, 2).contiguous().view(b, t, c)
+        y = y.transpose(1, 2).contiguous().view(b, t, -1)
         return self.drop(self.proj(y))
 
 
@@ -104,6 +106,20 @@ class GPT(nn.Module):
         for block in self.blocks:
             x = block(x)
         return self.head(self.ln_f(x))
+
+
+def tp_plan() -> dict[str, str]:
+    """Megatron-style tensor parallelism for :class:`GPT` (module path pattern -> style,
+    Hugging Face's words): attention's qkv and the MLP's fc split by output columns, their
+    projections by input rows (one all-reduce per sub-block), the head split by vocabulary
+    columns and its logits gathered; embeddings and norms replicated."""
+    return {
+        "blocks.*.attn.qkv": "colwise",
+        "blocks.*.attn.proj": "rowwise",
+        "blocks.*.mlp.fc": "colwise",
+        "blocks.*.mlp.proj": "rowwise",
+        "head": "colwise_rep",
+    }
 
 
 def build_model(**overrides) -> GPT:

@@ -25,6 +25,8 @@ from autopipe.runtime.devices import as_device
 from autopipe.runtime.pipeline import Pipeline
 from torch import nn
 
+from autopipe.core.errors import AutopipeError
+
 __all__ = ["PLAN_CHECKPOINT_MODES", "parallelize", "resolve_devices", "stage_flags"]
 
 PLAN_CHECKPOINT_MODES = CHECKPOINT_MODES
@@ -76,6 +78,38 @@ def _measure(
     return profile(model, example_inputs, granularity=granularity, **options)
 
 
+class PlanNeedsRanksError(AutopipeError, ValueError):
+    """A plan that only ``autopipe run`` (torch.distributed) can run: tensor parallelism or
+    sharded training state."""
+
+
+def one_process_refusal(plan: Any) -> str | None:
+    """Why the one-process executor cannot run ``plan`` (one line), or None. It runs every
+    stage whole on its own device in one process: no tensor-parallel group to split a layer
+    over (T > 1) and no data-parallel replicas to shard the training state over."""
+    tensor_parallel = int(getattr(plan, "tensor_parallel", 1) or 1)
+    shard = str(getattr(plan, "shard", "none") or "none")
+    if tensor_parallel > 1:
+        return (
+            f"the plan splits layers over tensor-parallel degree {tensor_parallel}, which "
+            "parallelize() (one process) cannot run: run it with `torchrun ... -m autopipe "
+            "run MODEL --plan PLAN.json`, or re-plan with --tensor-parallel 1"
+        )
+    if shard != "none":
+        return (
+            f"the plan shards the training state over its replicas (shard {shard}), which "
+            "parallelize() (one process, no replicas) cannot do: run it with `torchrun ... "
+            "-m autopipe run`, or re-plan with --shard none"
+        )
+    return None
+
+
+def _refuse_mesh(plan: Any) -> None:
+    refusal = one_process_refusal(plan)
+    if refusal is not None:
+        raise PlanNeedsRanksError(refusal)
+
+
 def parallelize(
     model: nn.Module,
     example_inputs: Any,
@@ -103,6 +137,8 @@ def parallelize(
     from autopipe.runtime.partition import StageSplitError, partition
 
     check_checkpoint_mode(checkpoint)  # before the costly profiling
+    if plan is not None:
+        _refuse_mesh(plan)
     devs = resolve_devices(devices, gpus, plan)
     if plan is None:
         from autopipe.planner import plan as make_plan
@@ -116,6 +152,7 @@ def parallelize(
             memory_per_device=memory_per_device,
             checkpoint=checkpoint,
         )
+    _refuse_mesh(plan)  # a plan made here, too: the planner may have chosen a mesh
     if plan.virtual_stages > 1:
         # The single-process executor runs one stage per device, fill-drain.
         raise ValueError(

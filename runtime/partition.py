@@ -219,11 +219,16 @@ def tied_parameters(
     return sorted(found.values(), key=lambda t: (t.stages, t.name))
 
 
-def partition(model: nn.Module, example_inputs: Any, plan: Any) -> PlannedStages:
+def partition(
+    model: nn.Module, example_inputs: Any, plan: Any, *, check_parameters: bool = True
+) -> PlannedStages:
     """The plan's stage graphs of ``model`` (see the module docstring).
 
     Raises :class:`StageSplitError` when the plan does not fit the model
-    (:class:`PlanModelMismatchError` when it was made for another one).
+    (:class:`PlanModelMismatchError` when it was made for another one). With
+    ``check_parameters=False`` the units' parameter counts are not compared to the plan's
+    (the tensor-parallel re-trace of :mod:`autopipe.runtime.distributed.mesh`, whose split
+    modules hold one rank's share).
     """
     chunks = plan.num_stages * int(getattr(plan, "virtual_stages", 1) or 1)
     if len(plan.stages) != chunks:
@@ -232,7 +237,8 @@ def partition(model: nn.Module, example_inputs: Any, plan: Any) -> PlannedStages
         )
     graph = trace_for_plan(model, example_inputs, plan)
     unit_stage = stage_of_unit(graph.unit_names, [s.units for s in plan.stages])
-    check_plan_parameters(graph, model, plan)
+    if check_parameters:
+        check_plan_parameters(graph, model, plan)
     node_stage = {name: unit_stage[u] for name, u in graph.node_unit.items()}
     stages = split_graph(graph.graph_module, node_stage, chunks)
     assert graph.binder is not None

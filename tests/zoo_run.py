@@ -1,13 +1,14 @@
 """torchrun entry point: ``autopipe run`` on several zoo plans in one process group.
 
-    torchrun --nproc-per-node 2 tests/zoo_run.py [--models FILE] OUT_DIR FAMILY.CUT [...]
+    torchrun --nproc-per-node 2 tests/zoo_run.py [--models FILE] [--steps N] OUT_DIR FAMILY.CUT [...]
 
 For each run ``FAMILY.CUT``, runs ``autopipe run tests/zoo.py:FAMILY --plan
 OUT_DIR/FAMILY.CUT.plan.json --steps 2`` through the CLI's own entry point (the plan's
 optimizer, SGD in the tests), saving the trained weights to ``OUT_DIR/FAMILY.CUT.ckpt`` and
 the losses to ``OUT_DIR/FAMILY.CUT.json``; the exit code goes to
 ``OUT_DIR/FAMILY.CUT.rank<R>.rc``. ``--models FILE`` takes the factories from another model
-file (tests/shared_layers_models.py), a run then named ``FACTORY-TAG``. One launch
+file (tests/shared_layers_models.py), a run then named ``FACTORY-TAG``; ``--steps N``
+trains N steps instead of 2 (the mesh tests: 3). One launch
 for the whole zoo: every process imports torch and transformers once, not once per model.
 Not a test module (no ``test_`` prefix). ``cli.main([...])`` in-process cannot re-execute
 with a fixed ``PYTHONHASHSEED`` as ``python -m autopipe run`` does: the launcher sets one
@@ -23,7 +24,7 @@ from pathlib import Path
 ZOO = Path(__file__).resolve().with_name("zoo.py")
 
 
-def main(out_dir: str, runs: list[str], models: Path = ZOO) -> None:
+def main(out_dir: str, runs: list[str], models: Path = ZOO, steps: int = 2) -> None:
     import torch
     from autopipe.runtime.distributed import init_distributed, shutdown
 
@@ -38,7 +39,7 @@ def main(out_dir: str, runs: list[str], models: Path = ZOO) -> None:
         code = cli.main(
             [
                 "run", f"{models}:{family}", "--plan", str(out / f"{run}.plan.json"),
-                "--steps", "2", "--lr", "0.1", "--timeout", "60", "-q",
+                "--steps", str(steps), "--lr", "0.1", "--timeout", "60", "-q",
                 "--save", str(out / f"{run}.ckpt"), "--json", str(out / f"{run}.json"),
             ]
         )  # fmt: skip
@@ -48,7 +49,11 @@ def main(out_dir: str, runs: list[str], models: Path = ZOO) -> None:
 
 if __name__ == "__main__":
     args = sys.argv[1:]
-    if args[0] == "--models":
-        main(args[2], args[3:], Path(args[1]))
-    else:
-        main(args[0], args[1:])
+    models, steps = ZOO, 2
+    while args[0] in ("--models", "--steps"):
+        if args[0] == "--models":
+            models = Path(args[1])
+        else:
+            steps = int(args[1])
+        args = args[2:]
+    main(args[0], args[1:], models, steps)

@@ -40,6 +40,9 @@ examples (K = the plan's stages; K x D processes give D data-parallel replicas):
       --rdzv-endpoint HOST0:29500 --rdzv-id job1 \\
       -m autopipe run examples/gpt.py --plan plan.json --steps 100
   (or: torchrun ... $(which autopipe) run ...)
+A plan with tensor parallelism T or sharded training state (fields tensor_parallel, shard)
+runs on a (pp, dp, tp) DeviceMesh of K x D x T processes: TP by parallelize_module, FSDP2,
+or ZeRO-1 (docs/distributed.md).
 Every rank traces the model itself; so that all trace the same graph (a forward that
 iterates a set of strings depends on Python's hash seed), autopipe run re-executes itself
 with PYTHONHASHSEED=0 when PYTHONHASHSEED is unset. A value you set is kept: set the same
@@ -195,9 +198,15 @@ def cmd_run(args: argparse.Namespace) -> int:
             f"could not join the process group within {args.timeout:g} s: {exc}"
         ) from exc
     from autopipe.runtime.distributed.layout import PlanWorldSizeError, rank_layout
+    from autopipe.runtime.distributed.mesh import mesh_size_problem, uses_mesh
 
     try:
-        rank_layout(rank, world, plan.num_stages, plan.replicas)
+        if uses_mesh(plan):
+            problem = mesh_size_problem(plan, world)
+            if problem is not None:
+                raise PlanWorldSizeError(problem)
+        else:
+            rank_layout(rank, world, plan.num_stages, plan.replicas)
     except PlanWorldSizeError as exc:
         # Every rank finds the same mismatch: meet at a barrier so all of them report it
         # before the first exit makes torchrun stop the others.
@@ -222,6 +231,7 @@ def _train(args: argparse.Namespace, plan: Plan, mf: ModelFile, rank: int, world
     from autopipe.modelfile import ModelFileError
     from autopipe.runtime.distributed.agree import nonfinite
     from autopipe.runtime.distributed.layout import PlanWorldSizeError
+    from autopipe.runtime.distributed.mesh import uses_mesh
     from autopipe.runtime.distributed.pipeline import DistributedPipeline, PipelineRankError
     from autopipe.runtime.distributed.process import shutdown
     from autopipe.runtime.distributed.stages import StageSplitError
@@ -234,7 +244,11 @@ def _train(args: argparse.Namespace, plan: Plan, mf: ModelFile, rank: int, world
     meta = args.init == "meta" or state_dict is not None
     try:
         model = mf.build(device="meta" if meta else None)
-        replicas = world // plan.num_stages if world % plan.num_stages == 0 else 1
+        replicas = (
+            plan.replicas
+            if uses_mesh(plan)
+            else (world // plan.num_stages if world % plan.num_stages == 0 else 1)
+        )
         inputs = mf.inputs(plan.batch_size * replicas)
         pipe = DistributedPipeline(model, plan, inputs, mf.loss_fn, state_dict=state_dict)
     except (ModelFileError, PlanWorldSizeError, StageSplitError, ValueError, TypeError) as exc:
@@ -245,16 +259,20 @@ def _train(args: argparse.Namespace, plan: Plan, mf: ModelFile, rank: int, world
     layout = pipe.layout
     # The rank running the last chunk computes the loss (rank 0 in a V-shape).
     reporter = pipe.holds_last and layout.replica == 0
+    replicas = pipe.data_parallel_size
     if rank == 0:
+        mesh_note = (f" x TP {plan.tensor_parallel}" if plan.tensor_parallel > 1 else "") + (
+            f", shard {plan.shard}" if plan.shard != "none" else ""
+        )
         common.say(
             args,
-            f"autopipe run: {plan.num_stages} stages x {layout.replicas} replicas on {world} "
-            f"processes ({dist.get_backend()}), schedule {plan.schedule}, "
+            f"autopipe run: {plan.num_stages} stages x {replicas} replicas{mesh_note} on "
+            f"{world} processes ({dist.get_backend()}), schedule {plan.schedule}, "
             + (f"{plan.virtual_stages} chunks per rank, " if plan.virtual_stages > 1 else "")
             + f"{plan.microbatches} micro-batches of {plan.batch_size // plan.microbatches}, "
-            f"global batch {plan.batch_size * layout.replicas}",
+            f"global batch {plan.batch_size * replicas}",
         )
-    optimizer = make_optimizer(plan, pipe.parameters(), args.lr)
+    optimizer = make_optimizer(plan, pipe.parameters(), args.lr, group=pipe.replica_group)
     local = pipe.local_batch(inputs)
     records: list[dict[str, float]] = []
     for step in range(args.steps):
@@ -285,7 +303,8 @@ def _train(args: argparse.Namespace, plan: Plan, mf: ModelFile, rank: int, world
         common.say(
             args, f"median step time {statistics.median(steady) * 1e3:.1f} ms (after step 1)"
         )
-        common.emit_json({"steps": records}, args.json)
+        # The optimizer's class says what ran: ZeroRedundancyOptimizer for shard optimizer.
+        common.emit_json({"steps": records, "optimizer": type(optimizer).__name__}, args.json)
     if args.save is not None:
         save_checkpoint(pipe, args.save)
         if rank == 0:
@@ -297,9 +316,11 @@ def _train(args: argparse.Namespace, plan: Plan, mf: ModelFile, rank: int, world
     return common.EXIT_OK
 
 
-def make_optimizer(plan: Plan, parameters: Any, lr: float) -> Any:
+def make_optimizer(plan: Plan, parameters: Any, lr: float, group: Any = None) -> Any:
     """The optimizer whose state the plan's memory figures assume (the planning request's
-    ``optimizer``): SGD, SGD with momentum 0.9, else AdamW."""
+    ``optimizer``): SGD, SGD with momentum 0.9, else AdamW. With ``shard = optimizer``
+    (ZeRO-1) it is wrapped in torch's ``ZeroRedundancyOptimizer`` over the data-parallel
+    ``group`` (the stage's replicas; None: the whole world)."""
     import torch
 
     name = plan.optimizer or "adam"
@@ -307,11 +328,18 @@ def make_optimizer(plan: Plan, parameters: Any, lr: float) -> Any:
     if not parameters:
         # A stage of parameter-free layers (an activation, rotary embeddings) still runs.
         return _NothingToOptimize()
+    cls: Any
     if name == "sgd":
-        return torch.optim.SGD(parameters, lr=lr)
-    if name == "sgd-momentum":
-        return torch.optim.SGD(parameters, lr=lr, momentum=0.9)
-    return torch.optim.AdamW(parameters, lr=lr)
+        cls, options = torch.optim.SGD, {"lr": lr}
+    elif name == "sgd-momentum":
+        cls, options = torch.optim.SGD, {"lr": lr, "momentum": 0.9}
+    else:
+        cls, options = torch.optim.AdamW, {"lr": lr}
+    if plan.shard == "optimizer":
+        from autopipe.runtime.distributed.mesh import make_zero_optimizer
+
+        return make_zero_optimizer(cls, parameters, group, **options)
+    return cls(parameters, **options)
 
 
 class _NothingToOptimize:

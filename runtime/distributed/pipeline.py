@@ -9,6 +9,8 @@ multi-stage classes (interleaved 1F1B, looped BFS, interleaved zero-bubble, ZBV,
 take the list, at the plan's micro-batch count. With ``W = K x D`` processes each rank has
 ``D`` replicas whose gradients are averaged with one flat all-reduce per step over the
 rank's replica group (see :mod:`autopipe.runtime.distributed.layout` for the rank grid).
+Plans with tensor parallelism or sharded training state run on a (pp, dp, tp) DeviceMesh
+(:mod:`autopipe.runtime.distributed.mesh`).
 
 Loss convention (:mod:`autopipe.profiler.objective`): ``loss_fn(output, target)`` sees one
 micro-batch and returns its mean over rows or ``(sum, count)``; the default objective weights
@@ -21,11 +23,12 @@ training.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import time
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -42,6 +45,16 @@ from autopipe.profiler.objective import LossFn, loss_term
 from autopipe.profiler.weight_pass import reuse_reason
 from autopipe.runtime.distributed.agree import check_same_plan
 from autopipe.runtime.distributed.layout import RankLayout, rank_layout
+from autopipe.runtime.distributed.mesh import (
+    adopt_modules,
+    apply_sharding,
+    apply_tensor_parallel,
+    build_mesh,
+    check_mesh_plan,
+    local_shapes,
+    planned_modules,
+    uses_mesh,
+)
 from autopipe.runtime.distributed.process import group_timeout
 from autopipe.runtime.distributed.stages import StageModule, StageSplitError, wire_of
 from autopipe.runtime.distributed.tied import TiedGradients
@@ -339,15 +352,47 @@ class DistributedPipeline:
         assert planned is not None
         chunk_rank = [s.rank if s.rank >= 0 else s.index for s in plan.stages]
         self.plan = plan
-        self.layout: RankLayout = rank_layout(
-            dist.get_rank(), dist.get_world_size(), plan.num_stages, plan.replicas
-        )
+        self.device = torch.device(device) if device is not None else _default_device()
+        self.mesh: Any = None
+        """The (pp, dp, tp) DeviceMesh of a mesh plan (:mod:`.mesh`), else None."""
+        tp_modules: dict[str, str] = {}
+        """Module path -> TP style of the modules this plan splits (T > 1)."""
+        if uses_mesh(plan):
+            check_mesh_plan(plan, planned.tied)
+            if plan.tensor_parallel > 1:
+                # Traced again with one TP rank's shapes (see mesh.py: torch.export writes
+                # sizes as numbers); the stages then hold the model's own modules again.
+                tp_modules = planned_modules(model, plan.tp_plan, plan.tensor_parallel)
+                with local_shapes(model, tp_modules, plan.tensor_parallel):
+                    planned = partition(model, example_inputs, plan, check_parameters=False)
+                for graph in planned.stages:
+                    adopt_modules(graph.module, model, tp_modules)
+            self.mesh = build_mesh(plan, self.device.type)
+            # Every (dp, tp) coordinate is one pipeline: tp innermost, so rank =
+            # pp * (D * T) + dp * T + tp is the K x (D * T) grid of RankLayout.
+            self.layout: RankLayout = rank_layout(
+                dist.get_rank(),
+                dist.get_world_size(),
+                plan.num_stages,
+                plan.replicas * plan.tensor_parallel,
+            )
+            self.data_parallel_rank = self.mesh["dp"].get_local_rank()
+            self.tensor_parallel_rank = self.mesh["tp"].get_local_rank()
+            self.pipeline_group = self.mesh["pp"].get_group()
+            self.replica_group = self.mesh["dp"].get_group()
+        else:
+            self.layout = rank_layout(
+                dist.get_rank(), dist.get_world_size(), plan.num_stages, plan.replicas
+            )
+            self.data_parallel_rank = self.layout.replica
+            self.tensor_parallel_rank = 0
+            self.pipeline_group, self.replica_group = _make_groups(self.layout)
+        self.data_parallel_size = plan.replicas if self.mesh is not None else self.layout.replicas
+        """D: replicas of each stage (the batch is split D ways)."""
         self.chunk_indices = [c for c, r in enumerate(chunk_rank) if r == self.layout.stage]
         num_chunks = len(plan.stages)
         self.holds_first = 0 in self.chunk_indices
         self.holds_last = num_chunks - 1 in self.chunk_indices
-        self.device = torch.device(device) if device is not None else _default_device()
-        self.pipeline_group, self.replica_group = _make_groups(self.layout)
         self.chunks = materialize_chunks(
             planned,
             plan,
@@ -373,6 +418,14 @@ class DistributedPipeline:
         examples = _stage_examples(
             planned, self.chunk_indices, example_inputs, plan, self.device, self.chunks
         )
+        if self.mesh is not None:
+            # After the fake-tensor run above, which the DTensors of TP and FSDP would refuse
+            # (the whole graph it runs shares their parameters): TP first, then FSDP over
+            # the TP-split parameters (torchtitan's order).
+            for chunk in self.chunks:
+                if tp_modules:
+                    apply_tensor_parallel(chunk.body, tp_modules, self.mesh["tp"])
+                apply_sharding(chunk, plan.shard, self.mesh["dp"])
         # Every rank creates every tie group, in the same order (new_group's rule).
         self.tied = TiedGradients(
             planned.tied,
@@ -491,13 +544,13 @@ class DistributedPipeline:
     def local_batch(self, batch: Any) -> Any:
         """This replica's 1/D share (along dim 0) of a global batch given identically to all ranks."""
         size = batch_size_of([batch])
-        d = self.layout.replicas
+        d, replica = self.data_parallel_size, self.data_parallel_rank
         if size % d:
             raise ValueError(
                 f"batch size {size} is not divisible by the {d} data-parallel replicas"
             )
         share = size // d
-        return _slice_batch(batch, self.layout.replica * share, (self.layout.replica + 1) * share)
+        return _slice_batch(batch, replica * share, (replica + 1) * share)
 
     def step(self, inputs: Any = None, target: Any = None) -> torch.Tensor | None:
         """One training step of this replica's pipeline on its local batch.
@@ -529,8 +582,18 @@ class DistributedPipeline:
         self.steps += 1
         return loss
 
+    @contextlib.contextmanager
+    def _quiet_fsdp(self) -> Iterator[None]:
+        """A block in which FSDP2's warning that a chunk returned a view is silenced: it
+        cautions against in-place ops on the view, and torch.distributed.pipelining only
+        sends a chunk's outputs on or reads them (zero-bubble schedules, which detach them in
+        place, are refused on a mesh)."""
+        with warnings.catch_warnings():
+            if self.plan.shard in ("parameters", "gradients"):
+                warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view")
+            yield
+
     def _step(self, inputs: Any, target: Any) -> torch.Tensor | None:
-        layout = self.layout
         M = self.plan.microbatches
         args: tuple[Any, ...] = ()
         if self.holds_first:
@@ -555,15 +618,18 @@ class DistributedPipeline:
                 _check_divisible(size, M)
                 # On the CPU: _loss reads its ends with int(), which would sync a GPU.
                 index = torch.arange(size)
-                self.schedule.step(*args, target=index, losses=losses, return_outputs=False)
+                with self._quiet_fsdp():
+                    self.schedule.step(*args, target=index, losses=losses, return_outputs=False)
             finally:
                 self._target = None  # a failed step must not keep the batch alive
         else:
-            self.schedule.step(*args, return_outputs=False)
+            with self._quiet_fsdp():
+                self.schedule.step(*args, return_outputs=False)
         # The global batch's loss sum and item count: only the last stage of each replica
         # has them, and every rank needs the count to scale its gradients.
         totals = torch.zeros(2, dtype=torch.float64, device=self.device)
-        if self.holds_last:
+        # The T ranks of a tensor-parallel group compute the same loss: one of them counts.
+        if self.holds_last and self.tensor_parallel_rank == 0:
             totals[0] = float(torch.stack([x.detach().double() for x in losses]).sum())
             totals[1] = sum(self._items.values())
         dist.all_reduce(totals)
@@ -574,7 +640,8 @@ class DistributedPipeline:
         # replicas, as in the unsplit model trained data-parallel.
         _scale_gradients(self.module, 1.0 / items if items > 0 else 0.0)
         self.tied.reduce_gradients()
-        if layout.replicas > 1:
+        if self.data_parallel_size > 1 and self.plan.shard in ("none", "optimizer"):
+            # (FSDP reduce-scatters the sharded modes' gradients inside the schedule.)
             _sum_gradients(self.module, self.replica_group)
         if not self.holds_last:
             return None
@@ -705,7 +772,8 @@ def _scale_gradients(module: nn.Module, factor: float) -> None:
 
 def _sum_gradients(module: nn.Module, group: Any) -> None:
     """Sum this stage's gradients over its replicas: one flat all-reduce (one bucket)."""
-    grads = [p.grad for p in module.parameters() if p.grad is not None]
+    # A tensor-parallel gradient is summed shard by shard: the replicas hold the same shard.
+    grads = [_local(p.grad) for p in module.parameters() if p.grad is not None]
     if not grads:
         return
     flat = torch.cat([g.reshape(-1) for g in grads])
@@ -715,6 +783,13 @@ def _sum_gradients(module: nn.Module, group: Any) -> None:
         n = g.numel()
         g.copy_(flat[offset : offset + n].view_as(g))
         offset += n
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """This rank's part of ``t`` (a DTensor's local shard, a plain tensor itself)."""
+    from torch.distributed.tensor import DTensor
+
+    return t.to_local() if isinstance(t, DTensor) else t
 
 
 def _make_groups(layout: RankLayout) -> tuple[Any, Any]:

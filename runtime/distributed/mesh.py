@@ -1,0 +1,376 @@
+"""A plan on a ``(pp, dp, tp)`` device mesh: tensor parallelism and sharded training state.
+
+Plans with ``tensor_parallel`` (T) > 1 or ``shard`` other than ``none`` run on
+``init_device_mesh(device, (K, D, T), mesh_dim_names=("pp", "dp", "tp"))`` (torchtitan's
+layout: tp innermost, adjacent ranks; pp outermost; rank = pp * D * T + dp * T + tp). Each
+rank's chunks are built as for a plain pipeline, then, with torch's own parts only:
+
+1. **TP** (T > 1), Megatron-style without sequence parallelism: ``parallelize_module`` over
+   ``mesh["tp"]`` with the plan's ``tp_plan`` (module path patterns from the model root,
+   ``*`` matching one path part, as in Hugging Face's ``base_model_tp_plan``). Two
+   things stand between a traced stage graph and torch's TP styles, both handled here:
+
+   - torch.export writes every size it saw as a number (``view(x, [b, 8, 4, 8])``, the
+     key/value heads repeated to ``4``), so a graph traced from the whole model would
+     reshape one rank's share of the heads to the global head count. The stages of a TP
+     plan are therefore traced a second time with every split module replaced by one of
+     its local shape (:func:`local_shapes`; views of the real weights, nothing copied):
+     the graph then holds one rank's sizes. The first trace, of the whole model, is what
+     the ranks agree on and what the plan's parameter counts are checked against.
+   - a torch.export graph reads a Linear's weight with ``get_attr`` and calls
+     ``aten.linear`` on it, so the module's forward, where the TP style hooks its
+     redistributions, never runs: such calls are turned back into calls of the module
+     (:func:`call_planned_modules`). fx graphs call leaf modules already.
+
+   Activations between the TP regions are replicated (local tensors), as torchtitan's
+   ``use_local_output=True``.
+2. **Sharding** over ``mesh["dp"]`` (:func:`apply_sharding`): ``parameters`` (ZeRO-3) is
+   FSDP2's ``fully_shard`` of each chunk (one parameter group per chunk: a stage graph
+   calls its units' modules inline, so per-unit groups would never gather);
+   ``gradients`` is FSDP2 with ``reshard_after_forward=False`` (FSDP's ``SHARD_GRAD_OP``,
+   what torch offers for ZeRO-2: gradients are reduce-scattered and the optimizer state
+   is sharded; parameters are gathered once per step and kept until the backward, and
+   held sharded between steps, which ZeRO-2 proper does not do; torch has no
+   gradient-only sharding); ``optimizer`` (ZeRO-1) keeps the gradient all-reduce and
+   shards the optimizer state with ``torch.distributed.optim.ZeroRedundancyOptimizer``
+   over the dp group (:func:`make_zero_optimizer`).
+3. ``PipelineStage`` over ``mesh["pp"]``; ``torch.distributed.pipelining`` defers FSDP's
+   gradient reduction to the last micro-batch itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import fx, nn
+
+from autopipe.core.errors import AutopipeError
+from autopipe.core.plan import Plan
+from autopipe.core.vocabulary import MESH_DIM_NAMES, SPLIT_BACKWARD_SCHEDULES
+
+__all__ = [
+    "MeshPlanError",
+    "TP_STYLES",
+    "apply_sharding",
+    "apply_tensor_parallel",
+    "build_mesh",
+    "call_planned_modules",
+    "check_mesh_plan",
+    "local_shapes",
+    "make_zero_optimizer",
+    "planned_modules",
+    "tp_style",
+    "uses_mesh",
+]
+
+
+class MeshPlanError(AutopipeError, ValueError):
+    """A mesh plan this runtime cannot run (one line saying what and how to fix it)."""
+
+
+def uses_mesh(plan: Plan) -> bool:
+    """Whether ``plan`` runs on the (pp, dp, tp) mesh (T > 1 or sharded state); plans with
+    T = 1 and ``shard = none`` keep the plain K x D path."""
+    return plan.tensor_parallel > 1 or plan.shard != "none"
+
+
+def check_mesh_plan(plan: Plan, tied: Sequence[Any] = ()) -> None:
+    """Refuse, in one line (:class:`MeshPlanError`), a mesh plan this runtime does not run;
+    ``tied``: the model's parameters tied across chunks (``PlannedStages.tied``)."""
+    if plan.tensor_parallel > 1 and not plan.tp_plan:
+        raise MeshPlanError(
+            f"the plan has tensor_parallel {plan.tensor_parallel} but no tp_plan; re-plan "
+            "with a model that has a TP plan, or with --tensor-parallel 1"
+        )
+    if plan.shard == "optimizer" and plan.tensor_parallel > 1:
+        raise MeshPlanError(
+            "shard optimizer (ZeRO-1, torch's ZeroRedundancyOptimizer) does not take "
+            "tensor-parallel (DTensor) parameters; re-plan with --shard parameters or "
+            "--tensor-parallel 1"
+        )
+    if plan.schedule in SPLIT_BACKWARD_SCHEDULES:
+        raise MeshPlanError(
+            f"schedule {plan.schedule} splits the weight pass, which autopipe run does not "
+            "combine with TP or sharded state; re-plan with --schedule 1f1b (or gpipe, "
+            "interleaved-1f1b)"
+        )
+    for parameter in tied:
+        if len(parameter.stages) > 1:
+            raise MeshPlanError(
+                f"parameter {parameter.name!r} is tied across chunks {parameter.stages}; "
+                "autopipe run keeps tied copies equal only without TP or sharded state: "
+                "untie it, or re-plan with --tensor-parallel 1 --shard none"
+            )
+
+
+def mesh_size_problem(plan: Plan, world_size: int) -> str | None:
+    """The one-line refusal of a mesh plan launched on ``world_size`` processes, or None."""
+    if world_size == plan.world_size:
+        return None
+    pp, dp, tp = plan.mesh_shape
+    return (
+        f"the plan's mesh is pp {pp} x dp {dp} x tp {tp} = {plan.world_size} processes but "
+        f"{world_size} were launched; launch {plan.world_size} (torchrun --nproc-per-node "
+        f"{plan.world_size}) or re-plan for {world_size} GPUs"
+    )
+
+
+def build_mesh(plan: Plan, device_type: str) -> Any:
+    """``init_device_mesh(device_type, plan.mesh_shape, mesh_dim_names=("pp","dp","tp"))``;
+    :class:`MeshPlanError` when the world size is not the plan's."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    problem = mesh_size_problem(plan, dist.get_world_size())
+    if problem is not None:
+        raise MeshPlanError(problem)
+    return init_device_mesh(device_type, plan.mesh_shape, mesh_dim_names=MESH_DIM_NAMES)
+
+
+def _styles() -> dict[str, Callable[[], Any]]:
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    return {
+        "colwise": ColwiseParallel,
+        "rowwise": RowwiseParallel,
+        # The output gathered to every TP rank (an LM head whose logits the loss reads whole).
+        "colwise_rep": lambda: ColwiseParallel(output_layouts=Replicate()),
+        "colwise_gather_output": lambda: ColwiseParallel(output_layouts=Replicate()),
+        # The input replicated, not sharded on its last dim (follows a replicated layer).
+        "rowwise_rep": lambda: RowwiseParallel(input_layouts=Replicate()),
+        "rowwise_split_input": lambda: RowwiseParallel(input_layouts=Shard(-1)),
+    }
+
+
+TP_STYLES = (
+    "colwise",
+    "rowwise",
+    "colwise_rep",
+    "colwise_gather_output",
+    "rowwise_rep",
+    "rowwise_split_input",
+)
+"""The TP plan styles (Hugging Face's words) this runtime maps to torch's ParallelStyles."""
+
+_SPLIT_OUTPUT = ("colwise",)
+"""Styles whose module returns one rank's share of its output features."""
+_SPLIT_INPUT = ("rowwise", "rowwise_split_input")
+"""Styles whose module takes one rank's share of its input features."""
+
+
+def tp_style(style: str) -> Any:
+    """The ``torch.distributed.tensor.parallel`` style for an HF TP-plan word."""
+    styles = _styles()
+    if style not in styles:
+        raise MeshPlanError(
+            f"TP style {style!r} is not supported by autopipe run (supported: "
+            f"{', '.join(TP_STYLES)}); edit the plan's tp_plan or re-plan with "
+            "--tensor-parallel 1"
+        )
+    return styles[style]()
+
+
+def _pattern(pattern: str) -> re.Pattern[str]:
+    # Hugging Face's rule: '*' stands for one path part (a layer index).
+    return re.compile(r"\.".join("[^.]+" if p == "*" else re.escape(p) for p in pattern.split(".")))
+
+
+def planned_modules(model: nn.Module, tp_plan: Mapping[str, str], degree: int) -> dict[str, str]:
+    """Module path (from the model root) -> style, for every module of ``model`` that
+    ``tp_plan`` splits (the first matching pattern wins, as in Hugging Face).
+    :class:`MeshPlanError` for a style this runtime lacks, a split module that is not an
+    ``nn.Linear``, a split dimension that ``degree`` does not divide, or a plan that
+    matches nothing."""
+    patterns = [(_pattern(p), p, s) for p, s in tp_plan.items()]
+    found: dict[str, str] = {}
+    for name, module in model.named_modules():
+        for regex, _, style in patterns:
+            if name and regex.fullmatch(name):
+                tp_style(style)  # refuses unknown styles
+                if not isinstance(module, nn.Linear):
+                    raise MeshPlanError(
+                        f"the TP plan splits {name} ({type(module).__name__}) but autopipe "
+                        "run splits only nn.Linear; drop it from the plan's tp_plan or "
+                        "re-plan with --tensor-parallel 1"
+                    )
+                dim = (
+                    module.out_features
+                    if style in _SPLIT_OUTPUT
+                    else module.in_features
+                    if style in _SPLIT_INPUT
+                    else module.out_features
+                )
+                if dim % degree:
+                    raise MeshPlanError(
+                        f"{name} has {dim} features to split {style} over tensor-parallel "
+                        f"degree {degree}, which does not divide them; re-plan with a "
+                        "--tensor-parallel that divides the heads"
+                    )
+                found[name] = style
+                break
+    if not found:
+        raise MeshPlanError(
+            f"the plan's tp_plan ({', '.join(list(tp_plan)[:2])}, ...) matches no module of "
+            "the model; re-plan for this model or with --tensor-parallel 1"
+        )
+    return found
+
+
+def _local_linear(module: nn.Linear, style: str, degree: int) -> nn.Linear:
+    """An ``nn.Linear`` with one TP rank's shape of ``module`` under ``style`` (its weight
+    and bias views of ``module``'s: nothing is allocated, also not on the meta device)."""
+    weight, bias = module.weight.detach(), None if module.bias is None else module.bias.detach()
+    if style in _SPLIT_OUTPUT:
+        weight = weight[: module.out_features // degree]
+        bias = None if bias is None else bias[: module.out_features // degree]
+    elif style in _SPLIT_INPUT:
+        weight = weight[:, : module.in_features // degree]
+    local = nn.Linear.__new__(nn.Linear)
+    nn.Module.__init__(local)
+    local.in_features, local.out_features = weight.shape[1], weight.shape[0]
+    local.weight = nn.Parameter(weight, requires_grad=module.weight.requires_grad)
+    local.bias = None if bias is None else nn.Parameter(bias, requires_grad=True)
+    return local
+
+
+@contextlib.contextmanager
+def local_shapes(model: nn.Module, planned: Mapping[str, str], degree: int) -> Iterator[None]:
+    """Within the block, every module of ``planned`` (path -> style) is replaced in
+    ``model`` by one of a TP rank's shape (:func:`_local_linear`), so that tracing records
+    one rank's sizes; the originals are put back after."""
+    originals = {path: model.get_submodule(path) for path in planned}
+    try:
+        for path, style in planned.items():
+            module = originals[path]
+            assert isinstance(module, nn.Linear)
+            model.set_submodule(path, _local_linear(module, style, degree))
+        yield
+    finally:
+        for path, module in originals.items():
+            model.set_submodule(path, module)
+
+
+def adopt_modules(body: fx.GraphModule, model: nn.Module, planned: Mapping[str, str]) -> None:
+    """Put ``model``'s own module (full size, its own parameters) at each path of
+    ``planned`` that the stage graph ``body`` holds, in place of the local-shape stand-in
+    (or torch.export's attribute holder) it was traced with."""
+    for path in planned:
+        try:
+            body.get_submodule(path)
+        except AttributeError:
+            continue  # another stage's module
+        body.set_submodule(path, model.get_submodule(path))
+
+
+def call_planned_modules(body: fx.GraphModule, paths: Mapping[str, str]) -> None:
+    """Rewrite ``body`` (in place) so each module in ``paths`` is called as a module: an
+    ``aten.linear(x, <path>.weight[, <path>.bias])`` of a torch.export graph becomes
+    ``call_module(path, x)``, which runs the module's own forward and so the hooks its TP
+    style adds. fx graphs already call leaf modules. :class:`MeshPlanError` when a planned
+    module's weight is used otherwise (the TP style would not see that use)."""
+    graph = body.graph
+    gets = {n: n.target for n in graph.nodes if n.op == "get_attr"}
+    linear = {torch.ops.aten.linear.default, torch.nn.functional.linear}
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node.target not in linear:
+            continue
+        operands: list[Any] = [*node.args, *node.kwargs.values()]
+        x, weight = operands[0], operands[1]
+        bias = operands[2] if len(operands) > 2 else None
+        target = gets.get(weight) if isinstance(weight, fx.Node) else None
+        if not isinstance(target, str) or not target.endswith(".weight"):
+            continue
+        path = target[: -len(".weight")]
+        if path not in paths:
+            continue
+        module = body.get_submodule(path)
+        wanted_bias = getattr(module, "bias", None)
+        got_bias = gets.get(bias) if isinstance(bias, fx.Node) else None
+        if (wanted_bias is None) != (bias is None) or (
+            bias is not None and got_bias != f"{path}.bias"
+        ):
+            raise MeshPlanError(
+                f"{path} is called with a bias that is not its own; the TP plan cannot split "
+                "it: drop it from the plan's tp_plan or re-plan with --tensor-parallel 1"
+            )
+        with graph.inserting_before(node):
+            call = graph.call_module(path, (x,))
+        call.meta = dict(node.meta)
+        node.replace_all_uses_with(call)
+        graph.erase_node(node)
+    for node in list(graph.nodes):
+        if node.op == "get_attr" and not node.users:
+            graph.erase_node(node)
+    for node in graph.nodes:
+        if node.op == "get_attr" and isinstance(node.target, str):
+            owner = node.target.rsplit(".", 1)[0]
+            if owner in paths:
+                raise MeshPlanError(
+                    f"{node.target} is used by something other than {owner}'s own forward "
+                    "(e.g. a tied weight); the TP plan cannot split it: drop "
+                    f"{owner} from the plan's tp_plan or re-plan with --tensor-parallel 1"
+                )
+    graph.lint()
+    body.recompile()
+
+
+def apply_tensor_parallel(body: fx.GraphModule, planned: Mapping[str, str], tp_mesh: Any) -> int:
+    """Split ``body``'s modules of ``planned`` (path -> style; the model's own modules,
+    :func:`adopt_modules`) over ``tp_mesh`` with ``parallelize_module``; the number of
+    modules split."""
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    paths = {p: s for p, s in planned.items() if _holds(body, p)}
+    if not paths:
+        return 0
+    call_planned_modules(body, paths)
+    parallelize_module(body, tp_mesh, {path: tp_style(style) for path, style in paths.items()})
+    return len(paths)
+
+
+def _holds(body: nn.Module, path: str) -> bool:
+    try:
+        body.get_submodule(path)
+    except AttributeError:
+        return False
+    return True
+
+
+def apply_sharding(chunk: nn.Module, shard: str, dp_mesh: Any) -> nn.Module:
+    """FSDP2 over ``dp_mesh`` for ``shard`` ``parameters`` (ZeRO-3) or ``gradients``
+    (``reshard_after_forward=False``); ``chunk`` as it was for ``none`` and ``optimizer``.
+    The reduce-scatter sums (divide factor 1): the runtime divides every gradient by the
+    global item count itself."""
+    if shard not in ("parameters", "gradients"):
+        return chunk
+    from torch.distributed.fsdp import FSDPModule, fully_shard
+
+    if not any(True for _ in chunk.parameters()):
+        return chunk  # nothing to shard: a stage of parameter-free layers
+    sharded = fully_shard(chunk, mesh=dp_mesh, reshard_after_forward=shard == "parameters")
+    assert isinstance(sharded, FSDPModule)
+    sharded.set_gradient_divide_factor(1.0)
+    # Gloo has no pre-multiplied sum: a plain sum (a factor of 1 scales nothing anyway).
+    sharded.set_force_sum_reduction_for_comms(True)
+    return chunk
+
+
+def make_zero_optimizer(
+    optimizer_class: type[torch.optim.Optimizer],
+    parameters: list[nn.Parameter],
+    group: Any,
+    **options: Any,
+) -> torch.optim.Optimizer:
+    """ZeRO-1: ``torch.distributed.optim.ZeroRedundancyOptimizer`` of ``optimizer_class``
+    over the data-parallel ``group`` (each replica keeps the state of its share of the
+    parameters and broadcasts its updated share after ``step``)."""
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    return ZeroRedundancyOptimizer(
+        parameters, optimizer_class=optimizer_class, process_group=group, **options
+    )

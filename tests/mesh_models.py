@@ -1,0 +1,91 @@
+"""The two models of the mesh tests (tests/test_distributed_mesh.py), as a model file:
+a tiny Hugging Face Llama (4 heads, 2 KV heads: T = 2 divides both) and examples/gpt.py's
+GPT at a tiny size, each seeded, with seeded inputs and the default objective. Not a test
+module (no ``test_`` prefix).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # configs only: never reach for a hub
+
+SEQ = 8
+VOCAB = 64
+GPT_FILE = Path(__file__).resolve().parents[1] / "examples" / "gpt.py"
+
+
+def _gpt_module() -> Any:
+    name = "autopipe_example_gpt"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, GPT_FILE)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+def _ids(batch_size: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(1)
+    return torch.randint(0, VOCAB, (batch_size, SEQ), generator=g)
+
+
+def llama() -> nn.Module:
+    import transformers
+
+    config = transformers.LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=4 * SEQ,
+        use_cache=False,
+        attention_dropout=0.0,
+    )
+    torch.manual_seed(0)
+    return transformers.LlamaForCausalLM(config)
+
+
+def example_inputs_llama(batch_size: int = 8) -> dict[str, torch.Tensor]:
+    ids = _ids(batch_size)
+    # The model's own loss (next-token cross entropy) drives training.
+    return {"input_ids": ids, "labels": ids}
+
+
+def gpt() -> nn.Module:
+    gpt_file = _gpt_module()
+    torch.manual_seed(0)
+    return gpt_file.GPT(gpt_file.GPTConfig(vocab_size=VOCAB, seq_len=SEQ, d_model=32, n_layer=2))
+
+
+def example_inputs_gpt(batch_size: int = 8) -> torch.Tensor:
+    return _ids(batch_size)
+
+
+def hf_tp_plan(model: nn.Module) -> dict[str, str]:
+    """A Hugging Face *ForCausalLM's TP plan from the model root: the config's
+    ``base_model_tp_plan`` under the base model's attribute (``model.``) plus the head
+    class's own ``_tp_plan`` (``lm_head``). The profiler's detection (issue #20, h2) is to
+    replace this one place."""
+    prefix = getattr(model, "base_model_prefix", "model")
+    base = getattr(model.config, "base_model_tp_plan", None) or {}
+    plan = {f"{prefix}.{pattern}": style for pattern, style in base.items()}
+    plan.update(getattr(type(model), "_tp_plan", None) or {})
+    return plan
+
+
+def tp_plan_of(name: str) -> dict[str, str]:
+    """The TP plan of factory ``name`` (module paths from the model root)."""
+    if name == "gpt":
+        return dict(_gpt_module().tp_plan())
+    return hf_tp_plan(globals()[name]())
