@@ -26,6 +26,7 @@ _LAZY = {
     "parallelize": ("autopipe.runtime", "parallelize"),
     "Pipeline": ("autopipe.runtime", "Pipeline"),
     "GPipe": ("autopipe.runtime", "GPipe"),
+    "replay": ("autopipe.replay", "replay"),
 }
 
 __all__ = ["__version__", *_LAZY]
