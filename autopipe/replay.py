@@ -12,11 +12,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from autopipe.planner.replay import ReplayError, StepReplay
-from autopipe.planner.replay import replay as replay_steps
-
 from autopipe.core.plan import Plan, load_plan
 from autopipe.core.timeline import Timeline, load_chrome_trace
+from autopipe.planner.replay import ReplayError, StepReplay
+from autopipe.planner.replay import replay as replay_steps
 
 __all__ = ["ReplayError", "ReplayReport", "replay"]
 

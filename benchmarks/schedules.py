@@ -311,9 +311,7 @@ def _rank(rank: int, port: int, paths: dict[str, str], steps: int, out: str) -> 
             trace_paths[name] = str(Path(out).with_name(f"trace_{name}.json"))
             save_chrome_trace(timeline, trace_paths[name])
     if rank == 0:
-        Path(out).write_text(
-            json.dumps({"times": times, "busy": gathered, "traces": trace_paths})
-        )
+        Path(out).write_text(json.dumps({"times": times, "busy": gathered, "traces": trace_paths}))
     dist.destroy_process_group()
 
 
@@ -378,10 +376,7 @@ def _err(value: float, reference: float) -> float:
 def _span(values: list[float], scale: float = 1.0, fmt: str = "{:.1f}") -> str:
     """``median (min .. max)`` of ``values`` times ``scale``."""
     xs = [v * scale for v in values]
-    return (
-        f"{fmt.format(statistics.median(xs))} "
-        f"({fmt.format(min(xs))} .. {fmt.format(max(xs))})"
-    )
+    return f"{fmt.format(statistics.median(xs))} ({fmt.format(min(xs))} .. {fmt.format(max(xs))})"
 
 
 def main() -> None:
@@ -490,7 +485,9 @@ def one_run(args: argparse.Namespace, schedules: list[str]) -> dict[str, dict[st
         replays[name] = {
             **_replayed(path, plans[name]),
             "predicted_s": plans[name].iteration_time_s,
-            "label": name if name != "auto" else f"auto ({plans[name].schedule}, V={plans[name].virtual_stages})",
+            "label": name
+            if name != "auto"
+            else f"auto ({plans[name].schedule}, V={plans[name].virtual_stages})",
         }
     med = {k: statistics.median(v) for k, v in times.items()}
 
@@ -546,7 +543,7 @@ def one_run(args: argparse.Namespace, schedules: list[str]) -> dict[str, dict[st
         f"load average (1 min) before/after: {load_before:.2f} / {load_after:.2f} "
         f"on {os.cpu_count()} CPUs"
     )
-    for name, r in replays.items():
+    for r in replays.values():
         print(
             f"replay {r['label']:28s} traced step {r['measured_s'] * 1e3:7.1f} ms, replayed "
             f"{r['replayed_s'] * 1e3:7.1f} ms ({_err(r['replayed_s'], r['measured_s']) * 100:+.1f}%), "

@@ -300,7 +300,7 @@ def replay_step(
     direction: dict[Action, str] = {}
     for r in range(k):
         prev_end = start[r]
-        for i, a in enumerate(by_rank[r]):
+        for a in by_rank[r]:
             s, e = spans[a]
             dep = _producer(a, last)
             if dep is not None and dep.phase == "":
@@ -313,11 +313,13 @@ def replay_step(
             if a not in waited:
                 gap[a] = max(s - prev_end, 0.0)
             prev_end = e
-    head = [gap.get(by_rank[r][0], spans[by_rank[r][0]][0] - start[r]) for r in range(k)]
     dispatch = []
     for r in range(k):
         samples = [gap[a] for a in by_rank[r][1:] if a in gap]
         dispatch.append(statistics.median(samples) if samples else 0.0)
+    # A rank whose first action waited for another rank shows no set-up of its own: it is
+    # charged its median dispatch.
+    head = [gap.get(by_rank[r][0], dispatch[r]) for r in range(k)]
     transfer = {}
     for name in ("activations", "gradients"):
         samples = [w for a, w in waited.items() if direction[a] == name]
@@ -347,13 +349,14 @@ def replay_step(
                 dispatch_total[r] += front
             action_s[a] = front + dur[a]
             if a in direction:  # what it waits for comes from another rank
-                lag = waited.get(a) if not medians else None
-                if lag is None:
-                    lag = transfer.get(direction[a], 0.0)
                 dep = _producer(a, last)
                 assert dep is not None
                 if dep.phase == "":
                     dep = grad_key(dep.stage, dep.microbatch)
+                lag = transfer.get(direction[a], 0.0)
+                if not medians:
+                    # Its own: measured when it waited; else at most what it was.
+                    lag = waited.get(a, min(lag, max(spans[a][0] - spans[dep][1], 0.0)))
                 # The simulator starts a task when its input is there and charges ``front``
                 # first: the input must be there ``front`` before the compute starts.
                 delay_s[dep] = lag - front

@@ -580,9 +580,7 @@ def simulate_schedule(
     for r in range(k):
         now = sum(w.state_bytes for c, w in enumerate(chunks) if ranks[c] == r)
         steps = [(0.0, now)]
-        for (phase, c, mb, *_), start, end in zip(
-            programs[r], starts[r], ends[r], strict=True
-        ):
+        for (phase, c, mb, *_), start, end in zip(programs[r], starts[r], ends[r], strict=True):
             tasks.append(Task(c, mb, phase, start, end, r))
             work = chunks[c]
             # A checkpointed backward's re-computed activations appear when its recompute

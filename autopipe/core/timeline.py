@@ -520,7 +520,12 @@ def _event_mark(ev: Mapping[str, Any]) -> tuple[str, float, float, Any] | None:
     except (TypeError, ValueError, KeyError):
         return None
     pid = ev.get("pid")
-    return str(args["mark"]), start_us * 1e-6, (start_us + dur_us) * 1e-6, pid if pid is not None else 0
+    return (
+        str(args["mark"]),
+        start_us * 1e-6,
+        (start_us + dur_us) * 1e-6,
+        pid if pid is not None else 0,
+    )
 
 
 def _device_order(key: Any) -> tuple[int, float, str]:

@@ -65,9 +65,7 @@ class PipelineTrace:
 
             return run
 
-        def backward_phase(
-            loss: Any = None, full_backward: bool = True, *_: Any, **__: Any
-        ) -> str:
+        def backward_phase(loss: Any = None, full_backward: bool = True, *_: Any, **__: Any) -> str:
             return "backward" if full_backward else "backward_input"
 
         stage.forward_one_chunk = timed(stage.forward_one_chunk, lambda *a, **k: "forward")
@@ -102,7 +100,7 @@ class PipelineTrace:
         one_host = len({p[2] for p in parts}) == 1
         origin = min(p[3] for p in parts)
         tasks, marks, names = [], [], []
-        for rank, _, host, origin_s, timeline in parts:
+        for rank, _, _, origin_s, timeline in parts:
             # One host: the same monotonic clock, placed exactly; else the barrier's instant.
             shift = origin_s - origin if one_host else 0.0
             names.append(f"rank {rank} ({timeline.device_name(0)})")
