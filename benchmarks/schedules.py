@@ -369,6 +369,26 @@ def _replayed(trace_path: str, plan: Any) -> dict[str, float]:
     }
 
 
+def _replay_saved(folder: Path) -> dict[str, dict[str, Any]]:
+    """The replay figures of one earlier run, from the plans and traces in ``folder``."""
+    from autopipe.core.plan import load_plan
+
+    traces = json.loads((folder / "out.json").read_text())["traces"]
+    out = {}
+    for name, path in traces.items():
+        plan = load_plan(folder / f"{name}.json")
+        out[name] = {
+            **_replayed(str(folder / Path(path).name), plan),
+            "predicted_s": plan.iteration_time_s,
+            "label": _label(name, plan),
+        }
+    return out
+
+
+def _label(name: str, plan: Any) -> str:
+    return name if name != "auto" else f"auto ({plan.schedule}, V={plan.virtual_stages})"
+
+
 def _err(value: float, reference: float) -> float:
     return (value - reference) / reference
 
@@ -402,8 +422,19 @@ def main() -> None:
         help="plan the ranks as sharing this host's measured compute (the default) or as "
         "dedicated devices (what a GPU cluster has)",
     )
+    parser.add_argument(
+        "--from",
+        dest="saved",
+        nargs="+",
+        metavar="DIR",
+        help="no new runs: replay the traces that earlier runs left in these folders (the "
+        "'profile, plans and traces in DIR' each run prints) and print the replay table",
+    )
     args = parser.parse_args()
     schedules = args.schedules.split(",")
+    if args.saved:
+        print_replay_table([_replay_saved(Path(d)) for d in args.saved], len(args.saved))
+        return
     results = []
     for run in range(args.runs):
         print(f"--- run {run + 1} of {args.runs}")
@@ -420,7 +451,7 @@ def print_replay_table(results: list[dict[str, dict[str, float]]], runs: int) ->
     )
     print(
         f"{'schedule':22s} {'measured ms':>22s} {'replayed ms':>22s} {'error %':>20s} "
-        f"{'medians: error %':>20s} {'predicted: error %':>22s} {'<= 5%':>6s}"
+        f"{'medians: error %':>20s} {'predicted: error %':>22s} {'runs <= 5%: own, medians':>24s}"
     )
     for name in results[0]:
         rows = [r[name] for r in results]
@@ -430,11 +461,12 @@ def print_replay_table(results: list[dict[str, dict[str, float]]], runs: int) ->
         err_med = [_err(r["replayed_medians_s"], r["measured_s"]) for r in rows]
         err_pred = [_err(r["predicted_s"], r["measured_s"]) for r in rows]
         within = sum(abs(e) <= 0.05 for e in err)
+        within_med = sum(abs(e) <= 0.05 for e in err_med)
         print(
             f"{label:22s} {_span(measured, 1e3):>22s} "
             f"{_span([r['replayed_s'] for r in rows], 1e3):>22s} "
             f"{_span(err, 100, '{:+.1f}'):>20s} {_span(err_med, 100, '{:+.1f}'):>20s} "
-            f"{_span(err_pred, 100, '{:+.1f}'):>22s} {within:>3d}/{len(rows)}"
+            f"{_span(err_pred, 100, '{:+.1f}'):>22s} {within:>3d}/{len(rows)} {within_med:>3d}/{len(rows)}"
         )
 
 
@@ -485,9 +517,7 @@ def one_run(args: argparse.Namespace, schedules: list[str]) -> dict[str, dict[st
         replays[name] = {
             **_replayed(path, plans[name]),
             "predicted_s": plans[name].iteration_time_s,
-            "label": name
-            if name != "auto"
-            else f"auto ({plans[name].schedule}, V={plans[name].virtual_stages})",
+            "label": _label(name, plans[name]),
         }
     med = {k: statistics.median(v) for k, v in times.items()}
 
