@@ -352,12 +352,13 @@ WARMUP_STEPS = 2
 def _replayed(trace_path: str, plan: Any) -> dict[str, float]:
     """The traced run's median step (over the timed steps) measured and replayed, with
     each action's durations and with per-chunk medians (autopipe.planner.replay)."""
-    from autopipe.planner.replay import replay
+    from autopipe.planner.replay import replay, split_steps
 
     from autopipe.core.timeline import load_chrome_trace
 
     timeline = load_chrome_trace(trace_path)
     own = replay(timeline, plan)[WARMUP_STEPS:]
+    steps = split_steps(timeline)[WARMUP_STEPS:]
     med = replay(timeline, plan, medians=True)[WARMUP_STEPS:]
     return {
         "measured_s": statistics.median(s.measured_s for s in own),
@@ -366,7 +367,37 @@ def _replayed(trace_path: str, plan: Any) -> dict[str, float]:
         "remainder_s": statistics.median(s.remainder_s for s in own),
         "dispatch_s": statistics.median(sum(s.overheads.dispatch_total_s) for s in own),
         "tail_s": statistics.median(s.overheads.tail_s for s in own),
+        "slowdown": _slowdown(steps),
     }
+
+
+def _slowdown(steps: list[Any]) -> float:
+    """How much longer a chunk's action takes while the other rank computes too than while
+    it computes alone: per chunk and phase the ratio of the medians of actions that overlap
+    the other rank's actions for more than 80% and for less than 20% of their time; the
+    median over chunks and phases (1.0: no chunk has both kinds). The two ranks share this
+    host's cores, so an action's duration depends on what the other rank does meanwhile."""
+    alone: dict[tuple[int, str], list[float]] = {}
+    both: dict[tuple[int, str], list[float]] = {}
+    for step in steps:
+        work = [t for t in step.tasks if t.phase != "recompute"]
+        for t in work:
+            if t.phase == "loss" or t.duration_s <= 0:
+                continue
+            overlap = sum(
+                max(0.0, min(t.end_s, u.end_s) - max(t.start_s, u.start_s))
+                for u in work
+                if u.device != t.device
+            )
+            share = overlap / t.duration_s
+            into = alone if share < 0.2 else both if share > 0.8 else None
+            if into is not None:
+                into.setdefault((t.stage, t.phase), []).append(t.duration_s)
+    ratios = [
+        statistics.median(both[key]) / statistics.median(alone[key])
+        for key in alone.keys() & both.keys()
+    ]
+    return statistics.median(ratios) if ratios else 1.0
 
 
 def _replay_saved(folder: Path) -> dict[str, dict[str, Any]]:
@@ -451,22 +482,32 @@ def print_replay_table(results: list[dict[str, dict[str, float]]], runs: int) ->
     )
     print(
         f"{'schedule':22s} {'measured ms':>22s} {'replayed ms':>22s} {'error %':>20s} "
-        f"{'medians: error %':>20s} {'predicted: error %':>22s} {'runs <= 5%: own, medians':>24s}"
+        f"{'medians: error %':>20s} {'predicted: error %':>22s} {'runs <= 5%: own, medians':>24s} "
+        f"{'slowdown x':>20s}"
     )
     for name in results[0]:
         rows = [r[name] for r in results]
-        label = rows[-1]["label"] if "label" in rows[-1] else name
+        # auto may choose another schedule in each run: name every choice once.
+        labels = list(dict.fromkeys(str(r.get("label", name)) for r in rows))
+        label = (
+            labels[0]
+            if len(labels) == 1
+            else f"{name}: "
+            + ", ".join(x.removeprefix(f"{name} (").removesuffix(")") for x in labels)
+        )
         measured = [r["measured_s"] for r in rows]
         err = [_err(r["replayed_s"], r["measured_s"]) for r in rows]
         err_med = [_err(r["replayed_medians_s"], r["measured_s"]) for r in rows]
         err_pred = [_err(r["predicted_s"], r["measured_s"]) for r in rows]
         within = sum(abs(e) <= 0.05 for e in err)
         within_med = sum(abs(e) <= 0.05 for e in err_med)
+        slow = [r.get("slowdown", 1.0) for r in rows]
         print(
             f"{label:22s} {_span(measured, 1e3):>22s} "
             f"{_span([r['replayed_s'] for r in rows], 1e3):>22s} "
             f"{_span(err, 100, '{:+.1f}'):>20s} {_span(err_med, 100, '{:+.1f}'):>20s} "
-            f"{_span(err_pred, 100, '{:+.1f}'):>22s} {within:>3d}/{len(rows)} {within_med:>3d}/{len(rows)}"
+            f"{_span(err_pred, 100, '{:+.1f}'):>22s} {within:>3d}/{len(rows)} {within_med:>3d}/{len(rows)} "
+            f"{_span(slow, 1, '{:.2f}'):>20s}"
         )
 
 
