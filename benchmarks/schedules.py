@@ -417,7 +417,7 @@ def _replay_saved(folder: Path) -> dict[str, dict[str, Any]]:
 
 
 def _label(name: str, plan: Any) -> str:
-    return name if name != "auto" else f"auto ({plan.schedule}, V={plan.virtual_stages})"
+    return name if name != "auto" else f"auto ({plan.schedule} V={plan.virtual_stages})"
 
 
 def _err(value: float, reference: float) -> float:
