@@ -485,7 +485,8 @@ def simulate_schedule(
     backward_weight action), ``arrival_delay_s[a]``: seconds from the end of ``a`` until
     what it produces (a forward's output, an input gradient) is there for the chunk that
     waits for it (may be negative: it then waits less than the whole task), and
-    ``rank_start_s[r]``: when rank ``r`` may start its first action (default 0).
+    ``rank_start_s[r]``: when rank ``r`` may start its first action (default 0). Those
+    two are for dedicated ranks only.
     """
     k = num_ranks
     n_chunks = len(chunks)
@@ -558,8 +559,11 @@ def simulate_schedule(
         programs.append(prog)
 
     if host_throughput is not None and host_throughput < k:
-        if rank_start_s is not None:
-            raise ValueError("rank_start_s is for dedicated ranks (no host_throughput)")
+        if rank_start_s is not None or arrival_delay_s:
+            # The shared host's event loop starts a task the moment its input is produced.
+            raise ValueError(
+                "rank_start_s and arrival_delay_s are for dedicated ranks (no host_throughput)"
+            )
         starts, ends, busy = _run_shared_host(programs, ready, host_throughput)
         end_time = max((e[-1] for e in ends if e), default=0.0)
     else:
@@ -697,7 +701,7 @@ def _run_shared_host(
                 ends[r][i] = now
                 out = programs[r][i][5]
                 if out >= 0:
-                    ready[out] = max(now + programs[r][i][6], 0.0)
+                    ready[out] = now
                 running[r] = False
                 ptr[r] += 1
     if any(ptr[r] < len(programs[r]) for r in range(k)):
