@@ -333,3 +333,16 @@ def test_replay_of_a_real_two_rank_torchrun_trace(tmp_path: Path) -> None:
         assert len(s["ranks"]) == 2
         assert all(0 <= r["idle_measured_s"] <= s["measured_s"] for r in s["ranks"])
         assert 0 <= s["bubble_measured"] < 1 and s["overheads"]["optimizer_s"] > 0
+
+
+def test_run_refuses_a_trace_path_over_its_plan_before_any_work(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model, plan = tiny_gpt_files(tmp_path, "gpipe")
+    before = plan.read_text()
+    _one_line_exit_2(
+        capsys,
+        ["run", str(model), "--plan", str(plan), "--trace", str(plan)],
+        "--trace " + str(plan) + " is the input",
+    )
+    assert plan.read_text() == before
