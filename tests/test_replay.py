@@ -346,3 +346,20 @@ def test_run_refuses_a_trace_path_over_its_plan_before_any_work(
         "--trace " + str(plan) + " is the input",
     )
     assert plan.read_text() == before
+
+
+def test_the_python_function_takes_files_or_objects(tmp_path: Path) -> None:
+    import autopipe
+
+    plan = plan_for("looped-bfs")
+    timeline, lengths = fake_run(plan, Costs(), steps=3)
+    save_chrome_trace(timeline, tmp_path / "trace.json")
+    plan.save(tmp_path / "plan.json")
+    from_files = autopipe.replay(tmp_path / "trace.json", tmp_path / "plan.json", medians=True)
+    from_objects = autopipe.replay(timeline, plan)
+    for report in (from_files, from_objects):
+        assert [s.replayed_s for s in report.steps] == pytest.approx(lengths)
+        assert report.measured_s == pytest.approx(lengths[1])  # steps 2-3 (1 is warm-up)
+        assert report.errors == pytest.approx([0.0, 0.0], abs=1e-12)
+    data = from_files.to_dict()
+    assert data["durations"] == "chunk medians" and len(data["steps"]) == 3
