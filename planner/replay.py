@@ -338,6 +338,7 @@ def replay_step(
     delay_s: dict[Action, float] = {}
     dispatch_total = [0.0] * k
     for r in range(k):
+        prev_end = start[r]
         for i, a in enumerate(by_rank[r]):
             if i == 0:
                 front = head[r]
@@ -345,6 +346,10 @@ def replay_step(
                 front = dispatch[r]
             else:
                 front = gap[a]
+            if not medians:
+                # Its own: an action that waited had at most the time it waited for dispatch.
+                front = min(front, max(spans[a][0] - prev_end, 0.0))
+            prev_end = spans[a][1]
             if i > 0:
                 dispatch_total[r] += front
             action_s[a] = front + dur[a]

@@ -56,7 +56,7 @@ def register(sub: common.Subparsers) -> None:
 
 def cmd_replay(args: argparse.Namespace) -> int:
     from autopipe.core.timeline import TimelineFormatError, load_chrome_trace
-    from autopipe.replay import ReplayError, format_report, replay
+    from autopipe.replay_report import ReplayError, format_report, replay
 
     common.check_output_path(args.json, "--json", inputs=[args.trace, args.plan])
     if not Path(args.trace).is_file():
