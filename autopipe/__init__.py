@@ -27,6 +27,7 @@ _LAZY = {
     "parallelize": ("autopipe.runtime", "parallelize"),
     "Pipeline": ("autopipe.runtime", "Pipeline"),
     "GPipe": ("autopipe.runtime", "GPipe"),
+    "replay": ("autopipe.replay_report", "replay"),
 }
 
 __all__ = ["__version__", *_LAZY]

@@ -40,7 +40,16 @@ input-gradient and weight-gradient seconds per micro-batch, from the profile):
 - dualpipev: none stated (the DeepSeek-V3 report's ``(K/2-1)(F&B+B-3W)`` is for the
   two-direction DualPipe, not the V variant torch runs).
 
-``python benchmarks/schedules.py [--steps N] [--batch-size B] [--microbatches M]``.
+Replay (``autopipe.planner.replay``): every pipeline of ours is traced
+(``autopipe.runtime.distributed.trace.PipelineTrace``: each chunk action, loss and step, on
+both ranks), and each timed step is replayed through the planner's simulator with its own
+durations (and with per-chunk medians); the replayed step is compared with the traced one
+(``pipe.step``, first rank's start to last rank's end). The whole of the above (profile,
+plan, run, replay) is repeated ``--runs`` times (default 5) and the last table gives, per
+schedule, the median and range over the runs of the measured step, the replayed step and
+its error, and the profile's prediction's error.
+
+``python benchmarks/schedules.py [--runs R] [--steps N] [--batch-size B] [--microbatches M]``.
 """
 
 from __future__ import annotations
@@ -231,6 +240,11 @@ class Busy:
         self.seconds = 0.0
 
 
+def _torch_default_m(auto: Any) -> int:
+    """torch-default's M: auto's, at least K (Schedule1F1B refuses fewer micro-batches)."""
+    return max(int(auto.microbatches), K)
+
+
 def _rank(rank: int, port: int, paths: dict[str, str], steps: int, out: str) -> None:
     from distributed_cases import rank_env
 
@@ -247,7 +261,12 @@ def _rank(rank: int, port: int, paths: dict[str, str], steps: int, out: str) -> 
     batch_size = plans["auto"].batch_size
     inputs = gpt.example_inputs(batch_size)
 
+    from autopipe.runtime.distributed.trace import PipelineTrace
+
+    from autopipe.core.timeline import save_chrome_trace
+
     runs: dict[str, tuple[Callable[[], None], Busy]] = {}
+    traces: dict[str, PipelineTrace] = {}
     for name, p in plans.items():
         pipe = DistributedPipeline(gpt.build_model(), p, inputs, gpt.loss_fn)
 
@@ -256,9 +275,11 @@ def _rank(rank: int, port: int, paths: dict[str, str], steps: int, out: str) -> 
             pipe.step(inputs)
 
         runs[name] = (ours, Busy(pipe.stages))
+        # Every step of every pipeline, for the replay (the Busy wrappers sit inside).
+        traces[name] = PipelineTrace(pipe)
 
     torch_default, stage = torch_split_step(
-        rank, gpt.build_model(), inputs, N_LAYER // 2, plans["auto"].microbatches,
+        rank, gpt.build_model(), inputs, N_LAYER // 2, _torch_default_m(plans["auto"]),
         Schedule1F1B, gpt.loss_fn,
     )  # fmt: skip
     runs[TORCH_DEFAULT] = (torch_default, Busy([stage]))
@@ -272,8 +293,8 @@ def _rank(rank: int, port: int, paths: dict[str, str], steps: int, out: str) -> 
         return time.perf_counter() - t0, busy.seconds
 
     for fn, busy in runs.values():  # warm-up: shape inference, allocator
-        timed(fn, busy)
-        timed(fn, busy)
+        for _ in range(WARMUP_STEPS):
+            timed(fn, busy)
     times: dict[str, list[float]] = {name: [] for name in runs}
     busy_s: dict[str, list[float]] = {name: [] for name in runs}
     for _ in range(steps):
@@ -283,8 +304,14 @@ def _rank(rank: int, port: int, paths: dict[str, str], steps: int, out: str) -> 
             busy_s[name].append(b)
     gathered: list[Any] = [None, None]
     dist.all_gather_object(gathered, busy_s)
+    trace_paths = {}
+    for name, trace in traces.items():
+        timeline = trace.gather()
+        if timeline is not None:
+            trace_paths[name] = str(Path(out).with_name(f"trace_{name}.json"))
+            save_chrome_trace(timeline, trace_paths[name])
     if rank == 0:
-        Path(out).write_text(json.dumps({"times": times, "busy": gathered}))
+        Path(out).write_text(json.dumps({"times": times, "busy": gathered, "traces": trace_paths}))
     dist.destroy_process_group()
 
 
@@ -318,8 +345,99 @@ def _chunk_fbw(p: Any) -> tuple[float, float, float]:
     return f, bi, bw
 
 
+WARMUP_STEPS = 2
+"""Untimed steps of each pipeline before the timed ones (shape inference, allocator)."""
+
+
+def _replayed(trace_path: str, plan: Any) -> dict[str, float]:
+    """The traced run's median step (over the timed steps) measured and replayed, with
+    each action's durations and with per-chunk medians (autopipe.planner.replay)."""
+    from autopipe.planner.replay import replay, split_steps
+
+    from autopipe.core.timeline import load_chrome_trace
+
+    timeline = load_chrome_trace(trace_path)
+    own = replay(timeline, plan)[WARMUP_STEPS:]
+    steps = split_steps(timeline)[WARMUP_STEPS:]
+    med = replay(timeline, plan, medians=True)[WARMUP_STEPS:]
+    return {
+        "measured_s": statistics.median(s.measured_s for s in own),
+        "replayed_s": statistics.median(s.replayed_s for s in own),
+        "replayed_medians_s": statistics.median(s.replayed_s for s in med),
+        "remainder_s": statistics.median(s.remainder_s for s in own),
+        "dispatch_s": statistics.median(sum(s.overheads.dispatch_total_s) for s in own),
+        "tail_s": statistics.median(s.overheads.tail_s for s in own),
+        "slowdown": _slowdown(steps),
+    }
+
+
+def _slowdown(steps: list[Any]) -> float:
+    """How much longer a chunk's action takes while the other rank computes too than while
+    it computes alone: per chunk and phase the ratio of the medians of actions that overlap
+    the other rank's actions for more than 80% and for less than 20% of their time; the
+    median over chunks and phases (1.0: no chunk has both kinds). The two ranks share this
+    host's cores, so an action's duration depends on what the other rank does meanwhile."""
+    alone: dict[tuple[int, str], list[float]] = {}
+    both: dict[tuple[int, str], list[float]] = {}
+    for step in steps:
+        work = [t for t in step.tasks if t.phase != "recompute"]
+        for t in work:
+            if t.phase == "loss" or t.duration_s <= 0:
+                continue
+            overlap = sum(
+                max(0.0, min(t.end_s, u.end_s) - max(t.start_s, u.start_s))
+                for u in work
+                if u.device != t.device
+            )
+            share = overlap / t.duration_s
+            into = alone if share < 0.2 else both if share > 0.8 else None
+            if into is not None:
+                into.setdefault((t.stage, t.phase), []).append(t.duration_s)
+    ratios = [
+        statistics.median(both[key]) / statistics.median(alone[key])
+        for key in alone.keys() & both.keys()
+    ]
+    return statistics.median(ratios) if ratios else 1.0
+
+
+def _replay_saved(folder: Path) -> dict[str, dict[str, Any]]:
+    """The replay figures of one earlier run, from the plans and traces in ``folder``."""
+    from autopipe.core.plan import load_plan
+
+    traces = json.loads((folder / "out.json").read_text())["traces"]
+    out = {}
+    for name, path in traces.items():
+        plan = load_plan(folder / f"{name}.json")
+        out[name] = {
+            **_replayed(str(folder / Path(path).name), plan),
+            "predicted_s": plan.iteration_time_s,
+            "label": _label(name, plan),
+        }
+    return out
+
+
+def _label(name: str, plan: Any) -> str:
+    return name if name != "auto" else f"auto ({plan.schedule} V={plan.virtual_stages})"
+
+
+def _err(value: float, reference: float) -> float:
+    return (value - reference) / reference
+
+
+def _span(values: list[float], scale: float = 1.0, fmt: str = "{:.1f}") -> str:
+    """``median (min .. max)`` of ``values`` times ``scale``."""
+    xs = [v * scale for v in values]
+    return f"{fmt.format(statistics.median(xs))} ({fmt.format(min(xs))} .. {fmt.format(max(xs))})"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--runs",
+        type=int,
+        default=5,
+        help="consecutive runs (each profiles, plans, runs and replays) (default 5)",
+    )
     parser.add_argument("--batch-size", type=int, default=16, help="B (default 16)")
     parser.add_argument("--microbatches", type=int, default=8, help="M of the forced plans")
     parser.add_argument("--steps", type=int, default=10, help="timed steps of each pipeline")
@@ -335,9 +453,67 @@ def main() -> None:
         help="plan the ranks as sharing this host's measured compute (the default) or as "
         "dedicated devices (what a GPU cluster has)",
     )
+    parser.add_argument(
+        "--from",
+        dest="saved",
+        nargs="+",
+        metavar="DIR",
+        help="no new runs: replay the traces that earlier runs left in these folders (the "
+        "'profile, plans and traces in DIR' each run prints) and print the replay table",
+    )
     args = parser.parse_args()
     schedules = args.schedules.split(",")
+    if args.saved:
+        print_replay_table([_replay_saved(Path(d)) for d in args.saved], len(args.saved))
+        return
+    results = []
+    for run in range(args.runs):
+        print(f"--- run {run + 1} of {args.runs}")
+        results.append(one_run(args, schedules))
+    print_replay_table(results, args.runs)
 
+
+def print_replay_table(results: list[dict[str, dict[str, float]]], runs: int) -> None:
+    """Per schedule over the runs: the traced step measured, replayed (each action's
+    durations; per-chunk medians) and predicted from the profile, median (range)."""
+    print(
+        f"\nreplay: {runs} runs; per run the median of its timed steps (trace: pipe.step, "
+        "first rank's start to last rank's end); errors (x - measured) / measured"
+    )
+    print(
+        f"{'schedule':22s} {'measured ms':>22s} {'replayed ms':>22s} {'error %':>20s} "
+        f"{'medians: error %':>20s} {'predicted: error %':>22s} {'runs <= 5%: own, medians':>24s} "
+        f"{'slowdown x':>20s}"
+    )
+    for name in results[0]:
+        rows = [r[name] for r in results]
+        # auto may choose another schedule in each run: name every choice once.
+        labels = list(dict.fromkeys(str(r.get("label", name)) for r in rows))
+        label = (
+            labels[0]
+            if len(labels) == 1
+            else f"{name}: "
+            + ", ".join(x.removeprefix(f"{name} (").removesuffix(")") for x in labels)
+        )
+        measured = [r["measured_s"] for r in rows]
+        err = [_err(r["replayed_s"], r["measured_s"]) for r in rows]
+        err_med = [_err(r["replayed_medians_s"], r["measured_s"]) for r in rows]
+        err_pred = [_err(r["predicted_s"], r["measured_s"]) for r in rows]
+        within = sum(abs(e) <= 0.05 for e in err)
+        within_med = sum(abs(e) <= 0.05 for e in err_med)
+        slow = [r.get("slowdown", 1.0) for r in rows]
+        print(
+            f"{label:22s} {_span(measured, 1e3):>22s} "
+            f"{_span([r['replayed_s'] for r in rows], 1e3):>22s} "
+            f"{_span(err, 100, '{:+.1f}'):>20s} {_span(err_med, 100, '{:+.1f}'):>20s} "
+            f"{_span(err_pred, 100, '{:+.1f}'):>22s} {within:>3d}/{len(rows)} {within_med:>3d}/{len(rows)} "
+            f"{_span(slow, 1, '{:.2f}'):>20s}"
+        )
+
+
+def one_run(args: argparse.Namespace, schedules: list[str]) -> dict[str, dict[str, float]]:
+    """One run: profile, plan, run every pipeline interleaved, print its table; returns,
+    per plan, the replay figures of its trace and the plan's prediction."""
     from distributed_cases import free_port, spawn_ranks
 
     from autopipe.core.plan import load_plan
@@ -357,7 +533,10 @@ def main() -> None:
     if args.host == "dedicated":
         host["host_throughput"] = None
     paths = _plans(prof, args.microbatches, schedules, host, tmp)
-    print(f"profiled (rank 0 alone) and planned in {time.perf_counter() - t0:.1f} s")
+    print(
+        f"profiled (rank 0 alone) and planned in {time.perf_counter() - t0:.1f} s "
+        f"(profile, plans and traces in {tmp})"
+    )
     print(
         f"gloo link: {host['latency_s'] * 1e6:.0f} us + bytes / "
         f"{host['bandwidth_bytes_per_s'] / 1e9:.2f} GB/s; host: "
@@ -374,6 +553,13 @@ def main() -> None:
     load_after = os.getloadavg()[0]
     result = json.loads((tmp / "out.json").read_text())
     times, busy = result["times"], result["busy"]
+    replays = {}
+    for name, path in result["traces"].items():
+        replays[name] = {
+            **_replayed(path, plans[name]),
+            "predicted_s": plans[name].iteration_time_s,
+            "label": _label(name, plans[name]),
+        }
     med = {k: statistics.median(v) for k, v in times.items()}
 
     print(
@@ -393,7 +579,7 @@ def main() -> None:
         measured_bubble = 1.0 - statistics.fmean(rank_busy) / t
         if name == TORCH_DEFAULT:
             p = plans["auto"]
-            v, m, sched = 1, p.microbatches, "1f1b"
+            v, m, sched = 1, _torch_default_m(p), "1f1b"
             chunks = f"{N_LAYER // 2} | {N_LAYER - N_LAYER // 2} blocks"
             predicted = pred_bubble = None
         else:
@@ -420,7 +606,7 @@ def main() -> None:
         f"{len(errors)} (worst {max(errors.values()) * 100:.1f}%)"
     )
     print(
-        f"ratio {TORCH_DEFAULT} (Schedule1F1B, even split, M = {plans['auto'].microbatches}) / "
+        f"ratio {TORCH_DEFAULT} (Schedule1F1B, even split, M = {_torch_default_m(plans['auto'])}) / "
         f"auto ({plans['auto'].schedule}, V = {plans['auto'].virtual_stages}) = "
         f"{med[TORCH_DEFAULT] / med['auto']:.2f}x (target >= 1.10x)"
     )
@@ -428,6 +614,15 @@ def main() -> None:
         f"load average (1 min) before/after: {load_before:.2f} / {load_after:.2f} "
         f"on {os.cpu_count()} CPUs"
     )
+    for r in replays.values():
+        print(
+            f"replay {r['label']:28s} traced step {r['measured_s'] * 1e3:7.1f} ms, replayed "
+            f"{r['replayed_s'] * 1e3:7.1f} ms ({_err(r['replayed_s'], r['measured_s']) * 100:+.1f}%), "
+            f"chunk medians {r['replayed_medians_s'] * 1e3:7.1f} ms "
+            f"({_err(r['replayed_medians_s'], r['measured_s']) * 100:+.1f}%); dispatch "
+            f"{r['dispatch_s'] * 1e3:.1f} ms, tail {r['tail_s'] * 1e3:.1f} ms"
+        )
+    return replays
 
 
 if __name__ == "__main__":

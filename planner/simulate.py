@@ -26,7 +26,7 @@ Torch-free. Two engines:
 from __future__ import annotations
 
 import heapq
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from autopipe.planner.schedules import chunk_ranks, rank_order, rank_orders
@@ -345,8 +345,9 @@ def plan_chunk_works(plan: Plan) -> list[ChunkWork]:
 
 
 # One rank's simulated tasks: (phase, chunk, mb, seconds, waits-for key or -1, produces key
-# or -1); a key indexes ``ready``, the time its value is there (-1.0: not yet).
-_Program = list[tuple[str, int, int, float, int, int]]
+# or -1, seconds from the task's end until what it produces is there); a key indexes
+# ``ready``, the time its value is there (-1.0: not yet).
+_Program = list[tuple[str, int, int, float, int, int, float]]
 
 
 @dataclass(frozen=True)
@@ -460,6 +461,9 @@ def simulate_schedule(
     orders: Sequence[Sequence[Action]] | None = None,
     record_tasks: bool = True,
     host_throughput: float | None = None,
+    action_s: Mapping[Action, float] | None = None,
+    arrival_delay_s: Mapping[Action, float] | None = None,
+    rank_start_s: Sequence[float] | None = None,
 ) -> Simulation:
     """Simulate one iteration of ``schedule`` with ``chunks`` (``K x V`` of them, in model
     order, placed by :func:`autopipe.planner.schedules.chunk_ranks`) on ``num_ranks``
@@ -475,6 +479,14 @@ def simulate_schedule(
     bytes per rank, and with ``record_tasks`` the timeline (stage = chunk, device = rank) and
     each rank's memory over time. Raises RuntimeError if the orders deadlock (they never do
     for the schedules' own orders). O(T) on dedicated ranks, O(T K) on a shared host.
+
+    Replaying a run (:mod:`autopipe.planner.replay`) gives each action its own seconds
+    instead of its chunk's: ``action_s[a]`` (a forward, backward, backward_input or
+    backward_weight action), ``arrival_delay_s[a]``: seconds from the end of ``a`` until
+    what it produces (a forward's output, an input gradient) is there for the chunk that
+    waits for it (may be negative: it then waits less than the whole task), and
+    ``rank_start_s[r]``: when rank ``r`` may start its first action (default 0). Those
+    two are for dedicated ranks only.
     """
     k = num_ranks
     n_chunks = len(chunks)
@@ -489,6 +501,15 @@ def simulate_schedule(
         orders = rank_orders(schedule, k, v, microbatches)
     m = microbatches
     last = n_chunks - 1
+    own = action_s or {}
+    delays = arrival_delay_s or {}
+
+    def secs(c: int, mb: int, phase: str, default: float) -> float:
+        return own.get(Action(c, mb, phase), default)
+
+    def delay(c: int, mb: int, phase: str) -> float:
+        return delays.get(Action(c, mb, phase), 0.0)
+
     # Keys of the values tasks wait for, as flat indices: the input of (c, mb) at
     # c * m + mb, the gradient of its output at (n_chunks + c) * m + mb.
     grad0 = n_chunks * m
@@ -502,13 +523,15 @@ def simulate_schedule(
             c, mb, phase = a.stage, a.microbatch, a.phase
             w = chunks[c]
             if phase == "forward":
+                f = secs(c, mb, phase, w.forward_s)
+                late = delay(c, mb, phase)
                 if c == last:  # the loss: the last chunk's backward may start after it
-                    prog.append(("forward", c, mb, w.forward_s, c * m + mb, grad0 + c * m + mb))
+                    prog.append(("forward", c, mb, f, c * m + mb, grad0 + c * m + mb, late))
                 elif ranks[c + 1] != r and w.send_s > 0:
-                    prog.append(("forward", c, mb, w.forward_s, c * m + mb, -1))
-                    prog.append(("send", c, mb, w.send_s, -1, (c + 1) * m + mb))
+                    prog.append(("forward", c, mb, f, c * m + mb, -1, 0.0))
+                    prog.append(("send", c, mb, w.send_s, -1, (c + 1) * m + mb, late))
                 else:
-                    prog.append(("forward", c, mb, w.forward_s, c * m + mb, (c + 1) * m + mb))
+                    prog.append(("forward", c, mb, f, c * m + mb, (c + 1) * m + mb, late))
             elif phase in ("backward", "backward_input"):
                 if phase == "backward":
                     seconds = w.backward_s
@@ -521,23 +544,30 @@ def simulate_schedule(
                         f"chunk {c} has no backward_input_s/backward_weight_s split, which "
                         f"{schedule} needs"
                     )
+                seconds = secs(c, mb, phase, seconds)
                 wait = grad0 + c * m + mb
                 out = grad0 + (c - 1) * m + mb if c > 0 else -1
                 if w.checkpoint and w.recompute_s > 0:
-                    prog.append(("recompute", c, mb, w.recompute_s, wait, -1))
+                    prog.append(("recompute", c, mb, w.recompute_s, wait, -1, 0.0))
                     wait = -1
-                prog.append((phase, c, mb, seconds, wait, out))
+                prog.append((phase, c, mb, seconds, wait, out, delay(c, mb, phase)))
             elif phase == "backward_weight":
-                prog.append((phase, c, mb, w.backward_weight_s, -1, -1))
+                seconds = secs(c, mb, phase, w.backward_weight_s)
+                prog.append((phase, c, mb, seconds, -1, -1, 0.0))
             else:
                 raise ValueError(f"unknown action phase {phase!r} in the order of rank {r}")
         programs.append(prog)
 
     if host_throughput is not None and host_throughput < k:
+        if rank_start_s is not None or arrival_delay_s:
+            # The shared host's event loop starts a task the moment its input is produced.
+            raise ValueError(
+                "rank_start_s and arrival_delay_s are for dedicated ranks (no host_throughput)"
+            )
         starts, ends, busy = _run_shared_host(programs, ready, host_throughput)
         end_time = max((e[-1] for e in ends if e), default=0.0)
     else:
-        starts, busy, free = _run_dedicated(programs, ready)
+        starts, busy, free = _run_dedicated(programs, ready, rank_start_s)
         end_time = max(free, default=0.0)
         ends = None
     bubble = 1.0 - sum(busy) / (k * end_time) if end_time > 0 else 0.0
@@ -554,9 +584,7 @@ def simulate_schedule(
     for r in range(k):
         now = sum(w.state_bytes for c, w in enumerate(chunks) if ranks[c] == r)
         steps = [(0.0, now)]
-        for (phase, c, mb, _, _, _), start, end in zip(
-            programs[r], starts[r], ends[r], strict=True
-        ):
+        for (phase, c, mb, *_), start, end in zip(programs[r], starts[r], ends[r], strict=True):
             tasks.append(Task(c, mb, phase, start, end, r))
             work = chunks[c]
             # A checkpointed backward's re-computed activations appear when its recompute
@@ -581,14 +609,14 @@ def simulate_schedule(
 
 
 def _run_dedicated(
-    programs: list[_Program], ready: list[float]
+    programs: list[_Program], ready: list[float], rank_start_s: Sequence[float] | None = None
 ) -> tuple[list[list[float]], list[float], list[float]]:
-    """Each rank runs its program in order, each task as soon as the rank is free and its
-    input is there; returns per-rank task starts, busy seconds and end time (a task ends
-    its seconds after its start). O(T)."""
+    """Each rank runs its program in order, each task as soon as the rank is free (rank
+    ``r`` from ``rank_start_s[r]``, default 0) and its input is there; returns per-rank task
+    starts, busy seconds and end time (a task ends its seconds after its start). O(T)."""
     k = len(programs)
     ptr = [0] * k
-    free = [0.0] * k
+    free = [0.0] * k if rank_start_s is None else [float(t) for t in rank_start_s]
     busy = [0.0] * k
     starts: list[list[float]] = [[0.0] * len(p) for p in programs]
     waiting: dict[int, int] = {}
@@ -599,7 +627,7 @@ def _run_dedicated(
         i = ptr[r]
         t_free = free[r]
         while i < len(prog):
-            _, _, _, seconds, wait, out = prog[i]
+            _, _, _, seconds, wait, out, late = prog[i]
             t = t_free
             if wait >= 0:
                 got = ready[wait]
@@ -612,7 +640,7 @@ def _run_dedicated(
             t_free = t + seconds
             busy[r] += seconds
             if out >= 0:
-                ready[out] = t_free
+                ready[out] = max(t_free + late, 0.0)
                 other = waiting.pop(out, None)
                 if other is not None:
                     todo.append(other)

@@ -29,6 +29,7 @@ import torch
 
 from autopipe.core.timeline import (
     PHASES,
+    Mark,
     Task,
     Timeline,
     load_chrome_trace,
@@ -106,6 +107,7 @@ class TimelineRecorder:
         for device in devices:
             self._index_of(str(device))
         self._spans: list[Span] = []
+        self._marks: list[Span] = []  # phase = the mark's name
         # Per CUDA device: (reference event, perf_counter seconds at that event).
         self._cuda_refs: dict[str, tuple[Any, float]] = {}
         self.origin = {name: float(_host_clock(clock)()) for name, clock in self.clocks.items()}
@@ -168,6 +170,20 @@ class TimelineRecorder:
         finally:
             self.end(span)
 
+    @contextmanager
+    def mark(self, name: str, device: torch.device) -> Iterator[None]:
+        """Time the body as mark ``name`` on ``device`` (a :class:`Mark`: a whole step, the
+        optimizer step; not a stage's task)."""
+        with self._lock:
+            index = self._index_of(str(device))
+        span = Span(-1, -1, name, index, device, self._stamps(device))
+        try:
+            yield
+        finally:
+            span.end = self._stamps(device)
+            with self._lock:
+                self._marks.append(span)
+
     def _seconds(self, clock: str, device: str, stamp: Any) -> float:
         if isinstance(stamp, float):
             return stamp - self.origin[clock]
@@ -184,6 +200,7 @@ class TimelineRecorder:
             raise KeyError(f"no clock {name!r} in this recorder; it has {', '.join(self.clocks)}")
         with self._lock:
             spans = list(self._spans)
+            mark_spans = list(self._marks)
             names = sorted(self._device_index, key=self._device_index.__getitem__)
         for device in names:
             if device in self._cuda_refs:
@@ -203,12 +220,26 @@ class TimelineRecorder:
                 )
             )
         tasks.sort(key=lambda t: (t.start_s, t.stage, t.microbatch))
+        marks = []
+        for span in mark_spans:
+            assert span.end is not None
+            device = names[span.device]
+            marks.append(
+                Mark(
+                    span.phase,
+                    span.device,
+                    self._seconds(name, device, span.start[name]),
+                    self._seconds(name, device, span.end[name]),
+                )
+            )
+        marks.sort(key=lambda k: (k.start_s, k.device))
         return Timeline(
             tasks,
             max(self.num_stages, 1 + max((t.stage for t in tasks), default=-1)),
             label=self.label,
             schedule=self.schedule,
             device_names=names,
+            marks=marks,
         )
 
 

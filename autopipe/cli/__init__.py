@@ -1,7 +1,7 @@
 """The ``autopipe`` command line: ``main`` parses the arguments and runs one command.
 
 Each command is a module here (``plan``, ``profile``, ``devices``, ``explain``, ``emit``, ``plot``,
-``bench``, ``run``) with ``register(subparsers)`` and its ``cmd_*`` function; they share only
+``bench``, ``run``, ``replay``) with ``register(subparsers)`` and its ``cmd_*`` function; they share only
 ``common`` (errors, exit codes, argument types, output, loaders) and the library. This module
 imports the commands, never the other way round.
 
@@ -31,7 +31,7 @@ from autopipe.cli.common import (
 
 __all__ = ["EXIT_FAILURE", "EXIT_OK", "EXIT_USAGE", "Failure", "UsageError", "build_parser", "main"]
 
-COMMANDS = ("plan", "profile", "devices", "explain", "emit", "plot", "bench", "run")
+COMMANDS = ("plan", "profile", "devices", "explain", "emit", "plot", "bench", "run", "replay")
 """The command modules, in the order ``autopipe --help`` lists them."""
 
 

@@ -162,6 +162,13 @@ def register(sub: common.Subparsers) -> None:
         help="keep training when the loss is NaN or infinite (default: every rank stops with "
         "an error naming the step, before the optimizer step)",
     )
+    p.add_argument(
+        "--trace",
+        metavar="PATH",
+        help="write what every rank ran and when (each chunk's forward and backward per "
+        "micro-batch, the loss, each step, the optimizer step) as a Chrome trace to PATH, "
+        "for Perfetto and for `autopipe replay PATH --plan PLAN`",
+    )
     common.json_option(
         p, "write per-step losses and times (last stage) to PATH (stdout if no PATH)"
     )
@@ -176,6 +183,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         # torchrun interleaves every rank's output: each line says whose it is.
         common.set_line_prefix(f"[rank {os.environ['RANK']}] ")
     common.check_output_path(args.json, "--json", inputs=[args.model, args.plan, args.state_dict])
+    common.check_output_path(
+        args.trace, "--trace", inputs=[args.model, args.plan, args.state_dict, args.json]
+    )
     if args.save is not None:
         check_save_dir(args.save)
     plan = common.load_plan_file(args.plan)
@@ -274,6 +284,11 @@ def _train(args: argparse.Namespace, plan: Plan, mf: ModelFile, rank: int, world
         )
     optimizer = make_optimizer(plan, pipe.parameters(), args.lr, group=pipe.replica_group)
     local = pipe.local_batch(inputs)
+    trace = None
+    if args.trace:
+        from autopipe.runtime.distributed.trace import PipelineTrace
+
+        trace = PipelineTrace(pipe)
     records: list[dict[str, float]] = []
     for step in range(args.steps):
         optimizer.zero_grad(set_to_none=True)
@@ -288,7 +303,8 @@ def _train(args: argparse.Namespace, plan: Plan, mf: ModelFile, rank: int, world
                     f"the loss is {bad} in step {step + 1}; stopped before the optimizer step "
                     "(lower --lr, check the data, or pass --allow-nonfinite to keep going)"
                 )
-        optimizer.step()
+        with trace.optimizer() if trace is not None else contextlib.nullcontext():
+            optimizer.step()
         if reporter and loss is not None:
             records.append({"step": step + 1, "loss": float(loss), "time_s": pipe.last_step_s})
             common.say(
@@ -305,6 +321,14 @@ def _train(args: argparse.Namespace, plan: Plan, mf: ModelFile, rank: int, world
         )
         # The optimizer's class says what ran: ZeroRedundancyOptimizer for shard optimizer.
         common.emit_json({"steps": records, "optimizer": type(optimizer).__name__}, args.json)
+    if trace is not None:
+        timeline = trace.gather()
+        if timeline is not None:
+            from autopipe.core.datafile import atomic_write_json
+            from autopipe.core.timeline import to_chrome_trace
+
+            atomic_write_json(args.trace, to_chrome_trace(timeline))
+            common.say(args, f"wrote the trace of {args.steps} steps to {args.trace}")
     if args.save is not None:
         save_checkpoint(pipe, args.save)
         if rank == 0:

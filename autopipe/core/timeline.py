@@ -23,7 +23,9 @@ iteration for the simulator, the recorder's creation for a run); only difference
 The Chrome trace format (one writer, one dialect) opens in Perfetto and chrome://tracing: one
 process per device (named after it), one thread per stage, one complete event per task named
 like torch's actions (``"F3"``: forward of micro-batch 3; ``"loss"`` for work of the whole
-batch), with ``stage``, ``microbatch`` and ``phase`` in ``args``. The reader also opens the
+batch), with ``stage``, ``microbatch`` and ``phase`` in ``args``; a :class:`Mark` (a whole
+step, the optimizer step: a device's time that is no stage's task) is a complete event on
+thread -1 with ``args: {"mark": name}``. The reader also opens the
 two dialects earlier versions wrote (the runtime's ``"F3"`` and the plots' ``"forward 3"``).
 """
 
@@ -43,6 +45,7 @@ __all__ = [
     "PHASES",
     "PHASE_LETTERS",
     "Action",
+    "Mark",
     "Task",
     "Timeline",
     "TimelineFormatError",
@@ -147,6 +150,23 @@ class Task:
         return Action(self.stage, self.microbatch, self.phase)
 
 
+@dataclass(frozen=True)
+class Mark:
+    """A span of one device's time that is no stage's task: ``name`` is what it was
+    (``"step"``: one training step, from the call to its return; ``"optimizer"``: the
+    optimizer step after it), ``device`` the device index (the rank), ``start_s`` / ``end_s``
+    seconds on the timeline's clock. Marks are not counted as busy time."""
+
+    name: str
+    device: int
+    start_s: float
+    end_s: float
+
+    @property
+    def duration_s(self) -> float:
+        return self.end_s - self.start_s
+
+
 @dataclass
 class Timeline:
     """The tasks of one training iteration of a pipeline of ``num_stages`` stages.
@@ -163,6 +183,8 @@ class Timeline:
     label: str = ""
     schedule: str = ""
     device_names: list[str] = field(default_factory=list)
+    marks: list[Mark] = field(default_factory=list)
+    """Spans that are no stage's work (:class:`Mark`: each step, the optimizer), by start."""
 
     def __post_init__(self) -> None:
         stages = {t.stage for t in self.tasks}
@@ -264,7 +286,15 @@ class Timeline:
         """A copy with the first task starting at 0 s."""
         t0 = self.start_s
         tasks = [replace(t, start_s=t.start_s - t0, end_s=t.end_s - t0) for t in self.tasks]
-        return replace(self, tasks=tasks, device_names=list(self.device_names))
+        marks = [replace(k, start_s=k.start_s - t0, end_s=k.end_s - t0) for k in self.marks]
+        return replace(self, tasks=tasks, device_names=list(self.device_names), marks=marks)
+
+    def marked(self, name: str, device: int | None = None) -> list[Mark]:
+        """The marks called ``name`` (on ``device``, or every device), by start."""
+        return sorted(
+            (k for k in self.marks if k.name == name and device in (None, k.device)),
+            key=lambda k: (k.start_s, k.device),
+        )
 
     def to_chrome_trace(self) -> dict[str, Any]:
         return to_chrome_trace(self)
@@ -343,6 +373,20 @@ def to_chrome_trace(timeline: Timeline) -> dict[str, Any]:
                 "args": {"stage": t.stage, "microbatch": t.microbatch, "phase": t.phase},
             }
         )
+    for k in timeline.marks:
+        # On a row of their own per device (tid -1), named after what they time.
+        events.append(
+            {
+                "name": k.name,
+                "cat": "mark",
+                "ph": "X",
+                "pid": k.device,
+                "tid": -1,
+                "ts": k.start_s * 1e6,
+                "dur": max(k.duration_s, 0.0) * 1e6,
+                "args": {"mark": k.name},
+            }
+        )
     return {
         "traceEvents": events,
         "displayTimeUnit": "ms",
@@ -404,6 +448,7 @@ def load_chrome_trace(
     other = other if isinstance(other, Mapping) else {}
     names: dict[Any, str] = {}
     found: list[tuple[int, int, str, float, float, Any]] = []
+    marks_found: list[tuple[str, float, float, Any]] = []
     open_events: dict[tuple[Any, Any], list[Mapping[str, Any]]] = {}
     for ev in events:
         if not isinstance(ev, Mapping):
@@ -427,6 +472,10 @@ def load_chrome_trace(
                 continue  # a malformed pair is no task, like any other unreadable event
         elif ph != "X":
             continue
+        mark = _event_mark(ev)
+        if mark is not None:
+            marks_found.append(mark)
+            continue
         task = _event_task(ev)
         if task is not None:
             found.append(task)
@@ -437,7 +486,7 @@ def load_chrome_trace(
         )
     # Dense device indices: the trace's processes in pid order (our own traces round-trip),
     # then one device for each stage whose events carry no pid.
-    keys = sorted({key for *_, key in found}, key=_device_order)
+    keys = sorted({key for *_, key in found} | {m[3] for m in marks_found}, key=_device_order)
     index = {key: i for i, key in enumerate(keys)}
     tasks = [Task(s, mb, phase, start, end, index[key]) for s, mb, phase, start, end, key in found]
     tasks.sort(key=lambda t: (t.start_s, t.stage, t.microbatch))
@@ -447,12 +496,35 @@ def load_chrome_trace(
         if bound is not None:
             k = max(k, bound)
     device_names = [names.get(key, "") if not isinstance(key, tuple) else "" for key in keys]
+    marks = sorted(
+        (Mark(name, index[key], start, end) for name, start, end, key in marks_found),
+        key=lambda m: (m.start_s, m.device),
+    )
     return Timeline(
         tasks,
         k,
         label=str(other.get("label", "") or "") if label is None else label,
         schedule=str(other.get("schedule", "") or ""),
         device_names=device_names if any(device_names) else [],
+        marks=marks,
+    )
+
+
+def _event_mark(ev: Mapping[str, Any]) -> tuple[str, float, float, Any] | None:
+    """``(name, start_s, end_s, device key)`` of a mark event (``args.mark``), or None."""
+    args = ev.get("args")
+    if not isinstance(args, Mapping) or "mark" not in args:
+        return None
+    try:
+        start_us, dur_us = float(ev["ts"]), float(ev.get("dur", 0.0))
+    except (TypeError, ValueError, KeyError):
+        return None
+    pid = ev.get("pid")
+    return (
+        str(args["mark"]),
+        start_us * 1e-6,
+        (start_us + dur_us) * 1e-6,
+        pid if pid is not None else 0,
     )
 
 

@@ -505,6 +505,10 @@ class DistributedPipeline:
                 f"torch refuses {plan.schedule} with {plan.microbatches} micro-batches on "
                 f"{plan.num_stages} ranks x {plan.virtual_stages} chunks: {first}; re-plan"
             ) from exc
+        self.recorder: Any = None
+        """A :class:`autopipe.runtime.timeline.TimelineRecorder` that times each step (mark
+        ``"step"``) and each loss (phase ``loss``), or None; set by
+        :class:`autopipe.runtime.distributed.trace.PipelineTrace`, which times the chunks."""
         self.steps = 0
         self.last_step_s = 0.0
         self.last_loss = 0.0
@@ -517,9 +521,15 @@ class DistributedPipeline:
         assert self._last_chunk is not None
         start, stop = int(index[0]), int(index[-1]) + 1
         target = _slice_batch(self._target, start, stop)
-        term = loss_term(
-            self._last_chunk.model_output(output), target, self._user_loss, self._label_items
-        )
+        timed = contextlib.nullcontext()
+        if self.recorder is not None:  # micro-batches are equal: the index says which
+            timed = self.recorder.record(
+                len(self.plan.stages) - 1, start // (stop - start), "loss", self.device
+            )
+        with timed:
+            term = loss_term(
+                self._last_chunk.model_output(output), target, self._user_loss, self._label_items
+            )
         self._items[start] = term.items
         # Backward runs on the micro-batch's sum; _step divides by the global count after.
         loss = term.total
@@ -562,8 +572,12 @@ class DistributedPipeline:
         """
         layout = self.layout
         t0 = time.perf_counter()
+        timed = contextlib.nullcontext()
+        if self.recorder is not None:
+            timed = self.recorder.mark("step", self.device)
         try:
-            loss = self._step(inputs, target)
+            with timed:
+                loss = self._step(inputs, target)
         except Exception as exc:
             if _is_comm_failure(exc):
                 first = _short_cause(exc)
