@@ -280,6 +280,10 @@ def plan(
     req = _request(request, fields)
     if not profile.units:
         raise PlanningError("the profile has no units; profile a model with at least one module")
+    if req.plans_mesh:
+        from autopipe.planner.mesh import plan_mesh
+
+        return plan_mesh(profile, req)
     _check_choice("schedule", req.schedule, (*PLAN_SCHEDULES, "auto"))
     _check_choice("checkpoint", req.checkpoint, CHECKPOINT_MODES)
     _check_choice("strategy", req.strategy, STRATEGIES)

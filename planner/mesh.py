@@ -1,0 +1,462 @@
+"""``plan_mesh``: choose the device mesh ``N = PP x D x T`` and the sharding of the training
+state, with the pipeline, together. Torch-free.
+
+For every factorization of the N devices into T (tensor-parallel degree: divides the model's
+heads and the node size, so a TP group never leaves its node), D (data-parallel replicas:
+divides the global batch) and PP = N / (T D) pipeline stages, and every sharding of the
+training state over D (``SHARD_MODES``), the exact pipeline search (:func:`plan`) runs on
+one device's share of the model (:func:`autopipe.planner.mesh_costs.device_profile`) at the
+per-replica batch, with that device's memory less the gather buffers, and the mesh's step
+time is that pipeline's iteration plus the data-parallel communication the step cannot hide
+(:func:`dp_exposed_s`). The fastest mesh that fits wins.
+
+Meshes are tried in order of a proven lower bound on their step (each device's share of the
+work, :func:`mesh_lower_bound_s`); one whose bound is no better than the best step found is
+not searched (its row says so). Cost: one pipeline search per searched mesh; the meshes are
+searched one after another (docs/cost-model.md says why not in parallel).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from autopipe.planner.errors import PlanningError, RuleViolation
+from autopipe.planner.mesh_costs import (
+    Topology,
+    device_profile,
+    gather_buffer_bytes,
+    ring_collective_s,
+    sharded_state_bytes_per_parameter,
+    tp_collective_s,
+)
+
+from autopipe.core.cluster import Cluster, Device
+from autopipe.core.humanize import format_bytes
+from autopipe.core.plan import Plan
+from autopipe.core.profile import Profile
+from autopipe.core.request import PlanRequest
+from autopipe.core.vocabulary import SHARD_MODES
+
+__all__ = ["MeshCandidate", "dp_exposed_s", "mesh_candidates", "mesh_lower_bound_s", "plan_mesh"]
+
+LOSS_REASONS = ("memory", "bubble", "TP comm", "DP comm", "compute")
+
+
+@dataclass
+class MeshCandidate:
+    """One mesh ``(pp, dp, tp)`` with one sharding, and what it costs."""
+
+    pp: int
+    dp: int
+    tp: int
+    shard: str
+    lower_bound_s: float = 0.0
+    plan: Plan | None = None
+    step_s: float = math.inf
+    """Pipeline iteration + exposed data-parallel communication (seconds per step)."""
+    pipeline_s: float = math.inf
+    dp_comm_s: float = 0.0
+    tp_comm_s: float = 0.0
+    """The busiest rank's TP collectives per step (forward and backward, all micro-batches)."""
+    compute_s: float = 0.0
+    """Average rank's compute per step, TP collectives and bubble excluded."""
+    peak_bytes: int = 0
+    """Largest per-device peak (gather buffers included)."""
+    reason: str = ""
+    """Why it has no plan ("" if it has one), or why it loses (set by :func:`plan_mesh`)."""
+    searched: bool = False
+    min_memory_bytes: int | None = None
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        return (self.pp, self.dp, self.tp)
+
+    @property
+    def bubble_s(self) -> float:
+        return max(self.pipeline_s - self.compute_s - self.tp_comm_s, 0.0)
+
+    def row(self) -> dict[str, Any]:
+        """The JSON row kept in ``Plan.meta["mesh"]["candidates"]``."""
+        return {
+            "pp": self.pp,
+            "dp": self.dp,
+            "tp": self.tp,
+            "shard": self.shard,
+            "step_s": self.step_s if math.isfinite(self.step_s) else None,
+            "pipeline_s": self.pipeline_s if math.isfinite(self.pipeline_s) else None,
+            "dp_comm_s": self.dp_comm_s,
+            "tp_comm_s": self.tp_comm_s,
+            "bubble_s": self.bubble_s if self.plan is not None else None,
+            "peak_bytes": self.peak_bytes or None,
+            "lower_bound_s": self.lower_bound_s,
+            "searched": self.searched,
+            "reason": self.reason,
+        }
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _choices(name: str, value: int | str, allowed: list[int]) -> list[int]:
+    if value == "auto":
+        return allowed
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise RuleViolation(f"mesh: {name}={value!r} must be 'auto' or a positive integer")
+    return [value]
+
+
+def mesh_candidates(
+    profile: Profile,
+    total_gpus: int,
+    batch_size: int,
+    *,
+    tensor_parallel: int | str = "auto",
+    data_parallel: int | str = "auto",
+    shard: str = "auto",
+    gpus_per_node: int | None = None,
+) -> list[MeshCandidate]:
+    """Every ``(pp, dp, tp, shard)`` the request allows, in no particular order. Refuses
+    (``RuleViolation``, one line) a fixed T that does not divide the node size, the devices or
+    the model's heads, a T > 1 for a model without a TP plan, and a fixed D that does not
+    divide the devices or the batch. O(divisors(N)^2 x shard modes)."""
+    n = total_gpus
+    node = gpus_per_node or n
+    if shard != "auto" and shard not in SHARD_MODES:
+        raise RuleViolation(f"mesh: shard={shard!r}; use auto or one of {', '.join(SHARD_MODES)}")
+    allowed_t = [1] + [t for t in profile.tp_degrees if t > 1 and n % t == 0 and node % t == 0]
+    ts = _choices("tensor_parallel", tensor_parallel, allowed_t)
+    if tensor_parallel != "auto" and ts[0] > 1:
+        t = ts[0]
+        if not profile.tp_plan:
+            why = profile.tp_note or "the model has no tensor-parallel plan"
+            raise RuleViolation(f"tensor-parallel: T={t} needs a TP plan: {why}; use T=1")
+        if node % t or n % t:
+            raise RuleViolation(
+                f"tensor-parallel: T={t} must divide the {node} GPUs per node and the {n} GPUs "
+                "(a TP group never spans nodes)"
+            )
+        if t not in profile.tp_degrees:
+            ok = ", ".join(map(str, [d for d in profile.tp_degrees if node % d == 0])) or "none"
+            raise RuleViolation(
+                f"tensor-parallel: T={t} does not divide the model's split dimensions "
+                f"(heads, key/value heads); T > 1 it allows on this node: {ok}"
+            )
+    if data_parallel != "auto":
+        d = _choices("data_parallel", data_parallel, [])[0]
+        if n % d:
+            raise RuleViolation(f"mesh: D={d} does not divide the {n} GPUs")
+        if batch_size % d:
+            raise RuleViolation(
+                f"mesh: D={d} does not divide the global batch {batch_size}; each replica "
+                "needs a whole share of it"
+            )
+    shards = list(SHARD_MODES) if shard == "auto" else [shard]
+    out: list[MeshCandidate] = []
+    for t in ts:
+        if n % t:
+            continue
+        for d in _choices("data_parallel", data_parallel, _divisors(n // t)):
+            if (n // t) % d or batch_size % d:
+                continue
+            pp = n // (t * d)
+            for s in shards if d > 1 else ["none"]:
+                out.append(MeshCandidate(pp, d, t, s))
+    return out
+
+
+def _work_s(profile: Profile, batch: float) -> float:
+    """Seconds of one forward + backward of ``batch`` samples over every unit of the device
+    ``profile`` (one call each: per-call overheads once)."""
+    return sum(
+        u.forward_at(batch, profile.batch_size) + u.backward_at(batch, profile.batch_size)
+        for u in profile.units
+    )
+
+
+def mesh_lower_bound_s(
+    profile: Profile, device: Profile, cand: MeshCandidate, batch_size: int, topology: Topology
+) -> float:
+    """A proven lower bound on the candidate's step: the busiest rank works at least the
+    average of the replica batch's forward and backward (``device``: one device's share,
+    collectives included; every micro-batch pays its per-call overhead at least once), plus
+    the data-parallel communication nothing hides (of the average rank's gradients)."""
+    work = _work_s(device, batch_size / cand.dp)
+    grads = sum(u.parameter_bytes for u in device.units) / cand.pp
+    bw, lat = topology.dp_link(cand.tp, cand.dp)
+    one = ring_collective_s(grads, cand.dp, bw, lat)
+    unhidden = {"none": 2 * one, "optimizer": 2 * one, "gradients": one, "parameters": 0.0}
+    return work / cand.pp + unhidden[cand.shard]
+
+
+def dp_exposed_s(plan: Plan, device: Profile, cand: MeshCandidate, topology: Topology) -> float:
+    """Seconds per step of data-parallel communication the step cannot hide, the largest over
+    the pipeline ranks (docs/cost-model.md):
+
+    - ``none``: the gradient all-reduce after the pipeline drains (ring: a reduce-scatter and
+      an all-gather of the rank's gradients);
+    - ``optimizer`` (ZeRO-1): a reduce-scatter of the gradients and an all-gather of the
+      updated parameters, after the drain: the same volume;
+    - ``gradients`` (ZeRO-2) and ``parameters`` (ZeRO-3, FSDP2): the gradients are
+      reduce-scattered unit by unit during the last micro-batch's backward, on one
+      communication stream: a unit's reduction starts when its backward is done and the
+      previous reduction has finished, so only what outlasts the rank's last backward is
+      charged; ``gradients`` also all-gathers the updated parameters once per step (before
+      the first forward, nothing to hide behind). ``parameters``' per-micro-batch gathers
+      are in the unit times already (:func:`device_profile`).
+    """
+    if cand.dp <= 1:
+        return 0.0
+    bw, lat = topology.dp_link(cand.tp, cand.dp)
+    units = {u.name: u for u in device.units}
+    b = plan.microbatch_size
+    per_rank: dict[int, list[str]] = {}
+    for i, s in enumerate(plan.stages):
+        per_rank.setdefault(s.rank if s.rank >= 0 else i, []).extend(s.units)
+    worst = 0.0
+    for names in per_rank.values():
+        grads = sum(units[x].parameter_bytes for x in names)
+        whole = ring_collective_s(grads, cand.dp, bw, lat)
+        if cand.shard in ("none", "optimizer"):
+            worst = max(worst, 2 * whole)
+            continue
+        t = comm_end = 0.0
+        for x in reversed(names):  # the last micro-batch's backward, last unit first
+            t += units[x].backward_at(b, device.batch_size)
+            start = max(t, comm_end)
+            comm_end = start + ring_collective_s(units[x].parameter_bytes, cand.dp, bw, lat)
+        exposed = max(comm_end - t, 0.0)
+        if cand.shard == "gradients":
+            exposed += whole
+        worst = max(worst, exposed)
+    return worst
+
+
+def _tp_comm_s(
+    plan: Plan, device: Profile, profile: Profile, cand: MeshCandidate, topology: Topology
+) -> float:
+    """The busiest rank's TP collectives per step: forward and backward of every micro-batch."""
+    if cand.tp <= 1:
+        return 0.0
+    original = {u.name: u for u in profile.units}
+    ratio = plan.microbatch_size / profile.batch_size
+    per_rank: dict[int, float] = {}
+    for i, s in enumerate(plan.stages):
+        r = s.rank if s.rank >= 0 else i
+        per_rank[r] = per_rank.get(r, 0.0) + sum(
+            2 * tp_collective_s(original[x], cand.tp, topology) * ratio for x in s.units
+        )
+    return max(per_rank.values(), default=0.0) * plan.microbatches
+
+
+def plan_mesh(
+    profile: Profile,
+    request: PlanRequest,
+    *,
+    search: Any = None,
+) -> Plan:
+    """The fastest mesh plan that fits for ``request.gpus`` devices (or ``request.cluster``'s,
+    equal devices): see the module docstring. The returned Plan is the winning pipeline
+    (per-device stage figures) with ``tensor_parallel``, ``replicas``, ``shard`` and
+    ``tp_plan`` set, ``iteration_time_s`` the step (pipeline + exposed DP communication),
+    ``throughput`` over the global batch, its peak memory per device in ``rank_peak_bytes``
+    (gather buffers included), and every mesh tried in ``meta["mesh"]["candidates"]`` (best
+    first, each with why it loses). ``search`` replaces the pipeline search (tests).
+    Raises ``RuleViolation`` for a bad request, ``PlanningError`` when no mesh fits."""
+    from autopipe.planner.search import _positive_int, plan, training_state
+
+    inner = plan if search is None else search
+    if request.cluster is not None:
+        devices = request.cluster.devices
+        if any(dataclasses.astuple(d) != dataclasses.astuple(devices[0]) for d in devices):
+            raise RuleViolation("mesh: a mesh plan needs equal devices; drop the device list")
+        n, template = len(devices), devices[0]
+        if request.memory_per_device is not None and template.memory_bytes is None:
+            template = dataclasses.replace(template, memory_bytes=request.memory_per_device)
+    else:
+        n = _positive_int("gpus", request.gpus)
+        template = Device(profile.device, request.memory_per_device)
+    batch = _positive_int(
+        "batch_size", profile.batch_size if request.batch_size is None else request.batch_size
+    )
+    node = request.gpus_per_node or n
+    if node < 1:
+        raise RuleViolation(f"mesh: gpus_per_node={node} must be a positive integer")
+    if n > node and n % node:
+        raise RuleViolation(f"mesh: {n} GPUs do not fill whole nodes of {node}")
+    intra = template.link_bandwidth_bytes_per_s
+    inter = request.inter_node_bandwidth_bytes_per_s or intra
+    topology = Topology(node, intra, inter, template.link_latency_s, template.link_latency_s)
+    cands = mesh_candidates(
+        profile, n, batch,
+        tensor_parallel=request.tensor_parallel, data_parallel=request.data_parallel,
+        shard=request.shard, gpus_per_node=node,
+    )  # fmt: skip
+    optimizer, state_bpp = training_state(profile, request.optimizer, request.bytes_per_parameter)
+    size = max(int(profile.bytes_per_parameter), 1)
+    base = dataclasses.replace(
+        request, tensor_parallel=1, data_parallel=1, shard="none", gpus=None, cluster=None,
+        memory_per_device=None, gpus_per_node=None, inter_node_bandwidth_bytes_per_s=None,
+        optimizer="auto",
+    )  # fmt: skip
+    devices: dict[tuple[int, str, int], Profile] = {}
+
+    def device_of(c: MeshCandidate) -> Profile:
+        key = (
+            c.tp,
+            c.shard if c.shard == "parameters" else "",
+            c.dp if c.shard == "parameters" else 1,
+        )
+        if key not in devices:
+            devices[key] = device_profile(
+                profile, c.tp, topology, shard=key[1] or "none", dp=key[2]
+            )
+        return devices[key]
+
+    for c in cands:
+        c.lower_bound_s = mesh_lower_bound_s(profile, device_of(c), c, batch, topology)
+        if c.pp > len(profile.units):
+            c.reason = f"{c.pp} stages need {c.pp} units; the model has {len(profile.units)}"
+    best: MeshCandidate | None = None
+    for c in sorted(cands, key=lambda c: (c.lower_bound_s, c.tp, c.shard != "none")):
+        if c.reason:
+            continue
+        if best is not None and c.lower_bound_s >= best.step_s:
+            c.reason = "cannot beat the best (its lower bound is slower)"
+            continue
+        _search(c, inner, profile, device_of(c), base, template, topology, batch, state_bpp, size)
+        if c.plan is not None and (best is None or c.step_s < best.step_s):
+            best = c
+    if best is None:
+        raise _no_mesh_error(cands, n, template)
+    _explain_losses(cands, best)
+    out = best.plan
+    assert out is not None
+    out.replicas, out.tensor_parallel, out.shard = best.dp, best.tp, best.shard
+    out.tp_plan = dict(profile.tp_plan) if best.tp > 1 else {}
+    out.meta["pipeline_iteration_s"] = best.pipeline_s
+    out.meta["allreduce_s"] = best.dp_comm_s
+    out.iteration_time_s = best.step_s
+    out.throughput = batch / best.step_s if best.step_s > 0 else math.inf
+    out.optimizer = optimizer
+    out.state_bytes_per_parameter = state_bpp
+    out.request = request
+    out.meta["mesh"] = {
+        "gpus": n,
+        "gpus_per_node": node,
+        "intra_node_bandwidth_bytes_per_s": intra if math.isfinite(intra) else None,
+        "inter_node_bandwidth_bytes_per_s": inter if math.isfinite(inter) else None,
+        "peak_bytes": best.peak_bytes,
+        "gather_buffer_bytes": gather_buffer_bytes(profile, best.tp, best.shard, best.dp),
+        "device_state_bytes_per_parameter": sharded_state_bytes_per_parameter(
+            state_bpp, size, best.shard, best.dp
+        ),
+        "tp_comm_s": best.tp_comm_s,
+        "candidates": [c.row() for c in sorted(cands, key=_rank)],
+    }
+    searched = sum(c.searched for c in cands)
+    out.notes.append(
+        f"mesh pp {best.pp} x dp {best.dp} x tp {best.tp} (shard {best.shard}) of {n} GPUs: "
+        f"pipeline {best.pipeline_s * 1e3:.4g} ms + exposed DP communication "
+        f"{best.dp_comm_s * 1e3:.4g} ms per step; {searched} of {len(cands)} meshes searched, "
+        "the rest could not win or fit"
+    )
+    if best.tp == 1 and profile.tp_note:
+        out.notes.append(f"tensor parallelism not considered: {profile.tp_note}")
+    return out
+
+
+def _rank(c: MeshCandidate) -> tuple[float, float]:
+    return (c.step_s, c.lower_bound_s)
+
+
+def _search(
+    c: MeshCandidate,
+    inner: Any,
+    profile: Profile,
+    device: Profile,
+    base: PlanRequest,
+    template: Device,
+    topology: Topology,
+    batch: int,
+    state_bpp: float,
+    size: int,
+) -> None:
+    """Run the pipeline search for one mesh and price its step (in place)."""
+    c.searched = True
+    reserve = gather_buffer_bytes(profile, c.tp, c.shard, c.dp)
+    memory = template.memory_bytes
+    if memory is not None:
+        memory = int(memory - reserve * (1.0 + base.headroom))
+        if memory <= 0:
+            c.reason = f"memory: the gather buffers alone take {format_bytes(reserve)}"
+            return
+    stages = []
+    for s in range(c.pp):
+        bw, lat = topology.pp_link(c.tp, c.dp, s)
+        stages.append(
+            dataclasses.replace(
+                template, memory_bytes=memory, link_bandwidth_bytes_per_s=bw, link_latency_s=lat
+            )
+        )
+    bpp = sharded_state_bytes_per_parameter(state_bpp, size, c.shard, c.dp)
+    req = dataclasses.replace(
+        base, cluster=Cluster(stages), batch_size=batch // c.dp, bytes_per_parameter=bpp,
+        baselines=False,
+    )  # fmt: skip
+    try:
+        p = inner(device, req)
+    except RuleViolation as exc:
+        c.reason = str(exc).splitlines()[0]
+        return
+    except PlanningError as exc:
+        c.min_memory_bytes = exc.min_memory_bytes
+        need = (
+            f"needs {format_bytes(exc.min_memory_bytes + reserve * (1 + base.headroom))} per device"
+            if exc.min_memory_bytes
+            else str(exc).splitlines()[0]
+        )
+        c.reason = f"memory: {need}"
+        return
+    c.plan = p
+    c.pipeline_s = p.iteration_time_s
+    c.dp_comm_s = dp_exposed_s(p, device, c, topology)
+    c.step_s = c.pipeline_s + c.dp_comm_s
+    c.tp_comm_s = _tp_comm_s(p, device, profile, c, topology)
+    work = _work_s(device, batch / c.dp)
+    c.compute_s = max(work / c.pp - c.tp_comm_s, 0.0)
+    c.peak_bytes = int(max(p.rank_peak_bytes, default=0) + reserve)
+
+
+def _explain_losses(cands: list[MeshCandidate], best: MeshCandidate) -> None:
+    """Each searched loser's reason: the part of its step that exceeds the winner's most."""
+    best.reason = "chosen"
+    for c in cands:
+        if c is best or c.plan is None:
+            continue
+        parts = {
+            "bubble": c.bubble_s - best.bubble_s,
+            "TP comm": c.tp_comm_s - best.tp_comm_s,
+            "DP comm": c.dp_comm_s - best.dp_comm_s,
+            "compute": c.compute_s - best.compute_s,
+        }
+        what = max(parts, key=lambda k: parts[k])
+        c.reason = f"{what} (+{parts[what] * 1e3:.3g} ms)"
+
+
+def _no_mesh_error(cands: list[MeshCandidate], n: int, template: Device) -> PlanningError:
+    needs = [c.min_memory_bytes for c in cands if c.min_memory_bytes]
+    have = format_bytes(template.memory_bytes) if template.memory_bytes else "unlimited memory"
+    if needs:
+        exc = PlanningError(
+            f"no mesh of {n} GPUs fits in {have} per device: the smallest need is "
+            f"{format_bytes(min(needs))} per device; try more GPUs, --shard parameters, "
+            "--checkpoint auto or more micro-batches"
+        )
+        exc.min_memory_bytes = min(needs)
+        return exc
+    reasons = "; ".join(f"{c.shape} {c.shard}: {c.reason}" for c in cands[:4])
+    return PlanningError(f"no mesh of {n} GPUs works: {reasons}")
