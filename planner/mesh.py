@@ -23,6 +23,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from autopipe.planner.costs import backward_input_share
 from autopipe.planner.errors import PlanningError, RuleViolation
 from autopipe.planner.mesh_costs import (
     Topology,
@@ -34,7 +35,7 @@ from autopipe.planner.mesh_costs import (
 )
 
 from autopipe.core.cluster import Cluster, Device
-from autopipe.core.humanize import format_bytes
+from autopipe.core.humanize import format_bytes, format_seconds
 from autopipe.core.plan import Plan
 from autopipe.core.profile import Profile
 from autopipe.core.request import PlanRequest
@@ -178,18 +179,42 @@ def _work_s(profile: Profile, batch: float) -> float:
 
 
 def mesh_lower_bound_s(
-    profile: Profile, device: Profile, cand: MeshCandidate, batch_size: int, topology: Topology
+    profile: Profile,
+    device: Profile,
+    cand: MeshCandidate,
+    batch_size: int,
+    topology: Topology,
+    microbatches: list[int] | None = None,
 ) -> float:
-    """A proven lower bound on the candidate's step: the busiest rank works at least the
-    average of the replica batch's forward and backward (``device``: one device's share,
-    collectives included; every micro-batch pays its per-call overhead at least once), plus
-    the data-parallel communication nothing hides (of the average rank's gradients)."""
-    work = _work_s(device, batch_size / cand.dp)
+    """A proven lower bound on the candidate's step. The pipeline part is the smallest, over
+    the micro-batch counts M the search may pick (``microbatches``; default every divisor of
+    the replica batch), of the bound every plan of that M obeys (``chunks.lower_bound_s``,
+    docs/cost-model.md): some rank works ``M x`` the average micro-batch share of the whole
+    model's forward and backward (``device``: one device's share, collectives included),
+    ``M x`` the heaviest unit, and micro-batch 0 crosses every unit forward and back. Plus
+    the data-parallel communication nothing hides (of the average rank's gradients). O(N x #M).
+    """
+    replica = batch_size // cand.dp
+    ms = microbatches or [m for m in range(1, replica + 1) if replica % m == 0]
+    bound = math.inf
+    bp = device.batch_size
+    for m in ms:
+        if replica % m:
+            continue
+        b = replica / m
+        fwd = [u.forward_at(b, bp) for u in device.units]
+        bwd = [u.backward_at(b, bp) for u in device.units]
+        per_unit = [f + g for f, g in zip(fwd, bwd, strict=True)]
+        # micro-batch 0's path: every forward, then every input gradient (B of a split backward)
+        path = sum(fwd) + sum(
+            g * backward_input_share(u) for g, u in zip(bwd, device.units, strict=True)
+        )
+        bound = min(bound, max(m * sum(per_unit) / cand.pp, m * max(per_unit), path))
     grads = sum(u.parameter_bytes for u in device.units) / cand.pp
     bw, lat = topology.dp_link(cand.tp, cand.dp)
     one = ring_collective_s(grads, cand.dp, bw, lat)
     unhidden = {"none": 2 * one, "optimizer": 2 * one, "gradients": one, "parameters": 0.0}
-    return work / cand.pp + unhidden[cand.shard]
+    return bound + unhidden[cand.shard]
 
 
 def dp_exposed_s(plan: Plan, device: Profile, cand: MeshCandidate, topology: Topology) -> float:
@@ -288,6 +313,11 @@ def plan_mesh(
     if n > node and n % node:
         raise RuleViolation(f"mesh: {n} GPUs do not fill whole nodes of {node}")
     intra = template.link_bandwidth_bytes_per_s
+    if n > node and request.inter_node_bandwidth_bytes_per_s is None:
+        raise RuleViolation(
+            f"mesh: {n} GPUs span nodes of {node}; give the inter-node bandwidth "
+            "(inter_node_bandwidth_bytes_per_s, --inter-node-bandwidth)"
+        )
     inter = request.inter_node_bandwidth_bytes_per_s or intra
     topology = Topology(node, intra, inter, template.link_latency_s, template.link_latency_s)
     cands = mesh_candidates(
@@ -316,10 +346,12 @@ def plan_mesh(
             )
         return devices[key]
 
+    ms = _microbatch_candidates(request.microbatches)
     for c in cands:
-        c.lower_bound_s = mesh_lower_bound_s(profile, device_of(c), c, batch, topology)
+        c.lower_bound_s = mesh_lower_bound_s(profile, device_of(c), c, batch, topology, ms)
         if c.pp > len(profile.units):
             c.reason = f"{c.pp} stages need {c.pp} units; the model has {len(profile.units)}"
+    zero2 = {c.shape: c for c in cands if c.shard == "gradients"}
     best: MeshCandidate | None = None
     for c in sorted(cands, key=lambda c: (c.lower_bound_s, c.tp, c.shard != "none")):
         if c.reason:
@@ -327,6 +359,18 @@ def plan_mesh(
         if best is not None and c.lower_bound_s >= best.step_s:
             c.reason = "cannot beat the best (its lower bound is slower)"
             continue
+        twin = zero2.get(c.shape) if c.shard in ("none", "optimizer") else None
+        if twin is not None and twin.searched and twin.plan is None and twin.min_memory_bytes:
+            # the same pipeline with more training state per device: no cut fits either
+            c.reason = f"memory: needs more than ZeRO-2's {format_bytes(twin.min_memory_bytes)}"
+            continue
+        if twin is not None and twin.plan is not None and request.strategy == "dp":
+            # ZeRO-2 runs the same device profile in less memory (the exact search's best
+            # cut can only be as fast or faster) with no more DP communication
+            c.lower_bound_s = max(c.lower_bound_s, twin.step_s)
+            if best is not None and c.lower_bound_s >= best.step_s:
+                c.reason = "dominated: gradients (ZeRO-2) is as fast in less memory"
+                continue
         _search(c, inner, profile, device_of(c), base, template, topology, batch, state_bpp, size)
         if c.plan is not None and (best is None or c.step_s < best.step_s):
             best = c
@@ -367,6 +411,17 @@ def plan_mesh(
     if best.tp == 1 and profile.tp_note:
         out.notes.append(f"tensor parallelism not considered: {profile.tp_note}")
     return out
+
+
+def _microbatch_candidates(value: int | str | tuple[int, ...]) -> list[int] | None:
+    """The request's M candidates as a list, None for ``auto`` (every divisor)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return [value]
+    if isinstance(value, tuple) and all(isinstance(m, int) for m in value):
+        return list(value)
+    if isinstance(value, str) and value.strip().isdigit():
+        return [int(value)]
+    return None
 
 
 def _rank(c: MeshCandidate) -> tuple[float, float]:
@@ -444,7 +499,7 @@ def _explain_losses(cands: list[MeshCandidate], best: MeshCandidate) -> None:
             "compute": c.compute_s - best.compute_s,
         }
         what = max(parts, key=lambda k: parts[k])
-        c.reason = f"{what} (+{parts[what] * 1e3:.3g} ms)"
+        c.reason = f"{what} (+{format_seconds(parts[what])})"
 
 
 def _no_mesh_error(cands: list[MeshCandidate], n: int, template: Device) -> PlanningError:

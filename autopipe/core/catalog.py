@@ -91,6 +91,14 @@ class DeviceSpec:
     source: str = ""
     """Where the figures come from (datasheet URL)."""
     extra: dict[str, Any] = field(default_factory=dict)
+    gpus_per_node: int = 8
+    """Devices in one node of the usual platform (the 8-GPU baseboard)."""
+    inter_node_bandwidth_bytes_per_s: float = 0.0
+    """Per device, per direction, between nodes: the platform's network adapter for each GPU;
+    0: not known (give ``--inter-node-bandwidth`` for a mesh that spans nodes)."""
+    inter_node_link_name: str = ""
+    inter_node_source: str = ""
+    """Where the inter-node figure comes from."""
 
     def peak_for(self, dtype: str, *, allow_tf32: bool = False) -> float:
         """Dense peak FLOP/s for matmuls in ``dtype`` (``"bfloat16"``, ``"fp16"``, ...)."""
@@ -360,6 +368,52 @@ _ENTRIES = [
     ),
 ]
 
+_INTER_NODE = {
+    # DGX-1 (V100): four 100 Gb/s EDR InfiniBand adapters for eight GPUs -> 50 Gb/s = 6.25 GB/s
+    # per GPU and direction.
+    "V100-32GB": (
+        6.25,
+        "InfiniBand EDR, 4 x 100 Gb/s per 8 GPUs",
+        "https://docs.nvidia.com/dgx/dgx1-user-guide/introduction-to-dgx1.html",
+    ),
+    # DGX A100: eight single-port ConnectX-6 200 Gb/s HDR InfiniBand adapters, one per GPU.
+    "A100-40GB": (
+        25,
+        "InfiniBand HDR, 200 Gb/s per GPU",
+        "https://docs.nvidia.com/dgx/dgxa100-user-guide/introduction-to-dgxa100.html",
+    ),
+    "A100-80GB": (
+        25,
+        "InfiniBand HDR, 200 Gb/s per GPU",
+        "https://docs.nvidia.com/dgx/dgxa100-user-guide/introduction-to-dgxa100.html",
+    ),
+    # DGX H100 / H200: eight ConnectX-7 400 Gb/s NDR InfiniBand ports, one per GPU.
+    "H100-SXM-80GB": (
+        50,
+        "InfiniBand NDR, 400 Gb/s per GPU",
+        "https://docs.nvidia.com/dgx/dgxh100-user-guide/introduction-to-dgxh100.html",
+    ),
+    "H200-141GB": (
+        50,
+        "InfiniBand NDR, 400 Gb/s per GPU",
+        "https://docs.nvidia.com/dgx/dgxh100-user-guide/introduction-to-dgxh100.html",
+    ),
+}
+"""Inter-node bandwidth per GPU and direction (GB/s), link, source: the platforms' network
+adapters (the PCIe cards and the MI300X have no one platform: 0, give the figure)."""
+
+_ENTRIES = [
+    dataclasses.replace(
+        spec,
+        inter_node_bandwidth_bytes_per_s=_INTER_NODE[spec.name][0] * GB,
+        inter_node_link_name=_INTER_NODE[spec.name][1],
+        inter_node_source=_INTER_NODE[spec.name][2],
+    )
+    if spec.name in _INTER_NODE
+    else spec
+    for spec in _ENTRIES
+]
+
 CATALOG: dict[str, DeviceSpec] = {spec.name: spec for spec in _ENTRIES}
 """Built-in specs by canonical name."""
 
@@ -446,6 +500,7 @@ _REQUIRED = (
 _FLOAT_FIELDS = (
     "memory_bandwidth_bytes_per_s",
     "link_bandwidth_bytes_per_s",
+    "inter_node_bandwidth_bytes_per_s",
     "link_latency_s",
     "kernel_launch_overhead_s",
     "compute_efficiency",
@@ -491,6 +546,8 @@ def device_spec_from_dict(data: Any, origin: str = "device spec") -> DeviceSpec:
         if name in merged:
             merged[name] = _number(merged[name], name, origin)
     merged["memory_bytes"] = int(_number(merged["memory_bytes"], "memory_bytes", origin))
+    if "gpus_per_node" in merged:
+        merged["gpus_per_node"] = int(_number(merged["gpus_per_node"], "gpus_per_node", origin))
     merged["aliases"] = tuple(str(a) for a in merged.get("aliases", ()))
     merged["name"] = str(merged["name"])
     spec = DeviceSpec(**merged)
@@ -544,6 +601,10 @@ def _validate(spec: DeviceSpec, origin: str) -> None:
         value = getattr(spec, name)
         if not 0 < value <= 1:
             raise DeviceSpecError(f"{origin}: {name} must be in (0, 1], got {value!r}")
+    if not spec.gpus_per_node >= 1 or not spec.inter_node_bandwidth_bytes_per_s >= 0:
+        raise DeviceSpecError(
+            f"{origin}: gpus_per_node must be >= 1 and inter_node_bandwidth_bytes_per_s >= 0"
+        )
     for name in ("kernel_launch_overhead_s", "link_latency_s"):
         if not getattr(spec, name) >= 0:  # also rejects NaN
             raise DeviceSpecError(f"{origin}: {name} must be >= 0, got {getattr(spec, name)!r}")
