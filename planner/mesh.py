@@ -332,7 +332,7 @@ def plan_mesh(
         memory_per_device=None, gpus_per_node=None, inter_node_bandwidth_bytes_per_s=None,
         optimizer="auto",
     )  # fmt: skip
-    devices: dict[tuple[int, str, int], Profile] = {}
+    shares: dict[tuple[int, str, int], Profile] = {}
 
     def device_of(c: MeshCandidate) -> Profile:
         key = (
@@ -340,11 +340,9 @@ def plan_mesh(
             c.shard if c.shard == "parameters" else "",
             c.dp if c.shard == "parameters" else 1,
         )
-        if key not in devices:
-            devices[key] = device_profile(
-                profile, c.tp, topology, shard=key[1] or "none", dp=key[2]
-            )
-        return devices[key]
+        if key not in shares:
+            shares[key] = device_profile(profile, c.tp, topology, shard=key[1] or "none", dp=key[2])
+        return shares[key]
 
     ms = _microbatch_candidates(request.microbatches)
     for c in cands:

@@ -12,14 +12,6 @@ import math
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
-from test_cli_errors import _err_line
-
-from autopipe.cli import main
-from autopipe.core.cluster import Cluster, Device
-from autopipe.core.plan import Plan, StagePlan, load_plan
-from autopipe.core.profile import Profile, UnitProfile
 from autopipe.planner import PlanningError, RuleViolation, plan
 from autopipe.planner.mesh import mesh_candidates
 from autopipe.planner.mesh_costs import (
@@ -29,8 +21,18 @@ from autopipe.planner.mesh_costs import (
     ring_collective_s,
     sharded_state_bytes_per_parameter,
 )
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_cli_errors import _err_line
 
-TOPOLOGY = Topology(gpus_per_node=8, intra_bandwidth_bytes_per_s=1e11, inter_bandwidth_bytes_per_s=1e10)
+from autopipe.cli import main
+from autopipe.core.cluster import Cluster, Device
+from autopipe.core.plan import Plan, StagePlan, load_plan
+from autopipe.core.profile import Profile, UnitProfile
+
+TOPOLOGY = Topology(
+    gpus_per_node=8, intra_bandwidth_bytes_per_s=1e11, inter_bandwidth_bytes_per_s=1e10
+)
 
 
 def tiny_profile(n_blocks: int = 4, *, seed: int = 0, heads: list[int] | None = None) -> Profile:
@@ -199,12 +201,18 @@ def test_mesh_plan_records_the_mesh_and_fits() -> None:
     p = tiny_profile(n_blocks=6)
     out = plan(p, cluster=_cluster(8, 4_000_000), batch_size=32, tensor_parallel="auto",
                data_parallel="auto", shard="auto", gpus_per_node=8, checkpoint="auto")  # fmt: skip
-    assert out.world_size == 8 and out.mesh_shape == (out.num_stages, out.replicas, out.tensor_parallel)
+    assert out.world_size == 8 and out.mesh_shape == (
+        out.num_stages,
+        out.replicas,
+        out.tensor_parallel,
+    )
     assert out.tp_plan == (p.tp_plan if out.tensor_parallel > 1 else {})
     mesh = out.meta["mesh"]
     assert mesh["peak_bytes"] <= 4_000_000 / 1.1
     rows = mesh["candidates"]
-    assert rows[0]["reason"] == "chosen" and rows[0]["step_s"] == pytest.approx(out.iteration_time_s)
+    assert rows[0]["reason"] == "chosen" and rows[0]["step_s"] == pytest.approx(
+        out.iteration_time_s
+    )
     steps = [r["step_s"] for r in rows if r["step_s"] is not None]
     assert steps == sorted(steps)
     assert all(r["reason"] for r in rows)
@@ -246,13 +254,20 @@ def test_bad_mesh_requests_are_rule_violations() -> None:
 
 def test_old_plan_files_load_as_one_tp_rank_unsharded(tmp_path: Path) -> None:
     stage = StagePlan(index=0, device="cpu", units=["u0"])
-    data = Plan(num_stages=1, microbatches=1, microbatch_size=4, batch_size=4, stages=[stage]).to_dict()
+    data = Plan(
+        num_stages=1, microbatches=1, microbatch_size=4, batch_size=4, stages=[stage]
+    ).to_dict()
     for key in ("tensor_parallel", "shard", "tp_plan"):
         del data[key]
     path = tmp_path / "old.json"
     path.write_text(json.dumps(data))
     old = load_plan(path)
-    assert (old.tensor_parallel, old.shard, old.tp_plan, old.mesh_shape) == (1, "none", {}, (1, 1, 1))
+    assert (old.tensor_parallel, old.shard, old.tp_plan, old.mesh_shape) == (
+        1,
+        "none",
+        {},
+        (1, 1, 1),
+    )
 
 
 # ----- the CLI -------------------------------------------------------------------------

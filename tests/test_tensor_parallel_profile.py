@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import torch
+from autopipe.profiler.tensor_parallel import NO_PLAN_NOTE, annotate_tensor_parallel, model_tp_plan
 from torch import nn
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from autopipe.core.profile import Profile, UnitProfile
-from autopipe.profiler.tensor_parallel import NO_PLAN_NOTE, annotate_tensor_parallel, model_tp_plan
 
 HIDDEN, FFN, HEADS, KV_HEADS, VOCAB = 64, 96, 8, 4, 100
 
@@ -55,7 +55,9 @@ def test_hugging_face_plan_is_mapped_onto_units() -> None:
     assert by["model.embed_tokens"].tp_collective_bytes == 1000
     assert by["lm_head"].tp_collective_bytes == 700
     assert by["lm_head"].tp_compute_fraction == 1.0
-    assert by["model.norm"].tp_parameter_count == 0 and by["model.rotary_emb"].tp_compute_fraction == 0
+    assert (
+        by["model.norm"].tp_parameter_count == 0 and by["model.rotary_emb"].tp_compute_fraction == 0
+    )
     assert p.tp_degrees == [2, 4]  # divides 8 heads and 4 key/value heads
     assert p.tp_note == ""
 
