@@ -185,14 +185,21 @@ def mesh_lower_bound_s(
     batch_size: int,
     topology: Topology,
     microbatches: list[int] | None = None,
+    one_chunk_per_rank: bool = False,
 ) -> float:
     """A proven lower bound on the candidate's step. The pipeline part is the smallest, over
     the micro-batch counts M the search may pick (``microbatches``; default every divisor of
     the replica batch), of the bound every plan of that M obeys (``chunks.lower_bound_s``,
     docs/cost-model.md): some rank works ``M x`` the average micro-batch share of the whole
     model's forward and backward (``device``: one device's share, collectives included),
-    ``M x`` the heaviest unit, and micro-batch 0 crosses every unit forward and back. Plus
-    the data-parallel communication nothing hides (of the average rank's gradients). O(N x #M).
+    ``M x`` the heaviest unit, and micro-batch 0 crosses every unit forward and back. With
+    ``one_chunk_per_rank`` (GPipe, 1F1B) also the fill and drain: stage ``s`` cannot start
+    before micro-batch 0's forward crossed the stages before it, works ``M`` micro-batches,
+    and the last one's backward must cross them again, so ``T >= P_s + M t_s`` for every
+    stage (``P_s`` = the stages before it, ``t_s`` = its time per micro-batch); over every
+    split of the work ``W`` into K stages the smallest such maximum is
+    ``W / (1 - (1 - 1/M)^K)`` (equalising the terms). Plus the data-parallel communication
+    nothing hides (of the average rank's gradients). O(N x #M).
     """
     replica = batch_size // cand.dp
     ms = microbatches or [m for m in range(1, replica + 1) if replica % m == 0]
@@ -209,7 +216,11 @@ def mesh_lower_bound_s(
         path = sum(fwd) + sum(
             g * backward_input_share(u) for g, u in zip(bwd, device.units, strict=True)
         )
-        bound = min(bound, max(m * sum(per_unit) / cand.pp, m * max(per_unit), path))
+        work = sum(per_unit)
+        terms = [m * work / cand.pp, m * max(per_unit), path]
+        if one_chunk_per_rank:
+            terms.append(work / (1.0 - (1.0 - 1.0 / m) ** cand.pp))
+        bound = min(bound, max(terms))
     grads = sum(u.parameter_bytes for u in device.units) / cand.pp
     bw, lat = topology.dp_link(cand.tp, cand.dp)
     one = ring_collective_s(grads, cand.dp, bw, lat)
@@ -345,8 +356,9 @@ def plan_mesh(
         return shares[key]
 
     ms = _microbatch_candidates(request.microbatches)
+    single = request.schedule in ("gpipe", "1f1b")  # one chunk per rank: fill and drain
     for c in cands:
-        c.lower_bound_s = mesh_lower_bound_s(profile, device_of(c), c, batch, topology, ms)
+        c.lower_bound_s = mesh_lower_bound_s(profile, device_of(c), c, batch, topology, ms, single)
         if c.pp > len(profile.units):
             c.reason = f"{c.pp} stages need {c.pp} units; the model has {len(profile.units)}"
     zero2 = {c.shape: c for c in cands if c.shard == "gradients"}
