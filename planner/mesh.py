@@ -33,6 +33,7 @@ from autopipe.planner.mesh_costs import (
     sharded_state_bytes_per_parameter,
     tp_collective_s,
 )
+from autopipe.planner.search import MAX_AUTO_MICROBATCHES, divisors
 
 from autopipe.core.cluster import Cluster, Device
 from autopipe.core.humanize import format_bytes, format_seconds
@@ -43,7 +44,7 @@ from autopipe.core.vocabulary import SHARD_MODES
 
 __all__ = ["MeshCandidate", "dp_exposed_s", "mesh_candidates", "mesh_lower_bound_s", "plan_mesh"]
 
-LOSS_REASONS = ("memory", "bubble", "TP comm", "DP comm", "compute")
+LOSS_REASONS = ("memory", "bubble", "TP comm", "DP comm", "compute", "recompute (memory)")
 
 
 @dataclass
@@ -64,6 +65,11 @@ class MeshCandidate:
     """The busiest rank's TP collectives per step (forward and backward, all micro-batches)."""
     compute_s: float = 0.0
     """Average rank's compute per step, TP collectives and bubble excluded."""
+    recompute_s: float = 0.0
+    """Average rank's re-materialization per step (the price of fitting in memory)."""
+    gather_s: float = 0.0
+    """Average rank's exposed parameter gathers per step (``parameters``; in the pipeline's
+    unit times, so in ``pipeline_s`` too)."""
     peak_bytes: int = 0
     """Largest per-device peak (gather buffers included)."""
     reason: str = ""
@@ -77,7 +83,8 @@ class MeshCandidate:
 
     @property
     def bubble_s(self) -> float:
-        return max(self.pipeline_s - self.compute_s - self.tp_comm_s, 0.0)
+        busy = self.compute_s + self.tp_comm_s + self.gather_s + self.recompute_s
+        return max(self.pipeline_s - busy, 0.0)
 
     def row(self) -> dict[str, Any]:
         """The JSON row kept in ``Plan.meta["mesh"]["candidates"]``."""
@@ -89,6 +96,7 @@ class MeshCandidate:
             "step_s": self.step_s if math.isfinite(self.step_s) else None,
             "pipeline_s": self.pipeline_s if math.isfinite(self.pipeline_s) else None,
             "dp_comm_s": self.dp_comm_s,
+            "gather_s": self.gather_s,
             "tp_comm_s": self.tp_comm_s,
             "bubble_s": self.bubble_s if self.plan is not None else None,
             "peak_bytes": self.peak_bytes or None,
@@ -271,9 +279,7 @@ def dp_exposed_s(plan: Plan, device: Profile, cand: MeshCandidate, topology: Top
     return worst
 
 
-def _tp_comm_s(
-    plan: Plan, device: Profile, profile: Profile, cand: MeshCandidate, topology: Topology
-) -> float:
+def _tp_comm_s(plan: Plan, profile: Profile, cand: MeshCandidate, topology: Topology) -> float:
     """The busiest rank's TP collectives per step: forward and backward of every micro-batch."""
     if cand.tp <= 1:
         return 0.0
@@ -343,17 +349,15 @@ def plan_mesh(
         memory_per_device=None, gpus_per_node=None, inter_node_bandwidth_bytes_per_s=None,
         optimizer="auto",
     )  # fmt: skip
-    shares: dict[tuple[int, str, int], Profile] = {}
+    shares: dict[int, Profile] = {}
 
     def device_of(c: MeshCandidate) -> Profile:
-        key = (
-            c.tp,
-            c.shard if c.shard == "parameters" else "",
-            c.dp if c.shard == "parameters" else 1,
-        )
-        if key not in shares:
-            shares[key] = device_profile(profile, c.tp, topology, shard=key[1] or "none", dp=key[2])
-        return shares[key]
+        """One device's share without the per-micro-batch gathers of ``parameters`` (they
+        depend on the micro-batch size: :func:`_search` adds them per M); without them it
+        bounds every sharding from below."""
+        if c.tp not in shares:
+            shares[c.tp] = device_profile(profile, c.tp, topology)
+        return shares[c.tp]
 
     ms = _microbatch_candidates(request.microbatches)
     single = request.schedule in ("gpipe", "1f1b")  # one chunk per rank: fill and drain
@@ -381,7 +385,7 @@ def plan_mesh(
             if best is not None and c.lower_bound_s >= best.step_s:
                 c.reason = "dominated: gradients (ZeRO-2) is as fast in less memory"
                 continue
-        _search(c, inner, profile, device_of(c), base, template, topology, batch, state_bpp, size)
+        _search(c, inner, profile, device_of(c), base, template, topology, batch, state_bpp, ms)
         if c.plan is not None and (best is None or c.step_s < best.step_s):
             best = c
     if best is None:
@@ -398,6 +402,10 @@ def plan_mesh(
     out.optimizer = optimizer
     out.state_bytes_per_parameter = state_bpp
     out.request = request
+    out.memory_per_device = template.memory_bytes
+    # one device would run the whole global batch, every unit unsplit
+    one_device_s = _work_s(profile, batch) / template.speed
+    out.speedup = one_device_s / best.step_s if best.step_s > 0 else 1.0
     out.meta["mesh"] = {
         "gpus": n,
         "gpus_per_node": node,
@@ -448,10 +456,14 @@ def _search(
     topology: Topology,
     batch: int,
     state_bpp: float,
-    size: int,
+    microbatches: list[int] | None,
 ) -> None:
-    """Run the pipeline search for one mesh and price its step (in place)."""
+    """Run the pipeline search for one mesh and price its step (in place). ``parameters``
+    sharding: the gathers each micro-batch exposes depend on its size, so each M is searched
+    on the device profile priced at its micro-batch (those whose bound cannot beat the best M
+    so far are skipped); the other shardings: one search over every M."""
     c.searched = True
+    size = max(int(profile.bytes_per_parameter), 1)
     reserve = gather_buffer_bytes(profile, c.tp, c.shard, c.dp)
     memory = template.memory_bytes
     if memory is not None:
@@ -468,31 +480,72 @@ def _search(
             )
         )
     bpp = sharded_state_bytes_per_parameter(state_bpp, size, c.shard, c.dp)
+    replica = batch // c.dp
     req = dataclasses.replace(
-        base, cluster=Cluster(stages), batch_size=batch // c.dp, bytes_per_parameter=bpp,
+        base, cluster=Cluster(stages), batch_size=replica, bytes_per_parameter=bpp,
         baselines=False,
     )  # fmt: skip
-    try:
-        p = inner(device, req)
-    except RuleViolation as exc:
-        c.reason = str(exc).splitlines()[0]
+    runs: list[tuple[Profile, PlanRequest]] = [(device, req)]
+    if c.shard == "parameters" and c.dp > 1:
+        ms = microbatches or divisors(replica, up_to=MAX_AUTO_MICROBATCHES)
+        runs = [
+            (
+                device_profile(
+                    profile,
+                    c.tp,
+                    topology,
+                    shard="parameters",
+                    dp=c.dp,
+                    microbatch_size=replica / m,
+                ),
+                dataclasses.replace(req, microbatches=m),
+            )  # fmt: skip
+            for m in ms
+            if replica % m == 0
+        ]
+    best: tuple[Plan, Profile] | None = None
+    refused: PlanningError | None = None
+    for share, one in runs:
+        if best is not None and len(runs) > 1:
+            m = one.microbatches
+            assert isinstance(m, int)
+            bound = mesh_lower_bound_s(
+                profile, share, c, batch, topology, [m], base.schedule in ("gpipe", "1f1b")
+            )
+            if bound >= best[0].iteration_time_s:
+                continue
+        try:
+            p = inner(share, one)
+        except PlanningError as exc:  # rule violations (this M) and memory alike
+            if refused is None or (exc.min_memory_bytes or math.inf) < (
+                refused.min_memory_bytes or math.inf
+            ):
+                refused = exc
+            continue
+        if best is None or p.iteration_time_s < best[0].iteration_time_s:
+            best = (p, share)
+    if best is None:
+        if refused is None:
+            c.reason = f"microbatches: none of {microbatches} divides the replica batch {replica}"
+            return
+        if isinstance(refused, RuleViolation) or not refused.min_memory_bytes:
+            c.reason = str(refused).splitlines()[0]
+            return
+        c.min_memory_bytes = refused.min_memory_bytes
+        need = refused.min_memory_bytes + reserve * (1 + base.headroom)
+        c.reason = f"memory: needs {format_bytes(need)} per device"
         return
-    except PlanningError as exc:
-        c.min_memory_bytes = exc.min_memory_bytes
-        need = (
-            f"needs {format_bytes(exc.min_memory_bytes + reserve * (1 + base.headroom))} per device"
-            if exc.min_memory_bytes
-            else str(exc).splitlines()[0]
-        )
-        c.reason = f"memory: {need}"
-        return
+    p, share = best
     c.plan = p
     c.pipeline_s = p.iteration_time_s
-    c.dp_comm_s = dp_exposed_s(p, device, c, topology)
+    c.dp_comm_s = dp_exposed_s(p, share, c, topology)
     c.step_s = c.pipeline_s + c.dp_comm_s
-    c.tp_comm_s = _tp_comm_s(p, device, profile, c, topology)
-    work = _work_s(device, batch / c.dp)
+    c.tp_comm_s = _tp_comm_s(p, profile, c, topology)
+    b = replica / p.microbatches
+    work = _work_s(device, b) * p.microbatches
+    c.gather_s = (_work_s(share, b) * p.microbatches - work) / c.pp
     c.compute_s = max(work / c.pp - c.tp_comm_s, 0.0)
+    c.recompute_s = sum(st.recompute_s for st in p.stages) * p.microbatches / c.pp
     c.peak_bytes = int(max(p.rank_peak_bytes, default=0) + reserve)
 
 
@@ -505,8 +558,9 @@ def _explain_losses(cands: list[MeshCandidate], best: MeshCandidate) -> None:
         parts = {
             "bubble": c.bubble_s - best.bubble_s,
             "TP comm": c.tp_comm_s - best.tp_comm_s,
-            "DP comm": c.dp_comm_s - best.dp_comm_s,
+            "DP comm": c.dp_comm_s + c.gather_s - best.dp_comm_s - best.gather_s,
             "compute": c.compute_s - best.compute_s,
+            "recompute (memory)": c.recompute_s - best.recompute_s,
         }
         what = max(parts, key=lambda k: parts[k])
         c.reason = f"{what} (+{format_seconds(parts[what])})"

@@ -160,6 +160,7 @@ def device_profile(
     *,
     shard: str = "none",
     dp: int = 1,
+    microbatch_size: float | None = None,
 ) -> Profile:
     """The Profile of one device of a mesh with tensor-parallel degree ``tp`` and ``dp``
     replicas sharded by ``shard``: per unit
@@ -170,8 +171,9 @@ def device_profile(
     - ``parameters`` sharding: each pass also all-gathers the unit's parameters over the DP
       group, prefetched while the previous unit (in that pass's order) computes: only
       ``max(0, gather - that unit's compute)`` is charged, a fixed per-call cost (it does not
-      shrink with the micro-batch), priced with the previous unit's compute at the profile's
-      batch;
+      shrink with the micro-batch), priced with the previous unit's compute at
+      ``microbatch_size`` samples (the profile's batch if None), so the profile holds for
+      that micro-batch size only;
     - parameter bytes: :func:`unit_device_parameter_bytes` (``parameter_count`` keeps the
       model's own count, which the runtime checks the model against);
     - activations, outputs and cut tensors between two split units: divided by ``tp``
@@ -186,12 +188,13 @@ def device_profile(
     dp_bw, dp_lat = topology.dp_link(tp, dp)
     units: list[UnitProfile] = []
     computes: list[tuple[float, float]] = []
+    at = (microbatch_size or profile.batch_size) / profile.batch_size
     for u in profile.units:
         c = tp_share(u, tp)
         computes.append(
             (
-                _scaled(u.forward_s, u.forward_overhead_s, c),
-                _scaled(u.backward_s, u.backward_overhead_s, c),
+                _scaled(u.forward_s, u.forward_overhead_s, c * at),
+                _scaled(u.backward_s, u.backward_overhead_s, c * at),
             )
         )
     n = len(profile.units)

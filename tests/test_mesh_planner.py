@@ -120,6 +120,10 @@ def test_gather_buffers_and_prefetch_overlap_by_hand() -> None:
     prev = p.units[1].forward_s  # layers.1's gather hides behind layers.0's forward
     assert d.units[2].forward_s == pytest.approx(p.units[2].forward_s + g - prev)
     assert d.units[2].forward_overhead_s == pytest.approx(p.units[2].forward_overhead_s + g - prev)
+    # priced for micro-batches of 4 of the profile's 16: the previous unit hides less
+    small = device_profile(p, 1, slow, shard="parameters", dp=16, microbatch_size=4)
+    prev4 = 1e-5 + (p.units[1].forward_s - 1e-5) * 4 / 16
+    assert small.units[2].forward_s == pytest.approx(p.units[2].forward_s + g - prev4)
 
 
 def test_ring_collective_by_hand() -> None:
