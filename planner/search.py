@@ -273,6 +273,10 @@ def plan(
     Memory per parameter: ``bytes_per_parameter`` or from ``optimizer`` (``auto``, ``sgd``,
     ``sgd-momentum``, ``adam``, ``adamw``, ``mixed-adam``, ``none``; see
     :func:`training_state`). ``headroom`` is the share of device memory kept free.
+    ``tensor_parallel``, ``data_parallel``, ``shard`` (any of them not 1, 1, ``"none"``):
+    plan the whole device mesh instead, ``gpus`` = N = PP x D x T devices
+    (:func:`autopipe.planner.mesh.plan_mesh`; ``gpus_per_node``,
+    ``inter_node_bandwidth_bytes_per_s`` give the nodes and their links).
     The plan records the request (``Plan.request``), the training state it charged
     (``Plan.optimizer``, ``Plan.state_bytes_per_parameter``) and the profile's unit
     granularity (``Plan.granularity``).

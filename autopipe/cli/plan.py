@@ -40,7 +40,11 @@ def register(sub: common.Subparsers) -> None:
     )
     p.add_argument("model", help="MODEL.py[:FACTORY] or a saved PROFILE.json")
     p.add_argument(
-        "--gpus", type=common.positive_int, required=True, help="number of pipeline stages K"
+        "--gpus",
+        type=common.positive_int,
+        required=True,
+        help="number of pipeline stages K; with --data-parallel or the mesh flags "
+        "(--tensor-parallel, --shard) all the GPUs, N = PP x D x T",
     )
     p.add_argument(
         "--microbatches", type=common.microbatches, default="auto", help="M, or 'auto' (default)"
@@ -138,7 +142,7 @@ def register(sub: common.Subparsers) -> None:
         type=common.byte_size,
         metavar="BYTES_PER_S",
         help="gradient all-reduce bandwidth per device for --data-parallel, e.g. 100GB "
-        "(default: the catalog device's link)",
+        "(default: the catalog device's link); with the mesh flags, the link inside a node",
     )
     p.add_argument(
         "--scaling",
@@ -427,6 +431,19 @@ def _plan_mesh(
         raise common.UsageError(
             f"--gpus {args.gpus} spans nodes of {node} but the inter-node bandwidth is "
             f"{where}: pass --inter-node-bandwidth (bytes/s per device, e.g. 50GB)"
+        )
+    if args.allreduce_bandwidth is not None:  # the link inside a node (TP, and DP within it)
+        import dataclasses
+
+        from autopipe.core.cluster import Cluster as _Cluster
+
+        if cluster is None:
+            cluster = _Cluster.homogeneous(args.gpus, profile.device, memory)
+        cluster = _Cluster(
+            [
+                dataclasses.replace(d, link_bandwidth_bytes_per_s=args.allreduce_bandwidth)
+                for d in cluster.devices
+            ]
         )
     gpus = None if cluster is not None else args.gpus
     return plan(
