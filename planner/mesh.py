@@ -33,7 +33,7 @@ from autopipe.planner.mesh_costs import (
     sharded_state_bytes_per_parameter,
     tp_collective_s,
 )
-from autopipe.planner.search import MAX_AUTO_MICROBATCHES, divisors
+from autopipe.planner.search import MAX_AUTO_MICROBATCHES, CannotBeat, divisors
 
 from autopipe.core.cluster import Cluster, Device
 from autopipe.core.humanize import format_bytes, format_seconds
@@ -297,8 +297,6 @@ def _tp_comm_s(plan: Plan, profile: Profile, cand: MeshCandidate, topology: Topo
 def plan_mesh(
     profile: Profile,
     request: PlanRequest,
-    *,
-    search: Any = None,
 ) -> Plan:
     """The fastest mesh plan that fits for ``request.gpus`` devices (or ``request.cluster``'s,
     equal devices): see the module docstring. The returned Plan is the winning pipeline
@@ -306,11 +304,11 @@ def plan_mesh(
     ``tp_plan`` set, ``iteration_time_s`` the step (pipeline + exposed DP communication),
     ``throughput`` over the global batch, its peak memory per device in ``rank_peak_bytes``
     (gather buffers included), and every mesh tried in ``meta["mesh"]["candidates"]`` (best
-    first, each with why it loses). ``search`` replaces the pipeline search (tests).
+    first, each with why it loses).
     Raises ``RuleViolation`` for a bad request, ``PlanningError`` when no mesh fits."""
-    from autopipe.planner.search import _positive_int, plan, training_state
+    from autopipe.planner.search import _positive_int, plan_pipeline, training_state
 
-    inner = plan if search is None else search
+    inner = plan_pipeline
     if request.cluster is not None:
         devices = request.cluster.devices
         if any(dataclasses.astuple(d) != dataclasses.astuple(devices[0]) for d in devices):
@@ -385,7 +383,11 @@ def plan_mesh(
             if best is not None and c.lower_bound_s >= best.step_s:
                 c.reason = "dominated: gradients (ZeRO-2) is as fast in less memory"
                 continue
-        _search(c, inner, profile, device_of(c), base, template, topology, batch, state_bpp, ms)
+        cutoff = best.step_s if best is not None else math.inf
+        _search(
+            c, inner, profile, device_of(c), base, template, topology, batch, state_bpp, ms,
+            cutoff,
+        )  # fmt: skip
         if c.plan is not None and (best is None or c.step_s < best.step_s):
             best = c
     if best is None:
@@ -457,6 +459,7 @@ def _search(
     batch: int,
     state_bpp: float,
     microbatches: list[int] | None,
+    cutoff_s: float = math.inf,
 ) -> None:
     """Run the pipeline search for one mesh and price its step (in place). ``parameters``
     sharding: the gathers each micro-batch exposes depend on its size, so each M is searched
@@ -514,8 +517,11 @@ def _search(
             )
             if bound >= best[0].iteration_time_s:
                 continue
+        beat = min(cutoff_s, best[0].iteration_time_s if best is not None else math.inf)
         try:
-            p = inner(share, one)
+            p = inner(share, one, beat)
+        except CannotBeat:
+            continue
         except PlanningError as exc:  # rule violations (this M) and memory alike
             if refused is None or (exc.min_memory_bytes or math.inf) < (
                 refused.min_memory_bytes or math.inf
@@ -525,6 +531,9 @@ def _search(
         if best is None or p.iteration_time_s < best[0].iteration_time_s:
             best = (p, share)
     if best is None:
+        if refused is None and runs and math.isfinite(cutoff_s):
+            c.reason = "cannot beat the best (no schedule's or M's bound is faster)"
+            return
         if refused is None:
             c.reason = f"microbatches: none of {microbatches} divides the replica batch {replica}"
             return

@@ -288,6 +288,18 @@ def plan(
         from autopipe.planner.mesh import plan_mesh
 
         return plan_mesh(profile, req)
+    return plan_pipeline(profile, req)
+
+
+class CannotBeat(PlanningError):
+    """:func:`plan_pipeline` found no candidate whose proven lower bound is below its
+    ``cutoff_s``: no plan of this request beats a plan the caller already has."""
+
+
+def plan_pipeline(profile: Profile, req: PlanRequest, cutoff_s: float = math.inf) -> Plan:
+    """:func:`plan` for one K-stage pipeline (no mesh). ``cutoff_s``: a step time the caller
+    already has (the mesh search's best): candidates whose proven lower bound is not below it
+    are not searched, and ``CannotBeat`` is raised when that leaves none feasible."""
     _check_choice("schedule", req.schedule, (*PLAN_SCHEDULES, "auto"))
     _check_choice("checkpoint", req.checkpoint, CHECKPOINT_MODES)
     _check_choice("strategy", req.strategy, STRATEGIES)
@@ -306,7 +318,7 @@ def plan(
         _prepare(profile, cluster, req, sched, v, m, batch=batch, state_bpp=state_bpp)
         for sched, v, m in combos
     ]
-    best_s = math.inf
+    best_s = cutoff_s
     for cand in sorted(prepared, key=lambda c: c.lower_bound_s):
         if cand.lower_bound_s >= best_s:
             cand.pruned = True
@@ -316,6 +328,8 @@ def plan(
             best_s = min(best_s, cand.iteration_time_s)
     candidates = prepared
     feasible = [c for c in candidates if c.feasible]
+    if not feasible and math.isfinite(cutoff_s) and any(c.pruned for c in candidates):
+        raise CannotBeat(f"no candidate's lower bound is below {cutoff_s:.6g} s")
     if not feasible:
         raise _infeasible_error(candidates, cluster, req.checkpoint, req.strategy)
     order = list(dict.fromkeys(s for s, _, _ in combos))
