@@ -545,6 +545,13 @@ def _search(
         c.reason = f"memory: needs {format_bytes(need)} per device"
         return
     p, share = best
+    if c.shard == "parameters" and c.dp > 1:
+        # the search charged each stage's whole state as parameter bytes x (s / D) / p: a
+        # device keeps 1 / D of its parameters between uses, the rest is gradient + optimizer
+        for st in p.stages:
+            state = st.parameter_bytes + st.optimizer_bytes
+            st.parameter_bytes = int(round(st.parameter_bytes / c.dp))
+            st.optimizer_bytes = max(state - st.parameter_bytes, 0)
     c.plan = p
     c.pipeline_s = p.iteration_time_s
     c.dp_comm_s = dp_exposed_s(p, share, c, topology)

@@ -364,3 +364,46 @@ def test_every_meshs_bound_is_below_its_step(
             continue
         row = out.meta["mesh"]["candidates"][0]
         assert row["lower_bound_s"] <= row["step_s"] * (1 + 1e-12)
+
+
+def test_catalog_platforms_carry_their_inter_node_links() -> None:
+    from autopipe.core.catalog import device_spec_from_dict, get_device
+
+    h100 = get_device("h100")
+    assert (h100.gpus_per_node, h100.inter_node_bandwidth_bytes_per_s) == (8, 50e9)  # NDR 400 Gb/s
+    assert "dgxh100" in h100.inter_node_source and "NDR" in h100.inter_node_link_name
+    assert get_device("a100").inter_node_bandwidth_bytes_per_s == 25e9  # HDR 200 Gb/s
+    assert get_device("l4").inter_node_bandwidth_bytes_per_s == 0  # no one platform: unknown
+    mine = device_spec_from_dict({"base": "h100", "name": "mine", "gpus_per_node": 4})
+    assert (mine.gpus_per_node, mine.inter_node_bandwidth_bytes_per_s) == (4, 50e9)
+
+
+def test_cli_takes_nodes_and_links_from_the_catalog(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    p = dataclasses.replace(tiny_profile(n_blocks=6), device="H100-SXM-80GB", mode="analytic")
+    out = tmp_path / "plan.json"
+    argv = ["plan", _saved(tmp_path, p), "--gpus", "16", "--shard", "auto", "--batch-size",
+            "32", "-q", "--json", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    mesh = load_plan(out).meta["mesh"]
+    assert (mesh["gpus_per_node"], mesh["inter_node_bandwidth_bytes_per_s"]) == (8, 50e9)
+    assert mesh["intra_node_bandwidth_bytes_per_s"] == 450e9  # NVLink 4, per direction
+    l4 = dataclasses.replace(p, device="L4-24GB")
+    assert main(["plan", _saved(tmp_path, l4), "--gpus", "16", "--shard", "auto", "-q"]) == 2
+    assert "--inter-node-bandwidth" in _err_line(capsys)
+
+
+def test_a_fully_sharded_plan_is_a_valid_plan_file(tmp_path: Path) -> None:
+    """With ``parameters`` over D = 8 a device keeps 1/8 of its parameters: 2 of 16 bytes per
+    parameter, so the stage's parameter bytes are 1/8 and the rest is gradient + state."""
+    p = tiny_profile(n_blocks=6)
+    out = plan(p, gpus=8, batch_size=32, tensor_parallel=1, data_parallel=8, shard="parameters")
+    assert out.mesh_shape == (1, 8, 1)
+    stage = out.stages[0]
+    whole = sum(u.parameter_bytes for u in p.units)
+    assert stage.parameter_bytes == round(whole / 8)
+    # 16 / 8 = 2 bytes per 2-byte parameter: the whole state is the parameters' size
+    assert stage.parameter_bytes + stage.optimizer_bytes == pytest.approx(whole, rel=1e-6)
+    out.save(tmp_path / "plan.json")
+    assert load_plan(tmp_path / "plan.json").shard == "parameters"
