@@ -288,6 +288,7 @@ def _saved(tmp_path: Path, profile: Profile) -> str:
     [
         (["--tensor-parallel", "3"], "does not divide --gpus"),
         (["--tensor-parallel", "8", "--gpus-per-node", "4"], "never spans nodes"),
+        (["--tensor-parallel", "16", "--device", "h100"], "never spans nodes"),
         (["--tensor-parallel", "8"], "does not divide the model's split"),
         (["--tensor-parallel", "2", "--gpus-per-node", "4"], "inter-node bandwidth"),
     ],

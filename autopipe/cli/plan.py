@@ -178,12 +178,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
             "--host-throughput prices one pipeline's ranks on one host; drop it when "
             "planning the mesh"
         )
-    if args.gpus_per_node is not None and isinstance(args.tensor_parallel, int):
-        if args.gpus_per_node % args.tensor_parallel:
-            raise common.UsageError(
-                f"--tensor-parallel {args.tensor_parallel} does not divide --gpus-per-node "
-                f"{args.gpus_per_node}: a TP group never spans nodes; give a divisor"
-            )
+    node = args.gpus_per_node or _catalog_node_size(args.device)
+    if node is not None and isinstance(args.tensor_parallel, int) and node % args.tensor_parallel:
+        raise common.UsageError(
+            f"--tensor-parallel {args.tensor_parallel} does not divide the {node} GPUs per node: "
+            "a TP group never spans nodes; give a divisor (or --gpus-per-node)"
+        )
     if isinstance(args.tensor_parallel, int) and args.gpus % args.tensor_parallel:
         raise common.UsageError(
             f"--tensor-parallel {args.tensor_parallel} does not divide --gpus {args.gpus}: "
@@ -458,3 +458,12 @@ def _plan_mesh(
         inter_node_bandwidth_bytes_per_s=inter,
         **options,
     )
+
+
+def _catalog_node_size(device: str | None) -> int | None:
+    """GPUs per node of the catalog device ``--device`` names (before any profiling), or None."""
+    from autopipe.core.catalog import get_device, is_catalog_device
+
+    if not device or common.device_list_counts(device) or not is_catalog_device(device):
+        return None
+    return get_device(device).gpus_per_node
