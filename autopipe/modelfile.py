@@ -5,7 +5,9 @@ The file defines ``build_model()`` (or the named FACTORY) returning an ``nn.Modu
 of keyword tensors. For a named factory, ``example_inputs_FACTORY(batch_size)`` is used
 when the file defines it. An optional ``loss_fn(output, inputs)`` drives backward: it is
 called on one micro-batch (its output and its rows of the inputs) and returns the mean over
-those rows or ``(sum, count)`` (:mod:`autopipe.profiler.objective`).
+those rows or ``(sum, count)`` (:mod:`autopipe.profiler.objective`). An optional
+``tp_plan()`` returns the model's tensor-parallel plan (module path pattern -> ``colwise`` /
+``rowwise``, as Hugging Face's ``base_model_tp_plan``), for models that carry none.
 """
 
 from __future__ import annotations
@@ -39,6 +41,13 @@ class ModelFile:
     @property
     def label(self) -> str:
         return f"{self.path.name}:{self.factory_name}"
+
+    @property
+    def tp_plan(self) -> Callable[[], Any] | None:
+        """The file's ``tp_plan()`` function (module path pattern -> ``colwise`` /
+        ``rowwise``, as Hugging Face's ``base_model_tp_plan``), or None."""
+        found = getattr(self.module, "tp_plan", None)
+        return found if callable(found) else None
 
     def default_batch_size(self) -> int | None:
         """The ``batch_size`` default of ``example_inputs``, if it declares one."""

@@ -273,6 +273,10 @@ def plan(
     Memory per parameter: ``bytes_per_parameter`` or from ``optimizer`` (``auto``, ``sgd``,
     ``sgd-momentum``, ``adam``, ``adamw``, ``mixed-adam``, ``none``; see
     :func:`training_state`). ``headroom`` is the share of device memory kept free.
+    ``tensor_parallel``, ``data_parallel``, ``shard`` (any of them not 1, 1, ``"none"``):
+    plan the whole device mesh instead, ``gpus`` = N = PP x D x T devices
+    (:func:`autopipe.planner.mesh.plan_mesh`; ``gpus_per_node``,
+    ``inter_node_bandwidth_bytes_per_s`` give the nodes and their links).
     The plan records the request (``Plan.request``), the training state it charged
     (``Plan.optimizer``, ``Plan.state_bytes_per_parameter``) and the profile's unit
     granularity (``Plan.granularity``).
@@ -280,6 +284,22 @@ def plan(
     req = _request(request, fields)
     if not profile.units:
         raise PlanningError("the profile has no units; profile a model with at least one module")
+    if req.plans_mesh:
+        from autopipe.planner.mesh import plan_mesh
+
+        return plan_mesh(profile, req)
+    return plan_pipeline(profile, req)
+
+
+class CannotBeat(PlanningError):
+    """:func:`plan_pipeline` found no candidate whose proven lower bound is below its
+    ``cutoff_s``: no plan of this request beats a plan the caller already has."""
+
+
+def plan_pipeline(profile: Profile, req: PlanRequest, cutoff_s: float = math.inf) -> Plan:
+    """:func:`plan` for one K-stage pipeline (no mesh). ``cutoff_s``: a step time the caller
+    already has (the mesh search's best): candidates whose proven lower bound is not below it
+    are not searched, and ``CannotBeat`` is raised when that leaves none feasible."""
     _check_choice("schedule", req.schedule, (*PLAN_SCHEDULES, "auto"))
     _check_choice("checkpoint", req.checkpoint, CHECKPOINT_MODES)
     _check_choice("strategy", req.strategy, STRATEGIES)
@@ -298,7 +318,7 @@ def plan(
         _prepare(profile, cluster, req, sched, v, m, batch=batch, state_bpp=state_bpp)
         for sched, v, m in combos
     ]
-    best_s = math.inf
+    best_s = cutoff_s
     for cand in sorted(prepared, key=lambda c: c.lower_bound_s):
         if cand.lower_bound_s >= best_s:
             cand.pruned = True
@@ -308,6 +328,8 @@ def plan(
             best_s = min(best_s, cand.iteration_time_s)
     candidates = prepared
     feasible = [c for c in candidates if c.feasible]
+    if not feasible and math.isfinite(cutoff_s) and any(c.pruned for c in candidates):
+        raise CannotBeat(f"no candidate's lower bound is below {cutoff_s:.6g} s")
     if not feasible:
         raise _infeasible_error(candidates, cluster, req.checkpoint, req.strategy)
     order = list(dict.fromkeys(s for s, _, _ in combos))

@@ -38,7 +38,7 @@ import contextlib
 import copy
 import dataclasses
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -59,6 +59,7 @@ from autopipe.profiler.reduce import (
     shortened,
     still_the_blocks,
 )
+from autopipe.profiler.tensor_parallel import annotate_tensor_parallel
 from autopipe.profiler.tree import tensor_leaves
 from autopipe.profiler.units import TraceError, UnitGraph, trace_units
 from torch import fx, nn
@@ -342,6 +343,7 @@ def profile_analytic(
     progress: bool = False,
     units: Sequence[str] | None = None,
     share: bool = True,
+    tp_plan: Mapping[str, str] | Callable[[], Mapping[str, str]] | None = None,
 ) -> Profile:
     """Per-unit time and memory of one training step, counted on the meta device.
 
@@ -367,6 +369,9 @@ def profile_analytic(
     ``share=True``: a stack of repeated blocks is traced and counted as its first few blocks
     and the counts repeated (:mod:`autopipe.profiler.reduce`; the same figures, in the time
     of a few blocks); ``False`` counts every block.
+    ``tp_plan``: the model's tensor-parallel plan (or a function returning it, a model file's
+    ``tp_plan``); None: the model's own (Hugging Face), else none
+    (:mod:`autopipe.profiler.tensor_parallel` fills the profile's TP fields).
     Returns a ``Profile`` with ``mode="analytic"``; seconds are for the whole batch.
     """
     started = time.perf_counter()
@@ -456,6 +461,7 @@ def profile_analytic(
         )
         profile = expand_profile(profile, reduction, first, total)
     _apply_times(profile, priced_times(profile.meta, 1.0, 1.0, spec.kernel_launch_overhead_s))
+    annotate_tensor_parallel(profile, model, tp_plan)
     profile.meta["analytic_seconds"] = time.perf_counter() - started
     return profile
 

@@ -67,6 +67,7 @@ from autopipe.profiler.memory import (
 )
 from autopipe.profiler.options import MeasureOptions
 from autopipe.profiler.sharing import UnitSharing
+from autopipe.profiler.tensor_parallel import annotate_tensor_parallel
 from autopipe.profiler.time_model import fit_time_model
 from autopipe.profiler.timing import (
     CUDA_EVENTS,
@@ -816,6 +817,7 @@ def profile(
     progress: bool = True,
     cache: bool = False,
     cache_dir: str | os.PathLike[str] | None = None,
+    tp_plan: Mapping[str, str] | Callable[[], Mapping[str, str]] | None = None,
     **fields: Any,
 ) -> Profile:
     """Measure per-unit forward/backward seconds and memory of one training step.
@@ -837,6 +839,9 @@ def profile(
     on a shared host), ``"cuda_events"`` (CUDA events: device time), ``"auto"``
     (``"thread_cpu"`` for single-threaded CPU runs, CUDA events on CUDA, else wall) or a
     function returning seconds (a fake clock for tests).
+    ``tp_plan``: the model's tensor-parallel plan or a function returning it (a model file's
+    ``tp_plan``); None: the model's own (Hugging Face's), else none; the profile's TP fields
+    come from it (:mod:`autopipe.profiler.tensor_parallel`).
     ``optimizer`` / ``bytes_per_parameter``: the training state per parameter that the units'
     ``gradient_bytes`` and ``optimizer_bytes`` count (``auto``: mixed-precision Adam for
     16-bit parameters, Adam for fp32; see ``autopipe/core/optimizer.py``).
@@ -948,7 +953,7 @@ def profile(
                 "profile read from cache (%s); --no-cache re-measures",
                 cache_path(key, cache_dir),
             )
-            return cached
+            return annotate_tensor_parallel(cached, model, tp_plan)
 
     from tqdm.auto import tqdm
 
@@ -1151,6 +1156,7 @@ def profile(
         ),
         key,
         cache_dir,
+        lambda p: annotate_tensor_parallel(p, model, tp_plan),
     )
 
 
@@ -1176,7 +1182,13 @@ def _scale_to_reference(
     return {"forward": f, "backward": b}
 
 
-def _finish(profile: Profile, key: str | None, cache_dir: str | os.PathLike[str] | None) -> Profile:
+def _finish(
+    profile: Profile,
+    key: str | None,
+    cache_dir: str | os.PathLike[str] | None,
+    annotate: Callable[[Profile], Profile],
+) -> Profile:
+    annotate(profile)  # the TP fields: from the model's plan, not measured
     if key is not None:
         save_cached(profile, key, cache_dir)
     return profile

@@ -478,6 +478,7 @@ def profile_model_file(args: argparse.Namespace) -> tuple[Profile, DeviceTarget]
                     bytes_per_parameter=args.bytes_per_parameter,
                     share=not args.no_share,
                     units=args.units,
+                    tp_plan=mf.tp_plan,
                 )
             except (AnalyticProfileError, DeviceSpecError) as exc:
                 raise UsageError(str(exc)) from exc
@@ -502,6 +503,7 @@ def profile_model_file(args: argparse.Namespace) -> tuple[Profile, DeviceTarget]
                 split_backward=not args.no_split_backward,
                 scale_to_reference=args.scale_to_reference,
                 units=args.units,
+                tp_plan=mf.tp_plan,
             )
     except (
         ModelFileError,

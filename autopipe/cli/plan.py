@@ -7,7 +7,7 @@ import warnings
 from typing import TYPE_CHECKING, Any
 
 from autopipe.cli import common
-from autopipe.core.vocabulary import PLAN_SCHEDULES
+from autopipe.core.vocabulary import PLAN_SCHEDULES, SHARD_MODES
 from autopipe.planner.emit import EMIT_FORMATS, EmitError, emit
 
 if TYPE_CHECKING:
@@ -40,7 +40,11 @@ def register(sub: common.Subparsers) -> None:
     )
     p.add_argument("model", help="MODEL.py[:FACTORY] or a saved PROFILE.json")
     p.add_argument(
-        "--gpus", type=common.positive_int, required=True, help="number of pipeline stages K"
+        "--gpus",
+        type=common.positive_int,
+        required=True,
+        help="number of pipeline stages K; with --data-parallel or the mesh flags "
+        "(--tensor-parallel, --shard) all the GPUs, N = PP x D x T",
     )
     p.add_argument(
         "--microbatches", type=common.microbatches, default="auto", help="M, or 'auto' (default)"
@@ -105,6 +109,33 @@ def register(sub: common.Subparsers) -> None:
         help="use --gpus devices as K stages x D data-parallel replicas; 'auto' picks D",
     )
     p.add_argument(
+        "--tensor-parallel",
+        metavar="auto|T",
+        type=common.microbatches,
+        help="plan the whole device mesh: --gpus N = PP x D x T, each stage split over T "
+        "devices of one node by the model's TP plan (Hugging Face's, or the model file's "
+        "tp_plan()); auto tries every T dividing the heads and the node",
+    )
+    p.add_argument(
+        "--shard",
+        choices=[*SHARD_MODES, "auto"],
+        help="shard the training state over the D replicas: optimizer (ZeRO-1), gradients "
+        "(ZeRO-2) or parameters (ZeRO-3, FSDP2); plans the whole mesh (default there: auto)",
+    )
+    p.add_argument(
+        "--gpus-per-node",
+        type=common.positive_int,
+        metavar="N",
+        help="devices per node for the mesh (default: 8 for catalog GPUs, else all in one)",
+    )
+    p.add_argument(
+        "--inter-node-bandwidth",
+        type=common.byte_size,
+        metavar="BYTES_PER_S",
+        help="per-device bandwidth between nodes for the mesh, e.g. 50GB (default: the "
+        "catalog's, e.g. 400 Gb/s InfiniBand NDR per H100)",
+    )
+    p.add_argument(
         "--host-throughput",
         # Below 1/1000 of one device a step would take 1000 x its measured time per rank.
         type=common.positive_float(
@@ -120,7 +151,7 @@ def register(sub: common.Subparsers) -> None:
         type=common.byte_size,
         metavar="BYTES_PER_S",
         help="gradient all-reduce bandwidth per device for --data-parallel, e.g. 100GB "
-        "(default: the catalog device's link)",
+        "(default: the catalog device's link); with the mesh flags, the link inside a node",
     )
     p.add_argument(
         "--scaling",
@@ -145,6 +176,28 @@ def cmd_plan(args: argparse.Namespace) -> int:
         (args.emit_out, "--emit-out"),
         (args.plot, "--plot"),  # a folder named like a file would block that file's write
     )
+    mesh = _plans_mesh(args)
+    if mesh and args.scaling:
+        raise common.UsageError(
+            "--scaling sweeps pipelines on K GPUs; drop it when planning the mesh "
+            "(--tensor-parallel, --shard, --gpus-per-node, --inter-node-bandwidth)"
+        )
+    if mesh and args.host_throughput is not None:
+        raise common.UsageError(
+            "--host-throughput prices one pipeline's ranks on one host; drop it when "
+            "planning the mesh"
+        )
+    node = args.gpus_per_node or _catalog_node_size(args.device)
+    if node is not None and isinstance(args.tensor_parallel, int) and node % args.tensor_parallel:
+        raise common.UsageError(
+            f"--tensor-parallel {args.tensor_parallel} does not divide the {node} GPUs per node: "
+            "a TP group never spans nodes; give a divisor (or --gpus-per-node)"
+        )
+    if isinstance(args.tensor_parallel, int) and args.gpus % args.tensor_parallel:
+        raise common.UsageError(
+            f"--tensor-parallel {args.tensor_parallel} does not divide --gpus {args.gpus}: "
+            "the GPUs are PP x D x T; give a divisor of --gpus or auto"
+        )
     for flag in ("data_parallel", "scaling"):  # before spending time profiling
         if args.host_throughput is not None and getattr(args, flag):
             raise common.UsageError(
@@ -158,6 +211,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         )
     if (
         args.data_parallel
+        and not mesh
         and args.allreduce_bandwidth is None
         and not (args.device or args.device_spec or args.model.endswith(".json"))
     ):
@@ -171,7 +225,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     profile, target = common.load_profile_or_model(args)
     from autopipe.planner import PlanningError, RuleViolation, plan
 
-    if args.gpus > len(profile.units) and not args.data_parallel:
+    if args.gpus > len(profile.units) and not args.data_parallel and not mesh:
         raise common.UsageError(
             f"--gpus {args.gpus} is more than the model's {len(profile.units)} units; use at most "
             f"{len(profile.units)} or a finer --granularity (module or node)"
@@ -198,7 +252,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
         "bytes_per_parameter": args.bytes_per_parameter,
     }
     try:
-        if args.data_parallel:
+        if mesh:
+            result = _plan_mesh(profile, args, target, cluster, memory, options)
+        elif args.data_parallel:
             result = _plan_data_parallel(profile, args, cluster, memory, options)
         else:
             result = plan(profile, gpus=gpus, memory_per_device=memory, cluster=cluster, **options)
@@ -278,7 +334,7 @@ def _check_schedule_rules(args: argparse.Namespace) -> None:
     else:
         v = 2 if args.schedule in V_SHAPE_SCHEDULES else 1
     m = args.microbatches
-    if not isinstance(m, int) or args.data_parallel:
+    if not isinstance(m, int) or args.data_parallel or _plans_mesh(args):
         return  # M is chosen later; with --data-parallel K is too
     # batch = M passes the batch rules: they wait for the profile's batch (and its hint).
     problems = violations(args.schedule, args.gpus, v, m, m)
@@ -345,3 +401,78 @@ def _plan_data_parallel(
         memory_per_device=memory,
         **options,
     )
+
+
+def _plans_mesh(args: argparse.Namespace) -> bool:
+    """Whether the flags ask for the whole device mesh rather than a K-stage pipeline (or
+    the K x D layout of ``--data-parallel`` alone)."""
+    return any(
+        getattr(args, flag) is not None
+        for flag in ("tensor_parallel", "shard", "gpus_per_node", "inter_node_bandwidth")
+    )
+
+
+def _plan_mesh(
+    profile: Profile,
+    args: argparse.Namespace,
+    target: DeviceTarget | None,
+    cluster: Cluster | None,
+    memory: int | None,
+    options: dict[str, Any],
+) -> Plan:
+    """``--tensor-parallel`` / ``--shard`` ...: ``--gpus`` devices as a PP x D x T mesh; what is
+    not given is chosen (``auto``). Nodes and their links from the catalog device's platform
+    unless the flags say."""
+    from autopipe.core.catalog import get_device, is_catalog_device
+    from autopipe.planner import plan
+
+    if common.device_list_counts(args.device):
+        raise common.UsageError("a mesh plan needs one kind of device; drop the NAME:COUNT list")
+    spec = target.counted_on if target is not None else None
+    if spec is None and profile.mode == "analytic" and is_catalog_device(profile.device):
+        spec = get_device(profile.device)
+    node = args.gpus_per_node or (spec.gpus_per_node if spec is not None else None)
+    inter = args.inter_node_bandwidth
+    if inter is None and spec is not None and spec.inter_node_bandwidth_bytes_per_s > 0:
+        inter = spec.inter_node_bandwidth_bytes_per_s
+    if node is not None and args.gpus > node and inter is None:
+        where = f"the catalog has no figure for {spec.name}" if spec is not None else "unknown"
+        raise common.UsageError(
+            f"--gpus {args.gpus} spans nodes of {node} but the inter-node bandwidth is "
+            f"{where}: pass --inter-node-bandwidth (bytes/s per device, e.g. 50GB)"
+        )
+    if args.allreduce_bandwidth is not None:  # the link inside a node (TP, and DP within it)
+        import dataclasses
+
+        from autopipe.core.cluster import Cluster as _Cluster
+
+        if cluster is None:
+            cluster = _Cluster.homogeneous(args.gpus, profile.device, memory)
+        cluster = _Cluster(
+            [
+                dataclasses.replace(d, link_bandwidth_bytes_per_s=args.allreduce_bandwidth)
+                for d in cluster.devices
+            ]
+        )
+    gpus = None if cluster is not None else args.gpus
+    return plan(
+        profile,
+        gpus=gpus,
+        cluster=cluster,
+        memory_per_device=memory,
+        tensor_parallel=args.tensor_parallel or "auto",
+        data_parallel=args.data_parallel or "auto",
+        shard=args.shard or "auto",
+        gpus_per_node=node,
+        inter_node_bandwidth_bytes_per_s=inter,
+        **options,
+    )
+
+
+def _catalog_node_size(device: str | None) -> int | None:
+    """GPUs per node of the catalog device ``--device`` names (before any profiling), or None."""
+    from autopipe.core.catalog import get_device, is_catalog_device
+
+    if not device or common.device_list_counts(device) or not is_catalog_device(device):
+        return None
+    return get_device(device).gpus_per_node

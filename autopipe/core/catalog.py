@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -92,6 +93,14 @@ class DeviceSpec:
     source: str = ""
     """Where the figures come from (datasheet URL)."""
     extra: dict[str, Any] = field(default_factory=dict)
+    gpus_per_node: int = 8
+    """Devices in one node of the usual platform (the 8-GPU baseboard)."""
+    inter_node_bandwidth_bytes_per_s: float = 0.0
+    """Per device, per direction, between nodes: the platform's network adapter for each GPU;
+    0: not known (give ``--inter-node-bandwidth`` for a mesh that spans nodes)."""
+    inter_node_link_name: str = ""
+    inter_node_source: str = ""
+    """Where the inter-node figure comes from."""
 
     def peak_for(self, dtype: str, *, allow_tf32: bool = False) -> float:
         """Dense peak FLOP/s for matmuls in ``dtype`` (``"bfloat16"``, ``"fp16"``, ...)."""
@@ -361,6 +370,52 @@ _ENTRIES = [
     ),
 ]
 
+_INTER_NODE = {
+    # DGX-1 (V100): four 100 Gb/s EDR InfiniBand adapters for eight GPUs -> 50 Gb/s = 6.25 GB/s
+    # per GPU and direction.
+    "V100-32GB": (
+        6.25,
+        "InfiniBand EDR, 4 x 100 Gb/s per 8 GPUs",
+        "https://docs.nvidia.com/dgx/dgx1-user-guide/introduction-to-dgx1.html",
+    ),
+    # DGX A100: eight single-port ConnectX-6 200 Gb/s HDR InfiniBand adapters, one per GPU.
+    "A100-40GB": (
+        25,
+        "InfiniBand HDR, 200 Gb/s per GPU",
+        "https://docs.nvidia.com/dgx/dgxa100-user-guide/introduction-to-dgxa100.html",
+    ),
+    "A100-80GB": (
+        25,
+        "InfiniBand HDR, 200 Gb/s per GPU",
+        "https://docs.nvidia.com/dgx/dgxa100-user-guide/introduction-to-dgxa100.html",
+    ),
+    # DGX H100 / H200: eight ConnectX-7 400 Gb/s NDR InfiniBand ports, one per GPU.
+    "H100-SXM-80GB": (
+        50,
+        "InfiniBand NDR, 400 Gb/s per GPU",
+        "https://docs.nvidia.com/dgx/dgxh100-user-guide/introduction-to-dgxh100.html",
+    ),
+    "H200-141GB": (
+        50,
+        "InfiniBand NDR, 400 Gb/s per GPU",
+        "https://docs.nvidia.com/dgx/dgxh100-user-guide/introduction-to-dgxh100.html",
+    ),
+}
+"""Inter-node bandwidth per GPU and direction (GB/s), link, source: the platforms' network
+adapters (the PCIe cards and the MI300X have no one platform: 0, give the figure)."""
+
+_ENTRIES = [
+    dataclasses.replace(
+        spec,
+        inter_node_bandwidth_bytes_per_s=_INTER_NODE[spec.name][0] * GB,
+        inter_node_link_name=_INTER_NODE[spec.name][1],
+        inter_node_source=_INTER_NODE[spec.name][2],
+    )
+    if spec.name in _INTER_NODE
+    else spec
+    for spec in _ENTRIES
+]
+
 CATALOG: dict[str, DeviceSpec] = {spec.name: spec for spec in _ENTRIES}
 """Built-in specs by canonical name."""
 
@@ -447,6 +502,7 @@ _REQUIRED = (
 _FLOAT_FIELDS = (
     "memory_bandwidth_bytes_per_s",
     "link_bandwidth_bytes_per_s",
+    "inter_node_bandwidth_bytes_per_s",
     "link_latency_s",
     "kernel_launch_overhead_s",
     "compute_efficiency",
@@ -515,6 +571,8 @@ def device_spec_from_dict(data: Any, origin: str = "device spec") -> DeviceSpec:
             merged[name] = _quantity(merged[name], name, problems)
     if "memory_bytes" in merged:
         merged["memory_bytes"] = _quantity(merged["memory_bytes"], "memory_bytes", problems)
+    if "gpus_per_node" in merged:
+        merged["gpus_per_node"] = _quantity(merged["gpus_per_node"], "gpus_per_node", problems)
     merged["aliases"] = tuple(str(a) for a in merged.get("aliases", ()))
     if "name" in merged:
         merged["name"] = str(merged["name"])
@@ -522,6 +580,8 @@ def device_spec_from_dict(data: Any, origin: str = "device spec") -> DeviceSpec:
     if problems:
         raise _spec_error(origin, problems)
     merged["memory_bytes"] = int(merged["memory_bytes"])
+    if "gpus_per_node" in merged:
+        merged["gpus_per_node"] = int(merged["gpus_per_node"])
     return DeviceSpec(**merged)
 
 
@@ -621,6 +681,12 @@ def _range_problems(fields: dict[str, Any]) -> list[str]:
         value = fields.get(name, 1.0)
         if value is not None and not 0 < value <= 1:
             problems.append(f"{name} must be in (0, 1], got {value!r}")
+    count = fields.get("gpus_per_node", 1)
+    if count is not None and not (1 <= count < math.inf and count == int(count)):
+        problems.append(f"gpus_per_node must be a whole number >= 1, got {count!r}")
+    inter = fields.get("inter_node_bandwidth_bytes_per_s", 0.0)
+    if inter is not None and not inter >= 0:  # also rejects NaN
+        problems.append(f"inter_node_bandwidth_bytes_per_s must be >= 0, got {inter!r}")
     for name in ("kernel_launch_overhead_s", "link_latency_s"):
         value = fields.get(name, 0.0)
         if value is not None and not value >= 0:  # also rejects NaN

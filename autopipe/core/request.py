@@ -63,6 +63,26 @@ class PlanRequest:
     """Also evaluate the baseline partitions for comparison."""
     time_limit_s: float = 30.0
     """Per-solve limit of the ILP strategy."""
+    tensor_parallel: int | str = 1
+    """T, devices each stage's modules are split over by the model's TP plan, or ``"auto"``
+    (every T dividing the heads and the node size). Any value but 1 (or a ``data_parallel``
+    or ``shard`` other than the default) plans the whole mesh: ``gpus`` is then the number
+    of devices N = PP x D x T (``planner/mesh.py``)."""
+    data_parallel: int | str = 1
+    """D, data-parallel replicas of the pipeline in a mesh plan, or ``"auto"``."""
+    shard: str = "none"
+    """How the training state is sharded over the D replicas (``SHARD_MODES``: ``none``,
+    ``optimizer``, ``gradients``, ``parameters``) or ``"auto"``."""
+    gpus_per_node: int | None = None
+    """Devices per node in a mesh plan; None: all of them in one node."""
+    inter_node_bandwidth_bytes_per_s: float | None = None
+    """Per-device bandwidth between nodes (per direction); None: the same as inside a node."""
+
+    @property
+    def plans_mesh(self) -> bool:
+        """Whether the request asks for a device mesh (T, D or sharding chosen or given)
+        rather than one K-stage pipeline."""
+        return (self.tensor_parallel, self.data_parallel, self.shard) != (1, 1, "none")
 
     def __post_init__(self) -> None:
         # A list given for the candidates is kept as a tuple: requests are hashable values.

@@ -21,6 +21,8 @@ from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 
 SEQ_LEN = 4096
 VOCAB = 32000
+LLAMA3_SEQ_LEN = 8192
+LLAMA3_VOCAB = 128256
 
 
 def _config(**shape: int) -> LlamaConfig:
@@ -47,6 +49,30 @@ def llama2_70b() -> LlamaForCausalLM:
         _config(hidden_size=8192, intermediate_size=28672, num_hidden_layers=80,
                 num_attention_heads=64, num_key_value_heads=8)
     )  # fmt: skip
+
+
+def llama31_405b() -> LlamaForCausalLM:
+    """A Llama-3.1-405B-like config: 126 layers, hidden 16384, MLP 53248, 128 heads with 8
+    key/value heads, vocabulary 128256, sequence 8192 (406 B parameters)."""
+    config = LlamaConfig(
+        vocab_size=LLAMA3_VOCAB,
+        max_position_embeddings=LLAMA3_SEQ_LEN,
+        use_cache=False,
+        attn_implementation="sdpa",
+        hidden_size=16384,
+        intermediate_size=53248,
+        num_hidden_layers=126,
+        num_attention_heads=128,
+        num_key_value_heads=8,
+        rope_theta=500000.0,
+    )
+    return LlamaForCausalLM(config)
+
+
+def example_inputs_llama31_405b(batch_size: int = 8) -> dict[str, torch.Tensor]:
+    """Token ids (batch, 8192) int64 for :func:`llama31_405b`."""
+    g = torch.Generator().manual_seed(0)
+    return {"input_ids": torch.randint(0, LLAMA3_VOCAB, (batch_size, LLAMA3_SEQ_LEN), generator=g)}
 
 
 def example_inputs(batch_size: int = 8) -> dict[str, torch.Tensor]:

@@ -1,0 +1,597 @@
+"""``plan_mesh``: choose the device mesh ``N = PP x D x T`` and the sharding of the training
+state, with the pipeline, together. Torch-free.
+
+For every factorization of the N devices into T (tensor-parallel degree: divides the model's
+heads and the node size, so a TP group never leaves its node), D (data-parallel replicas:
+divides the global batch) and PP = N / (T D) pipeline stages, and every sharding of the
+training state over D (``SHARD_MODES``), the exact pipeline search (:func:`plan`) runs on
+one device's share of the model (:func:`autopipe.planner.mesh_costs.device_profile`) at the
+per-replica batch, with that device's memory less the gather buffers, and the mesh's step
+time is that pipeline's iteration plus the data-parallel communication the step cannot hide
+(:func:`dp_exposed_s`). The fastest mesh that fits wins.
+
+Meshes are tried in order of a proven lower bound on their step (each device's share of the
+work, :func:`mesh_lower_bound_s`); one whose bound is no better than the best step found is
+not searched (its row says so). Cost: one pipeline search per searched mesh; the meshes are
+searched one after another (docs/cost-model.md says why not in parallel).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from autopipe.planner.costs import backward_input_share
+from autopipe.planner.errors import PlanningError, RuleViolation
+from autopipe.planner.mesh_costs import (
+    Topology,
+    device_profile,
+    gather_buffer_bytes,
+    ring_collective_s,
+    sharded_state_bytes_per_parameter,
+    tp_collective_s,
+)
+from autopipe.planner.search import MAX_AUTO_MICROBATCHES, CannotBeat, divisors
+
+from autopipe.core.cluster import Cluster, Device
+from autopipe.core.humanize import format_bytes, format_seconds
+from autopipe.core.plan import Plan
+from autopipe.core.profile import Profile
+from autopipe.core.request import PlanRequest
+from autopipe.core.vocabulary import SHARD_MODES
+
+__all__ = ["MeshCandidate", "dp_exposed_s", "mesh_candidates", "mesh_lower_bound_s", "plan_mesh"]
+
+LOSS_REASONS = ("memory", "bubble", "TP comm", "DP comm", "compute", "recompute (memory)")
+
+
+@dataclass
+class MeshCandidate:
+    """One mesh ``(pp, dp, tp)`` with one sharding, and what it costs."""
+
+    pp: int
+    dp: int
+    tp: int
+    shard: str
+    lower_bound_s: float = 0.0
+    plan: Plan | None = None
+    step_s: float = math.inf
+    """Pipeline iteration + exposed data-parallel communication (seconds per step)."""
+    pipeline_s: float = math.inf
+    dp_comm_s: float = 0.0
+    tp_comm_s: float = 0.0
+    """The busiest rank's TP collectives per step (forward and backward, all micro-batches)."""
+    compute_s: float = 0.0
+    """Average rank's compute per step, TP collectives and bubble excluded."""
+    recompute_s: float = 0.0
+    """Average rank's re-materialization per step (the price of fitting in memory)."""
+    gather_s: float = 0.0
+    """Average rank's exposed parameter gathers per step (``parameters``; in the pipeline's
+    unit times, so in ``pipeline_s`` too)."""
+    peak_bytes: int = 0
+    """Largest per-device peak (gather buffers included)."""
+    reason: str = ""
+    """Why it has no plan ("" if it has one), or why it loses (set by :func:`plan_mesh`)."""
+    searched: bool = False
+    min_memory_bytes: int | None = None
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        return (self.pp, self.dp, self.tp)
+
+    @property
+    def bubble_s(self) -> float:
+        busy = self.compute_s + self.tp_comm_s + self.gather_s + self.recompute_s
+        return max(self.pipeline_s - busy, 0.0)
+
+    def row(self) -> dict[str, Any]:
+        """The JSON row kept in ``Plan.meta["mesh"]["candidates"]``."""
+        return {
+            "pp": self.pp,
+            "dp": self.dp,
+            "tp": self.tp,
+            "shard": self.shard,
+            "step_s": self.step_s if math.isfinite(self.step_s) else None,
+            "pipeline_s": self.pipeline_s if math.isfinite(self.pipeline_s) else None,
+            "dp_comm_s": self.dp_comm_s,
+            "gather_s": self.gather_s,
+            "tp_comm_s": self.tp_comm_s,
+            "bubble_s": self.bubble_s if self.plan is not None else None,
+            "peak_bytes": self.peak_bytes or None,
+            "lower_bound_s": self.lower_bound_s,
+            "searched": self.searched,
+            "reason": self.reason,
+        }
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _choices(name: str, value: int | str, allowed: list[int]) -> list[int]:
+    if value == "auto":
+        return allowed
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise RuleViolation(f"mesh: {name}={value!r} must be 'auto' or a positive integer")
+    return [value]
+
+
+def mesh_candidates(
+    profile: Profile,
+    total_gpus: int,
+    batch_size: int,
+    *,
+    tensor_parallel: int | str = "auto",
+    data_parallel: int | str = "auto",
+    shard: str = "auto",
+    gpus_per_node: int | None = None,
+) -> list[MeshCandidate]:
+    """Every ``(pp, dp, tp, shard)`` the request allows, in no particular order. Refuses
+    (``RuleViolation``, one line) a fixed T that does not divide the node size, the devices or
+    the model's heads, a T > 1 for a model without a TP plan, and a fixed D that does not
+    divide the devices or the batch. O(divisors(N)^2 x shard modes)."""
+    n = total_gpus
+    node = gpus_per_node or n
+    if shard != "auto" and shard not in SHARD_MODES:
+        raise RuleViolation(f"mesh: shard={shard!r}; use auto or one of {', '.join(SHARD_MODES)}")
+    allowed_t = [1] + [t for t in profile.tp_degrees if t > 1 and n % t == 0 and node % t == 0]
+    ts = _choices("tensor_parallel", tensor_parallel, allowed_t)
+    if tensor_parallel != "auto" and ts[0] > 1:
+        t = ts[0]
+        if not profile.tp_plan:
+            why = profile.tp_note or "the model has no tensor-parallel plan"
+            raise RuleViolation(f"tensor-parallel: T={t} needs a TP plan: {why}; use T=1")
+        if node % t or n % t:
+            raise RuleViolation(
+                f"tensor-parallel: T={t} must divide the {node} GPUs per node and the {n} GPUs "
+                "(a TP group never spans nodes)"
+            )
+        if t not in profile.tp_degrees:
+            ok = ", ".join(map(str, [d for d in profile.tp_degrees if node % d == 0])) or "none"
+            raise RuleViolation(
+                f"tensor-parallel: T={t} does not divide the model's split dimensions "
+                f"(heads, key/value heads); T > 1 it allows on this node: {ok}"
+            )
+    if data_parallel != "auto":
+        d = _choices("data_parallel", data_parallel, [])[0]
+        if n % d:
+            raise RuleViolation(f"mesh: D={d} does not divide the {n} GPUs")
+        if batch_size % d:
+            raise RuleViolation(
+                f"mesh: D={d} does not divide the global batch {batch_size}; each replica "
+                "needs a whole share of it"
+            )
+    shards = list(SHARD_MODES) if shard == "auto" else [shard]
+    out: list[MeshCandidate] = []
+    for t in ts:
+        if n % t:
+            continue
+        for d in _choices("data_parallel", data_parallel, _divisors(n // t)):
+            if (n // t) % d or batch_size % d:
+                continue
+            pp = n // (t * d)
+            for s in shards if d > 1 else ["none"]:
+                out.append(MeshCandidate(pp, d, t, s))
+    return out
+
+
+def _work_s(profile: Profile, batch: float) -> float:
+    """Seconds of one forward + backward of ``batch`` samples over every unit of the device
+    ``profile`` (one call each: per-call overheads once)."""
+    return sum(
+        u.forward_at(batch, profile.batch_size) + u.backward_at(batch, profile.batch_size)
+        for u in profile.units
+    )
+
+
+def mesh_lower_bound_s(
+    profile: Profile,
+    device: Profile,
+    cand: MeshCandidate,
+    batch_size: int,
+    topology: Topology,
+    microbatches: list[int] | None = None,
+    one_chunk_per_rank: bool = False,
+) -> float:
+    """A proven lower bound on the candidate's step. The pipeline part is the smallest, over
+    the micro-batch counts M the search may pick (``microbatches``; default every divisor of
+    the replica batch), of the bound every plan of that M obeys (``chunks.lower_bound_s``,
+    docs/cost-model.md): some rank works ``M x`` the average micro-batch share of the whole
+    model's forward and backward (``device``: one device's share, collectives included),
+    ``M x`` the heaviest unit, and micro-batch 0 crosses every unit forward and back. With
+    ``one_chunk_per_rank`` (GPipe, 1F1B) also the fill and drain: stage ``s`` cannot start
+    before micro-batch 0's forward crossed the stages before it, works ``M`` micro-batches,
+    and the last one's backward must cross them again, so ``T >= P_s + M t_s`` for every
+    stage (``P_s`` = the stages before it, ``t_s`` = its time per micro-batch); over every
+    split of the work ``W`` into K stages the smallest such maximum is
+    ``W / (1 - (1 - 1/M)^K)`` (equalising the terms). Plus the data-parallel communication
+    nothing hides (of the average rank's gradients). O(N x #M).
+    """
+    replica = batch_size // cand.dp
+    ms = microbatches or [m for m in range(1, replica + 1) if replica % m == 0]
+    bound = math.inf
+    bp = device.batch_size
+    for m in ms:
+        if replica % m:
+            continue
+        b = replica / m
+        fwd = [u.forward_at(b, bp) for u in device.units]
+        bwd = [u.backward_at(b, bp) for u in device.units]
+        per_unit = [f + g for f, g in zip(fwd, bwd, strict=True)]
+        # micro-batch 0's path: every forward, then every input gradient (B of a split backward)
+        path = sum(fwd) + sum(
+            g * backward_input_share(u) for g, u in zip(bwd, device.units, strict=True)
+        )
+        work = sum(per_unit)
+        terms = [m * work / cand.pp, m * max(per_unit), path]
+        if one_chunk_per_rank:
+            terms.append(work / (1.0 - (1.0 - 1.0 / m) ** cand.pp))
+        bound = min(bound, max(terms))
+    grads = sum(u.parameter_bytes for u in device.units) / cand.pp
+    bw, lat = topology.dp_link(cand.tp, cand.dp)
+    one = ring_collective_s(grads, cand.dp, bw, lat)
+    unhidden = {"none": 2 * one, "optimizer": 2 * one, "gradients": one, "parameters": 0.0}
+    return bound + unhidden[cand.shard]
+
+
+def dp_exposed_s(plan: Plan, device: Profile, cand: MeshCandidate, topology: Topology) -> float:
+    """Seconds per step of data-parallel communication the step cannot hide, the largest over
+    the pipeline ranks (docs/cost-model.md):
+
+    - ``none``: the gradient all-reduce after the pipeline drains (ring: a reduce-scatter and
+      an all-gather of the rank's gradients);
+    - ``optimizer`` (ZeRO-1): a reduce-scatter of the gradients and an all-gather of the
+      updated parameters, after the drain: the same volume;
+    - ``gradients`` (ZeRO-2) and ``parameters`` (ZeRO-3, FSDP2): the gradients are
+      reduce-scattered unit by unit during the last micro-batch's backward, on one
+      communication stream: a unit's reduction starts when its backward is done and the
+      previous reduction has finished, so only what outlasts the rank's last backward is
+      charged; ``gradients`` also all-gathers the updated parameters once per step (before
+      the first forward, nothing to hide behind). ``parameters``' per-micro-batch gathers
+      are in the unit times already (:func:`device_profile`).
+    """
+    if cand.dp <= 1:
+        return 0.0
+    bw, lat = topology.dp_link(cand.tp, cand.dp)
+    units = {u.name: u for u in device.units}
+    b = plan.microbatch_size
+    per_rank: dict[int, list[str]] = {}
+    for i, s in enumerate(plan.stages):
+        per_rank.setdefault(s.rank if s.rank >= 0 else i, []).extend(s.units)
+    worst = 0.0
+    for names in per_rank.values():
+        grads = sum(units[x].parameter_bytes for x in names)
+        whole = ring_collective_s(grads, cand.dp, bw, lat)
+        if cand.shard in ("none", "optimizer"):
+            worst = max(worst, 2 * whole)
+            continue
+        t = comm_end = 0.0
+        for x in reversed(names):  # the last micro-batch's backward, last unit first
+            t += units[x].backward_at(b, device.batch_size)
+            start = max(t, comm_end)
+            comm_end = start + ring_collective_s(units[x].parameter_bytes, cand.dp, bw, lat)
+        exposed = max(comm_end - t, 0.0)
+        if cand.shard == "gradients":
+            exposed += whole
+        worst = max(worst, exposed)
+    return worst
+
+
+def _tp_comm_s(plan: Plan, profile: Profile, cand: MeshCandidate, topology: Topology) -> float:
+    """The busiest rank's TP collectives per step: forward and backward of every micro-batch."""
+    if cand.tp <= 1:
+        return 0.0
+    original = {u.name: u for u in profile.units}
+    ratio = plan.microbatch_size / profile.batch_size
+    per_rank: dict[int, float] = {}
+    for i, s in enumerate(plan.stages):
+        r = s.rank if s.rank >= 0 else i
+        per_rank[r] = per_rank.get(r, 0.0) + sum(
+            2 * tp_collective_s(original[x], cand.tp, topology) * ratio for x in s.units
+        )
+    return max(per_rank.values(), default=0.0) * plan.microbatches
+
+
+def plan_mesh(
+    profile: Profile,
+    request: PlanRequest,
+) -> Plan:
+    """The fastest mesh plan that fits for ``request.gpus`` devices (or ``request.cluster``'s,
+    equal devices): see the module docstring. The returned Plan is the winning pipeline
+    (per-device stage figures) with ``tensor_parallel``, ``replicas``, ``shard`` and
+    ``tp_plan`` set, ``iteration_time_s`` the step (pipeline + exposed DP communication),
+    ``throughput`` over the global batch, its peak memory per device in ``rank_peak_bytes``
+    (gather buffers included), and every mesh tried in ``meta["mesh"]["candidates"]`` (best
+    first, each with why it loses).
+    Raises ``RuleViolation`` for a bad request, ``PlanningError`` when no mesh fits."""
+    from autopipe.planner.search import _positive_int, plan_pipeline, training_state
+
+    inner = plan_pipeline
+    if request.cluster is not None:
+        devices = request.cluster.devices
+        if any(dataclasses.astuple(d) != dataclasses.astuple(devices[0]) for d in devices):
+            raise RuleViolation("mesh: a mesh plan needs equal devices; drop the device list")
+        n, template = len(devices), devices[0]
+        if request.memory_per_device is not None and template.memory_bytes is None:
+            template = dataclasses.replace(template, memory_bytes=request.memory_per_device)
+    else:
+        n = _positive_int("gpus", request.gpus)
+        template = Device(profile.device, request.memory_per_device)
+    batch = _positive_int(
+        "batch_size", profile.batch_size if request.batch_size is None else request.batch_size
+    )
+    node = request.gpus_per_node or n
+    if node < 1:
+        raise RuleViolation(f"mesh: gpus_per_node={node} must be a positive integer")
+    if n > node and n % node:
+        raise RuleViolation(f"mesh: {n} GPUs do not fill whole nodes of {node}")
+    intra = template.link_bandwidth_bytes_per_s
+    if n > node and request.inter_node_bandwidth_bytes_per_s is None:
+        raise RuleViolation(
+            f"mesh: {n} GPUs span nodes of {node}; give the inter-node bandwidth "
+            "(inter_node_bandwidth_bytes_per_s, --inter-node-bandwidth)"
+        )
+    inter = request.inter_node_bandwidth_bytes_per_s or intra
+    topology = Topology(node, intra, inter, template.link_latency_s, template.link_latency_s)
+    cands = mesh_candidates(
+        profile, n, batch,
+        tensor_parallel=request.tensor_parallel, data_parallel=request.data_parallel,
+        shard=request.shard, gpus_per_node=node,
+    )  # fmt: skip
+    optimizer, state_bpp = training_state(profile, request.optimizer, request.bytes_per_parameter)
+    size = max(int(profile.bytes_per_parameter), 1)
+    base = dataclasses.replace(
+        request, tensor_parallel=1, data_parallel=1, shard="none", gpus=None, cluster=None,
+        memory_per_device=None, gpus_per_node=None, inter_node_bandwidth_bytes_per_s=None,
+        optimizer="auto",
+    )  # fmt: skip
+    shares: dict[int, Profile] = {}
+
+    def device_of(c: MeshCandidate) -> Profile:
+        """One device's share without the per-micro-batch gathers of ``parameters`` (they
+        depend on the micro-batch size: :func:`_search` adds them per M); without them it
+        bounds every sharding from below."""
+        if c.tp not in shares:
+            shares[c.tp] = device_profile(profile, c.tp, topology)
+        return shares[c.tp]
+
+    ms = _microbatch_candidates(request.microbatches)
+    single = request.schedule in ("gpipe", "1f1b")  # one chunk per rank: fill and drain
+    for c in cands:
+        c.lower_bound_s = mesh_lower_bound_s(profile, device_of(c), c, batch, topology, ms, single)
+        if c.pp > len(profile.units):
+            c.reason = f"{c.pp} stages need {c.pp} units; the model has {len(profile.units)}"
+    zero2 = {c.shape: c for c in cands if c.shard == "gradients"}
+    best: MeshCandidate | None = None
+    for c in sorted(cands, key=lambda c: (c.lower_bound_s, c.tp, c.shard != "none")):
+        if c.reason:
+            continue
+        if best is not None and c.lower_bound_s >= best.step_s:
+            c.reason = "cannot beat the best (its lower bound is slower)"
+            continue
+        twin = zero2.get(c.shape) if c.shard in ("none", "optimizer") else None
+        if twin is not None and twin.searched and twin.plan is None and twin.min_memory_bytes:
+            # the same pipeline with more training state per device: no cut fits either
+            c.reason = f"memory: needs more than ZeRO-2's {format_bytes(twin.min_memory_bytes)}"
+            continue
+        if twin is not None and twin.plan is not None and request.strategy == "dp":
+            # ZeRO-2 runs the same device profile in less memory (the exact search's best
+            # cut can only be as fast or faster) with no more DP communication
+            c.lower_bound_s = max(c.lower_bound_s, twin.step_s)
+            if best is not None and c.lower_bound_s >= best.step_s:
+                c.reason = "dominated: gradients (ZeRO-2) is as fast in less memory"
+                continue
+        cutoff = best.step_s if best is not None else math.inf
+        _search(
+            c, inner, profile, device_of(c), base, template, topology, batch, state_bpp, ms,
+            cutoff,
+        )  # fmt: skip
+        if c.plan is not None and (best is None or c.step_s < best.step_s):
+            best = c
+    if best is None:
+        raise _no_mesh_error(cands, n, template)
+    _explain_losses(cands, best)
+    out = best.plan
+    assert out is not None
+    out.replicas, out.tensor_parallel, out.shard = best.dp, best.tp, best.shard
+    out.tp_plan = dict(profile.tp_plan) if best.tp > 1 else {}
+    out.meta["pipeline_iteration_s"] = best.pipeline_s
+    out.meta["allreduce_s"] = best.dp_comm_s
+    out.iteration_time_s = best.step_s
+    out.throughput = batch / best.step_s if best.step_s > 0 else math.inf
+    out.optimizer = optimizer
+    out.state_bytes_per_parameter = state_bpp
+    out.request = request
+    out.memory_per_device = template.memory_bytes
+    # one device would run the whole global batch, every unit unsplit
+    one_device_s = _work_s(profile, batch) / template.speed
+    out.speedup = one_device_s / best.step_s if best.step_s > 0 else 1.0
+    out.meta["mesh"] = {
+        "gpus": n,
+        "gpus_per_node": node,
+        "intra_node_bandwidth_bytes_per_s": intra if math.isfinite(intra) else None,
+        "inter_node_bandwidth_bytes_per_s": inter if math.isfinite(inter) else None,
+        "peak_bytes": best.peak_bytes,
+        "gather_buffer_bytes": gather_buffer_bytes(profile, best.tp, best.shard, best.dp),
+        "device_state_bytes_per_parameter": sharded_state_bytes_per_parameter(
+            state_bpp, size, best.shard, best.dp
+        ),
+        "tp_comm_s": best.tp_comm_s,
+        "candidates": [c.row() for c in sorted(cands, key=_rank)],
+    }
+    searched = sum(c.searched for c in cands)
+    out.notes.append(
+        f"mesh pp {best.pp} x dp {best.dp} x tp {best.tp} (shard {best.shard}) of {n} GPUs: "
+        f"pipeline {best.pipeline_s * 1e3:.4g} ms + exposed DP communication "
+        f"{best.dp_comm_s * 1e3:.4g} ms per step; {searched} of {len(cands)} meshes searched, "
+        "the rest could not win or fit"
+    )
+    if best.tp == 1 and profile.tp_note:
+        out.notes.append(f"tensor parallelism not considered: {profile.tp_note}")
+    return out
+
+
+def _microbatch_candidates(value: int | str | tuple[int, ...]) -> list[int] | None:
+    """The request's M candidates as a list, None for ``auto`` (every divisor)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return [value]
+    if isinstance(value, tuple) and all(isinstance(m, int) for m in value):
+        return list(value)
+    if isinstance(value, str) and value.strip().isdigit():
+        return [int(value)]
+    return None
+
+
+def _rank(c: MeshCandidate) -> tuple[float, float]:
+    return (c.step_s, c.lower_bound_s)
+
+
+def _search(
+    c: MeshCandidate,
+    inner: Any,
+    profile: Profile,
+    device: Profile,
+    base: PlanRequest,
+    template: Device,
+    topology: Topology,
+    batch: int,
+    state_bpp: float,
+    microbatches: list[int] | None,
+    cutoff_s: float = math.inf,
+) -> None:
+    """Run the pipeline search for one mesh and price its step (in place). ``parameters``
+    sharding: the gathers each micro-batch exposes depend on its size, so each M is searched
+    on the device profile priced at its micro-batch (those whose bound cannot beat the best M
+    so far are skipped); the other shardings: one search over every M."""
+    c.searched = True
+    size = max(int(profile.bytes_per_parameter), 1)
+    reserve = gather_buffer_bytes(profile, c.tp, c.shard, c.dp)
+    memory = template.memory_bytes
+    if memory is not None:
+        memory = int(memory - reserve * (1.0 + base.headroom))
+        if memory <= 0:
+            c.reason = f"memory: the gather buffers alone take {format_bytes(reserve)}"
+            return
+    stages = []
+    for s in range(c.pp):
+        bw, lat = topology.pp_link(c.tp, c.dp, s)
+        stages.append(
+            dataclasses.replace(
+                template, memory_bytes=memory, link_bandwidth_bytes_per_s=bw, link_latency_s=lat
+            )
+        )
+    bpp = sharded_state_bytes_per_parameter(state_bpp, size, c.shard, c.dp)
+    replica = batch // c.dp
+    req = dataclasses.replace(
+        base, cluster=Cluster(stages), batch_size=replica, bytes_per_parameter=bpp,
+        baselines=False,
+    )  # fmt: skip
+    runs: list[tuple[Profile, PlanRequest]] = [(device, req)]
+    if c.shard == "parameters" and c.dp > 1:
+        ms = microbatches or divisors(replica, up_to=MAX_AUTO_MICROBATCHES)
+        runs = [
+            (
+                device_profile(
+                    profile,
+                    c.tp,
+                    topology,
+                    shard="parameters",
+                    dp=c.dp,
+                    microbatch_size=replica / m,
+                ),
+                dataclasses.replace(req, microbatches=m),
+            )  # fmt: skip
+            for m in ms
+            if replica % m == 0
+        ]
+    best: tuple[Plan, Profile] | None = None
+    refused: PlanningError | None = None
+    for share, one in runs:
+        if best is not None and len(runs) > 1:
+            m = one.microbatches
+            assert isinstance(m, int)
+            bound = mesh_lower_bound_s(
+                profile, share, c, batch, topology, [m], base.schedule in ("gpipe", "1f1b")
+            )
+            if bound >= best[0].iteration_time_s:
+                continue
+        beat = min(cutoff_s, best[0].iteration_time_s if best is not None else math.inf)
+        try:
+            p = inner(share, one, beat)
+        except CannotBeat:
+            continue
+        except PlanningError as exc:  # rule violations (this M) and memory alike
+            if refused is None or (exc.min_memory_bytes or math.inf) < (
+                refused.min_memory_bytes or math.inf
+            ):
+                refused = exc
+            continue
+        if best is None or p.iteration_time_s < best[0].iteration_time_s:
+            best = (p, share)
+    if best is None:
+        if refused is None and runs and math.isfinite(cutoff_s):
+            c.reason = "cannot beat the best (no schedule's or M's bound is faster)"
+            return
+        if refused is None:
+            c.reason = f"microbatches: none of {microbatches} divides the replica batch {replica}"
+            return
+        if isinstance(refused, RuleViolation) or not refused.min_memory_bytes:
+            c.reason = str(refused).splitlines()[0]
+            return
+        c.min_memory_bytes = refused.min_memory_bytes
+        need = refused.min_memory_bytes + reserve * (1 + base.headroom)
+        c.reason = f"memory: needs {format_bytes(need)} per device"
+        return
+    p, share = best
+    if c.shard == "parameters" and c.dp > 1:
+        # the search charged each stage's whole state as parameter bytes x (s / D) / p: a
+        # device keeps 1 / D of its parameters between uses, the rest is gradient + optimizer
+        for st in p.stages:
+            state = st.parameter_bytes + st.optimizer_bytes
+            st.parameter_bytes = int(round(st.parameter_bytes / c.dp))
+            st.optimizer_bytes = max(state - st.parameter_bytes, 0)
+    c.plan = p
+    c.pipeline_s = p.iteration_time_s
+    c.dp_comm_s = dp_exposed_s(p, share, c, topology)
+    c.step_s = c.pipeline_s + c.dp_comm_s
+    c.tp_comm_s = _tp_comm_s(p, profile, c, topology)
+    b = replica / p.microbatches
+    work = _work_s(device, b) * p.microbatches
+    c.gather_s = (_work_s(share, b) * p.microbatches - work) / c.pp
+    c.compute_s = max(work / c.pp - c.tp_comm_s, 0.0)
+    c.recompute_s = sum(st.recompute_s for st in p.stages) * p.microbatches / c.pp
+    c.peak_bytes = int(max(p.rank_peak_bytes, default=0) + reserve)
+
+
+def _explain_losses(cands: list[MeshCandidate], best: MeshCandidate) -> None:
+    """Each searched loser's reason: the part of its step that exceeds the winner's most."""
+    best.reason = "chosen"
+    for c in cands:
+        if c is best or c.plan is None:
+            continue
+        parts = {
+            "bubble": c.bubble_s - best.bubble_s,
+            "TP comm": c.tp_comm_s - best.tp_comm_s,
+            "DP comm": c.dp_comm_s + c.gather_s - best.dp_comm_s - best.gather_s,
+            "compute": c.compute_s - best.compute_s,
+            "recompute (memory)": c.recompute_s - best.recompute_s,
+        }
+        what = max(parts, key=lambda k: parts[k])
+        c.reason = f"{what} (+{format_seconds(parts[what])})"
+
+
+def _no_mesh_error(cands: list[MeshCandidate], n: int, template: Device) -> PlanningError:
+    needs = [c.min_memory_bytes for c in cands if c.min_memory_bytes]
+    have = format_bytes(template.memory_bytes) if template.memory_bytes else "unlimited memory"
+    if needs:
+        exc = PlanningError(
+            f"no mesh of {n} GPUs fits in {have} per device: the smallest need is "
+            f"{format_bytes(min(needs))} per device; try more GPUs, --shard parameters, "
+            "--checkpoint auto or more micro-batches"
+        )
+        exc.min_memory_bytes = min(needs)
+        return exc
+    reasons = "; ".join(f"{c.shape} {c.shard}: {c.reason}" for c in cands[:4])
+    return PlanningError(f"no mesh of {n} GPUs works: {reasons}")

@@ -1,0 +1,244 @@
+"""The device mesh's cost and memory model: what one device of a ``PP x DP x TP`` mesh holds and
+spends, per unit, for tensor-parallel degree T and data-parallel degree D with the training
+state sharded over D. Torch-free; every formula is in docs/cost-model.md ("The device mesh").
+
+The pipeline search itself is unchanged: :func:`device_profile` turns the model's Profile into
+the Profile of *one device* of the mesh (its share of every unit's time, parameters and
+activations, tensor-parallel collectives included), and :func:`sharded_state_bytes_per_parameter`
+says how many training-state bytes each of that device's parameters carries. The exact
+pipeline search then runs on them as on any profile.
+
+Links (:class:`Topology`): the mesh is laid out as torchtitan lays it out, ``(pp, dp, tp)``
+outermost first, so rank ``r`` has ``tp = r mod T``, ``dp = (r // T) mod D``,
+``pp = r // (T D)``; nodes hold ``gpus_per_node`` consecutive ranks. A TP group (T adjacent
+ranks, T dividing the node size) never leaves its node; a DP group spans ``T D`` consecutive
+ranks and crosses nodes when ``T D > gpus_per_node``; stage ``s`` sends to stage ``s + 1``,
+``T D`` ranks further, across nodes when the two fall in different nodes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+from autopipe.core.profile import Profile, UnitProfile
+from autopipe.core.vocabulary import SHARD_MODES
+
+__all__ = [
+    "Topology",
+    "device_profile",
+    "gather_buffer_bytes",
+    "ring_collective_s",
+    "sharded_state_bytes_per_parameter",
+    "tp_collective_s",
+    "tp_share",
+    "unit_device_parameter_bytes",
+]
+
+
+@dataclass(frozen=True)
+class Topology:
+    """Nodes of ``gpus_per_node`` devices: ``intra_bandwidth_bytes_per_s`` between two devices
+    of one node (NVLink, per direction), ``inter_bandwidth_bytes_per_s`` per device between
+    nodes (its network adapter, per direction). Latencies are per collective step."""
+
+    gpus_per_node: int
+    intra_bandwidth_bytes_per_s: float
+    inter_bandwidth_bytes_per_s: float
+    intra_latency_s: float = 0.0
+    inter_latency_s: float = 0.0
+
+    def dp_crosses_nodes(self, tp: int, dp: int) -> bool:
+        """Whether a data-parallel group (``dp`` ranks ``tp`` apart) spans more than one node."""
+        return tp * dp > self.gpus_per_node
+
+    def dp_link(self, tp: int, dp: int) -> tuple[float, float]:
+        """(bandwidth bytes/s, latency s) of the link a DP group's collectives cross."""
+        if self.dp_crosses_nodes(tp, dp):
+            return self.inter_bandwidth_bytes_per_s, self.inter_latency_s
+        return self.intra_bandwidth_bytes_per_s, self.intra_latency_s
+
+    def pp_link(self, tp: int, dp: int, stage: int) -> tuple[float, float]:
+        """(bandwidth, latency) of the send from pipeline stage ``stage`` to ``stage + 1``
+        (the first ranks of the two stages; every rank of a stage sends to the rank ``T D``
+        further, and they all cross alike when ``T D`` is a multiple or divisor of the node)."""
+        here = stage * tp * dp // self.gpus_per_node
+        there = (stage + 1) * tp * dp // self.gpus_per_node
+        if here == there:
+            return self.intra_bandwidth_bytes_per_s, self.intra_latency_s
+        return self.inter_bandwidth_bytes_per_s, self.inter_latency_s
+
+
+def ring_collective_s(
+    nbytes: float, group: int, bandwidth_bytes_per_s: float, latency_s: float = 0.0
+) -> float:
+    """Seconds of one ring all-gather or reduce-scatter of a ``nbytes`` buffer (the whole,
+    gathered size) among ``group`` ranks: each sends ``(group - 1) / group`` of it, in
+    ``group - 1`` steps. 0 for a group of one; an all-reduce is two of these."""
+    if group <= 1 or nbytes <= 0:
+        return 0.0
+    return (group - 1) / group * nbytes / bandwidth_bytes_per_s + (group - 1) * latency_s
+
+
+def tp_share(unit: UnitProfile, tp: int) -> float:
+    """The factor on ``unit``'s compute time on one of ``tp`` devices: its split share
+    (``tp_compute_fraction``) runs ``tp`` times faster, the rest as before."""
+    phi = min(max(unit.tp_compute_fraction, 0.0), 1.0) if tp > 1 else 0.0
+    return 1.0 - phi + phi / tp
+
+
+def tp_collective_s(unit: UnitProfile, tp: int, topology: Topology) -> float:
+    """Seconds, at the profile's batch size, of the unit's tensor-parallel collectives in one
+    pass (forward, and again in backward): an all-gather and a reduce-scatter of each TP
+    region's input (``tp_collective_bytes``) over the node's link (Megatron-style sequence
+    parallelism)."""
+    if tp <= 1 or unit.tp_collective_bytes <= 0:
+        return 0.0
+    one = ring_collective_s(
+        unit.tp_collective_bytes, tp, topology.intra_bandwidth_bytes_per_s, topology.intra_latency_s
+    )
+    return 2 * one
+
+
+def unit_device_parameter_bytes(unit: UnitProfile, tp: int, parameter_size_bytes: int) -> float:
+    """One device's bytes of ``unit``'s parameters with ``tp``-way tensor parallelism: the
+    split ones (``tp_parameter_count``) divided by ``tp``, the rest replicated."""
+    whole = (
+        unit.parameter_bytes
+        if unit.parameter_bytes > 0
+        else unit.parameter_count * parameter_size_bytes
+    )
+    if tp <= 1 or unit.tp_parameter_count <= 0:
+        return float(whole)
+    split = min(unit.tp_parameter_count * parameter_size_bytes, whole)
+    return float(whole - split + split / tp)
+
+
+def sharded_state_bytes_per_parameter(
+    state_bytes_per_parameter: float, parameter_size_bytes: int, shard: str, dp: int
+) -> float:
+    """Training-state bytes one device holds per parameter it owns (before data parallelism),
+    with the state sharded over ``dp`` replicas: a parameter of ``p`` bytes carries itself
+    (``p``), its gradient (``p``) and optimizer state (``state - 2 p``); ``optimizer`` (ZeRO-1)
+    divides the optimizer state by ``dp``, ``gradients`` (ZeRO-2) the gradient too,
+    ``parameters`` (ZeRO-3, FSDP2) all three (the gather buffers are apart:
+    :func:`gather_buffer_bytes`)."""
+    if shard not in SHARD_MODES:
+        raise ValueError(f"shard={shard!r}; expected one of {', '.join(SHARD_MODES)}")
+    p = float(parameter_size_bytes)
+    grad, opt = p, max(state_bytes_per_parameter - 2 * p, 0.0)
+    if dp <= 1 or shard == "none":
+        return p + grad + opt
+    if shard == "optimizer":
+        return p + grad + opt / dp
+    if shard == "gradients":
+        return p + (grad + opt) / dp
+    return (p + grad + opt) / dp
+
+
+def gather_buffer_bytes(profile: Profile, tp: int, shard: str, dp: int) -> float:
+    """Bytes a device keeps for gathered parameters with ``parameters`` sharding: the largest
+    unit's full (per-TP) parameters, twice (the one computing and the one prefetched). A bound
+    for every stage (the largest unit of the model, not of the stage). 0 otherwise."""
+    if shard != "parameters" or dp <= 1:
+        return 0.0
+    size = max(int(profile.bytes_per_parameter), 1)
+    return 2.0 * max(unit_device_parameter_bytes(u, tp, size) for u in profile.units)
+
+
+def _scaled(total_s: float, overhead_s: float, factor: float) -> float:
+    """``total_s`` with its size-dependent part (above ``overhead_s``) times ``factor``."""
+    overhead_s = min(max(overhead_s, 0.0), total_s)
+    return overhead_s + (total_s - overhead_s) * factor
+
+
+def device_profile(
+    profile: Profile,
+    tp: int,
+    topology: Topology,
+    *,
+    shard: str = "none",
+    dp: int = 1,
+    microbatch_size: float | None = None,
+) -> Profile:
+    """The Profile of one device of a mesh with tensor-parallel degree ``tp`` and ``dp``
+    replicas sharded by ``shard``: per unit
+
+    - compute: the split share of forward and backward (``tp_compute_fraction``) divided by
+      ``tp`` (per-call overheads unchanged), plus the unit's TP collectives
+      (:func:`tp_collective_s`) in forward and again in backward;
+    - ``parameters`` sharding: each pass also all-gathers the unit's parameters over the DP
+      group, prefetched while the previous unit (in that pass's order) computes: only
+      ``max(0, gather - that unit's compute)`` is charged, a fixed per-call cost (it does not
+      shrink with the micro-batch), priced with the previous unit's compute at
+      ``microbatch_size`` samples (the profile's batch if None), so the profile holds for
+      that micro-batch size only;
+    - parameter bytes: :func:`unit_device_parameter_bytes` (``parameter_count`` keeps the
+      model's own count, which the runtime checks the model against);
+    - activations, outputs and cut tensors between two split units: divided by ``tp``
+      (sequence parallelism shards them).
+
+    With ``tp == 1`` and no ``parameters`` sharding the profile itself is returned. O(units).
+    """
+    gather = shard == "parameters" and dp > 1
+    if tp <= 1 and not gather:
+        return profile
+    size = max(int(profile.bytes_per_parameter), 1)
+    dp_bw, dp_lat = topology.dp_link(tp, dp)
+    units: list[UnitProfile] = []
+    computes: list[tuple[float, float]] = []
+    at = (microbatch_size or profile.batch_size) / profile.batch_size
+    for u in profile.units:
+        c = tp_share(u, tp)
+        computes.append(
+            (
+                _scaled(u.forward_s, u.forward_overhead_s, c * at),
+                _scaled(u.backward_s, u.backward_overhead_s, c * at),
+            )
+        )
+    n = len(profile.units)
+    for i, u in enumerate(profile.units):
+        c = tp_share(u, tp)
+        comm = tp_collective_s(u, tp, topology)
+        sp = tp > 1 and u.tp_parameter_count > 0
+        param = unit_device_parameter_bytes(u, tp, size)
+        fwd_extra = bwd_extra = 0.0
+        if gather:
+            g = ring_collective_s(param, dp, dp_bw, dp_lat)
+            # forward runs units in order (unit i's gather hides behind unit i-1), backward
+            # in reverse (behind unit i+1); the first of each pass hides behind nothing.
+            fwd_extra = max(0.0, g - (computes[i - 1][0] if i > 0 else 0.0))
+            bwd_extra = max(0.0, g - (computes[i + 1][1] if i + 1 < n else 0.0))
+        fwd = _scaled(u.forward_s, u.forward_overhead_s, c)
+        bwd = _scaled(u.backward_s, u.backward_overhead_s, c)
+        split = u.backward_input_s + u.backward_weight_s
+        b_in = _scaled(u.backward_input_s, u.backward_input_overhead_s, c)
+        b_wt = _scaled(u.backward_weight_s, u.backward_weight_overhead_s, c)
+        units.append(
+            dataclasses.replace(
+                u,
+                forward_s=fwd + comm + fwd_extra,
+                forward_overhead_s=min(u.forward_overhead_s, u.forward_s) + fwd_extra,
+                backward_s=bwd + comm + bwd_extra,
+                backward_overhead_s=min(u.backward_overhead_s, u.backward_s) + bwd_extra,
+                # the collectives carry the input gradient: they belong to B, not W
+                backward_input_s=b_in + comm + bwd_extra if split > 0 else 0.0,
+                backward_weight_s=b_wt if split > 0 else 0.0,
+                parameter_bytes=int(math.ceil(param)),
+                activation_bytes=u.activation_bytes // tp if sp else u.activation_bytes,
+                output_bytes=u.output_bytes // tp if sp else u.output_bytes,
+                peak_bytes=u.peak_bytes // tp if sp else u.peak_bytes,
+            )
+        )
+    cuts = [
+        c // tp
+        if tp > 1
+        and profile.units[i].tp_parameter_count > 0
+        and profile.units[i + 1].tp_parameter_count > 0
+        else c
+        for i, c in enumerate(profile.cut_bytes)
+    ]
+    out = dataclasses.replace(profile, units=units, cut_bytes=cuts, meta=dict(profile.meta))
+    out.meta["mesh_device"] = {"tensor_parallel": tp, "shard": shard, "replicas": dp}
+    return out

@@ -1,0 +1,176 @@
+"""Which parts of each unit tensor parallelism splits: the profile's TP fields, from the model's
+own TP plan.
+
+The plan (module path pattern, fnmatch, -> style such as ``colwise`` / ``rowwise``) comes from,
+in order: the ``tp_plan`` given (a model file's ``tp_plan()``), a Hugging Face model's own
+``_tp_plan`` (its config's ``base_model_tp_plan`` under the base model's prefix, plus the head's
+entries), or the config's ``base_model_tp_plan`` prefixed by hand. A model with none gets an
+empty plan and ``Profile.tp_note`` says so; the planner then uses T = 1.
+
+Per unit (O(modules x patterns) in all, no forward pass; works on meta and on real models, so
+the measuring and the counting profiler share it):
+
+- ``tp_parameter_count``: elements of the split modules' parameters in the unit (``weight`` of
+  every split module, ``bias`` too for column-wise ones; a row-wise bias is replicated);
+- ``tp_compute_fraction``: ``tp_parameter_count / parameter_count``: a unit's matmul FLOPs are
+  ``2 x rows x weight elements`` per weight, so this is the split share of its weight matmuls;
+  with sequence parallelism the rest of a transformer block (norms, residual adds) is sharded
+  over the sequence, so the block divides almost whole;
+- ``tp_collective_bytes``: per row-wise module (the end of a TP region: attention's output
+  projection, the MLP's down projection, a vocab-parallel embedding) the unit's output
+  activation (b x s x h), and for column-wise modules not closed by a row-wise one in the unit
+  (a column-wise LM head) the unit's input: the tensors Megatron-style sequence parallelism
+  all-gathers and reduce-scatters in forward, and again in backward.
+
+``Profile.tp_degrees``: every T > 1 dividing the attention and key/value head counts (from the
+config, or modules' ``num_heads`` / ``num_key_value_heads`` attributes), else the split
+dimensions of the split linear layers.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import math
+from collections.abc import Callable, Mapping
+
+import torch
+from autopipe.profiler.units import unit_module
+from torch import nn
+
+from autopipe.core.profile import Profile
+
+__all__ = ["annotate_tensor_parallel", "model_tp_plan"]
+
+MAX_TP_DEGREE = 64
+"""The largest T listed in ``tp_degrees`` (a TP group stays inside one node)."""
+
+_HEAD_ATTRIBUTES = (
+    "num_attention_heads",
+    "num_key_value_heads",
+    "num_heads",
+    "n_head",
+    "n_kv_heads",
+)
+
+NO_PLAN_NOTE = (
+    "the model has no tensor-parallel plan (no Hugging Face base_model_tp_plan and no "
+    "tp_plan() in the model file)"
+)
+
+
+def model_tp_plan(model: nn.Module, given: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The model's TP plan as module path patterns (relative to ``model``) -> style; empty when
+    it has none. ``given`` (a model file's ``tp_plan()``) wins."""
+    if given:
+        return {str(k): str(v) for k, v in given.items()}
+    own = getattr(model, "_tp_plan", None)
+    if isinstance(own, Mapping) and own:
+        return {str(k): str(v) for k, v in own.items()}
+    config = getattr(model, "config", None)
+    base = getattr(config, "base_model_tp_plan", None)
+    if isinstance(base, Mapping) and base:
+        prefix = getattr(model, "base_model_prefix", "")
+        inner = prefix and isinstance(getattr(model, prefix, None), nn.Module)
+        return {(f"{prefix}.{k}" if inner else str(k)): str(v) for k, v in base.items()}
+    return {}
+
+
+def _style_of(path: str, plan: Mapping[str, str]) -> str | None:
+    for pattern, style in plan.items():
+        if fnmatch.fnmatchcase(path, pattern):
+            return style
+    return None
+
+
+def _unit_of_module(path: str, units: list[str]) -> list[int]:
+    """The units whose module is ``path`` or contains it (a module called several times is in
+    each of its call's units)."""
+    out = []
+    for i, name in enumerate(units):
+        m = unit_module(name)
+        if m == "" or path == m or path.startswith(m + "."):
+            out.append(i)
+    return out
+
+
+def _heads(model: nn.Module) -> list[int]:
+    config = getattr(model, "config", None)
+    found = [getattr(config, a, None) for a in _HEAD_ATTRIBUTES] if config is not None else []
+    if not any(isinstance(h, int) and h > 0 for h in found):
+        for module in model.modules():
+            found += [getattr(module, a, None) for a in _HEAD_ATTRIBUTES]
+    return sorted({h for h in found if isinstance(h, int) and not isinstance(h, bool) and h > 0})
+
+
+def annotate_tensor_parallel(
+    profile: Profile,
+    model: nn.Module,
+    tp_plan: Mapping[str, str] | Callable[[], Mapping[str, str]] | None = None,
+) -> Profile:
+    """Fill ``profile``'s TP fields (see the module docstring) from ``model`` (real or on meta)
+    and its TP plan, in place; returns ``profile``. ``tp_plan``: a plan, or a function
+    returning one (a model file's ``tp_plan``); None: the model's own."""
+    given = tp_plan() if callable(tp_plan) else tp_plan
+    plan = model_tp_plan(model, given)
+    for u in profile.units:
+        u.tp_parameter_count, u.tp_compute_fraction, u.tp_collective_bytes = 0, 0.0, 0
+    if not plan:
+        profile.tp_plan, profile.tp_degrees, profile.tp_note = {}, [], NO_PLAN_NOTE
+        return profile
+    names = profile.unit_names
+    split = [0] * len(names)
+    rowwise = [0] * len(names)
+    colwise = [0] * len(names)
+    dims: list[int] = []
+    matched = 0
+    for path, module in model.named_modules():
+        style = _style_of(path, plan)
+        if style is None:
+            continue
+        matched += 1
+        count = 0
+        weight = getattr(module, "weight", None)
+        col = "colwise" in style
+        if isinstance(weight, torch.Tensor):
+            count += int(weight.numel())
+            if isinstance(module, nn.Linear):
+                dims.append(int(weight.shape[0] if col else weight.shape[1]))
+        bias = getattr(module, "bias", None)
+        if col and isinstance(bias, torch.Tensor):
+            count += int(bias.numel())
+        for i in _unit_of_module(path, names):
+            split[i] += count
+            if "rowwise" in style:
+                rowwise[i] += 1
+            elif col:
+                colwise[i] += 1
+    if not matched:
+        profile.tp_plan, profile.tp_degrees = {}, []
+        profile.tp_note = (
+            f"the model's tensor-parallel plan matches none of its modules ({len(plan)} patterns)"
+        )
+        return profile
+    for i, u in enumerate(profile.units):
+        if not split[i]:
+            continue
+        u.tp_parameter_count = min(split[i], u.parameter_count) if u.parameter_count else split[i]
+        u.tp_compute_fraction = (
+            min(u.tp_parameter_count / u.parameter_count, 1.0) if u.parameter_count else 1.0
+        )
+        into = profile.cut_bytes[i - 1] if i > 0 else profile.input_bytes
+        regions = rowwise[i] * u.output_bytes
+        if colwise[i] and not rowwise[i]:
+            regions += into
+        u.tp_collective_bytes = int(regions)
+    heads = _heads(model)
+    g = 0
+    for d in heads or dims:
+        g = math.gcd(g, d)
+    profile.tp_plan = dict(plan)
+    profile.tp_degrees = [t for t in range(2, min(g, MAX_TP_DEGREE) + 1) if g % t == 0]
+    profile.tp_note = (
+        "" if profile.tp_degrees else "no T > 1 divides the model's heads and split dimensions"
+    )
+    if not profile.tp_degrees:
+        profile.tp_plan = {}
+    return profile

@@ -1,0 +1,410 @@
+"""Planning the device mesh PP x D x T with sharded training state (torch-free planner parts).
+
+The cost and memory terms against hand-computed numbers, the search against brute force over
+the factorizations, the topology rules, old plans, and the CLI's refusals.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from pathlib import Path
+
+import pytest
+from autopipe.planner import PlanningError, RuleViolation, plan
+from autopipe.planner.mesh import mesh_candidates
+from autopipe.planner.mesh_costs import (
+    Topology,
+    device_profile,
+    gather_buffer_bytes,
+    ring_collective_s,
+    sharded_state_bytes_per_parameter,
+)
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_cli_errors import _err_line
+
+from autopipe.cli import main
+from autopipe.core.cluster import Cluster, Device
+from autopipe.core.plan import Plan, StagePlan, load_plan
+from autopipe.core.profile import Profile, UnitProfile
+
+TOPOLOGY = Topology(
+    gpus_per_node=8, intra_bandwidth_bytes_per_s=1e11, inter_bandwidth_bytes_per_s=1e10
+)
+
+
+def tiny_profile(n_blocks: int = 4, *, seed: int = 0, heads: list[int] | None = None) -> Profile:
+    """An embedding, ``n_blocks`` transformer-like blocks and a head, bf16 (2-byte) parameters,
+    TP fields filled as the profiler fills them for a Llama (blocks split 0.99 of their
+    weights, two TP regions of 1 MB each at the profile's batch 16)."""
+    import random
+
+    r = random.Random(seed)
+    units = [
+        UnitProfile(name="embed", forward_s=1e-4, backward_s=2e-4, parameter_count=1000,
+                    parameter_bytes=2000, activation_bytes=0, output_bytes=1_000_000)
+    ]  # fmt: skip
+    for i in range(n_blocks):
+        f = r.uniform(2e-3, 4e-3)
+        units.append(
+            UnitProfile(
+                name=f"layers.{i}", forward_s=f, backward_s=2 * f, forward_overhead_s=1e-5,
+                backward_overhead_s=2e-5, parameter_count=100_000, parameter_bytes=200_000,
+                activation_bytes=r.randint(4_000_000, 8_000_000), output_bytes=1_000_000,
+                tp_parameter_count=99_000, tp_compute_fraction=0.99, tp_collective_bytes=2_000_000,
+            )
+        )  # fmt: skip
+    units.append(
+        UnitProfile(name="head", forward_s=5e-4, backward_s=1e-3, parameter_count=50_000,
+                    parameter_bytes=100_000, activation_bytes=2_000_000,
+                    tp_parameter_count=50_000, tp_compute_fraction=1.0,
+                    tp_collective_bytes=1_000_000)
+    )  # fmt: skip
+    return Profile(
+        units=units,
+        cut_bytes=[1_000_000] * (len(units) - 1),
+        batch_size=16,
+        device="gpu",
+        dtype="bfloat16",
+        bytes_per_parameter=2,
+        tp_plan={"layers.*.q": "colwise", "layers.*.o": "rowwise", "head": "colwise"},
+        tp_degrees=heads if heads is not None else [2, 4, 8],
+    )
+
+
+# ----- memory terms --------------------------------------------------------------------
+
+
+def test_sharded_state_by_hand() -> None:
+    # mixed-precision Adam, bf16 parameters: 2 (weight) + 2 (gradient) + 12 (fp32 state)
+    assert sharded_state_bytes_per_parameter(16, 2, "none", 4) == 16
+    assert sharded_state_bytes_per_parameter(16, 2, "optimizer", 4) == 2 + 2 + 12 / 4
+    assert sharded_state_bytes_per_parameter(16, 2, "gradients", 4) == 2 + 14 / 4
+    assert sharded_state_bytes_per_parameter(16, 2, "parameters", 4) == 16 / 4
+    assert sharded_state_bytes_per_parameter(16, 2, "parameters", 1) == 16
+    with pytest.raises(ValueError, match="shard"):
+        sharded_state_bytes_per_parameter(16, 2, "everything", 4)
+
+
+def test_device_profile_tp_terms_by_hand() -> None:
+    p = tiny_profile()
+    d = device_profile(p, 4, TOPOLOGY)
+    block, dev = p.units[1], d.units[1]
+    # parameters: 99,000 split four ways, 1,000 replicated, 2 bytes each
+    assert dev.parameter_bytes == (1_000 + 99_000 / 4) * 2
+    assert dev.parameter_count == block.parameter_count  # the model's own count, kept
+    # compute: 0.99 of the size-dependent part runs 4x faster; the overhead does not shrink
+    share = 1 - 0.99 + 0.99 / 4
+    comm = 2 * (3 / 4) * 2_000_000 / 1e11  # all-gather + reduce-scatter over the T group
+    assert dev.forward_s == pytest.approx(1e-5 + (block.forward_s - 1e-5) * share + comm)
+    assert dev.backward_s == pytest.approx(2e-5 + (block.backward_s - 2e-5) * share + comm)
+    # sequence parallelism shards the block's activations and the cuts between split units
+    assert dev.activation_bytes == block.activation_bytes // 4
+    assert d.cut_bytes[1] == 1_000_000 // 4  # layers.0 -> layers.1
+    assert d.cut_bytes[0] == 1_000_000  # embed (not split) -> layers.0
+    assert d.units[0] == p.units[0]  # the embedding has no TP share: unchanged
+    assert device_profile(p, 1, TOPOLOGY) is p
+
+
+def test_gather_buffers_and_prefetch_overlap_by_hand() -> None:
+    p = tiny_profile()
+    # the largest unit's per-device parameters, twice
+    assert gather_buffer_bytes(p, 2, "parameters", 4) == 2 * (1_000 + 99_000 / 2) * 2
+    assert gather_buffer_bytes(p, 2, "gradients", 4) == 0
+    assert gather_buffer_bytes(p, 2, "parameters", 1) == 0
+    slow = Topology(8, 1e11, 1e5)  # a gather of 200 kB over 4 ranks takes 1.5 s: never hidden
+    d = device_profile(p, 1, slow, shard="parameters", dp=16)  # 16 x 1 > 8: crosses nodes
+    g = ring_collective_s(200_000, 16, 1e5)
+    prev = p.units[1].forward_s  # layers.1's gather hides behind layers.0's forward
+    assert d.units[2].forward_s == pytest.approx(p.units[2].forward_s + g - prev)
+    assert d.units[2].forward_overhead_s == pytest.approx(p.units[2].forward_overhead_s + g - prev)
+    # priced for micro-batches of 4 of the profile's 16: the previous unit hides less
+    small = device_profile(p, 1, slow, shard="parameters", dp=16, microbatch_size=4)
+    prev4 = 1e-5 + (p.units[1].forward_s - 1e-5) * 4 / 16
+    assert small.units[2].forward_s == pytest.approx(p.units[2].forward_s + g - prev4)
+
+
+def test_ring_collective_by_hand() -> None:
+    assert ring_collective_s(1e9, 1, 1e9) == 0
+    assert ring_collective_s(1e9, 4, 1e9) == pytest.approx(0.75)
+    assert ring_collective_s(1e9, 4, 1e9, 1e-3) == pytest.approx(0.75 + 3e-3)
+
+
+# ----- topology ------------------------------------------------------------------------
+
+
+def test_links_follow_torchtitans_layout() -> None:
+    t = Topology(8, 100.0, 10.0)
+    assert not t.dp_crosses_nodes(4, 2) and t.dp_crosses_nodes(4, 4)
+    assert t.dp_link(2, 4) == (100.0, 0.0) and t.dp_link(8, 2) == (10.0, 0.0)
+    # T D = 4: stages 0 and 1 share node 0, stage 1 -> 2 crosses into node 1
+    assert t.pp_link(2, 2, 0) == (100.0, 0.0) and t.pp_link(2, 2, 1) == (10.0, 0.0)
+    assert t.pp_link(8, 1, 0) == (10.0, 0.0)  # one stage per node
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    node=st.sampled_from([1, 2, 4, 8, 16]),
+    nodes=st.integers(1, 8),
+    degrees=st.lists(st.sampled_from([2, 3, 4, 6, 8, 16, 32]), unique=True),
+)
+def test_tp_groups_never_span_nodes(node: int, nodes: int, degrees: list[int]) -> None:
+    p = tiny_profile(heads=sorted(degrees))
+    n = node * nodes
+    for c in mesh_candidates(p, n, 64, gpus_per_node=node):
+        assert node % c.tp == 0  # T adjacent ranks inside one node
+        assert c.pp * c.dp * c.tp == n and 64 % c.dp == 0
+        assert c.tp == 1 or c.tp in degrees
+
+
+# ----- the search ----------------------------------------------------------------------
+
+
+def _cluster(n: int, memory: int | None) -> Cluster:
+    return Cluster([Device("gpu", memory, 1.0, 1e11, 0.0) for _ in range(n)])
+
+
+def _step(p: Profile, n: int, memory: int | None, **fixed: object) -> float:
+    try:
+        out = plan(p, cluster=_cluster(n, memory), batch_size=32, gpus_per_node=4,
+                   inter_node_bandwidth_bytes_per_s=1e9, checkpoint="auto", **fixed)  # fmt: skip
+    except PlanningError:
+        return math.inf
+    return out.iteration_time_s
+
+
+@settings(max_examples=8, deadline=None)
+@given(
+    seed=st.integers(0, 10_000),
+    n=st.sampled_from([4, 8]),
+    memory=st.sampled_from([None, 3_000_000, 6_000_000, 12_000_000]),
+    schedule=st.sampled_from(["gpipe", "1f1b"]),
+)
+def test_auto_search_equals_brute_force_over_factorizations(
+    seed: int, n: int, memory: int | None, schedule: str
+) -> None:
+    p = tiny_profile(n_blocks=5, seed=seed)
+    auto = _step(p, n, memory, tensor_parallel="auto", data_parallel="auto", shard="auto",
+                 schedule=schedule)  # fmt: skip
+    every = [
+        _step(p, n, memory, tensor_parallel=c.tp, data_parallel=c.dp, shard=c.shard,
+              schedule=schedule)
+        for c in mesh_candidates(p, n, 32, gpus_per_node=4)
+        if c.pp <= len(p.units)
+    ]  # fmt: skip
+    best = min(every)
+    if math.isinf(best):
+        assert math.isinf(auto)
+    else:
+        assert auto == pytest.approx(best, rel=1e-12)
+
+
+def test_mesh_plan_records_the_mesh_and_fits() -> None:
+    p = tiny_profile(n_blocks=6)
+    out = plan(p, cluster=_cluster(8, 4_000_000), batch_size=32, tensor_parallel="auto",
+               data_parallel="auto", shard="auto", gpus_per_node=8, checkpoint="auto")  # fmt: skip
+    assert out.world_size == 8 and out.mesh_shape == (
+        out.num_stages,
+        out.replicas,
+        out.tensor_parallel,
+    )
+    assert out.tp_plan == (p.tp_plan if out.tensor_parallel > 1 else {})
+    mesh = out.meta["mesh"]
+    assert mesh["peak_bytes"] <= 4_000_000 / 1.1
+    rows = mesh["candidates"]
+    assert rows[0]["reason"] == "chosen" and rows[0]["step_s"] == pytest.approx(
+        out.iteration_time_s
+    )
+    steps = [r["step_s"] for r in rows if r["step_s"] is not None]
+    assert steps == sorted(steps)
+    assert all(r["reason"] for r in rows)
+    assert out.throughput == pytest.approx(32 / out.iteration_time_s)
+    again = Plan.from_dict(json.loads(json.dumps(out.to_dict())))
+    assert (again.tensor_parallel, again.replicas, again.shard) == (
+        out.tensor_parallel, out.replicas, out.shard,
+    )  # fmt: skip
+
+
+def test_sharding_makes_a_refused_job_fit() -> None:
+    """The issue's case in small: no 8-stage pipeline fits; a mesh of the 8 devices does."""
+    p = tiny_profile(n_blocks=6)
+    memory = 2_500_000
+    with pytest.raises(PlanningError):
+        plan(p, cluster=_cluster(8, memory), batch_size=32, checkpoint="auto")
+    out = plan(p, cluster=_cluster(8, memory), batch_size=32, tensor_parallel="auto",
+               data_parallel="auto", shard="auto", gpus_per_node=8, checkpoint="auto")  # fmt: skip
+    assert out.meta["mesh"]["peak_bytes"] <= memory / 1.1
+    assert out.tensor_parallel > 1 or out.shard != "none"
+
+
+def test_bad_mesh_requests_are_rule_violations() -> None:
+    p = tiny_profile(heads=[2, 4])
+    kw = dict(gpus=8, batch_size=32, gpus_per_node=8)
+    with pytest.raises(RuleViolation, match="does not divide the model's split"):
+        plan(p, tensor_parallel=8, **kw)
+    with pytest.raises(RuleViolation, match="never spans nodes"):
+        plan(p, tensor_parallel=4, gpus=8, batch_size=32, gpus_per_node=2,
+             inter_node_bandwidth_bytes_per_s=1e9)  # fmt: skip
+    with pytest.raises(RuleViolation, match="span nodes"):
+        plan(p, tensor_parallel=2, gpus=16, batch_size=32, gpus_per_node=8)
+    plain = dataclasses.replace(p, tp_plan={}, tp_degrees=[], tp_note="no plan here")
+    with pytest.raises(RuleViolation, match="no plan here"):
+        plan(plain, tensor_parallel=2, **kw)
+    with pytest.raises(RuleViolation, match="global batch"):
+        plan(p, data_parallel=3, gpus=6, batch_size=32)
+
+
+def test_old_plan_files_load_as_one_tp_rank_unsharded(tmp_path: Path) -> None:
+    stage = StagePlan(index=0, device="cpu", units=["u0"])
+    data = Plan(
+        num_stages=1, microbatches=1, microbatch_size=4, batch_size=4, stages=[stage]
+    ).to_dict()
+    for key in ("tensor_parallel", "shard", "tp_plan"):
+        del data[key]
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(data))
+    old = load_plan(path)
+    assert (old.tensor_parallel, old.shard, old.tp_plan, old.mesh_shape) == (
+        1,
+        "none",
+        {},
+        (1, 1, 1),
+    )
+
+
+# ----- the CLI -------------------------------------------------------------------------
+
+
+def _saved(tmp_path: Path, profile: Profile) -> str:
+    path = tmp_path / "profile.json"
+    profile.save(path)
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    ("flags", "words"),
+    [
+        (["--tensor-parallel", "3"], "does not divide --gpus"),
+        (["--tensor-parallel", "8", "--gpus-per-node", "4"], "never spans nodes"),
+        (["--tensor-parallel", "16", "--device", "h100"], "never spans nodes"),
+        (["--tensor-parallel", "8"], "does not divide the model's split"),
+        (["--tensor-parallel", "2", "--gpus-per-node", "4"], "inter-node bandwidth"),
+    ],
+)
+def test_cli_refuses_bad_mesh_flags_in_one_line(
+    tmp_path: Path, flags: list[str], words: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    saved = _saved(tmp_path, tiny_profile(heads=[2, 4]))
+    assert main(["plan", saved, "--gpus", "8", "-q", *flags]) == 2
+    assert words in _err_line(capsys)
+
+
+def test_cli_refuses_tensor_parallel_without_a_tp_plan(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from autopipe.profiler.tensor_parallel import NO_PLAN_NOTE
+
+    p = dataclasses.replace(tiny_profile(), tp_plan={}, tp_degrees=[], tp_note=NO_PLAN_NOTE)
+    assert main(["plan", _saved(tmp_path, p), "--gpus", "4", "--tensor-parallel", "2", "-q"]) == 2
+    assert "no tensor-parallel plan" in _err_line(capsys)
+
+
+def test_cli_plans_the_mesh_and_prints_the_table(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "plan.json"
+    saved = _saved(tmp_path, tiny_profile(n_blocks=6))
+    argv = ["plan", saved, "--gpus", "8", "--tensor-parallel", "auto", "--memory", "4MB",
+            "--batch-size", "32", "--json", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    text = capsys.readouterr().out
+    assert "mesh           pp " in text and "meshes, fastest first:" in text and "chosen" in text
+    written = load_plan(out)
+    assert written.world_size == 8
+    assert written.request is not None and written.request.tensor_parallel == "auto"
+
+
+def test_existing_data_parallel_flag_still_plans_k_by_d(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    saved = _saved(tmp_path, tiny_profile(n_blocks=6))
+    out = tmp_path / "plan.json"
+    argv = ["plan", saved, "--gpus", "8", "--data-parallel", "2", "--allreduce-bandwidth",
+            "10GB", "-q", "--json", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    written = load_plan(out)
+    assert (written.num_stages, written.replicas, written.tensor_parallel) == (4, 2, 1)
+    assert "mesh" not in written.meta
+
+
+@settings(max_examples=10, deadline=None)
+@given(
+    seed=st.integers(0, 10_000),
+    schedule=st.sampled_from(["gpipe", "1f1b", "interleaved-1f1b"]),
+    microbatches=st.sampled_from(["auto", 4, 8]),
+)
+def test_every_meshs_bound_is_below_its_step(
+    seed: int, schedule: str, microbatches: object
+) -> None:
+    """The proven bounds that order and prune the meshes (fill and drain included for GPipe
+    and 1F1B) never exceed a searched mesh's step."""
+    p = tiny_profile(n_blocks=7, seed=seed)
+    every = [
+        c
+        for c in mesh_candidates(p, 8, 32, gpus_per_node=8)
+        if c.pp <= len(p.units) and (c.tp, c.dp) != (1, 1)  # (8, 1, 1) is a plain pipeline
+    ]
+    for c in every:
+        try:
+            out = plan(p, cluster=_cluster(8, None), batch_size=32, tensor_parallel=c.tp,
+                       data_parallel=c.dp, shard=c.shard, schedule=schedule,
+                       microbatches=microbatches)  # fmt: skip
+        except (PlanningError, RuleViolation):
+            continue
+        row = out.meta["mesh"]["candidates"][0]
+        assert row["lower_bound_s"] <= row["step_s"] * (1 + 1e-12)
+
+
+def test_catalog_platforms_carry_their_inter_node_links() -> None:
+    from autopipe.core.catalog import device_spec_from_dict, get_device
+
+    h100 = get_device("h100")
+    assert (h100.gpus_per_node, h100.inter_node_bandwidth_bytes_per_s) == (8, 50e9)  # NDR 400 Gb/s
+    assert "dgxh100" in h100.inter_node_source and "NDR" in h100.inter_node_link_name
+    assert get_device("a100").inter_node_bandwidth_bytes_per_s == 25e9  # HDR 200 Gb/s
+    assert get_device("l4").inter_node_bandwidth_bytes_per_s == 0  # no one platform: unknown
+    mine = device_spec_from_dict({"base": "h100", "name": "mine", "gpus_per_node": 4})
+    assert (mine.gpus_per_node, mine.inter_node_bandwidth_bytes_per_s) == (4, 50e9)
+
+
+def test_cli_takes_nodes_and_links_from_the_catalog(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    p = dataclasses.replace(tiny_profile(n_blocks=6), device="H100-SXM-80GB", mode="analytic")
+    out = tmp_path / "plan.json"
+    argv = ["plan", _saved(tmp_path, p), "--gpus", "16", "--shard", "auto", "--batch-size",
+            "32", "-q", "--json", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    mesh = load_plan(out).meta["mesh"]
+    assert (mesh["gpus_per_node"], mesh["inter_node_bandwidth_bytes_per_s"]) == (8, 50e9)
+    assert mesh["intra_node_bandwidth_bytes_per_s"] == 450e9  # NVLink 4, per direction
+    l4 = dataclasses.replace(p, device="L4-24GB")
+    assert main(["plan", _saved(tmp_path, l4), "--gpus", "16", "--shard", "auto", "-q"]) == 2
+    assert "--inter-node-bandwidth" in _err_line(capsys)
+
+
+def test_a_fully_sharded_plan_is_a_valid_plan_file(tmp_path: Path) -> None:
+    """With ``parameters`` over D = 8 a device keeps 1/8 of its parameters: 2 of 16 bytes per
+    parameter, so the stage's parameter bytes are 1/8 and the rest is gradient + state."""
+    p = tiny_profile(n_blocks=6)
+    out = plan(p, gpus=8, batch_size=32, tensor_parallel=1, data_parallel=8, shard="parameters")
+    assert out.mesh_shape == (1, 8, 1)
+    stage = out.stages[0]
+    whole = sum(u.parameter_bytes for u in p.units)
+    assert stage.parameter_bytes == round(whole / 8)
+    # 16 / 8 = 2 bytes per 2-byte parameter: the whole state is the parameters' size
+    assert stage.parameter_bytes + stage.optimizer_bytes == pytest.approx(whole, rel=1e-6)
+    out.save(tmp_path / "plan.json")
+    assert load_plan(tmp_path / "plan.json").shard == "parameters"

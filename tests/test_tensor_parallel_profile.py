@@ -1,0 +1,101 @@
+"""The profile's TP fields from the model's TP plan (Hugging Face's own, or a tp_plan())."""
+
+from __future__ import annotations
+
+import torch
+from autopipe.profiler.tensor_parallel import NO_PLAN_NOTE, annotate_tensor_parallel, model_tp_plan
+from torch import nn
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from autopipe.core.profile import Profile, UnitProfile
+
+HIDDEN, FFN, HEADS, KV_HEADS, VOCAB = 64, 96, 8, 4, 100
+
+
+def tiny_llama() -> LlamaForCausalLM:
+    config = LlamaConfig(
+        hidden_size=HIDDEN, intermediate_size=FFN, num_hidden_layers=2,
+        num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, vocab_size=VOCAB,
+        use_cache=False,
+    )  # fmt: skip
+    with torch.device("meta"):
+        return LlamaForCausalLM(config)
+
+
+def llama_profile(model: nn.Module) -> Profile:
+    """Units as the tracer names them, with their parameter counts; outputs of 1000 bytes."""
+    names = ["model.embed_tokens", "model.rotary_emb", "model.layers.0", "model.layers.1",
+             "model.norm", "lm_head"]  # fmt: skip
+    modules = dict(model.named_modules())
+    units = [
+        UnitProfile(
+            name=n, forward_s=1e-3, output_bytes=1000,
+            parameter_count=sum(p.numel() for p in modules[n].parameters()),
+        )
+        for n in names
+    ]  # fmt: skip
+    return Profile(units=units, cut_bytes=[700] * 5, batch_size=2, input_bytes=50)
+
+
+def test_hugging_face_plan_is_mapped_onto_units() -> None:
+    model = tiny_llama()
+    p = annotate_tensor_parallel(llama_profile(model), model)
+    assert p.tp_plan == model_tp_plan(model)
+    assert "model.layers.*.self_attn.q_proj" in p.tp_plan  # under the base model's prefix
+    by = {u.name: u for u in p.units}
+    head_dim = HIDDEN // HEADS
+    attention = HIDDEN * HIDDEN * 2 + 2 * HIDDEN * KV_HEADS * head_dim  # q, o; k, v
+    mlp = 3 * HIDDEN * FFN
+    block = by["model.layers.0"]
+    assert block.tp_parameter_count == attention + mlp  # every linear; not the two norms
+    assert block.parameter_count == attention + mlp + 2 * HIDDEN
+    assert block.tp_compute_fraction == (attention + mlp) / block.parameter_count
+    assert block.tp_collective_bytes == 2 * 1000  # o_proj and down_proj close two regions
+    # the vocab-parallel embedding closes one region; the column-wise head gathers its input
+    assert by["model.embed_tokens"].tp_collective_bytes == 1000
+    assert by["lm_head"].tp_collective_bytes == 700
+    assert by["lm_head"].tp_compute_fraction == 1.0
+    assert (
+        by["model.norm"].tp_parameter_count == 0 and by["model.rotary_emb"].tp_compute_fraction == 0
+    )
+    assert p.tp_degrees == [2, 4]  # divides 8 heads and 4 key/value heads
+    assert p.tp_note == ""
+
+
+def test_a_model_without_a_plan_gets_t1_and_a_note() -> None:
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 8))
+    units = [UnitProfile(name=n, forward_s=1e-3, parameter_count=72) for n in ("0", "1", "2")]
+    p = annotate_tensor_parallel(Profile(units=units, cut_bytes=[64, 64], batch_size=4), model)
+    assert (p.tp_plan, p.tp_degrees, p.tp_note) == ({}, [], NO_PLAN_NOTE)
+    assert all(u.tp_parameter_count == 0 for u in p.units)
+
+
+def test_a_model_files_tp_plan_wins() -> None:
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 8))
+    units = [
+        UnitProfile(name="0", forward_s=1e-3, parameter_count=8 * 16 + 16, output_bytes=64),
+        UnitProfile(name="1", forward_s=1e-3),
+        UnitProfile(name="2", forward_s=1e-3, parameter_count=16 * 8 + 8, output_bytes=32),
+    ]
+    p = Profile(units=units, cut_bytes=[64, 64], batch_size=4, input_bytes=32)
+    annotate_tensor_parallel(p, model, lambda: {"0": "colwise", "2": "rowwise"})
+    assert [u.tp_parameter_count for u in p.units] == [8 * 16 + 16, 0, 16 * 8]  # row bias kept
+    assert [u.tp_collective_bytes for u in p.units] == [32, 0, 32]
+    assert p.tp_degrees == [2, 4, 8, 16]  # no heads: the split dimensions (16 and 16)
+
+
+def test_both_profilers_fill_the_fields(tmp_path: object) -> None:
+    from autopipe.profiler.analytic import profile_analytic
+    from autopipe.profiler.measure import profile as measure
+
+    def build() -> nn.Module:
+        return nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 8))
+
+    plan = {"0": "colwise", "2": "rowwise"}
+    x = torch.randn(4, 8)
+    counted = profile_analytic(build, x, "h100", dtype="float32", tp_plan=plan)
+    measured = measure(build(), x, progress=False, tp_plan=plan, microbatch_sizes=())
+    for p in (counted, measured):
+        assert p.tp_plan == plan
+        split = {u.name: u.tp_parameter_count for u in p.units}
+        assert split.get("0") == 8 * 16 + 16 and split.get("2") == 16 * 8
