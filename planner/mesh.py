@@ -428,8 +428,10 @@ def plan_mesh(
         f"{best.dp_comm_s * 1e3:.4g} ms per step; {searched} of {len(cands)} meshes searched, "
         "the rest could not win or fit"
     )
-    if best.tp == 1 and profile.tp_note:
+    if profile.tp_note and not profile.tp_plan:
         out.notes.append(f"tensor parallelism not considered: {profile.tp_note}")
+    elif profile.tp_note and best.tp > 1:
+        out.notes.append(profile.tp_note)  # what stays whole on every TP rank
     return out
 
 

@@ -1,11 +1,12 @@
 """Which parts of each unit tensor parallelism splits: the profile's TP fields, from the model's
 own TP plan.
 
-The plan (module path pattern, fnmatch, -> style such as ``colwise`` / ``rowwise``) comes from,
-in order: the ``tp_plan`` given (a model file's ``tp_plan()``), a Hugging Face model's own
+The plan (module path pattern, ``*`` standing for one path part, -> style such as ``colwise``
+or ``rowwise``) comes from, in order: the ``tp_plan`` given (a model file's ``tp_plan()``), a Hugging Face model's own
 ``_tp_plan`` (its config's ``base_model_tp_plan`` under the base model's prefix, plus the head's
 entries), or the config's ``base_model_tp_plan`` prefixed by hand. A model with none gets an
-empty plan and ``Profile.tp_note`` says so; the planner then uses T = 1.
+empty plan and ``Profile.tp_note`` says so; the planner then uses T = 1. Only what
+``autopipe run`` applies is kept (:func:`runnable_tp_plan`); ``tp_note`` names the rest.
 
 Per unit (O(modules x patterns) in all, no forward pass; works on meta and on real models, so
 the measuring and the counting profiler share it):
@@ -29,8 +30,8 @@ dimensions of the split linear layers.
 
 from __future__ import annotations
 
-import fnmatch
 import math
+import re
 from collections.abc import Callable, Mapping
 
 import torch
@@ -38,8 +39,9 @@ from autopipe.profiler.units import unit_module
 from torch import nn
 
 from autopipe.core.profile import Profile
+from autopipe.core.vocabulary import TP_STYLES
 
-__all__ = ["annotate_tensor_parallel", "model_tp_plan"]
+__all__ = ["annotate_tensor_parallel", "model_tp_plan", "runnable_tp_plan", "tp_pattern"]
 
 MAX_TP_DEGREE = 64
 """The largest T listed in ``tp_degrees`` (a TP group stays inside one node)."""
@@ -75,11 +77,45 @@ def model_tp_plan(model: nn.Module, given: Mapping[str, str] | None = None) -> d
     return {}
 
 
+def tp_pattern(pattern: str) -> re.Pattern[str]:
+    """A TP plan's module path pattern as a regex over whole paths. Hugging Face's rule: ``*``
+    stands for one path part (a layer index), never for a dotted run of parts."""
+    parts = pattern.split(".")
+    return re.compile(r"\.".join("[^.]+" if p == "*" else re.escape(p) for p in parts))
+
+
 def _style_of(path: str, plan: Mapping[str, str]) -> str | None:
+    """The style of the first pattern of ``plan`` matching ``path`` (Hugging Face's order)."""
     for pattern, style in plan.items():
-        if fnmatch.fnmatchcase(path, pattern):
+        if path and tp_pattern(pattern).fullmatch(path):
             return style
     return None
+
+
+def runnable_tp_plan(model: nn.Module, plan: Mapping[str, str]) -> tuple[dict[str, str], str]:
+    """The entries of ``plan`` that ``autopipe run`` can apply (a style of
+    ``vocabulary.TP_STYLES`` on ``nn.Linear`` modules only), and a note naming what was left
+    out and why ("" when nothing was). What is left out stays whole on every TP rank, and the
+    profile prices it so. O(modules x patterns)."""
+    kept: dict[str, str] = {}
+    dropped: list[str] = []
+    for pattern, style in plan.items():
+        regex = tp_pattern(pattern)
+        matched = [m for path, m in model.named_modules() if path and regex.fullmatch(path)]
+        others = sorted({type(m).__name__ for m in matched if not isinstance(m, nn.Linear)})
+        if style not in TP_STYLES:
+            dropped.append(f"{pattern} ({style})")
+        elif others:
+            dropped.append(f"{pattern} ({style} on {', '.join(others)})")
+        else:
+            kept[pattern] = style
+    note = (
+        "not split by tensor parallelism (autopipe run splits nn.Linear only, styles "
+        f"{', '.join(TP_STYLES)}): {'; '.join(dropped)}"
+        if dropped
+        else ""
+    )
+    return kept, note
 
 
 def _unit_of_module(path: str, units: list[str]) -> list[int]:
@@ -111,11 +147,12 @@ def annotate_tensor_parallel(
     and its TP plan, in place; returns ``profile``. ``tp_plan``: a plan, or a function
     returning one (a model file's ``tp_plan``); None: the model's own."""
     given = tp_plan() if callable(tp_plan) else tp_plan
-    plan = model_tp_plan(model, given)
+    plan, left_out = runnable_tp_plan(model, model_tp_plan(model, given))
     for u in profile.units:
         u.tp_parameter_count, u.tp_compute_fraction, u.tp_collective_bytes = 0, 0.0, 0
     if not plan:
-        profile.tp_plan, profile.tp_degrees, profile.tp_note = {}, [], NO_PLAN_NOTE
+        profile.tp_plan, profile.tp_degrees = {}, []
+        profile.tp_note = left_out or NO_PLAN_NOTE
         return profile
     names = profile.unit_names
     split = [0] * len(names)
@@ -169,7 +206,9 @@ def annotate_tensor_parallel(
     profile.tp_plan = dict(plan)
     profile.tp_degrees = [t for t in range(2, min(g, MAX_TP_DEGREE) + 1) if g % t == 0]
     profile.tp_note = (
-        "" if profile.tp_degrees else "no T > 1 divides the model's heads and split dimensions"
+        left_out
+        if profile.tp_degrees
+        else "no T > 1 divides the model's heads and split dimensions"
     )
     if not profile.tp_degrees:
         profile.tp_plan = {}

@@ -37,7 +37,9 @@ def test_a_job_the_pipeline_refuses_gets_a_mesh(llama: Profile) -> None:
         plan(llama, cluster=_h100(8, 1), checkpoint="auto", schedule="1f1b")
     need = refused.value.min_memory_bytes
     assert need is not None
-    memory = int(need * 0.8)  # 20% less than the pipeline alone needs
+    # 10% less than the pipeline alone needs (the embedding stays whole on every TP rank, as
+    # autopipe run applies the plan, so this tiny model's vocabulary is not divided by T)
+    memory = int(need * 0.9)
     with pytest.raises(PlanningError):
         plan(llama, cluster=_h100(8, memory), checkpoint="auto", schedule="1f1b")
     out = plan(llama, cluster=_h100(8, memory), schedule="1f1b", tensor_parallel="auto",

@@ -40,7 +40,12 @@ def llama_profile(model: nn.Module) -> Profile:
 def test_hugging_face_plan_is_mapped_onto_units() -> None:
     model = tiny_llama()
     p = annotate_tensor_parallel(llama_profile(model), model)
-    assert p.tp_plan == model_tp_plan(model)
+    # The vocab-parallel embedding is left whole: autopipe run splits nn.Linear only, and the
+    # profile prices what the runtime runs (the note says what was left out).
+    whole = {k: v for k, v in model_tp_plan(model).items() if k != "model.embed_tokens"}
+    assert model_tp_plan(model)["model.embed_tokens"] == "embedding_rowwise"
+    assert p.tp_plan == whole
+    assert "model.embed_tokens (embedding_rowwise)" in p.tp_note
     assert "model.layers.*.self_attn.q_proj" in p.tp_plan  # under the base model's prefix
     by = {u.name: u for u in p.units}
     head_dim = HIDDEN // HEADS
@@ -51,15 +56,16 @@ def test_hugging_face_plan_is_mapped_onto_units() -> None:
     assert block.parameter_count == attention + mlp + 2 * HIDDEN
     assert block.tp_compute_fraction == (attention + mlp) / block.parameter_count
     assert block.tp_collective_bytes == 2 * 1000  # o_proj and down_proj close two regions
-    # the vocab-parallel embedding closes one region; the column-wise head gathers its input
-    assert by["model.embed_tokens"].tp_collective_bytes == 1000
+    # the embedding is not split; the column-wise head gathers its input
+    assert by["model.embed_tokens"].tp_collective_bytes == 0
+    assert by["model.embed_tokens"].tp_parameter_count == 0
     assert by["lm_head"].tp_collective_bytes == 700
     assert by["lm_head"].tp_compute_fraction == 1.0
     assert (
         by["model.norm"].tp_parameter_count == 0 and by["model.rotary_emb"].tp_compute_fraction == 0
     )
     assert p.tp_degrees == [2, 4]  # divides 8 heads and 4 key/value heads
-    assert p.tp_note == ""
+    assert p.tp_note.startswith("not split by tensor parallelism")
 
 
 def test_a_model_without_a_plan_gets_t1_and_a_note() -> None:
@@ -99,3 +105,25 @@ def test_both_profilers_fill_the_fields(tmp_path: object) -> None:
         assert p.tp_plan == plan
         split = {u.name: u.tp_parameter_count for u in p.units}
         assert split.get("0") == 8 * 16 + 16 and split.get("2") == 16 * 8
+
+
+def test_the_profiles_plan_is_what_autopipe_run_splits() -> None:
+    """A planned TP plan must run: every kept entry is a style the runtime maps, on nn.Linear
+    modules it can split at T = 2 (the HF Llama plan once named the embedding, which made
+    every planned Llama TP run fail at start-up)."""
+    from autopipe.runtime.distributed.mesh import planned_modules
+
+    model = tiny_llama()
+    p = annotate_tensor_parallel(llama_profile(model), model)
+    split = planned_modules(model, p.tp_plan, 2)
+    assert "model.embed_tokens" not in split
+    assert split["model.layers.1.mlp.down_proj"] == "rowwise" and split["lm_head"]
+
+
+def test_a_star_is_one_path_part() -> None:
+    """Hugging Face's pattern rule, shared by the profiler and the runtime."""
+    from autopipe.profiler.tensor_parallel import tp_pattern
+
+    assert tp_pattern("layers.*.mlp").fullmatch("layers.3.mlp")
+    assert not tp_pattern("layers.*.mlp").fullmatch("layers.3.inner.mlp")
+    assert not tp_pattern("*").fullmatch("a.b")

@@ -13,6 +13,7 @@ __all__ = [
     "MESH_DIM_NAMES",
     "PLAN_SCHEDULES",
     "SHARD_MODES",
+    "TP_STYLES",
     "SINGLE_SCHEDULES",
     "SPLIT_BACKWARD_SCHEDULES",
     "TORCH_CLASSES",
@@ -47,6 +48,18 @@ CHECKPOINT_MODES = ("never", "always", "except_last", "auto")
 """Re-materialization: no stage, every stage, every stage but the last, or chosen per stage."""
 
 SHARD_MODES = ("none", "optimizer", "gradients", "parameters")
+
+TP_STYLES = (
+    "colwise",
+    "rowwise",
+    "colwise_rep",
+    "colwise_gather_output",
+    "rowwise_rep",
+    "rowwise_split_input",
+)
+"""The tensor-parallel plan styles (Hugging Face's words) that ``autopipe run`` maps to torch's
+ParallelStyles, each on an ``nn.Linear``; the profiler keeps only these in a profile's TP plan,
+so the planner prices what the runtime runs."""
 """How the training state is sharded over the D data-parallel replicas: ``none`` (each
 replica holds everything; gradients all-reduced), ``optimizer`` (ZeRO-1), ``gradients``
 (ZeRO-2) or ``parameters`` (ZeRO-3, FSDP2's ``fully_shard``)."""

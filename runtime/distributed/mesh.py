@@ -41,21 +41,20 @@ rank's chunks are built as for a plain pipeline, then, with torch's own parts on
 from __future__ import annotations
 
 import contextlib
-import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
 import torch.distributed as dist
+from autopipe.profiler.tensor_parallel import tp_pattern
 from torch import fx, nn
 
 from autopipe.core.errors import AutopipeError
 from autopipe.core.plan import Plan
-from autopipe.core.vocabulary import MESH_DIM_NAMES, SPLIT_BACKWARD_SCHEDULES
+from autopipe.core.vocabulary import MESH_DIM_NAMES, SPLIT_BACKWARD_SCHEDULES, TP_STYLES
 
 __all__ = [
     "MeshPlanError",
-    "TP_STYLES",
     "apply_sharding",
     "apply_tensor_parallel",
     "build_mesh",
@@ -147,16 +146,6 @@ def _styles() -> dict[str, Callable[[], Any]]:
     }
 
 
-TP_STYLES = (
-    "colwise",
-    "rowwise",
-    "colwise_rep",
-    "colwise_gather_output",
-    "rowwise_rep",
-    "rowwise_split_input",
-)
-"""The TP plan styles (Hugging Face's words) this runtime maps to torch's ParallelStyles."""
-
 _SPLIT_OUTPUT = ("colwise",)
 """Styles whose module returns one rank's share of its output features."""
 _SPLIT_INPUT = ("rowwise", "rowwise_split_input")
@@ -175,18 +164,13 @@ def tp_style(style: str) -> Any:
     return styles[style]()
 
 
-def _pattern(pattern: str) -> re.Pattern[str]:
-    # Hugging Face's rule: '*' stands for one path part (a layer index).
-    return re.compile(r"\.".join("[^.]+" if p == "*" else re.escape(p) for p in pattern.split(".")))
-
-
 def planned_modules(model: nn.Module, tp_plan: Mapping[str, str], degree: int) -> dict[str, str]:
     """Module path (from the model root) -> style, for every module of ``model`` that
     ``tp_plan`` splits (the first matching pattern wins, as in Hugging Face).
     :class:`MeshPlanError` for a style this runtime lacks, a split module that is not an
     ``nn.Linear``, a split dimension that ``degree`` does not divide, or a plan that
     matches nothing."""
-    patterns = [(_pattern(p), p, s) for p, s in tp_plan.items()]
+    patterns = [(tp_pattern(p), p, s) for p, s in tp_plan.items()]
     found: dict[str, str] = {}
     for name, module in model.named_modules():
         for regex, _, style in patterns:
