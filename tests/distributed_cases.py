@@ -499,6 +499,20 @@ def fault_files(
     return model, path
 
 
+def multi_stage_fault_files(directory: Path, schedule: str) -> tuple[Path, Path]:
+    """(FAULT_MODEL with three Linear layers, units ``0`` ... ``4``; a plan of 2 ranks x 2
+    chunks under the multi-stage ``schedule``, batch 4 in 2 micro-batches)."""
+    model = directory / "faulty5.py"
+    two = "nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 4))"
+    three = "nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 4))"
+    assert two in FAULT_MODEL
+    model.write_text(FAULT_MODEL.replace(two, three))
+    plan = directory / f"plan_{schedule}.json"
+    chunks = [["0"], ["1", "2"], ["3"], ["4"]]
+    make_plan(chunks, 2, 4, schedule=schedule, virtual_stages=2).save(plan)
+    return model, plan
+
+
 class Drill:
     """One torchrun launch of a fault: exit code, merged output, and timings in seconds."""
 
@@ -516,7 +530,7 @@ def torchrun_drill(
     nproc: int,
     command: list[str],
     env_extra: dict[str, str] | None = None,
-    deadline_s: float = 60.0,
+    deadline_s: float = 120.0,
     shell: bool = False,
 ) -> Drill:
     """Run ``torchrun --nproc-per-node NPROC -m autopipe run COMMAND`` (or, with

@@ -339,10 +339,10 @@ class DistributedPipeline:
         # to a peer: a rank with another plan, model or traced graph, or one that could
         # not cut the model as the plan says, fails here, within seconds and naming the
         # difference, on every rank.
-        if state_dict is not None:  # the same file on every rank: all refuse it at once
-            check_state_dict_shapes(model.state_dict(), state_dict)
         cut_error: Exception | None = None
         try:
+            if state_dict is not None:  # weights of another model: refused like a bad cut
+                check_state_dict_shapes(model.state_dict(), state_dict)
             planned: PlannedStages | None = partition(model, example_inputs, plan)
         except Exception as exc:  # every rank hears of it before any raises
             planned, cut_error = None, exc
