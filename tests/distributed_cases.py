@@ -424,10 +424,20 @@ from torch._subclasses.fake_tensor import FakeTensor
 # AUTOPIPE_FAULT=KIND@RANK: on that rank, after AUTOPIPE_FAULT_AFTER forward calls of its
 # Linear layers (step 1 makes 2 on each stage, one per micro-batch; the fake-tensor run that
 # works out the stage shapes at start-up does not count), hang, raise, die (SIGKILL) or
-# turn the activations into NaN; kill-save@RANK and hang-save@RANK do so in `autopipe run --save`.
+# turn the activations into NaN (slowraise: raise an error whose message takes
+# AUTOPIPE_FAULT_SLOW_S seconds to make); kill-save@RANK and hang-save@RANK do so in `autopipe run --save`.
 KIND, _, RANK = os.environ.get("AUTOPIPE_FAULT", "").partition("@")
 AFTER = int(os.environ.get("AUTOPIPE_FAULT_AFTER", "3"))
 calls = [0]
+
+
+class SlowError(ValueError):
+    # An error whose message takes AUTOPIPE_FAULT_SLOW_S to make: the rank is inside its
+    # own error path for that long (where torchrun's SIGTERM may find it).
+
+    def __str__(self):
+        time.sleep(float(os.environ.get("AUTOPIPE_FAULT_SLOW_S", "3")))
+        return "injected fault"
 
 
 def _fault(module, args, output):
@@ -442,6 +452,8 @@ def _fault(module, args, output):
         time.sleep(3600)
     if KIND == "raise":
         raise ValueError("injected fault")
+    if KIND == "slowraise":
+        raise SlowError()
     if KIND == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
     if KIND == "nan":
@@ -467,7 +479,7 @@ if KIND in ("kill-save", "hang-save") and os.environ.get("RANK") == RANK:
 def build_model():
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 4))
-    if KIND in ("hang", "raise", "kill", "nan") and os.environ.get("RANK") == RANK:
+    if KIND in ("hang", "raise", "slowraise", "kill", "nan") and os.environ.get("RANK") == RANK:
         for layer in model.modules():
             if isinstance(layer, nn.Linear):
                 layer.register_forward_hook(_fault)

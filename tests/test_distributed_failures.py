@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from distributed_cases import finish, launch_ranks, make_plan, tiny_gpt_files, wait_for_step
@@ -206,3 +207,73 @@ def test_state_dict_of_another_model_fails_on_every_rank(
             f"[{2 * n}] but the model's is [{n}]; save it from the same model with "
             "model.state_dict()\n"
         )
+
+
+def _wait_for_fault(proc: Any, timeout_s: float = 2 * TIMEOUT_S) -> None:
+    """Read ``proc``'s stdout until the fault model says its fault fired."""
+    from distributed_cases import FAULT_MARK
+
+    deadline = time.monotonic() + timeout_s
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if FAULT_MARK in line:
+            return
+        if time.monotonic() > deadline:
+            break
+    raise AssertionError("the fault never fired")
+
+
+def test_sigterm_in_a_ranks_own_error_path_lets_its_line_out(tmp_path: Path) -> None:
+    """torchrun stops the other ranks (SIGTERM) as soon as one exits. A rank that is
+    reporting its own error when the signal comes finishes: its own line, exit 1. Before,
+    the signal killed it silently (exit -15): the raising-rank drill once saw only its
+    peer's "a peer rank failed" line."""
+    import signal
+
+    from distributed_cases import fault_files
+
+    model, plan = fault_files(tmp_path)
+    argv = [str(model), "--plan", str(plan), "--steps", "50", "--timeout", f"{TIMEOUT_S:g}"]
+    procs = launch_ranks(2, argv, {"AUTOPIPE_FAULT": "slowraise@0", "AUTOPIPE_FAULT_SLOW_S": "3"})
+    try:
+        _wait_for_fault(procs[0])
+        procs[0].send_signal(signal.SIGTERM)  # while its error's message is being made
+        code, _, err = finish(procs[0], 2 * TIMEOUT_S)
+    finally:
+        for p in procs:
+            p.kill()
+            p.communicate()
+    assert code == 1, err
+    assert err == "[rank 0] autopipe run: error: SlowError: injected fault\n"
+
+
+def test_sigterm_ends_a_rank_that_is_not_failing_in_one_line(tmp_path: Path) -> None:
+    """A hung rank that torchrun stops says so in one line (exit 1) within
+    TERMINATION_GRACE_S, well before --timeout; before, it died silently (exit -15)."""
+    import signal
+
+    from distributed_cases import fault_files
+
+    from autopipe.cli.run import TERMINATION_GRACE_S
+
+    model, plan = fault_files(tmp_path)
+    argv = [str(model), "--plan", str(plan), "--steps", "50", "--timeout", f"{TIMEOUT_S:g}"]
+    procs = launch_ranks(2, argv, {"AUTOPIPE_FAULT": "hang@1"})
+    try:
+        _wait_for_fault(procs[1])
+        stopped = time.monotonic()
+        procs[1].send_signal(signal.SIGTERM)
+        code, _, err = finish(procs[1], 2 * TIMEOUT_S)
+        elapsed_s = time.monotonic() - stopped
+        code0, _, err0 = finish(procs[0], 2 * TIMEOUT_S)
+    finally:
+        for p in procs:
+            p.kill()
+            p.communicate()
+    assert code == 1, err
+    assert err == (
+        "[rank 1] autopipe run: error: stopped by SIGTERM (torchrun stops every rank once one "
+        "exits): another rank's error says why\n"
+    )
+    assert TERMINATION_GRACE_S <= elapsed_s < TIMEOUT_S / 2, elapsed_s
+    assert code0 == 1 and "the pipeline broke in step 2" in err0, err0
