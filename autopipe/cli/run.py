@@ -176,7 +176,8 @@ def one_line_per_rank(verbose: bool = False) -> Iterator[None]:
       already raising its own error ignores the signal, so that its line gets out (it
       exits right after; torchrun sends SIGKILL 30 s later anyway), and any other rank
       ends :data:`TERMINATION_GRACE_S` later (SIGALRM) with a line saying it was stopped,
-      unless its own error comes first.
+      unless its own error comes first. Once an error leaves this block the signals stay
+      ignored: the CLI prints the error after it, then the process exits.
     """
     import logging
     import signal
@@ -186,9 +187,11 @@ def one_line_per_rank(verbose: bool = False) -> Iterator[None]:
     def table(record: logging.LogRecord) -> bool:
         return verbose or record.levelno < logging.ERROR
 
+    failing = False
+
     def on_signal(signum: int, frame: Any) -> None:
-        if sys.exc_info()[1] is not None:
-            return  # failing already (an except or finally block runs): let its line out
+        if failing or sys.exc_info()[1] is not None:
+            return  # this rank is reporting its own error (and exits right after)
         if signum == signal.SIGTERM:
             signal.setitimer(signal.ITIMER_REAL, TERMINATION_GRACE_S)
             return
@@ -200,17 +203,23 @@ def one_line_per_rank(verbose: bool = False) -> Iterator[None]:
     previous = [signal.signal(s, on_signal) for s in handled] if main_thread else []
     try:
         yield
-    except Terminated:
-        raise common.Failure(
-            "stopped by SIGTERM (torchrun stops every rank once one exits): another rank's "
-            "error says why"
-        ) from None
+    except BaseException as exc:
+        # The handlers stay, ignoring the signals, until the process has printed this
+        # error (in the CLI's main, after this block) and exited.
+        failing = True
+        if isinstance(exc, Terminated):
+            raise common.Failure(
+                "stopped by SIGTERM (torchrun stops every rank once one exits): another "
+                "rank's error says why"
+            ) from None
+        raise
     finally:
         schedules.removeFilter(table)
         if main_thread:
             signal.setitimer(signal.ITIMER_REAL, 0)
-            for s, handler in zip(handled, previous, strict=True):
-                signal.signal(s, signal.SIG_DFL if handler is None else handler)
+            if not failing:
+                for s, handler in zip(handled, previous, strict=True):
+                    signal.signal(s, signal.SIG_DFL if handler is None else handler)
 
 
 def _run(args: argparse.Namespace) -> int:
