@@ -13,6 +13,7 @@ all-gather). Throughput is ``B / step_s``. Cost: one planner call per divisor of
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -61,8 +62,11 @@ def choose_pipeline_data_parallel(
     batch_size: int,
     allreduce_bandwidth_bytes_per_s: float,
     allreduce_latency_s: float = 0.0,
+    replicas: int | None = None,
 ) -> list[ParallelChoice]:
     """All (K, D) with ``K x D = total_devices``, best (highest throughput) first.
+
+    ``replicas`` fixes D: then the one K = ``total_devices / D`` is tried (and reported).
 
     ``make_plan(K, per_replica_batch)`` returns a Plan (e.g. ``lambda k, b: plan(profile,
     gpus=k, batch_size=b)``) or raises (any exception marks that K infeasible, its message kept
@@ -78,35 +82,37 @@ def choose_pipeline_data_parallel(
     for stages in range(1, total_devices + 1):
         if total_devices % stages:
             continue
-        replicas = total_devices // stages
-        if batch_size % replicas:
+        copies = total_devices // stages
+        if replicas is not None and copies != replicas:
+            continue
+        if batch_size % copies:
             choices.append(
                 ParallelChoice(
                     stages,
-                    replicas,
+                    copies,
                     None,
-                    reason=f"batch {batch_size} not divisible by D={replicas}",
+                    reason=f"batch {batch_size} not divisible by D={copies}",
                 )
             )
             continue
         try:
-            plan = make_plan(stages, batch_size // replicas)
+            plan = make_plan(stages, batch_size // copies)
         except Exception as exc:  # the planner says this K cannot work
-            choices.append(ParallelChoice(stages, replicas, None, reason=str(exc).splitlines()[0]))
+            choices.append(ParallelChoice(stages, copies, None, reason=str(exc).splitlines()[0]))
             continue
         # A rank all-reduces the gradients of all its chunks (V of them with virtual stages).
         per_rank = [0] * plan.num_stages
         for i, s in enumerate(plan.stages):
             per_rank[s.rank if s.rank >= 0 else i] += s.parameter_bytes
         allreduce_s = max(
-            ring_allreduce_s(b, replicas, allreduce_bandwidth_bytes_per_s, allreduce_latency_s)
+            ring_allreduce_s(b, copies, allreduce_bandwidth_bytes_per_s, allreduce_latency_s)
             for b in per_rank
         )
         step_s = plan.iteration_time_s + allreduce_s
         choices.append(
             ParallelChoice(
                 stages,
-                replicas,
+                copies,
                 plan,
                 pipeline_s=plan.iteration_time_s,
                 allreduce_s=allreduce_s,
@@ -121,6 +127,21 @@ def choose_pipeline_data_parallel(
             + "; ".join(f"K={c.stages}: {c.reason}" for c in choices)
         )
     return sorted(choices, key=lambda c: (-c.throughput, c.stages))
+
+
+def check_replicas_divide_batch(replicas: int, total_gpus: int, batch_size: int) -> None:
+    """PlanningError in one line unless D = ``replicas`` divides the global ``batch_size``
+    (each replica pipelines ``batch_size / D`` samples), naming the D that would."""
+    if batch_size % replicas == 0:
+        return
+    from autopipe.planner.search import divisor_hint
+
+    raise PlanningError(
+        f"D={replicas} replicas do not divide the batch size {batch_size} (each replica "
+        f"pipelines batch / D samples): for D, "
+        + divisor_hint(math.gcd(total_gpus, batch_size), replicas)
+        + f" of both {total_gpus} GPUs and the batch, or auto"
+    )
 
 
 def plan_data_parallel(
@@ -155,10 +176,11 @@ def plan_data_parallel(
             f"replicas={replicas!r} must be 'auto' or a divisor of the {total_gpus} GPUs"
         )
     batch = profile.batch_size if batch_size is None else batch_size
+    fixed = None if replicas == "auto" else int(replicas)
+    if fixed is not None:
+        check_replicas_divide_batch(fixed, total_gpus, batch)
 
     def make_plan(stages: int, per_replica_batch: int) -> Plan:
-        if replicas != "auto" and stages * replicas != total_gpus:
-            raise PlanningError(f"D is fixed at {replicas}")
         if stages > len(profile.units):
             raise PlanningError(f"{stages} stages need at least {stages} units")
         where = {"gpus": stages} if device is None else {"cluster": Cluster([device] * stages)}
@@ -166,7 +188,12 @@ def plan_data_parallel(
 
     try:
         choices = choose_pipeline_data_parallel(
-            make_plan, total_gpus, batch, allreduce_bandwidth_bytes_per_s, allreduce_latency_s
+            make_plan,
+            total_gpus,
+            batch,
+            allreduce_bandwidth_bytes_per_s,
+            allreduce_latency_s,
+            replicas=fixed,
         )
     except ValueError as exc:
         raise PlanningError(str(exc)) from exc

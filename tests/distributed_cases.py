@@ -424,10 +424,20 @@ from torch._subclasses.fake_tensor import FakeTensor
 # AUTOPIPE_FAULT=KIND@RANK: on that rank, after AUTOPIPE_FAULT_AFTER forward calls of its
 # Linear layers (step 1 makes 2 on each stage, one per micro-batch; the fake-tensor run that
 # works out the stage shapes at start-up does not count), hang, raise, die (SIGKILL) or
-# turn the activations into NaN; kill-save@RANK and hang-save@RANK do so in `autopipe run --save`.
+# turn the activations into NaN (slowraise: raise an error whose message takes
+# AUTOPIPE_FAULT_SLOW_S seconds to make); kill-save@RANK and hang-save@RANK do so in `autopipe run --save`.
 KIND, _, RANK = os.environ.get("AUTOPIPE_FAULT", "").partition("@")
 AFTER = int(os.environ.get("AUTOPIPE_FAULT_AFTER", "3"))
 calls = [0]
+
+
+class SlowError(ValueError):
+    # An error whose message takes AUTOPIPE_FAULT_SLOW_S to make: the rank is inside its
+    # own error path for that long (where torchrun's SIGTERM may find it).
+
+    def __str__(self):
+        time.sleep(float(os.environ.get("AUTOPIPE_FAULT_SLOW_S", "3")))
+        return "injected fault"
 
 
 def _fault(module, args, output):
@@ -442,6 +452,8 @@ def _fault(module, args, output):
         time.sleep(3600)
     if KIND == "raise":
         raise ValueError("injected fault")
+    if KIND == "slowraise":
+        raise SlowError()
     if KIND == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
     if KIND == "nan":
@@ -467,7 +479,7 @@ if KIND in ("kill-save", "hang-save") and os.environ.get("RANK") == RANK:
 def build_model():
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 4))
-    if KIND in ("hang", "raise", "kill", "nan") and os.environ.get("RANK") == RANK:
+    if KIND in ("hang", "raise", "slowraise", "kill", "nan") and os.environ.get("RANK") == RANK:
         for layer in model.modules():
             if isinstance(layer, nn.Linear):
                 layer.register_forward_hook(_fault)
@@ -499,6 +511,20 @@ def fault_files(
     return model, path
 
 
+def multi_stage_fault_files(directory: Path, schedule: str) -> tuple[Path, Path]:
+    """(FAULT_MODEL with three Linear layers, units ``0`` ... ``4``; a plan of 2 ranks x 2
+    chunks under the multi-stage ``schedule``, batch 4 in 2 micro-batches)."""
+    model = directory / "faulty5.py"
+    two = "nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 4))"
+    three = "nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 4))"
+    assert two in FAULT_MODEL
+    model.write_text(FAULT_MODEL.replace(two, three))
+    plan = directory / f"plan_{schedule}.json"
+    chunks = [["0"], ["1", "2"], ["3"], ["4"]]
+    make_plan(chunks, 2, 4, schedule=schedule, virtual_stages=2).save(plan)
+    return model, plan
+
+
 class Drill:
     """One torchrun launch of a fault: exit code, merged output, and timings in seconds."""
 
@@ -516,7 +542,7 @@ def torchrun_drill(
     nproc: int,
     command: list[str],
     env_extra: dict[str, str] | None = None,
-    deadline_s: float = 60.0,
+    deadline_s: float = 120.0,
     shell: bool = False,
 ) -> Drill:
     """Run ``torchrun --nproc-per-node NPROC -m autopipe run COMMAND`` (or, with

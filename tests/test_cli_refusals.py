@@ -207,3 +207,28 @@ def test_control_characters_in_unit_names_are_escaped_in_reports(
     out = capsys.readouterr().out + format_profile(Profile.load(saved))
     assert "\x1b" not in out and "\x7f" not in out and "b\nc" not in out
     assert "a\\x1b[31mred" in out and "b\\nc" in out and "emb\U0001f600" in out
+
+
+def test_data_parallel_degree_that_does_not_divide_the_batch(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    saved = _saved_profile(tmp_path)  # batch 8
+    argv = ["plan", str(saved), "--gpus", "32", "--allreduce-bandwidth", "1GB", "-q"]
+    assert main([*argv, "--data-parallel", "32", "--batch-size", "16"]) == 2
+    line = _err_line(capsys)
+    assert line.startswith("autopipe plan: error: --data-parallel 32: D=32 replicas do not")
+    assert "(e.g. 1, 2, 4, 8, 16)" in line and "K=" not in line
+    assert main([*argv, "--data-parallel", "16"]) == 2  # the profile's batch of 8
+    assert "(e.g. 1, 2, 4, 8)" in _err_line(capsys)
+
+
+def test_data_parallel_degree_refused_before_profiling(
+    capsys: pytest.CaptureFixture[str], monkeypatch: Any
+) -> None:
+    def no_profiling(_args: Any) -> Any:
+        raise AssertionError("profiled a request the batch size refuses")
+
+    monkeypatch.setattr(common, "load_profile_or_model", no_profiling)
+    argv = ["plan", GPT, "--gpus", "4", "--allreduce-bandwidth", "1GB", "--batch-size", "6"]
+    assert main([*argv, "--data-parallel", "4"]) == 2
+    assert "D=4 replicas do not divide the batch size 6" in _err_line(capsys)

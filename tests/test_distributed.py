@@ -264,6 +264,23 @@ def test_meta_build_materialises_one_stage(tmp_path: Path) -> None:
         torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
+def test_a_state_dict_of_another_shape_names_the_parameter_and_both_shapes() -> None:
+    model, inputs, _ = tiny_gpt()
+    units = [u for u in trace_units(model, inputs).unit_names]
+    plan = make_plan([units[:4], units[4:]], 2, 8)
+    with torch.device("meta"):
+        meta_model = copy.deepcopy(model).to("meta")
+    other = model.state_dict()
+    other["ln_f.weight"] = torch.zeros(2 * other["ln_f.weight"].shape[0])
+    with pytest.raises(StageSplitError) as err:
+        build_stage(meta_model, plan, inputs, 1, state_dict=other)
+    n = model.state_dict()["ln_f.weight"].shape[0]
+    assert str(err.value) == (
+        f"the state_dict's 'ln_f.weight' has shape [{2 * n}] but the model's is [{n}]; save "
+        "it from the same model with model.state_dict()"
+    )
+
+
 def _check(results: dict, world_size: int, jobs: list[dict]) -> None:
     for job in jobs:
         key = job_key(job, world_size)

@@ -191,6 +191,80 @@ def test_every_bad_profile_number_is_refused(field: str, bad: Any) -> None:
         Profile.from_dict(data)
 
 
+_PROFILE_NUMBERS = [
+    *(f"units.1.{name}" for name in _UNIT_NUMBERS),
+    *(
+        f.name
+        for f in __import__("dataclasses").fields(Profile)
+        if f.type in ("int", "float") and f.name != "version"
+    ),
+    "cut_bytes.1",
+]
+
+
+def _set_profile_number(data: dict[str, Any], field: str, value: Any) -> None:
+    """``data[...]`` at ``units.1.forward_s``, ``cut_bytes.1`` or ``batch_size`` := value."""
+    *path, last = field.split(".")
+    where: Any = data
+    for key in path:
+        where = where[int(key)] if key.isdigit() else where[key]
+    where[int(last) if last.isdigit() else last] = value
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    field=st.sampled_from(_PROFILE_NUMBERS),
+    huge=st.sampled_from([1e308, 10**308, 1.0000001e30, 2 * 10**30, 1e31]),
+)
+def test_a_profile_number_beyond_1e30_is_refused_naming_it(field: str, huge: float) -> None:
+    data = _profile_dict()
+    _set_profile_number(data, field, huge)
+    named = re.escape(field).replace(r"\.1\.", r"\[1\]\.").replace(r"\.1", r"\[1\]")
+    with pytest.raises(ProfileFormatError, match=rf"^{named} is \S+; expected .* 1e\+30\]$"):
+        Profile.from_dict(data)
+
+
+def test_a_profile_of_1e30_values_plans_without_a_warning(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """1e30 (the largest accepted) in every number of a profile: the planner's arithmetic
+    stays finite, even at a batch of 10^18 from a profile of 8 (a 1e308 gave 13 numpy
+    overflow warnings and an infinite plan)."""
+    data = _profile_dict()
+    for field in _PROFILE_NUMBERS:
+        if not field.endswith(("overhead_s", "tp_compute_fraction", "batch_size")):
+            _set_profile_number(
+                data, field, 10**30 if "bytes" in field or "count" in field else 1e30
+            )
+    saved = tmp_path / "profile.json"
+    saved.write_text(json.dumps(data))
+    import warnings
+
+    for schedule in ("gpipe", "interleaved-1f1b", "zbv"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            for batch in ([], ["--batch-size", str(10**18)]):
+                argv = ["plan", str(saved), "--gpus", "2", "--schedule", schedule, "--json"]
+                assert main([*argv, *batch]) == 0
+                out, err = capsys.readouterr()
+                assert err == ""
+                assert 0 < json.loads(out)["iteration_time_s"] < math.inf
+
+
+def test_a_forward_of_1e308_is_one_line_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = _profile_dict()
+    data["units"][1]["forward_s"] = 1e308
+    saved = tmp_path / "profile.json"
+    saved.write_text(json.dumps(data))
+    assert main(["plan", str(saved), "--gpus", "2"]) == 2
+    assert _error(capsys) == (
+        f"autopipe plan: error: {saved}: units[1].forward_s is 1e+308; expected a finite "
+        "number in [0, 1e+30]"
+    )
+
+
 @settings(
     max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )

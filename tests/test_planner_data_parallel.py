@@ -99,3 +99,26 @@ def test_rank_layout_checks_stages_times_replicas() -> None:
     assert rank_layout(3, 4, 2, replicas=2).replicas == 2
     with pytest.raises(PlanWorldSizeError, match="2 stages x 3 replicas = 6"):
         rank_layout(0, 4, 2, replicas=3)
+
+
+def test_fixed_replicas_name_only_their_own_layout() -> None:
+    from autopipe.planner import PlanningError, plan_data_parallel
+
+    # D = 2 of 32 GPUs is K = 16, more stages than the 8 units: the one layout D allows.
+    with pytest.raises(PlanningError) as err:
+        plan_data_parallel(_profile(), 32, replicas=2, allreduce_bandwidth_bytes_per_s=1e9)
+    assert str(err.value) == (
+        "no K x D split of 32 devices works: K=16: 16 stages need at least 16 units"
+    )
+
+
+def test_fixed_replicas_must_divide_the_batch() -> None:
+    from autopipe.planner import PlanningError, plan_data_parallel
+
+    with pytest.raises(PlanningError) as err:
+        plan_data_parallel(
+            _profile(), 32, replicas=32, batch_size=16, allreduce_bandwidth_bytes_per_s=1e9
+        )
+    message = str(err.value)
+    assert "D=32 replicas do not divide the batch size 16" in message
+    assert "(e.g. 1, 2, 4, 8, 16)" in message and "K=" not in message

@@ -103,11 +103,12 @@ def _end_progress_bars() -> None:
     A bar left open holds a half-written line on stderr (tqdm redraws it with carriage
     returns, never a newline): closing it clears it on a terminal; in a log, where the
     clearing shows as spaces, a newline ends it."""
-    try:
-        from tqdm import tqdm
-    except ImportError:
+    # Without tqdm imported there is no bar; importing it only to find none would delay
+    # the error line (a rank that torchrun is about to stop has little time).
+    module = sys.modules.get("tqdm")
+    if module is None:
         return
-    bars = list(getattr(tqdm, "_instances", ()))
+    bars = list(getattr(module.tqdm, "_instances", ()))
     for bar in bars:
         bar.close()
     if bars and not sys.stderr.isatty():

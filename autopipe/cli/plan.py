@@ -221,6 +221,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
             f"--data-parallel {args.data_parallel} does not divide --gpus {args.gpus}: the "
             "GPUs are K stages x D replicas; give a divisor of --gpus or auto"
         )
+    if args.batch_size:
+        _check_replicas(args, args.batch_size)  # before spending time profiling
     _check_schedule_rules(args)  # before spending time profiling
     profile, target = common.load_profile_or_model(args)
     from autopipe.planner import PlanningError, RuleViolation, plan
@@ -231,6 +233,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
             f"{len(profile.units)} or a finer --granularity (module or node)"
         )
     batch = args.batch_size or profile.batch_size
+    _check_replicas(args, batch)
     m = args.microbatches
     if isinstance(m, int) and batch % m:  # bad input (the planner would call it a failure)
         from autopipe.planner.search import divisor_hint
@@ -366,6 +369,19 @@ def _cluster(
     if cluster is None:
         return Cluster.homogeneous(args.gpus, profile.device, args.memory, host_throughput=shared)
     return dataclasses.replace(cluster, host_throughput=shared)
+
+
+def _check_replicas(args: argparse.Namespace, batch: int) -> None:
+    """``--data-parallel D`` must divide the global batch: one line naming the D that do."""
+    if not isinstance(args.data_parallel, int):
+        return
+    from autopipe.planner import PlanningError
+    from autopipe.planner.data_parallel import check_replicas_divide_batch
+
+    try:
+        check_replicas_divide_batch(args.data_parallel, args.gpus, batch)
+    except PlanningError as exc:
+        raise common.UsageError(f"--data-parallel {args.data_parallel}: {exc}") from exc
 
 
 def _plan_data_parallel(

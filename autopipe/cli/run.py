@@ -21,7 +21,8 @@ import stat
 import statistics
 import sys
 import tempfile
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -177,11 +178,86 @@ def register(sub: common.Subparsers) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from autopipe.runtime.distributed.process import LaunchError, init_distributed
-
     if os.environ.get("RANK", "").isdigit():
         # torchrun interleaves every rank's output: each line says whose it is.
         common.set_line_prefix(f"[rank {os.environ['RANK']}] ")
+    with one_line_per_rank(verbose=args.verbose):
+        return _run(args)
+
+
+class Terminated(BaseException):
+    """torchrun stopped this rank (SIGTERM) while it was not failing itself. A
+    BaseException, as KeyboardInterrupt, so that no ``except Exception`` swallows it."""
+
+
+TERMINATION_GRACE_S = 2.0
+"""How long a rank that torchrun stops (SIGTERM) keeps going before it ends with a line
+saying so: long enough for a rank a moment from its own error (the peers of a rank that
+failed at start-up fail alike an instant later) to report that instead."""
+
+
+@contextlib.contextmanager
+def one_line_per_rank(verbose: bool = False) -> Iterator[None]:
+    """While training, every rank ends in exactly one error line of its own:
+
+    - torch.distributed.pipelining's multi-stage schedules log an error and the whole
+      action table (48 lines for 2 ranks x 2 chunks) before re-raising a stage's exception,
+      which this rank reports in one line anyway: those log records are dropped (kept with
+      ``-v``).
+    - torchrun sends SIGTERM to the other ranks as soon as one exits; its default action
+      killed a rank silently, even one a moment from printing its own error. Now a rank
+      already raising its own error ignores the signal, so that its line gets out (it
+      exits right after; torchrun sends SIGKILL 30 s later anyway), and any other rank
+      ends :data:`TERMINATION_GRACE_S` later (SIGALRM) with a line saying it was stopped,
+      unless its own error comes first. Once an error leaves this block the signals stay
+      ignored: the CLI prints the error after it, then the process exits.
+    """
+    import logging
+    import signal
+
+    schedules = logging.getLogger("torch.distributed.pipelining.schedules")
+
+    def table(record: logging.LogRecord) -> bool:
+        return verbose or record.levelno < logging.ERROR
+
+    failing = False
+
+    def on_signal(signum: int, frame: Any) -> None:
+        if failing or sys.exc_info()[1] is not None:
+            return  # this rank is reporting its own error (and exits right after)
+        if signum == signal.SIGTERM:
+            signal.setitimer(signal.ITIMER_REAL, TERMINATION_GRACE_S)
+            return
+        raise Terminated
+
+    schedules.addFilter(table)
+    handled = (signal.SIGTERM, signal.SIGALRM)
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = [signal.signal(s, on_signal) for s in handled] if main_thread else []
+    try:
+        yield
+    except BaseException as exc:
+        # The handlers stay, ignoring the signals, until the process has printed this
+        # error (in the CLI's main, after this block) and exited.
+        failing = True
+        if isinstance(exc, Terminated):
+            raise common.Failure(
+                "stopped by SIGTERM (torchrun stops every rank once one exits): another "
+                "rank's error says why"
+            ) from None
+        raise
+    finally:
+        schedules.removeFilter(table)
+        if main_thread:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            if not failing:
+                for s, handler in zip(handled, previous, strict=True):
+                    signal.signal(s, signal.SIG_DFL if handler is None else handler)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from autopipe.runtime.distributed.process import LaunchError, init_distributed
+
     common.check_output_path(args.json, "--json", inputs=[args.model, args.plan, args.state_dict])
     common.check_output_path(
         args.trace, "--trace", inputs=[args.model, args.plan, args.state_dict, args.json]

@@ -16,6 +16,13 @@ from typing import Any
 
 from autopipe.core.errors import AutopipeError
 
+LARGEST_PROFILE_VALUE = 1e30
+"""The largest number a profile may hold (seconds, bytes, FLOPs, counts, the batch size):
+far beyond any real model (10^30 FLOPs is a trillion-parameter model over 10^17 samples),
+and small enough that the planner's sums and products of such values (by batch ratios up to
+10^24, micro-batch counts, ranks, bytes per parameter) stay finite in float64, so a
+hand-edited 1e308 is refused on load instead of overflowing into infinite times."""
+
 
 class FieldError(AutopipeError, ValueError):
     """One field of a loaded profile or plan has a value it must not have.
@@ -36,14 +43,25 @@ def check_number(
     kind = "an integer" if integer else "a finite number"
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise FieldError(field, f"is {value!r}; expected {kind}")
+    shown = _shown(value)
     if not math.isfinite(value):
-        raise FieldError(field, f"is {value!r}; expected {kind}")
-    if integer and not float(value).is_integer():
-        raise FieldError(field, f"is {value!r}; expected {kind}")
+        raise FieldError(field, f"is {shown}; expected {kind}")
+    if integer and isinstance(value, float) and not value.is_integer():
+        raise FieldError(field, f"is {shown}; expected {kind}")
     if not minimum <= value <= maximum:
         bound = f">= {minimum:g}" if maximum == math.inf else f"in [{minimum:g}, {maximum:g}]"
-        raise FieldError(field, f"is {value!r}; expected {kind} {bound}")
+        raise FieldError(field, f"is {shown}; expected {kind} {bound}")
     return int(value) if integer else value
+
+
+def _shown(value: int | float) -> str:
+    """``value`` for an error line: ``repr``, but an integer of more than 16 digits in
+    ``1.000e+308`` form (a hand-edited 10^308 would otherwise print 309 digits)."""
+    digits = str(abs(value)) if isinstance(value, int) else ""
+    if len(digits) <= 16:
+        return repr(value)
+    sign = "-" if value < 0 else ""
+    return f"{sign}{digits[0]}.{digits[1:4]}e+{len(digits) - 1}"
 
 
 def _check_value(field: str, annotation: str, value: Any, minimum: float, maximum: float) -> Any:
@@ -84,16 +102,16 @@ def check_dataclass(
     record: Any,
     prefix: str = "",
     bounds: Mapping[str, tuple[float, float]] | None = None,
+    maximum: float = math.inf,
 ) -> None:
     """Check (and normalise, e.g. ``64.0`` -> ``64`` for ``int`` fields) every field of the
     dataclass instance ``record`` against its annotation; numbers must be finite and at
-    least 0 unless ``bounds`` gives ``{name: (minimum, maximum)}``. ``prefix`` names the
+    least 0 and at most ``maximum`` unless ``bounds`` gives ``{name: (minimum, maximum)}``
+    (a bound of its own for that field). ``prefix`` names the
     record in the error, e.g. ``"units[3]."``. Raises :class:`FieldError`."""
     bounds = bounds or {}
     for f in dataclasses.fields(record):
         annotation = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", "")
-        minimum, maximum = bounds.get(f.name, (0, math.inf))
-        value = _check_value(
-            f"{prefix}{f.name}", annotation, getattr(record, f.name), minimum, maximum
-        )
+        low, high = bounds.get(f.name, (0, maximum))
+        value = _check_value(f"{prefix}{f.name}", annotation, getattr(record, f.name), low, high)
         setattr(record, f.name, value)

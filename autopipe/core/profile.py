@@ -8,7 +8,6 @@ are bytes at ``Profile.batch_size`` samples unless a field says otherwise.
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,7 +15,7 @@ from typing import Any
 
 from autopipe.core.datafile import atomic_write_json, check_version, known_fields, load_json_file
 from autopipe.core.errors import AutopipeError
-from autopipe.core.fields import FieldError, check_dataclass
+from autopipe.core.fields import LARGEST_PROFILE_VALUE, FieldError, check_dataclass
 
 __all__ = [
     "PROFILE_VERSION",
@@ -210,12 +209,16 @@ class Profile:
 
     def validate(self) -> None:
         """Raise :class:`ProfileFormatError` naming the first field whose value cannot be
-        right: a negative, NaN or infinite time or size, a non-positive batch size or
+        right: a negative, NaN or infinite time or size, one above ``LARGEST_PROFILE_VALUE``
+        (1e30, where the planner's arithmetic would overflow), a non-positive batch size or
         ``bytes_per_parameter``, duplicate unit names, or no time measured at all."""
         try:
-            at_least_one = (1, math.inf)
+            largest = LARGEST_PROFILE_VALUE
+            at_least_one = (1, largest)
             check_dataclass(
-                self, bounds={"batch_size": at_least_one, "bytes_per_parameter": at_least_one}
+                self,
+                bounds={"batch_size": at_least_one, "bytes_per_parameter": at_least_one},
+                maximum=largest,
             )
             if not self.units:
                 raise FieldError("units", "is empty; a profile needs at least one unit")
@@ -223,7 +226,7 @@ class Profile:
             for i, unit in enumerate(self.units):
                 if not isinstance(unit, UnitProfile):
                     raise FieldError(f"units[{i}]", "is not a unit record")
-                check_dataclass(unit, prefix=f"units[{i}].")
+                check_dataclass(unit, prefix=f"units[{i}].", maximum=largest)
                 if not unit.name:
                     raise FieldError(f"units[{i}].name", "is empty; every unit needs a name")
                 if unit.name in seen:

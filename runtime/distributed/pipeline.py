@@ -137,6 +137,22 @@ def materialize_stage(
     )[0]
 
 
+def check_state_dict_shapes(
+    own: Mapping[str, torch.Tensor], given: Mapping[str, torch.Tensor]
+) -> None:
+    """StageSplitError naming the first entry of ``given`` whose shape differs from the one
+    of that name in ``own`` (a model's or a chunk's ``state_dict()``, on meta or not); torch's
+    load_state_dict lists them all over many lines, the first of which says only that
+    loading failed."""
+    for name, tensor in given.items():
+        mine = own.get(name)
+        if mine is not None and tuple(tensor.shape) != tuple(mine.shape):
+            raise StageSplitError(
+                f"the state_dict's {name!r} has shape {list(tensor.shape)} but the model's is "
+                f"{list(mine.shape)}; save it from the same model with model.state_dict()"
+            )
+
+
 def materialize_chunks(
     planned: PlannedStages,
     plan: Plan,
@@ -185,6 +201,7 @@ def materialize_chunks(
                     f"the state_dict lacks {len(missing)} of stage {c}'s entries (first: "
                     f"{missing[0]!r}); save it from the same model class with model.state_dict()"
                 )
+            check_state_dict_shapes(own, wanted)
             wanted_by_chunk.append(wanted)
         if on_meta:
             _to_empty_keeping_ties([m.body for m in modules], device)
@@ -337,6 +354,8 @@ class DistributedPipeline:
         # difference, on every rank.
         cut_error: Exception | None = None
         try:
+            if state_dict is not None:  # weights of another model: refused like a bad cut
+                check_state_dict_shapes(model.state_dict(), state_dict)
             planned: PlannedStages | None = partition(model, example_inputs, plan)
         except Exception as exc:  # every rank hears of it before any raises
             planned, cut_error = None, exc
