@@ -13,8 +13,9 @@ from autopipe.planner.data_parallel import (
     plan_data_parallel,
 )
 from autopipe.planner.errors import PlanningError, RuleViolation
+from autopipe.planner.planning import plan
 from autopipe.planner.preflight import check_plan, preflight
-from autopipe.planner.search import STRATEGIES, plan
+from autopipe.planner.search import STRATEGIES
 from autopipe.planner.simulate import Simulation, simulate, simulate_plan
 from autopipe.planner.sweep import min_gpus, plan_each_schedule, scaling_report
 

@@ -165,7 +165,7 @@ def plan_data_parallel(
     ``batch_size``, ``iteration_time_s`` = pipeline + all-reduce, ``throughput`` over the global
     batch, and every candidate in ``meta["data_parallel"]``. Raises ``PlanningError``.
     """
-    from autopipe.planner.search import plan
+    from autopipe.planner.planning import plan
 
     if total_gpus < 1:
         raise PlanningError(f"total_gpus={total_gpus} must be a positive integer")

@@ -33,7 +33,14 @@ from autopipe.planner.mesh_costs import (
     sharded_state_bytes_per_parameter,
     tp_collective_s,
 )
-from autopipe.planner.search import MAX_AUTO_MICROBATCHES, CannotBeat, divisors
+from autopipe.planner.search import (
+    MAX_AUTO_MICROBATCHES,
+    CannotBeat,
+    _positive_int,
+    divisors,
+    plan_pipeline,
+    training_state,
+)
 
 from autopipe.core.cluster import Cluster, Device
 from autopipe.core.humanize import format_bytes, format_seconds
@@ -306,7 +313,6 @@ def plan_mesh(
     (gather buffers included), and every mesh tried in ``meta["mesh"]["candidates"]`` (best
     first, each with why it loses).
     Raises ``RuleViolation`` for a bad request, ``PlanningError`` when no mesh fits."""
-    from autopipe.planner.search import _positive_int, plan_pipeline, training_state
 
     inner = plan_pipeline
     if request.cluster is not None:

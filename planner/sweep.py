@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from autopipe.planner.errors import PlanningError
-from autopipe.planner.search import plan
+from autopipe.planner.planning import plan
 
 from autopipe.core.cluster import Cluster, Device
 from autopipe.core.plan import PLAN_SCHEDULES, Plan

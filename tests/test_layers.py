@@ -44,3 +44,66 @@ def _violations(folder: str, allowed_autopipe: tuple[str, ...]) -> list[str]:
 )
 def test_layer_imports(folder: str, allowed: tuple[str, ...]) -> None:
     assert _violations(folder, allowed) == []
+
+
+_PACKAGES = {"autopipe": "autopipe", "profiler": "autopipe.profiler", "planner": "autopipe.planner",
+             "runtime": "autopipe.runtime"}  # fmt: skip
+"""Repository folder -> the package it installs as (pyproject's package-dir)."""
+
+
+def _modules() -> dict[str, Path]:
+    """Every module of the installed package, by its import name."""
+    found = {}
+    for folder, package in _PACKAGES.items():
+        for path in (ROOT / folder).rglob("*.py"):
+            parts = list(path.relative_to(ROOT / folder).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            found[".".join([package, *parts])] = path
+    return found
+
+
+def _runtime_imports(path: Path, name: str, modules: dict[str, Path]) -> set[str]:
+    """The package's modules that ``path`` imports when it runs, at any depth (imports inside
+    functions included; ``if TYPE_CHECKING:`` blocks left out: they never run). ``from pkg
+    import sub`` imports the module ``pkg.sub`` where there is one."""
+    package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+    out: set[str] = set()
+
+    def visit(node: ast.AST) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
+                for orelse in child.orelse:
+                    visit(orelse)
+                continue
+            if isinstance(child, ast.Import):
+                out.update(a.name for a in child.names if a.name in modules)
+            elif isinstance(child, ast.ImportFrom):
+                base = child.module or ""
+                if child.level:
+                    stem = package[: len(package) - child.level + 1]
+                    base = ".".join([*stem, *([child.module] if child.module else [])])
+                for alias in child.names:
+                    sub = f"{base}.{alias.name}"
+                    target = sub if sub in modules else base
+                    if target in modules and target != name:
+                        out.add(target)
+            visit(child)
+
+    visit(ast.parse(path.read_text(), str(path)))
+    return out
+
+
+def test_no_import_cycles() -> None:
+    """No module imports, directly or through others, a module that imports it back: not at
+    the top, and not inside a function (a lazy import that only hides a cycle)."""
+    import networkx as nx
+
+    modules = _modules()
+    graph = nx.DiGraph()
+    for name, path in modules.items():
+        graph.add_node(name)
+        graph.add_edges_from((name, t) for t in _runtime_imports(path, name, modules))
+    assert len(graph) > 100 and graph.number_of_edges() > 300  # the graph was really read
+    cycles = [" -> ".join([*c, c[0]]) for c in nx.simple_cycles(graph, length_bound=8)]
+    assert cycles == []

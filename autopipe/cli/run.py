@@ -316,9 +316,10 @@ def _train(args: argparse.Namespace, plan: Plan, mf: ModelFile, rank: int, world
 
     from autopipe.modelfile import ModelFileError
     from autopipe.runtime.distributed.agree import nonfinite
+    from autopipe.runtime.distributed.failures import PipelineRankError
     from autopipe.runtime.distributed.layout import PlanWorldSizeError
     from autopipe.runtime.distributed.mesh import uses_mesh
-    from autopipe.runtime.distributed.pipeline import DistributedPipeline, PipelineRankError
+    from autopipe.runtime.distributed.pipeline import DistributedPipeline
     from autopipe.runtime.distributed.process import shutdown
     from autopipe.runtime.distributed.stages import StageSplitError
 
@@ -524,7 +525,7 @@ def save_checkpoint(pipe: Any, directory: str) -> None:
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
 
-    from autopipe.runtime.distributed.pipeline import _short_cause as short_cause
+    from autopipe.runtime.distributed.failures import short_cause
 
     target = Path(directory)
     rank = dist.get_rank()

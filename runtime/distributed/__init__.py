@@ -21,7 +21,7 @@ from autopipe.core.lazy import lazy_attributes
 
 _LAZY = {
     "DistributedPipeline": "autopipe.runtime.distributed.pipeline",
-    "PipelineRankError": "autopipe.runtime.distributed.pipeline",
+    "PipelineRankError": "autopipe.runtime.distributed.failures",
     "build_stage": "autopipe.runtime.distributed.pipeline",
     "materialize_stage": "autopipe.runtime.distributed.pipeline",
     "materialize_chunks": "autopipe.runtime.distributed.pipeline",

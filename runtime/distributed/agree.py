@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from autopipe.runtime.distributed.failures import PipelineRankError, is_comm_failure, short_cause
 from autopipe.runtime.partition import PlannedStages
 from torch import fx, nn
 
@@ -165,21 +166,15 @@ def graph_fingerprint(planned: PlannedStages) -> dict[str, Any]:
 @contextlib.contextmanager
 def _collective(what: str) -> Iterator[None]:
     """Turn a peer's failure or silence during a collective into one clear error."""
-    # Imported here: pipeline.py imports this module.
-    from autopipe.runtime.distributed.pipeline import (
-        PipelineRankError,
-        _is_comm_failure,
-        _short_cause,
-    )
 
     try:
         yield
     except Exception as exc:
-        if not _is_comm_failure(exc):
+        if not is_comm_failure(exc):
             raise
         raise PipelineRankError(
             f"rank {dist.get_rank()}: could not {what}: a peer rank failed or did not answer "
-            f"within the process-group timeout ({_short_cause(exc)})"
+            f"within the process-group timeout ({short_cause(exc)})"
         ) from exc
 
 

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -44,6 +43,12 @@ from autopipe.profiler.inputs import InputBinder, batch_rows, batch_size_of, spl
 from autopipe.profiler.objective import LossFn, loss_term
 from autopipe.profiler.weight_pass import reuse_reason
 from autopipe.runtime.distributed.agree import check_same_plan
+from autopipe.runtime.distributed.failures import (
+    PipelineRankError,
+    is_comm_failure,
+    one_line,
+    short_cause,
+)
 from autopipe.runtime.distributed.layout import RankLayout, rank_layout
 from autopipe.runtime.distributed.mesh import (
     adopt_modules,
@@ -81,10 +86,6 @@ ZERO_BUBBLE = frozenset(SPLIT_BACKWARD_SCHEDULES)
 class ScheduleRuleError(AutopipeError, ValueError):
     """The plan breaks a rule of its schedule (one line naming the rule, the planner's
     pre-flight: :mod:`autopipe.planner.preflight`), or torch's constructor refused it."""
-
-
-class PipelineRankError(AutopipeError, RuntimeError):
-    """A peer rank failed or stopped answering: this rank cannot continue."""
 
 
 def build_stage(
@@ -265,30 +266,6 @@ def _slice_batch(tree: Any, start: int, stop: int) -> Any:
     return batch_rows(tree, start, stop)
 
 
-def _short_cause(exc: BaseException) -> str:
-    """The gist of a backend error: first line, without gloo's source location and advice."""
-    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    text = re.sub(r"^\[[^\]]*\.(cc|cpp|h):\d+\]\s*", "", text)
-    return text.split(". This is typically")[0]
-
-
-def _one_line(exc: BaseException) -> str:
-    """``Type: first line of the message``, as ranks compare and report an error."""
-    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-
-
-def _is_comm_failure(exc: BaseException) -> bool:
-    """Errors that mean a peer is gone or silent rather than a bug in this rank's compute."""
-    if isinstance(exc, dist.DistError):
-        return True
-    text = str(exc).lower()
-    return any(
-        key in text
-        for key in ("connection closed", "connection reset", "timed out", "timeout", "broken pipe")
-    )
-
-
 class RankChunks(nn.Module):
     """This rank's chunks (:class:`StageModule`, model order) as one module: ``parameters()``
     lists a parameter two chunks share once, so one optimizer (and one replica average)
@@ -359,7 +336,7 @@ class DistributedPipeline:
             planned: PlannedStages | None = partition(model, example_inputs, plan)
         except Exception as exc:  # every rank hears of it before any raises
             planned, cut_error = None, exc
-        check_same_plan(plan, model, planned, _one_line(cut_error) if cut_error else None)
+        check_same_plan(plan, model, planned, one_line(cut_error) if cut_error else None)
         # Then the schedule's rules, the same on every rank: all of them refuse at once.
         # The planner's pre-flight is the one statement of the rules torch enforces.
         problems = preflight(plan)
@@ -598,8 +575,8 @@ class DistributedPipeline:
             with timed:
                 loss = self._step(inputs, target)
         except Exception as exc:
-            if _is_comm_failure(exc):
-                first = _short_cause(exc)
+            if is_comm_failure(exc):
+                first = short_cause(exc)
                 raise PipelineRankError(
                     f"rank {layout.rank} (stage {layout.stage}, replica {layout.replica}): the "
                     f"pipeline broke in step {self.steps + 1}: a peer rank failed or did not answer "
