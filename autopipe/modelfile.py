@@ -150,7 +150,7 @@ def load_model_file(spec: str) -> ModelFile:
     )
 
 
-NOT_FACTORIES = ("example_inputs", "loss_fn")
+NOT_FACTORIES = ("example_inputs", "loss_fn", "tp_plan")
 """Names a model file defines for other roles (``example_inputs_FACTORY`` included)."""
 
 

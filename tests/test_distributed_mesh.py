@@ -262,7 +262,12 @@ def test_wrong_world_size_is_one_line_on_every_rank(tmp_path: Path) -> None:
         env={**os.environ, "PYTHONHASHSEED": "0"},
     )  # fmt: skip
     assert result.returncode != 0
-    lines = [line for line in result.stderr.splitlines() if "pp 2 x dp 1 x tp 2" in line]
+    # The ranks' own lines (torchrun's failure summary quotes them again, indented).
+    lines = [
+        line
+        for line in result.stderr.splitlines()
+        if line.startswith("[rank") and "pp 2 x dp 1 x tp 2" in line
+    ]
     assert sorted(line.split("]")[0] for line in lines) == ["[rank 0", "[rank 1"], result.stderr
     assert all("launch 4" in line for line in lines)
 
