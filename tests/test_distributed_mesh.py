@@ -287,3 +287,43 @@ def test_mesh_plans_this_runtime_does_not_run_are_refused_in_one_line() -> None:
         with pytest.raises(MeshPlanError, match=words) as exc:
             check_mesh_plan(plan, tied)
         assert "\n" not in str(exc.value)
+
+
+@pytest.mark.slow
+def test_a_planned_hugging_face_tp_mesh_trains_and_replays(tmp_path: Path) -> None:
+    """The join of the three layers on a model autopipe did not write: a Hugging Face Llama
+    planned for PP 2 x TP 2 by the planner (its TP plan from the model), trained by torchrun
+    on 4 processes at the planned M, traced, and replayed through the planner's simulator.
+    Before, the planned TP plan named the embedding (embedding_rowwise), and every rank
+    refused it at start-up."""
+    plan_path, trace = tmp_path / "mesh.json", tmp_path / "trace.json"
+    model = str(ROOT / "examples" / "hf_llama.py")
+    env = {**os.environ, "PYTHONHASHSEED": "0", "AUTOPIPE_CACHE_DIR": str(tmp_path / "cache")}
+    planned = subprocess.run(
+        [sys.executable, "-m", "autopipe", "plan", model, "--gpus", "4", "--tensor-parallel", "2",
+         "--data-parallel", "1", "--json", str(plan_path), "-q"],
+        capture_output=True, text=True, cwd=ROOT, timeout=300, env=env,
+    )  # fmt: skip
+    assert planned.returncode == 0, planned.stderr
+    plan = json.loads(plan_path.read_text())
+    assert (plan["num_stages"], plan["tensor_parallel"]) == (2, 2)
+    assert "model.embed_tokens" not in plan["tp_plan"] and plan["tp_plan"]
+    run = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "4",
+         "--master-port", str(free_port()), "-m", "autopipe", "run", model,
+         "--plan", str(plan_path), "--steps", "3", "--timeout", "120", "--trace", str(trace)],
+        capture_output=True, text=True, cwd=ROOT, timeout=600, env=env,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert f"{plan['microbatches']} micro-batches" in run.stdout + run.stderr
+    out = tmp_path / "replay.json"
+    replayed = subprocess.run(
+        [sys.executable, "-m", "autopipe", "replay", str(trace), "--plan", str(plan_path),
+         "--json", str(out)],
+        capture_output=True, text=True, cwd=ROOT, timeout=120, env=env,
+    )  # fmt: skip
+    assert replayed.returncode == 0, replayed.stderr
+    steps = json.loads(out.read_text())["steps"]
+    assert [s["step"] for s in steps] == [1, 2, 3]
+    for s in steps:
+        assert s["order_differs"] == [] and abs(s["error"]) < 1e-6, s
