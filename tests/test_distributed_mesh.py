@@ -89,21 +89,12 @@ def reference(
 ) -> tuple[list[float], dict[str, torch.Tensor]]:
     """One process: the plain model trained on the global batch (BATCH x replicas) with
     the plan's optimizer; its losses and its ``state_dict()`` after."""
-    from autopipe.profiler.inputs import call_model
-    from autopipe.profiler.objective import default_loss
+    from zoo import train_plain
 
     built = getattr(mesh_models, model)()
     inputs = getattr(mesh_models, f"example_inputs_{model}")(BATCH * replicas)
     momentum = 0.9 if optimizer == "sgd-momentum" else 0.0
-    opt = torch.optim.SGD(built.parameters(), lr=LR, momentum=momentum)
-    losses = []
-    for _ in range(STEPS):
-        opt.zero_grad()
-        loss = default_loss(call_model(built, inputs), inputs)
-        loss.backward()
-        opt.step()
-        losses.append(float(loss.detach()))
-    return losses, built.state_dict()
+    return train_plain(built, inputs, LR, steps=STEPS, momentum=momentum)
 
 
 SPLIT_AND_REPLICATED = {

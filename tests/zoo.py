@@ -570,14 +570,14 @@ def reference_training(
 
 
 def train_plain(
-    model: nn.Module, inputs: Any, lr: float, steps: int = 2
+    model: nn.Module, inputs: Any, lr: float, steps: int = 2, momentum: float = 0.0
 ) -> tuple[list[float], dict[str, torch.Tensor]]:
-    """``model`` trained in place ``steps`` SGD steps (``lr``) on the whole batch ``inputs``
-    with the default objective: its losses and its ``state_dict()`` after."""
+    """``model`` trained in place ``steps`` SGD steps (``lr``, ``momentum``) on the whole batch
+    ``inputs`` with the default objective: its losses and its ``state_dict()`` after."""
     from autopipe.profiler.inputs import call_model
     from autopipe.profiler.objective import default_loss
 
-    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
     losses = []
     for _ in range(steps):
         optimizer.zero_grad()
