@@ -181,7 +181,7 @@ def test_spec_file_missing_and_bad_json(tmp_path) -> None:
 def test_planner_device_and_cluster() -> None:
     device = Device.from_spec("a100-80gb")
     assert isinstance(device, Device)
-    assert device.memory_bytes == 80 * 10**9
+    assert device.memory_bytes == 81920 * 2**20  # the driver-reported total (REPORTED_MIB)
     assert device.link_bandwidth_bytes_per_s == 300e9
     cluster = Cluster.from_catalog("h100-sxm", 8, memory_bytes=70 * 10**9)
     assert isinstance(cluster, Cluster) and len(cluster) == 8

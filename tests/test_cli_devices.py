@@ -20,7 +20,7 @@ def _plan(capsys: pytest.CaptureFixture[str], *flags: str) -> dict:
 def test_catalog_device_sets_memory_and_names(capsys: pytest.CaptureFixture[str]) -> None:
     data = _plan(capsys, "--gpus", "4", "--device", "h100-sxm")
     assert [s["device"] for s in data["stages"]] == ["H100-SXM-80GB"] * 4
-    assert data["memory_per_device"] == 80 * 10**9
+    assert data["memory_per_device"] == 81559 * 2**20  # nvidia-smi's total
     assert data["profile_mode"] == "analytic"
 
 

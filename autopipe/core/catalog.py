@@ -13,8 +13,12 @@ Conventions (all entries follow them):
   (non-tensor-core) FP32; ``"tfloat32"`` is the TF32 tensor-core rate, used only when
   the caller allows TF32. ``"bfloat16"``/``"float16"`` are tensor-core rates with FP32
   accumulation (what mixed-precision training uses).
-* ``memory_bytes`` is the marketed capacity in decimal bytes (80 GB -> 80e9); the
-  usable amount differs slightly, so plans should keep some headroom anyway.
+* ``memory_bytes`` is the total the driver reports (``nvidia-smi``'s total, which is
+  ``torch.cuda.get_device_properties(i).total_memory``), so that a catalog device and the
+  same device measured agree: an "80GB" H100 reports 81559 MiB = 85.5e9 bytes, 7% more than
+  80e9. Where no reported total is recorded (``REPORTED_MIB``) the marketed capacity is read
+  as decimal bytes (80 GB -> 80e9), which errs small. Plans keep headroom for the CUDA
+  context and the allocator on top.
 * ``link_bandwidth_bytes_per_s`` is *per direction* between two adjacent pipeline
   devices in the usual 8-GPU platform (datasheets quote NVLink bidirectional totals,
   which are halved here).
@@ -180,6 +184,17 @@ def _gpu(
         source=source,
         aliases=aliases,
     )
+
+
+REPORTED_MIB = {
+    "A100-40GB": 40960,
+    "A100-80GB": 81920,
+    "H100-SXM-80GB": 81559,
+    "L4-24GB": 23034,
+    "L40S-48GB": 46068,
+}
+"""Total device memory as ``nvidia-smi`` reports it (MiB), where a recorded figure exists
+(source: the totals listed in https://github.com/modal-labs/modal-client/pull/2797)."""
 
 
 _ENTRIES = [
@@ -412,6 +427,12 @@ _ENTRIES = [
         inter_node_source=_INTER_NODE[spec.name][2],
     )
     if spec.name in _INTER_NODE
+    else spec
+    for spec in _ENTRIES
+]
+_ENTRIES = [
+    dataclasses.replace(spec, memory_bytes=REPORTED_MIB[spec.name] * 2**20)
+    if spec.name in REPORTED_MIB
     else spec
     for spec in _ENTRIES
 ]
