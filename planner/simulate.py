@@ -499,65 +499,16 @@ def simulate_schedule(
     ranks = chunk_ranks(schedule, k, v)
     if orders is None:
         orders = rank_orders(schedule, k, v, microbatches)
-    m = microbatches
-    last = n_chunks - 1
-    own = action_s or {}
-    delays = arrival_delay_s or {}
-
-    def secs(c: int, mb: int, phase: str, default: float) -> float:
-        return own.get(Action(c, mb, phase), default)
-
-    def delay(c: int, mb: int, phase: str) -> float:
-        return delays.get(Action(c, mb, phase), 0.0)
-
-    # Keys of the values tasks wait for, as flat indices: the input of (c, mb) at
-    # c * m + mb, the gradient of its output at (n_chunks + c) * m + mb.
-    grad0 = n_chunks * m
-    ready = [-1.0] * (2 * n_chunks * m)
-    for mb in range(m):
-        ready[mb] = 0.0  # chunk 0's inputs are there from the start
-    programs: list[_Program] = []
-    for r in range(k):
-        prog: _Program = []
-        for a in orders[r]:
-            c, mb, phase = a.stage, a.microbatch, a.phase
-            w = chunks[c]
-            if phase == "forward":
-                f = secs(c, mb, phase, w.forward_s)
-                late = delay(c, mb, phase)
-                if c == last:  # the loss: the last chunk's backward may start after it
-                    prog.append(("forward", c, mb, f, c * m + mb, grad0 + c * m + mb, late))
-                elif ranks[c + 1] != r and w.send_s > 0:
-                    prog.append(("forward", c, mb, f, c * m + mb, -1, 0.0))
-                    prog.append(("send", c, mb, w.send_s, -1, (c + 1) * m + mb, late))
-                else:
-                    prog.append(("forward", c, mb, f, c * m + mb, (c + 1) * m + mb, late))
-            elif phase in ("backward", "backward_input"):
-                if phase == "backward":
-                    seconds = w.backward_s
-                elif w.backward_input_s + w.backward_weight_s > 0 or w.backward_s <= 0:
-                    # (a chunk with no backward at all, e.g. only rotary embeddings, splits
-                    # into nothing)
-                    seconds = w.backward_input_s
-                else:
-                    raise ValueError(
-                        f"chunk {c} has no backward_input_s/backward_weight_s split, which "
-                        f"{schedule} needs"
-                    )
-                seconds = secs(c, mb, phase, seconds)
-                wait = grad0 + c * m + mb
-                out = grad0 + (c - 1) * m + mb if c > 0 else -1
-                if w.checkpoint and w.recompute_s > 0:
-                    prog.append(("recompute", c, mb, w.recompute_s, wait, -1, 0.0))
-                    wait = -1
-                prog.append((phase, c, mb, seconds, wait, out, delay(c, mb, phase)))
-            elif phase == "backward_weight":
-                seconds = secs(c, mb, phase, w.backward_weight_s)
-                prog.append((phase, c, mb, seconds, -1, -1, 0.0))
-            else:
-                raise ValueError(f"unknown action phase {phase!r} in the order of rank {r}")
-        programs.append(prog)
-
+    programs = [
+        _rank_program(
+            orders[r], r, chunks, ranks, microbatches, schedule, action_s, arrival_delay_s
+        )
+        for r in range(k)
+    ]
+    # When each value a task waits for is there (-1.0: not yet); chunk 0's inputs are there
+    # from the start.
+    ready = [-1.0] * (2 * n_chunks * microbatches)
+    ready[:microbatches] = [0.0] * microbatches
     if host_throughput is not None and host_throughput < k:
         if rank_start_s is not None or arrival_delay_s:
             # The shared host's event loop starts a task the moment its input is produced.
@@ -579,33 +530,122 @@ def simulate_schedule(
             [t + task[3] for t, task in zip(st, prog, strict=True)]
             for st, prog in zip(starts, programs, strict=True)
         ]
-    tasks = []
-    memory = []
-    for r in range(k):
-        now = sum(w.state_bytes for c, w in enumerate(chunks) if ranks[c] == r)
-        steps = [(0.0, now)]
-        for (phase, c, mb, *_), start, end in zip(programs[r], starts[r], ends[r], strict=True):
-            tasks.append(Task(c, mb, phase, start, end, r))
-            work = chunks[c]
-            # A checkpointed backward's re-computed activations appear when its recompute
-            # task starts (the same bytes replay_memory charges to the backward's start).
-            if phase == "recompute":
-                alloc = work.activation_bytes
-            elif phase != "forward" and work.checkpoint and work.recompute_s > 0:
-                alloc = 0.0
-            else:
-                alloc = _allocates(work, phase)
-            if alloc:
-                now += alloc
-                steps.append((start, now))
-            freed = _frees(work, phase)
-            if freed:
-                now -= freed
-                steps.append((end, now))
-        memory.append(steps)
-    tasks.sort(key=lambda t: (t.start_s, t.device))
-    timeline = Timeline(tasks, n_chunks, label="simulated", schedule=schedule)
+    timeline = _timeline(programs, starts, ends, n_chunks, schedule)
+    memory = [_memory_steps(programs[r], starts[r], ends[r], chunks, ranks, r) for r in range(k)]
     return Simulation(end_time, bubble, timeline, busy, peaks, memory)
+
+
+def _timeline(
+    programs: list[_Program],
+    starts: list[list[float]],
+    ends: list[list[float]],
+    num_chunks: int,
+    schedule: str,
+) -> Timeline:
+    """The ranks' tasks (stage = chunk, device = rank) with their start and end seconds, in
+    order of start, then rank."""
+    tasks = [
+        Task(c, mb, phase, start, end, r)
+        for r, prog in enumerate(programs)
+        for (phase, c, mb, *_), start, end in zip(prog, starts[r], ends[r], strict=True)
+    ]
+    tasks.sort(key=lambda t: (t.start_s, t.device))
+    return Timeline(tasks, num_chunks, label="simulated", schedule=schedule)
+
+
+def _rank_program(
+    order: Sequence[Action],
+    rank: int,
+    chunks: Sequence[ChunkWork],
+    ranks: Sequence[int],
+    microbatches: int,
+    schedule: str,
+    action_s: Mapping[Action, float] | None,
+    arrival_delay_s: Mapping[Action, float] | None,
+) -> _Program:
+    """Rank ``rank``'s actions in ``order`` as the tasks it runs (see :data:`_Program`): a
+    forward followed by its ``send`` when the next chunk is on another rank and sending costs
+    time, a checkpointed backward preceded by its ``recompute``. Seconds are the chunk's
+    (``chunks``), or the action's own in ``action_s``; ``arrival_delay_s``: seconds from an
+    action's end until what it produces is there. O(len(order))."""
+    m = microbatches
+    last = len(chunks) - 1
+    grad0 = len(chunks) * m  # the gradient of (c, mb)'s output waits at grad0 + c * m + mb
+    own = action_s or {}
+    delays = arrival_delay_s or {}
+    prog: _Program = []
+    for a in order:
+        c, mb, phase = a.stage, a.microbatch, a.phase
+        w = chunks[c]
+        late = delays.get(a, 0.0)
+        if phase == "forward":
+            f = own.get(a, w.forward_s)
+            if c == last:  # the loss: the last chunk's backward may start after it
+                prog.append(("forward", c, mb, f, c * m + mb, grad0 + c * m + mb, late))
+            elif ranks[c + 1] != rank and w.send_s > 0:
+                prog.append(("forward", c, mb, f, c * m + mb, -1, 0.0))
+                prog.append(("send", c, mb, w.send_s, -1, (c + 1) * m + mb, late))
+            else:
+                prog.append(("forward", c, mb, f, c * m + mb, (c + 1) * m + mb, late))
+        elif phase in ("backward", "backward_input"):
+            seconds = own.get(a, _backward_s(w, c, phase, schedule))
+            wait = grad0 + c * m + mb
+            out = grad0 + (c - 1) * m + mb if c > 0 else -1
+            if w.checkpoint and w.recompute_s > 0:
+                prog.append(("recompute", c, mb, w.recompute_s, wait, -1, 0.0))
+                wait = -1
+            prog.append((phase, c, mb, seconds, wait, out, late))
+        elif phase == "backward_weight":
+            prog.append((phase, c, mb, own.get(a, w.backward_weight_s), -1, -1, 0.0))
+        else:
+            raise ValueError(f"unknown action phase {phase!r} in the order of rank {rank}")
+    return prog
+
+
+def _backward_s(work: ChunkWork, chunk: int, phase: str, schedule: str) -> float:
+    """Seconds of chunk ``chunk``'s ``backward`` (the whole one) or ``backward_input`` (B of
+    the split, which the zero-bubble schedules need: ValueError when the chunk has none)."""
+    if phase == "backward":
+        return work.backward_s
+    if work.backward_input_s + work.backward_weight_s > 0 or work.backward_s <= 0:
+        # (a chunk with no backward at all, e.g. only rotary embeddings, splits into nothing)
+        return work.backward_input_s
+    raise ValueError(
+        f"chunk {chunk} has no backward_input_s/backward_weight_s split, which {schedule} needs"
+    )
+
+
+def _memory_steps(
+    program: _Program,
+    starts: Sequence[float],
+    ends: Sequence[float],
+    chunks: Sequence[ChunkWork],
+    ranks: Sequence[int],
+    rank: int,
+) -> list[tuple[float, float]]:
+    """Rank ``rank``'s memory over the iteration as ``(time_s, bytes)`` steps: its chunks'
+    training state, plus what each task allocates at its start (``starts``, seconds), less
+    what it frees at its end (``ends``). O(len(program))."""
+    now = sum(w.state_bytes for c, w in enumerate(chunks) if ranks[c] == rank)
+    steps = [(0.0, now)]
+    for (phase, c, *_), start, end in zip(program, starts, ends, strict=True):
+        work = chunks[c]
+        # A checkpointed backward's re-computed activations appear when its recompute
+        # task starts (the same bytes replay_memory charges to the backward's start).
+        if phase == "recompute":
+            alloc = work.activation_bytes
+        elif phase != "forward" and work.checkpoint and work.recompute_s > 0:
+            alloc = 0.0
+        else:
+            alloc = _allocates(work, phase)
+        if alloc:
+            now += alloc
+            steps.append((start, now))
+        freed = _frees(work, phase)
+        if freed:
+            now -= freed
+            steps.append((end, now))
+    return steps
 
 
 def _run_dedicated(
