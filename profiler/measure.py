@@ -552,6 +552,118 @@ def _same(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
+class _Capture:
+    """One real forward through a model's per-unit split graph (:func:`run_units`) at one
+    micro-batch size: each unit's inputs are recorded and the bytes it saves for backward
+    counted per unit (``counter``). With ``one_at_a_time`` (a model on the meta device) each
+    measured unit's weights are materialized when it runs, the unit is timed at once, alone,
+    and its weights freed before the next unit runs."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        ug: UnitGraph,
+        device: torch.device,
+        share: bool,
+        one_at_a_time: _Timing | None,
+        split_clock: str | Callable[[], float] | None,
+    ) -> None:
+        self.split = split_units(ug, model)
+        self.param_names = canonical_parameter_names(model)
+        self.counter = SavedTensorCounter(exclude=parameter_storages(model))
+        self.sharing = UnitSharing(self.split, enabled=share)
+        self.units = [_UnitMeasurement() for _ in range(ug.num_units)]
+        self.timed: dict[int, tuple[float, float]] = {}
+        """Units timed while capturing (one at a time): (forward, backward) seconds."""
+        self.mutates: dict[int, bool] = {}
+        """Per unit from meta: whether it writes into one of its inputs."""
+        self.device = device
+        self.one_at_a_time = one_at_a_time
+        self.split_clock = split_clock
+        self.materializer: Materializer | None = None
+        self.state: list[list[torch.Tensor]] | None = None
+        if one_at_a_time is not None:
+            if one_at_a_time.expect is not None:
+                one_at_a_time.expect(self.sharing.expected_runs(ug.num_units))
+            # The split partitions run the traced graph module's tensors (see own_meta_state).
+            self.materializer = Materializer(ug.graph_module, device, self.counter.exclude)
+            self.state = unit_state(ug, ug.graph_module)
+
+    def run(
+        self, ug: UnitGraph, flat: list[Any], inputs: Any, loss_fn: LossFn | None
+    ) -> tuple[Any, list[UnitCall]]:
+        """The forward on ``flat`` (``inputs`` flattened) and the loss: the model's output
+        and every unit's call. ProfilingError for an output the pipeline cannot join."""
+        one_at_a_time = self.one_at_a_time is not None
+        with self.counter.counting():
+            flat_out, calls = run_units(
+                self.split,
+                flat,
+                on_call=self.before,
+                share=self.sharing,
+                after=self.measure_now if one_at_a_time else None,
+                inputs=self.writable if one_at_a_time else None,
+            )
+            output = ug.unflatten_output(flat_out)
+            try:  # refused here, at plan time, rather than by the runtime
+                inputs_convention.check_joinable_output(output, batch_size_of(inputs))
+            except inputs_convention.OutputError as exc:
+                raise ProfilingError(str(exc)) from None
+            self.counter.tag = "loss"  # the loss is computed by the last stage
+            loss_of(output, inputs, loss_fn)
+        return output, calls
+
+    def before(self, index: int, _module: Any) -> None:
+        """Unit ``index`` runs next: its saved tensors count for it (its weights exist)."""
+        self.counter.tag = index
+        if self.materializer is not None and self.state is not None:
+            self.materializer.materialize(self.state[index])
+
+    def writable(
+        self, index: int, module: fx.GraphModule, args: tuple[Any, ...], flags: tuple[bool, ...]
+    ) -> tuple[Any, ...]:
+        """Unit ``index``'s inputs, copied when it writes into one of them."""
+        # Units from meta get detached leaves as inputs; one that writes into its input
+        # (ReLU(inplace=True)) needs copies, as autograd forbids writing into such leaves.
+        with torch.autograd.graph.saved_tensors_hooks(_same, _same):
+            self.mutates[index] = _mutates_inputs(module, args, flags)
+        return fresh_inputs(args, flags) if self.mutates[index] else args
+
+    def measure_now(self, call: UnitCall) -> Any:
+        """Time unit ``call`` alone while its weights exist (model on meta), then free them;
+        returns its outputs, detached, for the next units."""
+        timing = self.one_at_a_time
+        assert self.materializer is not None and self.state is not None and timing is not None
+        outputs = _detached(call.outputs)
+        call.outputs = outputs
+        unit = self.units[call.index]
+        unit.activation_bytes = self.counter.bytes_by_tag.get(call.index, 0)
+        # Timed runs must not count as the capture's saved tensors.
+        with torch.autograd.graph.saved_tensors_hooks(_same, _same):
+            args = detach_args(call)
+            step = _unit_step(call, args, unit, self.device, self.mutates.get(call.index))
+            step.samples_per_round = min(self.sharing.copies(call.index), SHARED_SAMPLES_CAP)
+            steps = [step]
+            split = None
+            if self.split_clock is not None:
+                split = _split_backward_step(
+                    call, args, unit, self.device, self.split_clock, self.param_names
+                )
+                if split is not None:
+                    split.samples_per_round = step.samples_per_round
+                    steps.append(split)
+            self.timed[call.index] = time_steps_interleaved(
+                steps, self.device, warmup=timing.warmup, repeat=timing.repeat, clock=timing.clock
+            )[0]
+            _split_medians(unit, timing.warmup)
+        # The steps hold the unit's parameters: drop them before the weights are freed.
+        del step, steps, split, args
+        self.materializer.release(self.state[call.index])
+        if timing.tick is not None:
+            timing.tick()
+        return outputs
+
+
 def _prepare_size(
     model: nn.Module,
     ug: UnitGraph,
@@ -576,96 +688,15 @@ def _prepare_size(
     unit's backward split into B and W (:func:`_split_backward_step`) on this clock; those
     steps come after the loss step (``split_of_step``).
     """
-    n = ug.num_units
     flat = ug.flat_inputs(inputs)
-    split = split_units(ug, model)
-    param_names = canonical_parameter_names(model)
-    counter = SavedTensorCounter(exclude=parameter_storages(model))
-    sharing = UnitSharing(split, enabled=share)
-    units = [_UnitMeasurement() for _ in range(n)]
-    timed: dict[int, tuple[float, float]] = {}
+    capture = _Capture(model, ug, device, share, one_at_a_time, split_clock)
+    units, counter = capture.units, capture.counter
     if info is None:
         info = _node_bytes(ug, flat)
-    output_names = _unit_outputs(ug)
-    for i, names in enumerate(output_names):
+    for i, names in enumerate(_unit_outputs(ug)):
         units[i].output_bytes = _sum_unique(names, info)
-
-    materializer = state = None
-    if one_at_a_time is not None:
-        if one_at_a_time.expect is not None:
-            one_at_a_time.expect(sharing.expected_runs(n))
-        # The split partitions run the traced graph module's tensors (see own_meta_state).
-        materializer = Materializer(ug.graph_module, device, counter.exclude)
-        state = unit_state(ug, ug.graph_module)
-
-    def before(index: int, _module: Any) -> None:
-        counter.tag = index
-        if materializer is not None and state is not None:
-            materializer.materialize(state[index])
-
-    mutates: dict[int, bool] = {}
-
-    def writable(
-        index: int, module: fx.GraphModule, args: tuple[Any, ...], flags: tuple[bool, ...]
-    ) -> tuple[Any, ...]:
-        # Units from meta get detached leaves as inputs; one that writes into its input
-        # (ReLU(inplace=True)) needs copies, as autograd forbids writing into such leaves.
-        with torch.autograd.graph.saved_tensors_hooks(_same, _same):
-            mutates[index] = _mutates_inputs(module, args, flags)
-        return fresh_inputs(args, flags) if mutates[index] else args
-
-    def measure_now(call: UnitCall) -> Any:
-        # Meta model: time this unit alone while its weights exist, then free them.
-        assert materializer is not None and state is not None and one_at_a_time is not None
-        outputs = _detached(call.outputs)
-        call.outputs = outputs
-        unit = units[call.index]
-        unit.activation_bytes = counter.bytes_by_tag.get(call.index, 0)
-        # Timed runs must not count as the capture's saved tensors.
-        with torch.autograd.graph.saved_tensors_hooks(_same, _same):
-            args = detach_args(call)
-            step = _unit_step(call, args, unit, device, mutates.get(call.index))
-            step.samples_per_round = min(sharing.copies(call.index), SHARED_SAMPLES_CAP)
-            steps = [step]
-            split = None
-            if split_clock is not None:
-                split = _split_backward_step(call, args, unit, device, split_clock, param_names)
-                if split is not None:
-                    split.samples_per_round = step.samples_per_round
-                    steps.append(split)
-            timed[call.index] = time_steps_interleaved(
-                steps,
-                device,
-                warmup=one_at_a_time.warmup,
-                repeat=one_at_a_time.repeat,
-                clock=one_at_a_time.clock,
-            )[0]
-            _split_medians(unit, one_at_a_time.warmup)
-        # The steps hold the unit's parameters: drop them before the weights are freed.
-        del step, steps, split, args
-        materializer.release(state[call.index])
-        if one_at_a_time.tick is not None:
-            one_at_a_time.tick()
-        return outputs
-
-    # One real forward through the split graph: unit inputs, saved bytes per unit.
-    with counter.counting():
-        flat_out, calls = run_units(
-            split,
-            flat,
-            on_call=before,
-            share=sharing,
-            after=measure_now if one_at_a_time is not None else None,
-            inputs=writable if one_at_a_time is not None else None,
-        )
-        output = ug.unflatten_output(flat_out)
-        try:  # refused here, at plan time, rather than by the runtime
-            inputs_convention.check_joinable_output(output, batch_size_of(inputs))
-        except inputs_convention.OutputError as exc:
-            raise ProfilingError(str(exc)) from None
-        counter.tag = "loss"  # the loss is computed by the last stage
-        loss_of(output, inputs, loss_fn)
-    same_as = list(range(n))
+    output, calls = capture.run(ug, flat, inputs, loss_fn)
+    same_as = list(range(ug.num_units))
     for c in calls:
         if c.same_as is not None:
             same_as[c.index] = c.same_as
@@ -677,49 +708,70 @@ def _prepare_size(
         [] if one_at_a_time is not None else [(c, detach_args(c)) for c in ran]
     )
     detached_output = _detached(output)
-    del flat_out, output, calls, ran
-
-    cut_bytes = [_sum_unique(names, info) for names in cut_tensors(ug)]
+    del output, calls, ran
     input_names = [nd.name for nd in ug.graph_module.graph.nodes if nd.op == "placeholder"]
+    measurement = _SizeMeasurement(
+        units=units,
+        cut_bytes=[_sum_unique(names, info) for names in cut_tensors(ug)],
+        input_bytes=_sum_unique(input_names, info),
+    )
+    steps, measurement.split_of_step = _size_steps(
+        isolated, capture, same_as, _loss_step(detached_output, inputs, loss_fn)
+    )
+    measurement.unit_of_step = [c.index for c, _ in isolated]
+    measurement.same_as = same_as
+    measurement.timed = capture.timed
+    measurement.loss_activation_bytes = counter.bytes_by_tag.get("loss", 0)
+    measurement.peak_estimated = device.type != "cuda"
+    if capture.materializer is not None:
+        measurement.materialized_peak_bytes = capture.materializer.peak_bytes
+    return measurement, steps
 
+
+def _loss_step(output: Any, inputs: Any, loss_fn: LossFn | None) -> TimedStep:
+    """The loss on the (detached) model ``output`` as a timed step: forward and backward."""
+    out_leaves = [t for t in tensor_leaves(output) if t.requires_grad]
+    return TimedStep(
+        lambda: loss_of(output, inputs, loss_fn),
+        lambda loss: loss.backward(),
+        _zero_grads(out_leaves),
+    )
+
+
+def _size_steps(
+    isolated: list[tuple[UnitCall, tuple[Any, ...]]],
+    capture: _Capture,
+    same_as: list[int],
+    loss_step: TimedStep,
+) -> tuple[list[TimedStep], list[int]]:
+    """The timed steps of one micro-batch size, in order: each measured unit on its detached
+    inputs (``isolated``), the loss, then (with a split clock) each unit's split backward.
+    A unit that ``k`` units share is timed ``min(k, SHARED_SAMPLES_CAP)`` times per round.
+    Returns the steps and the unit of each split-backward step."""
     copies = Counter(same_as)
     steps: list[TimedStep] = []
     for call, args in isolated:
-        step = _unit_step(call, args, units[call.index], device)
+        step = _unit_step(call, args, capture.units[call.index], capture.device)
         step.samples_per_round = min(copies[call.index], SHARED_SAMPLES_CAP)
         steps.append(step)
-
-    # The loss, on the (detached) model output: forward and backward.
-    out_leaves = [t for t in tensor_leaves(detached_output) if t.requires_grad]
-    steps.append(
-        TimedStep(
-            lambda: loss_of(detached_output, inputs, loss_fn),
-            lambda loss: loss.backward(),
-            _zero_grads(out_leaves),
-        )
-    )
+    steps.append(loss_step)
     split_of_step: list[int] = []
-    if split_clock is not None:
-        for call, args in isolated:
-            split_step = _split_backward_step(
-                call, args, units[call.index], device, split_clock, param_names
-            )
-            if split_step is not None:
-                split_step.samples_per_round = min(copies[call.index], SHARED_SAMPLES_CAP)
-                steps.append(split_step)
-                split_of_step.append(call.index)
-    measurement = _SizeMeasurement(
-        units=units, cut_bytes=cut_bytes, input_bytes=_sum_unique(input_names, info)
-    )
-    measurement.split_of_step = split_of_step
-    measurement.unit_of_step = [c.index for c, _ in isolated]
-    measurement.same_as = same_as
-    measurement.timed = timed
-    measurement.loss_activation_bytes = counter.bytes_by_tag.get("loss", 0)
-    measurement.peak_estimated = device.type != "cuda"
-    if materializer is not None:
-        measurement.materialized_peak_bytes = materializer.peak_bytes
-    return measurement, steps
+    if capture.split_clock is None:
+        return steps, split_of_step
+    for call, args in isolated:
+        split_step = _split_backward_step(
+            call,
+            args,
+            capture.units[call.index],
+            capture.device,
+            capture.split_clock,
+            capture.param_names,
+        )
+        if split_step is not None:
+            split_step.samples_per_round = min(copies[call.index], SHARED_SAMPLES_CAP)
+            steps.append(split_step)
+            split_of_step.append(call.index)
+    return steps, split_of_step
 
 
 def _record_times(m: _SizeMeasurement, times: list[tuple[float, float]], warmup: int) -> None:
