@@ -577,31 +577,12 @@ def _count(
     ``traced`` keeps the trace of each ``mode`` (the whole model, or shortened to its first
     blocks) across batch sizes: a graph that is not specialised to the batch size (fx, or
     torch.export with a dynamic batch dimension) is traced once and run at every size."""
-    units = traced.get(mode) if traced is not None else None
-    if units is None or not (units.batch_dynamic and units.tracer in ("fx", "export")):
-        try:
-            units = trace_units(model, inputs, granularity, units=unit_patterns)
-        except TraceError as exc:
-            raise AnalyticProfileError(
-                f"{exc} (analytic profiling runs on the meta device, where data-dependent "
-                "control flow cannot be followed: profile this model measured instead)"
-            ) from None
-        if traced is not None:
-            traced[mode] = units
+    units = _traced_units(model, inputs, granularity, unit_patterns, traced, mode)
     gm = units.graph_module
     n = units.num_units
     params = {storage_key(t) for t in [*gm.parameters(), *gm.buffers(), *model.parameters()]}
     counter = OpCounter(spec, n, params, allow_tf32=allow_tf32)
-    saved_seen: set[int] = set()
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        key = storage_key(t)
-        if key not in saved_seen and key not in params:
-            saved_seen.add(key)
-            # tensors the loss saves count in the last unit (the last stage holds them)
-            counter.units[min(counter.unit, n - 1)].saved_bytes += t.untyped_storage().nbytes()
-        return t
-
+    pack = _saved_bytes_counter(counter, params, n)
     input_tensors = tensor_leaves(inputs)
     interpreter = _UnitInterpreter(gm, units.node_unit, counter)
     # Gradients left by an earlier count would turn this backward's gradient writes into
@@ -654,6 +635,51 @@ def _count(
         input_bytes=sum(t.untyped_storage().nbytes() for t in input_tensors),
         batch_size=_batch_size(inputs),
     )
+
+
+def _traced_units(
+    model: nn.Module,
+    inputs: Any,
+    granularity: str,
+    unit_patterns: Sequence[str] | None,
+    traced: dict[str, UnitGraph] | None,
+    mode: str,
+) -> UnitGraph:
+    """The model's units: the trace kept in ``traced[mode]`` when it is not specialised to
+    the batch size (fx, or torch.export with a dynamic batch dimension), else a new trace
+    (kept there). AnalyticProfileError when the model cannot be traced on meta."""
+    units = traced.get(mode) if traced is not None else None
+    if units is None or not (units.batch_dynamic and units.tracer in ("fx", "export")):
+        try:
+            units = trace_units(model, inputs, granularity, units=unit_patterns)
+        except TraceError as exc:
+            raise AnalyticProfileError(
+                f"{exc} (analytic profiling runs on the meta device, where data-dependent "
+                "control flow cannot be followed: profile this model measured instead)"
+            ) from None
+        if traced is not None:
+            traced[mode] = units
+    return units
+
+
+def _saved_bytes_counter(
+    counter: OpCounter, params: set[int], num_units: int
+) -> Callable[[torch.Tensor], torch.Tensor]:
+    """A ``saved_tensors_hooks`` pack hook booking the bytes of each storage saved for
+    backward, once, to the current unit of ``counter`` (``params``: storage keys of
+    parameters and buffers, not counted)."""
+    seen: set[int] = set()
+    last = num_units - 1
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        key = storage_key(t)
+        if key not in seen and key not in params:
+            seen.add(key)
+            # tensors the loss saves count in the last unit (the last stage holds them)
+            counter.units[min(counter.unit, last)].saved_bytes += t.untyped_storage().nbytes()
+        return t
+
+    return pack
 
 
 def _first_line(exc: BaseException) -> str:
