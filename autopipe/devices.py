@@ -12,7 +12,7 @@ The forms a device takes:
 Typical use::
 
     target = resolve_devices("a100-80gb:4,v100-32gb:4")
-    profile = profile_analytic(model, inputs, target.counted_on, dtype="float16")
+    profile = profile_analytic(model, inputs, target.counted_on, AnalyticOptions(dtype="float16"))
     cluster = cluster_for(profile, 8, target)
     plan = autopipe.plan(profile, cluster=cluster)
 

@@ -19,6 +19,7 @@ import gpt  # noqa: E402
 from autopipe.planner import plan  # noqa: E402
 from autopipe.planner.data_parallel import choose_pipeline_data_parallel  # noqa: E402
 from autopipe.profiler.analytic import profile_analytic  # noqa: E402
+from autopipe.profiler.options import AnalyticOptions  # noqa: E402
 
 from autopipe.core.catalog import get_device  # noqa: E402
 
@@ -34,7 +35,7 @@ def main() -> None:
         model,
         gpt.example_inputs_gpt_6b(BATCH),
         get_device("a100-80gb"),
-        dtype="bfloat16",
+        AnalyticOptions(dtype="bfloat16"),
         loss_fn=gpt.loss_fn,
     )
     memory = profile.meta.get("device_memory_bytes")

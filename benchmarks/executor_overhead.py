@@ -156,8 +156,9 @@ def memory(batch: int, chunks: int, k: int) -> None:
         source = "measured"
     except (ImportError, AttributeError):
         from autopipe.profiler.analytic import profile_analytic
+        from autopipe.profiler.options import AnalyticOptions
 
-        prof = profile_analytic(model, idx, "cpu", dtype="float32")
+        prof = profile_analytic(model, idx, "cpu", AnalyticOptions(dtype="float32"))
         source = "analytic"
     plan = make_plan(prof, gpus=k, batch_size=batch, microbatches=chunks, checkpoint="always")
     pipe = parallelize(model, idx, ["cpu"] * k, plan=plan)

@@ -129,13 +129,14 @@ def measured_profile(s: Setup) -> Any:
 
 def analytic_profile(s: Setup) -> Any:
     from autopipe.profiler.analytic import profile_analytic
+    from autopipe.profiler.options import AnalyticOptions
 
     if "analytic" not in s.extra:
         spec, how = catalog_entry(s.device)
         s.extra["spec_note"] = how
         s.extra["analytic"] = profile_analytic(
             lambda: s.gpt.build_model(**vars(s.cfg)), s.inputs, spec,
-            dtype=str(s.dtype).removeprefix("torch."), loss_fn=s.gpt.loss_fn,
+            AnalyticOptions(dtype=str(s.dtype).removeprefix("torch.")), loss_fn=s.gpt.loss_fn,
         )  # fmt: skip
     return s.extra["analytic"]
 

@@ -25,6 +25,7 @@ from autopipe.profiler.analytic import profile_analytic
 from autopipe.profiler.calibrate import calibrate, reprice
 from autopipe.profiler.measure import profile as measured_profile
 from autopipe.profiler.measure import whole_model_saved_bytes
+from autopipe.profiler.options import AnalyticOptions
 
 from autopipe.core.profile import Profile
 from autopipe.modelfile import ModelFile, load_model_file
@@ -54,7 +55,7 @@ def compare(name: str, repeats: int) -> dict[str, float]:
     inputs = example.inputs(None)
     loss_fn = example.loss_fn
     analytic = profile_analytic(
-        model, inputs, "cpu", dtype="float32", loss_fn=loss_fn, model_name=name
+        model, inputs, "cpu", AnalyticOptions(dtype="float32", model_name=name), loss_fn=loss_fn
     )
     measured = measure(model, inputs, loss_fn, repeats)
     if measured.unit_names != analytic.unit_names:

@@ -229,142 +229,17 @@ def replay_step(
     replayed through :func:`simulate_schedule` with the plan's orders. Raises ReplayError
     when its actions are not the plan's."""
     k, v, m = plan.num_stages, plan.virtual_stages, plan.microbatches
-    last = len(plan.stages) - 1
     ranks = chunk_ranks(plan.schedule, k, v)
     orders = rank_orders(plan.schedule, k, v, m)
-    spans: dict[Action, list[float]] = {}  # action -> [start, end] (the loss joined to F)
-    loss_s = 0.0
-    by_rank: list[list[Action]] = [[] for _ in range(k)]
-    for t in sorted(timeline.tasks, key=lambda t: t.start_s):
-        if t.phase == "loss":
-            f = spans.get(Action(t.stage, t.microbatch, "forward"))
-            if f is None:
-                raise ReplayError(
-                    f"step {step}: a loss of micro-batch {t.microbatch} comes before the "
-                    "last chunk's forward of it; not a trace of this plan"
-                )
-            f[1] = max(f[1], t.end_s)
-            loss_s += t.duration_s
-            continue
-        if t.phase not in COMPUTE_PHASES:
-            continue  # a recompute nests in its backward; sends are not recorded by ranks
-        a = t.action
-        if a in spans:
-            raise ReplayError(
-                f"step {step}: action {a} was recorded twice; split the trace into steps "
-                "(record with autopipe run --trace, which marks each step)"
-            )
-        spans[a] = [t.start_s, t.end_s]
-        if not 0 <= t.device < k:
-            raise ReplayError(
-                f"step {step}: a task ran on device {t.device}; the plan has ranks 0..{k - 1}"
-            )
-        by_rank[t.device].append(a)
-    order_differs = []
-    for r in range(k):
-        want = set(orders[r])
-        got = set(by_rank[r])
-        if want != got:
-            missing, extra = sorted(want - got), sorted(got - want)
-            what = (
-                f"lacks {len(missing)} of the plan's actions (first: {missing[0]})"
-                if missing
-                else f"ran {len(extra)} actions the plan does not have (first: {extra[0]})"
-            )
-            raise ReplayError(
-                f"step {step}: rank {r} {what}; the trace is not of this plan "
-                f"({plan.schedule}, {m} micro-batches, {k} x {v} chunks)"
-            )
-        for i, (ran, planned) in enumerate(zip(by_rank[r], orders[r], strict=True)):
-            if ran != planned:
-                order_differs.append(f"rank {r} at action {i}: ran {ran}, the plan says {planned}")
-                break
-
-    def grad_key(c: int, mb: int) -> Action:
-        for phase in ("backward", "backward_input"):
-            if Action(c, mb, phase) in spans:
-                return Action(c, mb, phase)
-        raise ReplayError(f"step {step}: chunk {c} has no backward of micro-batch {mb}")
-
-    step_marks = {mk.device: mk for mk in timeline.marked("step")}
-    first = {r: spans[by_rank[r][0]][0] for r in range(k)}
-    start = {r: step_marks[r].start_s if r in step_marks else first[r] for r in range(k)}
-    origin = min(start.values())
-    last_end = max(e for _, e in spans.values())
-    end = max((mk.end_s for mk in step_marks.values()), default=last_end)
-    end = max(end, last_end)
-
-    # Gaps in front of each action, and the transfer lag of those that waited.
-    gap: dict[Action, float] = {}
-    waited: dict[Action, float] = {}  # action -> its start less its producer's end
-    direction: dict[Action, str] = {}
-    for r in range(k):
-        prev_end = start[r]
-        for a in by_rank[r]:
-            s, e = spans[a]
-            dep = _producer(a, last)
-            if dep is not None and dep.phase == "":
-                dep = grad_key(dep.stage, dep.microbatch)
-            if dep is not None and ranks[dep.stage] != r:
-                direction[a] = "activations" if a.phase == "forward" else "gradients"
-                dep_end = spans[dep][1]
-                if dep_end > prev_end:
-                    waited[a] = max(s - dep_end, 0.0)
-            if a not in waited:
-                gap[a] = max(s - prev_end, 0.0)
-            prev_end = e
-    dispatch = []
-    for r in range(k):
-        samples = [gap[a] for a in by_rank[r][1:] if a in gap]
-        dispatch.append(statistics.median(samples) if samples else 0.0)
-    # A rank whose first action waited for another rank shows no set-up of its own: it is
-    # charged its median dispatch.
-    head = [gap.get(by_rank[r][0], dispatch[r]) for r in range(k)]
-    transfer = {}
-    for name in ("activations", "gradients"):
-        samples = [w for a, w in waited.items() if direction[a] == name]
-        if samples:
-            transfer[name] = statistics.median(samples)
-
-    # Durations: each action's, or its chunk and phase's median.
-    dur = {a: e - s for a, (s, e) in spans.items()}
-    if medians:
-        groups: dict[tuple[int, str], list[float]] = {}
-        for a, d in dur.items():
-            groups.setdefault((a.stage, a.phase), []).append(d)
-        med = {key: statistics.median(ds) for key, ds in groups.items()}
-        dur = {a: med[(a.stage, a.phase)] for a in dur}
-    action_s: dict[Action, float] = {}
-    delay_s: dict[Action, float] = {}
-    dispatch_total = [0.0] * k
-    for r in range(k):
-        prev_end = start[r]
-        for i, a in enumerate(by_rank[r]):
-            if i == 0:
-                front = head[r]
-            elif medians or a not in gap:
-                front = dispatch[r]
-            else:
-                front = gap[a]
-            if not medians:
-                # Its own: an action that waited had at most the time it waited for dispatch.
-                front = min(front, max(spans[a][0] - prev_end, 0.0))
-            prev_end = spans[a][1]
-            if i > 0:
-                dispatch_total[r] += front
-            action_s[a] = front + dur[a]
-            if a in direction:  # what it waits for comes from another rank
-                dep = _producer(a, last)
-                assert dep is not None
-                if dep.phase == "":
-                    dep = grad_key(dep.stage, dep.microbatch)
-                lag = transfer.get(direction[a], 0.0)
-                if not medians:
-                    # Its own: measured when it waited; else at most what it was.
-                    lag = waited.get(a, min(lag, max(spans[a][0] - spans[dep][1], 0.0)))
-                # The simulator starts a task when its input is there and charges ``front``
-                # first: the input must be there ``front`` before the compute starts.
-                delay_s[dep] = lag - front
+    trace = _recorded_step(timeline, k, len(plan.stages) - 1, step)
+    order_differs = _order_differences(trace, orders, plan)
+    start, origin, last_end, end = _step_bounds(timeline, trace)
+    gaps = _gaps(trace, start, ranks)
+    dispatch, head, transfer = _dispatch_and_transfer(trace, gaps)
+    dur = _durations(trace.spans, medians)
+    action_s, delay_s, dispatch_total = _charges(
+        trace, start, gaps, _Fronts(head, dispatch, transfer), dur, medians
+    )
     works = [ChunkWork(forward_s=0.0, backward_s=0.0) for _ in plan.stages]
     sim = simulate_schedule(
         works,
@@ -381,9 +256,9 @@ def replay_step(
     measured = end - origin
     busy_measured = [timeline.device_busy_s(_stages_on(ranks, r)) for r in range(k)]
     # (the durations hold the losses: joined to the last chunk's forwards)
-    busy_replayed = [sum(dur[a] for a in by_rank[r]) for r in range(k)]
+    busy_replayed = [sum(dur[a] for a in trace.by_rank[r]) for r in range(k)]
     optimizer = max((mk.duration_s for mk in timeline.marked("optimizer")), default=0.0)
-    first_start = min(s for s, _ in spans.values())
+    first_start = min(s for s, _ in trace.spans.values())
     return StepReplay(
         step=step,
         measured_s=measured,
@@ -404,7 +279,7 @@ def replay_step(
             dispatch_s=dispatch,
             dispatch_total_s=dispatch_total,
             transfer_s=transfer,
-            loss_s=loss_s,
+            loss_s=trace.loss_s,
             tail_s=tail,
             optimizer_s=optimizer,
         ),
@@ -412,6 +287,234 @@ def replay_step(
         medians=medians,
         order_differs=order_differs,
     )
+
+
+@dataclass
+class _StepTrace:
+    """One step's recorded compute actions."""
+
+    step: int
+    """1-based, for the error messages."""
+    last: int
+    """The last chunk's index."""
+    spans: dict[Action, list[float]]
+    """Action -> ``[start_s, end_s]`` as recorded (a last-chunk forward ends with its loss)."""
+    by_rank: list[list[Action]]
+    """Each rank's actions in the order they started."""
+    loss_s: float
+    """The losses' seconds, summed."""
+
+    def input_of(self, a: Action) -> Action | None:
+        """The recorded action whose output ``a`` waits for (:func:`_producer`; an input
+        gradient is the whole backward or the input-gradient pass, whichever ran), or None.
+        ReplayError when that backward is not in the trace."""
+        dep = _producer(a, self.last)
+        if dep is None or dep.phase != "":
+            return dep
+        for phase in ("backward", "backward_input"):
+            if Action(dep.stage, dep.microbatch, phase) in self.spans:
+                return Action(dep.stage, dep.microbatch, phase)
+        raise ReplayError(
+            f"step {self.step}: chunk {dep.stage} has no backward of micro-batch {dep.microbatch}"
+        )
+
+
+@dataclass(frozen=True)
+class _Gaps:
+    """What was in front of each recorded action (seconds)."""
+
+    gap: dict[Action, float]
+    """An action that did not wait for another rank: its start less its rank's previous end
+    (or the rank's step start)."""
+    waited: dict[Action, float]
+    """An action that waited for another rank's output: its start less that output's end."""
+    direction: dict[Action, str]
+    """An action whose input comes from another rank: ``"activations"`` or ``"gradients"``."""
+
+
+@dataclass(frozen=True)
+class _Fronts:
+    """The overheads charged in front of actions (seconds): per rank its ``head`` and
+    median ``dispatch``; per direction the median ``transfer``."""
+
+    head: list[float]
+    dispatch: list[float]
+    transfer: dict[str, float]
+
+
+def _recorded_step(timeline: Timeline, num_ranks: int, last: int, step: int) -> _StepTrace:
+    """The step's compute actions, each recorded once, on ranks ``0..num_ranks - 1``, with
+    the losses joined to the last chunk's forwards. ReplayError otherwise. O(T log T)."""
+    spans: dict[Action, list[float]] = {}
+    loss_s = 0.0
+    by_rank: list[list[Action]] = [[] for _ in range(num_ranks)]
+    for t in sorted(timeline.tasks, key=lambda t: t.start_s):
+        if t.phase == "loss":
+            f = spans.get(Action(t.stage, t.microbatch, "forward"))
+            if f is None:
+                raise ReplayError(
+                    f"step {step}: a loss of micro-batch {t.microbatch} comes before the "
+                    "last chunk's forward of it; not a trace of this plan"
+                )
+            f[1] = max(f[1], t.end_s)
+            loss_s += t.duration_s
+            continue
+        if t.phase not in COMPUTE_PHASES:
+            continue  # a recompute nests in its backward; sends are not recorded by ranks
+        a = t.action
+        if a in spans:
+            raise ReplayError(
+                f"step {step}: action {a} was recorded twice; split the trace into steps "
+                "(record with autopipe run --trace, which marks each step)"
+            )
+        spans[a] = [t.start_s, t.end_s]
+        if not 0 <= t.device < num_ranks:
+            raise ReplayError(
+                f"step {step}: a task ran on device {t.device}; the plan has ranks "
+                f"0..{num_ranks - 1}"
+            )
+        by_rank[t.device].append(a)
+    return _StepTrace(step, last, spans, by_rank, loss_s)
+
+
+def _order_differences(
+    trace: _StepTrace, orders: Sequence[Sequence[Action]], plan: Plan
+) -> list[str]:
+    """Per rank whose recorded order is not the plan's, where it first differs. ReplayError
+    when a rank ran other actions than the plan's."""
+    differs = []
+    for r, order in enumerate(orders):
+        want = set(order)
+        got = set(trace.by_rank[r])
+        if want != got:
+            missing, extra = sorted(want - got), sorted(got - want)
+            what = (
+                f"lacks {len(missing)} of the plan's actions (first: {missing[0]})"
+                if missing
+                else f"ran {len(extra)} actions the plan does not have (first: {extra[0]})"
+            )
+            raise ReplayError(
+                f"step {trace.step}: rank {r} {what}; the trace is not of this plan "
+                f"({plan.schedule}, {plan.microbatches} micro-batches, "
+                f"{plan.num_stages} x {plan.virtual_stages} chunks)"
+            )
+        for i, (ran, planned) in enumerate(zip(trace.by_rank[r], order, strict=True)):
+            if ran != planned:
+                differs.append(f"rank {r} at action {i}: ran {ran}, the plan says {planned}")
+                break
+    return differs
+
+
+def _step_bounds(timeline: Timeline, trace: _StepTrace) -> tuple[list[float], float, float, float]:
+    """Each rank's step start (its ``"step"`` mark, else its first action), the earliest of
+    them (the origin), the last action's end and the step's end (the last mark's or action's
+    end), in the trace's seconds."""
+    step_marks = {mk.device: mk for mk in timeline.marked("step")}
+    start = [
+        step_marks[r].start_s if r in step_marks else trace.spans[actions[0]][0]
+        for r, actions in enumerate(trace.by_rank)
+    ]
+    last_end = max(e for _, e in trace.spans.values())
+    end = max((mk.end_s for mk in step_marks.values()), default=last_end)
+    return start, min(start), last_end, max(end, last_end)
+
+
+def _gaps(trace: _StepTrace, start: Sequence[float], ranks: Sequence[int]) -> _Gaps:
+    """The gap in front of each action, and the transfer lag of those that waited for
+    another rank. O(T)."""
+    gap: dict[Action, float] = {}
+    waited: dict[Action, float] = {}
+    direction: dict[Action, str] = {}
+    for r, actions in enumerate(trace.by_rank):
+        prev_end = start[r]
+        for a in actions:
+            s, e = trace.spans[a]
+            dep = trace.input_of(a)
+            if dep is not None and ranks[dep.stage] != r:
+                direction[a] = "activations" if a.phase == "forward" else "gradients"
+                dep_end = trace.spans[dep][1]
+                if dep_end > prev_end:
+                    waited[a] = max(s - dep_end, 0.0)
+            if a not in waited:
+                gap[a] = max(s - prev_end, 0.0)
+            prev_end = e
+    return _Gaps(gap, waited, direction)
+
+
+def _dispatch_and_transfer(
+    trace: _StepTrace, gaps: _Gaps
+) -> tuple[list[float], list[float], dict[str, float]]:
+    """Per rank its median dispatch (over the actions after its first that did not wait)
+    and its head; per direction the median transfer lag (absent: none waited)."""
+    dispatch = []
+    for actions in trace.by_rank:
+        samples = [gaps.gap[a] for a in actions[1:] if a in gaps.gap]
+        dispatch.append(statistics.median(samples) if samples else 0.0)
+    # A rank whose first action waited for another rank shows no set-up of its own: it is
+    # charged its median dispatch.
+    head = [gaps.gap.get(actions[0], dispatch[r]) for r, actions in enumerate(trace.by_rank)]
+    transfer = {}
+    for name in ("activations", "gradients"):
+        samples = [w for a, w in gaps.waited.items() if gaps.direction[a] == name]
+        if samples:
+            transfer[name] = statistics.median(samples)
+    return dispatch, head, transfer
+
+
+def _durations(spans: dict[Action, list[float]], medians: bool) -> dict[Action, float]:
+    """Each action's recorded seconds, or (``medians``) its chunk and phase's median."""
+    dur = {a: e - s for a, (s, e) in spans.items()}
+    if medians:
+        groups: dict[tuple[int, str], list[float]] = {}
+        for a, d in dur.items():
+            groups.setdefault((a.stage, a.phase), []).append(d)
+        med = {key: statistics.median(ds) for key, ds in groups.items()}
+        dur = {a: med[(a.stage, a.phase)] for a in dur}
+    return dur
+
+
+def _charges(
+    trace: _StepTrace,
+    start: Sequence[float],
+    gaps: _Gaps,
+    fronts: _Fronts,
+    dur: dict[Action, float],
+    medians: bool,
+) -> tuple[dict[Action, float], dict[Action, float], list[float]]:
+    """What the simulator is given: each action's seconds (its dispatch in front of its
+    duration), the arrival delay of each output another rank waits for, and per rank the
+    dispatch charged (its head left out). O(T)."""
+    action_s: dict[Action, float] = {}
+    delay_s: dict[Action, float] = {}
+    dispatch_total = [0.0] * len(trace.by_rank)
+    spans = trace.spans
+    for r, actions in enumerate(trace.by_rank):
+        prev_end = start[r]
+        for i, a in enumerate(actions):
+            if i == 0:
+                front = fronts.head[r]
+            elif medians or a not in gaps.gap:
+                front = fronts.dispatch[r]
+            else:
+                front = gaps.gap[a]
+            if not medians:
+                # Its own: an action that waited had at most the time it waited for dispatch.
+                front = min(front, max(spans[a][0] - prev_end, 0.0))
+            prev_end = spans[a][1]
+            if i > 0:
+                dispatch_total[r] += front
+            action_s[a] = front + dur[a]
+            if a in gaps.direction:  # what it waits for comes from another rank
+                dep = trace.input_of(a)
+                assert dep is not None
+                lag = fronts.transfer.get(gaps.direction[a], 0.0)
+                if not medians:
+                    # Its own: measured when it waited; else at most what it was.
+                    lag = gaps.waited.get(a, min(lag, max(spans[a][0] - spans[dep][1], 0.0)))
+                # The simulator starts a task when its input is there and charges ``front``
+                # first: the input must be there ``front`` before the compute starts.
+                delay_s[dep] = lag - front
+    return action_s, delay_s, dispatch_total
 
 
 def _stages_on(ranks: Sequence[int], r: int) -> list[int]:

@@ -120,114 +120,173 @@ def simulate(
     rec = [0.0] * k if recompute_s is None else list(recompute_s)
     snd = [0.0] * k if send_s is None else list(send_s)
     snd[-1] = 0.0
-    device_of = list(range(k))
-    if shared_device_groups:
-        device_of = [-1] * k
-        next_id = 0
-        for group in shared_device_groups:
-            for s in group:
-                if not 0 <= s < k or device_of[s] != -1:
-                    raise ValueError(
-                        f"stage {s} in shared_device_groups is out of range or repeated"
-                    )
-                device_of[s] = next_id
-            next_id += 1
-        for s in range(k):
-            if device_of[s] == -1:
-                device_of[s], next_id = next_id, next_id + 1
-    num_devices = max(device_of) + 1
+    device_of = _stage_devices(k, shared_device_groups)
+    programs = [
+        _stage_tasks(s, forward_s, backward_s, rec, snd, microbatches, schedule) for s in range(k)
+    ]
+    scheduler = _ListScheduler(programs, device_of, snd, microbatches)
+    end_time, tasks = scheduler.run(record_tasks)
+    busy = scheduler.busy
+    num_devices = len(busy)
+    bubble = 1.0 - sum(busy) / (num_devices * end_time) if end_time > 0 else 0.0
+    timeline = Timeline(tasks, k, label="simulated", schedule=schedule) if record_tasks else None
+    return Simulation(end_time, bubble, timeline, busy)
 
-    # Expand each stage's program into concrete (phase, m, seconds) tasks.
-    programs: list[list[tuple[str, int, float]]] = []
-    for s in range(k):
-        prog: list[tuple[str, int, float]] = []
-        for action in stage_program(s, k, microbatches, schedule):
-            m = action.microbatch
-            if action.phase == "forward":
-                prog.append(("forward", m, float(forward_s[s])))
-                if s < k - 1 and snd[s] > 0:
-                    prog.append(("send", m, float(snd[s])))
-            else:
-                if rec[s] > 0:
-                    prog.append(("recompute", m, float(rec[s])))
-                prog.append(("backward", m, float(backward_s[s])))
-        programs.append(prog)
 
-    # Time at which each stage's inputs become available, filled in as tasks finish.
-    arrive_fwd: list[dict[int, float]] = [dict() for _ in range(k)]
-    arrive_grad: list[dict[int, float]] = [dict() for _ in range(k)]
-    for m in range(microbatches):
-        arrive_fwd[0][m] = 0.0
-    ptr = [0] * k
-    stage_free = [0.0] * k
-    device_free = [0.0] * num_devices
-    busy = [0.0] * num_devices
-    tasks: list[Task] = []
-    in_heap = [False] * k
-    heap: list[tuple[float, int, int]] = []
+def _stage_devices(
+    num_stages: int, shared_device_groups: Sequence[Sequence[int]] | None
+) -> list[int]:
+    """The physical device of each stage: one per group of ``shared_device_groups`` (in
+    order), then one per stage in no group. ValueError for a stage out of range or in two
+    groups."""
+    if not shared_device_groups:
+        return list(range(num_stages))
+    device_of = [-1] * num_stages
+    next_id = 0
+    for group in shared_device_groups:
+        for s in group:
+            if not 0 <= s < num_stages or device_of[s] != -1:
+                raise ValueError(f"stage {s} in shared_device_groups is out of range or repeated")
+            device_of[s] = next_id
+        next_id += 1
+    for s in range(num_stages):
+        if device_of[s] == -1:
+            device_of[s], next_id = next_id, next_id + 1
+    return device_of
 
-    def ready_time(s: int) -> float | None:
-        if ptr[s] >= len(programs[s]):
+
+def _stage_tasks(
+    stage: int,
+    forward_s: Sequence[float],
+    backward_s: Sequence[float],
+    recompute_s: Sequence[float],
+    send_s: Sequence[float],
+    microbatches: int,
+    schedule: str,
+) -> list[tuple[str, int, float]]:
+    """Stage ``stage``'s program (:func:`stage_program`) as ``(phase, micro-batch, seconds)``
+    tasks: a forward followed by its ``send`` when sending costs time, a backward preceded
+    by its ``recompute`` when re-computing does."""
+    k = len(forward_s)
+    prog: list[tuple[str, int, float]] = []
+    for action in stage_program(stage, k, microbatches, schedule):
+        m = action.microbatch
+        if action.phase == "forward":
+            prog.append(("forward", m, float(forward_s[stage])))
+            if stage < k - 1 and send_s[stage] > 0:
+                prog.append(("send", m, float(send_s[stage])))
+        else:
+            if recompute_s[stage] > 0:
+                prog.append(("recompute", m, float(recompute_s[stage])))
+            prog.append(("backward", m, float(backward_s[stage])))
+    return prog
+
+
+class _ListScheduler:
+    """Stages' task programs run one task at a time per stage and per physical device, each
+    task as soon as its stage and device are free and its input is there; among tasks ready
+    together on a shared device, the earliest start first, then ``_PRIORITY``, then the lower
+    stage. Times are seconds. O(T log K) for T tasks on K stages."""
+
+    def __init__(
+        self,
+        programs: list[list[tuple[str, int, float]]],
+        device_of: list[int],
+        send_s: Sequence[float],
+        microbatches: int,
+    ) -> None:
+        k = len(programs)
+        self.programs = programs
+        self.device_of = device_of
+        self.send_s = send_s
+        # When each stage's inputs (activations, gradients) of each micro-batch are there.
+        self.arrive_fwd: list[dict[int, float]] = [{} for _ in range(k)]
+        self.arrive_grad: list[dict[int, float]] = [{} for _ in range(k)]
+        self.arrive_fwd[0] = dict.fromkeys(range(microbatches), 0.0)
+        self.ptr = [0] * k
+        self.stage_free = [0.0] * k
+        self.device_free = [0.0] * (max(device_of) + 1)
+        self.busy = [0.0] * (max(device_of) + 1)
+        """Busy seconds per physical device."""
+        self.in_heap = [False] * k
+        self.heap: list[tuple[float, int, int]] = []
+
+    def ready_time(self, s: int) -> float | None:
+        """When stage ``s``'s next task can start, or None (no task, or input not there)."""
+        if self.ptr[s] >= len(self.programs[s]):
             return None
-        phase, m, _ = programs[s][ptr[s]]
+        phase, m, _ = self.programs[s][self.ptr[s]]
         if phase == "forward":
-            dep = arrive_fwd[s].get(m)
-        elif phase in ("recompute", "backward") and s < k - 1:
-            dep = arrive_grad[s].get(m)
+            dep = self.arrive_fwd[s].get(m)
+        elif phase in ("recompute", "backward") and s < len(self.programs) - 1:
+            dep = self.arrive_grad[s].get(m)
         else:
             dep = 0.0  # send follows its forward; last-stage backward follows its forward
         if dep is None:
             return None
-        return max(dep, stage_free[s], device_free[device_of[s]])
+        return max(dep, self.stage_free[s], self.device_free[self.device_of[s]])
 
-    def push(s: int) -> None:
-        if in_heap[s]:
+    def push(self, s: int) -> None:
+        """Queue stage ``s``'s next task if it is not queued and can start."""
+        if self.in_heap[s]:
             return
-        t = ready_time(s)
+        t = self.ready_time(s)
         if t is not None:
-            heapq.heappush(heap, (t, _PRIORITY[programs[s][ptr[s]][0]] * k + s, s))
-            in_heap[s] = True
+            prio = _PRIORITY[self.programs[s][self.ptr[s]][0]] * len(self.programs) + s
+            heapq.heappush(self.heap, (t, prio, s))
+            self.in_heap[s] = True
 
-    for s in range(k):
-        push(s)
-    end_time = 0.0
-    while heap:
-        t, prio, s = heapq.heappop(heap)
-        now = ready_time(s)
-        if now is None:  # cannot happen: dependencies never un-finish
-            in_heap[s] = False
-            continue
-        if now > t:  # the shared device got busier since this entry was pushed
-            heapq.heappush(heap, (now, prio, s))
-            continue
-        in_heap[s] = False
-        phase, m, dur = programs[s][ptr[s]]
-        dev = device_of[s]
-        end = now + dur
-        stage_free[s] = end
-        device_free[dev] = end
-        busy[dev] += dur
-        end_time = max(end_time, end)
-        if record_tasks:
-            tasks.append(Task(s, m, phase, now, end, dev))
-        ptr[s] += 1
-        touched = [s]
-        if phase == "send" or (phase == "forward" and (s == k - 1 or snd[s] <= 0)):
+    def run(self, record: bool) -> tuple[float, list[Task]]:
+        """Run every task; returns the end time and, with ``record``, the tasks run
+        (device = physical device). RuntimeError if the programs deadlock."""
+        k = len(self.programs)
+        tasks: list[Task] = []
+        for s in range(k):
+            self.push(s)
+        end_time = 0.0
+        while self.heap:
+            t, prio, s = heapq.heappop(self.heap)
+            now = self.ready_time(s)
+            if now is None:  # cannot happen: dependencies never un-finish
+                self.in_heap[s] = False
+                continue
+            if now > t:  # the shared device got busier since this entry was pushed
+                heapq.heappush(self.heap, (now, prio, s))
+                continue
+            self.in_heap[s] = False
+            phase, m, dur = self.programs[s][self.ptr[s]]
+            dev = self.device_of[s]
+            end = now + dur
+            self.stage_free[s] = end
+            self.device_free[dev] = end
+            self.busy[dev] += dur
+            end_time = max(end_time, end)
+            if record:
+                tasks.append(Task(s, m, phase, now, end, dev))
+            self.ptr[s] += 1
+            # Queued entries only ever get later (lazy re-push above), so pushing the stages
+            # whose inputs just arrived is enough.
+            for other in [s, *self._deliver(s, phase, m, end)]:
+                self.push(other)
+        if any(self.ptr[s] < len(self.programs[s]) for s in range(k)):
+            raise RuntimeError(
+                "pipeline simulation deadlocked; the schedule's program is inconsistent"
+            )
+        return end_time, tasks
+
+    def _deliver(self, s: int, phase: str, m: int, end: float) -> list[int]:
+        """Stage ``s`` finished ``phase`` of micro-batch ``m`` at ``end``: what it produced
+        (its output, after the send if it has one; its input gradient) arrives at the next or
+        previous stage. Returns the stage it arrived at, if any."""
+        k = len(self.programs)
+        if phase == "send" or (phase == "forward" and (s == k - 1 or self.send_s[s] <= 0)):
             if s < k - 1:
-                arrive_fwd[s + 1][m] = end
-                touched.append(s + 1)
+                self.arrive_fwd[s + 1][m] = end
+                return [s + 1]
         elif phase == "backward" and s > 0:
-            arrive_grad[s - 1][m] = end
-            touched.append(s - 1)
-        # Queued entries only ever get later (lazy re-push above), so pushing the stages
-        # whose inputs just arrived is enough.
-        for other in touched:
-            push(other)
-    if any(ptr[s] < len(programs[s]) for s in range(k)):
-        raise RuntimeError("pipeline simulation deadlocked; the schedule's program is inconsistent")
-    bubble = 1.0 - sum(busy) / (num_devices * end_time) if end_time > 0 else 0.0
-    timeline = Timeline(tasks, k, label="simulated", schedule=schedule) if record_tasks else None
-    return Simulation(end_time, bubble, timeline, busy)
+            self.arrive_grad[s - 1][m] = end
+            return [s - 1]
+        return []
 
 
 def gpipe_closed_form(stage_times_s: Sequence[float], microbatches: int) -> float:
@@ -499,65 +558,16 @@ def simulate_schedule(
     ranks = chunk_ranks(schedule, k, v)
     if orders is None:
         orders = rank_orders(schedule, k, v, microbatches)
-    m = microbatches
-    last = n_chunks - 1
-    own = action_s or {}
-    delays = arrival_delay_s or {}
-
-    def secs(c: int, mb: int, phase: str, default: float) -> float:
-        return own.get(Action(c, mb, phase), default)
-
-    def delay(c: int, mb: int, phase: str) -> float:
-        return delays.get(Action(c, mb, phase), 0.0)
-
-    # Keys of the values tasks wait for, as flat indices: the input of (c, mb) at
-    # c * m + mb, the gradient of its output at (n_chunks + c) * m + mb.
-    grad0 = n_chunks * m
-    ready = [-1.0] * (2 * n_chunks * m)
-    for mb in range(m):
-        ready[mb] = 0.0  # chunk 0's inputs are there from the start
-    programs: list[_Program] = []
-    for r in range(k):
-        prog: _Program = []
-        for a in orders[r]:
-            c, mb, phase = a.stage, a.microbatch, a.phase
-            w = chunks[c]
-            if phase == "forward":
-                f = secs(c, mb, phase, w.forward_s)
-                late = delay(c, mb, phase)
-                if c == last:  # the loss: the last chunk's backward may start after it
-                    prog.append(("forward", c, mb, f, c * m + mb, grad0 + c * m + mb, late))
-                elif ranks[c + 1] != r and w.send_s > 0:
-                    prog.append(("forward", c, mb, f, c * m + mb, -1, 0.0))
-                    prog.append(("send", c, mb, w.send_s, -1, (c + 1) * m + mb, late))
-                else:
-                    prog.append(("forward", c, mb, f, c * m + mb, (c + 1) * m + mb, late))
-            elif phase in ("backward", "backward_input"):
-                if phase == "backward":
-                    seconds = w.backward_s
-                elif w.backward_input_s + w.backward_weight_s > 0 or w.backward_s <= 0:
-                    # (a chunk with no backward at all, e.g. only rotary embeddings, splits
-                    # into nothing)
-                    seconds = w.backward_input_s
-                else:
-                    raise ValueError(
-                        f"chunk {c} has no backward_input_s/backward_weight_s split, which "
-                        f"{schedule} needs"
-                    )
-                seconds = secs(c, mb, phase, seconds)
-                wait = grad0 + c * m + mb
-                out = grad0 + (c - 1) * m + mb if c > 0 else -1
-                if w.checkpoint and w.recompute_s > 0:
-                    prog.append(("recompute", c, mb, w.recompute_s, wait, -1, 0.0))
-                    wait = -1
-                prog.append((phase, c, mb, seconds, wait, out, delay(c, mb, phase)))
-            elif phase == "backward_weight":
-                seconds = secs(c, mb, phase, w.backward_weight_s)
-                prog.append((phase, c, mb, seconds, -1, -1, 0.0))
-            else:
-                raise ValueError(f"unknown action phase {phase!r} in the order of rank {r}")
-        programs.append(prog)
-
+    programs = [
+        _rank_program(
+            orders[r], r, chunks, ranks, microbatches, schedule, action_s, arrival_delay_s
+        )
+        for r in range(k)
+    ]
+    # When each value a task waits for is there (-1.0: not yet); chunk 0's inputs are there
+    # from the start.
+    ready = [-1.0] * (2 * n_chunks * microbatches)
+    ready[:microbatches] = [0.0] * microbatches
     if host_throughput is not None and host_throughput < k:
         if rank_start_s is not None or arrival_delay_s:
             # The shared host's event loop starts a task the moment its input is produced.
@@ -579,33 +589,122 @@ def simulate_schedule(
             [t + task[3] for t, task in zip(st, prog, strict=True)]
             for st, prog in zip(starts, programs, strict=True)
         ]
-    tasks = []
-    memory = []
-    for r in range(k):
-        now = sum(w.state_bytes for c, w in enumerate(chunks) if ranks[c] == r)
-        steps = [(0.0, now)]
-        for (phase, c, mb, *_), start, end in zip(programs[r], starts[r], ends[r], strict=True):
-            tasks.append(Task(c, mb, phase, start, end, r))
-            work = chunks[c]
-            # A checkpointed backward's re-computed activations appear when its recompute
-            # task starts (the same bytes replay_memory charges to the backward's start).
-            if phase == "recompute":
-                alloc = work.activation_bytes
-            elif phase != "forward" and work.checkpoint and work.recompute_s > 0:
-                alloc = 0.0
-            else:
-                alloc = _allocates(work, phase)
-            if alloc:
-                now += alloc
-                steps.append((start, now))
-            freed = _frees(work, phase)
-            if freed:
-                now -= freed
-                steps.append((end, now))
-        memory.append(steps)
-    tasks.sort(key=lambda t: (t.start_s, t.device))
-    timeline = Timeline(tasks, n_chunks, label="simulated", schedule=schedule)
+    timeline = _timeline(programs, starts, ends, n_chunks, schedule)
+    memory = [_memory_steps(programs[r], starts[r], ends[r], chunks, ranks, r) for r in range(k)]
     return Simulation(end_time, bubble, timeline, busy, peaks, memory)
+
+
+def _timeline(
+    programs: list[_Program],
+    starts: list[list[float]],
+    ends: list[list[float]],
+    num_chunks: int,
+    schedule: str,
+) -> Timeline:
+    """The ranks' tasks (stage = chunk, device = rank) with their start and end seconds, in
+    order of start, then rank."""
+    tasks = [
+        Task(c, mb, phase, start, end, r)
+        for r, prog in enumerate(programs)
+        for (phase, c, mb, *_), start, end in zip(prog, starts[r], ends[r], strict=True)
+    ]
+    tasks.sort(key=lambda t: (t.start_s, t.device))
+    return Timeline(tasks, num_chunks, label="simulated", schedule=schedule)
+
+
+def _rank_program(
+    order: Sequence[Action],
+    rank: int,
+    chunks: Sequence[ChunkWork],
+    ranks: Sequence[int],
+    microbatches: int,
+    schedule: str,
+    action_s: Mapping[Action, float] | None,
+    arrival_delay_s: Mapping[Action, float] | None,
+) -> _Program:
+    """Rank ``rank``'s actions in ``order`` as the tasks it runs (see :data:`_Program`): a
+    forward followed by its ``send`` when the next chunk is on another rank and sending costs
+    time, a checkpointed backward preceded by its ``recompute``. Seconds are the chunk's
+    (``chunks``), or the action's own in ``action_s``; ``arrival_delay_s``: seconds from an
+    action's end until what it produces is there. O(len(order))."""
+    m = microbatches
+    last = len(chunks) - 1
+    grad0 = len(chunks) * m  # the gradient of (c, mb)'s output waits at grad0 + c * m + mb
+    own = action_s or {}
+    delays = arrival_delay_s or {}
+    prog: _Program = []
+    for a in order:
+        c, mb, phase = a.stage, a.microbatch, a.phase
+        w = chunks[c]
+        late = delays.get(a, 0.0)
+        if phase == "forward":
+            f = own.get(a, w.forward_s)
+            if c == last:  # the loss: the last chunk's backward may start after it
+                prog.append(("forward", c, mb, f, c * m + mb, grad0 + c * m + mb, late))
+            elif ranks[c + 1] != rank and w.send_s > 0:
+                prog.append(("forward", c, mb, f, c * m + mb, -1, 0.0))
+                prog.append(("send", c, mb, w.send_s, -1, (c + 1) * m + mb, late))
+            else:
+                prog.append(("forward", c, mb, f, c * m + mb, (c + 1) * m + mb, late))
+        elif phase in ("backward", "backward_input"):
+            seconds = own.get(a, _backward_s(w, c, phase, schedule))
+            wait = grad0 + c * m + mb
+            out = grad0 + (c - 1) * m + mb if c > 0 else -1
+            if w.checkpoint and w.recompute_s > 0:
+                prog.append(("recompute", c, mb, w.recompute_s, wait, -1, 0.0))
+                wait = -1
+            prog.append((phase, c, mb, seconds, wait, out, late))
+        elif phase == "backward_weight":
+            prog.append((phase, c, mb, own.get(a, w.backward_weight_s), -1, -1, 0.0))
+        else:
+            raise ValueError(f"unknown action phase {phase!r} in the order of rank {rank}")
+    return prog
+
+
+def _backward_s(work: ChunkWork, chunk: int, phase: str, schedule: str) -> float:
+    """Seconds of chunk ``chunk``'s ``backward`` (the whole one) or ``backward_input`` (B of
+    the split, which the zero-bubble schedules need: ValueError when the chunk has none)."""
+    if phase == "backward":
+        return work.backward_s
+    if work.backward_input_s + work.backward_weight_s > 0 or work.backward_s <= 0:
+        # (a chunk with no backward at all, e.g. only rotary embeddings, splits into nothing)
+        return work.backward_input_s
+    raise ValueError(
+        f"chunk {chunk} has no backward_input_s/backward_weight_s split, which {schedule} needs"
+    )
+
+
+def _memory_steps(
+    program: _Program,
+    starts: Sequence[float],
+    ends: Sequence[float],
+    chunks: Sequence[ChunkWork],
+    ranks: Sequence[int],
+    rank: int,
+) -> list[tuple[float, float]]:
+    """Rank ``rank``'s memory over the iteration as ``(time_s, bytes)`` steps: its chunks'
+    training state, plus what each task allocates at its start (``starts``, seconds), less
+    what it frees at its end (``ends``). O(len(program))."""
+    now = sum(w.state_bytes for c, w in enumerate(chunks) if ranks[c] == rank)
+    steps = [(0.0, now)]
+    for (phase, c, *_), start, end in zip(program, starts, ends, strict=True):
+        work = chunks[c]
+        # A checkpointed backward's re-computed activations appear when its recompute
+        # task starts (the same bytes replay_memory charges to the backward's start).
+        if phase == "recompute":
+            alloc = work.activation_bytes
+        elif phase != "forward" and work.checkpoint and work.recompute_s > 0:
+            alloc = 0.0
+        else:
+            alloc = _allocates(work, phase)
+        if alloc:
+            now += alloc
+            steps.append((start, now))
+        freed = _frees(work, phase)
+        if freed:
+            now -= freed
+            steps.append((end, now))
+    return steps
 
 
 def _run_dedicated(

@@ -51,7 +51,9 @@ from autopipe.profiler.inputs import OutputError, batch_size_of, check_joinable_
 from autopipe.profiler.measure import microbatch_sizes_to_profile, slice_batch
 from autopipe.profiler.memory import parameter_accounting
 from autopipe.profiler.opcount import OpCounter, storage_key
+from autopipe.profiler.options import AnalyticOptions
 from autopipe.profiler.reduce import (
+    BlockReduction,
     block_units,
     expand_profile,
     find_block_reduction,
@@ -330,19 +332,10 @@ def profile_analytic(
     model_or_factory: nn.Module | Callable[[], nn.Module],
     example_inputs: Any,
     device: str | DeviceSpec,
+    options: AnalyticOptions | None = None,
     *,
-    dtype: str = "bfloat16",
-    granularity: str = "block",
     loss_fn: Callable[[Any, Any], torch.Tensor] | None = None,
-    efficiency: float | dict[str, float] | None = None,
-    optimizer: str = "auto",
-    bytes_per_parameter: float | None = None,
-    microbatch_sizes: Sequence[int] | None = None,
-    allow_tf32: bool = False,
-    model_name: str = "",
     progress: bool = False,
-    units: Sequence[str] | None = None,
-    share: bool = True,
     tp_plan: Mapping[str, str] | Callable[[], Mapping[str, str]] | None = None,
 ) -> Profile:
     """Per-unit time and memory of one training step, counted on the meta device.
@@ -351,56 +344,102 @@ def profile_analytic(
     building one (called under ``torch.device("meta")``: nothing is allocated).
     ``example_inputs``: a tensor, a tuple of positional tensors or a dict of keyword
     tensors at the profile's batch size ``B`` (dim 0); only shapes and dtypes are used.
-    Floating inputs and parameters are cast to ``dtype``.
+    Floating inputs and parameters are cast to ``options.dtype``.
     ``device``: a catalog name (``"a100-80gb"``) or a :class:`DeviceSpec`.
+    ``options``: how to count (:class:`autopipe.profiler.options.AnalyticOptions`: dtype,
+    units, micro-batch sizes, efficiency, training state, sharing; default: its defaults).
     ``loss_fn(output, example_inputs)`` drives backward; default: the shared objective
     (:func:`autopipe.profiler.objective.default_loss`).
     The loss's time is kept apart (``meta["loss_forward_s"]``/``["loss_backward_s"]``) and
     its saved tensors count in the last unit, as in the measured profiler.
-    ``efficiency``: a float sets the compute efficiency; a dict may set ``compute``,
-    ``memory`` and ``kernel_launch_overhead_s``.
-    ``microbatch_sizes``: sizes also counted to fit ``t(b) = a + c * b`` per unit (``a`` =
-    ``forward_overhead_s``: launches and weight reads that small micro-batches do not
-    shrink); ``None`` = ``B`` and ``B/4`` (or ``B/2``); ``()`` = ``B`` only, overhead =
-    kernels x launch overhead.
+    ``options.microbatch_sizes``: sizes also counted to fit ``t(b) = a + c * b`` per unit
+    (``a`` = ``forward_overhead_s``: launches and weight reads that small micro-batches do
+    not shrink).
     ``progress``: a tqdm bar over the counting passes (one per micro-batch size).
-    ``optimizer`` / ``bytes_per_parameter``: training state per parameter (``auto``: mixed-
-    precision Adam for 16-bit parameters, Adam for fp32; ``autopipe/core/optimizer.py``).
-    ``share=True``: a stack of repeated blocks is traced and counted as its first few blocks
-    and the counts repeated (:mod:`autopipe.profiler.reduce`; the same figures, in the time
-    of a few blocks); ``False`` counts every block.
+    ``options.share=True``: a stack of repeated blocks is traced and counted as its first
+    few blocks and the counts repeated (:mod:`autopipe.profiler.reduce`; the same figures,
+    in the time of a few blocks).
     ``tp_plan``: the model's tensor-parallel plan (or a function returning it, a model file's
     ``tp_plan``); None: the model's own (Hugging Face), else none
     (:mod:`autopipe.profiler.tensor_parallel` fills the profile's TP fields).
     Returns a ``Profile`` with ``mode="analytic"``; seconds are for the whole batch.
     """
     started = time.perf_counter()
+    opts = options if options is not None else AnalyticOptions()
+    target = _target(device, opts)
+    model = _meta_model(model_or_factory, target.torch_dtype)
+    inputs = _meta_inputs(example_inputs, target.torch_dtype)
+    big_b = _batch_size(inputs)
+    sizes = _sizes(big_b, opts.microbatch_sizes)
+    counts, reduction, first = _count_sizes(
+        model, inputs, sizes, target.spec, opts, loss_fn, progress
+    )
+    profile = _assemble(model, counts, sizes, target, opts, reduction, first)
+    annotate_tensor_parallel(profile, model, tp_plan)
+    profile.meta["analytic_seconds"] = time.perf_counter() - started
+    return profile
+
+
+@dataclasses.dataclass(frozen=True)
+class _Target:
+    """What the counts are priced for: the device (efficiency applied), the dtype and the
+    training state per parameter."""
+
+    spec: DeviceSpec
+    dtype_name: str
+    torch_dtype: torch.dtype
+    optimizer: str
+    """Resolved (``auto`` chosen by the dtype's element size)."""
+    optimizer_chosen: bool
+    """The optimizer was named, not ``auto``."""
+
+
+def _target(device: str | DeviceSpec, opts: AnalyticOptions) -> _Target:
+    """``device`` and ``opts`` checked and resolved before anything is counted: one
+    :class:`AnalyticProfileError` naming what is wrong (a CUDA device, an unknown dtype or
+    optimizer, a device lacking the dtype, a non-positive ``bytes_per_parameter``)."""
     if isinstance(device, str) and device.strip().lower().startswith("cuda"):
         raise AnalyticProfileError(
             "device='cuda' measures on the GPU: use autopipe.profiler.profile (the measured "
             "profiler); profile_analytic takes a catalog name such as 'a100-80gb'"
         )
-    spec = _apply_efficiency(get_device(device), efficiency)
-    dtype_name = normalize_dtype(dtype)
+    spec = _apply_efficiency(get_device(device), opts.efficiency)
+    dtype_name = normalize_dtype(opts.dtype)
     if dtype_name not in _TORCH_DTYPES:
         raise AnalyticProfileError(
-            f"dtype {dtype!r} is not supported; use bfloat16, float16 or float32"
+            f"dtype {opts.dtype!r} is not supported; use bfloat16, float16 or float32"
         )
-    spec.peak_for(dtype_name, allow_tf32=allow_tf32)  # fail early if the device lacks it
+    spec.peak_for(dtype_name, allow_tf32=opts.allow_tf32)  # fail early if the device lacks it
     torch_dtype = _TORCH_DTYPES[dtype_name]
     try:
-        optimizer_chosen = normalize_optimizer(optimizer) != "auto"
-        optimizer = resolve_optimizer(optimizer, torch.empty((), dtype=torch_dtype).element_size())
+        optimizer_chosen = normalize_optimizer(opts.optimizer) != "auto"
+        element_bytes = torch.empty((), dtype=torch_dtype).element_size()
+        optimizer = resolve_optimizer(opts.optimizer, element_bytes)
     except ValueError as exc:
         raise AnalyticProfileError(str(exc)) from None
-    if bytes_per_parameter is not None and not bytes_per_parameter > 0:
-        raise AnalyticProfileError(f"bytes_per_parameter={bytes_per_parameter} must be positive")
-    model = _meta_model(model_or_factory, torch_dtype)
-    inputs = _meta_inputs(example_inputs, torch_dtype)
-    big_b = _batch_size(inputs)
-    sizes = _sizes(big_b, microbatch_sizes)
+    per_parameter = opts.bytes_per_parameter
+    if per_parameter is not None and not per_parameter > 0:
+        raise AnalyticProfileError(f"bytes_per_parameter={per_parameter} must be positive")
+    return _Target(spec, dtype_name, torch_dtype, optimizer, optimizer_chosen)
+
+
+def _count_sizes(
+    model: nn.Module,
+    inputs: Any,
+    sizes: Sequence[int],
+    spec: DeviceSpec,
+    opts: AnalyticOptions,
+    loss_fn: Callable[[Any, Any], torch.Tensor] | None,
+    progress: bool,
+) -> tuple[list[_Count], BlockReduction | None, int | None]:
+    """One count per micro-batch size (``sizes[0]`` = B, the batch of ``inputs``), shortened
+    to the model's first blocks while that gives the same per-block counts at every size,
+    else every size counted in full. Returns the counts, the reduction they were counted
+    under (None: in full) and its first block unit. Raises AnalyticProfileError when the
+    units differ between sizes."""
+    big_b = sizes[0]
     # Named units may be blocks the shortened model drops: count those in full.
-    reduction = find_block_reduction(model) if share and not units else None
+    reduction = find_block_reduction(model) if opts.share and not opts.units else None
     bar = tqdm(
         sizes, desc=f"counting {type(model).__name__} on {spec.name}", unit="pass",
         disable=not progress, leave=False,
@@ -408,34 +447,28 @@ def profile_analytic(
     counts: list[_Count] = []
     traced: dict[str, UnitGraph] = {}
     first: int | None = None
+
+    def count(size_inputs: Any) -> _Count:
+        return _count(
+            model, size_inputs, spec, opts.granularity, loss_fn, opts.allow_tf32,
+            opts.units or None, traced,
+        )  # fmt: skip
+
     for b in bar:
         bar.set_postfix_str(f"micro-batch {b}")
         size_inputs = slice_batch(inputs, b, big_b)
         if reduction is not None:
-            try:
-                with shortened(model, reduction):
-                    if not still_the_blocks(model, reduction):
-                        raise AnalyticProfileError("another block container")
-                    count = _count(
-                        model, size_inputs, spec, granularity, loss_fn, allow_tf32, units,
-                        traced, "shortened",
-                    )  # fmt: skip
-                first = block_units(count.units, reduction)
-            except AnalyticProfileError:
-                first = None  # the shortened model does not run: count the whole one
-            if first is not None and periods_match(count.units, reduction, first):
-                counts.append(count)
+            shortened_count = _count_shortened(
+                model, size_inputs, spec, opts, loss_fn, traced, reduction
+            )
+            if shortened_count is not None:
+                counts.append(shortened_count[0])
+                first = shortened_count[1]
                 continue
-            if counts:  # the earlier sizes were counted shortened: count them again in full
-                counts = [
-                    _count(model, slice_batch(inputs, c.batch_size, big_b), spec, granularity,
-                           loss_fn, allow_tf32, units, traced)
-                    for c in counts
-                ]  # fmt: skip
+            # The earlier sizes were counted shortened: count them again in full.
+            counts = [count(slice_batch(inputs, c.batch_size, big_b)) for c in counts]
             reduction = None
-        counts.append(
-            _count(model, size_inputs, spec, granularity, loss_fn, allow_tf32, units, traced)
-        )
+        counts.append(count(size_inputs))
     base = counts[0]
     for other in counts[1:]:
         if other.units.unit_names != base.units.unit_names:
@@ -443,26 +476,70 @@ def profile_analytic(
                 "the units differ between micro-batch sizes (shape-specialised tracing); "
                 "pass microbatch_sizes=() to count the full batch only"
             )
-    name = model_name or type(model).__name__
+    return counts, reduction, first
+
+
+def _count_shortened(
+    model: nn.Module,
+    inputs: Any,
+    spec: DeviceSpec,
+    opts: AnalyticOptions,
+    loss_fn: Callable[[Any, Any], torch.Tensor] | None,
+    traced: dict[str, UnitGraph],
+    reduction: BlockReduction,
+) -> tuple[_Count, int] | None:
+    """The count of the model shortened to its first blocks and its first block unit, or
+    None when the shortened model does not run or its blocks' counts do not repeat (the
+    model is then counted in full)."""
+    try:
+        with shortened(model, reduction):
+            if not still_the_blocks(model, reduction):
+                raise AnalyticProfileError("another block container")
+            count = _count(
+                model, inputs, spec, opts.granularity, loss_fn, opts.allow_tf32,
+                opts.units or None, traced, "shortened",
+            )  # fmt: skip
+        first = block_units(count.units, reduction)
+    except AnalyticProfileError:
+        return None
+    if first is not None and periods_match(count.units, reduction, first):
+        return count, first
+    return None
+
+
+def _assemble(
+    model: nn.Module,
+    counts: list[_Count],
+    sizes: Sequence[int],
+    target: _Target,
+    opts: AnalyticOptions,
+    reduction: BlockReduction | None,
+    first: int | None,
+) -> Profile:
+    """The profile at the full batch from ``counts`` (one per size in ``sizes``): the
+    smaller sizes' cost parts and the training-state choice in ``meta``, a shortened count
+    expanded to every block, and the times priced (seconds)."""
+    name = opts.model_name or type(model).__name__
     with shortened(model, reduction) if reduction is not None else contextlib.nullcontext():
         profile = _build_profile(
-            base, model, spec, dtype_name, torch_dtype, optimizer, name, bytes_per_parameter
-        )
+            counts[0], model, target.spec, target.dtype_name, target.torch_dtype,
+            target.optimizer, name, opts.bytes_per_parameter,
+        )  # fmt: skip
     profile.meta["analytic_smaller_sizes"] = [
         {"microbatch_size": b, "units": _cost_parts(c.counter)}
         for b, c in zip(sizes[1:], counts[1:], strict=True)
     ]
-    profile.meta["optimizer_chosen"] = optimizer_chosen or bytes_per_parameter is not None
-    if bytes_per_parameter is not None:
-        profile.meta["state_bytes_per_parameter"] = bytes_per_parameter
+    per_parameter = opts.bytes_per_parameter
+    profile.meta["optimizer_chosen"] = target.optimizer_chosen or per_parameter is not None
+    if per_parameter is not None:
+        profile.meta["state_bytes_per_parameter"] = per_parameter
     if reduction is not None and first is not None:
         total = sum(
             p.numel() * p.element_size() for p in {id(q): q for q in model.parameters()}.values()
         )
         profile = expand_profile(profile, reduction, first, total)
-    _apply_times(profile, priced_times(profile.meta, 1.0, 1.0, spec.kernel_launch_overhead_s))
-    annotate_tensor_parallel(profile, model, tp_plan)
-    profile.meta["analytic_seconds"] = time.perf_counter() - started
+    kernel_launch_s = target.spec.kernel_launch_overhead_s
+    _apply_times(profile, priced_times(profile.meta, 1.0, 1.0, kernel_launch_s))
     return profile
 
 
@@ -500,31 +577,12 @@ def _count(
     ``traced`` keeps the trace of each ``mode`` (the whole model, or shortened to its first
     blocks) across batch sizes: a graph that is not specialised to the batch size (fx, or
     torch.export with a dynamic batch dimension) is traced once and run at every size."""
-    units = traced.get(mode) if traced is not None else None
-    if units is None or not (units.batch_dynamic and units.tracer in ("fx", "export")):
-        try:
-            units = trace_units(model, inputs, granularity, units=unit_patterns)
-        except TraceError as exc:
-            raise AnalyticProfileError(
-                f"{exc} (analytic profiling runs on the meta device, where data-dependent "
-                "control flow cannot be followed: profile this model measured instead)"
-            ) from None
-        if traced is not None:
-            traced[mode] = units
+    units = _traced_units(model, inputs, granularity, unit_patterns, traced, mode)
     gm = units.graph_module
     n = units.num_units
     params = {storage_key(t) for t in [*gm.parameters(), *gm.buffers(), *model.parameters()]}
     counter = OpCounter(spec, n, params, allow_tf32=allow_tf32)
-    saved_seen: set[int] = set()
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        key = storage_key(t)
-        if key not in saved_seen and key not in params:
-            saved_seen.add(key)
-            # tensors the loss saves count in the last unit (the last stage holds them)
-            counter.units[min(counter.unit, n - 1)].saved_bytes += t.untyped_storage().nbytes()
-        return t
-
+    pack = _saved_bytes_counter(counter, params, n)
     input_tensors = tensor_leaves(inputs)
     interpreter = _UnitInterpreter(gm, units.node_unit, counter)
     # Gradients left by an earlier count would turn this backward's gradient writes into
@@ -579,6 +637,51 @@ def _count(
     )
 
 
+def _traced_units(
+    model: nn.Module,
+    inputs: Any,
+    granularity: str,
+    unit_patterns: Sequence[str] | None,
+    traced: dict[str, UnitGraph] | None,
+    mode: str,
+) -> UnitGraph:
+    """The model's units: the trace kept in ``traced[mode]`` when it is not specialised to
+    the batch size (fx, or torch.export with a dynamic batch dimension), else a new trace
+    (kept there). AnalyticProfileError when the model cannot be traced on meta."""
+    units = traced.get(mode) if traced is not None else None
+    if units is None or not (units.batch_dynamic and units.tracer in ("fx", "export")):
+        try:
+            units = trace_units(model, inputs, granularity, units=unit_patterns)
+        except TraceError as exc:
+            raise AnalyticProfileError(
+                f"{exc} (analytic profiling runs on the meta device, where data-dependent "
+                "control flow cannot be followed: profile this model measured instead)"
+            ) from None
+        if traced is not None:
+            traced[mode] = units
+    return units
+
+
+def _saved_bytes_counter(
+    counter: OpCounter, params: set[int], num_units: int
+) -> Callable[[torch.Tensor], torch.Tensor]:
+    """A ``saved_tensors_hooks`` pack hook booking the bytes of each storage saved for
+    backward, once, to the current unit of ``counter`` (``params``: storage keys of
+    parameters and buffers, not counted)."""
+    seen: set[int] = set()
+    last = num_units - 1
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        key = storage_key(t)
+        if key not in seen and key not in params:
+            seen.add(key)
+            # tensors the loss saves count in the last unit (the last stage holds them)
+            counter.units[min(counter.unit, last)].saved_bytes += t.untyped_storage().nbytes()
+        return t
+
+    return pack
+
+
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0] if text else ''}".strip()
@@ -624,7 +727,9 @@ def _loss(
     return loss
 
 
-def _apply_efficiency(spec: DeviceSpec, efficiency: float | dict[str, float] | None) -> DeviceSpec:
+def _apply_efficiency(
+    spec: DeviceSpec, efficiency: float | Mapping[str, float] | None
+) -> DeviceSpec:
     if efficiency is None:
         return spec
     if isinstance(efficiency, (int, float)):

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+import tqdm.auto
 from autopipe.profiler import inputs as inputs_convention
 from autopipe.profiler import objective
 from autopipe.profiler.cache import cache_key, cache_path, load_cached, save_cached
@@ -552,6 +553,118 @@ def _same(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
+class _Capture:
+    """One real forward through a model's per-unit split graph (:func:`run_units`) at one
+    micro-batch size: each unit's inputs are recorded and the bytes it saves for backward
+    counted per unit (``counter``). With ``one_at_a_time`` (a model on the meta device) each
+    measured unit's weights are materialized when it runs, the unit is timed at once, alone,
+    and its weights freed before the next unit runs."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        ug: UnitGraph,
+        device: torch.device,
+        share: bool,
+        one_at_a_time: _Timing | None,
+        split_clock: str | Callable[[], float] | None,
+    ) -> None:
+        self.split = split_units(ug, model)
+        self.param_names = canonical_parameter_names(model)
+        self.counter = SavedTensorCounter(exclude=parameter_storages(model))
+        self.sharing = UnitSharing(self.split, enabled=share)
+        self.units = [_UnitMeasurement() for _ in range(ug.num_units)]
+        self.timed: dict[int, tuple[float, float]] = {}
+        """Units timed while capturing (one at a time): (forward, backward) seconds."""
+        self.mutates: dict[int, bool] = {}
+        """Per unit from meta: whether it writes into one of its inputs."""
+        self.device = device
+        self.one_at_a_time = one_at_a_time
+        self.split_clock = split_clock
+        self.materializer: Materializer | None = None
+        self.state: list[list[torch.Tensor]] | None = None
+        if one_at_a_time is not None:
+            if one_at_a_time.expect is not None:
+                one_at_a_time.expect(self.sharing.expected_runs(ug.num_units))
+            # The split partitions run the traced graph module's tensors (see own_meta_state).
+            self.materializer = Materializer(ug.graph_module, device, self.counter.exclude)
+            self.state = unit_state(ug, ug.graph_module)
+
+    def run(
+        self, ug: UnitGraph, flat: list[Any], inputs: Any, loss_fn: LossFn | None
+    ) -> tuple[Any, list[UnitCall]]:
+        """The forward on ``flat`` (``inputs`` flattened) and the loss: the model's output
+        and every unit's call. ProfilingError for an output the pipeline cannot join."""
+        one_at_a_time = self.one_at_a_time is not None
+        with self.counter.counting():
+            flat_out, calls = run_units(
+                self.split,
+                flat,
+                on_call=self.before,
+                share=self.sharing,
+                after=self.measure_now if one_at_a_time else None,
+                inputs=self.writable if one_at_a_time else None,
+            )
+            output = ug.unflatten_output(flat_out)
+            try:  # refused here, at plan time, rather than by the runtime
+                inputs_convention.check_joinable_output(output, batch_size_of(inputs))
+            except inputs_convention.OutputError as exc:
+                raise ProfilingError(str(exc)) from None
+            self.counter.tag = "loss"  # the loss is computed by the last stage
+            loss_of(output, inputs, loss_fn)
+        return output, calls
+
+    def before(self, index: int, _module: Any) -> None:
+        """Unit ``index`` runs next: its saved tensors count for it (its weights exist)."""
+        self.counter.tag = index
+        if self.materializer is not None and self.state is not None:
+            self.materializer.materialize(self.state[index])
+
+    def writable(
+        self, index: int, module: fx.GraphModule, args: tuple[Any, ...], flags: tuple[bool, ...]
+    ) -> tuple[Any, ...]:
+        """Unit ``index``'s inputs, copied when it writes into one of them."""
+        # Units from meta get detached leaves as inputs; one that writes into its input
+        # (ReLU(inplace=True)) needs copies, as autograd forbids writing into such leaves.
+        with torch.autograd.graph.saved_tensors_hooks(_same, _same):
+            self.mutates[index] = _mutates_inputs(module, args, flags)
+        return fresh_inputs(args, flags) if self.mutates[index] else args
+
+    def measure_now(self, call: UnitCall) -> Any:
+        """Time unit ``call`` alone while its weights exist (model on meta), then free them;
+        returns its outputs, detached, for the next units."""
+        timing = self.one_at_a_time
+        assert self.materializer is not None and self.state is not None and timing is not None
+        outputs = _detached(call.outputs)
+        call.outputs = outputs
+        unit = self.units[call.index]
+        unit.activation_bytes = self.counter.bytes_by_tag.get(call.index, 0)
+        # Timed runs must not count as the capture's saved tensors.
+        with torch.autograd.graph.saved_tensors_hooks(_same, _same):
+            args = detach_args(call)
+            step = _unit_step(call, args, unit, self.device, self.mutates.get(call.index))
+            step.samples_per_round = min(self.sharing.copies(call.index), SHARED_SAMPLES_CAP)
+            steps = [step]
+            split = None
+            if self.split_clock is not None:
+                split = _split_backward_step(
+                    call, args, unit, self.device, self.split_clock, self.param_names
+                )
+                if split is not None:
+                    split.samples_per_round = step.samples_per_round
+                    steps.append(split)
+            self.timed[call.index] = time_steps_interleaved(
+                steps, self.device, warmup=timing.warmup, repeat=timing.repeat, clock=timing.clock
+            )[0]
+            _split_medians(unit, timing.warmup)
+        # The steps hold the unit's parameters: drop them before the weights are freed.
+        del step, steps, split, args
+        self.materializer.release(self.state[call.index])
+        if timing.tick is not None:
+            timing.tick()
+        return outputs
+
+
 def _prepare_size(
     model: nn.Module,
     ug: UnitGraph,
@@ -576,96 +689,15 @@ def _prepare_size(
     unit's backward split into B and W (:func:`_split_backward_step`) on this clock; those
     steps come after the loss step (``split_of_step``).
     """
-    n = ug.num_units
     flat = ug.flat_inputs(inputs)
-    split = split_units(ug, model)
-    param_names = canonical_parameter_names(model)
-    counter = SavedTensorCounter(exclude=parameter_storages(model))
-    sharing = UnitSharing(split, enabled=share)
-    units = [_UnitMeasurement() for _ in range(n)]
-    timed: dict[int, tuple[float, float]] = {}
+    capture = _Capture(model, ug, device, share, one_at_a_time, split_clock)
+    units, counter = capture.units, capture.counter
     if info is None:
         info = _node_bytes(ug, flat)
-    output_names = _unit_outputs(ug)
-    for i, names in enumerate(output_names):
+    for i, names in enumerate(_unit_outputs(ug)):
         units[i].output_bytes = _sum_unique(names, info)
-
-    materializer = state = None
-    if one_at_a_time is not None:
-        if one_at_a_time.expect is not None:
-            one_at_a_time.expect(sharing.expected_runs(n))
-        # The split partitions run the traced graph module's tensors (see own_meta_state).
-        materializer = Materializer(ug.graph_module, device, counter.exclude)
-        state = unit_state(ug, ug.graph_module)
-
-    def before(index: int, _module: Any) -> None:
-        counter.tag = index
-        if materializer is not None and state is not None:
-            materializer.materialize(state[index])
-
-    mutates: dict[int, bool] = {}
-
-    def writable(
-        index: int, module: fx.GraphModule, args: tuple[Any, ...], flags: tuple[bool, ...]
-    ) -> tuple[Any, ...]:
-        # Units from meta get detached leaves as inputs; one that writes into its input
-        # (ReLU(inplace=True)) needs copies, as autograd forbids writing into such leaves.
-        with torch.autograd.graph.saved_tensors_hooks(_same, _same):
-            mutates[index] = _mutates_inputs(module, args, flags)
-        return fresh_inputs(args, flags) if mutates[index] else args
-
-    def measure_now(call: UnitCall) -> Any:
-        # Meta model: time this unit alone while its weights exist, then free them.
-        assert materializer is not None and state is not None and one_at_a_time is not None
-        outputs = _detached(call.outputs)
-        call.outputs = outputs
-        unit = units[call.index]
-        unit.activation_bytes = counter.bytes_by_tag.get(call.index, 0)
-        # Timed runs must not count as the capture's saved tensors.
-        with torch.autograd.graph.saved_tensors_hooks(_same, _same):
-            args = detach_args(call)
-            step = _unit_step(call, args, unit, device, mutates.get(call.index))
-            step.samples_per_round = min(sharing.copies(call.index), SHARED_SAMPLES_CAP)
-            steps = [step]
-            split = None
-            if split_clock is not None:
-                split = _split_backward_step(call, args, unit, device, split_clock, param_names)
-                if split is not None:
-                    split.samples_per_round = step.samples_per_round
-                    steps.append(split)
-            timed[call.index] = time_steps_interleaved(
-                steps,
-                device,
-                warmup=one_at_a_time.warmup,
-                repeat=one_at_a_time.repeat,
-                clock=one_at_a_time.clock,
-            )[0]
-            _split_medians(unit, one_at_a_time.warmup)
-        # The steps hold the unit's parameters: drop them before the weights are freed.
-        del step, steps, split, args
-        materializer.release(state[call.index])
-        if one_at_a_time.tick is not None:
-            one_at_a_time.tick()
-        return outputs
-
-    # One real forward through the split graph: unit inputs, saved bytes per unit.
-    with counter.counting():
-        flat_out, calls = run_units(
-            split,
-            flat,
-            on_call=before,
-            share=sharing,
-            after=measure_now if one_at_a_time is not None else None,
-            inputs=writable if one_at_a_time is not None else None,
-        )
-        output = ug.unflatten_output(flat_out)
-        try:  # refused here, at plan time, rather than by the runtime
-            inputs_convention.check_joinable_output(output, batch_size_of(inputs))
-        except inputs_convention.OutputError as exc:
-            raise ProfilingError(str(exc)) from None
-        counter.tag = "loss"  # the loss is computed by the last stage
-        loss_of(output, inputs, loss_fn)
-    same_as = list(range(n))
+    output, calls = capture.run(ug, flat, inputs, loss_fn)
+    same_as = list(range(ug.num_units))
     for c in calls:
         if c.same_as is not None:
             same_as[c.index] = c.same_as
@@ -677,49 +709,70 @@ def _prepare_size(
         [] if one_at_a_time is not None else [(c, detach_args(c)) for c in ran]
     )
     detached_output = _detached(output)
-    del flat_out, output, calls, ran
-
-    cut_bytes = [_sum_unique(names, info) for names in cut_tensors(ug)]
+    del output, calls, ran
     input_names = [nd.name for nd in ug.graph_module.graph.nodes if nd.op == "placeholder"]
+    measurement = _SizeMeasurement(
+        units=units,
+        cut_bytes=[_sum_unique(names, info) for names in cut_tensors(ug)],
+        input_bytes=_sum_unique(input_names, info),
+    )
+    steps, measurement.split_of_step = _size_steps(
+        isolated, capture, same_as, _loss_step(detached_output, inputs, loss_fn)
+    )
+    measurement.unit_of_step = [c.index for c, _ in isolated]
+    measurement.same_as = same_as
+    measurement.timed = capture.timed
+    measurement.loss_activation_bytes = counter.bytes_by_tag.get("loss", 0)
+    measurement.peak_estimated = device.type != "cuda"
+    if capture.materializer is not None:
+        measurement.materialized_peak_bytes = capture.materializer.peak_bytes
+    return measurement, steps
 
+
+def _loss_step(output: Any, inputs: Any, loss_fn: LossFn | None) -> TimedStep:
+    """The loss on the (detached) model ``output`` as a timed step: forward and backward."""
+    out_leaves = [t for t in tensor_leaves(output) if t.requires_grad]
+    return TimedStep(
+        lambda: loss_of(output, inputs, loss_fn),
+        lambda loss: loss.backward(),
+        _zero_grads(out_leaves),
+    )
+
+
+def _size_steps(
+    isolated: list[tuple[UnitCall, tuple[Any, ...]]],
+    capture: _Capture,
+    same_as: list[int],
+    loss_step: TimedStep,
+) -> tuple[list[TimedStep], list[int]]:
+    """The timed steps of one micro-batch size, in order: each measured unit on its detached
+    inputs (``isolated``), the loss, then (with a split clock) each unit's split backward.
+    A unit that ``k`` units share is timed ``min(k, SHARED_SAMPLES_CAP)`` times per round.
+    Returns the steps and the unit of each split-backward step."""
     copies = Counter(same_as)
     steps: list[TimedStep] = []
     for call, args in isolated:
-        step = _unit_step(call, args, units[call.index], device)
+        step = _unit_step(call, args, capture.units[call.index], capture.device)
         step.samples_per_round = min(copies[call.index], SHARED_SAMPLES_CAP)
         steps.append(step)
-
-    # The loss, on the (detached) model output: forward and backward.
-    out_leaves = [t for t in tensor_leaves(detached_output) if t.requires_grad]
-    steps.append(
-        TimedStep(
-            lambda: loss_of(detached_output, inputs, loss_fn),
-            lambda loss: loss.backward(),
-            _zero_grads(out_leaves),
-        )
-    )
+    steps.append(loss_step)
     split_of_step: list[int] = []
-    if split_clock is not None:
-        for call, args in isolated:
-            split_step = _split_backward_step(
-                call, args, units[call.index], device, split_clock, param_names
-            )
-            if split_step is not None:
-                split_step.samples_per_round = min(copies[call.index], SHARED_SAMPLES_CAP)
-                steps.append(split_step)
-                split_of_step.append(call.index)
-    measurement = _SizeMeasurement(
-        units=units, cut_bytes=cut_bytes, input_bytes=_sum_unique(input_names, info)
-    )
-    measurement.split_of_step = split_of_step
-    measurement.unit_of_step = [c.index for c, _ in isolated]
-    measurement.same_as = same_as
-    measurement.timed = timed
-    measurement.loss_activation_bytes = counter.bytes_by_tag.get("loss", 0)
-    measurement.peak_estimated = device.type != "cuda"
-    if materializer is not None:
-        measurement.materialized_peak_bytes = materializer.peak_bytes
-    return measurement, steps
+    if capture.split_clock is None:
+        return steps, split_of_step
+    for call, args in isolated:
+        split_step = _split_backward_step(
+            call,
+            args,
+            capture.units[call.index],
+            capture.device,
+            capture.split_clock,
+            capture.param_names,
+        )
+        if split_step is not None:
+            split_step.samples_per_round = min(copies[call.index], SHARED_SAMPLES_CAP)
+            steps.append(split_step)
+            split_of_step.append(call.index)
+    return steps, split_of_step
 
 
 def _record_times(m: _SizeMeasurement, times: list[tuple[float, float]], warmup: int) -> None:
@@ -872,13 +925,104 @@ def profile(
     if isinstance(options, (str, torch.device)):
         fields = {"device": str(options), **fields}
         options = None
-    opts = MeasureOptions.build(options, fields)
-    device, dtype, granularity, tracer = opts.device, opts.dtype, opts.granularity, opts.tracer
-    warmup, repeat, microbatch_sizes = opts.warmup, opts.repeat, opts.microbatch_sizes
-    bytes_per_parameter, threads, clock = opts.bytes_per_parameter, opts.threads, opts.clock
-    share, reference, meta_init = opts.share, opts.reference, opts.meta_init
+    setup = _setup(model, example_inputs, MeasureOptions.build(options, fields))
+    key = None
+    if cache:
+        key = _cache_key(model, setup, loss_fn)
+        cached = load_cached(key, cache_dir)
+        if cached is not None:
+            # Said, not silent: a user who changed something the key does not see (the
+            # machine's load, a driver) must know nothing was measured, and how to measure.
+            log.info(
+                "profile read from cache (%s); --no-cache re-measures",
+                cache_path(key, cache_dir),
+            )
+            return annotate_tensor_parallel(cached, model, tp_plan)
+    with _preserved(model, setup.device), num_threads(setup.threads):
+        run = _measure_sizes(model, setup, loss_fn, progress)
+    return _finish(
+        _assemble(model, setup, run),
+        key,
+        cache_dir,
+        lambda p: annotate_tensor_parallel(p, model, tp_plan),
+    )
+
+
+@dataclass
+class _Setup:
+    """The measurement as resolved on this machine, before anything is traced."""
+
+    opts: MeasureOptions
+    device: torch.device
+    dtype: torch.dtype
+    meta_init: bool
+    reference: bool | None
+    """Time the whole model too (``None``: when no unit shares a measurement)."""
+    threads: int | None
+    clock: str | Callable[[], float]
+    clock_name: str
+    optimizer: str
+    """Resolved (``auto`` chosen by the dtype's element size)."""
+    optimizer_chosen: bool
+    inputs: Any
+    """The example inputs on ``device``, floating ones in ``dtype``."""
+    batch_size: int
+    sizes: list[int]
+    """The micro-batch sizes to time, ``batch_size`` first."""
+
+
+def _setup(model: nn.Module, example_inputs: Any, opts: MeasureOptions) -> _Setup:
+    """Check ``opts`` against the model, move and cast the model (in place) and the inputs,
+    and resolve device, dtype, optimizer, sizes, threads and clock. ValueError for options
+    that contradict each other or the model."""
     optimizer = normalize_optimizer(opts.optimizer)  # a typo fails now, not after measuring
-    unit_patterns = list(opts.units)
+    meta_init, reference = _meta_and_reference(model, opts)
+    dev = torch.device(opts.device) if opts.device is not None else None
+    if dev is None:
+        dev = torch.device("cpu") if meta_init else resolve_device(model, None)
+    if dev.type == "meta":
+        raise ValueError("device='meta' holds no data: measure on 'cpu' or 'cuda'")
+    dt = resolve_dtype(model, opts.dtype)
+    if not meta_init:
+        model.to(device=dev)
+    if opts.dtype is not None:
+        model.to(dtype=dt)
+    element_bytes = torch.tensor([], dtype=dt).element_size()
+    resolved_optimizer = resolve_optimizer(optimizer, element_bytes)
+    inputs = move_inputs(example_inputs, dev, dt)
+    big_b = batch_size_of(inputs)
+    sizes = microbatch_sizes_to_profile(big_b, opts.microbatch_sizes)
+    threads = opts.threads
+    if threads is None and dev.type == "cpu":
+        threads = 1
+    clock = opts.clock
+    if clock == "auto":
+        single = (threads or torch.get_num_threads()) == 1
+        clock = "thread_cpu" if dev.type == "cpu" and single else "wall"
+        if dev.type == "cuda":
+            clock = CUDA_EVENTS
+    return _Setup(
+        opts=opts,
+        device=dev,
+        dtype=dt,
+        meta_init=meta_init,
+        reference=reference,
+        threads=threads,
+        clock=clock,
+        clock_name=clock if isinstance(clock, str) else getattr(clock, "__name__", "custom"),
+        optimizer=resolved_optimizer,
+        optimizer_chosen=optimizer != "auto",
+        inputs=inputs,
+        batch_size=big_b,
+        sizes=sizes,
+    )
+
+
+def _meta_and_reference(model: nn.Module, opts: MeasureOptions) -> tuple[bool, bool | None]:
+    """Whether to measure from meta (``opts.meta_init``, ``None``: when the model is on
+    meta) and whether to time the whole model (``opts.reference``; forced by
+    ``scale_to_reference``). ValueError when they contradict each other or the model."""
+    meta_init, reference = opts.meta_init, opts.reference
     is_meta = on_meta(model)
     if meta_init is None:
         meta_init = is_meta
@@ -900,230 +1044,223 @@ def profile(
             "reference=True needs the whole model in memory (so does scale_to_reference=True); "
             "not with meta_init"
         )
-    dev = torch.device(device) if device is not None else None
-    if dev is None:
-        dev = torch.device("cpu") if meta_init else resolve_device(model, None)
-    if dev.type == "meta":
-        raise ValueError("device='meta' holds no data: measure on 'cpu' or 'cuda'")
-    dt = resolve_dtype(model, dtype)
-    if not meta_init:
-        model.to(device=dev)
-    if dtype is not None:
-        model.to(dtype=dt)
-    element_bytes = torch.tensor([], dtype=dt).element_size()
-    optimizer_chosen = optimizer != "auto"
-    optimizer = resolve_optimizer(optimizer, element_bytes)
-    inputs = move_inputs(example_inputs, dev, dt)
-    big_b = batch_size_of(inputs)
-    sizes = microbatch_sizes_to_profile(big_b, microbatch_sizes)
+    return meta_init, reference
 
-    if threads is None and dev.type == "cpu":
-        threads = 1
-    if clock == "auto":
-        single = (threads or torch.get_num_threads()) == 1
-        clock = "thread_cpu" if dev.type == "cpu" and single else "wall"
-        if dev.type == "cuda":
-            clock = CUDA_EVENTS
-    clock_name = clock if isinstance(clock, str) else getattr(clock, "__name__", "custom")
 
-    key = None
-    if cache:
-        # The options as resolved on this machine are the key: the same measurement asked
-        # twice, or asked with a device/clock "auto" resolves to, finds one entry.
-        resolved = dataclasses.replace(
-            opts,
-            device=str(dev),
-            dtype=str(dt).removeprefix("torch."),
-            microbatch_sizes=tuple(sizes),
-            threads=threads,
-            clock=clock_name,
-            meta_init=meta_init,
-        )
-        key = cache_key(
+def _cache_key(model: nn.Module, setup: _Setup, loss_fn: LossFn | None) -> str:
+    """The profile cache's key: the options as resolved on this machine, so the same
+    measurement asked twice, or asked with a device/clock "auto" resolves to, finds one
+    entry."""
+    resolved = dataclasses.replace(
+        setup.opts,
+        device=str(setup.device),
+        dtype=str(setup.dtype).removeprefix("torch."),
+        microbatch_sizes=tuple(setup.sizes),
+        threads=setup.threads,
+        clock=setup.clock_name,
+        meta_init=setup.meta_init,
+    )
+    return cache_key(
+        model,
+        setup.inputs,
+        **resolved.key(),
+        loss_fn=getattr(loss_fn, "__qualname__", repr(loss_fn)),
+    )
+
+
+@dataclass
+class _Measured:
+    """Every micro-batch size measured: the per-size figures and the whole-model reference."""
+
+    ug: UnitGraph
+    """The units, traced at the full batch."""
+    sizes: list[int]
+    """The micro-batch sizes measured (a size whose units differ is skipped)."""
+    measured: list[_SizeMeasurement]
+    total_forward_s: float = 0.0
+    total_backward_s: float = 0.0
+    total_saved_bytes: int = 0
+    timed_reference: bool = False
+    parameters: list[dict[str, Any]] = field(default_factory=list)
+    """Per unit, its parameter and training-state fields of :class:`UnitProfile`."""
+    parameter_bytes_total: int = 0
+
+
+def _measure_sizes(
+    model: nn.Module, setup: _Setup, loss_fn: LossFn | None, progress: bool
+) -> _Measured:
+    """Trace the model, then measure every micro-batch size (all in the same rounds; from
+    meta one size after another, each unit timed alone) and count the parameters."""
+    opts, meta_init = setup.opts, setup.meta_init
+    # On meta, trace a copy (no data to copy): tracers may keep weak references to the
+    # tensors they saw, and those tensors could then not be materialized in place.
+    traced_model = copy.deepcopy(model) if meta_init else model
+    trace_inputs = to_meta(setup.inputs) if meta_init else setup.inputs
+    ug = trace_units(traced_model, trace_inputs, opts.granularity, opts.tracer, list(opts.units))
+    label = f"profiling {type(model).__name__} ({ug.num_units} units"
+    bar = tqdm.auto.tqdm(  # looked up when called: tests record the bar
+        total=opts.warmup + opts.repeat if not meta_init else None,
+        desc=label + (", one at a time from meta)" if meta_init else ")"),
+        unit="round" if not meta_init else "unit",
+        disable=not progress,
+        leave=False,
+    )
+    graphs = _size_graphs(traced_model, ug, setup)
+    infos: list[Any] = _meta_node_bytes(graphs, setup.device) if meta_init else [None] * len(graphs)
+    units_bar = _UnitsProgress(bar, len(graphs), label)
+    one_at_a_time = (
+        _Timing(opts.warmup, opts.repeat, setup.clock, tick=units_bar.tick, expect=units_bar.expect)
+        if meta_init
+        else None
+    )
+    run = _Measured(ug=ug, sizes=[], measured=[])
+    prepared: list[tuple[int, _SizeMeasurement, list[TimedStep], bool]] = []
+    for (size, size_inputs, size_ug), info in zip(graphs, infos, strict=True):
+        bar.set_postfix_str(f"micro-batch {size}")
+        m, steps = _prepare_size(
             model,
-            inputs,
-            **resolved.key(),
-            loss_fn=getattr(loss_fn, "__qualname__", repr(loss_fn)),
+            size_ug,
+            size_inputs,
+            setup.device,
+            loss_fn,
+            share=opts.share,
+            info=info,
+            one_at_a_time=one_at_a_time,
+            # B and W at every size: W's per-call part (one autograd call per
+            # parameter group) is larger than the whole backward's.
+            split_clock=setup.clock if opts.split_backward else None,
         )
-        cached = load_cached(key, cache_dir)
-        if cached is not None:
-            # Said, not silent: a user who changed something the key does not see (the
-            # machine's load, a driver) must know nothing was measured, and how to measure.
-            log.info(
-                "profile read from cache (%s); --no-cache re-measures",
-                cache_path(key, cache_dir),
-            )
-            return annotate_tensor_parallel(cached, model, tp_plan)
-
-    from tqdm.auto import tqdm
-
-    with _preserved(model, dev), num_threads(threads):
-        # On meta, trace a copy (no data to copy): tracers may keep weak references to the
-        # tensors they saw, and those tensors could then not be materialized in place.
-        traced_model = copy.deepcopy(model) if meta_init else model
-        trace_inputs = to_meta(inputs) if meta_init else inputs
-        ug = trace_units(traced_model, trace_inputs, granularity, tracer, unit_patterns)
-        n = ug.num_units
-        bar = tqdm(
-            total=warmup + repeat if not meta_init else None,
-            desc=f"profiling {type(model).__name__} ({n} units"
-            + (", one at a time from meta)" if meta_init else ")"),
-            unit="round" if not meta_init else "unit",
-            disable=not progress,
-            leave=False,
+        shared = any(rep != i for i, rep in enumerate(m.same_as))
+        with_whole = size == setup.batch_size and (
+            setup.reference or (setup.reference is None and not shared and not meta_init)
         )
-        plans: list[tuple[int, Any, UnitGraph]] = []
-        for size in sizes:
-            size_inputs = inputs if size == big_b else slice_batch(inputs, size, big_b)
-            size_ug = ug
-            if size != big_b and not ug.batch_dynamic:
-                # export specialised the batch dimension: trace again at this batch size.
-                traced = to_meta(size_inputs) if meta_init else size_inputs
-                size_ug = trace_units(traced_model, traced, granularity, "export", unit_patterns)
-                if size_ug.unit_names != ug.unit_names:
-                    warnings.warn(
-                        f"units differ at micro-batch size {size}; size skipped", stacklevel=2
-                    )
-                    continue
-            plans.append((size, size_inputs, size_ug))
-        infos: list[Any] = [None] * len(plans)
-        if meta_init:
-            for _, _, size_ug in plans:
-                own_meta_state(size_ug.graph_module)
-            # Bytes of every graph value from a run on meta, before the graphs are pointed
-            # at the real device (export bakes the tracing device into some ops).
-            for k, (_, size_inputs, size_ug) in enumerate(plans):
-                infos[k] = meta_node_bytes(size_ug, size_ug.flat_inputs(to_meta(size_inputs)))
-            for _, _, size_ug in plans:
-                retarget_devices([size_ug.graph_module], dev)
-        units_bar = _UnitsProgress(bar, len(plans), f"profiling {type(model).__name__} ({n} units")
-        one_at_a_time = (
-            _Timing(warmup, repeat, clock, tick=units_bar.tick, expect=units_bar.expect)
-            if meta_init
-            else None
-        )
-        measured: list[_SizeMeasurement] = []
-        used_sizes: list[int] = []
-        total_fwd_s = total_bwd_s = 0.0
-        total_saved = 0
-        timed_reference = False
-        prepared: list[tuple[int, _SizeMeasurement, list[Any], bool]] = []
-        for (size, size_inputs, size_ug), info in zip(plans, infos, strict=True):
-            bar.set_postfix_str(f"micro-batch {size}")
-            m, steps = _prepare_size(
-                model,
-                size_ug,
-                size_inputs,
-                dev,
-                loss_fn,
-                share=share,
-                info=info,
-                one_at_a_time=one_at_a_time,
-                # B and W at every size: W's per-call part (one autograd call per
-                # parameter group) is larger than the whole backward's.
-                split_clock=clock if opts.split_backward else None,
-            )
-            shared = any(rep != i for i, rep in enumerate(m.same_as))
-            with_whole = size == big_b and (
-                reference or (reference is None and not shared and not meta_init)
-            )
-            if with_whole:
-                # The whole model is timed in the same rounds as its units.
-                whole, total_saved = whole_model_step(model, inputs, loss_fn)
-                steps.append(whole)
-                timed_reference = True
-            prepared.append((size, m, steps, with_whole))
-        if meta_init:  # one size after another: each holds only its own materialized units
-            size_times = [
-                time_steps_interleaved(steps, dev, warmup=warmup, repeat=repeat, clock=clock)
-                for _, _, steps, _ in prepared
-            ]
-        else:
-            # Every size in the same rounds: a drift of the machine's speed then hits all
-            # sizes alike, and the per-call parts fitted across sizes do not take it for a
-            # difference between sizes.
-            flat = time_steps_interleaved(
-                [step for _, _, steps, _ in prepared for step in steps],
-                dev,
-                warmup=warmup,
-                repeat=repeat,
-                tick=lambda: bar.update(),
-                clock=clock,
-            )
-            size_times, start = [], 0
-            for _, _, steps, _ in prepared:
-                size_times.append(flat[start : start + len(steps)])
-                start += len(steps)
-        for (size, m, _, with_whole), times in zip(prepared, size_times, strict=True):
-            if with_whole:
-                total_fwd_s, total_bwd_s = times.pop()
-            _record_times(m, times, warmup)
-            measured.append(m)
-            used_sizes.append(size)
-        bar.close()
-        params, params_total = parameter_accounting(ug, model, optimizer, bytes_per_parameter)
+        if with_whole:
+            # The whole model is timed in the same rounds as its units.
+            whole, run.total_saved_bytes = whole_model_step(model, setup.inputs, loss_fn)
+            steps.append(whole)
+            run.timed_reference = True
+        prepared.append((size, m, steps, with_whole))
+    size_times = _time_sizes([steps for _, _, steps, _ in prepared], setup, bar)
+    for (size, m, _, with_whole), times in zip(prepared, size_times, strict=True):
+        if with_whole:
+            run.total_forward_s, run.total_backward_s = times.pop()
+        _record_times(m, times, opts.warmup)
+        run.measured.append(m)
+        run.sizes.append(size)
+    bar.close()
+    run.parameters, run.parameter_bytes_total = parameter_accounting(
+        ug, model, setup.optimizer, opts.bytes_per_parameter
+    )
+    return run
 
-    offenders = nonlinear_bytes(ug.unit_names, used_sizes, measured) if len(measured) > 1 else []
+
+def _size_graphs(
+    traced_model: nn.Module, ug: UnitGraph, setup: _Setup
+) -> list[tuple[int, Any, UnitGraph]]:
+    """Per micro-batch size: its inputs (the first rows of the batch) and its unit graph,
+    ``ug`` itself unless export specialised the batch dimension (then traced again at that
+    size; a size whose units differ is skipped with a warning)."""
+    opts, big_b = setup.opts, setup.batch_size
+    graphs: list[tuple[int, Any, UnitGraph]] = []
+    for size in setup.sizes:
+        size_inputs = setup.inputs if size == big_b else slice_batch(setup.inputs, size, big_b)
+        size_ug = ug
+        if size != big_b and not ug.batch_dynamic:
+            # export specialised the batch dimension: trace again at this batch size.
+            traced = to_meta(size_inputs) if setup.meta_init else size_inputs
+            size_ug = trace_units(
+                traced_model, traced, opts.granularity, "export", list(opts.units)
+            )
+            if size_ug.unit_names != ug.unit_names:
+                warnings.warn(
+                    f"units differ at micro-batch size {size}; size skipped", stacklevel=4
+                )
+                continue
+        graphs.append((size, size_inputs, size_ug))
+    return graphs
+
+
+def _meta_node_bytes(
+    graphs: list[tuple[int, Any, UnitGraph]], device: torch.device
+) -> list[dict[str, list[tuple[tuple[str, int], int, int]]]]:
+    """Per micro-batch size (model on meta), the bytes of every graph value from a run on
+    meta, before the graphs are pointed at the real ``device`` (export bakes the tracing
+    device into some ops); then the graphs own their meta state and run on ``device``."""
+    for _, _, size_ug in graphs:
+        own_meta_state(size_ug.graph_module)
+    infos = [
+        meta_node_bytes(size_ug, size_ug.flat_inputs(to_meta(size_inputs)))
+        for _, size_inputs, size_ug in graphs
+    ]
+    for _, _, size_ug in graphs:
+        retarget_devices([size_ug.graph_module], device)
+    return infos
+
+
+def _time_sizes(
+    size_steps: list[list[TimedStep]], setup: _Setup, bar: Any
+) -> list[list[tuple[float, float]]]:
+    """(forward, backward) seconds of every step, per micro-batch size."""
+    opts = setup.opts
+    if setup.meta_init:  # one size after another: each holds only its own materialized units
+        return [
+            time_steps_interleaved(
+                steps, setup.device, warmup=opts.warmup, repeat=opts.repeat, clock=setup.clock
+            )
+            for steps in size_steps
+        ]
+    # Every size in the same rounds: a drift of the machine's speed then hits all sizes
+    # alike, and the per-call parts fitted across sizes do not take it for a difference
+    # between sizes.
+    flat = time_steps_interleaved(
+        [step for steps in size_steps for step in steps],
+        setup.device,
+        warmup=opts.warmup,
+        repeat=opts.repeat,
+        tick=lambda: bar.update(),
+        clock=setup.clock,
+    )
+    size_times, start = [], 0
+    for steps in size_steps:
+        size_times.append(flat[start : start + len(steps)])
+        start += len(steps)
+    return size_times
+
+
+def _assemble(model: nn.Module, setup: _Setup, run: _Measured) -> Profile:
+    """The Profile from the measured sizes: the full batch's figures, per-call parts fitted
+    across sizes, the measurement's settings in ``meta`` (warns when bytes do not scale
+    linearly with the micro-batch size)."""
+    ug, measured, sizes, opts = run.ug, run.measured, run.sizes, setup.opts
+    offenders = nonlinear_bytes(ug.unit_names, sizes, measured) if len(measured) > 1 else []
     if offenders:
         warnings.warn(
             "bytes do not scale linearly with micro-batch size: "
             + "; ".join(offenders[:4])
             + "; memory at other micro-batch sizes is extrapolated linearly and may be off",
-            stacklevel=2,
+            stacklevel=3,
         )
     base = measured[0]
-    # A unit shares a measurement when it did at every micro-batch size.
-    measured_as = [
-        ug.unit_names[base.same_as[i]]
-        if base.same_as[i] != i and all(m.same_as[i] == base.same_as[i] for m in measured)
-        else ""
-        for i in range(n)
-    ]
-    units: list[UnitProfile] = []
-    for i, name in enumerate(ug.unit_names):
-        um = base.units[i]
-        fwd_a, _ = fit_time_model(used_sizes, [m.units[i].forward_s for m in measured])
-        bwd_a, _ = fit_time_model(used_sizes, [m.units[i].backward_s for m in measured])
-        bi_a, _ = fit_time_model(used_sizes, [m.units[i].backward_input_s for m in measured])
-        bw_a, _ = fit_time_model(used_sizes, [m.units[i].backward_weight_s for m in measured])
-        split_fit = len(measured) > 1 and um.backward_input_s + um.backward_weight_s > 0
-        units.append(
-            UnitProfile(
-                name=name,
-                kind=ug.unit_kinds[i],
-                forward_s=um.forward_s,
-                backward_s=um.backward_s,
-                forward_overhead_s=min(fwd_a, um.forward_s) if len(measured) > 1 else 0.0,
-                backward_overhead_s=min(bwd_a, um.backward_s) if len(measured) > 1 else 0.0,
-                backward_input_s=um.backward_input_s,
-                backward_weight_s=um.backward_weight_s,
-                backward_input_overhead_s=min(bi_a, um.backward_input_s) if split_fit else 0.0,
-                backward_weight_overhead_s=min(bw_a, um.backward_weight_s) if split_fit else 0.0,
-                activation_bytes=um.activation_bytes,
-                output_bytes=um.output_bytes,
-                peak_bytes=um.peak_bytes,
-                measured_as=measured_as[i],
-                backward_unsplit=um.unsplit_reason,
-                **params[i],
-            )
-        )
+    units = _unit_profiles(ug, run)
     scale = (
-        _scale_to_reference(units, total_fwd_s, total_bwd_s) if opts.scale_to_reference else None
+        _scale_to_reference(units, run.total_forward_s, run.total_backward_s)
+        if opts.scale_to_reference
+        else None
     )
     meta: dict[str, Any] = {
-        "microbatch_sizes": used_sizes,
+        "microbatch_sizes": sizes,
         "loss_forward_s": base.loss_forward_s,
         "loss_backward_s": base.loss_backward_s,
-        "warmup": warmup,
-        "repeat": repeat,
-        "threads": torch.get_num_threads() if threads is None else threads,
-        "clock": clock_name,
+        "warmup": opts.warmup,
+        "repeat": opts.repeat,
+        "threads": torch.get_num_threads() if setup.threads is None else setup.threads,
+        "clock": setup.clock_name,
         "host": platform.node(),
-        "reference": timed_reference,
-        "shared_samples_cap": SHARED_SAMPLES_CAP if share else 1,
-        "meta_init": meta_init,
+        "reference": run.timed_reference,
+        "shared_samples_cap": SHARED_SAMPLES_CAP if opts.share else 1,
+        "meta_init": setup.meta_init,
         "materialized_peak_bytes": max(m.materialized_peak_bytes for m in measured),
-        "optimizer_chosen": optimizer_chosen or bytes_per_parameter is not None,
+        "optimizer_chosen": setup.optimizer_chosen or opts.bytes_per_parameter is not None,
         "per_size": [
             {
                 "microbatch_size": s,
@@ -1131,33 +1268,68 @@ def profile(
                 "backward_s": [u.backward_s for u in m.units],
                 "activation_bytes": [u.activation_bytes for u in m.units],
             }
-            for s, m in zip(used_sizes, measured, strict=True)
+            for s, m in zip(sizes, measured, strict=True)
         ],
     }
-    if bytes_per_parameter is not None:
-        meta["state_bytes_per_parameter"] = bytes_per_parameter
+    if opts.bytes_per_parameter is not None:
+        meta["state_bytes_per_parameter"] = opts.bytes_per_parameter
     if scale is not None:
         meta["reference_scale"] = scale
-    return _finish(
-        Profile(
-            **profile_header(ug, dt, type(model).__name__),
-            units=units,
-            cut_bytes=base.cut_bytes,
-            batch_size=big_b,
-            device=str(dev),
-            mode="measured",
-            input_bytes=base.input_bytes,
-            total_forward_s=total_fwd_s,
-            total_backward_s=total_bwd_s,
-            total_activation_bytes=total_saved,
-            parameter_bytes_total=params_total,
-            optimizer=optimizer,
-            meta=meta,
-        ),
-        key,
-        cache_dir,
-        lambda p: annotate_tensor_parallel(p, model, tp_plan),
+    return Profile(
+        **profile_header(ug, setup.dtype, type(model).__name__),
+        units=units,
+        cut_bytes=base.cut_bytes,
+        batch_size=setup.batch_size,
+        device=str(setup.device),
+        mode="measured",
+        input_bytes=base.input_bytes,
+        total_forward_s=run.total_forward_s,
+        total_backward_s=run.total_backward_s,
+        total_activation_bytes=run.total_saved_bytes,
+        parameter_bytes_total=run.parameter_bytes_total,
+        optimizer=setup.optimizer,
+        meta=meta,
     )
+
+
+def _unit_profiles(ug: UnitGraph, run: _Measured) -> list[UnitProfile]:
+    """Each unit's figures at the full batch, with per-call parts (seconds) fitted across
+    the sizes (``t(b) = a + c * b``, at most the time itself; 0 with one size). A unit
+    shares a measurement when it did at every size."""
+    measured, sizes = run.measured, run.sizes
+    base = measured[0]
+    several = len(measured) > 1
+    units: list[UnitProfile] = []
+    for i, name in enumerate(ug.unit_names):
+        um = base.units[i]
+        rep = base.same_as[i]
+        shares = rep != i and all(m.same_as[i] == rep for m in measured)
+        fwd_a, _ = fit_time_model(sizes, [m.units[i].forward_s for m in measured])
+        bwd_a, _ = fit_time_model(sizes, [m.units[i].backward_s for m in measured])
+        bi_a, _ = fit_time_model(sizes, [m.units[i].backward_input_s for m in measured])
+        bw_a, _ = fit_time_model(sizes, [m.units[i].backward_weight_s for m in measured])
+        split_fit = several and um.backward_input_s + um.backward_weight_s > 0
+        units.append(
+            UnitProfile(
+                name=name,
+                kind=ug.unit_kinds[i],
+                forward_s=um.forward_s,
+                backward_s=um.backward_s,
+                forward_overhead_s=min(fwd_a, um.forward_s) if several else 0.0,
+                backward_overhead_s=min(bwd_a, um.backward_s) if several else 0.0,
+                backward_input_s=um.backward_input_s,
+                backward_weight_s=um.backward_weight_s,
+                backward_input_overhead_s=min(bi_a, um.backward_input_s) if split_fit else 0.0,
+                backward_weight_overhead_s=min(bw_a, um.backward_weight_s) if split_fit else 0.0,
+                activation_bytes=um.activation_bytes,
+                output_bytes=um.output_bytes,
+                peak_bytes=um.peak_bytes,
+                measured_as=ug.unit_names[rep] if shares else "",
+                backward_unsplit=um.unsplit_reason,
+                **run.parameters[i],
+            )
+        )
+    return units
 
 
 def _scale_to_reference(

@@ -1,19 +1,22 @@
-"""What a measured profile is asked for, as one typed value: :class:`MeasureOptions`.
+"""What a profile is asked for, as one typed value: :class:`MeasureOptions` (measured)
+and :class:`AnalyticOptions` (counted).
 
-Torch-free. ``autopipe.profiler.measure.profile(model, inputs, MeasureOptions(...))`` takes it
-(keyword arguments build one), and the same options, resolved for the machine (the device,
-dtype, thread count and clock actually used), are the profile cache's key: two runs that
-would measure the same thing find the same cached profile, and nothing else does.
+Torch-free. ``autopipe.profiler.measure.profile(model, inputs, MeasureOptions(...))`` takes the
+first (keyword arguments build one), and the same options, resolved for the machine (the
+device, dtype, thread count and clock actually used), are the profile cache's key: two runs
+that would measure the same thing find the same cached profile, and nothing else does.
+``autopipe.profiler.analytic.profile_analytic(model, inputs, device, AnalyticOptions(...))``
+takes the second.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["MeasureOptions"]
+__all__ = ["AnalyticOptions", "MeasureOptions"]
 
 
 @dataclass(frozen=True)
@@ -94,3 +97,41 @@ class MeasureOptions:
         if callable(self.clock):
             data["clock"] = getattr(self.clock, "__qualname__", "custom")
         return {k: list(v) if isinstance(v, tuple) else v for k, v in data.items()}
+
+
+@dataclass(frozen=True)
+class AnalyticOptions:
+    """How to count a profile on the meta device for a catalog device
+    (:func:`autopipe.profiler.analytic.profile_analytic`)."""
+
+    dtype: str = "bfloat16"
+    """Floating inputs and parameters are cast to it (``"bfloat16"``, ``"float16"``,
+    ``"float32"``)."""
+    granularity: str = "block"
+    """What a unit is: ``"block"``, ``"module"`` or ``"node"``."""
+    units: tuple[str, ...] = ()
+    """fnmatch patterns over module paths naming the units instead (``"model.layers.*"``)."""
+    microbatch_sizes: tuple[int, ...] | None = None
+    """Sizes also counted to fit ``t(b) = a + c * b`` per unit; ``None``: ``B`` and ``B/4``
+    (or ``B/2``); ``()``: ``B`` only (the per-call part is then kernels x launch overhead)."""
+    efficiency: float | Mapping[str, float] | None = None
+    """A float sets the device's compute efficiency; a mapping may set ``compute``,
+    ``memory`` and ``kernel_launch_overhead_s``; None: the catalog's."""
+    optimizer: str = "auto"
+    """Training state per parameter (``auto``: mixed-precision Adam for 16-bit parameters,
+    Adam for fp32; ``autopipe/core/optimizer.py``)."""
+    bytes_per_parameter: float | None = None
+    """Training-state bytes per parameter instead of ``optimizer``'s."""
+    allow_tf32: bool = False
+    """Price fp32 matrix products at the device's TF32 peak."""
+    share: bool = True
+    """Count a stack of repeated blocks as its first few blocks and repeat the counts
+    (:mod:`autopipe.profiler.reduce`); ``False`` counts every block."""
+    model_name: str = ""
+    """The profile's model name (default: the model's class name)."""
+
+    def __post_init__(self) -> None:
+        # Lists for tuples: kept as plain, immutable values.
+        object.__setattr__(self, "units", tuple(self.units or ()))
+        if self.microbatch_sizes is not None:
+            object.__setattr__(self, "microbatch_sizes", tuple(self.microbatch_sizes))

@@ -13,6 +13,7 @@ from autopipe.profiler.analytic import AnalyticProfileError, profile_analytic
 from autopipe.profiler.calibrate import CalibrationError, calibrate, reprice, spec_of
 from autopipe.profiler.measure import profile as measured_profile
 from autopipe.profiler.measure import whole_model_saved_bytes
+from autopipe.profiler.options import AnalyticOptions
 from profiler_models import (
     DataBranch,
     ShapeBranch,
@@ -41,7 +42,7 @@ def small_gpt(**overrides):
 @pytest.fixture(scope="module")
 def gpt_profile() -> Profile:
     model, x = small_gpt()
-    return profile_analytic(model, x, "a100", dtype="float32", loss_fn=gpt.loss_fn)
+    return profile_analytic(model, x, "a100", AnalyticOptions(dtype="float32"), loss_fn=gpt.loss_fn)
 
 
 def test_gpt_units_and_textbook_flops(gpt_profile: Profile) -> None:
@@ -98,14 +99,16 @@ def test_gpt_bytes_and_shapes(gpt_profile: Profile) -> None:
 def test_bf16_halves_bytes() -> None:
     model, x = small_gpt()
     p16 = profile_analytic(model, x, "h100-sxm", loss_fn=gpt.loss_fn)
-    p32 = profile_analytic(model, x, "h100-sxm", dtype="fp32", loss_fn=gpt.loss_fn)
+    p32 = profile_analytic(model, x, "h100-sxm", AnalyticOptions(dtype="fp32"), loss_fn=gpt.loss_fn)
     assert p16.dtype == "bfloat16" and p16.bytes_per_parameter == 2
     assert p16.units[3].parameter_bytes * 2 == p32.units[3].parameter_bytes
     assert p16.units[3].output_bytes * 2 == p32.units[3].output_bytes
     # 16-bit training defaults to mixed-precision Adam: fp32 master, m and v (12 bytes)
     assert p16.optimizer == "mixed-adam"
     assert p16.units[3].optimizer_bytes == 12 * p16.units[3].parameter_count
-    plain = profile_analytic(model, x, "h100-sxm", loss_fn=gpt.loss_fn, optimizer="adam")
+    plain = profile_analytic(
+        model, x, "h100-sxm", AnalyticOptions(optimizer="adam"), loss_fn=gpt.loss_fn
+    )
     assert plain.units[3].optimizer_bytes == 2 * p16.units[3].parameter_bytes  # moments in bf16
     assert p32.optimizer == "adam"
     assert p32.units[3].optimizer_bytes == 2 * p32.units[3].parameter_bytes
@@ -121,23 +124,31 @@ def test_bf16_halves_bytes() -> None:
 
 def test_overhead_fit_sees_weight_reads_at_small_batch() -> None:
     layer = torch.nn.Sequential(torch.nn.Linear(4096, 4096), torch.nn.Linear(4096, 4096))
-    small = profile_analytic(layer, torch.randn(8, 4096), "a100", microbatch_sizes=(2,))
-    big = profile_analytic(layer, torch.randn(8192, 4096), "a100", microbatch_sizes=(2048,))
+    small = profile_analytic(
+        layer, torch.randn(8, 4096), "a100", AnalyticOptions(microbatch_sizes=(2,))
+    )
+    big = profile_analytic(
+        layer, torch.randn(8192, 4096), "a100", AnalyticOptions(microbatch_sizes=(2048,))
+    )
     # batch 8: reading 32 MiB of bf16 weights dominates, the time barely depends on b
     assert small.units[0].forward_overhead_s > 0.8 * small.units[0].forward_s
     # batch 8192: compute-bound, the fixed part is a small fraction
     assert big.units[0].forward_overhead_s < 0.1 * big.units[0].forward_s
-    only = profile_analytic(layer, torch.randn(8, 4096), "a100", microbatch_sizes=())
+    only = profile_analytic(
+        layer, torch.randn(8, 4096), "a100", AnalyticOptions(microbatch_sizes=())
+    )
     launches = only.meta["analytic_units"][0]["forward"]["kernels"] * 8e-6
     assert only.units[0].forward_overhead_s == pytest.approx(launches)
     assert only.meta["analytic_smaller_sizes"] == []
     with pytest.raises(AnalyticProfileError, match="micro-batch sizes must be between 1"):
-        profile_analytic(layer, torch.randn(8, 4096), "a100", microbatch_sizes=(16,))
+        profile_analytic(
+            layer, torch.randn(8, 4096), "a100", AnalyticOptions(microbatch_sizes=(16,))
+        )
 
 
 def test_tied_weights_count_in_each_user_and_once_in_total() -> None:
     model, x = small_gpt(tie_weights=True)
-    p = profile_analytic(model, x, "a100", dtype="float32", loss_fn=gpt.loss_fn)
+    p = profile_analytic(model, x, "a100", AnalyticOptions(dtype="float32"), loss_fn=gpt.loss_fn)
     # the convention of the measured profiler: a stage holding either unit needs the weight
     assert p.units[0].parameter_count == V * D == p.units[-1].parameter_count
     assert p.units[0].shared_parameters == p.units[-1].shared_parameters == ["tok_emb.weight"]
@@ -147,7 +158,7 @@ def test_tied_weights_count_in_each_user_and_once_in_total() -> None:
 def test_resnet_conv_flops_and_shapes() -> None:
     model = resnet.resnet(widths=(8, 16), blocks_per_stage=2, num_classes=10)
     x = resnet.example_inputs(4)
-    p = profile_analytic(model, x, "l4", dtype="float32")
+    p = profile_analytic(model, x, "l4", AnalyticOptions(dtype="float32"))
     assert p.unit_names == [str(i) for i in range(8)]
     hw, c = 32 * 32, 8
     conv3x3 = 2 * c * c * 9 * hw * 4  # 2 * Cout * Cin * k^2 * H_out * W_out * batch
@@ -188,7 +199,7 @@ def _example(name: str) -> tuple[torch.nn.Module, Any, Any]:
 def test_saved_activation_bytes_match_a_real_cpu_run(example: str) -> None:
     model, x, loss_fn = _example(example)
     measured = whole_model_saved_bytes(model, x, loss_fn)
-    analytic = profile_analytic(model, x, "cpu", dtype="float32", loss_fn=loss_fn)
+    analytic = profile_analytic(model, x, "cpu", AnalyticOptions(dtype="float32"), loss_fn=loss_fn)
     assert analytic.total_activation_bytes == pytest.approx(measured, rel=0.10)
     assert analytic.total_activation_bytes == sum(u.activation_bytes for u in analytic.units)
 
@@ -247,7 +258,9 @@ def test_efficiency_and_calibration_round_trip(gpt_profile: Profile) -> None:
     )
     # the efficiency argument of profile_analytic moves only the compute-bound part
     model, x = small_gpt()
-    slow = profile_analytic(model, x, "a100", dtype="float32", loss_fn=gpt.loss_fn, efficiency=0.35)
+    slow = profile_analytic(
+        model, x, "a100", AnalyticOptions(dtype="float32", efficiency=0.35), loss_fn=gpt.loss_fn
+    )
     assert slow.meta["analytic_units"][-1]["forward"]["compute_s"] == pytest.approx(
         2 * gpt_profile.meta["analytic_units"][-1]["forward"]["compute_s"]
     )
@@ -271,10 +284,12 @@ def test_profile_round_trips_through_json(gpt_profile: Profile, tmp_path) -> Non
 
 
 def test_tracers_and_data_dependent_control_flow() -> None:
-    p = profile_analytic(ShapeBranch(), torch.randn(4, 8), "a100", dtype="float32")
+    p = profile_analytic(ShapeBranch(), torch.randn(4, 8), "a100", AnalyticOptions(dtype="float32"))
     assert p.tracer == "export" and p.unit_names == ["a", "b"]
     assert p.units[0].forward_flops == 2 * 4 * 8 * 8
-    decoder = profile_analytic(TiedDecoder(), decoder_inputs(), "a100", dtype="float32")
+    decoder = profile_analytic(
+        TiedDecoder(), decoder_inputs(), "a100", AnalyticOptions(dtype="float32")
+    )
     assert decoder.units[-1].shared_parameters == ["wte.weight"]
     with pytest.raises(AnalyticProfileError, match="data-dependent control flow"):
         profile_analytic(DataBranch(), torch.randn(4, 8), "a100")
@@ -287,7 +302,7 @@ def test_bad_arguments() -> None:
     with pytest.raises(DeviceSpecError, match="V100-32GB has no bfloat16"):
         profile_analytic(model, x, "v100")
     with pytest.raises(AnalyticProfileError, match="unknown optimizer"):
-        profile_analytic(model, x, "a100", optimizer="lion")
+        profile_analytic(model, x, "a100", AnalyticOptions(optimizer="lion"))
     with pytest.raises(AnalyticProfileError, match="expected an nn.Module"):
         profile_analytic(42, x, "a100")
     with pytest.raises(AnalyticProfileError, match="device='cuda' measures"):
@@ -299,7 +314,7 @@ def test_bad_arguments() -> None:
 @pytest.mark.parametrize("example", ["gpt", "resnet", "tied-decoder"])
 def test_memory_fields_equal_the_measured_profiler(example: str) -> None:
     model, x, loss_fn = _example(example)
-    analytic = profile_analytic(model, x, "cpu", dtype="float32", loss_fn=loss_fn)
+    analytic = profile_analytic(model, x, "cpu", AnalyticOptions(dtype="float32"), loss_fn=loss_fn)
     measured = measured_profile(
         model, x, loss_fn=loss_fn, progress=False, microbatch_sizes=(), warmup=0, repeat=1
     )

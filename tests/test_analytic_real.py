@@ -15,6 +15,7 @@ import pytest
 import torch
 from autopipe.profiler.analytic import AnalyticProfileError, profile_analytic
 from autopipe.profiler.calibrate import reprice
+from autopipe.profiler.options import AnalyticOptions
 from profiler_models import load_example
 from torch import nn
 
@@ -61,7 +62,9 @@ def test_repeated_blocks_counted_once_equal_the_full_count() -> None:
     cfg = gpt.GPTConfig(vocab_size=512, n_layer=5, d_model=64, seq_len=16)
     x = gpt.example_inputs(4, cfg)
     kw = {"loss_fn": gpt.loss_fn}
-    full = profile_analytic(lambda: gpt.build_model(**vars(cfg)), x, "a100-80gb", share=False, **kw)
+    full = profile_analytic(
+        lambda: gpt.build_model(**vars(cfg)), x, "a100-80gb", AnalyticOptions(share=False), **kw
+    )
     short = profile_analytic(lambda: gpt.build_model(**vars(cfg)), x, "a100-80gb", **kw)
     assert short.meta["counted_blocks"] == {
         "container": "blocks", "blocks": 5, "counted": 3, "head": 0, "period": 1,
@@ -76,7 +79,7 @@ def test_repeated_blocks_counted_once_equal_the_full_count() -> None:
     mask = torch.ones_like(ids)
     mask[0, :5] = 0
     inputs = {"input_ids": ids, "attention_mask": mask}
-    full = profile_analytic(build, inputs, "h100", share=False)
+    full = profile_analytic(build, inputs, "h100", AnalyticOptions(share=False))
     short = profile_analytic(build, inputs, "h100")
     assert short.meta["counted_blocks"]["counted"] == 3 and short.tracer == "export"
     assert_same_counts(full, short)
@@ -97,7 +100,7 @@ def test_moe_expert_flops_equal_a_hand_count() -> None:
     experts = t * cfg.num_experts_per_tok * (2 * h * 2 * ffn + 2 * ffn * h)
     ids = {"input_ids": torch.zeros(batch, seq, dtype=torch.long)}
     for dtype in ("bfloat16", "float32"):
-        p = profile_analytic(build, ids, "h100", dtype=dtype, microbatch_sizes=())
+        p = profile_analytic(build, ids, "h100", AnalyticOptions(dtype=dtype, microbatch_sizes=()))
         layer = p.units[p.unit_names.index("model.layers.0")]
         assert layer.forward_flops == attention + router + experts, dtype
         # backward: twice every matmul (input and weight gradients), attention 2.5x
@@ -121,7 +124,9 @@ def test_attention_the_fused_kernel_does_not_take_is_counted_as_math() -> None:
             return torch.nn.functional.scaled_dot_product_attention(q, q, v, attn_mask=mask)
 
     x, mask = torch.randn(2, 32, 64), torch.ones(2, 1, 32, 32, dtype=torch.bool)
-    p = profile_analytic(Latent(), (x, mask), "h100", granularity="node", microbatch_sizes=())
+    p = profile_analytic(
+        Latent(), (x, mask), "h100", AnalyticOptions(granularity="node", microbatch_sizes=())
+    )
     sdpa = next(u for u in p.units if "scaled_dot_product" in u.name)
     assert sdpa.forward_flops == 2 * 2 * 4 * 32 * 32 * (16 + 24)
     # the math decomposition saves the (2, 4, 32, 32) attention weights
@@ -167,7 +172,9 @@ def test_llama2_70b_on_16_h100_fits_only_without_mixed_adam(
     assert spec is not None and spec.loader is not None
     llama = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(llama)
-    p = profile_analytic(llama.llama2_70b, llama.example_inputs(8), "h100", microbatch_sizes=())
+    p = profile_analytic(
+        llama.llama2_70b, llama.example_inputs(8), "h100", AnalyticOptions(microbatch_sizes=())
+    )
     assert sum(u.parameter_count for u in p.units) == pytest.approx(69e9, rel=0.01)
     assert p.optimizer == "mixed-adam" and p.meta["counted_blocks"]["blocks"] == 80
     path = tmp_path / "llama70b.json"

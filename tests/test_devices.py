@@ -31,6 +31,7 @@ GPT = str(ROOT / "examples" / "gpt.py")
 def a100_profile() -> Profile:
     """examples/gpt.py counted for an A100 in float16 (which a V100 can re-price)."""
     from autopipe.profiler.analytic import profile_analytic
+    from autopipe.profiler.options import AnalyticOptions
 
     from autopipe.modelfile import load_model_file
 
@@ -39,7 +40,7 @@ def a100_profile() -> Profile:
         mf.build(device="meta"),
         mf.inputs(mf.default_batch_size()),
         "a100-80gb",
-        dtype="float16",
+        AnalyticOptions(dtype="float16"),
         loss_fn=mf.loss_fn,
     )
     profile.model = mf.label

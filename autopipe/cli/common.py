@@ -464,20 +464,23 @@ def profile_model_file(args: argparse.Namespace) -> tuple[Profile, DeviceTarget]
             model = mf.build(device="meta")
             inputs = mf.inputs(batch_size)
             from autopipe.profiler.analytic import profile_analytic
+            from autopipe.profiler.options import AnalyticOptions
 
             try:
                 profile = profile_analytic(
                     model,
                     inputs,
                     target.counted_on,
-                    dtype=args.dtype or "bfloat16",
-                    granularity=args.granularity or "block",
+                    AnalyticOptions(
+                        dtype=args.dtype or "bfloat16",
+                        granularity=args.granularity or "block",
+                        optimizer=args.optimizer or "auto",
+                        bytes_per_parameter=args.bytes_per_parameter,
+                        share=not args.no_share,
+                        units=args.units,
+                    ),
                     loss_fn=mf.loss_fn,
                     progress=not args.quiet,
-                    optimizer=args.optimizer or "auto",
-                    bytes_per_parameter=args.bytes_per_parameter,
-                    share=not args.no_share,
-                    units=args.units,
                     tp_plan=mf.tp_plan,
                 )
             except (AnalyticProfileError, DeviceSpecError) as exc:

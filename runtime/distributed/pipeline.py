@@ -68,6 +68,7 @@ from autopipe.runtime.partition import OUTPUT, PlannedStages, cut_values, partit
 from torch import nn
 from torch.distributed import pipelining
 from torch.distributed.pipelining import PipelineStage
+from torch.distributed.tensor import DTensor
 from torch.utils import _pytree as pytree
 
 from autopipe.core.errors import AutopipeError
@@ -325,34 +326,85 @@ class DistributedPipeline:
                 "torch.distributed is not initialised; call "
                 "autopipe.runtime.distributed.init_distributed() first (under torchrun)"
             )
-        # Trace and cut first (no peer is involved), then agree before anything else talks
-        # to a peer: a rank with another plan, model or traced graph, or one that could
-        # not cut the model as the plan says, fails here, within seconds and naming the
-        # difference, on every rank.
-        cut_error: Exception | None = None
-        try:
-            if state_dict is not None:  # weights of another model: refused like a bad cut
-                check_state_dict_shapes(model.state_dict(), state_dict)
-            planned: PlannedStages | None = partition(model, example_inputs, plan)
-        except Exception as exc:  # every rank hears of it before any raises
-            planned, cut_error = None, exc
-        check_same_plan(plan, model, planned, one_line(cut_error) if cut_error else None)
-        # Then the schedule's rules, the same on every rank: all of them refuse at once.
-        # The planner's pre-flight is the one statement of the rules torch enforces.
-        problems = preflight(plan)
-        if problems:
-            more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
-            raise ScheduleRuleError(f"the plan cannot run: {problems[0]}{more}; re-plan")
-        if cut_error is not None:  # every rank failed alike: each raises its own
-            raise cut_error
-        assert planned is not None
+        planned = _agreed_stages(model, plan, example_inputs, state_dict)
         chunk_rank = [s.rank if s.rank >= 0 else s.index for s in plan.stages]
         self.plan = plan
         self.device = torch.device(device) if device is not None else _default_device()
+        planned, tp_modules = self._join_groups(model, example_inputs, planned)
+        self.chunk_indices = [c for c, r in enumerate(chunk_rank) if r == self.layout.stage]
+        num_chunks = len(plan.stages)
+        self.holds_first = 0 in self.chunk_indices
+        self.holds_last = num_chunks - 1 in self.chunk_indices
+        self.chunks = materialize_chunks(
+            planned,
+            plan,
+            self.chunk_indices,
+            device=self.device,
+            state_dict=state_dict,
+            init_seed=init_seed,
+        )
+        self.module = RankChunks(self.chunks)
+        self._last_chunk = self.chunks[-1] if self.holds_last else None
+        self._binder: InputBinder = planned.binder
+        self._label_items = planned.label_items
+        self._model_keys = set(model.state_dict())
+        self._aliases = _parameter_aliases(model)
+        examples = _stage_examples(
+            planned, self.chunk_indices, example_inputs, plan, self.device, self.chunks
+        )
+        if self.mesh is not None:
+            # After the fake-tensor run above, which the DTensors of TP and FSDP would refuse
+            # (the whole graph it runs shares their parameters): TP first, then FSDP over
+            # the TP-split parameters (torchtitan's order).
+            for chunk in self.chunks:
+                if tp_modules:
+                    apply_tensor_parallel(chunk.body, tp_modules, self.mesh["tp"])
+                apply_sharding(chunk, plan.shard, self.mesh["dp"])
+        # Every rank creates every tie group, in the same order (new_group's rule).
+        self.tied = TiedGradients(
+            planned.tied,
+            self.layout,
+            dict(zip(self.chunk_indices, self.chunks, strict=True)),
+            chunk_rank,
+        )
+        del planned
+        self.tied.synchronize()
+        self._user_loss = loss_fn
+        self._target: Any = None
+        self._items: dict[int, float] = {}
+        """The count of each micro-batch (by its first row) whose loss this step computed
+        (last stage); keyed, as torch may compute a micro-batch's loss more than once (its
+        first step on a stage whose shapes it infers)."""
+        self.unsplit_chunks: dict[int, str] = _unsplit_chunks(
+            plan, self.chunk_indices, self.chunks, examples
+        )
+        """Zero-bubble schedules: chunks whose backward runs unsplit in B (their W does
+        nothing), with the reason: re-materialized (torch's weight pass would recompute the
+        chunk's forward once per parameter group), a parameter the chunk uses more than once
+        (a layer called several times: torch's weight pass fails on it), or a parameter
+        torch's split weight pass would miss (see :mod:`zero_bubble`)."""
+        self.stages = self._pipeline_stages(examples)
+        self.schedule = _schedule(plan, self.stages, self._loss)
+        self.recorder: Any = None
+        """A :class:`autopipe.runtime.timeline.TimelineRecorder` that times each step (mark
+        ``"step"``) and each loss (phase ``loss``), or None; set by
+        :class:`autopipe.runtime.distributed.trace.PipelineTrace`, which times the chunks."""
+        self.steps = 0
+        self.last_step_s = 0.0
+        self.last_loss = 0.0
+        """The last step's loss over the global batch, on every rank (NaN or infinite when
+        any micro-batch's was)."""
+
+    def _join_groups(
+        self, model: nn.Module, example_inputs: Any, planned: PlannedStages
+    ) -> tuple[PlannedStages, dict[str, str]]:
+        """This rank's place in the K x D (x T) grid and its process groups (a mesh plan's
+        from its DeviceMesh). A plan with T > 1 is cut again at one TP rank's shapes: returns
+        the stages to build and the modules TP splits (module path -> TP style)."""
+        plan = self.plan
         self.mesh: Any = None
         """The (pp, dp, tp) DeviceMesh of a mesh plan (:mod:`.mesh`), else None."""
         tp_modules: dict[str, str] = {}
-        """Module path -> TP style of the modules this plan splits (T > 1)."""
         if uses_mesh(plan):
             check_mesh_plan(plan, planned.tied)
             if plan.tensor_parallel > 1:
@@ -385,93 +437,16 @@ class DistributedPipeline:
             self.pipeline_group, self.replica_group = _make_groups(self.layout)
         self.data_parallel_size = plan.replicas if self.mesh is not None else self.layout.replicas
         """D: replicas of each stage (the batch is split D ways)."""
-        self.chunk_indices = [c for c, r in enumerate(chunk_rank) if r == self.layout.stage]
-        num_chunks = len(plan.stages)
-        self.holds_first = 0 in self.chunk_indices
-        self.holds_last = num_chunks - 1 in self.chunk_indices
-        self.chunks = materialize_chunks(
-            planned,
-            plan,
-            self.chunk_indices,
-            device=self.device,
-            state_dict=state_dict,
-            init_seed=init_seed,
-        )
-        self.module = RankChunks(self.chunks)
-        self._last_chunk = self.chunks[-1] if self.holds_last else None
-        self._binder: InputBinder = planned.binder
-        self._label_items = planned.label_items
-        self._model_keys = set(model.state_dict())
-        # A tied parameter is saved under every name the model gives it (the graph may
-        # reach it by only one of them).
-        names: dict[int, list[str]] = {}
-        for name, p in model.named_parameters(remove_duplicate=False):
-            names.setdefault(id(p), []).append(name)
-        self._aliases = {n[0]: n for n in names.values() if len(n) > 1}
-        for group in list(self._aliases.values()):
-            for name in group:
-                self._aliases[name] = group
-        examples = _stage_examples(
-            planned, self.chunk_indices, example_inputs, plan, self.device, self.chunks
-        )
-        if self.mesh is not None:
-            # After the fake-tensor run above, which the DTensors of TP and FSDP would refuse
-            # (the whole graph it runs shares their parameters): TP first, then FSDP over
-            # the TP-split parameters (torchtitan's order).
-            for chunk in self.chunks:
-                if tp_modules:
-                    apply_tensor_parallel(chunk.body, tp_modules, self.mesh["tp"])
-                apply_sharding(chunk, plan.shard, self.mesh["dp"])
-        # Every rank creates every tie group, in the same order (new_group's rule).
-        self.tied = TiedGradients(
-            planned.tied,
-            self.layout,
-            dict(zip(self.chunk_indices, self.chunks, strict=True)),
-            chunk_rank,
-        )
-        del planned
-        self.tied.synchronize()
-        self._user_loss = loss_fn
-        self._target: Any = None
-        self._items: dict[int, float] = {}
-        """The count of each micro-batch (by its first row) whose loss this step computed
-        (last stage); keyed, as torch may compute a micro-batch's loss more than once (its
-        first step on a stage whose shapes it infers)."""
-        self.unsplit_chunks: dict[int, str] = {}
-        """Zero-bubble schedules: chunks whose backward runs unsplit in B (their W does
-        nothing), with the reason: re-materialized (torch's weight pass would recompute the
-        chunk's forward once per parameter group), a parameter the chunk uses more than once
-        (a layer called several times: torch's weight pass fails on it), or a parameter
-        torch's split weight pass would miss (see :mod:`zero_bubble`)."""
-        if plan.schedule in ZERO_BUBBLE:
-            for k, (c, module) in enumerate(zip(self.chunk_indices, self.chunks, strict=True)):
-                if c == 0:
-                    continue  # torch runs the first chunk's whole backward in W
-                if module.checkpoint:
-                    self.unsplit_chunks[c] = "re-materialized"
-                    continue
-                if examples is None:  # no fake-tensor run: cannot check, so do not split
-                    self.unsplit_chunks[c] = "its shapes could not be worked out ahead"
-                    continue
-                reused = _weight_pass_reuses(module, examples[k][0])
-                if reused:
-                    self.unsplit_chunks[c] = reuse_reason(reused, "chunk")
-                    continue
-                missed = _weight_pass_misses(module, examples[k][0], c == num_chunks - 1)
-                if missed:
-                    more = f" (and {len(missed) - 1} more)" if len(missed) > 1 else ""
-                    self.unsplit_chunks[c] = f"the weight pass would miss {missed[0]!r}{more}"
-                    warnings.warn(
-                        f"chunk {c}: {plan.schedule}'s weight pass would miss the gradient "
-                        f"of {missed[0]!r}{more}, which reaches the chunk's outputs without "
-                        "meeting an input that needs a gradient; this chunk runs its whole "
-                        "backward in B",
-                        stacklevel=2,
-                    )
+        return planned, tp_modules
+
+    def _pipeline_stages(self, examples: list[ChunkExamples] | None) -> list[PipelineStage]:
+        """A ``PipelineStage`` per chunk of this rank, its input and output shapes given
+        (``examples``, from the fake-tensor run) when they could be worked out."""
+        num_chunks = len(self.plan.stages)
         # Shapes given up front: torch's own inference would run each stage on
         # uninitialised buffers, and a stage that indexes with a relayed integer tensor
         # (labels, positions) or reads a relayed size would see garbage.
-        self.stages = [
+        return [
             PipelineStage(
                 module,
                 c,
@@ -486,30 +461,6 @@ class DistributedPipeline:
             )
             for k, (c, module) in enumerate(zip(self.chunk_indices, self.chunks, strict=True))
         ]
-        schedule_class = SCHEDULES[plan.schedule]
-        # Gradients are divided by M after the schedule, once per parameter: torch's own
-        # scaling divides per stage, twice for a parameter two chunks of a rank share.
-        options = dict(n_microbatches=plan.microbatches, loss_fn=self._loss, scale_grads=False)
-        try:
-            if plan.schedule in MULTI_STAGE:
-                self.schedule = schedule_class(self.stages, **options)
-            else:
-                self.schedule = schedule_class(self.stages[0], **options)
-        except (ValueError, RuntimeError) as exc:
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise ScheduleRuleError(
-                f"torch refuses {plan.schedule} with {plan.microbatches} micro-batches on "
-                f"{plan.num_stages} ranks x {plan.virtual_stages} chunks: {first}; re-plan"
-            ) from exc
-        self.recorder: Any = None
-        """A :class:`autopipe.runtime.timeline.TimelineRecorder` that times each step (mark
-        ``"step"``) and each loss (phase ``loss``), or None; set by
-        :class:`autopipe.runtime.distributed.trace.PipelineTrace`, which times the chunks."""
-        self.steps = 0
-        self.last_step_s = 0.0
-        self.last_loss = 0.0
-        """The last step's loss over the global batch, on every rank (NaN or infinite when
-        any micro-batch's was)."""
 
     def _loss(self, output: Any, index: torch.Tensor) -> torch.Tensor:
         # The schedule splits the arange index like a target; slice the real target with it so
@@ -658,6 +609,114 @@ class DistributedPipeline:
         return torch.tensor(self.last_loss, dtype=losses[0].dtype, device=self.device)
 
 
+def _agreed_stages(
+    model: nn.Module,
+    plan: Plan,
+    example_inputs: Any,
+    state_dict: Mapping[str, torch.Tensor] | None,
+) -> PlannedStages:
+    """The model traced and cut as ``plan`` says, once every rank agrees on plan, model and
+    traced graph (:func:`check_same_plan`) and the plan keeps its schedule's rules
+    (:class:`ScheduleRuleError`); a rank that could not cut the model (or whose
+    ``state_dict`` is another model's) raises that error, as every rank then does."""
+    # Trace and cut first (no peer is involved), then agree before anything else talks
+    # to a peer: a rank with another plan, model or traced graph, or one that could
+    # not cut the model as the plan says, fails here, within seconds and naming the
+    # difference, on every rank.
+    cut_error: Exception | None = None
+    try:
+        if state_dict is not None:  # weights of another model: refused like a bad cut
+            check_state_dict_shapes(model.state_dict(), state_dict)
+        planned: PlannedStages | None = partition(model, example_inputs, plan)
+    except Exception as exc:  # every rank hears of it before any raises
+        planned, cut_error = None, exc
+    check_same_plan(plan, model, planned, one_line(cut_error) if cut_error else None)
+    # Then the schedule's rules, the same on every rank: all of them refuse at once.
+    # The planner's pre-flight is the one statement of the rules torch enforces.
+    problems = preflight(plan)
+    if problems:
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise ScheduleRuleError(f"the plan cannot run: {problems[0]}{more}; re-plan")
+    if cut_error is not None:  # every rank failed alike: each raises its own
+        raise cut_error
+    assert planned is not None
+    return planned
+
+
+def _parameter_aliases(model: nn.Module) -> dict[str, list[str]]:
+    """Each name of a tied parameter -> every name the model gives it (a tied parameter is
+    saved under all of them; the graph may reach it by only one)."""
+    names: dict[int, list[str]] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        names.setdefault(id(p), []).append(name)
+    aliases = {n[0]: n for n in names.values() if len(n) > 1}
+    for group in list(aliases.values()):
+        for name in group:
+            aliases[name] = group
+    return aliases
+
+
+def _unsplit_chunks(
+    plan: Plan,
+    chunk_indices: Sequence[int],
+    chunks: Sequence[StageModule],
+    examples: list[ChunkExamples] | None,
+) -> dict[int, str]:
+    """Under a zero-bubble schedule, this rank's chunks whose backward must run whole in B,
+    with the reason (see :attr:`DistributedPipeline.unsplit_chunks`); a chunk whose weight
+    pass would miss a parameter's gradient is also warned of. {} under other schedules."""
+    unsplit: dict[int, str] = {}
+    if plan.schedule not in ZERO_BUBBLE:
+        return unsplit
+    last = len(plan.stages) - 1
+    for k, (c, module) in enumerate(zip(chunk_indices, chunks, strict=True)):
+        if c == 0:
+            continue  # torch runs the first chunk's whole backward in W
+        if module.checkpoint:
+            unsplit[c] = "re-materialized"
+            continue
+        if examples is None:  # no fake-tensor run: cannot check, so do not split
+            unsplit[c] = "its shapes could not be worked out ahead"
+            continue
+        reused = _weight_pass_reuses(module, examples[k][0])
+        if reused:
+            unsplit[c] = reuse_reason(reused, "chunk")
+            continue
+        missed = _weight_pass_misses(module, examples[k][0], c == last)
+        if missed:
+            more = f" (and {len(missed) - 1} more)" if len(missed) > 1 else ""
+            unsplit[c] = f"the weight pass would miss {missed[0]!r}{more}"
+            warnings.warn(
+                f"chunk {c}: {plan.schedule}'s weight pass would miss the gradient "
+                f"of {missed[0]!r}{more}, which reaches the chunk's outputs without "
+                "meeting an input that needs a gradient; this chunk runs its whole "
+                "backward in B",
+                stacklevel=3,
+            )
+    return unsplit
+
+
+def _schedule(
+    plan: Plan, stages: list[PipelineStage], loss: Callable[[Any, torch.Tensor], torch.Tensor]
+) -> Any:
+    """The plan's torch.distributed.pipelining schedule over this rank's ``stages``, with
+    ``loss`` per micro-batch; :class:`ScheduleRuleError` when torch refuses it."""
+    schedule_class = SCHEDULES[plan.schedule]
+    # Gradients are divided by M after the schedule, once per parameter: torch's own
+    # scaling divides per stage, twice for a parameter two chunks of a rank share.
+    options = dict(n_microbatches=plan.microbatches, loss_fn=loss, scale_grads=False)
+    try:
+        if plan.schedule in MULTI_STAGE:
+            return schedule_class(stages, **options)
+        return schedule_class(stages[0], **options)
+    except (ValueError, RuntimeError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ScheduleRuleError(
+            f"torch refuses {plan.schedule} with {plan.microbatches} micro-batches on "
+            f"{plan.num_stages} ranks x {plan.virtual_stages} chunks: {first}; re-plan"
+        ) from exc
+
+
 def _no_weight_pass() -> Callable[[], None]:
     """``dw_builder`` of a chunk whose backward runs whole in B: its W does nothing."""
     return _nothing
@@ -797,8 +856,6 @@ def _sum_gradients(module: nn.Module, group: Any) -> None:
 
 def _local(t: torch.Tensor) -> torch.Tensor:
     """This rank's part of ``t`` (a DTensor's local shard, a plain tensor itself)."""
-    from torch.distributed.tensor import DTensor
-
     return t.to_local() if isinstance(t, DTensor) else t
 
 
