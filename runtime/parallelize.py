@@ -5,7 +5,7 @@
 
 Steps: unless a ``plan`` is given, measure a Profile (``autopipe.profiler.measure.profile``) and plan
 K stages (``autopipe.planner.plan``); cut the model into the plan's stage graphs
-(``autopipe.runtime.partition.partition``, the route the distributed runtime takes too);
+(``autopipe.runtime.planned_stages.partition``, the route the distributed runtime takes too);
 build a ``Pipeline`` with ``plan.microbatches`` micro-batches and the plan's per-stage
 checkpoint flags. Stage ``i`` runs on ``devices[i]``.
 """
@@ -134,7 +134,7 @@ def parallelize(
     per mini-batch. ``profile_options`` go to
     ``autopipe.profiler.measure.profile`` (e.g. ``loss_fn``, ``repeat``, ``progress``). Returns a ``Pipeline`` with ``pipeline.plan`` set.
     """
-    from autopipe.runtime.partition import StageSplitError, partition
+    from autopipe.runtime.planned_stages import StageSplitError, partition
 
     check_checkpoint_mode(checkpoint)  # before the costly profiling
     if plan is not None:

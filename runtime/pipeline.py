@@ -26,7 +26,7 @@ from autopipe.runtime.batchnorm import begin_minibatch, convert_deferred_batch_n
 from autopipe.runtime.devices import as_device
 from autopipe.runtime.executor import Stage, run_pipeline
 from autopipe.runtime.microbatch import batch_size_of, gather, scatter
-from autopipe.runtime.partition import PlannedStages, TiedParameter, tied_parameters
+from autopipe.runtime.planned_stages import PlannedStages, TiedParameter, tied_parameters
 from autopipe.runtime.rng import MicrobatchRNG, draw_base_seed
 from autopipe.runtime.split import StageGraph, split_graph
 from autopipe.runtime.tied import TiedReplicas
@@ -100,7 +100,7 @@ class Pipeline(nn.Module):
         plan: Any = None,
         deferred_batch_norm: bool = False,
     ) -> Pipeline:
-        """A pipeline over the stage graphs of :func:`autopipe.runtime.partition.partition`."""
+        """A pipeline over the stage graphs of :func:`autopipe.runtime.planned_stages.partition`."""
         if len(planned.stages) != len(devices):
             raise ValueError(
                 f"{len(planned.stages)} stages but {len(devices)} devices; give one per stage"

@@ -245,7 +245,7 @@ def test_a_tied_parameter_two_chunks_of_a_rank_share_keeps_the_first_chunks_init
     import copy
 
     from autopipe.runtime.distributed.pipeline import materialize_chunks
-    from autopipe.runtime.partition import partition
+    from autopipe.runtime.planned_stages import partition
     from distributed_cases import case, make_plan
 
     model, inputs, _, units = case("gpt_tied", 4)
