@@ -4,7 +4,7 @@ from autopipe.runtime.batchnorm import DeferredBatchNorm
 from autopipe.runtime.gpipe import GPipe
 from autopipe.runtime.parallelize import parallelize
 from autopipe.runtime.pipeline import Pipeline
-from autopipe.runtime.timeline import (
+from autopipe.runtime.recorder import (
     TaskRecord,
     Timeline,
     TimelineRecorder,

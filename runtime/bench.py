@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from autopipe.runtime.timeline import Clock
+from autopipe.runtime.recorder import Clock
 
 from autopipe.core.plan import Plan, StagePlan
 from autopipe.core.timeline import Timeline

@@ -27,10 +27,10 @@ from autopipe.runtime.devices import as_device
 from autopipe.runtime.executor import Stage, run_pipeline
 from autopipe.runtime.microbatch import batch_size_of, gather, scatter
 from autopipe.runtime.planned_stages import PlannedStages, TiedParameter, tied_parameters
+from autopipe.runtime.recorder import Clock, Timeline, TimelineRecorder
 from autopipe.runtime.rng import MicrobatchRNG, draw_base_seed
 from autopipe.runtime.split import StageGraph, split_graph
 from autopipe.runtime.tied import TiedReplicas
-from autopipe.runtime.timeline import Clock, Timeline, TimelineRecorder
 from torch import fx, nn
 
 __all__ = ["Pipeline"]
@@ -172,7 +172,7 @@ class Pipeline(nn.Module):
         self.static_microbatch_size = static_microbatch_size
         self.label_items = label_items
         # The clocks the timeline of each forward is read on (None: CUDA events on a GPU,
-        # perf_counter elsewhere); see runtime/timeline.py. The last forward's recorder.
+        # perf_counter elsewhere); see runtime/recorder.py. The last forward's recorder.
         self.timeline_clocks: dict[str, Clock | None] | None = None
         self.last_recorder: TimelineRecorder | None = None
         self._bind = bind_inputs or _positional_binder(len(self._graphs[0].input_names))

@@ -200,7 +200,7 @@ def test_plot_command(setup, bench_run, tmp_path: Path, capsys: pytest.CaptureFi
 
 
 def test_reads_the_executors_chrome_trace() -> None:
-    from autopipe.runtime.timeline import TaskRecord, Timeline, to_chrome_trace
+    from autopipe.runtime.recorder import TaskRecord, Timeline, to_chrome_trace
 
     from autopipe.core.timeline import load_chrome_trace
 

@@ -7,8 +7,8 @@ import json
 import pytest
 import torch
 from autopipe.runtime.microbatch import gather, scatter
+from autopipe.runtime.recorder import TimelineRecorder, load_chrome_trace
 from autopipe.runtime.schedule import bubble_fraction, clock_cycles
-from autopipe.runtime.timeline import TimelineRecorder, load_chrome_trace
 from autopipe.runtime.worker import worker_for
 
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 from autopipe.planner.simulate import fill_drain_bubble, simulate
 from autopipe.runtime import GPipe
-from autopipe.runtime.timeline import TimelineRecorder
+from autopipe.runtime.recorder import TimelineRecorder
 from torch import nn
 
 from autopipe.core.plan import Plan, StagePlan

@@ -1,7 +1,7 @@
 """One pipeline timeline for every layer: which work ran on which device, and when.
 
 Torch-free. The schedule simulator (``autopipe.planner.simulate``) returns a :class:`Timeline`,
-the runtime's recorder (``autopipe.runtime.timeline``) produces one from a run, the plots
+the runtime's recorder (``autopipe.runtime.recorder``) produces one from a run, the plots
 (``autopipe.viz``) draw one, and Chrome traces are written (:func:`to_chrome_trace`) and read
 (:func:`load_chrome_trace`) here and nowhere else.
 

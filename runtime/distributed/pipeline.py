@@ -502,7 +502,7 @@ class DistributedPipeline:
                 f"{plan.num_stages} ranks x {plan.virtual_stages} chunks: {first}; re-plan"
             ) from exc
         self.recorder: Any = None
-        """A :class:`autopipe.runtime.timeline.TimelineRecorder` that times each step (mark
+        """A :class:`autopipe.runtime.recorder.TimelineRecorder` that times each step (mark
         ``"step"``) and each loss (phase ``loss``), or None; set by
         :class:`autopipe.runtime.distributed.trace.PipelineTrace`, which times the chunks."""
         self.steps = 0
