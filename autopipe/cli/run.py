@@ -363,7 +363,7 @@ def _train(args: argparse.Namespace, plan: Plan, mf: ModelFile, rank: int, world
     local = pipe.local_batch(inputs)
     trace = None
     if args.trace:
-        from autopipe.runtime.distributed.trace import PipelineTrace
+        from autopipe.runtime.distributed.recorder import PipelineTrace
 
         trace = PipelineTrace(pipe)
     records: list[dict[str, float]] = []

@@ -504,7 +504,7 @@ class DistributedPipeline:
         self.recorder: Any = None
         """A :class:`autopipe.runtime.recorder.TimelineRecorder` that times each step (mark
         ``"step"``) and each loss (phase ``loss``), or None; set by
-        :class:`autopipe.runtime.distributed.trace.PipelineTrace`, which times the chunks."""
+        :class:`autopipe.runtime.distributed.recorder.PipelineTrace`, which times the chunks."""
         self.steps = 0
         self.last_step_s = 0.0
         self.last_loss = 0.0
