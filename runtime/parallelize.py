@@ -21,8 +21,8 @@ from autopipe.planner.checkpointing import (
     check_checkpoint_mode,
     stage_checkpoints,
 )
-from autopipe.runtime.devices import as_device
 from autopipe.runtime.pipeline import Pipeline
+from autopipe.runtime.torch_devices import as_device
 from torch import nn
 
 from autopipe.core.errors import AutopipeError

@@ -23,7 +23,6 @@ import torch
 from autopipe.profiler.inputs import split_inputs
 from autopipe.profiler.objective import LabelItems, LossFn, combine, loss_term
 from autopipe.runtime.batchnorm import begin_minibatch, convert_deferred_batch_norm
-from autopipe.runtime.devices import as_device
 from autopipe.runtime.executor import Stage, run_pipeline
 from autopipe.runtime.microbatch import batch_size_of, gather, scatter
 from autopipe.runtime.planned_stages import PlannedStages, TiedParameter, tied_parameters
@@ -31,6 +30,7 @@ from autopipe.runtime.recorder import Clock, Timeline, TimelineRecorder
 from autopipe.runtime.rng import MicrobatchRNG, draw_base_seed
 from autopipe.runtime.split import StageGraph, split_graph
 from autopipe.runtime.tied import TiedReplicas
+from autopipe.runtime.torch_devices import as_device
 from torch import fx, nn
 
 __all__ = ["Pipeline"]

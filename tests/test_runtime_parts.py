@@ -114,7 +114,7 @@ def test_worker_that_cannot_select_its_gpu_fails_its_tasks_instead_of_hanging() 
 
 
 def test_devices_are_normalised() -> None:
-    from autopipe.runtime.devices import as_device
+    from autopipe.runtime.torch_devices import as_device
 
     assert as_device(2) == torch.device("cuda", 2)
     assert as_device("cpu") == torch.device("cpu") != as_device("cpu:0")
