@@ -296,7 +296,7 @@ def test_pipeline_times_its_tasks_on_an_injected_clock() -> None:
 
 
 def test_bench_compare_is_pure_arithmetic_on_timelines() -> None:
-    from autopipe.runtime.bench import Measurement, StepMeasurement
+    from autopipe.runtime.step_measurement import Measurement, StepMeasurement
 
     from autopipe.bench import compare
 
