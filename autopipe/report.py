@@ -14,7 +14,7 @@ from autopipe.core.profile import Profile
 __all__ = ["format_bench", "format_plan", "format_profile", "format_scaling"]
 
 if TYPE_CHECKING:
-    from autopipe.bench import BenchResult
+    from autopipe.bench_report import BenchResult
 
 
 def format_profile(profile: Profile, verbose: bool = False) -> str:

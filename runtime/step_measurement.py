@@ -5,7 +5,7 @@ per measured step, the executor's Timeline on the wall clock (CUDA events on a G
 the comparison clock, with the loss forward and backward recorded as ``loss`` tasks of the
 last stage (the executor computes the loss once, on the gathered output). The clocks are
 handed to the pipeline (``pipe.timeline_clocks``); nothing is patched. The comparison with
-the plan is ``autopipe.bench.compare``, which needs no torch.
+the plan is ``autopipe.bench_report.compare``, which needs no torch.
 
 Clocks: ``"wall"`` reads everything on the wall clock. ``"thread_cpu"`` reads each task on
 ``time.thread_time`` (the CPU seconds of the thread running it: on CPU a task runs wholly

@@ -127,7 +127,7 @@ def test_bench_table(setup, tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
 
 
 def test_choose_clock() -> None:
-    from autopipe.bench import choose_clock
+    from autopipe.bench_report import choose_clock
 
     assert choose_clock("auto", ["cpu", "cpu"], threads=1) == "thread_cpu"
     assert choose_clock("auto", ["cpu", "cpu"], threads=4) == "wall"

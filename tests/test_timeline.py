@@ -298,7 +298,7 @@ def test_pipeline_times_its_tasks_on_an_injected_clock() -> None:
 def test_bench_compare_is_pure_arithmetic_on_timelines() -> None:
     from autopipe.runtime.step_measurement import Measurement, StepMeasurement
 
-    from autopipe.bench import compare
+    from autopipe.bench_report import compare
 
     plan = _tiny_plan(2, 2)
 
@@ -341,7 +341,7 @@ def test_bench_compare_is_pure_arithmetic_on_timelines() -> None:
 
 def test_timeline_and_compare_modules_import_without_torch() -> None:
     code = (
-        "import sys, autopipe.bench, autopipe.core.timeline; "
+        "import sys, autopipe.bench_report, autopipe.core.timeline; "
         "assert 'torch' not in sys.modules, 'torch was imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

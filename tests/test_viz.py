@@ -476,7 +476,7 @@ def test_bench_titles_compare_like_with_like(gpipe_plan: Plan) -> None:
     prediction that the text, on thread-CPU time, found 0.4% off."""
     from dataclasses import replace
 
-    from autopipe.bench import BenchResult
+    from autopipe.bench_report import BenchResult
     from autopipe.core.humanize import format_seconds
 
     predicted = predicted_timeline(gpipe_plan, devices=["cpu"] * gpipe_plan.num_stages)
