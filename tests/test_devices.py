@@ -1,4 +1,4 @@
-"""Device and cluster resolution as a library (``autopipe.devices``, ``Cluster.from_catalog``):
+"""Device and cluster resolution as a library (``autopipe.device_target``, ``Cluster.from_catalog``):
 the Python API does what ``--device`` / ``--device-spec`` do, and the CLI is a thin caller."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pytest
 from autopipe.core.catalog import DeviceListError, DeviceSpecError, get_device
 from autopipe.core.cluster import Cluster, Device
 from autopipe.core.profile import Profile
-from autopipe.devices import (
+from autopipe.device_target import (
     DeviceTarget,
     cluster_for,
     device_counts,
@@ -127,12 +127,12 @@ def test_cluster_for_one_kind_and_measured_profiles(a100_profile: Profile) -> No
 
 
 def test_layers_point_one_way() -> None:
-    """The catalog holds specs only (it does not import the planner); autopipe.devices and
+    """The catalog holds specs only (it does not import the planner); autopipe.device_target and
     the planner stay torch-free."""
     code = (
         "import sys; import autopipe.core.catalog;"
         "assert 'autopipe.planner' not in sys.modules, 'catalog imported the planner';"
-        "import autopipe.devices, autopipe.planner; autopipe.planner.Cluster.from_catalog('a100', 2);"
+        "import autopipe.device_target, autopipe.planner; autopipe.planner.Cluster.from_catalog('a100', 2);"
         "assert 'torch' not in sys.modules, 'torch imported'"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/")

@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from autopipe.core.cluster import Cluster
     from autopipe.core.plan import Plan
     from autopipe.core.profile import Profile
-    from autopipe.devices import DeviceTarget
+    from autopipe.device_target import DeviceTarget
 
 EPILOG = (
     "examples:\n  autopipe plan examples/gpt.py --gpus 8 --json plan.json\n"
@@ -351,7 +351,7 @@ def _cluster(
 ) -> Cluster | None:
     """The devices to plan for (``autopipe.devices.cluster_for``): a ``--device`` list, the
     catalog device an analytic profile was counted on, or None for a measured profile."""
-    from autopipe.devices import cluster_for
+    from autopipe.device_target import cluster_for
 
     if target is None and common.device_list_counts(args.device):
         target = common.resolve_device_flags(args)  # a saved profile planned for a list
