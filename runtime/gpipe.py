@@ -27,11 +27,13 @@ import torch
 from autopipe.runtime.batchnorm import begin_minibatch, convert_deferred_batch_norm
 from autopipe.runtime.executor import Stage, run_pipeline
 from autopipe.runtime.microbatch import gather, scatter
-from autopipe.runtime.recorder import Clock, Timeline, TimelineRecorder
+from autopipe.runtime.recorder import Clock, TimelineRecorder
 from autopipe.runtime.rng import MicrobatchRNG, draw_base_seed
 from autopipe.runtime.split import own_copy, shared_parameters
 from autopipe.runtime.torch_devices import as_device, default_devices
 from torch import nn
+
+from autopipe.core.timeline import Timeline
 
 __all__ = ["TORCHGPIPE_CHECKPOINT_MODES", "GPipe", "checkpoint_stop"]
 

@@ -16,21 +16,14 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from autopipe.planner.checkpointing import (
-    CHECKPOINT_MODES,
-    check_checkpoint_mode,
-    stage_checkpoints,
-)
+from autopipe.planner.checkpointing import check_checkpoint_mode, stage_checkpoints
 from autopipe.runtime.pipeline import Pipeline
 from autopipe.runtime.torch_devices import as_device
 from torch import nn
 
 from autopipe.core.errors import AutopipeError
 
-__all__ = ["PLAN_CHECKPOINT_MODES", "parallelize", "resolve_devices", "stage_flags"]
-
-PLAN_CHECKPOINT_MODES = CHECKPOINT_MODES
-"""The planner's modes (``autopipe.planner.checkpointing``), the only ones parallelize takes."""
+__all__ = ["parallelize", "resolve_devices", "stage_flags"]
 
 
 def resolve_devices(

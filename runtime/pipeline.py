@@ -26,12 +26,14 @@ from autopipe.runtime.batchnorm import begin_minibatch, convert_deferred_batch_n
 from autopipe.runtime.executor import Stage, run_pipeline
 from autopipe.runtime.microbatch import batch_size_of, gather, scatter
 from autopipe.runtime.planned_stages import PlannedStages, TiedParameter, tied_parameters
-from autopipe.runtime.recorder import Clock, Timeline, TimelineRecorder
+from autopipe.runtime.recorder import Clock, TimelineRecorder
 from autopipe.runtime.rng import MicrobatchRNG, draw_base_seed
 from autopipe.runtime.split import StageGraph, split_graph
 from autopipe.runtime.tied import TiedReplicas
 from autopipe.runtime.torch_devices import as_device
 from torch import fx, nn
+
+from autopipe.core.timeline import Timeline
 
 __all__ = ["Pipeline"]
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from autopipe.runtime.parallelize import parallelize
 from autopipe.runtime.recorder import Clock
 
 from autopipe.core.plan import Plan, StagePlan
@@ -117,11 +118,9 @@ def measure_steps(
     from autopipe.profiler.tree import float_tensor_leaves
     from tqdm import tqdm
 
-    import autopipe
-
     if steps < 1 or warmup < 0:
         raise ValueError(f"steps={steps} must be >= 1 and warmup={warmup} >= 0")
-    pipe = autopipe.parallelize(model, example_inputs, devices=devices, plan=plan)
+    pipe = parallelize(model, example_inputs, devices=devices, plan=plan)
     pipe.train()
     stage_devices = [str(d) for d in getattr(pipe, "devices", devices or [])]
     clock = choose_clock(clock, stage_devices, torch.get_num_threads())
@@ -193,8 +192,6 @@ def calibrate_executor_overhead(
     from autopipe.profiler.units import trace_units
     from torch import nn
 
-    import autopipe
-
     k = len(devices)
     torch.manual_seed(0)
     model = nn.Sequential(*[nn.Linear(1, 1) for _ in range(k)])
@@ -213,7 +210,7 @@ def calibrate_executor_overhead(
             for i, (d, n) in enumerate(zip(devices, names, strict=True))
         ],
     )
-    pipe = autopipe.parallelize(model, x, devices=list(devices), plan=tiny)
+    pipe = parallelize(model, x, devices=list(devices), plan=tiny)
     pipe.timeline_clocks = clocks_for("thread_cpu")
     fwd: list[float] = []
     bwd: list[float] = []

@@ -32,7 +32,7 @@ from planner_instances import cost_model, random_cluster, random_profile  # noqa
 from autopipe.core.humanize import format_bytes  # noqa: E402
 from autopipe.core.optimizer import OPTIMIZERS, optimizer_state_bytes  # noqa: E402
 from autopipe.core.profile import Profile, UnitProfile  # noqa: E402
-from autopipe.core.vocabulary import PLAN_SCHEDULES as SCHEDULES  # noqa: E402
+from autopipe.core.vocabulary import PLAN_SCHEDULES  # noqa: E402
 
 SETTINGS = settings(
     max_examples=120, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow]
@@ -197,7 +197,7 @@ def test_auto_m_picks_fastest_candidate_and_explains() -> None:
     # auto also weighs the interleaved, looped and zero-bubble schedules: never slower.
     assert auto.iteration_time_s <= min(fixed) * (1 + 1e-12)
     rows = auto.meta["candidates"]
-    assert {r["schedule"] for r in rows} == set(SCHEDULES)
+    assert {r["schedule"] for r in rows} == set(PLAN_SCHEDULES)
     assert not any(r["schedule"] == "1f1b" and r["microbatches"] < 4 for r in rows)
     assert auto.microbatch_size * auto.microbatches == 64
     assert auto.throughput == pytest.approx(64 / auto.iteration_time_s)

@@ -6,10 +6,13 @@ import json
 
 import pytest
 import torch
+from autopipe.planner.simulate import fill_drain_bubble
 from autopipe.runtime.microbatch import gather, scatter
-from autopipe.runtime.recorder import TimelineRecorder, load_chrome_trace
-from autopipe.runtime.schedule import bubble_fraction, clock_cycles
+from autopipe.runtime.recorder import TimelineRecorder
+from autopipe.runtime.schedule import clock_cycles
 from autopipe.runtime.worker import worker_for
+
+from autopipe.core.timeline import load_chrome_trace
 
 
 def test_scatter_uneven_small_and_broadcast() -> None:
@@ -48,7 +51,7 @@ def test_clock_cycles_respect_dependencies(m: int, k: int) -> None:
             assert when[(i, j - 1)] < c
         if i > 0:
             assert when[(i - 1, j)] < c  # a stage takes micro-batches in order
-    assert bubble_fraction(m, k) == pytest.approx((k - 1) / (m + k - 1))
+    assert fill_drain_bubble(m, k) == pytest.approx((k - 1) / (m + k - 1))
 
 
 def test_worker_propagates_exceptions_and_grad_mode() -> None:
@@ -86,10 +89,10 @@ def test_chrome_trace_format(tmp_path) -> None:
     assert json.loads(path.read_text()) == json.loads(json.dumps(trace))
     back = load_chrome_trace(path).tasks
     assert [(r.stage, r.phase, r.device) for r in back] == [
-        (r.stage, r.phase, r.device) for r in tl.records
+        (r.stage, r.phase, r.device) for r in tl.tasks
     ]
-    assert all(abs(a.start_s - b.start_s) < 1e-9 for a, b in zip(back, tl.records, strict=True))
-    assert tl.makespan_s() >= 0 and tl.busy_s(1) >= 0
+    assert all(abs(a.start_s - b.start_s) < 1e-9 for a, b in zip(back, tl.tasks, strict=True))
+    assert tl.iteration_s >= 0 and tl.busy_s(1) >= 0
 
 
 def test_worker_copies_autocast_state() -> None:

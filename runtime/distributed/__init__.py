@@ -29,7 +29,6 @@ _LAZY = {
     "ScheduleRuleError": "autopipe.runtime.distributed.pipeline",
     "weight_pass_misses": "autopipe.runtime.distributed.zero_bubble",
     "TiedGradients": "autopipe.runtime.distributed.tied",
-    "SCHEDULES": "autopipe.runtime.distributed.pipeline",
     "PlanMismatchError": "autopipe.runtime.distributed.agree",
     "check_same_plan": "autopipe.runtime.distributed.agree",
     "init_distributed": "autopipe.runtime.distributed.process",

@@ -73,14 +73,8 @@ from torch.utils import _pytree as pytree
 from autopipe.core.errors import AutopipeError
 from autopipe.core.plan import Plan
 
-SCHEDULES: dict[str, type] = {name: getattr(pipelining, cls) for name, cls in TORCH_CLASSES.items()}
-"""Plan schedule name -> the torch.distributed.pipelining schedule class that runs it."""
-
 MULTI_STAGE = frozenset(LOOP_SCHEDULES + V_SHAPE_SCHEDULES)
 """Schedules whose class takes the list of a rank's chunks (``PipelineScheduleMulti``)."""
-
-ZERO_BUBBLE = frozenset(SPLIT_BACKWARD_SCHEDULES)
-"""Schedules that split each chunk's backward into input (B) and weight (W) actions."""
 
 
 class ScheduleRuleError(AutopipeError, ValueError):
@@ -168,7 +162,7 @@ def materialize_chunks(
     with ``init_seed + c``). A parameter two of the chunks share (a tied embedding and head
     on one rank) stays one parameter."""
     last = len(plan.stages) - 1
-    zero_bubble = plan.schedule in ZERO_BUBBLE
+    zero_bubble = plan.schedule in SPLIT_BACKWARD_SCHEDULES
     modules = [
         StageModule(
             planned.stages[c],
@@ -443,7 +437,7 @@ class DistributedPipeline:
         chunk's forward once per parameter group), a parameter the chunk uses more than once
         (a layer called several times: torch's weight pass fails on it), or a parameter
         torch's split weight pass would miss (see :mod:`zero_bubble`)."""
-        if plan.schedule in ZERO_BUBBLE:
+        if plan.schedule in SPLIT_BACKWARD_SCHEDULES:
             for k, (c, module) in enumerate(zip(self.chunk_indices, self.chunks, strict=True)):
                 if c == 0:
                     continue  # torch runs the first chunk's whole backward in W
@@ -486,7 +480,7 @@ class DistributedPipeline:
             )
             for k, (c, module) in enumerate(zip(self.chunk_indices, self.chunks, strict=True))
         ]
-        schedule_class = SCHEDULES[plan.schedule]
+        schedule_class = getattr(pipelining, TORCH_CLASSES[plan.schedule])
         # Gradients are divided by M after the schedule, once per parameter: torch's own
         # scaling divides per stage, twice for a parameter two chunks of a rank share.
         options = dict(n_microbatches=plan.microbatches, loss_fn=self._loss, scale_grads=False)
