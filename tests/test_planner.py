@@ -26,6 +26,7 @@ from autopipe.planner import (  # noqa: E402
 from autopipe.planner.costs import CostModel  # noqa: E402
 from autopipe.planner.partition import brute_force_partition, dp_partition  # noqa: E402
 from autopipe.planner.probe import probe_partition  # noqa: E402
+from autopipe.planner.search import divisor_hint  # noqa: E402
 from autopipe.planner.simulate import gpipe_exact  # noqa: E402
 from planner_instances import cost_model, random_cluster, random_profile  # noqa: E402
 
@@ -485,3 +486,8 @@ def test_replanning_is_the_recorded_request_with_one_field_replaced(tmp_path: Pa
     assert legacy.request is None and legacy.granularity == "module"
     with pytest.raises(TypeError, match="unexpected keyword argument 'microbatch'"):
         plan(profile, 4, microbatch=8)
+
+
+def test_divisor_hint_names_the_nearest_divisors() -> None:
+    assert divisor_hint(32, 5) == "pick a divisor (e.g. 1, 2, 4, 8, 16, 32)"
+    assert divisor_hint(360, 7, count=3) == "pick a divisor (e.g. 5, 6, 8)"  # ties: the smaller
