@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from autopipe.core.humanize import format_bytes, format_seconds, parse_bytes
+from autopipe.core.humanize import format_bytes
 
 
 def test_format_bytes_for_tables_and_for_messages() -> None:
@@ -20,10 +20,3 @@ def test_format_bytes_for_tables_and_for_messages() -> None:
         "79.95 GiB",
     ]
     assert format_bytes(3 * 2**40) == format_bytes(3 * 2**40, fixed=True) == "3.00 TiB"
-
-
-def test_units_is_an_alias_of_humanize() -> None:
-    import autopipe.core.humanize as units
-
-    assert units.format_bytes is format_bytes and units.format_seconds is format_seconds
-    assert units.parse_bytes is parse_bytes
