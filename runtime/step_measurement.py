@@ -142,6 +142,7 @@ def measure_steps(
         w0, c0 = time.perf_counter(), iteration_clock()
         outputs = pipe.run_microbatches(example_inputs)
         recorder = pipe.last_recorder
+        assert recorder is not None  # every run of the pipeline records
         # The objective micro-batch by micro-batch, as torchrun computes it; the plan's
         # last stage includes its time.
         loss = pipe.microbatch_loss(outputs, example_inputs, loss_fn=loss_fn)
@@ -217,7 +218,9 @@ def calibrate_executor_overhead(
     for step in range(steps):
         pipe(x).sum().backward()
         if step >= 2:  # warm-up
-            on_cpu = pipe.last_recorder.timeline("thread_cpu")
+            recorder = pipe.last_recorder
+            assert recorder is not None  # every run of the pipeline records
+            on_cpu = recorder.timeline("thread_cpu")
             fwd += [t.duration_s for t in on_cpu.of("forward")]
             bwd += [t.duration_s for t in on_cpu.of("backward")]
     return (

@@ -485,7 +485,9 @@ def _device_order(key: Any) -> tuple[int, float, str]:
 def _event_task(ev: Mapping[str, Any]) -> tuple[int, int, str, float, float, Any] | None:
     """``(stage, microbatch, phase, start_s, end_s, device key)`` of one event, or None."""
     args = ev.get("args")
-    phase = args.get("phase") if isinstance(args, Mapping) else None
+    if not isinstance(args, Mapping):
+        return None
+    phase = args.get("phase")
     if not isinstance(phase, str) or phase not in _PHASE_SET:
         return None
     try:
