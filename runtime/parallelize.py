@@ -127,7 +127,8 @@ def parallelize(
     per mini-batch. ``profile_options`` go to
     ``autopipe.profiler.measure.profile`` (e.g. ``loss_fn``, ``repeat``, ``progress``). Returns a ``Pipeline`` with ``pipeline.plan`` set.
     """
-    from autopipe.runtime.planned_stages import StageSplitError, partition
+    from autopipe.runtime.planned_stages import partition
+    from autopipe.runtime.split import StageSplitError
 
     check_checkpoint_mode(checkpoint)  # before the costly profiling
     if plan is not None:

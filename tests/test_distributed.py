@@ -12,12 +12,9 @@ import torch
 from autopipe.profiler.units import trace_units
 from autopipe.runtime.distributed.layout import PlanWorldSizeError, rank_layout
 from autopipe.runtime.distributed.pipeline import build_stage
-from autopipe.runtime.distributed.stages import (
-    StageModule,
-    StageSplitError,
-    split_stages,
-    stage_of_unit,
-)
+from autopipe.runtime.distributed.stages import StageModule, split_stages
+from autopipe.runtime.planned_stages import stage_of_unit
+from autopipe.runtime.split import StageSplitError
 from distributed_cases import (
     SkipNet,
     job_key,

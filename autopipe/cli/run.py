@@ -321,7 +321,7 @@ def _train(args: argparse.Namespace, plan: Plan, mf: ModelFile, rank: int, world
     from autopipe.runtime.distributed.mesh import uses_mesh
     from autopipe.runtime.distributed.pipeline import DistributedPipeline
     from autopipe.runtime.distributed.process import shutdown
-    from autopipe.runtime.distributed.stages import StageSplitError
+    from autopipe.runtime.split import StageSplitError
 
     state_dict = None
     if args.state_dict:

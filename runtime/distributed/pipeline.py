@@ -61,10 +61,11 @@ from autopipe.runtime.distributed.mesh import (
     uses_mesh,
 )
 from autopipe.runtime.distributed.process import group_timeout
-from autopipe.runtime.distributed.stages import StageModule, StageSplitError, wire_of
+from autopipe.runtime.distributed.stages import StageModule, wire_of
 from autopipe.runtime.distributed.tied import TiedGradients
 from autopipe.runtime.distributed.zero_bubble import weight_pass_misses, weight_pass_reuses
 from autopipe.runtime.planned_stages import OUTPUT, PlannedStages, cut_values, partition
+from autopipe.runtime.split import StageSplitError
 from torch import nn
 from torch.distributed import pipelining
 from torch.distributed.pipelining import PipelineStage

@@ -18,11 +18,10 @@ import torch
 import torch.utils._pytree as pytree
 from autopipe.profiler.units import UnitGraph
 from autopipe.runtime.checkpoint import checkpointed
-from autopipe.runtime.planned_stages import stage_of_unit
 from autopipe.runtime.split import StageGraph, StageSplitError, split_graph
 from torch import fx, nn
 
-__all__ = ["StageGraph", "StageModule", "StageSplitError", "split_stages", "stage_of_unit"]
+__all__ = ["StageModule", "split_stages"]
 
 _NUMBERS = (bool, int, float, torch.SymInt, torch.SymFloat, torch.SymBool)
 
