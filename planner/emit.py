@@ -30,9 +30,9 @@ from autopipe.planner.emit_torchtitan import (
     torchtitan_names,
 )
 from autopipe.planner.layers import layer_stack
-from autopipe.planner.schedules import TORCH_CLASSES
 
 from autopipe.core.plan import MESH_DIM_NAMES, Plan
+from autopipe.core.vocabulary import TORCH_CLASSES
 
 __all__ = [
     "EMIT_FORMATS",

@@ -18,8 +18,10 @@ from typing import Any
 import pytest
 import torch
 from autopipe.planner.preflight import violations
-from autopipe.planner.schedules import TORCH_CLASSES, chunk_ranks
+from autopipe.planner.schedules import chunk_ranks
 from distributed_cases import free_port, job_key, run_correctness, spawn_ranks
+
+from autopipe.core.vocabulary import TORCH_CLASSES
 
 TOL = 1e-5
 """Loss and gradient agreement (absolute), as the GPipe / 1F1B tests use."""

@@ -326,8 +326,9 @@ def _check_schedule_rules(args: argparse.Namespace) -> None:
     (``autopipe.planner.preflight.violations``). The batch rules wait for the profile. O(1)."""
     if args.schedule == "auto":
         return
+    from autopipe.core.vocabulary import V_SHAPE_SCHEDULES
     from autopipe.planner.preflight import violations
-    from autopipe.planner.schedules import V_SHAPE_SCHEDULES, check_virtual_stages
+    from autopipe.planner.schedules import check_virtual_stages
 
     v = args.virtual_stages
     if isinstance(v, int):

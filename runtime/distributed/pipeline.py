@@ -33,12 +33,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from autopipe.planner.preflight import preflight
-from autopipe.planner.schedules import (
-    LOOP_SCHEDULES,
-    SPLIT_BACKWARD_SCHEDULES,
-    TORCH_CLASSES,
-    V_SHAPE_SCHEDULES,
-)
 from autopipe.profiler.inputs import InputBinder, batch_rows, batch_size_of, split_inputs
 from autopipe.profiler.objective import LossFn, loss_term
 from autopipe.profiler.weight_pass import reuse_reason
@@ -73,6 +67,12 @@ from torch.utils import _pytree as pytree
 
 from autopipe.core.errors import AutopipeError
 from autopipe.core.plan import Plan
+from autopipe.core.vocabulary import (
+    LOOP_SCHEDULES,
+    SPLIT_BACKWARD_SCHEDULES,
+    TORCH_CLASSES,
+    V_SHAPE_SCHEDULES,
+)
 
 MULTI_STAGE = frozenset(LOOP_SCHEDULES + V_SHAPE_SCHEDULES)
 """Schedules whose class takes the list of a rank's chunks (``PipelineScheduleMulti``)."""
