@@ -31,8 +31,8 @@ from autopipe.planner.emit_torchtitan import (
 )
 from autopipe.planner.layers import layer_stack
 
-from autopipe.core.plan import MESH_DIM_NAMES, Plan
-from autopipe.core.vocabulary import TORCH_CLASSES
+from autopipe.core.plan import Plan
+from autopipe.core.vocabulary import MESH_DIM_NAMES, TORCH_CLASSES
 
 __all__ = [
     "EMIT_FORMATS",

@@ -28,8 +28,7 @@ from planner_instances import random_profile
 
 from autopipe.cli import main
 from autopipe.core.cluster import Cluster
-from autopipe.core.plan import PLAN_SCHEDULES
-from autopipe.core.vocabulary import SPLIT_BACKWARD_SCHEDULES
+from autopipe.core.vocabulary import PLAN_SCHEDULES, SPLIT_BACKWARD_SCHEDULES
 
 # -- memory replay -------------------------------------------------------------------------
 

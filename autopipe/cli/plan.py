@@ -267,7 +267,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
         raise common.Failure(str(exc)) from exc
     except ValueError as exc:
         raise common.UsageError(str(exc)) from exc
-    from autopipe.report import format_plan, format_scaling
+    from autopipe.core.plantext import format_plan
+    from autopipe.report import format_scaling
 
     common.say(args, format_plan(result))
     if args.scaling:
