@@ -1,7 +1,7 @@
 """The architecture's import rules, read from the source (imports inside functions included):
 ``autopipe.core`` imports no torch and nothing else from autopipe; the planner imports no
 torch and only ``core`` and itself; every import follows ARCHITECTURE.md's picture of who may
-import whom; no import cycles."""
+import whom; no import cycles; each public name has one owner."""
 
 from __future__ import annotations
 
@@ -199,3 +199,37 @@ def test_cli_commands_import_only_common() -> None:
             elif isinstance(node, ast.Import):
                 for alias in node.names:
                     assert not alias.name.startswith("autopipe.cli"), (path.name, alias.name)
+
+
+_FRONT_DOORS = {
+    "autopipe.planner.emit": {"EmitError", "TORCHTITAN_SCHEDULES", "to_torchtitan",
+                              "to_torchtitan_python", "torchtitan_names"},
+    "autopipe.replay_report": {"ReplayError"},
+    # Left for the session rewriting these files (issue #23); to be owned where they live.
+    "autopipe.cli.common": {"Failure", "UsageError"},
+    "autopipe.planner.simulate": {"PHASES", "Task"},
+}  # fmt: skip
+"""Modules that hand on names they import: the emitters' and ``autopipe.replay``'s entries."""
+
+
+def test_a_modules_all_lists_only_what_it_defines() -> None:
+    """Outside a package's ``__init__``, ``__all__`` names only what the module itself
+    defines: one owner per name, no second route to it (front doors above aside)."""
+    found = {}
+    for name, path in _modules().items():
+        if path.name == "__init__.py":
+            continue
+        tree = ast.parse(path.read_text(), str(path))
+        imported: set[str] = set()
+        listed: list[str] = []
+        for node in tree.body:
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                imported.update(a.asname or a.name.split(".")[0] for a in node.names)
+            elif isinstance(node, ast.Assign) and any(
+                isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets
+            ):
+                listed = list(ast.literal_eval(node.value))
+        handed_on = set(listed) & imported - _FRONT_DOORS.get(name, set())
+        if handed_on:
+            found[name] = sorted(handed_on)
+    assert found == {}
