@@ -6,15 +6,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from autopipe.core.humanize import format_bytes, format_seconds, printable
-from autopipe.core.plantext import format_plan
 from autopipe.core.plantext import ms as _ms
 from autopipe.core.plantext import table as _table
 from autopipe.core.profile import Profile
 
-__all__ = ["format_bench", "format_plan", "format_profile", "format_scaling"]
+__all__ = ["format_bench", "format_profile", "format_scaling"]
 
 if TYPE_CHECKING:
-    from autopipe.bench import BenchResult
+    from autopipe.bench_report import BenchResult
 
 
 def format_profile(profile: Profile, verbose: bool = False) -> str:

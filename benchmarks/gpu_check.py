@@ -248,7 +248,7 @@ def check_analytic(s: Setup) -> Row:
 def check_parallelize(s: Setup) -> tuple[Row, Row]:
     from autopipe.planner import plan
 
-    from autopipe.bench import run_bench
+    from autopipe.bench_report import run_bench
 
     p = measured_profile(s)
     k = min(s.stages, len(p.units))

@@ -41,7 +41,7 @@ input-gradient and weight-gradient seconds per micro-batch, from the profile):
   two-direction DualPipe, not the V variant torch runs).
 
 Replay (``autopipe.planner.replay``): every pipeline of ours is traced
-(``autopipe.runtime.distributed.trace.PipelineTrace``: each chunk action, loss and step, on
+(``autopipe.runtime.distributed.recorder.PipelineTrace``: each chunk action, loss and step, on
 both ranks), and each timed step is replayed through the planner's simulator with its own
 durations (and with per-chunk medians); the replayed step is compared with the traced one
 (``pipe.step``, first rank's start to last rank's end). The whole of the above (profile,
@@ -261,7 +261,7 @@ def _rank(rank: int, port: int, paths: dict[str, str], steps: int, out: str) -> 
     batch_size = plans["auto"].batch_size
     inputs = gpt.example_inputs(batch_size)
 
-    from autopipe.runtime.distributed.trace import PipelineTrace
+    from autopipe.runtime.distributed.recorder import PipelineTrace
 
     from autopipe.core.timeline import save_chrome_trace
 

@@ -3,7 +3,7 @@
 ``plan`` picks the schedule, virtual stages, chunks, micro-batch count and checkpointing (exact
 DP by default; ``preflight`` checks a plan against torch's rules);
 ``simulate`` runs the discrete-event model of a schedule and returns its ``Timeline`` (the one
-timeline type, which the runtime also records and the plots draw: ``timeline.py``);
+timeline type, which the runtime also records and the plots draw: ``autopipe/core/timeline.py``);
 ``scaling_report``/``min_gpus`` sweep the GPU count. PuLP is imported only when ``strategy="ilp"`` is asked for.
 """
 

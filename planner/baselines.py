@@ -17,10 +17,9 @@ from collections.abc import Sequence
 
 import numpy as np
 from autopipe.planner.layers import LayerStack, layer_stack
-from autopipe.planner.schedules import SINGLE_SCHEDULES
 
 from autopipe.core.profile import Profile
-from autopipe.core.vocabulary import FRAMEWORK_DEFAULTS
+from autopipe.core.vocabulary import FRAMEWORK_DEFAULTS, SINGLE_SCHEDULES
 
 
 def uniform_bounds(n_units: int, num_stages: int) -> list[int]:

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 from autopipe.core.vocabulary import CHECKPOINT_MODES
 
-__all__ = ["CHECKPOINT_MODES", "check_checkpoint_mode", "stage_checkpoints"]
+__all__ = ["check_checkpoint_mode", "stage_checkpoints"]
 
 
 def check_checkpoint_mode(mode: str) -> None:

@@ -24,12 +24,13 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 from autopipe.planner.costs import CostModel, SegmentCost
-from autopipe.planner.schedules import SPLIT_BACKWARD_SCHEDULES, chunk_ranks, rank_orders
+from autopipe.planner.schedules import chunk_ranks, rank_orders
 from autopipe.planner.simulate import ChunkWork, inflight_counts, replay_memory
 
 from autopipe.core.cluster import Cluster, Device
 from autopipe.core.profile import Profile
 from autopipe.core.timeline import Action
+from autopipe.core.vocabulary import SPLIT_BACKWARD_SCHEDULES
 
 __all__ = ["ScheduleShape", "chunk_cluster", "chunk_works", "lower_bound_s", "rank_fits"]
 

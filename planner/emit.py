@@ -30,9 +30,9 @@ from autopipe.planner.emit_torchtitan import (
     torchtitan_names,
 )
 from autopipe.planner.layers import layer_stack
-from autopipe.planner.schedules import TORCH_CLASSES
 
-from autopipe.core.plan import MESH_DIM_NAMES, Plan
+from autopipe.core.plan import Plan
+from autopipe.core.vocabulary import MESH_DIM_NAMES, TORCH_CLASSES
 
 __all__ = [
     "EMIT_FORMATS",
@@ -52,8 +52,6 @@ EMIT_FORMATS = ("torch", "torchtitan", "torchtitan-python", "megatron")
 """``torchtitan`` is torchtitan 0.2.2's TOML, ``torchtitan-python`` torchtitan 0.3.0's
 Python config."""
 
-# torch.distributed.pipelining's class for each schedule autopipe plans.
-TORCH_SCHEDULES = dict(TORCH_CLASSES)
 # Megatron-Core runs 1F1B, interleaved when there are virtual stages; it has none of the
 # others (its schedule follows the layout's stages per rank, not a name).
 MEGATRON_SCHEDULES = {"1f1b": "1F1B", "interleaved-1f1b": "interleaved 1F1B"}
@@ -76,7 +74,7 @@ def to_torch(plan: Plan) -> dict[str, Any]:
 
     ``pipeline()`` has no per-stage re-materialization: a plan that checkpoints a stage is
     refused (re-plan with ``--checkpoint never``, or wrap those modules yourself)."""
-    schedule = require_schedule(plan, TORCH_SCHEDULES, "torch.distributed.pipelining")
+    schedule = require_schedule(plan, TORCH_CLASSES, "torch.distributed.pipelining")
     if checkpointed(plan):
         raise EmitError(
             f"the plan re-materializes stages {checkpointed(plan)} and torch's pipeline() "

@@ -28,14 +28,10 @@ forces one; it checks the plan it returns once more with :func:`preflight`.
 from __future__ import annotations
 
 from autopipe.planner.errors import RuleViolation
-from autopipe.planner.schedules import (
-    SPLIT_BACKWARD_SCHEDULES,
-    TORCH_CLASSES,
-    check_virtual_stages,
-    chunk_ranks,
-)
+from autopipe.planner.schedules import check_virtual_stages, chunk_ranks
 
 from autopipe.core.plan import Plan
+from autopipe.core.vocabulary import SPLIT_BACKWARD_SCHEDULES, TORCH_CLASSES
 
 __all__ = ["RULES", "check_plan", "preflight", "violations"]
 

@@ -34,19 +34,12 @@ from collections.abc import Callable
 
 from autopipe.core.timeline import Action
 from autopipe.core.vocabulary import (
-    LOOP_SCHEDULES,
     SINGLE_SCHEDULES,
-    SPLIT_BACKWARD_SCHEDULES,
     TORCH_CLASSES,
     V_SHAPE_SCHEDULES,
 )
 
 __all__ = [
-    "LOOP_SCHEDULES",
-    "SINGLE_SCHEDULES",
-    "SPLIT_BACKWARD_SCHEDULES",
-    "TORCH_CLASSES",
-    "V_SHAPE_SCHEDULES",
     "chunk_ranks",
     "check_virtual_stages",
     "rank_order",

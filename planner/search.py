@@ -33,7 +33,6 @@ from autopipe.planner.assemble import build_plan
 from autopipe.planner.baselines import BASELINES, baseline_bounds
 from autopipe.planner.candidate import Candidate
 from autopipe.planner.chain import Partition, bottleneck
-from autopipe.planner.checkpointing import CHECKPOINT_MODES
 from autopipe.planner.chunks import ScheduleShape, cost_model_for, lower_bound_s
 from autopipe.planner.costs import CostModel
 from autopipe.planner.errors import PlanningError, RuleViolation
@@ -53,7 +52,7 @@ from autopipe.core.optimizer import (
 from autopipe.core.plan import Plan
 from autopipe.core.profile import Profile
 from autopipe.core.request import PlanRequest
-from autopipe.core.vocabulary import PLAN_SCHEDULES
+from autopipe.core.vocabulary import CHECKPOINT_MODES, PLAN_SCHEDULES
 
 STRATEGIES = ("dp", "ilp", "brute-force", *BASELINES)
 EXACT_STRATEGIES = ("dp", "ilp", "brute-force")

@@ -13,9 +13,10 @@ from autopipe.planner.errors import PlanningError
 from autopipe.planner.planning import plan
 
 from autopipe.core.cluster import Cluster, Device
-from autopipe.core.plan import PLAN_SCHEDULES, Plan
+from autopipe.core.plan import Plan
 from autopipe.core.profile import Profile
 from autopipe.core.request import PlanRequest
+from autopipe.core.vocabulary import PLAN_SCHEDULES
 
 
 def _plan_k(profile: Profile, k: int, device: Device | None, kw: dict[str, Any]) -> Any:

@@ -62,8 +62,9 @@ from autopipe.profiler.reduce import (
     still_the_blocks,
 )
 from autopipe.profiler.tensor_parallel import annotate_tensor_parallel
+from autopipe.profiler.trace import TraceError
 from autopipe.profiler.tree import tensor_leaves
-from autopipe.profiler.units import TraceError, UnitGraph, trace_units
+from autopipe.profiler.units import UnitGraph, trace_units
 from torch import fx, nn
 from torch.fx.experimental import _config as fx_config
 from torch.overrides import TorchFunctionMode

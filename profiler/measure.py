@@ -49,6 +49,7 @@ from autopipe.profiler.execute import (
     split_units,
 )
 from autopipe.profiler.header import profile_header
+from autopipe.profiler.inputs import call_model
 from autopipe.profiler.materialize import (
     Materializer,
     meta_node_bytes,
@@ -78,7 +79,6 @@ from autopipe.profiler.timing import (
     synchronize,
     time_steps_interleaved,
 )
-from autopipe.profiler.trace import call_model
 from autopipe.profiler.tree import float_tensor_leaves, map_tensors, tensor_leaves
 from autopipe.profiler.units import UnitGraph, cut_tensors, trace_units
 from autopipe.profiler.weight_pass import reuse_reason, reused_parameters

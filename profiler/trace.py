@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 import torch.utils._pytree as pytree
-from autopipe.profiler.inputs import batch_size_of, call_model, split_inputs
+from autopipe.profiler.inputs import batch_size_of, split_inputs
 from torch import fx, nn
 
 from autopipe.core.errors import AutopipeError
@@ -40,8 +40,6 @@ __all__ = [
     "TRACERS",
     "TraceError",
     "batch_is_dynamic",
-    "call_model",
-    "split_inputs",
     "trace_model",
     "training_config",
 ]

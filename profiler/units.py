@@ -45,7 +45,7 @@ from typing import Any
 
 import torch.utils._pytree as pytree
 from autopipe.profiler.inputs import InputBinder
-from autopipe.profiler.trace import TraceError, batch_is_dynamic, trace_model
+from autopipe.profiler.trace import batch_is_dynamic, trace_model
 from torch import fx, nn
 
 from autopipe.core.errors import AutopipeError
@@ -53,7 +53,6 @@ from autopipe.core.errors import AutopipeError
 __all__ = [
     "CALL_SEPARATOR",
     "GRANULARITIES",
-    "TraceError",
     "UnitGraph",
     "UnitPatternError",
     "cut_tensors",

@@ -4,20 +4,14 @@ from autopipe.runtime.batchnorm import DeferredBatchNorm
 from autopipe.runtime.gpipe import GPipe
 from autopipe.runtime.parallelize import parallelize
 from autopipe.runtime.pipeline import Pipeline
-from autopipe.runtime.timeline import (
-    TaskRecord,
-    Timeline,
-    TimelineRecorder,
-    load_chrome_trace,
-    save_chrome_trace,
-    to_chrome_trace,
-)
+from autopipe.runtime.recorder import TimelineRecorder
+
+from autopipe.core.timeline import Timeline, load_chrome_trace, save_chrome_trace, to_chrome_trace
 
 __all__ = [
     "DeferredBatchNorm",
     "GPipe",
     "Pipeline",
-    "TaskRecord",
     "Timeline",
     "TimelineRecorder",
     "load_chrome_trace",

@@ -25,10 +25,10 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 from autopipe.runtime.checkpoint import checkpointed
+from autopipe.runtime.recorder import TimelineRecorder
 from autopipe.runtime.rng import MicrobatchRNG
 from autopipe.runtime.schedule import clock_cycles
 from autopipe.runtime.stage import StageFunction, phony
-from autopipe.runtime.timeline import TimelineRecorder
 from autopipe.runtime.worker import InlineWorker, Worker, worker_for
 from torch import nn
 

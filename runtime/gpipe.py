@@ -25,13 +25,15 @@ from typing import Any, NoReturn, cast
 
 import torch
 from autopipe.runtime.batchnorm import begin_minibatch, convert_deferred_batch_norm
-from autopipe.runtime.devices import as_device, default_devices
 from autopipe.runtime.executor import Stage, run_pipeline
 from autopipe.runtime.microbatch import gather, scatter
+from autopipe.runtime.recorder import Clock, TimelineRecorder
 from autopipe.runtime.rng import MicrobatchRNG, draw_base_seed
 from autopipe.runtime.split import own_copy, shared_parameters
-from autopipe.runtime.timeline import Clock, Timeline, TimelineRecorder
+from autopipe.runtime.torch_devices import as_device, default_devices
 from torch import nn
+
+from autopipe.core.timeline import Timeline
 
 __all__ = ["TORCHGPIPE_CHECKPOINT_MODES", "GPipe", "checkpoint_stop"]
 
@@ -167,7 +169,7 @@ class GPipe(nn.Module):
         self.chunks = chunks
         self.checkpoint = checkpoint
         self.deferred_batch_norm = deferred_batch_norm
-        # The clocks each forward's timeline is read on (see runtime/timeline.py).
+        # The clocks each forward's timeline is read on (see runtime/recorder.py).
         self.timeline_clocks: dict[str, Clock | None] | None = None
         self.last_recorder: TimelineRecorder | None = None
         self._stages = [

@@ -5,7 +5,7 @@
 
 Steps: unless a ``plan`` is given, measure a Profile (``autopipe.profiler.measure.profile``) and plan
 K stages (``autopipe.planner.plan``); cut the model into the plan's stage graphs
-(``autopipe.runtime.partition.partition``, the route the distributed runtime takes too);
+(``autopipe.runtime.planned_stages.partition``, the route the distributed runtime takes too);
 build a ``Pipeline`` with ``plan.microbatches`` micro-batches and the plan's per-stage
 checkpoint flags. Stage ``i`` runs on ``devices[i]``.
 """
@@ -16,21 +16,14 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from autopipe.planner.checkpointing import (
-    CHECKPOINT_MODES,
-    check_checkpoint_mode,
-    stage_checkpoints,
-)
-from autopipe.runtime.devices import as_device
+from autopipe.planner.checkpointing import check_checkpoint_mode, stage_checkpoints
 from autopipe.runtime.pipeline import Pipeline
+from autopipe.runtime.torch_devices import as_device
 from torch import nn
 
 from autopipe.core.errors import AutopipeError
 
-__all__ = ["PLAN_CHECKPOINT_MODES", "parallelize", "resolve_devices", "stage_flags"]
-
-PLAN_CHECKPOINT_MODES = CHECKPOINT_MODES
-"""The planner's modes (``autopipe.planner.checkpointing``), the only ones parallelize takes."""
+__all__ = ["parallelize", "resolve_devices", "stage_flags"]
 
 
 def resolve_devices(
@@ -134,7 +127,8 @@ def parallelize(
     per mini-batch. ``profile_options`` go to
     ``autopipe.profiler.measure.profile`` (e.g. ``loss_fn``, ``repeat``, ``progress``). Returns a ``Pipeline`` with ``pipeline.plan`` set.
     """
-    from autopipe.runtime.partition import StageSplitError, partition
+    from autopipe.runtime.planned_stages import partition
+    from autopipe.runtime.split import StageSplitError
 
     check_checkpoint_mode(checkpoint)  # before the costly profiling
     if plan is not None:

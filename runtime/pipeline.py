@@ -20,18 +20,20 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
-from autopipe.profiler.inputs import split_inputs
+from autopipe.profiler.inputs import batch_size_of, split_inputs
 from autopipe.profiler.objective import LabelItems, LossFn, combine, loss_term
 from autopipe.runtime.batchnorm import begin_minibatch, convert_deferred_batch_norm
-from autopipe.runtime.devices import as_device
 from autopipe.runtime.executor import Stage, run_pipeline
-from autopipe.runtime.microbatch import batch_size_of, gather, scatter
-from autopipe.runtime.partition import PlannedStages, TiedParameter, tied_parameters
+from autopipe.runtime.microbatch import gather, scatter
+from autopipe.runtime.planned_stages import PlannedStages, TiedParameter, tied_parameters
+from autopipe.runtime.recorder import Clock, TimelineRecorder
 from autopipe.runtime.rng import MicrobatchRNG, draw_base_seed
 from autopipe.runtime.split import StageGraph, split_graph
 from autopipe.runtime.tied import TiedReplicas
-from autopipe.runtime.timeline import Clock, Timeline, TimelineRecorder
+from autopipe.runtime.torch_devices import as_device
 from torch import fx, nn
+
+from autopipe.core.timeline import Timeline
 
 __all__ = ["Pipeline"]
 
@@ -100,7 +102,7 @@ class Pipeline(nn.Module):
         plan: Any = None,
         deferred_batch_norm: bool = False,
     ) -> Pipeline:
-        """A pipeline over the stage graphs of :func:`autopipe.runtime.partition.partition`."""
+        """A pipeline over the stage graphs of :func:`autopipe.runtime.planned_stages.partition`."""
         if len(planned.stages) != len(devices):
             raise ValueError(
                 f"{len(planned.stages)} stages but {len(devices)} devices; give one per stage"
@@ -172,7 +174,7 @@ class Pipeline(nn.Module):
         self.static_microbatch_size = static_microbatch_size
         self.label_items = label_items
         # The clocks the timeline of each forward is read on (None: CUDA events on a GPU,
-        # perf_counter elsewhere); see runtime/timeline.py. The last forward's recorder.
+        # perf_counter elsewhere); see runtime/recorder.py. The last forward's recorder.
         self.timeline_clocks: dict[str, Clock | None] | None = None
         self.last_recorder: TimelineRecorder | None = None
         self._bind = bind_inputs or _positional_binder(len(self._graphs[0].input_names))

@@ -21,7 +21,7 @@ import copy
 from collections.abc import Sequence
 
 import torch
-from autopipe.runtime.partition import TiedParameter
+from autopipe.runtime.planned_stages import TiedParameter
 from torch import nn
 
 __all__ = ["TiedReplicas"]

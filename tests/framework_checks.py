@@ -48,7 +48,8 @@ from autopipe.planner.emit import to_megatron, to_torchtitan, to_torchtitan_pyth
 from autopipe.profiler.measure import profile
 from distributed_cases import tiny_gpt
 
-from autopipe.core.plan import MESH_DIM_NAMES, Plan
+from autopipe.core.plan import Plan
+from autopipe.core.vocabulary import MESH_DIM_NAMES
 
 FAST = {"warmup": 0, "repeat": 1, "progress": False, "microbatch_sizes": ()}
 LLAMA = {

@@ -127,7 +127,7 @@ def test_bench_table(setup, tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
 
 
 def test_choose_clock() -> None:
-    from autopipe.bench import choose_clock
+    from autopipe.bench_report import choose_clock
 
     assert choose_clock("auto", ["cpu", "cpu"], threads=1) == "thread_cpu"
     assert choose_clock("auto", ["cpu", "cpu"], threads=4) == "wall"
@@ -187,7 +187,10 @@ def test_plot_command(setup, bench_run, tmp_path: Path, capsys: pytest.CaptureFi
     _png_ok(out / "timeline_measured.png")
     # A trace of another pipeline (stage 5 of a 2-stage plan) is refused, not drawn.
     other = tmp_path / "other_trace.json"
-    other.write_text(json.dumps([{"ph": "X", "name": "F0", "tid": 5, "ts": 0, "dur": 1}]))
+    task = {"stage": 5, "microbatch": 0, "phase": "forward"}
+    other.write_text(
+        json.dumps([{"ph": "X", "name": "F0", "tid": 5, "ts": 0, "dur": 1, "args": task}])
+    )
     assert cli.main(["plot", str(plan_path), "--timeline", str(other), "--out", str(out)]) == 2
     assert "has 6 stages but the plan has 2" in _err_line(capsys)
     assert cli.main(["plot", str(plan_path), "--out", str(plan_path)]) == 2
@@ -200,16 +203,14 @@ def test_plot_command(setup, bench_run, tmp_path: Path, capsys: pytest.CaptureFi
 
 
 def test_reads_the_executors_chrome_trace() -> None:
-    from autopipe.runtime.timeline import TaskRecord, Timeline, to_chrome_trace
-
-    from autopipe.core.timeline import load_chrome_trace
+    from autopipe.core.timeline import Task, Timeline, load_chrome_trace, to_chrome_trace
 
     records = [  # the one Task: stage, micro-batch, phase, start_s, end_s, device index
-        TaskRecord(0, 0, "forward", 0.000, 0.010, 0),
-        TaskRecord(1, 0, "forward", 0.010, 0.020, 0),
-        TaskRecord(1, 0, "backward", 0.030, 0.050, 0),
-        TaskRecord(1, 0, "recompute", 0.031, 0.039, 0),
-        TaskRecord(0, 0, "backward", 0.050, 0.070, 0),
+        Task(0, 0, "forward", 0.000, 0.010, 0),
+        Task(1, 0, "forward", 0.010, 0.020, 0),
+        Task(1, 0, "backward", 0.030, 0.050, 0),
+        Task(1, 0, "recompute", 0.031, 0.039, 0),
+        Task(0, 0, "backward", 0.050, 0.070, 0),
     ]
     run = Timeline(records, 2, device_names=["cpu"])
     tl = load_chrome_trace(to_chrome_trace(run))

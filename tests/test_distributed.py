@@ -12,12 +12,9 @@ import torch
 from autopipe.profiler.units import trace_units
 from autopipe.runtime.distributed.layout import PlanWorldSizeError, rank_layout
 from autopipe.runtime.distributed.pipeline import build_stage
-from autopipe.runtime.distributed.stages import (
-    StageModule,
-    StageSplitError,
-    split_stages,
-    stage_of_unit,
-)
+from autopipe.runtime.distributed.stages import StageModule, split_stages
+from autopipe.runtime.planned_stages import stage_of_unit
+from autopipe.runtime.split import StageSplitError
 from distributed_cases import (
     SkipNet,
     job_key,
@@ -120,7 +117,7 @@ def test_plan_made_for_a_model_with_the_same_units_and_other_widths_is_refused()
     0); now the first unit whose parameters differ is named, before any stage is built,
     for a real and a meta-device model, and by stage bytes for plans without the per-unit
     record."""
-    from autopipe.runtime.partition import PlanModelMismatchError, partition
+    from autopipe.runtime.planned_stages import PlanModelMismatchError, partition
 
     small, inputs = _six_linear(8)
     plan = _measured_plan(small, inputs)
@@ -152,7 +149,7 @@ def test_a_tied_weight_is_checked_in_every_unit_that_holds_it() -> None:
     """GPT's tied embedding and head: the profile charges the one parameter to both units
     (and both stages); the runtime counts it the same way, so the plan fits its model, real
     or on the meta device (counted once, the second unit would differ)."""
-    from autopipe.runtime.partition import partition
+    from autopipe.runtime.planned_stages import partition
 
     tied, inputs, _ = tiny_gpt(tie_weights=True)
     plan = _measured_plan(tied, inputs)
@@ -168,7 +165,7 @@ import sys
 sys.path.insert(0, {tests!r})
 from autopipe.modelfile import load_model_file
 from autopipe.runtime.distributed.agree import graph_fingerprint
-from autopipe.runtime.partition import partition
+from autopipe.runtime.planned_stages import partition
 from distributed_cases import make_plan, tiny_gpt
 
 model, inputs, _ = tiny_gpt(tie_weights=True)
@@ -230,7 +227,7 @@ def test_graph_and_cut_differences_are_named_in_one_line() -> None:
 
 
 def test_tied_weights_across_stages_are_found_with_every_name() -> None:
-    from autopipe.runtime.partition import tied_parameters
+    from autopipe.runtime.planned_stages import tied_parameters
 
     model, inputs, _ = tiny_gpt(tie_weights=True)
     graph = trace_units(model, inputs)
@@ -433,7 +430,7 @@ class _PairAcrossCut(torch.nn.Module):
 
 def test_a_tuple_crossing_a_cut_travels_leaf_by_leaf() -> None:
     from autopipe.runtime.distributed.stages import wire_of
-    from autopipe.runtime.partition import cut_values
+    from autopipe.runtime.planned_stages import cut_values
 
     model, x = _PairAcrossCut(), torch.randn(3, 4)
     graph = trace_units(model, x)

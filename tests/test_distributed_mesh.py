@@ -265,7 +265,7 @@ def test_wrong_world_size_is_one_line_on_every_rank(tmp_path: Path) -> None:
 
 def test_mesh_plans_this_runtime_does_not_run_are_refused_in_one_line() -> None:
     from autopipe.runtime.distributed.mesh import MeshPlanError, check_mesh_plan
-    from autopipe.runtime.partition import TiedParameter
+    from autopipe.runtime.planned_stages import TiedParameter
 
     tp = mesh_plan("gpt", "pp2tp2")
     check_mesh_plan(tp)  # runs

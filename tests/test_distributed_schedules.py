@@ -18,8 +18,10 @@ from typing import Any
 import pytest
 import torch
 from autopipe.planner.preflight import violations
-from autopipe.planner.schedules import TORCH_CLASSES, chunk_ranks
+from autopipe.planner.schedules import chunk_ranks
 from distributed_cases import free_port, job_key, run_correctness, spawn_ranks
+
+from autopipe.core.vocabulary import TORCH_CLASSES
 
 TOL = 1e-5
 """Loss and gradient agreement (absolute), as the GPipe / 1F1B tests use."""
@@ -245,7 +247,7 @@ def test_a_tied_parameter_two_chunks_of_a_rank_share_keeps_the_first_chunks_init
     import copy
 
     from autopipe.runtime.distributed.pipeline import materialize_chunks
-    from autopipe.runtime.partition import partition
+    from autopipe.runtime.planned_stages import partition
     from distributed_cases import case, make_plan
 
     model, inputs, _, units = case("gpt_tied", 4)

@@ -301,9 +301,10 @@ def test_cli_emit_and_plan_emit(tmp_path, capsys) -> None:
 
 def test_every_torchtitan_schedule_name_is_one_torch_resolves() -> None:
     from autopipe.planner.emit import TORCHTITAN_SCHEDULES
-    from autopipe.planner.schedules import TORCH_CLASSES
     from torch.distributed import pipelining
     from torch.distributed.pipelining.schedules import get_schedule_class
+
+    from autopipe.core.vocabulary import TORCH_CLASSES
 
     for name, titan in TORCHTITAN_SCHEDULES.items():
         assert get_schedule_class(titan) is getattr(pipelining, TORCH_CLASSES[name])

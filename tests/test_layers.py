@@ -1,10 +1,14 @@
 """The architecture's import rules, read from the source (imports inside functions included):
 ``autopipe.core`` imports no torch and nothing else from autopipe; the planner imports no
-torch and only ``core`` and itself."""
+torch and only ``core`` and itself; every import follows ARCHITECTURE.md's picture of who may
+import whom; no import cycles; each public name has one owner."""
 
 from __future__ import annotations
 
 import ast
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -107,3 +111,125 @@ def test_no_import_cycles() -> None:
     assert len(graph) > 100 and graph.number_of_edges() > 300  # the graph was really read
     cycles = [" -> ".join([*c, c[0]]) for c in nx.simple_cycles(graph, length_bound=8)]
     assert cycles == []
+
+
+def _picture() -> list[tuple[str, str]]:
+    """The arrows of ARCHITECTURE.md's "Who may import whom" diagram (mermaid ``a --> b``)."""
+    text = (ROOT / "ARCHITECTURE.md").read_text()
+    section = text.split("## Who may import whom", 1)[1]
+    block = section.split("```mermaid", 1)[1].split("```", 1)[0]
+    node = r"(\w+)(?:\[[^\]]*\])?"
+    return re.findall(rf"^\s*{node}\s*-->\s*{node}\s*$", block, re.M)
+
+
+def _layer(module: str) -> str | None:
+    """The picture's layer of a module (None: the package root ``autopipe``)."""
+    parts = module.split(".")
+    if len(parts) == 1:
+        return None
+    if parts[1] in ("core", "planner", "profiler", "runtime", "viz", "cli"):
+        return parts[1]
+    return "cli" if parts[1] == "__main__" else "app"
+
+
+def _layer_edges() -> dict[tuple[str | None, str | None], list[str]]:
+    """(importing layer, imported layer) -> the imports between two layers, every one (the
+    package root, which imports only ``core.lazy``, is no layer)."""
+    modules = _modules()
+    edges: dict[tuple[str | None, str | None], list[str]] = {}
+    for name, path in modules.items():
+        imported = _runtime_imports(path, name, modules) | {
+            n for n in _imports(path) if n.split(".")[0] == "autopipe"
+        }  # the second set adds ``if TYPE_CHECKING:`` imports
+        for target in imported:
+            source_layer, target_layer = _layer(name), _layer(target)
+            if None not in (source_layer, target_layer) and source_layer != target_layer:
+                edges.setdefault((source_layer, target_layer), []).append(f"{name} -> {target}")
+    return edges
+
+
+def test_imports_follow_the_picture() -> None:
+    """Every import between layers follows an arrow, directly or through others."""
+    arrows = _picture()
+    layers = {a for a, _ in arrows} | {b for _, b in arrows}
+    assert layers == {_layer(m) for m in _modules()} - {None}  # the picture names every layer
+    reach = {a: {a} for a in layers}
+    for _ in layers:
+        for a, b in arrows:
+            for r in reach.values():
+                if a in r:
+                    r.add(b)
+    bad = [i for (a, b), imports in _layer_edges().items() if b not in reach[a] for i in imports]
+    assert bad == []
+
+
+def test_every_arrow_of_the_picture_is_an_import() -> None:
+    """The picture shows no dependency the code does not have."""
+    edges = _layer_edges()
+    assert [arrow for arrow in _picture() if arrow not in edges] == []
+
+
+def test_layers_point_one_way() -> None:
+    """The catalog holds specs only (it does not import the planner); autopipe.device_target and
+    the planner stay torch-free."""
+    code = (
+        "import sys; import autopipe.core.catalog;"
+        "assert 'autopipe.planner' not in sys.modules, 'catalog imported the planner';"
+        "import autopipe.device_target, autopipe.planner; autopipe.planner.Cluster.from_catalog('a100', 2);"
+        "assert 'torch' not in sys.modules, 'torch imported'"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/")
+    assert out.returncode == 0, out.stderr
+
+
+def test_cli_commands_import_only_common() -> None:
+    """Each command module imports ``autopipe.cli.common`` and the library, never another
+    command or the package that dispatches to them."""
+    folder = ROOT / "autopipe" / "cli"
+    for path in folder.glob("*.py"):
+        if path.name in ("__init__.py", "__main__.py"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module == "autopipe.cli":
+                assert [a.name for a in node.names] == ["common"], path.name
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith(
+                "autopipe.cli."
+            ):
+                assert node.module == "autopipe.cli.common", (path.name, node.module)
+            elif isinstance(node, ast.Import):
+                for alias in node.names:
+                    assert not alias.name.startswith("autopipe.cli"), (path.name, alias.name)
+
+
+_FRONT_DOORS = {
+    "autopipe.planner.emit": {"EmitError", "TORCHTITAN_SCHEDULES", "to_torchtitan",
+                              "to_torchtitan_python", "torchtitan_names"},
+    "autopipe.replay_report": {"ReplayError"},
+    # Left for the session rewriting these files (issue #23); to be owned where they live.
+    "autopipe.cli.common": {"Failure", "UsageError"},
+    "autopipe.planner.simulate": {"PHASES", "Task"},
+}  # fmt: skip
+"""Modules that hand on names they import: the emitters' and ``autopipe.replay``'s entries."""
+
+
+def test_a_modules_all_lists_only_what_it_defines() -> None:
+    """Outside a package's ``__init__``, ``__all__`` names only what the module itself
+    defines: one owner per name, no second route to it (front doors above aside)."""
+    found = {}
+    for name, path in _modules().items():
+        if path.name == "__init__.py":
+            continue
+        tree = ast.parse(path.read_text(), str(path))
+        imported: set[str] = set()
+        listed: list[str] = []
+        for node in tree.body:
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                imported.update(a.asname or a.name.split(".")[0] for a in node.names)
+            elif isinstance(node, ast.Assign) and any(
+                isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets
+            ):
+                listed = list(ast.literal_eval(node.value))
+        handed_on = set(listed) & imported - _FRONT_DOORS.get(name, set())
+        if handed_on:
+            found[name] = sorted(handed_on)
+    assert found == {}

@@ -26,13 +26,14 @@ from autopipe.planner import (  # noqa: E402
 from autopipe.planner.costs import CostModel  # noqa: E402
 from autopipe.planner.partition import brute_force_partition, dp_partition  # noqa: E402
 from autopipe.planner.probe import probe_partition  # noqa: E402
+from autopipe.planner.search import divisor_hint  # noqa: E402
 from autopipe.planner.simulate import gpipe_exact  # noqa: E402
 from planner_instances import cost_model, random_cluster, random_profile  # noqa: E402
 
 from autopipe.core.humanize import format_bytes  # noqa: E402
 from autopipe.core.optimizer import OPTIMIZERS, optimizer_state_bytes  # noqa: E402
 from autopipe.core.profile import Profile, UnitProfile  # noqa: E402
-from autopipe.core.vocabulary import PLAN_SCHEDULES as SCHEDULES  # noqa: E402
+from autopipe.core.vocabulary import PLAN_SCHEDULES  # noqa: E402
 
 SETTINGS = settings(
     max_examples=120, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow]
@@ -197,7 +198,7 @@ def test_auto_m_picks_fastest_candidate_and_explains() -> None:
     # auto also weighs the interleaved, looped and zero-bubble schedules: never slower.
     assert auto.iteration_time_s <= min(fixed) * (1 + 1e-12)
     rows = auto.meta["candidates"]
-    assert {r["schedule"] for r in rows} == set(SCHEDULES)
+    assert {r["schedule"] for r in rows} == set(PLAN_SCHEDULES)
     assert not any(r["schedule"] == "1f1b" and r["microbatches"] < 4 for r in rows)
     assert auto.microbatch_size * auto.microbatches == 64
     assert auto.throughput == pytest.approx(64 / auto.iteration_time_s)
@@ -485,3 +486,8 @@ def test_replanning_is_the_recorded_request_with_one_field_replaced(tmp_path: Pa
     assert legacy.request is None and legacy.granularity == "module"
     with pytest.raises(TypeError, match="unexpected keyword argument 'microbatch'"):
         plan(profile, 4, microbatch=8)
+
+
+def test_divisor_hint_names_the_nearest_divisors() -> None:
+    assert divisor_hint(32, 5) == "pick a divisor (e.g. 1, 2, 4, 8, 16, 32)"
+    assert divisor_hint(360, 7, count=3) == "pick a divisor (e.g. 5, 6, 8)"  # ties: the smaller

@@ -9,7 +9,7 @@ import pytest
 import torch
 from autopipe.profiler.measure import ProfilingError, profile
 from autopipe.profiler.time_model import fit_time_model
-from autopipe.profiler.units import TraceError
+from autopipe.profiler.trace import TraceError
 from profiler_models import (
     DataBranch,
     GatedChain,

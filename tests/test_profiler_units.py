@@ -6,9 +6,10 @@ import warnings
 
 import pytest
 import torch
-from autopipe.profiler.trace import call_model
+from autopipe.profiler.inputs import call_model
+from autopipe.profiler.trace import TraceError
 from autopipe.profiler.tree import leaves
-from autopipe.profiler.units import TraceError, UnitGraph, cut_tensors, trace_units
+from autopipe.profiler.units import UnitGraph, cut_tensors, trace_units
 from profiler_models import (
     DataBranch,
     DecoderConfig,

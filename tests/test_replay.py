@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from autopipe.planner.replay import ReplayError, replay, split_steps
 from autopipe.planner.schedules import chunk_ranks, rank_orders
-from autopipe.runtime.timeline import TimelineRecorder
+from autopipe.runtime.recorder import TimelineRecorder
 from distributed_cases import free_port, make_plan, tiny_gpt_files
 
 from autopipe.cli import main

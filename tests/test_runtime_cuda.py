@@ -35,7 +35,7 @@ def test_gpipe_on_cuda_matches_unpipelined(mode: str) -> None:
     for (name, p), q in zip(pipe.named_parameters(), reference.parameters(), strict=True):
         assert_close(p.grad.to("cuda:0"), q.grad, name)
     timeline = pipe.last_timeline
-    records = timeline.records
+    records = timeline.tasks
     assert len([r for r in records if r.phase == "forward"]) == 12
     assert all(
         timeline.device_name(r.device).startswith("cuda") and r.end_s >= r.start_s for r in records

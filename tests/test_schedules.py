@@ -15,14 +15,11 @@ import pytest
 
 torch = pytest.importorskip("torch")
 from autopipe.planner.preflight import violations  # noqa: E402
-from autopipe.planner.schedules import (  # noqa: E402
-    TORCH_CLASSES,
-    V_SHAPE_SCHEDULES,
-    chunk_ranks,
-    rank_orders,
-)
+from autopipe.planner.schedules import chunk_ranks, rank_orders  # noqa: E402
 from torch.distributed.pipelining import schedules as torch_schedules  # noqa: E402
 from torch.distributed.pipelining.stage import PipelineStage  # noqa: E402
+
+from autopipe.core.vocabulary import TORCH_CLASSES, V_SHAPE_SCHEDULES  # noqa: E402
 
 _PHASE = {"F": "forward", "B": "backward", "I": "backward_input", "W": "backward_weight"}
 

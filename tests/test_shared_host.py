@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 from planner_instances import random_profile
 
 from autopipe.core.cluster import Cluster
-from autopipe.core.plan import PLAN_SCHEDULES, load_plan
+from autopipe.core.plan import load_plan
+from autopipe.core.vocabulary import PLAN_SCHEDULES
 
 # Every schedule a plan may name, at the fewest chunks per rank beyond one that all accept.
 SCHEDULES_V = [(s, 1 if s in ("gpipe", "1f1b") else 2) for s in PLAN_SCHEDULES]

@@ -14,7 +14,7 @@ import pytest
 import torch
 from autopipe.planner.simulate import fill_drain_bubble, simulate
 from autopipe.runtime import GPipe
-from autopipe.runtime.timeline import TimelineRecorder
+from autopipe.runtime.recorder import TimelineRecorder
 from torch import nn
 
 from autopipe.core.plan import Plan, StagePlan
@@ -98,8 +98,10 @@ def test_reader_opens_the_plots_old_forward_3_traces() -> None:
         assert read[t.action].end_s == pytest.approx(t.end_s, abs=1e-12)
 
 
-def test_reader_takes_names_when_args_are_missing() -> None:
-    """Both old dialects by name only, with ``tid`` as the stage, and begin/end pairs."""
+def test_reader_takes_tasks_from_args_only() -> None:
+    """Events without ``stage``, ``microbatch`` and ``phase`` in ``args`` (names only, with
+    ``tid`` as the stage, or begin/end pairs) are not tasks: the reader reads the one dialect
+    the writer writes."""
     events = [
         {"ph": "X", "name": "F0", "pid": 0, "tid": 0, "ts": 0, "dur": 10},
         {"ph": "X", "name": "forward 0", "pid": 1, "tid": 1, "ts": 10, "dur": 10},
@@ -107,19 +109,34 @@ def test_reader_takes_names_when_args_are_missing() -> None:
         {"ph": "E", "pid": 1, "tid": 1, "ts": 40},
         {"ph": "X", "name": "stage 0 B0", "pid": 0, "tid": 7, "ts": 40, "dur": 20},
         {"ph": "X", "name": "R0", "pid": 0, "tid": 0, "ts": 41, "dur": 5},
+        {
+            "ph": "X",
+            "name": "fwd 1",
+            "pid": 0,
+            "tid": 0,
+            "ts": 50,
+            "dur": 5,
+            "args": {"stage": 0, "microbatch": 1, "phase": "fwd"},
+        },
         {"ph": "X", "name": "optimizer step", "pid": 0, "tid": 0, "ts": 60, "dur": 5},
     ]
+    with pytest.raises(TimelineFormatError, match="no pipeline tasks"):
+        load_chrome_trace({"traceEvents": events}, num_stages=3)
+    events.append(
+        {
+            "ph": "X",
+            "name": "F1",
+            "pid": 0,
+            "tid": 0,
+            "ts": 70,
+            "dur": 10,
+            "args": {"stage": 0, "microbatch": 1, "phase": "forward"},
+        }
+    )
     tl = load_chrome_trace({"traceEvents": events}, num_stages=3)
-    assert tl.num_stages == 3 and not tl.shared
-    got = sorted((t.stage, t.microbatch, t.phase, t.device) for t in tl.tasks)
-    assert got == [
-        (0, 0, "backward", 0),
-        (0, 0, "forward", 0),
-        (0, 0, "recompute", 0),
-        (1, 0, "backward", 1),
-        (1, 0, "forward", 1),
+    assert tl.num_stages == 3 and [(t.stage, t.microbatch, t.phase) for t in tl.tasks] == [
+        (0, 1, "forward")
     ]
-    assert tl.durations(1, "backward") == pytest.approx([20e-6])
     with pytest.raises(TimelineFormatError, match="no pipeline tasks"):
         load_chrome_trace([{"ph": "X", "name": "step", "ts": 0}])
 
@@ -224,7 +241,7 @@ def test_simulator_recorder_and_plots_exchange_one_timeline(tmp_path: Path) -> N
     from autopipe.viz.predict import predicted_timeline
 
     assert autopipe.runtime.Timeline is autopipe.viz.Timeline is autopipe.planner.Timeline
-    assert autopipe.runtime.Timeline is Timeline and autopipe.runtime.TaskRecord is Task
+    assert autopipe.runtime.Timeline is Timeline
     simulated = simulate([1.0, 2.0], [2.0, 3.0], 4).timeline
     recorder = TimelineRecorder(["cpu"], num_stages=2, clocks={"ticks": Ticks()})
     cpu = torch.device("cpu")
@@ -296,9 +313,9 @@ def test_pipeline_times_its_tasks_on_an_injected_clock() -> None:
 
 
 def test_bench_compare_is_pure_arithmetic_on_timelines() -> None:
-    from autopipe.runtime.bench import Measurement, StepMeasurement
+    from autopipe.runtime.step_measurement import Measurement, StepMeasurement
 
-    from autopipe.bench import compare
+    from autopipe.bench_report import compare
 
     plan = _tiny_plan(2, 2)
 
@@ -341,7 +358,7 @@ def test_bench_compare_is_pure_arithmetic_on_timelines() -> None:
 
 def test_timeline_and_compare_modules_import_without_torch() -> None:
     code = (
-        "import sys, autopipe.bench, autopipe.core.timeline; "
+        "import sys, autopipe.bench_report, autopipe.core.timeline; "
         "assert 'torch' not in sys.modules, 'torch was imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
@@ -351,11 +368,6 @@ def test_timeline_and_compare_modules_import_without_torch() -> None:
 
 
 def test_one_bubble_formula() -> None:
-    from autopipe.runtime.schedule import bubble_fraction
-
-    from autopipe.viz.bubble import closed_form_bubble
-
-    assert bubble_fraction is fill_drain_bubble and closed_form_bubble is fill_drain_bubble
     assert fill_drain_bubble(8, 4) == pytest.approx(3 / 11)
     from autopipe.explain import explain
 

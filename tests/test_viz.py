@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from autopipe.planner import Cluster, plan
+from autopipe.planner.simulate import fill_drain_bubble
 
 from autopipe.core.plan import Plan, load_plan
 from autopipe.core.profile import Profile, UnitProfile
@@ -20,7 +21,6 @@ from autopipe.core.timeline import (
 )
 from autopipe.viz import plot_all
 from autopipe.viz.balance import balance_figure
-from autopipe.viz.bubble import closed_form_bubble
 from autopipe.viz.data import balance_data, bubble_data, scaling_data
 from autopipe.viz.gantt import plot_timeline, timeline_figure
 from autopipe.viz.predict import predicted_timeline
@@ -126,9 +126,9 @@ def test_gpipe_bubble_equals_closed_form_for_equal_stages(tmp_path: Path) -> Non
     sim = simulate([1.0] * k, [2.0] * k, m)
     tl = sim.timeline
     assert isinstance(tl, Timeline) and tl.num_stages == k
-    assert tl.bubble_fraction == pytest.approx(closed_form_bubble(m, k))
+    assert tl.bubble_fraction == pytest.approx(fill_drain_bubble(m, k))
     ax = timeline_figure(tl).axes[0]
-    assert _drawn_idle_fraction(ax) == pytest.approx(closed_form_bubble(m, k), abs=1e-9)
+    assert _drawn_idle_fraction(ax) == pytest.approx(fill_drain_bubble(m, k), abs=1e-9)
 
 
 def test_compare_shares_time_axis(gpipe_plan: Plan, tmp_path: Path) -> None:
@@ -175,13 +175,17 @@ def test_chrome_trace_round_trip(onefoneb_plan: Plan) -> None:
     assert back.bubble_fraction == pytest.approx(tl.bubble_fraction, abs=1e-9)
 
 
-def test_chrome_trace_from_names_and_errors(tmp_path: Path) -> None:
-    # Executor-style names ("F3", "B0") with tid as the stage and no args.
+def test_chrome_trace_from_events_and_errors(tmp_path: Path) -> None:
+    # Executor-style events ("F3", "B0"), the task in args.
+    def event(name: str, stage: int, phase: str, ts: int, dur: int) -> dict[str, object]:
+        args = {"stage": stage, "microbatch": 0, "phase": phase}
+        return {"ph": "X", "name": name, "tid": stage, "pid": 0, "ts": ts, "dur": dur, "args": args}
+
     events = [
-        {"ph": "X", "name": "F0", "tid": 0, "pid": 0, "ts": 0, "dur": 10},
-        {"ph": "X", "name": "F0", "tid": 1, "pid": 0, "ts": 10, "dur": 10},
-        {"ph": "X", "name": "B0", "tid": 1, "pid": 0, "ts": 20, "dur": 20},
-        {"ph": "X", "name": "B0", "tid": 0, "pid": 0, "ts": 40, "dur": 20},
+        event("F0", 0, "forward", 0, 10),
+        event("F0", 1, "forward", 10, 10),
+        event("B0", 1, "backward", 20, 20),
+        event("B0", 0, "backward", 40, 20),
         {"ph": "M", "name": "thread_name", "tid": 0, "pid": 0},
     ]
     tl = load_chrome_trace({"traceEvents": events})
@@ -339,11 +343,18 @@ def test_malformed_chrome_traces_are_format_errors(tmp_path: Path) -> None:
         load_chrome_trace(binary)
     with pytest.raises(TimelineFormatError, match="not a Chrome trace"):
         load_chrome_trace({"traceEvents": 5})
-    # An end event without a time is skipped; the complete event still counts.
+    # Begin/end events are not tasks; the complete event counts.
     events = [
         {"ph": "B", "name": "F0", "tid": 0, "ts": 0},
         {"ph": "E", "tid": 0},
-        {"ph": "X", "name": "F1", "tid": 0, "ts": 0, "dur": 5},
+        {
+            "ph": "X",
+            "name": "F1",
+            "tid": 0,
+            "ts": 0,
+            "dur": 5,
+            "args": {"stage": 0, "microbatch": 1, "phase": "forward"},
+        },
     ]
     tl = load_chrome_trace({"traceEvents": events, "otherData": 3})
     assert len(tl.tasks) == 1 and tl.iteration_s == pytest.approx(5e-6)
@@ -476,7 +487,7 @@ def test_bench_titles_compare_like_with_like(gpipe_plan: Plan) -> None:
     prediction that the text, on thread-CPU time, found 0.4% off."""
     from dataclasses import replace
 
-    from autopipe.bench import BenchResult
+    from autopipe.bench_report import BenchResult
     from autopipe.core.humanize import format_seconds
 
     predicted = predicted_timeline(gpipe_plan, devices=["cpu"] * gpipe_plan.num_stages)

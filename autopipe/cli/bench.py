@@ -122,7 +122,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         inputs = mf.inputs(plan.batch_size)
     except ModelFileError as exc:
         raise common.UsageError(str(exc)) from exc
-    from autopipe.bench import run_bench
+    from autopipe.bench_report import run_bench
     from autopipe.profiler.measure import ProfilingError
 
     try:

@@ -27,7 +27,7 @@ __all__ = ["EXIT_FAILURE", "EXIT_OK", "EXIT_USAGE", "Failure", "UsageError"]
 if TYPE_CHECKING:
     from autopipe.core.plan import Plan
     from autopipe.core.profile import Profile
-    from autopipe.devices import DeviceTarget
+    from autopipe.device_target import DeviceTarget
     from autopipe.modelfile import ModelFile
 
     Subparsers = argparse._SubParsersAction[argparse.ArgumentParser]
@@ -362,7 +362,7 @@ def device_list_counts(device: str | None) -> list[tuple[str, int]] | None:
     """``--device``'s ``NAME:COUNT,...`` entries (None for one device or none), checked for
     form only: cheap enough to run before any profiling. A malformed list is a UsageError."""
     from autopipe.core.catalog import DeviceListError
-    from autopipe.devices import device_counts
+    from autopipe.device_target import device_counts
 
     try:
         return device_counts(device)
@@ -374,7 +374,7 @@ def resolve_device_flags(args: argparse.Namespace) -> DeviceTarget:
     """What ``--device`` / ``--device-spec`` ask for (``autopipe.devices.resolve_devices``); a
     local device must exist here. Unknown names and bad spec files are UsageErrors."""
     from autopipe.core.catalog import DeviceListError
-    from autopipe.devices import resolve_devices
+    from autopipe.device_target import resolve_devices
 
     device = getattr(args, "device", None)
     try:

@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from autopipe.core.cluster import Cluster
     from autopipe.core.plan import Plan
     from autopipe.core.profile import Profile
-    from autopipe.devices import DeviceTarget
+    from autopipe.device_target import DeviceTarget
 
 EPILOG = (
     "examples:\n  autopipe plan examples/gpt.py --gpus 8 --json plan.json\n"
@@ -267,7 +267,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
         raise common.Failure(str(exc)) from exc
     except ValueError as exc:
         raise common.UsageError(str(exc)) from exc
-    from autopipe.report import format_plan, format_scaling
+    from autopipe.core.plantext import format_plan
+    from autopipe.report import format_scaling
 
     common.say(args, format_plan(result))
     if args.scaling:
@@ -326,8 +327,9 @@ def _check_schedule_rules(args: argparse.Namespace) -> None:
     (``autopipe.planner.preflight.violations``). The batch rules wait for the profile. O(1)."""
     if args.schedule == "auto":
         return
+    from autopipe.core.vocabulary import V_SHAPE_SCHEDULES
     from autopipe.planner.preflight import violations
-    from autopipe.planner.schedules import V_SHAPE_SCHEDULES, check_virtual_stages
+    from autopipe.planner.schedules import check_virtual_stages
 
     v = args.virtual_stages
     if isinstance(v, int):
@@ -351,7 +353,7 @@ def _cluster(
 ) -> Cluster | None:
     """The devices to plan for (``autopipe.devices.cluster_for``): a ``--device`` list, the
     catalog device an analytic profile was counted on, or None for a measured profile."""
-    from autopipe.devices import cluster_for
+    from autopipe.device_target import cluster_for
 
     if target is None and common.device_list_counts(args.device):
         target = common.resolve_device_flags(args)  # a saved profile planned for a list

@@ -1,8 +1,8 @@
 """``autopipe run``: train a few steps of a plan on torch.distributed, launched by torchrun.
 
 Every rank loads the model file and the plan, builds only its own stage and runs the plan's
-schedule; the last stage prints loss and step time. ``python -m autopipe run ...`` and the
-older ``python -m autopipe run ...`` are ``autopipe run ...``.
+schedule; the last stage prints loss and step time. ``python -m autopipe run ...`` is
+``autopipe run ...``.
 
 Started as a program (not ``main([...])`` from Python), ``autopipe run`` first fixes
 Python's string hash seed (:func:`fix_hash_seed`): with ``PYTHONHASHSEED`` unset every
@@ -205,7 +205,7 @@ def one_line_per_rank(verbose: bool = False) -> Iterator[None]:
       which this rank reports in one line anyway: those log records are dropped (kept with
       ``-v``).
     - torchrun sends SIGTERM to the other ranks as soon as one exits; its default action
-      killed a rank silently, even one a moment from printing its own error. Now a rank
+      kills a rank silently, even one a moment from printing its own error. Here a rank
       already raising its own error ignores the signal, so that its line gets out (it
       exits right after; torchrun sends SIGKILL 30 s later anyway), and any other rank
       ends :data:`TERMINATION_GRACE_S` later (SIGALRM) with a line saying it was stopped,
@@ -321,7 +321,7 @@ def _train(args: argparse.Namespace, plan: Plan, mf: ModelFile, rank: int, world
     from autopipe.runtime.distributed.mesh import uses_mesh
     from autopipe.runtime.distributed.pipeline import DistributedPipeline
     from autopipe.runtime.distributed.process import shutdown
-    from autopipe.runtime.distributed.stages import StageSplitError
+    from autopipe.runtime.split import StageSplitError
 
     state_dict = None
     if args.state_dict:
@@ -363,7 +363,7 @@ def _train(args: argparse.Namespace, plan: Plan, mf: ModelFile, rank: int, world
     local = pipe.local_batch(inputs)
     trace = None
     if args.trace:
-        from autopipe.runtime.distributed.trace import PipelineTrace
+        from autopipe.runtime.distributed.recorder import PipelineTrace
 
         trace = PipelineTrace(pipe)
     records: list[dict[str, float]] = []

@@ -97,7 +97,7 @@ class Cluster:
         ``count``). ``memory_bytes`` replaces every device's capacity (``--memory``).
         ``speeds``: per canonical device name (``"V100-32GB"``), how many times faster than
         the profiled device it runs the profile's units (default 1.0; a mixed cluster's
-        speeds come from re-pricing the profile, ``autopipe.devices.cluster_for``).
+        speeds come from re-pricing the profile, ``autopipe.device_target.cluster_for``).
         Raises ``DeviceSpecError`` for an unknown device or a count below 1.
         """
         from autopipe.core.catalog import DeviceSpecError, get_device, parse_device_list

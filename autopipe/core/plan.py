@@ -21,15 +21,12 @@ from autopipe.core.fields import FieldError, check_dataclass, check_number
 from autopipe.core.humanize import format_seconds
 from autopipe.core.optimizer import AUTO, OPTIMIZERS, normalize_optimizer
 from autopipe.core.request import PlanRequest
-from autopipe.core.vocabulary import MESH_DIM_NAMES, PLAN_SCHEDULES, SHARD_MODES
+from autopipe.core.vocabulary import PLAN_SCHEDULES, SHARD_MODES
 
 PLAN_VERSION = 1
 __all__ = [
     "CUSTOM_OPTIMIZER",
-    "MESH_DIM_NAMES",
-    "PLAN_SCHEDULES",
     "PLAN_VERSION",
-    "SHARD_MODES",
     "Plan",
     "PlanFormatError",
     "StagePlan",

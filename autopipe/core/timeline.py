@@ -1,7 +1,7 @@
 """One pipeline timeline for every layer: which work ran on which device, and when.
 
 Torch-free. The schedule simulator (``autopipe.planner.simulate``) returns a :class:`Timeline`,
-the runtime's recorder (``autopipe.runtime.timeline``) produces one from a run, the plots
+the runtime's recorder (``autopipe.runtime.recorder``) produces one from a run, the plots
 (``autopipe.viz``) draw one, and Chrome traces are written (:func:`to_chrome_trace`) and read
 (:func:`load_chrome_trace`) here and nowhere else.
 
@@ -25,15 +25,13 @@ process per device (named after it), one thread per stage, one complete event pe
 like torch's actions (``"F3"``: forward of micro-batch 3; ``"loss"`` for work of the whole
 batch), with ``stage``, ``microbatch`` and ``phase`` in ``args``; a :class:`Mark` (a whole
 step, the optimizer step: a device's time that is no stage's task) is a complete event on
-thread -1 with ``args: {"mark": name}``. The reader also opens the
-two dialects earlier versions wrote (the runtime's ``"F3"`` and the plots' ``"forward 3"``).
+thread -1 with ``args: {"mark": name}``. The reader reads this one dialect.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -50,7 +48,6 @@ __all__ = [
     "Timeline",
     "TimelineFormatError",
     "load_chrome_trace",
-    "normalize_phase",
     "save_chrome_trace",
     "task_name",
     "to_chrome_trace",
@@ -86,18 +83,6 @@ PHASE_LETTERS = {
 (``_ComputationType``: full backward, backward input, backward weight)."""
 
 _PHASE_SET = frozenset(PHASES)
-
-# Phase names the reader accepts: ours, their letters, and the words other tools and older
-# traces use. Lower case.
-_PHASE_ALIASES = {
-    **{p: p for p in PHASES},
-    **{letter.lower(): p for p, letter in PHASE_LETTERS.items() if p != "loss"},
-    "fwd": "forward",
-    "bwd": "backward",
-    "remat": "recompute",
-    "comm": "send",
-    "copy": "send",
-}
 
 
 class TimelineFormatError(AutopipeError, ValueError):
@@ -234,18 +219,9 @@ class Timeline:
         """Seconds from the first task's start to the last task's end (0 when empty)."""
         return self.end_s - self.start_s
 
-    def makespan_s(self) -> float:
-        """:attr:`iteration_s` (the runtime's earlier name for it)."""
-        return self.iteration_s
-
     @property
     def num_microbatches(self) -> int:
         return 1 + max((t.microbatch for t in self.tasks), default=-1)
-
-    @property
-    def records(self) -> list[Task]:
-        """:attr:`tasks` (the runtime's earlier name for them)."""
-        return self.tasks
 
     def of(self, phase: str) -> list[Task]:
         """The tasks of one phase, in timeline order."""
@@ -324,16 +300,6 @@ def task_name(phase: str, microbatch: int) -> str:
     return phase if microbatch < 0 else f"{PHASE_LETTERS[phase]}{microbatch}"
 
 
-def normalize_phase(name: str) -> str:
-    """``"F"``, ``"fwd"``, ``"forward"`` -> ``"forward"``; raises TimelineFormatError."""
-    key = str(name).strip().lower()
-    if key not in _PHASE_ALIASES:
-        raise TimelineFormatError(
-            f"unknown task phase {name!r}; expected one of {', '.join(PHASES)}"
-        )
-    return _PHASE_ALIASES[key]
-
-
 # -- the writer -----------------------------------------------------------------------------
 
 
@@ -405,14 +371,6 @@ def save_chrome_trace(timeline: Timeline, path: str | os.PathLike[str]) -> None:
 
 # -- the reader -----------------------------------------------------------------------------
 
-# A task's identity from its event name when its args lack it: "F3", "B0", "stage 1 F0",
-# "forward 3", "backward mb 2".
-_NAME_RE = re.compile(
-    r"(?i)(?:stage\s*)?(?P<stage>\d+)?\D*?"
-    r"(?P<phase>backward_input|backward_weight|forward|backward|recompute|send|fwd|bwd|remat|[fbrsiw])"
-    r"\s*(?:mb|micro-?batch|chunk)?\s*(?P<mb>\d+)"
-)
-
 
 def load_chrome_trace(
     trace: str | os.PathLike[str] | Mapping[str, Any] | list[Any],
@@ -422,11 +380,11 @@ def load_chrome_trace(
 ) -> Timeline:
     """A Timeline from a Chrome trace: a file, ``{"traceEvents": [...]}`` or an event list.
 
-    Complete events (``ph: "X"``; ``B``/``E`` pairs are paired per thread) are tasks; their
-    stage, micro-batch and phase come from ``args`` (what every autopipe version wrote), else
-    from the event name (``"F3"``, ``"forward 3"``) with ``tid`` as the stage. The device is
-    the event's process (``pid``; each stage its own device when there is none), named by the
-    trace's ``process_name`` metadata. Other events are ignored. Times are kept as written
+    The dialect :func:`to_chrome_trace` writes: complete events (``ph: "X"``) whose ``args``
+    give ``stage``, ``microbatch`` and ``phase`` (one of :data:`PHASES`) are tasks, those
+    whose ``args`` give ``mark`` are marks. The device is the event's process (``pid``; each
+    stage its own device when there is none), named by the trace's ``process_name``
+    metadata. Other events are ignored. Times are kept as written
     (microseconds -> seconds). ``num_stages`` is a lower bound on the stage count; ``label``
     defaults to the one the trace carries. Raises TimelineFormatError. O(n log n).
     """
@@ -449,7 +407,6 @@ def load_chrome_trace(
     names: dict[Any, str] = {}
     found: list[tuple[int, int, str, float, float, Any]] = []
     marks_found: list[tuple[str, float, float, Any]] = []
-    open_events: dict[tuple[Any, Any], list[Mapping[str, Any]]] = {}
     for ev in events:
         if not isinstance(ev, Mapping):
             continue
@@ -458,19 +415,7 @@ def load_chrome_trace(
             if ev.get("name") == "process_name" and isinstance(ev.get("args"), Mapping):
                 names[ev.get("pid")] = str(ev["args"].get("name", ""))
             continue
-        if ph == "B":
-            open_events.setdefault((ev.get("pid"), ev.get("tid")), []).append(ev)
-            continue
-        if ph == "E":
-            stack = open_events.get((ev.get("pid"), ev.get("tid")))
-            if not stack:
-                continue
-            begin = stack.pop()
-            try:
-                ev = {**begin, "dur": float(ev["ts"]) - float(begin["ts"])}
-            except (KeyError, TypeError, ValueError):
-                continue  # a malformed pair is no task, like any other unreadable event
-        elif ph != "X":
+        if ph != "X":
             continue
         mark = _event_mark(ev)
         if mark is not None:
@@ -482,7 +427,7 @@ def load_chrome_trace(
     if not found:
         raise TimelineFormatError(
             "Chrome trace has no pipeline tasks (complete events with a stage, micro-batch "
-            "and phase in args or name)"
+            "and phase in args)"
         )
     # Dense device indices: the trace's processes in pid order (our own traces round-trip),
     # then one device for each stage whose events carry no pid.
@@ -537,32 +482,18 @@ def _device_order(key: Any) -> tuple[int, float, str]:
     return (1, 0, str(key))
 
 
-def _arg(args: Mapping[str, Any], *names: str) -> Any:
-    for name in names:
-        if name in args:
-            return args[name]
-    return None
-
-
 def _event_task(ev: Mapping[str, Any]) -> tuple[int, int, str, float, float, Any] | None:
     """``(stage, microbatch, phase, start_s, end_s, device key)`` of one event, or None."""
     args = ev.get("args")
-    args = args if isinstance(args, Mapping) else {}
-    stage = _arg(args, "stage", "stage_index", "partition")
-    mb = _arg(args, "microbatch", "micro_batch", "microbatch_index", "mb", "chunk")
-    phase = _arg(args, "phase", "kind", "op")
-    if phase is None or mb is None or stage is None:
-        match = _NAME_RE.search(str(ev.get("name", "")))
-        if match is None:
-            return None
-        phase = phase if phase is not None else match.group("phase")
-        mb = mb if mb is not None else match.group("mb")
-        if stage is None:
-            stage = match.group("stage") if match.group("stage") is not None else ev.get("tid")
+    if not isinstance(args, Mapping):
+        return None
+    phase = args.get("phase")
+    if not isinstance(phase, str) or phase not in _PHASE_SET:
+        return None
     try:
         start_us, dur_us = float(ev["ts"]), float(ev.get("dur", 0.0))
-        stage, mb, phase = int(stage), int(mb), normalize_phase(phase)
-    except (TimelineFormatError, TypeError, ValueError, KeyError):
+        stage, mb = int(args["stage"]), int(args["microbatch"])
+    except (TypeError, ValueError, KeyError):
         return None
     if stage < 0:
         return None

@@ -12,7 +12,8 @@ data-parallel replicas of every rank. Typical use, on every rank::
     loss = pipe.step(inputs, target)   # a tensor on last-stage ranks, None elsewhere
     opt.step(); opt.zero_grad()
 
-Names resolve lazily: the torch-free parts (``layout``; ``choose_pipeline_data_parallel`` lives in the planner) import without torch.
+Names resolve lazily: the torch-free parts (``layout``) import without torch; choosing
+``K x D`` is the planner's (``autopipe.planner.data_parallel``).
 """
 
 from __future__ import annotations
@@ -29,21 +30,17 @@ _LAZY = {
     "ScheduleRuleError": "autopipe.runtime.distributed.pipeline",
     "weight_pass_misses": "autopipe.runtime.distributed.zero_bubble",
     "TiedGradients": "autopipe.runtime.distributed.tied",
-    "SCHEDULES": "autopipe.runtime.distributed.pipeline",
     "PlanMismatchError": "autopipe.runtime.distributed.agree",
     "check_same_plan": "autopipe.runtime.distributed.agree",
     "init_distributed": "autopipe.runtime.distributed.process",
     "shutdown": "autopipe.runtime.distributed.process",
     "LaunchError": "autopipe.runtime.distributed.process",
     "StageModule": "autopipe.runtime.distributed.stages",
-    "StageSplitError": "autopipe.runtime.distributed.stages",
+    "StageSplitError": "autopipe.runtime.split",
     "split_stages": "autopipe.runtime.distributed.stages",
     "RankLayout": "autopipe.runtime.distributed.layout",
     "PlanWorldSizeError": "autopipe.runtime.distributed.layout",
     "rank_layout": "autopipe.runtime.distributed.layout",
-    "ParallelChoice": "autopipe.planner.data_parallel",
-    "choose_pipeline_data_parallel": "autopipe.planner.data_parallel",
-    "ring_allreduce_s": "autopipe.planner.data_parallel",
 }
 
 __all__ = sorted(_LAZY)

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from autopipe.runtime.distributed.failures import PipelineRankError, is_comm_failure, short_cause
-from autopipe.runtime.partition import PlannedStages
+from autopipe.runtime.planned_stages import PlannedStages
 from torch import fx, nn
 
 from autopipe.core.errors import AutopipeError

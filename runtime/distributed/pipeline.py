@@ -33,12 +33,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from autopipe.planner.preflight import preflight
-from autopipe.planner.schedules import (
-    LOOP_SCHEDULES,
-    SPLIT_BACKWARD_SCHEDULES,
-    TORCH_CLASSES,
-    V_SHAPE_SCHEDULES,
-)
 from autopipe.profiler.inputs import InputBinder, batch_rows, batch_size_of, split_inputs
 from autopipe.profiler.objective import LossFn, loss_term
 from autopipe.profiler.weight_pass import reuse_reason
@@ -61,10 +55,11 @@ from autopipe.runtime.distributed.mesh import (
     uses_mesh,
 )
 from autopipe.runtime.distributed.process import group_timeout
-from autopipe.runtime.distributed.stages import StageModule, StageSplitError, wire_of
+from autopipe.runtime.distributed.stages import StageModule, wire_of
 from autopipe.runtime.distributed.tied import TiedGradients
 from autopipe.runtime.distributed.zero_bubble import weight_pass_misses, weight_pass_reuses
-from autopipe.runtime.partition import OUTPUT, PlannedStages, cut_values, partition
+from autopipe.runtime.planned_stages import OUTPUT, PlannedStages, cut_values, partition
+from autopipe.runtime.split import StageSplitError
 from torch import nn
 from torch.distributed import pipelining
 from torch.distributed.pipelining import PipelineStage
@@ -73,15 +68,15 @@ from torch.utils import _pytree as pytree
 
 from autopipe.core.errors import AutopipeError
 from autopipe.core.plan import Plan
-
-SCHEDULES: dict[str, type] = {name: getattr(pipelining, cls) for name, cls in TORCH_CLASSES.items()}
-"""Plan schedule name -> the torch.distributed.pipelining schedule class that runs it."""
+from autopipe.core.vocabulary import (
+    LOOP_SCHEDULES,
+    SPLIT_BACKWARD_SCHEDULES,
+    TORCH_CLASSES,
+    V_SHAPE_SCHEDULES,
+)
 
 MULTI_STAGE = frozenset(LOOP_SCHEDULES + V_SHAPE_SCHEDULES)
 """Schedules whose class takes the list of a rank's chunks (``PipelineScheduleMulti``)."""
-
-ZERO_BUBBLE = frozenset(SPLIT_BACKWARD_SCHEDULES)
-"""Schedules that split each chunk's backward into input (B) and weight (W) actions."""
 
 
 class ScheduleRuleError(AutopipeError, ValueError):
@@ -169,7 +164,7 @@ def materialize_chunks(
     with ``init_seed + c``). A parameter two of the chunks share (a tied embedding and head
     on one rank) stays one parameter."""
     last = len(plan.stages) - 1
-    zero_bubble = plan.schedule in ZERO_BUBBLE
+    zero_bubble = plan.schedule in SPLIT_BACKWARD_SCHEDULES
     modules = [
         StageModule(
             planned.stages[c],
@@ -386,9 +381,9 @@ class DistributedPipeline:
         self.stages = self._pipeline_stages(examples)
         self.schedule = _schedule(plan, self.stages, self._loss)
         self.recorder: Any = None
-        """A :class:`autopipe.runtime.timeline.TimelineRecorder` that times each step (mark
+        """A :class:`autopipe.runtime.recorder.TimelineRecorder` that times each step (mark
         ``"step"``) and each loss (phase ``loss``), or None; set by
-        :class:`autopipe.runtime.distributed.trace.PipelineTrace`, which times the chunks."""
+        :class:`autopipe.runtime.distributed.recorder.PipelineTrace`, which times the chunks."""
         self.steps = 0
         self.last_step_s = 0.0
         self.last_loss = 0.0
@@ -666,7 +661,7 @@ def _unsplit_chunks(
     with the reason (see :attr:`DistributedPipeline.unsplit_chunks`); a chunk whose weight
     pass would miss a parameter's gradient is also warned of. {} under other schedules."""
     unsplit: dict[int, str] = {}
-    if plan.schedule not in ZERO_BUBBLE:
+    if plan.schedule not in SPLIT_BACKWARD_SCHEDULES:
         return unsplit
     last = len(plan.stages) - 1
     for k, (c, module) in enumerate(zip(chunk_indices, chunks, strict=True)):
@@ -701,7 +696,7 @@ def _schedule(
 ) -> Any:
     """The plan's torch.distributed.pipelining schedule over this rank's ``stages``, with
     ``loss`` per micro-batch; :class:`ScheduleRuleError` when torch refuses it."""
-    schedule_class = SCHEDULES[plan.schedule]
+    schedule_class = getattr(pipelining, TORCH_CLASSES[plan.schedule])
     # Gradients are divided by M after the schedule, once per parameter: torch's own
     # scaling divides per stage, twice for a parameter two chunks of a rank share.
     options = dict(n_microbatches=plan.microbatches, loss_fn=loss, scale_grads=False)

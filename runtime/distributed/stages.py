@@ -1,6 +1,6 @@
 """One stage of a plan as a module for ``torch.distributed.pipelining``.
 
-The stage graphs come from :func:`autopipe.runtime.partition.partition` (the route the
+The stage graphs come from :func:`autopipe.runtime.planned_stages.partition` (the route the
 single-process runtime takes too): ``PipelineStage`` receives every input of stage ``k`` from
 stage ``k - 1``, so values that skip a stage are relayed through it. Here:
 :class:`StageModule`, one stage as a module with optional re-materialization, that also
@@ -18,11 +18,10 @@ import torch
 import torch.utils._pytree as pytree
 from autopipe.profiler.units import UnitGraph
 from autopipe.runtime.checkpoint import checkpointed
-from autopipe.runtime.partition import stage_of_unit
 from autopipe.runtime.split import StageGraph, StageSplitError, split_graph
 from torch import fx, nn
 
-__all__ = ["StageGraph", "StageModule", "StageSplitError", "split_stages", "stage_of_unit"]
+__all__ = ["StageModule", "split_stages"]
 
 _NUMBERS = (bool, int, float, torch.SymInt, torch.SymFloat, torch.SymBool)
 

@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 from autopipe.runtime.distributed.layout import RankLayout
 from autopipe.runtime.distributed.process import group_timeout
-from autopipe.runtime.partition import TiedParameter
+from autopipe.runtime.planned_stages import TiedParameter
 from torch import nn
 
 __all__ = ["TiedGradients"]
@@ -46,7 +46,7 @@ class TiedGradients:
 
     Creates a process group per set of holding pipeline ranks and replica on every rank (as
     ``new_group`` requires, even on ranks outside it). ``tied``: every tied parameter of the
-    plan, from :func:`autopipe.runtime.partition.partition` (its ``stages`` are chunk
+    plan, from :func:`autopipe.runtime.planned_stages.partition` (its ``stages`` are chunk
     indices); ``chunk_rank[c]``: the pipeline rank running chunk ``c``; ``modules``: this
     rank's chunk modules by chunk index (``StageModule``).
     """

@@ -1,12 +1,9 @@
-"""Device and cluster resolution as a library (``autopipe.devices``, ``Cluster.from_catalog``):
+"""Device and cluster resolution as a library (``autopipe.device_target``, ``Cluster.from_catalog``):
 the Python API does what ``--device`` / ``--device-spec`` do, and the CLI is a thin caller."""
 
 from __future__ import annotations
 
-import ast
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,7 +11,7 @@ import pytest
 from autopipe.core.catalog import DeviceListError, DeviceSpecError, get_device
 from autopipe.core.cluster import Cluster, Device
 from autopipe.core.profile import Profile
-from autopipe.devices import (
+from autopipe.device_target import (
     DeviceTarget,
     cluster_for,
     device_counts,
@@ -125,35 +122,3 @@ def test_cluster_for_one_kind_and_measured_profiles(a100_profile: Profile) -> No
         cluster_for(measured, 2, "a100:1,v100:1")
     with pytest.raises(DeviceSpecError, match="names 2 devices but gpus is 3"):
         cluster_for(a100_profile, 3, "a100:1,v100:1")
-
-
-def test_layers_point_one_way() -> None:
-    """The catalog holds specs only (it does not import the planner); autopipe.devices and
-    the planner stay torch-free."""
-    code = (
-        "import sys; import autopipe.core.catalog;"
-        "assert 'autopipe.planner' not in sys.modules, 'catalog imported the planner';"
-        "import autopipe.devices, autopipe.planner; autopipe.planner.Cluster.from_catalog('a100', 2);"
-        "assert 'torch' not in sys.modules, 'torch imported'"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/")
-    assert out.returncode == 0, out.stderr
-
-
-def test_cli_commands_import_only_common() -> None:
-    """Each command module imports ``autopipe.cli.common`` and the library, never another
-    command or the package that dispatches to them."""
-    folder = ROOT / "autopipe" / "cli"
-    for path in folder.glob("*.py"):
-        if path.name in ("__init__.py", "__main__.py"):
-            continue
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom) and node.module == "autopipe.cli":
-                assert [a.name for a in node.names] == ["common"], path.name
-            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith(
-                "autopipe.cli."
-            ):
-                assert node.module == "autopipe.cli.common", (path.name, node.module)
-            elif isinstance(node, ast.Import):
-                for alias in node.names:
-                    assert not alias.name.startswith("autopipe.cli"), (path.name, alias.name)

@@ -15,7 +15,7 @@ between those spans. :meth:`gather` collects every rank's spans into one
 Clocks: ranks on one host share ``time.perf_counter``'s (CLOCK_MONOTONIC), and their spans
 are placed on it exactly; ranks on several hosts are aligned by a barrier at the trace's
 creation (to within its exit skew, tens of microseconds on a LAN). On a GPU, the recorder's
-CUDA events (see :mod:`autopipe.runtime.timeline`).
+CUDA events (see :mod:`autopipe.runtime.recorder`).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from dataclasses import replace
 from typing import Any
 
 import torch.distributed as dist
-from autopipe.runtime.timeline import TimelineRecorder
+from autopipe.runtime.recorder import TimelineRecorder
 
 from autopipe.core.timeline import Timeline
 

@@ -2,7 +2,7 @@
 
 ``run_bench(model, example_inputs, plan)`` trains ``steps`` steps of ``plan`` with
 ``autopipe.parallelize`` on the local devices (the measuring is
-``autopipe.runtime.bench.measure_steps``: each step's Timeline, on the clocks it hands the
+``autopipe.runtime.step_measurement.measure_steps``: each step's Timeline, on the clocks it hands the
 pipeline) and compares them (:func:`compare`, pure and torch-free, as is this module's
 import) with a *prediction of the same placement*: the
 plan's per-stage costs simulated with the stages that share a physical device (e.g. four
@@ -43,7 +43,7 @@ from autopipe.core.plan import Plan
 from autopipe.core.timeline import Timeline
 
 if TYPE_CHECKING:
-    from autopipe.runtime.bench import Measurement
+    from autopipe.runtime.step_measurement import Measurement
 
 
 @dataclass
@@ -262,8 +262,8 @@ def compare(
 
 
 def choose_clock(clock: str, devices: Sequence[str], threads: int) -> str:
-    """The measuring side's :func:`autopipe.runtime.bench.choose_clock` (imports torch)."""
-    from autopipe.runtime.bench import choose_clock as choose
+    """The measuring side's :func:`autopipe.runtime.step_measurement.choose_clock` (imports torch)."""
+    from autopipe.runtime.step_measurement import choose_clock as choose
 
     return choose(clock, devices, threads)
 
@@ -271,8 +271,8 @@ def choose_clock(clock: str, devices: Sequence[str], threads: int) -> str:
 def calibrate_executor_overhead(
     devices: Sequence[str], microbatches: int = 8, steps: int = 12
 ) -> tuple[float, float]:
-    """The measuring side's :func:`autopipe.runtime.bench.calibrate_executor_overhead`."""
-    from autopipe.runtime.bench import calibrate_executor_overhead as calibrate
+    """The measuring side's :func:`autopipe.runtime.step_measurement.calibrate_executor_overhead`."""
+    from autopipe.runtime.step_measurement import calibrate_executor_overhead as calibrate
 
     return calibrate(devices, microbatches=microbatches, steps=steps)
 
@@ -301,11 +301,11 @@ def run_bench(
     ``"auto"`` (see :func:`choose_clock`). ``executor_overhead``: on the thread-CPU clock,
     add the executor's per-task cost (:func:`calibrate_executor_overhead`, measured on tiny
     stages, not on this run) to every stage of the prediction. Cost: ``warmup + steps``
-    training steps plus one simulation. Measures with ``autopipe.runtime.bench.measure_steps``,
+    training steps plus one simulation. Measures with ``autopipe.runtime.step_measurement.measure_steps``,
     then :func:`compare`.
     """
-    from autopipe.runtime.bench import calibrate_executor_overhead as calibrate
-    from autopipe.runtime.bench import measure_steps
+    from autopipe.runtime.step_measurement import calibrate_executor_overhead as calibrate
+    from autopipe.runtime.step_measurement import measure_steps
 
     measurement = measure_steps(
         model,

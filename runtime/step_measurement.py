@@ -5,7 +5,7 @@ per measured step, the executor's Timeline on the wall clock (CUDA events on a G
 the comparison clock, with the loss forward and backward recorded as ``loss`` tasks of the
 last stage (the executor computes the loss once, on the gathered output). The clocks are
 handed to the pipeline (``pipe.timeline_clocks``); nothing is patched. The comparison with
-the plan is ``autopipe.bench.compare``, which needs no torch.
+the plan is ``autopipe.bench_report.compare``, which needs no torch.
 
 Clocks: ``"wall"`` reads everything on the wall clock. ``"thread_cpu"`` reads each task on
 ``time.thread_time`` (the CPU seconds of the thread running it: on CPU a task runs wholly
@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from autopipe.runtime.timeline import Clock
+from autopipe.runtime.parallelize import parallelize
+from autopipe.runtime.recorder import Clock
 
 from autopipe.core.plan import Plan, StagePlan
 from autopipe.core.timeline import Timeline
@@ -117,11 +118,9 @@ def measure_steps(
     from autopipe.profiler.tree import float_tensor_leaves
     from tqdm import tqdm
 
-    import autopipe
-
     if steps < 1 or warmup < 0:
         raise ValueError(f"steps={steps} must be >= 1 and warmup={warmup} >= 0")
-    pipe = autopipe.parallelize(model, example_inputs, devices=devices, plan=plan)
+    pipe = parallelize(model, example_inputs, devices=devices, plan=plan)
     pipe.train()
     stage_devices = [str(d) for d in getattr(pipe, "devices", devices or [])]
     clock = choose_clock(clock, stage_devices, torch.get_num_threads())
@@ -143,6 +142,7 @@ def measure_steps(
         w0, c0 = time.perf_counter(), iteration_clock()
         outputs = pipe.run_microbatches(example_inputs)
         recorder = pipe.last_recorder
+        assert recorder is not None  # every run of the pipeline records
         # The objective micro-batch by micro-batch, as torchrun computes it; the plan's
         # last stage includes its time.
         loss = pipe.microbatch_loss(outputs, example_inputs, loss_fn=loss_fn)
@@ -193,8 +193,6 @@ def calibrate_executor_overhead(
     from autopipe.profiler.units import trace_units
     from torch import nn
 
-    import autopipe
-
     k = len(devices)
     torch.manual_seed(0)
     model = nn.Sequential(*[nn.Linear(1, 1) for _ in range(k)])
@@ -213,14 +211,16 @@ def calibrate_executor_overhead(
             for i, (d, n) in enumerate(zip(devices, names, strict=True))
         ],
     )
-    pipe = autopipe.parallelize(model, x, devices=list(devices), plan=tiny)
+    pipe = parallelize(model, x, devices=list(devices), plan=tiny)
     pipe.timeline_clocks = clocks_for("thread_cpu")
     fwd: list[float] = []
     bwd: list[float] = []
     for step in range(steps):
         pipe(x).sum().backward()
         if step >= 2:  # warm-up
-            on_cpu = pipe.last_recorder.timeline("thread_cpu")
+            recorder = pipe.last_recorder
+            assert recorder is not None  # every run of the pipeline records
+            on_cpu = recorder.timeline("thread_cpu")
             fwd += [t.duration_s for t in on_cpu.of("forward")]
             bwd += [t.duration_s for t in on_cpu.of("backward")]
     return (

@@ -27,32 +27,9 @@ from typing import Any
 
 import torch
 
-from autopipe.core.timeline import (
-    PHASES,
-    Mark,
-    Task,
-    Timeline,
-    load_chrome_trace,
-    save_chrome_trace,
-    to_chrome_trace,
-)
+from autopipe.core.timeline import PHASES, Mark, Task, Timeline
 
-__all__ = [
-    "DEFAULT_CLOCKS",
-    "PHASES",
-    "Clock",
-    "Span",
-    "TaskRecord",
-    "Timeline",
-    "TimelineRecorder",
-    "load_chrome_trace",
-    "save_chrome_trace",
-    "to_chrome_trace",
-]
-
-TaskRecord = Task
-"""The recorder's task type under its earlier name (now the one ``Task``; note its field
-order: stage, microbatch, phase, start_s, end_s, device index)."""
+__all__ = ["DEFAULT_CLOCKS", "Clock", "Span", "TimelineRecorder"]
 
 Clock = Callable[[], float]
 """A clock: a callable returning seconds."""

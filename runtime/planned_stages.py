@@ -39,7 +39,6 @@ __all__ = [
     "PlannedStages",
     "check_plan_parameters",
     "cut_values",
-    "StageSplitError",
     "TiedParameter",
     "partition",
     "stage_of_unit",
