@@ -15,7 +15,7 @@ import torch
 import torch.utils._pytree as pytree
 from autopipe.profiler.inputs import batch_size_of
 
-__all__ = ["batch_size_of", "gather", "scatter"]
+__all__ = ["gather", "scatter"]
 
 
 def scatter(values: Sequence[Any], microbatches: int) -> list[list[Any]]:

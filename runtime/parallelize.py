@@ -25,15 +25,15 @@ from autopipe.runtime.devices import as_device
 from autopipe.runtime.pipeline import Pipeline
 from torch import nn
 
-from autopipe.core.errors import AutopipeError
+from autopipe.core.errors import UsageError
 
-__all__ = ["PLAN_CHECKPOINT_MODES", "parallelize", "resolve_devices", "stage_flags"]
+__all__ = ["PLAN_CHECKPOINT_MODES", "parallelize", "stage_devices", "stage_flags"]
 
 PLAN_CHECKPOINT_MODES = CHECKPOINT_MODES
 """The planner's modes (``autopipe.planner.checkpointing``), the only ones parallelize takes."""
 
 
-def resolve_devices(
+def stage_devices(
     devices: Sequence[torch.device | str | int] | None, gpus: int | None, plan: Any
 ) -> list[torch.device]:
     """Explicit devices, else the first K CUDA devices, else K copies of the CPU.
@@ -78,7 +78,7 @@ def _measure(
     return profile(model, example_inputs, granularity=granularity, **options)
 
 
-class PlanNeedsRanksError(AutopipeError, ValueError):
+class PlanNeedsRanksError(UsageError, ValueError):
     """A plan that only ``autopipe run`` (torch.distributed) can run: tensor parallelism or
     sharded training state."""
 
@@ -139,7 +139,7 @@ def parallelize(
     check_checkpoint_mode(checkpoint)  # before the costly profiling
     if plan is not None:
         _refuse_mesh(plan)
-    devs = resolve_devices(devices, gpus, plan)
+    devs = stage_devices(devices, gpus, plan)
     if plan is None:
         from autopipe.planner import plan as make_plan
 

@@ -20,12 +20,12 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
-from autopipe.profiler.inputs import split_inputs
+from autopipe.profiler.inputs import batch_size_of, split_inputs
 from autopipe.profiler.objective import LabelItems, LossFn, combine, loss_term
 from autopipe.runtime.batchnorm import begin_minibatch, convert_deferred_batch_norm
 from autopipe.runtime.devices import as_device
 from autopipe.runtime.executor import Stage, run_pipeline
-from autopipe.runtime.microbatch import batch_size_of, gather, scatter
+from autopipe.runtime.microbatch import gather, scatter
 from autopipe.runtime.partition import PlannedStages, TiedParameter, tied_parameters
 from autopipe.runtime.rng import MicrobatchRNG, draw_base_seed
 from autopipe.runtime.split import StageGraph, split_graph

@@ -4,7 +4,7 @@ With ``M`` micro-batches and ``K`` stages, forward task ``(i, j)`` (micro-batch 
 stage ``j``) runs at clock ``i + j``; all tasks of one clock are independent (each needs
 only ``(i, j - 1)`` from the previous clock), so stages on different devices run them at
 the same time. There are ``M + K - 1`` clocks; the idle ("bubble") fraction of an ideal run
-is ``(K - 1) / (M + K - 1)`` (``bubble_fraction``, the planner's ``fill_drain_bubble``).
+is ``(K - 1) / (M + K - 1)`` (:func:`autopipe.planner.simulate.fill_drain_bubble`).
 Backward runs the same clocks in reverse. Cost: O(M K).
 """
 
@@ -12,9 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from autopipe.planner.simulate import fill_drain_bubble as bubble_fraction
-
-__all__ = ["bubble_fraction", "clock_cycles"]
+__all__ = ["clock_cycles"]
 
 
 def clock_cycles(num_microbatches: int, num_stages: int) -> Iterator[list[tuple[int, int]]]:

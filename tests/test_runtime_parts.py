@@ -6,8 +6,9 @@ import json
 
 import pytest
 import torch
+from autopipe.planner.simulate import fill_drain_bubble
 from autopipe.runtime.microbatch import gather, scatter
-from autopipe.runtime.schedule import bubble_fraction, clock_cycles
+from autopipe.runtime.schedule import clock_cycles
 from autopipe.runtime.timeline import TimelineRecorder, load_chrome_trace
 from autopipe.runtime.worker import worker_for
 
@@ -48,7 +49,7 @@ def test_clock_cycles_respect_dependencies(m: int, k: int) -> None:
             assert when[(i, j - 1)] < c
         if i > 0:
             assert when[(i - 1, j)] < c  # a stage takes micro-batches in order
-    assert bubble_fraction(m, k) == pytest.approx((k - 1) / (m + k - 1))
+    assert fill_drain_bubble(m, k) == pytest.approx((k - 1) / (m + k - 1))
 
 
 def test_worker_propagates_exceptions_and_grad_mode() -> None:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from autopipe.planner import Cluster, plan
+from autopipe.planner.simulate import fill_drain_bubble
 
 from autopipe.core.plan import Plan, load_plan
 from autopipe.core.profile import Profile, UnitProfile
@@ -20,7 +21,6 @@ from autopipe.core.timeline import (
 )
 from autopipe.viz import plot_all
 from autopipe.viz.balance import balance_figure
-from autopipe.viz.bubble import closed_form_bubble
 from autopipe.viz.data import balance_data, bubble_data, scaling_data
 from autopipe.viz.gantt import plot_timeline, timeline_figure
 from autopipe.viz.predict import predicted_timeline
@@ -126,9 +126,9 @@ def test_gpipe_bubble_equals_closed_form_for_equal_stages(tmp_path: Path) -> Non
     sim = simulate([1.0] * k, [2.0] * k, m)
     tl = sim.timeline
     assert isinstance(tl, Timeline) and tl.num_stages == k
-    assert tl.bubble_fraction == pytest.approx(closed_form_bubble(m, k))
+    assert tl.bubble_fraction == pytest.approx(fill_drain_bubble(m, k))
     ax = timeline_figure(tl).axes[0]
-    assert _drawn_idle_fraction(ax) == pytest.approx(closed_form_bubble(m, k), abs=1e-9)
+    assert _drawn_idle_fraction(ax) == pytest.approx(fill_drain_bubble(m, k), abs=1e-9)
 
 
 def test_compare_shares_time_axis(gpipe_plan: Plan, tmp_path: Path) -> None:

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from autopipe.core.errors import AutopipeError
+from autopipe.core.errors import UsageError
 
 __all__ = [
     "PHASES",
@@ -100,7 +100,7 @@ _PHASE_ALIASES = {
 }
 
 
-class TimelineFormatError(AutopipeError, ValueError):
+class TimelineFormatError(UsageError, ValueError):
     """A timeline (a Chrome trace, or its tasks) cannot be read."""
 
 

@@ -14,10 +14,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from autopipe.planner.simulate import fill_drain_bubble as closed_form_bubble
+from autopipe.planner.simulate import fill_drain_bubble
 from autopipe.viz.style import new_figure, save
 
-__all__ = ["bubble_figure", "closed_form_bubble", "plot_bubble"]
+__all__ = ["bubble_figure", "plot_bubble"]
 
 
 def bubble_figure(data: dict[str, Any]) -> Any:
@@ -51,7 +51,7 @@ def bubble_figure(data: dict[str, Any]) -> Any:
         )
         ax_bubble.plot(
             ms,
-            [closed_form_bubble(m, k) for m in ms],
+            [fill_drain_bubble(m, k) for m in ms],
             linestyle="--",
             color=color,
             linewidth=1.0,
