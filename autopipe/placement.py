@@ -30,7 +30,14 @@ if TYPE_CHECKING:
     from autopipe.core.profile import Profile
     from autopipe.devices import DeviceTarget
 
-__all__ = ["NEED_BANDWIDTH", "Placement", "placed_cluster", "plan_on_devices", "scaling_rows"]
+__all__ = [
+    "NEED_BANDWIDTH",
+    "Placement",
+    "device_count",
+    "placed_cluster",
+    "plan_on_devices",
+    "scaling_rows",
+]
 
 NEED_BANDWIDTH = (
     "--data-parallel needs the gradient all-reduce bandwidth: pass --allreduce-bandwidth "
@@ -59,23 +66,51 @@ class Placement:
 
 
 def placed_cluster(profile: Profile, placement: Placement) -> Cluster | None:
-    """The devices ``placement`` plans ``profile`` for (:func:`autopipe.devices.cluster_for`,
-    memory capped by the request's ``memory_per_device``, a shared host's throughput), or
-    None: equal devices named after the profile's. Raises ``ValueError`` (``DeviceSpecError``,
+    """The devices ``placement`` plans ``profile`` for: the request's own ``cluster``, else
+    the resolved devices' (:func:`autopipe.devices.cluster_for`, memory capped by the
+    request's ``memory_per_device``), with a shared host's throughput; None: equal devices
+    named after the profile's. Raises ``ValueError`` (``DeviceSpecError``,
     ``CalibrationError``) for a device list the profile cannot be priced for."""
     from autopipe.devices import cluster_for
 
     request = placement.request
-    gpus = request.gpus or 1
-    cluster = cluster_for(profile, gpus, placement.devices, memory_bytes=request.memory_per_device)
+    cluster = request.cluster
+    if cluster is None and request.gpus is not None:
+        cluster = cluster_for(
+            profile, request.gpus, placement.devices, memory_bytes=request.memory_per_device
+        )
     shared = placement.host_throughput
     if shared is None:
         return cluster
     if cluster is None:
         return Cluster.homogeneous(
-            gpus, profile.device, request.memory_per_device, host_throughput=shared
+            device_count(request), profile.device, request.memory_per_device, host_throughput=shared
         )
     return dataclasses.replace(cluster, host_throughput=shared)
+
+
+def device_count(request: PlanRequest) -> int:
+    """Every device the request plans for: ``gpus``, else its cluster's devices (else 1)."""
+    if request.gpus is not None:
+        return request.gpus
+    return len(request.cluster.devices) if request.cluster is not None else 1
+
+
+def _memory(request: PlanRequest, cluster: Cluster | None) -> int | None:
+    """The request's ``memory_per_device`` beside ``cluster``: none beside one built from the
+    devices (it carries their memory, the cap folded in), as given otherwise."""
+    built = cluster is not None and request.cluster is None
+    return None if built else request.memory_per_device
+
+
+def _with_cluster(request: PlanRequest, cluster: Cluster | None) -> PlanRequest:
+    """``request`` planned on ``cluster``: one built from the devices carries their memory
+    (the cap folded in), so ``gpus`` and ``memory_per_device`` give way to it."""
+    if cluster is None:
+        return request
+    return dataclasses.replace(
+        request, gpus=None, cluster=cluster, memory_per_device=_memory(request, cluster)
+    )
 
 
 def plan_on_devices(profile: Profile, placement: Placement) -> Plan:
@@ -92,9 +127,7 @@ def plan_on_devices(profile: Profile, placement: Placement) -> Plan:
         return _plan_mesh(profile, placement, cluster)
     if placement.replicas is not None:
         return _plan_replicas(profile, placement, cluster)
-    if cluster is not None:  # its devices give K and the memory (the cap already folded in)
-        request = dataclasses.replace(request, gpus=None, cluster=cluster, memory_per_device=None)
-    return plan(profile, request)
+    return plan(profile, _with_cluster(request, cluster))
 
 
 def scaling_rows(profile: Profile, placement: Placement) -> list[dict[str, Any]]:
@@ -106,9 +139,9 @@ def scaling_rows(profile: Profile, placement: Placement) -> list[dict[str, Any]]
     request = placement.request
     return scaling_report(
         profile,
-        request.gpus or 1,
+        device_count(request),
         device=cluster.devices[0] if cluster is not None else None,
-        memory_per_device=request.memory_per_device if cluster is None else None,
+        memory_per_device=_memory(request, cluster),
         batch_size=request.batch_size,
         microbatches=request.microbatches,
         schedule=request.schedule,
@@ -139,11 +172,11 @@ def _plan_replicas(profile: Profile, placement: Placement, cluster: Cluster | No
     request = placement.request
     return plan_data_parallel(
         profile,
-        request.gpus or 1,
+        device_count(request),
         replicas=placement.replicas or "auto",
         allreduce_bandwidth_bytes_per_s=bandwidth,
         device=device,
-        memory_per_device=None if cluster is not None else request.memory_per_device,
+        memory_per_device=_memory(request, cluster),
         batch_size=request.batch_size,
         microbatches=request.microbatches,
         schedule=request.schedule,
@@ -165,7 +198,7 @@ def _plan_mesh(profile: Profile, placement: Placement, cluster: Cluster | None) 
     if devices is not None and devices.pipeline:
         raise UsageError("a mesh plan needs one kind of device; drop the NAME:COUNT list")
     request = placement.request
-    gpus = request.gpus or 1
+    gpus = device_count(request)
     spec = devices.counted_on if devices is not None else None
     if spec is None and profile.mode == "analytic" and is_catalog_device(profile.device):
         spec = get_device(profile.device)
@@ -181,7 +214,7 @@ def _plan_mesh(profile: Profile, placement: Placement, cluster: Cluster | None) 
         )
     # A cluster from the devices carries their memory (the cap folded in); one made here
     # for the link alone leaves the request's memory_per_device as given.
-    memory = None if cluster is not None else request.memory_per_device
+    memory = _memory(request, cluster)
     link = placement.allreduce_bandwidth_bytes_per_s
     if link is not None:  # the link inside a node (TP, and DP within it)
         if cluster is None:

@@ -131,3 +131,16 @@ def test_the_cli_resolves_the_device_flags_once(
     calls.clear()
     _cli_plan(capsys, GPT, "--gpus", "2", "--device", "a100-80gb", "--dtype", "float16")
     assert calls == [("a100-80gb", None)]
+
+
+def test_a_request_with_its_own_cluster_is_planned_on_it(a100_profile: Profile) -> None:
+    """No devices resolved: the request's own cluster is kept (a shared host added to it)."""
+    from autopipe.core.cluster import Cluster
+
+    cluster = Cluster.from_catalog("v100-32gb", 3)
+    request = PlanRequest(cluster=cluster, checkpoint="auto")
+    placed = plan_on_devices(a100_profile, Placement(request))
+    assert placed.to_dict() == autopipe.plan(a100_profile, request).to_dict()
+    assert placed.num_stages == 3 and {s.device for s in placed.stages} == {"V100-32GB"}
+    shared = plan_on_devices(a100_profile, Placement(request, host_throughput=1.5))
+    assert shared.request.cluster is not None and shared.request.cluster.host_throughput == 1.5
