@@ -122,6 +122,17 @@ def resolve_devices(
     return DeviceTarget(counted_on=get_device(device))
 
 
+def profiled_on(profile: Profile, device: str) -> bool:
+    """Whether ``device`` (a ``--device`` name) is the device ``profile`` was measured on, or
+    (a catalog name or alias) the one it was counted for."""
+    if profile.mode != "analytic":
+        return device == profile.device
+    try:
+        return get_device(device).name == profile.device
+    except ValueError:
+        return False
+
+
 def check_local_device(name: str, flag: str) -> None:
     """Refuse (``UsageError`` naming ``flag``) a ``name`` that is no torch device this machine
     has: not a device at all, ``meta`` (it holds no data), or a CUDA index past the last."""

@@ -207,3 +207,12 @@ def test_a_spec_file_and_a_list_resolve_together(tmp_path: Path) -> None:
     assert mine.counted_on is not None and mine.gpus_per_node == mine.counted_on.gpus_per_node
     with pytest.raises(UsageError):
         device_flags(argparse.Namespace(device=None, device_spec=str(tmp_path / "none.yaml")))
+
+
+def test_profiled_on_names_the_measured_device_or_the_counted_one(a100_profile: Profile) -> None:
+    from autopipe.devices import profiled_on
+
+    assert profiled_on(a100_profile, "a100") and profiled_on(a100_profile, "a100-80gb")
+    assert not profiled_on(a100_profile, "h100") and not profiled_on(a100_profile, "tpu-v9")
+    measured = Profile.from_dict({**a100_profile.to_dict(), "mode": "measured", "device": "cpu"})
+    assert profiled_on(measured, "cpu") and not profiled_on(measured, "cuda:0")

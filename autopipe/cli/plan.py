@@ -10,6 +10,7 @@ from autopipe import profiling
 from autopipe.cli import common
 from autopipe.core.request import PlanRequest
 from autopipe.core.vocabulary import PLAN_SCHEDULES, SHARD_MODES
+from autopipe.devices import profiled_on
 from autopipe.placement import NEED_BANDWIDTH, Placement, plan_on_devices, scaling_rows
 from autopipe.planner.emit import EMIT_FORMATS, EmitError, emit
 
@@ -338,7 +339,7 @@ def _refuse_profiling_flags(
         if value
     ]
     single = args.device if args.device and not devices.pipeline else None
-    if single and not _profiled_on(profile, single):
+    if single and not profiled_on(profile, single):
         ignored.insert(0, f"--device {single}")
     if ignored:
         raise common.UsageError(
@@ -346,18 +347,6 @@ def _refuse_profiling_flags(
             f"profiling a model file; {args.model} was profiled on {profile.device} "
             f"({profile.mode}): profile MODEL.py with {'it' if len(ignored) == 1 else 'them'}"
         )
-
-
-def _profiled_on(profile: Profile, device: str) -> bool:
-    """Whether ``--device device`` names the device ``profile`` was measured or counted on."""
-    if profile.mode != "analytic":
-        return device == profile.device
-    from autopipe.core.catalog import get_device
-
-    try:
-        return get_device(device).name == profile.device
-    except ValueError:
-        return False
 
 
 def _write_outputs(args: argparse.Namespace, result: Plan, profile: Profile) -> None:
