@@ -1,7 +1,11 @@
 """autopipe: automatic GPipe-style pipeline parallelism for PyTorch.
 
-``profile`` (model -> Profile), ``plan`` (Profile -> Plan), ``parallelize`` and ``GPipe``
-(model + Plan -> running pipeline). Names are resolved lazily so that
+``profile`` (model -> Profile), ``plan`` (Profile + PlanRequest -> Plan), ``parallelize`` and
+``GPipe`` (model + Plan -> running pipeline). What ``autopipe plan MODEL.py`` does, step by
+step: ``resolve_devices`` (the ``--device`` / ``--device-spec`` flags, once),
+``profile_model_file`` (a ``MODEL.py[:FACTORY]`` file, as a ``ProfileRequest`` says),
+``plan_on_devices`` (a ``Placement``: the request on those devices, replicated or as a mesh),
+``emit`` (the plan in another framework's words). Names are resolved lazily so that
 ``import autopipe.planner`` never pulls in torch.
 """
 
@@ -18,6 +22,15 @@ _LAZY = {
     "UnitProfile": ("autopipe.core.profile", "UnitProfile"),
     "load_profile": ("autopipe.profiler", "load_profile"),
     "plan": ("autopipe.planner", "plan"),
+    "PlanRequest": ("autopipe.core.request", "PlanRequest"),
+    "resolve_devices": ("autopipe.device_target", "resolve_devices"),
+    "cluster_for": ("autopipe.device_target", "cluster_for"),
+    "profile_model_file": ("autopipe.profiling", "profile_model_file"),
+    "ProfileRequest": ("autopipe.profiling", "ProfileRequest"),
+    "Placement": ("autopipe.placement", "Placement"),
+    "plan_on_devices": ("autopipe.placement", "plan_on_devices"),
+    "scaling_rows": ("autopipe.placement", "scaling_rows"),
+    "emit": ("autopipe.planner.emit", "emit"),
     "Plan": ("autopipe.core.plan", "Plan"),
     "StagePlan": ("autopipe.core.plan", "StagePlan"),
     "load_plan": ("autopipe.core.plan", "load_plan"),

@@ -17,7 +17,8 @@ Typical use::
     plan = autopipe.plan(profile, cluster=cluster)
 
 Torch-free: resolving names, reading spec files and re-pricing read datasheet figures only
-(checking that a local CUDA device exists is the caller's, with torch).
+(:func:`check_local_device`, which asks torch whether a local device exists, imports it when
+called).
 """
 
 from __future__ import annotations
@@ -65,6 +66,14 @@ class DeviceTarget:
         """How many devices the ``NAME:COUNT,...`` list names; None without a list."""
         return sum(n for _, n in self.pipeline) if self.pipeline else None
 
+    @property
+    def gpus_per_node(self) -> int | None:
+        """Devices per node of the one kind counted for (its platform's, from the catalog or
+        the spec file); None for a list of kinds or a local device."""
+        if self.counted_on is None or self.pipeline:
+            return None
+        return self.counted_on.gpus_per_node
+
 
 def is_local_device(name: str) -> bool:
     """Whether ``name`` means a device of this machine to measure on (``cpu``, ``mps``,
@@ -111,6 +120,37 @@ def resolve_devices(
     if device is None or is_local_device(device):
         return DeviceTarget(measure_on=device)
     return DeviceTarget(counted_on=get_device(device))
+
+
+def profiled_on(profile: Profile, device: str) -> bool:
+    """Whether ``device`` (a ``--device`` name) is the device ``profile`` was measured on, or
+    (a catalog name or alias) the one it was counted for."""
+    if profile.mode != "analytic":
+        return device == profile.device
+    try:
+        return get_device(device).name == profile.device
+    except ValueError:
+        return False
+
+
+def check_local_device(name: str, flag: str) -> None:
+    """Refuse (``UsageError`` naming ``flag``) a ``name`` that is no torch device this machine
+    has: not a device at all, ``meta`` (it holds no data), or a CUDA index past the last."""
+    import torch
+
+    from autopipe.core.errors import UsageError
+
+    try:
+        device = torch.device(name)
+    except (RuntimeError, ValueError):
+        raise UsageError(f"{flag}: {name!r} is not a torch device (e.g. cpu, cuda:0)") from None
+    if device.type == "meta":
+        raise UsageError(f"{flag}: the meta device holds no data; nothing can run on it")
+    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
+        raise UsageError(
+            f"{flag}: {name} is not here: this machine has "
+            f"{torch.cuda.device_count()} CUDA device(s)"
+        )
 
 
 def reprice_for(profile: Profile, device: str | DeviceSpec) -> Profile:

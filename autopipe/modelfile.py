@@ -22,10 +22,10 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from autopipe.core.errors import AutopipeError
+from autopipe.core.errors import UsageError
 
 
-class ModelFileError(AutopipeError, ValueError):
+class ModelFileError(UsageError, ValueError):
     """The model file or factory given on the command line cannot be used."""
 
 

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from autopipe.core.errors import AutopipeError
+from autopipe.core.errors import UsageError
 from autopipe.core.plan import Plan
 
 __all__ = ["EmitError", "checkpointed", "require_schedule"]
 
 
-class EmitError(AutopipeError, ValueError):
+class EmitError(UsageError, ValueError):
     """The plan uses something the target framework cannot express."""
 
 

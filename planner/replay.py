@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from autopipe.planner.schedules import chunk_ranks, rank_orders
 from autopipe.planner.simulate import ChunkWork, Simulation, simulate_schedule
 
-from autopipe.core.errors import AutopipeError
+from autopipe.core.errors import UsageError
 from autopipe.core.plan import Plan
 from autopipe.core.timeline import Action, Mark, Task, Timeline
 
@@ -61,7 +61,7 @@ COMPUTE_PHASES = ("forward", "backward", "backward_input", "backward_weight")
 """The phases the schedules order (what the simulator runs); ``loss`` joins the forward."""
 
 
-class ReplayError(AutopipeError, ValueError):
+class ReplayError(UsageError, ValueError):
     """The trace does not match the plan (other chunk count, schedule, placement, actions)."""
 
 

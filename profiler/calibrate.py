@@ -23,11 +23,11 @@ import numpy as np
 from autopipe.profiler.time_model import fit_time_model
 
 from autopipe.core.catalog import DeviceSpec, DeviceSpecError, device_spec_from_dict
-from autopipe.core.errors import AutopipeError
+from autopipe.core.errors import UsageError
 from autopipe.core.profile import Profile
 
 
-class CalibrationError(AutopipeError, ValueError):
+class CalibrationError(UsageError, ValueError):
     """The analytic and measured profiles cannot be compared."""
 
 

@@ -20,7 +20,7 @@ import torch.fx._pytree as fx_pytree
 import torch.utils._pytree as pytree
 from autopipe.profiler.tree import map_tensors, tensor_leaves
 
-from autopipe.core.errors import AutopipeError
+from autopipe.core.errors import UsageError
 
 __all__ = [
     "InputBinder",
@@ -77,7 +77,7 @@ def batch_rows(
     return map_tensors(cut, value)
 
 
-class OutputError(AutopipeError, ValueError):
+class OutputError(UsageError, ValueError):
     """The model's output cannot be joined over micro-batches."""
 
 

@@ -67,6 +67,7 @@ from autopipe.profiler.memory import (
     storage_key,
     tensor_bytes,
 )
+from autopipe.profiler.objective import LossFn
 from autopipe.profiler.options import MeasureOptions
 from autopipe.profiler.sharing import UnitSharing
 from autopipe.profiler.tensor_parallel import annotate_tensor_parallel
@@ -87,8 +88,6 @@ from torch import fx, nn
 from autopipe.core.errors import AutopipeError
 from autopipe.core.optimizer import normalize_optimizer, resolve_optimizer
 from autopipe.core.profile import Profile, UnitProfile
-
-LossFn = objective.LossFn
 
 log = logging.getLogger("autopipe")
 

@@ -41,7 +41,7 @@ import torch
 from autopipe.profiler.tree import float_tensor_leaves
 from torch import nn
 
-from autopipe.core.errors import AutopipeError
+from autopipe.core.errors import UsageError
 
 __all__ = [
     "IGNORE_INDEX",
@@ -65,7 +65,7 @@ IGNORE_INDEX = -100
 """The label that losses skip (PyTorch's ``cross_entropy`` default, Hugging Face's padding)."""
 
 
-class ObjectiveError(AutopipeError, ValueError):
+class ObjectiveError(UsageError, ValueError):
     """The model's output gives nothing to drive backward with, or a ``loss_fn`` returned
     something that is neither a scalar nor a ``(sum, count)`` pair."""
 

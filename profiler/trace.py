@@ -34,7 +34,7 @@ import torch.utils._pytree as pytree
 from autopipe.profiler.inputs import batch_size_of, split_inputs
 from torch import fx, nn
 
-from autopipe.core.errors import AutopipeError
+from autopipe.core.errors import UsageError
 
 __all__ = [
     "TRACERS",
@@ -45,7 +45,7 @@ __all__ = [
 ]
 
 
-class TraceError(AutopipeError, RuntimeError):
+class TraceError(UsageError, RuntimeError):
     """No tracer in the chain could turn the model into a graph."""
 
 

@@ -48,7 +48,7 @@ from autopipe.profiler.inputs import InputBinder
 from autopipe.profiler.trace import batch_is_dynamic, trace_model
 from torch import fx, nn
 
-from autopipe.core.errors import AutopipeError
+from autopipe.core.errors import UsageError
 
 __all__ = [
     "CALL_SEPARATOR",
@@ -79,7 +79,7 @@ def _call_name(path: str, call: int) -> str:
     return path if call == 0 else f"{path}{CALL_SEPARATOR}{call}"
 
 
-class UnitPatternError(AutopipeError, ValueError):
+class UnitPatternError(UsageError, ValueError):
     """A ``units`` pattern matches no module of the model."""
 
 

@@ -21,12 +21,12 @@ from autopipe.runtime.pipeline import Pipeline
 from autopipe.runtime.torch_devices import as_device
 from torch import nn
 
-from autopipe.core.errors import AutopipeError
+from autopipe.core.errors import UsageError
 
-__all__ = ["parallelize", "resolve_devices", "stage_flags"]
+__all__ = ["parallelize", "stage_devices", "stage_flags"]
 
 
-def resolve_devices(
+def stage_devices(
     devices: Sequence[torch.device | str | int] | None, gpus: int | None, plan: Any
 ) -> list[torch.device]:
     """Explicit devices, else the first K CUDA devices, else K copies of the CPU.
@@ -71,7 +71,7 @@ def _measure(
     return profile(model, example_inputs, granularity=granularity, **options)
 
 
-class PlanNeedsRanksError(AutopipeError, ValueError):
+class PlanNeedsRanksError(UsageError, ValueError):
     """A plan that only ``autopipe run`` (torch.distributed) can run: tensor parallelism or
     sharded training state."""
 
@@ -133,7 +133,7 @@ def parallelize(
     check_checkpoint_mode(checkpoint)  # before the costly profiling
     if plan is not None:
         _refuse_mesh(plan)
-    devs = resolve_devices(devices, gpus, plan)
+    devs = stage_devices(devices, gpus, plan)
     if plan is None:
         from autopipe.planner import plan as make_plan
 

@@ -27,14 +27,14 @@ import torch.utils._pytree as pytree
 from autopipe.profiler.units import live_across_cuts
 from torch import fx, nn
 
-from autopipe.core.errors import AutopipeError
+from autopipe.core.errors import UsageError
 
 __all__ = ["StageGraph", "StageSplitError", "shared_parameters", "split_graph"]
 
 _NOT_CALLS = ("placeholder", "get_attr", "output")
 
 
-class StageSplitError(AutopipeError, ValueError):
+class StageSplitError(UsageError, ValueError):
     """The stage assignment cannot be applied to this traced graph."""
 
 

@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 from test_cli_errors import GPT, _err_line
 
-from autopipe.cli import common, main
+from autopipe import profiling
+from autopipe.cli import main
 
 
 def _saved_profile(tmp_path: Path, units: int = 4, names: list[str] | None = None) -> Path:
@@ -34,10 +35,10 @@ def _saved_profile(tmp_path: Path, units: int = 4, names: list[str] | None = Non
 def test_schedule_rules_are_refused_before_profiling(
     flags: list[str], rule: str, capsys: pytest.CaptureFixture[str], monkeypatch: Any
 ) -> None:
-    def no_profiling(_args: Any) -> Any:
+    def no_profiling(*_args: Any) -> Any:
         raise AssertionError("profiled a request the schedule rules refuse")
 
-    monkeypatch.setattr(common, "load_profile_or_model", no_profiling)
+    monkeypatch.setattr(profiling, "profile_model_file", no_profiling)
     assert main(["plan", GPT, *flags]) == 2
     assert _err_line(capsys).startswith(f"autopipe plan: error: {rule}")
 
@@ -225,10 +226,10 @@ def test_data_parallel_degree_that_does_not_divide_the_batch(
 def test_data_parallel_degree_refused_before_profiling(
     capsys: pytest.CaptureFixture[str], monkeypatch: Any
 ) -> None:
-    def no_profiling(_args: Any) -> Any:
+    def no_profiling(*_args: Any) -> Any:
         raise AssertionError("profiled a request the batch size refuses")
 
-    monkeypatch.setattr(common, "load_profile_or_model", no_profiling)
+    monkeypatch.setattr(profiling, "profile_model_file", no_profiling)
     argv = ["plan", GPT, "--gpus", "4", "--allreduce-bandwidth", "1GB", "--batch-size", "6"]
     assert main([*argv, "--data-parallel", "4"]) == 2
     assert "D=4 replicas do not divide the batch size 6" in _err_line(capsys)

@@ -122,3 +122,63 @@ def test_cluster_for_one_kind_and_measured_profiles(a100_profile: Profile) -> No
         cluster_for(measured, 2, "a100:1,v100:1")
     with pytest.raises(DeviceSpecError, match="names 2 devices but gpus is 3"):
         cluster_for(a100_profile, 3, "a100:1,v100:1")
+
+
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        ({}, DeviceTarget()),
+        ({"device": "cpu"}, DeviceTarget(measure_on="cpu")),
+        ({"device": "cuda:3"}, DeviceTarget(measure_on="cuda:3")),  # checked when measured on
+        ({"device": "a100"}, DeviceTarget(counted_on=get_device("a100-80gb"))),
+        (
+            {"device": "a100-80gb:2,v100-32gb:1"},
+            DeviceTarget(
+                counted_on=get_device("a100-80gb"),
+                pipeline=((get_device("a100-80gb"), 2), (get_device("v100-32gb"), 1)),
+            ),
+        ),
+    ],
+)
+def test_the_cli_resolves_every_device_flag_form_in_one_place(
+    flags: dict[str, str], expected: DeviceTarget
+) -> None:
+    """``autopipe.cli.common.device_flags`` is the CLI's one resolver of ``--device`` /
+    ``--device-spec``: what ``resolve_devices`` says, and every refusal a UsageError."""
+    import argparse
+
+    from autopipe.cli.common import UsageError, device_flags
+
+    args = argparse.Namespace(device=flags.get("device"), device_spec=flags.get("device_spec"))
+    assert device_flags(args) == expected == resolve_devices(args.device, args.device_spec)
+    with pytest.raises(UsageError, match=r"^--device 'a100:x': expected NAME\[:COUNT\]"):
+        device_flags(argparse.Namespace(device="a100:x", device_spec=None))
+    with pytest.raises(UsageError, match="unknown device 'tpu-v9'"):
+        device_flags(argparse.Namespace(device="a100:2,tpu-v9:2", device_spec=None))
+
+
+def test_a_spec_file_and_a_list_resolve_together(tmp_path: Path) -> None:
+    """``--device-spec FILE`` is counted on; a ``--device`` list beside it gives the kinds."""
+    import argparse
+
+    from autopipe.cli.common import UsageError, device_flags
+
+    spec = tmp_path / "my.yaml"
+    spec.write_text("base: a100-80gb\nname: my-gpu\nmemory_bytes: 40e9\n")
+    both = device_flags(argparse.Namespace(device="a100:2,v100:2", device_spec=str(spec)))
+    assert both.counted_on is not None and both.counted_on.name == "my-gpu"
+    assert [(s.name, n) for s, n in both.pipeline] == [("A100-80GB", 2), ("V100-32GB", 2)]
+    assert both.gpus_per_node is None  # a list of kinds has no one node size
+    mine = device_flags(argparse.Namespace(device=None, device_spec=str(spec)))
+    assert mine.counted_on is not None and mine.gpus_per_node == mine.counted_on.gpus_per_node
+    with pytest.raises(UsageError):
+        device_flags(argparse.Namespace(device=None, device_spec=str(tmp_path / "none.yaml")))
+
+
+def test_profiled_on_names_the_measured_device_or_the_counted_one(a100_profile: Profile) -> None:
+    from autopipe.device_target import profiled_on
+
+    assert profiled_on(a100_profile, "a100") and profiled_on(a100_profile, "a100-80gb")
+    assert not profiled_on(a100_profile, "h100") and not profiled_on(a100_profile, "tpu-v9")
+    measured = Profile.from_dict({**a100_profile.to_dict(), "mode": "measured", "device": "cpu"})
+    assert profiled_on(measured, "cpu") and not profiled_on(measured, "cuda:0")

@@ -235,11 +235,11 @@ def test_cli_lists_shared_units_and_measures_from_meta_when_too_big(
     """``autopipe profile -v`` names the shared measurements; a model whose parameters and
     gradients exceed the free memory is built on meta and measured unit by unit."""
     import autopipe.cli as cli
-    import autopipe.cli.common as common
+    import autopipe.profiling as profiling
 
     gpt = str(load_example("gpt").__file__)
     out = tmp_path / "p.json"
-    monkeypatch.setattr(common, "available_memory_bytes", lambda device: 2**20)  # 1 MiB free
+    monkeypatch.setattr(profiling, "available_memory_bytes", lambda device: 2**20)  # 1 MiB free
     with caplog.at_level("INFO", logger="autopipe"):
         assert cli.main(["profile", gpt, "-v", "--no-cache", "-o", str(out)]) == 0
     text = capsys.readouterr()

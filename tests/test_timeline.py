@@ -368,6 +368,13 @@ def test_timeline_and_compare_modules_import_without_torch() -> None:
 
 
 def test_one_bubble_formula() -> None:
+    import autopipe.runtime.schedule as schedule
+
+    import autopipe.viz.bubble as bubble
+
+    # One formula under its one name: the plots import it, no module renames it.
+    assert bubble.fill_drain_bubble is fill_drain_bubble
+    assert not hasattr(schedule, "bubble_fraction") and not hasattr(bubble, "closed_form_bubble")
     assert fill_drain_bubble(8, 4) == pytest.approx(3 / 11)
     from autopipe.explain import explain
 

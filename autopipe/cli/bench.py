@@ -102,8 +102,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
             )
     import torch
 
+    from autopipe.device_target import check_local_device
+
     for device in devices or []:
-        common.check_local_device(device, "--devices")
+        check_local_device(device, "--devices")
     cpu_only = (
         all(d.startswith("cpu") for d in devices) if devices else not torch.cuda.is_available()
     )
@@ -124,6 +126,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         raise common.UsageError(str(exc)) from exc
     from autopipe.bench_report import run_bench
     from autopipe.profiler.measure import ProfilingError
+    from autopipe.profiling import MODEL_ERRORS, model_failed
 
     try:
         result = run_bench(
@@ -142,8 +145,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         # parallelize's errors on a mismatched plan/model/devices are one clear line; so is
         # a model without a loss_fn whose output cannot drive backward.
         raise common.UsageError(str(exc)) from exc
-    except common.MODEL_ERRORS as exc:
-        raise common.model_failed(mf, plan.batch_size, exc) from exc
+    except MODEL_ERRORS as exc:
+        raise model_failed(mf, plan.batch_size, exc) from exc
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     from autopipe.core.datafile import atomic_write_json

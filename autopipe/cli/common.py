@@ -1,5 +1,6 @@
 """What every ``autopipe`` command shares: errors and exit codes, argument types, output,
-loaders for model files, profiles and plans, output-path checks and the shared flags.
+loaders for model files, profiles and plans, output-path checks, the shared flags and their
+translation into the application layer's values (the devices, the profiling request).
 
 Command modules (``autopipe/cli/plan.py``, ``run.py``, ...) import this module and the library,
 never each other or the package's ``__init__`` (which dispatches to them): imports point one
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
     from autopipe.core.profile import Profile
     from autopipe.device_target import DeviceTarget
     from autopipe.modelfile import ModelFile
+    from autopipe.profiling import ProfileRequest
 
     Subparsers = argparse._SubParsersAction[argparse.ArgumentParser]
     """What ``add_subparsers`` returns: each command module's ``register`` adds itself to it."""
@@ -318,23 +320,6 @@ def check_distinct_outputs(*outputs: tuple[str | None, str]) -> None:
         seen[key] = flag
 
 
-def check_local_device(name: str, flag: str) -> None:
-    """``name`` is a torch device this machine has (cpu, an existing cuda:i, ...): exit 2 if not."""
-    import torch
-
-    try:
-        device = torch.device(name)
-    except (RuntimeError, ValueError):
-        raise UsageError(f"{flag}: {name!r} is not a torch device (e.g. cpu, cuda:0)") from None
-    if device.type == "meta":
-        raise UsageError(f"{flag}: the meta device holds no data; nothing can run on it")
-    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
-        raise UsageError(
-            f"{flag}: {name} is not here: this machine has "
-            f"{torch.cuda.device_count()} CUDA device(s)"
-        )
-
-
 def refuse_broken_rules(plan: Plan, path: str) -> None:
     """A plan the pre-flight refuses (``autopipe.planner.preflight``: one torch would not
     build a schedule for) cannot run: exit 2 in one line naming ``path`` and the first rule."""
@@ -355,252 +340,42 @@ def refuse_too_many_tasks(plan: Plan) -> None:
         raise UsageError(reason)
 
 
-# -- devices and profiles from the flags ------------------------------------------------------
+# -- devices and profiling requests from the flags --------------------------------------------
 
 
-def device_list_counts(device: str | None) -> list[tuple[str, int]] | None:
-    """``--device``'s ``NAME:COUNT,...`` entries (None for one device or none), checked for
-    form only: cheap enough to run before any profiling. A malformed list is a UsageError."""
-    from autopipe.core.catalog import DeviceListError
-    from autopipe.device_target import device_counts
-
-    try:
-        return device_counts(device)
-    except DeviceListError as exc:
-        raise UsageError(f"--device {exc}") from exc
-
-
-def resolve_device_flags(args: argparse.Namespace) -> DeviceTarget:
-    """What ``--device`` / ``--device-spec`` ask for (``autopipe.devices.resolve_devices``); a
-    local device must exist here. Unknown names and bad spec files are UsageErrors."""
+def device_flags(args: argparse.Namespace) -> DeviceTarget:
+    """What ``--device`` / ``--device-spec`` ask for, resolved once per command
+    (:func:`autopipe.device_target.resolve_devices`). A malformed list, an unknown name or a bad
+    spec file is a UsageError; a local device is checked when something is measured on it."""
     from autopipe.core.catalog import DeviceListError
     from autopipe.device_target import resolve_devices
 
-    device = getattr(args, "device", None)
     try:
-        target = resolve_devices(device, getattr(args, "device_spec", None))
+        return resolve_devices(getattr(args, "device", None), getattr(args, "device_spec", None))
     except DeviceListError as exc:
         raise UsageError(f"--device {exc}") from exc
     except (OSError, ValueError) as exc:
         raise UsageError(str(exc)) from exc
-    if target.measure_on is not None:
-        check_local_device(target.measure_on, "--device")
-    return target
 
 
-def load_profile_or_model(args: argparse.Namespace) -> tuple[Profile, DeviceTarget | None]:
-    """The Profile ``args.model`` names: a saved profile JSON, or a model file profiled now;
-    with the devices the flags asked for when profiling now (None for a saved profile, which
-    says itself what it was measured or counted on)."""
-    if not args.model.endswith(".json"):
-        return profile_model_file(args)
-    profile = load_profile_file(args.model)
-    # Flags that shape profiling would be silently ignored for a saved profile: refuse them.
-    ignored = [
-        flag
-        for flag, value in (
-            ("--device-spec", args.device_spec),
-            ("--dtype", args.dtype),
-            ("--granularity", args.granularity),
-            ("--units", args.units),
-            ("--no-cache", args.no_cache),
-            ("--meta-init", args.meta_init),
-            ("--no-share", args.no_share),
-            ("--no-split-backward", args.no_split_backward),
-            ("--scale-to-reference", args.scale_to_reference),
-        )
-        if value
-    ]
-    single = args.device if args.device and not device_list_counts(args.device) else None
-    if single and not _profiled_on(profile, single):
-        ignored.insert(0, f"--device {single}")
-    if ignored:
-        raise UsageError(
-            f"{', '.join(ignored)} {'applies' if len(ignored) == 1 else 'apply'} only when "
-            f"profiling a model file; {args.model} was profiled on {profile.device} "
-            f"({profile.mode}): profile MODEL.py with {'it' if len(ignored) == 1 else 'them'}"
-        )
-    return profile, None
+def profile_request(args: argparse.Namespace) -> ProfileRequest:
+    """The flags of :func:`model_options` as a :class:`autopipe.profiling.ProfileRequest`."""
+    from autopipe.profiling import ProfileRequest
 
-
-def _profiled_on(profile: Profile, device: str) -> bool:
-    """Whether ``--device device`` names the device ``profile`` was measured or counted on."""
-    if profile.mode != "analytic":
-        return device == profile.device
-    from autopipe.core.catalog import get_device
-
-    try:
-        return get_device(device).name == profile.device
-    except ValueError:
-        return False
-
-
-MODEL_ERRORS = (RuntimeError, ValueError, TypeError, IndexError, KeyError)
-"""What a model's own code raises on inputs it cannot take (wrong shapes or dtypes)."""
-
-
-def profile_model_file(args: argparse.Namespace) -> tuple[Profile, DeviceTarget]:
-    """Profile the model file ``args.model`` as the flags say: counted for a catalog device
-    or spec (``--device NAME``, ``--device-spec FILE``), else measured on a local device
-    (unit by unit from meta with ``--meta-init`` or when it would not fit). Returns the
-    profile and the devices the flags resolved to."""
-    from autopipe.core.catalog import DeviceSpecError
-    from autopipe.modelfile import ModelFileError
-    from autopipe.profiler.analytic import AnalyticProfileError
-    from autopipe.profiler.measure import ProfilingError
-    from autopipe.profiler.trace import TraceError
-    from autopipe.profiler.units import UnitPatternError
-
-    # The device flags first: a bad --device-spec is refused before the model file is
-    # imported (importing torch and the model's own imports takes seconds).
-    target = resolve_device_flags(args)
-    if target.counted_on is not None:
-        check_counting_flags(args, target)
-    mf = load_model_arg(args.model)
-    batch_size = args.batch_size or mf.default_batch_size()
-    progress = not args.quiet
-    try:
-        if target.counted_on is not None:
-            model = mf.build(device="meta")
-            inputs = mf.inputs(batch_size)
-            from autopipe.profiler.analytic import profile_analytic
-            from autopipe.profiler.options import AnalyticOptions
-
-            try:
-                profile = profile_analytic(
-                    model,
-                    inputs,
-                    target.counted_on,
-                    AnalyticOptions(
-                        dtype=args.dtype or "bfloat16",
-                        granularity=args.granularity or "block",
-                        optimizer=args.optimizer or "auto",
-                        bytes_per_parameter=args.bytes_per_parameter,
-                        share=not args.no_share,
-                        units=args.units,
-                    ),
-                    loss_fn=mf.loss_fn,
-                    progress=not args.quiet,
-                    tp_plan=mf.tp_plan,
-                )
-            except (AnalyticProfileError, DeviceSpecError) as exc:
-                raise UsageError(str(exc)) from exc
-        else:
-            meta_init = args.meta_init or too_big_to_build(mf, target.measure_on)
-            model = mf.build(device="meta" if meta_init else None)
-            inputs = mf.inputs(batch_size)
-            from autopipe.profiler.measure import profile as measure_profile
-
-            profile = measure_profile(
-                model,
-                inputs,
-                device=target.measure_on,
-                granularity=args.granularity or "block",
-                loss_fn=mf.loss_fn,
-                progress=progress,
-                cache=not args.no_cache and not meta_init,
-                optimizer=args.optimizer or "auto",
-                bytes_per_parameter=args.bytes_per_parameter,
-                meta_init=meta_init,
-                share=not args.no_share,
-                split_backward=not args.no_split_backward,
-                scale_to_reference=args.scale_to_reference,
-                units=args.units,
-                tp_plan=mf.tp_plan,
-            )
-    except (
-        ModelFileError,
-        AnalyticProfileError,
-        DeviceSpecError,
-        TraceError,
-        ProfilingError,
-        UnitPatternError,
-    ) as exc:
-        raise UsageError(str(exc)) from exc
-    except MODEL_ERRORS as exc:
-        raise model_failed(mf, batch_size, exc) from exc
-    profile.model = mf.label
-    return profile, target
-
-
-def check_counting_flags(args: argparse.Namespace, target: DeviceTarget) -> None:
-    """Refuse, before any model is built, what counting for ``target`` cannot do: measuring
-    from meta (``--meta-init``), and a ``--dtype`` (default bfloat16) that a device of the
-    spec or the list has no peak for."""
-    from autopipe.core.catalog import DeviceSpecError
-
-    if args.meta_init:
-        raise UsageError(
-            "--meta-init measures unit by unit; with --device NAME nothing is measured "
-            "(the model is counted on meta anyway): drop one of them"
-        )
-    dtype = args.dtype or "bfloat16"
-    specs = [s for s in (target.counted_on, *(s for s, _ in target.pipeline)) if s is not None]
-    for spec in specs:
-        try:
-            spec.peak_for(dtype)
-        except DeviceSpecError as exc:
-            flag = "--dtype" if args.dtype else "the default --dtype bfloat16"
-            raise UsageError(f"{flag}: {exc}") from exc
-
-
-def model_failed(mf: ModelFile, batch_size: int | None, exc: BaseException) -> UsageError:
-    """The UsageError for a model that failed on its example inputs: bad input, whichever
-    command ran it (profile, plan, bench), not an autopipe failure. Out of memory is no bad
-    input: it is re-raised (exit 1)."""
-    import torch
-
-    if isinstance(exc, torch.OutOfMemoryError):
-        raise exc
-    return UsageError(
-        f"{mf.label}: the model failed on example_inputs({batch_size or ''}): "
-        f"{type(exc).__name__}: {exc}"
+    return ProfileRequest(
+        batch_size=args.batch_size,
+        dtype=args.dtype,
+        granularity=args.granularity,
+        units=tuple(args.units or ()),
+        cache=not args.no_cache,
+        optimizer=args.optimizer or "auto",
+        bytes_per_parameter=args.bytes_per_parameter,
+        share=not args.no_share,
+        split_backward=not args.no_split_backward,
+        scale_to_reference=args.scale_to_reference,
+        meta_init=args.meta_init,
+        progress=not args.quiet,
     )
-
-
-def available_memory_bytes(device: str | None) -> int | None:
-    """Free memory of the profiling device in bytes: ``torch.cuda.mem_get_info`` on CUDA,
-    else the host's ``MemAvailable`` (Linux); None when unknown."""
-    import torch
-
-    dev = torch.device(device or "cpu")
-    if dev.type == "cuda":
-        return int(torch.cuda.mem_get_info(dev)[0])
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return None
-
-
-def too_big_to_build(mf: ModelFile, device: str | None) -> bool:
-    """Whether the model's parameters and their gradients would not fit in the profiling
-    device's free memory, so it must be measured unit by unit from the meta device (what
-    ``--meta-init`` asks for). Builds the model on meta to count its bytes: O(parameters)."""
-    try:
-        model = mf.build(device="meta")
-    except Exception:  # a factory that cannot run on meta is built for real
-        return False
-    state = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
-    free = available_memory_bytes(device)
-    if free is None or 2 * state <= free:
-        return False
-    from autopipe.core.humanize import format_bytes
-
-    log.info(
-        "%s holds %s of parameters and buffers; with gradients that is more than the %s free "
-        "on %s, so it is built on meta and measured one unit at a time (--meta-init)",
-        mf.label,
-        format_bytes(state),
-        format_bytes(free),
-        device or "cpu",
-    )
-    return True
 
 
 # -- flags several commands take --------------------------------------------------------------

@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import argparse
 import warnings
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from autopipe import profiling
 from autopipe.cli import common
+from autopipe.core.request import PlanRequest
 from autopipe.core.vocabulary import PLAN_SCHEDULES, SHARD_MODES
+from autopipe.device_target import profiled_on
+from autopipe.placement import NEED_BANDWIDTH, Placement, plan_on_devices, scaling_rows
 from autopipe.planner.emit import EMIT_FORMATS, EmitError, emit
 
 if TYPE_CHECKING:
-    from autopipe.core.cluster import Cluster
     from autopipe.core.plan import Plan
     from autopipe.core.profile import Profile
     from autopipe.device_target import DeviceTarget
@@ -21,11 +24,6 @@ EPILOG = (
     "  autopipe plan examples/gpt.py:gpt_6b --gpus 8 --device a100-80gb\n"
     "  autopipe plan profile.json --gpus 4 --memory 16GiB\n"
     "  autopipe plan examples/gpt.py:gpt_6b --gpus 8 --device a100-80gb:4,v100-32gb:4 --dtype float16"
-)
-
-NEED_BANDWIDTH = (
-    "--data-parallel needs the gradient all-reduce bandwidth: pass --allreduce-bandwidth "
-    "(bytes/s, e.g. 100GB) or plan for a catalog --device"
 )
 
 
@@ -164,6 +162,71 @@ def register(sub: common.Subparsers) -> None:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
+    _check_outputs(args)
+    devices = common.device_flags(args)  # the one resolution of --device / --device-spec
+    _check_flags(args, devices)  # before spending time profiling
+    if args.model.endswith(".json"):
+        profile = common.load_profile_file(args.model)
+        _refuse_profiling_flags(args, devices, profile)
+    else:
+        request = common.profile_request(args)
+        profile = profiling.profile_model_file(args.model, devices, request)
+    _check_against_profile(args, profile)
+    placement = _placement(args, devices)
+    from autopipe.planner import PlanningError, RuleViolation
+
+    try:
+        result = plan_on_devices(profile, placement)
+    except RuleViolation as exc:  # a schedule, V or M torch would refuse: bad input
+        raise common.UsageError(str(exc)) from exc
+    except PlanningError as exc:
+        raise common.Failure(str(exc)) from exc
+    except ValueError as exc:  # e.g. a device list the profile cannot be priced for
+        raise common.UsageError(str(exc)) from exc
+    from autopipe.core.plantext import format_plan
+    from autopipe.report import format_scaling
+
+    common.say(args, format_plan(result))
+    if args.scaling:
+        rows = scaling_rows(profile, placement)
+        result.meta["scaling"] = rows
+        common.say(args, "\n" + format_scaling(rows))
+    _write_outputs(args, result, profile)
+    return common.EXIT_OK
+
+
+def _placement(args: argparse.Namespace, devices: DeviceTarget) -> Placement:
+    """The flags as a :class:`autopipe.placement.Placement`: the typed request, the devices,
+    and the layout beyond one pipeline. The mesh flags leave what they do not give ``auto``."""
+    mesh = _plans_mesh(args)
+    request = PlanRequest(
+        gpus=args.gpus,
+        memory_per_device=args.memory,
+        batch_size=args.batch_size,
+        microbatches=args.microbatches,
+        schedule=args.schedule,
+        virtual_stages=args.virtual_stages,
+        checkpoint=args.checkpoint,
+        strategy=args.strategy,
+        optimizer=args.optimizer or "auto",
+        bytes_per_parameter=args.bytes_per_parameter,
+        tensor_parallel=(args.tensor_parallel or "auto") if mesh else 1,
+        data_parallel=(args.data_parallel or "auto") if mesh else 1,
+        shard=(args.shard or "auto") if mesh else "none",
+        gpus_per_node=args.gpus_per_node,
+        inter_node_bandwidth_bytes_per_s=args.inter_node_bandwidth,
+    )
+    return Placement(
+        request,
+        devices,
+        replicas=None if mesh else args.data_parallel,
+        allreduce_bandwidth_bytes_per_s=args.allreduce_bandwidth,
+        host_throughput=args.host_throughput,
+    )
+
+
+def _check_outputs(args: argparse.Namespace) -> None:
+    """Refuse outputs that cannot be written, or that would overwrite each other or an input."""
     common.check_output_path(args.json, "--json", inputs=[args.model])
     common.check_output_path(args.save_profile, "--save-profile", inputs=[args.model])
     common.check_output_path(args.plot, "--plot", directory=True)
@@ -176,6 +239,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
         (args.emit_out, "--emit-out"),
         (args.plot, "--plot"),  # a folder named like a file would block that file's write
     )
+
+
+def _check_flags(args: argparse.Namespace, devices: DeviceTarget) -> None:
+    """Refuse flag combinations that cannot be planned, on the flags alone (O(1)): said
+    before any time is spent profiling."""
     mesh = _plans_mesh(args)
     if mesh and args.scaling:
         raise common.UsageError(
@@ -187,24 +255,14 @@ def cmd_plan(args: argparse.Namespace) -> int:
             "--host-throughput prices one pipeline's ranks on one host; drop it when "
             "planning the mesh"
         )
-    node = args.gpus_per_node or _catalog_node_size(args.device)
-    if node is not None and isinstance(args.tensor_parallel, int) and node % args.tensor_parallel:
-        raise common.UsageError(
-            f"--tensor-parallel {args.tensor_parallel} does not divide the {node} GPUs per node: "
-            "a TP group never spans nodes; give a divisor (or --gpus-per-node)"
-        )
-    if isinstance(args.tensor_parallel, int) and args.gpus % args.tensor_parallel:
-        raise common.UsageError(
-            f"--tensor-parallel {args.tensor_parallel} does not divide --gpus {args.gpus}: "
-            "the GPUs are PP x D x T; give a divisor of --gpus or auto"
-        )
-    for flag in ("data_parallel", "scaling"):  # before spending time profiling
+    _check_tensor_parallel(args, devices)
+    for flag in ("data_parallel", "scaling"):
         if args.host_throughput is not None and getattr(args, flag):
             raise common.UsageError(
                 f"--host-throughput cannot be combined with --{flag.replace('_', '-')}: it "
                 "prices one pipeline's K ranks on one host; drop one of the two"
             )
-    listed = sum(n for _, n in common.device_list_counts(args.device) or [])
+    listed = devices.listed_devices
     if listed and listed != args.gpus:
         raise common.UsageError(
             f"--device {args.device} lists {listed} devices but --gpus is {args.gpus}"
@@ -215,19 +273,37 @@ def cmd_plan(args: argparse.Namespace) -> int:
         and args.allreduce_bandwidth is None
         and not (args.device or args.device_spec or args.model.endswith(".json"))
     ):
-        raise common.UsageError(NEED_BANDWIDTH)  # say so before spending time profiling
+        raise common.UsageError(NEED_BANDWIDTH)
     if isinstance(args.data_parallel, int) and args.gpus % args.data_parallel:
         raise common.UsageError(
             f"--data-parallel {args.data_parallel} does not divide --gpus {args.gpus}: the "
             "GPUs are K stages x D replicas; give a divisor of --gpus or auto"
         )
     if args.batch_size:
-        _check_replicas(args, args.batch_size)  # before spending time profiling
-    _check_schedule_rules(args)  # before spending time profiling
-    profile, target = common.load_profile_or_model(args)
-    from autopipe.planner import PlanningError, RuleViolation, plan
+        _check_replicas(args, args.batch_size)
+    _check_schedule_rules(args)
 
-    if args.gpus > len(profile.units) and not args.data_parallel and not mesh:
+
+def _check_tensor_parallel(args: argparse.Namespace, devices: DeviceTarget) -> None:
+    """``--tensor-parallel T`` must divide the GPUs per node and ``--gpus``."""
+    node = args.gpus_per_node or devices.gpus_per_node
+    tp = args.tensor_parallel
+    if node is not None and isinstance(tp, int) and node % tp:
+        raise common.UsageError(
+            f"--tensor-parallel {tp} does not divide the {node} GPUs per node: "
+            "a TP group never spans nodes; give a divisor (or --gpus-per-node)"
+        )
+    if isinstance(tp, int) and args.gpus % tp:
+        raise common.UsageError(
+            f"--tensor-parallel {tp} does not divide --gpus {args.gpus}: "
+            "the GPUs are PP x D x T; give a divisor of --gpus or auto"
+        )
+
+
+def _check_against_profile(args: argparse.Namespace, profile: Profile) -> None:
+    """Refuse what the profile's units and batch size rule out (bad input: the planner
+    would call it a failure)."""
+    if args.gpus > len(profile.units) and not args.data_parallel and not _plans_mesh(args):
         raise common.UsageError(
             f"--gpus {args.gpus} is more than the model's {len(profile.units)} units; use at most "
             f"{len(profile.units)} or a finer --granularity (module or node)"
@@ -235,80 +311,58 @@ def cmd_plan(args: argparse.Namespace) -> int:
     batch = args.batch_size or profile.batch_size
     _check_replicas(args, batch)
     m = args.microbatches
-    if isinstance(m, int) and batch % m:  # bad input (the planner would call it a failure)
+    if isinstance(m, int) and batch % m:
         from autopipe.planner.search import divisor_hint
 
         raise common.UsageError(
             f"--microbatches {m} does not divide the batch size {batch}; " + divisor_hint(batch, m)
         )
-    cluster = _cluster(profile, args, target)
-    # With a cluster, its devices give K and the memory (--memory already folded in).
-    gpus, memory = (None, None) if cluster is not None else (args.gpus, args.memory)
-    options = {
-        "batch_size": args.batch_size,
-        "microbatches": args.microbatches,
-        "schedule": args.schedule,
-        "virtual_stages": args.virtual_stages,
-        "checkpoint": args.checkpoint,
-        "strategy": args.strategy,
-        "optimizer": args.optimizer or "auto",
-        "bytes_per_parameter": args.bytes_per_parameter,
-    }
-    try:
-        if mesh:
-            result = _plan_mesh(profile, args, target, cluster, memory, options)
-        elif args.data_parallel:
-            result = _plan_data_parallel(profile, args, cluster, memory, options)
-        else:
-            result = plan(profile, gpus=gpus, memory_per_device=memory, cluster=cluster, **options)
-    except RuleViolation as exc:  # a schedule, V or M torch would refuse: bad input
-        raise common.UsageError(str(exc)) from exc
-    except PlanningError as exc:
-        raise common.Failure(str(exc)) from exc
-    except ValueError as exc:
-        raise common.UsageError(str(exc)) from exc
-    from autopipe.core.plantext import format_plan
-    from autopipe.report import format_scaling
 
-    common.say(args, format_plan(result))
-    if args.scaling:
-        from autopipe.planner import scaling_report
 
-        rows = scaling_report(
-            profile,
-            args.gpus,
-            device=cluster.devices[0] if cluster is not None else None,
-            memory_per_device=memory,
-            batch_size=args.batch_size,
-            microbatches=args.microbatches,
-            schedule=args.schedule,
-            virtual_stages=args.virtual_stages,
-            checkpoint=args.checkpoint,
-            optimizer=args.optimizer or "auto",
-            bytes_per_parameter=args.bytes_per_parameter,
+def _refuse_profiling_flags(
+    args: argparse.Namespace, devices: DeviceTarget, profile: Profile
+) -> None:
+    """Flags that shape profiling would be silently ignored for a saved profile: refuse them
+    (``--device`` naming the device it was profiled on is no contradiction)."""
+    ignored = [
+        flag
+        for flag, value in (
+            ("--device-spec", args.device_spec),
+            ("--dtype", args.dtype),
+            ("--granularity", args.granularity),
+            ("--units", args.units),
+            ("--no-cache", args.no_cache),
+            ("--meta-init", args.meta_init),
+            ("--no-share", args.no_share),
+            ("--no-split-backward", args.no_split_backward),
+            ("--scale-to-reference", args.scale_to_reference),
         )
-        result.meta["scaling"] = rows
-        common.say(args, "\n" + format_scaling(rows))
+        if value
+    ]
+    single = args.device if args.device and not devices.pipeline else None
+    if single and not profiled_on(profile, single):
+        ignored.insert(0, f"--device {single}")
+    if ignored:
+        raise common.UsageError(
+            f"{', '.join(ignored)} {'applies' if len(ignored) == 1 else 'apply'} only when "
+            f"profiling a model file; {args.model} was profiled on {profile.device} "
+            f"({profile.mode}): profile MODEL.py with {'it' if len(ignored) == 1 else 'them'}"
+        )
+
+
+def _write_outputs(args: argparse.Namespace, result: Plan, profile: Profile) -> None:
+    """--emit, --save-profile, --plot and --json, each only once the plan is made (a
+    refusal writes nothing)."""
     emitted = None
     if args.emit:
         try:  # before any file is written: a format that cannot say the plan writes nothing
             emitted = emit(result, args.emit)
         except EmitError as exc:
             raise common.UsageError(f"--emit {args.emit}: {exc}") from exc
-    if args.save_profile:  # only once the request is accepted: a refusal writes nothing
+    if args.save_profile:
         profile.save(args.save_profile)
     if args.plot:
-        from autopipe.viz import VIZ_META_KEY, collect_plot_data, plot_all, too_many_tasks
-
-        too_many = too_many_tasks(result)
-        if too_many is not None:  # the plan itself is fine: keep it, skip only the plots
-            warnings.warn(f"--plot skipped: {too_many}", stacklevel=1)
-        else:
-            data = collect_plot_data(result, profile)
-            paths = plot_all(result, args.plot, plot_data=data, progress=not args.quiet)
-            # Kept in the plan written below, so `autopipe plot PLAN.json` redraws all five.
-            result.meta[VIZ_META_KEY] = data
-            common.say(args, "plots: " + ", ".join(str(p) for p in paths))
+        _plot(args, result, profile)
     # The profile travels with the plan: `autopipe plot` and tools can re-plan from it.
     result.meta.setdefault("profile", profile.to_dict())
     common.emit_json(result.to_dict(), args.json)
@@ -318,7 +372,21 @@ def cmd_plan(args: argparse.Namespace) -> int:
             common.say(args, f"{args.emit} config written to {args.emit_out}")
     if args.json and args.json != "-":
         common.say(args, f"plan written to {args.json}")
-    return common.EXIT_OK
+
+
+def _plot(args: argparse.Namespace, result: Plan, profile: Profile) -> None:
+    """--plot DIR: the five figures, their data kept in the plan written after."""
+    from autopipe.viz import VIZ_META_KEY, collect_plot_data, plot_all, too_many_tasks
+
+    too_many = too_many_tasks(result)
+    if too_many is not None:  # the plan itself is fine: keep it, skip only the plots
+        warnings.warn(f"--plot skipped: {too_many}", stacklevel=1)
+        return
+    data = collect_plot_data(result, profile)
+    paths = plot_all(result, args.plot, plot_data=data, progress=not args.quiet)
+    # Kept in the plan written below, so `autopipe plot PLAN.json` redraws all five.
+    result.meta[VIZ_META_KEY] = data
+    common.say(args, "plots: " + ", ".join(str(p) for p in paths))
 
 
 def _check_schedule_rules(args: argparse.Namespace) -> None:
@@ -348,31 +416,6 @@ def _check_schedule_rules(args: argparse.Namespace) -> None:
         raise common.UsageError(problems[0] + more)
 
 
-def _cluster(
-    profile: Profile, args: argparse.Namespace, target: DeviceTarget | None
-) -> Cluster | None:
-    """The devices to plan for (``autopipe.devices.cluster_for``): a ``--device`` list, the
-    catalog device an analytic profile was counted on, or None for a measured profile."""
-    from autopipe.device_target import cluster_for
-
-    if target is None and common.device_list_counts(args.device):
-        target = common.resolve_device_flags(args)  # a saved profile planned for a list
-    try:
-        cluster = cluster_for(profile, args.gpus, target, memory_bytes=args.memory)
-    except ValueError as exc:  # a list the profile cannot be priced for
-        raise common.UsageError(str(exc)) from exc
-    shared = args.host_throughput
-    if shared is None:
-        return cluster
-    import dataclasses
-
-    from autopipe.core.cluster import Cluster
-
-    if cluster is None:
-        return Cluster.homogeneous(args.gpus, profile.device, args.memory, host_throughput=shared)
-    return dataclasses.replace(cluster, host_throughput=shared)
-
-
 def _check_replicas(args: argparse.Namespace, batch: int) -> None:
     """``--data-parallel D`` must divide the global batch: one line naming the D that do."""
     if not isinstance(args.data_parallel, int):
@@ -386,41 +429,6 @@ def _check_replicas(args: argparse.Namespace, batch: int) -> None:
         raise common.UsageError(f"--data-parallel {args.data_parallel}: {exc}") from exc
 
 
-def _plan_data_parallel(
-    profile: Profile,
-    args: argparse.Namespace,
-    cluster: Cluster | None,
-    memory: int | None,
-    options: dict[str, Any],
-) -> Plan:
-    """``--data-parallel auto|D``: ``--gpus`` devices as K stages x D replicas."""
-    from autopipe.planner import plan_data_parallel
-
-    if common.device_list_counts(args.device):
-        raise common.UsageError(
-            "--data-parallel needs one kind of device; drop the NAME:COUNT list"
-        )
-    device = cluster.devices[0] if cluster is not None else None
-    bandwidth = args.allreduce_bandwidth
-    if (
-        bandwidth is None
-        and device is not None
-        and device.link_bandwidth_bytes_per_s < float("inf")
-    ):
-        bandwidth = device.link_bandwidth_bytes_per_s
-    if bandwidth is None:
-        raise common.UsageError(NEED_BANDWIDTH)
-    return plan_data_parallel(
-        profile,
-        args.gpus,
-        replicas=args.data_parallel,
-        allreduce_bandwidth_bytes_per_s=bandwidth,
-        device=device,
-        memory_per_device=memory,
-        **options,
-    )
-
-
 def _plans_mesh(args: argparse.Namespace) -> bool:
     """Whether the flags ask for the whole device mesh rather than a K-stage pipeline (or
     the K x D layout of ``--data-parallel`` alone)."""
@@ -428,69 +436,3 @@ def _plans_mesh(args: argparse.Namespace) -> bool:
         getattr(args, flag) is not None
         for flag in ("tensor_parallel", "shard", "gpus_per_node", "inter_node_bandwidth")
     )
-
-
-def _plan_mesh(
-    profile: Profile,
-    args: argparse.Namespace,
-    target: DeviceTarget | None,
-    cluster: Cluster | None,
-    memory: int | None,
-    options: dict[str, Any],
-) -> Plan:
-    """``--tensor-parallel`` / ``--shard`` ...: ``--gpus`` devices as a PP x D x T mesh; what is
-    not given is chosen (``auto``). Nodes and their links from the catalog device's platform
-    unless the flags say."""
-    from autopipe.core.catalog import get_device, is_catalog_device
-    from autopipe.planner import plan
-
-    if common.device_list_counts(args.device):
-        raise common.UsageError("a mesh plan needs one kind of device; drop the NAME:COUNT list")
-    spec = target.counted_on if target is not None else None
-    if spec is None and profile.mode == "analytic" and is_catalog_device(profile.device):
-        spec = get_device(profile.device)
-    node = args.gpus_per_node or (spec.gpus_per_node if spec is not None else None)
-    inter = args.inter_node_bandwidth
-    if inter is None and spec is not None and spec.inter_node_bandwidth_bytes_per_s > 0:
-        inter = spec.inter_node_bandwidth_bytes_per_s
-    if node is not None and args.gpus > node and inter is None:
-        where = f"the catalog has no figure for {spec.name}" if spec is not None else "unknown"
-        raise common.UsageError(
-            f"--gpus {args.gpus} spans nodes of {node} but the inter-node bandwidth is "
-            f"{where}: pass --inter-node-bandwidth (bytes/s per device, e.g. 50GB)"
-        )
-    if args.allreduce_bandwidth is not None:  # the link inside a node (TP, and DP within it)
-        import dataclasses
-
-        from autopipe.core.cluster import Cluster as _Cluster
-
-        if cluster is None:
-            cluster = _Cluster.homogeneous(args.gpus, profile.device, memory)
-        cluster = _Cluster(
-            [
-                dataclasses.replace(d, link_bandwidth_bytes_per_s=args.allreduce_bandwidth)
-                for d in cluster.devices
-            ]
-        )
-    gpus = None if cluster is not None else args.gpus
-    return plan(
-        profile,
-        gpus=gpus,
-        cluster=cluster,
-        memory_per_device=memory,
-        tensor_parallel=args.tensor_parallel or "auto",
-        data_parallel=args.data_parallel or "auto",
-        shard=args.shard or "auto",
-        gpus_per_node=node,
-        inter_node_bandwidth_bytes_per_s=inter,
-        **options,
-    )
-
-
-def _catalog_node_size(device: str | None) -> int | None:
-    """GPUs per node of the catalog device ``--device`` names (before any profiling), or None."""
-    from autopipe.core.catalog import get_device, is_catalog_device
-
-    if not device or common.device_list_counts(device) or not is_catalog_device(device):
-        return None
-    return get_device(device).gpus_per_node

@@ -27,8 +27,11 @@ def cmd_profile(args: argparse.Namespace) -> int:
     common.check_output_path(args.out, "--out", inputs=[args.model])
     common.check_output_path(args.json, "--json", inputs=[args.model])
     common.check_distinct_outputs((args.out, "--out"), (args.json, "--json"))
-    profile, _ = common.profile_model_file(args)
+    from autopipe import profiling
     from autopipe.report import format_profile
+
+    devices = common.device_flags(args)
+    profile = profiling.profile_model_file(args.model, devices, common.profile_request(args))
 
     if args.out:
         profile.save(args.out)

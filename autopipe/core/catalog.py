@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from autopipe.core.errors import AutopipeError
+from autopipe.core.errors import UsageError
 from autopipe.core.humanize import parse_bytes
 
 TERA = 1e12
@@ -64,7 +64,7 @@ DTYPE_ALIASES = {
 }
 
 
-class DeviceSpecError(AutopipeError, ValueError):
+class DeviceSpecError(UsageError, ValueError):
     """A device name or spec file is unknown or invalid."""
 
 

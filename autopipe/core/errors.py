@@ -2,10 +2,10 @@
 
 ``UsageError`` (bad input: a flag, a file, a model that cannot be planned as asked) and
 ``Failure`` (the input was fine, the work could not be done) sit under it; the CLI maps them to
-exit codes 2 and 1. The library's own errors (``PlanFormatError``, ``PlanningError``,
-``TraceError`` ...) derive from ``AutopipeError`` and keep the builtin base they always had
-(``ValueError``, ``RuntimeError``), so ``except ValueError`` still catches them; the commands
-say which of the two each one is where they catch it.
+exit codes 2 and 1. The library's own errors derive from one of the two (``PlanFormatError``,
+``TraceError``: usage; ``PlanningError``, ``PipelineRankError``: failures; ``RuleViolation``, a
+planning error the request caused, is both and exits 2) and keep the builtin base they always
+had (``ValueError``, ``RuntimeError``), so ``except ValueError`` still catches them.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from autopipe.core.errors import AutopipeError
+from autopipe.core.errors import UsageError
 
 LARGEST_PROFILE_VALUE = 1e30
 """The largest number a profile may hold (seconds, bytes, FLOPs, counts, the batch size):
@@ -24,7 +24,7 @@ and small enough that the planner's sums and products of such values (by batch r
 hand-edited 1e308 is refused on load instead of overflowing into infinite times."""
 
 
-class FieldError(AutopipeError, ValueError):
+class FieldError(UsageError, ValueError):
     """One field of a loaded profile or plan has a value it must not have.
 
     ``field`` is the field's path inside the file, e.g. ``units[3].forward_s``.

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from autopipe.core.datafile import atomic_write_json, check_version, known_fields, load_json_file
-from autopipe.core.errors import AutopipeError
+from autopipe.core.errors import UsageError
 from autopipe.core.fields import FieldError, check_dataclass, check_number
 from autopipe.core.humanize import format_seconds
 from autopipe.core.optimizer import AUTO, OPTIMIZERS, normalize_optimizer
@@ -34,7 +34,7 @@ __all__ = [
 ]
 
 
-class PlanFormatError(AutopipeError, ValueError):
+class PlanFormatError(UsageError, ValueError):
     """A plan file is not a valid autopipe plan."""
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from autopipe.core.datafile import atomic_write_json, check_version, known_fields, load_json_file
-from autopipe.core.errors import AutopipeError
+from autopipe.core.errors import UsageError
 from autopipe.core.fields import LARGEST_PROFILE_VALUE, FieldError, check_dataclass
 
 __all__ = [
@@ -27,7 +27,7 @@ __all__ = [
 PROFILE_VERSION = 1
 
 
-class ProfileFormatError(AutopipeError, ValueError):
+class ProfileFormatError(UsageError, ValueError):
     """A profile file is not a valid autopipe profile (corrupt, foreign or too old)."""
 
 

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from autopipe.core.errors import AutopipeError
+from autopipe.core.errors import UsageError
 
 __all__ = [
     "PHASES",
@@ -85,7 +85,7 @@ PHASE_LETTERS = {
 _PHASE_SET = frozenset(PHASES)
 
 
-class TimelineFormatError(AutopipeError, ValueError):
+class TimelineFormatError(UsageError, ValueError):
     """A timeline (a Chrome trace, or its tasks) cannot be read."""
 
 

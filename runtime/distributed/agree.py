@@ -31,11 +31,11 @@ from autopipe.runtime.distributed.failures import PipelineRankError, is_comm_fai
 from autopipe.runtime.planned_stages import PlannedStages
 from torch import fx, nn
 
-from autopipe.core.errors import AutopipeError
+from autopipe.core.errors import UsageError
 from autopipe.core.plan import Plan
 
 
-class PlanMismatchError(AutopipeError, ValueError):
+class PlanMismatchError(UsageError, ValueError):
     """The ranks loaded different plans or built different models."""
 
 

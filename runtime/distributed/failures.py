@@ -8,12 +8,12 @@ import re
 
 import torch.distributed as dist
 
-from autopipe.core.errors import AutopipeError
+from autopipe.core.errors import Failure
 
 __all__ = ["PipelineRankError", "is_comm_failure", "one_line", "short_cause"]
 
 
-class PipelineRankError(AutopipeError, RuntimeError):
+class PipelineRankError(Failure, RuntimeError):
     """A peer rank failed or stopped answering: this rank cannot continue."""
 
 

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from autopipe.core.errors import AutopipeError
+from autopipe.core.errors import UsageError
 
 
-class PlanWorldSizeError(AutopipeError, ValueError):
+class PlanWorldSizeError(UsageError, ValueError):
     """The number of launched processes does not fit the plan."""
 
 

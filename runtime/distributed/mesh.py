@@ -49,7 +49,7 @@ import torch.distributed as dist
 from autopipe.profiler.tensor_parallel import tp_pattern
 from torch import fx, nn
 
-from autopipe.core.errors import AutopipeError
+from autopipe.core.errors import UsageError
 from autopipe.core.plan import Plan
 from autopipe.core.vocabulary import MESH_DIM_NAMES, SPLIT_BACKWARD_SCHEDULES, TP_STYLES
 
@@ -68,7 +68,7 @@ __all__ = [
 ]
 
 
-class MeshPlanError(AutopipeError, ValueError):
+class MeshPlanError(UsageError, ValueError):
     """A mesh plan this runtime cannot run (one line saying what and how to fix it)."""
 
 

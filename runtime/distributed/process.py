@@ -10,7 +10,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from autopipe.core.errors import AutopipeError
+from autopipe.core.errors import UsageError
 
 DEFAULT_TIMEOUT_S = 300.0
 """Process-group timeout: a peer silent for this long makes every collective/recv raise."""
@@ -20,7 +20,7 @@ _LAUNCH_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 _world_timeout: timedelta | None = None
 
 
-class LaunchError(AutopipeError, RuntimeError):
+class LaunchError(UsageError, RuntimeError):
     """The process was not started by torchrun (or an equivalent launcher)."""
 
 
