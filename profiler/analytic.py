@@ -72,14 +72,14 @@ from torch.utils._pytree import tree_leaves, tree_map
 from tqdm.auto import tqdm
 
 from autopipe.core.catalog import DeviceSpec, get_device, normalize_dtype
-from autopipe.core.errors import AutopipeError
+from autopipe.core.errors import UsageError
 from autopipe.core.optimizer import normalize_optimizer, resolve_optimizer
 from autopipe.core.profile import Profile, UnitProfile
 
 _TORCH_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
-class AnalyticProfileError(AutopipeError, ValueError):
+class AnalyticProfileError(UsageError, ValueError):
     """The model or its inputs cannot be profiled analytically."""
 
 

@@ -85,14 +85,14 @@ from autopipe.profiler.units import UnitGraph, cut_tensors, trace_units
 from autopipe.profiler.weight_pass import reuse_reason, reused_parameters
 from torch import fx, nn
 
-from autopipe.core.errors import AutopipeError
+from autopipe.core.errors import UsageError
 from autopipe.core.optimizer import normalize_optimizer, resolve_optimizer
 from autopipe.core.profile import Profile, UnitProfile
 
 log = logging.getLogger("autopipe")
 
 
-class ProfilingError(AutopipeError, RuntimeError):
+class ProfilingError(UsageError, RuntimeError):
     """The model cannot be profiled as given (e.g. no output to drive backward)."""
 
 
@@ -136,8 +136,9 @@ def move_inputs(example_inputs: Any, device: torch.device, dtype: torch.dtype) -
     return map_tensors(move, example_inputs)
 
 
-def batch_size_of(example_inputs: Any) -> int:
-    """Size of dim 0 of the first tensor with at least one dimension."""
+def _batch_size(example_inputs: Any) -> int:
+    """Size of dim 0 of the first tensor with at least one dimension
+    (:func:`autopipe.profiler.inputs.batch_size_of`), as a :class:`ProfilingError`."""
     try:
         return inputs_convention.batch_size_of(example_inputs)
     except TypeError as exc:
@@ -175,7 +176,7 @@ def microbatch_sizes_to_profile(
     return sizes
 
 
-def loss_of(output: Any, inputs: Any, loss_fn: LossFn | None) -> torch.Tensor:
+def _loss(output: Any, inputs: Any, loss_fn: LossFn | None) -> torch.Tensor:
     """The objective (:func:`autopipe.profiler.objective.loss_of`: ``loss_fn`` or the
     default shared with both runtimes) as a :class:`ProfilingError` when there is none."""
     try:
@@ -606,11 +607,11 @@ class _Capture:
             )
             output = ug.unflatten_output(flat_out)
             try:  # refused here, at plan time, rather than by the runtime
-                inputs_convention.check_joinable_output(output, batch_size_of(inputs))
+                inputs_convention.check_joinable_output(output, _batch_size(inputs))
             except inputs_convention.OutputError as exc:
                 raise ProfilingError(str(exc)) from None
             self.counter.tag = "loss"  # the loss is computed by the last stage
-            loss_of(output, inputs, loss_fn)
+            _loss(output, inputs, loss_fn)
         return output, calls
 
     def before(self, index: int, _module: Any) -> None:
@@ -732,7 +733,7 @@ def _loss_step(output: Any, inputs: Any, loss_fn: LossFn | None) -> TimedStep:
     """The loss on the (detached) model ``output`` as a timed step: forward and backward."""
     out_leaves = [t for t in tensor_leaves(output) if t.requires_grad]
     return TimedStep(
-        lambda: loss_of(output, inputs, loss_fn),
+        lambda: _loss(output, inputs, loss_fn),
         lambda loss: loss.backward(),
         _zero_grads(out_leaves),
     )
@@ -812,7 +813,7 @@ def whole_model_saved_bytes(model: nn.Module, inputs: Any, loss_fn: LossFn | Non
     """
     counter = SavedTensorCounter(exclude=parameter_storages(model))
     with counter.counting():
-        loss_of(call_model(model, inputs), inputs, loss_fn)
+        _loss(call_model(model, inputs), inputs, loss_fn)
     return counter.total_bytes
 
 
@@ -823,7 +824,7 @@ def whole_model_step(
     it saves for backward (``whole_model_saved_bytes``)."""
     params = [p for p in model.parameters() if p.requires_grad]
     step = TimedStep(
-        lambda: loss_of(call_model(model, inputs), inputs, loss_fn),
+        lambda: _loss(call_model(model, inputs), inputs, loss_fn),
         lambda loss: loss.backward(),
         _zero_grads(params),
     )
@@ -989,7 +990,7 @@ def _setup(model: nn.Module, example_inputs: Any, opts: MeasureOptions) -> _Setu
     element_bytes = torch.tensor([], dtype=dt).element_size()
     resolved_optimizer = resolve_optimizer(optimizer, element_bytes)
     inputs = move_inputs(example_inputs, dev, dt)
-    big_b = batch_size_of(inputs)
+    big_b = _batch_size(inputs)
     sizes = microbatch_sizes_to_profile(big_b, opts.microbatch_sizes)
     threads = opts.threads
     if threads is None and dev.type == "cpu":

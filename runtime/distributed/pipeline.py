@@ -66,7 +66,7 @@ from torch.distributed.pipelining import PipelineStage
 from torch.distributed.tensor import DTensor
 from torch.utils import _pytree as pytree
 
-from autopipe.core.errors import AutopipeError
+from autopipe.core.errors import UsageError
 from autopipe.core.plan import Plan
 from autopipe.core.vocabulary import (
     LOOP_SCHEDULES,
@@ -79,7 +79,7 @@ MULTI_STAGE = frozenset(LOOP_SCHEDULES + V_SHAPE_SCHEDULES)
 """Schedules whose class takes the list of a rank's chunks (``PipelineScheduleMulti``)."""
 
 
-class ScheduleRuleError(AutopipeError, ValueError):
+class ScheduleRuleError(UsageError, ValueError):
     """The plan breaks a rule of its schedule (one line naming the rule, the planner's
     pre-flight: :mod:`autopipe.planner.preflight`), or torch's constructor refused it."""
 
