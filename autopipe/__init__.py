@@ -18,6 +18,7 @@ _LAZY = {
     "UnitProfile": ("autopipe.core.profile", "UnitProfile"),
     "load_profile": ("autopipe.profiler", "load_profile"),
     "plan": ("autopipe.planner", "plan"),
+    "PlanRequest": ("autopipe.core.request", "PlanRequest"),
     "Plan": ("autopipe.core.plan", "Plan"),
     "StagePlan": ("autopipe.core.plan", "StagePlan"),
     "load_plan": ("autopipe.core.plan", "load_plan"),

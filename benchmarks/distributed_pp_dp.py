@@ -21,6 +21,7 @@ from autopipe.planner.data_parallel import choose_pipeline_data_parallel  # noqa
 from autopipe.profiler.analytic import profile_analytic  # noqa: E402
 
 from autopipe.core.catalog import get_device  # noqa: E402
+from autopipe.core.request import PlanRequest
 
 DEVICES = 16
 BATCH = 64
@@ -41,7 +42,8 @@ def main() -> None:
 
     def make_plan(stages: int, batch: int):  # noqa: ANN202
         return plan(
-            profile, gpus=stages, batch_size=batch, memory_per_device=memory, checkpoint="auto"
+            profile,
+            PlanRequest(gpus=stages, batch_size=batch, memory_per_device=memory, checkpoint="auto"),
         )
 
     for link, bandwidth in LINKS.items():

@@ -202,8 +202,12 @@ def check_unit_peaks(s: Setup) -> Row:
 def check_whole_memory(s: Setup) -> Row:
     from autopipe.planner import plan
 
+    from autopipe.core.request import PlanRequest
+
     p = measured_profile(s)
-    one = plan(p, 1, microbatches=1, checkpoint="never", optimizer="sgd", baselines=False)
+    one = plan(
+        p, PlanRequest(gpus=1, microbatches=1, checkpoint="never", optimizer="sgd", baselines=False)
+    )
     predicted = one.stages[0].memory_bytes
     row = Row("whole-model peak memory", target="|err| <= 25%", reference=_mib(predicted))
     if s.device.type != "cuda":
@@ -248,10 +252,16 @@ def check_parallelize(s: Setup) -> tuple[Row, Row]:
     from autopipe.planner import plan
 
     from autopipe.bench import run_bench
+    from autopipe.core.request import PlanRequest
 
     p = measured_profile(s)
     k = min(s.stages, len(p.units))
-    k_plan = plan(p, k, microbatches=2 * k, checkpoint="never", optimizer="sgd", baselines=False)
+    k_plan = plan(
+        p,
+        PlanRequest(
+            gpus=k, microbatches=2 * k, checkpoint="never", optimizer="sgd", baselines=False
+        ),
+    )
     devices = [str(s.device)] * k
     memory = Row("parallelize memory", target="|err| <= 30%")
     predicted_memory = sum(st.memory_bytes for st in k_plan.stages)

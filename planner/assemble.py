@@ -217,18 +217,12 @@ def build_plan(
         profile_mode=profile.mode,
         baselines=baselines,
         notes=notes,
-        meta={
-            "algorithm": part.algorithm,
-            "bottleneck_s": times[bott],
-            "min_bottleneck_s": min(best.min_bottleneck_s, times[bott]),
-            "frontier": best.frontier,
-            "refinement": best.refinement,
-            "single_device_time_s": single_s,
-            "checkpoint_mode": checkpoint,
-            "headroom": cm.headroom,
-            "state_bytes_per_parameter": cm.state_factor * max(int(profile.bytes_per_parameter), 1),
-            "candidates": [c.summary() for c in candidates],
-        },
+        partition_algorithm=part.algorithm,
+        bottleneck_s=times[bott],
+        min_bottleneck_s=min(best.min_bottleneck_s, times[bott]),
+        single_device_time_s=single_s,
+        candidates=[c.summary() for c in candidates],
+        meta={"frontier": best.frontier, "refinement": best.refinement},
     )
 
 

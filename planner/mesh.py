@@ -45,6 +45,7 @@ from autopipe.planner.search import (
 from autopipe.core.cluster import Cluster, Device
 from autopipe.core.humanize import format_bytes, format_seconds
 from autopipe.core.plan import Plan
+from autopipe.core.plan_records import MeshReport, MeshRow
 from autopipe.core.profile import Profile
 from autopipe.core.request import PlanRequest
 from autopipe.core.vocabulary import SHARD_MODES
@@ -93,24 +94,24 @@ class MeshCandidate:
         busy = self.compute_s + self.tp_comm_s + self.gather_s + self.recompute_s
         return max(self.pipeline_s - busy, 0.0)
 
-    def row(self) -> dict[str, Any]:
-        """The JSON row kept in ``Plan.meta["mesh"]["candidates"]``."""
-        return {
-            "pp": self.pp,
-            "dp": self.dp,
-            "tp": self.tp,
-            "shard": self.shard,
-            "step_s": self.step_s if math.isfinite(self.step_s) else None,
-            "pipeline_s": self.pipeline_s if math.isfinite(self.pipeline_s) else None,
-            "dp_comm_s": self.dp_comm_s,
-            "gather_s": self.gather_s,
-            "tp_comm_s": self.tp_comm_s,
-            "bubble_s": self.bubble_s if self.plan is not None else None,
-            "peak_bytes": self.peak_bytes or None,
-            "lower_bound_s": self.lower_bound_s,
-            "searched": self.searched,
-            "reason": self.reason,
-        }
+    def row(self) -> MeshRow:
+        """The row kept in ``Plan.mesh.candidates``."""
+        return MeshRow(
+            pp=self.pp,
+            dp=self.dp,
+            tp=self.tp,
+            shard=self.shard,
+            step_s=self.step_s if math.isfinite(self.step_s) else None,
+            pipeline_s=self.pipeline_s if math.isfinite(self.pipeline_s) else None,
+            dp_comm_s=self.dp_comm_s,
+            gather_s=self.gather_s,
+            tp_comm_s=self.tp_comm_s,
+            bubble_s=self.bubble_s if self.plan is not None else None,
+            peak_bytes=self.peak_bytes or None,
+            lower_bound_s=self.lower_bound_s,
+            searched=self.searched,
+            reason=self.reason,
+        )
 
 
 def _divisors(n: int) -> list[int]:
@@ -310,7 +311,7 @@ def plan_mesh(
     (per-device stage figures) with ``tensor_parallel``, ``replicas``, ``shard`` and
     ``tp_plan`` set, ``iteration_time_s`` the step (pipeline + exposed DP communication),
     ``throughput`` over the global batch, its peak memory per device in ``rank_peak_bytes``
-    (gather buffers included), and every mesh tried in ``meta["mesh"]["candidates"]`` (best
+    (gather buffers included), and every mesh tried in ``Plan.mesh.candidates`` (best
     first, each with why it loses).
     Raises ``RuleViolation`` for a bad request, ``PlanningError`` when no mesh fits."""
 
@@ -403,8 +404,8 @@ def plan_mesh(
     assert out is not None
     out.replicas, out.tensor_parallel, out.shard = best.dp, best.tp, best.shard
     out.tp_plan = dict(profile.tp_plan) if best.tp > 1 else {}
-    out.meta["pipeline_iteration_s"] = best.pipeline_s
-    out.meta["allreduce_s"] = best.dp_comm_s
+    out.pipeline_iteration_s = best.pipeline_s
+    out.allreduce_s = best.dp_comm_s
     out.iteration_time_s = best.step_s
     out.throughput = batch / best.step_s if best.step_s > 0 else math.inf
     out.optimizer = optimizer
@@ -414,19 +415,19 @@ def plan_mesh(
     # one device would run the whole global batch, every unit unsplit
     one_device_s = _work_s(profile, batch) / template.speed
     out.speedup = one_device_s / best.step_s if best.step_s > 0 else 1.0
-    out.meta["mesh"] = {
-        "gpus": n,
-        "gpus_per_node": node,
-        "intra_node_bandwidth_bytes_per_s": intra if math.isfinite(intra) else None,
-        "inter_node_bandwidth_bytes_per_s": inter if math.isfinite(inter) else None,
-        "peak_bytes": best.peak_bytes,
-        "gather_buffer_bytes": gather_buffer_bytes(profile, best.tp, best.shard, best.dp),
-        "device_state_bytes_per_parameter": sharded_state_bytes_per_parameter(
+    out.mesh = MeshReport(
+        gpus=n,
+        gpus_per_node=node,
+        intra_node_bandwidth_bytes_per_s=intra if math.isfinite(intra) else None,
+        inter_node_bandwidth_bytes_per_s=inter if math.isfinite(inter) else None,
+        peak_bytes=best.peak_bytes,
+        gather_buffer_bytes=gather_buffer_bytes(profile, best.tp, best.shard, best.dp),
+        device_state_bytes_per_parameter=sharded_state_bytes_per_parameter(
             state_bpp, size, best.shard, best.dp
         ),
-        "tp_comm_s": best.tp_comm_s,
-        "candidates": [c.row() for c in sorted(cands, key=_rank)],
-    }
+        tp_comm_s=best.tp_comm_s,
+        candidates=[c.row() for c in sorted(cands, key=_rank)],
+    )
     searched = sum(c.searched for c in cands)
     out.notes.append(
         f"mesh pp {best.pp} x dp {best.dp} x tp {best.tp} (shard {best.shard}) of {n} GPUs: "

@@ -143,14 +143,18 @@ def parallelize(
     if plan is None:
         from autopipe.planner import plan as make_plan
 
+        from autopipe.core.request import PlanRequest
+
         profile = _measure(model, example_inputs, granularity, profile_options or {})
         plan = make_plan(
             profile,
-            gpus=len(devs),
-            batch_size=batch_size,
-            microbatches=microbatches,
-            memory_per_device=memory_per_device,
-            checkpoint=checkpoint,
+            PlanRequest(
+                gpus=len(devs),
+                batch_size=batch_size,
+                microbatches=microbatches,
+                memory_per_device=memory_per_device,
+                checkpoint=checkpoint,
+            ),
         )
     _refuse_mesh(plan)  # a plan made here, too: the planner may have chosen a mesh
     if plan.virtual_stages > 1:

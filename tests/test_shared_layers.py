@@ -40,6 +40,7 @@ from torch.utils import _pytree as pytree
 from autopipe import cli
 from autopipe.core.plan import Plan, load_plan
 from autopipe.core.profile import Profile
+from autopipe.core.request import PlanRequest
 
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = Path(models.__file__).resolve()
@@ -209,7 +210,7 @@ def test_parallelize_equals_the_plain_model(name: str) -> None:
 
 @pytest.mark.parametrize("name", NAMES)
 def test_parallelize_cut_between_calls_equals_the_plain_model(name: str) -> None:
-    planned = make_plan(_quick_profile(name), gpus=4, microbatches=4)
+    planned = make_plan(_quick_profile(name), PlanRequest(gpus=4, microbatches=4))
     _check_parallelized(name, _cut_between_calls(planned, name))
 
 
@@ -238,9 +239,11 @@ def torchrun_runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
         if name not in profiles:
             profiles[name] = _quick_profile(name)
         plan = make_plan(
-            profiles[name], gpus=2, microbatches=4, optimizer="sgd", schedule=schedule,
-            virtual_stages=v,
-        )  # fmt: skip
+            profiles[name],
+            PlanRequest(
+                gpus=2, microbatches=4, optimizer="sgd", schedule=schedule, virtual_stages=v
+            ),
+        )
         if cut is not None:
             plan = zoo.recut(plan, cut)
         plan.save(out / f"{case}.plan.json")

@@ -22,6 +22,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import flop_registry
 
 from autopipe.core.profile import Profile
+from autopipe.core.request import PlanRequest
 
 FAST = {"progress": False, "microbatch_sizes": ()}
 
@@ -125,7 +126,7 @@ def test_same_plan_from_profiles_with_different_clock_noise() -> None:
     x = torch.randn(4, 8, d)
 
     def balance(p: Profile) -> tuple[int, ...]:
-        return tuple(plan(p, 4, microbatches=2, baselines=False).balance)
+        return tuple(plan(p, PlanRequest(gpus=4, microbatches=2, baselines=False)).balance)
 
     shared = [noisy_profile(model, x, seed) for seed in (1, 2, 3)]
     for p in shared:

@@ -7,6 +7,7 @@ import warnings
 from typing import TYPE_CHECKING, Any
 
 from autopipe.cli import common
+from autopipe.core.request import PlanRequest
 from autopipe.core.vocabulary import PLAN_SCHEDULES, SHARD_MODES
 from autopipe.planner.emit import EMIT_FORMATS, EmitError, emit
 
@@ -260,7 +261,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
         elif args.data_parallel:
             result = _plan_data_parallel(profile, args, cluster, memory, options)
         else:
-            result = plan(profile, gpus=gpus, memory_per_device=memory, cluster=cluster, **options)
+            result = plan(
+                profile,
+                PlanRequest(gpus=gpus, memory_per_device=memory, cluster=cluster, **options),
+            )
     except RuleViolation as exc:  # a schedule, V or M torch would refuse: bad input
         raise common.UsageError(str(exc)) from exc
     except PlanningError as exc:
@@ -276,17 +280,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
         rows = scaling_report(
             profile,
             args.gpus,
+            PlanRequest(memory_per_device=memory, **options),
             device=cluster.devices[0] if cluster is not None else None,
-            memory_per_device=memory,
-            batch_size=args.batch_size,
-            microbatches=args.microbatches,
-            schedule=args.schedule,
-            virtual_stages=args.virtual_stages,
-            checkpoint=args.checkpoint,
-            optimizer=args.optimizer or "auto",
-            bytes_per_parameter=args.bytes_per_parameter,
         )
-        result.meta["scaling"] = rows
+        result.meta["scaling"] = rows  # a note for people: nothing reads it back
         common.say(args, "\n" + format_scaling(rows))
     emitted = None
     if args.emit:
@@ -297,7 +294,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.save_profile:  # only once the request is accepted: a refusal writes nothing
         profile.save(args.save_profile)
     if args.plot:
-        from autopipe.viz import VIZ_META_KEY, collect_plot_data, plot_all, too_many_tasks
+        from autopipe.viz import collect_plot_data, plot_all, too_many_tasks
 
         too_many = too_many_tasks(result)
         if too_many is not None:  # the plan itself is fine: keep it, skip only the plots
@@ -306,10 +303,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
             data = collect_plot_data(result, profile)
             paths = plot_all(result, args.plot, plot_data=data, progress=not args.quiet)
             # Kept in the plan written below, so `autopipe plot PLAN.json` redraws all five.
-            result.meta[VIZ_META_KEY] = data
+            result.plot_data = data
             common.say(args, "plots: " + ", ".join(str(p) for p in paths))
     # The profile travels with the plan: `autopipe plot` and tools can re-plan from it.
-    result.meta.setdefault("profile", profile.to_dict())
+    if result.profile is None:
+        result.profile = profile
     common.emit_json(result.to_dict(), args.json)
     if emitted is not None:
         common.emit_text(emitted, args.emit_out)
@@ -411,11 +409,10 @@ def _plan_data_parallel(
     return plan_data_parallel(
         profile,
         args.gpus,
+        PlanRequest(memory_per_device=memory, **options),
         replicas=args.data_parallel,
         allreduce_bandwidth_bytes_per_s=bandwidth,
         device=device,
-        memory_per_device=memory,
-        **options,
     )
 
 
@@ -473,15 +470,17 @@ def _plan_mesh(
     gpus = None if cluster is not None else args.gpus
     return plan(
         profile,
-        gpus=gpus,
-        cluster=cluster,
-        memory_per_device=memory,
-        tensor_parallel=args.tensor_parallel or "auto",
-        data_parallel=args.data_parallel or "auto",
-        shard=args.shard or "auto",
-        gpus_per_node=node,
-        inter_node_bandwidth_bytes_per_s=inter,
-        **options,
+        PlanRequest(
+            gpus=gpus,
+            cluster=cluster,
+            memory_per_device=memory,
+            tensor_parallel=args.tensor_parallel or "auto",
+            data_parallel=args.data_parallel or "auto",
+            shard=args.shard or "auto",
+            gpus_per_node=node,
+            inter_node_bandwidth_bytes_per_s=inter,
+            **options,
+        ),
     )
 
 

@@ -1,7 +1,7 @@
 """The planning request: everything ``plan`` is asked besides the profile, as one typed value.
 
-Torch-free. A :class:`PlanRequest` is what the CLI's flags, ``autopipe.plan(...)``'s keywords
-and ``parallelize`` all build, what the planner reads, and what a Plan records in
+Torch-free. A :class:`PlanRequest` is what the CLI's flags, the Python API
+(``autopipe.plan(profile, PlanRequest(gpus=4))``) and ``parallelize`` all build, what the planner reads, and what a Plan records in
 ``Plan.request``, so a plan can be made again with one thing changed::
 
     again = plan(profile, dataclasses.replace(old.request, microbatches=8))
