@@ -26,6 +26,9 @@ from autopipe.runtime.pipeline import Pipeline
 from torch import nn
 
 from autopipe.core.errors import AutopipeError
+from autopipe.core.plan import Plan
+from autopipe.core.profile import Profile
+from autopipe.core.vocabulary import DEFAULT_CHECKPOINT
 
 __all__ = ["PLAN_CHECKPOINT_MODES", "parallelize", "resolve_devices", "stage_flags"]
 
@@ -34,7 +37,7 @@ PLAN_CHECKPOINT_MODES = CHECKPOINT_MODES
 
 
 def resolve_devices(
-    devices: Sequence[torch.device | str | int] | None, gpus: int | None, plan: Any
+    devices: Sequence[torch.device | str | int] | None, gpus: int | None, plan: Plan | None
 ) -> list[torch.device]:
     """Explicit devices, else the first K CUDA devices, else K copies of the CPU.
 
@@ -64,7 +67,7 @@ def resolve_devices(
     return [torch.device("cpu")] * (count or 1)
 
 
-def stage_flags(plan: Any, checkpoint: str) -> list[bool]:
+def stage_flags(plan: Plan, checkpoint: str) -> list[bool]:
     """Per-stage re-materialization: the plan's flags for ``"auto"``, else the mode's
     (``"except_last"`` spares the last stage, as the planner models it)."""
     return stage_checkpoints(checkpoint, [bool(s.checkpoint) for s in plan.stages])
@@ -72,7 +75,7 @@ def stage_flags(plan: Any, checkpoint: str) -> list[bool]:
 
 def _measure(
     model: nn.Module, example_inputs: Any, granularity: str, options: dict[str, Any]
-) -> Any:
+) -> Profile:
     from autopipe.profiler.measure import profile
 
     return profile(model, example_inputs, granularity=granularity, **options)
@@ -83,12 +86,11 @@ class PlanNeedsRanksError(AutopipeError, ValueError):
     sharded training state."""
 
 
-def one_process_refusal(plan: Any) -> str | None:
+def one_process_refusal(plan: Plan) -> str | None:
     """Why the one-process executor cannot run ``plan`` (one line), or None. It runs every
     stage whole on its own device in one process: no tensor-parallel group to split a layer
     over (T > 1) and no data-parallel replicas to shard the training state over."""
-    tensor_parallel = int(getattr(plan, "tensor_parallel", 1) or 1)
-    shard = str(getattr(plan, "shard", "none") or "none")
+    tensor_parallel, shard = plan.tensor_parallel, plan.shard
     if tensor_parallel > 1:
         return (
             f"the plan splits layers over tensor-parallel degree {tensor_parallel}, which "
@@ -104,7 +106,7 @@ def one_process_refusal(plan: Any) -> str | None:
     return None
 
 
-def _refuse_mesh(plan: Any) -> None:
+def _refuse_mesh(plan: Plan) -> None:
     refusal = one_process_refusal(plan)
     if refusal is not None:
         raise PlanNeedsRanksError(refusal)
@@ -118,8 +120,8 @@ def parallelize(
     gpus: int | None = None,
     batch_size: int | None = None,
     microbatches: int | str = "auto",
-    checkpoint: str = "auto",
-    plan: Any = None,
+    checkpoint: str = DEFAULT_CHECKPOINT,
+    plan: Plan | None = None,
     granularity: str = "block",
     memory_per_device: int | None = None,
     profile_options: dict[str, Any] | None = None,

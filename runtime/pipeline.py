@@ -33,6 +33,8 @@ from autopipe.runtime.tied import TiedReplicas
 from autopipe.runtime.timeline import Clock, Timeline, TimelineRecorder
 from torch import fx, nn
 
+from autopipe.core.plan import Plan
+
 __all__ = ["Pipeline"]
 
 
@@ -66,7 +68,7 @@ class Pipeline(nn.Module):
         checkpoint: Sequence[bool] | None = None,
         bind_inputs: Callable[[tuple[Any, ...], dict[str, Any]], list[Any]] | None = None,
         unflatten_output: Callable[[Any], Any] | None = None,
-        plan: Any = None,
+        plan: Plan | None = None,
         deferred_batch_norm: bool = False,
         static_microbatch_size: int | None = None,
         label_items: LabelItems | None = None,
@@ -97,7 +99,7 @@ class Pipeline(nn.Module):
         *,
         microbatches: int,
         checkpoint: Sequence[bool] | None,
-        plan: Any = None,
+        plan: Plan | None = None,
         deferred_batch_norm: bool = False,
     ) -> Pipeline:
         """A pipeline over the stage graphs of :func:`autopipe.runtime.partition.partition`."""
@@ -134,7 +136,7 @@ class Pipeline(nn.Module):
         checkpoint: Sequence[bool] | None,
         bind_inputs: Callable[[tuple[Any, ...], dict[str, Any]], list[Any]] | None,
         unflatten_output: Callable[[Any], Any] | None,
-        plan: Any,
+        plan: Plan | None,
         deferred_batch_norm: bool,
         static_microbatch_size: int | None,
         label_items: LabelItems,

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from autopipe.cli import common
 from autopipe.core.request import PlanRequest
-from autopipe.core.vocabulary import PLAN_SCHEDULES, SHARD_MODES
+from autopipe.core.vocabulary import DEFAULT_CHECKPOINT, PLAN_SCHEDULES, SHARD_MODES
 from autopipe.planner.emit import EMIT_FORMATS, EmitError, emit
 
 if TYPE_CHECKING:
@@ -58,7 +58,7 @@ def register(sub: common.Subparsers) -> None:
     p.add_argument(
         "--checkpoint",
         choices=["never", "auto", "always", "except_last"],
-        default="auto",
+        default=DEFAULT_CHECKPOINT,
         help="re-materialization (default: auto, only where memory needs it)",
     )
     p.add_argument(
