@@ -313,22 +313,59 @@ def plan_mesh(
     ``throughput`` over the global batch, its peak memory per device in ``rank_peak_bytes``
     (gather buffers included), and every mesh tried in ``Plan.mesh.candidates`` (best
     first, each with why it loses).
-    Raises ``RuleViolation`` for a bad request, ``PlanningError`` when no mesh fits."""
+    Raises ``RuleViolation`` for a bad request, ``PlanningError`` when no mesh fits.
+    Steps: the devices, their nodes and links, the meshes to weigh, the search over them,
+    the winner as a Plan."""
+    n, template = _mesh_devices(profile, request)
+    batch = _positive_int(
+        "batch_size", profile.batch_size if request.batch_size is None else request.batch_size
+    )
+    topology = _topology(request, n, template)
+    cands = mesh_candidates(
+        profile, n, batch,
+        tensor_parallel=request.tensor_parallel, data_parallel=request.data_parallel,
+        shard=request.shard, gpus_per_node=topology.gpus_per_node,
+    )  # fmt: skip
+    optimizer, state_bpp = training_state(profile, request.optimizer, request.bytes_per_parameter)
+    search = _MeshSearch(profile, request, template, topology, batch, state_bpp)
+    best = search.best_of(cands)
+    if best is None:
+        raise _no_mesh_error(cands, n, template)
+    _explain_losses(cands, best)
+    out = _winning_plan(profile, request, best, template, batch, optimizer, state_bpp)
+    out.mesh = _mesh_report(profile, cands, best, topology, n, state_bpp)
+    searched = sum(c.searched for c in cands)
+    out.notes.append(
+        f"mesh pp {best.pp} x dp {best.dp} x tp {best.tp} (shard {best.shard}) of {n} GPUs: "
+        f"pipeline {best.pipeline_s * 1e3:.4g} ms + exposed DP communication "
+        f"{best.dp_comm_s * 1e3:.4g} ms per step; {searched} of {len(cands)} meshes searched, "
+        "the rest could not win or fit"
+    )
+    if profile.tp_note and not profile.tp_plan:
+        out.notes.append(f"tensor parallelism not considered: {profile.tp_note}")
+    elif profile.tp_note and best.tp > 1:
+        out.notes.append(profile.tp_note)  # what stays whole on every TP rank
+    return out
 
-    inner = plan_pipeline
+
+def _mesh_devices(profile: Profile, request: PlanRequest) -> tuple[int, Device]:
+    """N and the one device every mesh position has (the request's equal cluster, or N of
+    the profile's device), its memory filled from ``memory_per_device`` when unknown."""
     if request.cluster is not None:
         devices = request.cluster.devices
         if any(dataclasses.astuple(d) != dataclasses.astuple(devices[0]) for d in devices):
             raise RuleViolation("mesh: a mesh plan needs equal devices; drop the device list")
-        n, template = len(devices), devices[0]
+        template = devices[0]
         if request.memory_per_device is not None and template.memory_bytes is None:
             template = dataclasses.replace(template, memory_bytes=request.memory_per_device)
-    else:
-        n = _positive_int("gpus", request.gpus)
-        template = Device(profile.device, request.memory_per_device)
-    batch = _positive_int(
-        "batch_size", profile.batch_size if request.batch_size is None else request.batch_size
-    )
+        return len(devices), template
+    return _positive_int("gpus", request.gpus), Device(profile.device, request.memory_per_device)
+
+
+def _topology(request: PlanRequest, n: int, template: Device) -> Topology:
+    """The nodes (``gpus_per_node``, default: all N in one) and their links: the device's
+    link inside a node, ``inter_node_bandwidth_bytes_per_s`` between nodes (required when N
+    spans nodes)."""
     node = request.gpus_per_node or n
     if node < 1:
         raise RuleViolation(f"mesh: gpus_per_node={node} must be a positive integer")
@@ -341,65 +378,104 @@ def plan_mesh(
             "(inter_node_bandwidth_bytes_per_s, --inter-node-bandwidth)"
         )
     inter = request.inter_node_bandwidth_bytes_per_s or intra
-    topology = Topology(node, intra, inter, template.link_latency_s, template.link_latency_s)
-    cands = mesh_candidates(
-        profile, n, batch,
-        tensor_parallel=request.tensor_parallel, data_parallel=request.data_parallel,
-        shard=request.shard, gpus_per_node=node,
-    )  # fmt: skip
-    optimizer, state_bpp = training_state(profile, request.optimizer, request.bytes_per_parameter)
-    size = max(int(profile.bytes_per_parameter), 1)
-    base = dataclasses.replace(
-        request, tensor_parallel=1, data_parallel=1, shard="none", gpus=None, cluster=None,
-        memory_per_device=None, gpus_per_node=None, inter_node_bandwidth_bytes_per_s=None,
-        optimizer="auto",
-    )  # fmt: skip
-    shares: dict[int, Profile] = {}
+    return Topology(node, intra, inter, template.link_latency_s, template.link_latency_s)
 
-    def device_of(c: MeshCandidate) -> Profile:
+
+class _MeshSearch:
+    """The pipeline search run mesh by mesh, cheapest lower bound first, skipping the meshes
+    that cannot win (their bound is slower than the best step found, or ZeRO-2's twin
+    already shows they cannot fit or cannot be faster)."""
+
+    def __init__(
+        self,
+        profile: Profile,
+        request: PlanRequest,
+        template: Device,
+        topology: Topology,
+        batch: int,
+        state_bpp: float,
+    ) -> None:
+        self.profile, self.request, self.template = profile, request, template
+        self.topology, self.batch, self.state_bpp = topology, batch, state_bpp
+        # every mesh searches its pipeline with the request's pipeline fields only
+        self.base = dataclasses.replace(
+            request, tensor_parallel=1, data_parallel=1, shard="none", gpus=None, cluster=None,
+            memory_per_device=None, gpus_per_node=None, inter_node_bandwidth_bytes_per_s=None,
+            optimizer="auto",
+        )  # fmt: skip
+        self.microbatches = _microbatch_candidates(request.microbatches)
+        self.shares: dict[int, Profile] = {}
+
+    def device_of(self, c: MeshCandidate) -> Profile:
         """One device's share without the per-micro-batch gathers of ``parameters`` (they
         depend on the micro-batch size: :func:`_search` adds them per M); without them it
         bounds every sharding from below."""
-        if c.tp not in shares:
-            shares[c.tp] = device_profile(profile, c.tp, topology)
-        return shares[c.tp]
+        if c.tp not in self.shares:
+            self.shares[c.tp] = device_profile(self.profile, c.tp, self.topology)
+        return self.shares[c.tp]
 
-    ms = _microbatch_candidates(request.microbatches)
-    single = request.schedule in ("gpipe", "1f1b")  # one chunk per rank: fill and drain
-    for c in cands:
-        c.lower_bound_s = mesh_lower_bound_s(profile, device_of(c), c, batch, topology, ms, single)
-        if c.pp > len(profile.units):
-            c.reason = f"{c.pp} stages need {c.pp} units; the model has {len(profile.units)}"
-    zero2 = {c.shape: c for c in cands if c.shard == "gradients"}
-    best: MeshCandidate | None = None
-    for c in sorted(cands, key=lambda c: (c.lower_bound_s, c.tp, c.shard != "none")):
-        if c.reason:
-            continue
+    def best_of(self, cands: list[MeshCandidate]) -> MeshCandidate | None:
+        """The fastest mesh that fits (None if none does); every other candidate gets its
+        ``reason`` when it was not searched."""
+        profile = self.profile
+        single = self.request.schedule in ("gpipe", "1f1b")  # one chunk per rank: fill, drain
+        for c in cands:
+            c.lower_bound_s = mesh_lower_bound_s(
+                profile, self.device_of(c), c, self.batch, self.topology, self.microbatches,
+                single,
+            )  # fmt: skip
+            if c.pp > len(profile.units):
+                c.reason = f"{c.pp} stages need {c.pp} units; the model has {len(profile.units)}"
+        zero2 = {c.shape: c for c in cands if c.shard == "gradients"}
+        best: MeshCandidate | None = None
+        for c in sorted(cands, key=lambda c: (c.lower_bound_s, c.tp, c.shard != "none")):
+            if c.reason or self._ruled_out(c, best, zero2):
+                continue
+            cutoff = best.step_s if best is not None else math.inf
+            _search(
+                c, plan_pipeline, profile, self.device_of(c), self.base, self.template,
+                self.topology, self.batch, self.state_bpp, self.microbatches, cutoff,
+            )  # fmt: skip
+            if c.plan is not None and (best is None or c.step_s < best.step_s):
+                best = c
+        return best
+
+    def _ruled_out(
+        self,
+        c: MeshCandidate,
+        best: MeshCandidate | None,
+        zero2: dict[tuple[int, int, int], MeshCandidate],
+    ) -> bool:
+        """Whether ``c`` cannot win without being searched (its ``reason`` then says why)."""
         if best is not None and c.lower_bound_s >= best.step_s:
             c.reason = "cannot beat the best (its lower bound is slower)"
-            continue
+            return True
         twin = zero2.get(c.shape) if c.shard in ("none", "optimizer") else None
         if twin is not None and twin.searched and twin.plan is None and twin.min_memory_bytes:
             # the same pipeline with more training state per device: no cut fits either
             c.reason = f"memory: needs more than ZeRO-2's {format_bytes(twin.min_memory_bytes)}"
-            continue
-        if twin is not None and twin.plan is not None and request.strategy == "dp":
+            return True
+        if twin is not None and twin.plan is not None and self.request.strategy == "dp":
             # ZeRO-2 runs the same device profile in less memory (the exact search's best
             # cut can only be as fast or faster) with no more DP communication
             c.lower_bound_s = max(c.lower_bound_s, twin.step_s)
             if best is not None and c.lower_bound_s >= best.step_s:
                 c.reason = "dominated: gradients (ZeRO-2) is as fast in less memory"
-                continue
-        cutoff = best.step_s if best is not None else math.inf
-        _search(
-            c, inner, profile, device_of(c), base, template, topology, batch, state_bpp, ms,
-            cutoff,
-        )  # fmt: skip
-        if c.plan is not None and (best is None or c.step_s < best.step_s):
-            best = c
-    if best is None:
-        raise _no_mesh_error(cands, n, template)
-    _explain_losses(cands, best)
+                return True
+        return False
+
+
+def _winning_plan(
+    profile: Profile,
+    request: PlanRequest,
+    best: MeshCandidate,
+    template: Device,
+    batch: int,
+    optimizer: str,
+    state_bpp: float,
+) -> Plan:
+    """``best``'s pipeline plan as the mesh's plan: its mesh, step, throughput over the
+    global batch, training state, request and speedup over one device."""
     out = best.plan
     assert out is not None
     out.replicas, out.tensor_parallel, out.shard = best.dp, best.tp, best.shard
@@ -415,9 +491,23 @@ def plan_mesh(
     # one device would run the whole global batch, every unit unsplit
     one_device_s = _work_s(profile, batch) / template.speed
     out.speedup = one_device_s / best.step_s if best.step_s > 0 else 1.0
-    out.mesh = MeshReport(
+    return out
+
+
+def _mesh_report(
+    profile: Profile,
+    cands: list[MeshCandidate],
+    best: MeshCandidate,
+    topology: Topology,
+    n: int,
+    state_bpp: float,
+) -> MeshReport:
+    """The chosen mesh's nodes, links and memory, and every mesh weighed, best first."""
+    intra, inter = topology.intra_bandwidth_bytes_per_s, topology.inter_bandwidth_bytes_per_s
+    size = max(int(profile.bytes_per_parameter), 1)
+    return MeshReport(
         gpus=n,
-        gpus_per_node=node,
+        gpus_per_node=topology.gpus_per_node,
         intra_node_bandwidth_bytes_per_s=intra if math.isfinite(intra) else None,
         inter_node_bandwidth_bytes_per_s=inter if math.isfinite(inter) else None,
         peak_bytes=best.peak_bytes,
@@ -428,18 +518,6 @@ def plan_mesh(
         tp_comm_s=best.tp_comm_s,
         candidates=[c.row() for c in sorted(cands, key=_rank)],
     )
-    searched = sum(c.searched for c in cands)
-    out.notes.append(
-        f"mesh pp {best.pp} x dp {best.dp} x tp {best.tp} (shard {best.shard}) of {n} GPUs: "
-        f"pipeline {best.pipeline_s * 1e3:.4g} ms + exposed DP communication "
-        f"{best.dp_comm_s * 1e3:.4g} ms per step; {searched} of {len(cands)} meshes searched, "
-        "the rest could not win or fit"
-    )
-    if profile.tp_note and not profile.tp_plan:
-        out.notes.append(f"tensor parallelism not considered: {profile.tp_note}")
-    elif profile.tp_note and best.tp > 1:
-        out.notes.append(profile.tp_note)  # what stays whole on every TP rank
-    return out
 
 
 def _microbatch_candidates(value: int | str | tuple[int, ...]) -> list[int] | None:
