@@ -173,7 +173,7 @@ def check_profile_sum(s: Setup) -> Row:
         reference=f"whole {_ms(whole)}",
         error=relative(units, whole),
         target="|err| <= 15%",
-        note=f"clock {p.meta['clock']}, {len(p.units)} units, "
+        note=f"clock {p.measurement.clock if p.measurement else '?'}, {len(p.units)} units, "
         f"{len(p.units) - sum(len(g) - 1 for g in p.shared_groups().values())} measured",
     )
     return _judge(row, 0.15)

@@ -86,3 +86,31 @@ def test_a_plan_from_before_the_request_gets_its_request_from_meta() -> None:
     assert (plan.request.microbatches, plan.request.strategy) == ((2, 4), "dp")
     assert (plan.request.checkpoint, plan.request.headroom) == ("never", 0.1)
     assert not {"options", "checkpoint_mode", "headroom"} & set(plan.meta)
+
+
+PROFILE_OLD = Path(__file__).parent / "data" / "profile_v1_meta.json"
+"""A measured profile as the writer before the typed fields wrote it: how it was measured,
+the loss's times and the counted blocks as flat ``meta`` keys."""
+
+
+def test_an_old_profile_file_loads_its_meta_keys_into_the_fields(tmp_path: Path) -> None:
+    meta = json.loads(PROFILE_OLD.read_text())["meta"]
+    old = Profile.load(PROFILE_OLD)
+    assert old.measurement is not None
+    assert old.measurement.microbatch_sizes == meta["microbatch_sizes"]
+    assert (old.measurement.clock, old.measurement.repeat, old.measurement.reference) == (
+        "thread_cpu",
+        3,
+        True,
+    )
+    assert old.measurement.reference_scale == {"forward": 1.01, "backward": 0.99}
+    assert [s.activation_bytes for s in old.measurement.per_size] == [
+        s["activation_bytes"] for s in meta["per_size"]
+    ]
+    assert (old.loss_forward_s, old.loss_backward_s) == (1e-4, 2e-4)
+    assert old.counted_blocks is not None and old.counted_blocks.counted == 3
+    # left in meta: what nothing lifts (a note; the optimizer choice the planner reads there)
+    assert set(old.meta) == {"note", "optimizer_chosen"}
+    path = tmp_path / "profile.json"
+    old.save(path)
+    assert Profile.load(path) == old
