@@ -507,3 +507,5 @@ def test_replanning_is_the_recorded_request_with_one_field_replaced(tmp_path: Pa
     assert legacy.request is None and legacy.granularity == "module"
     with pytest.raises(TypeError, match="unexpected keyword argument 'microbatch'"):
         plan(profile, PlanRequest(gpus=4, microbatch=8))
+    with pytest.raises(TypeError, match=r"takes a PlanRequest, not int"):
+        plan(profile, 4)  # type: ignore[arg-type]
