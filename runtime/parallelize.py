@@ -12,6 +12,7 @@ checkpoint flags. Stage ``i`` runs on ``devices[i]``.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
@@ -21,6 +22,8 @@ from autopipe.planner.checkpointing import (
     check_checkpoint_mode,
     stage_checkpoints,
 )
+from autopipe.profiler.objective import LossFn
+from autopipe.profiler.options import MeasureOptions
 from autopipe.runtime.devices import as_device
 from autopipe.runtime.pipeline import Pipeline
 from torch import nn
@@ -74,11 +77,17 @@ def stage_flags(plan: Plan, checkpoint: str) -> list[bool]:
 
 
 def _measure(
-    model: nn.Module, example_inputs: Any, granularity: str, options: dict[str, Any]
+    model: nn.Module,
+    example_inputs: Any,
+    granularity: str,
+    options: MeasureOptions | None,
+    loss_fn: LossFn | None,
+    progress: bool,
 ) -> Profile:
     from autopipe.profiler.measure import profile
 
-    return profile(model, example_inputs, granularity=granularity, **options)
+    options = dataclasses.replace(options or MeasureOptions(), granularity=granularity)
+    return profile(model, example_inputs, options, loss_fn=loss_fn, progress=progress)
 
 
 class PlanNeedsRanksError(AutopipeError, ValueError):
@@ -124,7 +133,9 @@ def parallelize(
     plan: Plan | None = None,
     granularity: str = "block",
     memory_per_device: int | None = None,
-    profile_options: dict[str, Any] | None = None,
+    profile_options: MeasureOptions | None = None,
+    loss_fn: LossFn | None = None,
+    progress: bool = True,
     deferred_batch_norm: bool = False,
 ) -> Pipeline:
     """Cut ``model`` into a pipeline over ``devices`` following ``plan`` (made here if None).
@@ -133,8 +144,10 @@ def parallelize(
     (a representative mini-batch). ``batch_size`` defaults to the example's; ``microbatches``
     and ``checkpoint`` are passed to the planner (``checkpoint`` also overrides a given plan's
     per-stage flags unless ``"auto"``). ``deferred_batch_norm`` moves BatchNorm running statistics once
-    per mini-batch. ``profile_options`` go to
-    ``autopipe.profiler.measure.profile`` (e.g. ``loss_fn``, ``repeat``, ``progress``). Returns a ``Pipeline`` with ``pipeline.plan`` set.
+    per mini-batch. Without a plan the model is measured by ``autopipe.profiler.profile``
+    with ``profile_options`` (:class:`MeasureOptions`, e.g. ``MeasureOptions(repeat=1)``;
+    its ``granularity`` is this call's), the ``loss_fn`` that drives its backward and a
+    ``progress`` bar. Returns a ``Pipeline`` with ``pipeline.plan`` set.
     """
     from autopipe.runtime.partition import StageSplitError, partition
 
@@ -147,7 +160,7 @@ def parallelize(
 
         from autopipe.core.request import PlanRequest
 
-        profile = _measure(model, example_inputs, granularity, profile_options or {})
+        profile = _measure(model, example_inputs, granularity, profile_options, loss_fn, progress)
         plan = make_plan(
             profile,
             PlanRequest(

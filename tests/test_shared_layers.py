@@ -33,6 +33,7 @@ from autopipe.planner import plan as make_plan
 from autopipe.profiler.inputs import call_model
 from autopipe.profiler.measure import profile
 from autopipe.profiler.objective import default_loss
+from autopipe.profiler.options import MeasureOptions
 from autopipe.profiler.units import trace_units
 from distributed_cases import free_port
 from torch.utils import _pytree as pytree
@@ -182,7 +183,8 @@ def _check_parallelized(name: str, plan: Plan | None) -> Any:
         devices=["cpu"] * 4,
         microbatches=4,
         plan=plan,
-        profile_options={"warmup": 0, "repeat": 1, "progress": False},
+        profile_options=MeasureOptions(warmup=0, repeat=1),
+        progress=False,
     )
     assert pipe.plan.microbatches == 4 and pipe.num_stages == 4
     out = call_model(pipe, inputs)
