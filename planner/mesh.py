@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from autopipe.planner.costs import backward_input_share
 from autopipe.planner.errors import PlanningError, RuleViolation
@@ -535,9 +535,14 @@ def _rank(c: MeshCandidate) -> tuple[float, float]:
     return (c.step_s, c.lower_bound_s)
 
 
+PipelineSearch = Callable[[Profile, PlanRequest, float], Plan]
+"""The pipeline search one mesh runs (:func:`autopipe.planner.search.plan_pipeline`): the
+device profile, the request, the step time to beat."""
+
+
 def _search(
     c: MeshCandidate,
-    inner: Any,
+    inner: PipelineSearch,
     profile: Profile,
     device: Profile,
     base: PlanRequest,
@@ -561,6 +566,30 @@ def _search(
         if memory <= 0:
             c.reason = f"memory: the gather buffers alone take {format_bytes(reserve)}"
             return
+    replica = batch // c.dp
+    req = dataclasses.replace(
+        base, cluster=Cluster(_stage_devices(c, template, topology, memory)),
+        batch_size=replica,
+        bytes_per_parameter=sharded_state_bytes_per_parameter(state_bpp, size, c.shard, c.dp),
+        baselines=False,
+    )  # fmt: skip
+    runs = _runs(c, profile, device, req, topology, microbatches, replica)
+    single = base.schedule in ("gpipe", "1f1b")
+    best, refused = _best_run(c, inner, profile, runs, topology, batch, single, cutoff_s)
+    if best is None:
+        reserved = reserve * (1 + base.headroom)
+        c.reason = _no_plan_reason(
+            c, refused, bool(runs), cutoff_s, microbatches, replica, reserved
+        )
+        return
+    _price(c, best[0], best[1], profile, device, topology, replica, reserve)
+
+
+def _stage_devices(
+    c: MeshCandidate, template: Device, topology: Topology, memory: int | None
+) -> list[Device]:
+    """The ``pp`` devices of one pipeline of the mesh, each with its memory left for the
+    pipeline and the link its stage sends over."""
     stages = []
     for s in range(c.pp):
         bw, lat = topology.pp_link(c.tp, c.dp, s)
@@ -569,39 +598,54 @@ def _search(
                 template, memory_bytes=memory, link_bandwidth_bytes_per_s=bw, link_latency_s=lat
             )
         )
-    bpp = sharded_state_bytes_per_parameter(state_bpp, size, c.shard, c.dp)
-    replica = batch // c.dp
-    req = dataclasses.replace(
-        base, cluster=Cluster(stages), batch_size=replica, bytes_per_parameter=bpp,
-        baselines=False,
-    )  # fmt: skip
-    runs: list[tuple[Profile, PlanRequest]] = [(device, req)]
-    if c.shard == "parameters" and c.dp > 1:
-        ms = microbatches or divisors(replica, up_to=MAX_AUTO_MICROBATCHES)
-        runs = [
-            (
-                device_profile(
-                    profile,
-                    c.tp,
-                    topology,
-                    shard="parameters",
-                    dp=c.dp,
-                    microbatch_size=replica / m,
-                ),
-                dataclasses.replace(req, microbatches=m),
-            )  # fmt: skip
-            for m in ms
-            if replica % m == 0
-        ]
+    return stages
+
+
+def _runs(
+    c: MeshCandidate,
+    profile: Profile,
+    device: Profile,
+    req: PlanRequest,
+    topology: Topology,
+    microbatches: list[int] | None,
+    replica: int,
+) -> list[tuple[Profile, PlanRequest]]:
+    """The pipeline searches one mesh needs: one over every M, or with ``parameters``
+    sharding over D > 1 one per M, on the device profile priced at its micro-batch."""
+    if c.shard != "parameters" or c.dp <= 1:
+        return [(device, req)]
+    ms = microbatches or divisors(replica, up_to=MAX_AUTO_MICROBATCHES)
+    return [
+        (
+            device_profile(
+                profile, c.tp, topology, shard="parameters", dp=c.dp, microbatch_size=replica / m
+            ),
+            dataclasses.replace(req, microbatches=m),
+        )
+        for m in ms
+        if replica % m == 0
+    ]
+
+
+def _best_run(
+    c: MeshCandidate,
+    inner: PipelineSearch,
+    profile: Profile,
+    runs: list[tuple[Profile, PlanRequest]],
+    topology: Topology,
+    batch: int,
+    single: bool,
+    cutoff_s: float,
+) -> tuple[tuple[Plan, Profile] | None, PlanningError | None]:
+    """The fastest plan of ``runs`` with the device profile it was made on (None if none
+    beats ``cutoff_s`` or fits), and the refusal needing the least memory."""
     best: tuple[Plan, Profile] | None = None
     refused: PlanningError | None = None
     for share, one in runs:
         if best is not None and len(runs) > 1:
             m = one.microbatches
             assert isinstance(m, int)
-            bound = mesh_lower_bound_s(
-                profile, share, c, batch, topology, [m], base.schedule in ("gpipe", "1f1b")
-            )
+            bound = mesh_lower_bound_s(profile, share, c, batch, topology, [m], single)
             if bound >= best[0].iteration_time_s:
                 continue
         beat = min(cutoff_s, best[0].iteration_time_s if best is not None else math.inf)
@@ -617,21 +661,44 @@ def _search(
             continue
         if best is None or p.iteration_time_s < best[0].iteration_time_s:
             best = (p, share)
-    if best is None:
-        if refused is None and runs and math.isfinite(cutoff_s):
-            c.reason = "cannot beat the best (no schedule's or M's bound is faster)"
-            return
-        if refused is None:
-            c.reason = f"microbatches: none of {microbatches} divides the replica batch {replica}"
-            return
-        if isinstance(refused, RuleViolation) or not refused.min_memory_bytes:
-            c.reason = str(refused).splitlines()[0]
-            return
-        c.min_memory_bytes = refused.min_memory_bytes
-        need = refused.min_memory_bytes + reserve * (1 + base.headroom)
-        c.reason = f"memory: needs {format_bytes(need)} per device"
-        return
-    p, share = best
+    return best, refused
+
+
+def _no_plan_reason(
+    c: MeshCandidate,
+    refused: PlanningError | None,
+    searched: bool,
+    cutoff_s: float,
+    microbatches: list[int] | None,
+    replica: int,
+    reserved_bytes: float,
+) -> str:
+    """Why a searched mesh has no plan, in one line; a memory refusal also records the
+    least memory a cut needs (``c.min_memory_bytes``), said with the gather buffers'
+    ``reserved_bytes`` added."""
+    if refused is None and searched and math.isfinite(cutoff_s):
+        return "cannot beat the best (no schedule's or M's bound is faster)"
+    if refused is None:
+        return f"microbatches: none of {microbatches} divides the replica batch {replica}"
+    if isinstance(refused, RuleViolation) or not refused.min_memory_bytes:
+        return str(refused).splitlines()[0]
+    c.min_memory_bytes = refused.min_memory_bytes
+    return f"memory: needs {format_bytes(refused.min_memory_bytes + reserved_bytes)} per device"
+
+
+def _price(
+    c: MeshCandidate,
+    p: Plan,
+    share: Profile,
+    profile: Profile,
+    device: Profile,
+    topology: Topology,
+    replica: int,
+    reserve: float,
+) -> None:
+    """Record ``p`` (made on the device profile ``share``) as the mesh's plan and price its
+    step: pipeline, exposed DP communication, TP collectives, gathers, compute, recompute,
+    peak memory (in place)."""
     if c.shard == "parameters" and c.dp > 1:
         # the search charged each stage's whole state as parameter bytes x (s / D) / p: a
         # device keeps 1 / D of its parameters between uses, the rest is gradient + optimizer
