@@ -14,7 +14,7 @@ Typical use::
     target = resolve_devices("a100-80gb:4,v100-32gb:4")
     profile = profile_analytic(model, inputs, target.counted_on, AnalyticOptions(dtype="float16"))
     cluster = cluster_for(profile, 8, target)
-    plan = autopipe.plan(profile, cluster=cluster)
+    plan = autopipe.plan(profile, autopipe.PlanRequest(cluster=cluster))
 
 Torch-free: resolving names, reading spec files and re-pricing read datasheet figures only
 (:func:`check_local_device`, which asks torch whether a local device exists, imports it when

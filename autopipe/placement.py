@@ -140,15 +140,10 @@ def scaling_rows(profile: Profile, placement: Placement) -> list[dict[str, Any]]
     return scaling_report(
         profile,
         device_count(request),
+        dataclasses.replace(
+            request, gpus=None, cluster=None, memory_per_device=_memory(request, cluster)
+        ),
         device=cluster.devices[0] if cluster is not None else None,
-        memory_per_device=_memory(request, cluster),
-        batch_size=request.batch_size,
-        microbatches=request.microbatches,
-        schedule=request.schedule,
-        virtual_stages=request.virtual_stages,
-        checkpoint=request.checkpoint,
-        optimizer=request.optimizer,
-        bytes_per_parameter=request.bytes_per_parameter,
     )
 
 
@@ -173,18 +168,12 @@ def _plan_replicas(profile: Profile, placement: Placement, cluster: Cluster | No
     return plan_data_parallel(
         profile,
         device_count(request),
+        dataclasses.replace(
+            request, gpus=None, cluster=None, memory_per_device=_memory(request, cluster)
+        ),
         replicas=placement.replicas or "auto",
         allreduce_bandwidth_bytes_per_s=bandwidth,
         device=device,
-        memory_per_device=_memory(request, cluster),
-        batch_size=request.batch_size,
-        microbatches=request.microbatches,
-        schedule=request.schedule,
-        virtual_stages=request.virtual_stages,
-        checkpoint=request.checkpoint,
-        strategy=request.strategy,
-        optimizer=request.optimizer,
-        bytes_per_parameter=request.bytes_per_parameter,
     )
 
 

@@ -54,7 +54,7 @@ def format_profile(profile: Profile, verbose: bool = False) -> str:
                 )
         else:
             text += "; -v lists them"
-    if profile.meta.get("meta_init"):
+    if profile.measurement is not None and profile.measurement.meta_init:
         text += "\n\nmeta-init      built on meta, measured one unit at a time"
     return text
 

@@ -55,12 +55,14 @@ def _plan(batch_size: int, microbatches: int | str, plan_path: Path) -> None:
     from autopipe.planner import plan
     from autopipe.profiler.measure import profile
 
+    from autopipe.core.request import PlanRequest
+
     torch.set_num_threads(1)
     model = gpt.build_model()
     prof = profile(
         model, gpt.example_inputs(batch_size), loss_fn=gpt.loss_fn, progress=False, threads=1
     )
-    result = plan(prof, gpus=2, microbatches=microbatches, schedule="gpipe")
+    result = plan(prof, PlanRequest(gpus=2, microbatches=microbatches, schedule="gpipe"))
     result.granularity = "block"
     result.save(plan_path)
 

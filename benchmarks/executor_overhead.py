@@ -146,6 +146,8 @@ def _storage_bytes(tensors: list[Any], exclude: set[int]) -> int:
 def memory(batch: int, chunks: int, k: int) -> None:
     from autopipe.planner import plan as make_plan
 
+    from autopipe.core.request import PlanRequest
+
     cfg = {"vocab_size": 2048, "seq_len": 64, "d_model": 128, "n_layer": 8, "n_head": 4}
     model = gpt.build_model(**cfg)
     idx = gpt.example_inputs(batch, gpt.GPTConfig(**cfg))
@@ -160,7 +162,9 @@ def memory(batch: int, chunks: int, k: int) -> None:
 
         prof = profile_analytic(model, idx, "cpu", AnalyticOptions(dtype="float32"))
         source = "analytic"
-    plan = make_plan(prof, gpus=k, batch_size=batch, microbatches=chunks, checkpoint="always")
+    plan = make_plan(
+        prof, PlanRequest(gpus=k, batch_size=batch, microbatches=chunks, checkpoint="always")
+    )
     pipe = parallelize(model, idx, ["cpu"] * k, plan=plan)
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
 

@@ -174,7 +174,7 @@ def check_profile_sum(s: Setup) -> Row:
         reference=f"whole {_ms(whole)}",
         error=relative(units, whole),
         target="|err| <= 15%",
-        note=f"clock {p.meta['clock']}, {len(p.units)} units, "
+        note=f"clock {p.measurement.clock if p.measurement else '?'}, {len(p.units)} units, "
         f"{len(p.units) - sum(len(g) - 1 for g in p.shared_groups().values())} measured",
     )
     return _judge(row, 0.15)
@@ -203,8 +203,12 @@ def check_unit_peaks(s: Setup) -> Row:
 def check_whole_memory(s: Setup) -> Row:
     from autopipe.planner import plan
 
+    from autopipe.core.request import PlanRequest
+
     p = measured_profile(s)
-    one = plan(p, 1, microbatches=1, checkpoint="never", optimizer="sgd", baselines=False)
+    one = plan(
+        p, PlanRequest(gpus=1, microbatches=1, checkpoint="never", optimizer="sgd", baselines=False)
+    )
     predicted = one.stages[0].memory_bytes
     row = Row("whole-model peak memory", target="|err| <= 25%", reference=_mib(predicted))
     if s.device.type != "cuda":
@@ -249,10 +253,16 @@ def check_parallelize(s: Setup) -> tuple[Row, Row]:
     from autopipe.planner import plan
 
     from autopipe.bench_report import run_bench
+    from autopipe.core.request import PlanRequest
 
     p = measured_profile(s)
     k = min(s.stages, len(p.units))
-    k_plan = plan(p, k, microbatches=2 * k, checkpoint="never", optimizer="sgd", baselines=False)
+    k_plan = plan(
+        p,
+        PlanRequest(
+            gpus=k, microbatches=2 * k, checkpoint="never", optimizer="sgd", baselines=False
+        ),
+    )
     devices = [str(s.device)] * k
     memory = Row("parallelize memory", target="|err| <= 30%")
     predicted_memory = sum(st.memory_bytes for st in k_plan.stages)

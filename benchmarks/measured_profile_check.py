@@ -77,7 +77,7 @@ def main() -> None:
             f" {statistics.median(seconds):9.1f}"
         )
     print(
-        f"clock={p.meta['clock']} threads={p.meta['threads']} trials={args.trials} repeat={args.repeat}"
+        f"clock={p.measurement.clock} threads={p.measurement.threads} trials={args.trials} repeat={args.repeat}"
     )
 
 

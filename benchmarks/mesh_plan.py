@@ -44,6 +44,7 @@ from autopipe.core.cluster import Cluster  # noqa: E402
 from autopipe.core.humanize import format_bytes  # noqa: E402
 from autopipe.core.plan import Plan  # noqa: E402
 from autopipe.core.profile import Profile  # noqa: E402
+from autopipe.core.request import PlanRequest  # noqa: E402
 
 DEVICE = "h100"
 INTER_NODE = 50e9
@@ -64,7 +65,7 @@ def mesh(p: Plan) -> str:
 
 
 def peak(p: Plan) -> int:
-    return int(p.meta["mesh"]["peak_bytes"]) if "mesh" in p.meta else max(p.rank_peak_bytes)
+    return p.mesh.peak_bytes if p.mesh is not None else max(p.rank_peak_bytes)
 
 
 def figure_a() -> None:
@@ -73,7 +74,7 @@ def figure_a() -> None:
     cluster = Cluster.from_catalog(DEVICE, 16)
     for schedule in ("gpipe", "1f1b"):
         try:
-            before = plan(p, cluster=cluster, checkpoint="auto", schedule=schedule)
+            before = plan(p, PlanRequest(cluster=cluster, checkpoint="auto", schedule=schedule))
             print(f"  pipeline only (before), {schedule}: plan, peak {format_bytes(peak(before))}")
         except PlanningError as exc:
             need = format_bytes(exc.min_memory_bytes or 0)
@@ -88,7 +89,7 @@ def figure_a() -> None:
         ("mesh search, bf16 Adam (8 B/parameter)", {"optimizer": "adam"}),
     ):
         try:
-            out = plan(p, cluster=cluster, **auto, **extra)
+            out = plan(p, PlanRequest(cluster=cluster, **auto, **extra))
             print(f"  {label}: {mesh(out)}, peak {format_bytes(peak(out))} per device, "
                   f"step {out.iteration_time_s:.3g} s")  # fmt: skip
         except PlanningError as exc:
@@ -108,14 +109,30 @@ def figure_b() -> None:
     rows: list[tuple[str, Plan | None, str]] = []
     for schedule in ("1f1b", "interleaved-1f1b"):
         started, cpu = time.perf_counter(), time.process_time()
-        chosen = plan(p, tensor_parallel="auto", data_parallel="auto", shard="auto",
-                      schedule=schedule, **common)  # fmt: skip
+        chosen = plan(
+            p,
+            PlanRequest(
+                tensor_parallel="auto",
+                data_parallel="auto",
+                shard="auto",
+                schedule=schedule,
+                **common,
+            ),
+        )
         took = f"{time.perf_counter() - started:.0f} s wall / {time.process_time() - cpu:.0f} s CPU"
         rows.append((f"autopipe search, {schedule}", chosen, took))
     for schedule in ("1f1b", "interleaved-1f1b"):
         try:
-            out = plan(p, tensor_parallel=8, data_parallel=8, shard="parameters",
-                       schedule=schedule, **common)  # fmt: skip
+            out = plan(
+                p,
+                PlanRequest(
+                    tensor_parallel=8,
+                    data_parallel=8,
+                    shard="parameters",
+                    schedule=schedule,
+                    **common,
+                ),
+            )
             rows.append((f"torchtitan FSDP 8 x TP 8 x PP 8, {schedule}", out, ""))
         except PlanningError as exc:
             rows.append((f"torchtitan FSDP 8 x TP 8 x PP 8, {schedule}", None, str(exc)))
@@ -165,10 +182,20 @@ def figure_c(repeats: int) -> None:
         profile = Profile.load(saved)
         for _ in range(repeats):
             started = time.perf_counter()
-            plan(profile, cluster=Cluster.from_catalog(DEVICE, 512), batch_size=256,
-                 tensor_parallel="auto", data_parallel="auto", shard="auto", gpus_per_node=8,
-                 inter_node_bandwidth_bytes_per_s=INTER_NODE, checkpoint="auto",
-                 schedule="1f1b")  # fmt: skip
+            plan(
+                profile,
+                PlanRequest(
+                    cluster=Cluster.from_catalog(DEVICE, 512),
+                    batch_size=256,
+                    tensor_parallel="auto",
+                    data_parallel="auto",
+                    shard="auto",
+                    gpus_per_node=8,
+                    inter_node_bandwidth_bytes_per_s=INTER_NODE,
+                    checkpoint="auto",
+                    schedule="1f1b",
+                ),
+            )
             search_s.append(time.perf_counter() - started)
         pool_s = []
         for _ in range(repeats):

@@ -62,10 +62,12 @@ def main() -> None:
             print(done.stdout, done.stderr)
             raise SystemExit(done.returncode)
         plan = json.loads(plan_path.read_text())
-    profile = plan["meta"]["profile"]
+    profile = plan["profile"]
     print(done.stdout.strip())
     print()
-    print(f"profile mode        {profile['mode']} (meta_init={profile['meta'].get('meta_init')})")
+    print(
+        f"profile mode        {profile['mode']} (meta_init={(profile.get('measurement') or {}).get('meta_init')})"
+    )
     groups: dict[str, int] = {}
     for u in profile["units"]:
         if u.get("measured_as"):

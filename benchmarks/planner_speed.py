@@ -28,6 +28,7 @@ from autopipe.planner.ilp import ilp_partition
 from autopipe.planner.partition import dp_partition
 
 from autopipe.core.profile import Profile, UnitProfile
+from autopipe.core.request import PlanRequest
 
 
 def synthetic_profile(n_units: int, seed: int, batch_size: int = 1024) -> Profile:
@@ -79,25 +80,32 @@ def main() -> int:
     print(f"{'case':<58} {'median':>11}  {'target':>13}  {'ratio':>7}")
     p1k = synthetic_profile(1000, 1)
     t, p = median_s(
-        lambda: plan(p1k, cluster=Cluster.homogeneous(8, **link), microbatches=32, baselines=False),
+        lambda: plan(
+            p1k,
+            PlanRequest(cluster=Cluster.homogeneous(8, **link), microbatches=32, baselines=False),
+        ),
         args.repeat,
     )
     row(
         "1,000 units -> 8 stages, M=32 (dp)",
         t,
         1.0,
-        f"bottleneck {p.meta['bottleneck_s'] * 1e3:.2f} ms",
+        f"bottleneck {p.bottleneck_s * 1e3:.2f} ms",
     )
 
     p10k = synthetic_profile(10_000, 2)
     t, p = median_s(
         lambda: plan(
-            p10k, cluster=Cluster.homogeneous(64, **link), microbatches=64, baselines=False
+            p10k,
+            PlanRequest(cluster=Cluster.homogeneous(64, **link), microbatches=64, baselines=False),
         ),
         args.repeat,
     )
     row(
-        "10,000 units -> 64 stages, M=64 (probe search)", t, 2.0, f"algorithm {p.meta['algorithm']}"
+        "10,000 units -> 64 stages, M=64 (probe search)",
+        t,
+        2.0,
+        f"algorithm {p.partition_algorithm}",
     )
 
     mem = 8 * 2**30  # binds: GPipe without checkpointing needs 11.7 GiB here
@@ -106,11 +114,13 @@ def main() -> int:
         plans = [
             plan(
                 p1k,
-                cluster=Cluster.homogeneous(8, memory_bytes=mem, **link),
-                microbatches="auto",
-                schedule=name,
-                checkpoint="auto",
-                baselines=False,
+                PlanRequest(
+                    cluster=Cluster.homogeneous(8, memory_bytes=mem, **link),
+                    microbatches="auto",
+                    schedule=name,
+                    checkpoint="auto",
+                    baselines=False,
+                ),
             )
             for name in schedules
         ]
@@ -181,8 +191,8 @@ def gpt_quality() -> None:
         f"{'K':>2} {'strategy':<12} {'iteration ms':>13} {'vs autopipe':>12} {'bottleneck ms':>14}  balance"
     )
     for k in (4, 8):
-        p = plan(profile, k, microbatches="auto", schedule="auto")
-        rows = [("autopipe", p.iteration_time_s, p.meta["bottleneck_s"], p.balance)]
+        p = plan(profile, PlanRequest(gpus=k, microbatches="auto", schedule="auto"))
+        rows = [("autopipe", p.iteration_time_s, p.bottleneck_s, p.balance)]
         rows += [
             (name, b["iteration_time_s"], b["bottleneck_s"], b["balance"])
             for name, b in p.baselines.items()

@@ -65,6 +65,8 @@ def stability(reprofiles: int, layers: int = 48, stages: int = 7) -> None:
     from autopipe.planner import plan
     from autopipe.profiler.measure import profile
 
+    from autopipe.core.request import PlanRequest
+
     model, x = encoder_stack.build_model(layers), encoder_stack.example_inputs(8)
     print(f"\nplan stability: {layers} layers on {stages} stages, {reprofiles} re-profiles each")
     for share, label in ((False, "every block measured"), (True, "identical measured once")):
@@ -74,7 +76,7 @@ def stability(reprofiles: int, layers: int = 48, stages: int = 7) -> None:
             p = profile(model, x, progress=False, share=share)
             blocks = [u.forward_s + u.backward_s for u in p.units[1:-1]]
             spreads.append(max(blocks) / min(blocks) - 1)
-            plans.append(plan(p, stages, baselines=False))
+            plans.append(plan(p, PlanRequest(gpus=stages, baselines=False)))
             profiles.append(p)
         distinct = sorted({tuple(q.balance) for q in plans})
         # How far apart the distinct plans are, judged by each profile's own costs.

@@ -192,6 +192,7 @@ def _plans(
     from autopipe.planner import plan
 
     from autopipe.core.cluster import Cluster
+    from autopipe.core.request import PlanRequest
 
     cluster = Cluster.homogeneous(
         K,
@@ -204,11 +205,13 @@ def _plans(
     for schedule, v in FORCED:
         if schedule not in schedules:
             continue
-        p = plan(prof, cluster=cluster, microbatches=m, schedule=schedule, virtual_stages=v)
+        p = plan(
+            prof, PlanRequest(cluster=cluster, microbatches=m, schedule=schedule, virtual_stages=v)
+        )
         p.granularity = "block"
         paths[schedule] = str(tmp / f"{schedule}.json")
         p.save(paths[schedule])
-    p = plan(prof, cluster=cluster, microbatches="auto", schedule="auto")
+    p = plan(prof, PlanRequest(cluster=cluster, microbatches="auto", schedule="auto"))
     p.granularity = "block"
     paths["auto"] = str(tmp / "auto.json")
     p.save(paths["auto"])

@@ -76,22 +76,72 @@ def build_plan(
     checkpoint: str,
 ) -> Plan:
     """The Plan of the chosen candidate ``best`` (feasible), with notes on why it beat the
-    other ``candidates`` and, ``with_baselines``, the baselines' figures at its (M, schedule)."""
-    cm = best.cost_model
-    part = best.partition
-    sim = best.simulation
+    other ``candidates`` and, ``with_baselines``, the baselines' figures at its (M, schedule).
+    Steps: the stages, the bounds, the notes, the baselines."""
+    part, sim = best.partition, best.simulation
     assert part is not None and sim is not None
-    costs = best.costs
-    m, sched = best.microbatches, best.schedule
-    k = len(cluster)
-    v = best.virtual_stages
-    ranks = best.shape.ranks if best.shape is not None else list(range(k))
-    works = best.works
-    times = [c.time_s for c in costs]
-    bott = max(range(len(costs)), key=lambda s: times[s])
-    stages: list[StagePlan] = []
+    m, k = best.microbatches, len(cluster)
+    times = [c.time_s for c in best.costs]
+    bott = max(range(len(times)), key=lambda s: times[s])
+    stages = _stage_plans(profile, cluster, best, checkpoint)
+    single_s = _single_device_s(profile, cluster, batch)
+    it = sim.iteration_time_s
+    # Proven <= it; min/max only absorb floating-point rounding (e.g. K = 1, where they meet).
+    lower = min(best.lower_bound_s, it)
+    gap = max(it / lower - 1.0, 0.0) if lower > 0 else 0.0
+    notes = _notes(best, candidates, stages, bott, lower, gap)
+    baselines: dict[str, dict[str, Any]] = {}
+    if with_baselines:
+        baselines = _baselines(best, profile, strategy)
+        notes += _baseline_summary(baselines, best)
+    return Plan(
+        num_stages=k,
+        virtual_stages=best.virtual_stages,
+        lower_bound_s=lower,
+        lower_bound_gap=gap,
+        method=best.method,
+        rank_peak_bytes=[int(math.ceil(p)) for p in best.peaks],
+        microbatches=m,
+        microbatch_size=batch // m,
+        batch_size=batch,
+        stages=stages,
+        schedule=best.schedule,
+        iteration_time_s=it,
+        bubble_fraction=sim.bubble_fraction,
+        throughput=batch / it if it > 0 else math.inf,
+        speedup=single_s / it if it > 0 else 1.0,
+        bottleneck_stage=bott,
+        strategy=strategy,
+        memory_per_device=min(
+            (d.memory_bytes for d in cluster.devices if d.memory_bytes is not None), default=None
+        ),
+        optimality_gap=part.optimality_gap,
+        model=profile.model,
+        profile_mode=profile.mode,
+        baselines=baselines,
+        notes=notes,
+        partition_algorithm=part.algorithm,
+        bottleneck_s=times[bott],
+        min_bottleneck_s=min(best.min_bottleneck_s, times[bott]),
+        single_device_time_s=single_s,
+        candidates=[c.summary() for c in candidates],
+        meta={"frontier": best.frontier, "refinement": best.refinement},
+    )
+
+
+def _stage_plans(
+    profile: Profile, cluster: Cluster, best: Candidate, checkpoint: str
+) -> list[StagePlan]:
+    """One StagePlan per chunk of ``best``'s cut, in model order, each on its rank's device
+    and saying why it is re-materialized. O(N + K V)."""
+    cm, part, works = best.cost_model, best.partition, best.works
+    assert part is not None
+    ranks = best.shape.ranks if best.shape is not None else list(range(len(cluster)))
     counts = _unit_parameters(profile)
-    for s, (units, c) in enumerate(zip(_stage_names(profile, part.bounds), costs, strict=True)):
+    stages: list[StagePlan] = []
+    for s, (units, c) in enumerate(
+        zip(_stage_names(profile, part.bounds), best.costs, strict=True)
+    ):
         reason = ""
         if c.checkpoint:
             cap = cm.capacity_bytes[s]
@@ -128,15 +178,32 @@ def build_plan(
                 unit_parameters=[counts[u] for u in units] if counts is not None else [],
             )
         )
-    v0 = cluster.devices[0].speed
-    single_s = (
-        sum(
-            u.forward_at(batch, profile.batch_size) + u.backward_at(batch, profile.batch_size)
-            for u in profile.units
-        )
-        / v0
+    return stages
+
+
+def _single_device_s(profile: Profile, cluster: Cluster, batch: int) -> float:
+    """Seconds of the whole batch's forward and backward on the first device. O(N)."""
+    work_s = sum(
+        u.forward_at(batch, profile.batch_size) + u.backward_at(batch, profile.batch_size)
+        for u in profile.units
     )
-    it = sim.iteration_time_s
+    return work_s / cluster.devices[0].speed
+
+
+def _notes(
+    best: Candidate,
+    candidates: list[Candidate],
+    stages: list[StagePlan],
+    bott: int,
+    lower: float,
+    gap: float,
+) -> list[str]:
+    """Why the plan is what it is: its bottleneck, re-materialized stages, M and schedule,
+    chunks (V > 1), a traded bottleneck, and the M that do not fit."""
+    part = best.partition
+    assert part is not None
+    sched, v = best.schedule, best.virtual_stages
+    times = [c.time_s for c in best.costs]
     what = "chunk" if v > 1 else "stage"
     notes = [
         f"bottleneck: {what} {bott} ({stages[bott].first_module} .. {stages[bott].last_module}) "
@@ -144,13 +211,11 @@ def build_plan(
     ]
     notes += [f"stage {st.index} {st.reason}" for st in stages if st.reason]
     notes.append(_why_m(best, candidates))
-    # Proven <= it; min/max only absorb floating-point rounding (e.g. K = 1, where they meet).
-    lower = min(best.lower_bound_s, it)
-    gap = max(it / lower - 1.0, 0.0) if lower > 0 else 0.0
     if v > 1:
         notes.append(
-            f"{k} ranks x {v} virtual stages ({sched}); chunks by {best.method}: not proven "
-            f"optimal, at most {gap:.1%} above the proven lower bound {lower * 1e3:.4g} ms"
+            f"{len(stages) // v} ranks x {v} virtual stages ({sched}); chunks by {best.method}: "
+            f"not proven optimal, at most {gap:.1%} above the proven lower bound "
+            f"{lower * 1e3:.4g} ms"
         )
     if part.algorithm == "pareto" or (
         part.algorithm.startswith("dp+") and part.algorithm != "dp+moves"
@@ -177,59 +242,30 @@ def build_plan(
     )
     if infeasible:
         notes.append(f"M in {infeasible} does not fit in memory with schedule={sched}")
-    baselines: dict[str, dict[str, Any]] = {}
-    if with_baselines:
-        others = [b for b in (*BASELINES, "dp", *FRAMEWORK_DEFAULTS) if b != strategy]
-        for name in others:
-            baselines[name] = _evaluate_baseline(name, best, profile)
-        summary = [
-            f"{name} {b['iteration_time_s'] / it:.2f}x"
-            for name, b in baselines.items()
-            if b["feasible"] and name not in FRAMEWORK_DEFAULTS  # those get their own table
-        ]
-        if summary:
-            notes.append(
-                f"iteration time relative to this plan (M={m}, {sched}): " + ", ".join(summary)
-            )
-    return Plan(
-        num_stages=k,
-        virtual_stages=v,
-        lower_bound_s=lower,
-        lower_bound_gap=gap,
-        method=best.method,
-        rank_peak_bytes=[int(math.ceil(p)) for p in best.peaks],
-        microbatches=m,
-        microbatch_size=batch // m,
-        batch_size=batch,
-        stages=stages,
-        schedule=sched,
-        iteration_time_s=it,
-        bubble_fraction=sim.bubble_fraction,
-        throughput=batch / it if it > 0 else math.inf,
-        speedup=single_s / it if it > 0 else 1.0,
-        bottleneck_stage=bott,
-        strategy=strategy,
-        memory_per_device=min(
-            (d.memory_bytes for d in cluster.devices if d.memory_bytes is not None), default=None
-        ),
-        optimality_gap=part.optimality_gap,
-        model=profile.model,
-        profile_mode=profile.mode,
-        baselines=baselines,
-        notes=notes,
-        meta={
-            "algorithm": part.algorithm,
-            "bottleneck_s": times[bott],
-            "min_bottleneck_s": min(best.min_bottleneck_s, times[bott]),
-            "frontier": best.frontier,
-            "refinement": best.refinement,
-            "single_device_time_s": single_s,
-            "checkpoint_mode": checkpoint,
-            "headroom": cm.headroom,
-            "state_bytes_per_parameter": cm.state_factor * max(int(profile.bytes_per_parameter), 1),
-            "candidates": [c.summary() for c in candidates],
-        },
-    )
+    return notes
+
+
+def _baselines(best: Candidate, profile: Profile, strategy: str) -> dict[str, dict[str, Any]]:
+    """Every other strategy's and framework default's figures at the plan's M."""
+    others = [b for b in (*BASELINES, "dp", *FRAMEWORK_DEFAULTS) if b != strategy]
+    return {name: _evaluate_baseline(name, best, profile) for name in others}
+
+
+def _baseline_summary(baselines: dict[str, dict[str, Any]], best: Candidate) -> list[str]:
+    """The note comparing the feasible partitioning baselines' iteration times with the
+    plan's (the frameworks' defaults get their own table)."""
+    it = best.iteration_time_s
+    summary = [
+        f"{name} {b['iteration_time_s'] / it:.2f}x"
+        for name, b in baselines.items()
+        if b["feasible"] and name not in FRAMEWORK_DEFAULTS
+    ]
+    if not summary:
+        return []
+    return [
+        f"iteration time relative to this plan (M={best.microbatches}, {best.schedule}): "
+        + ", ".join(summary)
+    ]
 
 
 def _why_m(best: Candidate, candidates: list[Candidate]) -> str:

@@ -20,6 +20,7 @@ from autopipe.planner.costs import CostModel, SegmentCost
 from autopipe.planner.simulate import ChunkWork, Simulation, gpipe_exact, simulate_schedule
 
 from autopipe.core.cluster import Cluster
+from autopipe.core.plan_records import CandidateRow
 
 __all__ = ["Candidate", "Evaluation"]
 
@@ -134,15 +135,15 @@ class Candidate:
         self.adopt(Partition(ev.bounds, bottleneck, algorithm), ev.costs, ev.simulation,
                    ev.works, ev.peaks)  # fmt: skip
 
-    def summary(self) -> dict[str, Any]:
-        """The JSON row a Plan keeps for every candidate it weighed."""
-        return {
-            "microbatches": self.microbatches,
-            "schedule": self.schedule,
-            "virtual_stages": self.virtual_stages,
-            "feasible": self.feasible,
-            "iteration_time_s": self.iteration_time_s if self.feasible else None,
-            "bottleneck_s": self.partition.bottleneck_s if self.partition is not None else None,
-            "lower_bound_s": self.lower_bound_s or None,
-            "pruned": self.pruned,
-        }
+    def summary(self) -> CandidateRow:
+        """The row a Plan keeps for every candidate it weighed (``Plan.candidates``)."""
+        return CandidateRow(
+            microbatches=self.microbatches,
+            schedule=self.schedule,
+            virtual_stages=self.virtual_stages,
+            feasible=self.feasible,
+            iteration_time_s=self.iteration_time_s if self.feasible else None,
+            bottleneck_s=self.partition.bottleneck_s if self.partition is not None else None,
+            lower_bound_s=self.lower_bound_s or None,
+            pruned=self.pruned,
+        )

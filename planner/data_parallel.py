@@ -13,16 +13,18 @@ all-gather). Throughput is ``B / step_s``. Cost: one planner call per divisor of
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from autopipe.planner.errors import PlanningError
 
 from autopipe.core.cluster import Cluster, Device
 from autopipe.core.plan import Plan
+from autopipe.core.plan_records import DataParallelRow
 from autopipe.core.profile import Profile
+from autopipe.core.request import PlanRequest
 
 
 @dataclass
@@ -147,23 +149,24 @@ def check_replicas_divide_batch(replicas: int, total_gpus: int, batch_size: int)
 def plan_data_parallel(
     profile: Profile,
     total_gpus: int,
+    request: PlanRequest | None = None,
     *,
     replicas: int | str = "auto",
     allreduce_bandwidth_bytes_per_s: float,
     allreduce_latency_s: float = 0.0,
-    batch_size: int | None = None,
     device: Device | None = None,
-    **plan_kw: Any,
 ) -> Plan:
-    """The best ``K x D = total_gpus`` layout: a K-stage plan run by D data-parallel replicas.
+    """The best ``K x D = total_gpus`` layout: a K-stage plan of ``request`` run by D
+    data-parallel replicas.
 
     ``replicas="auto"`` tries every divisor D of ``total_gpus`` (one planner call each) and
-    keeps the highest modelled throughput; an integer fixes D. ``batch_size`` is the global
-    batch (default: the profile's); each replica pipelines ``batch_size / D`` samples.
-    ``device`` is repeated K times (default: the profile's device with ``plan_kw``'s
-    ``memory_per_device``). The returned Plan has ``replicas = D``, its per-replica
-    ``batch_size``, ``iteration_time_s`` = pipeline + all-reduce, ``throughput`` over the global
-    batch, and every candidate in ``meta["data_parallel"]``. Raises ``PlanningError``.
+    keeps the highest modelled throughput; an integer fixes D. The request's ``batch_size``
+    is the global batch (default: the profile's); each replica pipelines ``batch_size / D``
+    samples; its ``gpus`` and ``cluster`` are replaced by each K: ``device`` is repeated K
+    times (default: the profile's device with the request's ``memory_per_device``). The
+    returned Plan has ``replicas = D``, its per-replica ``batch_size``, ``iteration_time_s`` =
+    pipeline + all-reduce, ``throughput`` over the global batch, and every candidate in
+    ``Plan.data_parallel``. Raises ``PlanningError``.
     """
     from autopipe.planner.planning import plan
 
@@ -175,7 +178,8 @@ def plan_data_parallel(
         raise PlanningError(
             f"replicas={replicas!r} must be 'auto' or a divisor of the {total_gpus} GPUs"
         )
-    batch = profile.batch_size if batch_size is None else batch_size
+    request = PlanRequest() if request is None else request
+    batch = profile.batch_size if request.batch_size is None else request.batch_size
     fixed = None if replicas == "auto" else int(replicas)
     if fixed is not None:
         check_replicas_divide_batch(fixed, total_gpus, batch)
@@ -183,8 +187,12 @@ def plan_data_parallel(
     def make_plan(stages: int, per_replica_batch: int) -> Plan:
         if stages > len(profile.units):
             raise PlanningError(f"{stages} stages need at least {stages} units")
-        where = {"gpus": stages} if device is None else {"cluster": Cluster([device] * stages)}
-        return plan(profile, batch_size=per_replica_batch, **where, **plan_kw)
+        cluster = None if device is None else Cluster([device] * stages)
+        gpus = stages if device is None else None
+        asked = dataclasses.replace(
+            request, gpus=gpus, cluster=cluster, batch_size=per_replica_batch
+        )
+        return plan(profile, asked)
 
     try:
         choices = choose_pipeline_data_parallel(
@@ -201,8 +209,8 @@ def plan_data_parallel(
     assert best.plan is not None
     out = best.plan
     out.replicas = best.replicas
-    out.meta["pipeline_iteration_s"] = best.pipeline_s
-    out.meta["allreduce_s"] = best.allreduce_s
+    out.pipeline_iteration_s = best.pipeline_s
+    out.allreduce_s = best.allreduce_s
     out.iteration_time_s = best.step_s
     out.throughput = best.throughput
     # One device would take D times the per-replica single-device time for the global batch.
@@ -219,15 +227,15 @@ def plan_data_parallel(
                 )
                 for s in base["stages"]
             )
-    out.meta["data_parallel"] = [
-        {
-            "stages": c.stages,
-            "replicas": c.replicas,
-            "step_s": c.step_s if c.plan is not None else None,
-            "allreduce_s": c.allreduce_s if c.plan is not None else None,
-            "throughput": c.throughput,
-            "reason": c.reason,
-        }
+    out.data_parallel = [
+        DataParallelRow(
+            stages=c.stages,
+            replicas=c.replicas,
+            step_s=c.step_s if c.plan is not None else None,
+            allreduce_s=c.allreduce_s if c.plan is not None else None,
+            throughput=c.throughput,
+            reason=c.reason,
+        )
         for c in choices
     ]
     out.notes.append(

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from autopipe.planner.costs import backward_input_share
 from autopipe.planner.errors import PlanningError, RuleViolation
@@ -45,6 +45,7 @@ from autopipe.planner.search import (
 from autopipe.core.cluster import Cluster, Device
 from autopipe.core.humanize import format_bytes, format_seconds
 from autopipe.core.plan import Plan
+from autopipe.core.plan_records import MeshReport, MeshRow
 from autopipe.core.profile import Profile
 from autopipe.core.request import PlanRequest
 from autopipe.core.vocabulary import SHARD_MODES
@@ -93,24 +94,24 @@ class MeshCandidate:
         busy = self.compute_s + self.tp_comm_s + self.gather_s + self.recompute_s
         return max(self.pipeline_s - busy, 0.0)
 
-    def row(self) -> dict[str, Any]:
-        """The JSON row kept in ``Plan.meta["mesh"]["candidates"]``."""
-        return {
-            "pp": self.pp,
-            "dp": self.dp,
-            "tp": self.tp,
-            "shard": self.shard,
-            "step_s": self.step_s if math.isfinite(self.step_s) else None,
-            "pipeline_s": self.pipeline_s if math.isfinite(self.pipeline_s) else None,
-            "dp_comm_s": self.dp_comm_s,
-            "gather_s": self.gather_s,
-            "tp_comm_s": self.tp_comm_s,
-            "bubble_s": self.bubble_s if self.plan is not None else None,
-            "peak_bytes": self.peak_bytes or None,
-            "lower_bound_s": self.lower_bound_s,
-            "searched": self.searched,
-            "reason": self.reason,
-        }
+    def row(self) -> MeshRow:
+        """The row kept in ``Plan.mesh.candidates``."""
+        return MeshRow(
+            pp=self.pp,
+            dp=self.dp,
+            tp=self.tp,
+            shard=self.shard,
+            step_s=self.step_s if math.isfinite(self.step_s) else None,
+            pipeline_s=self.pipeline_s if math.isfinite(self.pipeline_s) else None,
+            dp_comm_s=self.dp_comm_s,
+            gather_s=self.gather_s,
+            tp_comm_s=self.tp_comm_s,
+            bubble_s=self.bubble_s if self.plan is not None else None,
+            peak_bytes=self.peak_bytes or None,
+            lower_bound_s=self.lower_bound_s,
+            searched=self.searched,
+            reason=self.reason,
+        )
 
 
 def _divisors(n: int) -> list[int]:
@@ -310,123 +311,29 @@ def plan_mesh(
     (per-device stage figures) with ``tensor_parallel``, ``replicas``, ``shard`` and
     ``tp_plan`` set, ``iteration_time_s`` the step (pipeline + exposed DP communication),
     ``throughput`` over the global batch, its peak memory per device in ``rank_peak_bytes``
-    (gather buffers included), and every mesh tried in ``meta["mesh"]["candidates"]`` (best
+    (gather buffers included), and every mesh tried in ``Plan.mesh.candidates`` (best
     first, each with why it loses).
-    Raises ``RuleViolation`` for a bad request, ``PlanningError`` when no mesh fits."""
-
-    inner = plan_pipeline
-    if request.cluster is not None:
-        devices = request.cluster.devices
-        if any(dataclasses.astuple(d) != dataclasses.astuple(devices[0]) for d in devices):
-            raise RuleViolation("mesh: a mesh plan needs equal devices; drop the device list")
-        n, template = len(devices), devices[0]
-        if request.memory_per_device is not None and template.memory_bytes is None:
-            template = dataclasses.replace(template, memory_bytes=request.memory_per_device)
-    else:
-        n = _positive_int("gpus", request.gpus)
-        template = Device(profile.device, request.memory_per_device)
+    Raises ``RuleViolation`` for a bad request, ``PlanningError`` when no mesh fits.
+    Steps: the devices, their nodes and links, the meshes to weigh, the search over them,
+    the winner as a Plan."""
+    n, template = _mesh_devices(profile, request)
     batch = _positive_int(
         "batch_size", profile.batch_size if request.batch_size is None else request.batch_size
     )
-    node = request.gpus_per_node or n
-    if node < 1:
-        raise RuleViolation(f"mesh: gpus_per_node={node} must be a positive integer")
-    if n > node and n % node:
-        raise RuleViolation(f"mesh: {n} GPUs do not fill whole nodes of {node}")
-    intra = template.link_bandwidth_bytes_per_s
-    if n > node and request.inter_node_bandwidth_bytes_per_s is None:
-        raise RuleViolation(
-            f"mesh: {n} GPUs span nodes of {node}; give the inter-node bandwidth "
-            "(inter_node_bandwidth_bytes_per_s, --inter-node-bandwidth)"
-        )
-    inter = request.inter_node_bandwidth_bytes_per_s or intra
-    topology = Topology(node, intra, inter, template.link_latency_s, template.link_latency_s)
+    topology = _topology(request, n, template)
     cands = mesh_candidates(
         profile, n, batch,
         tensor_parallel=request.tensor_parallel, data_parallel=request.data_parallel,
-        shard=request.shard, gpus_per_node=node,
+        shard=request.shard, gpus_per_node=topology.gpus_per_node,
     )  # fmt: skip
     optimizer, state_bpp = training_state(profile, request.optimizer, request.bytes_per_parameter)
-    size = max(int(profile.bytes_per_parameter), 1)
-    base = dataclasses.replace(
-        request, tensor_parallel=1, data_parallel=1, shard="none", gpus=None, cluster=None,
-        memory_per_device=None, gpus_per_node=None, inter_node_bandwidth_bytes_per_s=None,
-        optimizer="auto",
-    )  # fmt: skip
-    shares: dict[int, Profile] = {}
-
-    def device_of(c: MeshCandidate) -> Profile:
-        """One device's share without the per-micro-batch gathers of ``parameters`` (they
-        depend on the micro-batch size: :func:`_search` adds them per M); without them it
-        bounds every sharding from below."""
-        if c.tp not in shares:
-            shares[c.tp] = device_profile(profile, c.tp, topology)
-        return shares[c.tp]
-
-    ms = _microbatch_candidates(request.microbatches)
-    single = request.schedule in ("gpipe", "1f1b")  # one chunk per rank: fill and drain
-    for c in cands:
-        c.lower_bound_s = mesh_lower_bound_s(profile, device_of(c), c, batch, topology, ms, single)
-        if c.pp > len(profile.units):
-            c.reason = f"{c.pp} stages need {c.pp} units; the model has {len(profile.units)}"
-    zero2 = {c.shape: c for c in cands if c.shard == "gradients"}
-    best: MeshCandidate | None = None
-    for c in sorted(cands, key=lambda c: (c.lower_bound_s, c.tp, c.shard != "none")):
-        if c.reason:
-            continue
-        if best is not None and c.lower_bound_s >= best.step_s:
-            c.reason = "cannot beat the best (its lower bound is slower)"
-            continue
-        twin = zero2.get(c.shape) if c.shard in ("none", "optimizer") else None
-        if twin is not None and twin.searched and twin.plan is None and twin.min_memory_bytes:
-            # the same pipeline with more training state per device: no cut fits either
-            c.reason = f"memory: needs more than ZeRO-2's {format_bytes(twin.min_memory_bytes)}"
-            continue
-        if twin is not None and twin.plan is not None and request.strategy == "dp":
-            # ZeRO-2 runs the same device profile in less memory (the exact search's best
-            # cut can only be as fast or faster) with no more DP communication
-            c.lower_bound_s = max(c.lower_bound_s, twin.step_s)
-            if best is not None and c.lower_bound_s >= best.step_s:
-                c.reason = "dominated: gradients (ZeRO-2) is as fast in less memory"
-                continue
-        cutoff = best.step_s if best is not None else math.inf
-        _search(
-            c, inner, profile, device_of(c), base, template, topology, batch, state_bpp, ms,
-            cutoff,
-        )  # fmt: skip
-        if c.plan is not None and (best is None or c.step_s < best.step_s):
-            best = c
+    search = _MeshSearch(profile, request, template, topology, batch, state_bpp)
+    best = search.best_of(cands)
     if best is None:
         raise _no_mesh_error(cands, n, template)
     _explain_losses(cands, best)
-    out = best.plan
-    assert out is not None
-    out.replicas, out.tensor_parallel, out.shard = best.dp, best.tp, best.shard
-    out.tp_plan = dict(profile.tp_plan) if best.tp > 1 else {}
-    out.meta["pipeline_iteration_s"] = best.pipeline_s
-    out.meta["allreduce_s"] = best.dp_comm_s
-    out.iteration_time_s = best.step_s
-    out.throughput = batch / best.step_s if best.step_s > 0 else math.inf
-    out.optimizer = optimizer
-    out.state_bytes_per_parameter = state_bpp
-    out.request = request
-    out.memory_per_device = template.memory_bytes
-    # one device would run the whole global batch, every unit unsplit
-    one_device_s = _work_s(profile, batch) / template.speed
-    out.speedup = one_device_s / best.step_s if best.step_s > 0 else 1.0
-    out.meta["mesh"] = {
-        "gpus": n,
-        "gpus_per_node": node,
-        "intra_node_bandwidth_bytes_per_s": intra if math.isfinite(intra) else None,
-        "inter_node_bandwidth_bytes_per_s": inter if math.isfinite(inter) else None,
-        "peak_bytes": best.peak_bytes,
-        "gather_buffer_bytes": gather_buffer_bytes(profile, best.tp, best.shard, best.dp),
-        "device_state_bytes_per_parameter": sharded_state_bytes_per_parameter(
-            state_bpp, size, best.shard, best.dp
-        ),
-        "tp_comm_s": best.tp_comm_s,
-        "candidates": [c.row() for c in sorted(cands, key=_rank)],
-    }
+    out = _winning_plan(profile, request, best, template, batch, optimizer, state_bpp)
+    out.mesh = _mesh_report(profile, cands, best, topology, n, state_bpp)
     searched = sum(c.searched for c in cands)
     out.notes.append(
         f"mesh pp {best.pp} x dp {best.dp} x tp {best.tp} (shard {best.shard}) of {n} GPUs: "
@@ -439,6 +346,178 @@ def plan_mesh(
     elif profile.tp_note and best.tp > 1:
         out.notes.append(profile.tp_note)  # what stays whole on every TP rank
     return out
+
+
+def _mesh_devices(profile: Profile, request: PlanRequest) -> tuple[int, Device]:
+    """N and the one device every mesh position has (the request's equal cluster, or N of
+    the profile's device), its memory filled from ``memory_per_device`` when unknown."""
+    if request.cluster is not None:
+        devices = request.cluster.devices
+        if any(dataclasses.astuple(d) != dataclasses.astuple(devices[0]) for d in devices):
+            raise RuleViolation("mesh: a mesh plan needs equal devices; drop the device list")
+        template = devices[0]
+        if request.memory_per_device is not None and template.memory_bytes is None:
+            template = dataclasses.replace(template, memory_bytes=request.memory_per_device)
+        return len(devices), template
+    return _positive_int("gpus", request.gpus), Device(profile.device, request.memory_per_device)
+
+
+def _topology(request: PlanRequest, n: int, template: Device) -> Topology:
+    """The nodes (``gpus_per_node``, default: all N in one) and their links: the device's
+    link inside a node, ``inter_node_bandwidth_bytes_per_s`` between nodes (required when N
+    spans nodes)."""
+    node = request.gpus_per_node or n
+    if node < 1:
+        raise RuleViolation(f"mesh: gpus_per_node={node} must be a positive integer")
+    if n > node and n % node:
+        raise RuleViolation(f"mesh: {n} GPUs do not fill whole nodes of {node}")
+    intra = template.link_bandwidth_bytes_per_s
+    if n > node and request.inter_node_bandwidth_bytes_per_s is None:
+        raise RuleViolation(
+            f"mesh: {n} GPUs span nodes of {node}; give the inter-node bandwidth "
+            "(inter_node_bandwidth_bytes_per_s, --inter-node-bandwidth)"
+        )
+    inter = request.inter_node_bandwidth_bytes_per_s or intra
+    return Topology(node, intra, inter, template.link_latency_s, template.link_latency_s)
+
+
+class _MeshSearch:
+    """The pipeline search run mesh by mesh, cheapest lower bound first, skipping the meshes
+    that cannot win (their bound is slower than the best step found, or ZeRO-2's twin
+    already shows they cannot fit or cannot be faster)."""
+
+    def __init__(
+        self,
+        profile: Profile,
+        request: PlanRequest,
+        template: Device,
+        topology: Topology,
+        batch: int,
+        state_bpp: float,
+    ) -> None:
+        self.profile, self.request, self.template = profile, request, template
+        self.topology, self.batch, self.state_bpp = topology, batch, state_bpp
+        # every mesh searches its pipeline with the request's pipeline fields only
+        self.base = dataclasses.replace(
+            request, tensor_parallel=1, data_parallel=1, shard="none", gpus=None, cluster=None,
+            memory_per_device=None, gpus_per_node=None, inter_node_bandwidth_bytes_per_s=None,
+            optimizer="auto",
+        )  # fmt: skip
+        self.microbatches = _microbatch_candidates(request.microbatches)
+        self.shares: dict[int, Profile] = {}
+
+    def device_of(self, c: MeshCandidate) -> Profile:
+        """One device's share without the per-micro-batch gathers of ``parameters`` (they
+        depend on the micro-batch size: :func:`_search` adds them per M); without them it
+        bounds every sharding from below."""
+        if c.tp not in self.shares:
+            self.shares[c.tp] = device_profile(self.profile, c.tp, self.topology)
+        return self.shares[c.tp]
+
+    def best_of(self, cands: list[MeshCandidate]) -> MeshCandidate | None:
+        """The fastest mesh that fits (None if none does); every other candidate gets its
+        ``reason`` when it was not searched."""
+        profile = self.profile
+        single = self.request.schedule in ("gpipe", "1f1b")  # one chunk per rank: fill, drain
+        for c in cands:
+            c.lower_bound_s = mesh_lower_bound_s(
+                profile, self.device_of(c), c, self.batch, self.topology, self.microbatches,
+                single,
+            )  # fmt: skip
+            if c.pp > len(profile.units):
+                c.reason = f"{c.pp} stages need {c.pp} units; the model has {len(profile.units)}"
+        zero2 = {c.shape: c for c in cands if c.shard == "gradients"}
+        best: MeshCandidate | None = None
+        for c in sorted(cands, key=lambda c: (c.lower_bound_s, c.tp, c.shard != "none")):
+            if c.reason or self._ruled_out(c, best, zero2):
+                continue
+            cutoff = best.step_s if best is not None else math.inf
+            _search(
+                c, plan_pipeline, profile, self.device_of(c), self.base, self.template,
+                self.topology, self.batch, self.state_bpp, self.microbatches, cutoff,
+            )  # fmt: skip
+            if c.plan is not None and (best is None or c.step_s < best.step_s):
+                best = c
+        return best
+
+    def _ruled_out(
+        self,
+        c: MeshCandidate,
+        best: MeshCandidate | None,
+        zero2: dict[tuple[int, int, int], MeshCandidate],
+    ) -> bool:
+        """Whether ``c`` cannot win without being searched (its ``reason`` then says why)."""
+        if best is not None and c.lower_bound_s >= best.step_s:
+            c.reason = "cannot beat the best (its lower bound is slower)"
+            return True
+        twin = zero2.get(c.shape) if c.shard in ("none", "optimizer") else None
+        if twin is not None and twin.searched and twin.plan is None and twin.min_memory_bytes:
+            # the same pipeline with more training state per device: no cut fits either
+            c.reason = f"memory: needs more than ZeRO-2's {format_bytes(twin.min_memory_bytes)}"
+            return True
+        if twin is not None and twin.plan is not None and self.request.strategy == "dp":
+            # ZeRO-2 runs the same device profile in less memory (the exact search's best
+            # cut can only be as fast or faster) with no more DP communication
+            c.lower_bound_s = max(c.lower_bound_s, twin.step_s)
+            if best is not None and c.lower_bound_s >= best.step_s:
+                c.reason = "dominated: gradients (ZeRO-2) is as fast in less memory"
+                return True
+        return False
+
+
+def _winning_plan(
+    profile: Profile,
+    request: PlanRequest,
+    best: MeshCandidate,
+    template: Device,
+    batch: int,
+    optimizer: str,
+    state_bpp: float,
+) -> Plan:
+    """``best``'s pipeline plan as the mesh's plan: its mesh, step, throughput over the
+    global batch, training state, request and speedup over one device."""
+    out = best.plan
+    assert out is not None
+    out.replicas, out.tensor_parallel, out.shard = best.dp, best.tp, best.shard
+    out.tp_plan = dict(profile.tp_plan) if best.tp > 1 else {}
+    out.pipeline_iteration_s = best.pipeline_s
+    out.allreduce_s = best.dp_comm_s
+    out.iteration_time_s = best.step_s
+    out.throughput = batch / best.step_s if best.step_s > 0 else math.inf
+    out.optimizer = optimizer
+    out.state_bytes_per_parameter = state_bpp
+    out.request = request
+    out.memory_per_device = template.memory_bytes
+    # one device would run the whole global batch, every unit unsplit
+    one_device_s = _work_s(profile, batch) / template.speed
+    out.speedup = one_device_s / best.step_s if best.step_s > 0 else 1.0
+    return out
+
+
+def _mesh_report(
+    profile: Profile,
+    cands: list[MeshCandidate],
+    best: MeshCandidate,
+    topology: Topology,
+    n: int,
+    state_bpp: float,
+) -> MeshReport:
+    """The chosen mesh's nodes, links and memory, and every mesh weighed, best first."""
+    intra, inter = topology.intra_bandwidth_bytes_per_s, topology.inter_bandwidth_bytes_per_s
+    size = max(int(profile.bytes_per_parameter), 1)
+    return MeshReport(
+        gpus=n,
+        gpus_per_node=topology.gpus_per_node,
+        intra_node_bandwidth_bytes_per_s=intra if math.isfinite(intra) else None,
+        inter_node_bandwidth_bytes_per_s=inter if math.isfinite(inter) else None,
+        peak_bytes=best.peak_bytes,
+        gather_buffer_bytes=gather_buffer_bytes(profile, best.tp, best.shard, best.dp),
+        device_state_bytes_per_parameter=sharded_state_bytes_per_parameter(
+            state_bpp, size, best.shard, best.dp
+        ),
+        tp_comm_s=best.tp_comm_s,
+        candidates=[c.row() for c in sorted(cands, key=_rank)],
+    )
 
 
 def _microbatch_candidates(value: int | str | tuple[int, ...]) -> list[int] | None:
@@ -456,9 +535,14 @@ def _rank(c: MeshCandidate) -> tuple[float, float]:
     return (c.step_s, c.lower_bound_s)
 
 
+PipelineSearch = Callable[[Profile, PlanRequest, float], Plan]
+"""The pipeline search one mesh runs (:func:`autopipe.planner.search.plan_pipeline`): the
+device profile, the request, the step time to beat."""
+
+
 def _search(
     c: MeshCandidate,
-    inner: Any,
+    inner: PipelineSearch,
     profile: Profile,
     device: Profile,
     base: PlanRequest,
@@ -482,6 +566,30 @@ def _search(
         if memory <= 0:
             c.reason = f"memory: the gather buffers alone take {format_bytes(reserve)}"
             return
+    replica = batch // c.dp
+    req = dataclasses.replace(
+        base, cluster=Cluster(_stage_devices(c, template, topology, memory)),
+        batch_size=replica,
+        bytes_per_parameter=sharded_state_bytes_per_parameter(state_bpp, size, c.shard, c.dp),
+        baselines=False,
+    )  # fmt: skip
+    runs = _runs(c, profile, device, req, topology, microbatches, replica)
+    single = base.schedule in ("gpipe", "1f1b")
+    best, refused = _best_run(c, inner, profile, runs, topology, batch, single, cutoff_s)
+    if best is None:
+        reserved = reserve * (1 + base.headroom)
+        c.reason = _no_plan_reason(
+            c, refused, bool(runs), cutoff_s, microbatches, replica, reserved
+        )
+        return
+    _price(c, best[0], best[1], profile, device, topology, replica, reserve)
+
+
+def _stage_devices(
+    c: MeshCandidate, template: Device, topology: Topology, memory: int | None
+) -> list[Device]:
+    """The ``pp`` devices of one pipeline of the mesh, each with its memory left for the
+    pipeline and the link its stage sends over."""
     stages = []
     for s in range(c.pp):
         bw, lat = topology.pp_link(c.tp, c.dp, s)
@@ -490,39 +598,54 @@ def _search(
                 template, memory_bytes=memory, link_bandwidth_bytes_per_s=bw, link_latency_s=lat
             )
         )
-    bpp = sharded_state_bytes_per_parameter(state_bpp, size, c.shard, c.dp)
-    replica = batch // c.dp
-    req = dataclasses.replace(
-        base, cluster=Cluster(stages), batch_size=replica, bytes_per_parameter=bpp,
-        baselines=False,
-    )  # fmt: skip
-    runs: list[tuple[Profile, PlanRequest]] = [(device, req)]
-    if c.shard == "parameters" and c.dp > 1:
-        ms = microbatches or divisors(replica, up_to=MAX_AUTO_MICROBATCHES)
-        runs = [
-            (
-                device_profile(
-                    profile,
-                    c.tp,
-                    topology,
-                    shard="parameters",
-                    dp=c.dp,
-                    microbatch_size=replica / m,
-                ),
-                dataclasses.replace(req, microbatches=m),
-            )  # fmt: skip
-            for m in ms
-            if replica % m == 0
-        ]
+    return stages
+
+
+def _runs(
+    c: MeshCandidate,
+    profile: Profile,
+    device: Profile,
+    req: PlanRequest,
+    topology: Topology,
+    microbatches: list[int] | None,
+    replica: int,
+) -> list[tuple[Profile, PlanRequest]]:
+    """The pipeline searches one mesh needs: one over every M, or with ``parameters``
+    sharding over D > 1 one per M, on the device profile priced at its micro-batch."""
+    if c.shard != "parameters" or c.dp <= 1:
+        return [(device, req)]
+    ms = microbatches or divisors(replica, up_to=MAX_AUTO_MICROBATCHES)
+    return [
+        (
+            device_profile(
+                profile, c.tp, topology, shard="parameters", dp=c.dp, microbatch_size=replica / m
+            ),
+            dataclasses.replace(req, microbatches=m),
+        )
+        for m in ms
+        if replica % m == 0
+    ]
+
+
+def _best_run(
+    c: MeshCandidate,
+    inner: PipelineSearch,
+    profile: Profile,
+    runs: list[tuple[Profile, PlanRequest]],
+    topology: Topology,
+    batch: int,
+    single: bool,
+    cutoff_s: float,
+) -> tuple[tuple[Plan, Profile] | None, PlanningError | None]:
+    """The fastest plan of ``runs`` with the device profile it was made on (None if none
+    beats ``cutoff_s`` or fits), and the refusal needing the least memory."""
     best: tuple[Plan, Profile] | None = None
     refused: PlanningError | None = None
     for share, one in runs:
         if best is not None and len(runs) > 1:
             m = one.microbatches
             assert isinstance(m, int)
-            bound = mesh_lower_bound_s(
-                profile, share, c, batch, topology, [m], base.schedule in ("gpipe", "1f1b")
-            )
+            bound = mesh_lower_bound_s(profile, share, c, batch, topology, [m], single)
             if bound >= best[0].iteration_time_s:
                 continue
         beat = min(cutoff_s, best[0].iteration_time_s if best is not None else math.inf)
@@ -538,21 +661,44 @@ def _search(
             continue
         if best is None or p.iteration_time_s < best[0].iteration_time_s:
             best = (p, share)
-    if best is None:
-        if refused is None and runs and math.isfinite(cutoff_s):
-            c.reason = "cannot beat the best (no schedule's or M's bound is faster)"
-            return
-        if refused is None:
-            c.reason = f"microbatches: none of {microbatches} divides the replica batch {replica}"
-            return
-        if isinstance(refused, RuleViolation) or not refused.min_memory_bytes:
-            c.reason = str(refused).splitlines()[0]
-            return
-        c.min_memory_bytes = refused.min_memory_bytes
-        need = refused.min_memory_bytes + reserve * (1 + base.headroom)
-        c.reason = f"memory: needs {format_bytes(need)} per device"
-        return
-    p, share = best
+    return best, refused
+
+
+def _no_plan_reason(
+    c: MeshCandidate,
+    refused: PlanningError | None,
+    searched: bool,
+    cutoff_s: float,
+    microbatches: list[int] | None,
+    replica: int,
+    reserved_bytes: float,
+) -> str:
+    """Why a searched mesh has no plan, in one line; a memory refusal also records the
+    least memory a cut needs (``c.min_memory_bytes``), said with the gather buffers'
+    ``reserved_bytes`` added."""
+    if refused is None and searched and math.isfinite(cutoff_s):
+        return "cannot beat the best (no schedule's or M's bound is faster)"
+    if refused is None:
+        return f"microbatches: none of {microbatches} divides the replica batch {replica}"
+    if isinstance(refused, RuleViolation) or not refused.min_memory_bytes:
+        return str(refused).splitlines()[0]
+    c.min_memory_bytes = refused.min_memory_bytes
+    return f"memory: needs {format_bytes(refused.min_memory_bytes + reserved_bytes)} per device"
+
+
+def _price(
+    c: MeshCandidate,
+    p: Plan,
+    share: Profile,
+    profile: Profile,
+    device: Profile,
+    topology: Topology,
+    replica: int,
+    reserve: float,
+) -> None:
+    """Record ``p`` (made on the device profile ``share``) as the mesh's plan and price its
+    step: pipeline, exposed DP communication, TP collectives, gathers, compute, recompute,
+    peak memory (in place)."""
     if c.shard == "parameters" and c.dp > 1:
         # the search charged each stage's whole state as parameter bytes x (s / D) / p: a
         # device keeps 1 / D of its parameters between uses, the rest is gradient + optimizer

@@ -1,12 +1,9 @@
-"""The planner's front door: ``plan(profile, request)`` builds the :class:`PlanRequest` and
-hands it to the pipeline search (:func:`autopipe.planner.search.plan_pipeline`) or, for a
-request with tensor parallelism, data parallelism or sharded state, to the device-mesh search
+"""The planner's front door: ``plan(profile, request)`` hands the :class:`PlanRequest` to
+the pipeline search (:func:`autopipe.planner.search.plan_pipeline`) or, for a request with
+tensor parallelism, data parallelism or sharded state, to the device-mesh search
 (:func:`autopipe.planner.mesh.plan_mesh`), which itself runs the pipeline search per mesh."""
 
 from __future__ import annotations
-
-import dataclasses
-from typing import Any
 
 from autopipe.planner.errors import PlanningError
 from autopipe.planner.mesh import plan_mesh
@@ -18,27 +15,21 @@ from autopipe.core.request import PlanRequest
 
 __all__ = ["plan"]
 
-_REQUEST_FIELDS = {f.name for f in dataclasses.fields(PlanRequest)}
 
-
-def plan(
-    profile: Profile,
-    request: PlanRequest | int | None = None,
-    **fields: Any,
-) -> Plan:
+def plan(profile: Profile, request: PlanRequest) -> Plan:
     """Plan a K-stage pipeline for ``profile``; raises ``PlanningError`` if nothing fits.
 
-    ``request`` says what to plan for (:class:`autopipe.core.request.PlanRequest`);
-    keyword ``fields`` build one or change a given one (``plan(profile, gpus=4,
-    microbatches=8)``, ``plan(profile, old.request, microbatches=8)``); an integer in its
-    place is ``gpus``. The request's fields: ``gpus=K`` (K equal devices named after the
-    profile's device, ``memory_per_device`` bytes each, ``None`` = unlimited) or ``cluster``
-    (devices in pipeline order); ``microbatches``: an integer, a list of candidates, or
-    ``"auto"`` (every divisor of the batch size); ``schedule``: one of ``PLAN_SCHEDULES``
-    (``gpipe``, ``1f1b``, ``interleaved-1f1b``, ``looped-bfs``, ``interleaved-zb``, ``zbv``,
-    ``dualpipev``) or ``"auto"`` (the fastest feasible schedule, V and M); ``virtual_stages``:
-    V chunks per rank or ``"auto"``; ``compile``: the stages will be ``torch.compile``'d (no
-    split-backward schedule); a request torch would refuse raises ``RuleViolation``; ``checkpoint``: ``"never"``, ``"always"``,
+    ``request`` says what to plan for (:class:`autopipe.core.request.PlanRequest`, e.g.
+    ``PlanRequest(gpus=4, microbatches=8)``; to change one thing of an earlier plan,
+    ``dataclasses.replace(old.request, microbatches=8)``). The request's fields: ``gpus=K``
+    (K equal devices named after the profile's device, ``memory_per_device`` bytes each,
+    ``None`` = unlimited) or ``cluster`` (devices in pipeline order); ``microbatches``: an
+    integer, a tuple of candidates, or ``"auto"`` (every divisor of the batch size);
+    ``schedule``: one of ``PLAN_SCHEDULES`` (``gpipe``, ``1f1b``, ``interleaved-1f1b``,
+    ``looped-bfs``, ``interleaved-zb``, ``zbv``, ``dualpipev``) or ``"auto"`` (the fastest
+    feasible schedule, V and M); ``virtual_stages``: V chunks per rank or ``"auto"``;
+    ``compile``: the stages will be ``torch.compile``'d (no split-backward schedule); a request
+    torch would refuse raises ``RuleViolation``; ``checkpoint``: ``"never"``, ``"always"``,
     ``"except_last"`` or ``"auto"`` (per stage, only where the activations would not fit);
     ``strategy``: ``"dp"`` (exact), ``"ilp"`` (exact, CBC, ``time_limit_s`` per solve),
     ``"brute-force"``, or a baseline ``"uniform"``, ``"parameters"``, ``"greedy-time"``.
@@ -53,24 +44,13 @@ def plan(
     (``Plan.optimizer``, ``Plan.state_bytes_per_parameter``) and the profile's unit
     granularity (``Plan.granularity``).
     """
-    req = _request(request, fields)
+    if not isinstance(request, PlanRequest):
+        raise TypeError(
+            f"plan() takes a PlanRequest, not {type(request).__name__}: "
+            "plan(profile, PlanRequest(gpus=4, microbatches=8))"
+        )
     if not profile.units:
         raise PlanningError("the profile has no units; profile a model with at least one module")
-    if req.plans_mesh:
-        return plan_mesh(profile, req)
-    return plan_pipeline(profile, req)
-
-
-def _request(request: PlanRequest | int | None, fields: dict[str, Any]) -> PlanRequest:
-    """The request from ``plan``'s arguments (an int is ``gpus``, keywords change fields)."""
-    unknown = sorted(set(fields) - _REQUEST_FIELDS)
-    if unknown:
-        raise TypeError(
-            f"plan() got an unexpected keyword argument {unknown[0]!r}; the request's "
-            f"fields are {', '.join(sorted(_REQUEST_FIELDS))}"
-        )
-    if isinstance(request, PlanRequest):
-        return dataclasses.replace(request, **fields) if fields else request
-    if request is not None:
-        fields = {"gpus": request, **fields}
-    return PlanRequest(**fields)
+    if request.plans_mesh:
+        return plan_mesh(profile, request)
+    return plan_pipeline(profile, request)

@@ -302,7 +302,7 @@ def plan_pipeline(profile: Profile, req: PlanRequest, cutoff_s: float = math.inf
     )
     out.optimizer = chosen_optimizer
     out.state_bytes_per_parameter = state_bpp
-    out.meta["parameter_size_bytes"] = max(int(profile.bytes_per_parameter), 1)
+    out.parameter_size_bytes = max(int(profile.bytes_per_parameter), 1)
     # The runtime re-traces the model into the plan's units at this granularity.
     out.granularity = profile.granularity
     out.request = req

@@ -19,33 +19,46 @@ from autopipe.core.request import PlanRequest
 from autopipe.core.vocabulary import PLAN_SCHEDULES
 
 
-def _plan_k(profile: Profile, k: int, device: Device | None, kw: dict[str, Any]) -> Any:
+def _plan_k(profile: Profile, k: int, device: Device | None, request: PlanRequest) -> Plan:
+    """``request`` planned on K devices (``device`` repeated K times, or K of the profile's
+    device with the request's ``memory_per_device``), without baselines."""
     if device is None:
-        return plan(profile, k, **kw)
-    return plan(profile, cluster=Cluster([device] * k), **kw)
+        return plan(profile, dataclasses.replace(request, gpus=k, baselines=False))
+    cluster = Cluster([device] * k)
+    return plan(profile, dataclasses.replace(request, gpus=None, cluster=cluster, baselines=False))
+
+
+def _varied_gpus(request: PlanRequest | None, what: str) -> PlanRequest:
+    """The request a GPU-count sweep varies (a default one for None); PlanningError for a
+    request naming its devices (the sweep chooses them)."""
+    if request is None:
+        return PlanRequest()
+    if request.cluster is not None:
+        raise PlanningError(f"{what} varies the GPU count; pass memory_per_device, not cluster")
+    return request
 
 
 def scaling_report(
-    profile: Profile, max_gpus: int, *, device: Device | None = None, **kw: Any
+    profile: Profile,
+    max_gpus: int,
+    request: PlanRequest | None = None,
+    *,
+    device: Device | None = None,
 ) -> list[dict[str, Any]]:
-    """Plan for K = 1 .. min(max_gpus, units) equal devices; one row per K.
+    """Plan ``request`` for K = 1 .. min(max_gpus, units) equal devices; one row per K.
 
     ``device``: the device to repeat K times (memory, link); default: the profile's device
-    with ``memory_per_device`` from ``kw``.
+    with the request's ``memory_per_device``. The request's ``gpus`` is replaced by each K
+    (a request with a ``cluster`` is refused: K varies) and baselines are not evaluated.
     Rows: ``gpus``, ``feasible``, ``iteration_time_s``, ``throughput``, ``speedup``,
     ``efficiency`` (speedup / K), ``microbatches``, ``schedule``, ``bubble_fraction``,
     ``max_memory_bytes``, ``error`` (infeasible rows carry only ``gpus``, ``feasible``, ``error``).
-    ``kw`` is passed to ``plan`` (``cluster`` is not allowed: K varies).
     """
-    if "cluster" in kw:
-        raise PlanningError(
-            "scaling_report varies the GPU count; pass memory_per_device, not cluster"
-        )
-    kw.setdefault("baselines", False)
-    rows = []
+    request = _varied_gpus(request, "scaling_report")
+    rows: list[dict[str, Any]] = []
     for k in range(1, min(max_gpus, len(profile.units)) + 1):
         try:
-            p = _plan_k(profile, k, device, kw)
+            p = _plan_k(profile, k, device, request)
         except PlanningError as exc:
             rows.append({"gpus": k, "feasible": False, "error": str(exc)})
             continue
@@ -68,17 +81,20 @@ def scaling_report(
 
 
 def min_gpus(
-    profile: Profile, max_gpus: int | None = None, *, device: Device | None = None, **kw: Any
+    profile: Profile,
+    max_gpus: int | None = None,
+    request: PlanRequest | None = None,
+    *,
+    device: Device | None = None,
 ) -> int:
-    """Smallest K (up to ``max_gpus``, default: the unit count) whose plan fits in memory."""
-    if "cluster" in kw:
-        raise PlanningError("min_gpus varies the GPU count; pass memory_per_device, not cluster")
-    kw.setdefault("baselines", False)
+    """Smallest K (up to ``max_gpus``, default: the unit count) whose plan of ``request``
+    fits in memory (K and the devices as :func:`scaling_report` varies them)."""
+    request = _varied_gpus(request, "min_gpus")
     limit = len(profile.units) if max_gpus is None else min(max_gpus, len(profile.units))
     last: PlanningError | None = None
     for k in range(1, limit + 1):
         try:
-            _plan_k(profile, k, device, kw)
+            _plan_k(profile, k, device, request)
             return k
         except PlanningError as exc:
             last = exc

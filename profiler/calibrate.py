@@ -208,8 +208,8 @@ def apply_times(profile: Profile, times: dict[str, Any]) -> None:
             unit.backward_input_s = unit.backward_s - unit.backward_weight_s
     profile.total_forward_s = sum(times["forward_s"]) + times["loss_forward_s"]
     profile.total_backward_s = sum(times["backward_s"]) + times["loss_backward_s"]
-    profile.meta["loss_forward_s"] = times["loss_forward_s"]
-    profile.meta["loss_backward_s"] = times["loss_backward_s"]
+    profile.loss_forward_s = times["loss_forward_s"]
+    profile.loss_backward_s = times["loss_backward_s"]
 
 
 def reprice(profile: Profile, spec: DeviceSpec) -> Profile:

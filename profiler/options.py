@@ -57,7 +57,7 @@ class MeasureOptions:
     """Scale the units' times so they add up to the whole model timed in one piece (implies
     ``reference``): a unit timed alone, on its own inputs again and again, runs with its
     weights and inputs hot in cache, faster than in the model's chain. The factors are kept
-    in ``Profile.meta["reference_scale"]``."""
+    in ``Profile.measurement.reference_scale``."""
 
     def __post_init__(self) -> None:
         # torch.device / torch.dtype arguments, lists for tuples: kept as plain values.

@@ -41,6 +41,7 @@ from autopipe.profiler.units import UnitGraph, _block_container
 from torch import nn
 
 from autopipe.core.profile import Profile
+from autopipe.core.profile_records import CountedBlocks
 
 
 class _StructureSignatures(ModuleSignatures):
@@ -218,18 +219,19 @@ def expand_profile(
         parts = entry["units"]
         # one entry per unit, then the loss
         entry["units"] = [copy.deepcopy(parts[src]) for src in unit_of] + parts[n_short:]
-    meta["counted_blocks"] = {
-        "container": reduction.path,
-        "blocks": length,
-        "counted": kept,
-        "head": reduction.head,
-        "period": reduction.period,
-    }
+    counted = CountedBlocks(
+        container=reduction.path,
+        blocks=length,
+        counted=kept,
+        head=reduction.head,
+        period=reduction.period,
+    )
     out = dataclasses.replace(
         profile,
         units=units,
         cut_bytes=cuts,
         meta=meta,
+        counted_blocks=counted,
         parameter_bytes_total=parameter_bytes_total,
         total_activation_bytes=sum(u.activation_bytes for u in units),
     )

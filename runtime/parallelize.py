@@ -12,22 +12,28 @@ checkpoint flags. Stage ``i`` runs on ``devices[i]``.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 from autopipe.planner.checkpointing import check_checkpoint_mode, stage_checkpoints
+from autopipe.profiler.objective import LossFn
+from autopipe.profiler.options import MeasureOptions
 from autopipe.runtime.pipeline import Pipeline
 from autopipe.runtime.torch_devices import as_device
 from torch import nn
 
 from autopipe.core.errors import UsageError
+from autopipe.core.plan import Plan
+from autopipe.core.profile import Profile
+from autopipe.core.vocabulary import DEFAULT_CHECKPOINT
 
 __all__ = ["parallelize", "stage_devices", "stage_flags"]
 
 
 def stage_devices(
-    devices: Sequence[torch.device | str | int] | None, gpus: int | None, plan: Any
+    devices: Sequence[torch.device | str | int] | None, gpus: int | None, plan: Plan | None
 ) -> list[torch.device]:
     """Explicit devices, else the first K CUDA devices, else K copies of the CPU.
 
@@ -57,18 +63,24 @@ def stage_devices(
     return [torch.device("cpu")] * (count or 1)
 
 
-def stage_flags(plan: Any, checkpoint: str) -> list[bool]:
+def stage_flags(plan: Plan, checkpoint: str) -> list[bool]:
     """Per-stage re-materialization: the plan's flags for ``"auto"``, else the mode's
     (``"except_last"`` spares the last stage, as the planner models it)."""
     return stage_checkpoints(checkpoint, [bool(s.checkpoint) for s in plan.stages])
 
 
 def _measure(
-    model: nn.Module, example_inputs: Any, granularity: str, options: dict[str, Any]
-) -> Any:
+    model: nn.Module,
+    example_inputs: Any,
+    granularity: str,
+    options: MeasureOptions | None,
+    loss_fn: LossFn | None,
+    progress: bool,
+) -> Profile:
     from autopipe.profiler.measure import profile
 
-    return profile(model, example_inputs, granularity=granularity, **options)
+    options = dataclasses.replace(options or MeasureOptions(), granularity=granularity)
+    return profile(model, example_inputs, options, loss_fn=loss_fn, progress=progress)
 
 
 class PlanNeedsRanksError(UsageError, ValueError):
@@ -76,12 +88,11 @@ class PlanNeedsRanksError(UsageError, ValueError):
     sharded training state."""
 
 
-def one_process_refusal(plan: Any) -> str | None:
+def one_process_refusal(plan: Plan) -> str | None:
     """Why the one-process executor cannot run ``plan`` (one line), or None. It runs every
     stage whole on its own device in one process: no tensor-parallel group to split a layer
     over (T > 1) and no data-parallel replicas to shard the training state over."""
-    tensor_parallel = int(getattr(plan, "tensor_parallel", 1) or 1)
-    shard = str(getattr(plan, "shard", "none") or "none")
+    tensor_parallel, shard = plan.tensor_parallel, plan.shard
     if tensor_parallel > 1:
         return (
             f"the plan splits layers over tensor-parallel degree {tensor_parallel}, which "
@@ -97,7 +108,7 @@ def one_process_refusal(plan: Any) -> str | None:
     return None
 
 
-def _refuse_mesh(plan: Any) -> None:
+def _refuse_mesh(plan: Plan) -> None:
     refusal = one_process_refusal(plan)
     if refusal is not None:
         raise PlanNeedsRanksError(refusal)
@@ -111,11 +122,13 @@ def parallelize(
     gpus: int | None = None,
     batch_size: int | None = None,
     microbatches: int | str = "auto",
-    checkpoint: str = "auto",
-    plan: Any = None,
+    checkpoint: str = DEFAULT_CHECKPOINT,
+    plan: Plan | None = None,
     granularity: str = "block",
     memory_per_device: int | None = None,
-    profile_options: dict[str, Any] | None = None,
+    profile_options: MeasureOptions | None = None,
+    loss_fn: LossFn | None = None,
+    progress: bool = True,
     deferred_batch_norm: bool = False,
 ) -> Pipeline:
     """Cut ``model`` into a pipeline over ``devices`` following ``plan`` (made here if None).
@@ -124,8 +137,10 @@ def parallelize(
     (a representative mini-batch). ``batch_size`` defaults to the example's; ``microbatches``
     and ``checkpoint`` are passed to the planner (``checkpoint`` also overrides a given plan's
     per-stage flags unless ``"auto"``). ``deferred_batch_norm`` moves BatchNorm running statistics once
-    per mini-batch. ``profile_options`` go to
-    ``autopipe.profiler.measure.profile`` (e.g. ``loss_fn``, ``repeat``, ``progress``). Returns a ``Pipeline`` with ``pipeline.plan`` set.
+    per mini-batch. Without a plan the model is measured by ``autopipe.profiler.profile``
+    with ``profile_options`` (:class:`MeasureOptions`, e.g. ``MeasureOptions(repeat=1)``;
+    its ``granularity`` is this call's), the ``loss_fn`` that drives its backward and a
+    ``progress`` bar. Returns a ``Pipeline`` with ``pipeline.plan`` set.
     """
     from autopipe.runtime.planned_stages import partition
     from autopipe.runtime.split import StageSplitError
@@ -137,14 +152,18 @@ def parallelize(
     if plan is None:
         from autopipe.planner import plan as make_plan
 
-        profile = _measure(model, example_inputs, granularity, profile_options or {})
+        from autopipe.core.request import PlanRequest
+
+        profile = _measure(model, example_inputs, granularity, profile_options, loss_fn, progress)
         plan = make_plan(
             profile,
-            gpus=len(devs),
-            batch_size=batch_size,
-            microbatches=microbatches,
-            memory_per_device=memory_per_device,
-            checkpoint=checkpoint,
+            PlanRequest(
+                gpus=len(devs),
+                batch_size=batch_size,
+                microbatches=microbatches,
+                memory_per_device=memory_per_device,
+                checkpoint=checkpoint,
+            ),
         )
     _refuse_mesh(plan)  # a plan made here, too: the planner may have chosen a mesh
     if plan.virtual_stages > 1:

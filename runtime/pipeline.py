@@ -33,6 +33,7 @@ from autopipe.runtime.tied import TiedReplicas
 from autopipe.runtime.torch_devices import as_device
 from torch import fx, nn
 
+from autopipe.core.plan import Plan
 from autopipe.core.timeline import Timeline
 
 __all__ = ["Pipeline"]
@@ -68,7 +69,7 @@ class Pipeline(nn.Module):
         checkpoint: Sequence[bool] | None = None,
         bind_inputs: Callable[[tuple[Any, ...], dict[str, Any]], list[Any]] | None = None,
         unflatten_output: Callable[[Any], Any] | None = None,
-        plan: Any = None,
+        plan: Plan | None = None,
         deferred_batch_norm: bool = False,
         static_microbatch_size: int | None = None,
         label_items: LabelItems | None = None,
@@ -99,7 +100,7 @@ class Pipeline(nn.Module):
         *,
         microbatches: int,
         checkpoint: Sequence[bool] | None,
-        plan: Any = None,
+        plan: Plan | None = None,
         deferred_batch_norm: bool = False,
     ) -> Pipeline:
         """A pipeline over the stage graphs of :func:`autopipe.runtime.planned_stages.partition`."""
@@ -136,7 +137,7 @@ class Pipeline(nn.Module):
         checkpoint: Sequence[bool] | None,
         bind_inputs: Callable[[tuple[Any, ...], dict[str, Any]], list[Any]] | None,
         unflatten_output: Callable[[Any], Any] | None,
-        plan: Any,
+        plan: Plan | None,
         deferred_batch_norm: bool,
         static_microbatch_size: int | None,
         label_items: LabelItems,

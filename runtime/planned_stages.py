@@ -34,6 +34,8 @@ from autopipe.profiler.units import GRANULARITIES, UnitGraph, trace_units, unit_
 from autopipe.runtime.split import StageGraph, StageSplitError, split_graph
 from torch import fx, nn
 
+from autopipe.core.plan import Plan
+
 __all__ = [
     "PlanModelMismatchError",
     "PlannedStages",
@@ -109,7 +111,7 @@ class PlanModelMismatchError(StageSplitError):
     model: other widths, other layers)."""
 
 
-def check_plan_parameters(graph: UnitGraph, model: nn.Module, plan: Any) -> None:
+def check_plan_parameters(graph: UnitGraph, model: nn.Module, plan: Plan) -> None:
     """Raise :class:`PlanModelMismatchError`, one line naming the first unit (or stage) that
     differs, unless ``model``'s parameters, counted per unit of ``graph`` (traced into the
     plan's units; :func:`stage_of_unit` has checked the names), are what the plan records.
@@ -119,7 +121,7 @@ def check_plan_parameters(graph: UnitGraph, model: nn.Module, plan: Any) -> None
     a model on the meta device is checked too. Plans record each unit's parameter elements
     (``StagePlan.unit_parameters``); a stage without that record is checked by its
     ``parameter_bytes``, which must equal the model's bytes or its element count times the
-    plan's ``meta["parameter_size_bytes"]`` (an analytic profile counts at its own dtype);
+    plan's ``parameter_size_bytes`` (an analytic profile counts at its own dtype);
     plans that record neither (hand-made, all ``parameter_bytes`` 0) are not checked.
     O(nodes + parameters).
     """
@@ -129,12 +131,12 @@ def check_plan_parameters(graph: UnitGraph, model: nn.Module, plan: Any) -> None
     counts = [sum(p.numel() for p in params) for params, _ in per_unit]
     sizes_bytes = [sum(tensor_bytes(p) for p in params) for params, _ in per_unit]
     where = {name: i for i, name in enumerate(graph.unit_names)}
-    made_for = f" (made for {plan.model})" if getattr(plan, "model", "") else ""
+    made_for = f" (made for {plan.model})" if plan.model else ""
     advice = "re-run `autopipe plan` on this model"
     recorded_bytes = any(s.parameter_bytes > 0 for s in plan.stages)
-    element_bytes = int((getattr(plan, "meta", None) or {}).get("parameter_size_bytes", 0) or 0)
+    element_bytes = plan.parameter_size_bytes
     for index, stage in enumerate(plan.stages):
-        recorded = list(getattr(stage, "unit_parameters", None) or [])
+        recorded = list(stage.unit_parameters)
         if recorded:
             for unit, want in zip(stage.units, recorded, strict=True):
                 have = counts[where[unit]]
@@ -161,11 +163,11 @@ def check_plan_parameters(graph: UnitGraph, model: nn.Module, plan: Any) -> None
                 )
 
 
-def _plan_units(plan: Any) -> list[str]:
+def _plan_units(plan: Plan) -> list[str]:
     return [u for stage in plan.stages for u in stage.units]
 
 
-def _trace_units_of(model: nn.Module, example_inputs: Any, plan: Any) -> UnitGraph:
+def _trace_units_of(model: nn.Module, example_inputs: Any, plan: Plan) -> UnitGraph:
     wanted = _plan_units(plan)
     granularity = plan.granularity
     if granularity not in GRANULARITIES:
@@ -180,7 +182,7 @@ def _trace_units_of(model: nn.Module, example_inputs: Any, plan: Any) -> UnitGra
     return trace_units(model, example_inputs, granularity)
 
 
-def trace_for_plan(model: nn.Module, example_inputs: Any, plan: Any) -> UnitGraph:
+def trace_for_plan(model: nn.Module, example_inputs: Any, plan: Plan) -> UnitGraph:
     """Trace ``model`` into the plan's units at a batch size the plan's micro-batches run at.
 
     ``example_inputs`` hold a (local) mini-batch; the graph is batch-polymorphic when the
@@ -219,7 +221,7 @@ def tied_parameters(
 
 
 def partition(
-    model: nn.Module, example_inputs: Any, plan: Any, *, check_parameters: bool = True
+    model: nn.Module, example_inputs: Any, plan: Plan, *, check_parameters: bool = True
 ) -> PlannedStages:
     """The plan's stage graphs of ``model`` (see the module docstring).
 
@@ -229,7 +231,7 @@ def partition(
     (the tensor-parallel re-trace of :mod:`autopipe.runtime.distributed.mesh`, whose split
     modules hold one rank's share).
     """
-    chunks = plan.num_stages * int(getattr(plan, "virtual_stages", 1) or 1)
+    chunks = plan.num_stages * plan.virtual_stages
     if len(plan.stages) != chunks:
         raise StageSplitError(
             f"plan says num_stages x virtual_stages = {chunks} but lists {len(plan.stages)} stages"

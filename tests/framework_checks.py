@@ -49,6 +49,7 @@ from autopipe.profiler.measure import profile
 from distributed_cases import tiny_gpt
 
 from autopipe.core.plan import Plan
+from autopipe.core.request import PlanRequest
 from autopipe.core.vocabulary import MESH_DIM_NAMES
 
 FAST = {"warmup": 0, "repeat": 1, "progress": False, "microbatch_sizes": ()}
@@ -87,8 +88,12 @@ def make(name: str, ranks: int, schedule: str, *, count: bool = False, **request
     for the rounds rule); from the counted profile with ``count``, else the timed one."""
     v = 1 if schedule in ("gpipe", "1f1b") else 2
     m = 2 * ranks * v
-    return make_plan(counted(name) if count else model(name)[1], ranks, schedule=schedule, microbatches=m,
-                     batch_size=m, virtual_stages=v, **request)  # fmt: skip
+    return make_plan(
+        counted(name) if count else model(name)[1],
+        PlanRequest(
+            gpus=ranks, schedule=schedule, microbatches=m, batch_size=m, virtual_stages=v, **request
+        ),
+    )
 
 
 @cache

@@ -25,6 +25,7 @@ from profiler_models import (
 
 from autopipe.core.catalog import DeviceSpecError, get_device
 from autopipe.core.profile import Profile
+from autopipe.core.request import PlanRequest
 
 gpt = load_example("gpt")
 resnet = load_example("resnet")
@@ -222,7 +223,7 @@ def test_gpt_6b_on_meta_is_fast_and_fits_8_a100() -> None:
     # weights + grads + Adam (with fp32 master) per GPU for an even 8-way split
     state = sum(u.parameter_count for u in p.units) * (2 + 2 + 12) / 8
     assert state < 80e9
-    plan = plan_for(p, gpus=8, memory_per_device=80e9, checkpoint="auto")
+    plan = plan_for(p, PlanRequest(gpus=8, memory_per_device=80e9, checkpoint="auto"))
     assert len(plan.stages) == 8
     assert all(s.memory_bytes <= 80e9 for s in plan.stages)
 

@@ -4,6 +4,7 @@ and the training state charged per parameter."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # configs only, nothing downloads
@@ -66,7 +67,7 @@ def test_repeated_blocks_counted_once_equal_the_full_count() -> None:
         lambda: gpt.build_model(**vars(cfg)), x, "a100-80gb", AnalyticOptions(share=False), **kw
     )
     short = profile_analytic(lambda: gpt.build_model(**vars(cfg)), x, "a100-80gb", **kw)
-    assert short.meta["counted_blocks"] == {
+    assert short.counted_blocks is not None and dataclasses.asdict(short.counted_blocks) == {
         "container": "blocks", "blocks": 5, "counted": 3, "head": 0, "period": 1,
     }  # fmt: skip
     assert [u.measured_as for u in short.units[3:8]] == ["", "", "blocks.1", "blocks.1", "blocks.2"]
@@ -81,7 +82,7 @@ def test_repeated_blocks_counted_once_equal_the_full_count() -> None:
     inputs = {"input_ids": ids, "attention_mask": mask}
     full = profile_analytic(build, inputs, "h100", AnalyticOptions(share=False))
     short = profile_analytic(build, inputs, "h100")
-    assert short.meta["counted_blocks"]["counted"] == 3 and short.tracer == "export"
+    assert short.counted_blocks.counted == 3 and short.tracer == "export"
     assert_same_counts(full, short)
 
 
@@ -176,7 +177,11 @@ def test_llama2_70b_on_16_h100_fits_only_without_mixed_adam(
         llama.llama2_70b, llama.example_inputs(8), "h100", AnalyticOptions(microbatch_sizes=())
     )
     assert sum(u.parameter_count for u in p.units) == pytest.approx(69e9, rel=0.01)
-    assert p.optimizer == "mixed-adam" and p.meta["counted_blocks"]["blocks"] == 80
+    assert (
+        p.optimizer == "mixed-adam"
+        and p.counted_blocks is not None
+        and p.counted_blocks.blocks == 80
+    )
     path = tmp_path / "llama70b.json"
     p.save(path)
     flags = ("--gpus", "16", "--device", "h100", "--checkpoint", "auto")

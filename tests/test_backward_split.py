@@ -177,7 +177,8 @@ def test_scale_to_reference_makes_the_units_add_up_to_the_whole_model() -> None:
         model, x, warmup=1, repeat=3, progress=False, microbatch_sizes=(64, 16),
         scale_to_reference=True,
     )  # fmt: skip
-    scale = p.meta["reference_scale"]
+    assert p.measurement is not None
+    scale = p.measurement.reference_scale
     assert p.total_forward_s > 0 and p.total_backward_s > 0
     assert sum(u.forward_s for u in p.units) == pytest.approx(p.total_forward_s, rel=1e-9)
     assert sum(u.backward_s for u in p.units) == pytest.approx(p.total_backward_s, rel=1e-9)

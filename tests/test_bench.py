@@ -39,6 +39,7 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
     from autopipe.planner import plan
     from autopipe.profiler.measure import profile
 
+    from autopipe.core.request import PlanRequest
     from autopipe.modelfile import load_model_file
 
     tmp = tmp_path_factory.mktemp("bench")
@@ -49,7 +50,7 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
     prof = profile(mf.build(), mf.inputs(8), loss_fn=mf.loss_fn, progress=False, warmup=1, repeat=2)
     prof_path = tmp / "profile.json"
     prof.save(prof_path)
-    p = plan(prof, gpus=2, batch_size=8, microbatches=4)
+    p = plan(prof, PlanRequest(gpus=2, batch_size=8, microbatches=4))
     plan_path = tmp / "plan.json"
     p.save(plan_path)
     return model_py, prof_path, plan_path

@@ -187,9 +187,10 @@ def test_torchtitan_toml_of_odd_unit_names_reads_back_with_tomllib(tmp_path: Pat
     from autopipe.planner.emit import to_torchtitan
 
     from autopipe.core.profile import Profile
+    from autopipe.core.request import PlanRequest
 
     profile = Profile.load(_saved_profile(tmp_path, names=ODD_NAMES))
-    result = plan(profile, gpus=2, checkpoint="never")
+    result = plan(profile, PlanRequest(gpus=2, checkpoint="never"))
     parts = tomllib.loads(to_torchtitan(result))["parallelism"]["module_fqns_per_model_part"]
     assert [n for part in parts for n in part] == ODD_NAMES
 

@@ -99,7 +99,7 @@ def test_python_api_plans_a_mixed_cluster_as_the_cli_does(
     speeds = [d.speed for d in cluster.devices]
     assert speeds[:2] == [1.0, 1.0] and 0 < speeds[2] == speeds[3] < 1
     assert speeds[2] == pytest.approx(relative_speed(a100_profile, "v100-32gb"))
-    api = autopipe.plan(a100_profile, cluster=cluster, checkpoint="auto")
+    api = autopipe.plan(a100_profile, autopipe.PlanRequest(cluster=cluster, checkpoint="auto"))
 
     assert main(["plan", GPT, "--gpus", "4", "--device", devices, "--dtype", "float16"]
                 + ["--json", "-q"]) == 0  # fmt: skip

@@ -107,8 +107,10 @@ def _measured_plan(model: torch.nn.Module, inputs: object) -> Plan:
     from autopipe.planner import plan
     from autopipe.profiler.measure import profile
 
+    from autopipe.core.request import PlanRequest
+
     measured = profile(model, inputs, warmup=0, repeat=1, progress=False)
-    return plan(measured, gpus=2, microbatches=2, baselines=False)
+    return plan(measured, PlanRequest(gpus=2, microbatches=2, baselines=False))
 
 
 def test_plan_made_for_a_model_with_the_same_units_and_other_widths_is_refused() -> None:

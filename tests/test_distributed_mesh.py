@@ -62,14 +62,22 @@ def base_plan(model: str, stages: int, optimizer: str = "sgd", virtual_stages: i
     from autopipe.planner import plan as make_plan
     from autopipe.profiler.measure import profile
 
+    from autopipe.core.request import PlanRequest
+
     built = getattr(mesh_models, model)()
     inputs = getattr(mesh_models, f"example_inputs_{model}")(BATCH)
     measured = profile(built, inputs, warmup=0, repeat=1, progress=False)
     schedule = "1f1b" if virtual_stages == 1 else "interleaved-1f1b"
     plan = make_plan(
-        measured, gpus=stages, microbatches=2, optimizer=optimizer, schedule=schedule,
-        virtual_stages=virtual_stages,
-    )  # fmt: skip
+        measured,
+        PlanRequest(
+            gpus=stages,
+            microbatches=2,
+            optimizer=optimizer,
+            schedule=schedule,
+            virtual_stages=virtual_stages,
+        ),
+    )
     assert (plan.num_stages, plan.virtual_stages) == (stages, virtual_stages)
     return plan
 

@@ -29,6 +29,7 @@ from distributed_cases import SkipNet, skipnet_inputs, tiny_gpt
 from torch.distributed.pipelining import SplitPoint, pipeline
 
 from autopipe.core.plan import Plan
+from autopipe.core.request import PlanRequest
 
 FAST = {"warmup": 0, "repeat": 1, "progress": False, "microbatch_sizes": ()}
 
@@ -39,7 +40,7 @@ def _gpt_plan(stages: int = 4, **request: Any) -> tuple[torch.nn.Module, Any, Pl
     # embedding units apart, which Megatron's layout refuses).
     measured = profile_analytic(model, inputs, "a100", loss_fn=loss_fn)
     request.setdefault("microbatches", 4 if request.get("schedule") == "1f1b" else 2)
-    return model, inputs, make_plan(measured, stages, **request)
+    return model, inputs, make_plan(measured, PlanRequest(gpus=stages, **request))
 
 
 def _stage_owners(stage: torch.nn.Module, units: list[str]) -> set[str]:
@@ -169,7 +170,7 @@ def test_skip_connection_across_stages() -> None:
     torch.manual_seed(0)
     model, inputs = SkipNet(), skipnet_inputs(4)
     measured = profile(model, inputs, **FAST)
-    plan = make_plan(measured, 3, microbatches=4, schedule="1f1b")
+    plan = make_plan(measured, PlanRequest(gpus=3, microbatches=4, schedule="1f1b"))
     _check_torch_split(model, tuple(t[:2] for t in inputs), plan)
     toml = tomllib.loads(to_torchtitan(plan))["parallelism"]
     assert [u for part in toml["module_fqns_per_model_part"] for u in part] == [
@@ -185,7 +186,7 @@ def test_hugging_face_llama() -> None:
 
     model, inputs = zoo.build("llama")
     measured = profile(model, inputs, **FAST)
-    plan = make_plan(measured, 2, microbatches=2)
+    plan = make_plan(measured, PlanRequest(gpus=2, microbatches=2))
     spec = to_torch(plan)
     assert list(spec["split_spec"]) == [plan.stages[1].units[0]]
     _check_torch_split(model, (), plan, {k: v[:4] for k, v in inputs.items()})

@@ -38,6 +38,7 @@ from autopipe.planner.emit import (
 from autopipe.planner.layers import layer_stack
 
 from autopipe.core.plan import Plan
+from autopipe.core.request import PlanRequest
 
 
 def _or_skip(check: Callable[..., Any], *args: Any) -> Any:
@@ -62,8 +63,12 @@ def _mesh(schedule: str, replicas: int, tp: int, shard: str) -> Plan:
     """examples/gpt.py's plan on 2 pipeline ranks, then on a 2 x dp x tp mesh (the planner
     does not choose meshes yet: issue 20)."""
     v = 1 if schedule in ("gpipe", "1f1b") else 2
-    plan = make_plan(fc.counted("gpt"), 2, schedule=schedule, virtual_stages=v,
-                     microbatches=4 * v, batch_size=4 * v)  # fmt: skip
+    plan = make_plan(
+        fc.counted("gpt"),
+        PlanRequest(
+            gpus=2, schedule=schedule, virtual_stages=v, microbatches=4 * v, batch_size=4 * v
+        ),
+    )
     tp_plan = {"*.attn.*": "colwise"} if tp > 1 else {}
     return dataclasses.replace(plan, replicas=replicas, tensor_parallel=tp, shard=shard,
                                tp_plan=tp_plan)  # fmt: skip
@@ -298,8 +303,12 @@ def test_framework_rows_run_each_frameworks_own_schedule() -> None:
     from autopipe.explain import framework_table
 
     _, measured = _model("gpt")
-    looped = make_plan(measured, 2, schedule="interleaved-1f1b", virtual_stages=3,
-                       microbatches=4, batch_size=4)  # fmt: skip
+    looped = make_plan(
+        measured,
+        PlanRequest(
+            gpus=2, schedule="interleaved-1f1b", virtual_stages=3, microbatches=4, batch_size=4
+        ),
+    )
     assert set(FRAMEWORK_DEFAULTS) <= set(looped.baselines) and "torch-even" not in looped.baselines
     titan = _row(looped, "torchtitan-even")
     assert titan["schedule"] == "interleaved-1f1b" and titan["virtual_stages"] == 2
@@ -312,7 +321,7 @@ def test_framework_rows_run_each_frameworks_own_schedule() -> None:
     megatron = _row(looped, "megatron-uniform")
     assert megatron["iteration_time_s"] is None and "divisible by 6" in megatron["reason"]
 
-    gpipe = make_plan(measured, 2, schedule="gpipe", microbatches=4, batch_size=4)
+    gpipe = make_plan(measured, PlanRequest(gpus=2, schedule="gpipe", microbatches=4, batch_size=4))
     assert "no gpipe schedule" in _row(gpipe, "megatron-uniform")["reason"]
     assert _row(gpipe, "torchtitan-even")["virtual_stages"] == 1
     deepspeed = _row(gpipe, "deepspeed-parameters")

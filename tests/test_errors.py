@@ -12,6 +12,7 @@ from autopipe.core.errors import AutopipeError, Failure, UsageError
 
 ROOT = Path(__file__).resolve().parents[1]
 
+
 def _direct_children() -> set[str]:
     """The name of every class whose own bases name ``AutopipeError``."""
     found = set()

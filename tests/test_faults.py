@@ -86,7 +86,9 @@ def _write(path: Path, data: dict[str, Any]) -> Path:
 def _plan_dict(tmp_path: Path) -> dict[str, Any]:
     from autopipe.planner import plan
 
-    return plan(Profile.from_dict(_profile_dict()), gpus=2, microbatches=4).to_dict()
+    from autopipe.core.request import PlanRequest
+
+    return plan(Profile.from_dict(_profile_dict()), PlanRequest(gpus=2, microbatches=4)).to_dict()
 
 
 # -- item 4: temp files --------------------------------------------------------------------

@@ -233,3 +233,68 @@ def test_a_modules_all_lists_only_what_it_defines() -> None:
         if handed_on:
             found[name] = sorted(handed_on)
     assert found == {}
+
+
+LOOSE_ALLOWED = {
+    "autopipe.profiler.profile(example_inputs)": "the user's model inputs, as given",
+    "autopipe.profiler.profile_analytic(example_inputs)": "the user's model inputs, as given",
+    "autopipe.profiler.trace_units(example_inputs)": "the user's model inputs, as given",
+    "autopipe.runtime.parallelize(example_inputs)": "the user's model inputs, as given",
+    "autopipe.runtime.Pipeline.forward(*args)": "the user's model inputs, as nn.Module's",
+    "autopipe.runtime.Pipeline.forward(**kwargs)": "the user's model inputs, as nn.Module's",
+    "autopipe.runtime.Pipeline.loss(inputs)": "the user's model inputs, as given",
+    "autopipe.runtime.Pipeline.loss(target)": "the user's labels, as their loss_fn takes them",
+    "autopipe.runtime.Pipeline.microbatch_loss(inputs)": "the user's model inputs, as given",
+    "autopipe.runtime.Pipeline.microbatch_loss(target)": "the user's labels, as given",
+    "autopipe.runtime.Pipeline.run_microbatches(inputs)": "the user's model inputs, as given",
+    "autopipe.runtime.GPipe.cuda(*args)": "torch's nn.Module.cuda, forwarded",
+    "autopipe.runtime.GPipe.cuda(**kwargs)": "torch's nn.Module.cuda, forwarded",
+    "autopipe.runtime.GPipe.cpu(*args)": "torch's nn.Module.cpu, forwarded",
+    "autopipe.runtime.GPipe.cpu(**kwargs)": "torch's nn.Module.cpu, forwarded",
+    "autopipe.runtime.GPipe.to(*args)": "torch's nn.Module.to, forwarded",
+    "autopipe.runtime.GPipe.to(**kwargs)": "torch's nn.Module.to, forwarded",
+    "autopipe.profiler.profile(**fields)": (
+        "MeasureOptions' fields as keywords beside options=MeasureOptions(...); to go when "
+        "profiler/measure.py's profile is split into steps"
+    ),
+}
+"""Boundary parameters that may be ``Any`` or ``**kwargs``, and why."""
+
+
+def _loose_parameters(package: str) -> list[str]:
+    """``package``'s public functions (``__all__``, and the public methods of its exported
+    classes) with a parameter annotated ``Any`` (alone or in a union) or a ``**kwargs``, as
+    ``package.function(parameter)``."""
+    import importlib
+    import inspect
+
+    module = importlib.import_module(package)
+    found = []
+    for name in module.__all__:
+        obj = getattr(module, name)
+        functions = [(name, obj)] if inspect.isfunction(obj) else []
+        if inspect.isclass(obj) and obj.__module__.startswith("autopipe"):
+            for attr, member in vars(obj).items():
+                function = getattr(member, "__func__", member)  # class/static methods
+                if (attr == "__init__" or not attr.startswith("_")) and inspect.isfunction(
+                    function
+                ):
+                    functions.append((f"{name}.{attr}", function))
+        for qualified, function in functions:
+            for p in inspect.signature(function).parameters.values():
+                annotation = str(p.annotation) if p.annotation is not p.empty else ""
+                star = {p.VAR_POSITIONAL: "*", p.VAR_KEYWORD: "**"}.get(p.kind, "")
+                if star == "**" or "Any" in (part.strip() for part in annotation.split("|")):
+                    found.append(f"{package}.{qualified}({star}{p.name})")
+    return found
+
+
+@pytest.mark.parametrize("package", ["autopipe.planner", "autopipe.profiler", "autopipe.runtime"])
+def test_boundaries_take_typed_values(package: str) -> None:
+    """The layers' public functions take the dataclasses (``PlanRequest``, ``Plan``,
+    ``Profile``, the options), not ``Any`` or ``**kwargs``, except the user's model inputs and
+    torch's own signatures (``LOOSE_ALLOWED``)."""
+    loose = _loose_parameters(package)
+    assert [p for p in loose if p not in LOOSE_ALLOWED] == []
+    stale = [p for p in LOOSE_ALLOWED if p.startswith(package + ".") and p not in loose]
+    assert stale == [], "allowed but no longer there: drop them from LOOSE_ALLOWED"

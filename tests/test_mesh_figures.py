@@ -10,6 +10,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from autopipe.core.cluster import Cluster, Device
 from autopipe.core.profile import Profile
+from autopipe.core.request import PlanRequest
 
 MESH = dict(gpus_per_node=4, inter_node_bandwidth_bytes_per_s=50e9, checkpoint="auto")
 
@@ -34,29 +35,56 @@ def test_a_job_the_pipeline_refuses_gets_a_mesh(llama: Profile) -> None:
     """Figure a in small: below the pipeline's smallest memory, sharding and TP fit."""
     assert llama.tp_degrees == [2, 4] and llama.tp_plan
     with pytest.raises(PlanningError) as refused:
-        plan(llama, cluster=_h100(8, 1), checkpoint="auto", schedule="1f1b")
+        plan(llama, PlanRequest(cluster=_h100(8, 1), checkpoint="auto", schedule="1f1b"))
     need = refused.value.min_memory_bytes
     assert need is not None
     # 10% less than the pipeline alone needs (the embedding stays whole on every TP rank, as
     # autopipe run applies the plan, so this tiny model's vocabulary is not divided by T)
     memory = int(need * 0.9)
     with pytest.raises(PlanningError):
-        plan(llama, cluster=_h100(8, memory), checkpoint="auto", schedule="1f1b")
-    out = plan(llama, cluster=_h100(8, memory), schedule="1f1b", tensor_parallel="auto",
-               data_parallel="auto", shard="auto", **MESH)  # fmt: skip
-    assert out.meta["mesh"]["peak_bytes"] <= memory / 1.1
+        plan(llama, PlanRequest(cluster=_h100(8, memory), checkpoint="auto", schedule="1f1b"))
+    out = plan(
+        llama,
+        PlanRequest(
+            cluster=_h100(8, memory),
+            schedule="1f1b",
+            tensor_parallel="auto",
+            data_parallel="auto",
+            shard="auto",
+            **MESH,
+        ),
+    )
+    assert out.mesh.peak_bytes <= memory / 1.1
     assert out.tensor_parallel > 1 or (out.replicas > 1 and out.shard != "none")
 
 
 def test_the_search_is_no_slower_than_a_fixed_torchtitan_mesh(llama: Profile) -> None:
     """Figure b in small: the chosen mesh beside FSDP 2 x TP 2 x PP 2 priced by the same
     model (the search's space contains it)."""
-    fixed = plan(llama, cluster=_h100(8), schedule="1f1b", tensor_parallel=2, data_parallel=2,
-                 shard="parameters", **MESH)  # fmt: skip
-    chosen = plan(llama, cluster=_h100(8), schedule="1f1b", tensor_parallel="auto",
-                  data_parallel="auto", shard="auto", **MESH)  # fmt: skip
+    fixed = plan(
+        llama,
+        PlanRequest(
+            cluster=_h100(8),
+            schedule="1f1b",
+            tensor_parallel=2,
+            data_parallel=2,
+            shard="parameters",
+            **MESH,
+        ),
+    )
+    chosen = plan(
+        llama,
+        PlanRequest(
+            cluster=_h100(8),
+            schedule="1f1b",
+            tensor_parallel="auto",
+            data_parallel="auto",
+            shard="auto",
+            **MESH,
+        ),
+    )
     assert chosen.iteration_time_s <= fixed.iteration_time_s * (1 + 1e-12)
-    rows = chosen.meta["mesh"]["candidates"]
-    twin = [r for r in rows if (r["pp"], r["dp"], r["tp"], r["shard"]) == (2, 2, 2, "parameters")]
-    assert twin and (twin[0]["step_s"] is None or twin[0]["step_s"] >= chosen.iteration_time_s)
-    assert all(8 % r["tp"] == 0 and 4 % r["tp"] == 0 for r in rows)  # TP inside a node of 4
+    rows = chosen.mesh.candidates
+    twin = [r for r in rows if (r.pp, r.dp, r.tp, r.shard) == (2, 2, 2, "parameters")]
+    assert twin and (twin[0].step_s is None or twin[0].step_s >= chosen.iteration_time_s)
+    assert all(8 % r.tp == 0 and 4 % r.tp == 0 for r in rows)  # TP inside a node of 4

@@ -36,6 +36,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import autopipe
+from autopipe.core.request import PlanRequest
 from autopipe.modelfile import load_model_file
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -131,7 +132,8 @@ def _plan(model_file: Path, directory: Path) -> Path:
         mf.build(), mf.inputs(8), warmup=0, repeat=1, progress=False, loss_fn=mf.loss_fn
     )
     plan = make_plan(
-        measured, gpus=2, batch_size=8, microbatches=4, optimizer="sgd", schedule="1f1b"
+        measured,
+        PlanRequest(gpus=2, batch_size=8, microbatches=4, optimizer="sgd", schedule="1f1b"),
     )
     path = directory / f"{model_file.stem}.plan.json"
     plan.save(path)

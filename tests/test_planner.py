@@ -33,6 +33,7 @@ from planner_instances import cost_model, random_cluster, random_profile  # noqa
 from autopipe.core.humanize import format_bytes  # noqa: E402
 from autopipe.core.optimizer import OPTIMIZERS, optimizer_state_bytes  # noqa: E402
 from autopipe.core.profile import Profile, UnitProfile  # noqa: E402
+from autopipe.core.request import PlanRequest  # noqa: E402
 from autopipe.core.vocabulary import PLAN_SCHEDULES  # noqa: E402
 
 SETTINGS = settings(
@@ -84,11 +85,13 @@ def test_plan_never_exceeds_memory(n: int, seed: int, mem: float) -> None:
     try:
         p = plan(
             profile,
-            k,
-            memory_per_device=int(mem),
-            checkpoint="auto",
-            schedule="auto",
-            baselines=False,
+            PlanRequest(
+                gpus=k,
+                memory_per_device=int(mem),
+                checkpoint="auto",
+                schedule="auto",
+                baselines=False,
+            ),
         )
     except PlanningError as exc:
         assert exc.min_memory_bytes is not None and exc.min_memory_bytes > mem / 1.1 * 0.99
@@ -115,7 +118,7 @@ def test_heterogeneous_devices_exact_and_faster_devices_get_more_work() -> None:
     dp, brute = dp_partition(cm), brute_force_partition(cm)
     assert dp is not None and brute is not None
     assert dp.bottleneck_s == pytest.approx(brute.bottleneck_s, rel=1e-12)
-    p = plan(profile, cluster=cluster, microbatches=4, checkpoint="auto")
+    p = plan(profile, PlanRequest(cluster=cluster, microbatches=4, checkpoint="auto"))
     assert [s.device for s in p.stages] == ["a100", "a100", "v100", "v100"]
     fast = sum(len(s.units) for s in p.stages[:2])
     assert fast > 6  # twice the speed: the fast half takes more than half of the units
@@ -131,7 +134,9 @@ def test_heterogeneous_devices_exact_and_faster_devices_get_more_work() -> None:
 def test_auto_checkpoint_only_where_needed() -> None:
     profile = random_profile(16, 11)
     cluster = Cluster.homogeneous(4, memory_bytes=8 * 10**7)
-    p = plan(profile, cluster=cluster, microbatches=8, checkpoint="auto", baselines=False)
+    p = plan(
+        profile, PlanRequest(cluster=cluster, microbatches=8, checkpoint="auto", baselines=False)
+    )
     assert any(s.checkpoint for s in p.stages) and not all(s.checkpoint for s in p.stages)
     cm = cost_model(profile, cluster, 8, "gpipe", "auto")
     for stage, cost in zip(p.stages, cm.stage_costs(p.boundaries + [16]), strict=True):
@@ -141,14 +146,22 @@ def test_auto_checkpoint_only_where_needed() -> None:
         if stage.checkpoint:
             assert "checkpointed: without it" in stage.reason
     # auto is never slower than forcing either mode, at the same M.
-    forced = [plan(profile, cluster=cluster, microbatches=8, checkpoint="always", baselines=False)]
-    assert p.meta["bottleneck_s"] <= forced[0].meta["bottleneck_s"] + 1e-15
+    forced = [
+        plan(
+            profile,
+            PlanRequest(cluster=cluster, microbatches=8, checkpoint="always", baselines=False),
+        )
+    ]
+    assert p.bottleneck_s <= forced[0].bottleneck_s + 1e-15
     with pytest.raises(PlanningError):  # without checkpointing it does not fit at all
-        plan(profile, cluster=cluster, microbatches=8, checkpoint="never")
+        plan(profile, PlanRequest(cluster=cluster, microbatches=8, checkpoint="never"))
 
 
 def test_except_last_checkpoints_all_but_last_stage() -> None:
-    p = plan(random_profile(10, 3), 4, microbatches=4, checkpoint="except_last", baselines=False)
+    p = plan(
+        random_profile(10, 3),
+        PlanRequest(gpus=4, microbatches=4, checkpoint="except_last", baselines=False),
+    )
     assert [s.checkpoint for s in p.stages] == [True, True, True, False]
 
 
@@ -171,25 +184,25 @@ def test_infeasible_names_minimal_memory_and_it_is_tight() -> None:
     profile = random_profile(12, 2)
     kw = dict(microbatches=[2, 4], checkpoint="never", baselines=False)
     with pytest.raises(PlanningError) as info:
-        plan(profile, 3, memory_per_device=10**6, **kw)
+        plan(profile, PlanRequest(gpus=3, memory_per_device=10**6, **kw))
     msg = str(info.value)
     need = info.value.min_memory_bytes
     assert "smallest memory per device that fits is" in msg and "\n" not in msg
     assert format_bytes(need, fixed=True) in msg and "more GPUs" in msg and "checkpoint=" in msg
-    plan(profile, 3, memory_per_device=need, **kw)  # fits at the named memory
+    plan(profile, PlanRequest(gpus=3, memory_per_device=need, **kw))  # fits at the named memory
     with pytest.raises(PlanningError):
-        plan(profile, 3, memory_per_device=int(need * (1 - 1e-5)), **kw)
+        plan(profile, PlanRequest(gpus=3, memory_per_device=int(need * (1 - 1e-5)), **kw))
 
 
 def test_auto_m_picks_fastest_candidate_and_explains() -> None:
     profile = random_profile(24, 9, overhead=True)
-    auto = plan(profile, 4, batch_size=64, microbatches="auto", schedule="auto")
+    auto = plan(profile, PlanRequest(gpus=4, batch_size=64, microbatches="auto", schedule="auto"))
     from autopipe.planner.preflight import violations
 
     # 1F1B with M < K is one torch refuses: auto never tries it.
     fixed = [
         plan(
-            profile, 4, batch_size=64, microbatches=m, schedule=s, baselines=False
+            profile, PlanRequest(gpus=4, batch_size=64, microbatches=m, schedule=s, baselines=False)
         ).iteration_time_s
         for m in (1, 2, 4, 8, 16, 32, 64)
         for s in ("gpipe", "1f1b")
@@ -197,9 +210,9 @@ def test_auto_m_picks_fastest_candidate_and_explains() -> None:
     ]
     # auto also weighs the interleaved, looped and zero-bubble schedules: never slower.
     assert auto.iteration_time_s <= min(fixed) * (1 + 1e-12)
-    rows = auto.meta["candidates"]
-    assert {r["schedule"] for r in rows} == set(PLAN_SCHEDULES)
-    assert not any(r["schedule"] == "1f1b" and r["microbatches"] < 4 for r in rows)
+    rows = auto.candidates
+    assert {r.schedule for r in rows} == set(PLAN_SCHEDULES)
+    assert not any(r.schedule == "1f1b" and r.microbatches < 4 for r in rows)
     assert auto.microbatch_size * auto.microbatches == 64
     assert auto.throughput == pytest.approx(64 / auto.iteration_time_s)
     assert any(n.startswith(f"M={auto.microbatches}, schedule=") for n in auto.notes)
@@ -210,7 +223,7 @@ def test_auto_m_picks_fastest_candidate_and_explains() -> None:
 
 def test_baselines_recorded_and_not_better_than_dp() -> None:
     profile = random_profile(30, 4)
-    p = plan(profile, 4, microbatches=8)
+    p = plan(profile, PlanRequest(gpus=4, microbatches=8))
     from autopipe.planner.baselines import FRAMEWORK_DEFAULTS
 
     assert set(p.baselines) == {"uniform", "parameters", "greedy-time", *FRAMEWORK_DEFAULTS}
@@ -225,12 +238,12 @@ def test_baselines_recorded_and_not_better_than_dp() -> None:
         if b.get("schedule", p.schedule) != p.schedule:
             assert name == "deepspeed-parameters" and b["schedule"] == "1f1b"
             continue  # DeepSpeed runs its own 1F1B: not the plan's problem
-        assert b["bottleneck_s"] >= p.meta["min_bottleneck_s"] - 1e-15
+        assert b["bottleneck_s"] >= p.min_bottleneck_s - 1e-15
         # No sends, no recompute, equal devices: the planned GPipe time is optimal, so no
         # baseline partition is faster at the same M.
         assert b["iteration_time_s"] >= p.iteration_time_s * (1 - 1e-12), name
     for strategy in ("uniform", "parameters", "greedy-time"):
-        q = plan(profile, 4, microbatches=8, strategy=strategy)
+        q = plan(profile, PlanRequest(gpus=4, microbatches=8, strategy=strategy))
         assert q.balance == p.baselines[strategy]["balance"]
         assert "dp" in q.baselines
 
@@ -241,7 +254,7 @@ def test_gpipe_iteration_time_optimal_over_all_partitions(n: int, seed: int, m: 
     """Min-bottleneck partition + (max f, max q) frontier = the fastest GPipe partition."""
     profile = random_profile(n, seed)
     k = 1 + seed % n
-    p = plan(profile, k, microbatches=m, baselines=False)
+    p = plan(profile, PlanRequest(gpus=k, microbatches=m, baselines=False))
     cm = cost_model(profile, Cluster.homogeneous(k), m, "gpipe", "never")
     best = min(
         gpipe_exact(
@@ -253,13 +266,14 @@ def test_gpipe_iteration_time_optimal_over_all_partitions(n: int, seed: int, m: 
         for costs in [cm.stage_costs([0, *cuts, n])]
     )
     assert p.iteration_time_s == pytest.approx(best, rel=1e-12)
-    assert p.meta["min_bottleneck_s"] == pytest.approx(
-        brute_force_partition(cm).bottleneck_s, rel=1e-12
-    )
+    assert p.min_bottleneck_s == pytest.approx(brute_force_partition(cm).bottleneck_s, rel=1e-12)
 
 
 def test_plan_json_round_trip(tmp_path: Path) -> None:
-    p = plan(random_profile(10, 1), 3, microbatches="auto", schedule="auto", checkpoint="auto")
+    p = plan(
+        random_profile(10, 1),
+        PlanRequest(gpus=3, microbatches="auto", schedule="auto", checkpoint="auto"),
+    )
     path = tmp_path / "plan.json"
     p.save(path)
     data = json.loads(path.read_text())
@@ -279,7 +293,7 @@ def test_plan_json_round_trip(tmp_path: Path) -> None:
     ):
         assert key in data["stages"][0]
     assert load_plan(path) == p
-    assert p.speedup == pytest.approx(p.meta["single_device_time_s"] / p.iteration_time_s)
+    assert p.speedup == pytest.approx(p.single_device_time_s / p.iteration_time_s)
 
 
 @pytest.mark.parametrize(
@@ -301,7 +315,7 @@ def test_plan_json_round_trip(tmp_path: Path) -> None:
 )
 def test_bad_input_one_clear_line(kwargs, needle: str) -> None:
     with pytest.raises(PlanningError) as info:
-        plan(random_profile(10, 0), **kwargs)
+        plan(random_profile(10, 0), PlanRequest(**kwargs))
     assert needle in str(info.value) and "\n" not in str(info.value)
 
 
@@ -309,10 +323,10 @@ def test_optimizer_bytes_per_parameter() -> None:
     profile = random_profile(4, 0)
     params = sum(u.parameter_bytes for u in profile.units)
     for optimizer, factor in (("sgd", 2), ("sgd-momentum", 3), ("adam", 4)):
-        p = plan(profile, 1, microbatches=1, optimizer=optimizer, baselines=False)
+        p = plan(profile, PlanRequest(gpus=1, microbatches=1, optimizer=optimizer, baselines=False))
         assert p.stages[0].parameter_bytes == params
         assert p.stages[0].optimizer_bytes == (factor - 1) * params
-    p = plan(profile, 1, microbatches=1, bytes_per_parameter=20, baselines=False)
+    p = plan(profile, PlanRequest(gpus=1, microbatches=1, bytes_per_parameter=20, baselines=False))
     assert p.stages[0].optimizer_bytes == 4 * params
 
 
@@ -326,11 +340,11 @@ def test_planner_state_bytes_follow_the_profilers_convention(size_bytes: int) ->
     count = sum(u.parameter_count for u in profile.units)
     params = sum(u.parameter_bytes for u in profile.units)
     for optimizer in OPTIMIZERS:
-        p = plan(profile, 1, microbatches=1, optimizer=optimizer, baselines=False)
+        p = plan(profile, PlanRequest(gpus=1, microbatches=1, optimizer=optimizer, baselines=False))
         profiler_bytes = 2 * params + optimizer_state_bytes(optimizer, count, params)
         assert p.stages[0].parameter_bytes + p.stages[0].optimizer_bytes == profiler_bytes
     # mixed precision Adam is 16 bytes per parameter whether parameters are 16-bit or fp32
-    p = plan(profile, 1, microbatches=1, optimizer="mixed-adam", baselines=False)
+    p = plan(profile, PlanRequest(gpus=1, microbatches=1, optimizer="mixed-adam", baselines=False))
     assert p.stages[0].parameter_bytes + p.stages[0].optimizer_bytes == 16 * count
 
 
@@ -383,10 +397,10 @@ def test_cost_model_by_hand() -> None:
 def test_scaling_report_and_min_gpus() -> None:
     profile = random_profile(16, 6)
     mem = 6 * 10**8
-    k = min_gpus(profile, memory_per_device=mem, microbatches=4)
+    k = min_gpus(profile, request=PlanRequest(memory_per_device=mem, microbatches=4))
     with pytest.raises(PlanningError):
-        plan(profile, k - 1, memory_per_device=mem, microbatches=4)
-    rows = scaling_report(profile, 6, memory_per_device=mem, microbatches=4)
+        plan(profile, PlanRequest(gpus=k - 1, memory_per_device=mem, microbatches=4))
+    rows = scaling_report(profile, 6, PlanRequest(memory_per_device=mem, microbatches=4))
     assert [r["gpus"] for r in rows] == [1, 2, 3, 4, 5, 6]
     assert [r["feasible"] for r in rows] == [g >= k for g in range(1, 7)]
     ok = [r for r in rows if r["feasible"]]
@@ -414,7 +428,7 @@ def test_import_planner_does_not_import_torch() -> None:
 
 def test_single_unit_and_no_memory_limit_edge_cases() -> None:
     profile = random_profile(1, 0)
-    p = plan(profile, 1, microbatches=1)
+    p = plan(profile, PlanRequest(gpus=1, microbatches=1))
     assert p.num_stages == 1 and p.stages[0].units == ["layer0"] and p.bubble_fraction == 0.0
     assert math.isclose(p.speedup, 1.0)
 
@@ -422,17 +436,25 @@ def test_single_unit_and_no_memory_limit_edge_cases() -> None:
 def test_infeasible_baseline_names_its_own_memory_need() -> None:
     profile = random_profile(12, 2)
     with pytest.raises(PlanningError) as info:
-        plan(profile, 3, memory_per_device=10**6, strategy="uniform", microbatches=4)
+        plan(
+            profile,
+            PlanRequest(gpus=3, memory_per_device=10**6, strategy="uniform", microbatches=4),
+        )
     need = info.value.min_memory_bytes
     assert "strategy='dp'" in str(info.value)
-    assert plan(profile, 3, memory_per_device=need, strategy="uniform", microbatches=4).balance == [
+    assert plan(
+        profile, PlanRequest(gpus=3, memory_per_device=need, strategy="uniform", microbatches=4)
+    ).balance == [
         4,
         4,
         4,
     ]
     with pytest.raises(PlanningError):
         plan(
-            profile, 3, memory_per_device=int(need * (1 - 1e-6)), strategy="uniform", microbatches=4
+            profile,
+            PlanRequest(
+                gpus=3, memory_per_device=int(need * (1 - 1e-6)), strategy="uniform", microbatches=4
+            ),
         )
 
 
@@ -450,7 +472,7 @@ def test_plan_is_never_slower_than_a_baseline(n: int, k: int, seed: int, schedul
     if k > n:
         return
     profile = random_profile(n, seed)
-    p = plan(profile, gpus=k, schedule=schedule)
+    p = plan(profile, PlanRequest(gpus=k, schedule=schedule))
     for name, b in p.baselines.items():
         own = (b.get("schedule", p.schedule), b.get("virtual_stages", p.virtual_stages))
         if b["feasible"] and own == (p.schedule, p.virtual_stages):
@@ -462,15 +484,15 @@ def test_replanning_is_the_recorded_request_with_one_field_replaced(tmp_path: Pa
     the same problem at M = 8, exactly as asking for M = 8 from the start does."""
     import dataclasses
 
-    from autopipe.core.request import PlanRequest
-
     profile = random_profile(12, seed=7)
-    first = plan(profile, 4, microbatches="auto", schedule="auto", checkpoint="auto")
+    first = plan(
+        profile, PlanRequest(gpus=4, microbatches="auto", schedule="auto", checkpoint="auto")
+    )
     assert isinstance(first.request, PlanRequest)
     assert first.request.gpus == 4 and first.request.schedule == "auto"
     assert first.granularity == profile.granularity
     again = plan(profile, dataclasses.replace(first.request, microbatches=8))
-    direct = plan(profile, 4, microbatches=8, schedule="auto", checkpoint="auto")
+    direct = plan(profile, PlanRequest(gpus=4, microbatches=8, schedule="auto", checkpoint="auto"))
     assert again.microbatches == direct.microbatches == 8
     assert again.to_dict() == direct.to_dict()
     # The request survives the JSON round trip, and older files without it still load.
@@ -485,7 +507,9 @@ def test_replanning_is_the_recorded_request_with_one_field_replaced(tmp_path: Pa
     legacy = load_plan(path)
     assert legacy.request is None and legacy.granularity == "module"
     with pytest.raises(TypeError, match="unexpected keyword argument 'microbatch'"):
-        plan(profile, 4, microbatch=8)
+        plan(profile, PlanRequest(gpus=4, microbatch=8))
+    with pytest.raises(TypeError, match=r"takes a PlanRequest, not int"):
+        plan(profile, 4)  # type: ignore[arg-type]
 
 
 def test_divisor_hint_names_the_nearest_divisors() -> None:

@@ -6,6 +6,7 @@ import pytest
 from autopipe.planner.data_parallel import choose_pipeline_data_parallel, ring_allreduce_s
 
 from autopipe.core.plan import Plan, StagePlan
+from autopipe.core.request import PlanRequest
 
 PARAM_BYTES = 400e6  # the whole model's gradients
 SAMPLE_S = 0.01  # forward + backward seconds per sample on one device
@@ -67,7 +68,7 @@ def test_plan_data_parallel_fixed_replicas() -> None:
 
     p = plan_data_parallel(_profile(), 8, replicas=2, allreduce_bandwidth_bytes_per_s=1e9)
     assert (p.num_stages, p.replicas, p.batch_size) == (4, 2, 32)
-    pipeline_only = plan(_profile(), gpus=4, batch_size=32)
+    pipeline_only = plan(_profile(), PlanRequest(gpus=4, batch_size=32))
     allreduce = max(ring_allreduce_s(s.parameter_bytes, 2, 1e9) for s in pipeline_only.stages)
     assert p.iteration_time_s == pytest.approx(pipeline_only.iteration_time_s + allreduce)
     assert p.throughput == pytest.approx(64 / p.iteration_time_s)
@@ -78,8 +79,8 @@ def test_plan_data_parallel_auto_picks_the_fastest_layout() -> None:
 
     for bandwidth in (1e7, 1e13):
         p = plan_data_parallel(_profile(), 8, allreduce_bandwidth_bytes_per_s=bandwidth)
-        rows = [r for r in p.meta["data_parallel"] if r["step_s"] is not None]
-        assert p.throughput == pytest.approx(max(r["throughput"] for r in rows))
+        rows = [r for r in p.data_parallel if r.step_s is not None]
+        assert p.throughput == pytest.approx(max(r.throughput for r in rows))
         assert p.num_stages * p.replicas == 8
     slow = plan_data_parallel(_profile(), 8, allreduce_bandwidth_bytes_per_s=1e7)
     fast = plan_data_parallel(_profile(), 8, allreduce_bandwidth_bytes_per_s=1e13)
@@ -117,7 +118,11 @@ def test_fixed_replicas_must_divide_the_batch() -> None:
 
     with pytest.raises(PlanningError) as err:
         plan_data_parallel(
-            _profile(), 32, replicas=32, batch_size=16, allreduce_bandwidth_bytes_per_s=1e9
+            _profile(),
+            32,
+            PlanRequest(batch_size=16),
+            replicas=32,
+            allreduce_bandwidth_bytes_per_s=1e9,
         )
     message = str(err.value)
     assert "D=32 replicas do not divide the batch size 16" in message

@@ -13,6 +13,8 @@ from autopipe.planner.ilp import ilp_partition  # noqa: E402
 from autopipe.planner.partition import brute_force_partition, dp_partition  # noqa: E402
 from planner_instances import cost_model, random_cluster, random_profile  # noqa: E402
 
+from autopipe.core.request import PlanRequest
+
 CASES = [
     # (units, stages, seed, memory bytes, M, schedule, checkpoint, heterogeneous)
     (8, 3, 1, None, 4, "gpipe", "never", False),
@@ -43,8 +45,8 @@ def test_ilp_equals_dp(case) -> None:
 
 def test_ilp_strategy_in_plan_records_gap() -> None:
     profile = random_profile(10, 8)
-    p = plan(profile, 3, microbatches=4, strategy="ilp")
-    q = plan(profile, 3, microbatches=4, strategy="dp")
+    p = plan(profile, PlanRequest(gpus=3, microbatches=4, strategy="ilp"))
+    q = plan(profile, PlanRequest(gpus=3, microbatches=4, strategy="dp"))
     assert p.strategy == "ilp" and p.optimality_gap == 0.0
-    assert p.meta["bottleneck_s"] == pytest.approx(q.meta["min_bottleneck_s"], rel=1e-6)
-    assert p.baselines["dp"]["bottleneck_s"] >= p.meta["bottleneck_s"] * (1 - 1e-6)
+    assert p.bottleneck_s == pytest.approx(q.min_bottleneck_s, rel=1e-6)
+    assert p.baselines["dp"]["bottleneck_s"] >= p.bottleneck_s * (1 - 1e-6)

@@ -29,6 +29,7 @@ from autopipe.cli import main
 from autopipe.core.cluster import Cluster, Device
 from autopipe.core.plan import Plan, StagePlan, load_plan
 from autopipe.core.profile import Profile, UnitProfile
+from autopipe.core.request import PlanRequest
 
 TOPOLOGY = Topology(
     gpus_per_node=8, intra_bandwidth_bytes_per_s=1e11, inter_bandwidth_bytes_per_s=1e10
@@ -168,8 +169,17 @@ def _cluster(n: int, memory: int | None) -> Cluster:
 
 def _step(p: Profile, n: int, memory: int | None, **fixed: object) -> float:
     try:
-        out = plan(p, cluster=_cluster(n, memory), batch_size=32, gpus_per_node=4,
-                   inter_node_bandwidth_bytes_per_s=1e9, checkpoint="auto", **fixed)  # fmt: skip
+        out = plan(
+            p,
+            PlanRequest(
+                cluster=_cluster(n, memory),
+                batch_size=32,
+                gpus_per_node=4,
+                inter_node_bandwidth_bytes_per_s=1e9,
+                checkpoint="auto",
+                **fixed,
+            ),
+        )
     except PlanningError:
         return math.inf
     return out.iteration_time_s
@@ -203,23 +213,31 @@ def test_auto_search_equals_brute_force_over_factorizations(
 
 def test_mesh_plan_records_the_mesh_and_fits() -> None:
     p = tiny_profile(n_blocks=6)
-    out = plan(p, cluster=_cluster(8, 4_000_000), batch_size=32, tensor_parallel="auto",
-               data_parallel="auto", shard="auto", gpus_per_node=8, checkpoint="auto")  # fmt: skip
+    out = plan(
+        p,
+        PlanRequest(
+            cluster=_cluster(8, 4_000_000),
+            batch_size=32,
+            tensor_parallel="auto",
+            data_parallel="auto",
+            shard="auto",
+            gpus_per_node=8,
+            checkpoint="auto",
+        ),
+    )
     assert out.world_size == 8 and out.mesh_shape == (
         out.num_stages,
         out.replicas,
         out.tensor_parallel,
     )
     assert out.tp_plan == (p.tp_plan if out.tensor_parallel > 1 else {})
-    mesh = out.meta["mesh"]
-    assert mesh["peak_bytes"] <= 4_000_000 / 1.1
-    rows = mesh["candidates"]
-    assert rows[0]["reason"] == "chosen" and rows[0]["step_s"] == pytest.approx(
-        out.iteration_time_s
-    )
-    steps = [r["step_s"] for r in rows if r["step_s"] is not None]
+    mesh = out.mesh
+    assert mesh.peak_bytes <= 4_000_000 / 1.1
+    rows = mesh.candidates
+    assert rows[0].reason == "chosen" and rows[0].step_s == pytest.approx(out.iteration_time_s)
+    steps = [r.step_s for r in rows if r.step_s is not None]
     assert steps == sorted(steps)
-    assert all(r["reason"] for r in rows)
+    assert all(r.reason for r in rows)
     assert out.throughput == pytest.approx(32 / out.iteration_time_s)
     again = Plan.from_dict(json.loads(json.dumps(out.to_dict())))
     assert (again.tensor_parallel, again.replicas, again.shard) == (
@@ -232,10 +250,20 @@ def test_sharding_makes_a_refused_job_fit() -> None:
     p = tiny_profile(n_blocks=6)
     memory = 2_500_000
     with pytest.raises(PlanningError):
-        plan(p, cluster=_cluster(8, memory), batch_size=32, checkpoint="auto")
-    out = plan(p, cluster=_cluster(8, memory), batch_size=32, tensor_parallel="auto",
-               data_parallel="auto", shard="auto", gpus_per_node=8, checkpoint="auto")  # fmt: skip
-    assert out.meta["mesh"]["peak_bytes"] <= memory / 1.1
+        plan(p, PlanRequest(cluster=_cluster(8, memory), batch_size=32, checkpoint="auto"))
+    out = plan(
+        p,
+        PlanRequest(
+            cluster=_cluster(8, memory),
+            batch_size=32,
+            tensor_parallel="auto",
+            data_parallel="auto",
+            shard="auto",
+            gpus_per_node=8,
+            checkpoint="auto",
+        ),
+    )
+    assert out.mesh.peak_bytes <= memory / 1.1
     assert out.tensor_parallel > 1 or out.shard != "none"
 
 
@@ -243,17 +271,25 @@ def test_bad_mesh_requests_are_rule_violations() -> None:
     p = tiny_profile(heads=[2, 4])
     kw = dict(gpus=8, batch_size=32, gpus_per_node=8)
     with pytest.raises(RuleViolation, match="does not divide the model's split"):
-        plan(p, tensor_parallel=8, **kw)
+        plan(p, PlanRequest(tensor_parallel=8, **kw))
     with pytest.raises(RuleViolation, match="never spans nodes"):
-        plan(p, tensor_parallel=4, gpus=8, batch_size=32, gpus_per_node=2,
-             inter_node_bandwidth_bytes_per_s=1e9)  # fmt: skip
+        plan(
+            p,
+            PlanRequest(
+                tensor_parallel=4,
+                gpus=8,
+                batch_size=32,
+                gpus_per_node=2,
+                inter_node_bandwidth_bytes_per_s=1e9,
+            ),
+        )
     with pytest.raises(RuleViolation, match="span nodes"):
-        plan(p, tensor_parallel=2, gpus=16, batch_size=32, gpus_per_node=8)
+        plan(p, PlanRequest(tensor_parallel=2, gpus=16, batch_size=32, gpus_per_node=8))
     plain = dataclasses.replace(p, tp_plan={}, tp_degrees=[], tp_note="no plan here")
     with pytest.raises(RuleViolation, match="no plan here"):
-        plan(plain, tensor_parallel=2, **kw)
+        plan(plain, PlanRequest(tensor_parallel=2, **kw))
     with pytest.raises(RuleViolation, match="global batch"):
-        plan(p, data_parallel=3, gpus=6, batch_size=32)
+        plan(p, PlanRequest(data_parallel=3, gpus=6, batch_size=32))
 
 
 def test_old_plan_files_load_as_one_tp_rank_unsharded(tmp_path: Path) -> None:
@@ -336,7 +372,7 @@ def test_existing_data_parallel_flag_still_plans_k_by_d(
     assert main(argv) == 0
     written = load_plan(out)
     assert (written.num_stages, written.replicas, written.tensor_parallel) == (4, 2, 1)
-    assert "mesh" not in written.meta
+    assert written.mesh is None
 
 
 @settings(max_examples=10, deadline=None)
@@ -358,13 +394,22 @@ def test_every_meshs_bound_is_below_its_step(
     ]
     for c in every:
         try:
-            out = plan(p, cluster=_cluster(8, None), batch_size=32, tensor_parallel=c.tp,
-                       data_parallel=c.dp, shard=c.shard, schedule=schedule,
-                       microbatches=microbatches)  # fmt: skip
+            out = plan(
+                p,
+                PlanRequest(
+                    cluster=_cluster(8, None),
+                    batch_size=32,
+                    tensor_parallel=c.tp,
+                    data_parallel=c.dp,
+                    shard=c.shard,
+                    schedule=schedule,
+                    microbatches=microbatches,
+                ),
+            )
         except (PlanningError, RuleViolation):
             continue
-        row = out.meta["mesh"]["candidates"][0]
-        assert row["lower_bound_s"] <= row["step_s"] * (1 + 1e-12)
+        row = out.mesh.candidates[0]
+        assert row.lower_bound_s <= row.step_s * (1 + 1e-12)
 
 
 def test_catalog_platforms_carry_their_inter_node_links() -> None:
@@ -387,9 +432,9 @@ def test_cli_takes_nodes_and_links_from_the_catalog(
     argv = ["plan", _saved(tmp_path, p), "--gpus", "16", "--shard", "auto", "--batch-size",
             "32", "-q", "--json", str(out)]  # fmt: skip
     assert main(argv) == 0
-    mesh = load_plan(out).meta["mesh"]
-    assert (mesh["gpus_per_node"], mesh["inter_node_bandwidth_bytes_per_s"]) == (8, 50e9)
-    assert mesh["intra_node_bandwidth_bytes_per_s"] == 450e9  # NVLink 4, per direction
+    mesh = load_plan(out).mesh
+    assert (mesh.gpus_per_node, mesh.inter_node_bandwidth_bytes_per_s) == (8, 50e9)
+    assert mesh.intra_node_bandwidth_bytes_per_s == 450e9  # NVLink 4, per direction
     l4 = dataclasses.replace(p, device="L4-24GB")
     assert main(["plan", _saved(tmp_path, l4), "--gpus", "16", "--shard", "auto", "-q"]) == 2
     assert "--inter-node-bandwidth" in _err_line(capsys)
@@ -399,7 +444,10 @@ def test_a_fully_sharded_plan_is_a_valid_plan_file(tmp_path: Path) -> None:
     """With ``parameters`` over D = 8 a device keeps 1/8 of its parameters: 2 of 16 bytes per
     parameter, so the stage's parameter bytes are 1/8 and the rest is gradient + state."""
     p = tiny_profile(n_blocks=6)
-    out = plan(p, gpus=8, batch_size=32, tensor_parallel=1, data_parallel=8, shard="parameters")
+    out = plan(
+        p,
+        PlanRequest(gpus=8, batch_size=32, tensor_parallel=1, data_parallel=8, shard="parameters"),
+    )
     assert out.mesh_shape == (1, 8, 1)
     stage = out.stages[0]
     whole = sum(u.parameter_bytes for u in p.units)

@@ -28,6 +28,7 @@ from planner_instances import random_profile
 
 from autopipe.cli import main
 from autopipe.core.cluster import Cluster
+from autopipe.core.request import PlanRequest
 from autopipe.core.vocabulary import PLAN_SCHEDULES, SPLIT_BACKWARD_SCHEDULES
 
 # -- memory replay -------------------------------------------------------------------------
@@ -130,7 +131,7 @@ def test_a_forced_rule_breaking_request_is_refused_naming_the_rule(
     kw: dict[str, object], rule: str
 ) -> None:
     with pytest.raises(RuleViolation) as info:
-        plan(random_profile(16, 1), 4, baselines=False, **kw)  # type: ignore[arg-type]
+        plan(random_profile(16, 1), PlanRequest(gpus=4, baselines=False, **kw))  # type: ignore[arg-type]
     msg = str(info.value)
     assert msg.startswith(rule + ":") and "\n" not in msg
     assert isinstance(info.value, PlanningError)
@@ -139,7 +140,9 @@ def test_a_forced_rule_breaking_request_is_refused_naming_the_rule(
 @pytest.mark.parametrize("name", PLAN_SCHEDULES)
 def test_forced_schedule_is_honoured(name: str) -> None:
     profile = random_profile(16, 2)
-    p = plan(profile, 4, schedule=name, batch_size=32, microbatches=16, baselines=False)
+    p = plan(
+        profile, PlanRequest(gpus=4, schedule=name, batch_size=32, microbatches=16, baselines=False)
+    )
     v = 1 if name in ("gpipe", "1f1b") else 2
     assert p.schedule == name and p.virtual_stages == v and p.microbatches == 16
     assert len(p.stages) == 4 * v
@@ -159,13 +162,17 @@ def test_forced_schedule_is_honoured(name: str) -> None:
 
 
 def test_forced_virtual_stages_on_a_looped_schedule() -> None:
-    p = plan(random_profile(16, 3), 2, schedule="interleaved-1f1b", virtual_stages=4,
-             microbatches=8, baselines=False)  # fmt: skip
+    p = plan(
+        random_profile(16, 3),
+        PlanRequest(
+            gpus=2, schedule="interleaved-1f1b", virtual_stages=4, microbatches=8, baselines=False
+        ),
+    )
     assert p.virtual_stages == 4 and [s.rank for s in p.stages] == [0, 1] * 4
 
 
 def test_old_plan_files_load_without_the_new_fields(tmp_path: Path) -> None:
-    p = plan(random_profile(10, 1), 3, schedule="1f1b", microbatches=8)
+    p = plan(random_profile(10, 1), PlanRequest(gpus=3, schedule="1f1b", microbatches=8))
     data = p.to_dict()
     for key in ("lower_bound_s", "lower_bound_gap", "method", "rank_peak_bytes", "virtual_stages"):
         del data[key]
@@ -207,14 +214,16 @@ def test_auto_never_returns_a_rule_breaking_plan(
     try:
         p = plan(
             profile,
-            k,
-            schedule="auto",
-            virtual_stages="auto",
-            microbatches="auto",
-            checkpoint=checkpoint,
-            memory_per_device=None if mem is None else int(mem),
-            baselines=False,
-            compile=compile,
+            PlanRequest(
+                gpus=k,
+                schedule="auto",
+                virtual_stages="auto",
+                microbatches="auto",
+                checkpoint=checkpoint,
+                memory_per_device=None if mem is None else int(mem),
+                baselines=False,
+                compile=compile,
+            ),
         )
     except PlanningError as exc:
         assert not isinstance(exc, RuleViolation)  # auto skips, never refuses
@@ -233,12 +242,12 @@ def test_auto_never_returns_a_rule_breaking_plan(
 
 def test_auto_weighs_every_schedule_and_is_never_slower_than_any_forced_one() -> None:
     profile = random_profile(16, 5)
-    auto = plan(profile, 4, schedule="auto", microbatches=16, baselines=False)
-    seen = {(r["schedule"], r["virtual_stages"]) for r in auto.meta["candidates"]}
+    auto = plan(profile, PlanRequest(gpus=4, schedule="auto", microbatches=16, baselines=False))
+    seen = {(r.schedule, r.virtual_stages) for r in auto.candidates}
     assert {s for s, _ in seen} == set(PLAN_SCHEDULES)
     assert ("interleaved-1f1b", 4) in seen
     for name in PLAN_SCHEDULES:
-        forced = plan(profile, 4, schedule=name, microbatches=16, baselines=False)
+        forced = plan(profile, PlanRequest(gpus=4, schedule=name, microbatches=16, baselines=False))
         assert auto.iteration_time_s <= forced.iteration_time_s * (1 + 1e-12)
 
 
@@ -264,11 +273,14 @@ def test_v1_optimum_equals_brute_force(name: str) -> None:
     profile = random_profile(8, 11)
     cluster = Cluster.homogeneous(3, memory_bytes=None)
     m = 8
-    p = plan(profile, 3, schedule=name, microbatches=m, baselines=False, checkpoint="never")
+    p = plan(
+        profile,
+        PlanRequest(gpus=3, schedule=name, microbatches=m, baselines=False, checkpoint="never"),
+    )
     shape = ScheduleShape.of(name, 3, 1, m)
     kw = dict(batch_size=32, checkpoint="never", state_bytes_per_parameter=16.0, headroom=0.1)
     best_t, best_b = _brute_force_time(profile, cluster, shape, **kw)
-    assert p.meta["min_bottleneck_s"] == pytest.approx(best_b, rel=1e-12)
+    assert p.min_bottleneck_s == pytest.approx(best_b, rel=1e-12)
     cm = cost_model_for(profile, cluster, shape, **kw)
     assert brute_force_partition(cm).bottleneck_s == pytest.approx(best_b, rel=1e-12)
     if name == "gpipe":
@@ -284,8 +296,17 @@ def test_lower_bound_holds_for_every_cut(name: str) -> None:
     profile = random_profile(7, 4)
     cluster = Cluster.homogeneous(2, memory_bytes=None)
     m = 4
-    p = plan(profile, 2, schedule=name, virtual_stages=2, microbatches=m, baselines=False,
-             checkpoint="never")  # fmt: skip
+    p = plan(
+        profile,
+        PlanRequest(
+            gpus=2,
+            schedule=name,
+            virtual_stages=2,
+            microbatches=m,
+            baselines=False,
+            checkpoint="never",
+        ),
+    )
     shape = ScheduleShape.of(name, 2, 2, m)
     kw = dict(batch_size=32, checkpoint="never", state_bytes_per_parameter=16.0, headroom=0.1)
     best_t, _ = _brute_force_time(profile, cluster, shape, **kw)
@@ -349,7 +370,6 @@ def test_cli_bad_schedule_or_v_value_exits_2(profile_json: Path) -> None:
 
 
 def test_plots_every_schedule_and_memory(tmp_path: Path) -> None:
-    from autopipe.core.request import PlanRequest
     from autopipe.viz.gantt import timeline_figure
     from autopipe.viz.memory import plot_memory, plot_schedules
 
@@ -389,7 +409,7 @@ def test_cli_plot_draws_every_schedule_side_by_side(
         assert path.stat().st_size > 1000, name
     # Without a profile there is nothing to re-plan: one line, exit 2.
     bare = json.loads(out.read_text())
-    del bare["meta"]["profile"]
+    bare["profile"] = None
     out.write_text(json.dumps(bare))
     capsys.readouterr()
     assert main(["plot", str(out), "--schedules", "--out", str(tmp_path / "p2")]) == 2
@@ -407,7 +427,7 @@ def test_split_backward_is_priced_as_run() -> None:
     prof = random_profile(8, seed=3)
     for u in prof.units:
         u.backward_input_s, u.backward_weight_s = 0.7 * u.backward_s, 0.5 * u.backward_s
-    p = plan(prof, gpus=2, microbatches=4, schedule="interleaved-zb", virtual_stages=2)
+    p = plan(prof, PlanRequest(gpus=2, microbatches=4, schedule="interleaved-zb", virtual_stages=2))
     first, *rest = p.stages
     assert first.backward_input_s == 0 and first.backward_weight_s == pytest.approx(
         first.backward_s
@@ -416,16 +436,20 @@ def test_split_backward_is_priced_as_run() -> None:
         assert s.backward_input_s + s.backward_weight_s == pytest.approx(1.2 * s.backward_s)
         assert s.backward_input_s == pytest.approx(0.7 * s.backward_s)
     ckpt = plan(
-        prof, gpus=2, microbatches=4, schedule="interleaved-zb", virtual_stages=2,
-        checkpoint="always",
-    )  # fmt: skip
+        prof,
+        PlanRequest(
+            gpus=2, microbatches=4, schedule="interleaved-zb", virtual_stages=2, checkpoint="always"
+        ),
+    )
     for s in ckpt.stages:
         assert s.checkpoint
         assert (s.backward_input_s, s.backward_weight_s) == (pytest.approx(s.backward_s), 0.0)
     # Counted (or unsplit) profiles: B + W is the backward exactly.
     for u in prof.units:
         u.backward_input_s, u.backward_weight_s = 0.5 * u.backward_s, 0.5 * u.backward_s
-    even = plan(prof, gpus=2, microbatches=4, schedule="interleaved-zb", virtual_stages=2)
+    even = plan(
+        prof, PlanRequest(gpus=2, microbatches=4, schedule="interleaved-zb", virtual_stages=2)
+    )
     for s in even.stages[1:]:
         assert s.backward_input_s + s.backward_weight_s == pytest.approx(s.backward_s)
 
@@ -439,6 +463,6 @@ def test_a_chunk_without_backward_splits_into_nothing(schedule: str) -> None:
         u.backward_input_s, u.backward_weight_s = 0.6 * u.backward_s, 0.4 * u.backward_s
     idle = prof.units[1]
     idle.backward_s = idle.backward_input_s = idle.backward_weight_s = 0.0
-    p = plan(prof, gpus=4, microbatches=8, schedule=schedule, virtual_stages=2)
+    p = plan(prof, PlanRequest(gpus=4, microbatches=8, schedule=schedule, virtual_stages=2))
     assert p.balance == [1] * 8
     assert p.stages[1].backward_s == 0 and p.iteration_time_s > 0

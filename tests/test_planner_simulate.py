@@ -136,8 +136,13 @@ def test_simulate_plan_matches_planner_prediction() -> None:
     from autopipe.planner import plan, simulate_plan
     from planner_instances import random_profile
 
+    from autopipe.core.request import PlanRequest
+
     for schedule in ("gpipe", "1f1b"):
-        p = plan(random_profile(12, 3), 4, microbatches=8, schedule=schedule, checkpoint="always")
+        p = plan(
+            random_profile(12, 3),
+            PlanRequest(gpus=4, microbatches=8, schedule=schedule, checkpoint="always"),
+        )
         sim = simulate_plan(p)
         assert sim.iteration_time_s == pytest.approx(p.iteration_time_s, rel=1e-12)
         assert sim.bubble_fraction == pytest.approx(p.bubble_fraction, rel=1e-9)

@@ -23,7 +23,7 @@ def _gpt_like_plan() -> Plan:
         UnitProfile(name=n, forward_s=1e-3, backward_s=2e-3, parameter_bytes=4e6) for n in names
     ]
     profile = Profile(units=units, cut_bytes=[10_000] * (len(units) - 1), batch_size=16)
-    return autopipe.plan(profile, gpus=8)
+    return autopipe.plan(profile, autopipe.PlanRequest(gpus=8))
 
 
 def test_repr_is_one_short_line() -> None:

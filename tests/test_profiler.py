@@ -86,7 +86,7 @@ def test_unit_times_add_up_to_whole_model_gpt() -> None:
         if abs(ratios[-1] - 1) < 0.15:
             break
     assert min(abs(r - 1) for r in ratios) < 0.15, ratios
-    assert p.units[-1].forward_s >= p.meta["loss_forward_s"] > 0  # the loss runs on the last stage
+    assert p.units[-1].forward_s >= p.loss_forward_s > 0  # the loss runs on the last stage
 
 
 def small_gpt(tie: bool = False):
@@ -159,9 +159,9 @@ def test_bytes_linear_in_batch_and_fit_of_overhead() -> None:
     model, x, _ = small_mlp()
     x = torch.randn(16, 64)
     p = profile(model, x, warmup=1, repeat=3, progress=False, microbatch_sizes=(4,))
-    assert p.meta["microbatch_sizes"] == [16, 4]
-    small, big = p.meta["per_size"][1], p.meta["per_size"][0]
-    assert sum(small["activation_bytes"]) * 4 == sum(big["activation_bytes"])
+    assert p.measurement is not None and p.measurement.microbatch_sizes == [16, 4]
+    small, big = p.measurement.per_size[1], p.measurement.per_size[0]
+    assert sum(small.activation_bytes) * 4 == sum(big.activation_bytes)
     for u in p.units:
         assert 0 <= u.forward_overhead_s <= u.forward_s
         assert 0 <= u.backward_overhead_s <= u.backward_s
@@ -204,7 +204,10 @@ def test_export_tracer_profile() -> None:
     model = ShapeBranch()
     p = profile(model, torch.randn(8, 8), warmup=0, repeat=1, progress=False, microbatch_sizes=(2,))
     assert p.tracer == "export" and p.unit_names == ["a", "b"]
-    assert p.meta["microbatch_sizes"] == [8, 2]  # re-traced at the smaller size
+    assert p.measurement is not None and p.measurement.microbatch_sizes == [
+        8,
+        2,
+    ]  # re-traced at the smaller size
     assert p.parameter_bytes_total == unique_parameter_bytes(model)
     assert activation_ratio(p) == pytest.approx(1.0, abs=0.05)
 
@@ -300,9 +303,10 @@ def test_no_float_output_is_a_clear_error() -> None:
 
 def test_wall_clock_and_clock_choice_recorded() -> None:
     model, x, _ = small_mlp()
-    assert profile(model, x, **FAST).meta["clock"] == "thread_cpu"  # CPU, one thread
+    assert profile(model, x, **FAST).measurement.clock == "thread_cpu"  # CPU, one thread
     p = profile(model, x, clock="wall", threads=2, **FAST)
-    assert p.meta["clock"] == "wall" and p.meta["threads"] == 2
+    assert p.measurement is not None
+    assert p.measurement.clock == "wall" and p.measurement.threads == 2
     assert p.total_forward_s > 0 and all(u.forward_s > 0 for u in p.units)
     with pytest.raises(ValueError, match="clock"):
         profile(model, x, clock="sundial", **FAST)

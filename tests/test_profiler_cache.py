@@ -62,7 +62,11 @@ def test_more_repeats_are_measured_not_reused(tmp_path) -> None:
     m, x = model(), torch.randn(8, 16)
     profile(m, x, cache=True, cache_dir=tmp_path, **FAST)
     p = profile(m, x, cache=True, cache_dir=tmp_path, **{**FAST, "repeat": 2})
-    assert p.meta["repeat"] == 2 and len(list(tmp_path.glob("*.json"))) == 2
+    assert (
+        p.measurement is not None
+        and p.measurement.repeat == 2
+        and len(list(tmp_path.glob("*.json"))) == 2
+    )
 
 
 @pytest.mark.parametrize(

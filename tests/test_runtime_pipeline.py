@@ -6,6 +6,7 @@ import copy
 
 import pytest
 import torch
+from autopipe.profiler.options import MeasureOptions
 from autopipe.profiler.units import trace_units
 from autopipe.runtime import DeferredBatchNorm, Pipeline, parallelize
 from runtime_helpers import assert_close, load_example, reference_forward
@@ -236,7 +237,9 @@ def test_parallelize_profiles_and_plans() -> None:
         gpus=3,
         microbatches=4,
         checkpoint="always",
-        profile_options={"warmup": 1, "repeat": 1, "progress": False, "loss_fn": gpt.loss_fn},
+        profile_options=MeasureOptions(warmup=1, repeat=1),
+        loss_fn=gpt.loss_fn,
+        progress=False,
     )
     assert pipe.plan.num_stages == pipe.num_stages == 3
     assert pipe.microbatches == pipe.plan.microbatches == 4 and pipe.checkpoint == [True] * 3

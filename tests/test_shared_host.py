@@ -17,6 +17,7 @@ from planner_instances import random_profile
 
 from autopipe.core.cluster import Cluster
 from autopipe.core.plan import load_plan
+from autopipe.core.request import PlanRequest
 from autopipe.core.vocabulary import PLAN_SCHEDULES
 
 # Every schedule a plan may name, at the fewest chunks per rank beyond one that all accept.
@@ -99,9 +100,13 @@ def test_plans_on_a_shared_host_simulate_as_planned_and_keep_it_in_json(
     schedule: str, v: int, tmp_path: Path
 ) -> None:
     prof = random_profile(16, 3, batch_size=16)
-    shared = plan(prof, cluster=_cluster(1.2), microbatches=4, schedule=schedule, virtual_stages=v)
+    shared = plan(
+        prof,
+        PlanRequest(cluster=_cluster(1.2), microbatches=4, schedule=schedule, virtual_stages=v),
+    )
     dedicated = plan(
-        prof, cluster=_cluster(None), microbatches=4, schedule=schedule, virtual_stages=v
+        prof,
+        PlanRequest(cluster=_cluster(None), microbatches=4, schedule=schedule, virtual_stages=v),
     )
     assert shared.iteration_time_s > dedicated.iteration_time_s
     # The plan's own figure is the shared-host simulation, and simulate_plan finds it again
@@ -116,8 +121,8 @@ def test_plans_on_a_shared_host_simulate_as_planned_and_keep_it_in_json(
 
 def test_a_host_with_room_for_every_rank_is_dedicated() -> None:
     prof = random_profile(12, 4, batch_size=8)
-    a = plan(prof, cluster=_cluster(2.0), microbatches=4, schedule="zbv")
-    b = plan(prof, cluster=_cluster(None), microbatches=4, schedule="zbv")
+    a = plan(prof, PlanRequest(cluster=_cluster(2.0), microbatches=4, schedule="zbv"))
+    b = plan(prof, PlanRequest(cluster=_cluster(None), microbatches=4, schedule="zbv"))
     assert a.iteration_time_s == pytest.approx(b.iteration_time_s, rel=1e-12)
 
 
@@ -125,7 +130,7 @@ def test_a_host_with_room_for_every_rank_is_dedicated() -> None:
 def test_host_throughput_must_be_positive(bad: float) -> None:
     prof = random_profile(8, 5, batch_size=8)
     with pytest.raises(PlanningError, match="host_throughput"):
-        plan(prof, cluster=dataclasses.replace(_cluster(None), host_throughput=bad))
+        plan(prof, PlanRequest(cluster=dataclasses.replace(_cluster(None), host_throughput=bad)))
 
 
 def test_cli_host_throughput_prices_the_plan_as_the_python_api_does(
@@ -147,9 +152,9 @@ def test_cli_host_throughput_prices_the_plan_as_the_python_api_does(
     assert got.request is not None and got.request.cluster is not None
     assert got.request.cluster.host_throughput == pytest.approx(1.2)
     cluster = Cluster.homogeneous(2, name=prof.device, host_throughput=1.2)
-    expected = plan(prof, cluster=cluster, microbatches=4, schedule="1f1b")
+    expected = plan(prof, PlanRequest(cluster=cluster, microbatches=4, schedule="1f1b"))
     assert got.iteration_time_s == pytest.approx(expected.iteration_time_s)
-    dedicated = plan(prof, gpus=2, microbatches=4, schedule="1f1b")
+    dedicated = plan(prof, PlanRequest(gpus=2, microbatches=4, schedule="1f1b"))
     assert got.iteration_time_s > dedicated.iteration_time_s
     refused = tmp_path / "refused.json"
     with pytest.raises(SystemExit) as exc:  # argparse refuses the value: a usage error

@@ -33,6 +33,7 @@ from autopipe.planner import plan as make_plan
 from autopipe.profiler.inputs import call_model
 from autopipe.profiler.measure import profile
 from autopipe.profiler.objective import default_loss
+from autopipe.profiler.options import MeasureOptions
 from autopipe.profiler.units import trace_units
 from distributed_cases import free_port
 from torch.utils import _pytree as pytree
@@ -40,6 +41,7 @@ from torch.utils import _pytree as pytree
 from autopipe import cli
 from autopipe.core.plan import Plan, load_plan
 from autopipe.core.profile import Profile
+from autopipe.core.request import PlanRequest
 
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = Path(models.__file__).resolve()
@@ -181,7 +183,8 @@ def _check_parallelized(name: str, plan: Plan | None) -> Any:
         devices=["cpu"] * 4,
         microbatches=4,
         plan=plan,
-        profile_options={"warmup": 0, "repeat": 1, "progress": False},
+        profile_options=MeasureOptions(warmup=0, repeat=1),
+        progress=False,
     )
     assert pipe.plan.microbatches == 4 and pipe.num_stages == 4
     out = call_model(pipe, inputs)
@@ -209,7 +212,7 @@ def test_parallelize_equals_the_plain_model(name: str) -> None:
 
 @pytest.mark.parametrize("name", NAMES)
 def test_parallelize_cut_between_calls_equals_the_plain_model(name: str) -> None:
-    planned = make_plan(_quick_profile(name), gpus=4, microbatches=4)
+    planned = make_plan(_quick_profile(name), PlanRequest(gpus=4, microbatches=4))
     _check_parallelized(name, _cut_between_calls(planned, name))
 
 
@@ -238,9 +241,11 @@ def torchrun_runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
         if name not in profiles:
             profiles[name] = _quick_profile(name)
         plan = make_plan(
-            profiles[name], gpus=2, microbatches=4, optimizer="sgd", schedule=schedule,
-            virtual_stages=v,
-        )  # fmt: skip
+            profiles[name],
+            PlanRequest(
+                gpus=2, microbatches=4, optimizer="sgd", schedule=schedule, virtual_stages=v
+            ),
+        )
         if cut is not None:
             plan = zoo.recut(plan, cut)
         plan.save(out / f"{case}.plan.json")

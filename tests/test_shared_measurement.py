@@ -22,6 +22,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import flop_registry
 
 from autopipe.core.profile import Profile
+from autopipe.core.request import PlanRequest
 
 FAST = {"progress": False, "microbatch_sizes": ()}
 
@@ -90,15 +91,23 @@ def test_identical_units_measured_once_with_more_samples() -> None:
         (u.forward_s, u.backward_s) == (rep.forward_s, rep.backward_s) for u in shared.units[2:5]
     )
     # the last unit also carries the loss
-    assert shared.units[5].forward_s == rep.forward_s + shared.meta["loss_forward_s"]
+    assert shared.units[5].forward_s == rep.forward_s + shared.loss_forward_s
     # layers 2..5 ran once (the no-grad pass counting output bytes); layer 1 ran there, in
     # the capture, in the in-place check, 1 warm-up and 2 rounds x min(5, cap) samples
     assert [calls[i] for i in range(2, 6)] == [1, 1, 1, 1]
     assert calls[1] == 3 + 1 + 2 * min(5, SHARED_SAMPLES_CAP)
-    assert shared.meta["reference"] is False and shared.total_forward_s == 0.0
+    assert (
+        shared.measurement is not None
+        and shared.measurement.reference is False
+        and shared.total_forward_s == 0.0
+    )
 
     alone = profile(model, x, warmup=0, repeat=1, share=False, **FAST)
-    assert all(u.measured_as == "" for u in alone.units) and alone.meta["reference"] is True
+    assert (
+        all(u.measured_as == "" for u in alone.units)
+        and alone.measurement is not None
+        and alone.measurement.reference is True
+    )
     for a, b in zip(alone.units, shared.units, strict=True):
         assert (a.activation_bytes, a.output_bytes, a.peak_bytes) == (
             b.activation_bytes,
@@ -125,7 +134,7 @@ def test_same_plan_from_profiles_with_different_clock_noise() -> None:
     x = torch.randn(4, 8, d)
 
     def balance(p: Profile) -> tuple[int, ...]:
-        return tuple(plan(p, 4, microbatches=2, baselines=False).balance)
+        return tuple(plan(p, PlanRequest(gpus=4, microbatches=2, baselines=False)).balance)
 
     shared = [noisy_profile(model, x, seed) for seed in (1, 2, 3)]
     for p in shared:
@@ -145,7 +154,12 @@ def test_meta_model_measured_one_unit_at_a_time() -> None:
     with torch.device("meta"):
         model = gpt.build_model(**vars(cfg))
     meta = profile(model, x, loss_fn=gpt.loss_fn, warmup=0, repeat=1, **FAST)
-    assert meta.meta["meta_init"] is True and meta.mode == "measured" and meta.device == "cpu"
+    assert (
+        meta.measurement is not None
+        and meta.measurement.meta_init is True
+        and meta.mode == "measured"
+        and meta.device == "cpu"
+    )
     assert all(p.is_meta for p in model.parameters())
     fields = (
         "activation_bytes",
@@ -159,7 +173,7 @@ def test_meta_model_measured_one_unit_at_a_time() -> None:
         assert b.forward_s > 0 and b.backward_s > 0
     assert real.cut_bytes == meta.cut_bytes and real.input_bytes == meta.input_bytes
     largest_unit = max(u.parameter_bytes + u.buffer_bytes for u in meta.units)
-    assert 0 < meta.meta["materialized_peak_bytes"] <= largest_unit
+    assert 0 < meta.measurement.materialized_peak_bytes <= largest_unit
     with pytest.raises(ValueError, match="reference=True needs the whole model"):
         profile(model, x, reference=True, **FAST)
 
@@ -248,4 +262,8 @@ def test_cli_lists_shared_units_and_measures_from_meta_when_too_big(
     assert "blocks.0: measured once for blocks.0, blocks.1 .. blocks.12 (13 units)" in text.out
     assert "meta-init      built on meta, measured one unit at a time" in text.out
     p = Profile.load(out)
-    assert p.meta["meta_init"] is True and p.units[5].measured_as == "blocks.0"
+    assert (
+        p.measurement is not None
+        and p.measurement.meta_init is True
+        and p.units[5].measured_as == "blocks.0"
+    )

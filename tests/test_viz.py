@@ -12,6 +12,7 @@ from autopipe.planner.simulate import fill_drain_bubble
 
 from autopipe.core.plan import Plan, load_plan
 from autopipe.core.profile import Profile, UnitProfile
+from autopipe.core.request import PlanRequest
 from autopipe.core.timeline import (
     Task,
     Timeline,
@@ -54,7 +55,9 @@ def profile() -> Profile:
 
 @pytest.fixture(scope="module")
 def gpipe_plan(profile: Profile) -> Plan:
-    return plan(profile, gpus=4, batch_size=32, microbatches="auto", memory_per_device=2**30)
+    return plan(
+        profile, PlanRequest(gpus=4, batch_size=32, microbatches="auto", memory_per_device=2**30)
+    )
 
 
 @pytest.fixture(scope="module")
@@ -63,11 +66,9 @@ def onefoneb_plan(profile: Profile) -> Plan:
     cluster = Cluster.homogeneous(4, link_bandwidth_bytes_per_s=2e9)
     return plan(
         profile,
-        cluster=cluster,
-        batch_size=32,
-        microbatches=8,
-        schedule="1f1b",
-        checkpoint="always",
+        PlanRequest(
+            cluster=cluster, batch_size=32, microbatches=8, schedule="1f1b", checkpoint="always"
+        ),
     )
 
 
@@ -253,7 +254,9 @@ def test_scaling_plot(gpipe_plan: Plan, profile: Profile, tmp_path: Path) -> Non
     data = scaling_data(gpipe_plan, profile, max_gpus=6)
     ks = [p["num_stages"] for p in data["points"]]
     assert ks == [1, 2, 3, 4, 5, 6]
-    one = plan(profile, gpus=1, batch_size=32, memory_per_device=2**30, baselines=False)
+    one = plan(
+        profile, PlanRequest(gpus=1, batch_size=32, memory_per_device=2**30, baselines=False)
+    )
     assert data["points"][0]["throughput"] == pytest.approx(one.throughput)
     _check_png(plot_scaling(data, tmp_path / "scaling")[0])
 
@@ -261,7 +264,7 @@ def test_scaling_plot(gpipe_plan: Plan, profile: Profile, tmp_path: Path) -> Non
 def test_plot_all_then_redraw_from_plan_alone(
     profile: Profile, gpipe_plan: Plan, tmp_path: Path
 ) -> None:
-    from autopipe.viz import VIZ_META_KEY, collect_plot_data
+    from autopipe.viz import collect_plot_data
 
     p = Plan.from_dict(json.loads(json.dumps(gpipe_plan.to_dict())))
     before = json.dumps(p.to_dict(), sort_keys=True)
@@ -283,7 +286,7 @@ def test_plot_all_then_redraw_from_plan_alone(
     again_from_data = plot_all(p, tmp_path / "d", plot_data=data)
     assert [x.name for x in again_from_data] == [x.name for x in paths]
     assert json.dumps(p.to_dict(), sort_keys=True) == before
-    p.meta[VIZ_META_KEY] = data
+    p.plot_data = data
     p.save(tmp_path / "plan.json")
     again = plot_all(load_plan(tmp_path / "plan.json"), tmp_path / "b", formats=("svg",))
     assert [x.name for x in again] == [
@@ -377,7 +380,7 @@ def _gpt_like_plan(microbatches: int = 16) -> Plan:
         for n in names
     ]
     profile = Profile(units=units, cut_bytes=[100_000] * (len(units) - 1), batch_size=32)
-    return plan(profile, gpus=8, microbatches=microbatches, baselines=False)
+    return plan(profile, PlanRequest(gpus=8, microbatches=microbatches, baselines=False))
 
 
 def test_every_microbatch_is_labelled_on_the_timeline() -> None:
@@ -450,7 +453,6 @@ def test_schedules_memory_legend_sits_below_the_panels() -> None:
     """Before, the rank legend sat inside the first panel, over its lines (zbv's, there)."""
     from autopipe.planner import plan_each_schedule
 
-    from autopipe.core.request import PlanRequest
     from autopipe.viz.memory import schedules_figure
 
     plans = plan_each_schedule(_profile(), PlanRequest(gpus=4, microbatches=8))

@@ -50,6 +50,7 @@ from torch.utils import _pytree as pytree  # noqa: E402
 
 from autopipe import cli  # noqa: E402
 from autopipe.core.plan import load_plan  # noqa: E402
+from autopipe.core.request import PlanRequest
 
 ROOT = Path(__file__).resolve().parents[1]
 ZOO = Path(zoo.__file__).resolve()
@@ -139,7 +140,7 @@ def test_parallelize_equals_the_plain_model(family: str) -> None:
 
     model, inputs = zoo.build(family)
     measured = _quick_profile(family)
-    planned = make_plan(measured, gpus=4, microbatches=4, optimizer="sgd")
+    planned = make_plan(measured, PlanRequest(gpus=4, microbatches=4, optimizer="sgd"))
     for plan in (planned, zoo.second_cut(measured, planned)):
         model, inputs = zoo.build(family)
         reference = copy.deepcopy(model)
@@ -307,7 +308,7 @@ def test_tied_embedding_is_charged_to_every_stage_that_holds_it() -> None:
     wte = next(u for u in measured.units if u.name == "transformer.wte")
     head = next(u for u in measured.units if u.name == "lm_head")
     assert wte.shared_parameters == head.shared_parameters == ["transformer.wte.weight"]
-    plan = make_plan(measured, gpus=2, microbatches=2)
+    plan = make_plan(measured, PlanRequest(gpus=2, microbatches=2))
     first, last = plan.stages
     assert "transformer.wte" in first.units and "lm_head" in last.units
     assert first.parameter_bytes >= wte.parameter_bytes

@@ -499,7 +499,7 @@ def second_cut(measured: Any, planned: Any) -> Any:
     from autopipe.planner import plan as make_plan
 
     for strategy in ("uniform", "parameters", "greedy-time"):
-        other = make_plan(measured, planned.request, strategy=strategy)
+        other = make_plan(measured, dataclasses.replace(planned.request, strategy=strategy))
         if other.balance != planned.balance:
             return other
     cut = [list(s.units) for s in planned.stages]
@@ -537,6 +537,7 @@ def write_plans(out: Any, families: list[str], profiles: dict[str, Any] | None =
     from autopipe.profiler.measure import profile
 
     from autopipe.core.profile import Profile
+    from autopipe.core.request import PlanRequest
 
     for family in families:
         saved = (profiles or {}).get(family)
@@ -547,7 +548,10 @@ def write_plans(out: Any, families: list[str], profiles: dict[str, Any] | None =
             measured = profile(model, inputs, warmup=0, repeat=1, progress=False)
         schedule, v = SCHEDULE_OF[family]
         plan = make_plan(
-            measured, gpus=2, microbatches=4, optimizer="sgd", schedule=schedule, virtual_stages=v
+            measured,
+            PlanRequest(
+                gpus=2, microbatches=4, optimizer="sgd", schedule=schedule, virtual_stages=v
+            ),
         )
         assert (plan.schedule, plan.virtual_stages) == (schedule, v)
         plan.save(out / f"{family}.planned.plan.json")

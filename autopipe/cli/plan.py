@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from autopipe import profiling
 from autopipe.cli import common
 from autopipe.core.request import PlanRequest
-from autopipe.core.vocabulary import PLAN_SCHEDULES, SHARD_MODES
+from autopipe.core.vocabulary import DEFAULT_CHECKPOINT, PLAN_SCHEDULES, SHARD_MODES
 from autopipe.device_target import profiled_on
 from autopipe.placement import NEED_BANDWIDTH, Placement, plan_on_devices, scaling_rows
 from autopipe.planner.emit import EMIT_FORMATS, EmitError, emit
@@ -55,7 +55,7 @@ def register(sub: common.Subparsers) -> None:
     p.add_argument(
         "--checkpoint",
         choices=["never", "auto", "always", "except_last"],
-        default="auto",
+        default=DEFAULT_CHECKPOINT,
         help="re-materialization (default: auto, only where memory needs it)",
     )
     p.add_argument(
@@ -364,7 +364,8 @@ def _write_outputs(args: argparse.Namespace, result: Plan, profile: Profile) -> 
     if args.plot:
         _plot(args, result, profile)
     # The profile travels with the plan: `autopipe plot` and tools can re-plan from it.
-    result.meta.setdefault("profile", profile.to_dict())
+    if result.profile is None:
+        result.profile = profile
     common.emit_json(result.to_dict(), args.json)
     if emitted is not None:
         common.emit_text(emitted, args.emit_out)
@@ -376,7 +377,7 @@ def _write_outputs(args: argparse.Namespace, result: Plan, profile: Profile) -> 
 
 def _plot(args: argparse.Namespace, result: Plan, profile: Profile) -> None:
     """--plot DIR: the five figures, their data kept in the plan written after."""
-    from autopipe.viz import VIZ_META_KEY, collect_plot_data, plot_all, too_many_tasks
+    from autopipe.viz import collect_plot_data, plot_all, too_many_tasks
 
     too_many = too_many_tasks(result)
     if too_many is not None:  # the plan itself is fine: keep it, skip only the plots
@@ -385,7 +386,7 @@ def _plot(args: argparse.Namespace, result: Plan, profile: Profile) -> None:
     data = collect_plot_data(result, profile)
     paths = plot_all(result, args.plot, plot_data=data, progress=not args.quiet)
     # Kept in the plan written below, so `autopipe plot PLAN.json` redraws all five.
-    result.meta[VIZ_META_KEY] = data
+    result.plot_data = data
     common.say(args, "plots: " + ", ".join(str(p) for p in paths))
 
 

@@ -90,16 +90,9 @@ def cmd_plot(args: argparse.Namespace) -> int:
                 f"{args.profile} does not match {args.plan}: the plan's units are not the "
                 "profile's; pass the profile the plan was made from"
             )
-    elif isinstance(plan.meta.get("profile"), dict):
+    elif plan.profile is not None:
         # `autopipe plan --json` keeps the profile in the plan so plots can be redrawn later.
-        from autopipe.core.profile import Profile, ProfileFormatError
-
-        try:
-            profile = Profile.from_dict(plan.meta["profile"])
-        except ProfileFormatError as exc:
-            raise common.UsageError(
-                f"{args.plan}: the embedded profile is unusable: {exc}"
-            ) from exc
+        profile = plan.profile
     if args.schedules and profile is None:  # refused before any drawing
         raise common.UsageError(
             "--schedules re-plans the plan's profile: pass --profile PROFILE.json (plans "

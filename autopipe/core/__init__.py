@@ -3,6 +3,9 @@ from autopipe.
 
 - ``profile``: the Profile (what each unit of a model costs) and its JSON;
 - ``plan``: the Plan (stages, schedule, mesh, predictions) and its JSON;
+- ``plan_records``, ``profile_records``: the typed records they keep (the mesh report, the
+  candidates weighed, how a profile was measured); ``meta_fields``: the one reader moving
+  earlier files' ``meta`` keys into those fields;
 - ``request``: the PlanRequest (what to plan for);
 - ``cluster``, ``catalog``: devices, links and the datasheet catalog;
 - ``timeline``: the one Timeline of what runs where and when (simulated or recorded);

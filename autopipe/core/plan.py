@@ -13,13 +13,16 @@ import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from autopipe.core.datafile import atomic_write_json, check_version, known_fields, load_json_file
 from autopipe.core.errors import UsageError
 from autopipe.core.fields import FieldError, check_dataclass, check_number
 from autopipe.core.humanize import format_seconds
+from autopipe.core.meta_fields import lift_meta
 from autopipe.core.optimizer import AUTO, OPTIMIZERS, normalize_optimizer
+from autopipe.core.plan_records import CandidateRow, DataParallelRow, MeshReport
+from autopipe.core.profile import Profile, ProfileFormatError
 from autopipe.core.request import PlanRequest
 from autopipe.core.vocabulary import PLAN_SCHEDULES, SHARD_MODES
 
@@ -32,6 +35,44 @@ __all__ = [
     "StagePlan",
     "load_plan",
 ]
+
+
+_META_FIELDS = {
+    "algorithm": "partition_algorithm",
+    "bottleneck_s": "bottleneck_s",
+    "min_bottleneck_s": "min_bottleneck_s",
+    "single_device_time_s": "single_device_time_s",
+    "parameter_size_bytes": "parameter_size_bytes",
+    "pipeline_iteration_s": "pipeline_iteration_s",
+    "allreduce_s": "allreduce_s",
+    "candidates": "candidates",
+    "data_parallel": "data_parallel",
+    "mesh": "mesh",
+    "profile": "profile",
+    "viz": "plot_data",
+    "granularity": "granularity",
+    "state_bytes_per_parameter": "state_bytes_per_parameter",
+}
+"""``Plan.meta`` keys of earlier writers (schema v1) and the fields they are now."""
+
+R = TypeVar("R")
+
+
+def _record(cls: type[R], value: Any) -> R:
+    """``value`` as a ``cls`` record: itself, or built from its JSON object."""
+    return value if isinstance(value, cls) else cls.from_dict(value)  # type: ignore[attr-defined]
+
+
+def _legacy_request(meta: dict[str, Any]) -> PlanRequest:
+    """The request of a plan written before ``Plan.request`` was recorded: the planner's
+    keywords it kept in ``meta["options"]``, its re-materialization mode, headroom and the
+    training state it charged."""
+    values = dict(meta.pop("options") or {})
+    if "checkpoint_mode" in meta:
+        values.setdefault("checkpoint", meta.pop("checkpoint_mode"))
+    if "headroom" in meta:
+        values.setdefault("headroom", meta.pop("headroom"))
+    return PlanRequest.from_dict(values)
 
 
 class PlanFormatError(UsageError, ValueError):
@@ -166,8 +207,54 @@ class Plan:
     """The tensor-parallel plan the stages are split by: module path pattern (fnmatch, as
     Hugging Face's ``base_model_tp_plan``, e.g. ``layers.*.self_attn.q_proj``) to style
     (``colwise``, ``rowwise``, ...); empty when ``tensor_parallel`` is 1."""
+    partition_algorithm: str = ""
+    """The partition search that placed the stage (chunk) boundaries (``dp``, ``pareto``,
+    ``dp+moves``, ``probe``, a baseline's name ...); ``""`` in plans written before it was a
+    field."""
+    bottleneck_s: float = 0.0
+    """The slowest stage (chunk) of this cut, busy seconds per micro-batch."""
+    min_bottleneck_s: float = 0.0
+    """The smallest bottleneck any cut into these stages has (the exact search's optimum):
+    at most ``bottleneck_s``; below it when the plan traded the bottleneck for a faster
+    simulated iteration."""
+    single_device_time_s: float = 0.0
+    """Predicted seconds of the whole per-replica batch on one device (``speedup`` is this
+    over ``iteration_time_s`` for a pipeline plan)."""
+    parameter_size_bytes: int = 0
+    """Bytes of one parameter as profiled (its dtype): what ``state_bytes_per_parameter`` is
+    explained against; 0: not recorded."""
+    pipeline_iteration_s: float = 0.0
+    """With ``replicas`` > 1: the pipeline's own iteration, without the exposed
+    data-parallel communication that ``iteration_time_s`` includes; 0 otherwise."""
+    allreduce_s: float = 0.0
+    """With ``replicas`` > 1: the exposed data-parallel communication per step (gradient
+    all-reduce, or the sharded modes' collectives); 0 otherwise."""
+    candidates: list[CandidateRow] = field(default_factory=list)
+    """Every (schedule, V, M) the pipeline search weighed."""
+    data_parallel: list[DataParallelRow] = field(default_factory=list)
+    """Every ``K x D`` layout ``plan_data_parallel`` weighed, best first; empty otherwise."""
+    mesh: MeshReport | None = None
+    """The device mesh search's report (nodes, links, peak memory, every mesh weighed);
+    None for a plan of one pipeline."""
+    profile: Profile | None = None
+    """The profile the plan was made from, when it travels with the plan (``autopipe plan``
+    writes it, so ``autopipe plot`` and tools can re-plan); None otherwise."""
+    plot_data: dict[str, Any] = field(default_factory=dict)
+    """The figures' data (``autopipe.viz.collect_plot_data``) when ``autopipe plan --plot``
+    stored it, so ``autopipe plot PLAN.json`` redraws without re-planning; empty otherwise."""
     version: int = PLAN_VERSION
     meta: dict[str, Any] = field(default_factory=dict)
+    """Free-form notes for people (nothing reads them back)."""
+
+    def __post_init__(self) -> None:
+        lift_meta(self, _META_FIELDS)
+        # A loaded file (or an earlier writer's meta) gives the records as JSON objects.
+        self.candidates = [_record(CandidateRow, r) for r in self.candidates]
+        self.data_parallel = [_record(DataParallelRow, r) for r in self.data_parallel]
+        if self.mesh is not None:
+            self.mesh = _record(MeshReport, self.mesh)
+        if self.request is None and "options" in self.meta:
+            self.request = _legacy_request(self.meta)
 
     def __repr__(self) -> str:
         # The dataclass repr spelled out every stage's unit names, the request, the notes
@@ -339,17 +426,26 @@ class Plan:
                 fields["request"] = PlanRequest.from_dict(fields["request"])
             elif fields.get("request") is not None:
                 raise FieldError("request", "is not an object")
-            if "granularity" not in data:  # written before it was a field
-                fields["granularity"] = str(data.get("meta", {}).get("granularity", "block"))
-            plan = cls(stages=stages, **fields)
+            plan = cls(stages=stages, **fields)  # meta keys of earlier writers: lift_meta
         except (TypeError, AttributeError, ValueError) as exc:
             raise PlanFormatError(f"malformed autopipe plan: {exc}") from exc
+        if isinstance(plan.profile, dict):
+            plan.profile = _embedded_profile(plan.profile)
         plan.validate()
         return plan
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write the plan as JSON atomically (a crash never leaves half a file)."""
         atomic_write_json(Path(path), self.to_dict())
+
+
+def _embedded_profile(data: dict[str, Any]) -> Profile:
+    """The profile a plan file carries (``Plan.profile``), or ``PlanFormatError`` saying why
+    it is unusable."""
+    try:
+        return Profile.from_dict(data)
+    except ProfileFormatError as exc:
+        raise PlanFormatError(f"profile (the embedded profile) is unusable: {exc}") from None
 
 
 def load_plan(path: str | os.PathLike[str]) -> Plan:

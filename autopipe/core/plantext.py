@@ -16,6 +16,7 @@ from autopipe.core.vocabulary import FRAMEWORK_DEFAULTS, FRAMEWORK_LABELS
 
 if TYPE_CHECKING:
     from autopipe.core.plan import Plan
+    from autopipe.core.plan_records import MeshReport
 
 
 def table(header: list[str], rows: list[list[str]], right: set[int]) -> str:
@@ -116,8 +117,8 @@ def format_plan(plan: Plan) -> str:
             "infeasible" if t is None else f"{t / plan.iteration_time_s:.2f}" for t in times
         )
         lines.append(f"vs baselines   {' vs '.join(names)}: {ratio} x iteration time")
-    if "mesh" in plan.meta:
-        lines += ["", format_mesh(plan)]
+    if plan.mesh is not None:
+        lines += ["", format_mesh(plan, plan.mesh)]
     frameworks = framework_table(plan)
     if frameworks:
         lines += ["", "framework defaults on the same devices (predicted):", *frameworks, ""]
@@ -126,36 +127,35 @@ def format_plan(plan: Plan) -> str:
     return "\n".join(lines)
 
 
-def format_mesh(plan: Plan, runners_up: int = 12) -> str:
+def format_mesh(plan: Plan, mesh: MeshReport, runners_up: int = 12) -> str:
     """The chosen device mesh and a table of the runner-up meshes (shape, step, peak memory
-    per device, why each loses), from ``plan.meta["mesh"]`` (``autopipe.planner.mesh``)."""
-    mesh = plan.meta["mesh"]
+    per device, why each loses), from the plan's ``mesh`` (``autopipe.planner.mesh``)."""
     pp, dp, tp = plan.mesh_shape
-    gather = mesh.get("gather_buffer_bytes") or 0
+    gather = mesh.gather_buffer_bytes
     lines = [
         f"mesh           pp {pp} x dp {dp} x tp {tp} = {plan.world_size} GPUs "
-        f"({mesh['gpus_per_node']} per node), shard {plan.shard}; peak "
-        f"{format_bytes(mesh['peak_bytes'])} per device"
+        f"({mesh.gpus_per_node} per node), shard {plan.shard}; peak "
+        f"{format_bytes(mesh.peak_bytes)} per device"
         + (f" (gather buffers {format_bytes(gather)} included)" if gather else ""),
         f"step           {format_seconds(plan.iteration_time_s)} = pipeline "
-        f"{format_seconds(plan.meta['pipeline_iteration_s'])} + exposed DP communication "
-        f"{format_seconds(plan.meta['allreduce_s'])}; TP collectives "
-        f"{format_seconds(mesh['tp_comm_s'])} of the busiest rank's step",
+        f"{format_seconds(plan.pipeline_iteration_s)} + exposed DP communication "
+        f"{format_seconds(plan.allreduce_s)}; TP collectives "
+        f"{format_seconds(mesh.tp_comm_s)} of the busiest rank's step",
     ]
     rows = []
-    for c in mesh["candidates"][: runners_up + 1]:
+    for c in mesh.candidates[: runners_up + 1]:
         rows.append(
             [
-                f"{c['pp']} x {c['dp']} x {c['tp']}",
-                c["shard"],
-                format_seconds(c["step_s"]) if c["step_s"] is not None else "-",
-                format_bytes(c["peak_bytes"]) if c["peak_bytes"] else "-",
-                printable(c["reason"]),
+                f"{c.pp} x {c.dp} x {c.tp}",
+                c.shard,
+                format_seconds(c.step_s) if c.step_s is not None else "-",
+                format_bytes(c.peak_bytes) if c.peak_bytes else "-",
+                printable(c.reason),
             ]
         )
-    more = len(mesh["candidates"]) - len(rows)
+    more = len(mesh.candidates) - len(rows)
     listed = table(["pp x dp x tp", "shard", "step", "peak/device", "why"], rows, right={2, 3})
-    tail = f"\n({more} more meshes in the plan's meta.mesh.candidates)" if more > 0 else ""
+    tail = f"\n({more} more meshes in the plan's mesh.candidates)" if more > 0 else ""
     return "\n".join(lines) + "\n\nmeshes, fastest first:\n" + listed + tail
 
 
@@ -166,7 +166,7 @@ def _training_state(plan: Plan) -> str:
     if plan.optimizer and plan.optimizer != "custom":
         from autopipe.core.optimizer import describe_training_state
 
-        size = round(plan.meta.get("parameter_size_bytes", 0)) or None
+        size = plan.parameter_size_bytes or None
         if size:
             return f"{text} ({describe_training_state(plan.optimizer, size)})"
         return f"{text} ({plan.optimizer})"

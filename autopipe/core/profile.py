@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,8 @@ from typing import Any
 from autopipe.core.datafile import atomic_write_json, check_version, known_fields, load_json_file
 from autopipe.core.errors import UsageError
 from autopipe.core.fields import LARGEST_PROFILE_VALUE, FieldError, check_dataclass
+from autopipe.core.meta_fields import lift_meta
+from autopipe.core.profile_records import CountedBlocks, Measurement
 
 __all__ = [
     "PROFILE_VERSION",
@@ -25,6 +28,15 @@ __all__ = [
 ]
 
 PROFILE_VERSION = 1
+
+_META_FIELDS = {
+    "loss_forward_s": "loss_forward_s",
+    "loss_backward_s": "loss_backward_s",
+    "counted_blocks": "counted_blocks",
+}
+"""``Profile.meta`` keys of earlier writers (schema v1) and the fields they are now."""
+_MEASUREMENT_KEYS = tuple(f.name for f in dataclasses.fields(Measurement))
+"""The flat ``Profile.meta`` keys that are now ``Profile.measurement``'s fields."""
 
 
 class ProfileFormatError(UsageError, ValueError):
@@ -177,10 +189,33 @@ class Profile:
     e.g. the attention and key/value heads); empty without a TP plan."""
     tp_note: str = ""
     """Why the profile has no TP plan (one sentence), or ``""``."""
+    loss_forward_s: float = 0.0
+    """The loss's forward seconds at ``batch_size``, included in the last unit's
+    ``forward_s`` (the loss runs on the last stage); 0 when not recorded."""
+    loss_backward_s: float = 0.0
+    """The loss's backward seconds, included in the last unit's ``backward_s``."""
+    measurement: Measurement | None = None
+    """How the measuring profiler ran (sizes, repeats, clock, threads, per-size figures);
+    None for a counted (analytic) profile."""
+    counted_blocks: CountedBlocks | None = None
+    """How a long block stack was counted in part (``profiler/reduce.py``); None when every
+    unit was counted."""
     version: int = PROFILE_VERSION
     meta: dict[str, Any] = field(default_factory=dict)
+    """Free-form notes, and the counted profile's raw counts (``device_spec``,
+    ``analytic_*``) and the optimizer choice (``optimizer_chosen``,
+    ``state_bytes_per_parameter``) that the analytic profiler still writes here."""
 
     def __post_init__(self) -> None:
+        lift_meta(self, _META_FIELDS)
+        if self.measurement is None and any(key in self.meta for key in _MEASUREMENT_KEYS):
+            # an earlier writer's flat meta keys (schema v1), or one that still writes them
+            found = {key: self.meta.pop(key) for key in _MEASUREMENT_KEYS if key in self.meta}
+            self.measurement = Measurement.from_dict(found)
+        elif isinstance(self.measurement, Mapping):  # a loaded file
+            self.measurement = Measurement.from_dict(self.measurement)
+        if isinstance(self.counted_blocks, Mapping):
+            self.counted_blocks = CountedBlocks.from_dict(self.counted_blocks)
         if len(self.cut_bytes) != max(len(self.units) - 1, 0):
             raise ValueError(
                 f"profile has {len(self.units)} units but {len(self.cut_bytes)} cut sizes; "

@@ -1,7 +1,7 @@
 """The planning request: everything ``plan`` is asked besides the profile, as one typed value.
 
-Torch-free. A :class:`PlanRequest` is what the CLI's flags, ``autopipe.plan(...)``'s keywords
-and ``parallelize`` all build, what the planner reads, and what a Plan records in
+Torch-free. A :class:`PlanRequest` is what the CLI's flags, the Python API
+(``autopipe.plan(profile, PlanRequest(gpus=4))``) and ``parallelize`` all build, what the planner reads, and what a Plan records in
 ``Plan.request``, so a plan can be made again with one thing changed::
 
     again = plan(profile, dataclasses.replace(old.request, microbatches=8))
@@ -18,6 +18,7 @@ from typing import Any
 
 from autopipe.core.cluster import Cluster, Device
 from autopipe.core.datafile import known_fields
+from autopipe.core.vocabulary import DEFAULT_CHECKPOINT
 
 __all__ = ["PlanRequest"]
 
@@ -48,8 +49,9 @@ class PlanRequest:
     compile: bool = False
     """The stages will be ``torch.compile``'d: rules out the schedules that split backward
     (torch refuses compiled stages there)."""
-    checkpoint: str = "never"
-    """Re-materialization: ``"never"``, ``"always"``, ``"except_last"`` or ``"auto"``."""
+    checkpoint: str = DEFAULT_CHECKPOINT
+    """Re-materialization: ``"never"``, ``"always"``, ``"except_last"`` or ``"auto"`` (the
+    default, ``vocabulary.DEFAULT_CHECKPOINT``: only where the activations would not fit)."""
     strategy: str = "dp"
     """How stages are cut: ``"dp"``, ``"ilp"``, ``"brute-force"`` or a baseline's name."""
     optimizer: str = "auto"

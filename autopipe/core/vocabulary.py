@@ -7,6 +7,7 @@ from __future__ import annotations
 
 __all__ = [
     "CHECKPOINT_MODES",
+    "DEFAULT_CHECKPOINT",
     "FRAMEWORK_DEFAULTS",
     "FRAMEWORK_LABELS",
     "LOOP_SCHEDULES",
@@ -46,6 +47,11 @@ of them for the first two; DualPipeV mixes full backwards and split ones)."""
 
 CHECKPOINT_MODES = ("never", "always", "except_last", "auto")
 """Re-materialization: no stage, every stage, every stage but the last, or chosen per stage."""
+
+DEFAULT_CHECKPOINT = "auto"
+"""The one default re-materialization mode (``PlanRequest.checkpoint``, ``parallelize``,
+``autopipe plan --checkpoint``): a stage re-computes its forward only where its activations
+would not fit, so a plan that fits without it is the plan ``never`` would give."""
 
 SHARD_MODES = ("none", "optimizer", "gradients", "parameters")
 

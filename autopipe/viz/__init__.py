@@ -10,7 +10,7 @@ throughput vs micro-batches), ``balance`` (per-stage time and memory beside the 
 The data behind bubble/balance/scaling needs the profile (it re-plans the problem with one
 knob changed): ``collect_plot_data(plan, profile)``. Plotting never changes the plan it draws;
 a caller that wants a saved plan redrawn by ``autopipe plot PLAN.json`` without the profile
-stores that data in ``plan.meta["viz"]`` itself (``autopipe plan --plot`` does).
+stores that data in ``plan.plot_data`` itself (``autopipe plan --plot`` does).
 
 Timelines are the planner's one ``Timeline`` (``autopipe.core.timeline``): the simulator's,
 the runtime's ``pipeline.last_timeline``, or a Chrome trace read by ``load_chrome_trace``.
@@ -38,7 +38,6 @@ from autopipe.core.timeline import (
 __all__ = [
     "MAX_TIMELINE_TASKS",
     "PLOT_NAMES",
-    "VIZ_META_KEY",
     "Task",
     "Timeline",
     "TimelineFormatError",
@@ -60,9 +59,6 @@ __all__ = [
 log = logging.getLogger("autopipe")
 
 PLOT_NAMES = ("timeline", "memory", "bubble", "balance", "scaling")
-VIZ_META_KEY = "viz"
-"""The ``Plan.meta`` key under which a saved plan carries its plot data (written by the
-caller, e.g. ``autopipe plan --plot``; read by :func:`plot_all`)."""
 
 MAX_TIMELINE_TASKS = 20_000
 """Most forward and backward tasks (2 x K x M) a timeline is drawn (or benchmarked) with:
@@ -135,7 +131,7 @@ def plot_all(
     ``timeline_compare.<fmt>`` (predicted over measured on one time axis; stages that shared
     a device in the measured run are simulated as sharing it). ``bubble``, ``balance`` and
     ``scaling`` are drawn from ``plot_data`` (:func:`collect_plot_data`'s dict), else from
-    ``profile``, else from data stored in ``plan.meta["viz"]``; without any they are skipped
+    ``profile``, else from data stored in ``plan.plot_data``; without any they are skipped
     with a warning. ``plan`` and ``timeline`` are not modified. ``max_gpus`` bounds the
     scaling plot (default: the plan's K). ``progress``: a tqdm bar on stderr, one step per
     figure and one for the re-planning behind bubble/balance/scaling (seconds on a real model).
@@ -159,7 +155,7 @@ def plot_all(
     from autopipe.viz.scaling import scaling_figure
     from autopipe.viz.style import save
 
-    stored = plan.meta.get(VIZ_META_KEY) or {}
+    stored = plan.plot_data
     have_data = bool(plot_data) or profile is not None or bool(stored)
     steps = (5 if have_data else 3) + (0 if timeline is None else 1 + int(compare))
     bar = tqdm(total=steps, desc="plots", unit="step", disable=not progress, leave=False)

@@ -3,19 +3,19 @@
 Each function re-plans the same problem with one knob changed (M, strategy, K) through the
 real planner, so every point on a plot is what ``autopipe plan`` would predict for that
 choice. Nothing here changes the plan it is given. ``autopipe plan --plot`` stores the dicts
-in ``plan.meta["viz"]`` of the plan it writes, so ``autopipe plot PLAN.json`` can redraw the
+in ``Plan.plot_data`` of the plan it writes, so ``autopipe plot PLAN.json`` can redraw the
 figures without the profile. Torch-free.
 """
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
 from autopipe.core.plan import Plan
 from autopipe.core.profile import Profile
+from autopipe.core.request import PlanRequest
 from autopipe.planner.search import MAX_AUTO_MICROBATCHES, divisors
 
 _STAGE_KEYS = (
@@ -34,24 +34,16 @@ _STAGE_KEYS = (
 def planning_options(plan: Plan) -> dict[str, Any]:
     """Keyword arguments that reproduce ``plan`` with ``autopipe.planner.plan``.
 
-    Uses the plan's request (``Plan.request``, or ``meta["options"]`` in older plans) when
-    present, then the plan's own fields (batch size, schedule, strategy, memory limit).
+    Uses the plan's request (``Plan.request``) when present, then the plan's own fields
+    (training state, batch size, schedule, strategy, memory limit).
     """
     opts: dict[str, Any] = {}
     if plan.request is not None:
         # The devices are the caller's to choose (a scaling sweep varies them); to_dict
         # makes fresh values, so the plan's request stays as it is.
         opts = {k: v for k, v in plan.request.to_dict().items() if k not in ("gpus", "cluster")}
-    else:  # a plan written before the request was recorded: what its meta kept
-        # A deep copy: the planner is handed these values, and the plan's meta must stay.
-        opts = copy.deepcopy(dict(plan.meta.get("options", {}) or {}))
-    meta = plan.meta
-    if "checkpoint_mode" in meta:
-        opts.setdefault("checkpoint", meta["checkpoint_mode"])
-    if "headroom" in meta:
-        opts.setdefault("headroom", meta["headroom"])
-    if meta.get("state_bytes_per_parameter"):
-        opts.setdefault("bytes_per_parameter", int(round(meta["state_bytes_per_parameter"])))
+    if plan.state_bytes_per_parameter:
+        opts.setdefault("bytes_per_parameter", int(round(plan.state_bytes_per_parameter)))
     opts.setdefault("batch_size", plan.batch_size)
     opts.setdefault("schedule", plan.schedule)
     if opts.get("memory_per_device") is None:
@@ -65,8 +57,6 @@ def planning_options(plan: Plan) -> dict[str, Any]:
 def _planner_accepts(options: dict[str, Any]) -> dict[str, Any]:
     """``options`` less any keyword ``autopipe.planner.plan`` does not take (a plan saved by
     another version may record options this planner lacks)."""
-    from autopipe.core.request import PlanRequest
-
     accepted = {f.name for f in dataclasses.fields(PlanRequest)}
     return {k: v for k, v in options.items() if k in accepted}
 
@@ -84,7 +74,7 @@ def replan(profile: Profile, plan: Plan, **overrides: Any) -> Plan | None:
         {"gpus": plan.num_stages, "baselines": False, **planning_options(plan), **overrides}
     )
     try:
-        return make_plan(profile, **kwargs)
+        return make_plan(profile, PlanRequest(**kwargs))
     except PlanningError:
         return None
 
@@ -213,7 +203,7 @@ def scaling_data(plan: Plan, profile: Profile, max_gpus: int | None = None) -> d
     opts = _planner_accepts({**planning_options(plan), "microbatches": "auto"})
     for varied in ("gpus", "cluster"):  # scaling_report varies K itself
         opts.pop(varied, None)
-    rows = scaling_report(profile, max_gpus, **opts)
+    rows = scaling_report(profile, max_gpus, PlanRequest(**opts))
     points = []
     for row in rows:
         if not row.get("feasible"):
