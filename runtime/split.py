@@ -29,7 +29,7 @@ from torch import fx, nn
 
 from autopipe.core.errors import AutopipeError
 
-__all__ = ["StageGraph", "StageSplitError", "shared_parameters", "split_graph"]
+__all__ = ["StageGraph", "StageSplitError", "shared_parameters", "split_graph", "split_units"]
 
 _NOT_CALLS = ("placeholder", "get_attr", "output")
 
@@ -139,6 +139,26 @@ def split_graph(
         module = fx.GraphModule(gm, graph, class_name=f"Stage{k}")
         stages.append(StageGraph(k, module, list(inputs), list(outputs)))
     return stages
+
+
+def split_units(stage: StageGraph, node_unit: Mapping[str, int]) -> list[fx.GraphModule]:
+    """The stage's graph cut into its units' graphs, in model order, for per-unit
+    re-materialization: the first takes the stage's inputs, each next one the previous one's
+    outputs, and the last returns the stage's own output, so calling them in turn is calling
+    the stage. ``node_unit`` maps the whole graph's call nodes to their units
+    (``UnitGraph.node_unit``); the stage graph keeps those node names, and a node it added
+    (the copy of an input it writes into) goes with its first unit. A unit without
+    operations of its own is merged into its neighbours. The graphs share the stage's
+    modules (no copies). O(nodes + edges x units)."""
+    calls = [n for n in stage.module.graph.nodes if n.op not in _NOT_CALLS]
+    known = [node_unit[n.name] for n in calls if n.name in node_unit]
+    if not known:
+        return [stage.module]
+    first = min(known)
+    local = {n.name: node_unit.get(n.name, first) for n in calls}
+    order = {u: k for k, u in enumerate(sorted(set(local.values())))}
+    parts = {name: order[u] for name, u in local.items()}
+    return [g.module for g in split_graph(stage.module, parts, len(order))]
 
 
 # Methods and functions whose result is a view of their first argument: writing into the

@@ -6,6 +6,7 @@ each list is spelled out (the CLI's choices, the planner's checks and the emitte
 from __future__ import annotations
 
 __all__ = [
+    "CHECKPOINT_GRANULARITIES",
     "CHECKPOINT_MODES",
     "FRAMEWORK_DEFAULTS",
     "FRAMEWORK_LABELS",
@@ -46,6 +47,13 @@ of them for the first two; DualPipeV mixes full backwards and split ones)."""
 
 CHECKPOINT_MODES = ("never", "always", "except_last", "auto")
 """Re-materialization: no stage, every stage, every stage but the last, or chosen per stage."""
+
+CHECKPOINT_GRANULARITIES = ("stage", "unit")
+"""What a re-materialized stage keeps and re-computes at once: ``stage`` keeps the stage's
+input and re-computes the whole stage in its backward; ``unit`` keeps every unit's input and
+re-computes one unit at a time (torchtitan's ``[activation_checkpoint] mode = "full"``,
+Megatron's ``--recompute-granularity full --recompute-method uniform
+--recompute-num-layers 1``). The planner picks, per stage, the one needing less memory."""
 
 SHARD_MODES = ("none", "optimizer", "gradients", "parameters")
 
