@@ -165,3 +165,31 @@ def test_per_unit_holds_less_and_as_the_cost_model_predicts() -> None:
     # 20.1 MB for 19.5 MB predicted (1.03x), per unit 4.43 MB for 3.97 MB (1.12x).
     for measured, predicted in ((stage, predicted_stage), (unit, predicted_unit)):
         assert 0.9 * predicted <= measured <= 1.3 * predicted
+
+
+JOBS = [
+    dict(model="gpt", stages=2, microbatches=4, schedule="gpipe", checkpoint=[True, True],
+         granularity=["unit", "unit"]),
+    dict(model="skip", stages=2, microbatches=2, schedule="1f1b", checkpoint=[True, True],
+         granularity=["unit", "stage"]),
+]  # fmt: skip
+
+
+def test_two_processes_per_unit_match_one_process(tmp_path: Path) -> None:
+    """A per-unit plan on 2 gloo ranks: loss and every gradient equal to the model run in one
+    process, over two SGD steps (the skip connection relayed through the units)."""
+    from distributed_cases import free_port, job_key, run_correctness, spawn_ranks
+
+    spawn_ranks(run_correctness, 2, (2, free_port(), str(tmp_path), JOBS), 150)
+    results = {r: torch.load(tmp_path / f"rank{r}.pt") for r in range(2)}
+    for job in JOBS:
+        key = job_key(job, 2)
+        units = 0.0
+        for rank in range(2):
+            r = results[rank][key]
+            assert r["grad_err"] < 1e-5, (key, rank, r)
+            if r["holds_last"]:
+                assert 0 <= r["loss_err"] < 1e-5 and 0 <= r["loss2_err"] < 1e-5, (key, rank, r)
+            units += r["unit_graphs"]
+        # gpt: stage 0 holds 4 units, stage 1 5; skip: stage 0's 2 units (stage 1 per stage)
+        assert units == (9 if job["model"] == "gpt" else 2), (key, results)
