@@ -88,14 +88,15 @@ def _solve(cm: CostModel, time_limit_s: float) -> Partition | None:
             (state + act_one * n_full + inputs) * (1.0 / limit) if math.isfinite(limit) else None
         )
         mem_u = None
-        if mem_b is not None and "B" in opts:
+        if mem_b is not None and "B" in opts and _unit_can_matter(cm, s, limit):
             # Per unit: every unit's input in flight, plus the largest unit's activations
             # (``top`` >= each unit's that the stage holds: ``held`` is 1 inside it).
             top = pulp.LpVariable(f"m_{s}", lowBound=0)
+            held: Any = 0  # 1 exactly while unit p is on the stage: started, not ended
             for p in range(n):
-                held = pulp.lpSum(v for q, v in start.items() if q <= p) - pulp.lpSum(
-                    v for q, v in end.items() if q <= p
-                )
+                step = held + start.get(p, 0) - end.get(p, 0)
+                held = pulp.LpVariable(f"h_{s}_{p}")
+                prob += held == step  # a running sum: O(1) terms per row
                 weight = float(cm.unit_activation_bytes[p]) * cm.ratio * n_full / limit
                 if weight > 0:
                     prob += top >= weight * held
@@ -126,6 +127,8 @@ def _solve(cm: CostModel, time_limit_s: float) -> Partition | None:
             if mem_b is not None and mem_u is not None:
                 prob += mem_b <= 1.0 + big_u * g
                 prob += mem_u <= 1.0 + big_u * (1 - g)
+            elif mem_b is not None:
+                prob += mem_b <= 1.0
         else:
             # c = 1: checkpointed. Big-M rows switch the recompute time and the memory row;
             # the recompute variable can never go negative in the LP relaxation.
@@ -148,6 +151,8 @@ def _solve(cm: CostModel, time_limit_s: float) -> Partition | None:
                 if mem_b is not None and mem_u is not None:
                     prob += mem_b <= 1.0 + big_m * (1 - c) + big_u * g
                     prob += mem_u <= 1.0 + big_m * (1 - c) + big_u * (1 - g)
+                elif mem_b is not None:
+                    prob += mem_b <= 1.0 + big_m * (1 - c)
 
     with tempfile.TemporaryDirectory() as tmp:
         log = os.path.join(tmp, "cbc.log")
@@ -169,6 +174,19 @@ def _solve(cm: CostModel, time_limit_s: float) -> Partition | None:
         bound_s = float(found.group(1)) / scale if found else 0.0
         gap = max(0.0, (value - bound_s) / value) if value > 0 else 0.0
     return Partition(bounds, value, "ilp", optimality_gap=gap)
+
+
+def _unit_can_matter(cm: CostModel, s: int, limit: float) -> bool:
+    """Whether some segment fits stage ``s`` re-materialized per unit but not per stage: only
+    then do the per-unit rows change the feasible set (else they are left out, exactly).
+    O(N^2) numpy."""
+    state, act_one = cm._memory_parts()
+    r, n_s, n_full = cm.ratio, cm.inflight[s], cm.full_inflight[s]
+    u = cm.unit_input_prefix
+    act_s = act_one * n_full + (cm.cut_bytes_at * r * n_s)[:, None]
+    act_u = cm.unit_activation_max_matrix() * r * n_full + (u[None, :] - u[:, None]) * r * n_s
+    valid = ~np.tri(cm.n_units + 1, dtype=bool)
+    return bool(np.any(valid & (state + act_u <= limit) & (state + act_s > limit)))
 
 
 def _value(x: object) -> float:

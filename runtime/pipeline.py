@@ -312,7 +312,7 @@ def _inputs_of(piece: list[Any]) -> Any:
     return kwargs if kwargs else args
 
 
-def _single_output(module: nn.Module) -> Callable[..., tuple[Any]]:
+def _single_output(module: Callable[..., Any]) -> Callable[..., tuple[Any]]:
     def run(*values: Any) -> tuple[Any]:
         return (module(*values),)
 
