@@ -18,8 +18,9 @@ attributes its nodes use (the same module objects as the model, not copies).
 from __future__ import annotations
 
 import operator
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
@@ -141,15 +142,17 @@ def split_graph(
     return stages
 
 
-def split_units(stage: StageGraph, node_unit: Mapping[str, int]) -> list[fx.GraphModule]:
-    """The stage's graph cut into its units' graphs, in model order, for per-unit
+def split_units(stage: StageGraph, node_unit: Mapping[str, int]) -> list[Callable[..., Any]]:
+    """The stage's graph cut into its units' functions, in model order, for per-unit
     re-materialization: the first takes the stage's inputs, each next one the previous one's
     outputs, and the last returns the stage's own output, so calling them in turn is calling
     the stage. ``node_unit`` maps the whole graph's call nodes to their units
     (``UnitGraph.node_unit``); the stage graph keeps those node names, and a node it added
     (the copy of an input it writes into) goes with its first unit. A unit without
-    operations of its own is merged into its neighbours. The graphs share the stage's
-    modules (no copies). O(nodes + edges x units)."""
+    operations of its own is merged into its neighbours. Each function interprets its unit's
+    graph against the stage module itself, reading its submodules and parameters at call
+    time, so what FSDP, tensor parallelism or tied replicas put there later is what runs.
+    O(nodes + edges x units)."""
     calls = [n for n in stage.module.graph.nodes if n.op not in _NOT_CALLS]
     known = [node_unit[n.name] for n in calls if n.name in node_unit]
     if not known:
@@ -158,7 +161,15 @@ def split_units(stage: StageGraph, node_unit: Mapping[str, int]) -> list[fx.Grap
     local = {n.name: node_unit.get(n.name, first) for n in calls}
     order = {u: k for k, u in enumerate(sorted(set(local.values())))}
     parts = {name: order[u] for name, u in local.items()}
-    return [g.module for g in split_graph(stage.module, parts, len(order))]
+    return [
+        partial(_interpret, stage.module, g.module.graph)
+        for g in split_graph(stage.module, parts, len(order))
+    ]
+
+
+def _interpret(module: fx.GraphModule, graph: fx.Graph, *args: Any) -> Any:
+    """``graph`` run on ``args`` with its attributes and submodules read from ``module``."""
+    return fx.Interpreter(module, graph=graph).run(*args, enable_io_processing=False)
 
 
 # Methods and functions whose result is a view of their first argument: writing into the

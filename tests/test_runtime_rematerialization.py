@@ -193,3 +193,40 @@ def test_two_processes_per_unit_match_one_process(tmp_path: Path) -> None:
             units += r["unit_graphs"]
         # gpt: stage 0 holds 4 units, stage 1 5; skip: stage 0's 2 units (stage 1 per stage)
         assert units == (9 if job["model"] == "gpt" else 2), (key, results)
+
+
+class Scaled(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.scale = nn.Parameter(torch.full((4,), 2.0))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.lin(x)) * self.scale
+
+
+def test_unit_functions_read_the_stage_module_when_called() -> None:
+    """Calling a stage's unit functions in turn is calling the stage, and a parameter put on
+    the stage module afterwards (as FSDP, TP or tied replicas do) is the one they use."""
+    from autopipe.runtime.distributed.stages import split_stages
+    from autopipe.runtime.split import split_units
+
+    torch.manual_seed(0)
+    model = nn.Sequential(Scaled(), Scaled(), Scaled())
+    x = torch.randn(3, 4)
+    graph = trace_units(model, x)
+    (stage,) = split_stages(graph, [0, 0, 0])
+    units = split_units(stage, graph.node_unit)
+    assert len(units) == 3
+
+    def chained() -> torch.Tensor:
+        values: Any = (x,)
+        for unit in units[:-1]:
+            values = unit(*values)
+        return units[-1](*values)
+
+    torch.testing.assert_close(chained(), model(x), rtol=0, atol=0)
+    holder = stage.module.get_submodule("2")
+    holder.scale = nn.Parameter(torch.full((4,), -1.0))
+    torch.testing.assert_close(chained(), stage.module(x), rtol=0, atol=0)
+    assert not torch.equal(chained(), model(x))

@@ -155,7 +155,7 @@ class StageModule(nn.Module):
         self.body = stage.module
         self._stage = stage
         self._node_unit = dict(node_unit) if node_unit is not None else None
-        self._units: list[fx.GraphModule] | None = None
+        self._units: list[Callable[..., Any]] | None = None
         self.index = stage.index
         self.input_names = stage.input_names
         self.output_names = stage.output_names
@@ -224,10 +224,10 @@ class StageModule(nn.Module):
             sent += tensors
         return tuple(sent)
 
-    def units(self) -> list[fx.GraphModule]:
-        """The stage's units' graphs (:func:`autopipe.runtime.split.split_units`), cut at the
-        first per-unit forward, after tensor parallelism, FSDP and the weights have been
-        applied to the stage's modules (the unit graphs hold those very objects)."""
+    def units(self) -> list[Callable[..., Any]]:
+        """The stage's units' functions (:func:`autopipe.runtime.split.split_units`: each
+        reads the stage's modules and parameters when called, so tensor parallelism and FSDP
+        applied to them are what runs), cut at the first per-unit forward."""
         if self._units is None:
             self._units = split_units(self._stage, self._node_unit or {})
         return self._units
