@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import copy
 import sys
-import weakref
 from pathlib import Path
 from typing import Any
 
@@ -16,12 +15,13 @@ from autopipe.profiler.units import trace_units
 from autopipe.runtime import parallelize
 from runtime_helpers import assert_close, load_example, reference_forward
 from torch import nn
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from autopipe.core.plan import Plan, StagePlan
 
 sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
 import zoo  # noqa: E402
+from rematerialization import PeakBytes  # noqa: E402
 
 gpt = load_example("gpt")
 CFG = {"vocab_size": 48, "seq_len": 8, "d_model": 16, "n_layer": 4, "n_head": 2}
@@ -91,40 +91,6 @@ def test_hf_llama_per_unit_trains_like_the_model() -> None:
         model.named_parameters(), reference.named_parameters(), strict=True
     ):
         assert_close(p, q, name)
-
-
-class PeakBytes(TorchDispatchMode):
-    """The most bytes of tensor storage allocated inside the block and alive at once (storages
-    that existed before, such as parameters and their gradients, are not counted)."""
-
-    def __init__(self, existing: list[torch.Tensor]) -> None:
-        super().__init__()
-        self.known = {t.untyped_storage().data_ptr() for t in existing}
-        self.live = 0
-        self.peak = 0
-        self._refs: list[Any] = []
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        out = func(*args, **(kwargs or {}))
-        for t in torch.utils._pytree.tree_leaves(out):
-            if isinstance(t, torch.Tensor) and not t.is_meta:
-                storage = t.untyped_storage()
-                key = storage.data_ptr()
-                if key in self.known or storage.nbytes() == 0:
-                    continue
-                self.known.add(key)
-                size = storage.nbytes()
-                self.live += size
-                self.peak = max(self.peak, self.live)
-                self._refs.append(weakref.ref(storage, self._freed(key, size)))
-        return out
-
-    def _freed(self, key: int, size: int) -> Any:
-        def done(_: Any) -> None:
-            self.live -= size
-            self.known.discard(key)
-
-        return done
 
 
 def peak_bytes(model: nn.Module, idx: torch.Tensor, granularity: str) -> int:
