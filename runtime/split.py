@@ -147,8 +147,10 @@ def split_units(stage: StageGraph, node_unit: Mapping[str, int]) -> list[Callabl
     re-materialization: the first takes the stage's inputs, each next one the previous one's
     outputs, and the last returns the stage's own output, so calling them in turn is calling
     the stage. ``node_unit`` maps the whole graph's call nodes to their units
-    (``UnitGraph.node_unit``); the stage graph keeps those node names, and a node it added
-    (the copy of an input it writes into) goes with its first unit. A unit without
+    (``UnitGraph.node_unit``); the stage graph keeps those node names, and a node added
+    since (the copy of an input the stage writes into, a tensor-parallel module call that
+    replaced a traced ``linear``) goes with the latest unit it reads from (the first, when it
+    reads only the stage's inputs). A unit without
     operations of its own is merged into its neighbours. Each function interprets its unit's
     graph against the stage module itself, reading its submodules and parameters at call
     time, so what FSDP, tensor parallelism or tied replicas put there later is what runs.
@@ -157,8 +159,13 @@ def split_units(stage: StageGraph, node_unit: Mapping[str, int]) -> list[Callabl
     known = [node_unit[n.name] for n in calls if n.name in node_unit]
     if not known:
         return [stage.module]
-    first = min(known)
-    local = {n.name: node_unit.get(n.name, first) for n in calls}
+    local: dict[str, int] = {}
+    for n in calls:  # in graph order: a node's inputs are placed before it
+        if n.name in node_unit:
+            local[n.name] = node_unit[n.name]
+        else:  # added after tracing: with the latest unit it reads from
+            inputs = [local[a.name] for a in n.all_input_nodes if a.name in local]
+            local[n.name] = max(inputs, default=min(known))
     order = {u: k for k, u in enumerate(sorted(set(local.values())))}
     parts = {name: order[u] for name, u in local.items()}
     return [
