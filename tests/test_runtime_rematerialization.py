@@ -198,13 +198,20 @@ def test_unit_functions_read_the_stage_module_when_called() -> None:
     assert not torch.equal(chained(), model(x))
 
 
+MESH_2 = {
+    "tp2": {"tensor_parallel": 2},
+    "fsdp2": {"replicas": 2, "shard": "parameters"},
+}
+
+
+@pytest.mark.parametrize("mesh", list(MESH_2))
 @pytest.mark.parametrize("model", ["llama", "gpt"])
-def test_tensor_parallel_per_unit_under_torchrun_trains_like_one_process(
-    model: str, tmp_path: Path
+def test_mesh_per_unit_under_torchrun_trains_like_one_process(
+    model: str, mesh: str, tmp_path: Path
 ) -> None:
-    """TP 2 on 2 gloo processes (torchrun, `autopipe run`), every stage re-materialized per
-    unit, as the Llama-2-70B figure's plan runs: 3 steps' losses and every weight after them
-    equal the plain model trained in one process."""
+    """TP 2 (as the Llama-2-70B figure's plan runs, at T = 8) or FSDP2 over 2 replicas, on 2
+    gloo processes (torchrun, `autopipe run`), every stage re-materialized per unit: 3 steps'
+    losses and every weight after them equal the plain model trained in one process."""
     import dataclasses
     import json
     import os
@@ -217,9 +224,11 @@ def test_tensor_parallel_per_unit_under_torchrun_trains_like_one_process(
     plan = base_plan(model, 1)
     stages = [dataclasses.replace(s, checkpoint=True, checkpoint_granularity="unit")
               for s in plan.stages]  # fmt: skip
-    plan = dataclasses.replace(plan, stages=stages, tensor_parallel=2,
-                               tp_plan=mesh_models.tp_plan_of(model))  # fmt: skip
-    run = f"{model}-tp2unit"
+    fields = dict(MESH_2[mesh])
+    if "tensor_parallel" in fields:
+        fields["tp_plan"] = mesh_models.tp_plan_of(model)
+    plan = dataclasses.replace(plan, stages=stages, **fields)
+    run = f"{model}-{mesh}unit"
     plan.save(tmp_path / f"{run}.plan.json")
     root = Path(__file__).resolve().parents[1]
     result = subprocess.run(
@@ -235,7 +244,7 @@ def test_tensor_parallel_per_unit_under_torchrun_trains_like_one_process(
     assert result.returncode == 0, result.stderr[-4000:]
     for rank in range(2):
         assert (tmp_path / f"{run}.rank{rank}.rc").read_text() == "0", result.stderr[-4000:]
-    ref_losses, ref_state = reference(model, 1, "sgd")
+    ref_losses, ref_state = reference(model, int(fields.get("replicas", 1)), "sgd")
     losses = [s["loss"] for s in json.loads((tmp_path / f"{run}.json").read_text())["steps"]]
     assert losses == pytest.approx(ref_losses, rel=RTOL, abs=ATOL)
     trained = load_plain(model, tmp_path / f"{run}.ckpt").state_dict()
