@@ -214,3 +214,26 @@ def test_plan_records_granularity_and_old_plans_mean_stage(tmp_path: Path) -> No
         Plan.from_dict(data)
     with pytest.raises(PlanningError):  # nor without re-materialization
         plan(profile, 2, checkpoint="never", **kw)
+
+
+def test_per_unit_optima_are_common_and_exact() -> None:
+    """Over seeds, memory between the per-unit and the per-stage need: every instance fits
+    only thanks to per-unit checkpointing, and DP, probe and the banded DP equal brute force."""
+    exercised = 0
+    for seed in range(12):
+        n, k = 8, 2 + seed % 2
+        profile = deep_profile(n, seed)
+        unbounded = cost_model(profile, Cluster.homogeneous(k), 4, "1f1b", "auto")
+        need, stage_need = min_memory_needed(unbounded), stage_only_need(unbounded, n, k)
+        if need >= stage_need * 0.98:
+            continue
+        mem = int((need + stage_need) / 2)
+        cm = cost_model(profile, Cluster.homogeneous(k, memory_bytes=mem), 4, "1f1b", "auto")
+        brute = brute_force_partition(cm)
+        assert brute is not None
+        for found in (dp_partition(cm), probe_partition(cm), exact_partition(cm)):
+            assert found is not None
+            assert found.bottleneck_s == pytest.approx(brute.bottleneck_s, rel=1e-12)
+        assert any(c.checkpoint_granularity == "unit" for c in cm.stage_costs(brute.bounds))
+        exercised += 1
+    assert exercised >= 8
