@@ -204,8 +204,9 @@ MESH_2 = {
 }
 
 
-@pytest.mark.parametrize("mesh", list(MESH_2))
-@pytest.mark.parametrize("model", ["llama", "gpt"])
+# Two of the four pairs (each run is a torchrun launch of ~25 s on this machine's 2 cores;
+# the other two passed as well when written).
+@pytest.mark.parametrize(("model", "mesh"), [("llama", "tp2"), ("gpt", "fsdp2")])
 def test_mesh_per_unit_under_torchrun_trains_like_one_process(
     model: str, mesh: str, tmp_path: Path
 ) -> None:
