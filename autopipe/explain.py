@@ -73,10 +73,17 @@ def explain(plan: Plan) -> str:
             f"{'binds' if share > 0.9 else 'does not bind'} this plan."
         )
     ckpt = [s.index for s in plan.stages if s.checkpoint]
+    per_unit = [s.index for s in plan.stages if s.checkpoint and s.checkpoint_granularity == "unit"]
     lines.append(
         "Re-materialization: "
         + (
-            f"stages {', '.join(map(str, ckpt))} recompute their forward in backward."
+            f"stages {', '.join(map(str, ckpt))} recompute their forward in backward"
+            + (
+                f" (stages {', '.join(map(str, per_unit))} one unit at a time, keeping each "
+                "unit's input)."
+                if per_unit
+                else "."
+            )
             if ckpt
             else "none."
         )

@@ -5,8 +5,9 @@ Models are Hugging Face ``LlamaForCausalLM`` built from configs on the meta devi
 (benchmarks/models/hf_llama.py; nothing downloaded) and counted analytically for the catalog's
 H100-SXM-80GB (8 per node, NVLink 450 GB/s per direction inside a node, 400 Gb/s InfiniBand
 NDR = 50 GB/s per GPU between nodes). Mixed-precision Adam (16 bytes per parameter), bf16,
-re-materialization chosen per stage (``checkpoint="auto"``), 10% of memory kept free unless a
-line says otherwise.
+re-materialization chosen per stage (``checkpoint="auto"``; a checkpointed stage keeps its
+input, or every unit's input and re-computes one unit at a time, whichever needs less), 10% of
+memory kept free unless a line says otherwise.
 
     .venv/bin/python benchmarks/mesh_plan.py [--repeats 3]
 
@@ -68,6 +69,16 @@ def peak(p: Plan) -> int:
     return p.mesh.peak_bytes if p.mesh is not None else max(p.rank_peak_bytes)
 
 
+def stages(p: Plan) -> None:
+    """The plan's stages: units, re-materialization, bytes per device."""
+    for s in p.stages:
+        how = f"checkpointed per {s.checkpoint_granularity}" if s.checkpoint else "kept"
+        print(f"    stage {s.index}: {s.first_module} .. {s.last_module} ({len(s.units)} units), "
+              f"{how}, {format_bytes(s.memory_bytes)} (parameters {format_bytes(s.parameter_bytes)}"
+              f", gradients + optimizer {format_bytes(s.optimizer_bytes)}, activations "
+              f"{format_bytes(s.activation_bytes)})")  # fmt: skip
+
+
 def figure_a() -> None:
     print("(a) Llama-2-70B, seq 4096, 16 x H100-80GB, batch 64, mixed-precision Adam, 1F1B")
     p = count("llama2_70b", 64)
@@ -92,6 +103,8 @@ def figure_a() -> None:
             out = plan(p, PlanRequest(cluster=cluster, **auto, **extra))
             print(f"  {label}: {mesh(out)}, peak {format_bytes(peak(out))} per device, "
                   f"step {out.iteration_time_s:.3g} s")  # fmt: skip
+            if not extra:
+                stages(out)
         except PlanningError as exc:
             need = exc.min_memory_bytes or 0
             raw = need / (1 + float(extra.get("headroom", 0.1)))

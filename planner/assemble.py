@@ -153,6 +153,8 @@ def _stage_plans(
                 )
             else:
                 reason = f"checkpointed: checkpoint={checkpoint!r}"
+            if c.checkpoint_granularity == "unit":
+                reason += "; per unit (each unit's input kept, one unit re-computed at a time)"
         stages.append(
             StagePlan(
                 index=s,
@@ -169,6 +171,7 @@ def _stage_plans(
                 optimizer_bytes=c.optimizer_bytes,
                 activation_bytes=c.activation_bytes,
                 checkpoint=c.checkpoint,
+                checkpoint_granularity=c.checkpoint_granularity,
                 reason=reason,
                 rank=ranks[s],
                 backward_input_s=works[s].backward_input_s if works else 0.0,
@@ -380,4 +383,5 @@ def _stage_row(c: SegmentCost) -> dict[str, Any]:
         "activation_bytes": c.activation_bytes,
         "memory_bytes": c.memory_bytes,
         "checkpoint": c.checkpoint,
+        "checkpoint_granularity": c.checkpoint_granularity,
     }

@@ -7,7 +7,12 @@ checkpointed stage keeps only its input and recomputes its forward in backward):
 - ``"except_last"``: every stage but the last (its backward follows its forward at once);
 - ``"auto"``: a stage only where its activations would not fit (``Plan.stages[i].checkpoint``).
 
-The runtimes take the resulting list of booleans, one per stage. torchgpipe's words (where
+A checkpointed stage is re-materialized whole or one unit at a time
+(``StagePlan.checkpoint_granularity``, ``autopipe.core.vocabulary.CHECKPOINT_GRANULARITIES``),
+whichever the cost model finds needs less memory (``planner/costs.py``).
+
+The runtimes take the resulting list of booleans, one per stage, and the plan's
+granularities. torchgpipe's words (where
 ``except_last`` means every *micro-batch* but the last) are translated by
 ``autopipe.runtime.gpipe`` alone.
 """

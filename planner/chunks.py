@@ -23,7 +23,7 @@ import math
 from dataclasses import dataclass, replace
 
 import numpy as np
-from autopipe.planner.costs import CostModel, SegmentCost
+from autopipe.planner.costs import UNIT, CostModel, SegmentCost
 from autopipe.planner.schedules import chunk_ranks, rank_orders
 from autopipe.planner.simulate import ChunkWork, inflight_counts, replay_memory
 
@@ -132,7 +132,9 @@ def chunk_works(
     recompute once per parameter group), so its W is empty; torch runs the first chunk's
     whole backward in W (it has no input gradient to send, ``PipelineStage.is_first``), so
     its B is empty. A chunk that uses a parameter more than once (:func:`runs_unsplit`)
-    runs its whole backward in B too, as the runtime runs it."""
+    runs its whole backward in B too, as the runtime runs it. A chunk re-materialized per
+    unit keeps every unit's input and re-computes its largest unit's activations at most at
+    once (``ChunkWork.input_bytes`` / ``activation_bytes``)."""
     works = []
     for c, cost in enumerate(costs):
         i, j = bounds[c], bounds[c + 1]
@@ -153,6 +155,12 @@ def chunk_works(
             )
             inp = cost.backward_s * ratio * share
             wgt = cost.backward_s * ratio - inp
+        activation = float(cm.act_prefix[j] - cm.act_prefix[i]) * cm.ratio
+        kept = float(cm.cut_bytes_at[i]) * cm.ratio
+        if cost.checkpoint and cost.checkpoint_granularity == UNIT:
+            # one unit re-computed at a time; every unit's input kept until then
+            activation = float(cm.unit_activation_max(i, j)) * cm.ratio
+            kept = float(cm.unit_input_prefix[j] - cm.unit_input_prefix[i]) * cm.ratio
         works.append(
             ChunkWork(
                 forward_s=cost.forward_s,
@@ -161,8 +169,8 @@ def chunk_works(
                 backward_weight_s=wgt,
                 recompute_s=cost.recompute_s,
                 send_s=cost.send_s,
-                activation_bytes=float(cm.act_prefix[j] - cm.act_prefix[i]) * cm.ratio,
-                input_bytes=float(cm.cut_bytes_at[i]) * cm.ratio,
+                activation_bytes=activation,
+                input_bytes=kept,
                 checkpoint=cost.checkpoint,
                 state_bytes=float(cost.parameter_bytes + cost.optimizer_bytes),
             )

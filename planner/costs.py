@@ -5,7 +5,14 @@ boundaries ``0..N``: the segment ``[i, j)`` holds units ``i..j-1``; position ``p
 is the cut between unit ``p-1`` and unit ``p``; position 0 is the model input.
 
 Two memory/time options exist for a segment: ``A`` (keep activations) and ``B`` (checkpointed:
-keep only the stage input, recompute the forward in backward).
+recompute the forward in backward). ``B`` is re-materialized at one of two granularities,
+whichever needs less memory (the time is the same, one extra forward):
+
+- per stage: keep only the stage's input; the backward re-computes the whole stage, so all of
+  its activations are live at once;
+- per unit (torchtitan's ``mode = "full"``, Megatron's ``--recompute-granularity full
+  --recompute-method uniform --recompute-num-layers 1``): keep every unit's input; the
+  backward re-computes one unit at a time, so only the largest unit's activations are.
 """
 
 from __future__ import annotations
@@ -18,6 +25,9 @@ import numpy as np
 
 from autopipe.core.cluster import Cluster
 from autopipe.core.profile import Profile, UnitProfile
+from autopipe.core.vocabulary import CHECKPOINT_GRANULARITIES
+
+STAGE, UNIT = CHECKPOINT_GRANULARITIES
 
 
 def backward_input_share(unit: UnitProfile) -> float:
@@ -68,6 +78,10 @@ class SegmentCost:
     feasible: bool
     memory_without_checkpoint_bytes: int
     """Memory the segment would need without checkpointing (for the Plan's notes)."""
+    checkpoint_granularity: str = STAGE
+    """When ``checkpoint``: ``"stage"`` (keep the stage input, re-compute the whole stage)
+    or ``"unit"`` (keep each unit's input, re-compute one unit at a time), whichever needs
+    less memory (``"stage"`` on a tie)."""
 
     @property
     def time_s(self) -> float:
@@ -154,10 +168,16 @@ class CostModel:
         """Prefix sums of the backward run split, B + W (``backward_split_factor``)."""
         self.param_prefix = np.concatenate([zero, np.cumsum(param)])
         self.act_prefix = np.concatenate([zero, np.cumsum(act)])
+        self.unit_activation_bytes = act
+        """Each unit's activation bytes at the profile batch size (per-unit checkpointing
+        re-computes one unit at a time: the segment's largest is live at once)."""
         # Bytes crossing each boundary position at the profile batch size; nothing leaves position N.
         self.cut_bytes_at = np.array(
             [float(profile.input_bytes), *map(float, profile.cut_bytes), 0.0]
         )
+        self.unit_input_prefix = np.concatenate([zero, np.cumsum(self.cut_bytes_at[:n])])
+        """Prefix sums of the units' input bytes (the cut before each unit, skip connections
+        included): what per-unit checkpointing keeps of a segment, per micro-batch."""
         self.state_factor = state_bytes_per_parameter / pbytes
         """Training-state bytes per parameter byte (4.0 for fp32 Adam)."""
 
@@ -222,10 +242,17 @@ class CostModel:
         opt = state - param
         act_one = (self.act_prefix[j] - self.act_prefix[i]) * self.ratio
         act_a = act_one * self.inflight[stage]
-        act_b = (
+        act_s = (
             act_one * self.full_inflight[stage]
             + self.cut_bytes_at[i] * self.ratio * self.inflight[stage]
         )
+        act_u = (
+            float(self.unit_activation_max(i, j)) * self.ratio * self.full_inflight[stage]
+            + (self.unit_input_prefix[j] - self.unit_input_prefix[i])
+            * self.ratio
+            * self.inflight[stage]
+        )
+        act_b = min(act_s, act_u)
         limit = self.limit_bytes(stage)
         # Same expressions as cost_matrix so that the DP and this check agree exactly.
         fits_a = state + act_a <= limit
@@ -248,7 +275,42 @@ class CostModel:
             checkpoint=ckpt,
             feasible=bool(ok),
             memory_without_checkpoint_bytes=int(round(state + act_a)),
+            checkpoint_granularity=UNIT if ckpt and act_u < act_s else STAGE,
         )
+
+    def unit_activation_max(self, i: np.ndarray | int, j: np.ndarray | int) -> np.ndarray:
+        """The largest unit activation bytes (profile batch size) of segments ``[i, j)``
+        (broadcast arrays), 0 where ``j <= i``. A sparse table, built once in O(N log N);
+        each query O(1). Exact (a max of maxes), so it equals :meth:`unit_activation_max_matrix`."""
+        if "range_max" not in self._cache:
+            levels = [self.unit_activation_bytes]
+            width = 1
+            while 2 * width <= self.n_units:
+                prev = levels[-1]
+                levels.append(np.maximum(prev[: prev.size - width], prev[width:]))
+                width *= 2
+            self._cache["range_max"] = levels
+        levels = self._cache["range_max"]
+        i_arr, j_arr = np.broadcast_arrays(np.asarray(i), np.asarray(j))
+        length = j_arr - i_arr
+        valid = length > 0
+        lv = np.floor(np.log2(np.where(valid, length, 1))).astype(np.int64)
+        out = np.zeros(i_arr.shape)
+        for level in np.unique(lv[valid]):
+            q = valid & (lv == level)
+            tab = levels[int(level)]
+            out[q] = np.maximum(tab[i_arr[q]], tab[j_arr[q] - (1 << int(level))])
+        return out
+
+    def unit_activation_max_matrix(self) -> np.ndarray:
+        """``M[i, j]`` = the largest unit activation bytes (profile batch size) of segment
+        ``[i, j)``, 0 where ``j <= i``. Shape ``(N+1, N+1)``; O(N^2), cached."""
+        if "unit_max" not in self._cache:
+            n = self.n_units
+            act = np.concatenate([np.zeros(1), self.unit_activation_bytes])  # act[j - 1] at j
+            last = np.where(np.tri(n + 1, dtype=bool), 0.0, act[None, :])
+            self._cache["unit_max"] = np.maximum.accumulate(last, axis=1)
+        return self._cache["unit_max"]
 
     def segment_time(self, stage: int, i: int, j: int) -> float:
         """Busy seconds per micro-batch of the segment, ``inf`` if it does not fit in memory."""
@@ -260,10 +322,17 @@ class CostModel:
         state = (self.param_prefix[j] - self.param_prefix[i]) * self.state_factor
         act_one = (self.act_prefix[j] - self.act_prefix[i]) * self.ratio
         act_a = act_one * self.inflight[stage]
-        act_b = (
+        act_s = (
             act_one * self.full_inflight[stage]
             + self.cut_bytes_at[i] * self.ratio * self.inflight[stage]
         )
+        act_u = (
+            float(self.unit_activation_max(i, j)) * self.ratio * self.full_inflight[stage]
+            + (self.unit_input_prefix[j] - self.unit_input_prefix[i])
+            * self.ratio
+            * self.inflight[stage]
+        )
+        act_b = min(act_s, act_u)
         need = {"A": act_a, "B": act_b, "AB": min(act_a, act_b)}[self.options[stage]]
         return float((state + need) * (1.0 + self.headroom))
 
@@ -308,9 +377,13 @@ class CostModel:
             time_b[invalid] = np.inf
             if not all_fit_b:
                 state, act_one = self._memory_parts()
-                fits_b = (
-                    state + (act_one * n_full + (self.cut_bytes_at * r * n_s)[:, None]) <= limit
+                act_s = act_one * n_full + (self.cut_bytes_at * r * n_s)[:, None]
+                u = self.unit_input_prefix
+                act_u = (
+                    self.unit_activation_max_matrix() * r * n_full
+                    + (u[None, :] - u[:, None]) * r * n_s
                 )
+                fits_b = state + np.minimum(act_s, act_u) <= limit
                 time_b[~fits_b] = np.inf
             if opts == "B":
                 return time_b
@@ -337,9 +410,11 @@ class CostModel:
         act_one = (self.act_prefix[j] - self.act_prefix[i]) * r
         opts = self.options[stage]
         time_a = np.where(state + act_one * n_s <= limit, base + send, np.inf)
-        fits_b = (
-            state + (act_one * self.full_inflight[stage] + self.cut_bytes_at[i] * r * n_s) <= limit
-        )
+        n_full = self.full_inflight[stage]
+        act_s = act_one * n_full + self.cut_bytes_at[i] * r * n_s
+        u = self.unit_input_prefix
+        act_u = self.unit_activation_max(i, j) * r * n_full + (u[j] - u[i]) * r * n_s
+        fits_b = state + np.minimum(act_s, act_u) <= limit
         time_b = np.where(fits_b, (base + fwd) + send, np.inf)
         if opts == "A":
             out = time_a

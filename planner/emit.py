@@ -21,7 +21,12 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from autopipe.planner.emit_common import EmitError, checkpointed, require_schedule
+from autopipe.planner.emit_common import (
+    EmitError,
+    checkpointed,
+    checkpointed_per_stage,
+    require_schedule,
+)
 from autopipe.planner.emit_torchtitan import (
     STATELESS,
     TORCHTITAN_SCHEDULES,
@@ -159,9 +164,10 @@ def to_megatron(plan: Plan) -> dict[str, Any]:
     only the schedules Megatron-Core runs (1F1B; interleaved 1F1B, whose layout lists the
     ``K x V`` chunks in model order and places chunk ``c`` on rank ``c mod K``, as the plan
     does). A plan that re-materializes every chunk is ``--recompute-granularity full
-    --recompute-method uniform --recompute-num-layers N`` with N the layers of each chunk
-    (one checkpoint per chunk, as the plan does), so the chunks with layers must hold equal
-    layer counts; per-stage re-materialization is refused.
+    --recompute-method uniform --recompute-num-layers N``: N = 1 for chunks re-materialized
+    per unit (one checkpoint per layer, as the plan does), N = the chunk's layers for chunks
+    re-materialized whole (one checkpoint per chunk), so every chunk with layers must need
+    the same N; re-materializing only some stages is refused.
 
     The mesh: ``--tensor-model-parallel-size T`` (with ``--sequence-parallel`` when T > 1:
     the plan's TP is Megatron-style with sequence parallelism) and, for a plan whose
@@ -202,13 +208,21 @@ def to_megatron(plan: Plan) -> dict[str, Any]:
             "(ZeRO-1): re-plan with --shard optimizer or none"
         )
     if recomputed:
-        # A chunk without layers (only E or L) recomputes nothing whatever the count.
-        layers = sorted({s.count("t") for s in symbols} - {0})
+        # Per unit: one layer per checkpoint; per stage: the chunk's layers in one. A chunk
+        # without layers (only E or L) recomputes nothing whatever the count.
+        whole = set(checkpointed_per_stage(plan))
+        counts = {1 if c not in whole else symbols[c].count("t") for c in recomputed}
+        layers = sorted(counts - {0}) or [1]
         if len(layers) != 1:
+            what = "/".join(
+                f"{s.count('t')} {'whole' if c in whole else 'per layer'}"
+                for c, s in enumerate(symbols)
+            )
             raise EmitError(
-                f"the plan re-materializes chunks of {'/'.join(str(s.count('t')) for s in symbols)} "
-                "layers; Megatron's --recompute-num-layers is one count for every chunk: "
-                "re-plan with --checkpoint never, or with a layer count the chunks share"
+                f"the plan re-materializes chunks of {what} layers; Megatron's "
+                "--recompute-num-layers is one count for every chunk (1: per layer, the "
+                "chunk's layers: whole): re-plan with --checkpoint never, or with a layer "
+                "count the chunks share"
             )
         args += ["--recompute-granularity", "full", "--recompute-method", "uniform"]
         args += ["--recompute-num-layers", str(layers[0])]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from autopipe.core.errors import UsageError
 from autopipe.core.plan import Plan
 
-__all__ = ["EmitError", "checkpointed", "require_schedule"]
+__all__ = ["EmitError", "checkpointed", "checkpointed_per_stage", "require_schedule"]
 
 
 class EmitError(UsageError, ValueError):
@@ -23,3 +23,9 @@ def require_schedule(plan: Plan, table: dict[str, str], target: str) -> str:
 def checkpointed(plan: Plan) -> list[int]:
     """The indices of the chunks the plan re-materializes."""
     return [s.index for s in plan.stages if s.checkpoint]
+
+
+def checkpointed_per_stage(plan: Plan) -> list[int]:
+    """The indices of the chunks the plan re-materializes whole (``checkpoint_granularity``
+    ``"stage"``: the chunk's input kept, the whole chunk re-computed at once)."""
+    return [s.index for s in plan.stages if s.checkpoint and s.checkpoint_granularity != "unit"]

@@ -18,7 +18,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from autopipe.planner.emit_common import EmitError, checkpointed, require_schedule
+from autopipe.planner.emit_common import (
+    EmitError,
+    checkpointed,
+    checkpointed_per_stage,
+    require_schedule,
+)
 
 from autopipe.core.plan import Plan
 from autopipe.core.vocabulary import TORCH_CLASSES
@@ -114,7 +119,9 @@ def torchtitan_names(
 class TorchtitanFields:
     """What a plan sets in torchtitan's config: ``parallelism`` and ``training`` are
     ``ParallelismConfig`` / ``TrainingConfig`` field values by name; ``full_checkpoint``
-    is activation checkpointing of every layer (else none); ``note`` says what was renamed."""
+    is activation checkpointing of every layer (else none), exactly the plan's per-unit
+    re-materialization; ``note`` says what was renamed, and which stages the plan
+    re-materializes whole (torchtitan has no per-stage mode)."""
 
     parallelism: dict[str, Any]
     training: dict[str, Any]
@@ -176,6 +183,20 @@ def torchtitan_fields(plan: Plan, version: str = TORCHTITAN_VERSION) -> Torchtit
         )
     units = [u for stage in plan.stages for u in stage.units]
     names, note = torchtitan_names(units, version)
+    whole = checkpointed_per_stage(plan)
+    if stages_checkpointed and whole:
+        # torchtitan's "full" wraps every transformer block: per unit, not per stage.
+        note = "; ".join(
+            n
+            for n in (
+                note,
+                f"the plan re-materializes stages {whole} whole (input kept, one "
+                're-computation of the stage); torchtitan\'s mode "full" re-computes one '
+                "block at a time, keeping each block's input, so those stages hold memory "
+                "other than planned",
+            )
+            if n
+        )
     rename = dict(zip(units, names, strict=True))
     parts = [[n for u in stage.units if (n := rename[u]) is not None] for stage in plan.stages]
     parallelism: dict[str, Any] = {

@@ -9,6 +9,10 @@ as ``strategy="ilp"``):
   recompute time, ``r[s] >= fwd_s - BigT (1 - c[s])``; the kept-activation memory row is
   relaxed by ``BigM c[s]`` and the checkpointed one by ``BigM (1 - c[s])``. Other modes fix the
   choice, so their rows are plain.
+* Checkpointed stages: ``g[s]`` binary picks per-unit re-materialization (its row relaxed by
+  ``BigM (1 - g[s])``, the per-stage one by ``BigM g[s]``); ``m[s] >= a_p x held[s, p]`` is
+  the largest activation of the units it holds (``held[s, p]``: the cumulative cut sums, 1
+  exactly when unit ``p`` is on stage ``s``).
 * ``T >= time_s`` for every stage; memory of each stage ``<= limit_s``; minimise ``T``.
 
 Times are scaled to O(1) and memory rows divided by their limit so that CBC's absolute
@@ -79,11 +83,38 @@ def _solve(cm: CostModel, time_limit_s: float) -> Partition | None:
         mem_a = (state + act_one * n_s) * (1.0 / limit) if math.isfinite(limit) else None
         # Checkpointed: one micro-batch's activations plus every in-flight stage input.
         inputs = lin(start, cm.cut_bytes_at) * (cm.ratio * n_s)
+        n_full = float(cm.full_inflight[s])
         mem_b = (
-            (state + act_one * float(cm.full_inflight[s]) + inputs) * (1.0 / limit)
-            if math.isfinite(limit)
-            else None
+            (state + act_one * n_full + inputs) * (1.0 / limit) if math.isfinite(limit) else None
         )
+        mem_u = None
+        if mem_b is not None and "B" in opts and _unit_can_matter(cm, s, limit):
+            # Per unit: every unit's input in flight, plus the largest unit's activations
+            # (``top`` >= each unit's that the stage holds: ``held`` is 1 inside it).
+            top = pulp.LpVariable(f"m_{s}", lowBound=0)
+            held: Any = 0  # 1 exactly while unit p is on the stage: started, not ended
+            for p in range(n):
+                step = held + start.get(p, 0) - end.get(p, 0)
+                held = pulp.LpVariable(f"h_{s}_{p}")
+                prob += held == step  # a running sum: O(1) terms per row
+                weight = float(cm.unit_activation_bytes[p]) * cm.ratio * n_full / limit
+                if weight > 0:
+                    prob += top >= weight * held
+            kept = (lin(end, cm.unit_input_prefix) - lin(start, cm.unit_input_prefix)) * (
+                cm.ratio * n_s / limit
+            )
+            mem_u = state * (1.0 / limit) + kept + top
+            # g = 1: per unit. Either granularity's memory row may be relaxed, not both.
+            g = pulp.LpVariable(f"g_{s}", cat="Binary")
+            big_u = float(
+                (
+                    cm.param_prefix[-1] * cm.state_factor
+                    + cm.act_prefix[-1] * cm.ratio * n_full
+                    + cm.unit_input_prefix[-1] * cm.ratio * n_s
+                    + cm.cut_bytes_at.max() * cm.ratio * n_s
+                )
+                / limit
+            )
         whole_a = cm.param_prefix[-1] * cm.state_factor + cm.act_prefix[-1] * cm.ratio * n_s
         if opts == "AB" and whole_a <= limit:
             opts = "A"  # even the whole chain keeps its activations here: auto never checkpoints
@@ -93,7 +124,10 @@ def _solve(cm: CostModel, time_limit_s: float) -> Partition | None:
                 prob += mem_a <= 1.0
         elif opts == "B":
             prob += t_var >= base + fwd
-            if mem_b is not None:
+            if mem_b is not None and mem_u is not None:
+                prob += mem_b <= 1.0 + big_u * g
+                prob += mem_u <= 1.0 + big_u * (1 - g)
+            elif mem_b is not None:
                 prob += mem_b <= 1.0
         else:
             # c = 1: checkpointed. Big-M rows switch the recompute time and the memory row;
@@ -114,7 +148,11 @@ def _solve(cm: CostModel, time_limit_s: float) -> Partition | None:
                     / limit
                 )
                 prob += mem_a <= 1.0 + big_m * c
-                prob += mem_b <= 1.0 + big_m * (1 - c)
+                if mem_b is not None and mem_u is not None:
+                    prob += mem_b <= 1.0 + big_m * (1 - c) + big_u * g
+                    prob += mem_u <= 1.0 + big_m * (1 - c) + big_u * (1 - g)
+                elif mem_b is not None:
+                    prob += mem_b <= 1.0 + big_m * (1 - c)
 
     with tempfile.TemporaryDirectory() as tmp:
         log = os.path.join(tmp, "cbc.log")
@@ -136,6 +174,19 @@ def _solve(cm: CostModel, time_limit_s: float) -> Partition | None:
         bound_s = float(found.group(1)) / scale if found else 0.0
         gap = max(0.0, (value - bound_s) / value) if value > 0 else 0.0
     return Partition(bounds, value, "ilp", optimality_gap=gap)
+
+
+def _unit_can_matter(cm: CostModel, s: int, limit: float) -> bool:
+    """Whether some segment fits stage ``s`` re-materialized per unit but not per stage: only
+    then do the per-unit rows change the feasible set (else they are left out, exactly).
+    O(N^2) numpy."""
+    state, act_one = cm._memory_parts()
+    r, n_s, n_full = cm.ratio, cm.inflight[s], cm.full_inflight[s]
+    u = cm.unit_input_prefix
+    act_s = act_one * n_full + (cm.cut_bytes_at * r * n_s)[:, None]
+    act_u = cm.unit_activation_max_matrix() * r * n_full + (u[None, :] - u[:, None]) * r * n_s
+    valid = ~np.tri(cm.n_units + 1, dtype=bool)
+    return bool(np.any(valid & (state + act_u <= limit) & (state + act_s > limit)))
 
 
 def _value(x: object) -> float:

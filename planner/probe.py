@@ -1,8 +1,9 @@
 """Parametric (probe) search for the min-bottleneck partition, and its (f, q) frontier.
 
 Torch-free. A probe decides in O(K N log N) numpy work whether every stage can stay under a
-threshold ``T`` (reachability over positions; the checkpointed-memory condition, which is not
-monotone because of the stage-input cut, is a range-maximum query on a sparse table).
+threshold ``T`` (reachability over positions; the per-stage checkpointed-memory condition, which
+is not monotone because of the stage-input cut, is a range-maximum query on a sparse table; the
+per-unit one is monotone, so the latest reachable start decides it, as for kept activations).
 Bisection on ``T``, where each feasible probe lowers the upper bound to the found partition's
 exact bottleneck, ends when the float just below that bottleneck is infeasible: exact.
 """
@@ -75,11 +76,15 @@ class _Prober:
             return ok & (i < j)
         state = (cm.param_prefix[j] - cm.param_prefix[i]) * cm.state_factor
         act_one = (cm.act_prefix[j] - cm.act_prefix[i]) * cm.ratio
-        act = (
-            act_one * cm.full_inflight[s] + cm.cut_bytes_at[i] * cm.ratio * cm.inflight[s]
-            if ckpt
-            else act_one * cm.inflight[s]
-        )
+        if ckpt:  # the smaller of per-stage and per-unit re-materialization
+            r, n_s, n_full = cm.ratio, cm.inflight[s], cm.full_inflight[s]
+            u = cm.unit_input_prefix
+            act = np.minimum(
+                act_one * n_full + cm.cut_bytes_at[i] * r * n_s,
+                cm.unit_activation_max(i, j) * r * n_full + (u[j] - u[i]) * r * n_s,
+            )
+        else:
+            act = act_one * cm.inflight[s]
         return ok & (state + act <= limit) & (i < j)
 
     def probe(self, t: float, f_cap: float = math.inf, q_cap: float = math.inf) -> list[int] | None:
@@ -127,6 +132,14 @@ class _Prober:
                 take = ok & (window < 0)
                 new_reach[a + 1 : b + 1] |= ok
                 pred[a + 1 : b + 1] = np.where(take, wit, window)
+                # Per-unit re-materialization: its time and memory only shrink as i grows
+                # (fewer inputs kept, a smaller largest unit), so the latest reachable i is
+                # best, as for option A.
+                ok = (last >= 0) & self._fits(s, np.maximum(last, 0), j, True, caps)
+                window = pred[a + 1 : b + 1]
+                take = ok & (window < 0)
+                new_reach[a + 1 : b + 1] |= ok
+                pred[a + 1 : b + 1] = np.where(take, last, window)
             reach = new_reach
             preds.append(pred)
             if not reach.any():

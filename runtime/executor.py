@@ -5,7 +5,8 @@ stages' devices (one submission per device and clock) and the clock ends when al
 are done, so stages on different devices compute at the same time while a stage never runs
 ahead of its input. A task
 moves its inputs to the stage's device, draws randomness from its micro-batch's stream
-(``rng``), runs the stage (re-materialized when ``checkpoint(i, j)``) and records its
+(``rng``), runs the stage (re-materialized when ``checkpoint(i, j)``: per stage, or one
+unit at a time when the stage has ``units``) and records its
 interval with the ``TimelineRecorder``. With grad enabled each task is a ``StageFunction`` node, so the
 caller's ``backward()`` later runs the stages' backwards (see ``stage.py``).
 An exception stops the run after its clock and is re-raised in the caller. When every
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from concurrent.futures import wait
-from contextlib import nullcontext
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -43,6 +44,10 @@ class Stage:
     device: torch.device
     modules: list[nn.Module] = field(default_factory=list)
     """The stage's modules (BatchNorm buffers are restored after a recomputation)."""
+    units: list[Callable[..., tuple[Any, ...]]] = field(default_factory=list)
+    """Set when the stage is re-materialized per unit: its units' functions, in order
+    (calling them in turn is calling ``fn``), each checkpointed on its own, so the backward
+    re-computes one unit at a time. Empty: re-materialized per stage."""
 
 
 def _to_device(value: Any, device: torch.device) -> Any:
@@ -76,15 +81,24 @@ def _run_task(
         flat, out_spec = pytree.tree_flatten(tuple(outputs))
         return flat
 
+    def on_recompute() -> AbstractContextManager[None]:
+        return recorder.record(stage_index, microbatch, "recompute", device)
+
+    def call_units(*leaves: Any) -> list[Any]:
+        # Each unit keeps only its inputs and re-computes on its own in backward.
+        nonlocal out_spec
+        values: Sequence[Any] = pytree.tree_unflatten(list(leaves), in_spec)
+        for unit in stage.units:
+            values = checkpointed(unit, values, stage.modules, on_recompute=on_recompute)
+        flat, out_spec = pytree.tree_flatten(tuple(values))
+        return flat
+
     def run(*leaves: Any) -> list[Any]:
         moved = [_to_device(v, device) for v in leaves]
+        if use_checkpoint and stage.units:
+            return call_units(*moved)
         if use_checkpoint:
-            return checkpointed(
-                call,
-                moved,
-                stage.modules,
-                on_recompute=lambda: recorder.record(stage_index, microbatch, "recompute", device),
-            )
+            return checkpointed(call, moved, stage.modules, on_recompute=on_recompute)
         return call(*moved)
 
     stream = rng.stream(microbatch, device) if rng is not None else nullcontext()

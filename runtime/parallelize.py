@@ -190,4 +190,5 @@ def parallelize(
         checkpoint=stage_flags(plan, checkpoint),
         plan=plan,
         deferred_batch_norm=deferred_batch_norm,
+        checkpoint_granularity=[s.checkpoint_granularity for s in plan.stages],
     )

@@ -28,13 +28,14 @@ from autopipe.runtime.microbatch import gather, scatter
 from autopipe.runtime.planned_stages import PlannedStages, TiedParameter, tied_parameters
 from autopipe.runtime.recorder import Clock, TimelineRecorder
 from autopipe.runtime.rng import MicrobatchRNG, draw_base_seed
-from autopipe.runtime.split import StageGraph, split_graph
+from autopipe.runtime.split import StageGraph, split_graph, split_units
 from autopipe.runtime.tied import TiedReplicas
 from autopipe.runtime.torch_devices import as_device
 from torch import fx, nn
 
 from autopipe.core.plan import Plan
 from autopipe.core.timeline import Timeline
+from autopipe.core.vocabulary import CHECKPOINT_GRANULARITIES
 
 __all__ = ["Pipeline"]
 
@@ -90,6 +91,7 @@ class Pipeline(nn.Module):
             static_microbatch_size=static_microbatch_size,
             label_items=label_items or LabelItems(),
         )
+        self._split_units(None, {})
 
     @classmethod
     def from_partition(
@@ -102,8 +104,12 @@ class Pipeline(nn.Module):
         checkpoint: Sequence[bool] | None,
         plan: Plan | None = None,
         deferred_batch_norm: bool = False,
+        checkpoint_granularity: Sequence[str] | None = None,
     ) -> Pipeline:
-        """A pipeline over the stage graphs of :func:`autopipe.runtime.planned_stages.partition`."""
+        """A pipeline over the stage graphs of :func:`autopipe.runtime.planned_stages.partition`;
+        ``checkpoint_granularity``: per stage, ``"stage"`` or ``"unit"`` (a checkpointed stage
+        re-computed one unit at a time; ``StagePlan.checkpoint_granularity``), None: all
+        ``"stage"``."""
         if len(planned.stages) != len(devices):
             raise ValueError(
                 f"{len(planned.stages)} stages but {len(devices)} devices; give one per stage"
@@ -124,6 +130,7 @@ class Pipeline(nn.Module):
             static_microbatch_size=planned.static_microbatch_size,
             label_items=planned.label_items,
         )
+        pipe._split_units(checkpoint_granularity, planned.node_unit)
         return pipe
 
     def _setup(
@@ -186,6 +193,29 @@ class Pipeline(nn.Module):
             Stage(_single_output(mod) if j == last else mod, dev, list(mod.modules()))
             for j, (mod, dev) in enumerate(zip(submods, self.devices, strict=True))
         ]
+
+    def _split_units(self, granularity: Sequence[str] | None, node_unit: dict[str, int]) -> None:
+        """Cut each stage re-materialized per unit into its units' graphs (after the set-up
+        moved and tied the parameters: the unit graphs hold the stage's own objects)."""
+        self.checkpoint_granularity = list(granularity or ["stage"] * self.num_stages)
+        if len(self.checkpoint_granularity) != self.num_stages:
+            raise ValueError(
+                f"got {len(self.checkpoint_granularity)} checkpoint granularities for "
+                f"{self.num_stages} stages; give one per stage"
+            )
+        last = self.num_stages - 1
+        for j, (graph, stage) in enumerate(zip(self._graphs, self._stages, strict=True)):
+            if self.checkpoint_granularity[j] not in CHECKPOINT_GRANULARITIES:
+                raise ValueError(
+                    f"checkpoint granularity {self.checkpoint_granularity[j]!r} of stage {j}; "
+                    f"expected one of {', '.join(CHECKPOINT_GRANULARITIES)}"
+                )
+            if self.checkpoint_granularity[j] != "unit" or not self.checkpoint[j]:
+                continue
+            units: list[Callable[..., tuple[Any, ...]]] = list(split_units(graph, node_unit))
+            if j == last:
+                units[-1] = _single_output(units[-1])
+            stage.units = units
 
     @property
     def num_stages(self) -> int:
@@ -284,7 +314,7 @@ def _inputs_of(piece: list[Any]) -> Any:
     return kwargs if kwargs else args
 
 
-def _single_output(module: nn.Module) -> Callable[..., tuple[Any]]:
+def _single_output(module: Callable[..., Any]) -> Callable[..., tuple[Any]]:
     def run(*values: Any) -> tuple[Any]:
         return (module(*values),)
 

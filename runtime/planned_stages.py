@@ -81,6 +81,9 @@ class PlannedStages:
     label_items: LabelItems = field(default_factory=LabelItems)
     """How the model's own loss counts its items, which weight the micro-batches' losses
     (:mod:`autopipe.profiler.objective`)."""
+    node_unit: dict[str, int] = field(default_factory=dict)
+    """The traced graph's call nodes -> their unit (``UnitGraph.node_unit``): where a stage
+    re-materialized per unit is cut (:func:`autopipe.runtime.split.split_units`)."""
 
 
 def stage_of_unit(unit_names: Sequence[str], stage_units: Sequence[Sequence[str]]) -> list[int]:
@@ -251,6 +254,7 @@ def partition(
         graph_module=graph.graph_module,
         static_microbatch_size=None if graph.batch_dynamic else int(plan.microbatch_size),
         label_items=LabelItems.of(model),
+        node_unit=dict(graph.node_unit),
     )
 
 

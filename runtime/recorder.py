@@ -3,7 +3,7 @@
 The executor wraps each task in ``recorder.record(stage, microbatch, phase, device)``:
 ``forward`` and ``backward`` per (stage, micro-batch), and ``recompute`` for the
 re-materialising forward inside a checkpointed backward (its interval nests in that
-backward's). ``recorder.timeline()`` gives the one torch-free
+backward's; one per unit when the stage is re-materialized per unit). ``recorder.timeline()`` gives the one torch-free
 :class:`autopipe.core.timeline.Timeline` that the simulator returns and the plots draw;
 Chrome traces are its ``save_chrome_trace``.
 

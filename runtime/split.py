@@ -18,8 +18,9 @@ attributes its nodes use (the same module objects as the model, not copies).
 from __future__ import annotations
 
 import operator
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
@@ -29,7 +30,7 @@ from torch import fx, nn
 
 from autopipe.core.errors import UsageError
 
-__all__ = ["StageGraph", "StageSplitError", "shared_parameters", "split_graph"]
+__all__ = ["StageGraph", "StageSplitError", "shared_parameters", "split_graph", "split_units"]
 
 _NOT_CALLS = ("placeholder", "get_attr", "output")
 
@@ -139,6 +140,43 @@ def split_graph(
         module = fx.GraphModule(gm, graph, class_name=f"Stage{k}")
         stages.append(StageGraph(k, module, list(inputs), list(outputs)))
     return stages
+
+
+def split_units(stage: StageGraph, node_unit: Mapping[str, int]) -> list[Callable[..., Any]]:
+    """The stage's graph cut into its units' functions, in model order, for per-unit
+    re-materialization: the first takes the stage's inputs, each next one the previous one's
+    outputs, and the last returns the stage's own output, so calling them in turn is calling
+    the stage. ``node_unit`` maps the whole graph's call nodes to their units
+    (``UnitGraph.node_unit``); the stage graph keeps those node names, and a node added
+    since (the copy of an input the stage writes into, a tensor-parallel module call that
+    replaced a traced ``linear``) goes with the latest unit it reads from (the first, when it
+    reads only the stage's inputs). A unit without
+    operations of its own is merged into its neighbours. Each function interprets its unit's
+    graph against the stage module itself, reading its submodules and parameters at call
+    time, so what FSDP, tensor parallelism or tied replicas put there later is what runs.
+    O(nodes + edges x units)."""
+    calls = [n for n in stage.module.graph.nodes if n.op not in _NOT_CALLS]
+    known = [node_unit[n.name] for n in calls if n.name in node_unit]
+    if not known:
+        return [stage.module]
+    local: dict[str, int] = {}
+    for n in calls:  # in graph order: a node's inputs are placed before it
+        if n.name in node_unit:
+            local[n.name] = node_unit[n.name]
+        else:  # added after tracing: with the latest unit it reads from
+            inputs = [local[a.name] for a in n.all_input_nodes if a.name in local]
+            local[n.name] = max(inputs, default=min(known))
+    order = {u: k for k, u in enumerate(sorted(set(local.values())))}
+    parts = {name: order[u] for name, u in local.items()}
+    return [
+        partial(_interpret, stage.module, g.module.graph)
+        for g in split_graph(stage.module, parts, len(order))
+    ]
+
+
+def _interpret(module: fx.GraphModule, graph: fx.Graph, *args: Any) -> Any:
+    """``graph`` run on ``args`` with its attributes and submodules read from ``module``."""
+    return fx.Interpreter(module, graph=graph).run(*args, enable_io_processing=False)
 
 
 # Methods and functions whose result is a view of their first argument: writing into the

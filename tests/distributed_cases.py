@@ -238,6 +238,8 @@ def run_correctness(rank: int, world_size: int, port: int, out_dir: str, jobs: l
             virtual,
         )
         key = job_key(job, world_size)
+        for stage, granularity in zip(plan.stages, job.get("granularity", []), strict=False):
+            stage.checkpoint_granularity = granularity
         if "ranks" in job:  # a placement other than the schedule's own
             for stage, r in zip(plan.stages, job["ranks"], strict=True):
                 stage.rank = r
@@ -278,6 +280,7 @@ def run_correctness(rank: int, world_size: int, port: int, out_dir: str, jobs: l
             "loss2_err": abs(float(loss2) - ref_loss2) if loss2 is not None else -1.0,
             "holds_last": float(pipe.holds_last),
             "unsplit": float(len(pipe.unsplit_chunks)),
+            "unit_graphs": float(sum(len(c._units or []) for c in pipe.chunks)),
             "names": sorted(grads),
         }
     torch.save(results, Path(out_dir) / f"rank{rank}.pt")
@@ -288,6 +291,7 @@ def job_key(job: dict, world_size: int) -> str:
     """The name of a correctness job's results: model, schedule, K, V and D."""
     replicas = world_size // job["stages"]
     cp = "-ckpt" if any(job.get("checkpoint") or []) else ""
+    cp += "-unit" if "unit" in job.get("granularity", []) else ""
     return (
         f"{job['model']}-{job['schedule']}-K{job['stages']}xV{job.get('virtual', 1)}"
         f"xD{replicas}-M{job['microbatches']}{cp}{'-refused' if job.get('refused') else ''}"

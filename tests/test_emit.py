@@ -337,3 +337,40 @@ def test_cli_emit_torchtitan_python(tmp_path, capsys) -> None:
     capsys.readouterr()
     assert main(["emit", str(path), "torch", "--base", base]) == 2
     assert "--base" in capsys.readouterr().err
+
+
+def _with_granularity(plan: Plan, granularity: list[str]) -> Plan:
+    stages = [
+        dataclasses.replace(s, checkpoint=True, checkpoint_granularity=g)
+        for s, g in zip(plan.stages, granularity, strict=True)
+    ]
+    return dataclasses.replace(plan, stages=stages)
+
+
+def test_per_unit_maps_to_full_and_one_layer_per_recompute() -> None:
+    """Per-unit plans are torchtitan's mode "full" and Megatron's one layer per checkpoint,
+    exactly; a plan re-materializing stages whole is Megatron's chunk-sized count, a note in
+    torchtitan's output, and refused by Megatron where the counts differ."""
+    plan = _gpt_plan(2, checkpoint="never", schedule="1f1b")[2]
+    layers = [sum(u.startswith("blocks.") for u in s.units) for s in plan.stages]
+    unit = _with_granularity(plan, ["unit", "unit"])
+    text = to_torchtitan(unit)
+    assert tomllib.loads(text)["activation_checkpoint"]["mode"] == "full"
+    assert "whole" not in text
+    args = to_megatron(unit)["args"]
+    assert args[args.index("--recompute-granularity") + 1] == "full"
+    assert args[args.index("--recompute-method") + 1] == "uniform"
+    assert args[args.index("--recompute-num-layers") + 1] == "1"
+    whole = _with_granularity(plan, ["stage", "stage"])
+    text = to_torchtitan(whole)
+    assert tomllib.loads(text)["activation_checkpoint"]["mode"] == "full"
+    assert "re-materializes stages [0, 1] whole" in text
+    if len(set(layers)) == 1:
+        args = to_megatron(whole)["args"]
+        assert args[args.index("--recompute-num-layers") + 1] == str(layers[0])
+    mixed = _with_granularity(plan, ["unit", "stage"])
+    if layers[1] != 1:
+        with pytest.raises(EmitError, match="one count for every chunk") as info:
+            to_megatron(mixed)
+        assert "\n" not in str(info.value)
+    assert "stages [1] whole" in to_torchtitan(mixed)

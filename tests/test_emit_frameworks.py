@@ -244,6 +244,23 @@ def test_megatron_recompute_flags() -> None:
         pytest.fail(f"expected an even 4-block split on 2 ranks, got {args}")
 
 
+def test_per_unit_plans_pass_both_frameworks(tmp_path: Path) -> None:
+    """A plan re-materializing every stage per unit: Megatron-Core's TransformerConfig takes
+    one layer per recompute, torchtitan 0.2.2's JobConfig mode "full"; the stages and M
+    stay the plan's."""
+    plan = _plan("gpt", 2, "1f1b", checkpoint="always")
+    plan = dataclasses.replace(
+        plan,
+        stages=[dataclasses.replace(s, checkpoint_granularity="unit") for s in plan.stages],
+    )
+    args = to_megatron(plan)["args"]
+    assert args[args.index("--recompute-num-layers") + 1] == "1"
+    megatron = _or_skip(fc.run_megatron, plan)
+    assert [layers for _, layers, _ in megatron] == fc.plan_layers(plan)
+    titan = _or_skip(fc.run_torchtitan_toml, plan, "gpt", tmp_path)
+    assert titan == fc.expected_stages(plan, "output")
+
+
 # ---------------------------------------------------------------- torch
 
 

@@ -24,7 +24,7 @@ from autopipe.core.optimizer import AUTO, OPTIMIZERS, normalize_optimizer
 from autopipe.core.plan_records import CandidateRow, DataParallelRow, MeshReport
 from autopipe.core.profile import Profile, ProfileFormatError
 from autopipe.core.request import PlanRequest
-from autopipe.core.vocabulary import PLAN_SCHEDULES, SHARD_MODES
+from autopipe.core.vocabulary import CHECKPOINT_GRANULARITIES, PLAN_SCHEDULES, SHARD_MODES
 
 PLAN_VERSION = 1
 __all__ = [
@@ -107,6 +107,11 @@ class StagePlan:
     """Gradients plus optimizer state."""
     activation_bytes: int = 0
     checkpoint: bool = False
+    checkpoint_granularity: str = "stage"
+    """When ``checkpoint``: ``"stage"`` (keep the stage's input, re-compute the whole stage
+    in its backward) or ``"unit"`` (keep each unit's input, re-compute one unit at a time:
+    torchtitan's ``mode = "full"``); :data:`CHECKPOINT_GRANULARITIES`. Plans written before
+    it was recorded mean ``"stage"``."""
     reason: str = ""
     rank: int = -1
     """The pipeline rank that runs this stage (model chunk); ``-1`` in plans written before
@@ -392,6 +397,12 @@ class Plan:
                     raise FieldError(f"stages[{i}].index", f"is {stage.index}; expected {i}")
                 if not stage.units:
                     raise FieldError(f"stages[{i}].units", "is empty; every stage needs a unit")
+                if stage.checkpoint_granularity not in CHECKPOINT_GRANULARITIES:
+                    raise FieldError(
+                        f"stages[{i}].checkpoint_granularity",
+                        f"is {stage.checkpoint_granularity!r}; expected one of "
+                        f"{', '.join(CHECKPOINT_GRANULARITIES)}",
+                    )
                 if stage.unit_parameters and len(stage.unit_parameters) != len(stage.units):
                     raise FieldError(
                         f"stages[{i}].unit_parameters",

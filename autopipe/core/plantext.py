@@ -53,7 +53,9 @@ def format_plan(plan: Plan) -> str:
                 ms(s.forward_s),
                 ms(s.backward_s + s.recompute_s),
                 ms(s.send_s),
-                "yes" if s.checkpoint else "no",
+                ("per unit" if s.checkpoint_granularity == "unit" else "per stage")
+                if s.checkpoint
+                else "no",
                 format_bytes(s.memory_bytes),
                 f"{100 * s.time_s / bottleneck_s:.0f}%",
             ]

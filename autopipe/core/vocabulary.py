@@ -6,6 +6,7 @@ each list is spelled out (the CLI's choices, the planner's checks and the emitte
 from __future__ import annotations
 
 __all__ = [
+    "CHECKPOINT_GRANULARITIES",
     "CHECKPOINT_MODES",
     "DEFAULT_CHECKPOINT",
     "FRAMEWORK_DEFAULTS",
@@ -52,6 +53,13 @@ DEFAULT_CHECKPOINT = "auto"
 """The one default re-materialization mode (``PlanRequest.checkpoint``, ``parallelize``,
 ``autopipe plan --checkpoint``): a stage re-computes its forward only where its activations
 would not fit, so a plan that fits without it is the plan ``never`` would give."""
+
+CHECKPOINT_GRANULARITIES = ("stage", "unit")
+"""What a re-materialized stage keeps and re-computes at once: ``stage`` keeps the stage's
+input and re-computes the whole stage in its backward; ``unit`` keeps every unit's input and
+re-computes one unit at a time (torchtitan's ``[activation_checkpoint] mode = "full"``,
+Megatron's ``--recompute-granularity full --recompute-method uniform
+--recompute-num-layers 1``). The planner picks, per stage, the one needing less memory."""
 
 SHARD_MODES = ("none", "optimizer", "gradients", "parameters")
 

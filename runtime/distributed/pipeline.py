@@ -173,6 +173,9 @@ def materialize_chunks(
             # B detaches what a chunk sends on in place (not on the first or last chunk:
             # the first has no B, the last sends nothing).
             own_outputs=zero_bubble and 0 < c < last,
+            node_unit=planned.node_unit
+            if plan.stages[c].checkpoint and plan.stages[c].checkpoint_granularity == "unit"
+            else None,
         )
         for c in chunks
     ]

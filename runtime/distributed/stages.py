@@ -10,7 +10,7 @@ tensors, since only tensors travel between ranks.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,7 +18,7 @@ import torch
 import torch.utils._pytree as pytree
 from autopipe.profiler.units import UnitGraph
 from autopipe.runtime.checkpoint import checkpointed
-from autopipe.runtime.split import StageGraph, StageSplitError, split_graph
+from autopipe.runtime.split import StageGraph, StageSplitError, split_graph, split_units
 from torch import fx, nn
 
 __all__ = ["StageModule", "split_stages"]
@@ -127,6 +127,9 @@ class StageModule(nn.Module):
     RNG state preserved, via :func:`autopipe.runtime.checkpoint.checkpointed`): only the
     stage's inputs are kept for backward and the stage's forward is recomputed during its
     backward, GPipe's re-materialization; BatchNorm statistics do not move in the recompute.
+    With ``node_unit`` too (the traced graph's nodes -> units) it is re-materialized per
+    unit: each unit's graph runs under its own checkpoint, keeping that unit's inputs, so
+    the backward re-computes one unit at a time.
     Parameter names are the original model's, behind the ``body.`` prefix (see
     :meth:`model_named_parameters`). The last stage returns the tensors of the model's
     output, flat, as torch wants; ``unflatten`` restores the model's own structure from the
@@ -145,9 +148,13 @@ class StageModule(nn.Module):
         checkpoint: bool = False,
         unflatten: Callable[[Any], Any] | None = None,
         own_outputs: bool = False,
+        node_unit: Mapping[str, int] | None = None,
     ) -> None:
         super().__init__()
         self.body = stage.module
+        self._stage = stage
+        self._node_unit = dict(node_unit) if node_unit is not None else None
+        self._units: list[Callable[..., Any]] | None = None
         self.index = stage.index
         self.input_names = stage.input_names
         self.output_names = stage.output_names
@@ -185,7 +192,13 @@ class StageModule(nn.Module):
                 f"stage {self.index} takes {len(self.input_names)} values "
                 f"({', '.join(self.input_names)}), got {len(args)}"
             )
-        if self.checkpoint and torch.is_grad_enabled():
+        if self.checkpoint and torch.is_grad_enabled() and self._node_unit is not None:
+            # Per unit: each unit keeps its inputs and is re-computed on its own.
+            out = args
+            modules = list(self.body.modules())
+            for unit in self.units():
+                out = checkpointed(unit, out, modules)
+        elif self.checkpoint and torch.is_grad_enabled():
             # The runtime's re-materialization: BatchNorm statistics are put back after the
             # recomputation, so they move once per micro-batch, not twice.
             out = checkpointed(self.body, args, list(self.body.modules()))
@@ -209,6 +222,14 @@ class StageModule(nn.Module):
                 tensors = [t.clone() if used or t._is_view() else t for t in tensors]
             sent += tensors
         return tuple(sent)
+
+    def units(self) -> list[Callable[..., Any]]:
+        """The stage's units' functions (:func:`autopipe.runtime.split.split_units`: each
+        reads the stage's modules and parameters when called, so tensor parallelism and FSDP
+        applied to them are what runs), cut at the first per-unit forward."""
+        if self._units is None:
+            self._units = split_units(self._stage, self._node_unit or {})
+        return self._units
 
     def _flat_output(self, out: Any) -> Any:
         """The last stage's output as torch.distributed.pipelining wants it (a tensor or a
