@@ -73,6 +73,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import gpt  # noqa: E402
+from spread import add_runs_argument  # noqa: E402
 from torch_split import torch_split_step  # noqa: E402
 
 K = 2
@@ -438,12 +439,7 @@ def _span(values: list[float], scale: float = 1.0, fmt: str = "{:.1f}") -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--runs",
-        type=int,
-        default=5,
-        help="consecutive runs (each profiles, plans, runs and replays) (default 5)",
-    )
+    add_runs_argument(parser)  # each run profiles, plans, runs and replays
     parser.add_argument("--batch-size", type=int, default=16, help="B (default 16)")
     parser.add_argument("--microbatches", type=int, default=8, help="M of the forced plans")
     parser.add_argument("--steps", type=int, default=10, help="timed steps of each pipeline")

@@ -259,6 +259,6 @@ def test_every_figure_is_a_median_and_range_from_a_command_that_takes_runs() -> 
             continue
         count = int(runs.split()[0])
         if count > 1:  # median (min..max), as benchmarks/spread.py prints it
-            assert re.search(r"\d \(\S*\d\.\.\S*\d", figure), (what, figure)
+            assert re.search(r"\([^)]*\d\.\.[^)]*\d[^)]*\)", figure), (what, figure)
         else:
             assert "1 run" in runs, (what, runs)
