@@ -1,6 +1,6 @@
 """Executor overhead and activation memory of autopipe's GPipe on CPU.
 
-    .venv/bin/python benchmarks/executor_overhead.py [--iters 15] [--threads 1]
+    .venv/bin/python benchmarks/executor_overhead.py [--runs 5] [--iters 15] [--threads 1]
 
 1. Time: median seconds per training iteration (forward + backward over one mini-batch) of
    - plain gradient accumulation: the unsplit model, micro-batch by micro-batch;
@@ -10,7 +10,9 @@
      (``pip install --no-deps torchgpipe``; optional, never a dependency).
    All devices are the same CPU, so no stage overlap is possible: the difference to
    gradient accumulation is the executor's scheduling overhead. Runs are interleaved
-   (A B C, A B C, ...) so drift on a shared machine hits all of them alike.
+   (A B C, A B C, ...) so drift on a shared machine hits all of them alike. The whole
+   measurement is repeated ``--runs`` times; the summary gives each runner's paired ratio
+   to gradient accumulation, median (min..max) over the runs.
 2. Memory: with checkpoint="always", the bytes a stage keeps for backward at its peak: the
    inputs of all M micro-batches (stashed until their backward) plus one micro-batch's
    activations saved during its recomputation, measured on the running pipeline, against
@@ -29,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from spread import MACHINE, add_runs_argument, spread
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "examples"))
@@ -48,7 +51,9 @@ def median_s(fn: Callable[[], None], iters: int) -> float:
     return statistics.median(times)
 
 
-def timing(iters: int, batch: int, chunks: int, balance: list[int]) -> None:
+def timing(iters: int, batch: int, chunks: int, balance: list[int]) -> dict[str, float]:
+    """Print one measurement's table; returns each runner's median paired ratio to gradient
+    accumulation."""
     model = mlp.build_model()
     x = torch.randn(batch, 512)
     k = len(balance)
@@ -122,6 +127,7 @@ def timing(iters: int, batch: int, chunks: int, balance: list[int]) -> None:
         f"\n== Iteration time: examples/mlp.py, batch {batch}, K={k} x cpu, balance {balance}, chunks {chunks}, checkpoint=never =="
     )
     print(f"{'runner':<24}{'median ms':>12}{'ratio of medians':>18}{'median paired ratio':>21}")
+    ratios: dict[str, float] = {}
     for name, values in samples.items():
         med = statistics.median(values)
         # Each round runs every runner back to back: the per-round ratio cancels slow drift
@@ -130,6 +136,8 @@ def timing(iters: int, batch: int, chunks: int, balance: list[int]) -> None:
             v / b for v, b in zip(values, samples["gradient accumulation"], strict=True)
         )
         print(f"{name:<24}{med * 1e3:>12.2f}{med / base:>17.3f}x{paired:>20.3f}x")
+        ratios[name] = paired
+    return ratios
 
 
 def _storage_bytes(tensors: list[Any], exclude: set[int]) -> int:
@@ -228,11 +236,22 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     parser.add_argument("--batch", type=int, nargs="+", default=[256, 32])
     parser.add_argument("--chunks", type=int, default=8)
+    add_runs_argument(parser)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    for batch in args.batch:
-        timing(args.iters, batch, args.chunks, balance=[4, 3, 3, 3])
+    ratios: dict[int, list[dict[str, float]]] = {batch: [] for batch in args.batch}
+    for _ in range(args.runs):
+        for batch in args.batch:
+            ratios[batch].append(timing(args.iters, batch, args.chunks, balance=[4, 3, 3, 3]))
+    print(
+        f"\n== Over {args.runs} runs ({MACHINE}): median paired ratio to gradient "
+        "accumulation, median (min..max) =="
+    )
+    for batch, runs in ratios.items():
+        for name in runs[0]:
+            if name != "gradient accumulation":
+                print(f"batch {batch:<5} {name:<24} {spread([r[name] for r in runs], unit='x')}")
     memory(batch=16, chunks=4, k=4)
 
 

@@ -9,15 +9,16 @@ re-materialization chosen per stage (``checkpoint="auto"``; a checkpointed stage
 input, or every unit's input and re-computes one unit at a time, whichever needs less), 10% of
 memory kept free unless a line says otherwise.
 
-    .venv/bin/python benchmarks/mesh_plan.py [--repeats 3]
+    .venv/bin/python benchmarks/mesh_plan.py [--runs 5] [--only a|b|c]
 
 (a) Llama-2-70B (seq 4096), 16 GPUs, batch 64: the pipeline alone (what autopipe planned
 before the mesh) and the mesh search. (b) Llama-3.1-405B-like (126 layers, hidden 16384, 128
 heads, 8 KV heads, FFN 53248, vocab 128256, seq 8192), 512 GPUs, global batch 256: the chosen
 mesh and torchtitan's FSDP 8 x TP 8 x PP 8 (1F1B and interleaved 1F1B) priced by the same
 model. (c) the whole ``autopipe plan PROFILE.json --gpus 512 --tensor-parallel auto`` command
-on the 80-layer profile, imports included, median wall and CPU time of ``--repeats`` runs; and
-the whole command from the model file (profiling on meta included).
+on the 80-layer profile, imports included, median (min..max) wall time and median CPU time of
+``--runs`` runs; and the whole command from the model file (profiling on meta included).
+(a) and (b) are deterministic: counted analytically, the same figures on any machine.
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
+
+from spread import MACHINE, add_runs_argument, spread
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 ROOT = Path(__file__).resolve().parent.parent
@@ -80,7 +83,10 @@ def stages(p: Plan) -> None:
 
 
 def figure_a() -> None:
-    print("(a) Llama-2-70B, seq 4096, 16 x H100-80GB, batch 64, mixed-precision Adam, 1F1B")
+    print(
+        "(a) Llama-2-70B, seq 4096, 16 x H100-80GB, batch 64, mixed-precision Adam, 1F1B "
+        "(deterministic)"
+    )
     p = count("llama2_70b", 64)
     cluster = Cluster.from_catalog(DEVICE, 16)
     for schedule in ("gpipe", "1f1b"):
@@ -113,7 +119,7 @@ def figure_a() -> None:
 
 
 def figure_b() -> None:
-    print("(b) Llama-3.1-405B-like, seq 8192, 512 x H100-80GB, global batch 256")
+    print("(b) Llama-3.1-405B-like, seq 8192, 512 x H100-80GB, global batch 256 (deterministic)")
     p = count("llama31_405b", 256)
     cluster = Cluster.from_catalog(DEVICE, 512)
     common = dict(cluster=cluster, batch_size=256, gpus_per_node=8,
@@ -174,7 +180,7 @@ def _import_planner(_: int) -> None:
 
 def figure_c(repeats: int) -> None:
     print(f"(c) planning speed: 80-layer Llama-2-70B config on 512 x H100, batch 256, "
-          f"medians of {repeats} (wall / CPU)")  # fmt: skip
+          f"{repeats} runs ({MACHINE}): wall median (min..max) / CPU median")  # fmt: skip
     model = f"{ROOT / 'benchmarks' / 'models' / 'hf_llama.py'}:llama2_70b"
     mesh_flags = ["--gpus", "512", "--tensor-parallel", "auto", "--schedule", "1f1b", "-q"]
     with tempfile.TemporaryDirectory() as tmp:
@@ -216,27 +222,28 @@ def figure_c(repeats: int) -> None:
             with ProcessPoolExecutor(2) as pool:
                 list(pool.map(_import_planner, range(2)))
             pool_s.append(time.perf_counter() - started)
-        print(f"  the mesh search in-process: {statistics.median(search_s):.2f} s; starting a "
+        print(f"  the mesh search in-process: {spread(search_s, unit=' s')}; starting a "
               f"2-process pool that imports the planner: {statistics.median(pool_s):.2f} s "
               "(so the meshes are searched one after another)")  # fmt: skip
         for label, command in cases.items():
             runs = [run(command) for _ in range(repeats)]
-            wall = statistics.median(w for w, _ in runs)
+            walls = [w for w, _ in runs]
             cpu = statistics.median(c for _, c in runs)
-            verdict = "pass" if wall < 10 else "FAIL"
-            print(f"  {label}: {wall:.1f} s / {cpu:.1f} s (target < 10 s wall: {verdict})")
+            verdict = "pass" if statistics.median(walls) < 10 else "FAIL"
+            print(f"  {label}: {spread(walls, '{:.1f}', ' s')} / {cpu:.1f} s "
+                  f"(target < 10 s wall: {verdict})")  # fmt: skip
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=3)
+    add_runs_argument(parser)
     parser.add_argument("--only", choices=["a", "b", "c"])
     args = parser.parse_args()
     for name, figure in (("a", figure_a), ("b", figure_b)):
         if args.only in (None, name):
             figure()
     if args.only in (None, "c"):
-        figure_c(args.repeats)
+        figure_c(args.runs)
 
 
 if __name__ == "__main__":

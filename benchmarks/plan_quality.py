@@ -15,11 +15,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from spread import MACHINE, add_runs_argument, spread
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -48,12 +49,10 @@ def one_run(model: str, gpus: int, directory: Path) -> dict[str, object]:
 
 
 def ratio_cell(ratios: list[float], reasons: list[str], runs: int) -> str:
-    """``median (min-max)`` of the feasible runs, or why the split was not priced."""
+    """``median (min..max)`` of the feasible runs, or why the split was not priced."""
     if not ratios:
         return f"n/a: {reasons[0]}" if reasons else "n/a"
-    text = f"{statistics.median(ratios):.2f}"
-    if len(ratios) > 1:
-        text += f" ({min(ratios):.2f}-{max(ratios):.2f})"
+    text = spread(ratios) if len(ratios) > 1 else f"{ratios[0]:.2f}"
     if len(ratios) < runs:
         text += f", priced in {len(ratios)} of {runs} runs"
     return text
@@ -61,7 +60,7 @@ def ratio_cell(ratios: list[float], reasons: list[str], runs: int) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--runs", type=int, default=5)
+    add_runs_argument(parser)
     parser.add_argument("--gpus", type=int, default=8)
     parser.add_argument("--model", default="examples/gpt.py")
     args = parser.parse_args()
@@ -74,10 +73,9 @@ def main() -> int:
     schedules = sorted({str(p["schedule"]) for p in plans})
     ms = sorted({int(p["microbatches"]) for p in plans})  # type: ignore[call-overload]
     print(
-        f"`autopipe plan {args.model} --gpus {args.gpus}`, {args.runs} runs, each a fresh "
-        f"profile; the plan: schedule {'/'.join(schedules)}, M = {'/'.join(map(str, ms))}, "
-        f"predicted iteration {statistics.median(times) * 1e3:.0f} ms median "
-        f"({min(times) * 1e3:.0f}-{max(times) * 1e3:.0f} ms)."
+        f"`autopipe plan {args.model} --gpus {args.gpus}`, {args.runs} runs ({MACHINE}), each "
+        f"a fresh profile; the plan: schedule {'/'.join(schedules)}, M = {'/'.join(map(str, ms))}, "
+        f"predicted iteration {spread([t * 1e3 for t in times], '{:.0f}', ' ms')}."
     )
     print()
     print("| split | iteration time vs the plan: median (range) |")

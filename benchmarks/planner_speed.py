@@ -1,6 +1,6 @@
-"""Planner speed and quality, printed as medians side by side with their targets.
+"""Planner speed and quality, printed as medians (min..max over ``--runs``) beside their targets.
 
-    .venv/bin/python benchmarks/planner_speed.py [--repeat 5] [--skip-gpt]
+    .venv/bin/python benchmarks/planner_speed.py [--runs 5] [--skip-gpt]
 
 Cases (synthetic profiles with random per-unit times, parameters, activations and cut sizes):
 1. 1,000 units -> 8 stages, fixed M (target < 1 s): exact DP.
@@ -26,6 +26,7 @@ from autopipe.planner import Cluster, plan
 from autopipe.planner.costs import CostModel
 from autopipe.planner.ilp import ilp_partition
 from autopipe.planner.partition import dp_partition
+from spread import MACHINE, add_runs_argument, spread
 
 from autopipe.core.profile import Profile, UnitProfile
 from autopipe.core.request import PlanRequest
@@ -54,37 +55,44 @@ def synthetic_profile(n_units: int, seed: int, batch_size: int = 1024) -> Profil
     return Profile(units=units, cut_bytes=cuts, batch_size=batch_size, input_bytes=10**6)
 
 
-def median_s(fn: Callable[[], Any], repeat: int) -> tuple[float, Any]:
+def median_s(fn: Callable[[], Any], repeat: int) -> tuple[list[float], Any]:
+    """Each run's (wall seconds, process CPU seconds), and the last run's result. The planner
+    runs in one thread, so its CPU time is what other load on a shared host inflates least."""
     times, out = [], None
     for _ in range(repeat):
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         out = fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times), out
+        times.append((time.perf_counter() - start, time.process_time() - cpu))
+    return times, out
 
 
-def row(name: str, seconds: float, target_s: float, extra: str = "") -> None:
+def row(name: str, times_s: list[tuple[float, float]], target_s: float, extra: str = "") -> None:
+    walls = [w for w, _ in times_s]
+    seconds = statistics.median(walls)
+    cpu = statistics.median(c for _, c in times_s)
     verdict = "ok" if seconds < target_s else "SLOW"
     print(
-        f"{name:<58} {seconds:9.3f} s  target < {target_s:>4.0f} s  {seconds / target_s:6.2f}x  {verdict}  {extra}"
+        f"{name:<58} {spread(walls, '{:.3f}', ' s'):>24} {cpu:7.3f} s  target < {target_s:>4.0f} s"
+        f"  {seconds / target_s:6.2f}x  {verdict}  {extra}"
     )
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--repeat", type=int, default=5)
+    add_runs_argument(ap)
     ap.add_argument("--skip-gpt", action="store_true")
     args = ap.parse_args()
     link = dict(link_bandwidth_bytes_per_s=1e10)
 
-    print(f"{'case':<58} {'median':>11}  {'target':>13}  {'ratio':>7}")
+    print(f"planner speed, {args.runs} runs ({MACHINE})")
+    print(f"{'case':<58} {'wall: median (min..max)':>24} {'CPU':>9}  {'target':>13}  {'ratio':>7}")
     p1k = synthetic_profile(1000, 1)
     t, p = median_s(
         lambda: plan(
             p1k,
             PlanRequest(cluster=Cluster.homogeneous(8, **link), microbatches=32, baselines=False),
         ),
-        args.repeat,
+        args.runs,
     )
     row(
         "1,000 units -> 8 stages, M=32 (dp)",
@@ -99,7 +107,7 @@ def main() -> int:
             p10k,
             PlanRequest(cluster=Cluster.homogeneous(64, **link), microbatches=64, baselines=False),
         ),
-        args.repeat,
+        args.runs,
     )
     row(
         "10,000 units -> 64 stages, M=64 (probe search)",
@@ -126,7 +134,7 @@ def main() -> int:
         ]
         return min(plans, key=lambda x: x.iteration_time_s)
 
-    t, p = median_s(lambda: best_of(("gpipe", "1f1b")), max(1, args.repeat // 2))
+    t, p = median_s(lambda: best_of(("gpipe", "1f1b")), max(1, args.runs // 2))
     row(
         "1,000 x 8, M in divisors(1024) x {gpipe,1f1b}, ckpt auto",
         t,

@@ -5,12 +5,13 @@ benchmarks/models/encoder_stack.py) at 4, 16 and 48 layers:
 
 1. ``autopipe profile`` wall time (the whole command, imports included), with identical
    blocks measured once (default) and every block measured (``--no-share``, as before),
-   interleaved runs, medians; target: 48 blocks within 1.5x of 4 blocks;
+   interleaved, ``--runs`` times; per run the ratio 48 / 4 blocks of each way, and the
+   median (min..max) over the runs; target: 48 blocks within 1.5x of 4 blocks;
 2. plan stability: the 48-layer stack re-profiled ``--reprofiles`` times each way and
    planned on 7 stages (48 = 6 x 7 + 6: which stage gets 6 layers is decided by the costs),
    distinct plans counted, and the spread of the 48 copies' measured times.
 
-    .venv/bin/python benchmarks/profile_depth.py [--repeats 3] [--reprofiles 5] [--only cost|stability]
+    .venv/bin/python benchmarks/profile_depth.py [--runs 5] [--reprofiles 5] [--only cost|stability]
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from spread import MACHINE, add_runs_argument, spread
 
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = ROOT / "benchmarks" / "models"
@@ -38,25 +41,24 @@ def profile_command_s(layers: int, share: bool) -> float:
     return time.perf_counter() - started
 
 
-def cost_and_ratio(repeats: int) -> None:
+def cost_and_ratio(runs: int) -> None:
     times: dict[tuple[int, bool], list[float]] = {(d, s): [] for d in DEPTHS for s in (True, False)}
-    for _ in range(repeats):
+    for run in range(runs):
         for share in (True, False):
             for depth in DEPTHS:
                 times[depth, share].append(profile_command_s(depth, share))
-    print("autopipe profile wall time, medians of", repeats, "interleaved runs")
-    print(f"{'layers':>6}  {'every block measured':>20}  {'identical measured once':>23}")
-    med = {k: statistics.median(v) for k, v in times.items()}
+        print(f"run {run + 1}/{runs} done", file=sys.stderr)
+    print(f"autopipe profile wall time, median (min..max) of {runs} interleaved runs ({MACHINE})")
+    print(f"{'layers':>6}  {'every block measured':>24}  {'identical measured once':>24}")
     for depth in DEPTHS:
-        print(f"{depth:>6}  {med[depth, False]:>18.1f} s  {med[depth, True]:>21.1f} s")
+        cells = [spread(times[depth, share], "{:.1f}", " s") for share in (False, True)]
+        print(f"{depth:>6}  {cells[0]:>24}  {cells[1]:>24}")
     for share, label in ((False, "every block measured"), (True, "identical measured once")):
-        ratio = med[48, share] / med[4, share]
-        verdict = (
-            ""
-            if not share
-            else ("  (target <= 1.5: pass)" if ratio <= 1.5 else "  (target <= 1.5: FAIL)")
-        )
-        print(f"48 / 4 blocks, {label}: {ratio:.2f}x{verdict}")
+        # Each run's own ratio: its 48- and 4-layer commands ran minutes apart at most.
+        ratios = [a / b for a, b in zip(times[48, share], times[4, share], strict=True)]
+        med = statistics.median(ratios)
+        verdict = "" if not share else f"  (target <= 1.5: {'pass' if med <= 1.5 else 'FAIL'})"
+        print(f"48 / 4 blocks, {label}: {spread(ratios, unit='x')}{verdict}")
 
 
 def stability(reprofiles: int, layers: int = 48, stages: int = 7) -> None:
@@ -108,12 +110,12 @@ def iteration_s(profile: object, balance: tuple[int, ...], microbatches: int) ->
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=3)
+    add_runs_argument(parser)
     parser.add_argument("--reprofiles", type=int, default=5)
     parser.add_argument("--only", choices=["cost", "stability"], help="run one part")
     args = parser.parse_args()
     if args.only != "stability":
-        cost_and_ratio(args.repeats)
+        cost_and_ratio(args.runs)
     if args.only != "cost":
         stability(args.reprofiles)
 

@@ -73,6 +73,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import gpt  # noqa: E402
+from spread import add_runs_argument  # noqa: E402
 from torch_split import torch_split_step  # noqa: E402
 
 K = 2
@@ -407,16 +408,22 @@ def _replay_saved(folder: Path) -> dict[str, dict[str, Any]]:
     """The replay figures of one earlier run, from the plans and traces in ``folder``."""
     from autopipe.core.plan import load_plan
 
-    traces = json.loads((folder / "out.json").read_text())["traces"]
+    saved = json.loads((folder / "out.json").read_text())
     out = {}
-    for name, path in traces.items():
+    for name, path in saved["traces"].items():
         plan = load_plan(folder / f"{name}.json")
         out[name] = {
             **_replayed(str(folder / Path(path).name), plan),
             "predicted_s": plan.iteration_time_s,
             "label": _label(name, plan),
         }
+    out["auto"]["torch_default_ratio"] = _torch_default_ratio(saved["times"])
     return out
+
+
+def _torch_default_ratio(times: dict[str, list[float]]) -> float:
+    """torch's default pipeline's median step over auto's, timed side by side in one run."""
+    return statistics.median(times[TORCH_DEFAULT]) / statistics.median(times["auto"])
 
 
 def _label(name: str, plan: Any) -> str:
@@ -435,12 +442,7 @@ def _span(values: list[float], scale: float = 1.0, fmt: str = "{:.1f}") -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--runs",
-        type=int,
-        default=5,
-        help="consecutive runs (each profiles, plans, runs and replays) (default 5)",
-    )
+    add_runs_argument(parser)  # each run profiles, plans, runs and replays
     parser.add_argument("--batch-size", type=int, default=16, help="B (default 16)")
     parser.add_argument("--microbatches", type=int, default=8, help="M of the forced plans")
     parser.add_argument("--steps", type=int, default=10, help="timed steps of each pipeline")
@@ -512,6 +514,20 @@ def print_replay_table(results: list[dict[str, dict[str, float]]], runs: int) ->
             f"{_span(err_pred, 100, '{:+.1f}'):>22s} {within:>3d}/{len(rows)} {within_med:>3d}/{len(rows)} "
             f"{_span(slow, 1, '{:.2f}'):>20s}"
         )
+    errors = [_err(r[n]["predicted_s"], r[n]["measured_s"]) for r in results for n in r]
+    within = sum(abs(e) <= 0.15 for e in errors)
+    print(
+        f"predicted from the profile within 15% of measured: {within} of {len(errors)} "
+        f"(schedule, run) pairs; error {_span(errors, 100, '{:+.1f}')} %"
+    )
+    ratios = [
+        r["auto"]["torch_default_ratio"] for r in results if "torch_default_ratio" in r["auto"]
+    ]
+    if ratios:
+        print(
+            f"{TORCH_DEFAULT} (Schedule1F1B, even split) / auto, measured side by side in each "
+            f"run: {_span(ratios, 1, '{:.2f}')}x over {len(ratios)} runs (target >= 1.10x)"
+        )
 
 
 def one_run(args: argparse.Namespace, schedules: list[str]) -> dict[str, dict[str, float]]:
@@ -563,6 +579,7 @@ def one_run(args: argparse.Namespace, schedules: list[str]) -> dict[str, dict[st
             "predicted_s": plans[name].iteration_time_s,
             "label": _label(name, plans[name]),
         }
+    replays["auto"]["torch_default_ratio"] = _torch_default_ratio(times)
     med = {k: statistics.median(v) for k, v in times.items()}
 
     print(

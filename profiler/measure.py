@@ -840,24 +840,30 @@ def nonlinear_bytes(
     sizes: list[int],
     measured: list[_SizeMeasurement],
     tolerance: float = 0.1,
+    resident_bytes: int = 0,
 ) -> list[str]:
-    """Where linear extrapolation of saved-activation or output bytes from the full batch
-    to a smaller micro-batch size is off by more than ``tolerance`` of the model's total of
-    that kind at that size; names the units that err most. Small batch-independent tensors
-    (position embeddings, masks) stay silent unless they add up to a material error."""
+    """Where linear extrapolation of saved-activation and output bytes from the full batch
+    to a smaller micro-batch size is off by more than ``tolerance`` of the memory those
+    bytes are part of: the model's activation and output bytes at that size plus
+    ``resident_bytes`` (its parameters, held whatever the batch); names the units that err
+    most. Batch-independent tensors (position embeddings, masks, T5's relative position
+    bias of shape (1, heads, q, k) that its first block computes and hands to every later
+    one) are extrapolated as if they held samples; they stay silent unless the error they
+    make is material to that memory."""
     big_b, base = sizes[0], measured[0]
     offenders: list[str] = []
-    for kind in ("activation_bytes", "output_bytes"):
-        for size, m in zip(sizes[1:], measured[1:], strict=True):
-            rows = []
+    for size, m in zip(sizes[1:], measured[1:], strict=True):
+        rows = []
+        for kind in ("activation_bytes", "output_bytes"):
             for name, ub, us in zip(unit_names, base.units, m.units, strict=True):
                 expected = getattr(ub, kind) * size / big_b
-                rows.append((abs(getattr(us, kind) - expected), name, getattr(us, kind), expected))
-            total_expected = sum(r[3] for r in rows)
-            if sum(r[0] for r in rows) <= tolerance * total_expected:
-                continue
-            for _, name, got, expected in sorted(rows, reverse=True)[:3]:
-                offenders.append(f"{name} {kind} {got} B at b={size}, {expected:.0f} B expected")
+                got = getattr(us, kind)
+                rows.append((abs(got - expected), name, kind, got, expected))
+        total_expected = sum(r[4] for r in rows) + resident_bytes
+        if sum(r[0] for r in rows) <= tolerance * total_expected:
+            continue
+        for _, name, kind, got, expected in sorted(rows, reverse=True)[:3]:
+            offenders.append(f"{name} {kind} {got} B at b={size}, {expected:.0f} B expected")
     return offenders
 
 
@@ -1232,7 +1238,11 @@ def _assemble(model: nn.Module, setup: _Setup, run: _Measured) -> Profile:
     across sizes, the measurement's settings in ``meta`` (warns when bytes do not scale
     linearly with the micro-batch size)."""
     ug, measured, sizes, opts = run.ug, run.measured, run.sizes, setup.opts
-    offenders = nonlinear_bytes(ug.unit_names, sizes, measured) if len(measured) > 1 else []
+    offenders = (
+        nonlinear_bytes(ug.unit_names, sizes, measured, resident_bytes=run.parameter_bytes_total)
+        if len(measured) > 1
+        else []
+    )
     if offenders:
         warnings.warn(
             "bytes do not scale linearly with micro-batch size: "

@@ -232,3 +232,33 @@ def test_the_readme_links_name_files_and_headings_that_exist() -> None:
         if anchor:
             headings = re.findall(r"^#+ (.+)$", target.read_text(), flags=re.M)
             assert anchor in {_slug(h) for h in headings}, (link, sorted(map(_slug, headings)))
+
+
+def figure_rows(text: str) -> list[list[str]]:
+    """The cells of the rows of the table under the README's ``## Figures`` heading."""
+    section = text.split("\n## Figures\n", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("|")]
+    return [[c.strip() for c in row.strip("|").split(" | ")] for row in rows[2:]]
+
+
+def test_every_figure_is_a_median_and_range_from_a_command_that_takes_runs() -> None:
+    """Issue 24: a figure is the median and range over the runs its benchmark made, never
+    the best run; one run or a deterministic (counted) figure says so; and the command
+    that measured it is named, and takes ``--runs`` (benchmarks/spread.py)."""
+    rows = figure_rows(README.read_text())
+    assert len(rows) >= 8
+    for what, figure, runs, source in rows:
+        commands = re.findall(r"`(python benchmarks/\w+\.py|pytest tests/\w+\.py)[^`]*`", source)
+        assert commands, (what, source)
+        for command in commands:
+            script = ROOT / command.split()[1]
+            assert script.exists(), command
+            if command.startswith("python "):
+                assert "add_runs_argument(" in script.read_text(), command
+        if runs.startswith("deterministic"):
+            continue
+        count = int(runs.split()[0])
+        if count > 1:  # median (min..max), as benchmarks/spread.py prints it
+            assert re.search(r"\([^)]*\d\.\.[^)]*\d[^)]*\)", figure), (what, figure)
+        else:
+            assert "1 run" in runs, (what, runs)
