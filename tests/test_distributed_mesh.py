@@ -8,7 +8,9 @@ rank), each on a tiny Hugging Face Llama (its own ``base_model_tp_plan``) and on
 examples/gpt.py (its ``tp_plan()``) (tests/mesh_models.py). Every run trains 3 steps;
 its losses, and every parameter of its ``--save`` checkpoint loaded into the plain
 (unsharded) model with ``torch.distributed.checkpoint.load``, equal one process training
-the plain model on the global batch (rtol 1e-4, atol 1e-5). All twelve runs share one
+the plain model on the global batch (rtol 1e-4, atol 1e-5). TP runs with sequence
+parallelism (runtime/distributed/sequence_parallel.py): under PP 2 x TP 2 the residual
+stream crosses the cut as [b, s / 2, h]. All twelve runs share one
 torchrun launch (tests/zoo_run.py: each process imports torch and transformers once).
 ``pytest -s`` prints the largest differences.
 
@@ -43,6 +45,7 @@ STEPS = 3
 LR = 0.1  # zoo_run.py's
 RTOL, ATOL = 1e-4, 1e-5
 BATCH = 4  # per replica; M = 2 micro-batches of 2
+HIDDEN = 32  # both models' (tests/mesh_models.py)
 MESHES: dict[str, dict[str, Any]] = {
     "pp2tp2": {"stages": 2, "tensor_parallel": 2},
     "pp2fsdp2": {"stages": 2, "replicas": 2, "shard": "parameters"},
@@ -167,8 +170,15 @@ def test_mesh_trains_like_one_process(mesh: str, model: str, mesh_runs: Path) ->
     split, norm = SPLIT_AND_REPLICATED[model]
     assert saved_pieces(mesh_runs / f"{run}.ckpt", split) == tp * fsdp
     assert saved_pieces(mesh_runs / f"{run}.ckpt", norm) == fsdp
-    ran = json.loads((mesh_runs / f"{run}.json").read_text())["optimizer"]
-    assert ran == ("ZeroRedundancyOptimizer" if mesh == "pp2d2zero1" else "SGD")
+    record = json.loads((mesh_runs / f"{run}.json").read_text())
+    assert record["optimizer"] == ("ZeroRedundancyOptimizer" if mesh == "pp2d2zero1" else "SGD")
+    if tp > 1 and MESHES[mesh]["stages"] > 1:
+        # Sequence parallelism: the residual stream crosses the cut as one TP rank's share
+        # of the sequence ([b, s / T, h]); the replicated values beside it (a mask, the
+        # rotary tables) whole.
+        micro = BATCH // 2
+        assert [micro, mesh_models.SEQ // tp, HIDDEN] in record["received"], record["received"]
+        assert [micro, mesh_models.SEQ, HIDDEN] not in record["received"]
     trained = load_plain(model, mesh_runs / f"{run}.ckpt").state_dict()
     worst = 0.0
     for name, want in ref_state.items():

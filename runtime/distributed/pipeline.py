@@ -51,6 +51,7 @@ from autopipe.runtime.distributed.failures import (
 )
 from autopipe.runtime.distributed.layout import RankLayout, rank_layout
 from autopipe.runtime.distributed.mesh import (
+    MeshPlanError,
     adopt_modules,
     apply_sharding,
     apply_tensor_parallel,
@@ -61,6 +62,11 @@ from autopipe.runtime.distributed.mesh import (
     uses_mesh,
 )
 from autopipe.runtime.distributed.process import group_timeout
+from autopipe.runtime.distributed.sequence_parallel import (
+    SequenceLayout,
+    SequenceParallelError,
+    sequence_layout,
+)
 from autopipe.runtime.distributed.stages import StageModule, StageSplitError, wire_of
 from autopipe.runtime.distributed.tied import TiedGradients
 from autopipe.runtime.distributed.zero_bubble import weight_pass_misses, weight_pass_reuses
@@ -353,6 +359,8 @@ class DistributedPipeline:
         """The (pp, dp, tp) DeviceMesh of a mesh plan (:mod:`.mesh`), else None."""
         tp_modules: dict[str, str] = {}
         """Module path -> TP style of the modules this plan splits (T > 1)."""
+        layout = SequenceLayout(degree=1, sequence_length=0)
+        """What runs sharded over the sequence (T > 1: sequence parallelism)."""
         if uses_mesh(plan):
             check_mesh_plan(plan, planned.tied)
             if plan.tensor_parallel > 1:
@@ -361,8 +369,9 @@ class DistributedPipeline:
                 tp_modules = planned_modules(model, plan.tp_plan, plan.tensor_parallel)
                 with local_shapes(model, tp_modules, plan.tensor_parallel):
                     planned = partition(model, example_inputs, plan, check_parameters=False)
+                layout = _sequence_layout(planned, model, tp_modules, example_inputs, plan)
                 for graph in planned.stages:
-                    adopt_modules(graph.module, model, tp_modules)
+                    adopt_modules(graph.module, model, {**tp_modules, **layout.norms})
             self.mesh = build_mesh(plan, self.device.type)
             # Every (dp, tp) coordinate is one pipeline: tp innermost, so rank =
             # pp * (D * T) + dp * T + tp is the K x (D * T) grid of RankLayout.
@@ -412,15 +421,20 @@ class DistributedPipeline:
             for name in group:
                 self._aliases[name] = group
         examples = _stage_examples(
-            planned, self.chunk_indices, example_inputs, plan, self.device, self.chunks
+            planned, self.chunk_indices, example_inputs, plan, self.device, self.chunks, layout
         )
+        self.received_shapes: list[list[list[int]]] = (
+            [[list(t.shape) for t in inputs] for inputs, _ in examples] if examples else []
+        )
+        """Per chunk of this rank, the shapes of the tensors it receives (one micro-batch; a
+        value sharded over the sequence as one TP rank's share); empty when not known ahead."""
         if self.mesh is not None:
             # After the fake-tensor run above, which the DTensors of TP and FSDP would refuse
             # (the whole graph it runs shares their parameters): TP first, then FSDP over
             # the TP-split parameters (torchtitan's order).
             for chunk in self.chunks:
                 if tp_modules:
-                    apply_tensor_parallel(chunk.body, tp_modules, self.mesh["tp"])
+                    apply_tensor_parallel(chunk.body, tp_modules, self.mesh["tp"], layout)
                 apply_sharding(chunk, plan.shard, self.mesh["dp"])
         # Every rank creates every tie group, in the same order (new_group's rule).
         self.tied = TiedGradients(
@@ -696,6 +710,26 @@ def _weight_pass_reuses(module: StageModule, inputs: Sequence[Any]) -> dict[str,
 ChunkExamples = tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]
 
 
+def _sequence_layout(
+    planned: PlannedStages,
+    model: nn.Module,
+    tp_modules: Mapping[str, str],
+    example_inputs: Any,
+    plan: Plan,
+) -> SequenceLayout:
+    """The sequence-parallel layout of ``planned``'s whole graph
+    (:func:`.sequence_parallel.sequence_layout`), from one fake-tensor run of a
+    micro-batch; :class:`MeshPlanError` where it cannot run sharded."""
+    rows = batch_rows(example_inputs, 0, int(plan.microbatch_size))
+    graph_module = planned.graph_module
+    names = {n.name for n in graph_module.graph.nodes}
+    values = cut_values(graph_module, planned.binder.flat(rows), names)
+    try:
+        return sequence_layout(graph_module, model, tp_modules, values, plan.tensor_parallel)
+    except SequenceParallelError as exc:
+        raise MeshPlanError(str(exc)) from None
+
+
 def _stage_examples(
     planned: PlannedStages,
     chunks: Sequence[int],
@@ -703,10 +737,12 @@ def _stage_examples(
     plan: Plan,
     device: torch.device,
     modules: Sequence[StageModule],
+    layout: SequenceLayout | None = None,
 ) -> list[ChunkExamples] | None:
     """Per chunk of ``chunks``, example inputs and outputs of one micro-batch (shapes,
     dtypes and ``requires_grad`` from one fake-tensor run of the whole graph; values are
-    irrelevant), as they travel (the ``modules``' wire formats are set from the same run).
+    irrelevant), as they travel (the ``modules``' wire formats are set from the same run;
+    a value ``layout`` shards over the sequence travels as one TP rank's shard).
     None, with a warning, when the graph cannot run on fake tensors."""
     graphs = [planned.stages[c] for c in chunks]
     rows = batch_rows(example_inputs, 0, int(plan.microbatch_size))
@@ -725,15 +761,18 @@ def _stage_examples(
         )
         return None
 
-    def example(value: Any) -> torch.Tensor:
+    def example(value: Any, name: str = "") -> torch.Tensor:
         if isinstance(value, torch.Tensor):
-            empty = torch.empty(value.shape, dtype=value.dtype, device=device)
+            shape = layout.local_shape(name, value.shape) if layout else list(value.shape)
+            empty = torch.empty(shape, dtype=value.dtype, device=device)
             return empty.requires_grad_(bool(value.requires_grad))
         return torch.tensor(value, device=device)  # a number, sent as StageModule sends it
 
     def examples(names: list[str]) -> tuple[torch.Tensor, ...]:
         # What StageModule sends: every tensor or number leaf of each value, in order.
-        return tuple(example(leaf) for name in names for leaf in pytree.tree_leaves(values[name]))
+        return tuple(
+            example(leaf, name) for name in names for leaf in pytree.tree_leaves(values[name])
+        )
 
     found: list[ChunkExamples] = []
     for stage, graph, module in zip(chunks, graphs, modules, strict=True):
