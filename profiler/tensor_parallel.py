@@ -39,7 +39,7 @@ from autopipe.profiler.units import unit_module
 from torch import nn
 
 from autopipe.core.profile import Profile
-from autopipe.core.vocabulary import TP_STYLES
+from autopipe.core.vocabulary import EMBEDDING_TP_STYLES, TP_STYLES
 
 __all__ = ["annotate_tensor_parallel", "model_tp_plan", "runnable_tp_plan", "tp_pattern"]
 
@@ -94,24 +94,50 @@ def _style_of(path: str, plan: Mapping[str, str]) -> str | None:
 
 def runnable_tp_plan(model: nn.Module, plan: Mapping[str, str]) -> tuple[dict[str, str], str]:
     """The entries of ``plan`` that ``autopipe run`` can apply (a style of
-    ``vocabulary.TP_STYLES`` on ``nn.Linear`` modules only), and a note naming what was left
-    out and why ("" when nothing was). What is left out stays whole on every TP rank, and the
-    profile prices it so. O(modules x patterns)."""
+    ``vocabulary.TP_STYLES``: ``embedding_rowwise`` on ``nn.Embedding`` modules whose weight
+    no other module shares and whose vocabulary every T the heads allow divides, the others
+    on ``nn.Linear`` modules), and a note naming what was left out and why ("" when nothing
+    was). What is left out stays whole on every TP rank, and the profile prices it so.
+    O(modules x patterns)."""
     kept: dict[str, str] = {}
     dropped: list[str] = []
+    owners: dict[int, list[str]] = {}
+    for path, module in model.named_modules():
+        for name, p in module.named_parameters(recurse=False):
+            owners.setdefault(id(p), []).append(f"{path}.{name}" if path else name)
+    heads = math.gcd(*_heads(model)) if _heads(model) else 0
     for pattern, style in plan.items():
         regex = tp_pattern(pattern)
         matched = [m for path, m in model.named_modules() if path and regex.fullmatch(path)]
-        others = sorted({type(m).__name__ for m in matched if not isinstance(m, nn.Linear)})
+        kind = nn.Embedding if style in EMBEDDING_TP_STYLES else nn.Linear
+        others = sorted({type(m).__name__ for m in matched if not isinstance(m, kind)})
+        tied = [
+            n
+            for m in matched
+            if isinstance(m, nn.Embedding)
+            for n in owners.get(id(m.weight), [])[1:]
+        ]
+        odd = [
+            m.num_embeddings
+            for m in matched
+            if isinstance(m, nn.Embedding) and heads and m.num_embeddings % heads
+        ]
         if style not in TP_STYLES:
             dropped.append(f"{pattern} ({style})")
         elif others:
             dropped.append(f"{pattern} ({style} on {', '.join(others)})")
+        elif tied:
+            dropped.append(f"{pattern} ({style}: its weight is tied to {tied[0]})")
+        elif odd:
+            dropped.append(
+                f"{pattern} ({style}: vocabulary {odd[0]} not divisible by every T the "
+                f"{heads}-way heads allow)"
+            )
         else:
             kept[pattern] = style
     note = (
-        "not split by tensor parallelism (autopipe run splits nn.Linear only, styles "
-        f"{', '.join(TP_STYLES)}): {'; '.join(dropped)}"
+        "not split by tensor parallelism (autopipe run splits nn.Linear, and nn.Embedding by "
+        f"vocabulary, with styles {', '.join(TP_STYLES)}): {'; '.join(dropped)}"
         if dropped
         else ""
     )
@@ -172,6 +198,8 @@ def annotate_tensor_parallel(
             count += int(weight.numel())
             if isinstance(module, nn.Linear):
                 dims.append(int(weight.shape[0] if col else weight.shape[1]))
+            elif isinstance(module, nn.Embedding):
+                dims.append(int(module.num_embeddings))
         bias = getattr(module, "bias", None)
         if col and isinstance(bias, torch.Tensor):
             count += int(bias.numel())

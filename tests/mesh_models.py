@@ -73,15 +73,12 @@ def example_inputs_gpt(batch_size: int = 8) -> torch.Tensor:
 
 
 def hf_tp_plan(model: nn.Module) -> dict[str, str]:
-    """A Hugging Face *ForCausalLM's TP plan from the model root: the config's
-    ``base_model_tp_plan`` under the base model's attribute (``model.``) plus the head
-    class's own ``_tp_plan`` (``lm_head``). The profiler's detection (issue #20, h2) is to
-    replace this one place."""
-    prefix = getattr(model, "base_model_prefix", "model")
-    base = getattr(model.config, "base_model_tp_plan", None) or {}
-    plan = {f"{prefix}.{pattern}": style for pattern, style in base.items()}
-    plan.update(getattr(type(model), "_tp_plan", None) or {})
-    return plan
+    """A Hugging Face *ForCausalLM's TP plan from the model root, as the profiler reads it
+    (the model's own ``_tp_plan``: the config's ``base_model_tp_plan`` under the base
+    model's prefix, the head's entries and the vocab-parallel embedding)."""
+    from autopipe.profiler.tensor_parallel import model_tp_plan
+
+    return model_tp_plan(model)
 
 
 def tp_plan_of(name: str) -> dict[str, str]:

@@ -170,6 +170,8 @@ def test_mesh_trains_like_one_process(mesh: str, model: str, mesh_runs: Path) ->
     split, norm = SPLIT_AND_REPLICATED[model]
     assert saved_pieces(mesh_runs / f"{run}.ckpt", split) == tp * fsdp
     assert saved_pieces(mesh_runs / f"{run}.ckpt", norm) == fsdp
+    if model == "llama":  # its plan's vocab-parallel embedding (torch's RowwiseParallel)
+        assert saved_pieces(mesh_runs / f"{run}.ckpt", "model.embed_tokens.weight") == tp * fsdp
     record = json.loads((mesh_runs / f"{run}.json").read_text())
     assert record["optimizer"] == ("ZeroRedundancyOptimizer" if mesh == "pp2d2zero1" else "SGD")
     if tp > 1 and MESHES[mesh]["stages"] > 1:
@@ -196,7 +198,8 @@ def test_hf_tp_plan_finds_the_split_linears() -> None:
     assert found["model.layers.1.self_attn.q_proj"] == "colwise"
     assert found["model.layers.0.mlp.down_proj"] == "rowwise"
     assert found["lm_head"] == "colwise_gather_output"
-    assert len(found) == 2 * 7 + 1  # 7 linears per layer, and the head
+    assert found["model.embed_tokens"] == "embedding_rowwise"  # vocab-parallel
+    assert len(found) == 2 * 7 + 2  # 7 linears per layer, the head and the embedding
 
 
 def test_local_shapes_hold_one_ranks_share_and_are_undone() -> None:
@@ -295,8 +298,8 @@ def test_a_planned_hugging_face_tp_mesh_trains_and_replays(tmp_path: Path) -> No
     """The join of the three layers on a model autopipe did not write: a Hugging Face Llama
     planned for PP 2 x TP 2 by the planner (its TP plan from the model), trained by torchrun
     on 4 processes at the planned M, traced, and replayed through the planner's simulator.
-    Before, the planned TP plan named the embedding (embedding_rowwise), and every rank
-    refused it at start-up."""
+    The plan splits the embedding by vocabulary (the model's ``embedding_rowwise``), and the
+    runtime runs it so (once every rank refused it at start-up)."""
     plan_path, trace = tmp_path / "mesh.json", tmp_path / "trace.json"
     model = str(ROOT / "examples" / "hf_llama.py")
     env = {**os.environ, "PYTHONHASHSEED": "0", "AUTOPIPE_CACHE_DIR": str(tmp_path / "cache")}
@@ -308,7 +311,7 @@ def test_a_planned_hugging_face_tp_mesh_trains_and_replays(tmp_path: Path) -> No
     assert planned.returncode == 0, planned.stderr
     plan = json.loads(plan_path.read_text())
     assert (plan["num_stages"], plan["tensor_parallel"]) == (2, 2)
-    assert "model.embed_tokens" not in plan["tp_plan"] and plan["tp_plan"]
+    assert plan["tp_plan"]["model.embed_tokens"] == "embedding_rowwise"
     run = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "4",
          "--master-port", str(free_port()), "-m", "autopipe", "run", model,

@@ -192,6 +192,10 @@ def planned_modules(model: nn.Module, tp_plan: Mapping[str, str], degree: int) -
     ``nn.Linear``, a split dimension that ``degree`` does not divide, or a plan that
     matches nothing."""
     patterns = [(tp_pattern(p), p, s) for p, s in tp_plan.items()]
+    holders: dict[int, int] = {}
+    for module in model.modules():
+        for p in module.parameters(recurse=False):
+            holders[id(p)] = holders.get(id(p), 0) + 1
     found: dict[str, str] = {}
     for name, module in model.named_modules():
         for regex, _, style in patterns:
@@ -203,6 +207,11 @@ def planned_modules(model: nn.Module, tp_plan: Mapping[str, str], degree: int) -
                         f"the TP plan splits {name} ({type(module).__name__}) but autopipe "
                         f"run splits only nn.{kind.__name__} with {style}; drop it from the "
                         "plan's tp_plan or re-plan with --tensor-parallel 1"
+                    )
+                if isinstance(module, nn.Embedding) and holders.get(id(module.weight), 0) > 1:
+                    raise MeshPlanError(
+                        f"the TP plan splits {name} by vocabulary but its weight is tied to "
+                        "another module's; untie it, or drop it from the plan's tp_plan"
                     )
                 dim = (
                     module.num_embeddings
