@@ -10,7 +10,8 @@ its losses, and every parameter of its ``--save`` checkpoint loaded into the pla
 (unsharded) model with ``torch.distributed.checkpoint.load``, equal one process training
 the plain model on the global batch (rtol 1e-4, atol 1e-5). TP runs with sequence
 parallelism (runtime/distributed/sequence_parallel.py): under PP 2 x TP 2 the residual
-stream crosses the cut as [b, s / 2, h]. All twelve runs share one
+stream crosses the cut as [b, s / 2, h]; the embedding is split by vocabulary where the
+plan says so (Llama's plan; GPT's with ``tok_emb`` added). All thirteen runs share one
 torchrun launch (tests/zoo_run.py: each process imports torch and transformers once).
 ``pytest -s`` prints the largest differences.
 
@@ -54,7 +55,17 @@ MESHES: dict[str, dict[str, Any]] = {
     "pp2d2zero2": {"stages": 2, "replicas": 2, "shard": "gradients"},
     # torchtitan's pairing: interleaved 1F1B, two chunks per rank, each chunk fully_shard-ed.
     "pp2v2fsdp2": {"stages": 2, "replicas": 2, "shard": "parameters", "virtual_stages": 2},
+    # GPT's plan with its token embedding split by vocabulary too (Llama's plan has it
+    # already): the position embeddings are then the value sharded over the sequence.
+    "pp2tp2vocab": {
+        "stages": 2,
+        "tensor_parallel": 2,
+        "tp_extra": {"tok_emb": "embedding_rowwise"},
+    },
 }
+ONLY = {"pp2tp2vocab": ("gpt",)}
+"""Meshes run on some of MODELS only."""
+RUNS = [(mesh, model) for mesh in MESHES for model in ONLY.get(mesh, MODELS)]
 OPTIMIZER = {"pp2d2zero1": "sgd-momentum"}
 """The plan's optimizer where it is not plain SGD."""
 
@@ -81,9 +92,10 @@ def mesh_plan(model: str, mesh: str) -> Any:
     """:func:`base_plan` with the mesh fields set (the planner does not choose meshes yet)."""
     spec = dict(MESHES[mesh])
     stages, chunks = spec.pop("stages"), spec.pop("virtual_stages", 1)
+    extra = spec.pop("tp_extra", {})
     plan = base_plan(model, stages, OPTIMIZER.get(mesh, "sgd"), chunks)
     if spec.get("tensor_parallel", 1) > 1:
-        spec["tp_plan"] = mesh_models.tp_plan_of(model)
+        spec["tp_plan"] = {**mesh_models.tp_plan_of(model), **extra}
     return dataclasses.replace(plan, **spec)
 
 
@@ -133,7 +145,7 @@ def load_plain(model: str, directory: Path) -> nn.Module:
 @pytest.fixture(scope="module")
 def mesh_runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("mesh_runs")
-    runs = [f"{model}-{mesh}" for mesh in MESHES for model in MODELS]
+    runs = [f"{model}-{mesh}" for mesh, model in RUNS]
     for run in runs:
         model, mesh = run.split("-")
         mesh_plan(model, mesh).save(out / f"{run}.plan.json")
@@ -153,8 +165,7 @@ def mesh_runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("model", MODELS)
-@pytest.mark.parametrize("mesh", list(MESHES))
+@pytest.mark.parametrize(("mesh", "model"), RUNS)
 def test_mesh_trains_like_one_process(mesh: str, model: str, mesh_runs: Path) -> None:
     run = f"{model}-{mesh}"
     for rank in range(4):
@@ -170,8 +181,11 @@ def test_mesh_trains_like_one_process(mesh: str, model: str, mesh_runs: Path) ->
     split, norm = SPLIT_AND_REPLICATED[model]
     assert saved_pieces(mesh_runs / f"{run}.ckpt", split) == tp * fsdp
     assert saved_pieces(mesh_runs / f"{run}.ckpt", norm) == fsdp
-    if model == "llama":  # its plan's vocab-parallel embedding (torch's RowwiseParallel)
-        assert saved_pieces(mesh_runs / f"{run}.ckpt", "model.embed_tokens.weight") == tp * fsdp
+    # The plan's vocab-parallel embedding (torch's RowwiseParallel): one piece per TP rank.
+    embedding = "model.embed_tokens.weight" if model == "llama" else "tok_emb.weight"
+    vocab_split = model == "llama" or "tp_extra" in MESHES[mesh]
+    want = tp * fsdp if vocab_split else fsdp
+    assert saved_pieces(mesh_runs / f"{run}.ckpt", embedding) == want
     record = json.loads((mesh_runs / f"{run}.json").read_text())
     assert record["optimizer"] == ("ZeroRedundancyOptimizer" if mesh == "pp2d2zero1" else "SGD")
     if tp > 1 and MESHES[mesh]["stages"] > 1:

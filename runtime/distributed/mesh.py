@@ -5,7 +5,7 @@ Plans with ``tensor_parallel`` (T) > 1 or ``shard`` other than ``none`` run on
 layout: tp innermost, adjacent ranks; pp outermost; rank = pp * D * T + dp * T + tp). Each
 rank's chunks are built as for a plain pipeline, then, with torch's own parts only:
 
-1. **TP** (T > 1), Megatron-style without sequence parallelism: ``parallelize_module`` over
+1. **TP** (T > 1), Megatron-style with sequence parallelism: ``parallelize_module`` over
    ``mesh["tp"]`` with the plan's ``tp_plan`` (module path patterns from the model root,
    ``*`` matching one path part, as in Hugging Face's ``base_model_tp_plan``). Two
    things stand between a traced stage graph and torch's TP styles, both handled here:
@@ -22,8 +22,12 @@ rank's chunks are built as for a plain pipeline, then, with torch's own parts on
      redistributions, never runs: such calls are turned back into calls of the module
      (:func:`call_planned_modules`). fx graphs call leaf modules already.
 
-   Activations between the TP regions are replicated (local tensors), as torchtitan's
-   ``use_local_output=True``.
+   Activations between the TP regions are sharded over the sequence (local tensors
+   ``[b, s / T, h]``): row-wise modules reduce-scatter their output, the norms run
+   ``SequenceParallel`` and gather their output once for the column-wise modules they feed
+   (:mod:`.sequence_parallel` reads which values and modules from the graph). A
+   vocab-parallel embedding (``embedding_rowwise``) is torch's ``RowwiseParallel`` on the
+   ``nn.Embedding``.
 2. **Sharding** over ``mesh["dp"]`` (:func:`apply_sharding`): ``parameters`` (ZeRO-3) is
    FSDP2's ``fully_shard`` of each chunk (one parameter group per chunk: a stage graph
    calls its units' modules inline, so per-unit groups would never gather);
