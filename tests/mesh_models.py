@@ -1,6 +1,6 @@
-"""The two models of the mesh tests (tests/test_distributed_mesh.py), as a model file:
-a tiny Hugging Face Llama (4 heads, 2 KV heads: T = 2 divides both) and examples/gpt.py's
-GPT at a tiny size, each seeded, with seeded inputs and the default objective. Not a test
+"""The models of the mesh tests (tests/test_distributed_mesh.py), as a model file:
+a tiny Hugging Face Llama (4 heads, 2 KV heads: T = 2 divides both), a Cohere of the same
+size (attention and MLP in parallel) and examples/gpt.py's GPT at a tiny size, each seeded, with seeded inputs and the default objective. Not a test
 module (no ``test_`` prefix).
 """
 
@@ -54,6 +54,33 @@ def llama() -> nn.Module:
     )
     torch.manual_seed(0)
     return transformers.LlamaForCausalLM(config)
+
+
+def cohere() -> nn.Module:
+    """A tiny Hugging Face Cohere: attention and MLP in parallel off one LayerNorm (no bias),
+    a logit scale after the head; untied, so its plan's embedding is split too."""
+    import transformers
+
+    config = transformers.CohereConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=4 * SEQ,
+        use_cache=False,
+        tie_word_embeddings=False,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+    torch.manual_seed(0)
+    return transformers.CohereForCausalLM(config)
+
+
+def example_inputs_cohere(batch_size: int = 8) -> dict[str, torch.Tensor]:
+    return example_inputs_llama(batch_size)
 
 
 def example_inputs_llama(batch_size: int = 8) -> dict[str, torch.Tensor]:

@@ -11,7 +11,8 @@ its losses, and every parameter of its ``--save`` checkpoint loaded into the pla
 the plain model on the global batch (rtol 1e-4, atol 1e-5). TP runs with sequence
 parallelism (runtime/distributed/sequence_parallel.py): under PP 2 x TP 2 the residual
 stream crosses the cut as [b, s / 2, h]; the embedding is split by vocabulary where the
-plan says so (Llama's plan; GPT's with ``tok_emb`` added). All thirteen runs share one
+plan says so (Llama's plan; GPT's with ``tok_emb`` added). A tiny Hugging Face Cohere
+(parallel attention and MLP) runs PP 2 x TP 2 too. All fourteen runs share one
 torchrun launch (tests/zoo_run.py: each process imports torch and transformers once).
 ``pytest -s`` prints the largest differences.
 
@@ -66,6 +67,9 @@ MESHES: dict[str, dict[str, Any]] = {
 ONLY = {"pp2tp2vocab": ("gpt",)}
 """Meshes run on some of MODELS only."""
 RUNS = [(mesh, model) for mesh in MESHES for model in ONLY.get(mesh, MODELS)]
+# A Hugging Face Cohere too: attention and MLP in parallel off one norm, so sequence
+# parallelism gathers that norm's output once for five column-wise linears.
+RUNS.append(("pp2tp2", "cohere"))
 OPTIMIZER = {"pp2d2zero1": "sgd-momentum"}
 """The plan's optimizer where it is not plain SGD."""
 
@@ -115,6 +119,7 @@ def reference(
 SPLIT_AND_REPLICATED = {
     "llama": ("model.layers.0.self_attn.q_proj.weight", "model.layers.0.input_layernorm.weight"),
     "gpt": ("blocks.0.attn.qkv.weight", "blocks.0.ln_1.weight"),
+    "cohere": ("model.layers.0.self_attn.q_proj.weight", "model.layers.0.input_layernorm.weight"),
 }
 """Per model: a weight its TP plan splits, and one it leaves whole."""
 
@@ -182,8 +187,8 @@ def test_mesh_trains_like_one_process(mesh: str, model: str, mesh_runs: Path) ->
     assert saved_pieces(mesh_runs / f"{run}.ckpt", split) == tp * fsdp
     assert saved_pieces(mesh_runs / f"{run}.ckpt", norm) == fsdp
     # The plan's vocab-parallel embedding (torch's RowwiseParallel): one piece per TP rank.
-    embedding = "model.embed_tokens.weight" if model == "llama" else "tok_emb.weight"
-    vocab_split = model == "llama" or "tp_extra" in MESHES[mesh]
+    embedding = "tok_emb.weight" if model == "gpt" else "model.embed_tokens.weight"
+    vocab_split = model != "gpt" or "tp_extra" in MESHES[mesh]
     want = tp * fsdp if vocab_split else fsdp
     assert saved_pieces(mesh_runs / f"{run}.ckpt", embedding) == want
     record = json.loads((mesh_runs / f"{run}.json").read_text())

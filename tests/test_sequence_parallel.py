@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -118,7 +119,7 @@ class Mixer(nn.Module):
 class Toy(nn.Module):
     """Embedding, one norm -> column-wise -> row-wise region, and a final norm and head."""
 
-    def __init__(self, norm: type[nn.Module]) -> None:
+    def __init__(self, norm: Callable[[int], nn.Module]) -> None:
         super().__init__()
         self.emb = nn.Embedding(16, 8)
         self.norm, self.final = norm(8), norm(8)
@@ -137,7 +138,7 @@ class LeafTracer(fx.Tracer):
         return isinstance(m, Mixer) or super().is_leaf_module(m, qualname)
 
 
-def toy_layout(norm: type[nn.Module], seq: int, tp_plan: dict[str, str]) -> Any:
+def toy_layout(norm: Callable[[int], nn.Module], seq: int, tp_plan: dict[str, str]) -> Any:
     from autopipe.runtime.distributed.sequence_parallel import sequence_layout
 
     torch.manual_seed(0)
@@ -175,3 +176,10 @@ def test_refusals_are_one_line() -> None:
         with pytest.raises(SequenceParallelError, match=words) as exc:
             toy_layout(norm, seq, tp)
         assert "\n" not in str(exc.value)
+
+
+def test_a_norm_without_parameters_is_a_norm_too() -> None:
+    """OLMo's LayerNorm has no weight: it is found by what it feeds, not by its parameters."""
+    plan = {"up": "colwise", "down": "rowwise", "head": "colwise_rep"}
+    layout = toy_layout(lambda width: nn.LayerNorm(width, elementwise_affine=False), 6, plan)
+    assert set(layout.norms) == {"norm", "final"}

@@ -65,6 +65,7 @@ from autopipe.runtime.distributed.process import group_timeout
 from autopipe.runtime.distributed.sequence_parallel import (
     SequenceLayout,
     SequenceParallelError,
+    adopt_norms,
     sequence_layout,
 )
 from autopipe.runtime.distributed.stages import StageModule, StageSplitError, wire_of
@@ -371,7 +372,8 @@ class DistributedPipeline:
                     planned = partition(model, example_inputs, plan, check_parameters=False)
                 layout = _sequence_layout(planned, model, tp_modules, example_inputs, plan)
                 for graph in planned.stages:
-                    adopt_modules(graph.module, model, {**tp_modules, **layout.norms})
+                    adopt_modules(graph.module, model, tp_modules)
+                    adopt_norms(graph.module, model, layout.norms)
             self.mesh = build_mesh(plan, self.device.type)
             # Every (dp, tp) coordinate is one pipeline: tp innermost, so rank =
             # pp * (D * T) + dp * T + tp is the K x (D * T) grid of RankLayout.

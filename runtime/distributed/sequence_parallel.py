@@ -11,8 +11,10 @@ are sharded and which modules run sharded; :mod:`.mesh` applies torch's styles.
 What is read from the graph (no module names are assumed):
 
 - **Norms** (``SequenceParallel``): the module that computes the input of a column-wise
-  planned linear, when it holds parameters and is not itself split (a Llama's
-  ``input_layernorm``, a GPT's ``ln_1``, the final norm before the LM head). Its forward runs
+  planned linear (looking back through no-op views: a whole-range slice, a cast to the
+  same dtype), when it holds no split module and its ops read one tensor (a Llama's
+  ``input_layernorm``, a GPT's ``ln_1``, the final norm before the LM head, OLMo's
+  weightless LayerNorm, Cohere's one norm before attention and MLP). Its forward runs
   on a sequence shard, so it must treat positions independently: that is checked by running
   it on a random input whole and in two halves. Its output is gathered once (torch's
   ``PrepareModuleOutput``, Shard(1) -> Replicate, kept a DTensor) for all the column-wise
@@ -49,6 +51,7 @@ __all__ = [
     "SEQUENCE_DIM",
     "SequenceLayout",
     "SequenceParallelError",
+    "adopt_norms",
     "call_norm_modules",
     "insert_transitions",
     "module_path_of",
@@ -316,25 +319,15 @@ def sequence_layout(
         first = node.args[0] if node.args else None
         if not isinstance(first, fx.Node):
             continue
-        x: fx.Node = first
-        chain: list[fx.Node] = []
-        while _is_transparent(x, values):
-            chain.append(x)
-            x = x.args[0]  # type: ignore[assignment]  # a Node: _is_transparent checked
-        norm = module_path_of(x)
-        if not norm or norm in planned or norm in layout.norms:
+        found = _norm_feeding(first, graph, model, planned, values)
+        if found is None:
             continue
-        try:
-            module = model.get_submodule(norm)
-        except AttributeError:
+        norm, module, x, chain, nodes, reads = found
+        layout.gathered.update(n.name for n in chain)
+        if norm in layout.norms:
             continue
-        if not any(True for _ in module.parameters(recurse=False)):
-            continue
-        nodes = [x] if x.op == "call_module" else _region(graph, norm)
-        reads, used = _region_io(nodes)
         shape = _shape(values.get(x.name))
-        if len(reads) != 1 or used != [x] or shape is None:
-            continue
+        assert shape is not None  # _norm_feeding checked
         if not _is_position_wise_module(module, shape[-1], length):
             raise SequenceParallelError(
                 f"{norm} ({type(module).__name__}) feeds the split {path} but does not treat "
@@ -342,7 +335,6 @@ def sequence_layout(
                 "re-plan with --tensor-parallel 1"
             )
         layout.norms[norm] = x.name
-        layout.gathered.update(n.name for n in chain)
         norm_input[norm] = reads[0]
         for n in nodes:
             region_of[n] = norm
@@ -365,6 +357,36 @@ def sequence_layout(
                 else "replicated"
             )
     return layout
+
+
+def _norm_feeding(
+    first: fx.Node,
+    graph: fx.Graph,
+    model: nn.Module,
+    planned: Mapping[str, str],
+    values: Mapping[str, Any],
+) -> tuple[str, nn.Module, fx.Node, list[fx.Node], list[fx.Node], list[fx.Node]] | None:
+    """The module computing ``first`` (a column-wise module's input), looking back through
+    no-op views: (its path, the module, the node holding its output, the views between,
+    its ops, the one tensor it reads); None when there is none that a split could run
+    sharded (the root, a module holding split ones, or ops reading more than one tensor or
+    used outside but for that output)."""
+    candidates = [first]
+    while _is_transparent(candidates[-1], values):
+        candidates.append(candidates[-1].args[0])  # type: ignore[arg-type]  # a Node
+    for k, x in enumerate(candidates):
+        norm = module_path_of(x)
+        if not norm or any(p == norm or p.startswith(norm + ".") for p in planned):
+            continue
+        try:
+            module = model.get_submodule(norm)
+        except AttributeError:
+            continue
+        nodes = [x] if x.op == "call_module" else _region(graph, norm)
+        reads, used = _region_io(nodes)
+        if len(reads) == 1 and used == [x] and _shape(values.get(x.name)) is not None:
+            return norm, module, x, candidates[:k], nodes, reads
+    return None
 
 
 def _propagate(
@@ -461,6 +483,16 @@ def _needed_transitions(
             if 0 <= dim < len(shape) and shape[dim] == layout.sequence_length > 1:
                 new[a.name] = dim
     return {k: v for k, v in new.items() if k not in layout.transitions}
+
+
+def adopt_norms(body: fx.GraphModule, model: nn.Module, norms: Mapping[str, str]) -> None:
+    """Put ``model``'s own module at the path of each norm of ``norms`` (path -> output
+    node name) that the stage graph ``body`` computes, so that it can be called (a traced
+    graph holds at most its parameters there)."""
+    names = {n.name for n in body.graph.nodes if n.op != "placeholder"}
+    for path, out_name in norms.items():
+        if out_name in names:
+            body.add_submodule(path, model.get_submodule(path))
 
 
 def call_norm_modules(body: fx.GraphModule, norms: Mapping[str, str]) -> list[str]:
