@@ -9,8 +9,8 @@ are tests/test_distributed_mesh.py's.
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
