@@ -1,7 +1,8 @@
 """The models of the mesh tests (tests/test_distributed_mesh.py), as a model file:
 a tiny Hugging Face Llama (4 heads, 2 KV heads: T = 2 divides both), a Cohere of the same
-size (attention and MLP in parallel) and examples/gpt.py's GPT at a tiny size, each seeded, with seeded inputs and the default objective. Not a test
-module (no ``test_`` prefix).
+size (attention and MLP in parallel), post-norm blocks (:class:`PostNorm`) and
+examples/gpt.py's GPT at a tiny size, each seeded, with seeded inputs and the default
+objective. Not a test module (no ``test_`` prefix).
 """
 
 from __future__ import annotations
@@ -81,6 +82,47 @@ def cohere() -> nn.Module:
 
 def example_inputs_cohere(batch_size: int = 8) -> dict[str, torch.Tensor]:
     return example_inputs_llama(batch_size)
+
+
+class PostNormBlock(nn.Module):
+    """A post-norm MLP block (BERT's order): ``norm(x + down(gelu(up(x))))``."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.up = nn.Linear(width, 2 * width)
+        self.down = nn.Linear(2 * width, width)
+        self.norm = nn.LayerNorm(width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(x + self.down(nn.functional.gelu(self.up(x))))
+
+
+class PostNorm(nn.Module):
+    """Post-norm blocks: a norm's output feeds the next block's split ``up`` and its
+    residual, so under sequence parallelism it stays a shard and ``up`` gathers it."""
+
+    _tp_plan = {"blocks.*.up": "colwise", "blocks.*.down": "rowwise", "head": "colwise_rep"}
+
+    def __init__(self, width: int = 32, depth: int = 2) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(VOCAB, width)
+        self.blocks = nn.ModuleList(PostNormBlock(width) for _ in range(depth))
+        self.head = nn.Linear(width, VOCAB)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.emb(ids)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+
+def postnorm() -> nn.Module:
+    torch.manual_seed(0)
+    return PostNorm()
+
+
+def example_inputs_postnorm(batch_size: int = 8) -> torch.Tensor:
+    return _ids(batch_size)
 
 
 def example_inputs_llama(batch_size: int = 8) -> dict[str, torch.Tensor]:

@@ -12,7 +12,8 @@ the plain model on the global batch (rtol 1e-4, atol 1e-5). TP runs with sequenc
 parallelism (runtime/distributed/sequence_parallel.py): under PP 2 x TP 2 the residual
 stream crosses the cut as [b, s / 2, h]; the embedding is split by vocabulary where the
 plan says so (Llama's plan; GPT's with ``tok_emb`` added). A tiny Hugging Face Cohere
-(parallel attention and MLP) runs PP 2 x TP 2 too. All fourteen runs share one
+(parallel attention and MLP) and post-norm blocks (tests/mesh_models.py) run PP 2 x TP 2
+too. All fifteen runs share one
 torchrun launch (tests/zoo_run.py: each process imports torch and transformers once).
 ``pytest -s`` prints the largest differences.
 
@@ -70,6 +71,9 @@ RUNS = [(mesh, model) for mesh in MESHES for model in ONLY.get(mesh, MODELS)]
 # A Hugging Face Cohere too: attention and MLP in parallel off one norm, so sequence
 # parallelism gathers that norm's output once for five column-wise linears.
 RUNS.append(("pp2tp2", "cohere"))
+# And post-norm blocks (BERT's order): a norm's output feeds the next block's split linear
+# and its residual, so it stays a shard there and the linear gathers it itself.
+RUNS.append(("pp2tp2", "postnorm"))
 OPTIMIZER = {"pp2d2zero1": "sgd-momentum"}
 """The plan's optimizer where it is not plain SGD."""
 
@@ -120,7 +124,10 @@ SPLIT_AND_REPLICATED = {
     "llama": ("model.layers.0.self_attn.q_proj.weight", "model.layers.0.input_layernorm.weight"),
     "gpt": ("blocks.0.attn.qkv.weight", "blocks.0.ln_1.weight"),
     "cohere": ("model.layers.0.self_attn.q_proj.weight", "model.layers.0.input_layernorm.weight"),
+    "postnorm": ("blocks.0.up.weight", "blocks.0.norm.weight"),
 }
+EMBEDDING = {"gpt": "tok_emb.weight", "postnorm": "emb.weight"}
+"""Per model, its embedding's weight (else Hugging Face's ``model.embed_tokens.weight``)."""
 """Per model: a weight its TP plan splits, and one it leaves whole."""
 
 
@@ -187,8 +194,9 @@ def test_mesh_trains_like_one_process(mesh: str, model: str, mesh_runs: Path) ->
     assert saved_pieces(mesh_runs / f"{run}.ckpt", split) == tp * fsdp
     assert saved_pieces(mesh_runs / f"{run}.ckpt", norm) == fsdp
     # The plan's vocab-parallel embedding (torch's RowwiseParallel): one piece per TP rank.
-    embedding = "tok_emb.weight" if model == "gpt" else "model.embed_tokens.weight"
-    vocab_split = model != "gpt" or "tp_extra" in MESHES[mesh]
+    embedding = EMBEDDING.get(model, "model.embed_tokens.weight")
+    planned = json.loads((mesh_runs / f"{run}.plan.json").read_text())["tp_plan"] or {}
+    vocab_split = "embedding_rowwise" in planned.values()
     want = tp * fsdp if vocab_split else fsdp
     assert saved_pieces(mesh_runs / f"{run}.ckpt", embedding) == want
     record = json.loads((mesh_runs / f"{run}.json").read_text())

@@ -183,3 +183,17 @@ def test_a_norm_without_parameters_is_a_norm_too() -> None:
     plan = {"up": "colwise", "down": "rowwise", "head": "colwise_rep"}
     layout = toy_layout(lambda width: nn.LayerNorm(width, elementwise_affine=False), 6, plan)
     assert set(layout.norms) == {"norm", "final"}
+
+
+def test_a_post_norm_output_stays_a_shard() -> None:
+    """Post-norm blocks: a norm's output feeds the next block's split ``up`` and its
+    residual add, so it stays a local shard (``up`` gathers it); the last norm feeds only
+    the head, so it is gathered once, as a pre-norm model's."""
+    layout, planned, _ = planned_layout("postnorm")
+    assert set(layout.norms) == {"blocks.0.norm", "blocks.1.norm"}
+    assert layout.kept_sharded == {"blocks.0.norm"}
+    assert layout.colwise_inputs == {"blocks.0.up": "sharded", "blocks.1.up": "sharded",
+                                     "head": "norm"}  # fmt: skip
+    assert layout.transitions == {"emb": 1}  # the embedding's output feeds up and the add
+    (cut,) = planned.stages[0].output_names
+    assert layout.sharded[cut] == 1  # the kept-sharded norm's output crosses the cut

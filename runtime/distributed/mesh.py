@@ -379,7 +379,14 @@ def apply_tensor_parallel(
         for path, style in paths.items()
     }
     seq = Shard(SEQUENCE_DIM)
-    styles.update({path: SequenceParallel(sequence_dim=SEQUENCE_DIM) for path in held})
+    styles.update(
+        {
+            path: SequenceParallel(
+                sequence_dim=SEQUENCE_DIM, use_local_output=path in layout.kept_sharded
+            )
+            for path in held
+        }
+    )
     styles.update(
         {
             path: PrepareModuleOutput(output_layouts=Replicate(), desired_output_layouts=Shard(dim))
@@ -395,6 +402,7 @@ def apply_tensor_parallel(
             output_layouts=seq, desired_output_layouts=Replicate(), use_local_output=False
         )
         for path in held
+        if path not in layout.kept_sharded
     }
     if gather:
         parallelize_module(body, tp_mesh, gather)

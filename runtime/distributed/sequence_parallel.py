@@ -104,6 +104,9 @@ class SequenceLayout:
     pipeline cut) see sharded: a cut's tensor is ``1 / T`` of the unsharded one."""
     transitions: dict[str, int] = field(default_factory=dict)
     """Replicated value -> the dimension it is sharded along right where it is produced."""
+    kept_sharded: set[str] = field(default_factory=set)
+    """Norms whose output is read by more than split modules (a post-norm block's residual):
+    it stays a local shard, and each column-wise module it feeds gathers it itself."""
     gathered: set[str] = field(default_factory=set)
     """No-op views (a whole-range slice, a cast to the same dtype) between a norm and the
     split modules it feeds: they see the norm's gathered DTensor."""
@@ -313,6 +316,7 @@ def sequence_layout(
     layout = SequenceLayout(degree=degree, sequence_length=length)
     region_of: dict[fx.Node, str] = {}
     norm_input: dict[str, fx.Node] = {}
+    views: dict[str, set[str]] = {}
     for node, path in calls.items():
         if planned[path] not in COLWISE_STYLES:
             continue
@@ -323,7 +327,7 @@ def sequence_layout(
         if found is None:
             continue
         norm, module, x, chain, nodes, reads = found
-        layout.gathered.update(n.name for n in chain)
+        views.setdefault(norm, set()).update(n.name for n in chain)
         if norm in layout.norms:
             continue
         shape = _shape(values.get(x.name))
@@ -338,6 +342,12 @@ def sequence_layout(
         norm_input[norm] = reads[0]
         for n in nodes:
             region_of[n] = norm
+    by_name = {n.name: n for n in graph.nodes}
+    for norm, out in layout.norms.items():
+        if _feeds_split_modules_only(by_name[out], calls, planned, views[norm]):
+            layout.gathered |= views[norm]
+        else:
+            layout.kept_sharded.add(norm)
     for _ in range(len(graph.nodes) + 1):
         sharded = _propagate(graph_module, layout, calls, planned, region_of, values)
         new = _needed_transitions(graph, layout, sharded, norm_input, calls, values)
@@ -349,11 +359,11 @@ def sequence_layout(
         if planned[path] in COLWISE_STYLES:
             x = node.args[0]
             layout.colwise_inputs[path] = (
-                "norm"
+                "sharded"
+                if isinstance(x, fx.Node) and x.name in sharded
+                else "norm"
                 if isinstance(x, fx.Node)
                 and (region_of.get(x) is not None or x.name in layout.gathered)
-                else "sharded"
-                if isinstance(x, fx.Node) and x.name in sharded
                 else "replicated"
             )
     return layout
@@ -369,8 +379,8 @@ def _norm_feeding(
     """The module computing ``first`` (a column-wise module's input), looking back through
     no-op views: (its path, the module, the node holding its output, the views between,
     its ops, the one tensor it reads); None when there is none that a split could run
-    sharded (the root, a module holding split ones, or ops reading more than one tensor or
-    used outside but for that output)."""
+    sharded (the root, a module holding split ones, ops reading more than one tensor or
+    used outside but for that output, or an output shaped unlike the input)."""
     candidates = [first]
     while _is_transparent(candidates[-1], values):
         candidates.append(candidates[-1].args[0])  # type: ignore[arg-type]  # a Node
@@ -384,9 +394,27 @@ def _norm_feeding(
             continue
         nodes = [x] if x.op == "call_module" else _region(graph, norm)
         reads, used = _region_io(nodes)
-        if len(reads) == 1 and used == [x] and _shape(values.get(x.name)) is not None:
+        shape = _shape(values.get(x.name))
+        # A norm maps activations to activations of the same shape (an embedding does not).
+        if len(reads) == 1 and used == [x] and shape and shape == _shape(values.get(reads[0].name)):
             return norm, module, x, candidates[:k], nodes, reads
     return None
+
+
+def _feeds_split_modules_only(
+    node: fx.Node, calls: Mapping[fx.Node, str], planned: Mapping[str, str], views: set[str]
+) -> bool:
+    """Whether every reader of ``node`` (through the no-op ``views``) is a column-wise split
+    module or a shape read."""
+    for user in node.users:
+        if user.name in views:
+            if not _feeds_split_modules_only(user, calls, planned, views):
+                return False
+        elif not (
+            (user in calls and planned[calls[user]] in COLWISE_STYLES) or _is_shape_read(user)
+        ):
+            return False
+    return True
 
 
 def _propagate(
@@ -401,7 +429,8 @@ def _propagate(
     transitions so far; :class:`SequenceParallelError` for a sharded value read by what
     cannot read a shard."""
     sharded: dict[str, int] = {}
-    norm_outputs = set(layout.norms.values()) | layout.gathered
+    kept = {layout.norms[n] for n in layout.kept_sharded}
+    norm_outputs = (set(layout.norms.values()) - kept) | layout.gathered
     for node in graph_module.graph.nodes:
         if node.name in layout.gathered:
             pass  # a no-op view of a norm's gathered output, on its way to a split module
@@ -412,7 +441,9 @@ def _propagate(
             # A norm's own ops run inside the module on the shard it is given; a no-op cast
             # of its input that code after it reads is that input (call_norm_modules).
             source = node.args[0] if node.args else None
-            if isinstance(source, fx.Node) and source.name in sharded:
+            if node.name in kept:  # a norm whose output stays a shard
+                sharded[node.name] = SEQUENCE_DIM
+            elif isinstance(source, fx.Node) and source.name in sharded:
                 if _is_alias_of(node, source):
                     sharded[node.name] = sharded[source.name]
         elif node.op == "output":
