@@ -57,10 +57,11 @@ def test_hugging_face_plan_is_mapped_onto_units() -> None:
     assert block.tp_collective_bytes == 2 * 1000  # o_proj and down_proj close two regions
     # the vocab-parallel embedding ends a region (its output reduce-scattered); the
     # column-wise head gathers its input
-    assert by["model.embed_tokens"].tp_collective_bytes == 1000
+    assert by["model.embed_tokens"].tp_collective_bytes == 1000 // 2  # RS fwd, AG bwd
     assert by["model.embed_tokens"].tp_parameter_count == VOCAB * HIDDEN
     assert by["model.embed_tokens"].tp_compute_fraction == 1.0
-    assert by["lm_head"].tp_collective_bytes == 700
+    # its input gathered (fwd) and reduce-scattered (bwd), and its logits gathered (fwd)
+    assert by["lm_head"].tp_collective_bytes == (2 * 700 + 1000) // 4
     assert by["lm_head"].tp_compute_fraction == 1.0
     assert (
         by["model.norm"].tp_parameter_count == 0 and by["model.rotary_emb"].tp_compute_fraction == 0
@@ -103,7 +104,8 @@ def test_a_model_files_tp_plan_wins() -> None:
     p = Profile(units=units, cut_bytes=[64, 64], batch_size=4, input_bytes=32)
     annotate_tensor_parallel(p, model, lambda: {"0": "colwise", "2": "rowwise"})
     assert [u.tp_parameter_count for u in p.units] == [8 * 16 + 16, 0, 16 * 8]  # row bias kept
-    assert [u.tp_collective_bytes for u in p.units] == [32, 0, 32]
+    # unit 0 gathers its input (fwd) and reduce-scatters its gradient (bwd): 2 x 32 of 4 C
+    assert [u.tp_collective_bytes for u in p.units] == [16, 0, 32]
     assert p.tp_degrees == [2, 4, 8, 16]  # no heads: the split dimensions (16 and 16)
 
 
