@@ -17,11 +17,15 @@ the measuring and the counting profiler share it):
   ``2 x rows x weight elements`` per weight, so this is the split share of its weight matmuls;
   with sequence parallelism the rest of a transformer block (norms, residual adds) is sharded
   over the sequence, so the block divides almost whole;
-- ``tp_collective_bytes``: per row-wise module (the end of a TP region: attention's output
-  projection, the MLP's down projection, a vocab-parallel embedding) the unit's output
-  activation (b x s x h), and for column-wise modules not closed by a row-wise one in the unit
-  (a column-wise LM head) the unit's input: the tensors Megatron-style sequence parallelism
-  all-gathers and reduce-scatters in forward, and again in backward.
+- ``tp_collective_bytes`` (C): per row-wise module (the end of a TP region: attention's
+  output projection, the MLP's down projection) the unit's output activation (b x s x h), the
+  tensors Megatron-style sequence parallelism all-gathers and reduce-scatters in forward, and
+  again in backward (the planner charges 4 C over both passes). At the model's ends fewer run,
+  and C is what makes the same charge carry them: half the output of a vocab-parallel
+  embedding (a reduce-scatter in forward, an all-gather in backward); for column-wise modules
+  no row-wise one closes in the unit (an LM head) ``(2 x input + logits) / 4``: its input
+  gathered in forward and reduce-scattered in backward, and its output (logits) gathered in
+  forward when its style gathers it.
 
 ``Profile.tp_degrees``: every T > 1 dividing the attention and key/value head counts (from the
 config, or modules' ``num_heads`` / ``num_key_value_heads`` attributes), else the split
@@ -39,7 +43,7 @@ from autopipe.profiler.units import unit_module
 from torch import nn
 
 from autopipe.core.profile import Profile
-from autopipe.core.vocabulary import TP_STYLES
+from autopipe.core.vocabulary import EMBEDDING_TP_STYLES, TP_STYLES
 
 __all__ = ["annotate_tensor_parallel", "model_tp_plan", "runnable_tp_plan", "tp_pattern"]
 
@@ -58,6 +62,10 @@ NO_PLAN_NOTE = (
     "the model has no tensor-parallel plan (no Hugging Face base_model_tp_plan and no "
     "tp_plan() in the model file)"
 )
+
+
+_GATHERED_OUTPUT = ("colwise_rep", "colwise_gather_output")
+"""Column-wise styles whose output (an LM head's logits) is all-gathered to every TP rank."""
 
 
 def model_tp_plan(model: nn.Module, given: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -94,24 +102,50 @@ def _style_of(path: str, plan: Mapping[str, str]) -> str | None:
 
 def runnable_tp_plan(model: nn.Module, plan: Mapping[str, str]) -> tuple[dict[str, str], str]:
     """The entries of ``plan`` that ``autopipe run`` can apply (a style of
-    ``vocabulary.TP_STYLES`` on ``nn.Linear`` modules only), and a note naming what was left
-    out and why ("" when nothing was). What is left out stays whole on every TP rank, and the
-    profile prices it so. O(modules x patterns)."""
+    ``vocabulary.TP_STYLES``: ``embedding_rowwise`` on ``nn.Embedding`` modules whose weight
+    no other module shares and whose vocabulary every T the heads allow divides, the others
+    on ``nn.Linear`` modules), and a note naming what was left out and why ("" when nothing
+    was). What is left out stays whole on every TP rank, and the profile prices it so.
+    O(modules x patterns)."""
     kept: dict[str, str] = {}
     dropped: list[str] = []
+    owners: dict[int, list[str]] = {}
+    for path, module in model.named_modules():
+        for name, p in module.named_parameters(recurse=False):
+            owners.setdefault(id(p), []).append(f"{path}.{name}" if path else name)
+    heads = math.gcd(*_heads(model)) if _heads(model) else 0
     for pattern, style in plan.items():
         regex = tp_pattern(pattern)
         matched = [m for path, m in model.named_modules() if path and regex.fullmatch(path)]
-        others = sorted({type(m).__name__ for m in matched if not isinstance(m, nn.Linear)})
+        kind = nn.Embedding if style in EMBEDDING_TP_STYLES else nn.Linear
+        others = sorted({type(m).__name__ for m in matched if not isinstance(m, kind)})
+        tied = [
+            n
+            for m in matched
+            if isinstance(m, nn.Embedding)
+            for n in owners.get(id(m.weight), [])[1:]
+        ]
+        odd = [
+            m.num_embeddings
+            for m in matched
+            if isinstance(m, nn.Embedding) and heads and m.num_embeddings % heads
+        ]
         if style not in TP_STYLES:
             dropped.append(f"{pattern} ({style})")
         elif others:
             dropped.append(f"{pattern} ({style} on {', '.join(others)})")
+        elif tied:
+            dropped.append(f"{pattern} ({style}: its weight is tied to {tied[0]})")
+        elif odd:
+            dropped.append(
+                f"{pattern} ({style}: vocabulary {odd[0]} not divisible by every T the "
+                f"{heads}-way heads allow)"
+            )
         else:
             kept[pattern] = style
     note = (
-        "not split by tensor parallelism (autopipe run splits nn.Linear only, styles "
-        f"{', '.join(TP_STYLES)}): {'; '.join(dropped)}"
+        "not split by tensor parallelism (autopipe run splits nn.Linear, and nn.Embedding by "
+        f"vocabulary, with styles {', '.join(TP_STYLES)}): {'; '.join(dropped)}"
         if dropped
         else ""
     )
@@ -158,6 +192,8 @@ def annotate_tensor_parallel(
     split = [0] * len(names)
     rowwise = [0] * len(names)
     colwise = [0] * len(names)
+    embedding = [0] * len(names)
+    gathers = [0] * len(names)
     dims: list[int] = []
     matched = 0
     for path, module in model.named_modules():
@@ -172,15 +208,20 @@ def annotate_tensor_parallel(
             count += int(weight.numel())
             if isinstance(module, nn.Linear):
                 dims.append(int(weight.shape[0] if col else weight.shape[1]))
+            elif isinstance(module, nn.Embedding):
+                dims.append(int(module.num_embeddings))
         bias = getattr(module, "bias", None)
         if col and isinstance(bias, torch.Tensor):
             count += int(bias.numel())
         for i in _unit_of_module(path, names):
             split[i] += count
-            if "rowwise" in style:
+            if style in EMBEDDING_TP_STYLES:
+                embedding[i] += 1
+            elif "rowwise" in style:
                 rowwise[i] += 1
             elif col:
                 colwise[i] += 1
+                gathers[i] += style in _GATHERED_OUTPUT
     if not matched:
         profile.tp_plan, profile.tp_degrees = {}, []
         profile.tp_note = (
@@ -195,9 +236,16 @@ def annotate_tensor_parallel(
             min(u.tp_parameter_count / u.parameter_count, 1.0) if u.parameter_count else 1.0
         )
         into = profile.cut_bytes[i - 1] if i > 0 else profile.input_bytes
-        regions = rowwise[i] * u.output_bytes
+        # C such that the device formula, an all-gather and a reduce-scatter of C in each
+        # pass (4 C in all), carries what runs: a block's region gathers its input and
+        # reduce-scatters its output in each pass; a vocab-parallel embedding only
+        # reduce-scatters its output in forward and gathers its gradient in backward (2 x
+        # output); a column-wise module no row-wise one closes (an LM head) gathers its input
+        # in forward and reduce-scatters its gradient in backward, plus its logits in forward
+        # when its output is gathered.
+        regions = rowwise[i] * u.output_bytes + embedding[i] * u.output_bytes / 2
         if colwise[i] and not rowwise[i]:
-            regions += into
+            regions += (2 * into + (u.output_bytes if gathers[i] else 0)) / 4
         u.tp_collective_bytes = int(regions)
     heads = _heads(model)
     g = 0

@@ -1,7 +1,8 @@
-"""The two models of the mesh tests (tests/test_distributed_mesh.py), as a model file:
-a tiny Hugging Face Llama (4 heads, 2 KV heads: T = 2 divides both) and examples/gpt.py's
-GPT at a tiny size, each seeded, with seeded inputs and the default objective. Not a test
-module (no ``test_`` prefix).
+"""The models of the mesh tests (tests/test_distributed_mesh.py), as a model file:
+a tiny Hugging Face Llama (4 heads, 2 KV heads: T = 2 divides both), a Cohere of the same
+size (attention and MLP in parallel), post-norm blocks (:class:`PostNorm`) and
+examples/gpt.py's GPT at a tiny size, each seeded, with seeded inputs and the default
+objective. Not a test module (no ``test_`` prefix).
 """
 
 from __future__ import annotations
@@ -56,6 +57,74 @@ def llama() -> nn.Module:
     return transformers.LlamaForCausalLM(config)
 
 
+def cohere() -> nn.Module:
+    """A tiny Hugging Face Cohere: attention and MLP in parallel off one LayerNorm (no bias),
+    a logit scale after the head; untied, so its plan's embedding is split too."""
+    import transformers
+
+    config = transformers.CohereConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=4 * SEQ,
+        use_cache=False,
+        tie_word_embeddings=False,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+    torch.manual_seed(0)
+    return transformers.CohereForCausalLM(config)
+
+
+def example_inputs_cohere(batch_size: int = 8) -> dict[str, torch.Tensor]:
+    return example_inputs_llama(batch_size)
+
+
+class PostNormBlock(nn.Module):
+    """A post-norm MLP block (BERT's order): ``norm(x + down(gelu(up(x))))``."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.up = nn.Linear(width, 2 * width)
+        self.down = nn.Linear(2 * width, width)
+        self.norm = nn.LayerNorm(width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(x + self.down(nn.functional.gelu(self.up(x))))
+
+
+class PostNorm(nn.Module):
+    """Post-norm blocks: a norm's output feeds the next block's split ``up`` and its
+    residual, so under sequence parallelism it stays a shard and ``up`` gathers it."""
+
+    _tp_plan = {"blocks.*.up": "colwise", "blocks.*.down": "rowwise", "head": "colwise_rep"}
+
+    def __init__(self, width: int = 32, depth: int = 2) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(VOCAB, width)
+        self.blocks = nn.ModuleList(PostNormBlock(width) for _ in range(depth))
+        self.head = nn.Linear(width, VOCAB)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.emb(ids)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+
+def postnorm() -> nn.Module:
+    torch.manual_seed(0)
+    return PostNorm()
+
+
+def example_inputs_postnorm(batch_size: int = 8) -> torch.Tensor:
+    return _ids(batch_size)
+
+
 def example_inputs_llama(batch_size: int = 8) -> dict[str, torch.Tensor]:
     ids = _ids(batch_size)
     # The model's own loss (next-token cross entropy) drives training.
@@ -73,15 +142,12 @@ def example_inputs_gpt(batch_size: int = 8) -> torch.Tensor:
 
 
 def hf_tp_plan(model: nn.Module) -> dict[str, str]:
-    """A Hugging Face *ForCausalLM's TP plan from the model root: the config's
-    ``base_model_tp_plan`` under the base model's attribute (``model.``) plus the head
-    class's own ``_tp_plan`` (``lm_head``). The profiler's detection (issue #20, h2) is to
-    replace this one place."""
-    prefix = getattr(model, "base_model_prefix", "model")
-    base = getattr(model.config, "base_model_tp_plan", None) or {}
-    plan = {f"{prefix}.{pattern}": style for pattern, style in base.items()}
-    plan.update(getattr(type(model), "_tp_plan", None) or {})
-    return plan
+    """A Hugging Face *ForCausalLM's TP plan from the model root, as the profiler reads it
+    (the model's own ``_tp_plan``: the config's ``base_model_tp_plan`` under the base
+    model's prefix, the head's entries and the vocab-parallel embedding)."""
+    from autopipe.profiler.tensor_parallel import model_tp_plan
+
+    return model_tp_plan(model)
 
 
 def tp_plan_of(name: str) -> dict[str, str]:

@@ -8,7 +8,12 @@ rank), each on a tiny Hugging Face Llama (its own ``base_model_tp_plan``) and on
 examples/gpt.py (its ``tp_plan()``) (tests/mesh_models.py). Every run trains 3 steps;
 its losses, and every parameter of its ``--save`` checkpoint loaded into the plain
 (unsharded) model with ``torch.distributed.checkpoint.load``, equal one process training
-the plain model on the global batch (rtol 1e-4, atol 1e-5). All twelve runs share one
+the plain model on the global batch (rtol 1e-4, atol 1e-5). TP runs with sequence
+parallelism (runtime/distributed/sequence_parallel.py): under PP 2 x TP 2 the residual
+stream crosses the cut as [b, s / 2, h]; the embedding is split by vocabulary where the
+plan says so (Llama's plan; GPT's with ``tok_emb`` added). A tiny Hugging Face Cohere
+(parallel attention and MLP) and post-norm blocks (tests/mesh_models.py) run PP 2 x TP 2
+too. All fifteen runs share one
 torchrun launch (tests/zoo_run.py: each process imports torch and transformers once).
 ``pytest -s`` prints the largest differences.
 
@@ -43,6 +48,7 @@ STEPS = 3
 LR = 0.1  # zoo_run.py's
 RTOL, ATOL = 1e-4, 1e-5
 BATCH = 4  # per replica; M = 2 micro-batches of 2
+HIDDEN = 32  # both models' (tests/mesh_models.py)
 MESHES: dict[str, dict[str, Any]] = {
     "pp2tp2": {"stages": 2, "tensor_parallel": 2},
     "pp2fsdp2": {"stages": 2, "replicas": 2, "shard": "parameters"},
@@ -51,7 +57,23 @@ MESHES: dict[str, dict[str, Any]] = {
     "pp2d2zero2": {"stages": 2, "replicas": 2, "shard": "gradients"},
     # torchtitan's pairing: interleaved 1F1B, two chunks per rank, each chunk fully_shard-ed.
     "pp2v2fsdp2": {"stages": 2, "replicas": 2, "shard": "parameters", "virtual_stages": 2},
+    # GPT's plan with its token embedding split by vocabulary too (Llama's plan has it
+    # already): the position embeddings are then the value sharded over the sequence.
+    "pp2tp2vocab": {
+        "stages": 2,
+        "tensor_parallel": 2,
+        "tp_extra": {"tok_emb": "embedding_rowwise"},
+    },
 }
+ONLY = {"pp2tp2vocab": ("gpt",)}
+"""Meshes run on some of MODELS only."""
+RUNS = [(mesh, model) for mesh in MESHES for model in ONLY.get(mesh, MODELS)]
+# A Hugging Face Cohere too: attention and MLP in parallel off one norm, so sequence
+# parallelism gathers that norm's output once for five column-wise linears.
+RUNS.append(("pp2tp2", "cohere"))
+# And post-norm blocks (BERT's order): a norm's output feeds the next block's split linear
+# and its residual, so it stays a shard there and the linear gathers it itself.
+RUNS.append(("pp2tp2", "postnorm"))
 OPTIMIZER = {"pp2d2zero1": "sgd-momentum"}
 """The plan's optimizer where it is not plain SGD."""
 
@@ -86,9 +108,10 @@ def mesh_plan(model: str, mesh: str) -> Any:
     """:func:`base_plan` with the mesh fields set (the planner does not choose meshes yet)."""
     spec = dict(MESHES[mesh])
     stages, chunks = spec.pop("stages"), spec.pop("virtual_stages", 1)
+    extra = spec.pop("tp_extra", {})
     plan = base_plan(model, stages, OPTIMIZER.get(mesh, "sgd"), chunks)
     if spec.get("tensor_parallel", 1) > 1:
-        spec["tp_plan"] = mesh_models.tp_plan_of(model)
+        spec["tp_plan"] = {**mesh_models.tp_plan_of(model), **extra}
     return dataclasses.replace(plan, **spec)
 
 
@@ -108,7 +131,11 @@ def reference(
 SPLIT_AND_REPLICATED = {
     "llama": ("model.layers.0.self_attn.q_proj.weight", "model.layers.0.input_layernorm.weight"),
     "gpt": ("blocks.0.attn.qkv.weight", "blocks.0.ln_1.weight"),
+    "cohere": ("model.layers.0.self_attn.q_proj.weight", "model.layers.0.input_layernorm.weight"),
+    "postnorm": ("blocks.0.up.weight", "blocks.0.norm.weight"),
 }
+EMBEDDING = {"gpt": "tok_emb.weight", "postnorm": "emb.weight"}
+"""Per model, its embedding's weight (else Hugging Face's ``model.embed_tokens.weight``)."""
 """Per model: a weight its TP plan splits, and one it leaves whole."""
 
 
@@ -138,7 +165,7 @@ def load_plain(model: str, directory: Path) -> nn.Module:
 @pytest.fixture(scope="module")
 def mesh_runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("mesh_runs")
-    runs = [f"{model}-{mesh}" for mesh in MESHES for model in MODELS]
+    runs = [f"{model}-{mesh}" for mesh, model in RUNS]
     for run in runs:
         model, mesh = run.split("-")
         mesh_plan(model, mesh).save(out / f"{run}.plan.json")
@@ -158,8 +185,7 @@ def mesh_runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("model", MODELS)
-@pytest.mark.parametrize("mesh", list(MESHES))
+@pytest.mark.parametrize(("mesh", "model"), RUNS)
 def test_mesh_trains_like_one_process(mesh: str, model: str, mesh_runs: Path) -> None:
     run = f"{model}-{mesh}"
     for rank in range(4):
@@ -175,8 +201,21 @@ def test_mesh_trains_like_one_process(mesh: str, model: str, mesh_runs: Path) ->
     split, norm = SPLIT_AND_REPLICATED[model]
     assert saved_pieces(mesh_runs / f"{run}.ckpt", split) == tp * fsdp
     assert saved_pieces(mesh_runs / f"{run}.ckpt", norm) == fsdp
-    ran = json.loads((mesh_runs / f"{run}.json").read_text())["optimizer"]
-    assert ran == ("ZeroRedundancyOptimizer" if mesh == "pp2d2zero1" else "SGD")
+    # The plan's vocab-parallel embedding (torch's RowwiseParallel): one piece per TP rank.
+    embedding = EMBEDDING.get(model, "model.embed_tokens.weight")
+    planned = json.loads((mesh_runs / f"{run}.plan.json").read_text())["tp_plan"] or {}
+    vocab_split = "embedding_rowwise" in planned.values()
+    want = tp * fsdp if vocab_split else fsdp
+    assert saved_pieces(mesh_runs / f"{run}.ckpt", embedding) == want
+    record = json.loads((mesh_runs / f"{run}.json").read_text())
+    assert record["optimizer"] == ("ZeroRedundancyOptimizer" if mesh == "pp2d2zero1" else "SGD")
+    if tp > 1 and MESHES[mesh]["stages"] > 1:
+        # Sequence parallelism: the residual stream crosses the cut as one TP rank's share
+        # of the sequence ([b, s / T, h]); the replicated values beside it (a mask, the
+        # rotary tables) whole.
+        micro = BATCH // 2
+        assert [micro, mesh_models.SEQ // tp, HIDDEN] in record["received"], record["received"]
+        assert [micro, mesh_models.SEQ, HIDDEN] not in record["received"]
     trained = load_plain(model, mesh_runs / f"{run}.ckpt").state_dict()
     worst = 0.0
     for name, want in ref_state.items():
@@ -194,7 +233,8 @@ def test_hf_tp_plan_finds_the_split_linears() -> None:
     assert found["model.layers.1.self_attn.q_proj"] == "colwise"
     assert found["model.layers.0.mlp.down_proj"] == "rowwise"
     assert found["lm_head"] == "colwise_gather_output"
-    assert len(found) == 2 * 7 + 1  # 7 linears per layer, and the head
+    assert found["model.embed_tokens"] == "embedding_rowwise"  # vocab-parallel
+    assert len(found) == 2 * 7 + 2  # 7 linears per layer, the head and the embedding
 
 
 def test_local_shapes_hold_one_ranks_share_and_are_undone() -> None:
@@ -293,8 +333,8 @@ def test_a_planned_hugging_face_tp_mesh_trains_and_replays(tmp_path: Path) -> No
     """The join of the three layers on a model autopipe did not write: a Hugging Face Llama
     planned for PP 2 x TP 2 by the planner (its TP plan from the model), trained by torchrun
     on 4 processes at the planned M, traced, and replayed through the planner's simulator.
-    Before, the planned TP plan named the embedding (embedding_rowwise), and every rank
-    refused it at start-up."""
+    The plan splits the embedding by vocabulary (the model's ``embedding_rowwise``), and the
+    runtime runs it so (once every rank refused it at start-up)."""
     plan_path, trace = tmp_path / "mesh.json", tmp_path / "trace.json"
     model = str(ROOT / "examples" / "hf_llama.py")
     env = {**os.environ, "PYTHONHASHSEED": "0", "AUTOPIPE_CACHE_DIR": str(tmp_path / "cache")}
@@ -306,7 +346,7 @@ def test_a_planned_hugging_face_tp_mesh_trains_and_replays(tmp_path: Path) -> No
     assert planned.returncode == 0, planned.stderr
     plan = json.loads(plan_path.read_text())
     assert (plan["num_stages"], plan["tensor_parallel"]) == (2, 2)
-    assert "model.embed_tokens" not in plan["tp_plan"] and plan["tp_plan"]
+    assert plan["tp_plan"]["model.embed_tokens"] == "embedding_rowwise"
     run = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "4",
          "--master-port", str(free_port()), "-m", "autopipe", "run", model,

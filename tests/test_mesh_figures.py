@@ -38,8 +38,7 @@ def test_a_job_the_pipeline_refuses_gets_a_mesh(llama: Profile) -> None:
         plan(llama, PlanRequest(cluster=_h100(8, 1), checkpoint="auto", schedule="1f1b"))
     need = refused.value.min_memory_bytes
     assert need is not None
-    # 10% less than the pipeline alone needs (the embedding stays whole on every TP rank, as
-    # autopipe run applies the plan, so this tiny model's vocabulary is not divided by T)
+    # 10% less than the pipeline alone needs
     memory = int(need * 0.9)
     with pytest.raises(PlanningError):
         plan(llama, PlanRequest(cluster=_h100(8, memory), checkpoint="auto", schedule="1f1b"))

@@ -40,12 +40,11 @@ def llama_profile(model: nn.Module) -> Profile:
 def test_hugging_face_plan_is_mapped_onto_units() -> None:
     model = tiny_llama()
     p = annotate_tensor_parallel(llama_profile(model), model)
-    # The vocab-parallel embedding is left whole: autopipe run splits nn.Linear only, and the
-    # profile prices what the runtime runs (the note says what was left out).
-    whole = {k: v for k, v in model_tp_plan(model).items() if k != "model.embed_tokens"}
+    # The vocab-parallel embedding is split too (autopipe run splits it with torch's
+    # RowwiseParallel): the whole plan is kept, and nothing is left out.
     assert model_tp_plan(model)["model.embed_tokens"] == "embedding_rowwise"
-    assert p.tp_plan == whole
-    assert "model.embed_tokens (embedding_rowwise)" in p.tp_note
+    assert p.tp_plan == model_tp_plan(model)
+    assert p.tp_note == ""
     assert "model.layers.*.self_attn.q_proj" in p.tp_plan  # under the base model's prefix
     by = {u.name: u for u in p.units}
     head_dim = HIDDEN // HEADS
@@ -56,16 +55,35 @@ def test_hugging_face_plan_is_mapped_onto_units() -> None:
     assert block.parameter_count == attention + mlp + 2 * HIDDEN
     assert block.tp_compute_fraction == (attention + mlp) / block.parameter_count
     assert block.tp_collective_bytes == 2 * 1000  # o_proj and down_proj close two regions
-    # the embedding is not split; the column-wise head gathers its input
-    assert by["model.embed_tokens"].tp_collective_bytes == 0
-    assert by["model.embed_tokens"].tp_parameter_count == 0
-    assert by["lm_head"].tp_collective_bytes == 700
+    # the vocab-parallel embedding ends a region (its output reduce-scattered); the
+    # column-wise head gathers its input
+    assert by["model.embed_tokens"].tp_collective_bytes == 1000 // 2  # RS fwd, AG bwd
+    assert by["model.embed_tokens"].tp_parameter_count == VOCAB * HIDDEN
+    assert by["model.embed_tokens"].tp_compute_fraction == 1.0
+    # its input gathered (fwd) and reduce-scattered (bwd), and its logits gathered (fwd)
+    assert by["lm_head"].tp_collective_bytes == (2 * 700 + 1000) // 4
     assert by["lm_head"].tp_compute_fraction == 1.0
     assert (
         by["model.norm"].tp_parameter_count == 0 and by["model.rotary_emb"].tp_compute_fraction == 0
     )
     assert p.tp_degrees == [2, 4]  # divides 8 heads and 4 key/value heads
-    assert p.tp_note.startswith("not split by tensor parallelism")
+
+
+def test_an_embedding_that_cannot_be_split_is_priced_whole() -> None:
+    """A vocab-parallel embedding whose weight is tied to the head, or whose vocabulary a T
+    the heads allow does not divide, is left whole (and priced so), and the note says why."""
+    for tie, vocab, words in ((True, VOCAB, "tied to lm_head.weight"), (False, 102, "102")):
+        config = LlamaConfig(
+            hidden_size=HIDDEN, intermediate_size=FFN, num_hidden_layers=2,
+            num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, vocab_size=vocab,
+            use_cache=False, tie_word_embeddings=tie,
+        )  # fmt: skip
+        with torch.device("meta"):
+            model = LlamaForCausalLM(config)
+        p = annotate_tensor_parallel(llama_profile(model), model)
+        assert "model.embed_tokens" not in p.tp_plan and "lm_head" in p.tp_plan
+        assert "model.embed_tokens (embedding_rowwise" in p.tp_note and words in p.tp_note
+        assert {u.name: u for u in p.units}["model.embed_tokens"].tp_parameter_count == 0
 
 
 def test_a_model_without_a_plan_gets_t1_and_a_note() -> None:
@@ -86,7 +104,8 @@ def test_a_model_files_tp_plan_wins() -> None:
     p = Profile(units=units, cut_bytes=[64, 64], batch_size=4, input_bytes=32)
     annotate_tensor_parallel(p, model, lambda: {"0": "colwise", "2": "rowwise"})
     assert [u.tp_parameter_count for u in p.units] == [8 * 16 + 16, 0, 16 * 8]  # row bias kept
-    assert [u.tp_collective_bytes for u in p.units] == [32, 0, 32]
+    # unit 0 gathers its input (fwd) and reduce-scatters its gradient (bwd): 2 x 32 of 4 C
+    assert [u.tp_collective_bytes for u in p.units] == [16, 0, 32]
     assert p.tp_degrees == [2, 4, 8, 16]  # no heads: the split dimensions (16 and 16)
 
 
@@ -109,15 +128,15 @@ def test_both_profilers_fill_the_fields(tmp_path: object) -> None:
 
 
 def test_the_profiles_plan_is_what_autopipe_run_splits() -> None:
-    """A planned TP plan must run: every kept entry is a style the runtime maps, on nn.Linear
-    modules it can split at T = 2 (the HF Llama plan once named the embedding, which made
-    every planned Llama TP run fail at start-up)."""
+    """A planned TP plan must run: every kept entry is a style the runtime maps, on modules
+    it can split at T = 2 (the HF Llama plan's vocab-parallel embedding once made every
+    planned Llama TP run fail at start-up; the runtime now splits it)."""
     from autopipe.runtime.distributed.mesh import planned_modules
 
     model = tiny_llama()
     p = annotate_tensor_parallel(llama_profile(model), model)
     split = planned_modules(model, p.tp_plan, 2)
-    assert "model.embed_tokens" not in split
+    assert split["model.embed_tokens"] == "embedding_rowwise"
     assert split["model.layers.1.mlp.down_proj"] == "rowwise" and split["lm_head"]
 
 

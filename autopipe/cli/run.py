@@ -396,8 +396,14 @@ def _train(args: argparse.Namespace, plan: Plan, mf: ModelFile, rank: int, world
         common.say(
             args, f"median step time {statistics.median(steady) * 1e3:.1f} ms (after step 1)"
         )
-        # The optimizer's class says what ran: ZeroRedundancyOptimizer for shard optimizer.
-        common.emit_json({"steps": records, "optimizer": type(optimizer).__name__}, args.json)
+        # The optimizer's class says what ran: ZeroRedundancyOptimizer for shard optimizer;
+        # the shapes this rank's first chunk receives, one TP rank's share under sequence
+        # parallelism.
+        received = pipe.received_shapes[0] if pipe.received_shapes else []
+        common.emit_json(
+            {"steps": records, "optimizer": type(optimizer).__name__, "received": received},
+            args.json,
+        )
     if trace is not None:
         timeline = trace.gather()
         if timeline is not None:

@@ -9,6 +9,7 @@ __all__ = [
     "CHECKPOINT_GRANULARITIES",
     "CHECKPOINT_MODES",
     "DEFAULT_CHECKPOINT",
+    "EMBEDDING_TP_STYLES",
     "FRAMEWORK_DEFAULTS",
     "FRAMEWORK_LABELS",
     "LOOP_SCHEDULES",
@@ -70,10 +71,14 @@ TP_STYLES = (
     "colwise_gather_output",
     "rowwise_rep",
     "rowwise_split_input",
+    "embedding_rowwise",
 )
 """The tensor-parallel plan styles (Hugging Face's words) that ``autopipe run`` maps to torch's
-ParallelStyles, each on an ``nn.Linear``; the profiler keeps only these in a profile's TP plan,
-so the planner prices what the runtime runs."""
+ParallelStyles: ``embedding_rowwise`` (a vocab-parallel embedding) on an ``nn.Embedding``,
+the others on an ``nn.Linear``; the profiler keeps only these in a profile's TP plan, so the
+planner prices what the runtime runs."""
+EMBEDDING_TP_STYLES = ("embedding_rowwise",)
+"""The styles of ``TP_STYLES`` that split an ``nn.Embedding`` (by vocabulary rows)."""
 """How the training state is sharded over the D data-parallel replicas: ``none`` (each
 replica holds everything; gradients all-reduced), ``optimizer`` (ZeRO-1), ``gradients``
 (ZeRO-2) or ``parameters`` (ZeRO-3, FSDP2's ``fully_shard``)."""

@@ -5,7 +5,7 @@ Plans with ``tensor_parallel`` (T) > 1 or ``shard`` other than ``none`` run on
 layout: tp innermost, adjacent ranks; pp outermost; rank = pp * D * T + dp * T + tp). Each
 rank's chunks are built as for a plain pipeline, then, with torch's own parts only:
 
-1. **TP** (T > 1), Megatron-style without sequence parallelism: ``parallelize_module`` over
+1. **TP** (T > 1), Megatron-style with sequence parallelism: ``parallelize_module`` over
    ``mesh["tp"]`` with the plan's ``tp_plan`` (module path patterns from the model root,
    ``*`` matching one path part, as in Hugging Face's ``base_model_tp_plan``). Two
    things stand between a traced stage graph and torch's TP styles, both handled here:
@@ -22,8 +22,12 @@ rank's chunks are built as for a plain pipeline, then, with torch's own parts on
      redistributions, never runs: such calls are turned back into calls of the module
      (:func:`call_planned_modules`). fx graphs call leaf modules already.
 
-   Activations between the TP regions are replicated (local tensors), as torchtitan's
-   ``use_local_output=True``.
+   Activations between the TP regions are sharded over the sequence (local tensors
+   ``[b, s / T, h]``): row-wise modules reduce-scatter their output, the norms run
+   ``SequenceParallel`` and gather their output once for the column-wise modules they feed
+   (:mod:`.sequence_parallel` reads which values and modules from the graph). A
+   vocab-parallel embedding (``embedding_rowwise``) is torch's ``RowwiseParallel`` on the
+   ``nn.Embedding``.
 2. **Sharding** over ``mesh["dp"]`` (:func:`apply_sharding`): ``parameters`` (ZeRO-3) is
    FSDP2's ``fully_shard`` of each chunk (one parameter group per chunk: a stage graph
    calls its units' modules inline, so per-unit groups would never gather);
@@ -47,6 +51,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from autopipe.profiler.tensor_parallel import tp_pattern
+from autopipe.runtime.distributed.sequence_parallel import (
+    SEQUENCE_DIM,
+    SequenceLayout,
+    call_norm_modules,
+    insert_transitions,
+)
 from torch import fx, nn
 
 from autopipe.core.errors import UsageError
@@ -130,19 +140,31 @@ def build_mesh(plan: Plan, device_type: str) -> Any:
     return init_device_mesh(device_type, plan.mesh_shape, mesh_dim_names=MESH_DIM_NAMES)
 
 
-def _styles() -> dict[str, Callable[[], Any]]:
+def _styles(gathered: str = "replicated") -> dict[str, Callable[[], Any]]:
+    """HF TP-plan word -> torch style, with sequence parallelism (SP) on: row-wise modules
+    reduce-scatter their output over the sequence (``Shard(1)``), and a column-wise one
+    takes its input as ``gathered`` says (:attr:`SequenceLayout.colwise_inputs`): a norm's
+    gathered DTensor or a replicated tensor (``Replicate``), or a local sequence shard
+    (``Shard(1)``, gathered by the module)."""
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
+    seq = Shard(SEQUENCE_DIM)
+    into = seq if gathered == "sharded" else Replicate()
     return {
-        "colwise": ColwiseParallel,
-        "rowwise": RowwiseParallel,
+        "colwise": lambda: ColwiseParallel(input_layouts=into),
+        "rowwise": lambda: RowwiseParallel(output_layouts=seq),
         # The output gathered to every TP rank (an LM head whose logits the loss reads whole).
-        "colwise_rep": lambda: ColwiseParallel(output_layouts=Replicate()),
-        "colwise_gather_output": lambda: ColwiseParallel(output_layouts=Replicate()),
+        "colwise_rep": lambda: ColwiseParallel(input_layouts=into, output_layouts=Replicate()),
+        "colwise_gather_output": lambda: ColwiseParallel(
+            input_layouts=into, output_layouts=Replicate()
+        ),
         # The input replicated, not sharded on its last dim (follows a replicated layer).
-        "rowwise_rep": lambda: RowwiseParallel(input_layouts=Replicate()),
-        "rowwise_split_input": lambda: RowwiseParallel(input_layouts=Shard(-1)),
+        "rowwise_rep": lambda: RowwiseParallel(input_layouts=Replicate(), output_layouts=seq),
+        "rowwise_split_input": lambda: RowwiseParallel(input_layouts=Shard(-1), output_layouts=seq),
+        # Vocab-parallel embedding: each rank looks up its share of the vocabulary (ids it
+        # does not hold give zeros) and the partial sums are reduce-scattered.
+        "embedding_rowwise": lambda: RowwiseParallel(input_layouts=Replicate(), output_layouts=seq),
     }
 
 
@@ -150,11 +172,14 @@ _SPLIT_OUTPUT = ("colwise",)
 """Styles whose module returns one rank's share of its output features."""
 _SPLIT_INPUT = ("rowwise", "rowwise_split_input")
 """Styles whose module takes one rank's share of its input features."""
+_EMBEDDING = ("embedding_rowwise",)
+"""Styles of an ``nn.Embedding`` (its vocabulary split)."""
 
 
-def tp_style(style: str) -> Any:
-    """The ``torch.distributed.tensor.parallel`` style for an HF TP-plan word."""
-    styles = _styles()
+def tp_style(style: str, gathered: str = "replicated") -> Any:
+    """The ``torch.distributed.tensor.parallel`` style for an HF TP-plan word (``gathered``:
+    how a column-wise module's input arrives, see :func:`_styles`)."""
+    styles = _styles(gathered)
     if style not in styles:
         raise MeshPlanError(
             f"TP style {style!r} is not supported by autopipe run (supported: "
@@ -171,19 +196,31 @@ def planned_modules(model: nn.Module, tp_plan: Mapping[str, str], degree: int) -
     ``nn.Linear``, a split dimension that ``degree`` does not divide, or a plan that
     matches nothing."""
     patterns = [(tp_pattern(p), p, s) for p, s in tp_plan.items()]
+    holders: dict[int, int] = {}
+    for module in model.modules():
+        for p in module.parameters(recurse=False):
+            holders[id(p)] = holders.get(id(p), 0) + 1
     found: dict[str, str] = {}
     for name, module in model.named_modules():
         for regex, _, style in patterns:
             if name and regex.fullmatch(name):
                 tp_style(style)  # refuses unknown styles
-                if not isinstance(module, nn.Linear):
+                kind = nn.Embedding if style in _EMBEDDING else nn.Linear
+                if not isinstance(module, kind):
                     raise MeshPlanError(
                         f"the TP plan splits {name} ({type(module).__name__}) but autopipe "
-                        "run splits only nn.Linear; drop it from the plan's tp_plan or "
-                        "re-plan with --tensor-parallel 1"
+                        f"run splits only nn.{kind.__name__} with {style}; drop it from the "
+                        "plan's tp_plan or re-plan with --tensor-parallel 1"
+                    )
+                if isinstance(module, nn.Embedding) and holders.get(id(module.weight), 0) > 1:
+                    raise MeshPlanError(
+                        f"the TP plan splits {name} by vocabulary but its weight is tied to "
+                        "another module's; untie it, or drop it from the plan's tp_plan"
                     )
                 dim = (
-                    module.out_features
+                    module.num_embeddings
+                    if isinstance(module, nn.Embedding)
+                    else module.out_features
                     if style in _SPLIT_OUTPUT
                     else module.in_features
                     if style in _SPLIT_INPUT
@@ -227,9 +264,12 @@ def local_shapes(model: nn.Module, planned: Mapping[str, str], degree: int) -> I
     """Within the block, every module of ``planned`` (path -> style) is replaced in
     ``model`` by one of a TP rank's shape (:func:`_local_linear`), so that tracing records
     one rank's sizes; the originals are put back after."""
-    originals = {path: model.get_submodule(path) for path in planned}
+    # An embedding's output has the same shape on every rank whatever its vocabulary share,
+    # so it is traced whole.
+    linear = {p: s for p, s in planned.items() if s not in _EMBEDDING}
+    originals = {path: model.get_submodule(path) for path in linear}
     try:
-        for path, style in planned.items():
+        for path, style in linear.items():
             module = originals[path]
             assert isinstance(module, nn.Linear)
             model.set_submodule(path, _local_linear(module, style, degree))
@@ -260,12 +300,16 @@ def call_planned_modules(body: fx.GraphModule, paths: Mapping[str, str]) -> None
     graph = body.graph
     gets = {n: n.target for n in graph.nodes if n.op == "get_attr"}
     linear = {torch.ops.aten.linear.default, torch.nn.functional.linear}
+    embedding = {torch.ops.aten.embedding.default, torch.nn.functional.embedding}
     for node in list(graph.nodes):
-        if node.op != "call_function" or node.target not in linear:
+        if node.op != "call_function" or node.target not in linear | embedding:
             continue
         operands: list[Any] = [*node.args, *node.kwargs.values()]
-        x, weight = operands[0], operands[1]
-        bias = operands[2] if len(operands) > 2 else None
+        if node.target in embedding:  # embedding(weight, ids, ...): the module holds the rest
+            weight, x, bias = operands[0], operands[1], None
+        else:
+            x, weight = operands[0], operands[1]
+            bias = operands[2] if len(operands) > 2 else None
         target = gets.get(weight) if isinstance(weight, fx.Node) else None
         if not isinstance(target, str) or not target.endswith(".weight"):
             continue
@@ -303,17 +347,65 @@ def call_planned_modules(body: fx.GraphModule, paths: Mapping[str, str]) -> None
     body.recompile()
 
 
-def apply_tensor_parallel(body: fx.GraphModule, planned: Mapping[str, str], tp_mesh: Any) -> int:
+def apply_tensor_parallel(
+    body: fx.GraphModule,
+    planned: Mapping[str, str],
+    tp_mesh: Any,
+    layout: SequenceLayout,
+) -> int:
     """Split ``body``'s modules of ``planned`` (path -> style; the model's own modules,
-    :func:`adopt_modules`) over ``tp_mesh`` with ``parallelize_module``; the number of
-    modules split."""
-    from torch.distributed.tensor.parallel import parallelize_module
+    :func:`adopt_modules`) over ``tp_mesh`` with ``parallelize_module``, with sequence
+    parallelism as ``layout`` says (:mod:`.sequence_parallel`): its norms run
+    ``SequenceParallel`` and hand the split modules their output gathered once
+    (``PrepareModuleOutput`` Shard(1) -> Replicate), and each replicated value it shards is
+    sharded where it is produced (``PrepareModuleOutput`` Replicate -> Shard on an inserted
+    ``nn.Identity``). The number of modules split."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (
+        PrepareModuleOutput,
+        SequenceParallel,
+        parallelize_module,
+    )
 
     paths = {p: s for p, s in planned.items() if _holds(body, p)}
-    if not paths:
+    norms = {p: n for p, n in layout.norms.items() if _holds(body, p)}
+    if not paths and not norms and not layout.transitions:
         return 0
     call_planned_modules(body, paths)
-    parallelize_module(body, tp_mesh, {path: tp_style(style) for path, style in paths.items()})
+    held = call_norm_modules(body, norms)
+    shards = insert_transitions(body, layout.transitions)
+    styles: dict[str, Any] = {
+        path: tp_style(style, layout.colwise_inputs.get(path, "replicated"))
+        for path, style in paths.items()
+    }
+    seq = Shard(SEQUENCE_DIM)
+    styles.update(
+        {
+            path: SequenceParallel(
+                sequence_dim=SEQUENCE_DIM, use_local_output=path in layout.kept_sharded
+            )
+            for path in held
+        }
+    )
+    styles.update(
+        {
+            path: PrepareModuleOutput(output_layouts=Replicate(), desired_output_layouts=Shard(dim))
+            for path, dim in shards.items()
+        }
+    )
+    if styles:
+        parallelize_module(body, tp_mesh, styles)
+    # Then each norm's output hook gathers it once, as a DTensor: the column-wise modules it
+    # feeds take it as it is, and a shape read of it is the whole sequence's.
+    gather: dict[str, Any] = {
+        path: PrepareModuleOutput(
+            output_layouts=seq, desired_output_layouts=Replicate(), use_local_output=False
+        )
+        for path in held
+        if path not in layout.kept_sharded
+    }
+    if gather:
+        parallelize_module(body, tp_mesh, gather)
     return len(paths)
 
 

@@ -45,6 +45,7 @@ from autopipe.runtime.distributed.failures import (
 )
 from autopipe.runtime.distributed.layout import RankLayout, rank_layout
 from autopipe.runtime.distributed.mesh import (
+    MeshPlanError,
     adopt_modules,
     apply_sharding,
     apply_tensor_parallel,
@@ -55,6 +56,12 @@ from autopipe.runtime.distributed.mesh import (
     uses_mesh,
 )
 from autopipe.runtime.distributed.process import group_timeout
+from autopipe.runtime.distributed.sequence_parallel import (
+    SequenceLayout,
+    SequenceParallelError,
+    adopt_norms,
+    sequence_layout,
+)
 from autopipe.runtime.distributed.stages import StageModule, wire_of
 from autopipe.runtime.distributed.tied import TiedGradients
 from autopipe.runtime.distributed.zero_bubble import weight_pass_misses, weight_pass_reuses
@@ -328,7 +335,7 @@ class DistributedPipeline:
         chunk_rank = [s.rank if s.rank >= 0 else s.index for s in plan.stages]
         self.plan = plan
         self.device = torch.device(device) if device is not None else _default_device()
-        planned, tp_modules = self._join_groups(model, example_inputs, planned)
+        planned, tp_modules, layout = self._join_groups(model, example_inputs, planned)
         self.chunk_indices = [c for c, r in enumerate(chunk_rank) if r == self.layout.stage]
         num_chunks = len(plan.stages)
         self.holds_first = 0 in self.chunk_indices
@@ -348,15 +355,20 @@ class DistributedPipeline:
         self._model_keys = set(model.state_dict())
         self._aliases = _parameter_aliases(model)
         examples = _stage_examples(
-            planned, self.chunk_indices, example_inputs, plan, self.device, self.chunks
+            planned, self.chunk_indices, example_inputs, plan, self.device, self.chunks, layout
         )
+        self.received_shapes: list[list[list[int]]] = (
+            [[list(t.shape) for t in inputs] for inputs, _ in examples] if examples else []
+        )
+        """Per chunk of this rank, the shapes of the tensors it receives (one micro-batch; a
+        value sharded over the sequence as one TP rank's share); empty when not known ahead."""
         if self.mesh is not None:
             # After the fake-tensor run above, which the DTensors of TP and FSDP would refuse
             # (the whole graph it runs shares their parameters): TP first, then FSDP over
             # the TP-split parameters (torchtitan's order).
             for chunk in self.chunks:
                 if tp_modules:
-                    apply_tensor_parallel(chunk.body, tp_modules, self.mesh["tp"])
+                    apply_tensor_parallel(chunk.body, tp_modules, self.mesh["tp"], layout)
                 apply_sharding(chunk, plan.shard, self.mesh["dp"])
         # Every rank creates every tie group, in the same order (new_group's rule).
         self.tied = TiedGradients(
@@ -395,14 +407,16 @@ class DistributedPipeline:
 
     def _join_groups(
         self, model: nn.Module, example_inputs: Any, planned: PlannedStages
-    ) -> tuple[PlannedStages, dict[str, str]]:
+    ) -> tuple[PlannedStages, dict[str, str], SequenceLayout]:
         """This rank's place in the K x D (x T) grid and its process groups (a mesh plan's
         from its DeviceMesh). A plan with T > 1 is cut again at one TP rank's shapes: returns
-        the stages to build and the modules TP splits (module path -> TP style)."""
+        the stages to build, the modules TP splits (module path -> TP style) and what runs
+        sharded over the sequence (sequence parallelism; degree 1 without TP)."""
         plan = self.plan
         self.mesh: Any = None
         """The (pp, dp, tp) DeviceMesh of a mesh plan (:mod:`.mesh`), else None."""
         tp_modules: dict[str, str] = {}
+        layout = SequenceLayout(degree=1, sequence_length=0)
         if uses_mesh(plan):
             check_mesh_plan(plan, planned.tied)
             if plan.tensor_parallel > 1:
@@ -411,8 +425,10 @@ class DistributedPipeline:
                 tp_modules = planned_modules(model, plan.tp_plan, plan.tensor_parallel)
                 with local_shapes(model, tp_modules, plan.tensor_parallel):
                     planned = partition(model, example_inputs, plan, check_parameters=False)
+                layout = _sequence_layout(planned, model, tp_modules, example_inputs, plan)
                 for graph in planned.stages:
                     adopt_modules(graph.module, model, tp_modules)
+                    adopt_norms(graph.module, model, layout.norms)
             self.mesh = build_mesh(plan, self.device.type)
             # Every (dp, tp) coordinate is one pipeline: tp innermost, so rank =
             # pp * (D * T) + dp * T + tp is the K x (D * T) grid of RankLayout.
@@ -435,7 +451,7 @@ class DistributedPipeline:
             self.pipeline_group, self.replica_group = _make_groups(self.layout)
         self.data_parallel_size = plan.replicas if self.mesh is not None else self.layout.replicas
         """D: replicas of each stage (the batch is split D ways)."""
-        return planned, tp_modules
+        return planned, tp_modules, layout
 
     def _pipeline_stages(self, examples: list[ChunkExamples] | None) -> list[PipelineStage]:
         """A ``PipelineStage`` per chunk of this rank, its input and output shapes given
@@ -753,6 +769,26 @@ def _weight_pass_reuses(module: StageModule, inputs: Sequence[Any]) -> dict[str,
 ChunkExamples = tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]
 
 
+def _sequence_layout(
+    planned: PlannedStages,
+    model: nn.Module,
+    tp_modules: Mapping[str, str],
+    example_inputs: Any,
+    plan: Plan,
+) -> SequenceLayout:
+    """The sequence-parallel layout of ``planned``'s whole graph
+    (:func:`.sequence_parallel.sequence_layout`), from one fake-tensor run of a
+    micro-batch; :class:`MeshPlanError` where it cannot run sharded."""
+    rows = batch_rows(example_inputs, 0, int(plan.microbatch_size))
+    graph_module = planned.graph_module
+    names = {n.name for n in graph_module.graph.nodes}
+    values = cut_values(graph_module, planned.binder.flat(rows), names)
+    try:
+        return sequence_layout(graph_module, model, tp_modules, values, plan.tensor_parallel)
+    except SequenceParallelError as exc:
+        raise MeshPlanError(str(exc)) from None
+
+
 def _stage_examples(
     planned: PlannedStages,
     chunks: Sequence[int],
@@ -760,10 +796,12 @@ def _stage_examples(
     plan: Plan,
     device: torch.device,
     modules: Sequence[StageModule],
+    layout: SequenceLayout | None = None,
 ) -> list[ChunkExamples] | None:
     """Per chunk of ``chunks``, example inputs and outputs of one micro-batch (shapes,
     dtypes and ``requires_grad`` from one fake-tensor run of the whole graph; values are
-    irrelevant), as they travel (the ``modules``' wire formats are set from the same run).
+    irrelevant), as they travel (the ``modules``' wire formats are set from the same run;
+    a value ``layout`` shards over the sequence travels as one TP rank's shard).
     None, with a warning, when the graph cannot run on fake tensors."""
     graphs = [planned.stages[c] for c in chunks]
     rows = batch_rows(example_inputs, 0, int(plan.microbatch_size))
@@ -782,15 +820,18 @@ def _stage_examples(
         )
         return None
 
-    def example(value: Any) -> torch.Tensor:
+    def example(value: Any, name: str = "") -> torch.Tensor:
         if isinstance(value, torch.Tensor):
-            empty = torch.empty(value.shape, dtype=value.dtype, device=device)
+            shape = layout.local_shape(name, value.shape) if layout else list(value.shape)
+            empty = torch.empty(shape, dtype=value.dtype, device=device)
             return empty.requires_grad_(bool(value.requires_grad))
         return torch.tensor(value, device=device)  # a number, sent as StageModule sends it
 
     def examples(names: list[str]) -> tuple[torch.Tensor, ...]:
         # What StageModule sends: every tensor or number leaf of each value, in order.
-        return tuple(example(leaf) for name in names for leaf in pytree.tree_leaves(values[name]))
+        return tuple(
+            example(leaf, name) for name in names for leaf in pytree.tree_leaves(values[name])
+        )
 
     found: list[ChunkExamples] = []
     for stage, graph, module in zip(chunks, graphs, modules, strict=True):
