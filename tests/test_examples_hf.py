@@ -84,4 +84,5 @@ def test_the_tiny_t5_profiles_without_a_linearity_warning() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         measured = profile(model, inputs, warmup=0, repeat=1, progress=False)
-    assert measured.meta["microbatch_sizes"] == [8, 2]  # two sizes: the check ran
+    assert measured.measurement is not None
+    assert measured.measurement.microbatch_sizes == [8, 2]  # two sizes: the check ran
