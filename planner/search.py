@@ -129,8 +129,8 @@ def training_state(
     _check_choice("optimizer", key, (AUTO, *OPTIMIZERS))
     parameter_size_bytes = max(int(profile.bytes_per_parameter), 1)
     if key == AUTO:
-        if profile.meta.get("optimizer_chosen"):
-            recorded = profile.meta.get("state_bytes_per_parameter")
+        if profile.optimizer_chosen:
+            recorded = profile.state_bytes_per_parameter
             if recorded:
                 return "custom", float(recorded)
             key = profile.optimizer

@@ -75,6 +75,7 @@ from autopipe.core.catalog import DeviceSpec, get_device, normalize_dtype
 from autopipe.core.errors import UsageError
 from autopipe.core.optimizer import normalize_optimizer, resolve_optimizer
 from autopipe.core.profile import Profile, UnitProfile
+from autopipe.core.profile_records import Counting
 
 _TORCH_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
@@ -351,7 +352,7 @@ def profile_analytic(
     units, micro-batch sizes, efficiency, training state, sharing; default: its defaults).
     ``loss_fn(output, example_inputs)`` drives backward; default: the shared objective
     (:func:`autopipe.profiler.objective.default_loss`).
-    The loss's time is kept apart (``meta["loss_forward_s"]``/``["loss_backward_s"]``) and
+    The loss's time is kept apart (``Profile.loss_forward_s``/``loss_backward_s``) and
     its saved tensors count in the last unit, as in the measured profiler.
     ``options.microbatch_sizes``: sizes also counted to fit ``t(b) = a + c * b`` per unit
     (``a`` = ``forward_overhead_s``: launches and weight reads that small micro-batches do
@@ -377,7 +378,8 @@ def profile_analytic(
     )
     profile = _assemble(model, counts, sizes, target, opts, reduction, first)
     annotate_tensor_parallel(profile, model, tp_plan)
-    profile.meta["analytic_seconds"] = time.perf_counter() - started
+    assert profile.counting is not None  # _build_profile sets it
+    profile.counting.seconds = time.perf_counter() - started
     return profile
 
 
@@ -526,21 +528,24 @@ def _assemble(
             counts[0], model, target.spec, target.dtype_name, target.torch_dtype,
             target.optimizer, name, opts.bytes_per_parameter,
         )  # fmt: skip
-    profile.meta["analytic_smaller_sizes"] = [
+    assert profile.counting is not None  # _build_profile sets it
+    profile.counting.smaller_sizes = [
         {"microbatch_size": b, "units": _cost_parts(c.counter)}
         for b, c in zip(sizes[1:], counts[1:], strict=True)
     ]
     per_parameter = opts.bytes_per_parameter
-    profile.meta["optimizer_chosen"] = target.optimizer_chosen or per_parameter is not None
+    profile.optimizer_chosen = target.optimizer_chosen or per_parameter is not None
     if per_parameter is not None:
-        profile.meta["state_bytes_per_parameter"] = per_parameter
+        profile.state_bytes_per_parameter = per_parameter
     if reduction is not None and first is not None:
         total = sum(
             p.numel() * p.element_size() for p in {id(q): q for q in model.parameters()}.values()
         )
         profile = expand_profile(profile, reduction, first, total)
     kernel_launch_s = target.spec.kernel_launch_overhead_s
-    _apply_times(profile, priced_times(profile.meta, 1.0, 1.0, kernel_launch_s))
+    assert profile.counting is not None
+    times = priced_times(profile.counting, profile.batch_size, 1.0, 1.0, kernel_launch_s)
+    _apply_times(profile, times)
     return profile
 
 
@@ -798,14 +803,11 @@ def _build_profile(
         total_activation_bytes=sum(u.activation_bytes for u in units),
         parameter_bytes_total=parameter_bytes_total,
         optimizer=optimizer,
-        meta={
-            "device_spec": spec.to_dict(),
-            "analytic_batch_size": count.batch_size,
-            "analytic_units": [
-                {"name": u.name, **part} for u, part in zip(units, parts, strict=False)
-            ],
-            "analytic_loss": parts[-1],
-        },
+        counting=Counting(
+            device_spec=spec.to_dict(),
+            units=[{"name": u.name, **part} for u, part in zip(units, parts, strict=False)],
+            loss=parts[-1],
+        ),
     )
 
 

@@ -25,25 +25,28 @@ from autopipe.profiler.time_model import fit_time_model
 from autopipe.core.catalog import DeviceSpec, DeviceSpecError, device_spec_from_dict
 from autopipe.core.errors import UsageError
 from autopipe.core.profile import Profile
+from autopipe.core.profile_records import Counting
 
 
 class CalibrationError(UsageError, ValueError):
     """The analytic and measured profiles cannot be compared."""
 
 
-def _parts(profile: Profile) -> list[dict[str, Any]]:
-    details = profile.meta.get("analytic_units")
-    if profile.mode != "analytic" or not details or "device_spec" not in profile.meta:
+def _counting(profile: Profile) -> Counting:
+    counting = profile.counting
+    if profile.mode != "analytic" or counting is None or not counting.units:
         raise CalibrationError(
             "expected an analytic profile from profile_analytic (it carries per-unit cost parts)"
         )
-    return details
+    if not counting.device_spec:
+        raise CalibrationError("the analytic profile's counting has no device_spec")
+    return counting
 
 
 def spec_of(profile: Profile) -> DeviceSpec:
     """The DeviceSpec an analytic profile was priced with."""
-    _parts(profile)
-    return device_spec_from_dict(profile.meta["device_spec"], origin="profile.meta.device_spec")
+    counting = _counting(profile)
+    return device_spec_from_dict(counting.device_spec, origin="profile.counting.device_spec")
 
 
 def calibrate(analytic: Profile, measured: Profile) -> DeviceSpec:
@@ -52,7 +55,7 @@ def calibrate(analytic: Profile, measured: Profile) -> DeviceSpec:
     Both profiles must have the same unit names and batch size. Returns the fitted spec;
     apply it with :func:`reprice`.
     """
-    details = _parts(analytic)
+    details = _counting(analytic).units
     if analytic.unit_names != measured.unit_names:
         raise CalibrationError(
             "analytic and measured profiles have different units; profile both with the same "
@@ -142,9 +145,14 @@ def _price(
 
 
 def priced_times(
-    meta: dict[str, Any], compute_scale: float, memory_scale: float, launch_s: float
+    counting: Counting,
+    batch_size: int,
+    compute_scale: float,
+    memory_scale: float,
+    launch_s: float,
 ) -> dict[str, Any]:
-    """Unit times from an analytic profile's stored cost parts.
+    """Unit times from an analytic profile's stored cost parts (``counting``, counted at
+    ``batch_size`` samples: ``Profile.batch_size``).
 
     ``compute_scale``/``memory_scale`` multiply the compute- and memory-bound parts (1.0 keeps
     the spec they were priced with), ``launch_s`` is the launch overhead per kernel. With
@@ -154,9 +162,9 @@ def priced_times(
     ``backward_overhead_s`` (one entry per unit) and the loss's ``loss_forward_s``/
     ``loss_backward_s``.
     """
-    base = meta["analytic_units"]
-    smaller = meta.get("analytic_smaller_sizes", [])
-    big_b = meta.get("analytic_batch_size")
+    base = counting.units
+    smaller = counting.smaller_sizes
+    big_b = batch_size
     sizes: list[float] = [float(big_b or 0)] + [float(s["microbatch_size"]) for s in smaller]
     out: dict[str, Any] = {}
     for phase in ("forward", "backward"):
@@ -175,7 +183,7 @@ def priced_times(
             overheads.append(overhead)
         out[f"{phase}_s"] = totals
         out[f"{phase}_overhead_s"] = overheads
-        loss = meta.get("analytic_loss")
+        loss = counting.loss
         out[f"loss_{phase}_s"] = (
             _price(loss[phase], compute_scale, memory_scale, launch_s) if loss else 0.0
         )
@@ -197,7 +205,7 @@ def weight_flops_share(part: dict[str, Any]) -> float:
 def apply_times(profile: Profile, times: dict[str, Any]) -> None:
     """Write :func:`priced_times` output into ``profile`` (in place); each unit's backward
     is split into B and W by :func:`weight_flops_share` (so B + W = backward)."""
-    parts = profile.meta.get("analytic_units") or []
+    parts = profile.counting.units if profile.counting is not None else []
     for i, unit in enumerate(profile.units):
         unit.forward_s = times["forward_s"][i]
         unit.backward_s = times["backward_s"][i]
@@ -216,7 +224,7 @@ def reprice(profile: Profile, spec: DeviceSpec) -> Profile:
     """The analytic ``profile`` with times re-priced for ``spec`` without re-counting the
     model: the same device with new efficiencies/peaks from :func:`calibrate`, or another
     device that has a peak for the profile's dtype (e.g. the slower GPUs of a mixed cluster)."""
-    _parts(profile)
+    counting = _counting(profile)
     old = spec_of(profile)
     try:
         compute_scale = _rate(old, profile.dtype) / _rate(spec, profile.dtype)
@@ -226,33 +234,30 @@ def reprice(profile: Profile, spec: DeviceSpec) -> Profile:
         spec.memory_bandwidth_bytes_per_s * spec.memory_efficiency
     )
     new = copy.deepcopy(profile)
-    new.meta = _rescaled_meta(profile.meta, compute_scale, memory_scale)
-    new.meta["device_spec"] = spec.to_dict()
+    new.counting = _rescaled(counting, compute_scale, memory_scale)
+    new.counting.device_spec = spec.to_dict()
     new.device = spec.name
-    apply_times(new, priced_times(new.meta, 1.0, 1.0, spec.kernel_launch_overhead_s))
+    apply_times(
+        new, priced_times(new.counting, new.batch_size, 1.0, 1.0, spec.kernel_launch_overhead_s)
+    )
     return new
 
 
-def _rescaled_meta(
-    meta: dict[str, Any], compute_scale: float, memory_scale: float
-) -> dict[str, Any]:
+def _rescaled(counting: Counting, compute_scale: float, memory_scale: float) -> Counting:
     """Stored parts re-expressed at the new rates, so they stay consistent with the spec."""
-    meta = copy.deepcopy(meta)
+    counting = copy.deepcopy(counting)
 
     def scale(part: dict[str, Any]) -> None:
         part["compute_s"] *= compute_scale
         part["memory_s"] *= memory_scale
 
-    entries = [
-        *meta["analytic_units"],
-        *(u for s in meta.get("analytic_smaller_sizes", []) for u in s["units"]),
-    ]
-    if meta.get("analytic_loss"):
-        entries.append(meta["analytic_loss"])
+    entries = [*counting.units, *(u for s in counting.smaller_sizes for u in s["units"])]
+    if counting.loss:
+        entries.append(counting.loss)
     for entry in entries:
         scale(entry["forward"])
         scale(entry["backward"])
-    return meta
+    return counting
 
 
 def _rate(spec: DeviceSpec, dtype: str) -> float:

@@ -1270,7 +1270,6 @@ def _assemble(model: nn.Module, setup: _Setup, run: _Measured) -> Profile:
         "shared_samples_cap": SHARED_SAMPLES_CAP if opts.share else 1,
         "meta_init": setup.meta_init,
         "materialized_peak_bytes": max(m.materialized_peak_bytes for m in measured),
-        "optimizer_chosen": setup.optimizer_chosen or opts.bytes_per_parameter is not None,
         "per_size": [
             {
                 "microbatch_size": s,
@@ -1281,8 +1280,6 @@ def _assemble(model: nn.Module, setup: _Setup, run: _Measured) -> Profile:
             for s, m in zip(sizes, measured, strict=True)
         ],
     }
-    if opts.bytes_per_parameter is not None:
-        meta["state_bytes_per_parameter"] = opts.bytes_per_parameter
     if scale is not None:
         meta["reference_scale"] = scale
     return Profile(
@@ -1298,6 +1295,8 @@ def _assemble(model: nn.Module, setup: _Setup, run: _Measured) -> Profile:
         total_activation_bytes=run.total_saved_bytes,
         parameter_bytes_total=run.parameter_bytes_total,
         optimizer=setup.optimizer,
+        optimizer_chosen=setup.optimizer_chosen or opts.bytes_per_parameter is not None,
+        state_bytes_per_parameter=opts.bytes_per_parameter or 0.0,
         meta=meta,
     )
 

@@ -208,17 +208,17 @@ def expand_profile(
         u.measured_as = profile.units[src].name if copied else ""
         units.append(u)
     cuts = [profile.cut_bytes[cut_of[k]] for k in range(len(units) - 1)]
-    meta = copy.deepcopy(profile.meta)
-    if "analytic_units" in meta:
-        parts = meta["analytic_units"]
+    counting = copy.deepcopy(profile.counting)
+    if counting is not None:
+        parts = counting.units
         # copies, not shared dicts: re-pricing scales every entry in place
-        meta["analytic_units"] = [
+        counting.units = [
             {**copy.deepcopy(parts[src]), "name": names[k]} for k, src in enumerate(unit_of)
         ]
-    for entry in meta.get("analytic_smaller_sizes", []):
-        parts = entry["units"]
-        # one entry per unit, then the loss
-        entry["units"] = [copy.deepcopy(parts[src]) for src in unit_of] + parts[n_short:]
+        for entry in counting.smaller_sizes:
+            parts = entry["units"]
+            # one entry per unit, then the loss
+            entry["units"] = [copy.deepcopy(parts[src]) for src in unit_of] + parts[n_short:]
     counted = CountedBlocks(
         container=reduction.path,
         blocks=length,
@@ -230,7 +230,8 @@ def expand_profile(
         profile,
         units=units,
         cut_bytes=cuts,
-        meta=meta,
+        meta=copy.deepcopy(profile.meta),
+        counting=counting,
         counted_blocks=counted,
         parameter_bytes_total=parameter_bytes_total,
         total_activation_bytes=sum(u.activation_bytes for u in units),

@@ -85,7 +85,7 @@ def test_gpt_bytes_and_shapes(gpt_profile: Profile) -> None:
     assert all(u.parameter_bytes == 4 * per_block for u in blocks)
     assert sum(u.parameter_count for u in p.units) == gpt.num_parameters(small_gpt()[0])
     assert p.parameter_bytes_total == 4 * gpt.num_parameters(small_gpt()[0])
-    details = p.meta["analytic_units"][3]
+    details = p.counting.units[3]
     assert blocks[0].gradient_bytes == 4 * per_block
     assert blocks[0].optimizer_bytes == 8 * per_block  # Adam: two fp32 moments
     assert p.optimizer == "adam" and p.granularity == "block" and p.tracer == "fx"
@@ -94,7 +94,7 @@ def test_gpt_bytes_and_shapes(gpt_profile: Profile) -> None:
     # the fixed per-micro-batch part: at least the kernel launches, well below the total
     launches = details["forward"]["kernels"] * get_device("a100").kernel_launch_overhead_s
     assert launches <= blocks[0].forward_overhead_s < blocks[0].forward_s
-    assert p.meta["analytic_smaller_sizes"][0]["microbatch_size"] == B // 2
+    assert p.counting.smaller_sizes[0]["microbatch_size"] == B // 2
 
 
 def test_bf16_halves_bytes() -> None:
@@ -115,10 +115,10 @@ def test_bf16_halves_bytes() -> None:
     assert p32.units[3].optimizer_bytes == 2 * p32.units[3].parameter_bytes
     assert p16.units[3].forward_flops == p32.units[3].forward_flops
     # bf16 tensor cores are 14.8x the H100's fp32 rate: compute-bound parts get much faster
-    c16 = p16.meta["analytic_units"][-1]["forward"]["compute_s"]
+    c16 = p16.counting.units[-1]["forward"]["compute_s"]
     c32 = (
-        p32.meta["analytic_units"][-1]["forward"]["compute_s"]
-        + p32.meta["analytic_units"][-1]["forward"]["memory_s"]
+        p32.counting.units[-1]["forward"]["compute_s"]
+        + p32.counting.units[-1]["forward"]["memory_s"]
     )
     assert c16 < c32
 
@@ -138,9 +138,9 @@ def test_overhead_fit_sees_weight_reads_at_small_batch() -> None:
     only = profile_analytic(
         layer, torch.randn(8, 4096), "a100", AnalyticOptions(microbatch_sizes=())
     )
-    launches = only.meta["analytic_units"][0]["forward"]["kernels"] * 8e-6
+    launches = only.counting.units[0]["forward"]["kernels"] * 8e-6
     assert only.units[0].forward_overhead_s == pytest.approx(launches)
-    assert only.meta["analytic_smaller_sizes"] == []
+    assert only.counting.smaller_sizes == []
     with pytest.raises(AnalyticProfileError, match="micro-batch sizes must be between 1"):
         profile_analytic(
             layer, torch.randn(8, 4096), "a100", AnalyticOptions(microbatch_sizes=(16,))
@@ -262,8 +262,8 @@ def test_efficiency_and_calibration_round_trip(gpt_profile: Profile) -> None:
     slow = profile_analytic(
         model, x, "a100", AnalyticOptions(dtype="float32", efficiency=0.35), loss_fn=gpt.loss_fn
     )
-    assert slow.meta["analytic_units"][-1]["forward"]["compute_s"] == pytest.approx(
-        2 * gpt_profile.meta["analytic_units"][-1]["forward"]["compute_s"]
+    assert slow.counting.units[-1]["forward"]["compute_s"] == pytest.approx(
+        2 * gpt_profile.counting.units[-1]["forward"]["compute_s"]
     )
 
 

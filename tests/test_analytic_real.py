@@ -199,7 +199,7 @@ def test_llama2_70b_on_16_h100_fits_only_without_mixed_adam(
     # An old profile (no record of a choice, optimizer "adam") is planned with the default too.
     old = json.loads(path.read_text())
     old["optimizer"] = "adam"
-    del old["meta"]["optimizer_chosen"]
+    del old["optimizer_chosen"]
     path.write_text(json.dumps(old))
     code, err = _plan(capsys, str(path), *flags)
     assert code == 1 and "no 16-stage plan fits" in err
@@ -215,7 +215,7 @@ def test_profile_records_an_explicit_optimizer_for_the_plan(
         == 0
     )
     profile = Profile.load(out)
-    assert profile.optimizer == "sgd" and profile.meta["optimizer_chosen"] is True
+    assert profile.optimizer == "sgd" and profile.optimizer_chosen is True
     block = profile.units[profile.unit_names.index("blocks.0")]
     assert block.optimizer_bytes == 0 and block.gradient_bytes == block.parameter_bytes
     code, plan = _plan(capsys, str(out), "--gpus", "2")

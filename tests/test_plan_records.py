@@ -109,8 +109,53 @@ def test_an_old_profile_file_loads_its_meta_keys_into_the_fields(tmp_path: Path)
     ]
     assert (old.loss_forward_s, old.loss_backward_s) == (1e-4, 2e-4)
     assert old.counted_blocks is not None and old.counted_blocks.counted == 3
-    # left in meta: what nothing lifts (a note; the optimizer choice the planner reads there)
-    assert set(old.meta) == {"note", "optimizer_chosen"}
+    assert old.optimizer_chosen is meta["optimizer_chosen"] is False
+    assert old.counting is None
+    # left in meta: what nothing lifts (a note)
+    assert set(old.meta) == {"note"}
     path = tmp_path / "profile.json"
     old.save(path)
+    assert Profile.load(path) == old
+
+
+ANALYTIC_OLD = Path(__file__).parent / "data" / "profile_v1_analytic_meta.json"
+"""An analytic profile (a 3-unit MLP counted for an A100 in bfloat16 at batch 8 and 4, with
+``--bytes-per-parameter 10``) as the writer before ``Profile.counting`` wrote it: the
+device spec, the counted cost parts, the run's seconds and the optimizer choice as flat
+``meta`` keys."""
+
+
+def test_an_old_analytic_profile_loads_its_meta_keys_into_the_fields(tmp_path: Path) -> None:
+    from autopipe.profiler.calibrate import priced_times, reprice, spec_of
+
+    raw = json.loads(ANALYTIC_OLD.read_text())
+    meta = raw["meta"]
+    old = Profile.load(ANALYTIC_OLD)
+    counting = old.counting
+    assert counting is not None and old.measurement is None
+    assert counting.device_spec == meta["device_spec"]
+    assert counting.units == meta["analytic_units"] and len(counting.units) == len(old.units)
+    assert counting.smaller_sizes == meta["analytic_smaller_sizes"]
+    assert counting.smaller_sizes[0]["microbatch_size"] == 4
+    assert counting.loss == meta["analytic_loss"] != {}
+    assert counting.seconds == meta["analytic_seconds"] == 0.25
+    assert old.batch_size == meta["analytic_batch_size"] == 8
+    assert (old.optimizer_chosen, old.state_bytes_per_parameter) == (True, 10)
+    assert set(old.meta) == {"note"}
+    # the lifted parts price to the times the old writer stored
+    spec = spec_of(old)
+    times = priced_times(counting, old.batch_size, 1.0, 1.0, spec.kernel_launch_overhead_s)
+    assert times["forward_s"] == [u["forward_s"] for u in raw["units"]]
+    assert times["backward_s"] == [u["backward_s"] for u in raw["units"]]
+    assert times["forward_overhead_s"] == [u["forward_overhead_s"] for u in raw["units"]]
+    assert times["loss_forward_s"] == raw["loss_forward_s"] > 0
+    # and re-pricing for the same device keeps them
+    again = reprice(old, spec)
+    assert [u.forward_s for u in again.units] == [u.forward_s for u in old.units]
+    path = tmp_path / "profile.json"
+    old.save(path)
+    written = json.loads(path.read_text())
+    assert written["counting"]["units"] == meta["analytic_units"] and written["meta"] == {
+        "note": meta["note"]
+    }
     assert Profile.load(path) == old

@@ -18,7 +18,7 @@ from autopipe.core.datafile import atomic_write_json, check_version, known_field
 from autopipe.core.errors import UsageError
 from autopipe.core.fields import LARGEST_PROFILE_VALUE, FieldError, check_dataclass
 from autopipe.core.meta_fields import lift_meta
-from autopipe.core.profile_records import CountedBlocks, Measurement
+from autopipe.core.profile_records import CountedBlocks, Counting, Measurement
 
 __all__ = [
     "PROFILE_VERSION",
@@ -33,10 +33,22 @@ _META_FIELDS = {
     "loss_forward_s": "loss_forward_s",
     "loss_backward_s": "loss_backward_s",
     "counted_blocks": "counted_blocks",
+    "optimizer_chosen": "optimizer_chosen",
+    "state_bytes_per_parameter": "state_bytes_per_parameter",
 }
 """``Profile.meta`` keys of earlier writers (schema v1) and the fields they are now."""
 _MEASUREMENT_KEYS = tuple(f.name for f in dataclasses.fields(Measurement))
 """The flat ``Profile.meta`` keys that are now ``Profile.measurement``'s fields."""
+_COUNTING_KEYS = {
+    "device_spec": "device_spec",
+    "analytic_units": "units",
+    "analytic_smaller_sizes": "smaller_sizes",
+    "analytic_loss": "loss",
+    "analytic_seconds": "seconds",
+}
+"""The flat ``Profile.meta`` keys of the analytic profiler that are now
+``Profile.counting``'s fields (``{meta key: field}``); ``analytic_batch_size`` was always
+``Profile.batch_size`` and is dropped."""
 
 
 class ProfileFormatError(UsageError, ValueError):
@@ -200,11 +212,18 @@ class Profile:
     counted_blocks: CountedBlocks | None = None
     """How a long block stack was counted in part (``profiler/reduce.py``); None when every
     unit was counted."""
+    counting: Counting | None = None
+    """How the analytic profiler counted (the device spec and per-unit cost parts the times
+    were priced from); None for a measured profile."""
+    optimizer_chosen: bool = False
+    """The optimizer (``optimizer``) or ``state_bytes_per_parameter`` was given explicitly
+    when profiling, so the planner takes it instead of its default."""
+    state_bytes_per_parameter: float = 0.0
+    """Training-state bytes per parameter (parameter + gradient + optimizer state) given
+    when profiling (``--bytes-per-parameter``); 0: not given, ``optimizer`` decides."""
     version: int = PROFILE_VERSION
     meta: dict[str, Any] = field(default_factory=dict)
-    """Free-form notes, and the counted profile's raw counts (``device_spec``,
-    ``analytic_*``) and the optimizer choice (``optimizer_chosen``,
-    ``state_bytes_per_parameter``) that the analytic profiler still writes here."""
+    """Free-form notes; nothing reads them back."""
 
     def __post_init__(self) -> None:
         lift_meta(self, _META_FIELDS)
@@ -214,6 +233,13 @@ class Profile:
             self.measurement = Measurement.from_dict(found)
         elif isinstance(self.measurement, Mapping):  # a loaded file
             self.measurement = Measurement.from_dict(self.measurement)
+        if self.counting is None and any(key in self.meta for key in _COUNTING_KEYS):
+            # an earlier analytic writer's flat meta keys (schema v1)
+            found = {f: self.meta.pop(key) for key, f in _COUNTING_KEYS.items() if key in self.meta}
+            self.meta.pop("analytic_batch_size", None)
+            self.counting = Counting.from_dict(found)
+        elif isinstance(self.counting, Mapping):  # a loaded file
+            self.counting = Counting.from_dict(self.counting)
         if isinstance(self.counted_blocks, Mapping):
             self.counted_blocks = CountedBlocks.from_dict(self.counted_blocks)
         if len(self.cut_bytes) != max(len(self.units) - 1, 0):

@@ -12,7 +12,7 @@ from typing import Any
 
 from autopipe.core.datafile import known_fields
 
-__all__ = ["CountedBlocks", "Measurement", "SizeMeasurement"]
+__all__ = ["CountedBlocks", "Counting", "Measurement", "SizeMeasurement"]
 
 
 @dataclass
@@ -82,4 +82,34 @@ class CountedBlocks:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> CountedBlocks:
+        return cls(**known_fields(cls, data))
+
+
+@dataclass
+class Counting:
+    """How the analytic profiler counted (``Profile.counting``; None for a measured profile):
+    the per-unit cost parts the times were priced from, kept so that ``profiler/calibrate.py``
+    can re-price them for another device without counting the model again.
+
+    A cost part is ``{"forward": phase, "backward": phase}`` with each phase
+    ``{"compute_s", "memory_s", "kernels", "flops", ...}`` (``profiler/opcount.py``):
+    seconds bound by FLOP/s and by bandwidth on ``device_spec``, and kernel launches.
+    """
+
+    device_spec: dict[str, Any] = field(default_factory=dict)
+    """The ``DeviceSpec`` the parts were priced with, as plain data (``DeviceSpec.to_dict``)."""
+    units: list[dict[str, Any]] = field(default_factory=list)
+    """One cost part per unit at ``Profile.batch_size``, in unit order, each with its
+    unit's ``name``."""
+    smaller_sizes: list[dict[str, Any]] = field(default_factory=list)
+    """``{"microbatch_size": b, "units": [part per unit..., the loss's part]}`` for each
+    smaller size counted (what the per-call overhead ``a`` of ``t(b) = a + c b`` is fitted
+    from); empty when only the profile's own batch size was counted."""
+    loss: dict[str, Any] = field(default_factory=dict)
+    """The loss's cost part at ``Profile.batch_size`` (empty: none counted)."""
+    seconds: float = 0.0
+    """Wall-clock seconds the analytic profiler took."""
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Counting:
         return cls(**known_fields(cls, data))
