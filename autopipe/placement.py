@@ -130,6 +130,14 @@ def plan_on_devices(profile: Profile, placement: Placement) -> Plan:
     return plan(profile, _with_cluster(request, cluster))
 
 
+def _per_device(request: PlanRequest, cluster: Cluster | None) -> PlanRequest:
+    """``request`` for a sweep that chooses the device count itself: no ``gpus`` or
+    ``cluster``, the memory of one of the resolved devices."""
+    return dataclasses.replace(
+        request, gpus=None, cluster=None, memory_per_device=_memory(request, cluster)
+    )
+
+
 def scaling_rows(profile: Profile, placement: Placement) -> list[dict[str, Any]]:
     """``autopipe plan --scaling``: the request planned on K = 1 .. ``gpus`` equal devices
     (:func:`autopipe.planner.scaling_report`), one row per K."""
@@ -140,9 +148,7 @@ def scaling_rows(profile: Profile, placement: Placement) -> list[dict[str, Any]]
     return scaling_report(
         profile,
         device_count(request),
-        dataclasses.replace(
-            request, gpus=None, cluster=None, memory_per_device=_memory(request, cluster)
-        ),
+        _per_device(request, cluster),
         device=cluster.devices[0] if cluster is not None else None,
     )
 
@@ -168,9 +174,7 @@ def _plan_replicas(profile: Profile, placement: Placement, cluster: Cluster | No
     return plan_data_parallel(
         profile,
         device_count(request),
-        dataclasses.replace(
-            request, gpus=None, cluster=None, memory_per_device=_memory(request, cluster)
-        ),
+        _per_device(request, cluster),
         replicas=placement.replicas or "auto",
         allreduce_bandwidth_bytes_per_s=bandwidth,
         device=device,
