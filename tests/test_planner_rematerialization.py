@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 sys.path.insert(0, str(Path(__file__).parent))
 from autopipe.planner import Cluster, PlanningError, load_plan, plan  # noqa: E402
+from autopipe.planner.costs import CostModel  # noqa: E402
 from autopipe.planner.ilp import ilp_partition  # noqa: E402
 from autopipe.planner.partition import (  # noqa: E402
     brute_force_partition,
@@ -92,9 +93,8 @@ instances = st.tuples(
 )
 
 
-@SETTINGS
-@given(instances)
-def test_vectorised_costs_agree_with_segment_to_the_bit(inst) -> None:
+def _drawn_cost_model(inst: tuple) -> tuple[Profile, CostModel, int, int]:
+    """The profile, cost model, unit count N and stage count K of one drawn instance."""
     n, seed, mem, m, schedule, checkpoint, deep, hetero, data = inst
     k = data.draw(st.integers(1, n))
     profile = deep_profile(n, seed) if deep else random_profile(n, seed)
@@ -103,6 +103,13 @@ def test_vectorised_costs_agree_with_segment_to_the_bit(inst) -> None:
         random_cluster(k, seed, mem_i) if hetero else Cluster.homogeneous(k, memory_bytes=mem_i)
     )
     cm = cost_model(profile, cluster, m, schedule, checkpoint)
+    return profile, cm, n, k
+
+
+@SETTINGS
+@given(instances)
+def test_vectorised_costs_agree_with_segment_to_the_bit(inst) -> None:
+    profile, cm, n, k = _drawn_cost_model(inst)
     ii, jj = np.meshgrid(np.arange(n + 1), np.arange(n + 1), indexing="ij")
     for s in range(k):
         matrix = cm.cost_matrix(s)
@@ -135,14 +142,7 @@ def test_vectorised_costs_agree_with_segment_to_the_bit(inst) -> None:
 @SETTINGS
 @given(instances)
 def test_exact_partitioners_equal_brute_force_with_per_unit(inst) -> None:
-    n, seed, mem, m, schedule, checkpoint, deep, hetero, data = inst
-    k = data.draw(st.integers(1, n))
-    profile = deep_profile(n, seed) if deep else random_profile(n, seed)
-    mem_i = None if mem is None else int(mem)
-    cluster = (
-        random_cluster(k, seed, mem_i) if hetero else Cluster.homogeneous(k, memory_bytes=mem_i)
-    )
-    cm = cost_model(profile, cluster, m, schedule, checkpoint)
+    cm = _drawn_cost_model(inst)[1]
     brute = brute_force_partition(cm)
     for found in (dp_partition(cm), probe_partition(cm), exact_partition(cm)):
         if brute is None:
