@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 from collections.abc import Sequence
 from typing import Any
 
@@ -35,6 +36,7 @@ from autopipe.planner.emit_torchtitan import (
     torchtitan_names,
 )
 from autopipe.planner.layers import layer_stack
+from autopipe.planner.preflight import preflight
 
 from autopipe.core.plan import Plan
 from autopipe.core.vocabulary import MESH_DIM_NAMES, TORCH_CLASSES
@@ -260,8 +262,6 @@ def emit(plan: Plan, fmt: str, base: str = "") -> str:
     torchtitan-python (``base``: its ``BASE``, :func:`to_torchtitan_python`). A plan that breaks
     a pre-flight rule (:mod:`autopipe.planner.preflight`: a hand-edited schedule, V, M or
     placement torch would refuse) is refused first, naming the rule."""
-    from autopipe.planner.preflight import preflight
-
     problems = preflight(plan)
     if problems:
         raise EmitError(f"pre-flight: {problems[0]}")
@@ -278,6 +278,4 @@ def emit(plan: Plan, fmt: str, base: str = "") -> str:
 
 
 def _shell(args: Sequence[str]) -> str:
-    import shlex
-
     return " ".join(shlex.quote(a) for a in args)

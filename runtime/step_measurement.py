@@ -23,8 +23,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from autopipe.profiler.measure import profile
+from autopipe.profiler.tree import float_tensor_leaves
+from autopipe.profiler.units import trace_units
 from autopipe.runtime.parallelize import parallelize
 from autopipe.runtime.recorder import Clock
+from torch import nn
+from tqdm import tqdm
 
 from autopipe.core.plan import Plan, StagePlan
 from autopipe.core.timeline import Timeline
@@ -115,9 +120,6 @@ def measure_steps(
     to the executor's choice (K CUDA devices, else K x "cpu"); ``clock`` as in
     :func:`choose_clock`. Cost: ``warmup + steps`` training steps.
     """
-    from autopipe.profiler.tree import float_tensor_leaves
-    from tqdm import tqdm
-
     if steps < 1 or warmup < 0:
         raise ValueError(f"steps={steps} must be >= 1 and warmup={warmup} >= 0")
     pipe = parallelize(model, example_inputs, devices=devices, plan=plan)
@@ -189,10 +191,6 @@ def calibrate_executor_overhead(
     time minus the profiled unit time, forward and backward, floored at 0. CPU only.
     About a second.
     """
-    from autopipe.profiler.measure import profile
-    from autopipe.profiler.units import trace_units
-    from torch import nn
-
     k = len(devices)
     torch.manual_seed(0)
     model = nn.Sequential(*[nn.Linear(1, 1) for _ in range(k)])
