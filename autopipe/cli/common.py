@@ -125,18 +125,6 @@ def image_formats(text: str) -> tuple[str, ...]:
 # -- output -----------------------------------------------------------------------------------
 
 
-def strict_json(obj: Any) -> Any:
-    """``obj`` with NaN and infinities as null: bare ``NaN`` is not JSON (jq, JavaScript and
-    most parsers reject it)."""
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    if isinstance(obj, dict):
-        return {k: strict_json(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [strict_json(v) for v in obj]
-    return obj
-
-
 def emit_text(text: str, target: str | None) -> None:
     """``text`` to stdout (``target`` None or ``-``) or, atomically, to the file ``target``."""
     if target is None or target == "-":
@@ -152,12 +140,12 @@ def emit_json(obj: Any, target: str | None) -> None:
     way strict JSON: non-finite numbers become null."""
     if target is None:
         return
+    from autopipe.core.datafile import atomic_write_json, strict_json
+
     obj = strict_json(obj)
     if target == "-":
         sys.stdout.write(json.dumps(obj, indent=2, allow_nan=False) + "\n")
         return
-    from autopipe.core.datafile import atomic_write_json
-
     atomic_write_json(Path(target), obj, strict=True)
 
 
@@ -329,15 +317,6 @@ def refuse_broken_rules(plan: Plan, path: str) -> None:
     if problems:
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
         raise UsageError(f"{path}: the plan cannot run: {problems[0]}{more}")
-
-
-def refuse_too_many_tasks(plan: Plan) -> None:
-    """A plan with more tasks than a timeline can show is refused by plot and bench (exit 2)."""
-    from autopipe.viz import too_many_tasks
-
-    reason = too_many_tasks(plan)
-    if reason is not None:
-        raise UsageError(reason)
 
 
 # -- devices and profiling requests from the flags --------------------------------------------
