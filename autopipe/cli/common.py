@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from autopipe import device_target
 from autopipe.core.catalog import DeviceListError
-from autopipe.core.datafile import atomic_write_json, atomic_write_text
+from autopipe.core.datafile import atomic_write_json, atomic_write_text, strict_json
 from autopipe.core.errors import Failure, UsageError
 from autopipe.core.humanize import parse_bytes
 from autopipe.core.optimizer import CLI_OPTIMIZERS
@@ -33,7 +33,6 @@ from autopipe.core.profile import Profile, ProfileFormatError
 from autopipe.modelfile import ModelFileError, load_model_file
 from autopipe.planner.preflight import preflight
 from autopipe.profiling import ProfileRequest
-from autopipe.viz import too_many_tasks
 
 __all__ = ["EXIT_FAILURE", "EXIT_OK", "EXIT_USAGE", "Failure", "UsageError"]
 
@@ -133,18 +132,6 @@ def image_formats(text: str) -> tuple[str, ...]:
 # -- output -----------------------------------------------------------------------------------
 
 
-def strict_json(obj: Any) -> Any:
-    """``obj`` with NaN and infinities as null: bare ``NaN`` is not JSON (jq, JavaScript and
-    most parsers reject it)."""
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    if isinstance(obj, dict):
-        return {k: strict_json(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [strict_json(v) for v in obj]
-    return obj
-
-
 def emit_text(text: str, target: str | None) -> None:
     """``text`` to stdout (``target`` None or ``-``) or, atomically, to the file ``target``."""
     if target is None or target == "-":
@@ -163,7 +150,6 @@ def emit_json(obj: Any, target: str | None) -> None:
     if target == "-":
         sys.stdout.write(json.dumps(obj, indent=2, allow_nan=False) + "\n")
         return
-
     atomic_write_json(Path(target), obj, strict=True)
 
 
@@ -325,13 +311,6 @@ def refuse_broken_rules(plan: Plan, path: str) -> None:
     if problems:
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
         raise UsageError(f"{path}: the plan cannot run: {problems[0]}{more}")
-
-
-def refuse_too_many_tasks(plan: Plan) -> None:
-    """A plan with more tasks than a timeline can show is refused by plot and bench (exit 2)."""
-    reason = too_many_tasks(plan)
-    if reason is not None:
-        raise UsageError(reason)
 
 
 # -- devices and profiling requests from the flags --------------------------------------------
