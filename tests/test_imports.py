@@ -63,9 +63,8 @@ ALLOWED: dict[tuple[str, str], str] = {}
 would move it to the top."""
 
 PENDING = {
-    "autopipe.cli.bench", "autopipe.cli.plot", "autopipe.cli.run", "autopipe.core.plan",
-    "autopipe.planner.data_parallel", "autopipe.runtime.parallelize", "autopipe.viz",
-    "autopipe.viz.data", "autopipe.viz.memory", "autopipe.viz.predict",
+    "autopipe.cli.run", "autopipe.core.plan", "autopipe.planner.data_parallel",
+    "autopipe.runtime.parallelize",
 }  # fmt: skip
 """Modules that other helpers rewrite in this session (#23): the rule applies to them once
 their work is merged, and this set is emptied."""

@@ -31,6 +31,7 @@ from autopipe.core.timeline import (
     load_chrome_trace,
     to_chrome_trace,
 )
+from autopipe.viz.data import balance_data, bubble_data, scaling_data
 
 __all__ = [
     "MAX_TIMELINE_TASKS",
@@ -98,8 +99,6 @@ def collect_plot_data(
 
     Cost: about |divisors(B)| x |K values| + K + 2 planner calls.
     """
-    from autopipe.viz.data import balance_data, bubble_data, scaling_data
-
     return {
         "bubble": bubble_data(plan, profile, ks=bubble_ks),
         "balance": balance_data(plan, profile),
