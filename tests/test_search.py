@@ -1,0 +1,74 @@
+"""planner/search.py: request checks, divisors and their hints, the training state charged."""
+
+from __future__ import annotations
+
+import pytest
+from autopipe.planner import Cluster, PlanningError, plan
+from autopipe.planner.search import divisor_hint, divisors, training_state
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from planner_instances import random_profile
+
+from autopipe.core.request import PlanRequest
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "needle"),
+    [
+        (dict(gpus=11), "at most 10 GPUs"),
+        (dict(gpus=0), "positive integer"),
+        (dict(gpus=2, cluster=Cluster.homogeneous(2)), "exactly one of"),
+        (dict(gpus=2, microbatches=5), "does not divide batch size 32"),
+        (dict(gpus=2, batch_size=720, microbatches=100), "(e.g. 60, 72, 80, 90, 120, 144)"),
+        (dict(gpus=2, microbatches=0), "positive integer"),
+        (dict(gpus=2, strategy="magic"), "strategy='magic'"),
+        (dict(gpus=2, schedule="zb"), "schedule='zb'"),
+        (dict(gpus=2, checkpoint="sometimes"), "checkpoint='sometimes'"),
+        (dict(gpus=2, optimizer="lion"), "optimizer='lion'"),
+        (dict(gpus=2, memory_per_device=-1), "positive number of bytes"),
+        (dict(gpus=2, batch_size=0), "batch_size=0"),
+    ],
+)
+def test_bad_input_one_clear_line(kwargs, needle: str) -> None:
+    with pytest.raises(PlanningError) as info:
+        plan(random_profile(10, 0), PlanRequest(**kwargs))
+    assert needle in str(info.value) and "\n" not in str(info.value)
+
+
+def test_divisor_hint_names_the_nearest_divisors() -> None:
+    assert divisor_hint(32, 5) == "pick a divisor (e.g. 1, 2, 4, 8, 16, 32)"
+    assert divisor_hint(360, 7, count=3) == "pick a divisor (e.g. 5, 6, 8)"  # ties: the smaller
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(st.integers(1, 5000), st.one_of(st.none(), st.integers(1, 6000)))
+def test_divisors_equal_trial_division(n: int, up_to: int | None) -> None:
+    limit = n if up_to is None else up_to
+    assert divisors(n, up_to) == [d for d in range(1, min(n, limit) + 1) if n % d == 0]
+
+
+def test_divisors_of_a_huge_batch_stop_at_the_bound() -> None:
+    assert divisors(10**24, up_to=10) == [1, 2, 4, 5, 8, 10]
+    assert divisors(2**61 - 1, up_to=4096) == [1]  # a Mersenne prime
+
+
+def test_the_hint_looks_further_for_sparse_divisors() -> None:
+    assert divisor_hint(97, 5) == "pick a divisor (e.g. 1, 97)"  # a prime: both it has
+    assert divisor_hint(1024, 100, count=2) == "pick a divisor (e.g. 64, 128)"
+
+
+def test_training_state_charged() -> None:
+    profile = random_profile(3, 0)  # fp32 parameters
+    assert training_state(profile) == ("adam", 16.0)
+    assert training_state(profile, "SGD_Momentum") == ("sgd-momentum", 12.0)
+    assert training_state(profile, "adam", bytes_per_parameter=20) == ("custom", 20.0)
+    profile.bytes_per_parameter = 2
+    assert training_state(profile) == ("mixed-adam", 16.0)
+    profile.optimizer, profile.optimizer_chosen = "sgd", True  # chosen when profiling
+    assert training_state(profile) == ("sgd", 4.0)
+    profile.state_bytes_per_parameter = 10.0
+    assert training_state(profile) == ("custom", 10.0)
+    with pytest.raises(PlanningError, match=r"^bytes_per_parameter=0 must be positive$"):
+        training_state(profile, bytes_per_parameter=0)
+    with pytest.raises(PlanningError, match=r"^optimizer='lion' is not valid; use one of 'auto'"):
+        training_state(profile, "lion")
