@@ -81,7 +81,7 @@ def test_baseline_bounds_by_name() -> None:
     assert baseline_bounds("greedy-time", p, 3) == [0, 3, 6, 9]  # equal times
     assert (
         max(_parts([u.parameter_count for u in p.units], baseline_bounds("parameters", p, 2)))
-        == 280
+        == 240
     )
     with pytest.raises(ValueError, match="unknown baseline 'magic'"):
         baseline_bounds("magic", p, 2)
