@@ -68,3 +68,35 @@ def test_bench_titles_compare_like_with_like(gpipe_plan: Plan) -> None:
     assert [ax.get_title() for ax in fig.axes[:2]] == [top, bottom]
     on_wall = replace(result, clock="wall", iteration_measured_s=wall.iteration_s)
     assert "wall clock (median of 10 steps; predicted -55.6%)" in on_wall.compare_titles()[1]
+
+
+def test_measured_stage_times_are_medians_of_each_stages_tasks() -> None:
+    from autopipe.bench_report import measured_stage_times
+
+    tasks = [
+        Task(0, 0, "forward", 0.0, 1.0, 0),
+        Task(0, 1, "forward", 1.0, 4.0, 0),
+        Task(0, 2, "forward", 4.0, 6.0, 0),
+        Task(1, 0, "forward", 1.0, 2.0, 1),
+        Task(1, 0, "backward", 2.0, 7.0, 1),
+        Task(0, 0, "backward", 7.0, 9.0, 0),
+    ]
+    assert measured_stage_times(Timeline(tasks, 2)) == [(2.0, 2.0), (1.0, 5.0)]
+
+
+def test_with_overhead_adds_to_a_copy(gpipe_plan: Plan) -> None:
+    from autopipe.bench_report import with_overhead
+
+    slower = with_overhead(gpipe_plan, 1e-3, 2e-3)
+    for a, b in zip(gpipe_plan.stages, slower.stages, strict=True):
+        assert b.forward_s == pytest.approx(a.forward_s + 1e-3)
+        assert b.backward_s == pytest.approx(a.backward_s + 2e-3)
+    assert slower.stages[0] is not gpipe_plan.stages[0]
+
+
+def test_stage_errors_are_relative_to_the_measurement() -> None:
+    from autopipe.bench_report import StageComparison
+
+    s = StageComparison(0, "cpu", 1.1, 1.0, 1.8, 2.0)
+    assert s.forward_error == pytest.approx(0.1) and s.backward_error == pytest.approx(-0.1)
+    assert StageComparison(1, "cpu", 1.0, 0.0, 1.0, 1.0).forward_error == float("inf")
