@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from autopipe.planner import Cluster, PlanningError, plan
+from autopipe.planner import Cluster, Device, PlanningError, plan
 from autopipe.planner.search import divisor_hint, divisors, training_state
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -72,3 +72,46 @@ def test_training_state_charged() -> None:
         training_state(profile, bytes_per_parameter=0)
     with pytest.raises(PlanningError, match=r"^optimizer='lion' is not valid; use one of 'auto'"):
         training_state(profile, "lion")
+
+
+@pytest.mark.parametrize(
+    ("request_", "message"),
+    [
+        (PlanRequest(gpus=2, microbatches=True), "microbatches=True must be a positive integer"),
+        (
+            PlanRequest(gpus=2, microbatches="many"),
+            "microbatches='many': give 'auto', an integer or a list of integers",
+        ),
+        (
+            PlanRequest(gpus=2, microbatches=()),
+            "microbatches is an empty list; give at least one candidate or 'auto'",
+        ),
+        (
+            PlanRequest(gpus=2, headroom=-0.1),
+            "headroom=-0.1 must be a fraction >= 0 (0.1 keeps 10% free)",
+        ),
+        (
+            PlanRequest(cluster=Cluster([])),
+            "the cluster has no devices; give at least one",
+        ),
+        (
+            PlanRequest(cluster=Cluster.homogeneous(2, host_throughput=0.0)),
+            "host_throughput=0.0 must be > 0 devices' worth of compute",
+        ),
+        (
+            PlanRequest(cluster=Cluster([Device("slow", speed=0.0), Device("b")])),
+            "device 'slow' needs speed > 0, bandwidth > 0 and latency >= 0",
+        ),
+    ],
+)
+def test_more_requests_that_cannot_be_planned(request_: PlanRequest, message: str) -> None:
+    with pytest.raises(PlanningError) as info:
+        plan(random_profile(10, 0), request_)
+    assert str(info.value).startswith(message) and "\n" not in str(info.value)
+
+
+def test_candidates_given_as_a_string_or_list_are_sorted_and_unique() -> None:
+    p = plan(random_profile(6, 1), PlanRequest(gpus=2, microbatches=(8, 2, 8), baselines=False))
+    assert sorted({r.microbatches for r in p.candidates}) == [2, 8]
+    q = plan(random_profile(6, 1), PlanRequest(gpus=2, microbatches="4", baselines=False))
+    assert q.microbatches == 4
