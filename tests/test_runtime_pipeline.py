@@ -162,43 +162,6 @@ def test_resnet_pipeline_matches_microbatched_model() -> None:
         assert_close(buf, ref, name)
 
 
-def test_tied_weights_on_different_devices_train_as_one_parameter() -> None:
-    """Embedding and head tied, on stages on different devices ("cpu" and "cpu:0" are
-    distinct to the runtime): a replica on the second device, one summed gradient, and the
-    replica follows the parameter after an optimizer step."""
-    torch.manual_seed(0)
-    gpt = load_example("gpt")
-    model = gpt.build_model(
-        vocab_size=64, seq_len=8, d_model=16, n_layer=2, n_head=2, tie_weights=True
-    )
-    reference = copy.deepcopy(model)
-    idx = torch.randint(0, 64, (4, 8))
-    ug = trace_units(model, idx)
-    pipe = Pipeline(
-        ug.graph_module,
-        {k: (0 if u < 2 else 1) for k, u in ug.node_unit.items()},
-        ["cpu", "cpu:0"],
-        microbatches=2,
-        checkpoint=[False, False],
-    )
-    assert len(pipe._tied) == 1
-    names = [n for n, _ in pipe.named_parameters()]
-    assert "head.weight" not in {n.partition(".")[2].partition(".")[2] for n in names}
-    for step in range(2):
-        for m in (model, reference):
-            m.zero_grad()
-        torch.manual_seed(step)
-        pipe(idx).pow(2).mean().backward()
-        torch.manual_seed(step)
-        reference_forward(reference, (idx,), 2, seed=step).pow(2).mean().backward()
-        assert_model_grads(model, reference)
-        for m in (model, reference):
-            with torch.no_grad():
-                for p in m.parameters():
-                    p -= 0.5 * p.grad
-    assert model.head.weight is model.tok_emb.weight  # the user's model is untouched
-
-
 def test_plan_for_other_units_is_refused() -> None:
     model, idx = tiny_gpt(0.0), tokens(2)
     ug = trace_units(model, idx)
