@@ -33,15 +33,6 @@ def test_impossible_values_are_refused(fields: dict, message: str) -> None:
         MeasureOptions(**fields)
 
 
-def test_build_replaces_fields_and_names_an_unknown_one() -> None:
-    base = MeasureOptions(repeat=3)
-    assert MeasureOptions.build(base, {}) is base
-    assert MeasureOptions.build(base, {"warmup": 0}) == MeasureOptions(warmup=0, repeat=3)
-    assert MeasureOptions.build(None, {"share": False}) == MeasureOptions(share=False)
-    with pytest.raises(TypeError, match="unexpected measuring option 'repeats'; the options are"):
-        MeasureOptions.build(base, {"repeats": 2})
-
-
 def test_the_cache_key_is_plain_data() -> None:
     key = MeasureOptions(units=("a",), microbatch_sizes=(2,), clock=time.perf_counter).key()
     assert key["units"] == ["a"] and key["microbatch_sizes"] == [2]
