@@ -8,7 +8,6 @@ import warnings
 import pytest
 import torch
 from autopipe.profiler.measure import ProfilingError, profile
-from autopipe.profiler.time_model import fit_time_model
 from autopipe.profiler.trace import TraceError
 from profiler_models import (
     DataBranch,
@@ -188,16 +187,6 @@ def test_warning_when_bytes_do_not_scale_with_batch() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # proportional model: silent
         profile(small_mlp()[0], torch.randn(16, 64), **{**FAST, "microbatch_sizes": (4,)})
-
-
-def test_fit_time_model_exact_and_clamped() -> None:
-    assert fit_time_model([8, 2], [0.010, 0.004]) == pytest.approx((0.002, 0.001))
-    assert fit_time_model([1, 2, 4], [0.003, 0.005, 0.009]) == pytest.approx((0.001, 0.002))
-    a, c = fit_time_model([8, 2], [0.010, 0.001])  # superlinear: intercept would be < 0
-    assert a == 0 and c > 0
-    a, c = fit_time_model([8, 2], [0.004, 0.005])  # slower at smaller size: slope would be < 0
-    assert c == 0 and a == pytest.approx(0.0045)
-    assert fit_time_model([8], [0.008]) == (0.0, 0.001)
 
 
 def test_export_tracer_profile() -> None:
