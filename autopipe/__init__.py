@@ -37,7 +37,7 @@ _LAZY = {
     "Cluster": ("autopipe.core.cluster", "Cluster"),
     "Device": ("autopipe.core.cluster", "Device"),
     "PlanningError": ("autopipe.planner", "PlanningError"),
-    "parallelize": ("autopipe.runtime", "parallelize"),
+    "parallelize": ("autopipe.parallelizing", "parallelize"),
     "Pipeline": ("autopipe.runtime", "Pipeline"),
     "GPipe": ("autopipe.runtime", "GPipe"),
     "replay": ("autopipe.replay_report", "replay"),

@@ -321,9 +321,9 @@ def check_distinct_outputs(*outputs: tuple[str | None, str]) -> None:
 
 
 def refuse_broken_rules(plan: Plan, path: str) -> None:
-    """A plan the pre-flight refuses (``autopipe.planner.preflight``: one torch would not
+    """A plan the pre-flight refuses (``autopipe.core.schedule_rules``: one torch would not
     build a schedule for) cannot run: exit 2 in one line naming ``path`` and the first rule."""
-    from autopipe.planner.preflight import preflight
+    from autopipe.core.schedule_rules import preflight
 
     problems = preflight(plan)
     if problems:

@@ -393,12 +393,11 @@ def _plot(args: argparse.Namespace, result: Plan, profile: Profile) -> None:
 def _check_schedule_rules(args: argparse.Namespace) -> None:
     """Refuse a forced ``--schedule`` (with ``--virtual-stages`` / ``--microbatches``) that
     torch would refuse, on the request alone: the pre-flight rules that need no profile
-    (``autopipe.planner.preflight.violations``). The batch rules wait for the profile. O(1)."""
+    (``autopipe.core.schedule_rules.violations``). The batch rules wait for the profile. O(1)."""
     if args.schedule == "auto":
         return
+    from autopipe.core.schedule_rules import check_virtual_stages, violations
     from autopipe.core.vocabulary import V_SHAPE_SCHEDULES
-    from autopipe.planner.preflight import violations
-    from autopipe.planner.schedules import check_virtual_stages
 
     v = args.virtual_stages
     if isinstance(v, int):
