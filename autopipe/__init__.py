@@ -2,10 +2,10 @@
 
 ``profile`` (model + ``MeasureOptions`` -> Profile), ``plan`` (Profile + PlanRequest -> Plan),
 ``parallelize`` and ``GPipe`` (model + Plan -> running pipeline). What ``autopipe plan
-MODEL.py`` does, step by step: ``resolve_devices`` (the ``--device`` / ``--device-spec`` flags, once),
-``profile_model_file`` (a ``MODEL.py[:FACTORY]`` file, as a ``ProfileRequest`` says),
-``plan_on_devices`` (a ``Placement``: the request on those devices, replicated or as a mesh),
-``emit`` (the plan in another framework's words). Names are resolved lazily so that
+MODEL.py`` does, step by step: ``resolve_devices`` (the ``--device`` / ``--device-spec``
+flags, once), ``profile_model_file`` (a ``MODEL.py[:FACTORY]`` file, as a ``ProfileRequest``
+says), ``plan_on_devices`` (a ``Placement``: the request on those devices, replicated or as a
+mesh), ``emit`` (the plan in another framework's words). Names are resolved lazily so that
 ``import autopipe.planner`` never pulls in torch.
 """
 
