@@ -67,8 +67,8 @@ def parallelize(
     ``example_inputs``: a tensor, a tuple of positional inputs or a dict of keyword inputs
     (a representative mini-batch). ``batch_size`` defaults to the example's; ``microbatches``
     and ``checkpoint`` are passed to the planner (``checkpoint`` also overrides a given plan's
-    per-stage flags unless ``"auto"``). ``deferred_batch_norm`` moves BatchNorm running statistics once
-    per mini-batch. Without a plan the model is measured by ``autopipe.profiler.profile``
+    per-stage flags unless ``"auto"``). ``deferred_batch_norm`` moves BatchNorm running
+    statistics once per mini-batch. Without a plan the model is measured by ``autopipe.profiler.profile``
     with ``profile_options`` (:class:`MeasureOptions`, e.g. ``MeasureOptions(repeat=1)``;
     its ``granularity`` is this call's), the ``loss_fn`` that drives its backward and a
     ``progress`` bar. Returns a ``Pipeline`` with ``pipeline.plan`` set.

@@ -5,9 +5,9 @@ A plan cuts the model into ``K x V`` contiguous chunks (``K`` ranks, ``V`` virtu
 rank). :func:`autopipe.core.schedule_rules.chunk_ranks` places them as
 torch.distributed.pipelining does, and :func:`rank_orders` gives each rank's compute actions
 (forward, full backward, and the zero-bubble schedules' input-gradient ``backward_input`` /
-weight-gradient ``backward_weight``) in the order torch's schedule class runs them. The orders are written
-from the schedules' documented rules (the papers, and the facts of torch 2.13's
-``torch/distributed/pipelining/schedules.py``), not copied; ``tests/test_schedules.py``
+weight-gradient ``backward_weight``) in the order torch's schedule class runs them. The
+orders are written from the schedules' documented rules (the papers, and the facts of torch
+2.13's ``torch/distributed/pipelining/schedules.py``), not copied; ``tests/test_schedules.py``
 compares them with torch's own for many ``(K, V, M)``.
 
 ======================  ===================================  ==============  ================
