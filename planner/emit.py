@@ -36,9 +36,9 @@ from autopipe.planner.emit_torchtitan import (
     torchtitan_names,
 )
 from autopipe.planner.layers import layer_stack
-from autopipe.planner.preflight import preflight
 
 from autopipe.core.plan import Plan
+from autopipe.core.schedule_rules import preflight
 from autopipe.core.vocabulary import MESH_DIM_NAMES, TORCH_CLASSES
 
 __all__ = [
@@ -260,7 +260,7 @@ def emit(plan: Plan, fmt: str, base: str = "") -> str:
     """The plan in ``fmt`` (one of :data:`EMIT_FORMATS`) as text: JSON for torch and
     Megatron (its ``args`` also as one shell line), TOML for torchtitan, a Python module for
     torchtitan-python (``base``: its ``BASE``, :func:`to_torchtitan_python`). A plan that breaks
-    a pre-flight rule (:mod:`autopipe.planner.preflight`: a hand-edited schedule, V, M or
+    a pre-flight rule (:mod:`autopipe.core.schedule_rules`: a hand-edited schedule, V, M or
     placement torch would refuse) is refused first, naming the rule."""
     problems = preflight(plan)
     if problems:

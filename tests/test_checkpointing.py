@@ -1,10 +1,10 @@
-"""planner/checkpointing.py: a re-materialization mode as one flag per stage."""
+"""autopipe/core/checkpointing.py: a re-materialization mode as one flag per stage."""
 
 from __future__ import annotations
 
 import pytest
-from autopipe.planner.checkpointing import check_checkpoint_mode, stage_checkpoints
 
+from autopipe.core.checkpointing import check_checkpoint_mode, stage_checkpoints
 from autopipe.core.vocabulary import CHECKPOINT_MODES
 
 

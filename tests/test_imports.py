@@ -64,7 +64,6 @@ would move it to the top."""
 
 PENDING = {
     "autopipe.cli.run", "autopipe.core.plan", "autopipe.planner.data_parallel",
-    "autopipe.runtime.parallelize",
 }  # fmt: skip
 """Modules that other helpers rewrite in this session (#23): the rule applies to them once
 their work is merged, and this set is emptied."""

@@ -177,7 +177,7 @@ def test_infeasible_names_minimal_memory_and_it_is_tight() -> None:
 def test_auto_m_picks_fastest_candidate_and_explains() -> None:
     profile = random_profile(24, 9, overhead=True)
     auto = plan(profile, PlanRequest(gpus=4, batch_size=64, microbatches="auto", schedule="auto"))
-    from autopipe.planner.preflight import violations
+    from autopipe.core.schedule_rules import violations
 
     # 1F1B with M < K is one torch refuses: auto never tries it.
     fixed = [

@@ -8,11 +8,12 @@ import pytest
 import torch
 from autopipe.profiler.options import MeasureOptions
 from autopipe.profiler.units import trace_units
-from autopipe.runtime import Pipeline, parallelize
+from autopipe.runtime import Pipeline
 from runtime_helpers import assert_close, load_example, reference_forward
 from torch import nn
 
 from autopipe.core.plan import Plan, StagePlan
+from autopipe.parallelizing import parallelize
 
 gpt = load_example("gpt")
 CFG = {"vocab_size": 48, "seq_len": 8, "d_model": 16, "n_layer": 4, "n_head": 2}
@@ -283,7 +284,7 @@ def test_deferred_batch_norm_on_an_exported_graph_is_refused() -> None:
 def test_checkpoint_words_have_one_meaning_each() -> None:
     """The planner's modes are per stage and become one flag per stage; Pipeline takes only
     those flags (a torchgpipe word there used to switch to per-micro-batch meaning)."""
-    from autopipe.planner.checkpointing import stage_checkpoints
+    from autopipe.core.checkpointing import stage_checkpoints
 
     assert stage_checkpoints("except_last", [False] * 3) == [True, True, False]
     assert stage_checkpoints("auto", [False, True, False]) == [False, True, False]

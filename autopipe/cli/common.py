@@ -30,8 +30,8 @@ from autopipe.core.humanize import parse_bytes
 from autopipe.core.optimizer import CLI_OPTIMIZERS
 from autopipe.core.plan import PlanFormatError, load_plan
 from autopipe.core.profile import Profile, ProfileFormatError
+from autopipe.core.schedule_rules import preflight
 from autopipe.modelfile import ModelFileError, load_model_file
-from autopipe.planner.preflight import preflight
 from autopipe.profiling import ProfileRequest
 
 __all__ = ["EXIT_FAILURE", "EXIT_OK", "EXIT_USAGE", "Failure", "UsageError"]
@@ -305,7 +305,7 @@ def check_distinct_outputs(*outputs: tuple[str | None, str]) -> None:
 
 
 def refuse_broken_rules(plan: Plan, path: str) -> None:
-    """A plan the pre-flight refuses (``autopipe.planner.preflight``: one torch would not
+    """A plan the pre-flight refuses (``autopipe.core.schedule_rules``: one torch would not
     build a schedule for) cannot run: exit 2 in one line naming ``path`` and the first rule."""
     problems = preflight(plan)
     if problems:

@@ -10,6 +10,7 @@ from autopipe import profiling
 from autopipe.cli import common
 from autopipe.core.plantext import format_plan
 from autopipe.core.request import PlanRequest
+from autopipe.core.schedule_rules import check_virtual_stages, violations
 from autopipe.core.vocabulary import (
     DEFAULT_CHECKPOINT,
     PLAN_SCHEDULES,
@@ -21,8 +22,6 @@ from autopipe.placement import NEED_BANDWIDTH, Placement, plan_on_devices, scali
 from autopipe.planner import PlanningError, RuleViolation
 from autopipe.planner.data_parallel import check_replicas_divide_batch
 from autopipe.planner.emit import EMIT_FORMATS, EmitError, emit
-from autopipe.planner.preflight import violations
-from autopipe.planner.schedules import check_virtual_stages
 from autopipe.planner.search import divisor_hint
 from autopipe.report import format_scaling
 from autopipe.viz import collect_plot_data, plot_all, too_many_tasks
@@ -399,7 +398,7 @@ def _plot(args: argparse.Namespace, result: Plan, profile: Profile) -> None:
 def _check_schedule_rules(args: argparse.Namespace) -> None:
     """Refuse a forced ``--schedule`` (with ``--virtual-stages`` / ``--microbatches``) that
     torch would refuse, on the request alone: the pre-flight rules that need no profile
-    (``autopipe.planner.preflight.violations``). The batch rules wait for the profile. O(1)."""
+    (``autopipe.core.schedule_rules.violations``). The batch rules wait for the profile. O(1)."""
     if args.schedule == "auto":
         return
 

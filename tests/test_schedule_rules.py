@@ -1,4 +1,4 @@
-"""planner/preflight.py: torch's schedule rules, one line each, before a plan is written."""
+"""autopipe/core/schedule_rules.py: torch's schedule rules, one line each, before a plan is written."""
 
 from __future__ import annotations
 
@@ -6,12 +6,12 @@ import dataclasses
 
 import pytest
 from autopipe.planner import plan
-from autopipe.planner.errors import RuleViolation
-from autopipe.planner.preflight import RULES, check_plan, preflight, violations
+from autopipe.planner.errors import RuleViolation, check_plan
 from planner_instances import random_profile
 
 from autopipe.core.errors import UsageError
 from autopipe.core.request import PlanRequest
+from autopipe.core.schedule_rules import RULES, preflight, violations
 
 
 @pytest.mark.parametrize(
