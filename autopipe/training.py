@@ -28,9 +28,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from autopipe.core.datafile import atomic_write_json
 from autopipe.core.errors import Failure, UsageError
 from autopipe.core.plan import Plan
-from autopipe.modelfile import ModelFile
+from autopipe.core.timeline import to_chrome_trace
+from autopipe.modelfile import ModelFile, ModelFileError
 from autopipe.saving import save_checkpoint, save_dir_problem
 
 if TYPE_CHECKING:
@@ -279,7 +281,6 @@ def _build_pipeline(request: TrainRequest, world: int) -> tuple[DistributedPipel
     """This rank's part of the pipeline and the global batch of example inputs (the plan's
     batch for each data-parallel replica). What the model file, the plan or the weights do
     not allow is a UsageError; a peer failing meanwhile, a Failure."""
-    from autopipe.modelfile import ModelFileError
     from autopipe.runtime.distributed.failures import PipelineRankError
     from autopipe.runtime.distributed.layout import PlanWorldSizeError
     from autopipe.runtime.distributed.mesh import uses_mesh
@@ -398,9 +399,6 @@ def _write_outputs(
     if trace is not None and request.trace_path is not None:
         timeline = trace.gather()
         if timeline is not None:
-            from autopipe.core.datafile import atomic_write_json
-            from autopipe.core.timeline import to_chrome_trace
-
             atomic_write_json(request.trace_path, to_chrome_trace(timeline))
             say(f"wrote the trace of {request.steps} steps to {request.trace_path}")
     if request.save_dir is not None:
