@@ -5,7 +5,8 @@
 MODEL.py`` does, step by step: ``resolve_devices`` (the ``--device`` / ``--device-spec``
 flags, once), ``profile_model_file`` (a ``MODEL.py[:FACTORY]`` file, as a ``ProfileRequest``
 says), ``plan_on_devices`` (a ``Placement``: the request on those devices, replicated or as a
-mesh), ``emit`` (the plan in another framework's words). Names are resolved lazily so that
+mesh), ``emit`` (the plan in another framework's words). What ``autopipe run`` does on every
+rank that torchrun starts: ``train`` (a ``TrainRequest``). Names are resolved lazily so that
 ``import autopipe.planner`` never pulls in torch.
 """
 
@@ -42,6 +43,8 @@ _LAZY = {
     "Pipeline": ("autopipe.runtime", "Pipeline"),
     "GPipe": ("autopipe.runtime", "GPipe"),
     "replay": ("autopipe.replay_report", "replay"),
+    "train": ("autopipe.training", "train"),
+    "TrainRequest": ("autopipe.training", "TrainRequest"),
 }
 
 __all__ = ["__version__", *_LAZY]
