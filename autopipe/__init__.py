@@ -45,6 +45,10 @@ _LAZY = {
     "replay": ("autopipe.replay_report", "replay"),
     "train": ("autopipe.training", "train"),
     "TrainRequest": ("autopipe.training", "TrainRequest"),
+    "bench_model_file": ("autopipe.benchmarking", "bench_model_file"),
+    "BenchRequest": ("autopipe.benchmarking", "BenchRequest"),
+    "plot_plan": ("autopipe.plotting", "plot_plan"),
+    "PlotRequest": ("autopipe.plotting", "PlotRequest"),
 }
 
 __all__ = ["__version__", *_LAZY]
