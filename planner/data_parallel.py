@@ -87,39 +87,14 @@ def choose_pipeline_data_parallel(
         copies = total_devices // stages
         if replicas is not None and copies != replicas:
             continue
-        if batch_size % copies:
-            choices.append(
-                ParallelChoice(
-                    stages,
-                    copies,
-                    None,
-                    reason=f"batch {batch_size} not divisible by D={copies}",
-                )
-            )
-            continue
-        try:
-            plan = make_plan(stages, batch_size // copies)
-        except Exception as exc:  # the planner says this K cannot work
-            choices.append(ParallelChoice(stages, copies, None, reason=str(exc).splitlines()[0]))
-            continue
-        # A rank all-reduces the gradients of all its chunks (V of them with virtual stages).
-        per_rank = [0] * plan.num_stages
-        for i, s in enumerate(plan.stages):
-            per_rank[s.rank if s.rank >= 0 else i] += s.parameter_bytes
-        allreduce_s = max(
-            ring_allreduce_s(b, copies, allreduce_bandwidth_bytes_per_s, allreduce_latency_s)
-            for b in per_rank
-        )
-        step_s = plan.iteration_time_s + allreduce_s
         choices.append(
-            ParallelChoice(
+            _candidate(
+                make_plan,
                 stages,
                 copies,
-                plan,
-                pipeline_s=plan.iteration_time_s,
-                allreduce_s=allreduce_s,
-                step_s=step_s,
-                throughput=batch_size / step_s if step_s > 0 else float("inf"),
+                batch_size,
+                allreduce_bandwidth_bytes_per_s,
+                allreduce_latency_s,
             )
         )
     feasible = [c for c in choices if c.plan is not None]
@@ -129,6 +104,44 @@ def choose_pipeline_data_parallel(
             + "; ".join(f"K={c.stages}: {c.reason}" for c in choices)
         )
     return sorted(choices, key=lambda c: (-c.throughput, c.stages))
+
+
+def _candidate(
+    make_plan: Callable[[int, int], Plan],
+    stages: int,
+    copies: int,
+    batch_size: int,
+    allreduce_bandwidth_bytes_per_s: float,
+    allreduce_latency_s: float,
+) -> ParallelChoice:
+    """K = ``stages`` run by D = ``copies`` replicas: planned at ``batch_size / D`` and
+    priced with the all-reduce, or infeasible with the reason."""
+    if batch_size % copies:
+        return ParallelChoice(
+            stages, copies, None, reason=f"batch {batch_size} not divisible by D={copies}"
+        )
+    try:
+        plan = make_plan(stages, batch_size // copies)
+    except Exception as exc:  # the planner says this K cannot work
+        return ParallelChoice(stages, copies, None, reason=str(exc).splitlines()[0])
+    # A rank all-reduces the gradients of all its chunks (V of them with virtual stages).
+    per_rank = [0] * plan.num_stages
+    for i, s in enumerate(plan.stages):
+        per_rank[s.rank if s.rank >= 0 else i] += s.parameter_bytes
+    allreduce_s = max(
+        ring_allreduce_s(b, copies, allreduce_bandwidth_bytes_per_s, allreduce_latency_s)
+        for b in per_rank
+    )
+    step_s = plan.iteration_time_s + allreduce_s
+    return ParallelChoice(
+        stages,
+        copies,
+        plan,
+        pipeline_s=plan.iteration_time_s,
+        allreduce_s=allreduce_s,
+        step_s=step_s,
+        throughput=batch_size / step_s if step_s > 0 else float("inf"),
+    )
 
 
 def check_replicas_divide_batch(replicas: int, total_gpus: int, batch_size: int) -> None:
