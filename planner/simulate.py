@@ -564,22 +564,9 @@ def simulate_schedule(
         )
         for r in range(k)
     ]
-    # When each value a task waits for is there (-1.0: not yet); chunk 0's inputs are there
-    # from the start.
-    ready = [-1.0] * (2 * n_chunks * microbatches)
-    ready[:microbatches] = [0.0] * microbatches
-    if host_throughput is not None and host_throughput < k:
-        if rank_start_s is not None or arrival_delay_s:
-            # The shared host's event loop starts a task the moment its input is produced.
-            raise ValueError(
-                "rank_start_s and arrival_delay_s are for dedicated ranks (no host_throughput)"
-            )
-        starts, ends, busy = _run_shared_host(programs, ready, host_throughput)
-        end_time = max((e[-1] for e in ends if e), default=0.0)
-    else:
-        starts, busy, free = _run_dedicated(programs, ready, rank_start_s)
-        end_time = max(free, default=0.0)
-        ends = None
+    starts, ends, busy, end_time = _run_programs(
+        programs, n_chunks, microbatches, host_throughput, arrival_delay_s, rank_start_s
+    )
     bubble = 1.0 - sum(busy) / (k * end_time) if end_time > 0 else 0.0
     peaks = replay_memory(orders, chunks, ranks)
     if not record_tasks:
@@ -592,6 +579,34 @@ def simulate_schedule(
     timeline = _timeline(programs, starts, ends, n_chunks, schedule)
     memory = [_memory_steps(programs[r], starts[r], ends[r], chunks, ranks, r) for r in range(k)]
     return Simulation(end_time, bubble, timeline, busy, peaks, memory)
+
+
+def _run_programs(
+    programs: list[_Program],
+    n_chunks: int,
+    microbatches: int,
+    host_throughput: float | None,
+    arrival_delay_s: Mapping[Action, float] | None,
+    rank_start_s: Sequence[float] | None,
+) -> tuple[list[list[float]], list[list[float]] | None, list[float], float]:
+    """Run the ranks' programs on dedicated ranks or on a shared host; per-rank task starts,
+    task ends (None on dedicated ranks: the caller derives them when it records), busy
+    seconds, and the iteration's end."""
+    k = len(programs)
+    # When each value a task waits for is there (-1.0: not yet); chunk 0's inputs are there
+    # from the start.
+    ready = [-1.0] * (2 * n_chunks * microbatches)
+    ready[:microbatches] = [0.0] * microbatches
+    if host_throughput is not None and host_throughput < k:
+        if rank_start_s is not None or arrival_delay_s:
+            # The shared host's event loop starts a task the moment its input is produced.
+            raise ValueError(
+                "rank_start_s and arrival_delay_s are for dedicated ranks (no host_throughput)"
+            )
+        starts, ends, busy = _run_shared_host(programs, ready, host_throughput)
+        return starts, ends, busy, max((e[-1] for e in ends if e), default=0.0)
+    starts, busy, free = _run_dedicated(programs, ready, rank_start_s)
+    return starts, None, busy, max(free, default=0.0)
 
 
 def _timeline(
