@@ -293,6 +293,44 @@ def sequence_layout(
     gets = {n: str(n.target) for n in graph.nodes if n.op == "get_attr"}
     calls = {n: planned_path(n, planned, gets) for n in graph.nodes}
     calls = {n: p for n, p in calls.items() if p}
+    length = _sequence_length(calls, planned, values, degree)
+    layout = SequenceLayout(degree=degree, sequence_length=length)
+    region_of, norm_input, views = _find_norms(layout, graph, model, calls, planned, values)
+    by_name = {n.name: n for n in graph.nodes}
+    for norm, out in layout.norms.items():
+        if _feeds_split_modules_only(by_name[out], calls, planned, views[norm]):
+            layout.gathered |= views[norm]
+        else:
+            layout.kept_sharded.add(norm)
+    for _ in range(len(graph.nodes) + 1):
+        sharded = _propagate(graph_module, layout, calls, planned, region_of, values)
+        new = _needed_transitions(graph, layout, sharded, norm_input, calls, values)
+        if not new:
+            break
+        layout.transitions.update(new)
+    layout.sharded = sharded
+    for node, path in calls.items():
+        if planned[path] in COLWISE_STYLES:
+            x = node.args[0]
+            layout.colwise_inputs[path] = (
+                "sharded"
+                if isinstance(x, fx.Node) and x.name in sharded
+                else "norm"
+                if isinstance(x, fx.Node)
+                and (region_of.get(x) is not None or x.name in layout.gathered)
+                else "replicated"
+            )
+    return layout
+
+
+def _sequence_length(
+    calls: Mapping[fx.Node, str],
+    planned: Mapping[str, str],
+    values: Mapping[str, Any],
+    degree: int,
+) -> int:
+    """The one sequence length of the row-wise split modules' ``[batch, seq, ...]`` outputs;
+    SequenceParallelError unless there is exactly one and ``degree`` divides it."""
     lengths = {
         shape[SEQUENCE_DIM]
         for n, p in calls.items()
@@ -313,7 +351,22 @@ def sequence_layout(
             f"{degree}, which sequence parallelism splits it by; use a sequence length "
             "that T divides or re-plan with another --tensor-parallel"
         )
-    layout = SequenceLayout(degree=degree, sequence_length=length)
+    return length
+
+
+def _find_norms(
+    layout: SequenceLayout,
+    graph: fx.Graph,
+    model: nn.Module,
+    calls: Mapping[fx.Node, str],
+    planned: Mapping[str, str],
+    values: Mapping[str, Any],
+) -> tuple[dict[fx.Node, str], dict[str, fx.Node], dict[str, set[str]]]:
+    """Record in ``layout.norms`` each position-wise module that feeds a column-wise split
+    module; returns each of their nodes' norm, each norm's input read, and the nodes
+    (views) between each norm and the split modules. SequenceParallelError for a module
+    there that mixes sequence positions."""
+    length = layout.sequence_length
     region_of: dict[fx.Node, str] = {}
     norm_input: dict[str, fx.Node] = {}
     views: dict[str, set[str]] = {}
@@ -343,31 +396,7 @@ def sequence_layout(
         norm_input[norm] = reads[0]
         for n in nodes:
             region_of[n] = norm
-    by_name = {n.name: n for n in graph.nodes}
-    for norm, out in layout.norms.items():
-        if _feeds_split_modules_only(by_name[out], calls, planned, views[norm]):
-            layout.gathered |= views[norm]
-        else:
-            layout.kept_sharded.add(norm)
-    for _ in range(len(graph.nodes) + 1):
-        sharded = _propagate(graph_module, layout, calls, planned, region_of, values)
-        new = _needed_transitions(graph, layout, sharded, norm_input, calls, values)
-        if not new:
-            break
-        layout.transitions.update(new)
-    layout.sharded = sharded
-    for node, path in calls.items():
-        if planned[path] in COLWISE_STYLES:
-            x = node.args[0]
-            layout.colwise_inputs[path] = (
-                "sharded"
-                if isinstance(x, fx.Node) and x.name in sharded
-                else "norm"
-                if isinstance(x, fx.Node)
-                and (region_of.get(x) is not None or x.name in layout.gathered)
-                else "replicated"
-            )
-    return layout
+    return region_of, norm_input, views
 
 
 def _norm_feeding(
