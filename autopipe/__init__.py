@@ -1,11 +1,12 @@
 """autopipe: automatic GPipe-style pipeline parallelism for PyTorch.
 
-``profile`` (model -> Profile), ``plan`` (Profile + PlanRequest -> Plan), ``parallelize`` and
-``GPipe`` (model + Plan -> running pipeline). What ``autopipe plan MODEL.py`` does, step by
-step: ``resolve_devices`` (the ``--device`` / ``--device-spec`` flags, once),
-``profile_model_file`` (a ``MODEL.py[:FACTORY]`` file, as a ``ProfileRequest`` says),
-``plan_on_devices`` (a ``Placement``: the request on those devices, replicated or as a mesh),
-``emit`` (the plan in another framework's words). Names are resolved lazily so that
+``profile`` (model + ``MeasureOptions`` -> Profile), ``plan`` (Profile + PlanRequest -> Plan),
+``parallelize`` and ``GPipe`` (model + Plan -> running pipeline). What ``autopipe plan
+MODEL.py`` does, step by step: ``resolve_devices`` (the ``--device`` / ``--device-spec``
+flags, once), ``profile_model_file`` (a ``MODEL.py[:FACTORY]`` file, as a ``ProfileRequest``
+says), ``plan_on_devices`` (a ``Placement``: the request on those devices, replicated or as a
+mesh), ``emit`` (the plan in another framework's words). What ``autopipe run`` does on every
+rank that torchrun starts: ``train`` (a ``TrainRequest``). Names are resolved lazily so that
 ``import autopipe.planner`` never pulls in torch.
 """
 
@@ -18,6 +19,7 @@ __version__ = "0.2.0"
 
 _LAZY = {
     "profile": ("autopipe.profiler.measure", "profile"),
+    "MeasureOptions": ("autopipe.profiler.options", "MeasureOptions"),
     "Profile": ("autopipe.core.profile", "Profile"),
     "UnitProfile": ("autopipe.core.profile", "UnitProfile"),
     "load_profile": ("autopipe.profiler", "load_profile"),
@@ -37,10 +39,12 @@ _LAZY = {
     "Cluster": ("autopipe.core.cluster", "Cluster"),
     "Device": ("autopipe.core.cluster", "Device"),
     "PlanningError": ("autopipe.planner", "PlanningError"),
-    "parallelize": ("autopipe.runtime", "parallelize"),
+    "parallelize": ("autopipe.parallelizing", "parallelize"),
     "Pipeline": ("autopipe.runtime", "Pipeline"),
     "GPipe": ("autopipe.runtime", "GPipe"),
     "replay": ("autopipe.replay_report", "replay"),
+    "train": ("autopipe.training", "train"),
+    "TrainRequest": ("autopipe.training", "TrainRequest"),
 }
 
 __all__ = ["__version__", *_LAZY]

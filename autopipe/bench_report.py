@@ -39,8 +39,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+from autopipe.core.humanize import format_seconds
 from autopipe.core.plan import Plan
 from autopipe.core.timeline import Timeline
+from autopipe.viz.gantt import timeline_detail, timeline_title
+from autopipe.viz.predict import predicted_timeline
 
 if TYPE_CHECKING:
     from autopipe.runtime.step_measurement import Measurement
@@ -112,9 +115,6 @@ class BenchResult:
         error, and then the wall time of the step it draws. Before, it showed only the
         drawn step's wall time (4.95 s) against a 2.2 s prediction that the text, on
         thread-CPU time, found 0.4% off."""
-        from autopipe.core.humanize import format_seconds
-        from autopipe.viz.gantt import timeline_detail, timeline_title
-
         clock = "CPU time" if self.clock == "thread_cpu" else "wall clock"
         err = 100 * self.iteration_error
         measured = (
@@ -210,8 +210,6 @@ def compare(
     loss, which the executor runs once outside the stages, is added to the last stage as its
     forward and backward divided by M (see the module docstring).
     """
-    from autopipe.viz.predict import predicted_timeline
-
     runs = measurement.steps
     if not runs:
         raise ValueError("nothing to compare: the measurement has no steps")

@@ -36,7 +36,9 @@ from autopipe.core.catalog import (
     parse_device_list,
 )
 from autopipe.core.cluster import Cluster
+from autopipe.core.errors import UsageError
 from autopipe.core.profile import Profile
+from autopipe.profiler.calibrate import reprice
 
 LOCAL_DEVICES = ("cpu", "mps")
 """Names that mean "measure on this machine", besides ``cuda`` and ``cuda:i`` (the nominal
@@ -138,8 +140,6 @@ def check_local_device(name: str, flag: str) -> None:
     has: not a device at all, ``meta`` (it holds no data), or a CUDA index past the last."""
     import torch
 
-    from autopipe.core.errors import UsageError
-
     try:
         device = torch.device(name)
     except (RuntimeError, ValueError):
@@ -158,8 +158,6 @@ def reprice_for(profile: Profile, device: str | DeviceSpec) -> Profile:
     spec) without re-counting the model: O(units). The profile itself when it was counted on
     that device. Raises ``CalibrationError`` for a measured profile or a device without a peak
     for the profile's dtype, ``DeviceSpecError`` for an unknown name."""
-    from autopipe.profiler.calibrate import reprice
-
     spec = get_device(device)
     return profile if spec.name == profile.device else reprice(profile, spec)
 

@@ -21,9 +21,12 @@ import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from autopipe.core.catalog import get_device, is_catalog_device
 from autopipe.core.cluster import Cluster
 from autopipe.core.errors import UsageError
 from autopipe.core.request import PlanRequest
+from autopipe.device_target import cluster_for
+from autopipe.planner import plan, plan_data_parallel, scaling_report
 
 if TYPE_CHECKING:
     from autopipe.core.plan import Plan
@@ -71,8 +74,6 @@ def placed_cluster(profile: Profile, placement: Placement) -> Cluster | None:
     request's ``memory_per_device``), with a shared host's throughput; None: equal devices
     named after the profile's. Raises ``ValueError`` (``DeviceSpecError``,
     ``CalibrationError``) for a device list the profile cannot be priced for."""
-    from autopipe.device_target import cluster_for
-
     request = placement.request
     cluster = request.cluster
     if cluster is None and request.gpus is not None:
@@ -119,8 +120,6 @@ def plan_on_devices(profile: Profile, placement: Placement) -> Plan:
     ``PlanningError`` when nothing fits, ``RuleViolation`` for what torch would refuse,
     ``UsageError`` for devices that cannot be laid out as asked, ``ValueError`` for a device
     list the profile cannot be priced for."""
-    from autopipe.planner import plan
-
     cluster = placed_cluster(profile, placement)
     request = placement.request
     if request.plans_mesh:
@@ -141,8 +140,6 @@ def _per_device(request: PlanRequest, cluster: Cluster | None) -> PlanRequest:
 def scaling_rows(profile: Profile, placement: Placement) -> list[dict[str, Any]]:
     """``autopipe plan --scaling``: the request planned on K = 1 .. ``gpus`` equal devices
     (:func:`autopipe.planner.scaling_report`), one row per K."""
-    from autopipe.planner import scaling_report
-
     cluster = placed_cluster(profile, placement)
     request = placement.request
     return scaling_report(
@@ -155,8 +152,6 @@ def scaling_rows(profile: Profile, placement: Placement) -> list[dict[str, Any]]
 
 def _plan_replicas(profile: Profile, placement: Placement, cluster: Cluster | None) -> Plan:
     """``gpus`` devices as K stages x D replicas, D = ``placement.replicas`` (or the best)."""
-    from autopipe.planner import plan_data_parallel
-
     devices = placement.devices
     if devices is not None and devices.pipeline:
         raise UsageError("--data-parallel needs one kind of device; drop the NAME:COUNT list")
@@ -184,9 +179,6 @@ def _plan_replicas(profile: Profile, placement: Placement, cluster: Cluster | No
 def _plan_mesh(profile: Profile, placement: Placement, cluster: Cluster | None) -> Plan:
     """``gpus`` devices as a PP x D x T mesh; what the request leaves ``auto`` is chosen.
     Nodes and their links from the counted device's platform unless the request says."""
-    from autopipe.core.catalog import get_device, is_catalog_device
-    from autopipe.planner import plan
-
     devices = placement.devices
     if devices is not None and devices.pipeline:
         raise UsageError("a mesh plan needs one kind of device; drop the NAME:COUNT list")

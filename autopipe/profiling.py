@@ -22,12 +22,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from autopipe.core.catalog import DeviceSpecError
 from autopipe.core.errors import UsageError
+from autopipe.core.humanize import format_bytes
+from autopipe.device_target import check_local_device
+from autopipe.modelfile import ModelFile, ModelFileError, load_model_file
+from autopipe.profiler.options import AnalyticOptions, MeasureOptions
 
 if TYPE_CHECKING:
     from autopipe.core.profile import Profile
     from autopipe.device_target import DeviceTarget
-    from autopipe.modelfile import ModelFile
 
 __all__ = [
     "MODEL_ERRORS",
@@ -88,8 +92,6 @@ def profile_model_file(
     measured on ``devices.measure_on`` (which must exist here). ``Profile.model`` is the
     file's label. Raises ``UsageError`` for a bad file, request or model; a model that runs
     out of memory raises torch's ``OutOfMemoryError``."""
-    from autopipe.core.catalog import DeviceSpecError
-    from autopipe.modelfile import ModelFile, ModelFileError
     from autopipe.profiler.analytic import AnalyticProfileError
     from autopipe.profiler.measure import ProfilingError
     from autopipe.profiler.trace import TraceError
@@ -101,8 +103,6 @@ def profile_model_file(
     if devices.counted_on is not None:
         check_counting_request(devices, request)
     elif devices.measure_on is not None:
-        from autopipe.device_target import check_local_device
-
         check_local_device(devices.measure_on, "--device")
     mf = model if isinstance(model, ModelFile) else _load(model)
     batch_size = request.batch_size or mf.default_batch_size()
@@ -127,8 +127,6 @@ def profile_model_file(
 
 
 def _load(spec: str) -> ModelFile:
-    from autopipe.modelfile import ModelFileError, load_model_file
-
     try:
         return load_model_file(spec)
     except ModelFileError as exc:
@@ -140,7 +138,6 @@ def _count(
 ) -> Profile:
     """The model counted on meta for ``devices.counted_on`` (no device needed)."""
     from autopipe.profiler.analytic import profile_analytic
-    from autopipe.profiler.options import AnalyticOptions
 
     assert devices.counted_on is not None
     model = mf.build(device="meta")
@@ -170,7 +167,6 @@ def _measure(
     """The model measured on ``devices.measure_on`` (unit by unit from meta when asked, or
     when it would not fit)."""
     from autopipe.profiler.measure import profile
-    from autopipe.profiler.options import MeasureOptions
 
     meta_init = request.meta_init or too_big_to_build(mf, devices.measure_on)
     model = mf.build(device="meta" if meta_init else None)
@@ -201,8 +197,6 @@ def check_counting_request(devices: DeviceTarget, request: ProfileRequest) -> No
     """Refuse, before any model is built, what counting for ``devices`` cannot do: measuring
     from meta (``meta_init``), and a ``dtype`` (default bfloat16) that a device of the spec
     or the list has no peak for. Raises ``UsageError``."""
-    from autopipe.core.catalog import DeviceSpecError
-
     if request.meta_init:
         raise UsageError(
             "--meta-init measures unit by unit; with --device NAME nothing is measured "
@@ -264,7 +258,6 @@ def too_big_to_build(mf: ModelFile, device: str | None) -> bool:
     free = available_memory_bytes(device)
     if free is None or 2 * state <= free:
         return False
-    from autopipe.core.humanize import format_bytes
 
     log.info(
         "%s holds %s of parameters and buffers; with gradients that is more than the %s free "

@@ -54,13 +54,18 @@ def _even_name(cut: int) -> str:
 def _plan(batch_size: int, microbatches: int | str, plan_path: Path) -> None:
     from autopipe.planner import plan
     from autopipe.profiler.measure import profile
+    from autopipe.profiler.options import MeasureOptions
 
     from autopipe.core.request import PlanRequest
 
     torch.set_num_threads(1)
     model = gpt.build_model()
     prof = profile(
-        model, gpt.example_inputs(batch_size), loss_fn=gpt.loss_fn, progress=False, threads=1
+        model,
+        gpt.example_inputs(batch_size),
+        MeasureOptions(threads=1),
+        loss_fn=gpt.loss_fn,
+        progress=False,
     )
     result = plan(prof, PlanRequest(gpus=2, microbatches=microbatches, schedule="gpipe"))
     result.granularity = "block"

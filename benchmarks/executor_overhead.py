@@ -38,8 +38,10 @@ sys.path.insert(0, str(ROOT / "examples"))
 
 import gpt  # noqa: E402
 import mlp  # noqa: E402
-from autopipe.runtime import GPipe, parallelize  # noqa: E402
+from autopipe.runtime import GPipe  # noqa: E402
 from autopipe.runtime.checkpoint import is_recomputing  # noqa: E402
+
+from autopipe.parallelizing import parallelize  # noqa: E402
 
 
 def median_s(fn: Callable[[], None], iters: int) -> float:

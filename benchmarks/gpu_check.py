@@ -118,12 +118,10 @@ def cuda_peak(device: torch.device) -> Iterator[dict[str, int]]:
 
 def measured_profile(s: Setup) -> Any:
     from autopipe.profiler.measure import profile
+    from autopipe.profiler.options import MeasureOptions
 
     if "measured" not in s.extra:
-        s.extra["measured"] = profile(
-            s.model(), s.inputs, loss_fn=s.gpt.loss_fn, reference=True, progress=False,
-            warmup=2, repeat=5,
-        )  # fmt: skip
+        s.extra["measured"] = profile(s.model(), s.inputs, MeasureOptions(reference=True, warmup=2, repeat=5), loss_fn=s.gpt.loss_fn, progress=False)  # fmt: skip
     return s.extra["measured"]
 
 

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 from autopipe.profiler.measure import profile
+from autopipe.profiler.options import MeasureOptions
 
 from autopipe.modelfile import ModelFile, load_model_file
 
@@ -54,12 +55,14 @@ def main() -> None:
             p = profile(
                 model,
                 inputs,
+                MeasureOptions(
+                    repeat=args.repeat,
+                    microbatch_sizes=(),
+                    clock=args.clock,
+                    reference=True,  # the whole model in one piece: what the units must add up to
+                ),
                 loss_fn=loss_fn,
-                repeat=args.repeat,
                 progress=False,
-                microbatch_sizes=(),
-                clock=args.clock,
-                reference=True,  # the whole model in one piece: what the units must add up to
             )
             seconds.append(time.perf_counter() - t0)
             units_s.append(sum(u.forward_s + u.backward_s for u in p.units))

@@ -25,7 +25,7 @@ from autopipe.profiler.analytic import profile_analytic
 from autopipe.profiler.calibrate import calibrate, reprice
 from autopipe.profiler.measure import profile as measured_profile
 from autopipe.profiler.measure import whole_model_saved_bytes
-from autopipe.profiler.options import AnalyticOptions
+from autopipe.profiler.options import AnalyticOptions, MeasureOptions
 
 from autopipe.core.profile import Profile
 from autopipe.modelfile import ModelFile, load_model_file
@@ -41,7 +41,7 @@ def load_example(name: str) -> ModelFile:
 def measure(model: torch.nn.Module, inputs: Any, loss_fn: Any, repeats: int) -> Profile:
     """The measured profile of ``model`` on this machine's CPU (``repeat`` timed rounds)."""
     kwargs: dict[str, Any] = {"loss_fn": loss_fn} if loss_fn else {}
-    return measured_profile(model, inputs, progress=False, repeat=repeats, **kwargs)
+    return measured_profile(model, inputs, MeasureOptions(repeat=repeats), progress=False, **kwargs)
 
 
 def shares(profile: Profile) -> list[float]:

@@ -66,6 +66,7 @@ def stability(reprofiles: int, layers: int = 48, stages: int = 7) -> None:
     import encoder_stack
     from autopipe.planner import plan
     from autopipe.profiler.measure import profile
+    from autopipe.profiler.options import MeasureOptions
 
     from autopipe.core.request import PlanRequest
 
@@ -75,7 +76,7 @@ def stability(reprofiles: int, layers: int = 48, stages: int = 7) -> None:
         plans, spreads, gaps = [], [], []
         profiles = []
         for _ in range(reprofiles):
-            p = profile(model, x, progress=False, share=share)
+            p = profile(model, x, MeasureOptions(share=share), progress=False)
             blocks = [u.forward_s + u.backward_s for u in p.units[1:-1]]
             spreads.append(max(blocks) / min(blocks) - 1)
             plans.append(plan(p, PlanRequest(gpus=stages, baselines=False)))

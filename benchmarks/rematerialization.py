@@ -79,9 +79,9 @@ class PeakBytes(TorchDispatchMode):
 def pipeline(model: torch.nn.Module, idx: torch.Tensor, how: str) -> Any:
     """The model on one stage: activations kept (``none``) or checkpointed ``stage`` / ``unit``."""
     from autopipe.profiler.units import trace_units
-    from autopipe.runtime import parallelize
 
     from autopipe.core.plan import Plan, StagePlan
+    from autopipe.parallelizing import parallelize
 
     names = trace_units(model, idx).unit_names
     stage = StagePlan(index=0, device="cpu", units=names, checkpoint=how != "none",
@@ -98,9 +98,9 @@ def predicted_bytes(model: torch.nn.Module, idx: torch.Tensor) -> dict[str, floa
     from autopipe.planner import Cluster
     from autopipe.planner.costs import CostModel
     from autopipe.profiler.measure import profile
+    from autopipe.profiler.options import MeasureOptions
 
-    prof = profile(copy.deepcopy(model), idx, loss_fn=gpt.loss_fn, repeat=1, warmup=0,
-                   progress=False)  # fmt: skip
+    prof = profile(copy.deepcopy(model), idx, MeasureOptions(repeat=1, warmup=0), loss_fn=gpt.loss_fn, progress=False)  # fmt: skip
     out = {}
     for how, mode in (("none", "never"), ("stage", "always"), ("unit", "always")):
         cm = CostModel(prof, Cluster.homogeneous(1), batch_size=BATCH, microbatches=M,

@@ -104,6 +104,7 @@ def _profile_rank(rank: int, port: int, batch_size: int, microbatch_size: int, o
     os.environ.update(rank_env(rank, 2, port))
     import torch.distributed as dist
     from autopipe.profiler.measure import profile
+    from autopipe.profiler.options import MeasureOptions
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
@@ -111,13 +112,15 @@ def _profile_rank(rank: int, port: int, batch_size: int, microbatch_size: int, o
         prof = profile(
             gpt.build_model(),
             gpt.example_inputs(batch_size),
+            MeasureOptions(
+                threads=1,
+                microbatch_sizes=(8, 4, 2, 1),
+                scale_to_reference=True,
+                warmup=PROFILE_WARMUP,
+                repeat=PROFILE_REPEAT,
+            ),
             loss_fn=gpt.loss_fn,
             progress=False,
-            threads=1,
-            microbatch_sizes=(8, 4, 2, 1),
-            scale_to_reference=True,
-            warmup=PROFILE_WARMUP,
-            repeat=PROFILE_REPEAT,
         )
         prof.save(out)
     dist.barrier()

@@ -38,6 +38,7 @@ from autopipe.planner import plan as make_plan  # noqa: E402
 from autopipe.profiler.inputs import call_model  # noqa: E402
 from autopipe.profiler.measure import profile  # noqa: E402
 from autopipe.profiler.objective import default_loss  # noqa: E402
+from autopipe.profiler.options import MeasureOptions  # noqa: E402
 
 from autopipe import cli  # noqa: E402
 from autopipe.core.request import PlanRequest  # noqa: E402
@@ -75,7 +76,7 @@ def parallelize_cell(family: str) -> str:
     import autopipe
 
     model, inputs = zoo.build(family)
-    measured = profile(model, inputs, warmup=0, repeat=1, progress=False)
+    measured = profile(model, inputs, MeasureOptions(warmup=0, repeat=1), progress=False)
     planned = make_plan(measured, PlanRequest(gpus=4, microbatches=4, optimizer="sgd"))
     figures = []
     for plan in (planned, zoo.second_cut(measured, planned)):

@@ -12,15 +12,15 @@ from autopipe.planner.data_parallel import (
     choose_pipeline_data_parallel,
     plan_data_parallel,
 )
-from autopipe.planner.errors import PlanningError, RuleViolation
+from autopipe.planner.errors import PlanningError, RuleViolation, check_plan
 from autopipe.planner.planning import plan
-from autopipe.planner.preflight import check_plan, preflight
 from autopipe.planner.search import STRATEGIES
 from autopipe.planner.simulate import Simulation, simulate, simulate_plan
 from autopipe.planner.sweep import min_gpus, plan_each_schedule, scaling_report
 
 from autopipe.core.cluster import Cluster, Device
 from autopipe.core.plan import PLAN_VERSION, Plan, PlanFormatError, StagePlan, load_plan
+from autopipe.core.schedule_rules import preflight
 from autopipe.core.timeline import Task, Timeline
 
 __all__ = [

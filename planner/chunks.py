@@ -2,7 +2,7 @@
 each chunk gives the simulator, and a proven lower bound on the iteration time. Torch-free.
 
 The planner cuts the model into ``K x V`` contiguous chunks placed as torch places them
-(:func:`autopipe.planner.schedules.chunk_ranks`). For the partitioners, chunk ``c`` is a
+(:func:`autopipe.core.schedule_rules.chunk_ranks`). For the partitioners, chunk ``c`` is a
 "stage" on its rank's device (speed, memory, link), so the exact min-bottleneck search of
 ``planner/probe.py`` and ``planner/partition.py`` works over chunks unchanged:
 
@@ -24,11 +24,12 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 from autopipe.planner.costs import UNIT, CostModel, SegmentCost
-from autopipe.planner.schedules import chunk_ranks, rank_orders
+from autopipe.planner.schedules import rank_orders
 from autopipe.planner.simulate import ChunkWork, inflight_counts, replay_memory
 
 from autopipe.core.cluster import Cluster, Device
 from autopipe.core.profile import Profile
+from autopipe.core.schedule_rules import chunk_ranks
 from autopipe.core.timeline import Action
 from autopipe.core.vocabulary import SPLIT_BACKWARD_SCHEDULES
 

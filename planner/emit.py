@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 from collections.abc import Sequence
 from typing import Any
 
@@ -37,6 +38,7 @@ from autopipe.planner.emit_torchtitan import (
 from autopipe.planner.layers import layer_stack
 
 from autopipe.core.plan import Plan
+from autopipe.core.schedule_rules import preflight
 from autopipe.core.vocabulary import MESH_DIM_NAMES, TORCH_CLASSES
 
 __all__ = [
@@ -274,10 +276,8 @@ def emit(plan: Plan, fmt: str, base: str = "") -> str:
     """The plan in ``fmt`` (one of :data:`EMIT_FORMATS`) as text: JSON for torch and
     Megatron (its ``args`` also as one shell line), TOML for torchtitan, a Python module for
     torchtitan-python (``base``: its ``BASE``, :func:`to_torchtitan_python`). A plan that breaks
-    a pre-flight rule (:mod:`autopipe.planner.preflight`: a hand-edited schedule, V, M or
+    a pre-flight rule (:mod:`autopipe.core.schedule_rules`: a hand-edited schedule, V, M or
     placement torch would refuse) is refused first, naming the rule."""
-    from autopipe.planner.preflight import preflight
-
     problems = preflight(plan)
     if problems:
         raise EmitError(f"pre-flight: {problems[0]}")
@@ -294,6 +294,4 @@ def emit(plan: Plan, fmt: str, base: str = "") -> str:
 
 
 def _shell(args: Sequence[str]) -> str:
-    import shlex
-
     return " ".join(shlex.quote(a) for a in args)

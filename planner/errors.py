@@ -1,8 +1,13 @@
-"""The planner's exception types. Torch-free."""
+"""The planner's exception types, and :func:`check_plan`, which raises the one for a plan
+breaking a schedule rule. Torch-free."""
 
 from __future__ import annotations
 
 from autopipe.core.errors import Failure, UsageError
+from autopipe.core.plan import Plan
+from autopipe.core.schedule_rules import preflight
+
+__all__ = ["PlanningError", "RuleViolation", "check_plan"]
 
 
 class PlanningError(Failure, ValueError):
@@ -17,5 +22,15 @@ class PlanningError(Failure, ValueError):
 
 class RuleViolation(PlanningError, UsageError):
     """The request forces a plan that torch.distributed.pipelining would refuse to run (a
-    rule of :mod:`autopipe.planner.preflight`, named at the start of the message): bad
+    rule of :mod:`autopipe.core.schedule_rules`, named at the start of the message): bad
     input rather than a planning failure (a ``UsageError`` too), so the CLI exits 2."""
+
+
+def check_plan(plan: Plan) -> None:
+    """Raise :class:`RuleViolation` (a ``PlanningError``) with the first rule ``plan``
+    breaks (:func:`autopipe.core.schedule_rules.preflight`), naming how many more there
+    are."""
+    problems = preflight(plan)
+    if problems:
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise RuleViolation(problems[0] + more)

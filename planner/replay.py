@@ -40,11 +40,12 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from autopipe.planner.schedules import chunk_ranks, rank_orders
+from autopipe.planner.schedules import rank_orders
 from autopipe.planner.simulate import ChunkWork, Simulation, simulate_schedule
 
 from autopipe.core.errors import UsageError
 from autopipe.core.plan import Plan
+from autopipe.core.schedule_rules import chunk_ranks
 from autopipe.core.timeline import Action, Mark, Task, Timeline
 
 __all__ = [

@@ -2,12 +2,12 @@
 every rank runs its work. Torch-free.
 
 A plan cuts the model into ``K x V`` contiguous chunks (``K`` ranks, ``V`` virtual stages per
-rank). :func:`chunk_ranks` places them as torch.distributed.pipelining does, and
-:func:`rank_orders` gives each rank's compute actions (forward, full backward, and the
-zero-bubble schedules' input-gradient ``backward_input`` / weight-gradient
-``backward_weight``) in the order torch's schedule class runs them. The orders are written
-from the schedules' documented rules (the papers, and the facts of torch 2.13's
-``torch/distributed/pipelining/schedules.py``), not copied; ``tests/test_schedules.py``
+rank). :func:`autopipe.core.schedule_rules.chunk_ranks` places them as
+torch.distributed.pipelining does, and :func:`rank_orders` gives each rank's compute actions
+(forward, full backward, and the zero-bubble schedules' input-gradient ``backward_input`` /
+weight-gradient ``backward_weight``) in the order torch's schedule class runs them. The
+orders are written from the schedules' documented rules (the papers, and the facts of torch
+2.13's ``torch/distributed/pipelining/schedules.py``), not copied; ``tests/test_schedules.py``
 compares them with torch's own for many ``(K, V, M)``.
 
 ======================  ===================================  ==============  ================
@@ -32,33 +32,11 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 
+from autopipe.core.schedule_rules import check_virtual_stages
 from autopipe.core.timeline import Action
-from autopipe.core.vocabulary import (
-    SINGLE_SCHEDULES,
-    TORCH_CLASSES,
-    V_SHAPE_SCHEDULES,
-)
+from autopipe.core.vocabulary import SINGLE_SCHEDULES, V_SHAPE_SCHEDULES
 
-__all__ = [
-    "chunk_ranks",
-    "check_virtual_stages",
-    "rank_order",
-    "rank_orders",
-    "virtual_stage_choices",
-]
-
-
-def check_virtual_stages(schedule: str, virtual_stages: int) -> str | None:
-    """Why ``schedule`` cannot run ``virtual_stages`` chunks per rank (one line), or None."""
-    if schedule not in TORCH_CLASSES:
-        return f"unknown schedule {schedule!r}; use one of {', '.join(TORCH_CLASSES)}"
-    if virtual_stages < 1:
-        return f"virtual_stages={virtual_stages} must be at least 1"
-    if schedule in SINGLE_SCHEDULES and virtual_stages != 1:
-        return f"{schedule} runs one stage per rank (virtual_stages=1), not {virtual_stages}"
-    if schedule in V_SHAPE_SCHEDULES and virtual_stages != 2:
-        return f"{schedule} runs exactly 2 stages per rank (virtual_stages=2), not {virtual_stages}"
-    return None
+__all__ = ["rank_order", "rank_orders", "virtual_stage_choices"]
 
 
 def virtual_stage_choices(
@@ -74,18 +52,6 @@ def virtual_stage_choices(
     else:
         options = list(range(1, most + 1))
     return [v for v in options if num_ranks * v <= num_units]
-
-
-def chunk_ranks(schedule: str, num_ranks: int, virtual_stages: int) -> list[int]:
-    """The rank of each of the ``K x V`` chunks, in model order. O(K V)."""
-    why = check_virtual_stages(schedule, virtual_stages)
-    if why is not None:
-        raise ValueError(why)
-    k = num_ranks
-    chunks = k * virtual_stages
-    if schedule in V_SHAPE_SCHEDULES:
-        return [c if c < k else 2 * k - 1 - c for c in range(chunks)]
-    return [c % k for c in range(chunks)]
 
 
 def rank_orders(
@@ -108,7 +74,7 @@ def rank_order(
     DualPipeV's overlapped forward+backward pairs are listed as their two actions, forward
     first (torch runs them one after the other). Raises ValueError for a V the schedule
     cannot run; the runtime's other rules (e.g. M >= K for 1F1B) are
-    :mod:`autopipe.planner.preflight`'s. O(V M).
+    :mod:`autopipe.core.schedule_rules`. O(V M).
     """
     if microbatches < 1 or num_ranks < 1:
         raise ValueError("a schedule needs at least one rank and one micro-batch")

@@ -2,7 +2,7 @@
 together.
 
 Torch-free. Every (schedule, V, M) that breaks none of torch's rules
-(:mod:`autopipe.planner.preflight`) is a candidate; one that does is skipped, and a request
+(:mod:`autopipe.core.schedule_rules`) is a candidate; one that does is skipped, and a request
 that leaves only such candidates is refused with the rule's one-line message
 (:class:`~autopipe.planner.errors.RuleViolation`). For each candidate the chosen strategy cuts
 the model into ``K x V`` chunks with the smallest bottleneck chunk time under the memory
@@ -37,9 +37,8 @@ from autopipe.planner.chunks import ScheduleShape, cost_model_for, lower_bound_s
 from autopipe.planner.costs import CostModel
 from autopipe.planner.errors import PlanningError, RuleViolation
 from autopipe.planner.partition import brute_force_partition, exact_partition
-from autopipe.planner.preflight import preflight, violations
 from autopipe.planner.probe import _Prober, min_memory_needed, pareto_partitions
-from autopipe.planner.schedules import check_virtual_stages, virtual_stage_choices
+from autopipe.planner.schedules import virtual_stage_choices
 
 from autopipe.core.cluster import Cluster
 from autopipe.core.humanize import format_bytes
@@ -52,6 +51,7 @@ from autopipe.core.optimizer import (
 from autopipe.core.plan import Plan
 from autopipe.core.profile import Profile
 from autopipe.core.request import PlanRequest
+from autopipe.core.schedule_rules import check_virtual_stages, preflight, violations
 from autopipe.core.vocabulary import CHECKPOINT_MODES, PLAN_SCHEDULES
 
 STRATEGIES = ("dp", "ilp", "brute-force", *BASELINES)

@@ -29,9 +29,10 @@ import heapq
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from autopipe.planner.schedules import chunk_ranks, rank_order, rank_orders
+from autopipe.planner.schedules import rank_order, rank_orders
 
 from autopipe.core.plan import Plan
+from autopipe.core.schedule_rules import chunk_ranks
 from autopipe.core.timeline import PHASES, Action, Task, Timeline
 
 __all__ = [
@@ -525,7 +526,7 @@ def simulate_schedule(
     rank_start_s: Sequence[float] | None = None,
 ) -> Simulation:
     """Simulate one iteration of ``schedule`` with ``chunks`` (``K x V`` of them, in model
-    order, placed by :func:`autopipe.planner.schedules.chunk_ranks`) on ``num_ranks``
+    order, placed by :func:`autopipe.core.schedule_rules.chunk_ranks`) on ``num_ranks``
     ranks; M = ``microbatches``.
 
     ``orders`` (each rank's actions) default to

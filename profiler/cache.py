@@ -24,12 +24,11 @@ import torch.utils._pytree as pytree
 from autopipe.profiler.tree import leaves
 from torch import nn
 
+import autopipe
 from autopipe.core.profile import Profile, ProfileFormatError
 
 
 def autopipe_version() -> str:
-    import autopipe
-
     return str(autopipe.__version__)
 
 

@@ -870,14 +870,13 @@ def nonlinear_bytes(
 def profile(
     model: nn.Module,
     example_inputs: Any,
-    options: MeasureOptions | str | torch.device | None = None,
+    options: MeasureOptions | None = None,
     *,
     loss_fn: LossFn | None = None,
     progress: bool = True,
     cache: bool = False,
     cache_dir: str | os.PathLike[str] | None = None,
     tp_plan: Mapping[str, str] | Callable[[], Mapping[str, str]] | None = None,
-    **fields: Any,
 ) -> Profile:
     """Measure per-unit forward/backward seconds and memory of one training step.
 
@@ -921,17 +920,14 @@ def profile(
     instead of ``granularity``'s choice.
     Train/eval flags, buffers, ``.grad`` and the global RNG are restored afterwards.
 
-    ``options`` (:class:`autopipe.profiler.options.MeasureOptions`; keyword ``fields`` build
-    one or change a given one; a device in its place is ``device``) carry every setting
-    above; the resolved options are the cache key.
+    ``options`` (:class:`autopipe.profiler.options.MeasureOptions`, default
+    ``MeasureOptions()``) carry every setting above but ``loss_fn``, ``progress``, ``cache``,
+    ``cache_dir`` and ``tp_plan``; the resolved options are the cache key.
 
     Returns a :class:`Profile` whose times are seconds per call at batch ``B`` and sizes bytes
     at batch ``B``. Raises ``TraceError`` if the model cannot be traced.
     """
-    if isinstance(options, (str, torch.device)):
-        fields = {"device": str(options), **fields}
-        options = None
-    setup = _setup(model, example_inputs, MeasureOptions.build(options, fields))
+    setup = _setup(model, example_inputs, options or MeasureOptions())
     key = None
     if cache:
         key = _cache_key(model, setup, loss_fn)

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from autopipe.profiler.inputs import batch_size_of
 from autopipe.profiler.tree import float_tensor_leaves
 from torch import nn
 
@@ -149,8 +150,6 @@ def default_loss(output: Any, inputs: Any = None) -> torch.Tensor:
 
 
 def _rows(inputs: Any) -> int:
-    from autopipe.profiler.inputs import batch_size_of
-
     try:
         return batch_size_of(inputs)
     except (TypeError, ValueError):

@@ -2,9 +2,9 @@
 and :class:`AnalyticOptions` (counted).
 
 Torch-free. ``autopipe.profiler.measure.profile(model, inputs, MeasureOptions(...))`` takes the
-first (keyword arguments build one), and the same options, resolved for the machine (the
-device, dtype, thread count and clock actually used), are the profile cache's key: two runs
-that would measure the same thing find the same cached profile, and nothing else does.
+first, and the same options, resolved for the machine (the device, dtype, thread count and
+clock actually used), are the profile cache's key: two runs that would measure the same
+thing find the same cached profile, and nothing else does.
 ``autopipe.profiler.analytic.profile_analytic(model, inputs, device, AnalyticOptions(...))``
 takes the second.
 """
@@ -75,21 +75,6 @@ class MeasureOptions:
             )
         if self.bytes_per_parameter is not None and not self.bytes_per_parameter > 0:
             raise ValueError(f"bytes_per_parameter={self.bytes_per_parameter} must be positive")
-
-    @classmethod
-    def build(cls, options: MeasureOptions | None, fields: dict[str, Any]) -> MeasureOptions:
-        """``options`` with ``fields`` replaced, or new options from ``fields``;
-        ``TypeError`` names a field that does not exist."""
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(fields) - known)
-        if unknown:
-            raise TypeError(
-                f"unexpected measuring option {unknown[0]!r}; the options are "
-                f"{', '.join(sorted(known))}"
-            )
-        if options is None:
-            return cls(**fields)
-        return dataclasses.replace(options, **fields) if fields else options
 
     def key(self) -> dict[str, Any]:
         """The options as the cache key's plain values (a clock function by its name)."""

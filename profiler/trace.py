@@ -33,6 +33,8 @@ import torch
 import torch.utils._pytree as pytree
 from autopipe.profiler.inputs import batch_size_of, split_inputs
 from torch import fx, nn
+from torch.export import Dim, ShapesCollection
+from torch.export.graph_signature import InputKind
 
 from autopipe.core.errors import UsageError
 
@@ -164,8 +166,6 @@ def trace_fx(model: nn.Module, args: tuple, kwargs: dict) -> fx.GraphModule:
 def _batch_dims(args: tuple, kwargs: dict) -> Any:
     """``dynamic_shapes`` marking dim 0 of every input tensor of the batch's size as
     ``Dim.AUTO`` (export may still specialise it; others stay static)."""
-    from torch.export import Dim, ShapesCollection
-
     try:
         batch = batch_size_of((args, kwargs))
     except TypeError:
@@ -221,8 +221,6 @@ def trace_export(model: nn.Module, args: tuple, kwargs: dict) -> fx.GraphModule:
 
 def _kept_dynamic(exported: Any, args: tuple, kwargs: dict) -> bool:
     """Whether every batch-sized user input of the exported program has a symbolic dim 0."""
-    from torch.export.graph_signature import InputKind
-
     batch = batch_size_of((args, kwargs))
     users = {
         spec.arg.name

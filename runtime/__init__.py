@@ -2,7 +2,7 @@
 
 from autopipe.runtime.batchnorm import DeferredBatchNorm
 from autopipe.runtime.gpipe import GPipe
-from autopipe.runtime.parallelize import parallelize
+from autopipe.runtime.parallelize import build_pipeline
 from autopipe.runtime.pipeline import Pipeline
 from autopipe.runtime.recorder import TimelineRecorder
 
@@ -14,8 +14,8 @@ __all__ = [
     "Pipeline",
     "Timeline",
     "TimelineRecorder",
+    "build_pipeline",
     "load_chrome_trace",
-    "parallelize",
     "save_chrome_trace",
     "to_chrome_trace",
 ]

@@ -40,7 +40,7 @@ __all__ = ["TORCHGPIPE_CHECKPOINT_MODES", "GPipe", "checkpoint_stop"]
 TORCHGPIPE_CHECKPOINT_MODES = ("always", "except_last", "never")
 """torchgpipe's words, per *micro-batch*: ``except_last`` re-materializes every micro-batch
 but the last (whose backward follows at once). The planner's words are per stage
-(``autopipe.planner.checkpointing``); this module is the only place that speaks these."""
+(``autopipe.core.checkpointing``); this module is the only place that speaks these."""
 
 
 def _check_torchgpipe_mode(mode: str) -> None:

@@ -1,35 +1,33 @@
-"""``parallelize``: profile, plan and split a model into a running GPipe ``Pipeline``.
+"""``build_pipeline``: cut a model into a running GPipe ``Pipeline`` as a given Plan says.
 
-    pipe = autopipe.parallelize(model, example_inputs, gpus=4)
+    pipe = build_pipeline(model, example_inputs, plan, devices)
     loss_fn(pipe(x), y).backward(); optimizer.step()   # optimizer over pipe.parameters()
 
-Steps: unless a ``plan`` is given, measure a Profile (``autopipe.profiler.measure.profile``) and plan
-K stages (``autopipe.planner.plan``); cut the model into the plan's stage graphs
-(``autopipe.runtime.planned_stages.partition``, the route the distributed runtime takes too);
-build a ``Pipeline`` with ``plan.microbatches`` micro-batches and the plan's per-stage
-checkpoint flags. Stage ``i`` runs on ``devices[i]``.
+Steps: cut the model into the plan's stage graphs (``autopipe.runtime.planned_stages.partition``,
+the route the distributed runtime takes too); build a ``Pipeline`` with ``plan.microbatches``
+micro-batches and the plan's per-stage checkpoint flags. Stage ``i`` runs on ``devices[i]``.
+Profiling and planning first when there is no plan is the application's
+``autopipe.parallelize`` (``autopipe/parallelizing.py``).
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
 import torch
-from autopipe.planner.checkpointing import check_checkpoint_mode, stage_checkpoints
-from autopipe.profiler.objective import LossFn
-from autopipe.profiler.options import MeasureOptions
 from autopipe.runtime.pipeline import Pipeline
+from autopipe.runtime.planned_stages import partition
+from autopipe.runtime.split import StageSplitError
 from autopipe.runtime.torch_devices import as_device
 from torch import nn
 
+from autopipe.core.checkpointing import check_checkpoint_mode, stage_checkpoints
 from autopipe.core.errors import UsageError
 from autopipe.core.plan import Plan
-from autopipe.core.profile import Profile
 from autopipe.core.vocabulary import DEFAULT_CHECKPOINT
 
-__all__ = ["parallelize", "stage_devices", "stage_flags"]
+__all__ = ["build_pipeline", "stage_devices", "stage_flags"]
 
 
 def stage_devices(
@@ -69,20 +67,6 @@ def stage_flags(plan: Plan, checkpoint: str) -> list[bool]:
     return stage_checkpoints(checkpoint, [bool(s.checkpoint) for s in plan.stages])
 
 
-def _measure(
-    model: nn.Module,
-    example_inputs: Any,
-    granularity: str,
-    options: MeasureOptions | None,
-    loss_fn: LossFn | None,
-    progress: bool,
-) -> Profile:
-    from autopipe.profiler.measure import profile
-
-    options = dataclasses.replace(options or MeasureOptions(), granularity=granularity)
-    return profile(model, example_inputs, options, loss_fn=loss_fn, progress=progress)
-
-
 class PlanNeedsRanksError(UsageError, ValueError):
     """A plan that only ``autopipe run`` (torch.distributed) can run: tensor parallelism or
     sharded training state."""
@@ -114,58 +98,28 @@ def _refuse_mesh(plan: Plan) -> None:
         raise PlanNeedsRanksError(refusal)
 
 
-def parallelize(
+def build_pipeline(
     model: nn.Module,
     example_inputs: Any,
+    plan: Plan,
     devices: Sequence[torch.device | str | int] | None = None,
     *,
     gpus: int | None = None,
-    batch_size: int | None = None,
-    microbatches: int | str = "auto",
     checkpoint: str = DEFAULT_CHECKPOINT,
-    plan: Plan | None = None,
-    granularity: str = "block",
-    memory_per_device: int | None = None,
-    profile_options: MeasureOptions | None = None,
-    loss_fn: LossFn | None = None,
-    progress: bool = True,
     deferred_batch_norm: bool = False,
 ) -> Pipeline:
-    """Cut ``model`` into a pipeline over ``devices`` following ``plan`` (made here if None).
+    """Cut ``model`` into a pipeline over ``devices`` (:func:`stage_devices`) following ``plan``.
 
     ``example_inputs``: a tensor, a tuple of positional inputs or a dict of keyword inputs
-    (a representative mini-batch). ``batch_size`` defaults to the example's; ``microbatches``
-    and ``checkpoint`` are passed to the planner (``checkpoint`` also overrides a given plan's
-    per-stage flags unless ``"auto"``). ``deferred_batch_norm`` moves BatchNorm running statistics once
-    per mini-batch. Without a plan the model is measured by ``autopipe.profiler.profile``
-    with ``profile_options`` (:class:`MeasureOptions`, e.g. ``MeasureOptions(repeat=1)``;
-    its ``granularity`` is this call's), the ``loss_fn`` that drives its backward and a
-    ``progress`` bar. Returns a ``Pipeline`` with ``pipeline.plan`` set.
+    (a representative mini-batch). ``checkpoint`` overrides the plan's per-stage flags unless
+    ``"auto"`` (:func:`stage_flags`). ``deferred_batch_norm`` moves BatchNorm running
+    statistics once per mini-batch. Refuses plans one process cannot run: a mesh
+    (:class:`PlanNeedsRanksError`), several chunks per device, a stage count other than the
+    devices'. Returns a ``Pipeline`` with ``pipeline.plan`` set.
     """
-    from autopipe.runtime.planned_stages import partition
-    from autopipe.runtime.split import StageSplitError
-
-    check_checkpoint_mode(checkpoint)  # before the costly profiling
-    if plan is not None:
-        _refuse_mesh(plan)
+    check_checkpoint_mode(checkpoint)
+    _refuse_mesh(plan)
     devs = stage_devices(devices, gpus, plan)
-    if plan is None:
-        from autopipe.planner import plan as make_plan
-
-        from autopipe.core.request import PlanRequest
-
-        profile = _measure(model, example_inputs, granularity, profile_options, loss_fn, progress)
-        plan = make_plan(
-            profile,
-            PlanRequest(
-                gpus=len(devs),
-                batch_size=batch_size,
-                microbatches=microbatches,
-                memory_per_device=memory_per_device,
-                checkpoint=checkpoint,
-            ),
-        )
-    _refuse_mesh(plan)  # a plan made here, too: the planner may have chosen a mesh
     if plan.virtual_stages > 1:
         # The single-process executor runs one stage per device, fill-drain.
         raise ValueError(

@@ -54,7 +54,7 @@ class Pipeline(nn.Module):
     ``bind_inputs(args, kwargs) -> list`` gives the placeholder values in order;
     ``unflatten_output`` restores the output structure (identity for fx graphs).
     ``checkpoint``: one bool per stage (True re-materializes every micro-batch of that stage;
-    ``autopipe.planner.checkpointing.stage_checkpoints`` turns a planner mode into these);
+    ``autopipe.core.checkpointing.stage_checkpoints`` turns a planner mode into these);
     ``None``: no stage.
     ``deferred_batch_norm``: BatchNorm running statistics move once per mini-batch
     (``batchnorm.DeferredBatchNorm``).
@@ -157,7 +157,7 @@ class Pipeline(nn.Module):
         elif isinstance(checkpoint, str):
             raise TypeError(
                 f"checkpoint={checkpoint!r}: give one bool per stage (e.g. "
-                "autopipe.planner.checkpointing.stage_checkpoints(mode, plan flags)); "
+                "autopipe.core.checkpointing.stage_checkpoints(mode, plan flags)); "
                 "torchgpipe's per-micro-batch modes are autopipe.GPipe's"
             )
         if len(checkpoint) != num_stages:

@@ -29,10 +29,12 @@ from typing import Any
 
 import torch
 from autopipe.profiler.inputs import InputBinder, batch_rows, batch_size_of
+from autopipe.profiler.memory import tensor_bytes, unit_tensors
 from autopipe.profiler.objective import LabelItems
 from autopipe.profiler.units import GRANULARITIES, UnitGraph, trace_units, unit_module
 from autopipe.runtime.split import StageGraph, StageSplitError, split_graph
 from torch import fx, nn
+from torch._subclasses.fake_tensor import FakeTensorMode
 
 from autopipe.core.plan import Plan
 
@@ -128,8 +130,6 @@ def check_plan_parameters(graph: UnitGraph, model: nn.Module, plan: Plan) -> Non
     plans that record neither (hand-made, all ``parameter_bytes`` 0) are not checked.
     O(nodes + parameters).
     """
-    from autopipe.profiler.memory import tensor_bytes, unit_tensors
-
     per_unit = unit_tensors(graph, model)
     counts = [sum(p.numel() for p in params) for params, _ in per_unit]
     sizes_bytes = [sum(tensor_bytes(p) for p in params) for params, _ in per_unit]
@@ -268,8 +268,6 @@ def cut_values(
     parameter, so a model on the meta device works. Raises whatever the graph raises on fake
     tensors (data-dependent shapes).
     """
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
     device = next((p.device for p in graph_module.parameters()), None)
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     found: dict[str, Any] = {}

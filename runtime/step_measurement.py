@@ -1,6 +1,6 @@
 """Measure a plan's training steps with the executor: the torch side of ``autopipe bench``.
 
-``measure_steps`` trains ``warmup + steps`` SGD steps of a plan with ``parallelize`` and keeps,
+``measure_steps`` trains ``warmup + steps`` SGD steps of a plan with ``build_pipeline`` and keeps,
 per measured step, the executor's Timeline on the wall clock (CUDA events on a GPU) and on
 the comparison clock, with the loss forward and backward recorded as ``loss`` tasks of the
 last stage (the executor computes the loss once, on the gathered output). The clocks are
@@ -23,8 +23,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from autopipe.runtime.parallelize import parallelize
+from autopipe.profiler.measure import profile
+from autopipe.profiler.options import MeasureOptions
+from autopipe.profiler.tree import float_tensor_leaves
+from autopipe.profiler.units import trace_units
+from autopipe.runtime.parallelize import build_pipeline
 from autopipe.runtime.recorder import Clock
+from torch import nn
+from tqdm import tqdm
 
 from autopipe.core.plan import Plan, StagePlan
 from autopipe.core.timeline import Timeline
@@ -115,12 +121,9 @@ def measure_steps(
     to the executor's choice (K CUDA devices, else K x "cpu"); ``clock`` as in
     :func:`choose_clock`. Cost: ``warmup + steps`` training steps.
     """
-    from autopipe.profiler.tree import float_tensor_leaves
-    from tqdm import tqdm
-
     if steps < 1 or warmup < 0:
         raise ValueError(f"steps={steps} must be >= 1 and warmup={warmup} >= 0")
-    pipe = parallelize(model, example_inputs, devices=devices, plan=plan)
+    pipe = build_pipeline(model, example_inputs, plan, devices)
     pipe.train()
     stage_devices = [str(d) for d in getattr(pipe, "devices", devices or [])]
     clock = choose_clock(clock, stage_devices, torch.get_num_threads())
@@ -189,16 +192,12 @@ def calibrate_executor_overhead(
     time minus the profiled unit time, forward and backward, floored at 0. CPU only.
     About a second.
     """
-    from autopipe.profiler.measure import profile
-    from autopipe.profiler.units import trace_units
-    from torch import nn
-
     k = len(devices)
     torch.manual_seed(0)
     model = nn.Sequential(*[nn.Linear(1, 1) for _ in range(k)])
     x = torch.randn(microbatches, 1)
     names = trace_units(model, x).unit_names
-    prof = profile(model, x, progress=False, microbatch_sizes=(1,))
+    prof = profile(model, x, MeasureOptions(microbatch_sizes=(1,)), progress=False)
     unit_f = statistics.median(u.forward_at(1, microbatches) for u in prof.units)
     unit_b = statistics.median(u.backward_at(1, microbatches) for u in prof.units)
     tiny = Plan(
@@ -211,7 +210,7 @@ def calibrate_executor_overhead(
             for i, (d, n) in enumerate(zip(devices, names, strict=True))
         ],
     )
-    pipe = parallelize(model, x, devices=list(devices), plan=tiny)
+    pipe = build_pipeline(model, x, tiny, list(devices))
     pipe.timeline_clocks = clocks_for("thread_cpu")
     fwd: list[float] = []
     bwd: list[float] = []

@@ -107,7 +107,7 @@ def make_plan(
 ) -> Plan:
     """A hand-made plan: ``stage_units`` are the K x V chunks in model order, placed on the
     ranks as ``schedule`` places them (loop or V-shape)."""
-    from autopipe.planner.schedules import chunk_ranks
+    from autopipe.core.schedule_rules import chunk_ranks
 
     checkpoint = checkpoint or [False] * len(stage_units)
     ranks = chunk_ranks(schedule, len(stage_units) // virtual_stages, virtual_stages)

@@ -46,13 +46,14 @@ import torch
 from autopipe.planner import plan as make_plan
 from autopipe.planner.emit import to_megatron, to_torchtitan, to_torchtitan_python
 from autopipe.profiler.measure import profile
+from autopipe.profiler.options import MeasureOptions
 from distributed_cases import tiny_gpt
 
 from autopipe.core.plan import Plan
 from autopipe.core.request import PlanRequest
 from autopipe.core.vocabulary import MESH_DIM_NAMES
 
-FAST = {"warmup": 0, "repeat": 1, "progress": False, "microbatch_sizes": ()}
+FAST = MeasureOptions(warmup=0, repeat=1, microbatch_sizes=())
 LLAMA = {
     "vocab_size": 64, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 4,
     "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 32,
@@ -74,12 +75,12 @@ def model(name: str) -> tuple[torch.nn.Module, Any]:
     torch.manual_seed(0)
     if name == "gpt":
         gpt, inputs, loss_fn = tiny_gpt()
-        return gpt, profile(gpt, inputs, loss_fn=loss_fn, **FAST)
+        return gpt, profile(gpt, inputs, FAST, loss_fn=loss_fn, progress=False)
     import transformers
 
     llama = transformers.LlamaForCausalLM(transformers.LlamaConfig(**LLAMA))
     ids = torch.randint(0, 64, (8, 16))
-    return llama, profile(llama, {"input_ids": ids, "labels": ids}, **FAST)
+    return llama, profile(llama, {"input_ids": ids, "labels": ids}, FAST, progress=False)
 
 
 def make(name: str, ranks: int, schedule: str, *, count: bool = False, **request: Any) -> Plan:

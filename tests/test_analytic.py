@@ -13,7 +13,7 @@ from autopipe.profiler.analytic import AnalyticProfileError, profile_analytic
 from autopipe.profiler.calibrate import CalibrationError, calibrate, reprice, spec_of
 from autopipe.profiler.measure import profile as measured_profile
 from autopipe.profiler.measure import whole_model_saved_bytes
-from autopipe.profiler.options import AnalyticOptions
+from autopipe.profiler.options import AnalyticOptions, MeasureOptions
 from profiler_models import (
     DataBranch,
     ShapeBranch,
@@ -317,7 +317,11 @@ def test_memory_fields_equal_the_measured_profiler(example: str) -> None:
     model, x, loss_fn = _example(example)
     analytic = profile_analytic(model, x, "cpu", AnalyticOptions(dtype="float32"), loss_fn=loss_fn)
     measured = measured_profile(
-        model, x, loss_fn=loss_fn, progress=False, microbatch_sizes=(), warmup=0, repeat=1
+        model,
+        x,
+        MeasureOptions(microbatch_sizes=(), warmup=0, repeat=1),
+        loss_fn=loss_fn,
+        progress=False,
     )
     assert analytic.unit_names == measured.unit_names
     assert analytic.cut_bytes == measured.cut_bytes

@@ -12,6 +12,7 @@ import torch
 from autopipe.profiler.analytic import profile_analytic
 from autopipe.profiler.calibrate import reprice, spec_of
 from autopipe.profiler.measure import profile
+from autopipe.profiler.options import MeasureOptions
 from runtime_helpers import load_example
 
 from autopipe.core.profile import Profile, UnitProfile
@@ -30,7 +31,9 @@ def test_measured_b_plus_w_is_the_whole_backward_on_an_mlp() -> None:
     model, x = _mlp()
     ratios = []
     for _ in range(3):
-        p = profile(model, x, warmup=2, repeat=5, progress=False, microbatch_sizes=())
+        p = profile(
+            model, x, MeasureOptions(warmup=2, repeat=5, microbatch_sizes=()), progress=False
+        )
         linear = [u for u in p.units if u.kind == "Linear"]
         total = sum(u.backward_input_s + u.backward_weight_s for u in p.units)
         ratios.append(total / sum(u.backward_s for u in p.units))
@@ -56,13 +59,19 @@ def test_shared_units_share_the_split_and_it_can_be_switched_off() -> None:
     cfg = gpt.GPTConfig(vocab_size=128, n_layer=2, d_model=32, seq_len=8)
     model = gpt.build_model(**vars(cfg))
     idx = gpt.example_inputs(4, cfg)
-    fast = dict(warmup=0, repeat=1, progress=False, microbatch_sizes=(), loss_fn=gpt.loss_fn)
-    p = profile(model, idx, **fast)
+    fast = MeasureOptions(warmup=0, repeat=1, microbatch_sizes=())
+    p = profile(model, idx, fast, loss_fn=gpt.loss_fn, progress=False)
     blocks = {u.name: u for u in p.units}
     assert blocks["blocks.1"].measured_as == "blocks.0"
     assert blocks["blocks.1"].backward_input_s == blocks["blocks.0"].backward_input_s > 0
     assert blocks["blocks.1"].backward_weight_s == blocks["blocks.0"].backward_weight_s > 0
-    off = profile(model, idx, split_backward=False, **fast)
+    off = profile(
+        model,
+        idx,
+        dataclasses.replace(fast, split_backward=False),
+        loss_fn=gpt.loss_fn,
+        progress=False,
+    )
     assert all(u.backward_input_s == u.backward_weight_s == 0.0 for u in off.units)
 
 
@@ -136,13 +145,15 @@ def test_split_measured_at_every_size_gets_its_own_per_call_part() -> None:
     parts are never above the totals, and the Linear units' W pays one (its autograd call
     per parameter group)."""
     model, x = _mlp()
-    p = profile(model, x, warmup=1, repeat=3, progress=False, microbatch_sizes=(16, 4))
+    p = profile(
+        model, x, MeasureOptions(warmup=1, repeat=3, microbatch_sizes=(16, 4)), progress=False
+    )
     for u in p.units:
         assert 0.0 <= u.backward_input_overhead_s <= u.backward_input_s, u
         assert 0.0 <= u.backward_weight_overhead_s <= u.backward_weight_s, u
     assert any(u.split_fitted for u in p.units if u.kind == "Linear")
     # One size: nothing to fit, so B and W scale as the whole backward.
-    one = profile(model, x, warmup=0, repeat=1, progress=False, microbatch_sizes=())
+    one = profile(model, x, MeasureOptions(warmup=0, repeat=1, microbatch_sizes=()), progress=False)
     assert not any(u.split_fitted for u in one.units)
 
 
@@ -173,10 +184,8 @@ def test_cost_model_scales_b_and_w_by_their_own_fits() -> None:
 
 def test_scale_to_reference_makes_the_units_add_up_to_the_whole_model() -> None:
     model, x = _mlp()
-    p = profile(
-        model, x, warmup=1, repeat=3, progress=False, microbatch_sizes=(64, 16),
-        scale_to_reference=True,
-    )  # fmt: skip
+    options = MeasureOptions(warmup=1, repeat=3, microbatch_sizes=(64, 16), scale_to_reference=True)
+    p = profile(model, x, options, progress=False)
     assert p.measurement is not None
     scale = p.measurement.reference_scale
     assert p.total_forward_s > 0 and p.total_backward_s > 0
@@ -187,7 +196,7 @@ def test_scale_to_reference_makes_the_units_add_up_to_the_whole_model() -> None:
         assert u.forward_overhead_s <= u.forward_s and u.backward_overhead_s <= u.backward_s
         assert u.backward_weight_overhead_s <= u.backward_weight_s
     with pytest.raises(ValueError, match="reference=True"):
-        profile(model, x, progress=False, scale_to_reference=True, reference=False)
+        profile(model, x, MeasureOptions(scale_to_reference=True, reference=False), progress=False)
 
 
 def test_cli_scale_to_reference_is_refused_for_a_saved_profile(tmp_path: Path) -> None:
@@ -195,5 +204,7 @@ def test_cli_scale_to_reference_is_refused_for_a_saved_profile(tmp_path: Path) -
 
     saved = tmp_path / "p.json"
     model, x = _mlp()
-    profile(model, x, warmup=0, repeat=1, progress=False, microbatch_sizes=()).save(saved)
+    profile(model, x, MeasureOptions(warmup=0, repeat=1, microbatch_sizes=()), progress=False).save(
+        saved
+    )
     assert main(["plan", str(saved), "--gpus", "2", "-q", "--scale-to-reference"]) == 2

@@ -38,6 +38,7 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
     import torch
     from autopipe.planner import plan
     from autopipe.profiler.measure import profile
+    from autopipe.profiler.options import MeasureOptions
 
     from autopipe.core.request import PlanRequest
     from autopipe.modelfile import load_model_file
@@ -47,7 +48,13 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
     model_py.write_text(MODEL)
     mf = load_model_file(str(model_py))
     torch.set_num_threads(1)
-    prof = profile(mf.build(), mf.inputs(8), loss_fn=mf.loss_fn, progress=False, warmup=1, repeat=2)
+    prof = profile(
+        mf.build(),
+        mf.inputs(8),
+        MeasureOptions(warmup=1, repeat=2),
+        loss_fn=mf.loss_fn,
+        progress=False,
+    )
     prof_path = tmp / "profile.json"
     prof.save(prof_path)
     p = plan(prof, PlanRequest(gpus=2, batch_size=8, microbatches=4))

@@ -106,10 +106,11 @@ def _six_linear(width: int) -> tuple[torch.nn.Module, torch.Tensor]:
 def _measured_plan(model: torch.nn.Module, inputs: object) -> Plan:
     from autopipe.planner import plan
     from autopipe.profiler.measure import profile
+    from autopipe.profiler.options import MeasureOptions
 
     from autopipe.core.request import PlanRequest
 
-    measured = profile(model, inputs, warmup=0, repeat=1, progress=False)
+    measured = profile(model, inputs, MeasureOptions(warmup=0, repeat=1), progress=False)
     return plan(measured, PlanRequest(gpus=2, microbatches=2, baselines=False))
 
 

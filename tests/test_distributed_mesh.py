@@ -83,12 +83,13 @@ def base_plan(model: str, stages: int, optimizer: str = "sgd", virtual_stages: i
     ``virtual_stages`` chunks per rank; 2 micro-batches of 2)."""
     from autopipe.planner import plan as make_plan
     from autopipe.profiler.measure import profile
+    from autopipe.profiler.options import MeasureOptions
 
     from autopipe.core.request import PlanRequest
 
     built = getattr(mesh_models, model)()
     inputs = getattr(mesh_models, f"example_inputs_{model}")(BATCH)
-    measured = profile(built, inputs, warmup=0, repeat=1, progress=False)
+    measured = profile(built, inputs, MeasureOptions(warmup=0, repeat=1), progress=False)
     schedule = "1f1b" if virtual_stages == 1 else "interleaved-1f1b"
     plan = make_plan(
         measured,
@@ -276,8 +277,9 @@ def test_tp_plan_refusals_are_one_line() -> None:
     ],
 )
 def test_parallelize_refuses_mesh_plans_in_one_line(fields: dict[str, Any], words: str) -> None:
-    from autopipe.runtime import parallelize
     from autopipe.runtime.parallelize import PlanNeedsRanksError
+
+    from autopipe.parallelizing import parallelize
 
     plan = dataclasses.replace(base_plan("gpt", 2), **fields)
     model = mesh_models.gpt()

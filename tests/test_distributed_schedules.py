@@ -17,10 +17,9 @@ from typing import Any
 
 import pytest
 import torch
-from autopipe.planner.preflight import violations
-from autopipe.planner.schedules import chunk_ranks
 from distributed_cases import free_port, job_key, run_correctness, spawn_ranks
 
+from autopipe.core.schedule_rules import chunk_ranks, violations
 from autopipe.core.vocabulary import TORCH_CLASSES
 
 TOL = 1e-5

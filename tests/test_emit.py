@@ -25,13 +25,14 @@ from autopipe.planner.emit import (
 )
 from autopipe.profiler.analytic import profile_analytic
 from autopipe.profiler.measure import profile
+from autopipe.profiler.options import MeasureOptions
 from distributed_cases import SkipNet, skipnet_inputs, tiny_gpt
 from torch.distributed.pipelining import SplitPoint, pipeline
 
 from autopipe.core.plan import Plan
 from autopipe.core.request import PlanRequest
 
-FAST = {"warmup": 0, "repeat": 1, "progress": False, "microbatch_sizes": ()}
+FAST = MeasureOptions(warmup=0, repeat=1, microbatch_sizes=())
 
 
 def _gpt_plan(stages: int = 4, **request: Any) -> tuple[torch.nn.Module, Any, Plan]:
@@ -169,7 +170,7 @@ def test_skip_connection_across_stages() -> None:
     holds exactly the plan's modules, and Megatron's layout refuses (no layer stack)."""
     torch.manual_seed(0)
     model, inputs = SkipNet(), skipnet_inputs(4)
-    measured = profile(model, inputs, **FAST)
+    measured = profile(model, inputs, FAST, progress=False)
     plan = make_plan(measured, PlanRequest(gpus=3, microbatches=4, schedule="1f1b"))
     _check_torch_split(model, tuple(t[:2] for t in inputs), plan)
     toml = tomllib.loads(to_torchtitan(plan))["parallelism"]
@@ -185,7 +186,7 @@ def test_hugging_face_llama() -> None:
     import zoo
 
     model, inputs = zoo.build("llama")
-    measured = profile(model, inputs, **FAST)
+    measured = profile(model, inputs, FAST, progress=False)
     plan = make_plan(measured, PlanRequest(gpus=2, microbatches=2))
     spec = to_torch(plan)
     assert list(spec["split_spec"]) == [plan.stages[1].units[0]]

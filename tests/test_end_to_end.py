@@ -115,11 +115,13 @@ def test_python_api_profile_plan_parallelize_matches_unpipelined() -> None:
         import mlp
     finally:
         sys.path.pop(0)
+    from autopipe.profiler.options import MeasureOptions
+
     import autopipe
 
     model = mlp.mlp((32, 64, 64, 64, 8))
     x = torch.randn(16, 32, generator=torch.Generator().manual_seed(1))
-    profile = autopipe.profile(model, x, progress=False, repeat=1, warmup=0)
+    profile = autopipe.profile(model, x, MeasureOptions(repeat=1, warmup=0), progress=False)
     plan = autopipe.plan(profile, autopipe.PlanRequest(gpus=3, microbatches=4))
     pipe = autopipe.parallelize(model, x, plan=plan)
     assert pipe.plan is plan

@@ -78,11 +78,12 @@ def test_the_tiny_t5_profiles_without_a_linearity_warning() -> None:
     import warnings
 
     from autopipe.profiler.measure import profile
+    from autopipe.profiler.options import MeasureOptions
 
     model_file = load_model_file("examples/hf_t5.py")
     model, inputs = model_file.build(), model_file.inputs(8)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        measured = profile(model, inputs, warmup=0, repeat=1, progress=False)
+        measured = profile(model, inputs, MeasureOptions(warmup=0, repeat=1), progress=False)
     assert measured.measurement is not None
     assert measured.measurement.microbatch_sizes == [8, 2]  # two sizes: the check ran

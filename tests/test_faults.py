@@ -337,12 +337,13 @@ def test_bad_profile_values_exit_2_naming_file_and_field(
 def test_a_bad_cache_entry_is_re_measured_with_a_warning(tmp_path: Path) -> None:
     import torch
     from autopipe.profiler.measure import profile
+    from autopipe.profiler.options import MeasureOptions
     from torch import nn
 
     torch.manual_seed(0)
     model, inputs = nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 2)), torch.randn(4, 4)
-    options = dict(cache=True, cache_dir=tmp_path, progress=False, warmup=0, repeat=1)
-    profile(model, inputs, **options)
+    options = MeasureOptions(warmup=0, repeat=1)
+    profile(model, inputs, options, cache=True, cache_dir=tmp_path, progress=False)
     (entry,) = tmp_path.glob("*.json")
     data = json.loads(entry.read_text())
     data["units"][0]["forward_s"] = -1.0  # well-formed JSON, impossible value
@@ -350,7 +351,7 @@ def test_a_bad_cache_entry_is_re_measured_with_a_warning(tmp_path: Path) -> None
     with pytest.warns(
         UserWarning, match=r"ignoring unusable cached profile .*units\[0\]\.forward_s"
     ):
-        again = profile(model, inputs, **options)
+        again = profile(model, inputs, options, cache=True, cache_dir=tmp_path, progress=False)
     assert again.units[0].forward_s >= 0
     assert json.loads(entry.read_text())["units"][0]["forward_s"] >= 0  # the entry is rewritten
 

@@ -13,11 +13,13 @@ import copy
 
 import torch
 from autopipe.profiler.units import trace_units
-from autopipe.runtime import GPipe, parallelize
+from autopipe.runtime import GPipe
 from autopipe.runtime.distributed.stages import StageModule, split_stages
 from distributed_cases import InPlaceNet, skipnet_inputs, skipnet_loss_one
 from test_runtime_pipeline import assert_model_grads, hand_plan
 from torch import nn
+
+from autopipe.parallelizing import parallelize
 
 
 def _reference(model: nn.Module, x: torch.Tensor) -> nn.Module:

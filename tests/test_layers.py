@@ -239,7 +239,7 @@ LOOSE_ALLOWED = {
     "autopipe.profiler.profile(example_inputs)": "the user's model inputs, as given",
     "autopipe.profiler.profile_analytic(example_inputs)": "the user's model inputs, as given",
     "autopipe.profiler.trace_units(example_inputs)": "the user's model inputs, as given",
-    "autopipe.runtime.parallelize(example_inputs)": "the user's model inputs, as given",
+    "autopipe.runtime.build_pipeline(example_inputs)": "the user's model inputs, as given",
     "autopipe.runtime.Pipeline.forward(*args)": "the user's model inputs, as nn.Module's",
     "autopipe.runtime.Pipeline.forward(**kwargs)": "the user's model inputs, as nn.Module's",
     "autopipe.runtime.Pipeline.loss(inputs)": "the user's model inputs, as given",
@@ -253,10 +253,6 @@ LOOSE_ALLOWED = {
     "autopipe.runtime.GPipe.cpu(**kwargs)": "torch's nn.Module.cpu, forwarded",
     "autopipe.runtime.GPipe.to(*args)": "torch's nn.Module.to, forwarded",
     "autopipe.runtime.GPipe.to(**kwargs)": "torch's nn.Module.to, forwarded",
-    "autopipe.profiler.profile(**fields)": (
-        "MeasureOptions' fields as keywords beside options=MeasureOptions(...); to go when "
-        "profiler/measure.py's profile is split into steps"
-    ),
 }
 """Boundary parameters that may be ``Any`` or ``**kwargs``, and why."""
 

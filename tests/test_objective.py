@@ -31,6 +31,7 @@ from autopipe.profiler.objective import (
     loss_of,
     loss_term,
 )
+from autopipe.profiler.options import MeasureOptions
 from distributed_cases import free_port
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -129,7 +130,11 @@ def test_loss_fn_results_are_checked() -> None:
 def _plan(model_file: Path, directory: Path) -> Path:
     mf = load_model_file(str(model_file))
     measured = profile(
-        mf.build(), mf.inputs(8), warmup=0, repeat=1, progress=False, loss_fn=mf.loss_fn
+        mf.build(),
+        mf.inputs(8),
+        MeasureOptions(warmup=0, repeat=1),
+        progress=False,
+        loss_fn=mf.loss_fn,
     )
     plan = make_plan(
         measured,

@@ -14,7 +14,7 @@ from autopipe.planner.candidate import Candidate
 from autopipe.planner.chunks import ScheduleShape, cost_model_for
 from autopipe.planner.errors import PlanningError
 from autopipe.planner.partition import brute_force_partition
-from autopipe.planner.schedules import chunk_ranks, rank_orders
+from autopipe.planner.schedules import rank_orders
 from autopipe.planner.simulate import (
     ChunkWork,
     replay_memory,
@@ -29,6 +29,7 @@ from planner_instances import random_profile
 from autopipe.cli import main
 from autopipe.core.cluster import Cluster
 from autopipe.core.request import PlanRequest
+from autopipe.core.schedule_rules import chunk_ranks
 from autopipe.core.vocabulary import PLAN_SCHEDULES, SPLIT_BACKWARD_SCHEDULES
 
 # -- memory replay -------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import autopipe.profiler.measure as measure
@@ -9,11 +10,12 @@ import pytest
 import torch
 from autopipe.profiler.cache import cache_key, default_cache_dir, load_cached
 from autopipe.profiler.measure import profile
+from autopipe.profiler.options import MeasureOptions
 from torch import nn
 
 from autopipe.core.profile import Profile
 
-FAST = {"warmup": 0, "repeat": 1, "progress": False, "microbatch_sizes": ()}
+FAST = MeasureOptions(warmup=0, repeat=1, microbatch_sizes=())
 
 
 def model() -> nn.Module:
@@ -30,12 +32,14 @@ def forbid_measuring(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_cache_reuses_same_problem(tmp_path, monkeypatch) -> None:
     m, x = model(), torch.randn(8, 16)
-    first = profile(m, x, cache=True, cache_dir=tmp_path, **FAST)
+    first = profile(m, x, FAST, cache=True, cache_dir=tmp_path, progress=False)
     files = list(tmp_path.glob("*.json"))
     assert len(files) == 1 and Profile.load(files[0]) == first
     forbid_measuring(monkeypatch)
     # Same structure and shapes, other weights and other input values: reused.
-    again = profile(model(), torch.randn(8, 16), cache=True, cache_dir=tmp_path, **FAST)
+    again = profile(
+        model(), torch.randn(8, 16), FAST, cache=True, cache_dir=tmp_path, progress=False
+    )
     assert again == first
 
 
@@ -53,15 +57,17 @@ def test_cache_key_changes_with_what_matters() -> None:
 
 def test_other_shapes_are_measured_not_reused(tmp_path) -> None:
     m = model()
-    profile(m, torch.randn(8, 16), cache=True, cache_dir=tmp_path, **FAST)
-    p = profile(m, torch.randn(4, 16), cache=True, cache_dir=tmp_path, **FAST)
+    profile(m, torch.randn(8, 16), FAST, cache=True, cache_dir=tmp_path, progress=False)
+    p = profile(m, torch.randn(4, 16), FAST, cache=True, cache_dir=tmp_path, progress=False)
     assert p.batch_size == 4 and len(list(tmp_path.glob("*.json"))) == 2
 
 
 def test_more_repeats_are_measured_not_reused(tmp_path) -> None:
     m, x = model(), torch.randn(8, 16)
-    profile(m, x, cache=True, cache_dir=tmp_path, **FAST)
-    p = profile(m, x, cache=True, cache_dir=tmp_path, **{**FAST, "repeat": 2})
+    profile(m, x, FAST, cache=True, cache_dir=tmp_path, progress=False)
+    p = profile(
+        m, x, dataclasses.replace(FAST, repeat=2), cache=True, cache_dir=tmp_path, progress=False
+    )
     assert (
         p.measurement is not None
         and p.measurement.repeat == 2
@@ -84,11 +90,11 @@ def test_more_repeats_are_measured_not_reused(tmp_path) -> None:
 )
 def test_bad_cache_file_warns_and_remeasures(tmp_path, damage) -> None:
     m, x = model(), torch.randn(8, 16)
-    good = profile(m, x, cache=True, cache_dir=tmp_path, **FAST)
+    good = profile(m, x, FAST, cache=True, cache_dir=tmp_path, progress=False)
     (path,) = tmp_path.glob("*.json")
     damage(path)
     with pytest.warns(UserWarning, match="re-measuring"):
-        again = profile(m, x, cache=True, cache_dir=tmp_path, **FAST)
+        again = profile(m, x, FAST, cache=True, cache_dir=tmp_path, progress=False)
     assert again.unit_names == good.unit_names
     assert Profile.load(path) == again  # the bad file was replaced by the new measurement
 
@@ -97,7 +103,7 @@ def test_default_cache_dir_from_environment(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("AUTOPIPE_CACHE_DIR", str(tmp_path / "c"))
     assert default_cache_dir() == tmp_path / "c"
     m, x = model(), torch.randn(8, 16)
-    profile(m, x, cache=True, **FAST)
+    profile(m, x, FAST, cache=True, progress=False)
     assert len(list((tmp_path / "c").glob("*.json"))) == 1
     monkeypatch.delenv("AUTOPIPE_CACHE_DIR")
     assert default_cache_dir().parts[-2:] == (".cache", "autopipe")
@@ -105,35 +111,42 @@ def test_default_cache_dir_from_environment(tmp_path, monkeypatch) -> None:
 
 def test_cache_off_by_default(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("AUTOPIPE_CACHE_DIR", str(tmp_path))
-    profile(model(), torch.randn(8, 16), **FAST)
+    profile(model(), torch.randn(8, 16), FAST, progress=False)
     assert not list(tmp_path.glob("*.json"))
     assert load_cached("0" * 64, tmp_path) is None
 
 
 def test_measure_options_are_the_cache_key(tmp_path, monkeypatch) -> None:
-    """The same MeasureOptions (or the keywords that build them, or options that resolve to
-    the same values: ``device=None`` is where the model is) find one entry; any option that
-    changes the measurement is another entry."""
-    from autopipe.profiler.options import MeasureOptions
-
+    """The same MeasureOptions (or equal ones, or options that resolve to the same values:
+    ``device=None`` is where the model is) find one entry; any option that changes the
+    measurement is another entry."""
     m, x = model(), torch.randn(8, 16)
     options = MeasureOptions(warmup=0, repeat=1, microbatch_sizes=())
     first = profile(m, x, options, cache=True, cache_dir=tmp_path, progress=False)
     forbid_measuring(monkeypatch)
-    assert profile(m, x, cache=True, cache_dir=tmp_path, progress=False, **FAST_OPTIONS) == first
+    assert profile(m, x, FAST_OPTIONS, cache=True, cache_dir=tmp_path, progress=False) == first
     assert (
-        profile(m, x, options, device="cpu", cache=True, cache_dir=tmp_path, progress=False)
+        profile(
+            m,
+            x,
+            dataclasses.replace(options, device="cpu"),
+            cache=True,
+            cache_dir=tmp_path,
+            progress=False,
+        )
         == first
     )
     monkeypatch.undo()
-    profile(m, x, options, repeat=2, cache=True, cache_dir=tmp_path, progress=False)
-    profile(m, x, options, granularity="node", cache=True, cache_dir=tmp_path, progress=False)
+    again = dataclasses.replace(options, repeat=2)
+    profile(m, x, again, cache=True, cache_dir=tmp_path, progress=False)
+    node = dataclasses.replace(options, granularity="node")
+    profile(m, x, node, cache=True, cache_dir=tmp_path, progress=False)
     assert len(list(tmp_path.glob("*.json"))) == 3
-    with pytest.raises(TypeError, match="unexpected measuring option 'repeats'"):
+    with pytest.raises(TypeError, match="unexpected keyword argument 'repeats'"):
         profile(m, x, options, repeats=2)
 
 
-FAST_OPTIONS = {"warmup": 0, "repeat": 1, "microbatch_sizes": ()}
+FAST_OPTIONS = MeasureOptions(warmup=0, repeat=1, microbatch_sizes=())
 
 
 MODEL_FILE = """\
@@ -169,7 +182,9 @@ def test_editing_forward_measures_again(tmp_path, monkeypatch) -> None:
     path = tmp_path / "net.py"
     path.write_text(MODEL_FILE)
     mf = load_model_file(str(path))
-    first = profile(mf.build(), mf.inputs(8), cache=True, cache_dir=tmp_path / "c", **FAST)
+    first = profile(
+        mf.build(), mf.inputs(8), FAST, cache=True, cache_dir=tmp_path / "c", progress=False
+    )
     path.write_text(MODEL_FILE.replace("torch.relu(self.a(x))", "torch.tanh(self.a(x)) * 2"))
     mf = load_model_file(str(path))
     measured = []
@@ -180,7 +195,9 @@ def test_editing_forward_measures_again(tmp_path, monkeypatch) -> None:
         return original(*args, **kwargs)
 
     monkeypatch.setattr(measure, "_prepare_size", count)
-    second = profile(mf.build(), mf.inputs(8), cache=True, cache_dir=tmp_path / "c", **FAST)
+    second = profile(
+        mf.build(), mf.inputs(8), FAST, cache=True, cache_dir=tmp_path / "c", progress=False
+    )
     assert measured, "the edited model got the cached profile of the old forward"
     assert len(list((tmp_path / "c").glob("*.json"))) == 2
     assert [u.name for u in second.units] == [u.name for u in first.units]
@@ -207,10 +224,10 @@ def test_a_cached_profile_is_said(tmp_path, caplog: pytest.LogCaptureFixture) ->
     that nothing was measured, nor where the file was."""
     m, x = model(), torch.randn(8, 16)
     with caplog.at_level("INFO", logger="autopipe"):
-        profile(m, x, cache=True, cache_dir=tmp_path, **FAST)
+        profile(m, x, FAST, cache=True, cache_dir=tmp_path, progress=False)
         assert "from cache" not in caplog.text  # measured, then written
         (path,) = tmp_path.glob("*.json")
-        profile(m, x, cache=True, cache_dir=tmp_path, **FAST)
+        profile(m, x, FAST, cache=True, cache_dir=tmp_path, progress=False)
     assert f"profile read from cache ({path}); --no-cache re-measures" in caplog.text
 
 

@@ -12,6 +12,7 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 from autopipe.profiler.measure import profile  # noqa: E402
+from autopipe.profiler.options import MeasureOptions  # noqa: E402
 
 
 def test_gpt2_export_units_tied_head_and_bytes() -> None:
@@ -30,7 +31,10 @@ def test_gpt2_export_units_tied_head_and_bytes() -> None:
     ids = torch.randint(0, 256, (2, 16))
     inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
     p = profile(
-        model, inputs, warmup=0, repeat=1, progress=False, microbatch_sizes=(), reference=True
+        model,
+        inputs,
+        MeasureOptions(warmup=0, repeat=1, microbatch_sizes=(), reference=True),
+        progress=False,
     )
     assert p.tracer == "export"
     assert p.unit_names == [

@@ -8,11 +8,12 @@ import pytest
 import torch
 from autopipe.profiler.options import MeasureOptions
 from autopipe.profiler.units import trace_units
-from autopipe.runtime import DeferredBatchNorm, Pipeline, parallelize
+from autopipe.runtime import Pipeline
 from runtime_helpers import assert_close, load_example, reference_forward
 from torch import nn
 
 from autopipe.core.plan import Plan, StagePlan
+from autopipe.parallelizing import parallelize
 
 gpt = load_example("gpt")
 CFG = {"vocab_size": 48, "seq_len": 8, "d_model": 16, "n_layer": 4, "n_head": 2}
@@ -162,58 +163,6 @@ def test_resnet_pipeline_matches_microbatched_model() -> None:
         assert_close(buf, ref, name)
 
 
-def test_resnet_pipeline_deferred_batch_norm() -> None:
-    """Running statistics move once per mini-batch; the stem's equal the unsplit model's."""
-    model, x = small_resnet()
-    unsplit = copy.deepcopy(model)
-    ug = trace_units(model, x)
-    plan = hand_plan(ug.unit_names, [2, 1, ug.num_units - 3], 4, [True, False, False])
-    pipe = parallelize(model, x, ["cpu"] * 3, plan=plan, deferred_batch_norm=True)
-    pipe(x).sum().backward()
-    unsplit(x)
-    norms = [m for m in model.modules() if isinstance(m, nn.BatchNorm2d)]
-    assert all(int(m.num_batches_tracked) == 1 for m in norms)
-    assert_close(norms[0].running_mean, unsplit[0][1].running_mean, "stem running mean")
-    assert_close(norms[0].running_var, unsplit[0][1].running_var, "stem running var")
-
-
-def test_tied_weights_on_different_devices_train_as_one_parameter() -> None:
-    """Embedding and head tied, on stages on different devices ("cpu" and "cpu:0" are
-    distinct to the runtime): a replica on the second device, one summed gradient, and the
-    replica follows the parameter after an optimizer step."""
-    torch.manual_seed(0)
-    gpt = load_example("gpt")
-    model = gpt.build_model(
-        vocab_size=64, seq_len=8, d_model=16, n_layer=2, n_head=2, tie_weights=True
-    )
-    reference = copy.deepcopy(model)
-    idx = torch.randint(0, 64, (4, 8))
-    ug = trace_units(model, idx)
-    pipe = Pipeline(
-        ug.graph_module,
-        {k: (0 if u < 2 else 1) for k, u in ug.node_unit.items()},
-        ["cpu", "cpu:0"],
-        microbatches=2,
-        checkpoint=[False, False],
-    )
-    assert len(pipe._tied) == 1
-    names = [n for n, _ in pipe.named_parameters()]
-    assert "head.weight" not in {n.partition(".")[2].partition(".")[2] for n in names}
-    for step in range(2):
-        for m in (model, reference):
-            m.zero_grad()
-        torch.manual_seed(step)
-        pipe(idx).pow(2).mean().backward()
-        torch.manual_seed(step)
-        reference_forward(reference, (idx,), 2, seed=step).pow(2).mean().backward()
-        assert_model_grads(model, reference)
-        for m in (model, reference):
-            with torch.no_grad():
-                for p in m.parameters():
-                    p -= 0.5 * p.grad
-    assert model.head.weight is model.tok_emb.weight  # the user's model is untouched
-
-
 def test_plan_for_other_units_is_refused() -> None:
     model, idx = tiny_gpt(0.0), tokens(2)
     ug = trace_units(model, idx)
@@ -306,35 +255,6 @@ def test_parameter_returned_by_the_model_reaches_the_output() -> None:
     assert_close(out, model(x)[0], "output")
 
 
-def test_deferred_batch_norm_tracks_each_layers_whole_minibatch() -> None:
-    """Every BatchNorm, in every stage, moves its running statistics once per step with the
-    mean and (unbiased) variance of all the inputs it saw in that step, as the unsplit model
-    does on a batch; without deferral they move once per micro-batch."""
-    torch.manual_seed(0)
-    model = nn.Sequential(
-        nn.Linear(6, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 8), nn.BatchNorm1d(8)
-    )
-    x = torch.randn(12, 6)
-    norms = [model[1], model[4]]
-    before = [(bn.running_mean.clone(), bn.running_var.clone()) for bn in norms]
-    ug = trace_units(model, x, granularity="module")
-    plan = hand_plan(ug.unit_names, [2, 3], 3, [False, False])
-    pipe = parallelize(model, x, ["cpu", "cpu"], plan=plan, deferred_batch_norm=True)
-    deferred = [m for m in pipe.stages.modules() if isinstance(m, DeferredBatchNorm)]
-    assert len(deferred) == 2  # one per stage, sharing the model's buffers
-    seen: dict[int, list[torch.Tensor]] = {0: [], 1: []}
-    for i, bn in enumerate(deferred):
-        bn.register_forward_pre_hook(lambda _m, args, i=i: seen[i].append(args[0].detach()))
-    pipe(x).sum().backward()
-    for i, bn in enumerate(norms):
-        assert len(seen[i]) == 3  # three micro-batches went through
-        batch = torch.cat(seen[i])
-        mean, var = before[i]
-        assert int(bn.num_batches_tracked) == 1
-        assert_close(bn.running_mean, 0.9 * mean + 0.1 * batch.mean(0), f"mean {i}")
-        assert_close(bn.running_var, 0.9 * var + 0.1 * batch.var(0, unbiased=True), f"var {i}")
-
-
 class _ExportedNorm(nn.Module):
     """fx cannot trace the rank test, so torch.export does: BatchNorm becomes an operation."""
 
@@ -364,7 +284,7 @@ def test_deferred_batch_norm_on_an_exported_graph_is_refused() -> None:
 def test_checkpoint_words_have_one_meaning_each() -> None:
     """The planner's modes are per stage and become one flag per stage; Pipeline takes only
     those flags (a torchgpipe word there used to switch to per-micro-batch meaning)."""
-    from autopipe.planner.checkpointing import stage_checkpoints
+    from autopipe.core.checkpointing import stage_checkpoints
 
     assert stage_checkpoints("except_last", [False] * 3) == [True, True, False]
     assert stage_checkpoints("auto", [False, True, False]) == [False, True, False]

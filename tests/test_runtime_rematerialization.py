@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 import torch
 from autopipe.profiler.units import trace_units
-from autopipe.runtime import parallelize
 from runtime_helpers import assert_close, load_example, reference_forward
 from torch import nn
 
 from autopipe.core.plan import Plan, StagePlan
+from autopipe.parallelizing import parallelize
 
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.append(str(Path(__file__).parents[1] / "benchmarks"))  # after tests/: its zoo.py
@@ -110,13 +110,16 @@ def test_per_unit_holds_less_and_as_the_cost_model_predicts() -> None:
     from autopipe.planner import Cluster
     from autopipe.planner.costs import CostModel
     from autopipe.profiler.measure import profile
+    from autopipe.profiler.options import MeasureOptions
 
     cfg = dict(vocab_size=64, seq_len=64, d_model=64, n_layer=8, n_head=4, dropout=0.1)
     model = gpt.build_model(**cfg)
     idx = gpt.example_inputs(8, gpt.GPTConfig(**cfg))
     stage = peak_bytes(copy.deepcopy(model), idx, "stage")
     unit = peak_bytes(copy.deepcopy(model), idx, "unit")
-    prof = profile(copy.deepcopy(model), idx, loss_fn=gpt.loss_fn, repeat=1, warmup=0)
+    prof = profile(
+        copy.deepcopy(model), idx, MeasureOptions(repeat=1, warmup=0), loss_fn=gpt.loss_fn
+    )
     cm = CostModel(prof, Cluster.homogeneous(1), batch_size=8, microbatches=1, schedule="gpipe",
                    checkpoint="always", state_bytes_per_parameter=16, headroom=0.0)  # fmt: skip
     n = cm.n_units

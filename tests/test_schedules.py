@@ -14,11 +14,11 @@ from unittest import mock
 import pytest
 
 torch = pytest.importorskip("torch")
-from autopipe.planner.preflight import violations  # noqa: E402
-from autopipe.planner.schedules import chunk_ranks, rank_orders  # noqa: E402
+from autopipe.planner.schedules import rank_orders  # noqa: E402
 from torch.distributed.pipelining import schedules as torch_schedules  # noqa: E402
 from torch.distributed.pipelining.stage import PipelineStage  # noqa: E402
 
+from autopipe.core.schedule_rules import chunk_ranks, violations  # noqa: E402
 from autopipe.core.vocabulary import TORCH_CLASSES, V_SHAPE_SCHEDULES  # noqa: E402
 
 _PHASE = {"F": "forward", "B": "backward", "I": "backward_input", "W": "backward_weight"}

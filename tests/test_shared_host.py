@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 from autopipe.planner import plan
 from autopipe.planner.errors import PlanningError
-from autopipe.planner.schedules import chunk_ranks
 from autopipe.planner.simulate import ChunkWork, simulate_plan, simulate_schedule
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -18,6 +17,7 @@ from planner_instances import random_profile
 from autopipe.core.cluster import Cluster
 from autopipe.core.plan import load_plan
 from autopipe.core.request import PlanRequest
+from autopipe.core.schedule_rules import chunk_ranks
 from autopipe.core.vocabulary import PLAN_SCHEDULES
 
 # Every schedule a plan may name, at the fewest chunks per rank beyond one that all accept.

@@ -82,7 +82,8 @@ def runs_unsplit(measured: Profile, i: int, j: int) -> bool:
 
 def _quick_profile(name: str, **options: Any) -> Profile:
     model, inputs = models.build(name)
-    return profile(model, inputs, warmup=0, repeat=1, progress=False, cache=False, **options)
+    options_ = MeasureOptions(warmup=0, repeat=1, **options)
+    return profile(model, inputs, options_, progress=False, cache=False)
 
 
 # -- units: one per call --------------------------------------------------------------------

@@ -3,6 +3,7 @@ models measured one unit at a time from the meta device."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # configs only, nothing downloads
@@ -16,6 +17,7 @@ import pytest
 import torch
 from autopipe.planner import plan
 from autopipe.profiler.measure import SHARED_SAMPLES_CAP, profile
+from autopipe.profiler.options import MeasureOptions
 from profiler_models import load_example
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -24,7 +26,7 @@ from torch.utils.flop_counter import flop_registry
 from autopipe.core.profile import Profile
 from autopipe.core.request import PlanRequest
 
-FAST = {"progress": False, "microbatch_sizes": ()}
+FAST = MeasureOptions(microbatch_sizes=())
 
 
 def encoder_stack(layers: int, d: int = 32) -> nn.Sequential:
@@ -71,7 +73,8 @@ class WorkClock(TorchDispatchMode):
 
 def noisy_profile(model: nn.Module, x: torch.Tensor, seed: int, **kw: Any) -> Profile:
     with WorkClock(seed) as clock:
-        return profile(model, x, clock=clock, warmup=1, repeat=5, **FAST, **kw)
+        options = dataclasses.replace(FAST, clock=clock, warmup=1, repeat=5, **kw)
+        return profile(model, x, options, progress=False)
 
 
 def test_identical_units_measured_once_with_more_samples() -> None:
@@ -83,7 +86,12 @@ def test_identical_units_measured_once_with_more_samples() -> None:
     for i, layer in enumerate(model):
         layer.register_forward_hook(lambda *_, i=i: calls.update([i]))
     # (without the B/W split, which times a step of its own per measured unit)
-    shared = profile(model, x, warmup=1, repeat=2, split_backward=False, **FAST)
+    shared = profile(
+        model,
+        x,
+        dataclasses.replace(FAST, warmup=1, repeat=2, split_backward=False),
+        progress=False,
+    )
     assert [u.measured_as for u in shared.units] == ["", "", "1", "1", "1", "1"]
     assert shared.shared_groups() == {"1": ["1", "2", "3", "4", "5"]}
     rep = shared.units[1]
@@ -102,7 +110,9 @@ def test_identical_units_measured_once_with_more_samples() -> None:
         and shared.total_forward_s == 0.0
     )
 
-    alone = profile(model, x, warmup=0, repeat=1, share=False, **FAST)
+    alone = profile(
+        model, x, dataclasses.replace(FAST, warmup=0, repeat=1, share=False), progress=False
+    )
     assert (
         all(u.measured_as == "" for u in alone.units)
         and alone.measurement is not None
@@ -150,10 +160,18 @@ def test_meta_model_measured_one_unit_at_a_time() -> None:
     gpt = load_example("gpt")
     cfg = gpt.GPTConfig(vocab_size=512, n_layer=4, d_model=64, seq_len=16)
     x = gpt.example_inputs(4, cfg)
-    real = profile(gpt.build_model(**vars(cfg)), x, loss_fn=gpt.loss_fn, warmup=0, repeat=1, **FAST)
+    real = profile(
+        gpt.build_model(**vars(cfg)),
+        x,
+        dataclasses.replace(FAST, warmup=0, repeat=1),
+        loss_fn=gpt.loss_fn,
+        progress=False,
+    )
     with torch.device("meta"):
         model = gpt.build_model(**vars(cfg))
-    meta = profile(model, x, loss_fn=gpt.loss_fn, warmup=0, repeat=1, **FAST)
+    meta = profile(
+        model, x, dataclasses.replace(FAST, warmup=0, repeat=1), loss_fn=gpt.loss_fn, progress=False
+    )
     assert (
         meta.measurement is not None
         and meta.measurement.meta_init is True
@@ -175,7 +193,7 @@ def test_meta_model_measured_one_unit_at_a_time() -> None:
     largest_unit = max(u.parameter_bytes + u.buffer_bytes for u in meta.units)
     assert 0 < meta.measurement.materialized_peak_bytes <= largest_unit
     with pytest.raises(ValueError, match="reference=True needs the whole model"):
-        profile(model, x, reference=True, **FAST)
+        profile(model, x, dataclasses.replace(FAST, reference=True), progress=False)
 
     # A unit that writes into its input (its input arrives as a detached leaf from meta).
     def relu_chain() -> nn.Sequential:
@@ -183,10 +201,10 @@ def test_meta_model_measured_one_unit_at_a_time() -> None:
         return nn.Sequential(nn.Linear(32, 32), nn.ReLU(inplace=True), nn.Linear(32, 32))
 
     x = torch.randn(8, 32)
-    real = profile(relu_chain(), x, warmup=0, repeat=1, **FAST)
+    real = profile(relu_chain(), x, dataclasses.replace(FAST, warmup=0, repeat=1), progress=False)
     with torch.device("meta"):
         model = relu_chain()
-    meta = profile(model, x, warmup=0, repeat=1, **FAST)
+    meta = profile(model, x, dataclasses.replace(FAST, warmup=0, repeat=1), progress=False)
     assert [u.activation_bytes for u in meta.units] == [u.activation_bytes for u in real.units]
 
 
@@ -209,10 +227,8 @@ def test_progress_from_meta_counts_the_units_to_time(monkeypatch: pytest.MonkeyP
     cfg = gpt.GPTConfig(vocab_size=512, n_layer=6, d_model=64, seq_len=16)
     with torch.device("meta"):
         model = gpt.build_model(**vars(cfg))
-    p = profile(
-        model, gpt.example_inputs(4, cfg), loss_fn=gpt.loss_fn, warmup=0, repeat=1,
-        microbatch_sizes=(4, 2), progress=True,
-    )  # fmt: skip
+    options = MeasureOptions(warmup=0, repeat=1, microbatch_sizes=(4, 2))
+    p = profile(model, gpt.example_inputs(4, cfg), options, loss_fn=gpt.loss_fn, progress=True)
     timed = sum(1 for u in p.units if not u.measured_as)
     assert len(p.units) == 11 and timed == 6  # tok_emb, pos_emb, drop, blocks.0, ln_f, head
     assert seen == [(k, 2 * timed) for k in range(1, 2 * timed + 1)]
@@ -229,10 +245,15 @@ def test_meta_model_traced_by_export_measured_unit_by_unit() -> None:
     ids = torch.randint(0, 128, (2, 8))
     inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
     torch.manual_seed(0)
-    real = profile(transformers.LlamaForCausalLM(cfg), inputs, warmup=0, repeat=1, **FAST)
+    real = profile(
+        transformers.LlamaForCausalLM(cfg),
+        inputs,
+        dataclasses.replace(FAST, warmup=0, repeat=1),
+        progress=False,
+    )
     with torch.device("meta"):
         model = transformers.LlamaForCausalLM(cfg)
-    meta = profile(model, inputs, warmup=0, repeat=1, **FAST)
+    meta = profile(model, inputs, dataclasses.replace(FAST, warmup=0, repeat=1), progress=False)
     assert meta.tracer == "export"
     assert [u.activation_bytes for u in meta.units] == [u.activation_bytes for u in real.units]
     assert meta.cut_bytes == real.cut_bytes

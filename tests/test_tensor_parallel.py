@@ -112,7 +112,7 @@ def test_a_model_files_tp_plan_wins() -> None:
 def test_both_profilers_fill_the_fields(tmp_path: object) -> None:
     from autopipe.profiler.analytic import profile_analytic
     from autopipe.profiler.measure import profile as measure
-    from autopipe.profiler.options import AnalyticOptions
+    from autopipe.profiler.options import AnalyticOptions, MeasureOptions
 
     def build() -> nn.Module:
         return nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 8))
@@ -120,7 +120,8 @@ def test_both_profilers_fill_the_fields(tmp_path: object) -> None:
     plan = {"0": "colwise", "2": "rowwise"}
     x = torch.randn(4, 8)
     counted = profile_analytic(build, x, "h100", AnalyticOptions(dtype="float32"), tp_plan=plan)
-    measured = measure(build(), x, progress=False, tp_plan=plan, microbatch_sizes=())
+    options = MeasureOptions(microbatch_sizes=())
+    measured = measure(build(), x, options, progress=False, tp_plan=plan)
     for p in (counted, measured):
         assert p.tp_plan == plan
         split = {u.name: u.tp_parameter_count for u in p.units}

@@ -42,6 +42,7 @@ from autopipe.planner import plan as make_plan  # noqa: E402
 from autopipe.profiler.inputs import call_model  # noqa: E402
 from autopipe.profiler.measure import profile  # noqa: E402
 from autopipe.profiler.objective import default_loss  # noqa: E402
+from autopipe.profiler.options import MeasureOptions  # noqa: E402
 from autopipe.profiler.trace import TraceError  # noqa: E402
 from autopipe.profiler.units import trace_units, unit_module  # noqa: E402
 from distributed_cases import free_port  # noqa: E402
@@ -72,7 +73,7 @@ def _private_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: Any) -
 
 def _quick_profile(family: str) -> Any:
     model, inputs = zoo.build(family)
-    return profile(model, inputs, warmup=0, repeat=1, progress=False)
+    return profile(model, inputs, MeasureOptions(warmup=0, repeat=1), progress=False)
 
 
 # -- 1. plan, measured and analytic ---------------------------------------------------------

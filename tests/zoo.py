@@ -535,6 +535,7 @@ def write_plans(out: Any, families: list[str], profiles: dict[str, Any] | None =
     one measured here."""
     from autopipe.planner import plan as make_plan
     from autopipe.profiler.measure import profile
+    from autopipe.profiler.options import MeasureOptions
 
     from autopipe.core.profile import Profile
     from autopipe.core.request import PlanRequest
@@ -545,7 +546,7 @@ def write_plans(out: Any, families: list[str], profiles: dict[str, Any] | None =
             measured = Profile.load(saved)
         else:
             model, inputs = build(family)
-            measured = profile(model, inputs, warmup=0, repeat=1, progress=False)
+            measured = profile(model, inputs, MeasureOptions(warmup=0, repeat=1), progress=False)
         schedule, v = SCHEDULE_OF[family]
         plan = make_plan(
             measured,

@@ -20,6 +20,7 @@ import warnings
 from collections.abc import Sequence
 from typing import Any
 
+from autopipe import __version__
 from autopipe.cli.common import (
     EXIT_FAILURE,
     EXIT_OK,
@@ -28,6 +29,7 @@ from autopipe.cli.common import (
     UsageError,
     line_prefix,
 )
+from autopipe.cli.run import fix_hash_seed, record_error_for_torchrun
 
 __all__ = ["EXIT_FAILURE", "EXIT_OK", "EXIT_USAGE", "Failure", "UsageError", "build_parser", "main"]
 
@@ -42,7 +44,6 @@ def build_parser() -> argparse.ArgumentParser:
         description="Automatic GPipe-style pipeline parallelism for PyTorch: profile, plan, run.",
         epilog="example: autopipe plan examples/gpt.py --gpus 8",
     )
-    from autopipe import __version__
 
     parser.add_argument("--version", action="version", version=f"autopipe {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -59,8 +60,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     command line), ``autopipe run`` first re-executes the process with a fixed
     ``PYTHONHASHSEED`` when none is set (:func:`autopipe.cli.run.fix_hash_seed`)."""
     if argv is None:
-        from autopipe.cli.run import fix_hash_seed
-
         fix_hash_seed(sys.argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -126,7 +125,5 @@ def _fail(args: argparse.Namespace, exc: BaseException, code: int, prefix: str =
     sys.stderr.write(f"{line_prefix()}{line}\n")
     sys.stderr.flush()
     if args.command == "run":  # under torchrun, the line also ends its failure summary
-        from autopipe.cli.run import record_error_for_torchrun
-
         record_error_for_torchrun(line)
     return code

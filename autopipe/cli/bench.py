@@ -4,10 +4,11 @@ predicted and measured times (writes Chrome traces, the comparison plot and ``be
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
 
+from autopipe.benchmarking import BenchRequest, bench_model_file
 from autopipe.cli import common
+from autopipe.report import format_bench
 
 EPILOG = """\
 examples:
@@ -87,94 +88,26 @@ def register(sub: common.Subparsers) -> None:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     common.check_output_path(args.out, "--out", directory=True)
-    plan = common.load_plan_file(args.plan)
-    common.refuse_too_many_tasks(plan)
-    from autopipe.modelfile import ModelFileError
-
-    mf = common.load_model_arg(args.model)
     devices = None
     if args.devices:
-        devices = [d.strip() for d in args.devices.split(",") if d.strip()]
-        if len(devices) != plan.num_stages:
-            raise common.UsageError(
-                f"--devices lists {len(devices)} devices but the plan has {plan.num_stages} "
-                "stages; give one per stage (devices may repeat)"
-            )
-    import torch
-
-    from autopipe.device_target import check_local_device
-
-    for device in devices or []:
-        check_local_device(device, "--devices")
-    cpu_only = (
-        all(d.startswith("cpu") for d in devices) if devices else not torch.cuda.is_available()
-    )
-    # The profiler measures CPU units single-threaded by default; run the same way.
-    torch.set_num_threads(args.threads or (1 if cpu_only else torch.get_num_threads()))
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
-    cores = os.cpu_count() or 1
-    if load > cores:
-        common.log.warning(
-            "load average %.1f on %d cores: other processes share the CPU, timings are noisy",
-            load,
-            cores,
-        )
-    try:
-        model = mf.build()
-        inputs = mf.inputs(plan.batch_size)
-    except ModelFileError as exc:
-        raise common.UsageError(str(exc)) from exc
-    from autopipe.bench_report import run_bench
-    from autopipe.profiler.measure import ProfilingError
-    from autopipe.profiling import MODEL_ERRORS, model_failed
-
-    try:
-        result = run_bench(
-            model,
-            inputs,
-            plan,
-            devices=devices,
-            steps=args.steps,
-            warmup=args.warmup,
-            loss_fn=mf.loss_fn,
-            clock=args.clock,
-            executor_overhead=not args.no_executor_overhead,
-            progress=not args.quiet and not args.json,
-        )
-    except (ValueError, ProfilingError) as exc:
-        # parallelize's errors on a mismatched plan/model/devices are one clear line; so is
-        # a model without a loss_fn whose output cannot drive backward.
-        raise common.UsageError(str(exc)) from exc
-    except MODEL_ERRORS as exc:
-        raise model_failed(mf, plan.batch_size, exc) from exc
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    from autopipe.core.datafile import atomic_write_json
-    from autopipe.core.timeline import to_chrome_trace
-    from autopipe.viz.gantt import plot_timeline
-
-    trace_path = out / "trace.json"
-    atomic_write_json(trace_path, to_chrome_trace(result.measured))
-    predicted_trace = out / "trace_predicted.json"
-    atomic_write_json(predicted_trace, to_chrome_trace(result.predicted))
-    files = [trace_path, predicted_trace]
-    files += plot_timeline(
-        result.predicted,
-        out / "timeline_compare",
-        compare=result.measured,
+        devices = tuple(d.strip() for d in args.devices.split(",") if d.strip())
+    request = BenchRequest(
+        model=args.model,
+        plan=common.load_plan_file(args.plan),
+        out_dir=Path(args.out),
+        steps=args.steps,
+        warmup=args.warmup,
+        devices=devices,
+        threads=args.threads,
+        clock=args.clock,
+        executor_overhead=not args.no_executor_overhead,
         formats=args.format,
-        titles=result.compare_titles(),
+        progress=not args.quiet and not args.json,
     )
-    report = result.to_dict()
-    report["files"] = [str(p) for p in files]
-    # Strict JSON: an error against a measured 0 s is infinite, and bare Infinity is no JSON.
-    atomic_write_json(out / "bench.json", common.strict_json(report), strict=True)
-    files.append(out / "bench.json")
+    run = bench_model_file(request)
     if args.json:
-        common.emit_json(report, "-")
+        common.emit_json(run.report, "-")
     else:
-        from autopipe.report import format_bench
-
-        common.say(args, format_bench(result))
-        common.say(args, "wrote " + ", ".join(str(p) for p in files))
+        common.say(args, format_bench(run.result))
+        common.say(args, "wrote " + ", ".join(str(p) for p in run.files))
     return common.EXIT_OK

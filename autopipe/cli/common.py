@@ -15,22 +15,31 @@ import json
 import logging
 import math
 import os
+import stat
 import sys
 import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from autopipe import device_target
+from autopipe.core.catalog import DeviceListError
+from autopipe.core.datafile import atomic_write_json, atomic_write_text, strict_json
 from autopipe.core.errors import Failure, UsageError
+from autopipe.core.humanize import parse_bytes
+from autopipe.core.optimizer import CLI_OPTIMIZERS
+from autopipe.core.plan import PlanFormatError, load_plan
+from autopipe.core.profile import Profile, ProfileFormatError
+from autopipe.core.schedule_rules import preflight
+from autopipe.modelfile import ModelFileError, load_model_file
+from autopipe.profiling import ProfileRequest
 
 __all__ = ["EXIT_FAILURE", "EXIT_OK", "EXIT_USAGE", "Failure", "UsageError"]
 
 if TYPE_CHECKING:
     from autopipe.core.plan import Plan
-    from autopipe.core.profile import Profile
     from autopipe.device_target import DeviceTarget
     from autopipe.modelfile import ModelFile
-    from autopipe.profiling import ProfileRequest
 
     Subparsers = argparse._SubParsersAction[argparse.ArgumentParser]
     """What ``add_subparsers`` returns: each command module's ``register`` adds itself to it."""
@@ -105,8 +114,6 @@ def unit_patterns(text: str) -> list[str]:
 def byte_size(text: str) -> int:
     """An argparse type: a size in bytes, ``80GiB``, ``40GB``, ``16e9`` (``--memory``; also
     bytes per second for ``--allreduce-bandwidth``)."""
-    from autopipe.core.humanize import parse_bytes
-
     try:
         return parse_bytes(text)
     except ValueError as exc:
@@ -125,24 +132,11 @@ def image_formats(text: str) -> tuple[str, ...]:
 # -- output -----------------------------------------------------------------------------------
 
 
-def strict_json(obj: Any) -> Any:
-    """``obj`` with NaN and infinities as null: bare ``NaN`` is not JSON (jq, JavaScript and
-    most parsers reject it)."""
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    if isinstance(obj, dict):
-        return {k: strict_json(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [strict_json(v) for v in obj]
-    return obj
-
-
 def emit_text(text: str, target: str | None) -> None:
     """``text`` to stdout (``target`` None or ``-``) or, atomically, to the file ``target``."""
     if target is None or target == "-":
         sys.stdout.write(text)
         return
-    from autopipe.core.datafile import atomic_write_text
 
     atomic_write_text(target, text)
 
@@ -156,8 +150,6 @@ def emit_json(obj: Any, target: str | None) -> None:
     if target == "-":
         sys.stdout.write(json.dumps(obj, indent=2, allow_nan=False) + "\n")
         return
-    from autopipe.core.datafile import atomic_write_json
-
     atomic_write_json(Path(target), obj, strict=True)
 
 
@@ -196,8 +188,6 @@ def say(args: argparse.Namespace, text: str) -> None:
 
 def load_plan_file(path: str) -> Plan:
     """The Plan saved at ``path``; a missing or malformed file is a UsageError."""
-    from autopipe.core.plan import PlanFormatError, load_plan
-
     if not Path(path).is_file():
         raise UsageError(f"plan file not found: {path} (write one with `autopipe plan --json`)")
     try:
@@ -210,8 +200,6 @@ def load_plan_file(path: str) -> Plan:
 
 def load_profile_file(path: str) -> Profile:
     """The Profile saved at ``path``; a missing or malformed file is a UsageError."""
-    from autopipe.core.profile import Profile, ProfileFormatError
-
     if not Path(path).is_file():
         raise UsageError(f"profile file not found: {path}")
     try:
@@ -224,8 +212,6 @@ def load_profile_file(path: str) -> Profile:
 
 def load_model_arg(spec: str) -> ModelFile:
     """The ``MODEL.py[:FACTORY]`` argument as a ModelFile; a bad one is a UsageError."""
-    from autopipe.modelfile import ModelFileError, load_model_file
-
     try:
         return load_model_file(spec)
     except ModelFileError as exc:
@@ -291,8 +277,6 @@ def check_output_path(
 
 def _is_stream(path: Path) -> bool:
     """Whether ``path`` is (or links to) a character device or a FIFO."""
-    import stat
-
     mode = path.stat().st_mode
     return stat.S_ISCHR(mode) or stat.S_ISFIFO(mode)
 
@@ -321,23 +305,12 @@ def check_distinct_outputs(*outputs: tuple[str | None, str]) -> None:
 
 
 def refuse_broken_rules(plan: Plan, path: str) -> None:
-    """A plan the pre-flight refuses (``autopipe.planner.preflight``: one torch would not
+    """A plan the pre-flight refuses (``autopipe.core.schedule_rules``: one torch would not
     build a schedule for) cannot run: exit 2 in one line naming ``path`` and the first rule."""
-    from autopipe.planner.preflight import preflight
-
     problems = preflight(plan)
     if problems:
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
         raise UsageError(f"{path}: the plan cannot run: {problems[0]}{more}")
-
-
-def refuse_too_many_tasks(plan: Plan) -> None:
-    """A plan with more tasks than a timeline can show is refused by plot and bench (exit 2)."""
-    from autopipe.viz import too_many_tasks
-
-    reason = too_many_tasks(plan)
-    if reason is not None:
-        raise UsageError(reason)
 
 
 # -- devices and profiling requests from the flags --------------------------------------------
@@ -347,11 +320,11 @@ def device_flags(args: argparse.Namespace) -> DeviceTarget:
     """What ``--device`` / ``--device-spec`` ask for, resolved once per command
     (:func:`autopipe.device_target.resolve_devices`). A malformed list, an unknown name or a bad
     spec file is a UsageError; a local device is checked when something is measured on it."""
-    from autopipe.core.catalog import DeviceListError
-    from autopipe.device_target import resolve_devices
-
     try:
-        return resolve_devices(getattr(args, "device", None), getattr(args, "device_spec", None))
+        # through the module, so that a test counting the calls (test_placement) sees them
+        return device_target.resolve_devices(
+            getattr(args, "device", None), getattr(args, "device_spec", None)
+        )
     except DeviceListError as exc:
         raise UsageError(f"--device {exc}") from exc
     except (OSError, ValueError) as exc:
@@ -360,8 +333,6 @@ def device_flags(args: argparse.Namespace) -> DeviceTarget:
 
 def profile_request(args: argparse.Namespace) -> ProfileRequest:
     """The flags of :func:`model_options` as a :class:`autopipe.profiling.ProfileRequest`."""
-    from autopipe.profiling import ProfileRequest
-
     return ProfileRequest(
         batch_size=args.batch_size,
         dtype=args.dtype,
@@ -434,7 +405,6 @@ def model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--no-cache", action="store_true", help="re-measure even if a cached profile matches"
     )
-    from autopipe.core.optimizer import CLI_OPTIMIZERS
 
     p.add_argument(
         "--optimizer",

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 
 from autopipe.cli import common
+from autopipe.core.catalog import CATALOG, format_catalog
 
 
 def register(sub: common.Subparsers) -> None:
@@ -20,15 +22,10 @@ def register(sub: common.Subparsers) -> None:
 
 
 def cmd_devices(args: argparse.Namespace) -> int:
-    from autopipe.core.catalog import CATALOG
-
     rows = list(CATALOG.values())
     if args.json:
-        import dataclasses
-
         common.emit_json([dataclasses.asdict(s) for s in rows], "-")
         return common.EXIT_OK
-    from autopipe.core.catalog import format_catalog
 
     common.say(args, format_catalog(rows))
     return common.EXIT_OK

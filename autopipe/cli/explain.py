@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from autopipe.cli import common
+from autopipe.explain import explain
 
 
 def register(sub: common.Subparsers) -> None:
@@ -21,7 +22,6 @@ def register(sub: common.Subparsers) -> None:
 def cmd_explain(args: argparse.Namespace) -> int:
     p = common.load_plan_file(args.plan)
     common.refuse_broken_rules(p, args.plan)  # explaining it would pass it as runnable
-    from autopipe.explain import explain
 
     text = explain(p)
     if args.json:

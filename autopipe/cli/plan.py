@@ -8,11 +8,23 @@ from typing import TYPE_CHECKING
 
 from autopipe import profiling
 from autopipe.cli import common
+from autopipe.core.plantext import format_plan
 from autopipe.core.request import PlanRequest
-from autopipe.core.vocabulary import DEFAULT_CHECKPOINT, PLAN_SCHEDULES, SHARD_MODES
+from autopipe.core.schedule_rules import check_virtual_stages, violations
+from autopipe.core.vocabulary import (
+    DEFAULT_CHECKPOINT,
+    PLAN_SCHEDULES,
+    SHARD_MODES,
+    V_SHAPE_SCHEDULES,
+)
 from autopipe.device_target import profiled_on
 from autopipe.placement import NEED_BANDWIDTH, Placement, plan_on_devices, scaling_rows
+from autopipe.planner import PlanningError, RuleViolation
+from autopipe.planner.data_parallel import check_replicas_divide_batch
 from autopipe.planner.emit import EMIT_FORMATS, EmitError, emit
+from autopipe.planner.search import divisor_hint
+from autopipe.report import format_scaling
+from autopipe.viz import collect_plot_data, plot_all, too_many_tasks
 
 if TYPE_CHECKING:
     from autopipe.core.plan import Plan
@@ -198,7 +210,6 @@ def cmd_plan(args: argparse.Namespace) -> int:
         profile = profiling.profile_model_file(args.model, devices, request)
     _check_against_profile(args, profile)
     placement = _placement(args, devices)
-    from autopipe.planner import PlanningError, RuleViolation
 
     try:
         result = plan_on_devices(profile, placement)
@@ -208,8 +219,6 @@ def cmd_plan(args: argparse.Namespace) -> int:
         raise common.Failure(str(exc)) from exc
     except ValueError as exc:  # e.g. a device list the profile cannot be priced for
         raise common.UsageError(str(exc)) from exc
-    from autopipe.core.plantext import format_plan
-    from autopipe.report import format_scaling
 
     common.say(args, format_plan(result))
     if args.scaling:
@@ -337,8 +346,6 @@ def _check_against_profile(args: argparse.Namespace, profile: Profile) -> None:
     _check_replicas(args, batch)
     m = args.microbatches
     if isinstance(m, int) and batch % m:
-        from autopipe.planner.search import divisor_hint
-
         raise common.UsageError(
             f"--microbatches {m} does not divide the batch size {batch}; " + divisor_hint(batch, m)
         )
@@ -402,8 +409,6 @@ def _write_outputs(args: argparse.Namespace, result: Plan, profile: Profile) -> 
 
 def _plot(args: argparse.Namespace, result: Plan, profile: Profile) -> None:
     """--plot DIR: the five figures, their data kept in the plan written after."""
-    from autopipe.viz import collect_plot_data, plot_all, too_many_tasks
-
     too_many = too_many_tasks(result)
     if too_many is not None:  # the plan itself is fine: keep it, skip only the plots
         warnings.warn(f"--plot skipped: {too_many}", stacklevel=1)
@@ -418,12 +423,9 @@ def _plot(args: argparse.Namespace, result: Plan, profile: Profile) -> None:
 def _check_schedule_rules(args: argparse.Namespace) -> None:
     """Refuse a forced ``--schedule`` (with ``--virtual-stages`` / ``--microbatches``) that
     torch would refuse, on the request alone: the pre-flight rules that need no profile
-    (``autopipe.planner.preflight.violations``). The batch rules wait for the profile. O(1)."""
+    (``autopipe.core.schedule_rules.violations``). The batch rules wait for the profile. O(1)."""
     if args.schedule == "auto":
         return
-    from autopipe.core.vocabulary import V_SHAPE_SCHEDULES
-    from autopipe.planner.preflight import violations
-    from autopipe.planner.schedules import check_virtual_stages
 
     v = args.virtual_stages
     if isinstance(v, int):
@@ -446,8 +448,6 @@ def _check_replicas(args: argparse.Namespace, batch: int) -> None:
     """``--data-parallel D`` must divide the global batch: one line naming the D that do."""
     if not isinstance(args.data_parallel, int):
         return
-    from autopipe.planner import PlanningError
-    from autopipe.planner.data_parallel import check_replicas_divide_batch
 
     try:
         check_replicas_divide_batch(args.data_parallel, args.gpus, batch)

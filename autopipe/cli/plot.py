@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
 
 from autopipe.cli import common
+from autopipe.core.timeline import Timeline, TimelineFormatError, load_chrome_trace
+from autopipe.plotting import PlotRequest, PlotSources, plot_plan
 
 EPILOG = """\
 examples:
@@ -77,41 +78,23 @@ def cmd_plot(args: argparse.Namespace) -> int:
     common.check_output_path(args.out, "--out", directory=True)
     plan = common.load_plan_file(args.plan)
     common.refuse_broken_rules(plan, args.plan)  # before any folder is made
-    common.refuse_too_many_tasks(plan)
     if args.compare and not args.timeline:
         raise common.UsageError("--compare needs --timeline TRACE.json (the measured run)")
-    timeline = _load_timeline(args.timeline, plan.num_stages) if args.timeline else None
-    profile = None
-    if args.profile:
-        profile = common.load_profile_file(args.profile)
-        planned = [u for s in plan.stages for u in s.units]
-        if planned != profile.unit_names:
-            raise common.UsageError(
-                f"{args.profile} does not match {args.plan}: the plan's units are not the "
-                "profile's; pass the profile the plan was made from"
-            )
-    elif plan.profile is not None:
-        # `autopipe plan --json` keeps the profile in the plan so plots can be redrawn later.
-        profile = plan.profile
-    if args.schedules and profile is None:  # refused before any drawing
-        raise common.UsageError(
-            "--schedules re-plans the plan's profile: pass --profile PROFILE.json (plans "
-            "written by `autopipe plan --json` carry it)"
-        )
-    from autopipe.viz import plot_all
-
-    paths = plot_all(
-        plan,
-        args.out,
-        profile=profile,
-        timeline=timeline,
-        formats=args.format,
+    request = PlotRequest(
+        plan=plan,
+        out_dir=Path(args.out),
+        timeline=_load_timeline(args.timeline, plan.num_stages) if args.timeline else None,
+        profile=common.load_profile_file(args.profile) if args.profile else None,
         compare=args.compare,
+        schedules=args.schedules,
         max_gpus=args.gpus,
+        formats=args.format,
         progress=not args.quiet and not args.json,
+        sources=PlotSources(
+            plan=args.plan, profile=args.profile or "", timeline=args.timeline or ""
+        ),
     )
-    if args.schedules:
-        paths += _plot_schedules(plan, profile, args)
+    paths = plot_plan(request)
     if args.json:
         common.emit_json({"files": [str(p) for p in paths]}, "-")
     else:
@@ -119,39 +102,12 @@ def cmd_plot(args: argparse.Namespace) -> int:
     return common.EXIT_OK
 
 
-def _plot_schedules(plan: Any, profile: Any, args: argparse.Namespace) -> list[Path]:
-    """``--schedules``: the plan's request planned once per schedule, drawn side by side."""
-    import dataclasses
-
-    from autopipe.core.request import PlanRequest
-    from autopipe.planner.sweep import plan_each_schedule
-    from autopipe.viz.memory import plot_schedules
-
-    request = plan.request or PlanRequest(
-        gpus=plan.num_stages,
-        batch_size=plan.batch_size,
-        memory_per_device=plan.memory_per_device,
-    )
-    # Each schedule picks its own V (and M, when the request let the planner choose it).
-    request = dataclasses.replace(request, virtual_stages="auto")
-    plans = plan_each_schedule(profile, request)
-    if not any(not isinstance(p, str) for p in plans.values()):
-        raise common.Failure("no schedule has a plan: " + "; ".join(map(str, plans.values())))
-    return plot_schedules(plans, args.out, formats=args.format)
-
-
-def _load_timeline(path: str, num_stages: int) -> Any:
-    from autopipe.core.timeline import TimelineFormatError, load_chrome_trace
-
+def _load_timeline(path: str, num_stages: int) -> Timeline:
+    """The measured run in the Chrome trace ``path`` (at least ``num_stages`` rows); a
+    missing or malformed file is a UsageError."""
     if not Path(path).is_file():
         raise common.UsageError(f"timeline file not found: {path} (a Chrome trace JSON)")
     try:
-        timeline = load_chrome_trace(path, num_stages=num_stages, label="measured")
+        return load_chrome_trace(path, num_stages=num_stages, label="measured")
     except TimelineFormatError as exc:
         raise common.UsageError(str(exc)) from exc
-    if timeline.num_stages != num_stages:
-        raise common.UsageError(
-            f"{path} has {timeline.num_stages} stages but the plan has {num_stages}; pass the "
-            "trace of a run of this plan"
-        )
-    return timeline

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 
+from autopipe import profiling
 from autopipe.cli import common
+from autopipe.report import format_profile
 
 
 def register(sub: common.Subparsers) -> None:
@@ -27,8 +29,6 @@ def cmd_profile(args: argparse.Namespace) -> int:
     common.check_output_path(args.out, "--out", inputs=[args.model])
     common.check_output_path(args.json, "--json", inputs=[args.model])
     common.check_distinct_outputs((args.out, "--out"), (args.json, "--json"))
-    from autopipe import profiling
-    from autopipe.report import format_profile
 
     devices = common.device_flags(args)
     profile = profiling.profile_model_file(args.model, devices, common.profile_request(args))

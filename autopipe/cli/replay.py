@@ -8,6 +8,8 @@ import argparse
 from pathlib import Path
 
 from autopipe.cli import common
+from autopipe.core.timeline import TimelineFormatError, load_chrome_trace
+from autopipe.replay_report import ReplayError, format_report, replay
 
 EPILOG = """\
 examples:
@@ -55,9 +57,6 @@ def register(sub: common.Subparsers) -> None:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    from autopipe.core.timeline import TimelineFormatError, load_chrome_trace
-    from autopipe.replay_report import ReplayError, format_report, replay
-
     common.check_output_path(args.json, "--json", inputs=[args.trace, args.plan])
     if not Path(args.trace).is_file():
         raise common.UsageError(

@@ -8,6 +8,9 @@ from autopipe.
   earlier files' ``meta`` keys into those fields;
 - ``request``: the PlanRequest (what to plan for);
 - ``cluster``, ``catalog``: devices, links and the datasheet catalog;
+- ``schedule_rules``: where each chunk of a schedule runs and the rules torch enforces for
+  it, which the planner and every rank of the runtime check; ``checkpointing``: a
+  re-materialization mode as per-stage flags;
 - ``timeline``: the one Timeline of what runs where and when (simulated or recorded);
 - ``vocabulary``: the names of schedules, checkpoint modes and torch's schedule classes;
 - ``optimizer``: training-state bytes per parameter by optimizer;

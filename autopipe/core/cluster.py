@@ -11,6 +11,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, cast
 
+from autopipe.core.catalog import DeviceSpecError, get_device, parse_device_list
+
 if TYPE_CHECKING:
     from autopipe.core.catalog import DeviceSpec
 
@@ -38,8 +40,6 @@ class Device:
         """The planner's view of a catalog device (a name or alias, or a ``DeviceSpec``): its
         memory capacity in bytes (``memory_bytes`` overrides it, e.g. to keep headroom) and its
         link to the next device. ``speed``: relative to the profiled device (see the class)."""
-        from autopipe.core.catalog import get_device
-
         spec = get_device(spec)
         return cls(
             name=spec.name,
@@ -100,8 +100,6 @@ class Cluster:
         speeds come from re-pricing the profile, ``autopipe.device_target.cluster_for``).
         Raises ``DeviceSpecError`` for an unknown device or a count below 1.
         """
-        from autopipe.core.catalog import DeviceSpecError, get_device, parse_device_list
-
         entries: Sequence[tuple[str | DeviceSpec, int]]
         if isinstance(devices, str):
             listed = ":" in devices or "," in devices

@@ -10,6 +10,7 @@ import contextlib
 import dataclasses
 import errno
 import json
+import math
 import os
 import stat
 import tempfile
@@ -25,6 +26,7 @@ __all__ = [
     "known_fields",
     "load_json_file",
     "read_json",
+    "strict_json",
 ]
 
 T = TypeVar("T")
@@ -39,6 +41,18 @@ def created_mode(mode: int) -> int:
     """The permission bits ``mode`` gives a new file or folder under this process's umask
     (``0o777`` for a folder, ``0o666`` for a file, as ``mkdir`` and ``open`` would)."""
     return mode & ~_UMASK
+
+
+def strict_json(obj: Any) -> Any:
+    """``obj`` with NaN and infinities as null: bare ``NaN`` is not JSON (jq, JavaScript and
+    most parsers reject it)."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: strict_json(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [strict_json(v) for v in obj]
+    return obj
 
 
 def atomic_write_json(path: str | os.PathLike[str], data: Any, *, strict: bool = False) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from autopipe.core.humanize import format_bytes, format_seconds, printable
+from autopipe.core.optimizer import describe_training_state
 from autopipe.core.vocabulary import FRAMEWORK_DEFAULTS, FRAMEWORK_LABELS
 
 if TYPE_CHECKING:
@@ -185,8 +186,6 @@ def _training_state(plan: Plan) -> str:
     bpp = plan.state_bytes_per_parameter
     text = f"{bpp:g} B/parameter"
     if plan.optimizer and plan.optimizer != "custom":
-        from autopipe.core.optimizer import describe_training_state
-
         size = plan.parameter_size_bytes or None
         if size:
             return f"{text} ({describe_training_state(plan.optimizer, size)})"

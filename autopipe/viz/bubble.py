@@ -20,82 +20,106 @@ from autopipe.viz.style import new_figure, save
 __all__ = ["bubble_figure", "plot_bubble"]
 
 
+MARKERS = ("s", "^", "D", "v", "P")
+"""Markers of the curves of K other than the plan's, in turn (the plan's K: small dots)."""
+
+
 def bubble_figure(data: dict[str, Any]) -> Any:
     """The bubble-vs-M figure from :func:`bubble_data`'s dict."""
-    from matplotlib.ticker import FixedLocator, NullLocator
-
     fig = new_figure(11.0, 4.2)
     ax_bubble, ax_tput = fig.subplots(1, 2)
     chosen_k = int(data["num_stages"])
     chosen_m = int(data["chosen_microbatches"])
-    cmap = _colors(len(data["curves"]))
     all_m: set[int] = set()
-    markers = ["s", "^", "D", "v", "P"]
-    for i, (color, curve) in enumerate(zip(cmap, data["curves"], strict=True)):
-        k = int(curve["num_stages"])
-        pts = [p for p in curve["points"] if p.get("feasible", True)]
-        ms = [int(p["microbatches"]) for p in curve["points"]]
-        all_m.update(ms)
-        bold = k == chosen_k
-        lw = 2.2 if bold else 1.2
-        # Other Ks: hollow, larger markers, so a curve lying under the plan's stays visible.
-        style = (
-            {"marker": "o", "markersize": 3.5, "zorder": 3}
-            if bold
-            else {
-                "marker": markers[i % len(markers)],
-                "markersize": 7,
-                "markerfacecolor": "none",
-                "zorder": 2,
-            }
-        )
-        ax_bubble.plot(
-            ms,
-            [fill_drain_bubble(m, k) for m in ms],
-            linestyle="--",
-            color=color,
-            linewidth=1.0,
-            alpha=0.8,
-        )
-        for ax, key, label in (
-            (ax_bubble, "bubble_fraction", f"K={k} simulated"),
-            (ax_tput, "throughput", f"K={k}"),
-        ):
-            ax.plot(
-                [p["microbatches"] for p in pts],
-                [p[key] for p in pts],
-                **style,
-                color=color,
-                linewidth=lw,
-                label=label,
-            )
-        bad = [p for p in curve["points"] if not p.get("feasible", True)]
-        if bad:
-            ax_tput.plot(
-                [p["microbatches"] for p in bad],
-                [0.0] * len(bad),
-                linestyle="none",
-                marker="x",
-                color=color,
-                label=f"K={k}: does not fit memory",
-            )
-        if bold:
-            chosen = [p for p in pts if int(p["microbatches"]) == chosen_m]
-            if chosen:
-                p = chosen[0]
-                for ax, key in ((ax_bubble, "bubble_fraction"), (ax_tput, "throughput")):
-                    ax.plot(
-                        [chosen_m],
-                        [p[key]],
-                        marker="*",
-                        markersize=16,
-                        color="#C44E52",
-                        markeredgecolor="black",
-                        zorder=5,
-                        linestyle="none",
-                        label=f"chosen M={chosen_m}" if key == "throughput" else None,
-                    )
+    for i, (color, curve) in enumerate(
+        zip(_colors(len(data["curves"])), data["curves"], strict=True)
+    ):
+        marker = MARKERS[i % len(MARKERS)]
+        all_m.update(_draw_curve(ax_bubble, ax_tput, curve, color, marker, chosen_k, chosen_m))
     ax_bubble.plot([], [], linestyle="--", color="gray", label="(K-1)/(M+K-1)")
+    _draw_rule_of_thumb(ax_bubble, ax_tput, all_m, chosen_k)
+    _label_axes(ax_bubble, ax_tput, data.get("batch_size", "?"))
+    return fig
+
+
+def _draw_curve(
+    ax_bubble: Any,
+    ax_tput: Any,
+    curve: dict[str, Any],
+    color: Any,
+    marker: str,
+    chosen_k: int,
+    chosen_m: int,
+) -> list[int]:
+    """One K's curves: the closed-form bubble (dashed), the simulated bubble and throughput,
+    micro-batch counts that do not fit memory (x at 0 throughput) and, on the plan's K, the
+    chosen M (a star). Returns the curve's micro-batch counts."""
+    k = int(curve["num_stages"])
+    pts = [p for p in curve["points"] if p.get("feasible", True)]
+    ms = [int(p["microbatches"]) for p in curve["points"]]
+    bold = k == chosen_k
+    # Other Ks: hollow, larger markers, so a curve lying under the plan's stays visible.
+    style = (
+        {"marker": "o", "markersize": 3.5, "zorder": 3}
+        if bold
+        else {"marker": marker, "markersize": 7, "markerfacecolor": "none", "zorder": 2}
+    )
+    ax_bubble.plot(
+        ms,
+        [fill_drain_bubble(m, k) for m in ms],
+        linestyle="--",
+        color=color,
+        linewidth=1.0,
+        alpha=0.8,
+    )
+    for ax, key, label in (
+        (ax_bubble, "bubble_fraction", f"K={k} simulated"),
+        (ax_tput, "throughput", f"K={k}"),
+    ):
+        ax.plot(
+            [p["microbatches"] for p in pts],
+            [p[key] for p in pts],
+            **style,
+            color=color,
+            linewidth=2.2 if bold else 1.2,
+            label=label,
+        )
+    bad = [p for p in curve["points"] if not p.get("feasible", True)]
+    if bad:
+        ax_tput.plot(
+            [p["microbatches"] for p in bad],
+            [0.0] * len(bad),
+            linestyle="none",
+            marker="x",
+            color=color,
+            label=f"K={k}: does not fit memory",
+        )
+    chosen = [p for p in pts if int(p["microbatches"]) == chosen_m]
+    if bold and chosen:
+        _mark_chosen(ax_bubble, ax_tput, chosen[0], chosen_m)
+    return ms
+
+
+def _mark_chosen(ax_bubble: Any, ax_tput: Any, point: dict[str, Any], chosen_m: int) -> None:
+    """A star at the plan's M on both panels."""
+    for ax, key in ((ax_bubble, "bubble_fraction"), (ax_tput, "throughput")):
+        ax.plot(
+            [chosen_m],
+            [point[key]],
+            marker="*",
+            markersize=16,
+            color="#C44E52",
+            markeredgecolor="black",
+            zorder=5,
+            linestyle="none",
+            label=f"chosen M={chosen_m}" if key == "throughput" else None,
+        )
+
+
+def _draw_rule_of_thumb(ax_bubble: Any, ax_tput: Any, all_m: set[int], chosen_k: int) -> None:
+    """Both panels' log-2 M axis, ticked at every M drawn, with GPipe's ``M >= 4K`` shaded."""
+    from matplotlib.ticker import FixedLocator, NullLocator
+
     hi = max(all_m) if all_m else 4 * chosen_k
     for ax in (ax_bubble, ax_tput):
         ax.set_xscale("log", base=2)
@@ -120,17 +144,18 @@ def bubble_figure(data: dict[str, Any]) -> Any:
         fontsize=8,
         color="#2F7A3F",
     )
+
+
+def _label_axes(ax_bubble: Any, ax_tput: Any, batch_size: Any) -> None:
+    """The panels' y ranges, labels, titles and legends."""
     ax_bubble.set_ylim(0, 1)
     ax_bubble.set_ylabel("idle (bubble) fraction")
     ax_bubble.set_title("bubble vs micro-batches", fontsize=10)
     ax_tput.set_ylabel("samples / s (simulated)")
     ax_tput.set_ylim(bottom=0)
-    ax_tput.set_title(
-        f"throughput vs micro-batches (batch {data.get('batch_size', '?')})", fontsize=10
-    )
+    ax_tput.set_title(f"throughput vs micro-batches (batch {batch_size})", fontsize=10)
     ax_bubble.legend(fontsize=7, loc="lower left")
     ax_tput.legend(fontsize=7, loc="lower right")
-    return fig
 
 
 def _colors(n: int) -> list[Any]:

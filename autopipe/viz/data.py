@@ -16,6 +16,8 @@ from typing import Any
 from autopipe.core.plan import Plan
 from autopipe.core.profile import Profile
 from autopipe.core.request import PlanRequest
+from autopipe.planner import PlanningError, scaling_report
+from autopipe.planner import plan as make_plan
 from autopipe.planner.search import MAX_AUTO_MICROBATCHES, divisors
 
 _STAGE_KEYS = (
@@ -67,8 +69,6 @@ def replan(profile: Profile, plan: Plan, **overrides: Any) -> Plan | None:
     Returns None when the planner finds nothing that fits (``PlanningError``); other errors
     propagate. Options the planner does not accept are dropped.
     """
-    from autopipe.planner import PlanningError
-    from autopipe.planner import plan as make_plan
 
     kwargs = _planner_accepts(
         {"gpus": plan.num_stages, "baselines": False, **planning_options(plan), **overrides}
@@ -197,7 +197,6 @@ def scaling_data(plan: Plan, profile: Profile, max_gpus: int | None = None) -> d
     From the planner's ``scaling_report`` with the plan's options (M chosen automatically
     for each K). One planner call per K.
     """
-    from autopipe.planner import scaling_report
 
     max_gpus = min(max_gpus or plan.num_stages, len(profile.units))
     opts = _planner_accepts({**planning_options(plan), "microbatches": "auto"})

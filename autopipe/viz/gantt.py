@@ -8,6 +8,7 @@ drawn from ``ax.patches``.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -87,6 +88,45 @@ def rows_by_device(timeline: Timeline) -> bool:
     return timeline.shared and timeline.schedule not in ("", "gpipe", "1f1b")
 
 
+@dataclass(frozen=True)
+class _RowLayout:
+    """Which row of the chart each stage's boxes go in: one row per stage, or one per
+    device (rank) holding its virtual stages (:func:`rows_by_device`)."""
+
+    by_device: bool
+    groups: list[list[int]]
+    """The timeline's device groups: the stages that run on each device."""
+    row_of: dict[int, int]
+    """Stage -> row (0 on top)."""
+    chunk_of: dict[int, int]
+    """Stage -> its place among its rank's chunks (0 on a row per stage): picks the hatch."""
+
+    @property
+    def rows(self) -> int:
+        """How many rows the chart has."""
+        return len(self.groups) if self.by_device else len(self.row_of)
+
+    def names(self) -> list[str]:
+        """The rows' tick labels: ``rank r (c0, c2)`` or ``stage s``."""
+        if self.by_device:
+            return [
+                f"rank {r} (c{', c'.join(map(str, sorted(g)))})" for r, g in enumerate(self.groups)
+            ]
+        return [f"stage {s}" for s in range(self.rows)]
+
+
+def _row_layout(timeline: Timeline, by_device: bool) -> _RowLayout:
+    """The rows of ``timeline``'s chart: per device (rank) when ``by_device``, else per stage."""
+    groups = timeline.device_groups()
+    if by_device:
+        row_of = {s: r for r, g in enumerate(groups) for s in g}
+        chunk_of = {s: j for g in groups for j, s in enumerate(sorted(g))}
+    else:
+        row_of = {s: s for s in range(timeline.num_stages)}
+        chunk_of = dict.fromkeys(range(timeline.num_stages), 0)
+    return _RowLayout(by_device, groups, row_of, chunk_of)
+
+
 def draw_timeline(
     ax: Axes,
     timeline: Timeline,
@@ -105,49 +145,40 @@ def draw_timeline(
     Split backwards are drawn apart: ``backward_input`` and ``backward_weight`` have their own
     colours. O(n) in tasks.
     """
-    from matplotlib.patches import Rectangle
-
-    t0 = timeline.start_s
-    span_s = max(timeline.iteration_s, 1e-12)
     if width_px is None:
         fig = ax.get_figure(root=True)
         assert fig is not None
         width_px = 0.85 * fig.get_figwidth() * fig.dpi
-    px_per_s = width_px / span_s
-    if by_device is None:
-        by_device = rows_by_device(timeline)
-    groups = timeline.device_groups()
-    if by_device:
-        row_of = {s: r for r, g in enumerate(groups) for s in g}
-        local = {s: j for g in groups for j, s in enumerate(sorted(g))}
-        rows = len(groups)
-    else:
-        row_of = {s: s for s in range(timeline.num_stages)}
-        local = dict.fromkeys(range(timeline.num_stages), 0)
-        rows = timeline.num_stages
+    layout = _row_layout(timeline, rows_by_device(timeline) if by_device is None else by_device)
+    px_per_s = width_px / max(timeline.iteration_s, 1e-12)
+    _draw_tasks(ax, timeline, layout, px_per_s)
+    _shade_idle(ax, timeline, layout)
+    _frame(ax, timeline, layout)
+
+
+def _draw_tasks(ax: Axes, timeline: Timeline, layout: _RowLayout, px_per_s: float) -> None:
+    """A box per task (``gid`` ``"task:<phase>"``), labelled where the label fits
+    (``px_per_s``: pixels per second of the time axis)."""
+    from matplotlib.patches import Rectangle
+
+    t0 = timeline.start_s
     # Thin white edges separate back-to-back boxes; thinner when there are many.
     edge_w = 0.5 if len(timeline.tasks) <= 400 else 0.3
     tasks = sorted(timeline.tasks, key=lambda t: (t.stage, t.start_s))
-    labels = [task_label(task, by_device) for task in tasks]
+    labels = [task_label(task, layout.by_device) for task in tasks]
     dpi = float(ax.get_figure(root=True).dpi)  # type: ignore[union-attr]
-    # One size per row and phase (a row's forwards read alike), the largest at which all of
-    # them fit; where none does, each box its own.
-    boxes: dict[tuple[int, str], list[tuple[float, str]]] = {}
-    for t, lab in zip(tasks, labels, strict=True):
-        if lab and t.phase != "loss":  # the loss box is labelled where it fits
-            boxes.setdefault((row_of[t.stage], t.phase), []).append((t.duration_s * px_per_s, lab))
-    sizes = {key: label_size(group, dpi) for key, group in boxes.items()}
+    sizes = _row_label_sizes(tasks, labels, layout, px_per_s, dpi)
     for task, label in zip(tasks, labels, strict=True):
         x = (task.start_s - t0) * 1e3
         w = task.duration_s * 1e3
-        row = row_of[task.stage]
+        row = layout.row_of[task.stage]
         ax.add_patch(
             Rectangle(
                 (x, row - ROW_HEIGHT / 2),
                 w,
                 ROW_HEIGHT,
                 facecolor=PHASE_COLORS[task.phase],
-                hatch=VIRTUAL_HATCHES[min(local[task.stage], len(VIRTUAL_HATCHES) - 1)],
+                hatch=VIRTUAL_HATCHES[min(layout.chunk_of[task.stage], len(VIRTUAL_HATCHES) - 1)],
                 edgecolor="white",
                 linewidth=edge_w,
                 gid=f"task:{task.phase}",
@@ -172,10 +203,36 @@ def draw_timeline(
                 clip_on=True,
                 gid="label",
             )
-    # Shade the time each stage's *device* is idle: with dedicated devices that is the
-    # stage's bubble; stages sharing a device wait (unshaded) while it runs another stage.
-    for group in groups:
-        targets = [row_of[group[0]]] if by_device else [row_of[s] for s in group]
+
+
+def _row_label_sizes(
+    tasks: Sequence[Task],
+    labels: Sequence[str],
+    layout: _RowLayout,
+    px_per_s: float,
+    dpi: float,
+) -> dict[tuple[int, str], float | None]:
+    """One label size per row and phase (a row's forwards read alike), the largest at which
+    all of them fit; None where none does (then each box its own)."""
+    boxes: dict[tuple[int, str], list[tuple[float, str]]] = {}
+    for t, lab in zip(tasks, labels, strict=True):
+        if lab and t.phase != "loss":  # the loss box is labelled where it fits
+            key = (layout.row_of[t.stage], t.phase)
+            boxes.setdefault(key, []).append((t.duration_s * px_per_s, lab))
+    return {key: label_size(group, dpi) for key, group in boxes.items()}
+
+
+def _shade_idle(ax: Axes, timeline: Timeline, layout: _RowLayout) -> None:
+    """Shade (``gid`` ``"bubble"``) the time each stage's *device* is idle: with dedicated
+    devices that is the stage's bubble; stages sharing a device wait (unshaded) while it
+    runs another stage."""
+    from matplotlib.patches import Rectangle
+
+    t0 = timeline.start_s
+    for group in layout.groups:
+        targets = (
+            [layout.row_of[group[0]]] if layout.by_device else [layout.row_of[s] for s in group]
+        )
         for row, (start, end) in ((r, gap) for gap in idle_spans(timeline, group) for r in targets):
             ax.add_patch(
                 Rectangle(
@@ -189,13 +246,13 @@ def draw_timeline(
                     gid="bubble",
                 )
             )
-    ax.set_xlim(0, span_s * 1e3)
-    ax.set_ylim(rows - 0.5, -0.5)
-    if by_device:
-        names = [f"rank {r} (c{', c'.join(map(str, sorted(g)))})" for r, g in enumerate(groups)]
-    else:
-        names = [f"stage {s}" for s in range(rows)]
-    ax.set_yticks(range(rows), names)
+
+
+def _frame(ax: Axes, timeline: Timeline, layout: _RowLayout) -> None:
+    """Axes limits (the iteration in ms; row 0 on top), row names, title and grid."""
+    ax.set_xlim(0, max(timeline.iteration_s, 1e-12) * 1e3)
+    ax.set_ylim(layout.rows - 0.5, -0.5)
+    ax.set_yticks(range(layout.rows), layout.names())
     ax.set_xlabel("time (ms)")
     ax.set_title(timeline_title(timeline), fontsize=10)
     ax.grid(axis="x", color="#EEEEEE", linewidth=0.5)

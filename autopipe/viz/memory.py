@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 from autopipe.core.humanize import format_bytes, format_seconds
 from autopipe.core.plan import Plan
-from autopipe.planner.simulate import Simulation
+from autopipe.planner.simulate import Simulation, simulate_plan
+from autopipe.viz.gantt import _legend, draw_timeline, timeline_rows
 from autopipe.viz.style import HEADROOM, PHASE_COLORS, byte_unit, new_figure, save
 
 if TYPE_CHECKING:
@@ -95,7 +96,6 @@ def memory_figure(
 
 def plan_memory_figure(plan: Plan) -> Figure:
     """:func:`memory_figure` of ``plan``'s simulated iteration. O(T)."""
-    from autopipe.planner.simulate import simulate_plan
 
     sim = simulate_plan(plan)
     limits = [plan.memory_per_device] * plan.num_stages if plan.memory_per_device else None
@@ -124,8 +124,6 @@ def schedules_figure(plans: Mapping[str, Plan | str]) -> tuple[Figure, Figure]:
     dict; a string is why that schedule has no plan): the timelines on one time axis,
     fastest first, and each plan's memory per rank over time (every rank one line).
     O(sum of tasks)."""
-    from autopipe.planner.simulate import simulate_plan
-    from autopipe.viz.gantt import _legend, draw_timeline, timeline_rows
 
     ok = sorted(
         ((n, p) for n, p in plans.items() if isinstance(p, Plan)),

@@ -14,6 +14,7 @@ from typing import Any
 
 from autopipe.core.plan import Plan
 from autopipe.core.timeline import Timeline
+from autopipe.planner.simulate import simulate_plan
 
 
 def shared_groups(devices: Sequence[Any]) -> list[list[int]]:
@@ -36,7 +37,6 @@ def predicted_timeline(
     equal devices are simulated on one device, named after it); ``None`` = one dedicated
     device per stage, as the planner assumes. O(T log K) for T tasks.
     """
-    from autopipe.planner.simulate import simulate_plan
 
     groups = shared_groups(devices) if devices is not None else None
     if devices is not None and len(devices) != plan.num_stages:

@@ -58,6 +58,7 @@ from autopipe.runtime.distributed.sequence_parallel import (
     insert_transitions,
 )
 from torch import fx, nn
+from torch.distributed.device_mesh import init_device_mesh
 
 from autopipe.core.errors import UsageError
 from autopipe.core.plan import Plan
@@ -132,8 +133,6 @@ def mesh_size_problem(plan: Plan, world_size: int) -> str | None:
 def build_mesh(plan: Plan, device_type: str) -> Any:
     """``init_device_mesh(device_type, plan.mesh_shape, mesh_dim_names=("pp","dp","tp"))``;
     :class:`MeshPlanError` when the world size is not the plan's."""
-    from torch.distributed.device_mesh import init_device_mesh
-
     problem = mesh_size_problem(plan, dist.get_world_size())
     if problem is not None:
         raise MeshPlanError(problem)

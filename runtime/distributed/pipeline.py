@@ -2,7 +2,7 @@
 
 Every rank builds only its chunks (:mod:`autopipe.runtime.distributed.stages`): the plan's
 ``K x V`` stages in model order, chunk ``c`` on the rank ``plan.stages[c].rank`` (loop or
-V-shape placement, :func:`autopipe.planner.schedules.chunk_ranks`). Each chunk becomes a
+V-shape placement, :func:`autopipe.core.schedule_rules.chunk_ranks`). Each chunk becomes a
 ``torch.distributed.pipelining.PipelineStage`` with its global index, and the plan's schedule
 class runs them: ``ScheduleGPipe`` / ``Schedule1F1B`` take the rank's one stage, the
 multi-stage classes (interleaved 1F1B, looped BFS, interleaved zero-bubble, ZBV, DualPipeV)
@@ -32,7 +32,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from autopipe.planner.preflight import preflight
 from autopipe.profiler.inputs import InputBinder, batch_rows, batch_size_of, split_inputs
 from autopipe.profiler.objective import LossFn, loss_term
 from autopipe.profiler.weight_pass import reuse_reason
@@ -75,6 +74,7 @@ from torch.utils import _pytree as pytree
 
 from autopipe.core.errors import UsageError
 from autopipe.core.plan import Plan
+from autopipe.core.schedule_rules import preflight
 from autopipe.core.vocabulary import (
     LOOP_SCHEDULES,
     SPLIT_BACKWARD_SCHEDULES,
@@ -87,8 +87,8 @@ MULTI_STAGE = frozenset(LOOP_SCHEDULES + V_SHAPE_SCHEDULES)
 
 
 class ScheduleRuleError(UsageError, ValueError):
-    """The plan breaks a rule of its schedule (one line naming the rule, the planner's
-    pre-flight: :mod:`autopipe.planner.preflight`), or torch's constructor refused it."""
+    """The plan breaks a rule of its schedule (one line naming the rule, the pre-flight:
+    :mod:`autopipe.core.schedule_rules`), or torch's constructor refused it."""
 
 
 def build_stage(
@@ -310,7 +310,7 @@ class DistributedPipeline:
     schedules: this rank's chunks whose backward runs whole in B, with the reason),
     ``schedule``, ``plan``.
 
-    A plan breaking a rule of its schedule (``autopipe.planner.preflight``) raises
+    A plan breaking a rule of its schedule (``autopipe.core.schedule_rules``) raises
     :class:`ScheduleRuleError` on every rank, before any stage is built, with the same
     one-line message naming the rule.
     """
@@ -646,7 +646,7 @@ def _agreed_stages(
         planned, cut_error = None, exc
     check_same_plan(plan, model, planned, one_line(cut_error) if cut_error else None)
     # Then the schedule's rules, the same on every rank: all of them refuse at once.
-    # The planner's pre-flight is the one statement of the rules torch enforces.
+    # The pre-flight (core, shared with the planner) is the one statement of torch's rules.
     problems = preflight(plan)
     if problems:
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""

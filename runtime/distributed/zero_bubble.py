@@ -43,6 +43,7 @@ import torch
 from autopipe.profiler.weight_pass import accumulator as _accumulator
 from autopipe.profiler.weight_pass import reused_parameters
 from torch import nn
+from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.autograd.graph import Node
 
 __all__ = ["weight_pass_misses", "weight_pass_reuses"]
@@ -53,8 +54,6 @@ def _fake_forward(
 ) -> tuple[list[Any], list[Any]]:
     """``module``'s forward on fake copies of ``example_inputs`` (``requires_grad`` kept):
     ``(fake inputs, output leaves)``, with their autograd graph. No compute."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     with mode, torch.enable_grad():
         fakes = [

@@ -3,12 +3,13 @@ forms, micro-batch fit and state restoration (autopipe.profiler.measure)."""
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 
 import pytest
 import torch
 from autopipe.profiler.measure import ProfilingError, profile
-from autopipe.profiler.time_model import fit_time_model
+from autopipe.profiler.options import MeasureOptions
 from autopipe.profiler.trace import TraceError
 from profiler_models import (
     DataBranch,
@@ -24,7 +25,7 @@ from torch import nn
 from autopipe.core.profile import Profile
 
 # reference=True: the whole model is also measured in one piece, the check these tests make.
-FAST = {"warmup": 0, "repeat": 1, "progress": False, "microbatch_sizes": (), "reference": True}
+FAST = MeasureOptions(warmup=0, repeat=1, microbatch_sizes=(), reference=True)
 
 
 def unique_parameter_bytes(model: nn.Module) -> int:
@@ -56,7 +57,10 @@ def test_unit_times_add_up_to_whole_model_mlp() -> None:
     ratios = []
     for _ in range(3):
         p = profile(
-            model, x, warmup=2, repeat=5, progress=False, microbatch_sizes=(), reference=True
+            model,
+            x,
+            MeasureOptions(warmup=2, repeat=5, microbatch_sizes=(), reference=True),
+            progress=False,
         )
         ratios.append(unit_time_ratio(p))
         if abs(ratios[-1] - 1) < 0.15:
@@ -74,13 +78,9 @@ def test_unit_times_add_up_to_whole_model_gpt() -> None:
         p = profile(
             model,
             idx,
+            MeasureOptions(warmup=2, repeat=5, microbatch_sizes=(), reference=True, threads=1),
             loss_fn=gpt.loss_fn,
-            warmup=2,
-            repeat=5,
             progress=False,
-            microbatch_sizes=(),
-            reference=True,
-            threads=1,
         )
         ratios.append(unit_time_ratio(p))
         if abs(ratios[-1] - 1) < 0.15:
@@ -120,7 +120,7 @@ def small_mlp():
 )
 def test_examples_bytes_exact_and_json_round_trip(factory, names, tmp_path) -> None:
     model, x, loss_fn = factory()
-    p = profile(model, x, loss_fn=loss_fn, **FAST)
+    p = profile(model, x, FAST, loss_fn=loss_fn, progress=False)
     assert p.unit_names == names
     assert p.tracer == "fx" and p.mode == "measured" and p.device == "cpu" and p.dtype == "float32"
     assert p.batch_size == x.shape[0] and p.torch_version == torch.__version__
@@ -144,7 +144,7 @@ def test_examples_bytes_exact_and_json_round_trip(factory, names, tmp_path) -> N
 
 def test_tied_weights_counted_once_in_total_and_marked_shared() -> None:
     model, idx, loss_fn = small_gpt(tie=True)
-    p = profile(model, idx, loss_fn=loss_fn, **FAST)
+    p = profile(model, idx, FAST, loss_fn=loss_fn, progress=False)
     tied = model.head.weight.numel() * 4
     assert p.parameter_bytes_total == unique_parameter_bytes(model)
     # Each stage holding the embedding or the head needs the weight: units count it each.
@@ -158,7 +158,7 @@ def test_tied_weights_counted_once_in_total_and_marked_shared() -> None:
 def test_bytes_linear_in_batch_and_fit_of_overhead() -> None:
     model, x, _ = small_mlp()
     x = torch.randn(16, 64)
-    p = profile(model, x, warmup=1, repeat=3, progress=False, microbatch_sizes=(4,))
+    p = profile(model, x, MeasureOptions(warmup=1, repeat=3, microbatch_sizes=(4,)), progress=False)
     assert p.measurement is not None and p.measurement.microbatch_sizes == [16, 4]
     small, big = p.measurement.per_size[1], p.measurement.per_size[0]
     assert sum(small.activation_bytes) * 4 == sum(big.activation_bytes)
@@ -167,7 +167,7 @@ def test_bytes_linear_in_batch_and_fit_of_overhead() -> None:
         assert 0 <= u.backward_overhead_s <= u.backward_s
         assert u.forward_at(16, 16) == pytest.approx(u.forward_s)
     with pytest.raises(ValueError, match="micro-batch sizes"):
-        profile(model, x, progress=False, microbatch_sizes=(32,))
+        profile(model, x, MeasureOptions(microbatch_sizes=(32,)), progress=False)
 
 
 class ConstantMemory(nn.Module):
@@ -184,25 +184,30 @@ class ConstantMemory(nn.Module):
 
 def test_warning_when_bytes_do_not_scale_with_batch() -> None:
     with pytest.warns(UserWarning, match="do not scale linearly.*activation_bytes"):
-        profile(ConstantMemory(), torch.randn(16, 64), **{**FAST, "microbatch_sizes": (4,)})
+        profile(
+            ConstantMemory(),
+            torch.randn(16, 64),
+            dataclasses.replace(FAST, microbatch_sizes=(4,)),
+            progress=False,
+        )
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # proportional model: silent
-        profile(small_mlp()[0], torch.randn(16, 64), **{**FAST, "microbatch_sizes": (4,)})
-
-
-def test_fit_time_model_exact_and_clamped() -> None:
-    assert fit_time_model([8, 2], [0.010, 0.004]) == pytest.approx((0.002, 0.001))
-    assert fit_time_model([1, 2, 4], [0.003, 0.005, 0.009]) == pytest.approx((0.001, 0.002))
-    a, c = fit_time_model([8, 2], [0.010, 0.001])  # superlinear: intercept would be < 0
-    assert a == 0 and c > 0
-    a, c = fit_time_model([8, 2], [0.004, 0.005])  # slower at smaller size: slope would be < 0
-    assert c == 0 and a == pytest.approx(0.0045)
-    assert fit_time_model([8], [0.008]) == (0.0, 0.001)
+        profile(
+            small_mlp()[0],
+            torch.randn(16, 64),
+            dataclasses.replace(FAST, microbatch_sizes=(4,)),
+            progress=False,
+        )
 
 
 def test_export_tracer_profile() -> None:
     model = ShapeBranch()
-    p = profile(model, torch.randn(8, 8), warmup=0, repeat=1, progress=False, microbatch_sizes=(2,))
+    p = profile(
+        model,
+        torch.randn(8, 8),
+        MeasureOptions(warmup=0, repeat=1, microbatch_sizes=(2,)),
+        progress=False,
+    )
     assert p.tracer == "export" and p.unit_names == ["a", "b"]
     assert p.measurement is not None and p.measurement.microbatch_sizes == [
         8,
@@ -215,18 +220,18 @@ def test_export_tracer_profile() -> None:
 def test_hooks_fallback_profile_and_untraceable_error() -> None:
     model = GatedChain()
     with pytest.warns(UserWarning, match="forward hooks"):
-        p = profile(model, torch.randn(8, 8), **FAST)
+        p = profile(model, torch.randn(8, 8), FAST, progress=False)
     assert p.tracer == "hooks" and p.unit_names == ["inp", "gate", "out"]
     assert activation_ratio(p) == pytest.approx(1.0, abs=0.05)
     with pytest.raises(TraceError, match="torch.fx.symbolic_trace failed.*torch.export"):
-        profile(DataBranch(), torch.randn(8, 8), **FAST)
+        profile(DataBranch(), torch.randn(8, 8), FAST, progress=False)
 
 
 @pytest.mark.parametrize("output", ["dict", "tuple", "dataclass"])
 def test_decoder_kwargs_mask_outputs(output) -> None:
     model = TiedDecoder(output=output)
     inputs = decoder_inputs(4)
-    p = profile(model, inputs, **FAST)
+    p = profile(model, inputs, FAST, progress=False)
     assert p.unit_names == ["wte", "wpe", "h.0", "h.1", "h.2", "ln_f", "lm_head"]
     assert p.parameter_bytes_total == unique_parameter_bytes(model)
     assert activation_ratio(p) == pytest.approx(1.0, abs=0.05)
@@ -243,9 +248,9 @@ def test_loss_fn_drives_backward() -> None:
 
     model = TiedDecoder(output="dict")
     inputs = decoder_inputs(4)
-    with_loss = profile(model, inputs, loss_fn=loss_fn, **FAST)
+    with_loss = profile(model, inputs, FAST, loss_fn=loss_fn, progress=False)
     # A sum saves nothing for backward: the baseline the cross entropy adds to.
-    plain = profile(model, inputs, loss_fn=lambda out, _: out["logits"].sum(), **FAST)
+    plain = profile(model, inputs, FAST, loss_fn=lambda out, _: out["logits"].sum(), progress=False)
     # Cross entropy saves its log-softmax (batch x seq x vocab floats): counted on the last unit.
     logits_bytes = 4 * 16 * 97 * 4
     extra = with_loss.units[-1].activation_bytes - plain.units[-1].activation_bytes
@@ -260,7 +265,12 @@ def test_cnn_batchnorm_residual_state_restored() -> None:
     before = {k: v.clone() for k, v in model.state_dict().items()}
     x = torch.randn(4, 3, 8, 8)
     rng = torch.get_rng_state()
-    p = profile(model, x, warmup=1, repeat=2, progress=False, microbatch_sizes=(), reference=True)
+    p = profile(
+        model,
+        x,
+        MeasureOptions(warmup=1, repeat=2, microbatch_sizes=(), reference=True),
+        progress=False,
+    )
     assert p.unit_names == ["stem", "body.0", "body.1", "body.2", "pool", "fc"]
     assert p.units[0].buffer_bytes == sum(
         b.numel() * b.element_size() for b in model.stem.buffers()
@@ -281,7 +291,12 @@ def test_unit_starting_with_inplace_op() -> None:
     model = nn.Sequential(nn.Linear(32, 32), nn.ReLU(inplace=True), nn.Linear(32, 32))
     x = torch.randn(8, 32)
     expected = model(x)
-    p = profile(model, x, warmup=1, repeat=3, progress=False, microbatch_sizes=(), reference=True)
+    p = profile(
+        model,
+        x,
+        MeasureOptions(warmup=1, repeat=3, microbatch_sizes=(), reference=True),
+        progress=False,
+    )
     assert p.unit_names == ["0", "1", "2"]
     assert p.units[1].backward_s > 0
     assert activation_ratio(p) == pytest.approx(1.0, abs=0.05)
@@ -298,40 +313,54 @@ def test_no_float_output_is_a_clear_error() -> None:
             return self.lin(x).argmax(-1)
 
     with pytest.raises(ProfilingError, match="loss_fn"):
-        profile(Argmax(), torch.randn(2, 4), **FAST)
+        profile(Argmax(), torch.randn(2, 4), FAST, progress=False)
 
 
 def test_wall_clock_and_clock_choice_recorded() -> None:
     model, x, _ = small_mlp()
-    assert profile(model, x, **FAST).measurement.clock == "thread_cpu"  # CPU, one thread
-    p = profile(model, x, clock="wall", threads=2, **FAST)
+    assert (
+        profile(model, x, FAST, progress=False).measurement.clock == "thread_cpu"
+    )  # CPU, one thread
+    p = profile(model, x, dataclasses.replace(FAST, clock="wall", threads=2), progress=False)
     assert p.measurement is not None
     assert p.measurement.clock == "wall" and p.measurement.threads == 2
     assert p.total_forward_s > 0 and all(u.forward_s > 0 for u in p.units)
     with pytest.raises(ValueError, match="clock"):
-        profile(model, x, clock="sundial", **FAST)
+        profile(model, x, dataclasses.replace(FAST, clock="sundial"), progress=False)
 
 
 def test_progress_bar_on_stderr(capsys) -> None:
     model, x, _ = small_mlp()
-    profile(model, x, warmup=0, repeat=2, progress=True, microbatch_sizes=())
+    profile(model, x, MeasureOptions(warmup=0, repeat=2, microbatch_sizes=()), progress=True)
     assert "profiling Sequential (5 units)" in capsys.readouterr().err
-    profile(model, x, **FAST)
+    profile(model, x, FAST, progress=False)
     assert "profiling" not in capsys.readouterr().err
 
 
 def test_dtype_and_bad_arguments() -> None:
     model, x, _ = small_mlp()
-    p = profile(model, x, dtype="float64", **FAST)
+    p = profile(model, x, dataclasses.replace(FAST, dtype="float64"), progress=False)
     assert p.dtype == "float64" and p.bytes_per_parameter == 8
     assert p.parameter_bytes_total == unique_parameter_bytes(model)
     with pytest.raises(ValueError, match="dtype"):
-        profile(model, x, dtype="int8", **FAST)
+        profile(model, x, dataclasses.replace(FAST, dtype="int8"), progress=False)
     with pytest.raises(ValueError, match="granularity"):
-        profile(model, x, granularity="layer", **FAST)
+        profile(model, x, dataclasses.replace(FAST, granularity="layer"), progress=False)
     with pytest.raises(ValueError, match="unknown optimizer 'lion'"):
-        profile(model, x, optimizer="lion", **FAST)
-    assert profile(model, x, optimizer="SGD_Momentum", **FAST).optimizer == "sgd-momentum"
+        profile(model, x, dataclasses.replace(FAST, optimizer="lion"), progress=False)
+    assert (
+        profile(
+            model, x, dataclasses.replace(FAST, optimizer="SGD_Momentum"), progress=False
+        ).optimizer
+        == "sgd-momentum"
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # node granularity works silently
-        assert len(profile(model, x, granularity="node", **FAST).units) == 5
+        assert (
+            len(
+                profile(
+                    model, x, dataclasses.replace(FAST, granularity="node"), progress=False
+                ).units
+            )
+            == 5
+        )

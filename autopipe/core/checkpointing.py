@@ -11,8 +11,8 @@ A checkpointed stage is re-materialized whole or one unit at a time
 (``StagePlan.checkpoint_granularity``, ``autopipe.core.vocabulary.CHECKPOINT_GRANULARITIES``),
 whichever the cost model finds needs less memory (``planner/costs.py``).
 
-The runtimes take the resulting list of booleans, one per stage, and the plan's
-granularities. torchgpipe's words (where
+``parallelize`` turns a mode and a plan's flags into the list of booleans, one per stage,
+that the runtimes take with the plan's granularities. torchgpipe's words (where
 ``except_last`` means every *micro-batch* but the last) are translated by
 ``autopipe.runtime.gpipe`` alone.
 """

@@ -1,5 +1,9 @@
-"""Pre-flight: the rules torch.distributed.pipelining (2.13) enforces when it builds a
-schedule, checked before a plan is written. Torch-free.
+"""What torch.distributed.pipelining (2.13) requires of a plan's schedule: how many chunks
+each rank holds (:func:`check_virtual_stages`), where each chunk runs (:func:`chunk_ranks`:
+loop placement, chunk ``c`` on rank ``c mod K``; V-shape, rank ``r`` holds chunks ``r`` and
+``2K - 1 - r``), and the rules its constructors enforce (:func:`violations`,
+:func:`preflight`). Torch-free: the planner skips and refuses what breaks them, and every
+rank of the runtime checks its plan against them before building anything.
 
 Each violation is one line that starts with the rule's name. The rules, and the torch code
 that enforces each (``torch/distributed/pipelining/schedules.py``):
@@ -19,21 +23,19 @@ that enforces each (``torch/distributed/pipelining/schedules.py``):
   gradients (``ScheduleInterleavedZeroBubble``, ``ScheduleZBVZeroBubble``,
   ``ScheduleDualPipeV``) refuse stages that contain a ``torch.compile``'d module.
 - ``placement``: each chunk on the rank torch's schedule places it (loop or V-shape).
-
-The planner skips candidates that break a rule and refuses, with the violation as a
-one-line ``PlanningError`` (:class:`autopipe.planner.errors.RuleViolation`), a request that
-forces one; it checks the plan it returns once more with :func:`preflight`.
 """
 
 from __future__ import annotations
 
-from autopipe.planner.errors import RuleViolation
-from autopipe.planner.schedules import check_virtual_stages, chunk_ranks
-
 from autopipe.core.plan import Plan
-from autopipe.core.vocabulary import SPLIT_BACKWARD_SCHEDULES, TORCH_CLASSES
+from autopipe.core.vocabulary import (
+    SINGLE_SCHEDULES,
+    SPLIT_BACKWARD_SCHEDULES,
+    TORCH_CLASSES,
+    V_SHAPE_SCHEDULES,
+)
 
-__all__ = ["RULES", "check_plan", "preflight", "violations"]
+__all__ = ["RULES", "check_virtual_stages", "chunk_ranks", "preflight", "violations"]
 
 RULES = (
     "stages-per-rank",
@@ -43,6 +45,31 @@ RULES = (
     "no-compile-with-zero-bubble",
     "placement",
 )
+
+
+def check_virtual_stages(schedule: str, virtual_stages: int) -> str | None:
+    """Why ``schedule`` cannot run ``virtual_stages`` chunks per rank (one line), or None."""
+    if schedule not in TORCH_CLASSES:
+        return f"unknown schedule {schedule!r}; use one of {', '.join(TORCH_CLASSES)}"
+    if virtual_stages < 1:
+        return f"virtual_stages={virtual_stages} must be at least 1"
+    if schedule in SINGLE_SCHEDULES and virtual_stages != 1:
+        return f"{schedule} runs one stage per rank (virtual_stages=1), not {virtual_stages}"
+    if schedule in V_SHAPE_SCHEDULES and virtual_stages != 2:
+        return f"{schedule} runs exactly 2 stages per rank (virtual_stages=2), not {virtual_stages}"
+    return None
+
+
+def chunk_ranks(schedule: str, num_ranks: int, virtual_stages: int) -> list[int]:
+    """The rank of each of the ``K x V`` chunks, in model order. O(K V)."""
+    why = check_virtual_stages(schedule, virtual_stages)
+    if why is not None:
+        raise ValueError(why)
+    k = num_ranks
+    chunks = k * virtual_stages
+    if schedule in V_SHAPE_SCHEDULES:
+        return [c if c < k else 2 * k - 1 - c for c in range(chunks)]
+    return [c % k for c in range(chunks)]
 
 
 def violations(
@@ -115,12 +142,3 @@ def preflight(plan: Plan) -> list[str]:
             f"the plan on {got}"
         )
     return out
-
-
-def check_plan(plan: Plan) -> None:
-    """Raise :class:`RuleViolation` (a ``PlanningError``) with the first rule ``plan``
-    breaks, naming how many more there are."""
-    problems = preflight(plan)
-    if problems:
-        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
-        raise RuleViolation(problems[0] + more)

@@ -1,0 +1,121 @@
+"""autopipe.core.plan: the Plan's JSON, its derived figures, and validation of loaded plans."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from autopipe.planner import load_plan, plan
+from planner_instances import random_profile
+
+from autopipe.core.plan import Plan, PlanFormatError
+from autopipe.core.request import PlanRequest
+
+
+def test_plan_json_round_trip(tmp_path: Path) -> None:
+    p = plan(
+        random_profile(10, 1),
+        PlanRequest(gpus=3, microbatches="auto", schedule="auto", checkpoint="auto"),
+    )
+    path = tmp_path / "plan.json"
+    p.save(path)
+    data = json.loads(path.read_text())
+    for key in (
+        "version num_stages microbatches microbatch_size batch_size schedule iteration_time_s "
+        "bubble_fraction throughput stages"
+    ).split():
+        assert key in data
+    for key in (
+        "index",
+        "device",
+        "units",
+        "forward_s",
+        "backward_s",
+        "memory_bytes",
+        "checkpoint",
+    ):
+        assert key in data["stages"][0]
+    assert load_plan(path) == p
+    assert p.speedup == pytest.approx(p.single_device_time_s / p.iteration_time_s)
+
+
+@pytest.fixture(scope="module")
+def four_stages() -> Plan:
+    return plan(
+        random_profile(10, 3),
+        PlanRequest(gpus=4, microbatches=4, schedule="1f1b", checkpoint="always", baselines=False),
+    )
+
+
+def test_derived_figures(four_stages: Plan) -> None:
+    p = four_stages
+    assert sum(p.balance) == 10 and len(p.balance) == 4
+    assert p.boundaries == [sum(p.balance[:i]) for i in range(4)]
+    assert p.mesh_shape == (4, 1, 1) and p.world_size == 4
+    assert p.host_throughput is None
+    for s in p.stages:
+        assert s.time_s == pytest.approx(s.forward_s + s.backward_s + s.recompute_s + s.send_s)
+    assert repr(p).startswith("<Plan ") and "1f1b, M=4 x 8" in repr(p) and "\n" not in repr(p)
+
+
+def _edited(p: Plan, edit: Any) -> dict[str, Any]:
+    data = json.loads(json.dumps(p.to_dict()))
+    edit(data)
+    return data
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda d: d.update(batch_size=33), "batch_size is 33 but microbatches x microbatch_size"),
+        (lambda d: d.update(schedule="zb"), "schedule is 'zb'; expected one of gpipe, 1f1b"),
+        (lambda d: d.update(shard="all"), "shard is 'all'; expected one of none, optimizer"),
+        (lambda d: d.update(optimizer="lion"), "optimizer is 'lion'; expected one of custom"),
+        (lambda d: d.update(num_stages=0), "num_stages is 0"),
+        (lambda d: d["stages"].pop(), "lists 3 stages but num_stages x virtual_stages is 4 x 1"),
+        (lambda d: d["stages"][2].update(index=5), "stages[2].index is 5; expected 2"),
+        (lambda d: d["stages"][1].update(units=[]), "stages[1].units is empty"),
+        (lambda d: d["stages"][3].update(rank=7), "stages[3].rank is 7; expected 0..3"),
+        (lambda d: d["stages"][3].update(rank=0), "gives the ranks [2, 1, 1, 0] stages"),
+        (
+            lambda d: d["stages"][1]["units"].__setitem__(0, "layer0"),
+            "stages[1].units repeats 'layer0' (already in stages[0])",
+        ),
+        (
+            lambda d: d["stages"][1]["units"].append("extra"),
+            "stages[1].unit_parameters lists",
+        ),
+        (
+            lambda d: d["stages"][0].update(checkpoint_granularity="layer"),
+            "stages[0].checkpoint_granularity is 'layer'; expected one of stage, unit",
+        ),
+        (lambda d: d["request"].update(gpus=0), "request.gpus is 0"),
+        (lambda d: d["request"].update(optimizer="lion"), "request.optimizer is 'lion'"),
+        (lambda d: d.update(request=5), "request is not an object"),
+    ],
+)
+def test_a_loaded_plan_that_cannot_be_right_is_one_line(
+    four_stages: Plan, edit: Any, message: str
+) -> None:
+    with pytest.raises(PlanFormatError) as info:
+        Plan.from_dict(_edited(four_stages, edit))
+    assert message in str(info.value) and "\n" not in str(info.value)
+
+
+def test_schema_version_and_kind(four_stages: Plan, tmp_path: Path) -> None:
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(_edited(four_stages, lambda d: d.update(version=9))))
+    with pytest.raises(PlanFormatError, match=r"p\.json: plan schema version 9 is not supported"):
+        load_plan(path)
+    with pytest.raises(PlanFormatError, match="not an autopipe plan: no 'stages' key"):
+        Plan.from_dict({"units": []})
+
+
+def test_stages_without_a_rank_are_one_per_rank(four_stages: Plan) -> None:
+    def unplaced(d: dict[str, Any]) -> None:
+        for s in d["stages"]:
+            s["rank"] = -1
+
+    assert [s.rank for s in Plan.from_dict(_edited(four_stages, unplaced)).stages] == [0, 1, 2, 3]

@@ -1,0 +1,106 @@
+"""What the ranks compare before training and after each step
+(autopipe.runtime.distributed.agree), on fingerprints built in one process."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from autopipe.profiler.units import trace_units
+from autopipe.runtime.distributed.agree import (
+    graph_fingerprint,
+    mismatch,
+    model_fingerprint,
+    nonfinite,
+    plan_fingerprint,
+)
+from autopipe.runtime.planned_stages import partition
+from torch import nn
+
+from autopipe.core.plan import Plan, StagePlan
+
+
+class Chain(nn.Module):
+    def __init__(self, act: str = "tanh") -> None:
+        super().__init__()
+        self.a, self.b, self.c = nn.Linear(4, 4), nn.Linear(4, 4), nn.Linear(4, 2)
+        self.act = torch.tanh if act == "tanh" else torch.relu
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.c(self.act(self.b(self.act(self.a(x)))))
+
+
+def two_stage_plan(model: nn.Module, x: torch.Tensor, microbatches: int = 2) -> Plan:
+    names = trace_units(model, x, granularity="module").unit_names
+    stages = [
+        StagePlan(index=0, device="cpu", units=names[:2]),
+        StagePlan(index=1, device="cpu", units=names[2:]),
+    ]
+    return Plan(2, microbatches, 2, 4, stages, granularity="module")
+
+
+def test_plan_fingerprint_flattens_fields_and_digests_lists() -> None:
+    model, x = Chain(), torch.randn(4, 4)
+    fp = plan_fingerprint(two_stage_plan(model, x))
+    assert fp["num_stages"] == 2 and fp["microbatches"] == 2 and fp["stages"] == 2
+    units = fp["stages[0].units"]
+    assert units.startswith("a..b (2 units, #") and len(units.rsplit("#", 1)[1]) == 13
+    assert fp["stages[1].units"].startswith("c (1 units, #")
+    assert plan_fingerprint(two_stage_plan(model, x)) == fp
+    plan = two_stage_plan(model, x)
+    plan.iteration_time_s = float("inf")
+    assert plan_fingerprint(plan)["iteration_time_s"] == "inf"
+
+
+def test_the_first_salient_plan_field_is_named() -> None:
+    """M changes the predicted time too; the message names M, the cause."""
+    model, x = Chain(), torch.randn(4, 4)
+    ours, theirs = two_stage_plan(model, x), two_stage_plan(model, x, microbatches=4)
+    theirs.iteration_time_s = 2.0
+    theirs.bubble_fraction = 0.5
+    line = mismatch(
+        [
+            {"plan": plan_fingerprint(ours), "model": model_fingerprint(model)},
+            {"plan": plan_fingerprint(theirs), "model": model_fingerprint(model)},
+        ]
+    )
+    assert line == (
+        "the ranks loaded different plans: microbatches is 4 on rank 1 but 2 on rank 0 (and 2 "
+        "more field(s): bubble_fraction, iteration_time_s); give every rank the same --plan file"
+    )
+
+
+def test_model_fingerprint_ignores_values_not_dtypes() -> None:
+    torch.manual_seed(0)
+    a, b = Chain(), Chain()
+    assert not torch.equal(a.a.weight, b.a.weight)
+    assert model_fingerprint(a) == model_fingerprint(b)
+    assert model_fingerprint(a)["summary"] == "Chain with 6 tensors, 50 elements"
+    assert model_fingerprint(copy.deepcopy(a).double())["digest"] != model_fingerprint(a)["digest"]
+    # Built on meta (no values at all): the same fingerprint.
+    with torch.device("meta"):
+        meta = Chain()
+    assert model_fingerprint(meta) == model_fingerprint(a)
+
+
+def test_graph_fingerprint_is_equal_for_the_same_graph_and_names_the_stage_that_differs() -> None:
+    x = torch.randn(4, 4)
+    tanh, tanh_again, relu = Chain(), Chain(), Chain(act="relu")
+    plan = two_stage_plan(tanh, x)
+    fp = graph_fingerprint(partition(tanh, x, plan, check_parameters=False))
+    assert fp == graph_fingerprint(partition(tanh_again, x, plan, check_parameters=False))
+    other = graph_fingerprint(partition(relu, x, plan, check_parameters=False))
+    assert fp["nodes"] == other["nodes"] and len(fp["stages"]) == 2
+    # Both stages apply the activation: both differ, the first is named.
+    assert other["stages"][0] != fp["stages"][0] and other["digest"] != fp["digest"]
+    base = {"plan": {"n": 1}, "model": {"digest": "m", "summary": "M"}, "failure": None}
+    line = mismatch([{**base, "graph": fp}, {**base, "graph": other}])
+    assert line is not None and line.startswith(
+        f"rank 1 traced a different graph of the model than rank 0 (stage 0: #{other['stages'][0]}"
+    )
+
+
+def test_nonfinite_loss() -> None:
+    assert nonfinite(float("nan")) == "nan"
+    assert nonfinite(float("inf")) == "inf" and nonfinite(float("-inf")) == "-inf"
+    assert nonfinite(0.0) is None and nonfinite(1e308) is None

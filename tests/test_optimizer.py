@@ -1,0 +1,71 @@
+"""autopipe.core.optimizer: training-state bytes per parameter, the module's table."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from autopipe.core.optimizer import (
+    OPTIMIZERS,
+    default_optimizer,
+    describe_training_state,
+    normalize_optimizer,
+    optimizer_state_bytes,
+    resolve_optimizer,
+    training_state_bytes_per_parameter,
+)
+
+
+@pytest.mark.parametrize(
+    ("optimizer", "bf16", "fp32"),
+    [
+        ("sgd", 4, 8),
+        ("none", 4, 8),
+        ("sgd-momentum", 6, 12),
+        ("adam", 8, 16),
+        ("adamw", 8, 16),
+        ("mixed-adam", 16, 16),
+        ("auto", 16, 16),
+    ],
+)
+def test_the_table(optimizer: str, bf16: int, fp32: int) -> None:
+    assert training_state_bytes_per_parameter(optimizer, 2) == bf16
+    assert training_state_bytes_per_parameter(optimizer, 4) == fp32
+
+
+def test_names_normalise_and_unknown_ones_name_the_choices() -> None:
+    assert normalize_optimizer("SGD_Momentum") == "sgd-momentum"
+    assert normalize_optimizer("AUTO") == "auto"
+    with pytest.raises(ValueError) as info:
+        normalize_optimizer("lion")
+    assert str(info.value) == (
+        "unknown optimizer 'lion'; use one of auto, adam, adamw, sgd, sgd-momentum, "
+        "mixed-adam, none"
+    )
+
+
+def test_auto_is_mixed_adam_below_fp32() -> None:
+    assert [default_optimizer(b) for b in (1, 2, 4, 8)] == ["mixed-adam"] * 2 + ["adam"] * 2
+    assert resolve_optimizer("auto", 2) == "mixed-adam" and resolve_optimizer("Adam", 2) == "adam"
+
+
+@settings(max_examples=100, deadline=None, derandomize=True)
+@given(st.sampled_from(OPTIMIZERS), st.integers(1, 10**9), st.sampled_from([2, 4]))
+def test_state_bytes_are_linear_in_the_parameters(optimizer: str, count: int, size: int) -> None:
+    per = optimizer_state_bytes(optimizer, 1, size)
+    assert optimizer_state_bytes(optimizer, count, count * size) == count * per
+
+
+def test_auto_state_reads_the_parameter_size_from_the_bytes() -> None:
+    assert optimizer_state_bytes("auto", 10, 20) == 120  # 2-byte parameters: mixed-adam
+    assert optimizer_state_bytes("auto", 10, 40) == 80  # fp32: adam's two moments
+    assert optimizer_state_bytes("auto", 0, 0) == 0
+
+
+def test_descriptions() -> None:
+    assert describe_training_state("auto", 2) == (
+        "mixed-adam: 2 weight + 2 gradient + 12 fp32 master, m, v"
+    )
+    assert describe_training_state("auto", 4) == "adam: 4 weight + 4 gradient + 8 optimizer state"
+    assert describe_training_state("sgd", 4) == "sgd: 4 weight + 4 gradient"

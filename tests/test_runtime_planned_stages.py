@@ -1,0 +1,73 @@
+"""From (model, plan) to stage graphs (autopipe.runtime.planned_stages): the unit -> stage
+map, the chunk count, a batch-polymorphic graph, and tied parameters."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from autopipe.runtime.planned_stages import (
+    partition,
+    stage_of_unit,
+    tied_parameters,
+)
+from autopipe.runtime.split import StageSplitError
+from torch import nn
+
+from autopipe.core.plan import Plan, StagePlan
+
+
+def plan_of(stage_units: list[list[str]], microbatch_size: int, virtual: int = 1) -> Plan:
+    stages = [StagePlan(index=i, device="cpu", units=u) for i, u in enumerate(stage_units)]
+    num_stages = len(stages) // virtual
+    return Plan(num_stages, 2, microbatch_size, 2 * microbatch_size, stages, virtual_stages=virtual)
+
+
+def test_stage_of_unit_maps_contiguous_runs() -> None:
+    assert stage_of_unit(["a", "b", "c", "d"], [["a"], ["b", "c"], ["d"]]) == [0, 1, 1, 2]
+    with pytest.raises(StageSplitError, match="stage 1 of the plan has no units"):
+        stage_of_unit(["a", "b"], [["a", "b"], []])
+    with pytest.raises(
+        StageSplitError, match=r"plan has 2; not in plan: \['c'\], unknown to the model: \[\]"
+    ):
+        stage_of_unit(["a", "b", "c"], [["a"], ["b"]])
+    with pytest.raises(StageSplitError, match="do not match the model's 2 traced units"):
+        stage_of_unit(["a", "b"], [["b"], ["a"]])  # same names, another order
+
+
+class Chain(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(8, 8), nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(torch.relu(self.a(x)))
+
+
+def test_the_chunk_count_must_be_stages_times_virtual_stages() -> None:
+    plan = plan_of([["a"], ["b"]], 2, virtual=1)
+    plan.virtual_stages = 2
+    with pytest.raises(StageSplitError, match="num_stages x virtual_stages = 4 but lists 2"):
+        partition(Chain(), torch.randn(4, 8), plan)
+
+
+def test_a_batch_polymorphic_graph_is_traced_once() -> None:
+    model, x = Chain(), torch.randn(8, 8)
+    planned = partition(model, x, plan_of([["a"], ["b"]], microbatch_size=2))
+    assert planned.static_microbatch_size is None
+    assert [s.input_names for s in planned.stages][1] == ["a"]
+    h = planned.stages[0].module(x[:3])
+    torch.testing.assert_close(planned.stages[1].module(*h), model(x[:3]))
+
+
+def test_tied_parameters_named_by_the_model_or_the_first_stage() -> None:
+    emb, head = nn.Linear(2, 2), nn.Linear(2, 2)
+    head.weight = emb.weight
+    model = nn.Sequential(emb, nn.Tanh(), head)
+    stage0, stage1 = nn.Module(), nn.Module()
+    stage0.first, stage1.last = emb, head
+    (tied,) = tied_parameters([stage0, stage1], model)
+    assert tied.name == "0.weight" and tied.stages == [0, 1]
+    assert tied.names == {0: ["first.weight"], 1: ["last.weight"]}
+    (unnamed,) = tied_parameters([stage0, stage1])
+    assert unnamed.name == "first.weight"
+    assert tied_parameters([stage0]) == []
