@@ -484,32 +484,42 @@ def _propagate(
                     "column-wise split module gathers it); re-plan with --tensor-parallel 1"
                 )
         elif node.op in ("call_function", "call_method", "call_module"):
-            inputs = node.all_input_nodes
-            reads_norm = [a for a in inputs if a.name in norm_outputs]
-            if reads_norm and not _is_shape_read(node):
-                raise SequenceParallelError(
-                    f"{node.name} reads the norm output {reads_norm[0].name}, which is "
-                    "gathered for the split modules only; re-plan with --tensor-parallel 1"
-                )
-            if any(a.name in sharded for a in inputs):
-                if _is_shape_read(node):
-                    if node.target is not torch.ops.aten._assert_tensor_metadata.default:
-                        raise SequenceParallelError(
-                            f"{node.name} reads the shape of a sequence-sharded value "
-                            f"({module_path_of(node) or 'the model'}); re-plan with "
-                            "--tensor-parallel 1"
-                        )
-                elif not _position_wise(node, graph_module):
-                    raise SequenceParallelError(
-                        f"{node.name} ({node.target}, in {module_path_of(node) or 'the model'}"
-                        ") reads a sequence-sharded value but is not position-wise; sequence "
-                        "parallelism cannot run it: re-plan with --tensor-parallel 1"
-                    )
-                else:
-                    sharded[node.name] = SEQUENCE_DIM
+            _propagate_op(node, graph_module, sharded, norm_outputs)
         if node.name in layout.transitions:
             sharded[node.name] = layout.transitions[node.name]
     return sharded
+
+
+def _propagate_op(
+    node: fx.Node, graph_module: fx.GraphModule, sharded: dict[str, int], norm_outputs: set[str]
+) -> None:
+    """An op outside the split modules and norms: its output is sharded when it reads a
+    shard position-wise; SequenceParallelError when it reads a gathered norm output, or a
+    shard's shape, or a shard but mixes positions."""
+    inputs = node.all_input_nodes
+    reads_norm = [a for a in inputs if a.name in norm_outputs]
+    if reads_norm and not _is_shape_read(node):
+        raise SequenceParallelError(
+            f"{node.name} reads the norm output {reads_norm[0].name}, which is "
+            "gathered for the split modules only; re-plan with --tensor-parallel 1"
+        )
+    if not any(a.name in sharded for a in inputs):
+        return
+    if _is_shape_read(node):
+        if node.target is not torch.ops.aten._assert_tensor_metadata.default:
+            raise SequenceParallelError(
+                f"{node.name} reads the shape of a sequence-sharded value "
+                f"({module_path_of(node) or 'the model'}); re-plan with "
+                "--tensor-parallel 1"
+            )
+    elif not _position_wise(node, graph_module):
+        raise SequenceParallelError(
+            f"{node.name} ({node.target}, in {module_path_of(node) or 'the model'}"
+            ") reads a sequence-sharded value but is not position-wise; sequence "
+            "parallelism cannot run it: re-plan with --tensor-parallel 1"
+        )
+    else:
+        sharded[node.name] = SEQUENCE_DIM
 
 
 def _needed_transitions(
