@@ -572,14 +572,31 @@ def simulate_schedule(
     peaks = replay_memory(orders, chunks, ranks)
     if not record_tasks:
         return Simulation(end_time, bubble, None, busy, peaks)
+    timeline, memory = _recorded(programs, starts, ends, chunks, ranks, schedule)
+    return Simulation(end_time, bubble, timeline, busy, peaks, memory)
+
+
+def _recorded(
+    programs: list[_Program],
+    starts: list[list[float]],
+    ends: list[list[float]] | None,
+    chunks: Sequence[ChunkWork],
+    ranks: list[int],
+    schedule: str,
+) -> tuple[Timeline, list[list[tuple[float, float]]]]:
+    """The simulated run's timeline and each rank's memory over time (task ends derived
+    from the starts where the run did not keep them)."""
     if ends is None:  # only when recorded: the search's many simulations skip it
         ends = [
             [t + task[3] for t, task in zip(st, prog, strict=True)]
             for st, prog in zip(starts, programs, strict=True)
         ]
-    timeline = _timeline(programs, starts, ends, n_chunks, schedule)
-    memory = [_memory_steps(programs[r], starts[r], ends[r], chunks, ranks, r) for r in range(k)]
-    return Simulation(end_time, bubble, timeline, busy, peaks, memory)
+    timeline = _timeline(programs, starts, ends, len(chunks), schedule)
+    memory = [
+        _memory_steps(programs[r], starts[r], ends[r], chunks, ranks, r)
+        for r in range(len(programs))
+    ]
+    return timeline, memory
 
 
 def _run_programs(
