@@ -102,6 +102,49 @@ def _pct(x: float) -> str:
 
 def format_bench(result: BenchResult) -> str:
     """The bench table: per stage predicted vs measured forward/backward, then the iteration."""
+    groups = result.predicted.device_groups()
+    plan = result.plan
+    clock = "thread-CPU" if result.clock == "thread_cpu" else "wall"
+    shared = [g for g in groups if len(g) > 1]
+    placement = (
+        f"{plan.num_stages} stages on {len(groups)} device(s); simulated as sharing: "
+        + ", ".join("stages " + "+".join(map(str, g)) for g in shared)
+        if shared
+        else f"{plan.num_stages} stages on {len(groups)} dedicated devices"
+    )
+    lines = [
+        f"autopipe bench: {plan.model or 'model'}, M = {plan.microbatches} x "
+        f"{plan.microbatch_size} samples, {plan.schedule}, {result.steps} measured steps",
+        placement,
+        "",
+        _bench_table(result),
+        "",
+        f"per micro-batch on the {clock} clock; medians over micro-batches and steps; err = "
+        "(predicted - measured) / measured; the last stage includes the loss (run once per "
+        "batch by the executor, divided by M)",
+        f"iteration      predicted {result.iteration_predicted_s * 1e3:.1f} ms, measured "
+        f"{result.iteration_measured_s * 1e3:.1f} ms {clock} ({_pct(result.iteration_error)}); "
+        f"wall {result.iteration_wall_s * 1e3:.1f} ms, whole step incl. optimizer "
+        f"{result.step_measured_s * 1e3:.1f} ms wall",
+        f"largest stage error {100 * result.max_stage_error:.1f}%",
+    ]
+    of, ob = result.executor_overhead_s
+    if of or ob:
+        lines.insert(
+            -2,
+            f"predictions include the executor's cost per task, calibrated on tiny stages: "
+            f"forward {of * 1e6:.0f} us, backward {ob * 1e6:.0f} us",
+        )
+    if shared:
+        lines.append(
+            f"the plan's own prediction (one dedicated device per stage) is "
+            f"{plan.iteration_time_s * 1e3:.1f} ms"
+        )
+    return "\n".join(lines)
+
+
+def _bench_table(result: BenchResult) -> str:
+    """Per stage, predicted and measured forward and backward ms and their errors."""
     rows = []
     for s in result.stages:
         rows.append(
@@ -126,42 +169,4 @@ def format_bench(result: BenchResult) -> str:
         "bwd meas ms",
         "err",
     ]
-    groups = result.predicted.device_groups()
-    plan = result.plan
-    clock = "thread-CPU" if result.clock == "thread_cpu" else "wall"
-    shared = [g for g in groups if len(g) > 1]
-    placement = (
-        f"{plan.num_stages} stages on {len(groups)} device(s); simulated as sharing: "
-        + ", ".join("stages " + "+".join(map(str, g)) for g in shared)
-        if shared
-        else f"{plan.num_stages} stages on {len(groups)} dedicated devices"
-    )
-    lines = [
-        f"autopipe bench: {plan.model or 'model'}, M = {plan.microbatches} x "
-        f"{plan.microbatch_size} samples, {plan.schedule}, {result.steps} measured steps",
-        placement,
-        "",
-        _table(header, rows, right={0, 2, 3, 4, 5, 6, 7}),
-        "",
-        f"per micro-batch on the {clock} clock; medians over micro-batches and steps; err = "
-        "(predicted - measured) / measured; the last stage includes the loss (run once per "
-        "batch by the executor, divided by M)",
-        f"iteration      predicted {result.iteration_predicted_s * 1e3:.1f} ms, measured "
-        f"{result.iteration_measured_s * 1e3:.1f} ms {clock} ({_pct(result.iteration_error)}); "
-        f"wall {result.iteration_wall_s * 1e3:.1f} ms, whole step incl. optimizer "
-        f"{result.step_measured_s * 1e3:.1f} ms wall",
-        f"largest stage error {100 * result.max_stage_error:.1f}%",
-    ]
-    of, ob = result.executor_overhead_s
-    if of or ob:
-        lines.insert(
-            -2,
-            f"predictions include the executor's cost per task, calibrated on tiny stages: "
-            f"forward {of * 1e6:.0f} us, backward {ob * 1e6:.0f} us",
-        )
-    if shared:
-        lines.append(
-            f"the plan's own prediction (one dedicated device per stage) is "
-            f"{plan.iteration_time_s * 1e3:.1f} ms"
-        )
-    return "\n".join(lines)
+    return _table(header, rows, right={0, 2, 3, 4, 5, 6, 7})

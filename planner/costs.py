@@ -63,6 +63,35 @@ def backward_split_factor(unit: UnitProfile) -> float:
     return max(measured / unit.backward_s, 1.0)
 
 
+def _scaled_s(
+    units: Sequence[UnitProfile], total: str, overhead: str, b: float, bp: int
+) -> np.ndarray:
+    """Each unit's ``total`` seconds (measured at batch ``bp``) at micro-batch ``b``; its
+    ``overhead`` seconds are paid once per call, whatever the batch."""
+    t = np.array([getattr(x, total) for x in units], float)
+    a = np.clip(np.array([getattr(x, overhead) for x in units], float), 0.0, t)
+    return a + (t - a) * (b / bp)
+
+
+def _split_backward_s(
+    units: Sequence[UnitProfile], bwd: np.ndarray, b: float, bp: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Each unit's backward run split (B + W seconds) at micro-batch ``b``, and B's share."""
+    share = np.array([backward_input_share(x) for x in units], float)
+    split = bwd * np.array([backward_split_factor(x) for x in units], float)
+    # A split measured at several sizes scales B and W each by its own fit.
+    fitted = np.array([x.split_fitted for x in units], bool)
+    if fitted.any():
+        b_in = _scaled_s(units, "backward_input_s", "backward_input_overhead_s", b, bp)
+        b_wt = _scaled_s(units, "backward_weight_s", "backward_weight_overhead_s", b, bp)
+        both = b_in + b_wt
+        safe = np.where(both > 0, both, 1.0)
+        # Never below the whole backward: B + W cannot beat the one pass.
+        split = np.where(fitted, np.maximum(both, bwd), split)
+        share = np.where(fitted, b_in / safe, share)
+    return split, share
+
+
 @dataclass
 class SegmentCost:
     """Per-micro-batch seconds and bytes of one segment on one stage (option already chosen)."""
@@ -125,21 +154,21 @@ class CostModel:
         self.headroom = headroom
         b = batch_size / microbatches
         self.microbatch_size = b
-        bp = profile.batch_size
         # Activations and cut tensors scale linearly with the samples they hold.
-        self.ratio = b / bp
+        self.ratio = b / profile.batch_size
+        self._init_units(profile, state_bytes_per_parameter)
+        self._init_devices(cluster)
+        self._init_inflight(inflight, full_inflight)
+        self.options = [self._options(s) for s in range(k)]
+        self._cache: dict = {}
 
+    def _init_units(self, profile: Profile, state_bytes_per_parameter: float) -> None:
+        """The units' prefix sums at the micro-batch size: seconds, parameter, activation
+        and cut bytes (activations and cuts at the profile batch size; ``ratio`` scales them)."""
         u = profile.units
-
-        def scaled(total: str, overhead: str) -> np.ndarray:
-            """Each unit's ``total`` seconds (at ``bp``) at micro-batch ``b``, its
-            ``overhead`` seconds per call."""
-            t = np.array([getattr(x, total) for x in u], float)
-            a = np.clip(np.array([getattr(x, overhead) for x in u], float), 0.0, t)
-            return a + (t - a) * (b / bp)
-
-        fwd = scaled("forward_s", "forward_overhead_s")
-        bwd = scaled("backward_s", "backward_overhead_s")
+        b, bp = self.microbatch_size, profile.batch_size
+        fwd = _scaled_s(u, "forward_s", "forward_overhead_s", b, bp)
+        bwd = _scaled_s(u, "backward_s", "backward_overhead_s", b, bp)
         pbytes = max(int(profile.bytes_per_parameter), 1)
         param = np.array(
             [x.parameter_bytes if x.parameter_bytes > 0 else x.parameter_count * pbytes for x in u],
@@ -149,18 +178,7 @@ class CostModel:
         zero = np.zeros(1)
         self.fwd_prefix = np.concatenate([zero, np.cumsum(fwd)])
         self.bwd_prefix = np.concatenate([zero, np.cumsum(bwd)])
-        share = np.array([backward_input_share(x) for x in u], float)
-        split = bwd * np.array([backward_split_factor(x) for x in u], float)
-        # A split measured at several sizes scales B and W each by its own fit.
-        fitted = np.array([x.split_fitted for x in u], bool)
-        if fitted.any():
-            b_in = scaled("backward_input_s", "backward_input_overhead_s")
-            b_wt = scaled("backward_weight_s", "backward_weight_overhead_s")
-            both = b_in + b_wt
-            safe = np.where(both > 0, both, 1.0)
-            # Never below the whole backward: B + W cannot beat the one pass.
-            split = np.where(fitted, np.maximum(both, bwd), split)
-            share = np.where(fitted, b_in / safe, share)
+        split, share = _split_backward_s(u, bwd, b, bp)
         self.bwd_input_prefix = np.concatenate([zero, np.cumsum(split * share)])
         """Prefix sums of the input-gradient part (B) of the backward run split
         (``backward_input_share`` of ``backward_split_factor`` times the backward)."""
@@ -175,12 +193,14 @@ class CostModel:
         self.cut_bytes_at = np.array(
             [float(profile.input_bytes), *map(float, profile.cut_bytes), 0.0]
         )
-        self.unit_input_prefix = np.concatenate([zero, np.cumsum(self.cut_bytes_at[:n])])
+        self.unit_input_prefix = np.concatenate([zero, np.cumsum(self.cut_bytes_at[: len(u)])])
         """Prefix sums of the units' input bytes (the cut before each unit, skip connections
         included): what per-unit checkpointing keeps of a segment, per micro-batch."""
         self.state_factor = state_bytes_per_parameter / pbytes
         """Training-state bytes per parameter byte (4.0 for fp32 Adam)."""
 
+    def _init_devices(self, cluster: Cluster) -> None:
+        """Each stage's device: relative speed, memory (inf: unlimited), link to the next."""
         devs = cluster.devices
         self.speed = np.array([d.speed for d in devs], float)
         self.capacity_bytes = np.array(
@@ -188,6 +208,13 @@ class CostModel:
         )
         self.bandwidth_bytes_per_s = np.array([d.link_bandwidth_bytes_per_s for d in devs], float)
         self.latency_s = np.array([d.link_latency_s for d in devs], float)
+
+    def _init_inflight(
+        self, inflight: Sequence[float] | None, full_inflight: Sequence[float] | None
+    ) -> None:
+        """Micro-batches each stage holds at once: given (the schedule's own order), else
+        GPipe's M or 1F1B's ``min(K - s, M)``."""
+        k, schedule, microbatches = self.num_stages, self.schedule, self.microbatches
         if inflight is not None:  # from the schedule's own order (planner/schedules.py)
             self.inflight = np.asarray(inflight, dtype=float)
         elif schedule == "gpipe":
@@ -201,8 +228,6 @@ class CostModel:
         activations at once: 1 with a whole backward, more when weight gradients wait."""
         if self.inflight.shape != (k,) or self.full_inflight.shape != (k,):
             raise ValueError(f"inflight counts need one value per stage ({k})")
-        self.options = [self._options(s) for s in range(k)]
-        self._cache: dict = {}
 
     def _options(self, stage: int) -> str:
         """Allowed options for a stage: 'A' (keep), 'B' (checkpoint), 'AB' (A if it fits, else B)."""

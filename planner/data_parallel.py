@@ -87,39 +87,14 @@ def choose_pipeline_data_parallel(
         copies = total_devices // stages
         if replicas is not None and copies != replicas:
             continue
-        if batch_size % copies:
-            choices.append(
-                ParallelChoice(
-                    stages,
-                    copies,
-                    None,
-                    reason=f"batch {batch_size} not divisible by D={copies}",
-                )
-            )
-            continue
-        try:
-            plan = make_plan(stages, batch_size // copies)
-        except Exception as exc:  # the planner says this K cannot work
-            choices.append(ParallelChoice(stages, copies, None, reason=str(exc).splitlines()[0]))
-            continue
-        # A rank all-reduces the gradients of all its chunks (V of them with virtual stages).
-        per_rank = [0] * plan.num_stages
-        for i, s in enumerate(plan.stages):
-            per_rank[s.rank if s.rank >= 0 else i] += s.parameter_bytes
-        allreduce_s = max(
-            ring_allreduce_s(b, copies, allreduce_bandwidth_bytes_per_s, allreduce_latency_s)
-            for b in per_rank
-        )
-        step_s = plan.iteration_time_s + allreduce_s
         choices.append(
-            ParallelChoice(
+            _candidate(
+                make_plan,
                 stages,
                 copies,
-                plan,
-                pipeline_s=plan.iteration_time_s,
-                allreduce_s=allreduce_s,
-                step_s=step_s,
-                throughput=batch_size / step_s if step_s > 0 else float("inf"),
+                batch_size,
+                allreduce_bandwidth_bytes_per_s,
+                allreduce_latency_s,
             )
         )
     feasible = [c for c in choices if c.plan is not None]
@@ -129,6 +104,44 @@ def choose_pipeline_data_parallel(
             + "; ".join(f"K={c.stages}: {c.reason}" for c in choices)
         )
     return sorted(choices, key=lambda c: (-c.throughput, c.stages))
+
+
+def _candidate(
+    make_plan: Callable[[int, int], Plan],
+    stages: int,
+    copies: int,
+    batch_size: int,
+    allreduce_bandwidth_bytes_per_s: float,
+    allreduce_latency_s: float,
+) -> ParallelChoice:
+    """K = ``stages`` run by D = ``copies`` replicas: planned at ``batch_size / D`` and
+    priced with the all-reduce, or infeasible with the reason."""
+    if batch_size % copies:
+        return ParallelChoice(
+            stages, copies, None, reason=f"batch {batch_size} not divisible by D={copies}"
+        )
+    try:
+        plan = make_plan(stages, batch_size // copies)
+    except Exception as exc:  # the planner says this K cannot work
+        return ParallelChoice(stages, copies, None, reason=str(exc).splitlines()[0])
+    # A rank all-reduces the gradients of all its chunks (V of them with virtual stages).
+    per_rank = [0] * plan.num_stages
+    for i, s in enumerate(plan.stages):
+        per_rank[s.rank if s.rank >= 0 else i] += s.parameter_bytes
+    allreduce_s = max(
+        ring_allreduce_s(b, copies, allreduce_bandwidth_bytes_per_s, allreduce_latency_s)
+        for b in per_rank
+    )
+    step_s = plan.iteration_time_s + allreduce_s
+    return ParallelChoice(
+        stages,
+        copies,
+        plan,
+        pipeline_s=plan.iteration_time_s,
+        allreduce_s=allreduce_s,
+        step_s=step_s,
+        throughput=batch_size / step_s if step_s > 0 else float("inf"),
+    )
 
 
 def check_replicas_divide_batch(replicas: int, total_gpus: int, batch_size: int) -> None:
@@ -168,35 +181,15 @@ def plan_data_parallel(
     pipeline + all-reduce, ``throughput`` over the global batch, and every candidate in
     ``Plan.data_parallel``. Raises ``PlanningError``.
     """
-    from autopipe.planner.planning import plan
-
-    if total_gpus < 1:
-        raise PlanningError(f"total_gpus={total_gpus} must be a positive integer")
-    if replicas != "auto" and (
-        not isinstance(replicas, int) or replicas < 1 or total_gpus % replicas
-    ):
-        raise PlanningError(
-            f"replicas={replicas!r} must be 'auto' or a divisor of the {total_gpus} GPUs"
-        )
+    _check_layout(total_gpus, replicas)
     request = PlanRequest() if request is None else request
     batch = profile.batch_size if request.batch_size is None else request.batch_size
     fixed = None if replicas == "auto" else int(replicas)
     if fixed is not None:
         check_replicas_divide_batch(fixed, total_gpus, batch)
-
-    def make_plan(stages: int, per_replica_batch: int) -> Plan:
-        if stages > len(profile.units):
-            raise PlanningError(f"{stages} stages need at least {stages} units")
-        cluster = None if device is None else Cluster([device] * stages)
-        gpus = stages if device is None else None
-        asked = dataclasses.replace(
-            request, gpus=gpus, cluster=cluster, batch_size=per_replica_batch
-        )
-        return plan(profile, asked)
-
     try:
         choices = choose_pipeline_data_parallel(
-            make_plan,
+            _replica_planner(profile, request, device),
             total_gpus,
             batch,
             allreduce_bandwidth_bytes_per_s,
@@ -208,6 +201,53 @@ def plan_data_parallel(
     best = choices[0]
     assert best.plan is not None
     out = best.plan
+    _record_choice(out, best)
+    _baselines_pay_allreduce(
+        out, best.replicas, allreduce_bandwidth_bytes_per_s, allreduce_latency_s
+    )
+    out.data_parallel = [_data_parallel_row(c) for c in choices]
+    out.notes.append(
+        f"{best.stages} stages x {best.replicas} replicas of {total_gpus} GPUs: pipeline "
+        f"{best.pipeline_s * 1e3:.4g} ms + gradient all-reduce {best.allreduce_s * 1e3:.4g} ms "
+        f"per step, {best.throughput:.4g} samples/s over the global batch of {batch}"
+    )
+    return out
+
+
+def _check_layout(total_gpus: int, replicas: int | str) -> None:
+    """PlanningError unless ``total_gpus`` >= 1 and ``replicas`` is 'auto' or divides it."""
+    if total_gpus < 1:
+        raise PlanningError(f"total_gpus={total_gpus} must be a positive integer")
+    if replicas != "auto" and (
+        not isinstance(replicas, int) or replicas < 1 or total_gpus % replicas
+    ):
+        raise PlanningError(
+            f"replicas={replicas!r} must be 'auto' or a divisor of the {total_gpus} GPUs"
+        )
+
+
+def _replica_planner(
+    profile: Profile, request: PlanRequest, device: Device | None
+) -> Callable[[int, int], Plan]:
+    """The planner callable for ``choose_pipeline_data_parallel``: ``request`` on K stages
+    (``device`` repeated K times, else K of the request's own) at the per-replica batch."""
+    from autopipe.planner.planning import plan
+
+    def make_plan(stages: int, per_replica_batch: int) -> Plan:
+        if stages > len(profile.units):
+            raise PlanningError(f"{stages} stages need at least {stages} units")
+        cluster = None if device is None else Cluster([device] * stages)
+        gpus = stages if device is None else None
+        asked = dataclasses.replace(
+            request, gpus=gpus, cluster=cluster, batch_size=per_replica_batch
+        )
+        return plan(profile, asked)
+
+    return make_plan
+
+
+def _record_choice(out: Plan, best: ParallelChoice) -> None:
+    """The chosen layout's D, step (pipeline + all-reduce) and throughput on its plan."""
     out.replicas = best.replicas
     out.pipeline_iteration_s = best.pipeline_s
     out.allreduce_s = best.allreduce_s
@@ -215,32 +255,27 @@ def plan_data_parallel(
     out.throughput = best.throughput
     # One device would take D times the per-replica single-device time for the global batch.
     out.speedup *= best.replicas * best.pipeline_s / best.step_s
-    # Baselines run with the same D, so they pay the all-reduce of their own largest stage.
+
+
+def _baselines_pay_allreduce(
+    out: Plan, replicas: int, bandwidth_bytes_per_s: float, latency_s: float
+) -> None:
+    """Baselines run with the same D, so they pay the all-reduce of their own largest stage."""
     for base in out.baselines.values():
         if base.get("feasible") and base.get("stages"):
             base["iteration_time_s"] += max(
-                ring_allreduce_s(
-                    s["parameter_bytes"],
-                    best.replicas,
-                    allreduce_bandwidth_bytes_per_s,
-                    allreduce_latency_s,
-                )
+                ring_allreduce_s(s["parameter_bytes"], replicas, bandwidth_bytes_per_s, latency_s)
                 for s in base["stages"]
             )
-    out.data_parallel = [
-        DataParallelRow(
-            stages=c.stages,
-            replicas=c.replicas,
-            step_s=c.step_s if c.plan is not None else None,
-            allreduce_s=c.allreduce_s if c.plan is not None else None,
-            throughput=c.throughput,
-            reason=c.reason,
-        )
-        for c in choices
-    ]
-    out.notes.append(
-        f"{best.stages} stages x {best.replicas} replicas of {total_gpus} GPUs: pipeline "
-        f"{best.pipeline_s * 1e3:.4g} ms + gradient all-reduce {best.allreduce_s * 1e3:.4g} ms "
-        f"per step, {best.throughput:.4g} samples/s over the global batch of {batch}"
+
+
+def _data_parallel_row(c: ParallelChoice) -> DataParallelRow:
+    """One candidate (K, D) as the Plan records it (no step for an infeasible one)."""
+    return DataParallelRow(
+        stages=c.stages,
+        replicas=c.replicas,
+        step_s=c.step_s if c.plan is not None else None,
+        allreduce_s=c.allreduce_s if c.plan is not None else None,
+        throughput=c.throughput,
+        reason=c.reason,
     )
-    return out

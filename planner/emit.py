@@ -199,6 +199,16 @@ def to_megatron(plan: Plan) -> dict[str, Any]:
         "--global-batch-size", str(plan.microbatches * plan.microbatch_size * plan.replicas),
         "--tensor-model-parallel-size", str(plan.tensor_parallel),
     ]  # fmt: skip
+    args += _megatron_mesh_args(plan)
+    if recomputed:
+        args += _megatron_recompute_args(plan, symbols, recomputed)
+    return {"layout": layout, "args": args, "world_size": plan.world_size}
+
+
+def _megatron_mesh_args(plan: Plan) -> list[str]:
+    """Megatron's flags for the plan's TP (with sequence parallelism) and ZeRO-1 sharding;
+    EmitError for a sharding Megatron-LM does not run (gradients, parameters)."""
+    args = []
     if plan.tensor_parallel > 1:
         args.append("--sequence-parallel")
     if plan.replicas > 1 and plan.shard == "optimizer":
@@ -209,26 +219,32 @@ def to_megatron(plan: Plan) -> dict[str, Any]:
             "Megatron-LM's --use-distributed-optimizer shards the optimizer state only "
             "(ZeRO-1): re-plan with --shard optimizer or none"
         )
-    if recomputed:
-        # Per unit: one layer per checkpoint; per stage: the chunk's layers in one. A chunk
-        # without layers (only E or L) recomputes nothing whatever the count.
-        whole = set(checkpointed_per_stage(plan))
-        counts = {1 if c not in whole else symbols[c].count("t") for c in recomputed}
-        layers = sorted(counts - {0}) or [1]
-        if len(layers) != 1:
-            what = "/".join(
-                f"{s.count('t')} {'whole' if c in whole else 'per layer'}"
-                for c, s in enumerate(symbols)
-            )
-            raise EmitError(
-                f"the plan re-materializes chunks of {what} layers; Megatron's "
-                "--recompute-num-layers is one count for every chunk (1: per layer, the "
-                "chunk's layers: whole): re-plan with --checkpoint never, or with a layer "
-                "count the chunks share"
-            )
-        args += ["--recompute-granularity", "full", "--recompute-method", "uniform"]
-        args += ["--recompute-num-layers", str(layers[0])]
-    return {"layout": layout, "args": args, "world_size": plan.world_size}
+    return args
+
+
+def _megatron_recompute_args(plan: Plan, symbols: list[str], recomputed: list[int]) -> list[str]:
+    """The recompute flags of a plan that re-materializes every chunk (``recomputed``);
+    EmitError unless every chunk with layers needs the same ``--recompute-num-layers``."""
+    # Per unit: one layer per checkpoint; per stage: the chunk's layers in one. A chunk
+    # without layers (only E or L) recomputes nothing whatever the count.
+    whole = set(checkpointed_per_stage(plan))
+    counts = {1 if c not in whole else symbols[c].count("t") for c in recomputed}
+    layers = sorted(counts - {0}) or [1]
+    if len(layers) != 1:
+        what = "/".join(
+            f"{s.count('t')} {'whole' if c in whole else 'per layer'}"
+            for c, s in enumerate(symbols)
+        )
+        raise EmitError(
+            f"the plan re-materializes chunks of {what} layers; Megatron's "
+            "--recompute-num-layers is one count for every chunk (1: per layer, the "
+            "chunk's layers: whole): re-plan with --checkpoint never, or with a layer "
+            "count the chunks share"
+        )
+    return [
+        "--recompute-granularity", "full", "--recompute-method", "uniform",
+        "--recompute-num-layers", str(layers[0]),
+    ]  # fmt: skip
 
 
 def parse_megatron_layout(layout: str) -> list[str]:

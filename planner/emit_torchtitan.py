@@ -164,23 +164,8 @@ def torchtitan_fields(plan: Plan, version: str = TORCHTITAN_VERSION) -> Torchtit
     step). ``module_fqns_per_model_part`` lists the plan's ``K x V`` chunks in model order;
     torchtitan places them loop or V-shape by the schedule, as the plan does."""
     schedule = require_schedule(plan, TORCHTITAN_SCHEDULES, "torchtitan")
-    if plan.granularity == "node":
-        raise EmitError(
-            "the plan's units are graph nodes, not modules; torchtitan's "
-            "module_fqns_per_model_part names modules: re-plan with --granularity block"
-        )
     stages_checkpointed = checkpointed(plan)
-    if stages_checkpointed and len(stages_checkpointed) != len(plan.stages):
-        raise EmitError(
-            f"the plan re-materializes only stages {stages_checkpointed}; torchtitan's "
-            "activation checkpointing applies to every layer: re-plan with "
-            "--checkpoint never or --checkpoint always"
-        )
-    if plan.microbatch_size * plan.microbatches != plan.batch_size:
-        raise EmitError(
-            f"the batch of {plan.batch_size} is not M={plan.microbatches} micro-batches of "
-            f"{plan.microbatch_size}; torchtitan would run a different M"
-        )
+    _check_sayable(plan, stages_checkpointed)
     units = [u for stage in plan.stages for u in stage.units]
     names, note = torchtitan_names(units, version)
     whole = checkpointed_per_stage(plan)
@@ -199,6 +184,37 @@ def torchtitan_fields(plan: Plan, version: str = TORCHTITAN_VERSION) -> Torchtit
         )
     rename = dict(zip(units, names, strict=True))
     parts = [[n for u in stage.units if (n := rename[u]) is not None] for stage in plan.stages]
+    return TorchtitanFields(
+        _parallelism(plan, version, schedule, parts),
+        _training(plan, version),
+        bool(stages_checkpointed),
+        note,
+    )
+
+
+def _check_sayable(plan: Plan, stages_checkpointed: list[int]) -> None:
+    """EmitError for a plan torchtitan cannot say: graph-node units, re-materialization of
+    only some stages (``stages_checkpointed``), a batch that is not M micro-batches."""
+    if plan.granularity == "node":
+        raise EmitError(
+            "the plan's units are graph nodes, not modules; torchtitan's "
+            "module_fqns_per_model_part names modules: re-plan with --granularity block"
+        )
+    if stages_checkpointed and len(stages_checkpointed) != len(plan.stages):
+        raise EmitError(
+            f"the plan re-materializes only stages {stages_checkpointed}; torchtitan's "
+            "activation checkpointing applies to every layer: re-plan with "
+            "--checkpoint never or --checkpoint always"
+        )
+    if plan.microbatch_size * plan.microbatches != plan.batch_size:
+        raise EmitError(
+            f"the batch of {plan.batch_size} is not M={plan.microbatches} micro-batches of "
+            f"{plan.microbatch_size}; torchtitan would run a different M"
+        )
+
+
+def _parallelism(plan: Plan, version: str, schedule: str, parts: list[list[str]]) -> dict[str, Any]:
+    """The ``[parallelism]`` fields: the mesh degrees, the schedule, M's size, the chunks."""
     parallelism: dict[str, Any] = {
         "pipeline_parallel_degree": plan.num_stages,
         **_data_parallel(plan),
@@ -212,13 +228,18 @@ def torchtitan_fields(plan: Plan, version: str = TORCHTITAN_VERSION) -> Torchtit
         "pipeline_parallel_microbatch_size": plan.microbatch_size,
         "module_fqns_per_model_part": parts,
     }
+    return parallelism
+
+
+def _training(plan: Plan, version: str) -> dict[str, Any]:
+    """The ``[training]`` fields: the batch per replica (and global, with replicas)."""
     training: dict[str, Any] = {"local_batch_size": plan.batch_size}
     if plan.replicas > 1:
         training["global_batch_size"] = plan.batch_size * plan.replicas
     if version != TORCHTITAN_VERSION and plan.num_stages > 1:
         # 0.3.0's Trainer.Config refuses pipeline parallelism with CUDA graphs, its default.
         training["disable_cuda_graphs"] = True
-    return TorchtitanFields(parallelism, training, bool(stages_checkpointed), note)
+    return training
 
 
 def _header(plan: Plan) -> list[str]:
@@ -304,6 +325,31 @@ def _py(value: Any) -> str:
     return repr(value)
 
 
+# The generated module's functions: the same for every plan (they read its constants).
+_PYTHON_FUNCTIONS = (
+    "def apply_plan(config):",
+    '    """config (a Trainer.Config) with the plan\'s fields; the others kept."""',
+    "    return dataclasses.replace(",
+    "        config,",
+    "        parallelism=dataclasses.replace(config.parallelism, **PARALLELISM),",
+    "        training=dataclasses.replace(config.training, **TRAINING),",
+    "        activation_checkpoint=FullAC.Config() if FULL_ACTIVATION_CHECKPOINT else None,",
+    "    )",
+    "",
+    "",
+    "def autopipe_config():",
+    '    """The Trainer.Config of BASE with the plan applied (for --config)."""',
+    "    if not BASE:",
+    "        raise ValueError(",
+    '            "set BASE to the config function of the model the plan was made for, "',
+    "            \"as 'module:function', e.g. \"",
+    "            \"'torchtitan.models.llama3.config_registry:llama3_8b'\"",
+    "        )",
+    '    module, name = BASE.split(":")',
+    "    return apply_plan(getattr(importlib.import_module(module), name)())",
+)
+
+
 def to_torchtitan_python(plan: Plan, base: str = "") -> str:
     """A Python module for torchtitan 0.3.0's ``ConfigManager``, which loads a config as
     ``--module MODULE --config FUNCTION`` (a function returning a ``Trainer.Config``) and
@@ -347,25 +393,6 @@ def to_torchtitan_python(plan: Plan, base: str = "") -> str:
         f"FULL_ACTIVATION_CHECKPOINT = {fields.full_checkpoint!r}",
         "",
         "",
-        "def apply_plan(config):",
-        '    """config (a Trainer.Config) with the plan\'s fields; the others kept."""',
-        "    return dataclasses.replace(",
-        "        config,",
-        "        parallelism=dataclasses.replace(config.parallelism, **PARALLELISM),",
-        "        training=dataclasses.replace(config.training, **TRAINING),",
-        "        activation_checkpoint=FullAC.Config() if FULL_ACTIVATION_CHECKPOINT else None,",
-        "    )",
-        "",
-        "",
-        "def autopipe_config():",
-        '    """The Trainer.Config of BASE with the plan applied (for --config)."""',
-        "    if not BASE:",
-        "        raise ValueError(",
-        '            "set BASE to the config function of the model the plan was made for, "',
-        "            \"as 'module:function', e.g. \"",
-        "            \"'torchtitan.models.llama3.config_registry:llama3_8b'\"",
-        "        )",
-        '    module, name = BASE.split(":")',
-        "    return apply_plan(getattr(importlib.import_module(module), name)())",
+        *_PYTHON_FUNCTIONS,
     ]
     return "\n".join(lines) + "\n"

@@ -185,52 +185,16 @@ def device_profile(
     if tp <= 1 and not gather:
         return profile
     size = max(int(profile.bytes_per_parameter), 1)
-    dp_bw, dp_lat = topology.dp_link(tp, dp)
-    units: list[UnitProfile] = []
-    computes: list[tuple[float, float]] = []
-    at = (microbatch_size or profile.batch_size) / profile.batch_size
-    for u in profile.units:
-        c = tp_share(u, tp)
-        computes.append(
-            (
-                _scaled(u.forward_s, u.forward_overhead_s, c * at),
-                _scaled(u.backward_s, u.backward_overhead_s, c * at),
-            )
-        )
     n = len(profile.units)
-    for i, u in enumerate(profile.units):
-        c = tp_share(u, tp)
-        comm = tp_collective_s(u, tp, topology)
-        sp = tp > 1 and u.tp_parameter_count > 0
-        param = unit_device_parameter_bytes(u, tp, size)
-        fwd_extra = bwd_extra = 0.0
-        if gather:
-            g = ring_collective_s(param, dp, dp_bw, dp_lat)
-            # forward runs units in order (unit i's gather hides behind unit i-1), backward
-            # in reverse (behind unit i+1); the first of each pass hides behind nothing.
-            fwd_extra = max(0.0, g - (computes[i - 1][0] if i > 0 else 0.0))
-            bwd_extra = max(0.0, g - (computes[i + 1][1] if i + 1 < n else 0.0))
-        fwd = _scaled(u.forward_s, u.forward_overhead_s, c)
-        bwd = _scaled(u.backward_s, u.backward_overhead_s, c)
-        split = u.backward_input_s + u.backward_weight_s
-        b_in = _scaled(u.backward_input_s, u.backward_input_overhead_s, c)
-        b_wt = _scaled(u.backward_weight_s, u.backward_weight_overhead_s, c)
-        units.append(
-            dataclasses.replace(
-                u,
-                forward_s=fwd + comm + fwd_extra,
-                forward_overhead_s=min(u.forward_overhead_s, u.forward_s) + fwd_extra,
-                backward_s=bwd + comm + bwd_extra,
-                backward_overhead_s=min(u.backward_overhead_s, u.backward_s) + bwd_extra,
-                # the collectives carry the input gradient: they belong to B, not W
-                backward_input_s=b_in + comm + bwd_extra if split > 0 else 0.0,
-                backward_weight_s=b_wt if split > 0 else 0.0,
-                parameter_bytes=int(math.ceil(param)),
-                activation_bytes=u.activation_bytes // tp if sp else u.activation_bytes,
-                output_bytes=u.output_bytes // tp if sp else u.output_bytes,
-                peak_bytes=u.peak_bytes // tp if sp else u.peak_bytes,
-            )
-        )
+    extras = (
+        _gather_extras_s(profile, tp, topology, dp, size, microbatch_size)
+        if gather
+        else [(0.0, 0.0)] * n
+    )
+    units = [
+        _device_unit(u, tp, topology, size, fwd_extra, bwd_extra)
+        for u, (fwd_extra, bwd_extra) in zip(profile.units, extras, strict=True)
+    ]
     cuts = [
         c // tp
         if tp > 1
@@ -242,3 +206,67 @@ def device_profile(
     out = dataclasses.replace(profile, units=units, cut_bytes=cuts, meta=dict(profile.meta))
     out.meta["mesh_device"] = {"tensor_parallel": tp, "shard": shard, "replicas": dp}
     return out
+
+
+def _gather_extras_s(
+    profile: Profile,
+    tp: int,
+    topology: Topology,
+    dp: int,
+    size: int,
+    microbatch_size: float | None,
+) -> list[tuple[float, float]]:
+    """Per unit, the seconds of its ``parameters``-sharding all-gather over the DP group that
+    the neighbouring unit's compute does not hide, in forward and in backward."""
+    dp_bw, dp_lat = topology.dp_link(tp, dp)
+    computes: list[tuple[float, float]] = []
+    at = (microbatch_size or profile.batch_size) / profile.batch_size
+    for u in profile.units:
+        c = tp_share(u, tp)
+        computes.append(
+            (
+                _scaled(u.forward_s, u.forward_overhead_s, c * at),
+                _scaled(u.backward_s, u.backward_overhead_s, c * at),
+            )
+        )
+    n = len(profile.units)
+    extras = []
+    for i, u in enumerate(profile.units):
+        param = unit_device_parameter_bytes(u, tp, size)
+        g = ring_collective_s(param, dp, dp_bw, dp_lat)
+        # forward runs units in order (unit i's gather hides behind unit i-1), backward
+        # in reverse (behind unit i+1); the first of each pass hides behind nothing.
+        fwd_extra = max(0.0, g - (computes[i - 1][0] if i > 0 else 0.0))
+        bwd_extra = max(0.0, g - (computes[i + 1][1] if i + 1 < n else 0.0))
+        extras.append((fwd_extra, bwd_extra))
+    return extras
+
+
+def _device_unit(
+    u: UnitProfile, tp: int, topology: Topology, size: int, fwd_extra: float, bwd_extra: float
+) -> UnitProfile:
+    """``u`` on one device of ``tp``: its split compute, its TP collectives in forward and
+    backward, the gather seconds ``fwd_extra`` / ``bwd_extra``, its share of the bytes."""
+    c = tp_share(u, tp)
+    comm = tp_collective_s(u, tp, topology)
+    sp = tp > 1 and u.tp_parameter_count > 0
+    param = unit_device_parameter_bytes(u, tp, size)
+    fwd = _scaled(u.forward_s, u.forward_overhead_s, c)
+    bwd = _scaled(u.backward_s, u.backward_overhead_s, c)
+    split = u.backward_input_s + u.backward_weight_s
+    b_in = _scaled(u.backward_input_s, u.backward_input_overhead_s, c)
+    b_wt = _scaled(u.backward_weight_s, u.backward_weight_overhead_s, c)
+    return dataclasses.replace(
+        u,
+        forward_s=fwd + comm + fwd_extra,
+        forward_overhead_s=min(u.forward_overhead_s, u.forward_s) + fwd_extra,
+        backward_s=bwd + comm + bwd_extra,
+        backward_overhead_s=min(u.backward_overhead_s, u.backward_s) + bwd_extra,
+        # the collectives carry the input gradient: they belong to B, not W
+        backward_input_s=b_in + comm + bwd_extra if split > 0 else 0.0,
+        backward_weight_s=b_wt if split > 0 else 0.0,
+        parameter_bytes=int(math.ceil(param)),
+        activation_bytes=u.activation_bytes // tp if sp else u.activation_bytes,
+        output_bytes=u.output_bytes // tp if sp else u.output_bytes,
+        peak_bytes=u.peak_bytes // tp if sp else u.peak_bytes,
+    )

@@ -255,9 +255,6 @@ def replay_step(
     tail = end - last_end
     replayed = sim.iteration_time_s + tail
     measured = end - origin
-    busy_measured = [timeline.device_busy_s(_stages_on(ranks, r)) for r in range(k)]
-    # (the durations hold the losses: joined to the last chunk's forwards)
-    busy_replayed = [sum(dur[a] for a in trace.by_rank[r]) for r in range(k)]
     optimizer = max((mk.duration_s for mk in timeline.marked("optimizer")), default=0.0)
     first_start = min(s for s, _ in trace.spans.values())
     return StepReplay(
@@ -266,15 +263,7 @@ def replay_step(
         replayed_s=replayed,
         span_measured_s=last_end - first_start,
         span_replayed_s=sim.iteration_time_s - (first_start - origin),
-        ranks=[
-            RankReplay(
-                r,
-                busy_measured[r],
-                max(measured - busy_measured[r], 0.0),
-                max(replayed - busy_replayed[r], 0.0),
-            )
-            for r in range(k)
-        ],
+        ranks=_rank_replays(timeline, trace, ranks, dur, measured, replayed),
         overheads=Overheads(
             head_s=head,
             dispatch_s=dispatch,
@@ -288,6 +277,30 @@ def replay_step(
         medians=medians,
         order_differs=order_differs,
     )
+
+
+def _rank_replays(
+    timeline: Timeline,
+    trace: _StepTrace,
+    ranks: list[int],
+    dur: dict[Action, float],
+    measured_s: float,
+    replayed_s: float,
+) -> list[RankReplay]:
+    """Each rank's busy seconds as measured, and its idle seconds measured and replayed."""
+    k = len(trace.by_rank)
+    busy_measured = [timeline.device_busy_s(_stages_on(ranks, r)) for r in range(k)]
+    # (the durations hold the losses: joined to the last chunk's forwards)
+    busy_replayed = [sum(dur[a] for a in trace.by_rank[r]) for r in range(k)]
+    return [
+        RankReplay(
+            r,
+            busy_measured[r],
+            max(measured_s - busy_measured[r], 0.0),
+            max(replayed_s - busy_replayed[r], 0.0),
+        )
+        for r in range(k)
+    ]
 
 
 @dataclass

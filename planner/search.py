@@ -271,14 +271,7 @@ def plan_pipeline(profile: Profile, req: PlanRequest, cutoff_s: float = math.inf
         _prepare(profile, cluster, req, sched, v, m, batch=batch, state_bpp=state_bpp)
         for sched, v, m in combos
     ]
-    best_s = cutoff_s
-    for cand in sorted(prepared, key=lambda c: c.lower_bound_s):
-        if cand.lower_bound_s >= best_s:
-            cand.pruned = True
-            continue
-        _partition_candidate(cand, profile, req, batch=batch, state_bpp=state_bpp, best_s=best_s)
-        if cand.feasible:
-            best_s = min(best_s, cand.iteration_time_s)
+    _branch_and_bound(prepared, profile, req, batch=batch, state_bpp=state_bpp, cutoff_s=cutoff_s)
     candidates = prepared
     feasible = [c for c in candidates if c.feasible]
     if not feasible and math.isfinite(cutoff_s) and any(c.pruned for c in candidates):
@@ -300,16 +293,44 @@ def plan_pipeline(profile: Profile, req: PlanRequest, cutoff_s: float = math.inf
     out = build_plan(
         profile, cluster, best, candidates, req.strategy, req.baselines, batch, req.checkpoint
     )
-    out.optimizer = chosen_optimizer
+    _record_request(out, profile, req, chosen_optimizer, state_bpp)
+    problems = preflight(out)
+    if problems:  # cannot happen: every candidate passed the same rules
+        raise RuleViolation(problems[0])
+    return out
+
+
+def _branch_and_bound(
+    prepared: list[Candidate],
+    profile: Profile,
+    req: PlanRequest,
+    *,
+    batch: int,
+    state_bpp: float,
+    cutoff_s: float,
+) -> None:
+    """Partition the candidates cheapest bound first; one whose proven lower bound is not
+    below the best time found so far (at first ``cutoff_s``) is marked ``pruned`` instead."""
+    best_s = cutoff_s
+    for cand in sorted(prepared, key=lambda c: c.lower_bound_s):
+        if cand.lower_bound_s >= best_s:
+            cand.pruned = True
+            continue
+        _partition_candidate(cand, profile, req, batch=batch, state_bpp=state_bpp, best_s=best_s)
+        if cand.feasible:
+            best_s = min(best_s, cand.iteration_time_s)
+
+
+def _record_request(
+    out: Plan, profile: Profile, req: PlanRequest, optimizer: str, state_bpp: float
+) -> None:
+    """What the plan was made for: the request, the training state, the unit granularity."""
+    out.optimizer = optimizer
     out.state_bytes_per_parameter = state_bpp
     out.parameter_size_bytes = max(int(profile.bytes_per_parameter), 1)
     # The runtime re-traces the model into the plan's units at this granularity.
     out.granularity = profile.granularity
     out.request = req
-    problems = preflight(out)
-    if problems:  # cannot happen: every candidate passed the same rules
-        raise RuleViolation(problems[0])
-    return out
 
 
 MAX_AUTO_CHUNK_MICROBATCHES = 256

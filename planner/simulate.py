@@ -565,6 +565,52 @@ def simulate_schedule(
         )
         for r in range(k)
     ]
+    starts, ends, busy, end_time = _run_programs(
+        programs, n_chunks, microbatches, host_throughput, arrival_delay_s, rank_start_s
+    )
+    bubble = 1.0 - sum(busy) / (k * end_time) if end_time > 0 else 0.0
+    peaks = replay_memory(orders, chunks, ranks)
+    if not record_tasks:
+        return Simulation(end_time, bubble, None, busy, peaks)
+    timeline, memory = _recorded(programs, starts, ends, chunks, ranks, schedule)
+    return Simulation(end_time, bubble, timeline, busy, peaks, memory)
+
+
+def _recorded(
+    programs: list[_Program],
+    starts: list[list[float]],
+    ends: list[list[float]] | None,
+    chunks: Sequence[ChunkWork],
+    ranks: list[int],
+    schedule: str,
+) -> tuple[Timeline, list[list[tuple[float, float]]]]:
+    """The simulated run's timeline and each rank's memory over time (task ends derived
+    from the starts where the run did not keep them)."""
+    if ends is None:  # only when recorded: the search's many simulations skip it
+        ends = [
+            [t + task[3] for t, task in zip(st, prog, strict=True)]
+            for st, prog in zip(starts, programs, strict=True)
+        ]
+    timeline = _timeline(programs, starts, ends, len(chunks), schedule)
+    memory = [
+        _memory_steps(programs[r], starts[r], ends[r], chunks, ranks, r)
+        for r in range(len(programs))
+    ]
+    return timeline, memory
+
+
+def _run_programs(
+    programs: list[_Program],
+    n_chunks: int,
+    microbatches: int,
+    host_throughput: float | None,
+    arrival_delay_s: Mapping[Action, float] | None,
+    rank_start_s: Sequence[float] | None,
+) -> tuple[list[list[float]], list[list[float]] | None, list[float], float]:
+    """Run the ranks' programs on dedicated ranks or on a shared host; per-rank task starts,
+    task ends (None on dedicated ranks: the caller derives them when it records), busy
+    seconds, and the iteration's end."""
+    k = len(programs)
     # When each value a task waits for is there (-1.0: not yet); chunk 0's inputs are there
     # from the start.
     ready = [-1.0] * (2 * n_chunks * microbatches)
@@ -576,23 +622,9 @@ def simulate_schedule(
                 "rank_start_s and arrival_delay_s are for dedicated ranks (no host_throughput)"
             )
         starts, ends, busy = _run_shared_host(programs, ready, host_throughput)
-        end_time = max((e[-1] for e in ends if e), default=0.0)
-    else:
-        starts, busy, free = _run_dedicated(programs, ready, rank_start_s)
-        end_time = max(free, default=0.0)
-        ends = None
-    bubble = 1.0 - sum(busy) / (k * end_time) if end_time > 0 else 0.0
-    peaks = replay_memory(orders, chunks, ranks)
-    if not record_tasks:
-        return Simulation(end_time, bubble, None, busy, peaks)
-    if ends is None:  # only when recorded: the search's many simulations skip it
-        ends = [
-            [t + task[3] for t, task in zip(st, prog, strict=True)]
-            for st, prog in zip(starts, programs, strict=True)
-        ]
-    timeline = _timeline(programs, starts, ends, n_chunks, schedule)
-    memory = [_memory_steps(programs[r], starts[r], ends[r], chunks, ranks, r) for r in range(k)]
-    return Simulation(end_time, bubble, timeline, busy, peaks, memory)
+        return starts, ends, busy, max((e[-1] for e in ends if e), default=0.0)
+    starts, busy, free = _run_dedicated(programs, ready, rank_start_s)
+    return starts, None, busy, max(free, default=0.0)
 
 
 def _timeline(

@@ -607,21 +607,7 @@ def _count(
             counter,
             torch.autograd.graph.saved_tensors_hooks(pack, _unpack),
         ):
-            counter.mark_inputs(input_tensors)
-            # flat placeholders in, flat graph outputs out; the UnitGraph restores the structure
-            flat_output = interpreter.run(*units.flat_inputs(inputs), enable_io_processing=False)
-            output = units.unflatten_output(flat_output)
-            try:  # refused here, at plan time, rather than by the runtime
-                check_joinable_output(output, _batch_size(inputs))
-            except OutputError as exc:
-                raise AnalyticProfileError(str(exc)) from None
-            counter.mark_outputs(tensor_leaves(output))
-            # The loss: booked apart; its inputs (targets) are not pipeline traffic.
-            counter.track_liveness = False
-            counter.unit = n
-            loss = _loss(output, inputs, loss_fn)
-            counter.phase = "backward"
-            loss.backward()
+            _run_counted(counter, interpreter, units, inputs, input_tensors, loss_fn)
     except AnalyticProfileError:
         raise
     except Exception as exc:
@@ -641,6 +627,34 @@ def _count(
         input_bytes=sum(t.untyped_storage().nbytes() for t in input_tensors),
         batch_size=_batch_size(inputs),
     )
+
+
+def _run_counted(
+    counter: OpCounter,
+    interpreter: _UnitInterpreter,
+    units: UnitGraph,
+    inputs: Any,
+    input_tensors: list[torch.Tensor],
+    loss_fn: Callable[[Any, Any], torch.Tensor] | None,
+) -> None:
+    """Forward (unit by unit), loss and backward of ``units`` on ``inputs``, booked by
+    ``counter`` (its hooks already entered); AnalyticProfileError for an output the
+    pipeline cannot join."""
+    counter.mark_inputs(input_tensors)
+    # flat placeholders in, flat graph outputs out; the UnitGraph restores the structure
+    flat_output = interpreter.run(*units.flat_inputs(inputs), enable_io_processing=False)
+    output = units.unflatten_output(flat_output)
+    try:  # refused here, at plan time, rather than by the runtime
+        check_joinable_output(output, _batch_size(inputs))
+    except OutputError as exc:
+        raise AnalyticProfileError(str(exc)) from None
+    counter.mark_outputs(tensor_leaves(output))
+    # The loss: booked apart; its inputs (targets) are not pipeline traffic.
+    counter.track_liveness = False
+    counter.unit = units.num_units
+    loss = _loss(output, inputs, loss_fn)
+    counter.phase = "backward"
+    loss.backward()
 
 
 def _traced_units(

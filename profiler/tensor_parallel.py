@@ -37,6 +37,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 
 import torch
 from autopipe.profiler.units import unit_module
@@ -188,68 +189,17 @@ def annotate_tensor_parallel(
         profile.tp_plan, profile.tp_degrees = {}, []
         profile.tp_note = left_out or NO_PLAN_NOTE
         return profile
-    names = profile.unit_names
-    split = [0] * len(names)
-    rowwise = [0] * len(names)
-    colwise = [0] * len(names)
-    embedding = [0] * len(names)
-    gathers = [0] * len(names)
-    dims: list[int] = []
-    matched = 0
-    for path, module in model.named_modules():
-        style = _style_of(path, plan)
-        if style is None:
-            continue
-        matched += 1
-        count = 0
-        weight = getattr(module, "weight", None)
-        col = "colwise" in style
-        if isinstance(weight, torch.Tensor):
-            count += int(weight.numel())
-            if isinstance(module, nn.Linear):
-                dims.append(int(weight.shape[0] if col else weight.shape[1]))
-            elif isinstance(module, nn.Embedding):
-                dims.append(int(module.num_embeddings))
-        bias = getattr(module, "bias", None)
-        if col and isinstance(bias, torch.Tensor):
-            count += int(bias.numel())
-        for i in _unit_of_module(path, names):
-            split[i] += count
-            if style in EMBEDDING_TP_STYLES:
-                embedding[i] += 1
-            elif "rowwise" in style:
-                rowwise[i] += 1
-            elif col:
-                colwise[i] += 1
-                gathers[i] += style in _GATHERED_OUTPUT
-    if not matched:
+    tally = _tally_modules(model, plan, profile.unit_names)
+    if not tally.matched:
         profile.tp_plan, profile.tp_degrees = {}, []
         profile.tp_note = (
             f"the model's tensor-parallel plan matches none of its modules ({len(plan)} patterns)"
         )
         return profile
-    for i, u in enumerate(profile.units):
-        if not split[i]:
-            continue
-        u.tp_parameter_count = min(split[i], u.parameter_count) if u.parameter_count else split[i]
-        u.tp_compute_fraction = (
-            min(u.tp_parameter_count / u.parameter_count, 1.0) if u.parameter_count else 1.0
-        )
-        into = profile.cut_bytes[i - 1] if i > 0 else profile.input_bytes
-        # C such that the device formula, an all-gather and a reduce-scatter of C in each
-        # pass (4 C in all), carries what runs: a block's region gathers its input and
-        # reduce-scatters its output in each pass; a vocab-parallel embedding only
-        # reduce-scatters its output in forward and gathers its gradient in backward (2 x
-        # output); a column-wise module no row-wise one closes (an LM head) gathers its input
-        # in forward and reduce-scatters its gradient in backward, plus its logits in forward
-        # when its output is gathered.
-        regions = rowwise[i] * u.output_bytes + embedding[i] * u.output_bytes / 2
-        if colwise[i] and not rowwise[i]:
-            regions += (2 * into + (u.output_bytes if gathers[i] else 0)) / 4
-        u.tp_collective_bytes = int(regions)
+    _fill_units(profile, tally)
     heads = _heads(model)
     g = 0
-    for d in heads or dims:
+    for d in heads or tally.dims:
         g = math.gcd(g, d)
     profile.tp_plan = dict(plan)
     profile.tp_degrees = [t for t in range(2, min(g, MAX_TP_DEGREE) + 1) if g % t == 0]
@@ -261,3 +211,77 @@ def annotate_tensor_parallel(
     if not profile.tp_degrees:
         profile.tp_plan = {}
     return profile
+
+
+@dataclass
+class _Tally:
+    """Per unit, what the TP plan splits in it; the split dimensions; the modules matched."""
+
+    split: list[int]
+    """Parameters split (weights, and column-wise biases)."""
+    rowwise: list[int]
+    colwise: list[int]
+    embedding: list[int]
+    gathers: list[int]
+    """Column-wise modules whose output is gathered."""
+    dims: list[int] = field(default_factory=list)
+    """Each split Linear's split dimension, each split Embedding's rows."""
+    matched: int = 0
+
+
+def _tally_modules(model: nn.Module, plan: Mapping[str, str], names: list[str]) -> _Tally:
+    """Walk ``model``'s modules that ``plan`` styles and book each to its unit. O(modules)."""
+    n = len(names)
+    tally = _Tally([0] * n, [0] * n, [0] * n, [0] * n, [0] * n)
+    for path, module in model.named_modules():
+        style = _style_of(path, plan)
+        if style is None:
+            continue
+        tally.matched += 1
+        count = 0
+        weight = getattr(module, "weight", None)
+        col = "colwise" in style
+        if isinstance(weight, torch.Tensor):
+            count += int(weight.numel())
+            if isinstance(module, nn.Linear):
+                tally.dims.append(int(weight.shape[0] if col else weight.shape[1]))
+            elif isinstance(module, nn.Embedding):
+                tally.dims.append(int(module.num_embeddings))
+        bias = getattr(module, "bias", None)
+        if col and isinstance(bias, torch.Tensor):
+            count += int(bias.numel())
+        for i in _unit_of_module(path, names):
+            tally.split[i] += count
+            if style in EMBEDDING_TP_STYLES:
+                tally.embedding[i] += 1
+            elif "rowwise" in style:
+                tally.rowwise[i] += 1
+            elif col:
+                tally.colwise[i] += 1
+                tally.gathers[i] += style in _GATHERED_OUTPUT
+    return tally
+
+
+def _fill_units(profile: Profile, tally: _Tally) -> None:
+    """Each split unit's TP parameter count, compute fraction and collective bytes."""
+    for i, u in enumerate(profile.units):
+        if not tally.split[i]:
+            continue
+        u.tp_parameter_count = (
+            min(tally.split[i], u.parameter_count) if u.parameter_count else tally.split[i]
+        )
+        u.tp_compute_fraction = (
+            min(u.tp_parameter_count / u.parameter_count, 1.0) if u.parameter_count else 1.0
+        )
+        into = profile.cut_bytes[i - 1] if i > 0 else profile.input_bytes
+        # C such that the device formula, an all-gather and a reduce-scatter of C in each
+        # pass (4 C in all), carries what runs: a block's region gathers its input and
+        # reduce-scatters its output in each pass; a vocab-parallel embedding only
+        # reduce-scatters its output in forward and gathers its gradient in backward (2 x
+        # output); a column-wise module no row-wise one closes (an LM head) gathers its input
+        # in forward and reduce-scatters its gradient in backward, plus its logits in forward
+        # when its output is gathered.
+        regions = tally.rowwise[i] * u.output_bytes + tally.embedding[i] * u.output_bytes / 2
+        if tally.colwise[i] and not tally.rowwise[i]:
+            regions += (2 * into + (u.output_bytes if tally.gathers[i] else 0)) / 4
+        u.tp_collective_bytes = int(regions)

@@ -374,36 +374,11 @@ def unit_graph_from(
     _check_granularity(granularity)
     calls = [n for n in gm.graph.nodes if n.op not in ("placeholder", "get_attr", "output")]
     by_node = granularity == "node" and not units
+    labels: dict[str, str | None]
     if by_node:
-        labels: dict[str, str | None] = {n.name: n.name for n in calls}
+        labels = {n.name: n.name for n in calls}
     else:
-        if units:
-            paths = _pattern_units(model, units)
-        else:
-            paths = _block_units(model) if granularity == "block" else _module_units(model)
-        unit_set = set(paths) or {""}
-        modules = dict(model.named_modules())
-        # Only a module with parameters is cut per call: a parameter-free one (a dropout or
-        # an activation called twice) has nothing to share, and its later calls stay glue
-        # of the unit they run in.
-        per_call = {
-            path
-            for path in unit_set
-            if path in modules and next(modules[path].parameters(), None) is not None
-        }
-        labels = {}
-        for n in calls:
-            path = _unit_of_path(_module_path(n), unit_set)
-            if path is not None and path in per_call:
-                path = _call_name(path, _call_of(n, path))
-            labels[n.name] = path
-        for n in calls:
-            # Unpacking a unit's tuple output (``out, (h, c) = self.lstm(x)``) belongs to that
-            # unit: only the parts used later cross a cut, not the whole tuple.
-            if labels[n.name] is None and n.target is operator.getitem:
-                source = n.args[0]
-                if isinstance(source, fx.Node) and labels.get(source.name) is not None:
-                    labels[n.name] = labels[source.name]
+        labels = _module_labels(calls, model, granularity, units)
     names, node_unit = _assign(gm, labels)
     if by_node:
         by_name = {n.name: n for n in calls}
@@ -429,6 +404,41 @@ def unit_graph_from(
         batch_dynamic=batch_is_dynamic(gm),
         unit_patterns=list(units) if units else None,
     )
+
+
+def _module_labels(
+    calls: list[fx.Node], model: nn.Module, granularity: str, units: Sequence[str] | None
+) -> dict[str, str | None]:
+    """Each call node's unit: the module (of the granularity's, or matching ``units``) it
+    runs in, per call for a module with parameters; None for glue between units."""
+    if units:
+        paths = _pattern_units(model, units)
+    else:
+        paths = _block_units(model) if granularity == "block" else _module_units(model)
+    unit_set = set(paths) or {""}
+    modules = dict(model.named_modules())
+    # Only a module with parameters is cut per call: a parameter-free one (a dropout or
+    # an activation called twice) has nothing to share, and its later calls stay glue
+    # of the unit they run in.
+    per_call = {
+        path
+        for path in unit_set
+        if path in modules and next(modules[path].parameters(), None) is not None
+    }
+    labels: dict[str, str | None] = {}
+    for n in calls:
+        path = _unit_of_path(_module_path(n), unit_set)
+        if path is not None and path in per_call:
+            path = _call_name(path, _call_of(n, path))
+        labels[n.name] = path
+    for n in calls:
+        # Unpacking a unit's tuple output (``out, (h, c) = self.lstm(x)``) belongs to that
+        # unit: only the parts used later cross a cut, not the whole tuple.
+        if labels[n.name] is None and n.target is operator.getitem:
+            source = n.args[0]
+            if isinstance(source, fx.Node) and labels.get(source.name) is not None:
+                labels[n.name] = labels[source.name]
+    return labels
 
 
 def trace_units(

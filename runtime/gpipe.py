@@ -124,34 +124,10 @@ class GPipe(nn.Module):
         deferred_batch_norm: bool = False,
     ) -> None:
         super().__init__()
-        if isinstance(chunks, float) and chunks.is_integer():
-            chunks = int(chunks)  # torchgpipe takes chunks=42.0 as 42
-        if not isinstance(chunks, int) or isinstance(chunks, bool) or chunks <= 0:
-            raise ValueError(f"number of chunks must be a positive integer, got {chunks!r}")
+        chunks = _checked_chunks(chunks)
         _check_torchgpipe_mode(checkpoint)
-        if not isinstance(module, nn.Sequential):
-            raise TypeError(
-                f"module must be nn.Sequential to be partitioned, got {type(module).__name__}"
-            )
-        if balance is None:
-            raise ValueError(
-                "balance is required: the number of layers in each partition, e.g. balance=[2, 2]"
-            )
-        balance = [int(b) for b in balance]
-        if sum(balance) != len(module):
-            raise ValueError(
-                f"module and sum of balance have different length (module: {len(module)}, "
-                f"sum of balance: {sum(balance)}); balance must count every layer once"
-            )
-        if any(b <= 0 for b in balance):
-            raise ValueError(f"all balance numbers must be positive integers, got {balance}")
-        if devices is None:
-            devices = default_devices(len(balance))
-        devs = [as_device(d) for d in devices]
-        if len(devs) < len(balance):
-            raise IndexError(
-                f"too few devices to hold given partitions (devices: {len(devs)}, partitions: {len(balance)})"
-            )
+        balance = _checked_balance(module, balance)
+        devs = _checked_devices(devices, len(balance))
         _verify(module, _split(module, balance))  # before the BatchNorm swap mutates the module
         if deferred_batch_norm:
             module = convert_deferred_batch_norm(module)  # type: ignore[assignment]
@@ -253,6 +229,51 @@ class GPipe(nn.Module):
             rng=MicrobatchRNG(draw_base_seed()),
         )
         return gather([out for (out,) in outputs])
+
+
+def _checked_chunks(chunks: int | float) -> int:
+    """``chunks`` as torchgpipe takes it (``42.0`` is 42); ValueError unless a positive integer."""
+    if isinstance(chunks, float) and chunks.is_integer():
+        chunks = int(chunks)  # torchgpipe takes chunks=42.0 as 42
+    if not isinstance(chunks, int) or isinstance(chunks, bool) or chunks <= 0:
+        raise ValueError(f"number of chunks must be a positive integer, got {chunks!r}")
+    return chunks
+
+
+def _checked_balance(module: nn.Module, balance: Sequence[int] | None) -> list[int]:
+    """``balance`` as integers; TypeError for a module that is not an ``nn.Sequential``,
+    ValueError for a balance that is missing, not positive or does not count every layer."""
+    if not isinstance(module, nn.Sequential):
+        raise TypeError(
+            f"module must be nn.Sequential to be partitioned, got {type(module).__name__}"
+        )
+    if balance is None:
+        raise ValueError(
+            "balance is required: the number of layers in each partition, e.g. balance=[2, 2]"
+        )
+    balance = [int(b) for b in balance]
+    if sum(balance) != len(module):
+        raise ValueError(
+            f"module and sum of balance have different length (module: {len(module)}, "
+            f"sum of balance: {sum(balance)}); balance must count every layer once"
+        )
+    if any(b <= 0 for b in balance):
+        raise ValueError(f"all balance numbers must be positive integers, got {balance}")
+    return balance
+
+
+def _checked_devices(
+    devices: Sequence[torch.device | str | int] | None, partitions: int
+) -> list[torch.device]:
+    """The devices (default: ``default_devices``); IndexError if fewer than ``partitions``."""
+    if devices is None:
+        devices = default_devices(partitions)
+    devs = [as_device(d) for d in devices]
+    if len(devs) < partitions:
+        raise IndexError(
+            f"too few devices to hold given partitions (devices: {len(devs)}, partitions: {partitions})"
+        )
+    return devs
 
 
 _TORCHGPIPE_KEY = re.compile(r"partitions\.\d+\.")

@@ -91,55 +91,83 @@ def split_graph(
     placeholders = [n.name for n in gm.graph.nodes if n.op == "placeholder"]
     output_node = next(n for n in gm.graph.nodes if n.op == "output")
     by_name = {n.name: n for n in gm.graph.nodes}
+    return [
+        _stage_graph(gm, k, num_stages, where, cuts, placeholders, by_name, output_node)
+        for k in range(num_stages)
+    ]
 
-    stages: list[StageGraph] = []
-    for k in range(num_stages):
-        inputs = placeholders if k == 0 else cuts[k - 1]
-        graph = fx.Graph()
-        env: dict[fx.Node, fx.Node] = {}
 
-        def lookup(n: fx.Node, env: dict[fx.Node, fx.Node] = env) -> fx.Node:
-            return env[n]
+def _stage_graph(
+    gm: fx.GraphModule,
+    k: int,
+    num_stages: int,
+    where: Mapping[str, int],
+    cuts: list[list[str]],
+    placeholders: list[str],
+    by_name: Mapping[str, fx.Node],
+    output_node: fx.Node,
+) -> StageGraph:
+    """Stage ``k``'s graph: its inputs (the model's arguments, or the cut before it) as
+    placeholders, its nodes copied, the cut after it (or the model's output) as output."""
+    inputs = placeholders if k == 0 else cuts[k - 1]
+    graph = fx.Graph()
+    env: dict[fx.Node, fx.Node] = {}
 
-        for name in inputs:
-            source = by_name[name]
-            if k == 0:
-                # The model's own argument (its name, e.g. ``input`` where fx named the node
-                # ``input_1``, and its default value).
-                new = graph.node_copy(source)
-            else:
-                new = graph.placeholder(name)
-                new.meta = dict(source.meta)
-            env[source] = new
-        for node in gm.graph.nodes:
-            if node.op in ("placeholder", "output") or node in env:
-                continue
-            if node.op == "get_attr":
-                last = num_stages - 1  # the output node belongs to the last stage
-                if any((last if u.op == "output" else where[u.name]) == k for u in node.users):
-                    env[node] = graph.node_copy(node, lookup)
-                continue
-            if where[node.name] != k:
-                continue
-            try:
-                env[node] = graph.node_copy(node, lookup)
-            except KeyError as exc:
-                raise StageSplitError(
-                    f"node {node.name!r} in stage {k} reads {exc.args[0]} from a later stage; "
-                    "stages must not decrease along data edges (the unit order is not topological)"
-                ) from None
-        if k == num_stages - 1:
-            graph.output(fx.map_arg(output_node.args[0], lookup))
-            outputs: list[str] = []
+    def lookup(n: fx.Node, env: dict[fx.Node, fx.Node] = env) -> fx.Node:
+        return env[n]
+
+    for name in inputs:
+        source = by_name[name]
+        if k == 0:
+            # The model's own argument (its name, e.g. ``input`` where fx named the node
+            # ``input_1``, and its default value).
+            new = graph.node_copy(source)
         else:
-            outputs = cuts[k]
-            graph.output(tuple(env[by_name[name]] for name in outputs))
-        if k > 0:
-            _clone_written_inputs(graph, gm)
-        graph.lint()
-        module = fx.GraphModule(gm, graph, class_name=f"Stage{k}")
-        stages.append(StageGraph(k, module, list(inputs), list(outputs)))
-    return stages
+            new = graph.placeholder(name)
+            new.meta = dict(source.meta)
+        env[source] = new
+    _copy_stage_nodes(gm.graph, graph, env, lookup, k, num_stages, where)
+    if k == num_stages - 1:
+        graph.output(fx.map_arg(output_node.args[0], lookup))
+        outputs: list[str] = []
+    else:
+        outputs = cuts[k]
+        graph.output(tuple(env[by_name[name]] for name in outputs))
+    if k > 0:
+        _clone_written_inputs(graph, gm)
+    graph.lint()
+    module = fx.GraphModule(gm, graph, class_name=f"Stage{k}")
+    return StageGraph(k, module, list(inputs), list(outputs))
+
+
+def _copy_stage_nodes(
+    source: fx.Graph,
+    graph: fx.Graph,
+    env: dict[fx.Node, fx.Node],
+    lookup: Callable[[fx.Node], fx.Node],
+    k: int,
+    num_stages: int,
+    where: Mapping[str, int],
+) -> None:
+    """Copy stage ``k``'s call nodes, and the ``get_attr`` nodes its nodes read, into
+    ``graph`` in order; StageSplitError for a node that reads a later stage's value."""
+    for node in source.nodes:
+        if node.op in ("placeholder", "output") or node in env:
+            continue
+        if node.op == "get_attr":
+            last = num_stages - 1  # the output node belongs to the last stage
+            if any((last if u.op == "output" else where[u.name]) == k for u in node.users):
+                env[node] = graph.node_copy(node, lookup)
+            continue
+        if where[node.name] != k:
+            continue
+        try:
+            env[node] = graph.node_copy(node, lookup)
+        except KeyError as exc:
+            raise StageSplitError(
+                f"node {node.name!r} in stage {k} reads {exc.args[0]} from a later stage; "
+                "stages must not decrease along data edges (the unit order is not topological)"
+            ) from None
 
 
 def split_units(stage: StageGraph, node_unit: Mapping[str, int]) -> list[Callable[..., Any]]:

@@ -28,7 +28,8 @@ from autopipe.profiler.options import MeasureOptions
 from autopipe.profiler.tree import float_tensor_leaves
 from autopipe.profiler.units import trace_units
 from autopipe.runtime.parallelize import build_pipeline
-from autopipe.runtime.recorder import Clock
+from autopipe.runtime.pipeline import Pipeline
+from autopipe.runtime.recorder import Clock, TimelineRecorder
 from torch import nn
 from tqdm import tqdm
 
@@ -141,28 +142,9 @@ def measure_steps(
         disable=not progress,
     )
     for step in range(warmup + steps):
-        optimizer.zero_grad(set_to_none=True)
-        w0, c0 = time.perf_counter(), iteration_clock()
-        outputs = pipe.run_microbatches(example_inputs)
-        recorder = pipe.last_recorder
-        assert recorder is not None  # every run of the pipeline records
-        # The objective micro-batch by micro-batch, as torchrun computes it; the plan's
-        # last stage includes its time.
-        loss = pipe.microbatch_loss(outputs, example_inputs, loss_fn=loss_fn)
-        head = next((t for t in float_tensor_leaves(outputs[-1]) if t.requires_grad), None)
-        loss_backward = recorder.begin(last, -1, "loss", loss_device)
-        handle = None
-        if head is not None:
-            # Fires (on the autograd thread) once d loss / d output exists.
-            handle = head.register_hook(
-                lambda grad, span=loss_backward, rec=recorder: rec.end(span)
-            )
-        loss.backward()
-        c1 = iteration_clock()
-        if handle is not None:
-            handle.remove()
-        optimizer.step()
-        w1 = time.perf_counter()
+        recorder, clock_s, wall_s = _train_step(
+            pipe, optimizer, example_inputs, loss_fn, iteration_clock, last, loss_device
+        )
         bar.update()
         if step < warmup:
             continue
@@ -172,12 +154,47 @@ def measure_steps(
             StepMeasurement(
                 timeline=wall,
                 task_timeline=on_clock,
-                iteration_s=wall.iteration_s if clock == "wall" else c1 - c0,
-                step_wall_s=w1 - w0,
+                iteration_s=wall.iteration_s if clock == "wall" else clock_s,
+                step_wall_s=wall_s,
             )
         )
     bar.close()
     return measurement
+
+
+def _train_step(
+    pipe: Pipeline,
+    optimizer: torch.optim.Optimizer,
+    example_inputs: Any,
+    loss_fn: Callable[[Any, Any], Any] | None,
+    iteration_clock: Callable[[], float],
+    last: int,
+    loss_device: Any,
+) -> tuple[TimelineRecorder, float, float]:
+    """One SGD step of ``pipe``, the loss's backward recorded on the last stage; returns
+    the step's recorder, its seconds on ``iteration_clock`` (to the end of backward) and
+    its wall seconds (to the end of the optimizer step)."""
+    optimizer.zero_grad(set_to_none=True)
+    w0, c0 = time.perf_counter(), iteration_clock()
+    outputs = pipe.run_microbatches(example_inputs)
+    recorder = pipe.last_recorder
+    assert recorder is not None  # every run of the pipeline records
+    # The objective micro-batch by micro-batch, as torchrun computes it; the plan's
+    # last stage includes its time.
+    loss = pipe.microbatch_loss(outputs, example_inputs, loss_fn=loss_fn)
+    head = next((t for t in float_tensor_leaves(outputs[-1]) if t.requires_grad), None)
+    loss_backward = recorder.begin(last, -1, "loss", loss_device)
+    handle = None
+    if head is not None:
+        # Fires (on the autograd thread) once d loss / d output exists.
+        handle = head.register_hook(lambda grad, span=loss_backward, rec=recorder: rec.end(span))
+    loss.backward()
+    c1 = iteration_clock()
+    if handle is not None:
+        handle.remove()
+    optimizer.step()
+    w1 = time.perf_counter()
+    return recorder, c1 - c0, w1 - w0
 
 
 def calibrate_executor_overhead(

@@ -375,6 +375,13 @@ def model_and_plan_args(p: argparse.ArgumentParser) -> None:
 
 def model_options(p: argparse.ArgumentParser) -> None:
     """The flags that say how to profile a model file (``plan`` and ``profile``)."""
+    _model_unit_flags(p)
+    _training_state_flags(p)
+    _measurement_flags(p)
+
+
+def _model_unit_flags(p: argparse.ArgumentParser) -> None:
+    """The batch, the device (measured or a catalog spec), the dtype, what a unit is, the cache."""
     p.add_argument(
         "--batch-size",
         type=positive_int,
@@ -406,6 +413,9 @@ def model_options(p: argparse.ArgumentParser) -> None:
         "--no-cache", action="store_true", help="re-measure even if a cached profile matches"
     )
 
+
+def _training_state_flags(p: argparse.ArgumentParser) -> None:
+    """The training state per parameter: the optimizer, or its bytes."""
     p.add_argument(
         "--optimizer",
         choices=CLI_OPTIMIZERS,
@@ -420,6 +430,10 @@ def model_options(p: argparse.ArgumentParser) -> None:
         help="training-state bytes per parameter (weights + gradients + optimizer state), "
         "overriding --optimizer",
     )
+
+
+def _measurement_flags(p: argparse.ArgumentParser) -> None:
+    """How a measured profile is taken: sharing, the split backward, scaling, meta init."""
     p.add_argument(
         "--no-share",
         action="store_true",

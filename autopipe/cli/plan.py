@@ -48,6 +48,23 @@ def register(sub: common.Subparsers) -> None:
         description="Cut a model into K pipeline stages, choose micro-batches and re-materialization.",
         epilog=EPILOG,
     )
+    _add_target_flags(p)
+    _add_search_flags(p)
+    _add_output_flags(p)
+    _add_mesh_flags(p)
+    _add_link_flags(p)
+    p.add_argument(
+        "--scaling",
+        action="store_true",
+        help="also plan K = 1..--gpus and print throughput and memory per K (and the fewest GPUs that fit)",
+    )
+    common.model_options(p)
+    common.add_common_flags(p)
+    p.set_defaults(func=cmd_plan)
+
+
+def _add_target_flags(p: argparse.ArgumentParser) -> None:
+    """What to plan and on how many devices: the model, K (or N), M, memory."""
     p.add_argument("model", help="MODEL.py[:FACTORY] or a saved PROFILE.json")
     p.add_argument(
         "--gpus",
@@ -64,6 +81,10 @@ def register(sub: common.Subparsers) -> None:
         type=common.byte_size,
         help="memory per device, e.g. 80GiB (default: unlimited, or the catalog device's)",
     )
+
+
+def _add_search_flags(p: argparse.ArgumentParser) -> None:
+    """How the plan is searched: re-materialization, schedule, virtual stages, strategy."""
     p.add_argument(
         "--checkpoint",
         choices=["never", "auto", "always", "except_last"],
@@ -94,6 +115,10 @@ def register(sub: common.Subparsers) -> None:
         "with: uniform (equal unit counts, torch pipelining / Megatron), parameters (balanced "
         "parameter counts, DeepSpeed), greedy-time (balanced measured time, torchgpipe)",
     )
+
+
+def _add_output_flags(p: argparse.ArgumentParser) -> None:
+    """Where the plan goes besides the report: JSON, figures, the profile, emitters."""
     common.json_option(p, "write the plan as JSON to PATH (stdout if no PATH)")
     p.add_argument(
         "--plot",
@@ -112,6 +137,10 @@ def register(sub: common.Subparsers) -> None:
     p.add_argument(
         "--emit-out", metavar="PATH", help="write --emit's output to PATH (default: stdout)"
     )
+
+
+def _add_mesh_flags(p: argparse.ArgumentParser) -> None:
+    """The device mesh PP x D x T: data and tensor parallelism, sharding of the training state."""
     p.add_argument(
         "--data-parallel",
         metavar="auto|D",
@@ -132,6 +161,10 @@ def register(sub: common.Subparsers) -> None:
         help="shard the training state over the D replicas: optimizer (ZeRO-1), gradients "
         "(ZeRO-2) or parameters (ZeRO-3, FSDP2); plans the whole mesh (default there: auto)",
     )
+
+
+def _add_link_flags(p: argparse.ArgumentParser) -> None:
+    """The hardware between devices: nodes, links, a shared host, the all-reduce."""
     p.add_argument(
         "--gpus-per-node",
         type=common.positive_int,
@@ -163,14 +196,6 @@ def register(sub: common.Subparsers) -> None:
         help="gradient all-reduce bandwidth per device for --data-parallel, e.g. 100GB "
         "(default: the catalog device's link); with the mesh flags, the link inside a node",
     )
-    p.add_argument(
-        "--scaling",
-        action="store_true",
-        help="also plan K = 1..--gpus and print throughput and memory per K (and the fewest GPUs that fit)",
-    )
-    common.model_options(p)
-    common.add_common_flags(p)
-    p.set_defaults(func=cmd_plan)
 
 
 def cmd_plan(args: argparse.Namespace) -> int:

@@ -544,7 +544,21 @@ def device_spec_from_dict(data: Any, origin: str = "device spec") -> DeviceSpec:
     if not isinstance(data, dict):
         raise DeviceSpecError(f"{origin}: expected a mapping of fields, got {type(data).__name__}")
     problems: list[str] = []
-    data = dict(data)
+    merged = _merged_fields(dict(data), origin, problems)
+    _parse_peaks(merged, problems)
+    _parse_quantities(merged, problems)
+    problems += _range_problems(merged)
+    if problems:
+        raise _spec_error(origin, problems)
+    merged["memory_bytes"] = int(merged["memory_bytes"])
+    if "gpus_per_node" in merged:
+        merged["gpus_per_node"] = int(merged["gpus_per_node"])
+    return DeviceSpec(**merged)
+
+
+def _merged_fields(data: dict[str, Any], origin: str, problems: list[str]) -> dict[str, Any]:
+    """``data``'s fields over its ``base`` device's, the unknown ones dropped; what is
+    unknown, missing or a bad base goes to ``problems``."""
     base_name = data.pop("base", None)
     merged: dict[str, Any] = {}
     if base_name:
@@ -570,23 +584,31 @@ def device_spec_from_dict(data: Any, origin: str = "device spec") -> DeviceSpec:
             f"missing required field(s) {', '.join(missing)} (required: {', '.join(_REQUIRED)}, "
             "or base: a catalog device to start from)"
         )
+    return merged
+
+
+def _parse_peaks(merged: dict[str, Any], problems: list[str]) -> None:
+    """``peak_flops_per_s`` (if given) as normalized dtype -> FLOP/s, in place."""
     peaks = merged.get("peak_flops_per_s")
-    if "peak_flops_per_s" in merged:
-        if not isinstance(peaks, dict) or not peaks:
-            problems.append(
-                "peak_flops_per_s must map dtypes to FLOP/s, e.g. {bfloat16: 312e12, float32: 19.5e12}"
-            )
-        else:
-            merged["peak_flops_per_s"] = {}
-            for key, value in peaks.items():
-                try:
-                    dtype = normalize_dtype(key)
-                except DeviceSpecError as exc:
-                    problems.append(f"peak_flops_per_s: {exc}")
-                    continue
-                merged["peak_flops_per_s"][dtype] = _quantity(
-                    value, f"peak_flops_per_s.{key}", problems
-                )
+    if "peak_flops_per_s" not in merged:
+        return
+    if not isinstance(peaks, dict) or not peaks:
+        problems.append(
+            "peak_flops_per_s must map dtypes to FLOP/s, e.g. {bfloat16: 312e12, float32: 19.5e12}"
+        )
+        return
+    merged["peak_flops_per_s"] = {}
+    for key, value in peaks.items():
+        try:
+            dtype = normalize_dtype(key)
+        except DeviceSpecError as exc:
+            problems.append(f"peak_flops_per_s: {exc}")
+            continue
+        merged["peak_flops_per_s"][dtype] = _quantity(value, f"peak_flops_per_s.{key}", problems)
+
+
+def _parse_quantities(merged: dict[str, Any], problems: list[str]) -> None:
+    """The numeric fields as numbers (a unit allowed), the name and aliases as text, in place."""
     for name in _FLOAT_FIELDS:
         if name in merged:
             merged[name] = _quantity(merged[name], name, problems)
@@ -597,13 +619,6 @@ def device_spec_from_dict(data: Any, origin: str = "device spec") -> DeviceSpec:
     merged["aliases"] = tuple(str(a) for a in merged.get("aliases", ()))
     if "name" in merged:
         merged["name"] = str(merged["name"])
-    problems += _range_problems(merged)
-    if problems:
-        raise _spec_error(origin, problems)
-    merged["memory_bytes"] = int(merged["memory_bytes"])
-    if "gpus_per_node" in merged:
-        merged["gpus_per_node"] = int(merged["gpus_per_node"])
-    return DeviceSpec(**merged)
 
 
 def _spec_error(origin: str, problems: list[str]) -> DeviceSpecError:

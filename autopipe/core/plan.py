@@ -332,96 +332,88 @@ class Plan:
         """Raise :class:`PlanFormatError` naming the first field that cannot be right: a
         negative, NaN or infinite time or size, fewer than one stage, micro-batch or sample,
         M x micro-batch size != batch size, a stage count or unit list that does not add up."""
-        one = (1, math.inf)
         try:
-            check_dataclass(
-                self,
-                bounds={
-                    "num_stages": one,
-                    "microbatches": one,
-                    "microbatch_size": one,
-                    "batch_size": one,
-                    "replicas": one,
-                    "tensor_parallel": one,
-                    "memory_per_device": one,
-                    "bubble_fraction": (0, 1),
-                },
-            )
-            if self.request is not None:
-                _check_request(self.request)
-            known = ("", CUSTOM_OPTIMIZER, *OPTIMIZERS)  # "": written before it was recorded
-            if self.optimizer not in known:
-                raise FieldError(
-                    "optimizer",
-                    f"is {self.optimizer!r}; expected one of {', '.join(known[1:])} (or absent)",
-                )
-            if self.schedule not in PLAN_SCHEDULES:
-                raise FieldError(
-                    "schedule", f"is {self.schedule!r}; expected one of {', '.join(PLAN_SCHEDULES)}"
-                )
-            if self.microbatches * self.microbatch_size != self.batch_size:
-                raise FieldError(
-                    "batch_size",
-                    f"is {self.batch_size} but microbatches x microbatch_size is "
-                    f"{self.microbatches} x {self.microbatch_size}",
-                )
-            if self.shard not in SHARD_MODES:
-                raise FieldError(
-                    "shard", f"is {self.shard!r}; expected one of {', '.join(SHARD_MODES)}"
-                )
-            if self.tensor_parallel > 1 and not self.tp_plan:
-                raise FieldError(
-                    "tp_plan", f"is empty but tensor_parallel is {self.tensor_parallel}"
-                )
-            if self.virtual_stages < 1:
-                raise FieldError("virtual_stages", f"is {self.virtual_stages}; expected >= 1")
-            chunks = self.num_stages * self.virtual_stages
-            if len(self.stages) != chunks:
-                raise FieldError(
-                    "stages",
-                    f"lists {len(self.stages)} stages but num_stages x virtual_stages is "
-                    f"{self.num_stages} x {self.virtual_stages}",
-                )
-            owner: dict[str, int] = {}
-            per_rank = [0] * self.num_stages
-            for i, stage in enumerate(self.stages):
-                if stage.rank == -1:  # written before stages were placed: one per rank
-                    stage.rank = i if self.virtual_stages == 1 else -1
-                if not 0 <= stage.rank < self.num_stages:
-                    raise FieldError(
-                        f"stages[{i}].rank", f"is {stage.rank}; expected 0..{self.num_stages - 1}"
-                    )
-                per_rank[stage.rank] += 1
-                check_dataclass(stage, prefix=f"stages[{i}].")
-                if stage.index != i:
-                    raise FieldError(f"stages[{i}].index", f"is {stage.index}; expected {i}")
-                if not stage.units:
-                    raise FieldError(f"stages[{i}].units", "is empty; every stage needs a unit")
-                if stage.checkpoint_granularity not in CHECKPOINT_GRANULARITIES:
-                    raise FieldError(
-                        f"stages[{i}].checkpoint_granularity",
-                        f"is {stage.checkpoint_granularity!r}; expected one of "
-                        f"{', '.join(CHECKPOINT_GRANULARITIES)}",
-                    )
-                if stage.unit_parameters and len(stage.unit_parameters) != len(stage.units):
-                    raise FieldError(
-                        f"stages[{i}].unit_parameters",
-                        f"lists {len(stage.unit_parameters)} counts for {len(stage.units)} units",
-                    )
-                for name in stage.units:
-                    if name in owner:
-                        raise FieldError(
-                            f"stages[{i}].units",
-                            f"repeats {name!r} (already in stages[{owner[name]}])",
-                        )
-                    owner[name] = i
-            if any(count != self.virtual_stages for count in per_rank):
-                raise FieldError(
-                    "stages[*].rank",
-                    f"gives the ranks {per_rank} stages; each needs {self.virtual_stages}",
-                )
+            self._check_fields()
+            self._check_stages()
         except FieldError as exc:
             raise PlanFormatError(str(exc)) from exc
+
+    def _check_fields(self) -> None:
+        """FieldError for the first plan-wide field out of range or inconsistent."""
+        one = (1, math.inf)
+        check_dataclass(
+            self,
+            bounds={
+                "num_stages": one,
+                "microbatches": one,
+                "microbatch_size": one,
+                "batch_size": one,
+                "replicas": one,
+                "tensor_parallel": one,
+                "memory_per_device": one,
+                "bubble_fraction": (0, 1),
+            },
+        )
+        if self.request is not None:
+            _check_request(self.request)
+        known = ("", CUSTOM_OPTIMIZER, *OPTIMIZERS)  # "": written before it was recorded
+        if self.optimizer not in known:
+            raise FieldError(
+                "optimizer",
+                f"is {self.optimizer!r}; expected one of {', '.join(known[1:])} (or absent)",
+            )
+        if self.schedule not in PLAN_SCHEDULES:
+            raise FieldError(
+                "schedule", f"is {self.schedule!r}; expected one of {', '.join(PLAN_SCHEDULES)}"
+            )
+        if self.microbatches * self.microbatch_size != self.batch_size:
+            raise FieldError(
+                "batch_size",
+                f"is {self.batch_size} but microbatches x microbatch_size is "
+                f"{self.microbatches} x {self.microbatch_size}",
+            )
+        if self.shard not in SHARD_MODES:
+            raise FieldError(
+                "shard", f"is {self.shard!r}; expected one of {', '.join(SHARD_MODES)}"
+            )
+        if self.tensor_parallel > 1 and not self.tp_plan:
+            raise FieldError("tp_plan", f"is empty but tensor_parallel is {self.tensor_parallel}")
+        if self.virtual_stages < 1:
+            raise FieldError("virtual_stages", f"is {self.virtual_stages}; expected >= 1")
+
+    def _check_stages(self) -> None:
+        """FieldError for the first stage that is wrong, or stages that do not add up: V per
+        rank, each unit on one stage. Places stages written before placement (rank -1)."""
+        chunks = self.num_stages * self.virtual_stages
+        if len(self.stages) != chunks:
+            raise FieldError(
+                "stages",
+                f"lists {len(self.stages)} stages but num_stages x virtual_stages is "
+                f"{self.num_stages} x {self.virtual_stages}",
+            )
+        owner: dict[str, int] = {}
+        per_rank = [0] * self.num_stages
+        for i, stage in enumerate(self.stages):
+            if stage.rank == -1:  # written before stages were placed: one per rank
+                stage.rank = i if self.virtual_stages == 1 else -1
+            if not 0 <= stage.rank < self.num_stages:
+                raise FieldError(
+                    f"stages[{i}].rank", f"is {stage.rank}; expected 0..{self.num_stages - 1}"
+                )
+            per_rank[stage.rank] += 1
+            _check_stage(stage, i)
+            for name in stage.units:
+                if name in owner:
+                    raise FieldError(
+                        f"stages[{i}].units",
+                        f"repeats {name!r} (already in stages[{owner[name]}])",
+                    )
+                owner[name] = i
+        if any(count != self.virtual_stages for count in per_rank):
+            raise FieldError(
+                "stages[*].rank",
+                f"gives the ranks {per_rank} stages; each needs {self.virtual_stages}",
+            )
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Plan:
@@ -463,6 +455,26 @@ def load_plan(path: str | os.PathLike[str]) -> Plan:
     """Read a plan written by ``Plan.save`` or ``autopipe plan --json`` (``PlanFormatError``
     naming the file)."""
     return load_json_file(path, Plan.from_dict, PlanFormatError)
+
+
+def _check_stage(stage: StagePlan, i: int) -> None:
+    """FieldError for the first field of ``stage`` (``stages[i]``) that cannot be right."""
+    check_dataclass(stage, prefix=f"stages[{i}].")
+    if stage.index != i:
+        raise FieldError(f"stages[{i}].index", f"is {stage.index}; expected {i}")
+    if not stage.units:
+        raise FieldError(f"stages[{i}].units", "is empty; every stage needs a unit")
+    if stage.checkpoint_granularity not in CHECKPOINT_GRANULARITIES:
+        raise FieldError(
+            f"stages[{i}].checkpoint_granularity",
+            f"is {stage.checkpoint_granularity!r}; expected one of "
+            f"{', '.join(CHECKPOINT_GRANULARITIES)}",
+        )
+    if stage.unit_parameters and len(stage.unit_parameters) != len(stage.units):
+        raise FieldError(
+            f"stages[{i}].unit_parameters",
+            f"lists {len(stage.unit_parameters)} counts for {len(stage.units)} units",
+        )
 
 
 def _check_request(request: PlanRequest) -> None:

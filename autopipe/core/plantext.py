@@ -41,6 +41,32 @@ def ms(s: float) -> str:
 
 def format_plan(plan: Plan) -> str:
     """The plan as a table, one row per stage, then the pipeline-level figures."""
+    where = (
+        f"{plan.num_stages} stages"
+        if plan.virtual_stages == 1
+        else f"{plan.num_stages} ranks x {plan.virtual_stages} virtual stages"
+    )
+    lines = [
+        f"autopipe plan: {plan.model or 'model'} on {where} "
+        f"({plan.strategy}, {plan.profile_mode} costs)",
+        "",
+        _stage_table(plan),
+        "",
+        *_figure_lines(plan),
+    ]
+    lines += _baselines_line(plan)
+    if plan.mesh is not None:
+        lines += ["", format_mesh(plan, plan.mesh)]
+    frameworks = framework_table(plan)
+    if frameworks:
+        lines += ["", "framework defaults on the same devices (predicted):", *frameworks, ""]
+    for note in plan.notes:
+        lines.append(f"note           {printable(note)}")  # notes quote unit names
+    return "\n".join(lines)
+
+
+def _stage_table(plan: Plan) -> str:
+    """One row per stage: device, modules, per-micro-batch ms, checkpointing, memory, load."""
     bottleneck_s = max((s.time_s for s in plan.stages), default=0.0) or 1.0
     rows = []
     for s in plan.stages:
@@ -72,17 +98,12 @@ def format_plan(plan: Plan) -> str:
         "memory",
         "load",
     ]
-    where = (
-        f"{plan.num_stages} stages"
-        if plan.virtual_stages == 1
-        else f"{plan.num_stages} ranks x {plan.virtual_stages} virtual stages"
-    )
+    return table(header, rows, right={0, 3, 4, 5, 7, 8})
+
+
+def _figure_lines(plan: Plan) -> list[str]:
+    """The pipeline-level figures: M, the iteration, the bubble, the bound, memory, host."""
     lines = [
-        f"autopipe plan: {plan.model or 'model'} on {where} "
-        f"({plan.strategy}, {plan.profile_mode} costs)",
-        "",
-        table(header, rows, right={0, 3, 4, 5, 7, 8}),
-        "",
         "times are per micro-batch; load = stage time / bottleneck stage time",
         f"micro-batches  M = {plan.microbatches} x {plan.microbatch_size} samples "
         f"(batch {plan.batch_size}), schedule {plan.schedule}",
@@ -110,24 +131,22 @@ def format_plan(plan: Plan) -> str:
         )
     if plan.state_bytes_per_parameter:
         lines.append(f"training state {_training_state(plan)}")
+    return lines
+
+
+def _baselines_line(plan: Plan) -> list[str]:
+    """The plan's iteration time against its own baselines' (not the framework defaults')."""
     own = {k: v for k, v in plan.baselines.items() if k not in FRAMEWORK_DEFAULTS}
-    if own:
-        names = ["autopipe", *own]
-        times: list[float | None] = [plan.iteration_time_s]
-        for b in own.values():
-            times.append(b.get("iteration_time_s") if b.get("feasible", True) else None)
-        ratio = " / ".join(
-            "infeasible" if t is None else f"{t / plan.iteration_time_s:.2f}" for t in times
-        )
-        lines.append(f"vs baselines   {' vs '.join(names)}: {ratio} x iteration time")
-    if plan.mesh is not None:
-        lines += ["", format_mesh(plan, plan.mesh)]
-    frameworks = framework_table(plan)
-    if frameworks:
-        lines += ["", "framework defaults on the same devices (predicted):", *frameworks, ""]
-    for note in plan.notes:
-        lines.append(f"note           {printable(note)}")  # notes quote unit names
-    return "\n".join(lines)
+    if not own:
+        return []
+    names = ["autopipe", *own]
+    times: list[float | None] = [plan.iteration_time_s]
+    for b in own.values():
+        times.append(b.get("iteration_time_s") if b.get("feasible", True) else None)
+    ratio = " / ".join(
+        "infeasible" if t is None else f"{t / plan.iteration_time_s:.2f}" for t in times
+    )
+    return [f"vs baselines   {' vs '.join(names)}: {ratio} x iteration time"]
 
 
 def format_mesh(plan: Plan, mesh: MeshReport, runners_up: int = 12) -> str:

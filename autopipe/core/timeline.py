@@ -388,42 +388,8 @@ def load_chrome_trace(
     (microseconds -> seconds). ``num_stages`` is a lower bound on the stage count; ``label``
     defaults to the one the trace carries. Raises TimelineFormatError. O(n log n).
     """
-    if isinstance(trace, (str, os.PathLike)):
-        try:
-            trace = json.loads(Path(trace).read_text())
-        except json.JSONDecodeError as exc:
-            raise TimelineFormatError(
-                f"{trace}: not valid JSON ({exc.msg} at line {exc.lineno})"
-            ) from exc
-        except UnicodeDecodeError:
-            raise TimelineFormatError(f"{trace}: not a JSON text file") from None
-    events = trace.get("traceEvents", []) if isinstance(trace, Mapping) else trace
-    if not isinstance(events, list):
-        raise TimelineFormatError(
-            'not a Chrome trace: expected {"traceEvents": [...]} or a list of events'
-        )
-    other = trace.get("otherData") if isinstance(trace, Mapping) else None
-    other = other if isinstance(other, Mapping) else {}
-    names: dict[Any, str] = {}
-    found: list[tuple[int, int, str, float, float, Any]] = []
-    marks_found: list[tuple[str, float, float, Any]] = []
-    for ev in events:
-        if not isinstance(ev, Mapping):
-            continue
-        ph = ev.get("ph")
-        if ph == "M":
-            if ev.get("name") == "process_name" and isinstance(ev.get("args"), Mapping):
-                names[ev.get("pid")] = str(ev["args"].get("name", ""))
-            continue
-        if ph != "X":
-            continue
-        mark = _event_mark(ev)
-        if mark is not None:
-            marks_found.append(mark)
-            continue
-        task = _event_task(ev)
-        if task is not None:
-            found.append(task)
+    events, other = _trace_events(trace)
+    names, found, marks_found = _scan_events(events)
     if not found:
         raise TimelineFormatError(
             "Chrome trace has no pipeline tasks (complete events with a stage, micro-batch "
@@ -453,6 +419,61 @@ def load_chrome_trace(
         device_names=device_names if any(device_names) else [],
         marks=marks,
     )
+
+
+def _trace_events(
+    trace: str | os.PathLike[str] | Mapping[str, Any] | list[Any],
+) -> tuple[list[Any], Mapping[str, Any]]:
+    """The trace's event list and its ``otherData`` (empty if none), read from the file
+    where ``trace`` is a path; TimelineFormatError if it is not JSON or not a trace."""
+    if isinstance(trace, (str, os.PathLike)):
+        try:
+            trace = json.loads(Path(trace).read_text())
+        except json.JSONDecodeError as exc:
+            raise TimelineFormatError(
+                f"{trace}: not valid JSON ({exc.msg} at line {exc.lineno})"
+            ) from exc
+        except UnicodeDecodeError:
+            raise TimelineFormatError(f"{trace}: not a JSON text file") from None
+    events = trace.get("traceEvents", []) if isinstance(trace, Mapping) else trace
+    if not isinstance(events, list):
+        raise TimelineFormatError(
+            'not a Chrome trace: expected {"traceEvents": [...]} or a list of events'
+        )
+    other = trace.get("otherData") if isinstance(trace, Mapping) else None
+    return events, other if isinstance(other, Mapping) else {}
+
+
+def _scan_events(
+    events: list[Any],
+) -> tuple[
+    dict[Any, str],
+    list[tuple[int, int, str, float, float, Any]],
+    list[tuple[str, float, float, Any]],
+]:
+    """The process names (by pid), the task events and the mark events of ``events``, in
+    their order; other events are skipped."""
+    names: dict[Any, str] = {}
+    found: list[tuple[int, int, str, float, float, Any]] = []
+    marks_found: list[tuple[str, float, float, Any]] = []
+    for ev in events:
+        if not isinstance(ev, Mapping):
+            continue
+        ph = ev.get("ph")
+        if ph == "M":
+            if ev.get("name") == "process_name" and isinstance(ev.get("args"), Mapping):
+                names[ev.get("pid")] = str(ev["args"].get("name", ""))
+            continue
+        if ph != "X":
+            continue
+        mark = _event_mark(ev)
+        if mark is not None:
+            marks_found.append(mark)
+            continue
+        task = _event_task(ev)
+        if task is not None:
+            found.append(task)
+    return names, found, marks_found
 
 
 def _event_mark(ev: Mapping[str, Any]) -> tuple[str, float, float, Any] | None:

@@ -293,6 +293,44 @@ def sequence_layout(
     gets = {n: str(n.target) for n in graph.nodes if n.op == "get_attr"}
     calls = {n: planned_path(n, planned, gets) for n in graph.nodes}
     calls = {n: p for n, p in calls.items() if p}
+    length = _sequence_length(calls, planned, values, degree)
+    layout = SequenceLayout(degree=degree, sequence_length=length)
+    region_of, norm_input, views = _find_norms(layout, graph, model, calls, planned, values)
+    by_name = {n.name: n for n in graph.nodes}
+    for norm, out in layout.norms.items():
+        if _feeds_split_modules_only(by_name[out], calls, planned, views[norm]):
+            layout.gathered |= views[norm]
+        else:
+            layout.kept_sharded.add(norm)
+    for _ in range(len(graph.nodes) + 1):
+        sharded = _propagate(graph_module, layout, calls, planned, region_of, values)
+        new = _needed_transitions(graph, layout, sharded, norm_input, calls, values)
+        if not new:
+            break
+        layout.transitions.update(new)
+    layout.sharded = sharded
+    for node, path in calls.items():
+        if planned[path] in COLWISE_STYLES:
+            x = node.args[0]
+            layout.colwise_inputs[path] = (
+                "sharded"
+                if isinstance(x, fx.Node) and x.name in sharded
+                else "norm"
+                if isinstance(x, fx.Node)
+                and (region_of.get(x) is not None or x.name in layout.gathered)
+                else "replicated"
+            )
+    return layout
+
+
+def _sequence_length(
+    calls: Mapping[fx.Node, str],
+    planned: Mapping[str, str],
+    values: Mapping[str, Any],
+    degree: int,
+) -> int:
+    """The one sequence length of the row-wise split modules' ``[batch, seq, ...]`` outputs;
+    SequenceParallelError unless there is exactly one and ``degree`` divides it."""
     lengths = {
         shape[SEQUENCE_DIM]
         for n, p in calls.items()
@@ -313,7 +351,22 @@ def sequence_layout(
             f"{degree}, which sequence parallelism splits it by; use a sequence length "
             "that T divides or re-plan with another --tensor-parallel"
         )
-    layout = SequenceLayout(degree=degree, sequence_length=length)
+    return length
+
+
+def _find_norms(
+    layout: SequenceLayout,
+    graph: fx.Graph,
+    model: nn.Module,
+    calls: Mapping[fx.Node, str],
+    planned: Mapping[str, str],
+    values: Mapping[str, Any],
+) -> tuple[dict[fx.Node, str], dict[str, fx.Node], dict[str, set[str]]]:
+    """Record in ``layout.norms`` each position-wise module that feeds a column-wise split
+    module; returns each of their nodes' norm, each norm's input read, and the nodes
+    (views) between each norm and the split modules. SequenceParallelError for a module
+    there that mixes sequence positions."""
+    length = layout.sequence_length
     region_of: dict[fx.Node, str] = {}
     norm_input: dict[str, fx.Node] = {}
     views: dict[str, set[str]] = {}
@@ -343,31 +396,7 @@ def sequence_layout(
         norm_input[norm] = reads[0]
         for n in nodes:
             region_of[n] = norm
-    by_name = {n.name: n for n in graph.nodes}
-    for norm, out in layout.norms.items():
-        if _feeds_split_modules_only(by_name[out], calls, planned, views[norm]):
-            layout.gathered |= views[norm]
-        else:
-            layout.kept_sharded.add(norm)
-    for _ in range(len(graph.nodes) + 1):
-        sharded = _propagate(graph_module, layout, calls, planned, region_of, values)
-        new = _needed_transitions(graph, layout, sharded, norm_input, calls, values)
-        if not new:
-            break
-        layout.transitions.update(new)
-    layout.sharded = sharded
-    for node, path in calls.items():
-        if planned[path] in COLWISE_STYLES:
-            x = node.args[0]
-            layout.colwise_inputs[path] = (
-                "sharded"
-                if isinstance(x, fx.Node) and x.name in sharded
-                else "norm"
-                if isinstance(x, fx.Node)
-                and (region_of.get(x) is not None or x.name in layout.gathered)
-                else "replicated"
-            )
-    return layout
+    return region_of, norm_input, views
 
 
 def _norm_feeding(
@@ -455,32 +484,42 @@ def _propagate(
                     "column-wise split module gathers it); re-plan with --tensor-parallel 1"
                 )
         elif node.op in ("call_function", "call_method", "call_module"):
-            inputs = node.all_input_nodes
-            reads_norm = [a for a in inputs if a.name in norm_outputs]
-            if reads_norm and not _is_shape_read(node):
-                raise SequenceParallelError(
-                    f"{node.name} reads the norm output {reads_norm[0].name}, which is "
-                    "gathered for the split modules only; re-plan with --tensor-parallel 1"
-                )
-            if any(a.name in sharded for a in inputs):
-                if _is_shape_read(node):
-                    if node.target is not torch.ops.aten._assert_tensor_metadata.default:
-                        raise SequenceParallelError(
-                            f"{node.name} reads the shape of a sequence-sharded value "
-                            f"({module_path_of(node) or 'the model'}); re-plan with "
-                            "--tensor-parallel 1"
-                        )
-                elif not _position_wise(node, graph_module):
-                    raise SequenceParallelError(
-                        f"{node.name} ({node.target}, in {module_path_of(node) or 'the model'}"
-                        ") reads a sequence-sharded value but is not position-wise; sequence "
-                        "parallelism cannot run it: re-plan with --tensor-parallel 1"
-                    )
-                else:
-                    sharded[node.name] = SEQUENCE_DIM
+            _propagate_op(node, graph_module, sharded, norm_outputs)
         if node.name in layout.transitions:
             sharded[node.name] = layout.transitions[node.name]
     return sharded
+
+
+def _propagate_op(
+    node: fx.Node, graph_module: fx.GraphModule, sharded: dict[str, int], norm_outputs: set[str]
+) -> None:
+    """An op outside the split modules and norms: its output is sharded when it reads a
+    shard position-wise; SequenceParallelError when it reads a gathered norm output, or a
+    shard's shape, or a shard but mixes positions."""
+    inputs = node.all_input_nodes
+    reads_norm = [a for a in inputs if a.name in norm_outputs]
+    if reads_norm and not _is_shape_read(node):
+        raise SequenceParallelError(
+            f"{node.name} reads the norm output {reads_norm[0].name}, which is "
+            "gathered for the split modules only; re-plan with --tensor-parallel 1"
+        )
+    if not any(a.name in sharded for a in inputs):
+        return
+    if _is_shape_read(node):
+        if node.target is not torch.ops.aten._assert_tensor_metadata.default:
+            raise SequenceParallelError(
+                f"{node.name} reads the shape of a sequence-sharded value "
+                f"({module_path_of(node) or 'the model'}); re-plan with "
+                "--tensor-parallel 1"
+            )
+    elif not _position_wise(node, graph_module):
+        raise SequenceParallelError(
+            f"{node.name} ({node.target}, in {module_path_of(node) or 'the model'}"
+            ") reads a sequence-sharded value but is not position-wise; sequence "
+            "parallelism cannot run it: re-plan with --tensor-parallel 1"
+        )
+    else:
+        sharded[node.name] = SEQUENCE_DIM
 
 
 def _needed_transitions(
