@@ -19,6 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from autopipe.planner.errors import PlanningError
+from autopipe.planner.planning import plan
+from autopipe.planner.search import divisor_hint
 
 from autopipe.core.cluster import Cluster, Device
 from autopipe.core.plan import Plan
@@ -149,8 +151,6 @@ def check_replicas_divide_batch(replicas: int, total_gpus: int, batch_size: int)
     (each replica pipelines ``batch_size / D`` samples), naming the D that would."""
     if batch_size % replicas == 0:
         return
-    from autopipe.planner.search import divisor_hint
-
     raise PlanningError(
         f"D={replicas} replicas do not divide the batch size {batch_size} (each replica "
         f"pipelines batch / D samples): for D, "
@@ -231,7 +231,6 @@ def _replica_planner(
 ) -> Callable[[int, int], Plan]:
     """The planner callable for ``choose_pipeline_data_parallel``: ``request`` on K stages
     (``device`` repeated K times, else K of the request's own) at the per-replica batch."""
-    from autopipe.planner.planning import plan
 
     def make_plan(stages: int, per_replica_batch: int) -> Plan:
         if stages > len(profile.units):

@@ -62,12 +62,6 @@ ALLOWED: dict[tuple[str, str], str] = {}
 """(module, imported module) -> why the import sits inside a function though the rule above
 would move it to the top."""
 
-PENDING = {
-    "autopipe.core.plan", "autopipe.planner.data_parallel",
-}  # fmt: skip
-"""Modules that other helpers rewrite in this session (#23): the rule applies to them once
-their work is merged, and this set is emptied."""
-
 
 @functools.cache
 def _modules() -> dict[str, Path]:
@@ -211,19 +205,16 @@ def test_imports_inside_functions_keep_heavy_packages_out() -> None:
     bad = [
         f"{imp.module}:{imp.line} {imp.text}"
         for imp, adds in _nested()
-        if not adds
-        and imp.module not in PENDING
-        and not any((imp.module, t) in ALLOWED for t in imp.targets)
+        if not adds and not any((imp.module, t) in ALLOWED for t in imp.targets)
     ]
     assert bad == [], "move these imports to the top of their module"
 
 
 def test_exceptions_are_still_needed() -> None:
-    """Every ``ALLOWED`` and ``PENDING`` entry still excuses an import the rule rejects."""
+    """Every ``ALLOWED`` entry still excuses an import the rule rejects."""
     rejected = [imp for imp, adds in _nested() if not adds]
     needed = {(imp.module, t) for imp in rejected for t in imp.targets}
     assert [entry for entry in ALLOWED if entry not in needed] == []
-    assert sorted(PENDING - {imp.module for imp in rejected}) == []
 
 
 _MEASURE = """

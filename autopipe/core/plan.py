@@ -22,6 +22,7 @@ from autopipe.core.humanize import format_seconds
 from autopipe.core.meta_fields import lift_meta
 from autopipe.core.optimizer import AUTO, OPTIMIZERS, normalize_optimizer
 from autopipe.core.plan_records import CandidateRow, DataParallelRow, MeshReport
+from autopipe.core.plantext import format_plan
 from autopipe.core.profile import Profile, ProfileFormatError
 from autopipe.core.request import PlanRequest
 from autopipe.core.vocabulary import CHECKPOINT_GRANULARITIES, PLAN_SCHEDULES, SHARD_MODES
@@ -283,8 +284,6 @@ class Plan:
     def summary_text(self) -> str:
         """The table ``autopipe plan`` prints (stages, then the pipeline-level figures, the
         frameworks' default splits and the notes), as one string."""
-        from autopipe.core.plantext import format_plan
-
         return format_plan(self)
 
     def summary(self) -> None:
