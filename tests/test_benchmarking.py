@@ -52,6 +52,7 @@ def model_and_plan(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Plan
     import torch
     from autopipe.planner import plan
     from autopipe.profiler.measure import profile
+    from autopipe.profiler.options import MeasureOptions
 
     from autopipe.core.request import PlanRequest
     from autopipe.modelfile import load_model_file
@@ -61,7 +62,8 @@ def model_and_plan(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Plan
     model_py.write_text(MODEL)
     mf = load_model_file(str(model_py))
     torch.set_num_threads(1)
-    prof = profile(mf.build(), mf.inputs(4), loss_fn=mf.loss_fn, progress=False, warmup=1, repeat=1)
+    options = MeasureOptions(warmup=1, repeat=1)
+    prof = profile(mf.build(), mf.inputs(4), options, loss_fn=mf.loss_fn, progress=False)
     p = plan(prof, PlanRequest(gpus=2, batch_size=4, microbatches=2, baselines=False))
     p.save(folder / "plan.json")
     return model_py, p, folder / "plan.json"
