@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import types
 import warnings
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -133,3 +134,33 @@ def test_the_hooks_fallback_takes_only_a_plain_chain(model: nn.Module, message: 
         trace_sequential_hooks(model, (torch.randn(1, 2),), {})
     with pytest.raises(TraceError, match="positional inputs only"):
         trace_sequential_hooks(model, (), {"x": torch.randn(1, 2)})
+
+
+class RowsBranch(nn.Module):
+    """ReLU or not by a test on the batch size (``rows``): export keeps the branch taken."""
+
+    def __init__(self, takes: Callable[[int], bool]) -> None:
+        super().__init__()
+        self.a = nn.Linear(2, 2)
+        self.takes = takes
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.a(x)
+        return torch.relu(h) if self.takes(h.shape[0]) else h
+
+
+@pytest.mark.parametrize(
+    ("takes", "dynamic"),
+    [
+        (lambda rows: rows == 8, False),  # the symbol is replaced by 8
+        (lambda rows: rows > 4, False),  # range_constraints narrowed to [5, oo)
+        (lambda rows: rows != 2, False),  # a guard on the symbol
+        (lambda rows: rows % 4 == 0, False),
+        (lambda rows: rows > 0, True),  # always true: nothing to guard
+    ],
+)
+def test_an_export_graph_that_branches_on_the_batch_size_is_not_batch_dynamic(
+    takes: Callable[[int], bool], dynamic: bool
+) -> None:
+    gm, tracer = trace_model(RowsBranch(takes), torch.randn(8, 2), tracer="export")
+    assert tracer == "export" and batch_is_dynamic(gm) is dynamic

@@ -3,6 +3,8 @@ map, the chunk count, a batch-polymorphic graph, and tied parameters."""
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from autopipe.runtime.planned_stages import (
@@ -14,6 +16,7 @@ from autopipe.runtime.split import StageSplitError
 from torch import nn
 
 from autopipe.core.plan import Plan, StagePlan
+from autopipe.parallelizing import parallelize
 
 
 def plan_of(stage_units: list[list[str]], microbatch_size: int, virtual: int = 1) -> Plan:
@@ -57,6 +60,51 @@ def test_a_batch_polymorphic_graph_is_traced_once() -> None:
     assert [s.input_names for s in planned.stages][1] == ["a"]
     h = planned.stages[0].module(x[:3])
     torch.testing.assert_close(planned.stages[1].module(*h), model(x[:3]))
+
+
+class BatchBranch(nn.Module):
+    """Python control flow on the batch size. Traced at 8 rows, torch.export takes the ReLU
+    branch and keeps dim 0 symbolic behind a guard on it (``> 4``, ``!= 2``, ``% 4``; for
+    ``== 8`` the symbol is replaced by 8); at 2 rows the model skips the ReLU."""
+
+    def __init__(self, takes: str) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(4, 4), nn.Linear(4, 4)
+        self.takes = takes
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.a(x)
+        rows = h.shape[0]
+        if self.takes == "eq8":
+            branch = rows == 8
+        elif self.takes == "gt4":
+            branch = rows > 4
+        elif self.takes == "ne2":
+            branch = rows != 2
+        else:
+            branch = rows % 4 == 0
+        if branch:
+            h = torch.relu(h)
+        return self.b(h)
+
+
+@pytest.mark.parametrize("takes", ["eq8", "gt4", "ne2", "even"])
+def test_a_branch_on_the_batch_size_runs_as_the_model_does_at_the_microbatch_size(
+    takes: str,
+) -> None:
+    torch.manual_seed(0)
+    model, x = BatchBranch(takes), torch.randn(8, 4)
+    reference = copy.deepcopy(model)
+    plan = plan_of([["a"], ["b"]], microbatch_size=2)
+    plan.microbatches, plan.batch_size = 4, 8
+    pipe = parallelize(model, x, ["cpu", "cpu"], plan=plan)
+    out = pipe(x)
+    out.square().sum().backward()
+    expected = torch.cat([reference(x[i : i + 2]) for i in range(0, 8, 2)])
+    expected.square().sum().backward()
+    torch.testing.assert_close(out, expected)
+    for (name, p), q in zip(model.named_parameters(), reference.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, q.grad, msg=f"grad of {name}")
 
 
 def test_tied_parameters_named_by_the_model_or_the_first_stage() -> None:
