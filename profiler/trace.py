@@ -182,17 +182,22 @@ def _batch_dims(args: tuple, kwargs: dict) -> Any:
     return shapes if marked else None
 
 
-def batch_is_dynamic(gm: fx.GraphModule) -> bool:
-    """Whether a traced graph runs at any batch size: fx and hooks graphs record no shapes;
-    an export graph does when every batch-sized input kept a symbolic dim 0."""
-    return bool(gm.meta.get("autopipe_batch_dynamic", True))
+def batch_is_dynamic(gm: fx.GraphModule, size: int | None = None) -> bool:
+    """Whether a traced graph runs at any batch size (at ``size`` rows, when given) as the
+    model does: fx and hooks graphs record no shapes; an export graph does when every
+    batch-sized input kept a symbolic dim 0 that nothing guards, and then from export's
+    smallest symbolic size on (2: export takes a size of 1 for a constant, so a branch on
+    ``rows > 1`` is baked in without a guard)."""
+    if not gm.meta.get("autopipe_batch_dynamic", True):
+        return False
+    return size is None or size >= int(gm.meta.get("autopipe_batch_min", 1))
 
 
 def trace_export(model: nn.Module, args: tuple, kwargs: dict) -> fx.GraphModule:
     """Non-strict ``torch.export`` flattened to one GraphModule (input guards removed), with
     a dynamic batch dimension where export allows it (static otherwise)."""
     shapes = _batch_dims(args, kwargs)
-    dynamic = False
+    smallest: int | None = None
     exported = None
     if shapes is not None:
         try:
@@ -202,7 +207,7 @@ def trace_export(model: nn.Module, args: tuple, kwargs: dict) -> fx.GraphModule:
     if exported is None:
         exported = torch.export.export(model, args, kwargs, strict=False)
     else:
-        dynamic = _kept_dynamic(exported, args, kwargs)
+        smallest = _smallest_dynamic_batch(exported, args, kwargs)
     gm = exported.module()
     # The input-shape guard module is a sanity check for the exported program, not part
     # of the computation; it would also be an unknown target once the graph is split.
@@ -217,17 +222,18 @@ def trace_export(model: nn.Module, args: tuple, kwargs: dict) -> fx.GraphModule:
                 delattr(gm, str(node.target))
     gm.graph.lint()
     gm.recompile()
-    gm.meta["autopipe_batch_dynamic"] = dynamic
+    gm.meta["autopipe_batch_dynamic"] = smallest is not None
+    gm.meta["autopipe_batch_min"] = smallest or 1
     return gm
 
 
-def _kept_dynamic(exported: Any, args: tuple, kwargs: dict) -> bool:
-    """Whether the exported program runs every batch size as the model would: each
-    batch-sized user input kept a symbolic dim 0 and nothing in the program constrains or
-    branches on those symbols (:func:`_batch_constrained`). A branch on the batch size
-    (``if x.shape[0] > 4``) is baked into the graph behind a guard on the symbol; another
-    micro-batch size would run the branch of the tracing size, so such a graph counts as
-    static and is traced again at each size."""
+def _smallest_dynamic_batch(exported: Any, args: tuple, kwargs: dict) -> int | None:
+    """The smallest batch size from which the exported program runs every size as the model
+    would, or None (static): each batch-sized user input kept a symbolic dim 0 and nothing
+    in the program constrains or branches on those symbols (:func:`_batch_constrained`).
+    A branch on the batch size (``if x.shape[0] > 4``) is baked into the graph behind a
+    guard on the symbol; another micro-batch size would run the branch of the tracing size,
+    so such a graph counts as static and is traced again at each size."""
     batch = batch_size_of((args, kwargs))
     users = {
         spec.arg.name
@@ -249,8 +255,13 @@ def _kept_dynamic(exported: Any, args: tuple, kwargs: dict) -> bool:
             symbols.add(expr)
             shape_env = size.node.shape_env
         elif int(size) == batch:
-            return False  # specialised to the example's batch size
-    return bool(symbols) and not _batch_constrained(exported, shape_env, symbols)
+            return None  # specialised to the example's batch size
+    if not symbols or _batch_constrained(exported, shape_env, symbols):
+        return None
+    lowest = [
+        exported.range_constraints[s].lower for s in symbols if s in exported.range_constraints
+    ]
+    return max([1, *(int(b) for b in lowest)])
 
 
 def _batch_constrained(exported: Any, shape_env: Any, symbols: set[Any]) -> bool:

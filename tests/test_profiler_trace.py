@@ -164,3 +164,11 @@ def test_an_export_graph_that_branches_on_the_batch_size_is_not_batch_dynamic(
 ) -> None:
     gm, tracer = trace_model(RowsBranch(takes), torch.randn(8, 2), tracer="export")
     assert tracer == "export" and batch_is_dynamic(gm) is dynamic
+
+
+def test_an_export_graph_is_batch_dynamic_from_exports_smallest_symbolic_size() -> None:
+    # Export takes sizes 0 and 1 for constants: ``rows > 1`` is true without a guard.
+    gm, _ = trace_model(RowsBranch(lambda rows: rows > 1), torch.randn(8, 2), tracer="export")
+    assert batch_is_dynamic(gm) and batch_is_dynamic(gm, 2) and not batch_is_dynamic(gm, 1)
+    fx_gm, _ = trace_model(nn.Linear(2, 2), torch.randn(8, 2), tracer="fx")
+    assert batch_is_dynamic(fx_gm, 1)

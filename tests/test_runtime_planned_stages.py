@@ -65,7 +65,8 @@ def test_a_batch_polymorphic_graph_is_traced_once() -> None:
 class BatchBranch(nn.Module):
     """Python control flow on the batch size. Traced at 8 rows, torch.export takes the ReLU
     branch and keeps dim 0 symbolic behind a guard on it (``> 4``, ``!= 2``, ``% 4``; for
-    ``== 8`` the symbol is replaced by 8); at 2 rows the model skips the ReLU."""
+    ``== 8`` the symbol is replaced by 8; ``> 1`` needs no guard, export's sizes start at
+    2); at 2 rows (1 for ``> 1``) the model skips the ReLU."""
 
     def __init__(self, takes: str) -> None:
         super().__init__()
@@ -81,6 +82,8 @@ class BatchBranch(nn.Module):
             branch = rows > 4
         elif self.takes == "ne2":
             branch = rows != 2
+        elif self.takes == "gt1":
+            branch = rows > 1
         else:
             branch = rows % 4 == 0
         if branch:
@@ -88,19 +91,21 @@ class BatchBranch(nn.Module):
         return self.b(h)
 
 
-@pytest.mark.parametrize("takes", ["eq8", "gt4", "ne2", "even"])
+@pytest.mark.parametrize(
+    ("takes", "size"), [("eq8", 2), ("gt4", 2), ("ne2", 2), ("even", 2), ("gt1", 1)]
+)
 def test_a_branch_on_the_batch_size_runs_as_the_model_does_at_the_microbatch_size(
-    takes: str,
+    takes: str, size: int
 ) -> None:
     torch.manual_seed(0)
     model, x = BatchBranch(takes), torch.randn(8, 4)
     reference = copy.deepcopy(model)
-    plan = plan_of([["a"], ["b"]], microbatch_size=2)
-    plan.microbatches, plan.batch_size = 4, 8
+    plan = plan_of([["a"], ["b"]], microbatch_size=size)
+    plan.microbatches, plan.batch_size = 8 // size, 8
     pipe = parallelize(model, x, ["cpu", "cpu"], plan=plan)
     out = pipe(x)
     out.square().sum().backward()
-    expected = torch.cat([reference(x[i : i + 2]) for i in range(0, 8, 2)])
+    expected = torch.cat([reference(x[i : i + size]) for i in range(0, 8, size)])
     expected.square().sum().backward()
     torch.testing.assert_close(out, expected)
     for (name, p), q in zip(model.named_parameters(), reference.parameters(), strict=True):
