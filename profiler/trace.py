@@ -31,6 +31,7 @@ import warnings
 from collections.abc import Iterator
 from typing import Any
 
+import sympy
 import torch
 import torch.utils._pytree as pytree
 from autopipe.profiler.inputs import batch_size_of, split_inputs
@@ -268,7 +269,9 @@ def _batch_constrained(exported: Any, shape_env: Any, symbols: set[Any]) -> bool
     """Whether the program narrows the batch symbols below export's default range
     ``[2, oo)`` (``range_constraints``), guards on them (the shape environment's guards,
     which ``ExportedProgram.module()`` checks in ``_guards_fn``), or asserts on them at run
-    time (deferred runtime asserts: ``_assert_scalar`` / ``sym_constrain_range*`` nodes)."""
+    time (deferred runtime asserts: ``_assert_scalar`` / ``sym_constrain_range*`` nodes).
+    A condition that holds whenever all batch inputs share one size (``labels`` has the
+    rows of ``input_ids``: ``Eq(8*s0, 8*s1)``) constrains nothing."""
     for symbol in symbols:
         bounds = exported.range_constraints.get(symbol)
         # An unbounded symbol's upper bound is sympy's integer infinity, above any size.
@@ -281,7 +284,14 @@ def _batch_constrained(exported: Any, shape_env: Any, symbols: set[Any]) -> bool
             val = getattr(node.args[0], "meta", {}).get("val")
             if isinstance(val, (torch.SymBool, torch.SymInt)):
                 exprs.append(val.node.expr)
-    return any(expr.free_symbols & symbols for expr in exprs)
+    common = min(symbols, key=str)
+    for expr in exprs:
+        # Symbols export found equal are replaced by one of them first.
+        expr = shape_env.replace(expr)
+        if expr.free_symbols & symbols:
+            if expr.xreplace(dict.fromkeys(symbols, common)) is not sympy.true:
+                return True
+    return False
 
 
 _CHECKS = (
