@@ -172,3 +172,19 @@ def test_an_export_graph_is_batch_dynamic_from_exports_smallest_symbolic_size() 
     assert batch_is_dynamic(gm) and batch_is_dynamic(gm, 2) and not batch_is_dynamic(gm, 1)
     fx_gm, _ = trace_model(nn.Linear(2, 2), torch.randn(8, 2), tracer="fx")
     assert batch_is_dynamic(fx_gm, 1)
+
+
+class Labelled(nn.Module):
+    """Two batch inputs whose rows must match: export guards ``Eq(2*s0, 2*s1)``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(2, 2)
+
+    def forward(self, x: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return (self.a(x).flatten() - labels.flatten()).square().mean()
+
+
+def test_a_guard_that_only_equates_the_batch_inputs_sizes_keeps_the_batch_dynamic() -> None:
+    gm, tracer = trace_model(Labelled(), (torch.randn(8, 2), torch.randn(8, 2)), tracer="export")
+    assert tracer == "export" and batch_is_dynamic(gm, 2)
