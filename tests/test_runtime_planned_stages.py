@@ -124,3 +124,15 @@ def test_tied_parameters_named_by_the_model_or_the_first_stage() -> None:
     (unnamed,) = tied_parameters([stage0, stage1])
     assert unnamed.name == "first.weight"
     assert tied_parameters([stage0]) == []
+
+
+def test_the_distributed_stages_of_a_batch_branch_run_as_the_model_does() -> None:
+    from autopipe.runtime.distributed.pipeline import build_stage
+
+    torch.manual_seed(0)
+    model, x = BatchBranch("gt4"), torch.randn(8, 4)
+    plan = plan_of([["a"], ["b"]], microbatch_size=2)
+    plan.microbatches, plan.batch_size = 4, 8
+    first, last = (build_stage(model, plan, x, stage) for stage in (0, 1))
+    out = last(*first(x[:2]))
+    torch.testing.assert_close(out[0] if isinstance(out, tuple) else out, model(x[:2]))
