@@ -7,6 +7,7 @@ import copy
 
 import pytest
 import torch
+from autopipe.runtime.distributed.pipeline import build_stage
 from autopipe.runtime.planned_stages import (
     partition,
     stage_of_unit,
@@ -127,8 +128,6 @@ def test_tied_parameters_named_by_the_model_or_the_first_stage() -> None:
 
 
 def test_the_distributed_stages_of_a_batch_branch_run_as_the_model_does() -> None:
-    from autopipe.runtime.distributed.pipeline import build_stage
-
     torch.manual_seed(0)
     model, x = BatchBranch("gt4"), torch.randn(8, 4)
     plan = plan_of([["a"], ["b"]], microbatch_size=2)
