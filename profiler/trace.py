@@ -8,7 +8,8 @@ Order tried (the first that works wins, ``tracer`` names it):
    (handles shape-dependent Python control flow, cache objects, ...; ATen-level nodes with
    ``nn_module_stack`` metadata). The batch dimension (dim 0 of every input tensor of the
    batch's size) is exported as dynamic (``Dim.AUTO``), so the graph runs at any
-   micro-batch size; where export has to specialise it (or fails with it dynamic), the
+   micro-batch size; where export has to specialise it, guards or asserts on it (Python
+   control flow on the batch size: ``if x.shape[0] > 4``), or fails with it dynamic, the
    graph is static and :func:`batch_is_dynamic` says so, and the runtimes trace again at
    the micro-batch size.
 3. ``"hooks"``: only for models whose ``forward`` is a plain chain of children
@@ -25,10 +26,12 @@ import contextlib
 import inspect
 import io
 import logging
+import sys
 import warnings
 from collections.abc import Iterator
 from typing import Any
 
+import sympy
 import torch
 import torch.utils._pytree as pytree
 from autopipe.profiler.inputs import batch_size_of, split_inputs
@@ -180,17 +183,22 @@ def _batch_dims(args: tuple, kwargs: dict) -> Any:
     return shapes if marked else None
 
 
-def batch_is_dynamic(gm: fx.GraphModule) -> bool:
-    """Whether a traced graph runs at any batch size: fx and hooks graphs record no shapes;
-    an export graph does when every batch-sized input kept a symbolic dim 0."""
-    return bool(gm.meta.get("autopipe_batch_dynamic", True))
+def batch_is_dynamic(gm: fx.GraphModule, size: int | None = None) -> bool:
+    """Whether a traced graph runs at any batch size (at ``size`` rows, when given) as the
+    model does: fx and hooks graphs record no shapes; an export graph does when every
+    batch-sized input kept a symbolic dim 0 that nothing guards, and then from export's
+    smallest symbolic size on (2: export takes a size of 1 for a constant, so a branch on
+    ``rows > 1`` is baked in without a guard)."""
+    if not gm.meta.get("autopipe_batch_dynamic", True):
+        return False
+    return size is None or size >= int(gm.meta.get("autopipe_batch_min", 1))
 
 
 def trace_export(model: nn.Module, args: tuple, kwargs: dict) -> fx.GraphModule:
     """Non-strict ``torch.export`` flattened to one GraphModule (input guards removed), with
     a dynamic batch dimension where export allows it (static otherwise)."""
     shapes = _batch_dims(args, kwargs)
-    dynamic = False
+    smallest: int | None = None
     exported = None
     if shapes is not None:
         try:
@@ -200,7 +208,7 @@ def trace_export(model: nn.Module, args: tuple, kwargs: dict) -> fx.GraphModule:
     if exported is None:
         exported = torch.export.export(model, args, kwargs, strict=False)
     else:
-        dynamic = _kept_dynamic(exported, args, kwargs)
+        smallest = _smallest_dynamic_batch(exported, args, kwargs)
     gm = exported.module()
     # The input-shape guard module is a sanity check for the exported program, not part
     # of the computation; it would also be an unknown target once the graph is split.
@@ -215,30 +223,83 @@ def trace_export(model: nn.Module, args: tuple, kwargs: dict) -> fx.GraphModule:
                 delattr(gm, str(node.target))
     gm.graph.lint()
     gm.recompile()
-    gm.meta["autopipe_batch_dynamic"] = dynamic
+    gm.meta["autopipe_batch_dynamic"] = smallest is not None
+    gm.meta["autopipe_batch_min"] = smallest or 1
     return gm
 
 
-def _kept_dynamic(exported: Any, args: tuple, kwargs: dict) -> bool:
-    """Whether every batch-sized user input of the exported program has a symbolic dim 0."""
+def _smallest_dynamic_batch(exported: Any, args: tuple, kwargs: dict) -> int | None:
+    """The smallest batch size from which the exported program runs every size as the model
+    would, or None (static): each batch-sized user input kept a symbolic dim 0 and nothing
+    in the program constrains or branches on those symbols (:func:`_batch_constrained`).
+    A branch on the batch size (``if x.shape[0] > 4``) is baked into the graph behind a
+    guard on the symbol; another micro-batch size would run the branch of the tracing size,
+    so such a graph counts as static and is traced again at each size."""
     batch = batch_size_of((args, kwargs))
     users = {
         spec.arg.name
         for spec in exported.graph_signature.input_specs
         if spec.kind == InputKind.USER_INPUT and hasattr(spec.arg, "name")
     }
-    found = False
+    symbols: set[Any] = set()
+    shape_env = None
     for node in exported.graph_module.graph.nodes:
         val = node.meta.get("val")
         if node.op != "placeholder" or node.name not in users:
             continue
         if not isinstance(val, torch.Tensor) or val.dim() == 0:
             continue
-        if isinstance(val.shape[0], torch.SymInt):
-            found = True
-        elif int(val.shape[0]) == batch:
-            return False  # specialised to the example's batch size
-    return found
+        size = val.shape[0]
+        # A SymInt export replaced by a number (a guard ``== 8``) is specialised too.
+        expr = size.node.expr if isinstance(size, torch.SymInt) else None
+        if expr is not None and expr.is_Symbol:
+            symbols.add(expr)
+            shape_env = size.node.shape_env
+        elif int(size) == batch:
+            return None  # specialised to the example's batch size
+    if not symbols or _batch_constrained(exported, shape_env, symbols):
+        return None
+    lowest = [
+        exported.range_constraints[s].lower for s in symbols if s in exported.range_constraints
+    ]
+    return max([1, *(int(b) for b in lowest)])
+
+
+def _batch_constrained(exported: Any, shape_env: Any, symbols: set[Any]) -> bool:
+    """Whether the program narrows the batch symbols below export's default range
+    ``[2, oo)`` (``range_constraints``), guards on them (the shape environment's guards,
+    which ``ExportedProgram.module()`` checks in ``_guards_fn``), or asserts on them at run
+    time (deferred runtime asserts: ``_assert_scalar`` / ``sym_constrain_range*`` nodes).
+    A condition that holds whenever all batch inputs share one size (``labels`` has the
+    rows of ``input_ids``: ``Eq(8*s0, 8*s1)``) constrains nothing."""
+    for symbol in symbols:
+        bounds = exported.range_constraints.get(symbol)
+        # An unbounded symbol's upper bound is sympy's integer infinity, above any size.
+        if bounds is not None and (bounds.lower > 2 or bounds.upper < sys.maxsize):
+            return True
+    exprs = [guard.expr for guard in shape_env.guards]
+    exprs += [a.expr for asserts in shape_env.deferred_runtime_asserts.values() for a in asserts]
+    for node in exported.graph_module.graph.nodes:
+        if node.op == "call_function" and node.target in _CHECKS and node.args:
+            val = getattr(node.args[0], "meta", {}).get("val")
+            if isinstance(val, (torch.SymBool, torch.SymInt)):
+                exprs.append(val.node.expr)
+    common = min(symbols, key=str)
+    for expr in exprs:
+        # Symbols export found equal are replaced by one of them first.
+        expr = shape_env.replace(expr)
+        if expr.free_symbols & symbols:
+            if expr.xreplace(dict.fromkeys(symbols, common)) is not sympy.true:
+                return True
+    return False
+
+
+_CHECKS = (
+    torch.ops.aten._assert_scalar.default,
+    torch.ops.aten.sym_constrain_range.default,
+    torch.ops.aten.sym_constrain_range_for_size.default,
+)
+"""Graph nodes that check a symbolic value at run time."""
 
 
 def trace_sequential_hooks(model: nn.Module, args: tuple, kwargs: dict) -> fx.GraphModule:

@@ -8,8 +8,9 @@ chunks of each rank) both call :func:`partition`, which gives every one of the p
    names are module paths (``path#k`` for a further call of a module called several times,
    ``autopipe.profiler.units``), so their modules are passed as the units to trace into;
    a graph whose
-   batch dimension torch.export had to specialise is traced again at the plan's micro-batch
-   size;
+   batch dimension torch.export had to specialise (or guards, branches on, or holds only
+   from 2 rows on: :func:`autopipe.profiler.trace.batch_is_dynamic`) is traced again at the
+   plan's micro-batch size;
 2. map each unit to its stage (:func:`stage_of_unit`, which also checks the plan's unit
    names fit), and check the model's parameters against the plan's record of them
    (:func:`check_plan_parameters`): a plan made for another model with the same unit names
@@ -31,6 +32,7 @@ import torch
 from autopipe.profiler.inputs import InputBinder, batch_rows, batch_size_of
 from autopipe.profiler.memory import tensor_bytes, unit_tensors
 from autopipe.profiler.objective import LabelItems
+from autopipe.profiler.trace import batch_is_dynamic
 from autopipe.profiler.units import GRANULARITIES, UnitGraph, trace_units, unit_module
 from autopipe.runtime.split import StageGraph, StageSplitError, split_graph
 from torch import fx, nn
@@ -189,12 +191,17 @@ def trace_for_plan(model: nn.Module, example_inputs: Any, plan: Plan) -> UnitGra
     """Trace ``model`` into the plan's units at a batch size the plan's micro-batches run at.
 
     ``example_inputs`` hold a (local) mini-batch; the graph is batch-polymorphic when the
-    tracer allows, else it is traced again on the first ``plan.microbatch_size`` rows.
+    tracer allows (and runs at ``plan.microbatch_size`` as the model does), else it is
+    traced again on the first ``plan.microbatch_size`` rows.
     Tracing does not run the model with fx, so a model on the meta device works there.
     """
     graph = _trace_units_of(model, example_inputs, plan)
     size = int(plan.microbatch_size)
-    if not graph.batch_dynamic and size >= 1 and batch_size_of(example_inputs) != size:
+    if (
+        not batch_is_dynamic(graph.graph_module, size)
+        and size >= 1
+        and batch_size_of(example_inputs) != size
+    ):
         rows = batch_rows(example_inputs, 0, size)
         graph = _trace_units_of(model, rows, plan)
     return graph

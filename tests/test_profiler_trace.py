@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import types
 import warnings
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -133,3 +134,57 @@ def test_the_hooks_fallback_takes_only_a_plain_chain(model: nn.Module, message: 
         trace_sequential_hooks(model, (torch.randn(1, 2),), {})
     with pytest.raises(TraceError, match="positional inputs only"):
         trace_sequential_hooks(model, (), {"x": torch.randn(1, 2)})
+
+
+class RowsBranch(nn.Module):
+    """ReLU or not by a test on the batch size (``rows``): export keeps the branch taken."""
+
+    def __init__(self, takes: Callable[[int], bool]) -> None:
+        super().__init__()
+        self.a = nn.Linear(2, 2)
+        self.takes = takes
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.a(x)
+        return torch.relu(h) if self.takes(h.shape[0]) else h
+
+
+@pytest.mark.parametrize(
+    ("takes", "dynamic"),
+    [
+        (lambda rows: rows == 8, False),  # the symbol is replaced by 8
+        (lambda rows: rows > 4, False),  # range_constraints narrowed to [5, oo)
+        (lambda rows: rows != 2, False),  # a guard on the symbol
+        (lambda rows: rows % 4 == 0, False),
+        (lambda rows: rows > 0, True),  # always true: nothing to guard
+    ],
+)
+def test_an_export_graph_that_branches_on_the_batch_size_is_not_batch_dynamic(
+    takes: Callable[[int], bool], dynamic: bool
+) -> None:
+    gm, tracer = trace_model(RowsBranch(takes), torch.randn(8, 2), tracer="export")
+    assert tracer == "export" and batch_is_dynamic(gm) is dynamic
+
+
+def test_an_export_graph_is_batch_dynamic_from_exports_smallest_symbolic_size() -> None:
+    # Export takes sizes 0 and 1 for constants: ``rows > 1`` is true without a guard.
+    gm, _ = trace_model(RowsBranch(lambda rows: rows > 1), torch.randn(8, 2), tracer="export")
+    assert batch_is_dynamic(gm) and batch_is_dynamic(gm, 2) and not batch_is_dynamic(gm, 1)
+    fx_gm, _ = trace_model(nn.Linear(2, 2), torch.randn(8, 2), tracer="fx")
+    assert batch_is_dynamic(fx_gm, 1)
+
+
+class Labelled(nn.Module):
+    """Two batch inputs whose rows must match: export guards ``Eq(2*s0, 2*s1)``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(2, 2)
+
+    def forward(self, x: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return (self.a(x).flatten() - labels.flatten()).square().mean()
+
+
+def test_a_guard_that_only_equates_the_batch_inputs_sizes_keeps_the_batch_dynamic() -> None:
+    gm, tracer = trace_model(Labelled(), (torch.randn(8, 2), torch.randn(8, 2)), tracer="export")
+    assert tracer == "export" and batch_is_dynamic(gm, 2)

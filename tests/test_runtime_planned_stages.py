@@ -3,8 +3,11 @@ map, the chunk count, a batch-polymorphic graph, and tied parameters."""
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
+from autopipe.runtime.distributed.pipeline import build_stage
 from autopipe.runtime.planned_stages import (
     partition,
     stage_of_unit,
@@ -14,6 +17,7 @@ from autopipe.runtime.split import StageSplitError
 from torch import nn
 
 from autopipe.core.plan import Plan, StagePlan
+from autopipe.parallelizing import parallelize
 
 
 def plan_of(stage_units: list[list[str]], microbatch_size: int, virtual: int = 1) -> Plan:
@@ -59,6 +63,56 @@ def test_a_batch_polymorphic_graph_is_traced_once() -> None:
     torch.testing.assert_close(planned.stages[1].module(*h), model(x[:3]))
 
 
+class BatchBranch(nn.Module):
+    """Python control flow on the batch size. Traced at 8 rows, torch.export takes the ReLU
+    branch and keeps dim 0 symbolic behind a guard on it (``> 4``, ``!= 2``, ``% 4``; for
+    ``== 8`` the symbol is replaced by 8; ``> 1`` needs no guard, export's sizes start at
+    2); at 2 rows (1 for ``> 1``) the model skips the ReLU."""
+
+    def __init__(self, takes: str) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(4, 4), nn.Linear(4, 4)
+        self.takes = takes
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.a(x)
+        rows = h.shape[0]
+        if self.takes == "eq8":
+            branch = rows == 8
+        elif self.takes == "gt4":
+            branch = rows > 4
+        elif self.takes == "ne2":
+            branch = rows != 2
+        elif self.takes == "gt1":
+            branch = rows > 1
+        else:
+            branch = rows % 4 == 0
+        if branch:
+            h = torch.relu(h)
+        return self.b(h)
+
+
+@pytest.mark.parametrize(
+    ("takes", "size"), [("eq8", 2), ("gt4", 2), ("ne2", 2), ("even", 2), ("gt1", 1)]
+)
+def test_a_branch_on_the_batch_size_runs_as_the_model_does_at_the_microbatch_size(
+    takes: str, size: int
+) -> None:
+    torch.manual_seed(0)
+    model, x = BatchBranch(takes), torch.randn(8, 4)
+    reference = copy.deepcopy(model)
+    plan = plan_of([["a"], ["b"]], microbatch_size=size)
+    plan.microbatches, plan.batch_size = 8 // size, 8
+    pipe = parallelize(model, x, ["cpu", "cpu"], plan=plan)
+    out = pipe(x)
+    out.square().sum().backward()
+    expected = torch.cat([reference(x[i : i + size]) for i in range(0, 8, size)])
+    expected.square().sum().backward()
+    torch.testing.assert_close(out, expected)
+    for (name, p), q in zip(model.named_parameters(), reference.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, q.grad, msg=f"grad of {name}")
+
+
 def test_tied_parameters_named_by_the_model_or_the_first_stage() -> None:
     emb, head = nn.Linear(2, 2), nn.Linear(2, 2)
     head.weight = emb.weight
@@ -71,3 +125,13 @@ def test_tied_parameters_named_by_the_model_or_the_first_stage() -> None:
     (unnamed,) = tied_parameters([stage0, stage1])
     assert unnamed.name == "first.weight"
     assert tied_parameters([stage0]) == []
+
+
+def test_the_distributed_stages_of_a_batch_branch_run_as_the_model_does() -> None:
+    torch.manual_seed(0)
+    model, x = BatchBranch("gt4"), torch.randn(8, 4)
+    plan = plan_of([["a"], ["b"]], microbatch_size=2)
+    plan.microbatches, plan.batch_size = 4, 8
+    first, last = (build_stage(model, plan, x, stage) for stage in (0, 1))
+    out = last(*first(x[:2]))
+    torch.testing.assert_close(out[0] if isinstance(out, tuple) else out, model(x[:2]))
