@@ -80,6 +80,7 @@ from autopipe.profiler.timing import (
     synchronize,
     time_steps_interleaved,
 )
+from autopipe.profiler.trace import batch_is_dynamic
 from autopipe.profiler.tree import float_tensor_leaves, map_tensors, tensor_leaves
 from autopipe.profiler.units import UnitGraph, cut_tensors, trace_units
 from autopipe.profiler.weight_pass import reuse_reason, reused_parameters
@@ -1167,8 +1168,9 @@ def _size_graphs(
     for size in setup.sizes:
         size_inputs = setup.inputs if size == big_b else slice_batch(setup.inputs, size, big_b)
         size_ug = ug
-        if size != big_b and not ug.batch_dynamic:
-            # export specialised the batch dimension: trace again at this batch size.
+        if size != big_b and not batch_is_dynamic(ug.graph_module, size):
+            # export specialised the batch dimension, or took this size for a constant (0 and
+            # 1 rows): trace again at this batch size.
             traced = to_meta(size_inputs) if setup.meta_init else size_inputs
             size_ug = trace_units(
                 traced_model, traced, opts.granularity, "export", list(opts.units)

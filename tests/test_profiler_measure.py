@@ -364,3 +364,34 @@ def test_dtype_and_bad_arguments() -> None:
             )
             == 5
         )
+
+
+class _AboveOneRow(nn.Module):
+    """ReLU only above one row: export takes 1 row for a constant, so its graph traced at
+    8 rows holds the ReLU with no guard, and is wrong at 1 row."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(2, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.a(x)
+        return torch.relu(h) if h.shape[0] > 1 else h
+
+
+def test_a_one_row_microbatch_is_timed_on_a_graph_traced_at_one_row(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import autopipe.profiler.measure as measure
+
+    traced_rows: list[int] = []
+    trace_units = measure.trace_units
+
+    def counting(model: nn.Module, inputs: torch.Tensor, *args: object, **kw: object) -> object:
+        traced_rows.append(inputs.shape[0])
+        return trace_units(model, inputs, *args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(measure, "trace_units", counting)
+    options = MeasureOptions(warmup=0, repeat=1, microbatch_sizes=(1,), tracer="export")
+    profile(_AboveOneRow(), torch.randn(8, 2), options, progress=False)
+    assert traced_rows == [8, 1]  # the 8-row graph would run the ReLU on 1 row
