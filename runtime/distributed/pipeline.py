@@ -326,30 +326,13 @@ class DistributedPipeline:
         state_dict: Mapping[str, torch.Tensor] | None = None,
         init_seed: int = 0,
     ) -> None:
-        if not dist.is_initialized():
-            raise RuntimeError(
-                "torch.distributed is not initialised; call "
-                "autopipe.runtime.distributed.init_distributed() first (under torchrun)"
-            )
+        _require_process_group()
         planned = _agreed_stages(model, plan, example_inputs, state_dict)
         chunk_rank = [s.rank if s.rank >= 0 else s.index for s in plan.stages]
         self.plan = plan
         self.device = torch.device(device) if device is not None else _default_device()
         planned, tp_modules, layout = self._join_groups(model, example_inputs, planned)
-        self.chunk_indices = [c for c, r in enumerate(chunk_rank) if r == self.layout.stage]
-        num_chunks = len(plan.stages)
-        self.holds_first = 0 in self.chunk_indices
-        self.holds_last = num_chunks - 1 in self.chunk_indices
-        self.chunks = materialize_chunks(
-            planned,
-            plan,
-            self.chunk_indices,
-            device=self.device,
-            state_dict=state_dict,
-            init_seed=init_seed,
-        )
-        self.module = RankChunks(self.chunks)
-        self._last_chunk = self.chunks[-1] if self.holds_last else None
+        self._build_chunks(planned, chunk_rank, state_dict, init_seed)
         self._binder: InputBinder = planned.binder
         self._label_items = planned.label_items
         self._model_keys = set(model.state_dict())
@@ -362,14 +345,7 @@ class DistributedPipeline:
         )
         """Per chunk of this rank, the shapes of the tensors it receives (one micro-batch; a
         value sharded over the sequence as one TP rank's share); empty when not known ahead."""
-        if self.mesh is not None:
-            # After the fake-tensor run above, which the DTensors of TP and FSDP would refuse
-            # (the whole graph it runs shares their parameters): TP first, then FSDP over
-            # the TP-split parameters (torchtitan's order).
-            for chunk in self.chunks:
-                if tp_modules:
-                    apply_tensor_parallel(chunk.body, tp_modules, self.mesh["tp"], layout)
-                apply_sharding(chunk, plan.shard, self.mesh["dp"])
+        self._shard_chunks(tp_modules, layout)
         # Every rank creates every tie group, in the same order (new_group's rule).
         self.tied = TiedGradients(
             planned.tied,
@@ -395,6 +371,46 @@ class DistributedPipeline:
         torch's split weight pass would miss (see :mod:`zero_bubble`)."""
         self.stages = self._pipeline_stages(examples)
         self.schedule = _schedule(plan, self.stages, self._loss)
+        self._start_counters()
+
+    def _build_chunks(
+        self,
+        planned: PlannedStages,
+        chunk_rank: Sequence[int],
+        state_dict: Mapping[str, torch.Tensor] | None,
+        init_seed: int,
+    ) -> None:
+        """This rank's chunks (``chunk_indices``, ``chunks``, ``module``), materialised on
+        the device (:func:`materialize_chunks`), and whether it holds the first / last."""
+        self.chunk_indices = [c for c, r in enumerate(chunk_rank) if r == self.layout.stage]
+        num_chunks = len(self.plan.stages)
+        self.holds_first = 0 in self.chunk_indices
+        self.holds_last = num_chunks - 1 in self.chunk_indices
+        self.chunks = materialize_chunks(
+            planned,
+            self.plan,
+            self.chunk_indices,
+            device=self.device,
+            state_dict=state_dict,
+            init_seed=init_seed,
+        )
+        self.module = RankChunks(self.chunks)
+        self._last_chunk = self.chunks[-1] if self.holds_last else None
+
+    def _shard_chunks(self, tp_modules: dict[str, str], layout: SequenceLayout) -> None:
+        """A mesh plan's chunks split by TP (``tp_modules``) and sharded by FSDP, in place;
+        nothing without a mesh."""
+        if self.mesh is not None:
+            # After the fake-tensor run above, which the DTensors of TP and FSDP would refuse
+            # (the whole graph it runs shares their parameters): TP first, then FSDP over
+            # the TP-split parameters (torchtitan's order).
+            for chunk in self.chunks:
+                if tp_modules:
+                    apply_tensor_parallel(chunk.body, tp_modules, self.mesh["tp"], layout)
+                apply_sharding(chunk, self.plan.shard, self.mesh["dp"])
+
+    def _start_counters(self) -> None:
+        """The step's recorder (none yet) and counters, zero before the first step."""
         self.recorder: Any = None
         """A :class:`autopipe.runtime.recorder.TimelineRecorder` that times each step (mark
         ``"step"``) and each loss (phase ``loss``), or None; set by
@@ -915,6 +931,15 @@ def _make_groups(layout: RankLayout) -> tuple[Any, Any]:
         if stage == layout.stage:
             replica_group = group
     return pipeline_group, replica_group
+
+
+def _require_process_group() -> None:
+    """RuntimeError unless torch.distributed's default process group is initialised."""
+    if not dist.is_initialized():
+        raise RuntimeError(
+            "torch.distributed is not initialised; call "
+            "autopipe.runtime.distributed.init_distributed() first (under torchrun)"
+        )
 
 
 def _default_device() -> torch.device:
