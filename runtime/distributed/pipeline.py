@@ -170,9 +170,24 @@ def materialize_chunks(
     s with real weights on ``device`` (the rules of :func:`build_stage`, chunk ``c`` seeded
     with ``init_seed + c``). A parameter two of the chunks share (a tied embedding and head
     on one rank) stays one parameter."""
+    modules = _stage_modules(planned, plan, chunks)
+    device = torch.device(device)
+    _warn_lost_buffers(chunks, modules)
+    on_meta = any(t.is_meta for m in modules for t in m.body.state_dict().values())
+    if state_dict is not None:
+        _load_chunks(chunks, modules, state_dict, on_meta, device)
+    elif on_meta:
+        _to_empty_keeping_ties([m.body for m in modules], device)
+        _reset_chunks(chunks, modules, init_seed)
+    return [m.to(device) for m in modules]
+
+
+def _stage_modules(planned: PlannedStages, plan: Plan, chunks: Sequence[int]) -> list[StageModule]:
+    """The chunks ``chunks`` of ``planned`` wrapped as :class:`StageModule` s (weights as
+    ``planned`` holds them: real or on the meta device)."""
     last = len(plan.stages) - 1
     zero_bubble = plan.schedule in SPLIT_BACKWARD_SCHEDULES
-    modules = [
+    return [
         StageModule(
             planned.stages[c],
             checkpoint=bool(plan.stages[c].checkpoint),
@@ -186,7 +201,11 @@ def materialize_chunks(
         )
         for c in chunks
     ]
-    device = torch.device(device)
+
+
+def _warn_lost_buffers(chunks: Sequence[int], modules: Sequence[StageModule]) -> None:
+    """A warning per chunk naming the non-persistent buffers it holds on the meta device
+    (no ``state_dict`` can fill them)."""
     for c, module in zip(chunks, modules, strict=True):
         persistent = set(module.body.state_dict())
         lost = [n for n, b in module.body.named_buffers() if b.is_meta and n not in persistent]
@@ -194,53 +213,65 @@ def materialize_chunks(
             warnings.warn(
                 f"stage {c}: non-persistent buffers {lost[:3]} were built on the meta device "
                 "and stay uninitialised; build the model with real weights (--init replicate)",
-                stacklevel=3,
+                stacklevel=4,  # materialize_chunks' caller's caller, as before this step
             )
-    on_meta = any(t.is_meta for m in modules for t in m.body.state_dict().values())
-    if state_dict is not None:
-        wanted_by_chunk = []
-        for c, module in zip(chunks, modules, strict=True):
-            own = module.body.state_dict()
-            wanted = {k: state_dict[k] for k in own if k in state_dict}
-            missing = sorted(set(own) - set(wanted))
-            if missing:
-                raise StageSplitError(
-                    f"the state_dict lacks {len(missing)} of stage {c}'s entries (first: "
-                    f"{missing[0]!r}); save it from the same model class with model.state_dict()"
-                )
-            check_state_dict_shapes(own, wanted)
-            wanted_by_chunk.append(wanted)
-        if on_meta:
-            _to_empty_keeping_ties([m.body for m in modules], device)
-        for module, wanted in zip(modules, wanted_by_chunk, strict=True):
-            module.body.load_state_dict(wanted, strict=True, assign=False)
-    elif on_meta:
+
+
+def _load_chunks(
+    chunks: Sequence[int],
+    modules: Sequence[StageModule],
+    state_dict: Mapping[str, torch.Tensor],
+    on_meta: bool,
+    device: torch.device,
+) -> None:
+    """Each chunk's entries of ``state_dict`` copied into it (allocated on ``device`` first
+    when ``on_meta``); StageSplitError for a missing entry or a shape that differs, before
+    anything is allocated."""
+    wanted_by_chunk = []
+    for c, module in zip(chunks, modules, strict=True):
+        own = module.body.state_dict()
+        wanted = {k: state_dict[k] for k in own if k in state_dict}
+        missing = sorted(set(own) - set(wanted))
+        if missing:
+            raise StageSplitError(
+                f"the state_dict lacks {len(missing)} of stage {c}'s entries (first: "
+                f"{missing[0]!r}); save it from the same model class with model.state_dict()"
+            )
+        check_state_dict_shapes(own, wanted)
+        wanted_by_chunk.append(wanted)
+    if on_meta:
         _to_empty_keeping_ties([m.body for m in modules], device)
-        # A parameter two of the chunks share (a tied embedding and head in a V) keeps the
-        # init of the first chunk using it, as the copies on other ranks do (synchronize).
-        seen: dict[int, int] = {}
-        shared: set[int] = set()
-        for k, module in enumerate(modules):
-            for q in module.body.parameters():
-                if id(q) in seen:
-                    shared.add(id(q))
-                seen.setdefault(id(q), k)
-        first: dict[int, torch.Tensor] = {}
-        for k, (c, module) in enumerate(zip(chunks, modules, strict=True)):
-            with torch.random.fork_rng(devices=[]):
-                torch.manual_seed(init_seed + c)
-                for sub in module.body.modules():
-                    reset = getattr(sub, "reset_parameters", None)
-                    if callable(reset):
-                        with torch.no_grad():
-                            reset()
-            for q in module.body.parameters():
-                if seen[id(q)] < k:
+    for module, wanted in zip(modules, wanted_by_chunk, strict=True):
+        module.body.load_state_dict(wanted, strict=True, assign=False)
+
+
+def _reset_chunks(chunks: Sequence[int], modules: Sequence[StageModule], init_seed: int) -> None:
+    """Every submodule's ``reset_parameters()`` re-run, chunk ``c`` under
+    ``torch.manual_seed(init_seed + c)``, on chunks just allocated from the meta device."""
+    # A parameter two of the chunks share (a tied embedding and head in a V) keeps the
+    # init of the first chunk using it, as the copies on other ranks do (synchronize).
+    seen: dict[int, int] = {}
+    shared: set[int] = set()
+    for k, module in enumerate(modules):
+        for q in module.body.parameters():
+            if id(q) in seen:
+                shared.add(id(q))
+            seen.setdefault(id(q), k)
+    first: dict[int, torch.Tensor] = {}
+    for k, (c, module) in enumerate(zip(chunks, modules, strict=True)):
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(init_seed + c)
+            for sub in module.body.modules():
+                reset = getattr(sub, "reset_parameters", None)
+                if callable(reset):
                     with torch.no_grad():
-                        q.copy_(first[id(q)])
-                elif id(q) in shared and id(q) not in first:
-                    first[id(q)] = q.detach().clone()
-    return [m.to(device) for m in modules]
+                        reset()
+        for q in module.body.parameters():
+            if seen[id(q)] < k:
+                with torch.no_grad():
+                    q.copy_(first[id(q)])
+            elif id(q) in shared and id(q) not in first:
+                first[id(q)] = q.detach().clone()
 
 
 def _to_empty_keeping_ties(modules: Sequence[nn.Module], device: torch.device) -> None:
