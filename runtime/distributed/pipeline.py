@@ -65,7 +65,7 @@ from autopipe.runtime.distributed.stages import StageModule, wire_of
 from autopipe.runtime.distributed.tied import TiedGradients
 from autopipe.runtime.distributed.zero_bubble import weight_pass_misses, weight_pass_reuses
 from autopipe.runtime.planned_stages import OUTPUT, PlannedStages, cut_values, partition
-from autopipe.runtime.split import StageSplitError
+from autopipe.runtime.split import StageGraph, StageSplitError
 from torch import nn
 from torch.distributed import pipelining
 from torch.distributed.pipelining import PipelineStage
@@ -851,9 +851,30 @@ def _stage_examples(
     a value ``layout`` shards over the sequence travels as one TP rank's shard).
     None, with a warning, when the graph cannot run on fake tensors."""
     graphs = [planned.stages[c] for c in chunks]
+    values = _boundary_values(planned, chunks, graphs, example_inputs, plan)
+    if values is None:
+        return None
+    found: list[ChunkExamples] = []
+    for stage, graph, module in zip(chunks, graphs, modules, strict=True):
+        if stage > 0:
+            module.set_wires(_input_wires(values, graph.input_names, stage))
+        found.append(_chunk_examples(stage, graph, values, device, layout))
+    return found
+
+
+def _boundary_values(
+    planned: PlannedStages,
+    chunks: Sequence[int],
+    graphs: Sequence[StageGraph],
+    example_inputs: Any,
+    plan: Plan,
+) -> dict[str, Any] | None:
+    """The values (fake tensors, numbers, pytrees of them) that ``graphs`` take and give, by
+    node name, from one fake-tensor run of one micro-batch; None, with a warning, when the
+    graph cannot run on fake tensors."""
     rows = batch_rows(example_inputs, 0, int(plan.microbatch_size))
     try:
-        values = cut_values(
+        return cut_values(
             planned.graph_module,
             planned.binder.flat(rows),
             {n for g in graphs for n in (*g.input_names, *g.output_names)},
@@ -863,9 +884,36 @@ def _stage_examples(
             f"stages {list(chunks)}: shapes of the values between stages could not be worked "
             f"out ahead ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); "
             "torch.distributed.pipelining infers them on its first step",
-            stacklevel=3,
+            stacklevel=4,  # _stage_examples' caller's caller, as before this step
         )
         return None
+
+
+def _input_wires(values: Mapping[str, Any], names: Sequence[str], stage: int) -> list[Any]:
+    """The wire format (:func:`wire_of`) of each value ``names`` that crosses the cut before
+    ``stage``; StageSplitError for one that holds something other than tensors or numbers."""
+    wires = []
+    for name in names:
+        try:
+            wires.append(wire_of(values[name]))
+        except TypeError as exc:
+            raise StageSplitError(
+                f"value {name!r} crossing the cut before stage {stage} holds {exc}, "
+                "not tensors or numbers; torch.distributed.pipelining sends only "
+                "tensors between ranks: plan a different cut (e.g. --units)"
+            ) from None
+    return wires
+
+
+def _chunk_examples(
+    stage: int,
+    graph: StageGraph,
+    values: Mapping[str, Any],
+    device: torch.device,
+    layout: SequenceLayout | None,
+) -> ChunkExamples:
+    """Example inputs and outputs of chunk ``stage`` (``graph``) on ``device``, empty tensors
+    shaped as ``values`` (one TP rank's share where ``layout`` shards them), as they travel."""
 
     def example(value: Any, name: str = "") -> torch.Tensor:
         if isinstance(value, torch.Tensor):
@@ -880,32 +928,17 @@ def _stage_examples(
             example(leaf, name) for name in names for leaf in pytree.tree_leaves(values[name])
         )
 
-    found: list[ChunkExamples] = []
-    for stage, graph, module in zip(chunks, graphs, modules, strict=True):
-        if stage > 0:
-            wires = []
-            for name in graph.input_names:
-                try:
-                    wires.append(wire_of(values[name]))
-                except TypeError as exc:
-                    raise StageSplitError(
-                        f"value {name!r} crossing the cut before stage {stage} holds {exc}, "
-                        "not tensors or numbers; torch.distributed.pipelining sends only "
-                        "tensors between ranks: plan a different cut (e.g. --units)"
-                    ) from None
-            module.set_wires(wires)
-        inputs = (
-            examples(graph.input_names)
-            if stage > 0
-            else tuple(example(values[name]) for name in graph.input_names)
-        )
-        if graph.output_names:
-            outputs = examples(graph.output_names)
-        else:
-            leaves = pytree.tree_leaves(values[OUTPUT])
-            outputs = tuple(example(v) for v in leaves if isinstance(v, torch.Tensor))
-        found.append((inputs, outputs))
-    return found
+    inputs = (
+        examples(graph.input_names)
+        if stage > 0
+        else tuple(example(values[name]) for name in graph.input_names)
+    )
+    if graph.output_names:
+        outputs = examples(graph.output_names)
+    else:
+        leaves = pytree.tree_leaves(values[OUTPUT])
+        outputs = tuple(example(v) for v in leaves if isinstance(v, torch.Tensor))
+    return inputs, outputs
 
 
 def _check_divisible(batch_size: int, microbatches: int) -> None:
