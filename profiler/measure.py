@@ -928,18 +928,9 @@ def profile(
     at batch ``B``. Raises ``TraceError`` if the model cannot be traced.
     """
     setup = _setup(model, example_inputs, options or MeasureOptions())
-    key = None
-    if cache:
-        key = _cache_key(model, setup, loss_fn)
-        cached = load_cached(key, cache_dir)
-        if cached is not None:
-            # Said, not silent: a user who changed something the key does not see (the
-            # machine's load, a driver) must know nothing was measured, and how to measure.
-            log.info(
-                "profile read from cache (%s); --no-cache re-measures",
-                cache_path(key, cache_dir),
-            )
-            return annotate_tensor_parallel(cached, model, tp_plan)
+    key, cached = _read_cache(model, setup, loss_fn, cache_dir) if cache else (None, None)
+    if cached is not None:
+        return annotate_tensor_parallel(cached, model, tp_plan)
     with _preserved(model, setup.device), num_threads(setup.threads):
         run = _measure_sizes(model, setup, loss_fn, progress)
     return _finish(
@@ -948,6 +939,26 @@ def profile(
         cache_dir,
         lambda p: annotate_tensor_parallel(p, model, tp_plan),
     )
+
+
+def _read_cache(
+    model: nn.Module,
+    setup: _Setup,
+    loss_fn: LossFn | None,
+    cache_dir: str | os.PathLike[str] | None,
+) -> tuple[str, Profile | None]:
+    """The measurement's cache key and the profile saved under it (None when there is none);
+    a profile read is said on the ``autopipe`` logger."""
+    key = _cache_key(model, setup, loss_fn)
+    cached = load_cached(key, cache_dir)
+    if cached is not None:
+        # Said, not silent: a user who changed something the key does not see (the
+        # machine's load, a driver) must know nothing was measured, and how to measure.
+        log.info(
+            "profile read from cache (%s); --no-cache re-measures",
+            cache_path(key, cache_dir),
+        )
+    return key, cached
 
 
 @dataclass
