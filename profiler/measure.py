@@ -475,15 +475,7 @@ def _split_backward_step(
         )
     except ImportError:
         return None
-    # Export graphs pass the unit's parameters as arguments: those are W's, not inputs.
-    inputs = [
-        a
-        for a in args
-        if isinstance(a, torch.Tensor) and a.requires_grad and not isinstance(a, nn.Parameter)
-    ]
-    params = [p for p in call.module.parameters() if p.requires_grad]
-    params += [a for a in call.args if isinstance(a, nn.Parameter) and a.requires_grad]
-    named = {(names or {}).get(id(p), f"{call.index}:{k}"): p for k, p in enumerate(params)}
+    inputs, params, named = _split_operands(call, args, names)
     mutates = _mutates_inputs(call.module, args, call.activation_args)
     state = {"args": fresh_inputs(args, call.activation_args) if mutates else args}
     now = time.perf_counter if clock == CUDA_EVENTS else resolve_clock(clock)
@@ -499,27 +491,16 @@ def _split_backward_step(
     def backward(outs: list[torch.Tensor]) -> None:
         if not outs:
             return
-        grads = ones.get(len(outs))
-        if grads is None or any(g.shape != t.shape for g, t in zip(grads, outs, strict=True)):
-            grads = ones[len(outs)] = [torch.ones_like(t) for t in outs]
+        grads = _ones_for(ones, outs)
         if not checked:
             checked.append(True)
             unit.unsplit_reason = reuse_reason(reused_parameters(outs, inputs, named))
         if unit.unsplit_reason:
             return  # torch's weight pass would fail: priced unsplit, nothing to time
-        synchronize(device)
-        t0 = now()
-        groups = None
-        if inputs:
-            _, groups = stage_backward_input(outs, grads, inputs, iter(params))
-        synchronize(device)
-        t1 = now()
-        if groups is not None and params:
-            stage_backward_weight(iter(params), groups)
-        elif not inputs:
-            torch.autograd.backward(outs, grads)  # no input gradient: all of it is W
-        synchronize(device)
-        unit.split_samples.append((t1 - t0, now() - t1))
+        passes = (stage_backward_input, stage_backward_weight)
+        unit.split_samples.append(
+            _timed_split_backward(outs, grads, inputs, params, passes, device, now)
+        )
 
     zero = _zero_grads([*inputs, *params])
 
@@ -529,6 +510,61 @@ def _split_backward_step(
             state["args"] = fresh_inputs(args, call.activation_args)
 
     return TimedStep(forward, backward, reset)
+
+
+def _ones_for(ones: dict[int, list[torch.Tensor]], outs: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Gradients of ones for ``outs``, kept in ``ones`` by output count and made again only
+    when a shape changes."""
+    grads = ones.get(len(outs))
+    if grads is None or any(g.shape != t.shape for g, t in zip(grads, outs, strict=True)):
+        grads = ones[len(outs)] = [torch.ones_like(t) for t in outs]
+    return grads
+
+
+def _split_operands(
+    call: UnitCall, args: tuple[Any, ...], names: Mapping[int, str] | None
+) -> tuple[list[torch.Tensor], list[nn.Parameter], dict[str, nn.Parameter]]:
+    """What the split backward differentiates: B's inputs (the arguments needing a gradient,
+    not parameters), W's parameters, and the parameters by name (``names``, else
+    ``"<unit index>:<k>"``)."""
+    # Export graphs pass the unit's parameters as arguments: those are W's, not inputs.
+    inputs = [
+        a
+        for a in args
+        if isinstance(a, torch.Tensor) and a.requires_grad and not isinstance(a, nn.Parameter)
+    ]
+    params = [p for p in call.module.parameters() if p.requires_grad]
+    params += [a for a in call.args if isinstance(a, nn.Parameter) and a.requires_grad]
+    named = {(names or {}).get(id(p), f"{call.index}:{k}"): p for k, p in enumerate(params)}
+    return inputs, params, named
+
+
+def _timed_split_backward(
+    outs: list[torch.Tensor],
+    grads: list[torch.Tensor],
+    inputs: list[torch.Tensor],
+    params: Sequence[torch.Tensor],
+    passes: tuple[Callable[..., Any], Callable[..., Any]],
+    device: torch.device,
+    now: Callable[[], float],
+) -> tuple[float, float]:
+    """(B, W) seconds of one split backward of ``outs`` (``passes``: torch's
+    ``stage_backward_input`` and ``stage_backward_weight``), each between device
+    synchronizations on ``device``, read on ``now``; no input gradient: all of it is W."""
+    backward_input, backward_weight = passes
+    synchronize(device)
+    t0 = now()
+    groups = None
+    if inputs:
+        _, groups = backward_input(outs, grads, inputs, iter(params))
+    synchronize(device)
+    t1 = now()
+    if groups is not None and params:
+        backward_weight(iter(params), groups)
+    elif not inputs:
+        torch.autograd.backward(outs, grads)  # no input gradient: all of it is W
+    synchronize(device)
+    return t1 - t0, now() - t1
 
 
 def _split_medians(unit: _UnitMeasurement, warmup: int) -> None:
