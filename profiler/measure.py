@@ -1163,32 +1163,10 @@ def _measure_sizes(
         else None
     )
     run = _Measured(ug=ug, sizes=[], measured=[])
-    prepared: list[tuple[int, _SizeMeasurement, list[TimedStep], bool]] = []
-    for (size, size_inputs, size_ug), info in zip(graphs, infos, strict=True):
-        bar.set_postfix_str(f"micro-batch {size}")
-        m, steps = _prepare_size(
-            model,
-            size_ug,
-            size_inputs,
-            setup.device,
-            loss_fn,
-            share=opts.share,
-            info=info,
-            one_at_a_time=one_at_a_time,
-            # B and W at every size: W's per-call part (one autograd call per
-            # parameter group) is larger than the whole backward's.
-            split_clock=setup.clock if opts.split_backward else None,
-        )
-        shared = any(rep != i for i, rep in enumerate(m.same_as))
-        with_whole = size == setup.batch_size and (
-            setup.reference or (setup.reference is None and not shared and not meta_init)
-        )
-        if with_whole:
-            # The whole model is timed in the same rounds as its units.
-            whole, run.total_saved_bytes = whole_model_step(model, setup.inputs, loss_fn)
-            steps.append(whole)
-            run.timed_reference = True
-        prepared.append((size, m, steps, with_whole))
+    prepared = [
+        _prepare_timed_size(model, setup, loss_fn, graph, info, one_at_a_time, bar, run)
+        for graph, info in zip(graphs, infos, strict=True)
+    ]
     size_times = _time_sizes([steps for _, _, steps, _ in prepared], setup, bar)
     for (size, m, _, with_whole), times in zip(prepared, size_times, strict=True):
         if with_whole:
@@ -1201,6 +1179,47 @@ def _measure_sizes(
         ug, model, setup.optimizer, opts.bytes_per_parameter
     )
     return run
+
+
+def _prepare_timed_size(
+    model: nn.Module,
+    setup: _Setup,
+    loss_fn: LossFn | None,
+    graph: tuple[int, Any, UnitGraph],
+    info: Any,
+    one_at_a_time: _Timing | None,
+    bar: Any,
+    run: _Measured,
+) -> tuple[int, _SizeMeasurement, list[TimedStep], bool]:
+    """One micro-batch size's measurement and timed steps (:func:`_prepare_size`), with the
+    whole model's step appended (its saved bytes in ``run``) when the reference is timed at
+    this size: (size, measurement, steps, whether the whole model's step is the last)."""
+    opts = setup.opts
+    size, size_inputs, size_ug = graph
+    bar.set_postfix_str(f"micro-batch {size}")
+    m, steps = _prepare_size(
+        model,
+        size_ug,
+        size_inputs,
+        setup.device,
+        loss_fn,
+        share=opts.share,
+        info=info,
+        one_at_a_time=one_at_a_time,
+        # B and W at every size: W's per-call part (one autograd call per
+        # parameter group) is larger than the whole backward's.
+        split_clock=setup.clock if opts.split_backward else None,
+    )
+    shared = any(rep != i for i, rep in enumerate(m.same_as))
+    with_whole = size == setup.batch_size and (
+        setup.reference or (setup.reference is None and not shared and not setup.meta_init)
+    )
+    if with_whole:
+        # The whole model is timed in the same rounds as its units.
+        whole, run.total_saved_bytes = whole_model_step(model, setup.inputs, loss_fn)
+        steps.append(whole)
+        run.timed_reference = True
+    return size, m, steps, with_whole
 
 
 def _size_graphs(
