@@ -263,55 +263,84 @@ def _dualpipev(rank: int, k: int, m: int) -> list[Action]:
     switch happened); 8. ``rank + 1`` owed Ws. B = input gradient; a W is owed by every B,
     oldest first. Full backwards count as their chunk's input and weight gradient.
     """
-    a, b = rank, 2 * k - 1 - rank
-    c = _Counter()
-    owed: deque[Action] = deque()
-    out: list[Action] = []
+    order = _DualPipeVOrder(rank, k)
+    _dualpipev_warmup(order, rank, k)
+    _dualpipev_steady(order, rank, k, m)
+    _dualpipev_cooldown(order, rank, k)
+    return order.out
 
-    def add(chunk: int, phase: str) -> None:
+
+class _DualPipeVOrder:
+    """One DualPipeV rank's actions as they are issued, on chunks ``a = rank`` and
+    ``b = 2K - 1 - rank``: each action takes its chunk's next micro-batch; a B owes a W,
+    which :meth:`pay` issues, oldest first."""
+
+    def __init__(self, rank: int, k: int) -> None:
+        self.a, self.b = rank, 2 * k - 1 - rank
+        self.c = _Counter()
+        self.owed: deque[Action] = deque()
+        self.out: list[Action] = []
+
+    def add(self, chunk: int, phase: str) -> None:
         if phase == "backward":  # the full backward takes the input-gradient counter
-            mb = c.take(chunk, "backward_input")
-            c.take(chunk, "backward_weight")
+            mb = self.c.take(chunk, "backward_input")
+            self.c.take(chunk, "backward_weight")
         else:
-            mb = c.take(chunk, phase)
+            mb = self.c.take(chunk, phase)
             if phase == "backward_input":
-                owed.append(Action(chunk, mb, "backward_weight"))
-        out.append(Action(chunk, mb, phase))
+                self.owed.append(Action(chunk, mb, "backward_weight"))
+        self.out.append(Action(chunk, mb, phase))
 
-    def pay() -> None:
-        if owed:
-            out.append(owed.popleft())
+    def pay(self) -> None:
+        if self.owed:
+            self.out.append(self.owed.popleft())
 
+
+def _dualpipev_warmup(order: _DualPipeVOrder, rank: int, k: int) -> None:
+    """Steps 1 to 3 of :func:`_dualpipev`: forwards of a, pairs of forwards, then
+    (B b, the oldest owed W, forward b)."""
+    a, b = order.a, order.b
     for _ in range(2 * (k - rank - 1)):
-        add(a, "forward")
+        order.add(a, "forward")
     for _ in range(rank + 1):
-        add(a, "forward")
-        add(b, "forward")
+        order.add(a, "forward")
+        order.add(b, "forward")
     for _ in range(k - rank - 1):
-        add(b, "backward_input")
-        pay()
-        add(b, "forward")
+        order.add(b, "backward_input")
+        order.pay()
+        order.add(b, "forward")
+
+
+def _dualpipev_steady(order: _DualPipeVOrder, rank: int, k: int, m: int) -> None:
+    """Steps 4 and 5 of :func:`_dualpipev`: the overlapped pairs, then (full backward b,
+    forward b + full backward a)."""
+    a, b = order.a, order.b
     for _ in range(m - 2 * k + rank + 1):
-        add(a, "forward")
-        add(b, "backward")
-        add(b, "forward")
-        add(a, "backward")
+        order.add(a, "forward")
+        order.add(b, "backward")
+        order.add(b, "forward")
+        order.add(a, "backward")
     for _ in range(k - rank - 1):
-        add(b, "backward")
-        add(b, "forward")
-        add(a, "backward")
+        order.add(b, "backward")
+        order.add(b, "forward")
+        order.add(a, "backward")
+
+
+def _dualpipev_cooldown(order: _DualPipeVOrder, rank: int, k: int) -> None:
+    """Steps 6 to 8 of :func:`_dualpipev`: pairs of backwards (full, then split after the
+    switch), (the oldest owed W, backward a), then the Ws still owed."""
+    a, b = order.a, order.b
     split = False
     steps = rank + 1
     for i in range(steps):
         if i == steps // 2 and rank % 2 == 1:
             split = True
-        add(b, "backward_input" if split else "backward")
+        order.add(b, "backward_input" if split else "backward")
         if i == steps // 2 and rank % 2 == 0:
             split = True
-        add(a, "backward_input" if split else "backward")
+        order.add(a, "backward_input" if split else "backward")
     for _ in range(k - rank - 1):
-        pay()
-        add(a, "backward_input" if split else "backward")
+        order.pay()
+        order.add(a, "backward_input" if split else "backward")
     for _ in range(rank + 1):
-        pay()
-    return out
+        order.pay()

@@ -476,15 +476,7 @@ def _split_backward_step(
         )
     except ImportError:
         return None
-    # Export graphs pass the unit's parameters as arguments: those are W's, not inputs.
-    inputs = [
-        a
-        for a in args
-        if isinstance(a, torch.Tensor) and a.requires_grad and not isinstance(a, nn.Parameter)
-    ]
-    params = [p for p in call.module.parameters() if p.requires_grad]
-    params += [a for a in call.args if isinstance(a, nn.Parameter) and a.requires_grad]
-    named = {(names or {}).get(id(p), f"{call.index}:{k}"): p for k, p in enumerate(params)}
+    inputs, params, named = _split_operands(call, args, names)
     mutates = _mutates_inputs(call.module, args, call.activation_args)
     state = {"args": fresh_inputs(args, call.activation_args) if mutates else args}
     now = time.perf_counter if clock == CUDA_EVENTS else resolve_clock(clock)
@@ -500,27 +492,16 @@ def _split_backward_step(
     def backward(outs: list[torch.Tensor]) -> None:
         if not outs:
             return
-        grads = ones.get(len(outs))
-        if grads is None or any(g.shape != t.shape for g, t in zip(grads, outs, strict=True)):
-            grads = ones[len(outs)] = [torch.ones_like(t) for t in outs]
+        grads = _ones_for(ones, outs)
         if not checked:
             checked.append(True)
             unit.unsplit_reason = reuse_reason(reused_parameters(outs, inputs, named))
         if unit.unsplit_reason:
             return  # torch's weight pass would fail: priced unsplit, nothing to time
-        synchronize(device)
-        t0 = now()
-        groups = None
-        if inputs:
-            _, groups = stage_backward_input(outs, grads, inputs, iter(params))
-        synchronize(device)
-        t1 = now()
-        if groups is not None and params:
-            stage_backward_weight(iter(params), groups)
-        elif not inputs:
-            torch.autograd.backward(outs, grads)  # no input gradient: all of it is W
-        synchronize(device)
-        unit.split_samples.append((t1 - t0, now() - t1))
+        passes = (stage_backward_input, stage_backward_weight)
+        unit.split_samples.append(
+            _timed_split_backward(outs, grads, inputs, params, passes, device, now)
+        )
 
     zero = _zero_grads([*inputs, *params])
 
@@ -530,6 +511,61 @@ def _split_backward_step(
             state["args"] = fresh_inputs(args, call.activation_args)
 
     return TimedStep(forward, backward, reset)
+
+
+def _ones_for(ones: dict[int, list[torch.Tensor]], outs: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Gradients of ones for ``outs``, kept in ``ones`` by output count and made again only
+    when a shape changes."""
+    grads = ones.get(len(outs))
+    if grads is None or any(g.shape != t.shape for g, t in zip(grads, outs, strict=True)):
+        grads = ones[len(outs)] = [torch.ones_like(t) for t in outs]
+    return grads
+
+
+def _split_operands(
+    call: UnitCall, args: tuple[Any, ...], names: Mapping[int, str] | None
+) -> tuple[list[torch.Tensor], list[nn.Parameter], dict[str, nn.Parameter]]:
+    """What the split backward differentiates: B's inputs (the arguments needing a gradient,
+    not parameters), W's parameters, and the parameters by name (``names``, else
+    ``"<unit index>:<k>"``)."""
+    # Export graphs pass the unit's parameters as arguments: those are W's, not inputs.
+    inputs = [
+        a
+        for a in args
+        if isinstance(a, torch.Tensor) and a.requires_grad and not isinstance(a, nn.Parameter)
+    ]
+    params = [p for p in call.module.parameters() if p.requires_grad]
+    params += [a for a in call.args if isinstance(a, nn.Parameter) and a.requires_grad]
+    named = {(names or {}).get(id(p), f"{call.index}:{k}"): p for k, p in enumerate(params)}
+    return inputs, params, named
+
+
+def _timed_split_backward(
+    outs: list[torch.Tensor],
+    grads: list[torch.Tensor],
+    inputs: list[torch.Tensor],
+    params: Sequence[torch.Tensor],
+    passes: tuple[Callable[..., Any], Callable[..., Any]],
+    device: torch.device,
+    now: Callable[[], float],
+) -> tuple[float, float]:
+    """(B, W) seconds of one split backward of ``outs`` (``passes``: torch's
+    ``stage_backward_input`` and ``stage_backward_weight``), each between device
+    synchronizations on ``device``, read on ``now``; no input gradient: all of it is W."""
+    backward_input, backward_weight = passes
+    synchronize(device)
+    t0 = now()
+    groups = None
+    if inputs:
+        _, groups = backward_input(outs, grads, inputs, iter(params))
+    synchronize(device)
+    t1 = now()
+    if groups is not None and params:
+        backward_weight(iter(params), groups)
+    elif not inputs:
+        torch.autograd.backward(outs, grads)  # no input gradient: all of it is W
+    synchronize(device)
+    return t1 - t0, now() - t1
 
 
 def _split_medians(unit: _UnitMeasurement, warmup: int) -> None:
@@ -929,18 +965,9 @@ def profile(
     at batch ``B``. Raises ``TraceError`` if the model cannot be traced.
     """
     setup = _setup(model, example_inputs, options or MeasureOptions())
-    key = None
-    if cache:
-        key = _cache_key(model, setup, loss_fn)
-        cached = load_cached(key, cache_dir)
-        if cached is not None:
-            # Said, not silent: a user who changed something the key does not see (the
-            # machine's load, a driver) must know nothing was measured, and how to measure.
-            log.info(
-                "profile read from cache (%s); --no-cache re-measures",
-                cache_path(key, cache_dir),
-            )
-            return annotate_tensor_parallel(cached, model, tp_plan)
+    key, cached = _read_cache(model, setup, loss_fn, cache_dir) if cache else (None, None)
+    if cached is not None:
+        return annotate_tensor_parallel(cached, model, tp_plan)
     with _preserved(model, setup.device), num_threads(setup.threads):
         run = _measure_sizes(model, setup, loss_fn, progress)
     return _finish(
@@ -949,6 +976,26 @@ def profile(
         cache_dir,
         lambda p: annotate_tensor_parallel(p, model, tp_plan),
     )
+
+
+def _read_cache(
+    model: nn.Module,
+    setup: _Setup,
+    loss_fn: LossFn | None,
+    cache_dir: str | os.PathLike[str] | None,
+) -> tuple[str, Profile | None]:
+    """The measurement's cache key and the profile saved under it (None when there is none);
+    a profile read is said on the ``autopipe`` logger."""
+    key = _cache_key(model, setup, loss_fn)
+    cached = load_cached(key, cache_dir)
+    if cached is not None:
+        # Said, not silent: a user who changed something the key does not see (the
+        # machine's load, a driver) must know nothing was measured, and how to measure.
+        log.info(
+            "profile read from cache (%s); --no-cache re-measures",
+            cache_path(key, cache_dir),
+        )
+    return key, cached
 
 
 @dataclass
@@ -1117,32 +1164,10 @@ def _measure_sizes(
         else None
     )
     run = _Measured(ug=ug, sizes=[], measured=[])
-    prepared: list[tuple[int, _SizeMeasurement, list[TimedStep], bool]] = []
-    for (size, size_inputs, size_ug), info in zip(graphs, infos, strict=True):
-        bar.set_postfix_str(f"micro-batch {size}")
-        m, steps = _prepare_size(
-            model,
-            size_ug,
-            size_inputs,
-            setup.device,
-            loss_fn,
-            share=opts.share,
-            info=info,
-            one_at_a_time=one_at_a_time,
-            # B and W at every size: W's per-call part (one autograd call per
-            # parameter group) is larger than the whole backward's.
-            split_clock=setup.clock if opts.split_backward else None,
-        )
-        shared = any(rep != i for i, rep in enumerate(m.same_as))
-        with_whole = size == setup.batch_size and (
-            setup.reference or (setup.reference is None and not shared and not meta_init)
-        )
-        if with_whole:
-            # The whole model is timed in the same rounds as its units.
-            whole, run.total_saved_bytes = whole_model_step(model, setup.inputs, loss_fn)
-            steps.append(whole)
-            run.timed_reference = True
-        prepared.append((size, m, steps, with_whole))
+    prepared = [
+        _prepare_timed_size(model, setup, loss_fn, graph, info, one_at_a_time, bar, run)
+        for graph, info in zip(graphs, infos, strict=True)
+    ]
     size_times = _time_sizes([steps for _, _, steps, _ in prepared], setup, bar)
     for (size, m, _, with_whole), times in zip(prepared, size_times, strict=True):
         if with_whole:
@@ -1155,6 +1180,47 @@ def _measure_sizes(
         ug, model, setup.optimizer, opts.bytes_per_parameter
     )
     return run
+
+
+def _prepare_timed_size(
+    model: nn.Module,
+    setup: _Setup,
+    loss_fn: LossFn | None,
+    graph: tuple[int, Any, UnitGraph],
+    info: Any,
+    one_at_a_time: _Timing | None,
+    bar: Any,
+    run: _Measured,
+) -> tuple[int, _SizeMeasurement, list[TimedStep], bool]:
+    """One micro-batch size's measurement and timed steps (:func:`_prepare_size`), with the
+    whole model's step appended (its saved bytes in ``run``) when the reference is timed at
+    this size: (size, measurement, steps, whether the whole model's step is the last)."""
+    opts = setup.opts
+    size, size_inputs, size_ug = graph
+    bar.set_postfix_str(f"micro-batch {size}")
+    m, steps = _prepare_size(
+        model,
+        size_ug,
+        size_inputs,
+        setup.device,
+        loss_fn,
+        share=opts.share,
+        info=info,
+        one_at_a_time=one_at_a_time,
+        # B and W at every size: W's per-call part (one autograd call per
+        # parameter group) is larger than the whole backward's.
+        split_clock=setup.clock if opts.split_backward else None,
+    )
+    shared = any(rep != i for i, rep in enumerate(m.same_as))
+    with_whole = size == setup.batch_size and (
+        setup.reference or (setup.reference is None and not shared and not setup.meta_init)
+    )
+    if with_whole:
+        # The whole model is timed in the same rounds as its units.
+        whole, run.total_saved_bytes = whole_model_step(model, setup.inputs, loss_fn)
+        steps.append(whole)
+        run.timed_reference = True
+    return size, m, steps, with_whole
 
 
 def _size_graphs(

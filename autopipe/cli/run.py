@@ -111,6 +111,16 @@ def register(sub: common.Subparsers) -> None:
         epilog=EPILOG,
     )
     common.model_and_plan_args(p)
+    _training_flags(p)
+    _process_flags(p)
+    _output_flags(p)
+    common.add_common_flags(p)
+    p.set_defaults(func=cmd_run)
+
+
+def _training_flags(p: argparse.ArgumentParser) -> None:
+    """``--steps``, ``--lr``, ``--save``, ``--init``, ``--state-dict``: what is trained,
+    from which weights, and where the weights go."""
     p.add_argument(
         "--steps", type=common.positive_int, default=5, help="training steps (default 5)"
     )
@@ -140,6 +150,11 @@ def register(sub: common.Subparsers) -> None:
         metavar="PATH",
         help="load weights from a torch.save(model.state_dict()) file; implies a meta build",
     )
+
+
+def _process_flags(p: argparse.ArgumentParser) -> None:
+    """``--timeout``, ``--threads``, ``--allow-nonfinite``: how each rank's process runs and
+    when it stops."""
     p.add_argument(
         "--timeout",
         type=common.positive_float("a timeout in seconds > 0", at_most=MAX_TIMEOUT_S),
@@ -155,6 +170,10 @@ def register(sub: common.Subparsers) -> None:
         help="keep training when the loss is NaN or infinite (default: every rank stops with "
         "an error naming the step, before the optimizer step)",
     )
+
+
+def _output_flags(p: argparse.ArgumentParser) -> None:
+    """``--trace`` and ``--json``: what the run writes besides its log."""
     p.add_argument(
         "--trace",
         metavar="PATH",
@@ -165,8 +184,6 @@ def register(sub: common.Subparsers) -> None:
     common.json_option(
         p, "write per-step losses and times (last stage) to PATH (stdout if no PATH)"
     )
-    common.add_common_flags(p)
-    p.set_defaults(func=cmd_run)
 
 
 def cmd_run(args: argparse.Namespace) -> int:

@@ -132,6 +132,18 @@ def schedules_figure(plans: Mapping[str, Plan | str]) -> tuple[Figure, Figure]:
     if not ok:
         raise ValueError("no schedule has a plan: " + "; ".join(map(str, plans.values())))
     sims = {n: simulate_plan(p) for n, p in ok}
+    fig = _timelines_figure(plans, ok, sims)
+    mem = _memory_over_time_figure(ok, sims)
+    return fig, mem
+
+
+def _timelines_figure(
+    plans: Mapping[str, Plan | str],
+    ok: Sequence[tuple[str, Plan]],
+    sims: Mapping[str, Simulation],
+) -> Figure:
+    """:func:`schedules_figure`'s first figure: each plan of ``ok`` (fastest first) one
+    timeline panel on one time axis; the title counts the schedules without a plan."""
     timelines = {n: s.timeline for n, s in sims.items()}
     rows = [timeline_rows(t) for t in timelines.values() if t is not None]
     fig = new_figure(12.0, 0.9 + sum(0.9 + 0.32 * r for r in rows))
@@ -153,32 +165,21 @@ def schedules_figure(plans: Mapping[str, Plan | str]) -> tuple[Figure, Figure]:
     head = f"schedules for one profile, fastest first: {ok[0][0]} wins"
     fig.suptitle(head + ("" if not skipped else f" ({len(skipped)} without a plan)"), fontsize=10)
     _legend(fig, phases)
+    return fig
 
+
+def _memory_over_time_figure(
+    ok: Sequence[tuple[str, Plan]], sims: Mapping[str, Simulation]
+) -> Figure:
+    """:func:`schedules_figure`'s second figure: each plan's memory per rank over one
+    iteration, one panel per plan of ``ok``, the legend below the panels."""
     mem = new_figure(9.0, 1.0 + 1.3 * len(ok))
     maxes = mem.subplots(len(ok), 1, sharex=True, squeeze=False)[:, 0]
     unit_name, unit_bytes = byte_unit(
         max(largest_bytes(sims[n].memory, [p.memory_per_device]) for n, p in ok)
     )
     for ax, (name, p) in zip(maxes, ok, strict=True):
-        sim = sims[name]
-        for r, steps in enumerate(sim.memory):
-            xs = [t * 1e3 for t, _ in steps] + [sim.iteration_time_s * 1e3]
-            ys = [b / unit_bytes for _, b in steps]
-            ys.append(ys[-1] if ys else 0.0)
-            ax.step(xs, ys, where="post", linewidth=1.0, label=f"rank {r}", gid="memory")
-        top = largest_bytes(sim.memory, [p.memory_per_device])
-        if p.memory_per_device:
-            ax.axhline(
-                p.memory_per_device / unit_bytes,
-                color="#C44E52",
-                linewidth=1.0,
-                gid="limit",
-                label="memory limit",
-            )
-        ax.set_title(_summary(name, p, max(sim.peak_bytes, default=0.0)), fontsize=8, loc="left")
-        ax.set_ylabel(unit_name, fontsize=8)
-        ax.set_ylim(0, max(top, 1.0) * HEADROOM / unit_bytes)
-        ax.grid(color="#EEEEEE", linewidth=0.5)
+        _draw_rank_memory(ax, name, p, sims[name], unit_name, unit_bytes)
     maxes[-1].set_xlabel("time (ms)")
     # Below the panels, not on one: inside, it covered the first schedule's lines.
     handles: dict[str, Any] = {}
@@ -193,7 +194,32 @@ def schedules_figure(plans: Mapping[str, Plan | str]) -> tuple[Figure, Figure]:
         fontsize=7,
     )
     mem.suptitle("memory per rank over one iteration, each schedule", fontsize=10)
-    return fig, mem
+    return mem
+
+
+def _draw_rank_memory(
+    ax: Axes, name: str, p: Plan, sim: Simulation, unit_name: str, unit_bytes: float
+) -> None:
+    """One panel of :func:`_memory_over_time_figure`: plan ``p``'s memory per rank over time
+    (every rank one line, in ``unit_name``) and its memory limit."""
+    for r, steps in enumerate(sim.memory):
+        xs = [t * 1e3 for t, _ in steps] + [sim.iteration_time_s * 1e3]
+        ys = [b / unit_bytes for _, b in steps]
+        ys.append(ys[-1] if ys else 0.0)
+        ax.step(xs, ys, where="post", linewidth=1.0, label=f"rank {r}", gid="memory")
+    top = largest_bytes(sim.memory, [p.memory_per_device])
+    if p.memory_per_device:
+        ax.axhline(
+            p.memory_per_device / unit_bytes,
+            color="#C44E52",
+            linewidth=1.0,
+            gid="limit",
+            label="memory limit",
+        )
+    ax.set_title(_summary(name, p, max(sim.peak_bytes, default=0.0)), fontsize=8, loc="left")
+    ax.set_ylabel(unit_name, fontsize=8)
+    ax.set_ylim(0, max(top, 1.0) * HEADROOM / unit_bytes)
+    ax.grid(color="#EEEEEE", linewidth=0.5)
 
 
 def plot_schedules(

@@ -65,7 +65,7 @@ from autopipe.runtime.distributed.stages import StageModule, wire_of
 from autopipe.runtime.distributed.tied import TiedGradients
 from autopipe.runtime.distributed.zero_bubble import weight_pass_misses, weight_pass_reuses
 from autopipe.runtime.planned_stages import OUTPUT, PlannedStages, cut_values, partition
-from autopipe.runtime.split import StageSplitError
+from autopipe.runtime.split import StageGraph, StageSplitError
 from torch import nn
 from torch.distributed import pipelining
 from torch.distributed.pipelining import PipelineStage
@@ -170,9 +170,24 @@ def materialize_chunks(
     s with real weights on ``device`` (the rules of :func:`build_stage`, chunk ``c`` seeded
     with ``init_seed + c``). A parameter two of the chunks share (a tied embedding and head
     on one rank) stays one parameter."""
+    modules = _stage_modules(planned, plan, chunks)
+    device = torch.device(device)
+    _warn_lost_buffers(chunks, modules)
+    on_meta = any(t.is_meta for m in modules for t in m.body.state_dict().values())
+    if state_dict is not None:
+        _load_chunks(chunks, modules, state_dict, on_meta, device)
+    elif on_meta:
+        _to_empty_keeping_ties([m.body for m in modules], device)
+        _reset_chunks(chunks, modules, init_seed)
+    return [m.to(device) for m in modules]
+
+
+def _stage_modules(planned: PlannedStages, plan: Plan, chunks: Sequence[int]) -> list[StageModule]:
+    """The chunks ``chunks`` of ``planned`` wrapped as :class:`StageModule` s (weights as
+    ``planned`` holds them: real or on the meta device)."""
     last = len(plan.stages) - 1
     zero_bubble = plan.schedule in SPLIT_BACKWARD_SCHEDULES
-    modules = [
+    return [
         StageModule(
             planned.stages[c],
             checkpoint=bool(plan.stages[c].checkpoint),
@@ -186,7 +201,11 @@ def materialize_chunks(
         )
         for c in chunks
     ]
-    device = torch.device(device)
+
+
+def _warn_lost_buffers(chunks: Sequence[int], modules: Sequence[StageModule]) -> None:
+    """A warning per chunk naming the non-persistent buffers it holds on the meta device
+    (no ``state_dict`` can fill them)."""
     for c, module in zip(chunks, modules, strict=True):
         persistent = set(module.body.state_dict())
         lost = [n for n, b in module.body.named_buffers() if b.is_meta and n not in persistent]
@@ -194,53 +213,65 @@ def materialize_chunks(
             warnings.warn(
                 f"stage {c}: non-persistent buffers {lost[:3]} were built on the meta device "
                 "and stay uninitialised; build the model with real weights (--init replicate)",
-                stacklevel=3,
+                stacklevel=4,  # materialize_chunks' caller's caller, as before this step
             )
-    on_meta = any(t.is_meta for m in modules for t in m.body.state_dict().values())
-    if state_dict is not None:
-        wanted_by_chunk = []
-        for c, module in zip(chunks, modules, strict=True):
-            own = module.body.state_dict()
-            wanted = {k: state_dict[k] for k in own if k in state_dict}
-            missing = sorted(set(own) - set(wanted))
-            if missing:
-                raise StageSplitError(
-                    f"the state_dict lacks {len(missing)} of stage {c}'s entries (first: "
-                    f"{missing[0]!r}); save it from the same model class with model.state_dict()"
-                )
-            check_state_dict_shapes(own, wanted)
-            wanted_by_chunk.append(wanted)
-        if on_meta:
-            _to_empty_keeping_ties([m.body for m in modules], device)
-        for module, wanted in zip(modules, wanted_by_chunk, strict=True):
-            module.body.load_state_dict(wanted, strict=True, assign=False)
-    elif on_meta:
+
+
+def _load_chunks(
+    chunks: Sequence[int],
+    modules: Sequence[StageModule],
+    state_dict: Mapping[str, torch.Tensor],
+    on_meta: bool,
+    device: torch.device,
+) -> None:
+    """Each chunk's entries of ``state_dict`` copied into it (allocated on ``device`` first
+    when ``on_meta``); StageSplitError for a missing entry or a shape that differs, before
+    anything is allocated."""
+    wanted_by_chunk = []
+    for c, module in zip(chunks, modules, strict=True):
+        own = module.body.state_dict()
+        wanted = {k: state_dict[k] for k in own if k in state_dict}
+        missing = sorted(set(own) - set(wanted))
+        if missing:
+            raise StageSplitError(
+                f"the state_dict lacks {len(missing)} of stage {c}'s entries (first: "
+                f"{missing[0]!r}); save it from the same model class with model.state_dict()"
+            )
+        check_state_dict_shapes(own, wanted)
+        wanted_by_chunk.append(wanted)
+    if on_meta:
         _to_empty_keeping_ties([m.body for m in modules], device)
-        # A parameter two of the chunks share (a tied embedding and head in a V) keeps the
-        # init of the first chunk using it, as the copies on other ranks do (synchronize).
-        seen: dict[int, int] = {}
-        shared: set[int] = set()
-        for k, module in enumerate(modules):
-            for q in module.body.parameters():
-                if id(q) in seen:
-                    shared.add(id(q))
-                seen.setdefault(id(q), k)
-        first: dict[int, torch.Tensor] = {}
-        for k, (c, module) in enumerate(zip(chunks, modules, strict=True)):
-            with torch.random.fork_rng(devices=[]):
-                torch.manual_seed(init_seed + c)
-                for sub in module.body.modules():
-                    reset = getattr(sub, "reset_parameters", None)
-                    if callable(reset):
-                        with torch.no_grad():
-                            reset()
-            for q in module.body.parameters():
-                if seen[id(q)] < k:
+    for module, wanted in zip(modules, wanted_by_chunk, strict=True):
+        module.body.load_state_dict(wanted, strict=True, assign=False)
+
+
+def _reset_chunks(chunks: Sequence[int], modules: Sequence[StageModule], init_seed: int) -> None:
+    """Every submodule's ``reset_parameters()`` re-run, chunk ``c`` under
+    ``torch.manual_seed(init_seed + c)``, on chunks just allocated from the meta device."""
+    # A parameter two of the chunks share (a tied embedding and head in a V) keeps the
+    # init of the first chunk using it, as the copies on other ranks do (synchronize).
+    seen: dict[int, int] = {}
+    shared: set[int] = set()
+    for k, module in enumerate(modules):
+        for q in module.body.parameters():
+            if id(q) in seen:
+                shared.add(id(q))
+            seen.setdefault(id(q), k)
+    first: dict[int, torch.Tensor] = {}
+    for k, (c, module) in enumerate(zip(chunks, modules, strict=True)):
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(init_seed + c)
+            for sub in module.body.modules():
+                reset = getattr(sub, "reset_parameters", None)
+                if callable(reset):
                     with torch.no_grad():
-                        q.copy_(first[id(q)])
-                elif id(q) in shared and id(q) not in first:
-                    first[id(q)] = q.detach().clone()
-    return [m.to(device) for m in modules]
+                        reset()
+        for q in module.body.parameters():
+            if seen[id(q)] < k:
+                with torch.no_grad():
+                    q.copy_(first[id(q)])
+            elif id(q) in shared and id(q) not in first:
+                first[id(q)] = q.detach().clone()
 
 
 def _to_empty_keeping_ties(modules: Sequence[nn.Module], device: torch.device) -> None:
@@ -326,30 +357,13 @@ class DistributedPipeline:
         state_dict: Mapping[str, torch.Tensor] | None = None,
         init_seed: int = 0,
     ) -> None:
-        if not dist.is_initialized():
-            raise RuntimeError(
-                "torch.distributed is not initialised; call "
-                "autopipe.runtime.distributed.init_distributed() first (under torchrun)"
-            )
+        _require_process_group()
         planned = _agreed_stages(model, plan, example_inputs, state_dict)
         chunk_rank = [s.rank if s.rank >= 0 else s.index for s in plan.stages]
         self.plan = plan
         self.device = torch.device(device) if device is not None else _default_device()
         planned, tp_modules, layout = self._join_groups(model, example_inputs, planned)
-        self.chunk_indices = [c for c, r in enumerate(chunk_rank) if r == self.layout.stage]
-        num_chunks = len(plan.stages)
-        self.holds_first = 0 in self.chunk_indices
-        self.holds_last = num_chunks - 1 in self.chunk_indices
-        self.chunks = materialize_chunks(
-            planned,
-            plan,
-            self.chunk_indices,
-            device=self.device,
-            state_dict=state_dict,
-            init_seed=init_seed,
-        )
-        self.module = RankChunks(self.chunks)
-        self._last_chunk = self.chunks[-1] if self.holds_last else None
+        self._build_chunks(planned, chunk_rank, state_dict, init_seed)
         self._binder: InputBinder = planned.binder
         self._label_items = planned.label_items
         self._model_keys = set(model.state_dict())
@@ -362,14 +376,7 @@ class DistributedPipeline:
         )
         """Per chunk of this rank, the shapes of the tensors it receives (one micro-batch; a
         value sharded over the sequence as one TP rank's share); empty when not known ahead."""
-        if self.mesh is not None:
-            # After the fake-tensor run above, which the DTensors of TP and FSDP would refuse
-            # (the whole graph it runs shares their parameters): TP first, then FSDP over
-            # the TP-split parameters (torchtitan's order).
-            for chunk in self.chunks:
-                if tp_modules:
-                    apply_tensor_parallel(chunk.body, tp_modules, self.mesh["tp"], layout)
-                apply_sharding(chunk, plan.shard, self.mesh["dp"])
+        self._shard_chunks(tp_modules, layout)
         # Every rank creates every tie group, in the same order (new_group's rule).
         self.tied = TiedGradients(
             planned.tied,
@@ -395,6 +402,46 @@ class DistributedPipeline:
         torch's split weight pass would miss (see :mod:`zero_bubble`)."""
         self.stages = self._pipeline_stages(examples)
         self.schedule = _schedule(plan, self.stages, self._loss)
+        self._start_counters()
+
+    def _build_chunks(
+        self,
+        planned: PlannedStages,
+        chunk_rank: Sequence[int],
+        state_dict: Mapping[str, torch.Tensor] | None,
+        init_seed: int,
+    ) -> None:
+        """This rank's chunks (``chunk_indices``, ``chunks``, ``module``), materialised on
+        the device (:func:`materialize_chunks`), and whether it holds the first / last."""
+        self.chunk_indices = [c for c, r in enumerate(chunk_rank) if r == self.layout.stage]
+        num_chunks = len(self.plan.stages)
+        self.holds_first = 0 in self.chunk_indices
+        self.holds_last = num_chunks - 1 in self.chunk_indices
+        self.chunks = materialize_chunks(
+            planned,
+            self.plan,
+            self.chunk_indices,
+            device=self.device,
+            state_dict=state_dict,
+            init_seed=init_seed,
+        )
+        self.module = RankChunks(self.chunks)
+        self._last_chunk = self.chunks[-1] if self.holds_last else None
+
+    def _shard_chunks(self, tp_modules: dict[str, str], layout: SequenceLayout) -> None:
+        """A mesh plan's chunks split by TP (``tp_modules``) and sharded by FSDP, in place;
+        nothing without a mesh."""
+        if self.mesh is not None:
+            # After the fake-tensor run above, which the DTensors of TP and FSDP would refuse
+            # (the whole graph it runs shares their parameters): TP first, then FSDP over
+            # the TP-split parameters (torchtitan's order).
+            for chunk in self.chunks:
+                if tp_modules:
+                    apply_tensor_parallel(chunk.body, tp_modules, self.mesh["tp"], layout)
+                apply_sharding(chunk, self.plan.shard, self.mesh["dp"])
+
+    def _start_counters(self) -> None:
+        """The step's recorder (none yet) and counters, zero before the first step."""
         self.recorder: Any = None
         """A :class:`autopipe.runtime.recorder.TimelineRecorder` that times each step (mark
         ``"step"``) and each loss (phase ``loss``), or None; set by
@@ -804,9 +851,30 @@ def _stage_examples(
     a value ``layout`` shards over the sequence travels as one TP rank's shard).
     None, with a warning, when the graph cannot run on fake tensors."""
     graphs = [planned.stages[c] for c in chunks]
+    values = _boundary_values(planned, chunks, graphs, example_inputs, plan)
+    if values is None:
+        return None
+    found: list[ChunkExamples] = []
+    for stage, graph, module in zip(chunks, graphs, modules, strict=True):
+        if stage > 0:
+            module.set_wires(_input_wires(values, graph.input_names, stage))
+        found.append(_chunk_examples(stage, graph, values, device, layout))
+    return found
+
+
+def _boundary_values(
+    planned: PlannedStages,
+    chunks: Sequence[int],
+    graphs: Sequence[StageGraph],
+    example_inputs: Any,
+    plan: Plan,
+) -> dict[str, Any] | None:
+    """The values (fake tensors, numbers, pytrees of them) that ``graphs`` take and give, by
+    node name, from one fake-tensor run of one micro-batch; None, with a warning, when the
+    graph cannot run on fake tensors."""
     rows = batch_rows(example_inputs, 0, int(plan.microbatch_size))
     try:
-        values = cut_values(
+        return cut_values(
             planned.graph_module,
             planned.binder.flat(rows),
             {n for g in graphs for n in (*g.input_names, *g.output_names)},
@@ -816,9 +884,36 @@ def _stage_examples(
             f"stages {list(chunks)}: shapes of the values between stages could not be worked "
             f"out ahead ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); "
             "torch.distributed.pipelining infers them on its first step",
-            stacklevel=3,
+            stacklevel=4,  # _stage_examples' caller's caller, as before this step
         )
         return None
+
+
+def _input_wires(values: Mapping[str, Any], names: Sequence[str], stage: int) -> list[Any]:
+    """The wire format (:func:`wire_of`) of each value ``names`` that crosses the cut before
+    ``stage``; StageSplitError for one that holds something other than tensors or numbers."""
+    wires = []
+    for name in names:
+        try:
+            wires.append(wire_of(values[name]))
+        except TypeError as exc:
+            raise StageSplitError(
+                f"value {name!r} crossing the cut before stage {stage} holds {exc}, "
+                "not tensors or numbers; torch.distributed.pipelining sends only "
+                "tensors between ranks: plan a different cut (e.g. --units)"
+            ) from None
+    return wires
+
+
+def _chunk_examples(
+    stage: int,
+    graph: StageGraph,
+    values: Mapping[str, Any],
+    device: torch.device,
+    layout: SequenceLayout | None,
+) -> ChunkExamples:
+    """Example inputs and outputs of chunk ``stage`` (``graph``) on ``device``, empty tensors
+    shaped as ``values`` (one TP rank's share where ``layout`` shards them), as they travel."""
 
     def example(value: Any, name: str = "") -> torch.Tensor:
         if isinstance(value, torch.Tensor):
@@ -833,32 +928,17 @@ def _stage_examples(
             example(leaf, name) for name in names for leaf in pytree.tree_leaves(values[name])
         )
 
-    found: list[ChunkExamples] = []
-    for stage, graph, module in zip(chunks, graphs, modules, strict=True):
-        if stage > 0:
-            wires = []
-            for name in graph.input_names:
-                try:
-                    wires.append(wire_of(values[name]))
-                except TypeError as exc:
-                    raise StageSplitError(
-                        f"value {name!r} crossing the cut before stage {stage} holds {exc}, "
-                        "not tensors or numbers; torch.distributed.pipelining sends only "
-                        "tensors between ranks: plan a different cut (e.g. --units)"
-                    ) from None
-            module.set_wires(wires)
-        inputs = (
-            examples(graph.input_names)
-            if stage > 0
-            else tuple(example(values[name]) for name in graph.input_names)
-        )
-        if graph.output_names:
-            outputs = examples(graph.output_names)
-        else:
-            leaves = pytree.tree_leaves(values[OUTPUT])
-            outputs = tuple(example(v) for v in leaves if isinstance(v, torch.Tensor))
-        found.append((inputs, outputs))
-    return found
+    inputs = (
+        examples(graph.input_names)
+        if stage > 0
+        else tuple(example(values[name]) for name in graph.input_names)
+    )
+    if graph.output_names:
+        outputs = examples(graph.output_names)
+    else:
+        leaves = pytree.tree_leaves(values[OUTPUT])
+        outputs = tuple(example(v) for v in leaves if isinstance(v, torch.Tensor))
+    return inputs, outputs
 
 
 def _check_divisible(batch_size: int, microbatches: int) -> None:
@@ -915,6 +995,15 @@ def _make_groups(layout: RankLayout) -> tuple[Any, Any]:
         if stage == layout.stage:
             replica_group = group
     return pipeline_group, replica_group
+
+
+def _require_process_group() -> None:
+    """RuntimeError unless torch.distributed's default process group is initialised."""
+    if not dist.is_initialized():
+        raise RuntimeError(
+            "torch.distributed is not initialised; call "
+            "autopipe.runtime.distributed.init_distributed() first (under torchrun)"
+        )
 
 
 def _default_device() -> torch.device:
