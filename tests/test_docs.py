@@ -1,12 +1,12 @@
 """docs/*.md against the code: what a newcomer copies from them names things that exist.
 
-Every ``python`` block parses, imports only what exists, and calls autopipe's functions with
-arguments their signatures take (a stale ``profile(model, x, repeats=3)`` fails here), and
-imports ``autopipe`` where it uses it; every
-``autopipe COMMAND ... --flag`` the pages show is a flag of that command; every dotted
-``autopipe.*`` name resolves and every repository path they cite exists. The blocks are not
-run here: they profile models (seconds each) and several need torchrun; tests/test_readme.py
-runs the README's blocks, whose Python API these pages detail.
+Every ``python`` block parses, imports only what exists, imports ``autopipe`` where it uses
+it, and calls autopipe's functions and classes with arguments their signatures take (a stale
+``profile(model, x, repeats=3)`` fails here), as does every ``autopipe.f(...)`` call in the
+running text; every ``autopipe COMMAND ... --flag`` the pages show is a flag of that command;
+every dotted ``autopipe.*`` name resolves and every repository path they cite exists. The
+blocks are not run here: they profile models (seconds each) and several need torchrun;
+tests/test_readme.py runs the README's blocks, whose Python API these pages detail.
 """
 
 from __future__ import annotations
@@ -90,6 +90,11 @@ def test_python_block_imports_exist_and_calls_fit_the_signatures(page: Path, blo
     names = _autopipe_names(tree)
     used = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and n.id == "autopipe"}
     assert used <= set(names), f"{where}: uses autopipe without importing it"
+    _check_calls(tree, names, where)
+
+
+def _check_calls(tree: ast.AST, names: dict[str, str], where: str) -> None:
+    """Every call of an autopipe function or class in ``tree`` binds to its signature."""
     for node in ast.walk(tree):
         if not isinstance(node, ast.Call):
             continue
@@ -106,6 +111,23 @@ def test_python_block_imports_exist_and_calls_fit_the_signatures(page: Path, blo
             signature.bind_partial(*node.args, **keywords)
         except TypeError as e:  # an argument the function does not take
             raise AssertionError(f"{where}: {full}{signature}: {e}") from None
+
+
+def test_inline_autopipe_calls_fit_the_signatures() -> None:
+    """A call shown in running text (`autopipe.replay(..., medians=False)`) binds too."""
+    checked = 0
+    for page in PAGES:
+        prose = re.sub(r"^```.*?^```", "", page.read_text(), flags=re.S | re.M)
+        for span in re.findall(r"`([^`]+)`", prose):
+            if not span.startswith("autopipe.") or "(" not in span:
+                continue
+            try:
+                tree = ast.parse(span.replace("\n", " "), mode="eval")
+            except SyntaxError:
+                continue  # a signature written out (`f(a, *, b)`), not a call
+            _check_calls(tree, {"autopipe": "autopipe"}, f"{page.name}: {span}")
+            checked += 1
+    assert checked > 5
 
 
 def _command_flags() -> dict[str, set[str]]:
