@@ -964,6 +964,12 @@ def profile(
     Returns a :class:`Profile` whose times are seconds per call at batch ``B`` and sizes bytes
     at batch ``B``. Raises ``TraceError`` if the model cannot be traced.
     """
+    if options is not None and not isinstance(options, MeasureOptions):
+        # The device was this argument until profile took MeasureOptions only.
+        raise UsageError(
+            f"profile: options must be an autopipe.MeasureOptions, got {options!r}; "
+            f"a device goes in autopipe.MeasureOptions(device=...)"
+        )
     setup = _setup(model, example_inputs, options or MeasureOptions())
     key, cached = _read_cache(model, setup, loss_fn, cache_dir) if cache else (None, None)
     if cached is not None:

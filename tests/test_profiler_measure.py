@@ -22,6 +22,7 @@ from profiler_models import (
 )
 from torch import nn
 
+from autopipe.core.errors import UsageError
 from autopipe.core.profile import Profile
 
 # reference=True: the whole model is also measured in one piece, the check these tests make.
@@ -335,6 +336,15 @@ def test_progress_bar_on_stderr(capsys) -> None:
     assert "profiling Sequential (5 units)" in capsys.readouterr().err
     profile(model, x, FAST, progress=False)
     assert "profiling" not in capsys.readouterr().err
+
+
+def test_options_that_are_not_measure_options_are_one_usage_error() -> None:
+    """``profile(model, x, "cuda")`` was the device until the options became the only way in:
+    one line saying where the device goes now, not an AttributeError from deep inside."""
+    model, x, _ = small_mlp()
+    for given in ("cpu", torch.device("cpu"), {"device": "cpu"}):
+        with pytest.raises(UsageError, match=r"MeasureOptions\(device="):
+            profile(model, x, given, progress=False)  # type: ignore[arg-type]
 
 
 def test_dtype_and_bad_arguments() -> None:
