@@ -3,26 +3,11 @@
 from __future__ import annotations
 
 import pytest
-from viz_plans import (
-    _profile,
-    gpipe_plan_of,
-)
 
 from autopipe.core.plan import Plan
-from autopipe.core.profile import Profile
 from autopipe.core.timeline import Task, Timeline
 from autopipe.viz.gantt import timeline_figure
 from autopipe.viz.predict import predicted_timeline
-
-
-@pytest.fixture(scope="module")
-def profile() -> Profile:
-    return _profile()
-
-
-@pytest.fixture(scope="module")
-def gpipe_plan(profile: Profile) -> Plan:
-    return gpipe_plan_of(profile)
 
 
 def test_bench_titles_compare_like_with_like(gpipe_plan: Plan) -> None:

@@ -21,12 +21,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from package_modules import package_modules
 
 ROOT = Path(__file__).resolve().parents[1]
 
-_PACKAGES = {"autopipe": "autopipe", "profiler": "autopipe.profiler", "planner": "autopipe.planner",
-             "runtime": "autopipe.runtime"}  # fmt: skip
-"""Repository folder -> the package it installs as (pyproject's package-dir)."""
 
 HEAVY = {
     "torch": "1.6 s to import; the CLI, autopipe.core and the planner run without it",
@@ -63,19 +61,6 @@ ALLOWED: dict[tuple[str, str], str] = {}
 would move it to the top."""
 
 
-@functools.cache
-def _modules() -> dict[str, Path]:
-    """Every module of the installed package, by its import name."""
-    found = {}
-    for folder, package in _PACKAGES.items():
-        for path in (ROOT / folder).rglob("*.py"):
-            parts = list(path.relative_to(ROOT / folder).with_suffix("").parts)
-            if parts[-1] == "__init__":
-                parts.pop()
-            found[".".join([package, *parts])] = path
-    return found
-
-
 @dataclass(frozen=True)
 class Import:
     """One import statement: where it is, what it imports, whether it runs inside a function."""
@@ -101,7 +86,7 @@ def _imports(module: str) -> tuple[Import, ...]:
     """The import statements of ``module`` that run (``if TYPE_CHECKING:`` left out), each
     with the modules it loads: ``from pkg import name`` loads ``pkg.name`` where that is a
     module, or the module a lazy package attribute comes from."""
-    modules = _modules()
+    modules = package_modules()
     path = modules[module]
     package = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
     found: list[Import] = []
@@ -165,7 +150,7 @@ def _loads(module: str) -> frozenset[str]:
 def _heavy_of(names: tuple[str, ...]) -> frozenset[str]:
     """The ``HEAVY`` packages that importing each of ``names`` loads: through the package's
     modules it imports outside functions (and their packages), the third-party ones."""
-    modules = _modules()
+    modules = package_modules()
     out: set[str] = set()
     todo = [part for name in names for part in _with_parents(name)]
     done: set[str] = set()
@@ -189,7 +174,7 @@ def _nested() -> list[tuple[Import, frozenset[str]]]:
     """Every import inside a function, with the ``HEAVY`` packages it adds to what its
     module's import already loads (empty: it has no reason to sit there)."""
     found = []
-    for name in sorted(_modules()):
+    for name in sorted(package_modules()):
         loaded = _loads(name)
         for imp in _imports(name):
             if imp.nested:
@@ -246,7 +231,7 @@ def _unexpected(seen: dict[str, list[str]]) -> dict[str, list[str]]:
 
 def _importable() -> list[str]:
     """Every module, lightest first (``__main__`` left out: importing it runs the CLI)."""
-    runs = [m for m in _modules() if not m.endswith("__main__")]
+    runs = [m for m in package_modules() if not m.endswith("__main__")]
     return sorted(runs, key=lambda m: (len(_loads(m)), m))
 
 

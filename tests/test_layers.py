@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from package_modules import package_modules
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -50,23 +51,6 @@ def test_layer_imports(folder: str, allowed: tuple[str, ...]) -> None:
     assert _violations(folder, allowed) == []
 
 
-_PACKAGES = {"autopipe": "autopipe", "profiler": "autopipe.profiler", "planner": "autopipe.planner",
-             "runtime": "autopipe.runtime"}  # fmt: skip
-"""Repository folder -> the package it installs as (pyproject's package-dir)."""
-
-
-def _modules() -> dict[str, Path]:
-    """Every module of the installed package, by its import name."""
-    found = {}
-    for folder, package in _PACKAGES.items():
-        for path in (ROOT / folder).rglob("*.py"):
-            parts = list(path.relative_to(ROOT / folder).with_suffix("").parts)
-            if parts[-1] == "__init__":
-                parts.pop()
-            found[".".join([package, *parts])] = path
-    return found
-
-
 def _runtime_imports(path: Path, name: str, modules: dict[str, Path]) -> set[str]:
     """The package's modules that ``path`` imports when it runs, at any depth (imports inside
     functions included; ``if TYPE_CHECKING:`` blocks left out: they never run). ``from pkg
@@ -103,7 +87,7 @@ def test_no_import_cycles() -> None:
     the top, and not inside a function (a lazy import that only hides a cycle)."""
     import networkx as nx
 
-    modules = _modules()
+    modules = package_modules()
     graph = nx.DiGraph()
     for name, path in modules.items():
         graph.add_node(name)
@@ -135,7 +119,7 @@ def _layer(module: str) -> str | None:
 def _layer_edges() -> dict[tuple[str | None, str | None], list[str]]:
     """(importing layer, imported layer) -> the imports between two layers, every one (the
     package root, which imports only ``core.lazy``, is no layer)."""
-    modules = _modules()
+    modules = package_modules()
     edges: dict[tuple[str | None, str | None], list[str]] = {}
     for name, path in modules.items():
         imported = _runtime_imports(path, name, modules) | {
@@ -152,7 +136,9 @@ def test_imports_follow_the_picture() -> None:
     """Every import between layers follows an arrow, directly or through others."""
     arrows = _picture()
     layers = {a for a, _ in arrows} | {b for _, b in arrows}
-    assert layers == {_layer(m) for m in _modules()} - {None}  # the picture names every layer
+    assert layers == {_layer(m) for m in package_modules()} - {
+        None
+    }  # the picture names every layer
     reach = {a: {a} for a in layers}
     for _ in layers:
         for a, b in arrows:
@@ -216,7 +202,7 @@ def test_a_modules_all_lists_only_what_it_defines() -> None:
     """Outside a package's ``__init__``, ``__all__`` names only what the module itself
     defines: one owner per name, no second route to it (front doors above aside)."""
     found = {}
-    for name, path in _modules().items():
+    for name, path in package_modules().items():
         if path.name == "__init__.py":
             continue
         tree = ast.parse(path.read_text(), str(path))

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from viz_plans import _check_png, _profile, gpipe_plan_of, onefoneb_plan_of
+from viz_plans import _check_png
 
 from autopipe.core.plan import Plan, load_plan
 from autopipe.core.profile import Profile
@@ -19,21 +19,6 @@ from autopipe.core.timeline import (
 )
 from autopipe.viz import plot_all
 from autopipe.viz.predict import predicted_timeline
-
-
-@pytest.fixture(scope="module")
-def profile() -> Profile:
-    return _profile()
-
-
-@pytest.fixture(scope="module")
-def gpipe_plan(profile: Profile) -> Plan:
-    return gpipe_plan_of(profile)
-
-
-@pytest.fixture(scope="module")
-def onefoneb_plan(profile: Profile) -> Plan:
-    return onefoneb_plan_of(profile)
 
 
 def test_chrome_trace_round_trip(onefoneb_plan: Plan) -> None:

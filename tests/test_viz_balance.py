@@ -4,27 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
 from viz_plans import (
     _check_png,
-    _profile,
-    gpipe_plan_of,
 )
 
 from autopipe.core.plan import Plan
 from autopipe.core.profile import Profile
 from autopipe.viz.balance import balance_figure
 from autopipe.viz.data import balance_data
-
-
-@pytest.fixture(scope="module")
-def profile() -> Profile:
-    return _profile()
-
-
-@pytest.fixture(scope="module")
-def gpipe_plan(profile: Profile) -> Plan:
-    return gpipe_plan_of(profile)
 
 
 def test_balance_plot(gpipe_plan: Plan, profile: Profile, tmp_path: Path) -> None:

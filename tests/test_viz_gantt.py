@@ -10,31 +10,12 @@ from viz_plans import (
     _check_png,
     _drawn_idle_fraction,
     _gpt_like_plan,
-    _profile,
-    gpipe_plan_of,
-    onefoneb_plan_of,
 )
 
 from autopipe.core.plan import Plan
-from autopipe.core.profile import Profile
 from autopipe.core.timeline import Task, Timeline
 from autopipe.viz.gantt import plot_timeline, timeline_figure
 from autopipe.viz.predict import predicted_timeline
-
-
-@pytest.fixture(scope="module")
-def profile() -> Profile:
-    return _profile()
-
-
-@pytest.fixture(scope="module")
-def gpipe_plan(profile: Profile) -> Plan:
-    return gpipe_plan_of(profile)
-
-
-@pytest.fixture(scope="module")
-def onefoneb_plan(profile: Profile) -> Plan:
-    return onefoneb_plan_of(profile)
 
 
 @pytest.mark.parametrize("which", ["gpipe_plan", "onefoneb_plan"])

@@ -8,24 +8,12 @@ import pytest
 from autopipe.planner import plan
 from viz_plans import (
     _check_png,
-    _profile,
-    gpipe_plan_of,
 )
 
 from autopipe.core.plan import Plan
 from autopipe.core.profile import Profile
 from autopipe.core.request import PlanRequest
 from autopipe.viz.data import scaling_data
-
-
-@pytest.fixture(scope="module")
-def profile() -> Profile:
-    return _profile()
-
-
-@pytest.fixture(scope="module")
-def gpipe_plan(profile: Profile) -> Plan:
-    return gpipe_plan_of(profile)
 
 
 def test_scaling_plot(gpipe_plan: Plan, profile: Profile, tmp_path: Path) -> None:

@@ -1,0 +1,29 @@
+"""Fixtures the plot and report tests share: one small hand-made profile and the two real
+plans made from it (``tests/viz_plans.py`` builds them). Module-scoped: planning is the
+costly part, and no test changes them."""
+
+from __future__ import annotations
+
+import pytest
+from viz_plans import _profile, gpipe_plan_of, onefoneb_plan_of
+
+from autopipe.core.plan import Plan
+from autopipe.core.profile import Profile
+
+
+@pytest.fixture(scope="module")
+def profile() -> Profile:
+    """12 uneven units, a heavy last one (like an LM head), batch 32."""
+    return _profile()
+
+
+@pytest.fixture(scope="module")
+def gpipe_plan(profile: Profile) -> Plan:
+    """K = 4, GPipe, M chosen, 1 GiB per device."""
+    return gpipe_plan_of(profile)
+
+
+@pytest.fixture(scope="module")
+def onefoneb_plan(profile: Profile) -> Plan:
+    """K = 4, 1F1B, M = 8, finite links and every stage re-materialized."""
+    return onefoneb_plan_of(profile)
