@@ -28,6 +28,7 @@ from autopipe.core.plan import Plan
 from autopipe.core.timeline import to_chrome_trace
 from autopipe.device_target import check_local_device
 from autopipe.modelfile import load_model_file
+from autopipe.outputs import check_output
 from autopipe.profiling import MODEL_ERRORS, model_failed
 from autopipe.viz import too_many_tasks
 from autopipe.viz.gantt import plot_timeline
@@ -85,13 +86,14 @@ def bench_model_file(request: BenchRequest) -> BenchRun:
     """Train ``request.warmup + request.steps`` steps of ``request.plan`` on ``request.model``
     with the GPipe executor, compare them with the plan's prediction and write the files into
     ``request.out_dir``. Raises ``UsageError`` for a plan with too many tasks to draw, a bad
-    model file, device list or model, before any training step."""
+    model file, device list, output folder or model, before any training step."""
     plan = request.plan
     reason = too_many_tasks(plan)
     if reason is not None:
         raise UsageError(reason)
     mf = load_model_file(request.model)
     _check_devices(request.devices, plan)
+    check_output(request.out_dir, "out_dir", directory=True)
     _set_threads(request.devices, request.threads)
     _warn_if_loaded()
     result = _measure(mf, request)

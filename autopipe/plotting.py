@@ -22,6 +22,7 @@ from autopipe.core.plan import Plan
 from autopipe.core.profile import Profile
 from autopipe.core.request import PlanRequest
 from autopipe.core.timeline import Timeline
+from autopipe.outputs import check_output
 from autopipe.planner.sweep import plan_each_schedule
 from autopipe.viz import too_many_tasks
 from autopipe.viz.memory import plot_schedules
@@ -69,9 +70,10 @@ class PlotRequest:
 def plot_plan(request: PlotRequest) -> list[Path]:
     """Write ``request``'s figures into ``request.out_dir``; returns the files written.
     Raises ``UsageError`` (before any folder is made) for a plan with too many tasks to draw,
-    a timeline of another pipeline, a profile of another model, or ``schedules`` without a
-    profile; ``Failure`` when no schedule has a plan."""
+    a timeline of another pipeline, a profile of another model, ``schedules`` without a
+    profile, or an ``out_dir`` that cannot be written; ``Failure`` when no schedule has a plan."""
     profile = _checked_profile(request)
+    check_output(request.out_dir, "out_dir", directory=True)
     paths = plot_all(
         request.plan,
         request.out_dir,

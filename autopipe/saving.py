@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 from autopipe.core.datafile import created_mode
 from autopipe.core.errors import Failure
+from autopipe.outputs import output_path_problem
 
 if TYPE_CHECKING:
     from autopipe.runtime.distributed.pipeline import DistributedPipeline
@@ -39,8 +40,9 @@ def save_dir_problem(path: str) -> str | None:
 
     The checkpoint is written into a fresh sibling of ``path`` and renamed to it at the end
     (:func:`save_checkpoint`), so ``path`` must name a directory entry (not ``''``, ``.``,
-    ``..``) that is absent or a folder of this user's holding nothing but checkpoint files.
-    Whether the folder above takes new entries is the caller's check (the CLI tries it)."""
+    ``..``) that is absent or a folder of this user's holding nothing but checkpoint files,
+    and the folder above must take new entries (tried:
+    :func:`autopipe.outputs.output_path_problem`)."""
     if not path.strip():
         return "--save needs a directory name, got ''"
     target = Path(path)
@@ -50,7 +52,9 @@ def save_dir_problem(path: str) -> str | None:
             "beside it and renamed to it), not the current or a parent folder"
         )
     problem = _replace_problem(target)
-    return None if problem is None else f"--save {path}: {problem}"
+    if problem is not None:
+        return f"--save {path}: {problem}"
+    return output_path_problem(str(target.parent), "--save", directory=True)
 
 
 def _replace_problem(target: Path) -> str | None:

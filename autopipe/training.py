@@ -33,6 +33,7 @@ from autopipe.core.errors import Failure, UsageError
 from autopipe.core.plan import Plan
 from autopipe.core.timeline import to_chrome_trace
 from autopipe.modelfile import ModelFile, ModelFileError
+from autopipe.outputs import check_output
 from autopipe.saving import save_checkpoint, save_dir_problem
 
 if TYPE_CHECKING:
@@ -188,10 +189,7 @@ def train(
     on the rank computing the loss, what was written). ``steps_done`` is called on every
     rank once the steps are done, before the trace and the checkpoint are written."""
     say = say or _silent
-    if request.save_dir is not None:
-        problem = save_dir_problem(request.save_dir)
-        if problem is not None:
-            raise UsageError(problem)
+    _check_outputs(request)
     owns_group, rank, world = _join_process_group(request)
     _check_world_size(request.plan, rank, world)
     pipe, batch = _build_pipeline(request, world)
@@ -219,6 +217,18 @@ def train(
 
         shutdown()
     return result
+
+
+def _check_outputs(request: TrainRequest) -> None:
+    """Refuse (``UsageError``, before any process group) a trace file or checkpoint folder
+    that cannot be written: an input overwritten, a folder that takes no new file, ..."""
+    if request.trace_path is not None:
+        inputs = (request.model.path, request.state_dict_path)
+        check_output(request.trace_path, "trace_path", inputs=inputs)
+    if request.save_dir is not None:
+        problem = save_dir_problem(request.save_dir)
+        if problem is not None:
+            raise UsageError(problem)
 
 
 def _silent(line: str) -> None:

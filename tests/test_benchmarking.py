@@ -119,3 +119,5 @@ def test_bench_model_file_refuses_before_any_step(
     with pytest.raises(UsageError, match="a timeline can show"):
         bench_model_file(BenchRequest(str(model_py), many, out_dir=out))
     assert not out.exists()
+    with pytest.raises(UsageError, match=f"^out_dir {model_py} is a file; give a directory$"):
+        bench_model_file(BenchRequest(str(model_py), p, out_dir=model_py))

@@ -109,3 +109,5 @@ def test_plot_plan_refuses_what_does_not_belong_together(
     with pytest.raises(UsageError, match="a timeline can show"):
         plot_plan(PlotRequest(many, out))
     assert not out.exists()  # refused before any folder is made
+    with pytest.raises(UsageError, match=f"^out_dir {plan_path}/figures: {plan_path} is a file"):
+        plot_plan(PlotRequest(p, plan_path / "figures"))

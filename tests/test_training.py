@@ -88,6 +88,41 @@ def test_train_refuses_a_save_dir_before_joining_any_process_group(
         train(TrainRequest(model, plan))
 
 
+def test_train_refuses_a_trace_path_it_cannot_write_before_joining_any_process_group(
+    model_and_plan: tuple[ModelFile, Plan], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An input overwritten or a folder that takes no new file is refused in one line naming
+    the field, outside torchrun (no RANK): so before any process group is joined."""
+    model, plan = model_and_plan
+    for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    weights = tmp_path / "weights.pt"
+    weights.write_bytes(b"")
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o500)
+    if os.geteuid() == 0:  # root writes anywhere: the folder refuses new files another way
+        refuse = PermissionError(13, "Permission denied")
+        monkeypatch.setattr("tempfile.mkstemp", lambda **_: (_ for _ in ()).throw(refuse))
+    cases = [
+        ({"trace_path": str(model.path)}, f"trace_path {model.path} is the input {model.path}; "
+         "writing there would destroy it: give another path"),
+        ({"trace_path": str(weights), "state_dict_path": str(weights)},
+         f"trace_path {weights} is the input {weights}; writing there would destroy it"),
+        ({"trace_path": str(tmp_path)}, f"trace_path {tmp_path} is a directory; give a file"),
+        ({"trace_path": f"{model.path}/t.json"}, f"{model.path} is a file, not a directory"),
+        ({"trace_path": str(locked / "t.json")},
+         f"trace_path {locked / 't.json'}: cannot write in {locked} (Permission denied)"),
+        ({"save_dir": str(locked / "ckpt")},
+         f"--save {locked}: cannot write in {locked} (Permission denied)"),
+    ]  # fmt: skip
+    for fields, says in cases:
+        with pytest.raises(UsageError) as caught:
+            train(TrainRequest(model, plan, **fields))
+        assert says in str(caught.value) and "\n" not in str(caught.value)
+    assert not list(locked.iterdir())
+
+
 RANK_SCRIPT = """\
 import json, sys
 import torch.distributed as dist

@@ -15,9 +15,7 @@ import json
 import logging
 import math
 import os
-import stat
 import sys
-import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -32,6 +30,7 @@ from autopipe.core.plan import PlanFormatError, load_plan
 from autopipe.core.profile import Profile, ProfileFormatError
 from autopipe.core.schedule_rules import preflight
 from autopipe.modelfile import ModelFileError, load_model_file
+from autopipe.outputs import check_output
 from autopipe.profiling import ProfileRequest
 
 __all__ = ["EXIT_FAILURE", "EXIT_OK", "EXIT_USAGE", "Failure", "UsageError"]
@@ -228,67 +227,16 @@ def check_output_path(
     directory: bool = False,
     inputs: Sequence[str | None] = (),
 ) -> None:
-    """Refuse an output path that cannot be written, before any work is done (exit 2).
-
-    ``directory``: ``path`` is a folder to write into; otherwise a file. Either way the
-    nearest existing folder must take a new file (tried, not guessed from permission bits:
-    root, read-only mounts and ACLs all decide), and missing folders are created on write.
-    ``inputs``: files the command reads (a ``MODEL.py:FACTORY`` spec counts as its file);
-    writing over one of them would destroy it.
-    """
+    """Refuse an output path that cannot be written, before any work is done (exit 2):
+    :func:`autopipe.outputs.output_path_problem`, naming ``flag``. ``None`` and ``-``
+    (stdout) are always fine; an empty path is refused."""
     if path == "":  # Path("") is the current folder: never what an empty argument meant
         raise UsageError(
             f"{flag} is empty; give a path" + ("" if directory else " (or - for stdout)")
         )
     if path is None or path == "-":
         return
-    out = Path(path)
-    if out.exists() and out.is_dir() != directory:
-        kind = "a file" if directory else "a directory"
-        raise UsageError(f"{flag} {path} is {kind}; give a {'directory' if directory else 'file'}")
-    if not directory and out.exists():
-        for given in inputs:
-            source = _input_file(given)
-            if source is not None and os.path.samefile(source, out):
-                raise UsageError(
-                    f"{flag} {path} is the input {given}; writing there would destroy it: "
-                    "give another path"
-                )
-    if not directory and out.exists() and _is_stream(out):
-        # /dev/null, /dev/stdout, a named pipe: written through, never replaced, so the
-        # folder holding it needs no room for a new file.
-        if not os.access(out, os.W_OK):
-            raise UsageError(f"{flag} {path}: cannot write to it (permission denied)")
-        return
-    folder = out if directory and out.exists() else out.parent
-    while not folder.exists():
-        folder = folder.parent
-    if not folder.is_dir():
-        raise UsageError(f"{flag} {path}: {folder} is a file, not a directory")
-    try:
-        fd, probe = tempfile.mkstemp(dir=folder, prefix=".autopipe-write-check-")
-    except OSError as exc:
-        raise UsageError(
-            f"{flag} {path}: cannot write in {folder} ({exc.strerror or exc}); give a writable path"
-        ) from None
-    os.close(fd)
-    os.unlink(probe)
-
-
-def _is_stream(path: Path) -> bool:
-    """Whether ``path`` is (or links to) a character device or a FIFO."""
-    mode = path.stat().st_mode
-    return stat.S_ISCHR(mode) or stat.S_ISFIFO(mode)
-
-
-def _input_file(given: str | None) -> Path | None:
-    """The file behind an input argument (``MODEL.py[:FACTORY]`` or a path), if it exists."""
-    if not given:
-        return None
-    for candidate in (given, given.rpartition(":")[0]):
-        if candidate and Path(candidate).is_file():
-            return Path(candidate)
-    return None
+    check_output(path, flag, directory=directory, inputs=inputs)
 
 
 def check_distinct_outputs(*outputs: tuple[str | None, str]) -> None:

@@ -302,8 +302,7 @@ def _run(args: argparse.Namespace) -> int:
 
 def check_save_dir(path: str) -> None:
     """Refuse a ``--save DIR`` that cannot be written or replaced, before any work (exit 2):
-    :func:`autopipe.saving.save_dir_problem`, and the folder above must take new entries."""
+    :func:`autopipe.saving.save_dir_problem` (the folder above must take new entries)."""
     problem = save_dir_problem(path)
     if problem is not None:
         raise common.UsageError(problem)
-    common.check_output_path(str(Path(path).parent), "--save", directory=True)
