@@ -17,7 +17,7 @@ from pathlib import Path
 
 from autopipe.core.errors import UsageError
 
-__all__ = ["check_output", "output_path_problem"]
+__all__ = ["check_output", "inside_folder_problem", "output_path_problem"]
 
 
 def output_path_problem(
@@ -81,6 +81,21 @@ def check_output(
     problem = output_path_problem(path, label, directory=directory, inputs=inputs)
     if problem is not None:
         raise UsageError(problem)
+
+
+def inside_folder_problem(
+    path: str | Path, label: str, folder: str | Path, folder_label: str
+) -> str | None:
+    """Why ``path`` cannot be written inside ``folder``, a checkpoint folder that holds
+    only the checkpoint (its save swaps the whole folder in at the end, and refuses one
+    that holds anything else): one line naming both, or None. O(path depth)."""
+    inner, outer = Path(path).resolve(), Path(folder).resolve()
+    if inner == outer or outer in inner.parents:
+        return (
+            f"{label} {path} is inside {folder_label} {folder}, which holds only the "
+            "checkpoint; write it elsewhere"
+        )
+    return None
 
 
 def _is_stream(path: Path) -> bool:

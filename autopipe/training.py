@@ -33,7 +33,7 @@ from autopipe.core.errors import Failure, UsageError
 from autopipe.core.plan import Plan
 from autopipe.core.timeline import to_chrome_trace
 from autopipe.modelfile import ModelFile, ModelFileError
-from autopipe.outputs import check_output
+from autopipe.outputs import check_output, inside_folder_problem
 from autopipe.saving import save_checkpoint, save_dir_problem
 
 if TYPE_CHECKING:
@@ -227,6 +227,10 @@ def _check_outputs(request: TrainRequest) -> None:
         check_output(request.trace_path, "trace_path", inputs=inputs)
     if request.save_dir is not None:
         problem = save_dir_problem(request.save_dir)
+        if problem is None and request.trace_path is not None:
+            problem = inside_folder_problem(
+                request.trace_path, "trace_path", request.save_dir, "save_dir"
+            )
         if problem is not None:
             raise UsageError(problem)
 

@@ -123,6 +123,40 @@ def test_train_refuses_a_trace_path_it_cannot_write_before_joining_any_process_g
     assert not list(locked.iterdir())
 
 
+def test_a_trace_inside_the_save_folder_is_refused_before_any_work(
+    model_and_plan: tuple[ModelFile, Plan],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The save swaps in a folder that holds only the checkpoint: a trace (or the --json
+    report) written into it made the save fail after training had run."""
+    from autopipe.cli import main
+
+    model, plan = model_and_plan
+    for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    ckpt = tmp_path / "ckpt"
+    with pytest.raises(UsageError) as caught:
+        train(TrainRequest(model, plan, save_dir=str(ckpt), trace_path=str(ckpt / "t.json")))
+    assert str(caught.value) == (
+        f"trace_path {ckpt / 't.json'} is inside save_dir {ckpt}, which holds only the "
+        "checkpoint; write it elsewhere"
+    )
+    plan_file = tmp_path / "plan.json"
+    plan.save(plan_file)
+    for flag in ("--trace", "--json"):
+        args = ["run", str(model.path), "--plan", str(plan_file), "--save", str(ckpt)]
+        code = main([*args, flag, str(ckpt / "out.json")])
+        err = capsys.readouterr().err.strip()
+        assert code == 2 and err.endswith(
+            f"{flag} {ckpt / 'out.json'} is inside --save {ckpt}, which holds only the "
+            "checkpoint; write it elsewhere"
+        ), err
+        assert "\n" not in err
+    assert not ckpt.exists()
+
+
 RANK_SCRIPT = """\
 import json, sys
 import torch.distributed as dist

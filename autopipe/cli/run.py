@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from autopipe.cli import common
+from autopipe.outputs import inside_folder_problem
 from autopipe.saving import save_dir_problem
 from autopipe.training import INIT_MODES, MAX_TIMEOUT_S, TrainRequest, TrainResult, train
 
@@ -269,6 +270,11 @@ def _run(args: argparse.Namespace) -> int:
     )
     if args.save is not None:
         check_save_dir(args.save)
+        for path, flag in ((args.trace, "--trace"), (args.json, "--json")):
+            if path and path != "-":
+                problem = inside_folder_problem(path, flag, args.save, "--save")
+                if problem is not None:
+                    raise common.UsageError(problem)
     plan = common.load_plan_file(args.plan)
     request = TrainRequest(
         model=common.load_model_arg(args.model),
