@@ -113,6 +113,55 @@ def test_a_branch_on_the_batch_size_runs_as_the_model_does_at_the_microbatch_siz
         torch.testing.assert_close(p.grad, q.grad, msg=f"grad of {name}")
 
 
+class ChildPicker(nn.Module):
+    """A parent that runs children by the batch size (``rows > 4`` or ``rows < 4`` runs all
+    four, else only ``a`` and ``b``; ``rows > 1`` runs all four at 2 rows too); the
+    data-dependent check makes fx and export fail, so the hooks tracer takes it."""
+
+    def __init__(self, takes: str) -> None:
+        super().__init__()
+        self.a, self.b, self.c, self.d = (nn.Linear(4, 4) for _ in range(4))
+        self.takes = takes
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if bool(x.abs().sum() < 0):  # never true; fx and export cannot decide it
+            x = -x
+        rows = {"gt4": x.shape[0] > 4, "lt4": x.shape[0] < 4, "gt1": x.shape[0] > 1}[self.takes]
+        for i, child in enumerate((self.a, self.b, self.c, self.d)):
+            if rows or i < 2:
+                x = child(x)
+        return x
+
+
+@pytest.mark.parametrize(("takes", "traced"), [("gt4", "abcd"), ("lt4", "ab"), ("gt1", "abcd")])
+def test_a_hooks_chain_that_branches_on_the_batch_size_runs_as_the_model_does_or_is_refused(
+    takes: str, traced: str
+) -> None:
+    torch.manual_seed(0)
+    model, x = ChildPicker(takes), torch.randn(8, 4)
+    reference = copy.deepcopy(model)
+    stage_units = [["a", "b"], ["c", "d"]] if traced == "abcd" else [["a"], ["b"]]
+    plan = plan_of(stage_units, microbatch_size=2)
+    plan.microbatches, plan.batch_size = 4, 8
+    with pytest.warns(UserWarning, match="forward hooks"):
+        if takes != "gt1":
+            with pytest.raises(
+                ValueError,
+                match=r"^at micro-batch size 2 the forward of ChildPicker runs the children "
+                rf"\[{'a, b' if takes == 'gt4' else 'a, b, c, d'}\], not the",
+            ):
+                parallelize(model, x, ["cpu", "cpu"], plan=plan)
+            return
+        pipe = parallelize(model, x, ["cpu", "cpu"], plan=plan)
+    out = pipe(x)
+    out.square().sum().backward()
+    expected = torch.cat([reference(x[i : i + 2]) for i in range(0, 8, 2)])
+    expected.square().sum().backward()
+    torch.testing.assert_close(out, expected)
+    for (name, p), q in zip(model.named_parameters(), reference.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, q.grad, msg=f"grad of {name}")
+
+
 def test_tied_parameters_named_by_the_model_or_the_first_stage() -> None:
     emb, head = nn.Linear(2, 2), nn.Linear(2, 2)
     head.weight = emb.weight
