@@ -14,6 +14,7 @@ from autopipe.runtime.planned_stages import (
     tied_parameters,
 )
 from autopipe.runtime.split import StageSplitError
+from profiler_models import ChildPicker
 from torch import nn
 
 from autopipe.core.plan import Plan, StagePlan
@@ -111,26 +112,6 @@ def test_a_branch_on_the_batch_size_runs_as_the_model_does_at_the_microbatch_siz
     torch.testing.assert_close(out, expected)
     for (name, p), q in zip(model.named_parameters(), reference.parameters(), strict=True):
         torch.testing.assert_close(p.grad, q.grad, msg=f"grad of {name}")
-
-
-class ChildPicker(nn.Module):
-    """A parent that runs children by the batch size (``rows > 4`` or ``rows < 4`` runs all
-    four, else only ``a`` and ``b``; ``rows > 1`` runs all four at 2 rows too); the
-    data-dependent check makes fx and export fail, so the hooks tracer takes it."""
-
-    def __init__(self, takes: str) -> None:
-        super().__init__()
-        self.a, self.b, self.c, self.d = (nn.Linear(4, 4) for _ in range(4))
-        self.takes = takes
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if bool(x.abs().sum() < 0):  # never true; fx and export cannot decide it
-            x = -x
-        rows = {"gt4": x.shape[0] > 4, "lt4": x.shape[0] < 4, "gt1": x.shape[0] > 1}[self.takes]
-        for i, child in enumerate((self.a, self.b, self.c, self.d)):
-            if rows or i < 2:
-                x = child(x)
-        return x
 
 
 @pytest.mark.parametrize(("takes", "traced"), [("gt4", "abcd"), ("lt4", "ab"), ("gt1", "abcd")])
