@@ -1233,8 +1233,9 @@ def _size_graphs(
     traced_model: nn.Module, ug: UnitGraph, setup: _Setup
 ) -> list[tuple[int, Any, UnitGraph]]:
     """Per micro-batch size: its inputs (the first rows of the batch) and its unit graph,
-    ``ug`` itself unless export specialised the batch dimension (then traced again at that
-    size; a size whose units differ is skipped with a warning)."""
+    ``ug`` itself unless its tracer fixed the batch size (export specialised it, or hooks
+    recorded one run's chain: then traced again at that size with the same tracer; a size
+    whose units differ is skipped with a warning)."""
     opts, big_b = setup.opts, setup.batch_size
     graphs: list[tuple[int, Any, UnitGraph]] = []
     for size in setup.sizes:
@@ -1242,10 +1243,10 @@ def _size_graphs(
         size_ug = ug
         if size != big_b and not batch_is_dynamic(ug.graph_module, size):
             # export specialised the batch dimension, or took this size for a constant (0 and
-            # 1 rows): trace again at this batch size.
+            # 1 rows), or hooks saw one run's chain: trace again at this batch size.
             traced = to_meta(size_inputs) if setup.meta_init else size_inputs
             size_ug = trace_units(
-                traced_model, traced, opts.granularity, "export", list(opts.units)
+                traced_model, traced, opts.granularity, ug.tracer, list(opts.units)
             )
             if size_ug.unit_names != ug.unit_names:
                 warnings.warn(

@@ -15,7 +15,9 @@ Order tried (the first that works wins, ``tracer`` names it):
 3. ``"hooks"``: only for models whose ``forward`` is a plain chain of children
    (each child called once, each fed the previous child's output): the chain is observed with
    forward hooks on one real run and rebuilt as a graph of ``call_module`` nodes, so the
-   children are profiled as opaque units. A warning says so.
+   children are profiled as opaque units. A warning says so. The chain is the one run's
+   (a forward that picks children by the batch size runs another chain at another size),
+   so the graph is not batch-dynamic: the runtimes trace again at the micro-batch size.
 
 If all fail, :class:`TraceError` names each cause in one line.
 """
@@ -185,7 +187,8 @@ def _batch_dims(args: tuple, kwargs: dict) -> Any:
 
 def batch_is_dynamic(gm: fx.GraphModule, size: int | None = None) -> bool:
     """Whether a traced graph runs at any batch size (at ``size`` rows, when given) as the
-    model does: fx and hooks graphs record no shapes; an export graph does when every
+    model does: fx graphs record no shapes; a hooks graph replays the children one run
+    called (another batch size may call others), so never; an export graph does when every
     batch-sized input kept a symbolic dim 0 that nothing guards, and then from export's
     smallest symbolic size on (2: export takes a size of 1 for a constant, so a branch on
     ``rows > 1`` is baked in without a guard)."""
@@ -355,7 +358,9 @@ def trace_sequential_hooks(model: nn.Module, args: tuple, kwargs: dict) -> fx.Gr
             value.meta["nn_module_stack"] = {p: (p, type(model.get_submodule(p))) for p in stack}
             first = False
     graph.output(value)
-    return fx.GraphModule(model, graph, class_name=type(model).__name__)
+    gm = fx.GraphModule(model, graph, class_name=type(model).__name__)
+    gm.meta["autopipe_batch_dynamic"] = False
+    return gm
 
 
 def _chain_paths(model: nn.Module, path: str) -> list[str]:

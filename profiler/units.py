@@ -106,7 +106,7 @@ class UnitGraph:
     """Binds a call's ``(args, kwargs)`` to the graph's placeholder values."""
     batch_dynamic: bool = True
     """Whether the graph runs at any batch size (False: an export graph whose batch
-    dimension export specialised; run it only at the traced batch size)."""
+    dimension export specialised, or a hooks graph; run it only at the traced batch size)."""
     unit_patterns: list[str] | None = None
     """The ``units`` patterns the units were chosen by, if any."""
 

@@ -301,7 +301,8 @@ class Pipeline(nn.Module):
         if sizes != [size]:
             raise ValueError(
                 f"this model's graph runs only at micro-batches of {size} samples "
-                "(torch.export specialised its batch dimension), but this batch splits into "
+                "(traced at that size: torch.export specialised its batch dimension, or forward "
+                "hooks recorded one run's chain of children), but this batch splits into "
                 f"micro-batches of {', '.join(map(str, sizes))}; pass a batch of "
                 f"{size * self.microbatches} samples"
             )

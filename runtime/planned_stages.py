@@ -9,8 +9,9 @@ chunks of each rank) both call :func:`partition`, which gives every one of the p
    ``autopipe.profiler.units``), so their modules are passed as the units to trace into;
    a graph whose
    batch dimension torch.export had to specialise (or guards, branches on, or holds only
-   from 2 rows on: :func:`autopipe.profiler.trace.batch_is_dynamic`) is traced again at the
-   plan's micro-batch size;
+   from 2 rows on: :func:`autopipe.profiler.trace.batch_is_dynamic`), or a hooks graph
+   (one run's chain of children), is traced again at the plan's micro-batch size with the
+   same tracer; a hooks chain that differs there is refused;
 2. map each unit to its stage (:func:`stage_of_unit`, which also checks the plan's unit
    names fit), and check the model's parameters against the plan's record of them
    (:func:`check_plan_parameters`): a plan made for another model with the same unit names
@@ -19,7 +20,7 @@ chunks of each rank) both call :func:`partition`, which gives every one of the p
 4. find the parameters several stages use (tied weights, :class:`TiedParameter`): each
    runtime keeps one logical parameter whose gradient is summed over the stages holding it.
 
-Cost: one trace (two for a static export graph) plus O(nodes + edges x stages).
+Cost: one trace (two for a static export graph or a hooks graph) plus O(nodes + edges x stages).
 """
 
 from __future__ import annotations
@@ -172,7 +173,9 @@ def _plan_units(plan: Plan) -> list[str]:
     return [u for stage in plan.stages for u in stage.units]
 
 
-def _trace_units_of(model: nn.Module, example_inputs: Any, plan: Plan) -> UnitGraph:
+def _trace_units_of(
+    model: nn.Module, example_inputs: Any, plan: Plan, tracer: str | None = None
+) -> UnitGraph:
     wanted = _plan_units(plan)
     granularity = plan.granularity
     if granularity not in GRANULARITIES:
@@ -183,8 +186,8 @@ def _trace_units_of(model: nn.Module, example_inputs: Any, plan: Plan) -> UnitGr
     modules = list(dict.fromkeys(unit_module(u) for u in wanted))
     if granularity != "node" and modules and all(u in paths for u in modules):
         # Module paths contain no glob characters: each name matches only itself.
-        return trace_units(model, example_inputs, granularity, units=modules)
-    return trace_units(model, example_inputs, granularity)
+        return trace_units(model, example_inputs, granularity, tracer, modules)
+    return trace_units(model, example_inputs, granularity, tracer)
 
 
 def trace_for_plan(model: nn.Module, example_inputs: Any, plan: Plan) -> UnitGraph:
@@ -203,8 +206,28 @@ def trace_for_plan(model: nn.Module, example_inputs: Any, plan: Plan) -> UnitGra
         and batch_size_of(example_inputs) != size
     ):
         rows = batch_rows(example_inputs, 0, size)
-        graph = _trace_units_of(model, rows, plan)
+        first, graph = graph, _trace_units_of(model, rows, plan, graph.tracer)
+        _check_same_chain(model, first, graph, size)
     return graph
+
+
+def _check_same_chain(model: nn.Module, first: UnitGraph, graph: UnitGraph, size: int) -> None:
+    """Raise :class:`StageSplitError` when the hooks tracer saw ``model`` call other children
+    at ``size`` rows (``graph``) than on the example batch (``first``, the plan's chain)."""
+    if graph.tracer != "hooks":
+        return
+    chains = [
+        [str(n.target) for n in g.graph_module.graph.nodes if n.op == "call_module"]
+        for g in (first, graph)
+    ]
+    if chains[0] != chains[1]:
+        raise StageSplitError(
+            f"at micro-batch size {size} the forward of {type(model).__name__} runs the "
+            f"children [{', '.join(chains[1])}], not the [{', '.join(chains[0])}] it ran on "
+            "the example batch (forward picks children by the batch size, and the hooks "
+            "tracer replays one run's chain); make forward call the same children at every "
+            "batch size"
+        )
 
 
 def tied_parameters(

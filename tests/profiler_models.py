@@ -85,6 +85,26 @@ class GatedChain(nn.Module):
         return self.out(self.gate(self.inp(x)))
 
 
+class ChildPicker(nn.Module):
+    """A parent that runs children by the batch size (``rows > 4`` or ``rows < 4`` runs all
+    four, else only ``a`` and ``b``; ``rows > 1`` runs all four at 2 rows too); the
+    data-dependent check makes fx and export fail, so the hooks tracer takes it."""
+
+    def __init__(self, takes: str) -> None:
+        super().__init__()
+        self.a, self.b, self.c, self.d = (nn.Linear(4, 4) for _ in range(4))
+        self.takes = takes
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if bool(x.abs().sum() < 0):  # never true; fx and export cannot decide it
+            x = -x
+        rows = {"gt4": x.shape[0] > 4, "lt4": x.shape[0] < 4, "gt1": x.shape[0] > 1}[self.takes]
+        for i, child in enumerate((self.a, self.b, self.c, self.d)):
+            if rows or i < 2:
+                x = child(x)
+        return x
+
+
 @dataclass
 class DecoderConfig:
     vocab: int = 97

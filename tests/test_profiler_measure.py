@@ -12,6 +12,7 @@ from autopipe.profiler.measure import ProfilingError, profile
 from autopipe.profiler.options import MeasureOptions
 from autopipe.profiler.trace import TraceError
 from profiler_models import (
+    ChildPicker,
     DataBranch,
     GatedChain,
     ShapeBranch,
@@ -226,6 +227,22 @@ def test_hooks_fallback_profile_and_untraceable_error() -> None:
     assert activation_ratio(p) == pytest.approx(1.0, abs=0.05)
     with pytest.raises(TraceError, match="torch.fx.symbolic_trace failed.*torch.export"):
         profile(DataBranch(), torch.randn(8, 8), FAST, progress=False)
+
+
+def test_a_hooks_chain_is_measured_at_each_size_as_the_model_runs_there() -> None:
+    sizes = dataclasses.replace(FAST, microbatch_sizes=(2,))
+    with pytest.warns(UserWarning, match="forward hooks"):
+        p = profile(GatedChain(), torch.randn(8, 8), sizes, progress=False)
+    assert p.measurement is not None and p.measurement.microbatch_sizes == [8, 2]
+    # At 2 rows ChildPicker("gt4") calls only a and b: that size is not measured with 8 rows'
+    # chain of four children.
+    with (
+        pytest.warns(UserWarning, match="forward hooks"),
+        pytest.warns(UserWarning, match="units differ at micro-batch size 2; size skipped"),
+    ):
+        p = profile(ChildPicker("gt4"), torch.randn(8, 4), sizes, progress=False)
+    assert p.unit_names == ["a", "b", "c", "d"]
+    assert p.measurement is not None and p.measurement.microbatch_sizes == [8]
 
 
 @pytest.mark.parametrize("output", ["dict", "tuple", "dataclass"])

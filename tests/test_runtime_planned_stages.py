@@ -14,6 +14,7 @@ from autopipe.runtime.planned_stages import (
     tied_parameters,
 )
 from autopipe.runtime.split import StageSplitError
+from profiler_models import ChildPicker
 from torch import nn
 
 from autopipe.core.plan import Plan, StagePlan
@@ -107,6 +108,35 @@ def test_a_branch_on_the_batch_size_runs_as_the_model_does_at_the_microbatch_siz
     out = pipe(x)
     out.square().sum().backward()
     expected = torch.cat([reference(x[i : i + size]) for i in range(0, 8, size)])
+    expected.square().sum().backward()
+    torch.testing.assert_close(out, expected)
+    for (name, p), q in zip(model.named_parameters(), reference.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, q.grad, msg=f"grad of {name}")
+
+
+@pytest.mark.parametrize(("takes", "traced"), [("gt4", "abcd"), ("lt4", "ab"), ("gt1", "abcd")])
+def test_a_hooks_chain_that_branches_on_the_batch_size_runs_as_the_model_does_or_is_refused(
+    takes: str, traced: str
+) -> None:
+    torch.manual_seed(0)
+    model, x = ChildPicker(takes), torch.randn(8, 4)
+    reference = copy.deepcopy(model)
+    stage_units = [["a", "b"], ["c", "d"]] if traced == "abcd" else [["a"], ["b"]]
+    plan = plan_of(stage_units, microbatch_size=2)
+    plan.microbatches, plan.batch_size = 4, 8
+    with pytest.warns(UserWarning, match="forward hooks"):
+        if takes != "gt1":
+            with pytest.raises(
+                ValueError,
+                match=r"^at micro-batch size 2 the forward of ChildPicker runs the children "
+                rf"\[{'a, b' if takes == 'gt4' else 'a, b, c, d'}\], not the",
+            ):
+                parallelize(model, x, ["cpu", "cpu"], plan=plan)
+            return
+        pipe = parallelize(model, x, ["cpu", "cpu"], plan=plan)
+    out = pipe(x)
+    out.square().sum().backward()
+    expected = torch.cat([reference(x[i : i + 2]) for i in range(0, 8, 2)])
     expected.square().sum().backward()
     torch.testing.assert_close(out, expected)
     for (name, p), q in zip(model.named_parameters(), reference.parameters(), strict=True):
