@@ -194,7 +194,13 @@ def batch_is_dynamic(gm: fx.GraphModule, size: int | None = None) -> bool:
     ``rows > 1`` is baked in without a guard)."""
     if not gm.meta.get("autopipe_batch_dynamic", True):
         return False
-    return size is None or size >= int(gm.meta.get("autopipe_batch_min", 1))
+    return size is None or size >= smallest_batch_size(gm)
+
+
+def smallest_batch_size(gm: fx.GraphModule) -> int:
+    """The smallest batch size a batch-dynamic graph runs as the model does (2 for an export
+    graph whose branch on ``rows > 1`` export baked in at a size of 1, else 1)."""
+    return int(gm.meta.get("autopipe_batch_min", 1))
 
 
 def trace_export(model: nn.Module, args: tuple, kwargs: dict) -> fx.GraphModule:

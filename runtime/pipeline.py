@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from autopipe.profiler.inputs import batch_size_of, split_inputs
 from autopipe.profiler.objective import LabelItems, LossFn, combine, loss_term
+from autopipe.profiler.trace import smallest_batch_size
 from autopipe.runtime.batchnorm import begin_minibatch, convert_deferred_batch_norm
 from autopipe.runtime.executor import Stage, run_pipeline
 from autopipe.runtime.microbatch import gather, scatter
@@ -89,6 +90,7 @@ class Pipeline(nn.Module):
             plan=plan,
             deferred_batch_norm=deferred_batch_norm,
             static_microbatch_size=static_microbatch_size,
+            smallest_microbatch_size=smallest_batch_size(graph_module),
             label_items=label_items or LabelItems(),
         )
         self._split_units(None, {})
@@ -128,6 +130,7 @@ class Pipeline(nn.Module):
             plan=plan,
             deferred_batch_norm=deferred_batch_norm,
             static_microbatch_size=planned.static_microbatch_size,
+            smallest_microbatch_size=smallest_batch_size(planned.graph_module),
             label_items=planned.label_items,
         )
         pipe._split_units(checkpoint_granularity, planned.node_unit)
@@ -147,6 +150,7 @@ class Pipeline(nn.Module):
         plan: Plan | None,
         deferred_batch_norm: bool,
         static_microbatch_size: int | None,
+        smallest_microbatch_size: int,
         label_items: LabelItems,
     ) -> None:
         num_stages = len(devices)
@@ -180,6 +184,7 @@ class Pipeline(nn.Module):
         self.checkpoint = [bool(c) for c in checkpoint]
         self.plan = plan
         self.static_microbatch_size = static_microbatch_size
+        self.smallest_microbatch_size = smallest_microbatch_size
         self.label_items = label_items
         # The clocks the timeline of each forward is read on (None: CUDA events on a GPU,
         # perf_counter elsewhere); see runtime/recorder.py. The last forward's recorder.
@@ -277,7 +282,7 @@ class Pipeline(nn.Module):
     def _run(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
         """Each micro-batch's output in the model's structure."""
         microbatches = scatter(self._bind(args, kwargs), self.microbatches)
-        self._check_static_size(microbatches)
+        self._check_microbatch_sizes(microbatches)
         self._tied.refresh()
         if self.training:
             begin_minibatch(list(self.stages), len(microbatches))
@@ -293,11 +298,20 @@ class Pipeline(nn.Module):
         )
         return [self._unflatten(out) for (out,) in outputs]
 
-    def _check_static_size(self, microbatches: list[list[Any]]) -> None:
+    def _check_microbatch_sizes(self, microbatches: list[list[Any]]) -> None:
         size = self.static_microbatch_size
-        if size is None:
-            return
         sizes = sorted({batch_size_of(mb) for mb in microbatches})
+        if size is None:
+            smallest = self.smallest_microbatch_size
+            if sizes[0] < smallest:
+                raise ValueError(
+                    f"this model's graph runs as the model does only at micro-batches of "
+                    f"{smallest} samples or more (torch.export took smaller sizes for "
+                    f"constants), but this batch splits into micro-batches of "
+                    f"{', '.join(map(str, sizes))}; pass a batch that splits into micro-batches "
+                    f"of at least {smallest} (e.g. {smallest * self.microbatches} samples)"
+                )
+            return
         if sizes != [size]:
             raise ValueError(
                 f"this model's graph runs only at micro-batches of {size} samples "

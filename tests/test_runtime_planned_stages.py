@@ -114,6 +114,21 @@ def test_a_branch_on_the_batch_size_runs_as_the_model_does_at_the_microbatch_siz
         torch.testing.assert_close(p.grad, q.grad, msg=f"grad of {name}")
 
 
+def test_a_one_row_microbatch_of_a_graph_dynamic_from_two_rows_is_refused() -> None:
+    """Export took 1 row for a constant, so a branch on ``rows > 1`` is baked in without a
+    guard: a batch of 7 in 4 micro-batches ends in a 1-row one, which ran the 2-row branch
+    silently."""
+    torch.manual_seed(0)
+    model = BatchBranch("gt1")
+    plan = plan_of([["a"], ["b"]], microbatch_size=2)
+    plan.microbatches, plan.batch_size = 4, 8
+    pipe = parallelize(model, torch.randn(8, 4), ["cpu", "cpu"], plan=plan)
+    assert pipe.static_microbatch_size is None  # batch-dynamic from 2 rows on
+    pipe(torch.randn(8, 4))  # four micro-batches of 2 rows run
+    with pytest.raises(ValueError, match=r"only at micro-batches of 2 samples or more .* 1, 2;"):
+        pipe(torch.randn(7, 4))
+
+
 @pytest.mark.parametrize(("takes", "traced"), [("gt4", "abcd"), ("lt4", "ab"), ("gt1", "abcd")])
 def test_a_hooks_chain_that_branches_on_the_batch_size_runs_as_the_model_does_or_is_refused(
     takes: str, traced: str
