@@ -104,11 +104,15 @@ class UnitGraph:
     granularity: str = "block"
     binder: InputBinder | None = None
     """Binds a call's ``(args, kwargs)`` to the graph's placeholder values."""
-    batch_dynamic: bool = True
-    """Whether the graph runs at any batch size (False: an export graph whose batch
-    dimension export specialised, or a hooks graph; run it only at the traced batch size)."""
     unit_patterns: list[str] | None = None
     """The ``units`` patterns the units were chosen by, if any."""
+
+    @property
+    def batch_dynamic(self) -> bool:
+        """Whether the graph runs at any batch size (False: an export graph whose batch
+        dimension export specialised or guards, or a hooks graph; run it only at the traced
+        batch size). :func:`autopipe.profiler.trace.batch_is_dynamic` of the graph."""
+        return batch_is_dynamic(self.graph_module)
 
     def flat_inputs(self, example_inputs: Any) -> list[Any]:
         """Values for the graph's placeholders, in order, from the example-inputs convention.
@@ -401,7 +405,6 @@ def unit_graph_from(
         unit_kinds=kinds,
         granularity=granularity,
         binder=InputBinder.for_trace(model, example_inputs, placeholders, in_spec),
-        batch_dynamic=batch_is_dynamic(gm),
         unit_patterns=list(units) if units else None,
     )
 
