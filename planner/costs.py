@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -90,6 +91,77 @@ def _split_backward_s(
         split = np.where(fitted, np.maximum(both, bwd), split)
         share = np.where(fitted, b_in / safe, share)
     return split, share
+
+
+@dataclass(frozen=True)
+class StageMemory:
+    """Peak bytes per device of a stage holding one segment (or many: numpy arrays; or
+    linear expressions: the ILP's rows), headroom not included, as the steady-state
+    in-flight counts give it (docs/cost-model.md). The one formula for a stage's memory:
+    :meth:`CostModel.segment`, :meth:`CostModel.segment_memory_need`,
+    :meth:`CostModel.cost_matrix` / :meth:`CostModel.segment_times`, the prober
+    (``planner/probe.py``) and the ILP (``planner/ilp.py``) all price memory through
+    :func:`stage_memory`. (The schedule's replay over time, ``simulate.replay_memory``, is a
+    different quantity: each rank's peak over its actions in order, from the same per
+    micro-batch bytes; ``planner/mesh.py``'s gather buffers are reserved beside it.)
+
+    Inputs, each at the micro-batch size: ``state_bytes`` (parameters, gradients, optimizer
+    state), ``activation_bytes`` (one micro-batch's activations of the whole segment),
+    ``input_bytes`` (the segment's input cut), ``unit_inputs_bytes`` (every unit's input),
+    ``largest_unit_bytes`` (the largest unit's activations, or a function giving them, called
+    only when :attr:`per_unit_bytes` is read); ``inflight`` micro-batches hold
+    activations at once, ``full_inflight`` hold re-computed (full) ones."""
+
+    state_bytes: Any
+    activation_bytes: Any
+    input_bytes: Any
+    unit_inputs_bytes: Any
+    largest_unit_bytes: Any
+    inflight: Any
+    full_inflight: Any
+
+    @property
+    def kept_bytes(self) -> Any:
+        """Activations without re-materialization: every in-flight micro-batch's."""
+        return self.activation_bytes * self.inflight
+
+    @property
+    def per_stage_bytes(self) -> Any:
+        """Re-materialized per stage: the full activations of the micro-batches re-computing,
+        plus the stage input of every in-flight one."""
+        return self.activation_bytes * self.full_inflight + self.input_bytes * self.inflight
+
+    @property
+    def per_unit_bytes(self) -> Any:
+        """Re-materialized per unit: the largest unit's activations of the micro-batches
+        re-computing, plus every unit's input of every in-flight one."""
+        largest = self.largest_unit_bytes
+        if callable(largest):  # deferred: a range-maximum query only when this is read
+            largest = largest()
+        return largest * self.full_inflight + self.unit_inputs_bytes * self.inflight
+
+
+def stage_memory(
+    state_bytes: Any,
+    activation_bytes: Any,
+    input_bytes: Any,
+    unit_inputs_bytes: Any,
+    largest_unit_bytes: Any,
+    inflight: Any,
+    full_inflight: Any,
+) -> StageMemory:
+    """A stage's peak memory per device under each re-materialization option
+    (:class:`StageMemory`; its arguments). O(1) per segment; lazy: only the options read
+    are computed."""
+    return StageMemory(
+        state_bytes,
+        activation_bytes,
+        input_bytes,
+        unit_inputs_bytes,
+        largest_unit_bytes,
+        inflight,
+        full_inflight,
+    )
 
 
 @dataclass
@@ -263,20 +335,10 @@ class CostModel:
         bwd = (self.bwd_prefix[j] - self.bwd_prefix[i]) / v
         send = float(self.send_s(stage, j))
         param = self.param_prefix[j] - self.param_prefix[i]
-        state = param * self.state_factor
+        mem = self.segment_memory(stage, i, j)
+        state = mem.state_bytes  # param * state_factor
         opt = state - param
-        act_one = (self.act_prefix[j] - self.act_prefix[i]) * self.ratio
-        act_a = act_one * self.inflight[stage]
-        act_s = (
-            act_one * self.full_inflight[stage]
-            + self.cut_bytes_at[i] * self.ratio * self.inflight[stage]
-        )
-        act_u = (
-            float(self.unit_activation_max(i, j)) * self.ratio * self.full_inflight[stage]
-            + (self.unit_input_prefix[j] - self.unit_input_prefix[i])
-            * self.ratio
-            * self.inflight[stage]
-        )
+        act_a, act_s, act_u = mem.kept_bytes, mem.per_stage_bytes, mem.per_unit_bytes
         act_b = min(act_s, act_u)
         limit = self.limit_bytes(stage)
         # Same expressions as cost_matrix so that the DP and this check agree exactly.
@@ -342,24 +404,33 @@ class CostModel:
         c = self.segment(stage, i, j)
         return c.time_s if c.feasible else math.inf
 
+    def segment_memory(self, stage: int, i: np.ndarray | int, j: np.ndarray | int) -> StageMemory:
+        """The memory of segments ``[i, j)`` (ints, or broadcast arrays) on ``stage``
+        (:func:`stage_memory`). O(1) per segment."""
+        r = self.ratio
+        u = self.unit_input_prefix
+
+        def largest() -> Any:
+            top = self.unit_activation_max(i, j)
+            return (float(top) if np.ndim(top) == 0 else top) * r
+
+        return stage_memory(
+            (self.param_prefix[j] - self.param_prefix[i]) * self.state_factor,
+            (self.act_prefix[j] - self.act_prefix[i]) * r,
+            self.cut_bytes_at[i] * r,
+            (u[j] - u[i]) * r,
+            largest,
+            self.inflight[stage],
+            self.full_inflight[stage],
+        )
+
     def segment_memory_need(self, stage: int, i: int, j: int) -> float:
         """Smallest device memory (bytes, headroom included) the segment fits in, in this mode."""
-        state = (self.param_prefix[j] - self.param_prefix[i]) * self.state_factor
-        act_one = (self.act_prefix[j] - self.act_prefix[i]) * self.ratio
-        act_a = act_one * self.inflight[stage]
-        act_s = (
-            act_one * self.full_inflight[stage]
-            + self.cut_bytes_at[i] * self.ratio * self.inflight[stage]
-        )
-        act_u = (
-            float(self.unit_activation_max(i, j)) * self.ratio * self.full_inflight[stage]
-            + (self.unit_input_prefix[j] - self.unit_input_prefix[i])
-            * self.ratio
-            * self.inflight[stage]
-        )
-        act_b = min(act_s, act_u)
+        mem = self.segment_memory(stage, i, j)
+        act_a = mem.kept_bytes
+        act_b = min(mem.per_stage_bytes, mem.per_unit_bytes)
         need = {"A": act_a, "B": act_b, "AB": min(act_a, act_b)}[self.options[stage]]
-        return float((state + need) * (1.0 + self.headroom))
+        return float((mem.state_bytes + need) * (1.0 + self.headroom))
 
     # ----- all segments at once (for the vectorised DP) -----
 
@@ -389,31 +460,30 @@ class CostModel:
         n_full = self.full_inflight[stage]
         opts = self.options[stage]
         r = self.ratio
-        state_all = self.param_prefix[-1] * self.state_factor
-        act_all = self.act_prefix[-1] * r
-        all_fit_a = state_all + act_all * n_s <= limit
-        all_fit_b = (
-            state_all + (act_all * n_full + float(self.cut_bytes_at.max()) * r * n_s) <= limit
+        # the whole chain with the largest input cut bounds every segment from above
+        whole = stage_memory(
+            self.param_prefix[-1] * self.state_factor,
+            self.act_prefix[-1] * r,
+            float(self.cut_bytes_at.max()) * r,
+            self.unit_input_prefix[-1] * r,
+            float(self.unit_activation_bytes.max(initial=0.0)) * r,
+            n_s,
+            n_full,
         )
+        all_fit_a = whole.state_bytes + whole.kept_bytes <= limit
+        all_fit_b = whole.state_bytes + whole.per_stage_bytes <= limit
         if "A" in opts and all_fit_a:
             return time_a  # every segment keeps its activations and fits: no masks needed
+        mem = self._memory_matrix(stage)
         if "B" in opts:
             time_b = (base + fwd) + send
             time_b[invalid] = np.inf
             if not all_fit_b:
-                state, act_one = self._memory_parts()
-                act_s = act_one * n_full + (self.cut_bytes_at * r * n_s)[:, None]
-                u = self.unit_input_prefix
-                act_u = (
-                    self.unit_activation_max_matrix() * r * n_full
-                    + (u[None, :] - u[:, None]) * r * n_s
-                )
-                fits_b = state + np.minimum(act_s, act_u) <= limit
-                time_b[~fits_b] = np.inf
+                fits_b = mem.state_bytes + np.minimum(mem.per_stage_bytes, mem.per_unit_bytes)
+                time_b[~(fits_b <= limit)] = np.inf
             if opts == "B":
                 return time_b
-        state, act_one = self._memory_parts()
-        fits_a = state + act_one * n_s <= limit
+        fits_a = mem.state_bytes + mem.kept_bytes <= limit
         if opts == "A":
             return np.where(fits_a, time_a, np.inf)
         return np.where(fits_a, time_a, time_b)
@@ -429,17 +499,10 @@ class CostModel:
         base = fwd + (g[j] - g[i]) / v
         send = self.send_s(stage, j)
         limit = self.limit_bytes(stage)
-        n_s = self.inflight[stage]
-        r = self.ratio
-        state = (self.param_prefix[j] - self.param_prefix[i]) * self.state_factor
-        act_one = (self.act_prefix[j] - self.act_prefix[i]) * r
+        mem = self.segment_memory(stage, i, j)
         opts = self.options[stage]
-        time_a = np.where(state + act_one * n_s <= limit, base + send, np.inf)
-        n_full = self.full_inflight[stage]
-        act_s = act_one * n_full + self.cut_bytes_at[i] * r * n_s
-        u = self.unit_input_prefix
-        act_u = self.unit_activation_max(i, j) * r * n_full + (u[j] - u[i]) * r * n_s
-        fits_b = state + np.minimum(act_s, act_u) <= limit
+        time_a = np.where(mem.state_bytes + mem.kept_bytes <= limit, base + send, np.inf)
+        fits_b = mem.state_bytes + np.minimum(mem.per_stage_bytes, mem.per_unit_bytes) <= limit
         time_b = np.where(fits_b, (base + fwd) + send, np.inf)
         if opts == "A":
             out = time_a
@@ -460,6 +523,28 @@ class CostModel:
             act_one = (self.act_prefix[None, :] - self.act_prefix[:, None]) * self.ratio
             self._cache["memory"] = (state, act_one)
         return self._cache["memory"]
+
+    def _memory_matrix(self, stage: int) -> StageMemory:
+        """Every segment's memory on ``stage`` (:func:`stage_memory`, ``[i, j]`` matrices;
+        the parts shared by all stages cached)."""
+        state, act_one = self._memory_parts()
+        r = self.ratio
+        if "unit_memory" not in self._cache:
+            u = self.unit_input_prefix
+            self._cache["unit_memory"] = (
+                (u[None, :] - u[:, None]) * r,
+                self.unit_activation_max_matrix() * r,
+            )
+        unit_inputs, largest = self._cache["unit_memory"]
+        return stage_memory(
+            state,
+            act_one,
+            (self.cut_bytes_at * r)[:, None],
+            unit_inputs,
+            largest,
+            self.inflight[stage],
+            self.full_inflight[stage],
+        )
 
     def stage_costs(self, bounds: list[int]) -> list[SegmentCost]:
         """Costs of the stages of a partition given as ``K + 1`` positions ``0 = p0 < ... < pK = N``."""

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import pulp
 from autopipe.planner.chain import Partition, bottleneck
-from autopipe.planner.costs import CostModel
+from autopipe.planner.costs import CostModel, stage_memory
 
 
 def ilp_partition(cm: CostModel, *, time_limit_s: float = 30.0) -> Partition | None:
@@ -114,14 +114,35 @@ def _stage_exprs(cm: CostModel, cuts: list[dict[int, Any]], s: int, scale: float
     fwd = (_lin(end, x_fwd) - _lin(start, x_fwd)) * (scale / v)
     limit = cm.capacity_bytes[s] / (1.0 + cm.headroom)
     n_s = float(cm.inflight[s])
-    state = (_lin(end, cm.param_prefix) - _lin(start, cm.param_prefix)) * cm.state_factor
-    act_one = (_lin(end, cm.act_prefix) - _lin(start, cm.act_prefix)) * cm.ratio
-    mem_a = (state + act_one * n_s) * (1.0 / limit) if math.isfinite(limit) else None
-    # Checkpointed: one micro-batch's activations plus every in-flight stage input.
-    inputs = _lin(start, cm.cut_bytes_at) * (cm.ratio * n_s)
     n_full = float(cm.full_inflight[s])
-    mem_b = (state + act_one * n_full + inputs) * (1.0 / limit) if math.isfinite(limit) else None
+    mem = _stage_memory(cm, start, end, n_s, n_full, None)
+    state = mem.state_bytes
+    mem_a = (state + mem.kept_bytes) * (1.0 / limit) if math.isfinite(limit) else None
+    # Checkpointed: one micro-batch's activations plus every in-flight stage input.
+    mem_b = (state + mem.per_stage_bytes) * (1.0 / limit) if math.isfinite(limit) else None
     return _StageExprs(base, fwd, limit, n_s, n_full, state, mem_a, mem_b)
+
+
+def _stage_memory(
+    cm: CostModel,
+    start: dict[int, Any],
+    end: dict[int, Any],
+    n_s: float,
+    n_full: float,
+    largest_unit_bytes: Any,
+) -> Any:
+    """The stage between the cuts ``start`` and ``end`` as :func:`costs.stage_memory`'s
+    linear expressions (``largest_unit_bytes``: the variable bounding its largest unit)."""
+    r = cm.ratio
+    return stage_memory(
+        (_lin(end, cm.param_prefix) - _lin(start, cm.param_prefix)) * cm.state_factor,
+        (_lin(end, cm.act_prefix) - _lin(start, cm.act_prefix)) * r,
+        _lin(start, cm.cut_bytes_at) * r,
+        (_lin(end, cm.unit_input_prefix) - _lin(start, cm.unit_input_prefix)) * r,
+        largest_unit_bytes,
+        n_s,
+        n_full,
+    )
 
 
 @dataclass
@@ -151,10 +172,9 @@ def _per_unit_rows(
         weight = float(cm.unit_activation_bytes[p]) * cm.ratio * n_full / limit
         if weight > 0:
             prob += top >= weight * held
-    kept = (_lin(end, cm.unit_input_prefix) - _lin(start, cm.unit_input_prefix)) * (
-        cm.ratio * n_s / limit
-    )
-    mem_u = e.state * (1.0 / limit) + kept + top
+    # top is the largest unit's share of the limit: limit / n_full of its bytes
+    mem = _stage_memory(cm, start, end, n_s, n_full, top * (limit / n_full) if n_full else 0)
+    mem_u = (mem.state_bytes + mem.per_unit_bytes) * (1.0 / limit)
     # g = 1: per unit. Either granularity's memory row may be relaxed, not both.
     g = pulp.LpVariable(f"g_{s}", cat="Binary")
     big_u = float(
@@ -269,11 +289,8 @@ def _unit_can_matter(cm: CostModel, s: int, limit: float) -> bool:
     """Whether some segment fits stage ``s`` re-materialized per unit but not per stage: only
     then do the per-unit rows change the feasible set (else they are left out, exactly).
     O(N^2) numpy."""
-    state, act_one = cm._memory_parts()
-    r, n_s, n_full = cm.ratio, cm.inflight[s], cm.full_inflight[s]
-    u = cm.unit_input_prefix
-    act_s = act_one * n_full + (cm.cut_bytes_at * r * n_s)[:, None]
-    act_u = cm.unit_activation_max_matrix() * r * n_full + (u[None, :] - u[:, None]) * r * n_s
+    mem = cm._memory_matrix(s)
+    state, act_s, act_u = mem.state_bytes, mem.per_stage_bytes, mem.per_unit_bytes
     valid = ~np.tri(cm.n_units + 1, dtype=bool)
     return bool(np.any(valid & (state + act_u <= limit) & (state + act_s > limit)))
 

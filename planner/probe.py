@@ -49,7 +49,9 @@ class _Prober:
             "x_b": 2 * f + g,
             "x_f": f,  # forward part of a stage: x_f[j] - x_f[i] + send[j]
             "x_q": f + g,  # checkpointed backward part: recompute + backward
-            # memory_B(i, j) = need_b[j] - y_b[i]; y_b is not monotone (stage-input cut term)
+            # memory_B(i, j) = need_b[j] - y_b[i]; y_b is not monotone (stage-input cut term).
+            # stage_memory's per-stage bytes split into prefix terms, to find the windows;
+            # _fits checks every window's segments with stage_memory itself
             "y_b": state + act - cm.cut_bytes_at * cm.ratio * n_s,
             "need_b": state + act - limit,
         }
@@ -74,18 +76,12 @@ class _Prober:
         limit = self.capacity_bytes[s] / (1.0 + cm.headroom)
         if math.isinf(limit):
             return ok & (i < j)
-        state = (cm.param_prefix[j] - cm.param_prefix[i]) * cm.state_factor
-        act_one = (cm.act_prefix[j] - cm.act_prefix[i]) * cm.ratio
+        mem = cm.segment_memory(s, i, j)  # costs.stage_memory
         if ckpt:  # the smaller of per-stage and per-unit re-materialization
-            r, n_s, n_full = cm.ratio, cm.inflight[s], cm.full_inflight[s]
-            u = cm.unit_input_prefix
-            act = np.minimum(
-                act_one * n_full + cm.cut_bytes_at[i] * r * n_s,
-                cm.unit_activation_max(i, j) * r * n_full + (u[j] - u[i]) * r * n_s,
-            )
+            act = np.minimum(mem.per_stage_bytes, mem.per_unit_bytes)
         else:
-            act = act_one * cm.inflight[s]
-        return ok & (state + act <= limit) & (i < j)
+            act = mem.kept_bytes
+        return ok & (mem.state_bytes + act <= limit) & (i < j)
 
     def probe(self, t: float, f_cap: float = math.inf, q_cap: float = math.inf) -> list[int] | None:
         """A partition within memory whose every stage has time ``<= t``, forward + send
