@@ -44,7 +44,7 @@ __all__ = [
 
 NEED_BANDWIDTH = (
     "--data-parallel needs the gradient all-reduce bandwidth: pass --allreduce-bandwidth "
-    "(bytes/s, e.g. 100GB) or plan for a catalog --device"
+    "(e.g. 100GB/s in bytes or 800Gb/s in bits) or plan for a catalog --device"
 )
 
 
@@ -195,7 +195,7 @@ def _plan_mesh(profile: Profile, placement: Placement, cluster: Cluster | None) 
         where = f"the catalog has no figure for {spec.name}" if spec is not None else "unknown"
         raise UsageError(
             f"--gpus {gpus} spans nodes of {node} but the inter-node bandwidth is "
-            f"{where}: pass --inter-node-bandwidth (bytes/s per device, e.g. 50GB)"
+            f"{where}: pass --inter-node-bandwidth (per device, e.g. 50GB/s or 400Gb/s)"
         )
     # A cluster from the devices carries their memory (the cap folded in); one made here
     # for the link alone leaves the request's memory_per_device as given.

@@ -435,7 +435,7 @@ def test_plan_with_batch_size_0_is_not_benchmarked(
     [
         (["plan", "M", "--gpus", "2", "--memory", "1e400"], "too large"),
         (["plan", "M", "--gpus", "2", "--memory", "0.5"], "less than one byte"),
-        (["plan", "M", "--gpus", "2", "--allreduce-bandwidth", "inf", "--data-parallel", "2"], "not a memory size"),
+        (["plan", "M", "--gpus", "2", "--allreduce-bandwidth", "inf", "--data-parallel", "2"], "not a bandwidth"),
         (["run", "M", "--plan", "P", "--timeout", "0"], "expected a timeout in seconds > 0"),
         (["run", "M", "--plan", "P", "--timeout", "nan"], "expected a timeout in seconds > 0"),
         (["run", "M", "--plan", "P", "--lr", "-1"], "expected a learning rate > 0"),

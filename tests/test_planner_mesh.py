@@ -456,3 +456,27 @@ def test_a_fully_sharded_plan_is_a_valid_plan_file(tmp_path: Path) -> None:
     assert stage.parameter_bytes + stage.optimizer_bytes == pytest.approx(whole, rel=1e-6)
     out.save(tmp_path / "plan.json")
     assert load_plan(tmp_path / "plan.json").shard == "parameters"
+
+
+def test_cli_bandwidth_flags_tell_bits_from_bytes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before, ``--inter-node-bandwidth 400Gb`` planned with 400 GB/s (8x), and ``50GB/s``
+    was refused although spec files take ``/s``."""
+    p = dataclasses.replace(tiny_profile(n_blocks=6), device="H100-SXM-80GB", mode="analytic")
+    saved = _saved(tmp_path, p)
+    out = tmp_path / "plan.json"
+    for rate in ("400Gb", "400Gbit/s", "50GB/s", "50GB"):
+        argv = ["plan", saved, "--gpus", "16", "--shard", "auto", "--batch-size", "32",
+                "--inter-node-bandwidth", rate, "--allreduce-bandwidth", "3.6Tb/s", "-q",
+                "--json", str(out)]  # fmt: skip
+        assert main(argv) == 0, rate
+        mesh = load_plan(out).mesh
+        assert mesh.inter_node_bandwidth_bytes_per_s == 50e9, rate
+        assert mesh.intra_node_bandwidth_bytes_per_s == 450e9, rate
+    argv = ["plan", saved, "--gpus", "16", "--shard", "auto", "--inter-node-bandwidth", "400gb"]
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    assert info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "ambiguous or unknown bandwidth unit 'gb'" in err

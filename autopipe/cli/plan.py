@@ -173,9 +173,10 @@ def _add_link_flags(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--inter-node-bandwidth",
-        type=common.byte_size,
-        metavar="BYTES_PER_S",
-        help="per-device bandwidth between nodes for the mesh, e.g. 50GB (default: the "
+        type=common.bandwidth,
+        metavar="RATE",
+        help="per-device bandwidth between nodes for the mesh, e.g. 50GB/s (bytes) or "
+        "400Gb/s (bits) (default: the "
         "catalog's, e.g. 400 Gb/s InfiniBand NDR per H100)",
     )
     p.add_argument(
@@ -191,9 +192,9 @@ def _add_link_flags(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--allreduce-bandwidth",
-        type=common.byte_size,
-        metavar="BYTES_PER_S",
-        help="gradient all-reduce bandwidth per device for --data-parallel, e.g. 100GB "
+        type=common.bandwidth,
+        metavar="RATE",
+        help="gradient all-reduce bandwidth per device for --data-parallel, e.g. 100GB/s "
         "(default: the catalog device's link); with the mesh flags, the link inside a node",
     )
 
