@@ -31,6 +31,8 @@ from autopipe.core.plan import Plan, StagePlan, load_plan
 from autopipe.core.profile import Profile, UnitProfile
 from autopipe.core.request import PlanRequest
 
+GPT_MODEL = str(Path(__file__).resolve().parents[1] / "examples" / "gpt.py")
+
 TOPOLOGY = Topology(
     gpus_per_node=8, intra_bandwidth_bytes_per_s=1e11, inter_bandwidth_bytes_per_s=1e10
 )
@@ -353,7 +355,8 @@ def test_cli_plans_the_mesh_and_prints_the_table(
     out = tmp_path / "plan.json"
     saved = _saved(tmp_path, tiny_profile(n_blocks=6))
     argv = ["plan", saved, "--gpus", "8", "--tensor-parallel", "auto", "--memory", "4MB",
-            "--batch-size", "32", "--json", str(out)]  # fmt: skip
+            "--batch-size", "32", "--allreduce-bandwidth", "100GB/s", "--json",
+            str(out)]  # fmt: skip
     assert main(argv) == 0
     text = capsys.readouterr().out
     assert "mesh           pp " in text and "meshes, fastest first:" in text and "chosen" in text
@@ -480,3 +483,40 @@ def test_cli_bandwidth_flags_tell_bits_from_bytes(
     assert info.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert "ambiguous or unknown bandwidth unit 'gb'" in err
+
+
+def test_a_mesh_on_measured_devices_needs_the_link_inside_a_node(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before, a measured profile's mesh priced its TP collectives and DP reductions at 0 s
+    silently, while ``--data-parallel`` alone was refused for the missing bandwidth."""
+    saved = _saved(tmp_path, tiny_profile(n_blocks=6))  # measured on "gpu": no link figure
+    for flags in (
+        ["--tensor-parallel", "2"],
+        ["--shard", "auto"],
+        [
+            "--data-parallel",
+            "2",
+            "--tensor-parallel",
+            "1",
+            "--shard",
+            "none",
+            "--gpus-per-node",
+            "8",
+        ],
+    ):
+        assert main(["plan", saved, "--gpus", "8", "-q", *flags]) == 2, flags
+        err = _err_line(capsys)
+        assert "--allreduce-bandwidth" in err and "TP collectives and DP reductions" in err
+    # The same request from a model file is refused before profiling, the same way.
+    assert main(["plan", GPT_MODEL, "--gpus", "4", "--tensor-parallel", "2", "-q"]) == 2
+    assert "--allreduce-bandwidth" in _err_line(capsys)
+    out = tmp_path / "plan.json"
+    argv = ["plan", saved, "--gpus", "8", "--tensor-parallel", "2", "--allreduce-bandwidth",
+            "10GB/s", "--batch-size", "32", "-q", "--json", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    written = load_plan(out)
+    assert written.mesh.intra_node_bandwidth_bytes_per_s == 10e9
+    # T = D = 1 runs no collective: nothing to price, nothing asked.
+    argv = ["plan", saved, "--gpus", "8", "--tensor-parallel", "1", "--data-parallel", "1", "-q"]
+    assert main(argv) == 0

@@ -18,7 +18,13 @@ from autopipe.core.vocabulary import (
     V_SHAPE_SCHEDULES,
 )
 from autopipe.device_target import profiled_on
-from autopipe.placement import NEED_BANDWIDTH, Placement, plan_on_devices, scaling_rows
+from autopipe.placement import (
+    NEED_BANDWIDTH,
+    NEED_MESH_BANDWIDTH,
+    Placement,
+    plan_on_devices,
+    scaling_rows,
+)
 from autopipe.planner import PlanningError, RuleViolation
 from autopipe.planner.data_parallel import check_replicas_divide_batch
 from autopipe.planner.emit import EMIT_FORMATS, EmitError, emit
@@ -302,13 +308,12 @@ def _check_flags(args: argparse.Namespace, devices: DeviceTarget) -> None:
         raise common.UsageError(
             f"--device {args.device} lists {listed} devices but --gpus is {args.gpus}"
         )
-    if (
-        args.data_parallel
-        and not mesh
-        and args.allreduce_bandwidth is None
-        and not (args.device or args.device_spec or args.model.endswith(".json"))
-    ):
+    measured = not (args.device or args.device_spec or args.model.endswith(".json"))
+    if args.data_parallel and not mesh and args.allreduce_bandwidth is None and measured:
         raise common.UsageError(NEED_BANDWIDTH)
+    if mesh and args.allreduce_bandwidth is None and measured and args.gpus > 1:
+        if any(d != 1 for d in (args.tensor_parallel, args.data_parallel)):  # None: auto
+            raise common.UsageError(NEED_MESH_BANDWIDTH)
     if isinstance(args.data_parallel, int) and args.gpus % args.data_parallel:
         raise common.UsageError(
             f"--data-parallel {args.data_parallel} does not divide --gpus {args.gpus}: the "
