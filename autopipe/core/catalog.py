@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from autopipe.core.datafile import is_named_pipe
 from autopipe.core.errors import UsageError
 from autopipe.core.humanize import parse_bandwidth, parse_bytes
 
@@ -632,6 +633,8 @@ def _spec_error(origin: str, problems: list[str]) -> DeviceSpecError:
 def load_device_spec(path: str | Path) -> DeviceSpec:
     """Read a spec from a ``.yaml``/``.yml`` or ``.json`` file (see :func:`device_spec_from_dict`)."""
     path = Path(path)
+    if is_named_pipe(path):  # read_text would wait, forever if no process writes it
+        raise DeviceSpecError(f"{path}: a named pipe, not a file; give a YAML or JSON file")
     try:
         text = path.read_text()
     except OSError as exc:
