@@ -200,10 +200,18 @@ def _plan_mesh(profile: Profile, placement: Placement, cluster: Cluster | None) 
     if inter is None and spec is not None and spec.inter_node_bandwidth_bytes_per_s > 0:
         inter = spec.inter_node_bandwidth_bytes_per_s
     if node is not None and gpus > node and inter is None:
-        where = f"the catalog has no figure for {spec.name}" if spec is not None else "unknown"
+        where = (
+            ""
+            if spec is None
+            else (
+                f" (the catalog has no figure for {spec.name})"
+                if is_catalog_device(spec.name)
+                else f" ({spec.name}'s spec has no inter_node_bandwidth_bytes_per_s)"
+            )
+        )
         raise UsageError(
-            f"--gpus {gpus} spans nodes of {node} but the inter-node bandwidth is "
-            f"{where}: pass --inter-node-bandwidth (per device, e.g. 50GB/s or 400Gb/s)"
+            f"--gpus {gpus} spans nodes of {node} but the inter-node bandwidth is not "
+            f"known{where}: pass --inter-node-bandwidth (per device, e.g. 50GB/s or 400Gb/s)"
         )
     # A cluster from the devices carries their memory (the cap folded in); one made here
     # for the link alone leaves the request's memory_per_device as given.
