@@ -520,3 +520,23 @@ def test_a_mesh_on_measured_devices_needs_the_link_inside_a_node(
     # T = D = 1 runs no collective: nothing to price, nothing asked.
     argv = ["plan", saved, "--gpus", "8", "--tensor-parallel", "1", "--data-parallel", "1", "-q"]
     assert main(argv) == 0
+
+
+def test_no_mesh_fits_names_only_what_the_request_has_not_tried() -> None:
+    """Before, the hint said ``--checkpoint auto`` and ``--shard parameters`` when the
+    request was already auto on both."""
+    p = tiny_profile(n_blocks=6)
+    kw = {"gpus": 4, "batch_size": 16, "memory_per_device": 100_000, "tensor_parallel": 1}
+    with pytest.raises(PlanningError) as info:
+        plan(p, PlanRequest(shard="auto", checkpoint="auto", schedule="auto", **kw))
+    text = str(info.value)
+    assert "try more GPUs" in text and "\n" not in text
+    assert "--checkpoint" not in text and "--shard" not in text and "--schedule" not in text
+    with pytest.raises(PlanningError) as info:
+        plan(
+            p, PlanRequest(shard="none", checkpoint="never", microbatches=4, data_parallel=2, **kw)
+        )
+    text = str(info.value)
+    for hint in ("--shard parameters", "--checkpoint auto", "--schedule 1f1b or auto",
+                 "--microbatches auto"):  # fmt: skip
+        assert hint in text
