@@ -15,6 +15,7 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
+from autopipe.core.datafile import is_named_pipe
 from autopipe.core.errors import UsageError
 
 __all__ = ["check_output", "inside_folder_problem", "output_path_problem"]
@@ -50,6 +51,11 @@ def output_path_problem(
                     f"{label} {text} is the input {given}; writing there would destroy it: "
                     "give another path"
                 )
+    if not directory and is_named_pipe(out):
+        return (
+            f"{label} {text} is a named pipe: writing it waits, forever if no process reads "
+            "it; give a regular file (or - for stdout)"
+        )
     if not directory and out.exists() and _is_stream(out):
         # /dev/null, /dev/stdout, a named pipe: written through, never replaced, so the
         # folder holding it needs no room for a new file.

@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "NEED_BANDWIDTH",
+    "NEED_MESH_BANDWIDTH",
     "Placement",
     "device_count",
     "placed_cluster",
@@ -44,7 +45,14 @@ __all__ = [
 
 NEED_BANDWIDTH = (
     "--data-parallel needs the gradient all-reduce bandwidth: pass --allreduce-bandwidth "
-    "(bytes/s, e.g. 100GB) or plan for a catalog --device"
+    "(e.g. 100GB/s in bytes or 800Gb/s in bits) or plan for a catalog --device"
+)
+
+NEED_MESH_BANDWIDTH = (
+    "a mesh with tensor or data parallelism on measured devices needs the link inside a "
+    "node for its TP collectives and DP reductions (else priced at 0 s): pass "
+    "--allreduce-bandwidth (e.g. 100GB/s in bytes or 800Gb/s in bits) or plan for a "
+    "catalog --device"
 )
 
 
@@ -192,15 +200,27 @@ def _plan_mesh(profile: Profile, placement: Placement, cluster: Cluster | None) 
     if inter is None and spec is not None and spec.inter_node_bandwidth_bytes_per_s > 0:
         inter = spec.inter_node_bandwidth_bytes_per_s
     if node is not None and gpus > node and inter is None:
-        where = f"the catalog has no figure for {spec.name}" if spec is not None else "unknown"
+        where = (
+            ""
+            if spec is None
+            else (
+                f" (the catalog has no figure for {spec.name})"
+                if is_catalog_device(spec.name)
+                else f" ({spec.name}'s spec has no inter_node_bandwidth_bytes_per_s)"
+            )
+        )
         raise UsageError(
-            f"--gpus {gpus} spans nodes of {node} but the inter-node bandwidth is "
-            f"{where}: pass --inter-node-bandwidth (bytes/s per device, e.g. 50GB)"
+            f"--gpus {gpus} spans nodes of {node} but the inter-node bandwidth is not "
+            f"known{where}: pass --inter-node-bandwidth (per device, e.g. 50GB/s or 400Gb/s)"
         )
     # A cluster from the devices carries their memory (the cap folded in); one made here
     # for the link alone leaves the request's memory_per_device as given.
     memory = _memory(request, cluster)
     link = placement.allreduce_bandwidth_bytes_per_s
+    known = link is not None or (
+        cluster is not None
+        and all(d.link_bandwidth_bytes_per_s < float("inf") for d in cluster.devices)
+    )
     if link is not None:  # the link inside a node (TP, and DP within it)
         if cluster is None:
             cluster = Cluster.homogeneous(gpus, profile.device, memory)
@@ -215,4 +235,9 @@ def _plan_mesh(profile: Profile, placement: Placement, cluster: Cluster | None) 
         gpus_per_node=node,
         inter_node_bandwidth_bytes_per_s=inter,
     )
-    return plan(profile, request)
+    out = plan(profile, request)
+    # Without a link figure collectives cost 0 s: a mesh that runs none (T = D = 1) is
+    # priced right, and would win with them priced too; any other is refused.
+    if not known and (out.tensor_parallel > 1 or (out.replicas or 1) > 1):
+        raise UsageError(NEED_MESH_BANDWIDTH)
+    return out

@@ -330,7 +330,7 @@ def plan_mesh(
     search = _MeshSearch(profile, request, template, topology, batch, state_bpp)
     best = search.best_of(cands)
     if best is None:
-        raise _no_mesh_error(cands, n, template)
+        raise _no_mesh_error(cands, n, template, request)
     _explain_losses(cands, best)
     out = _winning_plan(profile, request, best, template, batch, optimizer, state_bpp)
     out.mesh = _mesh_report(profile, cands, best, topology, n, state_bpp)
@@ -736,14 +736,26 @@ def _explain_losses(cands: list[MeshCandidate], best: MeshCandidate) -> None:
         c.reason = f"{what} (+{format_seconds(parts[what])})"
 
 
-def _no_mesh_error(cands: list[MeshCandidate], n: int, template: Device) -> PlanningError:
+def _no_mesh_error(
+    cands: list[MeshCandidate], n: int, template: Device, request: PlanRequest
+) -> PlanningError:
     needs = [c.min_memory_bytes for c in cands if c.min_memory_bytes]
     have = format_bytes(template.memory_bytes) if template.memory_bytes else "unlimited memory"
     if needs:
+        # Only what the request has not tried already (it searched shard and checkpoint
+        # "auto" through every mode, M "auto" through every count).
+        tries = ["more GPUs"]
+        if request.shard not in ("auto", "parameters"):
+            tries.append("--shard parameters")
+        if request.checkpoint in ("never", "except_last"):
+            tries.append("--checkpoint auto")
+        if request.schedule == "gpipe":  # holds all M micro-batches' activations at once
+            tries.append("--schedule 1f1b or auto")
+        if request.microbatches != "auto":
+            tries.append("--microbatches auto")
         exc = PlanningError(
             f"no mesh of {n} GPUs fits in {have} per device: the smallest need is "
-            f"{format_bytes(min(needs))} per device; try more GPUs, --shard parameters, "
-            "--checkpoint auto or more micro-batches"
+            f"{format_bytes(min(needs))} per device; try {', '.join(tries)}"
         )
         exc.min_memory_bytes = min(needs)
         return exc

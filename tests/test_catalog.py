@@ -230,3 +230,20 @@ def test_spec_quantities_are_written_as_the_flags_take_them(tmp_path) -> None:
         f"{path}: 2 problems: (1) compute_efficiency must be a number, e.g. 0.7, got '70%'; "
         "(2) memory_bytes must be a size, e.g. 48GiB, 80GB or 48e9, got '48GiB/s'"
     )
+
+
+def test_spec_bandwidths_tell_bits_from_bytes(tmp_path) -> None:
+    """Before, ``400Gb/s`` in a spec file read as 400 GB/s (the unit lower-cased), 8x."""
+    path = tmp_path / "gpu.yaml"
+    path.write_text(
+        "base: a100-80gb\nname: X\nlink_bandwidth_bytes_per_s: 200Gbit/s\n"
+        "inter_node_bandwidth_bytes_per_s: 400Gb/s\nmemory_bandwidth_bytes_per_s: 2TB\n"
+    )
+    spec = load_device_spec(path)
+    assert spec.link_bandwidth_bytes_per_s == 25e9
+    assert spec.inter_node_bandwidth_bytes_per_s == 50e9
+    assert spec.memory_bandwidth_bytes_per_s == 2e12
+    path.write_text("base: a100-80gb\nname: X\ninter_node_bandwidth_bytes_per_s: 400gb/s\n")
+    with pytest.raises(DeviceSpecError, match="ambiguous or unknown bandwidth unit 'gb/s'") as info:
+        load_device_spec(path)
+    assert "\n" not in str(info.value)

@@ -120,3 +120,18 @@ def test_the_example_spec_file_plans(capsys: pytest.CaptureFixture[str]) -> None
     assert data["profile_mode"] == "analytic"
     assert [s["device"] for s in data["stages"]] == ["my-48gb-gpu"] * 2
     assert data["memory_per_device"] == 48 * 2**30  # written 48GiB, as --memory takes it
+
+
+def test_a_spec_without_inter_node_figures_is_named_plainly(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Before: "the inter-node bandwidth is the catalog has no figure for my-48gb-gpu", of
+    a device that is not in the catalog at all."""
+    example = Path(GPT).parent / "device-spec.yaml"
+    argv = ["plan", GPT, "--gpus", "4", "--device-spec", str(example), "--shard", "auto",
+            "--gpus-per-node", "2", "-q"]  # fmt: skip
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert "the inter-node bandwidth is not known (my-48gb-gpu's spec has no " in err
+    assert "inter_node_bandwidth_bytes_per_s): pass --inter-node-bandwidth" in err

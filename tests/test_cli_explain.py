@@ -51,3 +51,26 @@ def test_a_plan_torch_would_refuse_is_not_explained(
     )
     assert main(["explain", str(tmp_path / "missing.json")]) == 2
     assert "plan file not found" in capsys.readouterr().err
+
+
+def test_a_plan_edited_off_its_mesh_record_is_refused_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before, ``explain`` printed the mesh record's stale figures and notes (pp 1 x dp 2
+    x tp 2 ...) for a plan edited to another mesh."""
+    from test_planner_mesh import tiny_profile
+
+    p = plan(tiny_profile(n_blocks=6), PlanRequest(gpus=4, tensor_parallel=2, data_parallel=2))
+    assert p.mesh_shape == (1, 2, 2)
+    path = tmp_path / "mesh.json"
+    p.save(path)
+    assert main(["explain", str(path)]) == 0
+    capsys.readouterr()
+    data = json.loads(path.read_text())
+    data["replicas"] = 1
+    path.write_text(json.dumps(data))
+    assert main(["explain", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert "mesh record chose pp 1 x dp 2 x tp 2 (shard none) of 4 GPUs but the plan is " in err
+    assert "pp 1 x dp 1 x tp 2" in err

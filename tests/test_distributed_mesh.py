@@ -342,7 +342,8 @@ def test_a_planned_hugging_face_tp_mesh_trains_and_replays(tmp_path: Path) -> No
     env = {**os.environ, "PYTHONHASHSEED": "0", "AUTOPIPE_CACHE_DIR": str(tmp_path / "cache")}
     planned = subprocess.run(
         [sys.executable, "-m", "autopipe", "plan", model, "--gpus", "4", "--tensor-parallel", "2",
-         "--data-parallel", "1", "--json", str(plan_path), "-q"],
+         "--data-parallel", "1", "--allreduce-bandwidth", "10GB/s", "--json", str(plan_path),
+         "-q"],
         capture_output=True, text=True, cwd=ROOT, timeout=300, env=env,
     )  # fmt: skip
     assert planned.returncode == 0, planned.stderr

@@ -435,7 +435,7 @@ def test_plan_with_batch_size_0_is_not_benchmarked(
     [
         (["plan", "M", "--gpus", "2", "--memory", "1e400"], "too large"),
         (["plan", "M", "--gpus", "2", "--memory", "0.5"], "less than one byte"),
-        (["plan", "M", "--gpus", "2", "--allreduce-bandwidth", "inf", "--data-parallel", "2"], "not a memory size"),
+        (["plan", "M", "--gpus", "2", "--allreduce-bandwidth", "inf", "--data-parallel", "2"], "not a bandwidth"),
         (["run", "M", "--plan", "P", "--timeout", "0"], "expected a timeout in seconds > 0"),
         (["run", "M", "--plan", "P", "--timeout", "nan"], "expected a timeout in seconds > 0"),
         (["run", "M", "--plan", "P", "--lr", "-1"], "expected a learning rate > 0"),
@@ -872,3 +872,29 @@ def test_bad_launch_variables_are_usage_errors_at_once(
     assert out.returncode == 2, out.stderr
     assert out.stderr.strip() == message
     assert time.monotonic() - start < 60  # not the --timeout
+
+
+@pytest.mark.parametrize("flag", ["--json", "--save-profile"])
+def test_a_named_pipe_output_is_refused_in_one_line(
+    tmp_path: Path, flag: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before, ``--json FIFO`` with no reader blocked forever at the end of the plan."""
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    assert main(["plan", str(ROOT / "examples" / "gpt.py"), "--gpus", "2", flag, str(fifo)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"{flag} {fifo} is a named pipe" in err
+
+
+def test_a_named_pipe_device_spec_is_refused_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before, ``--device-spec FIFO`` with no writer blocked forever reading it."""
+    fifo = tmp_path / "spec.yaml"
+    os.mkfifo(fifo)
+    assert (
+        main(["plan", str(ROOT / "examples" / "gpt.py"), "--gpus", "2", "--device-spec", str(fifo)])
+        == 2
+    )
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "a named pipe, not a file" in err

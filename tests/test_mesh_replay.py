@@ -53,7 +53,7 @@ def test_a_mesh_run_replays_exactly(mesh: str, tmp_path: Path, cache: Path) -> N
     env = {**os.environ, "PYTHONHASHSEED": "0", "AUTOPIPE_CACHE_DIR": str(cache)}
     planned = subprocess.run(
         [sys.executable, "-m", "autopipe", "plan", MODEL, "--gpus", "4", *flags,
-         "--json", str(plan_path), "-q"],
+         "--allreduce-bandwidth", "10GB/s", "--json", str(plan_path), "-q"],
         capture_output=True, text=True, cwd=ROOT, timeout=300, env=env,
     )  # fmt: skip
     assert planned.returncode == 0, planned.stderr

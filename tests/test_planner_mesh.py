@@ -31,6 +31,8 @@ from autopipe.core.plan import Plan, StagePlan, load_plan
 from autopipe.core.profile import Profile, UnitProfile
 from autopipe.core.request import PlanRequest
 
+GPT_MODEL = str(Path(__file__).resolve().parents[1] / "examples" / "gpt.py")
+
 TOPOLOGY = Topology(
     gpus_per_node=8, intra_bandwidth_bytes_per_s=1e11, inter_bandwidth_bytes_per_s=1e10
 )
@@ -353,7 +355,8 @@ def test_cli_plans_the_mesh_and_prints_the_table(
     out = tmp_path / "plan.json"
     saved = _saved(tmp_path, tiny_profile(n_blocks=6))
     argv = ["plan", saved, "--gpus", "8", "--tensor-parallel", "auto", "--memory", "4MB",
-            "--batch-size", "32", "--json", str(out)]  # fmt: skip
+            "--batch-size", "32", "--allreduce-bandwidth", "100GB/s", "--json",
+            str(out)]  # fmt: skip
     assert main(argv) == 0
     text = capsys.readouterr().out
     assert "mesh           pp " in text and "meshes, fastest first:" in text and "chosen" in text
@@ -456,3 +459,84 @@ def test_a_fully_sharded_plan_is_a_valid_plan_file(tmp_path: Path) -> None:
     assert stage.parameter_bytes + stage.optimizer_bytes == pytest.approx(whole, rel=1e-6)
     out.save(tmp_path / "plan.json")
     assert load_plan(tmp_path / "plan.json").shard == "parameters"
+
+
+def test_cli_bandwidth_flags_tell_bits_from_bytes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before, ``--inter-node-bandwidth 400Gb`` planned with 400 GB/s (8x), and ``50GB/s``
+    was refused although spec files take ``/s``."""
+    p = dataclasses.replace(tiny_profile(n_blocks=6), device="H100-SXM-80GB", mode="analytic")
+    saved = _saved(tmp_path, p)
+    out = tmp_path / "plan.json"
+    for rate in ("400Gb", "400Gbit/s", "50GB/s", "50GB"):
+        argv = ["plan", saved, "--gpus", "16", "--shard", "auto", "--batch-size", "32",
+                "--inter-node-bandwidth", rate, "--allreduce-bandwidth", "3.6Tb/s", "-q",
+                "--json", str(out)]  # fmt: skip
+        assert main(argv) == 0, rate
+        mesh = load_plan(out).mesh
+        assert mesh.inter_node_bandwidth_bytes_per_s == 50e9, rate
+        assert mesh.intra_node_bandwidth_bytes_per_s == 450e9, rate
+    argv = ["plan", saved, "--gpus", "16", "--shard", "auto", "--inter-node-bandwidth", "400gb"]
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    assert info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "ambiguous or unknown bandwidth unit 'gb'" in err
+
+
+def test_a_mesh_on_measured_devices_needs_the_link_inside_a_node(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before, a measured profile's mesh priced its TP collectives and DP reductions at 0 s
+    silently, while ``--data-parallel`` alone was refused for the missing bandwidth."""
+    saved = _saved(tmp_path, tiny_profile(n_blocks=6))  # measured on "gpu": no link figure
+    for flags in (
+        ["--tensor-parallel", "2"],
+        ["--shard", "auto"],
+        [
+            "--data-parallel",
+            "2",
+            "--tensor-parallel",
+            "1",
+            "--shard",
+            "none",
+            "--gpus-per-node",
+            "8",
+        ],
+    ):
+        assert main(["plan", saved, "--gpus", "8", "-q", *flags]) == 2, flags
+        err = _err_line(capsys)
+        assert "--allreduce-bandwidth" in err and "TP collectives and DP reductions" in err
+    # The same request from a model file is refused before profiling, the same way.
+    assert main(["plan", GPT_MODEL, "--gpus", "4", "--tensor-parallel", "2", "-q"]) == 2
+    assert "--allreduce-bandwidth" in _err_line(capsys)
+    out = tmp_path / "plan.json"
+    argv = ["plan", saved, "--gpus", "8", "--tensor-parallel", "2", "--allreduce-bandwidth",
+            "10GB/s", "--batch-size", "32", "-q", "--json", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    written = load_plan(out)
+    assert written.mesh.intra_node_bandwidth_bytes_per_s == 10e9
+    # T = D = 1 runs no collective: nothing to price, nothing asked.
+    argv = ["plan", saved, "--gpus", "8", "--tensor-parallel", "1", "--data-parallel", "1", "-q"]
+    assert main(argv) == 0
+
+
+def test_no_mesh_fits_names_only_what_the_request_has_not_tried() -> None:
+    """Before, the hint said ``--checkpoint auto`` and ``--shard parameters`` when the
+    request was already auto on both."""
+    p = tiny_profile(n_blocks=6)
+    kw = {"gpus": 4, "batch_size": 16, "memory_per_device": 100_000, "tensor_parallel": 1}
+    with pytest.raises(PlanningError) as info:
+        plan(p, PlanRequest(shard="auto", checkpoint="auto", schedule="auto", **kw))
+    text = str(info.value)
+    assert "try more GPUs" in text and "\n" not in text
+    assert "--checkpoint" not in text and "--shard" not in text and "--schedule" not in text
+    with pytest.raises(PlanningError) as info:
+        plan(
+            p, PlanRequest(shard="none", checkpoint="never", microbatches=4, data_parallel=2, **kw)
+        )
+    text = str(info.value)
+    for hint in ("--shard parameters", "--checkpoint auto", "--schedule 1f1b or auto",
+                 "--microbatches auto"):  # fmt: skip
+        assert hint in text

@@ -24,7 +24,7 @@ from autopipe import device_target
 from autopipe.core.catalog import DeviceListError
 from autopipe.core.datafile import atomic_write_json, atomic_write_text, strict_json
 from autopipe.core.errors import Failure, UsageError
-from autopipe.core.humanize import parse_bytes
+from autopipe.core.humanize import parse_bandwidth, parse_bytes
 from autopipe.core.optimizer import CLI_OPTIMIZERS
 from autopipe.core.plan import PlanFormatError, load_plan
 from autopipe.core.profile import Profile, ProfileFormatError
@@ -111,10 +111,19 @@ def unit_patterns(text: str) -> list[str]:
 
 
 def byte_size(text: str) -> int:
-    """An argparse type: a size in bytes, ``80GiB``, ``40GB``, ``16e9`` (``--memory``; also
-    bytes per second for ``--allreduce-bandwidth``)."""
+    """An argparse type: a size in bytes, ``80GiB``, ``40GB``, ``16e9`` (``--memory``)."""
     try:
         return parse_bytes(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def bandwidth(text: str) -> float:
+    """An argparse type: bytes per second, ``50GB/s``, ``50GB``, or bits, ``400Gb``,
+    ``400Gbit/s`` (``--allreduce-bandwidth``, ``--inter-node-bandwidth``); an ambiguous
+    unit (``gb``, ``50G``) is refused (:func:`autopipe.core.humanize.parse_bandwidth`)."""
+    try:
+        return parse_bandwidth(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from autopipe.cli import common
+from autopipe.core.plantext import mesh_record_problem
 from autopipe.explain import explain
 
 
@@ -22,6 +23,9 @@ def register(sub: common.Subparsers) -> None:
 def cmd_explain(args: argparse.Namespace) -> int:
     p = common.load_plan_file(args.plan)
     common.refuse_broken_rules(p, args.plan)  # explaining it would pass it as runnable
+    stale = mesh_record_problem(p)
+    if stale is not None:  # its figures and notes would explain another mesh
+        raise common.UsageError(f"{args.plan}: {stale}")
 
     text = explain(p)
     if args.json:

@@ -18,7 +18,13 @@ from autopipe.core.vocabulary import (
     V_SHAPE_SCHEDULES,
 )
 from autopipe.device_target import profiled_on
-from autopipe.placement import NEED_BANDWIDTH, Placement, plan_on_devices, scaling_rows
+from autopipe.placement import (
+    NEED_BANDWIDTH,
+    NEED_MESH_BANDWIDTH,
+    Placement,
+    plan_on_devices,
+    scaling_rows,
+)
 from autopipe.planner import PlanningError, RuleViolation
 from autopipe.planner.data_parallel import check_replicas_divide_batch
 from autopipe.planner.emit import EMIT_FORMATS, EmitError, emit
@@ -173,9 +179,10 @@ def _add_link_flags(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--inter-node-bandwidth",
-        type=common.byte_size,
-        metavar="BYTES_PER_S",
-        help="per-device bandwidth between nodes for the mesh, e.g. 50GB (default: the "
+        type=common.bandwidth,
+        metavar="RATE",
+        help="per-device bandwidth between nodes for the mesh, e.g. 50GB/s (bytes) or "
+        "400Gb/s (bits) (default: the "
         "catalog's, e.g. 400 Gb/s InfiniBand NDR per H100)",
     )
     p.add_argument(
@@ -191,9 +198,9 @@ def _add_link_flags(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--allreduce-bandwidth",
-        type=common.byte_size,
-        metavar="BYTES_PER_S",
-        help="gradient all-reduce bandwidth per device for --data-parallel, e.g. 100GB "
+        type=common.bandwidth,
+        metavar="RATE",
+        help="gradient all-reduce bandwidth per device for --data-parallel, e.g. 100GB/s "
         "(default: the catalog device's link); with the mesh flags, the link inside a node",
     )
 
@@ -301,13 +308,12 @@ def _check_flags(args: argparse.Namespace, devices: DeviceTarget) -> None:
         raise common.UsageError(
             f"--device {args.device} lists {listed} devices but --gpus is {args.gpus}"
         )
-    if (
-        args.data_parallel
-        and not mesh
-        and args.allreduce_bandwidth is None
-        and not (args.device or args.device_spec or args.model.endswith(".json"))
-    ):
+    measured = not (args.device or args.device_spec or args.model.endswith(".json"))
+    if args.data_parallel and not mesh and args.allreduce_bandwidth is None and measured:
         raise common.UsageError(NEED_BANDWIDTH)
+    if mesh and args.allreduce_bandwidth is None and measured and args.gpus > 1:
+        if any(d != 1 for d in (args.tensor_parallel, args.data_parallel)):  # None: auto
+            raise common.UsageError(NEED_MESH_BANDWIDTH)
     if isinstance(args.data_parallel, int) and args.gpus % args.data_parallel:
         raise common.UsageError(
             f"--data-parallel {args.data_parallel} does not divide --gpus {args.gpus}: the "

@@ -34,8 +34,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from autopipe.core.datafile import is_named_pipe
 from autopipe.core.errors import UsageError
-from autopipe.core.humanize import parse_bytes
+from autopipe.core.humanize import parse_bandwidth, parse_bytes
 
 TERA = 1e12
 GB = 1e9
@@ -632,6 +633,8 @@ def _spec_error(origin: str, problems: list[str]) -> DeviceSpecError:
 def load_device_spec(path: str | Path) -> DeviceSpec:
     """Read a spec from a ``.yaml``/``.yml`` or ``.json`` file (see :func:`device_spec_from_dict`)."""
     path = Path(path)
+    if is_named_pipe(path):  # read_text would wait, forever if no process writes it
+        raise DeviceSpecError(f"{path}: a named pipe, not a file; give a YAML or JSON file")
     try:
         text = path.read_text()
     except OSError as exc:
@@ -658,7 +661,8 @@ def load_device_spec(path: str | Path) -> DeviceSpec:
 def _quantity(value: Any, name: str, problems: list[str]) -> float | None:
     """``value`` of field ``name`` as a number: plain, a numeric string, or, for a size
     (``*_bytes``) or a bandwidth (``*_bytes_per_s``), a string with a unit as the flags take
-    it (``parse_bytes``: ``48GiB``, ``80GB``; a bandwidth may end in ``/s``). A bad value
+    it (``parse_bytes``: ``48GiB``, ``80GB``; a bandwidth as ``parse_bandwidth`` reads it:
+    ``900GB/s`` bytes, ``400Gb/s`` bits, an ambiguous ``gb`` refused). A bad value
     is appended to ``problems`` and None returned."""
     if isinstance(value, bool):  # YAML's yes/no: a number by accident
         problems.append(f"{name} must be a number, got {value!r}")
@@ -671,13 +675,15 @@ def _quantity(value: Any, name: str, problems: list[str]) -> float | None:
             return float(value)
         except ValueError:
             pass
-        if sized:
-            text = value.strip()
-            per_s = name.endswith("_per_s") and text.lower().endswith("/s")
-            try:
-                return float(parse_bytes(text[:-2] if per_s else text))
-            except ValueError:
-                pass
+        try:
+            if name.endswith("_bytes_per_s"):
+                return parse_bandwidth(value)
+            if sized:
+                return float(parse_bytes(value.strip()))
+        except ValueError as exc:
+            if name.endswith("_bytes_per_s"):
+                problems.append(f"{name}: {exc}")
+                return None
     example = (
         "900GB/s or 9e11"
         if name.endswith("_bytes_per_s")

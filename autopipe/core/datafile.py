@@ -23,6 +23,7 @@ __all__ = [
     "atomic_write_text",
     "check_version",
     "created_mode",
+    "is_named_pipe",
     "known_fields",
     "load_json_file",
     "read_json",
@@ -100,6 +101,20 @@ def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+def is_named_pipe(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` is (or links to) a FIFO made on a file system (``mkfifo``): opening
+    it blocks until another process opens its other end, forever if none does. The pipes
+    of the shell's own streams (``/dev/stdout`` piped on, ``/dev/fd/63`` from ``<(...)``)
+    are under ``/dev`` or ``/proc`` and are not named pipes here."""
+    try:
+        if not stat.S_ISFIFO(os.stat(path).st_mode):
+            return False
+    except OSError:
+        return False
+    text = os.path.abspath(path)
+    return not text.startswith(("/dev/", "/proc/"))
 
 
 def _write_through(path: Path, text: str) -> None:

@@ -1,4 +1,4 @@
-"""Quantities for humans: parsing sizes from flags, printing bytes and seconds.
+"""Quantities for humans: parsing sizes and bandwidths from flags, printing bytes and seconds.
 
 The one owner of byte and time formatting for every layer (tables, explanations, the
 planner's error messages, plot titles). Imports nothing from autopipe and no torch, so the
@@ -36,6 +36,52 @@ def parse_bytes(text: str) -> int:
     if value < 1:
         raise ValueError(f"memory size {text!r} is less than one byte; give e.g. 512MiB")
     return int(value)
+
+
+_PREFIXES = {
+    "": 1, "k": 10**3, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12,
+    "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40,
+}  # fmt: skip
+_RATE_UNITS: dict[str, float] = {}
+for _prefix, _factor in _PREFIXES.items():
+    if _prefix != "k":  # "kB" is fine, but "kb" is read as kilobytes as often as kilobits
+        _RATE_UNITS[f"{_prefix}b"] = _factor / 8
+    _RATE_UNITS[f"{_prefix}bit"] = _factor / 8
+    _RATE_UNITS[f"{_prefix}B"] = _factor
+del _prefix, _factor
+
+
+def parse_bandwidth(text: str) -> float:
+    """A bandwidth in bytes per second from a flag or a device-spec file: bytes (``50GB``,
+    ``50GB/s``, ``46.6GiB/s``, ``50GBps``) or bits (``400Gb``, ``400Gbit/s``, ``400Gbps``),
+    the case of the unit deciding (B: byte, b or bit: bit); a plain number is bytes/s
+    (``5e10``). ``parse_bandwidth("400Gb") == 50e9``.
+
+    Raises ValueError in one line on anything else: a unit whose case leaves bits and bytes
+    open (``gb``, ``50G``) is refused, never guessed; so are rates under one byte/s or over
+    1 EiB/s and non-finite ones.
+    """
+    match = re.fullmatch(
+        r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*?)(/s|ps)?\s*", text
+    )
+    if not match:
+        raise ValueError(
+            f"not a bandwidth: {text!r} (examples: 50GB/s or 50GB for bytes per second, "
+            "400Gb/s or 400Gbit for bits per second, 5e10)"
+        )
+    number, unit = match.group(1), match.group(2)
+    if unit not in _RATE_UNITS and not (unit == "" and match.group(3) != "ps"):
+        raise ValueError(
+            f"ambiguous or unknown bandwidth unit {unit + (match.group(3) or '')!r} in "
+            f"{text!r}: write B for bytes or b/bit for bits, e.g. 50GB/s (bytes) or "
+            "400Gb/s (bits)"
+        )
+    value = float(number) * _RATE_UNITS.get(unit, 1)
+    if not math.isfinite(value) or value > MAX_BYTES:
+        raise ValueError(f"bandwidth {text!r} is too large; give at most 1 EiB/s (e.g. 50GB/s)")
+    if value < 1:
+        raise ValueError(f"bandwidth {text!r} is under one byte per second; give e.g. 50GB/s")
+    return value
 
 
 _BINARY_UNITS = ("B", "KiB", "MiB", "GiB", "TiB")

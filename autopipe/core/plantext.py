@@ -149,6 +149,26 @@ def _baselines_line(plan: Plan) -> list[str]:
     return [f"vs baselines   {' vs '.join(names)}: {ratio} x iteration time"]
 
 
+def mesh_record_problem(plan: Plan) -> str | None:
+    """Why the plan's ``mesh`` record (the search's chosen mesh and its runners-up) is not
+    the plan's own mesh, in one line, or None: a plan edited after planning (its
+    ``num_stages``, ``replicas``, ``tensor_parallel`` or ``shard``) keeps the old record,
+    whose figures and notes would describe another mesh."""
+    mesh = plan.mesh
+    if mesh is None or not mesh.candidates:
+        return None
+    chosen = next((c for c in mesh.candidates if c.reason == "chosen"), mesh.candidates[0])
+    own = (*plan.mesh_shape, plan.shard)
+    if (chosen.pp, chosen.dp, chosen.tp, chosen.shard) == own and mesh.gpus == plan.world_size:
+        return None
+    return (
+        f"the plan's mesh record chose pp {chosen.pp} x dp {chosen.dp} x tp {chosen.tp} "
+        f"(shard {chosen.shard}) of {mesh.gpus} GPUs but the plan is pp {own[0]} x dp "
+        f"{own[1]} x tp {own[2]} (shard {own[3]}): it was edited after planning; plan it "
+        "again with autopipe plan"
+    )
+
+
 def format_mesh(plan: Plan, mesh: MeshReport, runners_up: int = 12) -> str:
     """The chosen device mesh and a table of the runner-up meshes (shape, step, peak memory
     per device, why each loses), from the plan's ``mesh`` (``autopipe.planner.mesh``)."""
