@@ -37,6 +37,7 @@ from autopipe.planner.emit_torchtitan import (
 )
 from autopipe.planner.layers import layer_stack
 
+from autopipe.core.mesh_rules import mesh_problems
 from autopipe.core.plan import Plan
 from autopipe.core.schedule_rules import preflight
 from autopipe.core.vocabulary import MESH_DIM_NAMES, TORCH_CLASSES
@@ -277,8 +278,10 @@ def emit(plan: Plan, fmt: str, base: str = "") -> str:
     Megatron (its ``args`` also as one shell line), TOML for torchtitan, a Python module for
     torchtitan-python (``base``: its ``BASE``, :func:`to_torchtitan_python`). A plan that breaks
     a pre-flight rule (:mod:`autopipe.core.schedule_rules`: a hand-edited schedule, V, M or
-    placement torch would refuse) is refused first, naming the rule."""
-    problems = preflight(plan)
+    placement torch would refuse) is refused first, naming the rule, and so is a mesh no rank
+    could build (:func:`autopipe.core.mesh_rules.mesh_problems`, the checks ``autopipe run``
+    makes: a hand-edited ``tensor_parallel`` the model's heads or the plan's devices refuse)."""
+    problems = preflight(plan) + mesh_problems(plan)
     if problems:
         raise EmitError(f"pre-flight: {problems[0]}")
     if fmt == "torch":
