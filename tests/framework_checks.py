@@ -479,6 +479,9 @@ def run_megatron(plan: Plan) -> list[tuple[int, int, int]]:
     # is dropped with TP = 1 (TransformerConfig below refuses it outright).
     world = out["world_size"]
     assert world % (tp * pp) == 0
+    # validate_args asserts CUDA_DEVICE_MAX_CONNECTIONS == "1" with TP (or CP) > 1.
+    if tp > 1:
+        assert out["env"]["CUDA_DEVICE_MAX_CONNECTIONS"] == "1", out
     dp = world // (tp * pp)
     recompute = flag.get("--recompute-num-layers")
     config = TransformerConfig(

@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import json
 import os
 import random
+import shlex
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -380,3 +382,15 @@ def test_torchtitan_toml_refuses_plain_replicas_beside_pp(tmp_path: Path) -> Non
     old = old.replace("data_parallel_shard_degree = 2", "data_parallel_shard_degree = 1")
     with pytest.raises(RuntimeError, match="DDP has not supported > 1D parallelism"):
         _or_skip(fc.parallelize_torchtitan_toml, old, tmp_path)
+
+
+def test_megatron_command_line_sets_what_validate_args_asserts_with_tp() -> None:
+    """Megatron-LM's validate_args asserts CUDA_DEVICE_MAX_CONNECTIONS=1 with TP > 1."""
+    tp = _mesh("1f1b", 1, 2, "none")
+    text = json.loads(emit(tp, "megatron"))
+    assert text["env"] == {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}
+    line = shlex.split(text["command_line"])
+    assert line[:4] == ["CUDA_DEVICE_MAX_CONNECTIONS=1", "torchrun", "--nproc-per-node", "4"]
+    assert line[4:] == ["pretrain_gpt.py", *text["args"]]
+    plain = json.loads(emit(_mesh("1f1b", 1, 1, "none"), "megatron"))
+    assert "env" not in plain and plain["command_line"].startswith("torchrun ")
