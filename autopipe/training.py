@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from autopipe.core.datafile import atomic_write_json
 from autopipe.core.errors import Failure, UsageError
+from autopipe.core.mesh_rules import mesh_problems
 from autopipe.core.plan import Plan
 from autopipe.core.timeline import to_chrome_trace
 from autopipe.modelfile import ModelFile, ModelFileError
@@ -268,6 +269,9 @@ def _check_world_size(plan: Plan, rank: int, world: int) -> None:
     from autopipe.runtime.distributed.layout import PlanWorldSizeError, rank_layout
     from autopipe.runtime.distributed.mesh import mesh_size_problem, uses_mesh
 
+    problems = mesh_problems(plan)  # the same mesh rules emit applies, before any group
+    if problems:
+        raise UsageError(f"the plan cannot run: {problems[0]}")
     try:
         if uses_mesh(plan):
             problem = mesh_size_problem(plan, world)

@@ -37,6 +37,7 @@ from autopipe.planner.emit_torchtitan import (
 )
 from autopipe.planner.layers import layer_stack
 
+from autopipe.core.mesh_rules import mesh_problems
 from autopipe.core.plan import Plan
 from autopipe.core.schedule_rules import preflight
 from autopipe.core.vocabulary import MESH_DIM_NAMES, TORCH_CLASSES
@@ -46,6 +47,7 @@ __all__ = [
     "TORCHTITAN_SCHEDULES",
     "EmitError",
     "emit",
+    "megatron_command_line",
     "megatron_stage_layers",
     "parse_megatron_layout",
     "to_megatron",
@@ -177,7 +179,9 @@ def to_megatron(plan: Plan) -> dict[str, Any]:
     has no data-parallel flag: its data-parallel size is ``world size / (T x K)``, so the
     output's ``world_size`` (``K x D x T``, torchrun's process count) fixes D. Megatron-LM's
     distributed optimizer keeps a full gradient buffer on every rank, so a plan sharding
-    gradients or parameters (ZeRO-2/3) is refused."""
+    gradients or parameters (ZeRO-2/3) is refused. With T > 1, ``env`` holds
+    ``CUDA_DEVICE_MAX_CONNECTIONS=1``, which Megatron-LM's ``validate_args`` asserts with
+    tensor parallelism (:func:`megatron_command_line` sets it)."""
     if plan.schedule not in MEGATRON_SCHEDULES:
         raise EmitError(
             f"Megatron-Core has no {plan.schedule!r} schedule (it runs 1F1B, interleaved with "
@@ -202,7 +206,12 @@ def to_megatron(plan: Plan) -> dict[str, Any]:
     args += _megatron_mesh_args(plan)
     if recomputed:
         args += _megatron_recompute_args(plan, symbols, recomputed)
-    return {"layout": layout, "args": args, "world_size": plan.world_size}
+    out: dict[str, Any] = {"layout": layout, "args": args, "world_size": plan.world_size}
+    if plan.tensor_parallel > 1:
+        # Megatron-LM's validate_args asserts it with tensor (or context) parallelism, so
+        # that TP's communication kernels are queued before the compute they overlap.
+        out["env"] = {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}
+    return out
 
 
 def _megatron_mesh_args(plan: Plan) -> list[str]:
@@ -277,8 +286,10 @@ def emit(plan: Plan, fmt: str, base: str = "") -> str:
     Megatron (its ``args`` also as one shell line), TOML for torchtitan, a Python module for
     torchtitan-python (``base``: its ``BASE``, :func:`to_torchtitan_python`). A plan that breaks
     a pre-flight rule (:mod:`autopipe.core.schedule_rules`: a hand-edited schedule, V, M or
-    placement torch would refuse) is refused first, naming the rule."""
-    problems = preflight(plan)
+    placement torch would refuse) is refused first, naming the rule, and so is a mesh no rank
+    could build (:func:`autopipe.core.mesh_rules.mesh_problems`, the checks ``autopipe run``
+    makes: a hand-edited ``tensor_parallel`` the model's heads or the plan's devices refuse)."""
+    problems = preflight(plan) + mesh_problems(plan)
     if problems:
         raise EmitError(f"pre-flight: {problems[0]}")
     if fmt == "torch":
@@ -289,9 +300,19 @@ def emit(plan: Plan, fmt: str, base: str = "") -> str:
         return to_torchtitan_python(plan, base)
     if fmt == "megatron":
         out = to_megatron(plan)
-        return json.dumps({**out, "command_line": _shell(out["args"])}, indent=2) + "\n"
+        return json.dumps({**out, "command_line": megatron_command_line(out)}, indent=2) + "\n"
     raise EmitError(f"unknown format {fmt!r}; use one of {', '.join(EMIT_FORMATS)}")
 
 
 def _shell(args: Sequence[str]) -> str:
     return " ".join(shlex.quote(a) for a in args)
+
+
+def megatron_command_line(out: dict[str, Any]) -> str:
+    """:func:`to_megatron`'s output as one shell line launching Megatron-LM's
+    ``pretrain_gpt.py`` on one node with the plan's world size: the environment it needs
+    (``CUDA_DEVICE_MAX_CONNECTIONS=1`` with TP), ``torchrun --nproc-per-node W``, the args
+    (add the model's sizes, data and tokenizer flags; across nodes, torchrun's own)."""
+    env = [f"{k}={shlex.quote(v)}" for k, v in out.get("env", {}).items()]
+    launch = ["torchrun", "--nproc-per-node", str(out["world_size"]), "pretrain_gpt.py"]
+    return " ".join([*env, _shell([*launch, *out["args"]])])

@@ -129,16 +129,28 @@ class TorchtitanFields:
     note: str
 
 
-def _data_parallel(plan: Plan) -> dict[str, Any]:
+def _data_parallel(plan: Plan, version: str) -> dict[str, Any]:
     """torchtitan's two data-parallel degrees (and FSDP's resharding) for the plan's D
-    replicas and sharding: plain replicas are ``data_parallel_replicate_degree`` (DDP);
+    replicas and sharding: plain replicas are ``data_parallel_replicate_degree``;
     sharded ones are ``data_parallel_shard_degree`` (FSDP2's ``fully_shard``), resharding
     after forward for ZeRO-3 (``parameters``) and not for ZeRO-2 (``gradients``: the
     parameters stay gathered through forward and backward). torchtitan has no ZeRO-1: its
     sharding always shards gradients too. Both degrees are given, so torchtitan's default
-    shard degree of -1 (every leftover rank) never applies."""
+    shard degree of -1 (every leftover rank) never applies.
+
+    torchtitan 0.2.2 runs plain replicas as DDP, which its models' ``parallelize`` refuse
+    beside PP or TP ("DDP has not supported > 1D parallelism"): such a plan is refused for
+    the TOML; 0.3.0 replicates with ``fully_shard`` over its ``dp_replicate`` mesh (HSDP
+    with shard degree 1) and takes it."""
     d = plan.replicas
     if d == 1 or plan.shard == "none":
+        if d > 1 and version == TORCHTITAN_VERSION and plan.world_size != d:
+            raise EmitError(
+                f"torchtitan {TORCHTITAN_VERSION} runs the plan's {d} plain replicas as DDP, "
+                'which it refuses beside pipeline or tensor parallelism ("DDP has not '
+                'supported > 1D parallelism"): emit torchtitan-python (0.3.0 replicates '
+                "them with FSDP2), or re-plan with --shard gradients or parameters"
+            )
         return {"data_parallel_replicate_degree": d, "data_parallel_shard_degree": 1}
     if plan.shard == "optimizer":
         raise EmitError(
@@ -217,7 +229,7 @@ def _parallelism(plan: Plan, version: str, schedule: str, parts: list[list[str]]
     """The ``[parallelism]`` fields: the mesh degrees, the schedule, M's size, the chunks."""
     parallelism: dict[str, Any] = {
         "pipeline_parallel_degree": plan.num_stages,
-        **_data_parallel(plan),
+        **_data_parallel(plan, version),
         "tensor_parallel_degree": plan.tensor_parallel,
     }
     if version != TORCHTITAN_VERSION and plan.tensor_parallel > 1:

@@ -276,6 +276,46 @@ def run_torchtitan_toml(plan: Plan, name: str, tmp_path: Path) -> list[tuple[int
     return sorted(built)
 
 
+def parallelize_torchtitan_toml(toml_text: str, tmp_path: Path) -> int:
+    """torchtitan 0.2.2's own ``parallelize_llama`` (TP, FSDP/HSDP or DDP, as its trainer
+    applies them to each pipeline stage's model) on its meta Llama3 under the TOML's
+    degrees, on rank 0 of a ``fake`` process group of the TOML's world size. Returns that
+    world size; raises what torchtitan raises (e.g. its DDP refusal beside PP or TP)."""
+    tt = _torchtitan_022()
+    import torchtitan.models.llama3.infra.parallelize as llama3_parallelize
+
+    path = tmp_path / "parallelize.toml"
+    path.write_text(toml_text)
+    job = tt.ConfigManager().parse_args(["--job.config_file", str(path)])
+    p = job.parallelism
+    world = (p.pipeline_parallel_degree * p.data_parallel_replicate_degree
+             * p.data_parallel_shard_degree * p.tensor_parallel_degree)  # fmt: skip
+    with torch.device("meta"):
+        args = tt.TransformerModelArgs(dim=32, n_layers=4, n_heads=4, n_kv_heads=2,
+                                       vocab_size=64, max_seq_len=32)  # fmt: skip
+        whole = tt.Transformer(args)
+    import torchtitan.distributed.parallel_dims as parallel_dims
+
+    # torchtitan falls back to "cuda" when it finds no accelerator: the mesh on the CPU here.
+    device = parallel_dims.device_type
+    parallel_dims.device_type = "cuda" if torch.cuda.is_available() else "cpu"
+    ranks = _fake_ranks(world)
+    next(ranks)  # rank 0: every rank applies the same styles to its share
+    try:
+        dims = tt.ParallelDims(
+            dp_replicate=p.data_parallel_replicate_degree, dp_shard=p.data_parallel_shard_degree,
+            cp=p.context_parallel_degree, tp=p.tensor_parallel_degree,
+            pp=p.pipeline_parallel_degree, ep=p.expert_parallel_degree,
+            etp=getattr(p, "expert_tensor_parallel_degree", 1), world_size=world,
+        )  # fmt: skip
+        dims.build_mesh()
+        llama3_parallelize.parallelize_llama(whole, dims, job)
+    finally:
+        ranks.close()
+        parallel_dims.device_type = device
+    return world
+
+
 def _local_rank(dims: Any, axis: str) -> int:
     """This rank's coordinate on torchtitan's ``axis`` (0 where the axis has size 1, which
     torchtitan does not build)."""
@@ -439,6 +479,9 @@ def run_megatron(plan: Plan) -> list[tuple[int, int, int]]:
     # is dropped with TP = 1 (TransformerConfig below refuses it outright).
     world = out["world_size"]
     assert world % (tp * pp) == 0
+    # validate_args asserts CUDA_DEVICE_MAX_CONNECTIONS == "1" with TP (or CP) > 1.
+    if tp > 1:
+        assert out["env"]["CUDA_DEVICE_MAX_CONNECTIONS"] == "1", out
     dp = world // (tp * pp)
     recompute = flag.get("--recompute-num-layers")
     config = TransformerConfig(

@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import json
 import os
 import random
+import shlex
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -98,6 +100,10 @@ def test_torchtitan_toml_mesh(replicas: int, tp: int, shard: str, tmp_path: Path
     """The mesh degrees pass torchtitan 0.2.2's ParallelDims on the plan's world size (in
     the run); the stages and M stay the plan's."""
     plan = _mesh("interleaved-1f1b", replicas, tp, shard)
+    if replicas > 1 and shard == "none":  # DDP beside PP: refused (the test below)
+        with pytest.raises(EmitError, match="DDP has not supported"):
+            to_torchtitan(plan)
+        return
     assert _or_skip(fc.run_torchtitan_toml, plan, "gpt", tmp_path) == fc.expected_stages(
         plan, "output"
     )
@@ -347,3 +353,44 @@ def test_framework_rows_run_each_frameworks_own_schedule() -> None:
     assert deepspeed["balance"] == [b - a for a, b in zip(bounds, bounds[1:], strict=False)]
     table = "\n".join(framework_table(gpipe))
     assert "torch.distributed.pipelining" not in table and "[1f1b, V=1]" in table
+
+
+# torchtitan 0.2.2's models run plain replicas as DDP and refuse it beside PP or TP; the
+# TOML carries such a plan's replicas as FSDP (sharded plans) or refuses it (issue 36).
+PARALLELIZED = [(2, 1, "parameters"), (2, 1, "gradients"), (1, 2, "none"), (2, 2, "parameters")]
+
+
+@pytest.mark.parametrize("replicas, tp, shard", PARALLELIZED)
+def test_torchtitan_toml_parallelizes(replicas: int, tp: int, shard: str, tmp_path: Path) -> None:
+    """torchtitan 0.2.2's own parallelize_llama takes the emitted degrees."""
+    text = to_torchtitan(_mesh("interleaved-1f1b", replicas, tp, shard))
+    assert _or_skip(fc.parallelize_torchtitan_toml, text, tmp_path) == 2 * replicas * tp
+
+
+def test_torchtitan_toml_refuses_plain_replicas_beside_pp(tmp_path: Path) -> None:
+    """What the TOML said before (replicate degree 2 on 2 pipeline ranks) torchtitan 0.2.2
+    refuses; emit now refuses it in one line, and the Python form (0.3.0) takes it."""
+    plan = _mesh("interleaved-1f1b", 2, 1, "none")
+    with pytest.raises(EmitError, match="DDP has not supported > 1D parallelism") as info:
+        to_torchtitan(plan)
+    assert "\n" not in str(info.value)
+    assert "'data_parallel_replicate_degree': 2" in to_torchtitan_python(plan)
+    sharded = to_torchtitan(_mesh("interleaved-1f1b", 2, 1, "parameters"))
+    old = sharded.replace(
+        "data_parallel_replicate_degree = 1", "data_parallel_replicate_degree = 2"
+    )
+    old = old.replace("data_parallel_shard_degree = 2", "data_parallel_shard_degree = 1")
+    with pytest.raises(RuntimeError, match="DDP has not supported > 1D parallelism"):
+        _or_skip(fc.parallelize_torchtitan_toml, old, tmp_path)
+
+
+def test_megatron_command_line_sets_what_validate_args_asserts_with_tp() -> None:
+    """Megatron-LM's validate_args asserts CUDA_DEVICE_MAX_CONNECTIONS=1 with TP > 1."""
+    tp = _mesh("1f1b", 1, 2, "none")
+    text = json.loads(emit(tp, "megatron"))
+    assert text["env"] == {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}
+    line = shlex.split(text["command_line"])
+    assert line[:4] == ["CUDA_DEVICE_MAX_CONNECTIONS=1", "torchrun", "--nproc-per-node", "4"]
+    assert line[4:] == ["pretrain_gpt.py", *text["args"]]
+    plain = json.loads(emit(_mesh("1f1b", 1, 1, "none"), "megatron"))
+    assert "env" not in plain and plain["command_line"].startswith("torchrun ")

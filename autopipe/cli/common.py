@@ -25,6 +25,7 @@ from autopipe.core.catalog import DeviceListError
 from autopipe.core.datafile import atomic_write_json, atomic_write_text, strict_json
 from autopipe.core.errors import Failure, UsageError
 from autopipe.core.humanize import parse_bandwidth, parse_bytes
+from autopipe.core.mesh_rules import mesh_problems
 from autopipe.core.optimizer import CLI_OPTIMIZERS
 from autopipe.core.plan import PlanFormatError, load_plan
 from autopipe.core.profile import Profile, ProfileFormatError
@@ -264,7 +265,7 @@ def check_distinct_outputs(*outputs: tuple[str | None, str]) -> None:
 def refuse_broken_rules(plan: Plan, path: str) -> None:
     """A plan the pre-flight refuses (``autopipe.core.schedule_rules``: one torch would not
     build a schedule for) cannot run: exit 2 in one line naming ``path`` and the first rule."""
-    problems = preflight(plan)
+    problems = preflight(plan) + mesh_problems(plan)
     if problems:
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
         raise UsageError(f"{path}: the plan cannot run: {problems[0]}{more}")

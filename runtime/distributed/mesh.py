@@ -61,6 +61,7 @@ from torch import fx, nn
 from torch.distributed.device_mesh import init_device_mesh
 
 from autopipe.core.errors import UsageError
+from autopipe.core.mesh_rules import mesh_problems
 from autopipe.core.plan import Plan
 from autopipe.core.vocabulary import MESH_DIM_NAMES, SPLIT_BACKWARD_SCHEDULES, TP_STYLES
 
@@ -90,13 +91,9 @@ def uses_mesh(plan: Plan) -> bool:
 
 
 def check_mesh_plan(plan: Plan, tied: Sequence[Any] = ()) -> None:
-    """Refuse, in one line (:class:`MeshPlanError`), a mesh plan this runtime does not run;
+    """Refuse, in one line (:class:`MeshPlanError`), a mesh plan this runtime does not run
+    (then the plan's own mesh rules, :func:`autopipe.core.mesh_rules.mesh_problems`);
     ``tied``: the model's parameters tied across chunks (``PlannedStages.tied``)."""
-    if plan.tensor_parallel > 1 and not plan.tp_plan:
-        raise MeshPlanError(
-            f"the plan has tensor_parallel {plan.tensor_parallel} but no tp_plan; re-plan "
-            "with a model that has a TP plan, or with --tensor-parallel 1"
-        )
     if plan.shard == "optimizer" and plan.tensor_parallel > 1:
         raise MeshPlanError(
             "shard optimizer (ZeRO-1, torch's ZeroRedundancyOptimizer) does not take "
@@ -116,6 +113,9 @@ def check_mesh_plan(plan: Plan, tied: Sequence[Any] = ()) -> None:
                 "autopipe run keeps tied copies equal only without TP or sharded state: "
                 "untie it, or re-plan with --tensor-parallel 1 --shard none"
             )
+    problems = mesh_problems(plan)  # the plan's own mesh rules, as emit checks them
+    if problems:
+        raise MeshPlanError(problems[0])
 
 
 def mesh_size_problem(plan: Plan, world_size: int) -> str | None:
