@@ -368,7 +368,7 @@ def missing_features(run: Run) -> list[str]:
         missing.append(f"GPU {run.gpu} in the catalog")
     if run.precision == "fp8" and "precision" not in fields:
         missing.append("FP8 matmuls")
-    if run.recompute == "selective" and "recompute" not in fields:
+    if run.recompute == "selective" and "selective_recompute" not in fields:
         missing.append("selective activation checkpointing")
     if run.tp > 1 and not run.sequence_parallel and "sequence_parallel" not in fields:
         missing.append("TP without sequence parallelism")
@@ -445,11 +445,21 @@ def transformer_profile(
     compiled: bool = False,
     flash: bool = True,
     batch_size: int = 1,
+    selective: str = "megatron",
+    fp8_head: bool = False,
 ) -> Profile:
     """The Profile of ``a`` at ``batch_size`` sequences of ``seq`` tokens on ``spec``: units
     ``embed``, ``layers.0 .. layers.L-1``, ``head`` (final norm, output projection, loss).
     Times at the profile batch; TP fields as the profiler's for a Megatron-style TP plan
-    (every block's matmuls split, attention heads split, sequence parallelism on the rest)."""
+    (every block's matmuls split, attention heads split, sequence parallelism on the rest).
+
+    ``selective``: whose selective checkpointing recipe the blocks carry: ``megatron``
+    (``--recompute-granularity selective``: the attention core re-computed, its scores, softmax
+    and dropout mask dropped; with flash attention it saves nothing more) or ``torchtitan``
+    (its ``selective`` op policy: the outputs of attention and of every other matmul kept,
+    everything else re-computed: about half the matmuls and every element-wise op, keeping
+    ``3h + 2 kv + ffn`` elements per token). ``fp8_head``: the output projection is an FP8
+    linear too (torchtitan leaves ``output`` in bf16)."""
     price = pricing or pricing_for(spec)
     tokens = batch_size * seq
     h, v = a.hidden, a.vocab
@@ -468,6 +478,18 @@ def transformer_profile(
     block_fwd = tokens * (fwd_mm + fwd_attn + fwd_mem)
     block_bwd = tokens * (2 * fwd_mm + attn_bwd * fwd_attn + 2 * fwd_mem)
     block_act = tokens * _block_activation_bytes(a, seq, flash)
+    # what only sequence parallelism shards: norm inputs, the TP regions' inputs, masks
+    replicated_act = tokens * BF16 * (4 * h + (h if a.dropout else 0))
+    norm_elems = 2 * (2 * h) * (1 if compiled else 3) + 2 * 3 * h
+    drop_elems = (3 * 3 * h) if a.dropout and not compiled else 0.0
+    replicated_share = tokens * BF16 * (norm_elems + drop_elems) / mem / block_fwd
+    if selective == "torchtitan":
+        kept = tokens * BF16 * (3 * h + 2 * a.kv_dim + a.ffn)
+        redo = tokens * (0.5 * fwd_mm + fwd_mem)
+    else:
+        scores = 0.0 if flash else tokens * (2 + 2 + (1 if a.dropout else 0)) * a.heads * seq
+        kept = block_act - scores
+        redo = tokens * (fwd_attn + softmax_bytes / mem)
     hidden_bytes = tokens * h * BF16
     units = [
         UnitProfile(
@@ -499,6 +521,11 @@ def transformer_profile(
                 tp_parameter_count=a.block_parameters - 2 * h,
                 tp_compute_fraction=1.0,
                 tp_collective_bytes=2 * hidden_bytes,
+                linear_forward_flops=tokens * linear_flops,
+                selective_activation_bytes=int(kept),
+                selective_recompute_s=redo,
+                tp_replicated_activation_bytes=int(replicated_act),
+                tp_replicated_compute_fraction=replicated_share,
             )  # fmt: skip
         )
     logits = tokens * v
@@ -518,6 +545,7 @@ def transformer_profile(
             tp_parameter_count=v * h,
             tp_compute_fraction=1.0,
             tp_collective_bytes=int((2 * hidden_bytes + logits * BF16) / 4),
+            linear_forward_flops=tokens * 2 * h * v if fp8_head else 0.0,
         )  # fmt: skip
     )
     if a.tied:  # the last stage holds its own copy of the tied weight (Megatron's)
@@ -558,7 +586,10 @@ class Outcome:
 
 def profile_of(run: Run) -> Profile:
     spec = get_device(run.gpu)
-    return transformer_profile(run.arch, run.seq, spec, compiled=run.compiled, flash=run.flash)
+    return transformer_profile(
+        run.arch, run.seq, spec, compiled=run.compiled, flash=run.flash,
+        selective="torchtitan" if run.key.startswith("tt") else "megatron",
+    )  # fmt: skip
 
 
 def request_of(run: Run, **changes: object) -> PlanRequest:
@@ -579,6 +610,16 @@ def request_of(run: Run, **changes: object) -> PlanRequest:
         inter_node_bandwidth_bytes_per_s=inter, headroom=0.0, baselines=False,
         optimizer="mixed-adam",
     )  # fmt: skip
+    have = _request_fields()
+    options: dict[str, object] = {
+        "precision": run.precision,
+        "selective_recompute": run.recompute == "selective",
+        "sequence_parallel": run.sequence_parallel,
+        "tp_comm_overlap": run.tp_overlap,
+        "grad_reduce_overlap": run.grad_overlap,
+        "reshard_after_forward": not run.fsdp_under_pp,
+    }
+    fields.update({k: v for k, v in options.items() if k in have})
     fields.update(changes)
     return PlanRequest(**fields)  # type: ignore[arg-type]
 
