@@ -129,3 +129,32 @@ def test_reshard_after_forward_false_gathers_once_per_step() -> None:
     once = plan(p, _mesh(shard="parameters", reshard_after_forward=False))
     assert once.mesh.peak_bytes > per_mb.mesh.peak_bytes
     assert once.pipeline_iteration_s <= per_mb.pipeline_iteration_s
+
+
+def test_the_cli_flags_reach_the_request(
+    tmp_path: object, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from pathlib import Path
+
+    from autopipe.cli import main
+    from autopipe.core.plan import load_plan
+
+    folder = Path(str(tmp_path))
+    path, out = folder / "profile.json", folder / "plan.json"
+    _profile().save(path)
+    flags = ["plan", str(path), "--gpus", "16", "--data-parallel", "8", "--shard", "parameters",
+             "--tensor-parallel", "1", "--batch-size", "16", "--microbatches", "2",
+             "--schedule", "1f1b", "--gpus-per-node", "8", "--inter-node-bandwidth", "50GB",
+             "--precision", "fp8",
+             "--selective-recompute", "--no-sequence-parallel", "--tp-comm-overlap",
+             "--overlap-grad-reduce", "--no-reshard-after-forward", "--memory-reserve", "2GiB",
+             "--json", str(out), "-q"]  # fmt: skip
+    assert main(flags) == 0, capsys.readouterr().err
+    request = load_plan(out).request
+    assert request.precision == "fp8" and request.selective_recompute
+    assert not request.sequence_parallel and request.tp_comm_overlap
+    assert request.grad_reduce_overlap and not request.reshard_after_forward
+    assert request.memory_reserve_bytes == 2 * 2**30
+    with pytest.raises(SystemExit) as bad:
+        main(["plan", str(path), "--gpus", "2", "--precision", "int8"])
+    assert bad.value.code == 2
