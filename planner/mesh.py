@@ -46,7 +46,7 @@ from autopipe.core.cluster import Cluster, Device
 from autopipe.core.humanize import format_bytes, format_seconds
 from autopipe.core.plan import Plan
 from autopipe.core.plan_records import MeshReport, MeshRow
-from autopipe.core.profile import Profile
+from autopipe.core.profile import Profile, UnitProfile
 from autopipe.core.request import PlanRequest
 from autopipe.core.vocabulary import SHARD_MODES
 
@@ -241,6 +241,8 @@ def mesh_lower_bound_s(
     bw, lat = topology.dp_link(cand.tp, cand.dp)
     one = ring_collective_s(grads, cand.dp, bw, lat)
     unhidden = {"none": 2 * one, "optimizer": 2 * one, "gradients": one, "parameters": 0.0}
+    if topology.grad_reduce_overlap:  # the reductions may all hide behind the backward
+        unhidden["none"] = unhidden["optimizer"] = 0.0
     return bound + unhidden[cand.shard]
 
 
@@ -269,22 +271,67 @@ def dp_exposed_s(plan: Plan, device: Profile, cand: MeshCandidate, topology: Top
     for i, s in enumerate(plan.stages):
         per_rank.setdefault(s.rank if s.rank >= 0 else i, []).extend(s.units)
     worst = 0.0
+    streamed = cand.shard in ("gradients", "parameters") or topology.grad_reduce_overlap
+    once = cand.shard == "parameters" and not topology.reshard_after_forward
     for names in per_rank.values():
         grads = sum(units[x].parameter_bytes for x in names)
         whole = ring_collective_s(grads, cand.dp, bw, lat)
-        if cand.shard in ("none", "optimizer"):
+        if not streamed:
             worst = max(worst, 2 * whole)
             continue
-        t = comm_end = 0.0
-        for x in reversed(names):  # the last micro-batch's backward, last unit first
-            t += units[x].backward_at(b, device.batch_size)
-            start = max(t, comm_end)
-            comm_end = start + ring_collective_s(units[x].parameter_bytes, cand.dp, bw, lat)
-        exposed = max(comm_end - t, 0.0)
-        if cand.shard == "gradients":
-            exposed += whole
+        # an all-reduce (``none``) is a reduce-scatter and an all-gather: twice the volume
+        passes = 2 if cand.shard == "none" else 1
+        exposed = _streamed_exposed_s(
+            [units[x] for x in reversed(names)], b, device.batch_size, cand.dp, bw, lat,
+            passes, backward=True,
+        )  # fmt: skip
+        if cand.shard == "gradients" or (cand.shard == "optimizer" and not once):
+            if cand.shard == "optimizer" and topology.grad_reduce_overlap:
+                # --overlap-param-gather: the updated parameters gathered behind the forward
+                exposed += _streamed_exposed_s(
+                    [units[x] for x in names], b, device.batch_size, cand.dp, bw, lat, 1,
+                    backward=False,
+                )  # fmt: skip
+            else:
+                exposed += whole
+        if once:  # FSDP2 under PP: each unit gathered once, behind the first forward
+            exposed += _streamed_exposed_s(
+                [units[x] for x in names], b, device.batch_size, cand.dp, bw, lat, 1,
+                backward=False,
+            )  # fmt: skip
         worst = max(worst, exposed)
     return worst
+
+
+def _streamed_exposed_s(
+    units: list[UnitProfile],
+    microbatch: float,
+    batch: int,
+    dp: int,
+    bw: float,
+    lat: float,
+    passes: int,
+    *,
+    backward: bool,
+) -> float:
+    """What outlasts one micro-batch's pass over ``units`` (in the order they run) of a
+    collective per unit started when the unit's compute ends (backward: a reduction of its
+    gradients) or needed when it starts (forward: a gather of its parameters, prefetched one
+    unit ahead), on one communication stream: ``passes`` collectives of the unit's
+    parameter bytes each. O(units)."""
+    t = comm_end = 0.0
+    if backward:
+        for u in units:
+            t += u.backward_at(microbatch, batch)
+            start = max(t, comm_end)
+            comm_end = start + passes * ring_collective_s(u.parameter_bytes, dp, bw, lat)
+        return max(comm_end - t, 0.0)
+    # forward: unit i may start when its gather is done and unit i-1 has run
+    for u in units:
+        comm_end += passes * ring_collective_s(u.parameter_bytes, dp, bw, lat)
+        t = max(t, comm_end) + u.forward_at(microbatch, batch)
+    compute = sum(u.forward_at(microbatch, batch) for u in units)
+    return max(t - compute, 0.0)
 
 
 def _tp_comm_s(plan: Plan, profile: Profile, cand: MeshCandidate, topology: Topology) -> float:
@@ -378,7 +425,12 @@ def _topology(request: PlanRequest, n: int, template: Device) -> Topology:
             "(inter_node_bandwidth_bytes_per_s, --inter-node-bandwidth)"
         )
     inter = request.inter_node_bandwidth_bytes_per_s or intra
-    return Topology(node, intra, inter, template.link_latency_s, template.link_latency_s)
+    return Topology(
+        node, intra, inter, template.link_latency_s, template.link_latency_s,
+        sequence_parallel=request.sequence_parallel, tp_comm_overlap=request.tp_comm_overlap,
+        grad_reduce_overlap=request.grad_reduce_overlap,
+        reshard_after_forward=request.reshard_after_forward,
+    )  # fmt: skip
 
 
 class _MeshSearch:
@@ -451,6 +503,9 @@ class _MeshSearch:
             c.reason = "cannot beat the best (its lower bound is slower)"
             return True
         twin = zero2.get(c.shape) if c.shard in ("none", "optimizer") else None
+        if twin is not None and self.topology.grad_reduce_overlap and twin.plan is not None:
+            # overlapped reductions: ZeRO-1 / plain may expose less than ZeRO-2, no dominance
+            twin = None
         if twin is not None and twin.searched and twin.plan is None and twin.min_memory_bytes:
             # the same pipeline with more training state per device: no cut fits either
             c.reason = f"memory: needs more than ZeRO-2's {format_bytes(twin.min_memory_bytes)}"
@@ -511,9 +566,11 @@ def _mesh_report(
         intra_node_bandwidth_bytes_per_s=intra if math.isfinite(intra) else None,
         inter_node_bandwidth_bytes_per_s=inter if math.isfinite(inter) else None,
         peak_bytes=best.peak_bytes,
-        gather_buffer_bytes=gather_buffer_bytes(profile, best.tp, best.shard, best.dp),
+        gather_buffer_bytes=gather_buffer_bytes(
+            profile, best.tp, best.shard, best.dp, topology.reshard_after_forward
+        ),
         device_state_bytes_per_parameter=sharded_state_bytes_per_parameter(
-            state_bpp, size, best.shard, best.dp
+            state_bpp, size, best.shard, best.dp, topology.reshard_after_forward
         ),
         tp_comm_s=best.tp_comm_s,
         candidates=[c.row() for c in sorted(cands, key=_rank)],
@@ -559,7 +616,8 @@ def _search(
     so far are skipped); the other shardings: one search over every M."""
     c.searched = True
     size = max(int(profile.bytes_per_parameter), 1)
-    reserve = gather_buffer_bytes(profile, c.tp, c.shard, c.dp)
+    keep = topology.reshard_after_forward
+    reserve = gather_buffer_bytes(profile, c.tp, c.shard, c.dp, keep) + base.memory_reserve_bytes
     memory = template.memory_bytes
     if memory is not None:
         memory = int(memory - reserve * (1.0 + base.headroom))
@@ -570,7 +628,9 @@ def _search(
     req = dataclasses.replace(
         base, cluster=Cluster(_stage_devices(c, template, topology, memory)),
         batch_size=replica,
-        bytes_per_parameter=sharded_state_bytes_per_parameter(state_bpp, size, c.shard, c.dp),
+        bytes_per_parameter=sharded_state_bytes_per_parameter(
+            state_bpp, size, c.shard, c.dp, keep
+        ),
         baselines=False,
     )  # fmt: skip
     runs = _runs(c, profile, device, req, topology, microbatches, replica)
@@ -702,9 +762,11 @@ def _price(
     if c.shard == "parameters" and c.dp > 1:
         # the search charged each stage's whole state as parameter bytes x (s / D) / p: a
         # device keeps 1 / D of its parameters between uses, the rest is gradient + optimizer
+        unsharded = 0.0 if topology.reshard_after_forward else 1.0  # FSDP2 under PP keeps them
         for st in p.stages:
             state = st.parameter_bytes + st.optimizer_bytes
-            st.parameter_bytes = int(round(st.parameter_bytes / c.dp))
+            whole = st.parameter_bytes  # the stage's (per-TP) parameters
+            st.parameter_bytes = int(round(whole / c.dp + unsharded * whole))
             st.optimizer_bytes = max(state - st.parameter_bytes, 0)
     c.plan = p
     c.pipeline_s = p.iteration_time_s

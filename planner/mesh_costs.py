@@ -32,6 +32,7 @@ __all__ = [
     "ring_collective_s",
     "sharded_state_bytes_per_parameter",
     "tp_collective_s",
+    "tp_overlap_exposed_s",
     "tp_share",
     "unit_device_parameter_bytes",
 ]
@@ -48,6 +49,14 @@ class Topology:
     inter_bandwidth_bytes_per_s: float
     intra_latency_s: float = 0.0
     inter_latency_s: float = 0.0
+    sequence_parallel: bool = True
+    """TP shards the activations outside its regions too (``PlanRequest.sequence_parallel``)."""
+    tp_comm_overlap: bool = False
+    """TP collectives overlap the matmuls they feed (``PlanRequest.tp_comm_overlap``)."""
+    grad_reduce_overlap: bool = False
+    """Unsharded gradients are reduced during the backward (``PlanRequest.grad_reduce_overlap``)."""
+    reshard_after_forward: bool = True
+    """``parameters`` sharding gathers per micro-batch (True) or once per step (False)."""
 
     def dp_crosses_nodes(self, tp: int, dp: int) -> bool:
         """Whether a data-parallel group (``dp`` ranks ``tp`` apart) spans more than one node."""
@@ -101,6 +110,15 @@ def tp_collective_s(unit: UnitProfile, tp: int, topology: Topology) -> float:
     return 2 * one
 
 
+def tp_overlap_exposed_s(comm_s: float, compute_s: float, tp: int) -> float:
+    """Exposed seconds of a pass's TP collectives ``comm_s`` overlapped with its compute
+    ``compute_s`` (async TP, ``--tp-comm-overlap``): the collective and the matmul are cut
+    into ``tp`` chunks and pipelined, so the first chunk's communication waits for nothing to
+    hide behind, and the rest hides behind the compute as far as it lasts."""
+    rest = comm_s * (1.0 - 1.0 / tp)
+    return comm_s / tp + max(0.0, rest - compute_s)
+
+
 def unit_device_parameter_bytes(unit: UnitProfile, tp: int, parameter_size_bytes: int) -> float:
     """One device's bytes of ``unit``'s parameters with ``tp``-way tensor parallelism: the
     split ones (``tp_parameter_count``) divided by ``tp``, the rest replicated."""
@@ -116,14 +134,20 @@ def unit_device_parameter_bytes(unit: UnitProfile, tp: int, parameter_size_bytes
 
 
 def sharded_state_bytes_per_parameter(
-    state_bytes_per_parameter: float, parameter_size_bytes: int, shard: str, dp: int
+    state_bytes_per_parameter: float,
+    parameter_size_bytes: int,
+    shard: str,
+    dp: int,
+    reshard_after_forward: bool = True,
 ) -> float:
     """Training-state bytes one device holds per parameter it owns (before data parallelism),
     with the state sharded over ``dp`` replicas: a parameter of ``p`` bytes carries itself
     (``p``), its gradient (``p``) and optimizer state (``state - 2 p``); ``optimizer`` (ZeRO-1)
     divides the optimizer state by ``dp``, ``gradients`` (ZeRO-2) the gradient too,
     ``parameters`` (ZeRO-3, FSDP2) all three (the gather buffers are apart:
-    :func:`gather_buffer_bytes`)."""
+    :func:`gather_buffer_bytes`). ``parameters`` without ``reshard_after_forward`` (FSDP2
+    under pipeline parallelism, as torchtitan runs it) also holds every parameter and its
+    gradient unsharded across the step's micro-batches: ``2 p`` more."""
     if shard not in SHARD_MODES:
         raise ValueError(f"shard={shard!r}; expected one of {', '.join(SHARD_MODES)}")
     p = float(parameter_size_bytes)
@@ -134,15 +158,19 @@ def sharded_state_bytes_per_parameter(
         return p + grad + opt / dp
     if shard == "gradients":
         return p + (grad + opt) / dp
+    if not reshard_after_forward:
+        return p + grad + (p + grad + opt) / dp
     return (p + grad + opt) / dp
 
 
-def gather_buffer_bytes(profile: Profile, tp: int, shard: str, dp: int) -> float:
+def gather_buffer_bytes(
+    profile: Profile, tp: int, shard: str, dp: int, reshard_after_forward: bool = True
+) -> float:
     """Bytes a device keeps for gathered parameters with ``parameters`` sharding: the largest
     unit's full (per-TP) parameters, twice (the one computing and the one prefetched). A bound
     for every stage (the largest unit of the model, not of the stage). 0 otherwise."""
-    if shard != "parameters" or dp <= 1:
-        return 0.0
+    if shard != "parameters" or dp <= 1 or not reshard_after_forward:
+        return 0.0  # without resharding the gathered parameters are in the state already
     size = max(int(profile.bytes_per_parameter), 1)
     return 2.0 * max(unit_device_parameter_bytes(u, tp, size) for u in profile.units)
 
@@ -181,7 +209,7 @@ def device_profile(
 
     With ``tp == 1`` and no ``parameters`` sharding the profile itself is returned. O(units).
     """
-    gather = shard == "parameters" and dp > 1
+    gather = shard == "parameters" and dp > 1 and topology.reshard_after_forward
     if tp <= 1 and not gather:
         return profile
     size = max(int(profile.bytes_per_parameter), 1)
@@ -248,25 +276,36 @@ def _device_unit(
     """``u`` on one device of ``tp``: its split compute, its TP collectives in forward and
     backward, the gather seconds ``fwd_extra`` / ``bwd_extra``, its share of the bytes."""
     c = tp_share(u, tp)
-    comm = tp_collective_s(u, tp, topology)
     sp = tp > 1 and u.tp_parameter_count > 0
+    act = u.activation_bytes // tp if sp else u.activation_bytes
+    if sp and not topology.sequence_parallel:
+        # plain TP: what only sequence parallelism splits stays whole on every TP rank
+        rep = min(max(u.tp_replicated_compute_fraction, 0.0), u.tp_compute_fraction)
+        c += rep * (1.0 - 1.0 / tp)
+        kept = min(u.tp_replicated_activation_bytes, u.activation_bytes)
+        act = (u.activation_bytes - kept) // tp + kept
     param = unit_device_parameter_bytes(u, tp, size)
     fwd = _scaled(u.forward_s, u.forward_overhead_s, c)
     bwd = _scaled(u.backward_s, u.backward_overhead_s, c)
+    comm = tp_collective_s(u, tp, topology)
+    comm_f = comm_b = comm
+    if topology.tp_comm_overlap and comm > 0:
+        comm_f = tp_overlap_exposed_s(comm, fwd, tp)
+        comm_b = tp_overlap_exposed_s(comm, bwd, tp)
     split = u.backward_input_s + u.backward_weight_s
     b_in = _scaled(u.backward_input_s, u.backward_input_overhead_s, c)
     b_wt = _scaled(u.backward_weight_s, u.backward_weight_overhead_s, c)
     return dataclasses.replace(
         u,
-        forward_s=fwd + comm + fwd_extra,
+        forward_s=fwd + comm_f + fwd_extra,
         forward_overhead_s=min(u.forward_overhead_s, u.forward_s) + fwd_extra,
-        backward_s=bwd + comm + bwd_extra,
+        backward_s=bwd + comm_b + bwd_extra,
         backward_overhead_s=min(u.backward_overhead_s, u.backward_s) + bwd_extra,
         # the collectives carry the input gradient: they belong to B, not W
-        backward_input_s=b_in + comm + bwd_extra if split > 0 else 0.0,
+        backward_input_s=b_in + comm_b + bwd_extra if split > 0 else 0.0,
         backward_weight_s=b_wt if split > 0 else 0.0,
         parameter_bytes=int(math.ceil(param)),
-        activation_bytes=u.activation_bytes // tp if sp else u.activation_bytes,
+        activation_bytes=act,
         output_bytes=u.output_bytes // tp if sp else u.output_bytes,
         peak_bytes=u.peak_bytes // tp if sp else u.peak_bytes,
     )

@@ -8,6 +8,7 @@ from __future__ import annotations
 from autopipe.planner.errors import PlanningError
 from autopipe.planner.mesh import plan_mesh
 from autopipe.planner.search import plan_pipeline
+from autopipe.planner.trainer import trainer_profile
 
 from autopipe.core.plan import Plan
 from autopipe.core.profile import Profile
@@ -51,6 +52,7 @@ def plan(profile: Profile, request: PlanRequest) -> Plan:
         )
     if not profile.units:
         raise PlanningError("the profile has no units; profile a model with at least one module")
+    profile = trainer_profile(profile, request)  # FP8, selective re-computation
     if request.plans_mesh:
         return plan_mesh(profile, request)
     return plan_pipeline(profile, request)

@@ -59,6 +59,7 @@ def register(sub: common.Subparsers) -> None:
     _add_output_flags(p)
     _add_mesh_flags(p)
     _add_link_flags(p)
+    _add_trainer_flags(p)
     p.add_argument(
         "--scaling",
         action="store_true",
@@ -169,6 +170,52 @@ def _add_mesh_flags(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_trainer_flags(p: argparse.ArgumentParser) -> None:
+    """How the trainer runs the model (PlanRequest's trainer options, planner/trainer.py)."""
+    p.add_argument(
+        "--precision",
+        choices=["bf16", "fp8"],
+        default="bf16",
+        help="matmul precision: fp8 prices the weight matmuls at the GPU's FP8 peak "
+        "(torchtitan Float8, Megatron --fp8-format); default bf16",
+    )
+    p.add_argument(
+        "--selective-recompute",
+        action="store_true",
+        help="selective activation checkpointing: units keep their selective recipe's "
+        "activations and re-compute the rest (Megatron --recompute-granularity selective)",
+    )
+    p.add_argument(
+        "--no-sequence-parallel",
+        action="store_true",
+        help="tensor parallelism without sequence parallelism (activations outside the TP "
+        "regions replicated on every TP rank)",
+    )
+    p.add_argument(
+        "--tp-comm-overlap",
+        action="store_true",
+        help="overlap TP collectives with the matmuls (async TP, --tp-comm-overlap)",
+    )
+    p.add_argument(
+        "--overlap-grad-reduce",
+        action="store_true",
+        help="reduce unsharded gradients during the backward (Megatron --overlap-grad-reduce)",
+    )
+    p.add_argument(
+        "--no-reshard-after-forward",
+        action="store_true",
+        help="--shard parameters as FSDP2 runs under pipeline parallelism: gathered once "
+        "per step and kept unsharded across micro-batches",
+    )
+    p.add_argument(
+        "--memory-reserve",
+        type=common.byte_size,
+        metavar="BYTES",
+        default=0,
+        help="device memory the plan may not use (CUDA context, NCCL, fragmentation), e.g. 4GiB",
+    )
+
+
 def _add_link_flags(p: argparse.ArgumentParser) -> None:
     """The hardware between devices: nodes, links, a shared host, the all-reduce."""
     p.add_argument(
@@ -256,6 +303,13 @@ def _placement(args: argparse.Namespace, devices: DeviceTarget) -> Placement:
         shard=(args.shard or "auto") if mesh else "none",
         gpus_per_node=args.gpus_per_node,
         inter_node_bandwidth_bytes_per_s=args.inter_node_bandwidth,
+        precision=args.precision,
+        selective_recompute=args.selective_recompute,
+        sequence_parallel=not args.no_sequence_parallel,
+        tp_comm_overlap=args.tp_comm_overlap,
+        grad_reduce_overlap=args.overlap_grad_reduce,
+        reshard_after_forward=not args.no_reshard_after_forward,
+        memory_reserve_bytes=int(args.memory_reserve or 0),
     )
     return Placement(
         request,

@@ -62,6 +62,8 @@ DTYPE_ALIASES = {
     "float32": "float32",
     "tf32": "tfloat32",
     "tfloat32": "tfloat32",
+    "fp8": "float8",
+    "float8": "float8",
 }
 
 
@@ -83,7 +85,8 @@ class DeviceSpec:
 
     name: str
     peak_flops_per_s: dict[str, float]
-    """Dense peak FLOP/s by dtype name: ``bfloat16``, ``float16``, ``float32``, ``tfloat32``."""
+    """Dense peak FLOP/s by dtype name: ``bfloat16``, ``float16``, ``float32``, ``tfloat32``,
+    and ``float8`` (FP8 tensor cores, where the GPU has them)."""
     memory_bandwidth_bytes_per_s: float
     memory_bytes: int
     link_bandwidth_bytes_per_s: float
@@ -437,6 +440,54 @@ _ENTRIES = [
     else spec
     for spec in _ENTRIES
 ]
+
+_FP8_TFLOPS = {
+    # Dense FP8 tensor-core peaks (the datasheets' "with sparsity" figures halved): H100 SXM
+    # 3,958 -> 1,979; H100 PCIe 3,026 -> 1,513; H200 as H100 SXM; L4 485 -> 242.5; L40S
+    # 1,466 -> 733 (sources: each entry's datasheet above). Used by ``precision="fp8"``.
+    "H100-SXM-80GB": 1979.0,
+    "H100-PCIe-80GB": 1513.0,
+    "H200-141GB": 1979.0,
+    "L4-24GB": 242.5,
+    "L40S-48GB": 733.0,
+}
+_ENTRIES = [
+    dataclasses.replace(
+        spec,
+        peak_flops_per_s={**spec.peak_flops_per_s, "float8": _FP8_TFLOPS[spec.name] * TERA},
+    )
+    if spec.name in _FP8_TFLOPS
+    else spec
+    for spec in _ENTRIES
+]
+_ENTRIES.append(
+    # torchtitan's benchmark GPU (Meta's Grand Teton): "H100 GPU equipped with 96GB HBM2e with
+    # 2.4 TB/sec peak memory bandwidth", "default 500W power limit", 400 Gb/s RDMA per GPU
+    # (torchtitan benchmarks/llama3_h100_202412_torchtitan.md). Its footnote: "the actual peak
+    # TFLOPs number is between SXM and NVL, and we don't know its exact value": the midpoint of
+    # H100 NVL's dense 835 (BF16) / 1,671 (FP8) and SXM's 989.4 / 1,979 TFLOP/s is taken.
+    # NVLink 4 as SXM. Memory 96 GB decimal (no reported MiB total recorded).
+    DeviceSpec(
+        name="H100-96GB-HBM2e-500W",
+        peak_flops_per_s={
+            "bfloat16": 912.2 * TERA,
+            "float16": 912.2 * TERA,
+            "float8": 1825.0 * TERA,
+            "float32": 63.0 * TERA,
+            "tfloat32": 456.1 * TERA,
+        },
+        memory_bandwidth_bytes_per_s=2400 * GB,
+        memory_bytes=96 * 10**9,
+        link_bandwidth_bytes_per_s=450 * GB,
+        link_name="NVLink 4 (900 GB/s bidirectional)",
+        vendor="NVIDIA",
+        source="https://github.com/pytorch/torchtitan/blob/main/benchmarks/llama3_h100_202412_torchtitan.md",
+        aliases=("h100-96gb", "h100-hbm2e", "h100-96gb-hbm2e-500w", "grand-teton-h100"),
+        inter_node_bandwidth_bytes_per_s=50 * GB,
+        inter_node_link_name="RDMA 400 Gb/s per GPU",
+        inter_node_source="https://github.com/pytorch/torchtitan/blob/main/benchmarks/llama3_h100_202412_torchtitan.md",
+    )
+)
 
 CATALOG: dict[str, DeviceSpec] = {spec.name: spec for spec in _ENTRIES}
 """Built-in specs by canonical name."""

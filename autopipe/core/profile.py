@@ -137,6 +137,27 @@ class UnitProfile:
     tensor-parallel regions (one per colwise ... rowwise run, e.g. attention and MLP of a
     transformer block): with sequence parallelism the forward all-gathers and
     reduce-scatters each over the T group, and so does the backward. Optional in v1."""
+    linear_forward_flops: float = 0.0
+    """FLOPs of this unit's weight matmuls (``nn.Linear``) in forward, at
+    ``Profile.batch_size`` (their backward is twice as many): the share ``precision="fp8"``
+    prices at the GPU's FP8 peak. 0: unknown (FP8 then changes nothing). Optional in v1."""
+    selective_activation_bytes: int = 0
+    """Bytes this unit saves for backward under selective activation checkpointing (the
+    tensors the trainer's policy keeps: Megatron's ``--recompute-granularity selective``
+    drops the attention core's, torchtitan's ``selective`` op policy keeps the outputs of
+    attention and of every other matmul), at ``Profile.batch_size``. With
+    ``selective_recompute_s`` 0 too: no selective recipe (the unit keeps its activations).
+    Optional in v1."""
+    selective_recompute_s: float = 0.0
+    """Seconds the backward spends re-computing what selective checkpointing dropped, at
+    ``Profile.batch_size``. Optional in v1."""
+    tp_replicated_activation_bytes: int = 0
+    """Of ``activation_bytes``, those outside the TP regions (norm inputs, residuals,
+    dropout masks): sharded over T by sequence parallelism only, replicated on every TP rank
+    without it (``PlanRequest.sequence_parallel=False``). Optional in v1."""
+    tp_replicated_compute_fraction: float = 0.0
+    """Of ``tp_compute_fraction``, the share of the unit's time outside the TP regions
+    (norms, residual adds, dropout): split by sequence parallelism only. Optional in v1."""
 
     def forward_at(self, microbatch_size: float, batch_size: int) -> float:
         """Forward seconds for one micro-batch of ``microbatch_size`` samples."""

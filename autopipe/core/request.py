@@ -79,6 +79,38 @@ class PlanRequest:
     """Devices per node in a mesh plan; None: all of them in one node."""
     inter_node_bandwidth_bytes_per_s: float | None = None
     """Per-device bandwidth between nodes (per direction); None: the same as inside a node."""
+    precision: str = "bf16"
+    """Matmul precision: ``"bf16"`` (the profile's) or ``"fp8"``: the units' weight matmuls
+    (``UnitProfile.linear_forward_flops``) priced at the GPU's FP8 peak (torchtitan's Float8
+    linears, Megatron's ``--fp8-format``); weights, gradients and optimizer state as before
+    (``planner/trainer.py``)."""
+    selective_recompute: bool = False
+    """Selective activation checkpointing: every unit with a selective recipe saves only
+    ``selective_activation_bytes`` and re-computes ``selective_recompute_s`` in backward
+    (Megatron's ``--recompute-granularity selective``, torchtitan's ``selective`` mode);
+    ``checkpoint`` still chooses full re-computation per stage on top."""
+    sequence_parallel: bool = True
+    """With T > 1, shard the activations outside the TP regions over T too (Megatron's
+    ``--sequence-parallel``); False: plain Megatron TP, those activations and their
+    element-wise work replicated on every TP rank (all-reduces of the same volume)."""
+    tp_comm_overlap: bool = False
+    """TP collectives overlapped with the matmuls they feed (torchtitan's async TP,
+    Megatron's ``--tp-comm-overlap``): only one of T chunks, and what outlasts the matmul,
+    is exposed (docs/cost-model.md)."""
+    grad_reduce_overlap: bool = False
+    """Data parallelism without sharded gradients (``shard`` none or optimizer): reduce the
+    gradients bucket by bucket during the last micro-batch's backward (Megatron's
+    ``--overlap-grad-reduce``), and with ``optimizer`` gather the updated parameters behind
+    the first forward (``--overlap-param-gather``)."""
+    reshard_after_forward: bool = True
+    """``shard="parameters"``: False keeps the gathered parameters and the unsharded
+    gradients across the micro-batches of a step, as torchtitan runs FSDP2 under pipeline
+    parallelism: one all-gather and one reduce-scatter per step instead of per micro-batch,
+    for 2 bytes + 2 bytes per parameter more memory."""
+    memory_reserve_bytes: int = 0
+    """Device memory the plan may not use, besides ``headroom``: CUDA context, NCCL buffers
+    and allocator fragmentation; added to the predicted peak so it compares with what the
+    device reports in use (mesh plans)."""
 
     @property
     def plans_mesh(self) -> bool:

@@ -1,0 +1,769 @@
+"""autopipe's cost model against published GPU training runs.
+
+Each run below is a training configuration somebody ran and published, with its source (the
+paper's table or the repository's document and the row). The run is forced to its published
+configuration through autopipe's planner (``PlanRequest``: GPUs, tensor parallelism T, data
+parallelism D and the sharding of the training state, pipeline stages PP = N / (T D), the
+schedule, micro-batches, global batch, re-materialization), priced, and compared with the
+published throughput (tokens/s per GPU) and, where published, peak memory per GPU:
+
+    .venv/bin/python benchmarks/published_runs.py [--only KEY,...] [--search]
+
+One line per run: ``predicted / published`` tokens/s per GPU and memory, then a summary line
+(how many within 15% and 20%, median, range). A run the planner cannot express (a feature it
+lacks: context parallelism, FP8 matmuls, ...) is listed with the missing feature, never priced
+as something else. ``--search`` also runs the auto mesh search on each priced run and prints
+its pick beside the published configuration.
+
+Profiles are closed-form (:func:`transformer_profile`), torch-free: one unit per transformer
+block plus the embedding and the head, each unit's FLOPs and bytes counted from the
+architecture and priced on the catalog GPU as the analytic profiler prices ops (matmul FLOPs at
+the GPU's peak times its matmul efficiency, memory-bound element-wise passes at its memory
+bandwidth times its memory efficiency). Deterministic: the same figures on any machine.
+
+Published throughput where a paper gives TFLOP/s per GPU instead of tokens: converted to
+tokens/s per GPU with that paper's own FLOP count (``flops_per_token`` of each source, stated
+beside it), so the comparison is with what the run did, not with autopipe's count.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import statistics
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from autopipe.planner import PlanningError, plan  # noqa: E402
+from autopipe.planner.errors import RuleViolation  # noqa: E402
+
+from autopipe.core.catalog import DeviceSpec, get_device, is_catalog_device  # noqa: E402
+from autopipe.core.cluster import Cluster, Device  # noqa: E402
+from autopipe.core.plan import Plan  # noqa: E402
+from autopipe.core.profile import Profile, UnitProfile  # noqa: E402
+from autopipe.core.request import PlanRequest  # noqa: E402
+
+GIB = 2**30
+BF16 = 2
+"""Bytes per bf16 element: weights, activations and gradients of every run below."""
+
+
+@dataclass(frozen=True)
+class Arch:
+    """A decoder-only transformer: ``gated`` is a SwiGLU MLP (three matrices, Llama) else a
+    GELU MLP (two, GPT); ``tied``: the output head shares the embedding (GPT, BLOOM), which
+    Megatron keeps a copy of on the first and the last stage; ``dropout``: GPT-style dropout
+    masks are saved for backward."""
+
+    name: str
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    ffn: int
+    vocab: int
+    gated: bool
+    tied: bool = False
+    dropout: bool = False
+
+    @property
+    def kv_dim(self) -> int:
+        return self.hidden // self.heads * self.kv_heads
+
+    @property
+    def block_parameters(self) -> int:
+        h = self.hidden
+        return h * (h + 2 * self.kv_dim) + h * h + (3 if self.gated else 2) * h * self.ffn + 2 * h
+
+    @property
+    def parameters(self) -> int:
+        head = 0 if self.tied else self.vocab * self.hidden
+        return self.layers * self.block_parameters + self.vocab * self.hidden + head
+
+
+LLAMA31_8B = Arch("llama3.1-8b", 32, 4096, 32, 8, 14336, 128256, gated=True)
+LLAMA31_70B = Arch("llama3.1-70b", 80, 8192, 64, 8, 28672, 128256, gated=True)
+LLAMA31_405B = Arch("llama3.1-405b", 126, 16384, 128, 8, 53248, 128256, gated=True)
+
+
+def _gpt(
+    name: str, layers: int, hidden: int, heads: int, vocab: int, dropout: bool, tied: bool = True
+) -> Arch:
+    return Arch(name, layers, hidden, heads, heads, 4 * hidden, vocab, gated=False, tied=tied,
+                dropout=dropout)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Run:
+    """One published run: the configuration as published and what it reached."""
+
+    key: str
+    source: str
+    """Where the figures are: the document or paper, its table, the row."""
+    arch: Arch
+    seq: int
+    gpu: str
+    """The GPU as the source names it (a catalog name where the catalog has it)."""
+    gpus: int
+    tp: int
+    pp: int
+    dp: int
+    global_batch: int
+    published_tokens_per_gpu_s: float
+    microbatch: int | None = None
+    """Sequences per micro-batch; None: not published (autopipe then picks M)."""
+    shard: str = "none"
+    """How the training state is sharded over D: none, optimizer (ZeRO-1 / distributed
+    optimizer), gradients, parameters (ZeRO-3 / FSDP)."""
+    recompute: str = "none"
+    """none, full (every layer re-computed) or selective (torchtitan's ``selective`` AC,
+    Megatron's ``--recompute-granularity selective``)."""
+    precision: str = "bf16"
+    """bf16 or fp8 (matmuls in FP8: torchtitan's Float8, Megatron's ``--fp8-format``)."""
+    schedule: str = "1f1b"
+    virtual_stages: int = 1
+    sequence_parallel: bool = True
+    compiled: bool = False
+    """torch.compile (or fused kernels): element-wise ops fused with their neighbours."""
+    flash: bool = True
+    """Flash attention (no saved scores, causal FLOPs halved); False: the 2021 math path."""
+    tp_overlap: bool = False
+    """TP collectives overlapped with compute (torchtitan's async TP, ``--tp-comm-overlap``)."""
+    grad_overlap: bool = False
+    """Gradient reduce-scatter overlapped with backward (``--overlap-grad-reduce``)."""
+    fsdp_under_pp: bool = False
+    """torchtitan's FSDP2 with pipeline parallelism: parameters and gradients stay unsharded
+    across micro-batches (``reshard_after_forward=False``)."""
+    cp: int = 1
+    """Context-parallel degree."""
+    published_memory_gib: float | None = None
+    inter_node_bandwidth_bytes_per_s: float | None = None
+    """Where the run's cluster differs from the catalog GPU's platform."""
+    note: str = ""
+
+
+# ----- published throughput conversions (each source's own FLOP count) -----
+
+
+def megatron_sc21_flops_per_token(a: Arch, seq: int) -> float:
+    """Narayanan et al. SC21 (arXiv 2104.04473), appendix: ``96 B s l h^2 (1 + s / (6h) +
+    V / (16 l h))`` FLOPs per iteration with activation recomputation, per token."""
+    h, l_ = a.hidden, a.layers
+    return 96 * l_ * h * h * (1 + seq / (6 * h) + a.vocab / (16 * l_ * h))
+
+
+def megatron_core_flops_per_token(a: Arch, seq: int) -> float:
+    """Megatron-LM's ``num_floating_point_operations`` (2024), per token, no recomputation:
+    ``12 l h^2 ((1 + kv/heads + s/h) + ffn/h x (3/2 if gated) + V / (2 l h))``."""
+    h, l_ = a.hidden, a.layers
+    gated = 1.5 if a.gated else 1.0
+    return (
+        12
+        * l_
+        * h
+        * h
+        * ((1 + a.kv_heads / a.heads + seq / h) + a.ffn / h * gated + a.vocab / (2 * l_ * h))
+    )
+
+
+def _tokens(tflops: float, flops_per_token: float) -> float:
+    return tflops * 1e12 / flops_per_token
+
+
+TT = "torchtitan benchmarks/llama3_h100_202412_torchtitan.md (= arXiv 2410.06511 section 4)"
+TT_ASYNC = "torchtitan benchmarks/asyncTP_llama3_h100_2025-06_torchtitan.md"
+H100_96 = "H100-96GB-HBM2e-500W"
+"""torchtitan's Grand Teton H100: 96 GB HBM2e, 2.4 TB/s, 500 W, 400 Gb/s RDMA per GPU."""
+
+MCORE = "Megatron-LM README.md, images/model_table.png (Megatron-Core weak scaling, 2024, H100)"
+MCORE_ARCHS = [
+    # (size, heads, hidden, layers, TP, PP, DP, GPUs, batch, per-GPU TFLOP/s)
+    ("1.7B", 16, 2048, 24, 1, 1, 48, 48, 192, 408.8),
+    ("7.1B", 32, 4096, 30, 2, 1, 48, 96, 192, 465.9),
+    ("16B", 48, 6144, 32, 4, 1, 48, 192, 192, 489.1),
+    ("32B", 56, 7168, 48, 8, 1, 48, 384, 192, 459.6),
+    ("70B", 64, 8192, 84, 8, 2, 48, 768, 384, 419.7),
+    ("119B", 80, 10240, 92, 8, 4, 48, 1536, 768, 420.5),
+    ("177B", 96, 12288, 96, 8, 6, 48, 2304, 1152, 432.8),
+    ("314B", 128, 16384, 96, 8, 8, 48, 3072, 1536, 474.4),
+    ("462B", 144, 18432, 112, 8, 16, 48, 6144, 3072, 459.9),
+]
+"""The table's rows; vocabulary 131072, sequence 4096 (the README's benchmark configuration),
+with the DP, TP and PP overlaps on (--overlap-grad-reduce, --overlap-param-gather,
+--tp-comm-overlap) and BF16 (MFU = TFLOP/s / 989)."""
+
+SC21 = "Narayanan et al. SC21, arXiv 2104.04473, Table 1 (= Megatron-LM README 2021, cases_april2021.png)"
+SC21_ARCHS = [
+    # (size, heads, hidden, layers, TP, PP, GPUs, batch, TFLOP/s per GPU)
+    ("1.7B", 24, 2304, 24, 1, 1, 32, 512, 137),
+    ("3.6B", 32, 3072, 30, 2, 1, 64, 512, 138),
+    ("7.5B", 32, 4096, 36, 4, 1, 128, 512, 142),
+    ("18.4B", 48, 6144, 40, 8, 1, 256, 1024, 135),
+    ("39.1B", 64, 8192, 48, 8, 2, 512, 1536, 138),
+    ("76.1B", 80, 10240, 60, 8, 4, 1024, 1792, 140),
+    ("145.6B", 96, 12288, 80, 8, 8, 1536, 2304, 148),
+    ("310.1B", 128, 16384, 96, 8, 16, 1920, 2160, 155),
+    ("529.6B", 128, 20480, 105, 8, 35, 2520, 2520, 163),
+    ("1008.0B", 160, 25600, 128, 8, 64, 3072, 3072, 163),
+]
+"""Vocabulary 51200, sequence 2048, A100-80GB (Selene: DGX A100, 8 x 200 Gb/s HDR per node),
+mixed precision, activation recomputation (the paper's FLOP count includes it), Megatron of
+2021: tensor parallelism without sequence parallelism, no flash attention, plain gradient
+all-reduce after the backward. Micro-batch size is not in the table: autopipe picks M."""
+
+
+def _runs() -> list[Run]:
+    out: list[Run] = []
+    # torchtitan, Table 1 (8 GPUs) and Table 3 (128 GPUs): Llama 3.1 8B, FSDP, local batch 2,
+    # seq 8192 (torchtitan's llama3 8B config), selective (op) activation checkpointing.
+    for table, gpus, rows in (
+        (1, 8, [("", 5762, 82.4, False, "bf16"), ("compile", 6667, 77.0, True, "bf16"),
+                ("compile-fp8", 8532, 76.8, True, "fp8")]),
+        (3, 128, [("", 5605, 67.0, False, "bf16"), ("compile", 6514, 62.0, True, "bf16"),
+                  ("compile-fp8", 8380, 61.8, True, "fp8")]),
+    ):  # fmt: skip
+        for tag, tps, mem, compiled, prec in rows:
+            out.append(Run(
+                key=f"tt-8b-{gpus}gpu{('-' + tag) if tag else ''}",
+                source=f"{TT}, Table {table}, row {'FSDP' + (' + torch.compile' if compiled else '') + (' + Float8' if prec == 'fp8' else '')}",
+                arch=LLAMA31_8B, seq=8192, gpu=H100_96, gpus=gpus, tp=1, pp=1, dp=gpus,
+                global_batch=2 * gpus, microbatch=2, shard="parameters", recompute="selective",
+                precision=prec, compiled=compiled, published_tokens_per_gpu_s=tps,
+                published_memory_gib=mem,
+            ))  # fmt: skip
+    # Table 4: Llama 3.1 70B, 256 GPUs, FSDP 32 x TP 8, local batch 16, full AC, compile, Float8.
+    for tag, tps, mem, overlap in (("", 829, 71.9, False), ("asynctp", 876, 67.6, True)):
+        out.append(Run(
+            key=f"tt-70b-256gpu{('-' + tag) if tag else ''}",
+            source=f"{TT}, Table 4, row {'2D + AsyncTP' if overlap else '2D'}",
+            arch=LLAMA31_70B, seq=8192, gpu=H100_96, gpus=256, tp=8, pp=1, dp=32,
+            global_batch=512, microbatch=16, shard="parameters", recompute="full",
+            precision="fp8", compiled=True, tp_overlap=overlap, published_tokens_per_gpu_s=tps,
+            published_memory_gib=mem,
+        ))  # fmt: skip
+    # Table 5: Llama 3.1 405B, 512 GPUs, FSDP 8 x TP 8 x PP 8, local batch 32 (global 256),
+    # full AC, compile, Float8, async TP; micro-batch 1 (torchtitan's 405B config).
+    for sched, v, tps, mem in (("1f1b", 1, 100, 82.5), ("interleaved-1f1b", 2, 128, 72.7)):
+        out.append(Run(
+            key=f"tt-405b-512gpu-{sched}",
+            source=f"{TT}, Table 5, row {'1F1B' if v == 1 else 'Interleaved 1F1B'}",
+            arch=LLAMA31_405B, seq=8192, gpu=H100_96, gpus=512, tp=8, pp=8, dp=8,
+            global_batch=256, microbatch=1, shard="parameters", recompute="full",
+            precision="fp8", compiled=True, tp_overlap=True, fsdp_under_pp=True,
+            schedule=sched, virtual_stages=v, published_tokens_per_gpu_s=tps,
+            published_memory_gib=mem,
+        ))  # fmt: skip
+    # Tables 2 and 6: context parallelism (listed, not priced while CP is missing).
+    for fsdp, cp, seq, tps, mem in ((8, 1, 32768, 3890, 83.9), (4, 2, 65536, 2540, 84.2),
+                                    (2, 4, 131072, 1071, 84.0), (1, 8, 262144, 548, 84.5)):  # fmt: skip
+        out.append(Run(
+            key=f"tt-8b-8gpu-cp{cp}-seq{seq // 1024}k",
+            source=f"{TT}, Table 2, row FSDP {fsdp}, CP {cp}",
+            arch=LLAMA31_8B, seq=seq, gpu=H100_96, gpus=8, tp=1, pp=1, dp=fsdp, cp=cp,
+            global_batch=fsdp, microbatch=1, shard="parameters", recompute="full",
+            precision="fp8", compiled=True, published_tokens_per_gpu_s=tps,
+            published_memory_gib=mem,
+        ))  # fmt: skip
+    for fsdp, cp, seq, tps, mem in ((8, 1, 32768, 76, 75.3), (4, 2, 65536, 47, 75.9),
+                                    (2, 4, 131072, 31, 77.1), (1, 8, 262144, 16, 84.9)):  # fmt: skip
+        out.append(Run(
+            key=f"tt-405b-512gpu-cp{cp}-seq{seq // 1024}k",
+            source=f"{TT}, Table 6, row FSDP {fsdp}, CP {cp}",
+            arch=LLAMA31_405B, seq=seq, gpu=H100_96, gpus=512, tp=8, pp=8, dp=fsdp, cp=cp,
+            global_batch=8 * fsdp, microbatch=1, shard="parameters", recompute="full",
+            precision="fp8", compiled=True, tp_overlap=True, fsdp_under_pp=True,
+            published_tokens_per_gpu_s=tps, published_memory_gib=mem,
+        ))  # fmt: skip
+    # torchtitan async TP benchmark (June 2025): vanilla vs async TP, bf16 and float8 tensorwise.
+    for arch, gpus, dp, lbs, ac, rows in (
+        (LLAMA31_70B, 256, 32, 16, "full", [("bf16", 597.3, 652.4), ("fp8", 809.8, 942.4)]),
+        (LLAMA31_8B, 64, 8, 12, "selective", [("bf16", 4378, 4809.4), ("fp8", 5078.1, 5570.1)]),
+    ):
+        size = "70b" if arch is LLAMA31_70B else "8b"
+        for prec, vanilla, async_ in rows:
+            for overlap, tps in ((False, vanilla), (True, async_)):
+                out.append(Run(
+                    key=f"tt-async-{size}-{gpus}gpu-{prec}-{'async' if overlap else 'vanilla'}",
+                    source=(f"{TT_ASYNC}, table Llama3 {size} on {gpus} H100s, row "
+                            f"{'None (bfloat16)' if prec == 'bf16' else 'float8 tensorwise'}, "
+                            f"column {'Async' if overlap else 'Vanilla'} TP tokens/sec"),
+                    arch=arch, seq=8192, gpu=H100_96, gpus=gpus, tp=8, pp=1, dp=dp,
+                    global_batch=lbs * dp, microbatch=lbs, shard="parameters", recompute=ac,
+                    precision=prec, compiled=True, tp_overlap=overlap,
+                    published_tokens_per_gpu_s=tps,
+                ))  # fmt: skip
+    # Megatron-Core weak scaling (2024), H100 SXM 80GB (NVIDIA Eos, DGX H100).
+    for size, heads, hidden, layers, tp, pp, dp, gpus, batch, tflops in MCORE_ARCHS:
+        # untied embedding and output (the sizes in the table count both)
+        a = _gpt(f"gpt-{size}", layers, hidden, heads, 131072, dropout=False, tied=False)
+        out.append(Run(
+            key=f"mcore-{size.lower()}", source=f"{MCORE}, row {size}", arch=a, seq=4096,
+            gpu="H100-SXM-80GB", gpus=gpus, tp=tp, pp=pp, dp=dp, global_batch=batch,
+            shard="optimizer", recompute="selective", grad_overlap=True, tp_overlap=tp > 1,
+            published_tokens_per_gpu_s=_tokens(tflops, megatron_core_flops_per_token(a, 4096)),
+            note=f"{tflops} TFLOP/s per GPU / Megatron's FLOPs per token",
+        ))  # fmt: skip
+    # Narayanan et al. SC21, Table 1, A100-80GB.
+    for size, heads, hidden, layers, tp, pp, gpus, batch, tflops in SC21_ARCHS:
+        a = _gpt(f"gpt-{size}", layers, hidden, heads, 51200, dropout=True)
+        out.append(Run(
+            key=f"sc21-{size.lower()}", source=f"{SC21}, row {size}", arch=a, seq=2048,
+            gpu="A100-80GB", gpus=gpus, tp=tp, pp=pp, dp=gpus // (tp * pp), global_batch=batch,
+            recompute="full", sequence_parallel=False, flash=False,
+            published_tokens_per_gpu_s=_tokens(tflops, megatron_sc21_flops_per_token(a, 2048)),
+            note=f"{tflops} TFLOP/s per GPU / the paper's FLOPs per token",
+        ))  # fmt: skip
+    # Llama 3 paper (arXiv 2407.21783), Table 4: 405B on H100 (BF16 MFU 43% / 41% / 38%).
+    for gpus, cp, dp, seq, tflops in ((8192, 1, 64, 8192, 430), (16384, 1, 128, 8192, 400),
+                                      (16384, 16, 8, 131072, 380)):  # fmt: skip
+        a = LLAMA31_405B
+        out.append(Run(
+            key=f"llama3-405b-{gpus}gpu-cp{cp}",
+            source=f"Llama 3 paper, arXiv 2407.21783, Table 4, row {gpus} GPUs TP 8 CP {cp} PP 16 DP {dp}",
+            arch=a, seq=seq, gpu="H100-SXM-80GB", gpus=gpus, tp=8, pp=16, dp=dp, cp=cp,
+            global_batch=16 * 2**20 // seq, microbatch=1, shard="parameters",
+            fsdp_under_pp=True, schedule="interleaved-1f1b", virtual_stages=2,
+            recompute="none", grad_overlap=True,
+            published_tokens_per_gpu_s=_tokens(tflops, megatron_core_flops_per_token(a, seq)),
+            note=f"{tflops} TFLOP/s per GPU / Megatron's FLOPs per token (Meta's count unstated)",
+        ))  # fmt: skip
+    # BLOOM-176B: BigScience's model page (bigscience.notion.site, "BigScience 176B Model"):
+    # 384 A100 80GB, one replica on 48 GPUs (TP 4 x PP 12) using 60 GB each, ~150 TFLOP/s;
+    # arXiv 2211.05100 section 3.4: ZeRO-1, bf16, 4 x 100 Gb/s Omni-Path per 8-GPU node.
+    bloom = _gpt("bloom-176b", 70, 14336, 112, 250880, dropout=False)
+    out.append(Run(
+        key="bloom-176b", source="BigScience 176B model page (bigscience.notion.site) + arXiv 2211.05100 sec. 3.4",
+        arch=bloom, seq=2048, gpu="A100-80GB", gpus=384, tp=4, pp=12, dp=8, global_batch=2048,
+        microbatch=2, shard="optimizer", recompute="full", sequence_parallel=False, flash=False,
+        published_tokens_per_gpu_s=_tokens(150, megatron_sc21_flops_per_token(bloom, 2048)),
+        published_memory_gib=60e9 / GIB, inter_node_bandwidth_bytes_per_s=4 * 100e9 / 8 / 8,
+        note="~150 TFLOP/s per GPU / Megatron-DeepSpeed's FLOPs per token (with recompute)",
+    ))  # fmt: skip
+    return out
+
+
+RUNS: list[Run] = _runs()
+
+
+# ----- what autopipe can express -----
+
+
+def _request_fields() -> set[str]:
+    return {f.name for f in dataclasses.fields(PlanRequest)}
+
+
+def missing_features(run: Run) -> list[str]:
+    """What the run uses that autopipe's planner cannot express (empty: it can be priced)."""
+    fields = _request_fields()
+    missing = []
+    if run.cp > 1:
+        missing.append("context parallelism")
+    if not is_catalog_device(run.gpu):
+        missing.append(f"GPU {run.gpu} in the catalog")
+    if run.precision == "fp8" and "precision" not in fields:
+        missing.append("FP8 matmuls")
+    if run.recompute == "selective" and "selective_recompute" not in fields:
+        missing.append("selective activation checkpointing")
+    if run.tp > 1 and not run.sequence_parallel and "sequence_parallel" not in fields:
+        missing.append("TP without sequence parallelism")
+    if run.tp > 1 and run.tp_overlap and "tp_comm_overlap" not in fields:
+        missing.append("TP comm overlap")
+    if run.dp > 1 and run.grad_overlap and run.shard in ("none", "optimizer"):
+        if "grad_reduce_overlap" not in fields:
+            missing.append("gradient reduce-scatter overlapped with backward")
+    if run.fsdp_under_pp and run.pp > 1 and "reshard_after_forward" not in fields:
+        missing.append("FSDP2 under PP (reshard_after_forward=False)")
+    return missing
+
+
+# ----- the closed-form profile -----
+
+
+@dataclass(frozen=True)
+class Pricing:
+    """How a unit's counts become seconds on one GPU."""
+
+    matmul_flops_per_s: float
+    """Sustained matmul FLOP/s (peak x efficiency) in the run's precision."""
+    memory_bytes_per_s: float
+    """Sustained bandwidth of memory-bound kernels (peak x efficiency)."""
+
+
+def pricing_for(spec: DeviceSpec) -> Pricing:
+    """bf16 matmuls at the catalog's peak x its compute efficiency, element-wise passes at its
+    memory bandwidth x memory efficiency (what the analytic profiler uses)."""
+    return Pricing(
+        spec.peak_for("bfloat16") * spec.compute_efficiency,
+        spec.memory_bandwidth_bytes_per_s * spec.memory_efficiency,
+    )
+
+
+def _elementwise_elements(a: Arch, compiled: bool) -> float:
+    """Element reads + writes per token of one block's memory-bound ops in forward.
+
+    Unfused (eager): each norm reads its input and writes its output in ~3 passes, each
+    residual add reads two and writes one, rotary reads and writes q and k twice (Llama), the
+    activation reads the MLP's up (and gate) output and writes its product, dropout (GPT of
+    2021) reads and writes and stores a mask. Fused (torch.compile / Megatron's fused
+    kernels): one read and one write per op's distinct tensors."""
+    h, f, kv = a.hidden, a.ffn, a.kv_dim
+    norms = 2 * (2 * h) * (1 if compiled else 3)
+    residual = 2 * 3 * h
+    rope = (2 * (h + kv) * (1 if compiled else 2)) if a.gated else 0.0
+    act = (3 * f if a.gated else 2 * f) * (1 if compiled else 2)
+    drop = (3 * 3 * h) if a.dropout and not compiled else 0.0
+    return norms + residual + rope + act + drop
+
+
+def _block_activation_bytes(a: Arch, seq: int, flash: bool) -> float:
+    """Bytes a block saves for backward per token (bf16), Korthikanti et al. (arXiv 2205.05198)
+    counted for the architecture: attention norm input, QKV input, q/k/v, attention output
+    (flash: with its log-sum-exp; math path: the scores, softmax and its dropout mask too),
+    the MLP's norm input, its input, its up/gate outputs and activation, dropout masks."""
+    h, f, kv = a.hidden, a.ffn, a.kv_dim
+    attn = BF16 * (h + h + (h + 2 * kv) + h)
+    if not flash:
+        # scores, softmax output (2 bytes each) and its dropout mask (1 byte), per head per key
+        attn += (2 + 2 + (1 if a.dropout else 0)) * a.heads * seq
+    mlp = BF16 * (h + h + (4 * f if a.gated else 2 * f))
+    masks = 2 * h if a.dropout else 0
+    return attn + mlp + masks
+
+
+def transformer_profile(
+    a: Arch,
+    seq: int,
+    spec: DeviceSpec,
+    *,
+    pricing: Pricing | None = None,
+    compiled: bool = False,
+    flash: bool = True,
+    batch_size: int = 1,
+    selective: str = "megatron",
+    fp8_head: bool = False,
+) -> Profile:
+    """The Profile of ``a`` at ``batch_size`` sequences of ``seq`` tokens on ``spec``: units
+    ``embed``, ``layers.0 .. layers.L-1``, ``head`` (final norm, output projection, loss).
+    Times at the profile batch; TP fields as the profiler's for a Megatron-style TP plan
+    (every block's matmuls split, attention heads split, sequence parallelism on the rest).
+
+    ``selective``: whose selective checkpointing recipe the blocks carry: ``megatron``
+    (``--recompute-granularity selective``: the attention core re-computed, its scores, softmax
+    and dropout mask dropped; with flash attention it saves nothing more) or ``torchtitan``
+    (its ``selective`` op policy: the outputs of attention and of every other matmul kept,
+    everything else re-computed: about half the matmuls and every element-wise op, keeping
+    ``3h + 2 kv + ffn`` elements per token). ``fp8_head``: the output projection is an FP8
+    linear too (torchtitan leaves ``output`` in bf16)."""
+    price = pricing or pricing_for(spec)
+    tokens = batch_size * seq
+    h, v = a.hidden, a.vocab
+    mm = price.matmul_flops_per_s
+    mem = price.memory_bytes_per_s
+
+    # one block, per token
+    linear_flops = 2 * (a.block_parameters - 2 * h)
+    attn_flops = 4 * seq * h * (0.5 if flash else 1.0)  # QK^T and AV; flash skips the masked half
+    attn_bwd = 2.5 if flash else 2.0  # flash re-computes the scores in backward
+    elem_bytes = BF16 * _elementwise_elements(a, compiled)
+    softmax_bytes = 0.0 if flash else (2 + 2 + 2) * a.heads * seq * (1 if compiled else 2)
+    fwd_mm = linear_flops / mm
+    fwd_attn = attn_flops / mm
+    fwd_mem = (elem_bytes + softmax_bytes) / mem
+    block_fwd = tokens * (fwd_mm + fwd_attn + fwd_mem)
+    block_bwd = tokens * (2 * fwd_mm + attn_bwd * fwd_attn + 2 * fwd_mem)
+    block_act = tokens * _block_activation_bytes(a, seq, flash)
+    # what only sequence parallelism shards: norm inputs, the TP regions' inputs, masks
+    replicated_act = tokens * BF16 * (4 * h + (h if a.dropout else 0))
+    norm_elems = 2 * (2 * h) * (1 if compiled else 3) + 2 * 3 * h
+    drop_elems = (3 * 3 * h) if a.dropout and not compiled else 0.0
+    replicated_share = tokens * BF16 * (norm_elems + drop_elems) / mem / block_fwd
+    if selective == "torchtitan":
+        kept = tokens * BF16 * (3 * h + 2 * a.kv_dim + a.ffn)
+        redo = tokens * (0.5 * fwd_mm + fwd_mem)
+    else:
+        scores = 0.0 if flash else tokens * (2 + 2 + (1 if a.dropout else 0)) * a.heads * seq
+        kept = block_act - scores
+        redo = tokens * (fwd_attn + softmax_bytes / mem)
+    hidden_bytes = tokens * h * BF16
+    units = [
+        UnitProfile(
+            name="embed",
+            kind="Embedding",
+            forward_s=tokens * 2 * h * BF16 / mem,
+            backward_s=tokens * 3 * h * BF16 / mem,
+            parameter_count=v * h,
+            parameter_bytes=v * h * BF16,
+            output_bytes=hidden_bytes,
+            tp_parameter_count=v * h,
+            tp_compute_fraction=1.0,
+            tp_collective_bytes=hidden_bytes // 2,
+        )  # fmt: skip
+    ]
+    for i in range(a.layers):
+        units.append(
+            UnitProfile(
+                name=f"layers.{i}",
+                kind="TransformerBlock",
+                forward_s=block_fwd,
+                backward_s=block_bwd,
+                parameter_count=a.block_parameters,
+                parameter_bytes=a.block_parameters * BF16,
+                activation_bytes=int(block_act),
+                output_bytes=hidden_bytes,
+                forward_flops=tokens * (linear_flops + attn_flops),
+                backward_flops=tokens * (2 * linear_flops + attn_bwd * attn_flops),
+                tp_parameter_count=a.block_parameters - 2 * h,
+                tp_compute_fraction=1.0,
+                tp_collective_bytes=2 * hidden_bytes,
+                linear_forward_flops=tokens * linear_flops,
+                selective_activation_bytes=int(kept),
+                selective_recompute_s=redo,
+                tp_replicated_activation_bytes=int(replicated_act),
+                tp_replicated_compute_fraction=replicated_share,
+            )  # fmt: skip
+        )
+    logits = tokens * v
+    head_fwd = tokens * 2 * h * v / mm + logits * (BF16 + 4 + 4) / mem
+    units.append(
+        UnitProfile(
+            name="head",
+            kind="LMHead",
+            forward_s=head_fwd,
+            backward_s=2 * head_fwd,
+            parameter_count=0 if a.tied else v * h + h,
+            parameter_bytes=(0 if a.tied else v * h + h) * BF16,
+            # tied: Megatron keeps the embedding's copy on the last stage too
+            activation_bytes=int(hidden_bytes + logits * (BF16 + 4)),
+            forward_flops=tokens * 2 * h * v,
+            backward_flops=tokens * 4 * h * v,
+            tp_parameter_count=v * h,
+            tp_compute_fraction=1.0,
+            tp_collective_bytes=int((2 * hidden_bytes + logits * BF16) / 4),
+            linear_forward_flops=tokens * 2 * h * v if fp8_head else 0.0,
+        )  # fmt: skip
+    )
+    if a.tied:  # the last stage holds its own copy of the tied weight (Megatron's)
+        units[-1].parameter_count = v * h
+        units[-1].parameter_bytes = v * h * BF16
+    cuts = [hidden_bytes] * (len(units) - 1)
+    degrees = [t for t in (2, 4, 8) if a.heads % t == 0 and a.kv_heads % t == 0]
+    return Profile(
+        units=units, cut_bytes=cuts, batch_size=batch_size, device=spec.name, dtype="bfloat16",
+        model=a.name, mode="analytic", input_bytes=tokens * 8, bytes_per_parameter=BF16,
+        optimizer="mixed-adam", tp_plan={"layers.*": "megatron"} if degrees else {},
+        tp_degrees=degrees,
+    )  # fmt: skip
+
+
+# ----- forcing a run -----
+
+
+@dataclass
+class Outcome:
+    run: Run
+    missing: list[str] = field(default_factory=list)
+    plan: Plan | None = None
+    error: str = ""
+    tokens_per_gpu_s: float = 0.0
+    memory_gib: float = 0.0
+
+    @property
+    def throughput_ratio(self) -> float | None:
+        return self.tokens_per_gpu_s / self.run.published_tokens_per_gpu_s if self.plan else None
+
+    @property
+    def memory_ratio(self) -> float | None:
+        if self.plan is None or self.run.published_memory_gib is None:
+            return None
+        return self.memory_gib / self.run.published_memory_gib
+
+
+def profile_of(run: Run) -> Profile:
+    spec = get_device(run.gpu)
+    return transformer_profile(
+        run.arch, run.seq, spec, compiled=run.compiled, flash=run.flash,
+        selective="torchtitan" if run.key.startswith("tt") else "megatron",
+    )  # fmt: skip
+
+
+def request_of(run: Run, **changes: object) -> PlanRequest:
+    """The run's published configuration as a PlanRequest (memory unlimited: the plan is
+    priced whatever it needs, and its predicted peak compared with the published one)."""
+    spec = get_device(run.gpu)
+    device = Device.from_spec(spec, memory_bytes=10**15)
+    replica = run.global_batch // run.dp
+    micro: int | str = replica // run.microbatch if run.microbatch else "auto"
+    inter = run.inter_node_bandwidth_bytes_per_s or spec.inter_node_bandwidth_bytes_per_s
+    fields: dict[str, object] = dict(
+        cluster=Cluster([device] * run.gpus), batch_size=run.global_batch, microbatches=micro,
+        schedule=run.schedule if run.pp > 1 else "1f1b",
+        virtual_stages=run.virtual_stages if run.pp > 1 else 1,
+        checkpoint="always" if run.recompute == "full" else "never",
+        tensor_parallel=run.tp, data_parallel=run.dp,
+        shard=run.shard if run.dp > 1 else "none", gpus_per_node=spec.gpus_per_node,
+        inter_node_bandwidth_bytes_per_s=inter, headroom=0.0, baselines=False,
+        optimizer="mixed-adam",
+    )  # fmt: skip
+    have = _request_fields()
+    options: dict[str, object] = {
+        "precision": run.precision,
+        "selective_recompute": run.recompute == "selective",
+        "sequence_parallel": run.sequence_parallel,
+        "tp_comm_overlap": run.tp_overlap,
+        "grad_reduce_overlap": run.grad_overlap,
+        "reshard_after_forward": not run.fsdp_under_pp,
+    }
+    fields.update({k: v for k, v in options.items() if k in have})
+    fields.update(changes)
+    return PlanRequest(**fields)  # type: ignore[arg-type]
+
+
+def price(run: Run) -> Outcome:
+    """Force ``run`` through the planner and compare (or list what it is missing)."""
+    out = Outcome(run, missing_features(run))
+    if out.missing:
+        return out
+    try:
+        p = plan(profile_of(run), request_of(run))
+    except (PlanningError, RuleViolation) as exc:
+        out.error = str(exc).splitlines()[0]
+        return out
+    out.plan = p
+    out.tokens_per_gpu_s = p.throughput * run.seq / run.gpus
+    peak = p.mesh.peak_bytes if p.mesh is not None else max(p.rank_peak_bytes)
+    out.memory_gib = peak / GIB
+    return out
+
+
+def _ratio(x: float | None) -> str:
+    return "   -  " if x is None else f"{x:6.3f}"
+
+
+def summary(outcomes: Sequence[Outcome]) -> str:
+    ratios = [o.throughput_ratio for o in outcomes if o.throughput_ratio is not None]
+    mems = [o.memory_ratio for o in outcomes if o.memory_ratio is not None]
+    if not ratios:
+        return "priced 0 runs"
+
+    def within(xs: list[float], tol: float) -> int:
+        return sum(abs(x - 1) <= tol for x in xs)
+
+    text = (
+        f"priced {len(ratios)} of {len(outcomes)} runs: throughput within 15% {within(ratios, 0.15)}, "
+        f"within 20% {within(ratios, 0.20)}, median {statistics.median(ratios):.3f}, "
+        f"range {min(ratios):.3f}..{max(ratios):.3f}"
+    )
+    if mems:
+        text += (
+            f"; memory ({len(mems)} published) within 20% {within(mems, 0.20)}, "
+            f"median {statistics.median(mems):.3f}, range {min(mems):.3f}..{max(mems):.3f}"
+        )
+    return text
+
+
+def _config(run: Run) -> str:
+    return (f"pp {run.pp} x dp {run.dp} x tp {run.tp} ({run.shard}, {run.schedule}"
+            f"{f' v{run.virtual_stages}' if run.virtual_stages > 1 else ''})")  # fmt: skip
+
+
+def line(o: Outcome) -> str:
+    r = o.run
+    if o.missing:
+        return f"{r.key:34s} not expressible: {', '.join(o.missing)}"
+    if o.plan is None:
+        return f"{r.key:34s} refused: {o.error}"
+    mem = (f"memory {o.memory_gib:5.1f} / {r.published_memory_gib:5.1f} GiB = {_ratio(o.memory_ratio)}"
+           if r.published_memory_gib is not None else f"memory {o.memory_gib:5.1f} GiB")  # fmt: skip
+    return (
+        f"{r.key:34s} tokens/s/GPU {o.tokens_per_gpu_s:9.1f} / {r.published_tokens_per_gpu_s:9.1f}"
+        f" = {_ratio(o.throughput_ratio)}  {mem}  [{_config(r)}, M={o.plan.microbatches}]"
+    )
+
+
+def search(run: Run) -> str:
+    """The auto mesh search on the run's GPUs and batch, its pick beside the published
+    configuration, with the predicted ratio of the two steps and the main reason."""
+    forced = price(run)
+    if forced.plan is None:
+        return f"{run.key:34s} (not priced)"
+    spec = get_device(run.gpu)
+    req = request_of(
+        run, tensor_parallel="auto", data_parallel="auto", shard="auto", microbatches="auto",
+        cluster=Cluster([Device.from_spec(spec)] * run.gpus), headroom=0.0,
+    )  # fmt: skip
+    try:
+        p = plan(profile_of(run), req)
+    except (PlanningError, RuleViolation) as exc:
+        return f"{run.key:34s} search failed: {str(exc).splitlines()[0]}"
+    pp, dp, tp = p.mesh_shape
+    gain = p.throughput / forced.plan.throughput
+    same = (pp, dp, tp) == (run.pp, run.dp, run.tp)
+    why = _why(forced.plan, p)
+    return (
+        f"{run.key:34s} published {_config(run)} | pick pp {pp} x dp {dp} x tp {tp} "
+        f"({p.shard}, {p.schedule}, M={p.microbatches}) {'= published' if same else ''} "
+        f"predicted {gain:.3f}x; {why}"
+    )
+
+
+def _why(published: Plan, pick: Plan) -> str:
+    """The largest saving of the pick over the published configuration, by step part."""
+
+    def parts(p: Plan) -> dict[str, float]:
+        m = p.mesh
+        row = m.candidates[0] if m is not None and m.candidates else None
+        if row is None:
+            return {}
+        return {"bubble": row.bubble_s or 0.0, "TP comm": row.tp_comm_s,
+                "DP comm": row.dp_comm_s + row.gather_s,
+                "recompute": sum(s.recompute_s for s in p.stages) * p.microbatches}  # fmt: skip
+
+    a, b = parts(published), parts(pick)
+    if not a or not b:
+        return ""
+    diffs = {k: a[k] - b.get(k, 0.0) for k in a}
+    k = max(diffs, key=lambda x: diffs[x])
+    return f"main saving: {k} ({diffs[k] * 1e3:.4g} ms per step)"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--only", help="comma-separated run keys (prefixes)")
+    ap.add_argument("--search", action="store_true", help="also run the auto mesh search")
+    args = ap.parse_args(argv)
+    runs = RUNS
+    if args.only:
+        keys = args.only.split(",")
+        runs = [r for r in RUNS if any(r.key.startswith(k) for k in keys)]
+    outcomes = []
+    for r in runs:
+        o = price(r)
+        outcomes.append(o)
+        print(line(o), flush=True)
+    print(summary(outcomes))
+    lacking: dict[str, list[str]] = {}
+    for o in outcomes:
+        for m in o.missing:
+            lacking.setdefault(m, []).append(o.run.key)
+    for m, keys in lacking.items():
+        print(f"not expressible ({len(keys)}): {m}: {', '.join(keys)}")
+    if args.search:
+        for o in outcomes:
+            if o.plan is not None:
+                print(search(o.run), flush=True)
+    return 0
+
+
+SOURCES: dict[str, Callable[[Arch, int], float]] = {
+    "megatron_sc21": megatron_sc21_flops_per_token,
+    "megatron_core": megatron_core_flops_per_token,
+}
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,108 @@
+"""How the trainer runs each unit, applied to the profile before the search. Torch-free.
+
+Two request options change what a unit costs on any mesh, so they rewrite the profile once
+(docs/cost-model.md, "As the trainers run it"):
+
+- ``precision="fp8"``: the unit's weight matmuls (``linear_forward_flops`` in forward, twice
+  that in backward) run at the GPU's FP8 peak instead of the profile's dtype peak, both times
+  the GPU's matmul efficiency: each unit saves
+  ``3 x linear_forward_flops x (1 / (peak_dtype x eff) - 1 / (peak_fp8 x eff))`` seconds (a
+  third in forward, two thirds in backward). Attention, norms and the rest stay as profiled.
+  The casts to FP8 are not priced (with torch.compile they fuse into the neighbouring
+  kernels).
+- ``selective_recompute``: a unit with a selective recipe keeps ``selective_activation_bytes``
+  and its backward re-computes ``selective_recompute_s`` first (its input-gradient part, B).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from autopipe.planner.errors import RuleViolation
+
+from autopipe.core.catalog import DeviceSpec, get_device, is_catalog_device
+from autopipe.core.profile import Profile, UnitProfile
+from autopipe.core.request import PlanRequest
+
+__all__ = ["PRECISIONS", "fp8_saving_s", "trainer_profile"]
+
+PRECISIONS = ("bf16", "fp8")
+
+
+def _spec(profile: Profile) -> DeviceSpec:
+    if not is_catalog_device(profile.device):
+        raise RuleViolation(
+            f"precision fp8: the profile's device {profile.device!r} is not a catalog GPU, so "
+            "its FP8 peak is unknown; profile for a catalog device (--device NAME)"
+        )
+    return get_device(profile.device)
+
+
+def fp8_saving_s(spec: DeviceSpec, dtype: str, linear_forward_flops: float) -> float:
+    """Forward seconds saved by running ``linear_forward_flops`` at the FP8 peak instead of
+    ``dtype``'s (both at the GPU's compute efficiency); the backward saves twice this."""
+    if "float8" not in spec.peak_flops_per_s:
+        raise RuleViolation(
+            f"precision fp8: {spec.name} has no FP8 tensor cores in the catalog "
+            f"(it lists {', '.join(sorted(spec.peak_flops_per_s))}); use precision bf16"
+        )
+    eff = spec.compute_efficiency
+    slow = spec.peak_for(dtype) * eff
+    fast = spec.peak_flops_per_s["float8"] * eff
+    return max(linear_forward_flops / slow - linear_forward_flops / fast, 0.0)
+
+
+def _shrunk(total: float, overhead: float, saving: float) -> float:
+    """``total`` less ``saving``, never below its per-call ``overhead``."""
+    return max(total - saving, min(overhead, total))
+
+
+def _fp8_unit(u: UnitProfile, spec: DeviceSpec, dtype: str) -> UnitProfile:
+    if u.linear_forward_flops <= 0:
+        return u
+    fwd_saving = fp8_saving_s(spec, dtype, u.linear_forward_flops)
+    fwd = _shrunk(u.forward_s, u.forward_overhead_s, fwd_saving)
+    bwd = _shrunk(u.backward_s, u.backward_overhead_s, 2 * fwd_saving)
+    scale = bwd / u.backward_s if u.backward_s > 0 else 1.0
+    return dataclasses.replace(
+        u,
+        forward_s=fwd,
+        backward_s=bwd,
+        backward_input_s=u.backward_input_s * scale,
+        backward_weight_s=u.backward_weight_s * scale,
+    )
+
+
+def _selective_unit(u: UnitProfile) -> UnitProfile:
+    if u.selective_activation_bytes <= 0 and u.selective_recompute_s <= 0:
+        return u
+    split = u.backward_input_s + u.backward_weight_s > 0
+    return dataclasses.replace(
+        u,
+        activation_bytes=min(u.selective_activation_bytes, u.activation_bytes),
+        backward_s=u.backward_s + u.selective_recompute_s,
+        backward_input_s=u.backward_input_s + u.selective_recompute_s if split else 0.0,
+    )
+
+
+def trainer_profile(profile: Profile, request: PlanRequest) -> Profile:
+    """``profile`` with the request's precision and selective checkpointing applied (itself
+    when neither is asked). O(units). Refuses (``RuleViolation``) an unknown precision, and
+    FP8 on a device without an FP8 peak."""
+    if request.precision not in PRECISIONS:
+        raise RuleViolation(f"precision={request.precision!r}; use one of {', '.join(PRECISIONS)}")
+    fp8 = request.precision == "fp8"
+    if not fp8 and not request.selective_recompute:
+        return profile
+    units = list(profile.units)
+    if fp8:
+        spec = _spec(profile)
+        units = [_fp8_unit(u, spec, profile.dtype) for u in units]
+    if request.selective_recompute:
+        units = [_selective_unit(u) for u in units]
+    out = dataclasses.replace(profile, units=units, meta=dict(profile.meta))
+    out.meta["trainer"] = {
+        "precision": request.precision,
+        "selective_recompute": request.selective_recompute,
+    }
+    return out

@@ -1,0 +1,160 @@
+"""The trainer options of a PlanRequest (planner/trainer.py, the hooks in mesh_costs.py and
+mesh.py): FP8 matmuls, selective re-computation, TP without sequence parallelism, TP comm
+overlap, overlapped gradient reduction, FSDP2 under PP, a memory reserve. Torch-free."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from autopipe.planner import plan
+from autopipe.planner.errors import RuleViolation
+from autopipe.planner.mesh_costs import (
+    Topology,
+    device_profile,
+    sharded_state_bytes_per_parameter,
+    tp_overlap_exposed_s,
+)
+from autopipe.planner.trainer import trainer_profile
+
+from autopipe.core.catalog import get_device
+from autopipe.core.cluster import Cluster, Device
+from autopipe.core.profile import Profile, UnitProfile
+from autopipe.core.request import PlanRequest
+
+
+def _profile(device: str = "H100-SXM-80GB", units: int = 8) -> Profile:
+    us = [
+        UnitProfile(
+            name=f"layers.{i}",
+            kind="Block",
+            forward_s=1e-2,
+            backward_s=2e-2,
+            parameter_count=10**8,
+            parameter_bytes=2 * 10**8,
+            activation_bytes=10**9,
+            output_bytes=10**7,
+            linear_forward_flops=5e12,
+            selective_activation_bytes=4 * 10**8,
+            selective_recompute_s=3e-3,
+            tp_parameter_count=10**8,
+            tp_compute_fraction=1.0,
+            tp_collective_bytes=2 * 10**7,
+            tp_replicated_activation_bytes=2 * 10**8,
+            tp_replicated_compute_fraction=0.1,
+        )  # fmt: skip
+        for i in range(units)
+    ]
+    return Profile(
+        units=us, cut_bytes=[10**7] * (units - 1), batch_size=1, device=device,
+        dtype="bfloat16", mode="analytic", bytes_per_parameter=2, tp_plan={"layers.*": "x"},
+        tp_degrees=[2, 4, 8],
+    )  # fmt: skip
+
+
+def test_fp8_prices_the_linear_flops_at_the_fp8_peak() -> None:
+    p = _profile()
+    out = trainer_profile(p, PlanRequest(precision="fp8"))
+    spec = get_device("H100-SXM-80GB")
+    eff = spec.compute_efficiency
+    saving = 5e12 / (989.4e12 * eff) - 5e12 / (1979e12 * eff)
+    assert out.units[0].forward_s == pytest.approx(1e-2 - saving)
+    assert out.units[0].backward_s == pytest.approx(2e-2 - 2 * saving)
+    assert trainer_profile(p, PlanRequest()) is p
+
+
+def test_fp8_refused_where_the_gpu_has_no_fp8_peak() -> None:
+    with pytest.raises(RuleViolation, match="FP8"):
+        trainer_profile(_profile("A100-80GB"), PlanRequest(precision="fp8"))
+    with pytest.raises(RuleViolation, match="precision"):
+        trainer_profile(_profile(), PlanRequest(precision="int4"))
+
+
+def test_selective_keeps_the_recipe_bytes_and_recomputes() -> None:
+    out = trainer_profile(_profile(), PlanRequest(selective_recompute=True))
+    u = out.units[0]
+    assert u.activation_bytes == 4 * 10**8
+    assert u.backward_s == pytest.approx(2e-2 + 3e-3)
+    assert u.forward_s == pytest.approx(1e-2)
+
+
+def test_fsdp_under_pp_holds_unsharded_parameters_and_gradients() -> None:
+    assert sharded_state_bytes_per_parameter(16, 2, "parameters", 8) == 2.0
+    assert sharded_state_bytes_per_parameter(16, 2, "parameters", 8, False) == 4 + 16 / 8
+
+
+def test_tp_overlap_exposes_one_chunk_and_what_outlasts_compute() -> None:
+    assert tp_overlap_exposed_s(8.0, 100.0, 8) == pytest.approx(1.0)
+    assert tp_overlap_exposed_s(8.0, 3.0, 8) == pytest.approx(1.0 + 4.0)
+    top = Topology(8, 450e9, 50e9)
+    over = dataclasses.replace(top, tp_comm_overlap=True)
+    p = _profile()
+    assert (
+        device_profile(p, 8, over).units[0].forward_s < device_profile(p, 8, top).units[0].forward_s
+    )
+
+
+def test_tp_without_sequence_parallelism_keeps_replicated_activations() -> None:
+    p = _profile()
+    top = Topology(8, 450e9, 50e9)
+    sp = device_profile(p, 8, top).units[0]
+    plain = device_profile(p, 8, dataclasses.replace(top, sequence_parallel=False)).units[0]
+    assert sp.activation_bytes == 10**9 // 8
+    assert plain.activation_bytes == (10**9 - 2 * 10**8) // 8 + 2 * 10**8
+    assert plain.forward_s > sp.forward_s
+
+
+def _mesh(**options: object) -> PlanRequest:
+    options.setdefault("shard", "optimizer")
+    return PlanRequest(
+        cluster=Cluster([Device.from_spec("h100", memory_bytes=10**15)] * 16),
+        batch_size=64, microbatches=8, schedule="1f1b", tensor_parallel=1, data_parallel=8,
+        gpus_per_node=8, inter_node_bandwidth_bytes_per_s=50e9,
+        baselines=False, **options,  # type: ignore[arg-type]
+    )  # fmt: skip
+
+
+def test_overlapped_gradient_reduction_exposes_less_and_reserve_adds_memory() -> None:
+    p = _profile()
+    plain = plan(p, _mesh())
+    overlapped = plan(p, _mesh(grad_reduce_overlap=True))
+    assert overlapped.allreduce_s < plain.allreduce_s
+    reserved = plan(p, _mesh(memory_reserve_bytes=3 * 2**30))
+    assert reserved.mesh.peak_bytes == plain.mesh.peak_bytes + 3 * 2**30
+
+
+def test_reshard_after_forward_false_gathers_once_per_step() -> None:
+    p = _profile()
+    per_mb = plan(p, _mesh(shard="parameters"))
+    once = plan(p, _mesh(shard="parameters", reshard_after_forward=False))
+    assert once.mesh.peak_bytes > per_mb.mesh.peak_bytes
+    assert once.pipeline_iteration_s <= per_mb.pipeline_iteration_s
+
+
+def test_the_cli_flags_reach_the_request(
+    tmp_path: object, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from pathlib import Path
+
+    from autopipe.cli import main
+    from autopipe.core.plan import load_plan
+
+    folder = Path(str(tmp_path))
+    path, out = folder / "profile.json", folder / "plan.json"
+    _profile().save(path)
+    flags = ["plan", str(path), "--gpus", "16", "--data-parallel", "8", "--shard", "parameters",
+             "--tensor-parallel", "1", "--batch-size", "16", "--microbatches", "2",
+             "--schedule", "1f1b", "--gpus-per-node", "8", "--inter-node-bandwidth", "50GB",
+             "--precision", "fp8",
+             "--selective-recompute", "--no-sequence-parallel", "--tp-comm-overlap",
+             "--overlap-grad-reduce", "--no-reshard-after-forward", "--memory-reserve", "2GiB",
+             "--json", str(out), "-q"]  # fmt: skip
+    assert main(flags) == 0, capsys.readouterr().err
+    request = load_plan(out).request
+    assert request.precision == "fp8" and request.selective_recompute
+    assert not request.sequence_parallel and request.tp_comm_overlap
+    assert request.grad_reduce_overlap and not request.reshard_after_forward
+    assert request.memory_reserve_bytes == 2 * 2**30
+    with pytest.raises(SystemExit) as bad:
+        main(["plan", str(path), "--gpus", "2", "--precision", "int8"])
+    assert bad.value.code == 2
