@@ -23,6 +23,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from autopipe.planner.context_expert import context_expert_choices, context_expert_profile
 from autopipe.planner.costs import backward_input_share
 from autopipe.planner.errors import PlanningError, RuleViolation
 from autopipe.planner.mesh_costs import (
@@ -57,12 +58,16 @@ LOSS_REASONS = ("memory", "bubble", "TP comm", "DP comm", "compute", "recompute 
 
 @dataclass
 class MeshCandidate:
-    """One mesh ``(pp, dp, tp)`` with one sharding, and what it costs."""
+    """One mesh ``(pp, dp, tp)`` with one sharding, and what it costs; with context
+    parallelism ``cp`` (C more devices per replica: N = PP x D x C x T) and expert
+    parallelism ``ep`` (E ranks of ``dp x cp x tp`` sharing the experts, no more devices)."""
 
     pp: int
     dp: int
     tp: int
     shard: str
+    cp: int = 1
+    ep: int = 1
     lower_bound_s: float = 0.0
     plan: Plan | None = None
     step_s: float = math.inf
@@ -90,6 +95,17 @@ class MeshCandidate:
         return (self.pp, self.dp, self.tp)
 
     @property
+    def fsdp(self) -> int:
+        """The ranks that reduce (and shard) one parameter's gradients: ``dp x cp``
+        (torchtitan's ``fsdp`` mesh dimension, ``dp_shard * cp``)."""
+        return self.dp * self.cp
+
+    @property
+    def key(self) -> tuple[int, int, int, int, int]:
+        """``(pp, dp, tp, cp, ep)``: the mesh, without its sharding."""
+        return (self.pp, self.dp, self.tp, self.cp, self.ep)
+
+    @property
     def bubble_s(self) -> float:
         busy = self.compute_s + self.tp_comm_s + self.gather_s + self.recompute_s
         return max(self.pipeline_s - busy, 0.0)
@@ -101,6 +117,8 @@ class MeshCandidate:
             dp=self.dp,
             tp=self.tp,
             shard=self.shard,
+            cp=self.cp,
+            ep=self.ep,
             step_s=self.step_s if math.isfinite(self.step_s) else None,
             pipeline_s=self.pipeline_s if math.isfinite(self.pipeline_s) else None,
             dp_comm_s=self.dp_comm_s,
@@ -135,6 +153,8 @@ def mesh_candidates(
     data_parallel: int | str = "auto",
     shard: str = "auto",
     gpus_per_node: int | None = None,
+    context_parallel: int | str = 1,
+    expert_parallel: int | str = 1,
 ) -> list[MeshCandidate]:
     """Every ``(pp, dp, tp, shard)`` the request allows, in no particular order. Refuses
     (``RuleViolation``, one line) a fixed T that does not divide the node size, the devices or
@@ -172,16 +192,21 @@ def mesh_candidates(
                 "needs a whole share of it"
             )
     shards = list(SHARD_MODES) if shard == "auto" else [shard]
+    cps, eps = context_expert_choices(profile, n, context_parallel, expert_parallel)
     out: list[MeshCandidate] = []
     for t in ts:
-        if n % t:
-            continue
-        for d in _choices("data_parallel", data_parallel, _divisors(n // t)):
-            if (n // t) % d or batch_size % d:
+        for c in cps:
+            if n % (t * c):
                 continue
-            pp = n // (t * d)
-            for s in shards if d > 1 else ["none"]:
-                out.append(MeshCandidate(pp, d, t, s))
+            for d in _choices("data_parallel", data_parallel, _divisors(n // (t * c))):
+                if (n // (t * c)) % d or batch_size % d:
+                    continue
+                pp = n // (t * c * d)
+                for e in eps:
+                    if (d * c * t) % e:
+                        continue  # torchtitan: EP divides dp_shard x cp x tp
+                    for s in shards if d * c > 1 else ["none"]:
+                        out.append(MeshCandidate(pp, d, t, s, cp=c, ep=e))
     return out
 
 
@@ -238,8 +263,8 @@ def mesh_lower_bound_s(
             terms.append(work / (1.0 - (1.0 - 1.0 / m) ** cand.pp))
         bound = min(bound, max(terms))
     grads = sum(u.parameter_bytes for u in device.units) / cand.pp
-    bw, lat = topology.dp_link(cand.tp, cand.dp)
-    one = ring_collective_s(grads, cand.dp, bw, lat)
+    bw, lat = topology.dp_link(cand.tp, cand.fsdp)
+    one = ring_collective_s(grads, cand.fsdp, bw, lat)
     unhidden = {"none": 2 * one, "optimizer": 2 * one, "gradients": one, "parameters": 0.0}
     if topology.grad_reduce_overlap:  # the reductions may all hide behind the backward
         unhidden["none"] = unhidden["optimizer"] = 0.0
@@ -262,9 +287,9 @@ def dp_exposed_s(plan: Plan, device: Profile, cand: MeshCandidate, topology: Top
       the first forward, nothing to hide behind). ``parameters``' per-micro-batch gathers
       are in the unit times already (:func:`device_profile`).
     """
-    if cand.dp <= 1:
+    if cand.fsdp <= 1:
         return 0.0
-    bw, lat = topology.dp_link(cand.tp, cand.dp)
+    bw, lat = topology.dp_link(cand.tp, cand.fsdp)
     units = {u.name: u for u in device.units}
     b = plan.microbatch_size
     per_rank: dict[int, list[str]] = {}
@@ -275,28 +300,28 @@ def dp_exposed_s(plan: Plan, device: Profile, cand: MeshCandidate, topology: Top
     once = cand.shard == "parameters" and not topology.reshard_after_forward
     for names in per_rank.values():
         grads = sum(units[x].parameter_bytes for x in names)
-        whole = ring_collective_s(grads, cand.dp, bw, lat)
+        whole = ring_collective_s(grads, cand.fsdp, bw, lat)
         if not streamed:
             worst = max(worst, 2 * whole)
             continue
         # an all-reduce (``none``) is a reduce-scatter and an all-gather: twice the volume
         passes = 2 if cand.shard == "none" else 1
         exposed = _streamed_exposed_s(
-            [units[x] for x in reversed(names)], b, device.batch_size, cand.dp, bw, lat,
+            [units[x] for x in reversed(names)], b, device.batch_size, cand.fsdp, bw, lat,
             passes, backward=True,
         )  # fmt: skip
         if cand.shard == "gradients" or (cand.shard == "optimizer" and not once):
             if cand.shard == "optimizer" and topology.grad_reduce_overlap:
                 # --overlap-param-gather: the updated parameters gathered behind the forward
                 exposed += _streamed_exposed_s(
-                    [units[x] for x in names], b, device.batch_size, cand.dp, bw, lat, 1,
+                    [units[x] for x in names], b, device.batch_size, cand.fsdp, bw, lat, 1,
                     backward=False,
                 )  # fmt: skip
             else:
                 exposed += whole
         if once:  # FSDP2 under PP: each unit gathered once, behind the first forward
             exposed += _streamed_exposed_s(
-                [units[x] for x in names], b, device.batch_size, cand.dp, bw, lat, 1,
+                [units[x] for x in names], b, device.batch_size, cand.fsdp, bw, lat, 1,
                 backward=False,
             )  # fmt: skip
         worst = max(worst, exposed)
@@ -372,6 +397,7 @@ def plan_mesh(
         profile, n, batch,
         tensor_parallel=request.tensor_parallel, data_parallel=request.data_parallel,
         shard=request.shard, gpus_per_node=topology.gpus_per_node,
+        context_parallel=request.context_parallel, expert_parallel=request.expert_parallel,
     )  # fmt: skip
     optimizer, state_bpp = training_state(profile, request.optimizer, request.bytes_per_parameter)
     search = _MeshSearch(profile, request, template, topology, batch, state_bpp)
@@ -380,10 +406,11 @@ def plan_mesh(
         raise _no_mesh_error(cands, n, template, request)
     _explain_losses(cands, best)
     out = _winning_plan(profile, request, best, template, batch, optimizer, state_bpp)
-    out.mesh = _mesh_report(profile, cands, best, topology, n, state_bpp)
+    out.mesh = _mesh_report(search.context_of(best), cands, best, topology, n, state_bpp)
     searched = sum(c.searched for c in cands)
     out.notes.append(
-        f"mesh pp {best.pp} x dp {best.dp} x tp {best.tp} (shard {best.shard}) of {n} GPUs: "
+        f"mesh pp {best.pp} x dp {best.dp} x tp {best.tp}{_cp_ep_words(best)} (shard "
+        f"{best.shard}) of {n} GPUs: "
         f"pipeline {best.pipeline_s * 1e3:.4g} ms + exposed DP communication "
         f"{best.dp_comm_s * 1e3:.4g} ms per step; {searched} of {len(cands)} meshes searched, "
         "the rest could not win or fit"
@@ -452,19 +479,32 @@ class _MeshSearch:
         # every mesh searches its pipeline with the request's pipeline fields only
         self.base = dataclasses.replace(
             request, tensor_parallel=1, data_parallel=1, shard="none", gpus=None, cluster=None,
+            context_parallel=1, expert_parallel=1,
             memory_per_device=None, gpus_per_node=None, inter_node_bandwidth_bytes_per_s=None,
             optimizer="auto",
         )  # fmt: skip
         self.microbatches = _microbatch_candidates(request.microbatches)
-        self.shares: dict[int, Profile] = {}
+        self.shares: dict[tuple[int, int, int], Profile] = {}
+        self.contexts: dict[tuple[bool, int, int], Profile] = {}
 
     def device_of(self, c: MeshCandidate) -> Profile:
         """One device's share without the per-micro-batch gathers of ``parameters`` (they
         depend on the micro-batch size: :func:`_search` adds them per M); without them it
         bounds every sharding from below."""
-        if c.tp not in self.shares:
-            self.shares[c.tp] = device_profile(self.profile, c.tp, self.topology)
-        return self.shares[c.tp]
+        key = (c.tp, c.cp, c.ep)
+        if key not in self.shares:
+            self.shares[key] = device_profile(self.context_of(c), c.tp, self.topology)
+        return self.shares[key]
+
+    def context_of(self, c: MeshCandidate) -> Profile:
+        """One rank's share of the model under ``c``'s context and expert parallelism,
+        before TP (:func:`autopipe.planner.context_expert.context_expert_profile`)."""
+        key = (c.tp * c.cp > self.topology.gpus_per_node, c.cp, c.ep)
+        if key not in self.contexts:
+            self.contexts[key] = context_expert_profile(
+                self.profile, c.cp, c.ep, c.tp, self.topology, self.request.expert_load_imbalance
+            )
+        return self.contexts[key]
 
     def best_of(self, cands: list[MeshCandidate]) -> MeshCandidate | None:
         """The fastest mesh that fits (None if none does); every other candidate gets its
@@ -478,14 +518,14 @@ class _MeshSearch:
             )  # fmt: skip
             if c.pp > len(profile.units):
                 c.reason = f"{c.pp} stages need {c.pp} units; the model has {len(profile.units)}"
-        zero2 = {c.shape: c for c in cands if c.shard == "gradients"}
+        zero2 = {c.key: c for c in cands if c.shard == "gradients"}
         best: MeshCandidate | None = None
         for c in sorted(cands, key=lambda c: (c.lower_bound_s, c.tp, c.shard != "none")):
             if c.reason or self._ruled_out(c, best, zero2):
                 continue
             cutoff = best.step_s if best is not None else math.inf
             _search(
-                c, plan_pipeline, profile, self.device_of(c), self.base, self.template,
+                c, plan_pipeline, self.context_of(c), self.device_of(c), self.base, self.template,
                 self.topology, self.batch, self.state_bpp, self.microbatches, cutoff,
             )  # fmt: skip
             if c.plan is not None and (best is None or c.step_s < best.step_s):
@@ -496,13 +536,13 @@ class _MeshSearch:
         self,
         c: MeshCandidate,
         best: MeshCandidate | None,
-        zero2: dict[tuple[int, int, int], MeshCandidate],
+        zero2: dict[tuple[int, int, int, int, int], MeshCandidate],
     ) -> bool:
         """Whether ``c`` cannot win without being searched (its ``reason`` then says why)."""
         if best is not None and c.lower_bound_s >= best.step_s:
             c.reason = "cannot beat the best (its lower bound is slower)"
             return True
-        twin = zero2.get(c.shape) if c.shard in ("none", "optimizer") else None
+        twin = zero2.get(c.key) if c.shard in ("none", "optimizer") else None
         if twin is not None and self.topology.grad_reduce_overlap and twin.plan is not None:
             # overlapped reductions: ZeRO-1 / plain may expose less than ZeRO-2, no dominance
             twin = None
@@ -534,6 +574,7 @@ def _winning_plan(
     out = best.plan
     assert out is not None
     out.replicas, out.tensor_parallel, out.shard = best.dp, best.tp, best.shard
+    out.context_parallel, out.expert_parallel = best.cp, best.ep
     out.tp_plan = dict(profile.tp_plan) if best.tp > 1 else {}
     out.pipeline_iteration_s = best.pipeline_s
     out.allreduce_s = best.dp_comm_s
@@ -567,10 +608,10 @@ def _mesh_report(
         inter_node_bandwidth_bytes_per_s=inter if math.isfinite(inter) else None,
         peak_bytes=best.peak_bytes,
         gather_buffer_bytes=gather_buffer_bytes(
-            profile, best.tp, best.shard, best.dp, topology.reshard_after_forward
+            profile, best.tp, best.shard, best.fsdp, topology.reshard_after_forward
         ),
         device_state_bytes_per_parameter=sharded_state_bytes_per_parameter(
-            state_bpp, size, best.shard, best.dp, topology.reshard_after_forward
+            state_bpp, size, best.shard, best.fsdp, topology.reshard_after_forward
         ),
         tp_comm_s=best.tp_comm_s,
         candidates=[c.row() for c in sorted(cands, key=_rank)],
@@ -617,7 +658,7 @@ def _search(
     c.searched = True
     size = max(int(profile.bytes_per_parameter), 1)
     keep = topology.reshard_after_forward
-    reserve = gather_buffer_bytes(profile, c.tp, c.shard, c.dp, keep) + base.memory_reserve_bytes
+    reserve = gather_buffer_bytes(profile, c.tp, c.shard, c.fsdp, keep) + base.memory_reserve_bytes
     memory = template.memory_bytes
     if memory is not None:
         memory = int(memory - reserve * (1.0 + base.headroom))
@@ -629,7 +670,7 @@ def _search(
         base, cluster=Cluster(_stage_devices(c, template, topology, memory)),
         batch_size=replica,
         bytes_per_parameter=sharded_state_bytes_per_parameter(
-            state_bpp, size, c.shard, c.dp, keep
+            state_bpp, size, c.shard, c.fsdp, keep
         ),
         baselines=False,
     )  # fmt: skip
@@ -652,7 +693,7 @@ def _stage_devices(
     pipeline and the link its stage sends over."""
     stages = []
     for s in range(c.pp):
-        bw, lat = topology.pp_link(c.tp, c.dp, s)
+        bw, lat = topology.pp_link(c.tp * c.cp, c.dp, s)
         stages.append(
             dataclasses.replace(
                 template, memory_bytes=memory, link_bandwidth_bytes_per_s=bw, link_latency_s=lat
@@ -672,13 +713,13 @@ def _runs(
 ) -> list[tuple[Profile, PlanRequest]]:
     """The pipeline searches one mesh needs: one over every M, or with ``parameters``
     sharding over D > 1 one per M, on the device profile priced at its micro-batch."""
-    if c.shard != "parameters" or c.dp <= 1:
+    if c.shard != "parameters" or c.fsdp <= 1:
         return [(device, req)]
     ms = microbatches or divisors(replica, up_to=MAX_AUTO_MICROBATCHES)
     return [
         (
             device_profile(
-                profile, c.tp, topology, shard="parameters", dp=c.dp, microbatch_size=replica / m
+                profile, c.tp, topology, shard="parameters", dp=c.fsdp, microbatch_size=replica / m
             ),
             dataclasses.replace(req, microbatches=m),
         )
@@ -759,14 +800,14 @@ def _price(
     """Record ``p`` (made on the device profile ``share``) as the mesh's plan and price its
     step: pipeline, exposed DP communication, TP collectives, gathers, compute, recompute,
     peak memory (in place)."""
-    if c.shard == "parameters" and c.dp > 1:
+    if c.shard == "parameters" and c.fsdp > 1:
         # the search charged each stage's whole state as parameter bytes x (s / D) / p: a
         # device keeps 1 / D of its parameters between uses, the rest is gradient + optimizer
         unsharded = 0.0 if topology.reshard_after_forward else 1.0  # FSDP2 under PP keeps them
         for st in p.stages:
             state = st.parameter_bytes + st.optimizer_bytes
             whole = st.parameter_bytes  # the stage's (per-TP) parameters
-            st.parameter_bytes = int(round(whole / c.dp + unsharded * whole))
+            st.parameter_bytes = int(round(whole / c.fsdp + unsharded * whole))
             st.optimizer_bytes = max(state - st.parameter_bytes, 0)
     c.plan = p
     c.pipeline_s = p.iteration_time_s
@@ -798,6 +839,11 @@ def _explain_losses(cands: list[MeshCandidate], best: MeshCandidate) -> None:
         c.reason = f"{what} (+{format_seconds(parts[what])})"
 
 
+def _cp_ep_words(c: MeshCandidate) -> str:
+    """`` x cp C x ep E`` for the degrees above 1."""
+    return (f" x cp {c.cp}" if c.cp > 1 else "") + (f" x ep {c.ep}" if c.ep > 1 else "")
+
+
 def _no_mesh_error(
     cands: list[MeshCandidate], n: int, template: Device, request: PlanRequest
 ) -> PlanningError:
@@ -821,5 +867,5 @@ def _no_mesh_error(
         )
         exc.min_memory_bytes = min(needs)
         return exc
-    reasons = "; ".join(f"{c.shape} {c.shard}: {c.reason}" for c in cands[:4])
+    reasons = "; ".join(f"{c.shape}{_cp_ep_words(c)} {c.shard}: {c.reason}" for c in cands[:4])
     return PlanningError(f"no mesh of {n} GPUs works: {reasons}")

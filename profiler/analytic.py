@@ -46,6 +46,7 @@ import torch.nn.functional as F
 from autopipe.profiler import objective
 from autopipe.profiler.calibrate import apply_times as _apply_times
 from autopipe.profiler.calibrate import priced_times
+from autopipe.profiler.context_expert import annotate_context_expert
 from autopipe.profiler.header import profile_header
 from autopipe.profiler.inputs import OutputError, batch_size_of, check_joinable_output
 from autopipe.profiler.measure import microbatch_sizes_to_profile, slice_batch
@@ -378,6 +379,7 @@ def profile_analytic(
     )
     profile = _assemble(model, counts, sizes, target, opts, reduction, first)
     annotate_tensor_parallel(profile, model, tp_plan)
+    annotate_context_expert(profile, model, inputs)
     assert profile.counting is not None  # _build_profile sets it
     profile.counting.seconds = time.perf_counter() - started
     return profile

@@ -41,6 +41,7 @@ import tqdm.auto
 from autopipe.profiler import inputs as inputs_convention
 from autopipe.profiler import objective
 from autopipe.profiler.cache import cache_key, cache_path, load_cached, save_cached
+from autopipe.profiler.context_expert import annotate_context_expert
 from autopipe.profiler.execute import (
     UnitCall,
     detach_args,
@@ -973,14 +974,17 @@ def profile(
     setup = _setup(model, example_inputs, options or MeasureOptions())
     key, cached = _read_cache(model, setup, loss_fn, cache_dir) if cache else (None, None)
     if cached is not None:
-        return annotate_tensor_parallel(cached, model, tp_plan)
+        annotate_tensor_parallel(cached, model, tp_plan)
+        return annotate_context_expert(cached, model, example_inputs)
     with _preserved(model, setup.device), num_threads(setup.threads):
         run = _measure_sizes(model, setup, loss_fn, progress)
     return _finish(
         _assemble(model, setup, run),
         key,
         cache_dir,
-        lambda p: annotate_tensor_parallel(p, model, tp_plan),
+        lambda p: annotate_context_expert(
+            annotate_tensor_parallel(p, model, tp_plan), model, example_inputs
+        ),
     )
 
 

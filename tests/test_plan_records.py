@@ -23,7 +23,11 @@ def test_an_old_plan_file_loads_its_meta_keys_into_the_fields(tmp_path: Path) ->
     assert isinstance(old.mesh, MeshReport) and all(
         isinstance(r, MeshRow) for r in old.mesh.candidates
     )
-    assert [r.__dict__ for r in old.mesh.candidates] == meta["mesh"]["candidates"]
+    # the row's fields that file has (later additive fields, e.g. cp and ep, take defaults)
+    rows = meta["mesh"]["candidates"]
+    pairs = zip(old.mesh.candidates, rows, strict=True)
+    assert [{k: r.__dict__[k] for k in row} for r, row in pairs] == rows
+    assert all((r.cp, r.ep) == (1, 1) for r in old.mesh.candidates)
     assert old.mesh.peak_bytes == meta["mesh"]["peak_bytes"] > 0
     assert old.mesh.gpus_per_node == meta["mesh"]["gpus_per_node"] == 4
     assert [c.__dict__ for c in old.candidates] == meta["candidates"]
@@ -52,7 +56,8 @@ def test_an_old_plan_file_loads_its_meta_keys_into_the_fields(tmp_path: Path) ->
     path = tmp_path / "plan.json"
     old.save(path)
     written = json.loads(path.read_text())
-    assert written["mesh"]["candidates"] == meta["mesh"]["candidates"]
+    pairs = zip(written["mesh"]["candidates"], rows, strict=True)
+    assert [{k: r[k] for k in row} for r, row in pairs] == rows
     assert "mesh" not in written["meta"] and "profile" not in written["meta"]
     again = load_plan(path)
     assert again.to_dict() == old.to_dict()

@@ -168,6 +168,22 @@ def _add_mesh_flags(p: argparse.ArgumentParser) -> None:
         help="shard the training state over the D replicas: optimizer (ZeRO-1), gradients "
         "(ZeRO-2) or parameters (ZeRO-3, FSDP2); plans the whole mesh (default there: auto)",
     )
+    p.add_argument(
+        "--context-parallel",
+        metavar="auto|C",
+        type=common.microbatches,
+        help="split each sequence over C devices (torch's context_parallel, ring attention): "
+        "--gpus N = PP x D x C x T; auto tries every C dividing half the sequence; plans the "
+        "whole mesh (default there: 1)",
+    )
+    p.add_argument(
+        "--expert-parallel",
+        metavar="auto|E",
+        type=common.microbatches,
+        help="spread each MoE layer's routed experts over E devices of D x C x T (torchtitan's "
+        "expert parallelism, all-to-all dispatch); auto tries every E dividing the experts; "
+        "plans the whole mesh (default there: 1)",
+    )
 
 
 def _add_trainer_flags(p: argparse.ArgumentParser) -> None:
@@ -310,6 +326,8 @@ def _placement(args: argparse.Namespace, devices: DeviceTarget) -> Placement:
         grad_reduce_overlap=args.overlap_grad_reduce,
         reshard_after_forward=not args.no_reshard_after_forward,
         memory_reserve_bytes=int(args.memory_reserve or 0),
+        context_parallel=args.context_parallel or 1,
+        expert_parallel=args.expert_parallel or 1,
     )
     return Placement(
         request,
@@ -520,5 +538,12 @@ def _plans_mesh(args: argparse.Namespace) -> bool:
     the K x D layout of ``--data-parallel`` alone)."""
     return any(
         getattr(args, flag) is not None
-        for flag in ("tensor_parallel", "shard", "gpus_per_node", "inter_node_bandwidth")
+        for flag in (
+            "tensor_parallel",
+            "shard",
+            "gpus_per_node",
+            "inter_node_bandwidth",
+            "context_parallel",
+            "expert_parallel",
+        )
     )

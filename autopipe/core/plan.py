@@ -206,6 +206,13 @@ class Plan:
     tensor_parallel: int = 1
     """T: every stage's modules are split over T devices by ``tp_plan`` (Megatron-style, with
     sequence parallelism); 1 in plans written before the mesh was planned."""
+    context_parallel: int = 1
+    """C: each sample's sequence is split over C devices (torch's ``context_parallel``); the
+    plan runs on ``num_stages x replicas x context_parallel x tensor_parallel`` devices; 1 in
+    plans written before it."""
+    expert_parallel: int = 1
+    """E: each MoE layer's routed experts are spread over E of the devices (no more
+    devices); 1 in plans written before it."""
     shard: str = "none"
     """How the training state is sharded over the ``replicas`` (one of ``SHARD_MODES``);
     ``none`` in plans written before the mesh was planned."""
@@ -299,7 +306,7 @@ class Plan:
     @property
     def world_size(self) -> int:
         """Devices the plan runs on: the product of :attr:`mesh_shape`."""
-        return self.num_stages * self.replicas * self.tensor_parallel
+        return self.num_stages * self.replicas * self.tensor_parallel * self.context_parallel
 
     @property
     def host_throughput(self) -> float | None:
@@ -349,6 +356,8 @@ class Plan:
                 "batch_size": one,
                 "replicas": one,
                 "tensor_parallel": one,
+                "context_parallel": one,
+                "expert_parallel": one,
                 "memory_per_device": one,
                 "bubble_fraction": (0, 1),
             },

@@ -67,6 +67,10 @@ class MeshRow:
     dp: int
     tp: int
     shard: str
+    cp: int = 1
+    """C, context-parallel degree (1 in plans written before it)."""
+    ep: int = 1
+    """E, expert-parallel degree (1 in plans written before it)."""
     step_s: float | None = None
     """Pipeline iteration + exposed data-parallel communication; None without a plan."""
     pipeline_s: float | None = None

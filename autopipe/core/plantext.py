@@ -174,8 +174,10 @@ def format_mesh(plan: Plan, mesh: MeshReport, runners_up: int = 12) -> str:
     per device, why each loses), from the plan's ``mesh`` (``autopipe.planner.mesh``)."""
     pp, dp, tp = plan.mesh_shape
     gather = mesh.gather_buffer_bytes
+    cp, ep = plan.context_parallel, plan.expert_parallel
+    more_dims = (f" x cp {cp}" if cp > 1 else "") + (f", ep {ep}" if ep > 1 else "")
     lines = [
-        f"mesh           pp {pp} x dp {dp} x tp {tp} = {plan.world_size} GPUs "
+        f"mesh           pp {pp} x dp {dp} x tp {tp}{more_dims} = {plan.world_size} GPUs "
         f"({mesh.gpus_per_node} per node), shard {plan.shard}; peak "
         f"{format_bytes(mesh.peak_bytes)} per device"
         + (f" (gather buffers {format_bytes(gather)} included)" if gather else ""),
@@ -185,10 +187,12 @@ def format_mesh(plan: Plan, mesh: MeshReport, runners_up: int = 12) -> str:
         f"{format_seconds(mesh.tp_comm_s)} of the busiest rank's step",
     ]
     rows = []
+    wide = any(c.cp > 1 or c.ep > 1 for c in mesh.candidates)  # CP and EP columns
     for c in mesh.candidates[: runners_up + 1]:
         rows.append(
             [
                 f"{c.pp} x {c.dp} x {c.tp}",
+                *([str(c.cp), str(c.ep)] if wide else []),
                 c.shard,
                 format_seconds(c.step_s) if c.step_s is not None else "-",
                 format_bytes(c.peak_bytes) if c.peak_bytes else "-",
@@ -196,7 +200,8 @@ def format_mesh(plan: Plan, mesh: MeshReport, runners_up: int = 12) -> str:
             ]
         )
     more = len(mesh.candidates) - len(rows)
-    listed = table(["pp x dp x tp", "shard", "step", "peak/device", "why"], rows, right={2, 3})
+    head = ["pp x dp x tp", *(["cp", "ep"] if wide else []), "shard", "step", "peak/device", "why"]
+    listed = table(head, rows, right={4, 5} if wide else {2, 3})
     tail = f"\n({more} more meshes in the plan's mesh.candidates)" if more > 0 else ""
     return "\n".join(lines) + "\n\nmeshes, fastest first:\n" + listed + tail
 

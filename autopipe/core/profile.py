@@ -159,6 +159,33 @@ class UnitProfile:
     """Of ``tp_compute_fraction``, the share of the unit's time outside the TP regions
     (norms, residual adds, dropout): split by sequence parallelism only. Optional in v1."""
 
+    attention_layers: int = 0
+    """Attention layers in this unit (modules whose class name ends in ``Attention``), what
+    context parallelism exchanges keys and values for (``planner/context_expert.py``); 0:
+    none, or not recorded (profiles written before it). Optional in schema v1."""
+    attention_heads: int = 0
+    """Query heads of each of the unit's attention layers (0 when it has none)."""
+    attention_kv_heads: int = 0
+    """Key/value heads of each attention layer (grouped-query attention: fewer than the query
+    heads; multi-head latent attention, DeepSeek's MLA: the query heads, its keys and values
+    as attention computes them, after the up-projection)."""
+    attention_head_dim: int = 0
+    """Query/key head size of each attention layer."""
+    attention_value_head_dim: int = 0
+    """Value head size of each attention layer (MLA's differs from the key's)."""
+    moe_layers: int = 0
+    """Mixture-of-experts layers in this unit (a module holding the routed experts, Hugging
+    Face's ``*Experts``), what expert parallelism places over ranks. Optional in v1."""
+    moe_experts: int = 0
+    """Routed experts per MoE layer (shared experts are dense parameters, not counted)."""
+    moe_top_k: int = 0
+    """Experts each token is routed to (``num_experts_per_tok``)."""
+    moe_expert_parameter_count: int = 0
+    """Parameter elements of this unit's routed experts, all layers together: what expert
+    parallelism divides over its E ranks."""
+    moe_hidden_size: int = 0
+    """Width of the tokens an MoE layer dispatches and combines (the model's hidden size)."""
+
     def forward_at(self, microbatch_size: float, batch_size: int) -> float:
         """Forward seconds for one micro-batch of ``microbatch_size`` samples."""
         return _scale(self.forward_s, self.forward_overhead_s, microbatch_size, batch_size)
@@ -222,6 +249,9 @@ class Profile:
     e.g. the attention and key/value heads); empty without a TP plan."""
     tp_note: str = ""
     """Why the profile has no TP plan (one sentence), or ``""``."""
+    sequence_length: int = 0
+    """Tokens per sample (the inputs' second dimension) that context parallelism splits; 0:
+    not a sequence model, or not recorded (profiles written before it). Optional in v1."""
     loss_forward_s: float = 0.0
     """The loss's forward seconds at ``batch_size``, included in the last unit's
     ``forward_s`` (the loss runs on the last stage); 0 when not recorded."""

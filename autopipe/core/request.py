@@ -111,12 +111,28 @@ class PlanRequest:
     """Device memory the plan may not use, besides ``headroom``: CUDA context, NCCL buffers
     and allocator fragmentation; added to the predicted peak so it compares with what the
     device reports in use (mesh plans)."""
+    context_parallel: int | str = 1
+    """C, ranks each sample's sequence is split over (torch's ``context_parallel``, ring
+    attention), or ``"auto"``; any value but 1 plans the whole mesh, N = PP x D x C x T
+    (``planner/context_expert.py``)."""
+    expert_parallel: int | str = 1
+    """E, ranks each MoE layer's routed experts are spread over (carved out of D x C x T, as
+    torchtitan does), or ``"auto"``; any value but 1 plans the whole mesh."""
+    expert_load_imbalance: float = 1.25
+    """Tokens the busiest expert-parallel rank receives over the average
+    (``planner/context_expert.DEFAULT_EXPERT_LOAD_IMBALANCE``, its source there)."""
 
     @property
     def plans_mesh(self) -> bool:
         """Whether the request asks for a device mesh (T, D or sharding chosen or given)
         rather than one K-stage pipeline."""
-        return (self.tensor_parallel, self.data_parallel, self.shard) != (1, 1, "none")
+        return (
+            self.tensor_parallel,
+            self.data_parallel,
+            self.shard,
+            self.context_parallel,
+            self.expert_parallel,
+        ) != (1, 1, "none", 1, 1)
 
     def __post_init__(self) -> None:
         # A list given for the candidates is kept as a tuple: requests are hashable values.

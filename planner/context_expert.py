@@ -1,0 +1,266 @@
+"""Context parallelism (CP, degree C) and expert parallelism (EP, degree E) in the mesh's cost
+and memory model. Torch-free; the formulas are in docs/cost-model.md ("Context and expert
+parallelism").
+
+:func:`context_expert_profile` turns the model's Profile into the Profile of one rank of a
+CP group of C ranks and an EP group of E ranks, *before* tensor parallelism
+(:func:`autopipe.planner.mesh_costs.device_profile` then splits it over T as it splits any
+profile), so the pipeline search runs on it unchanged:
+
+- CP (torch's ``context_parallel``, ring attention): every unit runs on ``s / C`` tokens of
+  each sample, so its batch-dependent time, activations, outputs, cut tensors and TP
+  collectives are divided by C; causal attention is load-balanced as torch does (each rank
+  holds chunks ``i`` and ``2C - 1 - i`` of ``2C``), so the attention work divides by C too.
+  Each attention layer passes its keys and values around the ring, ``C - 1`` steps of
+  ``b (s / C) kv_heads (d_k + d_v)`` elements, in forward, and keys, values and their
+  gradients (twice that) in backward, on the link the CP group crosses; the exchange overlaps
+  the attention compute of the same pass, so only ``max(0, comm - attention compute)`` is
+  charged.
+- EP (torchtitan's MoE with an all-to-all token dispatch): each MoE layer's routed experts
+  are spread over E ranks, so their parameters (and with them gradients and optimizer
+  state) divide by E; each MoE layer dispatches and combines its tokens with an all-to-all,
+  in forward and again in backward (four per layer and step of a micro-batch), each rank
+  sending ``tokens x k x hidden`` elements of which ``(E-1)/E`` leave it, on the link the EP
+  group crosses, not overlapped; the busiest rank receives ``imbalance`` times the average
+  and computes ``imbalance`` times the average expert work (:data:`DEFAULT_EXPERT_LOAD_IMBALANCE`).
+  No token is dropped (dropless routing, as DeepSeek-V3 and torchtitan train).
+
+Mesh layout (torchtitan's ``ParallelDims``): ``pp, dp, cp, tp`` outermost first, so a CP group
+is C ranks T apart (it crosses nodes when ``T C`` exceeds the node), the gradient-reducing
+(FSDP) group is ``dp x cp`` (``dp_shard * cp``), and the EP group is E consecutive ranks
+carved out of ``dp_shard x cp x tp`` (its sparse mesh ``pp, dp_replicate, efsdp, ep``): it
+crosses nodes when E exceeds the node.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from autopipe.planner.errors import RuleViolation
+from autopipe.planner.mesh_costs import Topology
+
+from autopipe.core.profile import Profile, UnitProfile
+
+__all__ = [
+    "DEFAULT_EXPERT_LOAD_IMBALANCE",
+    "context_expert_choices",
+    "context_expert_profile",
+    "context_parallel_degrees",
+    "cp_link",
+    "ep_link",
+    "expert_parallel_degrees",
+]
+
+DEFAULT_EXPERT_LOAD_IMBALANCE = 1.25
+"""Tokens the busiest expert-parallel rank receives over the average: the capacity factor
+1.25 of the Switch Transformer (Fedus, Zoph and Shazeer, JMLR 2022, section 2.2 and its
+tables, the factor at which its routing stopped dropping a material share of tokens; GShard
+(Lepikhin et al., 2021) trained with 2.0). Dropless routing lets the busiest rank run over
+the average; this is the stated default for how far."""
+
+
+def cp_link(topology: Topology, tp: int, cp: int) -> tuple[float, float]:
+    """(bandwidth, latency) of the link a CP group (``cp`` ranks ``tp`` apart) crosses."""
+    if tp * cp > topology.gpus_per_node:
+        return topology.inter_bandwidth_bytes_per_s, topology.inter_latency_s
+    return topology.intra_bandwidth_bytes_per_s, topology.intra_latency_s
+
+
+def ep_link(topology: Topology, ep: int) -> tuple[float, float]:
+    """(bandwidth, latency) of the link an EP group (``ep`` consecutive ranks) crosses."""
+    if ep > topology.gpus_per_node:
+        return topology.inter_bandwidth_bytes_per_s, topology.inter_latency_s
+    return topology.intra_bandwidth_bytes_per_s, topology.intra_latency_s
+
+
+def context_parallel_degrees(profile: Profile) -> list[int]:
+    """The C > 1 the profile allows: it has attention and a sequence length, and torch's
+    load-balanced ring needs ``2 C`` equal chunks of the sequence (C divides ``s / 2``)."""
+    s = profile.sequence_length
+    if s < 2 or not any(u.attention_layers for u in profile.units):
+        return []
+    return [c for c in range(2, s // 2 + 1) if (s // 2) % c == 0 and s % 2 == 0]
+
+
+def expert_parallel_degrees(profile: Profile) -> list[int]:
+    """The E > 1 the profile allows: every MoE layer's routed experts divide over E."""
+    g = 0
+    for u in profile.units:
+        if u.moe_layers and u.moe_experts:
+            g = math.gcd(g, u.moe_experts)
+    return [e for e in range(2, g + 1) if g % e == 0]
+
+
+def _flops(u: UnitProfile, batch: int, seq: int) -> tuple[float, float, float]:
+    """(attention core, routed experts, whole unit) forward FLOPs at ``batch`` samples: the
+    attention scores and weighted values ``2 b H s^2 (d_k + d_v)`` per layer (as the
+    analytic profiler counts them, unmasked), the experts ``2 b s k P_exp / E`` (every token
+    meets k of the E experts); the whole is the profile's count where it has one, else
+    those plus ``2 b s`` per dense parameter."""
+    attn = (
+        2.0
+        * batch
+        * u.attention_heads
+        * seq
+        * seq
+        * (u.attention_head_dim + u.attention_value_head_dim)
+        * u.attention_layers
+    )
+    exp = (
+        2.0 * batch * seq * u.moe_top_k * u.moe_expert_parameter_count / u.moe_experts
+        if u.moe_experts
+        else 0.0
+    )
+    whole = u.forward_flops
+    if whole <= 0:
+        dense = max(u.parameter_count - u.moe_expert_parameter_count, 0)
+        whole = attn + exp + 2.0 * batch * seq * dense
+    return attn, exp, whole
+
+
+def _unit(
+    u: UnitProfile,
+    profile: Profile,
+    cp: int,
+    ep: int,
+    cp_bw: tuple[float, float],
+    ep_bw: tuple[float, float],
+    imbalance: float,
+) -> UnitProfile:
+    """``u`` on one rank of a CP group of ``cp`` and an EP group of ``ep`` (before TP)."""
+    b, s = profile.batch_size, profile.sequence_length
+    size = max(int(profile.bytes_per_parameter), 1)
+    attn, exp, whole = _flops(u, b, s) if s > 0 else (0.0, 0.0, 1.0)
+    f_att = min(attn / whole, 1.0) if whole > 0 else 0.0
+    f_exp = min(exp / whole, 1.0 - f_att) if whole > 0 else 0.0
+    # the busiest rank's expert work: `imbalance` x the average share
+    factor = (1.0 + f_exp * (imbalance - 1.0) if ep > 1 else 1.0) / cp
+
+    def size_part(total: float, overhead: float) -> float:
+        return total - min(max(overhead, 0.0), total)
+
+    fwd_size = size_part(u.forward_s, u.forward_overhead_s)
+    bwd_size = size_part(u.backward_s, u.backward_overhead_s)
+    ring_f = ring_b = 0.0
+    if cp > 1 and u.attention_layers and s > 0:
+        bw, lat = cp_bw
+        step = (
+            b
+            * (s / cp)
+            * u.attention_kv_heads
+            * (u.attention_head_dim + u.attention_value_head_dim)
+            * size
+        )
+        comm = u.attention_layers * (cp - 1) * (step / bw + lat)
+        ring_f = max(0.0, comm - fwd_size * f_att / cp)
+        ring_b = max(0.0, 2 * comm - bwd_size * f_att / cp)
+    a2a = 0.0
+    if ep > 1 and u.moe_layers and s > 0:
+        bw, lat = ep_bw
+        sent = b * (s / cp) * u.moe_top_k * u.moe_hidden_size * size * (ep - 1) / ep
+        a2a = u.moe_layers * 2 * (imbalance * sent / bw + lat)  # dispatch + combine
+    fwd = u.forward_s - fwd_size + fwd_size * factor + ring_f + a2a
+    bwd = u.backward_s - bwd_size + bwd_size * factor + ring_b + a2a
+    split = u.backward_input_s + u.backward_weight_s
+    b_in = b_wt = 0.0
+    if split > 0:
+        in_size = size_part(u.backward_input_s, u.backward_input_overhead_s)
+        wt_size = size_part(u.backward_weight_s, u.backward_weight_overhead_s)
+        # the exchanges carry the input gradient: they belong to B, not W
+        b_in = u.backward_input_s - in_size + in_size * factor + ring_b + a2a
+        b_wt = u.backward_weight_s - wt_size + wt_size * factor
+    phi = u.tp_compute_fraction
+    if u.tp_parameter_count > 0 and fwd_size > 0:
+        # TP splits its share of the dense work; the experts' tokens and the exchanges are
+        # split over the TP ranks too (sequence parallelism), so only the unsplit dense rest
+        # stays whole on every TP rank
+        dense = max(u.parameter_count - u.moe_expert_parameter_count, 1)
+        phi_dense = min(u.tp_parameter_count / dense, 1.0) if u.moe_layers else phi
+        rest = (1.0 - phi_dense) * (1.0 - f_exp) * fwd_size / cp
+        phi = min(max(1.0 - rest / max(fwd - u.forward_overhead_s, 1e-300), 0.0), 1.0)
+    experts = u.moe_expert_parameter_count * size * (1.0 - 1.0 / ep) if ep > 1 else 0.0
+    return dataclasses.replace(
+        u,
+        forward_s=fwd,
+        backward_s=bwd,
+        backward_input_s=b_in,
+        backward_weight_s=b_wt,
+        tp_compute_fraction=phi,
+        tp_collective_bytes=u.tp_collective_bytes // cp,
+        parameter_bytes=int(math.ceil(max(u.parameter_bytes - experts, 0.0))),
+        activation_bytes=u.activation_bytes // cp,
+        output_bytes=u.output_bytes // cp,
+        peak_bytes=u.peak_bytes // cp,
+    )
+
+
+def context_expert_profile(
+    profile: Profile,
+    cp: int,
+    ep: int,
+    tp: int,
+    topology: Topology,
+    imbalance: float = DEFAULT_EXPERT_LOAD_IMBALANCE,
+) -> Profile:
+    """The Profile of one rank of a ``cp``-way CP group and an ``ep``-way EP group, before
+    tensor parallelism over ``tp`` (which only decides the CP group's link); the profile
+    itself when C = E = 1 and the model has no MoE layer. See the module docstring. O(units)."""
+    moe = any(u.moe_layers for u in profile.units)
+    if cp <= 1 and ep <= 1 and not moe:
+        return profile
+    cp_bw = cp_link(topology, tp, cp)
+    ep_bw = ep_link(topology, ep)
+    units = [_unit(u, profile, cp, ep, cp_bw, ep_bw, imbalance) for u in profile.units]
+    out = dataclasses.replace(
+        profile,
+        units=units,
+        cut_bytes=[c // cp for c in profile.cut_bytes],
+        input_bytes=profile.input_bytes // cp,
+        meta=dict(profile.meta),
+    )
+    out.meta["mesh_context_expert"] = {"context_parallel": cp, "expert_parallel": ep}
+    return out
+
+
+def _degree(
+    name: str, flag: str, value: int | str, allowed: list[int], n: int, why: str
+) -> list[int]:
+    """The degrees to weigh for ``value`` (``auto`` or a fixed one), one line if refused."""
+    if value == "auto":
+        return [1] + [d for d in allowed if n % d == 0]
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise RuleViolation(f"{flag}: {value!r} must be 'auto' or a positive integer")
+    if value > 1 and value not in allowed:
+        ok = ", ".join(map(str, [d for d in allowed if n % d == 0][:12])) or "none"
+        raise RuleViolation(f"{flag}: {name}={value} {why}; {name} > 1 it allows: {ok}")
+    if n % value:
+        raise RuleViolation(f"{flag}: {name}={value} does not divide the {n} GPUs")
+    return [value]
+
+
+def context_expert_choices(
+    profile: Profile, n: int, context_parallel: int | str, expert_parallel: int | str
+) -> tuple[list[int], list[int]]:
+    """The C and E a request allows on ``n`` devices (``auto``: 1 and every degree the model
+    allows, :func:`context_parallel_degrees`, :func:`expert_parallel_degrees`); a fixed one the
+    model cannot take is refused (``RuleViolation``, one line)."""
+    s = profile.sequence_length
+    cp_why = (
+        "needs a model with attention and a recorded sequence length (re-profile it)"
+        if not s
+        else f"must divide half the sequence ({s} tokens: 2 C load-balanced chunks)"
+    )
+    cps = _degree(
+        "C", "context-parallel", context_parallel, context_parallel_degrees(profile), n, cp_why
+    )
+    experts = sorted({u.moe_experts for u in profile.units if u.moe_layers})
+    ep_why = (
+        f"must divide the {experts[0]} routed experts of each MoE layer"
+        if experts
+        else "needs a mixture-of-experts model (no MoE layer is recorded)"
+    )
+    eps = _degree(
+        "E", "expert-parallel", expert_parallel, expert_parallel_degrees(profile), n, ep_why
+    )
+    return cps, eps

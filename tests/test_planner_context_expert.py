@@ -1,0 +1,256 @@
+"""Context parallelism (C) and expert parallelism (E) in the mesh planner (issue 35,
+torch-free parts): the cost and memory terms against hand-computed numbers, the links the
+groups cross, the search against brute force over every (T, C, D, E, shard), the plan's and the
+report's CP and EP, and the CLI's refusals."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+
+import pytest
+from autopipe.planner import PlanningError, RuleViolation, plan
+from autopipe.planner.context_expert import (
+    context_expert_choices,
+    context_expert_profile,
+    cp_link,
+    ep_link,
+)
+from autopipe.planner.mesh import mesh_candidates
+from autopipe.planner.mesh_costs import Topology
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_cli_errors import _err_line
+from test_planner_mesh import tiny_profile
+
+from autopipe.cli import main
+from autopipe.core.cluster import Cluster, Device
+from autopipe.core.plan import load_plan
+from autopipe.core.profile import Profile
+from autopipe.core.request import PlanRequest
+
+TOPOLOGY = Topology(
+    gpus_per_node=4, intra_bandwidth_bytes_per_s=1e11, inter_bandwidth_bytes_per_s=1e9
+)
+SEQ = 64
+
+
+def long_profile(n_blocks: int = 4, *, seed: int = 0, moe: bool = False) -> Profile:
+    """tiny_profile's blocks as attention blocks (8 heads, 2 KV heads of 16) over 64 tokens,
+    and with ``moe`` an MoE layer each (8 experts, top-2, 80% of the parameters routed
+    experts, hidden 128)."""
+    p = tiny_profile(n_blocks, seed=seed)
+    units = []
+    for u in p.units:
+        if u.name.startswith("layers."):
+            u = dataclasses.replace(
+                u, attention_layers=1, attention_heads=8, attention_kv_heads=2,
+                attention_head_dim=16, attention_value_head_dim=16,
+                forward_flops=1e9, backward_flops=2e9,
+            )  # fmt: skip
+            if moe:
+                u = dataclasses.replace(
+                    u, moe_layers=1, moe_experts=8, moe_top_k=2,
+                    moe_expert_parameter_count=80_000, moe_hidden_size=128,
+                )  # fmt: skip
+        units.append(u)
+    return dataclasses.replace(p, units=units, sequence_length=SEQ)
+
+
+# ----- cost and memory terms -------------------------------------------------------------
+
+
+def test_context_parallel_unit_by_hand() -> None:
+    p = long_profile()
+    c = 4
+    out = context_expert_profile(p, c, 1, 1, TOPOLOGY)
+    u, v = p.units[1], out.units[1]
+    b, size = p.batch_size, 2
+    attn = 2.0 * b * 8 * SEQ * SEQ * (16 + 16)  # as counted: scores and weighted values
+    f_att = attn / u.forward_flops
+    step_bytes = b * (SEQ / c) * 2 * (16 + 16) * size  # K and V of one chunk
+    comm = (c - 1) * step_bytes / 1e11  # CP group of 4, T = 1: inside the node
+    fwd_size = u.forward_s - u.forward_overhead_s
+    bwd_size = u.backward_s - u.backward_overhead_s
+    expect_f = u.forward_overhead_s + fwd_size / c + max(0.0, comm - fwd_size * f_att / c)
+    expect_b = u.backward_overhead_s + bwd_size / c + max(0.0, 2 * comm - bwd_size * f_att / c)
+    assert v.forward_s == pytest.approx(expect_f, rel=1e-12)
+    assert v.backward_s == pytest.approx(expect_b, rel=1e-12)
+    assert v.activation_bytes == u.activation_bytes // c
+    assert v.tp_collective_bytes == u.tp_collective_bytes // c
+    assert out.cut_bytes == [x // c for x in p.cut_bytes]
+    assert v.parameter_bytes == u.parameter_bytes  # CP replicates the parameters
+
+
+def test_ring_exchange_hides_behind_attention_until_it_outgrows_it() -> None:
+    p = long_profile()
+    slow = Topology(4, 1e6, 1e6)  # so slow that the ring outlasts the attention
+    hidden = context_expert_profile(p, 2, 1, 1, Topology(4, 1e15, 1e15)).units[1]
+    exposed = context_expert_profile(p, 2, 1, 1, slow).units[1]
+    u = p.units[1]
+    assert hidden.forward_s == pytest.approx(
+        u.forward_overhead_s + (u.forward_s - u.forward_overhead_s) / 2, rel=1e-12
+    )
+    assert exposed.forward_s > hidden.forward_s
+
+
+def test_expert_parallel_unit_by_hand() -> None:
+    p = long_profile(moe=True)
+    e, imbalance = 4, 1.25
+    out = context_expert_profile(p, 1, e, 1, TOPOLOGY, imbalance)
+    u, v = p.units[1], out.units[1]
+    b, size = p.batch_size, 2
+    assert v.parameter_bytes == math.ceil(u.parameter_bytes - 80_000 * size * (1 - 1 / e))
+    experts = 2.0 * b * SEQ * 2 * 80_000 / 8
+    f_exp = experts / u.forward_flops
+    sent = b * SEQ * 2 * 128 * size * (e - 1) / e
+    a2a = 2 * imbalance * sent / 1e11  # dispatch + combine, EP group of 4 inside the node
+    fwd_size = u.forward_s - u.forward_overhead_s
+    expect = u.forward_overhead_s + fwd_size * (1 + f_exp * (imbalance - 1)) + a2a
+    assert v.forward_s == pytest.approx(expect, rel=1e-12)
+    assert v.activation_bytes == u.activation_bytes
+
+
+def test_groups_cross_nodes_as_torchtitan_lays_them_out() -> None:
+    # CP: C ranks T apart; EP: E consecutive ranks of the sparse mesh
+    assert cp_link(TOPOLOGY, 2, 2) == (1e11, 0.0)
+    assert cp_link(TOPOLOGY, 2, 4) == (1e9, 0.0)
+    assert ep_link(TOPOLOGY, 4) == (1e11, 0.0)
+    assert ep_link(TOPOLOGY, 8) == (1e9, 0.0)
+
+
+def test_degrees_the_model_allows() -> None:
+    dense = long_profile()
+    assert context_expert_choices(dense, 8, "auto", "auto") == ([1, 2, 4, 8], [1])
+    moe = long_profile(moe=True)
+    assert context_expert_choices(moe, 8, 1, "auto") == ([1], [1, 2, 4, 8])
+    with pytest.raises(RuleViolation, match="must divide half the sequence"):
+        context_expert_choices(dense, 12, 3, 1)
+    with pytest.raises(RuleViolation, match="needs a mixture-of-experts model"):
+        context_expert_choices(dense, 8, 1, 2)
+    with pytest.raises(RuleViolation, match="routed experts"):
+        context_expert_choices(moe, 12, 1, 3)
+    plain = tiny_profile()
+    with pytest.raises(RuleViolation, match="recorded sequence length"):
+        context_expert_choices(plain, 8, 2, 1)
+
+
+# ----- the search --------------------------------------------------------------------------
+
+
+def _cluster(n: int, memory: int | None) -> Cluster:
+    return Cluster([Device("gpu", memory, 1.0, 1e11, 0.0) for _ in range(n)])
+
+
+def _step(p: Profile, n: int, memory: int | None, **fixed: object) -> float:
+    try:
+        out = plan(
+            p,
+            PlanRequest(
+                cluster=_cluster(n, memory), batch_size=16, gpus_per_node=4,
+                inter_node_bandwidth_bytes_per_s=1e9, checkpoint="auto", **fixed,
+            ),
+        )  # fmt: skip
+    except PlanningError:
+        return math.inf
+    return out.iteration_time_s
+
+
+@settings(max_examples=6, deadline=None)
+@given(
+    seed=st.integers(0, 10_000),
+    memory=st.sampled_from([None, 1_500_000, 4_000_000]),
+    moe=st.booleans(),
+)
+def test_auto_search_equals_brute_force_over_every_mesh(
+    seed: int, memory: int | None, moe: bool
+) -> None:
+    n = 8
+    p = long_profile(n_blocks=4, seed=seed, moe=moe)
+    auto = _step(
+        p, n, memory, tensor_parallel="auto", data_parallel="auto", shard="auto",
+        context_parallel="auto", expert_parallel="auto", schedule="1f1b",
+    )  # fmt: skip
+    grid = mesh_candidates(
+        p, n, 16, gpus_per_node=4, context_parallel="auto", expert_parallel="auto"
+    )
+    assert any(c.cp > 1 for c in grid) and (any(c.ep > 1 for c in grid) == moe)
+    every = [
+        _step(
+            p, n, memory, tensor_parallel=c.tp, data_parallel=c.dp, shard=c.shard,
+            context_parallel=c.cp, expert_parallel=c.ep, schedule="1f1b",
+        )
+        for c in grid
+        if c.pp <= len(p.units)
+    ]  # fmt: skip
+    best = min(every)
+    if math.isinf(best):
+        assert math.isinf(auto)
+    else:
+        assert auto == pytest.approx(best, rel=1e-12)
+
+
+def test_context_parallel_fits_what_the_sequence_alone_would_not() -> None:
+    """Activations divided by C: one long sequence (D cannot split it) on 4 devices fits in
+    3.15 MB (needs 3.32 MB without CP, 3.02 MB with) only as a CP mesh."""
+    p = long_profile(n_blocks=4)
+    kw = dict(cluster=_cluster(4, 3_150_000), batch_size=1, gpus_per_node=8, checkpoint="never")
+    with pytest.raises(PlanningError):
+        plan(p, PlanRequest(data_parallel="auto", shard="auto", **kw))
+    out = plan(p, PlanRequest(context_parallel="auto", data_parallel="auto", shard="auto", **kw))
+    assert out.context_parallel > 1
+    assert out.world_size == 4
+    assert out.mesh is not None and any(r.cp > 1 for r in out.mesh.candidates)
+
+
+# ----- CLI ---------------------------------------------------------------------------------
+
+
+def _saved(tmp_path: Path, profile: Profile) -> str:
+    path = tmp_path / "profile.json"
+    profile.save(path)
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    ("profile", "flags", "words"),
+    [
+        ("dense", ["--context-parallel", "3"], "must divide half the sequence"),
+        ("dense", ["--expert-parallel", "2"], "needs a mixture-of-experts model"),
+        ("moe", ["--expert-parallel", "16"], "routed experts"),
+    ],
+)
+def test_cli_refuses_bad_cp_and_ep_in_one_line(
+    tmp_path: Path, profile: str, flags: list[str], words: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    saved = _saved(tmp_path, long_profile(moe=profile == "moe"))
+    assert main(["plan", saved, "--gpus", "12", "--batch-size", "16", "-q", *flags]) == 2
+    assert words in _err_line(capsys)
+
+
+def test_cli_refuses_a_degree_that_is_no_number(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    saved = _saved(tmp_path, long_profile(moe=True))
+    with pytest.raises(SystemExit) as exc:  # argparse's own refusal, as for --tensor-parallel
+        main(["plan", saved, "--gpus", "8", "-q", "--context-parallel", "0"])
+    assert exc.value.code == 2
+    assert "--context-parallel: expected a positive integer" in capsys.readouterr().err
+
+
+def test_cli_plans_cp_and_ep_and_shows_them(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "plan.json"
+    saved = _saved(tmp_path, long_profile(moe=True))
+    argv = ["plan", saved, "--gpus", "8", "--context-parallel", "auto", "--expert-parallel",
+            "auto", "--batch-size", "16", "--json", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    text = capsys.readouterr().out
+    header = next(line for line in text.splitlines() if line.startswith("pp x dp x tp"))
+    assert header.split()[5:8] == ["cp", "ep", "shard"]
+    written = load_plan(out)
+    assert written.request is not None and written.request.context_parallel == "auto"
+    assert written.world_size == 8
+    assert written.context_parallel >= 1 and written.expert_parallel >= 1
