@@ -1,12 +1,15 @@
-"""``parallelize``: profile, plan and split a model into a running GPipe ``Pipeline``.
+"""``parallelize``: profile, plan and split a model into a running ``Pipeline``.
 
     pipe = autopipe.parallelize(model, example_inputs, gpus=4)
-    loss_fn(pipe(x), y).backward(); optimizer.step()   # optimizer over pipe.parameters()
+    pipe.step(x, y, loss_fn); optimizer.step()   # the plan's schedule, e.g. 1F1B
+    loss_fn(pipe(x), y).backward()                # also, where the plan is GPipe
 
 Steps: unless a ``plan`` is given, measure a Profile (``autopipe.profiler.measure.profile``)
 and plan K stages (``autopipe.planner.plan``); then the runtime cuts the model into the
 plan's stage graphs and builds the ``Pipeline``
-(:func:`autopipe.runtime.parallelize.build_pipeline`). Stage ``i`` runs on ``devices[i]``.
+(:func:`autopipe.runtime.parallelize.build_pipeline`) with the plan's per-rank orders
+(:func:`autopipe.planner.schedules.rank_orders`), which ``Pipeline.step`` runs. Rank ``r``'s
+chunks run on ``devices[r]``.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from autopipe.core.profile import Profile
 from autopipe.core.request import PlanRequest
 from autopipe.core.vocabulary import DEFAULT_CHECKPOINT
 from autopipe.planner import plan as make_plan
+from autopipe.planner.schedules import rank_orders
 from autopipe.profiler.measure import profile
 from autopipe.profiler.objective import LossFn
 from autopipe.profiler.options import MeasureOptions
@@ -71,7 +75,9 @@ def parallelize(
     statistics once per mini-batch. Without a plan the model is measured by ``autopipe.profiler.profile``
     with ``profile_options`` (:class:`MeasureOptions`, e.g. ``MeasureOptions(repeat=1)``;
     its ``granularity`` is this call's), the ``loss_fn`` that drives its backward and a
-    ``progress`` bar. Returns a ``Pipeline`` with ``pipeline.plan`` set.
+    ``progress`` bar. Returns a ``Pipeline`` with ``pipeline.plan`` set; train it with
+    ``pipeline.step(...)``, which runs the plan's schedule (``pipe(x)`` + ``loss.backward()``
+    runs GPipe, and is refused for any other schedule).
     """
     check_checkpoint_mode(checkpoint)  # before the costly profiling
     if plan is None:
@@ -96,4 +102,5 @@ def parallelize(
         gpus=gpus,
         checkpoint=checkpoint,
         deferred_batch_norm=deferred_batch_norm,
+        orders=rank_orders(plan.schedule, plan.num_stages, plan.virtual_stages, plan.microbatches),
     )

@@ -1,7 +1,8 @@
-"""``build_pipeline``: cut a model into a running GPipe ``Pipeline`` as a given Plan says.
+"""``build_pipeline``: cut a model into a running ``Pipeline`` as a given Plan says.
 
-    pipe = build_pipeline(model, example_inputs, plan, devices)
-    loss_fn(pipe(x), y).backward(); optimizer.step()   # optimizer over pipe.parameters()
+    pipe = build_pipeline(model, example_inputs, plan, devices, orders=orders)
+    pipe.step(x, y, loss_fn); optimizer.step()   # the plan's schedule; optimizer over pipe.parameters()
+    loss_fn(pipe(x), y).backward()                # GPipe plans only
 
 Steps: cut the model into the plan's stage graphs (``autopipe.runtime.planned_stages.partition``,
 the route the distributed runtime takes too); build a ``Pipeline`` with ``plan.microbatches``
@@ -25,6 +26,8 @@ from torch import nn
 from autopipe.core.checkpointing import check_checkpoint_mode, stage_checkpoints
 from autopipe.core.errors import UsageError
 from autopipe.core.plan import Plan
+from autopipe.core.schedule_rules import chunk_ranks
+from autopipe.core.timeline import Action
 from autopipe.core.vocabulary import DEFAULT_CHECKPOINT
 
 __all__ = ["build_pipeline", "stage_devices", "stage_flags"]
@@ -107,25 +110,29 @@ def build_pipeline(
     gpus: int | None = None,
     checkpoint: str = DEFAULT_CHECKPOINT,
     deferred_batch_norm: bool = False,
+    orders: Sequence[Sequence[Action]] | None = None,
 ) -> Pipeline:
     """Cut ``model`` into a pipeline over ``devices`` (:func:`stage_devices`) following ``plan``.
 
     ``example_inputs``: a tensor, a tuple of positional inputs or a dict of keyword inputs
     (a representative mini-batch). ``checkpoint`` overrides the plan's per-stage flags unless
     ``"auto"`` (:func:`stage_flags`). ``deferred_batch_norm`` moves BatchNorm running
-    statistics once per mini-batch. Refuses plans one process cannot run: a mesh
-    (:class:`PlanNeedsRanksError`), several chunks per device, a stage count other than the
-    devices'. Returns a ``Pipeline`` with ``pipeline.plan`` set.
+    statistics once per mini-batch. ``orders``: each rank's actions of the plan's schedule
+    (``autopipe.planner.schedules.rank_orders``; ``autopipe.parallelize`` passes them),
+    which ``Pipeline.step`` runs; required for every schedule but GPipe. The plan's
+    ``K x V`` chunks go to the ranks' devices as the schedule places them
+    (``autopipe.core.schedule_rules.chunk_ranks``). Refuses plans one process cannot run: a
+    mesh (:class:`PlanNeedsRanksError`), a rank count other than the devices', a non-GPipe
+    plan without its orders. Returns a ``Pipeline`` with ``pipeline.plan`` set.
     """
     check_checkpoint_mode(checkpoint)
     _refuse_mesh(plan)
     devs = stage_devices(devices, gpus, plan)
-    if plan.virtual_stages > 1:
-        # The single-process executor runs one stage per device, fill-drain.
+    if orders is None and plan.schedule != "gpipe":
         raise ValueError(
-            f"the plan puts {plan.virtual_stages} chunks on each device ({plan.schedule}); "
-            "parallelize() runs one stage per device: run it with `autopipe run` "
-            "(torch.distributed) or re-plan with --schedule gpipe"
+            f"the plan runs {plan.schedule}: build_pipeline needs its per-rank orders "
+            "(orders=autopipe.planner.schedules.rank_orders(...), as autopipe.parallelize "
+            "passes them); without them it would run GPipe"
         )
     if plan.num_stages != len(devs):
         raise ValueError(
@@ -136,13 +143,15 @@ def build_pipeline(
         planned = partition(model, example_inputs, plan)
     except StageSplitError as exc:
         raise ValueError(str(exc)) from None
+    ranks = chunk_ranks(plan.schedule, plan.num_stages, plan.virtual_stages)
     return Pipeline.from_partition(
         planned,
-        devs,
+        [devs[r] for r in ranks],
         model,
         microbatches=plan.microbatches,
         checkpoint=stage_flags(plan, checkpoint),
         plan=plan,
         deferred_batch_norm=deferred_batch_norm,
         checkpoint_granularity=[s.checkpoint_granularity for s in plan.stages],
+        orders=orders,
     )

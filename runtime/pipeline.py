@@ -17,14 +17,16 @@ Cost of the set-up: O(nodes + edges x stages).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from typing import Any
 
 import torch
 from autopipe.profiler.inputs import batch_size_of, split_inputs
-from autopipe.profiler.objective import LabelItems, LossFn, combine, loss_term
+from autopipe.profiler.objective import LabelItems, LossFn, LossTerm, combine, loss_term
 from autopipe.profiler.trace import smallest_batch_size
+from autopipe.runtime.activations import ActivationMeter
 from autopipe.runtime.batchnorm import begin_minibatch, convert_deferred_batch_norm
-from autopipe.runtime.executor import Stage, run_pipeline
+from autopipe.runtime.executor import ActionRun, Stage, run_actions, run_pipeline
 from autopipe.runtime.microbatch import gather, scatter
 from autopipe.runtime.planned_stages import PlannedStages, TiedParameter, tied_parameters
 from autopipe.runtime.recorder import Clock, TimelineRecorder
@@ -34,11 +36,17 @@ from autopipe.runtime.tied import TiedReplicas
 from autopipe.runtime.torch_devices import as_device
 from torch import fx, nn
 
+from autopipe.core.errors import UsageError
 from autopipe.core.plan import Plan
-from autopipe.core.timeline import Timeline
+from autopipe.core.timeline import Action, Timeline
 from autopipe.core.vocabulary import CHECKPOINT_GRANULARITIES
 
-__all__ = ["Pipeline"]
+__all__ = ["Pipeline", "ScheduleNeedsStepError"]
+
+
+class ScheduleNeedsStepError(UsageError, ValueError):
+    """A pipeline whose plan runs another schedule than GPipe trained through ``pipe(x)`` and
+    ``loss.backward()`` (which can only run fill-drain): use ``Pipeline.step``."""
 
 
 class Pipeline(nn.Module):
@@ -75,6 +83,8 @@ class Pipeline(nn.Module):
         deferred_batch_norm: bool = False,
         static_microbatch_size: int | None = None,
         label_items: LabelItems | None = None,
+        schedule: str = "gpipe",
+        orders: Sequence[Sequence[Action]] | None = None,
     ) -> None:
         super().__init__()
         graphs = split_graph(graph_module, node_stage, len(devices))
@@ -92,6 +102,8 @@ class Pipeline(nn.Module):
             static_microbatch_size=static_microbatch_size,
             smallest_microbatch_size=smallest_batch_size(graph_module),
             label_items=label_items or LabelItems(),
+            schedule=schedule,
+            orders=orders,
         )
         self._split_units(None, {})
 
@@ -107,11 +119,13 @@ class Pipeline(nn.Module):
         plan: Plan | None = None,
         deferred_batch_norm: bool = False,
         checkpoint_granularity: Sequence[str] | None = None,
+        orders: Sequence[Sequence[Action]] | None = None,
     ) -> Pipeline:
         """A pipeline over the stage graphs of :func:`autopipe.runtime.planned_stages.partition`;
         ``checkpoint_granularity``: per stage, ``"stage"`` or ``"unit"`` (a checkpointed stage
         re-computed one unit at a time; ``StagePlan.checkpoint_granularity``), None: all
-        ``"stage"``."""
+        ``"stage"``. ``orders``: the plan's per-rank actions (as :meth:`step` runs them);
+        the schedule is the plan's (GPipe without a plan)."""
         if len(planned.stages) != len(devices):
             raise ValueError(
                 f"{len(planned.stages)} stages but {len(devices)} devices; give one per stage"
@@ -132,6 +146,8 @@ class Pipeline(nn.Module):
             static_microbatch_size=planned.static_microbatch_size,
             smallest_microbatch_size=smallest_batch_size(planned.graph_module),
             label_items=planned.label_items,
+            schedule=plan.schedule if plan is not None else "gpipe",
+            orders=orders,
         )
         pipe._split_units(checkpoint_granularity, planned.node_unit)
         return pipe
@@ -152,8 +168,15 @@ class Pipeline(nn.Module):
         static_microbatch_size: int | None,
         smallest_microbatch_size: int,
         label_items: LabelItems,
+        schedule: str,
+        orders: Sequence[Sequence[Action]] | None,
     ) -> None:
         num_stages = len(devices)
+        if orders is None and schedule != "gpipe":
+            raise ValueError(
+                f"a {schedule} pipeline needs the plan's per-rank orders (orders="
+                "autopipe.planner.schedules.rank_orders(...)); without them it would run GPipe"
+            )
         if microbatches < 1:
             raise ValueError(f"microbatches must be a positive integer, got {microbatches}")
         if checkpoint is None:
@@ -186,6 +209,18 @@ class Pipeline(nn.Module):
         self.static_microbatch_size = static_microbatch_size
         self.smallest_microbatch_size = smallest_microbatch_size
         self.label_items = label_items
+        self.schedule = schedule
+        """The schedule :meth:`step` runs (``"gpipe"`` unless a plan named another)."""
+        self.orders: list[list[Action]] | None = (
+            None if orders is None else [list(order) for order in orders]
+        )
+        """Each rank's actions in order (``Action.stage`` = stage index here), run by
+        :meth:`step`; None: GPipe through :meth:`forward` and autograd."""
+        self.last_actions: list[list[Action]] | None = None
+        """The actions :meth:`step` last ran, per rank, in the order they ran."""
+        self.activation_meter: ActivationMeter | None = None
+        """Set one (``ActivationMeter(pipe.parameters())``) to count the activation bytes
+        :meth:`step` holds for backward (``peak_bytes``)."""
         # The clocks the timeline of each forward is read on (None: CUDA events on a GPU,
         # perf_counter elsewhere); see runtime/recorder.py. The last forward's recorder.
         self.timeline_clocks: dict[str, Clock | None] | None = None
@@ -279,16 +314,90 @@ class Pipeline(nn.Module):
                 ]
             )
 
-    def _run(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
-        """Each micro-batch's output in the model's structure."""
+    def step(self, inputs: Any, target: Any = None, loss_fn: LossFn | None = None) -> Any:
+        """Forward and backward of one mini-batch in the schedule's own per-rank order
+        (:attr:`orders`, e.g. 1F1B's); returns the mini-batch loss (a detached scalar).
+
+        ``inputs`` in the example-inputs convention; the loss is :meth:`loss`'s (the
+        objective of :mod:`autopipe.profiler.objective` per micro-batch, or ``loss_fn``, on
+        ``target``, default ``inputs``). Parameter gradients are added into ``.grad``
+        exactly as ``loss.backward()`` of the unsplit model would add them. Each
+        micro-batch's backward runs when its rank's order says, so a 1F1B rank holds at
+        most K - rank micro-batches' activations where GPipe holds M
+        (:attr:`activation_meter` counts them). Without :attr:`orders` (a GPipe pipeline
+        built without a plan): :meth:`loss` and its backward. The actions run are
+        :attr:`last_actions`."""
+        if self.orders is None:
+            loss = self.loss(inputs, target, loss_fn)
+            loss.backward()
+            return loss.detach()
+        args, kwargs = split_inputs(inputs)
+        microbatches = self._begin(args, kwargs)
+        targets = scatter([inputs if target is None else target], len(microbatches))
+
+        def loss_of(i: int, outputs: tuple[Any, ...]) -> LossTerm:
+            (out,) = outputs
+            return loss_term(self._unflatten(out), targets[i][0], loss_fn, self.label_items)
+
+        params = [p for p in self.parameters() if p.requires_grad]
+        # Each micro-batch backpropagates its term's sum; the mini-batch loss divides by
+        # every term's count, known only once the last forward ran: so the gradients of
+        # this step are gathered apart from any already in .grad, then divided.
+        earlier = [p.grad for p in params]
+        for p in params:
+            p.grad = None
+        meter = self.activation_meter
+        assert self.last_recorder is not None
+        run: ActionRun = run_actions(
+            self._stages,
+            microbatches,
+            self.orders,
+            checkpoint=self._checkpoint_fn(len(microbatches)),
+            recorder=self.last_recorder,
+            rng=MicrobatchRNG(draw_base_seed()),
+            loss_of=loss_of,
+            saving=meter.saving if meter is not None else nullcontext,
+        )
+        self.last_actions = run.executed
+        terms: list[LossTerm] = run.terms
+        items = sum(t.items for t in terms)
+        with torch.no_grad():
+            for p, before in zip(params, earlier, strict=True):
+                if p.grad is not None:
+                    p.grad.mul_(1.0 / items if items > 0 else 0.0)
+                    if before is not None:
+                        p.grad = before + p.grad
+                else:
+                    p.grad = before
+        return combine([LossTerm(t.total.detach(), t.items) for t in terms])
+
+    def _begin(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[list[Any]]:
+        """The micro-batches of a mini-batch, checked, with a new recorder."""
         microbatches = scatter(self._bind(args, kwargs), self.microbatches)
         self._check_microbatch_sizes(microbatches)
         self._tied.refresh()
         if self.training:
             begin_minibatch(list(self.stages), len(microbatches))
-        self.last_recorder = recorder = TimelineRecorder(
-            self.devices, num_stages=self.num_stages, clocks=self.timeline_clocks
+        self.last_recorder = TimelineRecorder(
+            self.devices,
+            num_stages=self.num_stages,
+            clocks=self.timeline_clocks,
+            schedule=self.schedule,
         )
+        return microbatches
+
+    def _run(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[Any]:
+        """Each micro-batch's output in the model's structure."""
+        if self.schedule != "gpipe" and torch.is_grad_enabled():
+            raise ScheduleNeedsStepError(
+                f"this pipeline's plan runs {self.schedule}, but pipe(x) / pipe.loss(x) with "
+                "loss.backward() would run it fill-drain (GPipe): train with "
+                "pipe.step(inputs, target, loss_fn), which runs the plan's order (or run "
+                "forward under torch.no_grad())"
+            )
+        microbatches = self._begin(args, kwargs)
+        recorder = self.last_recorder
+        assert recorder is not None
         outputs = run_pipeline(
             self._stages,
             microbatches,
