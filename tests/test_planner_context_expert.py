@@ -245,7 +245,7 @@ def test_cli_plans_cp_and_ep_and_shows_them(
     out = tmp_path / "plan.json"
     saved = _saved(tmp_path, long_profile(moe=True))
     argv = ["plan", saved, "--gpus", "8", "--context-parallel", "auto", "--expert-parallel",
-            "auto", "--batch-size", "16", "--json", str(out)]  # fmt: skip
+            "auto", "--batch-size", "16", "--allreduce-bandwidth", "100GB/s", "--json", str(out)]  # fmt: skip
     assert main(argv) == 0
     text = capsys.readouterr().out
     header = next(line for line in text.splitlines() if line.startswith("pp x dp x tp"))
