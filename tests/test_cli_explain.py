@@ -67,10 +67,10 @@ def test_a_plan_edited_off_its_mesh_record_is_refused_in_one_line(
     assert main(["explain", str(path)]) == 0
     capsys.readouterr()
     data = json.loads(path.read_text())
-    data["replicas"] = 1
+    data["shard"] = "optimizer"  # a mesh the run rules accept (mesh_problems), not the record's
     path.write_text(json.dumps(data))
     assert main(["explain", str(path)]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1
     assert "mesh record chose pp 1 x dp 2 x tp 2 (shard none) of 4 GPUs but the plan is " in err
-    assert "pp 1 x dp 1 x tp 2" in err
+    assert "pp 1 x dp 2 x tp 2 (shard optimizer)" in err
