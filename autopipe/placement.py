@@ -27,6 +27,7 @@ from autopipe.core.errors import UsageError
 from autopipe.core.request import PlanRequest
 from autopipe.device_target import cluster_for
 from autopipe.planner import plan, plan_data_parallel, scaling_report
+from autopipe.planner.mesh import refuse_too_deep
 
 if TYPE_CHECKING:
     from autopipe.core.plan import Plan
@@ -128,8 +129,17 @@ def plan_on_devices(profile: Profile, placement: Placement) -> Plan:
     ``PlanningError`` when nothing fits, ``RuleViolation`` for what torch would refuse,
     ``UsageError`` for devices that cannot be laid out as asked, ``ValueError`` for a device
     list the profile cannot be priced for."""
-    cluster = placed_cluster(profile, placement)
     request = placement.request
+    if request.plans_mesh:  # refused before a list of N devices is built
+        refuse_too_deep(
+            profile,
+            device_count(request),
+            profile.batch_size if request.batch_size is None else request.batch_size,
+            tensor_parallel=request.tensor_parallel,
+            data_parallel=request.data_parallel,
+            gpus_per_node=request.gpus_per_node,
+        )
+    cluster = placed_cluster(profile, placement)
     if request.plans_mesh:
         return _plan_mesh(profile, placement, cluster)
     if placement.replicas is not None:

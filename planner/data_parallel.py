@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from autopipe.planner.errors import PlanningError
 from autopipe.planner.planning import plan
-from autopipe.planner.search import divisor_hint
+from autopipe.planner.search import divisor_hint, divisors
 
 from autopipe.core.cluster import Cluster, Device
 from autopipe.core.plan import Plan
@@ -83,9 +83,7 @@ def choose_pipeline_data_parallel(
     if allreduce_bandwidth_bytes_per_s <= 0:
         raise ValueError("allreduce_bandwidth_bytes_per_s must be positive")
     choices: list[ParallelChoice] = []
-    for stages in range(1, total_devices + 1):
-        if total_devices % stages:
-            continue
+    for stages in divisors(total_devices):
         copies = total_devices // stages
         if replicas is not None and copies != replicas:
             continue

@@ -35,10 +35,10 @@ from autopipe.planner.mesh_costs import (
     tp_collective_s,
 )
 from autopipe.planner.search import (
-    MAX_AUTO_MICROBATCHES,
     CannotBeat,
     _positive_int,
     divisors,
+    microbatch_counts,
     plan_pipeline,
     training_state,
 )
@@ -51,7 +51,14 @@ from autopipe.core.profile import Profile, UnitProfile
 from autopipe.core.request import PlanRequest
 from autopipe.core.vocabulary import SHARD_MODES
 
-__all__ = ["MeshCandidate", "dp_exposed_s", "mesh_candidates", "mesh_lower_bound_s", "plan_mesh"]
+__all__ = [
+    "MeshCandidate",
+    "dp_exposed_s",
+    "mesh_candidates",
+    "mesh_lower_bound_s",
+    "plan_mesh",
+    "refuse_too_deep",
+]
 
 LOSS_REASONS = ("memory", "bubble", "TP comm", "DP comm", "compute", "recompute (memory)")
 
@@ -132,10 +139,6 @@ class MeshCandidate:
         )
 
 
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
-
-
 def _choices(name: str, value: int | str, allowed: list[int]) -> list[int]:
     if value == "auto":
         return allowed
@@ -159,7 +162,8 @@ def mesh_candidates(
     """Every ``(pp, dp, tp, shard)`` the request allows, in no particular order. Refuses
     (``RuleViolation``, one line) a fixed T that does not divide the node size, the devices or
     the model's heads, a T > 1 for a model without a TP plan, and a fixed D that does not
-    divide the devices or the batch. O(divisors(N)^2 x shard modes)."""
+    divide the devices or the batch. O(sqrt(N) + divisors(N)^2 x shard modes)
+    (:func:`search.divisors`, bounded as the pipeline search's)."""
     n = total_gpus
     node = gpus_per_node or n
     if shard != "auto" and shard not in SHARD_MODES:
@@ -198,7 +202,7 @@ def mesh_candidates(
         for c in cps:
             if n % (t * c):
                 continue
-            for d in _choices("data_parallel", data_parallel, _divisors(n // (t * c))):
+            for d in _choices("data_parallel", data_parallel, divisors(n // (t * c))):
                 if (n // (t * c)) % d or batch_size % d:
                     continue
                 pp = n // (t * c * d)
@@ -229,8 +233,9 @@ def mesh_lower_bound_s(
     one_chunk_per_rank: bool = False,
 ) -> float:
     """A proven lower bound on the candidate's step. The pipeline part is the smallest, over
-    the micro-batch counts M the search may pick (``microbatches``; default every divisor of
-    the replica batch), of the bound every plan of that M obeys (``chunks.lower_bound_s``,
+    the micro-batch counts M the search may pick (:func:`search.microbatch_counts`: those of
+    ``microbatches`` dividing the replica batch; default its divisors up to
+    ``MAX_AUTO_MICROBATCHES``), of the bound every plan of that M obeys (``chunks.lower_bound_s``,
     docs/cost-model.md): some rank works ``M x`` the average micro-batch share of the whole
     model's forward and backward (``device``: one device's share, collectives included),
     ``M x`` the heaviest unit, and micro-batch 0 crosses every unit forward and back. With
@@ -243,12 +248,9 @@ def mesh_lower_bound_s(
     nothing hides (of the average rank's gradients). O(N x #M).
     """
     replica = batch_size // cand.dp
-    ms = microbatches or [m for m in range(1, replica + 1) if replica % m == 0]
     bound = math.inf
     bp = device.batch_size
-    for m in ms:
-        if replica % m:
-            continue
+    for m in microbatch_counts(replica, microbatches):
         b = replica / m
         fwd = [u.forward_at(b, bp) for u in device.units]
         bwd = [u.backward_at(b, bp) for u in device.units]
@@ -393,6 +395,10 @@ def plan_mesh(
         "batch_size", profile.batch_size if request.batch_size is None else request.batch_size
     )
     topology = _topology(request, n, template)
+    refuse_too_deep(
+        profile, n, batch, tensor_parallel=request.tensor_parallel,
+        data_parallel=request.data_parallel, gpus_per_node=topology.gpus_per_node,
+    )  # fmt: skip
     cands = mesh_candidates(
         profile, n, batch,
         tensor_parallel=request.tensor_parallel, data_parallel=request.data_parallel,
@@ -420,6 +426,47 @@ def plan_mesh(
     elif profile.tp_note and best.tp > 1:
         out.notes.append(profile.tp_note)  # what stays whole on every TP rank
     return out
+
+
+def refuse_too_deep(
+    profile: Profile,
+    total_gpus: int,
+    batch_size: int,
+    *,
+    tensor_parallel: int | str = "auto",
+    data_parallel: int | str = "auto",
+    gpus_per_node: int | None = None,
+) -> None:
+    """``RuleViolation`` (bad input, one line) when every mesh of ``total_gpus`` the request
+    allows has more pipeline stages than the model has units: no D (dividing the devices and
+    the batch) and no T (the model's, dividing the devices and the node) bring N GPUs down to
+    a pipeline the model can fill. Checked before any mesh is enumerated or any device list
+    is built, so a huge N is refused at once: O(TP degrees) gcds. A fixed T or D that does
+    not divide is left to :func:`mesh_candidates` to refuse by name."""
+    n, units = total_gpus, len(profile.units)
+    node = gpus_per_node or n
+    if isinstance(tensor_parallel, int):
+        ts = [tensor_parallel]
+    else:
+        ts = [1] + [t for t in profile.tp_degrees if t > 1 and node % t == 0]
+    fewest: tuple[int, int, int] | None = None
+    for t in ts:
+        if t < 1 or n % t:
+            continue
+        d = data_parallel if isinstance(data_parallel, int) else math.gcd(n // t, batch_size)
+        if d < 1 or (n // t) % d or batch_size % d:
+            continue
+        pp = n // (t * d)
+        if fewest is None or pp < fewest[0]:
+            fewest = (pp, d, t)
+    if fewest is None or fewest[0] <= units:
+        return
+    pp, d, t = fewest
+    raise RuleViolation(
+        f"mesh: {n} GPUs make at least {pp} pipeline stages (D={d}, T={t}: the most the "
+        f"batch, the nodes and the model allow) but the model has {units} units; use at most "
+        f"{units * d * t} GPUs or a finer --granularity (module or node)"
+    )
 
 
 def _mesh_devices(profile: Profile, request: PlanRequest) -> tuple[int, Device]:
@@ -715,7 +762,6 @@ def _runs(
     sharding over D > 1 one per M, on the device profile priced at its micro-batch."""
     if c.shard != "parameters" or c.fsdp <= 1:
         return [(device, req)]
-    ms = microbatches or divisors(replica, up_to=MAX_AUTO_MICROBATCHES)
     return [
         (
             device_profile(
@@ -723,8 +769,7 @@ def _runs(
             ),
             dataclasses.replace(req, microbatches=m),
         )
-        for m in ms
-        if replica % m == 0
+        for m in microbatch_counts(replica, microbatches)
     ]
 
 

@@ -37,7 +37,7 @@ from autopipe.planner.chunks import ScheduleShape, cost_model_for, lower_bound_s
 from autopipe.planner.costs import CostModel
 from autopipe.planner.errors import PlanningError, RuleViolation
 from autopipe.planner.partition import brute_force_partition, exact_partition
-from autopipe.planner.probe import _Prober, min_memory_needed, pareto_partitions
+from autopipe.planner.probe import _Prober, memory_floor, min_memory_needed, pareto_partitions
 from autopipe.planner.schedules import virtual_stage_choices
 
 from autopipe.core.cluster import Cluster
@@ -76,6 +76,16 @@ def divisors(n: int, up_to: int | None = None) -> list[int]:
         return small
     large = [n // d for d in reversed(small) if d * d != n and n // d <= limit]
     return small + large
+
+
+def microbatch_counts(batch_size: int, candidates: Sequence[int] | None = None) -> list[int]:
+    """The micro-batch counts M a search of ``batch_size`` samples tries, in increasing
+    order: the ``candidates`` given that divide it, or (None: ``auto``) every divisor up to
+    ``MAX_AUTO_MICROBATCHES``. The one enumeration of M: the pipeline search, the mesh's
+    lower bounds and its per-M searches. O(min(MAX_AUTO_MICROBATCHES, sqrt(batch_size)))."""
+    if candidates is None:
+        return divisors(batch_size, up_to=MAX_AUTO_MICROBATCHES)
+    return [m for m in candidates if batch_size % m == 0]
 
 
 _HINT_SEARCH_LIMIT = 1 << 20
@@ -202,7 +212,7 @@ def _candidate_microbatches(batch_size: int, microbatches: int | str | Sequence[
             raise PlanningError(
                 f"microbatches={microbatches!r}: give 'auto', an integer or a list of integers"
             )
-        return divisors(batch_size, up_to=MAX_AUTO_MICROBATCHES)
+        return microbatch_counts(batch_size)
     try:
         values = [operator.index(microbatches)]  # type: ignore[arg-type]
     except TypeError:
@@ -583,6 +593,27 @@ def _adopt_faster_heuristics(feasible: list[Candidate], profile: Profile) -> Non
                 c.adopt_evaluation(ev, f"dp+{name}")
 
 
+def _least_need(
+    candidates: list[Candidate], need_of: Callable[[CostModel], float], baseline: bool
+) -> tuple[float, int, str]:
+    """The smallest ``(memory need x V, M, schedule)`` of ``candidates``. For the exact
+    strategies, a candidate whose :func:`memory_floor` is above the least need found so far
+    cannot hold the minimum and is not bisected (cheapest floor first): the same answer."""
+    if baseline:
+        return min((need_of(c.cost_model) * c.virtual_stages, c.microbatches, c.schedule)
+                   for c in candidates)  # fmt: skip
+    floors = [(memory_floor(c.cost_model) * c.virtual_stages, i) for i, c in enumerate(candidates)]
+    best: tuple[float, int, str] | None = None
+    for floor, i in sorted(floors):
+        if best is not None and floor > best[0] * (1 + 1e-9):
+            break  # every later floor is higher still
+        c = candidates[i]
+        got = (need_of(c.cost_model) * c.virtual_stages, c.microbatches, c.schedule)
+        best = got if best is None else min(best, got)
+    assert best is not None
+    return best
+
+
 def _infeasible_error(
     candidates: list[Candidate], cluster: Cluster, checkpoint: str, strategy: str
 ) -> PlanningError:
@@ -597,8 +628,7 @@ def _infeasible_error(
     # V = 1: the cost model's stage is the rank, so its need is exact. V > 1: each chunk's
     # need bounds one chunk only; V of them always fit together (a sufficient figure).
     single = [c for c in candidates if c.virtual_stages == 1] or candidates
-    needs = [(need_of(c.cost_model) * c.virtual_stages, c.microbatches, c.schedule) for c in single]
-    need, m, sched = min(needs)
+    need, m, sched = _least_need(single, need_of, strategy in BASELINES)
     caps = [d.memory_bytes for d in cluster.devices if d.memory_bytes is not None]
     have = format_bytes(min(caps), fixed=True) if caps else "unlimited"
     tries = ["more GPUs"]

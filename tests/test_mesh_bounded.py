@@ -1,0 +1,147 @@
+"""The mesh search's work is bounded for any device count and batch size (#36, #37): one
+divisor routine (``planner/search.py:divisors``, O(sqrt(n))), the micro-batch counts
+enumerated in one place (``search.microbatch_counts``, at most ``MAX_AUTO_MICROBATCHES``),
+and a request no mesh can fill refused in one line, exit 2, before any device list is built.
+
+The bounds are checked by counting the work (units priced, bisection probes), not by a wall
+clock; the one timed test allows a factor of a thousand over what the routine takes."""
+
+from __future__ import annotations
+
+import math
+import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+from autopipe.planner import RuleViolation, plan, probe, search
+from autopipe.planner.mesh import (
+    MeshCandidate,
+    mesh_candidates,
+    mesh_lower_bound_s,
+    refuse_too_deep,
+)
+from autopipe.planner.search import MAX_AUTO_MICROBATCHES, divisors, microbatch_counts
+from planner_instances import cost_model, random_cluster, random_profile
+from test_cli_errors import _err_line
+from test_planner_mesh import TOPOLOGY, _saved, tiny_profile
+
+from autopipe.cli import main
+from autopipe.core.profile import UnitProfile
+from autopipe.core.request import PlanRequest
+
+
+@contextmanager
+def _within(seconds: int) -> Iterator[None]:
+    """Fail (not hang) when the body runs past ``seconds``: the old O(n) loops took hours."""
+
+    def stop(*_: object) -> None:
+        raise AssertionError(f"took more than {seconds} s")
+
+    old = signal.signal(signal.SIGALRM, stop)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def test_mesh_candidates_of_10_to_the_12_gpus_enumerate_the_divisors_only() -> None:
+    n = 10**12  # 2^12 5^12: 169 divisors; an O(n) scan never ends
+    with _within(20):  # O(sqrt(n)) = 10^6 trial divisions: well under a second
+        cands = mesh_candidates(tiny_profile(), n, 2**40, tensor_parallel=1, shard="none")
+    assert sorted(c.dp for c in cands) == [d for d in divisors(n) if 2**40 % d == 0]
+    assert all(c.pp * c.dp * c.tp == n for c in cands)
+
+
+def test_the_lower_bound_prices_at_most_max_auto_microbatches_counts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The bound on a 10^12-sample replica walks the M the search may pick (divisors up to
+    MAX_AUTO_MICROBATCHES), not every divisor of the batch: counted by units priced."""
+    profile = tiny_profile()
+    calls = [0]
+    real = UnitProfile.forward_at
+
+    def counted(self: UnitProfile, *args: float) -> float:
+        calls[0] += 1
+        return real(self, *args)
+
+    monkeypatch.setattr(UnitProfile, "forward_at", counted)
+    batch = 2**20 * 3**10  # divisors: 21 x 11 = 231, of which fewer than 4096 are <= 4096
+    cand = MeshCandidate(pp=2, dp=1, tp=1, shard="none")
+    bound = mesh_lower_bound_s(profile, profile, cand, batch, TOPOLOGY)
+    counts = microbatch_counts(batch)
+    assert counts == [m for m in divisors(batch) if m <= MAX_AUTO_MICROBATCHES]
+    assert calls[0] == len(counts) * len(profile.units)
+    assert math.isfinite(bound) and bound > 0
+
+
+def test_a_billion_gpus_are_refused_in_one_rule_line() -> None:
+    with _within(20), pytest.raises(RuleViolation) as err:
+        plan(tiny_profile(), PlanRequest(gpus=10**9, tensor_parallel="auto"))
+    assert "\n" not in str(err.value)
+    assert "the model has 6 units" in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["--gpus", str(10**9), "--tensor-parallel", "auto"],
+        ["--gpus", str(10**6), "--tensor-parallel", "auto"],
+        ["--gpus", str(10**6), "--shard", "auto", "--gpus-per-node", "8"],
+    ],
+)
+def test_cli_refuses_a_mesh_too_deep_for_the_model_in_one_line_exit_2(
+    tmp_path: Path, flags: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    saved = _saved(tmp_path, tiny_profile(heads=[2, 4]))
+    with _within(30):  # before the fix: a list of 10^9 devices, then an O(N) scan
+        assert main(["plan", saved, "-q", *flags]) == 2
+    assert "pipeline stages" in _err_line(capsys)
+
+
+def test_the_refusal_is_exact_at_the_deepest_mesh_that_fits() -> None:
+    """6 stages x D=16 x T=4 is the most a 6-unit model at batch 16 fills."""
+    p = tiny_profile(heads=[2, 4])
+    most = 6 * 16 * 4
+    search_for = dict(tensor_parallel="auto", data_parallel="auto", gpus_per_node=8)
+    refuse_too_deep(p, most, 16, **search_for)  # fits: PP=6 with D=16, T=4
+    with pytest.raises(RuleViolation, match="at most 384 GPUs"):
+        refuse_too_deep(p, 2 * most, 16, **search_for)
+
+
+def test_the_least_memory_need_skips_candidates_by_their_floor_and_says_the_same(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The refusal's figure with the floors pruning equals the one bisecting every candidate,
+    and fewer candidates are bisected."""
+    profile = random_profile(10, 4)
+    req = PlanRequest(gpus=3, memory_per_device=10**6, microbatches="auto", batch_size=2**12)
+
+    def refusal() -> tuple[str, int]:
+        bisected = [0]
+        real = probe.min_memory_needed
+
+        def counted(cm: object) -> float:
+            bisected[0] += 1
+            return real(cm)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(search, "min_memory_needed", counted)
+        with pytest.raises(search.PlanningError) as err:
+            plan(profile, req)
+        return str(err.value), bisected[0]
+
+    pruned, few = refusal()
+    monkeypatch.setattr(search, "memory_floor", lambda cm: 0.0)  # nothing pruned
+    every, all_of_them = refusal()
+    assert pruned == every
+    assert few < all_of_them
+
+
+def test_memory_floor_is_below_the_bisected_need() -> None:
+    for seed in range(6):
+        cm = cost_model(random_profile(9, seed), random_cluster(3, seed, 10**6), 4, "1f1b", "auto")
+        assert probe.memory_floor(cm) <= probe.min_memory_needed(cm)
