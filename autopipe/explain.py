@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from autopipe.core.humanize import format_bytes, format_seconds, printable
 from autopipe.core.plan import Plan
-from autopipe.core.plantext import framework_table
+from autopipe.core.plantext import advice_notes, framework_table, module_span
 from autopipe.core.vocabulary import FRAMEWORK_DEFAULTS, SINGLE_SCHEDULES, V_SHAPE_SCHEDULES
 from autopipe.planner.simulate import fill_drain_bubble
 
@@ -28,7 +28,7 @@ def explain(plan: Plan) -> str:
         lines += ["", "What each framework's default split would cost here (same profile):"]
         lines += table
         lines.append("")
-    lines.extend(printable(note) for note in plan.notes)  # they quote unit names
+    lines.extend(printable(note) for note in [*advice_notes(plan), *plan.notes])
     return "\n".join(lines)
 
 
@@ -38,7 +38,8 @@ def _bottleneck_line(plan: Plan) -> str:
     mean_s = sum(s.time_s for s in plan.stages) / len(plan.stages)
     what = "chunk" if plan.virtual_stages > 1 else "stage"
     return (
-        f"Bottleneck: {what} {bottleneck.index} ({printable(bottleneck.first_module)} .. {printable(bottleneck.last_module)}) "
+        f"Bottleneck: {what} {bottleneck.index} "
+        f"({module_span(bottleneck.first_module, bottleneck.last_module)}) "
         f"takes {format_seconds(bottleneck.time_s)} per micro-batch; the mean {what} takes "
         f"{format_seconds(mean_s)}, so balance is {100 * mean_s / bottleneck.time_s:.0f}% "
         "(100% = perfectly even)."

@@ -128,10 +128,15 @@ def save_checkpoint(pipe: DistributedPipeline, directory: str) -> None:
     except Failure:
         raise
     except Exception as exc:
+        left = ""
         if rank == 0 and staging is not None:
             shutil.rmtree(staging, ignore_errors=True)
+        elif staging is not None:  # rank 0 deletes it, unless rank 0 was lost too
+            left = (
+                f" (its unfinished copy {staging} is deleted by rank 0; if rank 0 died, delete it)"
+            )
         raise Failure(
-            f"the checkpoint was not saved ({short_cause(exc)}); {directory} is as it was"
+            f"the checkpoint was not saved ({short_cause(exc)}); {directory} is as it was{left}"
         ) from exc
     outcome: list[str | None] = [_swap_in(staging, target) if rank == 0 else None]
     try:

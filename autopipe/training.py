@@ -331,6 +331,13 @@ def _load_state_dict(path: str | None) -> dict[str, torch.Tensor] | None:
 
     if not path:
         return None
+    if (Path(path) / ".metadata").is_file():  # what autopipe run --save writes
+        raise UsageError(
+            f"--state-dict {path} is a torch.distributed.checkpoint folder (autopipe run "
+            "--save writes one), not a torch.save file: convert it once with `python -m "
+            f"torch.distributed.checkpoint.format_utils dcp_to_torch {path} weights.pt` and "
+            "pass --state-dict weights.pt"
+        )
     if not Path(path).is_file():
         raise UsageError(f"state_dict file not found: {path}")
     loaded: dict[str, torch.Tensor] = torch.load(

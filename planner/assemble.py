@@ -208,10 +208,9 @@ def _notes(
     sched, v = best.schedule, best.virtual_stages
     times = [c.time_s for c in best.costs]
     what = "chunk" if v > 1 else "stage"
-    notes = [
-        f"bottleneck: {what} {bott} ({stages[bott].first_module} .. {stages[bott].last_module}) "
-        f"at {times[bott] * 1e3:.4g} ms per micro-batch"
-    ]
+    first, last = stages[bott].first_module, stages[bott].last_module
+    span = first if first == last else f"{first} .. {last}"  # never "head .. head"
+    notes = [f"bottleneck: {what} {bott} ({span}) at {times[bott] * 1e3:.4g} ms per micro-batch"]
     notes += [f"stage {st.index} {st.reason}" for st in stages if st.reason]
     notes.append(_why_m(best, candidates))
     if v > 1:
@@ -276,7 +275,7 @@ def _why_m(best: Candidate, candidates: list[Candidate]) -> str:
     assert best.simulation is not None
     v = best.virtual_stages
     sched = sched if v == 1 else f"{sched} (V={v})"
-    text = f"M={m}, schedule={sched}: iteration {it * 1e3:.4g} ms, bubble {best.simulation.bubble_fraction:.1%}"
+    text = f"M={m}, schedule={sched}: pipeline iteration {it * 1e3:.4g} ms, bubble {best.simulation.bubble_fraction:.1%}"
     rivals = [c for c in candidates if c.feasible and c is not best]
     if not rivals:
         return text + " (the only feasible candidate)"

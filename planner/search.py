@@ -56,6 +56,8 @@ from autopipe.core.vocabulary import CHECKPOINT_MODES, PLAN_SCHEDULES
 
 STRATEGIES = ("dp", "ilp", "brute-force", *BASELINES)
 EXACT_STRATEGIES = ("dp", "ilp", "brute-force")
+_SOLVER_WORDS = {"dp": "dynamic programming", "ilp": "ILP", "brute-force": "brute force"}
+"""The exact solvers in words: a report's "dp" would read as data parallel."""
 """The strategies whose partition has the smallest bottleneck (ILP: when it closed its gap)."""
 _BRUTE_FORCE_MAX = 2_000_000
 
@@ -431,9 +433,11 @@ def _prepare(
     if req.strategy not in ("dp", "ilp", "brute-force"):
         cand.method = f"the {req.strategy} baseline's cut into {k}x{v} chunks"
     elif v == 1:
-        cand.method = f"exact min-bottleneck partition ({req.strategy})"
+        cand.method = f"exact min-bottleneck partition ({_SOLVER_WORDS[req.strategy]})"
     else:
-        cand.method = f"min-bottleneck partition of the {k}x{v} chunks ({req.strategy})"
+        cand.method = (
+            f"min-bottleneck partition of the {k}x{v} chunks ({_SOLVER_WORDS[req.strategy]})"
+        )
     return cand
 
 

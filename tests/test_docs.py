@@ -162,3 +162,31 @@ def test_every_dotted_autopipe_name_and_repository_path_exists() -> None:
             path = re.split(r"[:#]", span)[0]
             if path.split("/")[0] in REPOSITORY_FOLDERS and "/" in path and "*" not in path:
                 assert (ROOT / path).exists(), (page.name, span)
+
+
+RUN_IN_ORDER = ("usage.md",)
+"""Pages whose Python blocks run, in order, as one program from a copy of the repository's
+root (each other page's blocks are fragments: checked above, not run)."""
+
+
+@pytest.mark.slow  # ~30 s of CPU: it profiles, plans, trains and benches examples/gpt.py
+@pytest.mark.parametrize("name", RUN_IN_ORDER)
+def test_the_python_blocks_of_a_page_run_in_order(name: str, tmp_path: Path) -> None:
+    """Before, docs/usage.md's blocks used ``model``, ``x``, ``y`` and ``optimizer`` that no
+    block defined (NameError)."""
+    import os
+    import subprocess
+    import sys
+
+    blocks = [
+        b for b in readme_blocks((ROOT / "docs" / name).read_text()) if b.language == "python"
+    ]
+    assert blocks
+    (tmp_path / "examples").symlink_to(ROOT / "examples")
+    env = {**os.environ, "AUTOPIPE_CACHE_DIR": str(tmp_path / "cache"), "PYTHONPATH": str(ROOT)}
+    script = "\n".join(b.text for b in blocks)
+    done = subprocess.run(
+        [sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True,
+        timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]

@@ -51,7 +51,7 @@ def test_print_and_summary_show_the_table_the_cli_prints(
     assert capsys.readouterr().out == str(plan) + "\n"
     assert plan.summary_text() == str(plan)
     lines = str(plan).splitlines()
-    assert lines[0] == "autopipe plan: model on 2 stages (dp, measured costs)"
+    assert lines[0] == "autopipe plan: model on 2 stages (dynamic-programming cut, measured costs)"
     assert lines[2].split() == [
         "stage", "device", "modules", "(units)", "fwd", "ms", "bwd", "ms", "send", "ms",
         "ckpt", "memory", "load",

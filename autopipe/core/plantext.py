@@ -39,16 +39,42 @@ def ms(s: float) -> str:
     return f"{s * 1e3:.2f}"
 
 
+SOLVER_LABELS = {
+    "dp": "dynamic-programming cut",
+    "ilp": "ILP cut",
+    "brute-force": "brute-force cut",
+}
+"""How a report names the exact solvers that cut the stages: ``dp`` (the value plan files
+and ``--strategy`` keep) is dynamic programming, never to be read as the data-parallel
+``dp`` of a mesh."""
+
+
+def solver_label(strategy: str) -> str:
+    """``"dp"`` -> ``"dynamic-programming cut"``; a baseline's name as it is."""
+    return SOLVER_LABELS.get(strategy, f"{strategy} cut")
+
+
+def plural(n: int, word: str) -> str:
+    """``plural(1, "stage") == "1 stage"``, ``plural(4, "stage") == "4 stages"``."""
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+def module_span(first: str, last: str) -> str:
+    """``"tok_emb .. head"``, or ``"head"`` when a stage holds one module."""
+    first, last = printable(first), printable(last)
+    return first if first == last else f"{first} .. {last}"
+
+
 def format_plan(plan: Plan) -> str:
     """The plan as a table, one row per stage, then the pipeline-level figures."""
     where = (
-        f"{plan.num_stages} stages"
+        plural(plan.num_stages, "stage")
         if plan.virtual_stages == 1
-        else f"{plan.num_stages} ranks x {plan.virtual_stages} virtual stages"
+        else f"{plural(plan.num_stages, 'rank')} x {plan.virtual_stages} virtual stages"
     )
     lines = [
         f"autopipe plan: {plan.model or 'model'} on {where} "
-        f"({plan.strategy}, {plan.profile_mode} costs)",
+        f"({solver_label(plan.strategy)}, {plan.profile_mode} costs)",
         "",
         _stage_table(plan),
         "",
@@ -60,9 +86,38 @@ def format_plan(plan: Plan) -> str:
     frameworks = framework_table(plan)
     if frameworks:
         lines += ["", "framework defaults on the same devices (predicted):", *frameworks, ""]
-    for note in plan.notes:
+    for note in [*advice_notes(plan), *plan.notes]:
         lines.append(f"note           {printable(note)}")  # notes quote unit names
     return "\n".join(lines)
+
+
+def advice_notes(plan: Plan) -> list[str]:
+    """What to do about a plan that reads wrong at first sight: one no faster than one
+    device, and a framework's default split (it runs another schedule) faster than it."""
+    notes = []
+    if plan.world_size > 1 and 0 < plan.speedup < 1.005:
+        notes.append(
+            f"this plan is no faster than one device ({plan.speedup:.2f}x): with "
+            f"M = {plan.microbatches} the pipeline idles in its bubble and sends more than "
+            "splitting the model saves; give a larger --batch-size (more micro-batches), "
+            "--schedule auto, or fewer GPUs (--scaling shows each K)"
+        )
+    faster = []
+    for name in FRAMEWORK_DEFAULTS:
+        b = plan.baselines.get(name) or {}
+        time_s = b.get("iteration_time_s")
+        if time_s and b.get("feasible", True) and time_s < plan.iteration_time_s * 0.995:
+            schedule = b.get("schedule") or "another schedule"
+            faster.append((time_s, FRAMEWORK_LABELS[name], schedule))
+    if faster:
+        time_s, label, schedule = min(faster)
+        notes.append(
+            f"{label} is faster than this plan ({time_s / plan.iteration_time_s:.2f}x its "
+            f"iteration): it runs {schedule}, a schedule this plan was not asked to weigh "
+            f"(--schedule {plan.request.schedule if plan.request else plan.schedule}); plan "
+            "with --schedule auto to weigh every schedule"
+        )
+    return notes
 
 
 def _stage_table(plan: Plan) -> str:
@@ -70,8 +125,7 @@ def _stage_table(plan: Plan) -> str:
     bottleneck_s = max((s.time_s for s in plan.stages), default=0.0) or 1.0
     rows = []
     for s in plan.stages:
-        first, last = printable(s.first_module), printable(s.last_module)
-        span = first if s.first_module == s.last_module else f"{first} .. {last}"
+        span = module_span(s.first_module, s.last_module)
         rows.append(
             [
                 str(s.index) if plan.virtual_stages == 1 else f"{s.index} (rank {s.rank})",
@@ -106,11 +160,17 @@ def _figure_lines(plan: Plan) -> list[str]:
     lines = [
         "times are per micro-batch; load = stage time / bottleneck stage time",
         f"micro-batches  M = {plan.microbatches} x {plan.microbatch_size} samples "
-        f"(batch {plan.batch_size}), schedule {plan.schedule}",
+        f"({_batch_words(plan)}), schedule {plan.schedule}",
         f"iteration      {format_seconds(plan.iteration_time_s)} predicted, "
         f"{plan.throughput:.4g} samples/s, {plan.speedup:.2f}x over one device",
-        f"bubble         {100 * plan.bubble_fraction:.1f}% idle",
     ]
+    if plan.replicas > 1 and plan.pipeline_iteration_s > 0:
+        lines.append(
+            "               (iteration = one training step: the pipeline's "
+            f"{format_seconds(plan.pipeline_iteration_s)} + exposed DP communication "
+            f"{format_seconds(plan.allreduce_s)}; notes that say pipeline mean the first)"
+        )
+    lines.append(f"bubble         {100 * plan.bubble_fraction:.1f}% idle")
     if plan.lower_bound_s > 0:
         lines.append(
             f"lower bound    {format_seconds(plan.lower_bound_s)} (proven, any cut at this "
@@ -132,6 +192,16 @@ def _figure_lines(plan: Plan) -> list[str]:
     if plan.state_bytes_per_parameter:
         lines.append(f"training state {_training_state(plan)}")
     return lines
+
+
+def _batch_words(plan: Plan) -> str:
+    """``batch 8``, or with D replicas ``batch 8 per replica, 16 global over dp 2``."""
+    if plan.replicas == 1:
+        return f"batch {plan.batch_size}"
+    return (
+        f"batch {plan.batch_size} per replica, {plan.batch_size * plan.replicas} global "
+        f"over dp {plan.replicas}"
+    )
 
 
 def _baselines_line(plan: Plan) -> list[str]:
