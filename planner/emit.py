@@ -40,7 +40,7 @@ from autopipe.planner.layers import layer_stack
 from autopipe.core.mesh_rules import mesh_problems
 from autopipe.core.plan import Plan
 from autopipe.core.schedule_rules import preflight
-from autopipe.core.vocabulary import MESH_DIM_NAMES, TORCH_CLASSES
+from autopipe.core.vocabulary import MESH_DIM_NAMES, TORCH_CLASSES, TORCH_TP_STYLES
 
 __all__ = [
     "EMIT_FORMATS",
@@ -54,6 +54,7 @@ __all__ = [
     "to_torch",
     "to_torchtitan",
     "to_torchtitan_python",
+    "torch_tp_plan",
     "torchtitan_names",
 ]
 
@@ -79,7 +80,8 @@ def to_torch(plan: Plan) -> dict[str, Any]:
     them the mesh: ``mesh_shape`` ``[pp, dp, tp]`` and ``mesh_dim_names`` for
     ``init_device_mesh(device, mesh_shape, mesh_dim_names=...)``, ``shard`` (how the
     training state is sharded over ``dp``) and, with ``tp`` > 1, ``tp_plan`` (module
-    pattern -> ``parallelize_module`` style).
+    pattern -> the ``parallelize_module`` style as its constructor call,
+    :func:`torch_tp_plan`).
 
     ``pipeline()`` has no per-stage re-materialization: a plan that checkpoints a stage is
     refused (re-plan with ``--checkpoint never``, or wrap those modules yourself)."""
@@ -104,8 +106,23 @@ def to_torch(plan: Plan) -> dict[str, Any]:
         "mesh_shape": list(plan.mesh_shape),
         "mesh_dim_names": list(MESH_DIM_NAMES),
         "shard": plan.shard,
-        **({"tp_plan": dict(plan.tp_plan)} if plan.tensor_parallel > 1 else {}),
+        **({"tp_plan": torch_tp_plan(plan)} if plan.tensor_parallel > 1 else {}),
     }
+
+
+def torch_tp_plan(plan: Plan) -> dict[str, str]:
+    """The plan's ``tp_plan`` (module pattern -> Hugging Face style word) as torch's
+    ``ParallelStyle`` constructor calls (:data:`TORCH_TP_STYLES`), which ``parallelize_module``
+    takes (it refuses the words); EmitError for a word with no torch style."""
+    out = {}
+    for pattern, style in plan.tp_plan.items():
+        if style not in TORCH_TP_STYLES:
+            raise EmitError(
+                f"the plan's tp_plan splits {pattern} {style!r}, which has no torch "
+                f"ParallelStyle here (known: {', '.join(TORCH_TP_STYLES)})"
+            )
+        out[pattern] = TORCH_TP_STYLES[style]
+    return out
 
 
 def _layer_count(plan: Plan) -> int:

@@ -394,3 +394,44 @@ def test_megatron_command_line_sets_what_validate_args_asserts_with_tp() -> None
     assert line[4:] == ["pretrain_gpt.py", *text["args"]]
     plain = json.loads(emit(_mesh("1f1b", 1, 1, "none"), "megatron"))
     assert "env" not in plain and plain["command_line"].startswith("torchrun ")
+
+
+def _torch_styles(tp_plan: dict[str, str]) -> dict[str, Any]:
+    """The emitted styles built with torch's own classes (names from
+    torch.distributed.tensor.parallel and torch.distributed.tensor only)."""
+    import torch.distributed.tensor as tensor
+    import torch.distributed.tensor.parallel as parallel
+
+    names = {n: getattr(parallel, n) for n in parallel.__all__} | {
+        "Replicate": tensor.Replicate, "Shard": tensor.Shard}  # fmt: skip
+    return {p: eval(call, {"__builtins__": {}}, names) for p, call in tp_plan.items()}  # noqa: S307
+
+
+def test_torch_tp_plan_is_what_parallelize_module_takes() -> None:
+    """The torch format's tp_plan holds torch ParallelStyles (as constructor calls), which
+    torch's parallelize_module applies to examples/gpt.py over a 2-rank TP mesh; the Hugging
+    Face words it held before torch refuses."""
+    import sys
+
+    import torch
+    from distributed_cases import tiny_gpt
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor.parallel import ParallelStyle, parallelize_module
+
+    from autopipe.core.vocabulary import TORCH_TP_STYLES, TP_STYLES
+
+    assert set(TORCH_TP_STYLES) == set(TP_STYLES)
+    assert all(isinstance(s, ParallelStyle) for s in _torch_styles(TORCH_TP_STYLES).values())
+    model = tiny_gpt()[0]
+    words = sys.modules[type(model).__module__].tp_plan()
+    plan = dataclasses.replace(_mesh("1f1b", 1, 2, "none"), tp_plan=words)
+    spec = to_torch(plan)
+    assert set(spec["tp_plan"]) == set(words)
+    styles = _torch_styles(spec["tp_plan"])
+    for rank in fc._fake_ranks(2):
+        mesh = torch.distributed.device_mesh.init_device_mesh("cpu", (2,))
+        with pytest.raises(TypeError, match="parallelize_plan"):
+            parallelize_module(tiny_gpt()[0], mesh, dict(words))
+        split = parallelize_module(tiny_gpt()[0], mesh, styles)
+        qkv = split.get_submodule("blocks.0.attn.qkv").weight
+        assert isinstance(qkv, DTensor) and qkv.to_local().shape[0] * 2 == qkv.shape[0], rank

@@ -10,7 +10,7 @@ from autopipe import profiling
 from autopipe.cli import common
 from autopipe.core.plantext import format_plan
 from autopipe.core.request import PlanRequest
-from autopipe.core.schedule_rules import check_virtual_stages, violations
+from autopipe.core.schedule_rules import violations
 from autopipe.core.vocabulary import (
     DEFAULT_CHECKPOINT,
     PLAN_SCHEDULES,
@@ -271,6 +271,11 @@ def _add_link_flags(p: argparse.ArgumentParser) -> None:
 def cmd_plan(args: argparse.Namespace) -> int:
     _check_outputs(args)
     devices = common.device_flags(args)  # the one resolution of --device / --device-spec
+    # The typed request first: PlanRequest refuses a bad field itself (one line, exit 2).
+    try:
+        placement = _placement(args, devices)
+    except RuleViolation as exc:
+        raise common.UsageError(str(exc)) from exc
     _check_flags(args, devices)  # before spending time profiling
     if args.model.endswith(".json"):
         profile = common.load_profile_file(args.model)
@@ -279,7 +284,6 @@ def cmd_plan(args: argparse.Namespace) -> int:
         request = common.profile_request(args)
         profile = profiling.profile_model_file(args.model, devices, request)
     _check_against_profile(args, profile)
-    placement = _placement(args, devices)
 
     try:
         result = plan_on_devices(profile, placement)
@@ -499,18 +503,15 @@ def _plot(args: argparse.Namespace, result: Plan, profile: Profile) -> None:
 
 
 def _check_schedule_rules(args: argparse.Namespace) -> None:
-    """Refuse a forced ``--schedule`` (with ``--virtual-stages`` / ``--microbatches``) that
-    torch would refuse, on the request alone: the pre-flight rules that need no profile
-    (``autopipe.core.schedule_rules.violations``). The batch rules wait for the profile. O(1)."""
+    """Refuse a forced ``--schedule`` (with ``--microbatches``) that torch would refuse, on
+    the flags alone: the pre-flight rules that need no profile
+    (``autopipe.core.schedule_rules.violations``; ``PlanRequest`` refused a V the schedule
+    does not run already). The batch rules wait for the profile. O(1)."""
     if args.schedule == "auto":
         return
 
     v = args.virtual_stages
-    if isinstance(v, int):
-        why = check_virtual_stages(args.schedule, v)
-        if why is not None:
-            raise common.UsageError(f"stages-per-rank: {why}")
-    else:
+    if not isinstance(v, int):
         v = 2 if args.schedule in V_SHAPE_SCHEDULES else 1
     m = args.microbatches
     if not isinstance(m, int) or args.data_parallel or _plans_mesh(args):

@@ -10,7 +10,7 @@ had (``ValueError``, ``RuntimeError``), so ``except ValueError`` still catches t
 
 from __future__ import annotations
 
-__all__ = ["AutopipeError", "Failure", "UsageError"]
+__all__ = ["AutopipeError", "Failure", "PlanningError", "RuleViolation", "UsageError"]
 
 
 class AutopipeError(Exception):
@@ -23,3 +23,22 @@ class UsageError(AutopipeError):
 
 class Failure(AutopipeError):
     """The input was fine but the work could not be done: exit 1."""
+
+
+class PlanningError(Failure, ValueError):
+    """No plan can be made from these inputs; the message is one line saying why and what to try.
+
+    When memory is the reason, ``min_memory_bytes`` is the smallest equal memory per device
+    (bytes, headroom included) for which the same request has a plan; otherwise it is None.
+    Defined here (re-exported by ``autopipe.planner.errors``) so that ``PlanRequest`` can
+    refuse a bad field at construction with the planner's own error.
+    """
+
+    min_memory_bytes: int | None = None
+
+
+class RuleViolation(PlanningError, UsageError):
+    """The request forces a plan that torch.distributed.pipelining would refuse to run (a
+    rule of :mod:`autopipe.core.schedule_rules`, named at the start of the message), or a
+    request field is invalid (``PlanRequest``): bad input rather than a planning failure (a
+    ``UsageError`` too), so the CLI exits 2."""

@@ -73,7 +73,19 @@ def _legacy_request(meta: dict[str, Any]) -> PlanRequest:
         values.setdefault("checkpoint", meta.pop("checkpoint_mode"))
     if "headroom" in meta:
         values.setdefault("headroom", meta.pop("headroom"))
-    return PlanRequest.from_dict(values)
+    return _load_request(values)
+
+
+def _load_request(values: dict[str, Any]) -> PlanRequest:
+    """``PlanRequest.from_dict``; a field it refuses is a FieldError naming
+    ``request.<field>`` and its value, as the file holds it."""
+    try:
+        return PlanRequest.from_dict(values)
+    except ValueError as exc:
+        name = getattr(exc, "field", "")
+        if name not in values:
+            raise
+        raise FieldError(f"request.{name}", f"is {values[name]!r}; {exc}") from None
 
 
 class PlanFormatError(UsageError, ValueError):
@@ -434,7 +446,7 @@ class Plan:
             stages = [StagePlan(**known_fields(StagePlan, s)) for s in data["stages"]]
             fields = known_fields(cls, data, without=("stages",))
             if isinstance(fields.get("request"), dict):
-                fields["request"] = PlanRequest.from_dict(fields["request"])
+                fields["request"] = _load_request(fields["request"])
             elif fields.get("request") is not None:
                 raise FieldError("request", "is not an object")
             plan = cls(stages=stages, **fields)  # meta keys of earlier writers: lift_meta

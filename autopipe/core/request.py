@@ -12,15 +12,33 @@ It is frozen: a request is a value, not a bag of options that steps rewrite.
 from __future__ import annotations
 
 import dataclasses
+import math
+import numbers
+import operator
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, get_args
 
 from autopipe.core.cluster import Cluster, Device
 from autopipe.core.datafile import known_fields
+from autopipe.core.errors import RuleViolation
+from autopipe.core.optimizer import AUTO, OPTIMIZERS
+from autopipe.core.schedule_rules import check_virtual_stages
 from autopipe.core.vocabulary import DEFAULT_CHECKPOINT
 
-__all__ = ["PlanRequest"]
+__all__ = ["Checkpoint", "PlanRequest", "Schedule", "Shard", "Strategy"]
+
+Schedule = Literal[
+    "gpipe", "1f1b", "interleaved-1f1b", "looped-bfs", "interleaved-zb", "zbv", "dualpipev",
+    "auto",
+]  # fmt: skip
+"""``PLAN_SCHEDULES`` or ``auto``."""
+Checkpoint = Literal["never", "always", "except_last", "auto"]
+"""``CHECKPOINT_MODES``."""
+Strategy = Literal["dp", "ilp", "brute-force", "uniform", "parameters", "greedy-time"]
+"""The planner's ``STRATEGIES``: the exact solvers and the baselines."""
+Shard = Literal["none", "optimizer", "gradients", "parameters", "auto"]
+"""``SHARD_MODES`` or ``auto``."""
 
 
 @dataclass(frozen=True)
@@ -39,7 +57,7 @@ class PlanRequest:
     """The mini-batch B; ``None``: the profile's batch size."""
     microbatches: int | str | tuple[int, ...] = "auto"
     """M, a tuple of candidates, or ``"auto"`` (every divisor of B up to a bound)."""
-    schedule: str = "gpipe"
+    schedule: Schedule = "gpipe"
     """One of ``PLAN_SCHEDULES`` (``gpipe``, ``1f1b``, ``interleaved-1f1b``, ``looped-bfs``,
     ``interleaved-zb``, ``zbv``, ``dualpipev``) or ``"auto"`` (schedule, V, chunks, M and
     re-materialization chosen together)."""
@@ -49,10 +67,10 @@ class PlanRequest:
     compile: bool = False
     """The stages will be ``torch.compile``'d: rules out the schedules that split backward
     (torch refuses compiled stages there)."""
-    checkpoint: str = DEFAULT_CHECKPOINT
+    checkpoint: Checkpoint = DEFAULT_CHECKPOINT  # type: ignore[assignment]
     """Re-materialization: ``"never"``, ``"always"``, ``"except_last"`` or ``"auto"`` (the
     default, ``vocabulary.DEFAULT_CHECKPOINT``: only where the activations would not fit)."""
-    strategy: str = "dp"
+    strategy: Strategy = "dp"
     """How stages are cut: ``"dp"``, ``"ilp"``, ``"brute-force"`` or a baseline's name."""
     optimizer: str = "auto"
     """Whose training state each parameter carries (``autopipe/core/optimizer.py``)."""
@@ -72,7 +90,7 @@ class PlanRequest:
     of devices N = PP x D x T (``planner/mesh.py``)."""
     data_parallel: int | str = 1
     """D, data-parallel replicas of the pipeline in a mesh plan, or ``"auto"``."""
-    shard: str = "none"
+    shard: Shard = "none"
     """How the training state is sharded over the D replicas (``SHARD_MODES``: ``none``,
     ``optimizer``, ``gradients``, ``parameters``) or ``"auto"``."""
     gpus_per_node: int | None = None
@@ -138,6 +156,7 @@ class PlanRequest:
         # A list given for the candidates is kept as a tuple: requests are hashable values.
         if isinstance(self.microbatches, list):
             object.__setattr__(self, "microbatches", tuple(self.microbatches))
+        _validate(self)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready: the cluster as its devices' fields, candidates as a list."""
@@ -168,3 +187,100 @@ class PlanRequest:
         if isinstance(microbatches, Sequence) and not isinstance(microbatches, str):
             values["microbatches"] = tuple(microbatches)
         return cls(**values)
+
+
+# -- validation: each field alone, at construction (RuleViolation, a ValueError, one line) --
+
+
+def _refuse(name: str, message: str) -> RuleViolation:
+    """The refusal of field ``name`` (kept as ``field``, for a file's reader to say where)."""
+    exc = RuleViolation(message)
+    exc.field = name  # type: ignore[attr-defined]
+    return exc
+
+
+def _is_positive_int(value: object) -> bool:
+    if isinstance(value, bool):
+        return False
+    try:
+        return operator.index(value) >= 1  # type: ignore[arg-type]
+    except TypeError:
+        return False
+
+
+def _positive_or_auto(name: str, value: object) -> None:
+    if value != "auto" and not _is_positive_int(value):
+        raise _refuse(name, f"{name}={value!r} must be 'auto' or a positive integer")
+
+
+def _one_of(name: str, value: object, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise _refuse(
+            name, f"{name}={value!r} is not valid; use one of {', '.join(map(repr, allowed))}"
+        )
+
+
+def _positive_number(name: str, value: object, what: str = "a positive number") -> None:
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not float(value) > 0:
+        raise _refuse(name, f"{name}={value!r} must be {what}")
+    if not math.isfinite(float(value)):
+        raise _refuse(name, f"{name}={value!r} must be {what}")
+
+
+def _validate(r: PlanRequest) -> None:
+    """Refuse the first field that no plan could honour, naming it: a choice outside its
+    ``Literal``, a count below 1, a size or time that is not positive. What depends on the
+    profile (units, batch divisors, heads) the planner checks."""
+    for name in ("gpus", "batch_size", "gpus_per_node"):
+        value = getattr(r, name)
+        if value is not None and not _is_positive_int(value):
+            raise _refuse(name, f"{name}={value!r} must be a positive integer")
+    _check_microbatches(r.microbatches)
+    _one_of("schedule", r.schedule, get_args(Schedule))
+    _positive_or_auto("virtual_stages", r.virtual_stages)
+    _one_of("checkpoint", r.checkpoint, get_args(Checkpoint))
+    _one_of("strategy", r.strategy, get_args(Strategy))
+    key = r.optimizer.lower().replace("_", "-") if isinstance(r.optimizer, str) else r.optimizer
+    _one_of("optimizer", key, (AUTO, *OPTIMIZERS))
+    if r.bytes_per_parameter is not None and not r.bytes_per_parameter > 0:
+        raise _refuse(
+            "bytes_per_parameter", f"bytes_per_parameter={r.bytes_per_parameter} must be positive"
+        )
+    _positive_number("memory_per_device", r.memory_per_device, "a positive number of bytes")
+    if not isinstance(r.headroom, numbers.Real) or not (
+        r.headroom >= 0 and math.isfinite(r.headroom)
+    ):
+        raise _refuse(
+            "headroom", f"headroom={r.headroom} must be a fraction >= 0 (0.1 keeps 10% free)"
+        )
+    _positive_number("time_limit_s", r.time_limit_s, "a positive number of seconds")
+    _positive_or_auto("tensor_parallel", r.tensor_parallel)
+    _positive_or_auto("data_parallel", r.data_parallel)
+    _one_of("shard", r.shard, get_args(Shard))
+    _positive_number(
+        "inter_node_bandwidth_bytes_per_s", r.inter_node_bandwidth_bytes_per_s,
+        "a positive number of bytes per second",
+    )  # fmt: skip
+    if r.schedule != "auto" and r.virtual_stages != "auto":
+        why = check_virtual_stages(r.schedule, operator.index(r.virtual_stages))
+        if why is not None:
+            raise _refuse("virtual_stages", f"stages-per-rank: {why}")
+
+
+def _check_microbatches(m: object) -> None:
+    """``auto``, a positive integer (a string of digits too) or a tuple of them."""
+    if isinstance(m, str):
+        if m != "auto" and not (m.strip().isdigit() and int(m) >= 1):
+            raise _refuse(
+                "microbatches", f"microbatches={m!r}: give 'auto', an integer or a list of integers"
+            )
+        return
+    if isinstance(m, tuple) and not m:
+        raise _refuse(
+            "microbatches", "microbatches is an empty list; give at least one candidate or 'auto'"
+        )
+    for value in m if isinstance(m, tuple) else (m,):
+        if not _is_positive_int(value):
+            raise _refuse("microbatches", f"microbatches={value!r} must be a positive integer")

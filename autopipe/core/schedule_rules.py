@@ -27,13 +27,17 @@ that enforces each (``torch/distributed/pipelining/schedules.py``):
 
 from __future__ import annotations
 
-from autopipe.core.plan import Plan
+from typing import TYPE_CHECKING
+
 from autopipe.core.vocabulary import (
     SINGLE_SCHEDULES,
     SPLIT_BACKWARD_SCHEDULES,
     TORCH_CLASSES,
     V_SHAPE_SCHEDULES,
 )
+
+if TYPE_CHECKING:  # annotations only: PlanRequest checks V with these rules at construction
+    from autopipe.core.plan import Plan
 
 __all__ = ["RULES", "check_virtual_stages", "chunk_ranks", "preflight", "violations"]
 

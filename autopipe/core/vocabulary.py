@@ -20,6 +20,7 @@ __all__ = [
     "SINGLE_SCHEDULES",
     "SPLIT_BACKWARD_SCHEDULES",
     "TORCH_CLASSES",
+    "TORCH_TP_STYLES",
     "V_SHAPE_SCHEDULES",
 ]
 
@@ -77,6 +78,20 @@ TP_STYLES = (
 ParallelStyles: ``embedding_rowwise`` (a vocab-parallel embedding) on an ``nn.Embedding``,
 the others on an ``nn.Linear``; the profiler keeps only these in a profile's TP plan, so the
 planner prices what the runtime runs."""
+TORCH_TP_STYLES = {
+    "colwise": "ColwiseParallel()",
+    "rowwise": "RowwiseParallel()",
+    "colwise_rep": "ColwiseParallel(output_layouts=Replicate())",
+    "colwise_gather_output": "ColwiseParallel(output_layouts=Replicate())",
+    "rowwise_rep": "RowwiseParallel(input_layouts=Replicate())",
+    "rowwise_split_input": "RowwiseParallel(input_layouts=Shard(-1))",
+    "embedding_rowwise": "RowwiseParallel(input_layouts=Replicate())",
+}
+"""Each of ``TP_STYLES`` as the ``torch.distributed.tensor.parallel`` style that
+``parallelize_module`` takes, written as its constructor call (names from
+``torch.distributed.tensor.parallel`` and the placements ``Replicate``, ``Shard`` of
+``torch.distributed.tensor``): Megatron-style TP without sequence parallelism, which needs
+``SequenceParallel`` on the norms between (what ``autopipe run`` adds from the graph)."""
 EMBEDDING_TP_STYLES = ("embedding_rowwise",)
 """The styles of ``TP_STYLES`` that split an ``nn.Embedding`` (by vocabulary rows)."""
 """How the training state is sharded over the D data-parallel replicas: ``none`` (each
