@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any
 from autopipe.core.humanize import format_seconds
 from autopipe.core.plan import Plan
 from autopipe.core.timeline import Timeline
+from autopipe.planner.schedules import rank_orders
 from autopipe.viz.gantt import timeline_detail, timeline_title
 from autopipe.viz.predict import predicted_timeline
 
@@ -176,14 +177,20 @@ class BenchResult:
 def measured_stage_times(timeline: Timeline) -> list[tuple[float, float]]:
     """Per stage ``(forward_s, backward_s)``: medians of its task durations over micro-batches.
 
-    The backward duration includes a nested recomputation (the executor runs it inside).
+    The backward duration includes a nested recomputation (the executor runs it inside); a
+    stage whose backward ran split (zero-bubble orders) counts its input- plus weight-gradient
+    medians.
     Works on a timeline of any clock, a per-thread one included (only durations are read).
     """
     out = []
     for s in range(timeline.num_stages):
         fwd = timeline.durations(s, "forward")
         bwd = timeline.durations(s, "backward")
-        out.append((statistics.median(fwd) if fwd else 0.0, statistics.median(bwd) if bwd else 0.0))
+        back = statistics.median(bwd) if bwd else 0.0
+        for split in ("backward_input", "backward_weight"):  # zero-bubble: B and W apart
+            part = timeline.durations(s, split) if not bwd else []
+            back += statistics.median(part) if part else 0.0
+        out.append((statistics.median(fwd) if fwd else 0.0, back))
     return out
 
 
@@ -299,12 +306,23 @@ def run_bench(
     ``"auto"`` (see :func:`choose_clock`). ``executor_overhead``: on the thread-CPU clock,
     add the executor's per-task cost (:func:`calibrate_executor_overhead`, measured on tiny
     stages, not on this run) to every stage of the prediction. Cost: ``warmup + steps``
-    training steps plus one simulation. Measures with ``autopipe.runtime.step_measurement.measure_steps``,
-    then :func:`compare`.
+    training steps plus one simulation. Measures with ``autopipe.runtime.step_measurement.measure_steps``
+    in the plan's own per-rank order (``autopipe.planner.schedules.rank_orders``), then
+    :func:`compare`.
     """
+    from autopipe.runtime.parallelize import stage_devices
     from autopipe.runtime.step_measurement import calibrate_executor_overhead as calibrate
     from autopipe.runtime.step_measurement import measure_steps
 
+    placed = [str(d) for d in stage_devices(devices, None, plan)]
+    if plan.virtual_stages > 1 and len(set(placed)) < len(placed):
+        # Refused before training: the prediction could not be made afterwards.
+        raise ValueError(
+            f"bench predicts {plan.schedule} with {plan.virtual_stages} chunks per rank on "
+            f"dedicated devices only, but the ranks share {placed[0]}: bench it on "
+            f"{plan.num_stages} distinct devices (--devices), or train it with "
+            "autopipe.parallelize(...).step"
+        )
     measurement = measure_steps(
         model,
         example_inputs,
@@ -316,6 +334,7 @@ def run_bench(
         lr=lr,
         clock=clock,
         progress=progress,
+        orders=rank_orders(plan.schedule, plan.num_stages, plan.virtual_stages, plan.microbatches),
     )
     overhead = (0.0, 0.0)
     if executor_overhead and measurement.clock == "thread_cpu":

@@ -120,8 +120,12 @@ def format_bench(result: BenchResult) -> str:
         _bench_table(result),
         "",
         f"per micro-batch on the {clock} clock; medians over micro-batches and steps; err = "
-        "(predicted - measured) / measured; the last stage includes the loss (run once per "
-        "batch by the executor, divided by M)",
+        "(predicted - measured) / measured; the last stage includes the loss "
+        + (
+            "(run once per batch by the executor, divided by M)"
+            if plan.schedule == "gpipe"
+            else f"(run per micro-batch in its forward and backward, in {plan.schedule}'s order)"
+        ),
         f"iteration      predicted {result.iteration_predicted_s * 1e3:.1f} ms, measured "
         f"{result.iteration_measured_s * 1e3:.1f} ms {clock} ({_pct(result.iteration_error)}); "
         f"wall {result.iteration_wall_s * 1e3:.1f} ms, whole step incl. optimizer "

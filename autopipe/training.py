@@ -299,6 +299,7 @@ def _build_pipeline(request: TrainRequest, world: int) -> tuple[DistributedPipel
     """This rank's part of the pipeline and the global batch of example inputs (the plan's
     batch for each data-parallel replica). What the model file, the plan or the weights do
     not allow is a UsageError; a peer failing meanwhile, a Failure."""
+    from autopipe.planner.schedules import rank_orders
     from autopipe.runtime.distributed.failures import PipelineRankError
     from autopipe.runtime.distributed.layout import PlanWorldSizeError
     from autopipe.runtime.distributed.mesh import uses_mesh
@@ -316,7 +317,10 @@ def _build_pipeline(request: TrainRequest, world: int) -> tuple[DistributedPipel
             else (world // plan.num_stages if world % plan.num_stages == 0 else 1)
         )
         inputs = mf.inputs(plan.batch_size * replicas)
-        pipe = DistributedPipeline(model, plan, inputs, mf.loss_fn, state_dict=state_dict)
+        orders = rank_orders(plan.schedule, plan.num_stages, plan.virtual_stages, plan.microbatches)
+        pipe = DistributedPipeline(
+            model, plan, inputs, mf.loss_fn, state_dict=state_dict, orders=orders
+        )
     except (ModelFileError, PlanWorldSizeError, StageSplitError, ValueError, TypeError) as exc:
         raise UsageError(str(exc)) from exc
     except PipelineRankError as exc:

@@ -246,10 +246,11 @@ def _forward_action(
     stream = rng.stream(i, stage.device) if rng is not None else nullcontext()
     term = None
     with stream, saving(), torch.enable_grad():
+        # The last chunk's forward includes its micro-batch's loss (and its backward the
+        # loss's), as the plan's last stage does.
         with recorder.record(c, i, "forward", stage.device):
             out_leaves = run(*in_leaves)
-        if is_last and loss_of is not None:
-            with recorder.record(c, i, "loss", stage.device):
+            if is_last and loss_of is not None:
                 term = loss_of(i, tuple(pytree.tree_unflatten(list(out_leaves), out_spec())))
     if term is not None:
         positions = [0] if term.total.requires_grad else []

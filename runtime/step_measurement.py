@@ -34,7 +34,7 @@ from torch import nn
 from tqdm import tqdm
 
 from autopipe.core.plan import Plan, StagePlan
-from autopipe.core.timeline import Timeline
+from autopipe.core.timeline import Action, Timeline
 
 __all__ = [
     "CLOCKS",
@@ -115,8 +115,13 @@ def measure_steps(
     lr: float = 1e-3,
     clock: str = "auto",
     progress: bool = False,
+    orders: Sequence[Sequence[Action]] | None = None,
 ) -> Measurement:
     """Train ``warmup + steps`` SGD steps of ``plan``; measure the last ``steps``.
+
+    ``orders``: each rank's actions of the plan's schedule (needed for any schedule but
+    GPipe: ``autopipe.planner.schedules.rank_orders``); a non-GPipe plan trains with
+    ``Pipeline.step`` in that order, its loss inside the last stage's forward and backward.
 
     ``example_inputs`` is one mini-batch of ``plan.batch_size`` samples; ``devices`` default
     to the executor's choice (K CUDA devices, else K x "cpu"); ``clock`` as in
@@ -124,9 +129,10 @@ def measure_steps(
     """
     if steps < 1 or warmup < 0:
         raise ValueError(f"steps={steps} must be >= 1 and warmup={warmup} >= 0")
-    pipe = build_pipeline(model, example_inputs, plan, devices)
+    pipe = build_pipeline(model, example_inputs, plan, devices, orders=orders)
     pipe.train()
-    stage_devices = [str(d) for d in getattr(pipe, "devices", devices or [])]
+    # One device per rank: chunk r < K is on rank r under every placement.
+    stage_devices = [str(d) for d in getattr(pipe, "devices", devices or [])][: plan.num_stages]
     clock = choose_clock(clock, stage_devices, torch.get_num_threads())
     pipe.timeline_clocks = clocks_for(clock)
     # The iteration on the thread-CPU clock is the process's CPU time.
@@ -176,6 +182,12 @@ def _train_step(
     its wall seconds (to the end of the optimizer step)."""
     optimizer.zero_grad(set_to_none=True)
     w0, c0 = time.perf_counter(), iteration_clock()
+    if pipe.schedule != "gpipe":  # the plan's own order (pipe(x) + backward would be GPipe)
+        pipe.step(example_inputs, loss_fn=loss_fn)
+        c1 = iteration_clock()
+        assert pipe.last_recorder is not None
+        optimizer.step()
+        return pipe.last_recorder, c1 - c0, time.perf_counter() - w0
     outputs = pipe.run_microbatches(example_inputs)
     recorder = pipe.last_recorder
     assert recorder is not None  # every run of the pipeline records

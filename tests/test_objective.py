@@ -146,7 +146,8 @@ def _plan(model_file: Path, directory: Path) -> Path:
 
 
 def _one_process(model_file: Path, plan_path: Path) -> tuple[list[float], dict[str, Any]]:
-    """The one-process GPipe pipeline trained with ``Pipeline.loss`` (SGD)."""
+    """The one-process pipeline trained with ``Pipeline.step`` (SGD), in the plan's 1F1B
+    order (``pipe.loss(...).backward()`` would run it fill-drain: refused)."""
     from autopipe.core.plan import load_plan
 
     mf = load_model_file(str(model_file))
@@ -156,10 +157,9 @@ def _one_process(model_file: Path, plan_path: Path) -> tuple[list[float], dict[s
     losses = []
     for _ in range(STEPS):
         optimizer.zero_grad()
-        loss = pipe.loss(inputs, loss_fn=mf.loss_fn)
-        loss.backward()
+        loss = pipe.step(inputs, loss_fn=mf.loss_fn)
         optimizer.step()
-        losses.append(float(loss.detach()))
+        losses.append(float(loss))
     return losses, model.state_dict()
 
 

@@ -180,3 +180,27 @@ def test_orders_that_skip_or_deadlock_are_refused() -> None:
     pipe = build_pipeline(model, idx, plan, ["cpu"] * 2, orders=stuck)
     with pytest.raises(ScheduleOrderError, match="rank 1 at 1B1"):
         pipe.step(idx, loss_fn=gpt.loss_fn)
+
+
+def test_bench_measures_the_plans_order() -> None:
+    """``autopipe bench`` (measure_steps) trains a 1F1B plan in 1F1B's order, as its
+    timeline shows stage by stage, and refuses before training a plan with several chunks
+    per rank on shared devices (which it could not predict)."""
+    from autopipe.runtime.step_measurement import measure_steps
+
+    from autopipe.bench_report import run_bench
+
+    model, idx = tiny_gpt(), tokens(8)
+    names = trace_units(model, idx).unit_names
+    plan = schedule_plan(names, "1f1b", 2, 1, 4)
+    orders = rank_orders("1f1b", 2, 1, 4)
+    run = measure_steps(
+        model, idx, plan, devices=["cpu"] * 2, steps=1, warmup=0, loss_fn=gpt.loss_fn,
+        orders=orders, clock="wall",
+    )  # fmt: skip
+    tasks = sorted(run.steps[0].timeline.tasks, key=lambda t: t.start_s)
+    for rank, order in enumerate(orders):
+        assert [t.action for t in tasks if t.stage == rank and t.phase != "recompute"] == order
+    looped = schedule_plan(names, "interleaved-1f1b", 2, 2, 4)
+    with pytest.raises(ValueError, match="interleaved-1f1b with 2 chunks per rank"):
+        run_bench(model, idx, looped, devices=["cpu"] * 2, steps=1)

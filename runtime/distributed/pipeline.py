@@ -55,6 +55,7 @@ from autopipe.runtime.distributed.mesh import (
     uses_mesh,
 )
 from autopipe.runtime.distributed.process import group_timeout
+from autopipe.runtime.distributed.schedule_order import check_torch_order
 from autopipe.runtime.distributed.sequence_parallel import (
     SequenceLayout,
     SequenceParallelError,
@@ -75,6 +76,7 @@ from torch.utils import _pytree as pytree
 from autopipe.core.errors import UsageError
 from autopipe.core.plan import Plan
 from autopipe.core.schedule_rules import preflight
+from autopipe.core.timeline import Action
 from autopipe.core.vocabulary import (
     LOOP_SCHEDULES,
     SPLIT_BACKWARD_SCHEDULES,
@@ -341,6 +343,10 @@ class DistributedPipeline:
     schedules: this rank's chunks whose backward runs whole in B, with the reason),
     ``schedule``, ``plan``.
 
+    ``orders``: the plan's per-rank actions (``rank_orders``; ``autopipe run`` passes them):
+    torch's built schedule must run the same, else
+    :class:`~autopipe.runtime.distributed.schedule_order.ScheduleOrderMismatchError`.
+
     A plan breaking a rule of its schedule (``autopipe.core.schedule_rules``) raises
     :class:`ScheduleRuleError` on every rank, before any stage is built, with the same
     one-line message naming the rule.
@@ -356,6 +362,7 @@ class DistributedPipeline:
         device: torch.device | str | None = None,
         state_dict: Mapping[str, torch.Tensor] | None = None,
         init_seed: int = 0,
+        orders: Sequence[Sequence[Action]] | None = None,
     ) -> None:
         _require_process_group()
         planned = _agreed_stages(model, plan, example_inputs, state_dict)
@@ -402,6 +409,8 @@ class DistributedPipeline:
         torch's split weight pass would miss (see :mod:`zero_bubble`)."""
         self.stages = self._pipeline_stages(examples)
         self.schedule = _schedule(plan, self.stages, self._loss)
+        if orders is not None:  # the plan's per-rank orders: torch must run the same
+            check_torch_order(self.schedule, plan, orders)
         self._start_counters()
 
     def _build_chunks(
