@@ -686,6 +686,11 @@ def line(o: Outcome) -> str:
     )
 
 
+SEARCH_HEADROOM = 0.10
+"""The auto search plans with the planner's default headroom (10% of memory kept free for the
+CUDA context, NCCL's buffers and the allocator): a pick must fit as a user's plan would."""
+
+
 def search(run: Run) -> str:
     """The auto mesh search on the run's GPUs and batch, its pick beside the published
     configuration, with the predicted ratio of the two steps and the main reason."""
@@ -695,7 +700,7 @@ def search(run: Run) -> str:
     spec = get_device(run.gpu)
     req = request_of(
         run, tensor_parallel="auto", data_parallel="auto", shard="auto", microbatches="auto",
-        cluster=Cluster([Device.from_spec(spec)] * run.gpus), headroom=0.0,
+        cluster=Cluster([Device.from_spec(spec)] * run.gpus), headroom=SEARCH_HEADROOM,
     )  # fmt: skip
     try:
         p = plan(profile_of(run), req)

@@ -223,6 +223,7 @@ def to_megatron(plan: Plan) -> dict[str, Any]:
     args += _megatron_mesh_args(plan)
     if recomputed:
         args += _megatron_recompute_args(plan, symbols, recomputed)
+    args += _megatron_trainer_args(plan, bool(recomputed))
     out: dict[str, Any] = {"layout": layout, "args": args, "world_size": plan.world_size}
     if plan.tensor_parallel > 1:
         # Megatron-LM's validate_args asserts it with tensor (or context) parallelism, so
@@ -231,11 +232,34 @@ def to_megatron(plan: Plan) -> dict[str, Any]:
     return out
 
 
+def _megatron_trainer_args(plan: Plan, full_recompute: bool) -> list[str]:
+    """Megatron's flags for the request's trainer options (planner/trainer.py):
+    ``--fp8-format hybrid`` (FP8), ``--recompute-granularity selective`` (unless every chunk is
+    fully re-computed), ``--tp-comm-overlap``, ``--overlap-grad-reduce`` (and
+    ``--overlap-param-gather`` with the distributed optimizer)."""
+    r = plan.request
+    if r is None:
+        return []
+    args = []
+    if r.precision == "fp8":
+        args += ["--fp8-format", "hybrid"]
+    if r.selective_recompute and not full_recompute:
+        args += ["--recompute-granularity", "selective"]
+    if r.tp_comm_overlap and plan.tensor_parallel > 1:
+        args.append("--tp-comm-overlap")
+    if r.grad_reduce_overlap and plan.replicas > 1:
+        args.append("--overlap-grad-reduce")
+        if plan.shard == "optimizer":
+            args.append("--overlap-param-gather")
+    return args
+
+
 def _megatron_mesh_args(plan: Plan) -> list[str]:
     """Megatron's flags for the plan's TP (with sequence parallelism) and ZeRO-1 sharding;
     EmitError for a sharding Megatron-LM does not run (gradients, parameters)."""
     args = []
-    if plan.tensor_parallel > 1:
+    sp = plan.request is None or plan.request.sequence_parallel
+    if plan.tensor_parallel > 1 and sp:
         args.append("--sequence-parallel")
     if plan.replicas > 1 and plan.shard == "optimizer":
         args.append("--use-distributed-optimizer")

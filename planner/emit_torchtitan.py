@@ -308,7 +308,10 @@ def to_torchtitan(plan: Plan) -> str:
     format): ``[training]`` and ``[parallelism]`` as :func:`torchtitan_fields`, and
     ``[activation_checkpoint] mode`` (``full`` or ``none``)."""
     fields = torchtitan_fields(plan, TORCHTITAN_VERSION)
-    p = fields.parallelism
+    p = dict(fields.parallelism)
+    trainer = _trainer_keys(plan)
+    p.update(trainer["parallelism"])
+    mode = "full" if fields.full_checkpoint else trainer["ac_mode"]
     lines = [
         *(f"# {line}" for line in _header(plan)),
         f"# torchtitan {TORCHTITAN_VERSION} job config (the 0.2 line's TOML; torchtitan "
@@ -324,9 +327,31 @@ def to_torchtitan(plan: Plan) -> str:
         "]",
         "",
         "[activation_checkpoint]",
-        f"mode = {_toml_value('full' if fields.full_checkpoint else 'none')}",
-    ]
+        f"mode = {_toml_value(mode)}",
+        *(['selective_ac_option = "op"'] if mode == "selective" else []),
+        *(["", "[model]", f"converters = {_toml_value(trainer['converters'])}"]
+          if trainer["converters"] else []),
+    ]  # fmt: skip
     return "\n".join(lines) + "\n"
+
+
+def _trainer_keys(plan: Plan) -> dict[str, Any]:
+    """torchtitan 0.2.2's keys for the request's trainer options (planner/trainer.py):
+    ``[model] converters = ["quantize.linear.float8"]`` for FP8, ``[activation_checkpoint]
+    mode = "selective"`` (``selective_ac_option = "op"``) for selective re-computation,
+    ``[parallelism] enable_async_tensor_parallel`` for TP comm overlap and
+    ``fsdp_reshard_after_forward = "never"`` for FSDP2 kept unsharded across micro-batches."""
+    r = plan.request
+    par: dict[str, Any] = {}
+    if r is not None and r.tp_comm_overlap and plan.tensor_parallel > 1:
+        par["enable_async_tensor_parallel"] = True
+    if r is not None and not r.reshard_after_forward and plan.shard == "parameters":
+        par["fsdp_reshard_after_forward"] = "never"
+    return {
+        "parallelism": par,
+        "ac_mode": "selective" if r is not None and r.selective_recompute else "none",
+        "converters": ["quantize.linear.float8"] if r is not None and r.precision == "fp8" else [],
+    }
 
 
 def _py(value: Any) -> str:

@@ -43,6 +43,7 @@ from autopipe.planner.search import (
     training_state,
 )
 
+from autopipe.core.catalog import get_device, is_catalog_device
 from autopipe.core.cluster import Cluster, Device
 from autopipe.core.humanize import format_bytes, format_seconds
 from autopipe.core.plan import Plan
@@ -310,21 +311,21 @@ def dp_exposed_s(plan: Plan, device: Profile, cand: MeshCandidate, topology: Top
         passes = 2 if cand.shard == "none" else 1
         exposed = _streamed_exposed_s(
             [units[x] for x in reversed(names)], b, device.batch_size, cand.fsdp, bw, lat,
-            passes, backward=True,
+            passes, backward=True, loss=topology.overlap_compute_loss,
         )  # fmt: skip
         if cand.shard == "gradients" or (cand.shard == "optimizer" and not once):
             if cand.shard == "optimizer" and topology.grad_reduce_overlap:
                 # --overlap-param-gather: the updated parameters gathered behind the forward
                 exposed += _streamed_exposed_s(
                     [units[x] for x in names], b, device.batch_size, cand.fsdp, bw, lat, 1,
-                    backward=False,
+                    backward=False, loss=topology.overlap_compute_loss,
                 )  # fmt: skip
             else:
                 exposed += whole
         if once:  # FSDP2 under PP: each unit gathered once, behind the first forward
             exposed += _streamed_exposed_s(
                 [units[x] for x in names], b, device.batch_size, cand.fsdp, bw, lat, 1,
-                backward=False,
+                backward=False, loss=topology.overlap_compute_loss,
             )  # fmt: skip
         worst = max(worst, exposed)
     return worst
@@ -340,12 +341,30 @@ def _streamed_exposed_s(
     passes: int,
     *,
     backward: bool,
+    loss: float = 0.0,
 ) -> float:
     """What outlasts one micro-batch's pass over ``units`` (in the order they run) of a
     collective per unit started when the unit's compute ends (backward: a reduction of its
     gradients) or needed when it starts (forward: a gather of its parameters, prefetched one
     unit ahead), on one communication stream: ``passes`` collectives of the unit's
-    parameter bytes each. O(units)."""
+    parameter bytes each; plus ``loss`` of the communication seconds hidden behind compute
+    (``Topology.overlap_compute_loss``). O(units)."""
+    total = sum(passes * ring_collective_s(u.parameter_bytes, dp, bw, lat) for u in units)
+    exposed = _stream_s(units, microbatch, batch, dp, bw, lat, passes, backward)
+    return exposed + loss * max(total - exposed, 0.0)
+
+
+def _stream_s(
+    units: list[UnitProfile],
+    microbatch: float,
+    batch: int,
+    dp: int,
+    bw: float,
+    lat: float,
+    passes: int,
+    backward: bool,
+) -> float:
+    """The exposed part of :func:`_streamed_exposed_s` (overlap free)."""
     t = comm_end = 0.0
     if backward:
         for u in units:
@@ -499,11 +518,19 @@ def _topology(request: PlanRequest, n: int, template: Device) -> Topology:
             "(inter_node_bandwidth_bytes_per_s, --inter-node-bandwidth)"
         )
     inter = request.inter_node_bandwidth_bytes_per_s or intra
+    intra_lat = inter_lat = template.link_latency_s
+    overlap_loss = 0.0
+    if is_catalog_device(template.name):  # per ring step of a collective (catalog.py)
+        spec = get_device(template.name)
+        overlap_loss = spec.overlap_compute_loss
+        intra_lat = max(intra_lat, spec.collective_latency_s)
+        inter_lat = max(inter_lat, spec.inter_node_collective_latency_s)
     return Topology(
-        node, intra, inter, template.link_latency_s, template.link_latency_s,
+        node, intra, inter, intra_lat, inter_lat,
         sequence_parallel=request.sequence_parallel, tp_comm_overlap=request.tp_comm_overlap,
         grad_reduce_overlap=request.grad_reduce_overlap,
         reshard_after_forward=request.reshard_after_forward,
+        overlap_compute_loss=overlap_loss,
     )  # fmt: skip
 
 

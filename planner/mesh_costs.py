@@ -57,6 +57,16 @@ class Topology:
     """Unsharded gradients are reduced during the backward (``PlanRequest.grad_reduce_overlap``)."""
     reshard_after_forward: bool = True
     """``parameters`` sharding gathers per micro-batch (True) or once per step (False)."""
+    overlap_compute_loss: float = 0.0
+    """Share of a hidden collective's seconds that the compute it overlaps loses (NCCL's
+    kernels occupy SMs and memory bandwidth): a collective hidden behind compute is not
+    free. 0: overlap is free."""
+
+    def hidden_cost_s(self, comm_s: float, compute_s: float) -> float:
+        """Seconds a collective of ``comm_s`` overlapping ``compute_s`` of compute adds: what
+        outlasts the compute, plus ``overlap_compute_loss`` of the part hidden behind it."""
+        hidden = min(comm_s, compute_s)
+        return max(0.0, comm_s - compute_s) + self.overlap_compute_loss * hidden
 
     def dp_crosses_nodes(self, tp: int, dp: int) -> bool:
         """Whether a data-parallel group (``dp`` ranks ``tp`` apart) spans more than one node."""
@@ -110,13 +120,16 @@ def tp_collective_s(unit: UnitProfile, tp: int, topology: Topology) -> float:
     return 2 * one
 
 
-def tp_overlap_exposed_s(comm_s: float, compute_s: float, tp: int) -> float:
+def tp_overlap_exposed_s(
+    comm_s: float, compute_s: float, tp: int, overlap_compute_loss: float = 0.0
+) -> float:
     """Exposed seconds of a pass's TP collectives ``comm_s`` overlapped with its compute
     ``compute_s`` (async TP, ``--tp-comm-overlap``): the collective and the matmul are cut
     into ``tp`` chunks and pipelined, so the first chunk's communication waits for nothing to
     hide behind, and the rest hides behind the compute as far as it lasts."""
     rest = comm_s * (1.0 - 1.0 / tp)
-    return comm_s / tp + max(0.0, rest - compute_s)
+    hidden = min(rest, compute_s)
+    return comm_s / tp + max(0.0, rest - compute_s) + overlap_compute_loss * hidden
 
 
 def unit_device_parameter_bytes(unit: UnitProfile, tp: int, parameter_size_bytes: int) -> float:
@@ -264,8 +277,8 @@ def _gather_extras_s(
         g = ring_collective_s(param, dp, dp_bw, dp_lat)
         # forward runs units in order (unit i's gather hides behind unit i-1), backward
         # in reverse (behind unit i+1); the first of each pass hides behind nothing.
-        fwd_extra = max(0.0, g - (computes[i - 1][0] if i > 0 else 0.0))
-        bwd_extra = max(0.0, g - (computes[i + 1][1] if i + 1 < n else 0.0))
+        fwd_extra = topology.hidden_cost_s(g, computes[i - 1][0] if i > 0 else 0.0)
+        bwd_extra = topology.hidden_cost_s(g, computes[i + 1][1] if i + 1 < n else 0.0)
         extras.append((fwd_extra, bwd_extra))
     return extras
 
@@ -290,8 +303,9 @@ def _device_unit(
     comm = tp_collective_s(u, tp, topology)
     comm_f = comm_b = comm
     if topology.tp_comm_overlap and comm > 0:
-        comm_f = tp_overlap_exposed_s(comm, fwd, tp)
-        comm_b = tp_overlap_exposed_s(comm, bwd, tp)
+        loss = topology.overlap_compute_loss
+        comm_f = tp_overlap_exposed_s(comm, fwd, tp, loss)
+        comm_b = tp_overlap_exposed_s(comm, bwd, tp, loss)
     split = u.backward_input_s + u.backward_weight_s
     b_in = _scaled(u.backward_input_s, u.backward_input_overhead_s, c)
     b_wt = _scaled(u.backward_weight_s, u.backward_weight_overhead_s, c)

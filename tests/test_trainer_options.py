@@ -158,3 +158,36 @@ def test_the_cli_flags_reach_the_request(
     with pytest.raises(SystemExit) as bad:
         main(["plan", str(path), "--gpus", "2", "--precision", "int8"])
     assert bad.value.code == 2
+
+
+def test_a_hidden_collective_costs_its_share_of_overlapped_compute() -> None:
+    """Overlap is not free: a gather hidden behind compute still costs
+    ``overlap_compute_loss`` of its seconds; one outlasting the compute costs the excess."""
+    top = Topology(8, 450e9, 50e9, overlap_compute_loss=0.1)
+    assert top.hidden_cost_s(2.0, 10.0) == pytest.approx(0.2)
+    assert top.hidden_cost_s(12.0, 10.0) == pytest.approx(2.0 + 1.0)
+    assert Topology(8, 450e9, 50e9).hidden_cost_s(2.0, 10.0) == 0.0
+    assert tp_overlap_exposed_s(8.0, 100.0, 8, 0.1) == pytest.approx(1.0 + 0.7)
+
+
+def test_emit_keys_for_the_trainer_options() -> None:
+    """torchtitan 0.2.2's keys and Megatron's flags for the request's options."""
+    from autopipe.planner.emit import _megatron_trainer_args
+    from autopipe.planner.emit_torchtitan import _trainer_keys
+
+    p = plan(
+        _profile(),
+        _mesh(
+            shard="parameters", precision="fp8", selective_recompute=True,
+            reshard_after_forward=False, tp_comm_overlap=True,
+        ),
+    )  # fmt: skip
+    keys = _trainer_keys(p)
+    assert keys["converters"] == ["quantize.linear.float8"]
+    assert keys["ac_mode"] == "selective"
+    assert keys["parallelism"] == {"fsdp_reshard_after_forward": "never"}  # T = 1: no async TP
+    z1 = plan(_profile(), _mesh(grad_reduce_overlap=True, selective_recompute=True))
+    assert _megatron_trainer_args(z1, False) == [
+        "--recompute-granularity", "selective", "--overlap-grad-reduce", "--overlap-param-gather",
+    ]  # fmt: skip
+    assert _megatron_trainer_args(z1, True) == ["--overlap-grad-reduce", "--overlap-param-gather"]

@@ -109,6 +109,14 @@ class DeviceSpec:
     inter_node_link_name: str = ""
     inter_node_source: str = ""
     """Where the inter-node figure comes from."""
+    collective_latency_s: float = 0.0
+    """Latency of one step of a ring collective between two GPUs of a node (a ring of G
+    ranks takes G - 1 steps): the mesh planner's TP and DP collectives pay it per step."""
+    inter_node_collective_latency_s: float = 0.0
+    """The same per step across nodes (one network hop)."""
+    overlap_compute_loss: float = 0.0
+    """Share of a collective's seconds that overlapped compute loses (NCCL's kernels take SMs
+    and memory bandwidth from the GEMMs they overlap); 0: overlap is free."""
 
     def peak_for(self, dtype: str, *, allow_tf32: bool = False) -> float:
         """Dense peak FLOP/s for matmuls in ``dtype`` (``"bfloat16"``, ``"fp16"``, ...)."""
@@ -489,6 +497,28 @@ _ENTRIES.append(
     )
 )
 
+OVERLAP_COMPUTE_LOSS = 0.1
+"""While NCCL overlaps a GEMM it runs its own kernels on some of the GPU's SMs (one per
+channel; Megatron's --tp-comm-overlap configurations give communication from 1 to 32 of an
+H100's 132 SMs) and shares its memory bandwidth: an assumed 10% of the overlapped
+collective's time is lost to compute. Not measured here."""
+_COLLECTIVE_LATENCY_S = (5e-6, 10e-6)
+"""Per ring step, inside a node (NVLink) and across nodes (InfiniBand / RDMA): an assumed order
+of NCCL's per-step latency for bandwidth-bound messages (a few microseconds over NVLink, about
+twice that across one network hop), not a datasheet figure and not measured here; it makes a
+ring of G ranks cost (G - 1) steps, which is what prices a wide DP group's collectives."""
+_ENTRIES = [
+    dataclasses.replace(
+        spec,
+        collective_latency_s=_COLLECTIVE_LATENCY_S[0],
+        inter_node_collective_latency_s=_COLLECTIVE_LATENCY_S[1],
+        overlap_compute_loss=OVERLAP_COMPUTE_LOSS,
+    )
+    if spec.name.startswith(("A100", "H100-SXM", "H100-96GB", "H200"))
+    else spec
+    for spec in _ENTRIES
+]
+
 CATALOG: dict[str, DeviceSpec] = {spec.name: spec for spec in _ENTRIES}
 """Built-in specs by canonical name."""
 
@@ -577,6 +607,9 @@ _FLOAT_FIELDS = (
     "link_bandwidth_bytes_per_s",
     "inter_node_bandwidth_bytes_per_s",
     "link_latency_s",
+    "collective_latency_s",
+    "inter_node_collective_latency_s",
+    "overlap_compute_loss",
     "kernel_launch_overhead_s",
     "compute_efficiency",
     "memory_efficiency",
