@@ -34,6 +34,7 @@ crosses nodes when E exceeds the node.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 
@@ -60,6 +61,15 @@ tables, the factor at which its routing stopped dropping a material share of tok
 the average; this is the stated default for how far."""
 
 
+def replaced(u: UnitProfile, **changes: object) -> UnitProfile:
+    """``dataclasses.replace`` for a unit, without re-running ``__init__`` (a hundred times
+    faster; the mesh search builds thousands of device profiles)."""
+    out = copy.copy(u)
+    for name, value in changes.items():
+        setattr(out, name, value)
+    return out
+
+
 def cp_link(topology: Topology, tp: int, cp: int) -> tuple[float, float]:
     """(bandwidth, latency) of the link a CP group (``cp`` ranks ``tp`` apart) crosses."""
     if tp * cp > topology.gpus_per_node:
@@ -81,6 +91,12 @@ def context_parallel_degrees(profile: Profile) -> list[int]:
     if s < 2 or not any(u.attention_layers for u in profile.units):
         return []
     return [c for c in range(2, s // 2 + 1) if (s // 2) % c == 0 and s % 2 == 0]
+
+
+MIN_AUTO_CHUNK_TOKENS = 128
+"""``auto`` weighs only the C whose ``2 C`` load-balanced chunks hold at least this many
+tokens each: one tile of the flash-attention kernels (128 query rows); smaller chunks leave
+the kernel idle and only add ring steps. A fixed C below it is planned as asked."""
 
 
 def expert_parallel_degrees(profile: Profile) -> list[int]:
@@ -180,7 +196,7 @@ def _unit(
         rest = (1.0 - phi_dense) * (1.0 - f_exp) * fwd_size / cp
         phi = min(max(1.0 - rest / max(fwd - u.forward_overhead_s, 1e-300), 0.0), 1.0)
     experts = u.moe_expert_parameter_count * size * (1.0 - 1.0 / ep) if ep > 1 else 0.0
-    return dataclasses.replace(
+    return replaced(
         u,
         forward_s=fwd,
         backward_s=bwd,
@@ -251,9 +267,10 @@ def context_expert_choices(
         if not s
         else f"must divide half the sequence ({s} tokens: 2 C load-balanced chunks)"
     )
-    cps = _degree(
-        "C", "context-parallel", context_parallel, context_parallel_degrees(profile), n, cp_why
-    )
+    allowed = context_parallel_degrees(profile)
+    if context_parallel == "auto":
+        allowed = [c for c in allowed if s // (2 * c) >= MIN_AUTO_CHUNK_TOKENS]
+    cps = _degree("C", "context-parallel", context_parallel, allowed, n, cp_why)
     experts = sorted({u.moe_experts for u in profile.units if u.moe_layers})
     ep_why = (
         f"must divide the {experts[0]} routed experts of each MoE layer"

@@ -18,6 +18,7 @@ ranks and crosses nodes when ``T D > gpus_per_node``; stage ``s`` sends to stage
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 from dataclasses import dataclass
@@ -309,8 +310,8 @@ def _device_unit(
     split = u.backward_input_s + u.backward_weight_s
     b_in = _scaled(u.backward_input_s, u.backward_input_overhead_s, c)
     b_wt = _scaled(u.backward_weight_s, u.backward_weight_overhead_s, c)
-    return dataclasses.replace(
-        u,
+    out = copy.copy(u)  # dataclasses.replace, without re-running __init__ (100x faster)
+    changes = dict(
         forward_s=fwd + comm_f + fwd_extra,
         forward_overhead_s=min(u.forward_overhead_s, u.forward_s) + fwd_extra,
         backward_s=bwd + comm_b + bwd_extra,
@@ -323,3 +324,6 @@ def _device_unit(
         output_bytes=u.output_bytes // tp if sp else u.output_bytes,
         peak_bytes=u.peak_bytes // tp if sp else u.peak_bytes,
     )
+    for name, value in changes.items():
+        setattr(out, name, value)
+    return out

@@ -27,6 +27,7 @@ REQUIRED = [
     "H100-SXM-80GB",
     "H100-PCIe-80GB",
     "H200-141GB",
+    "H800-SXM-80GB",
     "L4-24GB",
     "L40S-48GB",
     "RTX-4090-24GB",

@@ -33,11 +33,11 @@ from autopipe.core.request import PlanRequest
 TOPOLOGY = Topology(
     gpus_per_node=4, intra_bandwidth_bytes_per_s=1e11, inter_bandwidth_bytes_per_s=1e9
 )
-SEQ = 64
+SEQ = 2048
 
 
 def long_profile(n_blocks: int = 4, *, seed: int = 0, moe: bool = False) -> Profile:
-    """tiny_profile's blocks as attention blocks (8 heads, 2 KV heads of 16) over 64 tokens,
+    """tiny_profile's blocks as attention blocks (8 heads, 2 KV heads of 16) over 2048 tokens,
     and with ``moe`` an MoE layer each (8 experts, top-2, 80% of the parameters routed
     experts, hidden 128)."""
     p = tiny_profile(n_blocks, seed=seed)
@@ -47,7 +47,7 @@ def long_profile(n_blocks: int = 4, *, seed: int = 0, moe: bool = False) -> Prof
             u = dataclasses.replace(
                 u, attention_layers=1, attention_heads=8, attention_kv_heads=2,
                 attention_head_dim=16, attention_value_head_dim=16,
-                forward_flops=1e9, backward_flops=2e9,
+                forward_flops=1e12, backward_flops=2e12,
             )  # fmt: skip
             if moe:
                 u = dataclasses.replace(

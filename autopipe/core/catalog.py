@@ -273,6 +273,25 @@ _ENTRIES = [
         source="https://resources.nvidia.com/en-us-tensor-core/nvidia-tensor-core-gpu-datasheet",
         aliases=("h100", "h100-sxm", "h100-sxm5", "h100-80gb", "h100-sxm-80gb"),
     ),
+    # H800 SXM5: the export variant of the H100 SXM, the same Hopper compute and 80GB HBM3
+    # (NVIDIA's H800 SXM5 product brief) with NVLink cut to 400 GB/s bidirectional (200 per
+    # direction). DeepSeek-V3 trained on 2048 of them, 8 per node (DeepSeek-V3 technical
+    # report, arXiv 2412.19437, section 3.1 "Compute Clusters": "NVLink ... 400 GB/s" inside a
+    # node, IB between nodes).
+    _gpu(
+        "H800-SXM-80GB",
+        bf16_tflops=989.4,
+        fp16_tflops=989.4,
+        fp32_tflops=67,
+        tf32_tflops=494.7,
+        bandwidth_gb_s=3350,
+        memory_gb=80,
+        link_gb_s_per_direction=200,
+        link_name="NVLink 4, export-limited (400 GB/s bidirectional)",
+        vendor="NVIDIA",
+        source="https://arxiv.org/abs/2412.19437",
+        aliases=("h800", "h800-sxm", "h800-sxm5", "h800-80gb"),
+    ),
     # Same datasheet, PCIe column: BF16/FP16 1,513 sparse -> 756 dense, TF32 756 sparse -> 378,
     # FP32 51; 80GB HBM2e 2 TB/s; PCIe Gen5 128 GB/s bidirectional (the optional 2-GPU
     # NVLink bridge is not assumed).
@@ -421,6 +440,13 @@ _INTER_NODE = {
         50,
         "InfiniBand NDR, 400 Gb/s per GPU",
         "https://docs.nvidia.com/dgx/dgxh100-user-guide/introduction-to-dgxh100.html",
+    ),
+    # DeepSeek-V3's H800 nodes: one 400 Gb/s InfiniBand (CX7) adapter per GPU (DeepSeek-V3
+    # technical report, arXiv 2412.19437, section 3.1; ~50 GB/s, its section 3.2.2).
+    "H800-SXM-80GB": (
+        50,
+        "InfiniBand NDR (CX7), 400 Gb/s per GPU",
+        "https://arxiv.org/abs/2412.19437",
     ),
     "H200-141GB": (
         50,
