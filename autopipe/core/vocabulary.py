@@ -10,6 +10,7 @@ __all__ = [
     "CHECKPOINT_MODES",
     "DEFAULT_CHECKPOINT",
     "EMBEDDING_TP_STYLES",
+    "REPLICATED_TP_STYLES",
     "FRAMEWORK_DEFAULTS",
     "FRAMEWORK_LABELS",
     "LOOP_SCHEDULES",
@@ -72,13 +73,19 @@ TP_STYLES = (
     "rowwise_rep",
     "rowwise_split_input",
     "embedding_rowwise",
+    "replicated_with_grad_allreduce",
 )
 """The tensor-parallel plan styles (Hugging Face's words) that ``autopipe run`` maps to torch's
 ParallelStyles: ``embedding_rowwise`` (a vocab-parallel embedding) on an ``nn.Embedding``,
-the others on an ``nn.Linear``; the profiler keeps only these in a profile's TP plan, so the
-planner prices what the runtime runs."""
+``replicated_with_grad_allreduce`` (a module left whole whose gradients are summed over the
+TP group) on any module, the others on an ``nn.Linear``; the profiler keeps only these in a
+profile's TP plan, so the planner prices what the runtime runs."""
 EMBEDDING_TP_STYLES = ("embedding_rowwise",)
 """The styles of ``TP_STYLES`` that split an ``nn.Embedding`` (by vocabulary rows)."""
+REPLICATED_TP_STYLES = ("replicated_with_grad_allreduce",)
+"""The styles of ``TP_STYLES`` that split nothing: the module stays whole on every TP rank,
+which applies it to its own heads or features, so its gradients are summed over the TP
+group (the runtime finds such parameters in the graph whether or not the plan names them)."""
 """How the training state is sharded over the D data-parallel replicas: ``none`` (each
 replica holds everything; gradients all-reduced), ``optimizer`` (ZeRO-1), ``gradients``
 (ZeRO-2) or ``parameters`` (ZeRO-3, FSDP2's ``fully_shard``)."""
