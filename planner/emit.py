@@ -40,7 +40,12 @@ from autopipe.planner.layers import layer_stack
 from autopipe.core.mesh_rules import mesh_problems
 from autopipe.core.plan import Plan
 from autopipe.core.schedule_rules import preflight
-from autopipe.core.vocabulary import MESH_DIM_NAMES, TORCH_CLASSES, TORCH_TP_STYLES
+from autopipe.core.vocabulary import (
+    MESH_DIM_NAMES,
+    REPLICATED_TP_STYLES,
+    TORCH_CLASSES,
+    TORCH_TP_STYLES,
+)
 
 __all__ = [
     "EMIT_FORMATS",
@@ -97,6 +102,8 @@ def to_torch(plan: Plan) -> dict[str, Any]:
             "the plan's units are graph nodes, not modules; split_spec names modules: "
             "re-plan with --granularity block or module"
         )
+    # modules TP leaves whole: the trainer sums their gradients over the TP group itself
+    replicated = sorted(p for p, style in plan.tp_plan.items() if style in REPLICATED_TP_STYLES)
     return {
         "split_spec": {stage.units[0]: "BEGINNING" for stage in plan.stages[1:]},
         "schedule": schedule,
@@ -107,6 +114,7 @@ def to_torch(plan: Plan) -> dict[str, Any]:
         "mesh_dim_names": list(MESH_DIM_NAMES),
         "shard": plan.shard,
         **({"tp_plan": torch_tp_plan(plan)} if plan.tensor_parallel > 1 else {}),
+        **({"tp_grad_allreduce": replicated} if replicated else {}),
     }
 
 
@@ -116,6 +124,8 @@ def torch_tp_plan(plan: Plan) -> dict[str, str]:
     takes (it refuses the words); EmitError for a word with no torch style."""
     out = {}
     for pattern, style in plan.tp_plan.items():
+        if style in REPLICATED_TP_STYLES:
+            continue  # whole on every TP rank: no style, listed in ``tp_grad_allreduce``
         if style not in TORCH_TP_STYLES:
             raise EmitError(
                 f"the plan's tp_plan splits {pattern} {style!r}, which has no torch "

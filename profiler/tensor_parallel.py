@@ -44,7 +44,7 @@ from autopipe.profiler.units import unit_module
 from torch import nn
 
 from autopipe.core.profile import Profile
-from autopipe.core.vocabulary import EMBEDDING_TP_STYLES, TP_STYLES
+from autopipe.core.vocabulary import EMBEDDING_TP_STYLES, REPLICATED_TP_STYLES, TP_STYLES
 
 __all__ = ["annotate_tensor_parallel", "model_tp_plan", "runnable_tp_plan", "tp_pattern"]
 
@@ -104,8 +104,8 @@ def _style_of(path: str, plan: Mapping[str, str]) -> str | None:
 def runnable_tp_plan(model: nn.Module, plan: Mapping[str, str]) -> tuple[dict[str, str], str]:
     """The entries of ``plan`` that ``autopipe run`` can apply (a style of
     ``vocabulary.TP_STYLES``: ``embedding_rowwise`` on ``nn.Embedding`` modules whose weight
-    no other module shares and whose vocabulary every T the heads allow divides, the others
-    on ``nn.Linear`` modules), and a note naming what was left out and why ("" when nothing
+    no other module shares and whose vocabulary every T the heads allow divides,
+    ``replicated_with_grad_allreduce`` on any module, the others on ``nn.Linear`` modules), and a note naming what was left out and why ("" when nothing
     was). What is left out stays whole on every TP rank, and the profile prices it so.
     O(modules x patterns)."""
     kept: dict[str, str] = {}
@@ -118,7 +118,13 @@ def runnable_tp_plan(model: nn.Module, plan: Mapping[str, str]) -> tuple[dict[st
     for pattern, style in plan.items():
         regex = tp_pattern(pattern)
         matched = [m for path, m in model.named_modules() if path and regex.fullmatch(path)]
-        kind = nn.Embedding if style in EMBEDDING_TP_STYLES else nn.Linear
+        kind = (
+            nn.Module
+            if style in REPLICATED_TP_STYLES
+            else nn.Embedding
+            if style in EMBEDDING_TP_STYLES
+            else nn.Linear
+        )
         others = sorted({type(m).__name__ for m in matched if not isinstance(m, kind)})
         tied = [
             n
@@ -235,8 +241,8 @@ def _tally_modules(model: nn.Module, plan: Mapping[str, str], names: list[str]) 
     tally = _Tally([0] * n, [0] * n, [0] * n, [0] * n, [0] * n)
     for path, module in model.named_modules():
         style = _style_of(path, plan)
-        if style is None:
-            continue
+        if style is None or style in REPLICATED_TP_STYLES:
+            continue  # not split: whole on every rank
         tally.matched += 1
         count = 0
         weight = getattr(module, "weight", None)

@@ -10,6 +10,7 @@ __all__ = [
     "CHECKPOINT_MODES",
     "DEFAULT_CHECKPOINT",
     "EMBEDDING_TP_STYLES",
+    "REPLICATED_TP_STYLES",
     "FRAMEWORK_DEFAULTS",
     "FRAMEWORK_LABELS",
     "LOOP_SCHEDULES",
@@ -64,6 +65,9 @@ Megatron's ``--recompute-granularity full --recompute-method uniform
 --recompute-num-layers 1``). The planner picks, per stage, the one needing less memory."""
 
 SHARD_MODES = ("none", "optimizer", "gradients", "parameters")
+"""How the training state is sharded over the D data-parallel replicas: ``none`` (each
+replica holds everything; gradients all-reduced), ``optimizer`` (ZeRO-1), ``gradients``
+(ZeRO-2) or ``parameters`` (ZeRO-3, FSDP2's ``fully_shard``)."""
 
 TP_STYLES = (
     "colwise",
@@ -73,30 +77,34 @@ TP_STYLES = (
     "rowwise_rep",
     "rowwise_split_input",
     "embedding_rowwise",
+    "replicated_with_grad_allreduce",
 )
 """The tensor-parallel plan styles (Hugging Face's words) that ``autopipe run`` maps to torch's
 ParallelStyles: ``embedding_rowwise`` (a vocab-parallel embedding) on an ``nn.Embedding``,
-the others on an ``nn.Linear``; the profiler keeps only these in a profile's TP plan, so the
-planner prices what the runtime runs."""
+``replicated_with_grad_allreduce`` (a module left whole whose gradients are summed over the
+TP group) on any module, the others on an ``nn.Linear``; the profiler keeps only these in a
+profile's TP plan, so the planner prices what the runtime runs."""
 TORCH_TP_STYLES = {
     "colwise": "ColwiseParallel()",
     "rowwise": "RowwiseParallel()",
     "colwise_rep": "ColwiseParallel(output_layouts=Replicate())",
     "colwise_gather_output": "ColwiseParallel(output_layouts=Replicate())",
     "rowwise_rep": "RowwiseParallel(input_layouts=Replicate())",
-    "rowwise_split_input": "RowwiseParallel(input_layouts=Shard(-1))",
+    "rowwise_split_input": "RowwiseParallel(input_layouts=Replicate())",
     "embedding_rowwise": "RowwiseParallel(input_layouts=Replicate())",
 }
 """Each of ``TP_STYLES`` as the ``torch.distributed.tensor.parallel`` style that
 ``parallelize_module`` takes, written as its constructor call (names from
 ``torch.distributed.tensor.parallel`` and the placements ``Replicate``, ``Shard`` of
-``torch.distributed.tensor``): Megatron-style TP without sequence parallelism, which needs
+``torch.distributed.tensor``; ``REPLICATED_TP_STYLES`` split nothing and have no style:
+``emit`` lists their modules under ``tp_grad_allreduce``): Megatron-style TP without sequence parallelism, which needs
 ``SequenceParallel`` on the norms between (what ``autopipe run`` adds from the graph)."""
 EMBEDDING_TP_STYLES = ("embedding_rowwise",)
 """The styles of ``TP_STYLES`` that split an ``nn.Embedding`` (by vocabulary rows)."""
-"""How the training state is sharded over the D data-parallel replicas: ``none`` (each
-replica holds everything; gradients all-reduced), ``optimizer`` (ZeRO-1), ``gradients``
-(ZeRO-2) or ``parameters`` (ZeRO-3, FSDP2's ``fully_shard``)."""
+REPLICATED_TP_STYLES = ("replicated_with_grad_allreduce",)
+"""The styles of ``TP_STYLES`` that split nothing: the module stays whole on every TP rank,
+which applies it to its own heads or features, so its gradients are summed over the TP
+group (the runtime finds such parameters in the graph whether or not the plan names them)."""
 
 MESH_DIM_NAMES = ("pp", "dp", "tp")
 """The device mesh's dimensions, outermost first, as torchtitan lays them out: ranks of one

@@ -63,7 +63,12 @@ from torch.distributed.device_mesh import init_device_mesh
 from autopipe.core.errors import UsageError
 from autopipe.core.mesh_rules import mesh_problems
 from autopipe.core.plan import Plan
-from autopipe.core.vocabulary import MESH_DIM_NAMES, SPLIT_BACKWARD_SCHEDULES, TP_STYLES
+from autopipe.core.vocabulary import (
+    MESH_DIM_NAMES,
+    REPLICATED_TP_STYLES,
+    SPLIT_BACKWARD_SCHEDULES,
+    TP_STYLES,
+)
 
 __all__ = [
     "MeshPlanError",
@@ -160,7 +165,12 @@ def _styles(gathered: str = "replicated") -> dict[str, Callable[[], Any]]:
         ),
         # The input replicated, not sharded on its last dim (follows a replicated layer).
         "rowwise_rep": lambda: RowwiseParallel(input_layouts=Replicate(), output_layouts=seq),
-        "rowwise_split_input": lambda: RowwiseParallel(input_layouts=Shard(-1), output_layouts=seq),
+        # Hugging Face's (transformers 5) name for the same: the input arrives whole (after
+        # a gathered column-wise output, or q/k norms over all heads) and the module takes
+        # its own share of the input features.
+        "rowwise_split_input": lambda: RowwiseParallel(
+            input_layouts=Replicate(), output_layouts=seq
+        ),
         # Vocab-parallel embedding: each rank looks up its share of the vocabulary (ids it
         # does not hold give zeros) and the partial sums are reduce-scattered.
         "embedding_rowwise": lambda: RowwiseParallel(input_layouts=Replicate(), output_layouts=seq),
@@ -169,8 +179,9 @@ def _styles(gathered: str = "replicated") -> dict[str, Callable[[], Any]]:
 
 _SPLIT_OUTPUT = ("colwise",)
 """Styles whose module returns one rank's share of its output features."""
-_SPLIT_INPUT = ("rowwise", "rowwise_split_input")
-"""Styles whose module takes one rank's share of its input features."""
+_SPLIT_INPUT = ("rowwise",)
+"""Styles whose module takes one rank's share of its input features (``rowwise_rep`` and
+``rowwise_split_input`` take them whole and split them themselves)."""
 _EMBEDDING = ("embedding_rowwise",)
 """Styles of an ``nn.Embedding`` (its vocabulary split)."""
 
@@ -202,6 +213,8 @@ def planned_modules(model: nn.Module, tp_plan: Mapping[str, str], degree: int) -
     found: dict[str, str] = {}
     for name, module in model.named_modules():
         for regex, _, style in patterns:
+            if name and regex.fullmatch(name) and style in REPLICATED_TP_STYLES:
+                break  # whole on every rank: tp_gradients.py sums what needs summing
             if name and regex.fullmatch(name):
                 tp_style(style)  # refuses unknown styles
                 kind = nn.Embedding if style in _EMBEDDING else nn.Linear
@@ -222,7 +235,7 @@ def planned_modules(model: nn.Module, tp_plan: Mapping[str, str], degree: int) -
                     else module.out_features
                     if style in _SPLIT_OUTPUT
                     else module.in_features
-                    if style in _SPLIT_INPUT
+                    if style.startswith("rowwise")  # the weight's input features split
                     else module.out_features
                 )
                 if dim % degree:

@@ -27,7 +27,7 @@ import contextlib
 import os
 import time
 import warnings
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -64,6 +64,10 @@ from autopipe.runtime.distributed.sequence_parallel import (
 )
 from autopipe.runtime.distributed.stages import StageModule, wire_of
 from autopipe.runtime.distributed.tied import TiedGradients
+from autopipe.runtime.distributed.tp_gradients import (
+    partial_gradient_parameters,
+    tp_summed_parameters,
+)
 from autopipe.runtime.distributed.zero_bubble import weight_pass_misses, weight_pass_reuses
 from autopipe.runtime.planned_stages import OUTPUT, PlannedStages, cut_values, partition
 from autopipe.runtime.split import StageGraph, StageSplitError
@@ -444,10 +448,19 @@ class DistributedPipeline:
             # After the fake-tensor run above, which the DTensors of TP and FSDP would refuse
             # (the whole graph it runs shares their parameters): TP first, then FSDP over
             # the TP-split parameters (torchtitan's order).
+            summed: list[list[str]] = []
             for chunk in self.chunks:
                 if tp_modules:
                     apply_tensor_parallel(chunk.body, tp_modules, self.mesh["tp"], layout)
+                    summed.append(tp_summed_parameters(chunk.body, self._partial_gradients))
                 apply_sharding(chunk, self.plan.shard, self.mesh["dp"])
+            # FSDP replaces the parameters: look them up by name once it has.
+            found = {
+                id(p): p
+                for chunk, names in zip(self.chunks, summed, strict=False)
+                for p in (chunk.body.get_parameter(n) for n in names)
+            }
+            self.tp_summed.extend(found.values())
 
     def _start_counters(self) -> None:
         """The step's recorder (none yet) and counters, zero before the first step."""
@@ -473,6 +486,10 @@ class DistributedPipeline:
         """The (pp, dp, tp) DeviceMesh of a mesh plan (:mod:`.mesh`), else None."""
         tp_modules: dict[str, str] = {}
         layout = SequenceLayout(degree=1, sequence_length=0)
+        self.tp_summed: list[nn.Parameter] = []
+        """Parameters TP leaves whole that each TP rank applies to its own share of the
+        data (:mod:`.tp_gradients`): their gradients are summed over the TP group."""
+        self._partial_gradients: dict[str, str] = {}
         if uses_mesh(plan):
             check_mesh_plan(plan, planned.tied)
             if plan.tensor_parallel > 1:
@@ -482,6 +499,12 @@ class DistributedPipeline:
                 with local_shapes(model, tp_modules, plan.tensor_parallel):
                     planned = partition(model, example_inputs, plan, check_parameters=False)
                 layout = _sequence_layout(planned, model, tp_modules, example_inputs, plan)
+                try:
+                    self._partial_gradients = partial_gradient_parameters(
+                        planned.graph_module, tp_modules, layout
+                    )
+                except SequenceParallelError as exc:
+                    raise MeshPlanError(str(exc)) from None
                 for graph in planned.stages:
                     adopt_modules(graph.module, model, tp_modules)
                     adopt_norms(graph.module, model, layout.norms)
@@ -670,10 +693,13 @@ class DistributedPipeline:
         # parameter's gradient is the sum over the ranks holding it, and the sum over
         # replicas, as in the unsplit model trained data-parallel.
         _scale_gradients(self.module, 1.0 / items if items > 0 else 0.0)
+        if self.tp_summed:
+            # Each TP rank's gradient of these is its share's part (see tp_gradients.py).
+            _sum_gradients(self.tp_summed, self.mesh["tp"].get_group())
         self.tied.reduce_gradients()
         if self.data_parallel_size > 1 and self.plan.shard in ("none", "optimizer"):
             # (FSDP reduce-scatters the sharded modes' gradients inside the schedule.)
-            _sum_gradients(self.module, self.replica_group)
+            _sum_gradients(self.module.parameters(), self.replica_group)
         if not self.holds_last:
             return None
         return torch.tensor(self.last_loss, dtype=losses[0].dtype, device=self.device)
@@ -967,10 +993,11 @@ def _scale_gradients(module: nn.Module, factor: float) -> None:
                 p.grad.mul_(factor)
 
 
-def _sum_gradients(module: nn.Module, group: Any) -> None:
-    """Sum this stage's gradients over its replicas: one flat all-reduce (one bucket)."""
-    # A tensor-parallel gradient is summed shard by shard: the replicas hold the same shard.
-    grads = [_local(p.grad) for p in module.parameters() if p.grad is not None]
+def _sum_gradients(parameters: Iterable[nn.Parameter], group: Any) -> None:
+    """Sum the gradients of ``parameters`` over ``group`` (a stage's replicas, a TP group):
+    one flat all-reduce (one bucket)."""
+    # A sharded gradient is summed shard by shard: the group's ranks hold the same shard.
+    grads = [_local(p.grad) for p in parameters if p.grad is not None]
     if not grads:
         return
     flat = torch.cat([g.reshape(-1) for g in grads])
