@@ -35,6 +35,7 @@ from autopipe.core.plan import Plan
 from autopipe.core.timeline import to_chrome_trace
 from autopipe.modelfile import ModelFile, ModelFileError
 from autopipe.outputs import check_output, inside_folder_problem
+from autopipe.planner.schedules import rank_orders
 from autopipe.saving import save_checkpoint, save_dir_problem
 
 if TYPE_CHECKING:
@@ -299,7 +300,6 @@ def _build_pipeline(request: TrainRequest, world: int) -> tuple[DistributedPipel
     """This rank's part of the pipeline and the global batch of example inputs (the plan's
     batch for each data-parallel replica). What the model file, the plan or the weights do
     not allow is a UsageError; a peer failing meanwhile, a Failure."""
-    from autopipe.planner.schedules import rank_orders
     from autopipe.runtime.distributed.failures import PipelineRankError
     from autopipe.runtime.distributed.layout import PlanWorldSizeError
     from autopipe.runtime.distributed.mesh import uses_mesh

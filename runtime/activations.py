@@ -73,7 +73,9 @@ class ActivationMeter:
         key = _key(t)
         if key in self._excluded or key[2] == 0:
             return t
-        saved = _Saved(t)
+        # Detached: a saved output holding its own grad_fn would be a reference cycle
+        # through autograd's node, kept alive after the graph is dropped without backward.
+        saved = _Saved(t.detach())
         with self._lock:
             alive = self._held.get(key, 0)
             self._held[key] = alive + 1

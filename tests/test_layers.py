@@ -233,6 +233,8 @@ LOOSE_ALLOWED = {
     "autopipe.runtime.Pipeline.microbatch_loss(inputs)": "the user's model inputs, as given",
     "autopipe.runtime.Pipeline.microbatch_loss(target)": "the user's labels, as given",
     "autopipe.runtime.Pipeline.run_microbatches(inputs)": "the user's model inputs, as given",
+    "autopipe.runtime.Pipeline.step(inputs)": "the user's model inputs, as given",
+    "autopipe.runtime.Pipeline.step(target)": "the user's labels, as their loss_fn takes them",
     "autopipe.runtime.GPipe.cuda(*args)": "torch's nn.Module.cuda, forwarded",
     "autopipe.runtime.GPipe.cuda(**kwargs)": "torch's nn.Module.cuda, forwarded",
     "autopipe.runtime.GPipe.cpu(*args)": "torch's nn.Module.cpu, forwarded",
