@@ -32,6 +32,7 @@ sys.path.insert(0, str(ROOT / "benchmarks" / "models"))
 
 from autopipe.planner import PlanningError, plan  # noqa: E402
 
+from autopipe.core.catalog import get_device  # noqa: E402
 from autopipe.core.cluster import Cluster  # noqa: E402
 from autopipe.core.humanize import format_bytes  # noqa: E402
 from autopipe.core.plan import Plan  # noqa: E402
@@ -81,6 +82,7 @@ def request(case: dict, **mesh: object) -> PlanRequest:
     return PlanRequest(
         cluster=Cluster.from_catalog(case["device"], case["gpus"]),
         batch_size=case["batch"], gpus_per_node=8, checkpoint="auto", schedule="1f1b",
+        inter_node_bandwidth_bytes_per_s=get_device(case["device"]).inter_node_bandwidth_bytes_per_s,
         **mesh,  # type: ignore[arg-type]
     )  # fmt: skip
 
