@@ -271,6 +271,10 @@ def _megatron_mesh_args(plan: Plan) -> list[str]:
     sp = plan.request is None or plan.request.sequence_parallel
     if plan.tensor_parallel > 1 and sp:
         args.append("--sequence-parallel")
+    if plan.context_parallel > 1:
+        args += ["--context-parallel-size", str(plan.context_parallel)]
+    if plan.expert_parallel > 1:
+        args += ["--expert-model-parallel-size", str(plan.expert_parallel)]
     if plan.replicas > 1 and plan.shard == "optimizer":
         args.append("--use-distributed-optimizer")
     elif plan.replicas > 1 and plan.shard != "none":

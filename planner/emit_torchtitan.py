@@ -232,6 +232,12 @@ def _parallelism(plan: Plan, version: str, schedule: str, parts: list[list[str]]
         **_data_parallel(plan, version),
         "tensor_parallel_degree": plan.tensor_parallel,
     }
+    # [parallelism] context_parallel_degree and expert_parallel_degree
+    # (torchtitan/config/configs.py), given only when the plan uses them
+    if plan.context_parallel > 1:
+        parallelism["context_parallel_degree"] = plan.context_parallel
+    if plan.expert_parallel > 1:
+        parallelism["expert_parallel_degree"] = plan.expert_parallel
     if version != TORCHTITAN_VERSION and plan.tensor_parallel > 1:
         # 0.3.0 has the switch (default on); 0.2.2 always runs TP with sequence parallelism.
         parallelism["enable_sequence_parallel"] = True

@@ -1,0 +1,29 @@
+"""The plan's context- and expert-parallel degrees in torchtitan's and Megatron-LM's words
+(issue 35): ``[parallelism] context_parallel_degree`` / ``expert_parallel_degree``
+(torchtitan/config/configs.py) and ``--context-parallel-size`` /
+``--expert-model-parallel-size``; absent when the plan does not use them."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import tomllib
+from autopipe.planner.emit import to_megatron, to_torchtitan
+from test_emit import _gpt_plan
+
+
+def test_cp_and_ep_keys_in_torchtitan_and_megatron() -> None:
+    plan = _gpt_plan(stages=2, schedule="1f1b")[2]
+    plain = tomllib.loads(to_torchtitan(plan))["parallelism"]
+    assert "context_parallel_degree" not in plain and "expert_parallel_degree" not in plain
+    args = to_megatron(plan)["args"]
+    assert "--context-parallel-size" not in args and "--expert-model-parallel-size" not in args
+
+    both = dataclasses.replace(plan, context_parallel=4, expert_parallel=2)
+    toml = tomllib.loads(to_torchtitan(both))["parallelism"]
+    assert toml["context_parallel_degree"] == 4 and toml["expert_parallel_degree"] == 2
+    flags = to_megatron(both)["args"]
+    flag = dict(zip(flags[::2], flags[1::2], strict=False))
+    assert flags[flags.index("--context-parallel-size") + 1] == "4"
+    assert flags[flags.index("--expert-model-parallel-size") + 1] == "2"
+    assert flag["--pipeline-model-parallel-size"] == "2"
