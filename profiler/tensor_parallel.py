@@ -46,7 +46,13 @@ from torch import nn
 from autopipe.core.profile import Profile
 from autopipe.core.vocabulary import EMBEDDING_TP_STYLES, REPLICATED_TP_STYLES, TP_STYLES
 
-__all__ = ["annotate_tensor_parallel", "model_tp_plan", "runnable_tp_plan", "tp_pattern"]
+__all__ = [
+    "annotate_tensor_parallel",
+    "model_tp_plan",
+    "runnable_tp_plan",
+    "tied_split",
+    "tp_pattern",
+]
 
 MAX_TP_DEGREE = 64
 """The largest T listed in ``tp_degrees`` (a TP group stays inside one node)."""
@@ -159,6 +165,30 @@ def runnable_tp_plan(model: nn.Module, plan: Mapping[str, str]) -> tuple[dict[st
     return kept, note
 
 
+def tied_split(model: nn.Module, plan: Mapping[str, str]) -> str:
+    """The one-line reason tensor parallelism cannot run ``model`` under ``plan`` because the
+    plan splits a module whose weight another module shares (a tied LM head and embedding):
+    splitting one and not the other, or the two by different rules, unties them, so the two
+    would train apart; "" when the plan splits no tied weight. O(modules x patterns)."""
+    owners: dict[int, list[str]] = {}
+    for path, module in model.named_modules():
+        for name, p in module.named_parameters(recurse=False):
+            owners.setdefault(id(p), []).append(f"{path}.{name}" if path else name)
+    for path, module in model.named_modules():
+        style = _style_of(path, plan)
+        weight = getattr(module, "weight", None)
+        if style is None or style in REPLICATED_TP_STYLES or not isinstance(weight, nn.Parameter):
+            continue
+        others = [n for n in owners.get(id(weight), []) if n != f"{path}.weight"]
+        if others:
+            return (
+                f"the TP plan splits {path} ({style}) but its weight is tied to {others[0]}, "
+                "which tensor parallelism would untie; untie them (Hugging Face: "
+                "tie_word_embeddings=False) to plan T > 1"
+            )
+    return ""
+
+
 def _unit_of_module(path: str, units: list[str]) -> list[int]:
     """The units whose module is ``path`` or contains it (a module called several times is in
     each of its call's units)."""
@@ -188,9 +218,14 @@ def annotate_tensor_parallel(
     and its TP plan, in place; returns ``profile``. ``tp_plan``: a plan, or a function
     returning one (a model file's ``tp_plan``); None: the model's own."""
     given = tp_plan() if callable(tp_plan) else tp_plan
-    plan, left_out = runnable_tp_plan(model, model_tp_plan(model, given))
+    whole_plan = model_tp_plan(model, given)
+    plan, left_out = runnable_tp_plan(model, whole_plan)
     for u in profile.units:
         u.tp_parameter_count, u.tp_compute_fraction, u.tp_collective_bytes = 0, 0.0, 0
+    tie = tied_split(model, whole_plan)
+    if tie:
+        profile.tp_plan, profile.tp_degrees, profile.tp_note = {}, [], tie
+        return profile
     if not plan:
         profile.tp_plan, profile.tp_degrees = {}, []
         profile.tp_note = left_out or NO_PLAN_NOTE

@@ -69,21 +69,35 @@ def test_hugging_face_plan_is_mapped_onto_units() -> None:
     assert p.tp_degrees == [2, 4]  # divides 8 heads and 4 key/value heads
 
 
+def tiny_llama_of(vocab: int, tie: bool) -> LlamaForCausalLM:
+    config = LlamaConfig(
+        hidden_size=HIDDEN, intermediate_size=FFN, num_hidden_layers=2,
+        num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, vocab_size=vocab,
+        use_cache=False, tie_word_embeddings=tie,
+    )  # fmt: skip
+    with torch.device("meta"):
+        return LlamaForCausalLM(config)
+
+
 def test_an_embedding_that_cannot_be_split_is_priced_whole() -> None:
-    """A vocab-parallel embedding whose weight is tied to the head, or whose vocabulary a T
-    the heads allow does not divide, is left whole (and priced so), and the note says why."""
-    for tie, vocab, words in ((True, VOCAB, "tied to lm_head.weight"), (False, 102, "102")):
-        config = LlamaConfig(
-            hidden_size=HIDDEN, intermediate_size=FFN, num_hidden_layers=2,
-            num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, vocab_size=vocab,
-            use_cache=False, tie_word_embeddings=tie,
-        )  # fmt: skip
-        with torch.device("meta"):
-            model = LlamaForCausalLM(config)
-        p = annotate_tensor_parallel(llama_profile(model), model)
-        assert "model.embed_tokens" not in p.tp_plan and "lm_head" in p.tp_plan
-        assert "model.embed_tokens (embedding_rowwise" in p.tp_note and words in p.tp_note
-        assert {u.name: u for u in p.units}["model.embed_tokens"].tp_parameter_count == 0
+    """A vocab-parallel embedding whose vocabulary a T the heads allow does not divide is
+    left whole (and priced so), and the note says why."""
+    model = tiny_llama_of(102, tie=False)
+    p = annotate_tensor_parallel(llama_profile(model), model)
+    assert "model.embed_tokens" not in p.tp_plan and "lm_head" in p.tp_plan
+    assert "model.embed_tokens (embedding_rowwise" in p.tp_note and "102" in p.tp_note
+    assert {u.name: u for u in p.units}["model.embed_tokens"].tp_parameter_count == 0
+
+
+def test_a_tied_head_refuses_tensor_parallelism_at_plan_time() -> None:
+    """A head tied to the embedding: splitting the head (and not the embedding, or the two
+    by different rules) unties them, so the profile offers no T > 1 and says why in one line
+    (the head was once split while the embedding was not, and the two trained apart)."""
+    model = tiny_llama_of(VOCAB, tie=True)
+    p = annotate_tensor_parallel(llama_profile(model), model)
+    assert (p.tp_plan, p.tp_degrees) == ({}, [])
+    assert "tied to" in p.tp_note and "tie_word_embeddings=False" in p.tp_note
+    assert "\n" not in p.tp_note
 
 
 def test_a_model_without_a_plan_gets_t1_and_a_note() -> None:

@@ -46,9 +46,13 @@ SUMMED = {
     "apertus": r"model\.layers\.\d\.(self_attn\.[qk]_norm\.weight|mlp\.act_fn\.alpha_[pn])",
 }
 """Per family, the parameters a rank applies to its own heads or features (the rest: none)."""
-REFUSED = {"olmo2": "post_attention_layernorm", "glm4": "post_self_attn_layernorm"}
-"""Families whose TP plan sequence parallelism refuses (a norm after a row-wise module), and
-the module the one-line reason names."""
+REFUSED = {
+    "olmo2": "post_attention_layernorm",
+    "glm4": "post_self_attn_layernorm",
+    "llama_tied": "tied to",
+}
+"""Families whose TP plan the runtime refuses, and words of the one-line reason: sequence
+parallelism cannot run a norm after a row-wise module; a head tied to its embedding."""
 
 
 @pytest.fixture(scope="module")
@@ -123,7 +127,7 @@ def tp_chunk(family: str, plan: Any, mesh: Any) -> tuple[torch.nn.Module, list[s
     return chunk.body, tp_summed_parameters(chunk.body, partial)
 
 
-@pytest.mark.parametrize("family", tp_models.FAMILIES)
+@pytest.mark.parametrize("family", [*tp_models.FAMILIES, "llama_tied"])
 def test_every_parameter_of_a_tp_chunk_is_split_or_summed(
     family: str, one_chunk_plan: Any, fake_tp_mesh: Any
 ) -> None:
@@ -252,3 +256,15 @@ def test_tp2_trains_like_one_process(tmp_path: Path) -> None:
             )
         losses = [s["loss"] for s in json.loads((tmp_path / f"{run}.json").read_text())["steps"]]
         assert len(losses) == STEPS
+
+
+def test_a_plan_splitting_a_tied_head_is_refused_in_one_line() -> None:
+    """A plan (made before, or by hand) that splits a Llama's head tied to its embedding:
+    the runtime refuses it in one line before anything is traced."""
+    from autopipe.runtime.distributed.mesh import MeshPlanError, planned_modules
+
+    model = tp_models.llama_tied()
+    plan = {"lm_head": "colwise_gather_output", "model.layers.*.mlp.up_proj": "colwise"}
+    with pytest.raises(MeshPlanError, match="tied to model.embed_tokens.weight") as exc:
+        planned_modules(model, plan, T)
+    assert "\n" not in str(exc.value)

@@ -50,7 +50,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from autopipe.profiler.tensor_parallel import tp_pattern
+from autopipe.profiler.tensor_parallel import tied_split, tp_pattern
 from autopipe.runtime.distributed.sequence_parallel import (
     SEQUENCE_DIM,
     SequenceLayout,
@@ -203,13 +203,13 @@ def planned_modules(model: nn.Module, tp_plan: Mapping[str, str], degree: int) -
     """Module path (from the model root) -> style, for every module of ``model`` that
     ``tp_plan`` splits (the first matching pattern wins, as in Hugging Face).
     :class:`MeshPlanError` for a style this runtime lacks, a split module that is not an
-    ``nn.Linear``, a split dimension that ``degree`` does not divide, or a plan that
-    matches nothing."""
+    ``nn.Linear``, a split module whose weight another module shares (a tied head:
+    :func:`~autopipe.profiler.tensor_parallel.tied_split`), a split dimension that
+    ``degree`` does not divide, or a plan that matches nothing."""
+    tie = tied_split(model, tp_plan)
+    if tie:
+        raise MeshPlanError(tie)
     patterns = [(tp_pattern(p), p, s) for p, s in tp_plan.items()]
-    holders: dict[int, int] = {}
-    for module in model.modules():
-        for p in module.parameters(recurse=False):
-            holders[id(p)] = holders.get(id(p), 0) + 1
     found: dict[str, str] = {}
     for name, module in model.named_modules():
         for regex, _, style in patterns:
@@ -223,11 +223,6 @@ def planned_modules(model: nn.Module, tp_plan: Mapping[str, str], degree: int) -
                         f"the TP plan splits {name} ({type(module).__name__}) but autopipe "
                         f"run splits only nn.{kind.__name__} with {style}; drop it from the "
                         "plan's tp_plan or re-plan with --tensor-parallel 1"
-                    )
-                if isinstance(module, nn.Embedding) and holders.get(id(module.weight), 0) > 1:
-                    raise MeshPlanError(
-                        f"the TP plan splits {name} by vocabulary but its weight is tied to "
-                        "another module's; untie it, or drop it from the plan's tp_plan"
                     )
                 dim = (
                     module.num_embeddings
