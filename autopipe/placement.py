@@ -130,13 +130,15 @@ def plan_on_devices(profile: Profile, placement: Placement) -> Plan:
     ``UsageError`` for devices that cannot be laid out as asked, ``ValueError`` for a device
     list the profile cannot be priced for."""
     request = placement.request
-    if request.plans_mesh:  # refused before a list of N devices is built
+    if request.plans_mesh or placement.replicas is not None:
+        # no D (and T) lets the model fill N GPUs: refused before N devices are built
+        replicas = request.data_parallel if request.plans_mesh else placement.replicas
         refuse_too_deep(
             profile,
             device_count(request),
             profile.batch_size if request.batch_size is None else request.batch_size,
             tensor_parallel=request.tensor_parallel,
-            data_parallel=request.data_parallel,
+            data_parallel=replicas if replicas is not None else "auto",
             gpus_per_node=request.gpus_per_node,
         )
     cluster = placed_cluster(profile, placement)

@@ -92,6 +92,7 @@ def test_a_billion_gpus_are_refused_in_one_rule_line() -> None:
         ["--gpus", str(10**9), "--tensor-parallel", "auto"],
         ["--gpus", str(10**6), "--tensor-parallel", "auto"],
         ["--gpus", str(10**6), "--shard", "auto", "--gpus-per-node", "8"],
+        ["--gpus", str(10**6), "--data-parallel", "auto"],
     ],
 )
 def test_cli_refuses_a_mesh_too_deep_for_the_model_in_one_line_exit_2(
