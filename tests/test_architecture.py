@@ -27,7 +27,6 @@ LAYERS = {
 TESTED_ELSEWHERE = {
     "autopipe/parallelizing.py": "`autopipe.parallelize` end to end: tests/test_runtime_pipeline.py",
     "autopipe/replay_report.py": "`autopipe.replay` from files and objects: tests/test_replay.py",
-    "autopipe/saving.py": "the `--save` drills (interrupted, unwritable): tests/test_faults.py",
     "autopipe/cli/plot.py": "the command against the API: tests/test_plotting.py, tests/test_viz.py",
     "autopipe/cli/run.py": "torchrun launches: tests/test_distributed_cli.py, test_training.py",
     "autopipe/viz/data.py": "its three data sets: tests/test_viz_bubble/balance/scaling.py",

@@ -28,7 +28,6 @@ from test_cli_errors import _err_line
 from test_planner_mesh import TOPOLOGY, _saved, tiny_profile
 
 from autopipe.cli import main
-from autopipe.core.profile import UnitProfile
 from autopipe.core.request import PlanRequest
 
 
@@ -60,22 +59,25 @@ def test_the_lower_bound_prices_at_most_max_auto_microbatches_counts(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The bound on a 10^12-sample replica walks the M the search may pick (divisors up to
-    MAX_AUTO_MICROBATCHES), not every divisor of the batch: counted by units priced."""
+    MAX_AUTO_MICROBATCHES), not every divisor of the batch: the M it prices are counted (the
+    bound prices every unit at every M at once, vectorised)."""
+    import autopipe.planner.mesh as mesh
+
     profile = tiny_profile()
-    calls = [0]
-    real = UnitProfile.forward_at
+    priced: list[list[int]] = []
 
-    def counted(self: UnitProfile, *args: float) -> float:
-        calls[0] += 1
-        return real(self, *args)
+    def counted(batch: int, candidates: list[int] | None = None) -> list[int]:
+        out = microbatch_counts(batch, candidates)
+        priced.append(out)
+        return out
 
-    monkeypatch.setattr(UnitProfile, "forward_at", counted)
+    monkeypatch.setattr(mesh, "microbatch_counts", counted)
     batch = 2**20 * 3**10  # divisors: 21 x 11 = 231, of which fewer than 4096 are <= 4096
     cand = MeshCandidate(pp=2, dp=1, tp=1, shard="none")
     bound = mesh_lower_bound_s(profile, profile, cand, batch, TOPOLOGY)
     counts = microbatch_counts(batch)
     assert counts == [m for m in divisors(batch) if m <= MAX_AUTO_MICROBATCHES]
-    assert calls[0] == len(counts) * len(profile.units)
+    assert priced == [counts]
     assert math.isfinite(bound) and bound > 0
 
 
