@@ -123,11 +123,18 @@ def cohere_qk_norm() -> nn.Module:
     return _build("CohereConfig", "CohereForCausalLM", use_qk_norm=True)
 
 
+BATCHED_EXPERTS = {"experts_implementation": "batched_mm"}
+"""Mixture-of-experts layers as one batched matmul over each token's experts: transformers'
+default ``grouped_mm`` has no float64 kernel on the CPU, and the zoo trains in float64
+(tests/mesh_zoo_run.py ``DTYPE``); ``eager`` (a loop over the experts hit) does not trace."""
+
+
 def mixtral() -> nn.Module:
     """Mixture of experts (4 experts, 2 per token); the plan splits attention only."""
     return _build(
         "MixtralConfig",
         "MixtralForCausalLM",
+        **BATCHED_EXPERTS,
         num_local_experts=4,
         num_experts_per_tok=2,
         router_jitter_noise=0.0,
@@ -139,6 +146,7 @@ def qwen3_moe() -> nn.Module:
     return _build(
         "Qwen3MoeConfig",
         "Qwen3MoeForCausalLM",
+        **BATCHED_EXPERTS,
         head_dim=8,
         num_experts=4,
         num_experts_per_tok=2,
@@ -153,6 +161,7 @@ def deepseek_v3() -> nn.Module:
     return _build(
         "DeepseekV3Config",
         "DeepseekV3ForCausalLM",
+        **BATCHED_EXPERTS,
         num_key_value_heads=4,
         q_lora_rank=16,
         kv_lora_rank=16,

@@ -55,7 +55,7 @@ own running magnitude, so in float32 the order of a sum alone moves its update o
 up to 9e-4 (one process, the whole batch against 2 micro-batches of it, Llama), far above
 atol 1e-5; in float64 that noise is ~1e-12 and a wrong gradient still shows at full size.
 (The planner plans from the float32 profile: the dtype changes no shape the plan checks.)"""
-CASE_TIMEOUT_S = 45.0
+CASE_TIMEOUT_S = 30.0
 """Timeout of every group a case uses: a rank that failed leaves its peers waiting this long."""
 CONTROL_TIMEOUT_S = 600.0
 """Timeout of the group the ranks meet on between cases (rank 0 plans meanwhile)."""
@@ -89,18 +89,24 @@ def result_path(out: Path, case: str) -> Path:
     return out / f"{case.replace(':', '-')}.json"
 
 
+WRAPPERS = ("failed to run forward", "Failed to run stage backward")
+"""Messages of torch.distributed.pipelining's wrappers around a stage's own error."""
+
+
 def root_cause(exc: BaseException) -> str:
-    """``Type: first line`` of the innermost exception of ``exc``'s cause chain."""
-    seen = {id(exc)}
+    """``Type: first line`` of the innermost exception of ``exc``'s cause chain that is not a
+    pipelining wrapper (which say only "[Stage 0] failed to run forward:")."""
+    chain = [exc]
     while True:
-        nxt = exc.__cause__ or exc.__context__
-        if nxt is None or id(nxt) in seen:
+        nxt = chain[-1].__cause__ or chain[-1].__context__
+        if nxt is None or any(nxt is e for e in chain):
             break
-        seen.add(id(nxt))
-        exc = nxt
-    text = str(exc).strip()
+        chain.append(nxt)
+    own = [e for e in chain if not any(w in str(e) for w in WRAPPERS)] or chain
+    cause = own[-1]
+    text = str(cause).strip()
     first = text.splitlines()[0] if text else ""
-    return f"{type(exc).__name__}: {first}"[:300] if first else type(exc).__name__
+    return f"{type(cause).__name__}: {first}"[:300] if first else type(cause).__name__
 
 
 class Runner:
@@ -140,6 +146,20 @@ class Runner:
         )
         process._world_timeout = timeout  # the groups autopipe makes itself take it
         self.control = dist.new_group(backend="gloo", timeout=timedelta(seconds=CONTROL_TIMEOUT_S))
+
+    @staticmethod
+    def forget_meshes() -> None:
+        """Drop DTensor's caches of sharding decisions: they hold the DeviceMesh of the case
+        that filled them (an equal mesh hits them), whose groups a fresh process group
+        destroyed ("Could not resolve the process group registered under the name 48")."""
+        from torch.distributed.tensor import DTensor, _redistribute, _sharding_prop
+
+        DTensor._op_dispatcher.sharding_propagator.propagate_op_sharding.cache_clear()
+        _sharding_prop.ShardingPropagator._propagate_tensor_meta_cached.cache_clear()
+        _redistribute.clear_redistribute_planner_cache()
+        transforms = getattr(_redistribute, "_gen_transform_infos", None)
+        if transforms is not None and hasattr(transforms, "cache_clear"):
+            transforms.cache_clear()
 
     def _rejoin(self) -> None:
         import torch.distributed as dist
@@ -208,6 +228,7 @@ class Runner:
 
         family, mesh = case.split(":")
         t0 = time.monotonic()
+        self.forget_meshes()
         message: list[Any] = [None, None]
         if self.rank == 0:
             try:
@@ -294,7 +315,7 @@ class Runner:
 
         before, after = self._reference(family, optimizer)
         lr = LR[optimizer]
-        out: dict[str, Any] = {"losses": losses, "parameters": {}}
+        out: dict[str, Any] = {"losses": losses, "parameters": {}, "expected": sorted(after)}
         for name, value in pipe.state_dict().items():
             if name not in after:
                 continue  # a buffer
@@ -363,6 +384,9 @@ def _combine(gathered: list[dict[str, Any]]) -> dict[str, Any]:
                     params[name] = e
         worst = max(params, key=lambda n: params[n]["excess"])
         wrong = sorted(n for n, e in params.items() if e["excess"] > 0)
+        # Every parameter of the model is compared on some rank, or the case is not equal.
+        unseen = sorted(set(gathered[0]["errors"][optimizer]["expected"]) - set(params))
+        wrong += [f"{name} (held by no rank)" for name in unseen]
         losses = next(g["errors"][optimizer]["losses"] for g in gathered)
         summary[optimizer] = {
             "max_error": max(e["max_error"] for e in params.values()),
