@@ -152,9 +152,13 @@ class Runner:
         """Drop DTensor's caches of sharding decisions: they hold the DeviceMesh of the case
         that filled them (an equal mesh hits them), whose groups a fresh process group
         destroyed ("Could not resolve the process group registered under the name 48")."""
+        import torch
         from torch.distributed.tensor import DTensor, _redistribute, _sharding_prop
 
         DTensor._op_dispatcher.sharding_propagator.propagate_op_sharding.cache_clear()
+        native = getattr(torch._C, "_clear_DTensor_sharding_propagator_cache", None)
+        if native is not None:  # the C++ dispatch fast path's cache of the same decisions
+            native()
         _sharding_prop.ShardingPropagator._propagate_tensor_meta_cached.cache_clear()
         _redistribute.clear_redistribute_planner_cache()
         transforms = getattr(_redistribute, "_gen_transform_infos", None)
