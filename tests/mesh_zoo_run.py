@@ -1,0 +1,436 @@
+"""torchrun entry point of the mesh zoo (tests/test_mesh_zoo.py): many (family, mesh) cases in
+one launch of 4 gloo processes, one JSON result per case.
+
+    torchrun --nproc-per-node 4 tests/mesh_zoo_run.py OUT_DIR FAMILY:MESH [...]
+
+For each case, in order:
+
+1. rank 0 profiles the family (``tests/mesh_zoo_models.py``; measured, once per family) and
+   plans it for the mesh with autopipe's own API (``autopipe.plan`` with the mesh's
+   :data:`MESHES` request); a ``PlanningError`` is the case's result (``refused-plan``);
+2. every rank builds the model and its part of the plan with autopipe's distributed runtime
+   (``DistributedPipeline``), and trains 3 steps with SGD, then, from the same initial
+   weights, 3 steps with AdamW (``autopipe.training.make_optimizer``: ZeRO-1 under
+   ``shard optimizer``);
+3. every parameter (TP pieces and FSDP shards gathered with ``full_tensor()``) is compared
+   with one process training the plain model on the same global batch with the same
+   optimizer: the update over lr, rtol 1e-4 / atol 1e-5.
+
+``OUT_DIR/FAMILY:MESH.json`` (``:`` written ``-``) says ``outcome``: ``equal``, ``differs``
+(the largest error and the parameter), ``refused-plan`` (the planner's reason),
+``refused-start`` (the runtime's one-line refusal before training), ``fails-start`` /
+``fails-step`` (the first line of the root cause, building / training).
+
+A failing case must not take the next ones with it: every group of the run gets a bounded
+timeout (:data:`CASE_TIMEOUT_S`, torch's default for groups made without one, DeviceMesh's,
+is patched too), the ranks meet after each case on a group of their own, and a case that
+did not fail alike on every rank (one rank raised while its peers waited for it) is
+followed by a fresh process group for the rest. Not a test module (no ``test_`` prefix).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+import time
+import traceback
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+STEPS = 3
+BATCH = 8
+"""The global batch (all meshes): 2 micro-batches per replica."""
+MICROBATCHES = 2
+LR = {"sgd": 0.1, "adamw": 1e-2}
+OPTIMIZERS = ("sgd", "adamw")
+RTOL, ATOL = 1e-4, 1e-5
+DTYPE = "float64"
+"""The parameters' dtype in training and in the reference. AdamW divides each gradient by its
+own running magnitude, so in float32 the order of a sum alone moves its update over lr by
+up to 9e-4 (one process, the whole batch against 2 micro-batches of it, Llama), far above
+atol 1e-5; in float64 that noise is ~1e-12 and a wrong gradient still shows at full size.
+(The planner plans from the float32 profile: the dtype changes no shape the plan checks.)"""
+CASE_TIMEOUT_S = 30.0
+"""Timeout of every group a case uses: a rank that failed leaves its peers waiting this long."""
+CONTROL_TIMEOUT_S = 600.0
+"""Timeout of the group the ranks meet on between cases (rank 0 plans meanwhile)."""
+
+MESHES: dict[str, dict[str, Any]] = {
+    "pp2tp2": {"tensor_parallel": 2, "data_parallel": 1, "schedule": "1f1b"},
+    "tp2fsdp2": {
+        "tensor_parallel": 2,
+        "data_parallel": 2,
+        "shard": "parameters",
+        "schedule": "1f1b",
+    },
+    "pp2d2zero1": {
+        "tensor_parallel": 1,
+        "data_parallel": 2,
+        "shard": "optimizer",
+        "schedule": "1f1b",
+    },
+    "pp2v2tp2": {
+        "tensor_parallel": 2,
+        "data_parallel": 1,
+        "schedule": "interleaved-1f1b",
+        "virtual_stages": 2,
+    },
+}
+"""Mesh name -> the PlanRequest fields that ask the planner for it (4 devices)."""
+WORLD = 4
+
+
+def result_path(out: Path, case: str) -> Path:
+    return out / f"{case.replace(':', '-')}.json"
+
+
+WRAPPERS = ("failed to run forward", "Failed to run stage backward")
+"""Messages of torch.distributed.pipelining's wrappers around a stage's own error."""
+
+
+def root_cause(exc: BaseException) -> str:
+    """``Type: first line`` of the innermost exception of ``exc``'s cause chain that is not a
+    pipelining wrapper (which say only "[Stage 0] failed to run forward:")."""
+    chain = [exc]
+    while True:
+        nxt = chain[-1].__cause__ or chain[-1].__context__
+        if nxt is None or any(nxt is e for e in chain):
+            break
+        chain.append(nxt)
+    own = [e for e in chain if not any(w in str(e) for w in WRAPPERS)] or chain
+    cause = own[-1]
+    text = str(cause).strip()
+    first = text.splitlines()[0] if text else ""
+    return f"{type(cause).__name__}: {first}"[:300] if first else type(cause).__name__
+
+
+class Runner:
+    """One rank's state across the cases of a launch."""
+
+    def __init__(self, out: Path) -> None:
+        import torch
+        import torch.distributed as dist
+        from torch.distributed import distributed_c10d
+
+        torch.set_num_threads(1)
+        # Groups made without a timeout (DeviceMesh's) would wait torch's 30 minutes.
+        distributed_c10d.default_pg_timeout = timedelta(seconds=CASE_TIMEOUT_S)
+        self.out = out
+        self.rank = int(os.environ["RANK"])
+        self.generation = 0
+        self.store = dist.TCPStore(
+            os.environ["MASTER_ADDR"],
+            int(os.environ["MASTER_PORT"]),
+            WORLD,
+            is_master=False,
+            timeout=timedelta(seconds=CONTROL_TIMEOUT_S),
+        )
+        self._join()
+        self.profiles: dict[str, Any] = {}
+        self.references: dict[tuple[str, str], tuple[dict[str, Any], dict[str, Any]]] = {}
+
+    def _join(self) -> None:
+        """A fresh process group (generation ``self.generation``), and the control group."""
+        import torch.distributed as dist
+        from autopipe.runtime.distributed import process
+
+        store = dist.PrefixStore(f"mesh_zoo/{self.generation}/", self.store)
+        timeout = timedelta(seconds=CASE_TIMEOUT_S)
+        dist.init_process_group(
+            "gloo", store=store, rank=self.rank, world_size=WORLD, timeout=timeout
+        )
+        process._world_timeout = timeout  # the groups autopipe makes itself take it
+        self.control = dist.new_group(backend="gloo", timeout=timedelta(seconds=CONTROL_TIMEOUT_S))
+
+    @staticmethod
+    def forget_meshes() -> None:
+        """Drop DTensor's caches of sharding decisions: they hold the DeviceMesh of the case
+        that filled them (an equal mesh hits them), whose groups a fresh process group
+        destroyed ("Could not resolve the process group registered under the name 48")."""
+        import torch
+        from torch.distributed.tensor import DTensor, _redistribute, _sharding_prop
+
+        DTensor._op_dispatcher.sharding_propagator.propagate_op_sharding.cache_clear()
+        native = getattr(torch._C, "_clear_DTensor_sharding_propagator_cache", None)
+        if native is not None:  # the C++ dispatch fast path's cache of the same decisions
+            native()
+        _sharding_prop.ShardingPropagator._propagate_tensor_meta_cached.cache_clear()
+        _redistribute.clear_redistribute_planner_cache()
+        transforms = getattr(_redistribute, "_gen_transform_infos", None)
+        if transforms is not None and hasattr(transforms, "cache_clear"):
+            transforms.cache_clear()
+
+    def _rejoin(self) -> None:
+        import torch.distributed as dist
+
+        dist.destroy_process_group()
+        self.generation += 1
+        self._join()
+
+    # -- planning (rank 0) -------------------------------------------------------------------
+
+    def _plan(self, family: str, mesh: str) -> tuple[dict[str, Any] | None, str | None]:
+        """(the plan as JSON, None) or (None, the planner's refusal)."""
+        import mesh_zoo_models
+        from autopipe.planner import PlanningError
+        from autopipe.profiler.measure import profile
+        from autopipe.profiler.options import MeasureOptions
+
+        import autopipe
+        from autopipe.core.request import PlanRequest
+
+        if family not in self.profiles:
+            model = mesh_zoo_models.build(family)
+            inputs = mesh_zoo_models.example_inputs(family, BATCH)
+            self.profiles[family] = profile(
+                model, inputs, MeasureOptions(warmup=0, repeat=1), progress=False
+            )
+        request = PlanRequest(
+            gpus=WORLD, microbatches=MICROBATCHES, optimizer="sgd", baselines=False, **MESHES[mesh]
+        )
+        try:
+            plan = autopipe.plan(self.profiles[family], request)
+        except PlanningError as exc:
+            return None, " ".join(str(exc).split())
+        return plan.to_dict(), None
+
+    # -- the one-process reference -----------------------------------------------------------
+
+    def _reference(self, family: str, optimizer: str) -> tuple[dict[str, Any], dict[str, Any]]:
+        """(initial, trained) parameters of the plain model trained on the global batch."""
+        key = (family, optimizer)
+        if key not in self.references:
+            import mesh_zoo_models
+            import torch
+            from autopipe.profiler.inputs import call_model
+            from autopipe.profiler.objective import default_loss
+
+            model = mesh_zoo_models.build(family, DTYPE)
+            inputs = mesh_zoo_models.example_inputs(family, BATCH)
+            before = {n: p.detach().clone() for n, p in model.named_parameters()}
+            opt = make_plain_optimizer(optimizer, model.parameters())
+            for _ in range(STEPS):
+                opt.zero_grad()
+                default_loss(call_model(model, inputs), inputs).backward()
+                opt.step()
+            after = {n: p.detach().clone() for n, p in model.named_parameters()}
+            self.references[key] = (before, after)
+            del torch
+        return self.references[key]
+
+    # -- one case ----------------------------------------------------------------------------
+
+    def run_case(self, case: str) -> bool:
+        """Run ``case`` on every rank and write its result (rank 0). Returns whether the
+        process group can be kept for the next case."""
+        import torch.distributed as dist
+
+        family, mesh = case.split(":")
+        t0 = time.monotonic()
+        self.forget_meshes()
+        message: list[Any] = [None, None]
+        if self.rank == 0:
+            try:
+                message = list(self._plan(family, mesh))
+            except Exception as exc:  # profiling or planning broke: not a refusal
+                message = [None, f"planning raised {root_cause(exc)}"]
+        dist.broadcast_object_list(message, src=0, group=self.control)
+        plan_dict, refusal = message
+        result: dict[str, Any] = {"case": case, "family": family, "mesh": mesh}
+        if plan_dict is None:
+            outcome = (
+                "refused-plan" if not str(refusal).startswith("planning raised") else "fails-plan"
+            )
+            result.update(outcome=outcome, reason=refusal)
+            keep = True
+        else:
+            local = self._train_and_compare(family, plan_dict)
+            gathered: list[Any] = [None] * WORLD
+            dist.all_gather_object(gathered, local, group=self.control)
+            result.update(_combine(gathered))
+            result["plan"] = _plan_summary(plan_dict)
+            keep = (
+                all(g["symmetric"] for g in gathered)
+                and len({g.get("error") for g in gathered}) == 1
+            )
+        result["wall_s"] = round(time.monotonic() - t0, 2)
+        if self.rank == 0:
+            result_path(self.out, case).write_text(json.dumps(result, indent=1))
+        return keep
+
+    def _train_and_compare(self, family: str, plan_dict: dict[str, Any]) -> dict[str, Any]:
+        """This rank's part of a case: its errors per parameter, or how it failed."""
+        import mesh_zoo_models
+        import torch
+        from autopipe.runtime.distributed.failures import is_comm_failure
+        from autopipe.runtime.distributed.pipeline import DistributedPipeline
+
+        from autopipe.core.errors import UsageError
+        from autopipe.core.plan import Plan
+
+        plan = Plan.from_dict(plan_dict)
+        phase = "start"
+        try:
+            model = mesh_zoo_models.build(family, DTYPE)
+            inputs = mesh_zoo_models.example_inputs(family, BATCH)
+            pipe = DistributedPipeline(model, plan, inputs)
+            del model
+            phase = "step"
+            named = _parameter_names(pipe)
+            initial = {name: p.detach().clone() for name, p in named.items()}
+            errors: dict[str, Any] = {}
+            for optimizer in OPTIMIZERS:
+                with torch.no_grad():
+                    for name, p in named.items():
+                        p.copy_(initial[name])
+                losses = _train(pipe, plan, optimizer, inputs)
+                errors[optimizer] = self._compare(family, optimizer, pipe, losses)
+            return {"errors": errors, "symmetric": True}
+        except Exception as exc:
+            comm = is_comm_failure(exc)
+            outcome = (
+                "refused-start"
+                if isinstance(exc, UsageError) and phase == "start"
+                else (f"fails-{phase}")
+            )
+            return {
+                "outcome": outcome,
+                "error": root_cause(exc),
+                "comm": comm,
+                "rank": self.rank,
+                # A refusal every rank makes alike leaves the groups in step; anything else
+                # (a peer timed out waiting) gets a fresh process group.
+                "symmetric": not comm,
+                "trace": traceback.format_exc()[-3000:],
+            }
+
+    def _compare(
+        self, family: str, optimizer: str, pipe: Any, losses: list[float]
+    ) -> dict[str, Any]:
+        """Per parameter this rank's stage holds: the largest error of its update over lr
+        against the reference, and whether it is within rtol / atol."""
+        import torch
+        from torch.distributed.tensor import DTensor
+
+        before, after = self._reference(family, optimizer)
+        lr = LR[optimizer]
+        out: dict[str, Any] = {"losses": losses, "parameters": {}, "expected": sorted(after)}
+        for name, value in pipe.state_dict().items():
+            if name not in after:
+                continue  # a buffer
+            full = value.full_tensor() if isinstance(value, DTensor) else value
+            got = (full.detach().double() - before[name].double()) / lr
+            want = (after[name].double() - before[name].double()) / lr
+            diff = (got - want).abs()
+            excess = float((diff - (ATOL + RTOL * want.abs())).max())
+            out["parameters"][name] = {"max_error": float(diff.max()), "excess": excess}
+        del torch
+        return out
+
+
+def make_plain_optimizer(name: str, parameters: Any) -> Any:
+    import torch
+
+    if name == "sgd":
+        return torch.optim.SGD(parameters, lr=LR[name])
+    return torch.optim.AdamW(parameters, lr=LR[name])
+
+
+def _parameter_names(pipe: Any) -> dict[str, Any]:
+    """This rank's parameters by a name of its own (each once)."""
+    return {name: p for name, p in pipe.module.named_parameters()}
+
+
+def _train(pipe: Any, plan: Any, optimizer: str, inputs: Any) -> list[float]:
+    """``STEPS`` steps of the pipeline with ``optimizer`` (autopipe's own, the plan's kind)."""
+    from autopipe.training import make_optimizer
+
+    opt = make_optimizer(
+        dataclasses.replace(plan, optimizer=optimizer),
+        pipe.parameters(),
+        LR[optimizer],
+        pipe.replica_group,
+    )
+    local = pipe.local_batch(inputs)
+    losses = []
+    for _ in range(STEPS):
+        opt.zero_grad(set_to_none=True)
+        pipe.step(local if pipe.holds_first or pipe.holds_last else None)
+        opt.step()
+        losses.append(pipe.last_loss)
+    return losses
+
+
+def _combine(gathered: list[dict[str, Any]]) -> dict[str, Any]:
+    """The case's result from every rank's part."""
+    failed = [g for g in gathered if "error" in g]
+    if failed:
+        # The root cause: a rank's own error before a peer's "timed out waiting".
+        first = sorted(failed, key=lambda g: (g["comm"], g["rank"]))[0]
+        return {
+            "outcome": first["outcome"],
+            "reason": f"rank {first['rank']}: {first['error']}",
+            "ranks_failed": [g["rank"] for g in failed],
+            "trace": first["trace"],
+        }
+    summary: dict[str, Any] = {}
+    equal = True
+    for optimizer in OPTIMIZERS:
+        params: dict[str, Any] = {}
+        for g in gathered:
+            for name, e in g["errors"][optimizer]["parameters"].items():
+                if name not in params or e["excess"] > params[name]["excess"]:
+                    params[name] = e
+        worst = max(params, key=lambda n: params[n]["excess"])
+        wrong = sorted(n for n, e in params.items() if e["excess"] > 0)
+        # Every parameter of the model is compared on some rank, or the case is not equal.
+        unseen = sorted(set(gathered[0]["errors"][optimizer]["expected"]) - set(params))
+        wrong += [f"{name} (held by no rank)" for name in unseen]
+        losses = next(g["errors"][optimizer]["losses"] for g in gathered)
+        summary[optimizer] = {
+            "max_error": max(e["max_error"] for e in params.values()),
+            "worst": worst,
+            "wrong": wrong,
+            "parameters": len(params),
+            "losses": losses,
+        }
+        equal = equal and not wrong
+    reason = None
+    if not equal:
+        reason = "; ".join(
+            f"{o}: {len(summary[o]['wrong'])} parameters differ, worst {summary[o]['worst']} "
+            f"(max error {summary[o]['max_error']:.3g})"
+            for o in OPTIMIZERS
+            if summary[o]["wrong"]
+        )
+    return {"outcome": "equal" if equal else "differs", "reason": reason, **summary}
+
+
+def _plan_summary(plan: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "stages": [s["units"] for s in plan["stages"]],
+        "mesh": [plan["num_stages"], plan.get("replicas"), plan.get("tensor_parallel")],
+        "shard": plan.get("shard"),
+        "schedule": plan["schedule"],
+        "microbatches": plan["microbatches"],
+    }
+
+
+def main(out_dir: str, cases: list[str]) -> None:
+    import torch.distributed as dist
+
+    runner = Runner(Path(out_dir))
+    for case in cases:
+        keep = runner.run_case(case)
+        if not keep:
+            runner._rejoin()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2:])
