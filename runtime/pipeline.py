@@ -326,7 +326,8 @@ class Pipeline(nn.Module):
         most K - rank micro-batches' activations where GPipe holds M
         (:attr:`activation_meter` counts them). Without :attr:`orders` (a GPipe pipeline
         built without a plan): :meth:`loss` and its backward. The actions run are
-        :attr:`last_actions`."""
+        :attr:`last_actions`. With orders, inputs that require grad get no ``.grad`` (the
+        step trains parameters)."""
         if self.orders is None:
             loss = self.loss(inputs, target, loss_fn)
             loss.backward()
