@@ -161,7 +161,9 @@ def mesh_candidates(
     context_parallel: int | str = 1,
     expert_parallel: int | str = 1,
 ) -> list[MeshCandidate]:
-    """Every ``(pp, dp, tp, shard)`` the request allows, in no particular order. Refuses
+    """Every ``(pp, dp, tp, shard)`` the request allows (with every C and E it allows,
+    :func:`autopipe.planner.context_expert.context_expert_choices`: PP = N / (T C D), E
+    dividing D C T), in no particular order. Refuses
     (``RuleViolation``, one line) a fixed T that does not divide the node size, the devices or
     the model's heads, a T > 1 for a model without a TP plan, and a fixed D that does not
     divide the devices or the batch. O(sqrt(N) + divisors(N)^2 x shard modes)

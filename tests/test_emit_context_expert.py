@@ -27,3 +27,14 @@ def test_cp_and_ep_keys_in_torchtitan_and_megatron() -> None:
     assert flags[flags.index("--context-parallel-size") + 1] == "4"
     assert flags[flags.index("--expert-model-parallel-size") + 1] == "2"
     assert flag["--pipeline-model-parallel-size"] == "2"
+
+
+def test_autopipe_run_refuses_a_cp_or_ep_plan_in_one_line() -> None:
+    from autopipe.runtime.distributed.mesh import mesh_size_problem
+
+    plan = _gpt_plan(stages=2, schedule="1f1b")[2]
+    assert mesh_size_problem(plan, plan.world_size) is None
+    cp = dataclasses.replace(plan, context_parallel=2)
+    why = mesh_size_problem(cp, cp.world_size)
+    assert why is not None and "does not run yet" in why and "\n" not in why
+    assert mesh_size_problem(dataclasses.replace(plan, expert_parallel=2), 2) is not None

@@ -254,3 +254,12 @@ def test_cli_plans_cp_and_ep_and_shows_them(
     assert written.request is not None and written.request.context_parallel == "auto"
     assert written.world_size == 8
     assert written.context_parallel >= 1 and written.expert_parallel >= 1
+
+
+def test_auto_weighs_only_chunks_of_one_attention_tile_or_more() -> None:
+    """``auto`` C: each of the 2C chunks holds at least 128 tokens; a fixed smaller C is
+    still planned as asked. For DeepSeek-V3's 4096 tokens on 2048 GPUs: C <= 16."""
+    p = dataclasses.replace(long_profile(), sequence_length=4096)
+    cps, _ = context_expert_choices(p, 2048, "auto", 1)
+    assert cps == [1, 2, 4, 8, 16]
+    assert context_expert_choices(p, 2048, 64, 1)[0] == [64]

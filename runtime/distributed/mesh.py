@@ -125,6 +125,13 @@ def check_mesh_plan(plan: Plan, tied: Sequence[Any] = ()) -> None:
 
 def mesh_size_problem(plan: Plan, world_size: int) -> str | None:
     """The one-line refusal of a mesh plan launched on ``world_size`` processes, or None."""
+    if plan.context_parallel > 1 or plan.expert_parallel > 1:
+        # planned (planner/context_expert.py) but not run by autopipe yet
+        return (
+            f"the plan uses context parallelism {plan.context_parallel} / expert parallelism "
+            f"{plan.expert_parallel}, which autopipe run does not run yet: hand it to "
+            "torchtitan or Megatron-LM (autopipe plan --emit), or re-plan without them"
+        )
     if world_size == plan.world_size:
         return None
     pp, dp, tp = plan.mesh_shape
