@@ -327,3 +327,19 @@ def test_a_stage_errors_root_cause_is_what_the_rank_raises() -> None:
         except RuntimeError as exc:
             assert stage_error_cause(exc) is root
     assert stage_error_cause(RuntimeError("other")) is None
+
+
+def test_fsdp2_of_a_chunk_with_two_dtypes_is_refused_up_front() -> None:
+    """FSDP2 gathers a chunk's parameters as one group of one dtype: a chunk holding fp32
+    and bf16 parameters is refused in one line before any step (it failed at step 1), on
+    every rank (each checks every chunk); one dtype per chunk, or no FSDP, runs."""
+    from autopipe.runtime.distributed.mesh import MeshPlanError, check_shard_dtypes
+
+    mixed = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4).bfloat16())
+    plain = torch.nn.Sequential(torch.nn.Linear(4, 4))
+    for shard in ("parameters", "gradients"):
+        with pytest.raises(MeshPlanError, match="2 dtypes") as exc:
+            check_shard_dtypes(shard, [plain, mixed])
+        assert "chunk 1" in str(exc.value) and "\n" not in str(exc.value)
+        check_shard_dtypes(shard, [plain, mixed[1]])
+    check_shard_dtypes("optimizer", [mixed])

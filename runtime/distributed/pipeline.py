@@ -50,6 +50,7 @@ from autopipe.runtime.distributed.mesh import (
     apply_tensor_parallel,
     build_mesh,
     check_mesh_plan,
+    check_shard_dtypes,
     local_shapes,
     planned_modules,
     uses_mesh,
@@ -483,6 +484,7 @@ class DistributedPipeline:
         self._partial_gradients: dict[str, str] = {}
         if uses_mesh(plan):
             check_mesh_plan(plan, planned.tied)
+            check_shard_dtypes(plan.shard, [g.module for g in planned.stages])
             if plan.tensor_parallel > 1:
                 # Traced again with one TP rank's shapes (see mesh.py: torch.export writes
                 # sizes as numbers); the stages then hold the model's own modules again.
