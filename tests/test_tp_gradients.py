@@ -268,3 +268,78 @@ def test_a_plan_splitting_a_tied_head_is_refused_in_one_line() -> None:
     with pytest.raises(MeshPlanError, match="tied to model.embed_tokens.weight") as exc:
         planned_modules(model, plan, T)
     assert "\n" not in str(exc.value)
+
+
+class _Norm(torch.nn.Module):
+    """A stage ending in a norm, whose output (the next stage's column-wise input) crosses
+    the cut: ``(norm(x),)`` as a stage graph returns its values."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(4)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor]:
+        return (self.norm(x),)
+
+
+def test_a_sequence_parallel_norms_output_crosses_a_cut_as_a_plain_tensor(
+    fake_tp_mesh: Any,
+) -> None:
+    """A sequence-parallel norm's output is gathered as a DTensor for the split modules it
+    feeds; when a cut falls between the two, the stage sends a plain tensor (torch's
+    pipelining sends, and runs the backward of, plain tensors: a DTensor there made the
+    backward fail with only "Failed to run stage backward:")."""
+    from autopipe.runtime.distributed.stages import StageModule
+    from autopipe.runtime.split import StageGraph
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+    from torch.distributed.tensor.parallel import (
+        PrepareModuleOutput,
+        SequenceParallel,
+        parallelize_module,
+    )
+    from torch.fx import symbolic_trace
+
+    body = symbolic_trace(_Norm())
+    parallelize_module(body, fake_tp_mesh["tp"], {"norm": SequenceParallel()})
+    gather = PrepareModuleOutput(
+        output_layouts=Shard(1), desired_output_layouts=Replicate(), use_local_output=False
+    )
+    parallelize_module(body, fake_tp_mesh["tp"], {"norm": gather})
+    x = torch.randn(2, 3, 4, requires_grad=True)  # one rank's 3 positions of 6
+    assert isinstance(body(x)[0], DTensor)
+    norm_node = next(n.name for n in body.graph.nodes if n.op == "call_module")
+    stage = StageModule(StageGraph(0, body, ["x"], [norm_node]))
+    (sent,) = stage(x)
+    assert not isinstance(sent, DTensor) and sent.shape == (2, 6, 4)
+    sent.sum().backward()  # the fake group's gathers do nothing: shapes only
+    assert x.grad is not None and x.grad.shape == x.shape
+
+
+def test_a_stage_errors_root_cause_is_what_the_rank_raises() -> None:
+    """torch wraps an error of a stage's backward in "Failed to run stage backward:" and the
+    stage's argument shapes; the rank's error is the cause itself."""
+    from autopipe.runtime.distributed.pipeline import stage_error_cause
+
+    root = ValueError("the real reason")
+    for words in ("[Stage 1] failed to run forward:", "Failed to run stage backward:"):
+        try:
+            raise RuntimeError(f"\n        {words}\n        Stage output: ...") from root
+        except RuntimeError as exc:
+            assert stage_error_cause(exc) is root
+    assert stage_error_cause(RuntimeError("other")) is None
+
+
+def test_fsdp2_of_a_chunk_with_two_dtypes_is_refused_up_front() -> None:
+    """FSDP2 gathers a chunk's parameters as one group of one dtype: a chunk holding fp32
+    and bf16 parameters is refused in one line before any step (it failed at step 1), on
+    every rank (each checks every chunk); one dtype per chunk, or no FSDP, runs."""
+    from autopipe.runtime.distributed.mesh import MeshPlanError, check_shard_dtypes
+
+    mixed = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4).bfloat16())
+    plain = torch.nn.Sequential(torch.nn.Linear(4, 4))
+    for shard in ("parameters", "gradients"):
+        with pytest.raises(MeshPlanError, match="2 dtypes") as exc:
+            check_shard_dtypes(shard, [plain, mixed])
+        assert "chunk 1" in str(exc.value) and "\n" not in str(exc.value)
+        check_shard_dtypes(shard, [plain, mixed[1]])
+    check_shard_dtypes("optimizer", [mixed])

@@ -77,6 +77,7 @@ __all__ = [
     "build_mesh",
     "call_planned_modules",
     "check_mesh_plan",
+    "check_shard_dtypes",
     "local_shapes",
     "make_zero_optimizer",
     "planned_modules",
@@ -121,6 +122,28 @@ def check_mesh_plan(plan: Plan, tied: Sequence[Any] = ()) -> None:
     problems = mesh_problems(plan)  # the plan's own mesh rules, as emit checks them
     if problems:
         raise MeshPlanError(problems[0])
+
+
+def check_shard_dtypes(shard: str, chunks: Sequence[nn.Module]) -> None:
+    """Refuse in one line (:class:`MeshPlanError`) sharding ``shard`` (FSDP2: ``parameters``
+    or ``gradients``) of a chunk whose parameters have more than one dtype: FSDP2 gathers a
+    chunk's parameters as one flat group (one group per chunk, see :func:`apply_sharding`),
+    which takes one dtype, and would fail only at the first step. ``chunks``: every chunk of
+    the plan (each rank checks all of them, so all refuse alike)."""
+    if shard not in ("parameters", "gradients"):
+        return
+    for index, chunk in enumerate(chunks):
+        dtypes: dict[torch.dtype, str] = {}
+        for name, p in chunk.named_parameters():
+            dtypes.setdefault(p.dtype, name)
+        if len(dtypes) > 1:
+            (a, first), (b, second) = list(dtypes.items())[:2]
+            raise MeshPlanError(
+                f"chunk {index} holds parameters of {len(dtypes)} dtypes ({first} is {a}, "
+                f"{second} is {b}), which shard {shard} (FSDP2, one parameter group per "
+                "chunk) cannot gather together; cast the model to one dtype or re-plan "
+                "with --shard none or optimizer"
+            )
 
 
 def mesh_size_problem(plan: Plan, world_size: int) -> str | None:

@@ -50,6 +50,7 @@ from autopipe.runtime.distributed.mesh import (
     apply_tensor_parallel,
     build_mesh,
     check_mesh_plan,
+    check_shard_dtypes,
     local_shapes,
     planned_modules,
     uses_mesh,
@@ -492,6 +493,7 @@ class DistributedPipeline:
         self._partial_gradients: dict[str, str] = {}
         if uses_mesh(plan):
             check_mesh_plan(plan, planned.tied)
+            check_shard_dtypes(plan.shard, [g.module for g in planned.stages])
             if plan.tensor_parallel > 1:
                 # Traced again with one TP rank's shapes (see mesh.py: torch.export writes
                 # sizes as numbers); the stages then hold the model's own modules again.
@@ -626,10 +628,8 @@ class DistributedPipeline:
                     f"pipeline broke in step {self.steps + 1}: a peer rank failed or did not answer "
                     f"within the process-group timeout ({first})"
                 ) from exc
-            # PipelineStage wraps errors of the stage's forward in a RuntimeError whose text is
-            # only "[Stage k] failed to run forward: <args>": surface the real cause instead.
-            cause = exc.__cause__
-            if cause is not None and "failed to run forward" in str(exc):
+            cause = stage_error_cause(exc)
+            if cause is not None:
                 raise cause from exc
             raise
         self.last_step_s = time.perf_counter() - t0
@@ -991,6 +991,20 @@ def _scale_gradients(module: nn.Module, factor: float) -> None:
         for p in module.parameters():
             if p.grad is not None:
                 p.grad.mul_(factor)
+
+
+_STAGE_WRAPPERS = ("failed to run forward", "Failed to run stage backward")
+"""What torch.distributed.pipelining's RuntimeError says when it wraps an error of a stage's
+forward or backward: only that, and the stage's argument shapes over several lines."""
+
+
+def stage_error_cause(exc: BaseException) -> BaseException | None:
+    """The error a stage's forward or backward raised, when ``exc`` is torch's wrapper of it
+    (whose text would hide it: the cause shows only with a full traceback); else None."""
+    cause = exc.__cause__
+    if cause is not None and any(words in str(exc) for words in _STAGE_WRAPPERS):
+        return cause
+    return None
 
 
 def _sum_gradients(parameters: Iterable[nn.Parameter], group: Any) -> None:

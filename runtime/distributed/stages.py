@@ -101,6 +101,24 @@ def from_wire(tensors: Sequence[Any], wires: Sequence[Wire]) -> list[Any]:
     return values
 
 
+def _plain(t: torch.Tensor) -> torch.Tensor:
+    """What crosses a cut: a plain tensor. A DTensor (a sequence-parallel norm's gathered
+    output, a replicated activation of tensor parallelism) is sent as this rank's local
+    tensor, differentiably (its gradient comes back as one of the same placement), so the
+    next stage, which receives plain tensors, runs its backward the same way; a partial
+    sum is refused (no rank holds the value)."""
+    from torch.distributed.tensor import DTensor
+
+    if not isinstance(t, DTensor):
+        return t
+    if any(p.is_partial() for p in t.placements):
+        raise TypeError(
+            f"a value crossing a cut is a partial sum over the mesh ({t.placements}); "
+            "plan a cut after the module that reduces it"
+        )
+    return t.to_local()
+
+
 def _contiguous(grad: torch.Tensor) -> torch.Tensor:
     return grad.contiguous()
 
@@ -216,7 +234,7 @@ class StageModule(nn.Module):
                     "not a tensor or number; torch.distributed.pipelining sends only tensors "
                     "between stages: plan a different cut"
                 ) from None
-            tensors = to_wire(value)
+            tensors = [_plain(t) for t in to_wire(value)]
             if self.own_outputs:
                 used = name in self._used_inside
                 tensors = [t.clone() if used or t._is_view() else t for t in tensors]
