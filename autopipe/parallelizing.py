@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -24,7 +24,7 @@ from torch import nn
 from autopipe.core.checkpointing import check_checkpoint_mode
 from autopipe.core.plan import Plan
 from autopipe.core.profile import Profile
-from autopipe.core.request import PlanRequest
+from autopipe.core.request import Checkpoint, PlanRequest
 from autopipe.core.vocabulary import DEFAULT_CHECKPOINT
 from autopipe.planner import plan as make_plan
 from autopipe.planner.schedules import rank_orders
@@ -90,7 +90,7 @@ def parallelize(
                 batch_size=batch_size,
                 microbatches=microbatches,
                 memory_per_device=memory_per_device,
-                checkpoint=checkpoint,
+                checkpoint=cast(Checkpoint, checkpoint),  # checked above
             ),
         )
         devices, gpus = devs, None

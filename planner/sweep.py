@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 from autopipe.planner.errors import PlanningError
 from autopipe.planner.planning import plan
@@ -15,7 +15,7 @@ from autopipe.planner.planning import plan
 from autopipe.core.cluster import Cluster, Device
 from autopipe.core.plan import Plan
 from autopipe.core.profile import Profile
-from autopipe.core.request import PlanRequest
+from autopipe.core.request import PlanRequest, Schedule
 from autopipe.core.vocabulary import PLAN_SCHEDULES
 
 
@@ -111,7 +111,9 @@ def plan_each_schedule(
     out: dict[str, Plan | str] = {}
     for name in schedules or PLAN_SCHEDULES:
         try:
-            out[name] = plan(profile, dataclasses.replace(request, schedule=name, baselines=False))
+            # the request validates the name (a bad one is its one-line reason)
+            one = dataclasses.replace(request, schedule=cast(Schedule, name), baselines=False)
+            out[name] = plan(profile, one)
         except PlanningError as exc:
             out[name] = str(exc)
     return out
