@@ -1,4 +1,4 @@
-"""Run K stages over M micro-batches in the GPipe fill-drain schedule.
+"""Run K stages over M micro-batches in the GPipe fill-drain schedule, or in any schedule's order.
 
 Each clock cycle's tasks (``schedule.clock_cycles``) are submitted to the workers of their
 stages' devices (one submission per device and clock) and the clock ends when all of them
@@ -12,6 +12,10 @@ caller's ``backward()`` later runs the stages' backwards (see ``stage.py``).
 An exception stops the run after its clock and is re-raised in the caller. When every
 stage is on one device the tasks run in the caller's thread instead (nothing could overlap).
 Cost: M x K tasks, M + K - 1 thread hand-offs per device (tens of microseconds each).
+
+:func:`run_actions` runs any schedule instead: each rank's own list of ``Action`` s (the
+plan's ``rank_orders``), forward and explicit per-(chunk, micro-batch) backwards, whole or
+split into input and weight gradients (``Pipeline.step``).
 """
 
 from __future__ import annotations

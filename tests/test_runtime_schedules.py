@@ -99,6 +99,23 @@ def test_every_schedule_trains_as_the_unsplit_model_in_the_plans_order(
     assert ran >= {tuple(a) for order in orders for a in order}
 
 
+@pytest.mark.parametrize("schedule", ["1f1b", "zbv"])
+def test_ranks_on_worker_threads_run_the_plans_order(schedule: str) -> None:
+    """Ranks on different devices ("cpu" and "cpu:0" are two workers) run at once, each in
+    its own order, with the unsplit model's gradients."""
+    model, idx = tiny_gpt(), tokens(8)
+    reference = copy.deepcopy(model)
+    virtual = 2 if schedule == "zbv" else 1
+    plan = schedule_plan(trace_units(model, idx).unit_names, schedule, 2, virtual, 4)
+    pipe = parallelize(model, idx, ["cpu", "cpu:0"], plan=plan)
+    torch.manual_seed(3)
+    pipe.step(idx, loss_fn=gpt.loss_fn)
+    assert pipe.last_actions == rank_orders(schedule, 2, virtual, 4)
+    gpt.loss_fn(reference_forward(reference, (idx,), 4, seed=3), idx).backward()
+    for p, q in zip(model.parameters(), reference.parameters(), strict=True):
+        assert_close(p.grad, q.grad, "gradient")
+
+
 @pytest.mark.parametrize("schedule", ["1f1b", "interleaved-zb"])
 def test_step_with_checkpointed_stages_adds_to_earlier_gradients(schedule: str) -> None:
     """Re-materialized chunks (recomputed inside backward, twice for a split one), and a
