@@ -518,6 +518,8 @@ def refuse_too_deep(
         ts = [tensor_parallel]
     else:
         ts = [1] + [t for t in profile.tp_degrees if t > 1 and node % t == 0]
+        if profile.tp_refusal:
+            ts = [1]  # as mesh_candidates: the runtime cannot run T > 1 for this model
     fewest: tuple[int, int, int] | None = None
     for t in ts:
         if t < 1 or n % t:
