@@ -47,6 +47,7 @@ from autopipe.planner.search import (
 from autopipe.core.catalog import get_device, is_catalog_device
 from autopipe.core.cluster import Cluster, Device
 from autopipe.core.humanize import format_bytes, format_seconds
+from autopipe.core.mesh_rules import tied_chunks_problems
 from autopipe.core.plan import Plan
 from autopipe.core.plan_records import MeshReport, MeshRow
 from autopipe.core.profile import Profile, UnitProfile
@@ -173,12 +174,18 @@ def mesh_candidates(
     if shard != "auto" and shard not in SHARD_MODES:
         raise RuleViolation(f"mesh: shard={shard!r}; use auto or one of {', '.join(SHARD_MODES)}")
     allowed_t = [1] + [t for t in profile.tp_degrees if t > 1 and n % t == 0 and node % t == 0]
+    if profile.tp_refusal:
+        allowed_t = [1]  # the runtime cannot run this model's TP stages (found when profiling)
     ts = _choices("tensor_parallel", tensor_parallel, allowed_t)
     if tensor_parallel != "auto" and ts[0] > 1:
         t = ts[0]
         if not profile.tp_plan:
             why = profile.tp_note or "the model has no tensor-parallel plan"
             raise RuleViolation(f"tensor-parallel: T={t} needs a TP plan: {why}; use T=1")
+        if profile.tp_refusal:
+            raise RuleViolation(
+                f"tensor-parallel: T={t} cannot run for this model: {profile.tp_refusal}; use T=1"
+            )
         if node % t or n % t:
             raise RuleViolation(
                 f"tensor-parallel: T={t} must divide the {node} GPUs per node and the {n} GPUs "
@@ -485,6 +492,8 @@ def plan_mesh(
     )
     if profile.tp_note and not profile.tp_plan:
         out.notes.append(f"tensor parallelism not considered: {profile.tp_note}")
+    elif profile.tp_refusal:
+        out.notes.append(f"tensor parallelism not considered: {profile.tp_refusal}")
     elif profile.tp_note and best.tp > 1:
         out.notes.append(profile.tp_note)  # what stays whole on every TP rank
     return out
@@ -511,6 +520,8 @@ def refuse_too_deep(
         ts = [tensor_parallel]
     else:
         ts = [1] + [t for t in profile.tp_degrees if t > 1 and node % t == 0]
+        if profile.tp_refusal:
+            ts = [1]  # as mesh_candidates: the runtime cannot run T > 1 for this model
     fewest: tuple[int, int, int] | None = None
     for t in ts:
         if t < 1 or n % t:
@@ -645,6 +656,7 @@ class _MeshSearch:
                 c, plan_pipeline, self.context_of(c), self.device_of(c), self.base, self.template,
                 self.topology, self.batch, self.state_bpp, self.microbatches, cutoff,
             )  # fmt: skip
+            _refuse_tied_chunks(c, profile)
             if c.plan is not None and (best is None or c.step_s < best.step_s):
                 best = c
         return best
@@ -675,6 +687,17 @@ class _MeshSearch:
                 c.reason = "dominated: gradients (ZeRO-2) is as fast in less memory"
                 return True
         return False
+
+
+def _refuse_tied_chunks(c: MeshCandidate, profile: Profile) -> None:
+    """Drop ``c``'s plan, its ``reason`` the rule's line, when the runtime would refuse it for
+    a parameter tied across its chunks (:func:`autopipe.core.mesh_rules.tied_chunks_problem`,
+    the rule ``check_mesh_plan`` applies on every rank)."""
+    if c.plan is None:
+        return
+    problems = tied_chunks_problems(profile.units, [s.units for s in c.plan.stages], c.tp, c.shard)
+    if problems:
+        c.plan, c.step_s, c.pipeline_s, c.reason = None, math.inf, math.inf, problems[0]
 
 
 def _winning_plan(
@@ -962,6 +985,10 @@ def _cp_ep_words(c: MeshCandidate) -> str:
 def _no_mesh_error(
     cands: list[MeshCandidate], n: int, template: Device, request: PlanRequest
 ) -> PlanningError:
+    rules = {c.reason for c in cands if c.reason.startswith("tied-chunks:")}
+    if rules and all(c.reason in rules for c in cands):
+        # every mesh the request allows breaks a mesh rule: bad input, said once
+        return RuleViolation(min(rules))
     needs = [c.min_memory_bytes for c in cands if c.min_memory_bytes]
     have = format_bytes(template.memory_bytes) if template.memory_bytes else "unlimited memory"
     if needs:

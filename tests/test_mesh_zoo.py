@@ -65,17 +65,20 @@ LAUNCH_TIMEOUT_S = 1800
 
 EXPECTED: dict[str, tuple[str, str]] = {
     "llama_tied:pp2tp2": (
-        "refused-start",
-        "MeshPlanError: parameter 'model.embed_tokens.weight' is tied across ch",
+        "refused-plan",
+        "tensor-parallel: T=2 needs a TP plan: the TP plan splits model.embed_t",
     ),
-    "llama_tied:tp2fsdp2": ("differs", "worst model.embed_tokens.weight"),
+    "llama_tied:tp2fsdp2": (
+        "refused-plan",
+        "tensor-parallel: T=2 needs a TP plan: the TP plan splits model.embed_t",
+    ),
     "llama_tied:pp2d2zero1": (
-        "refused-start",
-        "MeshPlanError: parameter 'model.embed_tokens.weight' is tied across ch",
+        "refused-plan",
+        "tied-chunks: parameter 'model.embed_tokens.weight' is tied across chun",
     ),
     "llama_tied:pp2v2tp2": (
-        "refused-start",
-        "MeshPlanError: parameter 'model.embed_tokens.weight' is tied across ch",
+        "refused-plan",
+        "tensor-parallel: T=2 needs a TP plan: the TP plan splits model.embed_t",
     ),
     "llama_big_vocab:pp2tp2": (
         "fails-step",
@@ -88,98 +91,116 @@ EXPECTED: dict[str, tuple[str, str]] = {
     "qwen3:pp2tp2": ("differs", "worst model.layers.1.self_attn.q_norm.weight"),
     "qwen3:tp2fsdp2": ("differs", "worst model.layers.1.self_attn.q_norm.weight"),
     "qwen3:pp2v2tp2": ("differs", "worst model.layers.1.self_attn.q_norm.weight"),
-    "olmo2:pp2tp2": ("refused-start", "TraceError: hooks fallback needs positional inputs only"),
-    "olmo2:tp2fsdp2": ("refused-start", "TraceError: hooks fallback needs positional inputs only"),
-    "olmo2:pp2v2tp2": ("refused-start", "TraceError: hooks fallback needs positional inputs only"),
+    "olmo2:pp2tp2": (
+        "refused-plan",
+        "tensor-parallel: T=2 cannot run for this model: MeshPlanError: mean_2 ",
+    ),
+    "olmo2:tp2fsdp2": (
+        "refused-plan",
+        "tensor-parallel: T=2 cannot run for this model: MeshPlanError: mean_2 ",
+    ),
+    "olmo2:pp2v2tp2": (
+        "refused-plan",
+        "tensor-parallel: T=2 cannot run for this model: MeshPlanError: mean_2 ",
+    ),
     "phi3:pp2tp2": ("refused-start", "TraceError: hooks fallback needs positional inputs only"),
     "phi3:tp2fsdp2": ("refused-start", "TraceError: hooks fallback needs positional inputs only"),
     "phi3:pp2v2tp2": ("refused-start", "TraceError: hooks fallback needs positional inputs only"),
-    "glm4:pp2tp2": ("refused-start", "TraceError: hooks fallback needs positional inputs only"),
-    "glm4:tp2fsdp2": ("refused-start", "TraceError: hooks fallback needs positional inputs only"),
-    "glm4:pp2v2tp2": ("refused-start", "TraceError: hooks fallback needs positional inputs only"),
+    "glm4:pp2tp2": (
+        "refused-plan",
+        "tensor-parallel: T=2 cannot run for this model: MeshPlanError: mean_1 ",
+    ),
+    "glm4:tp2fsdp2": (
+        "refused-plan",
+        "tensor-parallel: T=2 cannot run for this model: MeshPlanError: mean_1 ",
+    ),
+    "glm4:pp2v2tp2": (
+        "refused-plan",
+        "tensor-parallel: T=2 cannot run for this model: MeshPlanError: mean_1 ",
+    ),
     "gemma2:pp2tp2": (
-        "refused-start",
-        "MeshPlanError: parameter 'model.embed_tokens.weight' is tied across ch",
+        "refused-plan",
+        "tensor-parallel: T=2 needs a TP plan: the TP plan splits model.embed_t",
     ),
     "gemma2:tp2fsdp2": (
-        "refused-start",
-        "SequenceParallelError: mean_1 (aten.mean.dim, in model.layers.0.post_a",
+        "refused-plan",
+        "tensor-parallel: T=2 needs a TP plan: the TP plan splits model.embed_t",
     ),
     "gemma2:pp2d2zero1": (
-        "refused-start",
-        "MeshPlanError: parameter 'model.embed_tokens.weight' is tied across ch",
+        "refused-plan",
+        "tied-chunks: parameter 'model.embed_tokens.weight' is tied across chun",
     ),
     "gemma2:pp2v2tp2": (
-        "refused-start",
-        "MeshPlanError: parameter 'model.embed_tokens.weight' is tied across ch",
+        "refused-plan",
+        "tensor-parallel: T=2 needs a TP plan: the TP plan splits model.embed_t",
     ),
     "gemma3:pp2tp2": (
-        "refused-start",
-        "MeshPlanError: parameter 'model.embed_tokens.weight' is tied across ch",
+        "refused-plan",
+        "tensor-parallel: T=2 needs a TP plan: the TP plan splits model.embed_t",
     ),
     "gemma3:tp2fsdp2": (
-        "refused-start",
-        "SequenceParallelError: mean_3 (aten.mean.dim, in model.layers.0.post_a",
+        "refused-plan",
+        "tensor-parallel: T=2 needs a TP plan: the TP plan splits model.embed_t",
     ),
     "gemma3:pp2d2zero1": (
-        "refused-start",
-        "MeshPlanError: parameter 'model.embed_tokens.weight' is tied across ch",
+        "refused-plan",
+        "tied-chunks: parameter 'model.embed_tokens.weight' is tied across chun",
     ),
     "gemma3:pp2v2tp2": (
-        "refused-start",
-        "MeshPlanError: parameter 'model.embed_tokens.weight' is tied across ch",
+        "refused-plan",
+        "tensor-parallel: T=2 needs a TP plan: the TP plan splits model.embed_t",
     ),
     "cohere_qk_norm:pp2tp2": (
-        "refused-start",
-        "MeshPlanError: parameter 'model.embed_tokens.weight' is tied across ch",
+        "refused-plan",
+        "tensor-parallel: T=2 needs a TP plan: the TP plan splits model.embed_t",
     ),
     "cohere_qk_norm:tp2fsdp2": (
-        "refused-start",
-        "TraceError: hooks fallback needs positional inputs only",
+        "refused-plan",
+        "tensor-parallel: T=2 needs a TP plan: the TP plan splits model.embed_t",
     ),
     "cohere_qk_norm:pp2d2zero1": (
-        "refused-start",
-        "MeshPlanError: parameter 'model.embed_tokens.weight' is tied across ch",
+        "refused-plan",
+        "tied-chunks: parameter 'model.embed_tokens.weight' is tied across chun",
     ),
     "cohere_qk_norm:pp2v2tp2": (
-        "refused-start",
-        "MeshPlanError: parameter 'model.embed_tokens.weight' is tied across ch",
+        "refused-plan",
+        "tensor-parallel: T=2 needs a TP plan: the TP plan splits model.embed_t",
     ),
     "mixtral:pp2tp2": (
-        "refused-start",
-        "SequenceParallelError: mean_1 (aten.mean.dim, in model.layers.0.post_a",
+        "refused-plan",
+        "tensor-parallel: T=2 cannot run for this model: MeshPlanError: mean_1 ",
     ),
     "mixtral:tp2fsdp2": (
-        "refused-start",
-        "SequenceParallelError: mean_1 (aten.mean.dim, in model.layers.0.post_a",
+        "refused-plan",
+        "tensor-parallel: T=2 cannot run for this model: MeshPlanError: mean_1 ",
     ),
     "mixtral:pp2v2tp2": (
-        "refused-start",
-        "SequenceParallelError: mean_1 (aten.mean.dim, in model.layers.0.post_a",
+        "refused-plan",
+        "tensor-parallel: T=2 cannot run for this model: MeshPlanError: mean_1 ",
     ),
     "qwen3_moe:pp2tp2": (
-        "refused-start",
-        "SequenceParallelError: mean_3 (aten.mean.dim, in model.layers.0.post_a",
+        "refused-plan",
+        "tensor-parallel: T=2 cannot run for this model: MeshPlanError: mean_3 ",
     ),
     "qwen3_moe:tp2fsdp2": (
-        "refused-start",
-        "SequenceParallelError: mean_3 (aten.mean.dim, in model.layers.0.post_a",
+        "refused-plan",
+        "tensor-parallel: T=2 cannot run for this model: MeshPlanError: mean_3 ",
     ),
     "qwen3_moe:pp2v2tp2": (
-        "refused-start",
-        "SequenceParallelError: mean_3 (aten.mean.dim, in model.layers.0.post_a",
+        "refused-plan",
+        "tensor-parallel: T=2 cannot run for this model: MeshPlanError: mean_3 ",
     ),
     "deepseek_v3:pp2tp2": (
-        "refused-start",
-        "SequenceParallelError: mean (aten.mean.dim, in model.layers.0.input_la",
+        "refused-plan",
+        "tensor-parallel: T=2 cannot run for this model: MeshPlanError: mean (a",
     ),
     "deepseek_v3:tp2fsdp2": (
-        "refused-start",
-        "SequenceParallelError: mean (aten.mean.dim, in model.layers.0.input_la",
+        "refused-plan",
+        "tensor-parallel: T=2 cannot run for this model: MeshPlanError: mean (a",
     ),
     "deepseek_v3:pp2v2tp2": (
-        "refused-start",
-        "SequenceParallelError: mean (aten.mean.dim, in model.layers.0.input_la",
+        "refused-plan",
+        "tensor-parallel: T=2 cannot run for this model: MeshPlanError: mean (a",
     ),
 }
 """Case -> (outcome, a phrase of its reason) for every case that is not ``equal`` today.

@@ -13,16 +13,79 @@ Each problem is one line starting with the rule's name:
 - ``tp-degree``: T divides the model's split dimensions (heads, key/value heads: the T the
   embedded profile lists as ``tp_degrees``) and the GPUs of one node (a TP group never spans
   nodes).
+- ``tp-runs``: T > 1 needs a model whose TP stages the runtime can trace and run sequence
+  parallel (the embedded profile's ``tp_refusal``, found when profiling, is None).
+- ``tied-chunks``: a parameter tied across chunks (an embedding and its LM head on two
+  stages) runs only without TP and sharded state (:func:`tied_chunks_problem`: the one
+  statement of the rule, which the planner's search and the mesh runtime's
+  ``check_mesh_plan`` both apply).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from autopipe.core.plan import Plan
+from autopipe.core.profile import UnitProfile
 from autopipe.core.vocabulary import SHARD_MODES
 
-__all__ = ["MESH_RULES", "mesh_problems"]
+__all__ = [
+    "MESH_RULES",
+    "mesh_problems",
+    "tied_chunks",
+    "tied_chunks_problem",
+    "tied_chunks_problems",
+]
 
-MESH_RULES = ("mesh-degrees", "mesh-devices", "tp-plan", "tp-degree")
+MESH_RULES = ("mesh-degrees", "mesh-devices", "tp-plan", "tp-degree", "tp-runs", "tied-chunks")
+
+
+def tied_chunks_problem(
+    name: str, chunks: Sequence[int], tensor_parallel: int, shard: str
+) -> str | None:
+    """The ``tied-chunks`` rule for one parameter ``name`` used by the chunks ``chunks``
+    (stage indexes) of a plan with ``tensor_parallel`` and ``shard``: the one-line refusal,
+    or None. The runtime keeps a tied parameter's copies on several chunks equal by summing
+    their gradients; it does so only for plain (unsplit, unsharded) parameters. O(chunks)."""
+    if len(set(chunks)) <= 1 or (tensor_parallel == 1 and shard == "none"):
+        return None
+    return (
+        f"tied-chunks: parameter {name!r} is tied across chunks {sorted(set(chunks))}; "
+        "autopipe run keeps tied copies equal only without TP or sharded state: untie it, "
+        "or re-plan with --tensor-parallel 1 --shard none"
+    )
+
+
+def tied_chunks(
+    units: Sequence[UnitProfile], stages: Sequence[Sequence[str]]
+) -> dict[str, list[int]]:
+    """``{parameter: [chunk, ...]}`` for every parameter the profile's ``units`` share
+    (``UnitProfile.shared_parameters``) that units of more than one of ``stages`` (each a
+    chunk's unit names, in chunk order) use. O(units x their shared parameters)."""
+    chunk_of = {name: c for c, names in enumerate(stages) for name in names}
+    used: dict[str, set[int]] = {}
+    for unit in units:
+        c = chunk_of.get(unit.name)
+        if c is None:
+            continue
+        for parameter in unit.shared_parameters:
+            used.setdefault(parameter, set()).add(c)
+    return {p: sorted(cs) for p, cs in used.items() if len(cs) > 1}
+
+
+def tied_chunks_problems(
+    units: Sequence[UnitProfile],
+    stages: Sequence[Sequence[str]],
+    tensor_parallel: int,
+    shard: str,
+) -> list[str]:
+    """:func:`tied_chunks_problem` for every parameter tied across ``stages``."""
+    out = []
+    for name, chunks in tied_chunks(units, stages).items():
+        problem = tied_chunks_problem(name, chunks, tensor_parallel, shard)
+        if problem is not None:
+            out.append(problem)
+    return out
 
 
 def _degree_problems(plan: Plan) -> list[str]:
@@ -43,6 +106,10 @@ def mesh_problems(plan: Plan) -> list[str]:
     if out:
         return out
     out += _tp_problems(plan)
+    if plan.profile is not None:
+        out += tied_chunks_problems(
+            plan.profile.units, [s.units for s in plan.stages], plan.tensor_parallel, plan.shard
+        )
     if plan.mesh is not None and plan.world_size != plan.mesh.gpus:
         pp, dp, tp = plan.mesh_shape
         out.append(
@@ -71,6 +138,9 @@ def _tp_problems(plan: Plan) -> list[str]:
             f"tp-degree: tensor_parallel {t} does not divide the model's split dimensions "
             f"(heads, key/value heads); T > 1 it allows: {ok}"
         )
+    refusal = plan.profile.tp_refusal if plan.profile is not None else None
+    if refusal:
+        out.append(f"tp-runs: tensor_parallel {t} cannot run for this model: {refusal}")
     node = plan.mesh.gpus_per_node if plan.mesh is not None else None
     if node is not None and node % t:
         out.append(

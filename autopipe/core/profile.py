@@ -249,6 +249,12 @@ class Profile:
     e.g. the attention and key/value heads); empty without a TP plan."""
     tp_note: str = ""
     """Why the profile has no TP plan (one sentence), or ``""``."""
+    tp_refusal: str | None = None
+    """Why the runtime cannot run this model at T > 1 although it has a TP plan (one line:
+    its stages traced at one TP rank's shapes fail to trace, or sequence parallelism
+    refuses the graph), found when profiling by the runtime's own analysis
+    (``autopipe.runtime.distributed.tp_check``); None: it can, or not checked (profiles
+    written before this field, schema v1, load so). The planner then plans T = 1 only."""
     sequence_length: int = 0
     """Tokens per sample (the inputs' second dimension) that context parallelism splits; 0:
     not a sequence model, or not recorded (profiles written before it). Optional in v1."""

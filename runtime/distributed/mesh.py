@@ -61,7 +61,7 @@ from torch import fx, nn
 from torch.distributed.device_mesh import init_device_mesh
 
 from autopipe.core.errors import UsageError
-from autopipe.core.mesh_rules import mesh_problems
+from autopipe.core.mesh_rules import mesh_problems, tied_chunks_problem
 from autopipe.core.plan import Plan
 from autopipe.core.vocabulary import (
     MESH_DIM_NAMES,
@@ -112,13 +112,12 @@ def check_mesh_plan(plan: Plan, tied: Sequence[Any] = ()) -> None:
             "combine with TP or sharded state; re-plan with --schedule 1f1b (or gpipe, "
             "interleaved-1f1b)"
         )
-    for parameter in tied:
-        if len(parameter.stages) > 1:
-            raise MeshPlanError(
-                f"parameter {parameter.name!r} is tied across chunks {parameter.stages}; "
-                "autopipe run keeps tied copies equal only without TP or sharded state: "
-                "untie it, or re-plan with --tensor-parallel 1 --shard none"
-            )
+    for parameter in tied:  # the rule the planner's search applies (mesh_rules)
+        problem = tied_chunks_problem(
+            parameter.name, parameter.stages, plan.tensor_parallel, plan.shard
+        )
+        if problem is not None:
+            raise MeshPlanError(problem)
     problems = mesh_problems(plan)  # the plan's own mesh rules, as emit checks them
     if problems:
         raise MeshPlanError(problems[0])

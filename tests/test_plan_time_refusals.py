@@ -1,0 +1,144 @@
+"""Issue 33, "refused too late": what the mesh runtime refuses on every rank at start-up is
+refused by the planner, with the same reason, in one line (tests/test_mesh_zoo.py's
+``refused-start`` cells). Tiny Hugging Face models built from configs (tests/
+mesh_zoo_models.py), profiled once each and planned, never run."""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("transformers")
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import mesh_zoo_models  # noqa: E402
+import mesh_zoo_run  # noqa: E402
+from autopipe.planner import RuleViolation  # noqa: E402
+
+import autopipe  # noqa: E402
+from autopipe.core import mesh_rules  # noqa: E402
+from autopipe.core.profile import Profile  # noqa: E402
+from autopipe.core.request import PlanRequest  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+_PROFILES: dict[str, Profile] = {}
+
+
+def _profile(family: str) -> Profile:
+    """The family's measured profile (once per test session; one repeat, nothing cached)."""
+    if family not in _PROFILES:
+        from autopipe.profiler.measure import profile
+        from autopipe.profiler.options import MeasureOptions
+
+        model = mesh_zoo_models.build(family)
+        inputs = mesh_zoo_models.example_inputs(family, mesh_zoo_run.BATCH)
+        _PROFILES[family] = profile(
+            model, inputs, MeasureOptions(warmup=0, repeat=1), progress=False, cache=False
+        )
+    return _PROFILES[family]
+
+
+def _request(mesh: str, **fields: Any) -> PlanRequest:
+    return PlanRequest(
+        gpus=4,
+        microbatches=mesh_zoo_run.MICROBATCHES,
+        optimizer="sgd",
+        baselines=False,
+        **{**mesh_zoo_run.MESHES[mesh], **fields},
+    )
+
+
+def test_the_runtime_and_the_planner_apply_one_tied_chunks_rule() -> None:
+    from autopipe.runtime.distributed import mesh
+    from autopipe.runtime.distributed.mesh import MeshPlanError, check_mesh_plan
+    from autopipe.runtime.planned_stages import TiedParameter
+
+    import planner.mesh as planner_mesh
+
+    assert mesh.tied_chunks_problem is mesh_rules.tied_chunks_problem
+    assert planner_mesh.tied_chunks_problems is mesh_rules.tied_chunks_problems
+    profile = _profile("llama_tied")
+    plan = autopipe.plan(profile, _request("pp2d2zero1", shard="none"))  # plannable
+    zero1 = dataclasses.replace(plan, shard="optimizer", profile=profile)  # as a plan file
+    tied = [TiedParameter("model.embed_tokens.weight", [0, 1], {})]
+    with pytest.raises(MeshPlanError) as exc:
+        check_mesh_plan(zero1, tied)
+    expected = mesh_rules.tied_chunks_problem("model.embed_tokens.weight", [0, 1], 1, "optimizer")
+    assert str(exc.value) == expected
+    # the same line from the plan alone (its embedded profile), as emit / explain check it
+    assert zero1.profile is profile
+    assert expected in mesh_rules.mesh_problems(zero1)
+    assert mesh_rules.tied_chunks_problem("w", [0, 1], 1, "none") is None  # plain K x D ties
+    assert mesh_rules.tied_chunks_problem("w", [1, 1], 2, "parameters") is None  # one chunk
+
+
+def test_a_forced_mesh_with_a_tie_across_chunks_is_refused_at_plan_time() -> None:
+    profile = _profile("llama_tied")
+    with pytest.raises(RuleViolation) as exc:
+        autopipe.plan(profile, _request("pp2d2zero1"))
+    message = str(exc.value)
+    assert message.startswith("tied-chunks: parameter 'model.embed_tokens.weight' is tied")
+    assert "\n" not in message
+    # the sharding left to it, the planner leaves out what ties chunks and says so in its table
+    plan = autopipe.plan(profile, _request("pp2d2zero1", shard="auto"))
+    assert (plan.num_stages, plan.replicas, plan.shard) == (2, 2, "none")
+    assert plan.mesh is not None
+    reasons = [row.reason for row in plan.mesh.candidates]
+    assert any(r.startswith("tied-chunks:") for r in reasons), reasons
+
+
+@pytest.mark.parametrize("family", ["mixtral", "olmo2"])
+def test_a_family_sequence_parallelism_cannot_run_plans_t_1_only(family: str) -> None:
+    """Mixtral (a norm before the MoE router), OLMo-2 (post-norms): the runtime's own analysis
+    at profile time records why T > 1 cannot run; a forced T is refused in one line, an
+    automatic one is 1 with the reason in the notes."""
+    profile = _profile(family)
+    assert profile.tp_degrees == [2]  # the model itself would split
+    assert profile.tp_refusal is not None
+    assert "is not position-wise; sequence parallelism cannot run it" in profile.tp_refusal
+    with pytest.raises(RuleViolation) as exc:
+        autopipe.plan(profile, _request("pp2tp2"))
+    assert str(exc.value).startswith("tensor-parallel: T=2 cannot run for this model: ")
+    assert profile.tp_refusal in str(exc.value)
+    plan = autopipe.plan(profile, _request("pp2tp2", tensor_parallel="auto", data_parallel="auto"))
+    assert plan.tensor_parallel == 1
+    assert f"tensor parallelism not considered: {profile.tp_refusal}" in plan.notes
+    # a hand-made plan of T = 2 for it is refused from the plan alone (emit, every rank)
+    forced = dataclasses.replace(
+        plan, tensor_parallel=2, tp_plan=dict(profile.tp_plan), profile=profile
+    )
+    assert any(p.startswith("tp-runs: ") for p in mesh_rules.mesh_problems(forced))
+
+
+def test_a_family_that_runs_is_still_planned_at_t_2() -> None:
+    profile = _profile("llama")
+    assert profile.tp_refusal is None
+    plan = autopipe.plan(profile, _request("pp2tp2"))
+    assert (plan.num_stages, plan.replicas, plan.tensor_parallel) == (2, 1, 2)
+    assert not mesh_rules.mesh_problems(plan)
+
+
+def test_old_profiles_without_the_field_load_and_the_field_round_trips(tmp_path: Path) -> None:
+    profile = _profile("mixtral")
+    data = profile.to_dict()
+    assert Profile.from_dict(data).tp_refusal == profile.tp_refusal
+    del data["tp_refusal"]
+    assert Profile.from_dict(data).tp_refusal is None
+
+
+def test_the_cli_refuses_a_forced_t_in_one_line_exit_2(tmp_path: Path) -> None:
+    path = tmp_path / "mixtral.json"
+    _profile("mixtral").save(path)
+    result = subprocess.run(
+        [sys.executable, "-m", "autopipe", "plan", str(path), "--gpus", "4",
+         "--tensor-parallel", "2", "--data-parallel", "1", "--microbatches", "2"],
+        capture_output=True, text=True, cwd=ROOT, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "cannot run for this model" in lines[0], result.stderr
