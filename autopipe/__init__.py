@@ -18,7 +18,7 @@ __version__ = "0.2.0"
 """The one version of the package (pyproject.toml reads it from here; CHANGELOG.md)."""
 
 _LAZY = {
-    "profile": ("autopipe.profiler.measure", "profile"),
+    "profile": ("autopipe.profiling", "profile"),
     "MeasureOptions": ("autopipe.profiler.options", "MeasureOptions"),
     "Profile": ("autopipe.core.profile", "Profile"),
     "UnitProfile": ("autopipe.core.profile", "UnitProfile"),

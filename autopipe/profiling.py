@@ -30,6 +30,8 @@ from autopipe.modelfile import ModelFile, ModelFileError, load_model_file
 from autopipe.profiler.options import AnalyticOptions, MeasureOptions
 
 if TYPE_CHECKING:
+    from torch import nn
+
     from autopipe.core.profile import Profile
     from autopipe.device_target import DeviceTarget
 
@@ -38,7 +40,9 @@ __all__ = [
     "ProfileRequest",
     "available_memory_bytes",
     "check_counting_request",
+    "annotate_tp_refusal",
     "model_failed",
+    "profile",
     "profile_model_file",
     "too_big_to_build",
 ]
@@ -126,6 +130,28 @@ def profile_model_file(
     return profile
 
 
+def profile(model: nn.Module, example_inputs: Any, *args: Any, **kwargs: Any) -> Profile:
+    """``autopipe.profile``: :func:`autopipe.profiler.measure.profile` (same arguments), then
+    :func:`annotate_tp_refusal`, so the planner refuses at plan time a T > 1 the mesh runtime
+    cannot run."""
+    from autopipe.profiler.measure import profile as measure
+
+    return annotate_tp_refusal(
+        measure(model, example_inputs, *args, **kwargs), model, example_inputs
+    )
+
+
+def annotate_tp_refusal(profile: Profile, model: nn.Module, example_inputs: Any) -> Profile:
+    """Set ``profile.tp_refusal`` (in place; returns ``profile``): why the mesh runtime cannot
+    run ``model`` at T > 1 (:func:`autopipe.runtime.distributed.tp_check.tp_refusal`, the
+    runtime's own start-up analysis, once), or None. Here, not in the profiler: the profiler
+    does not import the runtime (data flows profiler -> planner -> runtime)."""
+    from autopipe.runtime.distributed.tp_check import tp_refusal
+
+    profile.tp_refusal = tp_refusal(model, example_inputs, profile)
+    return profile
+
+
 def _load(spec: str) -> ModelFile:
     try:
         return load_model_file(spec)
@@ -150,7 +176,7 @@ def _count(
         share=request.share,
         units=tuple(request.units),
     )
-    return profile_analytic(
+    counted = profile_analytic(
         model,
         inputs,
         devices.counted_on,
@@ -159,6 +185,7 @@ def _count(
         progress=request.progress,
         tp_plan=mf.tp_plan,
     )
+    return annotate_tp_refusal(counted, model, inputs)
 
 
 def _measure(
@@ -182,7 +209,7 @@ def _measure(
         split_backward=request.split_backward,
         scale_to_reference=request.scale_to_reference,
     )
-    return profile(
+    measured = profile(
         model,
         inputs,
         options,
@@ -191,6 +218,7 @@ def _measure(
         cache=request.cache and not meta_init,
         tp_plan=mf.tp_plan,
     )
+    return annotate_tp_refusal(measured, model, inputs)
 
 
 def check_counting_request(devices: DeviceTarget, request: ProfileRequest) -> None:

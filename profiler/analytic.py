@@ -62,7 +62,7 @@ from autopipe.profiler.reduce import (
     shortened,
     still_the_blocks,
 )
-from autopipe.profiler.tensor_parallel import annotate_tensor_parallel, annotate_tp_refusal
+from autopipe.profiler.tensor_parallel import annotate_tensor_parallel
 from autopipe.profiler.trace import TraceError
 from autopipe.profiler.tree import tensor_leaves
 from autopipe.profiler.units import UnitGraph, trace_units
@@ -379,7 +379,6 @@ def profile_analytic(
     )
     profile = _assemble(model, counts, sizes, target, opts, reduction, first)
     annotate_tensor_parallel(profile, model, tp_plan)
-    annotate_tp_refusal(profile, model, inputs)
     annotate_context_expert(profile, model, inputs)
     assert profile.counting is not None  # _build_profile sets it
     profile.counting.seconds = time.perf_counter() - started

@@ -71,7 +71,7 @@ from autopipe.profiler.memory import (
 from autopipe.profiler.objective import LossFn
 from autopipe.profiler.options import MeasureOptions
 from autopipe.profiler.sharing import UnitSharing
-from autopipe.profiler.tensor_parallel import annotate_tensor_parallel, annotate_tp_refusal
+from autopipe.profiler.tensor_parallel import annotate_tensor_parallel
 from autopipe.profiler.time_model import fit_time_model
 from autopipe.profiler.timing import (
     CUDA_EVENTS,
@@ -975,7 +975,6 @@ def profile(
     key, cached = _read_cache(model, setup, loss_fn, cache_dir) if cache else (None, None)
     if cached is not None:
         annotate_tensor_parallel(cached, model, tp_plan)
-        annotate_tp_refusal(cached, model, example_inputs)
         return annotate_context_expert(cached, model, example_inputs)
     with _preserved(model, setup.device), num_threads(setup.threads):
         run = _measure_sizes(model, setup, loss_fn, progress)
@@ -984,9 +983,7 @@ def profile(
         key,
         cache_dir,
         lambda p: annotate_context_expert(
-            annotate_tp_refusal(annotate_tensor_parallel(p, model, tp_plan), model, example_inputs),
-            model,
-            example_inputs,
+            annotate_tensor_parallel(p, model, tp_plan), model, example_inputs
         ),
     )
 

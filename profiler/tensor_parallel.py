@@ -38,7 +38,6 @@ import math
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 from autopipe.profiler.units import unit_module
@@ -252,17 +251,6 @@ def annotate_tensor_parallel(
     )
     if not profile.tp_degrees:
         profile.tp_plan = {}
-    return profile
-
-
-def annotate_tp_refusal(profile: Profile, model: nn.Module, example_inputs: Any) -> Profile:
-    """Set ``profile.tp_refusal`` (in place; returns ``profile``): why the mesh runtime cannot
-    run ``model`` at T > 1 (:func:`autopipe.runtime.distributed.tp_check.tp_refusal`, the
-    runtime's own start-up analysis, once), or None. Call after
-    :func:`annotate_tensor_parallel`."""
-    from autopipe.runtime.distributed.tp_check import tp_refusal
-
-    profile.tp_refusal = tp_refusal(model, example_inputs, profile)
     return profile
 
 

@@ -178,11 +178,11 @@ class Runner:
         """(the plan as JSON, None) or (None, the planner's refusal)."""
         import mesh_zoo_models
         from autopipe.planner import PlanningError
-        from autopipe.profiler.measure import profile
         from autopipe.profiler.options import MeasureOptions
 
         import autopipe
         from autopipe.core.request import PlanRequest
+        from autopipe.profiling import profile
 
         if family not in self.profiles:
             model = mesh_zoo_models.build(family)

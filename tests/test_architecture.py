@@ -32,6 +32,7 @@ TESTED_ELSEWHERE = {
     "autopipe/viz/data.py": "its three data sets: tests/test_viz_bubble/balance/scaling.py",
     "autopipe/viz/plan_plots.py": "`plot_all`, every figure of a plan: tests/test_viz.py",
     "planner/mesh_costs.py": "its formulas worked by hand: tests/test_planner_mesh.py",
+    "runtime/distributed/tp_check.py": "plan-time refusals: tests/test_plan_time_refusals.py",
     "profiler/context_expert.py": "attention and MoE facts: tests/test_context_expert_profile.py",
     "runtime/parallelize.py": "`build_pipeline` under `parallelize`: tests/test_runtime_pipeline.py",
     "runtime/distributed/pipeline.py": "every schedule on ranks: tests/test_distributed*.py",

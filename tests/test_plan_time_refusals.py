@@ -32,8 +32,9 @@ _PROFILES: dict[str, Profile] = {}
 def _profile(family: str) -> Profile:
     """The family's measured profile (once per test session; one repeat, nothing cached)."""
     if family not in _PROFILES:
-        from autopipe.profiler.measure import profile
         from autopipe.profiler.options import MeasureOptions
+
+        from autopipe.profiling import profile
 
         model = mesh_zoo_models.build(family)
         inputs = mesh_zoo_models.example_inputs(family, mesh_zoo_run.BATCH)
