@@ -80,17 +80,6 @@ EXPECTED: dict[str, tuple[str, str]] = {
         "refused-plan",
         "tensor-parallel: T=2 needs a TP plan: the TP plan splits model.embed_t",
     ),
-    "llama_big_vocab:pp2tp2": (
-        "fails-step",
-        "AttributeError: 'Tensor' object has no attribute '_local_tensor'",
-    ),
-    "llama_big_vocab:pp2v2tp2": (
-        "fails-step",
-        "AttributeError: 'Tensor' object has no attribute '_local_tensor'",
-    ),
-    "qwen3:pp2tp2": ("differs", "worst model.layers.1.self_attn.q_norm.weight"),
-    "qwen3:tp2fsdp2": ("differs", "worst model.layers.1.self_attn.q_norm.weight"),
-    "qwen3:pp2v2tp2": ("differs", "worst model.layers.1.self_attn.q_norm.weight"),
     "olmo2:pp2tp2": (
         "refused-plan",
         "tensor-parallel: T=2 cannot run for this model: MeshPlanError: mean_2 ",
@@ -103,9 +92,6 @@ EXPECTED: dict[str, tuple[str, str]] = {
         "refused-plan",
         "tensor-parallel: T=2 cannot run for this model: MeshPlanError: mean_2 ",
     ),
-    "phi3:pp2tp2": ("refused-start", "TraceError: hooks fallback needs positional inputs only"),
-    "phi3:tp2fsdp2": ("refused-start", "TraceError: hooks fallback needs positional inputs only"),
-    "phi3:pp2v2tp2": ("refused-start", "TraceError: hooks fallback needs positional inputs only"),
     "glm4:pp2tp2": (
         "refused-plan",
         "tensor-parallel: T=2 cannot run for this model: MeshPlanError: mean_1 ",
