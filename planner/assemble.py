@@ -19,7 +19,7 @@ from autopipe.planner.candidate import Candidate
 from autopipe.planner.chunks import ScheduleShape, cost_model_for
 from autopipe.planner.costs import SegmentCost
 from autopipe.planner.partition import exact_partition
-from autopipe.planner.simulate import Simulation, gpipe_exact, simulate
+from autopipe.planner.simulate import Simulation, gpipe_exact, idle_fraction, simulate
 
 from autopipe.core.cluster import Cluster
 from autopipe.core.humanize import format_bytes
@@ -38,7 +38,7 @@ def simulate_costs(costs: list[SegmentCost], m: int, schedule: str) -> Simulatio
         bwd = [c.recompute_s + c.backward_s for c in costs]
         total = gpipe_exact(fwd, bwd, m)
         busy = [m * (f + b) for f, b in zip(fwd, bwd, strict=True)]
-        bubble = 1.0 - sum(busy) / (len(costs) * total) if total > 0 else 0.0
+        bubble = idle_fraction(busy, len(costs), total)
         return Simulation(total, bubble, busy_s=busy)
     return simulate(
         [c.forward_s for c in costs],

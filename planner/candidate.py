@@ -17,7 +17,13 @@ from typing import Any
 from autopipe.planner.chain import Partition
 from autopipe.planner.chunks import ScheduleShape, chunk_works, rank_fits
 from autopipe.planner.costs import CostModel, SegmentCost
-from autopipe.planner.simulate import ChunkWork, Simulation, gpipe_exact, simulate_schedule
+from autopipe.planner.simulate import (
+    ChunkWork,
+    Simulation,
+    gpipe_exact,
+    idle_fraction,
+    simulate_schedule,
+)
 
 from autopipe.core.cluster import Cluster
 from autopipe.core.plan_records import CandidateRow
@@ -105,7 +111,7 @@ class Candidate:
             bwd = [w.recompute_s + w.backward_s for w in works]
             total = gpipe_exact(fwd, bwd, self.microbatches)
             busy = [self.microbatches * (f + b) for f, b in zip(fwd, bwd, strict=True)]
-            bubble = 1.0 - sum(busy) / (len(works) * total) if total > 0 else 0.0
+            bubble = idle_fraction(busy, len(works), total)
             sim = Simulation(total, bubble, busy_s=busy, peak_bytes=peaks)
         else:
             sim = simulate_schedule(

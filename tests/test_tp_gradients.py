@@ -35,6 +35,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import tp_models  # noqa: E402
 from distributed_cases import free_port  # noqa: E402
 
+from autopipe.core.plan import Plan  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 T = 2
 BATCH = 4  # M = 2 micro-batches of 2
@@ -225,8 +227,15 @@ def planned_tp2(family: str) -> Any:
     )
     plan = make_plan(profile, request)
     assert (plan.num_stages, plan.tensor_parallel) == (1, T)
-    # The planner's one-stage bubble can come out as -2e-16, which the plan file refuses.
-    return dataclasses.replace(plan, bubble_fraction=max(plan.bubble_fraction, 0.0))
+    return plan
+
+
+def test_a_one_stage_plan_has_no_negative_bubble() -> None:
+    """GLM's one-stage TP 2 plan had a bubble of -2.2e-16 (busy seconds summed task by task
+    passed the end time by an ulp), which loading the plan file refuses."""
+    plan = planned_tp2("glm")
+    assert plan.bubble_fraction >= 0.0
+    assert Plan.from_dict(plan.to_dict()).bubble_fraction == plan.bubble_fraction
 
 
 @pytest.mark.slow

@@ -256,7 +256,8 @@ class Timeline:
         area = len(groups) * self.iteration_s
         if area <= 0:
             return 0.0
-        return 1.0 - sum(self.device_busy_s(g) for g in groups) / area
+        # busy seconds summed piece by piece can pass the area by an ulp: never below 0
+        return max(1.0 - sum(self.device_busy_s(g) for g in groups) / area, 0.0)
 
     def shifted(self) -> Timeline:
         """A copy with the first task starting at 0 s."""
