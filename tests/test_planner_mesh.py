@@ -592,3 +592,21 @@ def test_a_framework_row_faster_by_its_dp_communication_gets_a_note() -> None:
     notes = [n for n in advice_notes(out) if "faster than this plan" in n]
     assert len(notes) == 1 and "DP communication" in notes[0]
     assert "another schedule" not in notes[0] and "--schedule auto" not in notes[0]
+
+
+def test_cli_explain_prints_a_mesh_plans_framework_rows(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``autopipe plan`` with mesh flags, then ``autopipe explain`` on the saved plan: the
+    framework rows (priced on the mesh) are in both outputs."""
+    out = tmp_path / "plan.json"
+    saved = _saved(tmp_path, tiny_profile(n_blocks=6))
+    argv = ["plan", saved, "--gpus", "8", "--tensor-parallel", "2", "--data-parallel", "2",
+            "--batch-size", "32", "--schedule", "1f1b", "--allreduce-bandwidth", "100GB/s",
+            "--json", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    assert "framework defaults on the same mesh" in capsys.readouterr().out
+    assert main(["explain", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "(same mesh pp 2 x dp 2 x tp 2, DP communication included)" in text
+    assert "torchtitan 0.2.2 (even split) [1f1b, V=1]" in text
