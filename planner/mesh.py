@@ -988,13 +988,14 @@ def _framework_rows(best: MeshCandidate, topology: Topology) -> dict[str, dict[s
     assert best.plan is not None and best.run is not None
     share, req = best.run
     p = best.plan
-    again = plan_pipeline(
-        share,
-        dataclasses.replace(
-            req, microbatches=p.microbatches, schedule=cast(Schedule, p.schedule),
-            virtual_stages=p.virtual_stages, baselines=True,
-        ),
+    fixed = dataclasses.replace(
+        req, microbatches=p.microbatches, schedule=cast(Schedule, p.schedule),
+        virtual_stages=p.virtual_stages, baselines=True,
     )  # fmt: skip
+    try:
+        again = plan_pipeline(share, fixed)
+    except PlanningError:  # the same search found p: cannot happen; no rows rather than no plan
+        return {}
     names = [u.name for u in share.units]
     rows: dict[str, dict[str, Any]] = {}
     for name in FRAMEWORK_DEFAULTS:
