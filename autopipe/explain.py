@@ -25,7 +25,13 @@ def explain(plan: Plan) -> str:
     lines += _baseline_lines(plan)
     table = framework_table(plan)
     if table:
-        lines += ["", "What each framework's default split would cost here (same profile):"]
+        where = "same profile"
+        if plan.mesh is not None:
+            where = (
+                f"same mesh pp {plan.num_stages} x dp {plan.replicas} x tp "
+                f"{plan.tensor_parallel}, DP communication included"
+            )
+        lines += ["", f"What each framework's default split would cost here ({where}):"]
         lines += table
         lines.append("")
     lines.extend(printable(note) for note in [*advice_notes(plan), *plan.notes])

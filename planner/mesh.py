@@ -22,6 +22,7 @@ import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, cast
 
 import numpy as np
 from autopipe.planner.context_expert import context_expert_choices, context_expert_profile
@@ -51,8 +52,9 @@ from autopipe.core.mesh_rules import tied_chunks_problems
 from autopipe.core.plan import Plan
 from autopipe.core.plan_records import MeshReport, MeshRow
 from autopipe.core.profile import Profile, UnitProfile
-from autopipe.core.request import PlanRequest
-from autopipe.core.vocabulary import SHARD_MODES
+from autopipe.core.request import PlanRequest, Schedule
+from autopipe.core.schedule_rules import chunk_ranks
+from autopipe.core.vocabulary import FRAMEWORK_DEFAULTS, SHARD_MODES
 
 __all__ = [
     "MeshCandidate",
@@ -99,6 +101,8 @@ class MeshCandidate:
     """Why it has no plan ("" if it has one), or why it loses (set by :func:`plan_mesh`)."""
     searched: bool = False
     min_memory_bytes: int | None = None
+    run: tuple[Profile, PlanRequest] | None = None
+    """The device profile and pipeline request ``plan`` was searched with."""
 
     @property
     def shape(self) -> tuple[int, int, int]:
@@ -340,14 +344,25 @@ def dp_exposed_s(plan: Plan, device: Profile, cand: MeshCandidate, topology: Top
       the first forward, nothing to hide behind). ``parameters``' per-micro-batch gathers
       are in the unit times already (:func:`device_profile`).
     """
+    per_rank: dict[int, list[str]] = {}
+    for i, s in enumerate(plan.stages):
+        per_rank.setdefault(s.rank if s.rank >= 0 else i, []).extend(s.units)
+    return _dp_exposed_per_rank_s(per_rank, plan.microbatch_size, device, cand, topology)
+
+
+def _dp_exposed_per_rank_s(
+    per_rank: dict[int, list[str]],
+    b: float,
+    device: Profile,
+    cand: MeshCandidate,
+    topology: Topology,
+) -> float:
+    """:func:`dp_exposed_s` of the cut that puts ``per_rank``'s units (model order) on
+    each pipeline rank, at micro-batches of ``b`` samples."""
     if cand.fsdp <= 1:
         return 0.0
     bw, lat = topology.dp_link(cand.tp, cand.fsdp)
     units = {u.name: u for u in device.units}
-    b = plan.microbatch_size
-    per_rank: dict[int, list[str]] = {}
-    for i, s in enumerate(plan.stages):
-        per_rank.setdefault(s.rank if s.rank >= 0 else i, []).extend(s.units)
     worst = 0.0
     streamed = cand.shard in ("gradients", "parameters") or topology.grad_reduce_overlap
     once = cand.shard == "parameters" and not topology.reshard_after_forward
@@ -482,6 +497,8 @@ def plan_mesh(
     _explain_losses(cands, best)
     out = _winning_plan(profile, request, best, template, batch, optimizer, state_bpp)
     out.mesh = _mesh_report(search.context_of(best), cands, best, topology, n, state_bpp)
+    if request.baselines:
+        out.baselines = _framework_rows(best, topology)
     searched = sum(c.searched for c in cands)
     out.notes.append(
         f"mesh pp {best.pp} x dp {best.dp} x tp {best.tp}{_cp_ep_words(best)} (shard "
@@ -823,6 +840,7 @@ def _search(
             c, refused, bool(runs), cutoff_s, microbatches, replica, reserved
         )
         return
+    c.run = (best[1], next(r for share, r in runs if share is best[1]))
     _price(c, best[0], best[1], profile, device, topology, replica, reserve)
 
 
@@ -958,6 +976,45 @@ def _price(
     c.compute_s = max(work / c.pp - c.tp_comm_s, 0.0)
     c.recompute_s = sum(st.recompute_s for st in p.stages) * p.microbatches / c.pp
     c.peak_bytes = int(max(p.rank_peak_bytes, default=0) + reserve)
+
+
+def _framework_rows(best: MeshCandidate, topology: Topology) -> dict[str, dict[str, Any]]:
+    """Each framework default's split priced on ``best``'s mesh: the same device profile
+    (TP collectives and ``parameters`` gathers in its unit times), pipeline request, M and
+    schedule as ``best``'s plan, each framework's cut and schedule in place of autopipe's,
+    plus the exposed DP communication of that cut (``dp_comm_s``), so its
+    ``iteration_time_s`` is a step like the plan's. One more pipeline search (the winner's
+    M, schedule and V fixed) yields the rows."""
+    assert best.plan is not None and best.run is not None
+    share, req = best.run
+    p = best.plan
+    fixed = dataclasses.replace(
+        req, microbatches=p.microbatches, schedule=cast(Schedule, p.schedule),
+        virtual_stages=p.virtual_stages, baselines=True,
+    )  # fmt: skip
+    try:
+        again = plan_pipeline(share, fixed)
+    except PlanningError:  # the same search found p: cannot happen; no rows rather than no plan
+        return {}
+    names = [u.name for u in share.units]
+    rows: dict[str, dict[str, Any]] = {}
+    for name in FRAMEWORK_DEFAULTS:
+        row = again.baselines.get(name)
+        if row is None:
+            continue
+        if row.get("iteration_time_s") is not None and row.get("balance"):
+            ranks = chunk_ranks(row["schedule"], best.pp, row.get("virtual_stages", 1))
+            per_rank: dict[int, list[str]] = {}
+            start = 0
+            for rank, count in zip(ranks, row["balance"], strict=True):
+                per_rank.setdefault(rank, []).extend(names[start : start + count])
+                start += count
+            dp_s = _dp_exposed_per_rank_s(per_rank, p.microbatch_size, share, best, topology)
+            row["pipeline_iteration_s"] = row["iteration_time_s"]
+            row["dp_comm_s"] = dp_s
+            row["iteration_time_s"] += dp_s
+        rows[name] = row
+    return rows
 
 
 def _explain_losses(cands: list[MeshCandidate], best: MeshCandidate) -> None:

@@ -45,3 +45,33 @@ def test_bad_worlds_are_usage_errors(
     with pytest.raises(PlanWorldSizeError, match=message.replace("(", r"\(")) as caught:
         rank_layout(rank, world, stages, replicas)
     assert isinstance(caught.value, UsageError) and "\n" not in str(caught.value)
+
+
+def test_a_broken_step_under_tp_names_dp_and_tp_ranks_not_a_replica() -> None:
+    """Under TP the layout's "replica" counts the D x T pipelines: rank 5 of pp 2 x dp 2 x
+    tp 2 is layout replica 1 but dp rank 0, tp rank 1, and the failure message says so
+    (before: "replica 1"). Without TP the message still names the replica."""
+    from types import SimpleNamespace
+
+    from autopipe.runtime.distributed.failures import PipelineRankError
+    from autopipe.runtime.distributed.pipeline import DistributedPipeline
+
+    def broken(*_: object) -> None:
+        raise RuntimeError("Connection reset by peer")
+
+    def fail(layout: object, dp: int, tp: int, degree: int) -> str:
+        pipe = SimpleNamespace(
+            layout=layout, recorder=None, _step=broken, steps=0, data_parallel_rank=dp,
+            tensor_parallel_rank=tp, plan=SimpleNamespace(tensor_parallel=degree),
+        )  # fmt: skip
+        with pytest.raises(PipelineRankError) as caught:
+            DistributedPipeline.step(pipe)  # type: ignore[arg-type]
+        return str(caught.value)
+
+    mesh = rank_layout(5, 8, 2, 2 * 2)
+    assert mesh.replica == 1
+    text = fail(mesh, 0, 1, 2)
+    assert text.startswith("rank 5 (stage 1, dp rank 0, tp rank 1): the pipeline broke in step 1")
+    assert "replica" not in text
+    plain = rank_layout(3, 4, 2, 2)
+    assert fail(plain, plain.replica, 0, 1).startswith("rank 3 (stage 1, replica 1): ")

@@ -540,3 +540,73 @@ def test_no_mesh_fits_names_only_what_the_request_has_not_tried() -> None:
     for hint in ("--shard parameters", "--checkpoint auto", "--schedule 1f1b or auto",
                  "--microbatches auto"):  # fmt: skip
         assert hint in text
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "auto"])
+def test_mesh_plan_prices_the_framework_defaults_on_its_mesh(schedule: str) -> None:
+    """A mesh plan carries each framework default's split priced on the same mesh (pp x dp x
+    tp, shard, M, device profile), its exposed DP communication added; none beats the plan
+    at the plan's own schedule (autopipe's cut is optimal for it), and explain prints them."""
+    from autopipe.core.vocabulary import FRAMEWORK_DEFAULTS
+    from autopipe.explain import explain
+
+    p = tiny_profile(n_blocks=6)
+    out = plan(
+        p,
+        PlanRequest(
+            cluster=_cluster(8, None), batch_size=32, tensor_parallel=2, data_parallel=2,
+            shard="parameters", schedule=schedule,  # type: ignore[arg-type]
+        ),
+    )  # fmt: skip
+    assert out.mesh_shape == (2, 2, 2)
+    assert set(out.baselines) == set(FRAMEWORK_DEFAULTS)
+    priced = [b for b in out.baselines.values() if b["iteration_time_s"] is not None]
+    assert priced
+    for b in priced:
+        assert b["dp_comm_s"] > 0  # D = 2 reduces each cut's gradients
+        assert b["iteration_time_s"] == pytest.approx(b["pipeline_iteration_s"] + b["dp_comm_s"])
+        assert sum(b["balance"]) == len(p.units)
+        if b["schedule"] == out.schedule and b["virtual_stages"] == out.virtual_stages:
+            assert b["pipeline_iteration_s"] >= out.pipeline_iteration_s * (1 - 1e-9)
+    text = explain(out)
+    assert "same mesh pp 2 x dp 2 x tp 2" in text
+    assert "torchtitan" in text and "DeepSpeed" in text
+
+
+def test_a_framework_row_faster_by_its_dp_communication_gets_a_note() -> None:
+    """A framework row at the plan's own schedule that is faster per step can only be so by
+    exposing less DP communication: the note says that, not "another schedule"."""
+    from autopipe.core.plantext import advice_notes
+
+    out = plan(
+        tiny_profile(n_blocks=6),
+        PlanRequest(
+            cluster=_cluster(8, None), batch_size=32, tensor_parallel=2, data_parallel=2,
+            shard="parameters", schedule="1f1b",
+        ),
+    )  # fmt: skip
+    assert not [n for n in advice_notes(out) if "faster than this plan" in n]
+    row = out.baselines["torchtitan-even"]
+    row["dp_comm_s"] = 0.0
+    row["iteration_time_s"] = row["pipeline_iteration_s"] = out.iteration_time_s * 0.9
+    notes = [n for n in advice_notes(out) if "faster than this plan" in n]
+    assert len(notes) == 1 and "DP communication" in notes[0]
+    assert "another schedule" not in notes[0] and "--schedule auto" not in notes[0]
+
+
+def test_cli_explain_prints_a_mesh_plans_framework_rows(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``autopipe plan`` with mesh flags, then ``autopipe explain`` on the saved plan: the
+    framework rows (priced on the mesh) are in both outputs."""
+    out = tmp_path / "plan.json"
+    saved = _saved(tmp_path, tiny_profile(n_blocks=6))
+    argv = ["plan", saved, "--gpus", "8", "--tensor-parallel", "2", "--data-parallel", "2",
+            "--batch-size", "32", "--schedule", "1f1b", "--allreduce-bandwidth", "100GB/s",
+            "--json", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    assert "framework defaults on the same mesh" in capsys.readouterr().out
+    assert main(["explain", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "(same mesh pp 2 x dp 2 x tp 2, DP communication included)" in text
+    assert "torchtitan 0.2.2 (even split) [1f1b, V=1]" in text

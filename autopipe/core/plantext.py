@@ -85,7 +85,10 @@ def format_plan(plan: Plan) -> str:
         lines += ["", format_mesh(plan, plan.mesh)]
     frameworks = framework_table(plan)
     if frameworks:
-        lines += ["", "framework defaults on the same devices (predicted):", *frameworks, ""]
+        where = (
+            "the same devices" if plan.mesh is None else "the same mesh, DP communication included"
+        )
+        lines += ["", f"framework defaults on {where} (predicted):", *frameworks, ""]
     for note in [*advice_notes(plan), *plan.notes]:
         lines.append(f"note           {printable(note)}")  # notes quote unit names
     return "\n".join(lines)
@@ -107,6 +110,15 @@ def advice_notes(plan: Plan) -> list[str]:
         b = plan.baselines.get(name) or {}
         time_s = b.get("iteration_time_s")
         if time_s and b.get("feasible", True) and time_s < plan.iteration_time_s * 0.995:
+            if _same_shape(plan, b) and b.get("dp_comm_s") is not None:
+                notes.append(
+                    f"{FRAMEWORK_LABELS[name]} is faster than this plan per step "
+                    f"({time_s / plan.iteration_time_s:.2f}x): its cut exposes "
+                    f"{format_seconds(b['dp_comm_s'])} of DP communication against this "
+                    f"plan's {format_seconds(plan.allreduce_s)}; autopipe's cut minimizes the "
+                    "pipeline time, not the gradient reduction after it"
+                )
+                continue
             schedule = b.get("schedule") or "another schedule"
             faster.append((time_s, FRAMEWORK_LABELS[name], schedule))
     if faster:
@@ -118,6 +130,13 @@ def advice_notes(plan: Plan) -> list[str]:
             "with --schedule auto to weigh every schedule"
         )
     return notes
+
+
+def _same_shape(plan: Plan, row: dict[str, object]) -> bool:
+    """Whether a baseline row runs the plan's own schedule and stages per rank."""
+    return row.get("schedule") == plan.schedule and row.get("virtual_stages", 1) == (
+        plan.virtual_stages
+    )
 
 
 def _stage_table(plan: Plan) -> str:

@@ -56,6 +56,20 @@ class RankLayout:
         return self.stage == self.num_stages - 1
 
 
+def rank_position(
+    layout: RankLayout, data_parallel_rank: int, tensor_parallel_rank: int, tensor_parallel: int
+) -> str:
+    """Where ``layout``'s rank sits, as messages name it: ``rank R (stage S, replica D)``, or
+    under tensor parallelism (``layout.replica`` then counts the D x T pipelines, so it is
+    not a replica) ``rank R (stage S, dp rank d, tp rank t)``."""
+    if tensor_parallel > 1:
+        return (
+            f"rank {layout.rank} (stage {layout.stage}, dp rank {data_parallel_rank}, "
+            f"tp rank {tensor_parallel_rank})"
+        )
+    return f"rank {layout.rank} (stage {layout.stage}, replica {data_parallel_rank})"
+
+
 def rank_layout(rank: int, world_size: int, num_stages: int, replicas: int = 1) -> RankLayout:
     """The layout of ``rank``; raises :class:`PlanWorldSizeError` unless ``K`` divides ``W``."""
     if num_stages < 1:

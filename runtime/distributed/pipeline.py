@@ -42,7 +42,7 @@ from autopipe.runtime.distributed.failures import (
     one_line,
     short_cause,
 )
-from autopipe.runtime.distributed.layout import RankLayout, rank_layout
+from autopipe.runtime.distributed.layout import RankLayout, rank_layout, rank_position
 from autopipe.runtime.distributed.mesh import (
     MeshPlanError,
     adopt_modules,
@@ -623,8 +623,12 @@ class DistributedPipeline:
         except Exception as exc:
             if is_comm_failure(exc):
                 first = short_cause(exc)
+                where = rank_position(
+                    layout, self.data_parallel_rank, self.tensor_parallel_rank,
+                    self.plan.tensor_parallel,
+                )  # fmt: skip
                 raise PipelineRankError(
-                    f"rank {layout.rank} (stage {layout.stage}, replica {layout.replica}): the "
+                    f"{where}: the "
                     f"pipeline broke in step {self.steps + 1}: a peer rank failed or did not answer "
                     f"within the process-group timeout ({first})"
                 ) from exc
