@@ -56,13 +56,25 @@ class ScheduleShape:
     def of(
         cls, schedule: str, num_ranks: int, virtual_stages: int, microbatches: int
     ) -> ScheduleShape:
-        """O(K V M): the orders are generated once here and reused by every simulation."""
-        ranks = chunk_ranks(schedule, num_ranks, virtual_stages)
-        orders = rank_orders(schedule, num_ranks, virtual_stages, microbatches)
-        held, full = inflight_counts(orders, len(ranks))
+        """O(K V M): the orders are generated once here and reused by every simulation (and,
+        per (schedule, K, V, M), by every later call: the mesh search asks for the same
+        shapes mesh after mesh; each call gets its own lists)."""
+        key = (schedule, num_ranks, virtual_stages, microbatches)
+        hit = _SHAPES.get(key)
+        if hit is None:
+            ranks = chunk_ranks(schedule, num_ranks, virtual_stages)
+            orders = rank_orders(schedule, num_ranks, virtual_stages, microbatches)
+            held, full = inflight_counts(orders, len(ranks))
+            if len(_SHAPES) >= _MAX_SHAPES:
+                _SHAPES.clear()
+            hit = _SHAPES[key] = (
+                tuple(ranks), tuple(tuple(o) for o in orders), tuple(held),
+                tuple(max(f, 1) for f in full),
+            )  # fmt: skip
+        ranks_t, orders_t, held_t, full_t = hit
         return cls(
-            schedule, num_ranks, virtual_stages, microbatches, ranks, orders, held,
-            [max(f, 1) for f in full],
+            schedule, num_ranks, virtual_stages, microbatches, list(ranks_t),
+            [list(o) for o in orders_t], list(held_t), list(full_t),
         )  # fmt: skip
 
     @property
@@ -72,6 +84,14 @@ class ScheduleShape:
     @property
     def split_backward(self) -> bool:
         return self.schedule in SPLIT_BACKWARD_SCHEDULES
+
+
+_MAX_SHAPES = 1024
+_SHAPES: dict[
+    tuple[str, int, int, int],
+    tuple[tuple[int, ...], tuple[tuple[Action, ...], ...], tuple[int, ...], tuple[int, ...]],
+] = {}
+"""ScheduleShape.of's results by (schedule, K, V, M): orders are pure functions of these."""
 
 
 def chunk_cluster(cluster: Cluster, shape: ScheduleShape, memory_share: float = 1.0) -> Cluster:
