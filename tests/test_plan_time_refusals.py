@@ -143,3 +143,21 @@ def test_the_cli_refuses_a_forced_t_in_one_line_exit_2(tmp_path: Path) -> None:
     assert result.returncode == 2, result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "cannot run for this model" in lines[0], result.stderr
+
+
+def test_a_model_counted_on_meta_keeps_its_tp_degrees() -> None:
+    """An analytic profile counts the model built on meta with CPU example inputs; the T > 1
+    check traced that pair, failed on the device mismatch and recorded it as a refusal: every
+    catalog-device plan of examples/hf_llama.py (README's llama2_70b mesh command) lost
+    tensor parallelism."""
+    from autopipe.profiler.analytic import profile_analytic
+
+    from autopipe.modelfile import load_model_file
+    from autopipe.profiling import annotate_tp_refusal
+
+    mf = load_model_file(str(ROOT / "examples" / "hf_llama.py"))
+    model, inputs = mf.build(device="meta"), mf.inputs(2)
+    assert not inputs["input_ids"].is_meta
+    counted = profile_analytic(model, inputs, "h100")
+    assert counted.tp_degrees
+    assert annotate_tp_refusal(counted, model, inputs).tp_refusal is None

@@ -14,19 +14,25 @@ used is the whole model as one chunk: what is refused here does not depend on th
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
+import torch
 from autopipe.profiler.inputs import batch_size_of
 from autopipe.runtime.distributed.mesh import local_shapes, planned_modules
 from autopipe.runtime.distributed.pipeline import _sequence_layout
 from autopipe.runtime.distributed.tp_gradients import partial_gradient_parameters
 from autopipe.runtime.planned_stages import partition
 from torch import nn
+from torch.utils._pytree import tree_map
 
+from autopipe.core.errors import UsageError
 from autopipe.core.plan import Plan, StagePlan
 from autopipe.core.profile import Profile
 
 __all__ = ["tp_refusal"]
+
+log = logging.getLogger("autopipe")
 
 
 def tp_refusal(model: nn.Module, example_inputs: Any, profile: Profile) -> str | None:
@@ -48,13 +54,25 @@ def tp_refusal(model: nn.Module, example_inputs: Any, profile: Profile) -> str |
         tensor_parallel=t,
         tp_plan=dict(profile.tp_plan),
     )
+    if any(p.is_meta for p in model.parameters()):
+        # counted on meta (analytic profiles): trace on meta inputs too, as the counting did
+        example_inputs = tree_map(
+            lambda x: x.to("meta") if isinstance(x, torch.Tensor) else x, example_inputs
+        )
     try:
         tp_modules = planned_modules(model, plan.tp_plan, t)
         with local_shapes(model, tp_modules, t):
             planned = partition(model, example_inputs, plan, check_parameters=False)
         layout = _sequence_layout(planned, model, tp_modules, example_inputs, plan)
         partial_gradient_parameters(planned.graph_module, tp_modules, layout)
-    except Exception as exc:  # noqa: BLE001 - any failure here is one every rank would hit
+    except UsageError as exc:  # the runtime's refusals (trace, split, sequence parallelism)
         first = (str(exc).strip().splitlines() or [""])[0]
         return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+    except Exception as exc:  # noqa: BLE001 - a failure of this check, not a refusal
+        # Not the model's fault: refusing T > 1 for it would hide every TP plan (an analytic
+        # profile on meta once did); the runtime still refuses at start-up what cannot run.
+        log.warning(
+            "autopipe: could not check T > 1 at profile time (%s: %s)", type(exc).__name__, exc
+        )
+        return None
     return None
