@@ -22,7 +22,7 @@ demo: install
 	$(BIN)/autopipe plan examples/gpt.py --gpus 8
 
 test: install
-	$(BIN)/python -m pytest -n 2
+	$(BIN)/python -m pytest -n 2 --dist loadgroup
 
 # mypy sees the package as it installs: the layer folders under the autopipe namespace, laid
 # out as links in build/typecheck (setuptools' editable finder is invisible to mypy).

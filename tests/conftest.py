@@ -27,3 +27,21 @@ def gpipe_plan(profile: Profile) -> Plan:
 def onefoneb_plan(profile: Profile) -> Plan:
     """K = 4, 1F1B, M = 8, finite links and every stage re-materialized."""
     return onefoneb_plan_of(profile)
+
+
+_LAUNCHES = ("torch.distributed.run", "free_port(")
+"""What a test module that starts torchrun launches (directly or through a helper's port)."""
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests that start torchrun share one xdist worker (``make test`` runs ``--dist
+    loadgroup``): two launches of 4 gloo ranks at once put 8 processes on a 2-core machine,
+    and their collective timeouts then fire under load, not on a bug."""
+    launching: dict[str, bool] = {}
+    for item in items:
+        path = str(item.path)
+        if path not in launching:
+            text = item.path.read_text() if item.path.suffix == ".py" else ""
+            launching[path] = any(s in text for s in _LAUNCHES)
+        if launching[path]:
+            item.add_marker(pytest.mark.xdist_group("torchrun"))
