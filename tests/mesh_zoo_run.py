@@ -82,6 +82,16 @@ MESHES: dict[str, dict[str, Any]] = {
     },
 }
 """Mesh name -> the PlanRequest fields that ask the planner for it (4 devices)."""
+EXPERT_MESHES: dict[str, dict[str, Any]] = {
+    "pp2ep2": {
+        "tensor_parallel": 1,
+        "data_parallel": 2,
+        "expert_parallel": 2,
+        "schedule": "1f1b",
+    },
+}
+"""Expert-parallel meshes (tests/test_expert_parallel.py; mixture-of-experts families only):
+PP 2 x D 2 with each MoE layer's experts spread over the 2 replicas of a stage."""
 WORLD = 4
 
 
@@ -191,7 +201,11 @@ class Runner:
                 model, inputs, MeasureOptions(warmup=0, repeat=1), progress=False
             )
         request = PlanRequest(
-            gpus=WORLD, microbatches=MICROBATCHES, optimizer="sgd", baselines=False, **MESHES[mesh]
+            gpus=WORLD,
+            microbatches=MICROBATCHES,
+            optimizer="sgd",
+            baselines=False,
+            **{**MESHES, **EXPERT_MESHES}[mesh],
         )
         try:
             plan = autopipe.plan(self.profiles[family], request)
@@ -253,6 +267,8 @@ class Runner:
             gathered: list[Any] = [None] * WORLD
             dist.all_gather_object(gathered, local, group=self.control)
             result.update(_combine(gathered))
+            # Experts modules each rank spread over its EP group (expert-parallel plans).
+            result["expert_parallel_modules"] = [g.get("expert_parallel_modules") for g in gathered]
             result["plan"] = _plan_summary(plan_dict)
             keep = (
                 all(g["symmetric"] for g in gathered)
@@ -290,7 +306,8 @@ class Runner:
                         p.copy_(initial[name])
                 losses = _train(pipe, plan, optimizer, inputs)
                 errors[optimizer] = self._compare(family, optimizer, pipe, losses)
-            return {"errors": errors, "symmetric": True}
+            spread = sum(type(m).__name__ == "ExpertParallel" for m in pipe.module.modules())
+            return {"errors": errors, "symmetric": True, "expert_parallel_modules": spread}
         except Exception as exc:
             comm = is_comm_failure(exc)
             outcome = (
@@ -328,7 +345,12 @@ class Runner:
             want = (after[name].double() - before[name].double()) / lr
             diff = (got - want).abs()
             excess = float((diff - (ATOL + RTOL * want.abs())).max())
-            out["parameters"][name] = {"max_error": float(diff.max()), "excess": excess}
+            relative = float(diff.max() / want.abs().max().clamp_min(ATOL))
+            out["parameters"][name] = {
+                "max_error": float(diff.max()),
+                "max_relative": relative,
+                "excess": excess,
+            }
         del torch
         return out
 
@@ -394,6 +416,8 @@ def _combine(gathered: list[dict[str, Any]]) -> dict[str, Any]:
         losses = next(g["errors"][optimizer]["losses"] for g in gathered)
         summary[optimizer] = {
             "max_error": max(e["max_error"] for e in params.values()),
+            # largest |got - want| over the largest |want| of a parameter's update over lr
+            "max_relative": max(e.get("max_relative", 0.0) for e in params.values()),
             "worst": worst,
             "wrong": wrong,
             "parameters": len(params),
@@ -415,6 +439,7 @@ def _plan_summary(plan: dict[str, Any]) -> dict[str, Any]:
     return {
         "stages": [s["units"] for s in plan["stages"]],
         "mesh": [plan["num_stages"], plan.get("replicas"), plan.get("tensor_parallel")],
+        "expert_parallel": plan.get("expert_parallel", 1),
         "shard": plan.get("shard"),
         "schedule": plan["schedule"],
         "microbatches": plan["microbatches"],

@@ -78,6 +78,8 @@ __all__ = [
     "call_planned_modules",
     "check_mesh_plan",
     "check_shard_dtypes",
+    "expert_mesh",
+    "expert_plan_problem",
     "local_shapes",
     "make_zero_optimizer",
     "planned_modules",
@@ -91,9 +93,39 @@ class MeshPlanError(UsageError, ValueError):
 
 
 def uses_mesh(plan: Plan) -> bool:
-    """Whether ``plan`` runs on the (pp, dp, tp) mesh (T > 1 or sharded state); plans with
-    T = 1 and ``shard = none`` keep the plain K x D path."""
-    return plan.tensor_parallel > 1 or plan.shard != "none"
+    """Whether ``plan`` runs on the (pp, dp, tp) mesh (T > 1, sharded state or expert
+    parallelism); plans with T = 1, ``shard = none`` and E = 1 keep the plain K x D path."""
+    return plan.tensor_parallel > 1 or plan.shard != "none" or plan.expert_parallel > 1
+
+
+def expert_plan_problem(plan: Plan) -> str | None:
+    """The one-line refusal of an expert-parallel plan (E > 1) this runtime does not run, or
+    None: the EP group is E consecutive data-parallel ranks of a stage
+    (:mod:`.expert_parallel`), so E must divide D, and neither TP nor sharded state is
+    combined with it yet."""
+    e, d = plan.expert_parallel, plan.replicas
+    if plan.tensor_parallel > 1 or plan.shard != "none":
+        return (
+            f"autopipe run spreads experts (expert parallelism {e}) over data-parallel "
+            f"replicas only, not with tensor parallelism {plan.tensor_parallel} or shard "
+            f"{plan.shard}; re-plan with --tensor-parallel 1 --shard none, or --expert-parallel 1"
+        )
+    if d % e:
+        return (
+            f"expert parallelism {e} must divide the {d} data-parallel replicas it is carved "
+            "out of; re-plan with an --expert-parallel that divides --data-parallel"
+        )
+    return None
+
+
+def expert_mesh(mesh: Any, degree: int) -> Any:
+    """The 1-D expert-parallel mesh of this rank: ``degree`` consecutive ranks of
+    ``mesh["dp"]`` (all of it when ``degree`` is D), as torchtitan carves its EP group out
+    of the data-parallel ranks."""
+    dp = mesh["dp"]
+    if dp.size() == degree:
+        return dp
+    return dp._unflatten(0, (dp.size() // degree, degree), ("dp_between_ep", "ep"))["ep"]
 
 
 def check_mesh_plan(plan: Plan, tied: Sequence[Any] = ()) -> None:
@@ -147,13 +179,17 @@ def check_shard_dtypes(shard: str, chunks: Sequence[nn.Module]) -> None:
 
 def mesh_size_problem(plan: Plan, world_size: int) -> str | None:
     """The one-line refusal of a mesh plan launched on ``world_size`` processes, or None."""
-    if plan.context_parallel > 1 or plan.expert_parallel > 1:
+    if plan.context_parallel > 1:
         # planned (planner/context_expert.py) but not run by autopipe yet
         return (
             f"the plan uses context parallelism {plan.context_parallel} / expert parallelism "
             f"{plan.expert_parallel}, which autopipe run does not run yet: hand it to "
             "torchtitan or Megatron-LM (autopipe plan --emit), or re-plan without them"
         )
+    if plan.expert_parallel > 1:
+        problem = expert_plan_problem(plan)
+        if problem is not None:
+            return problem
     if world_size == plan.world_size:
         return None
     pp, dp, tp = plan.mesh_shape

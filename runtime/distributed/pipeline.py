@@ -36,6 +36,11 @@ from autopipe.profiler.inputs import InputBinder, batch_rows, batch_size_of, spl
 from autopipe.profiler.objective import LossFn, loss_term
 from autopipe.profiler.weight_pass import reuse_reason
 from autopipe.runtime.distributed.agree import check_same_plan
+from autopipe.runtime.distributed.expert_parallel import (
+    ExpertParallel,
+    call_expert_modules,
+    expert_modules,
+)
 from autopipe.runtime.distributed.failures import (
     PipelineRankError,
     is_comm_failure,
@@ -51,6 +56,7 @@ from autopipe.runtime.distributed.mesh import (
     build_mesh,
     check_mesh_plan,
     check_shard_dtypes,
+    expert_mesh,
     local_shapes,
     planned_modules,
     uses_mesh,
@@ -389,6 +395,7 @@ class DistributedPipeline:
         """Per chunk of this rank, the shapes of the tensors it receives (one micro-batch; a
         value sharded over the sequence as one TP rank's share); empty when not known ahead."""
         self._shard_chunks(tp_modules, layout)
+        self._spread_experts()
         # Every rank creates every tie group, in the same order (new_group's rule).
         self.tied = TiedGradients(
             planned.tied,
@@ -463,6 +470,30 @@ class DistributedPipeline:
             }
             self.tp_summed.extend(found.values())
 
+    def _spread_experts(self) -> None:
+        """An expert-parallel plan's experts modules (``self.experts``) replaced, in each
+        chunk holding one, by this rank's share exchanging tokens over the EP group
+        (:mod:`.expert_parallel`); nothing for E = 1. After the fake-tensor run above (the
+        all-to-all needs real tensors); the stage shapes do not change."""
+        self.expert_parameters: set[int] = set()
+        """ids of the expert parameters: each rank owns its own, so they are not summed
+        over the data-parallel replicas."""
+        if not self.experts:
+            return
+        ep_mesh = expert_mesh(self.mesh, self.plan.expert_parallel)
+        for chunk in self.chunks:
+            renamed = call_expert_modules(chunk.body, self.experts)
+            for new, old in renamed.items():  # per-unit re-materialization finds the call
+                chunk.adopt_node(new, old)
+            for path, count in self.experts.items():
+                if not any(n.op == "call_module" and n.target == path for n in chunk.body.graph.nodes):
+                    continue
+                held = chunk.body.get_submodule(path)
+                weights = dict(held.named_parameters(recurse=False))
+                spread = ExpertParallel(self._expert_code[path], weights, ep_mesh, count)
+                chunk.body.set_submodule(path, spread)
+                self.expert_parameters.update(id(p) for p in spread.parameters())
+
     def _start_counters(self) -> None:
         """The step's recorder (none yet) and counters, zero before the first step."""
         self.recorder: Any = None
@@ -491,8 +522,14 @@ class DistributedPipeline:
         """Parameters TP leaves whole that each TP rank applies to its own share of the
         data (:mod:`.tp_gradients`): their gradients are summed over the TP group."""
         self._partial_gradients: dict[str, str] = {}
+        self.experts: dict[str, int] = {}
+        """Expert parallelism (E > 1): path -> routed expert count of each experts module."""
+        self._expert_code: dict[str, nn.Module] = {}
         if uses_mesh(plan):
             check_mesh_plan(plan, planned.tied)
+            if plan.expert_parallel > 1:
+                self.experts = expert_modules(model, plan.expert_parallel)
+                self._expert_code = {p: model.get_submodule(p) for p in self.experts}
             check_shard_dtypes(plan.shard, [g.module for g in planned.stages])
             if plan.tensor_parallel > 1:
                 # Traced again with one TP rank's shapes (see mesh.py: torch.export writes
@@ -703,7 +740,10 @@ class DistributedPipeline:
         self.tied.reduce_gradients()
         if self.data_parallel_size > 1 and self.plan.shard in ("none", "optimizer"):
             # (FSDP reduce-scatters the sharded modes' gradients inside the schedule.)
-            _sum_gradients(self.module.parameters(), self.replica_group)
+            _sum_gradients(
+                (p for p in self.module.parameters() if id(p) not in self.expert_parameters),
+                self.replica_group,
+            )
         if not self.holds_last:
             return None
         return torch.tensor(self.last_loss, dtype=losses[0].dtype, device=self.device)

@@ -241,6 +241,13 @@ class StageModule(nn.Module):
             sent += tensors
         return tuple(sent)
 
+    def adopt_node(self, new: str, old: str) -> None:
+        """Graph node ``new`` now computes what node ``old`` did (a rewrite of the body, e.g.
+        an inlined module called as a module again): it belongs to ``old``'s unit. Before
+        the first forward (the units are cut then)."""
+        if self._node_unit is not None and old in self._node_unit:
+            self._node_unit[new] = self._node_unit[old]
+
     def units(self) -> list[Callable[..., Any]]:
         """The stage's units' functions (:func:`autopipe.runtime.split.split_units`: each
         reads the stage's modules and parameters when called, so tensor parallelism and FSDP
