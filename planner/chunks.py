@@ -20,7 +20,7 @@ The planner cuts the model into ``K x V`` contiguous chunks placed as torch plac
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 from autopipe.planner.costs import UNIT, CostModel, SegmentCost
@@ -39,43 +39,53 @@ __all__ = ["ScheduleShape", "chunk_cluster", "chunk_works", "lower_bound_s", "ra
 @dataclass
 class ScheduleShape:
     """What a (schedule, K, V, M) fixes before any partition: where chunks run, each rank's
-    order, and each chunk's micro-batches in flight."""
+    order, and each chunk's micro-batches in flight. The orders (O(K V M) actions) are built
+    on first use only: most candidates of a mesh search are priced by their in-flight counts
+    and lower bound and never simulated (GPipe's and 1F1B's counts have closed forms)."""
 
     schedule: str
     num_ranks: int
     virtual_stages: int
     microbatches: int
     ranks: list[int]
-    orders: list[list[Action]]
     held: list[int]
     """Per chunk: most micro-batches holding its activations (or checkpointed inputs)."""
     full: list[int]
     """Per chunk: most micro-batches holding re-computed activations when checkpointed."""
+    _orders: list[list[Action]] | None = field(default=None, repr=False, compare=False)
 
     @classmethod
     def of(
         cls, schedule: str, num_ranks: int, virtual_stages: int, microbatches: int
     ) -> ScheduleShape:
-        """O(K V M): the orders are generated once here and reused by every simulation (and,
-        per (schedule, K, V, M), by every later call: the mesh search asks for the same
-        shapes mesh after mesh; each call gets its own lists)."""
-        key = (schedule, num_ranks, virtual_stages, microbatches)
-        hit = _SHAPES.get(key)
-        if hit is None:
-            ranks = chunk_ranks(schedule, num_ranks, virtual_stages)
-            orders = rank_orders(schedule, num_ranks, virtual_stages, microbatches)
-            held, full = inflight_counts(orders, len(ranks))
-            if len(_SHAPES) >= _MAX_SHAPES:
-                _SHAPES.clear()
-            hit = _SHAPES[key] = (
-                tuple(ranks), tuple(tuple(o) for o in orders), tuple(held),
-                tuple(max(f, 1) for f in full),
-            )  # fmt: skip
-        ranks_t, orders_t, held_t, full_t = hit
-        return cls(
-            schedule, num_ranks, virtual_stages, microbatches, list(ranks_t),
-            [list(o) for o in orders_t], list(held_t), list(full_t),
-        )  # fmt: skip
+        """O(K V) for GPipe and 1F1B (closed-form in-flight counts, orders built when first
+        read), else O(K V M): the orders are generated once here and reused by every
+        simulation (and, per (schedule, K, V, M), by every later call: the mesh search asks
+        for the same shapes mesh after mesh; each call gets its own lists)."""
+        ranks = chunk_ranks(schedule, num_ranks, virtual_stages)
+        m = microbatches
+        if schedule == "gpipe" and virtual_stages == 1:
+            held, full = [m] * num_ranks, [1] * num_ranks  # every forward before any backward
+            return cls(schedule, num_ranks, virtual_stages, m, ranks, held, full)
+        if schedule == "1f1b" and virtual_stages == 1:
+            # K - s - 1 warm-up forwards, then one forward and one backward at a time
+            held = [min(num_ranks - s, m) for s in range(num_ranks)]
+            return cls(schedule, num_ranks, virtual_stages, m, ranks, held, [1] * num_ranks)
+        orders, held_t, full_t = _orders_of(schedule, num_ranks, virtual_stages, m)
+        out = cls(schedule, num_ranks, virtual_stages, m, ranks, list(held_t), list(full_t))
+        out._orders = [list(o) for o in orders]
+        return out
+
+    @property
+    def orders(self) -> list[list[Action]]:
+        """Each rank's actions (:func:`autopipe.planner.schedules.rank_orders`); this shape's
+        own lists, built (or copied from the cache) on first read."""
+        if self._orders is None:
+            orders, _, _ = _orders_of(
+                self.schedule, self.num_ranks, self.virtual_stages, self.microbatches
+            )
+            self._orders = [list(o) for o in orders]
+        return self._orders
 
     @property
     def num_chunks(self) -> int:
@@ -89,9 +99,27 @@ class ScheduleShape:
 _MAX_SHAPES = 1024
 _SHAPES: dict[
     tuple[str, int, int, int],
-    tuple[tuple[int, ...], tuple[tuple[Action, ...], ...], tuple[int, ...], tuple[int, ...]],
+    tuple[tuple[tuple[Action, ...], ...], tuple[int, ...], tuple[int, ...]],
 ] = {}
 """ScheduleShape.of's results by (schedule, K, V, M): orders are pure functions of these."""
+
+
+def _orders_of(
+    schedule: str, num_ranks: int, virtual_stages: int, microbatches: int
+) -> tuple[tuple[tuple[Action, ...], ...], tuple[int, ...], tuple[int, ...]]:
+    """The ranks' orders and the in-flight counts replayed from them (``full`` at least 1),
+    built once per (schedule, K, V, M). O(K V M) the first time."""
+    key = (schedule, num_ranks, virtual_stages, microbatches)
+    hit = _SHAPES.get(key)
+    if hit is None:
+        orders = rank_orders(schedule, num_ranks, virtual_stages, microbatches)
+        held, full = inflight_counts(orders, num_ranks * virtual_stages)
+        if len(_SHAPES) >= _MAX_SHAPES:
+            _SHAPES.clear()
+        hit = _SHAPES[key] = (
+            tuple(tuple(o) for o in orders), tuple(held), tuple(max(f, 1) for f in full)
+        )
+    return hit
 
 
 def chunk_cluster(cluster: Cluster, shape: ScheduleShape, memory_share: float = 1.0) -> Cluster:
