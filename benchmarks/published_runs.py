@@ -45,6 +45,7 @@ from autopipe.planner.errors import RuleViolation  # noqa: E402
 
 from autopipe.core.catalog import DeviceSpec, get_device, is_catalog_device  # noqa: E402
 from autopipe.core.cluster import Cluster, Device  # noqa: E402
+from autopipe.core.gemm import gemm_ceiling, gemm_s  # noqa: E402
 from autopipe.core.plan import Plan  # noqa: E402
 from autopipe.core.profile import Profile, UnitProfile  # noqa: E402
 from autopipe.core.request import PlanRequest  # noqa: E402
@@ -404,6 +405,53 @@ def pricing_for(spec: DeviceSpec) -> Pricing:
     )
 
 
+def _linear_s(
+    spec: DeviceSpec,
+    tokens_mm: int,
+    fan_in: int,
+    fan_out: int,
+    split_out: bool,
+    tp: int,
+    tokens: int,
+) -> tuple[float, float]:
+    """Forward and backward seconds of one ``fan_in -> fan_out`` linear over ``tokens`` tokens,
+    the whole layer's (``tp`` ranks' worth: the mesh divides it by ``tp`` again), each GEMM
+    priced at the shape one TP rank runs on a micro-batch of ``tokens_mm`` tokens: forward
+    ``(t x k) @ (k x n)``, backward the input gradient ``(t x n) @ (n x k)`` and the weight
+    gradient ``(k x t) @ (t x n)``; ``split_out``: the output features are split (column
+    parallel), else the input features (row parallel)."""
+    k, n = (fan_in, fan_out / tp) if split_out else (fan_in / tp, fan_out)
+    scale = tp * tokens / tokens_mm
+    fwd = gemm_s(spec, tokens_mm, n, k)
+    bwd = gemm_s(spec, tokens_mm, k, n) + gemm_s(spec, k, n, tokens_mm)
+    return fwd * scale, bwd * scale
+
+
+def _block_linears_s(
+    a: Arch, spec: DeviceSpec, tokens_mm: int, tp: int, tokens: int
+) -> tuple[float, float]:
+    """Forward and backward seconds of a block's weight matmuls (:func:`_linear_s` each): QKV
+    and the MLP's up (and gate) column parallel, the attention output and the MLP's down row
+    parallel (Megatron's and torchtitan's TP plans)."""
+    h, f = a.hidden, a.ffn
+    shapes = [(h, h + 2 * a.kv_dim, True), (h, h, False), (f, h, False)]
+    shapes += [(h, f, True)] * (2 if a.gated else 1)
+    parts = [_linear_s(spec, tokens_mm, i, o, col, tp, tokens) for i, o, col in shapes]
+    return sum(p[0] for p in parts), sum(p[1] for p in parts)
+
+
+def _attention_s(a: Arch, seq: int, spec: DeviceSpec, flash: bool, tokens_mm: int) -> float:
+    """Forward seconds of a block's attention matmuls (QK^T and AV) on ``tokens_mm`` tokens:
+    flash attention's fused kernel (causal: half the scores) at the GPU's matmul ceiling (its
+    ``s x s`` scores never reach memory); the math path as two batched GEMMs per head
+    (``s x d`` by ``d x s``, writing the scores; ``s x s`` by ``s x d``) at their shape."""
+    flops = tokens_mm * 4 * seq * a.hidden * (0.5 if flash else 1.0)
+    if flash:
+        return flops / (spec.peak_for("bfloat16") * gemm_ceiling(spec))
+    d, heads = a.hidden // a.heads, a.heads * tokens_mm / seq
+    return gemm_s(spec, seq, seq, d, batch=heads) + gemm_s(spec, seq, d, seq, batch=heads)
+
+
 def _elementwise_elements(a: Arch, compiled: bool) -> float:
     """Element reads + writes per token of one block's memory-bound ops in forward.
 
@@ -447,6 +495,8 @@ def transformer_profile(
     batch_size: int = 1,
     selective: str = "megatron",
     fp8_head: bool = False,
+    gemm_tokens: int | None = None,
+    tp: int = 1,
 ) -> Profile:
     """The Profile of ``a`` at ``batch_size`` sequences of ``seq`` tokens on ``spec``: units
     ``embed``, ``layers.0 .. layers.L-1``, ``head`` (final norm, output projection, loss).
@@ -459,7 +509,14 @@ def transformer_profile(
     (its ``selective`` op policy: the outputs of attention and of every other matmul kept,
     everything else re-computed: about half the matmuls and every element-wise op, keeping
     ``3h + 2 kv + ffn`` elements per token). ``fp8_head``: the output projection is an FP8
-    linear too (torchtitan leaves ``output`` in bf16)."""
+    linear too (torchtitan leaves ``output`` in bf16).
+
+    Matmuls: with ``pricing`` given, every matmul FLOP at its flat rate; else each GEMM is
+    priced at its own shape on ``spec`` (``autopipe.core.gemm``: the GPU's published
+    maximum achievable matmul FLOP/s, the share of SMs its output tiles fill, its memory
+    bound) as one TP rank runs it: ``gemm_tokens`` tokens per micro-batch (default: the
+    profile batch), weights split ``tp`` ways; flash attention's fused kernel at the GPU's
+    matmul ceiling."""
     price = pricing or pricing_for(spec)
     tokens = batch_size * seq
     h, v = a.hidden, a.vocab
@@ -474,9 +531,15 @@ def transformer_profile(
     softmax_bytes = 0.0 if flash else (2 + 2 + 2) * a.heads * seq * (1 if compiled else 2)
     fwd_mm = linear_flops / mm
     fwd_attn = attn_flops / mm
+    lin_f, lin_b = tokens * fwd_mm, tokens * 2 * fwd_mm
+    if pricing is None:  # each GEMM at its shape (autopipe.core.gemm)
+        lin_f, lin_b = _block_linears_s(a, spec, gemm_tokens or tokens, tp, tokens)
+        fwd_attn = _attention_s(a, seq, spec, flash, gemm_tokens or tokens) / (
+            gemm_tokens or tokens
+        )
     fwd_mem = (elem_bytes + softmax_bytes) / mem
-    block_fwd = tokens * (fwd_mm + fwd_attn + fwd_mem)
-    block_bwd = tokens * (2 * fwd_mm + attn_bwd * fwd_attn + 2 * fwd_mem)
+    block_fwd = lin_f + tokens * (fwd_attn + fwd_mem)
+    block_bwd = lin_b + tokens * (attn_bwd * fwd_attn + 2 * fwd_mem)
     block_act = tokens * _block_activation_bytes(a, seq, flash)
     # what only sequence parallelism shards: norm inputs, the TP regions' inputs, masks
     replicated_act = tokens * BF16 * (4 * h + (h if a.dropout else 0))
@@ -485,7 +548,7 @@ def transformer_profile(
     replicated_share = tokens * BF16 * (norm_elems + drop_elems) / mem / block_fwd
     if selective == "torchtitan":
         kept = tokens * BF16 * (3 * h + 2 * a.kv_dim + a.ffn)
-        redo = tokens * (0.5 * fwd_mm + fwd_mem)
+        redo = 0.5 * lin_f + tokens * fwd_mem
     else:
         scores = 0.0 if flash else tokens * (2 + 2 + (1 if a.dropout else 0)) * a.heads * seq
         kept = block_act - scores
@@ -529,7 +592,10 @@ def transformer_profile(
             )  # fmt: skip
         )
     logits = tokens * v
-    head_fwd = tokens * 2 * h * v / mm + logits * (BF16 + 4 + 4) / mem
+    head_mm = tokens * 2 * h * v / mm
+    if pricing is None:
+        head_mm = _linear_s(spec, gemm_tokens or tokens, h, v, True, tp, tokens)[0]
+    head_fwd = head_mm + logits * (BF16 + 4 + 4) / mem
     units.append(
         UnitProfile(
             name="head",
@@ -589,6 +655,7 @@ def profile_of(run: Run) -> Profile:
     return transformer_profile(
         run.arch, run.seq, spec, compiled=run.compiled, flash=run.flash,
         selective="torchtitan" if run.key.startswith("tt") else "megatron",
+        gemm_tokens=(run.microbatch or 1) * run.seq, tp=run.tp,
     )  # fmt: skip
 
 

@@ -5,8 +5,8 @@ Two request options change what a unit costs on any mesh, so they rewrite the pr
 
 - ``precision="fp8"``: the unit's weight matmuls (``linear_forward_flops`` in forward, twice
   that in backward) run at the GPU's FP8 peak instead of the profile's dtype peak, both times
-  the GPU's matmul efficiency: each unit saves
-  ``3 x linear_forward_flops x (1 / (peak_dtype x eff) - 1 / (peak_fp8 x eff))`` seconds (a
+  the GPU's matmul ceiling for that dtype (``autopipe.core.gemm``): each unit saves
+  ``3 x linear_forward_flops x (1 / (peak_dtype x c_dtype) - 1 / (peak_fp8 x c_fp8))`` seconds (a
   third in forward, two thirds in backward). Attention, norms and the rest stay as profiled.
   The casts to FP8 are not priced (with torch.compile they fuse into the neighbouring
   kernels).
@@ -21,6 +21,7 @@ import dataclasses
 from autopipe.planner.errors import RuleViolation
 
 from autopipe.core.catalog import DeviceSpec, get_device, is_catalog_device
+from autopipe.core.gemm import gemm_ceiling
 from autopipe.core.profile import Profile, UnitProfile
 from autopipe.core.request import PlanRequest
 
@@ -40,15 +41,17 @@ def _spec(profile: Profile) -> DeviceSpec:
 
 def fp8_saving_s(spec: DeviceSpec, dtype: str, linear_forward_flops: float) -> float:
     """Forward seconds saved by running ``linear_forward_flops`` at the FP8 peak instead of
-    ``dtype``'s (both at the GPU's compute efficiency); the backward saves twice this."""
+    ``dtype``'s (each at the GPU's matmul ceiling for that dtype, ``gemm_ceiling``); the
+    backward saves twice this."""
     if "float8" not in spec.peak_flops_per_s:
         raise RuleViolation(
             f"precision fp8: {spec.name} has no FP8 tensor cores in the catalog "
             f"(it lists {', '.join(sorted(spec.peak_flops_per_s))}); use precision bf16"
         )
-    eff = spec.compute_efficiency
-    slow = spec.peak_for(dtype) * eff
-    fast = spec.peak_flops_per_s["float8"] * eff
+    # each dtype at the GPU's published matmul ceiling (autopipe.core.gemm: an H100's FP8
+    # GEMMs reach a smaller share of their peak than its BF16 ones)
+    slow = spec.peak_for(dtype) * gemm_ceiling(spec, dtype)
+    fast = spec.peak_flops_per_s["float8"] * gemm_ceiling(spec, "float8")
     return max(linear_forward_flops / slow - linear_forward_flops / fast, 0.0)
 
 
