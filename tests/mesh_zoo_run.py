@@ -89,9 +89,24 @@ EXPERT_MESHES: dict[str, dict[str, Any]] = {
         "expert_parallel": 2,
         "schedule": "1f1b",
     },
+    "pp2ep2fsdp": {
+        "tensor_parallel": 1,
+        "data_parallel": 2,
+        "expert_parallel": 2,
+        "shard": "parameters",
+        "schedule": "1f1b",
+    },
+    "d4ep2": {
+        "tensor_parallel": 1,
+        "data_parallel": 4,
+        "expert_parallel": 2,
+        "schedule": "1f1b",
+    },
 }
 """Expert-parallel meshes (tests/test_expert_parallel.py; mixture-of-experts families only):
-PP 2 x D 2 with each MoE layer's experts spread over the 2 replicas of a stage."""
+PP 2 x D 2 with each MoE layer's experts spread over the 2 replicas of a stage (E = D), the
+same with FSDP2 on the other parameters, and D 4 with E 2 (two EP groups whose expert
+gradients are summed)."""
 WORLD = 4
 
 

@@ -101,14 +101,15 @@ def uses_mesh(plan: Plan) -> bool:
 def expert_plan_problem(plan: Plan) -> str | None:
     """The one-line refusal of an expert-parallel plan (E > 1) this runtime does not run, or
     None: the EP group is E consecutive data-parallel ranks of a stage
-    (:mod:`.expert_parallel`), so E must divide D, and neither TP nor sharded state is
-    combined with it yet."""
+    (:mod:`.expert_parallel`), so E must divide D; neither TP nor ZeRO-1 (whose
+    ``ZeroRedundancyOptimizer`` takes no DTensor) is combined with it yet."""
     e, d = plan.expert_parallel, plan.replicas
-    if plan.tensor_parallel > 1 or plan.shard != "none":
+    if plan.tensor_parallel > 1 or plan.shard == "optimizer":
         return (
             f"autopipe run spreads experts (expert parallelism {e}) over data-parallel "
             f"replicas only, not with tensor parallelism {plan.tensor_parallel} or shard "
-            f"{plan.shard}; re-plan with --tensor-parallel 1 --shard none, or --expert-parallel 1"
+            f"{plan.shard}; re-plan with --tensor-parallel 1 --shard none (or parameters, "
+            "gradients), or --expert-parallel 1"
         )
     if d % e:
         return (
@@ -118,14 +119,16 @@ def expert_plan_problem(plan: Plan) -> str | None:
     return None
 
 
-def expert_mesh(mesh: Any, degree: int) -> Any:
-    """The 1-D expert-parallel mesh of this rank: ``degree`` consecutive ranks of
-    ``mesh["dp"]`` (all of it when ``degree`` is D), as torchtitan carves its EP group out
-    of the data-parallel ranks."""
+def expert_mesh(mesh: Any, degree: int) -> tuple[Any, Any]:
+    """(the 1-D expert-parallel mesh of this rank: ``degree`` consecutive ranks of
+    ``mesh["dp"]``, as torchtitan carves its EP group out of the data-parallel ranks; the
+    1-D mesh of the ``D / degree`` ranks holding the same experts, whose expert gradients
+    are summed, or None when ``degree`` is D)."""
     dp = mesh["dp"]
     if dp.size() == degree:
-        return dp
-    return dp._unflatten(0, (dp.size() // degree, degree), ("dp_between_ep", "ep"))["ep"]
+        return dp, None
+    both = dp._unflatten(0, (dp.size() // degree, degree), ("dp_between_ep", "ep"))
+    return both["ep"], both["dp_between_ep"]
 
 
 def check_mesh_plan(plan: Plan, tied: Sequence[Any] = ()) -> None:
@@ -489,18 +492,28 @@ def _holds(body: nn.Module, path: str) -> bool:
     return True
 
 
-def apply_sharding(chunk: nn.Module, shard: str, dp_mesh: Any) -> nn.Module:
+def apply_sharding(
+    chunk: nn.Module, shard: str, dp_mesh: Any, ignored: set[nn.Parameter] | None = None
+) -> nn.Module:
     """FSDP2 over ``dp_mesh`` for ``shard`` ``parameters`` (ZeRO-3) or ``gradients``
     (``reshard_after_forward=False``); ``chunk`` as it was for ``none`` and ``optimizer``.
+    ``ignored``: parameters FSDP leaves alone (expert shards, already split over the EP
+    group).
     The reduce-scatter sums (divide factor 1): the runtime divides every gradient by the
     global item count itself."""
     if shard not in ("parameters", "gradients"):
         return chunk
     from torch.distributed.fsdp import FSDPModule, fully_shard
 
-    if not any(True for _ in chunk.parameters()):
+    ignored = ignored or set()
+    if not any(p not in ignored for p in chunk.parameters()):
         return chunk  # nothing to shard: a stage of parameter-free layers
-    sharded = fully_shard(chunk, mesh=dp_mesh, reshard_after_forward=shard == "parameters")
+    sharded = fully_shard(
+        chunk,
+        mesh=dp_mesh,
+        reshard_after_forward=shard == "parameters",
+        ignored_params=ignored or None,
+    )
     assert isinstance(sharded, FSDPModule)
     sharded.set_gradient_divide_factor(1.0)
     # Gloo has no pre-multiplied sum: a plain sum (a factor of 1 scales nothing anyway).

@@ -394,8 +394,8 @@ class DistributedPipeline:
         )
         """Per chunk of this rank, the shapes of the tensors it receives (one micro-batch; a
         value sharded over the sequence as one TP rank's share); empty when not known ahead."""
-        self._shard_chunks(tp_modules, layout)
         self._spread_experts()
+        self._shard_chunks(tp_modules, layout)
         # Every rank creates every tie group, in the same order (new_group's rule).
         self.tied = TiedGradients(
             planned.tied,
@@ -461,7 +461,8 @@ class DistributedPipeline:
                 if tp_modules:
                     apply_tensor_parallel(chunk.body, tp_modules, self.mesh["tp"], layout)
                     summed.append(tp_summed_parameters(chunk.body, self._partial_gradients))
-                apply_sharding(chunk, self.plan.shard, self.mesh["dp"])
+                experts = {p for p in chunk.parameters() if id(p) in self.expert_parameters}
+                apply_sharding(chunk, self.plan.shard, self.mesh["dp"], experts)
             # FSDP replaces the parameters: look them up by name once it has.
             found = {
                 id(p): p
@@ -477,10 +478,15 @@ class DistributedPipeline:
         all-to-all needs real tensors); the stage shapes do not change."""
         self.expert_parameters: set[int] = set()
         """ids of the expert parameters: each rank owns its own, so they are not summed
-        over the data-parallel replicas."""
+        over the data-parallel replicas (only over ``expert_replica_group``)."""
+        self.expert_replica_group: Any = None
+        """With E < D, the ranks holding the same experts (one per EP group), over which
+        the expert gradients are summed; None when E = D (or E = 1)."""
         if not self.experts:
             return
-        ep_mesh = expert_mesh(self.mesh, self.plan.expert_parallel)
+        ep_mesh, replicas = expert_mesh(self.mesh, self.plan.expert_parallel)
+        if replicas is not None:
+            self.expert_replica_group = replicas.get_group()
         for chunk in self.chunks:
             renamed = call_expert_modules(chunk.body, self.experts)
             for new, old in renamed.items():  # per-unit re-materialization finds the call
@@ -743,6 +749,13 @@ class DistributedPipeline:
             _sum_gradients(
                 (p for p in self.module.parameters() if id(p) not in self.expert_parameters),
                 self.replica_group,
+            )
+        if self.expert_replica_group is not None:
+            # An expert's gradient already holds its EP group's tokens; the D / E groups
+            # holding the same experts saw different tokens (FSDP leaves experts alone).
+            _sum_gradients(
+                (p for p in self.module.parameters() if id(p) in self.expert_parameters),
+                self.expert_replica_group,
             )
         if not self.holds_last:
             return None

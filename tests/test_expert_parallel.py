@@ -1,0 +1,182 @@
+"""Expert parallelism in `autopipe run` (runtime/distributed/expert_parallel.py).
+
+The launch test plans and trains Mixtral, Qwen3-MoE and DeepSeek-V3 tiny configs
+(tests/mesh_zoo_models.py) with EP 2 on 4 gloo processes, all cases in one torchrun launch of
+the mesh zoo's runner (tests/mesh_zoo_run.py ``EXPERT_MESHES``), and compares every parameter
+after 3 SGD and 3 AdamW steps with one process trained on the same global batch (the update
+over lr, rtol 1e-4 / atol 1e-5, in float64). The other tests run in this process: the
+rewrite of an inlined experts region into one call, the dispatch on a one-rank group against
+the model's own experts, and the one-line refusals.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("transformers")
+
+import torch  # noqa: E402
+from torch import nn  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import mesh_zoo_models  # noqa: E402
+from test_mesh_zoo import run_cases  # noqa: E402
+
+from autopipe.core.plan import Plan  # noqa: E402
+
+CASES = [
+    "mixtral:pp2ep2",
+    "qwen3_moe:pp2ep2",
+    "deepseek_v3:pp2ep2",
+    "qwen3_moe:pp2ep2fsdp",
+    "mixtral:d4ep2",
+]
+"""EP 2 x PP 2 (each rank holds half of each MoE layer's experts) for the three families,
+with FSDP2 on the other parameters, and D 4 x EP 2 (two EP groups per stage)."""
+EXPERT_LAYERS = {"mixtral": 2, "qwen3_moe": 2, "deepseek_v3": 1}
+"""MoE layers of each tiny config (DeepSeek-V3's first layer is dense)."""
+
+
+@pytest.mark.slow
+def test_expert_parallel_training_equals_one_process(tmp_path: Path) -> None:
+    results, wall_s = run_cases(tmp_path, CASES)
+    lines = [
+        f"{case}: {r['outcome']} {r.get('reason') or ''} "
+        + " ".join(f"{o} max rel {r[o]['max_relative']:.2g}" for o in ("sgd", "adamw") if o in r)
+        for case, r in results.items()
+    ]
+    print(f"\nexpert parallelism: {len(CASES)} cases in {wall_s:.0f} s\n" + "\n".join(lines))
+    for case in CASES:
+        r = results[case]
+        assert r["outcome"] == "equal", (case, r.get("reason"), r.get("trace"))
+        family, mesh = case.split(":")
+        assert r["plan"]["expert_parallel"] == 2
+        # Every rank spread the MoE layers its stage holds: PP 2 cuts each family after
+        # layer 0 (DeepSeek-V3's dense one), D 4 keeps the whole model on every rank.
+        layers = EXPERT_LAYERS[family]
+        if mesh.startswith("pp2"):
+            first = layers - 1  # DeepSeek-V3: none in stage 0
+            assert r["expert_parallel_modules"] == [first, first, 1, 1], case
+        else:
+            assert r["expert_parallel_modules"] == [layers] * 4, case
+        for optimizer in ("sgd", "adamw"):
+            assert r[optimizer]["max_relative"] < 1e-4, (case, optimizer)
+
+
+def _plan(**fields: Any) -> Plan:
+    """A 2-stage x 2-replica plan for 4 processes (1F1B, 2 micro-batches)."""
+    from distributed_cases import make_plan
+
+    plan = make_plan([["a"], ["b"]], 2, 8, schedule="1f1b")
+    return dataclasses.replace(plan, replicas=2, **fields)
+
+
+def test_the_plan_refusals_are_one_line() -> None:
+    from autopipe.runtime.distributed.mesh import expert_plan_problem, mesh_size_problem
+
+    plan = _plan(expert_parallel=2)
+    assert expert_plan_problem(plan) is None
+    assert mesh_size_problem(plan, 4) is None
+    for bad, phrase in [
+        (_plan(expert_parallel=4), "must divide the 2 data-parallel replicas"),
+        (_plan(expert_parallel=2, shard="optimizer"), "shard optimizer"),
+        (_plan(expert_parallel=2, tensor_parallel=2), "tensor parallelism 2"),
+    ]:
+        why = expert_plan_problem(bad)
+        assert why is not None and phrase in why and "\n" not in why
+    # context parallelism stays refused
+    assert "does not run yet" in str(mesh_size_problem(_plan(context_parallel=2), 8))
+
+
+class _ListExperts(nn.Module):
+    """Experts as a list of MLPs (transformers 4's layout): not a fused experts module."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.num_experts = 2
+        self.experts = nn.ModuleList(nn.Linear(4, 4) for _ in range(2))
+
+
+def test_unrecognised_or_indivisible_experts_are_refused_in_one_line() -> None:
+    from autopipe.runtime.distributed.expert_parallel import ExpertParallelError, expert_modules
+
+    with pytest.raises(ExpertParallelError, match="not a fused experts module") as exc:
+        expert_modules(nn.Sequential(_ListExperts()), 2)
+    assert "\n" not in str(exc.value)
+    with pytest.raises(ExpertParallelError, match="no experts module"):
+        expert_modules(nn.Sequential(nn.Linear(4, 4)), 2)
+    model = mesh_zoo_models.build("qwen3_moe")
+    assert expert_modules(model, 2) == {
+        "model.layers.0.mlp.experts": 4,
+        "model.layers.1.mlp.experts": 4,
+    }
+    with pytest.raises(ExpertParallelError, match="4 experts, which expert parallelism 3"):
+        expert_modules(model, 3)
+
+
+def test_an_inlined_experts_region_becomes_one_call_computing_the_same() -> None:
+    """torch.export inlines the experts' forward; the rewrite calls the module with (hidden,
+    indices, weights) told apart by dtype and shape, and the model's output is unchanged."""
+    from autopipe.profiler.trace import trace_model
+    from autopipe.runtime.distributed.expert_parallel import call_expert_modules, expert_modules
+
+    model = mesh_zoo_models.build("qwen3_moe", "float64")
+    inputs = mesh_zoo_models.example_inputs("qwen3_moe", 4)
+    graph, tracer = trace_model(model, inputs)
+    assert tracer == "export"
+    want = graph(**inputs).logits
+    paths = expert_modules(model, 2)
+    renamed = call_expert_modules(graph, paths)
+    assert len(renamed) == 2
+    for path in paths:
+        graph.set_submodule(path, model.get_submodule(path))
+    calls = [n.target for n in graph.graph.nodes if n.op == "call_module"]
+    assert calls == list(paths)
+    assert not any(
+        n.op == "get_attr" and ".experts." in str(n.target) for n in graph.graph.nodes
+    )  # the experts' weights are read by the call only
+    assert torch.equal(graph(**inputs).logits, want)
+
+
+def test_dispatch_on_one_rank_equals_the_experts_own_forward() -> None:
+    """Sorting by expert, the exchange, the experts' own forward at weight 1, the inverse
+    order and the routing weights: output and every gradient as the model's module."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+    from autopipe.runtime.distributed.expert_parallel import ExpertParallel
+    from torch.distributed.device_mesh import init_device_mesh
+
+    model = mesh_zoo_models.build("qwen3_moe", "float64")
+    experts = model.get_submodule("model.layers.0.mlp.experts")
+    g = torch.Generator().manual_seed(0)
+    hidden = torch.randn(12, 32, dtype=torch.float64, generator=g, requires_grad=True)
+    index = torch.randint(0, 4, (12, 2), generator=g)
+    weights = torch.rand(12, 2, dtype=torch.float64, generator=g, requires_grad=True)
+
+    want = experts(hidden, index, weights)
+    (want * torch.arange(32)).sum().backward()
+    wanted = [hidden.grad.clone(), weights.grad.clone()]
+    wanted += [p.grad.clone() for p in experts.parameters()]
+    hidden.grad = weights.grad = None
+
+    dist.init_process_group(
+        "gloo", store=dist.HashStore(), rank=0, world_size=1, timeout=timedelta(seconds=30)
+    )
+    try:
+        mesh = init_device_mesh("cpu", (1,))
+        spread = ExpertParallel(experts, dict(experts.named_parameters()), mesh, 4)
+        got = spread(hidden, index, weights)
+        (got * torch.arange(32)).sum().backward()
+        grads = [hidden.grad, weights.grad] + [p.grad.full_tensor() for p in spread.parameters()]
+    finally:
+        dist.destroy_process_group()
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    assert len(grads) == len(wanted) == 4
+    for a, b in zip(grads, wanted, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
