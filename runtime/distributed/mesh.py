@@ -51,6 +51,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from autopipe.profiler.tensor_parallel import tied_split, tp_pattern
+from autopipe.runtime.distributed.context_parallel import build_context_mesh, world_size_problem
 from autopipe.runtime.distributed.sequence_parallel import (
     SEQUENCE_DIM,
     SequenceLayout,
@@ -93,7 +94,7 @@ class MeshPlanError(UsageError, ValueError):
 def uses_mesh(plan: Plan) -> bool:
     """Whether ``plan`` runs on the (pp, dp, tp) mesh (T > 1 or sharded state); plans with
     T = 1 and ``shard = none`` keep the plain K x D path."""
-    return plan.tensor_parallel > 1 or plan.shard != "none"
+    return plan.tensor_parallel > 1 or plan.shard != "none" or plan.context_parallel > 1
 
 
 def check_mesh_plan(plan: Plan, tied: Sequence[Any] = ()) -> None:
@@ -147,13 +148,15 @@ def check_shard_dtypes(shard: str, chunks: Sequence[nn.Module]) -> None:
 
 def mesh_size_problem(plan: Plan, world_size: int) -> str | None:
     """The one-line refusal of a mesh plan launched on ``world_size`` processes, or None."""
-    if plan.context_parallel > 1 or plan.expert_parallel > 1:
+    if plan.expert_parallel > 1:
         # planned (planner/context_expert.py) but not run by autopipe yet
         return (
             f"the plan uses context parallelism {plan.context_parallel} / expert parallelism "
             f"{plan.expert_parallel}, which autopipe run does not run yet: hand it to "
             "torchtitan or Megatron-LM (autopipe plan --emit), or re-plan without them"
         )
+    if plan.context_parallel > 1:  # the (pp, dp, cp, tp) mesh: context_parallel.py
+        return world_size_problem(plan, world_size)
     if world_size == plan.world_size:
         return None
     pp, dp, tp = plan.mesh_shape
@@ -170,6 +173,8 @@ def build_mesh(plan: Plan, device_type: str) -> Any:
     problem = mesh_size_problem(plan, dist.get_world_size())
     if problem is not None:
         raise MeshPlanError(problem)
+    if plan.context_parallel > 1:
+        return build_context_mesh(plan, device_type)
     return init_device_mesh(device_type, plan.mesh_shape, mesh_dim_names=MESH_DIM_NAMES)
 
 
