@@ -254,7 +254,12 @@ def tied_parameters(
 
 
 def partition(
-    model: nn.Module, example_inputs: Any, plan: Plan, *, check_parameters: bool = True
+    model: nn.Module,
+    example_inputs: Any,
+    plan: Plan,
+    *,
+    check_parameters: bool = True,
+    rewrite: Callable[[UnitGraph], object] | None = None,
 ) -> PlannedStages:
     """The plan's stage graphs of ``model`` (see the module docstring).
 
@@ -262,7 +267,8 @@ def partition(
     (:class:`PlanModelMismatchError` when it was made for another one). With
     ``check_parameters=False`` the units' parameter counts are not compared to the plan's
     (the tensor-parallel re-trace of :mod:`autopipe.runtime.distributed.mesh`, whose split
-    modules hold one rank's share).
+    modules hold one rank's share). ``rewrite`` edits the traced graph in place before it
+    is cut (context parallelism's attention calls, :mod:`.distributed.context_parallel`).
     """
     chunks = plan.num_stages * plan.virtual_stages
     if len(plan.stages) != chunks:
@@ -270,6 +276,8 @@ def partition(
             f"plan says num_stages x virtual_stages = {chunks} but lists {len(plan.stages)} stages"
         )
     graph = trace_for_plan(model, example_inputs, plan)
+    if rewrite is not None:
+        rewrite(graph)
     unit_stage = stage_of_unit(graph.unit_names, [s.units for s in plan.stages])
     if check_parameters:
         check_plan_parameters(graph, model, plan)

@@ -29,12 +29,14 @@ def test_cp_and_ep_keys_in_torchtitan_and_megatron() -> None:
     assert flag["--pipeline-model-parallel-size"] == "2"
 
 
-def test_autopipe_run_refuses_a_cp_or_ep_plan_in_one_line() -> None:
+def test_autopipe_run_refuses_an_ep_plan_in_one_line_and_sizes_a_cp_plans_mesh() -> None:
     from autopipe.runtime.distributed.mesh import mesh_size_problem
 
     plan = _gpt_plan(stages=2, schedule="1f1b")[2]
     assert mesh_size_problem(plan, plan.world_size) is None
-    cp = dataclasses.replace(plan, context_parallel=2)
-    why = mesh_size_problem(cp, cp.world_size)
-    assert why is not None and "does not run yet" in why and "\n" not in why
-    assert mesh_size_problem(dataclasses.replace(plan, expert_parallel=2), 2) is not None
+    cp = dataclasses.replace(plan, context_parallel=2)  # runs: context_parallel.py
+    assert mesh_size_problem(cp, cp.world_size) is None
+    why = mesh_size_problem(cp, plan.world_size)
+    assert why is not None and "cp 2" in why and "\n" not in why
+    ep = mesh_size_problem(dataclasses.replace(plan, expert_parallel=2), 2)
+    assert ep is not None and "does not run yet" in ep and "\n" not in ep

@@ -51,6 +51,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from autopipe.profiler.tensor_parallel import tied_split, tp_pattern
+from autopipe.runtime.distributed.context_parallel import build_context_mesh, world_size_problem
 from autopipe.runtime.distributed.sequence_parallel import (
     SEQUENCE_DIM,
     SequenceLayout,
@@ -93,9 +94,15 @@ class MeshPlanError(UsageError, ValueError):
 
 
 def uses_mesh(plan: Plan) -> bool:
-    """Whether ``plan`` runs on the (pp, dp, tp) mesh (T > 1, sharded state or expert
-    parallelism); plans with T = 1, ``shard = none`` and E = 1 keep the plain K x D path."""
-    return plan.tensor_parallel > 1 or plan.shard != "none" or plan.expert_parallel > 1
+    """Whether ``plan`` runs on the (pp, dp, cp, tp) mesh (T > 1, sharded state, context or
+    expert parallelism); plans with T = 1, ``shard = none``, C = 1 and E = 1 keep the plain
+    K x D path."""
+    return (
+        plan.tensor_parallel > 1
+        or plan.shard != "none"
+        or plan.expert_parallel > 1
+        or plan.context_parallel > 1
+    )
 
 
 def expert_plan_problem(plan: Plan) -> str | None:
@@ -182,17 +189,18 @@ def check_shard_dtypes(shard: str, chunks: Sequence[nn.Module]) -> None:
 
 def mesh_size_problem(plan: Plan, world_size: int) -> str | None:
     """The one-line refusal of a mesh plan launched on ``world_size`` processes, or None."""
-    if plan.context_parallel > 1:
-        # planned (planner/context_expert.py) but not run by autopipe yet
+    if plan.context_parallel > 1 and plan.expert_parallel > 1:
         return (
-            f"the plan uses context parallelism {plan.context_parallel} / expert parallelism "
-            f"{plan.expert_parallel}, which autopipe run does not run yet: hand it to "
-            "torchtitan or Megatron-LM (autopipe plan --emit), or re-plan without them"
+            f"the plan uses context parallelism {plan.context_parallel} and expert parallelism "
+            f"{plan.expert_parallel} together, which autopipe run does not run yet: hand it to "
+            "torchtitan or Megatron-LM (autopipe plan --emit), or re-plan with one of them"
         )
     if plan.expert_parallel > 1:
         problem = expert_plan_problem(plan)
         if problem is not None:
             return problem
+    if plan.context_parallel > 1:  # the (pp, dp, cp, tp) mesh: context_parallel.py
+        return world_size_problem(plan, world_size)
     if world_size == plan.world_size:
         return None
     pp, dp, tp = plan.mesh_shape
@@ -209,6 +217,8 @@ def build_mesh(plan: Plan, device_type: str) -> Any:
     problem = mesh_size_problem(plan, dist.get_world_size())
     if problem is not None:
         raise MeshPlanError(problem)
+    if plan.context_parallel > 1:
+        return build_context_mesh(plan, device_type)
     return init_device_mesh(device_type, plan.mesh_shape, mesh_dim_names=MESH_DIM_NAMES)
 
 

@@ -33,9 +33,25 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from autopipe.profiler.inputs import InputBinder, batch_rows, batch_size_of, split_inputs
-from autopipe.profiler.objective import LossFn, loss_term
+from autopipe.profiler.objective import LabelItems, LossFn, loss_term
+from autopipe.profiler.units import UnitGraph
 from autopipe.profiler.weight_pass import reuse_reason
 from autopipe.runtime.distributed.agree import check_same_plan
+from autopipe.runtime.distributed.context_parallel import (
+    AttentionMaskError,
+    accepts_positions,
+    context_batch,
+    context_parallel_problem,
+    gradient_mesh,
+    length_problem,
+    local_sequence_inputs,
+    positions_problem,
+    route_attention,
+    sequence_buffers,
+    sequence_length,
+    sharded_step,
+    shifted_token_loss,
+)
 from autopipe.runtime.distributed.expert_parallel import (
     ExpertParallel,
     call_expert_modules,
@@ -312,6 +328,17 @@ def _to_empty_keeping_ties(modules: Sequence[nn.Module], device: torch.device) -
                 slots[name] = new  # a Parameter's slot gets a Parameter (above)
 
 
+def _own_copies(tree: Any) -> Any:
+    """``tree`` with every tensor cloned (contiguous): context parallelism shards them in
+    place, which must not touch the caller's batch."""
+    return pytree.tree_map(
+        lambda t: (
+            t.clone(memory_format=torch.contiguous_format) if isinstance(t, torch.Tensor) else t
+        ),
+        tree,
+    )
+
+
 def _slice_batch(tree: Any, start: int, stop: int) -> Any:
     return batch_rows(tree, start, stop)
 
@@ -380,6 +407,11 @@ class DistributedPipeline:
         chunk_rank = [s.rank if s.rank >= 0 else s.index for s in plan.stages]
         self.plan = plan
         self.device = torch.device(device) if device is not None else _default_device()
+        self._context: tuple[int, bool, bool] | None = None
+        """C > 1: (the traced sequence length s, positions added, labels shifted), see
+        :mod:`.context_parallel`; None without context parallelism."""
+        if plan.context_parallel > 1:
+            planned, example_inputs = self._context_stages(model, example_inputs)
         planned, tp_modules, layout = self._join_groups(model, example_inputs, planned)
         self._build_chunks(planned, chunk_rank, state_dict, init_seed)
         self._binder: InputBinder = planned.binder
@@ -406,6 +438,8 @@ class DistributedPipeline:
         del planned
         self.tied.synchronize()
         self._user_loss = loss_fn
+        if self._context is not None and self._context[2] and loss_fn is None:
+            self._user_loss = shifted_token_loss  # the model's own loss, shifted before the split
         self._target: Any = None
         self._items: dict[int, float] = {}
         """The count of each micro-batch (by its first row) whose loss this step computed
@@ -462,7 +496,7 @@ class DistributedPipeline:
                     apply_tensor_parallel(chunk.body, tp_modules, self.mesh["tp"], layout)
                     summed.append(tp_summed_parameters(chunk.body, self._partial_gradients))
                 experts = {p for p in chunk.parameters() if id(p) in self.expert_parameters}
-                apply_sharding(chunk, self.plan.shard, self.mesh["dp"], experts)
+                apply_sharding(chunk, self.plan.shard, self.gradient_mesh, experts)
             # FSDP replaces the parameters: look them up by name once it has.
             found = {
                 id(p): p
@@ -492,7 +526,9 @@ class DistributedPipeline:
             for new, old in renamed.items():  # per-unit re-materialization finds the call
                 chunk.adopt_node(new, old)
             for path, count in self.experts.items():
-                if not any(n.op == "call_module" and n.target == path for n in chunk.body.graph.nodes):
+                if not any(
+                    n.op == "call_module" and n.target == path for n in chunk.body.graph.nodes
+                ):
                     continue
                 held = chunk.body.get_submodule(path)
                 weights = dict(held.named_parameters(recurse=False))
@@ -511,6 +547,47 @@ class DistributedPipeline:
         self.last_loss = 0.0
         """The last step's loss over the global batch, on every rank (NaN or infinite when
         any micro-batch's was)."""
+
+    def _context_stages(self, model: nn.Module, example_inputs: Any) -> tuple[PlannedStages, Any]:
+        """C > 1 (:mod:`.context_parallel`): the stages traced at one CP rank's sequence
+        length, positions as an input, the labels shifted (a causal LM) and attention
+        rewritten to the causal call torch's ring attention patches; with the inputs they
+        were traced from. :class:`MeshPlanError` (one line) for what cannot run."""
+        plan = self.plan
+        problem = context_parallel_problem(plan, self.device.type)
+        length = sequence_length(example_inputs)
+        if problem is None and length is None:
+            problem = (
+                "context parallelism needs inputs with a sequence dimension (dim 1 of "
+                "input_ids); re-plan with --context-parallel 1"
+            )
+        if problem is None and length is not None:
+            problem = length_problem(length, plan.context_parallel)
+        if problem is not None:
+            raise MeshPlanError(problem)
+        assert length is not None
+        has_labels = isinstance(example_inputs, Mapping) and "labels" in example_inputs
+        shift = has_labels and LabelItems.of(model).shifted
+        positions = accepts_positions(model)
+        self._context = (length, positions, shift)
+        local = local_sequence_inputs(
+            context_batch(example_inputs, positions, shift), plan.context_parallel
+        )
+        rows = batch_rows(local, 0, int(plan.microbatch_size))
+
+        def rewrite(graph: UnitGraph) -> None:
+            assert graph.binder is not None
+            try:
+                renamed = route_attention(graph.graph_module, graph.binder.flat(rows))
+            except AttentionMaskError as exc:
+                raise MeshPlanError(
+                    f"{exc}: torch's context_parallel runs causal attention without a mask; "
+                    "re-plan with --context-parallel 1"
+                ) from None
+            for new, old in renamed.items():  # the new call belongs to the old one's unit
+                graph.node_unit[new] = graph.node_unit[old]
+
+        return partition(model, local, plan, rewrite=rewrite), local
 
     def _join_groups(
         self, model: nn.Module, example_inputs: Any, planned: PlannedStages
@@ -560,12 +637,18 @@ class DistributedPipeline:
                 dist.get_rank(),
                 dist.get_world_size(),
                 plan.num_stages,
-                plan.replicas * plan.tensor_parallel,
+                plan.replicas * plan.context_parallel * plan.tensor_parallel,
             )
             self.data_parallel_rank = self.mesh["dp"].get_local_rank()
             self.tensor_parallel_rank = self.mesh["tp"].get_local_rank()
             self.pipeline_group = self.mesh["pp"].get_group()
-            self.replica_group = self.mesh["dp"].get_group()
+            # A CP rank's gradient is its share of the sequence's: summed over dp x cp.
+            self.gradient_mesh = (
+                gradient_mesh(self.mesh) if plan.context_parallel > 1 else self.mesh["dp"]
+            )
+            """The mesh gradients are summed (or FSDP-sharded) over: ``dp``, or ``dp x cp``
+            flattened with context parallelism."""
+            self.replica_group = self.gradient_mesh.get_group()
         else:
             self.layout = rank_layout(
                 dist.get_rank(), dist.get_world_size(), plan.num_stages, plan.replicas
@@ -575,6 +658,8 @@ class DistributedPipeline:
             self.pipeline_group, self.replica_group = _make_groups(self.layout)
         self.data_parallel_size = plan.replicas if self.mesh is not None else self.layout.replicas
         """D: replicas of each stage (the batch is split D ways)."""
+        self.gradient_ranks = self.data_parallel_size * plan.context_parallel
+        """The ranks each gradient is summed over: D x C."""
         return planned, tp_modules, layout
 
     def _pipeline_stages(self, examples: list[ChunkExamples] | None) -> list[PipelineStage]:
@@ -683,6 +768,17 @@ class DistributedPipeline:
         self.steps += 1
         return loss
 
+    def _sequence_split(self, length: int | None, args: Any, target: Any) -> Any:
+        """C > 1: torch's ``context_parallel`` over the mesh's cp dimension, sharding this
+        rank's sequence tensors (``args``, ``target``) in place; a rank that holds neither
+        (a middle stage) still needs its SDPA patched, and shards a stand-in."""
+        if length is None:
+            return contextlib.nullcontext()
+        buffers = sequence_buffers([args, target], length)
+        if not buffers:
+            buffers = [torch.zeros(1, length, device=self.device)]
+        return sharded_step(self.mesh["cp"], buffers)
+
     @contextlib.contextmanager
     def _quiet_fsdp(self) -> Iterator[None]:
         """A block in which FSDP2's warning that a chunk returned a view is silenced: it
@@ -695,6 +791,28 @@ class DistributedPipeline:
             yield
 
     def _step(self, inputs: Any, target: Any) -> torch.Tensor | None:
+        if self._context is None:
+            return self._schedule_step(inputs, target, None)
+        length, positions, shift = self._context
+        target = target if target is not None else inputs
+        ready = [
+            None if tree is None else _own_copies(context_batch(tree, positions, shift))
+            for tree in (inputs, target)
+        ]
+        problem = positions_problem(inputs)
+        if problem is not None:
+            raise ValueError(problem)
+        found = sequence_length(ready[0] if ready[0] is not None else ready[1])
+        if found is not None and found != length:
+            raise ValueError(
+                f"the batch's sequence length {found} is not the {length} the stages were "
+                "traced at (context parallelism); use the example inputs' length"
+            )
+        return self._schedule_step(ready[0], ready[1], length)
+
+    def _schedule_step(self, inputs: Any, target: Any, length: int | None) -> torch.Tensor | None:
+        """One step of the schedule; ``length``: the sequence length C > 1 splits (the
+        tensors with it as dim 1 are sharded in place by torch's context_parallel)."""
         M = self.plan.microbatches
         args: tuple[Any, ...] = ()
         if self.holds_first:
@@ -719,12 +837,12 @@ class DistributedPipeline:
                 _check_divisible(size, M)
                 # On the CPU: _loss reads its ends with int(), which would sync a GPU.
                 index = torch.arange(size)
-                with self._quiet_fsdp():
+                with self._quiet_fsdp(), self._sequence_split(length, args, self._target):
                     self.schedule.step(*args, target=index, losses=losses, return_outputs=False)
             finally:
                 self._target = None  # a failed step must not keep the batch alive
         else:
-            with self._quiet_fsdp():
+            with self._quiet_fsdp(), self._sequence_split(length, args, None):
                 self.schedule.step(*args, return_outputs=False)
         # The global batch's loss sum and item count: only the last stage of each replica
         # has them, and every rank needs the count to scale its gradients.
@@ -744,7 +862,7 @@ class DistributedPipeline:
             # Each TP rank's gradient of these is its share's part (see tp_gradients.py).
             _sum_gradients(self.tp_summed, self.mesh["tp"].get_group())
         self.tied.reduce_gradients()
-        if self.data_parallel_size > 1 and self.plan.shard in ("none", "optimizer"):
+        if self.gradient_ranks > 1 and self.plan.shard in ("none", "optimizer"):
             # (FSDP reduce-scatters the sharded modes' gradients inside the schedule.)
             _sum_gradients(
                 (p for p in self.module.parameters() if id(p) not in self.expert_parameters),
