@@ -80,30 +80,6 @@ EXPECTED: dict[str, tuple[str, str]] = {
         "refused-plan",
         "tensor-parallel: T=2 needs a TP plan: the TP plan splits model.embed_t",
     ),
-    "olmo2:pp2tp2": (
-        "refused-plan",
-        "tensor-parallel: T=2 cannot run for this model: MeshPlanError: mean_2 ",
-    ),
-    "olmo2:tp2fsdp2": (
-        "refused-plan",
-        "tensor-parallel: T=2 cannot run for this model: MeshPlanError: mean_2 ",
-    ),
-    "olmo2:pp2v2tp2": (
-        "refused-plan",
-        "tensor-parallel: T=2 cannot run for this model: MeshPlanError: mean_2 ",
-    ),
-    "glm4:pp2tp2": (
-        "refused-plan",
-        "tensor-parallel: T=2 cannot run for this model: MeshPlanError: mean_1 ",
-    ),
-    "glm4:tp2fsdp2": (
-        "refused-plan",
-        "tensor-parallel: T=2 cannot run for this model: MeshPlanError: mean_1 ",
-    ),
-    "glm4:pp2v2tp2": (
-        "refused-plan",
-        "tensor-parallel: T=2 cannot run for this model: MeshPlanError: mean_1 ",
-    ),
     "gemma2:pp2tp2": (
         "refused-plan",
         "tensor-parallel: T=2 needs a TP plan: the TP plan splits model.embed_t",
@@ -151,18 +127,6 @@ EXPECTED: dict[str, tuple[str, str]] = {
     "cohere_qk_norm:pp2v2tp2": (
         "refused-plan",
         "tensor-parallel: T=2 needs a TP plan: the TP plan splits model.embed_t",
-    ),
-    "mixtral:pp2tp2": (
-        "refused-plan",
-        "tensor-parallel: T=2 cannot run for this model: MeshPlanError: mean_1 ",
-    ),
-    "mixtral:tp2fsdp2": (
-        "refused-plan",
-        "tensor-parallel: T=2 cannot run for this model: MeshPlanError: mean_1 ",
-    ),
-    "mixtral:pp2v2tp2": (
-        "refused-plan",
-        "tensor-parallel: T=2 cannot run for this model: MeshPlanError: mean_1 ",
     ),
     "qwen3_moe:pp2tp2": (
         "refused-plan",

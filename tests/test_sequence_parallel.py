@@ -164,18 +164,98 @@ def test_refusals_are_one_line() -> None:
     cases = [
         (Mixer, 6, plan, "does not treat sequence positions independently"),
         (nn.LayerNorm, 5, plan, "not divisible by tensor-parallel degree 2"),
-        # Without the split head, the final norm would read the shard, and it is no SP norm.
-        (
-            nn.LayerNorm,
-            6,
-            {"up": "colwise", "down": "rowwise"},
-            "final .* reads a sequence-sharded",
-        ),
     ]
     for norm, seq, tp, words in cases:
         with pytest.raises(SequenceParallelError, match=words) as exc:
             toy_layout(norm, seq, tp)
         assert "\n" not in str(exc.value)
+
+
+def test_an_op_that_needs_the_whole_sequence_reads_the_shard_gathered() -> None:
+    """Without the split head, the final norm feeds no column-wise module: it runs on the
+    shard (SequenceParallel, its output kept a shard), and the head, which no plan splits
+    and so runs whole on every rank, reads that shard gathered."""
+    layout = toy_layout(nn.LayerNorm, 6, {"up": "colwise", "down": "rowwise"})
+    assert set(layout.norms) == {"norm", "final"}
+    assert layout.kept_sharded == {"final"}
+    assert layout.gathers == {"head": {"final": 1}}
+    assert "head" not in layout.sharded and layout.sharded["final"] == 1
+
+
+class Sandwich(Toy):
+    """Gemma-2 / GLM-4's sandwich: a norm on the row-wise module's output, before the add."""
+
+    def __init__(self, norm: Callable[[int], nn.Module]) -> None:
+        super().__init__(norm)
+        self.post = norm(8)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.emb(ids)
+        x = x + self.post(self.down(self.up(self.norm(x))))
+        return self.head(self.final(x))
+
+
+def test_a_sandwich_norm_runs_on_the_shard() -> None:
+    """The norm after the row-wise ``down`` feeds no split module: it is a norm on the shard
+    (kept a shard), nothing is gathered for it, and the add reads two shards."""
+    from autopipe.runtime.distributed.sequence_parallel import sequence_layout
+
+    torch.manual_seed(0)
+    model = Sandwich(nn.LayerNorm)
+    graph_module = fx.GraphModule(model, LeafTracer().trace(model))
+    values: dict[str, Any] = {}
+
+    class Record(fx.Interpreter):
+        def run_node(self, n: fx.Node) -> Any:
+            values[n.name] = super().run_node(n)
+            return values[n.name]
+
+    Record(graph_module).run(torch.randint(0, 16, (2, 6)))
+    plan = {"up": "colwise", "down": "rowwise", "head": "colwise_rep"}
+    layout = sequence_layout(graph_module, model, plan, values, T)
+    assert set(layout.norms) == {"norm", "post", "final"}
+    assert layout.kept_sharded == {"post"} and layout.gathers == {}
+    assert layout.sharded["post"] == 1 and layout.sharded["add"] == 1
+    assert layout.colwise_inputs == {"up": "norm", "head": "norm"}
+
+
+def test_mixture_of_experts_is_gathered_after_its_norm_on_the_shard() -> None:
+    """Mixtral (tests/mesh_zoo_models.py): the norm before each mixture-of-experts block
+    runs on the shard; the block, whose router and experts no plan splits, reads its output
+    gathered, runs whole on every TP rank, and its output is sharded again for the add."""
+    import mesh_zoo_models
+    from autopipe.profiler.analytic import profile_analytic
+    from autopipe.runtime.distributed.mesh import local_shapes, planned_modules
+    from autopipe.runtime.distributed.pipeline import _sequence_layout
+    from autopipe.runtime.planned_stages import partition
+
+    from autopipe.core.plan import Plan, StagePlan
+
+    model = mesh_zoo_models.build("mixtral")
+    inputs = mesh_zoo_models.example_inputs("mixtral", 4)
+    profile = profile_analytic(model, inputs, "a100-80gb")
+    plan = Plan(
+        num_stages=1,
+        microbatches=1,
+        microbatch_size=4,
+        batch_size=4,
+        stages=[StagePlan(index=0, device="cpu", units=profile.unit_names)],
+        granularity=profile.granularity,
+        tensor_parallel=T,
+        tp_plan=dict(profile.tp_plan),
+    )
+    split = planned_modules(model, plan.tp_plan, T)
+    with local_shapes(model, split, T):
+        planned = partition(model, inputs, plan, check_parameters=False)
+    layout = _sequence_layout(planned, model, split, inputs, plan)
+    moe_norms = {f"model.layers.{i}.post_attention_layernorm" for i in range(2)}
+    assert layout.kept_sharded == moe_norms
+    gathered = sorted(v for reads in layout.gathers.values() for v in reads)
+    assert gathered == sorted(layout.norms[n] for n in moe_norms)  # one gather per block
+    graph = {n.name: n for n in planned.graph_module.graph.nodes}
+    for op in layout.gathers:
+        assert ".mlp" in str(list(graph[op].meta["nn_module_stack"].values())[-1][0])
+    assert len(layout.transitions) == 4  # each block's output and its attention's rotary
 
 
 def test_a_norm_without_parameters_is_a_norm_too() -> None:

@@ -49,12 +49,11 @@ SUMMED = {
 }
 """Per family, the parameters a rank applies to its own heads or features (the rest: none)."""
 REFUSED = {
-    "olmo2": "post_attention_layernorm",
-    "glm4": "post_self_attn_layernorm",
     "llama_tied": "tied to",
 }
-"""Families whose TP plan the runtime refuses, and words of the one-line reason: sequence
-parallelism cannot run a norm after a row-wise module; a head tied to its embedding."""
+"""Families whose TP plan the runtime refuses, and words of the one-line reason: a head tied
+to its embedding. (OLMo-2's post norms and GLM-4's sandwich norms, after a row-wise module,
+run ``SequenceParallel`` on the shard: their weights are DTensors on the TP mesh.)"""
 
 
 @pytest.fixture(scope="module")

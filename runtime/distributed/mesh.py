@@ -56,6 +56,7 @@ from autopipe.runtime.distributed.sequence_parallel import (
     SEQUENCE_DIM,
     SequenceLayout,
     call_norm_modules,
+    insert_gathers,
     insert_transitions,
 )
 from torch import fx, nn
@@ -454,8 +455,10 @@ def apply_tensor_parallel(
 
     paths = {p: s for p, s in planned.items() if _holds(body, p)}
     norms = {p: n for p, n in layout.norms.items() if _holds(body, p)}
-    if not paths and not norms and not layout.transitions:
+    if not paths and not norms and not layout.transitions and not layout.gathers:
         return 0
+    # First, while the graph's nodes still have the names the layout was read with.
+    gathers = insert_gathers(body, layout.gathers)
     call_planned_modules(body, paths)
     held = call_norm_modules(body, norms)
     shards = insert_transitions(body, layout.transitions)
@@ -476,6 +479,15 @@ def apply_tensor_parallel(
         {
             path: PrepareModuleOutput(output_layouts=Replicate(), desired_output_layouts=Shard(dim))
             for path, dim in shards.items()
+        }
+    )
+    # A sharded value an op needs whole (a mixture of experts, a linear no plan splits) is
+    # gathered for it; the op then runs on every TP rank alike, so the gradient that comes
+    # back is whole and the backward keeps this rank's share of it.
+    styles.update(
+        {
+            path: PrepareModuleOutput(output_layouts=Shard(dim), desired_output_layouts=Replicate())
+            for path, dim in gathers.items()
         }
     )
     if styles:

@@ -53,6 +53,7 @@ __all__ = [
     "SequenceParallelError",
     "adopt_norms",
     "call_norm_modules",
+    "insert_gathers",
     "insert_transitions",
     "module_path_of",
     "sequence_layout",
@@ -113,6 +114,11 @@ class SequenceLayout:
     colwise_inputs: dict[str, str] = field(default_factory=dict)
     """Column-wise module path -> ``"norm"`` (a gathered DTensor from a norm), ``"sharded"``
     (a local sequence shard: the module gathers it) or ``"replicated"``."""
+    gathers: dict[str, dict[str, int]] = field(default_factory=dict)
+    """Op (node name) that needs the whole sequence of a sharded value it reads (a view to
+    ``[b * s, h]``, a mixture-of-experts router, a linear no TP plan splits) -> each such
+    value and its sequence dim: the op reads it gathered (torch's ``PrepareModuleOutput``,
+    Shard -> Replicate, on an ``nn.Identity`` before it) and its output is replicated."""
 
     def local_shape(self, name: str, shape: Iterable[int]) -> list[int]:
         """The shape one TP rank holds of value ``name`` whose unsharded shape is ``shape``."""
@@ -302,13 +308,17 @@ def sequence_layout(
             layout.gathered |= views[norm]
         else:
             layout.kept_sharded.add(norm)
-    for _ in range(len(graph.nodes) + 1):
-        sharded = _propagate(graph_module, layout, calls, planned, region_of, values)
+    for _ in range(2 * len(graph.nodes) + 1):
+        sharded, gathers, whole = _propagate(graph_module, layout, calls, planned, region_of)
+        if _adopt_sharded_norms(layout, graph, model, whole, planned, values, sharded,
+                                region_of, norm_input):  # fmt: skip
+            continue  # a norm on the shard (a sandwich or post norm): propagate again
         new = _needed_transitions(graph, layout, sharded, norm_input, calls, values)
         if not new:
             break
         layout.transitions.update(new)
     layout.sharded = sharded
+    layout.gathers = gathers
     for node, path in calls.items():
         if planned[path] in COLWISE_STYLES:
             x = node.args[0]
@@ -447,18 +457,76 @@ def _feeds_split_modules_only(
     return True
 
 
+def _adopt_sharded_norms(
+    layout: SequenceLayout,
+    graph: fx.Graph,
+    model: nn.Module,
+    whole: list[fx.Node],
+    planned: Mapping[str, str],
+    values: Mapping[str, Any],
+    sharded: Mapping[str, int],
+    region_of: dict[fx.Node, str],
+    norm_input: dict[str, fx.Node],
+) -> bool:
+    """Record as a norm that keeps its output a shard (``layout.kept_sharded``) each module
+    around an op of ``whole`` (ops that read a shard but are not position-wise) that is a
+    norm reading a sharded value: one tensor in, one of its shape out, no parameter of more
+    than one dimension (a norm scales features; a mixture of experts or a linear holds
+    matrices and is gathered for instead), no split module inside, and position-wise when
+    run (whole against two halves). A Gemma-2 / GLM-4 sandwich norm, OLMo-2's post norms,
+    the norm before a mixture-of-experts router. Whether any was added."""
+    added = False
+    for node in whole:
+        for norm in _enclosing_modules(node):
+            if norm in layout.norms or any(p == norm or p.startswith(norm + ".") for p in planned):
+                continue
+            try:
+                module = model.get_submodule(norm)
+            except AttributeError:
+                continue
+            if any(p.dim() > 1 for p in module.parameters()):
+                continue
+            nodes = [node] if node.op == "call_module" else _region(graph, norm)
+            reads, used = _region_io(nodes)
+            if len(reads) != 1 or len(used) != 1 or reads[0].name not in sharded:
+                continue
+            shape = _shape(values.get(used[0].name))
+            if not shape or shape != _shape(values.get(reads[0].name)):
+                continue
+            if not _is_position_wise_module(module, shape[-1], min(layout.sequence_length, 8)):
+                continue
+            layout.norms[norm] = used[0].name
+            layout.kept_sharded.add(norm)
+            norm_input[norm] = reads[0]
+            for n in nodes:
+                region_of[n] = norm
+            added = True
+            break
+    return added
+
+
+def _enclosing_modules(node: fx.Node) -> list[str]:
+    """The module paths ``node`` runs in, innermost first (a ``call_module``'s own target)."""
+    if node.op == "call_module":
+        return [str(node.target)]
+    stack = node.meta.get("nn_module_stack") or {}
+    return [str(v[0]) for v in reversed(list(stack.values())) if v[0]]
+
+
 def _propagate(
     graph_module: fx.GraphModule,
     layout: SequenceLayout,
     calls: Mapping[fx.Node, str],
     planned: Mapping[str, str],
     region_of: Mapping[fx.Node, str],
-    values: Mapping[str, Any],
-) -> dict[str, int]:
+) -> tuple[dict[str, int], dict[str, dict[str, int]], list[fx.Node]]:
     """Value -> sequence dim of every value its consumers see sharded, given the
-    transitions so far; :class:`SequenceParallelError` for a sharded value read by what
-    cannot read a shard."""
+    transitions and norms so far; the ops that read a shard gathered (op -> value -> dim)
+    as they are not position-wise, and those ops. :class:`SequenceParallelError` for a
+    sharded value read by what cannot read a shard nor gather it."""
     sharded: dict[str, int] = {}
+    gathers: dict[str, dict[str, int]] = {}
+    whole: list[fx.Node] = []
     kept = {layout.norms[n] for n in layout.kept_sharded}
     norm_outputs = (set(layout.norms.values()) - kept) | layout.gathered
     for node in graph_module.graph.nodes:
@@ -484,18 +552,23 @@ def _propagate(
                     "column-wise split module gathers it); re-plan with --tensor-parallel 1"
                 )
         elif node.op in ("call_function", "call_method", "call_module"):
-            _propagate_op(node, graph_module, sharded, norm_outputs)
+            if not _propagate_op(node, graph_module, sharded, norm_outputs):
+                whole.append(node)
+                gathers[node.name] = {
+                    a.name: sharded[a.name] for a in node.all_input_nodes if a.name in sharded
+                }
         if node.name in layout.transitions:
             sharded[node.name] = layout.transitions[node.name]
-    return sharded
+    return sharded, gathers, whole
 
 
 def _propagate_op(
     node: fx.Node, graph_module: fx.GraphModule, sharded: dict[str, int], norm_outputs: set[str]
-) -> None:
+) -> bool:
     """An op outside the split modules and norms: its output is sharded when it reads a
-    shard position-wise; SequenceParallelError when it reads a gathered norm output, or a
-    shard's shape, or a shard but mixes positions."""
+    shard position-wise; False when it reads a shard but is not position-wise (it needs the
+    whole sequence: its sharded inputs are gathered for it); SequenceParallelError when it
+    reads a gathered norm output or a shard's shape."""
     inputs = node.all_input_nodes
     reads_norm = [a for a in inputs if a.name in norm_outputs]
     if reads_norm and not _is_shape_read(node):
@@ -504,7 +577,7 @@ def _propagate_op(
             "gathered for the split modules only; re-plan with --tensor-parallel 1"
         )
     if not any(a.name in sharded for a in inputs):
-        return
+        return True
     if _is_shape_read(node):
         if node.target is not torch.ops.aten._assert_tensor_metadata.default:
             raise SequenceParallelError(
@@ -513,13 +586,10 @@ def _propagate_op(
                 "--tensor-parallel 1"
             )
     elif not _position_wise(node, graph_module):
-        raise SequenceParallelError(
-            f"{node.name} ({node.target}, in {module_path_of(node) or 'the model'}"
-            ") reads a sequence-sharded value but is not position-wise; sequence "
-            "parallelism cannot run it: re-plan with --tensor-parallel 1"
-        )
+        return False
     else:
         sharded[node.name] = SEQUENCE_DIM
+    return True
 
 
 def _needed_transitions(
@@ -620,6 +690,33 @@ def insert_transitions(body: fx.GraphModule, transitions: Mapping[str, int]) -> 
             call = graph.call_module(path, (node,))
         node.replace_all_uses_with(call, delete_user_cb=lambda user, c=call: user is not c)
         added[path] = transitions[node.name]
+    graph.lint()
+    body.recompile()
+    return added
+
+
+def insert_gathers(body: fx.GraphModule, gathers: Mapping[str, Mapping[str, int]]) -> dict[str, int]:
+    """Before the first op of ``body`` that ``gathers`` (op -> sharded value -> its sequence
+    dim, :attr:`SequenceLayout.gathers`) names for a value, a call of a new ``nn.Identity``
+    submodule on the value that those ops read instead (the style that gathers it hooks
+    onto it; positions-wise readers keep the shard); its submodule path -> the dimension
+    the value is sharded along."""
+    graph = body.graph
+    readers: dict[str, list[fx.Node]] = {}
+    for node in graph.nodes:
+        for value in gathers.get(node.name, {}):
+            readers.setdefault(value, []).append(node)
+    added: dict[str, int] = {}
+    for value, ops in readers.items():
+        dim = gathers[ops[0].name][value]
+        source = next(a for a in ops[0].all_input_nodes if a.name == value)
+        path = f"sequence_gather_{value}"
+        body.add_submodule(path, nn.Identity())
+        with graph.inserting_before(ops[0]):
+            call = graph.call_module(path, (source,))
+        for op in ops:
+            op.replace_input_with(source, call)
+        added[path] = dim
     graph.lint()
     body.recompile()
     return added

@@ -45,6 +45,10 @@ from torch.distributed.tensor import DTensor
 
 __all__ = ["partial_gradient_parameters", "tp_summed_parameters"]
 
+_GATHERED = "gathered over the sequence: "
+"""Prefix of the name a gathered value is tracked by, as a parameter is (no parameter name
+holds spaces)."""
+
 _LOCAL_OUTPUT = ("colwise",)
 """Split styles whose output is one rank's share of the features (not gathered)."""
 
@@ -115,7 +119,12 @@ def partial_gradient_parameters(
         reads = set(_module_parameters(graph_module, node))
         for a in node.all_input_nodes:
             reads |= influence.get(a, set())
-        out_distinct = any(a in distinct for a in node.all_input_nodes)
+        # A shard gathered for this op (SequenceLayout.gathers) is whole here; the gather's
+        # backward keeps this rank's share of a gradient it takes to be whole, so what is
+        # computed from it must come back whole too (tracked as a parameter would be).
+        gathered = layout.gathers.get(node.name, {})
+        reads |= {f"{_GATHERED}{value}" for value in gathered}
+        out_distinct = any(a in distinct and a.name not in gathered for a in node.all_input_nodes)
         if out_distinct:
             distinct.add(node)
             for p in reads:
@@ -128,6 +137,14 @@ def partial_gradient_parameters(
             distinct.add(node)
             continue
         influence[node] = reads
+    gathered = sorted(p for p in partial if p.startswith(_GATHERED))
+    if gathered:
+        value = gathered[0][len(_GATHERED) :]
+        raise SequenceParallelError(
+            f"{value} is gathered over the sequence for ops whose result then meets one TP "
+            f"rank's share of the data ({partial[gathered[0]]}), so its gradient would be "
+            "one rank's part of the whole; re-plan with --tensor-parallel 1"
+        )
     both = sorted(set(partial) & set(whole))
     if both:
         p = both[0]
