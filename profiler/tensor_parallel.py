@@ -50,6 +50,7 @@ __all__ = [
     "annotate_tensor_parallel",
     "model_tp_plan",
     "runnable_tp_plan",
+    "tied_placements",
     "tied_split",
     "tp_pattern",
 ]
@@ -109,17 +110,17 @@ def _style_of(path: str, plan: Mapping[str, str]) -> str | None:
 
 def runnable_tp_plan(model: nn.Module, plan: Mapping[str, str]) -> tuple[dict[str, str], str]:
     """The entries of ``plan`` that ``autopipe run`` can apply (a style of
-    ``vocabulary.TP_STYLES``: ``embedding_rowwise`` on ``nn.Embedding`` modules whose weight
-    no other module shares and whose vocabulary every T the heads allow divides,
-    ``replicated_with_grad_allreduce`` on any module, the others on ``nn.Linear`` modules), and a note naming what was left out and why ("" when nothing
-    was). What is left out stays whole on every TP rank, and the profile prices it so.
-    O(modules x patterns)."""
+    ``vocabulary.TP_STYLES``: ``embedding_rowwise`` on ``nn.Embedding`` modules whose
+    vocabulary every T the heads allow divides, ``replicated_with_grad_allreduce`` on any
+    module, the others on ``nn.Linear`` modules), and a note naming what was left out and why
+    ("" when nothing was). A weight several modules share (a tied LM head and embedding)
+    keeps its tie: either every module holding it is split with the same placement of the
+    weight (the head column-wise and the embedding vocab-parallel both shard ``[V, H]`` by
+    rows, so one DTensor serves both: :func:`tied_placements`), or none is, and the entries
+    that would split it alone are left out. What is left out stays whole on every TP rank,
+    and the profile prices it so. O(modules x patterns)."""
     kept: dict[str, str] = {}
     dropped: list[str] = []
-    owners: dict[int, list[str]] = {}
-    for path, module in model.named_modules():
-        for name, p in module.named_parameters(recurse=False):
-            owners.setdefault(id(p), []).append(f"{path}.{name}" if path else name)
     heads = math.gcd(*_heads(model)) if _heads(model) else 0
     for pattern, style in plan.items():
         regex = tp_pattern(pattern)
@@ -132,12 +133,6 @@ def runnable_tp_plan(model: nn.Module, plan: Mapping[str, str]) -> tuple[dict[st
             else nn.Linear
         )
         others = sorted({type(m).__name__ for m in matched if not isinstance(m, kind)})
-        tied = [
-            n
-            for m in matched
-            if isinstance(m, nn.Embedding)
-            for n in owners.get(id(m.weight), [])[1:]
-        ]
         odd = [
             m.num_embeddings
             for m in matched
@@ -147,8 +142,6 @@ def runnable_tp_plan(model: nn.Module, plan: Mapping[str, str]) -> tuple[dict[st
             dropped.append(f"{pattern} ({style})")
         elif others:
             dropped.append(f"{pattern} ({style} on {', '.join(others)})")
-        elif tied:
-            dropped.append(f"{pattern} ({style}: its weight is tied to {tied[0]})")
         elif odd:
             dropped.append(
                 f"{pattern} ({style}: vocabulary {odd[0]} not divisible by every T the "
@@ -156,6 +149,25 @@ def runnable_tp_plan(model: nn.Module, plan: Mapping[str, str]) -> tuple[dict[st
             )
         else:
             kept[pattern] = style
+    # Splitting a tied weight in one of its modules and not in another (or by another rule)
+    # would untie them and the two would train apart: leave such entries out until every
+    # tie is split alike or not at all (each round drops at least one entry).
+    while True:
+        torn = _torn_ties(model, kept)
+        if not torn:
+            break
+        path, owners = torn[0]
+        splitting = [
+            q
+            for q, style in kept.items()
+            if style not in REPLICATED_TP_STYLES and any(_style_of(o, {q: style}) for o in owners)
+        ]
+        for pattern in splitting:
+            dropped.append(
+                f"{pattern} ({kept.pop(pattern)}: its weight is tied to "
+                f"{', '.join(o for o in owners if o != path)}, which the plan does not split "
+                "alike)"
+            )
     note = (
         "not split by tensor parallelism (autopipe run splits nn.Linear, and nn.Embedding by "
         f"vocabulary, with styles {', '.join(TP_STYLES)}): {'; '.join(dropped)}"
@@ -165,27 +177,59 @@ def runnable_tp_plan(model: nn.Module, plan: Mapping[str, str]) -> tuple[dict[st
     return kept, note
 
 
+def _weight_placement(module: nn.Module, style: str | None) -> str:
+    """How ``style`` places ``module``'s weight on the TP ranks: ``rows`` (dim 0 sharded: a
+    column-wise Linear's ``[out, in]``, a vocab-parallel Embedding's ``[V, H]``), ``columns``
+    (a row-wise Linear's), or ``whole`` (not split, or a replicated style)."""
+    if style is None or style in REPLICATED_TP_STYLES:
+        return "whole"
+    if isinstance(module, nn.Embedding) and style in EMBEDDING_TP_STYLES:
+        return "rows"
+    if isinstance(module, nn.Linear):
+        return "rows" if "colwise" in style else "columns"
+    return style  # a style this runtime does not apply: never equal to another module's
+
+
+def tied_placements(model: nn.Module, plan: Mapping[str, str]) -> dict[str, dict[str, str]]:
+    """For every weight that several modules of ``model`` share: its first holder's module
+    path -> {each holder's module path: how ``plan`` places the weight there
+    (:func:`_weight_placement`)}. O(modules x patterns)."""
+    holders: dict[int, dict[str, str]] = {}
+    for path, module in model.named_modules():
+        weight = module._parameters.get("weight")
+        if isinstance(weight, nn.Parameter):
+            placement = _weight_placement(module, _style_of(path, plan))
+            holders.setdefault(id(weight), {})[path] = placement
+    return {next(iter(h)): h for h in holders.values() if len(h) > 1}
+
+
+def _torn_ties(model: nn.Module, plan: Mapping[str, str]) -> list[tuple[str, list[str]]]:
+    """The tied weights ``plan`` places differently in their holders: (a holder it splits,
+    every holder's path), in model order."""
+    out = []
+    for placed in tied_placements(model, plan).values():
+        if len(set(placed.values())) > 1:
+            split = next(p for p, how in placed.items() if how != "whole")
+            out.append((split, list(placed)))
+    return out
+
+
 def tied_split(model: nn.Module, plan: Mapping[str, str]) -> str:
     """The one-line reason tensor parallelism cannot run ``model`` under ``plan`` because the
-    plan splits a module whose weight another module shares (a tied LM head and embedding):
-    splitting one and not the other, or the two by different rules, unties them, so the two
-    would train apart; "" when the plan splits no tied weight. O(modules x patterns)."""
-    owners: dict[int, list[str]] = {}
-    for path, module in model.named_modules():
-        for name, p in module.named_parameters(recurse=False):
-            owners.setdefault(id(p), []).append(f"{path}.{name}" if path else name)
-    for path, module in model.named_modules():
-        style = _style_of(path, plan)
-        weight = getattr(module, "weight", None)
-        if style is None or style in REPLICATED_TP_STYLES or not isinstance(weight, nn.Parameter):
-            continue
-        others = [n for n in owners.get(id(weight), []) if n != f"{path}.weight"]
-        if others:
-            return (
-                f"the TP plan splits {path} ({style}) but its weight is tied to {others[0]}, "
-                "which tensor parallelism would untie; untie them (Hugging Face: "
-                "tie_word_embeddings=False) to plan T > 1"
-            )
+    plan splits a weight several modules share (a tied LM head and embedding) in one of them
+    and not in another, or by another rule: that unties them and the two train apart; ""
+    when every tied weight is split alike in all its holders (vocab-parallel: the embedding
+    ``embedding_rowwise``, the head column-wise) or in none. O(modules x patterns)."""
+    for split, owners in _torn_ties(model, plan):
+        placed = tied_placements(model, plan)[owners[0]]
+        ways = ", ".join(f"{o} {placed[o]}" for o in owners)
+        return (
+            f"the TP plan splits {split} ({_style_of(split, plan)}) but its weight is tied "
+            f"to {', '.join(o for o in owners if o != split)}, and the plan places the tied "
+            f"weight differently ({ways}), which would untie them; split every holder alike "
+            "(the embedding embedding_rowwise, the head colwise) or none, or untie them "
+            "(Hugging Face: tie_word_embeddings=False)"
+        )
     return ""
 
 
@@ -222,10 +266,6 @@ def annotate_tensor_parallel(
     plan, left_out = runnable_tp_plan(model, whole_plan)
     for u in profile.units:
         u.tp_parameter_count, u.tp_compute_fraction, u.tp_collective_bytes = 0, 0.0, 0
-    tie = tied_split(model, whole_plan)
-    if tie:
-        profile.tp_plan, profile.tp_degrees, profile.tp_note = {}, [], tie
-        return profile
     if not plan:
         profile.tp_plan, profile.tp_degrees = {}, []
         profile.tp_note = left_out or NO_PLAN_NOTE

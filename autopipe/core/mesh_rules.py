@@ -16,9 +16,9 @@ Each problem is one line starting with the rule's name:
 - ``tp-runs``: T > 1 needs a model whose TP stages the runtime can trace and run sequence
   parallel (the embedded profile's ``tp_refusal``, found when profiling, is None).
 - ``tied-chunks``: a parameter tied across chunks (an embedding and its LM head on two
-  stages) runs only without TP and sharded state (:func:`tied_chunks_problem`: the one
-  statement of the rule, which the planner's search and the mesh runtime's
-  ``check_mesh_plan`` both apply).
+  stages) runs only without FSDP-sharded state (shard ``parameters``, ``gradients``)
+  (:func:`tied_chunks_problem`: the one statement of the rule, which the planner's search
+  and the mesh runtime's ``check_mesh_plan`` both apply).
 """
 
 from __future__ import annotations
@@ -40,19 +40,31 @@ __all__ = [
 MESH_RULES = ("mesh-degrees", "mesh-devices", "tp-plan", "tp-degree", "tp-runs", "tied-chunks")
 
 
+TIED_CHUNKS_SHARDS = ("none", "optimizer")
+"""The shard modes under which the runtime keeps a parameter tied across chunks right."""
+
+
 def tied_chunks_problem(
     name: str, chunks: Sequence[int], tensor_parallel: int, shard: str
 ) -> str | None:
     """The ``tied-chunks`` rule for one parameter ``name`` used by the chunks ``chunks``
     (stage indexes) of a plan with ``tensor_parallel`` and ``shard``: the one-line refusal,
     or None. The runtime keeps a tied parameter's copies on several chunks equal by summing
-    their gradients; it does so only for plain (unsplit, unsharded) parameters. O(chunks)."""
-    if len(set(chunks)) <= 1 or (tensor_parallel == 1 and shard == "none"):
+    their gradients over the ranks holding them, after the backward and before the
+    optimizer: plain copies, TP-split ones (any T: a DTensor placed alike on every holder,
+    whose local shards are summed) and, under ZeRO-1 (``optimizer``), copies whose owners
+    step the same summed gradient. Not FSDP-sharded ones (``parameters``, ``gradients``):
+    FSDP2 manages one chunk's parameters as its own group, which a parameter two chunks of
+    one rank share would be twice. ``tensor_parallel`` is kept for the callers' one
+    signature. O(chunks)."""
+    del tensor_parallel
+    if len(set(chunks)) <= 1 or shard in TIED_CHUNKS_SHARDS:
         return None
     return (
         f"tied-chunks: parameter {name!r} is tied across chunks {sorted(set(chunks))}; "
-        "autopipe run keeps tied copies equal only without TP or sharded state: untie it, "
-        "or re-plan with --tensor-parallel 1 --shard none"
+        f"autopipe run keeps tied copies equal only with shard {' or '.join(TIED_CHUNKS_SHARDS)}"
+        f" (FSDP's shard {shard} groups each chunk's parameters apart): untie it, or re-plan "
+        "with --shard optimizer or none"
     )
 
 

@@ -85,6 +85,8 @@ __all__ = [
     "local_shapes",
     "make_zero_optimizer",
     "planned_modules",
+    "retie",
+    "tied_slots",
     "tp_style",
     "uses_mesh",
 ]
@@ -504,6 +506,59 @@ def apply_tensor_parallel(
     if gather:
         parallelize_module(body, tp_mesh, gather)
     return len(paths)
+
+
+TiedSlots = list[list[tuple[nn.Module, str]]]
+"""Groups of (module, parameter name) that hold one shared Parameter."""
+
+
+def tied_slots(roots: Sequence[nn.Module]) -> TiedSlots:
+    """Every Parameter that several (module, name) slots of ``roots`` (one rank's chunk
+    bodies) hold, as the groups of those slots (a tied embedding and LM head in one chunk or
+    in two chunks of one rank). Read before :func:`apply_tensor_parallel`, which replaces a
+    split module's parameters with DTensors one module at a time and so unties them
+    (:func:`retie`). O(parameters)."""
+    slots: dict[int, dict[tuple[int, str], tuple[nn.Module, str]]] = {}
+    for root in roots:
+        for module in root.modules():
+            for name, p in module._parameters.items():
+                if p is not None:
+                    slots.setdefault(id(p), {})[(id(module), name)] = (module, name)
+    return [list(group.values()) for group in slots.values() if len(group) > 1]
+
+
+def retie(groups: TiedSlots) -> int:
+    """Make each group of :func:`tied_slots` hold one Parameter again, after tensor
+    parallelism split its holders: the first slot's. The tie holds only when TP placed the
+    weight alike in every holder (a vocab-parallel embedding and a column-wise head both
+    shard ``[V, H]`` by rows, ``Shard(0)`` over the same TP mesh: one DTensor serves both
+    lookups, and both uses' gradients accumulate into its ``.grad``);
+    :class:`MeshPlanError` otherwise (the plan's tie rule,
+    :func:`~autopipe.profiler.tensor_parallel.tied_split`, refuses such plans before).
+    Returns how many slots were re-tied."""
+    from torch.distributed.tensor import DTensor
+
+    done = 0
+    for group in groups:
+        first_module, first_name = group[0]
+        first = first_module._parameters[first_name]
+        assert first is not None
+        for module, name in group[1:]:
+            p = module._parameters[name]
+            if p is first:
+                continue
+            assert p is not None
+            a = (first.placements, first.device_mesh) if isinstance(first, DTensor) else None
+            b = (p.placements, p.device_mesh) if isinstance(p, DTensor) else None
+            if a != b or first.shape != p.shape:
+                raise MeshPlanError(
+                    f"a weight tied across modules was split as {a and a[0]} in one and "
+                    f"{b and b[0]} in another, which unties it; split every holder alike "
+                    "(the embedding embedding_rowwise, the head colwise) or none"
+                )
+            module._parameters[name] = first
+            done += 1
+    return done
 
 
 def _holds(body: nn.Module, path: str) -> bool:

@@ -75,6 +75,8 @@ from autopipe.runtime.distributed.mesh import (
     expert_mesh,
     local_shapes,
     planned_modules,
+    retie,
+    tied_slots,
     uses_mesh,
 )
 from autopipe.runtime.distributed.process import group_timeout
@@ -92,7 +94,13 @@ from autopipe.runtime.distributed.tp_gradients import (
     tp_summed_parameters,
 )
 from autopipe.runtime.distributed.zero_bubble import weight_pass_misses, weight_pass_reuses
-from autopipe.runtime.planned_stages import OUTPUT, PlannedStages, cut_values, partition
+from autopipe.runtime.planned_stages import (
+    OUTPUT,
+    PlannedStages,
+    cut_values,
+    partition,
+    tied_parameters,
+)
 from autopipe.runtime.split import StageGraph, StageSplitError
 from torch import nn
 from torch.distributed import pipelining
@@ -491,10 +499,16 @@ class DistributedPipeline:
             # (the whole graph it runs shares their parameters): TP first, then FSDP over
             # the TP-split parameters (torchtitan's order).
             summed: list[list[str]] = []
-            for chunk in self.chunks:
-                if tp_modules:
+            if tp_modules:
+                # A tied embedding and head (in one chunk or in two of this rank's) are split
+                # module by module, each into a DTensor of its own: one again after.
+                ties = tied_slots([chunk.body for chunk in self.chunks])
+                for chunk in self.chunks:
                     apply_tensor_parallel(chunk.body, tp_modules, self.mesh["tp"], layout)
+                retie(ties)
+                for chunk in self.chunks:
                     summed.append(tp_summed_parameters(chunk.body, self._partial_gradients))
+            for chunk in self.chunks:
                 experts = {p for p in chunk.parameters() if id(p) in self.expert_parameters}
                 apply_sharding(chunk, self.plan.shard, self.gradient_mesh, experts)
             # FSDP replaces the parameters: look them up by name once it has.
@@ -630,6 +644,9 @@ class DistributedPipeline:
                 for graph in planned.stages:
                     adopt_modules(graph.module, model, tp_modules)
                     adopt_norms(graph.module, model, layout.norms)
+                # The re-trace held stand-ins of the split modules, which share no weight:
+                # the ties are those of the model's own modules, adopted back.
+                planned.tied = tied_parameters([g.module for g in planned.stages], model)
             self.mesh = build_mesh(plan, self.device.type)
             # Every (dp, tp) coordinate is one pipeline: tp innermost, so rank =
             # pp * (D * T) + dp * T + tp is the K x (D * T) grid of RankLayout.

@@ -28,6 +28,7 @@ from autopipe.runtime.distributed.layout import RankLayout
 from autopipe.runtime.distributed.process import group_timeout
 from autopipe.runtime.planned_stages import TiedParameter
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 __all__ = ["TiedGradients"]
 
@@ -91,16 +92,31 @@ class TiedGradients:
         with torch.no_grad():
             for g in self._groups:
                 for p in g.parameters:
-                    dist.broadcast(p.data, src=g.source_rank, group=g.group)
+                    dist.broadcast(_local(p.data), src=g.source_rank, group=g.group)
 
     def reduce_gradients(self) -> None:
-        """Sum each tied parameter's gradient over the ranks holding it (after backward)."""
+        """Sum each tied parameter's gradient over the ranks holding it (after backward).
+        A tensor-parallel (or sharded) copy is a DTensor placed alike on every holding rank
+        (the same TP coordinate of each stage holds the same rows): its local shards are
+        summed, which sums the whole gradient shard by shard."""
         for g in self._groups:
-            grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in g.parameters]
+            for p in g.parameters:
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+                elif isinstance(p, DTensor) and p.grad.placements != p.placements:
+                    # A vocab-parallel embedding's gradient comes back Replicate: its rows as
+                    # the weight holds them (a local slice, no communication), as the head's.
+                    p.grad = p.grad.redistribute(p.device_mesh, p.placements)
+            grads = [_local(p.grad) for p in g.parameters if p.grad is not None]
             flat = torch.cat([x.reshape(-1) for x in grads])
             dist.all_reduce(flat, group=g.group)
             offset = 0
-            for p, x in zip(g.parameters, grads, strict=True):
+            for x in grads:
                 n = x.numel()
-                p.grad = flat[offset : offset + n].view_as(p).clone()
+                x.copy_(flat[offset : offset + n].view_as(x))
                 offset += n
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """This rank's part of ``t`` (a DTensor's local shard, a plain tensor itself)."""
+    return t.to_local() if isinstance(t, DTensor) else t
