@@ -492,7 +492,9 @@ class DistributedPipeline:
             for new, old in renamed.items():  # per-unit re-materialization finds the call
                 chunk.adopt_node(new, old)
             for path, count in self.experts.items():
-                if not any(n.op == "call_module" and n.target == path for n in chunk.body.graph.nodes):
+                if not any(
+                    n.op == "call_module" and n.target == path for n in chunk.body.graph.nodes
+                ):
                     continue
                 held = chunk.body.get_submodule(path)
                 weights = dict(held.named_parameters(recurse=False))
