@@ -40,7 +40,10 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import fx, nn
+from torch.distributed._functional_collectives import all_to_all_single_autograd
+from torch.distributed.tensor import DTensor, Shard
 
 from autopipe.core.errors import UsageError
 
@@ -123,8 +126,6 @@ class ExpertParallel(nn.Module):
         on the meta device); ``weights``: its parameters by name, whole (``[num_experts,
         ...]``, the stage's materialised ones), of which this rank keeps its share."""
         super().__init__()
-        from torch.distributed.tensor import DTensor, Shard
-
         self.degree = int(ep_mesh.size())
         self.rank = int(ep_mesh.get_local_rank())
         self.local_experts = num_experts // self.degree
@@ -147,9 +148,6 @@ class ExpertParallel(nn.Module):
     def forward(
         self, hidden: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor
     ) -> torch.Tensor:
-        from torch.distributed._functional_collectives import all_to_all_single_autograd
-        from torch.distributed.tensor import DTensor
-
         tokens, k = top_k_index.shape
         ids = top_k_index.reshape(-1)
         # Pairs sorted by expert, so by owner rank (experts are owned in consecutive runs).
@@ -158,11 +156,11 @@ class ExpertParallel(nn.Module):
         owner = torch.div(sorted_ids, self.local_experts, rounding_mode="floor")
         send = torch.bincount(owner, minlength=self.degree)
         recv = torch.empty_like(send)
-        torch.distributed.all_to_all_single(recv, send, group=self.group)
+        dist.all_to_all_single(recv, send, group=self.group)
         send_sizes, recv_sizes = send.tolist(), recv.tolist()
         local_ids = sorted_ids - owner * self.local_experts
         got_ids = local_ids.new_empty(sum(recv_sizes))
-        torch.distributed.all_to_all_single(
+        dist.all_to_all_single(
             got_ids, local_ids.contiguous(), recv_sizes, send_sizes, group=self.group
         )
         rows = hidden[torch.div(order, k, rounding_mode="floor")]
@@ -216,7 +214,9 @@ def call_expert_modules(body: fx.GraphModule, paths: Mapping[str, int]) -> dict[
                 if a not in inside and a.op != "get_attr" and _tensor(a) is not None:
                     if a not in reads:
                         reads.append(a)
-        outs = [n for n in nodes if _tensor(n) is not None and any(u not in inside for u in n.users)]
+        outs = [
+            n for n in nodes if _tensor(n) is not None and any(u not in inside for u in n.users)
+        ]
         index = [a for a in reads if not _tensor(a).is_floating_point()]  # type: ignore[union-attr]
         floats = [a for a in reads if _tensor(a).is_floating_point()]  # type: ignore[union-attr]
         shape_of = {a: tuple(_tensor(a).shape) for a in reads}  # type: ignore[union-attr]
