@@ -794,7 +794,7 @@ class DistributedPipeline:
         buffers = sequence_buffers([args, target], length)
         if not buffers:
             buffers = [torch.zeros(1, length, device=self.device)]
-        return sharded_step(self.mesh["cp"], buffers)
+        return sharded_step(self.mesh["cp"], buffers, self.device.type)
 
     @contextlib.contextmanager
     def _quiet_fsdp(self) -> Iterator[None]:
@@ -813,8 +813,8 @@ class DistributedPipeline:
         length, positions, shift = self._context
         target = target if target is not None else inputs
         ready = [
-            None if tree is None else _own_copies(context_batch(tree, positions, shift))
-            for tree in (inputs, target)
+            None if tree is None else _own_copies(context_batch(tree, positions, shift, is_target))
+            for tree, is_target in ((inputs, False), (target, True))
         ]
         problem = positions_problem(inputs)
         if problem is not None:
