@@ -128,30 +128,6 @@ EXPECTED: dict[str, tuple[str, str]] = {
         "refused-plan",
         "tensor-parallel: T=2 needs a TP plan: the TP plan splits model.embed_t",
     ),
-    "qwen3_moe:pp2tp2": (
-        "refused-plan",
-        "tensor-parallel: T=2 cannot run for this model: MeshPlanError: mean_3 ",
-    ),
-    "qwen3_moe:tp2fsdp2": (
-        "refused-plan",
-        "tensor-parallel: T=2 cannot run for this model: MeshPlanError: mean_3 ",
-    ),
-    "qwen3_moe:pp2v2tp2": (
-        "refused-plan",
-        "tensor-parallel: T=2 cannot run for this model: MeshPlanError: mean_3 ",
-    ),
-    "deepseek_v3:pp2tp2": (
-        "refused-plan",
-        "tensor-parallel: T=2 cannot run for this model: MeshPlanError: mean (a",
-    ),
-    "deepseek_v3:tp2fsdp2": (
-        "refused-plan",
-        "tensor-parallel: T=2 cannot run for this model: MeshPlanError: mean (a",
-    ),
-    "deepseek_v3:pp2v2tp2": (
-        "refused-plan",
-        "tensor-parallel: T=2 cannot run for this model: MeshPlanError: mean (a",
-    ),
 }
 """Case -> (outcome, a phrase of its reason) for every case that is not ``equal`` today.
 Outcomes (mesh_zoo_run.py): ``differs`` (silently wrong), ``refused-plan`` (the planner

@@ -57,6 +57,7 @@ from autopipe.runtime.distributed.sequence_parallel import (
     SequenceLayout,
     call_norm_modules,
     insert_gathers,
+    insert_gradient_sums,
     insert_transitions,
 )
 from torch import fx, nn
@@ -457,10 +458,11 @@ def apply_tensor_parallel(
 
     paths = {p: s for p, s in planned.items() if _holds(body, p)}
     norms = {p: n for p, n in layout.norms.items() if _holds(body, p)}
-    if not paths and not norms and not layout.transitions and not layout.gathers:
+    if not (paths or norms or layout.transitions or layout.gathers or layout.gradient_sums):
         return 0
     # First, while the graph's nodes still have the names the layout was read with.
     gathers = insert_gathers(body, layout.gathers)
+    insert_gradient_sums(body, layout.gradient_sums, lambda: TPGradientSum(tp_mesh))
     call_planned_modules(body, paths)
     held = call_norm_modules(body, norms)
     shards = insert_transitions(body, layout.transitions)
@@ -559,6 +561,24 @@ def retie(groups: TiedSlots) -> int:
             module._parameters[name] = first
             done += 1
     return done
+
+
+class TPGradientSum(nn.Module):
+    """The identity on a value every TP rank holds whole, whose gradient each rank gets only
+    its part of (it meets the rank's share of heads after it): DTensor's view of it as a
+    replicated value whose gradient is partial, so that the backward reduces the gradient
+    to the whole one on every rank (an all-reduce over the TP mesh)."""
+
+    def __init__(self, tp_mesh: Any) -> None:
+        super().__init__()
+        self.tp_mesh = tp_mesh
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` of any shape, unchanged."""
+        from torch.distributed.tensor import DTensor, Partial, Replicate
+
+        whole = DTensor.from_local(x, self.tp_mesh, [Replicate()], run_check=False)
+        return whole.to_local(grad_placements=[Partial()])
 
 
 def _holds(body: nn.Module, path: str) -> bool:
