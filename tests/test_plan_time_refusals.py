@@ -55,11 +55,10 @@ def _request(mesh: str, **fields: Any) -> PlanRequest:
 
 
 def test_the_runtime_and_the_planner_apply_one_tied_chunks_rule() -> None:
+    import autopipe.planner.mesh as planner_mesh
     from autopipe.runtime.distributed import mesh
     from autopipe.runtime.distributed.mesh import MeshPlanError, check_mesh_plan
     from autopipe.runtime.planned_stages import TiedParameter
-
-    import autopipe.planner.mesh as planner_mesh
 
     assert mesh.tied_chunks_problem is mesh_rules.tied_chunks_problem
     assert planner_mesh.tied_chunks_problems is mesh_rules.tied_chunks_problems

@@ -135,7 +135,9 @@ def test_a_tie_the_plan_would_tear_is_split_in_neither() -> None:
     odd = tiny_llama_of(102, tie=True)
     q = annotate_tensor_parallel(llama_profile(odd), odd)
     assert "lm_head" not in q.tp_plan and "model.embed_tokens" not in q.tp_plan
-    assert "vocabulary 102" in q.tp_note and "lm_head (colwise_gather_output: its weight" in q.tp_note
+    assert (
+        "vocabulary 102" in q.tp_note and "lm_head (colwise_gather_output: its weight" in q.tp_note
+    )
 
 
 def test_a_model_without_a_plan_gets_t1_and_a_note() -> None:

@@ -405,7 +405,7 @@ def _plain_embedding(module: nn.Embedding) -> nn.Embedding:
         "sparse",
     ):
         setattr(plain, option, getattr(module, option))
-    plain._parameters["weight"] = module.weight
+    plain._parameters["weight"] = module._parameters["weight"]
     for name, buffer in module._buffers.items():
         persistent = name not in module._non_persistent_buffers_set
         plain.register_buffer(name, buffer, persistent=persistent)
