@@ -62,39 +62,47 @@ def _request(mesh: str, **fields: Any) -> PlanRequest:
 
 
 def test_the_runtime_and_the_planner_apply_one_tied_chunks_rule() -> None:
+    import autopipe.planner.mesh as planner_mesh
     from autopipe.runtime.distributed import mesh
     from autopipe.runtime.distributed.mesh import MeshPlanError, check_mesh_plan
     from autopipe.runtime.planned_stages import TiedParameter
-
-    import planner.mesh as planner_mesh
 
     assert mesh.tied_chunks_problem is mesh_rules.tied_chunks_problem
     assert planner_mesh.tied_chunks_problems is mesh_rules.tied_chunks_problems
     profile = _profile("llama_tied")
     plan = autopipe.plan(profile, _request("pp2d2zero1", shard="none"))  # plannable
-    zero1 = dataclasses.replace(plan, shard="optimizer", profile=profile)  # as a plan file
+    fsdp = dataclasses.replace(plan, shard="parameters", profile=profile)  # as a plan file
     tied = [TiedParameter("model.embed_tokens.weight", [0, 1], {})]
     with pytest.raises(MeshPlanError) as exc:
-        check_mesh_plan(zero1, tied)
-    expected = mesh_rules.tied_chunks_problem("model.embed_tokens.weight", [0, 1], 1, "optimizer")
+        check_mesh_plan(fsdp, tied)
+    expected = mesh_rules.tied_chunks_problem("model.embed_tokens.weight", [0, 1], 1, "parameters")
     assert str(exc.value) == expected
     # the same line from the plan alone (its embedded profile), as emit / explain check it
-    assert zero1.profile is profile
-    assert expected in mesh_rules.mesh_problems(zero1)
+    assert fsdp.profile is profile
+    assert expected in mesh_rules.mesh_problems(fsdp)
     assert mesh_rules.tied_chunks_problem("w", [0, 1], 1, "none") is None  # plain K x D ties
     assert mesh_rules.tied_chunks_problem("w", [1, 1], 2, "parameters") is None  # one chunk
+    # the tie summed after the backward composes with TP (DTensor shards placed alike) and
+    # with ZeRO-1 (every holder steps the same summed gradient): the mesh zoo trains them
+    assert mesh_rules.tied_chunks_problem("w", [0, 1], 2, "none") is None
+    assert mesh_rules.tied_chunks_problem("w", [0, 1], 1, "optimizer") is None
+    zero1 = dataclasses.replace(plan, shard="optimizer", profile=profile)
+    check_mesh_plan(zero1, tied)
 
 
 def test_a_forced_mesh_with_a_tie_across_chunks_is_refused_at_plan_time() -> None:
     profile = _profile("llama_tied")
     with pytest.raises(RuleViolation) as exc:
-        autopipe.plan(profile, _request("pp2d2zero1"))
+        autopipe.plan(profile, _request("pp2d2zero1", shard="parameters"))
     message = str(exc.value)
     assert message.startswith("tied-chunks: parameter 'model.embed_tokens.weight' is tied")
-    assert "\n" not in message
+    assert "shard parameters" in message and "\n" not in message
+    # ZeRO-1 keeps the tie (tests/test_mesh_zoo.py trains it equal to one process)
+    zero1 = autopipe.plan(profile, _request("pp2d2zero1"))
+    assert (zero1.num_stages, zero1.replicas, zero1.shard) == (2, 2, "optimizer")
     # the sharding left to it, the planner leaves out what ties chunks and says so in its table
     plan = autopipe.plan(profile, _request("pp2d2zero1", shard="auto"))
-    assert (plan.num_stages, plan.replicas, plan.shard) == (2, 2, "none")
+    assert (plan.num_stages, plan.replicas) == (2, 2) and plan.shard in ("none", "optimizer")
     assert plan.mesh is not None
     reasons = [row.reason for row in plan.mesh.candidates]
     assert any(r.startswith("tied-chunks:") for r in reasons), reasons
