@@ -6,9 +6,8 @@ A partition is given as ``bounds``: K + 1 positions ``0 = p0 < p1 < ... < pK = N
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import math
+from dataclasses import dataclass
 
 import numpy as np
 from autopipe.planner.costs import CostModel
