@@ -6,6 +6,7 @@ A partition is given as ``bounds``: K + 1 positions ``0 = p0 < p1 < ... < pK = N
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -44,3 +45,24 @@ def backtrack(preds: list[np.ndarray], n: int) -> list[int]:
     for pred in reversed(preds):
         bounds.append(int(pred[bounds[-1]]))
     return bounds[::-1]
+
+
+def minmax_dp(matrices: list[np.ndarray], n: int) -> tuple[float, list[int]] | None:
+    """Min over partitions of the max over stages of ``matrices[s][i, j]`` (one ``(N+1) x (N+1)``
+    matrix per stage, ``inf`` where a segment is invalid) and the bounds attaining it; None if
+    every partition is inf. O(K N^2). The exact DP partition and the least memory need."""
+    k = len(matrices)
+    best = np.full(n + 1, np.inf)
+    best[0] = 0.0
+    preds = []
+    for s in range(k):
+        rows = np.flatnonzero(np.isfinite(best))
+        if rows.size == 0:
+            return None
+        cand = np.maximum(best[rows, None], matrices[s][rows])
+        arg = np.argmin(cand, axis=0)
+        best = cand[arg, np.arange(n + 1)]
+        preds.append(rows[arg])
+    if not math.isfinite(best[n]):
+        return None
+    return float(best[n]), backtrack(preds, n)

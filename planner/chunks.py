@@ -117,7 +117,9 @@ def _orders_of(
         if len(_SHAPES) >= _MAX_SHAPES:
             _SHAPES.clear()
         hit = _SHAPES[key] = (
-            tuple(tuple(o) for o in orders), tuple(held), tuple(max(f, 1) for f in full)
+            tuple(tuple(o) for o in orders),
+            tuple(held),
+            tuple(max(f, 1) for f in full),
         )
     return hit
 

@@ -19,31 +19,12 @@ import itertools
 import math
 
 import numpy as np
-from autopipe.planner.chain import Partition, backtrack, bottleneck, stage_key
+from autopipe.planner.chain import Partition, backtrack, bottleneck, minmax_dp, stage_key
 from autopipe.planner.costs import CostModel
 from autopipe.planner.probe import probe_partition
 
 #: Above this many units the O(N^2) DP matrices are not used even as a fallback.
 DP_MAX_UNITS = 2500
-
-
-def _minmax_dp(matrices: list[np.ndarray], n: int) -> tuple[float, list[int]] | None:
-    """Min over partitions of the max over stages of ``matrices[s][i, j]``; None if all inf."""
-    k = len(matrices)
-    best = np.full(n + 1, np.inf)
-    best[0] = 0.0
-    preds = []
-    for s in range(k):
-        rows = np.flatnonzero(np.isfinite(best))
-        if rows.size == 0:
-            return None
-        cand = np.maximum(best[rows, None], matrices[s][rows])
-        arg = np.argmin(cand, axis=0)
-        best = cand[arg, np.arange(n + 1)]
-        preds.append(rows[arg])
-    if not math.isfinite(best[n]):
-        return None
-    return float(best[n]), backtrack(preds, n)
 
 
 def _minsum_dp(matrices: list[np.ndarray], n: int, cap: float) -> list[int] | None:
@@ -78,7 +59,7 @@ def dp_partition(cm: CostModel, *, tie_break: bool = True) -> Partition | None:
         if key not in cache:
             cache[key] = cm.cost_matrix(s)
         matrices.append(cache[key])
-    found = _minmax_dp(matrices, n)
+    found = minmax_dp(matrices, n)
     if found is None:
         return None
     value, bounds = found

@@ -14,7 +14,7 @@ import math
 from collections.abc import Callable
 
 import numpy as np
-from autopipe.planner.chain import Partition, backtrack, bottleneck, stage_key
+from autopipe.planner.chain import Partition, backtrack, bottleneck, minmax_dp, stage_key
 from autopipe.planner.costs import CostModel, stage_memory
 
 Caps = tuple[float, float, float]
@@ -245,13 +245,25 @@ def probe_partition(cm: CostModel) -> Partition | None:
     return Partition(best, hi, "probe")
 
 
+MEMORY_DP_MAX_UNITS = 256
+"""Up to this many units :func:`min_memory_needed` is one min-max DP over every segment's
+need (O(K N^2), exact); above it, the bisection with the probe (O(K N log N) per step)."""
+
+
 def min_memory_needed(cm: CostModel) -> float:
     """Smallest equal memory per device (bytes, headroom included) for which some partition fits.
 
-    The smallest power of two 2^e (e = 0..99) that fits, found by bisection on e (a larger
-    memory never fits less), then bisection on the capacity in ``[0, 2^e]`` with the probe at
-    ``T = inf``: O(K N log N) per step, at most 7 + 60 steps; ``inf`` if 2^99 does not fit.
+    Up to ``MEMORY_DP_MAX_UNITS`` units: the min over partitions of their largest stage's
+    :meth:`CostModel.segment_memory_need`, by one min-max DP (:func:`_memory_need_dp`). A
+    refused request computes this for every candidate (every M of every mesh: 499 times for
+    ``--shard auto --batch-size 10**12`` on 8 GPUs), where the bisection's ~30 probes each
+    took 30 s of the 35 s. Beyond: the smallest power of two 2^e (e = 0..99) that fits, found
+    by bisection on e (a larger memory never fits less), then bisection on the capacity in
+    ``[0, 2^e]`` with the probe at ``T = inf``: O(K N log N) per step, at most 7 + 60 steps,
+    to a relative 1e-6. ``inf`` if nothing fits (beyond: 2^99).
     """
+    if cm.n_units <= MEMORY_DP_MAX_UNITS:
+        return _memory_need_dp(cm)
     k = cm.num_stages
 
     def fits(capacity: float) -> bool:
@@ -277,6 +289,34 @@ def min_memory_needed(cm: CostModel) -> float:
         if hi - lo <= 1e-6 * hi:
             break
     return hi
+
+
+def _memory_need_dp(cm: CostModel) -> float:
+    """The least memory need (bytes, headroom included) over every partition, exact: each
+    stage's ``[i, j]`` need matrix by the expressions of :meth:`CostModel.segment_memory_need`
+    (broadcast, so each entry equals the scalar call's), then :func:`minmax_dp`. O(K N^2)
+    time, O(N^2) memory per distinct stage kind."""
+    n = cm.n_units
+    i, j = np.arange(n + 1)[:, None], np.arange(n + 1)[None, :]
+    cols = np.broadcast_to(j, (n + 1, n + 1))
+    rows = np.broadcast_to(i, (n + 1, n + 1))
+    valid = cols > rows
+    ii, jj = rows[valid], cols[valid]  # only j > i: the ranges a stage can hold
+    cache: dict[tuple, np.ndarray] = {}
+    matrices = []
+    for s in range(cm.num_stages):
+        key = (cm.inflight[s], cm.full_inflight[s], cm.options[s])
+        if key not in cache:
+            mem = cm.segment_memory(s, ii, jj)
+            act_a = mem.kept_bytes
+            act_b = np.minimum(mem.per_stage_bytes, mem.per_unit_bytes)
+            act = {"A": act_a, "B": act_b, "AB": np.minimum(act_a, act_b)}[cm.options[s]]
+            need = np.full((n + 1, n + 1), np.inf)
+            need[valid] = (mem.state_bytes + act) * (1.0 + cm.headroom)
+            cache[key] = need
+        matrices.append(cache[key])
+    found = minmax_dp(matrices, n)
+    return math.inf if found is None else found[0]
 
 
 def memory_floor(cm: CostModel) -> float:
