@@ -34,10 +34,12 @@ CASES = [
     "qwen3_moe:pp2ep2",
     "deepseek_v3:pp2ep2",
     "qwen3_moe:pp2ep2fsdp",
+    "mixtral:pp2ep2remat",
     "mixtral:d4ep2",
 ]
 """EP 2 x PP 2 (each rank holds half of each MoE layer's experts) for the three families,
-with FSDP2 on the other parameters, and D 4 x EP 2 (two EP groups per stage)."""
+with FSDP2 on the other parameters, with every stage re-materialized, and D 4 x EP 2 (two EP
+groups per stage)."""
 EXPERT_LAYERS = {"mixtral": 2, "qwen3_moe": 2, "deepseek_v3": 1}
 """MoE layers of each tiny config (DeepSeek-V3's first layer is dense)."""
 

@@ -155,7 +155,7 @@ def check_mesh_plan(plan: Plan, tied: Sequence[Any] = ()) -> None:
     if plan.schedule in SPLIT_BACKWARD_SCHEDULES:
         raise MeshPlanError(
             f"schedule {plan.schedule} splits the weight pass, which autopipe run does not "
-            "combine with TP or sharded state; re-plan with --schedule 1f1b (or gpipe, "
+            "combine with TP, sharded state or expert parallelism; re-plan with --schedule 1f1b (or gpipe, "
             "interleaved-1f1b)"
         )
     for parameter in tied:  # the rule the planner's search applies (mesh_rules)
