@@ -36,6 +36,7 @@ from autopipe.planner.mesh_costs import (
     ring_collective_s,
     sharded_state_bytes_per_parameter,
     tp_collective_s,
+    transient_bytes,
 )
 from autopipe.planner.search import (
     CannotBeat,
@@ -876,6 +877,11 @@ def _search(
         return
     c.run = (best[1], best[2])
     _price(c, best[0], best[1], profile, device, topology, replica, reserve)
+    limit = template.memory_bytes
+    if limit is not None and c.peak_bytes * (1.0 + base.headroom) > limit:
+        # the transient peak (mesh_costs.transient_bytes) is checked after the search
+        c.plan, c.run, c.step_s, c.pipeline_s = None, None, math.inf, math.inf
+        c.reason = f"memory: needs {format_bytes(c.peak_bytes)} per device with its transient peak"
 
 
 def _pipeline_memory(
@@ -1041,7 +1047,9 @@ def _price(
     c.gather_s = (_work_s(share, b) * p.microbatches - work) / c.pp
     c.compute_s = max(work / c.pp - c.tp_comm_s, 0.0)
     c.recompute_s = sum(st.recompute_s for st in p.stages) * p.microbatches / c.pp
-    c.peak_bytes = int(max(p.rank_peak_bytes, default=0) + reserve)
+    # the largest unit's transient working memory (the loss's logits) above the saved ones
+    transient = transient_bytes(device, b)
+    c.peak_bytes = int(max(p.rank_peak_bytes, default=0) + reserve + transient)
 
 
 def _framework_rows(best: MeshCandidate, topology: Topology) -> dict[str, dict[str, Any]]:
