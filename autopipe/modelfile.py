@@ -22,6 +22,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from autopipe.core.datafile import not_a_regular_file
 from autopipe.core.errors import UsageError
 
 
@@ -125,6 +126,9 @@ def load_model_file(spec: str) -> ModelFile:
     factory_name = factory_name or "build_model"
     path = Path(path_str)
     if not path.is_file():
+        what = not_a_regular_file(path)  # it exists: say what it is, not "not found"
+        if what:
+            raise ModelFileError(f"{path_str} is {what}, not a model file (give a .py file)")
         raise ModelFileError(f"model file not found: {path_str} (give a path to a .py file)")
     if path.suffix != ".py":
         raise ModelFileError(f"{path_str}: expected a Python file (MODEL.py[:FACTORY])")

@@ -886,6 +886,29 @@ def test_a_named_pipe_output_is_refused_in_one_line(
     assert len(err.splitlines()) == 1 and f"{flag} {fifo} is a named pipe" in err
 
 
+@pytest.mark.parametrize(
+    ("argv", "what"),
+    [
+        (["plan", "{fifo}", "--gpus", "2"], "is a named pipe, not a model file"),
+        (["plan", "{dir}", "--gpus", "2"], "is a directory, not a profile file"),
+        (["explain", "{fifo}"], "is a named pipe, not a plan file"),
+        (["emit", "{dir}", "torch"], "is a directory, not a plan file"),
+    ],
+)
+def test_an_input_that_exists_but_is_no_file_is_named_not_missing(
+    tmp_path: Path, argv: list[str], what: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before, a named pipe or a folder given as the model, profile or plan was "file not
+    found", which sends the user looking for a file that is there."""
+    fifo, folder = tmp_path / "pipe", tmp_path / "plan.json"
+    os.mkfifo(fifo)
+    folder.mkdir()
+    args = [a.format(fifo=fifo, dir=folder) for a in argv]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and what in err and "not found" not in err, err
+
+
 def test_a_named_pipe_device_spec_is_refused_in_one_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -22,7 +22,12 @@ from typing import TYPE_CHECKING, Any
 
 from autopipe import device_target
 from autopipe.core.catalog import DeviceListError
-from autopipe.core.datafile import atomic_write_json, atomic_write_text, strict_json
+from autopipe.core.datafile import (
+    atomic_write_json,
+    atomic_write_text,
+    not_a_regular_file,
+    strict_json,
+)
 from autopipe.core.errors import Failure, UsageError
 from autopipe.core.humanize import parse_bandwidth, parse_bytes
 from autopipe.core.mesh_rules import mesh_problems
@@ -198,6 +203,9 @@ def say(args: argparse.Namespace, text: str) -> None:
 def load_plan_file(path: str) -> Plan:
     """The Plan saved at ``path``; a missing or malformed file is a UsageError."""
     if not Path(path).is_file():
+        what = not_a_regular_file(path)  # it exists: "not found" would send the user looking
+        if what:
+            raise UsageError(f"{path} is {what}, not a plan file (a JSON file `plan --json` wrote)")
         raise UsageError(f"plan file not found: {path} (write one with `autopipe plan --json`)")
     try:
         return load_plan(path)
@@ -210,6 +218,9 @@ def load_plan_file(path: str) -> Plan:
 def load_profile_file(path: str) -> Profile:
     """The Profile saved at ``path``; a missing or malformed file is a UsageError."""
     if not Path(path).is_file():
+        what = not_a_regular_file(path)
+        if what:
+            raise UsageError(f"{path} is {what}, not a profile file (a JSON file)")
         raise UsageError(f"profile file not found: {path}")
     try:
         return Profile.load(path)

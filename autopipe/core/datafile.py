@@ -26,6 +26,7 @@ __all__ = [
     "is_named_pipe",
     "known_fields",
     "load_json_file",
+    "not_a_regular_file",
     "read_json",
     "strict_json",
 ]
@@ -101,6 +102,18 @@ def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+def not_a_regular_file(path: str | os.PathLike[str]) -> str | None:
+    """What ``path`` is when it exists but is no regular file to read (``"a directory"``,
+    ``"a named pipe"``, ``"not a regular file"``), for an input's error to say instead of
+    "not found"; None when it is a regular file or does not exist."""
+    p = Path(path)
+    if not p.exists() or p.is_file():
+        return None
+    if p.is_dir():
+        return "a directory"
+    return "a named pipe" if is_named_pipe(p) else "not a regular file"
 
 
 def is_named_pipe(path: str | os.PathLike[str]) -> bool:
