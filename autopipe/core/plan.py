@@ -146,6 +146,13 @@ class StagePlan:
     parameter counts in every unit using it): what the runtimes check the model against
     before building a stage, so a plan made for another model is refused. Empty in plans
     written before it was recorded (then the runtimes compare ``parameter_bytes``)."""
+    split_backward: bool | None = None
+    """Under a zero-bubble schedule (``SPLIT_BACKWARD_SCHEDULES``): whether the chunk runs its
+    backward as B then W (torch's split weight pass), decided by the planner
+    (``planner/chunks.py:splits_backward``: not when re-materialized or a parameter is used
+    more than once in it) and run so by the distributed runtime; the first chunk is torch's
+    own (True). None under the other schedules and in plans written before it was recorded
+    (then the runtime decides from the chunk itself); not written to the file when None."""
 
     @property
     def time_s(self) -> float:
@@ -344,6 +351,9 @@ class Plan:
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
         data["request"] = self.request.to_dict() if self.request is not None else None
+        for stage in data["stages"]:  # only zero-bubble plans record it
+            if stage["split_backward"] is None:
+                del stage["split_backward"]
         return data
 
     def validate(self) -> None:
