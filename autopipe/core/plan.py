@@ -30,13 +30,30 @@ from autopipe.core.vocabulary import CHECKPOINT_GRANULARITIES, PLAN_SCHEDULES, S
 PLAN_VERSION = 1
 __all__ = [
     "CUSTOM_OPTIMIZER",
+    "INSTRUCTION_FIELDS",
     "PLAN_VERSION",
+    "STAGE_INSTRUCTION_FIELDS",
     "Plan",
     "PlanFormatError",
     "StagePlan",
     "load_plan",
 ]
 
+
+INSTRUCTION_FIELDS = (
+    "model", "granularity", "schedule", "num_stages", "virtual_stages", "microbatches",
+    "microbatch_size", "batch_size", "replicas", "tensor_parallel", "context_parallel",
+    "expert_parallel", "shard", "tp_plan", "optimizer", "stages", "version",
+)  # fmt: skip
+"""The :class:`Plan` fields every rank acts on and agrees on (ARCHITECTURE.md "The plan"):
+what the runtime, training, the rank agreement and emit may read. Every other field is the
+planner's report (predictions, candidates, baselines, notes, the profile): tests/test_layers.py
+checks that those readers read no other."""
+STAGE_INSTRUCTION_FIELDS = (
+    "index", "rank", "units", "unit_parameters", "checkpoint", "checkpoint_granularity",
+    "split_backward",
+)  # fmt: skip
+"""The :class:`StagePlan` fields the ranks act on; the rest are the chunk's predicted figures."""
 
 _META_FIELDS = {
     "algorithm": "partition_algorithm",
