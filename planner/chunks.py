@@ -155,6 +155,15 @@ def chunk_cluster(cluster: Cluster, shape: ScheduleShape, memory_share: float = 
     return Cluster(devices, cluster.host_throughput)
 
 
+def splits_backward(profile: Profile, i: int, j: int, index: int, checkpoint: bool) -> bool:
+    """Whether chunk ``index`` (units ``i..j-1``) runs its backward as B then W under a
+    zero-bubble schedule, as the plan records it (``StagePlan.split_backward``) and the
+    runtime runs it: not when re-materialized (one recomputation in B rather than one per
+    parameter group in W) or :func:`runs_unsplit`. The first chunk is torch's own (its whole
+    backward in W, no input gradient to send): recorded as split."""
+    return index == 0 or not (checkpoint or runs_unsplit(profile, i, j))
+
+
 def runs_unsplit(profile: Profile, i: int, j: int) -> bool:
     """Whether the chunk of units ``i..j-1`` runs its backward unsplit under a zero-bubble
     schedule: one of its units could not be split (``UnitProfile.backward_unsplit``), or two
