@@ -120,7 +120,7 @@ def test_cpu_sdpa_is_what_torchs_ring_attention_cannot_shard() -> None:
         mesh = build_context_mesh(_plan(k=1, d=1, c=2), "cpu")
         q, k, v = (torch.randn(1, 2, 8, 4) for _ in range(3))
         with pytest.raises(NotImplementedError, match=CPU_ATTENTION_KERNEL.replace("aten.", "")):
-            with sharded_step(mesh["cp"], [q, k, v], "cuda"):  # the ring path, on CPU tensors
+            with sharded_step(mesh["cp"], [q, k, v], "cuda", seq_dims=[2] * 3):  # the ring path
                 causal_attention(q, k, v)
 
 
