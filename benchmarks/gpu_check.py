@@ -12,9 +12,12 @@ GPU size, random weights). It prints one table, each row a measurement against a
 | parallelize K stages | a K-stage plan run by ``autopipe.parallelize`` with every stage on this GPU: predicted (simulated, stages sharing the device) vs measured iteration | within 20% |
 | parallelize memory | the plan's memory summed over its stages vs ``max_memory_allocated`` while it trains | within 30% |
 | copy-stream overlap | a device-to-device copy on a side stream during matmuls on the compute stream: the share of the shorter one hidden (two GPUs only) | at least 50% |
+| context parallel attention | causal attention split over 2 ranks by the runtime's context-parallel step (torch's ``context_parallel``: ring attention, head-tail load balanced; NCCL, two GPUs only), forward and backward, vs one device: largest error of out, dq, dk, dv over the largest value | within 2e-2 (bf16) |
 
 ``--dry-run`` runs the same code on the CPU with a tiny model (the test suite does, so the
-script does not rot); rows needing CUDA allocator statistics or two GPUs are skipped there.
+script does not rot); rows needing CUDA allocator statistics or two GPUs are skipped there
+(the context-parallel row runs on 2 gloo ranks, with gathered k and v: torch has no CPU ring
+attention kernel).
 Exit status 0 when every row that ran passed, 1 otherwise.
 
     python benchmarks/gpu_check.py                 # on a GPU machine, after `pip install -e .`
@@ -329,6 +332,94 @@ def check_overlap(s: Setup) -> Row:
     return _judge(row, 0.5, at_least=True)
 
 
+CP_TOLERANCE = {"cuda": 2e-2, "cpu": 1e-5}
+"""Largest error of context-parallel attention against one device, relative to the largest
+value: bf16 ring attention on CUDA (its partial results merged in float32), float64 on the
+CPU dry run."""
+
+
+def cp_worker() -> None:
+    """One rank of :func:`check_context_parallel` (under torchrun, 2 processes): causal
+    attention of a ``[2, 4, 1024, 64]`` q, k, v (64 on the CPU) split over the 2 ranks by
+    autopipe's context-parallel step (``sharded_step``: torch's ``context_parallel``, ring
+    attention with the head-tail load balancer on CUDA), forward and backward, gathered back
+    (``context_parallel_unshard``) and compared on rank 0 with one device's; prints one
+    JSON line."""
+    import torch.distributed as dist
+    from autopipe.runtime.distributed.context_parallel import causal_attention, sharded_step
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.experimental._attention import context_parallel_unshard
+
+    cuda = torch.cuda.is_available()
+    kind = "cuda" if cuda else "cpu"
+    dist.init_process_group("nccl" if cuda else "gloo")
+    rank = dist.get_rank()
+    device = torch.device("cuda", rank) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    dtype = torch.bfloat16 if cuda else torch.float64
+    seq = 1024 if cuda else 64
+    mesh = init_device_mesh(kind, (2,), mesh_dim_names=("cp",))
+    g = torch.Generator(device="cpu").manual_seed(0)
+    q, k, v, dout = (torch.randn(2, 4, seq, 64, generator=g).to(device, dtype) for _ in range(4))
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    want = causal_attention(*leaves)
+    (want * dout).sum().backward()
+    wanted = [want.detach(), *(t.grad for t in leaves)]
+    shards = [t.clone() for t in (q, k, v, dout)]
+    t0 = time.perf_counter()
+    with sharded_step(mesh["cp"], shards, kind, seq_dims=[2] * 4):  # [b, heads, s, d]
+        local = [t.detach().requires_grad_() for t in shards[:3]]
+        out = causal_attention(*local)
+        (out * shards[3]).sum().backward()  # d(out . dout): dout is out's gradient
+        # Inside the block: the load balancer that shards is the one that unshards.
+        got = [out.detach(), *(t.grad for t in local)]
+        got = context_parallel_unshard(mesh, [t.contiguous() for t in got], [2] * 4)
+    seconds = time.perf_counter() - t0
+    errors = [
+        float((a.double() - b.double()).abs().max() / b.double().abs().max())
+        for a, b in zip(got, wanted, strict=True)
+    ]
+    if rank == 0:
+        print(json.dumps({"errors": errors, "seconds": seconds, "kind": kind, "seq": seq}))
+    dist.destroy_process_group()
+
+
+def check_context_parallel(s: Setup) -> Row:
+    import subprocess
+
+    row = Row("context parallel attention", target="")
+    kind = "cpu" if s.dry_run else "cuda"
+    row.target = f"max error <= {CP_TOLERANCE[kind]:g}"
+    if not s.dry_run and torch.cuda.device_count() < 2:
+        row.note = "skipped: needs two GPUs"
+        return row
+    import socket
+
+    with socket.socket() as sock:  # a free port for the 2 ranks' rendezvous
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+        "--master-port", str(port), str(Path(__file__).resolve()), "--cp-worker",
+    ]  # fmt: skip
+    env = None if not s.dry_run else {**__import__("os").environ, "CUDA_VISIBLE_DEVICES": ""}
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode or not lines:
+        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise RuntimeError(f"the 2-rank context-parallel run failed: {tail}")
+    found = json.loads(lines[-1])
+    worst = max(found["errors"])
+    row.error = worst
+    row.measured = "out/dq/dk/dv " + " ".join(f"{e:.1e}" for e in found["errors"])
+    row.reference = "one device"
+    how = "ring attention, load-balanced" if kind == "cuda" else "gathered k/v (no CPU ring kernel)"
+    row.note = f"2 ranks, s={found['seq']}, {how}, {_ms(found['seconds'])}"
+    row.status = "pass" if worst <= CP_TOLERANCE[kind] else "fail"
+    return row
+
+
 # -- running ------------------------------------------------------------------------------
 
 
@@ -358,6 +449,7 @@ def run_checks(s: Setup) -> list[Row]:
         ("analytic vs measured", check_analytic),
         ("parallelize", check_parallelize),
         ("copy-stream overlap", check_overlap),
+        ("context parallel attention", check_context_parallel),
     ]
     for name, check in checks:
         started = time.perf_counter()
@@ -408,7 +500,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", help="the CUDA device to check (default cuda:0)")
     parser.add_argument("--stages", type=int, default=4, help="K for the parallelize check")
     parser.add_argument("--json", metavar="PATH", help="also write the rows as JSON")
+    parser.add_argument("--cp-worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.cp_worker:  # one rank of the context-parallel check
+        cp_worker()
+        return 0
     started = time.perf_counter()
     s = setup(args.dry_run, args.device, args.stages)
     where = "CPU dry run" if s.dry_run else torch.cuda.get_device_name(s.device)

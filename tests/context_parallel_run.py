@@ -29,6 +29,13 @@ import mesh_zoo_run  # noqa: E402
 MESHES: dict[str, dict[str, Any]] = {
     "pp2cp2": {"context_parallel": 2, "data_parallel": 1, "tensor_parallel": 1, "schedule": "1f1b"},
     "cp2d2": {"context_parallel": 2, "data_parallel": 2, "tensor_parallel": 1, "schedule": "1f1b"},
+    "cp2fsdp2": {
+        "context_parallel": 2,
+        "data_parallel": 2,
+        "tensor_parallel": 1,
+        "shard": "parameters",
+        "schedule": "1f1b",
+    },
 }
 """Mesh name -> the PlanRequest fields that ask the planner for it (4 devices)."""
 

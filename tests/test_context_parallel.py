@@ -120,7 +120,7 @@ def test_cpu_sdpa_is_what_torchs_ring_attention_cannot_shard() -> None:
         mesh = build_context_mesh(_plan(k=1, d=1, c=2), "cpu")
         q, k, v = (torch.randn(1, 2, 8, 4) for _ in range(3))
         with pytest.raises(NotImplementedError, match=CPU_ATTENTION_KERNEL.replace("aten.", "")):
-            with sharded_step(mesh["cp"], [q, k, v], "cuda"):  # the ring path, on CPU tensors
+            with sharded_step(mesh["cp"], [q, k, v], "cuda", seq_dims=[2] * 3):  # the ring path
                 causal_attention(q, k, v)
 
 
@@ -206,9 +206,10 @@ def test_a_cp_plan_is_refused_in_one_line_only_for_its_world_size() -> None:
     assert "does not run yet" in str(mesh_size_problem(ep, 4))
 
 
-CASES = ["llama:pp2cp2", "llama:cp2d2", "llama_ids:pp2cp2"]
-"""CP2 x PP2 and CP2 x D2 of the zoo's Hugging Face Llama with labels (its own loss), and
-CP2 x PP2 without (the default objective), in one torchrun launch."""
+CASES = ["llama:pp2cp2", "llama:cp2d2", "llama:cp2fsdp2", "llama_ids:pp2cp2"]
+"""CP2 x PP2, CP2 x D2 and CP2 x FSDP2 (parameters sharded over dp x cp) of the zoo's Hugging
+Face Llama with labels (its own loss), and CP2 x PP2 without (the default objective), in one
+torchrun launch."""
 
 
 def test_cp2_meshes_train_like_one_process(tmp_path: Path) -> None:

@@ -30,6 +30,7 @@ def test_gpu_check_dry_run_produces_every_row(tmp_path: Path, capsys) -> None:  
         "parallelize 2 stages",
         "parallelize memory",
         "copy-stream overlap",
+        "context parallel attention",
     ]
     assert all(r["status"] != "error" for r in rows.values()), table
     # what the CPU can do is computed and judged; what needs CUDA says why it skipped
@@ -42,6 +43,8 @@ def test_gpu_check_dry_run_produces_every_row(tmp_path: Path, capsys) -> None:  
             or "cuda" in rows[name]["note"]
         )
     assert rows["copy-stream overlap"]["note"] == "skipped: needs two GPUs"
+    cp = rows["context parallel attention"]  # 2 gloo ranks: the runtime's CP step, exact
+    assert cp["status"] == "pass" and cp["error"] < 1e-12, cp
     assert code == (0 if all(r["status"] in ("pass", "skip") for r in rows.values()) else 1)
     assert "autopipe GPU check on CPU dry run" in table and "PASS" in table
 

@@ -38,15 +38,19 @@ efficient,cudnn}_attention`` (and their backwards) to its ring implementation; o
 SDPA calls ``aten._scaled_dot_product_flash_attention_for_cpu``
 (:data:`CPU_ATTENTION_KERNEL`), for which DTensor has no sharding strategy ("Operator
 aten._scaled_dot_product_flash_attention_for_cpu.default does not have a sharding strategy
-registered"). Off CUDA the runtime therefore runs the same ``context_parallel`` without
-torch's load balancer and with the MATH SDPA backend, whose ops DTensor does shard
-(:func:`sharded_step`): the same sharded inputs, positions, labels, loss and gradient
-reduction, with k and v all-gathered instead of passed round the ring.
+registered"). Off CUDA the runtime therefore runs the same ``context_parallel`` (the
+buffers sharded, in order: torch's load balancer off) with :func:`gathered_attention` in
+place of the ring (:func:`sharded_step`): the same sharded inputs, positions, labels, loss
+and gradient reduction, with k and v all-gathered by DTensor instead of passed round the
+ring. (Torch's own MATH SDPA on the sequence-sharded DTensors is no such stand-in: DTensor's
+sharding propagation may pick a replicated output, measured at s = 64, d = 64, which
+``context_parallel`` then hands back whole.)
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
@@ -66,6 +70,7 @@ __all__ = [
     "accepts_positions",
     "build_context_mesh",
     "context_rank_of",
+    "gathered_attention",
     "gradient_mesh",
     "length_problem",
     "positions_problem",
@@ -235,43 +240,96 @@ def length_problem(length: int, degree: int) -> str | None:
 
 @contextlib.contextmanager
 def sharded_step(
-    cp_mesh: Any, buffers: Sequence[torch.Tensor], device_type: str = "cuda"
+    cp_mesh: Any,
+    buffers: Sequence[torch.Tensor],
+    device_type: str = "cuda",
+    seq_dims: Sequence[int] | None = None,
 ) -> Iterator[None]:
-    """A block in which ``buffers`` (``[b, s, ...]``, this rank's own copies) hold this CP
+    """A block in which ``buffers`` (``[b, s, ...]``, or their sequence on ``seq_dims``;
+    this rank's own copies) hold this CP
     rank's share of the sequence and SDPA runs over ``cp_mesh``: torch's
     ``context_parallel``, around the forward and backward of every micro-batch of a step.
     The buffers are not restored (the step is done with them).
 
     On CUDA: ring attention, each rank's share load-balanced (head and tail chunks). On
     another device (gloo on the CPU), where ring attention has no kernel (module docstring),
-    the same ``context_parallel`` with torch's load balancer off, SDPA forced to its MATH
-    backend and plain tensors taken as replicated (``implicit_replication``): the
-    attention then runs on the DTensors ``context_parallel`` makes of q, k, v (sharded on
-    the sequence), and DTensor's own sharding propagation gathers k and v (all-gather) for
-    each rank's queries. Exact, not ring attention: k and v are gathered whole."""
-    from torch.distributed.tensor.experimental import context_parallel, implicit_replication
+    the same ``context_parallel`` shards the buffers, with torch's load balancer off (each
+    rank's share in order), and SDPA runs as :func:`gathered_attention`: each rank's queries
+    against k and v all-gathered by DTensor (whose backward reduce-scatters their
+    gradients). Exact, not ring attention: k and v are gathered whole."""
+    from torch.distributed.tensor.experimental import context_parallel
 
-    # The switch of torch's default head-tail load balancer (the math backend's causal mask
-    # is the sequence's own order, so the shares must stay in order there).
+    # The switch of torch's default head-tail load balancer (gathered attention's causal
+    # mask takes each rank's share in the sequence's order).
     from torch.distributed.tensor.experimental._attention import _cp_options
-    from torch.nn.attention import SDPBackend, sdpa_kernel
 
+    functional = torch.nn.functional
+    plain = functional.scaled_dot_product_attention
     with contextlib.ExitStack() as stack:
-        if device_type != "cuda":
+        ring = device_type == "cuda"
+        if not ring:
             balanced = _cp_options.enable_load_balance
             _cp_options.enable_load_balance = False
             stack.callback(setattr, _cp_options, "enable_load_balance", balanced)
-            stack.enter_context(implicit_replication())
-            stack.enter_context(sdpa_kernel(SDPBackend.MATH))
         stack.enter_context(
             context_parallel(
                 cp_mesh,
                 buffers=list(buffers),
-                buffer_seq_dims=[SEQUENCE_DIM] * len(buffers),
+                buffer_seq_dims=list(seq_dims or [SEQUENCE_DIM] * len(buffers)),
                 no_restore_buffers=set(buffers),
             )
         )
+        if not ring:  # in place of the ring attention context_parallel patched in
+            patched = functional.scaled_dot_product_attention
+            functional.scaled_dot_product_attention = functools.partial(
+                gathered_attention, cp_mesh, plain
+            )
+            stack.callback(setattr, functional, "scaled_dot_product_attention", patched)
         yield
+
+
+def gathered_attention(
+    cp_mesh: Any,
+    sdpa: Any,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attn_mask: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+) -> torch.Tensor:
+    """Causal attention of this CP rank's queries ``[b, heads, s / C, d]`` (the rank's share
+    in the sequence's order) against the whole sequence's keys and values, gathered over
+    ``cp_mesh`` by DTensor (``Shard(2)`` -> ``full_tensor``, whose backward reduce-scatters
+    the ranks' gradients of them); ``sdpa``: torch's own SDPA.
+    The CPU's stand-in for ring attention (:func:`sharded_step`)."""
+    from torch.distributed.tensor import DTensor, Partial, Shard
+
+    if attn_mask is not None or not is_causal:
+        raise ValueError("context parallelism runs causal attention without a mask")
+    # Each rank's gradient of the gathered k and v is its own queries' part: Partial, so the
+    # backward sums them (reduce-scatter) rather than taking one rank's as the whole.
+    keys, values = (
+        DTensor.from_local(t.contiguous(), cp_mesh, [Shard(2)], run_check=False).full_tensor(
+            grad_placements=[Partial()]
+        )
+        for t in (key, value)
+    )
+    local, whole = query.shape[2], keys.shape[2]
+    first = cp_mesh.get_local_rank() * local
+    rows = torch.arange(first, first + local, device=query.device)
+    mask = torch.arange(whole, device=query.device)[None, :] <= rows[:, None]
+    return sdpa(
+        query,
+        keys,
+        values,
+        attn_mask=mask,
+        dropout_p=dropout_p,
+        scale=scale,
+        enable_gqa=enable_gqa,
+    )
 
 
 def causal_attention(
