@@ -509,7 +509,7 @@ class DistributedPipeline:
                     raise MeshPlanError(str(exc)) from None
                 for graph in planned.stages:
                     adopt_modules(graph.module, model, tp_modules)
-                    adopt_norms(graph.module, model, layout.norms)
+                    adopt_norms(graph.module, model, {**layout.norms, **layout.token_modules})
             self.mesh = build_mesh(plan, self.device.type)
             # Every (dp, tp) coordinate is one pipeline: tp innermost, so rank =
             # pp * (D * T) + dp * T + tp is the K x (D * T) grid of RankLayout.
