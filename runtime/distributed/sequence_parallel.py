@@ -21,9 +21,24 @@ What is read from the graph (no module names are assumed):
   linears it feeds, which is the one all-gather per region the cost model prices; it keeps
   reading the global shape (``x.shape`` in a model's forward is the whole sequence's).
 - **Sharded values**: the outputs of row-wise (and vocab-parallel embedding) modules and of
-  every op that reads a sharded value before the next column-wise linear. Those ops must be
-  position-wise (pointwise ops, dtype casts, dropout, parameter-free activation modules);
-  anything else is refused in one line.
+  every position-wise op (pointwise ops, dtype casts, dropout, parameter-free activation
+  modules) that reads a sharded value before the next column-wise linear; a shape read of
+  a shard is refused in one line.
+- **Norms on the shard** (``SequenceParallel``, output kept a local shard): a module that
+  reads a sharded value, returns one of its shape, holds no split module and no parameter
+  of more than one dimension, and is position-wise when run whole and in two halves:
+  OLMo-2's post norms, GLM-4's and Gemma's sandwich norms, the norm before a
+  mixture-of-experts block.
+- **Token modules** (:attr:`SequenceLayout.token_modules`): a module, otherwise alike, whose
+  ops are not position-wise one by one but that is as a whole (a mixture-of-experts block
+  routes each token on its own): called as a module on each rank's share of the tokens,
+  its parameters plain, their gradients summed over TP (:mod:`.tp_gradients`).
+- **Gathers** (:attr:`SequenceLayout.gathers`): any other op that reads a shard needs the
+  whole sequence (DeepSeek-V3's MLA low-rank projections, an attention): it reads the
+  value gathered (``PrepareModuleOutput``, Shard -> Replicate, on an ``nn.Identity``
+  before it) and runs whole on every rank. Where what it computes then meets one rank's
+  share of the heads (MLA's shared rotary key), the gradient is summed over TP there
+  (:attr:`SequenceLayout.gradient_sums`, ``mesh.TPGradientSum``).
 - **Transitions**: a replicated value that a norm or a sharded op reads with the sequence
   along one of its dimensions (the embedding's output; a GPT's position embeddings) is
   sharded where it is produced (torch's ``PrepareModuleOutput``, Replicate -> Shard, on an
