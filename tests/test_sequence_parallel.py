@@ -249,19 +249,23 @@ def zoo_layout(family: str) -> tuple[Any, Any, dict[str, str]]:
     return _sequence_layout(planned, model, split, inputs, plan), planned, split
 
 
-def test_mixture_of_experts_is_gathered_after_its_norm_on_the_shard() -> None:
+def test_mixture_of_experts_runs_on_each_ranks_tokens() -> None:
     """Mixtral (tests/mesh_zoo_models.py): the norm before each mixture-of-experts block
-    runs on the shard; the block, whose router and experts no plan splits, reads its output
-    gathered, runs whole on every TP rank, and its output is sharded again for the add."""
-    layout, planned, _ = zoo_layout("mixtral")
-    moe_norms = {f"model.layers.{i}.post_attention_layernorm" for i in range(2)}
-    assert layout.kept_sharded == moe_norms
-    gathered = sorted(v for reads in layout.gathers.values() for v in reads)
-    assert gathered == sorted(layout.norms[n] for n in moe_norms)  # one gather per block
-    graph = {n.name: n for n in planned.graph_module.graph.nodes}
-    for op in layout.gathers:
-        assert ".mlp" in str(list(graph[op].meta["nn_module_stack"].values())[-1][0])
-    assert len(layout.transitions) == 4  # each block's output and its attention's rotary
+    runs on the shard, and the block, whose router and experts no plan splits, runs on each
+    rank's share of the tokens as it is (it routes each token on its own), nothing gathered;
+    its parameters' gradients are one rank's part, summed over the TP group."""
+    from autopipe.runtime.distributed.tp_gradients import partial_gradient_parameters
+
+    layout, planned, split = zoo_layout("mixtral")
+    assert layout.kept_sharded == {f"model.layers.{i}.post_attention_layernorm" for i in range(2)}
+    assert sorted(layout.token_modules) == ["model.layers.0.mlp", "model.layers.1.mlp"]
+    assert layout.gathers == {}
+    for out in layout.token_modules.values():
+        assert layout.sharded[out] == 1
+    assert len(layout.transitions) == 2  # each attention's rotary cos / sin, as Llama's
+    partial = partial_gradient_parameters(planned.graph_module, split, layout)
+    names = {n for n, _ in planned.graph_module.named_parameters() if ".mlp." in n}
+    assert names and set(partial) == names
 
 
 def test_mla_shared_rotary_key_has_its_gradient_summed_over_tp() -> None:

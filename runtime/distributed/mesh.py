@@ -492,6 +492,9 @@ def apply_tensor_parallel(
     insert_gradient_sums(body, layout.gradient_sums, lambda: TPGradientSum(tp_mesh))
     call_planned_modules(body, paths)
     held = call_norm_modules(body, norms)
+    # Modules that run on the shard as they are (a mixture of experts): called as modules,
+    # no style (their parameters stay plain; the runtime sums their gradients over TP).
+    call_norm_modules(body, {p: n for p, n in layout.token_modules.items() if _holds(body, p)})
     shards = insert_transitions(body, layout.transitions)
     styles: dict[str, Any] = {
         path: tp_style(style, layout.colwise_inputs.get(path, "replicated"))

@@ -643,7 +643,7 @@ class DistributedPipeline:
                     raise MeshPlanError(str(exc)) from None
                 for graph in planned.stages:
                     adopt_modules(graph.module, model, tp_modules)
-                    adopt_norms(graph.module, model, layout.norms)
+                    adopt_norms(graph.module, model, {**layout.norms, **layout.token_modules})
                 # The re-trace held stand-ins of the split modules, which share no weight:
                 # the ties are those of the model's own modules, adopted back.
                 planned.tied = tied_parameters([g.module for g in planned.stages], model)

@@ -21,9 +21,24 @@ What is read from the graph (no module names are assumed):
   linears it feeds, which is the one all-gather per region the cost model prices; it keeps
   reading the global shape (``x.shape`` in a model's forward is the whole sequence's).
 - **Sharded values**: the outputs of row-wise (and vocab-parallel embedding) modules and of
-  every op that reads a sharded value before the next column-wise linear. Those ops must be
-  position-wise (pointwise ops, dtype casts, dropout, parameter-free activation modules);
-  anything else is refused in one line.
+  every position-wise op (pointwise ops, dtype casts, dropout, parameter-free activation
+  modules) that reads a sharded value before the next column-wise linear; a shape read of
+  a shard is refused in one line.
+- **Norms on the shard** (``SequenceParallel``, output kept a local shard): a module that
+  reads a sharded value, returns one of its shape, holds no split module and no parameter
+  of more than one dimension, and is position-wise when run whole and in two halves:
+  OLMo-2's post norms, GLM-4's and Gemma's sandwich norms, the norm before a
+  mixture-of-experts block.
+- **Token modules** (:attr:`SequenceLayout.token_modules`): a module, otherwise alike, whose
+  ops are not position-wise one by one but that is as a whole (a mixture-of-experts block
+  routes each token on its own): called as a module on each rank's share of the tokens,
+  its parameters plain, their gradients summed over TP (:mod:`.tp_gradients`).
+- **Gathers** (:attr:`SequenceLayout.gathers`): any other op that reads a shard needs the
+  whole sequence (DeepSeek-V3's MLA low-rank projections, an attention): it reads the
+  value gathered (``PrepareModuleOutput``, Shard -> Replicate, on an ``nn.Identity``
+  before it) and runs whole on every rank. Where what it computes then meets one rank's
+  share of the heads (MLA's shared rotary key), the gradient is summed over TP there
+  (:attr:`SequenceLayout.gradient_sums`, ``mesh.TPGradientSum``).
 - **Transitions**: a replicated value that a norm or a sharded op reads with the sequence
   along one of its dimensions (the embedding's output; a GPT's position embeddings) is
   sharded where it is produced (torch's ``PrepareModuleOutput``, Replicate -> Shard, on an
@@ -120,6 +135,13 @@ class SequenceLayout:
     ``[b * s, h]``, a mixture-of-experts router, a linear no TP plan splits) -> each such
     value and its sequence dim: the op reads it gathered (torch's ``PrepareModuleOutput``,
     Shard -> Replicate, on an ``nn.Identity`` before it) and its output is replicated."""
+    token_modules: dict[str, str] = field(default_factory=dict)
+    """Module path -> the node holding its output, for each module that runs on the shard
+    as it is (its own forward on ``[b, s / T, h]``, its parameters plain, their gradients
+    summed over the TP group: :mod:`.tp_gradients`) though its ops are not position-wise
+    one by one: a mixture-of-experts block, which routes and computes each token on its
+    own (checked by running it whole and in two halves), so each rank routes its own share
+    of the tokens, as the cost model prices it."""
     gradient_sums: dict[str, list[str]] = field(default_factory=dict)
     """Op -> the whole values computed from a gathered one that it applies to this TP rank's
     share of the data: their gradient is summed over the TP group on the way back (filled
@@ -172,8 +194,16 @@ def planned_path(node: fx.Node, planned: Mapping[str, str], gets: Mapping[fx.Nod
 
 
 def _region(graph: fx.Graph, path: str) -> list[fx.Node]:
+    """The ops run in module ``path``, but for sizes (a module called as a module computes
+    its own; torch.export's symbolic batch size stays for the code after it)."""
     return [n for n in graph.nodes if n.op in ("call_function", "call_method", "call_module")
-            and _in_module(n, path)]  # fmt: skip
+            and _in_module(n, path) and not _is_size(n)]  # fmt: skip
+
+
+def _is_size(node: fx.Node) -> bool:
+    """Whether ``node`` computes a size (an int or a symbolic one), not a tensor."""
+    value = node.meta.get("val")
+    return isinstance(value, (int, torch.SymInt)) and not isinstance(value, bool)
 
 
 _CASTS = {
@@ -202,7 +232,7 @@ def _region_io(nodes: list[fx.Node]) -> tuple[list[fx.Node], list[fx.Node]]:
     reads: list[fx.Node] = []
     for n in nodes:
         for a in n.all_input_nodes:
-            if a not in inside and a.op != "get_attr" and a not in reads:
+            if a not in inside and a.op != "get_attr" and a not in reads and not _is_size(a):
                 reads.append(a)
     used = [n for n in nodes if any(u not in inside for u in n.users)]
     if len(reads) == 1:
@@ -228,7 +258,9 @@ def _is_position_wise_module(module: nn.Module, hidden: int, length: int) -> boo
         with torch.no_grad():
             whole = module(x)
             half = length // 2
-            parts = torch.cat([module(x[:, :half]), module(x[:, half:])], dim=1)
+            # Each rank holds its shard as a tensor of its own (contiguous), not a view.
+            halves = [module(x[:, :half].contiguous()), module(x[:, half:].contiguous())]
+            parts = torch.cat(halves, dim=1)
     except Exception:
         return False
     finally:
@@ -318,6 +350,8 @@ def sequence_layout(
         if _adopt_sharded_norms(layout, graph, model, whole, planned, values, sharded,
                                 region_of, norm_input):  # fmt: skip
             continue  # a norm on the shard (a sandwich or post norm): propagate again
+        if _adopt_token_modules(layout, graph, model, whole, planned, values, sharded, region_of):
+            continue  # a mixture of experts on the shard: propagate again
         new = _needed_transitions(graph, layout, sharded, norm_input, calls, values)
         if not new:
             break
@@ -510,6 +544,43 @@ def _adopt_sharded_norms(
     return added
 
 
+def _adopt_token_modules(
+    layout: SequenceLayout,
+    graph: fx.Graph,
+    model: nn.Module,
+    whole: list[fx.Node],
+    planned: Mapping[str, str],
+    values: Mapping[str, Any],
+    sharded: Mapping[str, int],
+    region_of: dict[fx.Node, str],
+) -> bool:
+    """Record in ``layout.token_modules`` the innermost module around the first op of
+    ``whole`` that can run on the shard as it is: one sharded tensor in, one of its shape
+    out, no split module inside, and position-wise when run (whole against two halves).
+    Whether one was added."""
+    for node in whole:
+        for path in _enclosing_modules(node):
+            if path in layout.norms or path in layout.token_modules:
+                continue
+            if any(p == path or p.startswith(path + ".") for p in planned):
+                break  # an outer module holds split ones too
+            module = model.get_submodule(path)
+            nodes = [node] if node.op == "call_module" else _region(graph, path)
+            reads, used = _region_io(nodes)
+            if len(reads) != 1 or len(used) != 1 or reads[0].name not in sharded:
+                continue
+            shape = _shape(values.get(used[0].name))
+            if not shape or shape != _shape(values.get(reads[0].name)):
+                continue
+            if not _is_position_wise_module(module, shape[-1], min(layout.sequence_length, 8)):
+                continue
+            layout.token_modules[path] = used[0].name
+            for n in nodes:
+                region_of[n] = path
+            return True
+    return False
+
+
 def _enclosing_modules(node: fx.Node) -> list[str]:
     """The module paths ``node`` runs in, innermost first (a ``call_module``'s own target)."""
     if node.op == "call_module":
@@ -534,6 +605,7 @@ def _propagate(
     whole: list[fx.Node] = []
     kept = {layout.norms[n] for n in layout.kept_sharded}
     norm_outputs = (set(layout.norms.values()) - kept) | layout.gathered
+    kept |= set(layout.token_modules.values())
     for node in graph_module.graph.nodes:
         if node.name in layout.gathered:
             pass  # a no-op view of a norm's gathered output, on its way to a split module
@@ -700,7 +772,9 @@ def insert_transitions(body: fx.GraphModule, transitions: Mapping[str, int]) -> 
     return added
 
 
-def insert_gathers(body: fx.GraphModule, gathers: Mapping[str, Mapping[str, int]]) -> dict[str, int]:
+def insert_gathers(
+    body: fx.GraphModule, gathers: Mapping[str, Mapping[str, int]]
+) -> dict[str, int]:
     """Before the first op of ``body`` that ``gathers`` (op -> sharded value -> its sequence
     dim, :attr:`SequenceLayout.gathers`) names for a value, a call of a new ``nn.Identity``
     submodule on the value that those ops read instead (the style that gathers it hooks

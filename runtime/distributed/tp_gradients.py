@@ -153,12 +153,12 @@ def partial_gradient_parameters(
             distinct.add(node)
             continue
         influence[node] = reads
-    gathered = sorted(p for p in partial if p.startswith(_GATHERED))
-    if gathered:
-        value = gathered[0][len(_GATHERED) :]
+    shares = sorted(p for p in partial if p.startswith(_GATHERED))
+    if shares:
+        value = shares[0][len(_GATHERED) :]
         raise SequenceParallelError(
             f"{value} is gathered over the sequence for ops whose result then meets one TP "
-            f"rank's share of the data ({partial[gathered[0]]}), so its gradient would be "
+            f"rank's share of the data ({partial[shares[0]]}), so its gradient would be "
             "one rank's part of the whole; re-plan with --tensor-parallel 1"
         )
     both = sorted(set(partial) & set(whole))
