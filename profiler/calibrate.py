@@ -24,6 +24,7 @@ from autopipe.profiler.time_model import fit_time_model
 
 from autopipe.core.catalog import DeviceSpec, DeviceSpecError, device_spec_from_dict
 from autopipe.core.errors import UsageError
+from autopipe.core.gemm import gemm_ceiling
 from autopipe.core.profile import Profile
 from autopipe.core.profile_records import Counting
 
@@ -80,7 +81,7 @@ def calibrate(analytic: Profile, measured: Profile) -> DeviceSpec:
             )
             targets.append(seconds)
     coef = _nonnegative_least_squares(np.array(rows, dtype=float), np.array(targets, dtype=float))
-    return _scaled_spec(spec, coef)
+    return _scaled_spec(spec, coef, analytic.dtype)
 
 
 def _nonnegative_least_squares(x: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -105,13 +106,14 @@ def _nonnegative_least_squares(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     return best[1]
 
 
-def _scaled_spec(spec: DeviceSpec, coef: np.ndarray) -> DeviceSpec:
+def _scaled_spec(spec: DeviceSpec, coef: np.ndarray, dtype: str) -> DeviceSpec:
     a, b, c = (float(v) for v in coef)
     peaks = dict(spec.peak_flops_per_s)
     bandwidth = spec.memory_bandwidth_bytes_per_s
     compute_eff, memory_eff = spec.compute_efficiency, spec.memory_efficiency
     if a > 0:
-        compute_eff = spec.compute_efficiency / a
+        # the counted matmuls ran at the GPU's ceiling for the dtype (autopipe.core.gemm)
+        compute_eff = gemm_ceiling(spec, dtype) / a
         if compute_eff > 1:
             peaks = {k: v * compute_eff for k, v in peaks.items()}
             compute_eff = 1.0
@@ -261,5 +263,6 @@ def _rescaled(counting: Counting, compute_scale: float, memory_scale: float) -> 
 
 
 def _rate(spec: DeviceSpec, dtype: str) -> float:
-    """Effective matmul FLOP/s for ``dtype`` (calibration scales all of a spec's peaks together)."""
-    return spec.peak_for(dtype) * spec.compute_efficiency
+    """Effective matmul FLOP/s for ``dtype``: the peak at the GPU's matmul ceiling
+    (``autopipe.core.gemm``; calibration scales all of a spec's peaks together)."""
+    return spec.peak_for(dtype) * gemm_ceiling(spec, dtype)

@@ -267,6 +267,18 @@ def test_efficiency_and_calibration_round_trip(gpt_profile: Profile) -> None:
     )
 
 
+def test_calibration_round_trips_a_bf16_profile_priced_at_the_gpus_ceiling() -> None:
+    """An H100 bf16 profile's matmuls are counted at the H100's published ceiling (0.803,
+    autopipe.core.gemm), not the flat 0.7: re-pricing and calibrating read that same rate, so
+    a machine whose matmuls run at 0.4 of the peak is fitted as 0.4."""
+    model, x = small_gpt()
+    p16 = profile_analytic(model, x, "h100-sxm", loss_fn=gpt.loss_fn)
+    truth = spec_of(p16).with_efficiency(compute=0.4)
+    measured = dataclasses.replace(reprice(p16, truth), mode="measured")
+    fitted = calibrate(p16, measured)
+    assert fitted.compute_efficiency == pytest.approx(0.4, rel=1e-6)
+
+
 def test_calibration_rejects_mismatched_profiles(gpt_profile: Profile) -> None:
     other = dataclasses.replace(gpt_profile, batch_size=3, mode="measured")
     with pytest.raises(CalibrationError, match="batch sizes differ"):
