@@ -216,7 +216,9 @@ def call_expert_modules(body: fx.GraphModule, paths: Mapping[str, int]) -> dict[
                 if a not in inside and a.op != "get_attr" and _tensor(a) is not None:
                     if a not in reads:
                         reads.append(a)
-        outs = [n for n in nodes if _tensor(n) is not None and any(u not in inside for u in n.users)]
+        outs = [
+            n for n in nodes if _tensor(n) is not None and any(u not in inside for u in n.users)
+        ]
         index = [a for a in reads if not _tensor(a).is_floating_point()]  # type: ignore[union-attr]
         floats = [a for a in reads if _tensor(a).is_floating_point()]  # type: ignore[union-attr]
         shape_of = {a: tuple(_tensor(a).shape) for a in reads}  # type: ignore[union-attr]

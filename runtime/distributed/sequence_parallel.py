@@ -695,7 +695,9 @@ def insert_transitions(body: fx.GraphModule, transitions: Mapping[str, int]) -> 
     return added
 
 
-def insert_gathers(body: fx.GraphModule, gathers: Mapping[str, Mapping[str, int]]) -> dict[str, int]:
+def insert_gathers(
+    body: fx.GraphModule, gathers: Mapping[str, Mapping[str, int]]
+) -> dict[str, int]:
     """Before the first op of ``body`` that ``gathers`` (op -> sharded value -> its sequence
     dim, :attr:`SequenceLayout.gathers`) names for a value, a call of a new ``nn.Identity``
     submodule on the value that those ops read instead (the style that gathers it hooks
