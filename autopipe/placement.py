@@ -26,7 +26,7 @@ from autopipe.core.cluster import Cluster
 from autopipe.core.errors import UsageError
 from autopipe.core.request import PlanRequest
 from autopipe.device_target import cluster_for
-from autopipe.planner import plan, plan_data_parallel, scaling_report
+from autopipe.planner import plan, scaling_report
 from autopipe.planner.mesh import refuse_too_deep
 
 if TYPE_CHECKING:
@@ -68,7 +68,9 @@ class Placement:
     """What the devices resolved to; None: the profile's own device (a saved profile)."""
     replicas: int | str | None = None
     """D data-parallel replicas of a K-stage pipeline (``gpus`` = K x D), or ``"auto"``;
-    None: one pipeline. For a mesh request D is ``request.data_parallel`` instead."""
+    None: one pipeline. Planned as ``request.data_parallel`` with T = 1 and unsharded state
+    (the one data-parallel route, the mesh search); for a mesh request D is
+    ``request.data_parallel`` itself."""
     allreduce_bandwidth_bytes_per_s: float | None = None
     """The gradient all-reduce bandwidth per device (replicas), or the link inside a node
     (a mesh); None: the catalog device's link."""
@@ -129,24 +131,37 @@ def plan_on_devices(profile: Profile, placement: Placement) -> Plan:
     ``PlanningError`` when nothing fits, ``RuleViolation`` for what torch would refuse,
     ``UsageError`` for devices that cannot be laid out as asked, ``ValueError`` for a device
     list the profile cannot be priced for."""
+    placement = _replicas_as_mesh(placement)
     request = placement.request
-    if request.plans_mesh or placement.replicas is not None:
+    if request.plans_mesh:
         # no D (and T) lets the model fill N GPUs: refused before N devices are built
-        replicas = request.data_parallel if request.plans_mesh else placement.replicas
         refuse_too_deep(
             profile,
             device_count(request),
             profile.batch_size if request.batch_size is None else request.batch_size,
             tensor_parallel=request.tensor_parallel,
-            data_parallel=replicas if replicas is not None else "auto",
+            data_parallel=request.data_parallel,
             gpus_per_node=request.gpus_per_node,
         )
     cluster = placed_cluster(profile, placement)
     if request.plans_mesh:
         return _plan_mesh(profile, placement, cluster)
-    if placement.replicas is not None:
-        return _plan_replicas(profile, placement, cluster)
     return plan(profile, _with_cluster(request, cluster))
+
+
+def _replicas_as_mesh(placement: Placement) -> Placement:
+    """``replicas`` (``--data-parallel`` alone) as the request's ``data_parallel``: one route
+    for data parallelism, the mesh search with T = 1 and unsharded state, so the flag and
+    ``PlanRequest(data_parallel=D)`` give the same plan. D = 1 is one pipeline."""
+    if placement.replicas is None or placement.request.plans_mesh:
+        return placement
+    devices = placement.devices
+    if devices is not None and devices.pipeline:
+        raise UsageError("--data-parallel needs one kind of device; drop the NAME:COUNT list")
+    request = dataclasses.replace(
+        placement.request, data_parallel=placement.replicas, tensor_parallel=1, shard="none"
+    )
+    return dataclasses.replace(placement, request=request, replicas=None)
 
 
 def _per_device(request: PlanRequest, cluster: Cluster | None) -> PlanRequest:
@@ -167,32 +182,6 @@ def scaling_rows(profile: Profile, placement: Placement) -> list[dict[str, Any]]
         device_count(request),
         _per_device(request, cluster),
         device=cluster.devices[0] if cluster is not None else None,
-    )
-
-
-def _plan_replicas(profile: Profile, placement: Placement, cluster: Cluster | None) -> Plan:
-    """``gpus`` devices as K stages x D replicas, D = ``placement.replicas`` (or the best)."""
-    devices = placement.devices
-    if devices is not None and devices.pipeline:
-        raise UsageError("--data-parallel needs one kind of device; drop the NAME:COUNT list")
-    device = cluster.devices[0] if cluster is not None else None
-    bandwidth = placement.allreduce_bandwidth_bytes_per_s
-    if (
-        bandwidth is None
-        and device is not None
-        and device.link_bandwidth_bytes_per_s < float("inf")
-    ):
-        bandwidth = device.link_bandwidth_bytes_per_s
-    if bandwidth is None:
-        raise UsageError(NEED_BANDWIDTH)
-    request = placement.request
-    return plan_data_parallel(
-        profile,
-        device_count(request),
-        _per_device(request, cluster),
-        replicas=placement.replicas or "auto",
-        allreduce_bandwidth_bytes_per_s=bandwidth,
-        device=device,
     )
 
 

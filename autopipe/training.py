@@ -354,8 +354,10 @@ def _shape_line(plan: Plan, world: int, replicas: int) -> str:
     """The run's shape in one line: stages, replicas, mesh, backend, schedule, batches."""
     import torch.distributed as dist
 
-    mesh_note = (f" x TP {plan.tensor_parallel}" if plan.tensor_parallel > 1 else "") + (
-        f", shard {plan.shard}" if plan.shard != "none" else ""
+    mesh_note = (
+        (f" x TP {plan.tensor_parallel}" if plan.tensor_parallel > 1 else "")
+        + (f", experts over EP {plan.expert_parallel}" if plan.expert_parallel > 1 else "")
+        + (f", shard {plan.shard}" if plan.shard != "none" else "")
     )
     return (
         f"autopipe run: {plan.num_stages} stages x {replicas} replicas{mesh_note} on "

@@ -13,11 +13,13 @@ Both models are counted analytically on the meta device (profiling is not timed)
 memory needs it, the default expert load imbalance 1.25. Printed: each mesh, its step and
 tokens/s per GPU, peak memory per device, and the search's wall time and number of meshes
 weighed and searched (target: under 30 s each, of the process's CPU time: the wall time of a
-shared host counts other jobs).
+shared host counts other jobs). A progress bar (stderr) counts the meshes searched so far.
 
-    .venv/bin/python benchmarks/modern_mesh.py [--only a|b] [--profiles DIR]
+    .venv/bin/python benchmarks/modern_mesh.py [--only a|b] [--profiles DIR] [--gpus N]
 
-``--profiles DIR`` keeps the counted profiles as JSON there and reuses them on the next run.
+``--profiles DIR`` keeps the counted profiles as JSON there and reuses them on the next run;
+``--gpus N`` plans the case on N devices instead of the published count (a smaller variant,
+e.g. to time an older checkout beside this one).
 """
 
 from __future__ import annotations
@@ -25,7 +27,10 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks" / "models"))
@@ -104,18 +109,43 @@ def line(label: str, p: Plan, case: dict) -> str:
     )
 
 
-def run_case(name: str, keep: Path | None) -> None:
-    case = CASES[name]
-    print(f"({name}) {case['title']}")
+@contextmanager
+def searches_shown(label: str) -> Iterator[None]:
+    """A tqdm bar on stderr counting the meshes whose pipeline the search runs (the planner
+    is torch-free and prints nothing; its one-mesh search is wrapped for the count)."""
+    import autopipe.planner.mesh as mesh
+    from tqdm import tqdm
+
+    real: Callable[..., Any] = mesh._search
+    bar = tqdm(desc=f"{label}: meshes searched", unit=" mesh", file=sys.stderr, leave=False)
+
+    def counted_search(*args: Any, **kwargs: Any) -> Any:
+        out = real(*args, **kwargs)
+        bar.update(1)
+        return out
+
+    mesh._search = counted_search  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        mesh._search = real  # type: ignore[assignment]
+        bar.close()
+
+
+def run_case(name: str, keep: Path | None, gpus: int | None = None) -> None:
+    case = dict(CASES[name], gpus=gpus) if gpus else CASES[name]
+    title = case["title"] if not gpus else f"{case['title']} (on {gpus} devices)"
+    print(f"({name}) {title}")
     p = counted(case["factory"], case["profile_batch"], case["device"], keep)
     started, cpu = time.perf_counter(), time.process_time()
-    chosen = plan(
-        p,
-        request(
-            case, tensor_parallel="auto", data_parallel="auto", shard="auto",
-            context_parallel="auto", expert_parallel="auto",
-        ),
-    )  # fmt: skip
+    with searches_shown(f"({name})"):
+        chosen = plan(
+            p,
+            request(
+                case, tensor_parallel="auto", data_parallel="auto", shard="auto",
+                context_parallel="auto", expert_parallel="auto",
+            ),
+        )  # fmt: skip
     took, took_cpu = time.perf_counter() - started, time.process_time() - cpu
     assert chosen.mesh is not None
     rows = chosen.mesh.candidates
@@ -137,9 +167,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", choices=sorted(CASES))
     parser.add_argument("--profiles", type=Path, help="keep / reuse the counted profiles here")
+    parser.add_argument("--gpus", type=int, help="plan on this many devices instead")
     args = parser.parse_args()
     for name in [args.only] if args.only else sorted(CASES):
-        run_case(name, args.profiles)
+        run_case(name, args.profiles, args.gpus)
 
 
 if __name__ == "__main__":

@@ -405,6 +405,16 @@ def pricing_for(spec: DeviceSpec) -> Pricing:
     )
 
 
+_LOSS_PEAK_BYTES = {"torch": 4 + 4 + 4, "megatron": 4 + BF16}
+"""Bytes per logit live at the loss's peak, its backward (the fp32 log-softmax output saved in
+forward included). ``torch``: ``cross_entropy(logits.float(), labels)`` (torchtitan's loss;
+the bf16 logits are freed, ``del pred``, before the backward): the saved fp32 log-softmax (4),
+the incoming fp32 gradient of it (4) and the fp32 input gradient (4); its forward peaks lower,
+at 10 (bf16 logits, fp32 copy, log-softmax). ``megatron``: ``vocab_parallel_cross_entropy``
+computes the softmax in the fp32 copy of the logits and the gradient in place in it (4) and
+casts that to bf16 (2); its forward peaks at the bf16 logits and the copy (6) too."""
+
+
 def _linear_s(
     spec: DeviceSpec,
     tokens_mm: int,
@@ -497,6 +507,7 @@ def transformer_profile(
     fp8_head: bool = False,
     gemm_tokens: int | None = None,
     tp: int = 1,
+    loss: str = "torch",
 ) -> Profile:
     """The Profile of ``a`` at ``batch_size`` sequences of ``seq`` tokens on ``spec``: units
     ``embed``, ``layers.0 .. layers.L-1``, ``head`` (final norm, output projection, loss).
@@ -508,7 +519,7 @@ def transformer_profile(
     and dropout mask dropped; with flash attention it saves nothing more) or ``torchtitan``
     (its ``selective`` op policy: the outputs of attention and of every other matmul kept,
     everything else re-computed: about half the matmuls and every element-wise op, keeping
-    ``3h + 2 kv + ffn`` elements per token). ``fp8_head``: the output projection is an FP8
+    ``4h + kv + ffn`` elements per token with the block input). ``fp8_head``: the output projection is an FP8
     linear too (torchtitan leaves ``output`` in bf16).
 
     Matmuls: with ``pricing`` given, every matmul FLOP at its flat rate; else each GEMM is
@@ -516,7 +527,11 @@ def transformer_profile(
     maximum achievable matmul FLOP/s, the share of SMs its output tiles fill, its memory
     bound) as one TP rank runs it: ``gemm_tokens`` tokens per micro-batch (default: the
     profile batch), weights split ``tp`` ways; flash attention's fused kernel at the GPU's
-    matmul ceiling."""
+    matmul ceiling.
+
+    ``loss``: how the cross-entropy holds the logits (:data:`_LOSS_PEAK_BYTES`): ``torch``
+    (``cross_entropy(logits.float())``, torchtitan) or ``megatron`` (its fused vocab-parallel
+    cross-entropy, in place)."""
     price = pricing or pricing_for(spec)
     tokens = batch_size * seq
     h, v = a.hidden, a.vocab
@@ -547,7 +562,10 @@ def transformer_profile(
     drop_elems = (3 * 3 * h) if a.dropout and not compiled else 0.0
     replicated_share = tokens * BF16 * (norm_elems + drop_elems) / mem / block_fwd
     if selective == "torchtitan":
-        kept = tokens * BF16 * (3 * h + 2 * a.kv_dim + a.ffn)
+        # the block's input (the checkpoint keeps its inputs), the outputs of every other
+        # matmul (wq, wv, w1, w2: the policy's odd mm calls), attention's output and its fp32
+        # log-sum-exp per head
+        kept = tokens * (BF16 * (4 * h + a.kv_dim + a.ffn) + 4 * a.heads)
         redo = 0.5 * lin_f + tokens * fwd_mem
     else:
         scores = 0.0 if flash else tokens * (2 + 2 + (1 if a.dropout else 0)) * a.heads * seq
@@ -605,7 +623,10 @@ def transformer_profile(
             parameter_count=0 if a.tied else v * h + h,
             parameter_bytes=(0 if a.tied else v * h + h) * BF16,
             # tied: Megatron keeps the embedding's copy on the last stage too
-            activation_bytes=int(hidden_bytes + logits * (BF16 + 4)),
+            # saved: the head's input and the loss's fp32 (log-)softmax; the peak adds the
+            # loss's transient (_LOSS_PEAK_BYTES)
+            activation_bytes=int(hidden_bytes + logits * 4),
+            peak_bytes=int(hidden_bytes + logits * _LOSS_PEAK_BYTES[loss]),
             forward_flops=tokens * 2 * h * v,
             backward_flops=tokens * 4 * h * v,
             tp_parameter_count=v * h,
@@ -656,6 +677,7 @@ def profile_of(run: Run) -> Profile:
         run.arch, run.seq, spec, compiled=run.compiled, flash=run.flash,
         selective="torchtitan" if run.key.startswith("tt") else "megatron",
         gemm_tokens=(run.microbatch or 1) * run.seq, tp=run.tp,
+        loss="torch" if run.key.startswith(("tt", "llama3")) else "megatron",
     )  # fmt: skip
 
 

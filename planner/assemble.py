@@ -16,7 +16,7 @@ from autopipe.planner.baselines import (
     framework_shape,
 )
 from autopipe.planner.candidate import Candidate
-from autopipe.planner.chunks import ScheduleShape, cost_model_for
+from autopipe.planner.chunks import ScheduleShape, cost_model_for, splits_backward
 from autopipe.planner.costs import SegmentCost
 from autopipe.planner.partition import exact_partition
 from autopipe.planner.simulate import Simulation, gpipe_exact, idle_fraction, simulate
@@ -138,10 +138,12 @@ def _stage_plans(
     assert part is not None
     ranks = best.shape.ranks if best.shape is not None else list(range(len(cluster)))
     counts = _unit_parameters(profile)
+    split = best.shape is not None and best.shape.split_backward
     stages: list[StagePlan] = []
     for s, (units, c) in enumerate(
         zip(_stage_names(profile, part.bounds), best.costs, strict=True)
     ):
+        i, j = part.bounds[s], part.bounds[s + 1]
         reason = ""
         if c.checkpoint:
             cap = cm.capacity_bytes[s]
@@ -179,6 +181,10 @@ def _stage_plans(
                 microbatch_activation_bytes=int(works[s].activation_bytes) if works else 0,
                 microbatch_input_bytes=int(works[s].input_bytes) if works else 0,
                 unit_parameters=[counts[u] for u in units] if counts is not None else [],
+                # decided here, once: the runtime runs the chunk's backward as recorded
+                split_backward=splits_backward(cm.profile, i, j, s, c.checkpoint)
+                if split
+                else None,
             )
         )
     return stages

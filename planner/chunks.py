@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 from autopipe.planner.costs import UNIT, CostModel, SegmentCost
 from autopipe.planner.schedules import rank_orders
-from autopipe.planner.simulate import ChunkWork, inflight_counts, replay_memory
+from autopipe.planner.simulate import ChunkWork, _allocates, _frees, inflight_counts
 
 from autopipe.core.cluster import Cluster, Device
 from autopipe.core.profile import Profile
@@ -155,6 +155,15 @@ def chunk_cluster(cluster: Cluster, shape: ScheduleShape, memory_share: float = 
     return Cluster(devices, cluster.host_throughput)
 
 
+def splits_backward(profile: Profile, i: int, j: int, index: int, checkpoint: bool) -> bool:
+    """Whether chunk ``index`` (units ``i..j-1``) runs its backward as B then W under a
+    zero-bubble schedule, as the plan records it (``StagePlan.split_backward``) and the
+    runtime runs it: not when re-materialized (one recomputation in B rather than one per
+    parameter group in W) or :func:`runs_unsplit`. The first chunk is torch's own (its whole
+    backward in W, no input gradient to send): recorded as split."""
+    return index == 0 or not (checkpoint or runs_unsplit(profile, i, j))
+
+
 def runs_unsplit(profile: Profile, i: int, j: int) -> bool:
     """Whether the chunk of units ``i..j-1`` runs its backward unsplit under a zero-bubble
     schedule: one of its units could not be split (``UnitProfile.backward_unsplit``), or two
@@ -234,12 +243,50 @@ def rank_fits(
 ) -> tuple[bool, list[float]]:
     """Whether every rank's replayed peak (headroom included) fits its memory, and the
     peaks (bytes, headroom not included). O(T)."""
-    peaks = replay_memory(shape.orders, works, shape.ranks)
+    peaks = replay_peaks(shape, works)
     ok = all(
         d.memory_bytes is None or p * (1.0 + headroom) <= d.memory_bytes
         for p, d in zip(peaks, cluster.devices, strict=True)
     )
     return ok, peaks
+
+
+_PHASES = ("forward", "backward", "backward_input", "backward_weight")
+_ACTIONS: dict[tuple[str, int, int, int], list[tuple[np.ndarray, np.ndarray]]] = {}
+"""Per (schedule, K, V, M): each rank's actions as (chunk, phase index) arrays."""
+
+
+def replay_peaks(shape: ScheduleShape, works: list[ChunkWork]) -> list[float]:
+    """:func:`autopipe.planner.simulate.replay_memory` of the shape's orders, vectorised: the
+    same additions in the same order (a sequential cumulative sum), so the same floats.
+    O(T) numpy work; the orders' arrays are built once per (schedule, K, V, M)."""
+    key = (shape.schedule, shape.num_ranks, shape.virtual_stages, shape.microbatches)
+    arrays = _ACTIONS.get(key)
+    if arrays is None:
+        index = {p: i for i, p in enumerate(_PHASES)}
+        arrays = [
+            (
+                np.array([a.stage for a in order], dtype=np.int64),
+                np.array([index[a.phase] for a in order], dtype=np.int64),
+            )
+            for order in shape.orders
+        ]
+        if len(_ACTIONS) >= _MAX_SHAPES:
+            _ACTIONS.clear()
+        _ACTIONS[key] = arrays
+    # what each (chunk, phase) allocates at its start and frees at its end (simulate.py)
+    alloc = np.array([[_allocates(w, p) for p in _PHASES] for w in works], dtype=float)
+    free = np.array([[_frees(w, p) for p in _PHASES] for w in works], dtype=float)
+    peaks = []
+    for r, (stage, phase) in enumerate(arrays):
+        now = sum(w.state_bytes for c, w in enumerate(works) if shape.ranks[c] == r)
+        steps = np.empty(2 * stage.size + 1)
+        steps[0] = now
+        steps[1::2] = alloc[stage, phase]
+        steps[2::2] = -free[stage, phase]
+        running = np.cumsum(steps)
+        peaks.append(max(now, float(running[1::2].max(initial=now))))
+    return peaks
 
 
 def lower_bound_s(cm: CostModel, shape: ScheduleShape, cluster: Cluster) -> float:

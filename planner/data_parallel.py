@@ -1,14 +1,17 @@
-"""Choose pipeline depth K and data-parallel degree D for G devices (G = K x D). Torch-free.
+"""Data parallelism beside a pipeline: G devices as K stages x D replicas (G = K x D).
+Torch-free.
 
-For every divisor K of G, a plan for K stages at the per-replica batch ``B / D`` comes from the
-caller's planner callable; the step time is that plan's pipeline iteration plus the gradient
-all-reduce among the D replicas of the largest stage, which the distributed runtime runs after
-the pipeline drains (not overlapped), modelled as a ring all-reduce::
+:func:`plan_data_parallel` plans it on the one route every data-parallel request takes, the
+mesh search with T = 1 and unsharded state (:func:`autopipe.planner.mesh.plan_mesh`): its step
+is the pipeline iteration plus the gradient all-reduce among the D replicas of the busiest
+rank, run after the pipeline drains (not overlapped), a ring all-reduce::
 
     allreduce_s = 2 (D - 1) / D * stage_gradient_bytes / bandwidth + 2 (D - 1) * latency
 
 (each rank sends and receives ``(D - 1) / D`` of the buffer twice: reduce-scatter then
-all-gather). Throughput is ``B / step_s``. Cost: one planner call per divisor of G.
+all-gather; :func:`ring_allreduce_s`), and its speedup is over one device running the whole
+global batch. :func:`choose_pipeline_data_parallel` weighs (K, D) for any planner callable
+(the distributed benchmark's model of a measured step); no planning entry point uses it.
 """
 
 from __future__ import annotations
@@ -19,12 +22,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from autopipe.planner.errors import PlanningError
+from autopipe.planner.mesh_costs import ring_collective_s
 from autopipe.planner.planning import plan
 from autopipe.planner.search import divisor_hint, divisors
 
 from autopipe.core.cluster import Cluster, Device
 from autopipe.core.plan import Plan
-from autopipe.core.plan_records import DataParallelRow
 from autopipe.core.profile import Profile
 from autopipe.core.request import PlanRequest
 
@@ -54,10 +57,8 @@ def ring_allreduce_s(
     """Seconds for a ring all-reduce of ``nbytes`` among ``replicas`` ranks (0 for one rank)."""
     if replicas <= 1:
         return 0.0
-    return (
-        2 * (replicas - 1) / replicas * nbytes / bandwidth_bytes_per_s
-        + 2 * (replicas - 1) * latency_s
-    )
+    # a reduce-scatter then an all-gather: the mesh search's own collective model
+    return 2 * ring_collective_s(nbytes, replicas, bandwidth_bytes_per_s, latency_s)
 
 
 def choose_pipeline_data_parallel(
@@ -168,48 +169,44 @@ def plan_data_parallel(
     device: Device | None = None,
 ) -> Plan:
     """The best ``K x D = total_gpus`` layout: a K-stage plan of ``request`` run by D
-    data-parallel replicas.
+    data-parallel replicas, from the one data-parallel route, the mesh search with T = 1
+    and unsharded state (:func:`autopipe.planner.mesh.plan_mesh`; the same plan as
+    ``plan(profile, PlanRequest(data_parallel=D, ...))`` on these devices).
 
-    ``replicas="auto"`` tries every divisor D of ``total_gpus`` (one planner call each) and
-    keeps the highest modelled throughput; an integer fixes D. The request's ``batch_size``
-    is the global batch (default: the profile's); each replica pipelines ``batch_size / D``
-    samples; its ``gpus`` and ``cluster`` are replaced by each K: ``device`` is repeated K
-    times (default: the profile's device with the request's ``memory_per_device``). The
-    returned Plan has ``replicas = D``, its per-replica ``batch_size``, ``iteration_time_s`` =
-    pipeline + all-reduce, ``throughput`` over the global batch, and every candidate in
-    ``Plan.data_parallel``. Raises ``PlanningError``.
+    ``replicas="auto"`` weighs every divisor D of ``total_gpus``; an integer fixes D. The
+    request's ``batch_size`` is the global batch (default: the profile's); each replica
+    pipelines ``batch_size / D`` samples. The ``total_gpus`` devices are ``device`` (default:
+    the profile's device with the request's ``memory_per_device``) with the link
+    ``allreduce_bandwidth_bytes_per_s`` / ``allreduce_latency_s``: the gradient all-reduce
+    and the pipeline's sends both cross it. The returned Plan has ``replicas = D``, its
+    per-replica ``batch_size``, ``iteration_time_s`` = pipeline + all-reduce, ``throughput``
+    and ``speedup`` over the global batch, and every (K, D) weighed in ``Plan.mesh`` (and
+    ``Plan.data_parallel``). Raises ``PlanningError``.
     """
     _check_layout(total_gpus, replicas)
     request = PlanRequest() if request is None else request
     batch = profile.batch_size if request.batch_size is None else request.batch_size
-    fixed = None if replicas == "auto" else int(replicas)
-    if fixed is not None:
-        check_replicas_divide_batch(fixed, total_gpus, batch)
-    try:
-        choices = choose_pipeline_data_parallel(
-            _replica_planner(profile, request, device),
-            total_gpus,
-            batch,
-            allreduce_bandwidth_bytes_per_s,
-            allreduce_latency_s,
-            replicas=fixed,
-        )
-    except ValueError as exc:
-        raise PlanningError(str(exc)) from exc
-    best = choices[0]
-    assert best.plan is not None
-    out = best.plan
-    _record_choice(out, best)
-    _baselines_pay_allreduce(
-        out, best.replicas, allreduce_bandwidth_bytes_per_s, allreduce_latency_s
+    if replicas != "auto":
+        check_replicas_divide_batch(int(replicas), total_gpus, batch)
+    if allreduce_bandwidth_bytes_per_s <= 0:
+        raise PlanningError("allreduce_bandwidth_bytes_per_s must be positive")
+    template = device or Device(profile.device, request.memory_per_device)
+    linked = dataclasses.replace(
+        template,
+        link_bandwidth_bytes_per_s=allreduce_bandwidth_bytes_per_s,
+        link_latency_s=allreduce_latency_s,
     )
-    out.data_parallel = [_data_parallel_row(c) for c in choices]
-    out.notes.append(
-        f"{best.stages} stages x {best.replicas} replicas of {total_gpus} GPUs: pipeline "
-        f"{best.pipeline_s * 1e3:.4g} ms + gradient all-reduce {best.allreduce_s * 1e3:.4g} ms "
-        f"per step, {best.throughput:.4g} samples/s over the global batch of {batch}"
+    asked = dataclasses.replace(
+        request,
+        gpus=None,
+        cluster=Cluster([linked] * total_gpus),
+        data_parallel=replicas,
+        tensor_parallel=1,
+        shard="none",
+        context_parallel=1,
+        expert_parallel=1,
     )
-    return out
+    return plan(profile, asked)
 
 
 def _check_layout(total_gpus: int, replicas: int | str) -> None:
@@ -222,57 +219,3 @@ def _check_layout(total_gpus: int, replicas: int | str) -> None:
         raise PlanningError(
             f"replicas={replicas!r} must be 'auto' or a divisor of the {total_gpus} GPUs"
         )
-
-
-def _replica_planner(
-    profile: Profile, request: PlanRequest, device: Device | None
-) -> Callable[[int, int], Plan]:
-    """The planner callable for ``choose_pipeline_data_parallel``: ``request`` on K stages
-    (``device`` repeated K times, else K of the request's own) at the per-replica batch."""
-
-    def make_plan(stages: int, per_replica_batch: int) -> Plan:
-        if stages > len(profile.units):
-            raise PlanningError(f"{stages} stages need at least {stages} units")
-        cluster = None if device is None else Cluster([device] * stages)
-        gpus = stages if device is None else None
-        asked = dataclasses.replace(
-            request, gpus=gpus, cluster=cluster, batch_size=per_replica_batch
-        )
-        return plan(profile, asked)
-
-    return make_plan
-
-
-def _record_choice(out: Plan, best: ParallelChoice) -> None:
-    """The chosen layout's D, step (pipeline + all-reduce) and throughput on its plan."""
-    out.replicas = best.replicas
-    out.pipeline_iteration_s = best.pipeline_s
-    out.allreduce_s = best.allreduce_s
-    out.iteration_time_s = best.step_s
-    out.throughput = best.throughput
-    # One device would take D times the per-replica single-device time for the global batch.
-    out.speedup *= best.replicas * best.pipeline_s / best.step_s
-
-
-def _baselines_pay_allreduce(
-    out: Plan, replicas: int, bandwidth_bytes_per_s: float, latency_s: float
-) -> None:
-    """Baselines run with the same D, so they pay the all-reduce of their own largest stage."""
-    for base in out.baselines.values():
-        if base.get("feasible") and base.get("stages"):
-            base["iteration_time_s"] += max(
-                ring_allreduce_s(s["parameter_bytes"], replicas, bandwidth_bytes_per_s, latency_s)
-                for s in base["stages"]
-            )
-
-
-def _data_parallel_row(c: ParallelChoice) -> DataParallelRow:
-    """One candidate (K, D) as the Plan records it (no step for an infeasible one)."""
-    return DataParallelRow(
-        stages=c.stages,
-        replicas=c.replicas,
-        step_s=c.step_s if c.plan is not None else None,
-        allreduce_s=c.allreduce_s if c.plan is not None else None,
-        throughput=c.throughput,
-        reason=c.reason,
-    )

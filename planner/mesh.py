@@ -28,6 +28,7 @@ import numpy as np
 from autopipe.planner.context_expert import context_expert_choices, context_expert_profile
 from autopipe.planner.costs import backward_input_share
 from autopipe.planner.errors import PlanningError, RuleViolation
+from autopipe.planner.mesh_bound import PipelineMemory
 from autopipe.planner.mesh_costs import (
     Topology,
     device_profile,
@@ -35,6 +36,7 @@ from autopipe.planner.mesh_costs import (
     ring_collective_s,
     sharded_state_bytes_per_parameter,
     tp_collective_s,
+    transient_bytes,
 )
 from autopipe.planner.search import (
     CannotBeat,
@@ -246,6 +248,7 @@ def mesh_lower_bound_s(
     topology: Topology,
     microbatches: list[int] | None = None,
     one_chunk_per_rank: bool = False,
+    memory: PipelineMemory | None = None,
 ) -> float:
     """A proven lower bound on the candidate's step. The pipeline part is the smallest, over
     the micro-batch counts M the search may pick (:func:`search.microbatch_counts`: those of
@@ -260,15 +263,20 @@ def mesh_lower_bound_s(
     stage (``P_s`` = the stages before it, ``t_s`` = its time per micro-batch); over every
     split of the work ``W`` into K stages the smallest such maximum is
     ``W / (1 - (1 - 1/M)^K)`` (equalising the terms). Plus the data-parallel communication
-    nothing hides (of the average rank's gradients). O(N x #M).
+    nothing hides (of the average rank's gradients). With ``memory`` (GPipe, 1F1B) the work
+    includes the least re-materialization that memory forces
+    (:mod:`autopipe.planner.mesh_bound`; infinite where not even the training state fits).
+    O(N log N x #M).
     """
     replica = batch_size // cand.dp
-    key = (id(device), replica, cand.pp, tuple(microbatches or ()), one_chunk_per_rank)
+    key = (id(device), replica, cand.pp, tuple(microbatches or ()), one_chunk_per_rank, memory)
     hit = _BOUNDS.get(key)
     if hit is not None and hit[0] is device:
         bound = hit[1]  # the same pipeline part as another sharding of this mesh
     else:
-        bound = _pipeline_bound_s(device, replica, cand.pp, microbatches, one_chunk_per_rank)
+        bound = _pipeline_bound_s(
+            device, replica, cand.pp, microbatches, one_chunk_per_rank, memory
+        )
         if len(_BOUNDS) > 65536:
             _BOUNDS.clear()
         _BOUNDS[key] = (device, bound)
@@ -285,7 +293,12 @@ _BOUNDS: dict[tuple[object, ...], tuple[Profile, float]] = {}
 
 
 def _pipeline_bound_s(
-    device: Profile, replica: int, pp: int, microbatches: list[int] | None, single: bool
+    device: Profile,
+    replica: int,
+    pp: int,
+    microbatches: list[int] | None,
+    single: bool,
+    memory: PipelineMemory | None = None,
 ) -> float:
     """The pipeline part of :func:`mesh_lower_bound_s` (every M at once, vectorised)."""
     ms = np.array(microbatch_counts(replica, microbatches), dtype=float)
@@ -301,6 +314,8 @@ def _pipeline_bound_s(
         # micro-batch 0's path: every forward, then every input gradient (B of a split backward)
         path = fwd.sum(axis=0) + (bwd * share[:, None]).sum(axis=0)
         work = per_unit.sum(axis=0)
+        if memory is not None:  # re-materialization the memory forces adds to the work
+            work = work + memory.least_recompute_s(device, replica, pp, ms)
         terms = [ms * work / pp, ms * per_unit.max(axis=0), path]
         if single:
             terms.append(work / (1.0 - (1.0 - 1.0 / ms) ** pp))
@@ -605,6 +620,10 @@ def _topology(request: PlanRequest, n: int, template: Device) -> Topology:
     )  # fmt: skip
 
 
+QUICK_STAGES = 4
+"""Meshes of at most this many pipeline stages are searched first (see ``best_of``)."""
+
+
 class _MeshSearch:
     """The pipeline search run mesh by mesh, cheapest lower bound first, skipping the meshes
     that cannot win (their bound is slower than the best step found, or ZeRO-2's twin
@@ -641,6 +660,17 @@ class _MeshSearch:
             self.shares[key] = device_profile(self.context_of(c), c.tp, self.topology)
         return self.shares[key]
 
+    def memory_of(self, c: MeshCandidate) -> PipelineMemory | None:
+        """What ``c``'s pipeline search may hold per device (as :func:`_search` sets it),
+        for the lower bound's forced re-materialization; None for unlimited memory."""
+        reserve, memory, state = _pipeline_memory(
+            c, self.context_of(c), self.base, self.template, self.topology, self.state_bpp
+        )
+        if memory is None:
+            return None
+        limit = max(memory, 0) / (1.0 + self.base.headroom)
+        return PipelineMemory(self.base.schedule, limit, state, self.template.speed)
+
     def context_of(self, c: MeshCandidate) -> Profile:
         """One rank's share of the model under ``c``'s context and expert parallelism,
         before TP (:func:`autopipe.planner.context_expert.context_expert_profile`)."""
@@ -659,13 +689,18 @@ class _MeshSearch:
         for c in cands:
             c.lower_bound_s = mesh_lower_bound_s(
                 profile, self.device_of(c), c, self.batch, self.topology, self.microbatches,
-                single,
+                single, self.memory_of(c),
             )  # fmt: skip
             if c.pp > len(profile.units):
                 c.reason = f"{c.pp} stages need {c.pp} units; the model has {len(profile.units)}"
         zero2 = {c.key: c for c in cands if c.shard == "gradients"}
         best: MeshCandidate | None = None
-        for c in sorted(cands, key=lambda c: (c.lower_bound_s, c.tp, c.shard != "none")):
+        order = sorted(cands, key=lambda c: (c.lower_bound_s, c.tp, c.shard != "none"))
+        rank = {id(c): i for i, c in enumerate(order)}  # ties: the first in bound order wins
+        # Shallow pipelines first (their searches are cheapest: O(K M) simulations): the step
+        # they find prunes the deep ones' searches; any order finds the same best.
+        quick = [c for c in order if c.pp <= QUICK_STAGES]
+        for c in quick + [c for c in order if c.pp > QUICK_STAGES]:
             if c.reason or self._ruled_out(c, best, zero2):
                 continue
             cutoff = best.step_s if best is not None else math.inf
@@ -674,7 +709,9 @@ class _MeshSearch:
                 self.topology, self.batch, self.state_bpp, self.microbatches, cutoff,
             )  # fmt: skip
             _refuse_tied_chunks(c, profile)
-            if c.plan is not None and (best is None or c.step_s < best.step_s):
+            if c.plan is not None and (
+                best is None or (c.step_s, rank[id(c)]) < (best.step_s, rank[id(best)])
+            ):
                 best = c
         return best
 
@@ -687,6 +724,8 @@ class _MeshSearch:
         """Whether ``c`` cannot win without being searched (its ``reason`` then says why)."""
         if best is not None and c.lower_bound_s >= best.step_s:
             c.reason = "cannot beat the best (its lower bound is slower)"
+            if math.isinf(c.lower_bound_s):
+                c.reason = "memory: its training state alone does not fit"
             return True
         twin = zero2.get(c.key) if c.shard in ("none", "optimizer") else None
         if twin is not None and self.topology.grad_reduce_overlap and twin.plan is not None:
@@ -813,35 +852,57 @@ def _search(
     on the device profile priced at its micro-batch (those whose bound cannot beat the best M
     so far are skipped); the other shardings: one search over every M."""
     c.searched = True
-    size = max(int(profile.bytes_per_parameter), 1)
-    keep = topology.reshard_after_forward
-    reserve = gather_buffer_bytes(profile, c.tp, c.shard, c.fsdp, keep) + base.memory_reserve_bytes
-    memory = template.memory_bytes
-    if memory is not None:
-        memory = int(memory - reserve * (1.0 + base.headroom))
-        if memory <= 0:
-            c.reason = f"memory: the gather buffers alone take {format_bytes(reserve)}"
-            return
+    reserve, memory, state = _pipeline_memory(c, profile, base, template, topology, state_bpp)
+    if memory is not None and memory <= 0:
+        c.reason = f"memory: the gather buffers alone take {format_bytes(reserve)}"
+        return
     replica = batch // c.dp
     req = dataclasses.replace(
         base, cluster=Cluster(_stage_devices(c, template, topology, memory)),
-        batch_size=replica,
-        bytes_per_parameter=sharded_state_bytes_per_parameter(
-            state_bpp, size, c.shard, c.fsdp, keep
-        ),
-        baselines=False,
+        batch_size=replica, bytes_per_parameter=state, baselines=False,
     )  # fmt: skip
     runs = _runs(c, profile, device, req, topology, microbatches, replica)
     single = base.schedule in ("gpipe", "1f1b")
-    best, refused = _best_run(c, inner, profile, runs, topology, batch, single, cutoff_s)
+    limit = None if memory is None else PipelineMemory(
+        base.schedule, max(memory, 0) / (1.0 + base.headroom), state, template.speed
+    )  # fmt: skip
+    best, refused = _best_run(
+        c, inner, profile, device, runs, topology, batch, single, cutoff_s, limit
+    )
     if best is None:
         reserved = reserve * (1 + base.headroom)
         c.reason = _no_plan_reason(
             c, refused, bool(runs), cutoff_s, microbatches, replica, reserved
         )
         return
-    c.run = (best[1], next(r for share, r in runs if share is best[1]))
+    c.run = (best[1], best[2])
     _price(c, best[0], best[1], profile, device, topology, replica, reserve)
+    limit = template.memory_bytes
+    if limit is not None and c.peak_bytes * (1.0 + base.headroom) > limit:
+        # the transient peak (mesh_costs.transient_bytes) is checked after the search
+        c.plan, c.run, c.step_s, c.pipeline_s = None, None, math.inf, math.inf
+        c.reason = f"memory: needs {format_bytes(c.peak_bytes)} per device with its transient peak"
+
+
+def _pipeline_memory(
+    c: MeshCandidate,
+    profile: Profile,
+    base: PlanRequest,
+    template: Device,
+    topology: Topology,
+    state_bpp: float,
+) -> tuple[float, int | None, float]:
+    """``c``'s reserved bytes per device (gather buffers and the request's reserve), the
+    memory left to its pipeline (None: unlimited) and the training state per parameter its
+    pipeline search charges (sharding applied)."""
+    size = max(int(profile.bytes_per_parameter), 1)
+    keep = topology.reshard_after_forward
+    reserve = gather_buffer_bytes(profile, c.tp, c.shard, c.fsdp, keep) + base.memory_reserve_bytes
+    memory = template.memory_bytes
+    if memory is not None:
+        memory = int(memory - reserve * (1.0 + base.headroom))
+    state = sharded_state_bytes_per_parameter(state_bpp, size, c.shard, c.fsdp, keep)
+    return reserve, memory, state
 
 
 def _stage_devices(
@@ -868,18 +929,20 @@ def _runs(
     topology: Topology,
     microbatches: list[int] | None,
     replica: int,
-) -> list[tuple[Profile, PlanRequest]]:
+) -> list[tuple[Callable[[], Profile], PlanRequest]]:
     """The pipeline searches one mesh needs: one over every M, or with ``parameters``
-    sharding over D > 1 one per M, on the device profile priced at its micro-batch."""
+    sharding over D > 1 one per M, on the device profile priced at its micro-batch (built
+    only when that M's bound does not already rule it out: O(units) each)."""
     if c.shard != "parameters" or c.fsdp <= 1:
-        return [(device, req)]
-    return [
-        (
-            device_profile(
-                profile, c.tp, topology, shard="parameters", dp=c.fsdp, microbatch_size=replica / m
-            ),
-            dataclasses.replace(req, microbatches=m),
+        return [(lambda: device, req)]
+
+    def at(m: int) -> Callable[[], Profile]:
+        return lambda: device_profile(
+            profile, c.tp, topology, shard="parameters", dp=c.fsdp, microbatch_size=replica / m
         )
+
+    return [
+        (at(m), dataclasses.replace(req, microbatches=m))
         for m in microbatch_counts(replica, microbatches)
     ]
 
@@ -888,24 +951,33 @@ def _best_run(
     c: MeshCandidate,
     inner: PipelineSearch,
     profile: Profile,
-    runs: list[tuple[Profile, PlanRequest]],
+    device: Profile,
+    runs: list[tuple[Callable[[], Profile], PlanRequest]],
     topology: Topology,
     batch: int,
     single: bool,
     cutoff_s: float,
-) -> tuple[tuple[Plan, Profile] | None, PlanningError | None]:
-    """The fastest plan of ``runs`` with the device profile it was made on (None if none
-    beats ``cutoff_s`` or fits), and the refusal needing the least memory."""
-    best: tuple[Plan, Profile] | None = None
+    memory: PipelineMemory | None = None,
+) -> tuple[tuple[Plan, Profile, PlanRequest] | None, PlanningError | None]:
+    """The fastest plan of ``runs`` with the device profile and request it was made on (None
+    if none beats ``cutoff_s`` or fits), and the refusal needing the least memory. With one
+    run per M, an M whose bound on ``device`` (no gathers, so below its own profile's)
+    cannot beat ``cutoff_s`` or the best M so far is not searched."""
+    best: tuple[Plan, Profile, PlanRequest] | None = None
     refused: PlanningError | None = None
-    for share, one in runs:
+    for make, one in runs:
+        beat = min(cutoff_s, best[0].iteration_time_s if best is not None else math.inf)
+        m = one.microbatches
+        if len(runs) > 1 and isinstance(m, int) and math.isfinite(beat):
+            bound = mesh_lower_bound_s(profile, device, c, batch, topology, [m], single, memory)
+            if bound >= beat:
+                continue
+        share = make()
         if best is not None and len(runs) > 1:
-            m = one.microbatches
             assert isinstance(m, int)
             bound = mesh_lower_bound_s(profile, share, c, batch, topology, [m], single)
             if bound >= best[0].iteration_time_s:
                 continue
-        beat = min(cutoff_s, best[0].iteration_time_s if best is not None else math.inf)
         try:
             p = inner(share, one, beat)
         except CannotBeat:
@@ -917,7 +989,7 @@ def _best_run(
                 refused = exc
             continue
         if best is None or p.iteration_time_s < best[0].iteration_time_s:
-            best = (p, share)
+            best = (p, share, one)
     return best, refused
 
 
@@ -975,7 +1047,9 @@ def _price(
     c.gather_s = (_work_s(share, b) * p.microbatches - work) / c.pp
     c.compute_s = max(work / c.pp - c.tp_comm_s, 0.0)
     c.recompute_s = sum(st.recompute_s for st in p.stages) * p.microbatches / c.pp
-    c.peak_bytes = int(max(p.rank_peak_bytes, default=0) + reserve)
+    # the largest unit's transient working memory (the loss's logits) above the saved ones
+    transient = transient_bytes(device, b)
+    c.peak_bytes = int(max(p.rank_peak_bytes, default=0) + reserve + transient)
 
 
 def _framework_rows(best: MeshCandidate, topology: Topology) -> dict[str, dict[str, Any]]:

@@ -35,6 +35,7 @@ __all__ = [
     "tp_collective_s",
     "tp_overlap_exposed_s",
     "tp_share",
+    "transient_bytes",
     "unit_device_parameter_bytes",
 ]
 
@@ -187,6 +188,17 @@ def gather_buffer_bytes(
         return 0.0  # without resharding the gathered parameters are in the state already
     size = max(int(profile.bytes_per_parameter), 1)
     return 2.0 * max(unit_device_parameter_bytes(u, tp, size) for u in profile.units)
+
+
+def transient_bytes(device: Profile, microbatch_size: float) -> float:
+    """Bytes a device needs above the saved activations while its largest-transient unit runs,
+    at ``microbatch_size`` samples: per unit ``max(0, peak_bytes - activation_bytes)`` (the
+    profile's transient peak, e.g. the loss's fp32 logits and their gradient), scaled from the
+    profile's batch; the largest over ``device``'s units (a bound for every stage, as the
+    gather buffers are). 0 where the profile records no peaks."""
+    at = microbatch_size / max(device.batch_size, 1)
+    extra = (max(u.peak_bytes - u.activation_bytes, 0) for u in device.units)
+    return at * max(extra, default=0)
 
 
 def _scaled(total_s: float, overhead_s: float, factor: float) -> float:

@@ -587,14 +587,21 @@ def _adopt_faster_heuristics(feasible: list[Candidate], profile: Profile) -> Non
     up, so a heuristic cut can occasionally simulate a little faster. The baselines are cheap
     to evaluate (3 partitions per candidate, O(K M) simulation each), so taking the faster one
     guarantees the plan is never slower than any baseline under the same cost model.
+    A candidate whose proven lower bound (on any of its cuts, a baseline's too) is above the
+    fastest time found is skipped: no cut of it can win (the deep meshes' 1F1B simulations
+    made this most of a mesh search's time).
     """
-    for c in feasible:
+    fastest = min((c.iteration_time_s for c in feasible), default=math.inf)
+    for c in sorted(feasible, key=lambda c: c.lower_bound_s):
+        if c.lower_bound_s > fastest:
+            continue
         cm = c.cost_model
         for name in BASELINES:
             bounds = baseline_bounds(name, profile, cm.num_stages)
             ev = c.evaluate(bounds)
             if ev.fits and ev.iteration_time_s < c.iteration_time_s * (1 - 1e-12):
                 c.adopt_evaluation(ev, f"dp+{name}")
+        fastest = min(fastest, c.iteration_time_s)
 
 
 def _least_need(

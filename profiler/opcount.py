@@ -27,11 +27,30 @@ from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import flop_registry
 
 from autopipe.core.catalog import DeviceSpec, normalize_dtype
+from autopipe.core.gemm import gemm_compute_s
 
 aten = torch.ops.aten
 
 # CPU flash attention has the same FLOP count as the CUDA flash kernel (q, k, v lead both
 # signatures; grad_out, q, k, v lead the backward ones).
+_GEMM_DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
+"""Matmul dtypes priced per shape (autopipe.core.gemm); others at the flat efficiency."""
+
+
+def _gemm_shape(packet: Any, args: tuple[Any, ...]) -> tuple[int, int, int, int] | None:
+    """``(m, n, k, batch)`` of a plain matmul op (``mm``, ``addmm``, ``bmm``), else None."""
+    aten = torch.ops.aten
+    operands = args[1:3] if packet is aten.addmm else args[:2]
+    if packet not in (aten.mm, aten.addmm, aten.bmm) or len(operands) < 2:
+        return None
+    a, b = operands
+    if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor):
+        return None
+    if packet is aten.bmm:
+        return (a.shape[1], b.shape[2], a.shape[2], a.shape[0])
+    return (a.shape[0], b.shape[1], a.shape[1], 1)
+
+
 _EXTRA_FLOPS = {
     aten._scaled_dot_product_flash_attention_for_cpu: flop_registry[
         aten._scaled_dot_product_flash_attention
@@ -260,7 +279,18 @@ class OpCounter(TorchDispatchMode):
         compute_s = 0.0
         if flops > 0:
             dtype = next((t.dtype for t in in_tensors if t.is_floating_point()), torch.float32)
-            compute_s = flops / (self._peak(dtype) * self.spec.compute_efficiency)
+            shape = _gemm_shape(packet, args) if dtype in _GEMM_DTYPES else None
+            if shape is not None:  # its math at its shape (autopipe.core.gemm); bytes below
+                name = _GEMM_DTYPES[dtype]
+                if (
+                    name == "float32"
+                    and self.allow_tf32
+                    and "tfloat32" in self.spec.peak_flops_per_s
+                ):
+                    name = "tfloat32"
+                compute_s = gemm_compute_s(self.spec, *shape[:3], name, batch=shape[3])
+            else:
+                compute_s = flops / (self._peak(dtype) * self.spec.compute_efficiency)
         if compute_s >= memory_s:
             cost.compute_s += compute_s
         else:

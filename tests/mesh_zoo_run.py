@@ -96,6 +96,13 @@ EXPERT_MESHES: dict[str, dict[str, Any]] = {
         "shard": "parameters",
         "schedule": "1f1b",
     },
+    "pp2ep2remat": {
+        "tensor_parallel": 1,
+        "data_parallel": 2,
+        "expert_parallel": 2,
+        "checkpoint": "always",
+        "schedule": "1f1b",
+    },
     "d4ep2": {
         "tensor_parallel": 1,
         "data_parallel": 4,
@@ -105,7 +112,8 @@ EXPERT_MESHES: dict[str, dict[str, Any]] = {
 }
 """Expert-parallel meshes (tests/test_expert_parallel.py; mixture-of-experts families only):
 PP 2 x D 2 with each MoE layer's experts spread over the 2 replicas of a stage (E = D), the
-same with FSDP2 on the other parameters, and D 4 with E 2 (two EP groups whose expert
+same with FSDP2 on the other parameters, the same with every stage re-materialized (the
+all-to-alls run again in the backward), and D 4 with E 2 (two EP groups whose expert
 gradients are summed)."""
 WORLD = 4
 

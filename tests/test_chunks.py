@@ -87,3 +87,50 @@ def test_looped_chunks_go_round_the_ranks() -> None:
     devices = chunk_cluster(cluster, shape).devices
     assert all(d.link_bandwidth_bytes_per_s == 7e9 for d in devices)  # rank 2 -> rank 0 too
     assert all(d.memory_bytes == 999 for d in devices)
+
+
+def test_the_plan_records_which_chunks_split_backward_and_the_runtime_runs_that(
+    tmp_path: object,
+) -> None:
+    """Which chunks run backward unsplit is decided once, by the planner
+    (``StagePlan.split_backward``, kept in the plan file); the distributed runtime reads it
+    (before, ``_unsplit_chunks`` decided again from the chunks: a chunk the plan priced
+    unsplit for a shared parameter was said to run unsplit for its shapes)."""
+    import dataclasses
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    from autopipe.planner import plan
+    from autopipe.runtime.distributed.pipeline import _unsplit_chunks
+
+    from autopipe.core.plan import Plan, load_plan
+    from autopipe.core.request import PlanRequest
+
+    profile = random_profile(8, seed=5)
+    # unit 5 calls one layer twice: torch's split weight pass cannot take it (the profiler's
+    # ``backward_unsplit``)
+    units = list(profile.units)
+    units[5] = dataclasses.replace(units[5], backward_unsplit="parameter 'w' is used 2 times")
+    profile = dataclasses.replace(profile, units=units)
+    request = PlanRequest(gpus=2, schedule="zbv", microbatches=4, checkpoint="never")
+    p = plan(profile, request)
+    by_chunk = [s.split_backward for s in p.stages]
+    holder = next(i for i, s in enumerate(p.stages) if "layer5" in s.units)
+    assert holder > 0 and by_chunk[holder] is False and by_chunk[0] is True
+    assert [i for i, b in enumerate(by_chunk) if not b] == [holder]
+    # priced as it runs: the unsplit chunk's whole backward in B, its W empty
+    assert p.stages[holder].backward_weight_s == 0.0
+    assert p.stages[holder].backward_input_s == pytest.approx(p.stages[holder].backward_s)
+    path = Path(str(tmp_path)) / "plan.json"
+    p.save(path)
+    assert [s.split_backward for s in load_plan(path).stages] == by_chunk
+    # the runtime reads the plan's decision (no fake-tensor run here: examples=None)
+    chunks = [SimpleNamespace(checkpoint=False) for _ in p.stages]
+    everyone = list(range(len(p.stages)))
+    unsplit = _unsplit_chunks(p, everyone, chunks, None)  # type: ignore[arg-type]
+    assert unsplit[holder].startswith("the plan runs it unsplit")
+    # a 1F1B plan records nothing, and its file has no such key
+    one = plan(profile, dataclasses.replace(request, schedule="1f1b", virtual_stages=1))
+    assert all(s.split_backward is None for s in one.stages)
+    assert all("split_backward" not in s for s in one.to_dict()["stages"])
+    assert Plan.from_dict(one.to_dict()).stages[0].split_backward is None

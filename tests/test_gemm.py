@@ -12,6 +12,7 @@ from autopipe.core.gemm import (
     SM_COUNT,
     TILE,
     gemm_ceiling,
+    gemm_compute_s,
     gemm_efficiency,
     gemm_s,
 )
@@ -70,12 +71,17 @@ def test_thin_gemms_lose_to_idle_sms_and_to_memory() -> None:
     assert gemv_s == pytest.approx(moved / (spec.memory_bandwidth_bytes_per_s * 0.8))
 
 
-def test_unmeasured_or_recalibrated_gpus_keep_their_flat_efficiency() -> None:
-    """No published measurement (V100) or a spec whose efficiency was set: the flat
-    ``compute_efficiency`` for every shape, as before the table."""
+def test_unmeasured_or_recalibrated_gpus_keep_their_efficiency_as_the_ceiling() -> None:
+    """No published measurement nor SM count (V100): the flat ``compute_efficiency`` for every
+    shape, as before the table; a spec whose efficiency was set (``--efficiency``): that is
+    its ceiling, the shape effects stay."""
     v100 = get_device("V100-32GB")
     assert gemm_efficiency(v100, 8192, 8192, 8192, "float16") == pytest.approx(0.7)
     assert gemm_efficiency(v100, 64, 64, 64, "float16") == pytest.approx(0.7)
-    tuned = get_device("H100-SXM-80GB").with_efficiency(compute=0.55)
+    h100 = get_device("H100-SXM-80GB")
+    tuned = h100.with_efficiency(compute=0.55)
     assert gemm_ceiling(tuned) == 0.55
-    assert gemm_efficiency(tuned, 64, 64, 64) == pytest.approx(0.55)
+    assert gemm_efficiency(tuned, 8192, 8192, 8192) == pytest.approx(0.55)
+    assert gemm_compute_s(tuned, 4096, 128, 4096) == pytest.approx(
+        gemm_compute_s(h100, 4096, 128, 4096) * gemm_ceiling(h100) / 0.55
+    )

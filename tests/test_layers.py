@@ -282,3 +282,53 @@ def test_boundaries_take_typed_values(package: str) -> None:
     assert [p for p in loose if p not in LOOSE_ALLOWED] == []
     stale = [p for p in LOOSE_ALLOWED if p.startswith(package + ".") and p not in loose]
     assert stale == [], "allowed but no longer there: drop them from LOOSE_ALLOWED"
+
+
+# What the ranks read of a Plan beyond its instructions, each with why (to go with #37's
+# Plan / PlanReport split): (file, field).
+_REPORT_READS = {
+    # the trainer options (FP8, selective re-computation, overlaps, sequence parallelism) are
+    # still carried in the request, not yet instruction fields of their own (#34)
+    ("planner/emit.py", "request"),
+    ("planner/emit_torchtitan.py", "request"),
+    # the emitted file's header comment says the predicted step, for people
+    ("planner/emit_torchtitan.py", "iteration_time_s"),
+    # version-1 plans without unit_parameters are checked against the model by bytes
+    ("runtime/planned_stages.py", "parameter_size_bytes"),
+}
+
+
+def _plan_reads(path: Path) -> set[str]:
+    """Every attribute read off a name ``plan`` (``plan.x``, ``self.plan.x``) in ``path``."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Attribute):
+            base = node.value
+            name = base.id if isinstance(base, ast.Name) else getattr(base, "attr", "")
+            if name == "plan":
+                out.add(node.attr)
+    return out
+
+
+def test_the_ranks_read_the_plans_instructions_only() -> None:
+    """The runtime, training, the rank agreement and the emitters read a Plan's instruction
+    fields (``autopipe.core.plan.INSTRUCTION_FIELDS``), not the planner's report: a
+    prediction or a note never changes what a rank does."""
+    import dataclasses
+
+    from autopipe.core.plan import INSTRUCTION_FIELDS, Plan
+
+    fields = {f.name for f in dataclasses.fields(Plan)}
+    assert set(INSTRUCTION_FIELDS) <= fields
+    report = fields - set(INSTRUCTION_FIELDS)
+    readers = [
+        *sorted((ROOT / "runtime").rglob("*.py")),
+        ROOT / "autopipe" / "training.py",
+        *sorted((ROOT / "planner").glob("emit*.py")),
+    ]
+    found = {
+        (str(path.relative_to(ROOT)), name)
+        for path in readers
+        for name in _plan_reads(path) & report
+    }
+    assert found == _REPORT_READS

@@ -29,19 +29,26 @@ ROOT = Path(__file__).resolve().parents[1]
 _PROFILES: dict[str, Profile] = {}
 
 
-def _profile(family: str) -> Profile:
-    """The family's measured profile (once per test session; one repeat, nothing cached)."""
-    if family not in _PROFILES:
+def _profile(family: str, sequence: int = mesh_zoo_models.SEQ) -> Profile:
+    """The family's measured profile on ``sequence`` positions (once per test session; one
+    repeat, nothing cached)."""
+    key = f"{family}/{sequence}"
+    if key not in _PROFILES:
+        import torch
         from autopipe.profiler.options import MeasureOptions
 
         from autopipe.profiling import profile
 
         model = mesh_zoo_models.build(family)
         inputs = mesh_zoo_models.example_inputs(family, mesh_zoo_run.BATCH)
-        _PROFILES[family] = profile(
+        g = torch.Generator().manual_seed(1)
+        ids = torch.randint(0, mesh_zoo_models.vocab_of(family), (mesh_zoo_run.BATCH, sequence),
+                            generator=g)  # fmt: skip
+        inputs = {"input_ids": ids}
+        _PROFILES[key] = profile(
             model, inputs, MeasureOptions(warmup=0, repeat=1), progress=False, cache=False
         )
-    return _PROFILES[family]
+    return _PROFILES[key]
 
 
 def _request(mesh: str, **fields: Any) -> PlanRequest:
@@ -55,53 +62,60 @@ def _request(mesh: str, **fields: Any) -> PlanRequest:
 
 
 def test_the_runtime_and_the_planner_apply_one_tied_chunks_rule() -> None:
+    import autopipe.planner.mesh as planner_mesh
     from autopipe.runtime.distributed import mesh
     from autopipe.runtime.distributed.mesh import MeshPlanError, check_mesh_plan
     from autopipe.runtime.planned_stages import TiedParameter
-
-    import planner.mesh as planner_mesh
 
     assert mesh.tied_chunks_problem is mesh_rules.tied_chunks_problem
     assert planner_mesh.tied_chunks_problems is mesh_rules.tied_chunks_problems
     profile = _profile("llama_tied")
     plan = autopipe.plan(profile, _request("pp2d2zero1", shard="none"))  # plannable
-    zero1 = dataclasses.replace(plan, shard="optimizer", profile=profile)  # as a plan file
+    fsdp = dataclasses.replace(plan, shard="parameters", profile=profile)  # as a plan file
     tied = [TiedParameter("model.embed_tokens.weight", [0, 1], {})]
     with pytest.raises(MeshPlanError) as exc:
-        check_mesh_plan(zero1, tied)
-    expected = mesh_rules.tied_chunks_problem("model.embed_tokens.weight", [0, 1], 1, "optimizer")
+        check_mesh_plan(fsdp, tied)
+    expected = mesh_rules.tied_chunks_problem("model.embed_tokens.weight", [0, 1], 1, "parameters")
     assert str(exc.value) == expected
     # the same line from the plan alone (its embedded profile), as emit / explain check it
-    assert zero1.profile is profile
-    assert expected in mesh_rules.mesh_problems(zero1)
+    assert fsdp.profile is profile
+    assert expected in mesh_rules.mesh_problems(fsdp)
     assert mesh_rules.tied_chunks_problem("w", [0, 1], 1, "none") is None  # plain K x D ties
     assert mesh_rules.tied_chunks_problem("w", [1, 1], 2, "parameters") is None  # one chunk
+    # the tie summed after the backward composes with TP (DTensor shards placed alike) and
+    # with ZeRO-1 (every holder steps the same summed gradient): the mesh zoo trains them
+    assert mesh_rules.tied_chunks_problem("w", [0, 1], 2, "none") is None
+    assert mesh_rules.tied_chunks_problem("w", [0, 1], 1, "optimizer") is None
+    zero1 = dataclasses.replace(plan, shard="optimizer", profile=profile)
+    check_mesh_plan(zero1, tied)
 
 
 def test_a_forced_mesh_with_a_tie_across_chunks_is_refused_at_plan_time() -> None:
     profile = _profile("llama_tied")
     with pytest.raises(RuleViolation) as exc:
-        autopipe.plan(profile, _request("pp2d2zero1"))
+        autopipe.plan(profile, _request("pp2d2zero1", shard="parameters"))
     message = str(exc.value)
     assert message.startswith("tied-chunks: parameter 'model.embed_tokens.weight' is tied")
-    assert "\n" not in message
+    assert "shard parameters" in message and "\n" not in message
+    # ZeRO-1 keeps the tie (tests/test_mesh_zoo.py trains it equal to one process)
+    zero1 = autopipe.plan(profile, _request("pp2d2zero1"))
+    assert (zero1.num_stages, zero1.replicas, zero1.shard) == (2, 2, "optimizer")
     # the sharding left to it, the planner leaves out what ties chunks and says so in its table
     plan = autopipe.plan(profile, _request("pp2d2zero1", shard="auto"))
-    assert (plan.num_stages, plan.replicas, plan.shard) == (2, 2, "none")
+    assert (plan.num_stages, plan.replicas) == (2, 2) and plan.shard in ("none", "optimizer")
     assert plan.mesh is not None
     reasons = [row.reason for row in plan.mesh.candidates]
     assert any(r.startswith("tied-chunks:") for r in reasons), reasons
 
 
-@pytest.mark.parametrize("family", ["mixtral", "olmo2"])
-def test_a_family_sequence_parallelism_cannot_run_plans_t_1_only(family: str) -> None:
-    """Mixtral (a norm before the MoE router), OLMo-2 (post-norms): the runtime's own analysis
-    at profile time records why T > 1 cannot run; a forced T is refused in one line, an
-    automatic one is 1 with the reason in the notes."""
-    profile = _profile(family)
+def test_a_model_sequence_parallelism_cannot_run_plans_t_1_only() -> None:
+    """Mixtral on 7 positions, which sequence parallelism cannot split in 2: the runtime's
+    own analysis at profile time records why T > 1 cannot run; a forced T is refused in one
+    line, an automatic one is 1 with the reason in the notes."""
+    profile = _profile("mixtral", 7)
     assert profile.tp_degrees == [2]  # the model itself would split
     assert profile.tp_refusal is not None
-    assert "is not position-wise; sequence parallelism cannot run it" in profile.tp_refusal
+    assert "sequence length 7 is not divisible by tensor-parallel degree 2" in profile.tp_refusal
     with pytest.raises(RuleViolation) as exc:
         autopipe.plan(profile, _request("pp2tp2"))
     assert str(exc.value).startswith("tensor-parallel: T=2 cannot run for this model: ")
@@ -116,6 +130,16 @@ def test_a_family_sequence_parallelism_cannot_run_plans_t_1_only(family: str) ->
     assert any(p.startswith("tp-runs: ") for p in mesh_rules.mesh_problems(forced))
 
 
+@pytest.mark.parametrize("family", ["olmo2", "mixtral", "deepseek_v3"])
+def test_norms_off_the_column_wise_path_no_longer_refuse_t_2(family: str) -> None:
+    """OLMo-2's post norms, Mixtral's norm before its experts, DeepSeek-V3's MLA: sequence
+    parallelism runs them (issue 33), so the profile records no refusal and T = 2 plans."""
+    profile = _profile(family)
+    assert profile.tp_refusal is None
+    plan = autopipe.plan(profile, _request("pp2tp2"))
+    assert (plan.num_stages, plan.replicas, plan.tensor_parallel) == (2, 1, 2)
+
+
 def test_a_family_that_runs_is_still_planned_at_t_2() -> None:
     profile = _profile("llama")
     assert profile.tp_refusal is None
@@ -125,7 +149,7 @@ def test_a_family_that_runs_is_still_planned_at_t_2() -> None:
 
 
 def test_old_profiles_without_the_field_load_and_the_field_round_trips(tmp_path: Path) -> None:
-    profile = _profile("mixtral")
+    profile = _profile("mixtral", 7)
     data = profile.to_dict()
     assert Profile.from_dict(data).tp_refusal == profile.tp_refusal
     del data["tp_refusal"]
@@ -134,7 +158,7 @@ def test_old_profiles_without_the_field_load_and_the_field_round_trips(tmp_path:
 
 def test_the_cli_refuses_a_forced_t_in_one_line_exit_2(tmp_path: Path) -> None:
     path = tmp_path / "mixtral.json"
-    _profile("mixtral").save(path)
+    _profile("mixtral", 7).save(path)
     result = subprocess.run(
         [sys.executable, "-m", "autopipe", "plan", str(path), "--gpus", "4",
          "--tensor-parallel", "2", "--data-parallel", "1", "--microbatches", "2"],

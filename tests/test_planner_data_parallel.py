@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from autopipe.planner.data_parallel import choose_pipeline_data_parallel, ring_allreduce_s
 
+from autopipe.core.cluster import Cluster
 from autopipe.core.plan import Plan, StagePlan
 from autopipe.core.request import PlanRequest
 
@@ -68,7 +69,10 @@ def test_plan_data_parallel_fixed_replicas() -> None:
 
     p = plan_data_parallel(_profile(), 8, replicas=2, allreduce_bandwidth_bytes_per_s=1e9)
     assert (p.num_stages, p.replicas, p.batch_size) == (4, 2, 32)
-    pipeline_only = plan(_profile(), PlanRequest(gpus=4, batch_size=32))
+    # the pipeline's sends cross the same 1 GB/s link as the all-reduce (before, they were
+    # priced on links of no cost while the all-reduce paid 1 GB/s)
+    devices = Cluster.homogeneous(4, _profile().device, link_bandwidth_bytes_per_s=1e9)
+    pipeline_only = plan(_profile(), PlanRequest(cluster=devices, batch_size=32))
     allreduce = max(ring_allreduce_s(s.parameter_bytes, 2, 1e9) for s in pipeline_only.stages)
     assert p.iteration_time_s == pytest.approx(pipeline_only.iteration_time_s + allreduce)
     assert p.throughput == pytest.approx(64 / p.iteration_time_s)
@@ -79,8 +83,10 @@ def test_plan_data_parallel_auto_picks_the_fastest_layout() -> None:
 
     for bandwidth in (1e7, 1e13):
         p = plan_data_parallel(_profile(), 8, allreduce_bandwidth_bytes_per_s=bandwidth)
-        rows = [r for r in p.data_parallel if r.step_s is not None]
-        assert p.throughput == pytest.approx(max(r.throughput for r in rows))
+        # every (K, D) weighed is a mesh row (T = 1, unsharded): the plan is the fastest
+        assert p.mesh is not None and {(r.tp, r.shard) for r in p.mesh.candidates} == {(1, "none")}
+        steps = [r.step_s for r in p.mesh.candidates if r.step_s is not None]
+        assert p.throughput == pytest.approx(64 / min(steps))
         assert p.num_stages * p.replicas == 8
     slow = plan_data_parallel(_profile(), 8, allreduce_bandwidth_bytes_per_s=1e7)
     fast = plan_data_parallel(_profile(), 8, allreduce_bandwidth_bytes_per_s=1e13)
@@ -109,7 +115,9 @@ def test_fixed_replicas_name_only_their_own_layout() -> None:
     with pytest.raises(PlanningError) as err:
         plan_data_parallel(_profile(), 32, replicas=2, allreduce_bandwidth_bytes_per_s=1e9)
     assert str(err.value) == (
-        "no K x D split of 32 devices works: K=16: 16 stages need at least 16 units"
+        "mesh: 32 GPUs make at least 16 pipeline stages (D=2, T=1: the most the batch, the "
+        "nodes and the model allow) but the model has 8 units; use at most 16 GPUs or a finer "
+        "--granularity (module or node)"
     )
 
 

@@ -20,6 +20,7 @@ from autopipe.planner.mesh_costs import (
     gather_buffer_bytes,
     ring_collective_s,
     sharded_state_bytes_per_parameter,
+    transient_bytes,
 )
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -247,6 +248,35 @@ def test_mesh_plan_records_the_mesh_and_fits() -> None:
     )  # fmt: skip
 
 
+def test_transient_peak_by_hand() -> None:
+    """The largest unit's transient above its saved activations (``peak_bytes -
+    activation_bytes``, e.g. the loss's fp32 logits and their gradient), scaled to the
+    micro-batch; a unit whose peak is below its saved bytes (or unrecorded) adds nothing."""
+    p = tiny_profile(n_blocks=2)
+    assert transient_bytes(p, 8) == 0
+    p.units[-1].peak_bytes = 2_000_000 + 12_000_000  # head: saved 2 MB, +12 MB at the loss
+    p.units[1].peak_bytes = 1  # below its saved bytes
+    assert transient_bytes(p, 16) == 12_000_000
+    assert transient_bytes(p, 4) == 3_000_000  # a quarter of the profile batch
+
+
+def test_mesh_peak_counts_the_transient_and_refuses_what_it_overflows() -> None:
+    """The transient is part of the mesh plan's peak, and a mesh that fits without it but
+    not with it is refused (naming the transient peak), not reported as fitting."""
+    p = tiny_profile(n_blocks=4)
+    fixed = dict(batch_size=16, microbatches=1, tensor_parallel=1, data_parallel=2,
+                 shard="none", gpus_per_node=8, checkpoint="never", headroom=0.0)  # fmt: skip
+    base = plan(p, PlanRequest(cluster=_cluster(2, None), **fixed))  # type: ignore[arg-type]
+    p.units[-1].peak_bytes = p.units[-1].activation_bytes + 5_000_000
+    out = plan(p, PlanRequest(cluster=_cluster(2, None), **fixed))  # type: ignore[arg-type]
+    assert base.mesh is not None and out.mesh is not None
+    # 8 samples per replica, half the profile's batch of 16
+    assert out.mesh.peak_bytes == base.mesh.peak_bytes + 2_500_000
+    tight = base.mesh.peak_bytes + 1_000_000  # fits the saved bytes, not the transient
+    with pytest.raises(PlanningError, match="transient"):
+        plan(p, PlanRequest(cluster=_cluster(2, tight), **fixed))  # type: ignore[arg-type]
+
+
 def test_sharding_makes_a_refused_job_fit() -> None:
     """The issue's case in small: no 8-stage pipeline fits; a mesh of the 8 devices does."""
     p = tiny_profile(n_blocks=6)
@@ -375,7 +405,8 @@ def test_existing_data_parallel_flag_still_plans_k_by_d(
     assert main(argv) == 0
     written = load_plan(out)
     assert (written.num_stages, written.replicas, written.tensor_parallel) == (4, 2, 1)
-    assert written.mesh is None
+    # one route for data parallelism: the mesh search with T = 1 and unsharded state
+    assert written.mesh is not None and written.shard == "none"
 
 
 @settings(max_examples=10, deadline=None)

@@ -83,3 +83,22 @@ def test_priced_ratios_stay_within_measured_bounds(key: str) -> None:
     assert o.plan is not None, (o.missing, o.error)
     low, high = BOUNDS[key]
     assert low <= o.throughput_ratio <= high
+
+
+def test_loss_and_selective_memory_terms_by_hand() -> None:
+    """The closed-form profile's memory terms, counted for Llama 3.1 8B at 8192 tokens: the
+    head saves its input (bf16) and the fp32 log-softmax and peaks, in torch's
+    ``cross_entropy(logits.float())`` backward, at 12 bytes per logit (saved log-softmax, its
+    fp32 gradient, the fp32 input gradient), in Megatron's in-place vocab-parallel loss at 6;
+    torchtitan's selective policy keeps the block input, every other matmul's output (wq, wv,
+    w1, w2), attention's output and its fp32 log-sum-exp per head."""
+    a, seq = pr.LLAMA31_8B, 8192
+    spec = pr.get_device("H100-SXM-80GB")
+    tt = pr.transformer_profile(a, seq, spec, selective="torchtitan", loss="torch")
+    mg = pr.transformer_profile(a, seq, spec, loss="megatron")
+    logits, hidden = seq * a.vocab, seq * a.hidden * 2
+    assert tt.units[-1].activation_bytes == hidden + 4 * logits
+    assert tt.units[-1].peak_bytes == hidden + 12 * logits
+    assert mg.units[-1].peak_bytes == hidden + 6 * logits
+    kept = seq * (2 * (4 * 4096 + 1024 + 14336) + 4 * 32)
+    assert tt.units[1].selective_activation_bytes == kept

@@ -58,3 +58,28 @@ def test_closed_form_inflight_counts_equal_the_replayed_ones(schedule: str) -> N
             assert shape.held == held, (k, m)
             assert shape.full == [max(f, 1) for f in full], (k, m)
             assert shape.orders == rank_orders(schedule, k, 1, m)
+
+
+@pytest.mark.parametrize(
+    ("schedule", "k", "v", "m"),
+    [("gpipe", 3, 1, 5), ("1f1b", 4, 1, 7), ("interleaved-1f1b", 2, 2, 4), ("zbv", 2, 2, 4)],
+)
+def test_vectorised_replay_gives_the_same_peaks(schedule: str, k: int, v: int, m: int) -> None:
+    """chunks.replay_peaks equals simulate.replay_memory to the last bit (the same sums in
+    the same order), checkpointed chunks and fractional bytes included."""
+    import random
+
+    from autopipe.planner.chunks import replay_peaks
+    from autopipe.planner.simulate import ChunkWork, replay_memory
+
+    r = random.Random(k * 100 + m)
+    shape = ScheduleShape.of(schedule, k, v, m)
+    works = [
+        ChunkWork(
+            forward_s=1.0, backward_s=2.0, activation_bytes=r.uniform(1, 1e9) / 3,
+            input_bytes=r.uniform(1, 1e6) / 7, checkpoint=r.random() < 0.5,
+            state_bytes=r.uniform(1, 1e10) / 11,
+        )
+        for _ in range(shape.num_chunks)
+    ]  # fmt: skip
+    assert replay_peaks(shape, works) == replay_memory(shape.orders, works, shape.ranks)

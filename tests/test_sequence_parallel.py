@@ -219,10 +219,9 @@ def test_a_sandwich_norm_runs_on_the_shard() -> None:
     assert layout.colwise_inputs == {"up": "norm", "head": "norm"}
 
 
-def test_mixture_of_experts_is_gathered_after_its_norm_on_the_shard() -> None:
-    """Mixtral (tests/mesh_zoo_models.py): the norm before each mixture-of-experts block
-    runs on the shard; the block, whose router and experts no plan splits, reads its output
-    gathered, runs whole on every TP rank, and its output is sharded again for the add."""
+def zoo_layout(family: str) -> tuple[Any, Any, dict[str, str]]:
+    """(layout, the TP-rank-shaped PlannedStages, the split modules) of a mesh-zoo family
+    (tests/mesh_zoo_models.py) as one stage at T = 2, as DistributedPipeline computes them."""
     import mesh_zoo_models
     from autopipe.profiler.analytic import profile_analytic
     from autopipe.runtime.distributed.mesh import local_shapes, planned_modules
@@ -231,8 +230,8 @@ def test_mixture_of_experts_is_gathered_after_its_norm_on_the_shard() -> None:
 
     from autopipe.core.plan import Plan, StagePlan
 
-    model = mesh_zoo_models.build("mixtral")
-    inputs = mesh_zoo_models.example_inputs("mixtral", 4)
+    model = mesh_zoo_models.build(family)
+    inputs = mesh_zoo_models.example_inputs(family, 4)
     profile = profile_analytic(model, inputs, "a100-80gb")
     plan = Plan(
         num_stages=1,
@@ -247,7 +246,14 @@ def test_mixture_of_experts_is_gathered_after_its_norm_on_the_shard() -> None:
     split = planned_modules(model, plan.tp_plan, T)
     with local_shapes(model, split, T):
         planned = partition(model, inputs, plan, check_parameters=False)
-    layout = planned_sequence_layout(planned, model, split, inputs, plan)
+    return planned_sequence_layout(planned, model, split, inputs, plan), planned, split
+
+
+def test_mixture_of_experts_is_gathered_after_its_norm_on_the_shard() -> None:
+    """Mixtral (tests/mesh_zoo_models.py): the norm before each mixture-of-experts block
+    runs on the shard; the block, whose router and experts no plan splits, reads its output
+    gathered, runs whole on every TP rank, and its output is sharded again for the add."""
+    layout, planned, _ = zoo_layout("mixtral")
     moe_norms = {f"model.layers.{i}.post_attention_layernorm" for i in range(2)}
     assert layout.kept_sharded == moe_norms
     gathered = sorted(v for reads in layout.gathers.values() for v in reads)
@@ -256,6 +262,25 @@ def test_mixture_of_experts_is_gathered_after_its_norm_on_the_shard() -> None:
     for op in layout.gathers:
         assert ".mlp" in str(list(graph[op].meta["nn_module_stack"].values())[-1][0])
     assert len(layout.transitions) == 4  # each block's output and its attention's rotary
+
+
+def test_mla_shared_rotary_key_has_its_gradient_summed_over_tp() -> None:
+    """DeepSeek-V3's MLA: the input norm's output is gathered for the low-rank projections
+    no plan splits; the rotary key computed from it (one for all heads) is copied into each
+    rank's heads, so its gradient is summed over the TP group there (one sum per layer), and
+    no parameter is left with a partial gradient."""
+    from autopipe.runtime.distributed.tp_gradients import partial_gradient_parameters
+
+    layout, planned, split = zoo_layout("deepseek_v3")
+    assert "model.layers.0.input_layernorm" in layout.kept_sharded
+    assert layout.gradient_sums == {}  # filled by the gradient analysis
+    partial = partial_gradient_parameters(planned.graph_module, split, layout)
+    assert partial == {}
+    graph = {n.name: n for n in planned.graph_module.graph.nodes}
+    assert len(layout.gradient_sums) == 2  # layers 0 and 1
+    for op, values in layout.gradient_sums.items():
+        assert graph[op].target is torch.ops.aten.copy_.default and len(values) == 1
+        assert "self_attn" in str(list(graph[op].meta["nn_module_stack"].values())[-1][0])
 
 
 def test_a_norm_without_parameters_is_a_norm_too() -> None:

@@ -3,7 +3,13 @@
 from __future__ import annotations
 
 import torch
-from autopipe.profiler.tensor_parallel import NO_PLAN_NOTE, annotate_tensor_parallel, model_tp_plan
+from autopipe.profiler.tensor_parallel import (
+    NO_PLAN_NOTE,
+    annotate_tensor_parallel,
+    model_tp_plan,
+    tied_placements,
+    tied_split,
+)
 from torch import nn
 from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -89,15 +95,49 @@ def test_an_embedding_that_cannot_be_split_is_priced_whole() -> None:
     assert {u.name: u for u in p.units}["model.embed_tokens"].tp_parameter_count == 0
 
 
-def test_a_tied_head_refuses_tensor_parallelism_at_plan_time() -> None:
-    """A head tied to the embedding: splitting the head (and not the embedding, or the two
-    by different rules) unties them, so the profile offers no T > 1 and says why in one line
-    (the head was once split while the embedding was not, and the two trained apart)."""
+def test_a_tied_head_and_embedding_are_split_alike_vocab_parallel() -> None:
+    """A head tied to the embedding: the plan splits both by vocabulary rows (the embedding
+    ``embedding_rowwise``, the head ``colwise_gather_output``: one ``[V, H]`` weight sharded
+    ``Shard(0)`` in both), so the tie holds and T > 1 is offered. This profile once offered no
+    T > 1 at all (the mesh zoo's tied families were refused on every TP mesh)."""
     model = tiny_llama_of(VOCAB, tie=True)
     p = annotate_tensor_parallel(llama_profile(model), model)
-    assert (p.tp_plan, p.tp_degrees) == ({}, [])
-    assert "tied to" in p.tp_note and "tie_word_embeddings=False" in p.tp_note
-    assert "\n" not in p.tp_note
+    assert p.tp_plan["lm_head"] == "colwise_gather_output"
+    assert p.tp_plan["model.embed_tokens"] == "embedding_rowwise"
+    assert (p.tp_degrees, p.tp_note) == ([2, 4], "")
+    by = {u.name: u for u in p.units}
+    assert by["lm_head"].tp_parameter_count == by["model.embed_tokens"].tp_parameter_count
+    assert by["lm_head"].tp_parameter_count == VOCAB * HIDDEN
+    assert tied_placements(model, p.tp_plan) == {
+        "model.embed_tokens": {"model.embed_tokens": "rows", "lm_head": "rows"}
+    }
+    assert tied_split(model, p.tp_plan) == ""
+
+
+def test_a_tie_the_plan_would_tear_is_split_in_neither() -> None:
+    """A plan that splits the tied head and not the embedding (or an embedding left whole
+    for its vocabulary) would untie them, and the two would train apart: the head is left
+    whole too, with the reason in the note, and the rest of the plan still splits."""
+    model = tiny_llama_of(VOCAB, tie=True)
+    plan = {k: v for k, v in model_tp_plan(model).items() if k != "model.embed_tokens"}
+    p = annotate_tensor_parallel(llama_profile(model), model, plan)
+    assert "lm_head" not in p.tp_plan and "model.layers.*.mlp.up_proj" in p.tp_plan
+    assert p.tp_degrees == [2, 4]
+    assert "lm_head (colwise_gather_output: its weight is tied to model.embed_tokens" in p.tp_note
+    assert {u.name: u for u in p.units}["lm_head"].tp_parameter_count == 0
+    # what the runtime says of that plan made by hand, in one line
+    why = tied_split(model, model_tp_plan(model) | {"model.embed_tokens": "rowwise"})
+    assert "splits model.embed_tokens (rowwise) but its weight is tied to lm_head" in why
+    assert "(model.embed_tokens rowwise, lm_head rows)" in why and "\n" not in why
+    torn = {k: v for k, v in model_tp_plan(model).items() if k != "model.embed_tokens"}
+    assert "(model.embed_tokens whole, lm_head rows)" in tied_split(model, torn)
+    # the vocabulary 102 is not split 4 ways: the embedding stays whole, and so the head
+    odd = tiny_llama_of(102, tie=True)
+    q = annotate_tensor_parallel(llama_profile(odd), odd)
+    assert "lm_head" not in q.tp_plan and "model.embed_tokens" not in q.tp_plan
+    assert (
+        "vocabulary 102" in q.tp_note and "lm_head (colwise_gather_output: its weight" in q.tp_note
+    )
 
 
 def test_a_model_without_a_plan_gets_t1_and_a_note() -> None:

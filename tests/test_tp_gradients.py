@@ -48,12 +48,14 @@ SUMMED = {
     "apertus": r"model\.layers\.\d\.(self_attn\.[qk]_norm\.weight|mlp\.act_fn\.alpha_[pn])",
 }
 """Per family, the parameters a rank applies to its own heads or features (the rest: none)."""
-REFUSED = {
-    "llama_tied": "tied to",
-}
-"""Families whose TP plan the runtime refuses, and words of the one-line reason: a head tied
-to its embedding. (OLMo-2's post norms and GLM-4's sandwich norms, after a row-wise module,
-run ``SequenceParallel`` on the shard: their weights are DTensors on the TP mesh.)"""
+WHOLE = {"olmo2": r"model\.layers\.\d\.self_attn\.[qk]_norm\.weight"}
+"""Per family, the parameters left plain and not summed: applied on every rank to values it
+holds whole, so each rank's gradient is the whole one (OLMo-2's q/k norms, over all heads,
+after the q/k projections its plan gathers: ``colwise_gather_output``)."""
+REFUSED: dict[str, str] = {}
+"""Families whose TP plan the runtime refuses, and words of the one-line reason (none today: a
+head tied to its embedding splits vocab-parallel with it; OLMo-2's post norms and GLM-4's
+sandwich norms, after a row-wise module, run ``SequenceParallel`` on the shard)."""
 
 
 @pytest.fixture(scope="module")
@@ -105,6 +107,8 @@ def tp_chunk(family: str, plan: Any, mesh: Any) -> tuple[torch.nn.Module, list[s
         apply_tensor_parallel,
         local_shapes,
         planned_modules,
+        retie,
+        tied_slots,
     )
     from autopipe.runtime.distributed.pipeline import materialize_chunks, planned_sequence_layout
     from autopipe.runtime.distributed.sequence_parallel import adopt_norms
@@ -124,7 +128,9 @@ def tp_chunk(family: str, plan: Any, mesh: Any) -> tuple[torch.nn.Module, list[s
     adopt_modules(planned.stages[0].module, model, split)
     adopt_norms(planned.stages[0].module, model, layout.norms)
     (chunk,) = materialize_chunks(planned, plan, [0])
+    ties = tied_slots([chunk.body])
     apply_tensor_parallel(chunk.body, split, mesh["tp"], layout)
+    retie(ties)
     return chunk.body, tp_summed_parameters(chunk.body, partial)
 
 
@@ -133,7 +139,7 @@ def test_every_parameter_of_a_tp_chunk_is_split_or_summed(
     family: str, one_chunk_plan: Any, fake_tp_mesh: Any
 ) -> None:
     from autopipe.runtime.distributed.mesh import MeshPlanError
-    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor import DTensor, Shard
 
     if family in REFUSED:
         with pytest.raises(MeshPlanError, match=REFUSED[family]) as exc:
@@ -148,11 +154,19 @@ def test_every_parameter_of_a_tp_chunk_is_split_or_summed(
             on_tp.append(name)
         else:
             plain.append(name)
-    assert sorted(plain) == sorted(summed), f"{family}: plain and not summed: " + str(
-        sorted(set(plain) - set(summed))
+    whole = [n for n in plain if family in WHOLE and re.fullmatch(WHOLE[family], n)]
+    assert sorted(plain) == sorted(summed + whole), f"{family}: plain and not summed: " + str(
+        sorted(set(plain) - set(summed) - set(whole))
     )
+    assert len(whole) == (4 if family in WHOLE else 0)  # q_norm, k_norm of 2 layers
     want = SUMMED.get(family)
     assert sorted(n for n in summed if not (want and re.fullmatch(want, n))) == []
+    if family == "llama_tied":
+        # the head and the embedding split alike, vocab-parallel: one DTensor serves both
+        head = body.get_submodule("lm_head").weight
+        assert head is body.get_submodule("model.embed_tokens").weight
+        assert isinstance(head, DTensor) and head.placements == (Shard(0),)
+        assert head.to_local().shape == (tp_models.VOCAB // T, head.shape[1])
     if want:
         assert len(summed) == sum(bool(re.fullmatch(want, n)) for n, _ in body.named_parameters())
         assert summed
@@ -267,15 +281,58 @@ def test_tp2_trains_like_one_process(tmp_path: Path) -> None:
 
 
 def test_a_plan_splitting_a_tied_head_is_refused_in_one_line() -> None:
-    """A plan (made before, or by hand) that splits a Llama's head tied to its embedding:
-    the runtime refuses it in one line before anything is traced."""
+    """A plan (made by hand) that splits a Llama's head tied to its embedding and not the
+    embedding: the runtime refuses it in one line before anything is traced; split alike
+    (vocab-parallel) the two are planned."""
     from autopipe.runtime.distributed.mesh import MeshPlanError, planned_modules
 
     model = tp_models.llama_tied()
     plan = {"lm_head": "colwise_gather_output", "model.layers.*.mlp.up_proj": "colwise"}
-    with pytest.raises(MeshPlanError, match="tied to model.embed_tokens.weight") as exc:
+    with pytest.raises(MeshPlanError, match="tied to model.embed_tokens, and the plan") as exc:
         planned_modules(model, plan, T)
     assert "\n" not in str(exc.value)
+    both = planned_modules(model, {**plan, "model.embed_tokens": "embedding_rowwise"}, T)
+    assert both["lm_head"] == "colwise_gather_output"
+    assert both["model.embed_tokens"] == "embedding_rowwise"
+
+
+def test_an_embedding_that_scales_its_lookup_runs_the_lookup_alone() -> None:
+    """Gemma's embedding multiplies its lookup by a buffer, which the traced graph holds
+    after the lookup: the TP call of the embedding runs the lookup alone (a plain
+    ``nn.Embedding`` on the same weight), so the stage's output is the model's (this call
+    once refused: the buffer was read outside the module's own forward)."""
+    import mesh_zoo_models
+    from autopipe.profiler.inputs import split_inputs
+    from autopipe.runtime.distributed.mesh import (
+        adopt_modules,
+        call_planned_modules,
+        local_shapes,
+    )
+    from autopipe.runtime.planned_stages import partition
+
+    from autopipe.core.plan import StagePlan
+
+    model = mesh_zoo_models.build("gemma2", "float64")
+    inputs = mesh_zoo_models.example_inputs("gemma2", 2)
+    units = ["model.embed_tokens", "model.rotary_emb", "model.layers.0", "model.layers.1",
+             "model.norm", "lm_head"]  # fmt: skip
+    plan = Plan(
+        num_stages=1, microbatches=1, microbatch_size=2, batch_size=2,
+        stages=[StagePlan(index=0, device="cpu", units=units)],
+    )  # fmt: skip
+    split = {"model.embed_tokens": "embedding_rowwise", "lm_head": "colwise_gather_output"}
+    with local_shapes(model, split, 1):  # as the runtime re-traces (the head a stand-in)
+        planned = partition(model, inputs, plan, check_parameters=False)
+    body = planned.stages[0].module
+    adopt_modules(body, model, split)
+    call_planned_modules(body, split)
+    embedding = body.get_submodule("model.embed_tokens")
+    assert type(embedding) is torch.nn.Embedding
+    assert embedding.weight is model.get_submodule("model.embed_tokens").weight
+    with torch.no_grad():
+        (got,) = body(*planned.binder(*split_inputs(inputs)))
+        want = model(**inputs).logits
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
 
 
 class _Norm(torch.nn.Module):

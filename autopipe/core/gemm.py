@@ -24,16 +24,26 @@ the runs of ``benchmarks/published_runs.py``:
    memory efficiency than the math, the GEMM is memory-bound.
 
 ``efficiency = 2 m n k / (peak x max(compute_s, memory_s))``: at most the ceiling, rising
-(never falling) with each of ``m``, ``n``, ``k``. A GPU without a published measurement (and a
-spec whose ``compute_efficiency`` was changed from the default, by ``--efficiency`` or a
-calibration) is priced flat at its ``compute_efficiency``, as before.
+(never falling) with each of ``m``, ``n``, ``k``. A GPU without a published measurement has
+its ``compute_efficiency`` (0.7, an assumption) as its ceiling; a spec whose
+``compute_efficiency`` was set (``--efficiency``, a calibration) has that as its ceiling, the
+shape effects kept; a GPU without a recorded SM count (a spec file's, a calibrated copy) is
+priced flat at its ceiling for every shape, as before this model.
 """
 
 from __future__ import annotations
 
 from autopipe.core.catalog import DEFAULT_COMPUTE_EFFICIENCY, DeviceSpec, normalize_dtype
 
-__all__ = ["MAMF_FRACTION", "SM_COUNT", "TILE", "gemm_ceiling", "gemm_efficiency", "gemm_s"]
+__all__ = [
+    "MAMF_FRACTION",
+    "SM_COUNT",
+    "TILE",
+    "gemm_ceiling",
+    "gemm_compute_s",
+    "gemm_efficiency",
+    "gemm_s",
+]
 
 _BEKMAN = (
     "https://github.com/stas00/ml-engineering/blob/master/compute/accelerator/README.md"
@@ -103,21 +113,35 @@ def gemm_ceiling(spec: DeviceSpec, dtype: str = "bfloat16") -> float:
     return row[_dtype_key(dtype)][0] if _dtype_key(dtype) in row else spec.compute_efficiency
 
 
+def gemm_compute_s(
+    spec: DeviceSpec, m: float, n: float, k: float, dtype: str = "bfloat16", batch: float = 1
+) -> float:
+    """Seconds of the math of ``batch`` ``(m x k) @ (k x n)`` matmuls: at the ceiling
+    (:func:`gemm_ceiling`) times the share of SMs the output tiles fill (a GPU without a
+    recorded SM count: at the ceiling, any shape)."""
+    flops = 2.0 * m * n * k * batch
+    if flops <= 0:
+        return 0.0
+    rate = spec.peak_for(dtype) * gemm_ceiling(spec, dtype)
+    if spec.name in SM_COUNT:
+        rate *= min(1.0, m * n * batch / (TILE * TILE * SM_COUNT[spec.name]))
+    return flops / rate
+
+
 def gemm_s(
     spec: DeviceSpec, m: float, n: float, k: float, dtype: str = "bfloat16", batch: float = 1
 ) -> float:
     """Seconds of ``batch`` independent ``(m x k) @ (k x n)`` matmuls in ``dtype`` on ``spec``
-    (module docstring): the math at the ceiling times the share of SMs the output tiles fill,
-    or moving the operands and the result at the sustained bandwidth, whichever is longer."""
+    (module docstring): the math (:func:`gemm_compute_s`), or moving the operands and the
+    result at the sustained bandwidth, whichever is longer (a GPU without a recorded SM count:
+    the math alone, flat as before)."""
     if min(m, n, k, batch) <= 0:
         return 0.0
-    peak = spec.peak_for(dtype)
-    flops = 2.0 * m * n * k * batch
-    if spec.name not in SM_COUNT or spec.compute_efficiency != DEFAULT_COMPUTE_EFFICIENCY:
-        return flops / (peak * spec.compute_efficiency)  # flat, as before
-    fill = min(1.0, m * n * batch / (TILE * TILE * SM_COUNT[spec.name]))
-    compute_s = flops / (peak * gemm_ceiling(spec, dtype) * fill)
-    size = 1 if _dtype_key(dtype) == "float8" else 4 if _dtype_key(dtype) == "float32" else 2
+    compute_s = gemm_compute_s(spec, m, n, k, dtype, batch)
+    if spec.name not in SM_COUNT:
+        return compute_s
+    key = _dtype_key(dtype)
+    size = 1 if key == "float8" else 4 if key in ("float32", "tfloat32") else 2
     moved = size * (m * k + k * n + m * n) * batch
     memory_s = moved / (spec.memory_bandwidth_bytes_per_s * spec.memory_efficiency)
     return max(compute_s, memory_s)

@@ -30,13 +30,30 @@ from autopipe.core.vocabulary import CHECKPOINT_GRANULARITIES, PLAN_SCHEDULES, S
 PLAN_VERSION = 1
 __all__ = [
     "CUSTOM_OPTIMIZER",
+    "INSTRUCTION_FIELDS",
     "PLAN_VERSION",
+    "STAGE_INSTRUCTION_FIELDS",
     "Plan",
     "PlanFormatError",
     "StagePlan",
     "load_plan",
 ]
 
+
+INSTRUCTION_FIELDS = (
+    "model", "granularity", "schedule", "num_stages", "virtual_stages", "microbatches",
+    "microbatch_size", "batch_size", "replicas", "tensor_parallel", "context_parallel",
+    "expert_parallel", "shard", "tp_plan", "optimizer", "stages", "version",
+)  # fmt: skip
+"""The :class:`Plan` fields every rank acts on and agrees on (ARCHITECTURE.md "The plan"):
+what the runtime, training, the rank agreement and emit may read. Every other field is the
+planner's report (predictions, candidates, baselines, notes, the profile): tests/test_layers.py
+checks that those readers read no other."""
+STAGE_INSTRUCTION_FIELDS = (
+    "index", "rank", "units", "unit_parameters", "checkpoint", "checkpoint_granularity",
+    "split_backward",
+)  # fmt: skip
+"""The :class:`StagePlan` fields the ranks act on; the rest are the chunk's predicted figures."""
 
 _META_FIELDS = {
     "algorithm": "partition_algorithm",
@@ -146,6 +163,13 @@ class StagePlan:
     parameter counts in every unit using it): what the runtimes check the model against
     before building a stage, so a plan made for another model is refused. Empty in plans
     written before it was recorded (then the runtimes compare ``parameter_bytes``)."""
+    split_backward: bool | None = None
+    """Under a zero-bubble schedule (``SPLIT_BACKWARD_SCHEDULES``): whether the chunk runs its
+    backward as B then W (torch's split weight pass), decided by the planner
+    (``planner/chunks.py:splits_backward``: not when re-materialized or a parameter is used
+    more than once in it) and run so by the distributed runtime; the first chunk is torch's
+    own (True). None under the other schedules and in plans written before it was recorded
+    (then the runtime decides from the chunk itself); not written to the file when None."""
 
     @property
     def time_s(self) -> float:
@@ -344,6 +368,9 @@ class Plan:
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
         data["request"] = self.request.to_dict() if self.request is not None else None
+        for stage in data["stages"]:  # only zero-bubble plans record it
+            if stage["split_backward"] is None:
+                del stage["split_backward"]
         return data
 
     def validate(self) -> None:

@@ -32,13 +32,16 @@ What the runtime does for C > 1, and why:
    dim 1 is the sequence) are sharded in place with torch's head-tail load balancer, and
    SDPA is patched for the forward and backward of every micro-batch.
 
-What cannot run on gloo / CPU (torch 2.13): ring attention dispatches on the CUDA SDPA
-kernels only. ``context_parallel`` turns q, k, v into DTensors sharded on the sequence and
-maps ``aten._scaled_dot_product_{flash,efficient,cudnn}_attention`` (and their backwards)
-to its ring implementation; on the CPU, SDPA calls
-``aten._scaled_dot_product_flash_attention_for_cpu``, for which DTensor has no sharding
-strategy ("Operator aten._scaled_dot_product_flash_attention_for_cpu.default does not have a
-sharding strategy registered"). :func:`context_parallel_problem` refuses it in one line.
+What cannot run on gloo / CPU (torch 2.13): ring attention. ``context_parallel`` turns q, k,
+v into DTensors sharded on the sequence and maps ``aten._scaled_dot_product_{flash,
+efficient,cudnn}_attention`` (and their backwards) to its ring implementation; on the CPU,
+SDPA calls ``aten._scaled_dot_product_flash_attention_for_cpu``
+(:data:`CPU_ATTENTION_KERNEL`), for which DTensor has no sharding strategy ("Operator
+aten._scaled_dot_product_flash_attention_for_cpu.default does not have a sharding strategy
+registered"). Off CUDA the runtime therefore runs the same ``context_parallel`` without
+torch's load balancer and with the MATH SDPA backend, whose ops DTensor does shard
+(:func:`sharded_step`): the same sharded inputs, positions, labels, loss and gradient
+reduction, with k and v all-gathered instead of passed round the ring.
 """
 
 from __future__ import annotations
@@ -96,17 +99,12 @@ def context_mesh_shape(plan: Any) -> tuple[int, int, int, int]:
 
 
 def context_parallel_problem(plan: Any, device_type: str) -> str | None:
-    """The one-line refusal of running ``plan`` (C > 1) on ``device_type``, or None."""
+    """The one-line refusal of running ``plan`` (C > 1) on ``device_type``, or None (any
+    device runs it: ring attention on CUDA, gathered k and v elsewhere, :func:`sharded_step`)."""
+    del device_type
     c = plan.context_parallel
     if c <= 1:
         return None
-    if device_type != "cuda":
-        return (
-            f"context parallelism {c} needs CUDA: torch {torch.__version__.split('+')[0]}'s "
-            "context_parallel runs ring attention only on the CUDA SDPA kernels (flash, "
-            f"efficient, cudnn), and on {device_type} SDPA calls {CPU_ATTENTION_KERNEL}, which "
-            "it cannot shard; run on GPUs (NCCL) or re-plan with --context-parallel 1"
-        )
     if plan.tensor_parallel > 1:
         return (
             f"autopipe run does not combine context parallelism {c} with tensor parallelism "
@@ -144,10 +142,11 @@ def accepts_positions(model: nn.Module) -> bool:
         return False
 
 
-def context_batch(batch: Any, positions: bool, shift: bool) -> Any:
+def context_batch(batch: Any, positions: bool, shift: bool, target: bool = False) -> Any:
     """``batch`` (a dict of ``[b, s]`` tensors: the model's keyword inputs) made ready to be
     split over the sequence: ``position_ids`` ``[b, s]`` (``0 .. s - 1``) added when
-    ``positions`` and absent; with ``shift`` (a causal LM's loss), ``labels`` replaced by
+    ``positions`` and absent; with ``shift`` (a causal LM's loss), ``labels`` dropped (the
+    model runs without its loss) and, for a ``target`` (what the loss reads), replaced by
     ``shift_labels`` (``labels[:, t + 1]`` at ``t``, :data:`IGNORE_INDEX` at the end). Other
     batches are returned as they are."""
     if not isinstance(batch, Mapping):
@@ -158,7 +157,7 @@ def context_batch(batch: Any, positions: bool, shift: bool) -> Any:
         s = ids.shape[SEQUENCE_DIM]
         out["position_ids"] = torch.arange(s, device=ids.device).expand(ids.shape[0], s)
     labels = out.pop("labels", None) if shift else None
-    if isinstance(labels, torch.Tensor):
+    if target and isinstance(labels, torch.Tensor):
         pad = torch.full_like(labels[:, :1], IGNORE_INDEX)
         out["shift_labels"] = torch.cat([labels[:, 1:], pad], dim=SEQUENCE_DIM)
     return out
@@ -235,19 +234,43 @@ def length_problem(length: int, degree: int) -> str | None:
 
 
 @contextlib.contextmanager
-def sharded_step(cp_mesh: Any, buffers: Sequence[torch.Tensor]) -> Iterator[None]:
+def sharded_step(
+    cp_mesh: Any, buffers: Sequence[torch.Tensor], device_type: str = "cuda"
+) -> Iterator[None]:
     """A block in which ``buffers`` (``[b, s, ...]``, this rank's own copies) hold this CP
-    rank's load-balanced share of the sequence and SDPA runs torch's ring attention over
-    ``cp_mesh``: torch's ``context_parallel``, around the forward and backward of every
-    micro-batch of a step. The buffers are not restored (the step is done with them)."""
-    from torch.distributed.tensor.experimental import context_parallel
+    rank's share of the sequence and SDPA runs over ``cp_mesh``: torch's
+    ``context_parallel``, around the forward and backward of every micro-batch of a step.
+    The buffers are not restored (the step is done with them).
 
-    with context_parallel(
-        cp_mesh,
-        buffers=list(buffers),
-        buffer_seq_dims=[SEQUENCE_DIM] * len(buffers),
-        no_restore_buffers=set(buffers),
-    ):
+    On CUDA: ring attention, each rank's share load-balanced (head and tail chunks). On
+    another device (gloo on the CPU), where ring attention has no kernel (module docstring),
+    the same ``context_parallel`` with torch's load balancer off, SDPA forced to its MATH
+    backend and plain tensors taken as replicated (``implicit_replication``): the
+    attention then runs on the DTensors ``context_parallel`` makes of q, k, v (sharded on
+    the sequence), and DTensor's own sharding propagation gathers k and v (all-gather) for
+    each rank's queries. Exact, not ring attention: k and v are gathered whole."""
+    from torch.distributed.tensor.experimental import context_parallel, implicit_replication
+
+    # The switch of torch's default head-tail load balancer (the math backend's causal mask
+    # is the sequence's own order, so the shares must stay in order there).
+    from torch.distributed.tensor.experimental._attention import _cp_options
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    with contextlib.ExitStack() as stack:
+        if device_type != "cuda":
+            balanced = _cp_options.enable_load_balance
+            _cp_options.enable_load_balance = False
+            stack.callback(setattr, _cp_options, "enable_load_balance", balanced)
+            stack.enter_context(implicit_replication())
+            stack.enter_context(sdpa_kernel(SDPBackend.MATH))
+        stack.enter_context(
+            context_parallel(
+                cp_mesh,
+                buffers=list(buffers),
+                buffer_seq_dims=[SEQUENCE_DIM] * len(buffers),
+                no_restore_buffers=set(buffers),
+            )
+        )
         yield
 
 
@@ -381,7 +404,8 @@ def shifted_token_loss(output: Any, target: Any) -> tuple[torch.Tensor, float]:
     """A causal LM's loss on one CP rank's share: the cross-entropy of the logits
     ``[b, s / C, vocab]`` against ``target["shift_labels"]`` (:func:`context_batch`), summed
     over the labels that are not :data:`IGNORE_INDEX`, and their count (``(sum, count)``)."""
-    logits = _logits(output).float()
+    logits = _logits(output)
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # half: upcast
     labels = target["shift_labels"]
     total = nn.functional.cross_entropy(
         logits.reshape(-1, logits.shape[-1]),

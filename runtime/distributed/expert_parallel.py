@@ -40,7 +40,10 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import fx, nn
+from torch.distributed._functional_collectives import all_to_all_single_autograd
+from torch.distributed.tensor import DTensor, Shard
 
 from autopipe.core.errors import UsageError
 
@@ -123,8 +126,6 @@ class ExpertParallel(nn.Module):
         on the meta device); ``weights``: its parameters by name, whole (``[num_experts,
         ...]``, the stage's materialised ones), of which this rank keeps its share."""
         super().__init__()
-        from torch.distributed.tensor import DTensor, Shard
-
         self.degree = int(ep_mesh.size())
         self.rank = int(ep_mesh.get_local_rank())
         self.local_experts = num_experts // self.degree
@@ -147,9 +148,6 @@ class ExpertParallel(nn.Module):
     def forward(
         self, hidden: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor
     ) -> torch.Tensor:
-        from torch.distributed._functional_collectives import all_to_all_single_autograd
-        from torch.distributed.tensor import DTensor
-
         tokens, k = top_k_index.shape
         ids = top_k_index.reshape(-1)
         # Pairs sorted by expert, so by owner rank (experts are owned in consecutive runs).
@@ -158,11 +156,11 @@ class ExpertParallel(nn.Module):
         owner = torch.div(sorted_ids, self.local_experts, rounding_mode="floor")
         send = torch.bincount(owner, minlength=self.degree)
         recv = torch.empty_like(send)
-        torch.distributed.all_to_all_single(recv, send, group=self.group)
+        dist.all_to_all_single(recv, send, group=self.group)
         send_sizes, recv_sizes = send.tolist(), recv.tolist()
         local_ids = sorted_ids - owner * self.local_experts
         got_ids = local_ids.new_empty(sum(recv_sizes))
-        torch.distributed.all_to_all_single(
+        dist.all_to_all_single(
             got_ids, local_ids.contiguous(), recv_sizes, send_sizes, group=self.group
         )
         rows = hidden[torch.div(order, k, rounding_mode="floor")]

@@ -57,6 +57,7 @@ from autopipe.runtime.distributed.sequence_parallel import (
     SequenceLayout,
     call_norm_modules,
     insert_gathers,
+    insert_gradient_sums,
     insert_transitions,
 )
 from torch import fx, nn
@@ -154,7 +155,7 @@ def check_mesh_plan(plan: Plan, tied: Sequence[Any] = ()) -> None:
     if plan.schedule in SPLIT_BACKWARD_SCHEDULES:
         raise MeshPlanError(
             f"schedule {plan.schedule} splits the weight pass, which autopipe run does not "
-            "combine with TP or sharded state; re-plan with --schedule 1f1b (or gpipe, "
+            "combine with TP, sharded state or expert parallelism; re-plan with --schedule 1f1b (or gpipe, "
             "interleaved-1f1b)"
         )
     for parameter in tied:  # the rule the planner's search applies (mesh_rules)
@@ -405,6 +406,11 @@ def call_planned_modules(body: fx.GraphModule, paths: Mapping[str, str]) -> None
         if path not in paths:
             continue
         module = body.get_submodule(path)
+        if isinstance(module, nn.Embedding) and type(module).forward is not nn.Embedding.forward:
+            # An embedding that does more than the lookup (Gemma's scales its output): the
+            # graph holds the rest after the lookup, so the call runs the lookup alone.
+            module = _plain_embedding(module)
+            body.set_submodule(path, module)
         wanted_bias = getattr(module, "bias", None)
         got_bias = gets.get(bias) if isinstance(bias, fx.Node) else None
         if (wanted_bias is None) != (bias is None) or (
@@ -424,8 +430,8 @@ def call_planned_modules(body: fx.GraphModule, paths: Mapping[str, str]) -> None
             graph.erase_node(node)
     for node in graph.nodes:
         if node.op == "get_attr" and isinstance(node.target, str):
-            owner = node.target.rsplit(".", 1)[0]
-            if owner in paths:
+            owner, _, leaf = node.target.rpartition(".")
+            if owner in paths and leaf in body.get_submodule(owner)._parameters:
                 raise MeshPlanError(
                     f"{node.target} is used by something other than {owner}'s own forward "
                     "(e.g. a tied weight); the TP plan cannot split it: drop "
@@ -433,6 +439,28 @@ def call_planned_modules(body: fx.GraphModule, paths: Mapping[str, str]) -> None
                 )
     graph.lint()
     body.recompile()
+
+
+def _plain_embedding(module: nn.Embedding) -> nn.Embedding:
+    """An ``nn.Embedding`` with ``module``'s options, weight (the same Parameter) and
+    buffers (the same tensors), whose forward is the lookup alone."""
+    plain = nn.Embedding.__new__(nn.Embedding)
+    nn.Module.__init__(plain)
+    for option in (
+        "num_embeddings",
+        "embedding_dim",
+        "padding_idx",
+        "max_norm",
+        "norm_type",
+        "scale_grad_by_freq",
+        "sparse",
+    ):
+        setattr(plain, option, getattr(module, option))
+    plain._parameters["weight"] = module._parameters["weight"]
+    for name, buffer in module._buffers.items():
+        persistent = name not in module._non_persistent_buffers_set
+        plain.register_buffer(name, buffer, persistent=persistent)
+    return plain
 
 
 def apply_tensor_parallel(
@@ -457,10 +485,11 @@ def apply_tensor_parallel(
 
     paths = {p: s for p, s in planned.items() if _holds(body, p)}
     norms = {p: n for p, n in layout.norms.items() if _holds(body, p)}
-    if not paths and not norms and not layout.transitions and not layout.gathers:
+    if not (paths or norms or layout.transitions or layout.gathers or layout.gradient_sums):
         return 0
     # First, while the graph's nodes still have the names the layout was read with.
     gathers = insert_gathers(body, layout.gathers)
+    insert_gradient_sums(body, layout.gradient_sums, lambda: TPGradientSum(tp_mesh))
     call_planned_modules(body, paths)
     held = call_norm_modules(body, norms)
     shards = insert_transitions(body, layout.transitions)
@@ -509,21 +538,23 @@ def apply_tensor_parallel(
 
 
 TiedSlots = list[list[tuple[nn.Module, str]]]
-"""Groups of (module, parameter name) that hold one shared Parameter."""
+"""Groups of (chunk body, qualified parameter name) that hold one shared Parameter."""
 
 
 def tied_slots(roots: Sequence[nn.Module]) -> TiedSlots:
-    """Every Parameter that several (module, name) slots of ``roots`` (one rank's chunk
-    bodies) hold, as the groups of those slots (a tied embedding and LM head in one chunk or
-    in two chunks of one rank). Read before :func:`apply_tensor_parallel`, which replaces a
-    split module's parameters with DTensors one module at a time and so unties them
-    (:func:`retie`). O(parameters)."""
+    """Every Parameter that several slots of ``roots`` (one rank's chunk bodies) hold, as
+    the groups of those slots, each ``(body, "path.name")`` (a tied embedding and LM head in
+    one chunk or in two chunks of one rank). Read before :func:`apply_tensor_parallel`,
+    which replaces a split module's parameters with DTensors one module at a time (and may
+    replace a module, :func:`call_planned_modules`) and so unties them (:func:`retie`).
+    O(parameters)."""
     slots: dict[int, dict[tuple[int, str], tuple[nn.Module, str]]] = {}
     for root in roots:
-        for module in root.modules():
+        for path, module in root.named_modules(remove_duplicate=False):
             for name, p in module._parameters.items():
                 if p is not None:
-                    slots.setdefault(id(p), {})[(id(module), name)] = (module, name)
+                    where = f"{path}.{name}" if path else name
+                    slots.setdefault(id(p), {})[(id(module), name)] = (root, where)
     return [list(group.values()) for group in slots.values() if len(group) > 1]
 
 
@@ -540,10 +571,11 @@ def retie(groups: TiedSlots) -> int:
 
     done = 0
     for group in groups:
-        first_module, first_name = group[0]
-        first = first_module._parameters[first_name]
-        assert first is not None
-        for module, name in group[1:]:
+        root, where = group[0]
+        first = root.get_parameter(where)
+        for root, where in group[1:]:
+            path, _, name = where.rpartition(".")
+            module = root.get_submodule(path)
             p = module._parameters[name]
             if p is first:
                 continue
@@ -553,12 +585,30 @@ def retie(groups: TiedSlots) -> int:
             if a != b or first.shape != p.shape:
                 raise MeshPlanError(
                     f"a weight tied across modules was split as {a and a[0]} in one and "
-                    f"{b and b[0]} in another, which unties it; split every holder alike "
+                    f"{b and b[0]} in {where}, which unties it; split every holder alike "
                     "(the embedding embedding_rowwise, the head colwise) or none"
                 )
             module._parameters[name] = first
             done += 1
     return done
+
+
+class TPGradientSum(nn.Module):
+    """The identity on a value every TP rank holds whole, whose gradient each rank gets only
+    its part of (it meets the rank's share of heads after it): DTensor's view of it as a
+    replicated value whose gradient is partial, so that the backward reduces the gradient
+    to the whole one on every rank (an all-reduce over the TP mesh)."""
+
+    def __init__(self, tp_mesh: Any) -> None:
+        super().__init__()
+        self.tp_mesh = tp_mesh
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` of any shape, unchanged."""
+        from torch.distributed.tensor import DTensor, Partial, Replicate
+
+        whole = DTensor.from_local(x, self.tp_mesh, [Replicate()], run_check=False)
+        return whole.to_local(grad_placements=[Partial()])
 
 
 def _holds(body: nn.Module, path: str) -> bool:

@@ -794,7 +794,7 @@ class DistributedPipeline:
         buffers = sequence_buffers([args, target], length)
         if not buffers:
             buffers = [torch.zeros(1, length, device=self.device)]
-        return sharded_step(self.mesh["cp"], buffers)
+        return sharded_step(self.mesh["cp"], buffers, self.device.type)
 
     @contextlib.contextmanager
     def _quiet_fsdp(self) -> Iterator[None]:
@@ -813,8 +813,8 @@ class DistributedPipeline:
         length, positions, shift = self._context
         target = target if target is not None else inputs
         ready = [
-            None if tree is None else _own_copies(context_batch(tree, positions, shift))
-            for tree in (inputs, target)
+            None if tree is None else _own_copies(context_batch(tree, positions, shift, is_target))
+            for tree, is_target in ((inputs, False), (target, True))
         ]
         problem = positions_problem(inputs)
         if problem is not None:
@@ -951,8 +951,11 @@ def _unsplit_chunks(
     examples: list[ChunkExamples] | None,
 ) -> dict[int, str]:
     """Under a zero-bubble schedule, this rank's chunks whose backward must run whole in B,
-    with the reason (see :attr:`DistributedPipeline.unsplit_chunks`); a chunk whose weight
-    pass would miss a parameter's gradient is also warned of. {} under other schedules."""
+    with the reason (see :attr:`DistributedPipeline.unsplit_chunks`). The plan decides
+    (``StagePlan.split_backward``); what only the traced chunk shows (a parameter its split
+    weight pass would take twice or miss, or shapes that could not be worked out) runs it
+    unsplit too, with a warning when the plan had it split (its predicted B/W is then off);
+    plans that do not record it are decided here alone. {} under other schedules."""
     unsplit: dict[int, str] = {}
     if plan.schedule not in SPLIT_BACKWARD_SCHEDULES:
         return unsplit
@@ -960,8 +963,12 @@ def _unsplit_chunks(
     for k, (c, module) in enumerate(zip(chunk_indices, chunks, strict=True)):
         if c == 0:
             continue  # torch runs the first chunk's whole backward in W
+        planned = plan.stages[c].split_backward
         if module.checkpoint:
             unsplit[c] = "re-materialized"
+            continue
+        if planned is False:
+            unsplit[c] = "the plan runs it unsplit (a parameter used more than once in it)"
             continue
         if examples is None:  # no fake-tensor run: cannot check, so do not split
             unsplit[c] = "its shapes could not be worked out ahead"
@@ -969,6 +976,11 @@ def _unsplit_chunks(
         reused = _weight_pass_reuses(module, examples[k][0])
         if reused:
             unsplit[c] = reuse_reason(reused, "chunk")
+            if planned:
+                warnings.warn(
+                    f"chunk {c}: the plan splits its backward but {unsplit[c]}",
+                    stacklevel=3,
+                )
             continue
         missed = _weight_pass_misses(module, examples[k][0], c == last)
         if missed:

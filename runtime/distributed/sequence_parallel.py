@@ -54,6 +54,7 @@ __all__ = [
     "adopt_norms",
     "call_norm_modules",
     "insert_gathers",
+    "insert_gradient_sums",
     "insert_transitions",
     "module_path_of",
     "sequence_layout",
@@ -119,6 +120,10 @@ class SequenceLayout:
     ``[b * s, h]``, a mixture-of-experts router, a linear no TP plan splits) -> each such
     value and its sequence dim: the op reads it gathered (torch's ``PrepareModuleOutput``,
     Shard -> Replicate, on an ``nn.Identity`` before it) and its output is replicated."""
+    gradient_sums: dict[str, list[str]] = field(default_factory=dict)
+    """Op -> the whole values computed from a gathered one that it applies to this TP rank's
+    share of the data: their gradient is summed over the TP group on the way back (filled
+    by :func:`.tp_gradients.partial_gradient_parameters`)."""
 
     def local_shape(self, name: str, shape: Iterable[int]) -> list[int]:
         """The shape one TP rank holds of value ``name`` whose unsharded shape is ``shape``."""
@@ -719,6 +724,29 @@ def insert_gathers(
         for op in ops:
             op.replace_input_with(source, call)
         added[path] = dim
+    graph.lint()
+    body.recompile()
+    return added
+
+
+def insert_gradient_sums(
+    body: fx.GraphModule, sums: Mapping[str, list[str]], make: Any
+) -> list[str]:
+    """Between each op of ``body`` that ``sums`` names (op -> values it reads,
+    :attr:`SequenceLayout.gradient_sums`) and those values, a call of a new submodule
+    ``make()`` (the identity forward, its backward summing the gradient over the TP group)
+    that the op reads instead; the submodule paths."""
+    graph = body.graph
+    added: list[str] = []
+    for node in list(graph.nodes):
+        for value in sums.get(node.name, []):
+            source = next(a for a in node.all_input_nodes if a.name == value)
+            path = f"tp_gradient_sum_{value}_{node.name}"
+            body.add_submodule(path, make())
+            with graph.inserting_before(node):
+                call = graph.call_module(path, (source,))
+            node.replace_input_with(source, call)
+            added.append(path)
     graph.lint()
     body.recompile()
     return added

@@ -103,7 +103,11 @@ class TiedGradients:
             for p in g.parameters:
                 if p.grad is None:
                     p.grad = torch.zeros_like(p)
-                elif isinstance(p, DTensor) and p.grad.placements != p.placements:
+                elif (
+                    isinstance(p, DTensor)
+                    and isinstance(p.grad, DTensor)
+                    and p.grad.placements != p.placements
+                ):
                     # A vocab-parallel embedding's gradient comes back Replicate: its rows as
                     # the weight holds them (a local slice, no communication), as the head's.
                     p.grad = p.grad.redistribute(p.device_mesh, p.placements)

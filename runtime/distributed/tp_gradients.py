@@ -70,8 +70,9 @@ def partial_gradient_parameters(
     gradient, for every parameter outside the split modules and the sequence-parallel norms
     that an op applies to one TP rank's share of the data (see the module docstring).
     ``planned``: module path -> TP style (:func:`.mesh.planned_modules`); ``layout``: the
-    graph's :func:`.sequence_parallel.sequence_layout`. :class:`SequenceParallelError` for
-    a parameter used both on a rank's share and on replicated values."""
+    graph's :func:`.sequence_parallel.sequence_layout`, whose ``gradient_sums`` this fills.
+    :class:`SequenceParallelError` for a parameter used both on a rank's share and on
+    replicated values."""
     graph = graph_module.graph
     parameters = {name for name, _ in graph_module.named_parameters(remove_duplicate=False)}
     gets = {n: str(n.target) for n in graph.nodes if n.op == "get_attr"}
@@ -116,15 +117,30 @@ def partial_gradient_parameters(
             continue
         if _is_shape_read(node) or node.target is operator.getitem and _reads_sizes(node):
             continue
-        reads = set(_module_parameters(graph_module, node))
-        for a in node.all_input_nodes:
-            reads |= influence.get(a, set())
         # A shard gathered for this op (SequenceLayout.gathers) is whole here; the gather's
         # backward keeps this rank's share of a gradient it takes to be whole, so what is
         # computed from it must come back whole too (tracked as a parameter would be).
         gathered = layout.gathers.get(node.name, {})
-        reads |= {f"{_GATHERED}{value}" for value in gathered}
         out_distinct = any(a in distinct and a.name not in gathered for a in node.all_input_nodes)
+        # A whole value computed from a gathered one that meets this rank's share here
+        # (DeepSeek-V3's shared rotary key, copied into each rank's heads) gets back one
+        # rank's part of its gradient: it is summed over the TP group on the way back
+        # (SequenceLayout.gradient_sums), so what it was computed from gets it whole.
+        summed = [
+            a
+            for a in node.all_input_nodes
+            if out_distinct
+            and a not in distinct
+            and a.op != "get_attr"
+            and any(p.startswith(_GATHERED) for p in influence.get(a, ()))
+        ]
+        if summed:
+            layout.gradient_sums[node.name] = [a.name for a in summed]
+        reads = set(_module_parameters(graph_module, node))
+        for a in node.all_input_nodes:
+            if a not in summed:
+                reads |= influence.get(a, set())
+        reads |= {f"{_GATHERED}{value}" for value in gathered}
         if out_distinct:
             distinct.add(node)
             for p in reads:

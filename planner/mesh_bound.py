@@ -1,0 +1,146 @@
+"""The least re-materialization a mesh's memory forces, for the mesh search's lower bound
+(:func:`autopipe.planner.mesh.mesh_lower_bound_s`). Torch-free.
+
+A pipeline of K stages on devices that keep ``limit_bytes`` each (memory less the gather
+buffers, over ``1 + headroom``) runs one micro-batch-count M of GPipe or 1F1B. Stage ``s``
+holds ``n_s`` micro-batches in flight (GPipe: M; 1F1B: ``min(K - s, M)``). A stage that keeps
+its activations needs ``state_s + n_s x act_s <= limit`` (``planner/costs.py``'s
+``kept_bytes``); one that re-materializes pays its forward once more per micro-batch. So
+the activations every kept stage holds sum to at most ``sum_s (limit - state_s) / n_s``,
+largest when the training state sits on the stages holding the most micro-batches, each
+up to its limit (greedy, ``kept_capacity_bytes``); the activations beyond that capacity
+belong to re-computed stages, whose forward is at least the cheapest forward per byte
+that covers them (the fractional knapsack, a relaxation of any cut:
+``least_recompute_s``). A stage re-computing its whole forward costs at least that, so
+``work + least_recompute`` bounds the summed stage times of every cut from below, and
+the pipeline bounds built on the summed work stay proven with it. When even the state
+cannot fit (``sum state > K x limit``) no cut fits: infinity (the mesh's memory floor).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from autopipe.core.profile import Profile
+
+__all__ = ["PipelineMemory", "inflight_per_stage", "kept_capacity_bytes", "least_recompute_s"]
+
+
+def inflight_per_stage(schedule: str, stages: int, microbatches: np.ndarray) -> np.ndarray:
+    """``(K, #M)`` micro-batches each stage holds at once: GPipe ``M``, 1F1B ``min(K - s, M)``
+    (``ScheduleShape.of``'s closed forms)."""
+    ms = np.asarray(microbatches, dtype=float)[None, :]
+    if schedule == "gpipe":
+        return np.repeat(ms, stages, axis=0)
+    if schedule != "1f1b":
+        raise ValueError(f"in-flight counts in closed form for gpipe and 1f1b only: {schedule}")
+    left = (stages - np.arange(stages, dtype=float))[:, None]
+    return np.minimum(left, ms)
+
+
+def kept_capacity_bytes(limit_bytes: float, state_bytes: float, inflight: np.ndarray) -> np.ndarray:
+    """Per M (columns of ``inflight``, ``(K, #M)``): the most activation bytes per
+    micro-batch the kept stages can hold together, ``max sum_s (limit - state_s) / n_s``
+    over the splits of ``state_bytes`` into stages of at most ``limit_bytes`` each: the
+    state fills the stages with the largest ``n_s`` first. ``-inf`` where the state alone
+    exceeds ``K x limit``. O(K log K x #M)."""
+    k = inflight.shape[0]
+    if not math.isfinite(limit_bytes):
+        return np.full(inflight.shape[1], np.inf)
+    if limit_bytes <= 0 or state_bytes > k * limit_bytes:
+        return np.full(inflight.shape[1], -np.inf)
+    n = -np.sort(-inflight, axis=0)  # each column, most in flight first
+    full = int(state_bytes // limit_bytes)  # stages whose state fills them
+    rest = state_bytes - full * limit_bytes
+    free = np.full(k, limit_bytes, dtype=float)
+    free[:full] = 0.0
+    if full < k:
+        free[full] = limit_bytes - rest
+    return (free[:, None] / n).sum(axis=0)
+
+
+def least_recompute_s(
+    device: Profile,
+    replica: int,
+    microbatches: np.ndarray,
+    *,
+    schedule: str,
+    stages: int,
+    limit_bytes: float,
+    state_bytes_per_parameter: float,
+    speed: float = 1.0,
+) -> np.ndarray:
+    """Per M of ``microbatches``: the least re-materialization seconds per micro-batch any
+    cut of ``device``'s units into ``stages`` stages must add to fit ``limit_bytes`` per
+    device (see the module docstring; ``state_bytes_per_parameter``: the training state
+    per parameter as the pipeline search charges it, sharding applied); ``inf`` where no cut
+    fits. The same unit arithmetic as ``planner/costs.py`` (overhead + size-dependent part,
+    activations scaled by the micro-batch). O(N log N x #M)."""
+    ms = np.asarray(microbatches, dtype=float)
+    units = device.units
+    size = max(int(device.bytes_per_parameter), 1)
+    params = np.array(
+        [u.parameter_bytes if u.parameter_bytes > 0 else u.parameter_count * size for u in units],
+        dtype=float,
+    )
+    state = float(params.sum()) * state_bytes_per_parameter / size
+    held = inflight_per_stage(schedule, stages, ms)
+    capacity = kept_capacity_bytes(limit_bytes, state, held)
+    ratio = (replica / ms) / device.batch_size  # (#M,)
+    act = np.array([u.activation_bytes for u in units], dtype=float)[:, None] * ratio[None, :]
+    fo = np.array([min(max(u.forward_overhead_s, 0.0), u.forward_s) for u in units])
+    fs = np.array([u.forward_s for u in units]) - fo
+    fwd = (fo[:, None] + fs[:, None] * ratio[None, :]) / speed  # (N, #M)
+    excess = act.sum(axis=0) - capacity
+    out = np.zeros(ms.size)
+    for col in np.flatnonzero(excess > 0):
+        out[col] = _cheapest_cover_s(fwd[:, col], act[:, col], float(excess[col]))
+    out[capacity == -np.inf] = np.inf
+    return out
+
+
+def _cheapest_cover_s(seconds: np.ndarray, nbytes: np.ndarray, need_bytes: float) -> float:
+    """The least seconds of units whose bytes cover ``need_bytes``, units taken fractionally
+    (cheapest seconds per byte first): a lower bound on any whole-unit choice. ``inf`` when
+    every unit together cannot cover it."""
+    if need_bytes > float(nbytes.sum()) * (1 + 1e-12):
+        return math.inf
+    has = nbytes > 0
+    per = np.where(has, seconds / np.where(has, nbytes, 1.0), np.inf)
+    order = np.argsort(per, kind="stable")
+    cum = np.cumsum(nbytes[order])
+    i = int(np.searchsorted(cum, need_bytes, side="left"))
+    i = min(i, order.size - 1)
+    before = float(cum[i - 1]) if i > 0 else 0.0
+    whole_s = float(seconds[order[:i]].sum())
+    return whole_s + float(per[order[i]]) * max(need_bytes - before, 0.0)
+
+
+@dataclass(frozen=True)
+class PipelineMemory:
+    """What the pipeline search of one mesh may hold per device: ``limit_bytes`` (memory
+    less the gather buffers, over ``1 + headroom``: ``CostModel.limit_bytes``), the training
+    state per parameter it charges (``state_bytes_per_parameter``, sharding applied), the
+    schedule (in-flight counts known in closed form for ``gpipe`` and ``1f1b`` only) and
+    the devices' relative ``speed``."""
+
+    schedule: str
+    limit_bytes: float
+    state_bytes_per_parameter: float
+    speed: float = 1.0
+
+    def least_recompute_s(
+        self, device: Profile, replica: int, stages: int, ms: np.ndarray
+    ) -> np.ndarray:
+        """:func:`least_recompute_s` per M of ``ms``, zeros for the other schedules."""
+        if self.schedule not in ("gpipe", "1f1b"):
+            return np.zeros(np.asarray(ms).size)
+        out = least_recompute_s(
+            device, replica, ms, schedule=self.schedule, stages=stages,
+            limit_bytes=self.limit_bytes,
+            state_bytes_per_parameter=self.state_bytes_per_parameter, speed=self.speed,
+        )  # fmt: skip
+        return out * (1.0 - 1e-9)  # rounding must not make the bound exceed a real plan

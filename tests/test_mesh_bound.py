@@ -1,0 +1,202 @@
+"""The mesh search's memory-aware lower bound (planner/mesh_bound.py, issue 35's planning
+speed): the re-materialization a mesh's memory forces, by hand; the bound below every mesh's
+searched step; and the pruned search returning the same mesh and step as the search that
+searches every mesh (no mesh-level pruning), on small seeded instances."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from autopipe.planner import PlanningError, plan
+from autopipe.planner import mesh as mesh_module
+from autopipe.planner.mesh import _MeshSearch, _search, mesh_candidates, mesh_lower_bound_s
+from autopipe.planner.mesh_bound import (
+    PipelineMemory,
+    _cheapest_cover_s,
+    inflight_per_stage,
+    kept_capacity_bytes,
+    least_recompute_s,
+)
+from autopipe.planner.search import plan_pipeline, training_state
+from test_planner_context_expert import long_profile
+
+from autopipe.core.cluster import Cluster, Device
+from autopipe.core.plan import Plan
+from autopipe.core.profile import Profile, UnitProfile
+from autopipe.core.request import PlanRequest
+
+
+def test_inflight_counts_of_gpipe_and_1f1b() -> None:
+    assert inflight_per_stage("1f1b", 4, np.array([2, 8])).tolist() == [
+        [2, 4], [2, 3], [2, 2], [1, 1]
+    ]  # fmt: skip
+    assert inflight_per_stage("gpipe", 2, np.array([3])).tolist() == [[3], [3]]
+    with pytest.raises(ValueError, match="gpipe and 1f1b only"):
+        inflight_per_stage("interleaved-1f1b", 2, np.array([4]))
+
+
+def test_kept_capacity_puts_the_state_where_most_micro_batches_wait() -> None:
+    """1F1B, K = 4, M = 8: stages hold 4, 3, 2, 1 micro-batches. 10 bytes each, 15 bytes of
+    state: stage 0 full (10), stage 1 holds 5 -> (0/4 + 5/3 + 10/2 + 10/1) = 16.667."""
+    held = inflight_per_stage("1f1b", 4, np.array([8]))
+    assert kept_capacity_bytes(10.0, 15.0, held)[0] == pytest.approx(5 / 3 + 5 + 10)
+    assert kept_capacity_bytes(10.0, 0.0, held)[0] == pytest.approx(10 / 4 + 10 / 3 + 5 + 10)
+    assert kept_capacity_bytes(10.0, 41.0, held)[0] == -np.inf  # the state alone overflows
+    assert kept_capacity_bytes(math.inf, 41.0, held)[0] == np.inf
+
+
+def test_cheapest_cover_takes_the_cheapest_seconds_per_byte_first() -> None:
+    seconds = np.array([4.0, 1.0, 3.0])
+    nbytes = np.array([4.0, 2.0, 1.0])  # 1, 0.5, 3 s per byte
+    assert _cheapest_cover_s(seconds, nbytes, 0.0) == 0.0
+    assert _cheapest_cover_s(seconds, nbytes, 2.0) == pytest.approx(1.0)
+    assert _cheapest_cover_s(seconds, nbytes, 3.0) == pytest.approx(1.0 + 1.0)
+    assert _cheapest_cover_s(seconds, nbytes, 7.0) == pytest.approx(8.0)
+    assert _cheapest_cover_s(seconds, nbytes, 7.5) == math.inf
+
+
+def _two_units() -> Profile:
+    """Two units at batch 4: forward 1 s and 3 s, 100 and 300 activation bytes, 10 parameter
+    bytes each (1-byte parameters)."""
+    units = [
+        UnitProfile(name=f"u{i}", forward_s=f, backward_s=2 * f, parameter_count=10,
+                    parameter_bytes=10, activation_bytes=a)
+        for i, (f, a) in enumerate([(1.0, 100), (3.0, 300)])
+    ]  # fmt: skip
+    return Profile(units=units, cut_bytes=[0], batch_size=4, bytes_per_parameter=1)
+
+
+def test_least_recompute_by_hand() -> None:
+    """Replica batch 8, M = 2 (micro-batch 4: the profile's sizes), 1F1B on K = 2: stages
+    hold 2 and 1 micro-batches; state 2 x 20 B (2 bytes per parameter byte) = 40 B, limit
+    100 B: capacity (100 - 40) / 2 + 100 / 1 = 130 B, activations 400 B: 270 B to re-compute,
+    cheapest per byte first (both 1/100 s per byte): 2.7 s. Unlimited: none."""
+    p = _two_units()
+    ms = np.array([2])
+    got = least_recompute_s(
+        p, 8, ms, schedule="1f1b", stages=2, limit_bytes=100.0, state_bytes_per_parameter=2.0
+    )
+    assert got[0] == pytest.approx(2.7)
+    free = least_recompute_s(
+        p, 8, ms, schedule="1f1b", stages=2, limit_bytes=math.inf, state_bytes_per_parameter=2.0
+    )
+    assert free[0] == 0.0
+    full = least_recompute_s(
+        p, 8, ms, schedule="1f1b", stages=2, limit_bytes=10.0, state_bytes_per_parameter=2.0
+    )
+    assert full[0] == math.inf  # 40 B of state on 2 stages of 10 B
+    other = PipelineMemory("interleaved-1f1b", 100.0, 2.0).least_recompute_s(p, 8, 2, ms)
+    assert other.tolist() == [0.0]
+
+
+def _cluster(n: int, memory: int | None) -> Cluster:
+    return Cluster([Device("gpu", memory, 1.0, 1e11, 0.0) for _ in range(n)])
+
+
+def _request(n: int, memory: int | None, schedule: str) -> PlanRequest:
+    return PlanRequest(
+        cluster=_cluster(n, memory), batch_size=16, gpus_per_node=4,
+        inter_node_bandwidth_bytes_per_s=1e9, checkpoint="auto", schedule=schedule,  # type: ignore[arg-type]
+        tensor_parallel="auto", data_parallel="auto", shard="auto",
+        context_parallel="auto", expert_parallel="auto",
+    )  # fmt: skip
+
+
+def _plan(p: Profile, req: PlanRequest) -> Plan | None:
+    try:
+        return plan(p, req)
+    except PlanningError:
+        return None
+
+
+def _same(pruned: Plan | None, every: Plan | None) -> None:
+    """The same predicted step, on a mesh the exhaustive search priced at that step (two
+    meshes of one step are a tie either search may break its own way)."""
+    assert (pruned is None) == (every is None)
+    if pruned is None or every is None:
+        return
+    assert pruned.mesh is not None and every.mesh is not None
+    assert pruned.iteration_time_s == every.iteration_time_s
+    chosen = (*pruned.mesh_shape, pruned.context_parallel, pruned.expert_parallel, pruned.shard)
+    steps = {(r.pp, r.dp, r.tp, r.cp, r.ep, r.shard): r.step_s for r in every.mesh.candidates}
+    assert steps[chosen] == every.iteration_time_s
+
+
+CASES = [
+    (seed, memory, moe, schedule)
+    for seed, (memory, moe, schedule) in enumerate(
+        (memory, moe, schedule)
+        for memory in [None, 1_500_000, 3_000_000]
+        for moe in (False, True)
+        for schedule in ("1f1b", "gpipe")
+    )
+]
+
+
+@pytest.mark.parametrize(("seed", "memory", "moe", "schedule"), CASES)
+def test_pruned_search_equals_searching_every_mesh(
+    seed: int, memory: int | None, moe: bool, schedule: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Same mesh, same predicted step with the lower bounds pruning as with every mesh
+    searched (each mesh's bound 0: nothing skipped), 4 GPUs over (T, C, D, E, shard)."""
+    p = long_profile(n_blocks=4, seed=seed, moe=moe)
+    req = _request(4, memory, schedule)
+    pruned = _plan(p, req)
+    monkeypatch.setattr(mesh_module, "mesh_lower_bound_s", lambda *a, **k: 0.0)
+    every = _plan(p, req)
+    _same(pruned, every)
+    if every is not None and every.mesh is not None:
+        assert all(r.searched for r in every.mesh.candidates if r.pp <= len(p.units))
+    if pruned is not None and pruned.mesh is not None and memory is not None:
+        assert sum(r.searched for r in pruned.mesh.candidates) < len(pruned.mesh.candidates)
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
+@pytest.mark.parametrize("memory", [2_500_000, 4_000_000])
+def test_the_memory_bound_is_below_every_mesh_step(schedule: str, memory: int) -> None:
+    """Each mesh searched alone (no cutoff): its step is at least its bound, and the memory
+    term raises some bound above the one without it (the instance needs re-materialization)."""
+    p = long_profile(n_blocks=4, seed=3, moe=True)
+    req = _request(4, memory, schedule)
+    _, state_bpp = training_state(p, req.optimizer, req.bytes_per_parameter)
+    template = req.cluster.devices[0]  # type: ignore[union-attr]
+    topology = mesh_module._topology(req, 4, template)
+    search = _MeshSearch(p, req, template, topology, 16, state_bpp)
+    cands = mesh_candidates(
+        p, 4, 16, gpus_per_node=4, shard="auto", context_parallel="auto", expert_parallel="auto"
+    )
+    raised = 0
+    planned = 0
+    for c in cands:
+        if c.pp > len(p.units):
+            continue
+        device, memory_of = search.device_of(c), search.memory_of(c)
+        args = (p, device, c, 16, topology, search.microbatches, True)
+        bound = mesh_lower_bound_s(*args, memory_of)
+        raised += bound > mesh_lower_bound_s(*args)
+        _search(
+            c, plan_pipeline, search.context_of(c), device, search.base, template, topology,
+            16, state_bpp, search.microbatches,
+        )  # fmt: skip
+        if c.plan is not None:
+            planned += 1
+            assert bound <= c.step_s * (1 + 1e-12)  # the same sums, in another order
+    assert planned > 0 and raised > 0
+
+
+def test_the_memory_bound_searches_fewer_meshes() -> None:
+    """The same best plan with fewer meshes searched than with the bound without memory."""
+    p = long_profile(n_blocks=4, seed=3, moe=True)
+    req = _request(4, 2_500_000, "1f1b")
+    with_memory = plan(p, req)
+    without_memory = lambda self, d, r, k, ms: np.zeros(np.asarray(ms).size)  # noqa: E731
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(PipelineMemory, "least_recompute_s", without_memory)
+        without = plan(p, req)
+    _same(with_memory, without)
+    assert with_memory.mesh is not None and without.mesh is not None
+    few = sum(r.searched for r in with_memory.mesh.candidates)
+    many = sum(r.searched for r in without.mesh.candidates)
+    assert few < many
