@@ -289,7 +289,7 @@ def plan_pipeline(profile: Profile, req: PlanRequest, cutoff_s: float = math.inf
     if not feasible and math.isfinite(cutoff_s) and any(c.pruned for c in candidates):
         raise CannotBeat(f"no candidate's lower bound is below {cutoff_s:.6g} s")
     if not feasible:
-        raise _infeasible_error(candidates, cluster, req.checkpoint, req.strategy)
+        raise _infeasible_error(candidates, cluster, req, batch)
     order = list(dict.fromkeys(s for s, _, _ in combos))
 
     def rank(c: Candidate) -> tuple[float, int, int, int]:
@@ -626,9 +626,12 @@ def _least_need(
 
 
 def _infeasible_error(
-    candidates: list[Candidate], cluster: Cluster, checkpoint: str, strategy: str
+    candidates: list[Candidate], cluster: Cluster, req: PlanRequest, batch: int
 ) -> PlanningError:
-    k = len(cluster)
+    """Nothing fits: the least memory a cut needs, and only tries that could lower it and
+    that the request has not made already (#36: it said "more micro-batches" after M "auto"
+    tried every count, and "more GPUs" where one unit alone is larger than a device)."""
+    k, checkpoint, strategy = len(cluster), req.checkpoint, req.strategy
     if strategy in BASELINES:  # the baseline's own partition is fixed: its fullest stage decides
 
         def need_of(cm: CostModel) -> float:
@@ -642,10 +645,16 @@ def _infeasible_error(
     need, m, sched = _least_need(single, need_of, strategy in BASELINES)
     caps = [d.memory_bytes for d in cluster.devices if d.memory_bytes is not None]
     have = format_bytes(min(caps), fixed=True) if caps else "unlimited"
-    tries = ["more GPUs"]
+    capacity = min(caps) if caps else math.inf
+    # a unit alone on a device (memory_floor) does not shrink with more stages
+    one_unit = min(memory_floor(c.cost_model) for c in single)
+    tries = ["more GPUs"] if one_unit <= capacity else ["a smaller batch or finer units"]
     if checkpoint in ("never", "except_last"):
         tries.append("checkpoint='auto' or 'always'")
-    if len(candidates) == 1 or m == max(c.microbatches for c in candidates):
+    if req.schedule == "gpipe" and m > 1:  # GPipe holds all M micro-batches' activations
+        tries.append("schedule='1f1b' or 'auto'")
+    fixed_m = not (isinstance(req.microbatches, str) and req.microbatches == "auto")
+    if fixed_m and m == max(c.microbatches for c in candidates) and batch > m:
         tries.append("more micro-batches")
     if strategy not in ("dp", "ilp", "brute-force"):
         tries.append("strategy='dp'")

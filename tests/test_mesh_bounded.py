@@ -140,7 +140,8 @@ def test_the_least_memory_need_skips_candidates_by_their_floor_and_says_the_same
     pruned, few = refusal()
     monkeypatch.setattr(search, "memory_floor", lambda cm: 0.0)  # nothing pruned
     every, all_of_them = refusal()
-    assert pruned == every
+    # the figure (the hint's own floor check is switched off with the pruning)
+    assert pruned.split("; try")[0] == every.split("; try")[0]
     assert few < all_of_them
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import math
@@ -168,7 +169,12 @@ def test_infeasible_names_minimal_memory_and_it_is_tight() -> None:
     msg = str(info.value)
     need = info.value.min_memory_bytes
     assert "smallest memory per device that fits is" in msg and "\n" not in msg
-    assert format_bytes(need, fixed=True) in msg and "more GPUs" in msg and "checkpoint=" in msg
+    assert format_bytes(need, fixed=True) in msg and "checkpoint=" in msg
+    # one unit alone is larger than a device without checkpointing: more GPUs cannot help
+    # (one unit per stage on 12 does not fit either), so the hint does not offer them
+    assert "more GPUs" not in msg and "a smaller batch or finer units" in msg
+    with pytest.raises(PlanningError):
+        plan(profile, PlanRequest(gpus=12, memory_per_device=10**6, **kw))
     plan(profile, PlanRequest(gpus=3, memory_per_device=need, **kw))  # fits at the named memory
     with pytest.raises(PlanningError):
         plan(profile, PlanRequest(gpus=3, memory_per_device=int(need * (1 - 1e-5)), **kw))
@@ -370,3 +376,19 @@ def test_replanning_is_the_recorded_request_with_one_field_replaced(tmp_path: Pa
         plan(profile, PlanRequest(gpus=4, microbatch=8))
     with pytest.raises(TypeError, match=r"takes a PlanRequest, not int"):
         plan(profile, 4)  # type: ignore[arg-type]
+
+
+def test_the_refusal_offers_only_tries_the_request_has_not_made() -> None:
+    """#36: M "auto" tried every count, so "more micro-batches" is not offered; GPipe holds
+    all M micro-batches' activations, so 1F1B is; a device that one unit fits offers more
+    GPUs. A fixed M at the largest tried does offer more micro-batches."""
+    profile = random_profile(12, 2)
+    auto = PlanRequest(gpus=3, memory_per_device=10**6, checkpoint="auto", baselines=False)
+    with pytest.raises(PlanningError) as info:
+        plan(profile, auto)
+    tries = str(info.value).split("; try ")[1]
+    assert "more micro-batches" not in tries and "schedule='1f1b' or 'auto'" in tries
+    fixed = dataclasses.replace(auto, microbatches=2)
+    with pytest.raises(PlanningError) as info:
+        plan(profile, fixed)
+    assert "more micro-batches" in str(info.value).split("; try ")[1]

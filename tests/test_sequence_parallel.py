@@ -29,7 +29,7 @@ def planned_layout(name: str, tp_plan: dict[str, str] | None = None) -> tuple[An
     """(layout, the TP-rank-shaped PlannedStages, the plan) of mesh model ``name`` cut in two
     stages, as DistributedPipeline computes them."""
     from autopipe.runtime.distributed.mesh import local_shapes, planned_modules
-    from autopipe.runtime.distributed.pipeline import _sequence_layout
+    from autopipe.runtime.distributed.pipeline import planned_sequence_layout
     from autopipe.runtime.planned_stages import partition
     from test_distributed_mesh import mesh_plan
 
@@ -39,7 +39,7 @@ def planned_layout(name: str, tp_plan: dict[str, str] | None = None) -> tuple[An
     split = planned_modules(model, tp_plan or plan.tp_plan, T)
     with local_shapes(model, split, T):
         planned = partition(model, inputs, plan, check_parameters=False)
-    return _sequence_layout(planned, model, split, inputs, plan), planned, plan
+    return planned_sequence_layout(planned, model, split, inputs, plan), planned, plan
 
 
 def test_gpt_norms_and_residual_are_read_off_the_graph() -> None:
@@ -225,7 +225,7 @@ def zoo_layout(family: str) -> tuple[Any, Any, dict[str, str]]:
     import mesh_zoo_models
     from autopipe.profiler.analytic import profile_analytic
     from autopipe.runtime.distributed.mesh import local_shapes, planned_modules
-    from autopipe.runtime.distributed.pipeline import _sequence_layout
+    from autopipe.runtime.distributed.pipeline import planned_sequence_layout
     from autopipe.runtime.planned_stages import partition
 
     from autopipe.core.plan import Plan, StagePlan
@@ -246,7 +246,7 @@ def zoo_layout(family: str) -> tuple[Any, Any, dict[str, str]]:
     split = planned_modules(model, plan.tp_plan, T)
     with local_shapes(model, split, T):
         planned = partition(model, inputs, plan, check_parameters=False)
-    return _sequence_layout(planned, model, split, inputs, plan), planned, split
+    return planned_sequence_layout(planned, model, split, inputs, plan), planned, split
 
 
 def test_mixture_of_experts_runs_on_each_ranks_tokens() -> None:

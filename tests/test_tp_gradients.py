@@ -110,7 +110,7 @@ def tp_chunk(family: str, plan: Any, mesh: Any) -> tuple[torch.nn.Module, list[s
         retie,
         tied_slots,
     )
-    from autopipe.runtime.distributed.pipeline import _sequence_layout, materialize_chunks
+    from autopipe.runtime.distributed.pipeline import materialize_chunks, planned_sequence_layout
     from autopipe.runtime.distributed.sequence_parallel import adopt_norms
     from autopipe.runtime.distributed.tp_gradients import (
         partial_gradient_parameters,
@@ -123,7 +123,7 @@ def tp_chunk(family: str, plan: Any, mesh: Any) -> tuple[torch.nn.Module, list[s
     split = planned_modules(model, plan.tp_plan, T)
     with local_shapes(model, split, T):
         planned = partition(model, inputs, plan, check_parameters=False)
-    layout = _sequence_layout(planned, model, split, inputs, plan)
+    layout = planned_sequence_layout(planned, model, split, inputs, plan)
     partial = partial_gradient_parameters(planned.graph_module, split, layout)
     adopt_modules(planned.stages[0].module, model, split)
     adopt_norms(planned.stages[0].module, model, layout.norms)

@@ -223,7 +223,7 @@ def test_torchrun_trains_like_one_process(
 def test_use_cache_config_is_turned_off_for_training() -> None:
     import transformers
 
-    cfg = zoo._decoder_config("LlamaConfig")
+    cfg = zoo.decoder_config("LlamaConfig")
     cfg.use_cache = True
     torch.manual_seed(0)
     model = transformers.LlamaForCausalLM(cfg)
@@ -264,7 +264,7 @@ def test_an_encoder_inside_a_wrapper_gets_no_cache_warning() -> None:
     assert bert.encoder.config.use_cache is False
     assert not [w for w in seen if "use_cache" in str(w.message)]
     # A decoder in the same wrapper still reads its cache when generating: said.
-    cfg = zoo._decoder_config("LlamaConfig")
+    cfg = zoo.decoder_config("LlamaConfig")
     cfg.use_cache = True
     torch.manual_seed(0)
     llama = _LogitsOf(transformers.LlamaForCausalLM(cfg))

@@ -17,30 +17,21 @@ import os
 from typing import Any
 
 import torch
+import zoo  # the model file's folder is on sys.path while it loads
 from torch import nn
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # configs only: never reach for a hub
 
-SEQ = 8
-VOCAB = 64
+SEQ = zoo.SEQ
+VOCAB = zoo.VOCAB
 FAMILIES = ("qwen3", "apertus", "phi3", "glm", "glm4", "olmo2", "olmo")
 
 
 def _decoder(cls_name: str, model_name: str, **extra: Any) -> nn.Module:
+    """``model_name`` on the zoo's tiny decoder config (:func:`zoo.decoder_config`), seeded."""
     import transformers
 
-    config = getattr(transformers, cls_name)(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=4 * SEQ,
-        use_cache=False,
-        attention_dropout=0.0,
-        **extra,
-    )
+    config = zoo.decoder_config(cls_name, **extra)
     torch.manual_seed(0)
     return getattr(transformers, model_name)(config)
 

@@ -79,7 +79,10 @@ def _padding_mask(batch_size: int) -> torch.Tensor:
     return mask
 
 
-def _decoder_config(cls_name: str, **extra: Any) -> Any:
+def decoder_config(cls_name: str, **extra: Any) -> Any:
+    """The tiny decoder every Hugging Face family here is built on (hidden 32, 4 heads, 2
+    key/value heads, 2 layers, vocabulary VOCAB), ``extra`` its family's own fields; also
+    tests/tp_models.py's."""
     import transformers
 
     cls = getattr(transformers, cls_name)
@@ -108,7 +111,7 @@ def _seeded(build: Any) -> nn.Module:
 def llama() -> nn.Module:
     import transformers
 
-    return _seeded(lambda: transformers.LlamaForCausalLM(_decoder_config("LlamaConfig")))
+    return _seeded(lambda: transformers.LlamaForCausalLM(decoder_config("LlamaConfig")))
 
 
 def example_inputs_llama(batch_size: int = 8) -> dict[str, torch.Tensor]:
@@ -118,7 +121,7 @@ def example_inputs_llama(batch_size: int = 8) -> dict[str, torch.Tensor]:
 def qwen2() -> nn.Module:
     import transformers
 
-    return _seeded(lambda: transformers.Qwen2ForCausalLM(_decoder_config("Qwen2Config")))
+    return _seeded(lambda: transformers.Qwen2ForCausalLM(decoder_config("Qwen2Config")))
 
 
 def example_inputs_qwen2(batch_size: int = 8) -> dict[str, torch.Tensor]:
@@ -128,7 +131,7 @@ def example_inputs_qwen2(batch_size: int = 8) -> dict[str, torch.Tensor]:
 def mistral() -> nn.Module:
     import transformers
 
-    return _seeded(lambda: transformers.MistralForCausalLM(_decoder_config("MistralConfig")))
+    return _seeded(lambda: transformers.MistralForCausalLM(decoder_config("MistralConfig")))
 
 
 def example_inputs_mistral(batch_size: int = 8) -> dict[str, torch.Tensor]:
@@ -138,7 +141,7 @@ def example_inputs_mistral(batch_size: int = 8) -> dict[str, torch.Tensor]:
 def mixtral() -> nn.Module:
     import transformers
 
-    cfg = _decoder_config(
+    cfg = decoder_config(
         "MixtralConfig", num_local_experts=4, num_experts_per_tok=2, router_jitter_noise=0.0
     )
     return _seeded(lambda: transformers.MixtralForCausalLM(cfg))

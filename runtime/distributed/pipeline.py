@@ -634,7 +634,7 @@ class DistributedPipeline:
                 tp_modules = planned_modules(model, plan.tp_plan, plan.tensor_parallel)
                 with local_shapes(model, tp_modules, plan.tensor_parallel):
                     planned = partition(model, example_inputs, plan, check_parameters=False)
-                layout = _sequence_layout(planned, model, tp_modules, example_inputs, plan)
+                layout = planned_sequence_layout(planned, model, tp_modules, example_inputs, plan)
                 try:
                     self._partial_gradients = partial_gradient_parameters(
                         planned.graph_module, tp_modules, layout
@@ -1055,7 +1055,7 @@ def _weight_pass_reuses(module: StageModule, inputs: Sequence[Any]) -> dict[str,
 ChunkExamples = tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]
 
 
-def _sequence_layout(
+def planned_sequence_layout(
     planned: PlannedStages,
     model: nn.Module,
     tp_modules: Mapping[str, str],

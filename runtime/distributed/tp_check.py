@@ -5,7 +5,8 @@ must never be refused after start-up on every rank).
 before building anything (``DistributedPipeline._join_groups``): the model's split modules
 (:func:`.mesh.planned_modules`), the re-trace at one TP rank's shapes
 (:func:`.mesh.local_shapes`, :func:`autopipe.runtime.planned_stages.partition`), the
-sequence-parallel layout of the traced graph (the runtime's own ``_sequence_layout``) and
+sequence-parallel layout of the traced graph (the runtime's own
+:func:`.pipeline.planned_sequence_layout`) and
 the parameters whose gradients TP leaves partial
 (:func:`.tp_gradients.partial_gradient_parameters`). What stops them is the one-line reason
 the profile records as ``Profile.tp_refusal``; the planner then plans T = 1 only. The plan
@@ -20,7 +21,7 @@ from typing import Any
 import torch
 from autopipe.profiler.inputs import batch_size_of
 from autopipe.runtime.distributed.mesh import local_shapes, planned_modules
-from autopipe.runtime.distributed.pipeline import _sequence_layout
+from autopipe.runtime.distributed.pipeline import planned_sequence_layout
 from autopipe.runtime.distributed.tp_gradients import partial_gradient_parameters
 from autopipe.runtime.planned_stages import partition
 from torch import nn
@@ -63,7 +64,7 @@ def tp_refusal(model: nn.Module, example_inputs: Any, profile: Profile) -> str |
         tp_modules = planned_modules(model, plan.tp_plan, t)
         with local_shapes(model, tp_modules, t):
             planned = partition(model, example_inputs, plan, check_parameters=False)
-        layout = _sequence_layout(planned, model, tp_modules, example_inputs, plan)
+        layout = planned_sequence_layout(planned, model, tp_modules, example_inputs, plan)
         partial_gradient_parameters(planned.graph_module, tp_modules, layout)
     except UsageError as exc:  # the runtime's refusals (trace, split, sequence parallelism)
         first = (str(exc).strip().splitlines() or [""])[0]
