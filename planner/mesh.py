@@ -877,8 +877,8 @@ def _search(
         return
     c.run = (best[1], best[2])
     _price(c, best[0], best[1], profile, device, topology, replica, reserve)
-    limit = template.memory_bytes
-    if limit is not None and c.peak_bytes * (1.0 + base.headroom) > limit:
+    device_bytes = template.memory_bytes
+    if device_bytes is not None and c.peak_bytes * (1.0 + base.headroom) > device_bytes:
         # the transient peak (mesh_costs.transient_bytes) is checked after the search
         c.plan, c.run, c.step_s, c.pipeline_s = None, None, math.inf, math.inf
         c.reason = f"memory: needs {format_bytes(c.peak_bytes)} per device with its transient peak"

@@ -322,8 +322,14 @@ def test_mesh_plans_this_runtime_does_not_run_are_refused_in_one_line() -> None:
     refused = [
         (dataclasses.replace(tp, shard="optimizer", replicas=2), (), "ZeroRedundancyOptimizer"),
         (dataclasses.replace(tp, schedule="zbv"), (), "splits the weight pass"),
-        (tp, [TiedParameter("tok_emb.weight", [0, 1], {})], "tied across chunks"),
+        # TP-split and plain tied copies are kept equal across chunks; FSDP's are not.
+        (
+            dataclasses.replace(tp, shard="parameters"),
+            [TiedParameter("tok_emb.weight", [0, 1], {})],
+            "tied across chunks",
+        ),
     ]
+    check_mesh_plan(tp, [TiedParameter("tok_emb.weight", [0, 1], {})])
     for plan, tied, words in refused:
         with pytest.raises(MeshPlanError, match=words) as exc:
             check_mesh_plan(plan, tied)
