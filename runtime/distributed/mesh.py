@@ -552,6 +552,8 @@ def _keep_buffers_plain(body: nn.Module, paths: Iterable[str]) -> None:
 
     for path in paths:
         module = body.get_submodule(path)
+        if type(module).forward not in (nn.Linear.forward, nn.Embedding.forward):
+            continue  # a forward of its own may read its buffers alongside DTensor inputs
         for name, buffer in list(module._buffers.items()):
             if isinstance(buffer, DTensor):
                 module._buffers[name] = buffer.to_local()
