@@ -64,41 +64,20 @@ LAUNCH_TIMEOUT_S = 1800
 """One launch's limit; a launch that runs past it is killed and the rest relaunched."""
 
 EXPECTED: dict[str, tuple[str, str]] = {
-    "gemma2:pp2tp2": (
-        "refused-plan",
-        "tensor-parallel: T=2 cannot run for this model: MeshPlanError: mean_1 ",
-    ),
-    "gemma2:tp2fsdp2": (
-        "refused-plan",
-        "tensor-parallel: T=2 cannot run for this model: MeshPlanError: mean_1 ",
-    ),
-    "gemma2:pp2v2tp2": (
-        "refused-plan",
-        "tensor-parallel: T=2 cannot run for this model: MeshPlanError: mean_1 ",
-    ),
-    "gemma3:pp2tp2": (
-        "refused-plan",
-        "tensor-parallel: T=2 cannot run for this model: MeshPlanError: mean_3 ",
-    ),
-    "gemma3:tp2fsdp2": (
-        "refused-plan",
-        "tensor-parallel: T=2 cannot run for this model: MeshPlanError: mean_3 ",
-    ),
-    "gemma3:pp2v2tp2": (
-        "refused-plan",
-        "tensor-parallel: T=2 cannot run for this model: MeshPlanError: mean_3 ",
-    ),
     "cohere_qk_norm:pp2tp2": (
         "refused-plan",
-        "tensor-parallel: T=2 cannot run for this model: TraceError: cannot ",
+        "T=2 cannot run for this model: MeshPlanError: model.layers.0.self_attn.q_norm.weight "
+        "[4, 8] is per head of the column-wise split model.layers.0.self_attn.q_proj",
     ),
     "cohere_qk_norm:tp2fsdp2": (
         "refused-plan",
-        "tensor-parallel: T=2 cannot run for this model: TraceError: cannot ",
+        "T=2 cannot run for this model: MeshPlanError: model.layers.0.self_attn.q_norm.weight "
+        "[4, 8] is per head of the column-wise split model.layers.0.self_attn.q_proj",
     ),
     "cohere_qk_norm:pp2v2tp2": (
         "refused-plan",
-        "tensor-parallel: T=2 cannot run for this model: TraceError: cannot ",
+        "T=2 cannot run for this model: MeshPlanError: model.layers.0.self_attn.q_norm.weight "
+        "[4, 8] is per head of the column-wise split model.layers.0.self_attn.q_proj",
     ),
 }
 """Case -> (outcome, a phrase of its reason) for every case that is not ``equal`` today.

@@ -140,6 +140,21 @@ def test_norms_off_the_column_wise_path_no_longer_refuse_t_2(family: str) -> Non
     assert (plan.num_stages, plan.replicas, plan.tensor_parallel) == (2, 1, 2)
 
 
+def test_a_per_head_norm_weight_refuses_t_2_in_one_line() -> None:
+    """Cohere's q/k LayerNorm weight is [heads, head_dim], applied per head after the
+    column-wise q/k projections: no style splits it with the heads, so T = 2 is refused at
+    plan time, naming the parameter (it was a long TraceError from the trace at one rank's
+    shapes)."""
+    profile = _profile("cohere_qk_norm")
+    assert profile.tp_refusal == (
+        "MeshPlanError: model.layers.0.self_attn.q_norm.weight [4, 8] is per head of the "
+        "column-wise split model.layers.0.self_attn.q_proj (4 heads, 2 on each TP rank) and "
+        "the TP plan does not split it with them; re-plan with --tensor-parallel 1"
+    )
+    with pytest.raises(RuleViolation, match="q_norm.weight"):
+        autopipe.plan(profile, _request("pp2tp2"))
+
+
 def test_a_family_that_runs_is_still_planned_at_t_2() -> None:
     profile = _profile("llama")
     assert profile.tp_refusal is None

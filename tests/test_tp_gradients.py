@@ -172,6 +172,28 @@ def test_every_parameter_of_a_tp_chunk_is_split_or_summed(
         assert summed
 
 
+def test_a_split_modules_buffer_read_by_the_graph_stays_a_plain_tensor(
+    one_chunk_plan: Any, fake_tp_mesh: Any
+) -> None:
+    """Gemma-2's embedding (split vocab-parallel, tied to the head) holds ``embed_scale``,
+    which the graph reads after the lookup (``_assert_tensor_metadata``, ``to``, ``mul`` by
+    the local activations). ``parallelize_module`` replicates a split module's buffers as
+    DTensors, which those ops cannot take (no sharding strategy for the assertion, a DTensor
+    times a plain tensor): it stays the plain tensor it was, and the chunk runs."""
+    from torch.distributed.tensor import DTensor
+
+    model = tp_models.gemma2()
+    want = model.get_submodule("model.embed_tokens").embed_scale.clone()
+    body, _ = tp_chunk("gemma2", one_chunk_plan, fake_tp_mesh)
+    scale = body.get_submodule("model.embed_tokens").embed_scale
+    assert not isinstance(scale, DTensor)
+    torch.testing.assert_close(scale, want, rtol=0, atol=0)
+    example = tp_models._example(BATCH // 2)
+    # fake collectives: the values are not checked, the ops must run
+    out = body(example["input_ids"], example["labels"])
+    assert out is not None
+
+
 def test_hugging_face_replicated_with_grad_allreduce_is_kept() -> None:
     """Qwen3's plan names its q/k norms ``replicated_with_grad_allreduce``: the profile keeps
     the entries (the runtime runs them) and does not count them as split."""

@@ -8,7 +8,9 @@ divides both), random seeded weights, no download; seeded inputs and the default
 - ``phi3``, ``glm``, ``glm4``, ``olmo2``: ``rowwise_split_input`` in their plans (the
   input arrives whole);
 - ``olmo``: a plain plan (nothing replicated inside a split region);
-- ``llama_tied``: a Llama whose LM head is tied to its embedding.
+- ``llama_tied``: a Llama whose LM head is tied to its embedding;
+- ``gemma2``: a tied head and a scaled embedding (its ``embed_scale`` buffer is read by the
+  graph after the lookup, outside the split embedding's forward).
 """
 
 from __future__ import annotations
@@ -90,10 +92,20 @@ def llama_tied() -> nn.Module:
     return _decoder("LlamaConfig", "LlamaForCausalLM", tie_word_embeddings=True)
 
 
+def gemma2() -> nn.Module:
+    return _decoder(
+        "Gemma2Config",
+        "Gemma2ForCausalLM",
+        head_dim=8,
+        query_pre_attn_scalar=8,
+        sliding_window=4,
+    )
+
+
 def _example(batch_size: int = 8) -> dict[str, torch.Tensor]:
     return _inputs(batch_size)
 
 
 example_inputs_qwen3 = example_inputs_apertus = example_inputs_phi3 = _example
 example_inputs_glm = example_inputs_glm4 = example_inputs_olmo2 = _example
-example_inputs_olmo = example_inputs_llama_tied = _example
+example_inputs_olmo = example_inputs_llama_tied = example_inputs_gemma2 = _example

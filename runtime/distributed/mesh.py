@@ -45,7 +45,7 @@ rank's chunks are built as for a plain pipeline, then, with torch's own parts on
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -526,6 +526,7 @@ def apply_tensor_parallel(
     )
     if styles:
         parallelize_module(body, tp_mesh, styles)
+        _keep_buffers_plain(body, paths)
     # Then each norm's output hook gathers it once, as a DTensor: the column-wise modules it
     # feeds take it as it is, and a shape read of it is the whole sequence's.
     gather: dict[str, Any] = {
@@ -538,6 +539,24 @@ def apply_tensor_parallel(
     if gather:
         parallelize_module(body, tp_mesh, gather)
     return len(paths)
+
+
+def _keep_buffers_plain(body: nn.Module, paths: Iterable[str]) -> None:
+    """Put back as plain tensors the buffers ``parallelize_module`` replicated as DTensors
+    on the split modules at ``paths``. A split module's forward is torch's own (a linear or
+    the bare lookup, :func:`_plain_embedding`) and reads no buffer; what reads one is the
+    graph, after the call (Gemma's ``embed_scale`` times the local activations, and export's
+    ``_assert_tensor_metadata`` on it, which has no DTensor sharding strategy), so it must
+    see the tensor the model holds. A replicated DTensor's local tensor is that tensor."""
+    from torch.distributed.tensor import DTensor
+
+    for path in paths:
+        module = body.get_submodule(path)
+        if type(module).forward not in (nn.Linear.forward, nn.Embedding.forward):
+            continue  # a forward of its own may read its buffers alongside DTensor inputs
+        for name, buffer in list(module._buffers.items()):
+            if isinstance(buffer, DTensor):
+                module._buffers[name] = buffer.to_local()
 
 
 TiedSlots = list[list[tuple[nn.Module, str]]]
