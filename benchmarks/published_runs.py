@@ -43,10 +43,10 @@ if str(ROOT) not in sys.path:
 from autopipe.planner import PlanningError, plan  # noqa: E402
 from autopipe.planner.errors import RuleViolation  # noqa: E402
 
+from autopipe.core.attention import DEFAULT_KERNEL, attention_efficiency, kernel_for_trainer  # noqa: E402
 from autopipe.core.catalog import DeviceSpec, get_device, is_catalog_device  # noqa: E402
 from autopipe.core.cluster import Cluster, Device  # noqa: E402
 from autopipe.core.gemm import gemm_s  # noqa: E402
-from autopipe.core.attention import DEFAULT_KERNEL, attention_efficiency, kernel_for_trainer  # noqa: E402
 from autopipe.core.plan import Plan  # noqa: E402
 from autopipe.core.profile import Profile, UnitProfile  # noqa: E402
 from autopipe.core.request import PlanRequest  # noqa: E402
@@ -560,9 +560,7 @@ def transformer_profile(
     lin_f, lin_b = tokens * fwd_mm, tokens * 2 * fwd_mm
     if pricing is None:  # each GEMM at its shape (autopipe.core.gemm)
         lin_f, lin_b = _block_linears_s(a, spec, gemm_tokens or tokens, tp, tokens)
-        attn_f, attn_b = _attention_s(
-            a, seq, spec, flash, gemm_tokens or tokens, attention_kernel
-        )
+        attn_f, attn_b = _attention_s(a, seq, spec, flash, gemm_tokens or tokens, attention_kernel)
         fwd_attn, bwd_attn = attn_f / (gemm_tokens or tokens), attn_b / (gemm_tokens or tokens)
     else:
         bwd_attn = attn_bwd * fwd_attn

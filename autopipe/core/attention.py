@@ -100,4 +100,3 @@ def attention_efficiency(
     if row is None or spec.compute_efficiency != DEFAULT_COMPUTE_EFFICIENCY:
         return ceiling
     return min(row[direction][0], ceiling)
-
