@@ -102,3 +102,22 @@ def test_loss_and_selective_memory_terms_by_hand() -> None:
     assert mg.units[-1].peak_bytes == hidden + 6 * logits
     kept = seq * (2 * (4 * 4096 + 1024 + 14336) + 4 * 32)
     assert tt.units[1].selective_activation_bytes == kept
+
+
+def test_attention_is_priced_at_the_trainers_kernel() -> None:
+    """torchtitan's runs price flash attention as FlashAttention-2, Megatron-Core's as cuDNN's
+    fused attention (autopipe.core.attention); by hand for Llama 3.1 8B at 8192 tokens on an
+    H100 SXM: causal forward 2 s h FLOPs per token at 35% of 989 TFLOP/s (FA2), at 75% (cuDNN)."""
+    assert pr.trainer_of(next(r for r in pr.RUNS if r.key.startswith("tt-"))) == "torchtitan"
+    assert pr.trainer_of(next(r for r in pr.RUNS if r.key.startswith("mcore-"))) == "megatron"
+    a, seq = pr.LLAMA31_8B, 8192
+    spec = pr.get_device("H100-SXM-80GB")
+    flops = seq * 2 * seq * a.hidden
+    fwd, bwd = pr._attention_s(a, seq, spec, True, seq, "fa2")
+    assert fwd == pytest.approx(flops / (989e12 * 0.35), rel=1e-3)
+    assert bwd == pytest.approx(2.5 * flops / (989e12 * 0.35), rel=1e-3)
+    fwd_c, _ = pr._attention_s(a, seq, spec, True, seq, "cudnn")
+    assert fwd_c == pytest.approx(flops / (989e12 * 0.75), rel=1e-3)
+    fa2 = pr.transformer_profile(a, seq, spec, attention_kernel="fa2").units[1]
+    cudnn = pr.transformer_profile(a, seq, spec, attention_kernel="cudnn").units[1]
+    assert fa2.forward_s - cudnn.forward_s == pytest.approx(fwd - fwd_c, rel=1e-6)
