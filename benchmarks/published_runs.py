@@ -43,9 +43,10 @@ if str(ROOT) not in sys.path:
 from autopipe.planner import PlanningError, plan  # noqa: E402
 from autopipe.planner.errors import RuleViolation  # noqa: E402
 
+from autopipe.core.attention import DEFAULT_KERNEL, attention_efficiency, kernel_for_trainer  # noqa: E402
 from autopipe.core.catalog import DeviceSpec, get_device, is_catalog_device  # noqa: E402
 from autopipe.core.cluster import Cluster, Device  # noqa: E402
-from autopipe.core.gemm import gemm_ceiling, gemm_s  # noqa: E402
+from autopipe.core.gemm import gemm_s  # noqa: E402
 from autopipe.core.plan import Plan  # noqa: E402
 from autopipe.core.profile import Profile, UnitProfile  # noqa: E402
 from autopipe.core.request import PlanRequest  # noqa: E402
@@ -450,16 +451,23 @@ def _block_linears_s(
     return sum(p[0] for p in parts), sum(p[1] for p in parts)
 
 
-def _attention_s(a: Arch, seq: int, spec: DeviceSpec, flash: bool, tokens_mm: int) -> float:
-    """Forward seconds of a block's attention matmuls (QK^T and AV) on ``tokens_mm`` tokens:
-    flash attention's fused kernel (causal: half the scores) at the GPU's matmul ceiling (its
-    ``s x s`` scores never reach memory); the math path as two batched GEMMs per head
-    (``s x d`` by ``d x s``, writing the scores; ``s x s`` by ``s x d``) at their shape."""
+def _attention_s(
+    a: Arch, seq: int, spec: DeviceSpec, flash: bool, tokens_mm: int, kernel: str = DEFAULT_KERNEL
+) -> tuple[float, float]:
+    """Forward and backward seconds of a block's attention matmuls (QK^T and AV) on
+    ``tokens_mm`` tokens: flash attention's fused ``kernel`` (causal: half the scores; backward
+    2.5 times the forward's FLOPs, the scores re-computed) at that kernel's published share of
+    the GPU's peak in each direction (``autopipe.core.attention``; its ``s x s`` scores never
+    reach memory); the math path as two batched GEMMs per head (``s x d`` by ``d x s``, writing
+    the scores; ``s x s`` by ``s x d``) at their shape, backward twice the forward."""
     flops = tokens_mm * 4 * seq * a.hidden * (0.5 if flash else 1.0)
     if flash:
-        return flops / (spec.peak_for("bfloat16") * gemm_ceiling(spec))
+        peak = spec.peak_for("bfloat16")
+        fwd = flops / (peak * attention_efficiency(spec, kernel, "forward"))
+        return fwd, 2.5 * flops / (peak * attention_efficiency(spec, kernel, "backward"))
     d, heads = a.hidden // a.heads, a.heads * tokens_mm / seq
-    return gemm_s(spec, seq, seq, d, batch=heads) + gemm_s(spec, seq, d, seq, batch=heads)
+    fwd = gemm_s(spec, seq, seq, d, batch=heads) + gemm_s(spec, seq, d, seq, batch=heads)
+    return fwd, 2.0 * fwd
 
 
 def _elementwise_elements(a: Arch, compiled: bool) -> float:
@@ -508,6 +516,7 @@ def transformer_profile(
     gemm_tokens: int | None = None,
     tp: int = 1,
     loss: str = "torch",
+    attention_kernel: str = DEFAULT_KERNEL,
 ) -> Profile:
     """The Profile of ``a`` at ``batch_size`` sequences of ``seq`` tokens on ``spec``: units
     ``embed``, ``layers.0 .. layers.L-1``, ``head`` (final norm, output projection, loss).
@@ -531,7 +540,9 @@ def transformer_profile(
 
     ``loss``: how the cross-entropy holds the logits (:data:`_LOSS_PEAK_BYTES`): ``torch``
     (``cross_entropy(logits.float())``, torchtitan) or ``megatron`` (its fused vocab-parallel
-    cross-entropy, in place)."""
+    cross-entropy, in place). ``attention_kernel``: the flash-attention kernel family the trainer
+    runs (``autopipe.core.attention``: ``fa2``, PyTorch SDPA's flash backend; ``cudnn``,
+    Transformer Engine's fused attention), priced at its published share of peak per direction."""
     price = pricing or pricing_for(spec)
     tokens = batch_size * seq
     h, v = a.hidden, a.vocab
@@ -549,12 +560,13 @@ def transformer_profile(
     lin_f, lin_b = tokens * fwd_mm, tokens * 2 * fwd_mm
     if pricing is None:  # each GEMM at its shape (autopipe.core.gemm)
         lin_f, lin_b = _block_linears_s(a, spec, gemm_tokens or tokens, tp, tokens)
-        fwd_attn = _attention_s(a, seq, spec, flash, gemm_tokens or tokens) / (
-            gemm_tokens or tokens
-        )
+        attn_f, attn_b = _attention_s(a, seq, spec, flash, gemm_tokens or tokens, attention_kernel)
+        fwd_attn, bwd_attn = attn_f / (gemm_tokens or tokens), attn_b / (gemm_tokens or tokens)
+    else:
+        bwd_attn = attn_bwd * fwd_attn
     fwd_mem = (elem_bytes + softmax_bytes) / mem
     block_fwd = lin_f + tokens * (fwd_attn + fwd_mem)
-    block_bwd = lin_b + tokens * (attn_bwd * fwd_attn + 2 * fwd_mem)
+    block_bwd = lin_b + tokens * (bwd_attn + 2 * fwd_mem)
     block_act = tokens * _block_activation_bytes(a, seq, flash)
     # what only sequence parallelism shards: norm inputs, the TP regions' inputs, masks
     replicated_act = tokens * BF16 * (4 * h + (h if a.dropout else 0))
@@ -678,7 +690,19 @@ def profile_of(run: Run) -> Profile:
         selective="torchtitan" if run.key.startswith("tt") else "megatron",
         gemm_tokens=(run.microbatch or 1) * run.seq, tp=run.tp,
         loss="torch" if run.key.startswith(("tt", "llama3")) else "megatron",
+        attention_kernel=kernel_for_trainer(trainer_of(run)),
     )  # fmt: skip
+
+
+def trainer_of(run: Run) -> str | None:
+    """The trainer that ran ``run``: torchtitan's tables, Megatron (Megatron-Core with
+    Transformer Engine, SC21's Megatron-LM, BLOOM's Megatron-DeepSpeed), or None (the Llama 3
+    paper's Meta trainer, unpublished: the default kernel)."""
+    if run.key.startswith("tt"):
+        return "torchtitan"
+    if run.key.startswith(("mcore", "sc21", "bloom")):
+        return "megatron"
+    return None
 
 
 def request_of(run: Run, **changes: object) -> PlanRequest:
