@@ -598,6 +598,8 @@ def _adopt_faster_heuristics(feasible: list[Candidate], profile: Profile) -> Non
         cm = c.cost_model
         for name in BASELINES:
             bounds = baseline_bounds(name, profile, cm.num_stages)
+            if c.cut_lower_bound_s(bounds) >= c.iteration_time_s * (1 - 1e-12):
+                continue  # proven not faster than the cut it has: no need to simulate it
             ev = c.evaluate(bounds)
             if ev.fits and ev.iteration_time_s < c.iteration_time_s * (1 - 1e-12):
                 c.adopt_evaluation(ev, f"dp+{name}")
