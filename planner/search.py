@@ -37,7 +37,13 @@ from autopipe.planner.chunks import ScheduleShape, cost_model_for, lower_bound_s
 from autopipe.planner.costs import CostModel
 from autopipe.planner.errors import PlanningError, RuleViolation
 from autopipe.planner.partition import brute_force_partition, exact_partition
-from autopipe.planner.probe import _Prober, memory_floor, min_memory_needed, pareto_partitions
+from autopipe.planner.probe import (
+    _Prober,
+    memory_floor,
+    min_memory_needed,
+    pareto_partitions,
+    time_only_fits,
+)
 from autopipe.planner.schedules import virtual_stage_choices
 
 from autopipe.core.cluster import Cluster
@@ -473,7 +479,8 @@ def _partition_candidate(
         if share == 1.0 and req.strategy == "dp" and math.isfinite(best_s):
             # One probe: if no cut keeps every chunk within best_s / M, every cut's
             # bottleneck rank is busy longer than the plan already found. O(K V N log N).
-            if _Prober(cm).probe(best_s / cand.microbatches) is None:
+            limit_s = best_s / cand.microbatches
+            if not time_only_fits(cm, limit_s) or _Prober(cm).probe(limit_s) is None:
                 cand.pruned = True
                 cm.clear_cache()
                 return
