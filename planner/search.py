@@ -488,6 +488,9 @@ def _partition_candidate(
         cm.clear_cache()
         if part is None:
             continue
+        if math.isfinite(best_s) and _no_cut_beats(cand, part.bounds, profile, req, best_s):
+            cand.pruned = True  # neither its cut nor a baseline's can beat the plan found
+            return
         ev = cand.evaluate(part.bounds)
         cand.min_bottleneck_s = part.bottleneck_s
         if share == 1.0 and part.optimality_gap == 0 and req.strategy in EXACT_STRATEGIES:
@@ -498,6 +501,19 @@ def _partition_candidate(
         if ev.fits:
             cand.adopt(part, ev.costs, ev.simulation, ev.works, ev.peaks)
             return
+
+
+def _no_cut_beats(
+    cand: Candidate, bounds: list[int], profile: Profile, req: PlanRequest, best_s: float
+) -> bool:
+    """Whether every cut this candidate could end with (the partition ``bounds``, and with
+    the ``dp`` strategy the baselines' cuts :func:`_adopt_faster_heuristics` may adopt) has
+    a proven per-cut bound (:meth:`Candidate.cut_lower_bound_s`) not below ``best_s``: then
+    simulating them cannot give a faster plan. O(N + K) per cut."""
+    cuts = [bounds]
+    if req.strategy == "dp":
+        cuts += [baseline_bounds(name, profile, cand.cost_model.num_stages) for name in BASELINES]
+    return all(cand.cut_lower_bound_s(b) >= best_s for b in cuts)
 
 
 def _refine_chunks(
