@@ -20,6 +20,7 @@ from autopipe.planner.costs import CostModel, SegmentCost
 from autopipe.planner.simulate import (
     ChunkWork,
     Simulation,
+    fill_drain_lower_bound_s,
     gpipe_exact,
     idle_fraction,
     simulate_schedule,
@@ -119,6 +120,19 @@ class Candidate:
                 orders=shape.orders, record_tasks=False, host_throughput=shared,
             )  # fmt: skip
         return Evaluation(list(bounds), costs, works, sim, peaks, fits)
+
+    def cut_lower_bound_s(self, bounds: list[int]) -> float:
+        """A proven lower bound on :meth:`evaluate`'s iteration time for the cut ``bounds``
+        (the cost model's option per chunk), O(N + K) without simulating: GPipe and 1F1B
+        on one stage per dedicated rank (:func:`fill_drain_lower_bound_s`), else 0."""
+        assert self.shape is not None and self.cluster is not None
+        cm, shape = self.cost_model, self.shape
+        if shape.schedule not in ("gpipe", "1f1b") or shape.virtual_stages != 1:
+            return 0.0
+        if self.cluster.sharing(shape.num_ranks) is not None:
+            return 0.0
+        works = chunk_works(cm, bounds, cm.stage_costs(bounds), shape.split_backward)
+        return fill_drain_lower_bound_s(works, self.microbatches)
 
     def adopt(
         self,

@@ -181,6 +181,27 @@ class _Prober:
         return ok, wit
 
 
+def time_only_fits(cm: CostModel, t: float) -> bool:
+    """False only when no cut of ``cm``'s units into its ``K`` stages keeps every stage's
+    forward + backward ``<= t`` (seconds): then no cut passes :meth:`_Prober.probe` at
+    ``t`` either, whose stage time adds the send, any recompute (all >= 0) and a memory
+    check to the same forward + backward. Empty stages are allowed here (a relaxation),
+    which makes the greedy exact for it: each stage reaches as far as it can, and a later
+    start never reaches less (the prefix sums only grow), whatever the stages' speeds.
+    O(K log N). A slack of 1e-9 only keeps it a relaxation under rounding."""
+    n = cm.n_units
+    work = cm.fwd_prefix + cm.bwd_prefix
+    cap = t * (1.0 + 1e-9) + 1e-12 * abs(float(work[-1]))
+    at = 0
+    for s in range(cm.num_stages):
+        if at >= n:
+            break
+        # (f[j] - f[i]) / v + (g[j] - g[i]) / v <= t  <=>  work[j] <= work[i] + t v (up to rounding)
+        reach = int(np.searchsorted(work, work[at] + cap * float(cm.speed[s]), side="right")) - 1
+        at = max(at, reach)
+    return at >= n
+
+
 def _range_argmax(y: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Max and argmax of ``y[lo[q]..hi[q]]`` for every query q (sparse table, O(N log N))."""
     n = y.size

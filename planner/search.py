@@ -37,7 +37,13 @@ from autopipe.planner.chunks import ScheduleShape, cost_model_for, lower_bound_s
 from autopipe.planner.costs import CostModel
 from autopipe.planner.errors import PlanningError, RuleViolation
 from autopipe.planner.partition import brute_force_partition, exact_partition
-from autopipe.planner.probe import _Prober, memory_floor, min_memory_needed, pareto_partitions
+from autopipe.planner.probe import (
+    _Prober,
+    memory_floor,
+    min_memory_needed,
+    pareto_partitions,
+    time_only_fits,
+)
 from autopipe.planner.schedules import virtual_stage_choices
 
 from autopipe.core.cluster import Cluster
@@ -473,7 +479,8 @@ def _partition_candidate(
         if share == 1.0 and req.strategy == "dp" and math.isfinite(best_s):
             # One probe: if no cut keeps every chunk within best_s / M, every cut's
             # bottleneck rank is busy longer than the plan already found. O(K V N log N).
-            if _Prober(cm).probe(best_s / cand.microbatches) is None:
+            limit_s = best_s / cand.microbatches
+            if not time_only_fits(cm, limit_s) or _Prober(cm).probe(limit_s) is None:
                 cand.pruned = True
                 cm.clear_cache()
                 return
@@ -481,6 +488,9 @@ def _partition_candidate(
         cm.clear_cache()
         if part is None:
             continue
+        if math.isfinite(best_s) and _no_cut_beats(cand, part.bounds, profile, req, best_s):
+            cand.pruned = True  # neither its cut nor a baseline's can beat the plan found
+            return
         ev = cand.evaluate(part.bounds)
         cand.min_bottleneck_s = part.bottleneck_s
         if share == 1.0 and part.optimality_gap == 0 and req.strategy in EXACT_STRATEGIES:
@@ -491,6 +501,19 @@ def _partition_candidate(
         if ev.fits:
             cand.adopt(part, ev.costs, ev.simulation, ev.works, ev.peaks)
             return
+
+
+def _no_cut_beats(
+    cand: Candidate, bounds: list[int], profile: Profile, req: PlanRequest, best_s: float
+) -> bool:
+    """Whether every cut this candidate could end with (the partition ``bounds``, and with
+    the ``dp`` strategy the baselines' cuts :func:`_adopt_faster_heuristics` may adopt) has
+    a proven per-cut bound (:meth:`Candidate.cut_lower_bound_s`) not below ``best_s``: then
+    simulating them cannot give a faster plan. O(N + K) per cut."""
+    cuts = [bounds]
+    if req.strategy == "dp":
+        cuts += [baseline_bounds(name, profile, cand.cost_model.num_stages) for name in BASELINES]
+    return all(cand.cut_lower_bound_s(b) >= best_s for b in cuts)
 
 
 def _refine_chunks(
@@ -598,6 +621,8 @@ def _adopt_faster_heuristics(feasible: list[Candidate], profile: Profile) -> Non
         cm = c.cost_model
         for name in BASELINES:
             bounds = baseline_bounds(name, profile, cm.num_stages)
+            if c.cut_lower_bound_s(bounds) >= c.iteration_time_s * (1 - 1e-12):
+                continue  # proven not faster than the cut it has: no need to simulate it
             ev = c.evaluate(bounds)
             if ev.fits and ev.iteration_time_s < c.iteration_time_s * (1 - 1e-12):
                 c.adopt_evaluation(ev, f"dp+{name}")

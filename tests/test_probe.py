@@ -7,10 +7,10 @@ import itertools
 import pytest
 from autopipe.planner import Cluster
 from autopipe.planner.partition import dp_partition
-from autopipe.planner.probe import min_memory_needed, probe_partition
+from autopipe.planner.probe import _Prober, min_memory_needed, probe_partition, time_only_fits
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from planner_instances import cost_model, random_profile
+from planner_instances import cost_model, random_cluster, random_profile
 
 
 def test_probe_handles_large_instance_like_dp() -> None:
@@ -59,3 +59,35 @@ def test_min_memory_needed_equals_brute_force(
         checkpoint,
     )
     assert probe_partition(tight) is None
+
+
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(
+    st.integers(1, 9),
+    st.integers(0, 10_000),
+    st.sampled_from(["gpipe", "1f1b"]),
+    st.sampled_from(["never", "always", "auto"]),
+    st.floats(0.05, 1.5),
+)
+def test_the_time_only_check_never_refuses_what_the_probe_finds(
+    n: int, seed: int, schedule: str, checkpoint: str, share: float
+) -> None:
+    """``time_only_fits`` is a relaxation of the probe: at any threshold where the probe
+    finds a cut, it says it may fit; and at the min-bottleneck's own value it says so too,
+    while well below the heaviest unit it refuses."""
+    k = 1 + seed % n
+    profile = random_profile(n, seed)
+    speeds = random_cluster(k, seed, 2 * 10**9)  # unequal speeds and links
+    cm = cost_model(profile, speeds, 4, schedule, checkpoint)
+    best = probe_partition(cm)
+    if best is None:
+        return
+    t = best.bottleneck_s * share
+    prober = _Prober(cm)
+    if prober.probe(t) is not None:
+        assert time_only_fits(cm, t)
+    assert time_only_fits(cm, best.bottleneck_s)
+    heaviest = float(
+        max(cm.fwd_prefix[1:] - cm.fwd_prefix[:-1] + cm.bwd_prefix[1:] - cm.bwd_prefix[:-1])
+    )
+    assert not time_only_fits(cm, heaviest / float(cm.speed.max()) * 0.5)  # the fastest rank's
