@@ -29,7 +29,7 @@ def test_cp_and_ep_keys_in_torchtitan_and_megatron() -> None:
     assert flag["--pipeline-model-parallel-size"] == "2"
 
 
-def test_autopipe_run_refuses_an_ep_plan_in_one_line_and_sizes_a_cp_plans_mesh() -> None:
+def test_autopipe_run_sizes_cp_and_ep_plans_and_refuses_both_together_in_one_line() -> None:
     from autopipe.runtime.distributed.mesh import mesh_size_problem
 
     plan = _gpt_plan(stages=2, schedule="1f1b")[2]
@@ -38,5 +38,9 @@ def test_autopipe_run_refuses_an_ep_plan_in_one_line_and_sizes_a_cp_plans_mesh()
     assert mesh_size_problem(cp, cp.world_size) is None
     why = mesh_size_problem(cp, plan.world_size)
     assert why is not None and "cp 2" in why and "\n" not in why
+    # EP is carved out of the data-parallel ranks (expert_parallel.py): D = 1 cannot hold 2.
     ep = mesh_size_problem(dataclasses.replace(plan, expert_parallel=2), 2)
-    assert ep is not None and "does not run yet" in ep and "\n" not in ep
+    assert ep is not None and "must divide the 1 data-parallel" in ep and "\n" not in ep
+    both = dataclasses.replace(plan, context_parallel=2, expert_parallel=2)
+    why = mesh_size_problem(both, both.world_size)
+    assert why is not None and "together" in why and "\n" not in why

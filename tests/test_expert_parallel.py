@@ -91,8 +91,8 @@ def test_the_plan_refusals_are_one_line() -> None:
     ]:
         why = expert_plan_problem(bad)
         assert why is not None and phrase in why and "\n" not in why
-    # context parallelism stays refused
-    assert "does not run yet" in str(mesh_size_problem(_plan(context_parallel=2), 8))
+    # context and expert parallelism together are refused (each runs alone)
+    assert "together" in str(mesh_size_problem(_plan(context_parallel=2, expert_parallel=2), 8))
 
 
 class _ListExperts(nn.Module):
