@@ -142,6 +142,7 @@ def plan_on_devices(profile: Profile, placement: Placement) -> Plan:
             tensor_parallel=request.tensor_parallel,
             data_parallel=request.data_parallel,
             gpus_per_node=request.gpus_per_node,
+            context_parallel=request.context_parallel,
         )
     cluster = placed_cluster(profile, placement)
     if request.plans_mesh:

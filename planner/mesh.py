@@ -25,7 +25,11 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 import numpy as np
-from autopipe.planner.context_expert import context_expert_choices, context_expert_profile
+from autopipe.planner.context_expert import (
+    context_expert_choices,
+    context_expert_profile,
+    context_parallel_degrees,
+)
 from autopipe.planner.costs import backward_input_share
 from autopipe.planner.errors import PlanningError, RuleViolation
 from autopipe.planner.mesh_bound import PipelineMemory
@@ -497,6 +501,7 @@ def plan_mesh(
     refuse_too_deep(
         profile, n, batch, tensor_parallel=request.tensor_parallel,
         data_parallel=request.data_parallel, gpus_per_node=topology.gpus_per_node,
+        context_parallel=request.context_parallel,
     )  # fmt: skip
     cands = mesh_candidates(
         profile, n, batch,
@@ -539,6 +544,7 @@ def refuse_too_deep(
     tensor_parallel: int | str = "auto",
     data_parallel: int | str = "auto",
     gpus_per_node: int | None = None,
+    context_parallel: int | str = 1,
 ) -> None:
     """``RuleViolation`` (bad input, one line) when every mesh of ``total_gpus`` the request
     allows has more pipeline stages than the model has units: no D (dividing the devices and
@@ -554,23 +560,32 @@ def refuse_too_deep(
         ts = [1] + [t for t in profile.tp_degrees if t > 1 and node % t == 0]
         if profile.tp_refusal:
             ts = [1]  # as mesh_candidates: the runtime cannot run T > 1 for this model
-    fewest: tuple[int, int, int] | None = None
+    # C ranks split each sample's sequence: they take devices as T does (EP borrows its
+    # ranks from D x C x T and takes none of its own).
+    if isinstance(context_parallel, int):
+        cs = [context_parallel]
+    else:
+        cs = [1, *context_parallel_degrees(profile)]
+    fewest: tuple[int, int, int, int] | None = None
     for t in ts:
-        if t < 1 or n % t:
-            continue
-        d = data_parallel if isinstance(data_parallel, int) else math.gcd(n // t, batch_size)
-        if d < 1 or (n // t) % d or batch_size % d:
-            continue
-        pp = n // (t * d)
-        if fewest is None or pp < fewest[0]:
-            fewest = (pp, d, t)
+        for c in cs:
+            if t < 1 or c < 1 or n % (t * c):
+                continue
+            rest = n // (t * c)
+            d = data_parallel if isinstance(data_parallel, int) else math.gcd(rest, batch_size)
+            if d < 1 or rest % d or batch_size % d:
+                continue
+            pp = rest // d
+            if fewest is None or pp < fewest[0]:
+                fewest = (pp, d, t, c)
     if fewest is None or fewest[0] <= units:
         return
-    pp, d, t = fewest
+    pp, d, t, c = fewest
+    cp = f", C={c}" if c > 1 else ""
     raise RuleViolation(
-        f"mesh: {n} GPUs make at least {pp} pipeline stages (D={d}, T={t}: the most the "
+        f"mesh: {n} GPUs make at least {pp} pipeline stages (D={d}, T={t}{cp}: the most the "
         f"batch, the nodes and the model allow) but the model has {units} units; use at most "
-        f"{units * d * t} GPUs or a finer --granularity (module or node)"
+        f"{units * d * t * c} GPUs or a finer --granularity (module or node)"
     )
 
 

@@ -263,3 +263,20 @@ def test_auto_weighs_only_chunks_of_one_attention_tile_or_more() -> None:
     cps, _ = context_expert_choices(p, 2048, "auto", 1)
     assert cps == [1, 2, 4, 8, 16]
     assert context_expert_choices(p, 2048, 64, 1)[0] == [64]
+
+
+def test_the_depth_check_counts_the_devices_context_parallelism_takes() -> None:
+    """C ranks split one sample's sequence, so they take devices as T does: a published
+    TP x CP x PP x DP mesh (Llama 3 405B: TP8 x CP16 x PP16 x DP8) must not be refused for
+    making more stages than the model has units. The check used to ignore C (that mesh was
+    refused: '16384 GPUs make at least 256 pipeline stages')."""
+    from autopipe.planner.mesh import refuse_too_deep
+
+    p = long_profile()  # 6 units, attention over 2048 tokens
+    n, batch = 6 * 2 * 16, 2  # PP 6 x D 2 x C 16 (T 1)
+    with pytest.raises(RuleViolation, match="pipeline stages"):
+        refuse_too_deep(p, n, batch, tensor_parallel=1, data_parallel=2)
+    refuse_too_deep(p, n, batch, tensor_parallel=1, data_parallel=2, context_parallel=16)
+    refuse_too_deep(p, n, batch, tensor_parallel=1, data_parallel=2, context_parallel="auto")
+    with pytest.raises(RuleViolation, match=r"C=16: .* at most 192 GPUs"):
+        refuse_too_deep(p, 2 * n, batch, tensor_parallel=1, data_parallel=2, context_parallel=16)
