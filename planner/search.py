@@ -681,6 +681,8 @@ def _infeasible_error(
     fixed_m = not (isinstance(req.microbatches, str) and req.microbatches == "auto")
     if fixed_m and m == max(c.microbatches for c in candidates) and batch > m:
         tries.append("more micro-batches")
+    if req.shard == "none":  # FSDP over D replicas keeps 1/D of the weights and their state
+        tries.append("shard='parameters' with data_parallel > 1")
     if strategy not in ("dp", "ilp", "brute-force"):
         tries.append("strategy='dp'")
     exc = PlanningError(

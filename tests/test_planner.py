@@ -388,6 +388,7 @@ def test_the_refusal_offers_only_tries_the_request_has_not_made() -> None:
         plan(profile, auto)
     tries = str(info.value).split("; try ")[1]
     assert "more micro-batches" not in tries and "schedule='1f1b' or 'auto'" in tries
+    assert "shard='parameters' with data_parallel > 1" in tries  # names sharding (#36)
     fixed = dataclasses.replace(auto, microbatches=2)
     with pytest.raises(PlanningError) as info:
         plan(profile, fixed)
