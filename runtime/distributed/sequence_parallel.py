@@ -496,6 +496,31 @@ def _feeds_split_modules_only(
     return True
 
 
+def _shard_region(
+    graph: fx.Graph,
+    node: fx.Node,
+    path: str,
+    module: nn.Module,
+    values: Mapping[str, Any],
+    sharded: Mapping[str, int],
+    layout: SequenceLayout,
+) -> tuple[list[fx.Node], fx.Node, fx.Node] | None:
+    """(its ops, the one value it reads, its one op used outside) when module ``path``
+    around ``node`` can run on the shard as it is: it reads one sequence-sharded tensor,
+    returns one of that shape, and is position-wise when run (whole against two halves);
+    None otherwise. Shared by the norms kept sharded and the token modules."""
+    nodes = [node] if node.op == "call_module" else _region(graph, path)
+    reads, used = _region_io(nodes)
+    if len(reads) != 1 or len(used) != 1 or reads[0].name not in sharded:
+        return None
+    shape = _shape(values.get(used[0].name))
+    if not shape or shape != _shape(values.get(reads[0].name)):
+        return None
+    if not _is_position_wise_module(module, shape[-1], min(layout.sequence_length, 8)):
+        return None
+    return nodes, reads[0], used[0]
+
+
 def _adopt_sharded_norms(
     layout: SequenceLayout,
     graph: fx.Graph,
@@ -525,18 +550,13 @@ def _adopt_sharded_norms(
                 continue
             if any(p.dim() > 1 for p in module.parameters()):
                 continue
-            nodes = [node] if node.op == "call_module" else _region(graph, norm)
-            reads, used = _region_io(nodes)
-            if len(reads) != 1 or len(used) != 1 or reads[0].name not in sharded:
+            found = _shard_region(graph, node, norm, module, values, sharded, layout)
+            if found is None:
                 continue
-            shape = _shape(values.get(used[0].name))
-            if not shape or shape != _shape(values.get(reads[0].name)):
-                continue
-            if not _is_position_wise_module(module, shape[-1], min(layout.sequence_length, 8)):
-                continue
-            layout.norms[norm] = used[0].name
+            nodes, read, used = found
+            layout.norms[norm] = used.name
             layout.kept_sharded.add(norm)
-            norm_input[norm] = reads[0]
+            norm_input[norm] = read
             for n in nodes:
                 region_of[n] = norm
             added = True
@@ -565,16 +585,11 @@ def _adopt_token_modules(
             if any(p == path or p.startswith(path + ".") for p in planned):
                 break  # an outer module holds split ones too
             module = model.get_submodule(path)
-            nodes = [node] if node.op == "call_module" else _region(graph, path)
-            reads, used = _region_io(nodes)
-            if len(reads) != 1 or len(used) != 1 or reads[0].name not in sharded:
+            found = _shard_region(graph, node, path, module, values, sharded, layout)
+            if found is None:
                 continue
-            shape = _shape(values.get(used[0].name))
-            if not shape or shape != _shape(values.get(reads[0].name)):
-                continue
-            if not _is_position_wise_module(module, shape[-1], min(layout.sequence_length, 8)):
-                continue
-            layout.token_modules[path] = used[0].name
+            nodes, _, used = found
+            layout.token_modules[path] = used.name
             for n in nodes:
                 region_of[n] = path
             return True
