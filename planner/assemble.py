@@ -24,6 +24,7 @@ from autopipe.planner.simulate import Simulation, gpipe_exact, idle_fraction, si
 from autopipe.core.cluster import Cluster
 from autopipe.core.humanize import format_bytes
 from autopipe.core.plan import Plan, StagePlan
+from autopipe.core.plan_report import PlanReport
 from autopipe.core.profile import Profile
 
 
@@ -97,35 +98,38 @@ def build_plan(
     return Plan(
         num_stages=k,
         virtual_stages=best.virtual_stages,
-        lower_bound_s=lower,
-        lower_bound_gap=gap,
-        method=best.method,
-        rank_peak_bytes=[int(math.ceil(p)) for p in best.peaks],
         microbatches=m,
         microbatch_size=batch // m,
         batch_size=batch,
         stages=stages,
         schedule=best.schedule,
-        iteration_time_s=it,
-        bubble_fraction=sim.bubble_fraction,
-        throughput=batch / it if it > 0 else math.inf,
-        speedup=single_s / it if it > 0 else 1.0,
-        bottleneck_stage=bott,
-        strategy=strategy,
-        memory_per_device=min(
-            (d.memory_bytes for d in cluster.devices if d.memory_bytes is not None), default=None
-        ),
-        optimality_gap=part.optimality_gap,
         model=profile.model,
-        profile_mode=profile.mode,
-        baselines=baselines,
-        notes=notes,
-        partition_algorithm=part.algorithm,
-        bottleneck_s=times[bott],
-        min_bottleneck_s=min(best.min_bottleneck_s, times[bott]),
-        single_device_time_s=single_s,
-        candidates=[c.summary() for c in candidates],
-        meta={"frontier": best.frontier, "refinement": best.refinement},
+        report=PlanReport(
+            lower_bound_s=lower,
+            lower_bound_gap=gap,
+            method=best.method,
+            rank_peak_bytes=[int(math.ceil(p)) for p in best.peaks],
+            iteration_time_s=it,
+            bubble_fraction=sim.bubble_fraction,
+            throughput=batch / it if it > 0 else math.inf,
+            speedup=single_s / it if it > 0 else 1.0,
+            bottleneck_stage=bott,
+            strategy=strategy,
+            memory_per_device=min(
+                (d.memory_bytes for d in cluster.devices if d.memory_bytes is not None),
+                default=None,
+            ),
+            optimality_gap=part.optimality_gap,
+            profile_mode=profile.mode,
+            baselines=baselines,
+            notes=notes,
+            partition_algorithm=part.algorithm,
+            bottleneck_s=times[bott],
+            min_bottleneck_s=min(best.min_bottleneck_s, times[bott]),
+            single_device_time_s=single_s,
+            candidates=[c.summary() for c in candidates],
+            meta={"frontier": best.frontier, "refinement": best.refinement},
+        ),
     )
 
 

@@ -22,11 +22,11 @@ def test_plan_json_round_trip(tmp_path: Path) -> None:
     path = tmp_path / "plan.json"
     p.save(path)
     data = json.loads(path.read_text())
-    for key in (
-        "version num_stages microbatches microbatch_size batch_size schedule iteration_time_s "
-        "bubble_fraction throughput stages"
-    ).split():
+    for key in "version num_stages microbatches microbatch_size batch_size schedule stages".split():
         assert key in data
+    assert data["version"] == 2  # the predictions are the report's (#37)
+    for key in "iteration_time_s bubble_fraction throughput".split():
+        assert key in data["report"] and key not in data
     for key in (
         "index",
         "device",
@@ -91,9 +91,9 @@ def _edited(p: Plan, edit: Any) -> dict[str, Any]:
             lambda d: d["stages"][0].update(checkpoint_granularity="layer"),
             "stages[0].checkpoint_granularity is 'layer'; expected one of stage, unit",
         ),
-        (lambda d: d["request"].update(gpus=0), "request.gpus is 0"),
-        (lambda d: d["request"].update(optimizer="lion"), "request.optimizer is 'lion'"),
-        (lambda d: d.update(request=5), "request is not an object"),
+        (lambda d: d["report"]["request"].update(gpus=0), "request.gpus is 0"),
+        (lambda d: d["report"]["request"].update(optimizer="lion"), "request.optimizer is 'lion'"),
+        (lambda d: d["report"].update(request=5), "request is not an object"),
     ],
 )
 def test_a_loaded_plan_that_cannot_be_right_is_one_line(

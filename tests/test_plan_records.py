@@ -52,10 +52,10 @@ def test_an_old_plan_file_loads_its_meta_keys_into_the_fields(tmp_path: Path) ->
     left = {"frontier", "refinement", "checkpoint_mode", "headroom", "state_bytes_per_parameter"}
     assert set(old.meta) <= left
     assert "mesh" in format_plan(old) and "meshes, fastest first" in format_plan(old)
-    # written again, the figures are top-level fields and read back equal
+    # written again, the figures are the report's fields and read back equal
     path = tmp_path / "plan.json"
     old.save(path)
-    written = json.loads(path.read_text())
+    written = json.loads(path.read_text())["report"]
     pairs = zip(written["mesh"]["candidates"], rows, strict=True)
     assert [{k: r[k] for k in row} for r, row in pairs] == rows
     assert "mesh" not in written["meta"] and "profile" not in written["meta"]

@@ -7,6 +7,7 @@ from autopipe.planner.data_parallel import choose_pipeline_data_parallel, ring_a
 
 from autopipe.core.cluster import Cluster
 from autopipe.core.plan import Plan, StagePlan
+from autopipe.core.plan_report import PlanReport
 from autopipe.core.request import PlanRequest
 
 PARAM_BYTES = 400e6  # the whole model's gradients
@@ -29,7 +30,7 @@ def gpipe_plan(stages: int, batch: int, microbatches: int = 8) -> Plan:
             )
             for i in range(stages)
         ],
-        iteration_time_s=(microbatches + stages - 1) * stage_s,
+        report=PlanReport(iteration_time_s=(microbatches + stages - 1) * stage_s),
     )
 
 

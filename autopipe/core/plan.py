@@ -1,33 +1,43 @@
 """The Plan: how to cut a model into pipeline stages and run it, as plain data.
 
-Torch-free. Times are seconds, sizes bytes. ``Plan.save`` writes versioned JSON whose
-top-level keys are a stable interface (scripts read them): ``version``, ``num_stages``,
-``microbatches``, ``microbatch_size``, ``batch_size``, ``schedule``, ``iteration_time_s``,
-``bubble_fraction``, ``throughput``, ``stages``.
+Torch-free. Times are seconds, sizes bytes. A :class:`Plan` holds what every rank executes
+and agrees on (:data:`INSTRUCTION_FIELDS`); its ``report`` (:class:`PlanReport`) what the
+planner predicted and weighed. ``Plan.save`` writes versioned JSON (version 2) whose keys are
+a stable interface (scripts read them)::
+
+    {"version": 2, "num_stages": ..., "microbatches": ..., "microbatch_size": ...,
+     "batch_size": ..., "schedule": ..., <the other Plan fields>, "stages": [...],
+     "report": {"iteration_time_s": ..., "bubble_fraction": ..., "throughput": ..., ...}}
+
+A version-1 file (every field at the top level) still loads: its report fields go to the
+report.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar, cast, overload
 
 from autopipe.core.datafile import atomic_write_json, check_version, known_fields, load_json_file
 from autopipe.core.errors import UsageError
 from autopipe.core.fields import FieldError, check_dataclass, check_number
 from autopipe.core.humanize import format_seconds
-from autopipe.core.meta_fields import lift_meta
 from autopipe.core.optimizer import AUTO, OPTIMIZERS, normalize_optimizer
 from autopipe.core.plan_records import CandidateRow, DataParallelRow, MeshReport
+from autopipe.core.plan_report import PlanReport
 from autopipe.core.plantext import format_plan
 from autopipe.core.profile import Profile, ProfileFormatError
 from autopipe.core.request import PlanRequest
 from autopipe.core.vocabulary import CHECKPOINT_GRANULARITIES, PLAN_SCHEDULES, SHARD_MODES
 
-PLAN_VERSION = 1
+PLAN_VERSION = 2
+READABLE_PLAN_VERSIONS = (1, 2)
+"""Version 1: every field at the top level; version 2: the report under ``"report"``."""
 __all__ = [
     "CUSTOM_OPTIMIZER",
     "INSTRUCTION_FIELDS",
@@ -46,39 +56,38 @@ INSTRUCTION_FIELDS = (
     "expert_parallel", "shard", "tp_plan", "optimizer", "stages", "version",
 )  # fmt: skip
 """The :class:`Plan` fields every rank acts on and agrees on (ARCHITECTURE.md "The plan"):
-what the runtime, training, the rank agreement and emit may read. Every other field is the
-planner's report (predictions, candidates, baselines, notes, the profile): tests/test_layers.py
-checks that those readers read no other."""
+what the runtime, training, the rank agreement and emit may read, and all the ranks compare
+at start (``plan_fingerprint``). Everything else is the planner's report
+(:class:`PlanReport`: predictions, candidates, baselines, notes, the profile):
+tests/test_layers.py checks that those readers read no other."""
 STAGE_INSTRUCTION_FIELDS = (
     "index", "rank", "units", "unit_parameters", "checkpoint", "checkpoint_granularity",
     "split_backward",
 )  # fmt: skip
 """The :class:`StagePlan` fields the ranks act on; the rest are the chunk's predicted figures."""
 
-_META_FIELDS = {
-    "algorithm": "partition_algorithm",
-    "bottleneck_s": "bottleneck_s",
-    "min_bottleneck_s": "min_bottleneck_s",
-    "single_device_time_s": "single_device_time_s",
-    "parameter_size_bytes": "parameter_size_bytes",
-    "pipeline_iteration_s": "pipeline_iteration_s",
-    "allreduce_s": "allreduce_s",
-    "candidates": "candidates",
-    "data_parallel": "data_parallel",
-    "mesh": "mesh",
-    "profile": "profile",
-    "viz": "plot_data",
-    "granularity": "granularity",
-    "state_bytes_per_parameter": "state_bytes_per_parameter",
-}
-"""``Plan.meta`` keys of earlier writers (schema v1) and the fields they are now."""
-
-R = TypeVar("R")
+T = TypeVar("T")
 
 
-def _record(cls: type[R], value: Any) -> R:
-    """``value`` as a ``cls`` record: itself, or built from its JSON object."""
-    return value if isinstance(value, cls) else cls.from_dict(value)  # type: ignore[attr-defined]
+class _Reported(Generic[T]):
+    """A :class:`PlanReport` field read and set through its :class:`Plan`
+    (``plan.iteration_time_s`` is ``plan.report.iteration_time_s``): the attribute path
+    scripts and the reports used before the plan was split (#37)."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    @overload
+    def __get__(self, plan: None, owner: type | None = None) -> _Reported[T]: ...
+    @overload
+    def __get__(self, plan: Plan, owner: type | None = None) -> T: ...
+    def __get__(self, plan: Plan | None, owner: type | None = None) -> T | _Reported[T]:
+        if plan is None:
+            return self
+        return cast(T, getattr(plan.report, self.name))
+
+    def __set__(self, plan: Plan, value: T) -> None:
+        setattr(plan.report, self.name, value)
 
 
 def _legacy_request(meta: dict[str, Any]) -> PlanRequest:
@@ -192,53 +201,20 @@ class Plan:
     batch_size: int
     stages: list[StagePlan]
     schedule: str = "gpipe"
-    iteration_time_s: float = 0.0
-    bubble_fraction: float = 0.0
-    throughput: float = 0.0
-    """Samples per second."""
-    speedup: float = 1.0
-    """Predicted single-device iteration time / this plan's iteration time."""
     replicas: int = 1
     """D: data-parallel copies of the pipeline (``num_stages x replicas`` devices in all);
     ``batch_size`` is per replica, and ``iteration_time_s`` includes the gradient all-reduce."""
-    bottleneck_stage: int = 0
-    strategy: str = "dp"
-    memory_per_device: int | None = None
-    optimality_gap: float = 0.0
     model: str = ""
-    profile_mode: str = "measured"
-    baselines: dict[str, dict[str, Any]] = field(default_factory=dict)
-    """Other strategies' figures on the same problem, e.g. ``{"uniform": {...}}``."""
-    notes: list[str] = field(default_factory=list)
-    """Why the plan is what it is, one sentence each."""
     optimizer: str = ""
     """The training state charged per parameter: ``sgd``, ``sgd-momentum``, ``adam``,
     ``mixed-adam`` ... or ``custom`` (an explicit ``bytes_per_parameter``); ``""`` in plans
     written before it was recorded (schema v1 either way)."""
-    state_bytes_per_parameter: float = 0.0
-    """Parameter + gradient + optimizer-state bytes charged per parameter (0: not recorded)."""
     virtual_stages: int = 1
     """V, model chunks per rank: ``stages`` lists ``num_stages x virtual_stages`` chunks in
     model order, each with the ``rank`` that runs it (loop or V-shape placement)."""
-    lower_bound_s: float = 0.0
-    """A proven lower bound on the iteration time of any cut of the model into
-    ``num_stages x virtual_stages`` chunks with this schedule, M and micro-batch size
-    (docs/cost-model.md); 0 in plans written before it was recorded."""
-    lower_bound_gap: float = 0.0
-    """``iteration_time_s / lower_bound_s - 1``: at most how much slower this plan is than the
-    best plan of its schedule, V and M (the schedule's own bubble included)."""
-    method: str = ""
-    """How the stage (chunk) boundaries were found, in words: the exact min-bottleneck search
-    for V = 1, that search over the ``K x V`` chunks then simulated refinement for V > 1."""
-    rank_peak_bytes: list[int] = field(default_factory=list)
-    """Each rank's peak memory (bytes, headroom not included) replayed over the simulated
-    iteration: what the memory limit was checked against."""
     granularity: str = "block"
     """How the profile grouped the model into units (``block``, ``module``, ``node``): the
     runtime traces the model into the same units."""
-    request: PlanRequest | None = None
-    """What the plan was asked for; ``plan(profile, dataclasses.replace(p.request, ...))``
-    plans it again with one thing changed. None in plans written before it was recorded."""
     tensor_parallel: int = 1
     """T: every stage's modules are split over T devices by ``tp_plan`` (Megatron-style, with
     sequence parallelism); 1 in plans written before the mesh was planned."""
@@ -256,54 +232,51 @@ class Plan:
     """The tensor-parallel plan the stages are split by: module path pattern (fnmatch, as
     Hugging Face's ``base_model_tp_plan``, e.g. ``layers.*.self_attn.q_proj``) to style
     (``colwise``, ``rowwise``, ...); empty when ``tensor_parallel`` is 1."""
-    partition_algorithm: str = ""
-    """The partition search that placed the stage (chunk) boundaries (``dp``, ``pareto``,
-    ``dp+moves``, ``probe``, a baseline's name ...); ``""`` in plans written before it was a
-    field."""
-    bottleneck_s: float = 0.0
-    """The slowest stage (chunk) of this cut, busy seconds per micro-batch."""
-    min_bottleneck_s: float = 0.0
-    """The smallest bottleneck any cut into these stages has (the exact search's optimum):
-    at most ``bottleneck_s``; below it when the plan traded the bottleneck for a faster
-    simulated iteration."""
-    single_device_time_s: float = 0.0
-    """Predicted seconds of the whole per-replica batch on one device (``speedup`` is this
-    over ``iteration_time_s`` for a pipeline plan)."""
-    parameter_size_bytes: int = 0
-    """Bytes of one parameter as profiled (its dtype): what ``state_bytes_per_parameter`` is
-    explained against; 0: not recorded."""
-    pipeline_iteration_s: float = 0.0
-    """With ``replicas`` > 1: the pipeline's own iteration, without the exposed
-    data-parallel communication that ``iteration_time_s`` includes; 0 otherwise."""
-    allreduce_s: float = 0.0
-    """With ``replicas`` > 1: the exposed data-parallel communication per step (gradient
-    all-reduce, or the sharded modes' collectives); 0 otherwise."""
-    candidates: list[CandidateRow] = field(default_factory=list)
-    """Every (schedule, V, M) the pipeline search weighed."""
-    data_parallel: list[DataParallelRow] = field(default_factory=list)
-    """Every ``K x D`` layout ``plan_data_parallel`` weighed, best first; empty otherwise."""
-    mesh: MeshReport | None = None
-    """The device mesh search's report (nodes, links, peak memory, every mesh weighed);
-    None for a plan of one pipeline."""
-    profile: Profile | None = None
-    """The profile the plan was made from, when it travels with the plan (``autopipe plan``
-    writes it, so ``autopipe plot`` and tools can re-plan); None otherwise."""
-    plot_data: dict[str, Any] = field(default_factory=dict)
-    """The figures' data (``autopipe.viz.collect_plot_data``) when ``autopipe plan --plot``
-    stored it, so ``autopipe plot PLAN.json`` redraws without re-planning; empty otherwise."""
     version: int = PLAN_VERSION
-    meta: dict[str, Any] = field(default_factory=dict)
-    """Free-form notes for people (nothing reads them back)."""
+    report: PlanReport = field(default_factory=PlanReport)
+    """What the planner predicted and weighed (:class:`PlanReport`); saved under
+    ``"report"``. Never part of what the ranks act on or agree on."""
+
+    # The report's fields, read and set through the plan as before the split (#37):
+    # ``plan.iteration_time_s`` is ``plan.report.iteration_time_s``. The runtime, training,
+    # the rank agreement and the emitters do not use them (tests/test_layers.py).
+    iteration_time_s = _Reported[float]()
+    bubble_fraction = _Reported[float]()
+    throughput = _Reported[float]()
+    speedup = _Reported[float]()
+    bottleneck_stage = _Reported[int]()
+    strategy = _Reported[str]()
+    memory_per_device = _Reported[int | None]()
+    optimality_gap = _Reported[float]()
+    profile_mode = _Reported[str]()
+    baselines = _Reported[dict[str, dict[str, Any]]]()
+    notes = _Reported[list[str]]()
+    state_bytes_per_parameter = _Reported[float]()
+    lower_bound_s = _Reported[float]()
+    lower_bound_gap = _Reported[float]()
+    method = _Reported[str]()
+    rank_peak_bytes = _Reported[list[int]]()
+    request = _Reported[PlanRequest | None]()
+    partition_algorithm = _Reported[str]()
+    bottleneck_s = _Reported[float]()
+    min_bottleneck_s = _Reported[float]()
+    single_device_time_s = _Reported[float]()
+    parameter_size_bytes = _Reported[int]()
+    pipeline_iteration_s = _Reported[float]()
+    allreduce_s = _Reported[float]()
+    candidates = _Reported[list[CandidateRow]]()
+    data_parallel = _Reported[list[DataParallelRow]]()
+    mesh = _Reported[MeshReport | None]()
+    profile = _Reported[Profile | None]()
+    plot_data = _Reported[dict[str, Any]]()
+    meta = _Reported[dict[str, Any]]()
 
     def __post_init__(self) -> None:
-        lift_meta(self, _META_FIELDS)
-        # A loaded file (or an earlier writer's meta) gives the records as JSON objects.
-        self.candidates = [_record(CandidateRow, r) for r in self.candidates]
-        self.data_parallel = [_record(DataParallelRow, r) for r in self.data_parallel]
-        if self.mesh is not None:
-            self.mesh = _record(MeshReport, self.mesh)
-        if self.request is None and "options" in self.meta:
-            self.request = _legacy_request(self.meta)
+        meta = self.report.meta
+        if "granularity" in meta and self.granularity == "block":  # an earlier writer's meta
+            self.granularity = meta.pop("granularity")
+        if self.report.request is None and "options" in meta:
+            self.report.request = _legacy_request(meta)
 
     def __repr__(self) -> str:
         # The dataclass repr spelled out every stage's unit names, the request, the notes
@@ -366,8 +339,22 @@ class Plan:
         return [len(s.units) for s in self.stages]
 
     def to_dict(self) -> dict[str, Any]:
-        data = dataclasses.asdict(self)
-        data["request"] = self.request.to_dict() if self.request is not None else None
+        """The version-2 JSON object: the instructions (:meth:`instructions`) and the
+        report under ``"report"``."""
+        data = self.instructions()
+        report = dataclasses.asdict(self.report)
+        report["request"] = self.request.to_dict() if self.request is not None else None
+        data["report"] = report
+        return data
+
+    def instructions(self) -> dict[str, Any]:
+        """What the ranks execute and agree on, as JSON: the :data:`INSTRUCTION_FIELDS`
+        (``version`` first), every stage in full. No report field."""
+        data: dict[str, Any] = {"version": self.version}
+        for f in dataclasses.fields(self):
+            if f.name not in ("version", "report", "stages"):
+                data[f.name] = copy.deepcopy(getattr(self, f.name))
+        data["stages"] = [dataclasses.asdict(stage) for stage in self.stages]
         for stage in data["stages"]:  # only zero-bubble plans record it
             if stage["split_backward"] is None:
                 del stage["split_backward"]
@@ -397,10 +384,9 @@ class Plan:
                 "tensor_parallel": one,
                 "context_parallel": one,
                 "expert_parallel": one,
-                "memory_per_device": one,
-                "bubble_fraction": (0, 1),
             },
         )
+        check_dataclass(self.report, bounds={"memory_per_device": one, "bubble_fraction": (0, 1)})
         if self.request is not None:
             _check_request(self.request)
         known = ("", CUSTOM_OPTIMIZER, *OPTIMIZERS)  # "": written before it was recorded
@@ -464,19 +450,18 @@ class Plan:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Plan:
-        """The plan in ``data`` (a loaded JSON object), checked by :meth:`validate`."""
+        """The plan in ``data`` (a loaded JSON object of version 2, or of version 1 with
+        every report field at the top level), checked by :meth:`validate`."""
+        written = data.get("version") if isinstance(data, dict) else None
         check_version(
-            data, "stages", PLAN_VERSION, "plan", PlanFormatError,
-            "re-run `autopipe plan` to regenerate it",
+            data, "stages", written if written in READABLE_PLAN_VERSIONS else PLAN_VERSION,
+            "plan", PlanFormatError, "re-run `autopipe plan` to regenerate it",
         )  # fmt: skip
         try:
             stages = [StagePlan(**known_fields(StagePlan, s)) for s in data["stages"]]
-            fields = known_fields(cls, data, without=("stages",))
-            if isinstance(fields.get("request"), dict):
-                fields["request"] = _load_request(fields["request"])
-            elif fields.get("request") is not None:
-                raise FieldError("request", "is not an object")
-            plan = cls(stages=stages, **fields)  # meta keys of earlier writers: lift_meta
+            fields = known_fields(cls, data, without=("stages", "report", "version"))
+            report = _load_report(data["report"] if written != 1 and "report" in data else data)
+            plan = cls(stages=stages, report=report, **fields)  # earlier meta keys: lifted
         except (TypeError, AttributeError, ValueError) as exc:
             raise PlanFormatError(f"malformed autopipe plan: {exc}") from exc
         if isinstance(plan.profile, dict):
@@ -487,6 +472,19 @@ class Plan:
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write the plan as JSON atomically (a crash never leaves half a file)."""
         atomic_write_json(Path(path), self.to_dict())
+
+
+def _load_report(data: Any) -> PlanReport:
+    """The report in ``data`` (the ``"report"`` object of a version-2 file, or a whole
+    version-1 file, whose other keys are the plan's), its request as a record."""
+    if not isinstance(data, dict):
+        raise FieldError("report", "is not an object")
+    fields = known_fields(PlanReport, data)
+    if isinstance(fields.get("request"), dict):
+        fields["request"] = _load_request(fields["request"])
+    elif fields.get("request") is not None:
+        raise FieldError("request", "is not an object")
+    return PlanReport(**fields)  # meta keys of earlier writers: lift_meta
 
 
 def _embedded_profile(data: dict[str, Any]) -> Profile:
