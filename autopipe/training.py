@@ -23,7 +23,7 @@ from __future__ import annotations
 import contextlib
 import math
 import statistics
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -197,7 +197,14 @@ def train(
     pipe, batch = _build_pipeline(request, world)
     if rank == 0:
         say(_shape_line(request.plan, world, pipe.data_parallel_size))
-    optimizer = make_optimizer(request.plan, pipe.parameters(), request.lr, pipe.replica_group)
+    optimizer = make_optimizer(
+        request.plan,
+        pipe.parameters(),
+        request.lr,
+        pipe.replica_group,
+        pipe.expert_parameters,
+        pipe.expert_replica_group,
+    )
     local = pipe.local_batch(batch)
     trace = _pipeline_trace(pipe) if request.trace_path else None
     records = _run_steps(request, pipe, optimizer, local, trace, say)
@@ -443,11 +450,15 @@ def make_optimizer(
     parameters: Iterable[torch.nn.Parameter],
     lr: float,
     group: torch.distributed.ProcessGroup | None = None,
+    experts: Collection[int] = frozenset(),
+    expert_group: torch.distributed.ProcessGroup | None = None,
 ) -> Any:
     """The optimizer whose state the plan's memory figures assume (the planning request's
     ``optimizer``): SGD, SGD with momentum 0.9, else AdamW. With ``shard = optimizer``
     (ZeRO-1) it is wrapped in torch's ``ZeroRedundancyOptimizer`` over the data-parallel
-    ``group`` (the stage's replicas; None: the whole world)."""
+    ``group`` (the stage's replicas; None: the whole world). ``experts``: ids of the
+    expert-parallel shards among ``parameters`` (``DistributedPipeline.expert_parameters``),
+    which ZeRO-1 shards apart, over ``expert_group`` (``ExpertZeroOptimizer``)."""
     import torch
 
     name = plan.optimizer or "adam"
@@ -462,6 +473,12 @@ def make_optimizer(
         cls, options = torch.optim.SGD, {"lr": lr, "momentum": 0.9}
     else:
         cls, options = torch.optim.AdamW, {"lr": lr}
+    if plan.shard == "optimizer" and experts:
+        from autopipe.runtime.distributed.expert_parallel import ExpertZeroOptimizer
+
+        dense = [p for p in params if id(p) not in experts]
+        spread = [p for p in params if id(p) in experts]
+        return ExpertZeroOptimizer(cls, dense, spread, group, expert_group, **options)
     if plan.shard == "optimizer":
         from autopipe.runtime.distributed.mesh import make_zero_optimizer
 

@@ -109,12 +109,28 @@ EXPERT_MESHES: dict[str, dict[str, Any]] = {
         "expert_parallel": 2,
         "schedule": "1f1b",
     },
+    "pp2ep2zero1": {
+        "tensor_parallel": 1,
+        "data_parallel": 2,
+        "expert_parallel": 2,
+        "shard": "optimizer",
+        "schedule": "1f1b",
+    },
+    "d4ep2zero1": {
+        "tensor_parallel": 1,
+        "data_parallel": 4,
+        "expert_parallel": 2,
+        "shard": "optimizer",
+        "schedule": "1f1b",
+    },
 }
 """Expert-parallel meshes (tests/test_expert_parallel.py; mixture-of-experts families only):
 PP 2 x D 2 with each MoE layer's experts spread over the 2 replicas of a stage (E = D), the
 same with FSDP2 on the other parameters, the same with every stage re-materialized (the
 all-to-alls run again in the backward), and D 4 with E 2 (two EP groups whose expert
-gradients are summed)."""
+gradients are summed); each of PP 2 x D 2 = E and D 4 x E 2 again with ZeRO-1 (the dense
+state sharded over the replicas, the experts' over the ranks holding the same experts:
+none besides itself at E = D, the other EP group at D 4)."""
 WORLD = 4
 
 
@@ -327,8 +343,9 @@ class Runner:
                 with torch.no_grad():
                     for name, p in named.items():
                         p.copy_(initial[name])
-                losses = _train(pipe, plan, optimizer, inputs)
+                losses, kind = _train(pipe, plan, optimizer, inputs)
                 errors[optimizer] = self._compare(family, optimizer, pipe, losses)
+                errors[optimizer]["optimizer_class"] = kind
             spread = sum(type(m).__name__ == "ExpertParallel" for m in pipe.module.modules())
             return {"errors": errors, "symmetric": True, "expert_parallel_modules": spread}
         except Exception as exc:
@@ -391,8 +408,9 @@ def _parameter_names(pipe: Any) -> dict[str, Any]:
     return {name: p for name, p in pipe.module.named_parameters()}
 
 
-def _train(pipe: Any, plan: Any, optimizer: str, inputs: Any) -> list[float]:
-    """``STEPS`` steps of the pipeline with ``optimizer`` (autopipe's own, the plan's kind)."""
+def _train(pipe: Any, plan: Any, optimizer: str, inputs: Any) -> tuple[list[float], str]:
+    """``STEPS`` steps of the pipeline with ``optimizer`` (autopipe's own, the plan's kind):
+    the losses and the optimizer's class name."""
     from autopipe.training import make_optimizer
 
     opt = make_optimizer(
@@ -400,6 +418,8 @@ def _train(pipe: Any, plan: Any, optimizer: str, inputs: Any) -> list[float]:
         pipe.parameters(),
         LR[optimizer],
         pipe.replica_group,
+        pipe.expert_parameters,
+        pipe.expert_replica_group,
     )
     local = pipe.local_batch(inputs)
     losses = []
@@ -408,7 +428,7 @@ def _train(pipe: Any, plan: Any, optimizer: str, inputs: Any) -> list[float]:
         pipe.step(local if pipe.holds_first or pipe.holds_last else None)
         opt.step()
         losses.append(pipe.last_loss)
-    return losses
+    return losses, type(opt).__name__
 
 
 def _combine(gathered: list[dict[str, Any]]) -> dict[str, Any]:
@@ -445,6 +465,9 @@ def _combine(gathered: list[dict[str, Any]]) -> dict[str, Any]:
             "wrong": wrong,
             "parameters": len(params),
             "losses": losses,
+            "optimizer_class": sorted(
+                {g["errors"][optimizer].get("optimizer_class", "") for g in gathered}
+            ),
         }
         equal = equal and not wrong
     reason = None

@@ -36,10 +36,13 @@ CASES = [
     "qwen3_moe:pp2ep2fsdp",
     "mixtral:pp2ep2remat",
     "mixtral:d4ep2",
+    "deepseek_v3:pp2ep2zero1",
+    "mixtral:d4ep2zero1",
 ]
 """EP 2 x PP 2 (each rank holds half of each MoE layer's experts) for the three families,
 with FSDP2 on the other parameters, with every stage re-materialized, and D 4 x EP 2 (two EP
-groups per stage)."""
+groups per stage), and DeepSeek-V3's published kind of mesh (PP x EP x ZeRO-1 DP) as
+PP 2 x EP 2 = D 2 and D 4 x EP 2 with ZeRO-1 (:class:`ExpertZeroOptimizer`)."""
 EXPERT_LAYERS = {"mixtral": 2, "qwen3_moe": 2, "deepseek_v3": 1}
 """MoE layers of each tiny config (DeepSeek-V3's first layer is dense)."""
 
@@ -68,6 +71,12 @@ def test_expert_parallel_training_equals_one_process(tmp_path: Path) -> None:
             assert r["expert_parallel_modules"] == [layers] * 4, case
         for optimizer in ("sgd", "adamw"):
             assert r[optimizer]["max_relative"] < 1e-4, (case, optimizer)
+            if mesh.endswith("zero1"):  # the dense and expert states sharded apart
+                # (DeepSeek-V3's stage 0, its dense layer only, keeps the plain ZeRO-1)
+                kinds = set(r[optimizer]["optimizer_class"])
+                assert "ExpertZeroOptimizer" in kinds, case
+                assert kinds <= {"ExpertZeroOptimizer", "ZeroRedundancyOptimizer"}, case
+                assert r["plan"]["shard"] == "optimizer"
 
 
 def _plan(**fields: Any) -> Plan:
@@ -83,10 +92,10 @@ def test_the_plan_refusals_are_one_line() -> None:
 
     plan = _plan(expert_parallel=2)
     assert expert_plan_problem(plan) is None
+    assert expert_plan_problem(_plan(expert_parallel=2, shard="optimizer")) is None  # ZeRO-1 runs
     assert mesh_size_problem(plan, 4) is None
     for bad, phrase in [
         (_plan(expert_parallel=4), "must divide the 2 data-parallel replicas"),
-        (_plan(expert_parallel=2, shard="optimizer"), "shard optimizer"),
         (_plan(expert_parallel=2, tensor_parallel=2), "tensor parallelism 2"),
     ]:
         why = expert_plan_problem(bad)

@@ -50,6 +50,7 @@ from autopipe.core.errors import UsageError
 __all__ = [
     "ExpertParallel",
     "ExpertParallelError",
+    "ExpertZeroOptimizer",
     "call_expert_modules",
     "expert_modules",
     "recognise_experts",
@@ -175,6 +176,74 @@ class ExpertParallel(nn.Module):
         pairs = back[torch.argsort(order)]
         weighted = pairs * top_k_weights.reshape(-1, 1)
         return weighted.view(tokens, k, -1).sum(dim=1).to(hidden.dtype)
+
+
+class ExpertZeroOptimizer:
+    """ZeRO-1 of an expert-parallel stage (DeepSeek-V3's PP x EP x ZeRO-1 DP): two of torch's
+    ``ZeroRedundancyOptimizer`` s, as Megatron's distributed optimizer splits the dense and
+    the expert parameters.
+
+    - The dense parameters (the same on every data-parallel rank) over ``dense_group`` (the
+      stage's D replicas): each rank keeps the state of ``1 / D`` of them and broadcasts its
+      updated share.
+    - The expert shards differ between the E ranks of an EP group, so they cannot share one
+      replica's update; the ranks holding the same experts (``expert_group``, the D / E EP
+      groups' same-position ranks) can: ZeRO-1 over it on the shards' local tensors
+      (``ZeroRedundancyOptimizer`` takes no DTensor; the optimizer updates aliases of the
+      local tensors in place, their gradients the DTensor gradients' local tensors). With
+      E = D (``expert_group`` None) no other rank holds them: a plain optimizer.
+
+    Either way a rank keeps the optimizer state of ``1 / D`` of the stage's expert
+    parameters, as of its dense ones. The gradients are summed before ``step`` by the
+    pipeline (dense over the replicas, experts over ``expert_group``)."""
+
+    def __init__(
+        self,
+        optimizer_class: type[torch.optim.Optimizer],
+        dense: list[nn.Parameter],
+        experts: list[nn.Parameter],
+        dense_group: Any,
+        expert_group: Any,
+        **options: Any,
+    ) -> None:
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+
+        self.experts = experts
+        self.dense: Any = (
+            ZeroRedundancyOptimizer(
+                dense, optimizer_class=optimizer_class, process_group=dense_group, **options
+            )
+            if dense
+            else None
+        )
+        # Parameters sharing the shards' storage: what the ZeRO-1 optimizer updates in place.
+        self.local = [
+            nn.Parameter((p.to_local() if isinstance(p, DTensor) else p).detach())
+            for p in experts
+        ]
+        self.expert: Any = None
+        if experts and expert_group is not None:
+            self.expert = ZeroRedundancyOptimizer(
+                self.local, optimizer_class=optimizer_class, process_group=expert_group, **options
+            )
+        elif experts:
+            self.expert = optimizer_class(self.local, **options)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        if self.dense is not None:
+            self.dense.zero_grad(set_to_none=set_to_none)
+        for p, local in zip(self.experts, self.local, strict=True):
+            p.grad = local.grad = None
+
+    def step(self) -> None:
+        if self.dense is not None:
+            self.dense.step()
+        if self.expert is None:
+            return
+        for p, local in zip(self.experts, self.local, strict=True):
+            grad = p.grad
+            local.grad = grad.to_local() if isinstance(grad, DTensor) else grad
+        self.expert.step()
 
 
 def _in_module(node: fx.Node, path: str) -> bool:

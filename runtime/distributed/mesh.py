@@ -112,15 +112,14 @@ def uses_mesh(plan: Plan) -> bool:
 def expert_plan_problem(plan: Plan) -> str | None:
     """The one-line refusal of an expert-parallel plan (E > 1) this runtime does not run, or
     None: the EP group is E consecutive data-parallel ranks of a stage
-    (:mod:`.expert_parallel`), so E must divide D; neither TP nor ZeRO-1 (whose
-    ``ZeroRedundancyOptimizer`` takes no DTensor) is combined with it yet."""
+    (:mod:`.expert_parallel`), so E must divide D; TP is not combined with it yet (ZeRO-1
+    is: :class:`~.expert_parallel.ExpertZeroOptimizer`)."""
     e, d = plan.expert_parallel, plan.replicas
-    if plan.tensor_parallel > 1 or plan.shard == "optimizer":
+    if plan.tensor_parallel > 1:
         return (
             f"autopipe run spreads experts (expert parallelism {e}) over data-parallel "
-            f"replicas only, not with tensor parallelism {plan.tensor_parallel} or shard "
-            f"{plan.shard}; re-plan with --tensor-parallel 1 --shard none (or parameters, "
-            "gradients), or --expert-parallel 1"
+            f"replicas only, not with tensor parallelism {plan.tensor_parallel}; re-plan "
+            "with --tensor-parallel 1, or --expert-parallel 1"
         )
     if d % e:
         return (
