@@ -730,6 +730,8 @@ def request_of(run: Run, **changes: object) -> PlanRequest:
         "selective_recompute": run.recompute == "selective",
         "sequence_parallel": run.sequence_parallel,
         "tp_comm_overlap": run.tp_overlap,
+        # torchtitan's async TP leaves the backward's reduce-scatters exposed
+        "tp_overlap_backward": trainer_of(run) != "torchtitan",
         "grad_reduce_overlap": run.grad_overlap,
         "reshard_after_forward": not run.fsdp_under_pp,
     }

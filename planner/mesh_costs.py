@@ -55,6 +55,10 @@ class Topology:
     """TP shards the activations outside its regions too (``PlanRequest.sequence_parallel``)."""
     tp_comm_overlap: bool = False
     """TP collectives overlap the matmuls they feed (``PlanRequest.tp_comm_overlap``)."""
+    tp_overlap_backward: bool = True
+    """The backward's TP collectives overlap too (``PlanRequest.tp_overlap_backward``); False:
+    its reduce-scatters are exposed and its all-gathers hide behind the input-gradient
+    matmuls only (torchtitan's async TP)."""
     grad_reduce_overlap: bool = False
     """Unsharded gradients are reduced during the backward (``PlanRequest.grad_reduce_overlap``)."""
     reshard_after_forward: bool = True
@@ -318,7 +322,16 @@ def _device_unit(
     if topology.tp_comm_overlap and comm > 0:
         loss = topology.overlap_compute_loss
         comm_f = tp_overlap_exposed_s(comm, fwd, tp, loss)
-        comm_b = tp_overlap_exposed_s(comm, bwd, tp, loss)
+        if topology.tp_overlap_backward:
+            comm_b = tp_overlap_exposed_s(comm, bwd, tp, loss)
+        else:
+            # torchtitan's async TP in backward: half the pass's collectives are the
+            # reduce-scatters of input gradients summed over several matmuls (q, k, v; the
+            # MLP's up and gate), which inductor's pass does not fuse; the other half, the
+            # all-gathers of the output gradients, pipeline with the input-gradient matmuls
+            # only, about half the backward's matmul time (the weight gradients the rest)
+            half = comm / 2
+            comm_b = half + tp_overlap_exposed_s(half, bwd / 2, tp, loss)
     split = u.backward_input_s + u.backward_weight_s
     b_in = _scaled(u.backward_input_s, u.backward_input_overhead_s, c)
     b_wt = _scaled(u.backward_weight_s, u.backward_weight_overhead_s, c)
