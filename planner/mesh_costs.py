@@ -27,6 +27,7 @@ from autopipe.core.profile import Profile, UnitProfile
 from autopipe.core.vocabulary import SHARD_MODES
 
 __all__ = [
+    "REDUCE_BYTES",
     "Topology",
     "device_profile",
     "gather_buffer_bytes",
@@ -152,6 +153,14 @@ def unit_device_parameter_bytes(unit: UnitProfile, tp: int, parameter_size_bytes
     return float(whole - split + split / tp)
 
 
+REDUCE_BYTES = 4.0
+"""Bytes per element of an unsharded gradient that FSDP2 accumulates across micro-batches
+without syncing (under pipeline parallelism): ``FSDPParam.to_accumulated_grad_if_needed``
+(torch/distributed/fsdp/_fully_shard/_fsdp_param.py) casts it to the reduce dtype when that
+differs from the parameter dtype, and torchtitan reduces in fp32 by default
+(``training.mixed_precision_reduce = "float32"``, torchtitan's config manager)."""
+
+
 def sharded_state_bytes_per_parameter(
     state_bytes_per_parameter: float,
     parameter_size_bytes: int,
@@ -166,7 +175,8 @@ def sharded_state_bytes_per_parameter(
     ``parameters`` (ZeRO-3, FSDP2) all three (the gather buffers are apart:
     :func:`gather_buffer_bytes`). ``parameters`` without ``reshard_after_forward`` (FSDP2
     under pipeline parallelism, as torchtitan runs it) also holds every parameter and its
-    gradient unsharded across the step's micro-batches: ``2 p`` more."""
+    gradient unsharded across the step's micro-batches: ``p`` more for the parameter, and the
+    gradient accumulated in the reduce dtype, fp32 (4 bytes; :data:`REDUCE_BYTES`)."""
     if shard not in SHARD_MODES:
         raise ValueError(f"shard={shard!r}; expected one of {', '.join(SHARD_MODES)}")
     p = float(parameter_size_bytes)
@@ -178,7 +188,7 @@ def sharded_state_bytes_per_parameter(
     if shard == "gradients":
         return p + (grad + opt) / dp
     if not reshard_after_forward:
-        return p + grad + (p + grad + opt) / dp
+        return p + max(grad, REDUCE_BYTES) + (p + grad + opt) / dp
     return (p + grad + opt) / dp
 
 

@@ -82,7 +82,9 @@ def test_selective_keeps_the_recipe_bytes_and_recomputes() -> None:
 
 def test_fsdp_under_pp_holds_unsharded_parameters_and_gradients() -> None:
     assert sharded_state_bytes_per_parameter(16, 2, "parameters", 8) == 2.0
-    assert sharded_state_bytes_per_parameter(16, 2, "parameters", 8, False) == 4 + 16 / 8
+    # bf16 parameter (2) and its gradient accumulated in fp32 (4, FSDP2's reduce dtype)
+    assert sharded_state_bytes_per_parameter(16, 2, "parameters", 8, False) == 2 + 4 + 16 / 8
+    assert sharded_state_bytes_per_parameter(16, 4, "parameters", 8, False) == 4 + 4 + 16 / 8
 
 
 def test_tp_overlap_exposes_one_chunk_and_what_outlasts_compute() -> None:
