@@ -32,6 +32,7 @@ import argparse
 import dataclasses
 import statistics
 import sys
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -729,6 +730,8 @@ def request_of(run: Run, **changes: object) -> PlanRequest:
         "selective_recompute": run.recompute == "selective",
         "sequence_parallel": run.sequence_parallel,
         "tp_comm_overlap": run.tp_overlap,
+        # torchtitan's async TP leaves the backward's reduce-scatters exposed
+        "tp_overlap_backward": trainer_of(run) != "torchtitan",
         "grad_reduce_overlap": run.grad_overlap,
         "reshard_after_forward": not run.fsdp_under_pp,
     }
@@ -803,57 +806,152 @@ SEARCH_HEADROOM = 0.10
 """The auto search plans with the planner's default headroom (10% of memory kept free for the
 CUDA context, NCCL's buffers and the allocator): a pick must fit as a user's plan would."""
 
+SEARCH_TIME_LIMIT_S = 10.0
+"""Per pipeline solve of the search (``PlanRequest.time_limit_s``; the exact DP ignores it)."""
 
-def search(run: Run) -> str:
-    """The auto mesh search on the run's GPUs and batch, its pick beside the published
-    configuration, with the predicted ratio of the two steps and the main reason."""
+
+@dataclass
+class Pick:
+    """The auto mesh search's pick on one published run, beside the published configuration."""
+
+    run: Run
+    published: Plan | None = None
+    pick: Plan | None = None
+    error: str = ""
+    seconds: float = 0.0
+    """Wall-clock seconds the search took (this machine)."""
+    published_gib: float = 0.0
+    """The published configuration's predicted peak per GPU."""
+    published_fits: bool = True
+    """The published configuration fits the GPU's memory less the search's headroom."""
+
+    @property
+    def speedup(self) -> float | None:
+        """Predicted step of the published configuration over the pick's (> 1: the pick is
+        predicted faster)."""
+        if self.published is None or self.pick is None:
+            return None
+        return self.published.iteration_time_s / self.pick.iteration_time_s
+
+    @property
+    def same(self) -> bool:
+        r, p = self.run, self.pick
+        return (
+            p is not None
+            and p.mesh_shape == (r.pp, r.dp, r.tp)
+            and (p.shard == (r.shard if r.dp > 1 else "none") or r.dp == 1)
+        )
+
+
+def search(run: Run, time_limit_s: float = SEARCH_TIME_LIMIT_S) -> Pick:
+    """The auto mesh search (T, D, sharding and M free; the GPUs, global batch, sequence,
+    schedule, re-materialization and trainer options the run's) with the GPU's real memory
+    and the planner's default headroom, beside the published configuration forced."""
+    t0 = time.perf_counter()
+    out = Pick(run)
     forced = price(run)
+    out.published = forced.plan
     if forced.plan is None:
-        return f"{run.key:34s} (not priced)"
+        out.error = "published configuration not priced"
+        return out
     spec = get_device(run.gpu)
+    usable = spec.memory_bytes * (1 - SEARCH_HEADROOM)
+    out.published_gib = forced.memory_gib
+    out.published_fits = forced.memory_gib * GIB <= usable
     req = request_of(
         run, tensor_parallel="auto", data_parallel="auto", shard="auto", microbatches="auto",
         cluster=Cluster([Device.from_spec(spec)] * run.gpus), headroom=SEARCH_HEADROOM,
+        time_limit_s=time_limit_s,
     )  # fmt: skip
     try:
-        p = plan(profile_of(run), req)
+        out.pick = plan(profile_of(run), req)
     except (PlanningError, RuleViolation) as exc:
-        return f"{run.key:34s} search failed: {str(exc).splitlines()[0]}"
-    pp, dp, tp = p.mesh_shape
-    gain = p.throughput / forced.plan.throughput
-    same = (pp, dp, tp) == (run.pp, run.dp, run.tp)
-    why = _why(forced.plan, p)
-    return (
-        f"{run.key:34s} published {_config(run)} | pick pp {pp} x dp {dp} x tp {tp} "
-        f"({p.shard}, {p.schedule}, M={p.microbatches}) {'= published' if same else ''} "
-        f"predicted {gain:.3f}x; {why}"
-    )
+        out.error = str(exc).splitlines()[0]
+    out.seconds = time.perf_counter() - t0
+    return out
 
 
-def _why(published: Plan, pick: Plan) -> str:
-    """The largest saving of the pick over the published configuration, by step part."""
+def step_parts(p: Plan) -> dict[str, float]:
+    """A mesh plan's step in parts (seconds): the average rank's compute, its re-computation,
+    the busiest rank's TP collectives, the exposed DP communication (gradient reduction and
+    parameter gathers), the pipeline bubble (what is left of the pipeline's time)."""
+    m = p.mesh
+    row = m.candidates[0] if m is not None and m.candidates else None
+    if row is None:
+        return {}
+    recompute = sum(s.recompute_s for s in p.stages) * p.microbatches / p.mesh_shape[0]
+    pipeline = row.pipeline_s or p.iteration_time_s
+    busy = row.tp_comm_s + row.gather_s
+    return {
+        "compute": max(pipeline - busy - (row.bubble_s or 0.0) - recompute, 0.0),
+        "recompute": recompute,
+        "TP comm": row.tp_comm_s,
+        "DP comm": row.dp_comm_s + row.gather_s,
+        "bubble": row.bubble_s or 0.0,
+    }
 
-    def parts(p: Plan) -> dict[str, float]:
-        m = p.mesh
-        row = m.candidates[0] if m is not None and m.candidates else None
-        if row is None:
-            return {}
-        return {"bubble": row.bubble_s or 0.0, "TP comm": row.tp_comm_s,
-                "DP comm": row.dp_comm_s + row.gather_s,
-                "recompute": sum(s.recompute_s for s in p.stages) * p.microbatches}  # fmt: skip
 
-    a, b = parts(published), parts(pick)
+def why(pk: Pick) -> str:
+    """Why the pick wins: the published configuration does not fit, or the step part the pick
+    saves most on, both figures given (published vs pick)."""
+    if pk.pick is None or pk.published is None:
+        return pk.error
+    if pk.same:
+        return "the published configuration"
+    note = "" if pk.published_fits else (
+        f"published needs {pk.published_gib:.1f} GiB,"
+        f" over {get_device(pk.run.gpu).memory_bytes * (1 - SEARCH_HEADROOM) / GIB:.1f} usable; "
+    )  # fmt: skip
+    a, b = step_parts(pk.published), step_parts(pk.pick)
     if not a or not b:
-        return ""
-    diffs = {k: a[k] - b.get(k, 0.0) for k in a}
+        return note.rstrip("; ")
+    diffs = {k: a[k] - b[k] for k in a}
     k = max(diffs, key=lambda x: diffs[x])
-    return f"main saving: {k} ({diffs[k] * 1e3:.4g} ms per step)"
+    worse = min(diffs, key=lambda x: diffs[x])
+    text = f"{note}less {k}: {a[k]:.3g} s vs {b[k]:.3g} s per step"
+    if diffs[worse] < 0:
+        text += f" (pays {worse}: {b[worse]:.3g} s vs {a[worse]:.3g} s)"
+    return text
+
+
+def _shape(p: Plan) -> str:
+    pp, dp, tp = p.mesh_shape
+    v = f" v{p.virtual_stages}" if p.virtual_stages > 1 else ""
+    return f"pp {pp} x dp {dp} x tp {tp} ({p.shard}, {p.schedule}{v}, M={p.microbatches})"
+
+
+def search_line(pk: Pick) -> str:
+    r = pk.run
+    if pk.pick is None:
+        return f"{r.key:34s} search: {pk.error} ({pk.seconds:.1f} s)"
+    same = "= published" if pk.same else f"{pk.speedup:.3f}x"
+    return (f"{r.key:34s} published {_config(r)} | pick {_shape(pk.pick)} {same}; {why(pk)}"
+            f" [{pk.seconds:.1f} s]")  # fmt: skip
+
+
+def search_summary(picks: Sequence[Pick]) -> str:
+    done = [pk for pk in picks if pk.pick is not None]
+    if not done:
+        return "searched 0 runs"
+    gains = [pk.speedup or 1.0 for pk in done]
+    same = sum(pk.same for pk in done)
+    unfit = sum(not pk.published_fits for pk in done)
+    return (
+        f"searched {len(done)} of {len(picks)} runs in {sum(pk.seconds for pk in picks):.0f} s: "
+        f"published configuration picked {same}, published does not fit {unfit}; "
+        f"predicted speedup of the pick median {statistics.median(gains):.3f}, "
+        f"range {min(gains):.3f}..{max(gains):.3f}"
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", help="comma-separated run keys (prefixes)")
     ap.add_argument("--search", action="store_true", help="also run the auto mesh search")
+    ap.add_argument(
+        "--time-limit", type=float, default=SEARCH_TIME_LIMIT_S,
+        help="seconds per pipeline solve in --search (default %(default)s)",
+    )  # fmt: skip
     args = ap.parse_args(argv)
     runs = RUNS
     if args.only:
@@ -872,9 +970,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     for m, keys in lacking.items():
         print(f"not expressible ({len(keys)}): {m}: {', '.join(keys)}")
     if args.search:
+        picks = []
         for o in outcomes:
             if o.plan is not None:
-                print(search(o.run), flush=True)
+                picks.append(search(o.run, args.time_limit))
+                print(search_line(picks[-1]), flush=True)
+        print(search_summary(picks))
     return 0
 
 

@@ -27,6 +27,7 @@ from autopipe.core.profile import Profile, UnitProfile
 from autopipe.core.vocabulary import SHARD_MODES
 
 __all__ = [
+    "REDUCE_BYTES",
     "Topology",
     "device_profile",
     "gather_buffer_bytes",
@@ -55,6 +56,10 @@ class Topology:
     """TP shards the activations outside its regions too (``PlanRequest.sequence_parallel``)."""
     tp_comm_overlap: bool = False
     """TP collectives overlap the matmuls they feed (``PlanRequest.tp_comm_overlap``)."""
+    tp_overlap_backward: bool = True
+    """The backward's TP collectives overlap too (``PlanRequest.tp_overlap_backward``); False:
+    its reduce-scatters are exposed and its all-gathers hide behind the input-gradient
+    matmuls only (torchtitan's async TP)."""
     grad_reduce_overlap: bool = False
     """Unsharded gradients are reduced during the backward (``PlanRequest.grad_reduce_overlap``)."""
     reshard_after_forward: bool = True
@@ -148,6 +153,14 @@ def unit_device_parameter_bytes(unit: UnitProfile, tp: int, parameter_size_bytes
     return float(whole - split + split / tp)
 
 
+REDUCE_BYTES = 4.0
+"""Bytes per element of an unsharded gradient that FSDP2 accumulates across micro-batches
+without syncing (under pipeline parallelism): ``FSDPParam.to_accumulated_grad_if_needed``
+(torch/distributed/fsdp/_fully_shard/_fsdp_param.py) casts it to the reduce dtype when that
+differs from the parameter dtype, and torchtitan reduces in fp32 by default
+(``training.mixed_precision_reduce = "float32"``, torchtitan's config manager)."""
+
+
 def sharded_state_bytes_per_parameter(
     state_bytes_per_parameter: float,
     parameter_size_bytes: int,
@@ -162,7 +175,8 @@ def sharded_state_bytes_per_parameter(
     ``parameters`` (ZeRO-3, FSDP2) all three (the gather buffers are apart:
     :func:`gather_buffer_bytes`). ``parameters`` without ``reshard_after_forward`` (FSDP2
     under pipeline parallelism, as torchtitan runs it) also holds every parameter and its
-    gradient unsharded across the step's micro-batches: ``2 p`` more."""
+    gradient unsharded across the step's micro-batches: ``p`` more for the parameter, and the
+    gradient accumulated in the reduce dtype, fp32 (4 bytes; :data:`REDUCE_BYTES`)."""
     if shard not in SHARD_MODES:
         raise ValueError(f"shard={shard!r}; expected one of {', '.join(SHARD_MODES)}")
     p = float(parameter_size_bytes)
@@ -174,7 +188,7 @@ def sharded_state_bytes_per_parameter(
     if shard == "gradients":
         return p + (grad + opt) / dp
     if not reshard_after_forward:
-        return p + grad + (p + grad + opt) / dp
+        return p + max(grad, REDUCE_BYTES) + (p + grad + opt) / dp
     return (p + grad + opt) / dp
 
 
@@ -318,7 +332,16 @@ def _device_unit(
     if topology.tp_comm_overlap and comm > 0:
         loss = topology.overlap_compute_loss
         comm_f = tp_overlap_exposed_s(comm, fwd, tp, loss)
-        comm_b = tp_overlap_exposed_s(comm, bwd, tp, loss)
+        if topology.tp_overlap_backward:
+            comm_b = tp_overlap_exposed_s(comm, bwd, tp, loss)
+        else:
+            # torchtitan's async TP in backward: half the pass's collectives are the
+            # reduce-scatters of input gradients summed over several matmuls (q, k, v; the
+            # MLP's up and gate), which inductor's pass does not fuse; the other half, the
+            # all-gathers of the output gradients, pipeline with the input-gradient matmuls
+            # only, about half the backward's matmul time (the weight gradients the rest)
+            half = comm / 2
+            comm_b = half + tp_overlap_exposed_s(half, bwd / 2, tp, loss)
     split = u.backward_input_s + u.backward_weight_s
     b_in = _scaled(u.backward_input_s, u.backward_input_overhead_s, c)
     b_wt = _scaled(u.backward_weight_s, u.backward_weight_overhead_s, c)

@@ -121,3 +121,20 @@ def test_attention_is_priced_at_the_trainers_kernel() -> None:
     fa2 = pr.transformer_profile(a, seq, spec, attention_kernel="fa2").units[1]
     cudnn = pr.transformer_profile(a, seq, spec, attention_kernel="cudnn").units[1]
     assert fa2.forward_s - cudnn.forward_s == pytest.approx(fwd - fwd_c, rel=1e-6)
+
+
+def test_search_keeps_or_beats_the_published_configuration_and_says_why() -> None:
+    """``--search``: torchtitan's 8B on 8 GPUs keeps its published FSDP 8 (speedup 1); on
+    Megatron-Core's 70B (PP 2 x DP 48 x TP 8, 1F1B) the search drops the pipeline for ZeRO-3
+    at PP 1 and names the bubble it saves, both figures (published 0.177 s, pick 0 s)."""
+    run = next(r for r in pr.RUNS if r.key == "tt-8b-8gpu")
+    kept = pr.search(run)
+    assert kept.same and kept.speedup == pytest.approx(1.0)
+    assert pr.why(kept) == "the published configuration"
+    moved = pr.search(next(r for r in pr.RUNS if r.key == "mcore-70b"))
+    assert moved.pick is not None and not moved.same and moved.published_fits
+    assert moved.pick.mesh_shape == (1, 96, 8)
+    assert moved.speedup is not None and 1.1 < moved.speedup < 1.25
+    parts = pr.step_parts(moved.published)  # type: ignore[arg-type]
+    assert pr.why(moved).startswith(f"less bubble: {parts['bubble']:.3g} s vs 0 s per step")
+    assert "searched 2 of 2 runs" in pr.search_summary([kept, moved])

@@ -82,7 +82,9 @@ def test_selective_keeps_the_recipe_bytes_and_recomputes() -> None:
 
 def test_fsdp_under_pp_holds_unsharded_parameters_and_gradients() -> None:
     assert sharded_state_bytes_per_parameter(16, 2, "parameters", 8) == 2.0
-    assert sharded_state_bytes_per_parameter(16, 2, "parameters", 8, False) == 4 + 16 / 8
+    # bf16 parameter (2) and its gradient accumulated in fp32 (4, FSDP2's reduce dtype)
+    assert sharded_state_bytes_per_parameter(16, 2, "parameters", 8, False) == 2 + 4 + 16 / 8
+    assert sharded_state_bytes_per_parameter(16, 4, "parameters", 8, False) == 4 + 4 + 16 / 8
 
 
 def test_tp_overlap_exposes_one_chunk_and_what_outlasts_compute() -> None:
@@ -94,6 +96,22 @@ def test_tp_overlap_exposes_one_chunk_and_what_outlasts_compute() -> None:
     assert (
         device_profile(p, 8, over).units[0].forward_s < device_profile(p, 8, top).units[0].forward_s
     )
+
+
+def test_async_tp_backward_exposes_its_reduce_scatters_as_torchtitan_runs_it() -> None:
+    """tp_overlap_backward=False (torchtitan's async TP): the backward's reduce-scatters, half
+    its collectives, are exposed; its all-gathers hide behind half the backward except one
+    chunk. By hand: ring = 7/8 x 2e7 B / 450e9 B/s; a pass's collectives C = 2 ring."""
+    ring = 7 / 8 * 2e7 / 450e9
+    comm = 2 * ring
+    top = Topology(8, 450e9, 50e9, tp_comm_overlap=True)
+    p = _profile()
+    both = device_profile(p, 8, top).units[0]
+    titan = device_profile(p, 8, dataclasses.replace(top, tp_overlap_backward=False)).units[0]
+    assert both.backward_s == pytest.approx(2e-2 / 8 + comm / 8)
+    assert titan.backward_s == pytest.approx(2e-2 / 8 + comm / 2 + comm / 2 / 8)
+    assert titan.forward_s == pytest.approx(both.forward_s)  # the forward fuses every one
+    assert PlanRequest(tp_comm_overlap=True).tp_overlap_backward  # Megatron's, the default
 
 
 def test_tp_without_sequence_parallelism_keeps_replicated_activations() -> None:
