@@ -35,6 +35,7 @@ _LAZY = {
     "emit": ("autopipe.planner.emit", "emit"),
     "Plan": ("autopipe.core.plan", "Plan"),
     "StagePlan": ("autopipe.core.plan", "StagePlan"),
+    "PlanReport": ("autopipe.core.plan_report", "PlanReport"),
     "load_plan": ("autopipe.core.plan", "load_plan"),
     "Cluster": ("autopipe.core.cluster", "Cluster"),
     "Device": ("autopipe.core.cluster", "Device"),

@@ -82,7 +82,7 @@ def main() -> None:
             peaks.append(peak_rss)
             print(f"run {run + 1}/{args.runs}: {wall_s:.0f} s", file=sys.stderr)
         plan = json.loads(plan_path.read_text())
-    profile = plan["profile"]
+    profile = plan["report"]["profile"]
     print(stdout.strip())
     print()
     print(

@@ -10,8 +10,11 @@ emitters are compared. Every case runs ``autopipe plan PROFILE FLAGS --json plan
 schedules, ``--gpus`` 2/4/8, checkpoint modes, strategies and the mesh flags
 (``--data-parallel``, ``--tensor-parallel``, ``--shard``, nodes), then, for a plan that was
 written, ``autopipe emit`` in every format and ``autopipe explain``. Each command's stdout,
-stderr, exit code and written file is one output; the last line says ``N outputs identical``
-and ``M differ`` (exit 1 when any differs), naming each one that differs.
+stderr, exit code and written file is one output; the last line says ``N outputs identical``,
+how many plan files hold the same fields and values in another schema layout (a version-1
+file captured before the Plan / PlanReport split of #37 against its version-2 successor:
+the report's keys merged back into the top level) and ``M differ`` (exit 1 when any
+differs), naming each one that differs.
 
 The commands run in this process (``autopipe.cli.main``), each in its own working folder
 named after the case, so the paths written into outputs are the same on every run.
@@ -23,6 +26,7 @@ import argparse
 import contextlib
 import filecmp
 import io
+import json
 import logging
 import os
 import sys
@@ -147,16 +151,37 @@ def run_cases(runner: _Capture, profiles: Path, outdir: Path) -> float:
     return time.perf_counter() - start
 
 
-def compare(gold: Path, new: Path) -> tuple[list[str], list[str]]:
-    """Files identical and differing (missing on either side counts as differing)."""
+def plan_content(path: Path) -> dict[str, object]:
+    """A plan file's content in the version-1 layout (every field at the top level): a
+    version-2 file's ``"report"`` object merged into the top level, so a plan written before
+    the Plan / PlanReport split (#37) and after compare field by field, values exact."""
+    data = json.loads(path.read_text())
+    if isinstance(data, dict) and data.get("version") == 2 and isinstance(data.get("report"), dict):
+        data = {**{k: v for k, v in data.items() if k != "report"}, **data["report"]}
+        data["version"] = 1
+    return data
+
+
+def compare(gold: Path, new: Path) -> tuple[list[str], list[str], list[str]]:
+    """Files identical, identical in content (a plan file in another schema layout: the
+    same fields and values), and differing (missing on either side counts as differing)."""
     names = {p.relative_to(gold) for p in (gold / "cases").rglob("*") if p.is_file()}
     names |= {p.relative_to(new) for p in (new / "cases").rglob("*") if p.is_file()}
-    same, differ = [], []
+    same, same_content, differ = [], [], []
     for rel in sorted(names):
         a, b = gold / rel, new / rel
-        ok = a.is_file() and b.is_file() and filecmp.cmp(a, b, shallow=False)
-        (same if ok else differ).append(str(rel))
-    return same, differ
+        if a.is_file() and b.is_file() and filecmp.cmp(a, b, shallow=False):
+            same.append(str(rel))
+        elif (
+            a.is_file()
+            and b.is_file()
+            and a.suffix == ".json"
+            and (plan_content(a) == plan_content(b))
+        ):
+            same_content.append(str(rel))
+        else:
+            differ.append(str(rel))
+    return same, same_content, differ
 
 
 def main() -> int:
@@ -178,10 +203,13 @@ def main() -> int:
         new = Path(tmp)
         took = run_cases(runner, gold / "profiles", new / "cases")
         # the same relative layout as the golden folder, so case paths match
-        same, differ = compare(gold, new)
+        same, same_content, differ = compare(gold, new)
     for rel in differ:
         print(f"differs: {rel}")
-    print(f"{len(same)} outputs identical / {len(differ)} differ ({took:.1f} s)")
+    print(
+        f"{len(same)} outputs identical, {len(same_content)} plan files identical in content "
+        f"(fields and values; another schema layout) / {len(differ)} differ ({took:.1f} s)"
+    )
     return 1 if differ else 0
 
 

@@ -44,7 +44,8 @@ def one_run(model: str, gpus: int, directory: Path) -> dict[str, object]:
         "--no-cache", "--json", str(out), "-q",
     ]  # fmt: skip
     subprocess.run(command, cwd=ROOT, env=env, check=True)
-    plan: dict[str, object] = json.loads(out.read_text())
+    data = json.loads(out.read_text())
+    plan: dict[str, object] = {**data, **data.pop("report")}  # the plan and its figures
     return plan
 
 

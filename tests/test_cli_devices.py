@@ -14,7 +14,8 @@ GPT = str(Path(__file__).resolve().parents[1] / "examples" / "gpt.py")
 
 def _plan(capsys: pytest.CaptureFixture[str], *flags: str) -> dict:
     assert main(["plan", GPT, "--json", "-q", *flags]) == 0
-    return json.loads(capsys.readouterr().out)
+    data = json.loads(capsys.readouterr().out)
+    return {**data, **data.pop("report")}  # the plan and its report's figures
 
 
 def test_catalog_device_sets_memory_and_names(capsys: pytest.CaptureFixture[str]) -> None:

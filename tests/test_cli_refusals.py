@@ -157,7 +157,7 @@ def test_a_plan_naming_an_unknown_optimizer_is_refused_on_load(
     if where == "optimizer":
         data["optimizer"] = "lion"
     else:
-        data["request"]["optimizer"] = "lion"
+        data["report"]["request"]["optimizer"] = "lion"
     plan.write_text(json.dumps(data))
     capsys.readouterr()
     assert main(["explain", str(plan)]) == 2

@@ -10,7 +10,7 @@ import pytest
 from autopipe.planner import load_plan, plan
 from planner_instances import random_profile
 
-from autopipe.core.plan import Plan, PlanFormatError
+from autopipe.core.plan import INSTRUCTION_FIELDS, Plan, PlanFormatError
 from autopipe.core.request import PlanRequest
 
 
@@ -119,3 +119,35 @@ def test_stages_without_a_rank_are_one_per_rank(four_stages: Plan) -> None:
             s["rank"] = -1
 
     assert [s.rank for s in Plan.from_dict(_edited(four_stages, unplaced)).stages] == [0, 1, 2, 3]
+
+
+def _version_1_plan(path: Path) -> bool:
+    """Whether ``path`` is a plan file written before the Plan / PlanReport split (#37)."""
+    try:
+        data = json.loads(path.read_text())
+    except (ValueError, UnicodeDecodeError):
+        return False
+    return isinstance(data, dict) and "stages" in data and data.get("version") == 1
+
+
+def test_every_version_1_plan_file_still_loads() -> None:
+    """Every version-1 plan file in tests/ and examples/ (the report's keys at the top level)
+    loads, its predictions in the report; the last version-1 writer's file
+    (tests/data/plan_v1_mesh.json, ``autopipe plan`` of examples/mlp.py for 4 H100s with
+    ``--data-parallel 2``) reads back field for field, now as version 2."""
+    root = Path(__file__).resolve().parents[1]
+    files = [
+        p for folder in ("tests", "examples") for p in sorted((root / folder).rglob("*.json"))
+        if _version_1_plan(p)
+    ]  # fmt: skip
+    assert {p.name for p in files} >= {"plan_v1_meta.json", "plan_v1_mesh.json"}
+    for path in files:
+        loaded = load_plan(path)
+        assert loaded.version == 2 and loaded.report.iteration_time_s > 0, path.name
+    path = root / "tests" / "data" / "plan_v1_mesh.json"
+    old, new = json.loads(path.read_text()), load_plan(path).to_dict()
+    assert set(new) == {*INSTRUCTION_FIELDS, "report"} and new["version"] == 2
+    assert new["report"]["iteration_time_s"] == old["iteration_time_s"] > 0
+    assert new["report"]["mesh"] == old["mesh"] and new["replicas"] == old["replicas"] == 2
+    flat = {**{k: v for k, v in new.items() if k != "report"}, **new["report"]}
+    assert {**flat, "version": 1} == old

@@ -106,7 +106,7 @@ def test_python_api_plans_a_mixed_cluster_as_the_cli_does(
     cli = json.loads(capsys.readouterr().out)
     assert [s.device for s in api.stages] == [s["device"] for s in cli["stages"]]
     assert [s.units for s in api.stages] == [s["units"] for s in cli["stages"]]
-    assert api.iteration_time_s == pytest.approx(cli["iteration_time_s"], rel=1e-9)
+    assert api.iteration_time_s == pytest.approx(cli["report"]["iteration_time_s"], rel=1e-9)
 
 
 def test_cluster_for_one_kind_and_measured_profiles(a100_profile: Profile) -> None:

@@ -17,7 +17,7 @@ from autopipe.runtime.distributed.agree import (
 from autopipe.runtime.planned_stages import partition
 from torch import nn
 
-from autopipe.core.plan import Plan, StagePlan
+from autopipe.core.plan import INSTRUCTION_FIELDS, STAGE_INSTRUCTION_FIELDS, Plan, StagePlan
 
 
 class Chain(nn.Module):
@@ -48,16 +48,42 @@ def test_plan_fingerprint_flattens_fields_and_digests_lists() -> None:
     assert fp["stages[1].units"].startswith("c (1 units, #")
     assert plan_fingerprint(two_stage_plan(model, x)) == fp
     plan = two_stage_plan(model, x)
-    plan.iteration_time_s = float("inf")
-    assert plan_fingerprint(plan)["iteration_time_s"] == "inf"
+    plan.stages[1].checkpoint = True
+    assert plan_fingerprint(plan)["stages[1].checkpoint"] is True
+
+
+def test_the_plan_fingerprint_holds_the_instructions_not_the_report() -> None:
+    """Ranks compare what they execute (#37): the instruction fields, every one; a
+    prediction, a note or a chunk's predicted seconds never makes them refuse to start."""
+    model, x = Chain(), torch.randn(4, 4)
+    plan = two_stage_plan(model, x)
+    fp = plan_fingerprint(plan)
+    assert set(fp) == set(INSTRUCTION_FIELDS) | {
+        f"stages[{i}].{f}"
+        for i in range(2)
+        for f in STAGE_INSTRUCTION_FIELDS
+        if f != "split_backward"
+    }  # split_backward: only written under a zero-bubble schedule
+    assert fp["microbatches"] == 2 and fp["stages[1].checkpoint"] is False
+    predicted = two_stage_plan(model, x)
+    predicted.iteration_time_s = float("inf")
+    predicted.bubble_fraction, predicted.notes = 0.5, ["another note"]
+    predicted.stages[0].forward_s = 1.0
+    assert plan_fingerprint(predicted) == fp
+    assert not {"iteration_time_s", "bubble_fraction", "notes", "report"} & set(fp)
+    same = [
+        {"plan": p, "model": model_fingerprint(model)} for p in (fp, plan_fingerprint(predicted))
+    ]
+    assert mismatch(same) is None
 
 
 def test_the_first_salient_plan_field_is_named() -> None:
     """M changes the predicted time too; the message names M, the cause."""
     model, x = Chain(), torch.randn(4, 4)
     ours, theirs = two_stage_plan(model, x), two_stage_plan(model, x, microbatches=4)
-    theirs.iteration_time_s = 2.0
+    theirs.iteration_time_s = 2.0  # predictions: not compared
     theirs.bubble_fraction = 0.5
+    theirs.stages[0].checkpoint = theirs.stages[1].checkpoint = True
     line = mismatch(
         [
             {"plan": plan_fingerprint(ours), "model": model_fingerprint(model)},
@@ -66,7 +92,8 @@ def test_the_first_salient_plan_field_is_named() -> None:
     )
     assert line == (
         "the ranks loaded different plans: microbatches is 4 on rank 1 but 2 on rank 0 (and 2 "
-        "more field(s): bubble_fraction, iteration_time_s); give every rank the same --plan file"
+        "more field(s): stages[0].checkpoint, stages[1].checkpoint); give every rank the same "
+        "--plan file"
     )
 
 

@@ -250,7 +250,7 @@ def test_a_profile_of_1e30_values_plans_without_a_warning(
                 assert main([*argv, *batch]) == 0
                 out, err = capsys.readouterr()
                 assert err == ""
-                assert 0 < json.loads(out)["iteration_time_s"] < math.inf
+                assert 0 < json.loads(out)["report"]["iteration_time_s"] < math.inf
 
 
 def test_a_forward_of_1e308_is_one_line_exit_2(

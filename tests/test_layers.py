@@ -317,18 +317,43 @@ def test_the_ranks_read_the_plans_instructions_only() -> None:
     import dataclasses
 
     from autopipe.core.plan import INSTRUCTION_FIELDS, Plan
+    from autopipe.core.plan_report import PlanReport
 
-    fields = {f.name for f in dataclasses.fields(Plan)}
-    assert set(INSTRUCTION_FIELDS) <= fields
-    report = fields - set(INSTRUCTION_FIELDS)
-    readers = [
-        *sorted((ROOT / "runtime").rglob("*.py")),
-        ROOT / "autopipe" / "training.py",
-        *sorted((ROOT / "planner").glob("emit*.py")),
-    ]
+    # the Plan is the instructions and its report, nothing else (#37)
+    assert {f.name for f in dataclasses.fields(Plan)} == {*INSTRUCTION_FIELDS, "report"}
+    report = {f.name for f in dataclasses.fields(PlanReport)} | {"report"}
+    assert not report & set(INSTRUCTION_FIELDS)
     found = {
         (str(path.relative_to(ROOT)), name)
-        for path in readers
+        for path in _RANK_READERS
         for name in _plan_reads(path) & report
     }
     assert found == _REPORT_READS
+
+
+_RANK_READERS = [
+    *sorted((ROOT / "runtime").rglob("*.py")),
+    ROOT / "autopipe" / "training.py",
+    *sorted((ROOT / "planner").glob("emit*.py")),
+]
+"""The runtime (the rank agreement is ``runtime/distributed/agree.py``), training and the
+emitters: what takes a Plan and acts on it."""
+
+
+def test_the_ranks_never_import_or_name_the_report() -> None:
+    """No module of the runtime, training or the emitters imports
+    ``autopipe.core.plan_report``, names ``PlanReport`` or reads ``.report``: they are
+    handed a Plan and act on its instructions."""
+    found = []
+    for path in _RANK_READERS:
+        rel = str(path.relative_to(ROOT))
+        tree = ast.parse(path.read_text(), rel)
+        found += [f"{rel} imports {n}" for n in _imports(path) if n.endswith("plan_report")]
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Name) and node.id == "PlanReport":
+                found.append(f"{rel} names PlanReport")
+            elif isinstance(node, ast.alias) and node.name == "PlanReport":
+                found.append(f"{rel} imports PlanReport")
+            elif isinstance(node, ast.Attribute) and node.attr == "report":
+                found.append(f"{rel} reads .report")
+    assert len(_RANK_READERS) > 30 and found == []

@@ -367,8 +367,8 @@ def test_replanning_is_the_recorded_request_with_one_field_replaced(tmp_path: Pa
     loaded = load_plan(path)
     assert loaded.request == first.request and loaded.granularity == first.granularity
     old = json.loads(path.read_text())
-    del old["request"], old["granularity"]
-    old["meta"]["granularity"] = "module"
+    del old["report"]["request"], old["granularity"]
+    old["report"]["meta"]["granularity"] = "module"
     path.write_text(json.dumps(old))
     legacy = load_plan(path)
     assert legacy.request is None and legacy.granularity == "module"

@@ -410,7 +410,7 @@ def test_cli_plot_draws_every_schedule_side_by_side(
         assert path.stat().st_size > 1000, name
     # Without a profile there is nothing to re-plan: one line, exit 2.
     bare = json.loads(out.read_text())
-    bare["profile"] = None
+    bare["report"]["profile"] = None
     out.write_text(json.dumps(bare))
     capsys.readouterr()
     assert main(["plot", str(out), "--schedules", "--out", str(tmp_path / "p2")]) == 2

@@ -2,7 +2,8 @@
 from autopipe.
 
 - ``profile``: the Profile (what each unit of a model costs) and its JSON;
-- ``plan``: the Plan (stages, schedule, mesh, predictions) and its JSON;
+- ``plan``: the Plan (what every rank executes: stages, schedule, mesh) and its JSON;
+  ``plan_report``: its PlanReport (the predictions, baselines, candidates, notes);
 - ``plan_records``, ``profile_records``: the typed records they keep (the mesh report, the
   candidates weighed, how a profile was measured); ``meta_fields``: the one reader moving
   earlier files' ``meta`` keys into those fields;

@@ -121,7 +121,6 @@ class PlanReport:
     meta: dict[str, Any] = field(default_factory=dict)
     """Free-form notes for people (nothing reads them back)."""
 
-
     def __post_init__(self) -> None:
         lift_meta(self, REPORT_META_FIELDS)
         # A loaded file (or an earlier writer's meta) gives the records as JSON objects.

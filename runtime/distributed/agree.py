@@ -32,7 +32,7 @@ from autopipe.runtime.planned_stages import PlannedStages
 from torch import fx, nn
 
 from autopipe.core.errors import UsageError
-from autopipe.core.plan import Plan
+from autopipe.core.plan import STAGE_INSTRUCTION_FIELDS, Plan
 
 
 class PlanMismatchError(UsageError, ValueError):
@@ -57,15 +57,18 @@ def _describe(value: Any) -> Any:
 
 
 def plan_fingerprint(plan: Plan) -> dict[str, Any]:
-    """Every field of the plan's JSON form, flattened (``stages[1].units``, ``microbatches``,
-    ``meta``, ...) to a value or a digest, so two fingerprints can say which fields differ."""
-    data = plan.to_dict()
+    """The plan's instructions (``Plan.instructions()``: what every rank acts on; no report
+    figure), flattened (``stages[1].units``, ``microbatches``, ...) to a value or a digest,
+    so two fingerprints can say which fields differ. Per stage only its
+    ``STAGE_INSTRUCTION_FIELDS``: two files that differ in a prediction or a note train the
+    same thing."""
+    data = plan.instructions()
     out: dict[str, Any] = {}
     for key in sorted(data):
         if key == "stages" and isinstance(data[key], list):
             out["stages"] = len(data[key])
             for i, stage in enumerate(data[key]):
-                for field in sorted(stage):
+                for field in sorted(set(stage) & set(STAGE_INSTRUCTION_FIELDS)):
                     out[f"stages[{i}].{field}"] = _describe(stage[field])
         else:
             out[key] = _describe(data[key])
