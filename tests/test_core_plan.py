@@ -150,4 +150,10 @@ def test_every_version_1_plan_file_still_loads() -> None:
     assert new["report"]["iteration_time_s"] == old["iteration_time_s"] > 0
     assert new["report"]["mesh"] == old["mesh"] and new["replicas"] == old["replicas"] == 2
     flat = {**{k: v for k, v in new.items() if k != "report"}, **new["report"]}
+    # A request field added after the file was written loads as its default.
+    added = set(flat["request"]) - set(old["request"])
+    defaults = PlanRequest().to_dict()
+    for key in added:
+        assert flat["request"][key] == defaults[key], key
+        del flat["request"][key]
     assert {**flat, "version": 1} == old
