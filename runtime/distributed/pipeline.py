@@ -74,6 +74,7 @@ from autopipe.runtime.distributed.mesh import (
     check_shard_dtypes,
     expert_mesh,
     local_shapes,
+    per_head_parameters,
     planned_modules,
     retie,
     tied_slots,
@@ -642,7 +643,7 @@ class DistributedPipeline:
                 except SequenceParallelError as exc:
                     raise MeshPlanError(str(exc)) from None
                 for graph in planned.stages:
-                    adopt_modules(graph.module, model, tp_modules)
+                    adopt_modules(graph.module, model, tp_modules, layout.per_head)
                     adopt_norms(graph.module, model, {**layout.norms, **layout.token_modules})
                 # The re-trace held stand-ins of the split modules, which share no weight:
                 # the ties are those of the model's own modules, adopted back.
@@ -1064,15 +1065,18 @@ def planned_sequence_layout(
 ) -> SequenceLayout:
     """The sequence-parallel layout of ``planned``'s whole graph
     (:func:`.sequence_parallel.sequence_layout`), from one fake-tensor run of a
-    micro-batch; :class:`MeshPlanError` where it cannot run sharded."""
+    micro-batch, with the parameters split with the heads of a column-wise module
+    (:func:`.mesh.per_head_parameters`); :class:`MeshPlanError` where it cannot run sharded."""
     rows = batch_rows(example_inputs, 0, int(plan.microbatch_size))
     graph_module = planned.graph_module
     names = {n.name for n in graph_module.graph.nodes}
     values = cut_values(graph_module, planned.binder.flat(rows), names)
     try:
-        return sequence_layout(graph_module, model, tp_modules, values, plan.tensor_parallel)
+        layout = sequence_layout(graph_module, model, tp_modules, values, plan.tensor_parallel)
     except SequenceParallelError as exc:
         raise MeshPlanError(str(exc)) from None
+    layout.per_head = per_head_parameters(model, tp_modules, plan.tensor_parallel)
+    return layout
 
 
 def _stage_examples(
