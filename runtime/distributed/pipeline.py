@@ -58,9 +58,13 @@ from autopipe.runtime.distributed.expert_parallel import (
     expert_modules,
 )
 from autopipe.runtime.distributed.failures import (
+    PUBLISHED_WAIT_S,
     PipelineRankError,
+    failure_board,
     is_comm_failure,
     one_line,
+    publish_failure,
+    published_failure,
     short_cause,
 )
 from autopipe.runtime.distributed.layout import RankLayout, rank_layout, rank_position
@@ -412,6 +416,7 @@ class DistributedPipeline:
         orders: Sequence[Sequence[Action]] | None = None,
     ) -> None:
         _require_process_group()
+        failure_board()  # where a rank's own failure in a step reaches its peers
         planned = _agreed_stages(model, plan, example_inputs, state_dict)
         chunk_rank = [s.rank if s.rank >= 0 else s.index for s in plan.stages]
         self.plan = plan
@@ -767,18 +772,25 @@ class DistributedPipeline:
             with timed:
                 loss = self._step(inputs, target)
         except Exception as exc:
+            where = rank_position(
+                layout, self.data_parallel_rank, self.tensor_parallel_rank,
+                self.plan.tensor_parallel,
+            )  # fmt: skip
             if is_comm_failure(exc):
                 first = short_cause(exc)
-                where = rank_position(
-                    layout, self.data_parallel_rank, self.tensor_parallel_rank,
-                    self.plan.tensor_parallel,
-                )  # fmt: skip
+                # The failing rank's own line (failures.py), when it wrote one: the cause.
+                cause_line = published_failure(PUBLISHED_WAIT_S)
+                if cause_line is not None:
+                    raise PipelineRankError(
+                        f"{where}: the pipeline broke in step {self.steps + 1}: {cause_line}"
+                    ) from exc
                 raise PipelineRankError(
                     f"{where}: the "
                     f"pipeline broke in step {self.steps + 1}: a peer rank failed or did not answer "
                     f"within the process-group timeout ({first})"
                 ) from exc
             cause = stage_error_cause(exc)
+            publish_failure(f"{where} failed in step {self.steps + 1}: {one_line(cause or exc)}")
             if cause is not None:
                 raise cause from exc
             raise
