@@ -118,13 +118,26 @@ def test_killed_rank_ends_the_job_at_once(tmp_path: Path) -> None:
     assert drill.after_fault_s < at_once(AT_ONCE_TIMEOUT_S), drill.after_fault_s
 
 
-def test_raising_rank_reports_its_error(tmp_path: Path) -> None:
+@pytest.mark.parametrize("rank", [0, 1])
+def test_raising_rank_reports_its_error_and_every_peer_names_it(
+    tmp_path: Path, rank: int
+) -> None:
+    """A rank's stage raises in step 2: it prints its own error, and its peer's one line
+    names that rank and its error (read from the store torchrun's agent holds), whether the
+    peer found the pipeline broken or was stopped by torchrun. Before, the peer said only
+    "a peer rank failed or did not answer" (or "another rank's error says why")."""
     model, plan = fault_files(tmp_path)
-    drill = torchrun_drill(2, _run_args(model, plan), {"AUTOPIPE_FAULT": "raise@0"})
+    drill = torchrun_drill(2, _run_args(model, plan), {"AUTOPIPE_FAULT": f"raise@{rank}"})
     assert drill.code == 1, drill.output
-    assert "[rank 0] autopipe run: error: ValueError: injected fault" in _error_lines(drill.output)
-    assert "Traceback" not in "".join(drill.lines("[rank 0]"))
+    errors = _error_lines(drill.output)
+    assert f"[rank {rank}] autopipe run: error: ValueError: injected fault" in errors
+    assert "Traceback" not in "".join(drill.lines(f"[rank {rank}]"))
     _one_line_per_live_rank(drill, 2)
+    peer = 1 - rank
+    (line,) = [e for e in errors if e.startswith(f"[rank {peer}]")]
+    assert line.endswith(
+        f"rank {rank} (stage {rank}, replica 0) failed in step 2: ValueError: injected fault"
+    ), line
     assert drill.after_fault_s is not None
     assert drill.after_fault_s < at_once(AT_ONCE_TIMEOUT_S), drill.after_fault_s
 

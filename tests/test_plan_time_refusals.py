@@ -140,19 +140,54 @@ def test_norms_off_the_column_wise_path_no_longer_refuse_t_2(family: str) -> Non
     assert (plan.num_stages, plan.replicas, plan.tensor_parallel) == (2, 1, 2)
 
 
-def test_a_per_head_norm_weight_refuses_t_2_in_one_line() -> None:
+def test_a_per_head_norm_weight_is_split_with_its_heads_at_t_2() -> None:
     """Cohere's q/k LayerNorm weight is [heads, head_dim], applied per head after the
-    column-wise q/k projections: no style splits it with the heads, so T = 2 is refused at
-    plan time, naming the parameter (it was a long TraceError from the trace at one rank's
-    shapes)."""
+    column-wise q/k projections: it is split with the heads (Shard(0), each TP rank its own
+    heads' rows), so T = 2 is planned (it was refused at plan time, naming the parameter)."""
+    from autopipe.runtime.distributed.mesh import per_head_parameters, planned_modules
+
     profile = _profile("cohere_qk_norm")
-    assert profile.tp_refusal == (
-        "MeshPlanError: model.layers.0.self_attn.q_norm.weight [4, 8] is per head of the "
-        "column-wise split model.layers.0.self_attn.q_proj (4 heads, 2 on each TP rank) and "
-        "the TP plan does not split it with them; re-plan with --tensor-parallel 1"
+    assert profile.tp_refusal is None
+    plan = autopipe.plan(profile, _request("pp2tp2"))
+    assert (plan.num_stages, plan.replicas, plan.tensor_parallel) == (2, 1, 2)
+    model = mesh_zoo_models.build("cohere_qk_norm")
+    split = planned_modules(model, plan.tp_plan, 2)
+    found = per_head_parameters(model, split, 2)
+    attention = "model.layers.{}.self_attn.{}"
+    # 4 query heads after q_proj; 2 key/value heads (GQA), which k_proj and v_proj both
+    # split alike: the first in the module's order is named
+    assert found == {
+        attention.format(layer, f"{x}_norm.weight"): attention.format(layer, f"{x}_proj")
+        for layer in (0, 1)
+        for x in "qk"
+    }
+
+
+def test_heads_the_tp_degree_does_not_divide_are_refused_in_one_line() -> None:
+    """T = 4 divides the key projection's 16 features but not its 2 key/value heads: a rank
+    would hold half of a head's norm weight, so the plan is refused before anything is
+    traced, in one line naming the parameter."""
+    from autopipe.runtime.distributed.mesh import (
+        MeshPlanError,
+        local_shapes,
+        per_head_parameters,
+        planned_modules,
     )
-    with pytest.raises(RuleViolation, match="q_norm.weight"):
-        autopipe.plan(profile, _request("pp2tp2"))
+
+    model = mesh_zoo_models.build("cohere_qk_norm")
+    plan = {"model.layers.*.self_attn.k_proj": "colwise"}
+    split = planned_modules(model, plan, 4)
+    want = (
+        "model.layers.0.self_attn.k_norm.weight [2, 8] is per head of the column-wise split "
+        "model.layers.0.self_attn.k_proj and its 2 heads do not divide over tensor-parallel "
+        "degree 4; re-plan with a --tensor-parallel that divides the heads"
+    )
+    with pytest.raises(MeshPlanError) as exc:
+        per_head_parameters(model, split, 4)
+    assert str(exc.value) == want
+    with pytest.raises(MeshPlanError, match="k_norm.weight"), local_shapes(model, split, 4):
+        pass
+    assert model.get_parameter("model.layers.0.self_attn.k_norm.weight").shape == (2, 8)
 
 
 def test_a_family_that_runs_is_still_planned_at_t_2() -> None:

@@ -52,6 +52,10 @@ WHOLE = {"olmo2": r"model\.layers\.\d\.self_attn\.[qk]_norm\.weight"}
 """Per family, the parameters left plain and not summed: applied on every rank to values it
 holds whole, so each rank's gradient is the whole one (OLMo-2's q/k norms, over all heads,
 after the q/k projections its plan gathers: ``colwise_gather_output``)."""
+PER_HEAD = {"cohere_qk_norm": r"model\.layers\.\d\.self_attn\.[qk]_norm\.weight"}
+"""Per family, the parameters applied per head of a column-wise split projection and split
+with its heads: ``Shard(0)`` on the TP mesh (Cohere's q/k norm weights ``[heads, head_dim]``;
+once refused at plan time, before that a shape mismatch in the trace at one rank's shapes)."""
 REFUSED: dict[str, str] = {}
 """Families whose TP plan the runtime refuses, and words of the one-line reason (none today: a
 head tied to its embedding splits vocab-parallel with it; OLMo-2's post norms and GLM-4's
@@ -125,7 +129,7 @@ def tp_chunk(family: str, plan: Any, mesh: Any) -> tuple[torch.nn.Module, list[s
         planned = partition(model, inputs, plan, check_parameters=False)
     layout = planned_sequence_layout(planned, model, split, inputs, plan)
     partial = partial_gradient_parameters(planned.graph_module, split, layout)
-    adopt_modules(planned.stages[0].module, model, split)
+    adopt_modules(planned.stages[0].module, model, split, layout.per_head)
     adopt_norms(planned.stages[0].module, model, layout.norms)
     (chunk,) = materialize_chunks(planned, plan, [0])
     ties = tied_slots([chunk.body])
@@ -134,7 +138,7 @@ def tp_chunk(family: str, plan: Any, mesh: Any) -> tuple[torch.nn.Module, list[s
     return chunk.body, tp_summed_parameters(chunk.body, partial)
 
 
-@pytest.mark.parametrize("family", [*tp_models.FAMILIES, "llama_tied"])
+@pytest.mark.parametrize("family", [*tp_models.FAMILIES, "llama_tied", "cohere_qk_norm"])
 def test_every_parameter_of_a_tp_chunk_is_split_or_summed(
     family: str, one_chunk_plan: Any, fake_tp_mesh: Any
 ) -> None:
@@ -170,6 +174,15 @@ def test_every_parameter_of_a_tp_chunk_is_split_or_summed(
     if want:
         assert len(summed) == sum(bool(re.fullmatch(want, n)) for n, _ in body.named_parameters())
         assert summed
+    heads = PER_HEAD.get(family)
+    split_heads = [n for n in on_tp if heads and re.fullmatch(heads, n)]
+    assert len(split_heads) == (4 if heads else 0)  # q_norm, k_norm of 2 layers
+    for name in split_heads:
+        p = body.get_parameter(name)
+        assert p.placements == (Shard(0),), name
+        # 4 query heads, 2 key/value heads (GQA) of head_dim 8: each rank its own heads' rows
+        rows = 4 if ".q_norm." in name else 2
+        assert tuple(p.shape) == (rows, 8) and tuple(p.to_local().shape) == (rows // T, 8)
 
 
 def test_a_split_modules_buffer_read_by_the_graph_stays_a_plain_tensor(

@@ -9,6 +9,7 @@ divides both), random seeded weights, no download; seeded inputs and the default
   input arrives whole);
 - ``olmo``: a plain plan (nothing replicated inside a split region);
 - ``llama_tied``: a Llama whose LM head is tied to its embedding;
+- ``cohere_qk_norm``: per-head q/k norm weights ``[heads, head_dim]``, split with the heads;
 - ``gemma2``: a tied head and a scaled embedding (its ``embed_scale`` buffer is read by the
   graph after the lookup, outside the split embedding's forward).
 """
@@ -99,6 +100,14 @@ def gemma2() -> nn.Module:
         head_dim=8,
         query_pre_attn_scalar=8,
         sliding_window=4,
+    )
+
+
+def cohere_qk_norm() -> nn.Module:
+    """Cohere's per-head q/k LayerNorms: weights ``[heads, head_dim]`` (4 query heads, 2
+    key/value heads: one per TP rank at T = 2), a head tied to its embedding."""
+    return _decoder(
+        "CohereConfig", "CohereForCausalLM", use_qk_norm=True, pad_token_id=0, eos_token_id=1
     )
 
 

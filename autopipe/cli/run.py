@@ -248,9 +248,13 @@ def one_line_per_rank(verbose: bool = False) -> Iterator[None]:
         # error (in the CLI's main, after this block) and exited.
         failing = True
         if isinstance(exc, Terminated):
+            from autopipe.runtime.distributed.failures import published_failure
+
+            # The rank that failed first wrote its line to the store torchrun's agent holds.
+            cause = published_failure()
             raise common.Failure(
-                "stopped by SIGTERM (torchrun stops every rank once one exits): another "
-                "rank's error says why"
+                "stopped by SIGTERM (torchrun stops every rank once one exits): "
+                + (f"after {cause}" if cause else "another rank's error says why")
             ) from None
         raise
     finally:

@@ -85,8 +85,10 @@ __all__ = [
     "expert_plan_problem",
     "local_shapes",
     "make_zero_optimizer",
+    "per_head_parameters",
     "planned_modules",
     "retie",
+    "split_per_head",
     "tied_slots",
     "tp_style",
     "uses_mesh",
@@ -330,6 +332,53 @@ def planned_modules(model: nn.Module, tp_plan: Mapping[str, str], degree: int) -
     return found
 
 
+def per_head_parameters(
+    model: nn.Module, planned: Mapping[str, str], degree: int
+) -> dict[str, str]:
+    """Parameter path -> the column-wise split projection (path) it is applied per head of,
+    for every parameter held per head of such a projection: Cohere's q/k LayerNorm weight
+    ``[heads, head_dim]``, applied to the q (k) projection's output viewed
+    ``[b, s, heads, head_dim]``. Column-wise TP gives each rank ``heads / degree``
+    consecutive heads (the weight's rows ``[r * out / degree, (r + 1) * out / degree)``),
+    so such a parameter is split with them, ``Shard(0)`` over the TP mesh
+    (:func:`apply_tensor_parallel`): each rank holds and trains its own heads' rows, and its
+    gradient of them is whole (a sum over the rank's own positions and heads only).
+    A parameter of a module beside the projection (same parent, not split itself) is per
+    head when its shape is ``[h, ..., d]`` with ``h > 1`` and ``h * d`` the projection's
+    output width (a key norm of ``h`` key/value heads matches the k and v projections
+    alike: both split the same heads). :class:`MeshPlanError` when ``degree`` does not
+    divide ``h`` (a rank would hold part of a head). ``planned``: :func:`planned_modules`."""
+    found: dict[str, str] = {}
+    for path, style in planned.items():
+        if style not in _SPLIT_OUTPUT:
+            continue  # a gathered output (colwise_rep) is whole: a norm after it sees all heads
+        projection = model.get_submodule(path)
+        width = getattr(projection, "out_features", None)
+        if not isinstance(width, int):
+            continue
+        parent_path, _, _ = path.rpartition(".")
+        parent = model.get_submodule(parent_path) if parent_path else model
+        for name, child in parent.named_children():
+            child_path = f"{parent_path}.{name}" if parent_path else name
+            if child_path in planned:
+                continue
+            for leaf, p in child.named_parameters(recurse=False):
+                shape = tuple(p.shape)
+                where = f"{child_path}.{leaf}"
+                if where in found or len(shape) < 2 or shape[0] < 2:
+                    continue
+                if shape[0] * shape[-1] != width:
+                    continue
+                if shape[0] % degree:
+                    raise MeshPlanError(
+                        f"{where} {list(shape)} is per head of the column-wise split {path} "
+                        f"and its {shape[0]} heads do not divide over tensor-parallel degree "
+                        f"{degree}; re-plan with a --tensor-parallel that divides the heads"
+                    )
+                found[where] = path
+    return found
+
+
 def _local_linear(module: nn.Linear, style: str, degree: int) -> nn.Linear:
     """An ``nn.Linear`` with one TP rank's shape of ``module`` under ``style`` (its weight
     and bias views of ``module``'s: nothing is allocated, also not on the meta device)."""
@@ -350,33 +399,58 @@ def _local_linear(module: nn.Linear, style: str, degree: int) -> nn.Linear:
 @contextlib.contextmanager
 def local_shapes(model: nn.Module, planned: Mapping[str, str], degree: int) -> Iterator[None]:
     """Within the block, every module of ``planned`` (path -> style) is replaced in
-    ``model`` by one of a TP rank's shape (:func:`_local_linear`), so that tracing records
-    one rank's sizes; the originals are put back after."""
+    ``model`` by one of a TP rank's shape (:func:`_local_linear`), and every parameter
+    split with its heads (:func:`per_head_parameters`) by its first ``1 / degree`` rows (a
+    view), so that tracing records one rank's sizes; the originals are put back after."""
     # An embedding's output has the same shape on every rank whatever its vocabulary share,
     # so it is traced whole.
     linear = {p: s for p, s in planned.items() if s not in _EMBEDDING}
+    per_head = per_head_parameters(model, planned, degree)
     originals = {path: model.get_submodule(path) for path in linear}
+    owners = {name: model.get_submodule(name.rpartition(".")[0]) for name in per_head}
+    held = {name: model.get_parameter(name) for name in per_head}
     try:
         for path, style in linear.items():
             module = originals[path]
             assert isinstance(module, nn.Linear)
             model.set_submodule(path, _local_linear(module, style, degree))
+        for name, p in held.items():
+            rows = p.detach()[: p.shape[0] // degree]
+            local = nn.Parameter(rows, requires_grad=p.requires_grad)
+            owners[name]._parameters[name.rpartition(".")[2]] = local
         yield
     finally:
         for path, module in originals.items():
             model.set_submodule(path, module)
+        for name, p in held.items():
+            owners[name]._parameters[name.rpartition(".")[2]] = p
 
 
-def adopt_modules(body: fx.GraphModule, model: nn.Module, planned: Mapping[str, str]) -> None:
+def adopt_modules(
+    body: fx.GraphModule,
+    model: nn.Module,
+    planned: Mapping[str, str],
+    per_head: Iterable[str] = (),
+) -> None:
     """Put ``model``'s own module (full size, its own parameters) at each path of
     ``planned`` that the stage graph ``body`` holds, in place of the local-shape stand-in
-    (or torch.export's attribute holder) it was traced with."""
+    (or torch.export's attribute holder) it was traced with; likewise ``model``'s own
+    (whole) Parameter for each name of ``per_head`` (:func:`per_head_parameters`) that
+    ``body`` holds, in place of the rows it was traced with."""
     for path in planned:
         try:
             body.get_submodule(path)
         except AttributeError:
             continue  # another stage's module
         body.set_submodule(path, model.get_submodule(path))
+    for name in per_head:
+        owner, _, leaf = name.rpartition(".")
+        try:
+            holder = body.get_submodule(owner)
+        except AttributeError:
+            continue
+        if leaf in holder._parameters:
+            holder._parameters[leaf] = model.get_parameter(name)
 
 
 def call_planned_modules(body: fx.GraphModule, paths: Mapping[str, str]) -> None:
@@ -474,7 +548,8 @@ def apply_tensor_parallel(
     ``SequenceParallel`` and hand the split modules their output gathered once
     (``PrepareModuleOutput`` Shard(1) -> Replicate), and each replicated value it shards is
     sharded where it is produced (``PrepareModuleOutput`` Replicate -> Shard on an inserted
-    ``nn.Identity``). The number of modules split."""
+    ``nn.Identity``); the parameters applied per head of a column-wise module are split
+    with its heads (:func:`split_per_head`). The number of modules split."""
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import (
         PrepareModuleOutput,
@@ -484,6 +559,7 @@ def apply_tensor_parallel(
 
     paths = {p: s for p, s in planned.items() if _holds(body, p)}
     norms = {p: n for p, n in layout.norms.items() if _holds(body, p)}
+    split_per_head(body, layout.per_head, tp_mesh)
     if not (paths or norms or layout.transitions or layout.gathers or layout.gradient_sums):
         return 0
     # First, while the graph's nodes still have the names the layout was read with.
@@ -538,6 +614,48 @@ def apply_tensor_parallel(
     if gather:
         parallelize_module(body, tp_mesh, gather)
     return len(paths)
+
+
+def split_per_head(body: fx.GraphModule, per_head: Mapping[str, str], tp_mesh: Any) -> list[str]:
+    """Split each parameter of ``per_head`` (:func:`per_head_parameters`) that ``body``
+    holds (whole) with the heads of its projection: a DTensor ``Shard(0)`` over ``tp_mesh``
+    (rank ``r`` holds rows ``[r * h / T, (r + 1) * h / T)``, the heads ``ColwiseParallel``
+    gives it of the projection), which the graph reads as this rank's rows (a plain tensor,
+    as the activations it meets). ``DTensor.to_local``'s backward hands the rows' gradient
+    back as the DTensor's own shard, so it is neither summed nor partial. The names split."""
+    from torch.distributed.tensor import DTensor, Shard, distribute_tensor
+
+    graph = body.graph
+    done = []
+    for name in per_head:
+        owner, _, leaf = name.rpartition(".")
+        if not _holds(body, owner) or leaf not in body.get_submodule(owner)._parameters:
+            continue
+        holder = body.get_submodule(owner)
+        p = holder._parameters[leaf]
+        assert p is not None
+        if not isinstance(p, DTensor):
+            split = distribute_tensor(p.detach(), tp_mesh, [Shard(0)])
+            holder._parameters[leaf] = nn.Parameter(split, requires_grad=p.requires_grad)
+        for node in list(graph.nodes):
+            if node.op != "get_attr" or node.target != name:
+                continue
+            with graph.inserting_after(node):
+                rows = graph.call_function(_local_rows, (node,))
+            rows.meta = dict(node.meta)
+            node.replace_all_uses_with(rows, delete_user_cb=lambda user, r=rows: user is not r)
+        done.append(name)
+    if done:
+        graph.lint()
+        body.recompile()
+    return done
+
+
+def _local_rows(p: torch.Tensor) -> torch.Tensor:
+    """This TP rank's rows of a parameter split with the heads (:func:`split_per_head`)."""
+    from torch.distributed.tensor import DTensor
+
+    return p.to_local() if isinstance(p, DTensor) else p
 
 
 def _keep_buffers_plain(body: nn.Module, paths: Iterable[str]) -> None:

@@ -58,9 +58,13 @@ from autopipe.runtime.distributed.expert_parallel import (
     expert_modules,
 )
 from autopipe.runtime.distributed.failures import (
+    PUBLISHED_WAIT_S,
     PipelineRankError,
+    failure_board,
     is_comm_failure,
     one_line,
+    publish_failure,
+    published_failure,
     short_cause,
 )
 from autopipe.runtime.distributed.layout import RankLayout, rank_layout, rank_position
@@ -74,6 +78,7 @@ from autopipe.runtime.distributed.mesh import (
     check_shard_dtypes,
     expert_mesh,
     local_shapes,
+    per_head_parameters,
     planned_modules,
     retie,
     tied_slots,
@@ -411,6 +416,7 @@ class DistributedPipeline:
         orders: Sequence[Sequence[Action]] | None = None,
     ) -> None:
         _require_process_group()
+        failure_board()  # where a rank's own failure in a step reaches its peers
         planned = _agreed_stages(model, plan, example_inputs, state_dict)
         chunk_rank = [s.rank if s.rank >= 0 else s.index for s in plan.stages]
         self.plan = plan
@@ -642,7 +648,7 @@ class DistributedPipeline:
                 except SequenceParallelError as exc:
                     raise MeshPlanError(str(exc)) from None
                 for graph in planned.stages:
-                    adopt_modules(graph.module, model, tp_modules)
+                    adopt_modules(graph.module, model, tp_modules, layout.per_head)
                     adopt_norms(graph.module, model, {**layout.norms, **layout.token_modules})
                 # The re-trace held stand-ins of the split modules, which share no weight:
                 # the ties are those of the model's own modules, adopted back.
@@ -766,18 +772,25 @@ class DistributedPipeline:
             with timed:
                 loss = self._step(inputs, target)
         except Exception as exc:
+            where = rank_position(
+                layout, self.data_parallel_rank, self.tensor_parallel_rank,
+                self.plan.tensor_parallel,
+            )  # fmt: skip
             if is_comm_failure(exc):
                 first = short_cause(exc)
-                where = rank_position(
-                    layout, self.data_parallel_rank, self.tensor_parallel_rank,
-                    self.plan.tensor_parallel,
-                )  # fmt: skip
+                # The failing rank's own line (failures.py), when it wrote one: the cause.
+                cause_line = published_failure(PUBLISHED_WAIT_S)
+                if cause_line is not None:
+                    raise PipelineRankError(
+                        f"{where}: the pipeline broke in step {self.steps + 1}: {cause_line}"
+                    ) from exc
                 raise PipelineRankError(
                     f"{where}: the "
                     f"pipeline broke in step {self.steps + 1}: a peer rank failed or did not answer "
                     f"within the process-group timeout ({first})"
                 ) from exc
             cause = stage_error_cause(exc)
+            publish_failure(f"{where} failed in step {self.steps + 1}: {one_line(cause or exc)}")
             if cause is not None:
                 raise cause from exc
             raise
@@ -1064,15 +1077,18 @@ def planned_sequence_layout(
 ) -> SequenceLayout:
     """The sequence-parallel layout of ``planned``'s whole graph
     (:func:`.sequence_parallel.sequence_layout`), from one fake-tensor run of a
-    micro-batch; :class:`MeshPlanError` where it cannot run sharded."""
+    micro-batch, with the parameters split with the heads of a column-wise module
+    (:func:`.mesh.per_head_parameters`); :class:`MeshPlanError` where it cannot run sharded."""
     rows = batch_rows(example_inputs, 0, int(plan.microbatch_size))
     graph_module = planned.graph_module
     names = {n.name for n in graph_module.graph.nodes}
     values = cut_values(graph_module, planned.binder.flat(rows), names)
     try:
-        return sequence_layout(graph_module, model, tp_modules, values, plan.tensor_parallel)
+        layout = sequence_layout(graph_module, model, tp_modules, values, plan.tensor_parallel)
     except SequenceParallelError as exc:
         raise MeshPlanError(str(exc)) from None
+    layout.per_head = per_head_parameters(model, tp_modules, plan.tensor_parallel)
+    return layout
 
 
 def _stage_examples(

@@ -146,6 +146,10 @@ class SequenceLayout:
     """Op -> the whole values computed from a gathered one that it applies to this TP rank's
     share of the data: their gradient is summed over the TP group on the way back (filled
     by :func:`.tp_gradients.partial_gradient_parameters`)."""
+    per_head: dict[str, str] = field(default_factory=dict)
+    """Parameter -> the column-wise projection it is applied per head of (Cohere's q/k norm
+    weight ``[heads, head_dim]``): split with the heads, ``Shard(0)`` over the TP mesh
+    (:func:`.mesh.per_head_parameters`), so each rank's gradient of its rows is whole."""
 
     def local_shape(self, name: str, shape: Iterable[int]) -> list[int]:
         """The shape one TP rank holds of value ``name`` whose unsharded shape is ``shape``."""

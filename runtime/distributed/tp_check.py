@@ -31,48 +31,9 @@ from autopipe.core.errors import UsageError
 from autopipe.core.plan import Plan, StagePlan
 from autopipe.core.profile import Profile
 
-__all__ = ["per_head_parameter_problem", "tp_refusal"]
+__all__ = ["tp_refusal"]
 
 log = logging.getLogger("autopipe")
-
-
-COLWISE = ("colwise", "colwise_rep", "colwise_gather_output")
-
-
-def per_head_parameter_problem(
-    model: nn.Module, tp_modules: dict[str, str], degree: int
-) -> str | None:
-    """A parameter held per head of a column-wise split projection that no TP style splits
-    with it, in one line; None when there is none. Cohere's q/k LayerNorm has a weight
-    ``[heads, head_dim]`` applied to the q (k) projection's output viewed per head: each TP
-    rank holds ``heads / degree`` of those heads, so the weight would have to be split over
-    the TP group along its first dimension with them, which no style of the plan does (the
-    trace at one rank's shapes then fails on a shape mismatch). A parameter of a module
-    beside the projection (same parent) is per head when its shape is ``[h, ..., d]`` with
-    ``h > 1`` and ``h * d`` the projection's output width."""
-    for path, style in tp_modules.items():
-        if style not in COLWISE:
-            continue
-        projection = model.get_submodule(path)
-        width = getattr(projection, "out_features", None)
-        parent_path, _, _ = path.rpartition(".")
-        parent = model.get_submodule(parent_path) if parent_path else model
-        if not isinstance(width, int):
-            continue
-        for name, child in parent.named_children():
-            child_path = f"{parent_path}.{name}" if parent_path else name
-            if child_path in tp_modules:
-                continue
-            for leaf, p in child.named_parameters(recurse=False):
-                shape = tuple(p.shape)
-                if len(shape) >= 2 and shape[0] > 1 and shape[0] * shape[-1] == width:
-                    return (
-                        f"{child_path}.{leaf} {list(shape)} is per head of the column-wise "
-                        f"split {path} ({shape[0]} heads, {shape[0] // degree} on each TP "
-                        "rank) and the TP plan does not split it with them; re-plan with "
-                        "--tensor-parallel 1"
-                    )
-    return None
 
 
 def tp_refusal(model: nn.Module, example_inputs: Any, profile: Profile) -> str | None:
@@ -101,9 +62,6 @@ def tp_refusal(model: nn.Module, example_inputs: Any, profile: Profile) -> str |
         )
     try:
         tp_modules = planned_modules(model, plan.tp_plan, t)
-        problem = per_head_parameter_problem(model, tp_modules, t)
-        if problem is not None:
-            return f"MeshPlanError: {problem}"
         with local_shapes(model, tp_modules, t):
             planned = partition(model, example_inputs, plan, check_parameters=False)
         layout = planned_sequence_layout(planned, model, tp_modules, example_inputs, plan)

@@ -84,7 +84,9 @@ def partial_gradient_parameters(
     for node in graph.nodes:
         path = planned_path(node, planned, gets)
         if node.op == "get_attr":
-            if gets[node] in parameters:
+            # A parameter split with the heads it is applied to (layout.per_head): each
+            # rank's rows meet only its own heads, so their gradient is whole.
+            if gets[node] in parameters and gets[node] not in layout.per_head:
                 influence[node] = {gets[node]}
             continue
         if node.op in ("placeholder", "output"):
