@@ -141,15 +141,18 @@ def tp_overlap_exposed_s(
 
 def unit_device_parameter_bytes(unit: UnitProfile, tp: int, parameter_size_bytes: int) -> float:
     """One device's bytes of ``unit``'s parameters with ``tp``-way tensor parallelism: the
-    split ones (``tp_parameter_count``) divided by ``tp``, the rest replicated."""
+    split ones (``tp_parameter_count``, and the routed experts, ``moe_expert_parameter_count``,
+    which the runtime splits Megatron-style, each TP rank a slice of every expert's
+    intermediate features) divided by ``tp``, the rest replicated."""
     whole = (
         unit.parameter_bytes
         if unit.parameter_bytes > 0
         else unit.parameter_count * parameter_size_bytes
     )
-    if tp <= 1 or unit.tp_parameter_count <= 0:
+    count = unit.tp_parameter_count + unit.moe_expert_parameter_count
+    if tp <= 1 or count <= 0:
         return float(whole)
-    split = min(unit.tp_parameter_count * parameter_size_bytes, whole)
+    split = min(count * parameter_size_bytes, whole)
     return float(whole - split + split / tp)
 
 

@@ -308,6 +308,8 @@ class Runner:
             result.update(_combine(gathered))
             # Experts modules each rank spread over its EP group (expert-parallel plans).
             result["expert_parallel_modules"] = [g.get("expert_parallel_modules") for g in gathered]
+            # Each rank's experts parameters split by TP: name -> the local shard's shape.
+            result["tp_expert_shapes"] = [g.get("tp_expert_shapes") for g in gathered]
             result["plan"] = _plan_summary(plan_dict)
             keep = (
                 all(g["symmetric"] for g in gathered)
@@ -347,7 +349,18 @@ class Runner:
                 errors[optimizer] = self._compare(family, optimizer, pipe, losses)
                 errors[optimizer]["optimizer_class"] = kind
             spread = sum(type(m).__name__ == "ExpertParallel" for m in pipe.module.modules())
-            return {"errors": errors, "symmetric": True, "expert_parallel_modules": spread}
+            split = {
+                f"{path}.{name}": list(p.to_local().shape)
+                for path, m in pipe.module.named_modules()
+                if type(m).__name__ == "TensorParallelExperts"
+                for name, p in m.named_parameters()
+            }
+            return {
+                "errors": errors,
+                "symmetric": True,
+                "expert_parallel_modules": spread,
+                "tp_expert_shapes": split,
+            }
         except Exception as exc:
             comm = is_comm_failure(exc)
             outcome = (

@@ -11,6 +11,7 @@ the model's own experts, and the one-line refusals.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import sys
 from pathlib import Path
@@ -259,3 +260,69 @@ def test_cli_plans_expert_parallelism_and_torchrun_trains_it(tmp_path: Path) -> 
     steps = json.loads(log.read_text())["steps"]
     assert [s["step"] for s in steps] == [1, 2, 3]
     assert steps[-1]["loss"] < steps[0]["loss"]  # it trains
+
+
+@pytest.mark.parametrize("family", ["mixtral", "qwen3_moe", "deepseek_v3"])
+def test_tp_slices_of_every_expert_sum_to_the_experts_output(family: str) -> None:
+    """Megatron-style expert TP (T = 2): rank r's slices (gate_up as ``[gate_r; up_r]``,
+    down's columns r) run through the model's own experts forward give partial outputs
+    whose sum is the whole module's, for every family's fused layout; a plain ``Shard`` of
+    the fused dim (rank 0 all of gate, rank 1 all of up) does not."""
+    from autopipe.runtime.distributed.expert_parallel import _local_slice, expert_tp_placements
+    from torch.distributed.tensor import Shard
+    from torch.distributed.tensor.placement_types import _StridedShard
+
+    model = mesh_zoo_models.build(family, "float64")
+    path = next(n for n, m in model.named_modules() if type(m).__name__.endswith("Experts"))
+    experts = model.get_submodule(path)
+    placements = expert_tp_placements(experts, 2)
+    assert placements == {"gate_up_proj": _StridedShard(1, split_factor=2), "down_proj": Shard(2)}
+    g = torch.Generator().manual_seed(0)
+    hidden = torch.randn(10, 32, dtype=torch.float64, generator=g)
+    index = torch.randint(0, experts.num_experts, (10, 2), generator=g)
+    weights = torch.rand(10, 2, dtype=torch.float64, generator=g)
+    want = experts(hidden, index, weights)
+    whole = dict(experts.named_parameters())
+
+    def summed(placed: dict[str, Any]) -> torch.Tensor:
+        inner = copy.copy(experts)
+        parts = []
+        for rank in range(2):
+            local = {n: _local_slice(p.detach(), placed[n], 2, rank) for n, p in whole.items()}
+            assert local["gate_up_proj"].shape[1] == whole["gate_up_proj"].shape[1] // 2
+            assert local["down_proj"].shape[2] == whole["down_proj"].shape[2] // 2
+            parts.append(torch.func.functional_call(inner, local, (hidden, index, weights)))
+        return parts[0] + parts[1]
+
+    torch.testing.assert_close(summed(placements), want, rtol=1e-12, atol=1e-12)
+    plain = {**placements, "gate_up_proj": Shard(1)}
+    assert not torch.allclose(summed(plain), want)
+
+
+def test_experts_tp_leaves_whole_what_a_sum_of_slices_does_not_compute() -> None:
+    """Biases, a norm after each expert, a gate of its own, an indivisible intermediate
+    size and a module without Hugging Face's layout attributes each stay whole, with the
+    reason in one line."""
+    from autopipe.runtime.distributed.expert_parallel import (
+        expert_tp_placements,
+        tp_expert_modules,
+    )
+
+    model = mesh_zoo_models.build("mixtral")
+    split, whole = tp_expert_modules(model, 2)
+    assert sorted(split) == [f"model.layers.{i}.mlp.experts" for i in range(2)] and not whole
+    experts = model.get_submodule("model.layers.0.mlp.experts")
+    for change, phrase in [
+        ({"has_bias": True}, "biases"),
+        ({"has_post_expert_norm": True}, "normalizes each expert"),
+        ({"_apply_gate": lambda x: x}, "gates with a function of its own"),
+        ({"intermediate_dim": 63}, "not divisible by TP 2"),
+    ]:
+        odd = copy.copy(experts)
+        if "_apply_gate" in change:
+            odd.__class__ = type("OddExperts", (type(experts),), change)
+        else:
+            odd.__dict__.update(change)
+        why = expert_tp_placements(odd, 2)
+        assert isinstance(why, str) and phrase in why and "\n" not in why, why
+    assert "known weight layout" in str(expert_tp_placements(_ListExperts(), 2))

@@ -112,6 +112,30 @@ def test_expert_parallel_unit_by_hand() -> None:
     assert v.activation_bytes == u.activation_bytes
 
 
+def test_tensor_parallelism_splits_the_routed_experts_too() -> None:
+    """The runtime splits every expert's FFN over T (Megatron-style): one device holds
+    ``1 / T`` of the routed experts left on it after EP, beside the split dense modules, and
+    each MoE layer adds one TP region (an all-gather and a reduce-scatter of its tokens per
+    pass) to the unit's collectives."""
+    from autopipe.planner.mesh_costs import unit_device_parameter_bytes
+
+    p = long_profile(moe=True)
+    u = dataclasses.replace(p.units[1], tp_parameter_count=5_000)
+    size, t = 2, 2
+    whole = u.parameter_bytes
+    split = (5_000 + 80_000) * size
+    assert unit_device_parameter_bytes(u, t, size) == pytest.approx(whole - split + split / t)
+    assert unit_device_parameter_bytes(u, 1, size) == whole
+    for e in (1, 4):
+        units = [u if i == 1 else w for i, w in enumerate(p.units)]
+        v = context_expert_profile(dataclasses.replace(p, units=units), 1, e, t, TOPOLOGY).units[1]
+        assert v.moe_expert_parameter_count == 80_000 // e
+        assert v.tp_collective_bytes == u.tp_collective_bytes + u.output_bytes
+        on_rank = v.parameter_bytes
+        split = (5_000 + 80_000 // e) * size
+        assert unit_device_parameter_bytes(v, t, size) == pytest.approx(on_rank - split / t)
+
+
 def test_groups_cross_nodes_as_torchtitan_lays_them_out() -> None:
     # CP: C ranks T apart; EP: E consecutive ranks of the sparse mesh
     assert cp_link(TOPOLOGY, 2, 2) == (1e11, 0.0)

@@ -36,7 +36,7 @@ forward inlined as aten ops: :func:`call_expert_modules` turns each such region 
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch
@@ -51,9 +51,15 @@ __all__ = [
     "ExpertParallel",
     "ExpertParallelError",
     "ExpertZeroOptimizer",
+    "TensorParallelExperts",
     "call_expert_modules",
     "expert_modules",
+    "expert_tp_placements",
+    "find_expert_modules",
+    "full_layout",
     "recognise_experts",
+    "split_experts",
+    "tp_expert_modules",
 ]
 
 
@@ -82,23 +88,31 @@ def recognise_experts(path: str, module: nn.Module) -> int:
     return count
 
 
+def find_expert_modules(model: nn.Module) -> dict[str, int]:
+    """Path -> routed expert count of every experts module of ``model`` (class name ending
+    in ``Experts`` with ``num_experts``, as the profiler counts them,
+    :mod:`autopipe.profiler.context_expert`), each recognised (:func:`recognise_experts`);
+    empty when there is none."""
+    found: dict[str, int] = {}
+    for path, module in model.named_modules():
+        if type(module).__name__.endswith("Experts") and hasattr(module, "num_experts"):
+            found[path] = recognise_experts(path, module)
+    return found
+
+
 def expert_modules(model: nn.Module, degree: int) -> dict[str, int]:
     """Path -> routed expert count of every experts module of ``model`` (class name ending
     in ``Experts`` with ``num_experts``, as the profiler counts them,
     :mod:`autopipe.profiler.context_expert`); :class:`ExpertParallelError` when there is none,
     one is not recognised (:func:`recognise_experts`) or ``degree`` does not divide its
     experts."""
-    found: dict[str, int] = {}
-    for path, module in model.named_modules():
-        if not type(module).__name__.endswith("Experts") or not hasattr(module, "num_experts"):
-            continue
-        count = recognise_experts(path, module)
+    found = find_expert_modules(model)
+    for path, count in found.items():
         if count % degree:
             raise ExpertParallelError(
                 f"{path} has {count} experts, which expert parallelism {degree} does not "
                 "divide; re-plan with an --expert-parallel that divides them"
             )
-        found[path] = count
     if not found:
         raise ExpertParallelError(
             f"the plan spreads experts over {degree} ranks but the model has no experts "
@@ -256,7 +270,7 @@ def _tensor(node: fx.Node) -> torch.Tensor | None:
     return val if isinstance(val, torch.Tensor) else None
 
 
-def call_expert_modules(body: fx.GraphModule, paths: Mapping[str, int]) -> dict[str, str]:
+def call_expert_modules(body: fx.GraphModule, paths: Iterable[str]) -> dict[str, str]:
     """Rewrite ``body`` (in place) so each experts module of ``paths`` it computes is one
     ``call_module(path, (hidden, top_k_index, top_k_weights))`` (torch.export inlines its
     forward into aten ops; an fx graph that calls it as a module is left as it is). The
@@ -313,3 +327,232 @@ def call_expert_modules(body: fx.GraphModule, paths: Mapping[str, int]) -> dict[
     graph.lint()
     body.recompile()
     return renamed
+
+
+def expert_tp_placements(module: nn.Module, degree: int) -> dict[str, Any] | str:
+    """How tensor parallelism of degree T = ``degree`` splits a fused experts module
+    Megatron-style, each TP rank holding a slice of every expert's intermediate dimension:
+    parameter name -> its ``DTensor`` placement over the TP mesh; or, where the module is
+    not one this split computes exactly, the reason (one line), and it stays whole.
+
+    Hugging Face 5's experts (``use_experts_implementation``: attributes ``has_gate``,
+    ``is_transposed``, ``is_concatenated``, ``has_bias``, ``has_post_expert_norm``,
+    ``intermediate_dim`` = I): the up projection ``gate_up_proj`` ``[E, 2 I, H]`` (``[E, H,
+    2 I]`` transposed; ``up_proj`` without a gate) is split column-wise and ``down_proj``
+    ``[E, H, I]`` (``[E, I, H]``) row-wise, so a rank computes ``down_r(act(gate_r x) *
+    up_r x)`` and the T partial outputs sum to the expert's. The fused ``[gate; up]`` layout
+    is ``_StridedShard(dim, split_factor=2)``: a rank holds ``[gate_r; up_r]`` (the slice
+    ``r`` of each half), which the model's own forward splits in two as it splits the whole;
+    a plain ``Shard`` would give rank 0 all of ``gate``. The interleaved layout ``[g0, u0,
+    g1, u1, ...]`` is a plain ``Shard``. Not split: biases (the down bias would be added T
+    times), a norm after each expert (not linear in the partial sums), a gate function of
+    its own (it may mix the intermediate features), an I that T does not divide."""
+    from torch.distributed.tensor import Shard
+    from torch.distributed.tensor.placement_types import _StridedShard
+
+    name = type(module).__name__
+    if not hasattr(module, "has_gate") or not hasattr(module, "is_transposed"):
+        return f"{name} is not a Hugging Face experts module with a known weight layout"
+    if getattr(module, "has_bias", False):
+        return f"{name} has biases (the down projection's would be added once per TP rank)"
+    if getattr(module, "has_post_expert_norm", False):
+        return f"{name} normalizes each expert's output, which a sum of slices does not give"
+    gate = getattr(type(module), "_apply_gate", None)
+    if module.has_gate and getattr(gate, "__name__", "") != "_default_apply_gate":
+        return f"{name} gates with a function of its own (it may mix intermediate features)"
+    intermediate = getattr(module, "intermediate_dim", None)
+    if not isinstance(intermediate, int) or intermediate % degree:
+        return f"{name}'s intermediate size {intermediate} is not divisible by TP {degree}"
+    up_name = "gate_up_proj" if module.has_gate else "up_proj"
+    up_size = 2 * intermediate if module.has_gate else intermediate
+    transposed = bool(module.is_transposed)
+    up_dim, down_dim = (2, 1) if transposed else (1, 2)
+    params = dict(module.named_parameters(recurse=False))
+    up, down = params.get(up_name), params.get("down_proj")
+    if (
+        set(params) != {up_name, "down_proj"}
+        or up is None
+        or down is None
+        or up.dim() != 3
+        or down.dim() != 3
+        or up.shape[up_dim] != up_size
+        or down.shape[down_dim] != intermediate
+    ):
+        shapes = {n: tuple(p.shape) for n, p in params.items()}
+        return f"{name}'s parameters {shapes} are not the layout its attributes say"
+    fused = module.has_gate and getattr(module, "is_concatenated", True)
+    return {
+        up_name: _StridedShard(up_dim, split_factor=2) if fused else Shard(up_dim),
+        "down_proj": Shard(down_dim),
+    }
+
+
+def _local_slice(whole: torch.Tensor, placement: Any, degree: int, rank: int) -> torch.Tensor:
+    """Rank ``rank``'s share of ``whole`` under ``placement`` (``Shard(d)``: the ``rank``-th
+    of ``degree`` equal chunks of dim ``d``; ``_StridedShard(d, split_factor=s)``: the
+    ``rank``-th chunk of each of the ``s`` equal parts of dim ``d``, joined), sliced here
+    (every rank holds the whole already, so nothing is sent)."""
+    dim = placement.dim
+    parts = whole.chunk(getattr(placement, "split_factor", 1), dim)
+    return torch.cat([part.chunk(degree, dim)[rank] for part in parts], dim).clone()
+
+
+class TensorParallelExperts(nn.Module):
+    """One TP rank's slice of every expert of a fused experts module (its parameters as the
+    module's names, ``DTensor`` s placed by :func:`expert_tp_placements` over ``tp_mesh``,
+    so ``full_tensor()`` and the checkpoint see the model's own layout).
+
+    ``forward(hidden [N, H], top_k_index [N, k] int, top_k_weights [N, k]) -> [N, H]`` as
+    the experts module's. The router ran on what the rank holds; each rank then needs every
+    token (its slice of the experts serves them all):
+
+    - ``tokens="sharded"`` (the experts inside a mixture-of-experts block that runs on the
+      rank's sequence shard, :attr:`.sequence_parallel.SequenceLayout.token_modules`): the
+      tokens, their expert ids and routing weights are all-gathered over TP, the slices'
+      partial outputs reduce-scattered back to each rank's tokens: one all-gather and one
+      reduce-scatter of ``[N, H]`` per layer, as a dense MLP under sequence parallelism;
+    - ``tokens="replicated"`` (every rank holds every token already: the experts region
+      reads values gathered for it): the partial outputs are all-reduced.
+
+    Backward: a gathered (or replicated) input's gradient on a rank is its slice's part, so
+    it is reduce-scattered (all-reduced) back, DTensor's ``Partial`` -> ``Shard`` / ``Replicate``;
+    each rank's weight gradients are whole for its slice (every token passed through it),
+    so the expert parameters are in no TP gradient sum."""
+
+    def __init__(
+        self,
+        experts: nn.Module,
+        weights: Mapping[str, torch.Tensor],
+        tp_mesh: Any,
+        placements: Mapping[str, Any],
+        tokens: str,
+    ) -> None:
+        """``experts``: the model's own experts module (its forward is what runs; it may be
+        on the meta device); ``weights``: its parameters by name, whole (the stage's
+        materialised ones), of which this rank keeps its slice; ``placements``:
+        :func:`expert_tp_placements`; ``tokens``: ``"sharded"`` or ``"replicated"``."""
+        super().__init__()
+        if tokens not in ("sharded", "replicated"):
+            raise ValueError(f"tokens must be 'sharded' or 'replicated', not {tokens!r}")
+        self.tp_mesh = tp_mesh
+        self.tokens = tokens
+        degree, rank = int(tp_mesh.size()), int(tp_mesh.get_local_rank())
+        inner = copy.copy(experts)
+        inner._parameters = {}
+        if isinstance(getattr(inner, "intermediate_dim", None), int):
+            inner.intermediate_dim //= degree
+        for name, p in weights.items():
+            local = _local_slice(p.detach(), placements[name], degree, rank)
+            shard = DTensor.from_local(local, tp_mesh, [placements[name]], run_check=False)
+            self.register_parameter(name, nn.Parameter(shard, requires_grad=p.requires_grad))
+            inner._parameters[name] = nn.Parameter(
+                torch.empty_like(local, device="meta"), requires_grad=False
+            )
+        self._inner = [inner]  # a list: not a submodule, its stand-ins not parameters
+
+    def _whole(self, x: torch.Tensor) -> torch.Tensor:
+        """Every token of ``x`` (this rank's ``[n, ...]``, or all of them when replicated),
+        whose gradient comes back as this rank's slice's part and is summed over TP."""
+        from torch.distributed.tensor import Partial, Replicate, Shard
+
+        mesh = self.tp_mesh
+        if self.tokens == "replicated":
+            held = DTensor.from_local(x, mesh, [Replicate()], run_check=False)
+        else:
+            shard = DTensor.from_local(x, mesh, [Shard(0)], run_check=False)
+            held = shard.redistribute(mesh, [Replicate()])
+        if not x.is_floating_point():
+            return held.to_local()
+        return held.to_local(grad_placements=[Partial()])
+
+    def forward(
+        self, hidden: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor
+    ) -> torch.Tensor:
+        from torch.distributed.tensor import Partial, Replicate, Shard
+
+        weights = {
+            name: p.to_local() if isinstance(p, DTensor) else p
+            for name, p in self.named_parameters(recurse=False)
+        }
+        # The routing weights in the dtype the experts' product computes in (a float32
+        # router's against float64 tokens: float64), so the slices' partial gradients are
+        # summed before they are rounded to the router's dtype, as one process rounds once.
+        routing = top_k_weights.to(torch.promote_types(hidden.dtype, top_k_weights.dtype))
+        args = (self._whole(hidden), self._whole(top_k_index), self._whole(routing))
+        part = torch.func.functional_call(self._inner[0], weights, args)
+        out = DTensor.from_local(part, self.tp_mesh, [Partial()], run_check=False)
+        back = Shard(0) if self.tokens == "sharded" else Replicate()
+        return out.redistribute(self.tp_mesh, [back]).to_local()
+
+
+def full_layout(value: torch.Tensor) -> torch.Tensor:
+    """``value`` in a layout torch.distributed.checkpoint writes: a ``DTensor`` with a
+    ``_StridedShard`` placement (a fused ``[gate; up]`` split by TP, each rank holding two
+    boxes of the whole) redistributed to a plain ``Shard`` of the same dim (one box per
+    rank; the whole tensor is the same, the model's own layout); any other tensor as it
+    is. Collective over the DTensor's mesh."""
+    from torch.distributed.tensor import Shard
+    from torch.distributed.tensor.placement_types import _StridedShard
+
+    if not isinstance(value, DTensor) or not any(
+        isinstance(p, _StridedShard) for p in value.placements
+    ):
+        return value
+    plain = [Shard(p.dim) if isinstance(p, _StridedShard) else p for p in value.placements]
+    return value.redistribute(value.device_mesh, plain)
+
+
+def tp_expert_modules(model: nn.Module, degree: int) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
+    """(path -> parameter placements (:func:`expert_tp_placements`) of every experts module
+    of ``model`` (class name ending in ``Experts`` with ``num_experts``) that tensor
+    parallelism of degree ``degree`` splits; path -> the reason of each it leaves whole,
+    which then runs as any module TP does not split: whole on every rank, its gradients
+    summed over TP where it sees one rank's tokens)."""
+    split: dict[str, dict[str, Any]] = {}
+    whole: dict[str, str] = {}
+    for path, module in model.named_modules():
+        if not type(module).__name__.endswith("Experts") or not hasattr(module, "num_experts"):
+            continue
+        placements = expert_tp_placements(module, degree)
+        if isinstance(placements, str):
+            whole[path] = placements
+        else:
+            split[path] = placements
+    return split, whole
+
+
+def split_experts(
+    body: fx.GraphModule,
+    code: Mapping[str, nn.Module],
+    placements: Mapping[str, Mapping[str, Any]],
+    tp_mesh: Any,
+    token_modules: Iterable[str],
+) -> tuple[dict[str, str], list[str]]:
+    """Replace (in place) each experts module of ``placements`` (:func:`tp_expert_modules`)
+    that the stage graph ``body`` computes by its :class:`TensorParallelExperts` over
+    ``tp_mesh``, built from the model's own module (``code``) and ``body``'s weights. An
+    experts region torch.export inlined becomes one call first (:func:`call_expert_modules`);
+    it then reads values every TP rank holds whole (``tokens="replicated"``). Experts inside
+    a module of ``token_modules`` (a mixture-of-experts block run on each rank's sequence
+    shard) get that rank's tokens (``"sharded"``). Experts called some other way are left
+    whole. Returns (the renamed nodes of :func:`call_expert_modules`, the paths split)."""
+    def caller_of(path: str, callers: set[str]) -> str | None:
+        return next((c for c in callers if path == c or path.startswith(c + ".")), None)
+
+    called = {str(n.target) for n in body.graph.nodes if n.op == "call_module"}
+    # Experts inside a module the graph calls (a block on the shard) run in its forward.
+    renamed = call_expert_modules(body, [p for p in placements if caller_of(p, called) is None])
+    tokens_of = dict.fromkeys(token_modules, "sharded")
+    callers = {str(n.target) for n in body.graph.nodes if n.op == "call_module"}
+    done: list[str] = []
+    for path in placements:
+        caller = caller_of(path, callers)
+        if caller is None or (caller != path and caller not in tokens_of):
+            continue
+        held = body.get_submodule(path)
+        weights = dict(held.named_parameters(recurse=False))
+        tokens = tokens_of.get(caller, "replicated")
+        split = TensorParallelExperts(code[path], weights, tp_mesh, placements[path], tokens)
+        body.set_submodule(path, split)
+        done.append(path)
+    return renamed, done

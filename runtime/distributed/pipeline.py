@@ -56,6 +56,9 @@ from autopipe.runtime.distributed.expert_parallel import (
     ExpertParallel,
     call_expert_modules,
     expert_modules,
+    full_layout,
+    split_experts,
+    tp_expert_modules,
 )
 from autopipe.runtime.distributed.failures import (
     PUBLISHED_WAIT_S,
@@ -511,6 +514,7 @@ class DistributedPipeline:
                 ties = tied_slots([chunk.body for chunk in self.chunks])
                 for chunk in self.chunks:
                     apply_tensor_parallel(chunk.body, tp_modules, self.mesh["tp"], layout)
+                    self._split_experts(chunk, layout)
                 retie(ties)
                 for chunk in self.chunks:
                     summed.append(tp_summed_parameters(chunk.body, self._partial_gradients))
@@ -524,6 +528,21 @@ class DistributedPipeline:
                 for p in (chunk.body.get_parameter(n) for n in names)
             }
             self.tp_summed.extend(found.values())
+
+    def _split_experts(self, chunk: StageModule, layout: SequenceLayout) -> None:
+        """T > 1: the experts modules of ``chunk`` that TP splits (``self.tp_experts``)
+        replaced by this rank's slice of every expert's FFN (:mod:`.expert_parallel`,
+        :class:`~.expert_parallel.TensorParallelExperts`)."""
+        renamed, done = split_experts(
+            chunk.body,
+            self._expert_code,
+            self.tp_experts,
+            self.mesh["tp"],
+            layout.token_modules,
+        )
+        for new, old in renamed.items():  # per-unit re-materialization finds the call
+            chunk.adopt_node(new, old)
+        self.tp_split_experts.extend(done)
 
     def _spread_experts(self) -> None:
         """An expert-parallel plan's experts modules (``self.experts``) replaced, in each
@@ -628,6 +647,14 @@ class DistributedPipeline:
         self.experts: dict[str, int] = {}
         """Expert parallelism (E > 1): path -> routed expert count of each experts module."""
         self._expert_code: dict[str, nn.Module] = {}
+        self.tp_experts: dict[str, dict[str, Any]] = {}
+        """T > 1: path -> parameter placements of each experts module TP splits (each
+        rank a slice of every expert's intermediate features)."""
+        self.whole_experts: dict[str, str] = {}
+        """T > 1: path -> why TP leaves an experts module whole (it then runs as any
+        module TP does not split)."""
+        self.tp_split_experts: list[str] = []
+        """The experts modules this rank's chunks hold split by TP."""
         if uses_mesh(plan):
             check_mesh_plan(plan, planned.tied)
             if plan.expert_parallel > 1:
@@ -638,6 +665,10 @@ class DistributedPipeline:
                 # Traced again with one TP rank's shapes (see mesh.py: torch.export writes
                 # sizes as numbers); the stages then hold the model's own modules again.
                 tp_modules = planned_modules(model, plan.tp_plan, plan.tensor_parallel)
+                self.tp_experts, self.whole_experts = tp_expert_modules(
+                    model, plan.tensor_parallel
+                )
+                self._expert_code.update({p: model.get_submodule(p) for p in self.tp_experts})
                 with local_shapes(model, tp_modules, plan.tensor_parallel):
                     planned = partition(model, example_inputs, plan, check_parameters=False)
                 layout = planned_sequence_layout(planned, model, tp_modules, example_inputs, plan)
@@ -734,14 +765,16 @@ class DistributedPipeline:
         return self.module.parameters()
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        """This rank's entries of the model's ``state_dict()``, under the model's names
-        (buffers the model does not persist are left out)."""
+        """This rank's entries of the model's ``state_dict()``, under the model's names and
+        in its layout (buffers the model does not persist are left out). Collective over
+        the TP group when it holds experts split by TP (:func:`.expert_parallel.full_layout`)."""
         out: dict[str, torch.Tensor] = {}
         for chunk in self.chunks:
             for key, value in chunk.body.state_dict().items():
                 for name in self._aliases.get(key, [key]):
                     if name in self._model_keys:
-                        out[name] = value.detach()
+                        # A fused [gate; up] split by TP is written as a plain shard.
+                        out[name] = full_layout(value.detach())
         return out
 
     def local_batch(self, batch: Any) -> Any:
