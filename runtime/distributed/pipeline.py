@@ -415,6 +415,8 @@ class DistributedPipeline:
         chunk_rank = [s.rank if s.rank >= 0 else s.index for s in plan.stages]
         self.plan = plan
         self.device = torch.device(device) if device is not None else _default_device()
+        self._rewrite: Any = None
+        """C > 1: the attention rewrite of every stage trace (:meth:`_context_stages`)."""
         self._context: tuple[int, bool, bool] | None = None
         """C > 1: (the traced sequence length s, positions added, labels shifted), see
         :mod:`.context_parallel`; None without context parallelism."""
@@ -601,6 +603,7 @@ class DistributedPipeline:
             for new, old in renamed.items():  # the new call belongs to the old one's unit
                 graph.node_unit[new] = graph.node_unit[old]
 
+        self._rewrite = rewrite  # T > 1 traces the stages again (_join_groups): same rewrite
         return partition(model, local, plan, rewrite=rewrite), local
 
     def _join_groups(
@@ -633,7 +636,9 @@ class DistributedPipeline:
                 # sizes as numbers); the stages then hold the model's own modules again.
                 tp_modules = planned_modules(model, plan.tp_plan, plan.tensor_parallel)
                 with local_shapes(model, tp_modules, plan.tensor_parallel):
-                    planned = partition(model, example_inputs, plan, check_parameters=False)
+                    planned = partition(
+                        model, example_inputs, plan, check_parameters=False, rewrite=self._rewrite
+                    )
                 layout = planned_sequence_layout(planned, model, tp_modules, example_inputs, plan)
                 try:
                     self._partial_gradients = partial_gradient_parameters(
