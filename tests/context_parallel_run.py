@@ -34,6 +34,13 @@ MESHES: dict[str, dict[str, Any]] = {
     "pp2cp2": {"context_parallel": 2, "data_parallel": 1, "tensor_parallel": 1, "schedule": "1f1b"},
     "cp2d2": {"context_parallel": 2, "data_parallel": 2, "tensor_parallel": 1, "schedule": "1f1b"},
     "cp2tp2": {"context_parallel": 2, "data_parallel": 1, "tensor_parallel": 2, "schedule": "1f1b"},
+    "cp2d2zero1": {
+        "context_parallel": 2,
+        "data_parallel": 2,
+        "tensor_parallel": 1,
+        "shard": "optimizer",
+        "schedule": "1f1b",
+    },
     "cp2fsdp2": {
         "context_parallel": 2,
         "data_parallel": 2,

@@ -70,7 +70,6 @@ __all__ = [
     "causal_attention",
     "context_batch",
     "context_mesh_shape",
-    "context_parallel_problem",
     "AttentionMaskError",
     "accepts_positions",
     "build_context_mesh",
@@ -106,21 +105,6 @@ _SDPA = (torch.ops.aten.scaled_dot_product_attention.default,)
 def context_mesh_shape(plan: Any) -> tuple[int, int, int, int]:
     """``(K, D, C, T)``: the plan's mesh with its cp dimension (:data:`CONTEXT_MESH_DIM_NAMES`)."""
     return (plan.num_stages, plan.replicas, plan.context_parallel, plan.tensor_parallel)
-
-
-def context_parallel_problem(plan: Any, device_type: str) -> str | None:
-    """The one-line refusal of running ``plan`` (C > 1) on ``device_type``, or None (any
-    device runs it: ring attention on CUDA, gathered k and v elsewhere, :func:`sharded_step`)."""
-    del device_type
-    c = plan.context_parallel
-    if c <= 1:
-        return None
-    if plan.shard == "optimizer":
-        return (
-            f"autopipe run does not combine context parallelism {c} with shard optimizer "
-            "(ZeRO-1) yet; re-plan with --shard none, gradients or parameters"
-        )
-    return None
 
 
 def build_context_mesh(plan: Any, device_type: str) -> Any:

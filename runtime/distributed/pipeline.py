@@ -41,7 +41,6 @@ from autopipe.runtime.distributed.context_parallel import (
     AttentionMaskError,
     accepts_positions,
     context_batch,
-    context_parallel_problem,
     gradient_mesh,
     length_problem,
     local_sequence_inputs,
@@ -570,9 +569,9 @@ class DistributedPipeline:
         rewritten to the causal call torch's ring attention patches; with the inputs they
         were traced from. :class:`MeshPlanError` (one line) for what cannot run."""
         plan = self.plan
-        problem = context_parallel_problem(plan, self.device.type)
+        problem = None
         length = sequence_length(example_inputs)
-        if problem is None and length is None:
+        if length is None:
             problem = (
                 "context parallelism needs inputs with a sequence dimension (dim 1 of "
                 "input_ids); re-plan with --context-parallel 1"
