@@ -499,6 +499,7 @@ def _plan_summary(plan: dict[str, Any]) -> dict[str, Any]:
         "stages": [s["units"] for s in plan["stages"]],
         "mesh": [plan["num_stages"], plan.get("replicas"), plan.get("tensor_parallel")],
         "expert_parallel": plan.get("expert_parallel", 1),
+        "context_parallel": plan.get("context_parallel", 1),
         "shard": plan.get("shard"),
         "schedule": plan["schedule"],
         "microbatches": plan["microbatches"],

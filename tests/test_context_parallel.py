@@ -25,7 +25,6 @@ from autopipe.runtime.distributed.context_parallel import (
     build_context_mesh,
     causal_attention,
     context_batch,
-    context_parallel_problem,
     context_rank_of,
     gradient_mesh,
     length_problem,
@@ -112,10 +111,6 @@ def test_load_balanced_split_keeps_ids_positions_and_shifted_labels_together() -
 
 def test_cpu_sdpa_is_what_torchs_ring_attention_cannot_shard() -> None:
     # Why the CPU runs gathered attention instead of the ring: torch fails on this kernel.
-    assert context_parallel_problem(_plan(), "cpu") is None
-    assert "tensor parallelism" in str(context_parallel_problem(_plan(t=2), "cuda"))
-    assert "ZeRO-1" in str(context_parallel_problem(_plan(shard="optimizer"), "cuda"))
-    assert context_parallel_problem(_plan(c=1, t=2), "cuda") is None
     with fake_world(0, 2):
         mesh = build_context_mesh(_plan(k=1, d=1, c=2), "cpu")
         q, k, v = (torch.randn(1, 2, 8, 4) for _ in range(3))
@@ -206,10 +201,20 @@ def test_a_cp_plan_is_refused_in_one_line_only_for_its_world_size() -> None:
     assert "does not run yet" in str(mesh_size_problem(ep, 4))
 
 
-CASES = ["llama:pp2cp2", "llama:cp2d2", "llama:cp2fsdp2", "llama_ids:pp2cp2"]
-"""CP2 x PP2, CP2 x D2 and CP2 x FSDP2 (parameters sharded over dp x cp) of the zoo's Hugging
-Face Llama with labels (its own loss), and CP2 x PP2 without (the default objective), in one
-torchrun launch."""
+CASES = [
+    "llama:pp2cp2",
+    "llama:cp2d2",
+    "llama:cp2d2zero1",
+    "llama:cp2fsdp2",
+    "llama:cp2tp2",
+    "llama_ids:pp2cp2",
+]
+"""CP2 x PP2, CP2 x D2 (plain and ZeRO-1: the optimizer state sharded over the 4 ranks of
+dp x cp, which hold the same parameters), CP2 x FSDP2 (parameters sharded over dp x cp) and
+CP2 x TP2 (heads
+split by TP, the CP rank's sequence share by sequence parallelism) of the zoo's Hugging Face
+Llama with labels (its own loss), and CP2 x PP2 without (the default objective), in one
+torchrun launch; SGD and AdamW."""
 
 
 def test_cp2_meshes_train_like_one_process(tmp_path: Path) -> None:
@@ -233,9 +238,24 @@ def test_cp2_meshes_train_like_one_process(tmp_path: Path) -> None:
         path = tmp_path / f"{case.replace(':', '-')}.json"
         assert path.exists(), (done.stdout + done.stderr)[-3000:]
         results[case] = json.loads(path.read_text())
+    print(
+        "\ncontext parallelism: "
+        + "; ".join(
+            f"{case} {o} max rel {r[o]['max_relative']:.2g}"
+            for case, r in results.items()
+            for o in ("sgd", "adamw")
+            if o in r
+        )
+    )
     for case, result in results.items():
         assert result["outcome"] == "equal", (case, result.get("reason"), result.get("trace"))
-        assert result["sgd"]["wrong"] == [] and result["sgd"]["parameters"] > 0
-        assert result["sgd"]["max_error"] < 1e-5
+        assert result["plan"]["context_parallel"] == 2, case
+        for optimizer in ("sgd", "adamw"):
+            assert result[optimizer]["wrong"] == [] and result[optimizer]["parameters"] > 0
+            assert result[optimizer]["max_relative"] < 1e-4, (case, optimizer)
     pp2cp2 = results["llama:pp2cp2"]["plan"]
     assert len(pp2cp2["stages"]) == 2  # two pipeline stages, each split over 2 CP ranks
+    assert results["llama:cp2tp2"]["plan"]["mesh"] == [1, 1, 2]  # (pp, dp, tp) = 1, 1, 2
+    zero1 = results["llama:cp2d2zero1"]
+    assert zero1["plan"]["shard"] == "optimizer"
+    assert zero1["adamw"]["optimizer_class"] == ["ZeroRedundancyOptimizer"]

@@ -27,7 +27,12 @@ What the runtime does for C > 1, and why:
    The model runs without ``labels`` and :func:`shifted_token_loss` is the objective: the
    cross-entropy summed over the valid shifted labels of the rank's share, with their count
    (the runtime divides by the global count: the model's own mean over the whole batch).
-5. Each step runs inside ``context_parallel(mesh["cp"], buffers=..., buffer_seq_dims=...)``
+5. With tensor parallelism (C x T) the stages are traced again at one TP rank's shapes
+   (``DistributedPipeline``) with the same attention rewrite: TP splits the heads (q, k, v
+   are the rank's heads of its sequence share, which sequence parallelism splits over T
+   between the blocks), CP the sequence; k and v are exchanged over ``mesh["cp"]``, each
+   TP rank for its own heads.
+6. Each step runs inside ``context_parallel(mesh["cp"], buffers=..., buffer_seq_dims=...)``
    (:func:`sharded_step`): the inputs, positions and shifted labels (every tensor whose
    dim 1 is the sequence) are sharded in place with torch's head-tail load balancer, and
    SDPA is patched for the forward and backward of every micro-batch.
@@ -65,7 +70,6 @@ __all__ = [
     "causal_attention",
     "context_batch",
     "context_mesh_shape",
-    "context_parallel_problem",
     "AttentionMaskError",
     "accepts_positions",
     "build_context_mesh",
@@ -101,27 +105,6 @@ _SDPA = (torch.ops.aten.scaled_dot_product_attention.default,)
 def context_mesh_shape(plan: Any) -> tuple[int, int, int, int]:
     """``(K, D, C, T)``: the plan's mesh with its cp dimension (:data:`CONTEXT_MESH_DIM_NAMES`)."""
     return (plan.num_stages, plan.replicas, plan.context_parallel, plan.tensor_parallel)
-
-
-def context_parallel_problem(plan: Any, device_type: str) -> str | None:
-    """The one-line refusal of running ``plan`` (C > 1) on ``device_type``, or None (any
-    device runs it: ring attention on CUDA, gathered k and v elsewhere, :func:`sharded_step`)."""
-    del device_type
-    c = plan.context_parallel
-    if c <= 1:
-        return None
-    if plan.tensor_parallel > 1:
-        return (
-            f"autopipe run does not combine context parallelism {c} with tensor parallelism "
-            f"{plan.tensor_parallel} yet (both split the sequence); re-plan with "
-            "--tensor-parallel 1 or --context-parallel 1"
-        )
-    if plan.shard == "optimizer":
-        return (
-            f"autopipe run does not combine context parallelism {c} with shard optimizer "
-            "(ZeRO-1) yet; re-plan with --shard none, gradients or parameters"
-        )
-    return None
 
 
 def build_context_mesh(plan: Any, device_type: str) -> Any:

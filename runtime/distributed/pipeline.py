@@ -41,7 +41,6 @@ from autopipe.runtime.distributed.context_parallel import (
     AttentionMaskError,
     accepts_positions,
     context_batch,
-    context_parallel_problem,
     gradient_mesh,
     length_problem,
     local_sequence_inputs,
@@ -424,6 +423,8 @@ class DistributedPipeline:
         chunk_rank = [s.rank if s.rank >= 0 else s.index for s in plan.stages]
         self.plan = plan
         self.device = torch.device(device) if device is not None else _default_device()
+        self._rewrite: Any = None
+        """C > 1: the attention rewrite of every stage trace (:meth:`_context_stages`)."""
         self._context: tuple[int, bool, bool] | None = None
         """C > 1: (the traced sequence length s, positions added, labels shifted), see
         :mod:`.context_parallel`; None without context parallelism."""
@@ -593,9 +594,9 @@ class DistributedPipeline:
         rewritten to the causal call torch's ring attention patches; with the inputs they
         were traced from. :class:`MeshPlanError` (one line) for what cannot run."""
         plan = self.plan
-        problem = context_parallel_problem(plan, self.device.type)
+        problem = None
         length = sequence_length(example_inputs)
-        if problem is None and length is None:
+        if length is None:
             problem = (
                 "context parallelism needs inputs with a sequence dimension (dim 1 of "
                 "input_ids); re-plan with --context-parallel 1"
@@ -626,6 +627,7 @@ class DistributedPipeline:
             for new, old in renamed.items():  # the new call belongs to the old one's unit
                 graph.node_unit[new] = graph.node_unit[old]
 
+        self._rewrite = rewrite  # T > 1 traces the stages again (_join_groups): same rewrite
         return partition(model, local, plan, rewrite=rewrite), local
 
     def _join_groups(
@@ -670,7 +672,9 @@ class DistributedPipeline:
                 )
                 self._expert_code.update({p: model.get_submodule(p) for p in self.tp_experts})
                 with local_shapes(model, tp_modules, plan.tensor_parallel):
-                    planned = partition(model, example_inputs, plan, check_parameters=False)
+                    planned = partition(
+                        model, example_inputs, plan, check_parameters=False, rewrite=self._rewrite
+                    )
                 layout = planned_sequence_layout(planned, model, tp_modules, example_inputs, plan)
                 try:
                     self._partial_gradients = partial_gradient_parameters(
