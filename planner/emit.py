@@ -48,6 +48,7 @@ from autopipe.core.vocabulary import (
 )
 
 __all__ = [
+    "EMIT_ALIASES",
     "EMIT_FORMATS",
     "TORCHTITAN_SCHEDULES",
     "EmitError",
@@ -63,9 +64,15 @@ __all__ = [
     "torchtitan_names",
 ]
 
-EMIT_FORMATS = ("torch", "torchtitan", "torchtitan-python", "megatron")
+EMIT_FORMATS = (
+    "torch", "torchtitan", "torchtitan-python", "torchtitan-0.2", "torchtitan-0.3", "megatron",
+)  # fmt: skip
 """``torchtitan`` is torchtitan 0.2.2's TOML, ``torchtitan-python`` torchtitan 0.3.0's
-Python config."""
+Python config (the current release: 0.3.0 is the newest on the package index, and it reads
+no TOML); ``torchtitan-0.2`` and ``torchtitan-0.3`` name them by the release they are for
+(:data:`EMIT_ALIASES`)."""
+EMIT_ALIASES = {"torchtitan-0.2": "torchtitan", "torchtitan-0.3": "torchtitan-python"}
+"""The version-named formats and the format each is."""
 
 # Megatron-Core runs 1F1B, interleaved when there are virtual stages; it has none of the
 # others (its schedule follows the layout's stages per rank, not a name).
@@ -364,6 +371,7 @@ def emit(plan: Plan, fmt: str, base: str = "") -> str:
     problems = preflight(plan) + mesh_problems(plan)
     if problems:
         raise EmitError(f"pre-flight: {problems[0]}")
+    fmt = EMIT_ALIASES.get(fmt, fmt)
     if fmt == "torch":
         return json.dumps(to_torch(plan), indent=2) + "\n"
     if fmt == "torchtitan":

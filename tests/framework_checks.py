@@ -253,6 +253,7 @@ def run_torchtitan_toml(plan: Plan, name: str, tmp_path: Path) -> list[tuple[int
             whole = tt.Transformer(args)
     _tag(whole)
     _, d, t = plan.mesh_shape
+    c, e = plan.context_parallel, plan.expert_parallel
     built = []
     for rank in _fake_ranks(plan.world_size):
         dims = tt.ParallelDims(
@@ -262,9 +263,12 @@ def run_torchtitan_toml(plan: Plan, name: str, tmp_path: Path) -> list[tuple[int
             etp=getattr(p, "expert_tensor_parallel_degree", 1), world_size=plan.world_size,
         )  # fmt: skip
         dims.build_mesh()
-        coords = tuple(_local_rank(dims, axis) for axis in ("pp", "batch", "tp"))
-        assert coords == (rank // (d * t), rank // t % d, rank % t), (rank, coords)
-        if coords[1:] != (0, 0):
+        coords = tuple(_local_rank(dims, axis) for axis in ("pp", "batch", "cp", "tp"))
+        ours = (rank // (d * c * t), rank // (c * t) % d, rank // t % c, rank % t)
+        assert coords == ours, (rank, coords)
+        # EP: E consecutive ranks of dp_shard x cp x tp, as the planner prices it
+        assert _local_rank(dims, "ep") == (rank % e if e > 1 else 0), rank
+        if coords[1:] != (0, 0, 0):
             continue  # the split depends on the pipeline rank only
         stages, chunks = tt.pp.pipeline_module_split(
             whole, dims.get_mesh("pp"), p.pipeline_parallel_schedule, torch.device("cpu"),

@@ -92,6 +92,20 @@ def test_torchtitan_03_takes_cp_and_ep(
     assert fields.training["disable_cuda_graphs"] is True
 
 
+@pytest.mark.parametrize("replicas, tp, cp, ep, shard", TITAN_MESHES)
+def test_torchtitan_022_toml_takes_cp_and_ep(
+    replicas: int, tp: int, cp: int, ep: int, shard: str, tmp_path: Path
+) -> None:
+    """torchtitan 0.2.2's ConfigManager reads every emitted key and its ParallelDims lays the
+    degrees out as the plan on every rank (pp, batch, cp, tp and the EP group)."""
+    plan = _cp_ep(replicas, tp, cp, ep, shard)
+    try:
+        built = fc.run_torchtitan_toml(plan, "gpt", tmp_path)
+    except fc.Unavailable as exc:
+        pytest.skip(str(exc))
+    assert built == fc.expected_stages(plan, "output")
+
+
 def test_torchtitan_ep_on_plain_replicas_is_refused_as_its_mesh_refuses_it() -> None:
     """EP never borrows torchtitan's dp_replicate ranks: E = 2 over 2 plain replicas (T = C
     = 1) is one line; torchtitan 0.3.0's own ParallelDims cannot lay those degrees out."""
