@@ -189,7 +189,10 @@ def _torchtitan_022() -> types.SimpleNamespace:
     """torchtitan 0.2.2's config, pipeline and Llama3 modules, imported without the package
     ``__init__`` files that pull triton/tensorboard/datasets (see the module docstring)."""
     if version("torchtitan") != "0.2.2":
-        raise Unavailable(f"torchtitan 0.2.2 is not installed (found {version('torchtitan')})")
+        raise Unavailable(
+            f"torchtitan 0.2.2 is not first on PYTHONPATH (found {version('torchtitan')}; "
+            "docs/frameworks.md)"
+        )
     spec = importlib.util.find_spec("torchtitan")
     assert spec is not None and spec.submodule_search_locations
     root = list(spec.submodule_search_locations)[0]
@@ -335,7 +338,7 @@ def _torchtitan_030() -> types.SimpleNamespace:
     found = version("torchtitan")
     if found is None or not found.startswith("0.3."):
         raise Unavailable(
-            f"torchtitan 0.3 is not importable (found {found}); put it first on PYTHONPATH "
+            f"torchtitan 0.3 is not importable (found {found}); `make install` installs it "
             "(docs/frameworks.md)"
         )
     try:
