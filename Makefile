@@ -5,6 +5,12 @@ PYTHON ?= python3
 VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
 BIN := $(VENV)/bin
+# The frameworks' own code that tests/test_emit_frameworks.py and test_emit_context_expert.py
+# feed the emitted configs to: torchtitan 0.3.0 (the current release: its config classes,
+# ParallelDims and pipeline code) and Megatron-Core 0.16.1 (the newest for Python 3.11). Part
+# of the `emit` extra, installed without dependencies, which would replace torch.
+EMIT_CHECKS := torchtitan==0.3.0 spmd_types==0.2.3 torch_checkpointing tyro docstring-parser \
+	typeguard megatron-core==0.16.1 einops
 
 .PHONY: install demo test lint bench figures clean
 
@@ -16,6 +22,7 @@ $(VENV)/.installed: pyproject.toml
 	# Until 0.1 the distribution was named autopipe: drop it from an older .venv (same import).
 	$(BIN)/python -m pip uninstall -q -y autopipe 2>/dev/null || true
 	$(BIN)/python -m pip install -q -e '.[dev]'
+	$(BIN)/python -m pip install -q --no-deps $(EMIT_CHECKS)
 	touch $@
 
 demo: install

@@ -48,6 +48,7 @@ from autopipe.core.vocabulary import (
 )
 
 __all__ = [
+    "EMIT_ALIASES",
     "EMIT_FORMATS",
     "TORCHTITAN_SCHEDULES",
     "EmitError",
@@ -63,9 +64,15 @@ __all__ = [
     "torchtitan_names",
 ]
 
-EMIT_FORMATS = ("torch", "torchtitan", "torchtitan-python", "megatron")
+EMIT_FORMATS = (
+    "torch", "torchtitan", "torchtitan-python", "torchtitan-0.2", "torchtitan-0.3", "megatron",
+)  # fmt: skip
 """``torchtitan`` is torchtitan 0.2.2's TOML, ``torchtitan-python`` torchtitan 0.3.0's
-Python config."""
+Python config (the current release: 0.3.0 is the newest on the package index, and it reads
+no TOML); ``torchtitan-0.2`` and ``torchtitan-0.3`` name them by the release they are for
+(:data:`EMIT_ALIASES`)."""
+EMIT_ALIASES = {"torchtitan-0.2": "torchtitan", "torchtitan-0.3": "torchtitan-python"}
+"""The version-named formats and the format each is."""
 
 # Megatron-Core runs 1F1B, interleaved when there are virtual stages; it has none of the
 # others (its schedule follows the layout's stages per rank, not a name).
@@ -235,10 +242,16 @@ def to_megatron(plan: Plan) -> dict[str, Any]:
         args += _megatron_recompute_args(plan, symbols, recomputed)
     args += _megatron_trainer_args(plan, bool(recomputed))
     out: dict[str, Any] = {"layout": layout, "args": args, "world_size": plan.world_size}
-    if plan.tensor_parallel > 1:
-        # Megatron-LM's validate_args asserts it with tensor (or context) parallelism, so
-        # that TP's communication kernels are queued before the compute they overlap.
+    if plan.tensor_parallel > 1 or plan.context_parallel > 1:
+        # Megatron-LM's validate_args asserts it with tensor or context parallelism (before
+        # Blackwell), so that their communication kernels are queued before the compute
+        # they overlap.
         out["env"] = {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}
+    if plan.expert_parallel > 1:
+        out["needs"] = [
+            f"--num-experts N with N a multiple of {plan.expert_parallel} (validate_args "
+            "asserts it with --expert-model-parallel-size; the model's, like its sizes)"
+        ]
     return out
 
 
@@ -269,12 +282,23 @@ def _megatron_mesh_args(plan: Plan) -> list[str]:
     EmitError for a sharding Megatron-LM does not run (gradients, parameters)."""
     args = []
     sp = plan.request is None or plan.request.sequence_parallel
+    if plan.tensor_parallel > 1 and plan.expert_parallel > 1 and not sp:
+        raise EmitError(
+            "Megatron-Core requires sequence parallelism with expert and tensor parallelism "
+            "together (ModelParallelConfig); the plan turns it off: re-plan without "
+            "--no-sequence-parallel"
+        )
     if plan.tensor_parallel > 1 and sp:
         args.append("--sequence-parallel")
     if plan.context_parallel > 1:
         args += ["--context-parallel-size", str(plan.context_parallel)]
     if plan.expert_parallel > 1:
-        args += ["--expert-model-parallel-size", str(plan.expert_parallel)]
+        # Expert TP 1 (Megatron's default is T): E consecutive ranks of D x C x T hold the
+        # experts whole, the layout the planner prices, as torchtitan lays EP out.
+        # The all-to-all dispatch the planner prices (Megatron's default is all-gather).
+        args += ["--expert-model-parallel-size", str(plan.expert_parallel),
+                 "--expert-tensor-parallel-size", "1",
+                 "--moe-token-dispatcher-type", "alltoall"]  # fmt: skip
     if plan.replicas > 1 and plan.shard == "optimizer":
         args.append("--use-distributed-optimizer")
     elif plan.replicas > 1 and plan.shard != "none":
@@ -347,6 +371,7 @@ def emit(plan: Plan, fmt: str, base: str = "") -> str:
     problems = preflight(plan) + mesh_problems(plan)
     if problems:
         raise EmitError(f"pre-flight: {problems[0]}")
+    fmt = EMIT_ALIASES.get(fmt, fmt)
     if fmt == "torch":
         return json.dumps(to_torch(plan), indent=2) + "\n"
     if fmt == "torchtitan":

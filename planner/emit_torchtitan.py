@@ -194,6 +194,18 @@ def torchtitan_fields(plan: Plan, version: str = TORCHTITAN_VERSION) -> Torchtit
             )
             if n
         )
+    if plan.context_parallel > 1 and plan.shard == "none":
+        # ParallelDims' fsdp mesh is dp_shard x cp: torchtitan shards over the CP ranks always.
+        note = "; ".join(
+            n
+            for n in (
+                note,
+                f"torchtitan applies FSDP over its {plan.context_parallel} context-parallel "
+                "ranks (its fsdp mesh is dp_shard x cp) though the plan shards nothing, so "
+                "each rank holds 1/C of the parameters, gathered per layer",
+            )
+            if n
+        )
     rename = dict(zip(units, names, strict=True))
     parts = [[n for u in stage.units if (n := rename[u]) is not None] for stage in plan.stages]
     return TorchtitanFields(
@@ -232,12 +244,12 @@ def _parallelism(plan: Plan, version: str, schedule: str, parts: list[list[str]]
         **_data_parallel(plan, version),
         "tensor_parallel_degree": plan.tensor_parallel,
     }
-    # [parallelism] context_parallel_degree and expert_parallel_degree
-    # (torchtitan/config/configs.py), given only when the plan uses them
+    # [parallelism] context_parallel_degree and expert_parallel_degree (0.2.2's
+    # config/job_config.py, 0.3.0's config/configs.py), given only when the plan uses them
     if plan.context_parallel > 1:
         parallelism["context_parallel_degree"] = plan.context_parallel
     if plan.expert_parallel > 1:
-        parallelism["expert_parallel_degree"] = plan.expert_parallel
+        parallelism |= _expert_parallel(plan, version, parallelism["data_parallel_shard_degree"])
     if version != TORCHTITAN_VERSION and plan.tensor_parallel > 1:
         # 0.3.0 has the switch (default on); 0.2.2 always runs TP with sequence parallelism.
         parallelism["enable_sequence_parallel"] = True
@@ -249,13 +261,38 @@ def _parallelism(plan: Plan, version: str, schedule: str, parts: list[list[str]]
     return parallelism
 
 
+def _expert_parallel(plan: Plan, version: str, dp_shard: int) -> dict[str, Any]:
+    """The expert-parallel keys, or :class:`EmitError` where torchtitan cannot lay them out.
+
+    Both versions' ``ParallelDims`` carve the E expert ranks out of ``dp_shard x cp x tp``
+    (their sparse mesh ``pp, dp_replicate, efsdp, ep``, ``efsdp = dp_shard cp tp / E``): E
+    consecutive ranks, the layout the planner prices (planner/context_expert.py). Plain
+    replicas are ``dp_replicate``, which EP never borrows from, so E must divide
+    ``dp_shard x cp x tp``. 0.2.2 also has ``expert_tensor_parallel_degree``: 1 (its default)
+    is that layout, the experts whole on each rank and EP spanning the TP ranks; it is
+    written so that the file says so."""
+    e, c, t = plan.expert_parallel, plan.context_parallel, plan.tensor_parallel
+    if (dp_shard * c * t) % e:
+        raise EmitError(
+            f"torchtitan carves its {e} expert-parallel ranks out of dp_shard x cp x tp = "
+            f"{dp_shard} x {c} x {t} (plain replicas are dp_replicate, which it never "
+            "borrows from): re-plan with --shard gradients or parameters, or an "
+            "--expert-parallel that divides that product"
+        )
+    keys: dict[str, Any] = {"expert_parallel_degree": e}
+    if version == TORCHTITAN_VERSION:
+        keys["expert_tensor_parallel_degree"] = 1
+    return keys
+
+
 def _training(plan: Plan, version: str) -> dict[str, Any]:
     """The ``[training]`` fields: the batch per replica (and global, with replicas)."""
     training: dict[str, Any] = {"local_batch_size": plan.batch_size}
     if plan.replicas > 1:
         training["global_batch_size"] = plan.batch_size * plan.replicas
-    if version != TORCHTITAN_VERSION and plan.num_stages > 1:
-        # 0.3.0's Trainer.Config refuses pipeline parallelism with CUDA graphs, its default.
+    if version != TORCHTITAN_VERSION and (plan.num_stages > 1 or plan.expert_parallel > 1):
+        # 0.3.0's Trainer.Config refuses CUDA graphs (its default) with pipeline parallelism,
+        # and with expert parallelism for its MoE models' synchronous token dispatchers.
         training["disable_cuda_graphs"] = True
     return training
 

@@ -189,7 +189,10 @@ def _torchtitan_022() -> types.SimpleNamespace:
     """torchtitan 0.2.2's config, pipeline and Llama3 modules, imported without the package
     ``__init__`` files that pull triton/tensorboard/datasets (see the module docstring)."""
     if version("torchtitan") != "0.2.2":
-        raise Unavailable(f"torchtitan 0.2.2 is not installed (found {version('torchtitan')})")
+        raise Unavailable(
+            f"torchtitan 0.2.2 is not first on PYTHONPATH (found {version('torchtitan')}; "
+            "docs/frameworks.md)"
+        )
     spec = importlib.util.find_spec("torchtitan")
     assert spec is not None and spec.submodule_search_locations
     root = list(spec.submodule_search_locations)[0]
@@ -253,6 +256,7 @@ def run_torchtitan_toml(plan: Plan, name: str, tmp_path: Path) -> list[tuple[int
             whole = tt.Transformer(args)
     _tag(whole)
     _, d, t = plan.mesh_shape
+    c, e = plan.context_parallel, plan.expert_parallel
     built = []
     for rank in _fake_ranks(plan.world_size):
         dims = tt.ParallelDims(
@@ -262,9 +266,12 @@ def run_torchtitan_toml(plan: Plan, name: str, tmp_path: Path) -> list[tuple[int
             etp=getattr(p, "expert_tensor_parallel_degree", 1), world_size=plan.world_size,
         )  # fmt: skip
         dims.build_mesh()
-        coords = tuple(_local_rank(dims, axis) for axis in ("pp", "batch", "tp"))
-        assert coords == (rank // (d * t), rank // t % d, rank % t), (rank, coords)
-        if coords[1:] != (0, 0):
+        coords = tuple(_local_rank(dims, axis) for axis in ("pp", "batch", "cp", "tp"))
+        ours = (rank // (d * c * t), rank // (c * t) % d, rank // t % c, rank % t)
+        assert coords == ours, (rank, coords)
+        # EP: E consecutive ranks of dp_shard x cp x tp, as the planner prices it
+        assert _local_rank(dims, "ep") == (rank % e if e > 1 else 0), rank
+        if coords[1:] != (0, 0, 0):
             continue  # the split depends on the pipeline rank only
         stages, chunks = tt.pp.pipeline_module_split(
             whole, dims.get_mesh("pp"), p.pipeline_parallel_schedule, torch.device("cpu"),
@@ -331,7 +338,7 @@ def _torchtitan_030() -> types.SimpleNamespace:
     found = version("torchtitan")
     if found is None or not found.startswith("0.3."):
         raise Unavailable(
-            f"torchtitan 0.3 is not importable (found {found}); put it first on PYTHONPATH "
+            f"torchtitan 0.3 is not importable (found {found}); `make install` installs it "
             "(docs/frameworks.md)"
         )
     try:
@@ -421,14 +428,18 @@ def run_torchtitan_python(
         with torch.device("meta"):
             whole = tiny_gpt()[0]
     _tag(whole)
-    k, d, t = plan.mesh_shape
+    _, d, t = plan.mesh_shape
+    c, e = plan.context_parallel, plan.expert_parallel
     built = []
     for rank in _fake_ranks(plan.world_size):
         dims = tt.ParallelDims.from_config(parallelism, plan.world_size)
         dims.build_mesh()
-        coords = tuple(_local_rank(dims, axis) for axis in ("pp", "batch", "tp"))
-        assert coords == (rank // (d * t), rank // t % d, rank % t), (rank, coords)
-        if coords[1:] != (0, 0):
+        coords = tuple(_local_rank(dims, axis) for axis in ("pp", "batch", "cp", "tp"))
+        ours = (rank // (d * c * t), rank // (c * t) % d, rank // t % c, rank % t)
+        assert coords == ours, (rank, coords)
+        # EP: E consecutive ranks of dp_shard x cp x tp, as the planner prices it
+        assert _local_rank(dims, "ep") == (rank % e if e > 1 else 0), rank
+        if coords[1:] != (0, 0, 0):
             continue  # the split depends on the pipeline rank only
         stages, chunks = tt.pp._pipeline_module_split(
             whole, dims.get_mesh("pp"), parallelism.pipeline_parallel_schedule,
@@ -478,12 +489,28 @@ def run_megatron(plan: Plan) -> list[tuple[int, int, int]]:
     # --global-batch-size it takes micro x data-parallel size (M = 1); sequence parallelism
     # is dropped with TP = 1 (TransformerConfig below refuses it outright).
     world = out["world_size"]
-    assert world % (tp * pp) == 0
-    # validate_args asserts CUDA_DEVICE_MAX_CONNECTIONS == "1" with TP (or CP) > 1.
-    if tp > 1:
+    cp = int(flag.get("--context-parallel-size") or 1)
+    ep = int(flag.get("--expert-model-parallel-size") or 1)
+    etp = int(flag.get("--expert-tensor-parallel-size") or tp)
+    assert world % (tp * pp * cp) == 0
+    # validate_args asserts CUDA_DEVICE_MAX_CONNECTIONS == "1" with TP or CP > 1.
+    if tp > 1 or cp > 1:
         assert out["env"]["CUDA_DEVICE_MAX_CONNECTIONS"] == "1", out
-    dp = world // (tp * pp)
+    # validate_args: --num-experts (the model's, which the output asks for) is a multiple
+    # of the EP size; the check gives 2 experts per EP rank.
+    experts = 2 * ep if ep > 1 else None
+    if ep > 1:
+        assert f"a multiple of {ep}" in out["needs"][0], out
+        assert experts is not None and experts % ep == 0
+    dp = world // (tp * pp * cp)
     recompute = flag.get("--recompute-num-layers")
+    moe: dict[str, Any] = {}
+    if ep > 1:  # what TransformerConfig checks of the EP flags (it needs the experts too)
+        moe = dict(
+            num_moe_experts=experts, expert_model_parallel_size=ep,
+            expert_tensor_parallel_size=etp,
+            moe_token_dispatcher_type=flag["--moe-token-dispatcher-type"],
+        )  # fmt: skip
     config = TransformerConfig(
         num_layers=int(flag["--num-layers"] or 0), hidden_size=32, num_attention_heads=4,
         tensor_model_parallel_size=tp, sequence_parallel="--sequence-parallel" in flag,
@@ -493,14 +520,26 @@ def run_megatron(plan: Plan) -> list[tuple[int, int, int]]:
         recompute_granularity=flag.get("--recompute-granularity"),
         recompute_method=flag.get("--recompute-method"),
         recompute_num_layers=int(recompute) if recompute else None,
+        context_parallel_size=cp, **moe,
     )  # fmt: skip
+    assert (config.context_parallel_size, config.expert_model_parallel_size) == (
+        plan.context_parallel, plan.expert_parallel)  # fmt: skip
     # parallel_state.initialize_model_parallel's rank arithmetic (order tp-cp-ep-dp-pp)
-    # against torch's mesh (pp, dp, tp) as the plan lays it out.
-    ranks = torch.arange(world).reshape(pp, dp, tp)
-    groups = RankGenerator(tp=tp, ep=1, dp=dp, pp=pp, cp=1, order="tp-cp-ep-dp-pp")
-    for axis, dim in zip(MESH_DIM_NAMES, range(3), strict=True):
+    # against the plan's mesh (pp, dp, cp, tp: runtime/distributed/mesh.py).
+    ranks = torch.arange(world).reshape(pp, dp, cp, tp)
+    groups = RankGenerator(tp=tp, ep=1, dp=dp, pp=pp, cp=cp, order="tp-cp-ep-dp-pp")
+    for axis, dim in zip((*MESH_DIM_NAMES[:2], "cp", "tp"), range(4), strict=True):
         ours = sorted(ranks.movedim(dim, -1).reshape(-1, ranks.shape[dim]).tolist())
         assert sorted(groups.get_ranks(axis)) == ours, axis
+    if ep > 1:
+        # Its expert groups (initialize_model_parallel's second RankGenerator): E consecutive
+        # ranks of each pipeline stage's D x C x T, the EP group the planner prices
+        # (planner/context_expert.py).
+        experts_at = RankGenerator(
+            tp=etp, ep=ep, dp=world // (etp * ep * pp), pp=pp, cp=1, order="tp-cp-ep-dp-pp"
+        )
+        ours = sorted(torch.arange(world).reshape(-1, ep).tolist())
+        assert sorted(experts_at.get_ranks("ep")) == ours
     calc = ConstantNumMicroBatchesCalculator(
         int(flag["--global-batch-size"] or 0), int(flag["--micro-batch-size"] or 0), dp, None, 0
     )

@@ -137,3 +137,28 @@ def test_a_spec_without_inter_node_figures_is_named_plainly(
     assert len(err.splitlines()) == 1
     assert "the inter-node bandwidth is not known (my-48gb-gpu's spec has no " in err
     assert "inter_node_bandwidth_bytes_per_s): pass --inter-node-bandwidth" in err
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["--data-parallel", "auto"],
+        ["--data-parallel", "2"],
+        ["--expert-parallel", "auto"],
+        ["--context-parallel", "auto"],
+    ],  # fmt: skip
+)
+def test_a_spec_without_inter_node_figures_refuses_every_route_across_nodes(
+    capsys: pytest.CaptureFixture[str], flags: list[str]
+) -> None:
+    """16 GPUs on the spec's nodes of 8 (its default) and no inter-node figure: data, expert
+    or context parallelism is refused as --tensor-parallel is (#36), in the same one line,
+    exit 2, not planned with the link between nodes priced as the one inside."""
+    example = str(Path(GPT).parent / "device-spec.yaml")
+    base = ["plan", GPT, "--gpus", "16", "--device-spec", example, "-q"]
+    assert main([*base, "--tensor-parallel", "auto"]) == 2
+    mesh = capsys.readouterr().err.strip()
+    assert "spans nodes of 8 but the inter-node bandwidth is not known" in mesh
+    assert main([*base, *flags]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == mesh and len(err.splitlines()) == 1

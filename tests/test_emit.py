@@ -376,3 +376,22 @@ def test_per_unit_maps_to_full_and_one_layer_per_recompute() -> None:
             to_megatron(mixed)
         assert "\n" not in str(info.value)
     assert "stages [1] whole" in to_torchtitan(mixed)
+
+
+def test_version_named_torchtitan_formats(tmp_path, capsys) -> None:
+    """torchtitan-0.2 is the TOML, torchtitan-0.3 (the current release) the Python module,
+    --base included; the older names stay."""
+    import json
+
+    from autopipe.cli import main
+
+    plan = _gpt_plan(stages=2, schedule="1f1b")[2]
+    assert emit(plan, "torchtitan-0.2") == emit(plan, "torchtitan")
+    assert emit(plan, "torchtitan-0.3", "m:f") == emit(plan, "torchtitan-python", "m:f")
+    path, out = tmp_path / "plan.json", tmp_path / "autopipe_pp.py"
+    path.write_text(json.dumps(plan.to_dict()))
+    assert main(["emit", str(path), "torchtitan-0.3", "-o", str(out), "-q", "--base", "m:f"]) == 0
+    assert out.read_text() == emit(plan, "torchtitan-python", "m:f")
+    capsys.readouterr()
+    assert main(["emit", str(path), "torchtitan-0.2", "--base", "m:f"]) == 2
+    assert "--base" in capsys.readouterr().err

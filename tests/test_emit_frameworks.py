@@ -1,5 +1,6 @@
 """The emitted configs fed to the frameworks' own code (the ``emit`` extra: torchtitan
-0.2.2, megatron-core 0.16.1, deepspeed; torchtitan 0.3.0 when it is first on PYTHONPATH;
+0.3.0 and megatron-core 0.16.1, which `make install` installs, deepspeed; torchtitan 0.2.2 when
+it is first on PYTHONPATH;
 each test skips with the reason where its package is not installed). How each framework's
 code is reached, and what is not a registry package (Megatron-LM's ``validate_args``,
 whose documented rules are checked on the flags), is in tests/framework_checks.py.

@@ -6,15 +6,17 @@ from __future__ import annotations
 import argparse
 
 from autopipe.cli import common
-from autopipe.planner.emit import EMIT_FORMATS, EmitError, emit
+from autopipe.planner.emit import EMIT_ALIASES, EMIT_FORMATS, EmitError, emit
 
 EPILOG = """\
 examples:
   autopipe emit plan.json torch                 # split_spec for torch.distributed.pipelining
-  autopipe emit plan.json torchtitan -o pp.toml # torchtitan 0.2.2 job config (TOML)
+  autopipe emit plan.json torchtitan -o pp.toml # torchtitan 0.2.2 job config (TOML);
+                                                # also named torchtitan-0.2
   autopipe emit plan.json torchtitan-python -o autopipe_pp.py \
       --base torchtitan.models.llama3.config_registry:llama3_8b
-                                                # torchtitan 0.3.0 config module: run
+                                                # torchtitan 0.3.0 (the current release)
+                                                # config module, also named torchtitan-0.3:
                                                 # --module autopipe_pp --config autopipe_config
   autopipe emit plan.json megatron              # Megatron-LM layout, batch, recompute flags
 
@@ -47,7 +49,7 @@ def register(sub: common.Subparsers) -> None:
 
 def cmd_emit(args: argparse.Namespace) -> int:
     common.check_output_path(args.out, "--out", inputs=[args.plan])
-    if args.base and args.format != "torchtitan-python":
+    if args.base and EMIT_ALIASES.get(args.format, args.format) != "torchtitan-python":
         raise common.UsageError("--base is the torchtitan-python config's base: drop it")
     plan = common.load_plan_file(args.plan)
     try:
