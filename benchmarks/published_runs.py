@@ -945,7 +945,7 @@ def why(pk: Pick) -> str:
     k = max(diffs, key=lambda x: diffs[x])
     worse = min(diffs, key=lambda x: diffs[x])
     text = f"{note}less {k}: {a[k]:.3g} s vs {b[k]:.3g} s per step"
-    if diffs[worse] < 0:
+    if diffs[worse] < -1e-3:  # a millisecond: float noise is no price paid
         text += f" (pays {worse}: {b[worse]:.3g} s vs {a[worse]:.3g} s)"
     return text
 
