@@ -232,8 +232,7 @@ class ExpertZeroOptimizer:
         )
         # Parameters sharing the shards' storage: what the ZeRO-1 optimizer updates in place.
         self.local = [
-            nn.Parameter((p.to_local() if isinstance(p, DTensor) else p).detach())
-            for p in experts
+            nn.Parameter((p.to_local() if isinstance(p, DTensor) else p).detach()) for p in experts
         ]
         self.expert: Any = None
         if experts and expert_group is not None:
@@ -502,7 +501,9 @@ def full_layout(value: torch.Tensor) -> torch.Tensor:
     return value.redistribute(value.device_mesh, plain)
 
 
-def tp_expert_modules(model: nn.Module, degree: int) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
+def tp_expert_modules(
+    model: nn.Module, degree: int
+) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
     """(path -> parameter placements (:func:`expert_tp_placements`) of every experts module
     of ``model`` (class name ending in ``Experts`` with ``num_experts``) that tensor
     parallelism of degree ``degree`` splits; path -> the reason of each it leaves whole,
@@ -536,6 +537,7 @@ def split_experts(
     a module of ``token_modules`` (a mixture-of-experts block run on each rank's sequence
     shard) get that rank's tokens (``"sharded"``). Experts called some other way are left
     whole. Returns (the renamed nodes of :func:`call_expert_modules`, the paths split)."""
+
     def caller_of(path: str, callers: set[str]) -> str | None:
         return next((c for c in callers if path == c or path.startswith(c + ".")), None)
 
