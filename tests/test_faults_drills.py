@@ -119,9 +119,7 @@ def test_killed_rank_ends_the_job_at_once(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("rank", [0, 1])
-def test_raising_rank_reports_its_error_and_every_peer_names_it(
-    tmp_path: Path, rank: int
-) -> None:
+def test_raising_rank_reports_its_error_and_every_peer_names_it(tmp_path: Path, rank: int) -> None:
     """A rank's stage raises in step 2: it prints its own error, and its peer's one line
     names that rank and its error (read from the store torchrun's agent holds), whether the
     peer found the pipeline broken or was stopped by torchrun. Before, the peer said only
