@@ -16,6 +16,9 @@ For each case, in order:
    with one process training the plain model on the same global batch with the same
    optimizer: the update over lr, rtol 1e-4 / atol 1e-5.
 
+``FAMILY:MESH:bfloat16`` trains the same in bfloat16, SGD only, with labels, within
+:data:`BF16_GRADIENT_RTOL`'s bound.
+
 ``OUT_DIR/FAMILY:MESH.json`` (``:`` written ``-``) says ``outcome``: ``equal``, ``differs``
 (the largest error and the parameter), ``refused-plan`` (the planner's reason),
 ``refused-start`` (the runtime's one-line refusal before training), ``fails-start`` /
@@ -134,6 +137,76 @@ none besides itself at E = D, the other EP group at D 4)."""
 WORLD = 4
 
 
+BF16 = "bfloat16"
+BF16_LR = {"sgd": LR["sgd"]}
+"""bfloat16 cases (``FAMILY:MESH:bfloat16``) train SGD only (see :data:`BF16_GRADIENT_RTOL`)."""
+BF16_GRADIENT_RTOL = 2.0**-5
+"""The bound of a bfloat16 case: parameters (and so gradients and every reduction) in
+bfloat16 in the mesh and in the one process alike; SGD, so the update over lr is the sum of
+the 3 steps' gradients; the objective is the model's own next-token loss (labels given):
+with the zoo's default objective (no labels) the gradients are ~1e-4 (Cohere's ~1e-5, its
+logits scaled by 1/16), below the parameters' resolution at any usable lr, and no update
+would show. Per element the error of the update over lr is allowed
+
+    STEPS * ulp(|p|) / lr  +  BF16_GRADIENT_RTOL * max |update over lr| of the parameter
+
+The first term is the parameter's own rounding: each step rounds ``p - lr * g`` to
+bfloat16 (8 significant bits), and where the two runs' gradients differ by a hair the two
+values may round to neighbouring numbers, one ulp of ``p`` apart (:func:`bf16_ulp` of the
+largest magnitude the element takes). Measured (llama, every mesh): the largest error is
+exactly 1 to 2 such ulps (4.9e-3 at lr 0.1 for |p| in [0.03, 0.06)), 32-50 % of the largest
+update of some parameter: q/k projections, MLPs and the norm weights (|p| = 1, ulp 2^-7)
+move by less than an ulp a step at lr 0.1, so bfloat16 resolves their update only to that
+term (it holds there, and says little); the embedding, v/o projections and head move by
+tens of ulps, where the second term decides. That second term is the gradient's own error:
+the mesh sums in another order, and in bfloat16, what one process sums at once (micro-batch
+gradients accumulated in the parameter's dtype, data-parallel and FSDP reductions, TP's
+partial sums in the forward, the division by the item count), each a rounding of 2^-8 of
+the values summed, a handful in all: 2^-5 (3 %) of the largest update. Measured, the error
+beyond the first term: at most 0.4 % of the largest update (tests/test_mesh_zoo.py's table
+prints it per case); a gradient off by tens of percent (a missing TP sum) is far outside.
+AdamW is not compared in bfloat16: its first update is ``g / |g|``, so an element whose
+gradient is within rounding of zero flips sign between the two runs (its update over lr off
+by 2 per step; measured at lr 1e-2 without labels: up to 4.1, 64-138 % of the largest,
+llama and qwen3); the float64 cases check AdamW."""
+
+
+def bf16_ulp(x: Any) -> Any:
+    """The spacing of bfloat16 values (8 significant bits) at magnitude ``x`` (a tensor):
+    ``2 ** (e - 8)`` for ``x`` in ``[2 ** (e - 1), 2 ** e)``."""
+    import torch
+
+    _, exponent = torch.frexp(x.clamp_min(2.0**-126))
+    return torch.ldexp(torch.ones_like(x), exponent - 8)
+
+
+def case_inputs(family: str, dtype: str) -> Any:
+    """The family's global batch (``BATCH`` rows); a bfloat16 case's with the token ids as
+    ``labels`` too, so that the objective is the model's own next-token loss (see
+    :data:`BF16_GRADIENT_RTOL`)."""
+    import mesh_zoo_models
+
+    inputs = mesh_zoo_models.example_inputs(family, BATCH)
+    if dtype == BF16 and "labels" not in inputs:
+        inputs = {**inputs, "labels": inputs["input_ids"].clone()}
+    return inputs
+
+
+def optimizers_of(dtype: str) -> tuple[str, ...]:
+    return ("sgd",) if dtype == BF16 else OPTIMIZERS
+
+
+def lr_of(optimizer: str, dtype: str) -> float:
+    return BF16_LR[optimizer] if dtype == BF16 else LR[optimizer]
+
+
+def case_parts(case: str) -> tuple[str, str, str]:
+    """(family, mesh, dtype) of ``FAMILY:MESH`` (dtype :data:`DTYPE`) or
+    ``FAMILY:MESH:DTYPE``."""
+    family, mesh, *rest = case.split(":")
+    return family, mesh, rest[0] if rest else DTYPE
+
+
 def result_path(out: Path, case: str) -> Path:
     return out / f"{case.replace(':', '-')}.json"
 
@@ -223,7 +296,7 @@ class Runner:
 
     # -- planning (rank 0) -------------------------------------------------------------------
 
-    def _plan(self, family: str, mesh: str) -> tuple[dict[str, Any] | None, str | None]:
+    def _plan(self, family: str, mesh: str, dtype: str) -> tuple[dict[str, Any] | None, str | None]:
         """(the plan as JSON, None) or (None, the planner's refusal)."""
         import mesh_zoo_models
         from autopipe.planner import PlanningError
@@ -233,12 +306,13 @@ class Runner:
         from autopipe.core.request import PlanRequest
         from autopipe.profiling import profile
 
-        if family not in self.profiles:
+        key = f"{family} labels" if dtype == BF16 else family  # what it is traced with
+        if key not in self.profiles:
             model = mesh_zoo_models.build(family)
-            inputs = mesh_zoo_models.example_inputs(family, BATCH)
-            self.profiles[family] = profile(
-                model, inputs, MeasureOptions(warmup=0, repeat=1), progress=False
-            )
+            self.profiles[key] = profile(
+                model, case_inputs(family, dtype), MeasureOptions(warmup=0, repeat=1),
+                progress=False,
+            )  # fmt: skip
         request = PlanRequest(
             gpus=WORLD,
             microbatches=MICROBATCHES,
@@ -247,26 +321,29 @@ class Runner:
             **{**MESHES, **EXPERT_MESHES}[mesh],
         )
         try:
-            plan = autopipe.plan(self.profiles[family], request)
+            plan = autopipe.plan(self.profiles[key], request)
         except PlanningError as exc:
             return None, " ".join(str(exc).split())
         return plan.to_dict(), None
 
     # -- the one-process reference -----------------------------------------------------------
 
-    def _reference(self, family: str, optimizer: str) -> tuple[dict[str, Any], dict[str, Any]]:
-        """(initial, trained) parameters of the plain model trained on the global batch."""
-        key = (family, optimizer)
+    def _reference(
+        self, family: str, optimizer: str, dtype: str
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """(initial, trained) parameters of the plain model (in ``dtype``) trained on the
+        global batch."""
+        key = (family, optimizer, dtype)
         if key not in self.references:
             import mesh_zoo_models
             import torch
             from autopipe.profiler.inputs import call_model
             from autopipe.profiler.objective import default_loss
 
-            model = mesh_zoo_models.build(family, DTYPE)
-            inputs = mesh_zoo_models.example_inputs(family, BATCH)
+            model = mesh_zoo_models.build(family, dtype)
+            inputs = case_inputs(family, dtype)
             before = {n: p.detach().clone() for n, p in model.named_parameters()}
-            opt = make_plain_optimizer(optimizer, model.parameters())
+            opt = make_plain_optimizer(optimizer, model.parameters(), lr_of(optimizer, dtype))
             for _ in range(STEPS):
                 opt.zero_grad()
                 default_loss(call_model(model, inputs), inputs).backward()
@@ -283,18 +360,18 @@ class Runner:
         process group can be kept for the next case."""
         import torch.distributed as dist
 
-        family, mesh = case.split(":")
+        family, mesh, dtype = case_parts(case)
         t0 = time.monotonic()
         self.forget_meshes()
         message: list[Any] = [None, None]
         if self.rank == 0:
             try:
-                message = list(self._plan(family, mesh))
+                message = list(self._plan(family, mesh, dtype))
             except Exception as exc:  # profiling or planning broke: not a refusal
                 message = [None, f"planning raised {root_cause(exc)}"]
         dist.broadcast_object_list(message, src=0, group=self.control)
         plan_dict, refusal = message
-        result: dict[str, Any] = {"case": case, "family": family, "mesh": mesh}
+        result: dict[str, Any] = {"case": case, "family": family, "mesh": mesh, "dtype": dtype}
         if plan_dict is None:
             outcome = (
                 "refused-plan" if not str(refusal).startswith("planning raised") else "fails-plan"
@@ -302,7 +379,7 @@ class Runner:
             result.update(outcome=outcome, reason=refusal)
             keep = True
         else:
-            local = self._train_and_compare(family, plan_dict)
+            local = self._train_and_compare(family, plan_dict, dtype)
             gathered: list[Any] = [None] * WORLD
             dist.all_gather_object(gathered, local, group=self.control)
             result.update(_combine(gathered))
@@ -320,7 +397,9 @@ class Runner:
             result_path(self.out, case).write_text(json.dumps(result, indent=1))
         return keep
 
-    def _train_and_compare(self, family: str, plan_dict: dict[str, Any]) -> dict[str, Any]:
+    def _train_and_compare(
+        self, family: str, plan_dict: dict[str, Any], dtype: str
+    ) -> dict[str, Any]:
         """This rank's part of a case: its errors per parameter, or how it failed."""
         import mesh_zoo_models
         import torch
@@ -333,20 +412,21 @@ class Runner:
         plan = Plan.from_dict(plan_dict)
         phase = "start"
         try:
-            model = mesh_zoo_models.build(family, DTYPE)
-            inputs = mesh_zoo_models.example_inputs(family, BATCH)
+            model = mesh_zoo_models.build(family, dtype)
+            inputs = case_inputs(family, dtype)
             pipe = DistributedPipeline(model, plan, inputs)
             del model
             phase = "step"
             named = _parameter_names(pipe)
             initial = {name: p.detach().clone() for name, p in named.items()}
             errors: dict[str, Any] = {}
-            for optimizer in OPTIMIZERS:
+            for optimizer in optimizers_of(dtype):
                 with torch.no_grad():
                     for name, p in named.items():
                         p.copy_(initial[name])
-                losses, kind = _train(pipe, plan, optimizer, inputs)
-                errors[optimizer] = self._compare(family, optimizer, pipe, losses)
+                lr = lr_of(optimizer, dtype)
+                losses, kind = _train(pipe, plan, optimizer, inputs, lr)
+                errors[optimizer] = self._compare(family, optimizer, pipe, losses, dtype)
                 errors[optimizer]["optimizer_class"] = kind
             spread = sum(type(m).__name__ == "ExpertParallel" for m in pipe.module.modules())
             split = {
@@ -380,15 +460,16 @@ class Runner:
             }
 
     def _compare(
-        self, family: str, optimizer: str, pipe: Any, losses: list[float]
+        self, family: str, optimizer: str, pipe: Any, losses: list[float], dtype: str
     ) -> dict[str, Any]:
         """Per parameter this rank's stage holds: the largest error of its update over lr
-        against the reference, and whether it is within rtol / atol."""
+        against the reference, and whether it is within rtol / atol (``dtype`` float64) or
+        the bfloat16 bound (:data:`BF16_BOUND`)."""
         import torch
         from torch.distributed.tensor import DTensor
 
-        before, after = self._reference(family, optimizer)
-        lr = LR[optimizer]
+        before, after = self._reference(family, optimizer, dtype)
+        lr = lr_of(optimizer, dtype)
         out: dict[str, Any] = {"losses": losses, "parameters": {}, "expected": sorted(after)}
         for name, value in pipe.state_dict().items():
             if name not in after:
@@ -397,23 +478,28 @@ class Runner:
             got = (full.detach().double() - before[name].double()) / lr
             want = (after[name].double() - before[name].double()) / lr
             diff = (got - want).abs()
-            excess = float((diff - (ATOL + RTOL * want.abs())).max())
             relative = float(diff.max() / want.abs().max().clamp_min(ATOL))
-            out["parameters"][name] = {
-                "max_error": float(diff.max()),
-                "max_relative": relative,
-                "excess": excess,
-            }
+            entry = {"max_error": float(diff.max()), "max_relative": relative}
+            if dtype == BF16:
+                # BF16_GRADIENT_RTOL's bound: the parameter's own roundings, then the rest
+                held = torch.stack([before[name], after[name], full.detach()]).double()
+                rounding = STEPS * bf16_ulp(held.abs().amax(0)) / lr
+                rest = (diff - rounding) / want.abs().max().clamp_min(ATOL)
+                entry["gradient_relative"] = float(rest.max())
+                entry["excess"] = float(rest.max()) - BF16_GRADIENT_RTOL
+            else:
+                entry["excess"] = float((diff - (ATOL + RTOL * want.abs())).max())
+            out["parameters"][name] = entry
         del torch
         return out
 
 
-def make_plain_optimizer(name: str, parameters: Any) -> Any:
+def make_plain_optimizer(name: str, parameters: Any, lr: float) -> Any:
     import torch
 
     if name == "sgd":
-        return torch.optim.SGD(parameters, lr=LR[name])
-    return torch.optim.AdamW(parameters, lr=LR[name])
+        return torch.optim.SGD(parameters, lr=lr)
+    return torch.optim.AdamW(parameters, lr=lr)
 
 
 def _parameter_names(pipe: Any) -> dict[str, Any]:
@@ -421,15 +507,15 @@ def _parameter_names(pipe: Any) -> dict[str, Any]:
     return {name: p for name, p in pipe.module.named_parameters()}
 
 
-def _train(pipe: Any, plan: Any, optimizer: str, inputs: Any) -> tuple[list[float], str]:
-    """``STEPS`` steps of the pipeline with ``optimizer`` (autopipe's own, the plan's kind):
-    the losses and the optimizer's class name."""
+def _train(pipe: Any, plan: Any, optimizer: str, inputs: Any, lr: float) -> tuple[list[float], str]:
+    """``STEPS`` steps of the pipeline with ``optimizer`` (autopipe's own, the plan's kind) at
+    learning rate ``lr``: the losses and the optimizer's class name."""
     from autopipe.training import make_optimizer
 
     opt = make_optimizer(
         dataclasses.replace(plan, optimizer=optimizer),
         pipe.parameters(),
-        LR[optimizer],
+        lr,
         pipe.replica_group,
         pipe.expert_parameters,
         pipe.expert_replica_group,
@@ -458,7 +544,8 @@ def _combine(gathered: list[dict[str, Any]]) -> dict[str, Any]:
         }
     summary: dict[str, Any] = {}
     equal = True
-    for optimizer in OPTIMIZERS:
+    optimizers = list(gathered[0]["errors"])
+    for optimizer in optimizers:
         params: dict[str, Any] = {}
         for g in gathered:
             for name, e in g["errors"][optimizer]["parameters"].items():
@@ -474,6 +561,8 @@ def _combine(gathered: list[dict[str, Any]]) -> dict[str, Any]:
             "max_error": max(e["max_error"] for e in params.values()),
             # largest |got - want| over the largest |want| of a parameter's update over lr
             "max_relative": max(e.get("max_relative", 0.0) for e in params.values()),
+            # bfloat16: the same less the parameter's own roundings (BF16_GRADIENT_RTOL)
+            "gradient_relative": max(e.get("gradient_relative", 0.0) for e in params.values()),
             "worst": worst,
             "wrong": wrong,
             "parameters": len(params),
@@ -488,7 +577,7 @@ def _combine(gathered: list[dict[str, Any]]) -> dict[str, Any]:
         reason = "; ".join(
             f"{o}: {len(summary[o]['wrong'])} parameters differ, worst {summary[o]['worst']} "
             f"(max error {summary[o]['max_error']:.3g})"
-            for o in OPTIMIZERS
+            for o in optimizers
             if summary[o]["wrong"]
         )
     return {"outcome": "equal" if equal else "differs", "reason": reason, **summary}

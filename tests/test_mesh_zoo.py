@@ -9,7 +9,10 @@ Mixtral, Qwen3-MoE and DeepSeek-V3. Meshes (tests/mesh_zoo_run.py ``MESHES``): P
 (1F1B), TP 2 x FSDP2 2, PP 2 x D 2 with ZeRO-1, PP 2 x TP 2 interleaved 1F1B (2 chunks per
 rank). Each case trains SGD, then AdamW from the same weights, in float64 (why: the
 ``DTYPE`` note in mesh_zoo_run.py), and compares the update over lr of every parameter with
-the plain model trained on the same global batch (rtol 1e-4, atol 1e-5).
+the plain model trained on the same global batch (rtol 1e-4, atol 1e-5). :data:`BF16_CASES`
+train in bfloat16 parameters against one process in bfloat16, SGD with labels, within a
+bound set by bfloat16's rounding (``BF16_GRADIENT_RTOL`` in mesh_zoo_run.py says why; rtol
+1e-4 is below bfloat16's resolution, 2^-8).
 
 All cases share one torchrun launch of 4 gloo processes (start-up is the cost); a case that
 fails or hangs does not take the rest with it (bounded timeouts, a fresh process group after
@@ -59,7 +62,16 @@ FAMILIES = [
     "deepseek_v3",
 ]
 MESHES = list(mesh_zoo_run.MESHES)
-CASES = [f"{family}:{mesh}" for family in FAMILIES for mesh in MESHES]
+BF16_CASES = [
+    "llama:pp2d2zero1:bfloat16",
+    "qwen3:pp2tp2:bfloat16",
+    "cohere_qk_norm:tp2fsdp2:bfloat16",
+    "cohere_qk_norm:pp2v2tp2:bfloat16",
+]
+"""bfloat16 parameters (mesh and one process alike), one case per mesh, in the same launch:
+SGD at lr 1 within mesh_zoo_run.py's ``BF16_GRADIENT_RTOL`` (why that bound, and why not
+AdamW: its docstring)."""
+CASES = [f"{family}:{mesh}" for family in FAMILIES for mesh in MESHES] + BF16_CASES
 LAUNCH_TIMEOUT_S = 1800
 """One launch's limit; a launch that runs past it is killed and the rest relaunched."""
 
@@ -122,6 +134,16 @@ def table(results: dict[str, dict[str, Any]]) -> str:
             cell = r["outcome"] + (f" ({r['reason']})" if r.get("reason") else "")
             cells.append(cell.replace("|", "/"))
         lines.append(f"| {family} | " + " | ".join(cells) + " |")
+    for case in BF16_CASES:
+        r = results.get(case, {"outcome": "not run"})
+        sgd = r.get("sgd", {})
+        figures = (
+            f"max error {sgd['max_relative']:.3g}, less the parameter's roundings "
+            f"{sgd['gradient_relative']:.3g} of the largest update"
+            if sgd
+            else r.get("reason") or ""
+        )
+        lines.append(f"| {case} | {r['outcome']} ({figures}) |")
     return "\n".join(lines)
 
 
