@@ -43,17 +43,50 @@ with FSDP2 on the other parameters, with every stage re-materialized, and D 4 x 
 groups per stage)."""
 EXPERT_LAYERS = {"mixtral": 2, "qwen3_moe": 2, "deepseek_v3": 1}
 """MoE layers of each tiny config (DeepSeek-V3's first layer is dense)."""
+TP_CASES = {
+    "mixtral:pp2tp2": [[0], [0], [1], [1]],
+    "qwen3_moe:tp2fsdp2": [[0, 1]] * 4,
+    "deepseek_v3:pp2v2tp2": [[1], [1], [], []],
+}
+"""Expert TP (each TP rank a slice of every expert's FFN; the mesh zoo runs every MoE family
+on every TP mesh, these three in this file's launch too) -> the MoE layers each rank holds
+split: PP 2 cuts Mixtral after layer 0; DeepSeek-V3's interleaved chunks put its one MoE
+layer (layer 1) on ranks 0 and 1."""
+SLICES = {"mixtral": 64, "qwen3_moe": 32, "deepseek_v3": 32}
+"""Each family's expert intermediate size I: ``gate_up_proj`` is ``[E, 2 I, H]``."""
 
 
 @pytest.mark.slow
 def test_expert_parallel_training_equals_one_process(tmp_path: Path) -> None:
-    results, wall_s = run_cases(tmp_path, CASES)
+    """EP (and, in the same launch, expert TP) training equals one process; expert TP holds
+    each expert's weights split: ``gate_up_proj`` ``[E, 2 I / T, H]`` and ``down_proj``
+    ``[E, H, I / T]`` on every rank (FSDP2 on the data-parallel dimension halves E too)."""
+    results, wall_s = run_cases(tmp_path, CASES + list(TP_CASES))
     lines = [
         f"{case}: {r['outcome']} {r.get('reason') or ''} "
         + " ".join(f"{o} max rel {r[o]['max_relative']:.2g}" for o in ("sgd", "adamw") if o in r)
         for case, r in results.items()
     ]
     print(f"\nexpert parallelism: {len(CASES)} cases in {wall_s:.0f} s\n" + "\n".join(lines))
+    for case, layers in TP_CASES.items():
+        r = results[case]
+        assert r["outcome"] == "equal", (case, r.get("reason"), r.get("trace"))
+        family = case.split(":")[0]
+        half = SLICES[family] // 2
+        experts = 2 if "fsdp" in case else 4  # FSDP2 shards dim 0 over D = 2
+        for rank, held in enumerate(layers):
+            want = {}
+            for i in held:
+                path = f"model.layers.{i}.mlp.experts"
+                want[f"{path}.gate_up_proj"] = [experts, 2 * half, 32]
+                want[f"{path}.down_proj"] = [experts, 32, half]
+            got = {
+                name.split(".body.")[1]: shape
+                for name, shape in r["tp_expert_shapes"][rank].items()
+            }
+            assert got == want, (case, rank)
+        for optimizer in ("sgd", "adamw"):
+            assert r[optimizer]["max_relative"] < 1e-4, (case, optimizer)
     for case in CASES:
         r = results[case]
         assert r["outcome"] == "equal", (case, r.get("reason"), r.get("trace"))

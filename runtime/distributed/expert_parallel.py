@@ -370,8 +370,9 @@ class TensorParallelExperts(nn.Module):
         degree, rank = int(tp_mesh.size()), int(tp_mesh.get_local_rank())
         inner = copy.copy(experts)
         inner._parameters = {}
-        if isinstance(getattr(inner, "intermediate_dim", None), int):
-            inner.intermediate_dim //= degree
+        intermediate = getattr(inner, "intermediate_dim", None)
+        if isinstance(intermediate, int):
+            inner.__dict__["intermediate_dim"] = intermediate // degree
         for name, p in weights.items():
             local = _local_slice(p.detach(), placements[name], degree, rank)
             shard = DTensor.from_local(local, tp_mesh, [placements[name]], run_check=False)
@@ -433,7 +434,9 @@ def full_layout(value: torch.Tensor) -> torch.Tensor:
     return value.redistribute(value.device_mesh, plain)
 
 
-def tp_expert_modules(model: nn.Module, degree: int) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
+def tp_expert_modules(
+    model: nn.Module, degree: int
+) -> tuple[dict[str, dict[str, Any]], dict[str, str]]:
     """(path -> parameter placements (:func:`expert_tp_placements`) of every experts module
     of ``model`` (class name ending in ``Experts`` with ``num_experts``) that tensor
     parallelism of degree ``degree`` splits; path -> the reason of each it leaves whole,
@@ -467,6 +470,7 @@ def split_experts(
     a module of ``token_modules`` (a mixture-of-experts block run on each rank's sequence
     shard) get that rank's tokens (``"sharded"``). Experts called some other way are left
     whole. Returns (the renamed nodes of :func:`call_expert_modules`, the paths split)."""
+
     def caller_of(path: str, callers: set[str]) -> str | None:
         return next((c for c in callers if path == c or path.startswith(c + ".")), None)
 

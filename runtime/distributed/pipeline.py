@@ -659,9 +659,7 @@ class DistributedPipeline:
                 # Traced again with one TP rank's shapes (see mesh.py: torch.export writes
                 # sizes as numbers); the stages then hold the model's own modules again.
                 tp_modules = planned_modules(model, plan.tp_plan, plan.tensor_parallel)
-                self.tp_experts, self.whole_experts = tp_expert_modules(
-                    model, plan.tensor_parallel
-                )
+                self.tp_experts, self.whole_experts = tp_expert_modules(model, plan.tensor_parallel)
                 self._expert_code.update({p: model.get_submodule(p) for p in self.tp_experts})
                 with local_shapes(model, tp_modules, plan.tensor_parallel):
                     planned = partition(model, example_inputs, plan, check_parameters=False)
