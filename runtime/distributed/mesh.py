@@ -112,15 +112,15 @@ def uses_mesh(plan: Plan) -> bool:
 def expert_plan_problem(plan: Plan) -> str | None:
     """The one-line refusal of an expert-parallel plan (E > 1) this runtime does not run, or
     None: the EP group is E consecutive data-parallel ranks of a stage
-    (:mod:`.expert_parallel`), so E must divide D; neither TP nor ZeRO-1 (whose
-    ``ZeroRedundancyOptimizer`` takes no DTensor) is combined with it yet."""
+    (:mod:`.expert_parallel`), so E must divide D (with TP, each expert's FFN is split over
+    the TP ranks too); ZeRO-1 (whose ``ZeroRedundancyOptimizer`` takes no DTensor) is not
+    combined with it."""
     e, d = plan.expert_parallel, plan.replicas
-    if plan.tensor_parallel > 1 or plan.shard == "optimizer":
+    if plan.shard == "optimizer":
         return (
-            f"autopipe run spreads experts (expert parallelism {e}) over data-parallel "
-            f"replicas only, not with tensor parallelism {plan.tensor_parallel} or shard "
-            f"{plan.shard}; re-plan with --tensor-parallel 1 --shard none (or parameters, "
-            "gradients), or --expert-parallel 1"
+            f"autopipe run spreads experts (expert parallelism {e}) as DTensors, which shard "
+            "optimizer (ZeRO-1, torch's ZeroRedundancyOptimizer) does not take; re-plan with "
+            "--shard none (or parameters, gradients), or --expert-parallel 1"
         )
     if d % e:
         return (
@@ -130,14 +130,19 @@ def expert_plan_problem(plan: Plan) -> str | None:
     return None
 
 
-def expert_mesh(mesh: Any, degree: int) -> tuple[Any, Any]:
-    """(the 1-D expert-parallel mesh of this rank: ``degree`` consecutive ranks of
-    ``mesh["dp"]``, as torchtitan carves its EP group out of the data-parallel ranks; the
-    1-D mesh of the ``D / degree`` ranks holding the same experts, whose expert gradients
-    are summed, or None when ``degree`` is D)."""
+def expert_mesh(mesh: Any, degree: int, with_tp: bool = False) -> tuple[Any, Any]:
+    """(the expert-parallel mesh of this rank: ``degree`` consecutive ranks of
+    ``mesh["dp"]``, as torchtitan carves its EP group out of the data-parallel ranks, 1-D,
+    or with ``with_tp`` 2-D ``(ep, tp)``, the TP ranks splitting each expert's FFN; the 1-D
+    mesh of the ``D / degree`` ranks holding the same experts, whose expert gradients are
+    summed, or None when ``degree`` is D)."""
     dp = mesh["dp"]
     if dp.size() == degree:
-        return dp, None
+        return (mesh["dp", "tp"] if with_tp else dp), None
+    if with_tp:
+        names = ("dp_between_ep", "ep")
+        split = mesh._unflatten(1, (dp.size() // degree, degree), names)
+        return split["ep", "tp"], split["dp_between_ep"]
     both = dp._unflatten(0, (dp.size() // degree, degree), ("dp_between_ep", "ep"))
     return both["ep"], both["dp_between_ep"]
 
