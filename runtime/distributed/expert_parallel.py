@@ -43,7 +43,8 @@ import torch
 import torch.distributed as dist
 from torch import fx, nn
 from torch.distributed._functional_collectives import all_to_all_single_autograd
-from torch.distributed.tensor import DTensor, Shard
+from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
+from torch.distributed.tensor.placement_types import _StridedShard
 
 from autopipe.core.errors import UsageError
 
@@ -148,8 +149,6 @@ class ExpertParallel(nn.Module):
         """``experts``: the model's own experts module (its forward is what runs; it may be
         on the meta device); ``weights``: its parameters by name, whole (``[num_experts,
         ...]``, the stage's materialised ones), of which this rank keeps its share."""
-        from torch.distributed.tensor import Shard
-
         super().__init__()
         two = ep_mesh.ndim == 2
         self.degree = int(ep_mesh.size(0))
@@ -311,9 +310,6 @@ def expert_tp_placements(module: nn.Module, degree: int) -> dict[str, Any] | str
     g1, u1, ...]`` is a plain ``Shard``. Not split: biases (the down bias would be added T
     times), a norm after each expert (not linear in the partial sums), a gate function of
     its own (it may mix the intermediate features), an I that T does not divide."""
-    from torch.distributed.tensor import Shard
-    from torch.distributed.tensor.placement_types import _StridedShard
-
     name = type(module).__name__
     if not hasattr(module, "has_gate") or not hasattr(module, "is_transposed"):
         return f"{name} is not a Hugging Face experts module with a known weight layout"
@@ -437,8 +433,6 @@ def _tp_gather(x: torch.Tensor, tp_mesh: Any, tokens: str) -> torch.Tensor:
     ``tp_mesh`` along dim 0 (``tokens="sharded"``), or ``x`` itself (``"replicated"``: every
     rank holds them all). A float's gradient comes back as this rank's slice's part
     (DTensor ``Partial``) and is reduce-scattered (all-reduced) to the whole."""
-    from torch.distributed.tensor import Partial, Replicate, Shard
-
     if tokens == "replicated":
         held = DTensor.from_local(x, tp_mesh, [Replicate()], run_check=False)
     else:
@@ -453,8 +447,6 @@ def _tp_reduce(part: torch.Tensor, tp_mesh: Any, tokens: str) -> torch.Tensor:
     """The sum over ``tp_mesh`` of each rank's partial ``part`` ``[N, H]`` (every token of
     the TP group): this rank's tokens of it, reduce-scattered along dim 0 (``"sharded"``),
     or all of it, all-reduced (``"replicated"``). Its backward gathers the gradient."""
-    from torch.distributed.tensor import Partial, Replicate, Shard
-
     out = DTensor.from_local(part, tp_mesh, [Partial()], run_check=False)
     back = Shard(0) if tokens == "sharded" else Replicate()
     return out.redistribute(tp_mesh, [back]).to_local()
@@ -466,9 +458,6 @@ def full_layout(value: torch.Tensor) -> torch.Tensor:
     boxes of the whole) redistributed to a plain ``Shard`` of the same dim (one box per
     rank; the whole tensor is the same, the model's own layout); any other tensor as it
     is. Collective over the DTensor's mesh."""
-    from torch.distributed.tensor import Shard
-    from torch.distributed.tensor.placement_types import _StridedShard
-
     if not isinstance(value, DTensor) or not any(
         isinstance(p, _StridedShard) for p in value.placements
     ):
