@@ -126,14 +126,28 @@ EXPERT_MESHES: dict[str, dict[str, Any]] = {
         "shard": "optimizer",
         "schedule": "1f1b",
     },
+    "d2ep2tp2": {
+        "tensor_parallel": 2,
+        "data_parallel": 2,
+        "expert_parallel": 2,
+        "schedule": "1f1b",
+    },
+    "d2ep2tp2fsdp": {
+        "tensor_parallel": 2,
+        "data_parallel": 2,
+        "expert_parallel": 2,
+        "shard": "parameters",
+        "schedule": "1f1b",
+    },
 }
 """Expert-parallel meshes (tests/test_expert_parallel.py; mixture-of-experts families only):
 PP 2 x D 2 with each MoE layer's experts spread over the 2 replicas of a stage (E = D), the
 same with FSDP2 on the other parameters, the same with every stage re-materialized (the
-all-to-alls run again in the backward), and D 4 with E 2 (two EP groups whose expert
-gradients are summed); each of PP 2 x D 2 = E and D 4 x E 2 again with ZeRO-1 (the dense
+all-to-alls run again in the backward), D 4 with E 2 (two EP groups whose expert
+gradients are summed), each of PP 2 x D 2 = E and D 4 x E 2 again with ZeRO-1 (the dense
 state sharded over the replicas, the experts' over the ranks holding the same experts:
-none besides itself at E = D, the other EP group at D 4)."""
+none besides itself at E = D, the other EP group at D 4), and EP 2 x TP 2 (each rank half
+the experts, each of them half its FFN), with and without FSDP2 on the other parameters."""
 WORLD = 4
 
 
@@ -385,8 +399,8 @@ class Runner:
             result.update(_combine(gathered))
             # Experts modules each rank spread over its EP group (expert-parallel plans).
             result["expert_parallel_modules"] = [g.get("expert_parallel_modules") for g in gathered]
-            # Each rank's experts parameters split by TP: name -> the local shard's shape.
-            result["tp_expert_shapes"] = [g.get("tp_expert_shapes") for g in gathered]
+            # Each rank's expert parameters split by TP or EP: name -> the local shape.
+            result["expert_shapes"] = [g.get("expert_shapes") for g in gathered]
             result["plan"] = _plan_summary(plan_dict)
             keep = (
                 all(g["symmetric"] for g in gathered)
@@ -432,14 +446,14 @@ class Runner:
             split = {
                 f"{path}.{name}": list(p.to_local().shape)
                 for path, m in pipe.module.named_modules()
-                if type(m).__name__ == "TensorParallelExperts"
+                if type(m).__name__ in ("TensorParallelExperts", "ExpertParallel")
                 for name, p in m.named_parameters()
             }
             return {
                 "errors": errors,
                 "symmetric": True,
                 "expert_parallel_modules": spread,
-                "tp_expert_shapes": split,
+                "expert_shapes": split,
             }
         except Exception as exc:
             comm = is_comm_failure(exc)

@@ -1,12 +1,14 @@
-"""Expert parallelism in `autopipe run` (runtime/distributed/expert_parallel.py).
+"""Expert parallelism and expert TP in `autopipe run` (runtime/distributed/expert_parallel.py).
 
 The launch test plans and trains Mixtral, Qwen3-MoE and DeepSeek-V3 tiny configs
-(tests/mesh_zoo_models.py) with EP 2 on 4 gloo processes, all cases in one torchrun launch of
-the mesh zoo's runner (tests/mesh_zoo_run.py ``EXPERT_MESHES``), and compares every parameter
-after 3 SGD and 3 AdamW steps with one process trained on the same global batch (the update
-over lr, rtol 1e-4 / atol 1e-5, in float64). The other tests run in this process: the
-rewrite of an inlined experts region into one call, the dispatch on a one-rank group against
-the model's own experts, and the one-line refusals.
+(tests/mesh_zoo_models.py) with EP 2, with TP 2 splitting each expert's FFN, and with both,
+on 4 gloo processes, all cases in one torchrun launch of the mesh zoo's runner
+(tests/mesh_zoo_run.py ``EXPERT_MESHES``), compares every parameter after 3 SGD and 3 AdamW
+steps with one process trained on the same global batch (the update over lr, rtol 1e-4 /
+atol 1e-5, in float64) and checks each rank's local expert shapes. The other tests run in
+this process: the rewrite of an inlined experts region into one call, the dispatch on a
+one-rank group against the model's own experts, the TP slices' sum against the experts'
+own output, and the one-line refusals.
 """
 
 from __future__ import annotations
@@ -46,17 +48,52 @@ groups per stage), and DeepSeek-V3's published kind of mesh (PP x EP x ZeRO-1 DP
 PP 2 x EP 2 = D 2 and D 4 x EP 2 with ZeRO-1 (:class:`ExpertZeroOptimizer`)."""
 EXPERT_LAYERS = {"mixtral": 2, "qwen3_moe": 2, "deepseek_v3": 1}
 """MoE layers of each tiny config (DeepSeek-V3's first layer is dense)."""
+TP_CASES = {
+    "mixtral:pp2tp2": ([[0], [0], [1], [1]], 4),
+    "qwen3_moe:tp2fsdp2": ([[0, 1]] * 4, 2),
+    "deepseek_v3:pp2v2tp2": ([[1], [1], [], []], 4),
+    "mixtral:d2ep2tp2": ([[0, 1]] * 4, 2),
+    "deepseek_v3:d2ep2tp2": ([[1]] * 4, 2),
+    "qwen3_moe:d2ep2tp2fsdp": ([[0, 1]] * 4, 2),
+}
+"""Expert TP (each TP rank a slice of every expert's FFN; the mesh zoo runs every MoE family
+on every TP mesh, three of them in this file's launch too) and EP 2 x TP 2 (each rank half
+the experts, each sliced) -> (the MoE layers each rank holds, the experts it holds of each:
+4, or 2 under EP or under FSDP2, which shards dim 0 over D = 2). PP 2 cuts Mixtral after
+layer 0; DeepSeek-V3's interleaved chunks put its one MoE layer (layer 1) on ranks 0, 1."""
+SLICES = {"mixtral": 64, "qwen3_moe": 32, "deepseek_v3": 32}
+"""Each family's expert intermediate size I: ``gate_up_proj`` is ``[E, 2 I, H]``."""
 
 
 @pytest.mark.slow
 def test_expert_parallel_training_equals_one_process(tmp_path: Path) -> None:
-    results, wall_s = run_cases(tmp_path, CASES)
+    """EP, expert TP and EP x TP training (one launch) equals one process; expert TP holds
+    each expert's weights split: ``gate_up_proj`` ``[E, 2 I / T, H]`` and ``down_proj``
+    ``[E, H, I / T]`` on every rank (E halved by EP, or by FSDP2 on the TP-only meshes)."""
+    results, wall_s = run_cases(tmp_path, CASES + list(TP_CASES))
     lines = [
         f"{case}: {r['outcome']} {r.get('reason') or ''} "
         + " ".join(f"{o} max rel {r[o]['max_relative']:.2g}" for o in ("sgd", "adamw") if o in r)
         for case, r in results.items()
     ]
     print(f"\nexpert parallelism: {len(CASES)} cases in {wall_s:.0f} s\n" + "\n".join(lines))
+    for case, (layers, experts) in TP_CASES.items():
+        r = results[case]
+        assert r["outcome"] == "equal", (case, r.get("reason"), r.get("trace"))
+        family = case.split(":")[0]
+        half = SLICES[family] // 2
+        for rank, held in enumerate(layers):
+            want = {}
+            for i in held:
+                path = f"model.layers.{i}.mlp.experts"
+                want[f"{path}.gate_up_proj"] = [experts, 2 * half, 32]
+                want[f"{path}.down_proj"] = [experts, 32, half]
+            got = {
+                name.split(".body.")[1]: shape for name, shape in r["expert_shapes"][rank].items()
+            }
+            assert got == want, (case, rank)
+        for optimizer in ("sgd", "adamw"):
+            assert r[optimizer]["max_relative"] < 1e-4, (case, optimizer)
     for case in CASES:
         r = results[case]
         assert r["outcome"] == "equal", (case, r.get("reason"), r.get("trace"))
@@ -94,10 +131,12 @@ def test_the_plan_refusals_are_one_line() -> None:
     plan = _plan(expert_parallel=2)
     assert expert_plan_problem(plan) is None
     assert expert_plan_problem(_plan(expert_parallel=2, shard="optimizer")) is None  # ZeRO-1 runs
+    # EP x TP runs: each rank's experts are split over the TP ranks too
+    assert expert_plan_problem(_plan(expert_parallel=2, tensor_parallel=2)) is None
     assert mesh_size_problem(plan, 4) is None
     for bad, phrase in [
         (_plan(expert_parallel=4), "must divide the 2 data-parallel replicas"),
-        (_plan(expert_parallel=2, tensor_parallel=2), "tensor parallelism 2"),
+        (_plan(expert_parallel=2, tensor_parallel=2, shard="optimizer"), "shard optimizer"),
     ]:
         why = expert_plan_problem(bad)
         assert why is not None and phrase in why and "\n" not in why

@@ -43,7 +43,8 @@ import torch
 import torch.distributed as dist
 from torch import fx, nn
 from torch.distributed._functional_collectives import all_to_all_single_autograd
-from torch.distributed.tensor import DTensor, Shard
+from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
+from torch.distributed.tensor.placement_types import _StridedShard
 
 from autopipe.core.errors import UsageError
 
@@ -124,11 +125,18 @@ def expert_modules(model: nn.Module, degree: int) -> dict[str, int]:
 
 class ExpertParallel(nn.Module):
     """One rank's share of a fused experts module, exchanging tokens over ``ep_mesh`` (a 1-D
-    DeviceMesh of E ranks). Its parameters have the experts module's names and are
-    ``DTensor`` s ``Shard(0)`` over ``ep_mesh`` (local ``[num_experts / E, ...]``).
+    DeviceMesh of E ranks, or a 2-D ``(E, T)`` one whose second dimension is TP, each rank
+    then holding a TP slice of its experts, :func:`expert_tp_placements`). Its parameters
+    have the experts module's names and are ``DTensor`` s ``Shard(0)`` over the EP
+    dimension (local ``[num_experts / E, ...]``), and with TP placed over the second as
+    ``tp_placements`` say.
 
     ``forward(hidden [N, H], top_k_index [N, k] int, top_k_weights [N, k]) -> [N, H]`` in
-    ``hidden``'s dtype, as the experts module's own forward."""
+    ``hidden``'s dtype, as the experts module's own forward. With TP (EP x TP), the TP
+    group's tokens are gathered first (``token_layout`` as :class:`TensorParallelExperts`'s
+    ``tokens``); every TP rank of an EP rank then sends the same tokens to the same owners,
+    whose TP ranks each compute their slice, and the partial outputs, weighted and summed
+    over ``k``, are reduce-scattered (all-reduced) over TP at the end."""
 
     def __init__(
         self,
@@ -136,24 +144,39 @@ class ExpertParallel(nn.Module):
         weights: Mapping[str, torch.Tensor],
         ep_mesh: Any,
         num_experts: int,
+        tp_placements: Mapping[str, Any] | None = None,
+        token_layout: str = "sharded",
     ) -> None:
         """``experts``: the model's own experts module (its forward is what runs; it may be
         on the meta device); ``weights``: its parameters by name, whole (``[num_experts,
         ...]``, the stage's materialised ones), of which this rank keeps its share."""
         super().__init__()
-        self.degree = int(ep_mesh.size())
-        self.rank = int(ep_mesh.get_local_rank())
+        two = ep_mesh.ndim == 2
+        self.degree = int(ep_mesh.size(0))
+        self.rank = int(ep_mesh.get_local_rank(0))
         self.local_experts = num_experts // self.degree
-        self.group = ep_mesh.get_group()
+        self.group = ep_mesh.get_group(0)
+        self.tp_mesh: Any = ep_mesh[ep_mesh.mesh_dim_names[1]] if two else None
+        self.token_layout = token_layout
         start = self.rank * self.local_experts
         # The model's own module runs this rank's experts (its activation, gate layout,
         # biases); it is held outside the module tree, its parameters meta stand-ins that
         # each call replaces by the local shards (functional_call).
         inner = copy.copy(experts)
         inner._parameters = {}
+        if self.tp_mesh is not None:
+            tp, tp_rank = int(self.tp_mesh.size()), int(self.tp_mesh.get_local_rank())
+            intermediate = getattr(inner, "intermediate_dim", None)
+            if isinstance(intermediate, int):
+                inner.__dict__["intermediate_dim"] = intermediate // tp
         for name, p in weights.items():
             local = p.detach()[start : start + self.local_experts].clone()
-            shard = DTensor.from_local(local, ep_mesh, [Shard(0)], run_check=False)
+            placements: list[Any] = [Shard(0)]
+            if self.tp_mesh is not None:
+                assert tp_placements is not None
+                local = _local_slice(local, tp_placements[name], tp, tp_rank)
+                placements.append(tp_placements[name])
+            shard = DTensor.from_local(local, ep_mesh, placements, run_check=False)
             self.register_parameter(name, nn.Parameter(shard, requires_grad=p.requires_grad))
             inner._parameters[name] = nn.Parameter(
                 torch.empty_like(local, device="meta"), requires_grad=False
@@ -163,6 +186,12 @@ class ExpertParallel(nn.Module):
     def forward(
         self, hidden: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor
     ) -> torch.Tensor:
+        dtype = hidden.dtype
+        if self.tp_mesh is not None:  # EP x TP: the TP group's tokens, on every TP rank
+            routing = top_k_weights.to(torch.promote_types(dtype, top_k_weights.dtype))
+            hidden = _tp_gather(hidden, self.tp_mesh, self.token_layout)
+            top_k_index = _tp_gather(top_k_index, self.tp_mesh, self.token_layout)
+            top_k_weights = _tp_gather(routing, self.tp_mesh, self.token_layout)
         tokens, k = top_k_index.shape
         ids = top_k_index.reshape(-1)
         # Pairs sorted by expert, so by owner rank (experts are owned in consecutive runs).
@@ -189,7 +218,10 @@ class ExpertParallel(nn.Module):
         back = all_to_all_single_autograd(done, send_sizes, recv_sizes, self.group)
         pairs = back[torch.argsort(order)]
         weighted = pairs * top_k_weights.reshape(-1, 1)
-        return weighted.view(tokens, k, -1).sum(dim=1).to(hidden.dtype)
+        out = weighted.view(tokens, k, -1).sum(dim=1).to(dtype)
+        if self.tp_mesh is not None:  # each TP rank's slice's part of every token's output
+            out = _tp_reduce(out, self.tp_mesh, self.token_layout)
+        return out
 
 
 class ExpertZeroOptimizer:
@@ -346,9 +378,6 @@ def expert_tp_placements(module: nn.Module, degree: int) -> dict[str, Any] | str
     g1, u1, ...]`` is a plain ``Shard``. Not split: biases (the down bias would be added T
     times), a norm after each expert (not linear in the partial sums), a gate function of
     its own (it may mix the intermediate features), an I that T does not divide."""
-    from torch.distributed.tensor import Shard
-    from torch.distributed.tensor.placement_types import _StridedShard
-
     name = type(module).__name__
     if not hasattr(module, "has_gate") or not hasattr(module, "is_transposed"):
         return f"{name} is not a Hugging Face experts module with a known weight layout"
@@ -438,8 +467,9 @@ class TensorParallelExperts(nn.Module):
         degree, rank = int(tp_mesh.size()), int(tp_mesh.get_local_rank())
         inner = copy.copy(experts)
         inner._parameters = {}
-        if isinstance(getattr(inner, "intermediate_dim", None), int):
-            inner.intermediate_dim //= degree
+        intermediate = getattr(inner, "intermediate_dim", None)
+        if isinstance(intermediate, int):
+            inner.__dict__["intermediate_dim"] = intermediate // degree
         for name, p in weights.items():
             local = _local_slice(p.detach(), placements[name], degree, rank)
             shard = DTensor.from_local(local, tp_mesh, [placements[name]], run_check=False)
@@ -449,26 +479,9 @@ class TensorParallelExperts(nn.Module):
             )
         self._inner = [inner]  # a list: not a submodule, its stand-ins not parameters
 
-    def _whole(self, x: torch.Tensor) -> torch.Tensor:
-        """Every token of ``x`` (this rank's ``[n, ...]``, or all of them when replicated),
-        whose gradient comes back as this rank's slice's part and is summed over TP."""
-        from torch.distributed.tensor import Partial, Replicate, Shard
-
-        mesh = self.tp_mesh
-        if self.tokens == "replicated":
-            held = DTensor.from_local(x, mesh, [Replicate()], run_check=False)
-        else:
-            shard = DTensor.from_local(x, mesh, [Shard(0)], run_check=False)
-            held = shard.redistribute(mesh, [Replicate()])
-        if not x.is_floating_point():
-            return held.to_local()
-        return held.to_local(grad_placements=[Partial()])
-
     def forward(
         self, hidden: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor
     ) -> torch.Tensor:
-        from torch.distributed.tensor import Partial, Replicate, Shard
-
         weights = {
             name: p.to_local() if isinstance(p, DTensor) else p
             for name, p in self.named_parameters(recurse=False)
@@ -477,11 +490,34 @@ class TensorParallelExperts(nn.Module):
         # router's against float64 tokens: float64), so the slices' partial gradients are
         # summed before they are rounded to the router's dtype, as one process rounds once.
         routing = top_k_weights.to(torch.promote_types(hidden.dtype, top_k_weights.dtype))
-        args = (self._whole(hidden), self._whole(top_k_index), self._whole(routing))
+        mesh, layout = self.tp_mesh, self.tokens
+        args = tuple(_tp_gather(x, mesh, layout) for x in (hidden, top_k_index, routing))
         part = torch.func.functional_call(self._inner[0], weights, args)
-        out = DTensor.from_local(part, self.tp_mesh, [Partial()], run_check=False)
-        back = Shard(0) if self.tokens == "sharded" else Replicate()
-        return out.redistribute(self.tp_mesh, [back]).to_local()
+        return _tp_reduce(part, mesh, layout)
+
+
+def _tp_gather(x: torch.Tensor, tp_mesh: Any, tokens: str) -> torch.Tensor:
+    """Every token of the TP group: ``x`` (this rank's ``[n, ...]``) all-gathered over
+    ``tp_mesh`` along dim 0 (``tokens="sharded"``), or ``x`` itself (``"replicated"``: every
+    rank holds them all). A float's gradient comes back as this rank's slice's part
+    (DTensor ``Partial``) and is reduce-scattered (all-reduced) to the whole."""
+    if tokens == "replicated":
+        held = DTensor.from_local(x, tp_mesh, [Replicate()], run_check=False)
+    else:
+        shard = DTensor.from_local(x, tp_mesh, [Shard(0)], run_check=False)
+        held = shard.redistribute(tp_mesh, [Replicate()])
+    if not x.is_floating_point():
+        return held.to_local()
+    return held.to_local(grad_placements=[Partial()])
+
+
+def _tp_reduce(part: torch.Tensor, tp_mesh: Any, tokens: str) -> torch.Tensor:
+    """The sum over ``tp_mesh`` of each rank's partial ``part`` ``[N, H]`` (every token of
+    the TP group): this rank's tokens of it, reduce-scattered along dim 0 (``"sharded"``),
+    or all of it, all-reduced (``"replicated"``). Its backward gathers the gradient."""
+    out = DTensor.from_local(part, tp_mesh, [Partial()], run_check=False)
+    back = Shard(0) if tokens == "sharded" else Replicate()
+    return out.redistribute(tp_mesh, [back]).to_local()
 
 
 def full_layout(value: torch.Tensor) -> torch.Tensor:
@@ -490,9 +526,6 @@ def full_layout(value: torch.Tensor) -> torch.Tensor:
     boxes of the whole) redistributed to a plain ``Shard`` of the same dim (one box per
     rank; the whole tensor is the same, the model's own layout); any other tensor as it
     is. Collective over the DTensor's mesh."""
-    from torch.distributed.tensor import Shard
-    from torch.distributed.tensor.placement_types import _StridedShard
-
     if not isinstance(value, DTensor) or not any(
         isinstance(p, _StridedShard) for p in value.placements
     ):
@@ -528,7 +561,8 @@ def split_experts(
     placements: Mapping[str, Mapping[str, Any]],
     tp_mesh: Any,
     token_modules: Iterable[str],
-) -> tuple[dict[str, str], list[str]]:
+    ep: tuple[Any, Mapping[str, int]] | None = None,
+) -> tuple[dict[str, str], dict[str, nn.Module]]:
     """Replace (in place) each experts module of ``placements`` (:func:`tp_expert_modules`)
     that the stage graph ``body`` computes by its :class:`TensorParallelExperts` over
     ``tp_mesh``, built from the model's own module (``code``) and ``body``'s weights. An
@@ -536,7 +570,9 @@ def split_experts(
     it then reads values every TP rank holds whole (``tokens="replicated"``). Experts inside
     a module of ``token_modules`` (a mixture-of-experts block run on each rank's sequence
     shard) get that rank's tokens (``"sharded"``). Experts called some other way are left
-    whole. Returns (the renamed nodes of :func:`call_expert_modules`, the paths split)."""
+    whole. ``ep``: with expert parallelism (EP x TP), the 2-D ``(E, T)`` mesh and each
+    module's expert count: the modules are :class:`ExpertParallel` s with TP inside. Returns
+    (the renamed nodes of :func:`call_expert_modules`, path -> the module put there)."""
 
     def caller_of(path: str, callers: set[str]) -> str | None:
         return next((c for c in callers if path == c or path.startswith(c + ".")), None)
@@ -546,7 +582,7 @@ def split_experts(
     renamed = call_expert_modules(body, [p for p in placements if caller_of(p, called) is None])
     tokens_of = dict.fromkeys(token_modules, "sharded")
     callers = {str(n.target) for n in body.graph.nodes if n.op == "call_module"}
-    done: list[str] = []
+    done: dict[str, nn.Module] = {}
     for path in placements:
         caller = caller_of(path, callers)
         if caller is None or (caller != path and caller not in tokens_of):
@@ -554,7 +590,14 @@ def split_experts(
         held = body.get_submodule(path)
         weights = dict(held.named_parameters(recurse=False))
         tokens = tokens_of.get(caller, "replicated")
-        split = TensorParallelExperts(code[path], weights, tp_mesh, placements[path], tokens)
+        split: nn.Module
+        if ep is not None:
+            mesh, counts = ep
+            split = ExpertParallel(
+                code[path], weights, mesh, counts[path], placements[path], tokens
+            )
+        else:
+            split = TensorParallelExperts(code[path], weights, tp_mesh, placements[path], tokens)
         body.set_submodule(path, split)
-        done.append(path)
+        done[path] = split
     return renamed, done

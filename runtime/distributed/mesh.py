@@ -114,14 +114,15 @@ def uses_mesh(plan: Plan) -> bool:
 def expert_plan_problem(plan: Plan) -> str | None:
     """The one-line refusal of an expert-parallel plan (E > 1) this runtime does not run, or
     None: the EP group is E consecutive data-parallel ranks of a stage
-    (:mod:`.expert_parallel`), so E must divide D; TP is not combined with it yet (ZeRO-1
-    is: :class:`~.expert_parallel.ExpertZeroOptimizer`)."""
+    (:mod:`.expert_parallel`), so E must divide D. With TP each expert's FFN is split over
+    the TP ranks too; ZeRO-1 runs with EP (:class:`~.expert_parallel.ExpertZeroOptimizer`)
+    but not yet with EP and TP together (its expert groups are not TP-aware; untested)."""
     e, d = plan.expert_parallel, plan.replicas
-    if plan.tensor_parallel > 1:
+    if plan.tensor_parallel > 1 and plan.shard == "optimizer":
         return (
-            f"autopipe run spreads experts (expert parallelism {e}) over data-parallel "
-            f"replicas only, not with tensor parallelism {plan.tensor_parallel}; re-plan "
-            "with --tensor-parallel 1, or --expert-parallel 1"
+            f"autopipe run does not combine expert parallelism {e}, tensor parallelism "
+            f"{plan.tensor_parallel} and shard optimizer (ZeRO-1) yet; re-plan with "
+            "--shard none (or parameters, gradients), --tensor-parallel 1 or --expert-parallel 1"
         )
     if d % e:
         return (
@@ -131,14 +132,19 @@ def expert_plan_problem(plan: Plan) -> str | None:
     return None
 
 
-def expert_mesh(mesh: Any, degree: int) -> tuple[Any, Any]:
-    """(the 1-D expert-parallel mesh of this rank: ``degree`` consecutive ranks of
-    ``mesh["dp"]``, as torchtitan carves its EP group out of the data-parallel ranks; the
-    1-D mesh of the ``D / degree`` ranks holding the same experts, whose expert gradients
-    are summed, or None when ``degree`` is D)."""
+def expert_mesh(mesh: Any, degree: int, with_tp: bool = False) -> tuple[Any, Any]:
+    """(the expert-parallel mesh of this rank: ``degree`` consecutive ranks of
+    ``mesh["dp"]``, as torchtitan carves its EP group out of the data-parallel ranks, 1-D,
+    or with ``with_tp`` 2-D ``(ep, tp)``, the TP ranks splitting each expert's FFN; the 1-D
+    mesh of the ``D / degree`` ranks holding the same experts, whose expert gradients are
+    summed, or None when ``degree`` is D)."""
     dp = mesh["dp"]
     if dp.size() == degree:
-        return dp, None
+        return (mesh["dp", "tp"] if with_tp else dp), None
+    if with_tp:
+        names = ("dp_between_ep", "ep")
+        split = mesh._unflatten(1, (dp.size() // degree, degree), names)
+        return split["ep", "tp"], split["dp_between_ep"]
     both = dp._unflatten(0, (dp.size() // degree, degree), ("dp_between_ep", "ep"))
     return both["ep"], both["dp_between_ep"]
 

@@ -533,17 +533,22 @@ class DistributedPipeline:
     def _split_experts(self, chunk: StageModule, layout: SequenceLayout) -> None:
         """T > 1: the experts modules of ``chunk`` that TP splits (``self.tp_experts``)
         replaced by this rank's slice of every expert's FFN (:mod:`.expert_parallel`,
-        :class:`~.expert_parallel.TensorParallelExperts`)."""
+        :class:`~.expert_parallel.TensorParallelExperts`); with E > 1 as well, by this
+        rank's EP share of the experts, each TP-sliced (EP x TP)."""
+        ep = (self._ep_mesh, self.experts) if self.experts else None
         renamed, done = split_experts(
             chunk.body,
             self._expert_code,
             self.tp_experts,
             self.mesh["tp"],
             layout.token_modules,
+            ep,
         )
         for new, old in renamed.items():  # per-unit re-materialization finds the call
             chunk.adopt_node(new, old)
         self.tp_split_experts.extend(done)
+        if ep is not None:
+            self.expert_parameters.update(id(p) for m in done.values() for p in m.parameters())
 
     def _spread_experts(self) -> None:
         """An expert-parallel plan's experts modules (``self.experts``) replaced, in each
@@ -556,11 +561,16 @@ class DistributedPipeline:
         self.expert_replica_group: Any = None
         """With E < D, the ranks holding the same experts (one per EP group), over which
         the expert gradients are summed; None when E = D (or E = 1)."""
+        self._ep_mesh: Any = None
         if not self.experts:
             return
-        ep_mesh, replicas = expert_mesh(self.mesh, self.plan.expert_parallel)
+        with_tp = self.plan.tensor_parallel > 1
+        ep_mesh, replicas = expert_mesh(self.mesh, self.plan.expert_parallel, with_tp)
         if replicas is not None:
             self.expert_replica_group = replicas.get_group()
+        self._ep_mesh = ep_mesh
+        if with_tp:
+            return  # EP x TP: after TP's styles (_split_experts)
         for chunk in self.chunks:
             renamed = call_expert_modules(chunk.body, self.experts)
             for new, old in renamed.items():  # per-unit re-materialization finds the call
@@ -669,6 +679,13 @@ class DistributedPipeline:
                 tp_modules = planned_modules(model, plan.tp_plan, plan.tensor_parallel)
                 self.tp_experts, self.whole_experts = tp_expert_modules(model, plan.tensor_parallel)
                 self._expert_code.update({p: model.get_submodule(p) for p in self.tp_experts})
+                if self.experts and self.whole_experts:
+                    path, why = next(iter(self.whole_experts.items()))
+                    raise MeshPlanError(
+                        f"{path}: {why}, so tensor parallelism cannot split its experts, "
+                        "which expert parallelism with TP needs; re-plan with "
+                        "--tensor-parallel 1 or --expert-parallel 1"
+                    )
                 with local_shapes(model, tp_modules, plan.tensor_parallel):
                     planned = partition(
                         model, example_inputs, plan, check_parameters=False, rewrite=self._rewrite
