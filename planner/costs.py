@@ -193,6 +193,11 @@ class SegmentCost:
         return self.parameter_bytes + self.optimizer_bytes + self.activation_bytes
 
 
+_DENSE_MAX_UNITS = 256
+"""Up to this many units :meth:`CostModel.unit_activation_max` reads the cached
+``(N+1)^2`` matrix (256 KiB at most at N=256; the sparse table beyond)."""
+
+
 class CostModel:
     """Segment costs for one (profile, cluster, batch, M, schedule, checkpoint mode).
 
@@ -368,7 +373,11 @@ class CostModel:
     def unit_activation_max(self, i: np.ndarray | int, j: np.ndarray | int) -> np.ndarray:
         """The largest unit activation bytes (profile batch size) of segments ``[i, j)``
         (broadcast arrays), 0 where ``j <= i``. A sparse table, built once in O(N log N);
-        each query O(1). Exact (a max of maxes), so it equals :meth:`unit_activation_max_matrix`."""
+        each query O(1). Exact (a max of maxes), so it equals :meth:`unit_activation_max_matrix`,
+        which answers instead up to ``_DENSE_MAX_UNITS`` units (one lookup, no per-level loop:
+        the probe asks this once per stage per probe)."""
+        if self.n_units <= _DENSE_MAX_UNITS:
+            return self.unit_activation_max_matrix()[i, j]
         if "range_max" not in self._cache:
             levels = [self.unit_activation_bytes]
             width = 1
