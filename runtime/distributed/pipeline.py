@@ -533,7 +533,7 @@ class DistributedPipeline:
         the expert gradients are summed; None when E = D (or E = 1)."""
         if not self.experts:
             return
-        ep_mesh, replicas = expert_mesh(self.mesh, self.plan.expert_parallel)
+        ep_mesh, replicas = expert_mesh(self.gradient_mesh, self.plan.expert_parallel)
         if replicas is not None:
             self.expert_replica_group = replicas.get_group()
         for chunk in self.chunks:
