@@ -218,8 +218,7 @@ class ExpertZeroOptimizer:
         )
         # Parameters sharing the shards' storage: what the ZeRO-1 optimizer updates in place.
         self.local = [
-            nn.Parameter((p.to_local() if isinstance(p, DTensor) else p).detach())
-            for p in experts
+            nn.Parameter((p.to_local() if isinstance(p, DTensor) else p).detach()) for p in experts
         ]
         self.expert: Any = None
         if experts and expert_group is not None:
