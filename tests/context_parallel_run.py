@@ -48,8 +48,25 @@ MESHES: dict[str, dict[str, Any]] = {
         "shard": "parameters",
         "schedule": "1f1b",
     },
+    "pp2cp2ep2": {
+        "context_parallel": 2,
+        "data_parallel": 1,
+        "tensor_parallel": 1,
+        "expert_parallel": 2,
+        "schedule": "1f1b",
+    },
+    "cp2d2ep2zero1": {
+        "context_parallel": 2,
+        "data_parallel": 2,
+        "tensor_parallel": 1,
+        "expert_parallel": 2,
+        "shard": "optimizer",
+        "schedule": "1f1b",
+    },
 }
-"""Mesh name -> the PlanRequest fields that ask the planner for it (4 devices)."""
+"""Mesh name -> the PlanRequest fields that ask the planner for it (4 devices). The EP group
+is carved out of the dp x cp ranks (torchtitan's way): at PP 2 x CP 2 it is each stage's CP
+pair; at CP 2 x D 2 each CP pair again, the two pairs holding the same experts."""
 
 _ids = mesh_zoo_models.example_inputs
 _build = mesh_zoo_models.build
@@ -87,13 +104,14 @@ def causal_lm_loss_in_dtype(
 def build(family: str, dtype: str = "float32") -> Any:
     """The zoo's model computing in its own dtype throughout: the causal-LM loss
     (:func:`causal_lm_loss_in_dtype`) and the RMS norms (torch's ``nn.RMSNorm``, the same
-    formula, in place of ``LlamaRMSNorm``, which computes in float32)."""
+    formula, in place of Hugging Face's, which compute in float32)."""
     import torch
 
     model = _build(family, dtype)
     model.loss_function = causal_lm_loss_in_dtype
     for path, module in list(model.named_modules()):
-        if type(module).__name__ == "LlamaRMSNorm":
+        # Llama's, Mixtral's: the same float32 formula
+        if type(module).__name__ in ("LlamaRMSNorm", "MixtralRMSNorm"):
             norm = torch.nn.RMSNorm(module.weight.shape, eps=module.variance_epsilon)
             norm = norm.to(module.weight.dtype)
             with torch.no_grad():

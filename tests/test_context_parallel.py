@@ -1,11 +1,13 @@
 """Context parallelism (runtime/distributed/context_parallel.py), the parts that run on the
 CPU: torch 2.13's ring attention needs the CUDA SDPA kernels (the CPU's
 ``aten._scaled_dot_product_flash_attention_for_cpu`` has no DTensor sharding strategy, checked
-below), so the C > 1 step itself runs only on GPUs (benchmarks/gpu_check.py). Here: the
-``(pp, dp, cp, tp)`` mesh and its groups, torch's load-balanced split of ids, positions and
-shifted labels, the attention rewrite of a traced Hugging Face Llama, the loss of the split
-sequence, and the one-line refusals. A fake process group stands in for the ranks (no
-collective runs: torch shards the buffers locally)."""
+below), so the ring itself runs only on GPUs (benchmarks/gpu_check.py); on the CPU the step
+runs with k and v gathered by DTensor (``gathered_attention``). Here: the ``(pp, dp, cp, tp)``
+mesh and its groups, torch's load-balanced split of ids, positions and shifted labels, the
+attention rewrite of a traced Hugging Face Llama, the loss of the split sequence, and the
+one-line refusals, with a fake process group standing in for the ranks (no collective runs:
+torch shards the buffers locally); then one torchrun launch training the CP meshes
+(:data:`CASES`) against one process."""
 
 from __future__ import annotations
 
@@ -197,8 +199,8 @@ def test_a_cp_plan_is_refused_in_one_line_only_for_its_world_size() -> None:
     why = mesh_size_problem(plan, 2)
     assert why is not None and "cp 2" in why and "= 4 processes" in why and "\n" not in why
     ep = _plan(k=2, d=1, c=2)
-    ep.expert_parallel = 2
-    assert "does not run yet" in str(mesh_size_problem(ep, 4))
+    ep.expert_parallel = 2  # carved out of dp x cp: runs (the launch test's pp2cp2ep2)
+    assert mesh_size_problem(ep, 4) is None
 
 
 CASES = [
@@ -208,13 +210,16 @@ CASES = [
     "llama:cp2fsdp2",
     "llama:cp2tp2",
     "llama_ids:pp2cp2",
+    "mixtral:pp2cp2ep2",
+    "mixtral:cp2d2ep2zero1",
 ]
 """CP2 x PP2, CP2 x D2 (plain and ZeRO-1: the optimizer state sharded over the 4 ranks of
 dp x cp, which hold the same parameters), CP2 x FSDP2 (parameters sharded over dp x cp) and
 CP2 x TP2 (heads
 split by TP, the CP rank's sequence share by sequence parallelism) of the zoo's Hugging Face
 Llama with labels (its own loss), and CP2 x PP2 without (the default objective), in one
-torchrun launch; SGD and AdamW."""
+torchrun launch; SGD and AdamW. CP and EP together on a Hugging Face Mixtral (EP carved out
+of the dp x cp ranks): PP 2 x CP 2 x EP 2, and CP 2 x D 2 x EP 2 with ZeRO-1."""
 
 
 def test_cp2_meshes_train_like_one_process(tmp_path: Path) -> None:
@@ -256,6 +261,10 @@ def test_cp2_meshes_train_like_one_process(tmp_path: Path) -> None:
     pp2cp2 = results["llama:pp2cp2"]["plan"]
     assert len(pp2cp2["stages"]) == 2  # two pipeline stages, each split over 2 CP ranks
     assert results["llama:cp2tp2"]["plan"]["mesh"] == [1, 1, 2]  # (pp, dp, tp) = 1, 1, 2
+    # Each rank spread its stage's MoE layers over its CP pair (Mixtral: 2, one per stage)
+    assert results["mixtral:pp2cp2ep2"]["expert_parallel_modules"] == [1, 1, 1, 1]
+    assert results["mixtral:cp2d2ep2zero1"]["expert_parallel_modules"] == [2, 2, 2, 2]
+    assert "ExpertZeroOptimizer" in results["mixtral:cp2d2ep2zero1"]["adamw"]["optimizer_class"]
     zero1 = results["llama:cp2d2zero1"]
     assert zero1["plan"]["shard"] == "optimizer"
     assert zero1["adamw"]["optimizer_class"] == ["ZeroRedundancyOptimizer"]

@@ -35,7 +35,7 @@ def test_cp_and_ep_keys_in_torchtitan_and_megatron() -> None:
     assert flag["--pipeline-model-parallel-size"] == "2"
 
 
-def test_autopipe_run_sizes_cp_and_ep_plans_and_refuses_both_together_in_one_line() -> None:
+def test_autopipe_run_sizes_cp_and_ep_plans_alone_and_together() -> None:
     from autopipe.runtime.distributed.mesh import mesh_size_problem
 
     plan = _gpt_plan(stages=2, schedule="1f1b")[2]
@@ -47,9 +47,12 @@ def test_autopipe_run_sizes_cp_and_ep_plans_and_refuses_both_together_in_one_lin
     # EP is carved out of the data-parallel ranks (expert_parallel.py): D = 1 cannot hold 2.
     ep = mesh_size_problem(dataclasses.replace(plan, expert_parallel=2), 2)
     assert ep is not None and "must divide the 1 data-parallel" in ep and "\n" not in ep
+    # With CP, EP is carved out of the dp x cp ranks (torchtitan's way): C = 2 holds E = 2.
     both = dataclasses.replace(plan, context_parallel=2, expert_parallel=2)
-    why = mesh_size_problem(both, both.world_size)
-    assert why is not None and "together" in why and "\n" not in why
+    assert mesh_size_problem(both, both.world_size) is None
+    four = dataclasses.replace(plan, context_parallel=2, expert_parallel=4)
+    why = mesh_size_problem(four, four.world_size)
+    assert why is not None and "1 x 2 dp x cp ranks" in why and "\n" not in why
 
 
 # ---------------------------------------------------------------- checked with their own code

@@ -136,12 +136,12 @@ def test_the_plan_refusals_are_one_line() -> None:
     assert mesh_size_problem(plan, 4) is None
     for bad, phrase in [
         (_plan(expert_parallel=4), "must divide the 2 data-parallel replicas"),
-        (_plan(expert_parallel=2, tensor_parallel=2, shard="optimizer"), "shard optimizer"),
+        (_plan(expert_parallel=2, tensor_parallel=2, context_parallel=2), "context parall"),
     ]:
         why = expert_plan_problem(bad)
         assert why is not None and phrase in why and "\n" not in why
-    # context and expert parallelism together are refused (each runs alone)
-    assert "together" in str(mesh_size_problem(_plan(context_parallel=2, expert_parallel=2), 8))
+    # with context parallelism the EP group is carved out of dp x cp (D 2 x C 2 holds E 4)
+    assert mesh_size_problem(_plan(context_parallel=2, expert_parallel=4), 8) is None
 
 
 class _ListExperts(nn.Module):

@@ -114,31 +114,37 @@ def uses_mesh(plan: Plan) -> bool:
 def expert_plan_problem(plan: Plan) -> str | None:
     """The one-line refusal of an expert-parallel plan (E > 1) this runtime does not run, or
     None: the EP group is E consecutive data-parallel ranks of a stage
-    (:mod:`.expert_parallel`), so E must divide D. With TP each expert's FFN is split over
-    the TP ranks too; ZeRO-1 runs with EP (:class:`~.expert_parallel.ExpertZeroOptimizer`)
-    but not yet with EP and TP together (its expert groups are not TP-aware; untested)."""
+    (:mod:`.expert_parallel`; of its dp x cp ranks with context parallelism), so E must
+    divide D (D x C). With TP each expert's FFN is split over the TP ranks too (not yet with
+    CP as well); ZeRO-1 runs with EP (:class:`~.expert_parallel.ExpertZeroOptimizer`), with
+    TP it is refused for every plan (:func:`check_mesh_plan`)."""
     e, d = plan.expert_parallel, plan.replicas
-    if plan.tensor_parallel > 1 and plan.shard == "optimizer":
+    if plan.tensor_parallel > 1 and plan.context_parallel > 1:
         return (
-            f"autopipe run does not combine expert parallelism {e}, tensor parallelism "
-            f"{plan.tensor_parallel} and shard optimizer (ZeRO-1) yet; re-plan with "
-            "--shard none (or parameters, gradients), --tensor-parallel 1 or --expert-parallel 1"
+            f"autopipe run does not combine expert parallelism {e} with both tensor "
+            f"parallelism {plan.tensor_parallel} and context parallelism "
+            f"{plan.context_parallel} yet; re-plan with --tensor-parallel 1, "
+            "--context-parallel 1 or --expert-parallel 1"
         )
-    if d % e:
+    c = plan.context_parallel  # with C > 1, carved out of dp x cp (as torchtitan does)
+    if (d * c) % e:
+        where = f"{d} data-parallel replicas" if c == 1 else f"{d} x {c} dp x cp ranks"
         return (
-            f"expert parallelism {e} must divide the {d} data-parallel replicas it is carved "
-            "out of; re-plan with an --expert-parallel that divides --data-parallel"
+            f"expert parallelism {e} must divide the {where} it is carved out of; re-plan "
+            "with an --expert-parallel that divides --data-parallel"
+            + (" x --context-parallel" if c > 1 else "")
         )
     return None
 
 
-def expert_mesh(mesh: Any, degree: int, with_tp: bool = False) -> tuple[Any, Any]:
-    """(the expert-parallel mesh of this rank: ``degree`` consecutive ranks of
-    ``mesh["dp"]``, as torchtitan carves its EP group out of the data-parallel ranks, 1-D,
-    or with ``with_tp`` 2-D ``(ep, tp)``, the TP ranks splitting each expert's FFN; the 1-D
-    mesh of the ``D / degree`` ranks holding the same experts, whose expert gradients are
-    summed, or None when ``degree`` is D)."""
-    dp = mesh["dp"]
+def expert_mesh(mesh: Any, dp: Any, degree: int, with_tp: bool = False) -> tuple[Any, Any]:
+    """(the expert-parallel mesh of this rank: ``degree`` consecutive ranks of the 1-D mesh
+    ``dp`` the gradients are summed over (``mesh["dp"]``, or with context parallelism its
+    ``dp x cp`` flattened, as torchtitan carves its EP group out of the data-parallel and
+    context-parallel ranks), 1-D, or with ``with_tp`` (C = 1 only) 2-D ``(ep, tp)`` of
+    ``mesh``, the TP ranks splitting each expert's FFN; the 1-D mesh of the ``dp / degree``
+    ranks holding the same experts, whose expert gradients are summed, or None when
+    ``degree`` is dp's size)."""
     if dp.size() == degree:
         return (mesh["dp", "tp"] if with_tp else dp), None
     if with_tp:
@@ -200,12 +206,6 @@ def check_shard_dtypes(shard: str, chunks: Sequence[nn.Module]) -> None:
 
 def mesh_size_problem(plan: Plan, world_size: int) -> str | None:
     """The one-line refusal of a mesh plan launched on ``world_size`` processes, or None."""
-    if plan.context_parallel > 1 and plan.expert_parallel > 1:
-        return (
-            f"the plan uses context parallelism {plan.context_parallel} and expert parallelism "
-            f"{plan.expert_parallel} together, which autopipe run does not run yet: hand it to "
-            "torchtitan or Megatron-LM (autopipe plan --emit), or re-plan with one of them"
-        )
     if plan.expert_parallel > 1:
         problem = expert_plan_problem(plan)
         if problem is not None:

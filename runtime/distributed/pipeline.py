@@ -565,7 +565,9 @@ class DistributedPipeline:
         if not self.experts:
             return
         with_tp = self.plan.tensor_parallel > 1
-        ep_mesh, replicas = expert_mesh(self.mesh, self.plan.expert_parallel, with_tp)
+        ep_mesh, replicas = expert_mesh(
+            self.mesh, self.gradient_mesh, self.plan.expert_parallel, with_tp
+        )
         if replicas is not None:
             self.expert_replica_group = replicas.get_group()
         self._ep_mesh = ep_mesh
