@@ -944,10 +944,15 @@ def why(pk: Pick) -> str:
     diffs = {k: a[k] - b[k] for k in a}
     k = max(diffs, key=lambda x: diffs[x])
     worse = min(diffs, key=lambda x: diffs[x])
-    text = f"{note}less {k}: {a[k]:.3g} s vs {b[k]:.3g} s per step"
+    text = f"{note}less {k}: {_secs(a[k])} vs {_secs(b[k])} per step"
     if diffs[worse] < -1e-3:  # a millisecond: float noise is no price paid
-        text += f" (pays {worse}: {b[worse]:.3g} s vs {a[worse]:.3g} s)"
+        text += f" (pays {worse}: {_secs(b[worse])} vs {_secs(a[worse])})"
     return text
+
+
+def _secs(x: float) -> str:
+    """Seconds to three figures; below a microsecond (float noise) 0."""
+    return "0 s" if abs(x) < 1e-6 else f"{x:.3g} s"
 
 
 def _shape(p: Plan) -> str:
