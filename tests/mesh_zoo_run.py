@@ -36,6 +36,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 import sys
 import time
 import traceback
@@ -149,6 +150,8 @@ state sharded over the replicas, the experts' over the ranks holding the same ex
 none besides itself at E = D, the other EP group at D 4), and EP 2 x TP 2 (each rank half
 the experts, each of them half its FFN), with and without FSDP2 on the other parameters."""
 WORLD = 4
+MIXTURES_OF_EXPERTS = ("mixtral", "qwen3_moe", "deepseek_v3")
+"""Families whose TP cases also check autopipe's checkpoint of their split experts."""
 
 
 BF16 = "bfloat16"
@@ -401,6 +404,10 @@ class Runner:
             result["expert_parallel_modules"] = [g.get("expert_parallel_modules") for g in gathered]
             # Each rank's expert parameters split by TP or EP: name -> the local shape.
             result["expert_shapes"] = [g.get("expert_shapes") for g in gathered]
+            # TP cases: each rank's expert parameters in autopipe's checkpoint, and those
+            # that differ from the trained ones (names, layout or values).
+            result["checkpoint_experts"] = [g.get("checkpoint_experts") for g in gathered]
+            result["checkpoint_wrong"] = [g.get("checkpoint_wrong") for g in gathered]
             result["plan"] = _plan_summary(plan_dict)
             keep = (
                 all(g["symmetric"] for g in gathered)
@@ -442,6 +449,9 @@ class Runner:
                 losses, kind = _train(pipe, plan, optimizer, inputs, lr)
                 errors[optimizer] = self._compare(family, optimizer, pipe, losses, dtype)
                 errors[optimizer]["optimizer_class"] = kind
+            saved: dict[str, Any] = {}
+            if plan.tensor_parallel > 1 and family in MIXTURES_OF_EXPERTS:
+                saved = self._checkpoint_experts(pipe)
             spread = sum(type(m).__name__ == "ExpertParallel" for m in pipe.module.modules())
             split = {
                 f"{path}.{name}": list(p.to_local().shape)
@@ -454,6 +464,7 @@ class Runner:
                 "symmetric": True,
                 "expert_parallel_modules": spread,
                 "expert_shapes": split,
+                **saved,
             }
         except Exception as exc:
             comm = is_comm_failure(exc)
@@ -472,6 +483,41 @@ class Runner:
                 "symmetric": not comm,
                 "trace": traceback.format_exc()[-3000:],
             }
+
+    def _checkpoint_experts(self, pipe: Any) -> dict[str, Any]:
+        """A TP case of a mixture of experts: autopipe's checkpoint of the trained pipeline (``save_checkpoint``,
+        torch.distributed.checkpoint), read back whole, against this rank's expert
+        parameters gathered with ``full_tensor()``: the names and layout must be the
+        model's (a fused ``[gate; up]`` split by TP is written as it is whole)."""
+        import torch
+        import torch.distributed as dist
+        from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+        from torch.distributed.tensor import DTensor
+
+        from autopipe.saving import save_checkpoint
+
+        held = {
+            name: value.full_tensor() if isinstance(value, DTensor) else value
+            for name, value in pipe.state_dict().items()
+            if ".experts." in name
+        }
+        folder = self.out / "checkpoint"  # one case at a time; deleted after
+        save_checkpoint(pipe, str(folder))
+        whole = folder.with_suffix(".pt")
+        if self.rank == 0:
+            dcp_to_torch_save(folder, whole)
+        dist.barrier(group=self.control)
+        saved = torch.load(whole)
+        wrong = sorted(
+            name
+            for name, value in held.items()
+            if name not in saved or not torch.equal(saved[name], value)
+        )
+        dist.barrier(group=self.control)
+        if self.rank == 0:
+            shutil.rmtree(folder, ignore_errors=True)
+            whole.unlink()
+        return {"checkpoint_experts": len(held), "checkpoint_wrong": wrong}
 
     def _compare(
         self, family: str, optimizer: str, pipe: Any, losses: list[float], dtype: str

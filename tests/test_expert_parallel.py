@@ -92,6 +92,10 @@ def test_expert_parallel_training_equals_one_process(tmp_path: Path) -> None:
                 name.split(".body.")[1]: shape for name, shape in r["expert_shapes"][rank].items()
             }
             assert got == want, (case, rank)
+        # autopipe's checkpoint holds every rank's experts as the model names and lays them
+        # out, equal to the trained ones gathered whole
+        assert r["checkpoint_experts"] == [2 * len(held) for held in layers], case
+        assert r["checkpoint_wrong"] == [[]] * 4, case
         for optimizer in ("sgd", "adamw"):
             assert r[optimizer]["max_relative"] < 1e-4, (case, optimizer)
     for case in CASES:
