@@ -175,6 +175,8 @@ def test_megatron_refuses_ep_with_tp_without_sequence_parallelism() -> None:
     if request is None:
         pytest.skip("the plan carries no request")
     with pytest.raises(EmitError, match="sequence parallelism with expert and tensor") as info:
-        to_megatron(dataclasses.replace(plan, request=request))
+        to_megatron(
+            dataclasses.replace(plan, report=dataclasses.replace(plan.report, request=request))
+        )
     assert "\n" not in str(info.value)
     assert "--sequence-parallel" in to_megatron(plan)["args"]
