@@ -11,6 +11,10 @@ BIN := $(VENV)/bin
 # of the `emit` extra, installed without dependencies, which would replace torch.
 EMIT_CHECKS := torchtitan==0.3.0 spmd_types==0.2.3 torch_checkpointing tyro docstring-parser \
 	typeguard megatron-core==0.16.1 einops
+# torchtitan 0.2.2, for the TOML's checks, in its own folder (one package name with 0.3.0):
+# tests/test_emit_frameworks.py runs those checks in one child pytest with it first on
+# PYTHONPATH.
+TORCHTITAN_022 := $(VENV)/torchtitan-0.2.2
 
 .PHONY: install demo test lint bench figures clean
 
@@ -23,6 +27,8 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/python -m pip uninstall -q -y autopipe 2>/dev/null || true
 	$(BIN)/python -m pip install -q -e '.[dev]'
 	$(BIN)/python -m pip install -q --no-deps $(EMIT_CHECKS)
+	$(BIN)/python -m pip install -q --no-deps --upgrade --target $(TORCHTITAN_022) \
+		torchtitan==0.2.2 torchdata
 	touch $@
 
 demo: install

@@ -132,17 +132,24 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--torchtitan-0.3", dest="tt03", metavar="DIR",
                         help="a folder holding torchtitan 0.3.0 (pip install --target)")  # fmt: skip
+    parser.add_argument("--torchtitan-0.2", dest="tt022", metavar="DIR",
+                        help="a folder holding torchtitan 0.2.2 (pip install --target), for the "
+                        "TOML rows when 0.3.0 is installed (make install)")  # fmt: skip
     parser.add_argument("--formats", default=",".join(FORMATS), help=argparse.SUPPRESS)
     parser.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     formats = tuple(args.formats.split(","))
-    here = tuple(f for f in formats if not (f == "torchtitan-python" and args.tt03))
+    # each torchtitan release from its own folder, first on PYTHONPATH, in a child process
+    apart = {"torchtitan-python": args.tt03, "torchtitan": args.tt022}
+    here = tuple(f for f in formats if not apart.get(f))
     table = rows(here)
-    if "torchtitan-python" in formats and args.tt03:
+    for fmt, folder in apart.items():
+        if fmt not in formats or not folder:
+            continue
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-            [args.tt03, *filter(None, [os.environ.get("PYTHONPATH")])])}  # fmt: skip
+            [folder, *filter(None, [os.environ.get("PYTHONPATH")])])}  # fmt: skip
         child = subprocess.run(
-            [sys.executable, __file__, "--formats", "torchtitan-python", "--json"],
+            [sys.executable, __file__, "--formats", fmt, "--json"],
             env=env, capture_output=True, text=True, check=True,
         )  # fmt: skip
         table += json.loads(child.stdout.strip().splitlines()[-1])
@@ -152,6 +159,7 @@ def main() -> None:
     import framework_checks as fc
 
     titan = f"torchtitan {fc.version('torchtitan')}" + (" and 0.3.0" if args.tt03 else "")
+    titan += " and 0.2.2" if args.tt022 else ""
     print(f"torch {fc.version('torch')}, {titan}, megatron-core {fc.version('megatron-core')};"
           " M = 2 x chunks, V = 2 for the multi-stage schedules\n")  # fmt: skip
     print("| format | model | schedule | " + " | ".join(f"{k} ranks" for k in RANKS) + " |")

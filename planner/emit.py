@@ -213,9 +213,16 @@ def to_megatron(plan: Plan) -> dict[str, Any]:
     has no data-parallel flag: its data-parallel size is ``world size / (T x K)``, so the
     output's ``world_size`` (``K x D x T``, torchrun's process count) fixes D. Megatron-LM's
     distributed optimizer keeps a full gradient buffer on every rank, so a plan sharding
-    gradients or parameters (ZeRO-2/3) is refused. With T > 1, ``env`` holds
+    gradients or parameters (ZeRO-2/3) is refused. With T > 1 or C > 1, ``env`` holds
     ``CUDA_DEVICE_MAX_CONNECTIONS=1``, which Megatron-LM's ``validate_args`` asserts with
-    tensor parallelism (:func:`megatron_command_line` sets it)."""
+    tensor or context parallelism (:func:`megatron_command_line` sets it).
+
+    Context and expert parallelism: ``--context-parallel-size C`` (``world_size`` is then
+    ``K x D x C x T``) and ``--expert-model-parallel-size E`` with
+    ``--expert-tensor-parallel-size 1`` (E consecutive ranks of ``D x C x T``, the layout the
+    planner prices) and the all-to-all dispatcher; ``needs`` names ``--num-experts``, the
+    model's, which ``validate_args`` wants a multiple of E. EP with TP requires sequence
+    parallelism (Megatron-Core's ``ModelParallelConfig``)."""
     if plan.schedule not in MEGATRON_SCHEDULES:
         raise EmitError(
             f"Megatron-Core has no {plan.schedule!r} schedule (it runs 1F1B, interleaved with "

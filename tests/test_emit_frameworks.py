@@ -22,7 +22,10 @@ import importlib.util
 import json
 import os
 import random
+import re
 import shlex
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -436,3 +439,34 @@ def test_torch_tp_plan_is_what_parallelize_module_takes() -> None:
         split = parallelize_module(tiny_gpt()[0], mesh, styles)
         qkv = split.get_submodule("blocks.0.attn.qkv").weight
         assert isinstance(qkv, DTensor) and qkv.to_local().shape[0] * 2 == qkv.shape[0], rank
+
+
+TORCHTITAN_022 = Path(sys.prefix) / "torchtitan-0.2.2"
+"""Where ``make install`` puts torchtitan 0.2.2 (the Makefile's TORCHTITAN_022)."""
+TOML_CHECKS = "toml or torchtitan_builds or per_unit or framework_rows or 022"
+"""The checks that feed the TOML to torchtitan 0.2.2 (here and in test_emit_context_expert)."""
+
+
+@pytest.mark.slow
+def test_torchtitan_022_checks_run_beside_030() -> None:
+    """One child pytest runs the TOML's checks with make install's torchtitan 0.2.2 first on
+    PYTHONPATH (it shares its package name with 0.3.0, installed here), so CI checks both
+    releases' formats; none of them may skip for a missing torchtitan."""
+    if fc.version("torchtitan") == "0.2.2":
+        pytest.skip("torchtitan 0.2.2 is first here: its checks run in this process")
+    if not (TORCHTITAN_022 / "torchtitan").is_dir():
+        pytest.skip(f"no torchtitan 0.2.2 in {TORCHTITAN_022} (make install puts it there)")
+    here = Path(__file__).resolve().parent
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(TORCHTITAN_022), *filter(None, [os.environ.get("PYTHONPATH")])])}  # fmt: skip
+    child = subprocess.run(
+        [sys.executable, "-m", "pytest", str(here / "test_emit_frameworks.py"),
+         str(here / "test_emit_context_expert.py"), "-k", TOML_CHECKS, "-p", "no:cacheprovider",
+         "-p", "no:xdist", "-W", "ignore", "-rs"],
+        env=env, cwd=here.parent, capture_output=True, text=True, timeout=1200,
+    )  # fmt: skip
+    tail = child.stdout[-3000:]
+    assert child.returncode == 0, tail
+    assert "torchtitan 0.2.2 is not" not in child.stdout, tail
+    passed = re.search(r"(\d+) passed", child.stdout)
+    assert passed is not None and int(passed.group(1)) >= 40, tail
