@@ -174,3 +174,30 @@ def test_a_remembered_no_cut_saves_the_probe(monkeypatch: pytest.MonkeyPatch) ->
     assert calls[0] == 1  # remembered
     assert no_cut_within(zero1, limit_s * 1.5) == _probed_none(zero1, limit_s * 1.5)
     assert calls[0] == 3  # a higher limit is not covered: probed (and probed again to check)
+
+
+@settings(max_examples=40, deadline=None, derandomize=True)
+@given(
+    st.integers(1, 10),
+    st.integers(0, 10_000),
+    st.sampled_from(["gpipe", "1f1b"]),
+    st.sampled_from(["never", "always", "auto"]),
+    st.sampled_from([None, 2 * 10**6, 10**7]),
+)
+def test_bisecting_the_segment_times_finds_the_same_bottleneck(
+    n: int, seed: int, schedule: str, checkpoint: str, memory: int | None
+) -> None:
+    """Up to ``EXACT_VALUES_MAX_UNITS`` units the search bisects over the segments' own
+    times (#35): the very float the halving of [lo, hi] finds, and the DP's."""
+    k = 1 + seed % n
+    cm = cost_model(
+        random_profile(n, seed), random_cluster(k, seed, memory), 4, schedule, checkpoint
+    )
+    by_values = probe_partition(cm)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(probe_module, "EXACT_VALUES_MAX_UNITS", 0)
+        by_halving = probe_partition(cm)
+    reference = dp_partition(cm)
+    assert (by_values is None) == (by_halving is None) == (reference is None)
+    if by_values is not None and by_halving is not None and reference is not None:
+        assert by_values.bottleneck_s == by_halving.bottleneck_s == reference.bottleneck_s
