@@ -11,11 +11,14 @@ exact bottleneck, ends when the float just below that bottleneck is infeasible: 
 from __future__ import annotations
 
 import math
+import weakref
 from collections.abc import Callable
 
 import numpy as np
 from autopipe.planner.chain import Partition, backtrack, bottleneck, minmax_dp, stage_key
 from autopipe.planner.costs import CostModel, stage_memory
+
+from autopipe.core.profile import Profile
 
 Caps = tuple[float, float, float]
 """(stage time, forward + send, recompute + backward) upper bounds for a probe."""
@@ -232,7 +235,7 @@ def no_cut_within(cm: CostModel, limit_s: float) -> bool:
         cm.inflight.tobytes(), cm.full_inflight.tobytes(),
     )  # fmt: skip
     hit = _NO_CUT.get(key)
-    known = hit[1] if hit is not None and hit[0] is cm.profile else None
+    known = hit[1] if hit is not None and hit[0]() is cm.profile else None
     for factor, capacity, t in known or ():
         if (
             factor <= cm.state_factor
@@ -246,15 +249,16 @@ def no_cut_within(cm: CostModel, limit_s: float) -> bool:
         if len(_NO_CUT) > 4096:
             _NO_CUT.clear()
         known = []
-        _NO_CUT[key] = (cm.profile, known)
+        _NO_CUT[key] = (weakref.ref(cm.profile), known)
     if len(known) < 16:
         known.append((cm.state_factor, cm.capacity_bytes.copy(), limit_s))
     return True
 
 
-_NO_CUT: dict[tuple, tuple[object, list[tuple[float, np.ndarray, float]]]] = {}
+_NO_CUT: dict[tuple, tuple[weakref.ref[Profile], list[tuple[float, np.ndarray, float]]]] = {}
 """The "no cut fits" answers of :func:`no_cut_within` by everything but the state per
-parameter, the memory and the limit (the profile kept to tell a reused ``id`` apart)."""
+parameter, the memory and the limit (a weak reference to the profile tells a reused
+``id`` apart without keeping the mesh search's device profiles alive)."""
 
 
 _DENSE_RANGE_CELLS = 1 << 16
