@@ -13,18 +13,24 @@ Both models are counted analytically on the meta device (profiling is not timed)
 memory needs it, the default expert load imbalance 1.25. Printed: each mesh, its step and
 tokens/s per GPU, peak memory per device, and the search's wall time and number of meshes
 weighed and searched (target: under 30 s each, of the process's CPU time: the wall time of a
-shared host counts other jobs). A progress bar (stderr) counts the meshes searched so far.
+shared host counts other jobs), with the work counted, which the host's load does not
+change: pipeline searches (one per mesh, or per M with ``parameters`` sharding) and
+min-bottleneck probes (``planner/probe.py``; the pruning test's and the exact partitions').
+A progress bar (stderr) counts the meshes searched so far.
 
     .venv/bin/python benchmarks/modern_mesh.py [--only a|b] [--profiles DIR] [--gpus N]
+        [--repeat R]
 
 ``--profiles DIR`` keeps the counted profiles as JSON there and reuses them on the next run;
 ``--gpus N`` plans the case on N devices instead of the published count (a smaller variant,
-e.g. to time an older checkout beside this one).
+e.g. to time an older checkout beside this one); ``--repeat R`` plans each case R times and
+prints the median CPU time (the counts are the same each time).
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -110,13 +116,17 @@ def line(label: str, p: Plan, case: dict) -> str:
 
 
 @contextmanager
-def searches_shown(label: str) -> Iterator[None]:
+def searches_shown(label: str, work: dict[str, int]) -> Iterator[None]:
     """A tqdm bar on stderr counting the meshes whose pipeline the search runs (the planner
-    is torch-free and prints nothing; its one-mesh search is wrapped for the count)."""
+    is torch-free and prints nothing; its one-mesh search is wrapped for the count), and in
+    ``work`` the pipeline searches and probes it makes (wrapped the same way)."""
     import autopipe.planner.mesh as mesh
+    import autopipe.planner.probe as probe
     from tqdm import tqdm
 
     real: Callable[..., Any] = mesh._search
+    real_pipeline: Callable[..., Any] = mesh.plan_pipeline
+    real_probe: Callable[..., Any] = probe._Prober.probe
     bar = tqdm(desc=f"{label}: meshes searched", unit=" mesh", file=sys.stderr, leave=False)
 
     def counted_search(*args: Any, **kwargs: Any) -> Any:
@@ -124,36 +134,59 @@ def searches_shown(label: str) -> Iterator[None]:
         bar.update(1)
         return out
 
+    def counted(name: str, call: Callable[..., Any]) -> Callable[..., Any]:
+        def wrapped(*args: Any, **kwargs: Any) -> Any:
+            work[name] = work.get(name, 0) + 1
+            return call(*args, **kwargs)
+
+        return wrapped
+
     mesh._search = counted_search  # type: ignore[assignment]
+    mesh.plan_pipeline = counted("pipeline searches", real_pipeline)  # type: ignore[assignment]
+    probe._Prober.probe = counted("probes", real_probe)  # type: ignore[method-assign]
     try:
         yield
     finally:
         mesh._search = real  # type: ignore[assignment]
+        mesh.plan_pipeline = real_pipeline  # type: ignore[assignment]
+        probe._Prober.probe = real_probe  # type: ignore[method-assign]
         bar.close()
 
 
-def run_case(name: str, keep: Path | None, gpus: int | None = None) -> None:
+def run_case(name: str, keep: Path | None, gpus: int | None = None, repeat: int = 1) -> None:
     case = dict(CASES[name], gpus=gpus) if gpus else CASES[name]
     title = case["title"] if not gpus else f"{case['title']} (on {gpus} devices)"
     print(f"({name}) {title}")
     p = counted(case["factory"], case["profile_batch"], case["device"], keep)
-    started, cpu = time.perf_counter(), time.process_time()
-    with searches_shown(f"({name})"):
-        chosen = plan(
-            p,
-            request(
-                case, tensor_parallel="auto", data_parallel="auto", shard="auto",
-                context_parallel="auto", expert_parallel="auto",
-            ),
-        )  # fmt: skip
-    took, took_cpu = time.perf_counter() - started, time.process_time() - cpu
+    walls, cpus = [], []
+    for _ in range(max(repeat, 1)):
+        work: dict[str, int] = {}
+        started, cpu = time.perf_counter(), time.process_time()
+        with searches_shown(f"({name})", work):
+            chosen = plan(
+                p,
+                request(
+                    case, tensor_parallel="auto", data_parallel="auto", shard="auto",
+                    context_parallel="auto", expert_parallel="auto",
+                ),
+            )  # fmt: skip
+        walls.append(time.perf_counter() - started)
+        cpus.append(time.process_time() - cpu)
+    took, took_cpu = statistics.median(walls), statistics.median(cpus)
     assert chosen.mesh is not None
     rows = chosen.mesh.candidates
     searched = sum(r.searched for r in rows)
     verdict = "pass" if took_cpu <= TARGET_S else "FAIL"
+    each = (
+        f", median of {len(cpus)}: {', '.join(f'{c:.1f}' for c in cpus)}" if len(cpus) > 1 else ""
+    )
     print(line("autopipe's choice", chosen, case))
-    print(f"      searched {searched} of {len(rows)} meshes in {took_cpu:.1f} s of CPU "
-          f"({took:.1f} s wall on a shared host; target {TARGET_S:.0f} s: {verdict})")  # fmt: skip
+    print(
+        f"      searched {searched} of {len(rows)} meshes in {took_cpu:.1f} s of CPU "
+        f"({took:.1f} s wall on a shared host{each}; target {TARGET_S:.0f} s: {verdict})"
+    )
+    print(f"      work: {work.get('pipeline searches', 0)} pipeline searches, "
+          f"{work.get('probes', 0)} probes")  # fmt: skip
     try:
         published = plan(p, request(case, **case["published"]))
         print(line(case["published_name"], published, case))
@@ -168,9 +201,10 @@ def main() -> None:
     parser.add_argument("--only", choices=sorted(CASES))
     parser.add_argument("--profiles", type=Path, help="keep / reuse the counted profiles here")
     parser.add_argument("--gpus", type=int, help="plan on this many devices instead")
+    parser.add_argument("--repeat", type=int, default=1, help="plan each case this many times")
     args = parser.parse_args()
     for name in [args.only] if args.only else sorted(CASES):
-        run_case(name, args.profiles, args.gpus)
+        run_case(name, args.profiles, args.gpus, args.repeat)
 
 
 if __name__ == "__main__":

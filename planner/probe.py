@@ -11,11 +11,14 @@ exact bottleneck, ends when the float just below that bottleneck is infeasible: 
 from __future__ import annotations
 
 import math
+import weakref
 from collections.abc import Callable
 
 import numpy as np
 from autopipe.planner.chain import Partition, backtrack, bottleneck, minmax_dp, stage_key
 from autopipe.planner.costs import CostModel, stage_memory
+
+from autopipe.core.profile import Profile
 
 Caps = tuple[float, float, float]
 """(stage time, forward + send, recompute + backward) upper bounds for a probe."""
@@ -209,6 +212,55 @@ def time_only_fits(cm: CostModel, t: float) -> bool:
     return at >= n
 
 
+def no_cut_within(cm: CostModel, limit_s: float) -> bool:
+    """True when no cut of ``cm``'s units keeps every stage's time within ``limit_s``
+    seconds in memory (:func:`time_only_fits`, then one :meth:`_Prober.probe`): the pipeline
+    search's pruning test (``search._partition_candidate``).
+
+    A "no" is remembered, and answers later questions it covers without a probe: the same
+    profile object, batch, M, schedule, checkpointing, speeds and links (the stage times are
+    equal) with at least as much training state per parameter, at most as much memory per
+    stage and a limit no larger. Each of those only removes segments the probe could use
+    (a segment's memory grows with its state and the test it must pass tightens), so no cut
+    fits there either: the answer the probe would give. The mesh search asks this of the
+    shardings of one mesh in turn (ZeRO-2's gradients first, its bound is lowest; then
+    ZeRO-1's and the unsharded, more state on the same device profile) at the best step
+    so far, which only falls: DeepSeek-V3's deep meshes asked ~3 700 of their ~10 000
+    probes again that way (#35). O(K log N) when remembered, else one probe."""
+    if not time_only_fits(cm, limit_s):
+        return True
+    key = (
+        id(cm.profile), cm.batch_size, cm.microbatches, cm.headroom, tuple(cm.options),
+        cm.speed.tobytes(), cm.bandwidth_bytes_per_s.tobytes(), cm.latency_s.tobytes(),
+        cm.inflight.tobytes(), cm.full_inflight.tobytes(),
+    )  # fmt: skip
+    hit = _NO_CUT.get(key)
+    known = hit[1] if hit is not None and hit[0]() is cm.profile else None
+    for factor, capacity, t in known or ():
+        if (
+            factor <= cm.state_factor
+            and t >= limit_s
+            and bool(np.all(capacity >= cm.capacity_bytes))
+        ):
+            return True
+    if _Prober(cm).probe(limit_s) is not None:
+        return False
+    if known is None:
+        if len(_NO_CUT) > 4096:
+            _NO_CUT.clear()
+        known = []
+        _NO_CUT[key] = (weakref.ref(cm.profile), known)
+    if len(known) < 16:
+        known.append((cm.state_factor, cm.capacity_bytes.copy(), limit_s))
+    return True
+
+
+_NO_CUT: dict[tuple, tuple[weakref.ref[Profile], list[tuple[float, np.ndarray, float]]]] = {}
+"""The "no cut fits" answers of :func:`no_cut_within` by everything but the state per
+parameter, the memory and the limit (a weak reference to the profile tells a reused
+``id`` apart without keeping the mesh search's device profiles alive)."""
+
+
 _DENSE_RANGE_CELLS = 1 << 16
 """Largest ``queries x positions`` :func:`_range_argmax` answers with one dense argmax."""
 
@@ -275,6 +327,21 @@ def probe_partition(cm: CostModel) -> Partition | None:
     unit = np.diff(cm.fwd_prefix + cm.bwd_prefix) / v
     total = float(cm.fwd_prefix[-1] + cm.bwd_prefix[-1]) / float(np.sum(cm.speed))
     lo = max(float(unit.max(initial=0.0)), total) * (1.0 - 1e-9)
+    if cm.n_units <= EXACT_VALUES_MAX_UNITS:
+        # The least bottleneck is one segment's time: bisect over those times (as the probe
+        # computes them) between lo and hi, ~log2(N^2) probes, not ~20 halvings of [lo, hi]
+        # to 1e-6 and the proof below it. The same value: the smallest time some cut attains.
+        times = _segment_times(cm)
+        times = times[(times > lo) & (times < hi)]
+        a, b = 0, times.size  # the answer is times[b], or hi when b == times.size
+        while a < b:
+            mid = (a + b) // 2
+            found = prober.probe(float(times[mid]))
+            if found is None:
+                a = mid + 1
+            else:
+                best, hi, b = found, bottleneck(cm, found), mid
+        return Partition(best, hi, "probe")
     while True:
         if hi - lo > 1e-6 * hi:
             t = 0.5 * (lo + hi)
@@ -289,6 +356,31 @@ def probe_partition(cm: CostModel) -> Partition | None:
             best = found
             hi = bottleneck(cm, best)
     return Partition(best, hi, "probe")
+
+
+EXACT_VALUES_MAX_UNITS = 256
+"""Up to this many units :func:`probe_partition` bisects over the segments' times."""
+
+
+def _segment_times(cm: CostModel) -> np.ndarray:
+    """Every segment's time per micro-batch, kept and re-computed, on every stage's device,
+    sorted and distinct: the arithmetic of :meth:`_Prober._fits` (and ``CostModel.segment``)
+    elementwise, so the least bottleneck is one of these floats exactly. O(K' N^2 log N)
+    for K' distinct devices and links."""
+    n = cm.n_units
+    i, j = np.triu_indices(n + 1, 1)
+    out = []
+    links = {
+        (cm.speed[s], cm.bandwidth_bytes_per_s[s], cm.latency_s[s]): s for s in range(cm.num_stages)
+    }
+    for s in links.values():
+        v = cm.speed[s]
+        fwd = (cm.fwd_prefix[j] - cm.fwd_prefix[i]) / v
+        bwd = (cm.bwd_prefix[j] - cm.bwd_prefix[i]) / v
+        base = fwd + bwd
+        send = cm.send_s(s, np.arange(n + 1))[j]
+        out += [base + send, (base + fwd) + send]
+    return np.unique(np.concatenate(out))
 
 
 MEMORY_DP_MAX_UNITS = 256

@@ -38,11 +38,10 @@ from autopipe.planner.costs import CostModel
 from autopipe.planner.errors import PlanningError, RuleViolation
 from autopipe.planner.partition import brute_force_partition, exact_partition
 from autopipe.planner.probe import (
-    _Prober,
     memory_floor,
     min_memory_needed,
+    no_cut_within,
     pareto_partitions,
-    time_only_fits,
 )
 from autopipe.planner.schedules import virtual_stage_choices
 
@@ -480,7 +479,7 @@ def _partition_candidate(
             # One probe: if no cut keeps every chunk within best_s / M, every cut's
             # bottleneck rank is busy longer than the plan already found. O(K V N log N).
             limit_s = best_s / cand.microbatches
-            if not time_only_fits(cm, limit_s) or _Prober(cm).probe(limit_s) is None:
+            if no_cut_within(cm, limit_s):
                 cand.pruned = True
                 cm.clear_cache()
                 return
