@@ -170,18 +170,21 @@ would show. Per element the error of the update over lr is allowed
 The first term is the parameter's own rounding: each step rounds ``p - lr * g`` to
 bfloat16 (8 significant bits), and where the two runs' gradients differ by a hair the two
 values may round to neighbouring numbers, one ulp of ``p`` apart (:func:`bf16_ulp` of the
-largest magnitude the element takes). Measured (llama, every mesh): the largest error is
-exactly 1 to 2 such ulps (4.9e-3 at lr 0.1 for |p| in [0.03, 0.06)), 32-50 % of the largest
-update of some parameter: q/k projections, MLPs and the norm weights (|p| = 1, ulp 2^-7)
-move by less than an ulp a step at lr 0.1, so bfloat16 resolves their update only to that
-term (it holds there, and says little); the embedding, v/o projections and head move by
-tens of ulps, where the second term decides. That second term is the gradient's own error:
-the mesh sums in another order, and in bfloat16, what one process sums at once (micro-batch
-gradients accumulated in the parameter's dtype, data-parallel and FSDP reductions, TP's
-partial sums in the forward, the division by the item count), each a rounding of 2^-8 of
-the values summed, a handful in all: 2^-5 (3 %) of the largest update. Measured, the error
-beyond the first term: at most 0.4 % of the largest update (tests/test_mesh_zoo.py's table
-prints it per case); a gradient off by tens of percent (a missing TP sum) is far outside.
+largest magnitude the element takes). Measured (llama, qwen3, cohere_qk_norm, every mesh):
+the largest error is exactly 1 to 2 such ulps (2.4e-3 or 4.9e-3 at lr 0.1, |p| in [0.03,
+0.06)), 32-50 % of the largest update of some parameter: q/k projections, MLPs and the norm
+weights (|p| = 1, ulp 2^-7) move by less than an ulp a step at lr 0.1, so bfloat16 resolves
+their update only to that term (it holds there, and says little: a wrong gradient of a norm
+weight, as a missing TP sum of Qwen3's q/k norms, does not show in bfloat16; the float64
+cases catch it); the embedding, v/o projections and head move by tens of ulps, where the
+second term decides. That second term is the gradient's own error: the mesh sums in another
+order, and in bfloat16, what one process sums at once (micro-batch gradients accumulated in
+the parameter's dtype, data-parallel and FSDP reductions, TP's partial sums in the forward,
+the division by the item count), each a rounding of 2^-8 of the values summed, a handful in
+all: 2^-5 (3.1 %) of the largest update. Measured, the error beyond the first term: at most
+0.56 % of the largest update (qwen3; llama 0.40 %, cohere_qk_norm 0.15 %), 5.6 x inside;
+tests/test_mesh_zoo.py's table prints it per case. A gradient off by tens of percent on a
+parameter that moves is far outside.
 AdamW is not compared in bfloat16: its first update is ``g / |g|``, so an element whose
 gradient is within rounding of zero flips sign between the two runs (its update over lr off
 by 2 per step; measured at lr 1e-2 without labels: up to 4.1, 64-138 % of the largest,

@@ -9,6 +9,7 @@ would kill the survivors for us), so these tests check the runtime's own behavio
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -141,6 +142,10 @@ def test_error_in_a_stage_is_reported_by_that_rank_and_its_peer(tmp_path: Path) 
     (code0, _, err0), (code1, _, err1) = [finish(p, 2 * TIMEOUT_S) for p in procs]
     assert code1 == 1 and "ValueError: the loss broke on purpose" in err1, err1
     assert code0 == 1 and "rank 0 (stage 0, replica 0): the pipeline broke" in err0, err0
+    # the root cause, from the store rank 0 holds (no torchrun agent here)
+    assert re.search(
+        r"rank 1 \(stage 1, replica 0\) failed in step \d+: ValueError: the loss broke", err0
+    )
 
 
 def test_unreachable_master_ends_within_the_timeout_in_one_line(files: tuple[Path, Path]) -> None:
