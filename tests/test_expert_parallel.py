@@ -76,7 +76,10 @@ def test_expert_parallel_training_equals_one_process(tmp_path: Path) -> None:
         + " ".join(f"{o} max rel {r[o]['max_relative']:.2g}" for o in ("sgd", "adamw") if o in r)
         for case, r in results.items()
     ]
-    print(f"\nexpert parallelism: {len(CASES)} cases in {wall_s:.0f} s\n" + "\n".join(lines))
+    print(
+        f"\nexpert parallelism and expert TP: {len(results)} cases in {wall_s:.0f} s\n"
+        + "\n".join(lines)
+    )
     for case, (layers, experts) in TP_CASES.items():
         r = results[case]
         assert r["outcome"] == "equal", (case, r.get("reason"), r.get("trace"))
