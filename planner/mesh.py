@@ -770,6 +770,10 @@ class _MeshSearch:
         if twin is not None and self.topology.grad_reduce_overlap and twin.plan is not None:
             # overlapped reductions: ZeRO-1 / plain may expose less than ZeRO-2, no dominance
             twin = None
+        if twin is not None and c.shard == "optimizer" and c.ep > 1:
+            # FSDP2 leaves the expert shards whole, ZeRO-1 shards their optimizer state over
+            # the ranks holding them (context_expert.with_expert_state): ZeRO-2 may hold more
+            twin = None
         if twin is not None and twin.searched and twin.plan is None and twin.min_memory_bytes:
             # the same pipeline with more training state per device: no cut fits either
             c.reason = f"memory: needs more than ZeRO-2's {format_bytes(twin.min_memory_bytes)}"
