@@ -289,7 +289,17 @@ def mesh_lower_bound_s(
         _BOUNDS[key] = (device, bound)
     grads = sum(u.parameter_bytes for u in device.units) / cand.pp
     bw, lat = topology.dp_link(cand.tp, cand.fsdp)
-    one = ring_collective_s(grads, cand.fsdp, bw, lat)
+    if cand.ep > 1:
+        # expert shards are summed over fewer ranks (_dp_exposed_per_rank_s); their latency
+        # left out: a rank without MoE units pays none
+        size = max(int(device.bytes_per_parameter), 1)
+        expert = sum(expert_device_bytes(u, cand.tp, size) for u in device.units) / cand.pp
+        expert = min(expert, grads)
+        edp = expert_data_parallel(cand.fsdp, cand.ep)
+        one = ring_collective_s(grads - expert, cand.fsdp, bw, lat)
+        one += ring_collective_s(expert, edp, bw, 0.0)
+    else:
+        one = ring_collective_s(grads, cand.fsdp, bw, lat)
     unhidden = {"none": 2 * one, "optimizer": 2 * one, "gradients": one, "parameters": 0.0}
     if topology.grad_reduce_overlap:  # the reductions may all hide behind the backward
         unhidden["none"] = unhidden["optimizer"] = 0.0
