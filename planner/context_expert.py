@@ -38,8 +38,9 @@ import copy
 import dataclasses
 import math
 
+from autopipe.planner.costs import EXTRA_STATE_META
 from autopipe.planner.errors import RuleViolation
-from autopipe.planner.mesh_costs import Topology
+from autopipe.planner.mesh_costs import Topology, sharded_state_bytes_per_parameter
 
 from autopipe.core.profile import Profile, UnitProfile
 
@@ -50,7 +51,10 @@ __all__ = [
     "context_parallel_degrees",
     "cp_link",
     "ep_link",
+    "expert_data_parallel",
+    "expert_device_bytes",
     "expert_parallel_degrees",
+    "with_expert_state",
 ]
 
 DEFAULT_EXPERT_LOAD_IMBALANCE = 1.25
@@ -240,6 +244,70 @@ def context_expert_profile(
         meta=dict(profile.meta),
     )
     out.meta["mesh_context_expert"] = {"context_parallel": cp, "expert_parallel": ep}
+    return out
+
+
+def expert_data_parallel(fsdp: int, ep: int) -> int:
+    """The ranks holding the same expert shards, over which their gradients are summed and
+    (ZeRO-1) their optimizer state sharded: the ``fsdp / E`` same-position ranks of the
+    ``fsdp / E`` EP groups of a gradient group of ``fsdp`` (``dp x cp``) ranks (autopipe's
+    ``expert_mesh`` ``dp_between_ep``, Megatron's expert data-parallel group); 1 when E
+    spans the whole group (E = D: no other rank holds them)."""
+    return max(fsdp // max(ep, 1), 1)
+
+
+def expert_device_bytes(u: UnitProfile, tp: int, size: int) -> float:
+    """Bytes of ``u``'s routed-expert parameters on one device: the unit of a context/expert
+    profile (:func:`context_expert_profile`, its ``moe_expert_parameter_count`` already this
+    EP rank's share) split over ``tp`` TP ranks as
+    :func:`autopipe.planner.mesh_costs.unit_device_parameter_bytes` splits it."""
+    if u.moe_expert_parameter_count <= 0:
+        return 0.0
+    whole = u.parameter_bytes if u.parameter_bytes > 0 else u.parameter_count * size
+    return min(u.moe_expert_parameter_count * size, whole) / max(tp, 1)
+
+
+def with_expert_state(
+    device: Profile,
+    tp: int,
+    ep: int,
+    shard: str,
+    fsdp: int,
+    state_bytes_per_parameter: float,
+    reshard_after_forward: bool = True,
+) -> Profile:
+    """``device`` (one device's profile, state priced at ``shard`` over ``fsdp`` ranks per
+    parameter) with the state its expert shards hold beyond that, per unit, in
+    ``meta[EXTRA_STATE_META]`` (read by :class:`autopipe.planner.costs.CostModel`): what the
+    runtime runs (runtime/distributed/expert_parallel.py, docs/cost-model.md):
+
+    - ``optimizer`` (ZeRO-1, ``ExpertZeroOptimizer``): a rank's expert shards keep their
+      parameters and gradients whole and their optimizer state sharded over the
+      :func:`expert_data_parallel` ranks holding the same experts, not over all ``fsdp``:
+      ``1 / D`` of the stage's experts' state, as Megatron's distributed optimizer;
+    - ``gradients`` / ``parameters`` (FSDP2): ``fully_shard`` leaves the expert shards alone
+      (``ignored_params``): their parameters, gradients and optimizer state stay whole;
+    - ``none``: as priced already.
+
+    ``device`` itself when E = 1 or nothing differs. O(units)."""
+    if ep <= 1 or fsdp <= 1 or shard == "none":
+        return device
+    size = max(int(device.bytes_per_parameter), 1)
+    priced = sharded_state_bytes_per_parameter(
+        state_bytes_per_parameter, size, shard, fsdp, reshard_after_forward
+    )
+    if shard == "optimizer":
+        runs = sharded_state_bytes_per_parameter(
+            state_bytes_per_parameter, size, shard, expert_data_parallel(fsdp, ep)
+        )
+    else:
+        runs = state_bytes_per_parameter
+    per_byte = (runs - priced) / size
+    extra = [expert_device_bytes(u, tp, size) * per_byte for u in device.units]
+    if not any(extra):
+        return device
+    out = dataclasses.replace(device, meta=dict(device.meta))
+    out.meta[EXTRA_STATE_META] = extra
     return out
 
 

@@ -28,6 +28,12 @@ from autopipe.core.cluster import Cluster
 from autopipe.core.profile import Profile, UnitProfile
 from autopipe.core.vocabulary import CHECKPOINT_GRANULARITIES
 
+EXTRA_STATE_META = "extra_state_bytes"
+"""``Profile.meta`` key of a per-unit list of training-state bytes a device holds beyond its
+parameter bytes x the request's state per parameter: the expert shards of an
+expert-parallel mesh, whose state is not sharded over the whole data-parallel group
+(:func:`autopipe.planner.context_expert.expert_state_extra_bytes`). Absent: none."""
+
 STAGE, UNIT = CHECKPOINT_GRANULARITIES
 
 
@@ -275,6 +281,13 @@ class CostModel:
         included): what per-unit checkpointing keeps of a segment, per micro-batch."""
         self.state_factor = state_bytes_per_parameter / pbytes
         """Training-state bytes per parameter byte (4.0 for fp32 Adam)."""
+        state = param * self.state_factor
+        extra = profile.meta.get(EXTRA_STATE_META)
+        if extra is not None:
+            state = state + np.asarray(extra, float)
+        self.state_prefix = np.concatenate([zero, np.cumsum(state)])
+        """Prefix sums of each unit's training-state bytes per device: its parameter bytes x
+        ``state_factor``, plus the profile's :data:`EXTRA_STATE_META` (expert shards)."""
 
     def _init_devices(self, cluster: Cluster) -> None:
         """Each stage's device: relative speed, memory (inf: unlimited), link to the next."""
@@ -341,7 +354,7 @@ class CostModel:
         send = float(self.send_s(stage, j))
         param = self.param_prefix[j] - self.param_prefix[i]
         mem = self.segment_memory(stage, i, j)
-        state = mem.state_bytes  # param * state_factor
+        state = mem.state_bytes  # param * state_factor (+ expert shards' extra)
         opt = state - param
         act_a, act_s, act_u = mem.kept_bytes, mem.per_stage_bytes, mem.per_unit_bytes
         act_b = min(act_s, act_u)
@@ -424,7 +437,7 @@ class CostModel:
             return (float(top) if np.ndim(top) == 0 else top) * r
 
         return stage_memory(
-            (self.param_prefix[j] - self.param_prefix[i]) * self.state_factor,
+            self.state_prefix[j] - self.state_prefix[i],
             (self.act_prefix[j] - self.act_prefix[i]) * r,
             self.cut_bytes_at[i] * r,
             (u[j] - u[i]) * r,
@@ -471,7 +484,7 @@ class CostModel:
         r = self.ratio
         # the whole chain with the largest input cut bounds every segment from above
         whole = stage_memory(
-            self.param_prefix[-1] * self.state_factor,
+            self.state_prefix[-1],
             self.act_prefix[-1] * r,
             float(self.cut_bytes_at.max()) * r,
             self.unit_input_prefix[-1] * r,
@@ -528,7 +541,7 @@ class CostModel:
     def _memory_parts(self) -> tuple[np.ndarray, np.ndarray]:
         """Training-state bytes and one micro-batch's activation bytes of every segment."""
         if "memory" not in self._cache:
-            state = (self.param_prefix[None, :] - self.param_prefix[:, None]) * self.state_factor
+            state = self.state_prefix[None, :] - self.state_prefix[:, None]
             act_one = (self.act_prefix[None, :] - self.act_prefix[:, None]) * self.ratio
             self._cache["memory"] = (state, act_one)
         return self._cache["memory"]

@@ -135,7 +135,7 @@ def _stage_memory(
     linear expressions (``largest_unit_bytes``: the variable bounding its largest unit)."""
     r = cm.ratio
     return stage_memory(
-        (_lin(end, cm.param_prefix) - _lin(start, cm.param_prefix)) * cm.state_factor,
+        _lin(end, cm.state_prefix) - _lin(start, cm.state_prefix),
         (_lin(end, cm.act_prefix) - _lin(start, cm.act_prefix)) * r,
         _lin(start, cm.cut_bytes_at) * r,
         (_lin(end, cm.unit_input_prefix) - _lin(start, cm.unit_input_prefix)) * r,
@@ -179,7 +179,7 @@ def _per_unit_rows(
     g = pulp.LpVariable(f"g_{s}", cat="Binary")
     big_u = float(
         (
-            cm.param_prefix[-1] * cm.state_factor
+            cm.state_prefix[-1]
             + cm.act_prefix[-1] * cm.ratio * n_full
             + cm.unit_input_prefix[-1] * cm.ratio * n_s
             + cm.cut_bytes_at.max() * cm.ratio * n_s
@@ -198,7 +198,7 @@ def _add_stage(
     unit = None
     if e.mem_b is not None and "B" in opts and _unit_can_matter(cm, s, e.limit):
         unit = _per_unit_rows(prob, cm, cuts, s, e)
-    whole_a = cm.param_prefix[-1] * cm.state_factor + cm.act_prefix[-1] * cm.ratio * e.n_s
+    whole_a = cm.state_prefix[-1] + cm.act_prefix[-1] * cm.ratio * e.n_s
     if opts == "AB" and whole_a <= e.limit:
         opts = "A"  # even the whole chain keeps its activations here: auto never checkpoints
     if opts == "A":
@@ -238,7 +238,7 @@ def _add_auto_rows(
     n_s = e.n_s
     big_m = (
         float(
-            cm.param_prefix[-1] * cm.state_factor
+            cm.state_prefix[-1]
             + cm.act_prefix[-1] * cm.ratio * n_s
             + cm.cut_bytes_at.max() * cm.ratio * n_s
             + cm.act_prefix[-1] * cm.ratio * float(cm.full_inflight[s])

@@ -29,6 +29,9 @@ from autopipe.planner.context_expert import (
     context_expert_choices,
     context_expert_profile,
     context_parallel_degrees,
+    expert_data_parallel,
+    expert_device_bytes,
+    with_expert_state,
 )
 from autopipe.planner.costs import backward_input_share
 from autopipe.planner.errors import PlanningError, RuleViolation
@@ -286,7 +289,17 @@ def mesh_lower_bound_s(
         _BOUNDS[key] = (device, bound)
     grads = sum(u.parameter_bytes for u in device.units) / cand.pp
     bw, lat = topology.dp_link(cand.tp, cand.fsdp)
-    one = ring_collective_s(grads, cand.fsdp, bw, lat)
+    if cand.ep > 1:
+        # expert shards are summed over fewer ranks (_dp_exposed_per_rank_s); their latency
+        # left out: a rank without MoE units pays none
+        size = max(int(device.bytes_per_parameter), 1)
+        expert = sum(expert_device_bytes(u, cand.tp, size) for u in device.units) / cand.pp
+        expert = min(expert, grads)
+        edp = expert_data_parallel(cand.fsdp, cand.ep)
+        one = ring_collective_s(grads - expert, cand.fsdp, bw, lat)
+        one += ring_collective_s(expert, edp, bw, 0.0)
+    else:
+        one = ring_collective_s(grads, cand.fsdp, bw, lat)
     unhidden = {"none": 2 * one, "optimizer": 2 * one, "gradients": one, "parameters": 0.0}
     if topology.grad_reduce_overlap:  # the reductions may all hide behind the backward
         unhidden["none"] = unhidden["optimizer"] = 0.0
@@ -381,35 +394,59 @@ def _dp_exposed_per_rank_s(
     if cand.fsdp <= 1:
         return 0.0
     bw, lat = topology.dp_link(cand.tp, cand.fsdp)
+    # expert shards are reduced (and ZeRO-1-gathered) only among the ranks holding the same
+    # experts (context_expert.expert_data_parallel), none when E spans the group; the same
+    # link: that group spans as many nodes as the gradient group does
+    edp = expert_data_parallel(cand.fsdp, cand.ep) if cand.ep > 1 else cand.fsdp
+    size = max(int(device.bytes_per_parameter), 1)
+
+    def unit_s(u: UnitProfile) -> float:
+        """One collective of ``u``'s gradients (or parameters) over its group(s)."""
+        if edp == cand.fsdp:
+            return ring_collective_s(u.parameter_bytes, cand.fsdp, bw, lat)
+        expert = min(expert_device_bytes(u, cand.tp, size), float(u.parameter_bytes))
+        return ring_collective_s(u.parameter_bytes - expert, cand.fsdp, bw, lat) + (
+            ring_collective_s(expert, edp, bw, lat)
+        )
+
     units = {u.name: u for u in device.units}
     worst = 0.0
     streamed = cand.shard in ("gradients", "parameters") or topology.grad_reduce_overlap
     once = cand.shard == "parameters" and not topology.reshard_after_forward
     for names in per_rank.values():
-        grads = sum(units[x].parameter_bytes for x in names)
-        whole = ring_collective_s(grads, cand.fsdp, bw, lat)
+        mine = [units[x] for x in names]
+        if edp == cand.fsdp:
+            whole = ring_collective_s(sum(u.parameter_bytes for u in mine), cand.fsdp, bw, lat)
+        else:
+            expert = sum(
+                min(expert_device_bytes(u, cand.tp, size), u.parameter_bytes) for u in mine
+            )
+            dense = sum(u.parameter_bytes for u in mine) - expert
+            whole = ring_collective_s(dense, cand.fsdp, bw, lat) + ring_collective_s(
+                expert, edp, bw, lat
+            )
         if not streamed:
             worst = max(worst, 2 * whole)
             continue
         # an all-reduce (``none``) is a reduce-scatter and an all-gather: twice the volume
         passes = 2 if cand.shard == "none" else 1
         exposed = _streamed_exposed_s(
-            [units[x] for x in reversed(names)], b, device.batch_size, cand.fsdp, bw, lat,
-            passes, backward=True, loss=topology.overlap_compute_loss,
+            mine[::-1], b, device.batch_size, unit_s, passes, backward=True,
+            loss=topology.overlap_compute_loss,
         )  # fmt: skip
         if cand.shard == "gradients" or (cand.shard == "optimizer" and not once):
             if cand.shard == "optimizer" and topology.grad_reduce_overlap:
                 # --overlap-param-gather: the updated parameters gathered behind the forward
                 exposed += _streamed_exposed_s(
-                    [units[x] for x in names], b, device.batch_size, cand.fsdp, bw, lat, 1,
-                    backward=False, loss=topology.overlap_compute_loss,
+                    mine, b, device.batch_size, unit_s, 1, backward=False,
+                    loss=topology.overlap_compute_loss,
                 )  # fmt: skip
             else:
                 exposed += whole
         if once:  # FSDP2 under PP: each unit gathered once, behind the first forward
             exposed += _streamed_exposed_s(
-                [units[x] for x in names], b, device.batch_size, cand.fsdp, bw, lat, 1,
-                backward=False, loss=topology.overlap_compute_loss,
+                mine, b, device.batch_size, unit_s, 1, backward=False,
+                loss=topology.overlap_compute_loss,
             )  # fmt: skip
         worst = max(worst, exposed)
     return worst
@@ -419,9 +456,7 @@ def _streamed_exposed_s(
     units: list[UnitProfile],
     microbatch: float,
     batch: int,
-    dp: int,
-    bw: float,
-    lat: float,
+    unit_s: Callable[[UnitProfile], float],
     passes: int,
     *,
     backward: bool,
@@ -430,11 +465,11 @@ def _streamed_exposed_s(
     """What outlasts one micro-batch's pass over ``units`` (in the order they run) of a
     collective per unit started when the unit's compute ends (backward: a reduction of its
     gradients) or needed when it starts (forward: a gather of its parameters, prefetched one
-    unit ahead), on one communication stream: ``passes`` collectives of the unit's
-    parameter bytes each; plus ``loss`` of the communication seconds hidden behind compute
+    unit ahead), on one communication stream: ``passes`` collectives of ``unit_s(unit)``
+    seconds each; plus ``loss`` of the communication seconds hidden behind compute
     (``Topology.overlap_compute_loss``). O(units)."""
-    total = sum(passes * ring_collective_s(u.parameter_bytes, dp, bw, lat) for u in units)
-    exposed = _stream_s(units, microbatch, batch, dp, bw, lat, passes, backward)
+    total = sum(passes * unit_s(u) for u in units)
+    exposed = _stream_s(units, microbatch, batch, unit_s, passes, backward)
     return exposed + loss * max(total - exposed, 0.0)
 
 
@@ -442,9 +477,7 @@ def _stream_s(
     units: list[UnitProfile],
     microbatch: float,
     batch: int,
-    dp: int,
-    bw: float,
-    lat: float,
+    unit_s: Callable[[UnitProfile], float],
     passes: int,
     backward: bool,
 ) -> float:
@@ -454,11 +487,11 @@ def _stream_s(
         for u in units:
             t += u.backward_at(microbatch, batch)
             start = max(t, comm_end)
-            comm_end = start + passes * ring_collective_s(u.parameter_bytes, dp, bw, lat)
+            comm_end = start + passes * unit_s(u)
         return max(comm_end - t, 0.0)
     # forward: unit i may start when its gather is done and unit i-1 has run
     for u in units:
-        comm_end += passes * ring_collective_s(u.parameter_bytes, dp, bw, lat)
+        comm_end += passes * unit_s(u)
         t = max(t, comm_end) + u.forward_at(microbatch, batch)
     compute = sum(u.forward_at(microbatch, batch) for u in units)
     return max(t - compute, 0.0)
@@ -747,6 +780,10 @@ class _MeshSearch:
         if twin is not None and self.topology.grad_reduce_overlap and twin.plan is not None:
             # overlapped reductions: ZeRO-1 / plain may expose less than ZeRO-2, no dominance
             twin = None
+        if twin is not None and c.shard == "optimizer" and c.ep > 1:
+            # FSDP2 leaves the expert shards whole, ZeRO-1 shards their optimizer state over
+            # the ranks holding them (context_expert.with_expert_state): ZeRO-2 may hold more
+            twin = None
         if twin is not None and twin.searched and twin.plan is None and twin.min_memory_bytes:
             # the same pipeline with more training state per device: no cut fits either
             c.reason = f"memory: needs more than ZeRO-2's {format_bytes(twin.min_memory_bytes)}"
@@ -877,7 +914,7 @@ def _search(
         base, cluster=Cluster(_stage_devices(c, template, topology, memory)),
         batch_size=replica, bytes_per_parameter=state, baselines=False,
     )  # fmt: skip
-    runs = _runs(c, profile, device, req, topology, microbatches, replica)
+    runs = _runs(c, profile, device, req, topology, microbatches, replica, state_bpp)
     single = base.schedule in ("gpipe", "1f1b")
     limit = None if memory is None else PipelineMemory(
         base.schedule, max(memory, 0) / (1.0 + base.headroom), state, template.speed
@@ -945,16 +982,32 @@ def _runs(
     topology: Topology,
     microbatches: list[int] | None,
     replica: int,
+    state_bpp: float,
 ) -> list[tuple[Callable[[], Profile], PlanRequest]]:
     """The pipeline searches one mesh needs: one over every M, or with ``parameters``
     sharding over D > 1 one per M, on the device profile priced at its micro-batch (built
-    only when that M's bound does not already rule it out: O(units) each)."""
+    only when that M's bound does not already rule it out: O(units) each); each with its
+    expert shards' state as the runtime holds it
+    (:func:`autopipe.planner.context_expert.with_expert_state`)."""
+    keep = topology.reshard_after_forward
+
+    def experts(share: Profile) -> Profile:
+        return with_expert_state(share, c.tp, c.ep, c.shard, c.fsdp, state_bpp, keep)
+
     if c.shard != "parameters" or c.fsdp <= 1:
-        return [(lambda: device, req)]
+        own = experts(device)
+        return [(lambda: own, req)]
 
     def at(m: int) -> Callable[[], Profile]:
-        return lambda: device_profile(
-            profile, c.tp, topology, shard="parameters", dp=c.fsdp, microbatch_size=replica / m
+        return lambda: experts(
+            device_profile(
+                profile,
+                c.tp,
+                topology,
+                shard="parameters",
+                dp=c.fsdp,
+                microbatch_size=replica / m,
+            )  # fmt: skip
         )
 
     return [
@@ -1048,10 +1101,16 @@ def _price(
         # the search charged each stage's whole state as parameter bytes x (s / D) / p: a
         # device keeps 1 / D of its parameters between uses, the rest is gradient + optimizer
         unsharded = 0.0 if topology.reshard_after_forward else 1.0  # FSDP2 under PP keeps them
+        size = max(int(share.bytes_per_parameter), 1)
+        units = {u.name: u for u in share.units}
         for st in p.stages:
             state = st.parameter_bytes + st.optimizer_bytes
             whole = st.parameter_bytes  # the stage's (per-TP) parameters
-            st.parameter_bytes = int(round(whole / c.fsdp + unsharded * whole))
+            # FSDP2 leaves the expert shards whole (runtime ignored_params)
+            kept = sum(expert_device_bytes(units[x], c.tp, size) for x in st.units)
+            kept = min(kept, whole) if c.ep > 1 else 0.0
+            dense = whole - kept
+            st.parameter_bytes = int(round(dense / c.fsdp + unsharded * dense + kept))
             st.optimizer_bytes = max(state - st.parameter_bytes, 0)
     c.plan = p
     c.pipeline_s = p.iteration_time_s

@@ -51,7 +51,7 @@ class _Prober:
         f, g = cm.fwd_prefix / v, cm.bwd_prefix / v
         limit = self.capacity_bytes[s] / (1.0 + cm.headroom)
         n_s = cm.inflight[s]
-        state = cm.param_prefix * cm.state_factor
+        state = cm.state_prefix
         act = cm.act_prefix * cm.ratio * cm.full_inflight[s]  # checkpointed: re-computed ones
         got = {
             "send": cm.send_s(s, self.pos),
@@ -464,7 +464,7 @@ def memory_floor(cm: CostModel) -> float:
     (:func:`autopipe.planner.costs.stage_memory` of the unit alone, inputs left out)."""
     n = cm.n_units
     u = np.arange(n)
-    state = (cm.param_prefix[u + 1] - cm.param_prefix[u]) * cm.state_factor
+    state = cm.state_prefix[u + 1] - cm.state_prefix[u]
     act = (cm.act_prefix[u + 1] - cm.act_prefix[u]) * cm.ratio
     least = np.full(n, math.inf)
     for s in range(cm.num_stages):

@@ -304,3 +304,78 @@ def test_the_depth_check_counts_the_devices_context_parallelism_takes() -> None:
     refuse_too_deep(p, n, batch, tensor_parallel=1, data_parallel=2, context_parallel="auto")
     with pytest.raises(RuleViolation, match=r"C=16: .* at most 192 GPUs"):
         refuse_too_deep(p, 2 * n, batch, tensor_parallel=1, data_parallel=2, context_parallel=16)
+
+
+# ----- the expert shards' state and gradient sums, as the runtime holds them (#35) --------
+
+
+def _ep2_d4(shard: str, **kw: object) -> tuple[Profile, object]:
+    """long_profile's MoE model planned on 8 devices as PP2 x D4 x EP2 with ``shard``."""
+    p = long_profile(moe=True)
+    out = plan(
+        p,
+        PlanRequest(
+            cluster=_cluster(8, None), batch_size=16, gpus_per_node=8, data_parallel=4,
+            tensor_parallel=1, expert_parallel=2, shard=shard, optimizer="adam",
+            microbatches=2, **kw,
+        ),
+    )  # fmt: skip
+    assert (out.num_stages, out.replicas, out.expert_parallel) == (2, 4, 2)
+    return p, out
+
+
+def _stage_bytes(p: Profile, names: list[str], e: int) -> tuple[float, float]:
+    """(dense, this rank's expert) parameter bytes of a stage's units: each MoE unit's 80,000
+    routed-expert parameters (2 bytes each) split over the E ranks of the EP group."""
+    units = {u.name: u for u in p.units}
+    experts = sum(80_000 * 2 for x in names if units[x].moe_layers)
+    return sum(units[x].parameter_bytes for x in names) - experts, experts / e
+
+
+@pytest.mark.parametrize("shard", ["optimizer", "parameters", "gradients"])
+def test_expert_state_priced_as_the_runtime_holds_it(shard: str) -> None:
+    """ZeRO-1 (ExpertZeroOptimizer): a rank's experts keep their parameters and gradients
+    and shard their optimizer state over the D / E = 2 ranks holding the same experts (1 / D
+    of the stage's experts' state, not 1 / (E D)); FSDP2 (ignored_params) leaves the expert
+    shards whole. The dense parameters shard over all D = 4 as before."""
+    p, out = _ep2_d4(shard)
+    d, e, size = 4, 2, 2
+    state = out.state_bytes_per_parameter  # Adam: 2 + 2 + 12 per 2-byte parameter
+    opt = state - 2 * size  # optimizer state per parameter
+    for st in out.stages:
+        dense, expert = _stage_bytes(p, st.units, e)
+        if shard == "optimizer":
+            params = dense + expert
+            total = dense * (2 * size + opt / d) / size + expert * (2 * size + opt / (d // e)) / size
+        elif shard == "gradients":
+            params = dense + expert
+            total = dense * (size + (size + opt) / d) / size + expert * state / size
+        else:
+            params = dense / d + expert
+            total = dense * state / size / d + expert * state / size
+        assert st.parameter_bytes == pytest.approx(params, abs=4), st.units
+        assert st.parameter_bytes + st.optimizer_bytes == pytest.approx(total, abs=8), st.units
+
+
+def test_expert_gradients_are_summed_only_over_the_ranks_holding_them() -> None:
+    """shard none, no overlap: each pipeline rank's all-reduce is the dense gradients over
+    D = 4 and its expert shards over the D / E = 2 ranks holding the same experts (intra-node
+    link, 1e11 B/s, no latency); with E = D none for the experts."""
+    for e in (2, 4):
+        p = long_profile(moe=True)
+        out = plan(
+            p,
+            PlanRequest(
+                cluster=_cluster(8, None), batch_size=16, gpus_per_node=8, data_parallel=4,
+                tensor_parallel=1, expert_parallel=e, shard="none", microbatches=2,
+                grad_reduce_overlap=False,
+            ),
+        )  # fmt: skip
+        worst = 0.0
+        for st in out.stages:
+            dense, expert = _stage_bytes(p, st.units, e)
+            ring = 2 * (3 / 4 * dense / 1e11)
+            if e == 2:
+                ring += 2 * (1 / 2 * expert / 1e11)
+            worst = max(worst, ring)
+        assert out.allreduce_s == pytest.approx(worst, rel=1e-9), e

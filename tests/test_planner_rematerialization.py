@@ -162,7 +162,7 @@ def stage_only_need(cm, n: int, k: int) -> float:
         worst = 0.0
         for s in range(k):
             i, j = b[s], b[s + 1]
-            state = (cm.param_prefix[j] - cm.param_prefix[i]) * cm.state_factor
+            state = cm.state_prefix[j] - cm.state_prefix[i]
             act_a = (cm.act_prefix[j] - cm.act_prefix[i]) * cm.ratio * cm.inflight[s]
             worst = max(worst, state + min(act_a, stage_only_bytes(cm, s, i, j)))
         best = min(best, worst)
