@@ -138,8 +138,8 @@ def table(results: dict[str, dict[str, Any]]) -> str:
         r = results.get(case, {"outcome": "not run"})
         sgd = r.get("sgd", {})
         figures = (
-            f"max error {sgd['max_relative']:.3g}, less the parameter's roundings "
-            f"{sgd['gradient_relative']:.3g} of the largest update"
+            f"SGD: error up to {sgd['max_relative']:.3g} of a parameter's largest update, "
+            f"{sgd['gradient_relative']:.3g} beyond its own bf16 roundings"
             if sgd
             else r.get("reason") or ""
         )
