@@ -76,7 +76,11 @@ def _autopipe_names(tree: ast.Module) -> dict[str, str]:
 @pytest.mark.parametrize(
     "page, block", PYTHON_BLOCKS, ids=[f"{p.stem}-line{b.line}" for p, b in PYTHON_BLOCKS]
 )
-def test_python_block_imports_exist_and_calls_fit_the_signatures(page: Path, block: Block) -> None:
+def test_python_block_imports_exist_and_calls_fit_the_signatures(
+    page: Path, block: Block, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The blocks run from the repository's root, where `examples` imports as a package.
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1]))
     where = f"{page.name}:{block.line}"
     tree = ast.parse(block.text, filename=where)
     for node in ast.walk(tree):
