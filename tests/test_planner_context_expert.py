@@ -26,7 +26,7 @@ from test_planner_mesh import tiny_profile
 
 from autopipe.cli import main
 from autopipe.core.cluster import Cluster, Device
-from autopipe.core.plan import load_plan
+from autopipe.core.plan import Plan, load_plan
 from autopipe.core.profile import Profile
 from autopipe.core.request import PlanRequest
 
@@ -309,7 +309,7 @@ def test_the_depth_check_counts_the_devices_context_parallelism_takes() -> None:
 # ----- the expert shards' state and gradient sums, as the runtime holds them (#35) --------
 
 
-def _ep2_d4(shard: str, **kw: object) -> tuple[Profile, object]:
+def _ep2_d4(shard: str) -> tuple[Profile, Plan]:
     """long_profile's MoE model planned on 8 devices as PP2 x D4 x EP2 with ``shard``."""
     p = long_profile(moe=True)
     out = plan(
@@ -317,7 +317,7 @@ def _ep2_d4(shard: str, **kw: object) -> tuple[Profile, object]:
         PlanRequest(
             cluster=_cluster(8, None), batch_size=16, gpus_per_node=8, data_parallel=4,
             tensor_parallel=1, expert_parallel=2, shard=shard, optimizer="adam",
-            microbatches=2, **kw,
+            microbatches=2,
         ),
     )  # fmt: skip
     assert (out.num_stages, out.replicas, out.expert_parallel) == (2, 4, 2)
@@ -342,19 +342,23 @@ def test_expert_state_priced_as_the_runtime_holds_it(shard: str) -> None:
     d, e, size = 4, 2, 2
     state = out.state_bytes_per_parameter  # Adam: 2 + 2 + 12 per 2-byte parameter
     opt = state - 2 * size  # optimizer state per parameter
-    for st in out.stages:
-        dense, expert = _stage_bytes(p, st.units, e)
+    for stage in out.stages:
+        dense, expert = _stage_bytes(p, stage.units, e)
         if shard == "optimizer":
             params = dense + expert
-            total = dense * (2 * size + opt / d) / size + expert * (2 * size + opt / (d // e)) / size
+            total = (
+                dense * (2 * size + opt / d) / size + expert * (2 * size + opt / (d // e)) / size
+            )
         elif shard == "gradients":
             params = dense + expert
             total = dense * (size + (size + opt) / d) / size + expert * state / size
         else:
             params = dense / d + expert
             total = dense * state / size / d + expert * state / size
-        assert st.parameter_bytes == pytest.approx(params, abs=4), st.units
-        assert st.parameter_bytes + st.optimizer_bytes == pytest.approx(total, abs=8), st.units
+        assert stage.parameter_bytes == pytest.approx(params, abs=4), stage.units
+        assert stage.parameter_bytes + stage.optimizer_bytes == pytest.approx(total, abs=8), (
+            stage.units
+        )
 
 
 def test_expert_gradients_are_summed_only_over_the_ranks_holding_them() -> None:
@@ -372,8 +376,8 @@ def test_expert_gradients_are_summed_only_over_the_ranks_holding_them() -> None:
             ),
         )  # fmt: skip
         worst = 0.0
-        for st in out.stages:
-            dense, expert = _stage_bytes(p, st.units, e)
+        for stage in out.stages:
+            dense, expert = _stage_bytes(p, stage.units, e)
             ring = 2 * (3 / 4 * dense / 1e11)
             if e == 2:
                 ring += 2 * (1 / 2 * expert / 1e11)
