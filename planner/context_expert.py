@@ -38,7 +38,6 @@ import copy
 import dataclasses
 import math
 
-from autopipe.planner.costs import EXTRA_STATE_META
 from autopipe.planner.errors import RuleViolation
 from autopipe.planner.mesh_costs import Topology, sharded_state_bytes_per_parameter
 
@@ -278,7 +277,7 @@ def with_expert_state(
 ) -> Profile:
     """``device`` (one device's profile, state priced at ``shard`` over ``fsdp`` ranks per
     parameter) with the state its expert shards hold beyond that, per unit, in
-    ``meta[EXTRA_STATE_META]`` (read by :class:`autopipe.planner.costs.CostModel`): what the
+    ``extra_state_bytes`` (read by :class:`autopipe.planner.costs.CostModel`): what the
     runtime runs (runtime/distributed/expert_parallel.py, docs/cost-model.md):
 
     - ``optimizer`` (ZeRO-1, ``ExpertZeroOptimizer``): a rank's expert shards keep their
@@ -306,9 +305,7 @@ def with_expert_state(
     extra = [expert_device_bytes(u, tp, size) * per_byte for u in device.units]
     if not any(extra):
         return device
-    out = dataclasses.replace(device, meta=dict(device.meta))
-    out.meta[EXTRA_STATE_META] = extra
-    return out
+    return dataclasses.replace(device, extra_state_bytes=extra)
 
 
 def _degree(

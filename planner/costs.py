@@ -28,12 +28,6 @@ from autopipe.core.cluster import Cluster
 from autopipe.core.profile import Profile, UnitProfile
 from autopipe.core.vocabulary import CHECKPOINT_GRANULARITIES
 
-EXTRA_STATE_META = "extra_state_bytes"
-"""``Profile.meta`` key of a per-unit list of training-state bytes a device holds beyond its
-parameter bytes x the request's state per parameter: the expert shards of an
-expert-parallel mesh, whose state is not sharded over the whole data-parallel group
-(:func:`autopipe.planner.context_expert.expert_state_extra_bytes`). Absent: none."""
-
 STAGE, UNIT = CHECKPOINT_GRANULARITIES
 
 
@@ -282,12 +276,11 @@ class CostModel:
         self.state_factor = state_bytes_per_parameter / pbytes
         """Training-state bytes per parameter byte (4.0 for fp32 Adam)."""
         state = param * self.state_factor
-        extra = profile.meta.get(EXTRA_STATE_META)
-        if extra is not None:
-            state = state + np.asarray(extra, float)
+        if profile.extra_state_bytes:
+            state = state + np.asarray(profile.extra_state_bytes, float)
         self.state_prefix = np.concatenate([zero, np.cumsum(state)])
         """Prefix sums of each unit's training-state bytes per device: its parameter bytes x
-        ``state_factor``, plus the profile's :data:`EXTRA_STATE_META` (expert shards)."""
+        ``state_factor``, plus the profile's ``extra_state_bytes`` (expert shards)."""
 
     def _init_devices(self, cluster: Cluster) -> None:
         """Each stage's device: relative speed, memory (inf: unlimited), link to the next."""

@@ -278,6 +278,12 @@ class Profile:
     state_bytes_per_parameter: float = 0.0
     """Training-state bytes per parameter (parameter + gradient + optimizer state) given
     when profiling (``--bytes-per-parameter``); 0: not given, ``optimizer`` decides."""
+    extra_state_bytes: list[float] = field(default_factory=list)
+    """Per unit, training-state bytes a device holds beyond its parameter bytes x the
+    request's state per parameter: the expert shards of an expert-parallel mesh, whose state
+    is not sharded over the whole data-parallel group (set by the planner on a mesh's
+    per-device profile, :func:`autopipe.planner.context_expert.with_expert_state`).
+    Empty: none; not written to files then."""
     version: int = PROFILE_VERSION
     meta: dict[str, Any] = field(default_factory=dict)
     """Free-form notes; nothing reads them back."""
@@ -323,7 +329,10 @@ class Profile:
         return len(self.units)
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        out = dataclasses.asdict(self)
+        if not self.extra_state_bytes:  # a planner's per-mesh figure; files never had it
+            del out["extra_state_bytes"]
+        return out
 
     def validate(self) -> None:
         """Raise :class:`ProfileFormatError` naming the first field whose value cannot be
