@@ -313,8 +313,10 @@ def _range_argmax(y: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> tuple[np.nda
 def probe_partition(cm: CostModel) -> Partition | None:
     """Exact min-bottleneck partition by parametric search; None if nothing fits in memory.
 
-    Each probe is O(K N log N); about 20-40 probes (bisection to a relative width of 1e-6,
-    then one probe just below the incumbent to prove it optimal).
+    Each probe is O(K N log N). Up to ``EXACT_VALUES_MAX_UNITS`` units: bisection over the
+    segments' sorted times (:func:`_segment_times`), about log2(2 K' N^2) probes; beyond:
+    about 20-40 probes (bisection to a relative width of 1e-6, then one probe just below the
+    incumbent to prove it optimal).
     """
     prober = _Prober(cm)
     first = prober.probe(math.inf)
