@@ -32,13 +32,13 @@ def a100_profile() -> Profile:
 def _cli_plan(capsys: pytest.CaptureFixture[str], *argv: str) -> dict[str, Any]:
     assert main(["plan", *argv, "--json", "-q"]) == 0
     data: dict[str, Any] = json.loads(capsys.readouterr().out)
-    data.pop("profile")  # the CLI ships the profile with the plan
+    data["report"].pop("profile")  # the CLI ships the profile with the plan
     return data
 
 
 def _api_plan(profile: Profile, placement: Placement) -> dict[str, Any]:
     data: dict[str, Any] = json.loads(json.dumps(plan_on_devices(profile, placement).to_dict()))
-    assert data.pop("profile") is None  # only the CLI ships the profile with the plan
+    assert data["report"].pop("profile") is None  # only the CLI ships the profile with the plan
     return data
 
 
