@@ -18,7 +18,7 @@ import numpy as np
 from autopipe.planner.chain import Partition, backtrack, bottleneck, minmax_dp, stage_key
 from autopipe.planner.costs import CostModel, stage_memory
 
-from autopipe.core.profile import Profile
+from autopipe.core.profile import UnitProfile
 
 Caps = tuple[float, float, float]
 """(stage time, forward + send, recompute + backward) upper bounds for a probe."""
@@ -218,9 +218,10 @@ def no_cut_within(cm: CostModel, limit_s: float) -> bool:
     search's pruning test (``search._partition_candidate``).
 
     A "no" is remembered, and answers later questions it covers without a probe: the same
-    profile object, batch, M, schedule, checkpointing, speeds and links (the stage times are
-    equal) with at least as much training state per parameter, at most as much memory per
-    stage and a limit no larger. Each of those only removes segments the probe could use
+    units (one profile, or its per-shard copies that differ only in the expert shards'
+    ``extra_state_bytes``), batch, M, schedule, checkpointing, speeds and links (the stage
+    times are equal) with at least as much training state in every unit, at most as much
+    memory per stage and a limit no larger. Each of those only removes segments the probe could use
     (a segment's memory grows with its state and the test it must pass tightens), so no cut
     fits there either: the answer the probe would give. The mesh search asks this of the
     shardings of one mesh in turn (ZeRO-2's gradients first, its bound is lowest; then
@@ -229,17 +230,22 @@ def no_cut_within(cm: CostModel, limit_s: float) -> bool:
     probes again that way (#35). O(K log N) when remembered, else one probe."""
     if not time_only_fits(cm, limit_s):
         return True
+    first = cm.profile.units[0]  # shared by the per-shard copies (dataclasses.replace)
     key = (
-        id(cm.profile), cm.batch_size, cm.microbatches, cm.headroom, tuple(cm.options),
+        id(first), cm.batch_size, cm.microbatches, cm.headroom, tuple(cm.options),
+        # the units' own figures too: a copy sharing the first unit may differ in others
+        cm.fwd_prefix.tobytes(), cm.bwd_prefix.tobytes(), cm.bwd_split_prefix.tobytes(),
+        cm.param_prefix.tobytes(), cm.act_prefix.tobytes(), cm.unit_input_prefix.tobytes(),
         cm.speed.tobytes(), cm.bandwidth_bytes_per_s.tobytes(), cm.latency_s.tobytes(),
         cm.inflight.tobytes(), cm.full_inflight.tobytes(),
     )  # fmt: skip
     hit = _NO_CUT.get(key)
-    known = hit[1] if hit is not None and hit[0]() is cm.profile else None
-    for factor, capacity, t in known or ():
+    known = hit[1] if hit is not None and hit[0]() is first else None
+    state = np.diff(cm.state_prefix)
+    for unit_state, capacity, t in known or ():
         if (
-            factor <= cm.state_factor
-            and t >= limit_s
+            t >= limit_s
+            and bool(np.all(unit_state <= state))
             and bool(np.all(capacity >= cm.capacity_bytes))
         ):
             return True
@@ -249,16 +255,18 @@ def no_cut_within(cm: CostModel, limit_s: float) -> bool:
         if len(_NO_CUT) > 4096:
             _NO_CUT.clear()
         known = []
-        _NO_CUT[key] = (weakref.ref(cm.profile), known)
+        _NO_CUT[key] = (weakref.ref(first), known)
     if len(known) < 16:
-        known.append((cm.state_factor, cm.capacity_bytes.copy(), limit_s))
+        known.append((state, cm.capacity_bytes.copy(), limit_s))
     return True
 
 
-_NO_CUT: dict[tuple, tuple[weakref.ref[Profile], list[tuple[float, np.ndarray, float]]]] = {}
-"""The "no cut fits" answers of :func:`no_cut_within` by everything but the state per
-parameter, the memory and the limit (a weak reference to the profile tells a reused
-``id`` apart without keeping the mesh search's device profiles alive)."""
+_NO_CUT: dict[
+    tuple, tuple[weakref.ref[UnitProfile], list[tuple[np.ndarray, np.ndarray, float]]]
+] = {}
+"""The "no cut fits" answers of :func:`no_cut_within` by everything but the units' state,
+the memory and the limit (a weak reference to the first unit tells a reused ``id`` apart
+without keeping the mesh search's device profiles alive)."""
 
 
 _DENSE_RANGE_CELLS = 1 << 16
