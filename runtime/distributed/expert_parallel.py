@@ -138,6 +138,9 @@ class ExpertParallel(nn.Module):
     whose TP ranks each compute their slice, and the partial outputs, weighted and summed
     over ``k``, are reduce-scattered (all-reduced) over TP at the end."""
 
+    _inner: list[nn.Module]
+    """The model's own experts module, held outside the module tree (:func:`_hold_shards`)."""
+
     def __init__(
         self,
         experts: nn.Module,
@@ -159,16 +162,12 @@ class ExpertParallel(nn.Module):
         self.tp_mesh: Any = ep_mesh[ep_mesh.mesh_dim_names[1]] if two else None
         self.token_layout = token_layout
         start = self.rank * self.local_experts
-        # The model's own module runs this rank's experts (its activation, gate layout,
-        # biases); it is held outside the module tree, its parameters meta stand-ins that
-        # each call replaces by the local shards (functional_call).
-        inner = copy.copy(experts)
-        inner._parameters = {}
-        if self.tp_mesh is not None:
-            tp, tp_rank = int(self.tp_mesh.size()), int(self.tp_mesh.get_local_rank())
-            intermediate = getattr(inner, "intermediate_dim", None)
-            if isinstance(intermediate, int):
-                inner.__dict__["intermediate_dim"] = intermediate // tp
+        tp, tp_rank = (
+            (int(self.tp_mesh.size()), int(self.tp_mesh.get_local_rank()))
+            if self.tp_mesh is not None
+            else (1, 0)
+        )
+        shards: dict[str, tuple[torch.Tensor, list[Any]]] = {}
         for name, p in weights.items():
             local = p.detach()[start : start + self.local_experts].clone()
             placements: list[Any] = [Shard(0)]
@@ -176,12 +175,8 @@ class ExpertParallel(nn.Module):
                 assert tp_placements is not None
                 local = _local_slice(local, tp_placements[name], tp, tp_rank)
                 placements.append(tp_placements[name])
-            shard = DTensor.from_local(local, ep_mesh, placements, run_check=False)
-            self.register_parameter(name, nn.Parameter(shard, requires_grad=p.requires_grad))
-            inner._parameters[name] = nn.Parameter(
-                torch.empty_like(local, device="meta"), requires_grad=False
-            )
-        self._inner = [inner]  # a list: not a submodule, its stand-ins not parameters
+            shards[name] = (local, placements)
+        _hold_shards(self, experts, weights, shards, ep_mesh, tp)
 
     def forward(
         self, hidden: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor
@@ -289,6 +284,35 @@ class ExpertZeroOptimizer:
             grad = p.grad
             local.grad = grad.to_local() if isinstance(grad, DTensor) else grad
         self.expert.step()
+
+
+def _hold_shards(
+    owner: ExpertParallel | TensorParallelExperts,
+    experts: nn.Module,
+    weights: Mapping[str, torch.Tensor],
+    shards: Mapping[str, tuple[torch.Tensor, list[Any]]],
+    mesh: Any,
+    tp: int,
+) -> None:
+    """Make ``owner`` hold each of ``experts``' parameters as this rank's shard (``shards``:
+    name -> (local tensor, its placements over ``mesh``)), a ``DTensor`` parameter under the
+    experts module's own name, and keep the model's own module (its activation, gate layout,
+    biases) to run them: outside the module tree, its parameters meta stand-ins of the
+    local shapes that each call replaces by the local shards (``functional_call``), its
+    ``intermediate_dim`` divided by ``tp`` where TP slices each expert's FFN."""
+    inner = copy.copy(experts)
+    inner._parameters = {}
+    intermediate = getattr(inner, "intermediate_dim", None)
+    if isinstance(intermediate, int):
+        inner.__dict__["intermediate_dim"] = intermediate // tp
+    for name, (local, placements) in shards.items():
+        shard = DTensor.from_local(local, mesh, placements, run_check=False)
+        grad = weights[name].requires_grad
+        owner.register_parameter(name, nn.Parameter(shard, requires_grad=grad))
+        inner._parameters[name] = nn.Parameter(
+            torch.empty_like(local, device="meta"), requires_grad=False
+        )
+    owner._inner = [inner]  # a list: not a submodule, its stand-ins not parameters
 
 
 def _in_module(node: fx.Node, path: str) -> bool:
@@ -447,6 +471,9 @@ class TensorParallelExperts(nn.Module):
     each rank's weight gradients are whole for its slice (every token passed through it),
     so the expert parameters are in no TP gradient sum."""
 
+    _inner: list[nn.Module]
+    """The model's own experts module, held outside the module tree (:func:`_hold_shards`)."""
+
     def __init__(
         self,
         experts: nn.Module,
@@ -465,19 +492,11 @@ class TensorParallelExperts(nn.Module):
         self.tp_mesh = tp_mesh
         self.tokens = tokens
         degree, rank = int(tp_mesh.size()), int(tp_mesh.get_local_rank())
-        inner = copy.copy(experts)
-        inner._parameters = {}
-        intermediate = getattr(inner, "intermediate_dim", None)
-        if isinstance(intermediate, int):
-            inner.__dict__["intermediate_dim"] = intermediate // degree
-        for name, p in weights.items():
-            local = _local_slice(p.detach(), placements[name], degree, rank)
-            shard = DTensor.from_local(local, tp_mesh, [placements[name]], run_check=False)
-            self.register_parameter(name, nn.Parameter(shard, requires_grad=p.requires_grad))
-            inner._parameters[name] = nn.Parameter(
-                torch.empty_like(local, device="meta"), requires_grad=False
-            )
-        self._inner = [inner]  # a list: not a submodule, its stand-ins not parameters
+        shards = {
+            name: (_local_slice(p.detach(), placements[name], degree, rank), [placements[name]])
+            for name, p in weights.items()
+        }
+        _hold_shards(self, experts, weights, shards, tp_mesh, degree)
 
     def forward(
         self, hidden: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor
