@@ -265,7 +265,7 @@ def _runs() -> list[Run]:
             schedule=sched, virtual_stages=v, published_tokens_per_gpu_s=tps,
             published_memory_gib=mem,
         ))  # fmt: skip
-    # Tables 2 and 6: context parallelism (listed, not priced while CP is missing).
+    # Tables 2 and 6: context parallelism (FSDP over dp_shard x cp, as torchtitan runs it).
     for fsdp, cp, seq, tps, mem in ((8, 1, 32768, 3890, 83.9), (4, 2, 65536, 2540, 84.2),
                                     (2, 4, 131072, 1071, 84.0), (1, 8, 262144, 548, 84.5)):  # fmt: skip
         out.append(Run(
@@ -368,7 +368,7 @@ def missing_features(run: Run) -> list[str]:
     """What the run uses that autopipe's planner cannot express (empty: it can be priced)."""
     fields = _request_fields()
     missing = []
-    if run.cp > 1:
+    if run.cp > 1 and "context_parallel" not in fields:
         missing.append("context parallelism")
     if not is_catalog_device(run.gpu):
         missing.append(f"GPU {run.gpu} in the catalog")
@@ -623,6 +623,12 @@ def transformer_profile(
                 selective_recompute_s=redo,
                 tp_replicated_activation_bytes=int(replicated_act),
                 tp_replicated_compute_fraction=replicated_share,
+                # what context parallelism exchanges and splits (planner/context_expert.py)
+                attention_layers=1,
+                attention_heads=a.heads,
+                attention_kv_heads=a.kv_heads,
+                attention_head_dim=h // a.heads,
+                attention_value_head_dim=h // a.heads,
             )  # fmt: skip
         )
     logits = tokens * v
@@ -660,7 +666,7 @@ def transformer_profile(
         units=units, cut_bytes=cuts, batch_size=batch_size, device=spec.name, dtype="bfloat16",
         model=a.name, mode="analytic", input_bytes=tokens * 8, bytes_per_parameter=BF16,
         optimizer="mixed-adam", tp_plan={"layers.*": "megatron"} if degrees else {},
-        tp_degrees=degrees,
+        tp_degrees=degrees, sequence_length=seq,
     )  # fmt: skip
 
 
@@ -723,7 +729,7 @@ def request_of(run: Run, **changes: object) -> PlanRequest:
         virtual_stages=run.virtual_stages if run.pp > 1 else 1,
         checkpoint="always" if run.recompute == "full" else "never",
         tensor_parallel=run.tp, data_parallel=run.dp,
-        shard=run.shard if run.dp > 1 else "none", gpus_per_node=spec.gpus_per_node,
+        shard=run.shard if run.dp * run.cp > 1 else "none", gpus_per_node=spec.gpus_per_node,
         inter_node_bandwidth_bytes_per_s=inter, headroom=0.0, baselines=False,
         optimizer="mixed-adam",
     )  # fmt: skip
@@ -737,6 +743,7 @@ def request_of(run: Run, **changes: object) -> PlanRequest:
         "tp_overlap_backward": trainer_of(run) != "torchtitan",
         "grad_reduce_overlap": run.grad_overlap,
         "reshard_after_forward": not run.fsdp_under_pp,
+        "context_parallel": run.cp,
     }
     fields.update({k: v for k, v in options.items() if k in have})
     fields.update(changes)

@@ -38,12 +38,20 @@ def test_fp8_and_selective_runs_are_priced_with_their_features() -> None:
     assert pr.request_of(sel).selective_recompute and pr.request_of(sel).grad_reduce_overlap
 
 
-def test_context_parallel_runs_are_listed_not_priced() -> None:
+def test_context_parallel_runs_are_priced_with_their_cp() -> None:
+    """The runs with context parallelism (torchtitan's Tables 2 and 6, Llama 3's CP 16) are
+    priced now that the planner expresses C: each plan holds the published C, and
+    torchtitan's 8B at 256K tokens over CP 8 (each rank 32K tokens, parameters sharded over
+    dp_shard x cp = 8) needs the memory its 32K-token CP 1 run does (activations / C)."""
     cp = [r for r in pr.RUNS if r.cp > 1]
-    assert cp
+    assert len(cp) == 7
     for r in cp:
         o = pr.price(r)
-        assert o.plan is None and "context parallelism" in o.missing
+        assert not o.missing and o.plan is not None, (r.key, o.missing, o.error)
+        assert o.plan.context_parallel == r.cp
+    one, eight = (pr.price(next(r for r in pr.RUNS if r.key == k))
+                  for k in ("tt-8b-8gpu-cp1-seq32k", "tt-8b-8gpu-cp8-seq256k"))  # fmt: skip
+    assert eight.memory_gib == pytest.approx(one.memory_gib, rel=0.01)
 
 
 def test_architectures_match_the_published_sizes() -> None:
