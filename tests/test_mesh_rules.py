@@ -4,7 +4,6 @@ one line, exit 2, nothing written."""
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 from functools import cache
 from pathlib import Path
@@ -18,7 +17,7 @@ from distributed_cases import tiny_gpt
 from autopipe.cli import main
 from autopipe.core.errors import UsageError
 from autopipe.core.mesh_rules import mesh_problems
-from autopipe.core.plan import Plan
+from autopipe.core.plan import Plan, replace_plan
 from autopipe.core.request import PlanRequest
 
 
@@ -32,7 +31,7 @@ def tp_plan() -> Plan:
                                        model, tp)  # fmt: skip
     plan = make_plan(profile, PlanRequest(gpus=4, tensor_parallel=2, microbatches=2))
     assert plan.mesh_shape == (2, 1, 2) and profile.tp_degrees == [2]
-    return dataclasses.replace(plan, profile=profile)
+    return replace_plan(plan, profile=profile)
 
 
 EDITS = {
@@ -56,7 +55,7 @@ def test_the_planned_mesh_breaks_no_rule() -> None:
 @pytest.mark.parametrize("edit", sorted(EDITS.keys() | IN_MEMORY.keys()))
 def test_each_rule_names_itself(edit: str) -> None:
     fields, words = {**EDITS, **IN_MEMORY}[edit]
-    problems = mesh_problems(dataclasses.replace(tp_plan(), **fields))
+    problems = mesh_problems(replace_plan(tp_plan(), **fields))
     assert problems and words in problems[0], problems
 
 
@@ -66,7 +65,7 @@ def test_emit_refuses_a_hand_edited_mesh_in_one_line(
 ) -> None:
     fields, words = EDITS[edit]
     path = tmp_path / "plan.json"
-    dataclasses.replace(tp_plan(), **fields).save(path)
+    replace_plan(tp_plan(), **fields).save(path)
     for fmt in ("torch", "torchtitan", "torchtitan-python", "megatron"):
         out = tmp_path / f"{fmt}.out"
         assert main(["emit", str(path), fmt, "-o", str(out)]) == 2
@@ -76,7 +75,7 @@ def test_emit_refuses_a_hand_edited_mesh_in_one_line(
 
 
 def test_tp3_without_the_profile_is_refused_for_the_node_and_the_devices() -> None:
-    bare = dataclasses.replace(tp_plan(), profile=None, tensor_parallel=3)
+    bare = replace_plan(tp_plan(), profile=None, tensor_parallel=3)
     problems = mesh_problems(bare)
     assert [p.split(":")[0] for p in problems] == ["tp-degree", "mesh-devices"], problems
 
@@ -85,6 +84,6 @@ def test_tp3_without_the_profile_is_refused_for_the_node_and_the_devices() -> No
 def test_run_refuses_the_same_plan_with_the_same_rule(edit: str) -> None:
     from autopipe.training import _check_world_size
 
-    plan = dataclasses.replace(tp_plan(), **EDITS[edit][0])
+    plan = replace_plan(tp_plan(), **EDITS[edit][0])
     with pytest.raises(UsageError, match=EDITS[edit][1]):
         _check_world_size(plan, 0, plan.world_size)  # refused before any process group

@@ -5,7 +5,6 @@ mesh_zoo_models.py), profiled once each and planned, never run."""
 
 from __future__ import annotations
 
-import dataclasses
 import subprocess
 import sys
 from pathlib import Path
@@ -22,6 +21,7 @@ from autopipe.planner import RuleViolation  # noqa: E402
 
 import autopipe  # noqa: E402
 from autopipe.core import mesh_rules  # noqa: E402
+from autopipe.core.plan import replace_plan
 from autopipe.core.profile import Profile  # noqa: E402
 from autopipe.core.request import PlanRequest  # noqa: E402
 
@@ -71,7 +71,7 @@ def test_the_runtime_and_the_planner_apply_one_tied_chunks_rule() -> None:
     assert planner_mesh.tied_chunks_problems is mesh_rules.tied_chunks_problems
     profile = _profile("llama_tied")
     plan = autopipe.plan(profile, _request("pp2d2zero1", shard="none"))  # plannable
-    fsdp = dataclasses.replace(plan, shard="parameters", profile=profile)  # as a plan file
+    fsdp = replace_plan(plan, shard="parameters", profile=profile)  # as a plan file
     tied = [TiedParameter("model.embed_tokens.weight", [0, 1], {})]
     with pytest.raises(MeshPlanError) as exc:
         check_mesh_plan(fsdp, tied)
@@ -86,7 +86,7 @@ def test_the_runtime_and_the_planner_apply_one_tied_chunks_rule() -> None:
     # with ZeRO-1 (every holder steps the same summed gradient): the mesh zoo trains them
     assert mesh_rules.tied_chunks_problem("w", [0, 1], 2, "none") is None
     assert mesh_rules.tied_chunks_problem("w", [0, 1], 1, "optimizer") is None
-    zero1 = dataclasses.replace(plan, shard="optimizer", profile=profile)
+    zero1 = replace_plan(plan, shard="optimizer", profile=profile)
     check_mesh_plan(zero1, tied)
 
 
@@ -124,9 +124,7 @@ def test_a_model_sequence_parallelism_cannot_run_plans_t_1_only() -> None:
     assert plan.tensor_parallel == 1
     assert f"tensor parallelism not considered: {profile.tp_refusal}" in plan.notes
     # a hand-made plan of T = 2 for it is refused from the plan alone (emit, every rank)
-    forced = dataclasses.replace(
-        plan, tensor_parallel=2, tp_plan=dict(profile.tp_plan), profile=profile
-    )
+    forced = replace_plan(plan, tensor_parallel=2, tp_plan=dict(profile.tp_plan), profile=profile)
     assert any(p.startswith("tp-runs: ") for p in mesh_rules.mesh_problems(forced))
 
 

@@ -4,11 +4,10 @@ sight (no faster than one device, slower than a framework's default) says why an
 
 from __future__ import annotations
 
-import dataclasses
-
 from autopipe.planner import plan
 from planner_instances import random_profile
 
+from autopipe.core.plan import replace_plan
 from autopipe.core.plantext import format_plan
 from autopipe.core.request import PlanRequest
 from autopipe.explain import explain
@@ -28,7 +27,7 @@ def test_batch_and_iteration_say_which_they_mean_with_replicas() -> None:
     """Before: "(batch 8)" per replica beside "the global batch of 16", and "iteration"
     both with and without the all-reduce."""
     p = plan(random_profile(8, 2), PlanRequest(gpus=2, microbatches=4, baselines=False))
-    dp = dataclasses.replace(
+    dp = replace_plan(
         p,
         replicas=2,
         pipeline_iteration_s=p.iteration_time_s,
@@ -44,11 +43,11 @@ def test_batch_and_iteration_say_which_they_mean_with_replicas() -> None:
 
 def test_a_plan_no_faster_than_one_device_says_why_and_what_to_do() -> None:
     p = plan(random_profile(8, 3), PlanRequest(gpus=4, microbatches=1, baselines=False))
-    slow = dataclasses.replace(p, speedup=0.99)
+    slow = replace_plan(p, speedup=0.99)
     for text in (format_plan(slow), explain(slow)):
         assert "this plan is no faster than one device (0.99x)" in text
         assert "--batch-size" in text and "fewer GPUs" in text
-    assert "no faster than one device" not in format_plan(dataclasses.replace(p, speedup=2.5))
+    assert "no faster than one device" not in format_plan(replace_plan(p, speedup=2.5))
 
 
 def test_a_framework_default_faster_than_the_plan_says_why() -> None:
@@ -61,8 +60,8 @@ def test_a_framework_default_faster_than_the_plan_says_why() -> None:
         "schedule": "1f1b",
         "virtual_stages": 1,
     }
-    text = format_plan(dataclasses.replace(p, baselines=faster))
+    text = format_plan(replace_plan(p, baselines=faster))
     assert 'DeepSpeed 0.19 ("parameters") is faster than this plan (0.80x its iteration)' in text
     assert "it runs 1f1b" in text and "--schedule auto" in text
     slower = {k: {**b, "iteration_time_s": 1.2 * p.iteration_time_s} for k, b in faster.items()}
-    assert "is faster than this plan" not in format_plan(dataclasses.replace(p, baselines=slower))
+    assert "is faster than this plan" not in format_plan(replace_plan(p, baselines=slower))

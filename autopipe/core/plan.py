@@ -47,6 +47,7 @@ __all__ = [
     "PlanFormatError",
     "StagePlan",
     "load_plan",
+    "replace_plan",
 ]
 
 
@@ -344,6 +345,7 @@ class Plan:
         data = self.instructions()
         report = dataclasses.asdict(self.report)
         report["request"] = self.request.to_dict() if self.request is not None else None
+        report["profile"] = self.profile.to_dict() if self.profile is not None else None
         data["report"] = report
         return data
 
@@ -472,6 +474,16 @@ class Plan:
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write the plan as JSON atomically (a crash never leaves half a file)."""
         atomic_write_json(Path(path), self.to_dict())
+
+
+def replace_plan(plan: Plan, **changes: Any) -> Plan:
+    """``dataclasses.replace`` for a plan whose ``changes`` may name report fields too
+    (``profile``, ``speedup``, ``baselines``, ...: :class:`PlanReport`'s): those go to a copy
+    of the report, so ``plan`` and its report are left as they were; the rest to the plan."""
+    names = {f.name for f in dataclasses.fields(PlanReport)}
+    reported = {k: v for k, v in changes.items() if k in names}
+    rest = {k: v for k, v in changes.items() if k not in names}
+    return dataclasses.replace(plan, report=dataclasses.replace(plan.report, **reported), **rest)
 
 
 def _load_report(data: Any) -> PlanReport:
