@@ -139,7 +139,8 @@ def _add_output_flags(p: argparse.ArgumentParser) -> None:
         choices=EMIT_FORMATS,
         metavar="FORMAT",
         help="also hand the plan to another framework in its own words: torch (split_spec "
-        "JSON), torchtitan ([parallelism] TOML) or megatron (layout and flags)",
+        "JSON), torchtitan or torchtitan-0.2 (0.2.2's [parallelism] TOML), torchtitan-python "
+        "or torchtitan-0.3 (0.3.0's Python config module) or megatron (layout and flags)",
     )
     p.add_argument(
         "--emit-out", metavar="PATH", help="write --emit's output to PATH (default: stdout)"
