@@ -606,18 +606,15 @@ class DistributedPipeline:
         rewritten to the causal call torch's ring attention patches; with the inputs they
         were traced from. :class:`MeshPlanError` (one line) for what cannot run."""
         plan = self.plan
-        problem = None
         length = sequence_length(example_inputs)
         if length is None:
-            problem = (
+            raise MeshPlanError(
                 "context parallelism needs inputs with a sequence dimension (dim 1 of "
                 "input_ids); re-plan with --context-parallel 1"
             )
-        if problem is None and length is not None:
-            problem = length_problem(length, plan.context_parallel)
+        problem = length_problem(length, plan.context_parallel)
         if problem is not None:
             raise MeshPlanError(problem)
-        assert length is not None
         has_labels = isinstance(example_inputs, Mapping) and "labels" in example_inputs
         shift = has_labels and LabelItems.of(model).shifted
         positions = accepts_positions(model)
