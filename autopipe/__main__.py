@@ -14,16 +14,11 @@ def _exit(code: int) -> None:
     dist = sys.modules.get("torch.distributed")
     used = dist is not None and dist.is_available() and "TORCHELASTIC_RUN_ID" in os.environ
     if used or (code and dist is not None and dist.is_available() and dist.is_initialized()):
-        # A failed distributed run leaves the process group's threads running (it is not
-        # destroyed after a failure: that could wait on the dead peer). Python's teardown
-        # then destroys them while they are still joinable, and C++ aborts the process
-        # (SIGABRT, "terminate called without an active exception") instead of exiting with
-        # the code. A successful torchrun rank aborted the same way at exit, after
-        # destroy_process_group, in 2 of about 20 launches on a loaded machine (cause not
-        # found). Every output is written and flushed by now: leave without the teardown.
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
+        # A distributed rank leaves without Python's teardown, which can abort it (see
+        # exit_process); every output is written and flushed by now.
+        from autopipe.runtime.distributed.process import exit_process
+
+        exit_process(code)
     raise SystemExit(code)
 
 

@@ -135,3 +135,6 @@ if __name__ == "__main__":
     mesh_zoo_models.example_inputs = example_inputs  # the runner looks it up when it runs
     mesh_zoo_models.build = build
     mesh_zoo_run.main(sys.argv[1], sys.argv[2:])
+    from autopipe.runtime.distributed import exit_process
+
+    exit_process(0)  # Python's teardown can abort a rank after a clean run

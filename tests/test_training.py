@@ -163,7 +163,7 @@ import torch.distributed as dist
 import autopipe
 from autopipe.cli import main
 from autopipe.modelfile import load_model_file
-from autopipe.runtime.distributed.process import init_distributed
+from autopipe.runtime.distributed.process import exit_process, init_distributed
 
 model, plan, out = sys.argv[1:4]
 init_distributed(timeout_s=60)  # the caller's group: both runs leave it open
@@ -179,6 +179,7 @@ if result.reports_loss:
                    "received": result.received_shapes, "world_size": result.world_size}, f)
 assert dist.is_initialized()
 dist.destroy_process_group()
+exit_process(0)  # Python's teardown can abort a rank after a clean run
 """
 
 

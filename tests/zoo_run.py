@@ -57,3 +57,6 @@ if __name__ == "__main__":
             steps = int(args[1])
         args = args[2:]
     main(args[0], args[1:], models, steps)
+    from autopipe.runtime.distributed import exit_process
+
+    exit_process(0)  # Python's teardown can abort a rank after a clean run

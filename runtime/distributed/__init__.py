@@ -34,6 +34,7 @@ _LAZY = {
     "check_same_plan": "autopipe.runtime.distributed.agree",
     "init_distributed": "autopipe.runtime.distributed.process",
     "shutdown": "autopipe.runtime.distributed.process",
+    "exit_process": "autopipe.runtime.distributed.process",
     "LaunchError": "autopipe.runtime.distributed.process",
     "StageModule": "autopipe.runtime.distributed.stages",
     "StageSplitError": "autopipe.runtime.split",
