@@ -70,3 +70,31 @@ def test_waiting_for_the_master_returns_once_it_listens_and_times_out_otherwise(
         _wait_for_master("127.0.0.1", port, time.monotonic() + 5)
     with pytest.raises(TimeoutError, match=rf"the master 127.0.0.1:{port} \(MASTER_ADDR"):
         _wait_for_master("127.0.0.1", port, time.monotonic() - 1)
+
+
+@pytest.mark.parametrize("launched", [True, False])
+def test_the_console_script_leaves_a_torchrun_rank_without_teardown(
+    launched: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A torchrun rank ends through exit_process (os._exit after flushing) with main's code:
+    Python's teardown aborted ranks (SIGABRT) after clean runs. Outside torchrun the console
+    script exits as usual (SystemExit)."""
+    import autopipe.cli as cli
+    from autopipe.runtime.distributed import process
+
+    left: list[int] = []
+
+    def record(code: int) -> None:
+        left.append(code)
+        raise SystemExit(code)  # stands in for os._exit, which would end pytest
+
+    monkeypatch.setattr(process, "exit_process", record)
+    monkeypatch.setattr(cli, "main", lambda: 3)
+    if launched:
+        monkeypatch.setenv("TORCHELASTIC_RUN_ID", "drill")
+    else:
+        monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
+    with pytest.raises(SystemExit) as ended:
+        cli.console()
+    assert ended.value.code == 3
+    assert left == ([3] if launched else [])

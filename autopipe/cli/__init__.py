@@ -14,11 +14,12 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import sys
 import traceback
 import warnings
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from autopipe import __version__
 from autopipe.cli.common import (
@@ -85,6 +86,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except Exception as exc:  # anything else is still one line unless -v
         return _fail(args, exc, EXIT_FAILURE, prefix=f"{type(exc).__name__}: ")
+
+
+def console() -> NoReturn:
+    """The ``autopipe`` console script and ``python -m autopipe``: :func:`main` on this
+    process's command line, then exit with its code.
+
+    A torchrun rank leaves without Python's teardown
+    (:func:`autopipe.runtime.distributed.process.exit_process`): the teardown can destroy the
+    process group's C++ threads while they are joinable and abort the rank (SIGABRT) after
+    a clean run or instead of the failure's exit code. Everything is written by then."""
+    code = main()
+    dist = sys.modules.get("torch.distributed")
+    launched = "TORCHELASTIC_RUN_ID" in os.environ
+    if dist is not None and dist.is_available() and (launched or dist.is_initialized()):
+        from autopipe.runtime.distributed.process import exit_process
+
+        exit_process(code)
+    raise SystemExit(code)
 
 
 def _warning_line(message: Warning | str, *_: Any, **__: Any) -> None:
