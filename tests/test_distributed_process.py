@@ -79,8 +79,9 @@ def test_the_console_script_leaves_a_torchrun_rank_without_teardown(
     """A torchrun rank ends through exit_process (os._exit after flushing) with main's code:
     Python's teardown aborted ranks (SIGABRT) after clean runs. Outside torchrun the console
     script exits as usual (SystemExit)."""
-    import autopipe.cli as cli
     from autopipe.runtime.distributed import process
+
+    import autopipe.cli as cli
 
     left: list[int] = []
 
