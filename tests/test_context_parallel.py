@@ -87,6 +87,40 @@ def test_mesh_is_pp_dp_cp_tp_and_gradients_sum_over_dp_x_cp() -> None:
     assert context_rank_of(5, (2, 2, 2, 1)) == (1, 0, 1, 0)
 
 
+def test_expert_mesh_with_tp_and_cp_carves_ep_out_of_dp_x_cp_beside_tp() -> None:
+    """EP x TP x CP: the 2-D ``(ep, tp)`` mesh of each rank is E consecutive ranks of its
+    dp x cp group (the TP position fixed) by its TP group; the ranks holding the same experts
+    (same EP position, other EP groups) sum their gradients. 8 ranks: D 2 x C 2 x T 2, rank
+    = dp * 4 + cp * 2 + tp; and EP x TP without CP on D 4 x T 2 (rank = dp * 2 + tp), whose
+    EP groups are the same ranks."""
+    from autopipe.runtime.distributed.mesh import expert_mesh
+    from torch.distributed.device_mesh import init_device_mesh
+
+    for rank in (0, 3, 6):
+        group, position, tp = rank // 4, rank // 2 % 2, rank % 2  # EP group, EP rank
+        for with_cp in (True, False):
+            with fake_world(rank, 8):
+                if with_cp:
+                    mesh = build_context_mesh(_plan(k=1, d=2, c=2, t=2), "cpu")
+                    flat = gradient_mesh(mesh)
+                else:
+                    mesh = init_device_mesh("cpu", (1, 4, 2), mesh_dim_names=("pp", "dp", "tp"))
+                    flat = mesh["dp"]
+                ep, replicas = expert_mesh(mesh, flat, 2, with_tp=True)  # E 2
+                first = 4 * group
+                assert ep.mesh.tolist() == [[first, first + 1], [first + 2, first + 3]]
+                assert ep.mesh_dim_names == ("ep", "tp") and ep.get_local_rank(0) == position
+                ep_ranks = dist.get_process_group_ranks(ep.get_group(0))
+                assert sorted(ep_ranks) == [first + tp, first + 2 + tp]
+                tp_ranks = dist.get_process_group_ranks(ep["tp"].get_group())
+                assert sorted(tp_ranks) == [rank - tp, rank - tp + 1]
+                holders = dist.get_process_group_ranks(replicas.get_group())
+                assert sorted(holders) == [position * 2 + tp, 4 + position * 2 + tp]
+                whole, none = expert_mesh(mesh, flat, 4, with_tp=True)  # E 4: all of dp x cp
+                assert none is None and whole.mesh.tolist() == [[0, 1], [2, 3], [4, 5], [6, 7]]
+                assert whole.get_local_rank(0) == rank // 2
+
+
 def test_load_balanced_split_keeps_ids_positions_and_shifted_labels_together() -> None:
     # C = 2, s = 8: torch's head-tail balancer gives rank r chunks r and 2C - 1 - r of 2.
     ids = torch.arange(100, 116).reshape(2, 8)
@@ -211,6 +245,7 @@ CASES = [
     "llama:cp2tp2",
     "llama_ids:pp2cp2",
     "mixtral:pp2cp2ep2",
+    "mixtral:cp2tp2ep2",
     "mixtral:cp2d2ep2zero1",
 ]
 """CP2 x PP2, CP2 x D2 (plain and ZeRO-1: the optimizer state sharded over the 4 ranks of
@@ -219,7 +254,9 @@ CP2 x TP2 (heads
 split by TP, the CP rank's sequence share by sequence parallelism) of the zoo's Hugging Face
 Llama with labels (its own loss), and CP2 x PP2 without (the default objective), in one
 torchrun launch; SGD and AdamW. CP and EP together on a Hugging Face Mixtral (EP carved out
-of the dp x cp ranks): PP 2 x CP 2 x EP 2, and CP 2 x D 2 x EP 2 with ZeRO-1."""
+of the dp x cp ranks): PP 2 x CP 2 x EP 2, CP 2 x TP 2 x EP 2 (the fewest ranks running
+all three: each TP rank's CP pair an EP group, every expert's FFN split over the TP pair), and
+CP 2 x D 2 x EP 2 with ZeRO-1."""
 
 
 def test_cp2_meshes_train_like_one_process(tmp_path: Path) -> None:
@@ -264,6 +301,19 @@ def test_cp2_meshes_train_like_one_process(tmp_path: Path) -> None:
     # Each rank spread its stage's MoE layers over its CP pair (Mixtral: 2, one per stage)
     assert results["mixtral:pp2cp2ep2"]["expert_parallel_modules"] == [1, 1, 1, 1]
     assert results["mixtral:cp2d2ep2zero1"]["expert_parallel_modules"] == [2, 2, 2, 2]
+    # EP x TP x CP: each rank holds 2 of the 4 experts of both MoE layers, each expert's
+    # FFN halved by TP (Mixtral's I = 64: gate_up [2, 2 I / 2, H], down [2, H, I / 2]), and
+    # the checkpoint holds them whole as the model names and lays them out
+    three = results["mixtral:cp2tp2ep2"]
+    assert three["plan"]["mesh"] == [1, 1, 2] and three["plan"]["expert_parallel"] == 2
+    assert three["expert_parallel_modules"] == [2, 2, 2, 2]
+    want = {
+        f"chunks.0.body.model.layers.{i}.mlp.experts.{name}": shape
+        for i in (0, 1)
+        for name, shape in (("gate_up_proj", [2, 64, 32]), ("down_proj", [2, 32, 32]))
+    }
+    assert three["expert_shapes"] == [want] * 4
+    assert three["checkpoint_experts"] == [4] * 4 and three["checkpoint_wrong"] == [[]] * 4
     assert "ExpertZeroOptimizer" in results["mixtral:cp2d2ep2zero1"]["adamw"]["optimizer_class"]
     zero1 = results["llama:cp2d2zero1"]
     assert zero1["plan"]["shard"] == "optimizer"

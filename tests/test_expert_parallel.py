@@ -141,9 +141,17 @@ def test_the_plan_refusals_are_one_line() -> None:
     # EP x TP runs: each rank's experts are split over the TP ranks too
     assert expert_plan_problem(_plan(expert_parallel=2, tensor_parallel=2)) is None
     assert mesh_size_problem(plan, 4) is None
+    # EP x TP x CP runs too: EP carved out of dp x cp, each expert split over TP (the CP
+    # launch's mixtral:cp2tp2ep2)
+    both = _plan(expert_parallel=2, tensor_parallel=2, context_parallel=2)
+    assert expert_plan_problem(both) is None
+    assert mesh_size_problem(both, 16) is None  # K 2 x D 2 x C 2 x T 2
     for bad, phrase in [
         (_plan(expert_parallel=4), "must divide the 2 data-parallel replicas"),
-        (_plan(expert_parallel=2, tensor_parallel=2, context_parallel=2), "context parall"),
+        (
+            _plan(expert_parallel=8, tensor_parallel=2, context_parallel=2),
+            "must divide the 2 x 2 dp x cp ranks",
+        ),
     ]:
         why = expert_plan_problem(bad)
         assert why is not None and phrase in why and "\n" not in why

@@ -115,17 +115,10 @@ def expert_plan_problem(plan: Plan) -> str | None:
     """The one-line refusal of an expert-parallel plan (E > 1) this runtime does not run, or
     None: the EP group is E consecutive data-parallel ranks of a stage
     (:mod:`.expert_parallel`; of its dp x cp ranks with context parallelism), so E must
-    divide D (D x C). With TP each expert's FFN is split over the TP ranks too (not yet with
-    CP as well); ZeRO-1 runs with EP (:class:`~.expert_parallel.ExpertZeroOptimizer`), with
+    divide D (D x C). With TP each expert's FFN is split over the TP ranks too (with or
+    without CP); ZeRO-1 runs with EP (:class:`~.expert_parallel.ExpertZeroOptimizer`), with
     TP it is refused for every plan (:func:`check_mesh_plan`)."""
     e, d = plan.expert_parallel, plan.replicas
-    if plan.tensor_parallel > 1 and plan.context_parallel > 1:
-        return (
-            f"autopipe run does not combine expert parallelism {e} with both tensor "
-            f"parallelism {plan.tensor_parallel} and context parallelism "
-            f"{plan.context_parallel} yet; re-plan with --tensor-parallel 1, "
-            "--context-parallel 1 or --expert-parallel 1"
-        )
     c = plan.context_parallel  # with C > 1, carved out of dp x cp (as torchtitan does)
     if (d * c) % e:
         where = f"{d} data-parallel replicas" if c == 1 else f"{d} x {c} dp x cp ranks"
@@ -141,18 +134,20 @@ def expert_mesh(mesh: Any, dp: Any, degree: int, with_tp: bool = False) -> tuple
     """(the expert-parallel mesh of this rank: ``degree`` consecutive ranks of the 1-D mesh
     ``dp`` the gradients are summed over (``mesh["dp"]``, or with context parallelism its
     ``dp x cp`` flattened, as torchtitan carves its EP group out of the data-parallel and
-    context-parallel ranks), 1-D, or with ``with_tp`` (C = 1 only) 2-D ``(ep, tp)`` of
-    ``mesh``, the TP ranks splitting each expert's FFN; the 1-D mesh of the ``dp / degree``
-    ranks holding the same experts, whose expert gradients are summed, or None when
-    ``degree`` is dp's size)."""
-    if dp.size() == degree:
-        return (mesh["dp", "tp"] if with_tp else dp), None
-    if with_tp:
+    context-parallel ranks), 1-D, or with ``with_tp`` 2-D ``(ep, tp)``: that EP dimension
+    joined with ``mesh["tp"]`` (torch's ``DeviceMesh._concatenate``; the two are orthogonal
+    slices of one root mesh, so no new groups), the TP ranks splitting each expert's FFN;
+    the 1-D mesh of the ``dp / degree`` ranks holding the same experts, whose expert
+    gradients are summed, or None when ``degree`` is dp's size)."""
+    replicas = None
+    ep = dp
+    if dp.size() != degree:
         names = ("dp_between_ep", "ep")
-        split = mesh._unflatten(1, (dp.size() // degree, degree), names)
-        return split["ep", "tp"], split["dp_between_ep"]
-    both = dp._unflatten(0, (dp.size() // degree, degree), ("dp_between_ep", "ep"))
-    return both["ep"], both["dp_between_ep"]
+        both = dp._unflatten(0, (dp.size() // degree, degree), names)
+        ep, replicas = both["ep"], both["dp_between_ep"]
+    if with_tp:
+        ep = type(mesh)._concatenate([ep, mesh["tp"]])
+    return ep, replicas
 
 
 def check_mesh_plan(plan: Plan, tied: Sequence[Any] = ()) -> None:
