@@ -23,7 +23,7 @@ from __future__ import annotations
 import contextlib
 import math
 import statistics
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Collection, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -193,34 +193,43 @@ def train(
     say = say or _silent
     _check_outputs(request)
     owns_group, rank, world = _join_process_group(request)
-    _check_world_size(request.plan, rank, world)
-    pipe, batch = _build_pipeline(request, world)
-    if rank == 0:
-        say(_shape_line(request.plan, world, pipe.data_parallel_size))
-    optimizer = make_optimizer(
-        request.plan,
-        pipe.parameters(),
-        request.lr,
-        pipe.replica_group,
-        pipe.expert_parameters,
-        pipe.expert_replica_group,
-    )
-    local = pipe.local_batch(batch)
-    trace = _pipeline_trace(pipe) if request.trace_path else None
-    records = _run_steps(request, pipe, optimizer, local, trace, say)
-    result = TrainResult(
-        rank=rank,
-        world_size=world,
-        reports_loss=_reports_loss(pipe),
-        steps=tuple(records),
-        optimizer=type(optimizer).__name__,
-        received_shapes=pipe.received_shapes[0] if pipe.received_shapes else [],
-    )
-    if result.median_step_s is not None:
-        say(f"median step time {result.median_step_s * 1e3:.1f} ms (after step 1)")
-    if steps_done is not None:
-        steps_done(result)
-    _write_outputs(request, pipe, trace, rank, say)
+    from autopipe.runtime.distributed.failures import run_board
+
+    # One failure board from here on: whichever phase a rank fails in, start-up or step,
+    # its line reaches the peers, whichever phase they are in.
+    with run_board():
+        with _start_up(rank) as start:
+            start.phase = "checking the plan against the world size"
+            _check_world_size(request.plan, rank, world)
+            pipe, batch = _build_pipeline(request, world, start)
+            if rank == 0:
+                say(_shape_line(request.plan, world, pipe.data_parallel_size))
+            start.phase = "making the optimizer"
+            optimizer = make_optimizer(
+                request.plan,
+                pipe.parameters(),
+                request.lr,
+                pipe.replica_group,
+                pipe.expert_parameters,
+                pipe.expert_replica_group,
+            )
+            start.phase = "preparing the first step"
+            local = pipe.local_batch(batch)
+            trace = _pipeline_trace(pipe) if request.trace_path else None
+        records = _run_steps(request, pipe, optimizer, local, trace, say)
+        result = TrainResult(
+            rank=rank,
+            world_size=world,
+            reports_loss=_reports_loss(pipe),
+            steps=tuple(records),
+            optimizer=type(optimizer).__name__,
+            received_shapes=pipe.received_shapes[0] if pipe.received_shapes else [],
+        )
+        if result.median_step_s is not None:
+            say(f"median step time {result.median_step_s * 1e3:.1f} ms (after step 1)")
+        if steps_done is not None:
+            steps_done(result)
+        _write_outputs(request, pipe, trace, rank, say)
     if owns_group:
         from autopipe.runtime.distributed.process import shutdown
 
@@ -271,6 +280,60 @@ def _join_process_group(request: TrainRequest) -> tuple[bool, int, int]:
     return owns_group, rank, world
 
 
+class _StartUp:
+    """Which phase of its start-up this rank is in (one line, after "failed")."""
+
+    def __init__(self) -> None:
+        self.phase = "starting"
+
+
+@contextlib.contextmanager
+def _start_up(rank: int) -> Iterator[_StartUp]:
+    """The start-up between joining the process group and the first step, whose failures
+    reach every rank (issue 33): a rank whose own start-up fails publishes its line (``rank
+    R failed while PHASE: ERROR``, the error as its own error line shows it) to the process
+    group's c10d store before it raises (:func:`~autopipe.runtime.distributed.failures.
+    publish_failure`); a rank that then finds a peer gone (a closed connection in the plan
+    agreement, a new group's rendezvous timing out) ends with that line instead of "a peer
+    rank failed", or, when the store's host (rank 0 without torchrun's agent) is the rank
+    that failed, saying so. torchrun's SIGTERM reads the same line (``autopipe.cli.run``)."""
+    from autopipe.runtime.distributed.failures import (
+        PUBLISHED_WAIT_S,
+        failure_cause,
+        publish_failure,
+    )
+
+    start = _StartUp()
+    try:
+        yield start
+    except Exception as exc:
+        if _peer_failed(exc):
+            cause = failure_cause(PUBLISHED_WAIT_S)
+            if cause is not None:
+                raise Failure(f"rank {rank} stopped while {start.phase}: {cause}") from exc
+            raise
+        publish_failure(f"rank {rank} failed while {start.phase}: {_error_text(exc)}")
+        raise
+
+
+def _peer_failed(exc: BaseException) -> bool:
+    """Whether ``exc`` says a peer is gone or silent rather than what this rank did wrong."""
+    from autopipe.runtime.distributed.failures import PipelineRankError, is_comm_failure
+
+    if isinstance(exc, PipelineRankError) or isinstance(exc.__cause__, PipelineRankError):
+        return True
+    return not isinstance(exc, (UsageError, Failure)) and is_comm_failure(exc)
+
+
+def _error_text(exc: BaseException) -> str:
+    """``exc`` as this rank's own error line shows it (``autopipe.cli``): the message of an
+    autopipe error, ``Type: message`` of any other; first line only."""
+    text = str(exc).strip()
+    if isinstance(exc, (UsageError, Failure, MemoryError)):
+        return text.splitlines()[0] if text else type(exc).__name__
+    return f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__
+
+
 def _check_world_size(plan: Plan, rank: int, world: int) -> None:
     """Refuse (UsageError, on every rank alike) a world size the plan does not fit: K x D
     ranks for a pipeline, the mesh's pp x dp x tp for a mesh plan."""
@@ -303,10 +366,13 @@ def _barrier_quietly() -> None:
         pass
 
 
-def _build_pipeline(request: TrainRequest, world: int) -> tuple[DistributedPipeline, Any]:
+def _build_pipeline(
+    request: TrainRequest, world: int, start: _StartUp | None = None
+) -> tuple[DistributedPipeline, Any]:
     """This rank's part of the pipeline and the global batch of example inputs (the plan's
     batch for each data-parallel replica). What the model file, the plan or the weights do
-    not allow is a UsageError; a peer failing meanwhile, a Failure."""
+    not allow is a UsageError; a peer failing meanwhile, a Failure. ``start`` is told each
+    phase (for the line a failure publishes)."""
     from autopipe.runtime.distributed.failures import PipelineRankError
     from autopipe.runtime.distributed.layout import PlanWorldSizeError
     from autopipe.runtime.distributed.mesh import uses_mesh
@@ -314,9 +380,12 @@ def _build_pipeline(request: TrainRequest, world: int) -> tuple[DistributedPipel
     from autopipe.runtime.split import StageSplitError
 
     plan, mf = request.plan, request.model
+    start = start or _StartUp()
+    start.phase = "loading the state dict"
     state_dict = _load_state_dict(request.state_dict_path)
     meta = request.init == "meta" or state_dict is not None
     try:
+        start.phase = "building the model"
         model = mf.build(device="meta" if meta else None)
         replicas = (
             plan.replicas
@@ -325,6 +394,8 @@ def _build_pipeline(request: TrainRequest, world: int) -> tuple[DistributedPipel
         )
         inputs = mf.inputs(plan.batch_size * replicas)
         orders = rank_orders(plan.schedule, plan.num_stages, plan.virtual_stages, plan.microbatches)
+        # Tracing, the cut, the plan agreement, the mesh, TP / FSDP, the weights, the stages.
+        start.phase = "building its pipeline stage"
         pipe = DistributedPipeline(
             model, plan, inputs, mf.loss_fn, state_dict=state_dict, orders=orders
         )

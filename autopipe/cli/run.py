@@ -248,10 +248,10 @@ def one_line_per_rank(verbose: bool = False) -> Iterator[None]:
         # error (in the CLI's main, after this block) and exited.
         failing = True
         if isinstance(exc, Terminated):
-            from autopipe.runtime.distributed.failures import published_failure
+            from autopipe.runtime.distributed.failures import failure_cause
 
             # The rank that failed first wrote its line to the store torchrun's agent holds.
-            cause = published_failure()
+            cause = failure_cause()
             raise common.Failure(
                 "stopped by SIGTERM (torchrun stops every rank once one exits): "
                 + (f"after {cause}" if cause else "another rank's error says why")

@@ -63,10 +63,10 @@ from autopipe.runtime.distributed.failures import (
     PUBLISHED_WAIT_S,
     PipelineRankError,
     failure_board,
+    failure_cause,
     is_comm_failure,
     one_line,
     publish_failure,
-    published_failure,
     short_cause,
 )
 from autopipe.runtime.distributed.layout import RankLayout, rank_layout, rank_position
@@ -418,7 +418,7 @@ class DistributedPipeline:
         orders: Sequence[Sequence[Action]] | None = None,
     ) -> None:
         _require_process_group()
-        failure_board()  # where a rank's own failure in a step reaches its peers
+        failure_board()  # where a rank's own failure in a step reaches its peers (a run's own)
         planned = _agreed_stages(model, plan, example_inputs, state_dict)
         chunk_rank = [s.rank if s.rank >= 0 else s.index for s in plan.stages]
         self.plan = plan
@@ -829,8 +829,9 @@ class DistributedPipeline:
             )  # fmt: skip
             if is_comm_failure(exc):
                 first = short_cause(exc)
-                # The failing rank's own line (failures.py), when it wrote one: the cause.
-                cause_line = published_failure(PUBLISHED_WAIT_S)
+                # The failing rank's own line (failures.py), when it wrote one: the cause
+                # (or that rank 0, the store's host, is gone).
+                cause_line = failure_cause(PUBLISHED_WAIT_S)
                 if cause_line is not None:
                     raise PipelineRankError(
                         f"{where}: the pipeline broke in step {self.steps + 1}: {cause_line}"

@@ -1,0 +1,203 @@
+"""Fault drills of ``autopipe run``'s start-up (issue 33): one rank fails between joining the
+process group and the first step (its model factory raises, a process group cannot be
+made), and every other rank's one error line names that rank and its cause, read from the
+default group's c10d store, instead of "a peer rank failed" or torchrun's SIGTERM.
+
+Under torchrun the store is its agent's, so a failing rank 0 is named like any other. Ranks
+started directly with torchrun's variables (``launch_ranks``: no agent) meet on the store
+rank 0 holds: when rank 0 is the rank that failed, the others say that rank 0, the store's
+host, is gone (its own line names the cause), in one line, without c10d's C++ frames.
+
+Times are bounded by ``--timeout``: a cause that needs no waiting ends every rank within
+half of it; a rank waiting in a new group's rendezvous (c10d cannot interrupt it) ends
+within twice it.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from distributed_cases import Drill, launch_ranks, make_plan, torchrun_drill
+
+STARTUP_TIMEOUT_S = 300.0
+"""--timeout of the drills whose fault needs no waiting: the default, as start-up under
+load (two ranks tracing on shared cores) is far below half of it."""
+
+GROUP_TIMEOUT_S = 10.0
+"""--timeout of the drill whose survivor waits in a group's rendezvous: it ends after it."""
+
+FACTORY_ERROR = "boom.py:build_model: the factory raised RuntimeError: the factory broke on purpose"
+
+BOOM_MODEL = """\
+import os
+
+import torch
+from torch import nn
+
+# BOOM_RANK=R: the factory raises on rank R (building the model, before tracing).
+# GROUP_BOOM_RANK=R: rank R cannot make a process group (torch.distributed.new_group
+# raises), after the ranks agreed on the plan, while its peers wait for it in the group's
+# rendezvous.
+if os.environ.get("GROUP_BOOM_RANK") == os.environ.get("RANK"):
+    import torch.distributed as dist
+
+    def _new_group(*args, **kwargs):
+        raise RuntimeError("new_group broke on purpose")
+
+    dist.new_group = _new_group
+
+
+def build_model():
+    if os.environ.get("BOOM_RANK") == os.environ.get("RANK"):
+        raise RuntimeError("the factory broke on purpose")
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 4))
+
+
+def example_inputs(batch_size=4):
+    return torch.randn(batch_size, 4, generator=torch.Generator().manual_seed(0))
+
+
+def loss_fn(output, inputs):
+    return output.pow(2).mean()
+"""
+
+
+def _files(directory: Path, replicas: int = 1) -> tuple[Path, Path]:
+    """(BOOM_MODEL file, plan): 2 stages x 1 replica, or 1 stage x 2 replicas (whose
+    data-parallel group each rank makes with new_group)."""
+    model = directory / "boom.py"
+    model.write_text(BOOM_MODEL)
+    units = [["0", "1"], ["2"]] if replicas == 1 else [["0", "1", "2"]]
+    plan = make_plan(units, 2, 4)
+    plan.replicas = replicas
+    path = directory / f"plan_d{replicas}.json"
+    plan.save(path)
+    return model, path
+
+
+def _argv(model: Path, plan: Path, timeout_s: float) -> list[str]:
+    return [str(model), "--plan", str(plan), "--steps", "3", "--timeout", f"{timeout_s:g}"]
+
+
+def _error_line(drill: Drill, rank: int) -> str:
+    (line,) = [
+        line for line in drill.lines(f"[rank {rank}] autopipe run: error: ") if line[0] == "["
+    ]
+    return line.rstrip("\n")
+
+
+@pytest.mark.parametrize("failing", [1, 0])
+def test_a_ranks_build_failure_is_named_on_every_rank(tmp_path: Path, failing: int) -> None:
+    """The factory raises on one rank under torchrun. Before, the other rank said "could not
+    compare plans with the other ranks: a peer rank failed or did not answer ... (Connection
+    closed by peer ...)", and torchrun's summary took that line for the root cause when it
+    came first."""
+    model, plan = _files(tmp_path)
+    drill = torchrun_drill(
+        2,
+        _argv(model, plan, STARTUP_TIMEOUT_S),
+        {"BOOM_RANK": str(failing)},
+        deadline_s=STARTUP_TIMEOUT_S + 60,
+    )
+    assert drill.code == 1, drill.output
+    assert _error_line(drill, failing) == (
+        f"[rank {failing}] autopipe run: error: {FACTORY_ERROR}"
+    ), drill.output
+    peer = 1 - failing
+    line = _error_line(drill, peer)
+    # Its peer was stopped at once, either by the closed connection or by torchrun's SIGTERM.
+    assert line.startswith(f"[rank {peer}] autopipe run: error: "), line
+    assert line.endswith(f"rank {failing} failed while building the model: {FACTORY_ERROR}"), line
+    assert "a peer rank failed" not in line
+    assert "step 1/" not in drill.output
+    assert drill.total_s < STARTUP_TIMEOUT_S / 2, drill.total_s  # start-up, not the timeout
+
+
+def _launch(
+    tmp_path: Path, env: dict[str, str], timeout_s: float, replicas: int = 1
+) -> list[tuple[int, str, float]]:
+    """Two ranks without torchrun's agent (rank 0 holds the store): per rank (exit code,
+    stderr, seconds from launch to its exit)."""
+    model, plan = _files(tmp_path, replicas)
+    procs = launch_ranks(2, _argv(model, plan, timeout_s), env)
+    start = time.monotonic()
+    ended: dict[int, float] = {}
+    try:
+        while len(ended) < len(procs):
+            for rank, proc in enumerate(procs):
+                if rank not in ended and proc.poll() is not None:
+                    ended[rank] = time.monotonic() - start
+            if time.monotonic() - start > 4 * timeout_s + 120:
+                raise AssertionError(f"ranks {sorted(set(range(2)) - set(ended))} hang")
+            time.sleep(0.05)
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+    results = []
+    for rank, proc in enumerate(procs):
+        try:
+            _, err = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:  # pragma: no cover - the pipes are closed by now
+            err = ""
+        results.append((proc.returncode, err, ended[rank]))
+    return results
+
+
+def test_rank_0_the_store_host_failing_ends_its_peer_in_one_clear_line(tmp_path: Path) -> None:
+    """Rank 0 (which holds the c10d store without torchrun's agent) fails building the
+    model: its peer cannot read the cause and says that rank 0, the store's host, is gone,
+    in one line (no C++ frames of c10d's client), well within the timeout. Before it said
+    only "a peer rank failed or did not answer within the process-group timeout"."""
+    (code0, err0, _), (code1, err1, end1_s) = _launch(
+        tmp_path, {"BOOM_RANK": "0"}, STARTUP_TIMEOUT_S
+    )
+    assert code0 == 2 and err0 == f"[rank 0] autopipe run: error: {FACTORY_ERROR}\n", err0
+    assert code1 == 1, err1
+    assert err1 == (
+        "[rank 1] autopipe run: error: rank 1 stopped while building its pipeline stage: "
+        "rank 0 is gone, and with it the c10d store it held, so its cause cannot be read "
+        "here: rank 0's own error line (and the launcher's report) names it\n"
+    )
+    assert end1_s < STARTUP_TIMEOUT_S / 2, end1_s
+
+
+def test_rank_1_failing_is_named_by_rank_0_without_torchruns_agent(tmp_path: Path) -> None:
+    """The same fault on rank 1: rank 0, which holds the store, reads rank 1's line."""
+    (code0, err0, end0_s), (code1, err1, _) = _launch(
+        tmp_path, {"BOOM_RANK": "1"}, STARTUP_TIMEOUT_S
+    )
+    assert code1 == 2 and err1 == f"[rank 1] autopipe run: error: {FACTORY_ERROR}\n", err1
+    assert code0 == 1, err0
+    assert err0 == (
+        "[rank 0] autopipe run: error: rank 0 stopped while building its pipeline stage: "
+        f"rank 1 failed while building the model: {FACTORY_ERROR}\n"
+    )
+    assert end0_s < STARTUP_TIMEOUT_S / 2, end0_s
+
+
+def test_a_rank_that_cannot_make_its_group_is_named_by_the_rank_waiting_for_it(
+    tmp_path: Path,
+) -> None:
+    """Rank 1 of a 1 x 2 data-parallel plan fails making its data-parallel group, after the
+    plan agreement, while rank 0 waits for it in the group's rendezvous. c10d cannot cut
+    that wait short: rank 0 ends when --timeout runs out (not later: the group has the
+    world's timeout), then names rank 1's cause. Before, its line said only that a peer
+    failed or did not answer."""
+    (code0, err0, end0_s), (code1, err1, end1_s) = _launch(
+        tmp_path, {"GROUP_BOOM_RANK": "1"}, GROUP_TIMEOUT_S, replicas=2
+    )
+    assert code1 == 1, err1
+    assert err1 == "[rank 1] autopipe run: error: RuntimeError: new_group broke on purpose\n"
+    assert code0 == 1, err0
+    # c10d's own warnings about the socket that timed out may come first.
+    assert err0.splitlines()[-1] == (
+        "[rank 0] autopipe run: error: rank 0 stopped while building its pipeline stage: "
+        "rank 1 failed while building its pipeline stage: RuntimeError: new_group broke on "
+        "purpose"
+    ), err0
+    assert end0_s - end1_s < 2 * GROUP_TIMEOUT_S, (end0_s, end1_s)
