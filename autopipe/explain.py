@@ -18,9 +18,16 @@ def explain(plan: Plan) -> str:
     lines += _lower_bound_lines(plan)
     lines += _memory_lines(plan)
     lines.append(_rematerialization_line(plan))
+    step = ""
+    if plan.replicas > 1 and plan.pipeline_iteration_s > 0:  # the table's words: one meaning
+        step = (
+            f" (iteration = one training step: the pipeline's "
+            f"{format_seconds(plan.pipeline_iteration_s)} + exposed DP communication "
+            f"{format_seconds(plan.allreduce_s)}; notes that say pipeline mean the first)"
+        )
     lines.append(
         f"Prediction: {format_seconds(plan.iteration_time_s)} per iteration, {plan.throughput:.4g} "
-        f"samples/s, {plan.speedup:.2f}x over one device ({plan.schedule} schedule)."
+        f"samples/s, {plan.speedup:.2f}x over one device ({plan.schedule} schedule){step}."
     )
     lines += _baseline_lines(plan)
     table = framework_table(plan)

@@ -627,7 +627,8 @@ def _mesh_devices(profile: Profile, request: PlanRequest) -> tuple[int, Device]:
     the profile's device), its memory filled from ``memory_per_device`` when unknown."""
     if request.cluster is not None:
         devices = request.cluster.devices
-        if any(dataclasses.astuple(d) != dataclasses.astuple(devices[0]) for d in devices):
+        first = devices[0]  # the dataclass's ==: astuple deep-copies, 30 s for 10^6 devices
+        if any(d != first for d in devices):
             raise RuleViolation("mesh: a mesh plan needs equal devices; drop the device list")
         template = devices[0]
         if request.memory_per_device is not None and template.memory_bytes is None:
@@ -736,12 +737,14 @@ class _MeshSearch:
         profile = self.profile
         single = self.request.schedule in ("gpipe", "1f1b")  # one chunk per rank: fill, drain
         for c in cands:
+            if c.pp > len(profile.units):  # never searched, so no bound priced (0: none): its
+                # K x #M arrays took a minute for --gpus 10**6 --batch-size 10**12
+                c.reason = f"{c.pp} stages need {c.pp} units; the model has {len(profile.units)}"
+                continue
             c.lower_bound_s = mesh_lower_bound_s(
                 profile, self.device_of(c), c, self.batch, self.topology, self.microbatches,
                 single, self.memory_of(c),
             )  # fmt: skip
-            if c.pp > len(profile.units):
-                c.reason = f"{c.pp} stages need {c.pp} units; the model has {len(profile.units)}"
         zero2 = {c.key: c for c in cands if c.shard == "gradients"}
         best: MeshCandidate | None = None
         order = sorted(cands, key=lambda c: (c.lower_bound_s, c.tp, c.shard != "none"))

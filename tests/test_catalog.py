@@ -248,3 +248,10 @@ def test_spec_bandwidths_tell_bits_from_bytes(tmp_path) -> None:
     with pytest.raises(DeviceSpecError, match="ambiguous or unknown bandwidth unit 'gb/s'") as info:
         load_device_spec(path)
     assert "\n" not in str(info.value)
+    # Before: "link_bandwidth_bytes_per_s must be a size" for a value of the wrong type.
+    path.write_text("base: a100-80gb\nname: X\nlink_bandwidth_bytes_per_s: [1, 2]\n")
+    with pytest.raises(DeviceSpecError) as info:
+        load_device_spec(path)
+    assert str(info.value).endswith(
+        "link_bandwidth_bytes_per_s must be a bandwidth, e.g. 900GB/s or 9e11, got [1, 2]"
+    )

@@ -875,14 +875,16 @@ def test_bad_launch_variables_are_usage_errors_at_once(
     assert time.monotonic() - start < 60  # not the --timeout
 
 
-@pytest.mark.parametrize("flag", ["--json", "--save-profile"])
+@pytest.mark.parametrize("flag", ["--json", "--save-profile", "--emit-out"])
 def test_a_named_pipe_output_is_refused_in_one_line(
     tmp_path: Path, flag: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Before, ``--json FIFO`` with no reader blocked forever at the end of the plan."""
     fifo = tmp_path / "pipe"
     os.mkfifo(fifo)
-    assert main(["plan", str(ROOT / "examples" / "gpt.py"), "--gpus", "2", flag, str(fifo)]) == 2
+    emit = ["--emit", "torch"] if flag == "--emit-out" else []
+    argv = ["plan", str(ROOT / "examples" / "gpt.py"), "--gpus", "2", *emit, flag, str(fifo)]
+    assert main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and f"{flag} {fifo} is a named pipe" in err
 

@@ -206,3 +206,47 @@ def test_the_least_memory_need_by_dp_and_by_bisection_agree(
             assert found == brute
         else:
             assert brute <= found <= brute * (1 + 2e-6)
+
+
+def test_a_million_gpus_at_a_huge_batch_price_no_bound_of_a_mesh_too_deep_to_cut(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``--gpus 10**6 --shard auto --tensor-parallel auto --batch-size 10**12`` on a catalog
+    device (#36): the batch lets D reach the devices, so the request is not refused as too
+    deep, and before, every mesh was priced, the 10^4-stage ones too (K x #M arrays, about a
+    minute), and the equal-devices check deep-copied each of the 10^6 devices (astuple, 30 s).
+    Counted: no lower bound of a pipeline deeper than the model's units, no astuple per
+    device; the plan still refuses (nothing fits 1 MiB) with its least need."""
+    import dataclasses
+
+    import autopipe.planner.mesh as mesh
+    from autopipe.core.cluster import Cluster, Device
+
+    profile = tiny_profile(heads=[2, 4])
+    deepest: list[int] = []
+    real_bound = mesh.mesh_lower_bound_s
+
+    def counted_bound(prof: object, device: object, cand: MeshCandidate, *a: object) -> float:
+        deepest.append(cand.pp)
+        return real_bound(prof, device, cand, *a)  # type: ignore[arg-type]
+
+    copies = [0]
+    real_astuple = dataclasses.astuple
+
+    def counted_astuple(obj: object) -> tuple[object, ...]:
+        copies[0] += 1
+        return real_astuple(obj)
+
+    monkeypatch.setattr(mesh, "mesh_lower_bound_s", counted_bound)
+    monkeypatch.setattr(mesh.dataclasses, "astuple", counted_astuple)
+    one = Device("h100", memory_bytes=2**20, link_bandwidth_bytes_per_s=4.5e11)
+    n = 10**6
+    req = PlanRequest(
+        gpus=n, cluster=Cluster([one] * n), tensor_parallel="auto", data_parallel="auto",
+        shard="auto",
+        batch_size=10**12, gpus_per_node=8, inter_node_bandwidth_bytes_per_s=5e10,
+    )  # fmt: skip
+    with _within(120), pytest.raises(search.PlanningError, match="the smallest need is"):
+        plan(profile, req)
+    assert deepest and max(deepest) <= len(profile.units)
+    assert copies[0] < 100

@@ -389,6 +389,7 @@ def test_the_refusal_offers_only_tries_the_request_has_not_made() -> None:
     tries = str(info.value).split("; try ")[1]
     assert "more micro-batches" not in tries and "schedule='1f1b' or 'auto'" in tries
     assert "shard='parameters' with data_parallel > 1" in tries  # names sharding (#36)
+    assert "checkpoint" not in tries  # already auto (#36: it was offered anyway)
     fixed = dataclasses.replace(auto, microbatches=2)
     with pytest.raises(PlanningError) as info:
         plan(profile, fixed)

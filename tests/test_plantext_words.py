@@ -39,6 +39,9 @@ def test_batch_and_iteration_say_which_they_mean_with_replicas() -> None:
     assert "(iteration = one training step: the pipeline's " in text
     assert ": pipeline iteration " in text  # the planner's note names the pipeline's own
     assert "per replica" not in format_plan(p) and "one training step" not in format_plan(p)
+    # explain says the same (before: its "per iteration" was the step, its notes' the pipeline)
+    assert "per iteration, " in explain(dp) and "(iteration = one training step: " in explain(dp)
+    assert "one training step" not in explain(p)
 
 
 def test_a_plan_no_faster_than_one_device_says_why_and_what_to_do() -> None:

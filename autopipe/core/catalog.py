@@ -803,7 +803,7 @@ def _quantity(value: Any, name: str, problems: list[str]) -> float | None:
         if name.startswith("peak_flops_per_s")
         else "0.7"
     )
-    kind = "a size" if sized else "a number"
+    kind = "a bandwidth" if name.endswith("_bytes_per_s") else "a size" if sized else "a number"
     problems.append(f"{name} must be {kind}, e.g. {example}, got {value!r}")
     return None
 
