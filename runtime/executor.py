@@ -351,7 +351,7 @@ def run_actions(
     """Run forward and backward of every micro-batch through ``stages`` (the K x V chunks in
     model order) in each rank's own order: ``orders[r]`` lists rank ``r``'s actions
     (``Action(chunk, micro-batch, phase)``, phase ``forward``, ``backward``,
-    ``backward_input`` or ``backward_weight``), as ``autopipe.planner.schedules.rank_orders``
+    ``backward_input`` or ``backward_weight``), as ``autopipe.core.schedules.rank_orders``
     gives them for any of the seven schedules.
 
     Each round, every rank whose next action has its inputs (the previous chunk's forward

@@ -210,7 +210,7 @@ def run_correctness(rank: int, world_size: int, port: int, out_dir: str, jobs: l
     single-process model and save ``{job: {loss_err, grad_err, loss2_err}}`` to out_dir."""
     import copy
 
-    from autopipe.planner.schedules import rank_orders
+    from autopipe.core.schedules import rank_orders
 
     os.environ.update(rank_env(rank, world_size, port))
     torch.set_num_threads(1)

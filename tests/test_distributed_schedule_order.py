@@ -12,7 +12,6 @@ from unittest import mock
 import pytest
 
 torch = pytest.importorskip("torch")
-from autopipe.planner.schedules import rank_orders  # noqa: E402
 from autopipe.runtime.distributed.schedule_order import (  # noqa: E402
     ScheduleOrderMismatchError,
     check_torch_order,
@@ -23,6 +22,7 @@ from torch.distributed.pipelining.stage import PipelineStage  # noqa: E402
 
 from autopipe.core.plan import Plan, StagePlan  # noqa: E402
 from autopipe.core.schedule_rules import chunk_ranks  # noqa: E402
+from autopipe.core.schedules import rank_orders  # noqa: E402
 from autopipe.core.timeline import Action  # noqa: E402
 from autopipe.core.vocabulary import TORCH_CLASSES  # noqa: E402
 

@@ -1,7 +1,7 @@
 """The one-process executor runs each plan's own per-rank orders (``Pipeline.step``).
 
 Every schedule the planner can emit trains with the gradients of the unsplit model, each rank
-runs exactly the plan's order (``planner/schedules.py:rank_orders``), 1F1B holds fewer
+runs exactly the plan's order (``autopipe/core/schedules.py:rank_orders``), 1F1B holds fewer
 micro-batches' activations than GPipe, and a non-GPipe plan is not silently run fill-drain by
 ``pipe(x)`` + ``loss.backward()``.
 """
@@ -12,7 +12,6 @@ import copy
 
 import pytest
 import torch
-from autopipe.planner.schedules import rank_orders
 from autopipe.profiler.units import trace_units
 from autopipe.runtime.activations import ActivationMeter
 from autopipe.runtime.executor import ScheduleOrderError
@@ -23,6 +22,7 @@ from torch import nn
 
 from autopipe.core.plan import Plan, StagePlan
 from autopipe.core.schedule_rules import chunk_ranks
+from autopipe.core.schedules import rank_orders
 from autopipe.core.timeline import Action
 from autopipe.parallelizing import parallelize
 

@@ -1,7 +1,7 @@
 """Check, at build time, that torch's schedule runs the plan's per-rank order.
 
 The plan's timings and memory were simulated on its own orders
-(``autopipe.planner.schedules.rank_orders``, one list of ``Action(chunk, micro-batch,
+(``autopipe.core.schedules.rank_orders``, one list of ``Action(chunk, micro-batch,
 phase)`` per pipeline rank); ``autopipe run`` executes torch.distributed.pipelining's class of
 the same name, which generates its own order. :func:`check_torch_order` reads torch's order
 off the built schedule object and refuses, in one line naming the schedule, the rank and the
