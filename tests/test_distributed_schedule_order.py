@@ -64,10 +64,9 @@ def _plan(name: str, k: int, v: int, m: int) -> Plan:
 
 @pytest.mark.parametrize(("name", "k", "v", "m"), MULTI)
 def test_torch_runs_the_plans_order(name: str, k: int, v: int, m: int) -> None:
-    schedule = _schedule(name, k, v, m)
-    orders = rank_orders(name, k, v, m)
-    assert torch_rank_orders(schedule) == orders
-    check_torch_order(schedule, _plan(name, k, v, m), orders)
+    schedule, plan = _schedule(name, k, v, m), _plan(name, k, v, m)
+    assert torch_rank_orders(schedule) == rank_orders(name, k, v, m) == plan.actions
+    check_torch_order(schedule, plan, plan.actions)  # what DistributedPipeline checks
 
 
 @pytest.mark.parametrize(("name", "k", "v", "m"), MULTI[::2])

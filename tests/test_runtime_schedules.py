@@ -99,6 +99,23 @@ def test_every_schedule_trains_as_the_unsplit_model_in_the_plans_order(
     assert ran >= {tuple(a) for order in orders for a in order}
 
 
+def test_the_executor_runs_the_plans_actions_as_they_are() -> None:
+    """``parallelize(plan=)`` runs the plan's ``actions`` field, not an order recomputed from
+    its schedule (#37): a 1F1B plan whose actions were set to the fill-drain order runs
+    fill-drain, action for action, with the unsplit model's loss."""
+    model, idx = tiny_gpt(), tokens(8)
+    reference = copy.deepcopy(model)
+    plan = schedule_plan(trace_units(model, idx).unit_names, "1f1b", 2, 1, 4)
+    assert plan.actions == rank_orders("1f1b", 2, 1, 4)
+    plan.actions = rank_orders("gpipe", 2, 1, 4)  # another order the executor can run
+    pipe = parallelize(model, idx, ["cpu"] * 2, plan=plan)
+    torch.manual_seed(4)
+    loss = pipe.step(idx, loss_fn=gpt.loss_fn)
+    assert pipe.last_actions == plan.actions != rank_orders("1f1b", 2, 1, 4)
+    expected = gpt.loss_fn(reference_forward(reference, (idx,), 4, seed=4), idx)
+    assert_close(loss, expected.detach(), "loss")
+
+
 @pytest.mark.parametrize("schedule", ["1f1b", "zbv"])
 def test_ranks_on_worker_threads_run_the_plans_order(schedule: str) -> None:
     """Ranks on different devices ("cpu" and "cpu:0" are two workers) run at once, each in
