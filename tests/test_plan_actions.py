@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
+from autopipe.planner import plan as make_plan
 from planner_instances import random_profile
 
 from autopipe.core.plan import Plan, PlanFormatError, StagePlan, load_plan, replace_plan
@@ -16,7 +17,6 @@ from autopipe.core.request import PlanRequest
 from autopipe.core.schedule_rules import chunk_ranks
 from autopipe.core.schedules import rank_orders
 from autopipe.core.timeline import Action
-from autopipe.planner import plan as make_plan
 
 CASES = [
     ("gpipe", 3, 1, 5),
