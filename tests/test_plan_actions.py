@@ -137,6 +137,35 @@ def test_a_missing_or_extra_action_or_rank_is_refused(tmp_path: Path) -> None:
     assert "actions lists 1 ranks but gpipe" in _refusal(tmp_path, data)
 
 
+def test_an_edited_microbatch_count_with_the_old_actions_is_refused_at_once(
+    tmp_path: Path,
+) -> None:
+    """M edited by hand, the actions left as written: refused from the forward count, without
+    building the new M's order (a million micro-batches would take seconds)."""
+    data = _plan("1f1b", 2, 1, 4).to_dict()
+    data.update(microbatches=10**6, microbatch_size=1, batch_size=10**6)
+    assert _refusal(tmp_path, data) == (
+        f"{tmp_path / 'edited.json'}: actions[0] runs 4 forwards where 1f1b with num_stages=2, "
+        "virtual_stages=1, microbatches=1000000 runs 1000000; a plan's actions are its "
+        "schedule's order (remove the field to have it derived)"
+    )
+    del data["actions"]
+    data.update(microbatches=8, batch_size=8)
+    path = tmp_path / "derived.json"
+    path.write_text(json.dumps(data))
+    assert load_plan(path).actions == rank_orders("1f1b", 2, 1, 8)
+
+
+def test_a_schedule_the_stages_cannot_run_is_left_to_the_schedule_rules(tmp_path: Path) -> None:
+    """zbv needs V = 2: such a file loads as before, and the rules refuse it where it would
+    run or be emitted (``stages-per-rank``), not the actions check."""
+    data = _plan("1f1b", 2, 1, 4).to_dict()
+    data["schedule"] = "zbv"
+    path = tmp_path / "zbv.json"
+    path.write_text(json.dumps(data))
+    assert load_plan(path).schedule == "zbv"
+
+
 @pytest.mark.parametrize(
     ("value", "says"),
     [

@@ -484,19 +484,25 @@ class Plan:
 
     def _check_actions(self) -> None:
         """FieldError naming the rank and first action where :attr:`actions` is not the
-        schedule's order for this plan's K, V and M (a hand-edited file)."""
-        why = check_virtual_stages(self.schedule, self.virtual_stages)
-        if why is not None:
-            raise FieldError("virtual_stages", f"is {self.virtual_stages}: {why}")
-        expected = _schedule_actions(self) or []
-        what = (
-            f"{self.schedule} with num_stages={self.num_stages}, virtual_stages="
-            f"{self.virtual_stages}, microbatches={self.microbatches}"
-        )
-        if len(self.actions) != len(expected):
-            raise FieldError(
-                "actions", f"lists {len(self.actions)} ranks but {what} has {len(expected)}"
-            )
+        schedule's order for this plan's K, V and M (a hand-edited file). A V the schedule
+        cannot run is left to the schedule rules (``schedule_rules.preflight``), which every
+        command that would run or emit the plan applies. O(K V M)."""
+        if check_virtual_stages(self.schedule, self.virtual_stages) is not None:
+            return
+        k, v, m = self.num_stages, self.virtual_stages, self.microbatches
+        what = f"{self.schedule} with num_stages={k}, virtual_stages={v}, microbatches={m}"
+        if len(self.actions) != k:
+            raise FieldError("actions", f"lists {len(self.actions)} ranks but {what} has {k}")
+        # Every rank runs V x M forwards: an edited M is named without building M's order.
+        for rank, ours in enumerate(self.actions):
+            forwards = sum(a.phase == "forward" for a in ours)
+            if forwards != v * m:
+                raise FieldError(
+                    f"actions[{rank}]",
+                    f"runs {forwards} forwards where {what} runs {v * m}; a plan's actions are "
+                    "its schedule's order (remove the field to have it derived)",
+                )
+        expected = rank_orders(self.schedule, k, v, m)
         for rank, (ours, theirs) in enumerate(zip(self.actions, expected, strict=True)):
             if ours == theirs:
                 continue
