@@ -6,11 +6,13 @@ planner predicted and weighed. ``Plan.save`` writes versioned JSON (version 2) w
 a stable interface (scripts read them)::
 
     {"version": 2, "num_stages": ..., "microbatches": ..., "microbatch_size": ...,
-     "batch_size": ..., "schedule": ..., <the other Plan fields>, "stages": [...],
+     "batch_size": ..., "schedule": ..., <the other Plan fields>,
+     "actions": ["0F0 0F1 0B0 ...", "1F0 1B0 ..."], "stages": [...],
      "report": {"iteration_time_s": ..., "bubble_fraction": ..., "throughput": ..., ...}}
 
 A version-1 file (every field at the top level) still loads: its report fields go to the
-report.
+report. A file written before ``actions`` (each rank's order) was recorded gets its
+schedule's order on load.
 """
 
 from __future__ import annotations
@@ -384,8 +386,9 @@ class Plan:
         (``version`` first), every stage in full. No report field."""
         data: dict[str, Any] = {"version": self.version}
         for f in dataclasses.fields(self):
-            if f.name not in ("version", "report", "stages"):
+            if f.name not in ("version", "report", "stages", "actions"):
                 data[f.name] = copy.deepcopy(getattr(self, f.name))
+        # torch's _Action notation, one string per rank: "0F0 0F1 0B0 ..." (the last field).
         data["actions"] = [" ".join(map(str, order)) for order in self.actions]
         data["stages"] = [dataclasses.asdict(stage) for stage in self.stages]
         for stage in data["stages"]:  # only zero-bubble plans record it
@@ -396,7 +399,8 @@ class Plan:
     def validate(self) -> None:
         """Raise :class:`PlanFormatError` naming the first field that cannot be right: a
         negative, NaN or infinite time or size, fewer than one stage, micro-batch or sample,
-        M x micro-batch size != batch size, a stage count or unit list that does not add up."""
+        M x micro-batch size != batch size, a stage count or unit list that does not add up,
+        ``actions`` other than the schedule's order (the rank and first differing action)."""
         try:
             self._check_fields()
             self._check_stages()
