@@ -5,6 +5,7 @@ refused in one line naming the rank and the first action that differs."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -65,6 +66,11 @@ def test_changing_the_figures_the_order_depends_on_re_derives_it() -> None:
     again = replace_plan(plan, microbatches=4, batch_size=8)
     assert again.actions == rank_orders("gpipe", 2, 1, 4)
     assert plan.actions == rank_orders("gpipe", 2, 1, 2)  # the original is left as it was
+    # dataclasses.replace too: the actions are no __init__ argument, never carried over.
+    other = dataclasses.replace(plan, schedule="1f1b", microbatches=4, batch_size=8)
+    assert other.actions == rank_orders("1f1b", 2, 1, 4)
+    with pytest.raises(TypeError):
+        Plan(2, 4, 2, 8, plan.stages, actions=plan.actions)  # type: ignore[call-arg]
 
 
 @pytest.mark.parametrize(("schedule", "k", "v", "m"), CASES)

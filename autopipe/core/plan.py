@@ -239,18 +239,20 @@ class Plan:
     """The tensor-parallel plan the stages are split by: module path pattern (fnmatch, as
     Hugging Face's ``base_model_tp_plan``, e.g. ``layers.*.self_attn.q_proj``) to style
     (``colwise``, ``rowwise``, ...); empty when ``tensor_parallel`` is 1."""
-    actions: list[list[Action]] = field(default_factory=list)
+    actions: list[list[Action]] = field(default_factory=list, init=False)
     """What each pipeline rank executes, in order: ``actions[r]`` is rank ``r``'s
     ``Action(chunk, micro-batch, phase)`` list, the one timeline the one-process executor
     runs and the distributed build checks torch's schedule against. It is the schedule's
     own order for this plan's ``(schedule, num_stages, virtual_stages, microbatches)``
-    (:func:`autopipe.core.schedules.rank_orders`, derived when the plan is made and again
-    when one of those four is changed): the distributed runtime runs torch's schedule
-    classes, which generate their own order, so an order other than the schedule's could
-    not be run as written; a file whose actions differ is refused (:meth:`validate`)
-    rather than run. Written as one string per rank in torch's ``_Action`` notation
-    (``"0F0 0F1 0B0 ..."``; ``I``/``W``: the zero-bubble input/weight backward); a file
-    written before it was recorded gets the schedule's order on load."""
+    (:func:`autopipe.core.schedules.rank_orders`), derived by the plan itself: when it is
+    made (not an ``__init__`` argument, so ``dataclasses.replace`` never carries an old
+    order over) and again when one of those four is set; empty while they are not values
+    the schedule can run. The distributed runtime runs torch's schedule classes, which
+    generate their own order, so an order other than the schedule's could not be run as
+    written: a file whose actions differ is refused (:meth:`validate`) rather than run.
+    Written as one string per rank in torch's ``_Action`` notation (``"0F0 0F1 0B0 ..."``;
+    ``I``/``W``: the zero-bubble input/weight backward); a file written before it was
+    recorded gets the schedule's order on load."""
     version: int = PLAN_VERSION
     report: PlanReport = field(default_factory=PlanReport)
     """What the planner predicted and weighed (:class:`PlanReport`); saved under
@@ -291,8 +293,7 @@ class Plan:
     meta = _Reported[dict[str, Any]]()
 
     def __post_init__(self) -> None:
-        if not self.actions:
-            self.actions = _schedule_actions(self) or []
+        self.actions = _schedule_actions(self) or []
         meta = self.report.meta
         if "granularity" in meta and self.granularity == "block":  # an earlier writer's meta
             self.granularity = meta.pop("granularity")
@@ -534,11 +535,11 @@ class Plan:
         )  # fmt: skip
         try:
             stages = [StagePlan(**known_fields(StagePlan, s)) for s in data["stages"]]
-            fields = known_fields(cls, data, without=("stages", "report", "version"))
-            if "actions" in fields:  # absent in files written before it was recorded
-                fields["actions"] = _parse_actions(fields["actions"])
+            fields = known_fields(cls, data, without=("stages", "report", "version", "actions"))
             report = _load_report(data["report"] if written != 1 and "report" in data else data)
             plan = cls(stages=stages, report=report, **fields)  # earlier meta keys: lifted
+            if "actions" in data:  # absent in files written before it was recorded
+                plan.actions = _parse_actions(data["actions"])  # checked by validate
         except FieldError as exc:
             raise PlanFormatError(str(exc)) from exc
         except (TypeError, AttributeError, ValueError) as exc:
@@ -560,8 +561,6 @@ def replace_plan(plan: Plan, **changes: Any) -> Plan:
     names = {f.name for f in dataclasses.fields(PlanReport)}
     reported = {k: v for k, v in changes.items() if k in names}
     rest = {k: v for k, v in changes.items() if k not in names}
-    if "actions" not in rest and set(rest) & set(_ORDER_FIELDS):
-        rest["actions"] = []  # the new figures' order, derived by __post_init__
     return dataclasses.replace(plan, report=dataclasses.replace(plan.report, **reported), **rest)
 
 
