@@ -8,8 +8,7 @@ Steps: unless a ``plan`` is given, measure a Profile (``autopipe.profiler.measur
 and plan K stages (``autopipe.planner.plan``); then the runtime cuts the model into the
 plan's stage graphs and builds the ``Pipeline``
 (:func:`autopipe.runtime.parallelize.build_pipeline`) with the plan's per-rank orders
-(``plan.actions``: each rank's actions, the plan's own), which ``Pipeline.step`` runs. Rank ``r``'s
-chunks run on ``devices[r]``.
+(``plan.actions``), which ``Pipeline.step`` runs. Rank ``r``'s chunks run on ``devices[r]``.
 """
 
 from __future__ import annotations

@@ -4,9 +4,9 @@ Torch-free. A run's :class:`~autopipe.core.timeline.Timeline` (``autopipe run --
 every rank's chunk actions, losses and steps, device = rank) holds how long each forward,
 backward, input- and weight-gradient took, and when. :func:`replay` gives exactly those
 durations to :func:`autopipe.planner.simulate.simulate_schedule`, the simulator that prices
-every plan, driven by the plan's rank orders (``plan.actions``),
-and compares the step it simulates with the step that was measured: with the durations
-known, what is left is the schedule model (which action waits for which, in what order).
+every plan, driven by the plan's rank orders (``plan.actions``), and compares the step it
+simulates with the step that was measured: with the durations known, what is left is the
+schedule model (which action waits for which, in what order).
 
 What the runtime does between the timed actions is measured from the same trace, named,
 and given to the simulator too:
