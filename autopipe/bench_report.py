@@ -42,7 +42,6 @@ from typing import TYPE_CHECKING, Any
 from autopipe.core.humanize import format_seconds
 from autopipe.core.plan import Plan
 from autopipe.core.timeline import Timeline
-from autopipe.planner.schedules import rank_orders
 from autopipe.viz.gantt import timeline_detail, timeline_title
 from autopipe.viz.predict import predicted_timeline
 
@@ -307,7 +306,7 @@ def run_bench(
     add the executor's per-task cost (:func:`calibrate_executor_overhead`, measured on tiny
     stages, not on this run) to every stage of the prediction. Cost: ``warmup + steps``
     training steps plus one simulation. Measures with ``autopipe.runtime.step_measurement.measure_steps``
-    in the plan's own per-rank order (``autopipe.planner.schedules.rank_orders``), then
+    in the plan's own per-rank order (``plan.actions``), then
     :func:`compare`.
     """
     from autopipe.runtime.parallelize import stage_devices
@@ -334,7 +333,7 @@ def run_bench(
         lr=lr,
         clock=clock,
         progress=progress,
-        orders=rank_orders(plan.schedule, plan.num_stages, plan.virtual_stages, plan.microbatches),
+        orders=plan.actions,
     )
     overhead = (0.0, 0.0)
     if executor_overhead and measurement.clock == "thread_cpu":

@@ -8,8 +8,7 @@ Steps: unless a ``plan`` is given, measure a Profile (``autopipe.profiler.measur
 and plan K stages (``autopipe.planner.plan``); then the runtime cuts the model into the
 plan's stage graphs and builds the ``Pipeline``
 (:func:`autopipe.runtime.parallelize.build_pipeline`) with the plan's per-rank orders
-(:func:`autopipe.planner.schedules.rank_orders`), which ``Pipeline.step`` runs. Rank ``r``'s
-chunks run on ``devices[r]``.
+(``plan.actions``), which ``Pipeline.step`` runs. Rank ``r``'s chunks run on ``devices[r]``.
 """
 
 from __future__ import annotations
@@ -27,7 +26,6 @@ from autopipe.core.profile import Profile
 from autopipe.core.request import Checkpoint, PlanRequest
 from autopipe.core.vocabulary import DEFAULT_CHECKPOINT
 from autopipe.planner import plan as make_plan
-from autopipe.planner.schedules import rank_orders
 from autopipe.profiler.measure import profile
 from autopipe.profiler.objective import LossFn
 from autopipe.profiler.options import MeasureOptions
@@ -102,5 +100,5 @@ def parallelize(
         gpus=gpus,
         checkpoint=checkpoint,
         deferred_batch_norm=deferred_batch_norm,
-        orders=rank_orders(plan.schedule, plan.num_stages, plan.virtual_stages, plan.microbatches),
+        orders=plan.actions,
     )

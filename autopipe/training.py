@@ -35,7 +35,6 @@ from autopipe.core.plan import Plan
 from autopipe.core.timeline import to_chrome_trace
 from autopipe.modelfile import ModelFile, ModelFileError
 from autopipe.outputs import check_output, inside_folder_problem
-from autopipe.planner.schedules import rank_orders
 from autopipe.saving import save_checkpoint, save_dir_problem
 
 if TYPE_CHECKING:
@@ -393,11 +392,10 @@ def _build_pipeline(
             else (world // plan.num_stages if world % plan.num_stages == 0 else 1)
         )
         inputs = mf.inputs(plan.batch_size * replicas)
-        orders = rank_orders(plan.schedule, plan.num_stages, plan.virtual_stages, plan.microbatches)
         # Tracing, the cut, the plan agreement, the mesh, TP / FSDP, the weights, the stages.
         start.phase = "building its pipeline stage"
         pipe = DistributedPipeline(
-            model, plan, inputs, mf.loss_fn, state_dict=state_dict, orders=orders
+            model, plan, inputs, mf.loss_fn, state_dict=state_dict, orders=plan.actions
         )
     except (ModelFileError, PlanWorldSizeError, StageSplitError, ValueError, TypeError) as exc:
         raise UsageError(str(exc)) from exc

@@ -5,7 +5,7 @@
 
 The example GPT (``examples/gpt.py``, 13 blocks, d_model 256, about 12 M parameters) is cut
 into K x V chunks of about equal unit counts and trained with SGD by ``Pipeline.step`` in
-each schedule's own per-rank order (``autopipe.planner.schedules.rank_orders``). Every step
+each schedule's own per-rank order (the plan's ``actions``). Every step
 is measured; the schedules take turns (A B C, A B C, ...) so drift on a shared machine hits
 them alike; the first step of each is a warm-up and is not counted.
 
@@ -35,7 +35,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "examples"))
 
 import gpt  # noqa: E402
-from autopipe.planner.schedules import rank_orders, virtual_stage_choices  # noqa: E402
 from autopipe.profiler.units import trace_units  # noqa: E402
 from autopipe.runtime.activations import ActivationMeter  # noqa: E402
 from autopipe.runtime.parallelize import build_pipeline  # noqa: E402
@@ -43,6 +42,7 @@ from autopipe.runtime.pipeline import Pipeline  # noqa: E402
 
 from autopipe.core.plan import Plan, StagePlan  # noqa: E402
 from autopipe.core.schedule_rules import chunk_ranks  # noqa: E402
+from autopipe.core.schedules import virtual_stage_choices  # noqa: E402
 
 MIB = 2**20
 ALL = ("gpipe", "1f1b", "interleaved-1f1b", "looped-bfs", "interleaved-zb", "zbv", "dualpipev")
@@ -106,8 +106,9 @@ def main() -> None:
     runs = {}
     for name in schedules:
         plan = hand_plan(names, name, args.ranks, args.microbatches, args.batch)
-        orders = rank_orders(name, plan.num_stages, plan.virtual_stages, plan.microbatches)
-        pipe = build_pipeline(gpt.build_model(), idx, plan, [device] * args.ranks, orders=orders)
+        pipe = build_pipeline(
+            gpt.build_model(), idx, plan, [device] * args.ranks, orders=plan.actions
+        )
         pipe.activation_meter = meter = ActivationMeter([*pipe.parameters(), *pipe.buffers()])
         runs[name] = (plan, pipe, meter, torch.optim.SGD(pipe.parameters(), lr=1e-3), [])
     x = idx.to(device)

@@ -24,12 +24,12 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 from autopipe.planner.costs import UNIT, CostModel, SegmentCost
-from autopipe.planner.schedules import rank_orders
 from autopipe.planner.simulate import ChunkWork, _allocates, _frees, inflight_counts
 
 from autopipe.core.cluster import Cluster, Device
 from autopipe.core.profile import Profile
 from autopipe.core.schedule_rules import chunk_ranks
+from autopipe.core.schedules import rank_orders
 from autopipe.core.timeline import Action
 from autopipe.core.vocabulary import SPLIT_BACKWARD_SCHEDULES
 
@@ -78,7 +78,7 @@ class ScheduleShape:
 
     @property
     def orders(self) -> list[list[Action]]:
-        """Each rank's actions (:func:`autopipe.planner.schedules.rank_orders`); this shape's
+        """Each rank's actions (:func:`autopipe.core.schedules.rank_orders`); this shape's
         own lists, built (or copied from the cache) on first read."""
         if self._orders is None:
             orders, _, _ = _orders_of(

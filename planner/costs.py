@@ -298,7 +298,7 @@ class CostModel:
         """Micro-batches each stage holds at once: given (the schedule's own order), else
         GPipe's M or 1F1B's ``min(K - s, M)``."""
         k, schedule, microbatches = self.num_stages, self.schedule, self.microbatches
-        if inflight is not None:  # from the schedule's own order (planner/schedules.py)
+        if inflight is not None:  # from the schedule's own order (autopipe/core/schedules.py)
             self.inflight = np.asarray(inflight, dtype=float)
         elif schedule == "gpipe":
             self.inflight = np.full(k, microbatches, dtype=float)

@@ -4,9 +4,9 @@ Torch-free. A run's :class:`~autopipe.core.timeline.Timeline` (``autopipe run --
 every rank's chunk actions, losses and steps, device = rank) holds how long each forward,
 backward, input- and weight-gradient took, and when. :func:`replay` gives exactly those
 durations to :func:`autopipe.planner.simulate.simulate_schedule`, the simulator that prices
-every plan, driven by the plan's rank orders (:func:`autopipe.planner.schedules.rank_orders`),
-and compares the step it simulates with the step that was measured: with the durations
-known, what is left is the schedule model (which action waits for which, in what order).
+every plan, driven by the plan's rank orders (``plan.actions``), and compares the step it
+simulates with the step that was measured: with the durations known, what is left is the
+schedule model (which action waits for which, in what order).
 
 What the runtime does between the timed actions is measured from the same trace, named,
 and given to the simulator too:
@@ -40,7 +40,6 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from autopipe.planner.schedules import rank_orders
 from autopipe.planner.simulate import ChunkWork, Simulation, simulate_schedule
 
 from autopipe.core.errors import UsageError
@@ -231,7 +230,7 @@ def replay_step(
     when its actions are not the plan's."""
     k, v, m = plan.num_stages, plan.virtual_stages, plan.microbatches
     ranks = chunk_ranks(plan.schedule, k, v)
-    orders = rank_orders(plan.schedule, k, v, m)
+    orders = plan.actions
     trace = _recorded_step(timeline, k, len(plan.stages) - 1, step)
     order_differs = _order_differences(trace, orders, plan)
     start, origin, last_end, end = _step_bounds(timeline, trace)

@@ -43,7 +43,6 @@ from autopipe.planner.probe import (
     no_cut_within,
     pareto_partitions,
 )
-from autopipe.planner.schedules import virtual_stage_choices
 
 from autopipe.core.cluster import Cluster
 from autopipe.core.humanize import format_bytes
@@ -57,6 +56,7 @@ from autopipe.core.plan import Plan
 from autopipe.core.profile import Profile
 from autopipe.core.request import PlanRequest
 from autopipe.core.schedule_rules import check_virtual_stages, preflight, violations
+from autopipe.core.schedules import virtual_stage_choices
 from autopipe.core.vocabulary import CHECKPOINT_MODES, PLAN_SCHEDULES
 
 STRATEGIES = ("dp", "ilp", "brute-force", *BASELINES)

@@ -5,7 +5,7 @@ Torch-free. Two engines:
 
 * :func:`simulate_schedule` (the planner's): a plan's ``K x V`` chunks on ``K`` dedicated
   ranks. Each rank runs its actions in the order torch's schedule class runs them
-  (:func:`autopipe.planner.schedules.rank_orders`), one task at a time, each as soon as the
+  (:func:`autopipe.core.schedules.rank_orders`), one task at a time, each as soon as the
   rank is free and its input is there: ``forward(c, m)`` waits for chunk ``c - 1``'s output
   of micro-batch ``m`` (its forward, plus the blocking ``send`` when chunk ``c - 1`` is on
   another rank); the whole ``backward`` or the input gradient ``backward_input`` of ``(c, m)``
@@ -29,10 +29,9 @@ import heapq
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from autopipe.planner.schedules import rank_order, rank_orders
-
 from autopipe.core.plan import Plan
 from autopipe.core.schedule_rules import chunk_ranks
+from autopipe.core.schedules import rank_order, rank_orders
 from autopipe.core.timeline import PHASES, Action, Task, Timeline
 
 __all__ = [
@@ -98,7 +97,7 @@ def fill_drain_bubble(microbatches: int, num_stages: int) -> float:
 def stage_program(stage: int, num_stages: int, microbatches: int, schedule: str) -> list[Action]:
     """The ``forward``/``backward`` actions stage ``stage`` executes in one iteration, in order
     (one stage per device: GPipe or 1F1B; the orders are
-    :func:`autopipe.planner.schedules.rank_orders`').
+    :func:`autopipe.core.schedules.rank_orders`').
 
     GPipe: all M forwards, then all M backwards (m = 0..M-1). 1F1B (PipeDream-flush):
     ``min(K - s - 1, M)`` warm-up forwards, then alternate one forward / one backward, then drain.
@@ -372,7 +371,7 @@ def simulate_plan(
     if host is not None and host < plan.num_stages and not shared_device_groups:
         return simulate_schedule(
             plan_chunk_works(plan), plan.schedule, plan.num_stages, plan.microbatches,
-            record_tasks=record_tasks, host_throughput=host,
+            record_tasks=record_tasks, host_throughput=host, orders=plan.actions,
         )  # fmt: skip
     if plan.schedule in ("gpipe", "1f1b") and plan.virtual_stages == 1:
         sim = simulate(
@@ -388,7 +387,7 @@ def simulate_plan(
         if shared_device_groups:
             return sim
         works = plan_chunk_works(plan)
-        orders = rank_orders(plan.schedule, plan.num_stages, 1, plan.microbatches)
+        orders = plan.actions
         sim.peak_bytes = replay_memory(orders, works, list(range(plan.num_stages)))
         if record_tasks:
             sim.memory = simulate_schedule(
@@ -402,7 +401,7 @@ def simulate_plan(
         )
     return simulate_schedule(
         plan_chunk_works(plan), plan.schedule, plan.num_stages, plan.microbatches,
-        record_tasks=record_tasks,
+        record_tasks=record_tasks, orders=plan.actions,
     )  # fmt: skip
 
 
@@ -419,10 +418,7 @@ def plan_chunk_works(plan: Plan) -> list[ChunkWork]:
         act, inp = float(s.microbatch_activation_bytes), float(s.microbatch_input_bytes)
         if act == 0 and inp == 0 and s.activation_bytes > 0:
             if held is None:
-                orders = rank_orders(
-                    plan.schedule, plan.num_stages, plan.virtual_stages, plan.microbatches
-                )
-                held = inflight_counts(orders, len(plan.stages))[0]
+                held = inflight_counts(plan.actions, len(plan.stages))[0]
             act = s.activation_bytes / (1 if s.checkpoint else max(held[c], 1))
         split = s.backward_input_s + s.backward_weight_s > 0
         works.append(
@@ -571,7 +567,7 @@ def simulate_schedule(
     ranks; M = ``microbatches``.
 
     ``orders`` (each rank's actions) default to
-    :func:`autopipe.planner.schedules.rank_orders`; pass them to reuse them across
+    :func:`autopipe.core.schedules.rank_orders`; pass them to reuse them across
     simulations. ``host_throughput`` (see :attr:`autopipe.core.cluster.Cluster.host_throughput`):
     the ranks share one host that runs at most this many ranks' work at full speed, so while
     ``n`` ranks compute at once each progresses at ``min(1, host_throughput / n)`` of its

@@ -14,7 +14,7 @@ stage is on one device the tasks run in the caller's thread instead (nothing cou
 Cost: M x K tasks, M + K - 1 thread hand-offs per device (tens of microseconds each).
 
 :func:`run_actions` runs any schedule instead: each rank's own list of ``Action`` s (the
-plan's ``rank_orders``), forward and explicit per-(chunk, micro-batch) backwards, whole or
+plan's ``actions``), forward and explicit per-(chunk, micro-batch) backwards, whole or
 split into input and weight gradients (``Pipeline.step``).
 """
 
@@ -351,8 +351,8 @@ def run_actions(
     """Run forward and backward of every micro-batch through ``stages`` (the K x V chunks in
     model order) in each rank's own order: ``orders[r]`` lists rank ``r``'s actions
     (``Action(chunk, micro-batch, phase)``, phase ``forward``, ``backward``,
-    ``backward_input`` or ``backward_weight``), as ``autopipe.planner.schedules.rank_orders``
-    gives them for any of the seven schedules.
+    ``backward_input`` or ``backward_weight``), as a plan's ``actions``
+    hold them for any of the seven schedules.
 
     Each round, every rank whose next action has its inputs (the previous chunk's forward
     output; the next chunk's input gradient; its own input gradient for a weight action)

@@ -118,7 +118,7 @@ def build_pipeline(
     (a representative mini-batch). ``checkpoint`` overrides the plan's per-stage flags unless
     ``"auto"`` (:func:`stage_flags`). ``deferred_batch_norm`` moves BatchNorm running
     statistics once per mini-batch. ``orders``: each rank's actions of the plan's schedule
-    (``autopipe.planner.schedules.rank_orders``; ``autopipe.parallelize`` passes them),
+    (``plan.actions``, which ``autopipe.parallelize`` passes),
     which ``Pipeline.step`` runs; required for every schedule but GPipe. The plan's
     ``K x V`` chunks go to the ranks' devices as the schedule places them
     (``autopipe.core.schedule_rules.chunk_ranks``). Refuses plans one process cannot run: a
@@ -131,8 +131,8 @@ def build_pipeline(
     if orders is None and plan.schedule != "gpipe":
         raise ValueError(
             f"the plan runs {plan.schedule}: build_pipeline needs its per-rank orders "
-            "(orders=autopipe.planner.schedules.rank_orders(...), as autopipe.parallelize "
-            "passes them); without them it would run GPipe"
+            "(orders=plan.actions, as autopipe.parallelize passes them); without them it "
+            "would run GPipe"
         )
     if plan.num_stages != len(devs):
         raise ValueError(

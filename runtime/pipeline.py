@@ -175,7 +175,7 @@ class Pipeline(nn.Module):
         if orders is None and schedule != "gpipe":
             raise ValueError(
                 f"a {schedule} pipeline needs the plan's per-rank orders (orders="
-                "autopipe.planner.schedules.rank_orders(...)); without them it would run GPipe"
+                "plan.actions); without them it would run GPipe"
             )
         if microbatches < 1:
             raise ValueError(f"microbatches must be a positive integer, got {microbatches}")

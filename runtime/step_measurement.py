@@ -120,7 +120,7 @@ def measure_steps(
     """Train ``warmup + steps`` SGD steps of ``plan``; measure the last ``steps``.
 
     ``orders``: each rank's actions of the plan's schedule (needed for any schedule but
-    GPipe: ``autopipe.planner.schedules.rank_orders``); a non-GPipe plan trains with
+    GPipe: ``plan.actions``); a non-GPipe plan trains with
     ``Pipeline.step`` in that order, its loss inside the last stage's forward and backward.
 
     ``example_inputs`` is one mini-batch of ``plan.batch_size`` samples; ``devices`` default

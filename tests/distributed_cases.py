@@ -210,8 +210,6 @@ def run_correctness(rank: int, world_size: int, port: int, out_dir: str, jobs: l
     single-process model and save ``{job: {loss_err, grad_err, loss2_err}}`` to out_dir."""
     import copy
 
-    from autopipe.planner.schedules import rank_orders
-
     os.environ.update(rank_env(rank, world_size, port))
     torch.set_num_threads(1)
     from autopipe.runtime.distributed import (
@@ -255,9 +253,8 @@ def run_correctness(rank: int, world_size: int, port: int, out_dir: str, jobs: l
             else:
                 results[key] = {"refused": ""}
             continue
-        # The plan's own orders: torch's schedule is checked against them as `autopipe run` does.
-        orders = rank_orders(plan.schedule, plan.num_stages, plan.virtual_stages, plan.microbatches)
-        pipe = DistributedPipeline(model, plan, inputs, loss_fn, orders=orders)
+        # The plan's own actions: torch's schedule is checked against them as `autopipe run` does.
+        pipe = DistributedPipeline(model, plan, inputs, loss_fn, orders=plan.actions)
         local = pipe.local_batch(inputs)
         loss = pipe.step(local)
         grads = pipe.module.model_named_parameters()

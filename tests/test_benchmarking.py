@@ -13,7 +13,7 @@ import pytest
 from autopipe.benchmarking import BenchRequest, bench_model_file
 from autopipe.cli import main
 from autopipe.core.errors import UsageError
-from autopipe.core.plan import Plan
+from autopipe.core.plan import Plan, replace_plan
 
 MODEL = """
 import torch
@@ -113,9 +113,9 @@ def test_bench_model_file_refuses_before_any_step(
         bench_model_file(BenchRequest(str(model_py), p, out_dir=out, devices=("cpu", "meta")))
     with pytest.raises(UsageError, match="not found"):
         bench_model_file(BenchRequest(str(tmp_path / "none.py"), p, out_dir=out))
-    many = Plan.from_dict(
-        {**p.to_dict(), "microbatches": 10**6, "microbatch_size": 1, "batch_size": 10**6}
-    )
+    # 10^4 micro-batches: more tasks than a timeline can show; replace_plan derives the
+    # new M's actions (a file edited so, keeping the old ones, is refused on load).
+    many = replace_plan(p, microbatches=10**4, microbatch_size=1, batch_size=10**4)
     with pytest.raises(UsageError, match="a timeline can show"):
         bench_model_file(BenchRequest(str(model_py), many, out_dir=out))
     assert not out.exists()

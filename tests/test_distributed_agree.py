@@ -63,7 +63,7 @@ def test_the_plan_fingerprint_holds_the_instructions_not_the_report() -> None:
         for i in range(2)
         for f in STAGE_INSTRUCTION_FIELDS
         if f != "split_backward"
-    }  # split_backward: only written under a zero-bubble schedule
+    } | {"actions[0]", "actions[1]"}  # split_backward: only written under a zero-bubble schedule
     assert fp["microbatches"] == 2 and fp["stages[1].checkpoint"] is False
     predicted = two_stage_plan(model, x)
     predicted.iteration_time_s = float("inf")
@@ -91,9 +91,29 @@ def test_the_first_salient_plan_field_is_named() -> None:
         ]
     )
     assert line == (
-        "the ranks loaded different plans: microbatches is 4 on rank 1 but 2 on rank 0 (and 2 "
-        "more field(s): stages[0].checkpoint, stages[1].checkpoint); give every rank the same "
-        "--plan file"
+        "the ranks loaded different plans: microbatches is 4 on rank 1 but 2 on rank 0 (and 4 "
+        "more field(s): stages[0].checkpoint, stages[1].checkpoint, actions[0]); give every "
+        "rank the same --plan file"
+    )
+
+
+def test_a_rank_whose_actions_differ_is_named() -> None:
+    """The actions are instructions (#37): a plan whose rank 1 runs another order is
+    refused at start, naming that rank's actions."""
+    model, x = Chain(), torch.randn(4, 4)
+    ours, theirs = two_stage_plan(model, x), two_stage_plan(model, x)
+    theirs.actions = [ours.actions[0], sorted(ours.actions[1], key=lambda a: a.phase)]
+    fp_ours, fp_theirs = plan_fingerprint(ours), plan_fingerprint(theirs)
+    assert fp_ours["actions[0]"] == fp_theirs["actions[0]"]
+    assert fp_ours["actions[1]"].startswith("4 actions #") and fp_ours["actions"] == 2
+    line = mismatch(
+        [
+            {"plan": fp_ours, "model": model_fingerprint(model)},
+            {"plan": fp_theirs, "model": model_fingerprint(model)},
+        ]
+    )
+    assert line is not None and line.startswith(
+        f"the ranks loaded different plans: actions[1] is {fp_theirs['actions[1]']!r} on rank 1"
     )
 
 

@@ -12,7 +12,6 @@ from unittest import mock
 import pytest
 
 torch = pytest.importorskip("torch")
-from autopipe.planner.schedules import rank_orders  # noqa: E402
 from autopipe.runtime.distributed.schedule_order import (  # noqa: E402
     ScheduleOrderMismatchError,
     check_torch_order,
@@ -23,6 +22,7 @@ from torch.distributed.pipelining.stage import PipelineStage  # noqa: E402
 
 from autopipe.core.plan import Plan, StagePlan  # noqa: E402
 from autopipe.core.schedule_rules import chunk_ranks  # noqa: E402
+from autopipe.core.schedules import rank_orders  # noqa: E402
 from autopipe.core.timeline import Action  # noqa: E402
 from autopipe.core.vocabulary import TORCH_CLASSES  # noqa: E402
 
@@ -64,10 +64,9 @@ def _plan(name: str, k: int, v: int, m: int) -> Plan:
 
 @pytest.mark.parametrize(("name", "k", "v", "m"), MULTI)
 def test_torch_runs_the_plans_order(name: str, k: int, v: int, m: int) -> None:
-    schedule = _schedule(name, k, v, m)
-    orders = rank_orders(name, k, v, m)
-    assert torch_rank_orders(schedule) == orders
-    check_torch_order(schedule, _plan(name, k, v, m), orders)
+    schedule, plan = _schedule(name, k, v, m), _plan(name, k, v, m)
+    assert torch_rank_orders(schedule) == rank_orders(name, k, v, m) == plan.actions
+    check_torch_order(schedule, plan, plan.actions)  # what DistributedPipeline checks
 
 
 @pytest.mark.parametrize(("name", "k", "v", "m"), MULTI[::2])

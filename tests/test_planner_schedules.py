@@ -14,7 +14,6 @@ from autopipe.planner.candidate import Candidate
 from autopipe.planner.chunks import ScheduleShape, cost_model_for
 from autopipe.planner.errors import PlanningError
 from autopipe.planner.partition import brute_force_partition
-from autopipe.planner.schedules import rank_orders
 from autopipe.planner.simulate import (
     ChunkWork,
     replay_memory,
@@ -30,6 +29,7 @@ from autopipe.cli import main
 from autopipe.core.cluster import Cluster
 from autopipe.core.request import PlanRequest
 from autopipe.core.schedule_rules import chunk_ranks
+from autopipe.core.schedules import rank_orders
 from autopipe.core.vocabulary import PLAN_SCHEDULES, SPLIT_BACKWARD_SCHEDULES
 
 # -- memory replay -------------------------------------------------------------------------

@@ -11,7 +11,7 @@ from autopipe.planner import plan
 
 from autopipe.cli import main
 from autopipe.core.errors import Failure, UsageError
-from autopipe.core.plan import Plan
+from autopipe.core.plan import Plan, replace_plan
 from autopipe.core.profile import Profile, UnitProfile
 from autopipe.core.request import PlanRequest
 from autopipe.core.timeline import Task, Timeline, to_chrome_trace
@@ -103,9 +103,9 @@ def test_plot_plan_refuses_what_does_not_belong_together(
     for request, message in cases:
         with pytest.raises(UsageError, match=message):
             plot_plan(request)
-    many = Plan.from_dict(
-        {**p.to_dict(), "microbatches": 10**6, "microbatch_size": 1, "batch_size": 10**6}
-    )
+    # 10^4 micro-batches: more tasks than a timeline can show; replace_plan derives the
+    # new M's actions (a file edited so, keeping the old ones, is refused on load).
+    many = replace_plan(p, microbatches=10**4, microbatch_size=1, batch_size=10**4)
     with pytest.raises(UsageError, match="a timeline can show"):
         plot_plan(PlotRequest(many, out))
     assert not out.exists()  # refused before any folder is made

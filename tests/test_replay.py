@@ -17,13 +17,13 @@ from pathlib import Path
 
 import pytest
 from autopipe.planner.replay import ReplayError, replay, split_steps
-from autopipe.planner.schedules import rank_orders
 from autopipe.runtime.recorder import TimelineRecorder
 from distributed_cases import free_port, make_plan, tiny_gpt_files
 
 from autopipe.cli import main
 from autopipe.core.plan import Plan
 from autopipe.core.schedule_rules import chunk_ranks
+from autopipe.core.schedules import rank_orders
 from autopipe.core.timeline import Action, Timeline, load_chrome_trace, save_chrome_trace
 from autopipe.core.vocabulary import PLAN_SCHEDULES
 

@@ -1,7 +1,7 @@
 """The one-process executor runs each plan's own per-rank orders (``Pipeline.step``).
 
 Every schedule the planner can emit trains with the gradients of the unsplit model, each rank
-runs exactly the plan's order (``planner/schedules.py:rank_orders``), 1F1B holds fewer
+runs exactly the plan's order (``autopipe/core/schedules.py:rank_orders``), 1F1B holds fewer
 micro-batches' activations than GPipe, and a non-GPipe plan is not silently run fill-drain by
 ``pipe(x)`` + ``loss.backward()``.
 """
@@ -12,7 +12,6 @@ import copy
 
 import pytest
 import torch
-from autopipe.planner.schedules import rank_orders
 from autopipe.profiler.units import trace_units
 from autopipe.runtime.activations import ActivationMeter
 from autopipe.runtime.executor import ScheduleOrderError
@@ -23,6 +22,7 @@ from torch import nn
 
 from autopipe.core.plan import Plan, StagePlan
 from autopipe.core.schedule_rules import chunk_ranks
+from autopipe.core.schedules import rank_orders
 from autopipe.core.timeline import Action
 from autopipe.parallelizing import parallelize
 
@@ -97,6 +97,23 @@ def test_every_schedule_trains_as_the_unsplit_model_in_the_plans_order(
     timeline = pipe.last_timeline
     ran = {(t.stage, t.microbatch, t.phase) for t in timeline.tasks if t.phase != "loss"}
     assert ran >= {tuple(a) for order in orders for a in order}
+
+
+def test_the_executor_runs_the_plans_actions_as_they_are() -> None:
+    """``parallelize(plan=)`` runs the plan's ``actions`` field, not an order recomputed from
+    its schedule (#37): a 1F1B plan whose actions were set to the fill-drain order runs
+    fill-drain, action for action, with the unsplit model's loss."""
+    model, idx = tiny_gpt(), tokens(8)
+    reference = copy.deepcopy(model)
+    plan = schedule_plan(trace_units(model, idx).unit_names, "1f1b", 2, 1, 4)
+    assert plan.actions == rank_orders("1f1b", 2, 1, 4)
+    plan.actions = rank_orders("gpipe", 2, 1, 4)  # another order the executor can run
+    pipe = parallelize(model, idx, ["cpu"] * 2, plan=plan)
+    torch.manual_seed(4)
+    loss = pipe.step(idx, loss_fn=gpt.loss_fn)
+    assert pipe.last_actions == plan.actions != rank_orders("1f1b", 2, 1, 4)
+    expected = gpt.loss_fn(reference_forward(reference, (idx,), 4, seed=4), idx)
+    assert_close(loss, expected.detach(), "loss")
 
 
 @pytest.mark.parametrize("schedule", ["1f1b", "zbv"])

@@ -8,8 +8,9 @@ from __future__ import annotations
 import pytest
 from autopipe.planner import chunks
 from autopipe.planner.chunks import ScheduleShape
-from autopipe.planner.schedules import rank_orders
 from autopipe.planner.simulate import inflight_counts
+
+from autopipe.core.schedules import rank_orders
 
 
 def _counting(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int, int, int]]:

@@ -1,4 +1,4 @@
-"""The planner's schedule orders (planner/schedules.py, torch-free) against torch's own.
+"""The planner's schedule orders (autopipe/core/schedules.py, torch-free) against torch's own.
 
 torch.distributed.pipelining's multi-stage schedules keep each rank's order in
 ``pipeline_order``; GPipe and 1F1B have none worth trusting in torch 2.13 (1F1B's is off by
@@ -14,11 +14,11 @@ from unittest import mock
 import pytest
 
 torch = pytest.importorskip("torch")
-from autopipe.planner.schedules import rank_orders  # noqa: E402
 from torch.distributed.pipelining import schedules as torch_schedules  # noqa: E402
 from torch.distributed.pipelining.stage import PipelineStage  # noqa: E402
 
 from autopipe.core.schedule_rules import chunk_ranks, violations  # noqa: E402
+from autopipe.core.schedules import rank_orders  # noqa: E402
 from autopipe.core.vocabulary import TORCH_CLASSES, V_SHAPE_SCHEDULES  # noqa: E402
 
 _PHASE = {"F": "forward", "B": "backward", "I": "backward_input", "W": "backward_weight"}

@@ -6,11 +6,13 @@ planner predicted and weighed. ``Plan.save`` writes versioned JSON (version 2) w
 a stable interface (scripts read them)::
 
     {"version": 2, "num_stages": ..., "microbatches": ..., "microbatch_size": ...,
-     "batch_size": ..., "schedule": ..., <the other Plan fields>, "stages": [...],
+     "batch_size": ..., "schedule": ..., <the other Plan fields>,
+     "actions": ["0F0 0F1 0B0 ...", "1F0 1B0 ..."], "stages": [...],
      "report": {"iteration_time_s": ..., "bubble_fraction": ..., "throughput": ..., ...}}
 
 A version-1 file (every field at the top level) still loads: its report fields go to the
-report.
+report. A file written before ``actions`` (each rank's order) was recorded gets its
+schedule's order on load.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import copy
 import dataclasses
 import math
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Generic, TypeVar, cast, overload
@@ -33,6 +36,9 @@ from autopipe.core.plan_report import PlanReport
 from autopipe.core.plantext import format_plan
 from autopipe.core.profile import Profile, ProfileFormatError
 from autopipe.core.request import PlanRequest
+from autopipe.core.schedule_rules import check_virtual_stages
+from autopipe.core.schedules import rank_orders
+from autopipe.core.timeline import PHASE_LETTERS, Action
 from autopipe.core.vocabulary import CHECKPOINT_GRANULARITIES, PLAN_SCHEDULES, SHARD_MODES
 
 PLAN_VERSION = 2
@@ -54,7 +60,7 @@ __all__ = [
 INSTRUCTION_FIELDS = (
     "model", "granularity", "schedule", "num_stages", "virtual_stages", "microbatches",
     "microbatch_size", "batch_size", "replicas", "tensor_parallel", "context_parallel",
-    "expert_parallel", "shard", "tp_plan", "optimizer", "stages", "version",
+    "expert_parallel", "shard", "tp_plan", "optimizer", "actions", "stages", "version",
 )  # fmt: skip
 """The :class:`Plan` fields every rank acts on and agrees on (ARCHITECTURE.md "The plan"):
 what the runtime, training, the rank agreement and emit may read, and all the ranks compare
@@ -233,6 +239,20 @@ class Plan:
     """The tensor-parallel plan the stages are split by: module path pattern (fnmatch, as
     Hugging Face's ``base_model_tp_plan``, e.g. ``layers.*.self_attn.q_proj``) to style
     (``colwise``, ``rowwise``, ...); empty when ``tensor_parallel`` is 1."""
+    actions: list[list[Action]] = field(default_factory=list, init=False)
+    """What each pipeline rank executes, in order: ``actions[r]`` is rank ``r``'s
+    ``Action(chunk, micro-batch, phase)`` list, the one timeline the one-process executor
+    runs and the distributed build checks torch's schedule against. It is the schedule's
+    own order for this plan's ``(schedule, num_stages, virtual_stages, microbatches)``
+    (:func:`autopipe.core.schedules.rank_orders`), derived by the plan itself: when it is
+    made (not an ``__init__`` argument, so ``dataclasses.replace`` never carries an old
+    order over) and again when one of those four is set; empty while they are not values
+    the schedule can run. The distributed runtime runs torch's schedule classes, which
+    generate their own order, so an order other than the schedule's could not be run as
+    written: a file whose actions differ is refused (:meth:`validate`) rather than run.
+    Written as one string per rank in torch's ``_Action`` notation (``"0F0 0F1 0B0 ..."``;
+    ``I``/``W``: the zero-bubble input/weight backward); a file written before it was
+    recorded gets the schedule's order on load."""
     version: int = PLAN_VERSION
     report: PlanReport = field(default_factory=PlanReport)
     """What the planner predicted and weighed (:class:`PlanReport`); saved under
@@ -273,11 +293,24 @@ class Plan:
     meta = _Reported[dict[str, Any]]()
 
     def __post_init__(self) -> None:
+        self.actions = _schedule_actions(self) or []
         meta = self.report.meta
         if "granularity" in meta and self.granularity == "block":  # an earlier writer's meta
             self.granularity = meta.pop("granularity")
         if self.report.request is None and "options" in meta:
             self.report.request = _legacy_request(meta)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        # The actions are the schedule's order for these four figures: changing one after
+        # the plan was made (``plan.microbatches = 8``) must not leave the ranks the old
+        # order to run. "actions" is not yet set while __init__ assigns the fields; the
+        # checks re-assign a field its own value (64.0 as 64), which changes nothing.
+        changed = (
+            name in _ORDER_FIELDS and "actions" in self.__dict__ and self.__dict__[name] != value
+        )
+        super().__setattr__(name, value)
+        if changed:
+            super().__setattr__("actions", _schedule_actions(self) or [])
 
     def __repr__(self) -> str:
         # The dataclass repr spelled out every stage's unit names, the request, the notes
@@ -354,8 +387,10 @@ class Plan:
         (``version`` first), every stage in full. No report field."""
         data: dict[str, Any] = {"version": self.version}
         for f in dataclasses.fields(self):
-            if f.name not in ("version", "report", "stages"):
+            if f.name not in ("version", "report", "stages", "actions"):
                 data[f.name] = copy.deepcopy(getattr(self, f.name))
+        # torch's _Action notation, one string per rank: "0F0 0F1 0B0 ..." (the last field).
+        data["actions"] = [" ".join(map(str, order)) for order in self.actions]
         data["stages"] = [dataclasses.asdict(stage) for stage in self.stages]
         for stage in data["stages"]:  # only zero-bubble plans record it
             if stage["split_backward"] is None:
@@ -365,10 +400,12 @@ class Plan:
     def validate(self) -> None:
         """Raise :class:`PlanFormatError` naming the first field that cannot be right: a
         negative, NaN or infinite time or size, fewer than one stage, micro-batch or sample,
-        M x micro-batch size != batch size, a stage count or unit list that does not add up."""
+        M x micro-batch size != batch size, a stage count or unit list that does not add up,
+        ``actions`` other than the schedule's order (the rank and first differing action)."""
         try:
             self._check_fields()
             self._check_stages()
+            self._check_actions()
         except FieldError as exc:
             raise PlanFormatError(str(exc)) from exc
 
@@ -450,6 +487,43 @@ class Plan:
                 f"gives the ranks {per_rank} stages; each needs {self.virtual_stages}",
             )
 
+    def _check_actions(self) -> None:
+        """FieldError naming the rank and first action where :attr:`actions` is not the
+        schedule's order for this plan's K, V and M (a hand-edited file). A V the schedule
+        cannot run is left to the schedule rules (``schedule_rules.preflight``), which every
+        command that would run or emit the plan applies. O(K V M)."""
+        if check_virtual_stages(self.schedule, self.virtual_stages) is not None:
+            return
+        k, v, m = self.num_stages, self.virtual_stages, self.microbatches
+        what = f"{self.schedule} with num_stages={k}, virtual_stages={v}, microbatches={m}"
+        if len(self.actions) != k:
+            raise FieldError("actions", f"lists {len(self.actions)} ranks but {what} has {k}")
+        # Every rank runs V x M forwards: an edited M is named without building M's order.
+        for rank, ours in enumerate(self.actions):
+            forwards = sum(a.phase == "forward" for a in ours)
+            if forwards != v * m:
+                raise FieldError(
+                    f"actions[{rank}]",
+                    f"runs {forwards} forwards where {what} runs {v * m}; a plan's actions are "
+                    "its schedule's order (remove the field to have it derived)",
+                )
+        expected = rank_orders(self.schedule, k, v, m)
+        for rank, (ours, theirs) in enumerate(zip(self.actions, expected, strict=True)):
+            if ours == theirs:
+                continue
+            i = next(
+                (i for i, (a, b) in enumerate(zip(ours, theirs, strict=False)) if a != b), None
+            )
+            if i is None:
+                i = min(len(ours), len(theirs))
+            got = str(ours[i]) if i < len(ours) else "the end"
+            want = str(theirs[i]) if i < len(theirs) else "the end"
+            raise FieldError(
+                f"actions[{rank}]",
+                f"has {got} at position {i} where {what} runs {want}; a plan's actions are "
+                "its schedule's order (remove the field to have it derived)",
+            )
+
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Plan:
         """The plan in ``data`` (a loaded JSON object of version 2, or of version 1 with
@@ -461,9 +535,13 @@ class Plan:
         )  # fmt: skip
         try:
             stages = [StagePlan(**known_fields(StagePlan, s)) for s in data["stages"]]
-            fields = known_fields(cls, data, without=("stages", "report", "version"))
+            fields = known_fields(cls, data, without=("stages", "report", "version", "actions"))
             report = _load_report(data["report"] if written != 1 and "report" in data else data)
             plan = cls(stages=stages, report=report, **fields)  # earlier meta keys: lifted
+            if "actions" in data:  # absent in files written before it was recorded
+                plan.actions = _parse_actions(data["actions"])  # checked by validate
+        except FieldError as exc:
+            raise PlanFormatError(str(exc)) from exc
         except (TypeError, AttributeError, ValueError) as exc:
             raise PlanFormatError(f"malformed autopipe plan: {exc}") from exc
         if isinstance(plan.profile, dict):
@@ -484,6 +562,50 @@ def replace_plan(plan: Plan, **changes: Any) -> Plan:
     reported = {k: v for k, v in changes.items() if k in names}
     rest = {k: v for k, v in changes.items() if k not in names}
     return dataclasses.replace(plan, report=dataclasses.replace(plan.report, **reported), **rest)
+
+
+_ORDER_FIELDS = ("schedule", "num_stages", "virtual_stages", "microbatches")
+"""The :class:`Plan` fields its ``actions`` are derived from."""
+
+_LETTER_PHASES = {letter: phase for phase, letter in PHASE_LETTERS.items()}
+_ACTION_PHASES = ("forward", "backward", "backward_input", "backward_weight")
+"""The phases a rank's action list holds (torch's F, B, I, W)."""
+
+
+def _schedule_actions(plan: Plan) -> list[list[Action]] | None:
+    """:func:`rank_orders` for the plan's schedule, K, V and M; None while one of them is not
+    a value the schedule can run (``validate`` names which)."""
+    k, v, m = plan.num_stages, plan.virtual_stages, plan.microbatches
+    if not (
+        plan.schedule in PLAN_SCHEDULES
+        and all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in (k, v, m))
+        and check_virtual_stages(plan.schedule, v) is None
+    ):
+        return None
+    return rank_orders(plan.schedule, k, v, m)
+
+
+def _parse_actions(value: Any) -> list[list[Action]]:
+    """A file's ``actions``, one string per rank of ``"<chunk><F|B|I|W><micro-batch>"``
+    separated by spaces, as Action lists (FieldError naming the first that is not one)."""
+    if not isinstance(value, list):
+        raise FieldError("actions", "is not a list of one string per rank")
+    out = []
+    for rank, text in enumerate(value):
+        if not isinstance(text, str):
+            raise FieldError(f"actions[{rank}]", f"is {text!r}; expected a string like '0F0 0B0'")
+        order = []
+        for word in text.split():
+            match = re.fullmatch(r"(\d+)([A-Z])(\d+)", word)
+            phase = _LETTER_PHASES.get(match.group(2), "") if match else ""
+            if match is None or phase not in _ACTION_PHASES:
+                raise FieldError(
+                    f"actions[{rank}]",
+                    f"has {word!r}; expected <chunk><F|B|I|W><micro-batch> such as '0F3'",
+                )
+            order.append(Action(int(match.group(1)), int(match.group(3)), phase))
+        out.append(order)
+    return out
 
 
 def _load_report(data: Any) -> PlanReport:

@@ -63,7 +63,7 @@ class PlanRequest:
     re-materialization chosen together)."""
     virtual_stages: int | str = "auto"
     """V, model chunks per rank, or ``"auto"``: 1 for GPipe and 1F1B, 2 for ZBV and
-    DualPipeV, 1 to 4 for the looped schedules (``planner/schedules.py``)."""
+    DualPipeV, 1 to 4 for the looped schedules (``autopipe/core/schedules.py``)."""
     compile: bool = False
     """The stages will be ``torch.compile``'d: rules out the schedules that split backward
     (torch refuses compiled stages there)."""

@@ -61,11 +61,15 @@ def plan_fingerprint(plan: Plan) -> dict[str, Any]:
     figure), flattened (``stages[1].units``, ``microbatches``, ...) to a value or a digest,
     so two fingerprints can say which fields differ. Per stage only its
     ``STAGE_INSTRUCTION_FIELDS``: two files that differ in a prediction or a note train the
-    same thing."""
+    same thing. Each rank's ``actions`` as its count and a digest (``actions[1]``)."""
     data = plan.instructions()
     out: dict[str, Any] = {}
     for key in sorted(data):
-        if key == "stages" and isinstance(data[key], list):
+        if key == "actions" and isinstance(data[key], list):
+            out["actions"] = len(data[key])
+            for rank, order in enumerate(data[key]):
+                out[f"actions[{rank}]"] = f"{len(str(order).split())} actions #{_digest(order)}"
+        elif key == "stages" and isinstance(data[key], list):
             out["stages"] = len(data[key])
             for i, stage in enumerate(data[key]):
                 for field in sorted(set(stage) & set(STAGE_INSTRUCTION_FIELDS)):
@@ -191,6 +195,8 @@ def _salience(field: str) -> tuple[int, str]:
         return _SALIENT.index(field), field
     if field.endswith((".units", ".checkpoint")):
         return len(_SALIENT), field
+    if field.startswith("actions"):  # follow from the schedule, K, V and M: named last
+        return len(_SALIENT) + 2, field
     return len(_SALIENT) + 1, field
 
 

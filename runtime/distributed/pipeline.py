@@ -396,8 +396,8 @@ class DistributedPipeline:
     schedules: this rank's chunks whose backward runs whole in B, with the reason),
     ``schedule``, ``plan``.
 
-    ``orders``: the plan's per-rank actions (``rank_orders``; ``autopipe run`` passes them):
-    torch's built schedule must run the same, else
+    ``orders``: the per-rank actions to hold torch's schedule to (default ``plan.actions``,
+    what ``autopipe run`` passes): torch's built schedule must run the same, else
     :class:`~autopipe.runtime.distributed.schedule_order.ScheduleOrderMismatchError`.
 
     A plan breaking a rule of its schedule (``autopipe.core.schedule_rules``) raises
@@ -473,8 +473,8 @@ class DistributedPipeline:
         torch's split weight pass would miss (see :mod:`zero_bubble`)."""
         self.stages = self._pipeline_stages(examples)
         self.schedule = _schedule(plan, self.stages, self._loss)
-        if orders is not None:  # the plan's per-rank orders: torch must run the same
-            check_torch_order(self.schedule, plan, orders)
+        # The plan's per-rank actions (or the ones given): torch must run the same.
+        check_torch_order(self.schedule, plan, plan.actions if orders is None else orders)
         self._start_counters()
 
     def _build_chunks(

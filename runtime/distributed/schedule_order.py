@@ -1,8 +1,8 @@
 """Check, at build time, that torch's schedule runs the plan's per-rank order.
 
 The plan's timings and memory were simulated on its own orders
-(``autopipe.planner.schedules.rank_orders``, one list of ``Action(chunk, micro-batch,
-phase)`` per pipeline rank); ``autopipe run`` executes torch.distributed.pipelining's class of
+(``Plan.actions``, one list of ``Action(chunk, micro-batch, phase)`` per pipeline rank,
+``autopipe.core.schedules.rank_orders``); ``autopipe run`` executes torch.distributed.pipelining's class of
 the same name, which generates its own order. :func:`check_torch_order` reads torch's order
 off the built schedule object and refuses, in one line naming the schedule, the rank and the
 first differing action, anything other than the plan's.
@@ -64,7 +64,7 @@ def torch_rank_orders(schedule: Any) -> list[list[Action]] | None:
 
 def check_torch_order(schedule: Any, plan: Plan, orders: Sequence[Sequence[Action]]) -> None:
     """Raise :class:`ScheduleOrderMismatchError` unless ``schedule`` (torch's built object)
-    runs ``orders`` (the plan's, ``rank_orders(plan.schedule, K, V, M)``): the class the
+    runs ``orders`` (the plan's, ``plan.actions``): the class the
     plan names, its micro-batch count, and every rank's compute actions where torch exposes
     them (see the module docstring)."""
     name = plan.schedule
