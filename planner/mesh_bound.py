@@ -26,7 +26,79 @@ import numpy as np
 
 from autopipe.core.profile import Profile
 
-__all__ = ["PipelineMemory", "inflight_per_stage", "kept_capacity_bytes", "least_recompute_s"]
+__all__ = [
+    "PipelineMemory",
+    "fill_drain_within",
+    "inflight_per_stage",
+    "kept_capacity_bytes",
+    "least_recompute_s",
+]
+
+
+def fill_drain_within(
+    unit_s: np.ndarray,
+    forward_s: np.ndarray,
+    microbatches: np.ndarray,
+    stages: int,
+    limit_s: float,
+    memory: tuple[np.ndarray, np.ndarray, np.ndarray, float] | None = None,
+) -> np.ndarray:
+    """Per M (columns): False only when no cut of the units into ``stages`` contiguous
+    stages has ``max_s (W_<s + M t_s) <= limit_s``, so every GPipe or 1F1B plan of that M
+    takes longer than ``limit_s`` seconds. ``unit_s`` and ``forward_s``: ``(N, #M)`` each
+    unit's forward + backward and forward seconds per micro-batch of that M (on the stages'
+    device); ``W_<s``: one micro-batch's forward and backward over the stages before ``s``;
+    ``t_s``: stage ``s``'s seconds per micro-batch, its forward once more where ``memory``
+    forces re-materialization. ``memory``: per unit its training state bytes ``(N,)`` and
+    activation bytes per micro-batch ``(N, #M)``, the micro-batches each stage holds
+    ``(K, #M)`` (:func:`inflight_per_stage`) and the bytes a stage may use (None: no limit).
+
+    Why a plan's iteration is at least ``W_<s + M t_s`` for every stage ``s``: the stage
+    cannot start before micro-batch 0's forward crossed the stages before it, then runs M
+    forwards and M backwards one at a time, and the last one's input gradient must cross
+    those stages back; sends only add (the fill-and-drain term of
+    :func:`autopipe.planner.mesh.mesh_lower_bound_s`, here on the units' discrete cuts, not
+    on an even split of the work). A stage whose state and kept activations (``n_s`` in
+    flight, ``planner/costs.py``'s ``kept_bytes``) exceed the limit must re-compute its
+    forward (checkpointed: one more forward per micro-batch); one whose state alone
+    exceeds it fits in no way. Both only grow as a stage gains units, so the stage time is
+    monotone in its ends, and taking the farthest reach stage after stage finds a cut
+    whenever one exists (by induction: the greedy position after ``s`` stages is never
+    behind any cut's). Exact for this relaxation (empty stages allowed, state beyond the
+    units' own and the checkpointed option's activations left out, which only adds cuts).
+    Slacks of 1e-9 keep it a relaxation under rounding: it says False only where the least
+    such maximum is above ``limit_s (1 + 1e-9)``. O(K N #M)."""
+    ms = np.asarray(microbatches, dtype=float)
+    n = unit_s.shape[0]
+    zero = np.zeros((1, ms.size))
+    work = np.concatenate([zero, np.cumsum(unit_s, axis=0)])  # (N+1, #M), nondecreasing
+    fwd = np.concatenate([zero, np.cumsum(forward_s, axis=0)])
+    cap = limit_s + 1e-9 * abs(limit_s) + 1e-12 * np.abs(work[-1])
+    cols = np.arange(ms.size)
+    pos = np.arange(n + 1)[:, None]
+    if memory is not None:
+        state_b, act_b, held, limit_b = memory
+        state = np.concatenate([[0.0], np.cumsum(state_b)])[:, None]  # (N+1, 1)
+        act = np.concatenate([zero, np.cumsum(act_b, axis=0)])
+        room = limit_b + 1e-9 * abs(limit_b)  # only a clear excess forces or refuses
+    at = np.zeros(ms.size, dtype=np.int64)
+    for s in range(stages):
+        w_at = work[at, cols]
+        t = work - w_at  # the stage [at, j)'s forward + backward, (N+1, #M)
+        if memory is not None and math.isfinite(limit_b):
+            st = state - state[at, 0][None, :]
+            kept = st + (act - act[at, cols]) * held[s]
+            t = np.where(kept > room, t + (fwd - fwd[at, cols]), t)
+            t = np.where(st > room, np.inf, t)
+        ok = (pos >= at[None, :]) & (w_at + ms * t <= cap)
+        reach = np.where(ok, pos, -1).max(axis=0)  # ok is a run of positions from ``at``
+        moved = np.maximum(at, reach)
+        if np.array_equal(moved, at):
+            break  # no column moves again: each next stage starts where this one did
+        at = moved
+        if bool((at >= n).all()):
+            break
+    return at >= n
 
 
 def inflight_per_stage(schedule: str, stages: int, microbatches: np.ndarray) -> np.ndarray:

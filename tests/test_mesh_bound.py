@@ -124,6 +124,13 @@ def _same(pruned: Plan | None, every: Plan | None) -> None:
     assert steps[chosen] == every.iteration_time_s
 
 
+def _prune_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Switch the mesh-level pruning off: every bound 0, and every M of every mesh allowed
+    by the fill-and-drain test (mesh._fill_drain_beats: its ``ms`` is the fourth argument)."""
+    monkeypatch.setattr(mesh_module, "mesh_lower_bound_s", lambda *a, **k: 0.0)
+    monkeypatch.setattr(mesh_module, "_fill_drain_beats", lambda *a, **k: np.ones(len(a[3]), bool))
+
+
 CASES = [
     (seed, memory, moe, schedule)
     for seed, (memory, moe, schedule) in enumerate(
@@ -144,7 +151,7 @@ def test_pruned_search_equals_searching_every_mesh(
     p = long_profile(n_blocks=4, seed=seed, moe=moe)
     req = _request(4, memory, schedule)
     pruned = _plan(p, req)
-    monkeypatch.setattr(mesh_module, "mesh_lower_bound_s", lambda *a, **k: 0.0)
+    _prune_nothing(monkeypatch)
     every = _plan(p, req)
     _same(pruned, every)
     if every is not None and every.mesh is not None:
