@@ -35,7 +35,12 @@ from autopipe.planner.context_expert import (
 )
 from autopipe.planner.costs import backward_input_share
 from autopipe.planner.errors import PlanningError, RuleViolation
-from autopipe.planner.mesh_bound import PipelineMemory, fill_drain_within, inflight_per_stage
+from autopipe.planner.mesh_bound import (
+    PipelineMemory,
+    fill_drain_within,
+    inflight_per_stage,
+    unit_bytes,
+)
 from autopipe.planner.mesh_costs import (
     Topology,
     device_profile,
@@ -369,12 +374,8 @@ def _fill_drain_beats(
     held = None
     if memory is not None and memory.schedule in ("gpipe", "1f1b"):
         size = max(int(device.bytes_per_parameter), 1)
-        units = device.units
-        params = np.array(
-            [u.parameter_bytes if u.parameter_bytes > 0 else u.parameter_count * size for u in units],
-            dtype=float,
-        )
-        act = np.array([u.activation_bytes for u in units], dtype=float)[:, None] * b
+        params, unit_act, _, _ = unit_bytes(device)
+        act = unit_act[:, None] * b
         state = params * (memory.state_bytes_per_parameter / size)
         inflight = inflight_per_stage(memory.schedule, pp, m)
         held = (state, act, inflight, memory.limit_bytes)

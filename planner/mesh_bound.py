@@ -32,6 +32,7 @@ __all__ = [
     "inflight_per_stage",
     "kept_capacity_bytes",
     "least_recompute_s",
+    "unit_bytes",
 ]
 
 
@@ -152,43 +153,75 @@ def least_recompute_s(
     fits. The same unit arithmetic as ``planner/costs.py`` (overhead + size-dependent part,
     activations scaled by the micro-batch). O(N log N x #M)."""
     ms = np.asarray(microbatches, dtype=float)
+    size = max(int(device.bytes_per_parameter), 1)
+    params, unit_act, fo, fs = unit_bytes(device)
+    state = float(params.sum()) * state_bytes_per_parameter / size
+    held = inflight_per_stage(schedule, stages, ms)
+    capacity = kept_capacity_bytes(limit_bytes, state, held)
+    ratio = (replica / ms) / device.batch_size  # (#M,)
+    act = unit_act[:, None] * ratio[None, :]
+    fwd = (fo[:, None] + fs[:, None] * ratio[None, :]) / speed  # (N, #M)
+    excess = act.sum(axis=0) - capacity
+    out = np.zeros(ms.size)
+    cols = np.flatnonzero(excess > 0)
+    if cols.size:  # every M at once: a Python loop over ~30 Ms was most of the mesh bounds
+        out[cols] = _cheapest_covers_s(fwd[:, cols], act[:, cols], excess[cols])
+    out[capacity == -np.inf] = np.inf
+    return out
+
+
+def unit_bytes(device: Profile) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Per unit of ``device``: parameter bytes (``planner/costs.py``'s), activation bytes
+    at its batch size, forward overhead and forward size-dependent seconds; cached per
+    profile object (the mesh search asks ~10^4 times of a few device profiles)."""
+    hit = _UNIT_BYTES.get(id(device))
+    if hit is not None and hit[0] is device:
+        return hit[1]
     units = device.units
     size = max(int(device.bytes_per_parameter), 1)
     params = np.array(
         [u.parameter_bytes if u.parameter_bytes > 0 else u.parameter_count * size for u in units],
         dtype=float,
     )
-    state = float(params.sum()) * state_bytes_per_parameter / size
-    held = inflight_per_stage(schedule, stages, ms)
-    capacity = kept_capacity_bytes(limit_bytes, state, held)
-    ratio = (replica / ms) / device.batch_size  # (#M,)
-    act = np.array([u.activation_bytes for u in units], dtype=float)[:, None] * ratio[None, :]
+    act = np.array([u.activation_bytes for u in units], dtype=float)
     fo = np.array([min(max(u.forward_overhead_s, 0.0), u.forward_s) for u in units])
     fs = np.array([u.forward_s for u in units]) - fo
-    fwd = (fo[:, None] + fs[:, None] * ratio[None, :]) / speed  # (N, #M)
-    excess = act.sum(axis=0) - capacity
-    out = np.zeros(ms.size)
-    for col in np.flatnonzero(excess > 0):
-        out[col] = _cheapest_cover_s(fwd[:, col], act[:, col], float(excess[col]))
-    out[capacity == -np.inf] = np.inf
-    return out
+    if len(_UNIT_BYTES) > 4096:
+        _UNIT_BYTES.clear()
+    _UNIT_BYTES[id(device)] = (device, (params, act, fo, fs))
+    return params, act, fo, fs
+
+
+_UNIT_BYTES: dict[int, tuple[Profile, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]] = {}
 
 
 def _cheapest_cover_s(seconds: np.ndarray, nbytes: np.ndarray, need_bytes: float) -> float:
     """The least seconds of units whose bytes cover ``need_bytes``, units taken fractionally
     (cheapest seconds per byte first): a lower bound on any whole-unit choice. ``inf`` when
     every unit together cannot cover it."""
-    if need_bytes > float(nbytes.sum()) * (1 + 1e-12):
-        return math.inf
+    got = _cheapest_covers_s(seconds[:, None], nbytes[:, None], np.array([need_bytes]))
+    return float(got[0])
+
+
+def _cheapest_covers_s(
+    seconds: np.ndarray, nbytes: np.ndarray, need_bytes: np.ndarray
+) -> np.ndarray:
+    """:func:`_cheapest_cover_s` of every column at once: ``seconds`` and ``nbytes`` are
+    ``(N, C)``, ``need_bytes`` ``(C,)``. O(N log N x C) in a few numpy calls."""
+    n, c = nbytes.shape
     has = nbytes > 0
     per = np.where(has, seconds / np.where(has, nbytes, 1.0), np.inf)
-    order = np.argsort(per, kind="stable")
-    cum = np.cumsum(nbytes[order])
-    i = int(np.searchsorted(cum, need_bytes, side="left"))
-    i = min(i, order.size - 1)
-    before = float(cum[i - 1]) if i > 0 else 0.0
-    whole_s = float(seconds[order[:i]].sum())
-    return whole_s + float(per[order[i]]) * max(need_bytes - before, 0.0)
+    order = np.argsort(per, axis=0, kind="stable")
+    cum = np.cumsum(np.take_along_axis(nbytes, order, axis=0), axis=0)
+    cum_s = np.cumsum(np.take_along_axis(seconds, order, axis=0), axis=0)
+    per = np.take_along_axis(per, order, axis=0)
+    cols = np.arange(c)
+    i = np.minimum((cum < need_bytes[None, :]).sum(axis=0), n - 1)  # the first cum >= need
+    before = np.where(i > 0, cum[np.maximum(i - 1, 0), cols], 0.0)
+    whole_s = np.where(i > 0, cum_s[np.maximum(i - 1, 0), cols], 0.0)
+    rest = np.maximum(need_bytes - before, 0.0)
+    out = whole_s + np.where(rest > 0, per[i, cols] * rest, 0.0)
+    return np.where(need_bytes > nbytes.sum(axis=0) * (1 + 1e-12), np.inf, out)
 
 
 @dataclass(frozen=True)
