@@ -12,7 +12,11 @@ time is that pipeline's iteration plus the data-parallel communication the step 
 
 Meshes are tried in order of a proven lower bound on their step (each device's share of the
 work, :func:`mesh_lower_bound_s`); one whose bound is no better than the best step found is
-not searched (its row says so). Cost: one pipeline search per searched mesh; the meshes are
+not searched (its row says so), nor (GPipe, 1F1B) one whose every M is proven slower on the
+units' own cuts, fill, drain and forced re-materialization included
+(:func:`autopipe.planner.mesh_bound.fill_drain_within`, O(K N #M) against a search's
+O(#M x probes x K N log N)): it would lose, so the best step found so far, and the winner,
+are those of searching it. Cost: one pipeline search per searched mesh; the meshes are
 searched one after another (docs/cost-model.md says why not in parallel).
 """
 
