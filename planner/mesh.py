@@ -12,7 +12,11 @@ time is that pipeline's iteration plus the data-parallel communication the step 
 
 Meshes are tried in order of a proven lower bound on their step (each device's share of the
 work, :func:`mesh_lower_bound_s`); one whose bound is no better than the best step found is
-not searched (its row says so). Cost: one pipeline search per searched mesh; the meshes are
+not searched (its row says so), nor (GPipe, 1F1B) one whose every M is proven slower on the
+units' own cuts, fill, drain and forced re-materialization included
+(:func:`autopipe.planner.mesh_bound.fill_drain_within`, O(K N #M) against a search's
+O(#M x probes x K N log N)): it would lose, so the best step found so far, and the winner,
+are those of searching it. Cost: one pipeline search per searched mesh; the meshes are
 searched one after another (docs/cost-model.md says why not in parallel).
 """
 
@@ -35,7 +39,12 @@ from autopipe.planner.context_expert import (
 )
 from autopipe.planner.costs import backward_input_share
 from autopipe.planner.errors import PlanningError, RuleViolation
-from autopipe.planner.mesh_bound import PipelineMemory
+from autopipe.planner.mesh_bound import (
+    PipelineMemory,
+    fill_drain_within,
+    inflight_per_stage,
+    unit_bytes,
+)
 from autopipe.planner.mesh_costs import (
     Topology,
     device_profile,
@@ -287,6 +296,13 @@ def mesh_lower_bound_s(
         if len(_BOUNDS) > 65536:
             _BOUNDS.clear()
         _BOUNDS[key] = (device, bound)
+    return bound + _unhidden_dp_s(device, cand, topology)
+
+
+def _unhidden_dp_s(device: Profile, cand: MeshCandidate, topology: Topology) -> float:
+    """The data-parallel part of :func:`mesh_lower_bound_s`: the communication of the
+    average rank's gradients nothing hides, seconds per step (no more than any cut's
+    :func:`dp_exposed_s`). O(N)."""
     grads = sum(u.parameter_bytes for u in device.units) / cand.pp
     bw, lat = topology.dp_link(cand.tp, cand.fsdp)
     if cand.ep > 1:
@@ -303,7 +319,7 @@ def mesh_lower_bound_s(
     unhidden = {"none": 2 * one, "optimizer": 2 * one, "gradients": one, "parameters": 0.0}
     if topology.grad_reduce_overlap:  # the reductions may all hide behind the backward
         unhidden["none"] = unhidden["optimizer"] = 0.0
-    return bound + unhidden[cand.shard]
+    return unhidden[cand.shard]
 
 
 _BOUNDS: dict[tuple[object, ...], tuple[Profile, float]] = {}
@@ -338,6 +354,36 @@ def _pipeline_bound_s(
             terms.append(work / (1.0 - (1.0 - 1.0 / ms) ** pp))
         bound = float(np.max(terms, axis=0).min())
     return bound
+
+
+def _fill_drain_beats(
+    device: Profile,
+    replica: int,
+    pp: int,
+    ms: list[int],
+    speed: float,
+    limit_s: float,
+    memory: PipelineMemory | None = None,
+) -> np.ndarray:
+    """Per M of ``ms``: False where no GPipe or 1F1B plan of ``device``'s units (no gathers:
+    faster than any sharding's) cut into ``pp`` stages on devices of ``speed`` runs its
+    iteration within ``limit_s``, with ``memory`` (the pipeline search's limit and state)
+    forcing re-materialization (:func:`autopipe.planner.mesh_bound.fill_drain_within`).
+    O(K N #M)."""
+    m = np.array(ms, dtype=float)
+    fo, fs, bo, bs, _ = _unit_arrays(device)
+    b = (replica / m)[None, :] / device.batch_size
+    forward_s = (fo[:, None] + fs[:, None] * b) / speed
+    unit_s = forward_s + (bo[:, None] + bs[:, None] * b) / speed
+    held = None
+    if memory is not None and memory.schedule in ("gpipe", "1f1b"):
+        size = max(int(device.bytes_per_parameter), 1)
+        params, unit_act, _, _ = unit_bytes(device)
+        act = unit_act[:, None] * b
+        state = params * (memory.state_bytes_per_parameter / size)
+        inflight = inflight_per_stage(memory.schedule, pp, m)
+        held = (state, act, inflight, memory.limit_bytes)
+    return fill_drain_within(unit_s, forward_s, m, pp, limit_s, held)
 
 
 _ARRAYS: dict[int, tuple[Profile, tuple[np.ndarray, ...]]] = {}
@@ -755,6 +801,9 @@ class _MeshSearch:
         for c in quick + [c for c in order if c.pp > QUICK_STAGES]:
             if c.reason or self._ruled_out(c, best, zero2):
                 continue
+            if best is not None and single and self._fill_drain_rules_out(c, best.step_s):
+                c.reason = "cannot beat the best (no cut's fill, work and drain is faster)"
+                continue
             cutoff = best.step_s if best is not None else math.inf
             _search(
                 c, plan_pipeline, self.context_of(c), self.device_of(c), self.base, self.template,
@@ -766,6 +815,25 @@ class _MeshSearch:
             ):
                 best = c
         return best
+
+    def _fill_drain_rules_out(self, c: MeshCandidate, step_s: float) -> bool:
+        """Whether every M's GPipe / 1F1B pipeline of ``c`` is proven slower than
+        ``step_s`` less the DP communication no cut hides (:func:`_unhidden_dp_s`), so its
+        step cannot beat ``step_s``: :func:`_fill_drain_beats` on the device share without
+        gathers. Checked before a mesh whose bound alone does not rule it out is searched:
+        its search (device profiles per M, cost models, probes) costs ~10^3 x more. The
+        mesh it skips would have lost (its step is above ``step_s``, not equal), so the
+        best step found so far, hence the winner, is what the full search finds.
+        O(K N #M)."""
+        device = self.device_of(c)
+        replica = self.batch // c.dp
+        ms = microbatch_counts(replica, self.microbatches)
+        if not ms:
+            return False  # _search says why it has no plan
+        limit_s = step_s - _unhidden_dp_s(device, c, self.topology)
+        speed, memory = self.template.speed, self.memory_of(c)
+        beats = _fill_drain_beats(device, replica, c.pp, ms, speed, limit_s, memory)
+        return not bool(beats.any())
 
     def _ruled_out(
         self,
@@ -923,7 +991,7 @@ def _search(
         base.schedule, max(memory, 0) / (1.0 + base.headroom), state, template.speed
     )  # fmt: skip
     best, refused = _best_run(
-        c, inner, profile, device, runs, topology, batch, single, cutoff_s, limit
+        c, inner, profile, device, runs, topology, batch, single, cutoff_s, limit, template.speed
     )
     if best is None:
         reserved = reserve * (1 + base.headroom)
@@ -1030,11 +1098,15 @@ def _best_run(
     single: bool,
     cutoff_s: float,
     memory: PipelineMemory | None = None,
+    speed: float = 1.0,
 ) -> tuple[tuple[Plan, Profile, PlanRequest] | None, PlanningError | None]:
     """The fastest plan of ``runs`` with the device profile and request it was made on (None
     if none beats ``cutoff_s`` or fits), and the refusal needing the least memory. With one
     run per M, an M whose bound on ``device`` (no gathers, so below its own profile's)
-    cannot beat ``cutoff_s`` or the best M so far is not searched."""
+    cannot beat ``cutoff_s`` or the best M so far is not searched, nor (GPipe, 1F1B) one
+    whose pipeline is proven slower than that by :func:`_fill_drain_beats` (on devices of
+    ``speed``): such an M's plan would not be taken (a pipeline above the best M's) or its
+    mesh would lose (above ``cutoff_s``, the best step found) anyway."""
     best: tuple[Plan, Profile, PlanRequest] | None = None
     refused: PlanningError | None = None
     for make, one in runs:
@@ -1043,6 +1115,9 @@ def _best_run(
         if len(runs) > 1 and isinstance(m, int) and math.isfinite(beat):
             bound = mesh_lower_bound_s(profile, device, c, batch, topology, [m], single, memory)
             if bound >= beat:
+                continue
+            replica = batch // c.dp
+            if single and not _fill_drain_beats(device, replica, c.pp, [m], speed, beat, memory)[0]:
                 continue
         share = make()
         if best is not None and len(runs) > 1:

@@ -5,6 +5,7 @@ searches every mesh (no mesh-level pruning), on small seeded instances."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -15,11 +16,14 @@ from autopipe.planner.mesh import _MeshSearch, _search, mesh_candidates, mesh_lo
 from autopipe.planner.mesh_bound import (
     PipelineMemory,
     _cheapest_cover_s,
+    fill_drain_within,
     inflight_per_stage,
     kept_capacity_bytes,
     least_recompute_s,
 )
 from autopipe.planner.search import plan_pipeline, training_state
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from test_planner_context_expert import long_profile
 
 from autopipe.core.cluster import Cluster, Device
@@ -124,6 +128,13 @@ def _same(pruned: Plan | None, every: Plan | None) -> None:
     assert steps[chosen] == every.iteration_time_s
 
 
+def _prune_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Switch the mesh-level pruning off: every bound 0, and every M of every mesh allowed
+    by the fill-and-drain test (mesh._fill_drain_beats: its ``ms`` is the fourth argument)."""
+    monkeypatch.setattr(mesh_module, "mesh_lower_bound_s", lambda *a, **k: 0.0)
+    monkeypatch.setattr(mesh_module, "_fill_drain_beats", lambda *a, **k: np.ones(len(a[3]), bool))
+
+
 CASES = [
     (seed, memory, moe, schedule)
     for seed, (memory, moe, schedule) in enumerate(
@@ -144,7 +155,7 @@ def test_pruned_search_equals_searching_every_mesh(
     p = long_profile(n_blocks=4, seed=seed, moe=moe)
     req = _request(4, memory, schedule)
     pruned = _plan(p, req)
-    monkeypatch.setattr(mesh_module, "mesh_lower_bound_s", lambda *a, **k: 0.0)
+    _prune_nothing(monkeypatch)
     every = _plan(p, req)
     _same(pruned, every)
     if every is not None and every.mesh is not None:
@@ -200,3 +211,187 @@ def test_the_memory_bound_searches_fewer_meshes() -> None:
     few = sum(r.searched for r in with_memory.mesh.candidates)
     many = sum(r.searched for r in without.mesh.candidates)
     assert few < many
+
+
+# ----- the fill-and-drain test on the units' cuts (mesh_bound.fill_drain_within) ----------
+
+
+def _least_fill_drain_s(
+    unit_s: np.ndarray,
+    forward_s: np.ndarray,
+    m: float,
+    k: int,
+    memory: tuple[np.ndarray, np.ndarray, np.ndarray, float] | None,
+) -> float:
+    """Every cut of the units into at most ``k`` nonempty stages (one column): the least
+    ``max_s (W_<s + M t_s)``, ``t_s`` with its forward again where the kept activations do
+    not fit, ``inf`` where the state does not. Brute force, for tiny N."""
+    import itertools
+
+    n = unit_s.size
+    work = np.concatenate([[0.0], np.cumsum(unit_s)])
+    best = math.inf
+    for parts in range(1, k + 1):
+        for inner in itertools.combinations(range(1, n), parts - 1):
+            ends = [0, *inner, n]
+            worst = 0.0
+            for s in range(parts):
+                i, j = ends[s], ends[s + 1]
+                t = work[j] - work[i]
+                if memory is not None:
+                    state, act, held, limit = memory
+                    st = float(state[i:j].sum())
+                    if st > limit:
+                        t = math.inf
+                    elif st + float(act[i:j].sum()) * held[s] > limit:
+                        t += float(forward_s[i:j].sum())
+                worst = max(worst, work[i] + m * t)
+            best = min(best, worst)
+    return best
+
+
+@settings(max_examples=120, deadline=None, derandomize=True)
+@given(
+    st.integers(1, 6),
+    st.integers(1, 4),
+    st.integers(1, 8),
+    st.booleans(),
+    st.integers(0, 2**31 - 1),
+)
+def test_the_fill_drain_greedy_is_exact_for_its_relaxation(
+    n: int, k: int, m: int, limited: bool, seed: int
+) -> None:
+    """The greedy's answer at a limit just above / below the least maximum over every cut
+    (brute force): yes above, no below; with and without a memory limit."""
+    rng = np.random.default_rng(seed)
+    forward = rng.uniform(0.1, 2.0, n)
+    unit = forward + rng.uniform(0.1, 4.0, n)
+    memory = None
+    if limited:
+        state, act = rng.uniform(0.0, 3.0, n), rng.uniform(0.0, 2.0, n)
+        held = np.minimum(k - np.arange(k), m).astype(float)  # 1F1B's in-flight counts
+        memory = (state, act, held, float(rng.uniform(1.0, 12.0)))
+    least = _least_fill_drain_s(unit, forward, m, k, memory)
+    held_arg = None
+    if memory is not None:
+        state, act, held, limit = memory
+        held_arg = (state, act[:, None], held[:, None], limit)
+    ms = np.array([m])
+
+    def within(limit_s: float) -> bool:
+        got = fill_drain_within(unit[:, None], forward[:, None], ms, k, limit_s, held_arg)
+        return bool(got[0])
+
+    if math.isinf(least):
+        assert not within(1e12)
+        return
+    assert within(least * (1 + 1e-6))
+    assert not within(least * (1 - 1e-6))
+
+
+def test_fill_drain_by_hand() -> None:
+    """Units of 1, 1, 2 s (forward + backward), M = 2, two stages: cut [0,2) [2,3) costs
+    max(0 + 2 x 2, 2 + 2 x 2) = 6; cut [0,1) [1,3): max(2, 1 + 2 x 3) = 7; one stage 8:
+    the least is 6. A memory limit that refuses to keep the last unit's activations adds
+    its forward (1 s) to the second stage: [0,2) [2,3) becomes 2 + 2 x 3 = 8, [0,1) [1,3)
+    1 + 2 x 4 = 9, one stage 2 x 9 = 18: the least is 8."""
+    unit = np.array([[1.0], [1.0], [2.0]])
+    forward = np.array([[0.5], [0.5], [1.0]])
+    ms = np.array([2])
+    assert fill_drain_within(unit, forward, ms, 2, 6.0).tolist() == [True]
+    assert fill_drain_within(unit, forward, ms, 2, 5.99).tolist() == [False]
+    state = np.zeros(3)
+    act = np.array([[1.0], [1.0], [5.0]])
+    held = np.array([[2.0], [1.0]])  # 1F1B, K = 2, M = 2
+    memory = (state, act, held, 4.0)
+    assert fill_drain_within(unit, forward, ms, 2, 8.0, memory).tolist() == [True]
+    assert fill_drain_within(unit, forward, ms, 2, 7.99, memory).tolist() == [False]
+    too_big = (np.array([0.0, 0.0, 5.0]), act, held, 4.0)  # the last unit's state alone
+    assert fill_drain_within(unit, forward, ms, 2, 1e9, too_big).tolist() == [False]
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
+@pytest.mark.parametrize("memory", [2_000_000, 3_000_000, None])
+def test_fill_drain_allows_every_searched_mesh_plan(schedule: str, memory: int | None) -> None:
+    """Each mesh searched alone (no cutoff): the fill-and-drain test at its plan's pipeline
+    time, for its M, says yes (the plan is a cut within it), with the memory the search had."""
+    p = long_profile(n_blocks=4, seed=5, moe=True)
+    req = _request(4, memory, schedule)
+    _, state_bpp = training_state(p, req.optimizer, req.bytes_per_parameter)
+    template = req.cluster.devices[0]  # type: ignore[union-attr]
+    topology = mesh_module._topology(req, 4, template)
+    search = _MeshSearch(p, req, template, topology, 16, state_bpp)
+    cands = mesh_candidates(
+        p, 4, 16, gpus_per_node=4, shard="auto", context_parallel="auto", expert_parallel="auto"
+    )
+    planned = 0
+    for c in cands:
+        if c.pp > len(p.units):
+            continue
+        device, memory_of = search.device_of(c), search.memory_of(c)
+        _search(
+            c, plan_pipeline, search.context_of(c), device, search.base, template, topology,
+            16, state_bpp, search.microbatches,
+        )  # fmt: skip
+        if c.plan is None:
+            continue
+        planned += 1
+        m = [c.plan.microbatches]
+        replica = 16 // c.dp
+        at = mesh_module._fill_drain_beats(device, replica, c.pp, m, 1.0, c.pipeline_s, memory_of)
+        assert at.tolist() == [True]
+        below = c.pipeline_s * 0.5  # the same test is not vacuous: half the time fails
+        assert not mesh_module._fill_drain_beats(device, replica, c.pp, m, 1.0, below, memory_of)[0]
+    assert planned > 0
+
+
+@settings(max_examples=12, deadline=None, derandomize=True)
+@given(
+    st.integers(2, 6),
+    st.sampled_from([4, 8]),
+    st.sampled_from([None, 1_000_000, 1_500_000, 2_500_000, 4_000_000]),
+    st.booleans(),
+    st.sampled_from(["1f1b", "gpipe"]),
+    st.integers(0, 1000),
+)
+def test_pruning_never_changes_the_optimum(
+    n_blocks: int, gpus: int, memory: int | None, moe: bool, schedule: str, seed: int
+) -> None:
+    """Random small instances: the search with its pruning (bounds, fill and drain) finds the
+    step of the search that prunes no mesh and no M, on a mesh that search priced at it."""
+    p = long_profile(n_blocks=n_blocks, seed=seed, moe=moe)
+    req = _request(gpus, memory, schedule)
+    pruned = _plan(p, req)
+    with pytest.MonkeyPatch.context() as patch:
+        _prune_nothing(patch)
+        every = _plan(p, req)
+    _same(pruned, every)
+
+
+# The mesh and step each instance got from the code before the fill-and-drain test (commit
+# f6ba26f, run on that checkout): the test changes what is searched, never what is found.
+PINNED = [
+    ((12, 16, 1_200_000, "1f1b", 6), (4, 1, 4, 1, 4, "none", 64), 0.0496031531320273),
+    ((12, 32, 1_000_000, "1f1b", 7), (4, 2, 4, 1, 4, "gradients", 32), 0.023869410953240938),
+    ((12, 16, 800_000, "1f1b", 9), (2, 1, 4, 2, 8, "gradients", 64), 0.4410535382380071),
+    ((8, 32, 3_000_000, "gpipe", 2), (1, 8, 2, 2, 1, "parameters", 2), 0.01396528177611965),
+]
+
+
+@pytest.mark.parametrize(("case", "mesh", "step_s"), PINNED)
+def test_the_chosen_mesh_and_step_are_pinned(
+    case: tuple[int, int, int, str, int], mesh: tuple[object, ...], step_s: float
+) -> None:
+    """MoE models of 8 and 12 blocks on 16 and 32 GPUs, batch 64: the same mesh (PP, D, T,
+    C, E, shard, M) and the same predicted step, to the bit, as before the change."""
+    n_blocks, gpus, memory, schedule, seed = case
+    p = long_profile(n_blocks=n_blocks, seed=seed, moe=True)
+    req = dataclasses.replace(_request(gpus, memory, schedule), batch_size=64)
+    out = plan(p, req)
+    got = (*out.mesh_shape, out.context_parallel, out.expert_parallel, out.shard, out.microbatches)
+    assert got == mesh
+    assert out.iteration_time_s == step_s
+    assert out.mesh is not None
+    searched = sum(r.searched for r in out.mesh.candidates)
+    skipped = [r for r in out.mesh.candidates if "fill, work and drain" in r.reason]
+    assert skipped and searched < len(out.mesh.candidates)
