@@ -300,7 +300,11 @@ def mesh_lower_bound_s(
         one += ring_collective_s(expert, edp, bw, 0.0)
     else:
         one = ring_collective_s(grads, cand.fsdp, bw, lat)
-    unhidden = {"none": 2 * one, "optimizer": 2 * one, "gradients": one, "parameters": 0.0}
+    # fp32 gradient reduction: the gradients' collectives carry more bytes (latency unchanged,
+    # so scaling the whole collective keeps the bound a bound: factor >= 1)
+    f = topology.grad_bytes_factor(max(int(device.bytes_per_parameter), 1))
+    unhidden = {"none": 2 * f * one, "optimizer": (f + 1) * one, "gradients": one,
+                "parameters": 0.0}  # fmt: skip
     if topology.grad_reduce_overlap:  # the reductions may all hide behind the backward
         unhidden["none"] = unhidden["optimizer"] = 0.0
     return bound + unhidden[cand.shard]
@@ -409,29 +413,49 @@ def _dp_exposed_per_rank_s(
             ring_collective_s(expert, edp, bw, lat)
         )
 
+    # the gradients' collectives in the reduce dtype (fp32 with grad_reduce_fp32), the
+    # parameters' gathers in their own
+    factor = topology.grad_bytes_factor(size)
+
+    def grad_unit_s(u: UnitProfile) -> float:
+        """One collective of ``u``'s gradients: :func:`unit_s` at the reduce dtype's bytes."""
+        if factor == 1.0:
+            return unit_s(u)
+        if edp == cand.fsdp:
+            return ring_collective_s(u.parameter_bytes * factor, cand.fsdp, bw, lat)
+        expert = min(expert_device_bytes(u, cand.tp, size), float(u.parameter_bytes))
+        return ring_collective_s((u.parameter_bytes - expert) * factor, cand.fsdp, bw, lat) + (
+            ring_collective_s(expert * factor, edp, bw, lat)
+        )
+
+    def whole_s(mine: list[UnitProfile], scale: float) -> float:
+        """One collective of all of ``mine``'s parameters (``scale``: bytes per byte)."""
+        if edp == cand.fsdp:
+            total = sum(u.parameter_bytes for u in mine) * scale
+            return ring_collective_s(total, cand.fsdp, bw, lat)
+        expert = sum(min(expert_device_bytes(u, cand.tp, size), u.parameter_bytes) for u in mine)
+        dense = sum(u.parameter_bytes for u in mine) - expert
+        return ring_collective_s(dense * scale, cand.fsdp, bw, lat) + ring_collective_s(
+            expert * scale, edp, bw, lat
+        )
+
     units = {u.name: u for u in device.units}
     worst = 0.0
     streamed = cand.shard in ("gradients", "parameters") or topology.grad_reduce_overlap
     once = cand.shard == "parameters" and not topology.reshard_after_forward
     for names in per_rank.values():
         mine = [units[x] for x in names]
-        if edp == cand.fsdp:
-            whole = ring_collective_s(sum(u.parameter_bytes for u in mine), cand.fsdp, bw, lat)
-        else:
-            expert = sum(
-                min(expert_device_bytes(u, cand.tp, size), u.parameter_bytes) for u in mine
-            )
-            dense = sum(u.parameter_bytes for u in mine) - expert
-            whole = ring_collective_s(dense, cand.fsdp, bw, lat) + ring_collective_s(
-                expert, edp, bw, lat
-            )
+        whole = whole_s(mine, 1.0)
         if not streamed:
-            worst = max(worst, 2 * whole)
+            # ``none``: an all-reduce of the gradients (both passes in the reduce dtype);
+            # ``optimizer``: a reduce-scatter of them and a gather of the parameters
+            grads = whole_s(mine, factor)
+            worst = max(worst, 2 * grads if cand.shard == "none" else grads + whole)
             continue
         # an all-reduce (``none``) is a reduce-scatter and an all-gather: twice the volume
         passes = 2 if cand.shard == "none" else 1
         exposed = _streamed_exposed_s(
-            mine[::-1], b, device.batch_size, unit_s, passes, backward=True,
+            mine[::-1], b, device.batch_size, grad_unit_s, passes, backward=True,
             loss=topology.overlap_compute_loss,
         )  # fmt: skip
         if cand.shard == "gradients" or (cand.shard == "optimizer" and not once):
@@ -665,6 +689,7 @@ def _topology(request: PlanRequest, n: int, template: Device) -> Topology:
         tp_overlap_backward=request.tp_overlap_backward,
         grad_reduce_overlap=request.grad_reduce_overlap,
         reshard_after_forward=request.reshard_after_forward,
+        grad_reduce_fp32=request.grad_reduce_fp32,
         overlap_compute_loss=overlap_loss,
     )  # fmt: skip
 

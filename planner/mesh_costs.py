@@ -64,6 +64,8 @@ class Topology:
     """Unsharded gradients are reduced during the backward (``PlanRequest.grad_reduce_overlap``)."""
     reshard_after_forward: bool = True
     """``parameters`` sharding gathers per micro-batch (True) or once per step (False)."""
+    grad_reduce_fp32: bool = False
+    """Gradients are reduced in fp32 (``PlanRequest.grad_reduce_fp32``)."""
     overlap_compute_loss: float = 0.0
     """Share of a hidden collective's seconds that the compute it overlaps loses (NCCL's
     kernels occupy SMs and memory bandwidth): a collective hidden behind compute is not
@@ -74,6 +76,14 @@ class Topology:
         outlasts the compute, plus ``overlap_compute_loss`` of the part hidden behind it."""
         hidden = min(comm_s, compute_s)
         return max(0.0, comm_s - compute_s) + self.overlap_compute_loss * hidden
+
+    def grad_bytes_factor(self, parameter_size_bytes: int) -> float:
+        """Bytes a gradient reduction moves per byte of the parameters it reduces: with
+        ``grad_reduce_fp32`` the gradients travel in fp32 (:data:`REDUCE_BYTES` per element),
+        else in the parameters' own dtype (1)."""
+        if not self.grad_reduce_fp32 or parameter_size_bytes >= REDUCE_BYTES:
+            return 1.0
+        return REDUCE_BYTES / max(parameter_size_bytes, 1)
 
     def dp_crosses_nodes(self, tp: int, dp: int) -> bool:
         """Whether a data-parallel group (``dp`` ranks ``tp`` apart) spans more than one node."""

@@ -57,9 +57,12 @@ def test_fp8_prices_the_linear_flops_at_the_fp8_peak() -> None:
     out = trainer_profile(p, PlanRequest(precision="fp8"))
     spec = get_device("H100-SXM-80GB")
     # each dtype at the H100's published matmul ceiling (autopipe.core.gemm): BF16 794.5 of
-    # 989 TFLOP/s, FP8 1402.6 of 1979
+    # 989 TFLOP/s, FP8 1402.6 of 1979, both at the sustained clock (MSMF / MAMF 698.6 / 823.9)
     assert spec.name == "H100-SXM-80GB"
-    saving = 5e12 / (989.4e12 * 794.5 / 989) - 5e12 / (1979e12 * 1402.6 / 1979)
+    sustained = 698.6 / 823.9
+    saving = 5e12 / (989.4e12 * 794.5 / 989 * sustained) - 5e12 / (
+        1979e12 * 1402.6 / 1979 * sustained
+    )
     assert out.units[0].forward_s == pytest.approx(1e-2 - saving)
     assert out.units[0].backward_s == pytest.approx(2e-2 - 2 * saving)
     assert trainer_profile(p, PlanRequest()) is p
@@ -143,6 +146,36 @@ def test_overlapped_gradient_reduction_exposes_less_and_reserve_adds_memory() ->
     assert reserved.mesh.peak_bytes == plain.mesh.peak_bytes + 3 * 2**30
 
 
+def test_fp32_gradient_reduction_moves_4_bytes_per_gradient_element() -> None:
+    """Megatron's --accumulate-allreduce-grads-in-fp32 / FSDP2's reduce_dtype=float32: the
+    gradients' collectives carry 4 bytes per element of bf16 parameters, the parameter gathers
+    stay at 2. By hand for 16 H100s, PP 2 x D 8 in one node (NVLink 450 GB/s, 5 us a ring
+    step): each rank reduces 4 units x 2e8 bytes; ZeRO-1 reduce-scatters the gradients and
+    gathers the parameters after the drain, plain DP all-reduces the gradients (two passes)."""
+    p = _profile()
+    spec = get_device("H100-SXM-80GB")
+    bw, lat = spec.link_bandwidth_bytes_per_s, spec.collective_latency_s
+    grads = 4 * 2e8
+
+    def ring(nbytes: float) -> float:
+        return 7 / 8 * nbytes / bw + 7 * lat
+
+    bf16 = plan(p, _mesh())
+    fp32 = plan(p, _mesh(grad_reduce_fp32=True))
+    assert bf16.allreduce_s == pytest.approx(2 * ring(grads))
+    assert fp32.allreduce_s == pytest.approx(ring(2 * grads) + ring(grads))
+    plain = plan(p, _mesh(shard="none", grad_reduce_fp32=True))
+    assert plain.allreduce_s == pytest.approx(2 * ring(2 * grads))
+    # fp32 parameters reduce in their own dtype: nothing moves more
+    top = Topology(8, 450e9, 50e9, grad_reduce_fp32=True)
+    assert top.grad_bytes_factor(2) == 2.0 and top.grad_bytes_factor(4) == 1.0
+    assert Topology(8, 450e9, 50e9).grad_bytes_factor(2) == 1.0
+    # the gradients' streamed reduce-scatter (ZeRO-3) grows, never shrinks
+    fsdp = plan(p, _mesh(shard="parameters"))
+    fsdp32 = plan(p, _mesh(shard="parameters", grad_reduce_fp32=True))
+    assert fsdp32.iteration_time_s >= fsdp.iteration_time_s
+
+
 def test_reshard_after_forward_false_gathers_once_per_step() -> None:
     p = _profile()
     per_mb = plan(p, _mesh(shard="parameters"))
@@ -168,12 +201,14 @@ def test_the_cli_flags_reach_the_request(
              "--precision", "fp8",
              "--selective-recompute", "--no-sequence-parallel", "--tp-comm-overlap",
              "--overlap-grad-reduce", "--no-reshard-after-forward", "--memory-reserve", "2GiB",
+             "--grad-reduce-fp32",
              "--json", str(out), "-q"]  # fmt: skip
     assert main(flags) == 0, capsys.readouterr().err
     request = load_plan(out).request
     assert request.precision == "fp8" and request.selective_recompute
     assert not request.sequence_parallel and request.tp_comm_overlap
     assert request.grad_reduce_overlap and not request.reshard_after_forward
+    assert request.grad_reduce_fp32
     assert request.memory_reserve_bytes == 2 * 2**30
     with pytest.raises(SystemExit) as bad:
         main(["plan", str(path), "--gpus", "2", "--precision", "int8"])
@@ -211,3 +246,5 @@ def test_emit_keys_for_the_trainer_options() -> None:
         "--recompute-granularity", "selective", "--overlap-grad-reduce", "--overlap-param-gather",
     ]  # fmt: skip
     assert _megatron_trainer_args(z1, True) == ["--overlap-grad-reduce", "--overlap-param-gather"]
+    fp32 = plan(_profile(), _mesh(grad_reduce_fp32=True))
+    assert _megatron_trainer_args(fp32, True) == ["--accumulate-allreduce-grads-in-fp32"]
