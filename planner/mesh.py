@@ -37,6 +37,7 @@ from autopipe.planner.costs import backward_input_share
 from autopipe.planner.errors import PlanningError, RuleViolation
 from autopipe.planner.mesh_bound import PipelineMemory
 from autopipe.planner.mesh_costs import (
+    NCCL_NVLINK_EFFICIENCY,
     Topology,
     device_profile,
     gather_buffer_bytes,
@@ -680,6 +681,10 @@ def _topology(request: PlanRequest, n: int, template: Device) -> Topology:
     overlap_loss = 0.0
     if is_catalog_device(template.name):  # per ring step of a collective (catalog.py)
         spec = get_device(template.name)
+        if intra == spec.link_bandwidth_bytes_per_s:  # the datasheet's line rate: NCCL's share
+            intra *= NCCL_NVLINK_EFFICIENCY.get(spec.name, (1.0, ""))[0]
+            if request.inter_node_bandwidth_bytes_per_s is None:
+                inter = intra
         overlap_loss = spec.overlap_compute_loss
         intra_lat = max(intra_lat, spec.collective_latency_s)
         inter_lat = max(inter_lat, spec.inter_node_collective_latency_s)

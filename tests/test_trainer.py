@@ -149,12 +149,12 @@ def test_overlapped_gradient_reduction_exposes_less_and_reserve_adds_memory() ->
 def test_fp32_gradient_reduction_moves_4_bytes_per_gradient_element() -> None:
     """Megatron's --accumulate-allreduce-grads-in-fp32 / FSDP2's reduce_dtype=float32: the
     gradients' collectives carry 4 bytes per element of bf16 parameters, the parameter gathers
-    stay at 2. By hand for 16 H100s, PP 2 x D 8 in one node (NVLink 450 GB/s, 5 us a ring
-    step): each rank reduces 4 units x 2e8 bytes; ZeRO-1 reduce-scatters the gradients and
+    stay at 2. By hand for 16 H100s, PP 2 x D 8 in one node (NVLink at NCCL's 370 GB/s, 5 us a
+    ring step): each rank reduces 4 units x 2e8 bytes; ZeRO-1 reduce-scatters the gradients and
     gathers the parameters after the drain, plain DP all-reduces the gradients (two passes)."""
     p = _profile()
     spec = get_device("H100-SXM-80GB")
-    bw, lat = spec.link_bandwidth_bytes_per_s, spec.collective_latency_s
+    bw, lat = 370e9, spec.collective_latency_s
     grads = 4 * 2e8
 
     def ring(nbytes: float) -> float:
@@ -248,3 +248,27 @@ def test_emit_keys_for_the_trainer_options() -> None:
     assert _megatron_trainer_args(z1, True) == ["--overlap-grad-reduce", "--overlap-param-gather"]
     fp32 = plan(_profile(), _mesh(grad_reduce_fp32=True))
     assert _megatron_trainer_args(fp32, True) == ["--accumulate-allreduce-grads-in-fp32"]
+
+
+def test_nvlink_collectives_run_at_nccls_share_of_the_line_rate() -> None:
+    """The catalog's NVLink figure is the line rate (H100: 450 GB/s per direction); NCCL's
+    protocol overhead leaves 370 GB/s of bus bandwidth for all-gathers and reduce-scatters
+    (NVIDIA/nccl-tests#212), so a mesh's links inside a node are priced at 370 GB/s on the
+    Hopper GPUs; an A100 (no such figure) and a link the user gave keep theirs."""
+    from autopipe.planner.mesh import _topology
+    from autopipe.planner.mesh_costs import NCCL_NVLINK_EFFICIENCY
+
+    h100 = Device.from_spec("h100")
+    top = _topology(_mesh(), 16, h100)
+    assert top.intra_bandwidth_bytes_per_s == pytest.approx(370e9)
+    assert top.inter_bandwidth_bytes_per_s == 50e9  # the request's inter-node figure
+    one_node = _topology(
+        dataclasses.replace(_mesh(), inter_node_bandwidth_bytes_per_s=None), 8, h100
+    )
+    assert one_node.inter_bandwidth_bytes_per_s == pytest.approx(370e9)
+    a100 = Device.from_spec("a100")
+    assert _topology(_mesh(), 16, a100).intra_bandwidth_bytes_per_s == 300e9
+    custom = dataclasses.replace(h100, link_bandwidth_bytes_per_s=200e9)
+    assert _topology(_mesh(), 16, custom).intra_bandwidth_bytes_per_s == 200e9
+    for fraction, source in NCCL_NVLINK_EFFICIENCY.values():
+        assert 0 < fraction <= 1 and "nccl" in source
