@@ -290,21 +290,27 @@ def mesh_lower_bound_s(
         _BOUNDS[key] = (device, bound)
     grads = sum(u.parameter_bytes for u in device.units) / cand.pp
     bw, lat = topology.dp_link(cand.tp, cand.fsdp)
-    if cand.ep > 1:
-        # expert shards are summed over fewer ranks (_dp_exposed_per_rank_s); their latency
-        # left out: a rank without MoE units pays none
-        size = max(int(device.bytes_per_parameter), 1)
-        expert = sum(expert_device_bytes(u, cand.tp, size) for u in device.units) / cand.pp
-        expert = min(expert, grads)
-        edp = expert_data_parallel(cand.fsdp, cand.ep)
-        one = ring_collective_s(grads - expert, cand.fsdp, bw, lat)
-        one += ring_collective_s(expert, edp, bw, 0.0)
-    else:
-        one = ring_collective_s(grads, cand.fsdp, bw, lat)
-    # fp32 gradient reduction: the gradients' collectives carry more bytes (latency unchanged,
-    # so scaling the whole collective keeps the bound a bound: factor >= 1)
-    f = topology.grad_bytes_factor(max(int(device.bytes_per_parameter), 1))
-    unhidden = {"none": 2 * f * one, "optimizer": (f + 1) * one, "gradients": one,
+    size = max(int(device.bytes_per_parameter), 1)
+    # fp32 gradient reduction: the gradients' collectives carry ``f`` times the parameters'
+    # bytes (the latency per ring step unchanged), the parameter gathers their own
+    f = topology.grad_bytes_factor(size)
+
+    def collective_s(scale: float) -> float:
+        """One collective of the average rank's parameters at ``scale`` bytes per byte."""
+        if cand.ep > 1:
+            # expert shards are summed over fewer ranks (_dp_exposed_per_rank_s); their
+            # latency left out: a rank without MoE units pays none
+            expert = sum(expert_device_bytes(u, cand.tp, size) for u in device.units) / cand.pp
+            expert = min(expert, grads)
+            edp = expert_data_parallel(cand.fsdp, cand.ep)
+            return ring_collective_s((grads - expert) * scale, cand.fsdp, bw, lat) + (
+                ring_collective_s(expert * scale, edp, bw, 0.0)
+            )
+        return ring_collective_s(grads * scale, cand.fsdp, bw, lat)
+
+    one = collective_s(1.0)
+    one_grads = one if f == 1.0 else collective_s(f)
+    unhidden = {"none": 2 * one_grads, "optimizer": one_grads + one, "gradients": one,
                 "parameters": 0.0}  # fmt: skip
     if topology.grad_reduce_overlap:  # the reductions may all hide behind the backward
         unhidden["none"] = unhidden["optimizer"] = 0.0

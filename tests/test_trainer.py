@@ -170,6 +170,13 @@ def test_fp32_gradient_reduction_moves_4_bytes_per_gradient_element() -> None:
     top = Topology(8, 450e9, 50e9, grad_reduce_fp32=True)
     assert top.grad_bytes_factor(2) == 2.0 and top.grad_bytes_factor(4) == 1.0
     assert Topology(8, 450e9, 50e9).grad_bytes_factor(2) == 1.0
+    # the mesh search's proven lower bound stays below every searched mesh's step with it
+    free = dataclasses.replace(
+        _mesh(shard="auto", grad_reduce_fp32=True), tensor_parallel="auto", data_parallel="auto"
+    )
+    search = plan(p, free)
+    rows = [r for r in search.mesh.candidates if r.searched and r.step_s is not None]
+    assert rows and all(r.lower_bound_s <= r.step_s * (1 + 1e-9) for r in rows)
     # the gradients' streamed reduce-scatter (ZeRO-3) grows, never shrinks
     fsdp = plan(p, _mesh(shard="parameters"))
     fsdp32 = plan(p, _mesh(shard="parameters", grad_reduce_fp32=True))
