@@ -146,6 +146,13 @@ class Run:
     fsdp_under_pp: bool = False
     """torchtitan's FSDP2 with pipeline parallelism: parameters and gradients stay unsharded
     across micro-batches (``reshard_after_forward=False``)."""
+    grad_reduce_fp32: bool = False
+    """Gradients reduced in fp32 over the data-parallel group: torchtitan's FSDP2 mixed
+    precision (``mixed_precision_reduce = "float32"``, the only choice its 9dec370 config
+    manager offers), Megatron-LM with ``--bf16`` (``arguments.py`` turns
+    ``--accumulate-allreduce-grads-in-fp32`` on for bfloat16), the Llama 3 paper's FSDP
+    (section 3.3.2: gradients reduce-scattered in FP32). False where the run reduced in its
+    16-bit dtype (SC21's fp16 Megatron) or the source does not say (BLOOM)."""
     cp: int = 1
     """Context-parallel degree."""
     published_memory_gib: float | None = None
@@ -254,13 +261,15 @@ def _runs() -> list[Run]:
             published_memory_gib=mem,
         ))  # fmt: skip
     # Table 5: Llama 3.1 405B, 512 GPUs, FSDP 8 x TP 8 x PP 8, local batch 32 (global 256),
-    # full AC, compile, Float8, async TP; micro-batch 1 (torchtitan's 405B config).
+    # full AC, compile, Float8, async TP. Micro-batches not in the table: torchtitan's default,
+    # as many as the PP degree (9dec370, torchtitan/parallelisms/pipelining_utils.py:
+    # ``n_microbatches = ... or pipeline_parallel_degree``), so M = 8 of 4 sequences.
     for sched, v, tps, mem in (("1f1b", 1, 100, 82.5), ("interleaved-1f1b", 2, 128, 72.7)):
         out.append(Run(
             key=f"tt-405b-512gpu-{sched}",
             source=f"{TT}, Table 5, row {'1F1B' if v == 1 else 'Interleaved 1F1B'}",
             arch=LLAMA31_405B, seq=8192, gpu=H100_96, gpus=512, tp=8, pp=8, dp=8,
-            global_batch=256, microbatch=1, shard="parameters", recompute="full",
+            global_batch=256, microbatch=32 // 8, shard="parameters", recompute="full",
             precision="fp8", compiled=True, tp_overlap=True, fsdp_under_pp=True,
             schedule=sched, virtual_stages=v, published_tokens_per_gpu_s=tps,
             published_memory_gib=mem,
@@ -354,7 +363,14 @@ def _runs() -> list[Run]:
     return out
 
 
-RUNS: list[Run] = _runs()
+def _reduce_dtypes(runs: list[Run]) -> list[Run]:
+    """Each run's gradient reduction dtype as its trainer sets it (:attr:`Run.grad_reduce_fp32`):
+    fp32 for torchtitan, Megatron-Core (bf16) and the Llama 3 paper's runs."""
+    fp32 = ("tt-", "mcore-", "llama3-")
+    return [dataclasses.replace(r, grad_reduce_fp32=r.key.startswith(fp32)) for r in runs]
+
+
+RUNS: list[Run] = _reduce_dtypes(_runs())
 
 
 # ----- what autopipe can express -----
@@ -491,6 +507,41 @@ def _elementwise_elements(a: Arch, compiled: bool) -> float:
     return norms + residual + rope + act + drop
 
 
+TORCHTITAN_EAGER = (
+    "torchtitan 9dec370 (the benchmark's commit): torchtitan/models/norms.py RMSNorm, "
+    "torchtitan/models/llama/model.py apply_rotary_emb, repeat_kv, Attention.forward, "
+    "FeedForward.forward"
+)
+
+
+def torchtitan_eager_bytes(a: Arch) -> float:
+    """Bytes one Llama block's memory-bound ops move per token in forward, as torchtitan's
+    eager model code runs them (:data:`TORCHTITAN_EAGER`; ``norm_type = "rmsnorm"``, its 8B
+    config's), one kernel per op, each reading its inputs and writing its output:
+
+    - RMSNorm, ``(x.float() * rsqrt(x.float().pow(2).mean(-1) + eps)).type_as(x) * weight``:
+      the fp32 copy (read 2, write 4), ``pow`` (4 + 4), ``mean`` (4), the product (4 + 4), the
+      cast back (4 + 2), the weight (2 + 2): 36 bytes per element, two norms per block;
+    - the two residual adds, 2 + 2 read, 2 written;
+    - rotary embedding on q and k, in complex fp32: ``xq.float()`` (2 + 4), the complex
+      product (4 + 4), ``type_as`` (4 + 2): 20 bytes per element of q and k;
+    - ``repeat_kv`` (``expand`` then ``reshape``, a copy) of k and v to every query head: read
+      the ``kv`` elements, write ``h``, 2 bytes each;
+    - the attention output's ``transpose(1, 2).contiguous()``: 2 + 2 per element;
+    - SwiGLU, ``silu(w1(x)) * w3(x)``: ``silu`` (2 + 2) and the product (2 + 2 read, 2
+      written) per ``ffn`` element.
+
+    ``torch.compile`` fuses these (:func:`_elementwise_elements` with ``compiled``)."""
+    h, kv, f = a.hidden, a.kv_dim, a.ffn
+    norms = 2 * 36 * h
+    residual = 2 * (2 + 2 + 2) * h
+    rope = 20 * (h + kv)
+    repeat = 2 * BF16 * (kv + h) if kv < h else 0.0
+    out_copy = 2 * BF16 * h
+    swiglu = (2 + 2 + 2 + 2 + 2) * f
+    return norms + residual + rope + repeat + out_copy + swiglu
+
+
 def _block_activation_bytes(a: Arch, seq: int, flash: bool) -> float:
     """Bytes a block saves for backward per token (bf16), Korthikanti et al. (arXiv 2205.05198)
     counted for the architecture: attention norm input, QKV input, q/k/v, attention output
@@ -521,6 +572,7 @@ def transformer_profile(
     tp: int = 1,
     loss: str = "torch",
     attention_kernel: str = DEFAULT_KERNEL,
+    eager: str = "generic",
 ) -> Profile:
     """The Profile of ``a`` at ``batch_size`` sequences of ``seq`` tokens on ``spec``: units
     ``embed``, ``layers.0 .. layers.L-1``, ``head`` (final norm, output projection, loss).
@@ -546,7 +598,10 @@ def transformer_profile(
     (``cross_entropy(logits.float())``, torchtitan) or ``megatron`` (its fused vocab-parallel
     cross-entropy, in place). ``attention_kernel``: the flash-attention kernel family the trainer
     runs (``autopipe.core.attention``: ``fa2``, PyTorch SDPA's flash backend; ``cudnn``,
-    Transformer Engine's fused attention), priced at its published share of peak per direction."""
+    Transformer Engine's fused attention), priced at its published share of peak per direction.
+    ``eager``: whose unfused element-wise ops a block runs without ``compiled``: ``generic``
+    (:func:`_elementwise_elements`) or ``torchtitan`` (its Llama code, op by op:
+    :func:`torchtitan_eager_bytes`)."""
     price = pricing or pricing_for(spec)
     tokens = batch_size * seq
     h, v = a.hidden, a.vocab
@@ -558,6 +613,8 @@ def transformer_profile(
     attn_flops = 4 * seq * h * (0.5 if flash else 1.0)  # QK^T and AV; flash skips the masked half
     attn_bwd = 2.5 if flash else 2.0  # flash re-computes the scores in backward
     elem_bytes = BF16 * _elementwise_elements(a, compiled)
+    if eager == "torchtitan" and not compiled and a.gated:
+        elem_bytes = torchtitan_eager_bytes(a)
     softmax_bytes = 0.0 if flash else (2 + 2 + 2) * a.heads * seq * (1 if compiled else 2)
     fwd_mm = linear_flops / mm
     fwd_attn = attn_flops / mm
@@ -701,6 +758,7 @@ def profile_of(run: Run) -> Profile:
         gemm_tokens=(run.microbatch or 1) * run.seq, tp=run.tp,
         loss="torch" if run.key.startswith(("tt", "llama3")) else "megatron",
         attention_kernel=kernel_for_trainer(trainer_of(run)),
+        eager="torchtitan" if trainer_of(run) == "torchtitan" else "generic",
     )  # fmt: skip
 
 
@@ -743,6 +801,7 @@ def request_of(run: Run, **changes: object) -> PlanRequest:
         "tp_overlap_backward": trainer_of(run) != "torchtitan",
         "grad_reduce_overlap": run.grad_overlap,
         "reshard_after_forward": not run.fsdp_under_pp,
+        "grad_reduce_fp32": run.grad_reduce_fp32,
         "context_parallel": run.cp,
     }
     fields.update({k: v for k, v in options.items() if k in have})

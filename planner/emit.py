@@ -266,7 +266,8 @@ def _megatron_trainer_args(plan: Plan, full_recompute: bool) -> list[str]:
     """Megatron's flags for the request's trainer options (planner/trainer.py):
     ``--fp8-format hybrid`` (FP8), ``--recompute-granularity selective`` (unless every chunk is
     fully re-computed), ``--tp-comm-overlap``, ``--overlap-grad-reduce`` (and
-    ``--overlap-param-gather`` with the distributed optimizer)."""
+    ``--overlap-param-gather`` with the distributed optimizer),
+    ``--accumulate-allreduce-grads-in-fp32`` (fp32 gradient reduction)."""
     r = plan.request
     if r is None:
         return []
@@ -281,6 +282,8 @@ def _megatron_trainer_args(plan: Plan, full_recompute: bool) -> list[str]:
         args.append("--overlap-grad-reduce")
         if plan.shard == "optimizer":
             args.append("--overlap-param-gather")
+    if r.grad_reduce_fp32 and plan.replicas > 1:
+        args.append("--accumulate-allreduce-grads-in-fp32")
     return args
 
 

@@ -46,6 +46,7 @@ from autopipe.planner.mesh_bound import (
     unit_bytes,
 )
 from autopipe.planner.mesh_costs import (
+    NCCL_NVLINK_EFFICIENCY,
     Topology,
     device_profile,
     gather_buffer_bytes,
@@ -305,18 +306,28 @@ def _unhidden_dp_s(device: Profile, cand: MeshCandidate, topology: Topology) -> 
     :func:`dp_exposed_s`). O(N)."""
     grads = sum(u.parameter_bytes for u in device.units) / cand.pp
     bw, lat = topology.dp_link(cand.tp, cand.fsdp)
-    if cand.ep > 1:
-        # expert shards are summed over fewer ranks (_dp_exposed_per_rank_s); their latency
-        # left out: a rank without MoE units pays none
-        size = max(int(device.bytes_per_parameter), 1)
-        expert = sum(expert_device_bytes(u, cand.tp, size) for u in device.units) / cand.pp
-        expert = min(expert, grads)
-        edp = expert_data_parallel(cand.fsdp, cand.ep)
-        one = ring_collective_s(grads - expert, cand.fsdp, bw, lat)
-        one += ring_collective_s(expert, edp, bw, 0.0)
-    else:
-        one = ring_collective_s(grads, cand.fsdp, bw, lat)
-    unhidden = {"none": 2 * one, "optimizer": 2 * one, "gradients": one, "parameters": 0.0}
+    size = max(int(device.bytes_per_parameter), 1)
+    # fp32 gradient reduction: the gradients' collectives carry ``f`` times the parameters'
+    # bytes (the latency per ring step unchanged), the parameter gathers their own
+    f = topology.grad_bytes_factor(size)
+
+    def collective_s(scale: float) -> float:
+        """One collective of the average rank's parameters at ``scale`` bytes per byte."""
+        if cand.ep > 1:
+            # expert shards are summed over fewer ranks (_dp_exposed_per_rank_s); their
+            # latency left out: a rank without MoE units pays none
+            expert = sum(expert_device_bytes(u, cand.tp, size) for u in device.units) / cand.pp
+            expert = min(expert, grads)
+            edp = expert_data_parallel(cand.fsdp, cand.ep)
+            return ring_collective_s((grads - expert) * scale, cand.fsdp, bw, lat) + (
+                ring_collective_s(expert * scale, edp, bw, 0.0)
+            )
+        return ring_collective_s(grads * scale, cand.fsdp, bw, lat)
+
+    one = collective_s(1.0)
+    one_grads = one if f == 1.0 else collective_s(f)
+    unhidden = {"none": 2 * one_grads, "optimizer": one_grads + one, "gradients": one,
+                "parameters": 0.0}  # fmt: skip
     if topology.grad_reduce_overlap:  # the reductions may all hide behind the backward
         unhidden["none"] = unhidden["optimizer"] = 0.0
     return unhidden[cand.shard]
@@ -455,29 +466,49 @@ def _dp_exposed_per_rank_s(
             ring_collective_s(expert, edp, bw, lat)
         )
 
+    # the gradients' collectives in the reduce dtype (fp32 with grad_reduce_fp32), the
+    # parameters' gathers in their own
+    factor = topology.grad_bytes_factor(size)
+
+    def grad_unit_s(u: UnitProfile) -> float:
+        """One collective of ``u``'s gradients: :func:`unit_s` at the reduce dtype's bytes."""
+        if factor == 1.0:
+            return unit_s(u)
+        if edp == cand.fsdp:
+            return ring_collective_s(u.parameter_bytes * factor, cand.fsdp, bw, lat)
+        expert = min(expert_device_bytes(u, cand.tp, size), float(u.parameter_bytes))
+        return ring_collective_s((u.parameter_bytes - expert) * factor, cand.fsdp, bw, lat) + (
+            ring_collective_s(expert * factor, edp, bw, lat)
+        )
+
+    def whole_s(mine: list[UnitProfile], scale: float) -> float:
+        """One collective of all of ``mine``'s parameters (``scale``: bytes per byte)."""
+        if edp == cand.fsdp:
+            total = sum(u.parameter_bytes for u in mine) * scale
+            return ring_collective_s(total, cand.fsdp, bw, lat)
+        expert = sum(min(expert_device_bytes(u, cand.tp, size), u.parameter_bytes) for u in mine)
+        dense = sum(u.parameter_bytes for u in mine) - expert
+        return ring_collective_s(dense * scale, cand.fsdp, bw, lat) + ring_collective_s(
+            expert * scale, edp, bw, lat
+        )
+
     units = {u.name: u for u in device.units}
     worst = 0.0
     streamed = cand.shard in ("gradients", "parameters") or topology.grad_reduce_overlap
     once = cand.shard == "parameters" and not topology.reshard_after_forward
     for names in per_rank.values():
         mine = [units[x] for x in names]
-        if edp == cand.fsdp:
-            whole = ring_collective_s(sum(u.parameter_bytes for u in mine), cand.fsdp, bw, lat)
-        else:
-            expert = sum(
-                min(expert_device_bytes(u, cand.tp, size), u.parameter_bytes) for u in mine
-            )
-            dense = sum(u.parameter_bytes for u in mine) - expert
-            whole = ring_collective_s(dense, cand.fsdp, bw, lat) + ring_collective_s(
-                expert, edp, bw, lat
-            )
+        whole = whole_s(mine, 1.0)
         if not streamed:
-            worst = max(worst, 2 * whole)
+            # ``none``: an all-reduce of the gradients (both passes in the reduce dtype);
+            # ``optimizer``: a reduce-scatter of them and a gather of the parameters
+            grads = whole_s(mine, factor)
+            worst = max(worst, 2 * grads if cand.shard == "none" else grads + whole)
             continue
         # an all-reduce (``none``) is a reduce-scatter and an all-gather: twice the volume
         passes = 2 if cand.shard == "none" else 1
         exposed = _streamed_exposed_s(
-            mine[::-1], b, device.batch_size, unit_s, passes, backward=True,
+            mine[::-1], b, device.batch_size, grad_unit_s, passes, backward=True,
             loss=topology.overlap_compute_loss,
         )  # fmt: skip
         if cand.shard == "gradients" or (cand.shard == "optimizer" and not once):
@@ -703,6 +734,10 @@ def _topology(request: PlanRequest, n: int, template: Device) -> Topology:
     overlap_loss = 0.0
     if is_catalog_device(template.name):  # per ring step of a collective (catalog.py)
         spec = get_device(template.name)
+        if intra == spec.link_bandwidth_bytes_per_s:  # the datasheet's line rate: NCCL's share
+            intra *= NCCL_NVLINK_EFFICIENCY.get(spec.name, (1.0, ""))[0]
+            if request.inter_node_bandwidth_bytes_per_s is None:
+                inter = intra
         overlap_loss = spec.overlap_compute_loss
         intra_lat = max(intra_lat, spec.collective_latency_s)
         inter_lat = max(inter_lat, spec.inter_node_collective_latency_s)
@@ -712,6 +747,7 @@ def _topology(request: PlanRequest, n: int, template: Device) -> Topology:
         tp_overlap_backward=request.tp_overlap_backward,
         grad_reduce_overlap=request.grad_reduce_overlap,
         reshard_after_forward=request.reshard_after_forward,
+        grad_reduce_fp32=request.grad_reduce_fp32,
         overlap_compute_loss=overlap_loss,
     )  # fmt: skip
 

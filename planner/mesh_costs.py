@@ -27,6 +27,7 @@ from autopipe.core.profile import Profile, UnitProfile
 from autopipe.core.vocabulary import SHARD_MODES
 
 __all__ = [
+    "NCCL_NVLINK_EFFICIENCY",
     "REDUCE_BYTES",
     "Topology",
     "device_profile",
@@ -39,6 +40,25 @@ __all__ = [
     "transient_bytes",
     "unit_device_parameter_bytes",
 ]
+
+
+_NCCL_212 = (
+    "https://github.com/NVIDIA/nccl-tests/issues/212 (NCCL's maintainer: '450GB/s is the line "
+    "rate. With the protocol overhead (~20%) NCCL can get an effective NVLink bandwidth of "
+    "370GB/s, which you can observe as BusBw when running non-allreduce operations')"
+)
+NCCL_NVLINK_EFFICIENCY: dict[str, tuple[float, str]] = {
+    # NVLink 4 (Hopper): NCCL's protocol overhead on the 450 GB/s line rate; the H800's and the
+    # 500 W H100's NVLink 4 take the same overhead on their own line rate
+    "H100-SXM-80GB": (370 / 450, _NCCL_212),
+    "H800-SXM-80GB": (370 / 450, _NCCL_212),
+    "H200-141GB": (370 / 450, _NCCL_212),
+    "H100-96GB-HBM2e-500W": (370 / 450, _NCCL_212),
+}
+"""Per catalog GPU: (share of the NVLink line rate NCCL's collectives and sends reach, source).
+The catalog's link figure is the datasheet's line rate; NCCL moves data in its own protocol
+(headers, flags), so a ring all-gather or reduce-scatter's bus bandwidth stays below it. A GPU
+without a row (A100, PCIe parts: no such statement found) is priced at the line rate."""
 
 
 @dataclass(frozen=True)
@@ -64,6 +84,8 @@ class Topology:
     """Unsharded gradients are reduced during the backward (``PlanRequest.grad_reduce_overlap``)."""
     reshard_after_forward: bool = True
     """``parameters`` sharding gathers per micro-batch (True) or once per step (False)."""
+    grad_reduce_fp32: bool = False
+    """Gradients are reduced in fp32 (``PlanRequest.grad_reduce_fp32``)."""
     overlap_compute_loss: float = 0.0
     """Share of a hidden collective's seconds that the compute it overlaps loses (NCCL's
     kernels occupy SMs and memory bandwidth): a collective hidden behind compute is not
@@ -74,6 +96,14 @@ class Topology:
         outlasts the compute, plus ``overlap_compute_loss`` of the part hidden behind it."""
         hidden = min(comm_s, compute_s)
         return max(0.0, comm_s - compute_s) + self.overlap_compute_loss * hidden
+
+    def grad_bytes_factor(self, parameter_size_bytes: int) -> float:
+        """Bytes a gradient reduction moves per byte of the parameters it reduces: with
+        ``grad_reduce_fp32`` the gradients travel in fp32 (:data:`REDUCE_BYTES` per element),
+        else in the parameters' own dtype (1)."""
+        if not self.grad_reduce_fp32 or parameter_size_bytes >= REDUCE_BYTES:
+            return 1.0
+        return REDUCE_BYTES / max(parameter_size_bytes, 1)
 
     def dp_crosses_nodes(self, tp: int, dp: int) -> bool:
         """Whether a data-parallel group (``dp`` ranks ``tp`` apart) spans more than one node."""

@@ -15,12 +15,13 @@ from autopipe.core.attention import (
     kernel_for_trainer,
 )
 from autopipe.core.catalog import get_device
-from autopipe.core.gemm import gemm_ceiling
+from autopipe.core.gemm import gemm_ceiling, mamf_ceiling, sustained_fraction
 
 
 def test_every_figure_is_sourced_and_below_the_gemm_ceiling() -> None:
-    """A fused attention kernel never beats the GPU's best plain GEMM (A100 0.869, H100 0.803):
-    each tabled figure has a source and lies in (0, ceiling]."""
+    """A fused attention kernel never beats the GPU's best plain GEMM at the same clock (burst:
+    A100 0.869, H100 0.803): each tabled figure has a source and lies in (0, ceiling]; a run
+    gets it at the clock the GPU sustains (H100: x 698.6 / 823.9), like the GEMMs."""
     for gpu, kernels in ATTENTION_EFFICIENCY.items():
         spec = get_device(gpu)
         for kernel, row in kernels.items():
@@ -28,19 +29,24 @@ def test_every_figure_is_sourced_and_below_the_gemm_ceiling() -> None:
             for direction in ("forward", "backward"):
                 value, source = row[direction]
                 assert source.strip(), (gpu, kernel, direction)
-                assert 0 < value <= gemm_ceiling(spec), (gpu, kernel, direction)
-                assert attention_efficiency(spec, kernel, direction) == value
+                assert 0 < value <= mamf_ceiling(spec), (gpu, kernel, direction)
+                assert attention_efficiency(spec, kernel, direction) == pytest.approx(
+                    value * sustained_fraction(spec)
+                )
+                assert attention_efficiency(spec, kernel, direction) <= gemm_ceiling(spec)
 
 
 def test_published_figures_per_gpu_and_kernel() -> None:
     """FlashAttention-2 on A100: 73% forward, 63% backward (FA2 paper); on H100 35% (FA3
-    paper); cuDNN on H100 at FlashAttention-3's 75% forward, 1.5 x 0.35 backward."""
+    paper); cuDNN on H100 at FlashAttention-3's 75% forward, 1.5 x 0.35 backward; the H100's
+    at its sustained clock (MSMF / MAMF 698.6 / 823.9), the A100's as published (no MSMF)."""
     a100, h100 = get_device("A100-80GB"), get_device("H100-SXM-80GB")
+    hopper = 698.6 / 823.9
     assert attention_efficiency(a100, "fa2", "forward") == pytest.approx(0.73)
     assert attention_efficiency(a100, "fa2", "backward") == pytest.approx(0.63)
-    assert attention_efficiency(h100, "fa2", "forward") == pytest.approx(0.35)
-    assert attention_efficiency(h100, "cudnn", "forward") == pytest.approx(0.75)
-    assert attention_efficiency(h100, "cudnn", "backward") == pytest.approx(0.525)
+    assert attention_efficiency(h100, "fa2", "forward") == pytest.approx(0.35 * hopper)
+    assert attention_efficiency(h100, "cudnn", "forward") == pytest.approx(0.75 * hopper)
+    assert attention_efficiency(h100, "cudnn", "backward") == pytest.approx(0.525 * hopper)
 
 
 def test_untabled_gpu_kernel_or_calibrated_spec_falls_back_to_the_gemm_ceiling() -> None:

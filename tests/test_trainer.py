@@ -57,9 +57,12 @@ def test_fp8_prices_the_linear_flops_at_the_fp8_peak() -> None:
     out = trainer_profile(p, PlanRequest(precision="fp8"))
     spec = get_device("H100-SXM-80GB")
     # each dtype at the H100's published matmul ceiling (autopipe.core.gemm): BF16 794.5 of
-    # 989 TFLOP/s, FP8 1402.6 of 1979
+    # 989 TFLOP/s, FP8 1402.6 of 1979, both at the sustained clock (MSMF / MAMF 698.6 / 823.9)
     assert spec.name == "H100-SXM-80GB"
-    saving = 5e12 / (989.4e12 * 794.5 / 989) - 5e12 / (1979e12 * 1402.6 / 1979)
+    sustained = 698.6 / 823.9
+    saving = 5e12 / (989.4e12 * 794.5 / 989 * sustained) - 5e12 / (
+        1979e12 * 1402.6 / 1979 * sustained
+    )
     assert out.units[0].forward_s == pytest.approx(1e-2 - saving)
     assert out.units[0].backward_s == pytest.approx(2e-2 - 2 * saving)
     assert trainer_profile(p, PlanRequest()) is p
@@ -143,6 +146,43 @@ def test_overlapped_gradient_reduction_exposes_less_and_reserve_adds_memory() ->
     assert reserved.mesh.peak_bytes == plain.mesh.peak_bytes + 3 * 2**30
 
 
+def test_fp32_gradient_reduction_moves_4_bytes_per_gradient_element() -> None:
+    """Megatron's --accumulate-allreduce-grads-in-fp32 / FSDP2's reduce_dtype=float32: the
+    gradients' collectives carry 4 bytes per element of bf16 parameters, the parameter gathers
+    stay at 2. By hand for 16 H100s, PP 2 x D 8 in one node (NVLink at NCCL's 370 GB/s, 5 us a
+    ring step): each rank reduces 4 units x 2e8 bytes; ZeRO-1 reduce-scatters the gradients and
+    gathers the parameters after the drain, plain DP all-reduces the gradients (two passes)."""
+    p = _profile()
+    spec = get_device("H100-SXM-80GB")
+    bw, lat = 370e9, spec.collective_latency_s
+    grads = 4 * 2e8
+
+    def ring(nbytes: float) -> float:
+        return 7 / 8 * nbytes / bw + 7 * lat
+
+    bf16 = plan(p, _mesh())
+    fp32 = plan(p, _mesh(grad_reduce_fp32=True))
+    assert bf16.allreduce_s == pytest.approx(2 * ring(grads))
+    assert fp32.allreduce_s == pytest.approx(ring(2 * grads) + ring(grads))
+    plain = plan(p, _mesh(shard="none", grad_reduce_fp32=True))
+    assert plain.allreduce_s == pytest.approx(2 * ring(2 * grads))
+    # fp32 parameters reduce in their own dtype: nothing moves more
+    top = Topology(8, 450e9, 50e9, grad_reduce_fp32=True)
+    assert top.grad_bytes_factor(2) == 2.0 and top.grad_bytes_factor(4) == 1.0
+    assert Topology(8, 450e9, 50e9).grad_bytes_factor(2) == 1.0
+    # the mesh search's proven lower bound stays below every searched mesh's step with it
+    free = dataclasses.replace(
+        _mesh(shard="auto", grad_reduce_fp32=True), tensor_parallel="auto", data_parallel="auto"
+    )
+    search = plan(p, free)
+    rows = [r for r in search.mesh.candidates if r.searched and r.step_s is not None]
+    assert rows and all(r.lower_bound_s <= r.step_s * (1 + 1e-9) for r in rows)
+    # the gradients' streamed reduce-scatter (ZeRO-3) grows, never shrinks
+    fsdp = plan(p, _mesh(shard="parameters"))
+    fsdp32 = plan(p, _mesh(shard="parameters", grad_reduce_fp32=True))
+    assert fsdp32.iteration_time_s >= fsdp.iteration_time_s
+
+
 def test_reshard_after_forward_false_gathers_once_per_step() -> None:
     p = _profile()
     per_mb = plan(p, _mesh(shard="parameters"))
@@ -168,12 +208,14 @@ def test_the_cli_flags_reach_the_request(
              "--precision", "fp8",
              "--selective-recompute", "--no-sequence-parallel", "--tp-comm-overlap",
              "--overlap-grad-reduce", "--no-reshard-after-forward", "--memory-reserve", "2GiB",
+             "--grad-reduce-fp32",
              "--json", str(out), "-q"]  # fmt: skip
     assert main(flags) == 0, capsys.readouterr().err
     request = load_plan(out).request
     assert request.precision == "fp8" and request.selective_recompute
     assert not request.sequence_parallel and request.tp_comm_overlap
     assert request.grad_reduce_overlap and not request.reshard_after_forward
+    assert request.grad_reduce_fp32
     assert request.memory_reserve_bytes == 2 * 2**30
     with pytest.raises(SystemExit) as bad:
         main(["plan", str(path), "--gpus", "2", "--precision", "int8"])
@@ -211,3 +253,29 @@ def test_emit_keys_for_the_trainer_options() -> None:
         "--recompute-granularity", "selective", "--overlap-grad-reduce", "--overlap-param-gather",
     ]  # fmt: skip
     assert _megatron_trainer_args(z1, True) == ["--overlap-grad-reduce", "--overlap-param-gather"]
+    fp32 = plan(_profile(), _mesh(grad_reduce_fp32=True))
+    assert _megatron_trainer_args(fp32, True) == ["--accumulate-allreduce-grads-in-fp32"]
+
+
+def test_nvlink_collectives_run_at_nccls_share_of_the_line_rate() -> None:
+    """The catalog's NVLink figure is the line rate (H100: 450 GB/s per direction); NCCL's
+    protocol overhead leaves 370 GB/s of bus bandwidth for all-gathers and reduce-scatters
+    (NVIDIA/nccl-tests#212), so a mesh's links inside a node are priced at 370 GB/s on the
+    Hopper GPUs; an A100 (no such figure) and a link the user gave keep theirs."""
+    from autopipe.planner.mesh import _topology
+    from autopipe.planner.mesh_costs import NCCL_NVLINK_EFFICIENCY
+
+    h100 = Device.from_spec("h100")
+    top = _topology(_mesh(), 16, h100)
+    assert top.intra_bandwidth_bytes_per_s == pytest.approx(370e9)
+    assert top.inter_bandwidth_bytes_per_s == 50e9  # the request's inter-node figure
+    one_node = _topology(
+        dataclasses.replace(_mesh(), inter_node_bandwidth_bytes_per_s=None), 8, h100
+    )
+    assert one_node.inter_bandwidth_bytes_per_s == pytest.approx(370e9)
+    a100 = Device.from_spec("a100")
+    assert _topology(_mesh(), 16, a100).intra_bandwidth_bytes_per_s == 300e9
+    custom = dataclasses.replace(h100, link_bandwidth_bytes_per_s=200e9)
+    assert _topology(_mesh(), 16, custom).intra_bandwidth_bytes_per_s == 200e9
+    for fraction, source in NCCL_NVLINK_EFFICIENCY.values():
+        assert 0 < fraction <= 1 and "nccl" in source

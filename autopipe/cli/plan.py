@@ -219,6 +219,12 @@ def _add_trainer_flags(p: argparse.ArgumentParser) -> None:
         help="reduce unsharded gradients during the backward (Megatron --overlap-grad-reduce)",
     )
     p.add_argument(
+        "--grad-reduce-fp32",
+        action="store_true",
+        help="reduce gradients in fp32 (Megatron --accumulate-allreduce-grads-in-fp32, "
+        "FSDP2 reduce_dtype=float32)",
+    )
+    p.add_argument(
         "--no-reshard-after-forward",
         action="store_true",
         help="--shard parameters as FSDP2 runs under pipeline parallelism: gathered once "
@@ -329,6 +335,7 @@ def _placement(args: argparse.Namespace, devices: DeviceTarget) -> Placement:
         sequence_parallel=not args.no_sequence_parallel,
         tp_comm_overlap=args.tp_comm_overlap,
         grad_reduce_overlap=args.overlap_grad_reduce,
+        grad_reduce_fp32=args.grad_reduce_fp32,
         reshard_after_forward=not args.no_reshard_after_forward,
         memory_reserve_bytes=int(args.memory_reserve or 0),
         context_parallel=args.context_parallel or 1,

@@ -4,7 +4,7 @@
 One flat ``compute_efficiency`` for every GPU and every shape misprices both ends: an A100
 sustains a larger share of its peak than an H100, an MI300X a much smaller one, and a thin GEMM
 (a TP-split projection, a small micro-batch) neither fills the GPU nor stays compute-bound.
-The model here has three parts, each a published figure or a datasheet figure, none fitted to
+The model here has four parts, each a published figure or a datasheet figure, none fitted to
 the runs of ``benchmarks/published_runs.py``:
 
 1. **Ceiling** (:data:`MAMF_FRACTION`): the Maximum Achievable Matmul FLOP/s over the
@@ -23,9 +23,19 @@ the runs of ``benchmarks/published_runs.py``:
    ``(m k + k n + m n)`` elements; when that takes longer at the GPU's bandwidth times its
    memory efficiency than the math, the GEMM is memory-bound.
 
-``efficiency = 2 m n k / (peak x max(compute_s, memory_s))``: at most the ceiling, rising
-(never falling) with each of ``m``, ``n``, ``k``. A GPU without a published measurement has
-its ``compute_efficiency`` (0.7, an assumption) as its ceiling; a spec whose
+4. **Sustained clock** (:data:`SUSTAINED_FRACTION`): a training step is one long run at the
+   board's power limit, and there the SM clock settles below the boost clock a short MAMF
+   burst runs at. Bekman's benchmark measures both on the same GPU: the Maximum *Sustainable*
+   Matmul FLOP/s (MSMF, after a thermal soak, the clock at the power-saturated floor) beside
+   the MAMF (a burst at boost). Their ratio scales the ceiling where it was measured
+   (H200 bf16, every GPU of the node computing: MSMF 698.6 of MAMF 823.9 TFLOP/s, 0.848;
+   the H100 SXM, H800 and torchtitan's 500 W H100 are the same Hopper compute). Where no
+   MSMF was published (A100) the MAMF stands, and the MI300X's MAMF is already at its cap
+   (it "hits its 750 W cap within one BF16 kernel": no boost burst to correct).
+
+``efficiency = 2 m n k / (peak x max(compute_s, memory_s))``: at most the ceiling (MAMF x
+the sustained fraction), rising (never falling) with each of ``m``, ``n``, ``k``. A GPU
+without a published measurement has its ``compute_efficiency`` (0.7, an assumption) as its ceiling; a spec whose
 ``compute_efficiency`` was set (``--efficiency``, a calibration) has that as its ceiling, the
 shape effects kept; a GPU without a recorded SM count (a spec file's, a calibrated copy) is
 priced flat at its ceiling for every shape, as before this model.
@@ -38,11 +48,14 @@ from autopipe.core.catalog import DEFAULT_COMPUTE_EFFICIENCY, DeviceSpec, normal
 __all__ = [
     "MAMF_FRACTION",
     "SM_COUNT",
+    "SUSTAINED_FRACTION",
     "TILE",
     "gemm_ceiling",
     "gemm_compute_s",
     "gemm_efficiency",
     "gemm_s",
+    "mamf_ceiling",
+    "sustained_fraction",
 ]
 
 _BEKMAN = (
@@ -80,6 +93,27 @@ MAMF_FRACTION: dict[str, dict[str, tuple[float, str]]] = {
 }
 """Per catalog GPU and dtype: (MAMF / datasheet peak, source). float16 reads bfloat16's row."""
 
+_MSMF = (
+    "https://github.com/stas00/ml-engineering/blob/master/compute/accelerator/benchmarks/"
+    "README.md (section 'What we measured: alone vs all-8 concurrent', H200 bf16, all 8 GPUs"
+    " x 5 rounds: MSMF 698.6, MAMF 823.9 TFLOP/s)"
+)
+_HOPPER_SUSTAINED = (698.6 / 823.9, _MSMF)
+SUSTAINED_FRACTION: dict[str, tuple[float, str]] = {
+    # MSMF / MAMF measured together on one H200 node under full load; the H100 SXM, H800 and
+    # the 500 W H100 are the same Hopper die and clocks (MAMF_FRACTION's rows say the same).
+    # The 500 W part's lower power limit would settle its clock lower still: not measured,
+    # not applied.
+    "H200-141GB": _HOPPER_SUSTAINED,
+    "H100-SXM-80GB": _HOPPER_SUSTAINED,
+    "H800-SXM-80GB": _HOPPER_SUSTAINED,
+    "H100-96GB-HBM2e-500W": _HOPPER_SUSTAINED,
+}
+"""Per catalog GPU: (sustained over burst matmul FLOP/s, MSMF / MAMF, source). The share of its
+burst ceiling a GEMM keeps once the GPU runs at its power limit, as a training run does. A GPU
+without a row keeps its MAMF (no measurement: A100, H100 PCIe; or no burst above the power cap:
+MI300X, whose MAMF the same benchmark notes is taken at its 750 W cap)."""
+
 SM_COUNT: dict[str, int] = {
     # NVIDIA's architecture whitepapers (A100: 108 SMs; H100 SXM5: 132, PCIe: 114; H800 and
     # H200 as H100 SXM5) and AMD's MI300X data sheet (304 compute units).
@@ -104,13 +138,34 @@ def _dtype_key(dtype: str) -> str:
     return "bfloat16" if key == "float16" else key
 
 
-def gemm_ceiling(spec: DeviceSpec, dtype: str = "bfloat16") -> float:
-    """The most of ``spec``'s ``dtype`` peak any GEMM reaches: its published MAMF fraction, or
-    its flat ``compute_efficiency`` where none is published (or the spec's efficiency was set)."""
+def mamf_ceiling(spec: DeviceSpec, dtype: str = "bfloat16") -> float:
+    """The most of ``spec``'s ``dtype`` peak any GEMM reaches in a short burst at the boost
+    clock: its published MAMF fraction, or its flat ``compute_efficiency`` where none is
+    published (or the spec's efficiency was set)."""
     if spec.compute_efficiency != DEFAULT_COMPUTE_EFFICIENCY:
         return spec.compute_efficiency
     row = MAMF_FRACTION.get(spec.name, {})
     return row[_dtype_key(dtype)][0] if _dtype_key(dtype) in row else spec.compute_efficiency
+
+
+def sustained_fraction(spec: DeviceSpec) -> float:
+    """The share of its boost-clock throughput ``spec`` keeps at its power limit
+    (:data:`SUSTAINED_FRACTION`; 1 where none is published)."""
+    return SUSTAINED_FRACTION.get(spec.name, (1.0, ""))[0]
+
+
+def gemm_ceiling(spec: DeviceSpec, dtype: str = "bfloat16") -> float:
+    """The most of ``spec``'s ``dtype`` peak any GEMM of a training run reaches: the burst
+    ceiling (:func:`mamf_ceiling`) at the clock the GPU sustains at its power limit
+    (:data:`SUSTAINED_FRACTION`; every dtype, the clock being the die's). A spec whose
+    efficiency was set (calibration) and a GPU without a published MAMF keep their
+    ``compute_efficiency`` as is."""
+    ceiling = mamf_ceiling(spec, dtype)
+    if spec.compute_efficiency != DEFAULT_COMPUTE_EFFICIENCY:
+        return ceiling
+    if _dtype_key(dtype) not in MAMF_FRACTION.get(spec.name, {}):
+        return ceiling
+    return ceiling * sustained_fraction(spec)
 
 
 def gemm_compute_s(

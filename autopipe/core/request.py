@@ -127,6 +127,13 @@ class PlanRequest:
     gradients bucket by bucket during the last micro-batch's backward (Megatron's
     ``--overlap-grad-reduce``), and with ``optimizer`` gather the updated parameters behind
     the first forward (``--overlap-param-gather``)."""
+    grad_reduce_fp32: bool = False
+    """The data-parallel gradient reduction (all-reduce or reduce-scatter) carries fp32
+    gradients, 4 bytes per element, whatever the parameters' dtype: Megatron-LM's
+    ``--accumulate-allreduce-grads-in-fp32`` (which ``--bf16`` turns on), FSDP2's
+    ``MixedPrecisionPolicy(reduce_dtype=torch.float32)`` (torchtitan's default
+    ``mixed_precision_reduce = "float32"``). The parameter gathers keep the parameters'
+    dtype (docs/cost-model.md)."""
     reshard_after_forward: bool = True
     """``shard="parameters"``: False keeps the gathered parameters and the unsharded
     gradients across the micro-batches of a step, as torchtitan runs FSDP2 under pipeline
