@@ -3,10 +3,10 @@
 The slow tests run 4 gloo processes on the CPU: PP 2 x TP 2, PP 2 x FSDP2 2 (shard
 parameters), TP 2 x FSDP2 2, PP 2 x D 2 and TP 2 x D 2 with ZeRO-1 (shard optimizer, SGD with
 momentum so that there is optimizer state to shard; under TP over the DTensors' local
-tensors), PP 2 x D 2 with shard gradients (FSDP2 without
-resharding after forward) and PP 2 x FSDP2 2 under interleaved 1F1B (two chunks per
-rank), each on a tiny Hugging Face Llama (its own ``base_model_tp_plan``) and on
-examples/gpt.py (its ``tp_plan()``) (tests/mesh_models.py). Every run trains 3 steps;
+tensors), PP 2 x D 2 with shard gradients (FSDP2 without resharding after forward) and
+PP 2 x FSDP2 2 under interleaved 1F1B (two chunks per rank), each on a tiny Hugging Face
+Llama (its own ``base_model_tp_plan``) and on examples/gpt.py (its ``tp_plan()``)
+(tests/mesh_models.py). Every run trains 3 steps;
 its losses, and every parameter of its ``--save`` checkpoint loaded into the plain
 (unsharded) model with ``torch.distributed.checkpoint.load``, equal one process training
 the plain model on the global batch (rtol 1e-4, atol 1e-5). TP runs with sequence
