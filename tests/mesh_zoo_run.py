@@ -133,6 +133,13 @@ EXPERT_MESHES: dict[str, dict[str, Any]] = {
         "expert_parallel": 2,
         "schedule": "1f1b",
     },
+    "d2ep2tp2zero1": {
+        "tensor_parallel": 2,
+        "data_parallel": 2,
+        "expert_parallel": 2,
+        "shard": "optimizer",
+        "schedule": "1f1b",
+    },
     "d2ep2tp2fsdp": {
         "tensor_parallel": 2,
         "data_parallel": 2,

@@ -1,11 +1,12 @@
 """``autopipe run`` on a (pp, dp, tp) device mesh.
 
 The slow tests run 4 gloo processes on the CPU: PP 2 x TP 2, PP 2 x FSDP2 2 (shard
-parameters), TP 2 x FSDP2 2, PP 2 x D 2 with ZeRO-1 (shard optimizer, SGD with momentum so
-that there is optimizer state to shard), PP 2 x D 2 with shard gradients (FSDP2 without
-resharding after forward) and PP 2 x FSDP2 2 under interleaved 1F1B (two chunks per
-rank), each on a tiny Hugging Face Llama (its own ``base_model_tp_plan``) and on
-examples/gpt.py (its ``tp_plan()``) (tests/mesh_models.py). Every run trains 3 steps;
+parameters), TP 2 x FSDP2 2, PP 2 x D 2 and TP 2 x D 2 with ZeRO-1 (shard optimizer, SGD with
+momentum so that there is optimizer state to shard; under TP over the DTensors' local
+tensors), PP 2 x D 2 with shard gradients (FSDP2 without resharding after forward) and
+PP 2 x FSDP2 2 under interleaved 1F1B (two chunks per rank), each on a tiny Hugging Face
+Llama (its own ``base_model_tp_plan``) and on examples/gpt.py (its ``tp_plan()``)
+(tests/mesh_models.py). Every run trains 3 steps;
 its losses, and every parameter of its ``--save`` checkpoint loaded into the plain
 (unsharded) model with ``torch.distributed.checkpoint.load``, equal one process training
 the plain model on the global batch (rtol 1e-4, atol 1e-5). TP runs with sequence
@@ -13,7 +14,7 @@ parallelism (runtime/distributed/sequence_parallel.py): under PP 2 x TP 2 the re
 stream crosses the cut as [b, s / 2, h]; the embedding is split by vocabulary where the
 plan says so (Llama's plan; GPT's with ``tok_emb`` added). A tiny Hugging Face Cohere
 (parallel attention and MLP) and post-norm blocks (tests/mesh_models.py) run PP 2 x TP 2
-too. All fifteen runs share one
+too. All seventeen runs share one
 torchrun launch (tests/zoo_run.py: each process imports torch and transformers once).
 ``pytest -s`` prints the largest differences.
 
@@ -54,6 +55,8 @@ MESHES: dict[str, dict[str, Any]] = {
     "pp2fsdp2": {"stages": 2, "replicas": 2, "shard": "parameters"},
     "tp2fsdp2": {"stages": 1, "tensor_parallel": 2, "replicas": 2, "shard": "parameters"},
     "pp2d2zero1": {"stages": 2, "replicas": 2, "shard": "optimizer"},
+    # ZeRO-1 of TP shards: ZeroRedundancyOptimizer over the DTensors' local tensors.
+    "tp2d2zero1": {"stages": 1, "tensor_parallel": 2, "replicas": 2, "shard": "optimizer"},
     "pp2d2zero2": {"stages": 2, "replicas": 2, "shard": "gradients"},
     # torchtitan's pairing: interleaved 1F1B, two chunks per rank, each chunk fully_shard-ed.
     "pp2v2fsdp2": {"stages": 2, "replicas": 2, "shard": "parameters", "virtual_stages": 2},
@@ -74,7 +77,7 @@ RUNS.append(("pp2tp2", "cohere"))
 # And post-norm blocks (BERT's order): a norm's output feeds the next block's split linear
 # and its residual, so it stays a shard there and the linear gathers it itself.
 RUNS.append(("pp2tp2", "postnorm"))
-OPTIMIZER = {"pp2d2zero1": "sgd-momentum"}
+OPTIMIZER = {"pp2d2zero1": "sgd-momentum", "tp2d2zero1": "sgd-momentum"}
 """The plan's optimizer where it is not plain SGD."""
 
 
@@ -209,7 +212,8 @@ def test_mesh_trains_like_one_process(mesh: str, model: str, mesh_runs: Path) ->
     want = tp * fsdp if vocab_split else fsdp
     assert saved_pieces(mesh_runs / f"{run}.ckpt", embedding) == want
     record = json.loads((mesh_runs / f"{run}.json").read_text())
-    assert record["optimizer"] == ("ZeroRedundancyOptimizer" if mesh == "pp2d2zero1" else "SGD")
+    kinds = {"pp2d2zero1": "ZeroRedundancyOptimizer", "tp2d2zero1": "LocalZeroOptimizer"}
+    assert record["optimizer"] == kinds.get(mesh, "SGD")
     if tp > 1 and MESHES[mesh]["stages"] > 1:
         # Sequence parallelism: the residual stream crosses the cut as one TP rank's share
         # of the sequence ([b, s / T, h]); the replicated values beside it (a mask, the
@@ -319,8 +323,8 @@ def test_mesh_plans_this_runtime_does_not_run_are_refused_in_one_line() -> None:
 
     tp = mesh_plan("gpt", "pp2tp2")
     check_mesh_plan(tp)  # runs
+    check_mesh_plan(dataclasses.replace(tp, shard="optimizer", replicas=2))  # ZeRO-1 of TP too
     refused = [
-        (dataclasses.replace(tp, shard="optimizer", replicas=2), (), "ZeroRedundancyOptimizer"),
         (dataclasses.replace(tp, schedule="zbv"), (), "splits the weight pass"),
         # TP-split and plain tied copies are kept equal across chunks; FSDP's are not.
         (

@@ -55,11 +55,14 @@ TP_CASES = {
     "mixtral:d2ep2tp2": ([[0, 1]] * 4, 2),
     "deepseek_v3:d2ep2tp2": ([[1]] * 4, 2),
     "qwen3_moe:d2ep2tp2fsdp": ([[0, 1]] * 4, 2),
+    "mixtral:d2ep2tp2zero1": ([[0, 1]] * 4, 2),
 }
 """Expert TP (each TP rank a slice of every expert's FFN; the mesh zoo runs every MoE family
 on every TP mesh, three of them in this file's launch too) and EP 2 x TP 2 (each rank half
 the experts, each sliced) -> (the MoE layers each rank holds, the experts it holds of each:
-4, or 2 under EP or under FSDP2, which shards dim 0 over D = 2). PP 2 cuts Mixtral after
+4, or 2 under EP or under FSDP2, which shards dim 0 over D = 2), and EP 2 x TP 2 with ZeRO-1
+(the TP-split dense parameters' optimizer state sharded over D on their local tensors,
+``LocalZeroOptimizer``). PP 2 cuts Mixtral after
 layer 0; DeepSeek-V3's interleaved chunks put its one MoE layer (layer 1) on ranks 0, 1."""
 SLICES = {"mixtral": 64, "qwen3_moe": 32, "deepseek_v3": 32}
 """Each family's expert intermediate size I: ``gate_up_proj`` is ``[E, 2 I, H]``."""
@@ -101,6 +104,8 @@ def test_expert_parallel_training_equals_one_process(tmp_path: Path) -> None:
         assert r["checkpoint_wrong"] == [[]] * 4, case
         for optimizer in ("sgd", "adamw"):
             assert r[optimizer]["max_relative"] < 1e-4, (case, optimizer)
+            if case.endswith("zero1"):
+                assert r[optimizer]["optimizer_class"] == ["ExpertZeroOptimizer"], case
     for case in CASES:
         r = results[case]
         assert r["outcome"] == "equal", (case, r.get("reason"), r.get("trace"))

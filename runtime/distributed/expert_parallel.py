@@ -230,9 +230,8 @@ class ExpertZeroOptimizer:
     - The expert shards differ between the E ranks of an EP group, so they cannot share one
       replica's update; the ranks holding the same experts (``expert_group``, the D / E EP
       groups' same-position ranks) can: ZeRO-1 over it on the shards' local tensors
-      (``ZeroRedundancyOptimizer`` takes no DTensor; the optimizer updates aliases of the
-      local tensors in place, their gradients the DTensor gradients' local tensors). With
-      E = D (``expert_group`` None) no other rank holds them: a plain optimizer.
+      (:class:`~.mesh.LocalZeroOptimizer`: ``ZeroRedundancyOptimizer`` takes no DTensor).
+      With E = D (``expert_group`` None) no other rank holds them: a plain optimizer.
 
     Either way a rank keeps the optimizer state of ``1 / D`` of the stage's expert
     parameters, as of its dense ones. The gradients are summed before ``step`` by the
@@ -247,43 +246,28 @@ class ExpertZeroOptimizer:
         expert_group: Any,
         **options: Any,
     ) -> None:
-        from torch.distributed.optim import ZeroRedundancyOptimizer
+        from autopipe.runtime.distributed.mesh import LocalZeroOptimizer, make_zero_optimizer
 
-        self.experts = experts
+        # Dense: ZeroRedundancyOptimizer, over the DTensors' local tensors where TP split
+        # them (LocalZeroOptimizer); the expert shards always over their local tensors.
         self.dense: Any = (
-            ZeroRedundancyOptimizer(
-                dense, optimizer_class=optimizer_class, process_group=dense_group, **options
-            )
-            if dense
-            else None
+            make_zero_optimizer(optimizer_class, dense, dense_group, **options) if dense else None
         )
-        # Parameters sharing the shards' storage: what the ZeRO-1 optimizer updates in place.
-        self.local = [
-            nn.Parameter((p.to_local() if isinstance(p, DTensor) else p).detach()) for p in experts
-        ]
         self.expert: Any = None
         if experts and expert_group is not None:
-            self.expert = ZeroRedundancyOptimizer(
-                self.local, optimizer_class=optimizer_class, process_group=expert_group, **options
-            )
+            self.expert = LocalZeroOptimizer(optimizer_class, experts, expert_group, **options)
         elif experts:
-            self.expert = optimizer_class(self.local, **options)
+            self.expert = optimizer_class(experts, **options)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        if self.dense is not None:
-            self.dense.zero_grad(set_to_none=set_to_none)
-        for p, local in zip(self.experts, self.local, strict=True):
-            p.grad = local.grad = None
+        for part in (self.dense, self.expert):
+            if part is not None:
+                part.zero_grad(set_to_none=set_to_none)
 
     def step(self) -> None:
-        if self.dense is not None:
-            self.dense.step()
-        if self.expert is None:
-            return
-        for p, local in zip(self.experts, self.local, strict=True):
-            grad = p.grad
-            local.grad = grad.to_local() if isinstance(grad, DTensor) else grad
-        self.expert.step()
+        for part in (self.dense, self.expert):
+            if part is not None:
+                part.step()
 
 
 def _hold_shards(

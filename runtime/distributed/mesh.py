@@ -37,7 +37,8 @@ rank's chunks are built as for a plain pipeline, then, with torch's own parts on
    held sharded between steps, which ZeRO-2 proper does not do; torch has no
    gradient-only sharding); ``optimizer`` (ZeRO-1) keeps the gradient all-reduce and
    shards the optimizer state with ``torch.distributed.optim.ZeroRedundancyOptimizer``
-   over the dp group (:func:`make_zero_optimizer`).
+   over the dp group (:func:`make_zero_optimizer`; with TP over the DTensors' local
+   tensors, :class:`LocalZeroOptimizer`).
 3. ``PipelineStage`` over ``mesh["pp"]``; ``torch.distributed.pipelining`` defers FSDP's
    gradient reduction to the last micro-batch itself.
 """
@@ -84,6 +85,7 @@ __all__ = [
     "expert_mesh",
     "expert_plan_problem",
     "local_shapes",
+    "LocalZeroOptimizer",
     "make_zero_optimizer",
     "per_head_parameters",
     "planned_modules",
@@ -117,7 +119,7 @@ def expert_plan_problem(plan: Plan) -> str | None:
     (:mod:`.expert_parallel`; of its dp x cp ranks with context parallelism), so E must
     divide D (D x C). With TP each expert's FFN is split over the TP ranks too (with or
     without CP); ZeRO-1 runs with EP (:class:`~.expert_parallel.ExpertZeroOptimizer`), with
-    TP it is refused for every plan (:func:`check_mesh_plan`)."""
+    TP too (:class:`LocalZeroOptimizer`)."""
     e, d = plan.expert_parallel, plan.replicas
     c = plan.context_parallel  # with C > 1, carved out of dp x cp (as torchtitan does)
     if (d * c) % e:
@@ -154,12 +156,6 @@ def check_mesh_plan(plan: Plan, tied: Sequence[Any] = ()) -> None:
     """Refuse, in one line (:class:`MeshPlanError`), a mesh plan this runtime does not run
     (then the plan's own mesh rules, :func:`autopipe.core.mesh_rules.mesh_problems`);
     ``tied``: the model's parameters tied across chunks (``PlannedStages.tied``)."""
-    if plan.shard == "optimizer" and plan.tensor_parallel > 1:
-        raise MeshPlanError(
-            "shard optimizer (ZeRO-1, torch's ZeroRedundancyOptimizer) does not take "
-            "tensor-parallel (DTensor) parameters; re-plan with --shard parameters or "
-            "--tensor-parallel 1"
-        )
     if plan.schedule in SPLIT_BACKWARD_SCHEDULES:
         raise MeshPlanError(
             f"schedule {plan.schedule} splits the weight pass, which autopipe run does not "
@@ -793,12 +789,69 @@ def make_zero_optimizer(
     parameters: list[nn.Parameter],
     group: Any,
     **options: Any,
-) -> torch.optim.Optimizer:
+) -> Any:
     """ZeRO-1: ``torch.distributed.optim.ZeroRedundancyOptimizer`` of ``optimizer_class``
     over the data-parallel ``group`` (each replica keeps the state of its share of the
-    parameters and broadcasts its updated share after ``step``)."""
+    parameters and broadcasts its updated share after ``step``); with tensor-parallel
+    (``DTensor``) parameters among them, the same over their local tensors
+    (:class:`LocalZeroOptimizer`)."""
     from torch.distributed.optim import ZeroRedundancyOptimizer
+    from torch.distributed.tensor import DTensor
 
+    if any(isinstance(p, DTensor) for p in parameters):
+        return LocalZeroOptimizer(optimizer_class, parameters, group, **options)
     return ZeroRedundancyOptimizer(
         parameters, optimizer_class=optimizer_class, process_group=group, **options
     )
+
+
+class LocalZeroOptimizer:
+    """ZeRO-1 of parameters some of which are ``DTensor`` s (TP shards, replicated norms,
+    expert shards), which torch's ``ZeroRedundancyOptimizer`` does not take: it runs over
+    ``group`` on plain parameters aliasing each one's local tensor (``to_local()``, the same
+    storage, so its in-place update and broadcast are the DTensor's). The ranks of ``group``
+    hold the same local shards (the same TP / EP coordinate), so they partition them alike;
+    each keeps the optimizer state of its share and broadcasts its updated share.
+
+    ``step`` hands each alias its parameter's gradient, summed over ``group`` already (the
+    pipeline's data-parallel sum): a ``DTensor`` gradient placed as its parameter first
+    (``redistribute``: a replicated parameter's ``Partial`` gradient summed over TP, what
+    the optimizer's DTensor ops would do), then its local tensor. The update is elementwise
+    (SGD, momentum, AdamW), so on the local tensors it is the DTensors' update."""
+
+    def __init__(
+        self,
+        optimizer_class: type[torch.optim.Optimizer],
+        parameters: list[nn.Parameter],
+        group: Any,
+        **options: Any,
+    ) -> None:
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+        from torch.distributed.tensor import DTensor
+
+        self.parameters = parameters
+        self.local = [
+            nn.Parameter((p.to_local() if isinstance(p, DTensor) else p).detach())
+            for p in parameters
+        ]
+        self.inner = ZeroRedundancyOptimizer(
+            self.local, optimizer_class=optimizer_class, process_group=group, **options
+        )
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        del set_to_none  # the gradients are dropped either way (the pipeline sets them)
+        for p, local in zip(self.parameters, self.local, strict=True):
+            p.grad = local.grad = None
+
+    def step(self) -> None:
+        from torch.distributed.tensor import DTensor
+
+        for p, local in zip(self.parameters, self.local, strict=True):
+            grad = p.grad
+            if isinstance(grad, DTensor):
+                assert isinstance(p, DTensor)
+                if grad.placements != p.placements:
+                    grad = grad.redistribute(p.device_mesh, p.placements)
+                grad = grad.to_local()
+            local.grad = grad
+        self.inner.step()
