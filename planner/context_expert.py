@@ -27,9 +27,10 @@ profile), so the pipeline search runs on it unchanged:
 
 Mesh layout (torchtitan's ``ParallelDims``): ``pp, dp, cp, tp`` outermost first, so a CP group
 is C ranks T apart (it crosses nodes when ``T C`` exceeds the node), the gradient-reducing
-(FSDP) group is ``dp x cp`` (``dp_shard * cp``), and the EP group is E consecutive ranks
-carved out of ``dp_shard x cp x tp`` (its sparse mesh ``pp, dp_replicate, efsdp, ep``): it
-crosses nodes when E exceeds the node.
+(FSDP) group is ``dp x cp`` (``dp_shard * cp``), and the EP group is E ranks of ``dp x cp``
+(torchtitan 0.2.2's layout with expert TP = TP, as ``autopipe run`` builds it), each expert's
+FFN split over the T ranks of its TP group: E ranks T apart, crossing nodes when ``E T``
+exceeds the node.
 """
 
 from __future__ import annotations
@@ -80,9 +81,10 @@ def cp_link(topology: Topology, tp: int, cp: int) -> tuple[float, float]:
     return topology.intra_bandwidth_bytes_per_s, topology.intra_latency_s
 
 
-def ep_link(topology: Topology, ep: int) -> tuple[float, float]:
-    """(bandwidth, latency) of the link an EP group (``ep`` consecutive ranks) crosses."""
-    if ep > topology.gpus_per_node:
+def ep_link(topology: Topology, tp: int, ep: int) -> tuple[float, float]:
+    """(bandwidth, latency) of the link an EP group (``ep`` ranks of dp x cp, ``tp`` apart)
+    crosses."""
+    if tp * ep > topology.gpus_per_node:
         return topology.inter_bandwidth_bytes_per_s, topology.inter_latency_s
     return topology.intra_bandwidth_bytes_per_s, topology.intra_latency_s
 
@@ -233,7 +235,7 @@ def context_expert_profile(
     if cp <= 1 and ep <= 1 and not moe:
         return profile
     cp_bw = cp_link(topology, tp, cp)
-    ep_bw = ep_link(topology, ep)
+    ep_bw = ep_link(topology, tp, ep)
     units = [_unit(u, profile, cp, ep, cp_bw, ep_bw, imbalance) for u in profile.units]
     out = dataclasses.replace(
         profile,

@@ -206,6 +206,19 @@ def torchtitan_fields(plan: Plan, version: str = TORCHTITAN_VERSION) -> Torchtit
             )
             if n
         )
+    if plan.expert_parallel > 1 and plan.tensor_parallel > 1:
+        # Its experts stay whole on EP ranks that span TP (expert TP 1, 0.3.0's only layout).
+        note = "; ".join(
+            n
+            for n in (
+                note,
+                f"torchtitan keeps each expert whole on its {plan.expert_parallel} "
+                "expert-parallel ranks, which span the TP ranks (expert TP 1), while the "
+                f"plan (and autopipe run) splits each expert over the {plan.tensor_parallel} "
+                "TP ranks: its expert memory per rank is not the plan's",
+            )
+            if n
+        )
     rename = dict(zip(units, names, strict=True))
     parts = [[n for u in stage.units if (n := rename[u]) is not None] for stage in plan.stages]
     return TorchtitanFields(

@@ -187,7 +187,7 @@ def mesh_candidates(
 ) -> list[MeshCandidate]:
     """Every ``(pp, dp, tp, shard)`` the request allows (with every C and E it allows,
     :func:`autopipe.planner.context_expert.context_expert_choices`: PP = N / (T C D), E
-    dividing D C T), in no particular order. Refuses
+    dividing D C, as autopipe run lays EP out), in no particular order. Refuses
     (``RuleViolation``, one line) a fixed T that does not divide the node size, the devices or
     the model's heads, a T > 1 for a model without a TP plan, and a fixed D that does not
     divide the devices or the batch. O(sqrt(N) + divisors(N)^2 x shard modes)
@@ -241,8 +241,10 @@ def mesh_candidates(
                     continue
                 pp = n // (t * c * d)
                 for e in eps:
-                    if (d * c * t) % e:
-                        continue  # torchtitan: EP divides dp_shard x cp x tp
+                    if (d * c) % e:
+                        # As autopipe run lays EP out (torchtitan 0.2.2's ETP = TP): E ranks
+                        # of dp x cp, each expert's FFN split over the TP ranks, as priced.
+                        continue
                     for s in shards if d * c > 1 else ["none"]:
                         out.append(MeshCandidate(pp, d, t, s, cp=c, ep=e))
     return out
@@ -806,7 +808,8 @@ class _MeshSearch:
     def context_of(self, c: MeshCandidate) -> Profile:
         """One rank's share of the model under ``c``'s context and expert parallelism,
         before TP (:func:`autopipe.planner.context_expert.context_expert_profile`)."""
-        key = (c.tp * c.cp > self.topology.gpus_per_node, c.cp, c.ep)
+        node = self.topology.gpus_per_node  # the links the CP and EP groups cross
+        key = (c.tp * c.cp > node, c.tp * c.ep > node, c.cp, c.ep)
         if key not in self.contexts:
             self.contexts[key] = context_expert_profile(
                 self.profile, c.cp, c.ep, c.tp, self.topology, self.request.expert_load_imbalance

@@ -136,12 +136,27 @@ def test_tensor_parallelism_splits_the_routed_experts_too() -> None:
         assert unit_device_parameter_bytes(v, t, size) == pytest.approx(on_rank - split / t)
 
 
-def test_groups_cross_nodes_as_torchtitan_lays_them_out() -> None:
-    # CP: C ranks T apart; EP: E consecutive ranks of the sparse mesh
+def test_groups_cross_nodes_as_the_runtime_lays_them_out() -> None:
+    # CP: C ranks T apart; EP: E ranks of dp x cp, T apart (each expert split over TP)
     assert cp_link(TOPOLOGY, 2, 2) == (1e11, 0.0)
     assert cp_link(TOPOLOGY, 2, 4) == (1e9, 0.0)
-    assert ep_link(TOPOLOGY, 4) == (1e11, 0.0)
-    assert ep_link(TOPOLOGY, 8) == (1e9, 0.0)
+    assert ep_link(TOPOLOGY, 1, 4) == (1e11, 0.0)
+    assert ep_link(TOPOLOGY, 1, 8) == (1e9, 0.0)
+    assert ep_link(TOPOLOGY, 2, 2) == (1e11, 0.0)
+    assert ep_link(TOPOLOGY, 2, 4) == (1e9, 0.0)  # 4 consecutive ranks would stay inside
+
+
+def test_every_expert_parallel_candidate_is_one_autopipe_run_lays_out() -> None:
+    """E divides dp x cp (the runtime's rule, runtime/distributed/mesh.py): a candidate
+    with E dividing only dp x cp x tp (torchtitan 0.3's EP spanning TP) was planned, then
+    refused by autopipe run."""
+    from autopipe.planner.mesh import mesh_candidates
+
+    moe = long_profile(moe=True)
+    out = mesh_candidates(moe, 8, batch_size=8, tensor_parallel="auto",
+                          context_parallel="auto", expert_parallel="auto")  # fmt: skip
+    assert any(c.ep > 1 and c.tp > 1 for c in out)
+    assert all((c.dp * c.cp) % c.ep == 0 for c in out)
 
 
 def test_degrees_the_model_allows() -> None:
