@@ -301,6 +301,7 @@ def _start_up(rank: int) -> Iterator[_StartUp]:
         PUBLISHED_WAIT_S,
         failure_cause,
         publish_failure,
+        raised_on_every_rank,
     )
 
     start = _StartUp()
@@ -312,7 +313,8 @@ def _start_up(rank: int) -> Iterator[_StartUp]:
             if cause is not None:
                 raise Failure(f"rank {rank} stopped while {start.phase}: {cause}") from exc
             raise
-        publish_failure(f"rank {rank} failed while {start.phase}: {_error_text(exc)}")
+        if not raised_on_every_rank(exc):  # the peers know that one already
+            publish_failure(f"rank {rank} failed while {start.phase}: {_error_text(exc)}")
         raise
 
 
@@ -353,8 +355,10 @@ def _check_world_size(plan: Plan, rank: int, world: int) -> None:
     except PlanWorldSizeError as exc:
         # Every rank finds the same mismatch: meet at a barrier so all of them report it
         # before the first exit makes torchrun stop the others.
+        from autopipe.runtime.distributed.failures import on_every_rank
+
         _barrier_quietly()
-        raise UsageError(str(exc)) from exc
+        raise UsageError(str(exc)) from on_every_rank(exc)
 
 
 def _barrier_quietly() -> None:

@@ -24,7 +24,7 @@ import re
 import socket
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, TypeVar
 
 import torch.distributed as dist
 
@@ -35,8 +35,10 @@ __all__ = [
     "failure_board",
     "failure_cause",
     "is_comm_failure",
+    "on_every_rank",
     "one_line",
     "publish_failure",
+    "raised_on_every_rank",
     "published_failure",
     "run_board",
     "store_host_gone",
@@ -70,6 +72,30 @@ def is_comm_failure(exc: BaseException) -> bool:
         key in text
         for key in ("connection closed", "connection reset", "timed out", "timeout", "broken pipe")
     )
+
+
+_EVERY_RANK = "_autopipe_on_every_rank"
+
+E = TypeVar("E", bound=BaseException)
+
+
+def on_every_rank(exc: E) -> E:
+    """Mark ``exc`` as an error every rank raises alike, having found it together (the plan
+    agreement, a barrier): no peer needs it from the store, and none should write it there,
+    since rank 0, the store's host without torchrun's agent, may already be exiting with its
+    own copy (c10d's client then prints C++ frames). Returns ``exc``."""
+    setattr(exc, _EVERY_RANK, True)
+    return exc
+
+
+def raised_on_every_rank(exc: BaseException) -> bool:
+    """Whether ``exc``, or an error it was raised from, is marked by :func:`on_every_rank`."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if getattr(seen, _EVERY_RANK, False):
+            return True
+        seen = seen.__cause__
+    return False
 
 
 PUBLISHED_WAIT_S = 1.0
