@@ -66,6 +66,49 @@ def loss_fn(output, inputs):
 """
 
 
+def test_a_run_board_is_the_board_of_every_pipeline_built_in_it() -> None:
+    """A rank that fails before its pipeline exists (building the model) and a peer already
+    building its pipeline (which opens a board of its own outside a run) meet on one key."""
+    from autopipe.runtime.distributed import failures
+
+    with failures.run_board() as key:
+        assert failures.failure_board() == key
+        assert failures.failure_board() == key
+    after = failures.failure_board()
+    assert after != key and failures.failure_board() != after
+
+
+def test_a_store_whose_host_has_exited_is_gone_before_any_store_call() -> None:
+    """The probe that keeps c10d's client from printing C++ frames for a store whose host
+    (rank 0 without torchrun's agent) is gone: a live TCPStore answers, a closed one does
+    not, through the PrefixStore chain the default group wraps it in."""
+    import gc
+
+    import torch.distributed as dist
+    from autopipe.runtime.distributed.failures import (
+        _store_gone,
+        on_every_rank,
+        raised_on_every_rank,
+    )
+
+    server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    client = dist.TCPStore("127.0.0.1", server.port, is_master=False)
+    chain = dist.PrefixStore("a", dist.PrefixStore("b", client))
+    assert not _store_gone(chain)
+    del server
+    gc.collect()
+    assert _store_gone(chain)
+    # And what every rank raised alike is never written there, through the chain of causes.
+    try:
+        try:
+            raise on_every_rank(ValueError("the same on every rank"))
+        except ValueError as exc:
+            raise RuntimeError("wrapped") from exc
+    except RuntimeError as outer:
+        assert raised_on_every_rank(outer)
+    assert not raised_on_every_rank(RuntimeError("this rank's own"))
+
+
 def _files(directory: Path, replicas: int = 1) -> tuple[Path, Path]:
     """(BOOM_MODEL file, plan): 2 stages x 1 replica, or 1 stage x 2 replicas (whose
     data-parallel group each rank makes with new_group)."""
