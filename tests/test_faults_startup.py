@@ -8,9 +8,9 @@ started directly with torchrun's variables (``launch_ranks``: no agent) meet on 
 rank 0 holds: when rank 0 is the rank that failed, the others say that rank 0, the store's
 host, is gone (its own line names the cause), in one line, without c10d's C++ frames.
 
-Times are bounded by ``--timeout``: a cause that needs no waiting ends every rank within
-half of it; a rank waiting in a new group's rendezvous (c10d cannot interrupt it) ends
-within twice it.
+Times are bounded by ``--timeout``: every rank ends within half of it, a rank waiting for
+the failed one in a new group's rendezvous included (c10d cannot interrupt that wait: a
+thread watching the store ends it, ``autopipe.training.stuck_exit``).
 """
 
 from __future__ import annotations
@@ -26,8 +26,9 @@ STARTUP_TIMEOUT_S = 300.0
 """--timeout of the drills whose fault needs no waiting: the default, as start-up under
 load (two ranks tracing on shared cores) is far below half of it."""
 
-GROUP_TIMEOUT_S = 10.0
-"""--timeout of the drill whose survivor waits in a group's rendezvous: it ends after it."""
+GROUP_TIMEOUT_S = 60.0
+"""--timeout of the drills whose survivor waits in a group's rendezvous: it must end well
+within half of it (a rank that waited it out would take longer)."""
 
 FACTORY_ERROR = "boom.py:build_model: the factory raised RuntimeError: the factory broke on purpose"
 
@@ -223,24 +224,48 @@ def test_rank_1_failing_is_named_by_rank_0_without_torchruns_agent(tmp_path: Pat
     assert end0_s < STARTUP_TIMEOUT_S / 2, end0_s
 
 
+GROUP_ERROR = (
+    "rank 1 failed while building its pipeline stage: RuntimeError: new_group broke on purpose"
+)
+
+
 def test_a_rank_that_cannot_make_its_group_is_named_by_the_rank_waiting_for_it(
     tmp_path: Path,
 ) -> None:
     """Rank 1 of a 1 x 2 data-parallel plan fails making its data-parallel group, after the
-    plan agreement, while rank 0 waits for it in the group's rendezvous. c10d cannot cut
-    that wait short: rank 0 ends when --timeout runs out (not later: the group has the
-    world's timeout), then names rank 1's cause. Before, its line said only that a peer
-    failed or did not answer."""
+    plan agreement, while rank 0 waits for it in the group's rendezvous, inside c10d, which
+    nothing interrupts. A thread watching the board ends rank 0 with rank 1's cause within
+    seconds. Before, rank 0 waited out --timeout, printed c10d's socket warnings, and named
+    no cause."""
     (code0, err0, end0_s), (code1, err1, end1_s) = _launch(
         tmp_path, {"GROUP_BOOM_RANK": "1"}, GROUP_TIMEOUT_S, replicas=2
     )
     assert code1 == 1, err1
     assert err1 == "[rank 1] autopipe run: error: RuntimeError: new_group broke on purpose\n"
     assert code0 == 1, err0
-    # c10d's own warnings about the socket that timed out may come first.
-    assert err0.splitlines()[-1] == (
+    assert err0 == (
         "[rank 0] autopipe run: error: rank 0 stopped while building its pipeline stage: "
-        "rank 1 failed while building its pipeline stage: RuntimeError: new_group broke on "
-        "purpose"
-    ), err0
-    assert end0_s - end1_s < 2 * GROUP_TIMEOUT_S, (end0_s, end1_s)
+        f"{GROUP_ERROR}\n"
+    )
+    assert end0_s - end1_s < GROUP_TIMEOUT_S / 2, (end0_s, end1_s)
+
+
+def test_under_torchrun_a_rank_stuck_in_a_rendezvous_names_the_cause(tmp_path: Path) -> None:
+    """The same under torchrun, whose SIGTERM cannot reach a rank waiting inside c10d
+    (Python runs signal handlers between bytecodes). Before, torchrun killed rank 0 with
+    SIGKILL 30 s after rank 1 exited: no line of its own, "Signal 9" in the summary."""
+    model, plan = _files(tmp_path, replicas=2)
+    drill = torchrun_drill(
+        2,
+        _argv(model, plan, GROUP_TIMEOUT_S),
+        {"GROUP_BOOM_RANK": "1"},
+        deadline_s=2 * GROUP_TIMEOUT_S + 60,
+    )
+    assert drill.code == 1, drill.output
+    assert _error_line(drill, 1) == (
+        "[rank 1] autopipe run: error: RuntimeError: new_group broke on purpose"
+    )
+    assert _error_line(drill, 0).endswith(
+        f"stopped while building its pipeline stage: {GROUP_ERROR}"
+    )
+    assert "SIGKILL" not in drill.output, drill.output

@@ -23,7 +23,7 @@ import os
 import re
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import torch.distributed as dist
@@ -32,6 +32,7 @@ from autopipe.core.errors import Failure
 
 __all__ = [
     "PipelineRankError",
+    "board_reader",
     "failure_board",
     "failure_cause",
     "is_comm_failure",
@@ -215,6 +216,33 @@ def store_host_gone() -> str:
         "rank 0 is gone, and with it the c10d store it held, so its cause cannot be read "
         "here: rank 0's own error line (and the launcher's report) names it"
     )
+
+
+def board_reader() -> Callable[[], str | None] | None:
+    """A reader of the current board for another thread: a call returns the published line
+    or None (none yet, or the store's host gone), without waiting. It reads on a connection
+    of its own (``Store.clone``): c10d's client serializes its calls, so reading through
+    the default group's store would wait as long as the main thread waits on it (a new
+    group's rendezvous: the whole timeout). None without a process group or board."""
+    store = _store() if _board is not None else None
+    if store is None:
+        return None
+    key = _board
+    try:
+        own = store.clone()
+    except Exception:  # noqa: BLE001 - a store that cannot be cloned: nothing to read with
+        return None
+
+    def read() -> str | None:
+        try:
+            if _store_gone(own) or not own.check([key]):
+                return None
+            value: bytes = own.get(key)
+        except Exception:  # noqa: BLE001 - gone meanwhile: nothing to read
+            return None
+        return value.decode(errors="replace") or None
+
+    return read
 
 
 def failure_cause(wait_s: float = 0.0) -> str | None:
