@@ -304,8 +304,9 @@ STUCK_GRACE_S = 3.0
 a rank that is not stuck notices the peer itself at once (a closed connection, torchrun's
 SIGTERM with its :data:`~autopipe.cli.run.TERMINATION_GRACE_S` of 2 s) and reports it."""
 
-_WATCH_POLL_S = 0.25
-"""How often the watching thread reads the board."""
+_WATCH_POLL_S = 0.5
+"""How often the watching thread reads the board (each read also probes that the store
+still accepts, one TCP connection)."""
 
 
 def _watch_peers(rank: int, start: _StartUp, done: threading.Event, lock: threading.Lock) -> None:
