@@ -269,3 +269,25 @@ def test_under_torchrun_a_rank_stuck_in_a_rendezvous_names_the_cause(tmp_path: P
         f"stopped while building its pipeline stage: {GROUP_ERROR}"
     )
     assert "SIGKILL" not in drill.output, drill.output
+
+
+def test_rank_0_raising_in_a_step_without_the_agent_is_named_as_the_store_host(
+    tmp_path: Path,
+) -> None:
+    """The steps share the start-up's reading of the store: rank 0 (the store's host without
+    torchrun's agent) raises in step 2, and rank 1's line says rank 0 is gone with the store.
+    Before, it said only "a peer rank failed or did not answer within the process-group
+    timeout (Connection closed by peer ...)"."""
+    from distributed_cases import fault_files, finish
+
+    model, plan = fault_files(tmp_path)
+    argv = [str(model), "--plan", str(plan), "--steps", "50", "--timeout", "60", "-q"]
+    procs = launch_ranks(2, argv, {"AUTOPIPE_FAULT": "raise@0"})
+    (code0, _, err0), (code1, _, err1) = [finish(p, 120) for p in procs]
+    assert code0 == 1 and err0 == "[rank 0] autopipe run: error: ValueError: injected fault\n"
+    assert code1 == 1, err1
+    assert err1 == (
+        "[rank 1] autopipe run: error: rank 1 (stage 1, replica 0): the pipeline broke in step "
+        "2: rank 0 is gone, and with it the c10d store it held, so its cause cannot be read "
+        "here: rank 0's own error line (and the launcher's report) names it\n"
+    )
