@@ -194,12 +194,19 @@ def _read_board(wait_s: float) -> tuple[str | None, bool]:
         store = _store()
         if store is None:
             return None, True
-        if _store_gone(store):
-            return None, False
-        while not store.check([_board]):
+        # Probed before each call: the host may be exiting while this rank reads (a
+        # failing rank 0 without torchrun's agent), and each call to a store that is gone
+        # prints c10d's C++ frames. The window left is between a probe and its call.
+        while True:
+            if _store_gone(store):
+                return None, False
+            if store.check([_board]):
+                break
             if time.monotonic() >= deadline:
                 return None, True
             time.sleep(0.05)
+        if _store_gone(store):
+            return None, False
         value: bytes = store.get(_board)
     except Exception:  # noqa: BLE001 - no store to read: its host is gone
         return None, False
