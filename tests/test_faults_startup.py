@@ -6,7 +6,7 @@ default group's c10d store, instead of "a peer rank failed" or torchrun's SIGTER
 Under torchrun the store is its agent's, so a failing rank 0 is named like any other. Ranks
 started directly with torchrun's variables (``launch_ranks``: no agent) meet on the store
 rank 0 holds: when rank 0 is the rank that failed, the others say that rank 0, the store's
-host, is gone (its own line names the cause), in one line, without c10d's C++ frames.
+host, is gone (its own line names the cause), in one line of its own.
 
 Times are bounded by ``--timeout``: every rank ends within half of it, a rank waiting for
 the failed one in a new group's rendezvous included (c10d cannot interrupt that wait: a
