@@ -220,6 +220,7 @@ def test_a_million_gpus_at_a_huge_batch_price_no_bound_of_a_mesh_too_deep_to_cut
     import dataclasses
 
     import autopipe.planner.mesh as mesh
+
     from autopipe.core.cluster import Cluster, Device
 
     profile = tiny_profile(heads=[2, 4])
