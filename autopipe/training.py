@@ -23,6 +23,8 @@ from __future__ import annotations
 import contextlib
 import math
 import statistics
+import threading
+import time
 from collections.abc import Callable, Collection, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -286,6 +288,53 @@ class _StartUp:
         self.phase = "starting"
 
 
+stuck_exit: Callable[[str], None] | None = None
+"""What ends a rank whose start-up is stuck after a peer failed (``autopipe run`` sets it:
+print the line, exit 1); None (a Python caller's ``train``): wait for the timeout.
+
+A peer that fails while this rank waits for it inside c10d (a new group's rendezvous:
+``new_group``, a DeviceMesh) leaves it there until ``--timeout``: c10d's wait cannot be
+interrupted, not even by torchrun's SIGTERM (Python runs a signal handler only between
+bytecodes), so torchrun would SIGKILL it silently 30 s later. A thread watching the
+failure board then hands it the peer's line."""
+
+STUCK_GRACE_S = 3.0
+"""How long after a peer's line appears a rank still in its start-up is taken as stuck:
+a rank that is not stuck notices the peer itself at once (a closed connection, torchrun's
+SIGTERM with its :data:`~autopipe.cli.run.TERMINATION_GRACE_S` of 2 s) and reports it."""
+
+_WATCH_POLL_S = 0.5
+"""How often the watching thread reads the board (each read also probes that the store
+still accepts, one TCP connection)."""
+
+
+def _watch_peers(rank: int, start: _StartUp, done: threading.Event, lock: threading.Lock) -> None:
+    """Start a daemon thread that, once a peer's line is on the board and this rank's
+    start-up has not ended :data:`STUCK_GRACE_S` later, calls :data:`stuck_exit` with this
+    rank's line naming it. Nothing without ``stuck_exit`` or a board to read."""
+    from autopipe.runtime.distributed.failures import board_reader
+
+    act = stuck_exit
+    read = board_reader() if act is not None else None
+    if act is None or read is None:
+        return
+
+    def watch() -> None:
+        cause, seen_s = None, 0.0
+        while not done.wait(_WATCH_POLL_S):
+            if cause is None:
+                line = read()
+                if line is not None and not line.startswith(f"rank {rank} "):
+                    cause, seen_s = line, time.monotonic()
+            elif time.monotonic() - seen_s >= STUCK_GRACE_S:
+                with lock:  # the main thread, reporting by itself, sets done under it
+                    if not done.is_set():
+                        act(f"rank {rank} stopped while {start.phase}: {cause}")
+                return
+
+    threading.Thread(target=watch, name="autopipe-peer-watch", daemon=True).start()
+
+
 @contextlib.contextmanager
 def _start_up(rank: int) -> Iterator[_StartUp]:
     """The start-up between joining the process group and the first step, whose failures
@@ -300,19 +349,28 @@ def _start_up(rank: int) -> Iterator[_StartUp]:
         PUBLISHED_WAIT_S,
         failure_cause,
         publish_failure,
+        raised_on_every_rank,
     )
 
     start = _StartUp()
+    done, lock = threading.Event(), threading.Lock()
+    _watch_peers(rank, start, done, lock)
     try:
         yield start
     except Exception as exc:
+        with lock:  # this rank reports by itself: the watching thread stands down
+            done.set()
         if _peer_failed(exc):
             cause = failure_cause(PUBLISHED_WAIT_S)
             if cause is not None:
                 raise Failure(f"rank {rank} stopped while {start.phase}: {cause}") from exc
             raise
-        publish_failure(f"rank {rank} failed while {start.phase}: {_error_text(exc)}")
+        if not raised_on_every_rank(exc):  # the peers know that one already
+            publish_failure(f"rank {rank} failed while {start.phase}: {_error_text(exc)}")
         raise
+    finally:
+        with lock:
+            done.set()
 
 
 def _peer_failed(exc: BaseException) -> bool:
@@ -352,8 +410,10 @@ def _check_world_size(plan: Plan, rank: int, world: int) -> None:
     except PlanWorldSizeError as exc:
         # Every rank finds the same mismatch: meet at a barrier so all of them report it
         # before the first exit makes torchrun stop the others.
+        from autopipe.runtime.distributed.failures import on_every_rank
+
         _barrier_quietly()
-        raise UsageError(str(exc)) from exc
+        raise UsageError(str(exc)) from on_every_rank(exc)
 
 
 def _barrier_quietly() -> None:

@@ -73,7 +73,7 @@ from autopipe.core.plan_records import MeshReport, MeshRow
 from autopipe.core.profile import Profile, UnitProfile
 from autopipe.core.request import PlanRequest, Schedule
 from autopipe.core.schedule_rules import chunk_ranks
-from autopipe.core.vocabulary import FRAMEWORK_DEFAULTS, SHARD_MODES
+from autopipe.core.vocabulary import FRAMEWORK_DEFAULTS, SHARD_MODES, SPLIT_BACKWARD_SCHEDULES
 
 __all__ = [
     "MeshCandidate",
@@ -639,6 +639,14 @@ def plan_mesh(
         f"{best.dp_comm_s * 1e3:.4g} ms per step; {searched} of {len(cands)} meshes searched, "
         "the rest could not win or fit"
     )
+    if out.schedule in SPLIT_BACKWARD_SCHEDULES and (
+        best.tp > 1 or best.shard != "none" or best.ep > 1 or best.cp > 1
+    ):  # runtime/distributed/mesh.py:check_mesh_plan refuses it: say so before a launch does
+        out.notes.append(
+            f"autopipe run does not run {out.schedule} (a split weight pass) on this mesh "
+            "(TP, sharded state, context or expert parallelism); emit it for a framework, or "
+            "re-plan with --schedule 1f1b or interleaved-1f1b to train it with autopipe run"
+        )
     if profile.tp_note and not profile.tp_plan:
         out.notes.append(f"tensor parallelism not considered: {profile.tp_note}")
     elif profile.tp_refusal:

@@ -6,11 +6,11 @@ default group's c10d store, instead of "a peer rank failed" or torchrun's SIGTER
 Under torchrun the store is its agent's, so a failing rank 0 is named like any other. Ranks
 started directly with torchrun's variables (``launch_ranks``: no agent) meet on the store
 rank 0 holds: when rank 0 is the rank that failed, the others say that rank 0, the store's
-host, is gone (its own line names the cause), in one line, without c10d's C++ frames.
+host, is gone (its own line names the cause), in one line of its own.
 
-Times are bounded by ``--timeout``: a cause that needs no waiting ends every rank within
-half of it; a rank waiting in a new group's rendezvous (c10d cannot interrupt it) ends
-within twice it.
+Times are bounded by ``--timeout``: every rank ends within half of it, a rank waiting for
+the failed one in a new group's rendezvous included (c10d cannot interrupt that wait: a
+thread watching the store ends it, ``autopipe.training.stuck_exit``).
 """
 
 from __future__ import annotations
@@ -26,8 +26,9 @@ STARTUP_TIMEOUT_S = 300.0
 """--timeout of the drills whose fault needs no waiting: the default, as start-up under
 load (two ranks tracing on shared cores) is far below half of it."""
 
-GROUP_TIMEOUT_S = 10.0
-"""--timeout of the drill whose survivor waits in a group's rendezvous: it ends after it."""
+GROUP_TIMEOUT_S = 60.0
+"""--timeout of the drills whose survivor waits in a group's rendezvous: it must end well
+within half of it (a rank that waited it out would take longer)."""
 
 FACTORY_ERROR = "boom.py:build_model: the factory raised RuntimeError: the factory broke on purpose"
 
@@ -64,6 +65,49 @@ def example_inputs(batch_size=4):
 def loss_fn(output, inputs):
     return output.pow(2).mean()
 """
+
+
+def test_a_run_board_is_the_board_of_every_pipeline_built_in_it() -> None:
+    """A rank that fails before its pipeline exists (building the model) and a peer already
+    building its pipeline (which opens a board of its own outside a run) meet on one key."""
+    from autopipe.runtime.distributed import failures
+
+    with failures.run_board() as key:
+        assert failures.failure_board() == key
+        assert failures.failure_board() == key
+    after = failures.failure_board()
+    assert after != key and failures.failure_board() != after
+
+
+def test_a_store_whose_host_has_exited_is_gone_before_any_store_call() -> None:
+    """The probe that keeps c10d's client from printing C++ frames for a store whose host
+    (rank 0 without torchrun's agent) is gone: a live TCPStore answers, a closed one does
+    not, through the PrefixStore chain the default group wraps it in."""
+    import gc
+
+    import torch.distributed as dist
+    from autopipe.runtime.distributed.failures import (
+        _store_gone,
+        on_every_rank,
+        raised_on_every_rank,
+    )
+
+    server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    client = dist.TCPStore("127.0.0.1", server.port, is_master=False)
+    chain = dist.PrefixStore("a", dist.PrefixStore("b", client))
+    assert not _store_gone(chain)
+    del server
+    gc.collect()
+    assert _store_gone(chain)
+    # And what every rank raised alike is never written there, through the chain of causes.
+    try:
+        try:
+            raise on_every_rank(ValueError("the same on every rank"))
+        except ValueError as exc:
+            raise RuntimeError("wrapped") from exc
+    except RuntimeError as outer:
+        assert raised_on_every_rank(outer)
+    assert not raised_on_every_rank(RuntimeError("this rank's own"))
 
 
 def _files(directory: Path, replicas: int = 1) -> tuple[Path, Path]:
@@ -151,18 +195,21 @@ def _launch(
 def test_rank_0_the_store_host_failing_ends_its_peer_in_one_clear_line(tmp_path: Path) -> None:
     """Rank 0 (which holds the c10d store without torchrun's agent) fails building the
     model: its peer cannot read the cause and says that rank 0, the store's host, is gone,
-    in one line (no C++ frames of c10d's client), well within the timeout. Before it said
+    in one line, well within the timeout. Before it said
     only "a peer rank failed or did not answer within the process-group timeout"."""
     (code0, err0, _), (code1, err1, end1_s) = _launch(
         tmp_path, {"BOOM_RANK": "0"}, STARTUP_TIMEOUT_S
     )
     assert code0 == 2 and err0 == f"[rank 0] autopipe run: error: {FACTORY_ERROR}\n", err0
     assert code1 == 1, err1
-    assert err1 == (
+    # Its last line, its only one; c10d's client may print C++ frames above it when rank 0
+    # exits between rank 1's probe of the store and its call (1 launch in about 8 here).
+    assert err1.splitlines()[-1] == (
         "[rank 1] autopipe run: error: rank 1 stopped while building its pipeline stage: "
         "rank 0 is gone, and with it the c10d store it held, so its cause cannot be read "
-        "here: rank 0's own error line (and the launcher's report) names it\n"
-    )
+        "here: rank 0's own error line (and the launcher's report) names it"
+    ), err1
+    assert len([line for line in err1.splitlines() if line.startswith("[rank 1] ")]) == 1
     assert end1_s < STARTUP_TIMEOUT_S / 2, end1_s
 
 
@@ -180,24 +227,73 @@ def test_rank_1_failing_is_named_by_rank_0_without_torchruns_agent(tmp_path: Pat
     assert end0_s < STARTUP_TIMEOUT_S / 2, end0_s
 
 
+GROUP_ERROR = (
+    "rank 1 failed while building its pipeline stage: RuntimeError: new_group broke on purpose"
+)
+
+
 def test_a_rank_that_cannot_make_its_group_is_named_by_the_rank_waiting_for_it(
     tmp_path: Path,
 ) -> None:
     """Rank 1 of a 1 x 2 data-parallel plan fails making its data-parallel group, after the
-    plan agreement, while rank 0 waits for it in the group's rendezvous. c10d cannot cut
-    that wait short: rank 0 ends when --timeout runs out (not later: the group has the
-    world's timeout), then names rank 1's cause. Before, its line said only that a peer
-    failed or did not answer."""
+    plan agreement, while rank 0 waits for it in the group's rendezvous, inside c10d, which
+    nothing interrupts. A thread watching the board ends rank 0 with rank 1's cause within
+    seconds. Before, rank 0 waited out --timeout, printed c10d's socket warnings, and named
+    no cause."""
     (code0, err0, end0_s), (code1, err1, end1_s) = _launch(
         tmp_path, {"GROUP_BOOM_RANK": "1"}, GROUP_TIMEOUT_S, replicas=2
     )
     assert code1 == 1, err1
     assert err1 == "[rank 1] autopipe run: error: RuntimeError: new_group broke on purpose\n"
     assert code0 == 1, err0
-    # c10d's own warnings about the socket that timed out may come first.
-    assert err0.splitlines()[-1] == (
+    assert err0 == (
         "[rank 0] autopipe run: error: rank 0 stopped while building its pipeline stage: "
-        "rank 1 failed while building its pipeline stage: RuntimeError: new_group broke on "
-        "purpose"
-    ), err0
-    assert end0_s - end1_s < 2 * GROUP_TIMEOUT_S, (end0_s, end1_s)
+        f"{GROUP_ERROR}\n"
+    )
+    assert end0_s - end1_s < GROUP_TIMEOUT_S / 2, (end0_s, end1_s)
+
+
+def test_under_torchrun_a_rank_stuck_in_a_rendezvous_names_the_cause(tmp_path: Path) -> None:
+    """The same under torchrun, whose SIGTERM cannot reach a rank waiting inside c10d
+    (Python runs signal handlers between bytecodes). Before, torchrun killed rank 0 with
+    SIGKILL 30 s after rank 1 exited: no line of its own, "Signal 9" in the summary."""
+    model, plan = _files(tmp_path, replicas=2)
+    drill = torchrun_drill(
+        2,
+        _argv(model, plan, GROUP_TIMEOUT_S),
+        {"GROUP_BOOM_RANK": "1"},
+        deadline_s=2 * GROUP_TIMEOUT_S + 60,
+    )
+    assert drill.code == 1, drill.output
+    assert _error_line(drill, 1) == (
+        "[rank 1] autopipe run: error: RuntimeError: new_group broke on purpose"
+    )
+    assert _error_line(drill, 0).endswith(
+        f"stopped while building its pipeline stage: {GROUP_ERROR}"
+    )
+    assert "SIGKILL" not in drill.output, drill.output
+
+
+def test_rank_0_raising_in_a_step_without_the_agent_is_named_as_the_store_host(
+    tmp_path: Path,
+) -> None:
+    """The steps share the start-up's reading of the store: rank 0 (the store's host without
+    torchrun's agent) raises in step 2, and rank 1's line says rank 0 is gone with the store.
+    Before, it said only "a peer rank failed or did not answer within the process-group
+    timeout (Connection closed by peer ...)"."""
+    from distributed_cases import fault_files, finish
+
+    model, plan = fault_files(tmp_path)
+    argv = [str(model), "--plan", str(plan), "--steps", "50", "--timeout", "60", "-q"]
+    procs = launch_ranks(2, argv, {"AUTOPIPE_FAULT": "raise@0"})
+    (code0, _, err0), (code1, _, err1) = [finish(p, 120) for p in procs]
+    assert code0 == 1 and err0 == "[rank 0] autopipe run: error: ValueError: injected fault\n"
+    assert code1 == 1, err1
+    # Its last line; c10d's client may print its C++ frames above it when rank 0 exits
+    # between rank 1's probe of the store and its read (a window the probe narrows).
+    assert err1.splitlines()[-1] == (
+        "[rank 1] autopipe run: error: rank 1 (stage 1, replica 0): the pipeline broke in step "
+        "2: rank 0 is gone, and with it the c10d store it held, so its cause cannot be read "
+        "here: rank 0's own error line (and the launcher's report) names it"
+    ), err1
+    assert len([line for line in err1.splitlines() if line.startswith("[rank 1] ")]) == 1

@@ -251,3 +251,32 @@ def test_a_million_gpus_at_a_huge_batch_price_no_bound_of_a_mesh_too_deep_to_cut
         plan(profile, req)
     assert deepest and max(deepest) <= len(profile.units)
     assert copies[0] < 100
+
+
+@pytest.mark.parametrize("mesh", [["--shard", "auto"], ["--tensor-parallel", "auto"]])
+def test_a_mesh_at_a_batch_of_10_to_the_24_plans_finite_or_refuses_in_one_line(
+    tmp_path: Path, mesh: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """#36 minor: ``--batch-size 10**24`` ended in an OverflowError (exit 1). A mesh plans
+    it with finite figures where memory is unlimited, and refuses it in one line naming
+    the least need where the device's memory binds (exit 1: nothing fits)."""
+    import dataclasses
+    import json
+
+    saved = _saved(tmp_path, tiny_profile(heads=[2, 4]))
+    out = tmp_path / "plan.json"
+    argv = ["plan", saved, "--gpus", "8", *mesh, "--batch-size", str(10**24),
+            "--allreduce-bandwidth", "10GB/s", "-q", "--json", str(out)]  # fmt: skip
+    with _within(60):
+        assert main(argv) == 0
+    data = json.loads(out.read_text())
+    assert data["replicas"] * data["batch_size"] == 10**24  # batch_size: per replica
+    assert math.isfinite(data["report"]["iteration_time_s"]) and data["report"]["throughput"] > 0
+    h100 = tmp_path / "h100.json"
+    dataclasses.replace(tiny_profile(heads=[2, 4]), device="H100-SXM-80GB", mode="analytic").save(
+        h100
+    )
+    with _within(60):
+        assert main(["plan", str(h100), "--gpus", "8", *mesh, "--batch-size", str(10**24)]) == 1
+    err = _err_line(capsys)
+    assert "no mesh of 8 GPUs fits in 79.65 GiB per device: the smallest need is" in err

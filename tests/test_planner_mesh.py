@@ -643,3 +643,19 @@ def test_cli_explain_prints_a_mesh_plans_framework_rows(
     text = capsys.readouterr().out
     assert "(same mesh pp 2 x dp 2 x tp 2, DP communication included)" in text
     assert "torchtitan 0.2.2 (even split) [1f1b, V=1]" in text
+
+
+def test_a_zero_bubble_mesh_plan_says_autopipe_run_refuses_it() -> None:
+    """``--schedule auto`` (or interleaved-zb) on a TP or sharded mesh chose a split weight
+    pass that ``autopipe run`` refuses (runtime/distributed/mesh.py:check_mesh_plan), with
+    nothing in the plan saying so (#36 audit: the README's 70B mesh under auto)."""
+    from autopipe.core.vocabulary import SPLIT_BACKWARD_SCHEDULES
+
+    p = tiny_profile(n_blocks=6)
+    base = PlanRequest(gpus=4, tensor_parallel=2, batch_size=16, microbatches=4,
+                       schedule="interleaved-zb", baselines=False)  # fmt: skip
+    zb = plan(p, base)
+    assert zb.schedule in SPLIT_BACKWARD_SCHEDULES and zb.tensor_parallel == 2
+    assert [n for n in zb.notes if n.startswith("autopipe run does not run interleaved-zb")]
+    plain = plan(p, dataclasses.replace(base, schedule="interleaved-1f1b"))
+    assert not [n for n in plain.notes if n.startswith("autopipe run does not run")]

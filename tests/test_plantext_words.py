@@ -68,3 +68,16 @@ def test_a_framework_default_faster_than_the_plan_says_why() -> None:
     assert "it runs 1f1b" in text and "--schedule auto" in text
     slower = {k: {**b, "iteration_time_s": 1.2 * p.iteration_time_s} for k, b in faster.items()}
     assert "is faster than this plan" not in format_plan(replace_plan(p, baselines=slower))
+
+
+def test_a_one_unit_stage_is_named_once() -> None:
+    """Before: "head .. head" for a stage holding one unit, in the table, the bottleneck
+    note and explain's bottleneck line."""
+    import re
+
+    p = plan(random_profile(4, 5), PlanRequest(gpus=4, microbatches=4, baselines=False))
+    assert all(len(s.units) == 1 for s in p.stages)
+    for text in (format_plan(p), explain(p)):
+        repeated = re.findall(r"([^\s()]+) \.\. ([^\s()]+)", text)
+        assert not [pair for pair in repeated if pair[0] == pair[1]], repeated
+        assert f"{p.stages[0].units[0]} (1)" in format_plan(p)

@@ -191,8 +191,26 @@ def cmd_run(args: argparse.Namespace) -> int:
     if os.environ.get("RANK", "").isdigit():
         # torchrun interleaves every rank's output: each line says whose it is.
         common.set_line_prefix(f"[rank {os.environ['RANK']}] ")
-    with one_line_per_rank(verbose=args.verbose):
-        return _run(args)
+    from autopipe import training
+
+    training.stuck_exit = _exit_stuck
+    try:
+        with one_line_per_rank(verbose=args.verbose):
+            return _run(args)
+    finally:
+        training.stuck_exit = None
+
+
+def _exit_stuck(message: str) -> None:
+    """End this rank at once with its error line (``message``), from the thread that found
+    its start-up stuck in c10d after a peer failed (:data:`autopipe.training.stuck_exit`):
+    the main thread cannot be reached, and nothing is written yet that needs closing."""
+    line = f"autopipe run: error: {message}"
+    sys.stderr.write(f"{common.line_prefix()}{line}\n")
+    sys.stderr.flush()
+    sys.stdout.flush()
+    record_error_for_torchrun(line)
+    os._exit(common.EXIT_FAILURE)
 
 
 class Terminated(BaseException):

@@ -27,7 +27,12 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from autopipe.runtime.distributed.failures import PipelineRankError, is_comm_failure, short_cause
+from autopipe.runtime.distributed.failures import (
+    PipelineRankError,
+    is_comm_failure,
+    on_every_rank,
+    short_cause,
+)
 from autopipe.runtime.planned_stages import PlannedStages
 from torch import fx, nn
 
@@ -224,7 +229,7 @@ def check_same_plan(
         dist.all_gather_object(everyone, mine)  # the world group: its timeout bounds the wait
     problem = mismatch(everyone)
     if problem is not None:
-        raise PlanMismatchError(problem)
+        raise on_every_rank(PlanMismatchError(problem))  # every rank found it, from one list
 
 
 def mismatch(fingerprints: list[dict[str, Any]]) -> str | None:

@@ -23,8 +23,8 @@ import os
 import re
 import socket
 import time
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 import torch.distributed as dist
 
@@ -32,11 +32,14 @@ from autopipe.core.errors import Failure
 
 __all__ = [
     "PipelineRankError",
+    "board_reader",
     "failure_board",
     "failure_cause",
     "is_comm_failure",
+    "on_every_rank",
     "one_line",
     "publish_failure",
+    "raised_on_every_rank",
     "published_failure",
     "run_board",
     "store_host_gone",
@@ -70,6 +73,30 @@ def is_comm_failure(exc: BaseException) -> bool:
         key in text
         for key in ("connection closed", "connection reset", "timed out", "timeout", "broken pipe")
     )
+
+
+_EVERY_RANK = "_autopipe_on_every_rank"
+
+E = TypeVar("E", bound=BaseException)
+
+
+def on_every_rank(exc: E) -> E:
+    """Mark ``exc`` as an error every rank raises alike, having found it together (the plan
+    agreement, a barrier): no peer needs it from the store, and none should write it there,
+    since rank 0, the store's host without torchrun's agent, may already be exiting with its
+    own copy (c10d's client then prints C++ frames). Returns ``exc``."""
+    setattr(exc, _EVERY_RANK, True)
+    return exc
+
+
+def raised_on_every_rank(exc: BaseException) -> bool:
+    """Whether ``exc``, or an error it was raised from, is marked by :func:`on_every_rank`."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if getattr(seen, _EVERY_RANK, False):
+            return True
+        seen = seen.__cause__
+    return False
 
 
 PUBLISHED_WAIT_S = 1.0
@@ -167,12 +194,19 @@ def _read_board(wait_s: float) -> tuple[str | None, bool]:
         store = _store()
         if store is None:
             return None, True
-        if _store_gone(store):
-            return None, False
-        while not store.check([_board]):
+        # Probed before each call: the host may be exiting while this rank reads (a
+        # failing rank 0 without torchrun's agent), and each call to a store that is gone
+        # prints c10d's C++ frames. The window left is between a probe and its call.
+        while True:
+            if _store_gone(store):
+                return None, False
+            if store.check([_board]):
+                break
             if time.monotonic() >= deadline:
                 return None, True
             time.sleep(0.05)
+        if _store_gone(store):
+            return None, False
         value: bytes = store.get(_board)
     except Exception:  # noqa: BLE001 - no store to read: its host is gone
         return None, False
@@ -189,6 +223,33 @@ def store_host_gone() -> str:
         "rank 0 is gone, and with it the c10d store it held, so its cause cannot be read "
         "here: rank 0's own error line (and the launcher's report) names it"
     )
+
+
+def board_reader() -> Callable[[], str | None] | None:
+    """A reader of the current board for another thread: a call returns the published line
+    or None (none yet, or the store's host gone), without waiting. It reads on a connection
+    of its own (``Store.clone``): c10d's client serializes its calls, so reading through
+    the default group's store would wait as long as the main thread waits on it (a new
+    group's rendezvous: the whole timeout). None without a process group or board."""
+    store = _store() if _board is not None else None
+    if store is None:
+        return None
+    key = _board
+    try:
+        own = store.clone()
+    except Exception:  # noqa: BLE001 - a store that cannot be cloned: nothing to read with
+        return None
+
+    def read() -> str | None:
+        try:
+            if _store_gone(own) or not own.check([key]):
+                return None
+            value: bytes = own.get(key)
+        except Exception:  # noqa: BLE001 - gone meanwhile: nothing to read
+            return None
+        return value.decode(errors="replace") or None
+
+    return read
 
 
 def failure_cause(wait_s: float = 0.0) -> str | None:

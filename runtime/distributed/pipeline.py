@@ -65,6 +65,7 @@ from autopipe.runtime.distributed.failures import (
     failure_board,
     failure_cause,
     is_comm_failure,
+    on_every_rank,
     one_line,
     publish_failure,
     short_cause,
@@ -989,9 +990,9 @@ def _agreed_stages(
     problems = preflight(plan)
     if problems:
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
-        raise ScheduleRuleError(f"the plan cannot run: {problems[0]}{more}; re-plan")
+        raise on_every_rank(ScheduleRuleError(f"the plan cannot run: {problems[0]}{more}; re-plan"))
     if cut_error is not None:  # every rank failed alike: each raises its own
-        raise cut_error
+        raise on_every_rank(cut_error)
     assert planned is not None
     return planned
 
