@@ -791,7 +791,7 @@ class _MeshSearch:
         )  # fmt: skip
         self.microbatches = _microbatch_candidates(request.microbatches)
         self.shares: dict[tuple[int, int, int], Profile] = {}
-        self.contexts: dict[tuple[bool, int, int], Profile] = {}
+        self.contexts: dict[tuple[bool, bool, int, int], Profile] = {}
 
     def device_of(self, c: MeshCandidate) -> Profile:
         """One device's share without the per-micro-batch gathers of ``parameters`` (they
