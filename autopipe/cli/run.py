@@ -28,6 +28,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from autopipe import training
 from autopipe.cli import common
 from autopipe.outputs import inside_folder_problem
 from autopipe.saving import save_dir_problem
@@ -191,8 +192,6 @@ def cmd_run(args: argparse.Namespace) -> int:
     if os.environ.get("RANK", "").isdigit():
         # torchrun interleaves every rank's output: each line says whose it is.
         common.set_line_prefix(f"[rank {os.environ['RANK']}] ")
-    from autopipe import training
-
     training.stuck_exit = _exit_stuck
     try:
         with one_line_per_rank(verbose=args.verbose):

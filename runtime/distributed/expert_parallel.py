@@ -41,6 +41,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from autopipe.runtime.distributed.mesh import LocalZeroOptimizer, make_zero_optimizer
 from torch import fx, nn
 from torch.distributed._functional_collectives import all_to_all_single_autograd
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
@@ -246,8 +247,6 @@ class ExpertZeroOptimizer:
         expert_group: Any,
         **options: Any,
     ) -> None:
-        from autopipe.runtime.distributed.mesh import LocalZeroOptimizer, make_zero_optimizer
-
         # Dense: ZeroRedundancyOptimizer, over the DTensors' local tensors where TP split
         # them (LocalZeroOptimizer); the expert shards always over their local tensors.
         self.dense: Any = (
