@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from autopipe.core.datafile import atomic_write_json
 from autopipe.core.errors import Failure, UsageError
-from autopipe.core.mesh_rules import mesh_problems
+from autopipe.core.mesh_rules import mesh_problems, uses_mesh
 from autopipe.core.plan import Plan
 from autopipe.core.timeline import to_chrome_trace
 from autopipe.modelfile import ModelFile, ModelFileError
@@ -395,7 +395,7 @@ def _check_world_size(plan: Plan, rank: int, world: int) -> None:
     """Refuse (UsageError, on every rank alike) a world size the plan does not fit: K x D
     ranks for a pipeline, the mesh's pp x dp x tp for a mesh plan."""
     from autopipe.runtime.distributed.layout import PlanWorldSizeError, rank_layout
-    from autopipe.runtime.distributed.mesh import mesh_size_problem, uses_mesh
+    from autopipe.runtime.distributed.mesh import mesh_size_problem
 
     problems = mesh_problems(plan)  # the same mesh rules emit applies, before any group
     if problems:
@@ -434,7 +434,6 @@ def _build_pipeline(
     phase (for the line a failure publishes)."""
     from autopipe.runtime.distributed.failures import PipelineRankError
     from autopipe.runtime.distributed.layout import PlanWorldSizeError
-    from autopipe.runtime.distributed.mesh import uses_mesh
     from autopipe.runtime.distributed.pipeline import DistributedPipeline
     from autopipe.runtime.split import StageSplitError
 

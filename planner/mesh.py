@@ -67,7 +67,7 @@ from autopipe.planner.search import (
 from autopipe.core.catalog import get_device, is_catalog_device
 from autopipe.core.cluster import Cluster, Device
 from autopipe.core.humanize import format_bytes, format_seconds
-from autopipe.core.mesh_rules import tied_chunks_problems
+from autopipe.core.mesh_rules import tied_chunks_problems, uses_mesh
 from autopipe.core.plan import Plan
 from autopipe.core.plan_records import MeshReport, MeshRow
 from autopipe.core.profile import Profile, UnitProfile
@@ -639,9 +639,8 @@ def plan_mesh(
         f"{best.dp_comm_s * 1e3:.4g} ms per step; {searched} of {len(cands)} meshes searched, "
         "the rest could not win or fit"
     )
-    if out.schedule in SPLIT_BACKWARD_SCHEDULES and (
-        best.tp > 1 or best.shard != "none" or best.ep > 1 or best.cp > 1
-    ):  # runtime/distributed/mesh.py:check_mesh_plan refuses it: say so before a launch does
+    if out.schedule in SPLIT_BACKWARD_SCHEDULES and uses_mesh(out):
+        # runtime/distributed/mesh.py:check_mesh_plan refuses it: say so before a launch does
         out.notes.append(
             f"autopipe run does not run {out.schedule} (a split weight pass) on this mesh "
             "(TP, sharded state, context or expert parallelism); emit it for a framework, or "

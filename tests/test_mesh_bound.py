@@ -12,7 +12,13 @@ import numpy as np
 import pytest
 from autopipe.planner import PlanningError, plan
 from autopipe.planner import mesh as mesh_module
-from autopipe.planner.mesh import _MeshSearch, _search, mesh_candidates, mesh_lower_bound_s
+from autopipe.planner.mesh import (
+    MeshCandidate,
+    _MeshSearch,
+    _search,
+    mesh_candidates,
+    mesh_lower_bound_s,
+)
 from autopipe.planner.mesh_bound import (
     PipelineMemory,
     _cheapest_cover_s,
@@ -164,12 +170,11 @@ def test_pruned_search_equals_searching_every_mesh(
         assert sum(r.searched for r in pruned.mesh.candidates) < len(pruned.mesh.candidates)
 
 
-@pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
-@pytest.mark.parametrize("memory", [2_500_000, 4_000_000])
-def test_the_memory_bound_is_below_every_mesh_step(schedule: str, memory: int) -> None:
-    """Each mesh searched alone (no cutoff): its step is at least its bound, and the memory
-    term raises some bound above the one without it (the instance needs re-materialization)."""
-    p = long_profile(n_blocks=4, seed=3, moe=True)
+def _mesh_search(
+    p: Profile, memory: int | None, schedule: str
+) -> tuple[_MeshSearch, list[MeshCandidate]]:
+    """The mesh search and every mesh (C and E auto) of ``p`` on 4 GPUs of one
+    node at batch 16: the searches the tests below run one mesh at a time."""
     req = _request(4, memory, schedule)
     _, state_bpp = training_state(p, req.optimizer, req.bytes_per_parameter)
     template = req.cluster.devices[0]  # type: ignore[union-attr]
@@ -178,18 +183,28 @@ def test_the_memory_bound_is_below_every_mesh_step(schedule: str, memory: int) -
     cands = mesh_candidates(
         p, 4, 16, gpus_per_node=4, shard="auto", context_parallel="auto", expert_parallel="auto"
     )
+    return search, cands
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
+@pytest.mark.parametrize("memory", [2_500_000, 4_000_000])
+def test_the_memory_bound_is_below_every_mesh_step(schedule: str, memory: int) -> None:
+    """Each mesh searched alone (no cutoff): its step is at least its bound, and the memory
+    term raises some bound above the one without it (the instance needs re-materialization)."""
+    p = long_profile(n_blocks=4, seed=3, moe=True)
+    search, cands = _mesh_search(p, memory, schedule)
     raised = 0
     planned = 0
     for c in cands:
         if c.pp > len(p.units):
             continue
         device, memory_of = search.device_of(c), search.memory_of(c)
-        args = (p, device, c, 16, topology, search.microbatches, True)
+        args = (p, device, c, 16, search.topology, search.microbatches, True)
         bound = mesh_lower_bound_s(*args, memory_of)
         raised += bound > mesh_lower_bound_s(*args)
         _search(
-            c, plan_pipeline, search.context_of(c), device, search.base, template, topology,
-            16, state_bpp, search.microbatches,
+            c, plan_pipeline, search.context_of(c), device, search.base, search.template,
+            search.topology, 16, search.state_bpp, search.microbatches,
         )  # fmt: skip
         if c.plan is not None:
             planned += 1
@@ -316,22 +331,15 @@ def test_fill_drain_allows_every_searched_mesh_plan(schedule: str, memory: int |
     """Each mesh searched alone (no cutoff): the fill-and-drain test at its plan's pipeline
     time, for its M, says yes (the plan is a cut within it), with the memory the search had."""
     p = long_profile(n_blocks=4, seed=5, moe=True)
-    req = _request(4, memory, schedule)
-    _, state_bpp = training_state(p, req.optimizer, req.bytes_per_parameter)
-    template = req.cluster.devices[0]  # type: ignore[union-attr]
-    topology = mesh_module._topology(req, 4, template)
-    search = _MeshSearch(p, req, template, topology, 16, state_bpp)
-    cands = mesh_candidates(
-        p, 4, 16, gpus_per_node=4, shard="auto", context_parallel="auto", expert_parallel="auto"
-    )
+    search, cands = _mesh_search(p, memory, schedule)
     planned = 0
     for c in cands:
         if c.pp > len(p.units):
             continue
         device, memory_of = search.device_of(c), search.memory_of(c)
         _search(
-            c, plan_pipeline, search.context_of(c), device, search.base, template, topology,
-            16, state_bpp, search.microbatches,
+            c, plan_pipeline, search.context_of(c), device, search.base, search.template,
+            search.topology, 16, search.state_bpp, search.microbatches,
         )  # fmt: skip
         if c.plan is None:
             continue

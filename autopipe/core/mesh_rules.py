@@ -35,9 +35,22 @@ __all__ = [
     "tied_chunks",
     "tied_chunks_problem",
     "tied_chunks_problems",
+    "uses_mesh",
 ]
 
 MESH_RULES = ("mesh-degrees", "mesh-devices", "tp-plan", "tp-degree", "tp-runs", "tied-chunks")
+
+
+def uses_mesh(plan: Plan) -> bool:
+    """Whether ``plan`` runs on the (pp, dp, cp, tp) mesh (T > 1, sharded state, context or
+    expert parallelism); plans with T = 1, ``shard = none``, C = 1 and E = 1 keep the plain
+    K x D path."""
+    return (
+        plan.tensor_parallel > 1
+        or plan.shard != "none"
+        or plan.expert_parallel > 1
+        or plan.context_parallel > 1
+    )
 
 
 TIED_CHUNKS_SHARDS = ("none", "optimizer")

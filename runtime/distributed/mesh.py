@@ -93,24 +93,11 @@ __all__ = [
     "split_per_head",
     "tied_slots",
     "tp_style",
-    "uses_mesh",
 ]
 
 
 class MeshPlanError(UsageError, ValueError):
     """A mesh plan this runtime cannot run (one line saying what and how to fix it)."""
-
-
-def uses_mesh(plan: Plan) -> bool:
-    """Whether ``plan`` runs on the (pp, dp, cp, tp) mesh (T > 1, sharded state, context or
-    expert parallelism); plans with T = 1, ``shard = none``, C = 1 and E = 1 keep the plain
-    K x D path."""
-    return (
-        plan.tensor_parallel > 1
-        or plan.shard != "none"
-        or plan.expert_parallel > 1
-        or plan.context_parallel > 1
-    )
 
 
 def expert_plan_problem(plan: Plan) -> str | None:

@@ -85,7 +85,6 @@ from autopipe.runtime.distributed.mesh import (
     planned_modules,
     retie,
     tied_slots,
-    uses_mesh,
 )
 from autopipe.runtime.distributed.process import group_timeout
 from autopipe.runtime.distributed.schedule_order import check_torch_order
@@ -117,6 +116,7 @@ from torch.distributed.tensor import DTensor
 from torch.utils import _pytree as pytree
 
 from autopipe.core.errors import UsageError
+from autopipe.core.mesh_rules import uses_mesh
 from autopipe.core.plan import Plan
 from autopipe.core.schedule_rules import preflight
 from autopipe.core.timeline import Action
