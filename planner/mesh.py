@@ -26,7 +26,7 @@ import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 import numpy as np
 from autopipe.planner.context_expert import (
@@ -67,13 +67,13 @@ from autopipe.planner.search import (
 from autopipe.core.catalog import get_device, is_catalog_device
 from autopipe.core.cluster import Cluster, Device
 from autopipe.core.humanize import format_bytes, format_seconds
-from autopipe.core.mesh_rules import tied_chunks_problems, uses_mesh
+from autopipe.core.mesh_rules import mesh_schedule_problem, mesh_schedules, tied_chunks_problems
 from autopipe.core.plan import Plan
 from autopipe.core.plan_records import MeshReport, MeshRow
 from autopipe.core.profile import Profile, UnitProfile
 from autopipe.core.request import PlanRequest, Schedule
 from autopipe.core.schedule_rules import chunk_ranks
-from autopipe.core.vocabulary import FRAMEWORK_DEFAULTS, SHARD_MODES, SPLIT_BACKWARD_SCHEDULES
+from autopipe.core.vocabulary import FRAMEWORK_DEFAULTS, SHARD_MODES
 
 __all__ = [
     "MeshCandidate",
@@ -126,6 +126,19 @@ class MeshCandidate:
     @property
     def shape(self) -> tuple[int, int, int]:
         return (self.pp, self.dp, self.tp)
+
+    # The degrees under a Plan's names (core.mesh_rules.MeshDegrees): the mesh rules read them.
+    @property
+    def tensor_parallel(self) -> int:
+        return self.tp
+
+    @property
+    def context_parallel(self) -> int:
+        return self.cp
+
+    @property
+    def expert_parallel(self) -> int:
+        return self.ep
 
     @property
     def fsdp(self) -> int:
@@ -639,13 +652,6 @@ def plan_mesh(
         f"{best.dp_comm_s * 1e3:.4g} ms per step; {searched} of {len(cands)} meshes searched, "
         "the rest could not win or fit"
     )
-    if out.schedule in SPLIT_BACKWARD_SCHEDULES and uses_mesh(out):
-        # runtime/distributed/mesh.py:check_mesh_plan refuses it: say so before a launch does
-        out.notes.append(
-            f"autopipe run does not run {out.schedule} (a split weight pass) on this mesh "
-            "(TP, sharded state, context or expert parallelism); emit it for a framework, or "
-            "re-plan with --schedule 1f1b or interleaved-1f1b to train it with autopipe run"
-        )
     if profile.tp_note and not profile.tp_plan:
         out.notes.append(f"tensor parallelism not considered: {profile.tp_note}")
     elif profile.tp_refusal:
@@ -829,6 +835,12 @@ class _MeshSearch:
         profile = self.profile
         single = self.request.schedule in ("gpipe", "1f1b")  # one chunk per rank: fill, drain
         for c in cands:
+            # a named schedule autopipe run does not run on this mesh (the rule its
+            # check_mesh_plan applies): never searched, as the tied-chunks rule's meshes
+            problem = mesh_schedule_problem(c, self.request.schedule)
+            if problem is not None:
+                c.reason = problem
+                continue
             if c.pp > len(profile.units):  # never searched, so no bound priced (0: none): its
                 # K x #M arrays took a minute for --gpus 10**6 --batch-size 10**12
                 c.reason = f"{c.pp} stages need {c.pp} units; the model has {len(profile.units)}"
@@ -999,9 +1011,13 @@ def _rank(c: MeshCandidate) -> tuple[float, float]:
     return (c.step_s, c.lower_bound_s)
 
 
-PipelineSearch = Callable[[Profile, PlanRequest, float], Plan]
-"""The pipeline search one mesh runs (:func:`autopipe.planner.search.plan_pipeline`): the
-device profile, the request, the step time to beat."""
+class PipelineSearch(Protocol):
+    """The pipeline search one mesh runs (:func:`autopipe.planner.search.plan_pipeline`): the
+    device profile, the request, the step time to beat, the schedules ``auto`` may pick."""
+
+    def __call__(
+        self, profile: Profile, req: PlanRequest, cutoff_s: float, *, schedules: tuple[str, ...]
+    ) -> Plan: ...
 
 
 def _search(
@@ -1155,6 +1171,7 @@ def _best_run(
     mesh would lose (above ``cutoff_s``, the best step found) anyway."""
     best: tuple[Plan, Profile, PlanRequest] | None = None
     refused: PlanningError | None = None
+    schedules = mesh_schedules(c)
     for make, one in runs:
         beat = min(cutoff_s, best[0].iteration_time_s if best is not None else math.inf)
         m = one.microbatches
@@ -1172,7 +1189,8 @@ def _best_run(
             if bound >= best[0].iteration_time_s:
                 continue
         try:
-            p = inner(share, one, beat)
+            # under schedule auto, only those autopipe run runs on this mesh (core.mesh_rules)
+            p = inner(share, one, beat, schedules=schedules)
         except CannotBeat:
             continue
         except PlanningError as exc:  # rule violations (this M) and memory alike
@@ -1315,7 +1333,7 @@ def _cp_ep_words(c: MeshCandidate) -> str:
 def _no_mesh_error(
     cands: list[MeshCandidate], n: int, template: Device, request: PlanRequest
 ) -> PlanningError:
-    rules = {c.reason for c in cands if c.reason.startswith("tied-chunks:")}
+    rules = {c.reason for c in cands if c.reason.startswith(("tied-chunks:", "mesh-schedule:"))}
     if rules and all(c.reason in rules for c in cands):
         # every mesh the request allows breaks a mesh rule: bad input, said once
         return RuleViolation(min(rules))

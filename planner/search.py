@@ -266,10 +266,19 @@ class CannotBeat(PlanningError):
     ``cutoff_s``: no plan of this request beats a plan the caller already has."""
 
 
-def plan_pipeline(profile: Profile, req: PlanRequest, cutoff_s: float = math.inf) -> Plan:
+def plan_pipeline(
+    profile: Profile,
+    req: PlanRequest,
+    cutoff_s: float = math.inf,
+    *,
+    schedules: Sequence[str] = PLAN_SCHEDULES,
+) -> Plan:
     """:func:`plan` for one K-stage pipeline (no mesh). ``cutoff_s``: a step time the caller
     already has (the mesh search's best): candidates whose proven lower bound is not below it
-    are not searched, and ``CannotBeat`` is raised when that leaves none feasible."""
+    are not searched, and ``CannotBeat`` is raised when that leaves none feasible.
+    ``schedules``: those ``schedule="auto"`` may pick (the mesh search passes the ones
+    ``autopipe run`` runs on the mesh, :func:`autopipe.core.mesh_rules.mesh_schedules`, and
+    refuses a named one outside them before searching)."""
     _check_choice("schedule", req.schedule, (*PLAN_SCHEDULES, "auto"))
     _check_choice("checkpoint", req.checkpoint, CHECKPOINT_MODES)
     _check_choice("strategy", req.strategy, STRATEGIES)
@@ -280,7 +289,7 @@ def plan_pipeline(profile: Profile, req: PlanRequest, cutoff_s: float = math.inf
     batch = profile.batch_size if req.batch_size is None else req.batch_size
     batch = _positive_int("batch_size", batch)
     m_list = _candidate_microbatches(batch, req.microbatches)
-    combos = _candidate_shapes(req, len(cluster), len(profile.units), m_list, batch)
+    combos = _candidate_shapes(req, len(cluster), len(profile.units), m_list, batch, schedules)
 
     # Cheapest first: each candidate's proven lower bound (O(N + K V M)) orders them, and
     # one that cannot beat the best time found so far is not partitioned at all.
@@ -356,15 +365,21 @@ M: their simulation is O(K V M) Python steps, and beyond it the bubble they save
 
 
 def _candidate_shapes(
-    req: PlanRequest, k: int, n_units: int, m_list: list[int], batch: int
+    req: PlanRequest,
+    k: int,
+    n_units: int,
+    m_list: list[int],
+    batch: int,
+    allowed: Sequence[str] = PLAN_SCHEDULES,
 ) -> list[tuple[str, int, int]]:
-    """Every (schedule, V, M) to try. A request that forces a schedule (and V, and M) which
-    torch refuses raises :class:`RuleViolation` naming the rule; with ``schedule="auto"``
-    rule-breaking combinations are just skipped. O(#schedules x #V x #M)."""
+    """Every (schedule, V, M) to try, ``schedule="auto"`` trying those of ``allowed``. A
+    request that forces a schedule (and V, and M) which torch refuses raises
+    :class:`RuleViolation` naming the rule; with ``schedule="auto"`` rule-breaking
+    combinations are just skipped. O(#schedules x #V x #M)."""
     forced_v = req.virtual_stages != "auto"
     if forced_v:
         v_req = _positive_int("virtual_stages", req.virtual_stages)
-    schedules = list(PLAN_SCHEDULES) if req.schedule == "auto" else [req.schedule]
+    schedules = [s for s in PLAN_SCHEDULES if s in allowed] if req.schedule == "auto" else [req.schedule]
     combos: list[tuple[str, int, int]] = []
     refused: list[str] = []
     for sched in schedules:

@@ -645,17 +645,72 @@ def test_cli_explain_prints_a_mesh_plans_framework_rows(
     assert "torchtitan 0.2.2 (even split) [1f1b, V=1]" in text
 
 
-def test_a_zero_bubble_mesh_plan_says_autopipe_run_refuses_it() -> None:
-    """``--schedule auto`` (or interleaved-zb) on a TP or sharded mesh chose a split weight
-    pass that ``autopipe run`` refuses (runtime/distributed/mesh.py:check_mesh_plan), with
-    nothing in the plan saying so (#36 audit: the README's 70B mesh under auto)."""
-    from autopipe.core.vocabulary import SPLIT_BACKWARD_SCHEDULES
+RUNS_ON_A_MESH = ("gpipe", "1f1b", "interleaved-1f1b", "looped-bfs")
+"""The schedules ``autopipe run`` runs on the mesh runtime: none that splits the backward."""
 
+
+@pytest.mark.parametrize(
+    "mesh",
+    [{"tensor_parallel": 2}, {"data_parallel": 2, "shard": "parameters"}],
+    ids=["tp2", "zero3"],
+)
+def test_an_auto_schedule_on_a_mesh_never_splits_the_backward(mesh: dict[str, object]) -> None:
+    """``schedule="auto"`` on a mesh ``autopipe run`` runs on its mesh runtime (T > 1,
+    sharded state) picks none of the zero-bubble schedules its ``check_mesh_plan`` refuses
+    (it picked interleaved-zb for seeds 0 and 2, with a note that run refuses it: #36 audit,
+    the README's 70B mesh under auto); a plain pp x dp mesh (the K x D path, which runs
+    them) still picks one."""
+    from autopipe.core.mesh_rules import mesh_schedules, uses_mesh
+
+    for seed in (0, 2):
+        p = tiny_profile(n_blocks=6, seed=seed)
+        base = PlanRequest(gpus=4, batch_size=16, schedule="auto", baselines=False)
+        out = plan(p, dataclasses.replace(base, **mesh))  # type: ignore[arg-type]
+        assert uses_mesh(out) and out.schedule in RUNS_ON_A_MESH == mesh_schedules(out)
+        assert out.schedule in ("looped-bfs", "interleaved-1f1b")  # the next fastest
+        plain = plan(p, dataclasses.replace(base, data_parallel=2))
+        assert not uses_mesh(plain) and plain.schedule == "interleaved-zb"
+
+
+def test_a_named_zero_bubble_schedule_on_a_mesh_is_refused_naming_those_that_run() -> None:
+    """A zero-bubble schedule named for a mesh ``autopipe run`` would refuse it on is bad
+    input, refused in one line naming the schedules that run there, as a parameter tied
+    across FSDP-sharded chunks is (the planner plans what run runs); with the mesh left to
+    the search, only the meshes that run it (T = 1, no sharding) are searched, the others'
+    rows saying why."""
     p = tiny_profile(n_blocks=6)
-    base = PlanRequest(gpus=4, tensor_parallel=2, batch_size=16, microbatches=4,
-                       schedule="interleaved-zb", baselines=False)  # fmt: skip
-    zb = plan(p, base)
-    assert zb.schedule in SPLIT_BACKWARD_SCHEDULES and zb.tensor_parallel == 2
-    assert [n for n in zb.notes if n.startswith("autopipe run does not run interleaved-zb")]
-    plain = plan(p, dataclasses.replace(base, schedule="interleaved-1f1b"))
-    assert not [n for n in plain.notes if n.startswith("autopipe run does not run")]
+    with pytest.raises(RuleViolation) as exc:
+        plan(p, PlanRequest(gpus=4, tensor_parallel=2, batch_size=16, schedule="zbv"))
+    assert str(exc.value) == (
+        "mesh-schedule: zbv splits the weight pass, which autopipe run does not combine "
+        "with TP, sharded state, context or expert parallelism; use --schedule auto or one "
+        "it runs on this mesh: gpipe, 1f1b, interleaved-1f1b, looped-bfs"
+    )
+    out = plan(p, PlanRequest(gpus=4, batch_size=16, schedule="zbv", baselines=False,
+                              tensor_parallel="auto", data_parallel="auto", shard="auto"))  # fmt: skip
+    assert out.schedule == "zbv" and (out.tensor_parallel, out.shard) == (1, "none")
+    assert out.mesh is not None
+    refused = [r for r in out.mesh.candidates if r.reason.startswith("mesh-schedule: zbv")]
+    assert {(r.tp > 1 or r.shard != "none") for r in refused} == {True}
+    # 15 meshes of 4 GPUs (T 1, 2, 4 x D x shard): 12 use the mesh runtime
+    assert len(refused) == 12 and not any(r.searched for r in refused)
+    others = [r for r in out.mesh.candidates if r not in refused]
+    assert [(r.tp, r.shard) for r in others] == [(1, "none")] * 3
+
+
+def test_cli_plans_no_zero_bubble_schedule_on_a_tp_mesh(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``autopipe plan --schedule auto`` on a TP mesh writes a schedule ``autopipe run``
+    runs there; ``--schedule interleaved-zb`` on it exits 2 with the rule's one line."""
+    saved = _saved(tmp_path, tiny_profile(n_blocks=6))
+    out = tmp_path / "plan.json"
+    argv = ["plan", saved, "--gpus", "4", "--tensor-parallel", "2", "--data-parallel", "1",
+            "--batch-size", "16", "--allreduce-bandwidth", "100GB/s"]  # fmt: skip
+    assert main([*argv, "--schedule", "auto", "--json", str(out)]) == 0
+    capsys.readouterr()
+    assert load_plan(out).schedule == "looped-bfs"  # interleaved-zb before the rule
+    assert main([*argv, "--schedule", "interleaved-zb"]) == 2
+    line = _err_line(capsys)
+    assert "mesh-schedule: interleaved-zb splits the weight pass" in line
+    assert line.endswith("on this mesh: gpipe, 1f1b, interleaved-1f1b, looped-bfs")

@@ -19,19 +19,31 @@ Each problem is one line starting with the rule's name:
   stages) runs only without FSDP-sharded state (shard ``parameters``, ``gradients``)
   (:func:`tied_chunks_problem`: the one statement of the rule, which the planner's search
   and the mesh runtime's ``check_mesh_plan`` both apply).
+
+One more rule is ``autopipe run``'s alone, not the plan's (``emit`` hands such a plan to
+frameworks that run it, so :func:`mesh_problems` leaves it out):
+
+- ``mesh-schedule``: on the mesh runtime (:func:`uses_mesh`) no schedule that splits the
+  backward (:data:`SPLIT_BACKWARD_SCHEDULES`) runs (:func:`mesh_schedules`,
+  :func:`mesh_schedule_problem`: the one statement, which the mesh runtime's
+  ``check_mesh_plan`` and the planner's mesh search both apply, so no plan names one).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Protocol
 
 from autopipe.core.plan import Plan
 from autopipe.core.profile import UnitProfile
-from autopipe.core.vocabulary import SHARD_MODES
+from autopipe.core.vocabulary import PLAN_SCHEDULES, SHARD_MODES, SPLIT_BACKWARD_SCHEDULES
 
 __all__ = [
     "MESH_RULES",
+    "MeshDegrees",
     "mesh_problems",
+    "mesh_schedule_problem",
+    "mesh_schedules",
     "tied_chunks",
     "tied_chunks_problem",
     "tied_chunks_problems",
@@ -41,7 +53,20 @@ __all__ = [
 MESH_RULES = ("mesh-degrees", "mesh-devices", "tp-plan", "tp-degree", "tp-runs", "tied-chunks")
 
 
-def uses_mesh(plan: Plan) -> bool:
+class MeshDegrees(Protocol):
+    """A mesh's degrees, as a :class:`Plan` holds them (and the planner's mesh candidates)."""
+
+    @property
+    def tensor_parallel(self) -> int: ...
+    @property
+    def shard(self) -> str: ...
+    @property
+    def context_parallel(self) -> int: ...
+    @property
+    def expert_parallel(self) -> int: ...
+
+
+def uses_mesh(plan: MeshDegrees) -> bool:
     """Whether ``plan`` runs on the (pp, dp, cp, tp) mesh (T > 1, sharded state, context or
     expert parallelism); plans with T = 1, ``shard = none``, C = 1 and E = 1 keep the plain
     K x D path."""
@@ -50,6 +75,30 @@ def uses_mesh(plan: Plan) -> bool:
         or plan.shard != "none"
         or plan.expert_parallel > 1
         or plan.context_parallel > 1
+    )
+
+
+def mesh_schedules(mesh: MeshDegrees) -> tuple[str, ...]:
+    """The schedules ``autopipe run`` runs on ``mesh`` (``PLAN_SCHEDULES`` order): all of
+    them on the plain K x D path, on the mesh runtime (:func:`uses_mesh`) none that splits
+    the backward into input and weight passes (its weight pass is not combined with TP,
+    FSDP's deferred reduction, the context-parallel ring or the expert all-to-all)."""
+    if not uses_mesh(mesh):
+        return PLAN_SCHEDULES
+    return tuple(s for s in PLAN_SCHEDULES if s not in SPLIT_BACKWARD_SCHEDULES)
+
+
+def mesh_schedule_problem(mesh: MeshDegrees, schedule: str) -> str | None:
+    """The ``mesh-schedule`` rule: the one-line refusal of ``schedule`` on ``mesh``, naming
+    the schedules that run there, or None (also for a name that is no schedule, which the
+    schedule rules refuse)."""
+    runs = mesh_schedules(mesh)
+    if schedule in runs or schedule not in PLAN_SCHEDULES:
+        return None
+    return (
+        f"mesh-schedule: {schedule} splits the weight pass, which autopipe run does not "
+        "combine with TP, sharded state, context or expert parallelism; use --schedule auto "
+        f"or one it runs on this mesh: {', '.join(runs)}"
     )
 
 

@@ -65,12 +65,11 @@ from torch import fx, nn
 from torch.distributed.device_mesh import init_device_mesh
 
 from autopipe.core.errors import UsageError
-from autopipe.core.mesh_rules import mesh_problems, tied_chunks_problem
+from autopipe.core.mesh_rules import mesh_problems, mesh_schedule_problem, tied_chunks_problem
 from autopipe.core.plan import Plan
 from autopipe.core.vocabulary import (
     MESH_DIM_NAMES,
     REPLICATED_TP_STYLES,
-    SPLIT_BACKWARD_SCHEDULES,
     TP_STYLES,
 )
 
@@ -143,12 +142,9 @@ def check_mesh_plan(plan: Plan, tied: Sequence[Any] = ()) -> None:
     """Refuse, in one line (:class:`MeshPlanError`), a mesh plan this runtime does not run
     (then the plan's own mesh rules, :func:`autopipe.core.mesh_rules.mesh_problems`);
     ``tied``: the model's parameters tied across chunks (``PlannedStages.tied``)."""
-    if plan.schedule in SPLIT_BACKWARD_SCHEDULES:
-        raise MeshPlanError(
-            f"schedule {plan.schedule} splits the weight pass, which autopipe run does not "
-            "combine with TP, sharded state or expert parallelism; re-plan with --schedule 1f1b (or gpipe, "
-            "interleaved-1f1b)"
-        )
+    problem = mesh_schedule_problem(plan, plan.schedule)  # the rule the planner applies
+    if problem is not None:  # a plan file made before the planner applied it
+        raise MeshPlanError(problem)
     for parameter in tied:  # the rule the planner's search applies (mesh_rules)
         problem = tied_chunks_problem(
             parameter.name, parameter.stages, plan.tensor_parallel, plan.shard
