@@ -1,6 +1,8 @@
 """A plan hand-edited to a mesh no rank can build (issue 36, severe 4): ``autopipe emit``
 refuses it with the same rule ``autopipe run`` applies (:mod:`autopipe.core.mesh_rules`), in
-one line, exit 2, nothing written."""
+one line, exit 2, nothing written. And the ``mesh-schedule`` rule (no zero-bubble schedule on
+the mesh runtime): the planner's mesh search plans nothing ``autopipe run``'s own check
+refuses."""
 
 from __future__ import annotations
 
@@ -9,14 +11,20 @@ from functools import cache
 from pathlib import Path
 
 import pytest
+from autopipe.planner import PlanningError
 from autopipe.planner import plan as make_plan
+from autopipe.planner.mesh import MeshCandidate
 from autopipe.profiler.analytic import profile_analytic
 from autopipe.profiler.tensor_parallel import annotate_tensor_parallel
 from distributed_cases import tiny_gpt
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+from test_planner_context_expert import long_profile
 
 from autopipe.cli import main
 from autopipe.core.errors import UsageError
-from autopipe.core.mesh_rules import mesh_problems
+from autopipe.core.cluster import Cluster, Device
+from autopipe.core.mesh_rules import mesh_problems, mesh_schedule_problem, mesh_schedules, uses_mesh
 from autopipe.core.plan import Plan, replace_plan
 from autopipe.core.request import PlanRequest
 
@@ -87,3 +95,79 @@ def test_run_refuses_the_same_plan_with_the_same_rule(edit: str) -> None:
     plan = replace_plan(tp_plan(), **EDITS[edit][0])
     with pytest.raises(UsageError, match=EDITS[edit][1]):
         _check_world_size(plan, 0, plan.world_size)  # refused before any process group
+
+
+PLAIN = ("gpipe", "1f1b", "interleaved-1f1b", "looped-bfs", "interleaved-zb", "zbv", "dualpipev")
+
+
+@pytest.mark.parametrize(
+    ("tp", "shard", "cp", "ep", "runs"),
+    [
+        (1, "none", 1, 1, PLAIN),  # the plain K x D path (any D) runs every schedule
+        (2, "none", 1, 1, PLAIN[:4]),
+        (1, "optimizer", 1, 1, PLAIN[:4]),
+        (1, "parameters", 1, 1, PLAIN[:4]),
+        (1, "none", 2, 1, PLAIN[:4]),
+        (1, "none", 1, 2, PLAIN[:4]),
+    ],
+)
+def test_mesh_schedules_are_every_schedule_but_split_backward_on_the_mesh_runtime(
+    tp: int, shard: str, cp: int, ep: int, runs: tuple[str, ...]
+) -> None:
+    mesh = MeshCandidate(pp=2, dp=2, tp=tp, shard=shard, cp=cp, ep=ep)
+    assert mesh_schedules(mesh) == runs
+    assert [s for s in PLAIN if mesh_schedule_problem(mesh, s) is None] == list(runs)
+    assert mesh_schedule_problem(mesh, "auto") is None  # not a schedule: other rules' word
+    if runs != PLAIN:
+        assert mesh_schedule_problem(mesh, "dualpipev") == (
+            "mesh-schedule: dualpipev splits the weight pass, which autopipe run does not "
+            "combine with TP, sharded state, context or expert parallelism; use --schedule "
+            "auto or one it runs on this mesh: gpipe, 1f1b, interleaved-1f1b, looped-bfs"
+        )
+
+
+DEGREES = st.sampled_from([1, 2, "auto"])
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    seed=st.integers(0, 1000),
+    tp=DEGREES,
+    dp=DEGREES,
+    cp=DEGREES,
+    ep=DEGREES,
+    shard=st.sampled_from(["none", "optimizer", "parameters", "auto"]),
+    memory=st.sampled_from([None, 3_000_000]),
+)
+# each picked a zero-bubble schedule (dualpipev, zbv) before the search applied the rule
+@example(seed=0, tp=2, dp=1, cp=1, ep=1, shard="none", memory=None)
+@example(seed=0, tp=1, dp=1, cp=2, ep=1, shard="none", memory=None)
+def test_run_accepts_every_plan_the_auto_search_makes_on_a_mesh(
+    seed: int,
+    tp: int | str,
+    dp: int | str,
+    cp: int | str,
+    ep: int | str,
+    shard: str,
+    memory: int | None,
+) -> None:
+    """``schedule="auto"`` over small random meshes of 4 GPUs (T, D, C, E fixed or auto, any
+    sharding, an MoE Llama-like profile): every plan the search returns passes the mesh
+    runtime's own check (``check_mesh_plan``, what every rank of ``autopipe run`` applies
+    to a mesh plan before building anything)."""
+    from autopipe.runtime.distributed.mesh import check_mesh_plan
+
+    p = long_profile(n_blocks=4, seed=seed, moe=True)
+    request = PlanRequest(
+        cluster=Cluster([Device("gpu", memory, 1.0, 1e11, 0.0)] * 4), batch_size=16,
+        gpus_per_node=4, schedule="auto", checkpoint="auto", baselines=False,
+        tensor_parallel=tp, data_parallel=dp, shard=shard,  # type: ignore[arg-type]
+        context_parallel=cp, expert_parallel=ep,
+    )  # fmt: skip
+    try:
+        out = make_plan(p, request)
+    except PlanningError:  # a request no mesh of 4 GPUs fits (or bad input): nothing planned
+        return
+    assert mesh_schedule_problem(out, out.schedule) is None
+    if uses_mesh(out):
+        check_mesh_plan(out)  # raises MeshPlanError, one line, on what run refuses
