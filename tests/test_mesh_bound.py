@@ -33,6 +33,7 @@ from hypothesis import strategies as st
 from test_planner_context_expert import long_profile
 
 from autopipe.core.cluster import Cluster, Device
+from autopipe.core.mesh_rules import mesh_schedule_problem
 from autopipe.core.plan import Plan
 from autopipe.core.profile import Profile, UnitProfile
 from autopipe.core.request import PlanRequest
@@ -168,6 +169,27 @@ def test_pruned_search_equals_searching_every_mesh(
         assert all(r.searched for r in every.mesh.candidates if r.pp <= len(p.units))
     if pruned is not None and pruned.mesh is not None and memory is not None:
         assert sum(r.searched for r in pruned.mesh.candidates) < len(pruned.mesh.candidates)
+
+
+@pytest.mark.parametrize(
+    ("seed", "memory", "dp"), [(0, None, "auto"), (0, 4_000_000, 1), (1, 4_000_000, 1)]
+)
+def test_pruned_search_equals_searching_every_mesh_under_auto(
+    seed: int, memory: int | None, dp: int | str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As above under ``schedule="auto"``, where a mesh on the mesh runtime searches no
+    zero-bubble schedule (core.mesh_rules.mesh_schedules) and a plain one every schedule:
+    the bounds (over every schedule) stay below each mesh's step, so pruning keeps the
+    winner, and neither search returns a schedule ``autopipe run`` refuses on its mesh (seed
+    0 at 4 MB, D = 1 chose interleaved-zb on C = 4, ZeRO-3, before the rule; 1f1b now)."""
+    p = long_profile(n_blocks=4, seed=seed, moe=True)
+    req = dataclasses.replace(_request(4, memory, "auto"), data_parallel=dp)
+    pruned = _plan(p, req)
+    _prune_nothing(monkeypatch)
+    every = _plan(p, req)
+    _same(pruned, every)
+    for out in (pruned, every):
+        assert out is not None and mesh_schedule_problem(out, out.schedule) is None
 
 
 def _mesh_search(

@@ -214,6 +214,25 @@ def test_auto_search_equals_brute_force_over_factorizations(
         assert auto == pytest.approx(best, rel=1e-12)
 
 
+@pytest.mark.parametrize(("seed", "memory"), [(0, None), (1, 6_000_000)])
+def test_auto_schedule_search_equals_brute_force_over_factorizations(
+    seed: int, memory: int | None
+) -> None:
+    """Under ``schedule="auto"`` too (each mesh on the mesh runtime searching no zero-bubble
+    schedule, :func:`autopipe.core.mesh_rules.mesh_schedules`): the auto mesh's step is the
+    best of every mesh planned alone, 4 GPUs."""
+    p = tiny_profile(n_blocks=5, seed=seed)
+    auto = _step(p, 4, memory, tensor_parallel="auto", data_parallel="auto", shard="auto",
+                 schedule="auto")  # fmt: skip
+    every = [
+        _step(p, 4, memory, tensor_parallel=c.tp, data_parallel=c.dp, shard=c.shard,
+              schedule="auto")
+        for c in mesh_candidates(p, 4, 32, gpus_per_node=4)
+        if c.pp <= len(p.units)
+    ]  # fmt: skip
+    assert math.isfinite(auto) and auto == pytest.approx(min(every), rel=1e-12)
+
+
 def test_mesh_plan_records_the_mesh_and_fits() -> None:
     p = tiny_profile(n_blocks=6)
     out = plan(
