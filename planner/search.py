@@ -379,7 +379,9 @@ def _candidate_shapes(
     forced_v = req.virtual_stages != "auto"
     if forced_v:
         v_req = _positive_int("virtual_stages", req.virtual_stages)
-    schedules = [s for s in PLAN_SCHEDULES if s in allowed] if req.schedule == "auto" else [req.schedule]
+    schedules = (
+        [s for s in PLAN_SCHEDULES if s in allowed] if req.schedule == "auto" else [req.schedule]
+    )
     combos: list[tuple[str, int, int]] = []
     refused: list[str] = []
     for sched in schedules:

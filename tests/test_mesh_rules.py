@@ -22,8 +22,8 @@ from hypothesis import strategies as st
 from test_planner_context_expert import long_profile
 
 from autopipe.cli import main
-from autopipe.core.errors import UsageError
 from autopipe.core.cluster import Cluster, Device
+from autopipe.core.errors import UsageError
 from autopipe.core.mesh_rules import mesh_problems, mesh_schedule_problem, mesh_schedules, uses_mesh
 from autopipe.core.plan import Plan, replace_plan
 from autopipe.core.request import PlanRequest
