@@ -573,6 +573,7 @@ def transformer_profile(
     loss: str = "torch",
     attention_kernel: str = DEFAULT_KERNEL,
     eager: str = "generic",
+    repeat_kv: bool = False,
 ) -> Profile:
     """The Profile of ``a`` at ``batch_size`` sequences of ``seq`` tokens on ``spec``: units
     ``embed``, ``layers.0 .. layers.L-1``, ``head`` (final norm, output projection, loss).
@@ -601,7 +602,10 @@ def transformer_profile(
     Transformer Engine's fused attention), priced at its published share of peak per direction.
     ``eager``: whose unfused element-wise ops a block runs without ``compiled``: ``generic``
     (:func:`_elementwise_elements`) or ``torchtitan`` (its Llama code, op by op:
-    :func:`torchtitan_eager_bytes`)."""
+    :func:`torchtitan_eager_bytes`). ``repeat_kv``: the model copies K and V to every query
+    head before its SDPA call (torchtitan's Llama, :data:`TORCHTITAN_EAGER`'s ``repeat_kv``),
+    so the attention (and context parallelism's exchange of K and V) sees ``heads`` key/value
+    heads, not ``kv_heads``."""
     price = pricing or pricing_for(spec)
     tokens = batch_size * seq
     h, v = a.hidden, a.vocab
@@ -683,7 +687,7 @@ def transformer_profile(
                 # what context parallelism exchanges and splits (planner/context_expert.py)
                 attention_layers=1,
                 attention_heads=a.heads,
-                attention_kv_heads=a.kv_heads,
+                attention_kv_heads=a.heads if repeat_kv else a.kv_heads,
                 attention_head_dim=h // a.heads,
                 attention_value_head_dim=h // a.heads,
             )  # fmt: skip
@@ -759,6 +763,7 @@ def profile_of(run: Run) -> Profile:
         loss="torch" if run.key.startswith(("tt", "llama3")) else "megatron",
         attention_kernel=kernel_for_trainer(trainer_of(run)),
         eager="torchtitan" if trainer_of(run) == "torchtitan" else "generic",
+        repeat_kv=trainer_of(run) == "torchtitan",
     )  # fmt: skip
 
 
@@ -803,6 +808,8 @@ def request_of(run: Run, **changes: object) -> PlanRequest:
         "reshard_after_forward": not run.fsdp_under_pp,
         "grad_reduce_fp32": run.grad_reduce_fp32,
         "context_parallel": run.cp,
+        # the Llama 3 paper's CP gathers K and V once (section 3.3.2); torchtitan runs torch's ring
+        "context_parallel_method": "all_gather" if run.key.startswith("llama3") else "ring",
     }
     fields.update({k: v for k, v in options.items() if k in have})
     fields.update(changes)

@@ -819,8 +819,9 @@ class _MeshSearch:
         key = (c.tp * c.cp > node, c.tp * c.ep > node, c.cp, c.ep)
         if key not in self.contexts:
             self.contexts[key] = context_expert_profile(
-                self.profile, c.cp, c.ep, c.tp, self.topology, self.request.expert_load_imbalance
-            )
+                self.profile, c.cp, c.ep, c.tp, self.topology,
+                self.request.expert_load_imbalance, self.request.context_parallel_method,
+            )  # fmt: skip
         return self.contexts[key]
 
     def best_of(self, cands: list[MeshCandidate]) -> MeshCandidate | None:

@@ -178,6 +178,14 @@ def _add_mesh_flags(p: argparse.ArgumentParser) -> None:
         "whole mesh (default there: 1)",
     )
     p.add_argument(
+        "--context-parallel-method",
+        choices=["ring", "all_gather"],
+        default="ring",
+        help="how context parallelism's attention exchanges keys and values: ring (torch's "
+        "context_parallel, as autopipe run and torchtitan run it; default) or all_gather (gathered "
+        "once and attended in one call: the Llama 3 paper's, Megatron's --cp-comm-type all_gather)",
+    )
+    p.add_argument(
         "--expert-parallel",
         metavar="auto|E",
         type=common.microbatches,
@@ -339,6 +347,7 @@ def _placement(args: argparse.Namespace, devices: DeviceTarget) -> Placement:
         reshard_after_forward=not args.no_reshard_after_forward,
         memory_reserve_bytes=int(args.memory_reserve or 0),
         context_parallel=args.context_parallel or 1,
+        context_parallel_method=args.context_parallel_method,
         expert_parallel=args.expert_parallel or 1,
     )
     return Placement(
