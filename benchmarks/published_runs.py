@@ -152,7 +152,14 @@ class Run:
     manager offers), Megatron-LM with ``--bf16`` (``arguments.py`` turns
     ``--accumulate-allreduce-grads-in-fp32`` on for bfloat16), the Llama 3 paper's FSDP
     (section 3.3.2: gradients reduce-scattered in FP32). False where the run reduced in its
-    16-bit dtype (SC21's fp16 Megatron) or the source does not say (BLOOM)."""
+    16-bit dtype (SC21's fp16 Megatron). BLOOM's DeepSpeed ``BF16_Optimizer`` reduces its fp32
+    gradient copy (``get_grads_for_reduction``: ``fp32_groups_gradients_flat``)."""
+    fp32_grad_buffer: bool = False
+    """DeepSpeed's ``BF16_Optimizer`` (BLOOM: ``ZERO_STAGE=0 # important: bf16 must use z0! it
+    implements its own zero stage 1 equivalent``, tr11-176B-ml.slurm): an fp32 copy of every
+    gradient beside the bf16 one (deepspeed/runtime/bf16_optimizer.py,
+    ``fp32_groups_gradients_flat``; the pipeline engine calls ``update_hp_grads(
+    clear_lp_grads=False)``)."""
     cp: int = 1
     """Context-parallel degree."""
     published_memory_gib: float | None = None
@@ -356,6 +363,7 @@ def _runs() -> list[Run]:
         key="bloom-176b", source="BigScience 176B model page (bigscience.notion.site) + arXiv 2211.05100 sec. 3.4",
         arch=bloom, seq=2048, gpu="A100-80GB", gpus=384, tp=4, pp=12, dp=8, global_batch=2048,
         microbatch=2, shard="optimizer", recompute="full", sequence_parallel=False, flash=False,
+        fp32_grad_buffer=True,
         published_tokens_per_gpu_s=_tokens(150, megatron_sc21_flops_per_token(bloom, 2048)),
         published_memory_gib=60e9 / GIB, inter_node_bandwidth_bytes_per_s=4 * 100e9 / 8 / 8,
         note="~150 TFLOP/s per GPU / Megatron-DeepSpeed's FLOPs per token (with recompute)",
@@ -365,8 +373,9 @@ def _runs() -> list[Run]:
 
 def _reduce_dtypes(runs: list[Run]) -> list[Run]:
     """Each run's gradient reduction dtype as its trainer sets it (:attr:`Run.grad_reduce_fp32`):
-    fp32 for torchtitan, Megatron-Core (bf16) and the Llama 3 paper's runs."""
-    fp32 = ("tt-", "mcore-", "llama3-")
+    fp32 for torchtitan, Megatron-Core (bf16), the Llama 3 paper's runs and BLOOM's DeepSpeed
+    ``BF16_Optimizer``."""
+    fp32 = ("tt-", "mcore-", "llama3-", "bloom-")
     return [dataclasses.replace(r, grad_reduce_fp32=r.key.startswith(fp32)) for r in runs]
 
 
@@ -807,6 +816,7 @@ def request_of(run: Run, **changes: object) -> PlanRequest:
         "grad_reduce_overlap": run.grad_overlap,
         "reshard_after_forward": not run.fsdp_under_pp,
         "grad_reduce_fp32": run.grad_reduce_fp32,
+        "fp32_grad_buffer": run.fp32_grad_buffer,
         "context_parallel": run.cp,
         # the Llama 3 paper's CP gathers K and V once (section 3.3.2); torchtitan runs torch's ring
         "context_parallel_method": "all_gather" if run.key.startswith("llama3") else "ring",

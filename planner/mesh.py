@@ -757,6 +757,7 @@ def _topology(request: PlanRequest, n: int, template: Device) -> Topology:
         grad_reduce_overlap=request.grad_reduce_overlap,
         reshard_after_forward=request.reshard_after_forward,
         grad_reduce_fp32=request.grad_reduce_fp32,
+        fp32_grad_buffer=request.fp32_grad_buffer,
         overlap_compute_loss=overlap_loss,
     )  # fmt: skip
 
@@ -978,8 +979,13 @@ def _mesh_report(
             profile, best.tp, best.shard, best.fsdp, topology.reshard_after_forward
         ),
         device_state_bytes_per_parameter=sharded_state_bytes_per_parameter(
-            state_bpp, size, best.shard, best.fsdp, topology.reshard_after_forward
-        ),
+            state_bpp,
+            size,
+            best.shard,
+            best.fsdp,
+            topology.reshard_after_forward,
+            topology.fp32_grad_buffer,
+        ),  # fmt: skip
         tp_comm_s=best.tp_comm_s,
         candidates=[c.row() for c in sorted(cands, key=_rank)],
     )
@@ -1072,7 +1078,9 @@ def _pipeline_memory(
     memory = template.memory_bytes
     if memory is not None:
         memory = int(memory - reserve * (1.0 + base.headroom))
-    state = sharded_state_bytes_per_parameter(state_bpp, size, c.shard, c.fsdp, keep)
+    state = sharded_state_bytes_per_parameter(
+        state_bpp, size, c.shard, c.fsdp, keep, topology.fp32_grad_buffer
+    )
     return reserve, memory, state
 
 

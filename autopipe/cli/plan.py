@@ -233,6 +233,12 @@ def _add_trainer_flags(p: argparse.ArgumentParser) -> None:
         "FSDP2 reduce_dtype=float32)",
     )
     p.add_argument(
+        "--fp32-grad-buffer",
+        action="store_true",
+        help="the trainer keeps an fp32 copy of every gradient beside the 16-bit one "
+        "(DeepSpeed's BF16_Optimizer): 4 bytes per parameter more",
+    )
+    p.add_argument(
         "--no-reshard-after-forward",
         action="store_true",
         help="--shard parameters as FSDP2 runs under pipeline parallelism: gathered once "
@@ -344,6 +350,7 @@ def _placement(args: argparse.Namespace, devices: DeviceTarget) -> Placement:
         tp_comm_overlap=args.tp_comm_overlap,
         grad_reduce_overlap=args.overlap_grad_reduce,
         grad_reduce_fp32=args.grad_reduce_fp32,
+        fp32_grad_buffer=args.fp32_grad_buffer,
         reshard_after_forward=not args.no_reshard_after_forward,
         memory_reserve_bytes=int(args.memory_reserve or 0),
         context_parallel=args.context_parallel or 1,

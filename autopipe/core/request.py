@@ -139,6 +139,11 @@ class PlanRequest:
     ``MixedPrecisionPolicy(reduce_dtype=torch.float32)`` (torchtitan's default
     ``mixed_precision_reduce = "float32"``). The parameter gathers keep the parameters'
     dtype (docs/cost-model.md)."""
+    fp32_grad_buffer: bool = False
+    """The trainer keeps an fp32 copy of every gradient beside the parameters'-dtype one, and
+    sums the micro-batches' gradients into it (4 bytes per parameter more, unsharded with
+    ``shard`` none or optimizer): DeepSpeed's ``BF16_Optimizer`` (``fp32_groups_gradients``;
+    its pipeline engine keeps the bf16 gradients too, ``clear_lp_grads=False``)."""
     reshard_after_forward: bool = True
     """``shard="parameters"``: False keeps the gathered parameters and the unsharded
     gradients across the micro-batches of a step, as torchtitan runs FSDP2 under pipeline
