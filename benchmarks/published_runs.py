@@ -625,6 +625,7 @@ def transformer_profile(
     linear_flops = 2 * (a.block_parameters - 2 * h)
     attn_flops = 4 * seq * h * (0.5 if flash else 1.0)  # QK^T and AV; flash skips the masked half
     attn_bwd = 2.5 if flash else 2.0  # flash re-computes the scores in backward
+    attn_counted = 4 * seq * h  # torch's flop registry: unmasked, backward twice the forward
     elem_bytes = BF16 * _elementwise_elements(a, compiled)
     if eager == "torchtitan" and not compiled and a.gated:
         elem_bytes = torchtitan_eager_bytes(a)
@@ -683,8 +684,10 @@ def transformer_profile(
                 parameter_bytes=a.block_parameters * BF16,
                 activation_bytes=int(block_act),
                 output_bytes=hidden_bytes,
-                forward_flops=tokens * (linear_flops + attn_flops),
-                backward_flops=tokens * (2 * linear_flops + attn_bwd * attn_flops),
+                # counted as the analytic profiler counts them (torch's flop registry: the
+                # attention unmasked), which is how the planner reads them (context_expert)
+                forward_flops=tokens * (linear_flops + attn_counted),
+                backward_flops=tokens * (2 * linear_flops + 2 * attn_counted),
                 tp_parameter_count=a.block_parameters - 2 * h,
                 tp_compute_fraction=1.0,
                 tp_collective_bytes=2 * hidden_bytes,
