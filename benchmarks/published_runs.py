@@ -152,7 +152,14 @@ class Run:
     manager offers), Megatron-LM with ``--bf16`` (``arguments.py`` turns
     ``--accumulate-allreduce-grads-in-fp32`` on for bfloat16), the Llama 3 paper's FSDP
     (section 3.3.2: gradients reduce-scattered in FP32). False where the run reduced in its
-    16-bit dtype (SC21's fp16 Megatron) or the source does not say (BLOOM)."""
+    16-bit dtype (SC21's fp16 Megatron). BLOOM's DeepSpeed ``BF16_Optimizer`` reduces its fp32
+    gradient copy (``get_grads_for_reduction``: ``fp32_groups_gradients_flat``)."""
+    fp32_grad_buffer: bool = False
+    """DeepSpeed's ``BF16_Optimizer`` (BLOOM: ``ZERO_STAGE=0 # important: bf16 must use z0! it
+    implements its own zero stage 1 equivalent``, tr11-176B-ml.slurm): an fp32 copy of every
+    gradient beside the bf16 one (deepspeed/runtime/bf16_optimizer.py,
+    ``fp32_groups_gradients_flat``; the pipeline engine calls ``update_hp_grads(
+    clear_lp_grads=False)``)."""
     cp: int = 1
     """Context-parallel degree."""
     published_memory_gib: float | None = None
@@ -356,6 +363,7 @@ def _runs() -> list[Run]:
         key="bloom-176b", source="BigScience 176B model page (bigscience.notion.site) + arXiv 2211.05100 sec. 3.4",
         arch=bloom, seq=2048, gpu="A100-80GB", gpus=384, tp=4, pp=12, dp=8, global_batch=2048,
         microbatch=2, shard="optimizer", recompute="full", sequence_parallel=False, flash=False,
+        fp32_grad_buffer=True,
         published_tokens_per_gpu_s=_tokens(150, megatron_sc21_flops_per_token(bloom, 2048)),
         published_memory_gib=60e9 / GIB, inter_node_bandwidth_bytes_per_s=4 * 100e9 / 8 / 8,
         note="~150 TFLOP/s per GPU / Megatron-DeepSpeed's FLOPs per token (with recompute)",
@@ -365,8 +373,9 @@ def _runs() -> list[Run]:
 
 def _reduce_dtypes(runs: list[Run]) -> list[Run]:
     """Each run's gradient reduction dtype as its trainer sets it (:attr:`Run.grad_reduce_fp32`):
-    fp32 for torchtitan, Megatron-Core (bf16) and the Llama 3 paper's runs."""
-    fp32 = ("tt-", "mcore-", "llama3-")
+    fp32 for torchtitan, Megatron-Core (bf16), the Llama 3 paper's runs and BLOOM's DeepSpeed
+    ``BF16_Optimizer``."""
+    fp32 = ("tt-", "mcore-", "llama3-", "bloom-")
     return [dataclasses.replace(r, grad_reduce_fp32=r.key.startswith(fp32)) for r in runs]
 
 
@@ -573,6 +582,7 @@ def transformer_profile(
     loss: str = "torch",
     attention_kernel: str = DEFAULT_KERNEL,
     eager: str = "generic",
+    repeat_kv: bool = False,
 ) -> Profile:
     """The Profile of ``a`` at ``batch_size`` sequences of ``seq`` tokens on ``spec``: units
     ``embed``, ``layers.0 .. layers.L-1``, ``head`` (final norm, output projection, loss).
@@ -601,7 +611,10 @@ def transformer_profile(
     Transformer Engine's fused attention), priced at its published share of peak per direction.
     ``eager``: whose unfused element-wise ops a block runs without ``compiled``: ``generic``
     (:func:`_elementwise_elements`) or ``torchtitan`` (its Llama code, op by op:
-    :func:`torchtitan_eager_bytes`)."""
+    :func:`torchtitan_eager_bytes`). ``repeat_kv``: the model copies K and V to every query
+    head before its SDPA call (torchtitan's Llama, :data:`TORCHTITAN_EAGER`'s ``repeat_kv``),
+    so the attention (and context parallelism's exchange of K and V) sees ``heads`` key/value
+    heads, not ``kv_heads``."""
     price = pricing or pricing_for(spec)
     tokens = batch_size * seq
     h, v = a.hidden, a.vocab
@@ -612,6 +625,7 @@ def transformer_profile(
     linear_flops = 2 * (a.block_parameters - 2 * h)
     attn_flops = 4 * seq * h * (0.5 if flash else 1.0)  # QK^T and AV; flash skips the masked half
     attn_bwd = 2.5 if flash else 2.0  # flash re-computes the scores in backward
+    attn_counted = 4 * seq * h  # torch's flop registry: unmasked, backward twice the forward
     elem_bytes = BF16 * _elementwise_elements(a, compiled)
     if eager == "torchtitan" and not compiled and a.gated:
         elem_bytes = torchtitan_eager_bytes(a)
@@ -670,8 +684,10 @@ def transformer_profile(
                 parameter_bytes=a.block_parameters * BF16,
                 activation_bytes=int(block_act),
                 output_bytes=hidden_bytes,
-                forward_flops=tokens * (linear_flops + attn_flops),
-                backward_flops=tokens * (2 * linear_flops + attn_bwd * attn_flops),
+                # counted as the analytic profiler counts them (torch's flop registry: the
+                # attention unmasked), which is how the planner reads them (context_expert)
+                forward_flops=tokens * (linear_flops + attn_counted),
+                backward_flops=tokens * (2 * linear_flops + 2 * attn_counted),
                 tp_parameter_count=a.block_parameters - 2 * h,
                 tp_compute_fraction=1.0,
                 tp_collective_bytes=2 * hidden_bytes,
@@ -683,7 +699,7 @@ def transformer_profile(
                 # what context parallelism exchanges and splits (planner/context_expert.py)
                 attention_layers=1,
                 attention_heads=a.heads,
-                attention_kv_heads=a.kv_heads,
+                attention_kv_heads=a.heads if repeat_kv else a.kv_heads,
                 attention_head_dim=h // a.heads,
                 attention_value_head_dim=h // a.heads,
             )  # fmt: skip
@@ -759,6 +775,7 @@ def profile_of(run: Run) -> Profile:
         loss="torch" if run.key.startswith(("tt", "llama3")) else "megatron",
         attention_kernel=kernel_for_trainer(trainer_of(run)),
         eager="torchtitan" if trainer_of(run) == "torchtitan" else "generic",
+        repeat_kv=trainer_of(run) == "torchtitan",
     )  # fmt: skip
 
 
@@ -802,7 +819,10 @@ def request_of(run: Run, **changes: object) -> PlanRequest:
         "grad_reduce_overlap": run.grad_overlap,
         "reshard_after_forward": not run.fsdp_under_pp,
         "grad_reduce_fp32": run.grad_reduce_fp32,
+        "fp32_grad_buffer": run.fp32_grad_buffer,
         "context_parallel": run.cp,
+        # the Llama 3 paper's CP gathers K and V once (section 3.3.2); torchtitan runs torch's ring
+        "context_parallel_method": "all_gather" if run.key.startswith("llama3") else "ring",
     }
     fields.update({k: v for k, v in options.items() if k in have})
     fields.update(changes)

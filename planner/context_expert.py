@@ -11,11 +11,21 @@ profile), so the pipeline search runs on it unchanged:
   each sample, so its batch-dependent time, activations, outputs, cut tensors and TP
   collectives are divided by C; causal attention is load-balanced as torch does (each rank
   holds chunks ``i`` and ``2C - 1 - i`` of ``2C``), so the attention work divides by C too.
-  Each attention layer passes its keys and values around the ring, ``C - 1`` steps of
-  ``b (s / C) kv_heads (d_k + d_v)`` elements, in forward, and keys, values and their
-  gradients (twice that) in backward, on the link the CP group crosses; the exchange overlaps
-  the attention compute of the same pass, so only ``max(0, comm - attention compute)`` is
-  charged.
+  Each attention layer exchanges keys and values as torch's ring attention runs it
+  (``torch/distributed/tensor/experimental/_attention.py``, its default ``ALL_GATHER``
+  rotation, torchtitan's default ``context_parallel_rotate_method = "allgather"``): one
+  all-gather of every rank's ``b (s / C) kv_heads (d_k + d_v)`` elements per pass, launched
+  before the local (step 0) block and waited after it, so it hides only behind ``1 / C`` of
+  the pass's attention; in backward the keys and values are all-gathered again and their
+  gradients, accumulated in fp32, go round the ring one step at a time (``ALL_TO_ALL``), each
+  step's transfer behind that step's block and the last one waited after the loop. Between
+  the blocks, torch merges each block's output into an fp32 output (forward) and adds each
+  block's gradients into fp32 accumulators (backward): element-wise passes at the device's
+  memory bandwidth (:data:`RING_MERGE_BYTES`), charged in full. The other method,
+  ``all_gather`` (the Llama 3 paper's, arXiv 2407.21783 section 3.3.2: K and V all-gathered,
+  then the local queries' attention in one call; Megatron's ``--cp-comm-type all_gather``):
+  the all-gather exposed (the paper: "exposed in the critical path"), no merges, and the K/V
+  gradients reduce-scattered in backward.
 - EP (torchtitan's MoE with an all-to-all token dispatch): each MoE layer's routed experts
   are spread over E ranks, so their parameters (and with them gradients and optimizer
   state) divide by E; each MoE layer dispatches and combines its tokens with an all-to-all,
@@ -42,10 +52,13 @@ import math
 from autopipe.planner.errors import RuleViolation
 from autopipe.planner.mesh_costs import Topology, sharded_state_bytes_per_parameter
 
+from autopipe.core.catalog import get_device, is_catalog_device
 from autopipe.core.profile import Profile, UnitProfile
 
 __all__ = [
     "DEFAULT_EXPERT_LOAD_IMBALANCE",
+    "RING_GRAD_BYTES",
+    "RING_MERGE_BYTES",
     "context_expert_choices",
     "context_expert_profile",
     "context_parallel_degrees",
@@ -63,6 +76,39 @@ DEFAULT_EXPERT_LOAD_IMBALANCE = 1.25
 tables, the factor at which its routing stopped dropping a material share of tokens; GShard
 (Lepikhin et al., 2021) trained with 2.0). Dropless routing lets the busiest rank run over
 the average; this is the stated default for how far."""
+
+
+RING_GRAD_BYTES = 4
+"""Bytes per element of the key and value gradients torch's ring passes round in backward:
+its ``_cp_options.convert_to_f32`` (default True) accumulates them in fp32
+(``accum_dtype = torch.float32``) and sends the accumulators."""
+
+RING_MERGE_BYTES = {
+    "forward_once": (12.0, 0.0),
+    "forward_step": (38.0, 4.0),
+    "backward_once": (20.0, 28.0),
+    "backward_step": (10.0, 25.0),
+}
+"""Bytes torch's ring attention reads and writes per element between the attention blocks,
+as ``(per query element, per key-and-value element)`` of one rank's chunk: ``b (s / C) H d``
+query (and output) elements, ``b (s / C) kv_heads (d_k + d_v)`` key and value elements; each
+op one kernel reading its inputs and writing its output (``_SDPAMerger``,
+``_templated_ring_attention(_backward)``, ``_partial_update``), for the busiest rank (the
+last: its every later block uses all its queries):
+
+- forward, once: step 0's output cast to fp32 (2 + 4) and the merged result back (4 + 2);
+- forward, per later step: the block's output to fp32 (2 + 4), ``out - block_out``
+  (4 + 4 + 4), times the log-sum-exp weight (4 + 4), ``out - that`` (4 + 4 + 4): 38; and
+  the key and value concatenated for the exchange (2 + 2);
+- backward, once: the fp32 accumulators zeroed (4 per query, key and value element), step
+  0's gradients added (query 4 + 2 + 4; key and value likewise, then concatenated for the
+  ring, 4 + 4), and the results cast back (4 + 2 each): 20 and 28;
+- backward, per later step: the query gradient added (4 + 2 + 4); the key and value
+  gradients added into their half (half of 4 + 2 + 4) and the halves concatenated (4 + 4),
+  the pair concatenated for the ring (4 + 4), the keys and values for the exchange (2 + 2):
+  10 and 25.
+
+The per-row log-sum-exp updates (``1 / d`` of these) are left out."""
 
 
 def replaced(u: UnitProfile, **changes: object) -> UnitProfile:
@@ -140,6 +186,55 @@ def _flops(u: UnitProfile, batch: int, seq: int) -> tuple[float, float, float]:
     return attn, exp, whole
 
 
+def _ring_s(
+    u: UnitProfile,
+    tokens: float,
+    cp: int,
+    size: int,
+    link: tuple[float, float],
+    topology: Topology,
+    memory_bytes_per_s: float,
+    attention_f_s: float,
+    attention_b_s: float,
+    method: str = "ring",
+) -> tuple[float, float]:
+    """(forward, backward) seconds torch's ring attention adds to a unit's ``L`` attention
+    layers on one rank of ``tokens`` tokens (``b s / C``), beside the attention blocks
+    themselves (module docstring): per layer and pass, the K/V all-gather (``C - 1`` chunks
+    received, ``C - 1`` ring steps of latency) behind the local block (``1 / C`` of the
+    layer's attention, ``attention_*_s / L``); in backward also the fp32 K/V gradients' ring,
+    ``C - 1`` steps each behind one block and the last exposed; and the merges
+    (:data:`RING_MERGE_BYTES`) at ``memory_bytes_per_s``. Overlaps priced by
+    ``topology.hidden_cost_s``. ``method="all_gather"``: the all-gather exposed in forward,
+    the K/V gradients' reduce-scatter (the same bytes, the parameters' dtype) in backward,
+    nothing else."""
+    bw, lat = link
+    layers = u.attention_layers
+    e_q = tokens * u.attention_heads * u.attention_head_dim
+    e_kv = tokens * u.attention_kv_heads * (u.attention_head_dim + u.attention_value_head_dim)
+    gather = (cp - 1) * (e_kv * size / bw + lat)
+    grad_step = e_kv * RING_GRAD_BYTES / bw + lat
+    if method == "all_gather":
+        return layers * gather, layers * gather
+    block_f = attention_f_s / layers / cp
+    block_b = attention_b_s / layers / cp
+
+    def merges(once: str, step: str) -> float:
+        if memory_bytes_per_s <= 0:
+            return 0.0
+        (q1, kv1), (qs, kvs) = RING_MERGE_BYTES[once], RING_MERGE_BYTES[step]
+        return (q1 * e_q + kv1 * e_kv + (cp - 1) * (qs * e_q + kvs * e_kv)) / memory_bytes_per_s
+
+    fwd = topology.hidden_cost_s(gather, block_f) + merges("forward_once", "forward_step")
+    bwd = (
+        topology.hidden_cost_s(gather, block_b)
+        + (cp - 1) * topology.hidden_cost_s(grad_step, block_b)
+        + grad_step
+        + merges("backward_once", "backward_step")
+    )
+    return layers * fwd, layers * bwd
+
+
 def _unit(
     u: UnitProfile,
     profile: Profile,
@@ -148,8 +243,13 @@ def _unit(
     cp_bw: tuple[float, float],
     ep_bw: tuple[float, float],
     imbalance: float,
+    topology: Topology,
+    memory_bytes_per_s: float,
+    method: str = "ring",
 ) -> UnitProfile:
-    """``u`` on one rank of a CP group of ``cp`` and an EP group of ``ep`` (before TP)."""
+    """``u`` on one rank of a CP group of ``cp`` and an EP group of ``ep`` (before TP);
+    ``memory_bytes_per_s``: the device's sustained memory bandwidth for the ring's merges (0:
+    unknown device, merges not priced)."""
     b, s = profile.batch_size, profile.sequence_length
     size = max(int(profile.bytes_per_parameter), 1)
     attn, exp, whole = _flops(u, b, s) if s > 0 else (0.0, 0.0, 1.0)
@@ -165,17 +265,10 @@ def _unit(
     bwd_size = size_part(u.backward_s, u.backward_overhead_s)
     ring_f = ring_b = 0.0
     if cp > 1 and u.attention_layers and s > 0:
-        bw, lat = cp_bw
-        step = (
-            b
-            * (s / cp)
-            * u.attention_kv_heads
-            * (u.attention_head_dim + u.attention_value_head_dim)
-            * size
-        )
-        comm = u.attention_layers * (cp - 1) * (step / bw + lat)
-        ring_f = max(0.0, comm - fwd_size * f_att / cp)
-        ring_b = max(0.0, 2 * comm - bwd_size * f_att / cp)
+        ring_f, ring_b = _ring_s(
+            u, b * s / cp, cp, size, cp_bw, topology, memory_bytes_per_s,
+            fwd_size * f_att / cp, bwd_size * f_att / cp, method,
+        )  # fmt: skip
     a2a = 0.0
     if ep > 1 and u.moe_layers and s > 0:
         bw, lat = ep_bw
@@ -227,16 +320,26 @@ def context_expert_profile(
     tp: int,
     topology: Topology,
     imbalance: float = DEFAULT_EXPERT_LOAD_IMBALANCE,
+    method: str = "ring",
 ) -> Profile:
     """The Profile of one rank of a ``cp``-way CP group and an ``ep``-way EP group, before
     tensor parallelism over ``tp`` (which only decides the CP group's link); the profile
-    itself when C = E = 1 and the model has no MoE layer. See the module docstring. O(units)."""
+    itself when C = E = 1 and the model has no MoE layer. ``method``: how CP's attention
+    exchanges keys and values (``ring`` or ``all_gather``, ``PlanRequest.context_parallel_method``).
+    See the module docstring. O(units)."""
     moe = any(u.moe_layers for u in profile.units)
     if cp <= 1 and ep <= 1 and not moe:
         return profile
     cp_bw = cp_link(topology, tp, cp)
     ep_bw = ep_link(topology, tp, ep)
-    units = [_unit(u, profile, cp, ep, cp_bw, ep_bw, imbalance) for u in profile.units]
+    memory = 0.0
+    if is_catalog_device(profile.device):
+        spec = get_device(profile.device)
+        memory = spec.memory_bandwidth_bytes_per_s * spec.memory_efficiency
+    units = [
+        _unit(u, profile, cp, ep, cp_bw, ep_bw, imbalance, topology, memory, method)
+        for u in profile.units
+    ]
     out = dataclasses.replace(
         profile,
         units=units,

@@ -270,6 +270,9 @@ class CostModel:
         self.cut_bytes_at = np.array(
             [float(profile.input_bytes), *map(float, profile.cut_bytes), 0.0]
         )
+        sends = profile.send_cut_bytes or profile.cut_bytes
+        self.send_bytes_at = np.array([float(profile.input_bytes), *map(float, sends), 0.0])
+        """Bytes a boundary at each position sends (``Profile.send_cut_bytes``, else the cut)."""
         self.unit_input_prefix = np.concatenate([zero, np.cumsum(self.cut_bytes_at[: len(u)])])
         """Prefix sums of the units' input bytes (the cut before each unit, skip connections
         included): what per-unit checkpointing keeps of a segment, per micro-batch."""
@@ -329,7 +332,7 @@ class CostModel:
         """Seconds to send the cut at position ``j`` from ``stage`` to the next; 0 at ``j == N``."""
         j = np.asarray(j)
         bw = self.bandwidth_bytes_per_s[stage]
-        data = 0.0 if math.isinf(bw) else self.cut_bytes_at[j] * self.ratio / bw
+        data = 0.0 if math.isinf(bw) else self.send_bytes_at[j] * self.ratio / bw
         return np.where(j >= self.n_units, 0.0, data + self.latency_s[stage])
 
     def limit_bytes(self, stage: int) -> float:

@@ -763,6 +763,7 @@ def _topology(request: PlanRequest, n: int, template: Device) -> Topology:
         grad_reduce_overlap=request.grad_reduce_overlap,
         reshard_after_forward=request.reshard_after_forward,
         grad_reduce_fp32=request.grad_reduce_fp32,
+        fp32_grad_buffer=request.fp32_grad_buffer,
         overlap_compute_loss=overlap_loss,
     )  # fmt: skip
 
@@ -825,8 +826,9 @@ class _MeshSearch:
         key = (c.tp * c.cp > node, c.tp * c.ep > node, c.cp, c.ep)
         if key not in self.contexts:
             self.contexts[key] = context_expert_profile(
-                self.profile, c.cp, c.ep, c.tp, self.topology, self.request.expert_load_imbalance
-            )
+                self.profile, c.cp, c.ep, c.tp, self.topology,
+                self.request.expert_load_imbalance, self.request.context_parallel_method,
+            )  # fmt: skip
         return self.contexts[key]
 
     def best_of(self, cands: list[MeshCandidate]) -> MeshCandidate | None:
@@ -989,8 +991,13 @@ def _mesh_report(
             profile, best.tp, best.shard, best.fsdp, topology.reshard_after_forward
         ),
         device_state_bytes_per_parameter=sharded_state_bytes_per_parameter(
-            state_bpp, size, best.shard, best.fsdp, topology.reshard_after_forward
-        ),
+            state_bpp,
+            size,
+            best.shard,
+            best.fsdp,
+            topology.reshard_after_forward,
+            topology.fp32_grad_buffer,
+        ),  # fmt: skip
         tp_comm_s=best.tp_comm_s,
         candidates=[c.row() for c in sorted(cands, key=_rank)],
     )
@@ -1087,7 +1094,9 @@ def _pipeline_memory(
     memory = template.memory_bytes
     if memory is not None:
         memory = int(memory - reserve * (1.0 + base.headroom))
-    state = sharded_state_bytes_per_parameter(state_bpp, size, c.shard, c.fsdp, keep)
+    state = sharded_state_bytes_per_parameter(
+        state_bpp, size, c.shard, c.fsdp, keep, topology.fp32_grad_buffer
+    )
     return reserve, memory, state
 
 

@@ -86,6 +86,8 @@ class Topology:
     """``parameters`` sharding gathers per micro-batch (True) or once per step (False)."""
     grad_reduce_fp32: bool = False
     """Gradients are reduced in fp32 (``PlanRequest.grad_reduce_fp32``)."""
+    fp32_grad_buffer: bool = False
+    """An fp32 gradient beside the 16-bit one (``PlanRequest.fp32_grad_buffer``)."""
     overlap_compute_loss: float = 0.0
     """Share of a hidden collective's seconds that the compute it overlaps loses (NCCL's
     kernels occupy SMs and memory bandwidth): a collective hidden behind compute is not
@@ -200,6 +202,7 @@ def sharded_state_bytes_per_parameter(
     shard: str,
     dp: int,
     reshard_after_forward: bool = True,
+    fp32_grad_buffer: bool = False,
 ) -> float:
     """Training-state bytes one device holds per parameter it owns (before data parallelism),
     with the state sharded over ``dp`` replicas: a parameter of ``p`` bytes carries itself
@@ -209,11 +212,15 @@ def sharded_state_bytes_per_parameter(
     :func:`gather_buffer_bytes`). ``parameters`` without ``reshard_after_forward`` (FSDP2
     under pipeline parallelism, as torchtitan runs it) also holds every parameter and its
     gradient unsharded across the step's micro-batches: ``p`` more for the parameter, and the
-    gradient accumulated in the reduce dtype, fp32 (4 bytes; :data:`REDUCE_BYTES`)."""
+    gradient accumulated in the reduce dtype, fp32 (4 bytes; :data:`REDUCE_BYTES`).
+    ``fp32_grad_buffer`` (DeepSpeed's ``BF16_Optimizer``): an fp32 gradient beside the
+    parameter's (:data:`REDUCE_BYTES` more, sharded as the gradient is)."""
     if shard not in SHARD_MODES:
         raise ValueError(f"shard={shard!r}; expected one of {', '.join(SHARD_MODES)}")
     p = float(parameter_size_bytes)
     grad, opt = p, max(state_bytes_per_parameter - 2 * p, 0.0)
+    if fp32_grad_buffer and shard in ("none", "optimizer", "gradients"):
+        grad += REDUCE_BYTES
     if dp <= 1 or shard == "none":
         return p + grad + opt
     if shard == "optimizer":
@@ -296,15 +303,20 @@ def device_profile(
         _device_unit(u, tp, topology, size, fwd_extra, bwd_extra)
         for u, (fwd_extra, bwd_extra) in zip(profile.units, extras, strict=True)
     ]
-    cuts = [
-        c // tp
-        if tp > 1
+    split = [
+        tp > 1
         and profile.units[i].tp_parameter_count > 0
         and profile.units[i + 1].tp_parameter_count > 0
-        else c
-        for i, c in enumerate(profile.cut_bytes)
+        for i in range(len(profile.cut_bytes))
     ]
-    out = dataclasses.replace(profile, units=units, cut_bytes=cuts, meta=dict(profile.meta))
+    sends = [c // tp if s else c for c, s in zip(profile.cut_bytes, split, strict=True)]
+    # without sequence parallelism the hidden state between TP units is whole on every TP
+    # rank (what a checkpointed unit keeps); Megatron and DeepSpeed still send 1/T of it
+    cuts = sends if topology.sequence_parallel else list(profile.cut_bytes)
+    out = dataclasses.replace(
+        profile, units=units, cut_bytes=cuts, send_cut_bytes=sends if cuts != sends else [],
+        meta=dict(profile.meta),
+    )  # fmt: skip
     out.meta["mesh_device"] = {"tensor_parallel": tp, "shard": shard, "replicas": dp}
     return out
 

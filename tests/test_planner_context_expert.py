@@ -69,18 +69,57 @@ def test_context_parallel_unit_by_hand() -> None:
     b, size = p.batch_size, 2
     attn = 2.0 * b * 8 * SEQ * SEQ * (16 + 16)  # as counted: scores and weighted values
     f_att = attn / u.forward_flops
-    step_bytes = b * (SEQ / c) * 2 * (16 + 16) * size  # K and V of one chunk
-    comm = (c - 1) * step_bytes / 1e11  # CP group of 4, T = 1: inside the node
+    kv = b * (SEQ / c) * 2 * (16 + 16)  # K and V elements of one rank's chunk
+    # torch's ALL_GATHER rotation: the other 3 chunks gathered once per pass (CP group of 4,
+    # T = 1: inside the node), behind the local block only (1/C of the rank's attention)
+    gather = (c - 1) * kv * size / 1e11
+    grad_step = kv * 4 / 1e11  # the fp32 K/V gradients, one ring step
     fwd_size = u.forward_s - u.forward_overhead_s
     bwd_size = u.backward_s - u.backward_overhead_s
-    expect_f = u.forward_overhead_s + fwd_size / c + max(0.0, comm - fwd_size * f_att / c)
-    expect_b = u.backward_overhead_s + bwd_size / c + max(0.0, 2 * comm - bwd_size * f_att / c)
+    block_f, block_b = fwd_size * f_att / c / c, bwd_size * f_att / c / c
+    # backward: the gather again, C - 1 gradient steps each behind a block, the last exposed
+    ring_b = max(0.0, gather - block_b) + (c - 1) * max(0.0, grad_step - block_b) + grad_step
+    # device "gpu" is no catalog device: its memory bandwidth is unknown, the merges unpriced
+    expect_f = u.forward_overhead_s + fwd_size / c + max(0.0, gather - block_f)
+    expect_b = u.backward_overhead_s + bwd_size / c + ring_b
     assert v.forward_s == pytest.approx(expect_f, rel=1e-12)
     assert v.backward_s == pytest.approx(expect_b, rel=1e-12)
     assert v.activation_bytes == u.activation_bytes // c
     assert v.tp_collective_bytes == u.tp_collective_bytes // c
     assert out.cut_bytes == [x // c for x in p.cut_bytes]
     assert v.parameter_bytes == u.parameter_bytes  # CP replicates the parameters
+
+
+def test_ring_merges_at_the_memory_bandwidth_and_the_all_gather_method() -> None:
+    """On a catalog GPU the ring's fp32 merges are priced at its memory bandwidth, per the
+    byte counts of ``RING_MERGE_BYTES`` (torch's ``_SDPAMerger`` and backward accumulators);
+    the ``all_gather`` method (Llama 3's) has no merges and its gather exposed."""
+    from autopipe.planner.context_expert import RING_MERGE_BYTES
+
+    from autopipe.core.catalog import get_device
+
+    spec = get_device("H100-SXM-80GB")
+    p = dataclasses.replace(long_profile(), device=spec.name)
+    fast = Topology(4, 1e18, 1e18)  # the exchanges free: the merges alone
+    c = 4
+    u = p.units[1]
+    ring = context_expert_profile(p, c, 1, 1, fast).units[1]
+    bare = context_expert_profile(long_profile(), c, 1, 1, fast).units[1]
+    tokens = p.batch_size * SEQ / c
+    e_q, e_kv = tokens * 8 * 16, tokens * 2 * (16 + 16)
+    bw = spec.memory_bandwidth_bytes_per_s * spec.memory_efficiency
+    assert RING_MERGE_BYTES["forward_step"] == (38.0, 4.0)
+    merge_f = (12 * e_q + (c - 1) * (38 * e_q + 4 * e_kv)) / bw
+    merge_b = (20 * e_q + 28 * e_kv + (c - 1) * (10 * e_q + 25 * e_kv)) / bw
+    assert ring.forward_s - bare.forward_s == pytest.approx(merge_f, rel=1e-9)
+    assert ring.backward_s - bare.backward_s == pytest.approx(merge_b, rel=1e-9)
+    slow = Topology(4, 1e9, 1e9)
+    gathered = context_expert_profile(p, c, 1, 1, slow, method="all_gather").units[1]
+    gather = (c - 1) * e_kv * 2 / 1e9  # exposed in full, in both passes
+    fwd_size = u.forward_s - u.forward_overhead_s
+    assert gathered.forward_s == pytest.approx(
+        u.forward_overhead_s + fwd_size / c + gather, rel=1e-12
+    )
 
 
 def test_ring_exchange_hides_behind_attention_until_it_outgrows_it() -> None:
@@ -293,6 +332,31 @@ def test_cli_plans_cp_and_ep_and_shows_them(
     assert written.request is not None and written.request.context_parallel == "auto"
     assert written.world_size == 8
     assert written.context_parallel >= 1 and written.expert_parallel >= 1
+
+
+def test_cli_context_parallel_method_reaches_the_plan(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--context-parallel-method all_gather`` is recorded in the plan's request and priced
+    (its attention too small here to hide the ring's gather, the ring pays more: its K/V
+    gradients travel in fp32, the all-gather method's reduce-scatter in the parameters'
+    dtype); a method outside the two is refused naming the field."""
+    saved = _saved(tmp_path, long_profile())
+    steps = {}
+    for method in ("ring", "all_gather"):
+        out = tmp_path / f"{method}.json"
+        argv = ["plan", saved, "--gpus", "8", "--context-parallel", "4", "--tensor-parallel",
+                "1", "--batch-size", "16", "--inter-node-bandwidth", "1GB/s", "-q",
+                "--allreduce-bandwidth", "100GB/s",
+                "--gpus-per-node", "2", "--context-parallel-method", method, "--json", str(out)]  # fmt: skip
+        assert main(argv) == 0
+        written = load_plan(out)
+        assert written.request is not None
+        assert written.request.context_parallel_method == method
+        steps[method] = written.iteration_time_s
+    assert steps["all_gather"] < steps["ring"]
+    with pytest.raises(RuleViolation, match="context_parallel_method"):
+        PlanRequest(context_parallel_method="p2p")  # type: ignore[arg-type]
 
 
 def test_auto_weighs_only_chunks_of_one_attention_tile_or_more() -> None:

@@ -127,6 +127,51 @@ def test_tp_without_sequence_parallelism_keeps_replicated_activations() -> None:
     assert plain.forward_s > sp.forward_s
 
 
+def test_tp_without_sequence_parallelism_keeps_the_hidden_state_whole_but_sends_a_share() -> None:
+    """Plain TP (Megatron 2021, BLOOM): the hidden state between two TP blocks is the
+    all-reduced output, whole on every TP rank, so a checkpointed block keeps its input
+    whole (``cut_bytes``); the stage boundary still sends 1/T of it (Megatron's scatter /
+    gather, DeepSpeed's partitioned pipe sends: ``send_cut_bytes``). With sequence
+    parallelism both are 1/T and ``send_cut_bytes`` stays empty."""
+    from autopipe.planner.costs import CostModel
+
+    p = _profile()
+    top = Topology(8, 450e9, 50e9)
+    sp = device_profile(p, 8, top)
+    plain = device_profile(p, 8, dataclasses.replace(top, sequence_parallel=False))
+    assert sp.cut_bytes == [10**7 // 8] * 7 and sp.send_cut_bytes == []
+    assert plain.cut_bytes == [10**7] * 7
+    assert plain.send_cut_bytes == [10**7 // 8] * 7
+    assert "send_cut_bytes" not in sp.to_dict() and "send_cut_bytes" in plain.to_dict()
+    dev = Device("gpu", memory_bytes=10**15, link_bandwidth_bytes_per_s=1e9)
+    cluster = Cluster([dev, dev])
+    cm_sp = CostModel(sp, cluster, batch_size=8, microbatches=8, schedule="1f1b",
+                      checkpoint="always", state_bytes_per_parameter=16, headroom=0.0)  # fmt: skip
+    cm_plain = CostModel(plain, cluster, batch_size=8, microbatches=8, schedule="1f1b",
+                         checkpoint="always", state_bytes_per_parameter=16, headroom=0.0)  # fmt: skip
+    assert cm_plain.send_s(0, 4) == cm_sp.send_s(0, 4)  # the same 1/T sent
+    # a checkpointed stage keeps each unit's input: whole without sequence parallelism
+    keep_sp = cm_sp.segment(0, 0, 4).activation_bytes
+    keep_plain = cm_plain.segment(0, 0, 4).activation_bytes
+    assert keep_plain > keep_sp
+
+
+def test_fp32_gradient_buffer_beside_the_bf16_gradient() -> None:
+    """DeepSpeed's BF16_Optimizer: an fp32 gradient per parameter beside the bf16 one; with
+    its ZeRO-1 equivalent over 8 replicas, mixed Adam's 16 bytes become 2 + 2 + 4 + 12 / 8."""
+    assert sharded_state_bytes_per_parameter(16, 2, "optimizer", 8) == 2 + 2 + 12 / 8
+    with_buffer = sharded_state_bytes_per_parameter(16, 2, "optimizer", 8, True, True)
+    assert with_buffer == 2 + 2 + 4 + 12 / 8
+    assert sharded_state_bytes_per_parameter(16, 2, "none", 1, True, True) == 20
+    assert sharded_state_bytes_per_parameter(16, 2, "gradients", 8, True, True) == 2 + 18 / 8
+    base = plan(_profile(), _mesh())
+    buffered = plan(_profile(), _mesh(fp32_grad_buffer=True))
+    assert buffered.mesh is not None and base.mesh is not None
+    assert buffered.mesh.device_state_bytes_per_parameter == 2 + 2 + 4 + 12 / 8
+    per_device = 4 * 10**8 * 4  # PP 2: 4 units of 10^8 parameters a stage, 4 bytes each more
+    assert buffered.mesh.peak_bytes - base.mesh.peak_bytes == per_device
+
+
 def _mesh(**options: object) -> PlanRequest:
     options.setdefault("shard", "optimizer")
     return PlanRequest(
@@ -208,14 +253,14 @@ def test_the_cli_flags_reach_the_request(
              "--precision", "fp8",
              "--selective-recompute", "--no-sequence-parallel", "--tp-comm-overlap",
              "--overlap-grad-reduce", "--no-reshard-after-forward", "--memory-reserve", "2GiB",
-             "--grad-reduce-fp32",
+             "--grad-reduce-fp32", "--fp32-grad-buffer",
              "--json", str(out), "-q"]  # fmt: skip
     assert main(flags) == 0, capsys.readouterr().err
     request = load_plan(out).request
     assert request.precision == "fp8" and request.selective_recompute
     assert not request.sequence_parallel and request.tp_comm_overlap
     assert request.grad_reduce_overlap and not request.reshard_after_forward
-    assert request.grad_reduce_fp32
+    assert request.grad_reduce_fp32 and request.fp32_grad_buffer
     assert request.memory_reserve_bytes == 2 * 2**30
     with pytest.raises(SystemExit) as bad:
         main(["plan", str(path), "--gpus", "2", "--precision", "int8"])

@@ -178,6 +178,14 @@ def _add_mesh_flags(p: argparse.ArgumentParser) -> None:
         "whole mesh (default there: 1)",
     )
     p.add_argument(
+        "--context-parallel-method",
+        choices=["ring", "all_gather"],
+        default="ring",
+        help="how context parallelism's attention exchanges keys and values: ring (torch's "
+        "context_parallel, as autopipe run and torchtitan run it; default) or all_gather (gathered "
+        "once and attended in one call: the Llama 3 paper's, Megatron's --cp-comm-type all_gather)",
+    )
+    p.add_argument(
         "--expert-parallel",
         metavar="auto|E",
         type=common.microbatches,
@@ -223,6 +231,12 @@ def _add_trainer_flags(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="reduce gradients in fp32 (Megatron --accumulate-allreduce-grads-in-fp32, "
         "FSDP2 reduce_dtype=float32)",
+    )
+    p.add_argument(
+        "--fp32-grad-buffer",
+        action="store_true",
+        help="the trainer keeps an fp32 copy of every gradient beside the 16-bit one "
+        "(DeepSpeed's BF16_Optimizer): 4 bytes per parameter more",
     )
     p.add_argument(
         "--no-reshard-after-forward",
@@ -336,9 +350,11 @@ def _placement(args: argparse.Namespace, devices: DeviceTarget) -> Placement:
         tp_comm_overlap=args.tp_comm_overlap,
         grad_reduce_overlap=args.overlap_grad_reduce,
         grad_reduce_fp32=args.grad_reduce_fp32,
+        fp32_grad_buffer=args.fp32_grad_buffer,
         reshard_after_forward=not args.no_reshard_after_forward,
         memory_reserve_bytes=int(args.memory_reserve or 0),
         context_parallel=args.context_parallel or 1,
+        context_parallel_method=args.context_parallel_method,
         expert_parallel=args.expert_parallel or 1,
     )
     return Placement(

@@ -284,6 +284,13 @@ class Profile:
     is not sharded over the whole data-parallel group (set by the planner on a mesh's
     per-device profile, :func:`autopipe.planner.context_expert.with_expert_state`).
     Empty: none; not written to files then."""
+    send_cut_bytes: list[int] = field(default_factory=list)
+    """Per cut, the bytes a stage boundary there sends, where they differ from ``cut_bytes``
+    (what the next units' inputs hold): a mesh's per-device profile under TP without sequence
+    parallelism keeps the hidden state whole on every TP rank, while the trainers send 1/T
+    of it and gather it behind the link (set by
+    :func:`autopipe.planner.mesh_costs.device_profile`). Empty: ``cut_bytes``; not written to
+    files then."""
     version: int = PROFILE_VERSION
     meta: dict[str, Any] = field(default_factory=dict)
     """Free-form notes; nothing reads them back."""
@@ -332,6 +339,8 @@ class Profile:
         out = dataclasses.asdict(self)
         if not self.extra_state_bytes:  # a planner's per-mesh figure; files never had it
             del out["extra_state_bytes"]
+        if not self.send_cut_bytes:  # likewise
+            del out["send_cut_bytes"]
         return out
 
     def validate(self) -> None:

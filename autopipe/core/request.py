@@ -39,6 +39,11 @@ Strategy = Literal["dp", "ilp", "brute-force", "uniform", "parameters", "greedy-
 """The planner's ``STRATEGIES``: the exact solvers and the baselines."""
 Shard = Literal["none", "optimizer", "gradients", "parameters", "auto"]
 """``SHARD_MODES`` or ``auto``."""
+ContextParallelMethod = Literal["ring", "all_gather"]
+"""How CP's attention exchanges keys and values (``planner/context_expert.py``): ``ring``,
+torch's ``context_parallel`` (what ``autopipe run`` and torchtitan run); ``all_gather``, K and
+V gathered once and attended in one call (the Llama 3 paper's, Megatron's
+``--cp-comm-type all_gather``)."""
 
 
 @dataclass(frozen=True)
@@ -134,6 +139,11 @@ class PlanRequest:
     ``MixedPrecisionPolicy(reduce_dtype=torch.float32)`` (torchtitan's default
     ``mixed_precision_reduce = "float32"``). The parameter gathers keep the parameters'
     dtype (docs/cost-model.md)."""
+    fp32_grad_buffer: bool = False
+    """The trainer keeps an fp32 copy of every gradient beside the parameters'-dtype one, and
+    sums the micro-batches' gradients into it (4 bytes per parameter more, unsharded with
+    ``shard`` none or optimizer): DeepSpeed's ``BF16_Optimizer`` (``fp32_groups_gradients``;
+    its pipeline engine keeps the bf16 gradients too, ``clear_lp_grads=False``)."""
     reshard_after_forward: bool = True
     """``shard="parameters"``: False keeps the gathered parameters and the unsharded
     gradients across the micro-batches of a step, as torchtitan runs FSDP2 under pipeline
@@ -150,6 +160,8 @@ class PlanRequest:
     expert_parallel: int | str = 1
     """E, ranks each MoE layer's routed experts are spread over (carved out of D x C x T, as
     torchtitan does), or ``"auto"``; any value but 1 plans the whole mesh."""
+    context_parallel_method: ContextParallelMethod = "ring"
+    """How CP's attention exchanges keys and values (:data:`ContextParallelMethod`)."""
     expert_load_imbalance: float = 1.25
     """Tokens the busiest expert-parallel rank receives over the average
     (``planner/context_expert.DEFAULT_EXPERT_LOAD_IMBALANCE``, its source there)."""
@@ -273,6 +285,7 @@ def _validate(r: PlanRequest) -> None:
     _positive_or_auto("tensor_parallel", r.tensor_parallel)
     _positive_or_auto("data_parallel", r.data_parallel)
     _one_of("shard", r.shard, get_args(Shard))
+    _one_of("context_parallel_method", r.context_parallel_method, get_args(ContextParallelMethod))
     _positive_number(
         "inter_node_bandwidth_bytes_per_s", r.inter_node_bandwidth_bytes_per_s,
         "a positive number of bytes per second",
