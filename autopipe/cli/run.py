@@ -24,7 +24,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -192,12 +192,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     if os.environ.get("RANK", "").isdigit():
         # torchrun interleaves every rank's output: each line says whose it is.
         common.set_line_prefix(f"[rank {os.environ['RANK']}] ")
-    training.stuck_exit = _exit_stuck
+    previous, training.stuck_exit = training.stuck_exit, _exit_stuck
     try:
         with one_line_per_rank(verbose=args.verbose):
             return _run(args)
     finally:
-        training.stuck_exit = None
+        training.stuck_exit = previous
 
 
 def _exit_stuck(message: str) -> None:
@@ -223,6 +223,80 @@ saying so: long enough for a rank a moment from its own error (the peers of a ra
 failed at start-up fail alike an instant later) to report that instead."""
 
 
+SIGTERM_STUCK_S = TERMINATION_GRACE_S + training.STUCK_GRACE_S
+"""How long after torchrun's SIGTERM a rank that has neither reported its own error nor
+ended by :data:`TERMINATION_GRACE_S` is taken as stuck inside C++ (where Python runs no
+signal handler) and ended by the thread watching for the signal."""
+
+
+def _joined() -> bool:
+    """Whether this process has joined its process group (torch.distributed is imported by
+    then; it is not imported here for the question)."""
+    dist = sys.modules.get("torch.distributed")
+    return bool(dist is not None and dist.is_available() and dist.is_initialized())
+
+
+def stopped_by_sigterm(cause: str | None) -> str:
+    """The line of a rank torchrun stopped (SIGTERM) without an error of its own: after
+    ``cause`` (the line a failing rank published on the failure board), else what can be
+    known: before the group is joined no rank can have published one, and the rank that
+    exited first says why in its own output."""
+    head = "stopped by SIGTERM (torchrun stops every rank once one exits)"
+    if cause is not None:
+        return f"{head}: after {cause}"
+    if not _joined():
+        return (
+            f"{head} before the process group was joined: a rank exited before joining it, "
+            "and its own error line says why"
+        )
+    return f"{head}: another rank's error says why"
+
+
+def _watch_sigterm(settled: threading.Event, lock: threading.Lock) -> Callable[[], None]:
+    """Start a daemon thread that wakes on SIGTERM through Python's signal wakeup fd (written
+    by the C-level handler even while the main thread waits inside C++) and, unless
+    ``settled`` is set by then (the main thread reports its own error, or the block ended),
+    ends the rank :data:`SIGTERM_STUCK_S` later with :func:`stopped_by_sigterm`'s line. It
+    reads the cause on a connection of its own (the default store's client waits as long as
+    the main thread does). Returns the function that stops the watch. Main thread only."""
+    import socket
+
+    wake, signalled = socket.socketpair()
+    signalled.setblocking(False)  # set_wakeup_fd's requirement: the handler must not block
+    before = signal.set_wakeup_fd(signalled.fileno(), warn_on_full_buffer=False)
+
+    def watch() -> None:
+        with wake:
+            while True:
+                try:
+                    got = wake.recv(64)
+                except OSError:
+                    return
+                if not got:
+                    return  # the watch was stopped
+                if signal.SIGTERM in got:
+                    break
+            if settled.wait(SIGTERM_STUCK_S):
+                return
+            read = None
+            if _joined():  # torch.distributed is loaded: reading the board loads no more
+                from autopipe.runtime.distributed.failures import board_reader
+
+                read = board_reader()
+            line = stopped_by_sigterm(read() if read is not None else None)
+            with lock:  # the main thread, reporting by itself, sets settled under it
+                if not settled.is_set():
+                    _exit_stuck(line)
+
+    threading.Thread(target=watch, name="autopipe-sigterm-watch", daemon=True).start()
+
+    def stop() -> None:
+        signal.set_wakeup_fd(before)
+        signalled.close()  # the thread's recv returns b"" and it ends
+
+    return stop
+
+
 @contextlib.contextmanager
 def one_line_per_rank(verbose: bool = False) -> Iterator[None]:
     """While training, every rank ends in exactly one error line of its own:
@@ -238,6 +312,10 @@ def one_line_per_rank(verbose: bool = False) -> Iterator[None]:
       ends :data:`TERMINATION_GRACE_S` later (SIGALRM) with a line saying it was stopped,
       unless its own error comes first. Once an error leaves this block the signals stay
       ignored: the CLI prints the error after it, then the process exits.
+    - A rank waiting inside C++ (joining the process group while a peer that exited before
+      joining it never comes, a new group's rendezvous) runs no Python signal handler, so
+      torchrun would SIGKILL it silently 30 s later: a thread woken by the signal itself
+      (:func:`_watch_sigterm`) ends it with the same line, :data:`SIGTERM_STUCK_S` after it.
     """
     schedules = logging.getLogger("torch.distributed.pipelining.schedules")
 
@@ -245,6 +323,7 @@ def one_line_per_rank(verbose: bool = False) -> Iterator[None]:
         return verbose or record.levelno < logging.ERROR
 
     failing = False
+    settled, lock = threading.Event(), threading.Lock()  # set: the stuck watch stands down
 
     def on_signal(signum: int, frame: Any) -> None:
         if failing or sys.exc_info()[1] is not None:
@@ -258,24 +337,27 @@ def one_line_per_rank(verbose: bool = False) -> Iterator[None]:
     handled = (signal.SIGTERM, signal.SIGALRM)
     main_thread = threading.current_thread() is threading.main_thread()
     previous = [signal.signal(s, on_signal) for s in handled] if main_thread else []
+    stop_watch = _watch_sigterm(settled, lock) if main_thread else None
     try:
         yield
     except BaseException as exc:
         # The handlers stay, ignoring the signals, until the process has printed this
         # error (in the CLI's main, after this block) and exited.
         failing = True
+        with lock:  # this rank reports by itself: the stuck watch stands down
+            settled.set()
         if isinstance(exc, Terminated):
             from autopipe.runtime.distributed.failures import failure_cause
 
             # The rank that failed first wrote its line to the store torchrun's agent holds.
-            cause = failure_cause()
-            raise common.Failure(
-                "stopped by SIGTERM (torchrun stops every rank once one exits): "
-                + (f"after {cause}" if cause else "another rank's error says why")
-            ) from None
+            raise common.Failure(stopped_by_sigterm(failure_cause())) from None
         raise
     finally:
         schedules.removeFilter(table)
+        with lock:
+            settled.set()
+        if stop_watch is not None:
+            stop_watch()
         if main_thread:
             signal.setitimer(signal.ITIMER_REAL, 0)
             if not failing:
