@@ -188,7 +188,32 @@ def _output_flags(p: argparse.ArgumentParser) -> None:
     )
 
 
+CPP_LOG_LEVEL = "ERROR"
+"""torch's C++ log level (``TORCH_CPP_LOG_LEVEL``) of an ``autopipe run`` rank whose c10d
+store is rank 0's (no torchrun agent), unless set: warnings (c10d's included) are dropped."""
+
+
+def quiet_store_client_warnings() -> None:
+    """Set ``TORCH_CPP_LOG_LEVEL`` to :data:`CPP_LOG_LEVEL` when rank 0 holds the c10d store
+    (started without torchrun's agent), the variable is unset and torch is not loaded yet
+    (c10 reads it once, when torch loads; torch has no call to change it later).
+
+    When rank 0, the store's host, fails and exits, a peer reading the failure board can
+    meet the store as it goes: c10d's client then logs a warning with a C++ stack trace
+    (about 20 lines) for the call, above the peer's own line, which already says that rank 0
+    is gone with the store. A probe before each call narrows that window but cannot close
+    it (the host exits between the probe and the call: about 1 launch in 8 on 2 loaded
+    cores), and no order of the ranks closes it without delaying the failing host's exit for
+    peers that may never read. Under torchrun the store is its agent's and outlives every
+    rank, and nothing is changed. A value you set is kept (``TORCH_CPP_LOG_LEVEL=WARNING``
+    shows the warnings)."""
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True" or "torch" in sys.modules:
+        return
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", CPP_LOG_LEVEL)
+
+
 def cmd_run(args: argparse.Namespace) -> int:
+    quiet_store_client_warnings()
     if os.environ.get("RANK", "").isdigit():
         # torchrun interleaves every rank's output: each line says whose it is.
         common.set_line_prefix(f"[rank {os.environ['RANK']}] ")
@@ -223,10 +248,10 @@ saying so: long enough for a rank a moment from its own error (the peers of a ra
 failed at start-up fail alike an instant later) to report that instead."""
 
 
-SIGTERM_STUCK_S = TERMINATION_GRACE_S + training.STUCK_GRACE_S
-"""How long after torchrun's SIGTERM a rank that has neither reported its own error nor
-ended by :data:`TERMINATION_GRACE_S` is taken as stuck inside C++ (where Python runs no
-signal handler) and ended by the thread watching for the signal."""
+UNHEARD_SIGNAL_S = training.STUCK_GRACE_S
+"""How long a SIGTERM (or the SIGALRM that follows it) may wait for its Python handler
+before the rank is taken as stuck inside C++, where Python runs no handler, and is ended
+by the thread watching for the signals."""
 
 
 def _joined() -> bool:
@@ -252,43 +277,62 @@ def stopped_by_sigterm(cause: str | None) -> str:
     return f"{head}: another rank's error says why"
 
 
-def _watch_sigterm(settled: threading.Event, lock: threading.Lock) -> Callable[[], None]:
-    """Start a daemon thread that wakes on SIGTERM through Python's signal wakeup fd (written
-    by the C-level handler even while the main thread waits inside C++) and, unless
-    ``settled`` is set by then (the main thread reports its own error, or the block ended),
-    ends the rank :data:`SIGTERM_STUCK_S` later with :func:`stopped_by_sigterm`'s line. It
-    reads the cause on a connection of its own (the default store's client waits as long as
-    the main thread does). Returns the function that stops the watch. Main thread only."""
+def _watch_sigterm(
+    heard: Callable[[], int], settled: threading.Event, lock: threading.Lock
+) -> Callable[[], None]:
+    """Start a daemon thread that sees SIGTERM and SIGALRM arrive through Python's signal
+    wakeup fd (written by the C-level handler even while the main thread waits inside C++)
+    and, when one has waited :data:`UNHEARD_SIGNAL_S` for its Python handler (``heard()``:
+    how many the handler has run for) and ``settled`` is not set (the main thread reports
+    its own error, or the block ended), ends the rank with :func:`stopped_by_sigterm`'s
+    line. A main thread that runs Python, even slowly in its own error path, hears every
+    signal and is left alone. The cause is read on a connection of its own (the default
+    store's client waits as long as the main thread does). Returns the function that stops
+    the watch. Main thread only."""
     import socket
 
     wake, signalled = socket.socketpair()
     signalled.setblocking(False)  # set_wakeup_fd's requirement: the handler must not block
     before = signal.set_wakeup_fd(signalled.fileno(), warn_on_full_buffer=False)
+    watched = (signal.SIGTERM, signal.SIGALRM)
+
+    def end_rank() -> None:
+        read = None
+        if _joined():  # torch.distributed is loaded: reading the board loads no more
+            from autopipe.runtime.distributed.failures import board_reader
+
+            read = board_reader()
+        line = stopped_by_sigterm(read() if read is not None else None)
+        with lock:  # the main thread, reporting by itself, sets settled under it
+            if not settled.is_set():
+                _exit_stuck(line)
 
     def watch() -> None:
+        received, unheard_since = 0, 0.0
         with wake:
-            while True:
+            while not settled.is_set():
+                if received > heard():
+                    left_s = unheard_since + UNHEARD_SIGNAL_S - time.monotonic()
+                    if left_s <= 0:
+                        end_rank()
+                        return
+                    wake.settimeout(left_s)
+                else:
+                    wake.settimeout(None)
                 try:
                     got = wake.recv(64)
+                except TimeoutError:
+                    continue
                 except OSError:
                     return
                 if not got:
                     return  # the watch was stopped
-                if signal.SIGTERM in got:
-                    break
-            if settled.wait(SIGTERM_STUCK_S):
-                return
-            read = None
-            if _joined():  # torch.distributed is loaded: reading the board loads no more
-                from autopipe.runtime.distributed.failures import board_reader
+                arrived = sum(got.count(s) for s in watched)
+                if arrived and received <= heard():
+                    unheard_since = time.monotonic()
+                received += arrived
 
-                read = board_reader()
-            line = stopped_by_sigterm(read() if read is not None else None)
-            with lock:  # the main thread, reporting by itself, sets settled under it
-                if not settled.is_set():
-                    _exit_stuck(line)
-
-    threading.Thread(target=watch, name="autopipe-sigterm-watch", daemon=True).start()
+    threading.Thread(target=watch, name="autopipe-signal-watch", daemon=True).start()
 
     def stop() -> None:
         signal.set_wakeup_fd(before)
@@ -315,7 +359,8 @@ def one_line_per_rank(verbose: bool = False) -> Iterator[None]:
     - A rank waiting inside C++ (joining the process group while a peer that exited before
       joining it never comes, a new group's rendezvous) runs no Python signal handler, so
       torchrun would SIGKILL it silently 30 s later: a thread woken by the signal itself
-      (:func:`_watch_sigterm`) ends it with the same line, :data:`SIGTERM_STUCK_S` after it.
+      (:func:`_watch_sigterm`) ends it with the same line, once the signal has waited
+      :data:`UNHEARD_SIGNAL_S` for its handler.
     """
     schedules = logging.getLogger("torch.distributed.pipelining.schedules")
 
@@ -324,8 +369,10 @@ def one_line_per_rank(verbose: bool = False) -> Iterator[None]:
 
     failing = False
     settled, lock = threading.Event(), threading.Lock()  # set: the stuck watch stands down
+    heard = [0]  # signals whose handler ran: the main thread runs Python
 
     def on_signal(signum: int, frame: Any) -> None:
+        heard[0] += 1
         if failing or sys.exc_info()[1] is not None:
             return  # this rank is reporting its own error (and exits right after)
         if signum == signal.SIGTERM:
@@ -337,7 +384,7 @@ def one_line_per_rank(verbose: bool = False) -> Iterator[None]:
     handled = (signal.SIGTERM, signal.SIGALRM)
     main_thread = threading.current_thread() is threading.main_thread()
     previous = [signal.signal(s, on_signal) for s in handled] if main_thread else []
-    stop_watch = _watch_sigterm(settled, lock) if main_thread else None
+    stop_watch = _watch_sigterm(lambda: heard[0], settled, lock) if main_thread else None
     try:
         yield
     except BaseException as exc:
