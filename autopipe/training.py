@@ -52,6 +52,7 @@ __all__ = [
     "StepRecord",
     "TrainRequest",
     "TrainResult",
+    "end_stuck_rank",
     "make_optimizer",
     "train",
 ]
@@ -191,7 +192,12 @@ def train(
 
     ``say`` gets the lines for a person (the run's shape on rank 0, each step's loss and time
     on the rank computing the loss, what was written). ``steps_done`` is called on every
-    rank once the steps are done, before the trace and the checkpoint are written."""
+    rank once the steps are done, before the trace and the checkpoint are written.
+
+    A rank whose start-up waits inside c10d for a peer that failed (a new group's
+    rendezvous, where no exception can reach it) is ended by :data:`stuck_exit` with the
+    peer's cause :data:`STUCK_GRACE_S` after the peer published it, not after the timeout
+    (by default :func:`end_stuck_rank`: the line on stderr, exit 1)."""
     say = say or _silent
     _check_outputs(request)
     owns_group, rank, world = _join_process_group(request)

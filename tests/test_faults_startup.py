@@ -427,7 +427,5 @@ def test_a_script_calling_train_is_not_left_in_a_rendezvous_by_a_failed_peer(
     (code0, err0, end0_s), (code1, err1, end1_s) = _wait(procs, GROUP_TIMEOUT_S)
     assert code1 != 0 and err1.splitlines()[-1].endswith("RuntimeError: new_group broke on purpose")
     assert code0 == 1, err0
-    assert err0 == (
-        f"rank 0 stopped while building its pipeline stage: {GROUP_ERROR}\n"
-    ), err0
+    assert err0 == (f"rank 0 stopped while building its pipeline stage: {GROUP_ERROR}\n"), err0
     assert end0_s - end1_s < GROUP_TIMEOUT_S / 2, (end0_s, end1_s)
