@@ -248,10 +248,13 @@ saying so: long enough for a rank a moment from its own error (the peers of a ra
 failed at start-up fail alike an instant later) to report that instead."""
 
 
-UNHEARD_SIGNAL_S = training.STUCK_GRACE_S
+UNHEARD_SIGNAL_S = TERMINATION_GRACE_S + training.STUCK_GRACE_S
 """How long a SIGTERM (or the SIGALRM that follows it) may wait for its Python handler
 before the rank is taken as stuck inside C++, where Python runs no handler, and is ended
-by the thread watching for the signals."""
+by the thread watching for the signals (5 s). Longer than the start-up watcher takes
+(:data:`~autopipe.training.STUCK_GRACE_S` after the peer's line, which the peer writes
+before it exits, so before torchrun's SIGTERM, plus a poll of 0.5 s): a rank stuck in its
+start-up ends with that watcher's line, which names its phase."""
 
 
 def _joined() -> bool:
