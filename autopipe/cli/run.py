@@ -21,6 +21,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -292,8 +293,6 @@ def _watch_sigterm(
     signal and is left alone. The cause is read on a connection of its own (the default
     store's client waits as long as the main thread does). Returns the function that stops
     the watch. Main thread only."""
-    import socket
-
     wake, signalled = socket.socketpair()
     signalled.setblocking(False)  # set_wakeup_fd's requirement: the handler must not block
     before = signal.set_wakeup_fd(signalled.fileno(), warn_on_full_buffer=False)
