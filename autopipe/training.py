@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import math
 import statistics
+import sys
 import threading
 import time
 from collections.abc import Callable, Collection, Iterable, Iterator
@@ -51,6 +52,7 @@ __all__ = [
     "StepRecord",
     "TrainRequest",
     "TrainResult",
+    "end_stuck_rank",
     "make_optimizer",
     "train",
 ]
@@ -190,7 +192,12 @@ def train(
 
     ``say`` gets the lines for a person (the run's shape on rank 0, each step's loss and time
     on the rank computing the loss, what was written). ``steps_done`` is called on every
-    rank once the steps are done, before the trace and the checkpoint are written."""
+    rank once the steps are done, before the trace and the checkpoint are written.
+
+    A rank whose start-up waits inside c10d for a peer that failed (a new group's
+    rendezvous, where no exception can reach it) is ended by :data:`stuck_exit` with the
+    peer's cause :data:`STUCK_GRACE_S` after the peer published it, not after the timeout
+    (by default :func:`end_stuck_rank`: the line on stderr, exit 1)."""
     say = say or _silent
     _check_outputs(request)
     owns_group, rank, world = _join_process_group(request)
@@ -288,15 +295,28 @@ class _StartUp:
         self.phase = "starting"
 
 
-stuck_exit: Callable[[str], None] | None = None
-"""What ends a rank whose start-up is stuck after a peer failed (``autopipe run`` sets it:
-print the line, exit 1); None (a Python caller's ``train``): wait for the timeout.
+def end_stuck_rank(message: str) -> None:
+    """End this process at once (exit 1) with ``message`` as its one error line on stderr:
+    the default :data:`stuck_exit`, for a script calling :func:`train`. Called from the
+    watching thread while the main thread waits inside c10d, where no exception reaches
+    it; the process group is broken for good by then (a peer is gone), so ending the
+    process is what the timeout would have come to, minus the wait."""
+    from autopipe.runtime.distributed.process import exit_process
+
+    sys.stderr.write(f"{message}\n")
+    exit_process(1)
+
+
+stuck_exit: Callable[[str], None] | None = end_stuck_rank
+"""What ends a rank whose start-up is stuck after a peer failed: :func:`end_stuck_rank`
+(print the line, exit 1) for every caller of :func:`train`; ``autopipe run`` sets its own
+(the line as its CLI error, handed to torchrun's summary too); None: wait for the timeout.
 
 A peer that fails while this rank waits for it inside c10d (a new group's rendezvous:
 ``new_group``, a DeviceMesh) leaves it there until ``--timeout``: c10d's wait cannot be
-interrupted, not even by torchrun's SIGTERM (Python runs a signal handler only between
-bytecodes), so torchrun would SIGKILL it silently 30 s later. A thread watching the
-failure board then hands it the peer's line."""
+interrupted, not even by torchrun's SIGTERM once a handler is installed (Python runs a
+signal handler only between bytecodes), and without torchrun's agent nothing else stops
+it. A thread watching the failure board then hands it the peer's line."""
 
 STUCK_GRACE_S = 3.0
 """How long after a peer's line appears a rank still in its start-up is taken as stuck:

@@ -21,10 +21,11 @@ import json
 import logging
 import os
 import signal
+import socket
 import sys
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -188,16 +189,41 @@ def _output_flags(p: argparse.ArgumentParser) -> None:
     )
 
 
+CPP_LOG_LEVEL = "ERROR"
+"""torch's C++ log level (``TORCH_CPP_LOG_LEVEL``) of an ``autopipe run`` rank whose c10d
+store is rank 0's (no torchrun agent), unless set: warnings (c10d's included) are dropped."""
+
+
+def quiet_store_client_warnings() -> None:
+    """Set ``TORCH_CPP_LOG_LEVEL`` to :data:`CPP_LOG_LEVEL` when rank 0 holds the c10d store
+    (started without torchrun's agent), the variable is unset and torch is not loaded yet
+    (c10 reads it once, when torch loads; torch has no call to change it later).
+
+    When rank 0, the store's host, fails and exits, a peer reading the failure board can
+    meet the store as it goes: c10d's client then logs a warning with a C++ stack trace
+    (about 20 lines) for the call, above the peer's own line, which already says that rank 0
+    is gone with the store. A probe before each call narrows that window but cannot close
+    it (the host exits between the probe and the call: about 1 launch in 8 on 2 loaded
+    cores), and no order of the ranks closes it without delaying the failing host's exit for
+    peers that may never read. Under torchrun the store is its agent's and outlives every
+    rank, and nothing is changed. A value you set is kept (``TORCH_CPP_LOG_LEVEL=WARNING``
+    shows the warnings)."""
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True" or "torch" in sys.modules:
+        return
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", CPP_LOG_LEVEL)
+
+
 def cmd_run(args: argparse.Namespace) -> int:
+    quiet_store_client_warnings()
     if os.environ.get("RANK", "").isdigit():
         # torchrun interleaves every rank's output: each line says whose it is.
         common.set_line_prefix(f"[rank {os.environ['RANK']}] ")
-    training.stuck_exit = _exit_stuck
+    previous, training.stuck_exit = training.stuck_exit, _exit_stuck
     try:
         with one_line_per_rank(verbose=args.verbose):
             return _run(args)
     finally:
-        training.stuck_exit = None
+        training.stuck_exit = previous
 
 
 def _exit_stuck(message: str) -> None:
@@ -223,6 +249,100 @@ saying so: long enough for a rank a moment from its own error (the peers of a ra
 failed at start-up fail alike an instant later) to report that instead."""
 
 
+UNHEARD_SIGNAL_S = TERMINATION_GRACE_S + training.STUCK_GRACE_S
+"""How long a SIGTERM (or the SIGALRM that follows it) may wait for its Python handler
+before the rank is taken as stuck inside C++, where Python runs no handler, and is ended
+by the thread watching for the signals (5 s). Longer than the start-up watcher takes
+(:data:`~autopipe.training.STUCK_GRACE_S` after the peer's line, which the peer writes
+before it exits, so before torchrun's SIGTERM, plus a poll of 0.5 s): a rank stuck in its
+start-up ends with that watcher's line, which names its phase."""
+
+
+def _joined() -> bool:
+    """Whether this process has joined its process group (torch.distributed is imported by
+    then; it is not imported here for the question)."""
+    dist = sys.modules.get("torch.distributed")
+    return bool(dist is not None and dist.is_available() and dist.is_initialized())
+
+
+def stopped_by_sigterm(cause: str | None) -> str:
+    """The line of a rank torchrun stopped (SIGTERM) without an error of its own: after
+    ``cause`` (the line a failing rank published on the failure board), else what can be
+    known: before the group is joined no rank can have published one, and the rank that
+    exited first says why in its own output."""
+    head = "stopped by SIGTERM (torchrun stops every rank once one exits)"
+    if cause is not None:
+        return f"{head}: after {cause}"
+    if not _joined():
+        return (
+            f"{head} before the process group was joined: a rank exited before joining it, "
+            "and its own error line says why"
+        )
+    return f"{head}: another rank's error says why"
+
+
+def _watch_sigterm(
+    heard: Callable[[], int], settled: threading.Event, lock: threading.Lock
+) -> Callable[[], None]:
+    """Start a daemon thread that sees SIGTERM and SIGALRM arrive through Python's signal
+    wakeup fd (written by the C-level handler even while the main thread waits inside C++)
+    and, when one has waited :data:`UNHEARD_SIGNAL_S` for its Python handler (``heard()``:
+    how many the handler has run for) and ``settled`` is not set (the main thread reports
+    its own error, or the block ended), ends the rank with :func:`stopped_by_sigterm`'s
+    line. A main thread that runs Python, even slowly in its own error path, hears every
+    signal and is left alone. The cause is read on a connection of its own (the default
+    store's client waits as long as the main thread does). Returns the function that stops
+    the watch. Main thread only."""
+    wake, signalled = socket.socketpair()
+    signalled.setblocking(False)  # set_wakeup_fd's requirement: the handler must not block
+    before = signal.set_wakeup_fd(signalled.fileno(), warn_on_full_buffer=False)
+    watched = (signal.SIGTERM, signal.SIGALRM)
+
+    def end_rank() -> None:
+        read = None
+        if _joined():  # torch.distributed is loaded: reading the board loads no more
+            from autopipe.runtime.distributed.failures import board_reader
+
+            read = board_reader()
+        line = stopped_by_sigterm(read() if read is not None else None)
+        with lock:  # the main thread, reporting by itself, sets settled under it
+            if not settled.is_set():
+                _exit_stuck(line)
+
+    def watch() -> None:
+        received, unheard_since = 0, 0.0
+        with wake:
+            while not settled.is_set():
+                if received > heard():
+                    left_s = unheard_since + UNHEARD_SIGNAL_S - time.monotonic()
+                    if left_s <= 0:
+                        end_rank()
+                        return
+                    wake.settimeout(left_s)
+                else:
+                    wake.settimeout(None)
+                try:
+                    got = wake.recv(64)
+                except TimeoutError:
+                    continue
+                except OSError:
+                    return
+                if not got:
+                    return  # the watch was stopped
+                arrived = sum(got.count(s) for s in watched)
+                if arrived and received <= heard():
+                    unheard_since = time.monotonic()
+                received += arrived
+
+    threading.Thread(target=watch, name="autopipe-signal-watch", daemon=True).start()
+
+    def stop() -> None:
+        signal.set_wakeup_fd(before)
+        signalled.close()  # the thread's recv returns b"" and it ends
+
+    return stop
+
+
 @contextlib.contextmanager
 def one_line_per_rank(verbose: bool = False) -> Iterator[None]:
     """While training, every rank ends in exactly one error line of its own:
@@ -238,6 +358,11 @@ def one_line_per_rank(verbose: bool = False) -> Iterator[None]:
       ends :data:`TERMINATION_GRACE_S` later (SIGALRM) with a line saying it was stopped,
       unless its own error comes first. Once an error leaves this block the signals stay
       ignored: the CLI prints the error after it, then the process exits.
+    - A rank waiting inside C++ (joining the process group while a peer that exited before
+      joining it never comes, a new group's rendezvous) runs no Python signal handler, so
+      torchrun would SIGKILL it silently 30 s later: a thread woken by the signal itself
+      (:func:`_watch_sigterm`) ends it with the same line, once the signal has waited
+      :data:`UNHEARD_SIGNAL_S` for its handler.
     """
     schedules = logging.getLogger("torch.distributed.pipelining.schedules")
 
@@ -245,8 +370,11 @@ def one_line_per_rank(verbose: bool = False) -> Iterator[None]:
         return verbose or record.levelno < logging.ERROR
 
     failing = False
+    settled, lock = threading.Event(), threading.Lock()  # set: the stuck watch stands down
+    heard = [0]  # signals whose handler ran: the main thread runs Python
 
     def on_signal(signum: int, frame: Any) -> None:
+        heard[0] += 1
         if failing or sys.exc_info()[1] is not None:
             return  # this rank is reporting its own error (and exits right after)
         if signum == signal.SIGTERM:
@@ -258,24 +386,27 @@ def one_line_per_rank(verbose: bool = False) -> Iterator[None]:
     handled = (signal.SIGTERM, signal.SIGALRM)
     main_thread = threading.current_thread() is threading.main_thread()
     previous = [signal.signal(s, on_signal) for s in handled] if main_thread else []
+    stop_watch = _watch_sigterm(lambda: heard[0], settled, lock) if main_thread else None
     try:
         yield
     except BaseException as exc:
         # The handlers stay, ignoring the signals, until the process has printed this
         # error (in the CLI's main, after this block) and exited.
         failing = True
+        with lock:  # this rank reports by itself: the stuck watch stands down
+            settled.set()
         if isinstance(exc, Terminated):
             from autopipe.runtime.distributed.failures import failure_cause
 
             # The rank that failed first wrote its line to the store torchrun's agent holds.
-            cause = failure_cause()
-            raise common.Failure(
-                "stopped by SIGTERM (torchrun stops every rank once one exits): "
-                + (f"after {cause}" if cause else "another rank's error says why")
-            ) from None
+            raise common.Failure(stopped_by_sigterm(failure_cause())) from None
         raise
     finally:
         schedules.removeFilter(table)
+        with lock:
+            settled.set()
+        if stop_watch is not None:
+            stop_watch()
         if main_thread:
             signal.setitimer(signal.ITIMER_REAL, 0)
             if not failing:
