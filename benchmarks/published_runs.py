@@ -678,6 +678,11 @@ def transformer_profile(
                 linear_forward_flops=tokens * linear_flops,
                 selective_activation_bytes=int(kept),
                 selective_recompute_s=redo,
+                # torchtitan's op policy saves the reduce-scatters, not the all-gathers: both
+                # regions' inputs are gathered again for the kept matmuls' weight gradients
+                selective_recompute_gather_bytes=2 * hidden_bytes
+                if selective == "torchtitan"
+                else 0,
                 tp_replicated_activation_bytes=int(replicated_act),
                 tp_replicated_compute_fraction=replicated_share,
                 # what context parallelism exchanges and splits (planner/context_expert.py)

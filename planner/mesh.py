@@ -51,6 +51,7 @@ from autopipe.planner.mesh_costs import (
     device_profile,
     gather_buffer_bytes,
     ring_collective_s,
+    selective_regather_s,
     sharded_state_bytes_per_parameter,
     tp_collective_s,
     transient_bytes,
@@ -586,7 +587,12 @@ def _tp_comm_s(plan: Plan, profile: Profile, cand: MeshCandidate, topology: Topo
     for i, s in enumerate(plan.stages):
         r = s.rank if s.rank >= 0 else i
         per_rank[r] = per_rank.get(r, 0.0) + sum(
-            2 * tp_collective_s(original[x], cand.tp, topology) * ratio for x in s.units
+            (
+                2 * tp_collective_s(original[x], cand.tp, topology)
+                + selective_regather_s(original[x], cand.tp, topology)
+            )
+            * ratio
+            for x in s.units
         )
     return max(per_rank.values(), default=0.0) * plan.microbatches
 
@@ -757,6 +763,7 @@ def _topology(request: PlanRequest, n: int, template: Device) -> Topology:
         grad_reduce_overlap=request.grad_reduce_overlap,
         reshard_after_forward=request.reshard_after_forward,
         grad_reduce_fp32=request.grad_reduce_fp32,
+        selective_recompute=request.selective_recompute,
         overlap_compute_loss=overlap_loss,
     )  # fmt: skip
 

@@ -33,6 +33,7 @@ __all__ = [
     "device_profile",
     "gather_buffer_bytes",
     "ring_collective_s",
+    "selective_regather_s",
     "sharded_state_bytes_per_parameter",
     "tp_collective_s",
     "tp_overlap_exposed_s",
@@ -86,6 +87,9 @@ class Topology:
     """``parameters`` sharding gathers per micro-batch (True) or once per step (False)."""
     grad_reduce_fp32: bool = False
     """Gradients are reduced in fp32 (``PlanRequest.grad_reduce_fp32``)."""
+    selective_recompute: bool = False
+    """Selective checkpointing is on (``PlanRequest.selective_recompute``): a unit's backward
+    re-runs the TP all-gathers its recipe does not save (``selective_recompute_gather_bytes``)."""
     overlap_compute_loss: float = 0.0
     """Share of a hidden collective's seconds that the compute it overlaps loses (NCCL's
     kernels occupy SMs and memory bandwidth): a collective hidden behind compute is not
@@ -155,6 +159,22 @@ def tp_collective_s(unit: UnitProfile, tp: int, topology: Topology) -> float:
         unit.tp_collective_bytes, tp, topology.intra_bandwidth_bytes_per_s, topology.intra_latency_s
     )
     return 2 * one
+
+
+def selective_regather_s(unit: UnitProfile, tp: int, topology: Topology) -> float:
+    """Seconds the backward spends all-gathering again, over the T group, the TP regions'
+    inputs the selective recipe does not save (``selective_recompute_gather_bytes``; one ring
+    all-gather each, at the profile's batch): torchtitan's op policy keeps the reduce-scatters'
+    outputs and re-runs the all-gathers with the re-computation. 0 without
+    ``topology.selective_recompute`` or with ``tp`` 1."""
+    if tp <= 1 or not topology.selective_recompute or unit.selective_recompute_gather_bytes <= 0:
+        return 0.0
+    return ring_collective_s(
+        unit.selective_recompute_gather_bytes,
+        tp,
+        topology.intra_bandwidth_bytes_per_s,
+        topology.intra_latency_s,
+    )
 
 
 def tp_overlap_exposed_s(
@@ -362,6 +382,7 @@ def _device_unit(
     bwd = _scaled(u.backward_s, u.backward_overhead_s, c)
     comm = tp_collective_s(u, tp, topology)
     comm_f = comm_b = comm
+    regather = selective_regather_s(u, tp, topology)
     if topology.tp_comm_overlap and comm > 0:
         loss = topology.overlap_compute_loss
         comm_f = tp_overlap_exposed_s(comm, fwd, tp, loss)
@@ -375,6 +396,9 @@ def _device_unit(
             # only, about half the backward's matmul time (the weight gradients the rest)
             half = comm / 2
             comm_b = half + tp_overlap_exposed_s(half, bwd / 2, tp, loss)
+    # the re-run all-gathers open the backward's re-computation: exposed in every mode (async
+    # TP could pipeline one with the re-computed matmul it feeds; not credited)
+    comm_b += regather
     split = u.backward_input_s + u.backward_weight_s
     b_in = _scaled(u.backward_input_s, u.backward_input_overhead_s, c)
     b_wt = _scaled(u.backward_weight_s, u.backward_weight_overhead_s, c)

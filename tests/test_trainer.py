@@ -12,6 +12,7 @@ from autopipe.planner.errors import RuleViolation
 from autopipe.planner.mesh_costs import (
     Topology,
     device_profile,
+    selective_regather_s,
     sharded_state_bytes_per_parameter,
     tp_overlap_exposed_s,
 )
@@ -115,6 +116,44 @@ def test_async_tp_backward_exposes_its_reduce_scatters_as_torchtitan_runs_it() -
     assert titan.backward_s == pytest.approx(2e-2 / 8 + comm / 2 + comm / 2 / 8)
     assert titan.forward_s == pytest.approx(both.forward_s)  # the forward fuses every one
     assert PlanRequest(tp_comm_overlap=True).tp_overlap_backward  # Megatron's, the default
+
+
+def test_selective_recompute_gathers_the_tp_inputs_again_as_torchtitan_runs_it() -> None:
+    """torchtitan's op policy saves the reduce-scatters' outputs, not the all-gathers': with
+    selective re-computation and T > 1 the backward runs one more ring all-gather of the
+    unit's ``selective_recompute_gather_bytes`` (2e7 B: 7/8 x 2e7 / 450e9 s), vanilla and
+    async TP alike; nothing without selective re-computation or at T = 1."""
+    p = _profile()
+    p.units[0].selective_recompute_gather_bytes = 2 * 10**7
+    regather = 7 / 8 * 2e7 / 450e9
+    top = Topology(8, 450e9, 50e9)
+    sel = dataclasses.replace(top, selective_recompute=True)
+    plain, again = device_profile(p, 8, top).units[0], device_profile(p, 8, sel).units[0]
+    assert again.backward_s - plain.backward_s == pytest.approx(regather)
+    assert again.forward_s == plain.forward_s
+    assert device_profile(p, 8, sel).units[1].backward_s == plain.backward_s  # no bytes: none
+    for over in (
+        dataclasses.replace(sel, tp_comm_overlap=True, tp_overlap_backward=b) for b in (True, False)
+    ):
+        base = dataclasses.replace(over, selective_recompute=False)
+        assert device_profile(p, 8, over).units[0].backward_s - device_profile(p, 8, base).units[
+            0
+        ].backward_s == pytest.approx(regather)
+    assert selective_regather_s(p.units[0], 1, sel) == 0.0
+    # the request's option reaches the mesh, and the plan's TP comm counts the re-gathers:
+    # 8 units x 8 micro-batches of 4 samples (the profile's batch is 1), TP 8 x DP 2
+    for u in p.units:
+        u.selective_recompute_gather_bytes = 2 * 10**7
+    def tp8(selective: bool) -> PlanRequest:
+        return dataclasses.replace(
+            _mesh(selective_recompute=selective), tensor_parallel=8, data_parallel=2
+        )
+
+    on, off = plan(p, tp8(True)), plan(p, tp8(False))
+    assert on.mesh is not None and off.mesh is not None
+    extra = on.mesh.candidates[0].tp_comm_s - off.mesh.candidates[0].tp_comm_s
+    # on the catalog H100: NVLink at NCCL's 370 GB/s and 5 us per ring step
+    assert extra == pytest.approx(8 * 8 * 4 * (7 / 8 * 2e7 / 370e9 + 7 * 5e-6))
 
 
 def test_tp_without_sequence_parallelism_keeps_replicated_activations() -> None:

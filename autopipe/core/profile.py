@@ -151,6 +151,13 @@ class UnitProfile:
     selective_recompute_s: float = 0.0
     """Seconds the backward spends re-computing what selective checkpointing dropped, at
     ``Profile.batch_size``. Optional in v1."""
+    selective_recompute_gather_bytes: int = 0
+    """Of ``tp_collective_bytes``, the TP regions' inputs that the selective recipe gathers
+    again in backward, at ``Profile.batch_size``: torchtitan's op policy saves the outputs of
+    the reduce-scatters but not of the all-gathers, so with sequence parallelism each region
+    whose gathered input a kept matmul's weight gradient needs re-runs its all-gather over the
+    T group (the whole block's ``tp_collective_bytes`` for a Llama block); Megatron's recipe
+    re-gathers nothing (0). Only with ``selective_recompute`` and T > 1. Optional in v1."""
     tp_replicated_activation_bytes: int = 0
     """Of ``activation_bytes``, those outside the TP regions (norm inputs, residuals,
     dropout masks): sharded over T by sequence parallelism only, replicated on every TP rank
