@@ -746,7 +746,7 @@ def _topology(request: PlanRequest, n: int, template: Device) -> Topology:
         )
     inter = request.inter_node_bandwidth_bytes_per_s or intra
     intra_lat = inter_lat = template.link_latency_s
-    overlap_loss = 0.0
+    overlap_loss = memory_bw = 0.0
     if is_catalog_device(template.name):  # per ring step of a collective (catalog.py)
         spec = get_device(template.name)
         if intra == spec.link_bandwidth_bytes_per_s:  # the datasheet's line rate: NCCL's share
@@ -754,6 +754,7 @@ def _topology(request: PlanRequest, n: int, template: Device) -> Topology:
             if request.inter_node_bandwidth_bytes_per_s is None:
                 inter = intra
         overlap_loss = spec.overlap_compute_loss
+        memory_bw = spec.memory_bandwidth_bytes_per_s * spec.memory_efficiency
         intra_lat = max(intra_lat, spec.collective_latency_s)
         inter_lat = max(inter_lat, spec.inter_node_collective_latency_s)
     return Topology(
@@ -764,6 +765,7 @@ def _topology(request: PlanRequest, n: int, template: Device) -> Topology:
         reshard_after_forward=request.reshard_after_forward,
         grad_reduce_fp32=request.grad_reduce_fp32,
         selective_recompute=request.selective_recompute,
+        memory_bytes_per_s=memory_bw,
         overlap_compute_loss=overlap_loss,
     )  # fmt: skip
 

@@ -32,6 +32,7 @@ __all__ = [
     "Topology",
     "device_profile",
     "gather_buffer_bytes",
+    "gather_copy_out_s",
     "ring_collective_s",
     "selective_regather_s",
     "sharded_state_bytes_per_parameter",
@@ -87,6 +88,11 @@ class Topology:
     """``parameters`` sharding gathers per micro-batch (True) or once per step (False)."""
     grad_reduce_fp32: bool = False
     """Gradients are reduced in fp32 (``PlanRequest.grad_reduce_fp32``)."""
+    memory_bytes_per_s: float = 0.0
+    """Sustained memory bandwidth of one device (the catalog's peak times its memory
+    efficiency): prices the memory-bound copies a collective's implementation runs on the
+    compute stream (FSDP2's all-gather copy-out, :func:`gather_copy_out_s`); 0: not priced
+    (no catalog figure)."""
     selective_recompute: bool = False
     """Selective checkpointing is on (``PlanRequest.selective_recompute``): a unit's backward
     re-runs the TP all-gathers its recipe does not save (``selective_recompute_gather_bytes``)."""
@@ -268,6 +274,18 @@ def transient_bytes(device: Profile, microbatch_size: float) -> float:
     return at * max(extra, default=0)
 
 
+def gather_copy_out_s(parameter_bytes: float, topology: Topology) -> float:
+    """Seconds the compute stream spends copying one ``parameters``-sharding all-gather's
+    output (``parameter_bytes``, the unit's whole per-TP parameters) out of FSDP2's flat
+    buffer into the parameters' own tensors: ``foreach_all_gather_copy_out``
+    (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py) waits for the all-gather on
+    the current stream and runs ``split_with_sizes_copy`` there, reading and writing every
+    byte once, at ``topology.memory_bytes_per_s``. 0 where that is unknown."""
+    if topology.memory_bytes_per_s <= 0 or parameter_bytes <= 0:
+        return 0.0
+    return 2.0 * parameter_bytes / topology.memory_bytes_per_s
+
+
 def _scaled(total_s: float, overhead_s: float, factor: float) -> float:
     """``total_s`` with its size-dependent part (above ``overhead_s``) times ``factor``."""
     overhead_s = min(max(overhead_s, 0.0), total_s)
@@ -357,8 +375,10 @@ def _gather_extras_s(
         g = ring_collective_s(param, dp, dp_bw, dp_lat)
         # forward runs units in order (unit i's gather hides behind unit i-1), backward
         # in reverse (behind unit i+1); the first of each pass hides behind nothing.
-        fwd_extra = topology.hidden_cost_s(g, computes[i - 1][0] if i > 0 else 0.0)
-        bwd_extra = topology.hidden_cost_s(g, computes[i + 1][1] if i + 1 < n else 0.0)
+        # then the copy-out, on the compute stream: nothing hides it
+        copy_out = gather_copy_out_s(param, topology)
+        fwd_extra = topology.hidden_cost_s(g, computes[i - 1][0] if i > 0 else 0.0) + copy_out
+        bwd_extra = topology.hidden_cost_s(g, computes[i + 1][1] if i + 1 < n else 0.0) + copy_out
         extras.append((fwd_extra, bwd_extra))
     return extras
 
