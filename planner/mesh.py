@@ -50,6 +50,7 @@ from autopipe.planner.mesh_costs import (
     Topology,
     device_profile,
     gather_buffer_bytes,
+    reduce_copy_in_s,
     ring_collective_s,
     selective_regather_s,
     sharded_state_bytes_per_parameter,
@@ -528,6 +529,10 @@ def _dp_exposed_per_rank_s(
                 mine, b, device.batch_size, unit_s, 1, backward=False,
                 loss=topology.overlap_compute_loss,
             )  # fmt: skip
+        if cand.shard in ("gradients", "parameters"):
+            # FSDP2 copies the gradients into its reduce-scatter input on the compute stream
+            grads = sum(u.parameter_bytes for u in mine)
+            exposed += reduce_copy_in_s(grads, factor, topology)
         worst = max(worst, exposed)
     return worst
 

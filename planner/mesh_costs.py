@@ -33,6 +33,7 @@ __all__ = [
     "device_profile",
     "gather_buffer_bytes",
     "gather_copy_out_s",
+    "reduce_copy_in_s",
     "ring_collective_s",
     "selective_regather_s",
     "sharded_state_bytes_per_parameter",
@@ -284,6 +285,18 @@ def gather_copy_out_s(parameter_bytes: float, topology: Topology) -> float:
     if topology.memory_bytes_per_s <= 0 or parameter_bytes <= 0:
         return 0.0
     return 2.0 * parameter_bytes / topology.memory_bytes_per_s
+
+
+def reduce_copy_in_s(parameter_bytes: float, grad_bytes_factor: float, topology: Topology) -> float:
+    """Seconds the compute stream spends copying ``parameter_bytes`` worth of unsharded
+    gradients (in the parameters' dtype) into FSDP2's reduce-scatter input, written in the
+    reduce dtype (``grad_bytes_factor`` bytes per byte: 2 for bf16 gradients reduced in
+    fp32): ``foreach_reduce`` (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py)
+    runs ``foreach_reduce_scatter_copy_in`` (``chunk_cat``) on the current stream before
+    handing the buffer to the reduce-scatter stream. 0 where the bandwidth is unknown."""
+    if topology.memory_bytes_per_s <= 0 or parameter_bytes <= 0:
+        return 0.0
+    return (1.0 + grad_bytes_factor) * parameter_bytes / topology.memory_bytes_per_s
 
 
 def _scaled(total_s: float, overhead_s: float, factor: float) -> float:

@@ -144,6 +144,7 @@ def test_selective_recompute_gathers_the_tp_inputs_again_as_torchtitan_runs_it()
     # 8 units x 8 micro-batches of 4 samples (the profile's batch is 1), TP 8 x DP 2
     for u in p.units:
         u.selective_recompute_gather_bytes = 2 * 10**7
+
     def tp8(selective: bool) -> PlanRequest:
         return dataclasses.replace(
             _mesh(selective_recompute=selective), tensor_parallel=8, data_parallel=2
@@ -318,3 +319,43 @@ def test_nvlink_collectives_run_at_nccls_share_of_the_line_rate() -> None:
     assert _topology(_mesh(), 16, custom).intra_bandwidth_bytes_per_s == 200e9
     for fraction, source in NCCL_NVLINK_EFFICIENCY.values():
         assert 0 < fraction <= 1 and "nccl" in source
+
+
+def test_fsdp2_copies_its_gathers_out_and_its_gradients_in_on_the_compute_stream(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """FSDP2's ``foreach_all_gather_copy_out`` copies each gather's flat buffer into the
+    parameters on the compute stream (read + write of the unit's per-TP parameters), and
+    ``foreach_reduce`` chunk-cats the gradients into the reduce-scatter input there (read in
+    the parameters' dtype, written in the reduce dtype). By hand at 2e12 B/s: 1e9 B gathered
+    -> 1 ms; 1e9 B of bf16 gradients reduced in fp32 (factor 2) -> 1.5 ms. Priced at the
+    catalog's sustained bandwidth (H100 SXM: 3.35 TB/s x 0.8); 0 where it is unknown."""
+    from autopipe.planner.mesh import _topology
+    from autopipe.planner.mesh_costs import gather_copy_out_s, reduce_copy_in_s
+
+    top = Topology(8, 450e9, 50e9, memory_bytes_per_s=2e12)
+    assert gather_copy_out_s(1e9, top) == pytest.approx(1e-3)
+    assert reduce_copy_in_s(1e9, 2.0, top) == pytest.approx(1.5e-3)
+    blind = Topology(8, 450e9, 50e9)
+    assert gather_copy_out_s(1e9, blind) == reduce_copy_in_s(1e9, 2.0, blind) == 0.0
+    # each parameters-sharded unit pays one copy-out per pass: 2 x 2e8 B / 2e12 B/s
+    p = _profile()
+    fsdp = {"shard": "parameters", "dp": 8}
+    with_copy = device_profile(p, 1, top, **fsdp).units[3]  # type: ignore[arg-type]
+    without = device_profile(p, 1, blind, **fsdp).units[3]  # type: ignore[arg-type]
+    assert with_copy.forward_s - without.forward_s == pytest.approx(2e-4)
+    assert with_copy.backward_s - without.backward_s == pytest.approx(2e-4)
+    spec = get_device("H100-SXM-80GB")
+    mesh_top = _topology(_mesh(), 16, Device.from_spec("h100"))
+    assert mesh_top.memory_bytes_per_s == pytest.approx(
+        spec.memory_bandwidth_bytes_per_s * spec.memory_efficiency
+    )
+    # the plan's exposed DP communication (ZeRO-2: FSDP2 without resharding) includes the
+    # gradients' copy-in: PP 2 x DP 8, a rank's 4 units of 2e8 B, bf16 reduced in fp32
+    request = _mesh(shard="gradients", grad_reduce_fp32=True)
+    on = plan(p, request)
+    monkeypatch.setattr("autopipe.planner.mesh.reduce_copy_in_s", lambda *a: 0.0)
+    off = plan(p, request)
+    assert on.mesh is not None and off.mesh is not None and on.mesh_shape == (2, 8, 1)
+    extra = on.mesh.candidates[0].dp_comm_s - off.mesh.candidates[0].dp_comm_s
+    assert extra == pytest.approx(4 * 2e8 * 3 / mesh_top.memory_bytes_per_s)
