@@ -675,6 +675,7 @@ def transformer_profile(
                 tp_parameter_count=a.block_parameters - 2 * h,
                 tp_compute_fraction=1.0,
                 tp_collective_bytes=2 * hidden_bytes,
+                tp_rowwise_output_bytes=2 * hidden_bytes,  # attention's wo, the MLP's down
                 linear_forward_flops=tokens * linear_flops,
                 selective_activation_bytes=int(kept),
                 selective_recompute_s=redo,

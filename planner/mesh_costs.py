@@ -31,6 +31,7 @@ __all__ = [
     "REDUCE_BYTES",
     "Topology",
     "device_profile",
+    "fused_reduce_scatter_sum_s",
     "gather_buffer_bytes",
     "gather_copy_out_s",
     "reduce_copy_in_s",
@@ -182,6 +183,21 @@ def selective_regather_s(unit: UnitProfile, tp: int, topology: Topology) -> floa
         topology.intra_bandwidth_bytes_per_s,
         topology.intra_latency_s,
     )
+
+
+def fused_reduce_scatter_sum_s(unit: UnitProfile, tp: int, topology: Topology) -> float:
+    """Seconds of the summing pass torch's fused matmul-reduce-scatter runs on the compute
+    stream, per forward, for the unit's row-wise outputs (``tp_rowwise_output_bytes``, each
+    the whole ``b x s x h`` output of its matmul): ``_fused_matmul_reduce_scatter_impl``
+    (torch/distributed/_symmetric_memory/__init__.py) computes the matmul in ``tp`` row chunks,
+    sends each rank its chunk of the partial sums into a ``stacked_partials`` buffer of the
+    whole output's size, then adds the ``tp`` partials up (``torch.sum``): every byte of the
+    output read once, a ``1/tp`` share written, at ``topology.memory_bytes_per_s``. NCCL's reduce-scatter
+    sums inside the collective instead, which the collective's time already carries. 0 for
+    ``tp`` 1 or an unknown bandwidth."""
+    if tp <= 1 or topology.memory_bytes_per_s <= 0 or unit.tp_rowwise_output_bytes <= 0:
+        return 0.0
+    return unit.tp_rowwise_output_bytes * (1.0 + 1.0 / tp) / topology.memory_bytes_per_s
 
 
 def tp_overlap_exposed_s(
@@ -429,6 +445,9 @@ def _device_unit(
             # only, about half the backward's matmul time (the weight gradients the rest)
             half = comm / 2
             comm_b = half + tp_overlap_exposed_s(half, bwd / 2, tp, loss)
+            # its reduce-scatters in forward are torch's fused matmul-reduce-scatter, whose
+            # partial sums are added up on the compute stream
+            comm_f += fused_reduce_scatter_sum_s(u, tp, topology)
     # the re-run all-gathers open the backward's re-computation: exposed in every mode (async
     # TP could pipeline one with the re-computed matmul it feeds; not credited)
     comm_b += regather

@@ -359,3 +359,31 @@ def test_fsdp2_copies_its_gathers_out_and_its_gradients_in_on_the_compute_stream
     assert on.mesh is not None and off.mesh is not None and on.mesh_shape == (2, 8, 1)
     extra = on.mesh.candidates[0].dp_comm_s - off.mesh.candidates[0].dp_comm_s
     assert extra == pytest.approx(4 * 2e8 * 3 / mesh_top.memory_bytes_per_s)
+
+
+def test_torchs_fused_matmul_reduce_scatter_sums_its_partials_on_the_compute_stream() -> None:
+    """torchtitan's async TP (``tp_overlap_backward=False``) reduce-scatters in forward with
+    torch's fused matmul-reduce-scatter, which sends the partial sums into a buffer of the
+    whole output's size and adds them up with ``torch.sum``: per forward, the unit's row-wise
+    outputs read once and an eighth written. By hand: 2e7 B x (1 + 1/8) / 2e12 B/s. Not on
+    the Megatron path (its overlap runs in Transformer Engine), nor without async TP."""
+    from autopipe.planner.mesh_costs import fused_reduce_scatter_sum_s
+
+    p = _profile()
+    p.units[0].tp_rowwise_output_bytes = 2 * 10**7
+    top = Topology(8, 450e9, 50e9, tp_comm_overlap=True, memory_bytes_per_s=2e12)
+    titan = dataclasses.replace(top, tp_overlap_backward=False)
+    blind = dataclasses.replace(titan, memory_bytes_per_s=0.0)
+    sum_s = 2e7 * (1 + 1 / 8) / 2e12
+    assert fused_reduce_scatter_sum_s(p.units[0], 8, titan) == pytest.approx(sum_s)
+    assert fused_reduce_scatter_sum_s(p.units[0], 1, titan) == 0.0
+    assert fused_reduce_scatter_sum_s(p.units[1], 8, titan) == 0.0  # no row-wise outputs
+    with_sum = device_profile(p, 8, titan).units[0]
+    assert with_sum.forward_s - device_profile(p, 8, blind).units[0].forward_s == pytest.approx(
+        sum_s
+    )
+    assert with_sum.backward_s == pytest.approx(device_profile(p, 8, blind).units[0].backward_s)
+    megatron = device_profile(p, 8, top).units[0].forward_s
+    assert megatron == pytest.approx(
+        device_profile(p, 8, dataclasses.replace(top, memory_bytes_per_s=0.0)).units[0].forward_s
+    )

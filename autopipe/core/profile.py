@@ -137,6 +137,11 @@ class UnitProfile:
     tensor-parallel regions (one per colwise ... rowwise run, e.g. attention and MLP of a
     transformer block): with sequence parallelism the forward all-gathers and
     reduce-scatters each over the T group, and so does the backward. Optional in v1."""
+    tp_rowwise_output_bytes: int = 0
+    """Of ``tp_collective_bytes``, the outputs of the unit's row-wise modules at
+    ``Profile.batch_size``: what its forward reduce-scatters straight from a matmul (one
+    ``b x s x h`` output per row-wise module; an embedding's or an LM head's collectives are
+    not), which async TP fuses with that matmul. Optional in v1."""
     linear_forward_flops: float = 0.0
     """FLOPs of this unit's weight matmuls (``nn.Linear``) in forward, at
     ``Profile.batch_size`` (their backward is twice as many): the share ``precision="fp8"``
