@@ -573,6 +573,7 @@ def transformer_profile(
     loss: str = "torch",
     attention_kernel: str = DEFAULT_KERNEL,
     eager: str = "generic",
+    sequence_dim: int = 0,
 ) -> Profile:
     """The Profile of ``a`` at ``batch_size`` sequences of ``seq`` tokens on ``spec``: units
     ``embed``, ``layers.0 .. layers.L-1``, ``head`` (final norm, output projection, loss).
@@ -601,7 +602,9 @@ def transformer_profile(
     Transformer Engine's fused attention), priced at its published share of peak per direction.
     ``eager``: whose unfused element-wise ops a block runs without ``compiled``: ``generic``
     (:func:`_elementwise_elements`) or ``torchtitan`` (its Llama code, op by op:
-    :func:`torchtitan_eager_bytes`)."""
+    :func:`torchtitan_eager_bytes`). ``sequence_dim``: the activations' dimension sequence
+    parallelism shards (``UnitProfile.tp_sequence_dim``): 0, Megatron's ``[s, b, h]``; 1,
+    torchtitan's ``[b, s, h]`` with ``Shard(1)``."""
     price = pricing or pricing_for(spec)
     tokens = batch_size * seq
     h, v = a.hidden, a.vocab
@@ -720,6 +723,8 @@ def transformer_profile(
             linear_forward_flops=tokens * 2 * h * v if fp8_head else 0.0,
         )  # fmt: skip
     )
+    for unit in units:
+        unit.tp_sequence_dim = sequence_dim
     if a.tied:  # the last stage holds its own copy of the tied weight (Megatron's)
         units[-1].parameter_count = v * h
         units[-1].parameter_bytes = v * h * BF16
@@ -765,6 +770,7 @@ def profile_of(run: Run) -> Profile:
         loss="torch" if run.key.startswith(("tt", "llama3")) else "megatron",
         attention_kernel=kernel_for_trainer(trainer_of(run)),
         eager="torchtitan" if trainer_of(run) == "torchtitan" else "generic",
+        sequence_dim=1 if trainer_of(run) == "torchtitan" else 0,
     )  # fmt: skip
 
 

@@ -37,6 +37,7 @@ __all__ = [
     "reduce_copy_in_s",
     "ring_collective_s",
     "selective_regather_s",
+    "sequence_relayout_s",
     "sharded_state_bytes_per_parameter",
     "tp_collective_s",
     "tp_overlap_exposed_s",
@@ -183,6 +184,22 @@ def selective_regather_s(unit: UnitProfile, tp: int, topology: Topology) -> floa
         topology.intra_bandwidth_bytes_per_s,
         topology.intra_latency_s,
     )
+
+
+def sequence_relayout_s(nbytes: float, unit: UnitProfile, tp: int, topology: Topology) -> float:
+    """Seconds the compute stream spends rearranging ``nbytes`` of TP collectives (their
+    gathered size) when sequence parallelism shards a non-leading dimension
+    (``unit.tp_sequence_dim`` > 0): torch's functional collectives
+    (torch/distributed/_functional_collectives.py) gather along dim 0 and then
+    ``torch.cat(torch.chunk(res, group_size, dim=0), dim=gather_dim)``, and before a
+    reduce-scatter ``torch.cat(torch.chunk(self, group_size, dim=scatter_dim))``: each
+    collective's whole buffer read and written once more, ``2 x nbytes`` at
+    ``topology.memory_bytes_per_s`` (torchtitan's ``apply_tp`` notes that folding the batch and
+    sequence dimensions would avoid it). 0 with the sequence first (Megatron's layout), for
+    ``tp`` 1 or an unknown bandwidth."""
+    if tp <= 1 or unit.tp_sequence_dim <= 0 or topology.memory_bytes_per_s <= 0 or nbytes <= 0:
+        return 0.0
+    return 2.0 * nbytes / topology.memory_bytes_per_s
 
 
 def fused_reduce_scatter_sum_s(unit: UnitProfile, tp: int, topology: Topology) -> float:
@@ -432,6 +449,11 @@ def _device_unit(
     comm = tp_collective_s(u, tp, topology)
     comm_f = comm_b = comm
     regather = selective_regather_s(u, tp, topology)
+    # a pass's collectives gather and scatter 2 C bytes; with the sequence not leading, each
+    # buffer is rearranged by a copy (the re-gathers too)
+    relayout = sequence_relayout_s(2 * u.tp_collective_bytes, u, tp, topology)
+    regather += sequence_relayout_s(u.selective_recompute_gather_bytes, u, tp, topology)
+    relayout_f = relayout
     if topology.tp_comm_overlap and comm > 0:
         loss = topology.overlap_compute_loss
         comm_f = tp_overlap_exposed_s(comm, fwd, tp, loss)
@@ -446,6 +468,12 @@ def _device_unit(
             # its reduce-scatters in forward are torch's fused matmul-reduce-scatter, whose
             # partial sums are added up on the compute stream
             comm_f += fused_reduce_scatter_sum_s(u, tp, topology)
+            # the fused reduce-scatter's sum writes the scattered layout itself; the fused
+            # all-gather returns the gathered input chunk-major, which its other consumers
+            # (the weight gradient) copy into the sequence-major layout: half stays
+            relayout_f = relayout / 2
+    comm_f += relayout_f
+    comm_b += relayout
     # the re-run all-gathers open the backward's re-computation: exposed in every mode (async
     # TP could pipeline one with the re-computed matmul it feeds; not credited)
     comm_b += regather

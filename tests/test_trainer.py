@@ -390,3 +390,32 @@ def test_torchs_fused_matmul_reduce_scatter_sums_its_partials_on_the_compute_str
     assert megatron == pytest.approx(
         device_profile(p, 8, dataclasses.replace(top, memory_bytes_per_s=0.0)).units[0].forward_s
     )
+
+
+def test_sequence_parallelism_on_dim_1_copies_every_tp_buffer_once_more() -> None:
+    """torch's functional all-gather and reduce-scatter on a non-leading dimension
+    (``tp_sequence_dim`` 1, torchtitan's ``[b, s, h]`` with ``Shard(1)``) chunk + cat each
+    buffer: a pass's collectives (all-gather and reduce-scatter of C = 2e7 B each) copy
+    2 x 2C bytes more, at 2e12 B/s 4e-5 s. The sequence first (Megatron's layout): none.
+    Under torchtitan's async TP the fused reduce-scatter's sum writes the scattered layout
+    itself, so the forward keeps the all-gather's half."""
+    from autopipe.planner.mesh_costs import sequence_relayout_s
+
+    p = _profile()
+    top = Topology(8, 450e9, 50e9, memory_bytes_per_s=2e12)
+    blind = dataclasses.replace(top, memory_bytes_per_s=0.0)
+    seq_first = device_profile(p, 8, top).units[0]
+    assert seq_first.forward_s == pytest.approx(device_profile(p, 8, blind).units[0].forward_s)
+    p.units[0].tp_sequence_dim = 1
+    copy = 2 * 2 * 2e7 / 2e12
+    assert sequence_relayout_s(2 * 2e7, p.units[0], 8, top) == pytest.approx(copy)
+    assert sequence_relayout_s(2 * 2e7, p.units[0], 1, top) == 0.0
+    batch_first = device_profile(p, 8, top).units[0]
+    assert batch_first.forward_s - seq_first.forward_s == pytest.approx(copy)
+    assert batch_first.backward_s - seq_first.backward_s == pytest.approx(copy)
+    titan = dataclasses.replace(top, tp_comm_overlap=True, tp_overlap_backward=False)
+    fused = device_profile(p, 8, titan).units[0]
+    p.units[0].tp_sequence_dim = 0
+    fused_seq_first = device_profile(p, 8, titan).units[0]
+    assert fused.forward_s - fused_seq_first.forward_s == pytest.approx(copy / 2)
+    assert fused.backward_s - fused_seq_first.backward_s == pytest.approx(copy)

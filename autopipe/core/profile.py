@@ -137,6 +137,12 @@ class UnitProfile:
     tensor-parallel regions (one per colwise ... rowwise run, e.g. attention and MLP of a
     transformer block): with sequence parallelism the forward all-gathers and
     reduce-scatters each over the T group, and so does the backward. Optional in v1."""
+    tp_sequence_dim: int = 0
+    """The dimension of this unit's activations that sequence parallelism shards: 0 (sequence
+    first, Megatron's ``[s, b, h]``: each TP collective's buffer is the tensor itself) or 1
+    (``[b, s, h]``, torch's ``Shard(1)`` as torchtitan lays it out: torch's functional
+    all-gather and reduce-scatter rearrange every buffer with a ``chunk`` + ``cat`` copy).
+    Optional in v1 (0)."""
     tp_rowwise_output_bytes: int = 0
     """Of ``tp_collective_bytes``, the outputs of the unit's row-wise modules at
     ``Profile.batch_size``: what its forward reduce-scatters straight from a matmul (one
