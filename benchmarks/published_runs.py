@@ -583,6 +583,7 @@ def transformer_profile(
     attention_kernel: str = DEFAULT_KERNEL,
     eager: str = "generic",
     repeat_kv: bool = False,
+    sequence_dim: int = 0,
 ) -> Profile:
     """The Profile of ``a`` at ``batch_size`` sequences of ``seq`` tokens on ``spec``: units
     ``embed``, ``layers.0 .. layers.L-1``, ``head`` (final norm, output projection, loss).
@@ -614,7 +615,9 @@ def transformer_profile(
     :func:`torchtitan_eager_bytes`). ``repeat_kv``: the model copies K and V to every query
     head before its SDPA call (torchtitan's Llama, :data:`TORCHTITAN_EAGER`'s ``repeat_kv``),
     so the attention (and context parallelism's exchange of K and V) sees ``heads`` key/value
-    heads, not ``kv_heads``."""
+    heads, not ``kv_heads``. ``sequence_dim``: the activations' dimension sequence
+    parallelism shards (``UnitProfile.tp_sequence_dim``): 0, Megatron's ``[s, b, h]``; 1,
+    torchtitan's ``[b, s, h]`` with ``Shard(1)``."""
     price = pricing or pricing_for(spec)
     tokens = batch_size * seq
     h, v = a.hidden, a.vocab
@@ -691,9 +694,15 @@ def transformer_profile(
                 tp_parameter_count=a.block_parameters - 2 * h,
                 tp_compute_fraction=1.0,
                 tp_collective_bytes=2 * hidden_bytes,
+                tp_rowwise_output_bytes=2 * hidden_bytes,  # attention's wo, the MLP's down
                 linear_forward_flops=tokens * linear_flops,
                 selective_activation_bytes=int(kept),
                 selective_recompute_s=redo,
+                # torchtitan's op policy saves the reduce-scatters, not the all-gathers: both
+                # regions' inputs are gathered again for the kept matmuls' weight gradients
+                selective_recompute_gather_bytes=2 * hidden_bytes
+                if selective == "torchtitan"
+                else 0,
                 tp_replicated_activation_bytes=int(replicated_act),
                 tp_replicated_compute_fraction=replicated_share,
                 # what context parallelism exchanges and splits (planner/context_expert.py)
@@ -730,6 +739,8 @@ def transformer_profile(
             linear_forward_flops=tokens * 2 * h * v if fp8_head else 0.0,
         )  # fmt: skip
     )
+    for unit in units:
+        unit.tp_sequence_dim = sequence_dim
     if a.tied:  # the last stage holds its own copy of the tied weight (Megatron's)
         units[-1].parameter_count = v * h
         units[-1].parameter_bytes = v * h * BF16
@@ -776,6 +787,7 @@ def profile_of(run: Run) -> Profile:
         attention_kernel=kernel_for_trainer(trainer_of(run)),
         eager="torchtitan" if trainer_of(run) == "torchtitan" else "generic",
         repeat_kv=trainer_of(run) == "torchtitan",
+        sequence_dim=1 if trainer_of(run) == "torchtitan" else 0,
     )  # fmt: skip
 
 

@@ -50,7 +50,9 @@ from autopipe.planner.mesh_costs import (
     Topology,
     device_profile,
     gather_buffer_bytes,
+    reduce_copy_in_s,
     ring_collective_s,
+    selective_regather_s,
     sharded_state_bytes_per_parameter,
     tp_collective_s,
     transient_bytes,
@@ -540,6 +542,10 @@ def _dp_exposed_per_rank_s(
                 mine, b, device.batch_size, unit_s, 1, backward=False,
                 loss=topology.overlap_compute_loss,
             )  # fmt: skip
+        if cand.shard in ("gradients", "parameters"):
+            # FSDP2 copies the gradients into its reduce-scatter input on the compute stream
+            grads = sum(u.parameter_bytes for u in mine)
+            exposed += reduce_copy_in_s(grads, factor, topology)
         worst = max(worst, exposed)
     return worst
 
@@ -599,7 +605,12 @@ def _tp_comm_s(plan: Plan, profile: Profile, cand: MeshCandidate, topology: Topo
     for i, s in enumerate(plan.stages):
         r = s.rank if s.rank >= 0 else i
         per_rank[r] = per_rank.get(r, 0.0) + sum(
-            2 * tp_collective_s(original[x], cand.tp, topology) * ratio for x in s.units
+            (
+                2 * tp_collective_s(original[x], cand.tp, topology)
+                + selective_regather_s(original[x], cand.tp, topology)
+            )
+            * ratio
+            for x in s.units
         )
     return max(per_rank.values(), default=0.0) * plan.microbatches
 
@@ -746,7 +757,7 @@ def _topology(request: PlanRequest, n: int, template: Device) -> Topology:
         )
     inter = request.inter_node_bandwidth_bytes_per_s or intra
     intra_lat = inter_lat = template.link_latency_s
-    overlap_loss = 0.0
+    overlap_loss = memory_bw = 0.0
     if is_catalog_device(template.name):  # per ring step of a collective (catalog.py)
         spec = get_device(template.name)
         if intra == spec.link_bandwidth_bytes_per_s:  # the datasheet's line rate: NCCL's share
@@ -754,6 +765,7 @@ def _topology(request: PlanRequest, n: int, template: Device) -> Topology:
             if request.inter_node_bandwidth_bytes_per_s is None:
                 inter = intra
         overlap_loss = spec.overlap_compute_loss
+        memory_bw = spec.memory_bandwidth_bytes_per_s * spec.memory_efficiency
         intra_lat = max(intra_lat, spec.collective_latency_s)
         inter_lat = max(inter_lat, spec.inter_node_collective_latency_s)
     return Topology(
@@ -764,6 +776,8 @@ def _topology(request: PlanRequest, n: int, template: Device) -> Topology:
         reshard_after_forward=request.reshard_after_forward,
         grad_reduce_fp32=request.grad_reduce_fp32,
         fp32_grad_buffer=request.fp32_grad_buffer,
+        selective_recompute=request.selective_recompute,
+        memory_bytes_per_s=memory_bw,
         overlap_compute_loss=overlap_loss,
     )  # fmt: skip
 

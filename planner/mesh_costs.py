@@ -31,8 +31,13 @@ __all__ = [
     "REDUCE_BYTES",
     "Topology",
     "device_profile",
+    "fused_reduce_scatter_sum_s",
     "gather_buffer_bytes",
+    "gather_copy_out_s",
+    "reduce_copy_in_s",
     "ring_collective_s",
+    "selective_regather_s",
+    "sequence_relayout_s",
     "sharded_state_bytes_per_parameter",
     "tp_collective_s",
     "tp_overlap_exposed_s",
@@ -78,8 +83,8 @@ class Topology:
     """TP collectives overlap the matmuls they feed (``PlanRequest.tp_comm_overlap``)."""
     tp_overlap_backward: bool = True
     """The backward's TP collectives overlap too (``PlanRequest.tp_overlap_backward``); False:
-    its reduce-scatters are exposed and its all-gathers hide behind the input-gradient
-    matmuls only (torchtitan's async TP)."""
+    torchtitan's async TP (torch's symmetric-memory micro-pipeline TP), which overlaps the
+    forward only and sums its fused reduce-scatters' partials on the compute stream."""
     grad_reduce_overlap: bool = False
     """Unsharded gradients are reduced during the backward (``PlanRequest.grad_reduce_overlap``)."""
     reshard_after_forward: bool = True
@@ -88,6 +93,14 @@ class Topology:
     """Gradients are reduced in fp32 (``PlanRequest.grad_reduce_fp32``)."""
     fp32_grad_buffer: bool = False
     """An fp32 gradient beside the 16-bit one (``PlanRequest.fp32_grad_buffer``)."""
+    memory_bytes_per_s: float = 0.0
+    """Sustained memory bandwidth of one device (the catalog's peak times its memory
+    efficiency): prices the memory-bound copies a collective's implementation runs on the
+    compute stream (FSDP2's all-gather copy-out, :func:`gather_copy_out_s`); 0: not priced
+    (no catalog figure)."""
+    selective_recompute: bool = False
+    """Selective checkpointing is on (``PlanRequest.selective_recompute``): a unit's backward
+    re-runs the TP all-gathers its recipe does not save (``selective_recompute_gather_bytes``)."""
     overlap_compute_loss: float = 0.0
     """Share of a hidden collective's seconds that the compute it overlaps loses (NCCL's
     kernels occupy SMs and memory bandwidth): a collective hidden behind compute is not
@@ -157,6 +170,53 @@ def tp_collective_s(unit: UnitProfile, tp: int, topology: Topology) -> float:
         unit.tp_collective_bytes, tp, topology.intra_bandwidth_bytes_per_s, topology.intra_latency_s
     )
     return 2 * one
+
+
+def selective_regather_s(unit: UnitProfile, tp: int, topology: Topology) -> float:
+    """Seconds the backward spends all-gathering again, over the T group, the TP regions'
+    inputs the selective recipe does not save (``selective_recompute_gather_bytes``; one ring
+    all-gather each, at the profile's batch): torchtitan's op policy keeps the reduce-scatters'
+    outputs and re-runs the all-gathers with the re-computation. 0 without
+    ``topology.selective_recompute`` or with ``tp`` 1."""
+    if tp <= 1 or not topology.selective_recompute or unit.selective_recompute_gather_bytes <= 0:
+        return 0.0
+    return ring_collective_s(
+        unit.selective_recompute_gather_bytes,
+        tp,
+        topology.intra_bandwidth_bytes_per_s,
+        topology.intra_latency_s,
+    )
+
+
+def sequence_relayout_s(nbytes: float, unit: UnitProfile, tp: int, topology: Topology) -> float:
+    """Seconds the compute stream spends rearranging ``nbytes`` of TP collectives (their
+    gathered size) when sequence parallelism shards a non-leading dimension
+    (``unit.tp_sequence_dim`` > 0): torch's functional collectives
+    (torch/distributed/_functional_collectives.py) gather along dim 0 and then
+    ``torch.cat(torch.chunk(res, group_size, dim=0), dim=gather_dim)``, and before a
+    reduce-scatter ``torch.cat(torch.chunk(self, group_size, dim=scatter_dim))``: each
+    collective's whole buffer read and written once more, ``2 x nbytes`` at
+    ``topology.memory_bytes_per_s`` (torchtitan's ``apply_tp`` notes that folding the batch and
+    sequence dimensions would avoid it). 0 with the sequence first (Megatron's layout), for
+    ``tp`` 1 or an unknown bandwidth."""
+    if tp <= 1 or unit.tp_sequence_dim <= 0 or topology.memory_bytes_per_s <= 0 or nbytes <= 0:
+        return 0.0
+    return 2.0 * nbytes / topology.memory_bytes_per_s
+
+
+def fused_reduce_scatter_sum_s(unit: UnitProfile, tp: int, topology: Topology) -> float:
+    """Seconds of the summing pass torch's fused matmul-reduce-scatter runs on the compute
+    stream, per forward, for the unit's row-wise outputs (``tp_rowwise_output_bytes``, each
+    the whole ``b x s x h`` output of its matmul): ``_fused_matmul_reduce_scatter_impl``
+    (torch/distributed/_symmetric_memory/__init__.py) computes the matmul in ``tp`` row chunks,
+    sends each rank its chunk of the partial sums into a ``stacked_partials`` buffer of the
+    whole output's size, then adds the ``tp`` partials up (``torch.sum``): every byte of the
+    output read once, a ``1/tp`` share written, at ``topology.memory_bytes_per_s``. NCCL's reduce-scatter
+    sums inside the collective instead, which the collective's time already carries. 0 for
+    ``tp`` 1 or an unknown bandwidth."""
+    if tp <= 1 or topology.memory_bytes_per_s <= 0 or unit.tp_rowwise_output_bytes <= 0:
+        return 0.0
+    return unit.tp_rowwise_output_bytes * (1.0 + 1.0 / tp) / topology.memory_bytes_per_s
 
 
 def tp_overlap_exposed_s(
@@ -255,6 +315,30 @@ def transient_bytes(device: Profile, microbatch_size: float) -> float:
     return at * max(extra, default=0)
 
 
+def gather_copy_out_s(parameter_bytes: float, topology: Topology) -> float:
+    """Seconds the compute stream spends copying one ``parameters``-sharding all-gather's
+    output (``parameter_bytes``, the unit's whole per-TP parameters) out of FSDP2's flat
+    buffer into the parameters' own tensors: ``foreach_all_gather_copy_out``
+    (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py) waits for the all-gather on
+    the current stream and runs ``split_with_sizes_copy`` there, reading and writing every
+    byte once, at ``topology.memory_bytes_per_s``. 0 where that is unknown."""
+    if topology.memory_bytes_per_s <= 0 or parameter_bytes <= 0:
+        return 0.0
+    return 2.0 * parameter_bytes / topology.memory_bytes_per_s
+
+
+def reduce_copy_in_s(parameter_bytes: float, grad_bytes_factor: float, topology: Topology) -> float:
+    """Seconds the compute stream spends copying ``parameter_bytes`` worth of unsharded
+    gradients (in the parameters' dtype) into FSDP2's reduce-scatter input, written in the
+    reduce dtype (``grad_bytes_factor`` bytes per byte: 2 for bf16 gradients reduced in
+    fp32): ``foreach_reduce`` (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py)
+    runs ``foreach_reduce_scatter_copy_in`` (``chunk_cat``) on the current stream before
+    handing the buffer to the reduce-scatter stream. 0 where the bandwidth is unknown."""
+    if topology.memory_bytes_per_s <= 0 or parameter_bytes <= 0:
+        return 0.0
+    return (1.0 + grad_bytes_factor) * parameter_bytes / topology.memory_bytes_per_s
+
+
 def _scaled(total_s: float, overhead_s: float, factor: float) -> float:
     """``total_s`` with its size-dependent part (above ``overhead_s``) times ``factor``."""
     overhead_s = min(max(overhead_s, 0.0), total_s)
@@ -349,8 +433,10 @@ def _gather_extras_s(
         g = ring_collective_s(param, dp, dp_bw, dp_lat)
         # forward runs units in order (unit i's gather hides behind unit i-1), backward
         # in reverse (behind unit i+1); the first of each pass hides behind nothing.
-        fwd_extra = topology.hidden_cost_s(g, computes[i - 1][0] if i > 0 else 0.0)
-        bwd_extra = topology.hidden_cost_s(g, computes[i + 1][1] if i + 1 < n else 0.0)
+        # then the copy-out, on the compute stream: nothing hides it
+        copy_out = gather_copy_out_s(param, topology)
+        fwd_extra = topology.hidden_cost_s(g, computes[i - 1][0] if i > 0 else 0.0) + copy_out
+        bwd_extra = topology.hidden_cost_s(g, computes[i + 1][1] if i + 1 < n else 0.0) + copy_out
         extras.append((fwd_extra, bwd_extra))
     return extras
 
@@ -374,19 +460,35 @@ def _device_unit(
     bwd = _scaled(u.backward_s, u.backward_overhead_s, c)
     comm = tp_collective_s(u, tp, topology)
     comm_f = comm_b = comm
+    regather = selective_regather_s(u, tp, topology)
+    # a pass's collectives gather and scatter 2 C bytes; with the sequence not leading, each
+    # buffer is rearranged by a copy (the re-gathers too)
+    relayout = sequence_relayout_s(2 * u.tp_collective_bytes, u, tp, topology)
+    regather += sequence_relayout_s(u.selective_recompute_gather_bytes, u, tp, topology)
+    relayout_f = relayout
     if topology.tp_comm_overlap and comm > 0:
         loss = topology.overlap_compute_loss
         comm_f = tp_overlap_exposed_s(comm, fwd, tp, loss)
         if topology.tp_overlap_backward:
             comm_b = tp_overlap_exposed_s(comm, bwd, tp, loss)
         else:
-            # torchtitan's async TP in backward: half the pass's collectives are the
-            # reduce-scatters of input gradients summed over several matmuls (q, k, v; the
-            # MLP's up and gate), which inductor's pass does not fuse; the other half, the
-            # all-gathers of the output gradients, pipeline with the input-gradient matmuls
-            # only, about half the backward's matmul time (the weight gradients the rest)
-            half = comm / 2
-            comm_b = half + tp_overlap_exposed_s(half, bwd / 2, tp, loss)
+            # torchtitan's async TP overlaps the forward only: its authors measured forward
+            # and end-to-end speedups (~29% / ~8% on Llama 3 8B, ~20% / ~8% on 70B) that the
+            # forward alone accounts for, and its June 2025 table's async / vanilla ratios
+            # (1.09 to 1.16) match a backward whose collectives all stay exposed
+            comm_b = comm
+            # its reduce-scatters in forward are torch's fused matmul-reduce-scatter, whose
+            # partial sums are added up on the compute stream
+            comm_f += fused_reduce_scatter_sum_s(u, tp, topology)
+            # the fused reduce-scatter's sum writes the scattered layout itself; the fused
+            # all-gather returns the gathered input chunk-major, which its other consumers
+            # (the weight gradient) copy into the sequence-major layout: half stays
+            relayout_f = relayout / 2
+    comm_f += relayout_f
+    comm_b += relayout
+    # the re-run all-gathers open the backward's re-computation: exposed in every mode (async
+    # TP could pipeline one with the re-computed matmul it feeds; not credited)
+    comm_b += regather
     split = u.backward_input_s + u.backward_weight_s
     b_in = _scaled(u.backward_input_s, u.backward_input_overhead_s, c)
     b_wt = _scaled(u.backward_weight_s, u.backward_weight_overhead_s, c)

@@ -266,6 +266,7 @@ def annotate_tensor_parallel(
     plan, left_out = runnable_tp_plan(model, whole_plan)
     for u in profile.units:
         u.tp_parameter_count, u.tp_compute_fraction, u.tp_collective_bytes = 0, 0.0, 0
+        u.tp_rowwise_output_bytes = 0
     if not plan:
         profile.tp_plan, profile.tp_degrees = {}, []
         profile.tp_note = left_out or NO_PLAN_NOTE
@@ -366,3 +367,5 @@ def _fill_units(profile: Profile, tally: _Tally) -> None:
         if tally.colwise[i] and not tally.rowwise[i]:
             regions += (2 * into + (u.output_bytes if tally.gathers[i] else 0)) / 4
         u.tp_collective_bytes = int(regions)
+        # what the forward reduce-scatters straight from a matmul (a fused async-TP sum's input)
+        u.tp_rowwise_output_bytes = int(tally.rowwise[i] * u.output_bytes)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -11,6 +12,7 @@ from autopipe.planner import load_plan, plan
 from planner_instances import random_profile
 
 from autopipe.core.plan import INSTRUCTION_FIELDS, Plan, PlanFormatError
+from autopipe.core.profile import UnitProfile
 from autopipe.core.request import PlanRequest
 
 
@@ -158,4 +160,11 @@ def test_every_version_1_plan_file_still_loads() -> None:
     for key in added:
         assert flat["request"][key] == defaults[key], key
         del flat["request"][key]
+    # A profile unit field added after the file was written (optional in v1) loads as its
+    # default too.
+    unit_defaults = dataclasses.asdict(UnitProfile(name="x"))
+    for unit, before in zip(flat["profile"]["units"], old["profile"]["units"], strict=True):
+        for key in set(unit) - set(before):
+            assert unit[key] == unit_defaults[key], key
+            del unit[key]
     assert {**flat, "version": 1} == old

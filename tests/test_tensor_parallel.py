@@ -61,6 +61,7 @@ def test_hugging_face_plan_is_mapped_onto_units() -> None:
     assert block.parameter_count == attention + mlp + 2 * HIDDEN
     assert block.tp_compute_fraction == (attention + mlp) / block.parameter_count
     assert block.tp_collective_bytes == 2 * 1000  # o_proj and down_proj close two regions
+    assert block.tp_rowwise_output_bytes == 2 * 1000  # both reduce-scattered from a matmul
     # the vocab-parallel embedding ends a region (its output reduce-scattered); the
     # column-wise head gathers its input
     assert by["model.embed_tokens"].tp_collective_bytes == 1000 // 2  # RS fwd, AG bwd
@@ -68,6 +69,8 @@ def test_hugging_face_plan_is_mapped_onto_units() -> None:
     assert by["model.embed_tokens"].tp_compute_fraction == 1.0
     # its input gathered (fwd) and reduce-scattered (bwd), and its logits gathered (fwd)
     assert by["lm_head"].tp_collective_bytes == (2 * 700 + 1000) // 4
+    assert by["lm_head"].tp_rowwise_output_bytes == 0  # no reduce-scatter in its forward
+    assert by["model.embed_tokens"].tp_rowwise_output_bytes == 0  # its RS follows no matmul
     assert by["lm_head"].tp_compute_fraction == 1.0
     assert (
         by["model.norm"].tp_parameter_count == 0 and by["model.rotary_emb"].tp_compute_fraction == 0

@@ -12,6 +12,7 @@ from autopipe.planner.errors import RuleViolation
 from autopipe.planner.mesh_costs import (
     Topology,
     device_profile,
+    selective_regather_s,
     sharded_state_bytes_per_parameter,
     tp_overlap_exposed_s,
 )
@@ -101,20 +102,62 @@ def test_tp_overlap_exposes_one_chunk_and_what_outlasts_compute() -> None:
     )
 
 
-def test_async_tp_backward_exposes_its_reduce_scatters_as_torchtitan_runs_it() -> None:
-    """tp_overlap_backward=False (torchtitan's async TP): the backward's reduce-scatters, half
-    its collectives, are exposed; its all-gathers hide behind half the backward except one
-    chunk. By hand: ring = 7/8 x 2e7 B / 450e9 B/s; a pass's collectives C = 2 ring."""
+def test_async_tp_backward_exposes_its_collectives_as_torchtitan_runs_it() -> None:
+    """tp_overlap_backward=False (torchtitan's async TP): the forward pipelines its
+    collectives (one chunk exposed), the backward's all stay exposed, as its authors measured
+    (forward-only speedups) and its June 2025 table shows. By hand: ring = 7/8 x 2e7 B /
+    450e9 B/s; a pass's collectives C = 2 ring. (Was: half of the backward's hidden.)"""
     ring = 7 / 8 * 2e7 / 450e9
     comm = 2 * ring
     top = Topology(8, 450e9, 50e9, tp_comm_overlap=True)
     p = _profile()
     both = device_profile(p, 8, top).units[0]
     titan = device_profile(p, 8, dataclasses.replace(top, tp_overlap_backward=False)).units[0]
+    vanilla = device_profile(p, 8, dataclasses.replace(top, tp_comm_overlap=False)).units[0]
     assert both.backward_s == pytest.approx(2e-2 / 8 + comm / 8)
-    assert titan.backward_s == pytest.approx(2e-2 / 8 + comm / 2 + comm / 2 / 8)
+    assert titan.backward_s == pytest.approx(2e-2 / 8 + comm) == vanilla.backward_s
     assert titan.forward_s == pytest.approx(both.forward_s)  # the forward fuses every one
+    assert titan.forward_s < vanilla.forward_s
     assert PlanRequest(tp_comm_overlap=True).tp_overlap_backward  # Megatron's, the default
+
+
+def test_selective_recompute_gathers_the_tp_inputs_again_as_torchtitan_runs_it() -> None:
+    """torchtitan's op policy saves the reduce-scatters' outputs, not the all-gathers': with
+    selective re-computation and T > 1 the backward runs one more ring all-gather of the
+    unit's ``selective_recompute_gather_bytes`` (2e7 B: 7/8 x 2e7 / 450e9 s), vanilla and
+    async TP alike; nothing without selective re-computation or at T = 1."""
+    p = _profile()
+    p.units[0].selective_recompute_gather_bytes = 2 * 10**7
+    regather = 7 / 8 * 2e7 / 450e9
+    top = Topology(8, 450e9, 50e9)
+    sel = dataclasses.replace(top, selective_recompute=True)
+    plain, again = device_profile(p, 8, top).units[0], device_profile(p, 8, sel).units[0]
+    assert again.backward_s - plain.backward_s == pytest.approx(regather)
+    assert again.forward_s == plain.forward_s
+    assert device_profile(p, 8, sel).units[1].backward_s == plain.backward_s  # no bytes: none
+    for over in (
+        dataclasses.replace(sel, tp_comm_overlap=True, tp_overlap_backward=b) for b in (True, False)
+    ):
+        base = dataclasses.replace(over, selective_recompute=False)
+        assert device_profile(p, 8, over).units[0].backward_s - device_profile(p, 8, base).units[
+            0
+        ].backward_s == pytest.approx(regather)
+    assert selective_regather_s(p.units[0], 1, sel) == 0.0
+    # the request's option reaches the mesh, and the plan's TP comm counts the re-gathers:
+    # 8 units x 8 micro-batches of 4 samples (the profile's batch is 1), TP 8 x DP 2
+    for u in p.units:
+        u.selective_recompute_gather_bytes = 2 * 10**7
+
+    def tp8(selective: bool) -> PlanRequest:
+        return dataclasses.replace(
+            _mesh(selective_recompute=selective), tensor_parallel=8, data_parallel=2
+        )
+
+    on, off = plan(p, tp8(True)), plan(p, tp8(False))
+    assert on.mesh is not None and off.mesh is not None
+    extra = on.mesh.candidates[0].tp_comm_s - off.mesh.candidates[0].tp_comm_s
+    # on the catalog H100: NVLink at NCCL's 370 GB/s and 5 us per ring step
+    assert extra == pytest.approx(8 * 8 * 4 * (7 / 8 * 2e7 / 370e9 + 7 * 5e-6))
 
 
 def test_tp_without_sequence_parallelism_keeps_replicated_activations() -> None:
@@ -324,3 +367,100 @@ def test_nvlink_collectives_run_at_nccls_share_of_the_line_rate() -> None:
     assert _topology(_mesh(), 16, custom).intra_bandwidth_bytes_per_s == 200e9
     for fraction, source in NCCL_NVLINK_EFFICIENCY.values():
         assert 0 < fraction <= 1 and "nccl" in source
+
+
+def test_fsdp2_copies_its_gathers_out_and_its_gradients_in_on_the_compute_stream(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """FSDP2's ``foreach_all_gather_copy_out`` copies each gather's flat buffer into the
+    parameters on the compute stream (read + write of the unit's per-TP parameters), and
+    ``foreach_reduce`` chunk-cats the gradients into the reduce-scatter input there (read in
+    the parameters' dtype, written in the reduce dtype). By hand at 2e12 B/s: 1e9 B gathered
+    -> 1 ms; 1e9 B of bf16 gradients reduced in fp32 (factor 2) -> 1.5 ms. Priced at the
+    catalog's sustained bandwidth (H100 SXM: 3.35 TB/s x 0.8); 0 where it is unknown."""
+    from autopipe.planner.mesh import _topology
+    from autopipe.planner.mesh_costs import gather_copy_out_s, reduce_copy_in_s
+
+    top = Topology(8, 450e9, 50e9, memory_bytes_per_s=2e12)
+    assert gather_copy_out_s(1e9, top) == pytest.approx(1e-3)
+    assert reduce_copy_in_s(1e9, 2.0, top) == pytest.approx(1.5e-3)
+    blind = Topology(8, 450e9, 50e9)
+    assert gather_copy_out_s(1e9, blind) == reduce_copy_in_s(1e9, 2.0, blind) == 0.0
+    # each parameters-sharded unit pays one copy-out per pass: 2 x 2e8 B / 2e12 B/s
+    p = _profile()
+    fsdp = {"shard": "parameters", "dp": 8}
+    with_copy = device_profile(p, 1, top, **fsdp).units[3]  # type: ignore[arg-type]
+    without = device_profile(p, 1, blind, **fsdp).units[3]  # type: ignore[arg-type]
+    assert with_copy.forward_s - without.forward_s == pytest.approx(2e-4)
+    assert with_copy.backward_s - without.backward_s == pytest.approx(2e-4)
+    spec = get_device("H100-SXM-80GB")
+    mesh_top = _topology(_mesh(), 16, Device.from_spec("h100"))
+    assert mesh_top.memory_bytes_per_s == pytest.approx(
+        spec.memory_bandwidth_bytes_per_s * spec.memory_efficiency
+    )
+    # the plan's exposed DP communication (ZeRO-2: FSDP2 without resharding) includes the
+    # gradients' copy-in: PP 2 x DP 8, a rank's 4 units of 2e8 B, bf16 reduced in fp32
+    request = _mesh(shard="gradients", grad_reduce_fp32=True)
+    on = plan(p, request)
+    monkeypatch.setattr("autopipe.planner.mesh.reduce_copy_in_s", lambda *a: 0.0)
+    off = plan(p, request)
+    assert on.mesh is not None and off.mesh is not None and on.mesh_shape == (2, 8, 1)
+    extra = on.mesh.candidates[0].dp_comm_s - off.mesh.candidates[0].dp_comm_s
+    assert extra == pytest.approx(4 * 2e8 * 3 / mesh_top.memory_bytes_per_s)
+
+
+def test_torchs_fused_matmul_reduce_scatter_sums_its_partials_on_the_compute_stream() -> None:
+    """torchtitan's async TP (``tp_overlap_backward=False``) reduce-scatters in forward with
+    torch's fused matmul-reduce-scatter, which sends the partial sums into a buffer of the
+    whole output's size and adds them up with ``torch.sum``: per forward, the unit's row-wise
+    outputs read once and an eighth written. By hand: 2e7 B x (1 + 1/8) / 2e12 B/s. Not on
+    the Megatron path (its overlap runs in Transformer Engine), nor without async TP."""
+    from autopipe.planner.mesh_costs import fused_reduce_scatter_sum_s
+
+    p = _profile()
+    p.units[0].tp_rowwise_output_bytes = 2 * 10**7
+    top = Topology(8, 450e9, 50e9, tp_comm_overlap=True, memory_bytes_per_s=2e12)
+    titan = dataclasses.replace(top, tp_overlap_backward=False)
+    blind = dataclasses.replace(titan, memory_bytes_per_s=0.0)
+    sum_s = 2e7 * (1 + 1 / 8) / 2e12
+    assert fused_reduce_scatter_sum_s(p.units[0], 8, titan) == pytest.approx(sum_s)
+    assert fused_reduce_scatter_sum_s(p.units[0], 1, titan) == 0.0
+    assert fused_reduce_scatter_sum_s(p.units[1], 8, titan) == 0.0  # no row-wise outputs
+    with_sum = device_profile(p, 8, titan).units[0]
+    assert with_sum.forward_s - device_profile(p, 8, blind).units[0].forward_s == pytest.approx(
+        sum_s
+    )
+    assert with_sum.backward_s == pytest.approx(device_profile(p, 8, blind).units[0].backward_s)
+    megatron = device_profile(p, 8, top).units[0].forward_s
+    assert megatron == pytest.approx(
+        device_profile(p, 8, dataclasses.replace(top, memory_bytes_per_s=0.0)).units[0].forward_s
+    )
+
+
+def test_sequence_parallelism_on_dim_1_copies_every_tp_buffer_once_more() -> None:
+    """torch's functional all-gather and reduce-scatter on a non-leading dimension
+    (``tp_sequence_dim`` 1, torchtitan's ``[b, s, h]`` with ``Shard(1)``) chunk + cat each
+    buffer: a pass's collectives (all-gather and reduce-scatter of C = 2e7 B each) copy
+    2 x 2C bytes more, at 2e12 B/s 4e-5 s. The sequence first (Megatron's layout): none.
+    Under torchtitan's async TP the fused reduce-scatter's sum writes the scattered layout
+    itself, so the forward keeps the all-gather's half."""
+    from autopipe.planner.mesh_costs import sequence_relayout_s
+
+    p = _profile()
+    top = Topology(8, 450e9, 50e9, memory_bytes_per_s=2e12)
+    blind = dataclasses.replace(top, memory_bytes_per_s=0.0)
+    seq_first = device_profile(p, 8, top).units[0]
+    assert seq_first.forward_s == pytest.approx(device_profile(p, 8, blind).units[0].forward_s)
+    p.units[0].tp_sequence_dim = 1
+    copy = 2 * 2 * 2e7 / 2e12
+    assert sequence_relayout_s(2 * 2e7, p.units[0], 8, top) == pytest.approx(copy)
+    assert sequence_relayout_s(2 * 2e7, p.units[0], 1, top) == 0.0
+    batch_first = device_profile(p, 8, top).units[0]
+    assert batch_first.forward_s - seq_first.forward_s == pytest.approx(copy)
+    assert batch_first.backward_s - seq_first.backward_s == pytest.approx(copy)
+    titan = dataclasses.replace(top, tp_comm_overlap=True, tp_overlap_backward=False)
+    fused = device_profile(p, 8, titan).units[0]
+    p.units[0].tp_sequence_dim = 0
+    fused_seq_first = device_profile(p, 8, titan).units[0]
+    assert fused.forward_s - fused_seq_first.forward_s == pytest.approx(copy / 2)
+    assert fused.backward_s - fused_seq_first.backward_s == pytest.approx(copy)

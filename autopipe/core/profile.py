@@ -137,6 +137,17 @@ class UnitProfile:
     tensor-parallel regions (one per colwise ... rowwise run, e.g. attention and MLP of a
     transformer block): with sequence parallelism the forward all-gathers and
     reduce-scatters each over the T group, and so does the backward. Optional in v1."""
+    tp_sequence_dim: int = 0
+    """The dimension of this unit's activations that sequence parallelism shards: 0 (sequence
+    first, Megatron's ``[s, b, h]``: each TP collective's buffer is the tensor itself) or 1
+    (``[b, s, h]``, torch's ``Shard(1)`` as torchtitan lays it out: torch's functional
+    all-gather and reduce-scatter rearrange every buffer with a ``chunk`` + ``cat`` copy).
+    Optional in v1 (0)."""
+    tp_rowwise_output_bytes: int = 0
+    """Of ``tp_collective_bytes``, the outputs of the unit's row-wise modules at
+    ``Profile.batch_size``: what its forward reduce-scatters straight from a matmul (one
+    ``b x s x h`` output per row-wise module; an embedding's or an LM head's collectives are
+    not), which async TP fuses with that matmul. Optional in v1."""
     linear_forward_flops: float = 0.0
     """FLOPs of this unit's weight matmuls (``nn.Linear``) in forward, at
     ``Profile.batch_size`` (their backward is twice as many): the share ``precision="fp8"``
@@ -151,6 +162,13 @@ class UnitProfile:
     selective_recompute_s: float = 0.0
     """Seconds the backward spends re-computing what selective checkpointing dropped, at
     ``Profile.batch_size``. Optional in v1."""
+    selective_recompute_gather_bytes: int = 0
+    """Of ``tp_collective_bytes``, the TP regions' inputs that the selective recipe gathers
+    again in backward, at ``Profile.batch_size``: torchtitan's op policy saves the outputs of
+    the reduce-scatters but not of the all-gathers, so with sequence parallelism each region
+    whose gathered input a kept matmul's weight gradient needs re-runs its all-gather over the
+    T group (the whole block's ``tp_collective_bytes`` for a Llama block); Megatron's recipe
+    re-gathers nothing (0). Only with ``selective_recompute`` and T > 1. Optional in v1."""
     tp_replicated_activation_bytes: int = 0
     """Of ``activation_bytes``, those outside the TP regions (norm inputs, residuals,
     dropout masks): sharded over T by sequence parallelism only, replicated on every TP rank
