@@ -711,6 +711,8 @@ def transformer_profile(
             tp_parameter_count=v * h,
             tp_compute_fraction=1.0,
             tp_collective_bytes=int((2 * hidden_bytes + logits * BF16) / 4),
+            # the logits a gathered head all-gathers; loss parallel keeps them sharded
+            tp_gathered_output_bytes=int(logits * BF16),
             linear_forward_flops=tokens * 2 * h * v if fp8_head else 0.0,
         )  # fmt: skip
     )
@@ -803,6 +805,12 @@ def request_of(run: Run, **changes: object) -> PlanRequest:
         "reshard_after_forward": not run.fsdp_under_pp,
         "grad_reduce_fp32": run.grad_reduce_fp32,
         "context_parallel": run.cp,
+        # every run's trainer keeps the logits sharded over TP: torchtitan's loss parallel is
+        # on by default (0.2.2's job_config.py: disable_loss_parallel = False; 0.3.0 has no
+        # switch), Megatron-LM / Megatron-Core / Megatron-DeepSpeed always compute
+        # vocab_parallel_cross_entropy; the Llama 3 paper's trainer is unpublished
+        # (assumed so: its TP is Megatron's, paper section 3.3.2)
+        "loss_parallel": True,
     }
     fields.update({k: v for k, v in options.items() if k in have})
     fields.update(changes)

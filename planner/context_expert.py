@@ -211,6 +211,7 @@ def _unit(
         # TP splits each expert's FFN (Megatron-style): one more region per MoE layer, its
         # tokens all-gathered before the experts and reduce-scattered after, as a dense MLP's
         tp_collective_bytes=(u.tp_collective_bytes + u.moe_layers * u.output_bytes) // cp,
+        tp_gathered_output_bytes=u.tp_gathered_output_bytes // cp,
         parameter_bytes=int(math.ceil(max(u.parameter_bytes - experts, 0.0))),
         # this rank's routed experts, which TP then splits (mesh_costs)
         moe_expert_parameter_count=u.moe_expert_parameter_count // ep,

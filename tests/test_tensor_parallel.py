@@ -68,6 +68,9 @@ def test_hugging_face_plan_is_mapped_onto_units() -> None:
     assert by["model.embed_tokens"].tp_compute_fraction == 1.0
     # its input gathered (fwd) and reduce-scattered (bwd), and its logits gathered (fwd)
     assert by["lm_head"].tp_collective_bytes == (2 * 700 + 1000) // 4
+    # the gathered logits, which loss parallelism leaves sharded; no other unit gathers
+    assert by["lm_head"].tp_gathered_output_bytes == 1000
+    assert [u.name for u in p.units if u.tp_gathered_output_bytes] == ["lm_head"]
     assert by["lm_head"].tp_compute_fraction == 1.0
     assert (
         by["model.norm"].tp_parameter_count == 0 and by["model.rotary_emb"].tp_compute_fraction == 0
