@@ -1,35 +1,38 @@
 """autopipe's interleaved 1F1B order (``autopipe/core/schedules.py``, torch's
-``ScheduleInterleaved1F1B``) against Megatron-Core's ``forward_backward_pipelining_with_interleaving``,
-restated here from its published rules (megatron/core/pipeline_parallel/schedules.py,
-``get_schedule_table`` and ``get_pp_rank_microbatches``), to show the planner prices the order
-Megatron runs (docs/cost-model.md, "Megatron's interleaved order"):
+``ScheduleInterleaved1F1B``) against Megatron-Core's ``forward_backward_pipelining_with_interleaving``
+(megatron/core/pipeline_parallel/schedules.py, Megatron-Core 0.16 as installed), whose order
+comes from two of its functions, called here:
 
-- the schedule table: micro-batches in groups of ``G`` (``--microbatch-group-size-per-
+- ``get_schedule_table``: micro-batches in groups of ``G`` (``--microbatch-group-size-per-
   virtual-pipeline-stage``, default the pipeline size P); each group goes through model chunk
-  0, then chunk 1, ..., the last group taking every micro-batch left;
-- the k-th forward of a rank runs table entry k, its k-th backward the same entry with the
-  chunk mirrored (``V - 1 - chunk``);
-- warm-up forwards ``min(2 (P - rank - 1) + (V - 1) G, V M)``, then one forward and one
-  backward in turn, then the remaining backwards.
+  0, then chunk 1, ..., the last group taking every micro-batch left. A rank's k-th forward
+  runs entry k, its k-th backward the same entry with the chunk mirrored (``V - 1 - chunk``,
+  ``get_model_chunk_id(..., forward=False)``);
+- ``get_pp_rank_microbatches``: the warm-up forwards, ``min(2 (P - rank - 1) + (V - 1) G,
+  V M)``; then one forward and one backward in turn, then the remaining backwards.
+
+docs/cost-model.md, "Megatron's interleaved order".
 """
 
 from __future__ import annotations
+
+from types import SimpleNamespace
 
 import pytest
 
 from autopipe.core.schedules import rank_order
 from autopipe.core.timeline import Action
 
+schedules = pytest.importorskip("megatron.core.pipeline_parallel.schedules")
+
 
 def megatron_order(rank: int, p: int, v: int, m: int, group: int) -> list[Action]:
     """Rank ``rank``'s compute actions under Megatron-Core's interleaved schedule (chunk ``c``
     of a rank is model chunk ``c * P + rank``, the loop placement both use)."""
-    table: list[tuple[int, int]] = []
-    for first in range(0, m, group):
-        last = m if first + group >= m else first + group
-        table += [(mb, chunk) for chunk in range(v) for mb in range(first, last)]
-    total = v * m
-    warm = min(2 * (p - rank - 1) + (v - 1) * group, total)
+    table = schedules.get_schedule_table(m, v, group)
+    pp_group = SimpleNamespace(size=lambda: p, rank=lambda: rank)
+    p2p = SimpleNamespace(pp_group=pp_group, virtual_pipeline_model_parallel_size=v)
+    total, _, warm, _ = schedules.get_pp_rank_microbatches(m, v, group, p2p_communicator=p2p)
 
     def forward(k: int) -> Action:
         mb, chunk = table[k]
