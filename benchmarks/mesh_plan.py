@@ -149,6 +149,8 @@ def figure_b() -> None:
                     data_parallel=8,
                     shard="parameters",
                     schedule=schedule,
+                    # torchtitan keeps the logits sharded over TP (loss parallel, its default)
+                    loss_parallel=True,
                     **common,
                 ),
             )

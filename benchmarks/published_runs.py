@@ -736,6 +736,8 @@ def transformer_profile(
             tp_parameter_count=v * h,
             tp_compute_fraction=1.0,
             tp_collective_bytes=int((2 * hidden_bytes + logits * BF16) / 4),
+            # the logits a gathered head all-gathers; loss parallel keeps them sharded
+            tp_gathered_output_bytes=int(logits * BF16),
             linear_forward_flops=tokens * 2 * h * v if fp8_head else 0.0,
         )  # fmt: skip
     )
@@ -835,6 +837,12 @@ def request_of(run: Run, **changes: object) -> PlanRequest:
         "context_parallel": run.cp,
         # the Llama 3 paper's CP gathers K and V once (section 3.3.2); torchtitan runs torch's ring
         "context_parallel_method": "all_gather" if run.key.startswith("llama3") else "ring",
+        # every run's trainer keeps the logits sharded over TP: torchtitan's loss parallel is
+        # on by default (0.2.2's job_config.py: disable_loss_parallel = False; 0.3.0 has no
+        # switch), Megatron-LM / Megatron-Core / Megatron-DeepSpeed always compute
+        # vocab_parallel_cross_entropy; the Llama 3 paper's trainer is unpublished
+        # (assumed so: its TP is Megatron's, paper section 3.3.2)
+        "loss_parallel": True,
     }
     fields.update({k: v for k, v in options.items() if k in have})
     fields.update(changes)

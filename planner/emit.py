@@ -244,6 +244,7 @@ def to_megatron(plan: Plan) -> dict[str, Any]:
         "--global-batch-size", str(plan.microbatches * plan.microbatch_size * plan.replicas),
         "--tensor-model-parallel-size", str(plan.tensor_parallel),
     ]  # fmt: skip
+    args += _megatron_group_args(plan)
     args += _megatron_mesh_args(plan)
     if recomputed:
         args += _megatron_recompute_args(plan, symbols, recomputed)
@@ -260,6 +261,25 @@ def to_megatron(plan: Plan) -> dict[str, Any]:
             "asserts it with --expert-model-parallel-size; the model's, like its sizes)"
         ]
     return out
+
+
+def _megatron_group_args(plan: Plan) -> list[str]:
+    """``--microbatch-group-size-per-virtual-pipeline-stage G`` for an interleaved plan whose
+    M is not a multiple of K: the plan's order is torch's, ``max(1, M // K)`` rounds of
+    ``G = M // rounds`` micro-batches per chunk (autopipe/core/schedules.py), which is
+    Megatron-Core's schedule table with that G (tests/test_megatron_interleaved_order.py).
+    Megatron's default G = K would run another order, and its interleaved schedule refuses
+    it when ``0 < M % G < K`` (megatron/core/pipeline_parallel/schedules.py:
+    ``forward_backward_pipelining_with_interleaving``, which wants ``K <= G <= M`` and a
+    last group of 0 or at least K). Nothing when M is a multiple of K (the default is the
+    plan's order) or the plan has one chunk per rank."""
+    if plan.schedule != "interleaved-1f1b" or plan.virtual_stages <= 1:
+        return []
+    rounds = max(1, plan.microbatches // plan.num_stages)
+    group = plan.microbatches // rounds
+    if group == plan.num_stages:
+        return []
+    return ["--microbatch-group-size-per-virtual-pipeline-stage", str(group)]
 
 
 def _megatron_trainer_args(plan: Plan, full_recompute: bool) -> list[str]:

@@ -219,6 +219,21 @@ def torchtitan_fields(plan: Plan, version: str = TORCHTITAN_VERSION) -> Torchtit
             )
             if n
         )
+    r = plan.request
+    if version != TORCHTITAN_VERSION and plan.tensor_parallel > 1 and r and not r.loss_parallel:
+        # 0.3.0's decoder_sharding.py shards lm_head's output over the vocabulary
+        # (out_dst_shardings S(-1)) and its loss runs vocab-parallel: no switch off
+        note = "; ".join(
+            n
+            for n in (
+                note,
+                f"torchtitan {version} always runs loss parallel (the logits sharded over the "
+                f"{plan.tensor_parallel} TP ranks) while the plan gathers them to every TP rank "
+                "as autopipe run does: its head needs less memory and communication than "
+                "planned (re-plan with --loss-parallel to price what it runs)",
+            )
+            if n
+        )
     rename = dict(zip(units, names, strict=True))
     parts = [[n for u in stage.units if (n := rename[u]) is not None] for stage in plan.stages]
     return TorchtitanFields(
@@ -395,10 +410,14 @@ def _trainer_keys(plan: Plan) -> dict[str, Any]:
     """torchtitan 0.2.2's keys for the request's trainer options (planner/trainer.py):
     ``[model] converters = ["quantize.linear.float8"]`` for FP8, ``[activation_checkpoint]
     mode = "selective"`` (``selective_ac_option = "op"``) for selective re-computation,
-    ``[parallelism] enable_async_tensor_parallel`` for TP comm overlap and
+    ``[parallelism] enable_async_tensor_parallel`` for TP comm overlap,
+    ``disable_loss_parallel`` with T > 1 (true unless the plan was priced with loss parallel),
     ``fsdp_reshard_after_forward = "never"`` for FSDP2 kept unsharded across micro-batches."""
     r = plan.request
     par: dict[str, Any] = {}
+    if r is not None and plan.tensor_parallel > 1:
+        # 0.2.2's [parallelism] disable_loss_parallel (default false: the logits sharded)
+        par["disable_loss_parallel"] = not r.loss_parallel
     if r is not None and r.tp_comm_overlap and plan.tensor_parallel > 1:
         par["enable_async_tensor_parallel"] = True
     if r is not None and not r.reshard_after_forward and plan.shard == "parameters":

@@ -771,6 +771,7 @@ def _topology(request: PlanRequest, n: int, template: Device) -> Topology:
     return Topology(
         node, intra, inter, intra_lat, inter_lat,
         sequence_parallel=request.sequence_parallel, tp_comm_overlap=request.tp_comm_overlap,
+        loss_parallel=request.loss_parallel,
         tp_overlap_backward=request.tp_overlap_backward,
         grad_reduce_overlap=request.grad_reduce_overlap,
         reshard_after_forward=request.reshard_after_forward,

@@ -79,6 +79,9 @@ class Topology:
     inter_latency_s: float = 0.0
     sequence_parallel: bool = True
     """TP shards the activations outside its regions too (``PlanRequest.sequence_parallel``)."""
+    loss_parallel: bool = False
+    """An LM head's logits stay sharded over TP (``PlanRequest.loss_parallel``): no gather of
+    ``tp_gathered_output_bytes``, its bytes split; False: gathered, whole on every TP rank."""
     tp_comm_overlap: bool = False
     """TP collectives overlap the matmuls they feed (``PlanRequest.tp_comm_overlap``)."""
     tp_overlap_backward: bool = True
@@ -166,8 +169,14 @@ def tp_collective_s(unit: UnitProfile, tp: int, topology: Topology) -> float:
     parallelism)."""
     if tp <= 1 or unit.tp_collective_bytes <= 0:
         return 0.0
+    nbytes = float(unit.tp_collective_bytes)
+    if topology.loss_parallel:
+        # loss parallelism: the logits are not gathered (C carries a quarter of them); the
+        # vocab-parallel cross-entropy's three all-reduces of one fp32 per token (max, sum
+        # of exponentials, target logit) are 6 / V of the logits' bytes: not priced
+        nbytes = max(nbytes - unit.tp_gathered_output_bytes / 4, 0.0)
     one = ring_collective_s(
-        unit.tp_collective_bytes, tp, topology.intra_bandwidth_bytes_per_s, topology.intra_latency_s
+        nbytes, tp, topology.intra_bandwidth_bytes_per_s, topology.intra_latency_s
     )
     return 2 * one
 
@@ -448,8 +457,13 @@ def _device_unit(
     backward, the gather seconds ``fwd_extra`` / ``bwd_extra``, its share of the bytes."""
     c = tp_share(u, tp)
     sp = tp > 1 and u.tp_parameter_count > 0
-    act = u.activation_bytes // tp if sp else u.activation_bytes
-    if sp and not topology.sequence_parallel:
+    # a gathered output (an LM head's logits without loss parallelism) is whole on every TP
+    # rank, and so is what the unit saves and peaks at: the gathered input, the logits and
+    # the loss's fp32 copies of them
+    whole = sp and u.tp_gathered_output_bytes > 0 and not topology.loss_parallel
+    sharded = sp and not whole
+    act = u.activation_bytes // tp if sharded else u.activation_bytes
+    if sharded and not topology.sequence_parallel:
         # plain TP: what only sequence parallelism splits stays whole on every TP rank
         rep = min(max(u.tp_replicated_compute_fraction, 0.0), u.tp_compute_fraction)
         c += rep * (1.0 - 1.0 / tp)
@@ -503,8 +517,8 @@ def _device_unit(
         backward_weight_s=b_wt if split > 0 else 0.0,
         parameter_bytes=int(math.ceil(param)),
         activation_bytes=act,
-        output_bytes=u.output_bytes // tp if sp else u.output_bytes,
-        peak_bytes=u.peak_bytes // tp if sp else u.peak_bytes,
+        output_bytes=u.output_bytes // tp if sharded else u.output_bytes,
+        peak_bytes=u.peak_bytes // tp if sharded else u.peak_bytes,
     )
     for name, value in changes.items():
         setattr(out, name, value)

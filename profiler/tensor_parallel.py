@@ -25,7 +25,9 @@ the measuring and the counting profiler share it):
   embedding (a reduce-scatter in forward, an all-gather in backward); for column-wise modules
   no row-wise one closes in the unit (an LM head) ``(2 x input + logits) / 4``: its input
   gathered in forward and reduce-scattered in backward, and its output (logits) gathered in
-  forward when its style gathers it.
+  forward when its style gathers it;
+- ``tp_gathered_output_bytes``: that gathered output (the logits), whole, which the planner
+  leaves sharded under loss parallelism (``PlanRequest.loss_parallel``).
 
 ``Profile.tp_degrees``: every T > 1 dividing the attention and key/value head counts (from the
 config, or modules' ``num_heads`` / ``num_key_value_heads`` attributes), else the split
@@ -267,6 +269,7 @@ def annotate_tensor_parallel(
     for u in profile.units:
         u.tp_parameter_count, u.tp_compute_fraction, u.tp_collective_bytes = 0, 0.0, 0
         u.tp_rowwise_output_bytes = 0
+        u.tp_gathered_output_bytes = 0
     if not plan:
         profile.tp_plan, profile.tp_degrees = {}, []
         profile.tp_note = left_out or NO_PLAN_NOTE
@@ -364,8 +367,11 @@ def _fill_units(profile: Profile, tally: _Tally) -> None:
         # in forward and reduce-scatters its gradient in backward, plus its logits in forward
         # when its output is gathered.
         regions = tally.rowwise[i] * u.output_bytes + tally.embedding[i] * u.output_bytes / 2
+        gathered = u.output_bytes if tally.colwise[i] and not tally.rowwise[i] else 0
+        gathered = gathered if tally.gathers[i] else 0
         if tally.colwise[i] and not tally.rowwise[i]:
-            regions += (2 * into + (u.output_bytes if tally.gathers[i] else 0)) / 4
+            regions += (2 * into + gathered) / 4
         u.tp_collective_bytes = int(regions)
         # what the forward reduce-scatters straight from a matmul (a fused async-TP sum's input)
         u.tp_rowwise_output_bytes = int(tally.rowwise[i] * u.output_bytes)
+        u.tp_gathered_output_bytes = int(gathered)

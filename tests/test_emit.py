@@ -134,6 +134,13 @@ def test_virtual_stages_in_every_format() -> None:
     assert "--num-virtual-stages-per-pipeline-rank" not in out["args"]
     assert out["args"][out["args"].index("--pipeline-model-parallel-size") + 1] == "2"
     assert out["args"][out["args"].index("--global-batch-size") + 1] == str(v2.batch_size)
+    # M a multiple of K: Megatron's default micro-batch group (K) is the plan's order
+    assert "--microbatch-group-size-per-virtual-pipeline-stage" not in out["args"]
+    # M = 3 on K = 2: torch runs one round of 3 (Megatron's G = 3; its default G = 2 would
+    # leave a last group of 1 < K, which its interleaved schedule refuses)
+    three = to_megatron(dataclasses.replace(v2, microbatches=3))["args"]
+    flag = three.index("--microbatch-group-size-per-virtual-pipeline-stage")
+    assert three[flag + 1] == "3"
     zb = dataclasses.replace(v2, schedule="interleaved-zb")
     assert to_torch(zb)["schedule"] == "ScheduleInterleavedZeroBubble"
     with pytest.raises(EmitError, match="Megatron-Core has no 'interleaved-zb'"):

@@ -71,6 +71,9 @@ def test_hugging_face_plan_is_mapped_onto_units() -> None:
     assert by["lm_head"].tp_collective_bytes == (2 * 700 + 1000) // 4
     assert by["lm_head"].tp_rowwise_output_bytes == 0  # no reduce-scatter in its forward
     assert by["model.embed_tokens"].tp_rowwise_output_bytes == 0  # its RS follows no matmul
+    # the gathered logits, which loss parallelism leaves sharded; no other unit gathers
+    assert by["lm_head"].tp_gathered_output_bytes == 1000
+    assert [u.name for u in p.units if u.tp_gathered_output_bytes] == ["lm_head"]
     assert by["lm_head"].tp_compute_fraction == 1.0
     assert (
         by["model.norm"].tp_parameter_count == 0 and by["model.rotary_emb"].tp_compute_fraction == 0

@@ -217,6 +217,12 @@ def _add_trainer_flags(p: argparse.ArgumentParser) -> None:
         "regions replicated on every TP rank)",
     )
     p.add_argument(
+        "--loss-parallel",
+        action="store_true",
+        help="price the LM head's logits sharded over TP, the loss on the shards (torchtitan's "
+        "default, Megatron's vocab-parallel cross-entropy); autopipe run gathers them",
+    )
+    p.add_argument(
         "--tp-comm-overlap",
         action="store_true",
         help="overlap TP collectives with the matmuls (async TP, --tp-comm-overlap)",
@@ -347,6 +353,7 @@ def _placement(args: argparse.Namespace, devices: DeviceTarget) -> Placement:
         precision=args.precision,
         selective_recompute=args.selective_recompute,
         sequence_parallel=not args.no_sequence_parallel,
+        loss_parallel=args.loss_parallel,
         tp_comm_overlap=args.tp_comm_overlap,
         grad_reduce_overlap=args.overlap_grad_reduce,
         grad_reduce_fp32=args.grad_reduce_fp32,

@@ -27,6 +27,10 @@ frameworks that run it, so :func:`mesh_problems` leaves it out):
   backward (:data:`SPLIT_BACKWARD_SCHEDULES`) runs (:func:`mesh_schedules`,
   :func:`mesh_schedule_problem`: the one statement, which the mesh runtime's
   ``check_mesh_plan`` and the planner's mesh search both apply, so no plan names one).
+- ``loss-parallel``: a plan priced with loss parallelism (``PlanRequest.loss_parallel`` and
+  T > 1: the logits sharded over TP, cross-entropy on the shards, as torchtitan and Megatron
+  run it) is not what the runtime runs (it gathers an LM head's logits to every TP rank):
+  :func:`loss_parallel_problem`, which ``check_mesh_plan`` applies.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ from autopipe.core.vocabulary import PLAN_SCHEDULES, SHARD_MODES, SPLIT_BACKWARD
 __all__ = [
     "MESH_RULES",
     "MeshDegrees",
+    "loss_parallel_problem",
     "mesh_problems",
     "mesh_schedule_problem",
     "mesh_schedules",
@@ -99,6 +104,22 @@ def mesh_schedule_problem(mesh: MeshDegrees, schedule: str) -> str | None:
         f"mesh-schedule: {schedule} splits the weight pass, which autopipe run does not "
         "combine with TP, sharded state, context or expert parallelism; use --schedule auto "
         f"or one it runs on this mesh: {', '.join(runs)}"
+    )
+
+
+def loss_parallel_problem(plan: Plan) -> str | None:
+    """The ``loss-parallel`` rule: the one-line refusal of a plan whose request asked for
+    loss parallelism on a TP mesh (its head priced with sharded logits and no logits
+    all-gather), which ``autopipe run`` does not run (its LM head gathers the logits,
+    ``colwise_gather_output``); None otherwise (T = 1: nothing is gathered)."""
+    request = plan.request
+    if request is None or not request.loss_parallel or plan.tensor_parallel <= 1:
+        return None
+    return (
+        "loss-parallel: the plan was priced with the logits sharded over the "
+        f"{plan.tensor_parallel} TP ranks (--loss-parallel, as torchtitan and Megatron run "
+        "the loss), but autopipe run gathers them to every TP rank; re-plan without "
+        "--loss-parallel, or emit it for torchtitan or Megatron"
     )
 
 

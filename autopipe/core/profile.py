@@ -148,6 +148,14 @@ class UnitProfile:
     ``Profile.batch_size``: what its forward reduce-scatters straight from a matmul (one
     ``b x s x h`` output per row-wise module; an embedding's or an LM head's collectives are
     not), which async TP fuses with that matmul. Optional in v1."""
+    tp_gathered_output_bytes: int = 0
+    """Of ``tp_collective_bytes``'s traffic, the output (an LM head's logits, ``[tokens,
+    vocab]``) that a gathered column-wise style (``colwise_gather_output``) all-gathers to
+    every TP rank in forward, whole size at ``Profile.batch_size``: ``tp_collective_bytes``
+    carries a quarter of it. Under loss parallelism (``PlanRequest.loss_parallel``) it stays
+    sharded and is not gathered; without it every TP rank holds the whole logits and what the
+    unit saves or peaks at is not split (docs/cost-model.md, "Loss parallelism"). 0: no
+    gathered output. Optional in v1."""
     linear_forward_flops: float = 0.0
     """FLOPs of this unit's weight matmuls (``nn.Linear``) in forward, at
     ``Profile.batch_size`` (their backward is twice as many): the share ``precision="fp8"``

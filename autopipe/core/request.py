@@ -116,6 +116,13 @@ class PlanRequest:
     """With T > 1, shard the activations outside the TP regions over T too (Megatron's
     ``--sequence-parallel``); False: plain Megatron TP, those activations and their
     element-wise work replicated on every TP rank (all-reduces of the same volume)."""
+    loss_parallel: bool = False
+    """With T > 1, the LM head's logits stay sharded over the vocabulary on the TP ranks and
+    the cross-entropy runs on the shards (torchtitan's loss parallel, on by default there;
+    Megatron's vocab-parallel cross-entropy, its only mode): no all-gather of the logits, and
+    each rank holds 1/T of them and of the loss's fp32 copies. False (the default): the
+    logits are gathered to every TP rank, as ``autopipe run`` runs an LM head
+    (``colwise_gather_output``), which refuses a plan priced with it (docs/cost-model.md)."""
     tp_comm_overlap: bool = False
     """TP collectives overlapped with the matmuls they feed (torchtitan's async TP,
     Megatron's ``--tp-comm-overlap``): only one of T chunks, and what outlasts the matmul,

@@ -65,7 +65,12 @@ from torch import fx, nn
 from torch.distributed.device_mesh import init_device_mesh
 
 from autopipe.core.errors import UsageError
-from autopipe.core.mesh_rules import mesh_problems, mesh_schedule_problem, tied_chunks_problem
+from autopipe.core.mesh_rules import (
+    loss_parallel_problem,
+    mesh_problems,
+    mesh_schedule_problem,
+    tied_chunks_problem,
+)
 from autopipe.core.plan import Plan
 from autopipe.core.vocabulary import (
     MESH_DIM_NAMES,
@@ -144,6 +149,9 @@ def check_mesh_plan(plan: Plan, tied: Sequence[Any] = ()) -> None:
     ``tied``: the model's parameters tied across chunks (``PlannedStages.tied``)."""
     problem = mesh_schedule_problem(plan, plan.schedule)  # the rule the planner applies
     if problem is not None:  # a plan file made before the planner applied it
+        raise MeshPlanError(problem)
+    problem = loss_parallel_problem(plan)  # priced with sharded logits; this runtime gathers
+    if problem is not None:
         raise MeshPlanError(problem)
     for parameter in tied:  # the rule the planner's search applies (mesh_rules)
         problem = tied_chunks_problem(
