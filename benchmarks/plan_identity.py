@@ -307,34 +307,53 @@ def _upgraded(path: Path, into: Path) -> bytes:
     return into.read_bytes()
 
 
-def compare_with_base(base: Path, new: Path) -> tuple[int, int, list[str]]:
+WALL_CLOCK = "identical but for the seconds the analytic count took (counting.seconds)"
+
+
+def _without_wall_clock(data: bytes) -> object:
+    """A profile's or plan's JSON with the one wall-clock figure it records, the seconds the
+    analytic profiler took (``Counting.seconds``, also in a plan's embedded profile), set to
+    None: what a README command that counts a model writes differently on every run."""
+    value = json.loads(data)
+    profile = value.get("report", {}).get("profile") if "stages" in value else value
+    if isinstance(profile, dict) and isinstance(profile.get("counting"), dict):
+        profile["counting"]["seconds"] = None
+    return value
+
+
+def compare_with_base(base: Path, new: Path) -> dict[str, list[str]]:
     """Print one line per output of ``base`` and ``new`` (each a ``--capture`` folder):
-    ``identical``, ``identical (format upgraded)`` for a plan file whose bytes differ but
-    which this tree's code loads and saves to the new file's bytes, else ``DIFFERS`` (or
-    ``MISSING``). Returns (identical, identical after the upgrade, the rest's names)."""
+    ``identical``; ``identical (format upgraded ...)`` for a plan file whose bytes differ but
+    which this tree's code loads and saves to the new file's bytes; :data:`WALL_CLOCK` for a
+    profile or plan that differs in that figure only; else ``DIFFERS`` (or ``MISSING``).
+    Returns each kind's outputs: ``identical``, ``upgraded``, ``wall_clock``, ``differ``."""
     names = sorted(
         {p.relative_to(base) for p in base.rglob("*") if p.is_file()}
         | {p.relative_to(new) for p in new.rglob("*") if p.is_file()}
     )
-    same = upgraded = 0
-    differ = []
+    kinds: dict[str, list[str]] = {"identical": [], "upgraded": [], "wall_clock": [], "differ": []}
     with tempfile.TemporaryDirectory() as tmp:
         for rel in names:
             a, b = base / rel, new / rel
+            ours = None
             if not (a.is_file() and b.is_file()):
-                word = "MISSING in " + ("base" if b.is_file() else "new")
+                kind, word = "differ", "MISSING in " + ("base" if b.is_file() else "new")
             elif filecmp.cmp(a, b, shallow=False):
-                word = "identical"
-            elif rel.name == "plan.json" and _upgraded(a, Path(tmp) / "p.json") == b.read_bytes():
-                word = "identical (format upgraded: base file loaded and saved by this tree)"
+                kind, word = "identical", "identical"
+            elif rel.name == "plan.json" and (ours := _upgraded(a, Path(tmp) / "p.json")) == (
+                b.read_bytes()
+            ):
+                kind = "upgraded"
+                word = "identical (format upgraded: the base's file loaded and saved by this tree)"
+            elif a.suffix == ".json" and _without_wall_clock(
+                ours or a.read_bytes()
+            ) == _without_wall_clock(b.read_bytes()):
+                kind, word = "wall_clock", WALL_CLOCK + (" (format upgraded)" if ours else "")
             else:
-                word = "DIFFERS"
-            same += word == "identical"
-            upgraded += word.startswith("identical (")
-            if not word.startswith("identical"):
-                differ.append(str(rel))
+                kind, word = "differ", "DIFFERS"
+            kinds[kind].append(str(rel))
             print(f"{word}: {rel}")
-    return same, upgraded, differ
+    return kinds
 
 
 def _git(*args: str) -> str:
@@ -368,18 +387,36 @@ def run_base(ref: str | None, models: tuple[str, ...], quick: bool, keep: Path |
         _profiles(_Capture(), work / "new" / "profiles", models)  # compared with REF's
     finally:
         _git("worktree", "remove", "--force", str(tree))
-    same, upgraded, differ = compare_with_base(work / "base", work / "new")
+    kinds = compare_with_base(work / "base", work / "new")
+    dirty = _git("status", "--porcelain", "--untracked-files=no")
     print(
         f"base {ref} ({commit[:12]}) vs this tree ({_git('rev-parse', '--short=12', 'HEAD')}"
-        f"{', uncommitted changes' if _git('status', '--porcelain', '--untracked-files=no') else ''}"
-        f"): {same + upgraded + len(differ)} outputs of {len(cases(models, quick))} cases"
-        f" and the README's commands: {same} identical, {upgraded} plan files identical after "
-        f"loading the base's file with this tree's code and saving it (the plan file format "
-        f"changed on purpose), {len(differ)} differ"
+        f"{', with uncommitted changes' if dirty else ''}): "
+        f"{sum(map(len, kinds.values()))} outputs of {len(cases(models, quick))} cases and "
+        f"{len(README_COMMANDS[:1] if quick else README_COMMANDS)} README commands: "
+        f"{len(kinds['identical'])} identical byte for byte, {len(kinds['upgraded'])} plan "
+        f"files identical byte for byte once the base's file is loaded and saved by this tree "
+        f"(the plan file format changed on purpose), {len(kinds['wall_clock'])} "
+        f"{WALL_CLOCK.removeprefix('identical ')}, {len(kinds['differ'])} differ"
     )
     if keep is None:
         shutil.rmtree(work)
-    return 1 if differ else 0
+    return 1 if kinds["differ"] else 0
+
+
+def _no_progress_bars() -> None:
+    """Switch tqdm's bars off in this process (a README command that counts a model shows
+    one, with its speed, on stderr, which is not repeatable): every bar is made disabled,
+    whatever its caller asked (``autopipe`` passes ``disable=not progress``)."""
+    import tqdm.std
+
+    init = tqdm.std.tqdm.__init__
+
+    def disabled(self: tqdm.std.tqdm, *args: object, **kwargs: object) -> None:
+        kwargs["disable"] = True
+        init(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    tqdm.std.tqdm.__init__ = disabled  # type: ignore[method-assign]
 
 
 def main() -> int:
@@ -398,6 +435,7 @@ def main() -> int:
     ap.add_argument("--keep", type=Path, help="--base: keep the outputs in this folder")
     args = ap.parse_args()
     models = tuple(m for m in args.models.split(",") if m)
+    _no_progress_bars()
     if args.base is not None:
         return run_base(args.base or None, models, args.quick, args.keep)
     tree = (args.tree or ROOT).resolve()
