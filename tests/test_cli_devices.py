@@ -15,7 +15,9 @@ GPT = str(Path(__file__).resolve().parents[1] / "examples" / "gpt.py")
 def _plan(capsys: pytest.CaptureFixture[str], *flags: str) -> dict:
     assert main(["plan", GPT, "--json", "-q", *flags]) == 0
     data = json.loads(capsys.readouterr().out)
-    return {**data, **data.pop("report")}  # the plan and its report's figures
+    report = data.pop("report")
+    stages = [{**s, **r} for s, r in zip(data["stages"], report.pop("stages"), strict=True)]
+    return {**data, **report, "stages": stages}  # the plan and its report's figures
 
 
 def test_catalog_device_sets_memory_and_names(capsys: pytest.CaptureFixture[str]) -> None:

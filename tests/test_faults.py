@@ -288,8 +288,8 @@ def test_a_forward_of_1e308_is_one_line_exit_2(
 def test_every_bad_plan_number_is_refused(tmp_path: Path, field: str, bad: Any) -> None:
     data = _plan_dict(tmp_path)
     parts = field.split(".")
-    if len(parts) == 3:
-        data["stages"][int(parts[1])][parts[2]] = bad
+    if len(parts) == 3:  # a stage's prediction is the report's too (version 3)
+        data["report"]["stages"][int(parts[1])][parts[2]] = bad
     else:  # a prediction is the report's (#37)
         (data["report"] if field in data["report"] else data)[field] = bad
     with pytest.raises(PlanFormatError, match=r" is "):

@@ -1,10 +1,11 @@
 """The PlanReport: what the planner predicted and weighed for a :class:`~autopipe.core.plan.Plan`.
 
 Torch-free. A :class:`Plan` is what every rank executes and agrees on (ARCHITECTURE.md "The
-Plan, version 2"); its report is everything else the planner knows about it: the predicted
+Plan, version 3"); its report is everything else the planner knows about it: the predicted
 step and bubble, throughput, speed-up, bottleneck and lower-bound figures, the memory per
 device and each rank's peak, the request it was planned for, the baselines, candidates and
-mesh weighed, the notes, the embedded profile and plot data. Times are seconds, sizes bytes.
+mesh weighed, the notes, the embedded profile and plot data; each stage's predicted seconds
+and bytes are its :class:`StageReport`. Times are seconds, sizes bytes.
 The runtime, training, the rank agreement and the emitters never read it (tests/test_layers.py);
 ``autopipe plan``, ``explain``, ``plot`` and the reports do, as ``plan.report.<field>``.
 """
