@@ -299,11 +299,16 @@ def compare(gold: Path, new: Path) -> tuple[list[str], list[str], list[str]]:
     return same, same_content, differ
 
 
-def _upgraded(path: Path, into: Path) -> bytes:
-    """The plan file at ``path`` loaded by this tree's code and saved again (its bytes)."""
-    from autopipe.core.plan import load_plan
+def _upgraded(path: Path, into: Path) -> bytes | None:
+    """The plan file at ``path`` loaded by this tree's code and saved again (its bytes);
+    None when this tree refuses to load it (a value its checks refuse: then only its
+    content can be compared)."""
+    from autopipe.core.plan import PlanFormatError, load_plan
 
-    load_plan(path).save(into)
+    try:
+        load_plan(path).save(into)
+    except PlanFormatError:
+        return None
     return into.read_bytes()
 
 
@@ -326,12 +331,16 @@ def compare_with_base(base: Path, new: Path) -> dict[str, list[str]]:
     ``identical``; ``identical (format upgraded ...)`` for a plan file whose bytes differ but
     which this tree's code loads and saves to the new file's bytes; :data:`WALL_CLOCK` for a
     profile or plan that differs in that figure only; else ``DIFFERS`` (or ``MISSING``).
-    Returns each kind's outputs: ``identical``, ``upgraded``, ``wall_clock``, ``differ``."""
+    a plan file this tree refuses to load but whose every field and value (:func:`plan_content`)
+    is the new file's: ``identical in content``. Returns each kind's outputs: ``identical``,
+    ``upgraded``, ``wall_clock``, ``content``, ``differ``."""
     names = sorted(
         {p.relative_to(base) for p in base.rglob("*") if p.is_file()}
         | {p.relative_to(new) for p in new.rglob("*") if p.is_file()}
     )
-    kinds: dict[str, list[str]] = {"identical": [], "upgraded": [], "wall_clock": [], "differ": []}
+    kinds: dict[str, list[str]] = {
+        "identical": [], "upgraded": [], "wall_clock": [], "content": [], "differ": []
+    }  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
         for rel in names:
             a, b = base / rel, new / rel
@@ -349,6 +358,12 @@ def compare_with_base(base: Path, new: Path) -> dict[str, list[str]]:
                 ours or a.read_bytes()
             ) == _without_wall_clock(b.read_bytes()):
                 kind, word = "wall_clock", WALL_CLOCK + (" (format upgraded)" if ours else "")
+            elif rel.name == "plan.json" and ours is None and plan_content(a) == plan_content(b):
+                kind = "content"
+                word = (
+                    "identical in content, every field and value (this tree does not load the "
+                    "base's file: its loader refuses a value in both)"
+                )
             else:
                 kind, word = "differ", "DIFFERS"
             kinds[kind].append(str(rel))
@@ -376,6 +391,9 @@ def run_base(ref: str | None, models: tuple[str, ...], quick: bool, keep: Path |
     commit = _git("rev-parse", "--verify", f"{ref}^{{commit}}")
     work = Path(keep or tempfile.mkdtemp(prefix="plan_identity_")).resolve()
     tree = work / "base-tree"
+    if (work / "base").is_dir() and (work / "new").is_dir():
+        print(f"comparing the outputs kept in {work} (delete it to capture again)")
+        return _report(ref, commit, models, quick, compare_with_base(work / "base", work / "new"))
     _git("worktree", "add", "--detach", str(tree), commit)
     try:
         extra = ["--models", ",".join(models), *(["--quick"] if quick else [])]
@@ -387,7 +405,16 @@ def run_base(ref: str | None, models: tuple[str, ...], quick: bool, keep: Path |
         _profiles(_Capture(), work / "new" / "profiles", models)  # compared with REF's
     finally:
         _git("worktree", "remove", "--force", str(tree))
-    kinds = compare_with_base(work / "base", work / "new")
+    code = _report(ref, commit, models, quick, compare_with_base(work / "base", work / "new"))
+    if keep is None:
+        shutil.rmtree(work)
+    return code
+
+
+def _report(
+    ref: str, commit: str, models: tuple[str, ...], quick: bool, kinds: dict[str, list[str]]
+) -> int:
+    """Print the summary line; 1 when an output differs."""
     dirty = _git("status", "--porcelain", "--untracked-files=no")
     print(
         f"base {ref} ({commit[:12]}) vs this tree ({_git('rev-parse', '--short=12', 'HEAD')}"
@@ -397,10 +424,10 @@ def run_base(ref: str | None, models: tuple[str, ...], quick: bool, keep: Path |
         f"{len(kinds['identical'])} identical byte for byte, {len(kinds['upgraded'])} plan "
         f"files identical byte for byte once the base's file is loaded and saved by this tree "
         f"(the plan file format changed on purpose), {len(kinds['wall_clock'])} "
-        f"{WALL_CLOCK.removeprefix('identical ')}, {len(kinds['differ'])} differ"
+        f"{WALL_CLOCK.removeprefix('identical ')}, {len(kinds['content'])} plan files "
+        f"identical in every field and value that this tree refuses to load, "
+        f"{len(kinds['differ'])} differ"
     )
-    if keep is None:
-        shutil.rmtree(work)
     return 1 if kinds["differ"] else 0
 
 
@@ -432,7 +459,11 @@ def main() -> int:
     ap.add_argument("--profiles", type=Path, help="--capture: plan from these profiles")
     ap.add_argument("--models", default=",".join(MODELS), help="comma-separated examples")
     ap.add_argument("--quick", action="store_true", help="three flag sets per model")
-    ap.add_argument("--keep", type=Path, help="--base: keep the outputs in this folder")
+    ap.add_argument(
+        "--keep", type=Path,
+        help="--base: keep the outputs in this folder (compared again, not re-captured, "
+        "when it holds them)",
+    )  # fmt: skip
     args = ap.parse_args()
     models = tuple(m for m in args.models.split(",") if m)
     _no_progress_bars()

@@ -59,6 +59,7 @@ def test_each_output_is_identical_upgraded_wall_clock_or_different(
         "identical": ["cases/mlp/plan.stdout"],
         "upgraded": ["cases/mlp/plan.json"],
         "wall_clock": ["profiles/mlp.json"],
+        "content": [],
         "differ": ["cases/mlp/emit-torch.stdout", "cases/mlp/explain.stdout"],
     }
     lines = capsys.readouterr().out.splitlines()
