@@ -441,9 +441,9 @@ def _no_progress_bars() -> None:
 
     def disabled(self: tqdm.std.tqdm, *args: object, **kwargs: object) -> None:
         kwargs["disable"] = True
-        init(self, *args, **kwargs)  # type: ignore[arg-type]
+        init(self, *args, **kwargs)
 
-    tqdm.std.tqdm.__init__ = disabled  # type: ignore[method-assign]
+    tqdm.std.tqdm.__init__ = disabled
 
 
 def main() -> int:
