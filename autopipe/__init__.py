@@ -36,6 +36,7 @@ _LAZY = {
     "Plan": ("autopipe.core.plan", "Plan"),
     "StagePlan": ("autopipe.core.plan", "StagePlan"),
     "PlanReport": ("autopipe.core.plan_report", "PlanReport"),
+    "StageReport": ("autopipe.core.plan_report", "StageReport"),
     "load_plan": ("autopipe.core.plan", "load_plan"),
     "Cluster": ("autopipe.core.cluster", "Cluster"),
     "Device": ("autopipe.core.cluster", "Device"),

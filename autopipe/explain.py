@@ -19,7 +19,7 @@ def explain(plan: Plan) -> str:
     lines += _memory_lines(plan)
     lines.append(_rematerialization_line(plan))
     step = ""
-    if plan.replicas > 1 and plan.pipeline_iteration_s > 0:  # the table's words: one meaning
+    if plan.data_parallel > 1 and plan.pipeline_iteration_s > 0:  # the table's words: one meaning
         step = (
             f" (iteration = one training step: the pipeline's "
             f"{format_seconds(plan.pipeline_iteration_s)} + exposed DP communication "
@@ -35,7 +35,7 @@ def explain(plan: Plan) -> str:
         where = "same profile"
         if plan.mesh is not None:
             where = (
-                f"same mesh pp {plan.num_stages} x dp {plan.replicas} x tp "
+                f"same mesh pp {plan.num_stages} x dp {plan.data_parallel} x tp "
                 f"{plan.tensor_parallel}, DP communication included"
             )
         lines += ["", f"What each framework's default split would cost here ({where}):"]

@@ -240,6 +240,6 @@ def _plan_mesh(profile: Profile, placement: Placement, cluster: Cluster | None) 
     out = plan(profile, request)
     # Without a link figure collectives cost 0 s: a mesh that runs none (T = D = 1) is
     # priced right, and would win with them priced too; any other is refused.
-    if not known and (out.tensor_parallel > 1 or (out.replicas or 1) > 1):
+    if not known and (out.tensor_parallel > 1 or out.data_parallel > 1):
         raise UsageError(NEED_MESH_BANDWIDTH)
     return out

@@ -426,7 +426,7 @@ def _check_world_size(plan: Plan, rank: int, world: int) -> None:
             if problem is not None:
                 raise PlanWorldSizeError(problem)
         else:
-            rank_layout(rank, world, plan.num_stages, plan.replicas)
+            rank_layout(rank, world, plan.num_stages, plan.data_parallel)
     except PlanWorldSizeError as exc:
         # Every rank finds the same mismatch: meet at a barrier so all of them report it
         # before the first exit makes torchrun stop the others.
@@ -466,7 +466,7 @@ def _build_pipeline(
         start.phase = "building the model"
         model = mf.build(device="meta" if meta else None)
         replicas = (
-            plan.replicas
+            plan.data_parallel
             if uses_mesh(plan)
             else (world // plan.num_stages if world % plan.num_stages == 0 else 1)
         )

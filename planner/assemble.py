@@ -24,7 +24,7 @@ from autopipe.planner.simulate import Simulation, gpipe_exact, idle_fraction, si
 from autopipe.core.cluster import Cluster
 from autopipe.core.humanize import format_bytes
 from autopipe.core.plan import Plan, StagePlan
-from autopipe.core.plan_report import PlanReport
+from autopipe.core.plan_report import PlanReport, StageReport
 from autopipe.core.profile import Profile
 
 
@@ -168,27 +168,29 @@ def _stage_plans(
                 units=units,
                 first_module=units[0],
                 last_module=units[-1],
-                forward_s=c.forward_s,
-                backward_s=c.backward_s,
-                recompute_s=c.recompute_s,
-                send_s=c.send_s,
-                memory_bytes=c.memory_bytes,
-                parameter_bytes=c.parameter_bytes,
-                optimizer_bytes=c.optimizer_bytes,
-                activation_bytes=c.activation_bytes,
                 checkpoint=c.checkpoint,
                 checkpoint_granularity=c.checkpoint_granularity,
-                reason=reason,
                 rank=ranks[s],
-                backward_input_s=works[s].backward_input_s if works else 0.0,
-                backward_weight_s=works[s].backward_weight_s if works else 0.0,
-                microbatch_activation_bytes=int(works[s].activation_bytes) if works else 0,
-                microbatch_input_bytes=int(works[s].input_bytes) if works else 0,
                 unit_parameters=[counts[u] for u in units] if counts is not None else [],
                 # decided here, once: the runtime runs the chunk's backward as recorded
                 split_backward=splits_backward(cm.profile, i, j, s, c.checkpoint)
                 if split
                 else None,
+                report=StageReport(
+                    forward_s=c.forward_s,
+                    backward_s=c.backward_s,
+                    recompute_s=c.recompute_s,
+                    send_s=c.send_s,
+                    memory_bytes=c.memory_bytes,
+                    parameter_bytes=c.parameter_bytes,
+                    optimizer_bytes=c.optimizer_bytes,
+                    activation_bytes=c.activation_bytes,
+                    reason=reason,
+                    backward_input_s=works[s].backward_input_s if works else 0.0,
+                    backward_weight_s=works[s].backward_weight_s if works else 0.0,
+                    microbatch_activation_bytes=int(works[s].activation_bytes) if works else 0,
+                    microbatch_input_bytes=int(works[s].input_bytes) if works else 0,
+                ),
             )
         )
     return stages

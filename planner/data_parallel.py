@@ -178,10 +178,10 @@ def plan_data_parallel(
     pipelines ``batch_size / D`` samples. The ``total_gpus`` devices are ``device`` (default:
     the profile's device with the request's ``memory_per_device``) with the link
     ``allreduce_bandwidth_bytes_per_s`` / ``allreduce_latency_s``: the gradient all-reduce
-    and the pipeline's sends both cross it. The returned Plan has ``replicas = D``, its
+    and the pipeline's sends both cross it. The returned Plan has ``data_parallel = D``, its
     per-replica ``batch_size``, ``iteration_time_s`` = pipeline + all-reduce, ``throughput``
-    and ``speedup`` over the global batch, and every (K, D) weighed in ``Plan.mesh`` (and
-    ``Plan.data_parallel``). Raises ``PlanningError``.
+    and ``speedup`` over the global batch, and every (K, D) weighed in ``Plan.mesh``. Raises
+    ``PlanningError``.
     """
     _check_layout(total_gpus, replicas)
     request = PlanRequest() if request is None else request

@@ -241,7 +241,7 @@ def to_megatron(plan: Plan) -> dict[str, Any]:
         "--pipeline-model-parallel-size", str(plan.num_stages),
         "--pipeline-model-parallel-layout", layout,
         "--micro-batch-size", str(plan.microbatch_size),
-        "--global-batch-size", str(plan.microbatches * plan.microbatch_size * plan.replicas),
+        "--global-batch-size", str(plan.microbatches * plan.microbatch_size * plan.data_parallel),
         "--tensor-model-parallel-size", str(plan.tensor_parallel),
     ]  # fmt: skip
     args += _megatron_group_args(plan)
@@ -298,11 +298,11 @@ def _megatron_trainer_args(plan: Plan, full_recompute: bool) -> list[str]:
         args += ["--recompute-granularity", "selective"]
     if r.tp_comm_overlap and plan.tensor_parallel > 1:
         args.append("--tp-comm-overlap")
-    if r.grad_reduce_overlap and plan.replicas > 1:
+    if r.grad_reduce_overlap and plan.data_parallel > 1:
         args.append("--overlap-grad-reduce")
         if plan.shard == "optimizer":
             args.append("--overlap-param-gather")
-    if r.grad_reduce_fp32 and plan.replicas > 1:
+    if r.grad_reduce_fp32 and plan.data_parallel > 1:
         args.append("--accumulate-allreduce-grads-in-fp32")
     return args
 
@@ -329,11 +329,11 @@ def _megatron_mesh_args(plan: Plan) -> list[str]:
         args += ["--expert-model-parallel-size", str(plan.expert_parallel),
                  "--expert-tensor-parallel-size", "1",
                  "--moe-token-dispatcher-type", "alltoall"]  # fmt: skip
-    if plan.replicas > 1 and plan.shard == "optimizer":
+    if plan.data_parallel > 1 and plan.shard == "optimizer":
         args.append("--use-distributed-optimizer")
-    elif plan.replicas > 1 and plan.shard != "none":
+    elif plan.data_parallel > 1 and plan.shard != "none":
         raise EmitError(
-            f"the plan shards the {plan.shard} over its {plan.replicas} replicas; "
+            f"the plan shards the {plan.shard} over its {plan.data_parallel} replicas; "
             "Megatron-LM's --use-distributed-optimizer shards the optimizer state only "
             "(ZeRO-1): re-plan with --shard optimizer or none"
         )

@@ -142,7 +142,7 @@ def _data_parallel(plan: Plan, version: str) -> dict[str, Any]:
     beside PP or TP ("DDP has not supported > 1D parallelism"): such a plan is refused for
     the TOML; 0.3.0 replicates with ``fully_shard`` over its ``dp_replicate`` mesh (HSDP
     with shard degree 1) and takes it."""
-    d = plan.replicas
+    d = plan.data_parallel
     if d == 1 or plan.shard == "none":
         if d > 1 and version == TORCHTITAN_VERSION and plan.world_size != d:
             raise EmitError(
@@ -316,8 +316,8 @@ def _expert_parallel(plan: Plan, version: str, dp_shard: int) -> dict[str, Any]:
 def _training(plan: Plan, version: str) -> dict[str, Any]:
     """The ``[training]`` fields: the batch per replica (and global, with replicas)."""
     training: dict[str, Any] = {"local_batch_size": plan.batch_size}
-    if plan.replicas > 1:
-        training["global_batch_size"] = plan.batch_size * plan.replicas
+    if plan.data_parallel > 1:
+        training["global_batch_size"] = plan.batch_size * plan.data_parallel
     if version != TORCHTITAN_VERSION and (plan.num_stages > 1 or plan.expert_parallel > 1):
         # 0.3.0's Trainer.Config refuses CUDA graphs (its default) with pipeline parallelism,
         # and with expert parallelism for its MoE models' synchronous token dispatchers.
@@ -327,8 +327,8 @@ def _training(plan: Plan, version: str) -> dict[str, Any]:
 
 def _header(plan: Plan) -> list[str]:
     mesh = (
-        f"mesh pp={plan.num_stages} x dp={plan.replicas} x tp={plan.tensor_parallel} = "
-        f"{plan.world_size} ranks" + (f", {plan.shard} sharded" if plan.replicas > 1 else "")
+        f"mesh pp={plan.num_stages} x dp={plan.data_parallel} x tp={plan.tensor_parallel} = "
+        f"{plan.world_size} ranks" + (f", {plan.shard} sharded" if plan.data_parallel > 1 else "")
     )
     return [
         f"autopipe plan: {plan.num_stages} pipeline ranks x {plan.virtual_stages} chunks, "

@@ -968,7 +968,7 @@ def _winning_plan(
     global batch, training state, request and speedup over one device."""
     out = best.plan
     assert out is not None
-    out.replicas, out.tensor_parallel, out.shard = best.dp, best.tp, best.shard
+    out.data_parallel, out.tensor_parallel, out.shard = best.dp, best.tp, best.shard
     out.context_parallel, out.expert_parallel = best.cp, best.ep
     out.tp_plan = dict(profile.tp_plan) if best.tp > 1 else {}
     out.pipeline_iteration_s = best.pipeline_s

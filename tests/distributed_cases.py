@@ -512,7 +512,7 @@ def fault_files(
     model.write_text(FAULT_MODEL)
     units = stage_units or [["0", "1"], ["2"]]
     plan = make_plan(units, m, 4)
-    plan.replicas = replicas
+    plan.data_parallel = replicas
     path = directory / f"plan_{'_'.join(''.join(s) for s in units)}_m{m}_d{replicas}.json"
     plan.save(path)
     return model, path

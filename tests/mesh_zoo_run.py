@@ -656,7 +656,7 @@ def _combine(gathered: list[dict[str, Any]]) -> dict[str, Any]:
 def _plan_summary(plan: dict[str, Any]) -> dict[str, Any]:
     return {
         "stages": [s["units"] for s in plan["stages"]],
-        "mesh": [plan["num_stages"], plan.get("replicas"), plan.get("tensor_parallel")],
+        "mesh": [plan["num_stages"], plan.get("data_parallel"), plan.get("tensor_parallel")],
         "expert_parallel": plan.get("expert_parallel", 1),
         "context_parallel": plan.get("context_parallel", 1),
         "shard": plan.get("shard"),

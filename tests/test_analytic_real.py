@@ -159,7 +159,9 @@ def _plan(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, dict | s
     if code:
         return code, err.strip()
     data = json.loads(out)
-    return code, {**data, **data.pop("report")}  # the plan and its report's figures
+    report = data.pop("report")
+    stages = [{**s, **r} for s, r in zip(data["stages"], report.pop("stages"), strict=True)]
+    return code, {**data, **report, "stages": stages}  # the plan and its report's figures
 
 
 def test_llama2_70b_on_16_h100_fits_only_without_mixed_adam(

@@ -15,7 +15,9 @@ GPT = str(Path(__file__).resolve().parents[1] / "examples" / "gpt.py")
 def _plan(capsys: pytest.CaptureFixture[str], *flags: str) -> dict:
     assert main(["plan", GPT, "--json", "-q", *flags]) == 0
     data = json.loads(capsys.readouterr().out)
-    return {**data, **data.pop("report")}  # the plan and its report's figures
+    report = data.pop("report")
+    stages = [{**s, **r} for s, r in zip(data["stages"], report.pop("stages"), strict=True)]
+    return {**data, **report, "stages": stages}  # the plan and its report's figures
 
 
 def test_catalog_device_sets_memory_and_names(capsys: pytest.CaptureFixture[str]) -> None:
@@ -57,12 +59,12 @@ def test_bad_device_lists_are_usage_errors(
 
 def test_data_parallel_layout_from_the_cli(capsys: pytest.CaptureFixture[str]) -> None:
     data = _plan(capsys, "--gpus", "8", "--device", "a100-80gb", "--data-parallel", "2")
-    assert (data["num_stages"], data["replicas"], data["batch_size"]) == (4, 2, 8)
+    assert (data["num_stages"], data["data_parallel"], data["batch_size"]) == (4, 2, 8)
     auto = _plan(capsys, "--gpus", "8", "--device", "a100-80gb", "--data-parallel", "auto")
-    assert auto["num_stages"] * auto["replicas"] == 8
+    assert auto["num_stages"] * auto["data_parallel"] == 8
     # the one data-parallel route: the mesh search with T = 1, every (K, D) a mesh row
     best = min(r["step_s"] for r in auto["mesh"]["candidates"] if r["step_s"] is not None)
-    assert auto["throughput"] == pytest.approx(auto["batch_size"] * auto["replicas"] / best)
+    assert auto["throughput"] == pytest.approx(auto["batch_size"] * auto["data_parallel"] / best)
 
 
 def test_data_parallel_needs_a_bandwidth(capsys: pytest.CaptureFixture[str]) -> None:

@@ -56,7 +56,7 @@ def fake_world(rank: int, world: int) -> Iterator[None]:
 def _plan(k: int = 2, d: int = 2, c: int = 2, t: int = 1, shard: str = "none") -> Any:
     return SimpleNamespace(
         num_stages=k,
-        replicas=d,
+        data_parallel=d,
         context_parallel=c,
         tensor_parallel=t,
         shard=shard,

@@ -11,7 +11,8 @@ import pytest
 from autopipe.planner import load_plan, plan
 from planner_instances import random_profile
 
-from autopipe.core.plan import INSTRUCTION_FIELDS, Plan, PlanFormatError
+from autopipe.core.plan import INSTRUCTION_FIELDS, STAGE_INSTRUCTION_FIELDS, Plan, PlanFormatError
+from autopipe.core.plan_report import StageReport
 from autopipe.core.profile import UnitProfile
 from autopipe.core.request import PlanRequest
 
@@ -26,19 +27,19 @@ def test_plan_json_round_trip(tmp_path: Path) -> None:
     data = json.loads(path.read_text())
     for key in "version num_stages microbatches microbatch_size batch_size schedule stages".split():
         assert key in data
-    assert data["version"] == 2  # the predictions are the report's (#37)
+    assert data["version"] == 3  # the predictions are the report's (#37), the stages' too
     for key in "iteration_time_s bubble_fraction throughput".split():
         assert key in data["report"] and key not in data
-    for key in (
-        "index",
+    assert set(data["stages"][0]) == {
+        *STAGE_INSTRUCTION_FIELDS,
         "device",
-        "units",
-        "forward_s",
-        "backward_s",
-        "memory_bytes",
-        "checkpoint",
-    ):
-        assert key in data["stages"][0]
+        "first_module",
+        "last_module",
+    } - {"split_backward"}  # only zero-bubble plans record it
+    assert [set(s) for s in data["report"]["stages"]] == [
+        {f.name for f in dataclasses.fields(StageReport)}
+    ] * len(p.stages)
+    assert data["report"]["stages"][1]["forward_s"] == p.stages[1].forward_s > 0
     assert load_plan(path) == p
     assert p.speedup == pytest.approx(p.single_device_time_s / p.iteration_time_s)
 
@@ -76,7 +77,10 @@ def _edited(p: Plan, edit: Any) -> dict[str, Any]:
         (lambda d: d.update(shard="all"), "shard is 'all'; expected one of none, optimizer"),
         (lambda d: d.update(optimizer="lion"), "optimizer is 'lion'; expected one of custom"),
         (lambda d: d.update(num_stages=0), "num_stages is 0"),
-        (lambda d: d["stages"].pop(), "lists 3 stages but num_stages x virtual_stages is 4 x 1"),
+        (
+            lambda d: (d["stages"].pop(), d["report"]["stages"].pop()),
+            "lists 3 stages but num_stages x virtual_stages is 4 x 1",
+        ),
         (lambda d: d["stages"][2].update(index=5), "stages[2].index is 5; expected 2"),
         (lambda d: d["stages"][1].update(units=[]), "stages[1].units is empty"),
         (lambda d: d["stages"][3].update(rank=7), "stages[3].rank is 7; expected 0..3"),
@@ -123,48 +127,89 @@ def test_stages_without_a_rank_are_one_per_rank(four_stages: Plan) -> None:
     assert [s.rank for s in Plan.from_dict(_edited(four_stages, unplaced)).stages] == [0, 1, 2, 3]
 
 
-def _version_1_plan(path: Path) -> bool:
-    """Whether ``path`` is a plan file written before the Plan / PlanReport split (#37)."""
+def _earlier_plan(path: Path) -> int | None:
+    """The version of a plan file written before version 3 (1: before the Plan / PlanReport
+    split of #37; 2: before the stages' predictions moved into the report and ``replicas``
+    became ``data_parallel``), None for any other file."""
     try:
         data = json.loads(path.read_text())
     except (ValueError, UnicodeDecodeError):
-        return False
-    return isinstance(data, dict) and "stages" in data and data.get("version") == 1
+        return None
+    if isinstance(data, dict) and "stages" in data and data.get("version") in (1, 2):
+        return int(data["version"])
+    return None
 
 
-def test_every_version_1_plan_file_still_loads() -> None:
-    """Every version-1 plan file in tests/ and examples/ (the report's keys at the top level)
-    loads, its predictions in the report; the last version-1 writer's file
-    (tests/data/plan_v1_mesh.json, ``autopipe plan`` of examples/mlp.py for 4 H100s with
-    ``--data-parallel 2``) reads back field for field, now as version 2."""
+def _as_version_2(data: dict[str, Any]) -> dict[str, Any]:
+    """A version-3 plan object in the version-2 layout: each stage's report beside it,
+    ``replicas`` and the report's ``data_parallel`` rows under their earlier names."""
+    report = dict(data["report"])
+    stages = [{**s, **r} for s, r in zip(data["stages"], report.pop("stages"), strict=True)]
+    out = {k: v for k, v in data.items() if k != "data_parallel"}
+    out.update(stages=stages, replicas=data["data_parallel"], version=2)
+    report["data_parallel"] = report.pop("data_parallel_rows")
+    out["report"] = report
+    return out
+
+
+def _added_fields_as_defaults(new: dict[str, Any], old: dict[str, Any]) -> None:
+    """Drop from ``new`` (a plan's report, or a v1 plan) the request and profile-unit fields
+    added after ``old`` was written, each checked to have loaded as its default."""
+    defaults = PlanRequest().to_dict()
+    for key in set(new["request"]) - set(old["request"]):
+        assert new["request"][key] == defaults[key], key
+        del new["request"][key]
+    unit_defaults = dataclasses.asdict(UnitProfile(name="x"))
+    for unit, before in zip(new["profile"]["units"], old["profile"]["units"], strict=True):
+        for key in set(unit) - set(before):
+            assert unit[key] == unit_defaults[key], key
+            del unit[key]
+
+
+def test_every_earlier_plan_file_still_loads() -> None:
+    """Every version-1 and -2 plan file in tests/ and examples/ loads, its predictions in the
+    report; the last writers' files of each version (tests/data/plan_v1_mesh.json and
+    tests/data/plan_v2_mesh.json, ``autopipe plan`` of examples/mlp.py for 4 H100s with
+    ``--data-parallel 2``) read back field for field, now as version 3."""
     root = Path(__file__).resolve().parents[1]
     files = [
         p for folder in ("tests", "examples") for p in sorted((root / folder).rglob("*.json"))
-        if _version_1_plan(p)
+        if _earlier_plan(p) is not None
     ]  # fmt: skip
-    assert {p.name for p in files} >= {"plan_v1_meta.json", "plan_v1_mesh.json"}
+    names = {p.name for p in files}
+    assert names >= {"plan_v1_meta.json", "plan_v1_mesh.json", "plan_v2_mesh.json"}
     for path in files:
         loaded = load_plan(path)
-        assert loaded.version == 2 and loaded.report.iteration_time_s > 0, path.name
-    path = root / "tests" / "data" / "plan_v1_mesh.json"
+        assert loaded.version == 3 and loaded.report.iteration_time_s > 0, path.name
+        assert all(s.forward_s > 0 and s.report.memory_bytes > 0 for s in loaded.stages)
+
+    path = root / "tests" / "data" / "plan_v2_mesh.json"
     old, new = json.loads(path.read_text()), load_plan(path).to_dict()
-    assert set(new) == {*INSTRUCTION_FIELDS, "report"} and new["version"] == 2
+    assert set(new) == {*INSTRUCTION_FIELDS, "report"} and new["version"] == 3
+    assert new["data_parallel"] == old["replicas"] == 2 and "replicas" not in new
+    assert new["report"]["stages"][0]["forward_s"] == old["stages"][0]["forward_s"] > 0
+    new = _as_version_2(new)
+    _added_fields_as_defaults(new["report"], old["report"])
+    assert new == old
+
+    path = root / "tests" / "data" / "plan_v1_mesh.json"
+    old, new = json.loads(path.read_text()), _as_version_2(load_plan(path).to_dict())
     assert new["report"]["iteration_time_s"] == old["iteration_time_s"] > 0
     assert new["report"]["mesh"] == old["mesh"] and new["replicas"] == old["replicas"] == 2
     flat = {**{k: v for k, v in new.items() if k != "report"}, **new["report"]}
     # Each rank's actions, recorded since (#37): the schedule's order, derived on load.
     assert flat.pop("actions") == ["0F0 0B0", "1F0 1B0"] and "actions" not in old
-    # A request field added after the file was written loads as its default.
-    added = set(flat["request"]) - set(old["request"])
-    defaults = PlanRequest().to_dict()
-    for key in added:
-        assert flat["request"][key] == defaults[key], key
-        del flat["request"][key]
-    # A profile unit field added after the file was written (optional in v1) loads as its
-    # default too.
-    unit_defaults = dataclasses.asdict(UnitProfile(name="x"))
-    for unit, before in zip(flat["profile"]["units"], old["profile"]["units"], strict=True):
-        for key in set(unit) - set(before):
-            assert unit[key] == unit_defaults[key], key
-            del unit[key]
+    _added_fields_as_defaults(flat, old)
     assert {**flat, "version": 1} == old
+
+
+def test_a_version_3_file_without_stage_reports_loads(four_stages: Plan) -> None:
+    """A hand-written file may leave the predictions out; stage reports listed must match."""
+    data = _edited(four_stages, lambda d: d["report"].pop("stages"))
+    assert [s.report.forward_s for s in Plan.from_dict(data).stages] == [0.0] * 4
+    data = _edited(four_stages, lambda d: d["report"]["stages"].pop())
+    with pytest.raises(PlanFormatError, match=r"report\.stages lists 3 stages but stages lists 4"):
+        Plan.from_dict(data)
+    data = _edited(four_stages, lambda d: d["report"]["stages"][2].update(forward_s=-1.0))
+    with pytest.raises(PlanFormatError, match=r"report\.stages\[2\]\.forward_s"):
+        Plan.from_dict(data)

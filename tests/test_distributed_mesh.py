@@ -52,14 +52,14 @@ BATCH = 4  # per replica; M = 2 micro-batches of 2
 HIDDEN = 32  # both models' (tests/mesh_models.py)
 MESHES: dict[str, dict[str, Any]] = {
     "pp2tp2": {"stages": 2, "tensor_parallel": 2},
-    "pp2fsdp2": {"stages": 2, "replicas": 2, "shard": "parameters"},
-    "tp2fsdp2": {"stages": 1, "tensor_parallel": 2, "replicas": 2, "shard": "parameters"},
-    "pp2d2zero1": {"stages": 2, "replicas": 2, "shard": "optimizer"},
+    "pp2fsdp2": {"stages": 2, "data_parallel": 2, "shard": "parameters"},
+    "tp2fsdp2": {"stages": 1, "tensor_parallel": 2, "data_parallel": 2, "shard": "parameters"},
+    "pp2d2zero1": {"stages": 2, "data_parallel": 2, "shard": "optimizer"},
     # ZeRO-1 of TP shards: ZeroRedundancyOptimizer over the DTensors' local tensors.
-    "tp2d2zero1": {"stages": 1, "tensor_parallel": 2, "replicas": 2, "shard": "optimizer"},
-    "pp2d2zero2": {"stages": 2, "replicas": 2, "shard": "gradients"},
+    "tp2d2zero1": {"stages": 1, "tensor_parallel": 2, "data_parallel": 2, "shard": "optimizer"},
+    "pp2d2zero2": {"stages": 2, "data_parallel": 2, "shard": "gradients"},
     # torchtitan's pairing: interleaved 1F1B, two chunks per rank, each chunk fully_shard-ed.
-    "pp2v2fsdp2": {"stages": 2, "replicas": 2, "shard": "parameters", "virtual_stages": 2},
+    "pp2v2fsdp2": {"stages": 2, "data_parallel": 2, "shard": "parameters", "virtual_stages": 2},
     # GPT's plan with its token embedding split by vocabulary too (Llama's plan has it
     # already): the position embeddings are then the value sharded over the sequence.
     "pp2tp2vocab": {
@@ -194,7 +194,7 @@ def test_mesh_trains_like_one_process(mesh: str, model: str, mesh_runs: Path) ->
     run = f"{model}-{mesh}"
     for rank in range(4):
         assert (mesh_runs / f"{run}.rank{rank}.rc").read_text() == "0", run
-    replicas = MESHES[mesh].get("replicas", 1)
+    replicas = MESHES[mesh].get("data_parallel", 1)
     ref_losses, ref_state = reference(model, replicas, OPTIMIZER.get(mesh, "sgd"))
     losses = [s["loss"] for s in json.loads((mesh_runs / f"{run}.json").read_text())["steps"]]
     assert losses == pytest.approx(ref_losses, rel=RTOL, abs=ATOL)
@@ -277,7 +277,7 @@ def test_tp_plan_refusals_are_one_line() -> None:
     ("fields", "words"),
     [
         ({"tensor_parallel": 2, "tp_plan": {"blocks.*.attn.qkv": "colwise"}}, "tensor-parallel"),
-        ({"shard": "optimizer", "replicas": 2}, "shard optimizer"),
+        ({"shard": "optimizer", "data_parallel": 2}, "shard optimizer"),
     ],
 )
 def test_parallelize_refuses_mesh_plans_in_one_line(fields: dict[str, Any], words: str) -> None:
@@ -323,7 +323,7 @@ def test_mesh_plans_this_runtime_does_not_run_are_refused_in_one_line() -> None:
 
     tp = mesh_plan("gpt", "pp2tp2")
     check_mesh_plan(tp)  # runs
-    check_mesh_plan(dataclasses.replace(tp, shard="optimizer", replicas=2))  # ZeRO-1 of TP too
+    check_mesh_plan(dataclasses.replace(tp, shard="optimizer", data_parallel=2))  # ZeRO-1 of TP too
     refused = [
         (dataclasses.replace(tp, schedule="zbv"), (), "splits the weight pass"),
         # TP-split and plain tied copies are kept equal across chunks; FSDP's are not.

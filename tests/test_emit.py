@@ -225,7 +225,7 @@ def test_torchtitan_runs_the_plans_microbatches() -> None:
         assert local // toml["parallelism"]["pipeline_parallel_microbatch_size"] == m
         assert "global_batch_size" not in toml["training"]  # one replica: the default
     # Replicas beside PP are FSDP's (torchtitan 0.2.2 refuses DDP there: issue 36).
-    replicated = dataclasses.replace(plan, replicas=2, shard="parameters")
+    replicated = dataclasses.replace(plan, data_parallel=2, shard="parameters")
     toml = tomllib.loads(to_torchtitan(replicated))
     assert toml["training"]["global_batch_size"] == 2 * plan.batch_size
     assert toml["parallelism"]["data_parallel_shard_degree"] == 2

@@ -76,7 +76,7 @@ def _mesh(schedule: str, replicas: int, tp: int, shard: str) -> Plan:
         ),
     )
     tp_plan = {"*.attn.*": "colwise"} if tp > 1 else {}
-    return dataclasses.replace(plan, replicas=replicas, tensor_parallel=tp, shard=shard,
+    return dataclasses.replace(plan, data_parallel=replicas, tensor_parallel=tp, shard=shard,
                                tp_plan=tp_plan)  # fmt: skip
 
 

@@ -134,7 +134,7 @@ def _plan(**fields: Any) -> Plan:
     from distributed_cases import make_plan
 
     plan = make_plan([["a"], ["b"]], 2, 8, schedule="1f1b")
-    return dataclasses.replace(plan, replicas=2, **fields)
+    return dataclasses.replace(plan, data_parallel=2, **fields)
 
 
 def test_the_plan_refusals_are_one_line() -> None:
@@ -304,7 +304,7 @@ def test_cli_plans_expert_parallelism_and_torchrun_trains_it(tmp_path: Path) -> 
     )  # fmt: skip
     assert planned.returncode == 0, planned.stderr[-3000:]
     written = load_plan(plan)
-    assert (written.num_stages, written.replicas, written.expert_parallel) == (2, 2, 2)
+    assert (written.num_stages, written.data_parallel, written.expert_parallel) == (2, 2, 2)
     ran = subprocess.run(
         [
             sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "4",

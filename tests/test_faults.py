@@ -288,8 +288,8 @@ def test_a_forward_of_1e308_is_one_line_exit_2(
 def test_every_bad_plan_number_is_refused(tmp_path: Path, field: str, bad: Any) -> None:
     data = _plan_dict(tmp_path)
     parts = field.split(".")
-    if len(parts) == 3:
-        data["stages"][int(parts[1])][parts[2]] = bad
+    if len(parts) == 3:  # a stage's prediction is the report's too (version 3)
+        data["report"]["stages"][int(parts[1])][parts[2]] = bad
     else:  # a prediction is the report's (#37)
         (data["report"] if field in data["report"] else data)[field] = bad
     with pytest.raises(PlanFormatError, match=r" is "):
@@ -519,7 +519,7 @@ def test_plan_keeps_the_plan_but_skips_plots_it_cannot_draw(
 @pytest.mark.parametrize(
     ("change", "field"),
     [
-        ({"num_stages": 0, "stages": []}, "num_stages is 0"),
+        ({"num_stages": 0, "stages": [], "report.stages": []}, "num_stages is 0"),
         ({"microbatches": 0}, "microbatches is 0"),
         ({"iteration_time_s": math.nan}, "iteration_time_s is nan"),
     ],
@@ -530,7 +530,10 @@ def test_plot_and_bench_refuse_impossible_plans_in_one_line(
 ) -> None:
     data = _plan_dict(tmp_path)
     for key, value in copy.deepcopy(change).items():  # a prediction is the report's (#37)
-        (data["report"] if key in data["report"] else data)[key] = value
+        if key.startswith("report."):
+            data["report"][key.removeprefix("report.")] = value
+        else:
+            (data if key in data else data["report"])[key] = value
     plan = _write(tmp_path / "plan.json", data)
     assert main(["plot", str(plan), "--out", str(tmp_path / "plots")]) == 2
     assert f"{plan}: {field}" in _error(capsys)

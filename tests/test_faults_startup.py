@@ -146,7 +146,7 @@ def _files(directory: Path, replicas: int = 1) -> tuple[Path, Path]:
     model.write_text(BOOM_MODEL)
     units = [["0", "1"], ["2"]] if replicas == 1 else [["0", "1", "2"]]
     plan = make_plan(units, 2, 4)
-    plan.replicas = replicas
+    plan.data_parallel = replicas
     path = directory / f"plan_d{replicas}.json"
     plan.save(path)
     return model, path

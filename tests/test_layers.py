@@ -340,20 +340,54 @@ _RANK_READERS = [
 emitters: what takes a Plan and acts on it."""
 
 
+_STAGE_REPORT_READS = {
+    # version-1 plans without unit_parameters are checked against the model by bytes: the
+    # one predicted stage figure a rank reads, for those files only
+    ("runtime/planned_stages.py", "parameter_bytes"),
+    # a measured step's seconds (TrainResult.steps), not a stage's prediction
+    ("autopipe/training.py", "time_s"),
+}
+
+
+def test_the_ranks_read_no_stage_prediction() -> None:
+    """The runtime, training, the rank agreement and the emitters read a StagePlan's
+    instruction fields, not its predicted figures (``StageReport``'s fields, read through
+    the stage as ``stage.forward_s``): any attribute or string of those names in their code
+    is found, whatever it is read from, so each one left is listed with why."""
+    import dataclasses
+
+    from autopipe.core.plan import STAGE_INSTRUCTION_FIELDS, StagePlan
+    from autopipe.core.plan_report import StageReport
+
+    predicted = {f.name for f in dataclasses.fields(StageReport)} | {"time_s"}
+    assert {f.name for f in dataclasses.fields(StagePlan)} == {
+        *STAGE_INSTRUCTION_FIELDS, "device", "first_module", "last_module", "report"
+    }  # fmt: skip
+    assert not predicted & {f.name for f in dataclasses.fields(StagePlan)}
+    found = set()
+    for path in _RANK_READERS:
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            name = node.attr if isinstance(node, ast.Attribute) else getattr(node, "value", None)
+            if isinstance(node, (ast.Attribute, ast.Constant)) and name in predicted:
+                found.add((str(path.relative_to(ROOT)), name))
+    assert found == _STAGE_REPORT_READS
+
+
 def test_the_ranks_never_import_or_name_the_report() -> None:
     """No module of the runtime, training or the emitters imports
-    ``autopipe.core.plan_report``, names ``PlanReport`` or reads ``.report``: they are
-    handed a Plan and act on its instructions."""
+    ``autopipe.core.plan_report``, names ``PlanReport`` or ``StageReport`` or reads
+    ``.report`` (a plan's or a stage's): they are handed a Plan and act on its
+    instructions."""
     found = []
     for path in _RANK_READERS:
         rel = str(path.relative_to(ROOT))
         tree = ast.parse(path.read_text(), rel)
         found += [f"{rel} imports {n}" for n in _imports(path) if n.endswith("plan_report")]
         for node in ast.walk(tree):
-            if isinstance(node, ast.Name) and node.id == "PlanReport":
-                found.append(f"{rel} names PlanReport")
-            elif isinstance(node, ast.alias) and node.name == "PlanReport":
-                found.append(f"{rel} imports PlanReport")
+            if isinstance(node, ast.Name) and node.id in ("PlanReport", "StageReport"):
+                found.append(f"{rel} names {node.id}")
+            elif isinstance(node, ast.alias) and node.name in ("PlanReport", "StageReport"):
+                found.append(f"{rel} imports {node.name}")
             elif isinstance(node, ast.Attribute) and node.attr == "report":
                 found.append(f"{rel} reads .report")
     assert len(_RANK_READERS) > 30 and found == []

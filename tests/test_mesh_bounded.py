@@ -270,7 +270,7 @@ def test_a_mesh_at_a_batch_of_10_to_the_24_plans_finite_or_refuses_in_one_line(
     with _within(60):
         assert main(argv) == 0
     data = json.loads(out.read_text())
-    assert data["replicas"] * data["batch_size"] == 10**24  # batch_size: per replica
+    assert data["data_parallel"] * data["batch_size"] == 10**24  # batch_size: per replica
     assert math.isfinite(data["report"]["iteration_time_s"]) and data["report"]["throughput"] > 0
     h100 = tmp_path / "h100.json"
     dataclasses.replace(tiny_profile(heads=[2, 4]), device="H100-SXM-80GB", mode="analytic").save(

@@ -54,7 +54,7 @@ def test_a_job_the_pipeline_refuses_gets_a_mesh(llama: Profile) -> None:
         ),
     )
     assert out.mesh.peak_bytes <= memory / 1.1
-    assert out.tensor_parallel > 1 or (out.replicas > 1 and out.shard != "none")
+    assert out.tensor_parallel > 1 or (out.data_parallel > 1 and out.shard != "none")
 
 
 def test_the_search_is_no_slower_than_a_fixed_torchtitan_mesh(llama: Profile) -> None:

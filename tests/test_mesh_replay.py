@@ -59,7 +59,7 @@ def test_a_mesh_run_replays_exactly(mesh: str, tmp_path: Path, cache: Path) -> N
     assert planned.returncode == 0, planned.stderr
     plan = json.loads(plan_path.read_text())
     pp, dp, tp = shape
-    assert (plan["num_stages"], plan["replicas"], plan["tensor_parallel"]) == (pp, dp, tp)
+    assert (plan["num_stages"], plan["data_parallel"], plan["tensor_parallel"]) == (pp, dp, tp)
     run = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "4",
          "--master-port", str(free_port()), "-m", "autopipe", "run", MODEL,

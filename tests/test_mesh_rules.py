@@ -45,7 +45,7 @@ def tp_plan() -> Plan:
 EDITS = {
     "tp3": ({"tensor_parallel": 3}, "tp-degree: tensor_parallel 3 does not divide"),
     "tp_huge": ({"tensor_parallel": 10**30}, "tp-degree: tensor_parallel 10000"),
-    "replicas": ({"replicas": 2}, "mesh-devices: the mesh pp 2 x dp 2 x tp 2 is 8 devices"),
+    "replicas": ({"data_parallel": 2}, "mesh-devices: the mesh pp 2 x dp 2 x tp 2 is 8 devices"),
 }
 """Edits a saved plan file can hold (the loader refuses a degree below 1, an unknown shard
 and T > 1 without a tp_plan itself, :meth:`Plan.validate`)."""

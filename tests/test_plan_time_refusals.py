@@ -99,10 +99,10 @@ def test_a_forced_mesh_with_a_tie_across_chunks_is_refused_at_plan_time() -> Non
     assert "shard parameters" in message and "\n" not in message
     # ZeRO-1 keeps the tie (tests/test_mesh_zoo.py trains it equal to one process)
     zero1 = autopipe.plan(profile, _request("pp2d2zero1"))
-    assert (zero1.num_stages, zero1.replicas, zero1.shard) == (2, 2, "optimizer")
+    assert (zero1.num_stages, zero1.data_parallel, zero1.shard) == (2, 2, "optimizer")
     # the sharding left to it, the planner leaves out what ties chunks and says so in its table
     plan = autopipe.plan(profile, _request("pp2d2zero1", shard="auto"))
-    assert (plan.num_stages, plan.replicas) == (2, 2) and plan.shard in ("none", "optimizer")
+    assert (plan.num_stages, plan.data_parallel) == (2, 2) and plan.shard in ("none", "optimizer")
     assert plan.mesh is not None
     reasons = [row.reason for row in plan.mesh.candidates]
     assert any(r.startswith("tied-chunks:") for r in reasons), reasons
@@ -135,7 +135,7 @@ def test_norms_off_the_column_wise_path_no_longer_refuse_t_2(family: str) -> Non
     profile = _profile(family)
     assert profile.tp_refusal is None
     plan = autopipe.plan(profile, _request("pp2tp2"))
-    assert (plan.num_stages, plan.replicas, plan.tensor_parallel) == (2, 1, 2)
+    assert (plan.num_stages, plan.data_parallel, plan.tensor_parallel) == (2, 1, 2)
 
 
 def test_a_per_head_norm_weight_is_split_with_its_heads_at_t_2() -> None:
@@ -147,7 +147,7 @@ def test_a_per_head_norm_weight_is_split_with_its_heads_at_t_2() -> None:
     profile = _profile("cohere_qk_norm")
     assert profile.tp_refusal is None
     plan = autopipe.plan(profile, _request("pp2tp2"))
-    assert (plan.num_stages, plan.replicas, plan.tensor_parallel) == (2, 1, 2)
+    assert (plan.num_stages, plan.data_parallel, plan.tensor_parallel) == (2, 1, 2)
     model = mesh_zoo_models.build("cohere_qk_norm")
     split = planned_modules(model, plan.tp_plan, 2)
     found = per_head_parameters(model, split, 2)
@@ -192,7 +192,7 @@ def test_a_family_that_runs_is_still_planned_at_t_2() -> None:
     profile = _profile("llama")
     assert profile.tp_refusal is None
     plan = autopipe.plan(profile, _request("pp2tp2"))
-    assert (plan.num_stages, plan.replicas, plan.tensor_parallel) == (2, 1, 2)
+    assert (plan.num_stages, plan.data_parallel, plan.tensor_parallel) == (2, 1, 2)
     assert not mesh_rules.mesh_problems(plan)
 
 

@@ -399,7 +399,7 @@ def _ep2_d4(shard: str) -> tuple[Profile, Plan]:
             microbatches=2,
         ),
     )  # fmt: skip
-    assert (out.num_stages, out.replicas, out.expert_parallel) == (2, 4, 2)
+    assert (out.num_stages, out.data_parallel, out.expert_parallel) == (2, 4, 2)
     return p, out
 
 

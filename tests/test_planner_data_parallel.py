@@ -7,7 +7,7 @@ from autopipe.planner.data_parallel import choose_pipeline_data_parallel, ring_a
 
 from autopipe.core.cluster import Cluster
 from autopipe.core.plan import Plan, StagePlan
-from autopipe.core.plan_report import PlanReport
+from autopipe.core.plan_report import PlanReport, StageReport
 from autopipe.core.request import PlanRequest
 
 PARAM_BYTES = 400e6  # the whole model's gradients
@@ -26,7 +26,10 @@ def gpipe_plan(stages: int, batch: int, microbatches: int = 8) -> Plan:
         batch_size=batch,
         stages=[
             StagePlan(
-                index=i, device="gpu", units=[f"u{i}"], parameter_bytes=int(PARAM_BYTES / stages)
+                index=i,
+                device="gpu",
+                units=[f"u{i}"],
+                report=StageReport(parameter_bytes=int(PARAM_BYTES / stages)),
             )
             for i in range(stages)
         ],
@@ -69,7 +72,7 @@ def test_plan_data_parallel_fixed_replicas() -> None:
     from autopipe.planner import plan, plan_data_parallel
 
     p = plan_data_parallel(_profile(), 8, replicas=2, allreduce_bandwidth_bytes_per_s=1e9)
-    assert (p.num_stages, p.replicas, p.batch_size) == (4, 2, 32)
+    assert (p.num_stages, p.data_parallel, p.batch_size) == (4, 2, 32)
     # the pipeline's sends cross the same 1 GB/s link as the all-reduce (before, they were
     # priced on links of no cost while the all-reduce paid 1 GB/s)
     devices = Cluster.homogeneous(4, _profile().device, link_bandwidth_bytes_per_s=1e9)
@@ -88,10 +91,10 @@ def test_plan_data_parallel_auto_picks_the_fastest_layout() -> None:
         assert p.mesh is not None and {(r.tp, r.shard) for r in p.mesh.candidates} == {(1, "none")}
         steps = [r.step_s for r in p.mesh.candidates if r.step_s is not None]
         assert p.throughput == pytest.approx(64 / min(steps))
-        assert p.num_stages * p.replicas == 8
+        assert p.num_stages * p.data_parallel == 8
     slow = plan_data_parallel(_profile(), 8, allreduce_bandwidth_bytes_per_s=1e7)
     fast = plan_data_parallel(_profile(), 8, allreduce_bandwidth_bytes_per_s=1e13)
-    assert slow.replicas <= fast.replicas  # a slow all-reduce favours deeper pipelines
+    assert slow.data_parallel <= fast.data_parallel  # a slow all-reduce favours deeper pipelines
 
 
 def test_plan_data_parallel_rejects_a_non_divisor() -> None:

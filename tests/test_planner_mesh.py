@@ -249,7 +249,7 @@ def test_mesh_plan_records_the_mesh_and_fits() -> None:
     )
     assert out.world_size == 8 and out.mesh_shape == (
         out.num_stages,
-        out.replicas,
+        out.data_parallel,
         out.tensor_parallel,
     )
     assert out.tp_plan == (p.tp_plan if out.tensor_parallel > 1 else {})
@@ -262,8 +262,8 @@ def test_mesh_plan_records_the_mesh_and_fits() -> None:
     assert all(r.reason for r in rows)
     assert out.throughput == pytest.approx(32 / out.iteration_time_s)
     again = Plan.from_dict(json.loads(json.dumps(out.to_dict())))
-    assert (again.tensor_parallel, again.replicas, again.shard) == (
-        out.tensor_parallel, out.replicas, out.shard,
+    assert (again.tensor_parallel, again.data_parallel, again.shard) == (
+        out.tensor_parallel, out.data_parallel, out.shard,
     )  # fmt: skip
 
 
@@ -423,7 +423,7 @@ def test_existing_data_parallel_flag_still_plans_k_by_d(
             "10GB", "-q", "--json", str(out)]  # fmt: skip
     assert main(argv) == 0
     written = load_plan(out)
-    assert (written.num_stages, written.replicas, written.tensor_parallel) == (4, 2, 1)
+    assert (written.num_stages, written.data_parallel, written.tensor_parallel) == (4, 2, 1)
     # one route for data parallelism: the mesh search with T = 1 and unsharded state
     assert written.mesh is not None and written.shard == "none"
 

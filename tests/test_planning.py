@@ -21,6 +21,6 @@ def test_it_takes_a_request_and_a_profile_with_units() -> None:
 def test_a_mesh_request_goes_to_the_mesh_search() -> None:
     profile = random_profile(6, 1)
     pipeline = plan(profile, PlanRequest(gpus=2, microbatches=4, baselines=False))
-    assert pipeline.mesh is None and pipeline.replicas == 1
+    assert pipeline.mesh is None and pipeline.data_parallel == 1
     mesh = plan(profile, PlanRequest(gpus=4, microbatches=4, data_parallel=2, baselines=False))
-    assert mesh.mesh is not None and mesh.replicas == 2 and mesh.world_size == 4
+    assert mesh.mesh is not None and mesh.data_parallel == 2 and mesh.world_size == 4

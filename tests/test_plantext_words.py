@@ -29,7 +29,7 @@ def test_batch_and_iteration_say_which_they_mean_with_replicas() -> None:
     p = plan(random_profile(8, 2), PlanRequest(gpus=2, microbatches=4, baselines=False))
     dp = replace_plan(
         p,
-        replicas=2,
+        data_parallel=2,
         pipeline_iteration_s=p.iteration_time_s,
         allreduce_s=0.001,
         iteration_time_s=p.iteration_time_s + 0.001,

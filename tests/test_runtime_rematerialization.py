@@ -203,7 +203,7 @@ def test_unit_functions_read_the_stage_module_when_called() -> None:
 
 MESH_2 = {
     "tp2": {"tensor_parallel": 2},
-    "fsdp2": {"replicas": 2, "shard": "parameters"},
+    "fsdp2": {"data_parallel": 2, "shard": "parameters"},
 }
 
 
@@ -248,7 +248,7 @@ def test_mesh_per_unit_under_torchrun_trains_like_one_process(
     assert result.returncode == 0, result.stderr[-4000:]
     for rank in range(2):
         assert (tmp_path / f"{run}.rank{rank}.rc").read_text() == "0", result.stderr[-4000:]
-    ref_losses, ref_state = reference(model, int(fields.get("replicas", 1)), "sgd")
+    ref_losses, ref_state = reference(model, int(fields.get("data_parallel", 1)), "sgd")
     losses = [s["loss"] for s in json.loads((tmp_path / f"{run}.json").read_text())["steps"]]
     assert losses == pytest.approx(ref_losses, rel=RTOL, abs=ATOL)
     trained = load_plain(model, tmp_path / f"{run}.ckpt").state_dict()

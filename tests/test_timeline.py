@@ -18,6 +18,7 @@ from autopipe.runtime.recorder import TimelineRecorder
 from torch import nn
 
 from autopipe.core.plan import Plan, StagePlan
+from autopipe.core.plan_report import StageReport
 from autopipe.core.timeline import (
     PHASES,
     Action,
@@ -226,7 +227,12 @@ def _tiny_plan(k: int, m: int) -> Plan:
         microbatch_size=1,
         batch_size=m,
         stages=[
-            StagePlan(index=s, device="cpu", units=[f"u{s}"], forward_s=1e-3, backward_s=2e-3)
+            StagePlan(
+                index=s,
+                device="cpu",
+                units=[f"u{s}"],
+                report=StageReport(forward_s=1e-3, backward_s=2e-3),
+            )
             for s in range(k)
         ],
     )

@@ -6,7 +6,7 @@ before building anything: ``autopipe.training`` and the mesh runtime's ``check_m
 
 Each problem is one line starting with the rule's name:
 
-- ``mesh-degrees``: ``num_stages``, ``replicas`` and ``tensor_parallel`` are whole numbers
+- ``mesh-degrees``: ``num_stages``, ``data_parallel`` and ``tensor_parallel`` are whole numbers
   of at least 1, and ``shard`` one of :data:`SHARD_MODES`.
 - ``mesh-devices``: the mesh ``pp x dp x tp`` is the plan's devices (its mesh report's N).
 - ``tp-plan``: T > 1 needs the plan's ``tp_plan`` (which modules TP splits).
@@ -185,7 +185,7 @@ def tied_chunks_problems(
 
 def _degree_problems(plan: Plan) -> list[str]:
     out = []
-    for name in ("num_stages", "replicas", "tensor_parallel"):
+    for name in ("num_stages", "data_parallel", "tensor_parallel"):
         value = getattr(plan, name)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             out.append(f"mesh-degrees: {name}={value!r} must be a whole number of at least 1")

@@ -1,18 +1,22 @@
 """The Plan: how to cut a model into pipeline stages and run it, as plain data.
 
 Torch-free. Times are seconds, sizes bytes. A :class:`Plan` holds what every rank executes
-and agrees on (:data:`INSTRUCTION_FIELDS`); its ``report`` (:class:`PlanReport`) what the
-planner predicted and weighed. ``Plan.save`` writes versioned JSON (version 2) whose keys are
+and agrees on (:data:`INSTRUCTION_FIELDS`; per stage :data:`STAGE_INSTRUCTION_FIELDS`); its
+``report`` (:class:`PlanReport`) and each stage's ``report`` (:class:`StageReport`) what the
+planner predicted and weighed. ``Plan.save`` writes versioned JSON (version 3) whose keys are
 a stable interface (scripts read them)::
 
-    {"version": 2, "num_stages": ..., "microbatches": ..., "microbatch_size": ...,
-     "batch_size": ..., "schedule": ..., <the other Plan fields>,
-     "actions": ["0F0 0F1 0B0 ...", "1F0 1B0 ..."], "stages": [...],
-     "report": {"iteration_time_s": ..., "bubble_fraction": ..., "throughput": ..., ...}}
+    {"version": 3, "num_stages": ..., "microbatches": ..., "microbatch_size": ...,
+     "batch_size": ..., "schedule": ..., "data_parallel": ..., <the other Plan fields>,
+     "actions": ["0F0 0F1 0B0 ...", "1F0 1B0 ..."], "stages": [{"index": 0, "units": ...}],
+     "report": {"iteration_time_s": ..., "bubble_fraction": ..., "throughput": ..., ...,
+                "stages": [{"forward_s": ..., "backward_s": ..., "memory_bytes": ...}]}}
 
-A version-1 file (every field at the top level) still loads: its report fields go to the
-report. A file written before ``actions`` (each rank's order) was recorded gets its
-schedule's order on load.
+Earlier files still load: version 1 (every field at the top level: its report fields go to
+the report), version 2 (the report under ``"report"``, each stage's predicted figures beside
+its instructions, the data-parallel degree D as ``"replicas"`` and the report's K x D rows as
+``"data_parallel"``). A file written before ``actions`` (each rank's order) was recorded gets
+its schedule's order on load.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ from autopipe.core.fields import FieldError, check_dataclass, check_number
 from autopipe.core.humanize import format_seconds
 from autopipe.core.optimizer import AUTO, OPTIMIZERS, normalize_optimizer
 from autopipe.core.plan_records import CandidateRow, DataParallelRow, MeshReport
-from autopipe.core.plan_report import PlanReport
+from autopipe.core.plan_report import PlanReport, StageReport
 from autopipe.core.plantext import format_plan
 from autopipe.core.profile import Profile, ProfileFormatError
 from autopipe.core.request import PlanRequest
@@ -41,9 +45,11 @@ from autopipe.core.schedules import rank_orders
 from autopipe.core.timeline import PHASE_LETTERS, Action
 from autopipe.core.vocabulary import CHECKPOINT_GRANULARITIES, PLAN_SCHEDULES, SHARD_MODES
 
-PLAN_VERSION = 2
-READABLE_PLAN_VERSIONS = (1, 2)
-"""Version 1: every field at the top level; version 2: the report under ``"report"``."""
+PLAN_VERSION = 3
+READABLE_PLAN_VERSIONS = (1, 2, 3)
+"""Version 1: every field at the top level; version 2: the report under ``"report"``;
+version 3: each stage's predicted figures under ``report.stages``, ``replicas`` named
+``data_parallel`` (an older reader would have read the missing ``replicas`` as 1)."""
 __all__ = [
     "CUSTOM_OPTIMIZER",
     "INSTRUCTION_FIELDS",
@@ -59,7 +65,7 @@ __all__ = [
 
 INSTRUCTION_FIELDS = (
     "model", "granularity", "schedule", "num_stages", "virtual_stages", "microbatches",
-    "microbatch_size", "batch_size", "replicas", "tensor_parallel", "context_parallel",
+    "microbatch_size", "batch_size", "data_parallel", "tensor_parallel", "context_parallel",
     "expert_parallel", "shard", "tp_plan", "optimizer", "actions", "stages", "version",
 )  # fmt: skip
 """The :class:`Plan` fields every rank acts on and agrees on (ARCHITECTURE.md "The plan"):
@@ -71,30 +77,37 @@ STAGE_INSTRUCTION_FIELDS = (
     "index", "rank", "units", "unit_parameters", "checkpoint", "checkpoint_granularity",
     "split_backward",
 )  # fmt: skip
-"""The :class:`StagePlan` fields the ranks act on; the rest are the chunk's predicted figures."""
+"""The :class:`StagePlan` fields the ranks act on and agree on (``plan_fingerprint``). The
+others are for people: ``device`` (the planned device's name; each rank runs on its own),
+``first_module`` / ``last_module`` (the ends of ``units``); the chunk's predicted figures are
+its ``report`` (:class:`StageReport`)."""
 
 T = TypeVar("T")
 
 
 class _Reported(Generic[T]):
-    """A :class:`PlanReport` field read and set through its :class:`Plan`
-    (``plan.iteration_time_s`` is ``plan.report.iteration_time_s``): the attribute path
-    scripts and the reports used before the plan was split (#37)."""
+    """A report field read and set through what it reports on: a :class:`PlanReport` field
+    through its :class:`Plan` (``plan.iteration_time_s`` is ``plan.report.iteration_time_s``),
+    a :class:`StageReport` field through its :class:`StagePlan` (``stage.forward_s`` is
+    ``stage.report.forward_s``): the attribute paths scripts and the reports used before the
+    plan was split (#37)."""
 
     def __set_name__(self, owner: type, name: str) -> None:
         self.name = name
 
     @overload
-    def __get__(self, plan: None, owner: type | None = None) -> _Reported[T]: ...
+    def __get__(self, holder: None, owner: type | None = None) -> _Reported[T]: ...
     @overload
-    def __get__(self, plan: Plan, owner: type | None = None) -> T: ...
-    def __get__(self, plan: Plan | None, owner: type | None = None) -> T | _Reported[T]:
-        if plan is None:
+    def __get__(self, holder: Plan | StagePlan, owner: type | None = None) -> T: ...
+    def __get__(
+        self, holder: Plan | StagePlan | None, owner: type | None = None
+    ) -> T | _Reported[T]:
+        if holder is None:
             return self
-        return cast(T, getattr(plan.report, self.name))
+        return cast(T, getattr(holder.report, self.name))
 
-    def __set__(self, plan: Plan, value: T) -> None:
-        setattr(plan.report, self.name, value)
+    def __set__(self, holder: Plan | StagePlan, value: T) -> None:
+        setattr(holder.report, self.name, value)
 
 
 def _legacy_request(meta: dict[str, Any]) -> PlanRequest:
@@ -133,7 +146,10 @@ CUSTOM_OPTIMIZER = "custom"
 class StagePlan:
     """One pipeline stage: a contiguous run of units placed on one device.
 
-    ``forward_s``/``backward_s``/``recompute_s``/``send_s`` are per micro-batch.
+    Its fields are what the ranks run (:data:`STAGE_INSTRUCTION_FIELDS`) and where it was
+    planned (``device``, ``first_module``, ``last_module``); what the planner predicted for
+    it (seconds per micro-batch, bytes) is its ``report`` (:class:`StageReport`), read and set
+    as before through the stage too: ``stage.forward_s`` is ``stage.report.forward_s``.
     """
 
     index: int
@@ -141,44 +157,21 @@ class StagePlan:
     units: list[str]
     first_module: str = ""
     last_module: str = ""
-    forward_s: float = 0.0
-    backward_s: float = 0.0
-    recompute_s: float = 0.0
-    """Extra forward in backward when the stage is checkpointed, else 0."""
-    send_s: float = 0.0
-    """Time to send this stage's output cut to the next stage (0 for the last stage)."""
-    memory_bytes: int = 0
-    parameter_bytes: int = 0
-    optimizer_bytes: int = 0
-    """Gradients plus optimizer state."""
-    activation_bytes: int = 0
     checkpoint: bool = False
     checkpoint_granularity: str = "stage"
     """When ``checkpoint``: ``"stage"`` (keep the stage's input, re-compute the whole stage
     in its backward) or ``"unit"`` (keep each unit's input, re-compute one unit at a time:
     torchtitan's ``mode = "full"``); :data:`CHECKPOINT_GRANULARITIES`. Plans written before
     it was recorded mean ``"stage"``."""
-    reason: str = ""
     rank: int = -1
     """The pipeline rank that runs this stage (model chunk); ``-1`` in plans written before
     stages were placed: the stage's own index (one stage per rank)."""
-    backward_input_s: float = 0.0
-    """The part of ``backward_s`` that computes the input gradient (zero-bubble "B"); with
-    ``backward_weight_s`` both 0 when the plan does not split backward."""
-    backward_weight_s: float = 0.0
-    """The part of ``backward_s`` that computes the weight gradients (zero-bubble "W")."""
-    microbatch_activation_bytes: int = 0
-    """What one micro-batch's forward saves for backward (bytes; re-computed when
-    checkpointed); with ``microbatch_input_bytes`` what the memory replay over time uses. 0 in
-    plans written before it was recorded (then estimated from ``activation_bytes``)."""
-    microbatch_input_bytes: int = 0
-    """One micro-batch's stage input (bytes), all a checkpointed stage keeps per micro-batch
-    until it re-computes."""
     unit_parameters: list[int] = field(default_factory=list)
     """Parameter elements of each of ``units``, in order, as the profile counted them (a tied
     parameter counts in every unit using it): what the runtimes check the model against
     before building a stage, so a plan made for another model is refused. Empty in plans
-    written before it was recorded (then the runtimes compare ``parameter_bytes``)."""
+    written before it was recorded (then the runtimes compare the report's
+    ``parameter_bytes``, the one predicted figure they read, for those files only)."""
     split_backward: bool | None = None
     """Under a zero-bubble schedule (``SPLIT_BACKWARD_SCHEDULES``): whether the chunk runs its
     backward as B then W (torch's split weight pass), decided by the planner
@@ -186,11 +179,31 @@ class StagePlan:
     more than once in it) and run so by the distributed runtime; the first chunk is torch's
     own (True). None under the other schedules and in plans written before it was recorded
     (then the runtime decides from the chunk itself); not written to the file when None."""
+    report: StageReport = field(default_factory=StageReport)
+    """What the planner predicted for this stage (:class:`StageReport`); saved as
+    ``report.stages[index]``. Never part of what the ranks act on or agree on."""
+
+    # The report's fields, read and set through the stage as before the split (#37). The
+    # runtime, training, the rank agreement and the emitters do not use them
+    # (tests/test_layers.py), but for ``parameter_bytes`` of plans without unit_parameters.
+    forward_s = _Reported[float]()
+    backward_s = _Reported[float]()
+    recompute_s = _Reported[float]()
+    send_s = _Reported[float]()
+    memory_bytes = _Reported[int]()
+    parameter_bytes = _Reported[int]()
+    optimizer_bytes = _Reported[int]()
+    activation_bytes = _Reported[int]()
+    reason = _Reported[str]()
+    backward_input_s = _Reported[float]()
+    backward_weight_s = _Reported[float]()
+    microbatch_activation_bytes = _Reported[int]()
+    microbatch_input_bytes = _Reported[int]()
 
     @property
     def time_s(self) -> float:
         """Busy seconds per micro-batch: forward + backward + recompute + send."""
-        return self.forward_s + self.backward_s + self.recompute_s + self.send_s
+        return self.report.time_s
 
 
 @dataclass(repr=False)
@@ -208,9 +221,10 @@ class Plan:
     batch_size: int
     stages: list[StagePlan]
     schedule: str = "gpipe"
-    replicas: int = 1
-    """D: data-parallel copies of the pipeline (``num_stages x replicas`` devices in all);
-    ``batch_size`` is per replica, and ``iteration_time_s`` includes the gradient all-reduce."""
+    data_parallel: int = 1
+    """D: data-parallel copies of the pipeline (``num_stages x data_parallel`` devices in
+    all; ``replicas`` in files of versions 1 and 2); ``batch_size`` is per replica, and
+    ``iteration_time_s`` includes the gradient all-reduce."""
     model: str = ""
     optimizer: str = ""
     """The training state charged per parameter: ``sgd``, ``sgd-momentum``, ``adam``,
@@ -227,13 +241,13 @@ class Plan:
     sequence parallelism); 1 in plans written before the mesh was planned."""
     context_parallel: int = 1
     """C: each sample's sequence is split over C devices (torch's ``context_parallel``); the
-    plan runs on ``num_stages x replicas x context_parallel x tensor_parallel`` devices; 1 in
+    plan runs on ``num_stages x data_parallel x context_parallel x tensor_parallel`` devices; 1 in
     plans written before it."""
     expert_parallel: int = 1
     """E: each MoE layer's routed experts are spread over E of the devices (no more
     devices); 1 in plans written before it."""
     shard: str = "none"
-    """How the training state is sharded over the ``replicas`` (one of ``SHARD_MODES``);
+    """How the training state is sharded over the ``data_parallel`` replicas (one of ``SHARD_MODES``);
     ``none`` in plans written before the mesh was planned."""
     tp_plan: dict[str, str] = field(default_factory=dict)
     """The tensor-parallel plan the stages are split by: module path pattern (fnmatch, as
@@ -286,7 +300,7 @@ class Plan:
     pipeline_iteration_s = _Reported[float]()
     allreduce_s = _Reported[float]()
     candidates = _Reported[list[CandidateRow]]()
-    data_parallel = _Reported[list[DataParallelRow]]()
+    data_parallel_rows = _Reported[list[DataParallelRow]]()
     mesh = _Reported[MeshReport | None]()
     profile = _Reported[Profile | None]()
     plot_data = _Reported[dict[str, Any]]()
@@ -318,7 +332,7 @@ class Plan:
         where = f"{self.num_stages} stages" + (
             f" x V={self.virtual_stages}" if self.virtual_stages > 1 else ""
         )
-        mesh = (f", replicas={self.replicas}" if self.replicas > 1 else "") + (
+        mesh = (f", data_parallel={self.data_parallel}" if self.data_parallel > 1 else "") + (
             f", tensor_parallel={self.tensor_parallel}" if self.tensor_parallel > 1 else ""
         )
         return (
@@ -343,13 +357,13 @@ class Plan:
     @property
     def mesh_shape(self) -> tuple[int, int, int]:
         """The device mesh ``(pp, dp, tp)`` (``MESH_DIM_NAMES``): ``num_stages`` x
-        ``replicas`` x ``tensor_parallel`` devices in all."""
-        return (self.num_stages, self.replicas, self.tensor_parallel)
+        ``data_parallel`` x ``tensor_parallel`` devices in all."""
+        return (self.num_stages, self.data_parallel, self.tensor_parallel)
 
     @property
     def world_size(self) -> int:
         """Devices the plan runs on: the product of :attr:`mesh_shape`."""
-        return self.num_stages * self.replicas * self.tensor_parallel * self.context_parallel
+        return self.num_stages * self.data_parallel * self.tensor_parallel * self.context_parallel
 
     @property
     def host_throughput(self) -> float | None:
@@ -373,12 +387,13 @@ class Plan:
         return [len(s.units) for s in self.stages]
 
     def to_dict(self) -> dict[str, Any]:
-        """The version-2 JSON object: the instructions (:meth:`instructions`) and the
-        report under ``"report"``."""
+        """The version-3 JSON object: the instructions (:meth:`instructions`) and the
+        report under ``"report"``, each stage's (:class:`StageReport`) as ``report.stages``."""
         data = self.instructions()
         report = dataclasses.asdict(self.report)
         report["request"] = self.request.to_dict() if self.request is not None else None
         report["profile"] = self.profile.to_dict() if self.profile is not None else None
+        report["stages"] = [dataclasses.asdict(stage.report) for stage in self.stages]
         data["report"] = report
         return data
 
@@ -391,10 +406,13 @@ class Plan:
                 data[f.name] = copy.deepcopy(getattr(self, f.name))
         # torch's _Action notation, one string per rank: "0F0 0F1 0B0 ..." (the last field).
         data["actions"] = [" ".join(map(str, order)) for order in self.actions]
-        data["stages"] = [dataclasses.asdict(stage) for stage in self.stages]
-        for stage in data["stages"]:  # only zero-bubble plans record it
-            if stage["split_backward"] is None:
-                del stage["split_backward"]
+        data["stages"] = []
+        for stage in self.stages:
+            fields = {f.name: getattr(stage, f.name) for f in dataclasses.fields(stage)}
+            del fields["report"]
+            if fields["split_backward"] is None:  # only zero-bubble plans record it
+                del fields["split_backward"]
+            data["stages"].append(copy.deepcopy(fields))
         return data
 
     def validate(self) -> None:
@@ -419,7 +437,7 @@ class Plan:
                 "microbatches": one,
                 "microbatch_size": one,
                 "batch_size": one,
-                "replicas": one,
+                "data_parallel": one,
                 "tensor_parallel": one,
                 "context_parallel": one,
                 "expert_parallel": one,
@@ -526,17 +544,22 @@ class Plan:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Plan:
-        """The plan in ``data`` (a loaded JSON object of version 2, or of version 1 with
-        every report field at the top level), checked by :meth:`validate`."""
+        """The plan in ``data`` (a loaded JSON object of version 3, 2 or 1: the module's
+        docstring says how they differ), checked by :meth:`validate`."""
         written = data.get("version") if isinstance(data, dict) else None
         check_version(
             data, "stages", written if written in READABLE_PLAN_VERSIONS else PLAN_VERSION,
             "plan", PlanFormatError, "re-run `autopipe plan` to regenerate it",
         )  # fmt: skip
         try:
-            stages = [StagePlan(**known_fields(StagePlan, s)) for s in data["stages"]]
+            data, report_data = _current_layout(data, written)
+            stage_reports = _stage_reports(data["stages"], report_data, written)
+            stages = [
+                StagePlan(**known_fields(StagePlan, s, without=("report",)), report=r)
+                for s, r in zip(data["stages"], stage_reports, strict=True)
+            ]
             fields = known_fields(cls, data, without=("stages", "report", "version", "actions"))
-            report = _load_report(data["report"] if written != 1 and "report" in data else data)
+            report = _load_report(report_data)
             plan = cls(stages=stages, report=report, **fields)  # earlier meta keys: lifted
             if "actions" in data:  # absent in files written before it was recorded
                 plan.actions = _parse_actions(data["actions"])  # checked by validate
@@ -608,12 +631,51 @@ def _parse_actions(value: Any) -> list[list[Action]]:
     return out
 
 
+def _current_layout(data: Any, written: Any) -> tuple[dict[str, Any], Any]:
+    """The plan's keys and its report's keys of a file of version ``written``, under
+    version 3's names: D as ``data_parallel`` (``replicas`` before), the K x D rows as
+    ``data_parallel_rows`` (``data_parallel`` before). A version-1 file's report keys are
+    its top level."""
+    if not isinstance(data, dict) or not isinstance(data.get("stages"), list):
+        raise FieldError("stages", "is not a list")
+    report = data["report"] if written != 1 and "report" in data else data
+    if written not in (1, 2):
+        return data, report
+    plan = {k: v for k, v in data.items() if k not in ("data_parallel", "replicas")}
+    if "replicas" in data:
+        plan["data_parallel"] = data["replicas"]
+    if isinstance(report, dict) and "data_parallel" in report:
+        rows = report["data_parallel"]
+        report = {k: v for k, v in report.items() if k != "data_parallel"}
+        report["data_parallel_rows"] = rows
+    return plan, report
+
+
+def _stage_reports(stages: list[Any], report: Any, written: Any) -> list[StageReport]:
+    """Each stage's :class:`StageReport`: ``report.stages`` of a version-3 file (its
+    defaults where the file has none: a hand-made plan), each stage's own keys before."""
+    if written in (1, 2):
+        return [StageReport(**known_fields(StageReport, s)) for s in stages]
+    rows = report.get("stages") if isinstance(report, dict) else None
+    if rows is None:
+        return [StageReport() for _ in stages]
+    if not isinstance(rows, list) or len(rows) != len(stages):
+        count = len(rows) if isinstance(rows, list) else "no"
+        raise FieldError("report.stages", f"lists {count} stages but stages lists {len(stages)}")
+    out = []
+    for i, row in enumerate(rows):
+        if not isinstance(row, dict):
+            raise FieldError(f"report.stages[{i}]", "is not an object")
+        out.append(StageReport(**known_fields(StageReport, row)))
+    return out
+
+
 def _load_report(data: Any) -> PlanReport:
     """The report in ``data`` (the ``"report"`` object of a version-2 file, or a whole
     version-1 file, whose other keys are the plan's), its request as a record."""
     if not isinstance(data, dict):
         raise FieldError("report", "is not an object")
-    fields = known_fields(PlanReport, data)
+    fields = known_fields(PlanReport, data, without=("stages",))
     if isinstance(fields.get("request"), dict):
         fields["request"] = _load_request(fields["request"])
     elif fields.get("request") is not None:
@@ -637,8 +699,10 @@ def load_plan(path: str | os.PathLike[str]) -> Plan:
 
 
 def _check_stage(stage: StagePlan, i: int) -> None:
-    """FieldError for the first field of ``stage`` (``stages[i]``) that cannot be right."""
+    """FieldError for the first field of ``stage`` (``stages[i]``, its predicted figures
+    ``report.stages[i]``) that cannot be right."""
     check_dataclass(stage, prefix=f"stages[{i}].")
+    check_dataclass(stage.report, prefix=f"report.stages[{i}].")
     if stage.index != i:
         raise FieldError(f"stages[{i}].index", f"is {stage.index}; expected {i}")
     if not stage.units:

@@ -40,7 +40,8 @@ class CandidateRow:
 
 @dataclass
 class DataParallelRow:
-    """One ``K x D`` layout ``plan_data_parallel`` weighed (``Plan.data_parallel``)."""
+    """One ``K x D`` layout an earlier ``plan_data_parallel`` weighed
+    (``Plan.data_parallel_rows``)."""
 
     stages: int
     """K, pipeline stages."""

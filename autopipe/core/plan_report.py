@@ -1,10 +1,11 @@
 """The PlanReport: what the planner predicted and weighed for a :class:`~autopipe.core.plan.Plan`.
 
 Torch-free. A :class:`Plan` is what every rank executes and agrees on (ARCHITECTURE.md "The
-Plan, version 2"); its report is everything else the planner knows about it: the predicted
+Plan, version 3"); its report is everything else the planner knows about it: the predicted
 step and bubble, throughput, speed-up, bottleneck and lower-bound figures, the memory per
 device and each rank's peak, the request it was planned for, the baselines, candidates and
-mesh weighed, the notes, the embedded profile and plot data. Times are seconds, sizes bytes.
+mesh weighed, the notes, the embedded profile and plot data; each stage's predicted seconds
+and bytes are its :class:`StageReport`. Times are seconds, sizes bytes.
 The runtime, training, the rank agreement and the emitters never read it (tests/test_layers.py);
 ``autopipe plan``, ``explain``, ``plot`` and the reports do, as ``plan.report.<field>``.
 """
@@ -19,7 +20,7 @@ from autopipe.core.plan_records import CandidateRow, DataParallelRow, MeshReport
 from autopipe.core.profile import Profile
 from autopipe.core.request import PlanRequest
 
-__all__ = ["REPORT_META_FIELDS", "PlanReport"]
+__all__ = ["REPORT_META_FIELDS", "PlanReport", "StageReport"]
 
 REPORT_META_FIELDS = {
     "algorithm": "partition_algorithm",
@@ -30,13 +31,57 @@ REPORT_META_FIELDS = {
     "pipeline_iteration_s": "pipeline_iteration_s",
     "allreduce_s": "allreduce_s",
     "candidates": "candidates",
-    "data_parallel": "data_parallel",
+    "data_parallel": "data_parallel_rows",
     "mesh": "mesh",
     "profile": "profile",
     "viz": "plot_data",
     "state_bytes_per_parameter": "state_bytes_per_parameter",
 }
 """``meta`` keys of earlier writers (schema v1) and the report fields they are now."""
+
+
+@dataclass
+class StageReport:
+    """What the planner predicted for one stage (model chunk) of a plan: its busy seconds per
+    micro-batch and its memory (``StagePlan.report``; saved as ``report.stages[i]`` in a plan
+    file of version 3, beside the stage in earlier ones). Nothing here changes what a rank
+    does; ``stage.forward_s`` reads and sets ``stage.report.forward_s``.
+
+    ``forward_s``/``backward_s``/``recompute_s``/``send_s`` are per micro-batch.
+    """
+
+    forward_s: float = 0.0
+    backward_s: float = 0.0
+    recompute_s: float = 0.0
+    """Extra forward in backward when the stage is checkpointed, else 0."""
+    send_s: float = 0.0
+    """Time to send this stage's output cut to the next stage (0 for the last stage)."""
+    memory_bytes: int = 0
+    parameter_bytes: int = 0
+    """The stage's parameters as profiled. The runtimes check a model against it only for a
+    plan written before ``StagePlan.unit_parameters`` was recorded (their instruction)."""
+    optimizer_bytes: int = 0
+    """Gradients plus optimizer state."""
+    activation_bytes: int = 0
+    reason: str = ""
+    """Why the stage is checkpointed, in words; "" when it is not."""
+    backward_input_s: float = 0.0
+    """The part of ``backward_s`` that computes the input gradient (zero-bubble "B"); with
+    ``backward_weight_s`` both 0 when the plan does not split backward."""
+    backward_weight_s: float = 0.0
+    """The part of ``backward_s`` that computes the weight gradients (zero-bubble "W")."""
+    microbatch_activation_bytes: int = 0
+    """What one micro-batch's forward saves for backward (bytes; re-computed when
+    checkpointed); with ``microbatch_input_bytes`` what the memory replay over time uses. 0 in
+    plans written before it was recorded (then estimated from ``activation_bytes``)."""
+    microbatch_input_bytes: int = 0
+    """One micro-batch's stage input (bytes), all a checkpointed stage keeps per micro-batch
+    until it re-computes."""
+
+    @property
+    def time_s(self) -> float:
+        """Busy seconds per micro-batch: forward + backward + recompute + send."""
+        return self.forward_s + self.backward_s + self.recompute_s + self.send_s
 
 
 def _record(cls: Any, value: Any) -> Any:
@@ -100,15 +145,17 @@ class PlanReport:
     """Bytes of one parameter as profiled (its dtype): what ``state_bytes_per_parameter`` is
     explained against; 0: not recorded."""
     pipeline_iteration_s: float = 0.0
-    """With ``replicas`` > 1: the pipeline's own iteration, without the exposed
+    """With ``data_parallel`` > 1: the pipeline's own iteration, without the exposed
     data-parallel communication that ``iteration_time_s`` includes; 0 otherwise."""
     allreduce_s: float = 0.0
-    """With ``replicas`` > 1: the exposed data-parallel communication per step (gradient
+    """With ``data_parallel`` > 1: the exposed data-parallel communication per step (gradient
     all-reduce, or the sharded modes' collectives); 0 otherwise."""
     candidates: list[CandidateRow] = field(default_factory=list)
     """Every (schedule, V, M) the pipeline search weighed."""
-    data_parallel: list[DataParallelRow] = field(default_factory=list)
-    """Every ``K x D`` layout ``plan_data_parallel`` weighed, best first; empty otherwise."""
+    data_parallel_rows: list[DataParallelRow] = field(default_factory=list)
+    """Every ``K x D`` layout an earlier ``plan_data_parallel`` weighed, best first (key
+    ``data_parallel`` in files written before ``Plan.replicas`` became ``data_parallel``);
+    empty otherwise."""
     mesh: MeshReport | None = None
     """The device mesh search's report (nodes, links, peak memory, every mesh weighed);
     None for a plan of one pipeline."""
@@ -125,6 +172,6 @@ class PlanReport:
         lift_meta(self, REPORT_META_FIELDS)
         # A loaded file (or an earlier writer's meta) gives the records as JSON objects.
         self.candidates = [_record(CandidateRow, r) for r in self.candidates]
-        self.data_parallel = [_record(DataParallelRow, r) for r in self.data_parallel]
+        self.data_parallel_rows = [_record(DataParallelRow, r) for r in self.data_parallel_rows]
         if self.mesh is not None:
             self.mesh = _record(MeshReport, self.mesh)

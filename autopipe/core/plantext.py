@@ -183,7 +183,7 @@ def _figure_lines(plan: Plan) -> list[str]:
         f"iteration      {format_seconds(plan.iteration_time_s)} predicted, "
         f"{plan.throughput:.4g} samples/s, {plan.speedup:.2f}x over one device",
     ]
-    if plan.replicas > 1 and plan.pipeline_iteration_s > 0:
+    if plan.data_parallel > 1 and plan.pipeline_iteration_s > 0:
         lines.append(
             "               (iteration = one training step: the pipeline's "
             f"{format_seconds(plan.pipeline_iteration_s)} + exposed DP communication "
@@ -215,11 +215,11 @@ def _figure_lines(plan: Plan) -> list[str]:
 
 def _batch_words(plan: Plan) -> str:
     """``batch 8``, or with D replicas ``batch 8 per replica, 16 global over dp 2``."""
-    if plan.replicas == 1:
+    if plan.data_parallel == 1:
         return f"batch {plan.batch_size}"
     return (
-        f"batch {plan.batch_size} per replica, {plan.batch_size * plan.replicas} global "
-        f"over dp {plan.replicas}"
+        f"batch {plan.batch_size} per replica, {plan.batch_size * plan.data_parallel} global "
+        f"over dp {plan.data_parallel}"
     )
 
 
@@ -241,7 +241,7 @@ def _baselines_line(plan: Plan) -> list[str]:
 def mesh_record_problem(plan: Plan) -> str | None:
     """Why the plan's ``mesh`` record (the search's chosen mesh and its runners-up) is not
     the plan's own mesh, in one line, or None: a plan edited after planning (its
-    ``num_stages``, ``replicas``, ``tensor_parallel`` or ``shard``) keeps the old record,
+    ``num_stages``, ``data_parallel``, ``tensor_parallel`` or ``shard``) keeps the old record,
     whose figures and notes would describe another mesh."""
     mesh = plan.mesh
     if mesh is None or not mesh.candidates:

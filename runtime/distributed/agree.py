@@ -190,7 +190,7 @@ def _collective(what: str) -> Iterator[None]:
         ) from exc
 
 
-_SALIENT = ("num_stages", "stages", "replicas", "microbatches", "batch_size", "schedule")
+_SALIENT = ("num_stages", "stages", "data_parallel", "microbatches", "batch_size", "schedule")
 
 
 def _salience(field: str) -> tuple[int, str]:

@@ -104,7 +104,7 @@ _SDPA = (torch.ops.aten.scaled_dot_product_attention.default,)
 
 def context_mesh_shape(plan: Any) -> tuple[int, int, int, int]:
     """``(K, D, C, T)``: the plan's mesh with its cp dimension (:data:`CONTEXT_MESH_DIM_NAMES`)."""
-    return (plan.num_stages, plan.replicas, plan.context_parallel, plan.tensor_parallel)
+    return (plan.num_stages, plan.data_parallel, plan.context_parallel, plan.tensor_parallel)
 
 
 def build_context_mesh(plan: Any, device_type: str) -> Any:

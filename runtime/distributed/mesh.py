@@ -111,7 +111,7 @@ def expert_plan_problem(plan: Plan) -> str | None:
     divide D (D x C). With TP each expert's FFN is split over the TP ranks too (with or
     without CP); ZeRO-1 runs with EP (:class:`~.expert_parallel.ExpertZeroOptimizer`), with
     TP too (:class:`LocalZeroOptimizer`)."""
-    e, d = plan.expert_parallel, plan.replicas
+    e, d = plan.expert_parallel, plan.data_parallel
     c = plan.context_parallel  # with C > 1, carved out of dp x cp (as torchtitan does)
     if (d * c) % e:
         where = f"{d} data-parallel replicas" if c == 1 else f"{d} x {c} dp x cp ranks"

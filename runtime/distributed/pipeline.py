@@ -710,7 +710,7 @@ class DistributedPipeline:
                 dist.get_rank(),
                 dist.get_world_size(),
                 plan.num_stages,
-                plan.replicas * plan.context_parallel * plan.tensor_parallel,
+                plan.data_parallel * plan.context_parallel * plan.tensor_parallel,
             )
             self.data_parallel_rank = self.mesh["dp"].get_local_rank()
             self.tensor_parallel_rank = self.mesh["tp"].get_local_rank()
@@ -724,12 +724,14 @@ class DistributedPipeline:
             self.replica_group = self.gradient_mesh.get_group()
         else:
             self.layout = rank_layout(
-                dist.get_rank(), dist.get_world_size(), plan.num_stages, plan.replicas
+                dist.get_rank(), dist.get_world_size(), plan.num_stages, plan.data_parallel
             )
             self.data_parallel_rank = self.layout.replica
             self.tensor_parallel_rank = 0
             self.pipeline_group, self.replica_group = _make_groups(self.layout)
-        self.data_parallel_size = plan.replicas if self.mesh is not None else self.layout.replicas
+        self.data_parallel_size = (
+            plan.data_parallel if self.mesh is not None else self.layout.replicas
+        )
         """D: replicas of each stage (the batch is split D ways)."""
         self.gradient_ranks = self.data_parallel_size * plan.context_parallel
         """The ranks each gradient is summed over: D x C."""
