@@ -213,8 +213,10 @@ def chunk_works(
             share = float(cm.bwd_input_prefix[j] - cm.bwd_input_prefix[i]) / (
                 float(cm.bwd_split_prefix[j] - cm.bwd_split_prefix[i]) or 1.0
             )
-            inp = cost.backward_s * ratio * share
-            wgt = cost.backward_s * ratio - inp
+            # Prefix-sum differences round apart: a chunk with no weight gradient gave a
+            # share of 1 + 1 ulp and W = -1.7e-18 s, which the plan's own loader refuses.
+            inp = cost.backward_s * ratio * min(share, 1.0)
+            wgt = max(cost.backward_s * ratio - inp, 0.0)
         activation = float(cm.act_prefix[j] - cm.act_prefix[i]) * cm.ratio
         kept = float(cm.cut_bytes_at[i]) * cm.ratio
         if cost.checkpoint and cost.checkpoint_granularity == UNIT:

@@ -62,3 +62,23 @@ def test_adopting_an_evaluation_makes_the_candidate_feasible() -> None:
     row = cand.summary()
     assert row.feasible and row.schedule == "1f1b" and row.virtual_stages == 1
     assert row.microbatches == 4 and row.iteration_time_s == ev.iteration_time_s
+
+
+@settings(max_examples=30, deadline=None, derandomize=True)
+@given(st.integers(0, 10_000))
+def test_a_chunk_without_weight_gradients_has_no_negative_weight_pass(seed: int) -> None:
+    """Units with no weight gradient (B is their whole backward) after units with one: the
+    chunk's B and W come from prefix-sum differences that round apart, and W was priced at
+    -1.7e-18 s (seeds 1, 2, 4, 6 here; an hf_t5 plan then failed its own loader in
+    ``explain`` / ``emit``). W is never negative and B + W is the chunk's split backward."""
+    p = random_profile(6, seed)
+    for u in p.units[2:]:
+        u.backward_input_s, u.backward_weight_s = max(u.backward_input_s, 1e-4), 0.0
+    cluster = Cluster.homogeneous(2, link_bandwidth_bytes_per_s=1e9)
+    shape = ScheduleShape.of("zbv", 2, 2, 4)
+    cm = cost_model_for(p, cluster, shape, checkpoint="never", **KW)
+    bounds = [0, 1, 2, 4, 6]
+    ev = Candidate(4, "zbv", cm, shape=shape, cluster=cluster).evaluate(bounds)
+    for work in chunk_works(cm, bounds, ev.costs, True):
+        assert work.backward_input_s >= 0.0 and work.backward_weight_s >= 0.0
+        assert work.backward_input_s + work.backward_weight_s <= work.backward_s * (1 + 1e-12)
