@@ -919,6 +919,11 @@ SEARCH_TIME_LIMIT_S = 10.0
 """Per pipeline solve of the search (``PlanRequest.time_limit_s``; the exact DP ignores it)."""
 
 
+SEARCH_MARGIN = 0.15
+"""The predicted speedup a pick must beat to count as a win over the published configuration:
+the benchmark's throughput goal (every run within 15%), the accuracy asked of the model."""
+
+
 @dataclass
 class Pick:
     """The auto mesh search's pick on one published run, beside the published configuration."""
@@ -941,6 +946,13 @@ class Pick:
         if self.published is None or self.pick is None:
             return None
         return self.published.iteration_time_s / self.pick.iteration_time_s
+
+    @property
+    def beyond_band(self) -> bool:
+        """The pick is predicted faster by more than :data:`SEARCH_MARGIN`: a win the model's
+        accuracy can carry. A smaller predicted gain is a tie at that accuracy: the
+        published configuration is as good by this model."""
+        return (self.speedup or 1.0) > 1.0 + SEARCH_MARGIN
 
     @property
     def same(self) -> bool:
@@ -1078,6 +1090,8 @@ def search_line(pk: Pick) -> str:
     if pk.pick is None:
         return f"{r.key:34s} search: {pk.error} ({pk.seconds:.1f} s)"
     same = "= published" if pk.same else f"{pk.speedup:.3f}x"
+    if not pk.same and pk.published_fits and not pk.beyond_band:
+        same += f" (a tie within {SEARCH_MARGIN:.0%})"
     return (f"{r.key:34s} published {_config(r)} | pick {_shape(pk.pick)} {same}; {why(pk)}"
             f" [{pk.seconds:.1f} s]")  # fmt: skip
 
@@ -1089,9 +1103,13 @@ def search_summary(picks: Sequence[Pick]) -> str:
     gains = [pk.speedup or 1.0 for pk in done]
     same = sum(pk.same for pk in done)
     unfit = sum(not pk.published_fits for pk in done)
+    moved = [pk for pk in done if not pk.same and pk.published_fits]
+    wins = sum(pk.beyond_band for pk in moved)
     return (
         f"searched {len(done)} of {len(picks)} runs in {sum(pk.seconds for pk in picks):.0f} s: "
-        f"published configuration picked {same}, published does not fit {unfit}; "
+        f"published configuration picked {same}, published does not fit {unfit}, "
+        f"a pick faster by over {SEARCH_MARGIN:.0%} {wins}, a tie within {SEARCH_MARGIN:.0%} "
+        f"{len(moved) - wins}; "
         f"predicted speedup of the pick median {statistics.median(gains):.3f}, "
         f"range {min(gains):.3f}..{max(gains):.3f}"
     )

@@ -162,7 +162,13 @@ def test_search_keeps_or_beats_the_published_configuration_and_says_why() -> Non
     assert moved.speedup is not None and 1.1 < moved.speedup < 1.25
     parts = pr.step_parts(moved.published)  # type: ignore[arg-type]
     assert pr.why(moved).startswith(f"less bubble: {parts['bubble']:.3g} s vs 0 s per step")
-    assert "searched 2 of 2 runs" in pr.search_summary([kept, moved])
+    summary = pr.search_summary([kept, moved])
+    assert "searched 2 of 2 runs" in summary
+    assert (
+        "published configuration picked 1, published does not fit 0, a pick faster by over 15% 1, a tie within 15% 0"
+        in summary
+    )
+    assert moved.beyond_band and not kept.beyond_band
 
 
 def test_torchtitan_eager_elementwise_bytes_by_hand() -> None:
