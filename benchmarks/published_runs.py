@@ -435,12 +435,20 @@ def pricing_for(spec: DeviceSpec) -> Pricing:
     )
 
 
-_LOSS_PEAK_BYTES = {"torch": 4 + 4 + 4, "megatron": 4 + BF16}
+_LOSS_PEAK_BYTES = {"torch": 4 + 4 + 4, "torch-loss-parallel": 4 + 4 + 4 + 4, "megatron": 4 + BF16}
 """Bytes per logit live at the loss's peak, its backward (the fp32 log-softmax output saved in
 forward included). ``torch``: ``cross_entropy(logits.float(), labels)`` (torchtitan's loss;
 the bf16 logits are freed, ``del pred``, before the backward): the saved fp32 log-softmax (4),
 the incoming fp32 gradient of it (4) and the fp32 input gradient (4); its forward peaks lower,
-at 10 (bf16 logits, fp32 copy, log-softmax). ``megatron``: ``vocab_parallel_cross_entropy``
+at 10 (bf16 logits, fp32 copy, log-softmax). ``torch-loss-parallel``: the same loss on
+logits sharded over TP under ``torch.distributed.tensor.parallel.loss_parallel()``
+(torchtitan with TP), whose DTensor handlers compute it op by op in eager
+(``torch/distributed/tensor/parallel/loss.py``): ``_nll_loss_and_log_softmax_backward`` makes
+``grad_input = torch.zeros_like(x)`` and returns ``(grad_input + torch.exp(x)) * grad_output``
+while the saved log-softmax ``x`` is alive, so the saved log-softmax, the zeros, ``exp(x)`` and
+their sum (then the product in the place of ``exp(x)``) are four fp32 copies at once (16); its
+forward (``_log_softmax``: the fp32 copy, ``x - x_max``, ``exp`` of that, beside the bf16
+logits) peaks at 14. ``megatron``: ``vocab_parallel_cross_entropy``
 computes the softmax in the fp32 copy of the logits and the gradient in place in it (4) and
 casts that to bf16 (2); its forward peaks at the bf16 logits and the copy (6) too."""
 
@@ -785,12 +793,23 @@ def profile_of(run: Run) -> Profile:
         run.arch, run.seq, spec, compiled=run.compiled, flash=run.flash,
         selective="torchtitan" if run.key.startswith("tt") else "megatron",
         gemm_tokens=(run.microbatch or 1) * run.seq, tp=run.tp,
-        loss="torch" if run.key.startswith(("tt", "llama3")) else "megatron",
+        loss=loss_of(run),
         attention_kernel=kernel_for_trainer(trainer_of(run)),
         eager="torchtitan" if trainer_of(run) == "torchtitan" else "generic",
         repeat_kv=trainer_of(run) == "torchtitan",
         sequence_dim=1 if trainer_of(run) == "torchtitan" else 0,
     )  # fmt: skip
+
+
+def loss_of(run: Run) -> str:
+    """How ``run``'s cross-entropy holds the logits (:data:`_LOSS_PEAK_BYTES`): torchtitan's
+    ``cross_entropy(pred.float())`` under torch's ``loss_parallel()`` where it has TP (its
+    ``ParallelDims.loss_parallel_enabled``: TP on and ``disable_loss_parallel`` unset, the
+    default), plain torch without; the Llama 3 paper's unpublished trainer as plain torch;
+    Megatron's fused vocab-parallel loss."""
+    if trainer_of(run) == "torchtitan":
+        return "torch-loss-parallel" if run.tp > 1 else "torch"
+    return "torch" if run.key.startswith("llama3") else "megatron"
 
 
 def trainer_of(run: Run) -> str | None:

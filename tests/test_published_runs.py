@@ -128,6 +128,32 @@ def test_loss_and_selective_memory_terms_by_hand() -> None:
     assert tt.units[1].selective_activation_bytes == kept
 
 
+def test_torchtitan_loss_parallel_peaks_at_four_fp32_copies_of_the_logits() -> None:
+    """torchtitan with TP runs its loss under torch's ``loss_parallel()``, whose backward
+    (``_nll_loss_and_log_softmax_backward``) holds the saved fp32 log-softmax, ``zeros_like``
+    of it, ``exp`` of it and their sum at once: 16 bytes per logit, over T on each rank (12
+    without TP, plain ``cross_entropy``)."""
+    runs = {r.key: r for r in pr.RUNS}
+    assert pr.loss_of(runs["tt-70b-256gpu"]) == "torch-loss-parallel"
+    assert pr.loss_of(runs["tt-8b-8gpu"]) == "torch"
+    assert pr.loss_of(runs["mcore-70b"]) == "megatron"
+    run = runs["tt-70b-256gpu"]
+    logits, hidden = 8192 * 128256, 8192 * 8192 * 2  # per sequence: the profile's batch
+    assert pr.profile_of(run).units[-1].peak_bytes == hidden + 16 * logits
+    # the mesh's peak carries it at the run's micro-batch (16 sequences), over T = 8: 4 fp32
+    # bytes per logit more than the plain loss, 7.83 GiB per rank
+    plain = pr.dataclasses.replace(run, tp=1)  # loss_of: plain torch without TP
+    assert pr.loss_of(plain) == "torch"
+    profile = pr.transformer_profile(
+        run.arch, run.seq, pr.get_device(run.gpu), compiled=True, selective="torchtitan",
+        gemm_tokens=16 * run.seq, tp=8, loss="torch", repeat_kv=True, sequence_dim=1,
+        attention_kernel="fa2",
+    )  # fmt: skip
+    before = pr.plan(profile, pr.request_of(run)).mesh.peak_bytes
+    after = pr.price(run).memory_gib * 2**30
+    assert after - before == pytest.approx(16 * 4 * logits / 8, rel=1e-6)
+
+
 def test_attention_is_priced_at_the_trainers_kernel() -> None:
     """torchtitan's runs price flash attention as FlashAttention-2, Megatron-Core's as cuDNN's
     fused attention (autopipe.core.attention); by hand for Llama 3.1 8B at 8192 tokens on an
