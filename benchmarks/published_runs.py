@@ -453,6 +453,16 @@ computes the softmax in the fp32 copy of the logits and the gradient in place in
 casts that to bf16 (2); its forward peaks at the bf16 logits and the copy (6) too."""
 
 
+TORCHTITAN_HEAD_NORM_BYTES = 4 + BF16
+"""Bytes per element of ``[tokens, h]`` that torchtitan's final norm saves for backward:
+``RMSNorm.forward`` (torchtitan/models/norms.py at 9dec370, ``norm_type = "rmsnorm"`` in its
+Llama 3 configs) computes ``self._norm(x.float()).type_as(x) * self.weight`` in eager (only the
+transformer blocks are compiled, ``apply_compile``), so autograd keeps the fp32 ``x.float()``
+(read by ``pow`` and by ``x * rsqrt(...)``, 4) and the bf16 normalized output (read by ``*
+weight``, 2); the per-token ``rsqrt`` is negligible. Under TP the norm is ``SequenceParallel``:
+both are ``1/T`` of the tokens on each rank."""
+
+
 def _linear_s(
     spec: DeviceSpec,
     tokens_mm: int,
@@ -592,6 +602,7 @@ def transformer_profile(
     eager: str = "generic",
     repeat_kv: bool = False,
     sequence_dim: int = 0,
+    head: str = "generic",
 ) -> Profile:
     """The Profile of ``a`` at ``batch_size`` sequences of ``seq`` tokens on ``spec``: units
     ``embed``, ``layers.0 .. layers.L-1``, ``head`` (final norm, output projection, loss).
@@ -625,7 +636,12 @@ def transformer_profile(
     so the attention (and context parallelism's exchange of K and V) sees ``heads`` key/value
     heads, not ``kv_heads``. ``sequence_dim``: the activations' dimension sequence
     parallelism shards (``UnitProfile.tp_sequence_dim``): 0, Megatron's ``[s, b, h]``; 1,
-    torchtitan's ``[b, s, h]`` with ``Shard(1)``."""
+    torchtitan's ``[b, s, h]`` with ``Shard(1)``. ``head``: what the head unit saves besides
+    the loss's log-softmax: ``generic``, its input (a bf16 ``[tokens, h]``, split over TP by
+    sequence parallelism); ``torchtitan`` (:data:`TORCHTITAN_HEAD_NORM_BYTES`), the final
+    RMSNorm's eager fp32 tensors too, and the output projection's input as torch's DTensor
+    ``ColwiseParallel`` saves it, all-gathered (``tp_gathered_input_bytes``: whole on every TP
+    rank)."""
     price = pricing or pricing_for(spec)
     tokens = batch_size * seq
     h, v = a.hidden, a.vocab
@@ -670,6 +686,8 @@ def transformer_profile(
         kept = block_act - scores
         redo = tokens * (fwd_attn + softmax_bytes / mem)
     hidden_bytes = tokens * h * BF16
+    # torchtitan's final norm runs eager (apply_compile compiles the blocks only) in fp32
+    norm_bytes = tokens * h * TORCHTITAN_HEAD_NORM_BYTES if head == "torchtitan" else 0
     units = [
         UnitProfile(
             name="embed",
@@ -737,8 +755,10 @@ def transformer_profile(
             # tied: Megatron keeps the embedding's copy on the last stage too
             # saved: the head's input and the loss's fp32 (log-)softmax; the peak adds the
             # loss's transient (_LOSS_PEAK_BYTES)
-            activation_bytes=int(hidden_bytes + logits * 4),
-            peak_bytes=int(hidden_bytes + logits * _LOSS_PEAK_BYTES[loss]),
+            activation_bytes=int(norm_bytes + hidden_bytes + logits * 4),
+            peak_bytes=int(norm_bytes + hidden_bytes + logits * _LOSS_PEAK_BYTES[loss]),
+            # torch's ColwiseParallel saves the all-gathered input (torchtitan's output layer)
+            tp_gathered_input_bytes=hidden_bytes if head == "torchtitan" else 0,
             forward_flops=tokens * 2 * h * v,
             backward_flops=tokens * 4 * h * v,
             tp_parameter_count=v * h,
@@ -798,6 +818,7 @@ def profile_of(run: Run) -> Profile:
         eager="torchtitan" if trainer_of(run) == "torchtitan" else "generic",
         repeat_kv=trainer_of(run) == "torchtitan",
         sequence_dim=1 if trainer_of(run) == "torchtitan" else 0,
+        head="torchtitan" if trainer_of(run) == "torchtitan" else "generic",
     )  # fmt: skip
 
 
