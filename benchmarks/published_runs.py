@@ -435,14 +435,32 @@ def pricing_for(spec: DeviceSpec) -> Pricing:
     )
 
 
-_LOSS_PEAK_BYTES = {"torch": 4 + 4 + 4, "megatron": 4 + BF16}
+_LOSS_PEAK_BYTES = {"torch": 4 + 4 + 4, "torch-loss-parallel": 4 + 4 + 4 + 4, "megatron": 4 + BF16}
 """Bytes per logit live at the loss's peak, its backward (the fp32 log-softmax output saved in
 forward included). ``torch``: ``cross_entropy(logits.float(), labels)`` (torchtitan's loss;
 the bf16 logits are freed, ``del pred``, before the backward): the saved fp32 log-softmax (4),
 the incoming fp32 gradient of it (4) and the fp32 input gradient (4); its forward peaks lower,
-at 10 (bf16 logits, fp32 copy, log-softmax). ``megatron``: ``vocab_parallel_cross_entropy``
+at 10 (bf16 logits, fp32 copy, log-softmax). ``torch-loss-parallel``: the same loss on
+logits sharded over TP under ``torch.distributed.tensor.parallel.loss_parallel()``
+(torchtitan with TP), whose DTensor handlers compute it op by op in eager
+(``torch/distributed/tensor/parallel/loss.py``): ``_nll_loss_and_log_softmax_backward`` makes
+``grad_input = torch.zeros_like(x)`` and returns ``(grad_input + torch.exp(x)) * grad_output``
+while the saved log-softmax ``x`` is alive, so the saved log-softmax, the zeros, ``exp(x)`` and
+their sum (then the product in the place of ``exp(x)``) are four fp32 copies at once (16); its
+forward (``_log_softmax``: the fp32 copy, ``x - x_max``, ``exp`` of that, beside the bf16
+logits) peaks at 14. ``megatron``: ``vocab_parallel_cross_entropy``
 computes the softmax in the fp32 copy of the logits and the gradient in place in it (4) and
 casts that to bf16 (2); its forward peaks at the bf16 logits and the copy (6) too."""
+
+
+TORCHTITAN_HEAD_NORM_BYTES = 4 + BF16
+"""Bytes per element of ``[tokens, h]`` that torchtitan's final norm saves for backward:
+``RMSNorm.forward`` (torchtitan/models/norms.py at 9dec370, ``norm_type = "rmsnorm"`` in its
+Llama 3 configs) computes ``self._norm(x.float()).type_as(x) * self.weight`` in eager (only the
+transformer blocks are compiled, ``apply_compile``), so autograd keeps the fp32 ``x.float()``
+(read by ``pow`` and by ``x * rsqrt(...)``, 4) and the bf16 normalized output (read by ``*
+weight``, 2); the per-token ``rsqrt`` is negligible. Under TP the norm is ``SequenceParallel``:
+both are ``1/T`` of the tokens on each rank."""
 
 
 def _linear_s(
@@ -584,6 +602,7 @@ def transformer_profile(
     eager: str = "generic",
     repeat_kv: bool = False,
     sequence_dim: int = 0,
+    head: str = "generic",
 ) -> Profile:
     """The Profile of ``a`` at ``batch_size`` sequences of ``seq`` tokens on ``spec``: units
     ``embed``, ``layers.0 .. layers.L-1``, ``head`` (final norm, output projection, loss).
@@ -617,7 +636,12 @@ def transformer_profile(
     so the attention (and context parallelism's exchange of K and V) sees ``heads`` key/value
     heads, not ``kv_heads``. ``sequence_dim``: the activations' dimension sequence
     parallelism shards (``UnitProfile.tp_sequence_dim``): 0, Megatron's ``[s, b, h]``; 1,
-    torchtitan's ``[b, s, h]`` with ``Shard(1)``."""
+    torchtitan's ``[b, s, h]`` with ``Shard(1)``. ``head``: what the head unit saves besides
+    the loss's log-softmax: ``generic``, its input (a bf16 ``[tokens, h]``, split over TP by
+    sequence parallelism); ``torchtitan`` (:data:`TORCHTITAN_HEAD_NORM_BYTES`), the final
+    RMSNorm's eager fp32 tensors too, and the output projection's input as torch's DTensor
+    ``ColwiseParallel`` saves it, all-gathered (``tp_gathered_input_bytes``: whole on every TP
+    rank)."""
     price = pricing or pricing_for(spec)
     tokens = batch_size * seq
     h, v = a.hidden, a.vocab
@@ -662,6 +686,8 @@ def transformer_profile(
         kept = block_act - scores
         redo = tokens * (fwd_attn + softmax_bytes / mem)
     hidden_bytes = tokens * h * BF16
+    # torchtitan's final norm runs eager (apply_compile compiles the blocks only) in fp32
+    norm_bytes = tokens * h * TORCHTITAN_HEAD_NORM_BYTES if head == "torchtitan" else 0
     units = [
         UnitProfile(
             name="embed",
@@ -729,8 +755,10 @@ def transformer_profile(
             # tied: Megatron keeps the embedding's copy on the last stage too
             # saved: the head's input and the loss's fp32 (log-)softmax; the peak adds the
             # loss's transient (_LOSS_PEAK_BYTES)
-            activation_bytes=int(hidden_bytes + logits * 4),
-            peak_bytes=int(hidden_bytes + logits * _LOSS_PEAK_BYTES[loss]),
+            activation_bytes=int(norm_bytes + hidden_bytes + logits * 4),
+            peak_bytes=int(norm_bytes + hidden_bytes + logits * _LOSS_PEAK_BYTES[loss]),
+            # torch's ColwiseParallel saves the all-gathered input (torchtitan's output layer)
+            tp_gathered_input_bytes=hidden_bytes if head == "torchtitan" else 0,
             forward_flops=tokens * 2 * h * v,
             backward_flops=tokens * 4 * h * v,
             tp_parameter_count=v * h,
@@ -785,12 +813,24 @@ def profile_of(run: Run) -> Profile:
         run.arch, run.seq, spec, compiled=run.compiled, flash=run.flash,
         selective="torchtitan" if run.key.startswith("tt") else "megatron",
         gemm_tokens=(run.microbatch or 1) * run.seq, tp=run.tp,
-        loss="torch" if run.key.startswith(("tt", "llama3")) else "megatron",
+        loss=loss_of(run),
         attention_kernel=kernel_for_trainer(trainer_of(run)),
         eager="torchtitan" if trainer_of(run) == "torchtitan" else "generic",
         repeat_kv=trainer_of(run) == "torchtitan",
         sequence_dim=1 if trainer_of(run) == "torchtitan" else 0,
+        head="torchtitan" if trainer_of(run) == "torchtitan" else "generic",
     )  # fmt: skip
+
+
+def loss_of(run: Run) -> str:
+    """How ``run``'s cross-entropy holds the logits (:data:`_LOSS_PEAK_BYTES`): torchtitan's
+    ``cross_entropy(pred.float())`` under torch's ``loss_parallel()`` where it has TP (its
+    ``ParallelDims.loss_parallel_enabled``: TP on and ``disable_loss_parallel`` unset, the
+    default), plain torch without; the Llama 3 paper's unpublished trainer as plain torch;
+    Megatron's fused vocab-parallel loss."""
+    if trainer_of(run) == "torchtitan":
+        return "torch-loss-parallel" if run.tp > 1 else "torch"
+    return "torch" if run.key.startswith("llama3") else "megatron"
 
 
 def trainer_of(run: Run) -> str | None:

@@ -307,6 +307,7 @@ def _unit(
         tp_rowwise_output_bytes=(u.tp_rowwise_output_bytes + u.moe_layers * u.output_bytes) // cp,
         selective_recompute_gather_bytes=u.selective_recompute_gather_bytes // cp,
         tp_gathered_output_bytes=u.tp_gathered_output_bytes // cp,
+        tp_gathered_input_bytes=u.tp_gathered_input_bytes // cp,
         parameter_bytes=int(math.ceil(max(u.parameter_bytes - experts, 0.0))),
         # this rank's routed experts, which TP then splits (mesh_costs)
         moe_expert_parameter_count=u.moe_expert_parameter_count // ep,

@@ -463,6 +463,12 @@ def _device_unit(
     whole = sp and u.tp_gathered_output_bytes > 0 and not topology.loss_parallel
     sharded = sp and not whole
     act = u.activation_bytes // tp if sharded else u.activation_bytes
+    peak = u.peak_bytes // tp if sharded else u.peak_bytes
+    if sharded and topology.sequence_parallel and u.tp_gathered_input_bytes > 0:
+        # torch's ColwiseParallel saves the all-gathered input: whole on every TP rank
+        gathered = min(u.tp_gathered_input_bytes, u.activation_bytes)
+        act = (u.activation_bytes - gathered) // tp + gathered
+        peak = (u.peak_bytes - gathered) // tp + gathered
     if sharded and not topology.sequence_parallel:
         # plain TP: what only sequence parallelism splits stays whole on every TP rank
         rep = min(max(u.tp_replicated_compute_fraction, 0.0), u.tp_compute_fraction)
@@ -518,7 +524,7 @@ def _device_unit(
         parameter_bytes=int(math.ceil(param)),
         activation_bytes=act,
         output_bytes=u.output_bytes // tp if sharded else u.output_bytes,
-        peak_bytes=u.peak_bytes // tp if sharded else u.peak_bytes,
+        peak_bytes=peak,
     )
     for name, value in changes.items():
         setattr(out, name, value)

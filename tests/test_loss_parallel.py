@@ -87,6 +87,23 @@ def _request(**options: object) -> PlanRequest:
     )  # fmt: skip
 
 
+def test_a_gathered_colwise_input_stays_whole_on_every_tp_rank() -> None:
+    """torch's DTensor ColwiseParallel under sequence parallelism saves the all-gathered input
+    of its matmul (torchtitan's output layer: ``input_layouts=Shard(1)``), so
+    ``tp_gathered_input_bytes`` of the head's saved bytes are whole on each of the T ranks and
+    only the rest is split: T = 4, loss parallel, (A - g) / 4 + g, the peak alike; 0 prices
+    as before."""
+    top = Topology(8, 400e9, 50e9, loss_parallel=True)
+    p = _profile()
+    p.units[-1].tp_gathered_input_bytes = HIDDEN_BYTES
+    head = device_profile(p, 4, top).units[-1]
+    assert head.activation_bytes == (4 * LOGITS) // 4 + HIDDEN_BYTES
+    assert head.peak_bytes == (12 * LOGITS) // 4 + HIDDEN_BYTES
+    before = device_profile(_profile(), 4, top).units[-1]
+    assert before.activation_bytes == (HIDDEN_BYTES + 4 * LOGITS) // 4
+    assert head.forward_s == before.forward_s  # bytes only
+
+
 def test_a_loss_parallel_plan_is_priced_so_and_autopipe_run_refuses_it() -> None:
     gathered = plan(_profile(), _request())
     sharded = plan(_profile(), _request(loss_parallel=True))

@@ -128,6 +128,58 @@ def test_loss_and_selective_memory_terms_by_hand() -> None:
     assert tt.units[1].selective_activation_bytes == kept
 
 
+def test_torchtitan_loss_parallel_peaks_at_four_fp32_copies_of_the_logits() -> None:
+    """torchtitan with TP runs its loss under torch's ``loss_parallel()``, whose backward
+    (``_nll_loss_and_log_softmax_backward``) holds the saved fp32 log-softmax, ``zeros_like``
+    of it, ``exp`` of it and their sum at once: 16 bytes per logit, over T on each rank (12
+    without TP, plain ``cross_entropy``)."""
+    runs = {r.key: r for r in pr.RUNS}
+    assert pr.loss_of(runs["tt-70b-256gpu"]) == "torch-loss-parallel"
+    assert pr.loss_of(runs["tt-8b-8gpu"]) == "torch"
+    assert pr.loss_of(runs["mcore-70b"]) == "megatron"
+    run = runs["tt-70b-256gpu"]
+    logits, hidden = 8192 * 128256, 8192 * 8192 * 2  # per sequence: the profile's batch
+    # with the final norm's fp32 saves (test_torchtitan_head_saves_its_eager_norm_...)
+    assert pr.profile_of(run).units[-1].peak_bytes == 4 * hidden + 16 * logits
+    # the mesh's peak carries it at the run's micro-batch (16 sequences), over T = 8: 4 fp32
+    # bytes per logit more than the plain loss, 7.83 GiB per rank
+    plain = pr.dataclasses.replace(run, tp=1)  # loss_of: plain torch without TP
+    assert pr.loss_of(plain) == "torch"
+    profile = pr.transformer_profile(
+        run.arch, run.seq, pr.get_device(run.gpu), compiled=True, selective="torchtitan",
+        gemm_tokens=16 * run.seq, tp=8, loss="torch", repeat_kv=True, sequence_dim=1,
+        attention_kernel="fa2", head="torchtitan",
+    )  # fmt: skip
+    before = pr.plan(profile, pr.request_of(run)).mesh.peak_bytes
+    after = pr.price(run).memory_gib * 2**30
+    assert after - before == pytest.approx(16 * 4 * logits / 8, rel=1e-6)
+
+
+def test_torchtitan_head_saves_its_eager_norm_and_its_gathered_input() -> None:
+    """torchtitan's head: the final RMSNorm in eager fp32 saves ``x.float()`` and its bf16
+    output (6 bytes per element, split by sequence parallelism) and the output layer's
+    ColwiseParallel saves its all-gathered input (whole on every TP rank). Llama 3.1 70B at TP
+    8, 16 sequences of 8192 tokens: 2 h (1 - 1/8) + 6 h / 8 bytes per token more than the
+    generic head, 2.50 GiB per rank; Megatron's head unchanged."""
+    run = next(r for r in pr.RUNS if r.key == "tt-70b-256gpu")
+    h, seq, v = 8192, 8192, 128256
+    head = pr.profile_of(run).units[-1]
+    assert head.activation_bytes == seq * h * (6 + 2) + 4 * seq * v
+    assert head.tp_gathered_input_bytes == seq * h * 2
+    mg = pr.profile_of(next(r for r in pr.RUNS if r.key == "mcore-70b")).units[-1]
+    assert mg.tp_gathered_input_bytes == 0
+    generic = pr.transformer_profile(
+        run.arch, run.seq, pr.get_device(run.gpu), compiled=True, selective="torchtitan",
+        gemm_tokens=16 * seq, tp=8, loss="torch-loss-parallel", repeat_kv=True,
+        sequence_dim=1, attention_kernel="fa2",
+    )  # fmt: skip
+    before = pr.plan(generic, pr.request_of(run)).mesh.peak_bytes
+    after = pr.price(run).memory_gib * 2**30
+    extra = 16 * seq * h * (2 * (1 - 1 / 8) + 6 / 8)
+    assert after - before == pytest.approx(extra, rel=1e-6)
+    assert extra / 2**30 == pytest.approx(2.50, abs=0.01)
+
+
 def test_attention_is_priced_at_the_trainers_kernel() -> None:
     """torchtitan's runs price flash attention as FlashAttention-2, Megatron-Core's as cuDNN's
     fused attention (autopipe.core.attention); by hand for Llama 3.1 8B at 8192 tokens on an

@@ -156,6 +156,14 @@ class UnitProfile:
     sharded and is not gathered; without it every TP rank holds the whole logits and what the
     unit saves or peaks at is not split (docs/cost-model.md, "Loss parallelism"). 0: no
     gathered output. Optional in v1."""
+    tp_gathered_input_bytes: int = 0
+    """Of ``activation_bytes``, the inputs of column-wise modules that the unit saves for
+    backward *gathered*, at ``Profile.batch_size``: torch's DTensor ``ColwiseParallel`` under
+    sequence parallelism (``input_layouts=Shard(1)``, redistributed to ``Replicate()``) runs
+    the matmul on the all-gathered input, and autograd saves that, so every TP rank keeps the
+    whole ``[tokens, h]`` (Megatron's column-parallel linear saves its sequence shard and
+    gathers it again in backward: 0). Whole on each TP rank, not divided by T
+    (docs/cost-model.md, "The LM head's saved input, gathered"). Optional in v1 (0)."""
     linear_forward_flops: float = 0.0
     """FLOPs of this unit's weight matmuls (``nn.Linear``) in forward, at
     ``Profile.batch_size`` (their backward is twice as many): the share ``precision="fp8"``
