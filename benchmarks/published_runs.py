@@ -844,6 +844,16 @@ def trainer_of(run: Run) -> str | None:
     return None
 
 
+def cp_method_of(run: Run) -> str:
+    """How the run's CP exchanges keys and values (``PlanRequest.context_parallel_method``):
+    the Llama 3 paper's gathers K and V once (section 3.3.2: ``all_gather``); torchtitan runs
+    torch's ring, traced into each block's ``torch.compile(fullgraph=True)`` graph when
+    compiled (``ring_compiled``, docs/cost-model.md "Compiled"), else eager (``ring``)."""
+    if run.key.startswith("llama3"):
+        return "all_gather"
+    return "ring_compiled" if run.compiled and trainer_of(run) == "torchtitan" else "ring"
+
+
 def request_of(run: Run, **changes: object) -> PlanRequest:
     """The run's published configuration as a PlanRequest (memory unlimited: the plan is
     priced whatever it needs, and its predicted peak compared with the published one)."""
@@ -875,8 +885,7 @@ def request_of(run: Run, **changes: object) -> PlanRequest:
         "grad_reduce_fp32": run.grad_reduce_fp32,
         "fp32_grad_buffer": run.fp32_grad_buffer,
         "context_parallel": run.cp,
-        # the Llama 3 paper's CP gathers K and V once (section 3.3.2); torchtitan runs torch's ring
-        "context_parallel_method": "all_gather" if run.key.startswith("llama3") else "ring",
+        "context_parallel_method": cp_method_of(run),
         # every run's trainer keeps the logits sharded over TP: torchtitan's loss parallel is
         # on by default (0.2.2's job_config.py: disable_loss_parallel = False; 0.3.0 has no
         # switch), Megatron-LM / Megatron-Core / Megatron-DeepSpeed always compute

@@ -25,7 +25,10 @@ profile), so the pipeline search runs on it unchanged:
   ``all_gather`` (the Llama 3 paper's, arXiv 2407.21783 section 3.3.2: K and V all-gathered,
   then the local queries' attention in one call; Megatron's ``--cp-comm-type all_gather``):
   the all-gather exposed (the paper: "exposed in the critical path"), no merges, and the K/V
-  gradients reduce-scattered in backward.
+  gradients reduce-scattered in backward. ``ring_compiled``: torch's ring traced into a
+  ``torch.compile`` graph (torchtitan compiles each block with the attention inside): its
+  functional collectives are waited as soon as issued, so every exchange is exposed, and
+  inductor fuses the merges.
 - EP (torchtitan's MoE with an all-to-all token dispatch): each MoE layer's routed experts
   are spread over E ranks, so their parameters (and with them gradients and optimizer
   state) divide by E; each MoE layer dispatches and combines its tokens with an all-to-all,
@@ -59,6 +62,7 @@ __all__ = [
     "DEFAULT_EXPERT_LOAD_IMBALANCE",
     "RING_GRAD_BYTES",
     "RING_MERGE_BYTES",
+    "RING_MERGE_BYTES_COMPILED",
     "context_expert_choices",
     "context_expert_profile",
     "context_parallel_degrees",
@@ -109,6 +113,28 @@ last: its every later block uses all its queries):
   10 and 25.
 
 The per-row log-sum-exp updates (``1 / d`` of these) are left out."""
+
+RING_MERGE_BYTES_COMPILED = {
+    "forward_once": (0.0, 4.0),
+    "forward_step": (10.0, 0.0),
+    "backward_once": (6.0, 10.0),
+    "backward_step": (10.0, 10.0),
+}
+""":data:`RING_MERGE_BYTES` when the ring is traced into a ``torch.compile`` graph
+(``method="ring_compiled"``): inductor fuses each step's chain of element-wise ops into one
+kernel that reads its inputs once and writes its output once, and drops what nothing reads:
+
+- forward, once: the key and value concatenated for the all-gather (2 + 2); the later steps'
+  concatenations are dead code (``_AllGatherRotater.exchange_buffers`` gathers only on its
+  first call) and step 0's cast to fp32 is fused into step 1's merge;
+- forward, per later step: the fp32 running output read (4), the block's bf16 output read
+  (2), the merged output written (4): 10;
+- backward, once: step 0's gradients written into the fp32 accumulators (read 2, write 4 per
+  query, key and value element) and the keys and values concatenated for the all-gather (2 +
+  2): 6 and 10;
+- backward, per later step: the query gradient added (4 + 2 read, 4 written); the key and
+  value gradients added to the received fp32 buffer, written straight into the buffer sent
+  on (4 + 2 read, 4 written): 10 and 10."""
 
 
 def replaced(u: UnitProfile, **changes: object) -> UnitProfile:
@@ -207,7 +233,11 @@ def _ring_s(
     (:data:`RING_MERGE_BYTES`) at ``memory_bytes_per_s``. Overlaps priced by
     ``topology.hidden_cost_s``. ``method="all_gather"``: the all-gather exposed in forward,
     the K/V gradients' reduce-scatter (the same bytes, the parameters' dtype) in backward,
-    nothing else."""
+    nothing else. ``method="ring_compiled"``: the ring traced into a ``torch.compile`` graph,
+    where torch's functional collectives wait at once (``_maybe_wrap_tensor``: under tracing
+    ``wait_tensor`` follows the collective; inductor moves it only with
+    ``reorder_for_compute_comm_overlap``, off by default): every exchange exposed, the merges
+    fused (:data:`RING_MERGE_BYTES_COMPILED`)."""
     bw, lat = link
     layers = u.attention_layers
     e_q = tokens * u.attention_heads * u.attention_head_dim
@@ -222,9 +252,16 @@ def _ring_s(
     def merges(once: str, step: str) -> float:
         if memory_bytes_per_s <= 0:
             return 0.0
-        (q1, kv1), (qs, kvs) = RING_MERGE_BYTES[once], RING_MERGE_BYTES[step]
+        table = RING_MERGE_BYTES_COMPILED if method == "ring_compiled" else RING_MERGE_BYTES
+        (q1, kv1), (qs, kvs) = table[once], table[step]
         return (q1 * e_q + kv1 * e_kv + (cp - 1) * (qs * e_q + kvs * e_kv)) / memory_bytes_per_s
 
+    if method == "ring_compiled":
+        # each collective waited right after it is issued: the gather in both passes and
+        # every one of the C fp32 K/V gradient steps outside the attention blocks
+        fwd = gather + merges("forward_once", "forward_step")
+        bwd = gather + cp * grad_step + merges("backward_once", "backward_step")
+        return layers * fwd, layers * bwd
     fwd = topology.hidden_cost_s(gather, block_f) + merges("forward_once", "forward_step")
     bwd = (
         topology.hidden_cost_s(gather, block_b)

@@ -122,6 +122,47 @@ def test_ring_merges_at_the_memory_bandwidth_and_the_all_gather_method() -> None
     )
 
 
+def test_compiled_ring_waits_on_every_exchange_and_fuses_its_merges() -> None:
+    """``ring_compiled`` (torch's ring traced into a ``torch.compile`` graph, as torchtitan
+    compiles each block): functional collectives are waited as soon as issued under tracing
+    (``_maybe_wrap_tensor``), so the K/V all-gather of each pass and all C fp32 K/V gradient
+    steps are exposed even where the eager ring hides them behind the blocks; inductor fuses
+    the merges (``RING_MERGE_BYTES_COMPILED``: 10 bytes per query element a forward step)."""
+    from autopipe.planner.context_expert import RING_MERGE_BYTES_COMPILED
+
+    from autopipe.core.catalog import get_device
+
+    spec = get_device("H100-SXM-80GB")
+    p = dataclasses.replace(long_profile(), device=spec.name)
+    c, bw = 4, 1e11
+    u = p.units[1]
+    topo = Topology(4, bw, bw)
+    compiled = context_expert_profile(p, c, 1, 1, topo, method="ring_compiled").units[1]
+    eager = context_expert_profile(p, c, 1, 1, topo).units[1]
+    tokens = p.batch_size * SEQ / c
+    e_q, e_kv = tokens * 8 * 16, tokens * 2 * (16 + 16)
+    mem = spec.memory_bandwidth_bytes_per_s * spec.memory_efficiency
+    gather = (c - 1) * (e_kv * 2 / bw + topo.intra_latency_s)
+    grad_step = e_kv * 4 / bw + topo.intra_latency_s
+    assert RING_MERGE_BYTES_COMPILED["forward_step"] == (10.0, 0.0)
+    merge_f = (4 * e_kv + (c - 1) * 10 * e_q) / mem
+    merge_b = (6 * e_q + 10 * e_kv + (c - 1) * (10 * e_q + 10 * e_kv)) / mem
+    fwd_size = u.forward_s - u.forward_overhead_s
+    bwd_size = u.backward_s - u.backward_overhead_s
+    assert compiled.forward_s == pytest.approx(
+        u.forward_overhead_s + fwd_size / c + gather + merge_f, rel=1e-12
+    )
+    assert compiled.backward_s == pytest.approx(
+        u.backward_overhead_s + bwd_size / c + gather + c * grad_step + merge_b, rel=1e-12
+    )
+    # the eager ring hides what the attention blocks cover; compiled, nothing is hidden
+    free = Topology(4, 1e18, 1e18)
+    eager_free = context_expert_profile(p, c, 1, 1, free).units[1]
+    compiled_free = context_expert_profile(p, c, 1, 1, free, method="ring_compiled").units[1]
+    assert compiled_free.forward_s < eager_free.forward_s  # fused merges: fewer bytes
+    assert compiled.backward_s - compiled_free.backward_s > eager.backward_s - eager_free.backward_s
+
+
 def test_ring_exchange_hides_behind_attention_until_it_outgrows_it() -> None:
     p = long_profile()
     slow = Topology(4, 1e6, 1e6)  # so slow that the ring outlasts the attention
@@ -343,7 +384,7 @@ def test_cli_context_parallel_method_reaches_the_plan(
     dtype); a method outside the two is refused naming the field."""
     saved = _saved(tmp_path, long_profile())
     steps = {}
-    for method in ("ring", "all_gather"):
+    for method in ("ring", "ring_compiled", "all_gather"):
         out = tmp_path / f"{method}.json"
         argv = ["plan", saved, "--gpus", "8", "--context-parallel", "4", "--tensor-parallel",
                 "1", "--batch-size", "16", "--inter-node-bandwidth", "1GB/s", "-q",
@@ -354,7 +395,7 @@ def test_cli_context_parallel_method_reaches_the_plan(
         assert written.request is not None
         assert written.request.context_parallel_method == method
         steps[method] = written.iteration_time_s
-    assert steps["all_gather"] < steps["ring"]
+    assert steps["all_gather"] < steps["ring"] < steps["ring_compiled"]
     with pytest.raises(RuleViolation, match="context_parallel_method"):
         PlanRequest(context_parallel_method="p2p")  # type: ignore[arg-type]
 

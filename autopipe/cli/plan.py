@@ -179,11 +179,13 @@ def _add_mesh_flags(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--context-parallel-method",
-        choices=["ring", "all_gather"],
+        choices=["ring", "ring_compiled", "all_gather"],
         default="ring",
         help="how context parallelism's attention exchanges keys and values: ring (torch's "
-        "context_parallel, as autopipe run and torchtitan run it; default) or all_gather (gathered "
-        "once and attended in one call: the Llama 3 paper's, Megatron's --cp-comm-type all_gather)",
+        "context_parallel, as autopipe run runs it; default), ring_compiled (that ring inside a "
+        "torch.compile graph, as torchtitan compiles it: exchanges exposed, merges fused) or "
+        "all_gather (gathered once and attended in one call: the Llama 3 paper's, Megatron's "
+        "--cp-comm-type all_gather)",
     )
     p.add_argument(
         "--expert-parallel",

@@ -39,11 +39,12 @@ Strategy = Literal["dp", "ilp", "brute-force", "uniform", "parameters", "greedy-
 """The planner's ``STRATEGIES``: the exact solvers and the baselines."""
 Shard = Literal["none", "optimizer", "gradients", "parameters", "auto"]
 """``SHARD_MODES`` or ``auto``."""
-ContextParallelMethod = Literal["ring", "all_gather"]
+ContextParallelMethod = Literal["ring", "ring_compiled", "all_gather"]
 """How CP's attention exchanges keys and values (``planner/context_expert.py``): ``ring``,
-torch's ``context_parallel`` (what ``autopipe run`` and torchtitan run); ``all_gather``, K and
-V gathered once and attended in one call (the Llama 3 paper's, Megatron's
-``--cp-comm-type all_gather``)."""
+torch's ``context_parallel`` (what ``autopipe run`` runs); ``ring_compiled``, the same ring
+traced into a ``torch.compile`` graph (torchtitan with ``compile``: every exchange waited at
+once, the merges fused); ``all_gather``, K and V gathered once and attended in one call (the
+Llama 3 paper's, Megatron's ``--cp-comm-type all_gather``)."""
 
 
 @dataclass(frozen=True)
