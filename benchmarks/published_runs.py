@@ -358,7 +358,10 @@ def _runs() -> list[Run]:
     # BLOOM-176B: BigScience's model page (bigscience.notion.site, "BigScience 176B Model"):
     # 384 A100 80GB, one replica on 48 GPUs (TP 4 x PP 12) using 60 GB each, ~150 TFLOP/s;
     # arXiv 2211.05100 section 3.4: ZeRO-1, bf16, 4 x 100 Gb/s Omni-Path per 8-GPU node.
-    bloom = _gpt("bloom-176b", 70, 14336, 112, 250880, dropout=False)
+    # Dropout on: bigscience train/tr11-176B-ml/README.md, "The default Megatron-LM dropout
+    # settings are inherited: --attention-dropout 0.1 --hidden-dropout 0.1" (its slurm script
+    # sets neither).
+    bloom = _gpt("bloom-176b", 70, 14336, 112, 250880, dropout=True)
     out.append(Run(
         key="bloom-176b", source="BigScience 176B model page (bigscience.notion.site) + arXiv 2211.05100 sec. 3.4",
         arch=bloom, seq=2048, gpu="A100-80GB", gpus=384, tp=4, pp=12, dp=8, global_batch=2048,

@@ -343,7 +343,9 @@ def _unhidden_dp_s(device: Profile, cand: MeshCandidate, topology: Topology) -> 
 
     one = collective_s(1.0)
     one_grads = one if f == 1.0 else collective_s(f)
-    unhidden = {"none": 2 * one_grads, "optimizer": one_grads + one, "gradients": one,
+    # DeepSpeed's BF16_Optimizer all-reduces its fp32 gradients before its ZeRO-1 step
+    zero1 = (2 if topology.fp32_grad_buffer else 1) * one_grads + one
+    unhidden = {"none": 2 * one_grads, "optimizer": zero1, "gradients": one,
                 "parameters": 0.0}  # fmt: skip
     if topology.grad_reduce_overlap:  # the reductions may all hide behind the backward
         unhidden["none"] = unhidden["optimizer"] = 0.0
@@ -441,14 +443,18 @@ def dp_exposed_s(plan: Plan, device: Profile, cand: MeshCandidate, topology: Top
     - ``none``: the gradient all-reduce after the pipeline drains (ring: a reduce-scatter and
       an all-gather of the rank's gradients);
     - ``optimizer`` (ZeRO-1): a reduce-scatter of the gradients and an all-gather of the
-      updated parameters, after the drain: the same volume;
+      updated parameters, after the drain: the same volume (with ``fp32_grad_buffer``,
+      DeepSpeed's BF16_Optimizer, an all-reduce of the gradients and the gather);
     - ``gradients`` (ZeRO-2) and ``parameters`` (ZeRO-3, FSDP2): the gradients are
       reduce-scattered unit by unit during the last micro-batch's backward, on one
       communication stream: a unit's reduction starts when its backward is done and the
       previous reduction has finished, so only what outlasts the rank's last backward is
       charged; ``gradients`` also all-gathers the updated parameters once per step (before
       the first forward, nothing to hide behind). ``parameters``' per-micro-batch gathers
-      are in the unit times already (:func:`device_profile`).
+      are in the unit times already (:func:`device_profile`); without
+      ``reshard_after_forward`` (FSDP2 under PP) the parameters are gathered once, behind
+      the first forward, and the reduce-scatters start after the last backward (all
+      exposed) unless ``grad_reduce_overlap`` streams them with it.
     """
     per_rank: dict[int, list[str]] = {}
     for i, s in enumerate(plan.stages):
@@ -520,14 +526,32 @@ def _dp_exposed_per_rank_s(
             # ``none``: an all-reduce of the gradients (both passes in the reduce dtype);
             # ``optimizer``: a reduce-scatter of them and a gather of the parameters
             grads = whole_s(mine, factor)
-            worst = max(worst, 2 * grads if cand.shard == "none" else grads + whole)
+            if cand.shard == "none":
+                worst = max(worst, 2 * grads)
+            elif topology.fp32_grad_buffer:
+                # DeepSpeed's BF16_Optimizer keeps its fp32 gradients whole on every replica:
+                # its pipeline engine all-reduces them (``_bf16_reduce_grads``:
+                # ``buffered_allreduce_fallback`` of ``get_grads_for_reduction()``), then the
+                # step all-gathers the updated bf16 partitions (``all_gather_dp_groups``)
+                worst = max(worst, 2 * grads + whole)
+            else:
+                worst = max(worst, grads + whole)
             continue
         # an all-reduce (``none``) is a reduce-scatter and an all-gather: twice the volume
         passes = 2 if cand.shard == "none" else 1
-        exposed = _streamed_exposed_s(
-            mine[::-1], b, device.batch_size, grad_unit_s, passes, backward=True,
-            loss=topology.overlap_compute_loss,
-        )  # fmt: skip
+        if once and not topology.grad_reduce_overlap:
+            # torch.distributed.pipelining keeps FSDP2's gradient sync off through every
+            # micro-batch's backward, the last one's too, and then runs the post-backward of
+            # all the stage's parameter groups (``perform_reduce_grad``; before 2025
+            # ``backward_maybe_with_nosync``'s ``run_post_backward``): the reduce-scatters
+            # start when the backward is over, none hidden behind it (a trainer that streams
+            # them with the last backward says so: ``grad_reduce_overlap``)
+            exposed = whole_s(mine, factor)
+        else:
+            exposed = _streamed_exposed_s(
+                mine[::-1], b, device.batch_size, grad_unit_s, passes, backward=True,
+                loss=topology.overlap_compute_loss,
+            )  # fmt: skip
         if cand.shard == "gradients" or (cand.shard == "optimizer" and not once):
             if cand.shard == "optimizer" and topology.grad_reduce_overlap:
                 # --overlap-param-gather: the updated parameters gathered behind the forward

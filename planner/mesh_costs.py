@@ -34,6 +34,8 @@ __all__ = [
     "fused_reduce_scatter_sum_s",
     "gather_buffer_bytes",
     "gather_copy_out_s",
+    "grad_accumulation_bytes_per_parameter",
+    "grad_accumulation_s",
     "reduce_copy_in_s",
     "ring_collective_s",
     "selective_regather_s",
@@ -95,7 +97,8 @@ class Topology:
     grad_reduce_fp32: bool = False
     """Gradients are reduced in fp32 (``PlanRequest.grad_reduce_fp32``)."""
     fp32_grad_buffer: bool = False
-    """An fp32 gradient beside the 16-bit one (``PlanRequest.fp32_grad_buffer``)."""
+    """An fp32 gradient beside the 16-bit one, summed every micro-batch
+    (``PlanRequest.fp32_grad_buffer``, :func:`grad_accumulation_bytes_per_parameter`)."""
     memory_bytes_per_s: float = 0.0
     """Sustained memory bandwidth of one device (the catalog's peak times its memory
     efficiency): prices the memory-bound copies a collective's implementation runs on the
@@ -348,6 +351,47 @@ def reduce_copy_in_s(parameter_bytes: float, grad_bytes_factor: float, topology:
     return (1.0 + grad_bytes_factor) * parameter_bytes / topology.memory_bytes_per_s
 
 
+def grad_accumulation_bytes_per_parameter(topology: Topology, shard: str, size: int) -> float:
+    """Bytes the compute stream moves per parameter of a device, on every micro-batch, to add
+    that micro-batch's gradient (``size`` bytes an element, the parameters' dtype) into an fp32
+    accumulator outside the backward's own kernels (docs/cost-model.md, "Gradient accumulation
+    into fp32"):
+
+    - ``fp32_grad_buffer`` (DeepSpeed's ``BF16_Optimizer``): after each micro-batch's backward
+      the pipeline engine calls ``update_hp_grads``, ``hp_grad.data.add_(lp.grad.data.to(
+      hp_grad.dtype))`` per parameter (deepspeed/runtime/bf16_optimizer.py, 56c5223): the
+      cast reads ``size`` and writes 4, the add reads 4 + 4 and writes 4: ``size + 16``;
+    - FSDP2 under pipeline parallelism (``shard="parameters"`` without
+      ``reshard_after_forward``) reducing in fp32: torch.distributed.pipelining turns the
+      gradient sync off for every micro-batch, so FSDP2's post-backward adds each new
+      gradient into its fp32 ``unsharded_accumulated_grad`` (``FSDPParam.
+      accumulate_unsharded_grad_if_needed``, ``+=`` of the bf16 gradient: ``size`` + 4
+      read, 4 written): ``size + 8`` (the first micro-batch's cast, ``size + 4``, counted
+      the same);
+
+    0 otherwise (Megatron accumulates in its fp32 ``main_grad`` inside the weight-gradient
+    GEMM, ``gradient_accumulation_fusion``; fp32 parameters need no cast)."""
+    if size >= REDUCE_BYTES:
+        return 0.0
+    if topology.fp32_grad_buffer:
+        return size + 4 * REDUCE_BYTES
+    fsdp_unsynced = shard == "parameters" and not topology.reshard_after_forward
+    if fsdp_unsynced and topology.grad_reduce_fp32:
+        return size + 2 * REDUCE_BYTES
+    return 0.0
+
+
+def grad_accumulation_s(
+    parameter_bytes: float, size: int, per_parameter_bytes: float, topology: Topology
+) -> float:
+    """Seconds of one micro-batch's gradient accumulation on a device holding
+    ``parameter_bytes`` of parameters (``size`` bytes each) at ``per_parameter_bytes``
+    (:func:`grad_accumulation_bytes_per_parameter`); 0 where the bandwidth is unknown."""
+    if topology.memory_bytes_per_s <= 0 or per_parameter_bytes <= 0 or parameter_bytes <= 0:
+        return 0.0
+    return parameter_bytes / max(size, 1) * per_parameter_bytes / topology.memory_bytes_per_s
+
+
 def _scaled(total_s: float, overhead_s: float, factor: float) -> float:
     """``total_s`` with its size-dependent part (above ``overhead_s``) times ``factor``."""
     overhead_s = min(max(overhead_s, 0.0), total_s)
@@ -383,9 +427,10 @@ def device_profile(
     With ``tp == 1`` and no ``parameters`` sharding the profile itself is returned. O(units).
     """
     gather = shard == "parameters" and dp > 1 and topology.reshard_after_forward
-    if tp <= 1 and not gather:
-        return profile
     size = max(int(profile.bytes_per_parameter), 1)
+    accumulate = grad_accumulation_bytes_per_parameter(topology, shard if dp > 1 else "none", size)
+    if tp <= 1 and not gather and (accumulate <= 0 or topology.memory_bytes_per_s <= 0):
+        return profile
     n = len(profile.units)
     extras = (
         _gather_extras_s(profile, tp, topology, dp, size, microbatch_size)
@@ -393,7 +438,7 @@ def device_profile(
         else [(0.0, 0.0)] * n
     )
     units = [
-        _device_unit(u, tp, topology, size, fwd_extra, bwd_extra)
+        _device_unit(u, tp, topology, size, fwd_extra, bwd_extra, accumulate)
         for u, (fwd_extra, bwd_extra) in zip(profile.units, extras, strict=True)
     ]
     split = [
@@ -451,10 +496,18 @@ def _gather_extras_s(
 
 
 def _device_unit(
-    u: UnitProfile, tp: int, topology: Topology, size: int, fwd_extra: float, bwd_extra: float
+    u: UnitProfile,
+    tp: int,
+    topology: Topology,
+    size: int,
+    fwd_extra: float,
+    bwd_extra: float,
+    accumulate: float = 0.0,
 ) -> UnitProfile:
     """``u`` on one device of ``tp``: its split compute, its TP collectives in forward and
-    backward, the gather seconds ``fwd_extra`` / ``bwd_extra``, its share of the bytes."""
+    backward, the gather seconds ``fwd_extra`` / ``bwd_extra``, its share of the bytes, and
+    its gradients' fp32 accumulation at ``accumulate`` bytes per parameter per micro-batch
+    (:func:`grad_accumulation_bytes_per_parameter`)."""
     c = tp_share(u, tp)
     sp = tp > 1 and u.tp_parameter_count > 0
     # a gathered output (an LM head's logits without loss parallelism) is whole on every TP
@@ -509,9 +562,13 @@ def _device_unit(
     # the re-run all-gathers open the backward's re-computation: exposed in every mode (async
     # TP could pipeline one with the re-computed matmul it feeds; not credited)
     comm_b += regather
+    # the gradients summed into fp32 after the backward: a fixed cost per micro-batch (it
+    # does not shrink with the micro-batch), with the weight gradients it follows
+    acc = grad_accumulation_s(param, size, accumulate, topology)
+    bwd_extra += acc
     split = u.backward_input_s + u.backward_weight_s
     b_in = _scaled(u.backward_input_s, u.backward_input_overhead_s, c)
-    b_wt = _scaled(u.backward_weight_s, u.backward_weight_overhead_s, c)
+    b_wt = _scaled(u.backward_weight_s, u.backward_weight_overhead_s, c) + acc
     out = copy.copy(u)  # dataclasses.replace, without re-running __init__ (100x faster)
     changes = dict(
         forward_s=fwd + comm_f + fwd_extra,
@@ -519,7 +576,7 @@ def _device_unit(
         backward_s=bwd + comm_b + bwd_extra,
         backward_overhead_s=min(u.backward_overhead_s, u.backward_s) + bwd_extra,
         # the collectives carry the input gradient: they belong to B, not W
-        backward_input_s=b_in + comm_b + bwd_extra if split > 0 else 0.0,
+        backward_input_s=b_in + comm_b + bwd_extra - acc if split > 0 else 0.0,
         backward_weight_s=b_wt if split > 0 else 0.0,
         parameter_bytes=int(math.ceil(param)),
         activation_bytes=act,

@@ -464,3 +464,95 @@ def test_sequence_parallelism_on_dim_1_copies_every_tp_buffer_once_more() -> Non
     fused_seq_first = device_profile(p, 8, titan).units[0]
     assert fused.forward_s - fused_seq_first.forward_s == pytest.approx(copy / 2)
     assert fused.backward_s - fused_seq_first.backward_s == pytest.approx(copy)
+
+
+def test_gradients_are_summed_into_fp32_every_micro_batch_where_the_trainer_does_it() -> None:
+    """DeepSpeed's BF16_Optimizer (``fp32_grad_buffer``) runs ``update_hp_grads`` after every
+    micro-batch's backward, ``hp_grad.add_(lp_grad.to(fp32))``: 2 + 4 + 4 + 4 + 4 = 18 bytes
+    per bf16 parameter; FSDP2 under PP reducing in fp32 adds each micro-batch's bf16 gradient
+    into its fp32 accumulator (``+=``): 2 + 4 + 4 = 10. By hand at 2e12 B/s, a unit of 1e8
+    parameters: 0.9 ms and 0.5 ms more backward per micro-batch, fixed (an overhead: it does
+    not shrink with the micro-batch). Megatron (fp32 reduction, accumulation fused into the
+    weight-gradient GEMM), bf16 reduction and fp32 parameters: nothing."""
+    from autopipe.planner.mesh_costs import grad_accumulation_bytes_per_parameter
+
+    p = _profile()
+    buffered = Topology(8, 450e9, 50e9, memory_bytes_per_s=2e12, fp32_grad_buffer=True)
+    fsdp_pp = Topology(
+        8, 450e9, 50e9, memory_bytes_per_s=2e12, reshard_after_forward=False,
+        grad_reduce_fp32=True,
+    )  # fmt: skip
+    assert grad_accumulation_bytes_per_parameter(buffered, "optimizer", 2) == 18
+    assert grad_accumulation_bytes_per_parameter(fsdp_pp, "parameters", 2) == 10
+    assert grad_accumulation_bytes_per_parameter(fsdp_pp, "optimizer", 2) == 0
+    assert grad_accumulation_bytes_per_parameter(buffered, "optimizer", 4) == 0
+    u, ds = p.units[3], device_profile(p, 1, buffered).units[3]
+    assert ds.backward_s - u.backward_s == pytest.approx(9e-4)
+    assert ds.backward_overhead_s - u.backward_overhead_s == pytest.approx(9e-4)
+    assert ds.forward_s == u.forward_s
+    fsdp = device_profile(p, 1, fsdp_pp, shard="parameters", dp=8).units[3]
+    assert fsdp.backward_s - u.backward_s == pytest.approx(5e-4)
+    megatron = Topology(8, 450e9, 50e9, memory_bytes_per_s=2e12, grad_reduce_fp32=True)
+    assert device_profile(p, 1, megatron) is p
+    # in a plan: each stage's backward per micro-batch grows by its 4 units' accumulation, at
+    # the catalog's sustained bandwidth (H100 SXM: 3.35 TB/s x 0.8)
+    spec = get_device("H100-SXM-80GB")
+    bw = spec.memory_bandwidth_bytes_per_s * spec.memory_efficiency
+    base = plan(p, _mesh(grad_reduce_fp32=True))
+    summed = plan(p, _mesh(grad_reduce_fp32=True, fp32_grad_buffer=True))
+    extra = summed.stages[0].report.backward_s - base.stages[0].report.backward_s
+    assert len(summed.stages[0].units) == 4
+    assert extra == pytest.approx(4 * 1e8 * 18 / bw)
+
+
+def test_bf16_optimizer_all_reduces_its_fp32_gradients_then_gathers_the_parameters() -> None:
+    """DeepSpeed's BF16_Optimizer keeps its fp32 gradients whole on every replica: the pipeline
+    engine all-reduces them (``_bf16_reduce_grads``: ``buffered_allreduce_fallback``), then the
+    step all-gathers the updated bf16 partitions. By hand for 16 H100s, PP 2 x D 8 in one node
+    (NVLink at NCCL's 370 GB/s, a ring step's latency): a rank's 4 units x 2e8 bytes, two ring
+    passes at 4 bytes per element and one at 2 (ZeRO-1 without the buffer: one and one)."""
+    p = _profile()
+    spec = get_device("H100-SXM-80GB")
+    bw, lat = 370e9, spec.collective_latency_s
+    grads = 4 * 2e8
+
+    def ring(nbytes: float) -> float:
+        return 7 / 8 * nbytes / bw + 7 * lat
+
+    bf16_opt = plan(p, _mesh(grad_reduce_fp32=True, fp32_grad_buffer=True))
+    assert bf16_opt.allreduce_s == pytest.approx(2 * ring(2 * grads) + ring(grads))
+    zero1 = plan(p, _mesh(grad_reduce_fp32=True))
+    assert zero1.allreduce_s == pytest.approx(ring(2 * grads) + ring(grads))
+    # the mesh search's lower bound stays below every searched mesh's step with it
+    free = dataclasses.replace(
+        _mesh(shard="auto", grad_reduce_fp32=True, fp32_grad_buffer=True),
+        tensor_parallel="auto", data_parallel="auto",
+    )  # fmt: skip
+    rows = [r for r in plan(p, free).mesh.candidates if r.searched and r.step_s is not None]
+    assert rows and all(r.lower_bound_s <= r.step_s * (1 + 1e-9) for r in rows)
+
+
+def test_fsdp2_under_pp_reduce_scatters_after_the_last_backward(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """torch.distributed.pipelining keeps FSDP2's gradient sync off through every micro-batch's
+    backward, the last one's too, then runs every parameter group's post-backward
+    (``perform_reduce_grad``): the reduce-scatter of a rank's gradients starts when its
+    backward is over, all of it exposed. With the once-per-step gathers and the copy-in
+    priced as 0: a rank's 4 units x 2e8 bytes in fp32, one ring pass (PP 2 x D 8 in one
+    node, NVLink at 370 GB/s); a trainer that streams it with the last backward
+    (``grad_reduce_overlap``) hides all but what outlasts the last unit."""
+    p = _profile()
+    spec = get_device("H100-SXM-80GB")
+    ring = 7 / 8 * 2 * 4 * 2e8 / 370e9 + 7 * spec.collective_latency_s
+    monkeypatch.setattr("autopipe.planner.mesh.reduce_copy_in_s", lambda *a: 0.0)
+    fsdp_pp = {"shard": "parameters", "reshard_after_forward": False, "grad_reduce_fp32": True}
+    after = plan(p, _mesh(**fsdp_pp))
+    streamed = plan(p, _mesh(grad_reduce_overlap=True, **fsdp_pp))
+    gathers = streamed.mesh.candidates[0].dp_comm_s  # gathers + what outlasts the backward
+    assert after.mesh_shape == (2, 8, 1)
+    assert gathers < ring
+    assert after.mesh.candidates[0].dp_comm_s > ring
+    monkeypatch.setattr("autopipe.planner.mesh._streamed_exposed_s", lambda *a, **k: 0.0)
+    after = plan(p, _mesh(**fsdp_pp))
+    assert after.mesh.candidates[0].dp_comm_s == pytest.approx(ring)

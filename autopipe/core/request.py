@@ -138,7 +138,9 @@ class PlanRequest:
     """Data parallelism without sharded gradients (``shard`` none or optimizer): reduce the
     gradients bucket by bucket during the last micro-batch's backward (Megatron's
     ``--overlap-grad-reduce``), and with ``optimizer`` gather the updated parameters behind
-    the first forward (``--overlap-param-gather``)."""
+    the first forward (``--overlap-param-gather``). With ``shard="parameters"`` and
+    ``reshard_after_forward=False``: the reduce-scatters stream with the last micro-batch's
+    backward; without it they start after it, as torch.distributed.pipelining runs FSDP2."""
     grad_reduce_fp32: bool = False
     """The data-parallel gradient reduction (all-reduce or reduce-scatter) carries fp32
     gradients, 4 bytes per element, whatever the parameters' dtype: Megatron-LM's
@@ -150,7 +152,9 @@ class PlanRequest:
     """The trainer keeps an fp32 copy of every gradient beside the parameters'-dtype one, and
     sums the micro-batches' gradients into it (4 bytes per parameter more, unsharded with
     ``shard`` none or optimizer): DeepSpeed's ``BF16_Optimizer`` (``fp32_groups_gradients``;
-    its pipeline engine keeps the bf16 gradients too, ``clear_lp_grads=False``)."""
+    its pipeline engine keeps the bf16 gradients too, ``clear_lp_grads=False``). Priced: the
+    sum after every micro-batch's backward (18 bytes per bf16 parameter), and with
+    ``optimizer`` an all-reduce of the fp32 gradients before the parameter gather."""
     reshard_after_forward: bool = True
     """``shard="parameters"``: False keeps the gathered parameters and the unsharded
     gradients across the micro-batches of a step, as torchtitan runs FSDP2 under pipeline
