@@ -561,7 +561,7 @@ def torchtitan_eager_bytes(a: Arch) -> float:
     - SwiGLU, ``silu(w1(x)) * w3(x)``: ``silu`` (2 + 2) and the product (2 + 2 read, 2
       written) per ``ffn`` element.
 
-    ``torch.compile`` fuses these (:func:`_elementwise_elements` with ``compiled``)."""
+    ``torch.compile`` fuses some of these (:func:`torchtitan_compiled_bytes`, measured)."""
     h, kv, f = a.hidden, a.kv_dim, a.ffn
     norms = 2 * 36 * h
     residual = 2 * (2 + 2 + 2) * h
@@ -570,6 +570,42 @@ def torchtitan_eager_bytes(a: Arch) -> float:
     out_copy = 2 * BF16 * h
     swiglu = (2 + 2 + 2 + 2 + 2) * f
     return norms + residual + rope + repeat + out_copy + swiglu
+
+
+TORCHTITAN_COMPILED_BYTES_PER_TOKEN: dict[str, dict[str, float]] = {
+    "forward": {"h": 42, "kv": 20, "ffn": 6, "heads": 0, "head_dim": 8, "1": 8},
+    "backward": {"h": 62, "kv": 20, "ffn": 10, "heads": 8, "head_dim": 16, "1": 16},
+    "selective_forward": {"h": 42, "kv": 20, "ffn": 6, "head_dim": 8},
+    "selective_backward": {"h": 94, "kv": 40, "ffn": 12, "heads": 8, "head_dim": 24, "1": 24},
+    "full_forward": {"h": 42, "kv": 20, "ffn": 6, "head_dim": 8},
+    "full_backward": {"h": 96, "kv": 40, "ffn": 12, "heads": 8, "head_dim": 24, "1": 24},
+}
+"""Bytes per token one torchtitan Llama block's memory-bound kernels move compiled (its
+``apply_compile``: ``torch.compile(block, fullgraph=True)``), as measured, not assumed:
+``benchmarks/compiled_block_bytes.py`` compiles the block (written from torchtitan 9dec370's
+model code) with inductor and reads each generated kernel's buffer traffic (inductor's own
+``count_bytes``), matmuls and SDPA left out; coefficients of ``h``, ``kv`` (``kv_heads x
+head_dim``), ``ffn``, ``heads``, ``head_dim`` and 1, exact (no residual) over seven shapes
+and checked against a fresh measurement by ``tests/test_compiled_block_bytes.py``. Graphs:
+``forward`` and ``backward`` without activation checkpointing; ``selective_*`` under
+torchtitan's ``op`` policy (the backward graph re-computes what it drops, fused into it).
+What the kernels show (forward): the rotary embedding is not fused at all (inductor has no
+lowering for complex multiplication, device-independent: ``x.float()``, the complex product
+as an eager fallback and ``type_as`` stay three passes, 20 bytes per element of q and k, as
+in eager), ``repeat_kv`` is a copy of k (fused with k's cast back) and of v to every head;
+each norm is one kernel, the residual sum is re-computed by its consumers rather than
+stored, SwiGLU is one kernel (6 bytes per ``ffn``). Backward: the norms' weight gradients
+are a second kernel that re-reads the norms' inputs and gradients (a reduction over the
+tokens, not over ``h``), the gradients of q/k/v's inputs and of w1/w3's are read as separate
+matmul outputs, the rotary backward is again three passes, the repeated k/v gradients summed
+back."""
+
+
+def torchtitan_compiled_bytes(a: Arch, graph: str) -> float:
+    """Bytes per token of ``graph`` (:data:`TORCHTITAN_COMPILED_BYTES_PER_TOKEN`) for ``a``."""
+    head_dim = a.hidden // a.heads
+    value = {"h": a.hidden, "kv": a.kv_dim, "ffn": a.ffn, "heads": a.heads, "head_dim": head_dim}
+    return sum(c * value.get(t, 1) for t, c in TORCHTITAN_COMPILED_BYTES_PER_TOKEN[graph].items())
 
 
 def _block_activation_bytes(a: Arch, seq: int, flash: bool) -> float:
@@ -632,9 +668,10 @@ def transformer_profile(
     cross-entropy, in place). ``attention_kernel``: the flash-attention kernel family the trainer
     runs (``autopipe.core.attention``: ``fa2``, PyTorch SDPA's flash backend; ``cudnn``,
     Transformer Engine's fused attention), priced at its published share of peak per direction.
-    ``eager``: whose unfused element-wise ops a block runs without ``compiled``: ``generic``
-    (:func:`_elementwise_elements`) or ``torchtitan`` (its Llama code, op by op:
-    :func:`torchtitan_eager_bytes`). ``repeat_kv``: the model copies K and V to every query
+    ``eager``: whose element-wise ops a block runs: ``generic`` (:func:`_elementwise_elements`,
+    fused or not by ``compiled``) or ``torchtitan`` (its Llama code, op by op:
+    :func:`torchtitan_eager_bytes`; ``compiled``, as inductor's kernels measured move them:
+    :func:`torchtitan_compiled_bytes`). ``repeat_kv``: the model copies K and V to every query
     head before its SDPA call (torchtitan's Llama, :data:`TORCHTITAN_EAGER`'s ``repeat_kv``),
     so the attention (and context parallelism's exchange of K and V) sees ``heads`` key/value
     heads, not ``kv_heads``. ``sequence_dim``: the activations' dimension sequence
@@ -659,6 +696,17 @@ def transformer_profile(
     elem_bytes = BF16 * _elementwise_elements(a, compiled)
     if eager == "torchtitan" and not compiled and a.gated:
         elem_bytes = torchtitan_eager_bytes(a)
+    # backward and a selective re-computation: twice and once the forward's unless measured
+    bwd_elem_bytes, redo_elem_bytes = 2 * elem_bytes, elem_bytes
+    if eager == "torchtitan" and compiled and a.gated:
+        elem_bytes = torchtitan_compiled_bytes(a, "forward")
+        bwd_elem_bytes = torchtitan_compiled_bytes(a, "backward")
+        redo_elem_bytes = (
+            torchtitan_compiled_bytes(a, "selective_forward")
+            + torchtitan_compiled_bytes(a, "selective_backward")
+            - elem_bytes
+            - bwd_elem_bytes
+        )
     softmax_bytes = 0.0 if flash else (2 + 2 + 2) * a.heads * seq * (1 if compiled else 2)
     fwd_mm = linear_flops / mm
     fwd_attn = attn_flops / mm
@@ -670,8 +718,9 @@ def transformer_profile(
     else:
         bwd_attn = attn_bwd * fwd_attn
     fwd_mem = (elem_bytes + softmax_bytes) / mem
+    bwd_mem = (bwd_elem_bytes + 2 * softmax_bytes) / mem
     block_fwd = lin_f + tokens * (fwd_attn + fwd_mem)
-    block_bwd = lin_b + tokens * (bwd_attn + 2 * fwd_mem)
+    block_bwd = lin_b + tokens * (bwd_attn + bwd_mem)
     block_act = tokens * _block_activation_bytes(a, seq, flash)
     # what only sequence parallelism shards: norm inputs, the TP regions' inputs, masks
     replicated_act = tokens * BF16 * (4 * h + (h if a.dropout else 0))
@@ -683,7 +732,7 @@ def transformer_profile(
         # matmul (wq, wv, w1, w2: the policy's odd mm calls), attention's output and its fp32
         # log-sum-exp per head
         kept = tokens * (BF16 * (4 * h + a.kv_dim + a.ffn) + 4 * a.heads)
-        redo = 0.5 * lin_f + tokens * fwd_mem
+        redo = 0.5 * lin_f + tokens * (redo_elem_bytes + softmax_bytes) / mem
     else:
         scores = 0.0 if flash else tokens * (2 + 2 + (1 if a.dropout else 0)) * a.heads * seq
         kept = block_act - scores
