@@ -317,3 +317,15 @@ def test_bloom_memory_as_megatron_deepspeed_held_it() -> None:
     assert o.plan.mesh.device_state_bytes_per_parameter == 2 + 2 + 4 + 12 / 8
     assert o.memory_ratio == pytest.approx(0.907, abs=0.01)
     assert 1.20 <= o.throughput_ratio <= 1.30  # 1.260: CUDA_LAUNCH_BLOCKING=1 not modelled
+
+
+def test_each_trainer_runs_its_own_optimizer_step() -> None:
+    """torchtitan at 9dec370: foreach AdamW after torch's clip_grad_norm_; Megatron: a fused
+    Adam after its norm pass; the step is priced in the plan (docs/cost-model.md)."""
+    runs = {r.key: r for r in pr.RUNS}
+    titan = pr.request_of(runs["tt-8b-8gpu"])
+    assert (titan.optimizer_kernel, titan.grad_clip) == ("foreach", "torch")
+    mcore = pr.request_of(runs["mcore-1.7b"])
+    assert (mcore.optimizer_kernel, mcore.grad_clip) == ("fused", "megatron")
+    o = pr.price(runs["tt-8b-8gpu"])
+    assert o.plan is not None and o.plan.report.optimizer_s > 0

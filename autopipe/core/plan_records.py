@@ -76,6 +76,9 @@ class MeshRow:
     """Pipeline iteration + exposed data-parallel communication; None without a plan."""
     pipeline_s: float | None = None
     dp_comm_s: float = 0.0
+    optimizer_s: float = 0.0
+    """The busiest pipeline rank's optimizer step, after its gradient reduction (0 in plans
+    written before it was priced)."""
     gather_s: float = 0.0
     """Average rank's exposed parameter gathers per step (``shard="parameters"``)."""
     tp_comm_s: float = 0.0
