@@ -8,7 +8,8 @@ training state over D (``SHARD_MODES``), the exact pipeline search (:func:`plan`
 one device's share of the model (:func:`autopipe.planner.mesh_costs.device_profile`) at the
 per-replica batch, with that device's memory less the gather buffers, and the mesh's step
 time is that pipeline's iteration plus the data-parallel communication the step cannot hide
-(:func:`dp_exposed_s`). The fastest mesh that fits wins.
+(:func:`dp_exposed_s`) plus the optimizer step (:func:`optimizer_exposed_s`). The fastest
+mesh that fits wins.
 
 Meshes are tried in order of a proven lower bound on their step (each device's share of the
 work, :func:`mesh_lower_bound_s`); one whose bound is no better than the best step found is
@@ -106,7 +107,8 @@ class MeshCandidate:
     lower_bound_s: float = 0.0
     plan: Plan | None = None
     step_s: float = math.inf
-    """Pipeline iteration + exposed data-parallel communication (seconds per step)."""
+    """Pipeline iteration + exposed data-parallel communication + optimizer step (seconds per
+    step)."""
     pipeline_s: float = math.inf
     dp_comm_s: float = 0.0
     optimizer_s: float = 0.0
@@ -668,7 +670,8 @@ def plan_mesh(
     """The fastest mesh plan that fits for ``request.gpus`` devices (or ``request.cluster``'s,
     equal devices): see the module docstring. The returned Plan is the winning pipeline
     (per-device stage figures) with ``tensor_parallel``, ``replicas``, ``shard`` and
-    ``tp_plan`` set, ``iteration_time_s`` the step (pipeline + exposed DP communication),
+    ``tp_plan`` set, ``iteration_time_s`` the step (pipeline + exposed DP communication +
+    optimizer step),
     ``throughput`` over the global batch, its peak memory per device in ``rank_peak_bytes``
     (gather buffers included), and every mesh tried in ``Plan.mesh.candidates`` (best
     first, each with why it loses).
