@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from autopipe.core.humanize import format_bytes, format_seconds, printable
 from autopipe.core.plan import Plan
-from autopipe.core.plantext import advice_notes, framework_table, module_span
+from autopipe.core.plantext import advice_notes, framework_table, module_span, optimizer_words
 from autopipe.core.vocabulary import FRAMEWORK_DEFAULTS, SINGLE_SCHEDULES, V_SHAPE_SCHEDULES
 from autopipe.planner.simulate import fill_drain_bubble
 
@@ -23,7 +23,8 @@ def explain(plan: Plan) -> str:
         step = (
             f" (iteration = one training step: the pipeline's "
             f"{format_seconds(plan.pipeline_iteration_s)} + exposed DP communication "
-            f"{format_seconds(plan.allreduce_s)}; notes that say pipeline mean the first)"
+            f"{format_seconds(plan.allreduce_s)}{optimizer_words(plan)}; notes that say "
+            "pipeline mean the first)"
         )
     lines.append(
         f"Prediction: {format_seconds(plan.iteration_time_s)} per iteration, {plan.throughput:.4g} "

@@ -896,6 +896,22 @@ def trainer_of(run: Run) -> str | None:
     return None
 
 
+def optimizer_step_of(run: Run) -> dict[str, str]:
+    """How ``run``'s trainer runs the optimizer step (``PlanRequest.optimizer_kernel`` and
+    ``grad_clip``, docs/cost-model.md "The optimizer step"): torchtitan at 9dec370 torch's
+    foreach AdamW (torchtitan/optimizer.py: ``"foreach": not fused``, ``--optimizer.fused``
+    off) after ``clip_grad_norm_(..., foreach=True)`` (train.py, ``max_norm`` 1.0); Megatron
+    (Megatron-Core, SC21's Megatron-LM, BLOOM's Megatron-DeepSpeed) a fused Adam (Apex /
+    Transformer Engine / DeepSpeed ``FusedAdam``) after its grad-norm pass; the Llama 3
+    paper's unpublished trainer at torch's defaults."""
+    trainer = trainer_of(run)
+    if trainer == "torchtitan":
+        return {"optimizer_kernel": "foreach", "grad_clip": "torch"}
+    if trainer == "megatron":
+        return {"optimizer_kernel": "fused", "grad_clip": "megatron"}
+    return {"optimizer_kernel": "foreach", "grad_clip": "none"}
+
+
 def cp_method_of(run: Run) -> str:
     """How the run's CP exchanges keys and values (``PlanRequest.context_parallel_method``):
     the Llama 3 paper's gathers K and V once (section 3.3.2: ``all_gather``); torchtitan runs
@@ -944,6 +960,7 @@ def request_of(run: Run, **changes: object) -> PlanRequest:
         # vocab_parallel_cross_entropy; the Llama 3 paper's trainer is unpublished
         # (assumed so: its TP is Megatron's, paper section 3.3.2)
         "loss_parallel": True,
+        **optimizer_step_of(run),
     }
     fields.update({k: v for k, v in options.items() if k in have})
     fields.update(changes)

@@ -4,7 +4,8 @@ Torch-free.
 :func:`plan_data_parallel` plans it on the one route every data-parallel request takes, the
 mesh search with T = 1 and unsharded state (:func:`autopipe.planner.mesh.plan_mesh`): its step
 is the pipeline iteration plus the gradient all-reduce among the D replicas of the busiest
-rank, run after the pipeline drains (not overlapped), a ring all-reduce::
+rank, run after the pipeline drains (not overlapped), and the optimizer step after it
+(:func:`autopipe.planner.mesh.optimizer_exposed_s`); the all-reduce is a ring::
 
     allreduce_s = 2 (D - 1) / D * stage_gradient_bytes / bandwidth + 2 (D - 1) * latency
 

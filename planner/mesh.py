@@ -8,7 +8,8 @@ training state over D (``SHARD_MODES``), the exact pipeline search (:func:`plan`
 one device's share of the model (:func:`autopipe.planner.mesh_costs.device_profile`) at the
 per-replica batch, with that device's memory less the gather buffers, and the mesh's step
 time is that pipeline's iteration plus the data-parallel communication the step cannot hide
-(:func:`dp_exposed_s`). The fastest mesh that fits wins.
+(:func:`dp_exposed_s`) plus the optimizer step (:func:`optimizer_exposed_s`). The fastest
+mesh that fits wins.
 
 Meshes are tried in order of a proven lower bound on their step (each device's share of the
 work, :func:`mesh_lower_bound_s`); one whose bound is no better than the best step found is
@@ -50,6 +51,7 @@ from autopipe.planner.mesh_costs import (
     Topology,
     device_profile,
     gather_buffer_bytes,
+    optimizer_step_s,
     reduce_copy_in_s,
     ring_collective_s,
     selective_regather_s,
@@ -80,6 +82,7 @@ from autopipe.core.vocabulary import FRAMEWORK_DEFAULTS, SHARD_MODES
 __all__ = [
     "MeshCandidate",
     "dp_exposed_s",
+    "optimizer_exposed_s",
     "mesh_candidates",
     "mesh_lower_bound_s",
     "plan_mesh",
@@ -104,9 +107,13 @@ class MeshCandidate:
     lower_bound_s: float = 0.0
     plan: Plan | None = None
     step_s: float = math.inf
-    """Pipeline iteration + exposed data-parallel communication (seconds per step)."""
+    """Pipeline iteration + exposed data-parallel communication + optimizer step (seconds per
+    step)."""
     pipeline_s: float = math.inf
     dp_comm_s: float = 0.0
+    optimizer_s: float = 0.0
+    """The busiest pipeline rank's optimizer step, after its gradients are reduced
+    (:func:`optimizer_exposed_s`)."""
     tp_comm_s: float = 0.0
     """The busiest rank's TP collectives per step (forward and backward, all micro-batches)."""
     compute_s: float = 0.0
@@ -170,6 +177,7 @@ class MeshCandidate:
             step_s=self.step_s if math.isfinite(self.step_s) else None,
             pipeline_s=self.pipeline_s if math.isfinite(self.pipeline_s) else None,
             dp_comm_s=self.dp_comm_s,
+            optimizer_s=self.optimizer_s,
             gather_s=self.gather_s,
             tp_comm_s=self.tp_comm_s,
             bubble_s=self.bubble_s if self.plan is not None else None,
@@ -462,6 +470,46 @@ def dp_exposed_s(plan: Plan, device: Profile, cand: MeshCandidate, topology: Top
     return _dp_exposed_per_rank_s(per_rank, plan.microbatch_size, device, cand, topology)
 
 
+def optimizer_exposed_s(
+    plan: Plan, device: Profile, cand: MeshCandidate, topology: Topology
+) -> float:
+    """Seconds per step of the optimizer step, the largest over the pipeline ranks: it runs
+    after the rank's last backward and its gradient reduction, on the compute stream, with
+    nothing to hide behind (docs/cost-model.md, "The optimizer step")."""
+    per_rank: dict[int, list[str]] = {}
+    for i, s in enumerate(plan.stages):
+        per_rank.setdefault(s.rank if s.rank >= 0 else i, []).extend(s.units)
+    return _optimizer_per_rank_s(per_rank, device, cand, topology)
+
+
+def _optimizer_per_rank_s(
+    per_rank: dict[int, list[str]], device: Profile, cand: MeshCandidate, topology: Topology
+) -> float:
+    """:func:`optimizer_exposed_s` of the cut that puts ``per_rank``'s units on each rank:
+    each rank updates its device share of its units' parameters (``device``: per TP rank),
+    divided over the ``fsdp`` ranks that shard the state (``shard`` other than ``none``;
+    expert shards over the ranks holding the same experts)."""
+    size = max(int(device.bytes_per_parameter), 1)
+    sharded = cand.shard != "none" and cand.fsdp > 1
+    edp = expert_data_parallel(cand.fsdp, cand.ep) if cand.ep > 1 else cand.fsdp
+    units = {u.name: u for u in device.units}
+
+    def elements(u: UnitProfile) -> float:
+        whole = float(u.parameter_bytes)
+        if not sharded:
+            return whole / size
+        expert = min(expert_device_bytes(u, cand.tp, size), whole) if cand.ep > 1 else 0.0
+        return ((whole - expert) / cand.fsdp + expert / max(edp, 1)) / size
+
+    return max(
+        (
+            optimizer_step_s(sum(elements(units[x]) for x in names), cand.shard, size, topology)
+            for names in per_rank.values()
+        ),
+        default=0.0,
+    )
+
+
 def _dp_exposed_per_rank_s(
     per_rank: dict[int, list[str]],
     b: float,
@@ -646,7 +694,8 @@ def plan_mesh(
     """The fastest mesh plan that fits for ``request.gpus`` devices (or ``request.cluster``'s,
     equal devices): see the module docstring. The returned Plan is the winning pipeline
     (per-device stage figures) with ``tensor_parallel``, ``replicas``, ``shard`` and
-    ``tp_plan`` set, ``iteration_time_s`` the step (pipeline + exposed DP communication),
+    ``tp_plan`` set, ``iteration_time_s`` the step (pipeline + exposed DP communication +
+    optimizer step),
     ``throughput`` over the global batch, its peak memory per device in ``rank_peak_bytes``
     (gather buffers included), and every mesh tried in ``Plan.mesh.candidates`` (best
     first, each with why it loses).
@@ -670,6 +719,7 @@ def plan_mesh(
         context_parallel=request.context_parallel, expert_parallel=request.expert_parallel,
     )  # fmt: skip
     optimizer, state_bpp = training_state(profile, request.optimizer, request.bytes_per_parameter)
+    topology = dataclasses.replace(topology, optimizer=optimizer)
     search = _MeshSearch(profile, request, template, topology, batch, state_bpp)
     best = search.best_of(cands)
     if best is None:
@@ -684,7 +734,8 @@ def plan_mesh(
         f"mesh pp {best.pp} x dp {best.dp} x tp {best.tp}{_cp_ep_words(best)} (shard "
         f"{best.shard}) of {n} GPUs: "
         f"pipeline {best.pipeline_s * 1e3:.4g} ms + exposed DP communication "
-        f"{best.dp_comm_s * 1e3:.4g} ms per step; {searched} of {len(cands)} meshes searched, "
+        f"{best.dp_comm_s * 1e3:.4g} ms + optimizer step {best.optimizer_s * 1e3:.4g} ms "
+        f"per step; {searched} of {len(cands)} meshes searched, "
         "the rest could not win or fit"
     )
     if profile.tp_note and not profile.tp_plan:
@@ -801,6 +852,7 @@ def _topology(request: PlanRequest, n: int, template: Device) -> Topology:
         reshard_after_forward=request.reshard_after_forward,
         grad_reduce_fp32=request.grad_reduce_fp32,
         fp32_grad_buffer=request.fp32_grad_buffer,
+        optimizer_kernel=request.optimizer_kernel, grad_clip=request.grad_clip,
         selective_recompute=request.selective_recompute,
         memory_bytes_per_s=memory_bw,
         overlap_compute_loss=overlap_loss,
@@ -997,6 +1049,7 @@ def _winning_plan(
     out.tp_plan = dict(profile.tp_plan) if best.tp > 1 else {}
     out.pipeline_iteration_s = best.pipeline_s
     out.allreduce_s = best.dp_comm_s
+    out.report.optimizer_s = best.optimizer_s
     out.iteration_time_s = best.step_s
     out.throughput = batch / best.step_s if best.step_s > 0 else math.inf
     out.optimizer = optimizer
@@ -1305,7 +1358,8 @@ def _price(
     c.plan = p
     c.pipeline_s = p.iteration_time_s
     c.dp_comm_s = dp_exposed_s(p, share, c, topology)
-    c.step_s = c.pipeline_s + c.dp_comm_s
+    c.optimizer_s = optimizer_exposed_s(p, share, c, topology)
+    c.step_s = c.pipeline_s + c.dp_comm_s + c.optimizer_s
     c.tp_comm_s = _tp_comm_s(p, profile, c, topology)
     b = replica / p.microbatches
     work = _work_s(device, b) * p.microbatches
@@ -1349,9 +1403,11 @@ def _framework_rows(best: MeshCandidate, topology: Topology) -> dict[str, dict[s
                 per_rank.setdefault(rank, []).extend(names[start : start + count])
                 start += count
             dp_s = _dp_exposed_per_rank_s(per_rank, p.microbatch_size, share, best, topology)
+            opt_s = _optimizer_per_rank_s(per_rank, share, best, topology)
             row["pipeline_iteration_s"] = row["iteration_time_s"]
             row["dp_comm_s"] = dp_s
-            row["iteration_time_s"] += dp_s
+            row["optimizer_s"] = opt_s
+            row["iteration_time_s"] += dp_s + opt_s
         rows[name] = row
     return rows
 
@@ -1368,6 +1424,7 @@ def _explain_losses(cands: list[MeshCandidate], best: MeshCandidate) -> None:
             "DP comm": c.dp_comm_s + c.gather_s - best.dp_comm_s - best.gather_s,
             "compute": c.compute_s - best.compute_s,
             "recompute (memory)": c.recompute_s - best.recompute_s,
+            "optimizer step": c.optimizer_s - best.optimizer_s,
         }
         what = max(parts, key=lambda k: parts[k])
         c.reason = f"{what} (+{format_seconds(parts[what])})"

@@ -23,6 +23,7 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
+from autopipe.core.optimizer import optimizer_step_bytes_per_parameter
 from autopipe.core.profile import Profile, UnitProfile
 from autopipe.core.vocabulary import SHARD_MODES
 
@@ -36,6 +37,7 @@ __all__ = [
     "gather_copy_out_s",
     "grad_accumulation_bytes_per_parameter",
     "grad_accumulation_s",
+    "optimizer_step_s",
     "reduce_copy_in_s",
     "ring_collective_s",
     "selective_regather_s",
@@ -107,6 +109,13 @@ class Topology:
     selective_recompute: bool = False
     """Selective checkpointing is on (``PlanRequest.selective_recompute``): a unit's backward
     re-runs the TP all-gathers its recipe does not save (``selective_recompute_gather_bytes``)."""
+    optimizer: str = "none"
+    """The resolved optimizer (``autopipe/core/optimizer.py``) whose step
+    :func:`optimizer_step_s` prices; ``none``: not priced."""
+    optimizer_kernel: str = "foreach"
+    """How the step runs (``PlanRequest.optimizer_kernel``)."""
+    grad_clip: str = "none"
+    """Gradient clipping before the step (``PlanRequest.grad_clip``)."""
     overlap_compute_loss: float = 0.0
     """Share of a hidden collective's seconds that the compute it overlaps loses (NCCL's
     kernels occupy SMs and memory bandwidth): a collective hidden behind compute is not
@@ -390,6 +399,28 @@ def grad_accumulation_s(
     if topology.memory_bytes_per_s <= 0 or per_parameter_bytes <= 0 or parameter_bytes <= 0:
         return 0.0
     return parameter_bytes / max(size, 1) * per_parameter_bytes / topology.memory_bytes_per_s
+
+
+def optimizer_step_s(
+    parameter_count: float, shard: str, parameter_size_bytes: int, topology: Topology
+) -> float:
+    """Seconds of the optimizer step over ``parameter_count`` parameter elements (the rank's
+    share after sharding), all memory-bound passes at ``topology.memory_bytes_per_s``:
+    ``optimizer_step_bytes_per_parameter`` of ``topology.optimizer`` run as the trainer runs
+    it. ``shard="parameters"`` (FSDP2) updates its fp32 sharded parameters in place (no
+    16-bit copy to refresh) and gets fp32 gradients from its reduce-scatter; the other modes
+    copy the fp32 master weights back into the 16-bit ones, and cast 16-bit gradients first
+    unless they are reduced or accumulated in fp32. 0 where the bandwidth is unknown."""
+    if topology.memory_bytes_per_s <= 0 or parameter_count <= 0:
+        return 0.0
+    fsdp = shard == "parameters"
+    per_element = optimizer_step_bytes_per_parameter(
+        topology.optimizer, parameter_size_bytes,
+        kernel=topology.optimizer_kernel, grad_clip=topology.grad_clip,
+        master_copy=not fsdp,
+        grad_cast=not (fsdp or topology.grad_reduce_fp32 or topology.fp32_grad_buffer),
+    )  # fmt: skip
+    return parameter_count * per_element / topology.memory_bytes_per_s
 
 
 def _scaled(total_s: float, overhead_s: float, factor: float) -> float:

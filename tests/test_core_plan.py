@@ -12,7 +12,8 @@ from autopipe.planner import load_plan, plan
 from planner_instances import random_profile
 
 from autopipe.core.plan import INSTRUCTION_FIELDS, STAGE_INSTRUCTION_FIELDS, Plan, PlanFormatError
-from autopipe.core.plan_report import StageReport
+from autopipe.core.plan_records import MeshRow
+from autopipe.core.plan_report import PlanReport, StageReport
 from autopipe.core.profile import UnitProfile
 from autopipe.core.request import PlanRequest
 
@@ -152,6 +153,16 @@ def _as_version_2(data: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _added_row_fields_as_defaults(new: dict[str, Any], old: dict[str, Any]) -> None:
+    """Drop from ``new`` (a mesh report) the mesh-row fields added after ``old`` was written,
+    each checked to have loaded as its default."""
+    row_defaults = {f.name: f.default for f in dataclasses.fields(MeshRow)}
+    for row, before in zip(new["candidates"], old["candidates"], strict=True):
+        for key in set(row) - set(before):
+            assert row[key] == row_defaults[key], key
+            del row[key]
+
+
 def _added_fields_as_defaults(new: dict[str, Any], old: dict[str, Any]) -> None:
     """Drop from ``new`` (a plan's report, or a v1 plan) the request and profile-unit fields
     added after ``old`` was written, each checked to have loaded as its default."""
@@ -159,6 +170,13 @@ def _added_fields_as_defaults(new: dict[str, Any], old: dict[str, Any]) -> None:
     for key in set(new["request"]) - set(old["request"]):
         assert new["request"][key] == defaults[key], key
         del new["request"][key]
+    # report and mesh-row figures priced after ``old`` was written (optimizer_s, #34)
+    report_defaults = {f.name: f.default for f in dataclasses.fields(PlanReport)}
+    for key in set(new) - set(old) - {"request", "profile", "stages"}:
+        assert new[key] == report_defaults[key], key
+        del new[key]
+    if new.get("mesh") and old.get("mesh"):
+        _added_row_fields_as_defaults(new["mesh"], old["mesh"])
     unit_defaults = dataclasses.asdict(UnitProfile(name="x"))
     for unit, before in zip(new["profile"]["units"], old["profile"]["units"], strict=True):
         for key in set(unit) - set(before):
@@ -195,6 +213,7 @@ def test_every_earlier_plan_file_still_loads() -> None:
     path = root / "tests" / "data" / "plan_v1_mesh.json"
     old, new = json.loads(path.read_text()), _as_version_2(load_plan(path).to_dict())
     assert new["report"]["iteration_time_s"] == old["iteration_time_s"] > 0
+    _added_row_fields_as_defaults(new["report"]["mesh"], old["mesh"])
     assert new["report"]["mesh"] == old["mesh"] and new["replicas"] == old["replicas"] == 2
     flat = {**{k: v for k, v in new.items() if k != "report"}, **new["report"]}
     # Each rank's actions, recorded since (#37): the schedule's order, derived on load.

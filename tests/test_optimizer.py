@@ -12,6 +12,7 @@ from autopipe.core.optimizer import (
     describe_training_state,
     normalize_optimizer,
     optimizer_state_bytes,
+    optimizer_step_bytes_per_parameter,
     resolve_optimizer,
     training_state_bytes_per_parameter,
 )
@@ -69,3 +70,36 @@ def test_descriptions() -> None:
     )
     assert describe_training_state("auto", 4) == "adam: 4 weight + 4 gradient + 8 optimizer state"
     assert describe_training_state("sgd", 4) == "sgd: 4 weight + 4 gradient"
+
+
+def test_the_optimizer_steps_bytes_counted_pass_by_pass() -> None:
+    """Bytes read + written per parameter element, by hand from the code each trainer runs
+    (docs/cost-model.md, "The optimizer step")."""
+    step = optimizer_step_bytes_per_parameter
+    # torch's foreach AdamW on fp32 (torch/optim/adam.py _multi_tensor_adam), elements moved
+    # per call: mul_(p) 2, lerp_(m, g) 3, mul_(v) 2, addcmul_(v, g, g) 3, sqrt(v) 2,
+    # div_ 2, add_(eps) 2, addcdiv_(p, m, denom) 4: 20 x 4 B
+    assert step("adam", 4) == step("adamw", 4) == 20 * 4 == 80
+    # bf16 weights without a master copy: the same passes in bf16
+    assert step("adamw", 2) == 40
+    # torchtitan under FSDP2: fp32 shards (mixed-adam), clip_grad_norm_: norm 1 + mul_ 2
+    assert step("mixed-adam", 2, grad_clip="torch") == 80 + 3 * 4
+    # Megatron: FusedAdam reads p, g, m, v and writes p, m, v (7 x 4), its grad norm reads
+    # g (4), the fp32 main weights copied into the bf16 ones (4 + 2)
+    megatron = step("mixed-adam", 2, kernel="fused", grad_clip="megatron", master_copy=True)
+    assert megatron == 28 + 4 + 6 == 38
+    # ... and bf16 gradients cast to fp32 main gradients first (2 + 4)
+    cast = step("mixed-adam", 2, kernel="fused", grad_clip="megatron", master_copy=True,
+                grad_cast=True)  # fmt: skip
+    assert cast == 44
+    # fp32 parameters have no 16-bit copy to refresh nor cast
+    assert step("mixed-adam", 4, kernel="fused", master_copy=True, grad_cast=True) == 28
+    # SGD (torch/optim/sgd.py _multi_tensor_sgd): add_(p, g) 3; with momentum mul_(buf) 2,
+    # add_(buf, g) 3, add_(p, buf) 3
+    assert step("sgd", 4) == 12 and step("sgd-momentum", 4) == 32
+    assert step("sgd-momentum", 4, kernel="fused") == 20
+    assert step("none", 2, grad_clip="torch") == 0
+    with pytest.raises(ValueError, match="fused"):
+        step("adam", 4, kernel="apex")
+    with pytest.raises(ValueError, match="megatron"):
+        step("adam", 4, grad_clip="always")

@@ -20,7 +20,7 @@ def test_the_report_holds_every_field_the_instructions_do_not() -> None:
     assert (
         plan_fields == {*INSTRUCTION_FIELDS, "report"} and len(plan_fields) == 19
     )  # 18 + actions (#37)
-    assert len(report_fields) == 30 and not plan_fields & report_fields
+    assert len(report_fields) == 31 and not plan_fields & report_fields  # + optimizer_s (#34)
     assert {"iteration_time_s", "request", "notes", "profile", "mesh"} <= report_fields
 
 

@@ -328,3 +328,15 @@ def test_bloom_memory_as_megatron_deepspeed_held_it() -> None:
     # 1.106; not modelled: DeepSpeed's blocking per-step p2p, CUDA_LAUNCH_BLOCKING=1 (which
     # its README found to cost "a tiny impact or no impact at all")
     assert 1.05 <= o.throughput_ratio <= 1.15
+
+
+def test_each_trainer_runs_its_own_optimizer_step() -> None:
+    """torchtitan at 9dec370: foreach AdamW after torch's clip_grad_norm_; Megatron: a fused
+    Adam after its norm pass; the step is priced in the plan (docs/cost-model.md)."""
+    runs = {r.key: r for r in pr.RUNS}
+    titan = pr.request_of(runs["tt-8b-8gpu"])
+    assert (titan.optimizer_kernel, titan.grad_clip) == ("foreach", "torch")
+    mcore = pr.request_of(runs["mcore-1.7b"])
+    assert (mcore.optimizer_kernel, mcore.grad_clip) == ("fused", "megatron")
+    o = pr.price(runs["tt-8b-8gpu"])
+    assert o.plan is not None and o.plan.report.optimizer_s > 0

@@ -409,6 +409,40 @@ def test_fsdp2_copies_its_gathers_out_and_its_gradients_in_on_the_compute_stream
     assert extra == pytest.approx(4 * 2e8 * 3 / mesh_top.memory_bytes_per_s)
 
 
+def test_the_optimizer_step_is_priced_after_the_gradient_reduction() -> None:
+    """A mesh plan's step ends with the optimizer step over the busiest rank's share of the
+    state, at the catalog's sustained bandwidth: PP 2 x DP 8, a rank's 4 units of 1e8
+    parameters. FSDP2 (``parameters``) as torchtitan runs it: 1/8 of them, foreach AdamW on
+    the fp32 shards (80 B) after clip_grad_norm_ (12 B); ZeRO-1 as Megatron runs it: 1/8,
+    FusedAdam (28 B), its norm pass (4 B), the bf16 copy of the updated weights (6 B)."""
+    from autopipe.planner.mesh import _topology
+
+    bw = _topology(_mesh(), 16, Device.from_spec("h100")).memory_bytes_per_s
+    p = _profile()
+    fsdp = plan(p, _mesh(shard="parameters", grad_clip="torch", grad_reduce_fp32=True))
+    zero1 = plan(p, _mesh(optimizer_kernel="fused", grad_clip="megatron", grad_reduce_fp32=True))
+    for out, per_element in ((fsdp, 92), (zero1, 38)):
+        assert out.mesh is not None and out.mesh_shape == (2, 8, 1)
+        units = max(sum(len(s.units) for s in out.stages if s.rank == r) for r in range(2))
+        assert units == 4
+        expected = units * 10**8 / 8 * per_element / bw
+        assert out.report.optimizer_s == pytest.approx(expected)
+        assert out.mesh.candidates[0].optimizer_s == pytest.approx(expected)
+        assert out.iteration_time_s == pytest.approx(
+            out.pipeline_iteration_s + out.allreduce_s + expected
+        )
+    # without the fp32 gradient buffer, Megatron casts the bf16 gradients first (+6 B)
+    cast = plan(p, _mesh(optimizer_kernel="fused", grad_clip="megatron"))
+    assert cast.report.optimizer_s == pytest.approx(4 * 10**8 / 8 * 44 / bw)
+    # 1e9 fp32 shards under FSDP2, foreach AdamW (80 B) at 2e12 B/s: 40 ms; no bandwidth: 0
+    from autopipe.planner.mesh_costs import optimizer_step_s
+
+    top = Topology(8, 450e9, 50e9, memory_bytes_per_s=2e12, optimizer="mixed-adam")
+    assert optimizer_step_s(1e9, "parameters", 2, top) == pytest.approx(0.04)
+    blind = dataclasses.replace(top, memory_bytes_per_s=0.0)
+    assert optimizer_step_s(1e9, "parameters", 2, blind) == 0.0
+
+
 def test_torchs_fused_matmul_reduce_scatter_sums_its_partials_on_the_compute_stream() -> None:
     """torchtitan's async TP (``tp_overlap_backward=False``) reduce-scatters in forward with
     torch's fused matmul-reduce-scatter, which sends the partial sums into a buffer of the

@@ -89,3 +89,80 @@ def describe_training_state(optimizer: str, parameter_size_bytes: int) -> str:
     else:
         parts = f"{p} weight + {p} gradient"
     return f"{optimizer}: {parts}"
+
+
+OPTIMIZER_KERNELS = ("foreach", "fused")
+"""How the optimizer step runs (``PlanRequest.optimizer_kernel``): ``foreach``, torch.optim's
+``_multi_tensor_*`` path, one ``torch._foreach_*`` kernel per operation (torch's default on
+CUDA, autopipe's own ``run``, torchtitan at 9dec370: ``"foreach": not fused``); ``fused``, one
+kernel per step (torch's ``fused=True``, torchtitan since 6e49885, Apex / Transformer Engine /
+DeepSpeed ``FusedAdam`` under Megatron)."""
+
+GRAD_CLIPS = ("none", "torch", "megatron")
+"""How the trainer clips the gradients by their global norm before the step
+(``PlanRequest.grad_clip``): ``none``; ``torch``, ``torch.nn.utils.clip_grad_norm_`` with
+``foreach`` (a norm pass, then a scale pass that always runs: torch clamps the coefficient at 1
+rather than test it, torch/nn/utils/clip_grad.py ``_clip_grads_with_norm_``; torchtitan's
+``max_norm = 1.0``); ``megatron``, Megatron's ``get_grad_norm_fp32`` (a norm pass; its scale
+pass runs only when the norm is over ``--clip-grad``, ``clip_grad_by_total_norm_fp32``'s
+``if clip_coeff < 1.0``, not counted)."""
+
+
+def optimizer_step_bytes_per_parameter(
+    optimizer: str,
+    parameter_size_bytes: int,
+    *,
+    kernel: str = "foreach",
+    grad_clip: str = "none",
+    master_copy: bool = False,
+    grad_cast: bool = False,
+) -> float:
+    """Device-memory bytes the optimizer step reads and writes per parameter element it
+    updates (docs/cost-model.md, "The optimizer step", has each pass with its source line).
+
+    The step runs over the state's elements in the state's dtype ``s``: 4 (fp32 master weight,
+    gradient, ``m``, ``v``) for ``mixed-adam``, else the parameters' ``parameter_size_bytes``.
+    Every Adam variant is AdamW with a non-zero weight decay (autopipe's ``run``: torch's
+    ``AdamW`` default ``weight_decay=1e-2``; torchtitan: 0.1; Megatron: ``--weight-decay``).
+
+    - ``foreach`` AdamW (torch/optim/adam.py ``_multi_tensor_adam``, one pass per call):
+      ``_foreach_mul_(params)`` 2s, ``_foreach_lerp_(m, g)`` 3s, ``_foreach_mul_(v)`` 2s,
+      ``_foreach_addcmul_(v, g, g)`` 3s (the second ``g`` is the same address, loaded from
+      cache), ``_foreach_sqrt(v)`` 2s, ``_foreach_div_`` 2s, ``_foreach_add_`` 2s,
+      ``_foreach_addcdiv_(params, m, denom)`` 4s: 20s, 80 bytes in fp32;
+      ``fused``: reads ``p, g, m, v`` and writes ``p, m, v`` once, 7s.
+    - ``sgd``: ``_foreach_add_(params, g)`` 3s; ``sgd-momentum``: ``_foreach_mul_(bufs)`` 2s,
+      ``_foreach_add_(bufs, g)`` 3s, ``_foreach_add_(params, bufs)`` 3s (torch/optim/sgd.py
+      ``_multi_tensor_sgd``); fused: 3s / 5s. ``none``: 0.
+    - ``grad_clip``: ``torch`` 3s (norm, scale), ``megatron`` s (norm).
+    - ``master_copy``: the updated fp32 master weights copied into the 16-bit model weights
+      (read 4, write ``p``: Megatron's ``_copy_main_params_to_model_params``; not under FSDP2,
+      whose sharded parameters are the fp32 ones, cast by its all-gather).
+    - ``grad_cast``: the 16-bit gradients cast to fp32 main gradients first (read ``p``,
+      write 4: Megatron's ``main_param.grad = model_param.grad.float()`` without an fp32
+      gradient buffer).
+    """
+    if kernel not in OPTIMIZER_KERNELS:
+        raise ValueError(f"optimizer kernel {kernel!r}; use one of {', '.join(OPTIMIZER_KERNELS)}")
+    if grad_clip not in GRAD_CLIPS:
+        raise ValueError(f"grad_clip {grad_clip!r}; use one of {', '.join(GRAD_CLIPS)}")
+    key = resolve_optimizer(optimizer, parameter_size_bytes)
+    if key == "none":
+        return 0.0
+    p = float(parameter_size_bytes)
+    mixed = key == "mixed-adam" and parameter_size_bytes < _FP32_BYTES
+    s = float(_FP32_BYTES) if key == "mixed-adam" else p
+    fused = kernel == "fused"
+    if key == "sgd":
+        passes = 3
+    elif key == "sgd-momentum":
+        passes = 5 if fused else 8
+    else:
+        passes = 7 if fused else 20
+    clip = {"none": 0, "torch": 3, "megatron": 1}[grad_clip]
+    total = (passes + clip) * s
+    if mixed and master_copy:
+        total += _FP32_BYTES + p
+    if mixed and grad_cast:
+        total += p + _FP32_BYTES
+    return total

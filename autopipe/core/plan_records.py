@@ -73,9 +73,13 @@ class MeshRow:
     ep: int = 1
     """E, expert-parallel degree (1 in plans written before it)."""
     step_s: float | None = None
-    """Pipeline iteration + exposed data-parallel communication; None without a plan."""
+    """Pipeline iteration + exposed data-parallel communication + optimizer step; None
+    without a plan."""
     pipeline_s: float | None = None
     dp_comm_s: float = 0.0
+    optimizer_s: float = 0.0
+    """The busiest pipeline rank's optimizer step, after its gradient reduction (0 in plans
+    written before it was priced)."""
     gather_s: float = 0.0
     """Average rank's exposed parameter gathers per step (``shard="parameters"``)."""
     tp_comm_s: float = 0.0

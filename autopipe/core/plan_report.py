@@ -150,6 +150,11 @@ class PlanReport:
     allreduce_s: float = 0.0
     """With ``data_parallel`` > 1: the exposed data-parallel communication per step (gradient
     all-reduce, or the sharded modes' collectives); 0 otherwise."""
+    optimizer_s: float = 0.0
+    """In a mesh plan: the optimizer step per step, the busiest pipeline rank's memory-bound
+    passes over its share of the training state after its gradient reduction, included in
+    ``iteration_time_s`` (docs/cost-model.md, "The optimizer step"); 0 otherwise and in
+    plans written before it was priced."""
     candidates: list[CandidateRow] = field(default_factory=list)
     """Every (schedule, V, M) the pipeline search weighed."""
     data_parallel_rows: list[DataParallelRow] = field(default_factory=list)

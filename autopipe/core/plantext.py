@@ -59,6 +59,14 @@ def plural(n: int, word: str) -> str:
     return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
 
+def optimizer_words(plan: Plan) -> str:
+    """`` + optimizer step 12.3 ms`` when the plan's step includes one
+    (``PlanReport.optimizer_s``), else ``""``."""
+    if plan.report.optimizer_s <= 0:
+        return ""
+    return f" + optimizer step {format_seconds(plan.report.optimizer_s)}"
+
+
 def module_span(first: str, last: str) -> str:
     """``"tok_emb .. head"``, or ``"head"`` when a stage holds one module."""
     first, last = printable(first), printable(last)
@@ -187,7 +195,8 @@ def _figure_lines(plan: Plan) -> list[str]:
         lines.append(
             "               (iteration = one training step: the pipeline's "
             f"{format_seconds(plan.pipeline_iteration_s)} + exposed DP communication "
-            f"{format_seconds(plan.allreduce_s)}; notes that say pipeline mean the first)"
+            f"{format_seconds(plan.allreduce_s)}{optimizer_words(plan)}; notes that say "
+            "pipeline mean the first)"
         )
     lines.append(f"bubble         {100 * plan.bubble_fraction:.1f}% idle")
     if plan.lower_bound_s > 0:
@@ -272,7 +281,7 @@ def format_mesh(plan: Plan, mesh: MeshReport, runners_up: int = 12) -> str:
         + (f" (gather buffers {format_bytes(gather)} included)" if gather else ""),
         f"step           {format_seconds(plan.iteration_time_s)} = pipeline "
         f"{format_seconds(plan.pipeline_iteration_s)} + exposed DP communication "
-        f"{format_seconds(plan.allreduce_s)}; TP collectives "
+        f"{format_seconds(plan.allreduce_s)}{optimizer_words(plan)}; TP collectives "
         f"{format_seconds(mesh.tp_comm_s)} of the busiest rank's step",
     ]
     rows = []

@@ -26,7 +26,9 @@ from autopipe.core.optimizer import AUTO, OPTIMIZERS
 from autopipe.core.schedule_rules import check_virtual_stages
 from autopipe.core.vocabulary import DEFAULT_CHECKPOINT
 
-__all__ = ["Checkpoint", "PlanRequest", "Schedule", "Shard", "Strategy"]
+__all__ = [
+    "Checkpoint", "GradClip", "OptimizerKernel", "PlanRequest", "Schedule", "Shard", "Strategy",
+]  # fmt: skip
 
 Schedule = Literal[
     "gpipe", "1f1b", "interleaved-1f1b", "looped-bfs", "interleaved-zb", "zbv", "dualpipev",
@@ -45,6 +47,10 @@ torch's ``context_parallel`` (what ``autopipe run`` runs); ``ring_compiled``, th
 traced into a ``torch.compile`` graph (torchtitan with ``compile``: every exchange waited at
 once, the merges fused); ``all_gather``, K and V gathered once and attended in one call (the
 Llama 3 paper's, Megatron's ``--cp-comm-type all_gather``)."""
+OptimizerKernel = Literal["foreach", "fused"]
+"""``optimizer.OPTIMIZER_KERNELS``."""
+GradClip = Literal["none", "torch", "megatron"]
+"""``optimizer.GRAD_CLIPS``."""
 
 
 @dataclass(frozen=True)
@@ -160,6 +166,15 @@ class PlanRequest:
     gradients across the micro-batches of a step, as torchtitan runs FSDP2 under pipeline
     parallelism: one all-gather and one reduce-scatter per step instead of per micro-batch,
     for 2 bytes + 2 bytes per parameter more memory."""
+    optimizer_kernel: OptimizerKernel = "foreach"
+    """How the optimizer step runs: ``foreach`` (torch.optim's one kernel per operation,
+    torch's default on CUDA and ``autopipe run``'s) or ``fused`` (one kernel: torch's
+    ``fused=True``, Apex / Transformer Engine ``FusedAdam`` under Megatron). Prices the step's
+    memory passes in a mesh plan (``optimizer.optimizer_step_bytes_per_parameter``)."""
+    grad_clip: GradClip = "none"
+    """Gradient clipping by global norm before the step: ``none`` (``autopipe run``),
+    ``torch`` (``clip_grad_norm_``: a norm and a scale pass, torchtitan's), ``megatron`` (a
+    norm pass; the scale only when over the limit)."""
     memory_reserve_bytes: int = 0
     """Device memory the plan may not use, besides ``headroom``: CUDA context, NCCL buffers
     and allocator fragmentation; added to the predicted peak so it compares with what the
@@ -296,6 +311,8 @@ def _validate(r: PlanRequest) -> None:
     _positive_or_auto("tensor_parallel", r.tensor_parallel)
     _positive_or_auto("data_parallel", r.data_parallel)
     _one_of("shard", r.shard, get_args(Shard))
+    _one_of("optimizer_kernel", r.optimizer_kernel, get_args(OptimizerKernel))
+    _one_of("grad_clip", r.grad_clip, get_args(GradClip))
     _one_of("context_parallel_method", r.context_parallel_method, get_args(ContextParallelMethod))
     _positive_number(
         "inter_node_bandwidth_bytes_per_s", r.inter_node_bandwidth_bytes_per_s,
