@@ -234,19 +234,20 @@ def test_overlapped_gradient_reduction_exposes_less_and_reserve_adds_memory() ->
     assert reserved.mesh.peak_bytes == plain.mesh.peak_bytes + 3 * 2**30
 
 
+def _h100_ring_s(nbytes: float) -> float:
+    """A ring collective pass of ``nbytes`` over 8 H100s in one node, by hand: NVLink at
+    NCCL's 370 GB/s, the catalog's latency per ring step."""
+    return 7 / 8 * nbytes / 370e9 + 7 * get_device("H100-SXM-80GB").collective_latency_s
+
+
 def test_fp32_gradient_reduction_moves_4_bytes_per_gradient_element() -> None:
     """Megatron's --accumulate-allreduce-grads-in-fp32 / FSDP2's reduce_dtype=float32: the
     gradients' collectives carry 4 bytes per element of bf16 parameters, the parameter gathers
     stay at 2. By hand for 16 H100s, PP 2 x D 8 in one node (NVLink at NCCL's 370 GB/s, 5 us a
     ring step): each rank reduces 4 units x 2e8 bytes; ZeRO-1 reduce-scatters the gradients and
     gathers the parameters after the drain, plain DP all-reduces the gradients (two passes)."""
-    p = _profile()
-    spec = get_device("H100-SXM-80GB")
-    bw, lat = 370e9, spec.collective_latency_s
-    grads = 4 * 2e8
-
-    def ring(nbytes: float) -> float:
-        return 7 / 8 * nbytes / bw + 7 * lat
+    p, grads = _profile(), 4 * 2e8
+    ring = _h100_ring_s
 
     bf16 = plan(p, _mesh())
     fp32 = plan(p, _mesh(grad_reduce_fp32=True))
@@ -545,13 +546,8 @@ def test_bf16_optimizer_all_reduces_its_fp32_gradients_then_gathers_the_paramete
     step all-gathers the updated bf16 partitions. By hand for 16 H100s, PP 2 x D 8 in one node
     (NVLink at NCCL's 370 GB/s, a ring step's latency): a rank's 4 units x 2e8 bytes, two ring
     passes at 4 bytes per element and one at 2 (ZeRO-1 without the buffer: one and one)."""
-    p = _profile()
-    spec = get_device("H100-SXM-80GB")
-    bw, lat = 370e9, spec.collective_latency_s
-    grads = 4 * 2e8
-
-    def ring(nbytes: float) -> float:
-        return 7 / 8 * nbytes / bw + 7 * lat
+    p, grads = _profile(), 4 * 2e8
+    ring = _h100_ring_s
 
     bf16_opt = plan(p, _mesh(grad_reduce_fp32=True, fp32_grad_buffer=True))
     assert bf16_opt.allreduce_s == pytest.approx(2 * ring(2 * grads) + ring(grads))
