@@ -297,8 +297,8 @@ def test_the_cli_flags_reach_the_request(
              "--precision", "fp8",
              "--selective-recompute", "--no-sequence-parallel", "--tp-comm-overlap",
              "--overlap-grad-reduce", "--no-reshard-after-forward", "--memory-reserve", "2GiB",
-             "--grad-reduce-fp32", "--fp32-grad-buffer",
-             "--json", str(out), "-q"]  # fmt: skip
+             "--grad-reduce-fp32", "--fp32-grad-buffer", "--optimizer-kernel", "fused",
+             "--grad-clip", "megatron", "--json", str(out), "-q"]  # fmt: skip
     assert main(flags) == 0, capsys.readouterr().err
     request = load_plan(out).request
     assert request.precision == "fp8" and request.selective_recompute
@@ -306,6 +306,8 @@ def test_the_cli_flags_reach_the_request(
     assert request.grad_reduce_overlap and not request.reshard_after_forward
     assert request.grad_reduce_fp32 and request.fp32_grad_buffer
     assert request.memory_reserve_bytes == 2 * 2**30
+    assert (request.optimizer_kernel, request.grad_clip) == ("fused", "megatron")
+    assert load_plan(out).report.optimizer_s > 0
     with pytest.raises(SystemExit) as bad:
         main(["plan", str(path), "--gpus", "2", "--precision", "int8"])
     assert bad.value.code == 2

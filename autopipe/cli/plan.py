@@ -247,6 +247,21 @@ def _add_trainer_flags(p: argparse.ArgumentParser) -> None:
         "(DeepSpeed's BF16_Optimizer): 4 bytes per parameter more",
     )
     p.add_argument(
+        "--optimizer-kernel",
+        choices=("foreach", "fused"),
+        default="foreach",
+        help="how the trainer runs the optimizer step, priced in a mesh plan: foreach "
+        "(torch.optim's default, autopipe run's) or fused (torch fused=True, Megatron's "
+        "FusedAdam)",
+    )
+    p.add_argument(
+        "--grad-clip",
+        choices=("none", "torch", "megatron"),
+        default="none",
+        help="gradient clipping before the step, priced in a mesh plan: none (autopipe "
+        "run), torch (clip_grad_norm_, torchtitan) or megatron (--clip-grad)",
+    )
+    p.add_argument(
         "--no-reshard-after-forward",
         action="store_true",
         help="--shard parameters as FSDP2 runs under pipeline parallelism: gathered once "
@@ -361,6 +376,8 @@ def _placement(args: argparse.Namespace, devices: DeviceTarget) -> Placement:
         grad_reduce_fp32=args.grad_reduce_fp32,
         fp32_grad_buffer=args.fp32_grad_buffer,
         reshard_after_forward=not args.no_reshard_after_forward,
+        optimizer_kernel=args.optimizer_kernel,
+        grad_clip=args.grad_clip,
         memory_reserve_bytes=int(args.memory_reserve or 0),
         context_parallel=args.context_parallel or 1,
         context_parallel_method=args.context_parallel_method,
