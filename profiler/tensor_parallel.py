@@ -27,7 +27,20 @@ the measuring and the counting profiler share it):
   gathered in forward and reduce-scattered in backward, and its output (logits) gathered in
   forward when its style gathers it;
 - ``tp_gathered_output_bytes``: that gathered output (the logits), whole, which the planner
-  leaves sharded under loss parallelism (``PlanRequest.loss_parallel``).
+  leaves sharded under loss parallelism (``PlanRequest.loss_parallel``);
+- ``tp_sequence_dim``: ``vocabulary.SEQUENCE_DIM`` (1) for every split unit: ``autopipe run``
+  shards the activations between TP regions as ``[b, s / T, h]``, torch's ``Shard(1)``
+  (runtime/distributed/mesh.py ``_styles``, ``apply_tensor_parallel``), so each of its TP
+  collectives is rearranged by a ``chunk`` + ``cat`` copy, which the planner prices;
+- ``tp_gathered_input_bytes``: what the unit's column-wise modules save gathered. The runtime
+  gathers a norm's output once for the column-wise modules it feeds (``PrepareModuleOutput``
+  Shard(1) -> Replicate, kept a DTensor) and they take it as it is
+  (``ColwiseParallel(input_layouts=Replicate())``); autograd saves that whole ``[b, s, h]``
+  input for the weight gradient, one tensor shared by q/k/v (gate/up). One such tensor per
+  group of column-wise modules with the same parent module (an attention's q/k/v, an MLP's
+  gate/up, an LM head), each the unit's hidden stream: its output for a unit a row-wise
+  module closes, else its input (a head's: the previous unit's output, at most the cut). The profiler does not see the graph: a post-norm
+  block, whose column-wise modules each gather their own input, is counted per group too.
 
 ``Profile.tp_degrees``: every T > 1 dividing the attention and key/value head counts (from the
 config, or modules' ``num_heads`` / ``num_key_value_heads`` attributes), else the split
@@ -46,7 +59,12 @@ from autopipe.profiler.units import unit_module
 from torch import nn
 
 from autopipe.core.profile import Profile
-from autopipe.core.vocabulary import EMBEDDING_TP_STYLES, REPLICATED_TP_STYLES, TP_STYLES
+from autopipe.core.vocabulary import (
+    EMBEDDING_TP_STYLES,
+    REPLICATED_TP_STYLES,
+    SEQUENCE_DIM,
+    TP_STYLES,
+)
 
 __all__ = [
     "annotate_tensor_parallel",
@@ -270,6 +288,7 @@ def annotate_tensor_parallel(
         u.tp_parameter_count, u.tp_compute_fraction, u.tp_collective_bytes = 0, 0.0, 0
         u.tp_rowwise_output_bytes = 0
         u.tp_gathered_output_bytes = 0
+        u.tp_sequence_dim, u.tp_gathered_input_bytes = 0, 0
     if not plan:
         profile.tp_plan, profile.tp_degrees = {}, []
         profile.tp_note = left_out or NO_PLAN_NOTE
@@ -309,6 +328,8 @@ class _Tally:
     embedding: list[int]
     gathers: list[int]
     """Column-wise modules whose output is gathered."""
+    inputs: list[set[str]]
+    """Parent module paths of the column-wise modules: one gathered input each."""
     dims: list[int] = field(default_factory=list)
     """Each split Linear's split dimension, each split Embedding's rows."""
     matched: int = 0
@@ -317,7 +338,7 @@ class _Tally:
 def _tally_modules(model: nn.Module, plan: Mapping[str, str], names: list[str]) -> _Tally:
     """Walk ``model``'s modules that ``plan`` styles and book each to its unit. O(modules)."""
     n = len(names)
-    tally = _Tally([0] * n, [0] * n, [0] * n, [0] * n, [0] * n)
+    tally = _Tally([0] * n, [0] * n, [0] * n, [0] * n, [0] * n, [set() for _ in range(n)])
     for path, module in model.named_modules():
         style = _style_of(path, plan)
         if style is None or style in REPLICATED_TP_STYLES:
@@ -344,11 +365,13 @@ def _tally_modules(model: nn.Module, plan: Mapping[str, str], names: list[str]) 
             elif col:
                 tally.colwise[i] += 1
                 tally.gathers[i] += style in _GATHERED_OUTPUT
+                tally.inputs[i].add(path.rpartition(".")[0])  # q/k/v share one gathered input
     return tally
 
 
 def _fill_units(profile: Profile, tally: _Tally) -> None:
-    """Each split unit's TP parameter count, compute fraction and collective bytes."""
+    """Each split unit's TP parameter count, compute fraction, collective bytes, sequence
+    dimension and gathered input bytes."""
     for i, u in enumerate(profile.units):
         if not tally.split[i]:
             continue
@@ -375,3 +398,11 @@ def _fill_units(profile: Profile, tally: _Tally) -> None:
         # what the forward reduce-scatters straight from a matmul (a fused async-TP sum's input)
         u.tp_rowwise_output_bytes = int(tally.rowwise[i] * u.output_bytes)
         u.tp_gathered_output_bytes = int(gathered)
+        # autopipe run's layout: activations [b, s, h] sharded over dim 1 (vocabulary)
+        u.tp_sequence_dim = SEQUENCE_DIM
+        # each distinct gathered input, whole: the unit's hidden stream ([b, s, h]), which a
+        # block's output is (its input cut may carry more: rotary cos/sin, labels) and a
+        # head's input is, the previous unit's output (its own output is the logits)
+        before = min(into, profile.units[i - 1].output_bytes) if i > 0 else into
+        hidden = u.output_bytes if tally.rowwise[i] else before
+        u.tp_gathered_input_bytes = int(len(tally.inputs[i]) * hidden)

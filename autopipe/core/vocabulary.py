@@ -16,6 +16,7 @@ __all__ = [
     "LOOP_SCHEDULES",
     "MESH_DIM_NAMES",
     "PLAN_SCHEDULES",
+    "SEQUENCE_DIM",
     "SHARD_MODES",
     "TP_STYLES",
     "SINGLE_SCHEDULES",
@@ -105,6 +106,12 @@ REPLICATED_TP_STYLES = ("replicated_with_grad_allreduce",)
 """The styles of ``TP_STYLES`` that split nothing: the module stays whole on every TP rank,
 which applies it to its own heads or features, so its gradients are summed over the TP
 group (the runtime finds such parameters in the graph whether or not the plan names them)."""
+
+SEQUENCE_DIM = 1
+"""The dimension of the activations that ``autopipe run``'s sequence parallelism shards over
+the TP group: ``[batch, seq, hidden]`` (Hugging Face's and torchtitan's layout), torch's
+``Shard(1)`` (runtime/distributed/sequence_parallel.py); the profiler records it as
+``UnitProfile.tp_sequence_dim`` so the planner prices the relayout torch's collectives make."""
 
 MESH_DIM_NAMES = ("pp", "dp", "tp")
 """The device mesh's dimensions, outermost first, as torchtitan lays them out: ranks of one

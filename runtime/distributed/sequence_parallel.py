@@ -61,6 +61,7 @@ import torch
 from torch import fx, nn
 
 from autopipe.core.errors import UsageError
+from autopipe.core.vocabulary import SEQUENCE_DIM  # [batch, seq, hidden]: Shard(1)
 
 __all__ = [
     "SEQUENCE_DIM",
@@ -75,9 +76,6 @@ __all__ = [
     "sequence_layout",
 ]
 
-SEQUENCE_DIM = 1
-"""The sequence dimension of the activations (``[batch, seq, hidden]``, torchtitan's and
-Hugging Face's layout)."""
 
 COLWISE_STYLES = ("colwise", "colwise_rep", "colwise_gather_output")
 """Styles that start a TP region (their input is gathered whole)."""
