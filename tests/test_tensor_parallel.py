@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from autopipe.profiler.tensor_parallel import (
     NO_PLAN_NOTE,
@@ -208,3 +209,68 @@ def test_a_star_is_one_path_part() -> None:
     assert tp_pattern("layers.*.mlp").fullmatch("layers.3.mlp")
     assert not tp_pattern("layers.*.mlp").fullmatch("layers.3.inner.mlp")
     assert not tp_pattern("*").fullmatch("a.b")
+
+
+BATCH, SEQ = 2, 16
+
+
+def _profiled_llama() -> Profile:
+    """The counting profiler's profile of a tiny Llama (fp32, 2 samples of 16 tokens)."""
+    from autopipe.profiler.analytic import profile_analytic
+    from autopipe.profiler.options import AnalyticOptions
+
+    ids = torch.zeros(BATCH, SEQ, dtype=torch.long)
+    return profile_analytic(
+        lambda: LlamaForCausalLM(tiny_llama().config),
+        {"input_ids": ids, "labels": ids},
+        "h100",
+        AnalyticOptions(dtype="float32", microbatch_sizes=()),
+    )
+
+
+def test_the_profile_is_laid_out_as_autopipe_run_lays_out_tp() -> None:
+    """autopipe run shards the activations between TP regions over dim 1 (``[b, s / T, h]``)
+    and gathers each norm's output once for the column-wise modules it feeds, which save it
+    whole: a block saves two gathered ``[b, s, h]`` inputs (q/k/v's, gate/up's), the head
+    one; units without a column-wise module none. Before, both fields stayed 0."""
+    from autopipe.runtime.distributed.sequence_parallel import SEQUENCE_DIM
+
+    p = _profiled_llama()
+    by = {u.name: u for u in p.units}
+    hidden_bytes = BATCH * SEQ * HIDDEN * 4  # fp32 [b, s, h]
+    assert SEQUENCE_DIM == 1
+    for name in ("model.layers.0", "model.layers.1"):
+        assert by[name].tp_sequence_dim == SEQUENCE_DIM
+        assert by[name].tp_gathered_input_bytes == 2 * hidden_bytes == 16384
+    assert by["lm_head"].tp_gathered_input_bytes == hidden_bytes
+    assert by["lm_head"].tp_sequence_dim == by["model.embed_tokens"].tp_sequence_dim == 1
+    assert by["model.embed_tokens"].tp_gathered_input_bytes == 0  # no column-wise module
+    assert by["model.norm"].tp_sequence_dim == by["model.norm"].tp_gathered_input_bytes == 0
+
+
+def test_a_tp2_plan_of_it_prices_the_relayout_and_the_gathered_inputs() -> None:
+    """At T = 2 on 3.35 TB/s a block's device share adds the chunk + cat copy of its
+    collectives (2 x 2 C bytes read and written per pass) and keeps its two gathered inputs
+    whole: (A - g) / 2 + g saved bytes instead of A / 2."""
+    import dataclasses
+
+    from autopipe.planner.mesh_costs import Topology, device_profile, sequence_relayout_s
+
+    top = Topology(8, 400e9, 50e9, memory_bytes_per_s=3.35e12)
+    p = _profiled_llama()
+    old = dataclasses.replace(
+        p,
+        units=[
+            dataclasses.replace(u, tp_sequence_dim=0, tp_gathered_input_bytes=0) for u in p.units
+        ],
+    )
+    i = p.unit_names.index("model.layers.0")
+    block, was = device_profile(p, 2, top).units[i], device_profile(old, 2, top).units[i]
+    u = p.units[i]
+    relayout = sequence_relayout_s(2 * u.tp_collective_bytes, u, 2, top)
+    assert relayout == pytest.approx(2 * 2 * 16384 / 3.35e12) and relayout > 0
+    assert block.forward_s == pytest.approx(was.forward_s + relayout)
+    assert block.backward_s == pytest.approx(was.backward_s + relayout)
+    g = u.tp_gathered_input_bytes
+    assert block.activation_bytes == (u.activation_bytes - g) // 2 + g
+    assert block.activation_bytes > was.activation_bytes == u.activation_bytes // 2
