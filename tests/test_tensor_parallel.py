@@ -233,7 +233,7 @@ def test_the_profile_is_laid_out_as_autopipe_run_lays_out_tp() -> None:
     and gathers each norm's output once for the column-wise modules it feeds, which save it
     whole: a block saves two gathered ``[b, s, h]`` inputs (q/k/v's, gate/up's), the head
     one; units without a column-wise module none. Before, both fields stayed 0."""
-    from autopipe.runtime.distributed.sequence_parallel import SEQUENCE_DIM
+    from autopipe.core.vocabulary import SEQUENCE_DIM
 
     p = _profiled_llama()
     by = {u.name: u for u in p.units}

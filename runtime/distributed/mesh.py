@@ -54,7 +54,6 @@ import torch.distributed as dist
 from autopipe.profiler.tensor_parallel import tied_split, tp_pattern
 from autopipe.runtime.distributed.context_parallel import build_context_mesh, world_size_problem
 from autopipe.runtime.distributed.sequence_parallel import (
-    SEQUENCE_DIM,
     SequenceLayout,
     call_norm_modules,
     insert_gathers,
@@ -75,6 +74,7 @@ from autopipe.core.plan import Plan
 from autopipe.core.vocabulary import (
     MESH_DIM_NAMES,
     REPLICATED_TP_STYLES,
+    SEQUENCE_DIM,
     TP_STYLES,
 )
 

@@ -64,7 +64,6 @@ from autopipe.core.errors import UsageError
 from autopipe.core.vocabulary import SEQUENCE_DIM  # [batch, seq, hidden]: Shard(1)
 
 __all__ = [
-    "SEQUENCE_DIM",
     "SequenceLayout",
     "SequenceParallelError",
     "adopt_norms",
