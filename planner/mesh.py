@@ -464,10 +464,18 @@ def dp_exposed_s(plan: Plan, device: Profile, cand: MeshCandidate, topology: Top
       the first forward, and the reduce-scatters start after the last backward (all
       exposed) unless ``grad_reduce_overlap`` streams them with it.
     """
+    return _dp_exposed_per_rank_s(
+        _units_per_rank(plan), plan.microbatch_size, device, cand, topology
+    )
+
+
+def _units_per_rank(plan: Plan) -> dict[int, list[str]]:
+    """Each pipeline rank's units, its chunks' in model order (a chunk without a rank: its
+    index)."""
     per_rank: dict[int, list[str]] = {}
     for i, s in enumerate(plan.stages):
         per_rank.setdefault(s.rank if s.rank >= 0 else i, []).extend(s.units)
-    return _dp_exposed_per_rank_s(per_rank, plan.microbatch_size, device, cand, topology)
+    return per_rank
 
 
 def optimizer_exposed_s(
@@ -476,10 +484,7 @@ def optimizer_exposed_s(
     """Seconds per step of the optimizer step, the largest over the pipeline ranks: it runs
     after the rank's last backward and its gradient reduction, on the compute stream, with
     nothing to hide behind (docs/cost-model.md, "The optimizer step")."""
-    per_rank: dict[int, list[str]] = {}
-    for i, s in enumerate(plan.stages):
-        per_rank.setdefault(s.rank if s.rank >= 0 else i, []).extend(s.units)
-    return _optimizer_per_rank_s(per_rank, device, cand, topology)
+    return _optimizer_per_rank_s(_units_per_rank(plan), device, cand, topology)
 
 
 def _optimizer_per_rank_s(

@@ -103,3 +103,15 @@ def test_the_optimizer_steps_bytes_counted_pass_by_pass() -> None:
         step("adam", 4, kernel="apex")
     with pytest.raises(ValueError, match="megatron"):
         step("adam", 4, grad_clip="always")
+
+
+def test_the_request_literals_are_the_optimizer_modules_choices() -> None:
+    """``PlanRequest``'s ``Literal`` types and the optimizer module's tuples (the CLI's choices)
+    name the same values: request.py imports the module, so the two are written twice."""
+    from typing import get_args
+
+    from autopipe.core.optimizer import GRAD_CLIPS, OPTIMIZER_KERNELS
+    from autopipe.core.request import GradClip, OptimizerKernel
+
+    assert get_args(OptimizerKernel) == OPTIMIZER_KERNELS
+    assert get_args(GradClip) == GRAD_CLIPS

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from autopipe import profiling
 from autopipe.cli import common
+from autopipe.core.optimizer import GRAD_CLIPS, OPTIMIZER_KERNELS
 from autopipe.core.plantext import format_plan
 from autopipe.core.request import PlanRequest
 from autopipe.core.schedule_rules import violations
@@ -248,7 +249,7 @@ def _add_trainer_flags(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--optimizer-kernel",
-        choices=("foreach", "fused"),
+        choices=OPTIMIZER_KERNELS,
         default="foreach",
         help="how the trainer runs the optimizer step, priced in a mesh plan: foreach "
         "(torch.optim's default, autopipe run's) or fused (torch fused=True, Megatron's "
@@ -256,7 +257,7 @@ def _add_trainer_flags(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--grad-clip",
-        choices=("none", "torch", "megatron"),
+        choices=GRAD_CLIPS,
         default="none",
         help="gradient clipping before the step, priced in a mesh plan: none (autopipe "
         "run), torch (clip_grad_norm_, torchtitan) or megatron (--clip-grad)",
