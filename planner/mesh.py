@@ -487,6 +487,15 @@ def optimizer_exposed_s(
     return _optimizer_per_rank_s(_units_per_rank(plan), device, cand, topology)
 
 
+def _dense_and_expert_bytes(u: UnitProfile, cand: MeshCandidate, size: int) -> tuple[float, float]:
+    """``u``'s parameter bytes per device split as (dense, expert): the expert share
+    (``ep > 1``) is reduced and its state sharded only among the ranks holding the same
+    experts (:func:`expert_data_parallel`)."""
+    whole = float(u.parameter_bytes)
+    expert = min(expert_device_bytes(u, cand.tp, size), whole) if cand.ep > 1 else 0.0
+    return whole - expert, expert
+
+
 def _optimizer_per_rank_s(
     per_rank: dict[int, list[str]], device: Profile, cand: MeshCandidate, topology: Topology
 ) -> float:
@@ -500,11 +509,10 @@ def _optimizer_per_rank_s(
     units = {u.name: u for u in device.units}
 
     def elements(u: UnitProfile) -> float:
-        whole = float(u.parameter_bytes)
         if not sharded:
-            return whole / size
-        expert = min(expert_device_bytes(u, cand.tp, size), whole) if cand.ep > 1 else 0.0
-        return ((whole - expert) / cand.fsdp + expert / max(edp, 1)) / size
+            return float(u.parameter_bytes) / size
+        dense, expert = _dense_and_expert_bytes(u, cand, size)
+        return (dense / cand.fsdp + expert / max(edp, 1)) / size
 
     return max(
         (
@@ -533,14 +541,20 @@ def _dp_exposed_per_rank_s(
     edp = expert_data_parallel(cand.fsdp, cand.ep) if cand.ep > 1 else cand.fsdp
     size = max(int(device.bytes_per_parameter), 1)
 
-    def unit_s(u: UnitProfile) -> float:
-        """One collective of ``u``'s gradients (or parameters) over its group(s)."""
-        if edp == cand.fsdp:
-            return ring_collective_s(u.parameter_bytes, cand.fsdp, bw, lat)
-        expert = min(expert_device_bytes(u, cand.tp, size), float(u.parameter_bytes))
-        return ring_collective_s(u.parameter_bytes - expert, cand.fsdp, bw, lat) + (
-            ring_collective_s(expert, edp, bw, lat)
+    def collective_s(dense: float, expert: float) -> float:
+        """One collective of ``dense`` bytes over the gradient group and ``expert`` over
+        the expert replicas' group (``edp < fsdp``)."""
+        return ring_collective_s(dense, cand.fsdp, bw, lat) + ring_collective_s(
+            expert, edp, bw, lat
         )
+
+    def unit_s(u: UnitProfile, scale: float = 1.0) -> float:
+        """One collective of ``u``'s gradients (or parameters) over its group(s)
+        (``scale``: bytes per parameter byte)."""
+        if edp == cand.fsdp:
+            return ring_collective_s(u.parameter_bytes * scale, cand.fsdp, bw, lat)
+        dense, expert = _dense_and_expert_bytes(u, cand, size)
+        return collective_s(dense * scale, expert * scale)
 
     # the gradients' collectives in the reduce dtype (fp32 with grad_reduce_fp32), the
     # parameters' gathers in their own
@@ -548,25 +562,16 @@ def _dp_exposed_per_rank_s(
 
     def grad_unit_s(u: UnitProfile) -> float:
         """One collective of ``u``'s gradients: :func:`unit_s` at the reduce dtype's bytes."""
-        if factor == 1.0:
-            return unit_s(u)
-        if edp == cand.fsdp:
-            return ring_collective_s(u.parameter_bytes * factor, cand.fsdp, bw, lat)
-        expert = min(expert_device_bytes(u, cand.tp, size), float(u.parameter_bytes))
-        return ring_collective_s((u.parameter_bytes - expert) * factor, cand.fsdp, bw, lat) + (
-            ring_collective_s(expert * factor, edp, bw, lat)
-        )
+        return unit_s(u, factor)
 
     def whole_s(mine: list[UnitProfile], scale: float) -> float:
         """One collective of all of ``mine``'s parameters (``scale``: bytes per byte)."""
         if edp == cand.fsdp:
             total = sum(u.parameter_bytes for u in mine) * scale
             return ring_collective_s(total, cand.fsdp, bw, lat)
-        expert = sum(min(expert_device_bytes(u, cand.tp, size), u.parameter_bytes) for u in mine)
+        expert = sum(_dense_and_expert_bytes(u, cand, size)[1] for u in mine)
         dense = sum(u.parameter_bytes for u in mine) - expert
-        return ring_collective_s(dense * scale, cand.fsdp, bw, lat) + ring_collective_s(
-            expert * scale, edp, bw, lat
-        )
+        return collective_s(dense * scale, expert * scale)
 
     units = {u.name: u for u in device.units}
     worst = 0.0
