@@ -52,11 +52,10 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
+import compiled_block_bytes as cb
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
-
-import compiled_block_bytes as cb
 
 _aten = torch.ops.aten
 
@@ -135,9 +134,7 @@ class OpBytes(TorchDispatchMode):
     def total(self) -> int:
         return sum(self.by_op.values())
 
-    def __torch_dispatch__(
-        self, func: Any, types: Any, args: Any = (), kwargs: Any = None
-    ) -> Any:
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         moved = moved_bytes(func, args, kwargs, out)
