@@ -544,32 +544,50 @@ TORCHTITAN_EAGER = (
 )
 
 
-def torchtitan_eager_bytes(a: Arch) -> float:
-    """Bytes one Llama block's memory-bound ops move per token in forward, as torchtitan's
-    eager model code runs them (:data:`TORCHTITAN_EAGER`; ``norm_type = "rmsnorm"``, its 8B
-    config's), one kernel per op, each reading its inputs and writing its output:
+TORCHTITAN_EAGER_BYTES_PER_TOKEN: dict[str, dict[str, float]] = {
+    "forward": {"h": 108, "kv": 24, "ffn": 10, "head_dim": 8, "1": 48},
+    "backward": {"h": 238, "kv": 24, "ffn": 18, "head_dim": 24, "1": 80},
+    "selective_forward": {"h": 108, "kv": 24, "ffn": 10, "head_dim": 8, "1": 48},
+    "selective_backward": {"h": 340, "kv": 48, "ffn": 28, "head_dim": 32, "1": 128},
+    "full_forward": {"h": 108, "kv": 24, "ffn": 10, "head_dim": 8, "1": 48},
+    "full_backward": {"h": 340, "kv": 48, "ffn": 28, "head_dim": 32, "1": 128},
+}
+"""Bytes per token one torchtitan Llama block's memory-bound ops move run eagerly (its runs
+without ``torch.compile``; :data:`TORCHTITAN_EAGER`), as measured, not counted by hand:
+``benchmarks/eager_block_bytes.py`` runs the block ``benchmarks/compiled_block_bytes.py``
+writes from torchtitan 9dec370's model code, eagerly in bf16, forward and backward, under a
+``TorchDispatchMode`` that sums each dispatched op's tensor inputs read and outputs written
+(one kernel per op; matmuls and SDPA left out, as are views: ops whose outputs all share an
+input's storage); coefficients of ``h``, ``kv`` (``kv_heads x head_dim``), ``ffn``,
+``head_dim`` and 1, exact (no residual) over seven shapes and checked against a fresh
+measurement by ``tests/test_eager_block_bytes.py``. Graphs as
+:data:`TORCHTITAN_COMPILED_BYTES_PER_TOKEN`'s: ``forward`` and ``backward`` without
+activation checkpointing, ``selective_*`` under torchtitan's ``op`` policy (the backward
+re-computes every element-wise op, the last residual add excepted: the checkpoint stops
+re-computing once the saved tensors are back), ``full_*`` under full AC (the same
+element-wise ops re-computed).
 
-    - RMSNorm, ``(x.float() * rsqrt(x.float().pow(2).mean(-1) + eps)).type_as(x) * weight``:
-      the fp32 copy (read 2, write 4), ``pow`` (4 + 4), ``mean`` (4), the product (4 + 4), the
-      cast back (4 + 2), the weight (2 + 2): 36 bytes per element, two norms per block;
-    - the two residual adds, 2 + 2 read, 2 written;
-    - rotary embedding on q and k, in complex fp32: ``xq.float()`` (2 + 4), the complex
-      product (4 + 4), ``type_as`` (4 + 2): 20 bytes per element of q and k;
-    - ``repeat_kv`` (``expand`` then ``reshape``, a copy) of k and v to every query head: read
-      the ``kv`` elements, write ``h``, 2 bytes each;
-    - the attention output's ``transpose(1, 2).contiguous()``: 2 + 2 per element;
-    - SwiGLU, ``silu(w1(x)) * w3(x)``: ``silu`` (2 + 2) and the product (2 + 2 read, 2
-      written) per ``ffn`` element.
+What the ops show (forward): each RMSNorm ``(x.float() * rsqrt(x.float().pow(2).mean(-1) +
+eps)).type_as(x) * weight`` moves 36 bytes per element (the fp32 copy 2 + 4, ``pow`` 4 + 4,
+``mean``'s read 4, the product 4 + 4, the cast back 4 + 2, the weight 2 + 2) and 24 per token
+(the fp32 ``mean``, ``+ eps``, ``rsqrt`` and the product's read of it); the residual adds 6
+per element; rotary 20 per element of q and k (``float`` 2 + 4, the complex product 4 + 4,
+``type_as`` 4 + 2) and ``freqs_cis`` read by each product (4 per ``head_dim`` each);
+``repeat_kv``'s copy reads k and v and writes them at every query head; SwiGLU 10 per
+``ffn``. The attention output's ``transpose(1, 2).contiguous()``, counted as a copy before
+(4 h), is none: SDPA returns its output in the query's ``[b, s, heads, d]`` layout (flash
+attention's CUDA kernel as its CPU one). Backward: 238 h + 24 kv + 18 ffn + 24 head_dim + 80
+(assumed twice the forward before); a selective re-computation 102 h + 24 kv + 10 ffn + 8
+head_dim + 48 (assumed one forward)."""
 
-    ``torch.compile`` fuses some of these (:func:`torchtitan_compiled_bytes`, measured)."""
-    h, kv, f = a.hidden, a.kv_dim, a.ffn
-    norms = 2 * 36 * h
-    residual = 2 * (2 + 2 + 2) * h
-    rope = 20 * (h + kv)
-    repeat = 2 * BF16 * (kv + h) if kv < h else 0.0
-    out_copy = 2 * BF16 * h
-    swiglu = (2 + 2 + 2 + 2 + 2) * f
-    return norms + residual + rope + repeat + out_copy + swiglu
+
+def torchtitan_eager_bytes(a: Arch, graph: str = "forward") -> float:
+    """Bytes per token of ``graph`` (:data:`TORCHTITAN_EAGER_BYTES_PER_TOKEN`) for ``a``, as
+    torchtitan's eager model code (:data:`TORCHTITAN_EAGER`) moves them; ``torch.compile``
+    fuses some of these (:func:`torchtitan_compiled_bytes`, measured likewise)."""
+    head_dim = a.hidden // a.heads
+    value = {"h": a.hidden, "kv": a.kv_dim, "ffn": a.ffn, "heads": a.heads, "head_dim": head_dim}
+    return sum(c * value.get(t, 1) for t, c in TORCHTITAN_EAGER_BYTES_PER_TOKEN[graph].items())
 
 
 TORCHTITAN_COMPILED_BYTES_PER_TOKEN: dict[str, dict[str, float]] = {
@@ -694,10 +712,17 @@ def transformer_profile(
     attn_bwd = 2.5 if flash else 2.0  # flash re-computes the scores in backward
     attn_counted = 4 * seq * h  # torch's flop registry: unmasked, backward twice the forward
     elem_bytes = BF16 * _elementwise_elements(a, compiled)
-    if eager == "torchtitan" and not compiled and a.gated:
-        elem_bytes = torchtitan_eager_bytes(a)
     # backward and a selective re-computation: twice and once the forward's unless measured
     bwd_elem_bytes, redo_elem_bytes = 2 * elem_bytes, elem_bytes
+    if eager == "torchtitan" and not compiled and a.gated:
+        elem_bytes = torchtitan_eager_bytes(a, "forward")
+        bwd_elem_bytes = torchtitan_eager_bytes(a, "backward")
+        redo_elem_bytes = (
+            torchtitan_eager_bytes(a, "selective_forward")
+            + torchtitan_eager_bytes(a, "selective_backward")
+            - elem_bytes
+            - bwd_elem_bytes
+        )
     if eager == "torchtitan" and compiled and a.gated:
         elem_bytes = torchtitan_compiled_bytes(a, "forward")
         bwd_elem_bytes = torchtitan_compiled_bytes(a, "backward")

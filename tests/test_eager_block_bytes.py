@@ -1,0 +1,101 @@
+"""The measured bytes of torchtitan's eager Llama block (benchmarks/eager_block_bytes.py)
+against the table the published-runs benchmark prices with
+(``published_runs.TORCHTITAN_EAGER_BYTES_PER_TOKEN``), at a shape the table was not read
+from, and the dispatch-level rule of what moves bytes."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+
+import compiled_block_bytes as cb  # noqa: E402
+import eager_block_bytes as eb  # noqa: E402
+import published_runs as pr  # noqa: E402
+
+FRESH = (192, 6, 2, 384)
+"""(dim, heads, kv_heads, ffn): head dim 32, kv 64; in none of ``FIT_SHAPES``."""
+
+
+@pytest.mark.parametrize("ac", cb.AC_MODES)
+def test_table_matches_a_fresh_measurement(ac: str) -> None:
+    """Running the block eagerly at :data:`FRESH` (a second or so) gives the table's bytes per
+    token exactly, forward and backward, for each activation checkpointing mode."""
+    assert FRESH not in cb.FIT_SHAPES
+    fwd, bwd = eb.bytes_per_token(*FRESH, ac=ac)
+    prefix = "" if ac == "none" else f"{ac}_"
+    a = pr.Arch("fresh", 1, *FRESH, 1024, gated=True)
+    assert fwd == pr.torchtitan_eager_bytes(a, f"{prefix}forward")
+    assert bwd == pr.torchtitan_eager_bytes(a, f"{prefix}backward")
+
+
+def _counted(fn: object) -> dict[str, int]:
+    with eb.OpBytes() as mode:
+        fn()  # type: ignore[operator]
+    return dict(mode.by_op)
+
+
+def test_views_move_nothing_and_copies_and_in_place_ops_do() -> None:
+    """A view (``t``, ``transpose``, a ``reshape`` that views, ``expand``) moves no bytes; a
+    ``reshape`` of a transposed matrix copies it (a ``clone``: 32 bytes read, 32 written); a
+    ``reshape`` that must copy is a ``clone`` reading the broadcast input at its own size (8 x 2
+    bf16 elements, 32 bytes) and writing the whole (8 x 4 x 2, 128 bytes); an in-place add
+    reads both operands and writes the mutated one (3 x 64 x 4 bytes); a matmul is priced
+    elsewhere; ``empty`` allocates without a kernel."""
+    x = torch.randn(8, 2, dtype=torch.bfloat16)
+    y = torch.randn(64)
+    z = torch.randn(64)
+    assert _counted(lambda: x.reshape(16).view(2, 8).t().transpose(0, 1)) == {}
+    assert _counted(lambda: x.t().reshape(16)) == {"clone": 2 * 16 * 2}
+    assert _counted(lambda: x.unsqueeze(1).expand(8, 4, 2).reshape(64)) == {"clone": 32 + 128}
+    assert _counted(lambda: y.add_(z)) == {"add_": 3 * 64 * 4}
+    assert _counted(lambda: x @ x.t()) == {}
+    assert _counted(lambda: torch.empty(64)) == {}
+
+
+def test_llama_8b_eager_bytes_by_hand() -> None:
+    """Llama 3.1 8B (h 4096, kv 1024, ffn 14336, 32 heads of 128): forward 108 h + 24 kv + 10
+    ffn + 8 head_dim + 48 = 611,376 bytes per token (the hand count before: 626,688, with the
+    attention output's ``.contiguous()`` as a 4 h copy), backward 1,260,624 (assumed twice the
+    forward, 1,253,376); torchtitan's selective AC re-computes 586,800 (assumed one forward). A
+    torchtitan eager run's profile carries the difference from the generic unfused count
+    (360,448 forward) at the H100's memory bandwidth."""
+    a = pr.LLAMA31_8B
+    fwd = pr.torchtitan_eager_bytes(a, "forward")
+    bwd = pr.torchtitan_eager_bytes(a, "backward")
+    assert fwd == 108 * 4096 + 24 * 1024 + 10 * 14336 + 8 * 128 + 48 == 611376
+    assert bwd == 238 * 4096 + 24 * 1024 + 18 * 14336 + 24 * 128 + 80 == 1260624
+    redo = (
+        pr.torchtitan_eager_bytes(a, "selective_forward")
+        + pr.torchtitan_eager_bytes(a, "selective_backward")
+        - fwd
+        - bwd
+    )
+    assert redo == 102 * 4096 + 24 * 1024 + 10 * 14336 + 8 * 128 + 48 == 586800
+    generic = pr.BF16 * pr._elementwise_elements(a, compiled=False)
+    assert generic == 360448
+    spec = pr.get_device("H100-96GB-HBM2e-500W")
+    seq = 8192
+    kw = dict(gemm_tokens=seq, selective="torchtitan")
+    tt = pr.transformer_profile(a, seq, spec, eager="torchtitan", **kw).units[1]
+    gen = pr.transformer_profile(a, seq, spec, **kw).units[1]
+    mem = spec.memory_bandwidth_bytes_per_s * spec.memory_efficiency
+    assert tt.forward_s - gen.forward_s == pytest.approx(seq * (fwd - generic) / mem)
+    assert tt.backward_s - gen.backward_s == pytest.approx(seq * (bwd - 2 * generic) / mem)
+    assert tt.selective_recompute_s - gen.selective_recompute_s == pytest.approx(
+        seq * (redo - generic) / mem
+    )
+    # the benchmark's eager torchtitan rows are priced so: the table's figures at their micro-batch
+    run = next(r for r in pr.RUNS if r.key == "tt-8b-8gpu")
+    assert not run.compiled and run.microbatch == 2
+    block = pr.profile_of(run).units[1]
+    kw["gemm_tokens"] = 2 * seq
+    tt = pr.transformer_profile(a, seq, spec, eager="torchtitan", **kw).units[1]
+    gen = pr.transformer_profile(a, seq, spec, **kw).units[1]
+    for field in ("forward_s", "backward_s", "selective_recompute_s"):
+        assert getattr(block, field) == pytest.approx(getattr(tt, field))
+        assert getattr(block, field) != pytest.approx(getattr(gen, field))
