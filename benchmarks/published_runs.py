@@ -992,13 +992,32 @@ def request_of(run: Run, **changes: object) -> PlanRequest:
     return PlanRequest(**fields)  # type: ignore[arg-type]
 
 
+def _plan_published(run: Run) -> Plan:
+    """The plan of ``run``'s published configuration. Where the run does not publish its
+    micro-batch count (SC21, Megatron-Core), the trainer still ran one that fit its GPUs: the
+    fastest count whose plan fits the GPU's memory less the search's headroom (as
+    :func:`search` sees memory), and only where none fits, the fastest at any memory (the
+    search then lists the published configuration as not fitting)."""
+    profile = profile_of(run)
+    if not run.microbatch:
+        spec = get_device(run.gpu)
+        fitted = request_of(
+            run, cluster=Cluster([Device.from_spec(spec)] * run.gpus), headroom=SEARCH_HEADROOM
+        )
+        try:
+            return plan(profile, fitted)
+        except (PlanningError, RuleViolation):
+            pass
+    return plan(profile, request_of(run))
+
+
 def price(run: Run) -> Outcome:
     """Force ``run`` through the planner and compare (or list what it is missing)."""
     out = Outcome(run, missing_features(run))
     if out.missing:
         return out
     try:
-        p = plan(profile_of(run), request_of(run))
+        p = _plan_published(run)
     except (PlanningError, RuleViolation) as exc:
         out.error = str(exc).splitlines()[0]
         return out

@@ -342,3 +342,21 @@ def test_each_trainer_runs_its_own_optimizer_step() -> None:
     assert (mcore.optimizer_kernel, mcore.grad_clip) == ("fused", "megatron")
     o = pr.price(runs["tt-8b-8gpu"])
     assert o.plan is not None and o.plan.report.optimizer_s > 0
+
+
+def test_an_unpublished_micro_batch_count_is_one_the_gpu_holds() -> None:
+    """SC21 publishes no micro-batch count: its 18.4B row ran on 80 GB A100s, so its priced
+    plan takes the fastest count that fits the GPU less the search's headroom (M = 1, all 32
+    sequences at once, needs 75.1 GiB; the search then called the published layout unfit)."""
+    run = next(r for r in pr.RUNS if r.key == "sc21-18.4b")
+    assert not run.microbatch
+    out = pr.price(run)
+    assert out.plan is not None and out.memory_gib is not None
+    usable_gib = pr.get_device(run.gpu).memory_bytes * (1 - pr.SEARCH_HEADROOM) / pr.GIB
+    assert out.memory_gib <= usable_gib
+    assert out.plan.microbatches > 1
+    # a run that publishes its count keeps it, fitting or not (Llama 3 405B: one sequence)
+    llama = next(r for r in pr.RUNS if r.key == "llama3-405b-16384gpu-cp1")
+    forced = pr.price(llama)
+    assert forced.plan is not None
+    assert forced.plan.microbatches == llama.global_batch // llama.dp // llama.microbatch
