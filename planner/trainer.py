@@ -25,7 +25,7 @@ from autopipe.core.gemm import gemm_ceiling
 from autopipe.core.profile import Profile, UnitProfile
 from autopipe.core.request import PlanRequest
 
-__all__ = ["PRECISIONS", "fp8_saving_s", "trainer_profile"]
+__all__ = ["PRECISIONS", "fp8_cast_s", "fp8_saving_s", "trainer_profile"]
 
 PRECISIONS = ("bf16", "fp8")
 
@@ -60,12 +60,21 @@ def _shrunk(total: float, overhead: float, saving: float) -> float:
     return max(total - saving, min(overhead, total))
 
 
+def fp8_cast_s(spec: DeviceSpec, cast_bytes: float) -> float:
+    """Seconds the FP8 casts' ``cast_bytes`` (``UnitProfile.fp8_cast_forward_bytes`` or
+    ``fp8_cast_backward_bytes``) take: memory-bound, at the GPU's memory bandwidth times its
+    memory efficiency, as the analytic profiler prices element-wise ops."""
+    return cast_bytes / (spec.memory_bandwidth_bytes_per_s * spec.memory_efficiency)
+
+
 def _fp8_unit(u: UnitProfile, spec: DeviceSpec, dtype: str) -> UnitProfile:
     if u.linear_forward_flops <= 0:
         return u
     fwd_saving = fp8_saving_s(spec, dtype, u.linear_forward_flops)
     fwd = _shrunk(u.forward_s, u.forward_overhead_s, fwd_saving)
     bwd = _shrunk(u.backward_s, u.backward_overhead_s, 2 * fwd_saving)
+    fwd += fp8_cast_s(spec, u.fp8_cast_forward_bytes)
+    bwd += fp8_cast_s(spec, u.fp8_cast_backward_bytes)
     scale = bwd / u.backward_s if u.backward_s > 0 else 1.0
     return dataclasses.replace(
         u,
