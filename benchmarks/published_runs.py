@@ -632,6 +632,18 @@ def torchtitan_compiled_bytes(a: Arch, graph: str) -> float:
     return sum(c * value.get(t, 1) for t, c in TORCHTITAN_COMPILED_BYTES_PER_TOKEN[graph].items())
 
 
+TORCHTITAN_FLOAT8_WEIGHT_BYTES = {"forward": 5, "backward": 3}
+"""Bytes per weight element a compiled float8 block (``float8_*`` above) moves for its
+weights in each graph call beyond the bf16 block, measured likewise (what does not scale with
+the tokens, fitted as coefficients of the weight elements, no AC): forward the weight's
+``max(abs)`` (read 2) and its FP8 copy (read 2, write 1), backward the FP8 copy again for
+the input gradient. Not priced: torchtitan's Float8 recipe (docs/float8.md at 9dec370:
+``--float8.enable_fsdp_float8_all_gather --float8.precompute_float8_dynamic_scale_for_fsdp``)
+casts each weight on its FSDP shard before the all-gather, outside the compiled block (the
+gathered weight arrives already FP8 and the block casts nothing), once per all-gather: the
+fp32 shard read, its FP8 copy written (5 bytes per shard element), its amax once per step."""
+
+
 def torchtitan_fp8_cast_bytes(a: Arch, graph: str) -> float:
     """Bytes per token torchtitan's Float8 adds to ``graph`` (``forward`` or ``backward``) of a
     compiled block without activation checkpointing: the float8 block's bytes less the bf16

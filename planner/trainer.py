@@ -8,8 +8,12 @@ Two request options change what a unit costs on any mesh, so they rewrite the pr
   the GPU's matmul ceiling for that dtype (``autopipe.core.gemm``): each unit saves
   ``3 x linear_forward_flops x (1 / (peak_dtype x c_dtype) - 1 / (peak_fp8 x c_fp8))`` seconds (a
   third in forward, two thirds in backward). Attention, norms and the rest stay as profiled.
-  The casts to FP8 are not priced (with torch.compile they fuse into the neighbouring
-  kernels).
+  The casts to FP8 are memory-bound passes that torch.compile does not fuse away: the unit's
+  ``fp8_cast_forward_bytes`` and ``fp8_cast_backward_bytes`` add at the GPU's memory
+  bandwidth x memory efficiency (:func:`fp8_cast_s`; measured for torchtitan's compiled Llama
+  block with torchao's Float8Linear, ``benchmarks/compiled_block_bytes.py --float8 on``:
+  ``17 h + 3 ffn + 16`` bytes per token forward, ``39.5 h + 7 kv + 24 ffn + 8`` backward;
+  0, not priced, where the profile does not know them).
 - ``selective_recompute``: a unit with a selective recipe keeps ``selective_activation_bytes``
   and its backward re-computes ``selective_recompute_s`` first (its input-gradient part, B).
 """
