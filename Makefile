@@ -9,8 +9,11 @@ BIN := $(VENV)/bin
 # feed the emitted configs to: torchtitan 0.3.0 (the current release: its config classes,
 # ParallelDims and pipeline code) and Megatron-Core 0.16.1 (the newest for Python 3.11). Part
 # of the `emit` extra, installed without dependencies, which would replace torch.
+# torchao 0.18.0: torchtitan's Float8 (its Float8Linear), which
+# benchmarks/compiled_block_bytes.py --float8 compiles to measure the FP8 casts' bytes
+# (tests/test_compiled_block_bytes.py; its CUDA extensions are not needed on a CPU).
 EMIT_CHECKS := torchtitan==0.3.0 spmd_types==0.2.3 torch_checkpointing tyro docstring-parser \
-	typeguard megatron-core==0.16.1 einops
+	typeguard megatron-core==0.16.1 einops torchao==0.18.0
 # torchtitan 0.2.2, for the TOML's checks, in its own folder (one package name with 0.3.0):
 # tests/test_emit_frameworks.py runs those checks in one child pytest with it first on
 # PYTHONPATH.

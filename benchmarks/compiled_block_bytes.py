@@ -1,6 +1,7 @@
 """Bytes torch.compile's generated kernels move in a torchtitan Llama 3 block (CPU inductor).
 
     .venv/bin/python benchmarks/compiled_block_bytes.py [--ac none|selective|full|all]
+        [--float8 off|on|both]
 
 The block is written here from the facts of torchtitan's Llama model code at 9dec370
 (torchtitan/models/llama/model.py, torchtitan/models/norms.py; the code is not copied):
@@ -25,6 +26,19 @@ per-token bytes for their coefficients of ``h``, ``kv`` (the k/v width, ``kv_hea
 ``ffn`` from three shapes; ``benchmarks/published_runs.py``'s
 ``TORCHTITAN_COMPILED_BYTES_PER_TOKEN`` holds the result and ``tests/test_compiled_block_bytes.py``
 checks it against a fresh measurement at other dims.
+
+``--float8 on``: the same block with its seven linears converted as torchtitan's Float8
+converter does (torchao's ``convert_to_float8_training``, tensorwise dynamic scaling, the
+default recipe; torchtitan's filter skips only the model's ``output`` head, outside the block)
+before the activation checkpointing and the compile, as torchtitan orders them. Its
+``_scaled_mm`` calls are extern kernels, left out as the matmuls are; what remains beyond the
+bf16 block is the casts: each tensor's ``max(abs)`` and its FP8 copies (the ``float8_*`` rows
+of ``TORCHTITAN_COMPILED_BYTES_PER_TOKEN``). The weights' amax and casts do not scale with the
+tokens: :func:`fit` also fits each graph's bytes without a token dimension as coefficients of
+the weight elements (:data:`FIXED_TERMS`), constant in the sequence length (checked at 61 and
+67 tokens). torchao 0.18.0 here; the 0.7.0 release, torchtitan 9dec370's time, runs on this
+torch too (``PYTHONPATH`` to a ``pip install --no-deps --target`` folder) and measures the
+same forward, ``6 h + 8`` bytes per token less backward.
 
 Where a GPU's inductor may differ: the scheduler (what fuses with what) is shared, but the CPU
 (C++/OpenMP) backend decides its own vertical fusions (``CppScheduling.can_fuse_vertical``)
@@ -113,7 +127,14 @@ class LlamaBlock(nn.Module):
         return h + self.w2(F.silu(self.w1(y)) * self.w3(y))
 
 
-_SAVED = {torch.ops.aten.mm.default, torch.ops.aten._scaled_dot_product_flash_attention.default}
+_SAVED = {
+    torch.ops.aten.mm.default,
+    torch.ops.aten._scaled_dot_product_flash_attention.default,
+    # torchtitan 9dec370's _save_list keeps these "for low precision training": the float8
+    # casts' max(abs(x)) (none in a bf16 block)
+    torch.ops.aten.abs.default,
+    torch.ops.aten.max.default,
+}
 
 
 def _selective_policy() -> Any:
@@ -159,6 +180,9 @@ class GraphBytes:
     kernels: int
     fallbacks: tuple[str, ...]
     externs: tuple[str, ...]
+    fixed_bytes: int = 0
+    """The same kernels' traffic in buffers without a token dimension (weights, their
+    gradients, per-tensor scales): what a float8 block's weight casts move, per graph call."""
 
     @property
     def bytes_per_token(self) -> float:
@@ -174,7 +198,7 @@ def _graph_bytes(graph: Any, tokens: int) -> GraphBytes:
     from torch._inductor.ir import FallbackKernel
     from torch._inductor.scheduler import ExternKernelSchedulerNode, NopKernelSchedulerNode
 
-    total, kernels, fallbacks, externs = 0, 0, [], []
+    total, fixed, kernels, fallbacks, externs = 0, 0, 0, [], []
     for node in graph.scheduler.nodes:
         if isinstance(node, NopKernelSchedulerNode):
             continue
@@ -195,8 +219,9 @@ def _graph_bytes(graph: Any, tokens: int) -> GraphBytes:
             fallbacks.append(name)
         accesses = node.get_read_write_buffer_accesses(include_reads=True, include_writes=True)
         total += sum(count for count in accesses.values() if count % tokens == 0)
+        fixed += sum(count for count in accesses.values() if count % tokens != 0)
         kernels += 1
-    return GraphBytes(total, tokens, kernels, tuple(fallbacks), tuple(externs))
+    return GraphBytes(total, tokens, kernels, tuple(fallbacks), tuple(externs), fixed)
 
 
 def _compiled_graphs(fn: Any, tokens: int) -> list[GraphBytes]:
@@ -235,12 +260,35 @@ SEQ = 61
 """Tokens of a measurement: a prime (see :func:`_graph_bytes`)."""
 
 
+def _float8(block: nn.Module) -> nn.Module:
+    """``block`` with every linear a torchao ``Float8Linear`` as torchtitan's float8 converter
+    swaps them (``convert_to_float8_training``; its filter skips only the model's ``output``
+    head, outside the block) in its default recipe, tensorwise dynamic scaling: each matmul's
+    input and weight (forward), and output gradient (backward), scaled by ``max(abs(x))`` of
+    the whole tensor and cast to FP8 before ``torch._scaled_mm``."""
+    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+    out: nn.Module = convert_to_float8_training(block, config=Float8LinearConfig())
+    return out
+
+
 def measure_bytes(
-    dim: int, heads: int, kv_heads: int, ffn: int, ac: str = "none", seq: int = SEQ
+    dim: int,
+    heads: int,
+    kv_heads: int,
+    ffn: int,
+    ac: str = "none",
+    seq: int = SEQ,
+    float8: bool = False,
 ) -> tuple[GraphBytes, GraphBytes]:
-    """Forward and backward graphs of one compiled block on one sequence of ``seq`` tokens."""
+    """Forward and backward graphs of one compiled block on one sequence of ``seq`` tokens;
+    ``float8``: its linears converted first (:func:`_float8`, needs torchao), as torchtitan
+    converts the model before its activation checkpointing and compile."""
     torch.manual_seed(0)
-    block = _wrapped(LlamaBlock(dim, heads, kv_heads, ffn).to(torch.bfloat16), ac)
+    block: nn.Module = LlamaBlock(dim, heads, kv_heads, ffn).to(torch.bfloat16)
+    if float8:
+        block = _float8(block)
+    block = _wrapped(block, ac)
     compiled = torch.compile(block, fullgraph=True)
     x = torch.randn(1, seq, dim, dtype=torch.bfloat16, requires_grad=True)
     angles = torch.outer(torch.arange(seq).float(), torch.rand(dim // heads // 2))
@@ -256,10 +304,10 @@ def measure_bytes(
 
 
 def bytes_per_token(
-    dim: int, heads: int, kv_heads: int, ffn: int, ac: str = "none"
+    dim: int, heads: int, kv_heads: int, ffn: int, ac: str = "none", float8: bool = False
 ) -> tuple[float, float]:
     """Forward and backward bytes per token of a compiled block's memory-bound kernels."""
-    fwd, bwd = measure_bytes(dim, heads, kv_heads, ffn, ac)
+    fwd, bwd = measure_bytes(dim, heads, kv_heads, ffn, ac, float8=float8)
     return fwd.bytes_per_token, bwd.bytes_per_token
 
 
@@ -291,54 +339,108 @@ def terms(dim: int, heads: int, kv_heads: int, ffn: int) -> list[int]:
     return [dim, kv_heads * head_dim, ffn, heads, head_dim, 1]
 
 
-def fit(ac: str = "none") -> tuple[list[float], list[float], float]:
-    """Forward and backward bytes per token as coefficients of :data:`TERMS`: least squares
-    over :data:`FIT_SHAPES` (one more shape than terms), and the largest residual, bytes per
-    token (0: the counts are exactly linear in the terms)."""
-    rows, fwd, bwd = [], [], []
+def weight_elements(dim: int, heads: int, kv_heads: int, ffn: int) -> int:
+    """Elements of a block's linear weights (wq, wk, wv, wo, w1, w3, w2): what a float8
+    block casts, each forward, per weight element."""
+    kv = kv_heads * (dim // heads)
+    return dim * (dim + 2 * kv) + dim * dim + 3 * dim * ffn
+
+
+FIXED_TERMS = ("weights", "h", "1")
+"""What a graph's bytes without a token dimension are a sum of: the linears' weight elements
+(:func:`weight_elements`: a float8 block's amax and casts of its weights), ``h`` (the norms'
+weights and their gradients) and a constant (per-tensor scales)."""
+
+
+@dataclass(frozen=True)
+class Fit:
+    """:func:`fit`'s result: bytes per token forward and backward as coefficients of
+    :data:`TERMS`, the graphs' bytes without a token dimension as coefficients of
+    :data:`FIXED_TERMS`, and the largest residual of each (bytes; 0: exactly linear)."""
+
+    forward: list[float]
+    backward: list[float]
+    worst_per_token: float
+    fixed_forward: list[float]
+    fixed_backward: list[float]
+    worst_fixed: float
+
+
+def _lstsq(rows: list[list[int]], y: list[float]) -> tuple[list[float], float]:
+    a = torch.tensor(rows, dtype=torch.float64)
+    target = torch.tensor(y, dtype=torch.float64).unsqueeze(1)
+    sol = torch.linalg.lstsq(a, target).solution
+    worst = float((a @ sol - target).abs().max())
+    return [round(float(v), 3) for v in sol.squeeze(1)], worst
+
+
+def fit(ac: str = "none", float8: bool = False) -> Fit:
+    """Forward and backward bytes per token as coefficients of :data:`TERMS` (least squares
+    over :data:`FIT_SHAPES`, one more shape than terms), and the bytes that do not scale with
+    the tokens as coefficients of :data:`FIXED_TERMS`."""
+    rows, fixed_rows = [], []
+    fwd: list[float] = []
+    bwd: list[float] = []
+    fixed_fwd: list[float] = []
+    fixed_bwd: list[float] = []
     for dim, heads, kv_heads, ffn in FIT_SHAPES:
-        f, b = bytes_per_token(dim, heads, kv_heads, ffn, ac)
+        f, b = measure_bytes(dim, heads, kv_heads, ffn, ac, float8=float8)
         print(
-            f"  ac {ac} shape {(dim, heads, kv_heads, ffn)}: forward {f:g} backward {b:g}",
+            f"  ac {ac} float8 {float8} shape {(dim, heads, kv_heads, ffn)}: forward "
+            f"{f.bytes_per_token:g} backward {b.bytes_per_token:g} per token, fixed "
+            f"{f.fixed_bytes} / {b.fixed_bytes}",
             flush=True,
         )
         rows.append(terms(dim, heads, kv_heads, ffn))
-        fwd.append(f)
-        bwd.append(b)
-    a = torch.tensor(rows, dtype=torch.float64)
-    worst = 0.0
-
-    def solve(y: list[float]) -> list[float]:
-        nonlocal worst
-        target = torch.tensor(y, dtype=torch.float64).unsqueeze(1)
-        sol = torch.linalg.lstsq(a, target).solution
-        worst = max(worst, float((a @ sol - target).abs().max()))
-        return [round(float(v), 3) for v in sol.squeeze(1)]
-
-    return solve(fwd), solve(bwd), worst
+        fixed_rows.append([weight_elements(dim, heads, kv_heads, ffn), dim, 1])
+        fwd.append(f.bytes_per_token)
+        bwd.append(b.bytes_per_token)
+        fixed_fwd.append(f.fixed_bytes)
+        fixed_bwd.append(b.fixed_bytes)
+    (f_c, f_w), (b_c, b_w) = _lstsq(rows, fwd), _lstsq(rows, bwd)
+    (ff_c, ff_w), (fb_c, fb_w) = _lstsq(fixed_rows, fixed_fwd), _lstsq(fixed_rows, fixed_bwd)
+    return Fit(f_c, b_c, max(f_w, b_w), ff_c, fb_c, max(ff_w, fb_w))
 
 
-def _formula(coefficients: list[float]) -> str:
-    return " + ".join(f"{c:g} {t}" for c, t in zip(coefficients, TERMS, strict=True) if c)
+def _formula(coefficients: list[float], names: tuple[str, ...] = TERMS) -> str:
+    return " + ".join(f"{c:g} {t}" for c, t in zip(coefficients, names, strict=True) if c)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--ac", choices=(*AC_MODES, "all"), default="all")
+    parser.add_argument(
+        "--float8",
+        choices=("off", "on", "both"),
+        default="off",
+        help="the block's linears as torchtitan's Float8 converter swaps them (needs torchao)",
+    )
     parser.add_argument("--verbose", action="store_true", help="each shape's kernels and externs")
     args = parser.parse_args()
     logging.getLogger("torch._inductor").setLevel(logging.ERROR)
     print(
         f"torch {torch.__version__}, inductor CPU backend; bytes per token of memory-bound kernels"
     )
-    for ac in AC_MODES if args.ac == "all" else (args.ac,):
-        if args.verbose:
-            for dim, heads, kv_heads, ffn in FIT_SHAPES[:1]:
-                f, b = measure_bytes(dim, heads, kv_heads, ffn, ac)
-                print(f"  ac {ac} h {dim} forward {f}\n  ac {ac} h {dim} backward {b}")
-        fwd, bwd, worst = fit(ac)
-        print(f"ac {ac:9s} forward  {_formula(fwd)}", flush=True)
-        print(f"ac {ac:9s} backward {_formula(bwd)}   (largest residual {worst:.3f} B/token)")
+    modes = {"off": (False,), "on": (True,), "both": (False, True)}[args.float8]
+    for float8 in modes:
+        for ac in AC_MODES if args.ac == "all" else (args.ac,):
+            tag = f"{'float8 ' if float8 else ''}ac {ac:9s}"
+            if args.verbose:
+                for dim, heads, kv_heads, ffn in FIT_SHAPES[:1]:
+                    f, b = measure_bytes(dim, heads, kv_heads, ffn, ac, float8=float8)
+                    print(f"  {tag} h {dim} forward {f}\n  {tag} h {dim} backward {b}")
+            r = fit(ac, float8)
+            print(f"{tag} forward  {_formula(r.forward)}", flush=True)
+            print(
+                f"{tag} backward {_formula(r.backward)}   (largest residual "
+                f"{r.worst_per_token:.3f} B/token)"
+            )
+            print(f"{tag} fixed forward  {_formula(r.fixed_forward, FIXED_TERMS)}")
+            print(
+                f"{tag} fixed backward {_formula(r.fixed_backward, FIXED_TERMS)}   (largest "
+                f"residual {r.worst_fixed:.3f} B)",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

@@ -597,6 +597,20 @@ TORCHTITAN_COMPILED_BYTES_PER_TOKEN: dict[str, dict[str, float]] = {
     "selective_backward": {"h": 94, "kv": 40, "ffn": 12, "heads": 8, "head_dim": 24, "1": 24},
     "full_forward": {"h": 42, "kv": 20, "ffn": 6, "head_dim": 8},
     "full_backward": {"h": 96, "kv": 40, "ffn": 12, "heads": 8, "head_dim": 24, "1": 24},
+    # the same block with torchtitan's Float8 (torchao 0.18.0 Float8Linear, tensorwise dynamic)
+    "float8_forward": {"h": 59, "kv": 20, "ffn": 9, "head_dim": 8, "1": 24},
+    "float8_backward": {"h": 101.5, "kv": 27, "ffn": 34, "heads": 8, "head_dim": 16, "1": 24},
+    "float8_selective_forward": {"h": 59, "kv": 20, "ffn": 9, "head_dim": 8, "1": 24},
+    "float8_selective_backward": {
+        "h": 136.5,
+        "kv": 47,
+        "ffn": 34,
+        "heads": 8,
+        "head_dim": 24,
+        "1": 32,
+    },
+    "float8_full_forward": {"h": 59, "kv": 20, "ffn": 9, "head_dim": 8, "1": 24},
+    "float8_full_backward": {"h": 152.5, "kv": 47, "ffn": 34, "heads": 8, "head_dim": 24, "1": 52},
 }
 """Bytes per token one torchtitan Llama block's memory-bound kernels move compiled (its
 ``apply_compile``: ``torch.compile(block, fullgraph=True)``), as measured, not assumed:
@@ -616,7 +630,17 @@ stored, SwiGLU is one kernel (6 bytes per ``ffn``). Backward: the norms' weight 
 are a second kernel that re-reads the norms' inputs and gradients (a reduction over the
 tokens, not over ``h``), the gradients of q/k/v's inputs and of w1/w3's are read as separate
 matmul outputs, the rotary backward is again three passes, the repeated k/v gradients summed
-back."""
+back.
+
+``float8_*``: the block's seven linears converted as torchtitan's Float8 converter does
+(torchao's ``convert_to_float8_training``, tensorwise dynamic scaling; ``_scaled_mm`` left out
+with the other matmuls). Beyond the bf16 block (:func:`torchtitan_fp8_cast_bytes`): forward
+``17 h + 3 ffn + 16`` (each matmul input's ``max(abs)`` and FP8 copy: the attention norm's
+output once for q, k and v, the attention output, the MLP norm's output, the SwiGLU
+product), backward ``39.5 h + 7 kv + 24 ffn + 8`` (each output gradient's amax and FP8 copies
+in the two layouts ``_scaled_mm`` takes, the inputs cast again for the weight gradients).
+torchao 0.7.0, the release before 9dec370 (it saves the FP8 input and weight instead of
+casting again in backward), measures the same forward and ``6 h + 8`` less backward."""
 
 
 def torchtitan_compiled_bytes(a: Arch, graph: str) -> float:
@@ -624,6 +648,25 @@ def torchtitan_compiled_bytes(a: Arch, graph: str) -> float:
     head_dim = a.hidden // a.heads
     value = {"h": a.hidden, "kv": a.kv_dim, "ffn": a.ffn, "heads": a.heads, "head_dim": head_dim}
     return sum(c * value.get(t, 1) for t, c in TORCHTITAN_COMPILED_BYTES_PER_TOKEN[graph].items())
+
+
+TORCHTITAN_FLOAT8_WEIGHT_BYTES = {"forward": 5, "backward": 3}
+"""Bytes per weight element a compiled float8 block (``float8_*`` above) moves for its
+weights in each graph call beyond the bf16 block, measured likewise (what does not scale with
+the tokens, fitted as coefficients of the weight elements, no AC): forward the weight's
+``max(abs)`` (read 2) and its FP8 copy (read 2, write 1), backward the FP8 copy again for
+the input gradient. Not priced: torchtitan's Float8 recipe (docs/float8.md at 9dec370:
+``--float8.enable_fsdp_float8_all_gather --float8.precompute_float8_dynamic_scale_for_fsdp``)
+casts each weight on its FSDP shard before the all-gather, outside the compiled block (the
+gathered weight arrives already FP8 and the block casts nothing), once per all-gather: the
+fp32 shard read, its FP8 copy written (5 bytes per shard element), its amax once per step."""
+
+
+def torchtitan_fp8_cast_bytes(a: Arch, graph: str) -> float:
+    """Bytes per token torchtitan's Float8 adds to ``graph`` (``forward`` or ``backward``) of a
+    compiled block without activation checkpointing: the float8 block's bytes less the bf16
+    block's, both measured (:data:`TORCHTITAN_COMPILED_BYTES_PER_TOKEN`)."""
+    return torchtitan_compiled_bytes(a, f"float8_{graph}") - torchtitan_compiled_bytes(a, graph)
 
 
 def _block_activation_bytes(a: Arch, seq: int, flash: bool) -> float:
@@ -714,6 +757,8 @@ def transformer_profile(
     elem_bytes = BF16 * _elementwise_elements(a, compiled)
     # backward and a selective re-computation: twice and once the forward's unless measured
     bwd_elem_bytes, redo_elem_bytes = 2 * elem_bytes, elem_bytes
+    # what a float8 run's casts add (planner/trainer.py prices them under precision="fp8")
+    fp8_fwd_bytes = fp8_bwd_bytes = 0.0
     if eager == "torchtitan" and not compiled and a.gated:
         elem_bytes = torchtitan_eager_bytes(a, "forward")
         bwd_elem_bytes = torchtitan_eager_bytes(a, "backward")
@@ -724,6 +769,8 @@ def transformer_profile(
             - bwd_elem_bytes
         )
     if eager == "torchtitan" and compiled and a.gated:
+        fp8_fwd_bytes = torchtitan_fp8_cast_bytes(a, "forward")
+        fp8_bwd_bytes = torchtitan_fp8_cast_bytes(a, "backward")
         elem_bytes = torchtitan_compiled_bytes(a, "forward")
         bwd_elem_bytes = torchtitan_compiled_bytes(a, "backward")
         redo_elem_bytes = (
@@ -799,6 +846,8 @@ def transformer_profile(
                 tp_collective_bytes=2 * hidden_bytes,
                 tp_rowwise_output_bytes=2 * hidden_bytes,  # attention's wo, the MLP's down
                 linear_forward_flops=tokens * linear_flops,
+                fp8_cast_forward_bytes=int(tokens * fp8_fwd_bytes),
+                fp8_cast_backward_bytes=int(tokens * fp8_bwd_bytes),
                 selective_activation_bytes=int(kept),
                 selective_recompute_s=redo,
                 # torchtitan's op policy saves the reduce-scatters, not the all-gathers: both

@@ -8,8 +8,12 @@ Two request options change what a unit costs on any mesh, so they rewrite the pr
   the GPU's matmul ceiling for that dtype (``autopipe.core.gemm``): each unit saves
   ``3 x linear_forward_flops x (1 / (peak_dtype x c_dtype) - 1 / (peak_fp8 x c_fp8))`` seconds (a
   third in forward, two thirds in backward). Attention, norms and the rest stay as profiled.
-  The casts to FP8 are not priced (with torch.compile they fuse into the neighbouring
-  kernels).
+  The casts to FP8 are memory-bound passes that torch.compile does not fuse away: the unit's
+  ``fp8_cast_forward_bytes`` and ``fp8_cast_backward_bytes`` add at the GPU's memory
+  bandwidth x memory efficiency (:func:`fp8_cast_s`; measured for torchtitan's compiled Llama
+  block with torchao's Float8Linear, ``benchmarks/compiled_block_bytes.py --float8 on``:
+  ``17 h + 3 ffn + 16`` bytes per token forward, ``39.5 h + 7 kv + 24 ffn + 8`` backward;
+  0, not priced, where the profile does not know them).
 - ``selective_recompute``: a unit with a selective recipe keeps ``selective_activation_bytes``
   and its backward re-computes ``selective_recompute_s`` first (its input-gradient part, B).
 """
@@ -25,7 +29,7 @@ from autopipe.core.gemm import gemm_ceiling
 from autopipe.core.profile import Profile, UnitProfile
 from autopipe.core.request import PlanRequest
 
-__all__ = ["PRECISIONS", "fp8_saving_s", "trainer_profile"]
+__all__ = ["PRECISIONS", "fp8_cast_s", "fp8_saving_s", "trainer_profile"]
 
 PRECISIONS = ("bf16", "fp8")
 
@@ -60,12 +64,21 @@ def _shrunk(total: float, overhead: float, saving: float) -> float:
     return max(total - saving, min(overhead, total))
 
 
+def fp8_cast_s(spec: DeviceSpec, cast_bytes: float) -> float:
+    """Seconds the FP8 casts' ``cast_bytes`` (``UnitProfile.fp8_cast_forward_bytes`` or
+    ``fp8_cast_backward_bytes``) take: memory-bound, at the GPU's memory bandwidth times its
+    memory efficiency, as the analytic profiler prices element-wise ops."""
+    return cast_bytes / (spec.memory_bandwidth_bytes_per_s * spec.memory_efficiency)
+
+
 def _fp8_unit(u: UnitProfile, spec: DeviceSpec, dtype: str) -> UnitProfile:
     if u.linear_forward_flops <= 0:
         return u
     fwd_saving = fp8_saving_s(spec, dtype, u.linear_forward_flops)
     fwd = _shrunk(u.forward_s, u.forward_overhead_s, fwd_saving)
     bwd = _shrunk(u.backward_s, u.backward_overhead_s, 2 * fwd_saving)
+    fwd += fp8_cast_s(spec, u.fp8_cast_forward_bytes)
+    bwd += fp8_cast_s(spec, u.fp8_cast_backward_bytes)
     scale = bwd / u.backward_s if u.backward_s > 0 else 1.0
     return dataclasses.replace(
         u,

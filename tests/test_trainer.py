@@ -69,6 +69,44 @@ def test_fp8_prices_the_linear_flops_at_the_fp8_peak() -> None:
     assert trainer_profile(p, PlanRequest()) is p
 
 
+def test_fp8_prices_the_cast_bytes_at_the_memory_bandwidth() -> None:
+    """A unit's FP8 cast bytes (torchao's Float8Linear casts, measured compiled:
+    benchmarks/compiled_block_bytes.py) add to its time under precision="fp8" only, at the
+    H100 SXM's 3.35 TB/s x 0.8 memory efficiency: 2.68e9 B in forward is 1 ms, 5.36e9 B in
+    backward 2 ms, split over B and W as the backward's time is. Failed before (the fields did
+    not exist; the casts were not priced)."""
+    p = _profile()
+    us = [
+        dataclasses.replace(
+            u,
+            fp8_cast_forward_bytes=2_680_000_000,
+            fp8_cast_backward_bytes=5_360_000_000,
+            backward_input_s=1.2e-2,
+            backward_weight_s=0.8e-2,
+        )
+        for u in p.units
+    ]
+    casts = dataclasses.replace(p, units=us)
+    split = dataclasses.replace(
+        p,
+        units=[
+            dataclasses.replace(u, fp8_cast_forward_bytes=0, fp8_cast_backward_bytes=0) for u in us
+        ],
+    )
+    fp8 = PlanRequest(precision="fp8")
+    without, with_casts = trainer_profile(split, fp8).units[0], trainer_profile(casts, fp8).units[0]
+    assert with_casts.forward_s - without.forward_s == pytest.approx(1e-3)
+    assert with_casts.backward_s - without.backward_s == pytest.approx(2e-3)
+    assert with_casts.backward_input_s + with_casts.backward_weight_s == pytest.approx(
+        with_casts.backward_s
+    )
+    assert with_casts.backward_input_s / with_casts.backward_weight_s == pytest.approx(1.5)
+    # bf16: the casts' bytes are the profile's, not priced
+    assert trainer_profile(casts, PlanRequest()) is casts
+    bf16 = trainer_profile(casts, PlanRequest(selective_recompute=True)).units[0]
+    assert bf16.forward_s == pytest.approx(1e-2)
+
+
 def test_fp8_refused_where_the_gpu_has_no_fp8_peak() -> None:
     with pytest.raises(RuleViolation, match="FP8"):
         trainer_profile(_profile("A100-80GB"), PlanRequest(precision="fp8"))

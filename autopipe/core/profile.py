@@ -168,6 +168,17 @@ class UnitProfile:
     """FLOPs of this unit's weight matmuls (``nn.Linear``) in forward, at
     ``Profile.batch_size`` (their backward is twice as many): the share ``precision="fp8"``
     prices at the GPU's FP8 peak. 0: unknown (FP8 then changes nothing). Optional in v1."""
+    fp8_cast_forward_bytes: int = 0
+    """Bytes, at ``Profile.batch_size``, that a float8 trainer's memory-bound kernels move in
+    this unit's forward beyond the profile dtype's: each weight matmul's input scaled by its
+    ``max(abs)`` and cast to FP8 (torchao's tensorwise dynamic ``Float8Linear``, as compiled),
+    what ``precision="fp8"`` prices at the GPU's memory bandwidth. Scales with the tokens;
+    the weights' own casts (once per call, or on the FSDP shard before a float8 all-gather)
+    are not in it. 0: unknown (not priced). Optional in v1."""
+    fp8_cast_backward_bytes: int = 0
+    """Likewise for the backward (the output gradients' casts, and the inputs' casts again in
+    the layouts the weight gradients' FP8 matmuls take), at ``Profile.batch_size``. Optional
+    in v1 (0: unknown)."""
     selective_activation_bytes: int = 0
     """Bytes this unit saves for backward under selective activation checkpointing (the
     tensors the trainer's policy keeps: Megatron's ``--recompute-granularity selective``
