@@ -804,11 +804,22 @@ def transformer_profile(
         # matmul (wq, wv, w1, w2: the policy's odd mm calls), attention's output and its fp32
         # log-sum-exp per head
         kept = tokens * (BF16 * (4 * h + a.kv_dim + a.ffn) + 4 * a.heads)
-        redo = 0.5 * lin_f + tokens * (redo_elem_bytes + softmax_bytes) / mem
+        # the matmuls it re-runs: the even mm calls, wk, wo and w3 (counted in the compiled
+        # backward graph: 17 mm, 14 of the backward and these 3, FP8 ones alike)
+        redo_shapes = [(h, a.kv_dim, True), (h, h, False), (h, a.ffn, True)]
+        redo_flops = tokens * sum(2 * i * o for i, o, _ in redo_shapes)
+        redo_lin = redo_flops / mm
+        if pricing is None:
+            redo_lin = sum(
+                _linear_s(spec, gemm_tokens or tokens, i, o, col, tp, tokens)[0]
+                for i, o, col in redo_shapes
+            )
+        redo = redo_lin + tokens * (redo_elem_bytes + softmax_bytes) / mem
     else:
         scores = 0.0 if flash else tokens * (2 + 2 + (1 if a.dropout else 0)) * a.heads * seq
         kept = block_act - scores
         redo = tokens * (fwd_attn + softmax_bytes / mem)
+        redo_flops = 0.0
     hidden_bytes = tokens * h * BF16
     # torchtitan's final norm runs eager (apply_compile compiles the blocks only) in fp32
     norm_bytes = tokens * h * TORCHTITAN_HEAD_NORM_BYTES if head == "torchtitan" else 0
@@ -850,6 +861,7 @@ def transformer_profile(
                 fp8_cast_backward_bytes=int(tokens * fp8_bwd_bytes),
                 selective_activation_bytes=int(kept),
                 selective_recompute_s=redo,
+                selective_recompute_linear_flops=redo_flops,
                 # torchtitan's op policy saves the reduce-scatters, not the all-gathers: both
                 # regions' inputs are gathered again for the kept matmuls' weight gradients
                 selective_recompute_gather_bytes=2 * hidden_bytes

@@ -14,6 +14,8 @@ Two request options change what a unit costs on any mesh, so they rewrite the pr
   block with torchao's Float8Linear, ``benchmarks/compiled_block_bytes.py --float8 on``:
   ``17 h + 3 ffn + 16`` bytes per token forward, ``39.5 h + 7 kv + 24 ffn + 8`` backward;
   0, not priced, where the profile does not know them).
+  The weight matmuls a selective re-computation runs again (``selective_recompute_linear_flops``)
+  save likewise, from ``selective_recompute_s``.
 - ``selective_recompute``: a unit with a selective recipe keeps ``selective_activation_bytes``
   and its backward re-computes ``selective_recompute_s`` first (its input-gradient part, B).
 """
@@ -80,12 +82,15 @@ def _fp8_unit(u: UnitProfile, spec: DeviceSpec, dtype: str) -> UnitProfile:
     fwd += fp8_cast_s(spec, u.fp8_cast_forward_bytes)
     bwd += fp8_cast_s(spec, u.fp8_cast_backward_bytes)
     scale = bwd / u.backward_s if u.backward_s > 0 else 1.0
+    # a selective re-computation re-runs some of the weight matmuls, in FP8 like the rest
+    redo_saving = fp8_saving_s(spec, dtype, u.selective_recompute_linear_flops)
     return dataclasses.replace(
         u,
         forward_s=fwd,
         backward_s=bwd,
         backward_input_s=u.backward_input_s * scale,
         backward_weight_s=u.backward_weight_s * scale,
+        selective_recompute_s=max(u.selective_recompute_s - redo_saving, 0.0),
     )
 
 

@@ -360,3 +360,21 @@ def test_an_unpublished_micro_batch_count_is_one_the_gpu_holds() -> None:
     forced = pr.price(llama)
     assert forced.plan is not None
     assert forced.plan.microbatches == llama.global_batch // llama.dp // llama.microbatch
+
+
+def test_torchtitan_selective_recompute_reruns_wk_wo_and_w3() -> None:
+    """torchtitan's op policy re-runs the even mm calls of a Llama block, wk, wo and w3
+    (measured: its compiled backward runs 17 matmuls, tests/test_compiled_block_bytes.py), not
+    half of every matmul's time: Llama 3.1 8B re-runs 2 h (kv + h + ffn) = 159.4 MFLOP per
+    token, 36.5% of the block's weight-matmul FLOPs; Megatron's recipe (the attention core)
+    re-runs none. Failed before (half the linear time, no FLOPs for FP8 to price)."""
+    run = next(r for r in pr.RUNS if r.key == "tt-8b-8gpu-compile-fp8")
+    block = pr.profile_of(run).units[1]
+    a, tokens = run.arch, run.seq  # the profile holds one sequence
+    h = a.hidden
+    assert block.selective_recompute_linear_flops == 2 * h * (a.kv_dim + h + a.ffn) * tokens
+    assert block.selective_recompute_linear_flops / block.linear_forward_flops == pytest.approx(
+        0.365, abs=0.001
+    )
+    mcore = pr.profile_of(next(r for r in pr.RUNS if r.key == "mcore-70b")).units[1]
+    assert mcore.selective_recompute_s > 0 and mcore.selective_recompute_linear_flops == 0

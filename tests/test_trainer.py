@@ -16,7 +16,7 @@ from autopipe.planner.mesh_costs import (
     sharded_state_bytes_per_parameter,
     tp_overlap_exposed_s,
 )
-from autopipe.planner.trainer import trainer_profile
+from autopipe.planner.trainer import fp8_saving_s, trainer_profile
 
 from autopipe.core.catalog import get_device
 from autopipe.core.cluster import Cluster, Device
@@ -105,6 +105,34 @@ def test_fp8_prices_the_cast_bytes_at_the_memory_bandwidth() -> None:
     assert trainer_profile(casts, PlanRequest()) is casts
     bf16 = trainer_profile(casts, PlanRequest(selective_recompute=True)).units[0]
     assert bf16.forward_s == pytest.approx(1e-2)
+
+
+def test_fp8_prices_the_selective_recomputations_matmuls_at_the_fp8_peak() -> None:
+    """The weight matmuls a selective re-computation runs again (torchtitan's op policy: wk,
+    wo and w3) run in FP8 under precision="fp8" like the forward's: the re-computation saves
+    what ``linear_forward_flops`` of that size saves in forward, and nothing under bf16.
+    Failed before (the re-computation kept its bf16 time under FP8)."""
+    p = _profile()
+    us = [
+        dataclasses.replace(
+            u,
+            selective_recompute_s=4e-3,
+            selective_recompute_linear_flops=1e12,
+            selective_activation_bytes=1,
+        )  # fmt: skip
+        for u in p.units
+    ]
+    sel = dataclasses.replace(p, units=us)
+    spec = get_device("H100-SXM-80GB")
+    saving = fp8_saving_s(spec, p.dtype, 1e12)
+    assert saving > 0
+    fp8 = trainer_profile(sel, PlanRequest(precision="fp8", selective_recompute=True)).units[0]
+    plain = trainer_profile(sel, PlanRequest(precision="fp8")).units[0]
+    assert fp8.selective_recompute_s == pytest.approx(4e-3 - saving)
+    assert fp8.backward_s == pytest.approx(plain.backward_s + 4e-3 - saving)
+    bf16 = trainer_profile(sel, PlanRequest(selective_recompute=True)).units[0]
+    assert bf16.selective_recompute_s == 4e-3
+    assert bf16.backward_s == pytest.approx(p.units[0].backward_s + 4e-3)
 
 
 def test_fp8_refused_where_the_gpu_has_no_fp8_peak() -> None:

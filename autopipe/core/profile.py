@@ -189,6 +189,13 @@ class UnitProfile:
     selective_recompute_s: float = 0.0
     """Seconds the backward spends re-computing what selective checkpointing dropped, at
     ``Profile.batch_size``. Optional in v1."""
+    selective_recompute_linear_flops: float = 0.0
+    """Of ``selective_recompute_s``'s work, the weight matmuls' FLOPs the re-computation runs
+    again, at ``Profile.batch_size``: ``precision="fp8"`` prices them at the GPU's FP8 peak
+    as it does ``linear_forward_flops`` (torchtitan's op policy re-computes every other
+    ``mm``, FP8 ones as well: wk, wo and w3 of a Llama block; Megatron's recipe re-computes
+    the attention core only, 0). 0: none or unknown (the re-computation then keeps its
+    profiled time under FP8). Optional in v1."""
     selective_recompute_gather_bytes: int = 0
     """Of ``tp_collective_bytes``, the TP regions' inputs that the selective recipe gathers
     again in backward, at ``Profile.batch_size``: torchtitan's op policy saves the outputs of
