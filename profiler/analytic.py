@@ -806,6 +806,7 @@ def _build_profile(
                 peak_bytes=cost.saved_bytes + outputs[index] + grad_inputs[index],
                 forward_flops=cost.forward.flops,
                 backward_flops=cost.backward.flops,
+                linear_forward_flops=cost.forward.linear_flops,
             )
         )
     return Profile(

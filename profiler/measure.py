@@ -69,6 +69,7 @@ from autopipe.profiler.memory import (
     tensor_bytes,
 )
 from autopipe.profiler.objective import LossFn
+from autopipe.profiler.opcount import WeightMatmulCounter, parameter_storage_keys
 from autopipe.profiler.options import MeasureOptions
 from autopipe.profiler.sharing import UnitSharing
 from autopipe.profiler.tensor_parallel import annotate_tensor_parallel
@@ -1144,6 +1145,9 @@ class _Measured:
     parameters: list[dict[str, Any]] = field(default_factory=list)
     """Per unit, its parameter and training-state fields of :class:`UnitProfile`."""
     parameter_bytes_total: int = 0
+    linear_flops: list[float] = field(default_factory=list)
+    """Per unit, its weight matmuls' forward FLOPs at the full batch
+    (``UnitProfile.linear_forward_flops``)."""
 
 
 def _measure_sizes(
@@ -1166,14 +1170,19 @@ def _measure_sizes(
         leave=False,
     )
     graphs = _size_graphs(traced_model, ug, setup)
-    infos: list[Any] = _meta_node_bytes(graphs, setup.device) if meta_init else [None] * len(graphs)
+    infos: list[Any] = [None] * len(graphs)
+    if meta_init:
+        infos, linear_flops = _meta_node_bytes(graphs, setup.device, setup.batch_size)
+    else:  # one more no-grad forward, as _node_bytes runs at each size
+        params = parameter_storage_keys(model, ug.graph_module)
+        linear_flops = _linear_flops(ug, ug.flat_inputs(setup.inputs), params)
     units_bar = _UnitsProgress(bar, len(graphs), label)
     one_at_a_time = (
         _Timing(opts.warmup, opts.repeat, setup.clock, tick=units_bar.tick, expect=units_bar.expect)
         if meta_init
         else None
     )
-    run = _Measured(ug=ug, sizes=[], measured=[])
+    run = _Measured(ug=ug, sizes=[], measured=[], linear_flops=linear_flops)
     prepared = [
         _prepare_timed_size(model, setup, loss_fn, graph, info, one_at_a_time, bar, run)
         for graph, info in zip(graphs, infos, strict=True)
@@ -1262,20 +1271,43 @@ def _size_graphs(
 
 
 def _meta_node_bytes(
-    graphs: list[tuple[int, Any, UnitGraph]], device: torch.device
-) -> list[dict[str, list[tuple[tuple[str, int], int, int]]]]:
+    graphs: list[tuple[int, Any, UnitGraph]], device: torch.device, batch_size: int
+) -> tuple[list[dict[str, list[tuple[tuple[str, int], int, int]]]], list[float]]:
     """Per micro-batch size (model on meta), the bytes of every graph value from a run on
     meta, before the graphs are pointed at the real ``device`` (export bakes the tracing
-    device into some ops); then the graphs own their meta state and run on ``device``."""
+    device into some ops); then the graphs own their meta state and run on ``device``.
+    Also, per unit, the weight matmuls' forward FLOPs at ``batch_size`` (:func:`_linear_flops`,
+    counted on meta too)."""
     for _, _, size_ug in graphs:
         own_meta_state(size_ug.graph_module)
     infos = [
         meta_node_bytes(size_ug, size_ug.flat_inputs(to_meta(size_inputs)))
         for _, size_inputs, size_ug in graphs
     ]
+    _, full_inputs, full = next(g for g in graphs if g[0] == batch_size)
+    linear_flops = _linear_flops(
+        full, full.flat_inputs(to_meta(full_inputs)), parameter_storage_keys(full.graph_module)
+    )
     for _, _, size_ug in graphs:
         retarget_devices([size_ug.graph_module], device)
-    return infos
+    return infos, linear_flops
+
+
+def _linear_flops(ug: UnitGraph, flat_inputs: Sequence[Any], parameters: set[int]) -> list[float]:
+    """Per unit, the FLOPs of its weight matmuls (an ``mm``/``addmm`` taking a parameter,
+    ``parameters``: their storage keys) in one no-grad forward of the traced graph on
+    ``flat_inputs`` (:class:`~autopipe.profiler.opcount.WeightMatmulCounter`). O(nodes)."""
+    counter = WeightMatmulCounter(ug.num_units, parameters)
+
+    class Tagger(fx.Interpreter):
+        def run_node(self, n: fx.Node) -> Any:
+            if n.op != "output":
+                counter.unit = ug.node_unit.get(n.name, counter.unit)
+            return super().run_node(n)
+
+    with torch.no_grad(), counter:
+        Tagger(ug.graph_module).run(*flat_inputs, enable_io_processing=False)
+    return counter.flops
 
 
 def _time_sizes(
@@ -1410,6 +1442,7 @@ def _unit_profiles(ug: UnitGraph, run: _Measured) -> list[UnitProfile]:
                 peak_bytes=um.peak_bytes,
                 measured_as=ug.unit_names[rep] if shares else "",
                 backward_unsplit=um.unsplit_reason,
+                linear_forward_flops=run.linear_flops[i] if run.linear_flops else 0.0,
                 **run.parameters[i],
             )
         )

@@ -51,6 +51,23 @@ def _gemm_shape(packet: Any, args: tuple[Any, ...]) -> tuple[int, int, int, int]
     return (a.shape[0], b.shape[1], a.shape[1], 1)
 
 
+def weight_matmul_flops(packet: Any, args: tuple[Any, ...], parameter_storages: set[int]) -> float:
+    """FLOPs of ``packet(*args)`` when it is a weight matmul, else 0: an ``mm`` or ``addmm``
+    (what ``nn.Linear`` and Hugging Face's ``Conv1D`` run, a 3-D input flattened to
+    ``[tokens, in]``) with an operand whose storage is a parameter's (``parameter_storages``,
+    keys of :func:`storage_key`; the weight's transpose is a view of it). ``2 m k n`` =
+    2 x in x out x tokens per call: a linear called twice, or a tied head, counts each call.
+    What an FP8 trainer runs at the FP8 peak (``UnitProfile.linear_forward_flops``)."""
+    if packet not in (aten.mm, aten.addmm):
+        return 0.0
+    shape = _gemm_shape(packet, args)
+    operands = args[1:3] if packet is aten.addmm else args[:2]
+    if shape is None or not any(storage_key(t) in parameter_storages for t in operands):
+        return 0.0
+    m, n, k, _ = shape
+    return 2.0 * m * n * k
+
+
 _EXTRA_FLOPS = {
     aten._scaled_dot_product_flash_attention_for_cpu: flop_registry[
         aten._scaled_dot_product_flash_attention
@@ -154,6 +171,9 @@ class PhaseCost:
     parameter_flops: float = 0.0
     """FLOPs of the ops taking a parameter as an operand (``Y = X W``): in forward, what the
     weight gradient costs again in backward (``dW = X^T dY``), the analytic W."""
+    linear_flops: float = 0.0
+    """Of ``flops``, the weight matmuls' (:func:`weight_matmul_flops`): in forward, what an
+    FP8 trainer runs at the FP8 peak."""
     ops: dict[str, int] = field(default_factory=dict)
 
     def seconds(self, launch_overhead_s: float) -> float:
@@ -298,6 +318,7 @@ class OpCounter(TorchDispatchMode):
         cost.flops += flops
         if flops > 0 and any(storage_key(t) in self.parameter_storages for t in in_tensors):
             cost.parameter_flops += flops
+            cost.linear_flops += weight_matmul_flops(packet, args, self.parameter_storages)
         cost.bytes_moved += moved
         cost.kernels += 1
         cost.working_set_bytes = max(cost.working_set_bytes, moved)
@@ -338,3 +359,35 @@ class OpCounter(TorchDispatchMode):
             running += diff[i]
             cuts.append(running)
         return cuts
+
+
+def parameter_storage_keys(*modules: torch.nn.Module) -> set[int]:
+    """:func:`storage_key` of every parameter and buffer of ``modules`` (on meta as well:
+    the storage's identity, not its address, which is 0 there)."""
+    return {storage_key(t) for m in modules for t in [*m.parameters(), *m.buffers()]}
+
+
+class WeightMatmulCounter(TorchDispatchMode):
+    """Sums :func:`weight_matmul_flops` of the ops it sees into ``flops[self.unit]`` (the
+    caller sets ``unit``), running each op as it is: the measured profiler's count of each
+    unit's weight-matmul FLOPs, from one forward on whatever device the model is on."""
+
+    def __init__(self, n_units: int, parameter_storages: set[int]) -> None:
+        super().__init__()
+        self.unit = 0
+        self.flops = [0.0] * n_units
+        self.parameter_storages = parameter_storages
+
+    def __torch_dispatch__(
+        self,
+        func: Any,
+        types: Any,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
+        out = func(*args, **(kwargs or {}))
+        if 0 <= self.unit < len(self.flops):
+            self.flops[self.unit] += weight_matmul_flops(
+                func.overloadpacket, args, self.parameter_storages
+            )
+        return out

@@ -73,6 +73,34 @@ def test_gpt_units_and_textbook_flops(gpt_profile: Profile) -> None:
     assert all(u.forward_s > 0 and u.backward_s > 0 for u in p.units if u.name != "drop")
 
 
+def test_linear_forward_flops_are_the_weight_matmuls_by_hand(gpt_profile: Profile) -> None:
+    """Each unit's ``linear_forward_flops`` is 2 x in x out x tokens summed over its
+    nn.Linear calls (what ``precision="fp8"`` runs at the FP8 peak): a block's qkv, proj, fc
+    and proj (12 D^2 weights, biases not matmuls), the head's D x V; an embedding, a norm and
+    the attention's QK^T / PV (no parameter operand) none. A tied head counts its call, and a
+    linear called twice counts twice."""
+    tokens = B * T
+    block = 2 * tokens * 12 * D * D
+    head = 2 * tokens * D * V
+    assert [u.linear_forward_flops for u in gpt_profile.units] == [0, 0, 0, *[block] * L, 0, head]
+    assert block == 6_291_456 and head == 4_194_304
+    model, x = small_gpt(tie_weights=True)
+    tied = profile_analytic(model, x, "h100", AnalyticOptions(), loss_fn=gpt.loss_fn)
+    assert tied.units[-1].linear_forward_flops == head
+    assert tied.units[0].linear_forward_flops == 0
+
+    class Twice(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b = torch.nn.Linear(8, 8), torch.nn.Linear(8, 4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.b(self.a(self.a(x)))
+
+    twice = profile_analytic(Twice(), torch.randn(6, 8), "h100", AnalyticOptions())
+    assert sum(u.linear_forward_flops for u in twice.units) == 2 * 6 * (8 * 8 * 2 + 8 * 4)
+
+
 def test_gpt_bytes_and_shapes(gpt_profile: Profile) -> None:
     p = gpt_profile
     act = B * T * D * 4  # one fp32 hidden state

@@ -83,3 +83,54 @@ def test_nothing_fits_is_a_failure_exit_1(
 ) -> None:
     assert main(["plan", str(profile_json), "--gpus", "2", "--memory", "1MB"]) == 1
     assert "smallest memory per device that fits is" in _err(capsys)
+
+
+def test_fp8_on_a_counted_profile_plans_a_faster_step_and_says_what_it_does_not_price(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--precision fp8`` on a profile from autopipe's own profiler (a GPT counted for an
+    H100) prices its weight matmuls at the FP8 peak: a faster predicted step than bf16. The
+    profiler does not count the FP8 casts (they depend on the compiler's fusions), so a
+    warning line says they are not priced; a profile without ``linear_forward_flops`` (written
+    before the profiler recorded them) is refused in one line (exit 2), not planned as bf16."""
+    import dataclasses
+
+    from autopipe.profiler.analytic import profile_analytic
+    from autopipe.profiler.options import AnalyticOptions
+    from profiler_models import load_example
+
+    gpt = load_example("gpt")
+    cfg = gpt.GPTConfig(vocab_size=32000, seq_len=1024, d_model=2048, n_layer=4, n_head=16)
+    with __import__("torch").device("meta"):
+        model = gpt.GPT(cfg)
+    p = profile_analytic(
+        model, gpt.example_inputs(8, cfg), "h100", AnalyticOptions(), loss_fn=gpt.loss_fn
+    )
+    assert all(u.linear_forward_flops > 0 for u in p.units if u.name.startswith("blocks."))
+    path = tmp_path / "gpt.json"
+    p.save(path)
+    step_s = {}
+    for precision in ("bf16", "fp8"):
+        out = tmp_path / f"{precision}.json"
+        argv = ["plan", str(path), "--gpus", "2", "--precision", precision, "-q"]
+        assert main([*argv, "--json", str(out)]) == 0
+        err = capsys.readouterr().err.strip()
+        if precision == "fp8":
+            assert err == (
+                "autopipe: warning: --precision fp8: this profile has no FP8 cast bytes "
+                "(fp8_cast_*_bytes), so the casts to FP8 are not priced: the step is predicted "
+                "faster than it runs (docs/cost-model.md, FP8)"
+            )
+        else:
+            assert err == ""
+        step_s[precision] = load_plan(out).iteration_time_s
+    assert step_s["fp8"] < 0.9 * step_s["bf16"]
+    old = tmp_path / "old.json"
+    dataclasses.replace(
+        p, units=[dataclasses.replace(u, linear_forward_flops=0.0) for u in p.units]
+    ).save(old)
+    assert main(["plan", str(old), "--gpus", "2", "--precision", "fp8", "-q"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("autopipe plan: error: --precision fp8: ") and len(err.splitlines()) == 1
+    assert "records no weight-matmul FLOPs" in err
+    assert main(["plan", str(old), "--gpus", "2", "-q"]) == 0  # bf16 plans it as before

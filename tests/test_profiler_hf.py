@@ -52,3 +52,9 @@ def test_gpt2_export_units_tied_head_and_bytes() -> None:
     )
     saved = sum(u.activation_bytes for u in p.units)
     assert saved == pytest.approx(p.total_activation_bytes, rel=0.05)
+    # Conv1D's addmm and the tied head's matmul are weight matmuls (what FP8 prices), per
+    # token 2 x 12 d^2 per block and 2 x d x vocab for the head: 32 tokens
+    tokens = 2 * 16
+    assert [u.linear_forward_flops for u in p.units] == [
+        0, 0, 0, 2 * tokens * 12 * 64 * 64, 2 * tokens * 12 * 64 * 64, 0, 2 * tokens * 64 * 256
+    ]  # fmt: skip

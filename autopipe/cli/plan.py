@@ -475,12 +475,37 @@ def _check_against_profile(args: argparse.Namespace, profile: Profile) -> None:
             f"--gpus {args.gpus} is more than the model's {len(profile.units)} units; use at most "
             f"{len(profile.units)} or a finer --granularity (module or node)"
         )
+    _check_precision(args, profile)
     batch = args.batch_size or profile.batch_size
     _check_replicas(args, batch)
     m = args.microbatches
     if isinstance(m, int) and batch % m:
         raise common.UsageError(
             f"--microbatches {m} does not divide the batch size {batch}; " + divisor_hint(batch, m)
+        )
+
+
+def _check_precision(args: argparse.Namespace, profile: Profile) -> None:
+    """``--precision fp8`` needs the units' weight-matmul FLOPs (``linear_forward_flops``):
+    refused on a profile without any (written before the profiler recorded them, or a model
+    without weight matmuls), where it would change nothing; a warning when no unit carries
+    the FP8 casts' bytes (autopipe's profiler does not count them: they depend on how the
+    trainer's compiler fuses them), which then go unpriced."""
+    if args.precision != "fp8":
+        return
+    if not any(u.linear_forward_flops > 0 for u in profile.units):
+        raise common.UsageError(
+            f"--precision fp8: {args.model} records no weight-matmul FLOPs "
+            "(linear_forward_flops; a profile from before autopipe counted them, or a model "
+            "without nn.Linear): profile the model again (--no-cache), or plan without "
+            "--precision fp8"
+        )
+    if not any(u.fp8_cast_forward_bytes + u.fp8_cast_backward_bytes > 0 for u in profile.units):
+        warnings.warn(
+            "--precision fp8: this profile has no FP8 cast bytes (fp8_cast_*_bytes), so the "
+            "casts to FP8 are not priced: the step is predicted faster than it runs "
+            "(docs/cost-model.md, FP8)",
+            stacklevel=1,
         )
 
 
