@@ -2,14 +2,15 @@
 
 A profile is reused when the model structure (module tree and parameter shapes/dtypes),
 the model's code (the bytes of every file defining one of its module classes, and each
-class's ``forward`` bytecode), the input shapes/dtypes, the device, dtype, granularity, measurement options and the
-autopipe version are all the same: they form the key, a SHA-256 hash. Files live in
+class's ``forward`` bytecode), the input shapes/dtypes, the device, dtype, granularity, measurement options, the
+autopipe version and the profile's unit fields are all the same: they form the key, a SHA-256 hash. Files live in
 ``$AUTOPIPE_CACHE_DIR`` or ``~/.cache/autopipe``, one ``<key>.json`` each. A corrupt, foreign
 or outdated file is reported with a warning and ignored (the caller re-measures).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import inspect
 import json
@@ -25,11 +26,16 @@ from autopipe.profiler.tree import leaves
 from torch import nn
 
 import autopipe
-from autopipe.core.profile import Profile, ProfileFormatError
+from autopipe.core.profile import Profile, ProfileFormatError, UnitProfile
 
 
 def autopipe_version() -> str:
     return str(autopipe.__version__)
+
+
+def unit_fields() -> list[str]:
+    """The names of :class:`UnitProfile`'s fields: part of the cache key."""
+    return [f.name for f in dataclasses.fields(UnitProfile)]
 
 
 def default_cache_dir() -> Path:
@@ -122,6 +128,9 @@ def cache_key(model: nn.Module, example_inputs: Any, **options: Any) -> str:
         "inputs": inputs_signature(example_inputs),
         "autopipe_version": autopipe_version(),
         "torch_version": torch.__version__,
+        # a field the profiler learns to record (between releases too) is not in an older
+        # file: its default would pass for a measurement
+        "unit_fields": unit_fields(),
         "options": {k: str(v) for k, v in sorted(options.items())},
     }
     blob = json.dumps(payload, sort_keys=True, default=str).encode()

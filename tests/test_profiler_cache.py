@@ -55,6 +55,21 @@ def test_cache_key_changes_with_what_matters() -> None:
     assert cache_key(wider, x, device="cpu", granularity="block") != base
 
 
+def test_a_new_profile_field_is_a_new_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A profile cached before the profiler recorded a field (linear_forward_flops, between
+    two releases) holds that field's default, 0, which would pass for a measurement: the
+    key holds UnitProfile's field names, so such a file is not found. Failed before (the
+    same key)."""
+    import autopipe.profiler.cache as cache
+
+    m, x = model(), torch.randn(8, 16)
+    base = cache_key(m, x, device="cpu", granularity="block")
+    assert "linear_forward_flops" in cache.unit_fields()
+    older = [f for f in cache.unit_fields() if f != "linear_forward_flops"]
+    monkeypatch.setattr(cache, "unit_fields", lambda: older)
+    assert cache_key(m, x, device="cpu", granularity="block") != base
+
+
 def test_other_shapes_are_measured_not_reused(tmp_path) -> None:
     m = model()
     profile(m, torch.randn(8, 16), FAST, cache=True, cache_dir=tmp_path, progress=False)
