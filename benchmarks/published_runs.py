@@ -585,9 +585,15 @@ def torchtitan_eager_bytes(a: Arch, graph: str = "forward") -> float:
     """Bytes per token of ``graph`` (:data:`TORCHTITAN_EAGER_BYTES_PER_TOKEN`) for ``a``, as
     torchtitan's eager model code (:data:`TORCHTITAN_EAGER`) moves them; ``torch.compile``
     fuses some of these (:func:`torchtitan_compiled_bytes`, measured likewise)."""
+    return _per_token(a, TORCHTITAN_EAGER_BYTES_PER_TOKEN[graph])
+
+
+def _per_token(a: Arch, coefficients: dict[str, float]) -> float:
+    """A measured table's bytes per token for ``a``: its ``coefficients`` of ``h``, ``kv``,
+    ``ffn``, ``heads``, ``head_dim`` (``"1"``: a constant)."""
     head_dim = a.hidden // a.heads
     value = {"h": a.hidden, "kv": a.kv_dim, "ffn": a.ffn, "heads": a.heads, "head_dim": head_dim}
-    return sum(c * value.get(t, 1) for t, c in TORCHTITAN_EAGER_BYTES_PER_TOKEN[graph].items())
+    return sum(c * value.get(t, 1) for t, c in coefficients.items())
 
 
 TORCHTITAN_COMPILED_BYTES_PER_TOKEN: dict[str, dict[str, float]] = {
@@ -645,9 +651,7 @@ casting again in backward), measures the same forward and ``6 h + 8`` less backw
 
 def torchtitan_compiled_bytes(a: Arch, graph: str) -> float:
     """Bytes per token of ``graph`` (:data:`TORCHTITAN_COMPILED_BYTES_PER_TOKEN`) for ``a``."""
-    head_dim = a.hidden // a.heads
-    value = {"h": a.hidden, "kv": a.kv_dim, "ffn": a.ffn, "heads": a.heads, "head_dim": head_dim}
-    return sum(c * value.get(t, 1) for t, c in TORCHTITAN_COMPILED_BYTES_PER_TOKEN[graph].items())
+    return _per_token(a, TORCHTITAN_COMPILED_BYTES_PER_TOKEN[graph])
 
 
 TORCHTITAN_FLOAT8_WEIGHT_BYTES = {"forward": 5, "backward": 3}
@@ -759,23 +763,17 @@ def transformer_profile(
     bwd_elem_bytes, redo_elem_bytes = 2 * elem_bytes, elem_bytes
     # what a float8 run's casts add (planner/trainer.py prices them under precision="fp8")
     fp8_fwd_bytes = fp8_bwd_bytes = 0.0
-    if eager == "torchtitan" and not compiled and a.gated:
-        elem_bytes = torchtitan_eager_bytes(a, "forward")
-        bwd_elem_bytes = torchtitan_eager_bytes(a, "backward")
+    if eager == "torchtitan" and a.gated:
+        # torchtitan's block as measured, eager or compiled (each graph's bytes per token)
+        measured = torchtitan_compiled_bytes if compiled else torchtitan_eager_bytes
+        if compiled:
+            fp8_fwd_bytes = torchtitan_fp8_cast_bytes(a, "forward")
+            fp8_bwd_bytes = torchtitan_fp8_cast_bytes(a, "backward")
+        elem_bytes = measured(a, "forward")
+        bwd_elem_bytes = measured(a, "backward")
         redo_elem_bytes = (
-            torchtitan_eager_bytes(a, "selective_forward")
-            + torchtitan_eager_bytes(a, "selective_backward")
-            - elem_bytes
-            - bwd_elem_bytes
-        )
-    if eager == "torchtitan" and compiled and a.gated:
-        fp8_fwd_bytes = torchtitan_fp8_cast_bytes(a, "forward")
-        fp8_bwd_bytes = torchtitan_fp8_cast_bytes(a, "backward")
-        elem_bytes = torchtitan_compiled_bytes(a, "forward")
-        bwd_elem_bytes = torchtitan_compiled_bytes(a, "backward")
-        redo_elem_bytes = (
-            torchtitan_compiled_bytes(a, "selective_forward")
-            + torchtitan_compiled_bytes(a, "selective_backward")
+            measured(a, "selective_forward")
+            + measured(a, "selective_backward")
             - elem_bytes
             - bwd_elem_bytes
         )
