@@ -108,8 +108,8 @@ def _selective_unit(u: UnitProfile) -> UnitProfile:
 
 def trainer_profile(profile: Profile, request: PlanRequest) -> Profile:
     """``profile`` with the request's precision and selective checkpointing applied (itself
-    when neither is asked). O(units). Refuses (``RuleViolation``) an unknown precision, and
-    FP8 on a device without an FP8 peak."""
+    when neither is asked). O(units). Refuses (``RuleViolation``) an unknown precision, FP8
+    on a device without an FP8 peak, and FP8 on a profile without weight-matmul FLOPs."""
     if request.precision not in PRECISIONS:
         raise RuleViolation(f"precision={request.precision!r}; use one of {', '.join(PRECISIONS)}")
     fp8 = request.precision == "fp8"
@@ -118,6 +118,13 @@ def trainer_profile(profile: Profile, request: PlanRequest) -> Profile:
     units = list(profile.units)
     if fp8:
         spec = _spec(profile)
+        if not any(u.linear_forward_flops > 0 for u in units):
+            # FP8 would change nothing: planning it as bf16 would pass for an FP8 plan
+            raise RuleViolation(
+                "precision fp8: the profile records no weight-matmul FLOPs "
+                "(linear_forward_flops: written before autopipe counted them, or a model "
+                "without nn.Linear); profile the model again, or use precision bf16"
+            )
         units = [_fp8_unit(u, spec, profile.dtype) for u in units]
     if request.selective_recompute:
         units = [_selective_unit(u) for u in units]

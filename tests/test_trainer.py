@@ -135,6 +135,19 @@ def test_fp8_prices_the_selective_recomputations_matmuls_at_the_fp8_peak() -> No
     assert bf16.backward_s == pytest.approx(p.units[0].backward_s + 4e-3)
 
 
+def test_fp8_refused_on_a_profile_without_weight_matmul_flops() -> None:
+    """Through the Python API too (the CLI says so before planning): a profile without any
+    ``linear_forward_flops`` (written before the profiler counted them) would plan FP8 as
+    bf16. Failed before (the bf16 profile came back unchanged)."""
+    p = _profile()
+    old = dataclasses.replace(
+        p, units=[dataclasses.replace(u, linear_forward_flops=0.0) for u in p.units]
+    )
+    with pytest.raises(RuleViolation, match="linear_forward_flops"):
+        trainer_profile(old, PlanRequest(precision="fp8"))
+    assert trainer_profile(old, PlanRequest()) is old
+
+
 def test_fp8_refused_where_the_gpu_has_no_fp8_peak() -> None:
     with pytest.raises(RuleViolation, match="FP8"):
         trainer_profile(_profile("A100-80GB"), PlanRequest(precision="fp8"))
