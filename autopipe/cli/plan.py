@@ -497,8 +497,7 @@ def _check_precision(args: argparse.Namespace, profile: Profile) -> None:
         raise common.UsageError(
             f"--precision fp8: {args.model} records no weight-matmul FLOPs "
             "(linear_forward_flops; a profile from before autopipe counted them, or a model "
-            "without nn.Linear): profile the model again (--no-cache), or plan without "
-            "--precision fp8"
+            "without nn.Linear): profile the model again, or plan without --precision fp8"
         )
     if not any(u.fp8_cast_forward_bytes + u.fp8_cast_backward_bytes > 0 for u in profile.units):
         warnings.warn(
