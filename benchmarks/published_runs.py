@@ -438,6 +438,22 @@ def pricing_for(spec: DeviceSpec) -> Pricing:
     )
 
 
+LOSS_BYTES_PER_LOGIT = {
+    "torch": (14.0, 22.0),
+    "torch-loss-parallel": (38.0, 38.0),
+    "megatron": (38.0, 14.0),
+}
+"""Bytes per logit each loss's memory-bound ops move, forward and backward (bf16 logits in, their
+bf16 gradient out), counted op by op by ``benchmarks/loss_bytes.py`` (torch 2.13,
+Megatron-Core 0.16.1; ``tests/test_loss_bytes.py`` checks them against a fresh count):
+``torch``, ``F.cross_entropy(logits.float())``: the fp32 copy 6, ``log_softmax`` 8; backward
+the NLL gradient's zero fill 4, ``log_softmax``'s backward 12, the cast back 6. Under
+``loss_parallel()`` torch's handlers run max 4, two shifts 16, exp 8 and sum 4 beside the copy
+6; backward a zero fill 4, exp 8, add 12, mul 8, cast 6. Megatron's vocab-parallel loss: copy
+6, max 4, in-place shift 8, exp 8, sum 4, division 8; backward the in-place product 8 and the
+cast 6 (its target scatter and the per-token terms are not per logit). Before this table the
+head priced 10 forward and 20 backward for every trainer."""
+
 _LOSS_PEAK_BYTES = {"torch": 4 + 4 + 4, "torch-loss-parallel": 4 + 4 + 4 + 4, "megatron": 4 + BF16}
 """Bytes per logit live at the loss's peak, its backward (the fp32 log-softmax output saved in
 forward included). ``torch``: ``cross_entropy(logits.float(), labels)`` (torchtitan's loss;
@@ -879,13 +895,14 @@ def transformer_profile(
     head_mm = tokens * 2 * h * v / mm
     if pricing is None:
         head_mm = _linear_s(spec, gemm_tokens or tokens, h, v, True, tp, tokens)[0]
-    head_fwd = head_mm + logits * (BF16 + 4 + 4) / mem
+    loss_fwd, loss_bwd = LOSS_BYTES_PER_LOGIT[loss]
+    head_fwd = head_mm + logits * loss_fwd / mem
     units.append(
         UnitProfile(
             name="head",
             kind="LMHead",
             forward_s=head_fwd,
-            backward_s=2 * head_fwd,
+            backward_s=2 * head_mm + logits * loss_bwd / mem,
             parameter_count=0 if a.tied else v * h + h,
             parameter_bytes=(0 if a.tied else v * h + h) * BF16,
             # tied: Megatron keeps the embedding's copy on the last stage too
