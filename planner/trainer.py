@@ -31,7 +31,7 @@ from autopipe.core.gemm import gemm_ceiling
 from autopipe.core.profile import Profile, UnitProfile
 from autopipe.core.request import PlanRequest
 
-__all__ = ["PRECISIONS", "fp8_cast_s", "fp8_saving_s", "trainer_profile"]
+__all__ = ["PRECISIONS", "fp8_cast_s", "fp8_refusal", "fp8_saving_s", "trainer_profile"]
 
 PRECISIONS = ("bf16", "fp8")
 
@@ -106,6 +106,19 @@ def _selective_unit(u: UnitProfile) -> UnitProfile:
     )
 
 
+def fp8_refusal(profile: Profile) -> str | None:
+    """Why ``precision="fp8"`` cannot plan ``profile``, as a phrase to follow the profile's
+    name (one line), or None: no unit records weight-matmul FLOPs, so FP8 would change
+    nothing and a bf16 plan would pass for an FP8 one. O(units)."""
+    if any(u.linear_forward_flops > 0 for u in profile.units):
+        return None
+    return (
+        "records no weight-matmul FLOPs (linear_forward_flops: written before autopipe "
+        "counted them, or a model without nn.Linear); profile the model again, or use "
+        "precision bf16"
+    )
+
+
 def trainer_profile(profile: Profile, request: PlanRequest) -> Profile:
     """``profile`` with the request's precision and selective checkpointing applied (itself
     when neither is asked). O(units). Refuses (``RuleViolation``) an unknown precision, FP8
@@ -118,13 +131,9 @@ def trainer_profile(profile: Profile, request: PlanRequest) -> Profile:
     units = list(profile.units)
     if fp8:
         spec = _spec(profile)
-        if not any(u.linear_forward_flops > 0 for u in units):
-            # FP8 would change nothing: planning it as bf16 would pass for an FP8 plan
-            raise RuleViolation(
-                "precision fp8: the profile records no weight-matmul FLOPs "
-                "(linear_forward_flops: written before autopipe counted them, or a model "
-                "without nn.Linear); profile the model again, or use precision bf16"
-            )
+        refusal = fp8_refusal(profile)
+        if refusal is not None:
+            raise RuleViolation(f"precision fp8: the profile {refusal}")
         units = [_fp8_unit(u, spec, profile.dtype) for u in units]
     if request.selective_recompute:
         units = [_selective_unit(u) for u in units]

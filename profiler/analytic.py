@@ -51,7 +51,7 @@ from autopipe.profiler.header import profile_header
 from autopipe.profiler.inputs import OutputError, batch_size_of, check_joinable_output
 from autopipe.profiler.measure import microbatch_sizes_to_profile, slice_batch
 from autopipe.profiler.memory import parameter_accounting
-from autopipe.profiler.opcount import OpCounter, storage_key
+from autopipe.profiler.opcount import OpCounter, parameter_storage_keys, storage_key
 from autopipe.profiler.options import AnalyticOptions
 from autopipe.profiler.reduce import (
     BlockReduction,
@@ -588,7 +588,7 @@ def _count(
     units = _traced_units(model, inputs, granularity, unit_patterns, traced, mode)
     gm = units.graph_module
     n = units.num_units
-    params = {storage_key(t) for t in [*gm.parameters(), *gm.buffers(), *model.parameters()]}
+    params = parameter_storage_keys(gm, model)
     counter = OpCounter(spec, n, params, allow_tf32=allow_tf32)
     pack = _saved_bytes_counter(counter, params, n)
     input_tensors = tensor_leaves(inputs)

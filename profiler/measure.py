@@ -32,7 +32,7 @@ import time
 import warnings
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -330,14 +330,17 @@ def _backward_from_ones() -> Callable[[Any], None]:
 
 
 def _node_bytes(
-    ug: UnitGraph, flat_inputs: list[Any]
+    ug: UnitGraph, flat_inputs: list[Any], flops: WeightMatmulCounter | None = None
 ) -> dict[str, list[tuple[tuple[str, int], int, int]]]:
     """Per graph node, ``(storage key, offset, bytes)`` of each tensor in its value, from one
-    no-grad run of the unsplit graph. O(nodes)."""
+    no-grad run of the unsplit graph. ``flops``: the same run also counts each unit's weight
+    matmuls into it (the full batch's run: no forward of its own). O(nodes)."""
     info: dict[str, list[tuple[tuple[str, int], int, int]]] = {}
 
     class Recorder(fx.Interpreter):
         def run_node(self, n: fx.Node) -> Any:
+            if flops is not None and n.op != "output":
+                flops.unit = ug.node_unit.get(n.name, flops.unit)
             out = super().run_node(n)
             info[n.name] = [
                 (storage_key(t), int(t.storage_offset()), tensor_bytes(t))
@@ -345,7 +348,7 @@ def _node_bytes(
             ]
             return out
 
-    with torch.no_grad():
+    with torch.no_grad(), flops if flops is not None else nullcontext():
         Recorder(ug.graph_module).run(*flat_inputs, enable_io_processing=False)
     return info
 
@@ -721,7 +724,8 @@ def _prepare_size(
 
     ``share``: units that are the same computation as an earlier one do not run; they share
     its measurement (:class:`~autopipe.profiler.sharing.UnitSharing`). ``info``: per-node
-    bytes when already counted (on meta); else one no-grad run counts them.
+    bytes when already counted (on meta, or at the full batch with the weight matmuls' FLOPs);
+    else one no-grad run counts them.
     ``one_at_a_time``: the model is on the meta device; each measured unit's weights are
     materialized, the unit is timed at once (alone) and its weights freed before the next
     unit runs, so only the loss step is returned. ``split_clock``: also time each measured
@@ -1173,9 +1177,14 @@ def _measure_sizes(
     infos: list[Any] = [None] * len(graphs)
     if meta_init:
         infos, linear_flops = _meta_node_bytes(graphs, setup.device, setup.batch_size)
-    else:  # one more no-grad forward, as _node_bytes runs at each size
-        params = parameter_storage_keys(model, ug.graph_module)
-        linear_flops = _linear_flops(ug, ug.flat_inputs(setup.inputs), params)
+    else:  # the full batch's no-grad run counting bytes counts the weight matmuls too
+        full = next(i for i, (size, _, _) in enumerate(graphs) if size == setup.batch_size)
+        _, full_inputs, full_ug = graphs[full]
+        counter = WeightMatmulCounter(
+            full_ug.num_units, parameter_storage_keys(model, full_ug.graph_module)
+        )
+        infos[full] = _node_bytes(full_ug, full_ug.flat_inputs(full_inputs), counter)
+        linear_flops = counter.flops
     units_bar = _UnitsProgress(bar, len(graphs), label)
     one_at_a_time = (
         _Timing(opts.warmup, opts.repeat, setup.clock, tick=units_bar.tick, expect=units_bar.expect)

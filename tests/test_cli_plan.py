@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 from autopipe.planner import plan
+from autopipe.planner.trainer import fp8_refusal
 from planner_instances import random_profile
 
 from autopipe.cli import main
@@ -126,11 +127,14 @@ def test_fp8_on_a_counted_profile_plans_a_faster_step_and_says_what_it_does_not_
         step_s[precision] = load_plan(out).iteration_time_s
     assert step_s["fp8"] < 0.9 * step_s["bf16"]
     old = tmp_path / "old.json"
-    dataclasses.replace(
+    without = dataclasses.replace(
         p, units=[dataclasses.replace(u, linear_forward_flops=0.0) for u in p.units]
-    ).save(old)
+    )
+    without.save(old)
     assert main(["plan", str(old), "--gpus", "2", "--precision", "fp8", "-q"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("autopipe plan: error: --precision fp8: ") and len(err.splitlines()) == 1
     assert "records no weight-matmul FLOPs" in err
+    # the planner's reason, word for word (the Python API's RuleViolation gives the same)
+    assert err.endswith(f"{old} {fp8_refusal(without)}") and fp8_refusal(p) is None
     assert main(["plan", str(old), "--gpus", "2", "-q"]) == 0  # bf16 plans it as before

@@ -100,11 +100,11 @@ def test_identical_units_measured_once_with_more_samples() -> None:
     )
     # the last unit also carries the loss
     assert shared.units[5].forward_s == rep.forward_s + shared.loss_forward_s
-    # layers 2..5 ran twice, never timed (the no-grad passes counting output bytes and the
+    # layers 2..5 ran once, never timed (the no-grad pass counting output bytes and the
     # weight matmuls' FLOPs); layer 1 ran there, in the capture, in the in-place check, 1
     # warm-up and 2 rounds x min(5, cap) samples
-    assert [calls[i] for i in range(2, 6)] == [2, 2, 2, 2]
-    assert calls[1] == 4 + 1 + 2 * min(5, SHARED_SAMPLES_CAP)
+    assert [calls[i] for i in range(2, 6)] == [1, 1, 1, 1]
+    assert calls[1] == 3 + 1 + 2 * min(5, SHARED_SAMPLES_CAP)
     assert (
         shared.measurement is not None
         and shared.measurement.reference is False

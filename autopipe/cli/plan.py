@@ -30,6 +30,7 @@ from autopipe.planner import PlanningError, RuleViolation
 from autopipe.planner.data_parallel import check_replicas_divide_batch
 from autopipe.planner.emit import EMIT_FORMATS, EmitError, emit
 from autopipe.planner.search import divisor_hint
+from autopipe.planner.trainer import fp8_refusal
 from autopipe.report import format_scaling
 from autopipe.viz import collect_plot_data, plot_all, too_many_tasks
 
@@ -493,12 +494,9 @@ def _check_precision(args: argparse.Namespace, profile: Profile) -> None:
     trainer's compiler fuses them), which then go unpriced."""
     if args.precision != "fp8":
         return
-    if not any(u.linear_forward_flops > 0 for u in profile.units):
-        raise common.UsageError(
-            f"--precision fp8: {args.model} records no weight-matmul FLOPs "
-            "(linear_forward_flops; a profile from before autopipe counted them, or a model "
-            "without nn.Linear): profile the model again, or plan without --precision fp8"
-        )
+    refusal = fp8_refusal(profile)
+    if refusal is not None:
+        raise common.UsageError(f"--precision fp8: {args.model} {refusal}")
     if not any(u.fp8_cast_forward_bytes + u.fp8_cast_backward_bytes > 0 for u in profile.units):
         warnings.warn(
             "--precision fp8: this profile has no FP8 cast bytes (fp8_cast_*_bytes), so the "
