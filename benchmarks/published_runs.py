@@ -667,9 +667,15 @@ fp32 shard read, its FP8 copy written (5 bytes per shard element), its amax once
 
 
 def torchtitan_fp8_cast_bytes(a: Arch, graph: str) -> float:
-    """Bytes per token torchtitan's Float8 adds to ``graph`` (``forward`` or ``backward``) of a
-    compiled block without activation checkpointing: the float8 block's bytes less the bf16
-    block's, both measured (:data:`TORCHTITAN_COMPILED_BYTES_PER_TOKEN`)."""
+    """Bytes per token torchtitan's Float8 adds to ``graph`` of a compiled block: the float8
+    block's bytes less the bf16 block's, both measured
+    (:data:`TORCHTITAN_COMPILED_BYTES_PER_TOKEN`). ``graph``: ``forward`` or ``backward``
+    without activation checkpointing (``selective_forward``... under a mode), or ``selective``
+    / ``full``: that mode's forward and backward together (17 h + 3 ffn + 24 forward under
+    either; backward with the re-computation 42.5 h + 7 kv + 22 ffn + 8 selective, 56.5 h +
+    7 kv + 22 ffn + 28 full)."""
+    if graph in ("selective", "full"):
+        return sum(torchtitan_fp8_cast_bytes(a, f"{graph}_{g}") for g in ("forward", "backward"))
     return torchtitan_compiled_bytes(a, f"float8_{graph}") - torchtitan_compiled_bytes(a, graph)
 
 
@@ -762,13 +768,18 @@ def transformer_profile(
     # backward and a selective re-computation: twice and once the forward's unless measured
     bwd_elem_bytes, redo_elem_bytes = 2 * elem_bytes, elem_bytes
     # what a float8 run's casts add (planner/trainer.py prices them under precision="fp8")
-    fp8_fwd_bytes = fp8_bwd_bytes = 0.0
+    fp8_fwd_bytes = fp8_bwd_bytes = fp8_selective_bytes = fp8_full_bytes = 0.0
     if eager == "torchtitan" and a.gated:
         # torchtitan's block as measured, eager or compiled (each graph's bytes per token)
         measured = torchtitan_compiled_bytes if compiled else torchtitan_eager_bytes
         if compiled:
             fp8_fwd_bytes = torchtitan_fp8_cast_bytes(a, "forward")
             fp8_bwd_bytes = torchtitan_fp8_cast_bytes(a, "backward")
+            # each activation checkpointing mode's casts, forward and backward together, as
+            # measured under it (the re-computation's casts fuse with the backward's)
+            if selective == "torchtitan":
+                fp8_selective_bytes = torchtitan_fp8_cast_bytes(a, "selective")
+            fp8_full_bytes = torchtitan_fp8_cast_bytes(a, "full")
         elem_bytes = measured(a, "forward")
         bwd_elem_bytes = measured(a, "backward")
         redo_elem_bytes = (
@@ -857,6 +868,8 @@ def transformer_profile(
                 linear_forward_flops=tokens * linear_flops,
                 fp8_cast_forward_bytes=int(tokens * fp8_fwd_bytes),
                 fp8_cast_backward_bytes=int(tokens * fp8_bwd_bytes),
+                fp8_cast_selective_bytes=int(tokens * fp8_selective_bytes),
+                fp8_cast_full_bytes=int(tokens * fp8_full_bytes),
                 selective_activation_bytes=int(kept),
                 selective_recompute_s=redo,
                 selective_recompute_linear_flops=redo_flops,

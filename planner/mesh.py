@@ -421,7 +421,10 @@ def _fill_drain_beats(
         state = params * (memory.state_bytes_per_parameter / size)
         inflight = inflight_per_stage(memory.schedule, pp, m)
         held = (state, act, inflight, memory.limit_bytes)
-    return fill_drain_within(unit_s, forward_s, m, pp, limit_s, held)
+    # what re-materialization re-runs: the forward and its full_recompute_extra_s
+    extra = np.array([u.full_recompute_extra_s for u in device.units])
+    redo_s = np.maximum(forward_s + extra[:, None] * b / speed, 0.0)
+    return fill_drain_within(unit_s, redo_s, m, pp, limit_s, held)
 
 
 _ARRAYS: dict[int, tuple[Profile, tuple[np.ndarray, ...]]] = {}

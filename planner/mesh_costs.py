@@ -609,6 +609,8 @@ def _device_unit(
         # the collectives carry the input gradient: they belong to B, not W
         backward_input_s=b_in + comm_b + bwd_extra - acc if split > 0 else 0.0,
         backward_weight_s=b_wt if split > 0 else 0.0,
+        # the re-run's difference from the forward is compute (FP8 casts): split as it is
+        full_recompute_extra_s=u.full_recompute_extra_s * c,
         parameter_bytes=int(math.ceil(param)),
         activation_bytes=act,
         output_bytes=u.output_bytes // tp if sharded else u.output_bytes,

@@ -179,6 +179,30 @@ class UnitProfile:
     """Likewise for the backward (the output gradients' casts, and the inputs' casts again in
     the layouts the weight gradients' FP8 matmuls take), at ``Profile.batch_size``. Optional
     in v1 (0: unknown)."""
+    fp8_cast_selective_bytes: int = 0
+    """Bytes the FP8 casts move in this unit's forward and backward together under selective
+    activation checkpointing (the trainer's recipe, ``selective_activation_bytes``; its
+    re-computation included), at ``Profile.batch_size``: measured, since the re-computation's
+    casts fuse with the backward's and the recipe may keep an amax (torchtitan's op policy
+    on a Llama block: ``17 h + 3 ffn + 24`` forward, ``42.5 h + 7 kv + 22 ffn + 8`` backward per
+    token, ``3 h - 2 ffn + 8`` beyond ``fp8_cast_forward_bytes + fp8_cast_backward_bytes``).
+    Under ``precision="fp8"`` the difference goes to ``selective_recompute_s``. 0: unknown
+    (priced as the two fields). Optional in v1."""
+    fp8_cast_full_bytes: int = 0
+    """Likewise under full activation checkpointing (the unit's forward re-run in its
+    backward, fused with it): the forward's and the backward's casts together, at
+    ``Profile.batch_size`` (torchtitan's Llama block: ``73.5 h + 7 kv + 25 ffn + 52`` per token,
+    ``5 ffn - 12`` fewer than a forward re-run with its casts would add:
+    ``2 fp8_cast_forward_bytes + fp8_cast_backward_bytes``). Under ``precision="fp8"`` the
+    difference goes to ``full_recompute_extra_s``. 0: unknown (the re-run priced as a
+    forward). Optional in v1."""
+    full_recompute_extra_s: float = 0.0
+    """Seconds the re-computation of this unit under full checkpointing (a checkpointed
+    stage's ``recompute_s``) takes beyond ``forward_s``, at ``Profile.batch_size``; negative
+    where the re-run does less than the forward (its FP8 casts fused with the backward's:
+    ``planner/trainer.py`` sets it from ``fp8_cast_full_bytes``). Scales with the samples and
+    the TP share as the forward's compute does. 0: the re-run costs a forward. Optional in
+    v1; the one field that may be negative."""
     selective_activation_bytes: int = 0
     """Bytes this unit saves for backward under selective activation checkpointing (the
     tensors the trainer's policy keeps: Megatron's ``--recompute-granularity selective``
@@ -414,7 +438,12 @@ class Profile:
             for i, unit in enumerate(self.units):
                 if not isinstance(unit, UnitProfile):
                     raise FieldError(f"units[{i}]", "is not a unit record")
-                check_dataclass(unit, prefix=f"units[{i}].", maximum=largest)
+                check_dataclass(
+                    unit,
+                    prefix=f"units[{i}].",
+                    bounds={"full_recompute_extra_s": (-largest, largest)},
+                    maximum=largest,
+                )
                 if not unit.name:
                     raise FieldError(f"units[{i}].name", "is empty; every unit needs a name")
                 if unit.name in seen:
