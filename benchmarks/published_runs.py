@@ -666,6 +666,15 @@ gathered weight arrives already FP8 and the block casts nothing), once per all-g
 fp32 shard read, its FP8 copy written (5 bytes per shard element), its amax once per step."""
 
 
+TORCHTITAN_FSDP_FLOAT8_WEIGHT_BYTES = {"all_gather": 21, "step": 4}
+"""Bytes per weight element of torchtitan's Float8 FSDP recipe on each rank's fp32 shard,
+measured (``benchmarks/eager_block_bytes.py --fsdp-float8``: torchao 0.18.0's
+``fsdp_pre_all_gather`` as FSDP2 calls it, eagerly, on its copy-in stream): per all-gather the
+scale's ``mul`` (8), ``clamp`` (8) and the FP8 copy (5); per step the amax
+(``_foreach_norm(inf)``, 4). The profile's ``fp8_gather_cast_bytes`` / ``fp8_weight_amax_bytes``
+of each block (its seven linears' weights), priced under FP8 with ``parameters`` sharding."""
+
+
 def torchtitan_fp8_cast_bytes(a: Arch, graph: str) -> float:
     """Bytes per token torchtitan's Float8 adds to ``graph`` of a compiled block: the float8
     block's bytes less the bf16 block's, both measured
@@ -769,6 +778,7 @@ def transformer_profile(
     bwd_elem_bytes, redo_elem_bytes = 2 * elem_bytes, elem_bytes
     # what a float8 run's casts add (planner/trainer.py prices them under precision="fp8")
     fp8_fwd_bytes = fp8_bwd_bytes = fp8_selective_bytes = fp8_full_bytes = 0.0
+    fp8_weights = 0
     if eager == "torchtitan" and a.gated:
         # torchtitan's block as measured, eager or compiled (each graph's bytes per token)
         measured = torchtitan_compiled_bytes if compiled else torchtitan_eager_bytes
@@ -780,6 +790,8 @@ def transformer_profile(
             if selective == "torchtitan":
                 fp8_selective_bytes = torchtitan_fp8_cast_bytes(a, "selective")
             fp8_full_bytes = torchtitan_fp8_cast_bytes(a, "full")
+            # its float8 FSDP recipe casts the weights on each shard before the all-gather
+            fp8_weights = a.block_parameters - 2 * h
         elem_bytes = measured(a, "forward")
         bwd_elem_bytes = measured(a, "backward")
         redo_elem_bytes = (
@@ -870,6 +882,8 @@ def transformer_profile(
                 fp8_cast_backward_bytes=int(tokens * fp8_bwd_bytes),
                 fp8_cast_selective_bytes=int(tokens * fp8_selective_bytes),
                 fp8_cast_full_bytes=int(tokens * fp8_full_bytes),
+                fp8_gather_cast_bytes=fp8_weights * TORCHTITAN_FSDP_FLOAT8_WEIGHT_BYTES["all_gather"],
+                fp8_weight_amax_bytes=fp8_weights * TORCHTITAN_FSDP_FLOAT8_WEIGHT_BYTES["step"],
                 selective_activation_bytes=int(kept),
                 selective_recompute_s=redo,
                 selective_recompute_linear_flops=redo_flops,

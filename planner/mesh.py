@@ -50,6 +50,8 @@ from autopipe.planner.mesh_costs import (
     NCCL_NVLINK_EFFICIENCY,
     Topology,
     device_profile,
+    fp8_gather_cast_s,
+    fp8_weight_amax_s,
     gather_buffer_bytes,
     optimizer_step_s,
     reduce_copy_in_s,
@@ -517,9 +519,11 @@ def _optimizer_per_rank_s(
         dense, expert = _dense_and_expert_bytes(u, cand, size)
         return (dense / cand.fsdp + expert / max(edp, 1)) / size
 
+    fsdp = cand.shard == "parameters" and sharded  # its float8 weights' amax, once per step
     return max(
         (
             optimizer_step_s(sum(elements(units[x]) for x in names), cand.shard, size, topology)
+            + (fp8_weight_amax_s([units[x] for x in names], cand.tp, cand.fsdp, topology) if fsdp else 0.0)
             for names in per_rank.values()
         ),
         default=0.0,
@@ -624,7 +628,10 @@ def _dp_exposed_per_rank_s(
                 exposed += whole
         if once:  # FSDP2 under PP: each unit gathered once, behind the first forward
             exposed += _streamed_exposed_s(
-                mine, b, device.batch_size, unit_s, 1, backward=False,
+                mine, b, device.batch_size,
+                # a float8 all-gather casts the shard first, on the same copy-in stream
+                lambda u: fp8_gather_cast_s(u, cand.tp, cand.fsdp, topology) + unit_s(u),
+                1, backward=False,
                 loss=topology.overlap_compute_loss,
             )  # fmt: skip
         if cand.shard in ("gradients", "parameters"):
@@ -868,6 +875,7 @@ def _topology(request: PlanRequest, n: int, template: Device) -> Topology:
         optimizer_kernel=request.optimizer_kernel, grad_clip=request.grad_clip,
         selective_recompute=request.selective_recompute,
         memory_bytes_per_s=memory_bw,
+        fp8_all_gather=request.precision == "fp8",
         overlap_compute_loss=overlap_loss,
     )  # fmt: skip
 

@@ -196,6 +196,22 @@ class UnitProfile:
     ``2 fp8_cast_forward_bytes + fp8_cast_backward_bytes``). Under ``precision="fp8"`` the
     difference goes to ``full_recompute_extra_s``. 0: unknown (the re-run priced as a
     forward). Optional in v1."""
+    fp8_gather_cast_bytes: int = 0
+    """Bytes the casts of this unit's FP8 weights move before each float8 FSDP all-gather,
+    over all of them (each rank moves its ``1 / (T x D)`` shard's): torchtitan's Float8
+    recipe (``--float8.enable_fsdp_float8_all_gather
+    --float8.precompute_float8_dynamic_scale_for_fsdp``) casts each rank's fp32 shard in
+    torchao's ``fsdp_pre_all_gather``, eagerly, on FSDP2's copy-in stream: 21 bytes per weight
+    element (the scale's ``mul`` 8, ``clamp`` 8, the FP8 copy 5; measured,
+    ``benchmarks/eager_block_bytes.py --fsdp-float8``). Priced under ``precision="fp8"``
+    with ``parameters`` sharding, with the all-gather it feeds. 0: no float8 all-gather.
+    Optional in v1."""
+    fp8_weight_amax_bytes: int = 0
+    """Bytes the per-step ``max(abs)`` of this unit's FP8 weights reads, over all of them
+    (each rank its shard's): torchao's ``precompute_float8_dynamic_scale_for_fsdp`` after the
+    optimizer step, one ``_foreach_norm(inf)`` of the fp32 shards, 4 bytes per element.
+    Priced once per step with the optimizer's under ``precision="fp8"`` and ``parameters``
+    sharding. 0: none. Optional in v1."""
     full_recompute_extra_s: float = 0.0
     """Seconds the re-computation of this unit under full checkpointing (a checkpointed
     stage's ``recompute_s``) takes beyond ``forward_s``, at ``Profile.batch_size``; negative
