@@ -729,3 +729,34 @@ def test_fp8_prices_each_checkpointing_modes_casts_as_measured_for_it() -> None:
     probed, best = probe_partition(cm), dp_partition(cm)
     assert probed is not None and best is not None
     assert probed.bottleneck_s == best.bottleneck_s == bottleneck(cm, best.bounds)
+
+
+def test_fp8_prices_the_weights_casts_before_each_float8_all_gather() -> None:
+    """Under precision fp8 with ``parameters`` sharding, each rank casts its shard of a
+    unit's FP8 weights before the all-gather (torchtitan's float8 FSDP recipe, torchao's
+    eager ``fsdp_pre_all_gather``: 21 bytes per shard element, measured) on the gather's
+    copy-in stream: the first unit's gather, hidden behind nothing, grows by its shard's
+    21e9 / (T 2 x D 4) B at 1 TB/s = 2.625 ms in forward and in backward (for the last
+    unit); the per-step amax (4 B per element) adds 4e9 / 8 B = 0.5 ms per unit to the
+    optimizer step. bf16 (``fp8_all_gather`` off) prices neither. Failed before (no such
+    fields; the weights' casts were not priced)."""
+    from autopipe.planner.mesh_costs import fp8_gather_cast_s, fp8_weight_amax_s
+
+    p = _profile(units=3)
+    us = [
+        dataclasses.replace(u, fp8_gather_cast_bytes=21 * 10**9, fp8_weight_amax_bytes=4 * 10**9)
+        for u in p.units
+    ]
+    casts = dataclasses.replace(p, units=us)
+    kw = dict(memory_bytes_per_s=1e12)
+    fp8 = Topology(8, 1e11, 1e10, fp8_all_gather=True, **kw)
+    bf16 = Topology(8, 1e11, 1e10, **kw)
+    assert fp8_gather_cast_s(us[0], 2, 4, fp8) == pytest.approx(2.625e-3)
+    assert fp8_gather_cast_s(us[0], 2, 4, bf16) == 0.0
+    assert fp8_weight_amax_s(us, 2, 4, fp8) == pytest.approx(3 * 0.5e-3)
+    on = device_profile(casts, 2, fp8, shard="parameters", dp=4)
+    off = device_profile(casts, 2, bf16, shard="parameters", dp=4)
+    plain = device_profile(p, 2, fp8, shard="parameters", dp=4)
+    assert on.units[0].forward_s - off.units[0].forward_s == pytest.approx(2.625e-3)
+    assert on.units[-1].backward_s - off.units[-1].backward_s == pytest.approx(2.625e-3)
+    assert off.units[0].forward_s == plain.units[0].forward_s
