@@ -659,11 +659,12 @@ TORCHTITAN_FLOAT8_WEIGHT_BYTES = {"forward": 5, "backward": 3}
 weights in each graph call beyond the bf16 block, measured likewise (what does not scale with
 the tokens, fitted as coefficients of the weight elements, no AC): forward the weight's
 ``max(abs)`` (read 2) and its FP8 copy (read 2, write 1), backward the FP8 copy again for
-the input gradient. Not priced: torchtitan's Float8 recipe (docs/float8.md at 9dec370:
-``--float8.enable_fsdp_float8_all_gather --float8.precompute_float8_dynamic_scale_for_fsdp``)
-casts each weight on its FSDP shard before the all-gather, outside the compiled block (the
-gathered weight arrives already FP8 and the block casts nothing), once per all-gather: the
-fp32 shard read, its FP8 copy written (5 bytes per shard element), its amax once per step."""
+the input gradient. Not priced: no published run casts its weights there. torchtitan's
+Float8 recipe (docs/float8.md at 9dec370: ``--float8.enable_fsdp_float8_all_gather
+--float8.precompute_float8_dynamic_scale_for_fsdp``) casts each weight on its FSDP shard
+before the all-gather, outside the compiled block (the gathered weight arrives already FP8
+and the block casts nothing), once per all-gather, eagerly:
+:data:`TORCHTITAN_FSDP_FLOAT8_WEIGHT_BYTES`, priced."""
 
 
 TORCHTITAN_FSDP_FLOAT8_WEIGHT_BYTES = {"all_gather": 21, "step": 4}

@@ -173,8 +173,8 @@ class UnitProfile:
     this unit's forward beyond the profile dtype's: each weight matmul's input scaled by its
     ``max(abs)`` and cast to FP8 (torchao's tensorwise dynamic ``Float8Linear``, as compiled),
     what ``precision="fp8"`` prices at the GPU's memory bandwidth. Scales with the tokens;
-    the weights' own casts (once per call, or on the FSDP shard before a float8 all-gather)
-    are not in it. 0: unknown (not priced). Optional in v1."""
+    the weights' own casts are not in it (on the FSDP shard before a float8 all-gather:
+    ``fp8_gather_cast_bytes``). 0: unknown (not priced). Optional in v1."""
     fp8_cast_backward_bytes: int = 0
     """Likewise for the backward (the output gradients' casts, and the inputs' casts again in
     the layouts the weight gradients' FP8 matmuls take), at ``Profile.batch_size``. Optional
