@@ -236,9 +236,7 @@ def fsdp_float8_weight_bytes(elements: int = 4096 * 61) -> tuple[float, float, d
     with OpBytes() as amax:
         (norm,) = torch._foreach_norm([shard], ord=math.inf)
     scale = (torch.finfo(torch.float8_e4m3fn).max / norm.clamp(1e-12)).float()
-    weight = WeightWithDynamicFloat8CastTensor(
-        shard, LinearMMConfig(), torch.float8_e4m3fn, scale
-    )
+    weight = WeightWithDynamicFloat8CastTensor(shard, LinearMMConfig(), torch.float8_e4m3fn, scale)
     with OpBytes() as cast:
         weight.fsdp_pre_all_gather(None)
     # the scalar outputs (the norm, the scale read) are a few bytes: whole bytes per element

@@ -883,7 +883,8 @@ def transformer_profile(
                 fp8_cast_backward_bytes=int(tokens * fp8_bwd_bytes),
                 fp8_cast_selective_bytes=int(tokens * fp8_selective_bytes),
                 fp8_cast_full_bytes=int(tokens * fp8_full_bytes),
-                fp8_gather_cast_bytes=fp8_weights * TORCHTITAN_FSDP_FLOAT8_WEIGHT_BYTES["all_gather"],
+                fp8_gather_cast_bytes=fp8_weights
+                * TORCHTITAN_FSDP_FLOAT8_WEIGHT_BYTES["all_gather"],
                 fp8_weight_amax_bytes=fp8_weights * TORCHTITAN_FSDP_FLOAT8_WEIGHT_BYTES["step"],
                 selective_activation_bytes=int(kept),
                 selective_recompute_s=redo,

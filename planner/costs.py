@@ -471,11 +471,11 @@ class CostModel:
         tkey = ("time", v, self.bandwidth_bytes_per_s[stage], self.latency_s[stage])
         if tkey not in self._cache:
             n = self.n_units
-            f, g, r = self.fwd_prefix, self.bwd_prefix, self.rec_prefix
+            f, g, rp = self.fwd_prefix, self.bwd_prefix, self.rec_prefix
             # Same operation order as SegmentCost.time_s so that values agree to the last bit.
             fwd = (f[None, :] - f[:, None]) / v
             base = fwd + (g[None, :] - g[:, None]) / v
-            rec = fwd if np.array_equal(r, f) else (r[None, :] - r[:, None]) / v
+            rec = fwd if np.array_equal(rp, f) else (rp[None, :] - rp[:, None]) / v
             send = self.send_s(stage, np.arange(n + 1))[None, :]
             invalid = np.tri(n + 1, dtype=bool)  # [i, j] with j <= i
             time_a = base + send

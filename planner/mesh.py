@@ -523,7 +523,11 @@ def _optimizer_per_rank_s(
     return max(
         (
             optimizer_step_s(sum(elements(units[x]) for x in names), cand.shard, size, topology)
-            + (fp8_weight_amax_s([units[x] for x in names], cand.tp, cand.fsdp, topology) if fsdp else 0.0)
+            + (
+                fp8_weight_amax_s([units[x] for x in names], cand.tp, cand.fsdp, topology)
+                if fsdp
+                else 0.0
+            )
             for names in per_rank.values()
         ),
         default=0.0,

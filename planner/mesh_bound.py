@@ -188,9 +188,7 @@ def unit_bytes(device: Profile) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.
     fo = np.array([min(max(u.forward_overhead_s, 0.0), u.forward_s) for u in units])
     # what re-materialization re-runs of the forward: its size-dependent part plus the
     # unit's full_recompute_extra_s (which scales with the samples; 0 for most profiles)
-    fs = np.maximum(
-        np.array([u.forward_s + u.full_recompute_extra_s for u in units]) - fo, 0.0
-    )
+    fs = np.maximum(np.array([u.forward_s + u.full_recompute_extra_s for u in units]) - fo, 0.0)
     if len(_UNIT_BYTES) > 4096:
         _UNIT_BYTES.clear()
     _UNIT_BYTES[id(device)] = (device, (params, act, fo, fs))

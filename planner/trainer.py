@@ -117,7 +117,6 @@ def _fp8_unit(u: UnitProfile, spec: DeviceSpec, dtype: str) -> UnitProfile:
     )
 
 
-
 def _selective_unit(u: UnitProfile) -> UnitProfile:
     if u.selective_activation_bytes <= 0 and u.selective_recompute_s <= 0:
         return u

@@ -149,7 +149,9 @@ def test_llama_8b_compiled_bytes_by_hand() -> None:
     )
 
 
-@pytest.mark.parametrize("a", [pr.LLAMA31_8B, pr.LLAMA31_70B, pr.LLAMA31_405B], ids=lambda a: a.name)
+@pytest.mark.parametrize(
+    "a", [pr.LLAMA31_8B, pr.LLAMA31_70B, pr.LLAMA31_405B], ids=lambda a: a.name
+)
 def test_fp8_casts_priced_per_checkpointing_mode_equal_the_measured_ones(a: pr.Arch) -> None:
     """What precision fp8 prices for the casts of one torchtitan block (compiled), per
     activation checkpointing mode, is the measured float8 block's bytes less the bf16 block's
@@ -193,7 +195,7 @@ def test_fp8_casts_priced_per_checkpointing_mode_equal_the_measured_ones(a: pr.A
             t += x.forward_s + x.full_recompute_extra_s
         return t
 
-    h, kv, f = a.hidden, a.kv_dim, a.ffn
+    h, f = a.hidden, a.ffn
     assert measured("selective") - measured("none") == seq * (3 * h - 2 * f + 8)
     assert measured("full") - measured("none") == seq * (17 * h - 2 * f + 28)
     for mode in ("none", "selective", "full"):
