@@ -217,11 +217,47 @@ def fit(ac: str = "none") -> tuple[list[float], list[float], float]:
     return solve(fwd), solve(bwd), worst
 
 
+def fsdp_float8_weight_bytes(elements: int = 4096 * 61) -> tuple[float, float, dict[str, int]]:
+    """Bytes per weight element of torchtitan's Float8 FSDP recipe (docs/float8.md at 9dec370:
+    ``--float8.enable_fsdp_float8_all_gather --float8.precompute_float8_dynamic_scale_for_fsdp``)
+    on one rank's fp32 shard of ``elements``, counted by :class:`OpBytes` as FSDP2 runs it,
+    eagerly (its pre-all-gather hook is outside the compiled block): per all-gather, torchao's
+    ``WeightWithDynamicFloat8CastTensor.fsdp_pre_all_gather`` with the precomputed scale
+    (the scale's ``mul``, ``clamp``, the FP8 copy); per step, the amax that
+    ``precompute_float8_dynamic_scale_for_fsdp`` takes (``_foreach_norm(inf)`` of the shards).
+    Returns (per all-gather, per step, the all-gather's bytes per op). Needs torchao."""
+    import math
+
+    from torchao.float8.float8_training_tensor import LinearMMConfig
+    from torchao.float8.fsdp_utils import WeightWithDynamicFloat8CastTensor
+
+    torch.manual_seed(0)
+    shard = torch.randn(elements, dtype=torch.float32)
+    with OpBytes() as amax:
+        (norm,) = torch._foreach_norm([shard], ord=math.inf)
+    scale = (torch.finfo(torch.float8_e4m3fn).max / norm.clamp(1e-12)).float()
+    weight = WeightWithDynamicFloat8CastTensor(shard, LinearMMConfig(), torch.float8_e4m3fn, scale)
+    with OpBytes() as cast:
+        weight.fsdp_pre_all_gather(None)
+    # the scalar outputs (the norm, the scale read) are a few bytes: whole bytes per element
+    return cast.total // elements, amax.total // elements, dict(cast.by_op)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--ac", choices=(*cb.AC_MODES, "all"), default="all")
     parser.add_argument("--verbose", action="store_true", help="each op's bytes per token")
+    parser.add_argument(
+        "--fsdp-float8",
+        action="store_true",
+        help="bytes per weight element of torchtitan's float8 FSDP all-gather casts instead",
+    )
     args = parser.parse_args()
+    if args.fsdp_float8:
+        gather, step, ops = fsdp_float8_weight_bytes()
+        print(f"float8 FSDP all-gather: {gather:g} bytes per shard element per all-gather {ops}")
+        print(f"float8 FSDP amax: {step:g} bytes per shard element per step")
+        return
     print(f"torch {torch.__version__}, eager; bytes per token of memory-bound ops")
     for ac in cb.AC_MODES if args.ac == "all" else (args.ac,):
         if args.verbose:

@@ -675,17 +675,33 @@ TORCHTITAN_FLOAT8_WEIGHT_BYTES = {"forward": 5, "backward": 3}
 weights in each graph call beyond the bf16 block, measured likewise (what does not scale with
 the tokens, fitted as coefficients of the weight elements, no AC): forward the weight's
 ``max(abs)`` (read 2) and its FP8 copy (read 2, write 1), backward the FP8 copy again for
-the input gradient. Not priced: torchtitan's Float8 recipe (docs/float8.md at 9dec370:
-``--float8.enable_fsdp_float8_all_gather --float8.precompute_float8_dynamic_scale_for_fsdp``)
-casts each weight on its FSDP shard before the all-gather, outside the compiled block (the
-gathered weight arrives already FP8 and the block casts nothing), once per all-gather: the
-fp32 shard read, its FP8 copy written (5 bytes per shard element), its amax once per step."""
+the input gradient. Not priced: no published run casts its weights there. torchtitan's
+Float8 recipe (docs/float8.md at 9dec370: ``--float8.enable_fsdp_float8_all_gather
+--float8.precompute_float8_dynamic_scale_for_fsdp``) casts each weight on its FSDP shard
+before the all-gather, outside the compiled block (the gathered weight arrives already FP8
+and the block casts nothing), once per all-gather, eagerly:
+:data:`TORCHTITAN_FSDP_FLOAT8_WEIGHT_BYTES`, priced."""
+
+
+TORCHTITAN_FSDP_FLOAT8_WEIGHT_BYTES = {"all_gather": 21, "step": 4}
+"""Bytes per weight element of torchtitan's Float8 FSDP recipe on each rank's fp32 shard,
+measured (``benchmarks/eager_block_bytes.py --fsdp-float8``: torchao 0.18.0's
+``fsdp_pre_all_gather`` as FSDP2 calls it, eagerly, on its copy-in stream): per all-gather the
+scale's ``mul`` (8), ``clamp`` (8) and the FP8 copy (5); per step the amax
+(``_foreach_norm(inf)``, 4). The profile's ``fp8_gather_cast_bytes`` / ``fp8_weight_amax_bytes``
+of each block (its seven linears' weights), priced under FP8 with ``parameters`` sharding."""
 
 
 def torchtitan_fp8_cast_bytes(a: Arch, graph: str) -> float:
-    """Bytes per token torchtitan's Float8 adds to ``graph`` (``forward`` or ``backward``) of a
-    compiled block without activation checkpointing: the float8 block's bytes less the bf16
-    block's, both measured (:data:`TORCHTITAN_COMPILED_BYTES_PER_TOKEN`)."""
+    """Bytes per token torchtitan's Float8 adds to ``graph`` of a compiled block: the float8
+    block's bytes less the bf16 block's, both measured
+    (:data:`TORCHTITAN_COMPILED_BYTES_PER_TOKEN`). ``graph``: ``forward`` or ``backward``
+    without activation checkpointing (``selective_forward``... under a mode), or ``selective``
+    / ``full``: that mode's forward and backward together (17 h + 3 ffn + 24 forward under
+    either; backward with the re-computation 42.5 h + 7 kv + 22 ffn + 8 selective, 56.5 h +
+    7 kv + 22 ffn + 28 full)."""
+    if graph in ("selective", "full"):
+        return sum(torchtitan_fp8_cast_bytes(a, f"{graph}_{g}") for g in ("forward", "backward"))
     return torchtitan_compiled_bytes(a, f"float8_{graph}") - torchtitan_compiled_bytes(a, graph)
 
 
@@ -778,13 +794,21 @@ def transformer_profile(
     # backward and a selective re-computation: twice and once the forward's unless measured
     bwd_elem_bytes, redo_elem_bytes = 2 * elem_bytes, elem_bytes
     # what a float8 run's casts add (planner/trainer.py prices them under precision="fp8")
-    fp8_fwd_bytes = fp8_bwd_bytes = 0.0
+    fp8_fwd_bytes = fp8_bwd_bytes = fp8_selective_bytes = fp8_full_bytes = 0.0
+    fp8_weights = 0
     if eager == "torchtitan" and a.gated:
         # torchtitan's block as measured, eager or compiled (each graph's bytes per token)
         measured = torchtitan_compiled_bytes if compiled else torchtitan_eager_bytes
         if compiled:
             fp8_fwd_bytes = torchtitan_fp8_cast_bytes(a, "forward")
             fp8_bwd_bytes = torchtitan_fp8_cast_bytes(a, "backward")
+            # each activation checkpointing mode's casts, forward and backward together, as
+            # measured under it (the re-computation's casts fuse with the backward's)
+            if selective == "torchtitan":
+                fp8_selective_bytes = torchtitan_fp8_cast_bytes(a, "selective")
+            fp8_full_bytes = torchtitan_fp8_cast_bytes(a, "full")
+            # its float8 FSDP recipe casts the weights on each shard before the all-gather
+            fp8_weights = a.block_parameters - 2 * h
         elem_bytes = measured(a, "forward")
         bwd_elem_bytes = measured(a, "backward")
         redo_elem_bytes = (
@@ -873,6 +897,11 @@ def transformer_profile(
                 linear_forward_flops=tokens * linear_flops,
                 fp8_cast_forward_bytes=int(tokens * fp8_fwd_bytes),
                 fp8_cast_backward_bytes=int(tokens * fp8_bwd_bytes),
+                fp8_cast_selective_bytes=int(tokens * fp8_selective_bytes),
+                fp8_cast_full_bytes=int(tokens * fp8_full_bytes),
+                fp8_gather_cast_bytes=fp8_weights
+                * TORCHTITAN_FSDP_FLOAT8_WEIGHT_BYTES["all_gather"],
+                fp8_weight_amax_bytes=fp8_weights * TORCHTITAN_FSDP_FLOAT8_WEIGHT_BYTES["step"],
                 selective_activation_bytes=int(kept),
                 selective_recompute_s=redo,
                 selective_recompute_linear_flops=redo_flops,

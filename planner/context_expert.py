@@ -338,6 +338,8 @@ def _unit(
         backward_input_s=b_in,
         backward_weight_s=b_wt,
         tp_compute_fraction=phi,
+        # per token (FP8 casts): each CP rank re-runs its 1/cp of the sequence
+        full_recompute_extra_s=u.full_recompute_extra_s / cp,
         # TP splits each expert's FFN (Megatron-style): one more region per MoE layer, its
         # tokens all-gathered before the experts and reduce-scattered after, as a dense MLP's
         tp_collective_bytes=(u.tp_collective_bytes + u.moe_layers * u.output_bytes) // cp,

@@ -254,6 +254,13 @@ class CostModel:
         act = np.array([x.activation_bytes for x in u], float)
         zero = np.zeros(1)
         self.fwd_prefix = np.concatenate([zero, np.cumsum(fwd)])
+        # a checkpointed unit's re-run: its forward, plus what it does beyond (or, fused with
+        # the backward, less than) the forward (UnitProfile.full_recompute_extra_s; 0 for most
+        # profiles, and then this is fwd_prefix bit for bit)
+        extra = np.array([x.full_recompute_extra_s for x in u], float) * (b / bp)
+        self.rec_prefix = np.concatenate([zero, np.cumsum(np.maximum(fwd + extra, 0.0))])
+        """Prefix sums of each unit's re-computation under checkpointing (seconds per
+        micro-batch): ``forward_s`` plus ``full_recompute_extra_s``, both at the micro-batch."""
         self.bwd_prefix = np.concatenate([zero, np.cumsum(bwd)])
         split, share = _split_backward_s(u, bwd, b, bp)
         self.bwd_input_prefix = np.concatenate([zero, np.cumsum(split * share)])
@@ -347,6 +354,7 @@ class CostModel:
         v = self.speed[stage]
         fwd = (self.fwd_prefix[j] - self.fwd_prefix[i]) / v
         bwd = (self.bwd_prefix[j] - self.bwd_prefix[i]) / v
+        rec = (self.rec_prefix[j] - self.rec_prefix[i]) / v
         send = float(self.send_s(stage, j))
         param = self.param_prefix[j] - self.param_prefix[i]
         mem = self.segment_memory(stage, i, j)
@@ -368,7 +376,7 @@ class CostModel:
         return SegmentCost(
             forward_s=float(fwd),
             backward_s=float(bwd),
-            recompute_s=float(fwd) if ckpt else 0.0,
+            recompute_s=float(rec) if ckpt else 0.0,
             send_s=send,
             parameter_bytes=int(round(param)),
             optimizer_bytes=int(round(opt)),
@@ -463,16 +471,17 @@ class CostModel:
         tkey = ("time", v, self.bandwidth_bytes_per_s[stage], self.latency_s[stage])
         if tkey not in self._cache:
             n = self.n_units
-            f, g = self.fwd_prefix, self.bwd_prefix
+            f, g, rp = self.fwd_prefix, self.bwd_prefix, self.rec_prefix
             # Same operation order as SegmentCost.time_s so that values agree to the last bit.
             fwd = (f[None, :] - f[:, None]) / v
             base = fwd + (g[None, :] - g[:, None]) / v
+            rec = fwd if np.array_equal(rp, f) else (rp[None, :] - rp[:, None]) / v
             send = self.send_s(stage, np.arange(n + 1))[None, :]
             invalid = np.tri(n + 1, dtype=bool)  # [i, j] with j <= i
             time_a = base + send
             time_a[invalid] = np.inf
-            self._cache[tkey] = (fwd, base, send, time_a, invalid)
-        fwd, base, send, time_a, invalid = self._cache[tkey]
+            self._cache[tkey] = (rec, base, send, time_a, invalid)
+        rec, base, send, time_a, invalid = self._cache[tkey]
         limit = self.limit_bytes(stage)
         n_s = self.inflight[stage]
         n_full = self.full_inflight[stage]
@@ -494,7 +503,7 @@ class CostModel:
             return time_a  # every segment keeps its activations and fits: no masks needed
         mem = self._memory_matrix(stage)
         if "B" in opts:
-            time_b = (base + fwd) + send
+            time_b = (base + rec) + send
             time_b[invalid] = np.inf
             if not all_fit_b:
                 fits_b = mem.state_bytes + np.minimum(mem.per_stage_bytes, mem.per_unit_bytes)
@@ -512,16 +521,17 @@ class CostModel:
         The same expressions, in the same order, as ``cost_matrix`` and ``segment``.
         """
         v = self.speed[stage]
-        f, g = self.fwd_prefix, self.bwd_prefix
+        f, g, r = self.fwd_prefix, self.bwd_prefix, self.rec_prefix
         fwd = (f[j] - f[i]) / v
         base = fwd + (g[j] - g[i]) / v
+        rec = (r[j] - r[i]) / v
         send = self.send_s(stage, j)
         limit = self.limit_bytes(stage)
         mem = self.segment_memory(stage, i, j)
         opts = self.options[stage]
         time_a = np.where(mem.state_bytes + mem.kept_bytes <= limit, base + send, np.inf)
         fits_b = mem.state_bytes + np.minimum(mem.per_stage_bytes, mem.per_unit_bytes) <= limit
-        time_b = np.where(fits_b, (base + fwd) + send, np.inf)
+        time_b = np.where(fits_b, (base + rec) + send, np.inf)
         if opts == "A":
             out = time_a
         elif opts == "B":

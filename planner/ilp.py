@@ -6,7 +6,8 @@ as ``strategy="ilp"``):
 * ``d[s, p]`` binary: stage ``s`` (0..K-2) ends at position ``p``; one per stage; cut ``s+1``
   lies strictly after cut ``s`` (cumulative form, tighter than comparing positions).
 * With ``checkpoint="auto"``: ``c[s]`` binary (stage ``s`` checkpointed) and ``r[s] >= 0`` its
-  recompute time, ``r[s] >= fwd_s - BigT (1 - c[s])``; the kept-activation memory row is
+  recompute time, ``r[s] >= rec_s - BigT (1 - c[s])`` (``rec_s``: the stage's forward plus its
+  units' ``full_recompute_extra_s``); the kept-activation memory row is
   relaxed by ``BigM c[s]`` and the checkpointed one by ``BigM (1 - c[s])``. Other modes fix the
   choice, so their rows are plain.
 * Checkpointed stages: ``g[s]`` binary picks per-unit re-materialization (its row relaxed by
@@ -105,7 +106,7 @@ class _StageExprs:
 def _stage_exprs(cm: CostModel, cuts: list[dict[int, Any]], s: int, scale: float) -> _StageExprs:
     """Stage ``s``'s time and memory expressions between its two cuts."""
     n = cm.n_units
-    x_fwd = cm.fwd_prefix
+    x_fwd = cm.rec_prefix  # what checkpointing re-runs: the forward (and its extra)
     x_all = cm.fwd_prefix + cm.bwd_prefix
     start, end = cuts[s], cuts[s + 1]
     v = float(cm.speed[s])
@@ -230,7 +231,7 @@ def _add_auto_rows(
     LP relaxation."""
     c = pulp.LpVariable(f"c_{s}", cat="Binary")
     rec = pulp.LpVariable(f"r_{s}", lowBound=0)
-    big_t = float(cm.fwd_prefix[-1]) * scale / float(cm.speed[s])
+    big_t = float(cm.rec_prefix[-1]) * scale / float(cm.speed[s])
     prob += rec >= e.fwd - big_t * (1 - c)
     prob += t_var >= e.base + rec
     if e.mem_a is None:

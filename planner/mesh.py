@@ -50,6 +50,8 @@ from autopipe.planner.mesh_costs import (
     NCCL_NVLINK_EFFICIENCY,
     Topology,
     device_profile,
+    fp8_gather_cast_s,
+    fp8_weight_amax_s,
     gather_buffer_bytes,
     optimizer_step_s,
     reduce_copy_in_s,
@@ -421,7 +423,10 @@ def _fill_drain_beats(
         state = params * (memory.state_bytes_per_parameter / size)
         inflight = inflight_per_stage(memory.schedule, pp, m)
         held = (state, act, inflight, memory.limit_bytes)
-    return fill_drain_within(unit_s, forward_s, m, pp, limit_s, held)
+    # what re-materialization re-runs: the forward and its full_recompute_extra_s
+    extra = np.array([u.full_recompute_extra_s for u in device.units])
+    redo_s = np.maximum(forward_s + extra[:, None] * b / speed, 0.0)
+    return fill_drain_within(unit_s, redo_s, m, pp, limit_s, held)
 
 
 _ARRAYS: dict[int, tuple[Profile, tuple[np.ndarray, ...]]] = {}
@@ -514,9 +519,15 @@ def _optimizer_per_rank_s(
         dense, expert = _dense_and_expert_bytes(u, cand, size)
         return (dense / cand.fsdp + expert / max(edp, 1)) / size
 
+    fsdp = cand.shard == "parameters" and sharded  # its float8 weights' amax, once per step
     return max(
         (
             optimizer_step_s(sum(elements(units[x]) for x in names), cand.shard, size, topology)
+            + (
+                fp8_weight_amax_s([units[x] for x in names], cand.tp, cand.fsdp, topology)
+                if fsdp
+                else 0.0
+            )
             for names in per_rank.values()
         ),
         default=0.0,
@@ -621,7 +632,10 @@ def _dp_exposed_per_rank_s(
                 exposed += whole
         if once:  # FSDP2 under PP: each unit gathered once, behind the first forward
             exposed += _streamed_exposed_s(
-                mine, b, device.batch_size, unit_s, 1, backward=False,
+                mine, b, device.batch_size,
+                # a float8 all-gather casts the shard first, on the same copy-in stream
+                lambda u: fp8_gather_cast_s(u, cand.tp, cand.fsdp, topology) + unit_s(u),
+                1, backward=False,
                 loss=topology.overlap_compute_loss,
             )  # fmt: skip
         if cand.shard in ("gradients", "parameters"):
@@ -865,6 +879,7 @@ def _topology(request: PlanRequest, n: int, template: Device) -> Topology:
         optimizer_kernel=request.optimizer_kernel, grad_clip=request.grad_clip,
         selective_recompute=request.selective_recompute,
         memory_bytes_per_s=memory_bw,
+        fp8_all_gather=request.precision == "fp8",
         overlap_compute_loss=overlap_loss,
     )  # fmt: skip
 

@@ -172,7 +172,8 @@ def least_recompute_s(
 
 def unit_bytes(device: Profile) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Per unit of ``device``: parameter bytes (``planner/costs.py``'s), activation bytes
-    at its batch size, forward overhead and forward size-dependent seconds; cached per
+    at its batch size, forward overhead and the size-dependent seconds of its re-computation
+    (the forward's, plus ``full_recompute_extra_s``); cached per
     profile object (the mesh search asks ~10^4 times of a few device profiles)."""
     hit = _UNIT_BYTES.get(id(device))
     if hit is not None and hit[0] is device:
@@ -185,7 +186,9 @@ def unit_bytes(device: Profile) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.
     )
     act = np.array([u.activation_bytes for u in units], dtype=float)
     fo = np.array([min(max(u.forward_overhead_s, 0.0), u.forward_s) for u in units])
-    fs = np.array([u.forward_s for u in units]) - fo
+    # what re-materialization re-runs of the forward: its size-dependent part plus the
+    # unit's full_recompute_extra_s (which scales with the samples; 0 for most profiles)
+    fs = np.maximum(np.array([u.forward_s + u.full_recompute_extra_s for u in units]) - fo, 0.0)
     if len(_UNIT_BYTES) > 4096:
         _UNIT_BYTES.clear()
     _UNIT_BYTES[id(device)] = (device, (params, act, fo, fs))

@@ -32,6 +32,8 @@ __all__ = [
     "REDUCE_BYTES",
     "Topology",
     "device_profile",
+    "fp8_gather_cast_s",
+    "fp8_weight_amax_s",
     "fused_reduce_scatter_sum_s",
     "gather_buffer_bytes",
     "gather_copy_out_s",
@@ -116,6 +118,10 @@ class Topology:
     """How the step runs (``PlanRequest.optimizer_kernel``)."""
     grad_clip: str = "none"
     """Gradient clipping before the step (``PlanRequest.grad_clip``)."""
+    fp8_all_gather: bool = False
+    """Precision fp8 (``PlanRequest.precision``): ``parameters`` sharding gathers FP8
+    weights, cast on each rank's shard first (``UnitProfile.fp8_gather_cast_bytes``, and
+    their amax once per step, ``fp8_weight_amax_bytes``), where the profile says so."""
     overlap_compute_loss: float = 0.0
     """Share of a hidden collective's seconds that the compute it overlaps loses (NCCL's
     kernels occupy SMs and memory bandwidth): a collective hidden behind compute is not
@@ -165,6 +171,26 @@ def ring_collective_s(
     if group <= 1 or nbytes <= 0:
         return 0.0
     return (group - 1) / group * nbytes / bandwidth_bytes_per_s + (group - 1) * latency_s
+
+
+def fp8_gather_cast_s(unit: UnitProfile, tp: int, fsdp: int, topology: Topology) -> float:
+    """Seconds one rank spends casting its shard of ``unit``'s FP8 weights before one float8
+    FSDP all-gather: ``fp8_gather_cast_bytes / (tp x fsdp)`` at ``topology.memory_bytes_per_s``
+    (the FP8 weights are the TP-split linears). 0 unless ``topology.fp8_all_gather``."""
+    if not topology.fp8_all_gather or topology.memory_bytes_per_s <= 0:
+        return 0.0
+    share = unit.fp8_gather_cast_bytes / (max(tp, 1) * max(fsdp, 1))
+    return share / topology.memory_bytes_per_s
+
+
+def fp8_weight_amax_s(units: list[UnitProfile], tp: int, fsdp: int, topology: Topology) -> float:
+    """Seconds of one rank's per-step amax of its shard of ``units``' FP8 weights
+    (``fp8_weight_amax_bytes / (tp x fsdp)`` summed, at ``topology.memory_bytes_per_s``).
+    0 unless ``topology.fp8_all_gather``."""
+    if not topology.fp8_all_gather or topology.memory_bytes_per_s <= 0:
+        return 0.0
+    share = sum(u.fp8_weight_amax_bytes for u in units) / (max(tp, 1) * max(fsdp, 1))
+    return share / topology.memory_bytes_per_s
 
 
 def tp_share(unit: UnitProfile, tp: int) -> float:
@@ -515,7 +541,8 @@ def _gather_extras_s(
     extras = []
     for i, u in enumerate(profile.units):
         param = unit_device_parameter_bytes(u, tp, size)
-        g = ring_collective_s(param, dp, dp_bw, dp_lat)
+        # a float8 all-gather's casts of the shard run first, on the same copy-in stream
+        g = fp8_gather_cast_s(u, tp, dp, topology) + ring_collective_s(param, dp, dp_bw, dp_lat)
         # forward runs units in order (unit i's gather hides behind unit i-1), backward
         # in reverse (behind unit i+1); the first of each pass hides behind nothing.
         # then the copy-out, on the compute stream: nothing hides it
@@ -609,6 +636,8 @@ def _device_unit(
         # the collectives carry the input gradient: they belong to B, not W
         backward_input_s=b_in + comm_b + bwd_extra - acc if split > 0 else 0.0,
         backward_weight_s=b_wt if split > 0 else 0.0,
+        # the re-run's difference from the forward is compute (FP8 casts): split as it is
+        full_recompute_extra_s=u.full_recompute_extra_s * c,
         parameter_bytes=int(math.ceil(param)),
         activation_bytes=act,
         output_bytes=u.output_bytes // tp if sharded else u.output_bytes,

@@ -48,7 +48,7 @@ class _Prober:
         if got is not None:
             return got
         v = cm.speed[s]
-        f, g = cm.fwd_prefix / v, cm.bwd_prefix / v
+        f, g, r = cm.fwd_prefix / v, cm.bwd_prefix / v, cm.rec_prefix / v
         limit = self.capacity_bytes[s] / (1.0 + cm.headroom)
         n_s = cm.inflight[s]
         state = cm.state_prefix
@@ -56,9 +56,9 @@ class _Prober:
         got = {
             "send": cm.send_s(s, self.pos),
             "x_a": f + g,  # time_A(i, j) = x_a[j] - x_a[i] + send[j] (up to rounding)
-            "x_b": 2 * f + g,
+            "x_b": f + r + g,
             "x_f": f,  # forward part of a stage: x_f[j] - x_f[i] + send[j]
-            "x_q": f + g,  # checkpointed backward part: recompute + backward
+            "x_q": r + g,  # checkpointed backward part: recompute + backward
             # memory_B(i, j) = need_b[j] - y_b[i]; y_b is not monotone (stage-input cut term).
             # stage_memory's per-stage bytes split into prefix terms, to find the windows;
             # _fits checks every window's segments with stage_memory itself
@@ -74,15 +74,16 @@ class _Prober:
         v = cm.speed[s]
         fwd = (cm.fwd_prefix[j] - cm.fwd_prefix[i]) / v
         bwd = (cm.bwd_prefix[j] - cm.bwd_prefix[i]) / v
+        rec = (cm.rec_prefix[j] - cm.rec_prefix[i]) / v
         base = fwd + bwd
         send = self._stage(s)["send"][j]
-        time = ((base + fwd) if ckpt else base) + send
+        time = ((base + rec) if ckpt else base) + send
         t, f_cap, q_cap = caps
         ok = time <= t
         if math.isfinite(f_cap):  # forward part as the simulator sees it: forward + send
             ok &= fwd + send <= f_cap
         if math.isfinite(q_cap):  # backward part: recompute + backward
-            ok &= ((fwd + bwd) if ckpt else bwd) <= q_cap
+            ok &= ((rec + bwd) if ckpt else bwd) <= q_cap
         limit = self.capacity_bytes[s] / (1.0 + cm.headroom)
         if math.isinf(limit):
             return ok & (i < j)
@@ -235,7 +236,7 @@ def no_cut_within(cm: CostModel, limit_s: float) -> bool:
         id(first), cm.batch_size, cm.microbatches, cm.headroom, tuple(cm.options),
         # the units' own figures too: a copy sharing the first unit may differ in others
         cm.fwd_prefix.tobytes(), cm.bwd_prefix.tobytes(), cm.bwd_split_prefix.tobytes(),
-        cm.param_prefix.tobytes(), cm.act_prefix.tobytes(), cm.unit_input_prefix.tobytes(),
+        cm.rec_prefix.tobytes(), cm.param_prefix.tobytes(), cm.act_prefix.tobytes(), cm.unit_input_prefix.tobytes(),
         cm.speed.tobytes(), cm.bandwidth_bytes_per_s.tobytes(), cm.latency_s.tobytes(),
         cm.inflight.tobytes(), cm.full_inflight.tobytes(),
     )  # fmt: skip
@@ -387,9 +388,10 @@ def _segment_times(cm: CostModel) -> np.ndarray:
         v = cm.speed[s]
         fwd = (cm.fwd_prefix[j] - cm.fwd_prefix[i]) / v
         bwd = (cm.bwd_prefix[j] - cm.bwd_prefix[i]) / v
+        rec = (cm.rec_prefix[j] - cm.rec_prefix[i]) / v
         base = fwd + bwd
         send = cm.send_s(s, np.arange(n + 1))[j]
-        out += [base + send, (base + fwd) + send]
+        out += [base + send, (base + rec) + send]
     return np.unique(np.concatenate(out))
 
 

@@ -15,7 +15,12 @@ Two request options change what a unit costs on any mesh, so they rewrite the pr
   ``17 h + 3 ffn + 16`` bytes per token forward, ``39.5 h + 7 kv + 24 ffn + 8`` backward;
   0, not priced, where the profile does not know them).
   The weight matmuls a selective re-computation runs again (``selective_recompute_linear_flops``)
-  save likewise, from ``selective_recompute_s``.
+  save likewise, from ``selective_recompute_s``. Each activation checkpointing mode's casts are
+  priced as measured for it: ``fp8_cast_selective_bytes`` less the two fields goes to
+  ``selective_recompute_s`` (torchtitan's op policy: ``3 h - 2 ffn + 8`` per token), and
+  ``fp8_cast_full_bytes`` less a forward's and a backward's casts to ``full_recompute_extra_s``,
+  what a checkpointed stage's re-run costs beyond its forward (``-(5 ffn - 12)``: full AC's
+  re-computation fuses with the backward).
 - ``selective_recompute``: a unit with a selective recipe keeps ``selective_activation_bytes``
   and its backward re-computes ``selective_recompute_s`` first (its input-gradient part, B).
 """
@@ -69,7 +74,8 @@ def _shrunk(total: float, overhead: float, saving: float) -> float:
 def fp8_cast_s(spec: DeviceSpec, cast_bytes: float) -> float:
     """Seconds the FP8 casts' ``cast_bytes`` (``UnitProfile.fp8_cast_forward_bytes`` or
     ``fp8_cast_backward_bytes``) take: memory-bound, at the GPU's memory bandwidth times its
-    memory efficiency, as the analytic profiler prices element-wise ops."""
+    memory efficiency, as the analytic profiler prices element-wise ops. A difference of
+    bytes (a checkpointing mode's casts less those priced) gives a difference of seconds."""
     return cast_bytes / (spec.memory_bandwidth_bytes_per_s * spec.memory_efficiency)
 
 
@@ -84,13 +90,30 @@ def _fp8_unit(u: UnitProfile, spec: DeviceSpec, dtype: str) -> UnitProfile:
     scale = bwd / u.backward_s if u.backward_s > 0 else 1.0
     # a selective re-computation re-runs some of the weight matmuls, in FP8 like the rest
     redo_saving = fp8_saving_s(spec, dtype, u.selective_recompute_linear_flops)
+    priced_bytes = u.fp8_cast_forward_bytes + u.fp8_cast_backward_bytes
+    # each checkpointing mode's casts as measured for it: what the re-computation moves
+    # beyond the two fields (fused with the backward's own casts, so it may be less than a
+    # forward's); the selective one runs in the backward (B), the full one in its re-run
+    redo_casts = u.fp8_cast_selective_bytes - priced_bytes if u.fp8_cast_selective_bytes else 0
+    full_casts = (
+        u.fp8_cast_full_bytes - priced_bytes - u.fp8_cast_forward_bytes
+        if u.fp8_cast_full_bytes
+        else 0
+    )
     return dataclasses.replace(
         u,
         forward_s=fwd,
         backward_s=bwd,
         backward_input_s=u.backward_input_s * scale,
         backward_weight_s=u.backward_weight_s * scale,
-        selective_recompute_s=max(u.selective_recompute_s - redo_saving, 0.0),
+        selective_recompute_s=max(
+            u.selective_recompute_s - redo_saving + fp8_cast_s(spec, redo_casts), 0.0
+        ),
+        # never below re-running nothing of the forward's size-dependent part
+        full_recompute_extra_s=max(
+            u.full_recompute_extra_s + fp8_cast_s(spec, full_casts),
+            -(fwd - min(u.forward_overhead_s, fwd)),
+        ),
     )
 
 

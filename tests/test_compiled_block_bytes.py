@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from autopipe.planner.trainer import trainer_profile
 
+from autopipe.core.profile import UnitProfile
 from autopipe.core.request import PlanRequest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
@@ -146,3 +147,58 @@ def test_llama_8b_compiled_bytes_by_hand() -> None:
     assert tt.selective_recompute_s - gen.selective_recompute_s == pytest.approx(
         seq * (redo - assumed) / mem
     )
+
+
+@pytest.mark.parametrize(
+    "a", [pr.LLAMA31_8B, pr.LLAMA31_70B, pr.LLAMA31_405B], ids=lambda a: a.name
+)
+def test_fp8_casts_priced_per_checkpointing_mode_equal_the_measured_ones(a: pr.Arch) -> None:
+    """What precision fp8 prices for the casts of one torchtitan block (compiled), per
+    activation checkpointing mode, is the measured float8 block's bytes less the bf16 block's
+    under that mode (``float8_*`` of ``TORCHTITAN_COMPILED_BYTES_PER_TOKEN``): without AC the
+    forward's and backward's fields; under torchtitan's selective op policy those plus what
+    ``selective_recompute_s`` gains (``3 h - 2 ffn + 8`` per token: 16,376 fewer at 8B); under
+    full AC a forward, its re-run (``forward_s + full_recompute_extra_s``, as the cost model
+    prices a checkpointed stage) and the backward (``5 ffn - 12`` per token fewer than a
+    plain forward re-run: 71,668 at 8B). Failed before (selective priced the no-AC casts,
+    full AC the forward's casts twice)."""
+    spec = pr.get_device("H100-96GB-HBM2e-500W")
+    seq = 8192
+    kw = dict(gemm_tokens=seq, compiled=True, selective="torchtitan", eager="torchtitan")
+    p = pr.transformer_profile(a, seq, spec, **kw)
+    mem = spec.memory_bandwidth_bytes_per_s * spec.memory_efficiency
+    block = p.units[1]
+    bare_block = dataclasses.replace(
+        block,
+        fp8_cast_forward_bytes=0,
+        fp8_cast_backward_bytes=0,
+        fp8_cast_selective_bytes=0,
+        fp8_cast_full_bytes=0,
+    )
+    bare_p = dataclasses.replace(p, units=[p.units[0], bare_block, *p.units[2:]])
+    fp8 = PlanRequest(precision="fp8")
+    u, bare = trainer_profile(p, fp8).units[1], trainer_profile(bare_p, fp8).units[1]
+
+    def measured(mode: str) -> float:
+        prefix = "" if mode == "none" else f"{mode}_"
+        return seq * sum(
+            pr.torchtitan_compiled_bytes(a, f"float8_{prefix}{g}")
+            - pr.torchtitan_compiled_bytes(a, f"{prefix}{g}")
+            for g in ("forward", "backward")
+        )
+
+    def priced(mode: str, x: UnitProfile) -> float:
+        t = x.forward_s + x.backward_s
+        if mode == "selective":
+            t += x.selective_recompute_s
+        if mode == "full":
+            t += x.forward_s + x.full_recompute_extra_s
+        return t
+
+    h, f = a.hidden, a.ffn
+    assert measured("selective") - measured("none") == seq * (3 * h - 2 * f + 8)
+    assert measured("full") - measured("none") == seq * (17 * h - 2 * f + 28)
+    for mode in ("none", "selective", "full"):
+        assert (priced(mode, u) - priced(mode, bare)) * mem == pytest.approx(
+            measured(mode), rel=1e-9
+        )

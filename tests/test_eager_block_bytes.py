@@ -99,3 +99,24 @@ def test_llama_8b_eager_bytes_by_hand() -> None:
     for field in ("forward_s", "backward_s", "selective_recompute_s"):
         assert getattr(block, field) == pytest.approx(getattr(tt, field))
         assert getattr(block, field) != pytest.approx(getattr(gen, field))
+
+
+def test_float8_fsdp_weight_casts_measured() -> None:
+    """torchtitan's float8 FSDP recipe casts each rank's fp32 weight shard in torchao's
+    ``fsdp_pre_all_gather``, eagerly: 21 bytes per shard element per all-gather (the scale's
+    ``mul`` 8, ``clamp`` 8, the FP8 copy 5, not the one fused read-and-write of 5 assumed
+    before), and its amax 4 per step: what ``published_runs`` puts in the blocks'
+    ``fp8_gather_cast_bytes`` / ``fp8_weight_amax_bytes``. A few seconds."""
+    pytest.importorskip("torchao")
+    gather, step, ops = eb.fsdp_float8_weight_bytes()
+    assert (gather, step) == (21, 4)
+    assert set(ops) == {"mul", "clamp", "_to_copy"}
+    assert pr.TORCHTITAN_FSDP_FLOAT8_WEIGHT_BYTES == {"all_gather": gather, "step": step}
+    spec = pr.get_device("H100-96GB-HBM2e-500W")
+    a = pr.LLAMA31_8B
+    block = pr.transformer_profile(
+        a, 8192, spec, compiled=True, eager="torchtitan", selective="torchtitan"
+    ).units[1]
+    weights = a.block_parameters - 2 * a.hidden
+    assert block.fp8_gather_cast_bytes == 21 * weights
+    assert block.fp8_weight_amax_bytes == 4 * weights

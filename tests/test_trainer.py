@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 import pytest
 from autopipe.planner import plan
 from autopipe.planner.errors import RuleViolation
@@ -667,3 +668,95 @@ def test_fsdp2_under_pp_reduce_scatters_after_the_last_backward(
     monkeypatch.setattr("autopipe.planner.mesh._streamed_exposed_s", lambda *a, **k: 0.0)
     after = plan(p, _mesh(**fsdp_pp))
     assert after.mesh.candidates[0].dp_comm_s == pytest.approx(ring)
+
+
+def test_fp8_prices_each_checkpointing_modes_casts_as_measured_for_it() -> None:
+    """Under precision="fp8" a unit's casts under selective and full activation checkpointing
+    are its ``fp8_cast_selective_bytes`` / ``fp8_cast_full_bytes`` (forward and backward
+    together, measured under that mode), not the two no-AC fields plus a forward re-run's:
+    selective adds the difference to ``selective_recompute_s``, full to
+    ``full_recompute_extra_s`` (here 1.072e9 B fewer than a forward's 2.68e9 re-run: -0.4 ms
+    at the H100 SXM's 3.35 TB/s x 0.8), which the cost model adds to a checkpointed stage's
+    re-run. bf16 leaves both alone. Failed before (no such fields: the selective casts kept
+    the two fields' bytes, full AC's re-run re-priced the forward's casts)."""
+    p = _profile()
+    f, b = 2_680_000_000, 5_360_000_000
+    us = [
+        dataclasses.replace(
+            u,
+            fp8_cast_forward_bytes=f,
+            fp8_cast_backward_bytes=b,
+            fp8_cast_selective_bytes=f + b - 268_000_000,
+            fp8_cast_full_bytes=2 * f + b - 1_072_000_000,
+        )
+        for u in p.units
+    ]
+    casts = dataclasses.replace(p, units=us)
+    fp8 = trainer_profile(casts, PlanRequest(precision="fp8")).units[0]
+    bare = trainer_profile(
+        dataclasses.replace(
+            casts,
+            units=[
+                dataclasses.replace(u, fp8_cast_selective_bytes=0, fp8_cast_full_bytes=0)
+                for u in us
+            ],
+        ),
+        PlanRequest(precision="fp8"),
+    ).units[0]
+    assert fp8.forward_s == bare.forward_s and fp8.backward_s == bare.backward_s
+    assert fp8.selective_recompute_s - bare.selective_recompute_s == pytest.approx(-0.1e-3)
+    assert bare.full_recompute_extra_s == 0.0
+    assert fp8.full_recompute_extra_s == pytest.approx(-0.4e-3)
+    assert trainer_profile(casts, PlanRequest()).units[0].full_recompute_extra_s == 0.0
+    # a checkpointed stage re-runs forward + extra: the cost model's recompute, its matrix
+    # and the probe's per-segment times agree
+    from autopipe.planner.chain import bottleneck
+    from autopipe.planner.costs import CostModel
+    from autopipe.planner.partition import dp_partition
+    from autopipe.planner.probe import probe_partition
+
+    out = trainer_profile(casts, PlanRequest(precision="fp8"))
+    cluster = Cluster([Device(name="d", memory_bytes=None)] * 2)
+    cm = CostModel(
+        out, cluster, batch_size=4, microbatches=4, schedule="1f1b", checkpoint="always",
+        state_bytes_per_parameter=16, headroom=0.0,
+    )  # fmt: skip
+    seg = cm.segment(0, 0, 4)
+    assert seg.checkpoint
+    assert seg.recompute_s == pytest.approx(seg.forward_s + 4 * -0.4e-3)
+    assert cm.cost_matrix(0)[0, 4] == seg.time_s
+    assert cm.segment_times(0, np.array([0]), np.array([4]))[0] == seg.time_s
+    probed, best = probe_partition(cm), dp_partition(cm)
+    assert probed is not None and best is not None
+    assert probed.bottleneck_s == best.bottleneck_s == bottleneck(cm, best.bounds)
+
+
+def test_fp8_prices_the_weights_casts_before_each_float8_all_gather() -> None:
+    """Under precision fp8 with ``parameters`` sharding, each rank casts its shard of a
+    unit's FP8 weights before the all-gather (torchtitan's float8 FSDP recipe, torchao's
+    eager ``fsdp_pre_all_gather``: 21 bytes per shard element, measured) on the gather's
+    copy-in stream: the first unit's gather, hidden behind nothing, grows by its shard's
+    21e9 / (T 2 x D 4) B at 1 TB/s = 2.625 ms in forward and in backward (for the last
+    unit); the per-step amax (4 B per element) adds 4e9 / 8 B = 0.5 ms per unit to the
+    optimizer step. bf16 (``fp8_all_gather`` off) prices neither. Failed before (no such
+    fields; the weights' casts were not priced)."""
+    from autopipe.planner.mesh_costs import fp8_gather_cast_s, fp8_weight_amax_s
+
+    p = _profile(units=3)
+    us = [
+        dataclasses.replace(u, fp8_gather_cast_bytes=21 * 10**9, fp8_weight_amax_bytes=4 * 10**9)
+        for u in p.units
+    ]
+    casts = dataclasses.replace(p, units=us)
+    kw = dict(memory_bytes_per_s=1e12)
+    fp8 = Topology(8, 1e11, 1e10, fp8_all_gather=True, **kw)
+    bf16 = Topology(8, 1e11, 1e10, **kw)
+    assert fp8_gather_cast_s(us[0], 2, 4, fp8) == pytest.approx(2.625e-3)
+    assert fp8_gather_cast_s(us[0], 2, 4, bf16) == 0.0
+    assert fp8_weight_amax_s(us, 2, 4, fp8) == pytest.approx(3 * 0.5e-3)
+    on = device_profile(casts, 2, fp8, shard="parameters", dp=4)
+    off = device_profile(casts, 2, bf16, shard="parameters", dp=4)
+    plain = device_profile(p, 2, fp8, shard="parameters", dp=4)
+    assert on.units[0].forward_s - off.units[0].forward_s == pytest.approx(2.625e-3)
+    assert on.units[-1].backward_s - off.units[-1].backward_s == pytest.approx(2.625e-3)
+    assert off.units[0].forward_s == plain.units[0].forward_s

@@ -173,12 +173,52 @@ class UnitProfile:
     this unit's forward beyond the profile dtype's: each weight matmul's input scaled by its
     ``max(abs)`` and cast to FP8 (torchao's tensorwise dynamic ``Float8Linear``, as compiled),
     what ``precision="fp8"`` prices at the GPU's memory bandwidth. Scales with the tokens;
-    the weights' own casts (once per call, or on the FSDP shard before a float8 all-gather)
-    are not in it. 0: unknown (not priced). Optional in v1."""
+    the weights' own casts are not in it (on the FSDP shard before a float8 all-gather:
+    ``fp8_gather_cast_bytes``). 0: unknown (not priced). Optional in v1."""
     fp8_cast_backward_bytes: int = 0
     """Likewise for the backward (the output gradients' casts, and the inputs' casts again in
     the layouts the weight gradients' FP8 matmuls take), at ``Profile.batch_size``. Optional
     in v1 (0: unknown)."""
+    fp8_cast_selective_bytes: int = 0
+    """Bytes the FP8 casts move in this unit's forward and backward together under selective
+    activation checkpointing (the trainer's recipe, ``selective_activation_bytes``; its
+    re-computation included), at ``Profile.batch_size``: measured, since the re-computation's
+    casts fuse with the backward's and the recipe may keep an amax (torchtitan's op policy
+    on a Llama block: ``17 h + 3 ffn + 24`` forward, ``42.5 h + 7 kv + 22 ffn + 8`` backward per
+    token, ``3 h - 2 ffn + 8`` beyond ``fp8_cast_forward_bytes + fp8_cast_backward_bytes``).
+    Under ``precision="fp8"`` the difference goes to ``selective_recompute_s``. 0: unknown
+    (priced as the two fields). Optional in v1."""
+    fp8_cast_full_bytes: int = 0
+    """Likewise under full activation checkpointing (the unit's forward re-run in its
+    backward, fused with it): the forward's and the backward's casts together, at
+    ``Profile.batch_size`` (torchtitan's Llama block: ``73.5 h + 7 kv + 25 ffn + 52`` per token,
+    ``5 ffn - 12`` fewer than a forward re-run with its casts would add:
+    ``2 fp8_cast_forward_bytes + fp8_cast_backward_bytes``). Under ``precision="fp8"`` the
+    difference goes to ``full_recompute_extra_s``. 0: unknown (the re-run priced as a
+    forward). Optional in v1."""
+    fp8_gather_cast_bytes: int = 0
+    """Bytes the casts of this unit's FP8 weights move before each float8 FSDP all-gather,
+    over all of them (each rank moves its ``1 / (T x D)`` shard's): torchtitan's Float8
+    recipe (``--float8.enable_fsdp_float8_all_gather
+    --float8.precompute_float8_dynamic_scale_for_fsdp``) casts each rank's fp32 shard in
+    torchao's ``fsdp_pre_all_gather``, eagerly, on FSDP2's copy-in stream: 21 bytes per weight
+    element (the scale's ``mul`` 8, ``clamp`` 8, the FP8 copy 5; measured,
+    ``benchmarks/eager_block_bytes.py --fsdp-float8``). Priced under ``precision="fp8"``
+    with ``parameters`` sharding, with the all-gather it feeds. 0: no float8 all-gather.
+    Optional in v1."""
+    fp8_weight_amax_bytes: int = 0
+    """Bytes the per-step ``max(abs)`` of this unit's FP8 weights reads, over all of them
+    (each rank its shard's): torchao's ``precompute_float8_dynamic_scale_for_fsdp`` after the
+    optimizer step, one ``_foreach_norm(inf)`` of the fp32 shards, 4 bytes per element.
+    Priced once per step with the optimizer's under ``precision="fp8"`` and ``parameters``
+    sharding. 0: none. Optional in v1."""
+    full_recompute_extra_s: float = 0.0
+    """Seconds the re-computation of this unit under full checkpointing (a checkpointed
+    stage's ``recompute_s``) takes beyond ``forward_s``, at ``Profile.batch_size``; negative
+    where the re-run does less than the forward (its FP8 casts fused with the backward's:
+    ``planner/trainer.py`` sets it from ``fp8_cast_full_bytes``). Scales with the samples and
+    the TP share as the forward's compute does. 0: the re-run costs a forward. Optional in
+    v1; the one field that may be negative."""
     selective_activation_bytes: int = 0
     """Bytes this unit saves for backward under selective activation checkpointing (the
     tensors the trainer's policy keeps: Megatron's ``--recompute-granularity selective``
@@ -414,7 +454,12 @@ class Profile:
             for i, unit in enumerate(self.units):
                 if not isinstance(unit, UnitProfile):
                     raise FieldError(f"units[{i}]", "is not a unit record")
-                check_dataclass(unit, prefix=f"units[{i}].", maximum=largest)
+                check_dataclass(
+                    unit,
+                    prefix=f"units[{i}].",
+                    bounds={"full_recompute_extra_s": (-largest, largest)},
+                    maximum=largest,
+                )
                 if not unit.name:
                     raise FieldError(f"units[{i}].name", "is empty; every unit needs a name")
                 if unit.name in seen:
