@@ -331,7 +331,11 @@ def fused_kernels() -> Iterator[None]:
         ),
         (fused_bias_dropout, "bias_dropout_add_fused_train", _bias_dropout_add),
         (fused_softmax, "ScaledUpperTriangMaskedSoftmax", _UpperTriangSoftmax),
-        (fused_softmax.FusedScaleMaskSoftmax, "get_batch_per_block", staticmethod(_batch_per_block)),
+        (
+            fused_softmax.FusedScaleMaskSoftmax,
+            "get_batch_per_block",
+            staticmethod(_batch_per_block),
+        ),
         (torch.nn.functional, "dropout", _dropout),
     ]
     saved = [(owner, name, owner.__dict__[name]) for owner, name, _ in patches]
@@ -430,7 +434,9 @@ def build_layer(config: str, hidden: int, heads: int, ffn: int) -> nn.Module:
     return layer.bfloat16()
 
 
-def measure(config: str, hidden: int, heads: int, ffn: int, seq: int) -> tuple[dict[str, int], dict[str, int]]:
+def measure(
+    config: str, hidden: int, heads: int, ffn: int, seq: int
+) -> tuple[dict[str, int], dict[str, int]]:
     """Bytes per op of one layer's forward and backward on one sequence of ``seq`` tokens
     (``[seq, 1, hidden]``, Megatron's ``[s, b, h]``)."""
     layer = build_layer(config, hidden, heads, ffn)
@@ -467,60 +473,56 @@ causal kernel's loads past the diagonal, up to 4 a row); a constant (the LayerNo
 statistics)."""
 
 
-def _pair_row(hidden: int, heads: int, ffn: int, s1: int, s2: int) -> list[int]:
-    return [hidden, ffn, heads * (s1 + s2), heads, 1]
+REPLICATED = ("native_layer_norm", "bias_dropout_add")
+"""Forward ops outside the TP regions (the LayerNorms, the bias-dropout-adds): what tensor
+parallelism without sequence parallelism runs whole on every rank (the ``replicated`` graph of
+:func:`fit`)."""
+
+GRAPHS = ("forward", "backward", "replicated")
 
 
-def fit(config: str, verbose: bool = False) -> tuple[list[float], list[float], float]:
-    """Forward and backward bytes per token as coefficients of :data:`TERMS`: least squares
-    over the consecutive :data:`SEQS` pairs of :data:`FIT_SHAPES`, and the largest residual
-    (bytes per token; 0: exactly linear in the terms and in ``s``)."""
+def pair_bytes(
+    config: str, hidden: int, heads: int, ffn: int, s1: int, s2: int
+) -> dict[str, float]:
+    """``(T(s2) - T(s1)) / (s2 - s1)`` of each of :data:`GRAPHS` (``T``: the bytes of one
+    layer on one sequence): ``A + B heads (s1 + s2)``, i.e. the per-token bytes ``A + B heads
+    s`` at ``s = s1 + s2``."""
+    (f1, b1), (f2, b2) = (measure(config, hidden, heads, ffn, s) for s in (s1, s2))
+    rep1, rep2 = (sum(f.get(op, 0) for op in REPLICATED) for f in (f1, f2))
+    return {
+        "forward": (sum(f2.values()) - sum(f1.values())) / (s2 - s1),
+        "backward": (sum(b2.values()) - sum(b1.values())) / (s2 - s1),
+        "replicated": (rep2 - rep1) / (s2 - s1),
+    }
+
+
+def fit(config: str, verbose: bool = False) -> tuple[dict[str, list[float]], float]:
+    """Each of :data:`GRAPHS`' bytes per token as coefficients of :data:`TERMS`: least
+    squares over the consecutive :data:`SEQS` pairs of :data:`FIT_SHAPES`, and the largest
+    residual (bytes per token; 0: exactly linear in the terms and in ``s``)."""
     rows: list[list[int]] = []
-    fwd: list[float] = []
-    bwd: list[float] = []
+    ys: dict[str, list[float]] = {g: [] for g in GRAPHS}
     for hidden, heads, ffn in FIT_SHAPES:
-        counts = {s: measure(config, hidden, heads, ffn, s) for s in SEQS}
         for s1, s2 in zip(SEQS, SEQS[1:], strict=False):
-            (f1, b1), (f2, b2) = counts[s1], counts[s2]
-            rows.append(_pair_row(hidden, heads, ffn, s1, s2))
-            fwd.append((sum(f2.values()) - sum(f1.values())) / (s2 - s1))
-            bwd.append((sum(b2.values()) - sum(b1.values())) / (s2 - s1))
+            pair = pair_bytes(config, hidden, heads, ffn, s1, s2)
+            rows.append([hidden, ffn, heads * (s1 + s2), heads, 1])
+            for g in GRAPHS:
+                ys[g].append(pair[g])
             if verbose:
-                for name, a, b in (("forward", f1, f2), ("backward", b1, b2)):
-                    per = {op: (b[op] - a.get(op, 0)) / (s2 - s1) for op in b}
-                    print(f"  {config} {(hidden, heads, ffn)} s {s1}->{s2} {name}: {per}")
+                print(f"  {config} {(hidden, heads, ffn)} s {s1}->{s2}: {pair}", flush=True)
+    if verbose:
+        for s in SEQS[:2]:
+            fwd, bwd = measure(config, *FIT_SHAPES[0], s)
+            print(f"  {config} {FIT_SHAPES[0]} s {s} forward ops {fwd}\n    backward ops {bwd}")
     a = torch.tensor(rows, dtype=torch.float64)
     worst = 0.0
-
-    def solve(y: list[float]) -> list[float]:
-        nonlocal worst
-        target = torch.tensor(y, dtype=torch.float64).unsqueeze(1)
+    out: dict[str, list[float]] = {}
+    for g in GRAPHS:
+        target = torch.tensor(ys[g], dtype=torch.float64).unsqueeze(1)
         sol = torch.linalg.lstsq(a, target).solution
         worst = max(worst, float((a @ sol - target).abs().max()))
-        return [round(float(v), 3) for v in sol.squeeze(1)]
-
-    return solve(fwd), solve(bwd), worst
-
-
-def bytes_per_token(
-    config: str, hidden: int, heads: int, ffn: int, seq: int, other_seq: int
-) -> tuple[float, float]:
-    """Forward and backward bytes per token at sequence ``seq``: the counts at ``seq`` and
-    ``other_seq`` less the part of their difference that the ``heads x s`` terms add
-    (``(T(s2) - T(s1)) / (s2 - s1)`` is the per-token bytes at ``(s1 + s2) / 2``... of the
-    ``heads_seq`` term, ``B heads (s1 + s2)``): solved with the ``heads_seq`` coefficient from
-    a third length."""
-    s1, s2, s3 = sorted({seq, other_seq, seq + other_seq})
-    t = {s: measure(config, hidden, heads, ffn, s) for s in (s1, s2, s3)}
-    out = []
-    for phase in (0, 1):
-        total = {s: sum(t[s][phase].values()) for s in t}
-        d12 = (total[s2] - total[s1]) / (s2 - s1)
-        d23 = (total[s3] - total[s2]) / (s3 - s2)
-        b = (d23 - d12) / (s3 - s1)  # B heads
-        a = d12 - b * (s1 + s2)
-        out.append(a + b * seq)
-    return out[0], out[1]
+        out[g] = [round(float(v), 3) for v in sol.squeeze(1)]
+    return out, worst
 
 
 def _formula(coefficients: list[float]) -> str:
@@ -530,19 +532,30 @@ def _formula(coefficients: list[float]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--config", choices=(*CONFIGS, "all"), default="all")
-    parser.add_argument("--verbose", action="store_true", help="each op's bytes per token")
+    parser.add_argument("--verbose", action="store_true", help="each pair's and op's bytes")
     parser.add_argument("--json", action="store_true", help="print {config: {graph: {term: c}}}")
+    parser.add_argument(
+        "--pair",
+        metavar="H,HEADS,FFN,S1,S2",
+        help="print {config: {graph: (T(s2) - T(s1)) / (s2 - s1)}} of one shape (JSON)",
+    )
     args = parser.parse_args()
+    configs = CONFIGS if args.config == "all" else (args.config,)
+    if args.pair:
+        h, heads, ffn, s1, s2 = (int(v) for v in args.pair.split(","))
+        print(json.dumps({c: pair_bytes(c, h, heads, ffn, s1, s2) for c in configs}))
+        dist.destroy_process_group()
+        return
     out: dict[str, dict[str, dict[str, float]]] = {}
-    for config in CONFIGS if args.config == "all" else (args.config,):
-        fwd, bwd, worst = fit(config, args.verbose)
+    for config in configs:
+        coefficients, worst = fit(config, args.verbose)
         out[config] = {
-            "forward": {t: c for t, c in zip(TERMS, fwd, strict=True) if c},
-            "backward": {t: c for t, c in zip(TERMS, bwd, strict=True) if c},
+            g: {t: c for t, c in zip(TERMS, coefficients[g], strict=True) if c} for g in GRAPHS
         }
         if not args.json:
-            print(f"{config:6s} forward  {_formula(fwd)}", flush=True)
-            print(f"{config:6s} backward {_formula(bwd)}   (largest residual {worst:.3f} B/token)")
+            for g in GRAPHS:
+                print(f"{config:6s} {g:10s} {_formula(coefficients[g])}", flush=True)
+            print(f"{config:6s} largest residual {worst:.3f} B/token")
     if args.json:
         print(json.dumps(out))
     dist.destroy_process_group()
