@@ -260,7 +260,10 @@ def _one_kernel(name: str, fn: Callable[..., torch.Tensor]) -> Callable[..., tor
     """``fn`` (a ``jit_fuser`` function, called inside an autograd Function) as one kernel:
     its un-compiled body run uncounted, its tensor arguments read and its output written
     once."""
-    body = getattr(fn, "_torchdynamo_orig_callable", None) or getattr(fn, "__wrapped__", fn)
+    # torch.compile's wrapper keeps the Python function it compiles; run that, uncompiled
+    body: Callable[..., torch.Tensor] = getattr(
+        fn, "_torchdynamo_orig_callable", getattr(fn, "__wrapped__", fn)
+    )
 
     def kernel(*args: Any) -> torch.Tensor:
         with _uncounted():
