@@ -705,6 +705,74 @@ def torchtitan_fp8_cast_bytes(a: Arch, graph: str) -> float:
     return torchtitan_compiled_bytes(a, f"float8_{graph}") - torchtitan_compiled_bytes(a, graph)
 
 
+MEGATRON_FUSED = (
+    "megatron-core 0.16.1 (installed): get_gpt_layer_local_spec's TransformerLayer; "
+    "megatron/core/fusions/fused_bias_gelu.py, fused_bias_dropout.py, fused_softmax.py; "
+    "Megatron-LM megatron/fused_kernels/scaled_upper_triang_masked_softmax.h"
+)
+
+
+MEGATRON_FUSED_BYTES_PER_TOKEN: dict[str, dict[str, float]] = {
+    "sc21_forward": {"h": 38, "ffn": 4, "heads_seq": 8, "heads": 4, "1": 16},
+    "sc21_backward": {"h": 60, "ffn": 8, "heads_seq": 9, "heads": 8, "1": 16},
+    "sc21_replicated": {"h": 22, "1": 16},
+    "mcore_forward": {"h": 32, "ffn": 4, "1": 16},
+    "mcore_backward": {"h": 46, "ffn": 8, "1": 16},
+    "mcore_replicated": {"h": 20, "1": 16},
+}
+"""Bytes per token Megatron's GPT layer (:data:`MEGATRON_FUSED`) moves in its memory-bound
+ops as Megatron fuses them, measured, not counted by hand: ``benchmarks/megatron_block_bytes.py``
+runs the installed megatron-core's own layer on the CPU, bf16, forward and backward, under a
+``TorchDispatchMode`` that sums each op's tensor inputs read and outputs written (matmuls,
+``baddbmm`` and SDPA left out), each of Megatron's fused kernels counted as one kernel: bias-GeLU
+and its backward (``fused_bias_gelu.py``), bias-dropout-add (``fused_bias_dropout.py``), the
+causal softmax as its CUDA kernel reads (each row up to the diagonal) and writes
+(``ScaledUpperTriangMaskedSoftmax``), the LayerNorm as one ``native_layer_norm`` (apex's and
+Transformer Engine's one kernel, fp32 statistics); the rest op by op (the QKV bias add and its
+gradient's sum, the attention dropout as CUDA's ``native_dropout``, the context's permute copy,
+the ``baddbmm`` backward's scale, the q/k/v gradients' ``cat``, autograd's residual gradient
+sums). Coefficients of ``h``, ``ffn``, ``heads_seq`` (``heads x seq``: the scores the softmax
+and the attention dropout touch per token), ``heads`` and 1; exact (no residual) over five shapes
+at three sequence lengths each, checked against a fresh measurement by
+``tests/test_megatron_block_bytes.py``.
+
+``sc21_*``: the layer of SC21's Megatron-LM and BLOOM's Megatron-DeepSpeed (hidden and
+attention dropout 0.1, the unfused core attention with the fused causal softmax); ``mcore_*``:
+Megatron-Core's 2024 runs as configured here (no dropout, flash attention: the core attention
+one fused kernel, left out). ``*_replicated``: the forward's LayerNorms and bias-dropout-adds,
+what TP without sequence parallelism runs whole on every rank. Forward (sc21): each LayerNorm
+4 h + 8, the QKV bias add 12 h, the context copy 4 h, each bias-dropout-add 7 h (x, residual,
+output, the 1-byte mask), bias-GeLU 4 ffn; the softmax 3 heads x seq + 4 heads (reads half the
+scores, writes all the probabilities), the attention dropout 5 heads x seq. Backward: 60 h + 8
+ffn + 9 heads x seq + 8 heads + 16 against the generic count's twice the forward. Without
+dropout (mcore) the masks, the context copy and the ``baddbmm`` scales are gone (a flash
+kernel's output is in ``[s, b, h]`` already). Transformer Engine's linears (the mcore runs)
+add the QKV bias in the GEMM epilogue: the 12 h forward and the bias gradient's 6 h backward
+are counted here, as the local spec runs them."""
+
+
+def megatron_fused_bytes(a: Arch, seq: int, graph: str) -> float:
+    """Bytes per token of ``graph`` (:data:`MEGATRON_FUSED_BYTES_PER_TOKEN`) for ``a`` at
+    sequence ``seq``."""
+    coefficients = dict(MEGATRON_FUSED_BYTES_PER_TOKEN[graph])
+    heads_seq = coefficients.pop("heads_seq", 0.0) * a.heads * seq
+    return heads_seq + _per_token(a, coefficients)
+
+
+def megatron_layer(a: Arch, flash: bool) -> str:
+    """Which measured Megatron layer (:data:`MEGATRON_FUSED_BYTES_PER_TOKEN`) prices ``a``:
+    ``sc21`` (dropout, the unfused core attention) or ``mcore`` (neither); a ValueError for an
+    architecture not measured (gated, or dropout with flash attention)."""
+    if not a.gated and a.dropout and not flash:
+        return "sc21"
+    if not a.gated and not a.dropout and flash:
+        return "mcore"
+    raise ValueError(
+        f"Megatron's fused layer is measured for GPT with dropout and no flash attention or "
+        f"neither, not {a.name} (gated {a.gated}, dropout {a.dropout}, flash {flash})"
+    )
+
+
 def _block_activation_bytes(a: Arch, seq: int, flash: bool) -> float:
     """Bytes a block saves for backward per token (bf16), Korthikanti et al. (arXiv 2205.05198)
     counted for the architecture: attention norm input, QKV input, q/k/v, attention output
@@ -768,7 +836,9 @@ def transformer_profile(
     ``eager``: whose element-wise ops a block runs: ``generic`` (:func:`_elementwise_elements`,
     fused or not by ``compiled``) or ``torchtitan`` (its Llama code, op by op:
     :func:`torchtitan_eager_bytes`; ``compiled``, as inductor's kernels measured move them:
-    :func:`torchtitan_compiled_bytes`). ``repeat_kv``: the model copies K and V to every query
+    :func:`torchtitan_compiled_bytes`) or ``megatron`` (Megatron's GPT layer with its fused
+    kernels, measured: :func:`megatron_fused_bytes`, the layer :func:`megatron_layer` picks;
+    ``compiled`` ignored). ``repeat_kv``: the model copies K and V to every query
     head before its SDPA call (torchtitan's Llama, :data:`TORCHTITAN_EAGER`'s ``repeat_kv``),
     so the attention (and context parallelism's exchange of K and V) sees ``heads`` key/value
     heads, not ``kv_heads``. ``sequence_dim``: the activations' dimension sequence
@@ -818,6 +888,21 @@ def transformer_profile(
             - bwd_elem_bytes
         )
     softmax_bytes = 0.0 if flash else (2 + 2 + 2) * a.heads * seq * (1 if compiled else 2)
+    norm_elems = 2 * (2 * h) * (1 if compiled else 3) + 2 * 3 * h
+    drop_elems = (3 * 3 * h) if a.dropout and not compiled else 0.0
+    replicated_bytes = BF16 * (norm_elems + drop_elems)
+    if eager == "megatron":
+        # Megatron's layer as measured with its fused kernels: the attention core's softmax and
+        # dropout (the heads terms) apart, as selective recompute re-runs them
+        layer = megatron_layer(a, flash)
+        core = {k: v for k, v in MEGATRON_FUSED_BYTES_PER_TOKEN[f"{layer}_forward"].items()
+                if k in ("heads_seq", "heads")}  # fmt: skip
+        softmax_bytes = (
+            core.get("heads_seq", 0.0) * a.heads * seq + core.get("heads", 0.0) * a.heads
+        )
+        elem_bytes = megatron_fused_bytes(a, seq, f"{layer}_forward") - softmax_bytes
+        bwd_elem_bytes = megatron_fused_bytes(a, seq, f"{layer}_backward") - 2 * softmax_bytes
+        replicated_bytes = megatron_fused_bytes(a, seq, f"{layer}_replicated")
     fwd_mm = linear_flops / mm
     fwd_attn = attn_flops / mm
     lin_f, lin_b = tokens * fwd_mm, tokens * 2 * fwd_mm
@@ -834,9 +919,7 @@ def transformer_profile(
     block_act = tokens * _block_activation_bytes(a, seq, flash)
     # what only sequence parallelism shards: norm inputs, the TP regions' inputs, masks
     replicated_act = tokens * BF16 * (4 * h + (h if a.dropout else 0))
-    norm_elems = 2 * (2 * h) * (1 if compiled else 3) + 2 * 3 * h
-    drop_elems = (3 * 3 * h) if a.dropout and not compiled else 0.0
-    replicated_share = tokens * BF16 * (norm_elems + drop_elems) / mem / block_fwd
+    replicated_share = tokens * replicated_bytes / mem / block_fwd
     if selective == "torchtitan":
         # the block's input (the checkpoint keeps its inputs), the outputs of every other
         # matmul (wq, wv, w1, w2: the policy's odd mm calls), attention's output and its fp32
@@ -997,7 +1080,7 @@ def profile_of(run: Run) -> Profile:
         gemm_tokens=(run.microbatch or 1) * run.seq, tp=run.tp,
         loss=loss_of(run),
         attention_kernel=kernel_for_trainer(trainer_of(run)),
-        eager="torchtitan" if trainer_of(run) == "torchtitan" else "generic",
+        eager=trainer_of(run) if trainer_of(run) in ("torchtitan", "megatron") else "generic",
         repeat_kv=trainer_of(run) == "torchtitan",
         sequence_dim=1 if trainer_of(run) == "torchtitan" else 0,
         head="torchtitan" if trainer_of(run) == "torchtitan" else "generic",
