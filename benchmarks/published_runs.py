@@ -219,23 +219,30 @@ with the DP, TP and PP overlaps on (--overlap-grad-reduce, --overlap-param-gathe
 --tp-comm-overlap) and BF16 (MFU = TFLOP/s / 989)."""
 
 SC21 = "Narayanan et al. SC21, arXiv 2104.04473, Table 1 (= Megatron-LM README 2021, cases_april2021.png)"
+SC21_SCRIPT = "Megatron-LM examples/sc21/run_table_1.sh"
 SC21_ARCHS = [
-    # (size, heads, hidden, layers, TP, PP, GPUs, batch, TFLOP/s per GPU)
-    ("1.7B", 24, 2304, 24, 1, 1, 32, 512, 137),
-    ("3.6B", 32, 3072, 30, 2, 1, 64, 512, 138),
-    ("7.5B", 32, 4096, 36, 4, 1, 128, 512, 142),
-    ("18.4B", 48, 6144, 40, 8, 1, 256, 1024, 135),
-    ("39.1B", 64, 8192, 48, 8, 2, 512, 1536, 138),
-    ("76.1B", 80, 10240, 60, 8, 4, 1024, 1792, 140),
-    ("145.6B", 96, 12288, 80, 8, 8, 1536, 2304, 148),
-    ("310.1B", 128, 16384, 96, 8, 16, 1920, 2160, 155),
-    ("529.6B", 128, 20480, 105, 8, 35, 2520, 2520, 163),
-    ("1008.0B", 160, 25600, 128, 8, 64, 3072, 3072, 163),
+    # (size, heads, hidden, layers, TP, PP, GPUs, batch, TFLOP/s per GPU, micro-batch,
+    #  layers per virtual stage (0: plain 1F1B), torch DDP)
+    ("1.7B", 24, 2304, 24, 1, 1, 32, 512, 137, 16, 0, True),
+    ("3.6B", 32, 3072, 30, 2, 1, 64, 512, 138, 16, 0, True),
+    ("7.5B", 32, 4096, 36, 4, 1, 128, 512, 142, 16, 0, True),
+    ("18.4B", 48, 6144, 40, 8, 1, 256, 1024, 135, 8, 0, True),
+    ("39.1B", 64, 8192, 48, 8, 2, 512, 1536, 138, 4, 0, False),
+    ("76.1B", 80, 10240, 60, 8, 4, 1024, 1792, 140, 2, 5, False),
+    ("145.6B", 96, 12288, 80, 8, 8, 1536, 2304, 148, 2, 5, False),
+    ("310.1B", 128, 16384, 96, 8, 16, 1920, 2160, 155, 1, 3, False),
+    ("529.6B", 128, 20480, 105, 8, 35, 2520, 2520, 163, 1, 1, False),
+    ("1008.0B", 160, 25600, 128, 8, 64, 3072, 3072, 163, 1, 0, False),
 ]
 """Vocabulary 51200, sequence 2048, A100-80GB (Selene: DGX A100, 8 x 200 Gb/s HDR per node),
 mixed precision, activation recomputation (the paper's FLOP count includes it), Megatron of
-2021: tensor parallelism without sequence parallelism, no flash attention, plain gradient
-all-reduce after the backward. Micro-batch size is not in the table: autopipe picks M."""
+2021: tensor parallelism without sequence parallelism, no flash attention. The table gives the
+mesh and the batch; the rest is the authors' own script for it, Megatron-LM
+``examples/sc21/run_table_1.sh`` (``MBS``, ``--num-layers-per-virtual-pipeline-stage``,
+``--recompute-method uniform``, ``DDP``): the micro-batch size, the interleaved schedule where it
+names layers per virtual stage (V = layers / (PP x that)), and the data-parallel wrapper: torch's
+``DistributedDataParallel`` (``DDP=torch``, up to 18B), which all-reduces gradient buckets as the
+backward produces them, or Megatron's own (``DDP=local``), which all-reduces after the backward."""
 
 
 def _runs() -> list[Run]:
@@ -332,11 +339,14 @@ def _runs() -> list[Run]:
             note=f"{tflops} TFLOP/s per GPU / Megatron's FLOPs per token",
         ))  # fmt: skip
     # Narayanan et al. SC21, Table 1, A100-80GB.
-    for size, heads, hidden, layers, tp, pp, gpus, batch, tflops in SC21_ARCHS:
+    for size, heads, hidden, layers, tp, pp, gpus, batch, tflops, mbs, per_v, ddp in SC21_ARCHS:
         a = _gpt(f"gpt-{size}", layers, hidden, heads, 51200, dropout=True)
         out.append(Run(
-            key=f"sc21-{size.lower()}", source=f"{SC21}, row {size}", arch=a, seq=2048,
-            gpu="A100-80GB", gpus=gpus, tp=tp, pp=pp, dp=gpus // (tp * pp), global_batch=batch,
+            key=f"sc21-{size.lower()}", source=f"{SC21}, row {size}; {SC21_SCRIPT}", arch=a,
+            seq=2048, gpu="A100-80GB", gpus=gpus, tp=tp, pp=pp, dp=gpus // (tp * pp),
+            global_batch=batch, microbatch=mbs, grad_overlap=ddp,
+            schedule="interleaved-1f1b" if per_v else "1f1b",
+            virtual_stages=layers // (pp * per_v) if per_v else 1,
             recompute="full", sequence_parallel=False, flash=False,
             published_tokens_per_gpu_s=_tokens(tflops, megatron_sc21_flops_per_token(a, 2048)),
             note=f"{tflops} TFLOP/s per GPU / the paper's FLOPs per token",
