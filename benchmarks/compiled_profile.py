@@ -7,7 +7,10 @@ side by side with the compiled / eager ratio, saved-activation bytes of each, an
 totals over all units (shared units counted as often as they occur). Prints, asserts
 nothing. Inductor compiles each distinct unit once (C++ on CPU): a few minutes.
 
-    .venv/bin/python benchmarks/compiled_profile.py [--repeat 7] [--batch-size 16]
+    .venv/bin/python benchmarks/compiled_profile.py [--repeat 7] [--batch-size 16] [--device cuda]
+
+On a GPU (``--device cuda``: CUDA events) the fused element-wise kernels are where compiling
+pays; on the CPU the blocks are matmul-bound.
 """
 
 from __future__ import annotations
@@ -25,11 +28,15 @@ from autopipe.modelfile import load_model_file
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 
-def _measure(compiled: bool, repeat: int, batch_size: int | None) -> tuple[Profile, float]:
-    """examples/gpt.py profiled eager or compiled, and the seconds it took."""
+def _measure(
+    compiled: bool, repeat: int, batch_size: int | None, device: str
+) -> tuple[Profile, float]:
+    """examples/gpt.py profiled eager or compiled on ``device``, and the seconds it took."""
     ex = load_model_file(str(EXAMPLES / "gpt.py"))
     model, inputs = ex.build(), ex.inputs(batch_size)
-    options = MeasureOptions(warmup=2, repeat=repeat, microbatch_sizes=(), compile=compiled)
+    options = MeasureOptions(
+        device=device, warmup=2, repeat=repeat, microbatch_sizes=(), compile=compiled
+    )
     t0 = time.perf_counter()
     p = profile(model, inputs, options, loss_fn=ex.loss_fn, progress=False)
     return p, time.perf_counter() - t0
@@ -39,10 +46,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=7)
     parser.add_argument("--batch-size", type=int, default=None)
+    parser.add_argument("--device", default="cpu")
     args = parser.parse_args()
 
-    eager, eager_s = _measure(False, args.repeat, args.batch_size)
-    compiled, compiled_s = _measure(True, args.repeat, args.batch_size)
+    eager, eager_s = _measure(False, args.repeat, args.batch_size, args.device)
+    compiled, compiled_s = _measure(True, args.repeat, args.batch_size, args.device)
     print(
         f"{'unit':10s} {'fwd eager ms':>12s} {'compiled':>9s} {'ratio':>6s}"
         f" {'bwd eager ms':>12s} {'compiled':>9s} {'ratio':>6s}"
@@ -70,7 +78,7 @@ def main() -> None:
     m = compiled.measurement
     assert m is not None
     print(
-        f"batch {eager.batch_size}, clock={m.clock} threads={m.threads} warmup={m.warmup}"
+        f"{eager.device}, batch {eager.batch_size}, clock={m.clock} threads={m.threads} warmup={m.warmup}"
         f" repeat={m.repeat}; profiling took {eager_s:.1f} s eager, {compiled_s:.1f} s compiled"
     )
 
