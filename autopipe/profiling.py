@@ -81,6 +81,9 @@ class ProfileRequest:
     meta_init: bool = False
     """Measured: build on meta and measure one unit at a time (also chosen automatically
     when parameters and gradients would not fit the device's free memory)."""
+    compile: bool = False
+    """Measured: time each unit ``torch.compile``'d (``MeasureOptions.compile``); refused
+    when counting, whose count it cannot change."""
     progress: bool = True
     """Show progress bars."""
 
@@ -208,6 +211,7 @@ def _measure(
         share=request.share,
         split_backward=request.split_backward,
         scale_to_reference=request.scale_to_reference,
+        compile=request.compile,
     )
     measured = profile(
         model,
@@ -223,12 +227,18 @@ def _measure(
 
 def check_counting_request(devices: DeviceTarget, request: ProfileRequest) -> None:
     """Refuse, before any model is built, what counting for ``devices`` cannot do: measuring
-    from meta (``meta_init``), and a ``dtype`` (default bfloat16) that a device of the spec
-    or the list has no peak for. Raises ``UsageError``."""
+    from meta (``meta_init``) or compiled (``compile``), and a ``dtype`` (default bfloat16)
+    that a device of the spec or the list has no peak for. Raises ``UsageError``."""
     if request.meta_init:
         raise UsageError(
             "--meta-init measures unit by unit; with --device NAME nothing is measured "
             "(the model is counted on meta anyway): drop one of them"
+        )
+    if request.compile:
+        raise UsageError(
+            "--compile applies to measured profiles: with --device NAME the model is counted "
+            "(element-wise ops unfused), which compiling cannot change; measure on a local "
+            "device, or drop --compile"
         )
     dtype = request.dtype or "bfloat16"
     specs = [s for s in (devices.counted_on, *(s for s, _ in devices.pipeline)) if s is not None]

@@ -56,6 +56,8 @@ def format_profile(profile: Profile, verbose: bool = False) -> str:
             text += "; -v lists them"
     if profile.measurement is not None and profile.measurement.meta_init:
         text += "\n\nmeta-init      built on meta, measured one unit at a time"
+    if profile.measurement is not None and profile.measurement.compile:
+        text += "\n\ncompiled       units timed torch.compile'd (element-wise ops fused)"
     return text
 
 

@@ -45,6 +45,9 @@ AfterFn = Callable[[UnitCall], Any]
 InputsFn = Callable[[int, fx.GraphModule, tuple[Any, ...], tuple[bool, ...]], tuple[Any, ...]]
 """``inputs(index, module, args, activation_args)``: the arguments to run the unit on (e.g.
 copies a unit may write into); the call records the original ``args``."""
+RunnerFn = Callable[[int, fx.GraphModule], Callable[..., Any]]
+"""``runner(index, module)``: what to call for the unit (e.g. its ``torch.compile``'d
+module); the call records ``module`` itself."""
 
 
 def split_units(ug: UnitGraph, model: nn.Module) -> fx.GraphModule:
@@ -67,6 +70,7 @@ class _CaptureInterpreter(fx.Interpreter):
         share: ShareFn | None = None,
         after: AfterFn | None = None,
         inputs: InputsFn | None = None,
+        runner: RunnerFn | None = None,
     ) -> None:
         super().__init__(split)
         self.calls: list[UnitCall] = []
@@ -74,6 +78,7 @@ class _CaptureInterpreter(fx.Interpreter):
         self.share = share
         self.after = after
         self.inputs = inputs
+        self.runner = runner
         self._ran: dict[int, UnitCall] = {}
         # Which values of the top graph are unit outputs (a partition call or its getitem).
         self._activation: set[str] = set()
@@ -96,7 +101,8 @@ class _CaptureInterpreter(fx.Interpreter):
         run_args = (
             tuple(args) if self.inputs is None else self.inputs(index, module, tuple(args), flags)
         )
-        call = UnitCall(index, module, tuple(args), flags, module(*run_args, **kwargs))
+        fn = module if self.runner is None else self.runner(index, module)
+        call = UnitCall(index, module, tuple(args), flags, fn(*run_args, **kwargs))
         if self.after is not None:
             # ``call`` holds the only reference to the outputs, so ``after`` may free their
             # autograd graph (and with it the unit's weights) by replacing them.
@@ -125,13 +131,14 @@ def run_units(
     share: ShareFn | None = None,
     after: AfterFn | None = None,
     inputs: InputsFn | None = None,
+    runner: RunnerFn | None = None,
 ) -> tuple[Any, list[UnitCall]]:
     """Run the split model once on the flat placeholder values; return its output and the
     unit calls in execution order. ``on_call(unit_index, module)`` runs before each unit
     that runs (e.g. to tag saved-tensor accounting); ``share`` and ``after``: see
-    :data:`ShareFn`, :data:`AfterFn` and :data:`InputsFn`. Stand-in calls (``same_as`` set)
-    are listed too."""
-    interp = _CaptureInterpreter(split, on_call, share, after, inputs)
+    :data:`ShareFn`, :data:`AfterFn`, :data:`InputsFn` and :data:`RunnerFn`. Stand-in calls
+    (``same_as`` set) are listed too."""
+    interp = _CaptureInterpreter(split, on_call, share, after, inputs, runner)
     out = interp.run(*flat_inputs)
     return out, interp.calls
 

@@ -406,16 +406,26 @@ def _cuda_peak(fn: Callable[[], None], device: torch.device) -> int:
     return max(torch.cuda.max_memory_allocated(device) - base, 0)
 
 
+def compiled_module(module: nn.Module) -> Callable[..., Any]:
+    """``module`` wrapped in ``torch.compile`` as a trainer compiling its stages does
+    (default backend, fixed shapes: each micro-batch size is its own measurement). Lazy:
+    the compile happens at the first call (untimed: capture pass and warm-up runs)."""
+    # torch.compile looked up at call time: tests count the calls with a patched one.
+    return torch.compile(module, dynamic=False)
+
+
 def _unit_step(
     call: UnitCall,
     args: tuple[Any, ...],
     unit: _UnitMeasurement,
     device: torch.device,
     mutates: bool | None = None,
+    run: Callable[..., Any] | None = None,
 ) -> TimedStep:
     """The timed step of one unit on its detached inputs ``args``; fills ``unit.peak_bytes``
     (``max_memory_allocated`` on CUDA, else saved + output + input-gradient bytes, so
-    ``unit.activation_bytes`` and ``output_bytes`` must be set before on CPU)."""
+    ``unit.activation_bytes`` and ``output_bytes`` must be set before on CPU). ``run``: what
+    to call instead of ``call.module`` (its compiled module)."""
     leaves_needing_grad = [a for a in args if isinstance(a, torch.Tensor) and a.requires_grad]
     params = [p for p in call.module.parameters() if p.requires_grad]
     params += [a for a in call.args if isinstance(a, nn.Parameter) and a.requires_grad]
@@ -428,7 +438,9 @@ def _unit_step(
     if state["copy"]:
         state["args"] = fresh_inputs(args, call.activation_args)
 
-    def forward(module: fx.GraphModule = call.module, st: dict[str, Any] = state) -> Any:
+    def forward(
+        module: Callable[..., Any] = call.module if run is None else run, st: dict[str, Any] = state
+    ) -> Any:
         return module(*st["args"])
 
     def reset(
@@ -446,6 +458,9 @@ def _unit_step(
         def forward_backward(f: Callable[[], Any] = forward, b: Any = backward) -> Any:
             return b(f())
 
+        if run is not None:  # compiles the backward graph outside the peak measured
+            forward_backward()
+            reset()
         unit.peak_bytes = _cuda_peak(forward_backward, device)
         reset()
     else:
@@ -600,7 +615,10 @@ class _Capture:
     micro-batch size: each unit's inputs are recorded and the bytes it saves for backward
     counted per unit (``counter``). With ``one_at_a_time`` (a model on the meta device) each
     measured unit's weights are materialized when it runs, the unit is timed at once, alone,
-    and its weights freed before the next unit runs."""
+    and its weights freed before the next unit runs. With ``compile`` each unit that runs
+    runs its ``torch.compile``'d module (:func:`compiled_module`, one per unit, kept in
+    ``compiled`` for its timed step): its saved bytes are what the compiled unit saves, and
+    its forward compiles here, untimed."""
 
     def __init__(
         self,
@@ -610,6 +628,7 @@ class _Capture:
         share: bool,
         one_at_a_time: _Timing | None,
         split_clock: str | Callable[[], float] | None,
+        compile: bool = False,
     ) -> None:
         self.split = split_units(ug, model)
         self.param_names = canonical_parameter_names(model)
@@ -623,6 +642,9 @@ class _Capture:
         self.device = device
         self.one_at_a_time = one_at_a_time
         self.split_clock = split_clock
+        self.compile = compile
+        self.compiled: dict[int, Callable[..., Any]] = {}
+        """Per unit that ran (compile only), its compiled module."""
         self.materializer: Materializer | None = None
         self.state: list[list[torch.Tensor]] | None = None
         if one_at_a_time is not None:
@@ -646,6 +668,7 @@ class _Capture:
                 share=self.sharing,
                 after=self.measure_now if one_at_a_time else None,
                 inputs=self.writable if one_at_a_time else None,
+                runner=self.runner if self.compile else None,
             )
             output = ug.unflatten_output(flat_out)
             try:  # refused here, at plan time, rather than by the runtime
@@ -661,6 +684,13 @@ class _Capture:
         self.counter.tag = index
         if self.materializer is not None and self.state is not None:
             self.materializer.materialize(self.state[index])
+
+    def runner(self, index: int, module: fx.GraphModule) -> Callable[..., Any]:
+        """Unit ``index``'s compiled module, made on its first run (units sharing a
+        measurement do not run, so identical units compile once)."""
+        if index not in self.compiled:
+            self.compiled[index] = compiled_module(module)
+        return self.compiled[index]
 
     def writable(
         self, index: int, module: fx.GraphModule, args: tuple[Any, ...], flags: tuple[bool, ...]
@@ -684,7 +714,14 @@ class _Capture:
         # Timed runs must not count as the capture's saved tensors.
         with torch.autograd.graph.saved_tensors_hooks(_same, _same):
             args = detach_args(call)
-            step = _unit_step(call, args, unit, self.device, self.mutates.get(call.index))
+            step = _unit_step(
+                call,
+                args,
+                unit,
+                self.device,
+                self.mutates.get(call.index),
+                self.compiled.get(call.index),
+            )
             step.samples_per_round = min(self.sharing.copies(call.index), SHARED_SAMPLES_CAP)
             steps = [step]
             split = None
@@ -701,6 +738,7 @@ class _Capture:
             _split_medians(unit, timing.warmup)
         # The steps hold the unit's parameters: drop them before the weights are freed.
         del step, steps, split, args
+        self.compiled.pop(call.index, None)
         self.materializer.release(self.state[call.index])
         if timing.tick is not None:
             timing.tick()
@@ -718,6 +756,7 @@ def _prepare_size(
     info: dict[str, list[tuple[tuple[str, int], int, int]]] | None = None,
     one_at_a_time: _Timing | None = None,
     split_clock: str | Callable[[], float] | None = None,
+    compile: bool = False,
 ) -> tuple[_SizeMeasurement, list[TimedStep]]:
     """Bytes per unit at the batch size of ``inputs`` and one timed step per measured unit
     (the loss is the last step; its time is added to the last unit).
@@ -730,10 +769,11 @@ def _prepare_size(
     materialized, the unit is timed at once (alone) and its weights freed before the next
     unit runs, so only the loss step is returned. ``split_clock``: also time each measured
     unit's backward split into B and W (:func:`_split_backward_step`) on this clock; those
-    steps come after the loss step (``split_of_step``).
+    steps come after the loss step (``split_of_step``). ``compile``: the units run and are
+    timed ``torch.compile``'d (:class:`_Capture`).
     """
     flat = ug.flat_inputs(inputs)
-    capture = _Capture(model, ug, device, share, one_at_a_time, split_clock)
+    capture = _Capture(model, ug, device, share, one_at_a_time, split_clock, compile)
     units, counter = capture.units, capture.counter
     if info is None:
         info = _node_bytes(ug, flat)
@@ -795,7 +835,13 @@ def _size_steps(
     copies = Counter(same_as)
     steps: list[TimedStep] = []
     for call, args in isolated:
-        step = _unit_step(call, args, capture.units[call.index], capture.device)
+        step = _unit_step(
+            call,
+            args,
+            capture.units[call.index],
+            capture.device,
+            run=capture.compiled.get(call.index),
+        )
         step.samples_per_round = min(copies[call.index], SHARED_SAMPLES_CAP)
         steps.append(step)
     steps.append(loss_step)
@@ -849,29 +895,34 @@ def _record_times(m: _SizeMeasurement, times: list[tuple[float, float]], warmup:
         m.units[-1].peak_bytes += m.loss_activation_bytes
 
 
-def whole_model_saved_bytes(model: nn.Module, inputs: Any, loss_fn: LossFn | None) -> int:
-    """Bytes the whole model's forward + loss saves for backward, in one real run.
+def whole_model_saved_bytes(
+    model: nn.Module, inputs: Any, loss_fn: LossFn | None, run: Callable[..., Any] | None = None
+) -> int:
+    """Bytes the whole model's forward + loss saves for backward, in one real run (of
+    ``run``, the model's compiled module, when given).
 
     The same count as the units' (each storage once, parameters and buffers left out).
     """
     counter = SavedTensorCounter(exclude=parameter_storages(model))
     with counter.counting():
-        _loss(call_model(model, inputs), inputs, loss_fn)
+        _loss(call_model(model if run is None else run, inputs), inputs, loss_fn)
     return counter.total_bytes
 
 
 def whole_model_step(
-    model: nn.Module, inputs: Any, loss_fn: LossFn | None
+    model: nn.Module, inputs: Any, loss_fn: LossFn | None, compile: bool = False
 ) -> tuple[TimedStep, int]:
     """The whole model in one piece as a timed step (forward + loss, backward) and the bytes
-    it saves for backward (``whole_model_saved_bytes``)."""
+    it saves for backward (``whole_model_saved_bytes``); ``compile``: the model
+    ``torch.compile``'d, as its units were (its forward compiles in the byte count)."""
     params = [p for p in model.parameters() if p.requires_grad]
+    run = compiled_module(model) if compile else model
     step = TimedStep(
-        lambda: _loss(call_model(model, inputs), inputs, loss_fn),
+        lambda: _loss(call_model(run, inputs), inputs, loss_fn),
         lambda loss: loss.backward(),
         _zero_grads(params),
     )
-    return step, whole_model_saved_bytes(model, inputs, loss_fn)
+    return step, whole_model_saved_bytes(model, inputs, loss_fn, run if compile else None)
 
 
 # ---------------------------------------------------------------------------------------
@@ -1124,6 +1175,7 @@ def _cache_key(model: nn.Module, setup: _Setup, loss_fn: LossFn | None) -> str:
         threads=setup.threads,
         clock=setup.clock_name,
         meta_init=setup.meta_init,
+        split_backward=setup.opts.split_backward and not setup.opts.compile,
     )
     return cache_key(
         model,
@@ -1236,8 +1288,10 @@ def _prepare_timed_size(
         info=info,
         one_at_a_time=one_at_a_time,
         # B and W at every size: W's per-call part (one autograd call per
-        # parameter group) is larger than the whole backward's.
-        split_clock=setup.clock if opts.split_backward else None,
+        # parameter group) is larger than the whole backward's. Not compiled: torch runs
+        # no compiled stage split (autopipe/core/schedule_rules.py).
+        split_clock=setup.clock if opts.split_backward and not opts.compile else None,
+        compile=opts.compile,
     )
     shared = any(rep != i for i, rep in enumerate(m.same_as))
     with_whole = size == setup.batch_size and (
@@ -1245,7 +1299,9 @@ def _prepare_timed_size(
     )
     if with_whole:
         # The whole model is timed in the same rounds as its units.
-        whole, run.total_saved_bytes = whole_model_step(model, setup.inputs, loss_fn)
+        whole, run.total_saved_bytes = whole_model_step(
+            model, setup.inputs, loss_fn, compile=opts.compile
+        )
         steps.append(whole)
         run.timed_reference = True
     return size, m, steps, with_whole
@@ -1385,6 +1441,7 @@ def _assemble(model: nn.Module, setup: _Setup, run: _Measured) -> Profile:
         "reference": run.timed_reference,
         "shared_samples_cap": SHARED_SAMPLES_CAP if opts.share else 1,
         "meta_init": setup.meta_init,
+        "compile": opts.compile,
         "materialized_peak_bytes": max(m.materialized_peak_bytes for m in measured),
         "per_size": [
             {

@@ -58,6 +58,14 @@ class MeasureOptions:
     ``reference``): a unit timed alone, on its own inputs again and again, runs with its
     weights and inputs hot in cache, faster than in the model's chain. The factors are kept
     in ``Profile.measurement.reference_scale``."""
+    compile: bool = False
+    """Time each unit as the trainer runs it when it ``torch.compile``'s its stages: each
+    measured unit's submodule (and the whole-model reference) wrapped in ``torch.compile``
+    (default inductor, ``dynamic=False``), so fused element-wise ops are timed as the fused
+    kernels, and saved bytes are what the compiled unit saves. Each measured unit compiles
+    once per micro-batch size, in the untimed capture pass and the warm-up runs (needs
+    ``warmup >= 1``); the split backward (B/W) is not timed (torch runs no compiled stage
+    in the split-backward schedules). Recorded in ``Profile.measurement.compile``."""
 
     def __post_init__(self) -> None:
         # torch.device / torch.dtype arguments, lists for tuples: kept as plain values.
@@ -75,6 +83,9 @@ class MeasureOptions:
             )
         if self.bytes_per_parameter is not None and not self.bytes_per_parameter > 0:
             raise ValueError(f"bytes_per_parameter={self.bytes_per_parameter} must be positive")
+        if self.compile and self.warmup < 1:
+            # The first backward of a compiled unit compiles its backward graph: never timed.
+            raise ValueError("compile=True needs warmup >= 1: the first runs compile the units")
 
     def key(self) -> dict[str, Any]:
         """The options as the cache key's plain values (a clock function by its name)."""

@@ -314,6 +314,7 @@ def profile_request(args: argparse.Namespace) -> ProfileRequest:
         split_backward=not args.no_split_backward,
         scale_to_reference=args.scale_to_reference,
         meta_init=args.meta_init,
+        compile=args.compile,
         progress=not args.quiet,
     )
 
@@ -428,4 +429,12 @@ def _measurement_flags(p: argparse.ArgumentParser) -> None:
         help="build the model on the meta device and measure it one unit at a time, "
         "materializing only that unit's weights (for models larger than the device; "
         "automatic when parameters and gradients would not fit)",
+    )
+    p.add_argument(
+        "--compile",
+        action="store_true",
+        help="the trainer torch.compile's its stages: time each measured unit compiled "
+        "(element-wise ops fused; inductor compiles each distinct unit once, untimed; no "
+        "input/weight backward split timed). Counted profiles (--device NAME) cannot be "
+        "compiled; `plan --compile` also rules out the split-backward schedules",
     )

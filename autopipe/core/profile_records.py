@@ -52,6 +52,9 @@ class Measurement:
     """Most repeats a shared measurement takes its samples from (1: sharing off)."""
     meta_init: bool = False
     """The model was built on the meta device and measured one unit at a time."""
+    compile: bool = False
+    """The units were timed ``torch.compile``'d (``MeasureOptions.compile``): element-wise ops
+    fused as the compiled trainer runs them; False: eager, unfused; no B/W split timed."""
     materialized_peak_bytes: int = 0
     """The most device memory the units materialized at once held (meta-init)."""
     per_size: list[SizeMeasurement] = field(default_factory=list)

@@ -472,6 +472,12 @@ class DistributedPipeline:
         chunk's forward once per parameter group), a parameter the chunk uses more than once
         (a layer called several times: torch's weight pass fails on it), or a parameter
         torch's split weight pass would miss (see :mod:`zero_bubble`)."""
+        if plan.request is not None and plan.request.compile:
+            # Priced from a profile timed compiled (`autopipe plan --compile`); torch runs
+            # no compiled stage in the split-backward schedules, which the plan's rules
+            # refused already (no-compile-with-zero-bubble).
+            for chunk in self.chunks:
+                chunk.compile_body()
         self.stages = self._pipeline_stages(examples)
         self.schedule = _schedule(plan, self.stages, self._loss)
         # The plan's per-rank actions (or the ones given): torch must run the same.

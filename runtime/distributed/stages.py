@@ -186,6 +186,8 @@ class StageModule(nn.Module):
         }
         self._unflatten = unflatten
         self._wires_in = _meta_wires(stage.module) if stage.index > 0 else []
+        self.compiled = False
+        """The stage runs ``torch.compile``'d (:meth:`compile_body`)."""
 
     def set_wires(self, inputs: Sequence[Wire]) -> None:
         """The wire formats of this stage's inputs (from example values of one micro-batch);
@@ -248,12 +250,22 @@ class StageModule(nn.Module):
         if self._node_unit is not None and old in self._node_unit:
             self._node_unit[new] = self._node_unit[old]
 
+    def compile_body(self) -> None:
+        """Run the stage ``torch.compile``'d from now on, as a trainer compiling its stages
+        does (fixed shapes): the graph in place (``nn.Module.compile``: parameter names and
+        state dict unchanged; called after tensor parallelism and FSDP are applied, as
+        torchtitan orders them), and, re-materialized per unit, each unit's function."""
+        self.body.compile(dynamic=False)
+        self.compiled = True
+
     def units(self) -> list[Callable[..., Any]]:
         """The stage's units' functions (:func:`autopipe.runtime.split.split_units`: each
         reads the stage's modules and parameters when called, so tensor parallelism and FSDP
         applied to them are what runs), cut at the first per-unit forward."""
         if self._units is None:
             self._units = split_units(self._stage, self._node_unit or {})
+            if self.compiled:
+                self._units = [torch.compile(unit, dynamic=False) for unit in self._units]
         return self._units
 
     def _flat_output(self, out: Any) -> Any:
