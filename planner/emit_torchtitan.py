@@ -388,6 +388,7 @@ def to_torchtitan(plan: Plan) -> str:
         f"# torchtitan {TORCHTITAN_VERSION} job config (the 0.2 line's TOML; torchtitan "
         f"{TORCHTITAN_PYTHON_VERSION} reads Python configs: emit torchtitan-python)",
         *([f"# {fields.note}"] if fields.note else []),
+        *([f"# {_compile_note(plan)}"] if _compile_note(plan) else []),
         "[training]",
         *(f"{k} = {_toml_value(v)}" for k, v in fields.training.items()),
         "",
@@ -402,8 +403,31 @@ def to_torchtitan(plan: Plan) -> str:
         *(['selective_ac_option = "op"'] if mode == "selective" else []),
         *(["", "[model]", f"converters = {_toml_value(trainer['converters'])}"]
           if trainer["converters"] else []),
+        *(["", "[compile]", "enable = true"] if trainer["compile"] else []),
     ]  # fmt: skip
     return "\n".join(lines) + "\n"
+
+
+def _compiles(plan: Plan) -> bool:
+    """Whether torchtitan must compile the model: the plan was made for compiled stages
+    (``--compile``), or it asks for async TP, which torchtitan runs only compiled (0.2.2's
+    ``maybe_enable_async_tp`` raises "Async TP requires 'model' in --compile.components and
+    --compile.enable"; 0.3.0's ``CompileConfig`` refuses it likewise)."""
+    r = plan.request
+    if r is None:
+        return False
+    return r.compile or (r.tp_comm_overlap and plan.tensor_parallel > 1)
+
+
+def _compile_note(plan: Plan) -> str:
+    """What the emitted config runs beyond the plan: compiled blocks the plan priced eager."""
+    r = plan.request
+    if r is None or r.compile or not _compiles(plan):
+        return ""
+    return (
+        "torchtitan runs async TP only with torch.compile, so the config compiles the model; "
+        "the plan priced its units uncompiled (re-plan with --compile to price what runs)"
+    )
 
 
 def _trainer_keys(plan: Plan) -> dict[str, Any]:
@@ -412,7 +436,8 @@ def _trainer_keys(plan: Plan) -> dict[str, Any]:
     mode = "selective"`` (``selective_ac_option = "op"``) for selective re-computation,
     ``[parallelism] enable_async_tensor_parallel`` for TP comm overlap,
     ``disable_loss_parallel`` with T > 1 (true unless the plan was priced with loss parallel),
-    ``fsdp_reshard_after_forward = "never"`` for FSDP2 kept unsharded across micro-batches."""
+    ``fsdp_reshard_after_forward = "never"`` for FSDP2 kept unsharded across micro-batches,
+    ``[compile] enable`` where the model must be compiled (:func:`_compiles`)."""
     r = plan.request
     par: dict[str, Any] = {}
     if r is not None and plan.tensor_parallel > 1:
@@ -424,6 +449,7 @@ def _trainer_keys(plan: Plan) -> dict[str, Any]:
         par["fsdp_reshard_after_forward"] = "never"
     return {
         "parallelism": par,
+        "compile": _compiles(plan),
         "ac_mode": "selective" if r is not None and r.selective_recompute else "none",
         "converters": ["quantize.linear.float8"] if r is not None and r.precision == "fp8" else [],
     }
@@ -446,6 +472,7 @@ _PYTHON_FUNCTIONS = (
     "        parallelism=dataclasses.replace(config.parallelism, **PARALLELISM),",
     "        training=dataclasses.replace(config.training, **TRAINING),",
     "        activation_checkpoint=FullAC.Config() if FULL_ACTIVATION_CHECKPOINT else None,",
+    "        compile=dataclasses.replace(config.compile, **COMPILE),",
     "    )",
     "",
     "",
@@ -462,13 +489,27 @@ _PYTHON_FUNCTIONS = (
 )
 
 
+def _compile_fields(plan: Plan) -> dict[str, bool]:
+    """torchtitan 0.3.0's ``CompileConfig`` fields: ``enable`` where the model must be
+    compiled (:func:`_compiles`), and ``enable_async_tensor_parallel`` (0.3.0 moved async TP
+    there from ``[parallelism]``) for TP comm overlap; empty: the base config's kept."""
+    r = plan.request
+    if r is None or not _compiles(plan):
+        return {}
+    out = {"enable": True}
+    if r.tp_comm_overlap and plan.tensor_parallel > 1:
+        out["enable_async_tensor_parallel"] = True
+    return out
+
+
 def to_torchtitan_python(plan: Plan, base: str = "") -> str:
     """A Python module for torchtitan 0.3.0's ``ConfigManager``, which loads a config as
     ``--module MODULE --config FUNCTION`` (a function returning a ``Trainer.Config``) and
     reads no TOML. The module holds ``PARALLELISM`` and ``TRAINING`` (``ParallelismConfig``
     / ``TrainingConfig`` fields, :func:`torchtitan_fields`), ``apply_plan(config)`` (a
     ``Trainer.Config`` with those fields replaced, every other field kept, and
-    ``activation_checkpoint`` set to ``FullAC.Config()`` or None; torchtitan's own
+    ``activation_checkpoint`` set to ``FullAC.Config()`` or None, ``compile`` with
+    ``COMPILE``'s fields (:func:`_compile_fields`); torchtitan's own
     ``__post_init__`` checks run again), and ``autopipe_config()`` for ``--config``, which
     applies the plan to ``BASE``: ``"module:function"``, the ``config_registry`` function of
     the model the plan was made for (``base``; empty: ``autopipe_config`` says to set it)."""
@@ -476,7 +517,8 @@ def to_torchtitan_python(plan: Plan, base: str = "") -> str:
     if base and not re.fullmatch(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*", base):
         raise EmitError(f"--base {base!r} is not MODULE:FUNCTION (e.g. "
                         "torchtitan.models.llama3.config_registry:llama3_8b)")  # fmt: skip
-    header = [*_header(plan), *([fields.note] if fields.note else [])]
+    note = _compile_note(plan)
+    header = [*_header(plan), *([fields.note] if fields.note else []), *([note] if note else [])]
     lines = [
         f'"""torchtitan {TORCHTITAN_PYTHON_VERSION} config from an autopipe plan.',
         "",
@@ -503,6 +545,7 @@ def to_torchtitan_python(plan: Plan, base: str = "") -> str:
         *(f"    {k!r}: {_py(v)}," for k, v in fields.training.items()),
         "}",
         f"FULL_ACTIVATION_CHECKPOINT = {fields.full_checkpoint!r}",
+        f"COMPILE = {_compile_fields(plan)!r}",
         "",
         "",
         *_PYTHON_FUNCTIONS,

@@ -471,3 +471,47 @@ def test_torchtitan_022_checks_run_beside_030() -> None:
     assert "torchtitan 0.2.2 is not" not in child.stdout, tail
     passed = re.search(r"(\d+) passed", child.stdout)
     assert passed is not None and int(passed.group(1)) >= 40, tail
+
+
+def test_torchtitan_toml_and_python_compile_where_the_plan_or_async_tp_needs_it(
+    tmp_path: Path,
+) -> None:
+    """A plan made for compiled stages (``--compile``, which ``autopipe run`` now compiles) is
+    emitted with torchtitan's compile on, and so is one asking for async TP, which torchtitan
+    runs only compiled: its ``maybe_enable_async_tp`` raised "Async TP requires 'model' in
+    --compile.components and --compile.enable" on the TOML emitted before (which set
+    ``enable_async_tensor_parallel`` alone); that plan also gets a note that its units were
+    priced uncompiled. Neither: no compile key (the base config's kept)."""
+    mesh = _mesh("1f1b", 2, 2, "parameters")
+    assert mesh.request is not None
+
+    def with_request(**changes: Any) -> Plan:
+        request = dataclasses.replace(mesh.request, **changes)
+        return dataclasses.replace(mesh, report=dataclasses.replace(mesh.report, request=request))
+
+    plain, compiled, async_tp = (
+        with_request(),
+        with_request(compile=True),
+        with_request(tp_comm_overlap=True),
+    )
+    assert "[compile]" not in to_torchtitan(plain) and "COMPILE = {}" in to_torchtitan_python(plain)
+    for plan in (compiled, async_tp):
+        toml = to_torchtitan(plan)
+        assert "\n[compile]\nenable = true\n" in toml
+        assert ("priced its units uncompiled" in toml) == (plan is async_tp)
+    assert "COMPILE = {'enable': True}" in to_torchtitan_python(compiled)
+    assert (
+        "COMPILE = {'enable': True, 'enable_async_tensor_parallel': True}"
+        in to_torchtitan_python(async_tp)
+    )
+    # torchtitan's own configs take every emitted key: 0.3.0's CompileConfig (its
+    # __post_init__ refuses async TP uncompiled), 0.2.2's JobConfig (in the child pytest)
+    if (fc.version("torchtitan") or "").startswith("0.3."):
+        from torchtitan.config.configs import CompileConfig
+
+        namespace: dict[str, Any] = {}
+        text = to_torchtitan_python(async_tp)
+        start = text.index("COMPILE = ")
+        exec(text[start : text.index("\n", start)], namespace)
+        CompileConfig(**namespace["COMPILE"])
+    _or_skip(fc.run_torchtitan_toml, async_tp, "gpt", tmp_path)
