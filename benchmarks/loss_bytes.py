@@ -34,11 +34,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from collections.abc import Callable
 from typing import Any
 
 import eager_block_bytes as eb
+import megatron_block_bytes as mb
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -124,13 +124,6 @@ def loss_parallel_context() -> Any:
     return loss_parallel()
 
 
-def _init_group() -> None:
-    if not dist.is_initialized():
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", "29531")
-        dist.init_process_group("gloo", rank=0, world_size=1)
-
-
 def _loss_fn(kind: str) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
     """``kind``'s loss of ``[tokens, V]`` bf16 logits against ``[tokens]`` labels."""
     if kind == "torch":
@@ -144,11 +137,9 @@ def _loss_fn(kind: str) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
 
         return parallel
     if kind == "megatron":
-        from megatron.core import parallel_state
         from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
 
-        if not parallel_state.model_parallel_is_initialized():
-            parallel_state.initialize_model_parallel(1, 1)
+        mb.megatron_world()
         # Megatron's logits are [s, b, V]; the loss is averaged over the tokens after
         return lambda logits, labels: vocab_parallel_cross_entropy(
             logits.unsqueeze(1), labels.unsqueeze(1)
@@ -159,7 +150,7 @@ def _loss_fn(kind: str) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
 def measure(kind: str, vocab: int, tokens: int = TOKENS) -> tuple[dict[str, int], dict[str, int]]:
     """Bytes per op of ``kind``'s forward (logits to the loss) and backward (to the logits'
     gradient) on ``tokens`` rows of ``vocab`` logits."""
-    _init_group()
+    mb.gloo_world()
     torch.manual_seed(0)
     fn = _loss_fn(kind)
     logits = torch.randn(tokens, vocab, dtype=torch.bfloat16)

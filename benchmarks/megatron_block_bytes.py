@@ -378,13 +378,19 @@ CONFIGS = ("sc21", "mcore")
 attention."""
 
 
-def _init() -> None:
-    """One process as a gloo world of one, Megatron's model-parallel state of one rank, its
-    no-op RNG tracker."""
+def gloo_world() -> None:
+    """This process as a gloo world of one (a TP group of one for Megatron's collectives and
+    torch's ``DTensor``), unless one is up already."""
     if not dist.is_initialized():
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", "29547")
         dist.init_process_group("gloo", rank=0, world_size=1)
+
+
+def megatron_world() -> None:
+    """:func:`gloo_world`, Megatron's model-parallel state of one rank, its no-op RNG
+    tracker."""
+    gloo_world()
     from megatron.core import parallel_state
     from megatron.core.tensor_parallel import random as mp_random
 
@@ -412,7 +418,7 @@ def build_layer(config: str, hidden: int, heads: int, ffn: int) -> nn.Module:
 
     if config not in CONFIGS:
         raise ValueError(f"unknown config {config!r}; one of {', '.join(CONFIGS)}")
-    _init()
+    megatron_world()
     dropout = 0.1 if config == "sc21" else 0.0
     spec = get_gpt_layer_local_spec()
     if config == "mcore":
