@@ -91,7 +91,6 @@ import argparse
 import contextlib
 import json
 import math
-import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -382,9 +381,8 @@ def gloo_world() -> None:
     """This process as a gloo world of one (a TP group of one for Megatron's collectives and
     torch's ``DTensor``), unless one is up already."""
     if not dist.is_initialized():
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", "29547")
-        dist.init_process_group("gloo", rank=0, world_size=1)
+        # an in-process store: no port, so two counts can run at once (CI's two workers)
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
 
 
 def megatron_world() -> None:

@@ -291,6 +291,10 @@ _REPORT_READS = {
     # still carried in the request, not yet instruction fields of their own (#34)
     ("planner/emit.py", "request"),
     ("planner/emit_torchtitan.py", "request"),
+    # --compile: the ranks compile their stages as the request asked (PlanRequest.compile),
+    # a trainer option carried in the request like those above, not yet an instruction field
+    ("autopipe/training.py", "request"),
+    ("runtime/distributed/pipeline.py", "request"),
     # the emitted file's header comment says the predicted step, for people
     ("planner/emit_torchtitan.py", "iteration_time_s"),
     # version-1 plans without unit_parameters are checked against the model by bytes
