@@ -15,10 +15,12 @@ graph on meta tensors, where nothing is allocated either.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from contextlib import nullcontext
 from typing import Any
 
 import torch
 from autopipe.profiler.memory import storage_key
+from autopipe.profiler.opcount import WeightMatmulCounter
 from autopipe.profiler.tree import map_tensors, tensor_leaves
 from autopipe.profiler.units import UnitGraph
 from torch import fx, nn
@@ -231,16 +233,19 @@ def meta_storage_key(t: torch.Tensor) -> tuple[str, int]:
 
 
 def meta_node_bytes(
-    ug: UnitGraph, meta_flat_inputs: Sequence[Any]
+    ug: UnitGraph, meta_flat_inputs: Sequence[Any], flops: WeightMatmulCounter | None = None
 ) -> dict[str, list[tuple[tuple[str, int], int, int]]]:
     """Per graph node, ``(storage key, offset, bytes)`` of each tensor in its value, from one
     no-grad run of the traced graph on meta tensors (the model's parameters must be on meta).
-    Values are kept alive to the end so no storage identity is reused. O(nodes)."""
+    Values are kept alive to the end so no storage identity is reused. ``flops``: the same run
+    also counts each unit's weight matmuls into it. O(nodes)."""
     info: dict[str, list[tuple[tuple[str, int], int, int]]] = {}
     keep: list[Any] = []
 
     class Recorder(fx.Interpreter):
         def run_node(self, n: fx.Node) -> Any:
+            if flops is not None:
+                flops.at(ug.node_unit, n)
             out = super().run_node(n)
             leaves = tensor_leaves(out)
             keep.append(leaves)
@@ -250,6 +255,6 @@ def meta_node_bytes(
             ]
             return out
 
-    with torch.no_grad():
+    with torch.no_grad(), flops if flops is not None else nullcontext():
         Recorder(ug.graph_module).run(*meta_flat_inputs, enable_io_processing=False)
     return info

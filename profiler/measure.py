@@ -339,8 +339,8 @@ def _node_bytes(
 
     class Recorder(fx.Interpreter):
         def run_node(self, n: fx.Node) -> Any:
-            if flops is not None and n.op != "output":
-                flops.unit = ug.node_unit.get(n.name, flops.unit)
+            if flops is not None:
+                flops.at(ug.node_unit, n)
             out = super().run_node(n)
             info[n.name] = [
                 (storage_key(t), int(t.storage_offset()), tensor_bytes(t))
@@ -1341,38 +1341,24 @@ def _meta_node_bytes(
     """Per micro-batch size (model on meta), the bytes of every graph value from a run on
     meta, before the graphs are pointed at the real ``device`` (export bakes the tracing
     device into some ops); then the graphs own their meta state and run on ``device``.
-    Also, per unit, the weight matmuls' forward FLOPs at ``batch_size`` (:func:`_linear_flops`,
-    counted on meta too)."""
+    Also, per unit, the weight matmuls' forward FLOPs at ``batch_size``, counted in the full
+    batch's run on meta (:class:`~autopipe.profiler.opcount.WeightMatmulCounter`)."""
     for _, _, size_ug in graphs:
         own_meta_state(size_ug.graph_module)
+    full_ug = next(size_ug for size, _, size_ug in graphs if size == batch_size)
+    counter = WeightMatmulCounter(full_ug.num_units, parameter_storage_keys(full_ug.graph_module))
+    # the sizes may share one graph (a batch-dynamic trace): count at the full batch's size
     infos = [
-        meta_node_bytes(size_ug, size_ug.flat_inputs(to_meta(size_inputs)))
-        for _, size_inputs, size_ug in graphs
+        meta_node_bytes(
+            size_ug,
+            size_ug.flat_inputs(to_meta(size_inputs)),
+            counter if size == batch_size else None,
+        )
+        for size, size_inputs, size_ug in graphs
     ]
-    _, full_inputs, full = next(g for g in graphs if g[0] == batch_size)
-    linear_flops = _linear_flops(
-        full, full.flat_inputs(to_meta(full_inputs)), parameter_storage_keys(full.graph_module)
-    )
     for _, _, size_ug in graphs:
         retarget_devices([size_ug.graph_module], device)
-    return infos, linear_flops
-
-
-def _linear_flops(ug: UnitGraph, flat_inputs: Sequence[Any], parameters: set[int]) -> list[float]:
-    """Per unit, the FLOPs of its weight matmuls (an ``mm``/``addmm`` taking a parameter,
-    ``parameters``: their storage keys) in one no-grad forward of the traced graph on
-    ``flat_inputs`` (:class:`~autopipe.profiler.opcount.WeightMatmulCounter`). O(nodes)."""
-    counter = WeightMatmulCounter(ug.num_units, parameters)
-
-    class Tagger(fx.Interpreter):
-        def run_node(self, n: fx.Node) -> Any:
-            if n.op != "output":
-                counter.unit = ug.node_unit.get(n.name, counter.unit)
-            return super().run_node(n)
-
-    with torch.no_grad(), counter:
-        Tagger(ug.graph_module).run(*flat_inputs, enable_io_processing=False)
-    return counter.flops
+    return infos, counter.flops
 
 
 def _time_sizes(

@@ -18,10 +18,12 @@ The op's cost is booked to the *current unit* and *phase*, which the caller sets
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch import fx
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import flop_registry
@@ -377,6 +379,12 @@ class WeightMatmulCounter(TorchDispatchMode):
         self.unit = 0
         self.flops = [0.0] * n_units
         self.parameter_storages = parameter_storages
+
+    def at(self, node_unit: Mapping[str, int], node: fx.Node) -> None:
+        """Book the ops of ``node`` (about to run in an fx interpreter) to its unit; a node in
+        no unit, and the graph's output, to the unit before it."""
+        if node.op != "output":
+            self.unit = node_unit.get(node.name, self.unit)
 
     def __torch_dispatch__(
         self,

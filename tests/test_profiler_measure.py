@@ -424,17 +424,21 @@ def test_a_one_row_microbatch_is_timed_on_a_graph_traced_at_one_row(
     assert traced_rows == [8, 1]  # the 8-row graph would run the ReLU on 1 row
 
 
+@pytest.mark.parametrize("sizes", [(), (1,)])
 @pytest.mark.parametrize("on_meta", [False, True])
-def test_linear_forward_flops_are_counted_in_the_measured_profile(on_meta: bool) -> None:
+def test_linear_forward_flops_are_counted_in_the_measured_profile(
+    on_meta: bool, sizes: tuple[int, ...]
+) -> None:
     """The measured profiler records each unit's weight-matmul forward FLOPs at the profile
     batch, as the analytic one does (``precision="fp8"`` prices them): a small GPT's block
     2 x tokens x 12 D^2, its head 2 x tokens x D x V, measured from real weights or one unit
-    at a time from meta."""
+    at a time from meta; with a smaller micro-batch size timed too (the sizes share one
+    batch-dynamic graph), counted at the profile batch only."""
     gpt = load_example("gpt")
     cfg = gpt.GPTConfig(vocab_size=96, seq_len=8, d_model=16, n_layer=2, n_head=2)
     with torch.device("meta") if on_meta else torch.device("cpu"):
         model = gpt.GPT(cfg)
-    opts = dataclasses.replace(FAST, reference=not on_meta)
+    opts = dataclasses.replace(FAST, reference=not on_meta, microbatch_sizes=sizes)
     p = profile(model, gpt.example_inputs(3, cfg), opts, loss_fn=gpt.loss_fn)
     tokens = 3 * 8
     block, head = 2 * tokens * 12 * 16 * 16, 2 * tokens * 16 * 96
