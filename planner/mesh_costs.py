@@ -145,10 +145,22 @@ class Topology:
         """Whether a data-parallel group (``dp`` ranks ``tp`` apart) spans more than one node."""
         return tp * dp > self.gpus_per_node
 
+    def dp_members_per_node(self, tp: int, dp: int) -> int:
+        """Ranks of one data-parallel group (``dp`` ranks ``tp`` apart, torchtitan's layout)
+        in each node it spans: ``gpus_per_node / tp`` when it crosses nodes (TP stays in the
+        node), 1 when TP fills the node."""
+        return max(1, min(dp, self.gpus_per_node // max(tp, 1)))
+
     def dp_link(self, tp: int, dp: int) -> tuple[float, float]:
-        """(bandwidth bytes/s, latency s) of the link a DP group's collectives cross."""
+        """(bandwidth bytes/s, latency s) of the link a DP group's collectives cross: inside a
+        node, NVLink; across nodes, the network adapters of the group's devices in each node
+        together (:meth:`dp_members_per_node` of them, one each), up to NVLink's rate. NCCL
+        runs a ring per channel and spreads the channels over those adapters, each ring
+        leaving a node once, so every adapter carries ``1 / k`` of what a rank sends over
+        NVLink (docs/cost-model.md, "Collectives across nodes")."""
         if self.dp_crosses_nodes(tp, dp):
-            return self.inter_bandwidth_bytes_per_s, self.inter_latency_s
+            adapters = self.dp_members_per_node(tp, dp) * self.inter_bandwidth_bytes_per_s
+            return min(adapters, self.intra_bandwidth_bytes_per_s), self.inter_latency_s
         return self.intra_bandwidth_bytes_per_s, self.intra_latency_s
 
     def pp_link(self, tp: int, dp: int, stage: int) -> tuple[float, float]:

@@ -148,6 +148,21 @@ def test_links_follow_torchtitans_layout() -> None:
     assert t.pp_link(8, 1, 0) == (10.0, 0.0)  # one stage per node
 
 
+def test_a_dp_group_across_nodes_uses_every_adapter_its_ranks_have_there() -> None:
+    """NCCL spreads a ring collective's channels over the network adapters of the group's
+    ranks in each node (one per GPU on DGX-like nodes): D x T = 64 ranks over nodes of 8 reduce
+    at 8 adapters' rate with T = 1, 4 with T = 2, 1 when T fills the node; NVLink caps it (the
+    ring also crosses every rank's NVLink)."""
+    t = Topology(8, 300.0, 25.0, 1e-6, 5e-6)
+    assert t.dp_link(1, 64) == (200.0, 5e-6)  # 8 members per node
+    assert t.dp_link(2, 32) == (100.0, 5e-6)
+    assert t.dp_link(4, 16) == (50.0, 5e-6)
+    assert t.dp_link(8, 8) == (25.0, 5e-6)  # one member per node: its own adapter
+    assert t.dp_link(1, 8) == (300.0, 1e-6)  # inside one node
+    assert Topology(8, 150.0, 25.0).dp_link(1, 64) == (150.0, 0.0)  # NVLink-bound
+    assert [t.dp_members_per_node(tp, 64 // tp) for tp in (1, 2, 4, 8)] == [8, 4, 2, 1]
+
+
 @settings(max_examples=60, deadline=None)
 @given(
     node=st.sampled_from([1, 2, 4, 8, 16]),
