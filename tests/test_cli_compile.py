@@ -20,25 +20,6 @@ from autopipe.core.profile import Profile
 from autopipe.core.profile_records import Measurement
 from autopipe.core.vocabulary import SPLIT_BACKWARD_SCHEDULES
 
-MLP = """
-import torch
-
-
-def build_model():
-    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4))
-
-
-def example_inputs(batch_size=8):
-    return torch.randn(batch_size, 8)
-"""
-
-
-@pytest.fixture
-def mlp(tmp_path: Path) -> Path:
-    path = tmp_path / "mlp.py"
-    path.write_text(MLP)
-    return path
-
 
 @pytest.fixture
 def compiles(monkeypatch: pytest.MonkeyPatch) -> Iterator[Counter[str]]:
@@ -65,10 +46,10 @@ def _one_line(capsys: pytest.CaptureFixture[str]) -> str:
 
 
 def test_profile_compile_times_the_units_compiled(
-    mlp: Path, tmp_path: Path, compiles: Counter[str], capsys: pytest.CaptureFixture[str]
+    mlp_file: Path, tmp_path: Path, compiles: Counter[str], capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = tmp_path / "profile.json"
-    argv = ["profile", str(mlp), "--compile", "--no-cache", "--out", str(out)]
+    argv = ["profile", str(mlp_file), "--compile", "--no-cache", "--out", str(out)]
     assert main(argv) == 0
     assert "compiled       units timed torch.compile'd" in capsys.readouterr().out
     p = Profile.load(out)
@@ -83,19 +64,19 @@ def test_profile_compile_times_the_units_compiled(
 
 
 def test_profile_compile_is_refused_for_a_counted_device(
-    mlp: Path, compiles: Counter[str], capsys: pytest.CaptureFixture[str]
+    mlp_file: Path, compiles: Counter[str], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert main(["profile", str(mlp), "--compile", "--device", "a100-80gb"]) == 2
+    assert main(["profile", str(mlp_file), "--compile", "--device", "a100-80gb"]) == 2
     err = _one_line(capsys)
     assert "--compile applies to measured profiles" in err
     assert compiles["calls"] == 0
 
 
 def test_plan_compile_on_a_model_file_measures_compiled_and_plans_compiled_stages(
-    mlp: Path, tmp_path: Path, compiles: Counter[str], capsys: pytest.CaptureFixture[str]
+    mlp_file: Path, tmp_path: Path, compiles: Counter[str], capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = tmp_path / "plan.json"
-    argv = ["plan", str(mlp), "--gpus", "2", "--compile", "--no-cache", "--schedule", "auto"]
+    argv = ["plan", str(mlp_file), "--gpus", "2", "--compile", "--no-cache", "--schedule", "auto"]
     assert main([*argv, "--json", str(out), "-q"]) == 0
     assert capsys.readouterr().err == ""  # measured compiled: nothing to warn about
     plan = load_plan(out)
@@ -124,9 +105,9 @@ def test_plan_compile_on_an_eager_profile_warns_and_plans(
 
 
 def test_plan_compile_for_a_counted_device_warns_that_the_count_is_unfused(
-    mlp: Path, compiles: Counter[str], capsys: pytest.CaptureFixture[str]
+    mlp_file: Path, compiles: Counter[str], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    argv = ["plan", str(mlp), "--gpus", "2", "--compile", "--device", "a100-80gb", "-q"]
+    argv = ["plan", str(mlp_file), "--gpus", "2", "--compile", "--device", "a100-80gb", "-q"]
     assert main(argv) == 0
     assert "units were counted (element-wise ops unfused)" in _one_line(capsys)
     assert compiles["calls"] == 0
