@@ -680,6 +680,36 @@ def torchtitan_compiled_bytes(a: Arch, graph: str) -> float:
     return _per_token(a, TORCHTITAN_COMPILED_BYTES_PER_TOKEN[graph])
 
 
+TORCHTITAN_COMPILED_FULL_AC_SAVED_BYTES_PER_TOKEN: dict[str, float] = {"h": 8, "ffn": 4, "1": 8}
+"""Bytes per token the bf16 compiled torchtitan block's memory-bound kernels move fewer under
+full activation checkpointing than a forward re-run would add: a forward, the forward again
+and the backward without AC (``2 forward + backward`` of
+:data:`TORCHTITAN_COMPILED_BYTES_PER_TOKEN`) less the forward and the backward graph, with
+its re-computation fused in, under full AC (``full_forward + full_backward``). Measured:
+
+    .venv/bin/python benchmarks/compiled_block_bytes.py --ac none
+    .venv/bin/python benchmarks/compiled_block_bytes.py --ac full
+
+(torch 2.13 CPU inductor, exact over the seven fitted shapes: ``--ac none`` forward ``42 h +
+20 kv + 6 ffn + 8 head_dim + 8``, backward ``62 h + 20 kv + 10 ffn + 8 heads + 16 head_dim +
+16``; ``--ac full`` forward ``42 h + 20 kv + 6 ffn + 8 head_dim``, backward ``96 h + 40 kv +
+12 ffn + 8 heads + 24 head_dim + 24``): ``146 h + 60 kv + 22 ffn + 8 heads + 32 head_dim + 32``
+against ``138 h + 60 kv + 18 ffn + 8 heads + 32 head_dim + 24``, ``8 h + 4 ffn + 8`` fewer
+(Llama 3.1 8B: 90,120 of a forward's 279,560 per token, 32%). The re-computation is inductor's
+fused into the backward graph: what the forward kernels write only for the backward to read
+(the SwiGLU product's inputs and output, the norms' outputs) is re-computed where the
+backward reads it. The published runs' compiled torchtitan blocks carry it as a negative
+``full_recompute_extra_s`` (:func:`torchtitan_full_recompute_extra_bytes`); their eager
+blocks re-run a forward (``benchmarks/eager_block_bytes.py``: the same ops again, the last
+residual add excepted)."""
+
+
+def torchtitan_full_recompute_extra_bytes(a: Arch) -> float:
+    """Bytes per token a compiled torchtitan block's full-AC re-run moves beyond a forward's
+    (negative: :data:`TORCHTITAN_COMPILED_FULL_AC_SAVED_BYTES_PER_TOKEN` fewer)."""
+    return -_per_token(a, TORCHTITAN_COMPILED_FULL_AC_SAVED_BYTES_PER_TOKEN)
+
+
 TORCHTITAN_FLOAT8_WEIGHT_BYTES = {"forward": 5, "backward": 3}
 """Bytes per weight element a compiled float8 block (``float8_*`` above) moves for its
 weights in each graph call beyond the bf16 block, measured likewise (what does not scale with
@@ -876,6 +906,8 @@ def transformer_profile(
     # what a float8 run's casts add (planner/trainer.py prices them under precision="fp8")
     fp8_fwd_bytes = fp8_bwd_bytes = fp8_selective_bytes = fp8_full_bytes = 0.0
     fp8_weights = 0
+    # what a full-AC re-run moves beyond a forward (the compiled block's fuses with the backward)
+    full_extra_bytes = 0.0
     if eager == "torchtitan" and a.gated:
         # torchtitan's block as measured, eager or compiled (each graph's bytes per token)
         measured = torchtitan_compiled_bytes if compiled else torchtitan_eager_bytes
@@ -889,6 +921,8 @@ def transformer_profile(
             fp8_full_bytes = torchtitan_fp8_cast_bytes(a, "full")
             # its float8 FSDP recipe casts the weights on each shard before the all-gather
             fp8_weights = a.block_parameters - 2 * h
+            # full AC's re-computation, fused with the backward, moves less than a forward
+            full_extra_bytes = torchtitan_full_recompute_extra_bytes(a)
         elem_bytes = measured(a, "forward")
         bwd_elem_bytes = measured(a, "backward")
         redo_elem_bytes = (
@@ -992,6 +1026,7 @@ def transformer_profile(
                 fp8_cast_backward_bytes=int(tokens * fp8_bwd_bytes),
                 fp8_cast_selective_bytes=int(tokens * fp8_selective_bytes),
                 fp8_cast_full_bytes=int(tokens * fp8_full_bytes),
+                full_recompute_extra_s=tokens * full_extra_bytes / mem,
                 fp8_gather_cast_bytes=fp8_weights
                 * TORCHTITAN_FSDP_FLOAT8_WEIGHT_BYTES["all_gather"],
                 fp8_weight_amax_bytes=fp8_weights * TORCHTITAN_FSDP_FLOAT8_WEIGHT_BYTES["step"],

@@ -5,6 +5,8 @@ tensor parallelism, data parallelism or sharded state, to the device-mesh search
 
 from __future__ import annotations
 
+import warnings
+
 from autopipe.planner.errors import PlanningError
 from autopipe.planner.mesh import plan_mesh
 from autopipe.planner.search import plan_pipeline
@@ -14,7 +16,34 @@ from autopipe.core.plan import Plan
 from autopipe.core.profile import Profile
 from autopipe.core.request import PlanRequest
 
-__all__ = ["plan"]
+__all__ = ["compile_mismatch", "plan"]
+
+
+def compile_mismatch(profile: Profile, compile: bool) -> str | None:
+    """What to warn, in one line, when a plan's ``compile`` (its stages ``torch.compile``'d)
+    and how the profile's units were timed disagree, else ``None``: compiled stages planned on
+    units timed eagerly or counted (their element-wise ops unfused, so priced slower than they
+    run compiled), or a profile timed compiled planned for eager stages (which may pick a
+    split-backward schedule, where torch runs no compiled stage). :func:`plan` warns it, and
+    ``autopipe plan --compile`` prints it as it prints every warning."""
+    measurement = profile.measurement
+    timed_compiled = measurement is not None and measurement.compile
+    name = profile.model or "the profile"
+    if compile and not timed_compiled:
+        how = "timed eagerly" if profile.mode == "measured" else "counted"
+        return (
+            f"compile: {name}'s units were {how} (element-wise ops unfused), so the plan "
+            "prices them slower than compiled stages run; profile the model compiled on a "
+            "local device (autopipe profile --compile, MeasureOptions(compile=True)) to time "
+            "them compiled"
+        )
+    if timed_compiled and not compile:
+        return (
+            f"{name} was timed compiled but the plan is not: plan compiled stages (autopipe "
+            "plan --compile, PlanRequest(compile=True)); torch runs none in the "
+            "split-backward schedules"
+        )
+    return None
 
 
 def plan(profile: Profile, request: PlanRequest) -> Plan:
@@ -52,6 +81,9 @@ def plan(profile: Profile, request: PlanRequest) -> Plan:
         )
     if not profile.units:
         raise PlanningError("the profile has no units; profile a model with at least one module")
+    mismatch = compile_mismatch(profile, request.compile)
+    if mismatch is not None:
+        warnings.warn(mismatch, stacklevel=2)
     profile = trainer_profile(profile, request)  # FP8, selective re-computation
     if request.plans_mesh:
         return plan_mesh(profile, request)

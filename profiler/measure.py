@@ -1175,7 +1175,7 @@ def _cache_key(model: nn.Module, setup: _Setup, loss_fn: LossFn | None) -> str:
         threads=setup.threads,
         clock=setup.clock_name,
         meta_init=setup.meta_init,
-        split_backward=setup.opts.split_backward and not setup.opts.compile,
+        split_backward=setup.opts.times_split_backward,
     )
     return cache_key(
         model,
@@ -1290,7 +1290,7 @@ def _prepare_timed_size(
         # B and W at every size: W's per-call part (one autograd call per
         # parameter group) is larger than the whole backward's. Not compiled: torch runs
         # no compiled stage split (autopipe/core/schedule_rules.py).
-        split_clock=setup.clock if opts.split_backward and not opts.compile else None,
+        split_clock=setup.clock if opts.times_split_backward else None,
         compile=opts.compile,
     )
     shared = any(rep != i for i, rep in enumerate(m.same_as))

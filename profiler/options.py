@@ -87,6 +87,12 @@ class MeasureOptions:
             # The first backward of a compiled unit compiles its backward graph: never timed.
             raise ValueError("compile=True needs warmup >= 1: the first runs compile the units")
 
+    @property
+    def times_split_backward(self) -> bool:
+        """Whether the backward's B/W split is timed: asked (``split_backward``) and not
+        compiled (torch runs no compiled stage in the split-backward schedules)."""
+        return self.split_backward and not self.compile
+
     def key(self) -> dict[str, Any]:
         """The options as the cache key's plain values (a clock function by its name)."""
         data = dataclasses.asdict(self)

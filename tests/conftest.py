@@ -1,14 +1,38 @@
-"""Fixtures the plot and report tests share: one small hand-made profile and the two real
-plans made from it (``tests/viz_plans.py`` builds them). Module-scoped: planning is the
-costly part, and no test changes them."""
+"""Fixtures tests share: one small hand-made profile and the two real plans made from it
+(``tests/viz_plans.py`` builds them; the plot and report tests), module-scoped: planning is
+the costly part, and no test changes them; and a small MLP model file (``mlp_file``: the
+CLI's profile and compile tests)."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 from viz_plans import _profile, gpipe_plan_of, onefoneb_plan_of
 
 from autopipe.core.plan import Plan
 from autopipe.core.profile import Profile
+
+MLP_MODEL_FILE = """
+import torch
+
+
+def build_model():
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4))
+
+
+def example_inputs(batch_size=8):
+    return torch.randn(batch_size, 8)
+"""
+"""A model file the CLI tests profile and plan: a two-layer MLP, batch 8 by default."""
+
+
+@pytest.fixture
+def mlp_file(tmp_path: Path) -> Path:
+    """:data:`MLP_MODEL_FILE` written to ``tmp_path / "mlp.py"``."""
+    path = tmp_path / "mlp.py"
+    path.write_text(MLP_MODEL_FILE)
+    return path
 
 
 @pytest.fixture(scope="module")

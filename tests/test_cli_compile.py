@@ -1,10 +1,11 @@
 """``autopipe profile --compile`` and ``autopipe plan --compile`` (autopipe/cli/profile.py,
 plan.py): units timed ``torch.compile``'d, plans for compiled stages, and the one line said
-when the two do not match."""
+when the two do not match (``autopipe.plan`` warns it, the CLI prints it)."""
 
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -12,32 +13,16 @@ from typing import Any
 
 import pytest
 import torch
+from autopipe.planner.planning import compile_mismatch
 from planner_instances import random_profile
 
+import autopipe
 from autopipe.cli import main
 from autopipe.core.plan import load_plan
 from autopipe.core.profile import Profile
 from autopipe.core.profile_records import Measurement
+from autopipe.core.request import PlanRequest
 from autopipe.core.vocabulary import SPLIT_BACKWARD_SCHEDULES
-
-MLP = """
-import torch
-
-
-def build_model():
-    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4))
-
-
-def example_inputs(batch_size=8):
-    return torch.randn(batch_size, 8)
-"""
-
-
-@pytest.fixture
-def mlp(tmp_path: Path) -> Path:
-    path = tmp_path / "mlp.py"
-    path.write_text(MLP)
-    return path
 
 
 @pytest.fixture
@@ -65,10 +50,10 @@ def _one_line(capsys: pytest.CaptureFixture[str]) -> str:
 
 
 def test_profile_compile_times_the_units_compiled(
-    mlp: Path, tmp_path: Path, compiles: Counter[str], capsys: pytest.CaptureFixture[str]
+    mlp_file: Path, tmp_path: Path, compiles: Counter[str], capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = tmp_path / "profile.json"
-    argv = ["profile", str(mlp), "--compile", "--no-cache", "--out", str(out)]
+    argv = ["profile", str(mlp_file), "--compile", "--no-cache", "--out", str(out)]
     assert main(argv) == 0
     assert "compiled       units timed torch.compile'd" in capsys.readouterr().out
     p = Profile.load(out)
@@ -83,19 +68,19 @@ def test_profile_compile_times_the_units_compiled(
 
 
 def test_profile_compile_is_refused_for_a_counted_device(
-    mlp: Path, compiles: Counter[str], capsys: pytest.CaptureFixture[str]
+    mlp_file: Path, compiles: Counter[str], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert main(["profile", str(mlp), "--compile", "--device", "a100-80gb"]) == 2
+    assert main(["profile", str(mlp_file), "--compile", "--device", "a100-80gb"]) == 2
     err = _one_line(capsys)
     assert "--compile applies to measured profiles" in err
     assert compiles["calls"] == 0
 
 
 def test_plan_compile_on_a_model_file_measures_compiled_and_plans_compiled_stages(
-    mlp: Path, tmp_path: Path, compiles: Counter[str], capsys: pytest.CaptureFixture[str]
+    mlp_file: Path, tmp_path: Path, compiles: Counter[str], capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = tmp_path / "plan.json"
-    argv = ["plan", str(mlp), "--gpus", "2", "--compile", "--no-cache", "--schedule", "auto"]
+    argv = ["plan", str(mlp_file), "--gpus", "2", "--compile", "--no-cache", "--schedule", "auto"]
     assert main([*argv, "--json", str(out), "-q"]) == 0
     assert capsys.readouterr().err == ""  # measured compiled: nothing to warn about
     plan = load_plan(out)
@@ -112,10 +97,13 @@ def test_plan_compile_on_an_eager_profile_warns_and_plans(
     random_profile(8, 4).save(path)
     out = tmp_path / "plan.json"
     assert main(["plan", str(path), "--gpus", "2", "--compile", "-q", "--json", str(out)]) == 0
-    assert _one_line(capsys) == (
-        f"autopipe: warning: --compile: {path}'s units were timed eagerly (element-wise ops "
-        "unfused), so the plan prices them slower than compiled stages run; profile the "
-        "model with --compile on a local device to time them compiled"
+    profile = Profile.load(path)  # no model name
+    assert _one_line(capsys) == f"autopipe: warning: {compile_mismatch(profile, True)}"
+    assert compile_mismatch(profile, True) == (
+        "compile: the profile's units were timed eagerly (element-wise ops unfused), so "
+        "the plan prices them slower than compiled stages run; profile the model compiled on "
+        "a local device (autopipe profile --compile, MeasureOptions(compile=True)) to time "
+        "them compiled"
     )
     assert load_plan(out).request.compile  # type: ignore[union-attr]
     argv = ["plan", str(path), "--gpus", "2", "--compile", "--schedule", "zbv"]
@@ -124,9 +112,9 @@ def test_plan_compile_on_an_eager_profile_warns_and_plans(
 
 
 def test_plan_compile_for_a_counted_device_warns_that_the_count_is_unfused(
-    mlp: Path, compiles: Counter[str], capsys: pytest.CaptureFixture[str]
+    mlp_file: Path, compiles: Counter[str], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    argv = ["plan", str(mlp), "--gpus", "2", "--compile", "--device", "a100-80gb", "-q"]
+    argv = ["plan", str(mlp_file), "--gpus", "2", "--compile", "--device", "a100-80gb", "-q"]
     assert main(argv) == 0
     assert "units were counted (element-wise ops unfused)" in _one_line(capsys)
     assert compiles["calls"] == 0
@@ -138,6 +126,30 @@ def test_a_compiled_profile_planned_without_compile_is_said(
     path = tmp_path / "compiled.json"
     dataclasses.replace(random_profile(8, 4), measurement=Measurement(compile=True)).save(path)
     assert main(["plan", str(path), "--gpus", "2", "-q"]) == 0
-    assert "was timed compiled (--compile) but the plan is not" in _one_line(capsys)
+    assert "was timed compiled but the plan is not" in _one_line(capsys)
     assert main(["plan", str(path), "--gpus", "2", "--compile", "-q"]) == 0
     assert capsys.readouterr().err == ""
+
+
+def test_the_api_warns_what_the_cli_says_of_a_compile_mismatch() -> None:
+    """``autopipe.plan`` with ``PlanRequest(compile=True)`` on units timed eagerly or counted
+    warns the line ``autopipe plan --compile`` prints (:func:`compile_mismatch`, the one
+    text), and a profile timed compiled planned without ``compile`` the other; a match says
+    nothing. Failed before (only the CLI warned)."""
+    eager = random_profile(8, 4)
+    counted = dataclasses.replace(eager, mode="analytic")
+    compiled = dataclasses.replace(eager, measurement=Measurement(compile=True))
+    request = PlanRequest(gpus=2, compile=True)
+    for profile, how in ((eager, "timed eagerly"), (counted, "counted")):
+        text = compile_mismatch(profile, True)
+        assert text is not None and f"units were {how} (element-wise ops unfused)" in text
+        with pytest.warns(UserWarning) as caught:
+            autopipe.plan(profile, request)
+        assert [str(w.message) for w in caught] == [text]
+    with pytest.warns(UserWarning, match="was timed compiled but the plan is not"):
+        autopipe.plan(compiled, PlanRequest(gpus=2))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        autopipe.plan(compiled, request)
+        autopipe.plan(eager, PlanRequest(gpus=2))
+    assert compile_mismatch(compiled, True) is compile_mismatch(eager, False) is None

@@ -13,37 +13,27 @@ from autopipe.core.profile import Profile
 from autopipe.device_target import DeviceTarget
 from autopipe.profiling import ProfileRequest, profile_model_file
 
-MLP = """
-import torch
-
-
-def build_model():
-    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
-
-
-def example_inputs(batch_size=4):
-    return torch.randn(batch_size, 8)
-"""
-
-
-@pytest.fixture
-def mlp(tmp_path: Path) -> Path:
-    path = tmp_path / "mlp.py"
-    path.write_text(MLP)
-    return path
-
 
 def test_the_cli_counts_what_the_library_counts(
-    mlp: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    mlp_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = tmp_path / "profile.json"
-    args = ["profile", str(mlp), "--device", "a100-80gb", "--batch-size", "8", "--out", str(out)]
+    args = [
+        "profile",
+        str(mlp_file),
+        "--device",
+        "a100-80gb",
+        "--batch-size",
+        "8",
+        "--out",
+        str(out),
+    ]
     assert main(args) == 0
     text = capsys.readouterr().out
     assert text.startswith("autopipe profile: mlp.py:build_model (analytic, ")
     assert text.rstrip().endswith(f"profile written to {out}")
     api = profile_model_file(
-        str(mlp),
+        str(mlp_file),
         DeviceTarget(counted_on=get_device("a100-80gb")),
         ProfileRequest(batch_size=8, progress=False),
     )
@@ -55,11 +45,14 @@ def test_the_cli_counts_what_the_library_counts(
 
 
 def test_outputs_that_would_destroy_the_input_or_each_other_exit_2(
-    mlp: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    mlp_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert main(["profile", str(mlp), "--device", "a100-80gb", "--out", str(mlp)]) == 2
+    assert main(["profile", str(mlp_file), "--device", "a100-80gb", "--out", str(mlp_file)]) == 2
     assert "writing there would destroy it" in capsys.readouterr().err
     same = str(tmp_path / "p.json")
-    assert main(["profile", str(mlp), "--device", "a100-80gb", "--out", same, "--json", same]) == 2
+    assert (
+        main(["profile", str(mlp_file), "--device", "a100-80gb", "--out", same, "--json", same])
+        == 2
+    )
     assert "--out and --json both write" in capsys.readouterr().err
     assert not (tmp_path / "p.json").exists()

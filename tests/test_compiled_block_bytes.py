@@ -10,8 +10,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from autopipe.planner.costs import CostModel
 from autopipe.planner.trainer import trainer_profile
 
+from autopipe.core.cluster import Cluster, Device
 from autopipe.core.profile import UnitProfile
 from autopipe.core.request import PlanRequest
 
@@ -202,3 +204,62 @@ def test_fp8_casts_priced_per_checkpointing_mode_equal_the_measured_ones(a: pr.A
         assert (priced(mode, u) - priced(mode, bare)) * mem == pytest.approx(
             measured(mode), rel=1e-9
         )
+
+
+@pytest.mark.parametrize(
+    "a", [pr.LLAMA31_8B, pr.LLAMA31_70B, pr.LLAMA31_405B], ids=lambda a: a.name
+)
+def test_compiled_bf16_full_ac_rerun_priced_as_measured(a: pr.Arch) -> None:
+    """Under full AC the compiled bf16 block's forward and backward (its re-computation fused
+    in) move ``8 h + 4 ffn + 8`` bytes per token fewer than a forward, the forward again and
+    the backward without AC (the measured graphs of ``TORCHTITAN_COMPILED_BYTES_PER_TOKEN``,
+    each checked against a fresh measurement above; 90,120 at 8B): the table
+    ``TORCHTITAN_COMPILED_FULL_AC_SAVED_BYTES_PER_TOKEN`` holds it, a compiled torchtitan
+    block's profile carries it as a negative ``full_recompute_extra_s`` (at the memory
+    bandwidth the forward's element-wise bytes are priced at), so a checkpointed stage's
+    re-run (``rec_prefix``) is that much less than its forward; an eager block's re-run is a
+    forward; under FP8 the casts' own difference adds to it. Failed before (the re-run was
+    priced as a forward: ``full_recompute_extra_s`` 0 in bf16)."""
+    h, kv, f = a.hidden, a.kv_dim, a.ffn
+    graphs = {
+        g: pr.torchtitan_compiled_bytes(a, g)
+        for g in ("forward", "backward", "full_forward", "full_backward")
+    }
+    saved = (
+        2 * graphs["forward"]
+        + graphs["backward"]
+        - graphs["full_forward"]
+        - graphs["full_backward"]
+    )
+    assert saved == 8 * h + 4 * f + 8 == -pr.torchtitan_full_recompute_extra_bytes(a)
+    assert pr.TORCHTITAN_COMPILED_FULL_AC_SAVED_BYTES_PER_TOKEN == {"h": 8, "ffn": 4, "1": 8}
+    if a is pr.LLAMA31_8B:
+        assert saved == 90120 and kv == 1024
+    spec = pr.get_device("H100-96GB-HBM2e-500W")
+    mem = spec.memory_bandwidth_bytes_per_s * spec.memory_efficiency
+    seq = 8192
+    kw = dict(gemm_tokens=seq, selective="torchtitan", eager="torchtitan")
+    p = pr.transformer_profile(a, seq, spec, compiled=True, **kw)
+    block = p.units[1]
+    assert block.full_recompute_extra_s * mem == pytest.approx(-seq * saved, rel=1e-12)
+    assert p.units[0].full_recompute_extra_s == p.units[-1].full_recompute_extra_s == 0.0
+    eager = pr.transformer_profile(a, seq, spec, compiled=False, **kw).units[1]
+    assert eager.full_recompute_extra_s == 0.0
+    # the cost model's re-run of a checkpointed stage: the forward less the saved bytes
+    costs = CostModel(
+        p,
+        Cluster([Device("h100", 10**12, 1.0)]),
+        batch_size=p.batch_size,
+        microbatches=1,
+        schedule="1f1b",
+        checkpoint="always",
+        state_bytes_per_parameter=16,
+        headroom=0.1,
+    )
+    rerun = costs.rec_prefix[2] - costs.rec_prefix[1]
+    forward = costs.fwd_prefix[2] - costs.fwd_prefix[1]
+    assert (forward - rerun) * mem == pytest.approx(seq * saved, rel=1e-9)
+    # under FP8 the casts' difference (5 ffn - 12 fewer than a forward's casts) adds
+    fp8 = trainer_profile(p, PlanRequest(precision="fp8")).units[1]
+    casts = (5 * f - 12) * seq / mem
+    assert fp8.full_recompute_extra_s == pytest.approx(block.full_recompute_extra_s - casts)

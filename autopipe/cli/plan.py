@@ -329,7 +329,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         _refuse_profiling_flags(args, devices, profile)
     else:
         request = common.profile_request(args)
-        # Counted (--device NAME): compiled stages planned on the unfused count (warned).
+        # Counted (--device NAME): compiled stages planned on the unfused count (plan() warns).
         request = dataclasses.replace(request, compile=request.compile and not devices.counted_on)
         profile = profiling.profile_model_file(args.model, devices, request)
     _check_against_profile(args, profile)
@@ -481,7 +481,6 @@ def _check_against_profile(args: argparse.Namespace, profile: Profile) -> None:
             f"{len(profile.units)} or a finer --granularity (module or node)"
         )
     _check_precision(args, profile)
-    _check_compile(args, profile)
     batch = args.batch_size or profile.batch_size
     _check_replicas(args, batch)
     m = args.microbatches
@@ -507,29 +506,6 @@ def _check_precision(args: argparse.Namespace, profile: Profile) -> None:
             "--precision fp8: this profile has no FP8 cast bytes (fp8_cast_*_bytes), so the "
             "casts to FP8 are not priced: the step is predicted faster than it runs "
             "(docs/cost-model.md, FP8)",
-            stacklevel=1,
-        )
-
-
-def _check_compile(args: argparse.Namespace, profile: Profile) -> None:
-    """``--compile`` plans compiled stages (no split-backward schedule) on any profile, but
-    only a profile measured with ``--compile`` timed the units fused: one warning line when
-    the units were timed eagerly or counted, and when a compiled profile is planned without
-    ``--compile`` (the split-backward schedules it may pick do not run compiled stages)."""
-    measurement = profile.measurement
-    timed_compiled = measurement is not None and measurement.compile
-    if args.compile and not timed_compiled:
-        how = "timed eagerly" if profile.mode == "measured" else "counted"
-        warnings.warn(
-            f"--compile: {args.model}'s units were {how} (element-wise ops unfused), so the "
-            "plan prices them slower than compiled stages run; profile the model with "
-            "--compile on a local device to time them compiled",
-            stacklevel=1,
-        )
-    elif timed_compiled and not args.compile:
-        warnings.warn(
-            f"{args.model} was timed compiled (--compile) but the plan is not: give --compile "
-            "to plan compiled stages (torch runs none in the split-backward schedules)",
             stacklevel=1,
         )
 

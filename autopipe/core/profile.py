@@ -215,8 +215,11 @@ class UnitProfile:
     full_recompute_extra_s: float = 0.0
     """Seconds the re-computation of this unit under full checkpointing (a checkpointed
     stage's ``recompute_s``) takes beyond ``forward_s``, at ``Profile.batch_size``; negative
-    where the re-run does less than the forward (its FP8 casts fused with the backward's:
-    ``planner/trainer.py`` sets it from ``fp8_cast_full_bytes``). Scales with the samples and
+    where the re-run does less than the forward: a compiled block whose re-computation fuses
+    with the backward (the published runs' torchtitan blocks: ``8 h + 4 ffn + 8`` bytes per
+    token fewer, measured), and its FP8 casts fused with the backward's
+    (``planner/trainer.py`` adds that difference from ``fp8_cast_full_bytes``). The cost
+    model prices each unit's re-run at ``max(forward_s + this, 0)``. Scales with the samples and
     the TP share as the forward's compute does. 0: the re-run costs a forward. Optional in
     v1; the one field that may be negative."""
     selective_activation_bytes: int = 0
