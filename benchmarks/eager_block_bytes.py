@@ -1,6 +1,7 @@
 """Bytes torchtitan's Llama 3 block moves in its memory-bound ops when it runs eagerly.
 
     .venv/bin/python benchmarks/eager_block_bytes.py [--ac none|selective|full|all] [--verbose]
+        [--norm eager|fused]
 
 The block is :class:`compiled_block_bytes.LlamaBlock` (written there from the facts of
 torchtitan 9dec370's Llama model code), run here without ``torch.compile``, as torchtitan's
@@ -57,6 +58,7 @@ from typing import Any
 
 import compiled_block_bytes as cb
 import torch
+from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
@@ -159,21 +161,96 @@ class PassBytes:
     backward_ops: dict[str, int]
 
 
+NORMS = ("eager", "fused")
+"""How the block's two RMSNorms run: ``eager``, torchtitan's ``rmsnorm`` op by op (its Llama 3
+configs at 9dec370); ``fused``, its ``fused_rmsnorm`` Triton kernels (:class:`_FusedRMSNorm`),
+the ``norm_type`` of its April 2024 configs (torchtitan 157a12c56, ``train_configs/*.toml``),
+which its 64-A100 runs in docs/performance.md used."""
+
+
+class _FusedRMSNorm(torch.autograd.Function):
+    """torchtitan's ``fused_rmsnorm`` (torchtitan/models/norms.py at 157a12c56,
+    ``TritonFusedRMSNorm``) as its two Triton kernels move bytes, each counted once: the
+    forward reads a row of ``x`` and the weight and writes the row of ``y`` (``x``'s dtype) and
+    its fp32 ``rstd``; the backward reads ``x``, ``dy``, the weight and ``rstd`` and writes
+    ``dx``, and per-SM fp32 partial weight gradients that do not grow with the tokens (left
+    out: the count is a difference over tokens). The arithmetic runs uncounted on the CPU."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        import megatron_block_bytes as mb
+
+        with mb._uncounted():
+            x32 = x.float()
+            rstd = torch.rsqrt(x32.pow(2).mean(-1) + eps)
+            y = (x32 * rstd.unsqueeze(-1) * weight.float()).to(x.dtype)
+        ctx.save_for_backward(x, weight, rstd)
+        mb._kernel("fused_rms_norm", mb._moved(x, weight, y, rstd))
+        return y
+
+    @staticmethod
+    def backward(ctx: Any, dy: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, None]:
+        import megatron_block_bytes as mb
+
+        x, weight, rstd = ctx.saved_tensors
+        with mb._uncounted():
+            x32, dy32, w32 = x.float(), dy.float(), weight.float()
+            normed = x32 * rstd.unsqueeze(-1)
+            g = dy32 * w32
+            dx32 = rstd.unsqueeze(-1) * (g - normed * (g * normed).mean(-1, keepdim=True))
+            dx = dx32.to(x.dtype)
+            dw = (dy32 * normed).reshape(-1, x.shape[-1]).sum(0).to(weight.dtype)
+        mb._kernel("fused_rms_norm_backward", mb._moved(dy, x, weight, rstd, dx))
+        return dx, dw, None
+
+
+def _fuse_norms(block: nn.Module) -> None:
+    """Swap ``block``'s RMSNorms (:class:`compiled_block_bytes._RMSNorm`) for
+    :class:`_FusedRMSNorm`, in place."""
+    for module in block.modules():
+        if isinstance(module, cb._RMSNorm):
+            norm = module
+
+            def forward(x: torch.Tensor, norm: cb._RMSNorm = norm) -> torch.Tensor:
+                out: torch.Tensor = _FusedRMSNorm.apply(x, norm.weight, norm.eps)
+                return out
+
+            norm.forward = forward  # type: ignore[method-assign]
+
+
 def measure_bytes(
-    dim: int, heads: int, kv_heads: int, ffn: int, ac: str = "none", seq: int = cb.SEQ
+    dim: int,
+    heads: int,
+    kv_heads: int,
+    ffn: int,
+    ac: str = "none",
+    seq: int = cb.SEQ,
+    norm: str = "eager",
 ) -> PassBytes:
-    """One eager block (``ac``'s checkpointing) forward and backward on one sequence of
-    ``seq`` tokens, counted by :class:`OpBytes` (the backward's gradient given, as the next
-    block hands it on: not a ``.sum()`` of the output, whose gradient would be broadcast)."""
+    """One eager block (``ac``'s checkpointing, ``norm``'s RMSNorm: :data:`NORMS`) forward and
+    backward on one sequence of ``seq`` tokens, counted by :class:`OpBytes` (the backward's
+    gradient given, as the next block hands it on: not a ``.sum()`` of the output, whose
+    gradient would be broadcast); with the fused norm by ``megatron_block_bytes.FusedBytes``,
+    the :class:`OpBytes` that counts a fused kernel once."""
+    if norm not in NORMS:
+        raise ValueError(f"norm {norm!r}: one of {NORMS}")
     torch.manual_seed(0)
-    block = cb._wrapped(cb.LlamaBlock(dim, heads, kv_heads, ffn).to(torch.bfloat16), ac)
+    plain = cb.LlamaBlock(dim, heads, kv_heads, ffn).to(torch.bfloat16)
+    if norm == "fused":
+        _fuse_norms(plain)
+    block = cb._wrapped(plain, ac)
     x = torch.randn(1, seq, dim, dtype=torch.bfloat16, requires_grad=True)
     angles = torch.outer(torch.arange(seq).float(), torch.rand(dim // heads // 2))
     freqs = torch.polar(torch.ones_like(angles), angles)
     grad = torch.randn(1, seq, dim, dtype=torch.bfloat16)
-    with OpBytes() as fwd:
+    counter: type[OpBytes] = OpBytes
+    if norm == "fused":
+        import megatron_block_bytes as mb
+
+        counter = mb.FusedBytes
+    with counter() as fwd:
         out = block(x, freqs)
-    with OpBytes() as bwd:
+    with counter() as bwd:
         out.backward(grad)
     return PassBytes(fwd.total, bwd.total, seq, dict(fwd.by_op), dict(bwd.by_op))
 
@@ -183,24 +260,24 @@ SEQS = (cb.SEQ, 2 * cb.SEQ)
 
 
 def bytes_per_token(
-    dim: int, heads: int, kv_heads: int, ffn: int, ac: str = "none"
+    dim: int, heads: int, kv_heads: int, ffn: int, ac: str = "none", norm: str = "eager"
 ) -> tuple[float, float]:
     """Forward and backward bytes per token of an eager block's memory-bound ops: the
     difference between :data:`SEQS`' counts over the difference in tokens."""
-    short, long = (measure_bytes(dim, heads, kv_heads, ffn, ac, seq) for seq in SEQS)
+    short, long = (measure_bytes(dim, heads, kv_heads, ffn, ac, seq, norm) for seq in SEQS)
     tokens = long.tokens - short.tokens
     return (long.forward - short.forward) / tokens, (long.backward - short.backward) / tokens
 
 
-def fit(ac: str = "none") -> tuple[list[float], list[float], float]:
+def fit(ac: str = "none", norm: str = "eager") -> tuple[list[float], list[float], float]:
     """Forward and backward bytes per token as coefficients of
     :data:`compiled_block_bytes.TERMS`: least squares over
     :data:`compiled_block_bytes.FIT_SHAPES`, and the largest residual, bytes per token (0: the
     counts are exactly linear in the terms)."""
     rows, fwd, bwd = [], [], []
     for shape in cb.FIT_SHAPES:
-        f, b = bytes_per_token(*shape, ac=ac)
-        print(f"  ac {ac} shape {shape}: forward {f:g} backward {b:g}", flush=True)
+        f, b = bytes_per_token(*shape, ac=ac, norm=norm)
+        print(f"  ac {ac} norm {norm} shape {shape}: forward {f:g} backward {b:g}", flush=True)
         rows.append(cb.terms(*shape))
         fwd.append(f)
         bwd.append(b)
@@ -248,6 +325,12 @@ def main() -> None:
     parser.add_argument("--ac", choices=(*cb.AC_MODES, "all"), default="all")
     parser.add_argument("--verbose", action="store_true", help="each op's bytes per token")
     parser.add_argument(
+        "--norm",
+        choices=NORMS,
+        default="eager",
+        help="the RMSNorm: torchtitan's eager rmsnorm or its fused_rmsnorm kernels (April 2024)",
+    )
+    parser.add_argument(
         "--fsdp-float8",
         action="store_true",
         help="bytes per weight element of torchtitan's float8 FSDP all-gather casts instead",
@@ -261,13 +344,15 @@ def main() -> None:
     print(f"torch {torch.__version__}, eager; bytes per token of memory-bound ops")
     for ac in cb.AC_MODES if args.ac == "all" else (args.ac,):
         if args.verbose:
-            short, long = (measure_bytes(*cb.FIT_SHAPES[0], ac=ac, seq=seq) for seq in SEQS)
+            short, long = (
+                measure_bytes(*cb.FIT_SHAPES[0], ac=ac, seq=seq, norm=args.norm) for seq in SEQS
+            )
             tokens = long.tokens - short.tokens
             for phase in ("forward_ops", "backward_ops"):
                 a, b = getattr(short, phase), getattr(long, phase)
                 per = {op: (b[op] - a.get(op, 0)) / tokens for op in b}
                 print(f"  ac {ac} {cb.FIT_SHAPES[0]} {phase}: {per}")
-        fwd, bwd, worst = fit(ac)
+        fwd, bwd, worst = fit(ac, args.norm)
         print(f"ac {ac:9s} forward  {cb._formula(fwd)}", flush=True)
         print(f"ac {ac:9s} backward {cb._formula(bwd)}   (largest residual {worst:.3f} B/token)")
 

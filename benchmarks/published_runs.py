@@ -96,6 +96,11 @@ class Arch:
 LLAMA31_8B = Arch("llama3.1-8b", 32, 4096, 32, 8, 14336, 128256, gated=True)
 LLAMA31_70B = Arch("llama3.1-70b", 80, 8192, 64, 8, 28672, 128256, gated=True)
 LLAMA31_405B = Arch("llama3.1-405b", 126, 16384, 128, 8, 53248, 128256, gated=True)
+# Llama 2 as torchtitan 157a12c56 builds it (torchtitan/models/llama/__init__.py
+# llama2_configs, the Llama 2 tokenizer's 32,000 words): 13B h 5120, 40 heads, FFN 13,824
+# (multiple_of 256); 70B as Llama 3 70B's shape with the smaller vocabulary.
+LLAMA2_13B = Arch("llama2-13b", 40, 5120, 40, 40, 13824, 32000, gated=True)
+LLAMA2_70B = Arch("llama2-70b", 80, 8192, 64, 8, 28672, 32000, gated=True)
 
 
 def _gpt(
@@ -162,6 +167,9 @@ class Run:
     clear_lp_grads=False)``)."""
     cp: int = 1
     """Context-parallel degree."""
+    fused_norm: bool = False
+    """torchtitan's ``fused_rmsnorm`` Triton kernels in place of its eager RMSNorm (its April
+    2024 configs' ``norm_type``; :data:`TORCHTITAN_FUSED_NORM_EAGER_BYTES_PER_TOKEN`)."""
     published_memory_gib: float | None = None
     inter_node_bandwidth_bytes_per_s: float | None = None
     """Where the run's cluster differs from the catalog GPU's platform."""
@@ -198,6 +206,25 @@ def _tokens(tflops: float, flops_per_token: float) -> float:
 
 TT = "torchtitan benchmarks/llama3_h100_202412_torchtitan.md (= arXiv 2410.06511 section 4)"
 TT_ASYNC = "torchtitan benchmarks/asyncTP_llama3_h100_2025-06_torchtitan.md"
+TT_A100 = "torchtitan docs/performance.md at 157a12c56 (2024-04-24), 64 A100 (80GB), FSDP2"
+TT_A100_ROWS = [
+    # (model, arch, seq, local batch, AC, WPS): the tables' rows torchtitan's train.py logged
+    # (wps: tokens / s / model-parallel size, here per GPU). Its two "selective layer" rows (8B
+    # 2904, 13B 1914) are left out: the layer frequency (``selective_ac_option``) they used
+    # is not stated, and the configs' own is "op".
+    ("l3-8b", LLAMA31_8B, 8192, 1, "selective", 2973),
+    ("l3-70b", LLAMA31_70B, 8192, 1, "full", 331),
+    ("l2-13b", LLAMA2_13B, 4096, 2, "none", 2162),
+    ("l2-13b", LLAMA2_13B, 4096, 2, "selective", 1904),
+    ("l2-70b", LLAMA2_70B, 4096, 1, "selective", 355),
+    ("l2-70b", LLAMA2_70B, 4096, 2, "full", 353),
+]
+"""torchtitan's first published runs (train_configs/llama3_8b.toml ... at 157a12c56): FSDP2 over
+all 64 GPUs (bf16 parameters, fp32 reduction, each block resharded after its forward), no
+``torch.compile``, ``norm_type = "fused_rmsnorm"``, SDPA's flash attention, selective AC the
+``op`` policy (its code as at 9dec370: every other ``mm`` and SDPA kept). Llama 3 at sequence
+8192, Llama 2 at 4096. The cluster's network is not stated: the catalog's A100 platform (a DGX
+A100's 200 Gb/s HDR adapter per GPU). No memory published."""
 H100_96 = "H100-96GB-HBM2e-500W"
 """torchtitan's Grand Teton H100: 96 GB HBM2e, 2.4 TB/s, 500 W, 400 Gb/s RDMA per GPU."""
 
@@ -327,6 +354,16 @@ def _runs() -> list[Run]:
                     precision=prec, compiled=True, tp_overlap=overlap,
                     published_tokens_per_gpu_s=tps,
                 ))  # fmt: skip
+    # torchtitan on 64 A100 80GB (April 2024): FSDP 64, Llama 2 and Llama 3.
+    for name, arch, seq, lbs, ac, wps in TT_A100_ROWS:
+        out.append(Run(
+            key=f"tt-a100-{name}-bs{lbs}-{ac.replace('selective', 'selective-op')}",
+            source=f"{TT_A100}, {name[:2].upper()} table, row {name[3:].upper()} batch {lbs} "
+                   f"{'selective op' if ac == 'selective' else ac} AC",
+            arch=arch, seq=seq, gpu="A100-80GB", gpus=64, tp=1, pp=1, dp=64,
+            global_batch=64 * lbs, microbatch=lbs, shard="parameters", recompute=ac,
+            fused_norm=True, published_tokens_per_gpu_s=wps,
+        ))  # fmt: skip
     # Megatron-Core weak scaling (2024), H100 SXM 80GB (NVIDIA Eos, DGX H100).
     for size, heads, hidden, layers, tp, pp, dp, gpus, batch, tflops in MCORE_ARCHS:
         # untied embedding and output (the sizes in the table count both)
@@ -607,10 +644,30 @@ attention's CUDA kernel as its CPU one). Backward: 238 h + 24 kv + 18 ffn + 24 h
 head_dim + 48 (assumed one forward)."""
 
 
-def torchtitan_eager_bytes(a: Arch, graph: str = "forward") -> float:
-    """Bytes per token of ``graph`` (:data:`TORCHTITAN_EAGER_BYTES_PER_TOKEN`) for ``a``, as
+TORCHTITAN_FUSED_NORM_EAGER_BYTES_PER_TOKEN: dict[str, dict[str, float]] = {
+    "forward": {"h": 44, "kv": 24, "ffn": 10, "head_dim": 8, "1": 8},
+    "backward": {"h": 66, "kv": 24, "ffn": 18, "head_dim": 24, "1": 8},
+    "selective_forward": {"h": 44, "kv": 24, "ffn": 10, "head_dim": 8, "1": 8},
+    "selective_backward": {"h": 104, "kv": 48, "ffn": 28, "head_dim": 32, "1": 16},
+    "full_forward": {"h": 44, "kv": 24, "ffn": 10, "head_dim": 8, "1": 8},
+    "full_backward": {"h": 104, "kv": 48, "ffn": 28, "head_dim": 32, "1": 16},
+}
+""":data:`TORCHTITAN_EAGER_BYTES_PER_TOKEN` with the block's two RMSNorms as torchtitan's
+``fused_rmsnorm`` Triton kernels (``norm_type = "fused_rmsnorm"`` in its April 2024 configs,
+157a12c56, which its 64-A100 runs used), measured the same way:
+``benchmarks/eager_block_bytes.py --norm fused --ac all`` (each kernel once: forward 4 bytes per
+element and 4 per token for its fp32 ``rstd``, backward 6 and 4), exact over the seven shapes.
+Against the eager norms: forward ``64 h + 40`` and backward ``172 h + 72`` bytes per token
+fewer (at Llama 3 8B, 262,184 and 704,584)."""
+
+
+def torchtitan_eager_bytes(a: Arch, graph: str = "forward", norm: str = "eager") -> float:
+    """Bytes per token of ``graph`` (:data:`TORCHTITAN_EAGER_BYTES_PER_TOKEN`, or with
+    ``norm="fused"`` :data:`TORCHTITAN_FUSED_NORM_EAGER_BYTES_PER_TOKEN`) for ``a``, as
     torchtitan's eager model code (:data:`TORCHTITAN_EAGER`) moves them; ``torch.compile``
     fuses some of these (:func:`torchtitan_compiled_bytes`, measured likewise)."""
+    if norm == "fused":
+        return _per_token(a, TORCHTITAN_FUSED_NORM_EAGER_BYTES_PER_TOKEN[graph])
     return _per_token(a, TORCHTITAN_EAGER_BYTES_PER_TOKEN[graph])
 
 
@@ -847,6 +904,7 @@ def transformer_profile(
     repeat_kv: bool = False,
     sequence_dim: int = 0,
     head: str = "generic",
+    norm: str = "eager",
 ) -> Profile:
     """The Profile of ``a`` at ``batch_size`` sequences of ``seq`` tokens on ``spec``: units
     ``embed``, ``layers.0 .. layers.L-1``, ``head`` (final norm, output projection, loss).
@@ -888,7 +946,9 @@ def transformer_profile(
     sequence parallelism); ``torchtitan`` (:data:`TORCHTITAN_HEAD_NORM_BYTES`), the final
     RMSNorm's eager fp32 tensors too, and the output projection's input as torch's DTensor
     ``ColwiseParallel`` saves it, all-gathered (``tp_gathered_input_bytes``: whole on every TP
-    rank)."""
+    rank). ``norm``: with ``eager="torchtitan"`` uncompiled, ``fused`` prices the RMSNorms as
+    torchtitan's ``fused_rmsnorm`` kernels (:data:`TORCHTITAN_FUSED_NORM_EAGER_BYTES_PER_TOKEN`;
+    the final norm saves its bf16 input, not the eager norm's fp32 tensors)."""
     price = pricing or pricing_for(spec)
     tokens = batch_size * seq
     h, v = a.hidden, a.vocab
@@ -910,7 +970,11 @@ def transformer_profile(
     full_extra_bytes = 0.0
     if eager == "torchtitan" and a.gated:
         # torchtitan's block as measured, eager or compiled (each graph's bytes per token)
-        measured = torchtitan_compiled_bytes if compiled else torchtitan_eager_bytes
+        def measured(a: Arch, graph: str) -> float:
+            if compiled:
+                return torchtitan_compiled_bytes(a, graph)
+            return torchtitan_eager_bytes(a, graph, norm)
+
         if compiled:
             fp8_fwd_bytes = torchtitan_fp8_cast_bytes(a, "forward")
             fp8_bwd_bytes = torchtitan_fp8_cast_bytes(a, "backward")
@@ -988,6 +1052,8 @@ def transformer_profile(
     hidden_bytes = tokens * h * BF16
     # torchtitan's final norm runs eager (apply_compile compiles the blocks only) in fp32
     norm_bytes = tokens * h * TORCHTITAN_HEAD_NORM_BYTES if head == "torchtitan" else 0
+    if head == "torchtitan" and norm == "fused" and not compiled:
+        norm_bytes = tokens * h * BF16  # the fused kernel saves its input (and a per-row rstd)
     units = [
         UnitProfile(
             name="embed",
@@ -1128,6 +1194,7 @@ def profile_of(run: Run) -> Profile:
         eager=trainer_of(run) if trainer_of(run) in ("torchtitan", "megatron") else "generic",
         repeat_kv=trainer_of(run) == "torchtitan",
         sequence_dim=1 if trainer_of(run) == "torchtitan" else 0,
+        norm="fused" if run.fused_norm else "eager",
         head="torchtitan" if trainer_of(run) == "torchtitan" else "generic",
     )  # fmt: skip
 

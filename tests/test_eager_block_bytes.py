@@ -33,6 +33,39 @@ def test_table_matches_a_fresh_measurement(ac: str) -> None:
     assert bwd == pr.torchtitan_eager_bytes(a, f"{prefix}backward")
 
 
+@pytest.mark.parametrize("ac", cb.AC_MODES)
+def test_fused_norm_table_matches_a_fresh_measurement(ac: str) -> None:
+    """The block with torchtitan's ``fused_rmsnorm`` kernels (each counted once) at
+    :data:`FRESH` gives ``TORCHTITAN_FUSED_NORM_EAGER_BYTES_PER_TOKEN`` exactly."""
+    fwd, bwd = eb.bytes_per_token(*FRESH, ac=ac, norm="fused")
+    prefix = "" if ac == "none" else f"{ac}_"
+    a = pr.Arch("fresh", 1, *FRESH, 1024, gated=True)
+    assert fwd == pr.torchtitan_eager_bytes(a, f"{prefix}forward", norm="fused")
+    assert bwd == pr.torchtitan_eager_bytes(a, f"{prefix}backward", norm="fused")
+
+
+def test_fused_norm_moves_one_kernels_bytes() -> None:
+    """One fused RMSNorm over ``[tokens, h]`` bf16: forward reads x and the weight, writes y and
+    the fp32 per-row ``rstd`` (2 + 2 per element, 4 per row, the weight once); backward reads
+    dy, x, the weight and ``rstd`` and writes dx; the gradients equal the eager norm's."""
+    import megatron_block_bytes as mb
+
+    torch.manual_seed(0)
+    norm = cb._RMSNorm(64).to(torch.bfloat16)
+    x = torch.randn(32, 64, dtype=torch.bfloat16, requires_grad=True)
+    ref = norm(x)
+    (gx_ref,) = torch.autograd.grad(ref.float().square().sum(), x)
+    x2 = x.detach().requires_grad_()
+    with mb.FusedBytes() as fwd:
+        y = eb._FusedRMSNorm.apply(x2, norm.weight, norm.eps)
+    assert dict(fwd.by_op) == {"fused_rms_norm": 32 * 64 * 4 + 64 * 2 + 32 * 4}
+    torch.testing.assert_close(y, ref)
+    with mb.FusedBytes() as bwd:
+        (gx,) = torch.autograd.grad(y.float().square().sum(), x2)
+    assert bwd.by_op["fused_rms_norm_backward"] == 32 * 64 * 6 + 64 * 2 + 32 * 4
+    torch.testing.assert_close(gx, gx_ref, rtol=2e-2, atol=2e-2)
+
+
 def _counted(fn: object) -> dict[str, int]:
     with eb.OpBytes() as mode:
         fn()  # type: ignore[operator]

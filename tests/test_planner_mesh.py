@@ -118,9 +118,9 @@ def test_gather_buffers_and_prefetch_overlap_by_hand() -> None:
     assert gather_buffer_bytes(p, 2, "parameters", 4) == 2 * (1_000 + 99_000 / 2) * 2
     assert gather_buffer_bytes(p, 2, "gradients", 4) == 0
     assert gather_buffer_bytes(p, 2, "parameters", 1) == 0
-    slow = Topology(8, 1e11, 1e5)  # a gather of 200 kB over 4 ranks takes 1.5 s: never hidden
+    slow = Topology(8, 1e11, 1e5)  # a gather of 200 kB over 16 ranks: 0.23 s, never hidden
     d = device_profile(p, 1, slow, shard="parameters", dp=16)  # 16 x 1 > 8: crosses nodes
-    g = ring_collective_s(200_000, 16, 1e5)
+    g = ring_collective_s(200_000, 16, 8 * 1e5)  # over the 8 adapters of its ranks in a node
     prev = p.units[1].forward_s  # layers.1's gather hides behind layers.0's forward
     assert d.units[2].forward_s == pytest.approx(p.units[2].forward_s + g - prev)
     assert d.units[2].forward_overhead_s == pytest.approx(p.units[2].forward_overhead_s + g - prev)
