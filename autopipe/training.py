@@ -518,7 +518,7 @@ def _shape_line(plan: Plan, world: int, replicas: int) -> str:
         f"autopipe run: {plan.num_stages} stages x {replicas} replicas{mesh_note} on "
         f"{world} processes ({dist.get_backend()}), schedule {plan.schedule}, "
         + (f"{plan.virtual_stages} chunks per rank, " if plan.virtual_stages > 1 else "")
-        + ("stages torch.compile'd, " if plan.request is not None and plan.request.compile else "")
+        + ("stages torch.compile'd, " if plan.trainer.compile else "")
         + f"{plan.microbatches} micro-batches of {plan.batch_size // plan.microbatches}, "
         f"global batch {plan.batch_size * replicas}"
     )

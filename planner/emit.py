@@ -283,14 +283,13 @@ def _megatron_group_args(plan: Plan) -> list[str]:
 
 
 def _megatron_trainer_args(plan: Plan, full_recompute: bool) -> list[str]:
-    """Megatron's flags for the request's trainer options (planner/trainer.py):
+    """Megatron's flags for the plan's trainer options (``plan.trainer``, priced by
+    planner/trainer.py):
     ``--fp8-format hybrid`` (FP8), ``--recompute-granularity selective`` (unless every chunk is
     fully re-computed), ``--tp-comm-overlap``, ``--overlap-grad-reduce`` (and
     ``--overlap-param-gather`` with the distributed optimizer),
     ``--accumulate-allreduce-grads-in-fp32`` (fp32 gradient reduction)."""
-    r = plan.request
-    if r is None:
-        return []
+    r = plan.trainer
     args = []
     if r.precision == "fp8":
         args += ["--fp8-format", "hybrid"]
@@ -311,7 +310,7 @@ def _megatron_mesh_args(plan: Plan) -> list[str]:
     """Megatron's flags for the plan's TP (with sequence parallelism) and ZeRO-1 sharding;
     EmitError for a sharding Megatron-LM does not run (gradients, parameters)."""
     args = []
-    sp = plan.request is None or plan.request.sequence_parallel
+    sp = plan.trainer.sequence_parallel
     if plan.tensor_parallel > 1 and plan.expert_parallel > 1 and not sp:
         raise EmitError(
             "Megatron-Core requires sequence parallelism with expert and tensor parallelism "

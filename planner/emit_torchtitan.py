@@ -219,8 +219,9 @@ def torchtitan_fields(plan: Plan, version: str = TORCHTITAN_VERSION) -> Torchtit
             )
             if n
         )
-    r = plan.request
-    if version != TORCHTITAN_VERSION and plan.tensor_parallel > 1 and r and not r.loss_parallel:
+    # False, not None: a plan without recorded options keeps torchtitan's own default
+    gathered = plan.trainer.loss_parallel is False
+    if version != TORCHTITAN_VERSION and plan.tensor_parallel > 1 and gathered:
         # 0.3.0's decoder_sharding.py shards lm_head's output over the vocabulary
         # (out_dst_shardings S(-1)) and its loss runs vocab-parallel: no switch off
         note = "; ".join(
@@ -413,16 +414,13 @@ def _compiles(plan: Plan) -> bool:
     (``--compile``), or it asks for async TP, which torchtitan runs only compiled (0.2.2's
     ``maybe_enable_async_tp`` raises "Async TP requires 'model' in --compile.components and
     --compile.enable"; 0.3.0's ``CompileConfig`` refuses it likewise)."""
-    r = plan.request
-    if r is None:
-        return False
+    r = plan.trainer
     return r.compile or (r.tp_comm_overlap and plan.tensor_parallel > 1)
 
 
 def _compile_note(plan: Plan) -> str:
     """What the emitted config runs beyond the plan: compiled blocks the plan priced eager."""
-    r = plan.request
-    if r is None or r.compile or not _compiles(plan):
+    if plan.trainer.compile or not _compiles(plan):
         return ""
     return (
         "torchtitan runs async TP only with torch.compile, so the config compiles the model; "
@@ -431,27 +429,29 @@ def _compile_note(plan: Plan) -> str:
 
 
 def _trainer_keys(plan: Plan) -> dict[str, Any]:
-    """torchtitan 0.2.2's keys for the request's trainer options (planner/trainer.py):
+    """torchtitan 0.2.2's keys for the plan's trainer options (``plan.trainer``, priced by
+    planner/trainer.py):
     ``[model] converters = ["quantize.linear.float8"]`` for FP8, ``[activation_checkpoint]
     mode = "selective"`` (``selective_ac_option = "op"``) for selective re-computation,
     ``[parallelism] enable_async_tensor_parallel`` for TP comm overlap,
-    ``disable_loss_parallel`` with T > 1 (true unless the plan was priced with loss parallel),
+    ``disable_loss_parallel`` with T > 1 (true unless the plan was priced with loss parallel;
+    absent where the plan does not say, ``loss_parallel`` None),
     ``fsdp_reshard_after_forward = "never"`` for FSDP2 kept unsharded across micro-batches,
     ``[compile] enable`` where the model must be compiled (:func:`_compiles`)."""
-    r = plan.request
+    r = plan.trainer
     par: dict[str, Any] = {}
-    if r is not None and plan.tensor_parallel > 1:
+    if r.loss_parallel is not None and plan.tensor_parallel > 1:
         # 0.2.2's [parallelism] disable_loss_parallel (default false: the logits sharded)
         par["disable_loss_parallel"] = not r.loss_parallel
-    if r is not None and r.tp_comm_overlap and plan.tensor_parallel > 1:
+    if r.tp_comm_overlap and plan.tensor_parallel > 1:
         par["enable_async_tensor_parallel"] = True
-    if r is not None and not r.reshard_after_forward and plan.shard == "parameters":
+    if not r.reshard_after_forward and plan.shard == "parameters":
         par["fsdp_reshard_after_forward"] = "never"
     return {
         "parallelism": par,
         "compile": _compiles(plan),
-        "ac_mode": "selective" if r is not None and r.selective_recompute else "none",
-        "converters": ["quantize.linear.float8"] if r is not None and r.precision == "fp8" else [],
+        "ac_mode": "selective" if r.selective_recompute else "none",
+        "converters": ["quantize.linear.float8"] if r.precision == "fp8" else [],
     }
 
 
@@ -493,11 +493,10 @@ def _compile_fields(plan: Plan) -> dict[str, bool]:
     """torchtitan 0.3.0's ``CompileConfig`` fields: ``enable`` where the model must be
     compiled (:func:`_compiles`), and ``enable_async_tensor_parallel`` (0.3.0 moved async TP
     there from ``[parallelism]``) for TP comm overlap; empty: the base config's kept."""
-    r = plan.request
-    if r is None or not _compiles(plan):
+    if not _compiles(plan):
         return {}
     out = {"enable": True}
-    if r.tp_comm_overlap and plan.tensor_parallel > 1:
+    if plan.trainer.tp_comm_overlap and plan.tensor_parallel > 1:
         out["enable_async_tensor_parallel"] = True
     return out
 

@@ -79,6 +79,7 @@ from autopipe.core.plan_records import MeshReport, MeshRow
 from autopipe.core.profile import Profile, UnitProfile
 from autopipe.core.request import PlanRequest, Schedule
 from autopipe.core.schedule_rules import chunk_ranks
+from autopipe.core.trainer_options import TrainerOptions
 from autopipe.core.vocabulary import FRAMEWORK_DEFAULTS, SHARD_MODES
 
 __all__ = [
@@ -1080,6 +1081,7 @@ def _winning_plan(
     out.optimizer = optimizer
     out.state_bytes_per_parameter = state_bpp
     out.request = request
+    out.trainer = TrainerOptions.from_request(request)
     out.memory_per_device = template.memory_bytes
     # one device would run the whole global batch, every unit unsplit
     one_device_s = _work_s(profile, batch) / template.speed

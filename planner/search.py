@@ -57,6 +57,7 @@ from autopipe.core.profile import Profile
 from autopipe.core.request import PlanRequest
 from autopipe.core.schedule_rules import check_virtual_stages, preflight, violations
 from autopipe.core.schedules import virtual_stage_choices
+from autopipe.core.trainer_options import TrainerOptions
 from autopipe.core.vocabulary import CHECKPOINT_MODES, PLAN_SCHEDULES
 
 STRATEGIES = ("dp", "ilp", "brute-force", *BASELINES)
@@ -350,13 +351,15 @@ def _branch_and_bound(
 def _record_request(
     out: Plan, profile: Profile, req: PlanRequest, optimizer: str, state_bpp: float
 ) -> None:
-    """What the plan was made for: the request, the training state, the unit granularity."""
+    """What the plan was made for: the request (and the trainer options it asked for, which
+    the ranks and the emitters act on), the training state, the unit granularity."""
     out.optimizer = optimizer
     out.state_bytes_per_parameter = state_bpp
     out.parameter_size_bytes = max(int(profile.bytes_per_parameter), 1)
     # The runtime re-traces the model into the plan's units at this granularity.
     out.granularity = profile.granularity
     out.request = req
+    out.trainer = TrainerOptions.from_request(req)
 
 
 MAX_AUTO_CHUNK_MICROBATCHES = 256

@@ -35,10 +35,9 @@ from autopipe.core.catalog import DeviceSpec, get_device, is_catalog_device
 from autopipe.core.gemm import gemm_ceiling
 from autopipe.core.profile import Profile, UnitProfile
 from autopipe.core.request import PlanRequest
+from autopipe.core.vocabulary import PRECISIONS
 
-__all__ = ["PRECISIONS", "fp8_cast_s", "fp8_refusal", "fp8_saving_s", "trainer_profile"]
-
-PRECISIONS = ("bf16", "fp8")
+__all__ = ["fp8_cast_s", "fp8_refusal", "fp8_saving_s", "trainer_profile"]
 
 
 def _spec(profile: Profile) -> DeviceSpec:

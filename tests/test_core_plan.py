@@ -16,6 +16,7 @@ from autopipe.core.plan_records import MeshRow
 from autopipe.core.plan_report import PlanReport, StageReport
 from autopipe.core.profile import UnitProfile
 from autopipe.core.request import PlanRequest
+from autopipe.core.trainer_options import TrainerOptions
 
 
 def test_plan_json_round_trip(tmp_path: Path) -> None:
@@ -28,7 +29,7 @@ def test_plan_json_round_trip(tmp_path: Path) -> None:
     data = json.loads(path.read_text())
     for key in "version num_stages microbatches microbatch_size batch_size schedule stages".split():
         assert key in data
-    assert data["version"] == 3  # the predictions are the report's (#37), the stages' too
+    assert data["version"] == 4  # the trainer options an instruction field (#34)
     for key in "iteration_time_s bubble_fraction throughput".split():
         assert key in data["report"] and key not in data
     assert set(data["stages"][0]) == {
@@ -142,8 +143,15 @@ def _earlier_plan(path: Path) -> int | None:
 
 
 def _as_version_2(data: dict[str, Any]) -> dict[str, Any]:
-    """A version-3 plan object in the version-2 layout: each stage's report beside it,
-    ``replicas`` and the report's ``data_parallel`` rows under their earlier names."""
+    """A version-4 plan object in the version-2 layout: each stage's report beside it,
+    ``replicas`` and the report's ``data_parallel`` rows under their earlier names, the
+    trainer options only in the request (checked to be what it asked)."""
+    data = dict(data)
+    request = data["report"]["request"]
+    from_request = TrainerOptions.from_request(
+        PlanRequest.from_dict(request) if request is not None else None
+    )
+    assert data.pop("trainer") == from_request.to_dict()
     report = dict(data["report"])
     stages = [{**s, **r} for s, r in zip(data["stages"], report.pop("stages"), strict=True)]
     out = {k: v for k, v in data.items() if k != "data_parallel"}
@@ -188,7 +196,8 @@ def test_every_earlier_plan_file_still_loads() -> None:
     """Every version-1 and -2 plan file in tests/ and examples/ loads, its predictions in the
     report; the last writers' files of each version (tests/data/plan_v1_mesh.json and
     tests/data/plan_v2_mesh.json, ``autopipe plan`` of examples/mlp.py for 4 H100s with
-    ``--data-parallel 2``) read back field for field, now as version 3."""
+    ``--data-parallel 2``) read back field for field, now as version 4 (the trainer options
+    from their request)."""
     root = Path(__file__).resolve().parents[1]
     files = [
         p for folder in ("tests", "examples") for p in sorted((root / folder).rglob("*.json"))
@@ -198,12 +207,13 @@ def test_every_earlier_plan_file_still_loads() -> None:
     assert names >= {"plan_v1_meta.json", "plan_v1_mesh.json", "plan_v2_mesh.json"}
     for path in files:
         loaded = load_plan(path)
-        assert loaded.version == 3 and loaded.report.iteration_time_s > 0, path.name
+        assert loaded.version == 4 and loaded.report.iteration_time_s > 0, path.name
+        assert loaded.trainer == TrainerOptions.from_request(loaded.request), path.name
         assert all(s.forward_s > 0 and s.report.memory_bytes > 0 for s in loaded.stages)
 
     path = root / "tests" / "data" / "plan_v2_mesh.json"
     old, new = json.loads(path.read_text()), load_plan(path).to_dict()
-    assert set(new) == {*INSTRUCTION_FIELDS, "report"} and new["version"] == 3
+    assert set(new) == {*INSTRUCTION_FIELDS, "report"} and new["version"] == 4
     assert new["data_parallel"] == old["replicas"] == 2 and "replicas" not in new
     assert new["report"]["stages"][0]["forward_s"] == old["stages"][0]["forward_s"] > 0
     new = _as_version_2(new)

@@ -18,6 +18,7 @@ from autopipe.runtime.planned_stages import partition
 from torch import nn
 
 from autopipe.core.plan import INSTRUCTION_FIELDS, STAGE_INSTRUCTION_FIELDS, Plan, StagePlan
+from autopipe.core.trainer_options import TrainerOptions
 
 
 class Chain(nn.Module):
@@ -58,12 +59,14 @@ def test_the_plan_fingerprint_holds_the_instructions_not_the_report() -> None:
     model, x = Chain(), torch.randn(4, 4)
     plan = two_stage_plan(model, x)
     fp = plan_fingerprint(plan)
-    assert set(fp) == set(INSTRUCTION_FIELDS) | {
+    assert set(fp) == set(INSTRUCTION_FIELDS) - {"trainer"} | {
         f"stages[{i}].{f}"
         for i in range(2)
         for f in STAGE_INSTRUCTION_FIELDS
         if f != "split_backward"
-    } | {"actions[0]", "actions[1]"}  # split_backward: only written under a zero-bubble schedule
+    } | {"actions[0]", "actions[1]"} | {
+        f"trainer.{f}" for f in TrainerOptions().to_dict()
+    }  # split_backward: only written under a zero-bubble schedule; each trainer option apart
     assert fp["microbatches"] == 2 and fp["stages[1].checkpoint"] is False
     predicted = two_stage_plan(model, x)
     predicted.iteration_time_s = float("inf")
@@ -151,3 +154,21 @@ def test_nonfinite_loss() -> None:
     assert nonfinite(float("nan")) == "nan"
     assert nonfinite(float("inf")) == "inf" and nonfinite(float("-inf")) == "-inf"
     assert nonfinite(0.0) is None and nonfinite(1e308) is None
+
+
+def test_a_rank_whose_trainer_options_differ_is_named() -> None:
+    """The trainer options are instructions (#34): a rank that would compile its stages
+    while rank 0 runs them eager is refused at start, naming the option."""
+    model, x = Chain(), torch.randn(4, 4)
+    ours, theirs = two_stage_plan(model, x), two_stage_plan(model, x)
+    theirs.trainer = TrainerOptions(compile=True)
+    line = mismatch(
+        [
+            {"plan": plan_fingerprint(ours), "model": model_fingerprint(model)},
+            {"plan": plan_fingerprint(theirs), "model": model_fingerprint(model)},
+        ]
+    )
+    assert line == (
+        "the ranks loaded different plans: trainer.compile is True on rank 1 but False on "
+        "rank 0; give every rank the same --plan file"
+    )

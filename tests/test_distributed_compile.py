@@ -1,4 +1,4 @@
-"""``autopipe run`` on a plan made with ``--compile`` (``PlanRequest.compile``): every stage
+"""``autopipe run`` on a plan made with ``--compile`` (``Plan.trainer.compile``): every stage
 runs ``torch.compile``'d (runtime/distributed/stages.py ``StageModule.compile_body``), also
 one re-materialized per unit, and trains as the eager stages do."""
 
@@ -15,7 +15,7 @@ import pytest
 from distributed_cases import free_port, tiny_gpt_files
 
 from autopipe.core.plan import load_plan
-from autopipe.core.request import PlanRequest
+from autopipe.core.trainer_options import TrainerOptions
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -39,7 +39,7 @@ def _run(model: Path, plan: Path, log: Path, inductor_cache: Path) -> tuple[str,
 def test_a_compiled_plan_runs_compiled_stages_and_trains_as_eager(tmp_path: Path) -> None:
     model, eager_plan = tiny_gpt_files(tmp_path, "1f1b")
     plan = load_plan(eager_plan)
-    plan.request = PlanRequest(gpus=2, compile=True)
+    plan.trainer = TrainerOptions(compile=True)  # what the ranks act on (#34)
     # Stage 0 re-materialized per unit: its units' functions are compiled one by one.
     plan.stages[0] = dataclasses.replace(
         plan.stages[0], checkpoint=True, checkpoint_granularity="unit"

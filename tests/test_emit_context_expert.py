@@ -171,12 +171,8 @@ def test_megatron_takes_cp_and_ep(replicas: int, tp: int, cp: int, ep: int, shar
 def test_megatron_refuses_ep_with_tp_without_sequence_parallelism() -> None:
     """Megatron-Core's ModelParallelConfig: sequence parallelism must be used with EP and TP."""
     plan = _cp_ep(2, 2, 1, 2, "none")
-    request = dataclasses.replace(plan.request, sequence_parallel=False) if plan.request else None
-    if request is None:
-        pytest.skip("the plan carries no request")
+    trainer = dataclasses.replace(plan.trainer, sequence_parallel=False)
     with pytest.raises(EmitError, match="sequence parallelism with expert and tensor") as info:
-        to_megatron(
-            dataclasses.replace(plan, report=dataclasses.replace(plan.report, request=request))
-        )
+        to_megatron(dataclasses.replace(plan, trainer=trainer))
     assert "\n" not in str(info.value)
     assert "--sequence-parallel" in to_megatron(plan)["args"]

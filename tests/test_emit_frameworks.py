@@ -483,16 +483,14 @@ def test_torchtitan_toml_and_python_compile_where_the_plan_or_async_tp_needs_it(
     ``enable_async_tensor_parallel`` alone); that plan also gets a note that its units were
     priced uncompiled. Neither: no compile key (the base config's kept)."""
     mesh = _mesh("1f1b", 2, 2, "parameters")
-    assert mesh.request is not None
 
-    def with_request(**changes: Any) -> Plan:
-        request = dataclasses.replace(mesh.request, **changes)
-        return dataclasses.replace(mesh, report=dataclasses.replace(mesh.report, request=request))
+    def with_options(**changes: Any) -> Plan:
+        return dataclasses.replace(mesh, trainer=dataclasses.replace(mesh.trainer, **changes))
 
     plain, compiled, async_tp = (
-        with_request(),
-        with_request(compile=True),
-        with_request(tp_comm_overlap=True),
+        with_options(),
+        with_options(compile=True),
+        with_options(tp_comm_overlap=True),
     )
     assert "[compile]" not in to_torchtitan(plain) and "COMPILE = {}" in to_torchtitan_python(plain)
     for plan in (compiled, async_tp):

@@ -287,14 +287,6 @@ def test_boundaries_take_typed_values(package: str) -> None:
 # What the ranks read of a Plan beyond its instructions, each with why (to go with #37's
 # Plan / PlanReport split): (file, field).
 _REPORT_READS = {
-    # the trainer options (FP8, selective re-computation, overlaps, sequence parallelism) are
-    # still carried in the request, not yet instruction fields of their own (#34)
-    ("planner/emit.py", "request"),
-    ("planner/emit_torchtitan.py", "request"),
-    # --compile: the ranks compile their stages as the request asked (PlanRequest.compile),
-    # a trainer option carried in the request like those above, not yet an instruction field
-    ("autopipe/training.py", "request"),
-    ("runtime/distributed/pipeline.py", "request"),
     # the emitted file's header comment says the predicted step, for people
     ("planner/emit_torchtitan.py", "iteration_time_s"),
     # version-1 plans without unit_parameters are checked against the model by bytes

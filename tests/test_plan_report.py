@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 
-from autopipe.core.plan import INSTRUCTION_FIELDS, STAGE_INSTRUCTION_FIELDS, Plan, StagePlan
+from autopipe.core.plan import (
+    INSTRUCTION_FIELDS,
+    PLAN_VERSION,
+    STAGE_INSTRUCTION_FIELDS,
+    Plan,
+    StagePlan,
+)
 from autopipe.core.plan_records import CandidateRow
 from autopipe.core.plan_report import PlanReport, StageReport
 
@@ -18,8 +24,8 @@ def test_the_report_holds_every_field_the_instructions_do_not() -> None:
     plan_fields = {f.name for f in dataclasses.fields(Plan)}
     report_fields = {f.name for f in dataclasses.fields(PlanReport)}
     assert (
-        plan_fields == {*INSTRUCTION_FIELDS, "report"} and len(plan_fields) == 19
-    )  # 18 + actions (#37)
+        plan_fields == {*INSTRUCTION_FIELDS, "report"} and len(plan_fields) == 20
+    )  # 18 + actions (#37) + trainer (#34)
     assert len(report_fields) == 31 and not plan_fields & report_fields  # + optimizer_s (#34)
     assert {"iteration_time_s", "request", "notes", "profile", "mesh"} <= report_fields
 
@@ -46,7 +52,7 @@ def test_meta_keys_of_earlier_writers_move_into_the_report_fields() -> None:
 
 def test_the_saved_report_is_one_object_beside_the_instructions() -> None:
     data = _plan(PlanReport(iteration_time_s=0.25, throughput=32.0)).to_dict()
-    assert set(data) == {*INSTRUCTION_FIELDS, "report"} and data["version"] == 3
+    assert set(data) == {*INSTRUCTION_FIELDS, "report"} and data["version"] == PLAN_VERSION == 4
     assert data["report"]["iteration_time_s"] == 0.25 and data["report"]["throughput"] == 32.0
     again = Plan.from_dict(data)
     assert again.report == PlanReport(iteration_time_s=0.25, throughput=32.0)

@@ -16,6 +16,7 @@ from autopipe.core.schedule_rules import violations
 from autopipe.core.vocabulary import (
     DEFAULT_CHECKPOINT,
     PLAN_SCHEDULES,
+    PRECISIONS,
     SHARD_MODES,
     V_SHAPE_SCHEDULES,
 )
@@ -204,7 +205,7 @@ def _add_trainer_flags(p: argparse.ArgumentParser) -> None:
     """How the trainer runs the model (PlanRequest's trainer options, planner/trainer.py)."""
     p.add_argument(
         "--precision",
-        choices=["bf16", "fp8"],
+        choices=list(PRECISIONS),
         default="bf16",
         help="matmul precision: fp8 prices the weight matmuls at the GPU's FP8 peak "
         "(torchtitan Float8, Megatron --fp8-format); default bf16",

@@ -27,8 +27,8 @@ frameworks that run it, so :func:`mesh_problems` leaves it out):
   backward (:data:`SPLIT_BACKWARD_SCHEDULES`) runs (:func:`mesh_schedules`,
   :func:`mesh_schedule_problem`: the one statement, which the mesh runtime's
   ``check_mesh_plan`` and the planner's mesh search both apply, so no plan names one).
-- ``loss-parallel``: a plan priced with loss parallelism (``PlanRequest.loss_parallel`` and
-  T > 1: the logits sharded over TP, cross-entropy on the shards, as torchtitan and Megatron
+- ``loss-parallel``: a plan priced with loss parallelism (``Plan.trainer.loss_parallel``,
+  from ``PlanRequest.loss_parallel``, and T > 1: the logits sharded over TP, cross-entropy on the shards, as torchtitan and Megatron
   run it) is not what the runtime runs (it gathers an LM head's logits to every TP rank):
   :func:`loss_parallel_problem`, which ``check_mesh_plan`` applies.
 """
@@ -108,12 +108,12 @@ def mesh_schedule_problem(mesh: MeshDegrees, schedule: str) -> str | None:
 
 
 def loss_parallel_problem(plan: Plan) -> str | None:
-    """The ``loss-parallel`` rule: the one-line refusal of a plan whose request asked for
-    loss parallelism on a TP mesh (its head priced with sharded logits and no logits
-    all-gather), which ``autopipe run`` does not run (its LM head gathers the logits,
-    ``colwise_gather_output``); None otherwise (T = 1: nothing is gathered)."""
-    request = plan.request
-    if request is None or not request.loss_parallel or plan.tensor_parallel <= 1:
+    """The ``loss-parallel`` rule: the one-line refusal of a plan priced with loss
+    parallelism (``plan.trainer.loss_parallel``) on a TP mesh (its head priced with sharded
+    logits and no logits all-gather), which ``autopipe run`` does not run (its LM head
+    gathers the logits, ``colwise_gather_output``); None otherwise (T = 1: nothing is
+    gathered)."""
+    if not plan.trainer.loss_parallel or plan.tensor_parallel <= 1:
         return None
     return (
         "loss-parallel: the plan was priced with the logits sharded over the "

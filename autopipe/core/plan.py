@@ -3,11 +3,12 @@
 Torch-free. Times are seconds, sizes bytes. A :class:`Plan` holds what every rank executes
 and agrees on (:data:`INSTRUCTION_FIELDS`; per stage :data:`STAGE_INSTRUCTION_FIELDS`); its
 ``report`` (:class:`PlanReport`) and each stage's ``report`` (:class:`StageReport`) what the
-planner predicted and weighed. ``Plan.save`` writes versioned JSON (version 3) whose keys are
+planner predicted and weighed. ``Plan.save`` writes versioned JSON (version 4) whose keys are
 a stable interface (scripts read them)::
 
-    {"version": 3, "num_stages": ..., "microbatches": ..., "microbatch_size": ...,
+    {"version": 4, "num_stages": ..., "microbatches": ..., "microbatch_size": ...,
      "batch_size": ..., "schedule": ..., "data_parallel": ..., <the other Plan fields>,
+     "trainer": {"compile": false, "precision": "bf16", ...},
      "actions": ["0F0 0F1 0B0 ...", "1F0 1B0 ..."], "stages": [{"index": 0, "units": ...}],
      "report": {"iteration_time_s": ..., "bubble_fraction": ..., "throughput": ..., ...,
                 "stages": [{"forward_s": ..., "backward_s": ..., "memory_bytes": ...}]}}
@@ -15,8 +16,9 @@ a stable interface (scripts read them)::
 Earlier files still load: version 1 (every field at the top level: its report fields go to
 the report), version 2 (the report under ``"report"``, each stage's predicted figures beside
 its instructions, the data-parallel degree D as ``"replicas"`` and the report's K x D rows as
-``"data_parallel"``). A file written before ``actions`` (each rank's order) was recorded gets
-its schedule's order on load.
+``"data_parallel"``), version 3 (the trainer options only in the report's ``request``: they
+load from it into ``trainer``, the defaults without one). A file written before ``actions``
+(each rank's order) was recorded gets its schedule's order on load.
 """
 
 from __future__ import annotations
@@ -43,13 +45,17 @@ from autopipe.core.request import PlanRequest
 from autopipe.core.schedule_rules import check_virtual_stages
 from autopipe.core.schedules import rank_orders
 from autopipe.core.timeline import PHASE_LETTERS, Action
+from autopipe.core.trainer_options import TrainerOptions
 from autopipe.core.vocabulary import CHECKPOINT_GRANULARITIES, PLAN_SCHEDULES, SHARD_MODES
 
-PLAN_VERSION = 3
-READABLE_PLAN_VERSIONS = (1, 2, 3)
+PLAN_VERSION = 4
+READABLE_PLAN_VERSIONS = (1, 2, 3, 4)
 """Version 1: every field at the top level; version 2: the report under ``"report"``;
 version 3: each stage's predicted figures under ``report.stages``, ``replicas`` named
-``data_parallel`` (an older reader would have read the missing ``replicas`` as 1)."""
+``data_parallel`` (an older reader would have read the missing ``replicas`` as 1); version
+4: the trainer options an instruction field, ``trainer`` (:class:`TrainerOptions`; an older
+reader would have taken them from the report's ``request`` only, which a plan edited since
+may no longer match)."""
 __all__ = [
     "CUSTOM_OPTIMIZER",
     "INSTRUCTION_FIELDS",
@@ -66,7 +72,8 @@ __all__ = [
 INSTRUCTION_FIELDS = (
     "model", "granularity", "schedule", "num_stages", "virtual_stages", "microbatches",
     "microbatch_size", "batch_size", "data_parallel", "tensor_parallel", "context_parallel",
-    "expert_parallel", "shard", "tp_plan", "optimizer", "actions", "stages", "version",
+    "expert_parallel", "shard", "tp_plan", "trainer", "optimizer", "actions", "stages",
+    "version",
 )  # fmt: skip
 """The :class:`Plan` fields every rank acts on and agrees on (ARCHITECTURE.md "The plan"):
 what the runtime, training, the rank agreement and emit may read, and all the ranks compare
@@ -253,6 +260,12 @@ class Plan:
     """The tensor-parallel plan the stages are split by: module path pattern (fnmatch, as
     Hugging Face's ``base_model_tp_plan``, e.g. ``layers.*.self_attn.q_proj``) to style
     (``colwise``, ``rowwise``, ...); empty when ``tensor_parallel`` is 1."""
+    trainer: TrainerOptions = field(default_factory=TrainerOptions)
+    """The trainer options the plan was priced for (:class:`TrainerOptions`: compiled
+    stages, FP8, selective re-computation, the TP and data-parallel communication options),
+    which the ranks and the emitted configs act on; copied from the request by the planner.
+    Files before version 4 get them from their report's ``request`` (the defaults without
+    one)."""
     actions: list[list[Action]] = field(default_factory=list, init=False)
     """What each pipeline rank executes, in order: ``actions[r]`` is rank ``r``'s
     ``Action(chunk, micro-batch, phase)`` list, the one timeline the one-process executor
@@ -387,7 +400,7 @@ class Plan:
         return [len(s.units) for s in self.stages]
 
     def to_dict(self) -> dict[str, Any]:
-        """The version-3 JSON object: the instructions (:meth:`instructions`) and the
+        """The version-4 JSON object: the instructions (:meth:`instructions`) and the
         report under ``"report"``, each stage's (:class:`StageReport`) as ``report.stages``."""
         data = self.instructions()
         report = dataclasses.asdict(self.report)
@@ -402,7 +415,9 @@ class Plan:
         (``version`` first), every stage in full. No report field."""
         data: dict[str, Any] = {"version": self.version}
         for f in dataclasses.fields(self):
-            if f.name not in ("version", "report", "stages", "actions"):
+            if f.name == "trainer":
+                data["trainer"] = self.trainer.to_dict()
+            elif f.name not in ("version", "report", "stages", "actions"):
                 data[f.name] = copy.deepcopy(getattr(self, f.name))
         # torch's _Action notation, one string per rank: "0F0 0F1 0B0 ..." (the last field).
         data["actions"] = [" ".join(map(str, order)) for order in self.actions]
@@ -446,6 +461,9 @@ class Plan:
         check_dataclass(self.report, bounds={"memory_per_device": one, "bubble_fraction": (0, 1)})
         if self.request is not None:
             _check_request(self.request)
+        if not isinstance(self.trainer, TrainerOptions):
+            raise FieldError("trainer", f"is {self.trainer!r}; expected TrainerOptions")
+        self.trainer.check()
         known = ("", CUSTOM_OPTIMIZER, *OPTIMIZERS)  # "": written before it was recorded
         if self.optimizer not in known:
             raise FieldError(
@@ -544,7 +562,7 @@ class Plan:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Plan:
-        """The plan in ``data`` (a loaded JSON object of version 3, 2 or 1: the module's
+        """The plan in ``data`` (a loaded JSON object of version 4, 3, 2 or 1: the module's
         docstring says how they differ), checked by :meth:`validate`."""
         written = data.get("version") if isinstance(data, dict) else None
         check_version(
@@ -558,9 +576,12 @@ class Plan:
                 StagePlan(**known_fields(StagePlan, s, without=("report",)), report=r)
                 for s, r in zip(data["stages"], stage_reports, strict=True)
             ]
-            fields = known_fields(cls, data, without=("stages", "report", "version", "actions"))
+            fields = known_fields(
+                cls, data, without=("stages", "report", "version", "actions", "trainer")
+            )
             report = _load_report(report_data)
             plan = cls(stages=stages, report=report, **fields)  # earlier meta keys: lifted
+            plan.trainer = _load_trainer(data, written, plan.request)
             if "actions" in data:  # absent in files written before it was recorded
                 plan.actions = _parse_actions(data["actions"])  # checked by validate
         except FieldError as exc:
@@ -652,7 +673,7 @@ def _current_layout(data: Any, written: Any) -> tuple[dict[str, Any], Any]:
 
 
 def _stage_reports(stages: list[Any], report: Any, written: Any) -> list[StageReport]:
-    """Each stage's :class:`StageReport`: ``report.stages`` of a version-3 file (its
+    """Each stage's :class:`StageReport`: ``report.stages`` of a file of version 3 or later (its
     defaults where the file has none: a hand-made plan), each stage's own keys before."""
     if written in (1, 2):
         return [StageReport(**known_fields(StageReport, s)) for s in stages]
@@ -681,6 +702,17 @@ def _load_report(data: Any) -> PlanReport:
     elif fields.get("request") is not None:
         raise FieldError("request", "is not an object")
     return PlanReport(**fields)  # meta keys of earlier writers: lift_meta
+
+
+def _load_trainer(
+    data: dict[str, Any], written: Any, request: PlanRequest | None
+) -> TrainerOptions:
+    """The trainer options of a file of version ``written``: its ``"trainer"`` object
+    (version 4; the defaults where it has none: a hand-made plan), else what its report's
+    ``request`` asked (the defaults without one), as the readers of those files took them."""
+    if written in (1, 2, 3):
+        return TrainerOptions.from_request(request)
+    return TrainerOptions.from_dict(data.get("trainer", {}))
 
 
 def _embedded_profile(data: dict[str, Any]) -> Profile:

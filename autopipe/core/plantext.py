@@ -183,7 +183,8 @@ def _stage_table(plan: Plan) -> str:
 
 
 def _figure_lines(plan: Plan) -> list[str]:
-    """The pipeline-level figures: M, the iteration, the bubble, the bound, memory, host."""
+    """The pipeline-level figures: M, the iteration, the bubble, the bound, memory, host,
+    the training state, the trainer options other than the defaults (as their flags)."""
     lines = [
         "times are per micro-batch; load = stage time / bottleneck stage time",
         f"micro-batches  M = {plan.microbatches} x {plan.microbatch_size} samples "
@@ -219,6 +220,9 @@ def _figure_lines(plan: Plan) -> list[str]:
         )
     if plan.state_bytes_per_parameter:
         lines.append(f"training state {_training_state(plan)}")
+    flags = plan.trainer.flags()
+    if flags:
+        lines.append(f"trainer        {' '.join(flags)} (what the plan was priced for)")
     return lines
 
 

@@ -126,8 +126,8 @@ def violations(
 
 def preflight(plan: Plan) -> list[str]:
     """Every rule ``plan`` breaks, one line each ([]: torch will build its schedule). The
-    compile flag comes from the plan's request (``PlanRequest.compile``). O(K V)."""
-    compiled = bool(plan.request is not None and plan.request.compile)
+    compile flag is the plan's trainer option (``plan.trainer.compile``). O(K V)."""
+    compiled = plan.trainer.compile
     out = violations(
         plan.schedule,
         plan.num_stages,

@@ -16,6 +16,7 @@ __all__ = [
     "LOOP_SCHEDULES",
     "MESH_DIM_NAMES",
     "PLAN_SCHEDULES",
+    "PRECISIONS",
     "SEQUENCE_DIM",
     "SHARD_MODES",
     "TP_STYLES",
@@ -52,6 +53,10 @@ of them for the first two; DualPipeV mixes full backwards and split ones)."""
 
 CHECKPOINT_MODES = ("never", "always", "except_last", "auto")
 """Re-materialization: no stage, every stage, every stage but the last, or chosen per stage."""
+
+PRECISIONS = ("bf16", "fp8")
+"""Matmul precisions a plan may be priced for (``PlanRequest.precision``,
+``TrainerOptions.precision``, ``autopipe plan --precision``)."""
 
 DEFAULT_CHECKPOINT = "auto"
 """The one default re-materialization mode (``PlanRequest.checkpoint``, ``parallelize``,

@@ -66,7 +66,8 @@ def plan_fingerprint(plan: Plan) -> dict[str, Any]:
     figure), flattened (``stages[1].units``, ``microbatches``, ...) to a value or a digest,
     so two fingerprints can say which fields differ. Per stage only its
     ``STAGE_INSTRUCTION_FIELDS``: two files that differ in a prediction or a note train the
-    same thing. Each rank's ``actions`` as its count and a digest (``actions[1]``)."""
+    same thing. Each rank's ``actions`` as its count and a digest (``actions[1]``); each
+    trainer option as itself (``trainer.compile``)."""
     data = plan.instructions()
     out: dict[str, Any] = {}
     for key in sorted(data):
@@ -74,6 +75,9 @@ def plan_fingerprint(plan: Plan) -> dict[str, Any]:
             out["actions"] = len(data[key])
             for rank, order in enumerate(data[key]):
                 out[f"actions[{rank}]"] = f"{len(str(order).split())} actions #{_digest(order)}"
+        elif key == "trainer" and isinstance(data[key], dict):
+            for name in sorted(data[key]):
+                out[f"trainer.{name}"] = _describe(data[key][name])
         elif key == "stages" and isinstance(data[key], list):
             out["stages"] = len(data[key])
             for i, stage in enumerate(data[key]):

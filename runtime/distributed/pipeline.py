@@ -472,7 +472,7 @@ class DistributedPipeline:
         chunk's forward once per parameter group), a parameter the chunk uses more than once
         (a layer called several times: torch's weight pass fails on it), or a parameter
         torch's split weight pass would miss (see :mod:`zero_bubble`)."""
-        if plan.request is not None and plan.request.compile:
+        if plan.trainer.compile:
             # Priced from a profile timed compiled (`autopipe plan --compile`); torch runs
             # no compiled stage in the split-backward schedules, which the plan's rules
             # refused already (no-compile-with-zero-bubble).
