@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from distributed_cases import free_port, tiny_gpt_files
+from distributed_cases import TINY_GPT_UNITS, free_port, make_plan, tiny_gpt_files
 
 from autopipe.core.plan import load_plan
 from autopipe.core.trainer_options import TrainerOptions
@@ -56,3 +56,24 @@ def test_a_compiled_plan_runs_compiled_stages_and_trains_as_eager(tmp_path: Path
     assert list(eager_cache.rglob("*")) == []
     assert compiled == pytest.approx(eager, rel=1e-4)
     assert compiled[-1] < compiled[0]  # it trains
+
+
+def test_a_compiled_fsdp_plan_compiles_after_sharding_and_trains_as_eager(tmp_path: Path) -> None:
+    """One stage on FSDP2 over 2 gloo ranks (shard ``parameters``): the ranks shard, then
+    compile (torchtitan's order), and the losses equal the eager run's."""
+    model, _ = tiny_gpt_files(tmp_path, "1f1b")
+    plan = dataclasses.replace(
+        make_plan([TINY_GPT_UNITS], 2, 4), data_parallel=2, shard="parameters"
+    )
+    eager_plan, compiled_plan = tmp_path / "fsdp-plan.json", tmp_path / "fsdp-compiled-plan.json"
+    plan.save(eager_plan)
+    plan.trainer = TrainerOptions(compile=True)
+    plan.save(compiled_plan)
+
+    eager_cache, compiled_cache = tmp_path / "eager-inductor", tmp_path / "compiled-inductor"
+    eager_out, eager = _run(model, eager_plan, tmp_path / "eager-steps.json", eager_cache)
+    out, compiled = _run(model, compiled_plan, tmp_path / "compiled-steps.json", compiled_cache)
+    assert "stages torch.compile'd" in out and "torch.compile'd" not in eager_out
+    assert len(list(compiled_cache.rglob("*.so"))) > 0
+    assert compiled == pytest.approx(eager, rel=1e-4)
+    assert compiled[-1] < compiled[0]
