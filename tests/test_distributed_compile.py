@@ -36,6 +36,22 @@ def _run(model: Path, plan: Path, log: Path, inductor_cache: Path) -> tuple[str,
     return out.stdout, [s["loss"] for s in json.loads(log.read_text())["steps"]]
 
 
+def _trains_compiled_as_eager(
+    model: Path, eager_plan: Path, compiled_plan: Path, tmp: Path
+) -> None:
+    """Both plans run 3 steps on 2 gloo ranks: the compiled one says so and builds inductor's
+    kernels, the eager one neither, and their losses agree (and fall)."""
+    eager_cache, compiled_cache = tmp / "eager-inductor", tmp / "compiled-inductor"
+    eager_out, eager = _run(model, eager_plan, tmp / "eager-steps.json", eager_cache)
+    out, compiled = _run(model, compiled_plan, tmp / "compiled-steps.json", compiled_cache)
+    assert "stages torch.compile'd" in out and "torch.compile'd" not in eager_out
+    # inductor built its kernels (it compiled); nothing for the eager run.
+    assert len(list(compiled_cache.rglob("*.so"))) > 0
+    assert list(eager_cache.rglob("*")) == []
+    assert compiled == pytest.approx(eager, rel=1e-4)
+    assert compiled[-1] < compiled[0]  # it trains
+
+
 def test_a_compiled_plan_runs_compiled_stages_and_trains_as_eager(tmp_path: Path) -> None:
     model, eager_plan = tiny_gpt_files(tmp_path, "1f1b")
     plan = load_plan(eager_plan)
@@ -47,15 +63,7 @@ def test_a_compiled_plan_runs_compiled_stages_and_trains_as_eager(tmp_path: Path
     compiled_plan = tmp_path / "compiled-plan.json"
     plan.save(compiled_plan)
 
-    eager_cache, compiled_cache = tmp_path / "eager-inductor", tmp_path / "compiled-inductor"
-    eager_out, eager = _run(model, eager_plan, tmp_path / "eager-steps.json", eager_cache)
-    out, compiled = _run(model, compiled_plan, tmp_path / "compiled-steps.json", compiled_cache)
-    assert "stages torch.compile'd" in out and "torch.compile'd" not in eager_out
-    # inductor built its kernels (it compiled); nothing for the eager run.
-    assert len(list(compiled_cache.rglob("*.so"))) > 0
-    assert list(eager_cache.rglob("*")) == []
-    assert compiled == pytest.approx(eager, rel=1e-4)
-    assert compiled[-1] < compiled[0]  # it trains
+    _trains_compiled_as_eager(model, eager_plan, compiled_plan, tmp_path)
 
 
 def test_a_compiled_fsdp_plan_compiles_after_sharding_and_trains_as_eager(tmp_path: Path) -> None:
@@ -70,10 +78,4 @@ def test_a_compiled_fsdp_plan_compiles_after_sharding_and_trains_as_eager(tmp_pa
     plan.trainer = TrainerOptions(compile=True)
     plan.save(compiled_plan)
 
-    eager_cache, compiled_cache = tmp_path / "eager-inductor", tmp_path / "compiled-inductor"
-    eager_out, eager = _run(model, eager_plan, tmp_path / "eager-steps.json", eager_cache)
-    out, compiled = _run(model, compiled_plan, tmp_path / "compiled-steps.json", compiled_cache)
-    assert "stages torch.compile'd" in out and "torch.compile'd" not in eager_out
-    assert len(list(compiled_cache.rglob("*.so"))) > 0
-    assert compiled == pytest.approx(eager, rel=1e-4)
-    assert compiled[-1] < compiled[0]
+    _trains_compiled_as_eager(model, eager_plan, compiled_plan, tmp_path)
