@@ -28,13 +28,17 @@ profile), so the pipeline search runs on it unchanged:
   gradients reduce-scattered in backward. ``ring_compiled``: torch's ring traced into a
   ``torch.compile`` graph (torchtitan compiles each block with the attention inside): its
   functional collectives are waited as soon as issued, so every exchange is exposed, and
-  inductor fuses the merges.
+  inductor fuses the merges. Across nodes the all-gathers (and the reduce-scatter) run over
+  every network adapter the group's ranks have in a node (``Topology.collective_link``, as a
+  DP group's collectives), the gradients' ring steps at one adapter's rate
+  (``Topology.step_link``: the ranks at a node's edge each send over their own).
 - EP (torchtitan's MoE with an all-to-all token dispatch): each MoE layer's routed experts
   are spread over E ranks, so their parameters (and with them gradients and optimizer
   state) divide by E; each MoE layer dispatches and combines its tokens with an all-to-all,
   in forward and again in backward (four per layer and step of a micro-batch), each rank
-  sending ``tokens x k x hidden`` elements of which ``(E-1)/E`` leave it, on the link the EP
-  group crosses, not overlapped; the busiest rank receives ``imbalance`` times the average
+  sending ``tokens x k x hidden`` elements of which ``(E-1)/E`` leave it, not overlapped: the
+  share for its node's peers over NVLink, the share for other nodes' peers over its own
+  network adapter, both at once (``Topology.all_to_all_s``); the busiest rank receives ``imbalance`` times the average
   and computes ``imbalance`` times the average expert work (:data:`DEFAULT_EXPERT_LOAD_IMBALANCE`).
   No token is dropped (dropless routing, as DeepSeek-V3 and torchtitan train).
 
@@ -66,8 +70,6 @@ __all__ = [
     "context_expert_choices",
     "context_expert_profile",
     "context_parallel_degrees",
-    "cp_link",
-    "ep_link",
     "expert_data_parallel",
     "expert_device_bytes",
     "expert_parallel_degrees",
@@ -146,21 +148,6 @@ def replaced(u: UnitProfile, **changes: object) -> UnitProfile:
     return out
 
 
-def cp_link(topology: Topology, tp: int, cp: int) -> tuple[float, float]:
-    """(bandwidth, latency) of the link a CP group (``cp`` ranks ``tp`` apart) crosses."""
-    if tp * cp > topology.gpus_per_node:
-        return topology.inter_bandwidth_bytes_per_s, topology.inter_latency_s
-    return topology.intra_bandwidth_bytes_per_s, topology.intra_latency_s
-
-
-def ep_link(topology: Topology, tp: int, ep: int) -> tuple[float, float]:
-    """(bandwidth, latency) of the link an EP group (``ep`` ranks of dp x cp, ``tp`` apart)
-    crosses."""
-    if tp * ep > topology.gpus_per_node:
-        return topology.inter_bandwidth_bytes_per_s, topology.inter_latency_s
-    return topology.intra_bandwidth_bytes_per_s, topology.intra_latency_s
-
-
 def context_parallel_degrees(profile: Profile) -> list[int]:
     """The C > 1 the profile allows: it has attention and a sequence length, and torch's
     load-balanced ring needs ``2 C`` equal chunks of the sequence (C divides ``s / 2``)."""
@@ -217,7 +204,7 @@ def _ring_s(
     tokens: float,
     cp: int,
     size: int,
-    link: tuple[float, float],
+    tp: int,
     topology: Topology,
     memory_bytes_per_s: float,
     attention_f_s: float,
@@ -238,12 +225,13 @@ def _ring_s(
     ``wait_tensor`` follows the collective; inductor moves it only with
     ``reorder_for_compute_comm_overlap``, off by default): every exchange exposed, the merges
     fused (:data:`RING_MERGE_BYTES_COMPILED`)."""
-    bw, lat = link
+    bw, lat = topology.collective_link(tp, cp)
+    step_bw, step_lat = topology.step_link(tp, cp)
     layers = u.attention_layers
     e_q = tokens * u.attention_heads * u.attention_head_dim
     e_kv = tokens * u.attention_kv_heads * (u.attention_head_dim + u.attention_value_head_dim)
     gather = (cp - 1) * (e_kv * size / bw + lat)
-    grad_step = e_kv * RING_GRAD_BYTES / bw + lat
+    grad_step = e_kv * RING_GRAD_BYTES / step_bw + step_lat
     if method == "all_gather":
         return layers * gather, layers * gather
     block_f = attention_f_s / layers / cp
@@ -277,8 +265,7 @@ def _unit(
     profile: Profile,
     cp: int,
     ep: int,
-    cp_bw: tuple[float, float],
-    ep_bw: tuple[float, float],
+    tp: int,
     imbalance: float,
     topology: Topology,
     memory_bytes_per_s: float,
@@ -303,14 +290,14 @@ def _unit(
     ring_f = ring_b = 0.0
     if cp > 1 and u.attention_layers and s > 0:
         ring_f, ring_b = _ring_s(
-            u, b * s / cp, cp, size, cp_bw, topology, memory_bytes_per_s,
+            u, b * s / cp, cp, size, tp, topology, memory_bytes_per_s,
             fwd_size * f_att / cp, bwd_size * f_att / cp, method,
         )  # fmt: skip
     a2a = 0.0
     if ep > 1 and u.moe_layers and s > 0:
-        bw, lat = ep_bw
         sent = b * (s / cp) * u.moe_top_k * u.moe_hidden_size * size * (ep - 1) / ep
-        a2a = u.moe_layers * 2 * (imbalance * sent / bw + lat)  # dispatch + combine
+        # dispatch + combine
+        a2a = u.moe_layers * 2 * topology.all_to_all_s(imbalance * sent, tp, ep)
     fwd = u.forward_s - fwd_size + fwd_size * factor + ring_f + a2a
     bwd = u.backward_s - bwd_size + bwd_size * factor + ring_b + a2a
     split = u.backward_input_s + u.backward_weight_s
@@ -366,22 +353,19 @@ def context_expert_profile(
     method: str = "ring",
 ) -> Profile:
     """The Profile of one rank of a ``cp``-way CP group and an ``ep``-way EP group, before
-    tensor parallelism over ``tp`` (which only decides the CP group's link); the profile
+    tensor parallelism over ``tp`` (which only decides the links the CP and EP groups cross); the profile
     itself when C = E = 1 and the model has no MoE layer. ``method``: how CP's attention
     exchanges keys and values (``ring`` or ``all_gather``, ``PlanRequest.context_parallel_method``).
     See the module docstring. O(units)."""
     moe = any(u.moe_layers for u in profile.units)
     if cp <= 1 and ep <= 1 and not moe:
         return profile
-    cp_bw = cp_link(topology, tp, cp)
-    ep_bw = ep_link(topology, tp, ep)
     memory = 0.0
     if is_catalog_device(profile.device):
         spec = get_device(profile.device)
         memory = spec.memory_bandwidth_bytes_per_s * spec.memory_efficiency
     units = [
-        _unit(u, profile, cp, ep, cp_bw, ep_bw, imbalance, topology, memory, method)
-        for u in profile.units
+        _unit(u, profile, cp, ep, tp, imbalance, topology, memory, method) for u in profile.units
     ]
     out = dataclasses.replace(
         profile,

@@ -333,7 +333,7 @@ def _unhidden_dp_s(device: Profile, cand: MeshCandidate, topology: Topology) -> 
     average rank's gradients nothing hides, seconds per step (no more than any cut's
     :func:`dp_exposed_s`). O(N)."""
     grads = sum(u.parameter_bytes for u in device.units) / cand.pp
-    bw, lat = topology.dp_link(cand.tp, cand.fsdp)
+    bw, lat = topology.collective_link(cand.tp, cand.fsdp)
     size = max(int(device.bytes_per_parameter), 1)
     # fp32 gradient reduction: the gradients' collectives carry ``f`` times the parameters'
     # bytes (the latency per ring step unchanged), the parameter gathers their own
@@ -546,7 +546,7 @@ def _dp_exposed_per_rank_s(
     each pipeline rank, at micro-batches of ``b`` samples."""
     if cand.fsdp <= 1:
         return 0.0
-    bw, lat = topology.dp_link(cand.tp, cand.fsdp)
+    bw, lat = topology.collective_link(cand.tp, cand.fsdp)
     # expert shards are reduced (and ZeRO-1-gathered) only among the ranks holding the same
     # experts (context_expert.expert_data_parallel), none when E spans the group; the same
     # link: that group spans as many nodes as the gradient group does
@@ -914,7 +914,7 @@ class _MeshSearch:
         )  # fmt: skip
         self.microbatches = _microbatch_candidates(request.microbatches)
         self.shares: dict[tuple[int, int, int], Profile] = {}
-        self.contexts: dict[tuple[bool, bool, int, int], Profile] = {}
+        self.contexts: dict[tuple[bool | int, ...], Profile] = {}
 
     def device_of(self, c: MeshCandidate) -> Profile:
         """One device's share without the per-micro-batch gathers of ``parameters`` (they
@@ -939,8 +939,14 @@ class _MeshSearch:
     def context_of(self, c: MeshCandidate) -> Profile:
         """One rank's share of the model under ``c``'s context and expert parallelism,
         before TP (:func:`autopipe.planner.context_expert.context_expert_profile`)."""
-        node = self.topology.gpus_per_node  # the links the CP and EP groups cross
-        key = (c.tp * c.cp > node, c.tp * c.ep > node, c.cp, c.ep)
+        # what T decides: the links the CP and EP groups cross, and their ranks in each node
+        t = self.topology
+        key = (
+            *(t.crosses_nodes(c.tp, g) for g in (c.cp, c.ep)),
+            *(t.members_per_node(c.tp, g) for g in (c.cp, c.ep)),
+            c.cp,
+            c.ep,
+        )
         if key not in self.contexts:
             self.contexts[key] = context_expert_profile(
                 self.profile, c.cp, c.ep, c.tp, self.topology,

@@ -141,27 +141,54 @@ class Topology:
             return 1.0
         return REDUCE_BYTES / max(parameter_size_bytes, 1)
 
-    def dp_crosses_nodes(self, tp: int, dp: int) -> bool:
-        """Whether a data-parallel group (``dp`` ranks ``tp`` apart) spans more than one node."""
-        return tp * dp > self.gpus_per_node
+    def crosses_nodes(self, tp: int, size: int) -> bool:
+        """Whether a group of ``size`` ranks ``tp`` apart (a DP, CP or EP group: torchtitan's
+        layout puts TP innermost) spans more than one node."""
+        return tp * size > self.gpus_per_node
 
-    def dp_members_per_node(self, tp: int, dp: int) -> int:
-        """Ranks of one data-parallel group (``dp`` ranks ``tp`` apart, torchtitan's layout)
-        in each node it spans: ``gpus_per_node / tp`` when it crosses nodes (TP stays in the
-        node), 1 when TP fills the node."""
-        return max(1, min(dp, self.gpus_per_node // max(tp, 1)))
+    def members_per_node(self, tp: int, size: int) -> int:
+        """Ranks of one group (``size`` ranks ``tp`` apart) in each node it spans:
+        ``gpus_per_node / tp`` when it crosses nodes (TP stays in the node), 1 when TP fills
+        the node, ``size`` inside one node."""
+        return max(1, min(size, self.gpus_per_node // max(tp, 1)))
 
-    def dp_link(self, tp: int, dp: int) -> tuple[float, float]:
-        """(bandwidth bytes/s, latency s) of the link a DP group's collectives cross: inside a
+    def collective_link(self, tp: int, size: int) -> tuple[float, float]:
+        """(bandwidth bytes/s, latency s) at which a ring collective (all-gather,
+        reduce-scatter, all-reduce) of a group of ``size`` ranks ``tp`` apart runs: inside a
         node, NVLink; across nodes, the network adapters of the group's devices in each node
-        together (:meth:`dp_members_per_node` of them, one each), up to NVLink's rate. NCCL
-        runs a ring per channel and spreads the channels over those adapters, each ring
-        leaving a node once, so every adapter carries ``1 / k`` of what a rank sends over
-        NVLink (docs/cost-model.md, "Collectives across nodes")."""
-        if self.dp_crosses_nodes(tp, dp):
-            adapters = self.dp_members_per_node(tp, dp) * self.inter_bandwidth_bytes_per_s
+        together (:meth:`members_per_node` of them, one each), up to NVLink's rate. NCCL runs
+        a ring per channel and spreads the channels over those adapters, each ring leaving a
+        node once, so every adapter carries ``1 / k`` of what a rank sends over NVLink
+        (docs/cost-model.md, "Collectives across nodes")."""
+        if self.crosses_nodes(tp, size):
+            adapters = self.members_per_node(tp, size) * self.inter_bandwidth_bytes_per_s
             return min(adapters, self.intra_bandwidth_bytes_per_s), self.inter_latency_s
         return self.intra_bandwidth_bytes_per_s, self.intra_latency_s
+
+    def step_link(self, tp: int, size: int) -> tuple[float, float]:
+        """(bandwidth, latency) of one step of a ring of point-to-point sends (every rank of a
+        group of ``size`` ranks ``tp`` apart sends to the next at once): across nodes the
+        ranks at a node's edge each send over their own adapter, one adapter's rate, which
+        the step waits for; inside a node, NVLink."""
+        if self.crosses_nodes(tp, size):
+            return self.inter_bandwidth_bytes_per_s, self.inter_latency_s
+        return self.intra_bandwidth_bytes_per_s, self.intra_latency_s
+
+    def all_to_all_s(self, sent_bytes: float, tp: int, size: int) -> float:
+        """Seconds of one all-to-all in which every rank of a group of ``size`` ranks ``tp``
+        apart sends ``sent_bytes`` spread evenly over the other ``size - 1``: the share for
+        the ``k - 1`` peers in its node goes over NVLink while the share for the ``size - k``
+        peers in other nodes goes over the rank's own network adapter (every rank of the node
+        sends at once, so each has one adapter's rate), the two at once; one latency of the
+        farthest link. O(1)."""
+        if size <= 1 or sent_bytes <= 0:
+            return 0.0
+        k = self.members_per_node(tp, size)
+        intra = sent_bytes * (k - 1) / (size - 1) / self.intra_bandwidth_bytes_per_s
+        if not self.crosses_nodes(tp, size):
+            return intra + self.intra_latency_s
+        inter = sent_bytes * (size - k) / (size - 1) / self.inter_bandwidth_bytes_per_s
+        return max(intra, inter) + self.inter_latency_s
 
     def pp_link(self, tp: int, dp: int, stage: int) -> tuple[float, float]:
         """(bandwidth, latency) of the send from pipeline stage ``stage`` to ``stage + 1``
@@ -538,7 +565,7 @@ def _gather_extras_s(
 ) -> list[tuple[float, float]]:
     """Per unit, the seconds of its ``parameters``-sharding all-gather over the DP group that
     the neighbouring unit's compute does not hide, in forward and in backward."""
-    dp_bw, dp_lat = topology.dp_link(tp, dp)
+    dp_bw, dp_lat = topology.collective_link(tp, dp)
     computes: list[tuple[float, float]] = []
     at = (microbatch_size or profile.batch_size) / profile.batch_size
     for u in profile.units:

@@ -14,8 +14,6 @@ from autopipe.planner import PlanningError, RuleViolation, plan
 from autopipe.planner.context_expert import (
     context_expert_choices,
     context_expert_profile,
-    cp_link,
-    ep_link,
 )
 from autopipe.planner.mesh import mesh_candidates
 from autopipe.planner.mesh_costs import Topology
@@ -218,12 +216,45 @@ def test_tensor_parallelism_splits_the_routed_experts_too() -> None:
 
 def test_groups_cross_nodes_as_the_runtime_lays_them_out() -> None:
     # CP: C ranks T apart; EP: E ranks of dp x cp, T apart (each expert split over TP)
-    assert cp_link(TOPOLOGY, 2, 2) == (1e11, 0.0)
-    assert cp_link(TOPOLOGY, 2, 4) == (1e9, 0.0)
-    assert ep_link(TOPOLOGY, 1, 4) == (1e11, 0.0)
-    assert ep_link(TOPOLOGY, 1, 8) == (1e9, 0.0)
-    assert ep_link(TOPOLOGY, 2, 2) == (1e11, 0.0)
-    assert ep_link(TOPOLOGY, 2, 4) == (1e9, 0.0)  # 4 consecutive ranks would stay inside
+    t = TOPOLOGY
+    assert not t.crosses_nodes(2, 2) and t.crosses_nodes(2, 4)  # CP of 2 and 4, T = 2
+    assert not t.crosses_nodes(1, 4) and t.crosses_nodes(1, 8)  # EP of 4 and 8, T = 1
+    assert t.crosses_nodes(2, 4)  # 4 consecutive ranks would stay inside
+    assert t.collective_link(2, 2) == (1e11, 0.0) and t.step_link(2, 2) == (1e11, 0.0)
+    assert t.all_to_all_s(3e11, 1, 4) == pytest.approx(3.0)  # inside: all over NVLink
+
+
+def test_cp_and_ep_groups_across_nodes_use_the_adapters_as_nccl_does() -> None:
+    """Across nodes a CP group's K/V all-gather is a ring collective, run over every adapter
+    its ranks have in a node (as a DP group's); the K/V gradients' ring steps are sends, each
+    node-edge rank over its own adapter; an EP all-to-all sends its node's share over NVLink
+    and the rest over each rank's own adapter at once. C = E = 16, T = 1, nodes of 4: 4 ranks
+    a node. Before: every exchange at one adapter's rate."""
+    t = Topology(4, 1e11, 1e9, 1e-6, 5e-6)
+    assert t.collective_link(1, 16) == (4e9, 5e-6)
+    assert t.step_link(1, 16) == (1e9, 5e-6)
+    # 15 units sent: 3 to this node's peers over NVLink, 12 to the others over its adapter
+    assert t.all_to_all_s(15e9, 1, 16) == pytest.approx(max(3e9 / 1e11, 12e9 / 1e9) + 5e-6)
+    assert t.all_to_all_s(15e9, 4, 16) == pytest.approx(15.0 + 5e-6)  # T fills the node
+
+    p = long_profile()
+    c, u = 16, p.units[1]
+    v = context_expert_profile(p, c, 1, 1, t, method="all_gather").units[1]
+    e_kv = p.batch_size * (SEQ / c) * 2 * (16 + 16)
+    gather = (c - 1) * (e_kv * 2 / 4e9 + 5e-6)  # exposed, over the 4 adapters
+    fwd_size = u.forward_s - u.forward_overhead_s
+    assert v.forward_s == pytest.approx(u.forward_overhead_s + fwd_size / c + gather, rel=1e-12)
+
+    moe = long_profile(moe=True)
+    e, imbalance = 16, 1.25
+    w, x = moe.units[1], context_expert_profile(moe, 1, e, 1, t, imbalance).units[1]
+    sent = imbalance * moe.batch_size * SEQ * 2 * 128 * 2 * (e - 1) / e
+    a2a = 2 * (max(sent * 3 / 15 / 1e11, sent * 12 / 15 / 1e9) + 5e-6)
+    experts = 2.0 * moe.batch_size * SEQ * 2 * 80_000 / 8
+    f_exp = experts / w.forward_flops
+    size_f = w.forward_s - w.forward_overhead_s
+    expect = w.forward_overhead_s + size_f * (1 + f_exp * (imbalance - 1)) + a2a
+    assert x.forward_s == pytest.approx(expect, rel=1e-12)
 
 
 def test_every_expert_parallel_candidate_is_one_autopipe_run_lays_out() -> None:
@@ -503,3 +534,30 @@ def test_expert_gradients_are_summed_only_over_the_ranks_holding_them() -> None:
                 ring += 2 * (1 / 2 * expert / 1e11)
             worst = max(worst, ring)
         assert out.allreduce_s == pytest.approx(worst, rel=1e-9), e
+
+
+def test_the_search_prices_every_mesh_with_its_own_groups_links() -> None:
+    """The mesh search caches one CP/EP profile per link class; T = 1 and T = 2 with C = 8 on
+    nodes of 4 both cross nodes but have 4 and 2 ranks a node, so 4 and 2 adapters: before,
+    the cache keyed on crossing alone and served the first T's profile to the other."""
+    from autopipe.planner import mesh as mesh_module
+    from autopipe.planner.mesh import _MeshSearch
+    from autopipe.planner.search import training_state
+
+    p = long_profile()
+    req = PlanRequest(
+        cluster=Cluster([Device("gpu", 10**12, 1e12)] * 16), batch_size=16, gpus_per_node=4,
+        inter_node_bandwidth_bytes_per_s=1e9, tensor_parallel="auto", data_parallel="auto",
+        context_parallel="auto", expert_parallel="auto",
+    )  # fmt: skip
+    _, state_bpp = training_state(p, req.optimizer, req.bytes_per_parameter)
+    template = req.cluster.devices[0]  # type: ignore[union-attr]
+    topology = mesh_module._topology(req, 16, template)
+    search = _MeshSearch(p, req, template, topology, 16, state_bpp)
+    cands = mesh_candidates(p, 16, 16, gpus_per_node=4, context_parallel="auto")
+    eights = [c for c in cands if c.cp == 8 and c.tp in (1, 2)]
+    assert {c.tp for c in eights} == {1, 2}
+    for c in sorted(cands, key=lambda c: -c.tp):
+        fresh = context_expert_profile(p, c.cp, c.ep, c.tp, topology)
+        got = search.context_of(c)
+        assert [u.forward_s for u in got.units] == [u.forward_s for u in fresh.units], c

@@ -141,8 +141,8 @@ def test_ring_collective_by_hand() -> None:
 
 def test_links_follow_torchtitans_layout() -> None:
     t = Topology(8, 100.0, 10.0)
-    assert not t.dp_crosses_nodes(4, 2) and t.dp_crosses_nodes(4, 4)
-    assert t.dp_link(2, 4) == (100.0, 0.0) and t.dp_link(8, 2) == (10.0, 0.0)
+    assert not t.crosses_nodes(4, 2) and t.crosses_nodes(4, 4)
+    assert t.collective_link(2, 4) == (100.0, 0.0) and t.collective_link(8, 2) == (10.0, 0.0)
     # T D = 4: stages 0 and 1 share node 0, stage 1 -> 2 crosses into node 1
     assert t.pp_link(2, 2, 0) == (100.0, 0.0) and t.pp_link(2, 2, 1) == (10.0, 0.0)
     assert t.pp_link(8, 1, 0) == (10.0, 0.0)  # one stage per node
@@ -154,13 +154,13 @@ def test_a_dp_group_across_nodes_uses_every_adapter_its_ranks_have_there() -> No
     at 8 adapters' rate with T = 1, 4 with T = 2, 1 when T fills the node; NVLink caps it (the
     ring also crosses every rank's NVLink)."""
     t = Topology(8, 300.0, 25.0, 1e-6, 5e-6)
-    assert t.dp_link(1, 64) == (200.0, 5e-6)  # 8 members per node
-    assert t.dp_link(2, 32) == (100.0, 5e-6)
-    assert t.dp_link(4, 16) == (50.0, 5e-6)
-    assert t.dp_link(8, 8) == (25.0, 5e-6)  # one member per node: its own adapter
-    assert t.dp_link(1, 8) == (300.0, 1e-6)  # inside one node
-    assert Topology(8, 150.0, 25.0).dp_link(1, 64) == (150.0, 0.0)  # NVLink-bound
-    assert [t.dp_members_per_node(tp, 64 // tp) for tp in (1, 2, 4, 8)] == [8, 4, 2, 1]
+    assert t.collective_link(1, 64) == (200.0, 5e-6)  # 8 members per node
+    assert t.collective_link(2, 32) == (100.0, 5e-6)
+    assert t.collective_link(4, 16) == (50.0, 5e-6)
+    assert t.collective_link(8, 8) == (25.0, 5e-6)  # one member per node: its own adapter
+    assert t.collective_link(1, 8) == (300.0, 1e-6)  # inside one node
+    assert Topology(8, 150.0, 25.0).collective_link(1, 64) == (150.0, 0.0)  # NVLink-bound
+    assert [t.members_per_node(tp, 64 // tp) for tp in (1, 2, 4, 8)] == [8, 4, 2, 1]
 
 
 @settings(max_examples=60, deadline=None)
