@@ -29,7 +29,7 @@ profile), so the pipeline search runs on it unchanged:
   ``torch.compile`` graph (torchtitan compiles each block with the attention inside): its
   functional collectives are waited as soon as issued, so every exchange is exposed, and
   inductor fuses the merges. Across nodes the all-gathers (and the reduce-scatter) run over
-  every network adapter the group's ranks have in a node (``Topology.collective_link``, as a
+  every network adapter the group's ranks have in a node (``Topology.ring_s``, as a
   DP group's collectives), the gradients' ring steps at one adapter's rate
   (``Topology.step_link``: the ranks at a node's edge each send over their own).
 - EP (torchtitan's MoE with an all-to-all token dispatch): each MoE layer's routed experts
@@ -214,7 +214,7 @@ def _ring_s(
     """(forward, backward) seconds torch's ring attention adds to a unit's ``L`` attention
     layers on one rank of ``tokens`` tokens (``b s / C``), beside the attention blocks
     themselves (module docstring): per layer and pass, the K/V all-gather (``C - 1`` chunks
-    received, ``C - 1`` ring steps of latency) behind the local block (``1 / C`` of the
+    received, one ring collective's latency, ``Topology.ring_s``) behind the local block (``1 / C`` of the
     layer's attention, ``attention_*_s / L``); in backward also the fp32 K/V gradients' ring,
     ``C - 1`` steps each behind one block and the last exposed; and the merges
     (:data:`RING_MERGE_BYTES`) at ``memory_bytes_per_s``. Overlaps priced by
@@ -225,12 +225,11 @@ def _ring_s(
     ``wait_tensor`` follows the collective; inductor moves it only with
     ``reorder_for_compute_comm_overlap``, off by default): every exchange exposed, the merges
     fused (:data:`RING_MERGE_BYTES_COMPILED`)."""
-    bw, lat = topology.collective_link(tp, cp)
     step_bw, step_lat = topology.step_link(tp, cp)
     layers = u.attention_layers
     e_q = tokens * u.attention_heads * u.attention_head_dim
     e_kv = tokens * u.attention_kv_heads * (u.attention_head_dim + u.attention_value_head_dim)
-    gather = (cp - 1) * (e_kv * size / bw + lat)
+    gather = topology.ring_s(cp * e_kv * size, tp, cp)
     grad_step = e_kv * RING_GRAD_BYTES / step_bw + step_lat
     if method == "all_gather":
         return layers * gather, layers * gather

@@ -333,30 +333,33 @@ def _unhidden_dp_s(device: Profile, cand: MeshCandidate, topology: Topology) -> 
     average rank's gradients nothing hides, seconds per step (no more than any cut's
     :func:`dp_exposed_s`). O(N)."""
     grads = sum(u.parameter_bytes for u in device.units) / cand.pp
-    bw, lat = topology.collective_link(cand.tp, cand.fsdp)
+    bw = topology.collective_bandwidth_bytes_per_s(cand.tp, cand.fsdp)
     size = max(int(device.bytes_per_parameter), 1)
     # fp32 gradient reduction: the gradients' collectives carry ``f`` times the parameters'
-    # bytes (the latency per ring step unchanged), the parameter gathers their own
+    # bytes (their latency unchanged), the parameter gathers their own
     f = topology.grad_bytes_factor(size)
 
-    def collective_s(scale: float) -> float:
-        """One collective of the average rank's parameters at ``scale`` bytes per byte."""
+    def collective_s(scale: float, all_reduce: bool = False) -> float:
+        """One all-gather or reduce-scatter (``all_reduce``: one all-reduce) of the average
+        rank's parameters at ``scale`` bytes per byte."""
+        price = topology.all_reduce_s if all_reduce else topology.ring_s
+        expert = expert_s = 0.0
         if cand.ep > 1:
-            # expert shards are summed over fewer ranks (_dp_exposed_per_rank_s); their
-            # latency left out: a rank without MoE units pays none
+            # expert shards are summed over fewer ranks (_dp_exposed_per_rank_s), at no more
+            # than the gradient group's bandwidth; their latency left out: a rank without MoE
+            # units pays none
             expert = sum(expert_device_bytes(u, cand.tp, size) for u in device.units) / cand.pp
             expert = min(expert, grads)
             edp = expert_data_parallel(cand.fsdp, cand.ep)
-            return ring_collective_s((grads - expert) * scale, cand.fsdp, bw, lat) + (
-                ring_collective_s(expert * scale, edp, bw, 0.0)
-            )
-        return ring_collective_s(grads * scale, cand.fsdp, bw, lat)
+            expert_s = (2 if all_reduce else 1) * ring_collective_s(expert * scale, edp, bw)
+        return price((grads - expert) * scale, cand.tp, cand.fsdp) + expert_s
 
     one = collective_s(1.0)
     one_grads = one if f == 1.0 else collective_s(f)
+    all_reduce = collective_s(f, all_reduce=True)
     # DeepSpeed's BF16_Optimizer all-reduces its fp32 gradients before its ZeRO-1 step
-    zero1 = (2 if topology.fp32_grad_buffer else 1) * one_grads + one
-    unhidden = {"none": 2 * one_grads, "optimizer": zero1, "gradients": one,
+    zero1 = (all_reduce if topology.fp32_grad_buffer else one_grads) + one
+    unhidden = {"none": all_reduce, "optimizer": zero1, "gradients": one,
                 "parameters": 0.0}  # fmt: skip
     if topology.grad_reduce_overlap:  # the reductions may all hide behind the backward
         unhidden["none"] = unhidden["optimizer"] = 0.0
@@ -546,44 +549,42 @@ def _dp_exposed_per_rank_s(
     each pipeline rank, at micro-batches of ``b`` samples."""
     if cand.fsdp <= 1:
         return 0.0
-    bw, lat = topology.collective_link(cand.tp, cand.fsdp)
     # expert shards are reduced (and ZeRO-1-gathered) only among the ranks holding the same
-    # experts (context_expert.expert_data_parallel), none when E spans the group; the same
-    # link: that group spans as many nodes as the gradient group does
+    # experts (context_expert.expert_data_parallel), none when E spans the group: the same
+    # position in each EP group, E T ranks apart
     edp = expert_data_parallel(cand.fsdp, cand.ep) if cand.ep > 1 else cand.fsdp
     size = max(int(device.bytes_per_parameter), 1)
 
-    def collective_s(dense: float, expert: float) -> float:
-        """One collective of ``dense`` bytes over the gradient group and ``expert`` over
-        the expert replicas' group (``edp < fsdp``)."""
-        return ring_collective_s(dense, cand.fsdp, bw, lat) + ring_collective_s(
-            expert, edp, bw, lat
-        )
+    def collective_s(dense: float, expert: float, all_reduce: bool) -> float:
+        """One all-gather or reduce-scatter (``all_reduce``: one all-reduce) of ``dense``
+        bytes over the gradient group and ``expert`` over the expert replicas' group."""
+        price = topology.all_reduce_s if all_reduce else topology.ring_s
+        return price(dense, cand.tp, cand.fsdp) + price(expert, cand.tp * cand.ep, edp)
 
-    def unit_s(u: UnitProfile, scale: float = 1.0) -> float:
-        """One collective of ``u``'s gradients (or parameters) over its group(s)
-        (``scale``: bytes per parameter byte)."""
+    def bytes_of(mine: list[UnitProfile]) -> tuple[float, float]:
+        """(dense, expert) parameter bytes of ``mine`` (expert 0 without expert replicas)."""
+        total = sum(u.parameter_bytes for u in mine)
         if edp == cand.fsdp:
-            return ring_collective_s(u.parameter_bytes * scale, cand.fsdp, bw, lat)
-        dense, expert = _dense_and_expert_bytes(u, cand, size)
-        return collective_s(dense * scale, expert * scale)
+            return float(total), 0.0
+        expert = sum(_dense_and_expert_bytes(u, cand, size)[1] for u in mine)
+        return total - expert, expert
+
+    def whole_s(mine: list[UnitProfile], scale: float, all_reduce: bool = False) -> float:
+        """One collective of all of ``mine``'s parameters (``scale``: bytes per byte)."""
+        dense, expert = bytes_of(mine)
+        return collective_s(dense * scale, expert * scale, all_reduce)
 
     # the gradients' collectives in the reduce dtype (fp32 with grad_reduce_fp32), the
     # parameters' gathers in their own
     factor = topology.grad_bytes_factor(size)
 
-    def grad_unit_s(u: UnitProfile) -> float:
-        """One collective of ``u``'s gradients: :func:`unit_s` at the reduce dtype's bytes."""
-        return unit_s(u, factor)
+    def unit_s(u: UnitProfile) -> float:
+        """One gather of ``u``'s parameters over its group(s)."""
+        return whole_s([u], 1.0)
 
-    def whole_s(mine: list[UnitProfile], scale: float) -> float:
-        """One collective of all of ``mine``'s parameters (``scale``: bytes per byte)."""
-        if edp == cand.fsdp:
-            total = sum(u.parameter_bytes for u in mine) * scale
-            return ring_collective_s(total, cand.fsdp, bw, lat)
-        expert = sum(_dense_and_expert_bytes(u, cand, size)[1] for u in mine)
-        dense = sum(u.parameter_bytes for u in mine) - expert
-        return collective_s(dense * scale, expert * scale)
+    def grad_unit_s(u: UnitProfile) -> float:
+        """The reduction of ``u``'s gradients: an all-reduce (``none``) or a reduce-scatter."""
+        return whole_s([u], factor, cand.shard == "none")
 
     units = {u.name: u for u in device.units}
     worst = 0.0
@@ -593,22 +594,19 @@ def _dp_exposed_per_rank_s(
         mine = [units[x] for x in names]
         whole = whole_s(mine, 1.0)
         if not streamed:
-            # ``none``: an all-reduce of the gradients (both passes in the reduce dtype);
+            # ``none``: an all-reduce of the gradients (in the reduce dtype);
             # ``optimizer``: a reduce-scatter of them and a gather of the parameters
-            grads = whole_s(mine, factor)
             if cand.shard == "none":
-                worst = max(worst, 2 * grads)
+                worst = max(worst, whole_s(mine, factor, all_reduce=True))
             elif topology.fp32_grad_buffer:
                 # DeepSpeed's BF16_Optimizer keeps its fp32 gradients whole on every replica:
                 # its pipeline engine all-reduces them (``_bf16_reduce_grads``:
                 # ``buffered_allreduce_fallback`` of ``get_grads_for_reduction()``), then the
                 # step all-gathers the updated bf16 partitions (``all_gather_dp_groups``)
-                worst = max(worst, 2 * grads + whole)
+                worst = max(worst, whole_s(mine, factor, all_reduce=True) + whole)
             else:
-                worst = max(worst, grads + whole)
+                worst = max(worst, whole_s(mine, factor) + whole)
             continue
-        # an all-reduce (``none``) is a reduce-scatter and an all-gather: twice the volume
-        passes = 2 if cand.shard == "none" else 1
         if once and not topology.grad_reduce_overlap:
             # torch.distributed.pipelining keeps FSDP2's gradient sync off through every
             # micro-batch's backward, the last one's too, and then runs the post-backward of
@@ -619,14 +617,14 @@ def _dp_exposed_per_rank_s(
             exposed = whole_s(mine, factor)
         else:
             exposed = _streamed_exposed_s(
-                mine[::-1], b, device.batch_size, grad_unit_s, passes, backward=True,
+                mine[::-1], b, device.batch_size, grad_unit_s, backward=True,
                 loss=topology.overlap_compute_loss,
             )  # fmt: skip
         if cand.shard == "gradients" or (cand.shard == "optimizer" and not once):
             if cand.shard == "optimizer" and topology.grad_reduce_overlap:
                 # --overlap-param-gather: the updated parameters gathered behind the forward
                 exposed += _streamed_exposed_s(
-                    mine, b, device.batch_size, unit_s, 1, backward=False,
+                    mine, b, device.batch_size, unit_s, backward=False,
                     loss=topology.overlap_compute_loss,
                 )  # fmt: skip
             else:
@@ -636,7 +634,7 @@ def _dp_exposed_per_rank_s(
                 mine, b, device.batch_size,
                 # a float8 all-gather casts the shard first, on the same copy-in stream
                 lambda u: fp8_gather_cast_s(u, cand.tp, cand.fsdp, topology) + unit_s(u),
-                1, backward=False,
+                backward=False,
                 loss=topology.overlap_compute_loss,
             )  # fmt: skip
         if cand.shard in ("gradients", "parameters"):
@@ -652,7 +650,6 @@ def _streamed_exposed_s(
     microbatch: float,
     batch: int,
     unit_s: Callable[[UnitProfile], float],
-    passes: int,
     *,
     backward: bool,
     loss: float = 0.0,
@@ -660,11 +657,10 @@ def _streamed_exposed_s(
     """What outlasts one micro-batch's pass over ``units`` (in the order they run) of a
     collective per unit started when the unit's compute ends (backward: a reduction of its
     gradients) or needed when it starts (forward: a gather of its parameters, prefetched one
-    unit ahead), on one communication stream: ``passes`` collectives of ``unit_s(unit)``
-    seconds each; plus ``loss`` of the communication seconds hidden behind compute
+    unit ahead), on one communication stream: ``unit_s(unit)`` seconds each; plus ``loss`` of the communication seconds hidden behind compute
     (``Topology.overlap_compute_loss``). O(units)."""
-    total = sum(passes * unit_s(u) for u in units)
-    exposed = _stream_s(units, microbatch, batch, unit_s, passes, backward)
+    total = sum(unit_s(u) for u in units)
+    exposed = _stream_s(units, microbatch, batch, unit_s, backward)
     return exposed + loss * max(total - exposed, 0.0)
 
 
@@ -673,7 +669,6 @@ def _stream_s(
     microbatch: float,
     batch: int,
     unit_s: Callable[[UnitProfile], float],
-    passes: int,
     backward: bool,
 ) -> float:
     """The exposed part of :func:`_streamed_exposed_s` (overlap free)."""
@@ -682,11 +677,11 @@ def _stream_s(
         for u in units:
             t += u.backward_at(microbatch, batch)
             start = max(t, comm_end)
-            comm_end = start + passes * unit_s(u)
+            comm_end = start + unit_s(u)
         return max(comm_end - t, 0.0)
     # forward: unit i may start when its gather is done and unit i-1 has run
     for u in units:
-        comm_end += passes * unit_s(u)
+        comm_end += unit_s(u)
         t = max(t, comm_end) + u.forward_at(microbatch, batch)
     compute = sum(u.forward_at(microbatch, batch) for u in units)
     return max(t - compute, 0.0)
@@ -857,7 +852,7 @@ def _topology(request: PlanRequest, n: int, template: Device) -> Topology:
         )
     inter = request.inter_node_bandwidth_bytes_per_s or intra
     intra_lat = inter_lat = template.link_latency_s
-    overlap_loss = memory_bw = 0.0
+    overlap_loss = memory_bw = base_lat = 0.0
     if is_catalog_device(template.name):  # per ring step of a collective (catalog.py)
         spec = get_device(template.name)
         if intra == spec.link_bandwidth_bytes_per_s:  # the datasheet's line rate: NCCL's share
@@ -868,6 +863,7 @@ def _topology(request: PlanRequest, n: int, template: Device) -> Topology:
         memory_bw = spec.memory_bandwidth_bytes_per_s * spec.memory_efficiency
         intra_lat = max(intra_lat, spec.collective_latency_s)
         inter_lat = max(inter_lat, spec.inter_node_collective_latency_s)
+        base_lat = spec.collective_base_latency_s
     return Topology(
         node, intra, inter, intra_lat, inter_lat,
         sequence_parallel=request.sequence_parallel, tp_comm_overlap=request.tp_comm_overlap,
@@ -881,7 +877,7 @@ def _topology(request: PlanRequest, n: int, template: Device) -> Topology:
         selective_recompute=request.selective_recompute,
         memory_bytes_per_s=memory_bw,
         fp8_all_gather=request.precision == "fp8",
-        overlap_compute_loss=overlap_loss,
+        overlap_compute_loss=overlap_loss, base_latency_s=base_lat,
     )  # fmt: skip
 
 

@@ -23,6 +23,8 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
+from autopipe.planner import nccl
+
 from autopipe.core.optimizer import optimizer_step_bytes_per_parameter
 from autopipe.core.profile import Profile, UnitProfile
 from autopipe.core.vocabulary import SHARD_MODES
@@ -76,7 +78,9 @@ without a row (A100, PCIe parts: no such statement found) is priced at the line 
 class Topology:
     """Nodes of ``gpus_per_node`` devices: ``intra_bandwidth_bytes_per_s`` between two devices
     of one node (NVLink, per direction), ``inter_bandwidth_bytes_per_s`` per device between
-    nodes (its network adapter, per direction). Latencies are per collective step."""
+    nodes (its network adapter, per direction). ``intra_latency_s`` and ``inter_latency_s``
+    are one ring step's (a hop over NVLink, a hop over the network) and ``base_latency_s``
+    every collective's once, as NCCL's tuning model has them (:mod:`autopipe.planner.nccl`)."""
 
     gpus_per_node: int
     intra_bandwidth_bytes_per_s: float
@@ -122,6 +126,9 @@ class Topology:
     """Precision fp8 (``PlanRequest.precision``): ``parameters`` sharding gathers FP8
     weights, cast on each rank's shard first (``UnitProfile.fp8_gather_cast_bytes``, and
     their amax once per step, ``fp8_weight_amax_bytes``), where the profile says so."""
+    base_latency_s: float = 0.0
+    """Latency every collective pays once, whatever its size and group (NCCL's base latency,
+    :data:`autopipe.planner.nccl.BASE_LATENCY_S` on catalog GPUs); 0: not priced."""
     overlap_compute_loss: float = 0.0
     """Share of a hidden collective's seconds that the compute it overlaps loses (NCCL's
     kernels occupy SMs and memory bandwidth): a collective hidden behind compute is not
@@ -152,18 +159,54 @@ class Topology:
         the node, ``size`` inside one node."""
         return max(1, min(size, self.gpus_per_node // max(tp, 1)))
 
-    def collective_link(self, tp: int, size: int) -> tuple[float, float]:
-        """(bandwidth bytes/s, latency s) at which a ring collective (all-gather,
-        reduce-scatter, all-reduce) of a group of ``size`` ranks ``tp`` apart runs: inside a
-        node, NVLink; across nodes, the network adapters of the group's devices in each node
-        together (:meth:`members_per_node` of them, one each), up to NVLink's rate. NCCL runs
-        a ring per channel and spreads the channels over those adapters, each ring leaving a
-        node once, so every adapter carries ``1 / k`` of what a rank sends over NVLink
+    def nodes_spanned(self, tp: int, size: int) -> int:
+        """Nodes a group of ``size`` ranks ``tp`` apart spans (1 inside a node)."""
+        if not self.crosses_nodes(tp, size):
+            return 1
+        return -(-size // self.members_per_node(tp, size))
+
+    def collective_bandwidth_bytes_per_s(self, tp: int, size: int) -> float:
+        """Bus bandwidth at which a ring collective (all-gather, reduce-scatter, all-reduce)
+        of a group of ``size`` ranks ``tp`` apart runs: inside a node, NVLink; across nodes,
+        the network adapters of the group's devices in each node together
+        (:meth:`members_per_node` of them, one each), up to NVLink's rate. NCCL runs a ring
+        per channel and spreads the channels over those adapters, each ring leaving a node
+        once, so every adapter carries ``1 / k`` of what a rank sends over NVLink
         (docs/cost-model.md, "Collectives across nodes")."""
         if self.crosses_nodes(tp, size):
             adapters = self.members_per_node(tp, size) * self.inter_bandwidth_bytes_per_s
-            return min(adapters, self.intra_bandwidth_bytes_per_s), self.inter_latency_s
-        return self.intra_bandwidth_bytes_per_s, self.intra_latency_s
+            return min(adapters, self.intra_bandwidth_bytes_per_s)
+        return self.intra_bandwidth_bytes_per_s
+
+    def ring_latency_s(self, tp: int, size: int, *, all_reduce: bool = False) -> float:
+        """Latency of one ring collective of a group of ``size`` ranks ``tp`` apart, as NCCL's
+        tuning model prices it (:func:`autopipe.planner.nccl.ring_latency_s`): the base
+        latency, the steps inside nodes at the NVLink hop's and the ``N - 1`` across at the
+        network hop's."""
+        return nccl.ring_latency_s(
+            size, self.nodes_spanned(tp, size), self.intra_latency_s, self.inter_latency_s,
+            self.base_latency_s, all_reduce=all_reduce,
+        )  # fmt: skip
+
+    def ring_s(self, nbytes: float, tp: int, size: int) -> float:
+        """Seconds of one ring all-gather or reduce-scatter of ``nbytes`` (the whole, gathered
+        size) in a group of ``size`` ranks ``tp`` apart: :func:`ring_collective_s` at
+        :meth:`collective_bandwidth_bytes_per_s`, plus :meth:`ring_latency_s`. 0 for one rank
+        or no bytes. O(1)."""
+        if size <= 1 or nbytes <= 0:
+            return 0.0
+        bandwidth = self.collective_bandwidth_bytes_per_s(tp, size)
+        return ring_collective_s(nbytes, size, bandwidth) + self.ring_latency_s(tp, size)
+
+    def all_reduce_s(self, nbytes: float, tp: int, size: int) -> float:
+        """Seconds of one all-reduce of ``nbytes`` in a group of ``size`` ranks ``tp`` apart:
+        the faster of NCCL's ring and, across nodes, its tree
+        (:func:`autopipe.planner.nccl.all_reduce_s`). O(1)."""
+        return nccl.all_reduce_s(
+            nbytes, size, self.nodes_spanned(tp, size),
+            self.collective_bandwidth_bytes_per_s(tp, size),
+            self.intra_latency_s, self.inter_latency_s, self.base_latency_s,
+        )  # fmt: skip
 
     def step_link(self, tp: int, size: int) -> tuple[float, float]:
         """(bandwidth, latency) of one step of a ring of point-to-point sends (every rank of a
@@ -252,10 +295,7 @@ def tp_collective_s(unit: UnitProfile, tp: int, topology: Topology) -> float:
         # vocab-parallel cross-entropy's three all-reduces of one fp32 per token (max, sum
         # of exponentials, target logit) are 6 / V of the logits' bytes: not priced
         nbytes = max(nbytes - unit.tp_gathered_output_bytes / 4, 0.0)
-    one = ring_collective_s(
-        nbytes, tp, topology.intra_bandwidth_bytes_per_s, topology.intra_latency_s
-    )
-    return 2 * one
+    return 2 * topology.ring_s(nbytes, 1, tp)
 
 
 def selective_regather_s(unit: UnitProfile, tp: int, topology: Topology) -> float:
@@ -266,12 +306,7 @@ def selective_regather_s(unit: UnitProfile, tp: int, topology: Topology) -> floa
     ``topology.selective_recompute`` or with ``tp`` 1."""
     if tp <= 1 or not topology.selective_recompute or unit.selective_recompute_gather_bytes <= 0:
         return 0.0
-    return ring_collective_s(
-        unit.selective_recompute_gather_bytes,
-        tp,
-        topology.intra_bandwidth_bytes_per_s,
-        topology.intra_latency_s,
-    )
+    return topology.ring_s(unit.selective_recompute_gather_bytes, 1, tp)
 
 
 def sequence_relayout_s(nbytes: float, unit: UnitProfile, tp: int, topology: Topology) -> float:
@@ -565,7 +600,6 @@ def _gather_extras_s(
 ) -> list[tuple[float, float]]:
     """Per unit, the seconds of its ``parameters``-sharding all-gather over the DP group that
     the neighbouring unit's compute does not hide, in forward and in backward."""
-    dp_bw, dp_lat = topology.collective_link(tp, dp)
     computes: list[tuple[float, float]] = []
     at = (microbatch_size or profile.batch_size) / profile.batch_size
     for u in profile.units:
@@ -581,7 +615,7 @@ def _gather_extras_s(
     for i, u in enumerate(profile.units):
         param = unit_device_parameter_bytes(u, tp, size)
         # a float8 all-gather's casts of the shard run first, on the same copy-in stream
-        g = fp8_gather_cast_s(u, tp, dp, topology) + ring_collective_s(param, dp, dp_bw, dp_lat)
+        g = fp8_gather_cast_s(u, tp, dp, topology) + topology.ring_s(param, tp, dp)
         # forward runs units in order (unit i's gather hides behind unit i-1), backward
         # in reverse (behind unit i+1); the first of each pass hides behind nothing.
         # then the copy-out, on the compute stream: nothing hides it

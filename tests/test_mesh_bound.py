@@ -402,10 +402,10 @@ def test_pruning_never_changes_the_optimum(
 # re-derived when CP's exchange was priced as torch's ring runs it, #34: the gather behind the
 # local block only, the fp32 gradient ring: the first three keep their mesh at a longer step;
 # the fourth's former D 8 x C 2 tied D 16 x C 1, which now wins at the same step; and again
-# when a DP group across nodes was priced over all its ranks' network adapters, Topology.collective_link:
-# the fourth, on 32 GPUs in nodes of 4, moves from D 16 x T 2 at 0.013965 s to D 32 at 0.013424 s,
-# its gradient ring over 4 adapters a node, not 1): pruning changes what is searched, never
-# what is found.
+# when a DP group across nodes was priced over all its ranks' network adapters
+# (Topology.collective_bandwidth_bytes_per_s): the fourth, on 32 GPUs in nodes of 4, moves
+# from D 16 x T 2 at 0.013965 s to D 32 at 0.013424 s, its gradient ring over 4 adapters a
+# node, not 1): pruning changes what is searched, never what is found.
 PINNED = [
     ((12, 16, 1_200_000, "1f1b", 6), (1, 1, 4, 4, 4, "parameters", 64), 0.570498295592544),
     ((12, 32, 1_000_000, "1f1b", 7), (2, 2, 4, 2, 1, "parameters", 32), 0.07327635157891216),

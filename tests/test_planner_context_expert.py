@@ -220,7 +220,7 @@ def test_groups_cross_nodes_as_the_runtime_lays_them_out() -> None:
     assert not t.crosses_nodes(2, 2) and t.crosses_nodes(2, 4)  # CP of 2 and 4, T = 2
     assert not t.crosses_nodes(1, 4) and t.crosses_nodes(1, 8)  # EP of 4 and 8, T = 1
     assert t.crosses_nodes(2, 4)  # 4 consecutive ranks would stay inside
-    assert t.collective_link(2, 2) == (1e11, 0.0) and t.step_link(2, 2) == (1e11, 0.0)
+    assert t.collective_bandwidth_bytes_per_s(2, 2) == 1e11 and t.step_link(2, 2) == (1e11, 0.0)
     assert t.all_to_all_s(3e11, 1, 4) == pytest.approx(3.0)  # inside: all over NVLink
 
 
@@ -231,7 +231,7 @@ def test_cp_and_ep_groups_across_nodes_use_the_adapters_as_nccl_does() -> None:
     and the rest over each rank's own adapter at once. C = E = 16, T = 1, nodes of 4: 4 ranks
     a node. Before: every exchange at one adapter's rate."""
     t = Topology(4, 1e11, 1e9, 1e-6, 5e-6)
-    assert t.collective_link(1, 16) == (4e9, 5e-6)
+    assert t.collective_bandwidth_bytes_per_s(1, 16) == 4e9
     assert t.step_link(1, 16) == (1e9, 5e-6)
     # 15 units sent: 3 to this node's peers over NVLink, 12 to the others over its adapter
     assert t.all_to_all_s(15e9, 1, 16) == pytest.approx(max(3e9 / 1e11, 12e9 / 1e9) + 5e-6)
@@ -241,7 +241,8 @@ def test_cp_and_ep_groups_across_nodes_use_the_adapters_as_nccl_does() -> None:
     c, u = 16, p.units[1]
     v = context_expert_profile(p, c, 1, 1, t, method="all_gather").units[1]
     e_kv = p.batch_size * (SEQ / c) * 2 * (16 + 16)
-    gather = (c - 1) * (e_kv * 2 / 4e9 + 5e-6)  # exposed, over the 4 adapters
+    # exposed, over the 4 adapters; 12 NVLink hops and 3 network hops (4 nodes)
+    gather = (c - 1) * e_kv * 2 / 4e9 + 12 * 1e-6 + 3 * 5e-6
     fwd_size = u.forward_s - u.forward_overhead_s
     assert v.forward_s == pytest.approx(u.forward_overhead_s + fwd_size / c + gather, rel=1e-12)
 

@@ -142,7 +142,8 @@ def test_ring_collective_by_hand() -> None:
 def test_links_follow_torchtitans_layout() -> None:
     t = Topology(8, 100.0, 10.0)
     assert not t.crosses_nodes(4, 2) and t.crosses_nodes(4, 4)
-    assert t.collective_link(2, 4) == (100.0, 0.0) and t.collective_link(8, 2) == (10.0, 0.0)
+    assert t.collective_bandwidth_bytes_per_s(2, 4) == 100.0
+    assert t.collective_bandwidth_bytes_per_s(8, 2) == 10.0
     # T D = 4: stages 0 and 1 share node 0, stage 1 -> 2 crosses into node 1
     assert t.pp_link(2, 2, 0) == (100.0, 0.0) and t.pp_link(2, 2, 1) == (10.0, 0.0)
     assert t.pp_link(8, 1, 0) == (10.0, 0.0)  # one stage per node
@@ -154,13 +155,43 @@ def test_a_dp_group_across_nodes_uses_every_adapter_its_ranks_have_there() -> No
     at 8 adapters' rate with T = 1, 4 with T = 2, 1 when T fills the node; NVLink caps it (the
     ring also crosses every rank's NVLink)."""
     t = Topology(8, 300.0, 25.0, 1e-6, 5e-6)
-    assert t.collective_link(1, 64) == (200.0, 5e-6)  # 8 members per node
-    assert t.collective_link(2, 32) == (100.0, 5e-6)
-    assert t.collective_link(4, 16) == (50.0, 5e-6)
-    assert t.collective_link(8, 8) == (25.0, 5e-6)  # one member per node: its own adapter
-    assert t.collective_link(1, 8) == (300.0, 1e-6)  # inside one node
-    assert Topology(8, 150.0, 25.0).collective_link(1, 64) == (150.0, 0.0)  # NVLink-bound
+    bandwidth = t.collective_bandwidth_bytes_per_s
+    assert bandwidth(1, 64) == 200.0  # 8 members per node
+    assert bandwidth(2, 32) == 100.0
+    assert bandwidth(4, 16) == 50.0
+    assert bandwidth(8, 8) == 25.0  # one member per node: its own adapter
+    assert bandwidth(1, 8) == 300.0  # inside one node
+    assert Topology(8, 150.0, 25.0).collective_bandwidth_bytes_per_s(1, 64) == 150.0
     assert [t.members_per_node(tp, 64 // tp) for tp in (1, 2, 4, 8)] == [8, 4, 2, 1]
+    assert [t.nodes_spanned(tp, 64 // tp) for tp in (1, 2, 4, 8)] == [8, 8, 8, 8]
+    assert t.nodes_spanned(1, 8) == 1 and t.nodes_spanned(8, 1) == 1
+
+
+def test_collective_latency_is_nccls_model_of_its_ring_and_tree() -> None:
+    """NCCL's tuning model (src/graph/tuning.cc, Simple protocol): a ring all-gather of G ranks
+    over N nodes pays its base latency, G - N NVLink hops and N - 1 network hops; before, every
+    one of its G - 1 steps paid the network's hop. An all-reduce takes the faster of the ring
+    (twice the steps, 1.4 times across nodes) and the tree (2 ((G/N - 1) NVLink + log2 N
+    network hops), the buffer at 0.46 of the bus bandwidth)."""
+    t = Topology(8, 300e9, 50e9, 3.4e-6, 14e-6, base_latency_s=8.4e-6)
+    # 128 ranks, T = 1, over 16 nodes: 112 NVLink hops, 15 network hops
+    assert t.ring_latency_s(1, 128) == pytest.approx(8.4e-6 + 112 * 3.4e-6 + 15 * 14e-6)
+    assert t.ring_latency_s(1, 8) == pytest.approx(8.4e-6 + 7 * 3.4e-6)  # inside a node
+    assert t.ring_latency_s(8, 16) == pytest.approx(8.4e-6 + 15 * 14e-6)  # one rank a node
+    ring = t.ring_latency_s(1, 128, all_reduce=True)
+    assert ring == pytest.approx(1.4 * (8.4e-6 + 2 * (112 * 3.4e-6 + 15 * 14e-6)))
+    tree = 8.4e-6 + 2 * (7 * 3.4e-6 + 4 * 14e-6)
+    # a small buffer: the tree's latency wins; a large one: the ring's bandwidth
+    small, large = 1e6, 1e10
+    assert t.all_reduce_s(small, 1, 128) == pytest.approx(small / (0.46 * 300e9) + tree)
+    assert t.all_reduce_s(large, 1, 128) == pytest.approx(2 * 127 / 128 * large / 300e9 + ring)
+    gather = 127 / 128 * large / 300e9 + t.ring_latency_s(1, 128)
+    assert t.ring_s(large, 1, 128) == pytest.approx(gather)
+    # inside a node NCCL's ring alone, and one rank nothing
+    assert t.all_reduce_s(small, 1, 8) == pytest.approx(
+        2 * 7 / 8 * small / 300e9 + 8.4e-6 + 14 * 3.4e-6
+    )
+    assert t.all_reduce_s(small, 1, 1) == 0.0 and t.ring_s(small, 1, 1) == 0.0
 
 
 @settings(max_examples=60, deadline=None)

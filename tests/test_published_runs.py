@@ -130,7 +130,8 @@ BOUNDS = {
     # fused): 70B at local batch 1 was 0.644 with its FSDP collectives at one network
     # adapter's rate (552 GB a step per GPU; the published 11.5 s step needs 48 GB/s, more than
     # one 200 Gb/s adapter), 1.310 over the eight adapters of its ranks in a node
-    # (Topology.collective_link); 8B 0.990 -> 1.267: the A100 runs, over-predicted like SC21's
+    # (Topology.collective_bandwidth_bytes_per_s); 8B 0.990 -> 1.267: the A100 runs,
+    # over-predicted like SC21's
     "tt-a100-l2-70b-bs1-selective-op": (1.22, 1.40),
     "tt-a100-l3-8b-bs1-selective-op": (1.18, 1.35),
     # FSDP over 128 GPUs (16 nodes): 1.047 at one adapter's rate, 1.126 at eight

@@ -236,8 +236,9 @@ def test_selective_recompute_gathers_the_tp_inputs_again_as_torchtitan_runs_it()
     on, off = plan(p, tp8(True)), plan(p, tp8(False))
     assert on.mesh is not None and off.mesh is not None
     extra = on.mesh.candidates[0].tp_comm_s - off.mesh.candidates[0].tp_comm_s
-    # on the catalog H100: NVLink at NCCL's 370 GB/s and 5 us per ring step
-    assert extra == pytest.approx(8 * 8 * 4 * (7 / 8 * 2e7 / 370e9 + 7 * 5e-6))
+    # on the catalog H100: NVLink at NCCL's 370 GB/s, NCCL's 8.4 us a collective and 3.4 us
+    # per ring step
+    assert extra == pytest.approx(8 * 8 * 4 * (7 / 8 * 2e7 / 370e9 + 8.4e-6 + 7 * 3.4e-6))
 
 
 def test_tp_without_sequence_parallelism_keeps_replicated_activations() -> None:
@@ -316,15 +317,25 @@ def test_overlapped_gradient_reduction_exposes_less_and_reserve_adds_memory() ->
 
 def _h100_ring_s(nbytes: float) -> float:
     """A ring collective pass of ``nbytes`` over 8 H100s in one node, by hand: NVLink at
-    NCCL's 370 GB/s, the catalog's latency per ring step."""
-    return 7 / 8 * nbytes / 370e9 + 7 * get_device("H100-SXM-80GB").collective_latency_s
+    NCCL's 370 GB/s, the catalog's (NCCL's) latency per collective and per ring step."""
+    spec = get_device("H100-SXM-80GB")
+    return 7 / 8 * nbytes / 370e9 + spec.collective_base_latency_s + 7 * spec.collective_latency_s
+
+
+def _h100_all_reduce_s(nbytes: float) -> float:
+    """A ring all-reduce of ``nbytes`` over 8 H100s in one node (NCCL's tree is for groups
+    across nodes): two passes' bytes and steps, one collective's base latency."""
+    spec = get_device("H100-SXM-80GB")
+    return (
+        2 * 7 / 8 * nbytes / 370e9 + spec.collective_base_latency_s + 14 * spec.collective_latency_s
+    )
 
 
 def test_fp32_gradient_reduction_moves_4_bytes_per_gradient_element() -> None:
     """Megatron's --accumulate-allreduce-grads-in-fp32 / FSDP2's reduce_dtype=float32: the
     gradients' collectives carry 4 bytes per element of bf16 parameters, the parameter gathers
-    stay at 2. By hand for 16 H100s, PP 2 x D 8 in one node (NVLink at NCCL's 370 GB/s, 5 us a
-    ring step): each rank reduces 4 units x 2e8 bytes; ZeRO-1 reduce-scatters the gradients and
+    stay at 2. By hand for 16 H100s, PP 2 x D 8 in one node (NVLink at NCCL's 370 GB/s, NCCL's
+    latencies): each rank reduces 4 units x 2e8 bytes; ZeRO-1 reduce-scatters the gradients and
     gathers the parameters after the drain, plain DP all-reduces the gradients (two passes)."""
     p, grads = _profile(), 4 * 2e8
     ring = _h100_ring_s
@@ -334,7 +345,7 @@ def test_fp32_gradient_reduction_moves_4_bytes_per_gradient_element() -> None:
     assert bf16.allreduce_s == pytest.approx(2 * ring(grads))
     assert fp32.allreduce_s == pytest.approx(ring(2 * grads) + ring(grads))
     plain = plan(p, _mesh(shard="none", grad_reduce_fp32=True))
-    assert plain.allreduce_s == pytest.approx(2 * ring(2 * grads))
+    assert plain.allreduce_s == pytest.approx(_h100_all_reduce_s(2 * grads))
     # fp32 parameters reduce in their own dtype: nothing moves more
     top = Topology(8, 450e9, 50e9, grad_reduce_fp32=True)
     assert top.grad_bytes_factor(2) == 2.0 and top.grad_bytes_factor(4) == 1.0
@@ -626,13 +637,14 @@ def test_bf16_optimizer_all_reduces_its_fp32_gradients_then_gathers_the_paramete
     """DeepSpeed's BF16_Optimizer keeps its fp32 gradients whole on every replica: the pipeline
     engine all-reduces them (``_bf16_reduce_grads``: ``buffered_allreduce_fallback``), then the
     step all-gathers the updated bf16 partitions. By hand for 16 H100s, PP 2 x D 8 in one node
-    (NVLink at NCCL's 370 GB/s, a ring step's latency): a rank's 4 units x 2e8 bytes, two ring
-    passes at 4 bytes per element and one at 2 (ZeRO-1 without the buffer: one and one)."""
+    (NVLink at NCCL's 370 GB/s, NCCL's latencies): a rank's 4 units x 2e8 bytes, an all-reduce
+    at 4 bytes per element and a gather at 2 (ZeRO-1 without the buffer: a reduce-scatter and
+    the gather)."""
     p, grads = _profile(), 4 * 2e8
     ring = _h100_ring_s
 
     bf16_opt = plan(p, _mesh(grad_reduce_fp32=True, fp32_grad_buffer=True))
-    assert bf16_opt.allreduce_s == pytest.approx(2 * ring(2 * grads) + ring(grads))
+    assert bf16_opt.allreduce_s == pytest.approx(_h100_all_reduce_s(2 * grads) + ring(grads))
     zero1 = plan(p, _mesh(grad_reduce_fp32=True))
     assert zero1.allreduce_s == pytest.approx(ring(2 * grads) + ring(grads))
     # the mesh search's lower bound stays below every searched mesh's step with it
@@ -656,7 +668,8 @@ def test_fsdp2_under_pp_reduce_scatters_after_the_last_backward(
     (``grad_reduce_overlap``) hides all but what outlasts the last unit."""
     p = _profile()
     spec = get_device("H100-SXM-80GB")
-    ring = 7 / 8 * 2 * 4 * 2e8 / 370e9 + 7 * spec.collective_latency_s
+    ring = 7 / 8 * 2 * 4 * 2e8 / 370e9 + spec.collective_base_latency_s
+    ring += 7 * spec.collective_latency_s
     monkeypatch.setattr("autopipe.planner.mesh.reduce_copy_in_s", lambda *a: 0.0)
     fsdp_pp = {"shard": "parameters", "reshard_after_forward": False, "grad_reduce_fp32": True}
     after = plan(p, _mesh(**fsdp_pp))

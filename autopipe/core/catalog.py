@@ -110,10 +110,13 @@ class DeviceSpec:
     inter_node_source: str = ""
     """Where the inter-node figure comes from."""
     collective_latency_s: float = 0.0
-    """Latency of one step of a ring collective between two GPUs of a node (a ring of G
-    ranks takes G - 1 steps): the mesh planner's TP and DP collectives pay it per step."""
+    """Latency of one step of a ring collective between two GPUs of a node (one NVLink hop; a
+    ring of G ranks over N nodes takes G - N such steps): the mesh planner's TP and DP
+    collectives pay it per step."""
     inter_node_collective_latency_s: float = 0.0
-    """The same per step across nodes (one network hop)."""
+    """The same per step across nodes (one network hop; N - 1 of them)."""
+    collective_base_latency_s: float = 0.0
+    """Latency every collective pays once, beside its steps."""
     overlap_compute_loss: float = 0.0
     """Share of a collective's seconds that overlapped compute loses (NCCL's kernels take SMs
     and memory bandwidth from the GEMMs they overlap); 0: overlap is free."""
@@ -528,16 +531,18 @@ OVERLAP_COMPUTE_LOSS = 0.1
 channel; Megatron's --tp-comm-overlap configurations give communication from 1 to 32 of an
 H100's 132 SMs) and shares its memory bandwidth: an assumed 10% of the overlapped
 collective's time is lost to compute. Not measured here."""
-_COLLECTIVE_LATENCY_S = (5e-6, 10e-6)
-"""Per ring step, inside a node (NVLink) and across nodes (InfiniBand / RDMA): an assumed order
-of NCCL's per-step latency for bandwidth-bound messages (a few microseconds over NVLink, about
-twice that across one network hop), not a datasheet figure and not measured here; it makes a
-ring of G ranks cost (G - 1) steps, which is what prices a wide DP group's collectives."""
+_COLLECTIVE_LATENCY_S = (3.4e-6, 14e-6, 8.4e-6)
+"""Per ring step inside a node (an NVLink hop), per step across nodes (a network hop), and once
+per collective: NCCL's own tuning model for its Simple protocol, the one bandwidth-bound
+messages run with (NVIDIA/nccl src/graph/tuning.cc at 5067397c: ``hwLatencies[NVLINK][RING]``
+3.4 us, ``hwLatencies[NET][RING]`` 14 us, ``baseLatencies[RING]`` 8.4 us; the planner's use of
+them: ``autopipe.planner.nccl``). NCCL's figures, not a measurement of these GPUs."""
 _ENTRIES = [
     dataclasses.replace(
         spec,
         collective_latency_s=_COLLECTIVE_LATENCY_S[0],
         inter_node_collective_latency_s=_COLLECTIVE_LATENCY_S[1],
+        collective_base_latency_s=_COLLECTIVE_LATENCY_S[2],
         overlap_compute_loss=OVERLAP_COMPUTE_LOSS,
     )
     if spec.name.startswith(("A100", "H100-SXM", "H100-96GB", "H200"))
@@ -635,6 +640,7 @@ _FLOAT_FIELDS = (
     "link_latency_s",
     "collective_latency_s",
     "inter_node_collective_latency_s",
+    "collective_base_latency_s",
     "overlap_compute_loss",
     "kernel_launch_overhead_s",
     "compute_efficiency",
