@@ -47,6 +47,7 @@ from autopipe.planner.mesh_bound import (
     unit_bytes,
 )
 from autopipe.planner.mesh_costs import (
+    NCCL_NETWORK_EFFICIENCY,
     NCCL_NVLINK_EFFICIENCY,
     Topology,
     device_profile,
@@ -859,6 +860,9 @@ def _topology(request: PlanRequest, n: int, template: Device) -> Topology:
             intra *= NCCL_NVLINK_EFFICIENCY.get(spec.name, (1.0, ""))[0]
             if request.inter_node_bandwidth_bytes_per_s is None:
                 inter = intra
+        given = request.inter_node_bandwidth_bytes_per_s
+        if given is not None and given == spec.inter_node_bandwidth_bytes_per_s:
+            inter *= NCCL_NETWORK_EFFICIENCY[0]  # the adapters' line rate: NCCL's share
         overlap_loss = spec.overlap_compute_loss
         memory_bw = spec.memory_bandwidth_bytes_per_s * spec.memory_efficiency
         intra_lat = max(intra_lat, spec.collective_latency_s)

@@ -30,6 +30,7 @@ from autopipe.core.profile import Profile, UnitProfile
 from autopipe.core.vocabulary import SHARD_MODES
 
 __all__ = [
+    "NCCL_NETWORK_EFFICIENCY",
     "NCCL_NVLINK_EFFICIENCY",
     "REDUCE_BYTES",
     "Topology",
@@ -60,7 +61,16 @@ _NCCL_212 = (
     "rate. With the protocol overhead (~20%) NCCL can get an effective NVLink bandwidth of "
     "370GB/s, which you can observe as BusBw when running non-allreduce operations')"
 )
+_NCCL_SM80 = (
+    "NVIDIA/nccl src/graph/topo.h at 5067397c (SM80_NVLINK_BW 20.0 GB/s per NVLink 3 link, of "
+    "its 25 GB/s line rate); https://github.com/NVIDIA/nccl/issues/1054 (NCCL's maintainer, on "
+    "an 8-A100 server's 240 GB/s: 'there is an overhead for NVLink packets. Roughly, the "
+    "app-level bandwidth is 80% of the peak bandwidth')"
+)
 NCCL_NVLINK_EFFICIENCY: dict[str, tuple[float, str]] = {
+    # NVLink 3 (A100): NCCL's own per-link figure on the 25 GB/s line rate of each of 12 links
+    "A100-40GB": (20 / 25, _NCCL_SM80),
+    "A100-80GB": (20 / 25, _NCCL_SM80),
     # NVLink 4 (Hopper): NCCL's protocol overhead on the 450 GB/s line rate; the H800's and the
     # 500 W H100's NVLink 4 take the same overhead on their own line rate
     "H100-SXM-80GB": (370 / 450, _NCCL_212),
@@ -71,7 +81,17 @@ NCCL_NVLINK_EFFICIENCY: dict[str, tuple[float, str]] = {
 """Per catalog GPU: (share of the NVLink line rate NCCL's collectives and sends reach, source).
 The catalog's link figure is the datasheet's line rate; NCCL moves data in its own protocol
 (headers, flags), so a ring all-gather or reduce-scatter's bus bandwidth stays below it. A GPU
-without a row (A100, PCIe parts: no such statement found) is priced at the line rate."""
+without a row (PCIe parts: no such statement found) is priced at the line rate."""
+
+NCCL_NETWORK_EFFICIENCY = (
+    24 / 25,
+    "https://github.com/NVIDIA/nccl-tests/issues/119 (NCCL's maintainer: 'We usually consider "
+    "24GB/s is the peak performance per 200G NIC (12 GB/s for 100G NICs)'); NVIDIA/nccl "
+    "src/graph/topo.h (NET_BW 12.0 for 100 Gbit)",
+)
+"""(Share of a network adapter's line rate NCCL's transfers reach, source): 24 of a 200 Gb/s
+adapter's 25 GB/s, 12 of a 100 Gb/s one's 12.5; applied to the catalog's inter-node line rates
+(200 Gb/s HDR, 400 Gb/s NDR), not to a figure the user gave."""
 
 
 @dataclass(frozen=True)

@@ -532,8 +532,10 @@ def test_cli_takes_nodes_and_links_from_the_catalog(
             "32", "-q", "--json", str(out)]  # fmt: skip
     assert main(argv) == 0
     mesh = load_plan(out).mesh
-    assert (mesh.gpus_per_node, mesh.inter_node_bandwidth_bytes_per_s) == (8, 50e9)
-    # NVLink 4's 450 GB/s line rate per direction, at NCCL's 370 (NCCL_NVLINK_EFFICIENCY)
+    # NDR's 50 GB/s per GPU at NCCL's 48 (NCCL_NETWORK_EFFICIENCY); NVLink 4's 450 GB/s line
+    # rate per direction at NCCL's 370 (NCCL_NVLINK_EFFICIENCY)
+    assert mesh.gpus_per_node == 8
+    assert mesh.inter_node_bandwidth_bytes_per_s == pytest.approx(48e9)
     assert mesh.intra_node_bandwidth_bytes_per_s == pytest.approx(370e9)
     l4 = dataclasses.replace(p, device="L4-24GB")
     assert main(["plan", _saved(tmp_path, l4), "--gpus", "16", "--shard", "auto", "-q"]) == 2
@@ -572,7 +574,8 @@ def test_cli_bandwidth_flags_tell_bits_from_bytes(
                 "--json", str(out)]  # fmt: skip
         assert main(argv) == 0, rate
         mesh = load_plan(out).mesh
-        assert mesh.inter_node_bandwidth_bytes_per_s == 50e9, rate
+        # 400 Gb/s is the catalog's adapter line rate: priced at NCCL's share, 48 GB/s
+        assert mesh.inter_node_bandwidth_bytes_per_s == pytest.approx(48e9), rate
         # 3.6 Tb/s is the H100's NVLink line rate: priced at NCCL's share of it, 370 GB/s
         assert mesh.intra_node_bandwidth_bytes_per_s == pytest.approx(370e9), rate
     argv = ["plan", saved, "--gpus", "16", "--shard", "auto", "--inter-node-bandwidth", "400gb"]

@@ -440,27 +440,45 @@ def test_emit_keys_for_the_trainer_options() -> None:
 
 
 def test_nvlink_collectives_run_at_nccls_share_of_the_line_rate() -> None:
-    """The catalog's NVLink figure is the line rate (H100: 450 GB/s per direction); NCCL's
-    protocol overhead leaves 370 GB/s of bus bandwidth for all-gathers and reduce-scatters
-    (NVIDIA/nccl-tests#212), so a mesh's links inside a node are priced at 370 GB/s on the
-    Hopper GPUs; an A100 (no such figure) and a link the user gave keep theirs."""
+    """The catalog's NVLink figure is the line rate (H100: 450 GB/s per direction; A100: 300);
+    NCCL's protocol overhead leaves 370 GB/s of bus bandwidth on Hopper (NVIDIA/nccl-tests#212)
+    and 240 on the A100 (NCCL's own 20 GB/s per NVLink 3 link of 25, src/graph/topo.h;
+    NVIDIA/nccl#1054), so a mesh's links inside a node are priced at those; a link the user
+    gave keeps its figure. Before, the A100 was priced at its 300 GB/s line rate."""
     from autopipe.planner.mesh import _topology
     from autopipe.planner.mesh_costs import NCCL_NVLINK_EFFICIENCY
 
     h100 = Device.from_spec("h100")
     top = _topology(_mesh(), 16, h100)
     assert top.intra_bandwidth_bytes_per_s == pytest.approx(370e9)
-    assert top.inter_bandwidth_bytes_per_s == 50e9  # the request's inter-node figure
     one_node = _topology(
         dataclasses.replace(_mesh(), inter_node_bandwidth_bytes_per_s=None), 8, h100
     )
     assert one_node.inter_bandwidth_bytes_per_s == pytest.approx(370e9)
     a100 = Device.from_spec("a100")
-    assert _topology(_mesh(), 16, a100).intra_bandwidth_bytes_per_s == 300e9
+    assert _topology(_mesh(), 16, a100).intra_bandwidth_bytes_per_s == pytest.approx(240e9)
     custom = dataclasses.replace(h100, link_bandwidth_bytes_per_s=200e9)
     assert _topology(_mesh(), 16, custom).intra_bandwidth_bytes_per_s == 200e9
     for fraction, source in NCCL_NVLINK_EFFICIENCY.values():
         assert 0 < fraction <= 1 and "nccl" in source
+
+
+def test_network_transfers_run_at_nccls_share_of_the_adapters_line_rate() -> None:
+    """NCCL's maintainer counts 24 GB/s as the peak of a 200 Gb/s adapter (25 GB/s line rate;
+    NVIDIA/nccl-tests#119): the catalog's inter-node line rates (HDR 25 GB/s, NDR 50 GB/s per
+    GPU) are priced at 24 / 25 of it; a figure the user gave that is not the line rate is taken
+    as measured. Before, the line rate itself."""
+    from autopipe.planner.mesh import _topology
+
+    h100 = Device.from_spec("h100")
+    at_line_rate = _mesh()
+    assert at_line_rate.inter_node_bandwidth_bytes_per_s == 50e9
+    assert _topology(at_line_rate, 16, h100).inter_bandwidth_bytes_per_s == pytest.approx(48e9)
+    measured = dataclasses.replace(_mesh(), inter_node_bandwidth_bytes_per_s=45e9)
+    assert _topology(measured, 16, h100).inter_bandwidth_bytes_per_s == 45e9
+    a100 = Device.from_spec("a100")
+    hdr = dataclasses.replace(_mesh(), inter_node_bandwidth_bytes_per_s=25e9)
+    assert _topology(hdr, 16, a100).inter_bandwidth_bytes_per_s == pytest.approx(24e9)
 
 
 def test_fsdp2_copies_its_gathers_out_and_its_gradients_in_on_the_compute_stream(
