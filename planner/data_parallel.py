@@ -5,14 +5,16 @@ Torch-free.
 mesh search with T = 1 and unsharded state (:func:`autopipe.planner.mesh.plan_mesh`): its step
 is the pipeline iteration plus the gradient all-reduce among the D replicas of the busiest
 rank, run after the pipeline drains (not overlapped), and the optimizer step after it
-(:func:`autopipe.planner.mesh.optimizer_exposed_s`); the all-reduce is a ring::
+(:func:`autopipe.planner.mesh.optimizer_exposed_s`); the all-reduce is priced as NCCL would
+run it (``Topology.all_reduce_s``: its ring or, across nodes, its tree), and the speedup is
+over one device running the whole global batch. :func:`choose_pipeline_data_parallel` weighs
+(K, D) for any planner callable (the distributed benchmark's model of a measured step, with a
+plain ring all-reduce, :func:`ring_allreduce_s`::
 
     allreduce_s = 2 (D - 1) / D * stage_gradient_bytes / bandwidth + 2 (D - 1) * latency
 
-(each rank sends and receives ``(D - 1) / D`` of the buffer twice: reduce-scatter then
-all-gather; :func:`ring_allreduce_s`), and its speedup is over one device running the whole
-global batch. :func:`choose_pipeline_data_parallel` weighs (K, D) for any planner callable
-(the distributed benchmark's model of a measured step); no planning entry point uses it.
+each rank sending and receiving ``(D - 1) / D`` of the buffer twice: reduce-scatter then
+all-gather); no planning entry point uses it.
 """
 
 from __future__ import annotations
