@@ -91,7 +91,8 @@ NCCL_NETWORK_EFFICIENCY = (
 )
 """(Share of a network adapter's line rate NCCL's transfers reach, source): 24 of a 200 Gb/s
 adapter's 25 GB/s, 12 of a 100 Gb/s one's 12.5; applied to the catalog's inter-node line rates
-(200 Gb/s HDR, 400 Gb/s NDR), not to a figure the user gave."""
+(200 Gb/s HDR, 400 Gb/s NDR), and to a figure the user gave only where it is that line rate
+(any other is taken as measured)."""
 
 
 @dataclass(frozen=True)
