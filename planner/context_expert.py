@@ -38,8 +38,9 @@ profile), so the pipeline search runs on it unchanged:
   in forward and again in backward (four per layer and step of a micro-batch), each rank
   sending ``tokens x k x hidden`` elements of which ``(E-1)/E`` leave it, not overlapped: the
   share for its node's peers over NVLink, the share for other nodes' peers over its own
-  network adapter, both at once (``Topology.all_to_all_s``); the busiest rank receives ``imbalance`` times the average
-  and computes ``imbalance`` times the average expert work (:data:`DEFAULT_EXPERT_LOAD_IMBALANCE`).
+  network adapter, both at once (``Topology.all_to_all_s``); the busiest rank receives
+  ``imbalance`` times the average and computes ``imbalance`` times the average expert work
+  (:data:`DEFAULT_EXPERT_LOAD_IMBALANCE`).
   No token is dropped (dropless routing, as DeepSeek-V3 and torchtitan train).
 
 Mesh layout (torchtitan's ``ParallelDims``): ``pp, dp, cp, tp`` outermost first, so a CP group
@@ -214,9 +215,9 @@ def _ring_s(
     """(forward, backward) seconds torch's ring attention adds to a unit's ``L`` attention
     layers on one rank of ``tokens`` tokens (``b s / C``), beside the attention blocks
     themselves (module docstring): per layer and pass, the K/V all-gather (``C - 1`` chunks
-    received, one ring collective's latency, ``Topology.ring_s``) behind the local block (``1 / C`` of the
-    layer's attention, ``attention_*_s / L``); in backward also the fp32 K/V gradients' ring,
-    ``C - 1`` steps each behind one block and the last exposed; and the merges
+    received, one ring collective's latency, ``Topology.ring_s``) behind the local block
+    (``1 / C`` of the layer's attention, ``attention_*_s / L``); in backward also the fp32 K/V
+    gradients' ring, ``C - 1`` steps each behind one block and the last exposed; and the merges
     (:data:`RING_MERGE_BYTES`) at ``memory_bytes_per_s``. Overlaps priced by
     ``topology.hidden_cost_s``. ``method="all_gather"``: the all-gather exposed in forward,
     the K/V gradients' reduce-scatter (the same bytes, the parameters' dtype) in backward,
@@ -352,8 +353,8 @@ def context_expert_profile(
     method: str = "ring",
 ) -> Profile:
     """The Profile of one rank of a ``cp``-way CP group and an ``ep``-way EP group, before
-    tensor parallelism over ``tp`` (which only decides the links the CP and EP groups cross); the profile
-    itself when C = E = 1 and the model has no MoE layer. ``method``: how CP's attention
+    tensor parallelism over ``tp`` (which only decides the links the CP and EP groups cross);
+    the profile itself when C = E = 1 and the model has no MoE layer. ``method``: how CP's attention
     exchanges keys and values (``ring`` or ``all_gather``, ``PlanRequest.context_parallel_method``).
     See the module docstring. O(units)."""
     moe = any(u.moe_layers for u in profile.units)

@@ -339,20 +339,19 @@ def _unhidden_dp_s(device: Profile, cand: MeshCandidate, topology: Topology) -> 
     # fp32 gradient reduction: the gradients' collectives carry ``f`` times the parameters'
     # bytes (their latency unchanged), the parameter gathers their own
     f = topology.grad_bytes_factor(size)
+    # expert shards are summed over fewer ranks (_dp_exposed_per_rank_s), at no more than the
+    # gradient group's bandwidth; their latency left out: a rank without MoE units pays none
+    expert, edp = 0.0, 1
+    if cand.ep > 1:
+        expert = sum(expert_device_bytes(u, cand.tp, size) for u in device.units) / cand.pp
+        expert = min(expert, grads)
+        edp = expert_data_parallel(cand.fsdp, cand.ep)
 
     def collective_s(scale: float, all_reduce: bool = False) -> float:
         """One all-gather or reduce-scatter (``all_reduce``: one all-reduce) of the average
         rank's parameters at ``scale`` bytes per byte."""
         price = topology.all_reduce_s if all_reduce else topology.ring_s
-        expert = expert_s = 0.0
-        if cand.ep > 1:
-            # expert shards are summed over fewer ranks (_dp_exposed_per_rank_s), at no more
-            # than the gradient group's bandwidth; their latency left out: a rank without MoE
-            # units pays none
-            expert = sum(expert_device_bytes(u, cand.tp, size) for u in device.units) / cand.pp
-            expert = min(expert, grads)
-            edp = expert_data_parallel(cand.fsdp, cand.ep)
-            expert_s = (2 if all_reduce else 1) * ring_collective_s(expert * scale, edp, bw)
+        expert_s = (2 if all_reduce else 1) * ring_collective_s(expert * scale, edp, bw)
         return price((grads - expert) * scale, cand.tp, cand.fsdp) + expert_s
 
     one = collective_s(1.0)
@@ -658,8 +657,9 @@ def _streamed_exposed_s(
     """What outlasts one micro-batch's pass over ``units`` (in the order they run) of a
     collective per unit started when the unit's compute ends (backward: a reduction of its
     gradients) or needed when it starts (forward: a gather of its parameters, prefetched one
-    unit ahead), on one communication stream: ``unit_s(unit)`` seconds each; plus ``loss`` of the communication seconds hidden behind compute
-    (``Topology.overlap_compute_loss``). O(units)."""
+    unit ahead), on one communication stream: ``unit_s(unit)`` seconds each; plus ``loss`` of
+    the communication seconds hidden behind compute (``Topology.overlap_compute_loss``).
+    O(units)."""
     total = sum(unit_s(u) for u in units)
     exposed = _stream_s(units, microbatch, batch, unit_s, backward)
     return exposed + loss * max(total - exposed, 0.0)
